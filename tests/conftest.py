@@ -1,0 +1,6 @@
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Unit tests import the engine straight from the source tree.
+sys.path.insert(0, str(ROOT / "py"))
