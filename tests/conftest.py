@@ -2,5 +2,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Unit tests import the engine straight from the source tree.
+# Unit tests import the engine and build.py straight from the source tree.
 sys.path.insert(0, str(ROOT / "py"))
+sys.path.insert(0, str(ROOT))

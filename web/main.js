@@ -55,9 +55,25 @@ function start() {
     showError(`Could not start the worker: ${err.message}`);
     return;
   }
+  const pending = new Map();
+  let nextId = 1;
+  // window.pagedkv.exec(code): run Python in the worker; resolves to the JSON text of its last expression.
+  window.pagedkv = {
+    exec(code) {
+      const id = nextId++;
+      return new Promise((resolve, reject) => {
+        pending.set(id, { resolve, reject });
+        worker.postMessage({ type: "exec", id, code });
+      });
+    },
+  };
   worker.onmessage = (event) => {
     const msg = event.data;
-    if (msg.type === "progress") showStage(msg.stage, msg.detail);
+    if (msg.type === "exec-result") {
+      const p = pending.get(msg.id);
+      pending.delete(msg.id);
+      if (msg.ok) p.resolve(msg.json); else p.reject(new Error(msg.error));
+    } else if (msg.type === "progress") showStage(msg.stage, msg.detail);
     else if (msg.type === "ready") showReady(msg);
     else if (msg.type === "error") showError(msg.message, msg.detail);
     else if (msg.type === "device-lost") showError(`The GPU device was lost (${msg.reason}). Reload the page to restart.`);

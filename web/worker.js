@@ -29,6 +29,22 @@ del _wheel_urls
   await pyodide.runPythonAsync("from pagedkv_app.main import boot\nawait boot()");
 }
 
+// Tools and tests run Python inside this worker: {type: "exec", id, code} -> {type: "exec-result", id, ...}.
+// The code's last expression is returned as JSON text (json.dumps in Python), so results stay exact.
+self.addEventListener("message", async (event) => {
+  const msg = event.data;
+  if (!msg || msg.type !== "exec") return;
+  try {
+    if (!self.pyodide) throw new Error("Python is not ready yet");
+    const value = await self.pyodide.runPythonAsync(msg.code);
+    const json = typeof value === "string" ? value : JSON.stringify(value === undefined ? null : value);
+    if (value && typeof value.destroy === "function") value.destroy();
+    self.postMessage({ type: "exec-result", id: msg.id, ok: true, json });
+  } catch (err) {
+    self.postMessage({ type: "exec-result", id: msg.id, ok: false, error: String(err.message || err) });
+  }
+});
+
 boot().catch((err) => {
   // A Python exception's message is its whole traceback: show its last line, keep the rest as detail.
   const text = String(err.message || err);
