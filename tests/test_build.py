@@ -155,10 +155,7 @@ def test_port_in_use_gives_a_clear_message():
 
 
 def test_missing_chromium_message(monkeypatch, tmp_path):
-    sys.path.insert(0, str(build.ROOT / "tests" / "browser"))
-    from chromium import find_chromium
-
     monkeypatch.setenv("CHROME_PATH", str(tmp_path / "no-such-chrome"))
     with pytest.raises(FileNotFoundError) as err:
-        find_chromium()
+        build.find_chromium()
     assert "apt-get install chromium" in str(err.value)

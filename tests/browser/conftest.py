@@ -9,7 +9,7 @@ import pytest
 
 import build
 
-from chromium import BASE_ARGS, WEBGPU_ARGS, find_chromium
+from build import BASE_ARGS, WEBGPU_ARGS, find_chromium
 
 BOOT_TIMEOUT_MS = 240_000
 
