@@ -224,8 +224,9 @@ def test_swap_needs_a_cpu_pool():
     s = new_seq(mgr, [1, 2, 3])
     with pytest.raises(ValueError, match="num_cpu_blocks > 0"):
         mgr.swap_out(s)
-    with pytest.raises(ValueError, match="non-negative ints"):
-        Sequence([1, -2])
+    for bad in ([1, -2], [1, True], [1, 2.0], ["a"]):
+        with pytest.raises(ValueError, match="non-negative ints, got"):
+            Sequence(bad)
 
 
 def test_bytes_per_token_and_shared_budget():

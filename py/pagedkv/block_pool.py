@@ -17,7 +17,7 @@ pushed at the tail (kept longest for prefix hits). Popping takes the head.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Hashable, Iterable
 
 
 class OutOfBlocks(RuntimeError):
@@ -48,7 +48,7 @@ class Block(_Link):
         super().__init__()
         self.block_id = block_id
         self.ref_count = 0
-        self.block_hash: bytes | None = None
+        self.block_hash: Hashable = None
         self.token_ids: tuple[int, ...] = ()
         self.parent: tuple[int, int] | None = None
         self.salt: str | None = None
@@ -70,7 +70,7 @@ class BlockPool:
         self._ring = _Link()
         self._num_in_queue = 0
         self._num_cached = 0
-        self._hash_to_block: dict[bytes, Block] = {}
+        self._hash_to_block: dict[Hashable, Block] = {}
         for block in self.blocks:
             self._push_tail(block)
 
@@ -181,11 +181,11 @@ class BlockPool:
                     self._push_head(block)
 
     # -- prefix hash map ---------------------------------------------------
-    def cached_block(self, block_hash: bytes) -> Block | None:
+    def cached_block(self, block_hash: Hashable) -> Block | None:
         """The block registered under `block_hash`, if any (caller verifies content)."""
         return self._hash_to_block.get(block_hash)
 
-    def register(self, block_id: int, block_hash: bytes, token_ids: tuple[int, ...],
+    def register(self, block_id: int, block_hash: Hashable, token_ids: tuple[int, ...],
                  parent: tuple[int, int] | None, salt: str | None) -> tuple[int, int]:
         """Make a full, used block addressable by `block_hash`; returns its (id, epoch) link."""
         block = self.blocks[block_id]

@@ -18,7 +18,7 @@ from typing import NamedTuple
 from .block_pool import OutOfBlocks
 from .kv_accounting import KVStats
 from .kv_cache_manager import DoubleFree, NeverFits, SequenceFreed
-from .sequence import Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus, check_token_ids
 
 
 class ContiguousOOM(OutOfBlocks):
@@ -167,6 +167,7 @@ class ContiguousAllocator:
         """Append token ids and give them slots; token ids rolled back on failure."""
         if seq.status is SequenceStatus.FINISHED:
             raise SequenceFreed(f"cannot append to sequence {seq.seq_id}: it was freed")
+        check_token_ids(token_ids)
         seq.token_ids.extend(token_ids)
         try:
             return self.allocate_slots(seq, len(token_ids))

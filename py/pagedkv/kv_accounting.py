@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from .config import CacheConfig
 from .kv_cache_manager import KVCacheManager
+from .sequence import SequenceStatus
 
 KV_DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
 
@@ -60,7 +61,7 @@ def kv_stats(manager: KVCacheManager) -> KVStats:
     per_session: dict[str, set[int]] = {}
     logical = 0
     for seq in manager.live.values():
-        if seq.status.value != "running":
+        if seq.status is not SequenceStatus.RUNNING:
             continue
         logical += seq.num_kv_tokens
         owned = per_session.setdefault(seq.session, set())

@@ -3,8 +3,8 @@
 Callers get block ids and explicit copy plans, never Block objects. Only the
 pool touches ref counts, the free queue and the hash map.
 
-Prefix caching: each full block gets a chained hash sha256(parent hash +
-token ids [+ namespace for the first block]). A lookup hit is accepted only
+Prefix caching: each full block gets a chained hash of (parent hash, token
+ids, namespace) (the namespace, e.g. the model id, keeps models apart). A lookup hit is accepted only
 if the cached block's stored token ids equal the query's, its namespace
 matches, and its parent link names the very block (id and epoch) verified
 for the previous position, so even a colliding hash function cannot hand
@@ -16,13 +16,11 @@ forward pass of that same step writes them before any later step reads.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
-from typing import Callable, NamedTuple
+from typing import Callable, Hashable, NamedTuple
 
 from .block_pool import BlockPool, OutOfBlocks
 from .config import CacheConfig
-from .sequence import Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus, check_token_ids
 
 __all__ = ["KVCacheManager", "CopyOp", "OutOfBlocks", "NeverFits", "SequenceFreed",
            "DoubleFree", "default_block_hash"]
@@ -46,24 +44,24 @@ class CopyOp(NamedTuple):
     dst: int
 
 
-HashFn = Callable[[bytes | None, tuple[int, ...], str | None], bytes]
+HashFn = Callable[[Hashable, tuple[int, ...], str | None], Hashable]
 
 
-def default_block_hash(parent: bytes | None, token_ids: tuple[int, ...],
-                       namespace: str | None) -> bytes:
-    """Chained block hash: the parent's digest (or the namespace for block 0) + token ids."""
-    h = hashlib.sha256()
-    if parent is None:
-        h.update(b"ns:" + (namespace or "").encode())
-    else:
-        h.update(parent)
-    h.update(array("q", token_ids).tobytes())
-    return h.digest()
+def default_block_hash(parent: Hashable, token_ids: tuple[int, ...],
+                       namespace: str | None) -> Hashable:
+    """Chained block hash of (parent hash or None, token ids, namespace).
+
+    Python's built-in tuple hash is enough: a hash only picks the candidate
+    block; the hit is then verified exactly (tokens, namespace, parent block),
+    so a collision costs a cache miss, never wrong KV. It is ~10x cheaper
+    than sha256 here and identical under Pyodide (where it is 32-bit).
+    """
+    return hash((parent, token_ids, namespace))
 
 
 class _Plan(NamedTuple):
     hit_ids: list[int]
-    hit_hashes: list[bytes]
+    hit_hashes: list[Hashable]
     hit_links: list[tuple[int, int]]
     num_new_blocks: int
     cow: bool
@@ -100,12 +98,12 @@ class KVCacheManager:
 
     def _match(self, token_ids, max_blocks: int):
         ids: list[int] = []
-        hashes: list[bytes] = []
+        hashes: list[Hashable] = []
         links: list[tuple[int, int]] = []
         if not self.config.enable_prefix_caching:
             return ids, hashes, links
         bs = self.block_size
-        parent_hash: bytes | None = None
+        parent_hash: Hashable = None
         parent_link: tuple[int, int] | None = None
         for i in range(max_blocks):
             chunk = tuple(token_ids[i * bs:(i + 1) * bs])
@@ -139,7 +137,7 @@ class KVCacheManager:
             raise NeverFits(f"sequence {seq.seq_id} needs {total_blocks} blocks of {bs} tokens "
                             f"for {end} tokens; the pool only has {self.pool.num_blocks}")
         hit_ids: list[int] = []
-        hit_hashes: list[bytes] = []
+        hit_hashes: list[Hashable] = []
         hit_links: list[tuple[int, int]] = []
         if not seq.block_table and num_new_tokens > 0:
             # Leave at least one token to compute: the model needs its logits.
@@ -201,9 +199,7 @@ class KVCacheManager:
     def append_tokens(self, seq: Sequence, token_ids: list[int]) -> list[CopyOp]:
         """Append sampled token ids and give them slots (decode). State unchanged on error."""
         self._check_active(seq, "append to")
-        for t in token_ids:
-            if not isinstance(t, int) or isinstance(t, bool) or t < 0:
-                raise ValueError(f"token ids must be non-negative ints, got {t!r}")
+        check_token_ids(token_ids)
         if seq.num_kv_tokens != seq.num_tokens:
             raise ValueError(f"sequence {seq.seq_id} has {seq.num_tokens - seq.num_kv_tokens} "
                              "token ids without slots; allocate_slots them first")
@@ -215,6 +211,8 @@ class KVCacheManager:
             raise
 
     def _register_full_blocks(self, seq: Sequence) -> None:
+        if not self.config.enable_prefix_caching:
+            return
         bs = self.block_size
         for i in range(len(seq.block_hashes), seq.num_kv_tokens // bs):
             chunk = tuple(seq.token_ids[i * bs:(i + 1) * bs])
@@ -222,7 +220,7 @@ class KVCacheManager:
             parent_link = seq.block_links[i - 1] if i else None
             h = self.hash_fn(parent_hash, chunk, self.namespace)
             link = None
-            if self.config.enable_prefix_caching and (i == 0 or parent_link is not None):
+            if i == 0 or parent_link is not None:
                 existing = self.pool.cached_block(h)
                 if existing is None:
                     link = self.pool.register(seq.block_table[i], h, chunk, parent_link,

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import enum
 import itertools
+from typing import Hashable
 
 _next_seq_id = itertools.count()
+
+
+def check_token_ids(token_ids) -> None:
+    """Raise ValueError unless every id is a non-negative int (bools rejected)."""
+    # map/min run in C: a per-token Python loop would dominate allocation cost.
+    if token_ids and (not set(map(type, token_ids)) <= {int} or min(token_ids) < 0):
+        bad = next(t for t in token_ids if type(t) is not int or t < 0)
+        raise ValueError(f"token ids must be non-negative ints, got {bad!r}")
 
 
 class SequenceStatus(enum.Enum):
@@ -29,16 +38,14 @@ class Sequence:
 
     def __init__(self, token_ids: list[int] | tuple[int, ...], session: str = "default",
                  seq_id: int | None = None) -> None:
-        for t in token_ids:
-            if not isinstance(t, int) or isinstance(t, bool) or t < 0:
-                raise ValueError(f"token ids must be non-negative ints, got {t!r}")
+        check_token_ids(token_ids)
         self.seq_id = next(_next_seq_id) if seq_id is None else seq_id
         self.session = session
         self.token_ids: list[int] = list(token_ids)
         self.num_kv_tokens = 0
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
-        self.block_hashes: list[bytes] = []
+        self.block_hashes: list[Hashable] = []
         self.block_links: list[tuple[int, int] | None] = []
         self.status = SequenceStatus.WAITING
 
