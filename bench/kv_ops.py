@@ -39,7 +39,7 @@ def _best(fn, repeat: int) -> float:
 
 
 def bench_pool(repeat: int, iters: int = 200) -> float:
-    pool = BlockPool(2912, 16)
+    pool = BlockPool(2912)
 
     def run():
         for _ in range(iters):

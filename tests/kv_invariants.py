@@ -42,7 +42,7 @@ def snapshot(mgr: KVCacheManager, seqs) -> tuple:
                   for s in seqs), tuple(sorted(mgr.live)))
 
 
-def check_pool(pool, owners: dict[int, int]) -> None:
+def check_pool(pool, owners: dict[int, int], block_size: int) -> None:
     """One pool: each block in exactly one state, queue consistent, refs == owners."""
     queue = pool.free_queue_ids()
     _require(len(queue) == len(set(queue)), f"free queue repeats a block: {queue}")
@@ -57,7 +57,7 @@ def check_pool(pool, owners: dict[int, int]) -> None:
                  f"block {b.block_id} ref {b.ref_count} != owners {owners.get(b.block_id, 0)}")
         if b.block_hash is not None:
             _require(pool.cached_block(b.block_hash) is b, f"hash map misses block {b.block_id}")
-            _require(len(b.token_ids) == pool.block_size, "registered block not full")
+            _require(len(b.token_ids) == block_size, "registered block not full")
     _require(counts["used"] == pool.num_used and counts["free"] == pool.num_free
              and counts["cached"] == pool.num_cached, f"counters drifted: {counts}")
     _require(pool.num_used + pool.num_free + pool.num_cached == pool.num_blocks,
@@ -233,9 +233,9 @@ class KVWorld:
             for pos in range(seq.num_kv_tokens):
                 _require(mem[seq.block_table[pos // bs]][pos % bs] == seq.token_ids[pos],
                          f"sequence {seq.seq_id} slot {pos} holds another token")
-        check_pool(self.mgr.pool, gpu_owners)
+        check_pool(self.mgr.pool, gpu_owners, bs)
         if self.mgr.cpu_pool is not None:
-            check_pool(self.mgr.cpu_pool, cpu_owners)
+            check_pool(self.mgr.cpu_pool, cpu_owners, bs)
         for b in self.mgr.pool.blocks:
             if b.block_hash is not None:
                 _require(list(b.token_ids) == self.gpu[b.block_id],

@@ -14,7 +14,7 @@ def state(pool):
 
 
 def test_fresh_pool_hands_out_ids_in_order():
-    pool = BlockPool(10, 16)
+    pool = BlockPool(10)
     assert pool.free_queue_ids() == list(range(10))
     assert pool.get_new_blocks(3) == [0, 1, 2]
     assert pool.free_queue_ids() == [3, 4, 5, 6, 7, 8, 9]
@@ -23,7 +23,7 @@ def test_fresh_pool_hands_out_ids_in_order():
 
 
 def test_unhashed_blocks_return_to_the_head_and_are_reused_first():
-    pool = BlockPool(10, 16)
+    pool = BlockPool(10)
     a = pool.get_new_blocks(3)
     pool.get_new_blocks(2)                      # [3, 4]
     pool.free_blocks(reversed(a))               # frees 2, 1, 0 -> each pushed at the head
@@ -32,7 +32,7 @@ def test_unhashed_blocks_return_to_the_head_and_are_reused_first():
 
 
 def test_hashed_blocks_go_to_the_tail_in_reverse_and_are_evicted_lru():
-    pool = BlockPool(10, 16)
+    pool = BlockPool(10)
     a = pool.get_new_blocks(3)                  # [0, 1, 2]; 0 and 1 are full
     pool.register(0, b"h0", TOKENS, None, None)
     pool.register(1, b"h1", TOKENS, (0, pool.blocks[0].epoch), None)
@@ -49,7 +49,7 @@ def test_hashed_blocks_go_to_the_tail_in_reverse_and_are_evicted_lru():
 
 
 def test_touch_pulls_a_cached_block_out_of_the_middle():
-    pool = BlockPool(10, 16)
+    pool = BlockPool(10)
     a = pool.get_new_blocks(3)
     pool.register(1, b"h1", TOKENS, None, None)
     pool.free_blocks(reversed(a))               # 2 and 0 pushed at the head, 1 at the tail
@@ -66,7 +66,7 @@ def test_touch_pulls_a_cached_block_out_of_the_middle():
 
 
 def test_out_of_blocks_and_double_free_leave_state_unchanged():
-    pool = BlockPool(10, 16)
+    pool = BlockPool(10)
     pool.get_new_blocks(4)
     before = state(pool)
     with pytest.raises(OutOfBlocks, match="need 7 blocks, only 6"):
@@ -83,17 +83,23 @@ def test_out_of_blocks_and_double_free_leave_state_unchanged():
 
 
 def test_register_rejects_free_partial_or_duplicate_blocks():
-    pool = BlockPool(10, 16)
+    pool = BlockPool(10)
     pool.get_new_blocks(2)
     with pytest.raises(ValueError, match="not in use"):
         pool.register(5, b"x", TOKENS, None, None)
-    with pytest.raises(ValueError, match="only full blocks"):
-        pool.register(0, b"x", TOKENS[:15], None, None)
+    with pytest.raises(ValueError, match="must hold its token ids"):
+        pool.register(0, b"x", (), None, None)
     assert pool.register(0, b"x", TOKENS, None, None) == (0, 1)
     with pytest.raises(ValueError, match="already registered"):
         pool.register(1, b"x", TOKENS, None, None)
     pool.unregister(0)
     assert pool.cached_block(b"x") is None and pool.link(0) == (0, 2)
+
+
+@pytest.mark.parametrize("n", [0, -1, True, 2.5])
+def test_pool_rejects_bad_sizes(n):
+    with pytest.raises(ValueError, match="num_blocks must be a positive int"):
+        BlockPool(n)
 
 
 @pytest.mark.parametrize("bad, msg", [

@@ -229,22 +229,53 @@ def test_swap_needs_a_cpu_pool():
             Sequence(bad)
 
 
-def test_bytes_per_token_and_shared_budget():
+def test_bytes_per_token():
     assert bytes_per_token(SMOLLM2_135M, "f16") == 23040
     assert bytes_per_token(SMOLLM2_135M, "f32") == 46080
+    assert bytes_per_token(KVShape("big", 28, 2, 128), "bf16") == 28672
     with pytest.raises(ValueError, match="kv_dtype must be one of"):
         bytes_per_token(SMOLLM2_135M, "f8")
     with pytest.raises(ValueError, match="head_dim must be a positive int"):
         KVShape("x", 2, 2, 0)
-    budget = SharedKVBudget(1 << 30)
-    small = budget.add_model(SMOLLM2_135M, "f16", 1 << 29)
-    big = budget.add_model(KVShape("big", 28, 2, 128), "f32", 1 << 29)  # 57,344 B/token
-    assert small.pool.num_blocks == 1456 and big.pool.num_blocks == 585
-    assert budget.reserved_bytes == 1456 * 23040 * 16 + 585 * 57344 * 16 <= 1 << 30
-    with pytest.raises(ValueError, match=r"must be in \(0, "):
-        budget.add_model(KVShape("third", 1, 1, 8), "f16", 1 << 20)
-    new_seq(small, list(range(20)), session="alice")
-    new_seq(big, list(range(5)), session="alice")
-    new_seq(big, list(range(40)), session="bob")
-    assert budget.used_bytes() == {SMOLLM2_135M.name: 2 * 368640, "big": 4 * 917504}
-    assert budget.session_bytes() == {"alice": 2 * 368640 + 917504, "bob": 3 * 917504}
+
+
+PAGE = 16 * 46080   # 737,280 B: 16 SmolLM2 f32 tokens or 32 f16 tokens
+
+
+def test_two_models_share_one_byte_budget_and_evict_each_other():
+    budget = SharedKVBudget(10 * PAGE + 5, PAGE)
+    f16 = budget.add_model(SMOLLM2_135M, "f16")
+    f32 = budget.add_model(SMOLLM2_135M, "f32")
+    assert (budget.pool.num_blocks, f16.block_size, f32.block_size) == (10, 32, 16)
+    a = new_seq(f16, list(range(40)), session="alice")     # 2 pages of 32 tokens
+    b = new_seq(f32, list(range(20)), session="bob")       # 2 pages of 16 tokens
+    assert (a.block_table, b.block_table) == ([0, 1], [2, 3])
+    assert budget.used_bytes() == {f"{SMOLLM2_135M.name}/f16": 2 * PAGE,
+                                   f"{SMOLLM2_135M.name}/f32": 2 * PAGE}
+    assert budget.session_bytes() == {"alice": 2 * PAGE, "bob": 2 * PAGE}
+    # Same tokens, other model: the namespace keeps its KV apart.
+    assert f32.lookup_prefix(list(range(40))) == (16, [2])
+    assert f16.lookup_prefix(list(range(40))) == (32, [0])
+    f16.free(a)                                             # page 0 cached, page 1 free
+    assert budget.pool.free_queue_ids() == [1, 4, 5, 6, 7, 8, 9, 0]
+    c = new_seq(f32, list(range(100, 220)), session="carol")  # 8 pages: evicts f16's page 0
+    assert c.block_table == [1, 4, 5, 6, 7, 8, 9, 0]
+    assert f16.lookup_prefix(list(range(40))) == (0, [])
+    assert budget.used_bytes()[f"{SMOLLM2_135M.name}/f32"] == 10 * PAGE
+    with pytest.raises(OutOfBlocks):
+        f16.allocate_slots(Sequence([1]), 1)
+
+
+def test_shared_budget_rejects_pages_that_do_not_fit_a_model():
+    with pytest.raises(ValueError, match="holds no page"):
+        SharedKVBudget(100, PAGE)
+    budget = SharedKVBudget(10 * PAGE, PAGE)
+    with pytest.raises(ValueError, match="not a whole number of .* tokens"):
+        budget.add_model(KVShape("odd", 3, 1, 7), "f16")
+    with pytest.raises(ValueError, match=r"holds 4 .* tokens; pick page_bytes"):
+        budget.add_model(KVShape("wide", 30, 12, 64), "f32")   # 184,320 B/token
+    budget.add_model(SMOLLM2_135M, "f16")
+    with pytest.raises(ValueError, match="already has a manager"):
+        budget.add_model(SMOLLM2_135M, "f16")
+    with pytest.raises(ValueError, match="shared pool has 10 blocks"):
+        KVCacheManager(CacheConfig(num_blocks=9), pool=budget.pool)

@@ -57,15 +57,17 @@ class Block(_Link):
 
 
 class BlockPool:
-    """Fixed set of `num_blocks` physical blocks of `block_size` token slots."""
+    """Fixed set of `num_blocks` physical blocks (equal-sized pages of KV memory).
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        if not isinstance(num_blocks, int) or num_blocks < 1:
+    The pool does not know how many tokens a block holds: several managers
+    (models with different bytes per token) may share one pool, each viewing a
+    block as its own number of token slots.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         self.num_blocks = num_blocks
-        self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._ring = _Link()
         self._num_in_queue = 0
@@ -193,8 +195,8 @@ class BlockPool:
             raise ValueError(f"block {block_id} is not in use; only used blocks are registered")
         if block.block_hash is not None or block_hash in self._hash_to_block:
             raise ValueError(f"block {block_id} or hash already registered")
-        if len(token_ids) != self.block_size:
-            raise ValueError(f"only full blocks ({self.block_size} tokens) are registered")
+        if not token_ids:
+            raise ValueError("a registered block must hold its token ids")
         block.block_hash = block_hash
         block.token_ids = token_ids
         block.parent = parent

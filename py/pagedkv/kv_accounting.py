@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config import CacheConfig
+from .block_pool import BlockPool
+from .config import ALLOWED_BLOCK_SIZES, CacheConfig
 from .kv_cache_manager import KVCacheManager
 from .sequence import SequenceStatus
 
@@ -41,21 +42,25 @@ def bytes_per_token(model, kv_dtype: str = "f16") -> int:
 
 @dataclass(frozen=True)
 class KVStats:
-    """Snapshot of one pool. Token counts are KV slots, not bytes."""
+    """Snapshot of one manager. Token counts are KV slots, not bytes.
+
+    total/free/cached are pool-wide; used counts the blocks this manager's
+    running sequences hold (the pool's used count when the pool is not shared).
+    """
     total_blocks: int
     used_blocks: int
     free_blocks: int
     cached_blocks: int
     utilization: float          # used / total
     slot_efficiency: float      # tokens stored in used blocks / slots of used blocks
-    sharing_factor: float       # logical tokens over live sequences / physical tokens stored
+    sharing_factor: float       # logical tokens over running sequences / physical tokens stored
     logical_tokens: int
     physical_tokens: int
     per_session_blocks: dict[str, int] = field(default_factory=dict)  # distinct blocks per session
 
 
 def kv_stats(manager: KVCacheManager) -> KVStats:
-    """Metrics of `manager`'s GPU pool over its live (GPU-resident) sequences."""
+    """Metrics of `manager` over its running (GPU-resident) sequences."""
     pool, bs = manager.pool, manager.block_size
     fill: dict[int, int] = {}          # block id -> slots holding a token (max over owners)
     per_session: dict[str, set[int]] = {}
@@ -71,7 +76,7 @@ def kv_stats(manager: KVCacheManager) -> KVStats:
                 fill[bid] = n
             owned.add(bid)
     physical = sum(fill.values())
-    used = pool.num_used
+    used = len(fill)
     return KVStats(
         total_blocks=pool.num_blocks, used_blocks=used, free_blocks=pool.num_free,
         cached_blocks=pool.num_cached, utilization=used / pool.num_blocks,
@@ -82,51 +87,54 @@ def kv_stats(manager: KVCacheManager) -> KVStats:
 
 
 class SharedKVBudget:
-    """Several models (different bytes per token) carved out of one byte budget.
+    """Several models (different bytes per token) drawing blocks from one byte budget.
 
-    Each model gets its own pool (its KV buffers have a different layout), sized
-    from its share of the budget; the ledger reports bytes per model and per
-    session across models, and never hands out more bytes than the budget.
-    The split is fixed when a model is added (no rebalancing between pools).
+    The budget is one pool of equal pages of `page_bytes` (one GPU buffer);
+    each model views a page as page_bytes / bytes_per_token token slots, so
+    its block size follows from its KV width (page 16 x 46,080 B: SmolLM2 f32
+    sees 16-token blocks, f16 32-token blocks). Models take pages from the
+    same free queue and a fresh allocation evicts the least recently freed
+    cached page of whichever model, so memory moves to the model that needs
+    it. Prefix hashes carry the model and dtype, so pages are never shared
+    across models.
     """
 
-    def __init__(self, budget_bytes: int, block_size: int = 16) -> None:
-        if not isinstance(budget_bytes, int) or budget_bytes < 1:
-            raise ValueError(f"budget_bytes must be a positive int, got {budget_bytes!r}")
-        CacheConfig(num_blocks=1, block_size=block_size)  # validates block_size
+    def __init__(self, budget_bytes: int, page_bytes: int) -> None:
+        for name, v in (("budget_bytes", budget_bytes), ("page_bytes", page_bytes)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if budget_bytes < page_bytes:
+            raise ValueError(f"budget of {budget_bytes} B holds no page of {page_bytes} B")
         self.budget_bytes = budget_bytes
-        self.block_size = block_size
+        self.page_bytes = page_bytes
+        self.pool = BlockPool(budget_bytes // page_bytes)
         self.managers: dict[str, KVCacheManager] = {}
-        self.block_bytes: dict[str, int] = {}
 
-    @property
-    def reserved_bytes(self) -> int:
-        """Bytes of all pools created so far."""
-        return sum(self.managers[m].pool.num_blocks * self.block_bytes[m] for m in self.managers)
-
-    def add_model(self, model: KVShape, kv_dtype: str, budget_bytes: int) -> KVCacheManager:
-        """Create `model`'s pool with `budget_bytes` of the remaining budget."""
-        if model.name in self.managers:
-            raise ValueError(f"model {model.name!r} already has a pool")
-        remaining = self.budget_bytes - self.reserved_bytes
-        if not isinstance(budget_bytes, int) or not 0 < budget_bytes <= remaining:
-            raise ValueError(f"budget_bytes for {model.name!r} must be in (0, {remaining}] "
-                             f"(what is left of the {self.budget_bytes} B budget), got "
-                             f"{budget_bytes!r}")
+    def add_model(self, model: KVShape, kv_dtype: str) -> KVCacheManager:
+        """A cache manager for `model` that allocates from the shared pages."""
+        key = f"{model.name}/{kv_dtype}"
+        if key in self.managers:
+            raise ValueError(f"{key} already has a manager")
         bpt = bytes_per_token(model, kv_dtype)
-        cfg = CacheConfig.from_budget(budget_bytes, bpt, self.block_size)
-        self.managers[model.name] = KVCacheManager(cfg, namespace=f"{model.name}/{kv_dtype}")
-        self.block_bytes[model.name] = bpt * self.block_size
-        return self.managers[model.name]
+        if self.page_bytes % bpt:
+            raise ValueError(f"page of {self.page_bytes} B is not a whole number of {key} "
+                             f"tokens ({bpt} B each); use a multiple of {bpt} B")
+        block_size = self.page_bytes // bpt
+        if block_size not in ALLOWED_BLOCK_SIZES:
+            raise ValueError(f"a page holds {block_size} {key} tokens; pick page_bytes so it "
+                             f"holds one of {ALLOWED_BLOCK_SIZES} (e.g. {16 * bpt} B)")
+        cfg = CacheConfig(num_blocks=self.pool.num_blocks, block_size=block_size)
+        self.managers[key] = KVCacheManager(cfg, namespace=key, pool=self.pool)
+        return self.managers[key]
 
     def used_bytes(self) -> dict[str, int]:
-        """Bytes in used blocks per model."""
-        return {m: mgr.pool.num_used * self.block_bytes[m] for m, mgr in self.managers.items()}
+        """Bytes of pages held by each model's running sequences."""
+        return {k: kv_stats(m).used_blocks * self.page_bytes for k, m in self.managers.items()}
 
     def session_bytes(self) -> dict[str, int]:
-        """Bytes of distinct blocks each session holds, summed over models."""
+        """Bytes of distinct pages each session holds, summed over models."""
         out: dict[str, int] = {}
-        for m, mgr in self.managers.items():
-            for session, n in kv_stats(mgr).per_session_blocks.items():
-                out[session] = out.get(session, 0) + n * self.block_bytes[m]
+        for m in self.managers.values():
+            for session, n in kv_stats(m).per_session_blocks.items():
+                out[session] = out.get(session, 0) + n * self.page_bytes
         return dict(sorted(out.items()))

@@ -74,17 +74,21 @@ class KVCacheManager:
 
     namespace: mixed into every prefix hash (e.g. the model id) so two models or
     tenants never share blocks. hash_fn: injectable for tests (e.g. a colliding one).
+    pool: a GPU pool shared with other managers (see SharedKVBudget); its size
+    must equal config.num_blocks. By default the manager owns a fresh pool.
     """
 
     def __init__(self, config: CacheConfig, namespace: str | None = None,
-                 hash_fn: HashFn = default_block_hash) -> None:
+                 hash_fn: HashFn = default_block_hash, pool: BlockPool | None = None) -> None:
+        if pool is not None and pool.num_blocks != config.num_blocks:
+            raise ValueError(f"shared pool has {pool.num_blocks} blocks but config.num_blocks "
+                             f"is {config.num_blocks}")
         self.config = config
         self.block_size = config.block_size
         self.namespace = namespace
         self.hash_fn = hash_fn
-        self.pool = BlockPool(config.num_blocks, config.block_size)
-        self.cpu_pool = BlockPool(config.num_cpu_blocks, config.block_size) \
-            if config.num_cpu_blocks > 0 else None
+        self.pool = pool if pool is not None else BlockPool(config.num_blocks)
+        self.cpu_pool = BlockPool(config.num_cpu_blocks) if config.num_cpu_blocks > 0 else None
         self.live: dict[int, Sequence] = {}
         self.num_lookup_tokens = 0
         self.num_hit_tokens = 0
