@@ -12,6 +12,8 @@ answer is LogNormal(median 250, sigma 0.7) tokens (8..1500), decoded at
 that would pass the model's 8192-token context ends the session normally.
 Time advances in 1 s ticks. The same seed gives both allocators the same
 sessions; a session whose allocation fails ends there (so later turns differ).
+Neither allocator queues or preempts: a refused allocation fails the turn
+(a real scheduler would swap or wait instead; this measures raw headroom).
 
 Allocators, both sized from the same byte budget (SmolLM2-135M f16 KV,
 23,040 B/token unless --bytes-per-token):
