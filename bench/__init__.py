@@ -1,0 +1,1 @@
+"""Benchmark drivers (run from the repo root: python3 -m bench.<name>)."""

@@ -1,0 +1,234 @@
+"""The block pool: the only owner of physical KV blocks.
+
+Every block is in exactly one of three states:
+
+- used:   ref_count > 0, not in the free queue;
+- cached: ref_count == 0, carries a prefix hash, in the free queue (reusable
+          by a prefix hit, evicted LRU-first when a fresh block is needed);
+- free:   ref_count == 0, no hash, in the free queue.
+
+The free queue is a ring (doubly linked list) threaded through the blocks
+themselves, with one sentinel node acting as both head and tail, so popping
+the head, pushing at either end and unlinking a cache hit from the middle
+are all O(1) and allocate no Python objects. Unhashed blocks are pushed at
+the head (reused first, they hold nothing worth keeping); hashed blocks are
+pushed at the tail (kept longest for prefix hits). Popping takes the head.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Iterable
+
+
+class OutOfBlocks(RuntimeError):
+    """Not enough free or cached blocks right now; the caller may preempt and retry."""
+
+
+class _Link:
+    __slots__ = ("prev", "next")
+
+    def __init__(self) -> None:
+        self.prev: _Link = self
+        self.next: _Link = self
+
+
+class Block(_Link):
+    """One physical block. Only BlockPool mutates it.
+
+    block_hash / token_ids / parent identify the cached content when the block
+    is full and registered: parent is (block_id, epoch) of the verified block
+    holding the previous block's tokens, or None for the first block. epoch
+    changes on every (un)registration so stale parent links never match.
+    """
+
+    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids", "parent", "salt", "epoch",
+                 "in_queue")
+
+    def __init__(self, block_id: int) -> None:
+        super().__init__()
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: Hashable = None
+        self.token_ids: tuple[int, ...] = ()
+        self.parent: tuple[int, int] | None = None
+        self.salt: str | None = None
+        self.epoch = 0
+        self.in_queue = False
+
+
+class BlockPool:
+    """Fixed set of `num_blocks` physical blocks (equal-sized pages of KV memory).
+
+    The pool does not know how many tokens a block holds: several managers
+    (models with different bytes per token) may share one pool, each viewing a
+    block as its own number of token slots.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
+            raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._ring = _Link()
+        self._num_in_queue = 0
+        self._num_cached = 0
+        self._hash_to_block: dict[Hashable, Block] = {}
+        for block in self.blocks:
+            self._push_tail(block)
+
+    # -- free queue ring ---------------------------------------------------
+    def _push_tail(self, block: Block) -> None:
+        last = self._ring.prev
+        block.prev, block.next = last, self._ring
+        last.next = block
+        self._ring.prev = block
+        block.in_queue = True
+        self._num_in_queue += 1
+
+    def _push_head(self, block: Block) -> None:
+        first = self._ring.next
+        block.prev, block.next = self._ring, first
+        first.prev = block
+        self._ring.next = block
+        block.in_queue = True
+        self._num_in_queue += 1
+
+    def _unlink(self, block: Block) -> None:
+        block.prev.next = block.next
+        block.next.prev = block.prev
+        block.prev = block.next = block
+        block.in_queue = False
+        self._num_in_queue -= 1
+
+    def free_queue_ids(self) -> list[int]:
+        """Block ids in the free queue, head (next to be handed out) first."""
+        ids = []
+        node = self._ring.next
+        while node is not self._ring:
+            ids.append(node.block_id)  # type: ignore[attr-defined]
+            node = node.next
+        return ids
+
+    # -- counts ------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks with ref 0 and no cached content."""
+        return self._num_in_queue - self._num_cached
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks with ref 0 that still hold a registered prefix (evictable)."""
+        return self._num_cached
+
+    @property
+    def num_used(self) -> int:
+        """Blocks referenced by at least one sequence."""
+        return self.num_blocks - self._num_in_queue
+
+    @property
+    def num_available(self) -> int:
+        """Blocks get_new_blocks may hand out (free + evictable cached)."""
+        return self._num_in_queue
+
+    def ref_count(self, block_id: int) -> int:
+        """Number of sequences holding `block_id`."""
+        return self.blocks[block_id].ref_count
+
+    # -- allocation --------------------------------------------------------
+    def get_new_blocks(self, n: int) -> list[int]:
+        """Hand out `n` blocks with ref 1, evicting cached ones from the head if needed."""
+        if n < 0:
+            raise ValueError(f"cannot allocate a negative number of blocks ({n})")
+        if n > self._num_in_queue:
+            raise OutOfBlocks(f"need {n} blocks, only {self._num_in_queue} free or cached "
+                              f"of {self.num_blocks}")
+        ids = []
+        for _ in range(n):
+            block = self._ring.next
+            assert isinstance(block, Block)
+            self._unlink(block)
+            if block.block_hash is not None:
+                self._num_cached -= 1
+                self._drop_hash(block)
+            block.ref_count = 1
+            ids.append(block.block_id)
+        return ids
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Add one reference to each block; a cached block leaves the free queue (a hit)."""
+        for bid in block_ids:
+            block = self.blocks[bid]
+            if block.ref_count == 0:
+                self._unlink(block)
+                if block.block_hash is not None:
+                    self._num_cached -= 1
+            block.ref_count += 1
+
+    def free_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference from each block, in the given order (pass a sequence's
+        blocks reversed so its tail is evicted before its prefix)."""
+        blocks = [self.blocks[bid] for bid in block_ids]
+        drops: dict[int, int] = {}
+        for block in blocks:
+            drops[block.block_id] = drops.get(block.block_id, 0) + 1
+            if drops[block.block_id] > block.ref_count:
+                raise ValueError(f"block {block.block_id} freed more often than referenced")
+        for block in blocks:
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.block_hash is not None:
+                    self._push_tail(block)
+                    self._num_cached += 1
+                else:
+                    self._push_head(block)
+
+    # -- prefix hash map ---------------------------------------------------
+    def cached_block(self, block_hash: Hashable) -> Block | None:
+        """The block registered under `block_hash`, if any (caller verifies content)."""
+        return self._hash_to_block.get(block_hash)
+
+    def register(self, block_id: int, block_hash: Hashable, token_ids: tuple[int, ...],
+                 parent: tuple[int, int] | None, salt: str | None) -> tuple[int, int]:
+        """Make a full, used block addressable by `block_hash`; returns its (id, epoch) link."""
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            raise ValueError(f"block {block_id} is not in use; only used blocks are registered")
+        if block.block_hash is not None or block_hash in self._hash_to_block:
+            raise ValueError(f"block {block_id} or hash already registered")
+        if not token_ids:
+            raise ValueError("a registered block must hold its token ids")
+        block.block_hash = block_hash
+        block.token_ids = token_ids
+        block.parent = parent
+        block.salt = salt
+        block.epoch += 1
+        self._hash_to_block[block_hash] = block
+        return (block_id, block.epoch)
+
+    def unregister(self, block_id: int) -> None:
+        """Forget a used block's cached content (it is about to be overwritten)."""
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            raise ValueError(f"block {block_id} is not in use")
+        if block.block_hash is not None:
+            self._drop_hash(block)
+
+    def _drop_hash(self, block: Block) -> None:
+        del self._hash_to_block[block.block_hash]  # type: ignore[arg-type]
+        block.block_hash = None
+        block.token_ids = ()
+        block.parent = None
+        block.salt = None
+        block.epoch += 1
+
+    def link(self, block_id: int) -> tuple[int, int]:
+        """(id, epoch) of a block: how a child block names its verified parent."""
+        block = self.blocks[block_id]
+        return (block_id, block.epoch)
+
+    def state_of(self, block_id: int) -> str:
+        """'used', 'cached' or 'free' (for checks and debugging)."""
+        block = self.blocks[block_id]
+        if block.ref_count > 0:
+            return "used"
+        return "cached" if block.block_hash is not None else "free"

@@ -1,0 +1,58 @@
+"""Frozen, validated configuration for the engine (this part: KV cache sizing)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALLOWED_BLOCK_SIZES = (8, 16, 32, 64)
+
+
+def _require_int(name: str, value: object, minimum: int) -> None:
+    # bool is an int subclass; True blocks would be a silent bug.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Shape of one paged KV pool.
+
+    block_size: tokens per physical block; a power of two in ALLOWED_BLOCK_SIZES.
+    num_blocks: physical GPU blocks (computed from the byte budget by the caller).
+    num_cpu_blocks: blocks of the CPU swap pool (0 disables swapping).
+    enable_prefix_caching: keep full blocks addressable by their prefix hash.
+    """
+
+    num_blocks: int
+    block_size: int = 16
+    num_cpu_blocks: int = 0
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        _require_int("block_size", self.block_size, 1)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.block_size not in ALLOWED_BLOCK_SIZES:
+            raise ValueError(
+                f"block_size must be one of {ALLOWED_BLOCK_SIZES}, got {self.block_size}")
+        _require_int("num_blocks", self.num_blocks, 1)
+        _require_int("num_cpu_blocks", self.num_cpu_blocks, 0)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError("enable_prefix_caching must be a bool")
+
+    @classmethod
+    def from_budget(cls, budget_bytes: int, bytes_per_token: int, block_size: int = 16,
+                    num_cpu_blocks: int = 0, enable_prefix_caching: bool = True) -> "CacheConfig":
+        """Largest pool of `block_size`-token blocks that fits in `budget_bytes`."""
+        _require_int("budget_bytes", budget_bytes, 1)
+        _require_int("bytes_per_token", bytes_per_token, 1)
+        _require_int("block_size", block_size, 1)
+        num_blocks = budget_bytes // (bytes_per_token * block_size)
+        if num_blocks < 1:
+            raise ValueError(
+                f"budget of {budget_bytes} B holds no block of {block_size} tokens x "
+                f"{bytes_per_token} B/token; raise the budget or shrink the block")
+        return cls(num_blocks=num_blocks, block_size=block_size,
+                   num_cpu_blocks=num_cpu_blocks, enable_prefix_caching=enable_prefix_caching)

@@ -1,0 +1,140 @@
+"""KV memory accounting: bytes per token, pool metrics, several models under one byte budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .block_pool import BlockPool
+from .config import ALLOWED_BLOCK_SIZES, CacheConfig
+from .kv_cache_manager import KVCacheManager
+from .sequence import SequenceStatus
+
+KV_DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """The part of a model config that sizes its KV cache."""
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        for attr in ("num_layers", "num_kv_heads", "head_dim"):
+            v = getattr(self, attr)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{attr} must be a positive int, got {v!r}")
+        if not self.name:
+            raise ValueError("a KVShape needs a non-empty name (it namespaces prefix hashes)")
+
+
+SMOLLM2_135M = KVShape("SmolLM2-135M-Instruct", num_layers=30, num_kv_heads=3, head_dim=64)
+
+
+def bytes_per_token(model, kv_dtype: str = "f16") -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per element.
+    `model` is anything with num_layers, num_kv_heads and head_dim."""
+    if kv_dtype not in KV_DTYPE_BYTES:
+        raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPE_BYTES)}, got {kv_dtype!r}")
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * KV_DTYPE_BYTES[kv_dtype]
+
+
+@dataclass(frozen=True)
+class KVStats:
+    """Snapshot of one manager. Token counts are KV slots, not bytes.
+
+    total/free/cached are pool-wide; used counts the blocks this manager's
+    running sequences hold (the pool's used count when the pool is not shared).
+    """
+    total_blocks: int
+    used_blocks: int
+    free_blocks: int
+    cached_blocks: int
+    utilization: float          # used / total
+    slot_efficiency: float      # tokens stored in used blocks / slots of used blocks
+    sharing_factor: float       # logical tokens over running sequences / physical tokens stored
+    logical_tokens: int
+    physical_tokens: int
+    per_session_blocks: dict[str, int] = field(default_factory=dict)  # distinct blocks per session
+
+
+def kv_stats(manager: KVCacheManager) -> KVStats:
+    """Metrics of `manager` over its running (GPU-resident) sequences."""
+    pool, bs = manager.pool, manager.block_size
+    fill: dict[int, int] = {}          # block id -> slots holding a token (max over owners)
+    per_session: dict[str, set[int]] = {}
+    logical = 0
+    for seq in manager.live.values():
+        if seq.status is not SequenceStatus.RUNNING:
+            continue
+        logical += seq.num_kv_tokens
+        owned = per_session.setdefault(seq.session, set())
+        for i, bid in enumerate(seq.block_table):
+            n = min(bs, seq.num_kv_tokens - i * bs)
+            if n > fill.get(bid, 0):
+                fill[bid] = n
+            owned.add(bid)
+    physical = sum(fill.values())
+    used = len(fill)
+    return KVStats(
+        total_blocks=pool.num_blocks, used_blocks=used, free_blocks=pool.num_free,
+        cached_blocks=pool.num_cached, utilization=used / pool.num_blocks,
+        slot_efficiency=physical / (used * bs) if used else 1.0,
+        sharing_factor=logical / physical if physical else 1.0,
+        logical_tokens=logical, physical_tokens=physical,
+        per_session_blocks={s: len(b) for s, b in sorted(per_session.items())})
+
+
+class SharedKVBudget:
+    """Several models (different bytes per token) drawing blocks from one byte budget.
+
+    The budget is one pool of equal pages of `page_bytes` (one GPU buffer);
+    each model views a page as page_bytes / bytes_per_token token slots, so
+    its block size follows from its KV width (page 16 x 46,080 B: SmolLM2 f32
+    sees 16-token blocks, f16 32-token blocks). Models take pages from the
+    same free queue and a fresh allocation evicts the least recently freed
+    cached page of whichever model, so memory moves to the model that needs
+    it. Prefix hashes carry the model and dtype, so pages are never shared
+    across models.
+    """
+
+    def __init__(self, budget_bytes: int, page_bytes: int) -> None:
+        for name, v in (("budget_bytes", budget_bytes), ("page_bytes", page_bytes)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if budget_bytes < page_bytes:
+            raise ValueError(f"budget of {budget_bytes} B holds no page of {page_bytes} B")
+        self.budget_bytes = budget_bytes
+        self.page_bytes = page_bytes
+        self.pool = BlockPool(budget_bytes // page_bytes)
+        self.managers: dict[str, KVCacheManager] = {}
+
+    def add_model(self, model: KVShape, kv_dtype: str) -> KVCacheManager:
+        """A cache manager for `model` that allocates from the shared pages."""
+        key = f"{model.name}/{kv_dtype}"
+        if key in self.managers:
+            raise ValueError(f"{key} already has a manager")
+        bpt = bytes_per_token(model, kv_dtype)
+        if self.page_bytes % bpt:
+            raise ValueError(f"page of {self.page_bytes} B is not a whole number of {key} "
+                             f"tokens ({bpt} B each); use a multiple of {bpt} B")
+        block_size = self.page_bytes // bpt
+        if block_size not in ALLOWED_BLOCK_SIZES:
+            raise ValueError(f"a page holds {block_size} {key} tokens; pick page_bytes so it "
+                             f"holds one of {ALLOWED_BLOCK_SIZES} (e.g. {16 * bpt} B)")
+        cfg = CacheConfig(num_blocks=self.pool.num_blocks, block_size=block_size)
+        self.managers[key] = KVCacheManager(cfg, namespace=key, pool=self.pool)
+        return self.managers[key]
+
+    def used_bytes(self) -> dict[str, int]:
+        """Bytes of pages held by each model's running sequences."""
+        return {k: kv_stats(m).used_blocks * self.page_bytes for k, m in self.managers.items()}
+
+    def session_bytes(self) -> dict[str, int]:
+        """Bytes of distinct pages each session holds, summed over models."""
+        out: dict[str, int] = {}
+        for m in self.managers.values():
+            for session, n in kv_stats(m).per_session_blocks.items():
+                out[session] = out.get(session, 0) + n * self.page_bytes
+        return dict(sorted(out.items()))

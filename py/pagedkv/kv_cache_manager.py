@@ -1,0 +1,354 @@
+"""Per-sequence paged KV cache API on top of the block pool.
+
+Callers get block ids and explicit copy plans, never Block objects. Only the
+pool touches ref counts, the free queue and the hash map.
+
+Prefix caching: each full block gets a chained hash of (parent hash, token
+ids, namespace) (the namespace, e.g. the model id, keeps models apart). A lookup hit is accepted only
+if the cached block's stored token ids equal the query's, its namespace
+matches, and its parent link names the very block (id and epoch) verified
+for the previous position, so even a colliding hash function cannot hand
+out KV computed for different tokens. Registered blocks are immutable:
+appending into one (after a truncate) copies it first, like a shared block.
+Blocks become addressable as soon as their slots are allocated; the
+forward pass of that same step writes them before any later step reads.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Hashable, NamedTuple
+
+from .block_pool import BlockPool, OutOfBlocks
+from .config import CacheConfig
+from .sequence import Sequence, SequenceStatus, check_token_ids
+
+__all__ = ["KVCacheManager", "CopyOp", "OutOfBlocks", "NeverFits", "SequenceFreed",
+           "DoubleFree", "default_block_hash"]
+
+
+class NeverFits(ValueError):
+    """The request needs more blocks than the whole pool has; no preemption helps."""
+
+
+class SequenceFreed(ValueError):
+    """The sequence was already freed; it holds no KV and cannot grow."""
+
+
+class DoubleFree(SequenceFreed):
+    """free() called twice on the same sequence."""
+
+
+class CopyOp(NamedTuple):
+    """Copy all slots of block `src` into block `dst` (the backend executes it)."""
+    src: int
+    dst: int
+
+
+HashFn = Callable[[Hashable, tuple[int, ...], str | None], Hashable]
+
+
+def default_block_hash(parent: Hashable, token_ids: tuple[int, ...],
+                       namespace: str | None) -> Hashable:
+    """Chained block hash of (parent hash or None, token ids, namespace).
+
+    Python's built-in tuple hash is enough: a hash only picks the candidate
+    block; the hit is then verified exactly (tokens, namespace, parent block),
+    so a collision costs a cache miss, never wrong KV. It is ~10x cheaper
+    than sha256 here and identical under Pyodide (where it is 32-bit).
+    """
+    return hash((parent, token_ids, namespace))
+
+
+class _Plan(NamedTuple):
+    hit_ids: list[int]
+    hit_hashes: list[Hashable]
+    hit_links: list[tuple[int, int]]
+    num_new_blocks: int
+    cow: bool
+    num_needed: int       # blocks that must come out of the free queue
+    num_available: int    # blocks the free queue can give after the hits are pulled out
+
+
+class KVCacheManager:
+    """Paged KV cache for one model: GPU pool, optional CPU swap pool, prefix cache.
+
+    namespace: mixed into every prefix hash (e.g. the model id) so two models or
+    tenants never share blocks. hash_fn: injectable for tests (e.g. a colliding one).
+    pool: a GPU pool shared with other managers (see SharedKVBudget); its size
+    must equal config.num_blocks. By default the manager owns a fresh pool.
+    """
+
+    def __init__(self, config: CacheConfig, namespace: str | None = None,
+                 hash_fn: HashFn = default_block_hash, pool: BlockPool | None = None) -> None:
+        if pool is not None and pool.num_blocks != config.num_blocks:
+            raise ValueError(f"shared pool has {pool.num_blocks} blocks but config.num_blocks "
+                             f"is {config.num_blocks}")
+        self.config = config
+        self.block_size = config.block_size
+        self.namespace = namespace
+        self.hash_fn = hash_fn
+        self.pool = pool if pool is not None else BlockPool(config.num_blocks)
+        self.cpu_pool = BlockPool(config.num_cpu_blocks) if config.num_cpu_blocks > 0 else None
+        self.live: dict[int, Sequence] = {}
+        self.num_lookup_tokens = 0
+        self.num_hit_tokens = 0
+
+    # -- queries -------------------------------------------------------------
+    def lookup_prefix(self, token_ids: list[int] | tuple[int, ...]) -> tuple[int, list[int]]:
+        """Longest verified cached prefix of `token_ids`: (num_cached_tokens, block_ids).
+        Pure query: no ref counts change."""
+        ids, _, _ = self._match(token_ids, len(token_ids) // self.block_size)
+        return len(ids) * self.block_size, ids
+
+    def _match(self, token_ids, max_blocks: int):
+        ids: list[int] = []
+        hashes: list[Hashable] = []
+        links: list[tuple[int, int]] = []
+        if not self.config.enable_prefix_caching:
+            return ids, hashes, links
+        bs = self.block_size
+        parent_hash: Hashable = None
+        parent_link: tuple[int, int] | None = None
+        for i in range(max_blocks):
+            chunk = tuple(token_ids[i * bs:(i + 1) * bs])
+            h = self.hash_fn(parent_hash, chunk, self.namespace)
+            block = self.pool.cached_block(h)
+            if (block is None or block.token_ids != chunk or block.parent != parent_link
+                    or block.salt != self.namespace):
+                break
+            parent_hash, parent_link = h, (block.block_id, block.epoch)
+            ids.append(block.block_id)
+            hashes.append(h)
+            links.append(parent_link)
+        return ids, hashes, links
+
+    def get_block_ids(self, seq: Sequence) -> list[int]:
+        """The sequence's block table (a copy)."""
+        return list(seq.block_table)
+
+    # -- growth --------------------------------------------------------------
+    def _plan(self, seq: Sequence, num_new_tokens: int) -> _Plan:
+        self._check_active(seq, "allocate slots for")
+        if not isinstance(num_new_tokens, int) or num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be a non-negative int, got {num_new_tokens!r}")
+        bs = self.block_size
+        end = seq.num_kv_tokens + num_new_tokens
+        if end > seq.num_tokens:
+            raise ValueError(f"sequence {seq.seq_id} has {seq.num_tokens} token ids; append the "
+                             f"token ids before allocating slots up to {end}")
+        total_blocks = -(-end // bs)
+        if total_blocks > self.pool.num_blocks:
+            raise NeverFits(f"sequence {seq.seq_id} needs {total_blocks} blocks of {bs} tokens "
+                            f"for {end} tokens; the pool only has {self.pool.num_blocks}")
+        hit_ids: list[int] = []
+        hit_hashes: list[Hashable] = []
+        hit_links: list[tuple[int, int]] = []
+        if not seq.block_table and num_new_tokens > 0:
+            # Leave at least one token to compute: the model needs its logits.
+            hit_ids, hit_hashes, hit_links = self._match(seq.token_ids, (end - 1) // bs)
+        cow = False
+        if seq.num_kv_tokens % bs and num_new_tokens > 0:
+            last = self.pool.blocks[seq.block_table[-1]]
+            cow = last.ref_count > 1 or last.block_hash is not None
+        num_new_blocks = total_blocks - len(seq.block_table) - len(hit_ids)
+        pulled = sum(1 for b in hit_ids if self.pool.blocks[b].ref_count == 0)
+        return _Plan(hit_ids, hit_hashes, hit_links, num_new_blocks, cow,
+                     num_new_blocks + int(cow), self.pool.num_available - pulled)
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Whether allocate_slots(seq, num_new_tokens) would succeed right now."""
+        try:
+            plan = self._plan(seq, num_new_tokens)
+        except NeverFits:
+            return False
+        return plan.num_needed <= plan.num_available
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[CopyOp]:
+        """Give KV slots to the next `num_new_tokens` token ids of `seq`.
+
+        A sequence without blocks first shares its longest verified cached
+        prefix (seq.num_computed_tokens jumps to its length). A new block is
+        taken only when the last one is full. Returns the copy-on-write ops the
+        backend must run before writing (appending into a shared or cached
+        partial block). Raises OutOfBlocks (state unchanged) when the pool is
+        short right now, NeverFits when it can never hold the sequence.
+        """
+        plan = self._plan(seq, num_new_tokens)
+        if plan.num_needed > plan.num_available:
+            raise OutOfBlocks(f"sequence {seq.seq_id} needs {plan.num_needed} blocks, "
+                              f"{plan.num_available} free or cached")
+        if seq.status is SequenceStatus.WAITING and not seq.block_table:
+            self.num_lookup_tokens += num_new_tokens
+            self.num_hit_tokens += len(plan.hit_ids) * self.block_size
+        ops: list[CopyOp] = []
+        if plan.hit_ids:
+            self.pool.touch(plan.hit_ids)
+            seq.block_table = list(plan.hit_ids)
+            seq.block_hashes = list(plan.hit_hashes)
+            seq.block_links = list(plan.hit_links)
+            seq.num_computed_tokens = len(plan.hit_ids) * self.block_size
+        if plan.cow:
+            src = seq.block_table[-1]
+            dst = self.pool.get_new_blocks(1)[0]
+            self.pool.free_blocks([src])
+            seq.block_table[-1] = dst
+            ops.append(CopyOp(src, dst))
+        seq.block_table.extend(self.pool.get_new_blocks(plan.num_new_blocks))
+        seq.num_kv_tokens += num_new_tokens
+        seq.status = SequenceStatus.RUNNING
+        self.live[seq.seq_id] = seq
+        self._register_full_blocks(seq)
+        return ops
+
+    def append_tokens(self, seq: Sequence, token_ids: list[int]) -> list[CopyOp]:
+        """Append sampled token ids and give them slots (decode). State unchanged on error."""
+        self._check_active(seq, "append to")
+        check_token_ids(token_ids)
+        if seq.num_kv_tokens != seq.num_tokens:
+            raise ValueError(f"sequence {seq.seq_id} has {seq.num_tokens - seq.num_kv_tokens} "
+                             "token ids without slots; allocate_slots them first")
+        seq.token_ids.extend(token_ids)
+        try:
+            return self.allocate_slots(seq, len(token_ids))
+        except Exception:
+            del seq.token_ids[len(seq.token_ids) - len(token_ids):]
+            raise
+
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        if not self.config.enable_prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), seq.num_kv_tokens // bs):
+            chunk = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            parent_hash = seq.block_hashes[i - 1] if i else None
+            parent_link = seq.block_links[i - 1] if i else None
+            h = self.hash_fn(parent_hash, chunk, self.namespace)
+            link = None
+            if i == 0 or parent_link is not None:
+                existing = self.pool.cached_block(h)
+                if existing is None:
+                    link = self.pool.register(seq.block_table[i], h, chunk, parent_link,
+                                              self.namespace)
+                elif (existing.token_ids == chunk and existing.parent == parent_link
+                      and existing.salt == self.namespace):
+                    link = (existing.block_id, existing.epoch)  # same prefix cached elsewhere
+                # else: a colliding hash owns the slot; this block stays unaddressable.
+            seq.block_hashes.append(h)
+            seq.block_links.append(link)
+
+    # -- sharing, release, rollback -------------------------------------------
+    def fork(self, seq: Sequence, session: str | None = None) -> Sequence:
+        """A child sharing every block of `seq` (ref++); CoW happens on its first append."""
+        self._check_active(seq, "fork")
+        child = Sequence(seq.token_ids, session=seq.session if session is None else session)
+        self.pool.touch(seq.block_table)
+        child.num_kv_tokens = seq.num_kv_tokens
+        child.num_computed_tokens = seq.num_computed_tokens
+        child.block_table = list(seq.block_table)
+        child.block_hashes = list(seq.block_hashes)
+        child.block_links = list(seq.block_links)
+        child.status = seq.status
+        if child.block_table:
+            self.live[child.seq_id] = child
+        return child
+
+    def free(self, seq: Sequence) -> None:
+        """Release every block of `seq`, tail first, and mark it finished."""
+        if seq.status is SequenceStatus.FINISHED:
+            raise DoubleFree(f"sequence {seq.seq_id} was already freed")
+        pool = self.cpu_pool if seq.status is SequenceStatus.SWAPPED else self.pool
+        if seq.block_table:
+            pool.free_blocks(reversed(seq.block_table))  # type: ignore[union-attr]
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.block_links = []
+        seq.num_kv_tokens = seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.FINISHED
+        self.live.pop(seq.seq_id, None)
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Roll `seq` back to its first `num_tokens` tokens, freeing blocks past them."""
+        self._check_active(seq, "truncate")
+        if not isinstance(num_tokens, int) or not 0 <= num_tokens <= seq.num_tokens:
+            raise ValueError(f"num_tokens must be in [0, {seq.num_tokens}], got {num_tokens!r}")
+        bs = self.block_size
+        kv = min(seq.num_kv_tokens, num_tokens)
+        keep = -(-kv // bs)
+        self.pool.free_blocks(reversed(seq.block_table[keep:]))
+        del seq.block_table[keep:]
+        del seq.block_hashes[kv // bs:]
+        del seq.block_links[kv // bs:]
+        del seq.token_ids[num_tokens:]
+        seq.num_kv_tokens = kv
+        seq.num_computed_tokens = min(seq.num_computed_tokens, kv)
+        if not seq.block_table:
+            seq.status = SequenceStatus.WAITING
+            self.live.pop(seq.seq_id, None)
+
+    # -- preemption -----------------------------------------------------------
+    def swap_out(self, seq: Sequence) -> list[CopyOp]:
+        """Move `seq`'s KV to the CPU pool. Returns (gpu_block, cpu_block) copies the backend
+        must run before the freed GPU blocks are reused."""
+        self._check_status(seq, SequenceStatus.RUNNING, "swap out")
+        cpu = self._require_cpu_pool()
+        n = len(seq.block_table)
+        if n > cpu.num_blocks:
+            raise NeverFits(f"sequence {seq.seq_id} has {n} blocks; the CPU pool only has "
+                            f"{cpu.num_blocks}")
+        cpu_ids = cpu.get_new_blocks(n)
+        plan = [CopyOp(g, c) for g, c in zip(seq.block_table, cpu_ids)]
+        self.pool.free_blocks(reversed(seq.block_table))
+        seq.block_table = cpu_ids
+        seq.block_links = []
+        seq.status = SequenceStatus.SWAPPED
+        return plan
+
+    def swap_in(self, seq: Sequence) -> list[CopyOp]:
+        """Bring a swapped sequence back. Blocks still in the GPU prefix cache are shared
+        instead of copied; returns (cpu_block, gpu_block) copies for the rest."""
+        self._check_status(seq, SequenceStatus.SWAPPED, "swap in")
+        cpu = self._require_cpu_pool()
+        n = len(seq.block_table)
+        hit_ids, hit_hashes, hit_links = self._match(seq.token_ids,
+                                                     seq.num_kv_tokens // self.block_size)
+        pulled = sum(1 for b in hit_ids if self.pool.blocks[b].ref_count == 0)
+        need = n - len(hit_ids)
+        if need > self.pool.num_available - pulled:
+            raise OutOfBlocks(f"swap-in of sequence {seq.seq_id} needs {need} GPU blocks, "
+                              f"{self.pool.num_available - pulled} free or cached")
+        self.pool.touch(hit_ids)
+        new_ids = self.pool.get_new_blocks(need)
+        cpu_ids = seq.block_table
+        plan = [CopyOp(c, g) for c, g in zip(cpu_ids[len(hit_ids):], new_ids)]
+        cpu.free_blocks(reversed(cpu_ids))
+        seq.block_table = hit_ids + new_ids
+        seq.block_hashes = hit_hashes
+        seq.block_links = hit_links
+        seq.status = SequenceStatus.RUNNING
+        self._register_full_blocks(seq)
+        return plan
+
+    # -- checks ---------------------------------------------------------------
+    def _check_active(self, seq: Sequence, what: str) -> None:
+        if seq.status is SequenceStatus.FINISHED:
+            raise SequenceFreed(f"cannot {what} sequence {seq.seq_id}: it was freed")
+        if seq.status is SequenceStatus.SWAPPED:
+            raise ValueError(f"cannot {what} sequence {seq.seq_id}: it is swapped out; "
+                             "swap_in first")
+
+    def _check_status(self, seq: Sequence, status: SequenceStatus, what: str) -> None:
+        if seq.status is SequenceStatus.FINISHED:
+            raise SequenceFreed(f"cannot {what} sequence {seq.seq_id}: it was freed")
+        if seq.status is not status:
+            raise ValueError(f"cannot {what} sequence {seq.seq_id}: it is {seq.status.value}, "
+                             f"needs {status.value}")
+
+    def _require_cpu_pool(self) -> BlockPool:
+        if self.cpu_pool is None:
+            raise ValueError("swapping needs a CPU pool: set CacheConfig.num_cpu_blocks > 0")
+        return self.cpu_pool
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens served from the prefix cache / prompt tokens allocated fresh."""
+        return self.num_hit_tokens / self.num_lookup_tokens if self.num_lookup_tokens else 0.0

@@ -1,0 +1,58 @@
+"""Token state of one sequence (one request / one turn of a conversation)."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from typing import Hashable
+
+_next_seq_id = itertools.count()
+
+
+def check_token_ids(token_ids) -> None:
+    """Raise ValueError unless every id is a non-negative int (bools rejected)."""
+    # map/min run in C: a per-token Python loop would dominate allocation cost.
+    if token_ids and (not set(map(type, token_ids)) <= {int} or min(token_ids) < 0):
+        bad = next(t for t in token_ids if type(t) is not int or t < 0)
+        raise ValueError(f"token ids must be non-negative ints, got {bad!r}")
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"      # not yet given KV slots
+    RUNNING = "running"      # holds GPU blocks
+    SWAPPED = "swapped"      # its KV lives in CPU blocks
+    FINISHED = "finished"    # freed; must not be touched again
+
+
+class Sequence:
+    """Token ids plus the KV bookkeeping the cache manager keeps for them.
+
+    num_kv_tokens: tokens that have a KV slot (prefix of token_ids).
+    num_computed_tokens: tokens whose KV has been written (<= num_kv_tokens).
+    block_table: physical block ids, block i holds tokens [i*B, (i+1)*B).
+    block_hashes / block_links: per full block, its chained hash and the
+        (id, epoch) of the verified cached block holding the same prefix
+        (None when that prefix is not registered); maintained by the manager.
+    session: the tenant this sequence is accounted to.
+    """
+
+    def __init__(self, token_ids: list[int] | tuple[int, ...], session: str = "default",
+                 seq_id: int | None = None) -> None:
+        check_token_ids(token_ids)
+        self.seq_id = next(_next_seq_id) if seq_id is None else seq_id
+        self.session = session
+        self.token_ids: list[int] = list(token_ids)
+        self.num_kv_tokens = 0
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[Hashable] = []
+        self.block_links: list[tuple[int, int] | None] = []
+        self.status = SequenceStatus.WAITING
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, session={self.session!r}, tokens={self.num_tokens}, "
+                f"kv={self.num_kv_tokens}, blocks={self.block_table}, {self.status.value})")
