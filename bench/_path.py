@@ -3,6 +3,7 @@
 import sys
 from pathlib import Path
 
-PY = Path(__file__).resolve().parent.parent / "py"
-if str(PY) not in sys.path:
-    sys.path.insert(0, str(PY))
+ROOT = Path(__file__).resolve().parent.parent
+for path in (ROOT / "py", ROOT):  # py/ for pagedkv, the root for build.py
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))

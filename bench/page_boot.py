@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
 import build
 
 RESULTS = Path(__file__).resolve().parent / "results"

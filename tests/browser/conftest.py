@@ -12,6 +12,7 @@ import build
 from build import BASE_ARGS, WEBGPU_ARGS, find_chromium
 
 BOOT_TIMEOUT_MS = 240_000
+ROOT = build.ROOT
 
 
 @pytest.fixture(scope="session")
