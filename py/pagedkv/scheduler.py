@@ -1,0 +1,204 @@
+"""Policy only: which requests run this step, with how many tokens, and who is preempted.
+
+One loop, no separate prefill and decode paths: every running request gets the
+tokens it has not computed yet (1 when decoding, a chunk when prefilling), then
+waiting requests get prefill chunks, all under one token budget, and the step
+runs them in the same forward (a mixed batch). Prefix-cache hits skip tokens
+already computed. When the pool cannot give a running request its slots, the
+lowest-priority running request is preempted: swapped out to the CPU pool when
+it is small (a copy is cheaper than recomputing it), freed and later recomputed
+from its token history when it is large or the CPU pool is full. The GPU is
+never asked for memory the pool does not have.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .block_pool import OutOfBlocks
+from .kv_cache_manager import CopyOp, KVCacheManager, NeverFits
+from .request import Request, RequestStatus
+from .sequence import Sequence
+
+PREEMPTION_MODES = ("auto", "swap", "recompute")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """max_num_batched_tokens: token budget of one step; max_num_seqs: sequences per step.
+
+    preemption: "swap", "recompute", or "auto" (swap when the victim holds at most
+    swap_max_blocks blocks and the CPU pool has room, else recompute).
+    """
+
+    max_num_batched_tokens: int = 256
+    max_num_seqs: int = 16
+    preemption: str = "auto"
+    swap_max_blocks: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {self.preemption!r}")
+        if not isinstance(self.swap_max_blocks, int) or self.swap_max_blocks < 0:
+            raise ValueError(f"swap_max_blocks must be an int >= 0, got {self.swap_max_blocks!r}")
+
+
+@dataclass
+class SchedulerOutput:
+    """What the engine must do this step, in this order: copies, then the forward."""
+
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens to compute)
+    swap_out: list[CopyOp] = field(default_factory=list)   # (gpu block, cpu block)
+    swap_in: list[CopyOp] = field(default_factory=list)    # (cpu block, gpu block)
+    copies: list[CopyOp] = field(default_factory=list)     # copy-on-write (gpu block, gpu block)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+class Scheduler:
+    """Keeps the waiting / running / swapped queues and decides each step."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.swapped: list[Request] = []
+        self.num_preemptions = {"swap": 0, "recompute": 0}
+
+    # ---------------------------------------------------------------- queues
+
+    def check_fits(self, request: Request) -> None:
+        """Raise NeverFits if the request could not run even alone in an empty pool."""
+        bs = self.kv.block_size
+        needed = -(-request.max_total_tokens // bs)
+        if needed > self.kv.pool.num_blocks:
+            raise NeverFits(
+                f"request {request.request_id} needs up to {request.max_total_tokens:,} tokens "
+                f"({request.num_prompt_tokens:,} prompt + {request.max_tokens:,} new) = {needed:,} blocks of "
+                f"{bs}, but the KV pool only has {self.kv.pool.num_blocks:,} blocks "
+                f"({self.kv.pool.num_blocks * bs:,} tokens); shorten the prompt, lower max tokens, or raise the budget")
+
+    def add(self, request: Request) -> None:
+        """Queue a new request (checked to fit the pool first)."""
+        self.check_fits(request)
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def remove(self, request: Request) -> None:
+        """Take a request out of every queue and free its blocks (finish or abort)."""
+        for queue in (self.waiting, self.running, self.swapped):
+            if request in queue:
+                queue.remove(request)
+        if request.seq.block_table:
+            self.kv.free(request.seq)
+        request.status = RequestStatus.FINISHED
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    # ---------------------------------------------------------------- preemption
+
+    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        self.running.remove(victim)
+        blocks = len(victim.seq.block_table)
+        cpu = self.kv.cpu_pool
+        use_swap = (
+            self.config.preemption != "recompute" and cpu is not None and cpu.num_available >= blocks
+            and (self.config.preemption == "swap" or blocks <= self.config.swap_max_blocks)
+        )
+        if use_swap:
+            out.swap_out.extend(self.kv.swap_out(victim.seq))
+            victim.status = RequestStatus.SWAPPED
+            self.swapped.append(victim)
+            self.num_preemptions["swap"] += 1
+        else:
+            tokens = list(victim.seq.token_ids)
+            self.kv.free(victim.seq)
+            victim.seq = Sequence(tokens, session=victim.seq.session)
+            victim.status = RequestStatus.WAITING
+            self.waiting.append(victim)
+            self.num_preemptions["recompute"] += 1
+        victim.num_preemptions += 1
+        out.preempted.append(victim)
+
+    # ---------------------------------------------------------------- the step
+
+    def schedule(self) -> SchedulerOutput:
+        """Decide one step. Running requests first (priority order), then swapped, then waiting."""
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        self.running.sort(key=Request.sort_key)
+        scheduled: set[int] = set()
+
+        for req in list(self.running):
+            if req not in self.running:  # preempted by a higher-priority request this step
+                continue
+            if budget == 0 or len(out.scheduled) >= self.config.max_num_seqs:
+                break
+            n = min(req.seq.num_tokens - req.seq.num_kv_tokens, budget)
+            while not self.kv.can_allocate(req.seq, n):
+                victims = [r for r in self.running if id(r) not in scheduled]
+                victim = max(victims, key=Request.sort_key)  # lowest priority, latest arrival
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+            if req not in self.running:
+                continue
+            out.copies.extend(self.kv.allocate_slots(req.seq, n))
+            computing = req.seq.num_kv_tokens - req.seq.num_computed_tokens
+            if computing:
+                out.scheduled.append((req, computing))
+                scheduled.add(id(req))
+                budget -= n
+
+        if not out.preempted:
+            self.swapped.sort(key=Request.sort_key)
+            for req in list(self.swapped):
+                if budget == 0 or len(out.scheduled) >= self.config.max_num_seqs:
+                    break
+                try:
+                    ops = self.kv.swap_in(req.seq)
+                except OutOfBlocks:
+                    break
+                out.swap_in.extend(ops)
+                self.swapped.remove(req)
+                self.running.append(req)
+                req.status = RequestStatus.RUNNING
+                n = min(req.seq.num_tokens - req.seq.num_kv_tokens, budget)
+                if n and self.kv.can_allocate(req.seq, n):
+                    out.copies.extend(self.kv.allocate_slots(req.seq, n))
+                computing = req.seq.num_kv_tokens - req.seq.num_computed_tokens
+                if computing:
+                    out.scheduled.append((req, computing))
+                    scheduled.add(id(req))
+                    budget -= computing
+
+        if not out.preempted and not self.swapped:
+            self.waiting.sort(key=Request.sort_key)
+            for req in list(self.waiting):
+                if budget == 0 or len(out.scheduled) >= self.config.max_num_seqs:
+                    break
+                seq = req.seq
+                cached, _ = self.kv.lookup_prefix(seq.token_ids[: seq.num_tokens - 1])
+                want = cached + min(seq.num_tokens - cached, budget)
+                if not self.kv.can_allocate(seq, want):
+                    break  # first come first served: do not let later requests jump the queue
+                out.copies.extend(self.kv.allocate_slots(seq, want))
+                computing = seq.num_kv_tokens - seq.num_computed_tokens
+                if req.num_preemptions == 0:
+                    req.num_cached_prompt_tokens = seq.num_computed_tokens
+                self.waiting.remove(req)
+                self.running.append(req)
+                req.status = RequestStatus.RUNNING
+                out.scheduled.append((req, computing))
+                scheduled.add(id(req))
+                budget -= computing
+        return out
