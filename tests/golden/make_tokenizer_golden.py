@@ -9,7 +9,8 @@ vocab + merges with SmolLM2's tokenizer.json configuration:
 Reference 2 (when ``import llama_cpp`` works): llama.cpp's own tokenizer on
 the GGUF file, ``tokenize(text, add_bos=False, special=True)``.
 
-The golden ids are the reference-1 ids; if llama.cpp is available its ids
+Corpus: tokenizer_corpus.json (hand-written cases) plus 300 seeded random
+concatenations of FUZZ_PIECES. The golden ids are the reference-1 ids; if llama.cpp is available its ids
 are recorded too and every disagreement is listed. Nothing from
 ``pagedkv`` is used to produce the ids.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -53,6 +55,26 @@ def hf_tokenizer(spec: dict):
     return tok
 
 
+# Pieces the fuzz strings are drawn from: every class boundary the
+# pre-tokenizer cares about (letters/digits/spaces/punctuation/contractions,
+# non-ASCII classes, special-token text and near misses).
+FUZZ_PIECES = [
+    "a", "Z", "the", " the", "xyz", "0", "7", "42", "3.5", " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n",
+    "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'", "\"", "!", "?", ".", ",", "-", "_", "(", ")", "{", "}",
+    "==", "->", "#", "@", "$", "%", "&", "*", "/", "\\", "|", "<", ">", "~", "`", "^",
+    "é", "ñ", "ß", "Ł", "привет", "Ж", "中", "文字", "カナ", "ひら", "한", "ب", "مرحبا", "ש", "न", "ि", "ก",
+    "²", "½", "Ⅻ", "٣", "３", "\u00a0", "\u3000", "\u2003", "\u0085", "\u200d", "\u0301", "\ufe0f",
+    "😀", "👍🏽", "🇫🇷", "👨\u200d👩\u200d👧", "∑", "→", "€", "©", "…", "\u00ad",
+    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_", "|>", "<file_sep>",
+]
+
+
+def fuzz_texts(count: int, seed: int) -> list[str]:
+    """Deterministic random concatenations of FUZZ_PIECES."""
+    rng = random.Random(seed)
+    return ["".join(rng.choice(FUZZ_PIECES) for _ in range(rng.randint(1, 24))) for _ in range(count)]
+
+
 def llama_cpp_tokenize(gguf_path: Path):
     """A ``text -> ids`` function backed by llama.cpp, or None if llama_cpp is not importable."""
     try:
@@ -74,14 +96,21 @@ def main() -> None:
     gguf_path = args.gguf or find_gguf()
     spec = gguf_manifest_sections(str(gguf_path))["tokenizer"]
     corpus = json.loads((HERE / "tokenizer_corpus.json").read_text(encoding="utf-8"))
+    corpus += [{"name": f"fuzz_{i:03d}", "text": t} for i, t in enumerate(fuzz_texts(300, seed=20261129))]
     hf = hf_tokenizer(spec)
     llama, llama_version = llama_cpp_tokenize(gguf_path)
 
+    special_texts = [t for t, kind in zip(spec["tokens"], spec["token_types"]) if kind == 3]
     entries = []
     disagreements = []
     for item in corpus:
         ids = hf.encode(item["text"], add_special_tokens=False).ids
         entry = {"name": item["name"], "text": item["text"], "ids": ids}
+        if any(t in item["text"] for t in special_texts):
+            # Control-token text treated as plain characters (encode(..., allow_special=False)).
+            hf.encode_special_tokens = True
+            entry["ids_plain"] = hf.encode(item["text"], add_special_tokens=False).ids
+            hf.encode_special_tokens = False
         if llama is not None:
             llama_ids = list(llama(item["text"]))
             entry["llama_cpp_ids"] = llama_ids
@@ -98,7 +127,10 @@ def main() -> None:
         "entries": entries,
     }
     out = HERE / "tokenizer_golden.json"
-    out.write_text(json.dumps(golden, ensure_ascii=True, indent=1) + "\n", encoding="utf-8")
+    # One entry per line keeps the file small and its diffs readable.
+    head = json.dumps({k: v for k, v in golden.items() if k != "entries"}, ensure_ascii=True, indent=1)
+    body = ",\n".join("  " + json.dumps(e, ensure_ascii=True) for e in entries)
+    out.write_text(head[:-2] + ',\n "entries": [\n' + body + "\n ]\n}\n", encoding="utf-8")
     print(f"wrote {out}: {len(entries)} entries, {golden['num_tokens']} tokens; llama.cpp: {llama_version}")
     if disagreements:
         print(f"llama.cpp disagrees with HF on: {disagreements}")
