@@ -103,7 +103,7 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str:
         """Render ``messages`` (validated); with ``add_generation_prompt`` end with the assistant opener."""
-        return self._render(validate_messages(list(messages)), add_generation_prompt)
+        return self._render(validate_messages(messages), add_generation_prompt)
 
     def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         try:

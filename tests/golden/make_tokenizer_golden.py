@@ -105,7 +105,9 @@ def main() -> None:
     disagreements = []
     for item in corpus:
         ids = hf.encode(item["text"], add_special_tokens=False).ids
-        entry = {"name": item["name"], "text": item["text"], "ids": ids}
+        # Pre-tokenizer words (offsets are character offsets into the text).
+        words = [item["text"][a:b] for _, (a, b) in hf.pre_tokenizer.pre_tokenize_str(item["text"])]
+        entry = {"name": item["name"], "text": item["text"], "words": words, "ids": ids}
         if any(t in item["text"] for t in special_texts):
             # Control-token text treated as plain characters (encode(..., allow_special=False)).
             hf.encode_special_tokens = True
