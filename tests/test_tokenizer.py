@@ -215,7 +215,11 @@ def test_bad_construction_is_rejected():
         Tokenizer(alphabet, [9] + normal[1:], [])
     with pytest.raises(ValueError, match="merge 0 is 'ab'"):
         Tokenizer(alphabet, normal, ["ab"])
-    with pytest.raises(ValueError, match="uses 'ab', which is not in the vocabulary"):
+    with pytest.raises(ValueError, match="merge 1 is 5"):
+        Tokenizer(alphabet + ["ab"], normal + [TOKEN_NORMAL], ["a b", 5])
+    with pytest.raises(ValueError, match="merge 0 is 'a  b'"):
+        Tokenizer(alphabet, normal, ["a  b"])
+    with pytest.raises(ValueError, match="produces 'ab', which is not in the vocabulary"):
         Tokenizer(alphabet, normal, ["a b"])
     with pytest.raises(ValueError, match="eos_token_id=999 is outside"):
         Tokenizer(alphabet, normal, [], eos_token_id=999)

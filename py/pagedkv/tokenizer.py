@@ -97,7 +97,7 @@ class Tokenizer:
         self.unknown_token_id = unknown_token_id
         self.padding_token_id = padding_token_id
         self._ranks = self._parse_merges(merges)
-        self._id_bytes = [self._token_bytes(i) for i in range(len(self._tokens))]
+        self._id_bytes: dict[int, bytes] = {}  # filled on first use; most ids are never decoded
         self._special_ids = frozenset(
             i for i, k in enumerate(self._types) if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
         )
@@ -131,17 +131,27 @@ class Tokenizer:
         )
 
     def _parse_merges(self, merges: Sequence[str]) -> dict[tuple[str, str], int]:
-        ranks: dict[tuple[str, str], int] = {}
-        for rank, merge in enumerate(merges):
-            parts = merge.split(" ") if isinstance(merge, str) else ()
-            if len(parts) != 2 or not parts[0] or not parts[1]:
-                raise ValueError(f"merge {rank} is {merge!r}; expected two symbols separated by one space")
-            left, right = parts
-            for symbol in (left, right, left + right):
-                if symbol not in self._token_to_id:
-                    raise ValueError(f"merge {rank} ({merge!r}) uses {symbol!r}, which is not in the vocabulary")
-            ranks.setdefault((left, right), rank)
-        return ranks
+        vocab = self._token_to_id
+        pairs = [m.split(" ") if isinstance(m, str) else () for m in merges]
+        for rank, pair in enumerate(pairs):
+            if len(pair) != 2 or not pair[0] or not pair[1]:
+                raise ValueError(
+                    f"merge {rank} is {merges[rank]!r}; expected two symbols separated by one space"
+                )
+            # Only merge results need ids: a final symbol is one byte or a merge result.
+            if pair[0] + pair[1] not in vocab:
+                raise ValueError(
+                    f"merge {rank} ({merges[rank]!r}) produces {pair[0] + pair[1]!r}, "
+                    "which is not in the vocabulary"
+                )
+        # Built backwards so that the first occurrence of a duplicate pair keeps its rank.
+        return {(pairs[i][0], pairs[i][1]): i for i in range(len(pairs) - 1, -1, -1)}
+
+    def _bytes_of(self, token_id: int) -> bytes:
+        cached = self._id_bytes.get(token_id)
+        if cached is None:
+            cached = self._id_bytes[token_id] = self._token_bytes(token_id)
+        return cached
 
     def _token_bytes(self, token_id: int) -> bytes:
         text = self._tokens[token_id]
@@ -276,7 +286,7 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         """Raw bytes of one token (a piece of UTF-8, possibly incomplete)."""
         self._check_id(token_id)
-        return self._id_bytes[token_id]
+        return self._bytes_of(token_id)
 
     def decode_bytes(self, ids: Iterable[int], *, skip_special: bool = False) -> bytes:
         """Concatenated raw bytes of ``ids``."""
@@ -285,7 +295,7 @@ class Tokenizer:
             self._check_id(token_id)
             if skip_special and token_id in self._special_ids:
                 continue
-            parts.append(self._id_bytes[token_id])
+            parts.append(self._bytes_of(token_id))
         return b"".join(parts)
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
