@@ -197,6 +197,8 @@ def test_conversation_rejects_bad_input_and_keeps_state(tok, template):
         conv.add_user(["not", "text"])
     with pytest.raises(ValueError, match="outside the vocabulary"):
         conv.add_generated([5, 49152])
+    with pytest.raises(ValueError, match="is not an int"):
+        conv.add_generated([5, "6"])
     assert (conv.ids, conv.messages) == before
     with pytest.raises(ValueError, match="message 0 has unknown role"):
         Conversation(tok, template, [{"role": "bot", "content": "x"}])

@@ -75,6 +75,14 @@ def test_special_token_ids(tok):
     assert tok.is_special(2) and not tok.is_special(216)
 
 
+def test_numpy_ids_are_accepted(tok):
+    import numpy as np
+
+    ids = np.array([19556, 28, 905, 17], dtype=np.int64)  # (n,)
+    assert tok.decode(ids) == "Hello, world!"
+    assert tok.check_id(np.int32(2)) == 2 and type(tok.check_id(np.int32(2))) is int
+
+
 def test_special_tokens_are_atomic(tok):
     assert tok.encode("<|im_start|>user\nHi<|im_end|>") == [1, 4093, 198, 26843, 2]
     assert tok.encode("<|im_start|>user", allow_special=False) == [44, 108, 306, 79, 3738, 108, 46, 4093]
@@ -247,6 +255,10 @@ def test_bad_ids_and_text_are_rejected(tok):
         tok.stream_decoder().push(-1)
     with pytest.raises(ValueError, match="is not an int"):
         tok.decode(["5"])
+    with pytest.raises(ValueError, match="is not an int"):
+        tok.decode([2.0])
+    with pytest.raises(ValueError, match="is not an int"):
+        tok.decode([True])
     with pytest.raises(ValueError, match="encode expects str"):
         tok.encode(b"bytes")
     with pytest.raises(ValueError, match="not in the vocabulary"):

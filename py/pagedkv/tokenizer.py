@@ -10,6 +10,7 @@ rank first, leftmost on ties). Results are cached per word.
 from __future__ import annotations
 
 import codecs
+import operator
 import re
 from collections.abc import Iterable, Sequence
 
@@ -186,13 +187,11 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str:
         """Vocabulary spelling of ``token_id``."""
-        self._check_id(token_id)
-        return self._tokens[token_id]
+        return self._tokens[self.check_id(token_id)]
 
     def is_special(self, token_id: int) -> bool:
         """True for control / user-defined tokens such as ``<|im_end|>``."""
-        self._check_id(token_id)
-        return token_id in self._special_ids
+        return self.check_id(token_id) in self._special_ids
 
     @property
     def im_start_id(self) -> int:
@@ -204,11 +203,18 @@ class Tokenizer:
         """Id of ``<|im_end|>`` (ChatML turn closer; the chat stop token)."""
         return self.token_to_id("<|im_end|>")
 
-    def _check_id(self, token_id: int) -> None:
-        if not isinstance(token_id, int) or isinstance(token_id, bool):
-            raise ValueError(f"token id {token_id!r} is not an int")
-        if not 0 <= token_id < len(self._tokens):
-            raise ValueError(f"token id {token_id} is outside the vocabulary (size {len(self._tokens)})")
+    def check_id(self, token_id: int) -> int:
+        """Return ``token_id`` as an int, or raise ValueError if it is not an id of this vocabulary."""
+        # operator.index accepts numpy integers (what a sampler returns) but not floats or strings.
+        try:
+            if isinstance(token_id, bool):
+                raise TypeError
+            index = operator.index(token_id)
+        except TypeError:
+            raise ValueError(f"token id {token_id!r} is not an int") from None
+        if not 0 <= index < len(self._tokens):
+            raise ValueError(f"token id {index} is outside the vocabulary (size {len(self._tokens)})")
+        return index
 
     # ---------------------------------------------------------------- encoding
 
@@ -285,14 +291,13 @@ class Tokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """Raw bytes of one token (a piece of UTF-8, possibly incomplete)."""
-        self._check_id(token_id)
-        return self._bytes_of(token_id)
+        return self._bytes_of(self.check_id(token_id))
 
     def decode_bytes(self, ids: Iterable[int], *, skip_special: bool = False) -> bytes:
         """Concatenated raw bytes of ``ids``."""
         parts = []
         for token_id in ids:
-            self._check_id(token_id)
+            token_id = self.check_id(token_id)
             if skip_special and token_id in self._special_ids:
                 continue
             parts.append(self._bytes_of(token_id))
