@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
-from gguf_tokenizer import gguf_manifest_sections, smollm2_tokenizer
+from gguf_tokenizer import find_gguf, gguf_manifest_sections, smollm2_tokenizer
 from pagedkv.pretokenize import split_words, stand_in
 from pagedkv.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, Tokenizer, bytes_to_unicode
 
@@ -23,10 +24,15 @@ def tok() -> Tokenizer:
 # ------------------------------------------------------------------ golden
 
 
-def test_golden_file_covers_the_corpus():
+def test_golden_file_covers_the_corpus_of_this_gguf():
     assert len(ENTRIES) == 352
     assert GOLDEN["num_tokens"] == sum(len(e["ids"]) for e in ENTRIES) == 8165
     assert GOLDEN["gguf_sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    digest = hashlib.sha256()
+    with open(find_gguf(), "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    assert digest.hexdigest() == GOLDEN["gguf_sha256"]
 
 
 def test_encode_matches_reference_on_every_golden_entry(tok):
