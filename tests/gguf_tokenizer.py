@@ -89,6 +89,13 @@ def _read_sections(gguf_path: Path) -> dict:
     return {"tokenizer": tokenizer, "chat_template": _field(reader, "tokenizer.chat_template")}
 
 
+def tokenizer_from_gguf(path: str | os.PathLike):
+    """A ``Tokenizer`` built from any byte-level BPE GGUF file, through the manifest contract."""
+    from pagedkv.tokenizer import Tokenizer
+
+    return Tokenizer.from_manifest(gguf_manifest_sections(str(path)))
+
+
 @functools.lru_cache(maxsize=None)
 def smollm2_tokenizer():
     """The shared SmolLM2 ``Tokenizer`` (built once per test session)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gguf_tokenizer import find_gguf, gguf_manifest_sections, smollm2_tokenizer
+from gguf_tokenizer import find_gguf, gguf_manifest_sections, smollm2_tokenizer, tokenizer_from_gguf
 from pagedkv.pretokenize import split_words, stand_in
 from pagedkv.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, Tokenizer, bytes_to_unicode
 
@@ -210,6 +210,7 @@ def test_user_defined_tokens_are_atomic_even_without_special():
 
 
 def test_from_manifest_matches_direct_construction(tok):
+    assert tokenizer_from_gguf(find_gguf()).encode("Hello, 42 worlds!") == [19556, 28, 216, 36, 34, 10094, 17]
     spec = gguf_manifest_sections()["tokenizer"]
     assert spec["model"] == "gpt2" and spec["pre"] == "smollm"
     assert len(spec["merges"]) == 48900
