@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gguf_tokenizer import find_gguf, gguf_manifest_sections, smollm2_tokenizer, tokenizer_from_gguf
+import pagedkv.tokenizer as tokenizer_module
 from pagedkv.pretokenize import split_words, stand_in
 from pagedkv.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, Tokenizer, bytes_to_unicode
 
@@ -25,8 +26,8 @@ def tok() -> Tokenizer:
 
 
 def test_golden_file_covers_the_corpus_of_this_gguf():
-    assert len(ENTRIES) == 352
-    assert GOLDEN["num_tokens"] == sum(len(e["ids"]) for e in ENTRIES) == 8165
+    assert len(ENTRIES) == 356
+    assert GOLDEN["num_tokens"] == sum(len(e["ids"]) for e in ENTRIES) == 8721
     assert GOLDEN["gguf_sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     digest = hashlib.sha256()
     with open(find_gguf(), "rb") as f:
@@ -43,6 +44,20 @@ def test_encode_matches_reference_on_every_golden_entry(tok):
 def test_pre_tokenizer_words_match_reference_on_every_golden_entry():
     mismatches = [e["name"] for e in ENTRIES if split_words(e["text"], "smollm") != e["words"]]
     assert mismatches == []
+
+
+@pytest.mark.parametrize("heap_min_symbols", [2, 10**9])
+def test_heap_and_scan_merges_each_match_reference(monkeypatch, heap_min_symbols):
+    """Force every word through one merge strategy (the default picks by word length)."""
+    monkeypatch.setattr(tokenizer_module, "_HEAP_MIN_SYMBOLS", heap_min_symbols)
+    fresh = Tokenizer.from_manifest(gguf_manifest_sections())
+    mismatches = [e["name"] for e in ENTRIES if fresh.encode(e["text"]) != e["ids"]]
+    assert mismatches == []
+
+
+def test_long_words_take_the_heap_path():
+    longest = max(len(w.encode("utf-8")) for e in ENTRIES for w in split_words(e["text"], "smollm"))
+    assert longest >= tokenizer_module._HEAP_MIN_SYMBOLS
 
 
 def test_encode_without_special_matches_reference(tok):

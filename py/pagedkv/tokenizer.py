@@ -10,6 +10,7 @@ rank first, leftmost on ties). Results are cached per word.
 from __future__ import annotations
 
 import codecs
+import heapq
 import operator
 import re
 from collections.abc import Iterable, Sequence
@@ -26,6 +27,10 @@ TOKEN_BYTE = 6
 _VALID_TOKEN_TYPES = frozenset(range(1, 7))
 
 _CACHE_LIMIT = 65536  # words; a cleared cache only costs time, never correctness
+# Words at least this long (in bytes) merge through a heap: a pasted CJK
+# paragraph is one pre-tokenizer word of thousands of bytes, on which the
+# quadratic scan takes seconds under Pyodide. Short words scan faster.
+_HEAP_MIN_SYMBOLS = 48
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -48,6 +53,72 @@ _BYTE_TO_CHAR = bytes_to_unicode()
 _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 # Maps raw bytes (decoded as latin-1, one char per byte) to the GPT-2 alphabet.
 _BYTE_TRANSLATION = str.maketrans({chr(b): c for b, c in _BYTE_TO_CHAR.items()})
+
+
+def merge_by_scan(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """Apply BPE merges: repeatedly merge every occurrence of the lowest-rank pair, left to right."""
+    while len(symbols) > 1:
+        best_rank = None
+        best_pair = None
+        for pair in zip(symbols, symbols[1:]):
+            rank = ranks.get(pair)
+            if rank is not None and (best_rank is None or rank < best_rank):
+                best_rank, best_pair = rank, pair
+        if best_pair is None:
+            break
+        left, right = best_pair
+        merged: list[str] = []
+        i = 0
+        n = len(symbols)
+        while i < n:
+            if i < n - 1 and symbols[i] == left and symbols[i + 1] == right:
+                merged.append(left + right)
+                i += 2
+            else:
+                merged.append(symbols[i])
+                i += 1
+        symbols = merged
+    return symbols
+
+
+def merge_by_heap(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """Same result as ``merge_by_scan`` in O(n log n): pairs in a heap ordered by (rank, position).
+
+    Symbols live in a linked list over their original positions; a heap entry
+    is stale once either side has been merged away, which shows as the pair
+    now at that position having a different rank (ranks are unique per pair).
+    Equivalent to the scan because a merge's result only takes part in merges
+    of higher rank, as BPE training creates them.
+    """
+    n = len(symbols)
+    sym: list[str | None] = list(symbols)
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    prv = list(range(-1, n - 1))
+    heap = [(r, i) for i in range(n - 1) if (r := ranks.get((sym[i], sym[i + 1]))) is not None]
+    heapq.heapify(heap)
+    while heap:
+        rank, i = heapq.heappop(heap)
+        left = sym[i]
+        j = nxt[i]
+        if left is None or j == -1 or ranks.get((left, sym[j])) != rank:
+            continue
+        merged = left + sym[j]
+        sym[i] = merged
+        sym[j] = None
+        k = nxt[j]
+        nxt[i] = k
+        if k != -1:
+            prv[k] = i
+            r = ranks.get((merged, sym[k]))
+            if r is not None:
+                heapq.heappush(heap, (r, i))
+        p = prv[i]
+        if p != -1:
+            r = ranks.get((sym[p], merged))
+            if r is not None:
+                heapq.heappush(heap, (r, p))
+    return [s for s in sym if s is not None]
 
 
 class Tokenizer:
@@ -253,28 +324,10 @@ class Tokenizer:
 
     def _bpe(self, word: str) -> tuple[int, ...]:
         symbols = list(word.encode("utf-8").decode("latin-1").translate(_BYTE_TRANSLATION))
-        ranks = self._ranks
-        while len(symbols) > 1:
-            best_rank = None
-            best_pair = None
-            for pair in zip(symbols, symbols[1:]):
-                rank = ranks.get(pair)
-                if rank is not None and (best_rank is None or rank < best_rank):
-                    best_rank, best_pair = rank, pair
-            if best_pair is None:
-                break
-            left, right = best_pair
-            merged: list[str] = []
-            i = 0
-            n = len(symbols)
-            while i < n:
-                if i < n - 1 and symbols[i] == left and symbols[i + 1] == right:
-                    merged.append(left + right)
-                    i += 2
-                else:
-                    merged.append(symbols[i])
-                    i += 1
-            symbols = merged
+        if len(symbols) < _HEAP_MIN_SYMBOLS:
+            symbols = merge_by_scan(symbols, self._ranks)
+        else:
+            symbols = merge_by_heap(symbols, self._ranks)
         # A symbol outside the vocabulary can only be a single byte (merges are
         # checked to produce vocabulary tokens). llama.cpp and HF tokenizers
         # (no unk token) both drop such bytes, so we do too; SmolLM2 lacks
