@@ -27,10 +27,11 @@ TOKEN_BYTE = 6
 _VALID_TOKEN_TYPES = frozenset(range(1, 7))
 
 _CACHE_LIMIT = 65536  # words; a cleared cache only costs time, never correctness
-# Words at least this long (in bytes) merge through a heap: a pasted CJK
-# paragraph is one pre-tokenizer word of thousands of bytes, on which the
-# quadratic scan takes seconds under Pyodide. Short words scan faster.
-_HEAP_MIN_SYMBOLS = 48
+# Words at least this long (in bytes) merge through a heap. The scan is
+# quadratic: a pasted CJK paragraph is one pre-tokenizer word of thousands of
+# bytes, which took 0.3 s in CPython (seconds under Pyodide). Measured on the
+# golden words: the scan wins below ~4 bytes, the heap from ~8 bytes on.
+_HEAP_MIN_SYMBOLS = 8
 
 
 def bytes_to_unicode() -> dict[int, str]:
