@@ -4,9 +4,11 @@ Prints one JSON object. Runs under CPython and under Pyodide (it only needs
 the engine's ``pagedkv.tokenizer`` and a JSON file with the manifest's
 ``tokenizer`` section), so the same figures can be taken in both.
 
-CPython:  python3 bench/bench_tokenizer.py [--sections FILE] [--repeat N]
+CPython:  python3 bench/bench_tokenizer.py [--sections FILE] [--repeat N] [--write-sections FILE]
   Without --sections, the sections are read from the SmolLM2 GGUF via the
   test helper (tests/gguf_tokenizer.py).
+Pyodide:  python3 bench/bench_tokenizer.py --write-sections .cache/tokenizer_sections.json
+          node bench/pyodide_bench_tokenizer.mjs .cache/tokenizer_sections.json
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", type=Path, help="JSON file holding {'tokenizer': {...}}")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--write-sections", type=Path, help="also save the GGUF's sections here (for the Pyodide run)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "py"))
     if args.sections:
@@ -80,6 +83,8 @@ def main() -> None:
         from gguf_tokenizer import gguf_manifest_sections
 
         sections = gguf_manifest_sections()
+    if args.write_sections:
+        args.write_sections.write_text(json.dumps({"tokenizer": sections["tokenizer"]}), encoding="utf-8")
     print(json.dumps(run(sections, bench_text(), args.repeat)))
 
 
