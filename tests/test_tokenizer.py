@@ -34,6 +34,12 @@ def test_golden_file_covers_the_corpus_of_this_gguf():
         for chunk in iter(lambda: f.read(1 << 22), b""):
             digest.update(chunk)
     assert digest.hexdigest() == GOLDEN["gguf_sha256"]
+    # The HF-built reference and llama.cpp agreed on every text when the file was made.
+    assert (GOLDEN["llama_cpp"], GOLDEN["llama_cpp_tokens_compared"], GOLDEN["llama_cpp_disagreements"]) == (
+        "0.3.36",
+        12978,
+        [],
+    )
 
 
 def test_encode_matches_reference_on_every_golden_entry(tok):
