@@ -16,6 +16,7 @@ import argparse
 import json
 import platform
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -116,8 +117,8 @@ def main() -> None:
         "note": "llama.cpp greedy decoding of the pinned GGUF; prompt prefilled in one batch, then one token per "
         "eval; continues past <|im_end|> so every case has the same length. Produced by make_llama_golden.py.",
         "versions": {
-            "llama_cpp_python": llama_cpp.__version__,
-            "gguf": getattr(gguf, "__version__", "unknown"),
+            "llama_cpp_python": version("llama_cpp_python"),
+            "gguf": version("gguf"),
             "numpy": np.__version__,
             "python": platform.python_version(),
             "machine": platform.machine(),
