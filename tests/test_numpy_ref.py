@@ -57,7 +57,7 @@ def test_prefill_at_once_equals_token_by_token_decode(tiny_model):  # noqa: F811
     steps = np.stack([tiny_model.forward(batch_for([(ids[: n + 1], 1)], [table], 8), kv2)[0] for n in range(len(ids))])
     np.testing.assert_allclose(steps, full, rtol=0, atol=2e-5)
     for layer in range(2):  # both paths wrote identical K/V into the same slots
-        np.testing.assert_allclose(kv2.k[layer], kv.k[layer], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(kv2.k[layer], kv.k[layer], rtol=0, atol=1e-5)
 
 
 def test_scattered_block_table_gives_identical_logits(tiny_model):  # noqa: F811

@@ -114,8 +114,8 @@ def write_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> dict:
         if len(shape) == 1:  # norm weights: near 1 so activations keep their scale
             w = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
             tensors.append(PackedTensor(name, "f32", shape, pack_float(w, "f32")))
-        elif name == "token_embd.weight":
-            w = rng.standard_normal(shape).astype(np.float32)
+        elif name == "token_embd.weight":  # small: the tied LM head would otherwise give near-one-hot softmaxes
+            w = (0.1 * rng.standard_normal(shape)).astype(np.float32)
             tensors.append(PackedTensor(name, "q8_0", shape, pack_q8_0(*quantize_q8_0(w))))
         else:
             w = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
