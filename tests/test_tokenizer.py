@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
-from gguf_tokenizer import gguf_manifest_sections, smollm2_tokenizer
+from gguf_tokenizer import find_gguf, gguf_manifest_sections, smollm2_tokenizer, tokenizer_from_gguf
+import pagedkv.tokenizer as tokenizer_module
 from pagedkv.pretokenize import split_words, stand_in
 from pagedkv.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, Tokenizer, bytes_to_unicode
 
@@ -23,15 +25,45 @@ def tok() -> Tokenizer:
 # ------------------------------------------------------------------ golden
 
 
-def test_golden_file_covers_the_corpus():
-    assert len(ENTRIES) == 352
-    assert GOLDEN["num_tokens"] == sum(len(e["ids"]) for e in ENTRIES) == 8165
+def test_golden_file_covers_the_corpus_of_this_gguf():
+    assert len(ENTRIES) == 356
+    assert GOLDEN["num_tokens"] == sum(len(e["ids"]) for e in ENTRIES) == 8721
     assert GOLDEN["gguf_sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    digest = hashlib.sha256()
+    with open(find_gguf(), "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    assert digest.hexdigest() == GOLDEN["gguf_sha256"]
+    # The HF-built reference and llama.cpp agreed on every text when the file was made.
+    assert (GOLDEN["llama_cpp"], GOLDEN["llama_cpp_tokens_compared"], GOLDEN["llama_cpp_disagreements"]) == (
+        "0.3.36",
+        12978,
+        [],
+    )
 
 
 def test_encode_matches_reference_on_every_golden_entry(tok):
     mismatches = [e["name"] for e in ENTRIES if tok.encode(e["text"]) != e["ids"]]
     assert mismatches == []
+
+
+def test_pre_tokenizer_words_match_reference_on_every_golden_entry():
+    mismatches = [e["name"] for e in ENTRIES if split_words(e["text"], "smollm") != e["words"]]
+    assert mismatches == []
+
+
+@pytest.mark.parametrize("heap_min_symbols", [2, 10**9])
+def test_heap_and_scan_merges_each_match_reference(monkeypatch, heap_min_symbols):
+    """Force every word through one merge strategy (the default picks by word length)."""
+    monkeypatch.setattr(tokenizer_module, "_HEAP_MIN_SYMBOLS", heap_min_symbols)
+    fresh = Tokenizer.from_manifest(gguf_manifest_sections())
+    mismatches = [e["name"] for e in ENTRIES if fresh.encode(e["text"]) != e["ids"]]
+    assert mismatches == []
+
+
+def test_long_words_take_the_heap_path():
+    longest = max(len(w.encode("utf-8")) for e in ENTRIES for w in split_words(e["text"], "smollm"))
+    assert longest >= tokenizer_module._HEAP_MIN_SYMBOLS
 
 
 def test_encode_without_special_matches_reference(tok):
@@ -68,6 +100,14 @@ def test_special_token_ids(tok):
     assert tok.token_to_id("<|endoftext|>") == 0
     assert tok.token_to_id("Ġ") == 216
     assert tok.is_special(2) and not tok.is_special(216)
+
+
+def test_numpy_ids_are_accepted(tok):
+    import numpy as np
+
+    ids = np.array([19556, 28, 905, 17], dtype=np.int64)  # (n,)
+    assert tok.decode(ids) == "Hello, world!"
+    assert tok.check_id(np.int32(2)) == 2 and type(tok.check_id(np.int32(2))) is int
 
 
 def test_special_tokens_are_atomic(tok):
@@ -128,11 +168,13 @@ def test_stream_decoder_skip_special(tok):
         ("a ½²", ["a", " ", "½", "²"]),
         ("I'm we'll 'S", ["I", "'m", " we", "'ll", " '", "S"]),
         ("end  \n\n", ["end", "  \n\n"]),
-        ("end  \nx", ["end", "  ", "\nx"[0], "x"]),
+        ("end  \nx", ["end", "  ", "\n", "x"]),
         ("Привет, мир!", ["Привет", ",", " мир", "!"]),
         ("a\u00a0b", ["a", "\u00a0", "b"]),
         ("a\u00a0 b", ["a", "\u00a0", " b"]),
         ("a\x1cb", ["a", "\x1c", "b"]),
+        ("a\x1f\x0b\x0c b", ["a", "\x1f", "\x0b\x0c", " b"]),
+        ("x\x85 y", ["x", "\x85", " y"]),
         ("e\u0301!", ["e", "\u0301!"]),
         ("<|im", ["<|", "im"]),
     ],
@@ -189,6 +231,7 @@ def test_user_defined_tokens_are_atomic_even_without_special():
 
 
 def test_from_manifest_matches_direct_construction(tok):
+    assert tokenizer_from_gguf(find_gguf()).encode("Hello, 42 worlds!") == [19556, 28, 216, 36, 34, 10094, 17]
     spec = gguf_manifest_sections()["tokenizer"]
     assert spec["model"] == "gpt2" and spec["pre"] == "smollm"
     assert len(spec["merges"]) == 48900
@@ -208,7 +251,11 @@ def test_bad_construction_is_rejected():
         Tokenizer(alphabet, [9] + normal[1:], [])
     with pytest.raises(ValueError, match="merge 0 is 'ab'"):
         Tokenizer(alphabet, normal, ["ab"])
-    with pytest.raises(ValueError, match="uses 'ab', which is not in the vocabulary"):
+    with pytest.raises(ValueError, match="merge 1 is 5"):
+        Tokenizer(alphabet + ["ab"], normal + [TOKEN_NORMAL], ["a b", 5])
+    with pytest.raises(ValueError, match="merge 0 is 'a  b'"):
+        Tokenizer(alphabet, normal, ["a  b"])
+    with pytest.raises(ValueError, match="produces 'ab', which is not in the vocabulary"):
         Tokenizer(alphabet, normal, ["a b"])
     with pytest.raises(ValueError, match="eos_token_id=999 is outside"):
         Tokenizer(alphabet, normal, [], eos_token_id=999)
@@ -236,6 +283,10 @@ def test_bad_ids_and_text_are_rejected(tok):
         tok.stream_decoder().push(-1)
     with pytest.raises(ValueError, match="is not an int"):
         tok.decode(["5"])
+    with pytest.raises(ValueError, match="is not an int"):
+        tok.decode([2.0])
+    with pytest.raises(ValueError, match="is not an int"):
+        tok.decode([True])
     with pytest.raises(ValueError, match="encode expects str"):
         tok.encode(b"bytes")
     with pytest.raises(ValueError, match="not in the vocabulary"):

@@ -103,12 +103,10 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str:
         """Render ``messages`` (validated); with ``add_generation_prompt`` end with the assistant opener."""
-        return self._render(validate_messages(list(messages)), add_generation_prompt)
-
-    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        checked = validate_messages(messages)
         try:
             return self._template.render(
-                messages=messages,
+                messages=checked,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
@@ -152,7 +150,8 @@ class Conversation:
         """Append a message given as text (system, user, or a known assistant reply)."""
         message = validate_message({"role": role, "content": content}, index=len(self._messages))
         messages = self._messages + [message]
-        suffix = self._suffix_after(self._text, self.template._render(messages, False))
+        rendered = self.template.render(messages, add_generation_prompt=False)
+        suffix = self._suffix_after(self._text, rendered)
         self._ids.extend(self.tokenizer.encode(suffix))
         self._text += suffix
         self._messages = messages
@@ -170,11 +169,13 @@ class Conversation:
         """Record the model's reply as the exact ids it generated; return the reply text.
 
         A trailing ``<|im_end|>``/EOS stop token is dropped from the reply; the
-        template's own closing (``<|im_end|>\\n`` for ChatML) is appended instead.
+        template's own closing (``<|im_end|>\\n`` for ChatML) is appended instead,
+        so with ChatML (closing = ``<|im_end|>`` + newline) the history starts with
+        prompt + generated ids even when the stop token is included.
+        The reply text is the lossy UTF-8 decode of the ids (a character cut by
+        max_tokens becomes U+FFFD); the ids themselves are kept as generated.
         """
-        generated = [int(i) for i in generated_ids]
-        for token_id in generated:
-            self.tokenizer.token_bytes(token_id)  # validates the id
+        generated = [self.tokenizer.check_id(i) for i in generated_ids]
         stops = {self._im_end_id(), self.tokenizer.eos_token_id} - {None}
         if generated and generated[-1] in stops:
             generated.pop()
@@ -182,9 +183,8 @@ class Conversation:
         content = self.tokenizer.decode(generated)
         message = {"role": "assistant", "content": content}
         messages = self._messages + [message]
-        closing = self._suffix_after(
-            self._text + opener + content, self.template._render(messages, False)
-        )
+        rendered = self.template.render(messages, add_generation_prompt=False)
+        closing = self._suffix_after(self._text + opener + content, rendered)
         self._ids += self.tokenizer.encode(opener) + generated + self.tokenizer.encode(closing)
         self._text += opener + content + closing
         self._messages = messages
@@ -193,7 +193,8 @@ class Conversation:
     def _generation_prompt(self) -> str:
         if not self._messages:
             raise ValueError("conversation has no messages; add a user message before asking for a reply")
-        return self._suffix_after(self._text, self.template._render(self._messages, True))
+        rendered = self.template.render(self._messages, add_generation_prompt=True)
+        return self._suffix_after(self._text, rendered)
 
     def _im_end_id(self) -> int | None:
         try:

@@ -7,12 +7,14 @@ vocab + merges with SmolLM2's tokenizer.json configuration:
   model = BPE (no dropout, no byte fallback), all control tokens added as
   special tokens (normalized=False), no normalizer, no post-processor.
 Reference 2 (when ``import llama_cpp`` works): llama.cpp's own tokenizer on
-the GGUF file, ``tokenize(text, add_bos=False, special=True)``.
+the GGUF file, ``tokenize(text, add_bos=False, special=True)`` (and
+``special=False`` for the texts holding control-token text).
 
 Corpus: tokenizer_corpus.json (hand-written cases) plus 300 seeded random
-concatenations of FUZZ_PIECES. The golden ids are the reference-1 ids; if llama.cpp is available its ids
-are recorded too and every disagreement is listed. Nothing from
-``pagedkv`` is used to produce the ids.
+concatenations of FUZZ_PIECES. The golden ids are the reference-1 ids; if
+llama.cpp is available, every text where its ids differ is listed (with its
+ids) and the number of tokens compared is recorded. Nothing from ``pagedkv``
+is used to produce the ids.
 
 Usage: python3 tests/golden/make_tokenizer_golden.py [--gguf PATH]
 """
@@ -83,7 +85,11 @@ def llama_cpp_tokenize(gguf_path: Path):
         return None, None
     model = llama_cpp.Llama(str(gguf_path), vocab_only=True, verbose=False)
     version = getattr(llama_cpp, "__version__", "unknown")
-    return (lambda text: model.tokenize(text.encode("utf-8"), add_bos=False, special=True)), version
+
+    def tokenize(text: str, special: bool = True) -> list[int]:
+        return list(model.tokenize(text.encode("utf-8"), add_bos=False, special=special))
+
+    return tokenize, version
 
 
 def main() -> None:
@@ -103,19 +109,30 @@ def main() -> None:
     special_texts = [t for t, kind in zip(spec["tokens"], spec["token_types"]) if kind == 3]
     entries = []
     disagreements = []
+    llama_compared = 0
     for item in corpus:
         ids = hf.encode(item["text"], add_special_tokens=False).ids
-        entry = {"name": item["name"], "text": item["text"], "ids": ids}
+        # Pre-tokenizer words (offsets are character offsets into the text).
+        words = [item["text"][a:b] for _, (a, b) in hf.pre_tokenizer.pre_tokenize_str(item["text"])]
+        entry = {"name": item["name"], "text": item["text"], "words": words, "ids": ids}
         if any(t in item["text"] for t in special_texts):
             # Control-token text treated as plain characters (encode(..., allow_special=False)).
             hf.encode_special_tokens = True
             entry["ids_plain"] = hf.encode(item["text"], add_special_tokens=False).ids
             hf.encode_special_tokens = False
         if llama is not None:
-            llama_ids = list(llama(item["text"]))
-            entry["llama_cpp_ids"] = llama_ids
+            # llama.cpp's ids are stored only where they differ from the HF ids.
+            llama_ids = llama(item["text"])
+            llama_compared += len(llama_ids)
             if llama_ids != ids:
+                entry["llama_cpp_ids"] = llama_ids
                 disagreements.append(item["name"])
+            if "ids_plain" in entry:
+                llama_plain = llama(item["text"], special=False)
+                llama_compared += len(llama_plain)
+                if llama_plain != entry["ids_plain"]:
+                    entry["llama_cpp_ids_plain"] = llama_plain
+                    disagreements.append(item["name"] + " (plain)")
         entries.append(entry)
 
     golden = {
@@ -123,6 +140,7 @@ def main() -> None:
         "reference": f"tokenizers {tokenizers.__version__} (HF), SmolLM2 tokenizer.json configuration",
         "llama_cpp": llama_version,
         "llama_cpp_disagreements": disagreements if llama is not None else None,
+        "llama_cpp_tokens_compared": llama_compared,
         "num_tokens": sum(len(e["ids"]) for e in entries),
         "entries": entries,
     }
@@ -131,7 +149,10 @@ def main() -> None:
     head = json.dumps({k: v for k, v in golden.items() if k != "entries"}, ensure_ascii=True, indent=1)
     body = ",\n".join("  " + json.dumps(e, ensure_ascii=True) for e in entries)
     out.write_text(head[:-2] + ',\n "entries": [\n' + body + "\n ]\n}\n", encoding="utf-8")
-    print(f"wrote {out}: {len(entries)} entries, {golden['num_tokens']} tokens; llama.cpp: {llama_version}")
+    print(
+        f"wrote {out}: {len(entries)} entries, {golden['num_tokens']} tokens; llama.cpp {llama_version}: "
+        f"{llama_compared} tokens compared, {len(disagreements)} disagreeing texts"
+    )
     if disagreements:
         print(f"llama.cpp disagrees with HF on: {disagreements}")
 
