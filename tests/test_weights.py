@@ -158,3 +158,26 @@ def test_model_config_validation():
         ModelConfig(**{**good, "n_layers": 0})
     with pytest.raises(ValueError, match="must equal hidden"):
         ModelConfig(**{**good, "head_dim": 8})
+
+
+def test_tiny_model_is_deterministic_and_self_consistent(tiny_dir, tmp_path):  # noqa: F811
+    from pagedkv.chat import ChatTemplate, Conversation
+    from pagedkv.model.tiny import write_tiny_model
+    from pagedkv.tokenizer import Tokenizer
+
+    manifest = read_manifest(tiny_dir)
+    again = write_tiny_model(tmp_path / "same", seed=0)
+    other = write_tiny_model(tmp_path / "other", seed=1)
+    assert again["shards"] == manifest["shards"]
+    assert other["shards"][0]["sha256"] != manifest["shards"][0]["sha256"]
+    spec = manifest["tokenizer"]
+    assert (len(spec["tokens"]), len(spec["merges"])) == (512, 253)
+    assert spec["tokens"][:3] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    assert all(m.replace(" ", "") in spec["tokens"] for m in spec["merges"])
+    tok = Tokenizer.from_manifest(manifest)
+    text = "The cache stores blocks. Ça va? Привет 12345 😀\n\tdef f(x): return x"
+    assert tok.decode(tok.encode(text)) == text
+    ids = Conversation(tok, ChatTemplate.from_manifest(manifest, tok), [{"role": "user", "content": "hi"}]).prompt_ids()
+    assert tok.decode(ids) == (
+        "<|im_start|>system\nYou are a tiny test model.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
