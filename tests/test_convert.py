@@ -154,3 +154,12 @@ def test_real_model_dequantizes_exactly_like_gguf(real_weights, gguf_path):  # n
             assert np.array_equal(real_weights.tensors[t.name], reference), t.name
             checked += 1
     assert checked == 20
+
+
+def test_writer_refuses_to_replace_a_directory_that_is_not_a_model(tmp_path):
+    write_llama_gguf(tmp_path / "m.gguf")
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "index.html").write_text("keep me")
+    with pytest.raises(ValueError, match="refusing to replace .*dist: it is not empty and holds no model.json"):
+        convert_gguf(tmp_path / "m.gguf", tmp_path / "dist")
+    assert (tmp_path / "dist" / "index.html").read_text() == "keep me"

@@ -75,6 +75,8 @@ def write_model(
 ) -> dict:
     """Write shards + model.json into out_dir (replacing it atomically); returns the manifest."""
     out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MANIFEST_NAME).is_file():
+        raise ValueError(f"refusing to replace {out_dir}: it is not empty and holds no {MANIFEST_NAME}")
     tmp_dir = out_dir.with_name(out_dir.name + ".tmp")
     if tmp_dir.exists():
         shutil.rmtree(tmp_dir)
