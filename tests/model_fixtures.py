@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from pagedkv.backends.numpy_ref import NumpyModel
-from pagedkv.model.convert import convert_gguf, fetch_smollm2_gguf
+from pagedkv.model.convert import (
+    SMOLLM2_GGUF_SHA256,
+    SMOLLM2_MEMBER,
+    convert_gguf,
+    fetch_smollm2_gguf,
+    sha256_file,
+)
 from pagedkv.model.tiny import write_tiny_model
 from pagedkv.model.weights import ModelWeights, WeightsError
 
@@ -21,10 +27,18 @@ REAL_MODEL_DIR = ROOT / "dist" / "models" / "smollm2-135m-instruct"
 GGUF_CACHE = ROOT / ".cache" / "models"
 
 
+def cached_gguf() -> Path:
+    """The pinned SmolLM2 GGUF: reuse one build.py cached anywhere under .cache/, else download into .cache/models."""
+    for found in sorted((ROOT / ".cache").glob(f"**/{Path(SMOLLM2_MEMBER).name}")):
+        if sha256_file(found) == SMOLLM2_GGUF_SHA256:
+            return found
+    return fetch_smollm2_gguf(GGUF_CACHE)
+
+
 @pytest.fixture(scope="session")
 def gguf_path() -> Path:
-    """The pinned SmolLM2 GGUF (downloaded once into .cache/models)."""
-    return fetch_smollm2_gguf(GGUF_CACHE)
+    """The pinned SmolLM2 GGUF."""
+    return cached_gguf()
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +47,7 @@ def real_weights() -> ModelWeights:
     try:
         return ModelWeights.load(REAL_MODEL_DIR)
     except WeightsError:
-        convert_gguf(fetch_smollm2_gguf(GGUF_CACHE), REAL_MODEL_DIR)
+        convert_gguf(cached_gguf(), REAL_MODEL_DIR)
         return ModelWeights.load(REAL_MODEL_DIR)
 
 
