@@ -1,0 +1,110 @@
+"""`python3 -m pagedkv generate|tokenize`, run as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from model_fixtures import ROOT, real_weights, tiny_dir, tiny_model, tiny_weights  # noqa: F401
+
+from pagedkv.chat import ChatTemplate, Conversation
+from pagedkv.cli import generate_ids
+from pagedkv.sampling import Sampler, SamplingParams
+from pagedkv.tokenizer import Tokenizer
+
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "llama_golden.json").read_text(encoding="utf-8"))
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "py")}
+    return subprocess.run([sys.executable, "-m", "pagedkv", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def write_messages(tmp_path, messages, name="messages.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(messages), encoding="utf-8")
+    return str(path)
+
+
+def test_tokenize_json(tiny_dir):  # noqa: F811
+    result = run_cli("tokenize", "--model", str(tiny_dir), "--text", "<|im_start|>user\nthe cat 42<|im_end|>", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"ids": [1, 475, 13, 119, 260, 272, 316, 35, 55, 53, 2]}
+    plain = run_cli("tokenize", "--model", str(tiny_dir), "--text", "the cat")
+    assert plain.stdout == "119 260 272 316\n"
+
+
+def test_generate_greedy_json_matches_the_library(tiny_dir, tiny_weights, tiny_model, tmp_path):  # noqa: F811
+    result = run_cli("generate", "--model", str(tiny_dir), "--messages-json", write_messages(tmp_path, CHAT),
+                     "--max-tokens", "8", "--greedy", "--json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert list(out) == ["prompt_ids", "output_ids", "text"]
+    tok = Tokenizer.from_manifest(tiny_weights.manifest)
+    prompt = Conversation(tok, ChatTemplate.from_manifest(tiny_weights.manifest, tok), CHAT).prompt_ids()
+    assert out["prompt_ids"] == prompt
+    expected, reason = generate_ids(tiny_model, prompt, Sampler(SamplingParams(max_tokens=8, stop_token_ids=(2,))))
+    assert out["output_ids"] == expected and len(expected) == 8 and reason == "length"
+    assert out["output_ids"] == [321, 321, 321, 321, 242, 242, 242, 242]
+    assert out["text"] == tok.decode(expected)
+
+
+def test_generate_seeded_sampling_is_reproducible(tiny_dir, tmp_path):  # noqa: F811
+    args = ("generate", "--model", str(tiny_dir), "--messages-json", write_messages(tmp_path, CHAT), "--max-tokens", "10",
+            "--temperature", "1.0", "--top-p", "0.95", "--json")  # fmt: skip
+    a = json.loads(run_cli(*args, "--seed", "5").stdout)
+    b = json.loads(run_cli(*args, "--seed", "5").stdout)
+    c = json.loads(run_cli(*args, "--seed", "6").stdout)
+    assert a == b
+    assert a["output_ids"] != c["output_ids"]
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("[{\"role\": \"user\", \"content\": \"hi\"", "is not valid JSON"),
+        ('[{"role": "bot", "content": "hi"}]', "message 0 has unknown role 'bot'"),
+        ('{"role": "user", "content": "hi"}', "messages must be a list"),
+        ('[{"role": "user"}]', "message 0 lacks ['content']"),
+    ],
+)
+def test_bad_messages_fail_cleanly(tiny_dir, tmp_path, content, message):  # noqa: F811
+    path = tmp_path / "m.json"
+    path.write_text(content, encoding="utf-8")
+    result = run_cli("generate", "--model", str(tiny_dir), "--messages-json", str(path), "--json")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"error: messages file {path}") and message in result.stderr
+
+
+def test_missing_inputs_and_conflicting_flags(tiny_dir, tmp_path):  # noqa: F811
+    result = run_cli("generate", "--model", str(tiny_dir), "--messages-json", str(tmp_path / "absent.json"))
+    assert (result.returncode, result.stdout) == (2, "") and "cannot read messages file" in result.stderr
+    result = run_cli("generate", "--model", str(tmp_path / "nomodel"), "--messages-json", write_messages(tmp_path, CHAT))
+    assert (result.returncode, result.stdout) == (2, "") and "no model manifest at" in result.stderr
+    result = run_cli("generate", "--model", str(tiny_dir), "--messages-json", write_messages(tmp_path, CHAT),
+                     "--greedy", "--temperature", "0.5")  # fmt: skip
+    assert (result.returncode, result.stdout) == (2, "") and "--greedy and --temperature exclude each other" in result.stderr
+
+
+def test_prompt_longer_than_context_fails_cleanly(tiny_dir, tmp_path):  # noqa: F811
+    long_chat = [{"role": "user", "content": "zq " * 200}]  # tiny model context is 256 tokens
+    result = run_cli("generate", "--model", str(tiny_dir), "--messages-json", write_messages(tmp_path, long_chat), "--json")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert "the model context is 256; shorten the messages" in result.stderr
+
+
+def test_real_model_default_path_greedy_matches_llama_cpp(real_weights, tmp_path):  # noqa: F811
+    case = next(c for c in GOLDEN["cases"] if c["name"] == "code")  # no near-tie among its first 16 tokens
+    result = run_cli("generate", "--messages-json", write_messages(tmp_path, case["messages"]), "--max-tokens", "16",
+                     "--greedy", "--json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["prompt_ids"] == case["prompt_ids"]
+    assert out["output_ids"] == case["output_ids"][:16]
+    assert out["text"] == "```python\ndef factorial(n):\n    if n == 0:"
