@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv.backends.numpy_ref import NumpyModel
+import numpy as np
+
+from pagedkv.backends.numpy_ref import ForwardBatch, NumpyModel, PagedKVCache
 from pagedkv.model.convert import (
     SMOLLM2_GGUF_SHA256,
     SMOLLM2_MEMBER,
@@ -72,3 +74,21 @@ def tiny_weights(tiny_dir) -> ModelWeights:
 @pytest.fixture(scope="session")
 def tiny_model(tiny_weights) -> NumpyModel:
     return NumpyModel(tiny_weights)
+
+
+def reference_greedy(model, prompt, n):
+    """Oracle: one sequence alone, identity block table, prefill then decode, no engine involved."""
+    i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
+    blocks = -(-(len(prompt) + n) // 16)
+    kv = PagedKVCache.allocate(model.config, blocks, 16)
+    table = i32([np.arange(blocks)])
+    ids = list(prompt)
+    batch = ForwardBatch(i32(ids), i32(range(len(ids))), i32(range(len(ids))), i32([0, len(ids)]), table, i32([len(ids)]))
+    out = []
+    for _ in range(n):
+        tok = int(np.argmax(model.forward(batch, kv)[0]))
+        out.append(tok)
+        ids.append(tok)
+        p = len(ids) - 1
+        batch = ForwardBatch(i32([tok]), i32([p]), i32([p]), i32([0, 1]), table, i32([p + 1]))
+    return out

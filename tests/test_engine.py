@@ -2,15 +2,11 @@
 must never change what a request generates."""
 from __future__ import annotations
 
-import asyncio
-
-import numpy as np
 import pytest
 
-from model_fixtures import tiny_dir, tiny_model, tiny_weights  # noqa: F401  (fixtures)
+from model_fixtures import reference_greedy, tiny_dir, tiny_model, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.backends.numpy_ref import ForwardBatch, PagedKVCache
-from pagedkv.engine import EngineConfig, LLMEngine
+from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.kv_cache_manager import NeverFits
 from pagedkv.sampling import SamplingParams
 from pagedkv.tokenizer import Tokenizer
@@ -21,24 +17,6 @@ GREEDY = SamplingParams(max_tokens=12, stop_token_ids=(10_000,))  # a stop id th
 @pytest.fixture(scope="module")
 def tokenizer(tiny_weights):
     return Tokenizer.from_manifest(tiny_weights.manifest)
-
-
-def reference_greedy(model, prompt, n):
-    """Oracle: one sequence alone, identity block table, prefill then decode, no engine involved."""
-    i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
-    blocks = -(-(len(prompt) + n) // 16)
-    kv = PagedKVCache.allocate(model.config, blocks, 16)
-    table = i32([np.arange(blocks)])
-    ids = list(prompt)
-    batch = ForwardBatch(i32(ids), i32(range(len(ids))), i32(range(len(ids))), i32([0, len(ids)]), table, i32([len(ids)]))
-    out = []
-    for _ in range(n):
-        tok = int(np.argmax(model.forward(batch, kv)[0]))
-        out.append(tok)
-        ids.append(tok)
-        p = len(ids) - 1
-        batch = ForwardBatch(i32([tok]), i32([p]), i32([p]), i32([0, 1]), table, i32([p + 1]))
-    return out
 
 
 def make_engine(weights, tokenizer, num_blocks=64, cpu_blocks=0, **kw):
@@ -52,7 +30,7 @@ def run_all(engine, prompts, params=GREEDY, priorities=None):
     reqs = [engine.request(r) for r in rids]
     steps = 0
     while engine.has_unfinished:
-        asyncio.run(engine.step())
+        run_sync(engine.step())
         steps += 1
     return [r.output_ids for r in reqs], steps
 
@@ -103,8 +81,8 @@ def test_preemption_does_not_change_outputs(tiny_weights, tiny_model, tokenizer,
 def test_abort_frees_blocks_and_keeps_partial_output(tiny_weights, tokenizer):
     engine = make_engine(tiny_weights, tokenizer)
     rid = engine.add_request(PROMPTS[1], GREEDY)
-    asyncio.run(engine.step())
-    asyncio.run(engine.step())
+    run_sync(engine.step())
+    run_sync(engine.step())
     req = engine.abort(rid)
     assert len(req.output_ids) == 2 and req.finish_reason == "abort"
     assert engine.stats()["used_blocks"] == 0 and not engine.has_unfinished
@@ -134,7 +112,7 @@ def test_streamed_text_equals_decode_and_seed_repeats(tiny_weights, tokenizer):
         req = engine.request(rid)
         pieces = []
         while engine.has_unfinished:
-            pieces += [o.text for o in asyncio.run(engine.step()) if o.request_id == rid]
+            pieces += [o.text for o in run_sync(engine.step()) if o.request_id == rid]
         return req, "".join(pieces)
 
     req, text = sample_once()

@@ -8,12 +8,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
-from .backends.numpy_ref import ForwardBatch, NumpyModel, PagedKVCache
+from .backends.cpu import CpuBackend
 from .chat import ChatTemplate, Conversation, validate_messages
+from .engine import EngineConfig, LLMEngine, run_sync
 from .model.weights import ModelWeights, read_manifest
-from .sampling import Sampler, SamplingParams
+from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "dist" / "models" / "smollm2-135m-instruct"
@@ -24,41 +23,17 @@ class CliError(Exception):
     """Bad command-line input; printed as one line on stderr with exit status 2."""
 
 
-def _i32(values) -> np.ndarray:
-    return np.asarray(values, dtype=np.int32)
+def generate_ids(weights: ModelWeights, tokenizer: Tokenizer, prompt_ids: Sequence[int],
+                 params: SamplingParams) -> tuple[list[int], str]:
+    """Run one request through the engine on the CPU backend; returns (output ids incl. stop token, reason).
 
-
-def generate_ids(model: NumpyModel, prompt_ids: Sequence[int], sampler: Sampler) -> tuple[list[int], str]:
-    """Prefill prompt_ids, then decode one token at a time; returns (output ids incl. stop token, finish reason).
-
-    The KV cache is paged with an identity block table; generation also ends
-    ("length") when the model's context is full.
+    Generation also ends ("length") when the model's context is full.
     """
-    context = model.config.context_length
-    n = len(prompt_ids)
-    if n == 0:
-        raise ValueError("prompt is empty")
-    if n >= context:
-        raise ValueError(f"prompt has {n} tokens; the model context is {context}, leaving no room to generate")
-    total = min(context, n + sampler.params.max_tokens)
-    num_blocks = -(-total // BLOCK_SIZE)
-    kv = PagedKVCache.allocate(model.config, num_blocks, BLOCK_SIZE)
-    block_table = _i32([np.arange(num_blocks)])  # (1, num_blocks)
-    batch = ForwardBatch(_i32(prompt_ids), _i32(np.arange(n)), _i32(np.arange(n)), _i32([0, n]), block_table, _i32([n]))
-    history = list(prompt_ids)
-    output: list[int] = []
-    while True:
-        logits = model.forward(batch, kv)[0]  # (vocab,)
-        token = sampler.sample(logits, history)
-        output.append(token)
-        history.append(token)
-        reason = sampler.finish_reason(token, len(output))
-        if reason is None and len(history) >= context:
-            reason = "length"
-        if reason is not None:
-            return output, reason
-        pos = len(history) - 1
-        batch = ForwardBatch(_i32([token]), _i32([pos]), _i32([pos]), _i32([0, 1]), block_table, _i32([pos + 1]))
+    total = min(weights.config.context_length, len(prompt_ids) + params.max_tokens)
+    backend = CpuBackend(weights, num_blocks=-(-total // BLOCK_SIZE), block_size=BLOCK_SIZE)
+    engine = LLMEngine(backend, tokenizer, EngineConfig(max_num_batched_tokens=max(256, len(prompt_ids))))
+    request = run_sync(engine.generate(list(prompt_ids), params))
+    return request.output_ids, request.finish_reason
 
 
 def _load_messages(path: str) -> list[dict[str, str]]:
@@ -106,8 +81,7 @@ def cmd_generate(args) -> dict:
     context = manifest["config"]["context_length"]
     if len(prompt_ids) >= context:
         raise CliError(f"prompt has {len(prompt_ids)} tokens; the model context is {context}; shorten the messages")
-    model = NumpyModel(ModelWeights.load(args.model))
-    output_ids, _ = generate_ids(model, prompt_ids, Sampler(params))
+    output_ids, _ = generate_ids(ModelWeights.load(args.model), tok, prompt_ids, params)
     text_ids = output_ids[:-1] if output_ids[-1] in stop_ids else output_ids
     return {"prompt_ids": prompt_ids, "output_ids": output_ids, "text": tok.decode(text_ids)}
 

@@ -202,6 +202,20 @@ class LLMEngine:
         }
 
 
+def run_sync(coro):
+    """Drive a coroutine that never waits on real I/O (the CPU backend) to its result.
+
+    Lets CPython callers (CLI, tests) use the async engine without an event
+    loop, also where one is already running in the thread.
+    """
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("run_sync: the coroutine waited on I/O; await it in an event loop instead")
+
+
 def _maybe(fn):
     try:
         return fn()
