@@ -5,3 +5,4 @@ ROOT = Path(__file__).resolve().parent.parent
 # Unit tests import the engine and build.py straight from the source tree.
 sys.path.insert(0, str(ROOT / "py"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "app"))

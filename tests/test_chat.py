@@ -212,3 +212,16 @@ def test_non_append_only_template_is_detected(tok):
     with pytest.raises(ValueError, match="not append-only"):
         conv.add_user("b")
     assert conv.ids == before and len(conv.messages) == 1
+
+
+def test_checkpoint_rollback_restores_exact_history(tok, template):
+    conv = Conversation(tok, template)
+    conv.add_user("first")
+    conv.add_generated(tok.encode("reply one"))
+    cp = conv.checkpoint()
+    ids, messages = conv.ids, conv.messages
+    prompt = conv.add_user("second")
+    conv.add_generated(tok.encode("reply two"))
+    conv.rollback(cp)
+    assert conv.ids == ids and conv.messages == messages
+    assert conv.add_user("second") == prompt

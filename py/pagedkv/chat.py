@@ -146,6 +146,15 @@ class Conversation:
         """Number of token ids of every finished message."""
         return len(self._ids)
 
+    def checkpoint(self) -> tuple:
+        """An opaque copy of the history, for `rollback` (a refused turn, a regenerated reply)."""
+        return (tuple(dict(m) for m in self._messages), tuple(self._ids), self._text)
+
+    def rollback(self, checkpoint: tuple) -> None:
+        """Return to a `checkpoint` of this conversation: later messages and ids are dropped."""
+        messages, ids, text = checkpoint
+        self._messages, self._ids, self._text = [dict(m) for m in messages], list(ids), text
+
     def add_message(self, role: str, content: str) -> None:
         """Append a message given as text (system, user, or a known assistant reply)."""
         message = validate_message({"role": role, "content": content}, index=len(self._messages))

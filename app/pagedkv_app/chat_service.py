@@ -1,0 +1,219 @@
+"""Conversations in the tab: UI messages in, engine requests out, streamed tokens and memory snapshots back.
+
+No `js` here: the service gets a `post(type, **payload)` callable, so it runs
+(and is tested) under CPython with the CPU backend exactly as in the worker.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from pagedkv.chat import ChatTemplate, Conversation
+from pagedkv.engine import LLMEngine
+from pagedkv.kv_accounting import kv_stats
+from pagedkv.sampling import SamplingParams
+
+STATS_INTERVAL_S = 0.5
+
+
+@dataclass
+class Chat:
+    """One conversation: its token history, messages for the UI, and the request generating now."""
+
+    chat_id: str
+    title: str
+    conversation: Conversation
+    request_id: str | None = None
+    request: object = None  # the engine's Request while generating
+    partial_ids: list[int] = field(default_factory=list)
+    partial_text: list[str] = field(default_factory=list)
+
+
+def sampling_from(settings: dict, stop_ids: tuple[int, ...]) -> SamplingParams:
+    """UI settings (strings or numbers) -> validated SamplingParams; ValueError names the bad field."""
+    try:
+        temperature = float(settings.get("temperature", 0.7))
+        top_p = float(settings.get("top_p", 0.95))
+        max_tokens = int(settings.get("max_tokens", 256))
+        seed = settings.get("seed")
+        seed = None if seed in (None, "") else int(seed)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"bad generation setting: {exc}") from None
+    return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
+                          stop_token_ids=stop_ids)
+
+
+class ChatService:
+    """Owns the chats and drives the engine loop; every UI message goes through `handle`."""
+
+    def __init__(self, engine: LLMEngine, template: ChatTemplate, post, *, model_name: str,
+                 ledger_snapshot=None) -> None:
+        self.engine = engine
+        self.template = template
+        self.post = post
+        self.model_name = model_name
+        self.ledger_snapshot = ledger_snapshot
+        self.chats: dict[str, Chat] = {}
+        self._ids = itertools.count(1)
+        self._loop_task: asyncio.Task | None = None
+        self._last_stats = 0.0
+        self._tokens_window: list[tuple[float, int]] = []
+        self.stop_ids = tuple(sorted(engine.default_stop_ids))
+
+    # ---------------------------------------------------------------- UI messages
+
+    def handle(self, msg: dict) -> None:
+        """Dispatch one message from the UI thread; errors go back as `chat-error`, never swallowed."""
+        kind = msg.get("type")
+        try:
+            if kind == "new-chat":
+                self.new_chat(msg.get("title") or None)
+            elif kind == "send":
+                self.send(msg["chat"], msg["text"], msg.get("settings") or {})
+            elif kind == "stop":
+                self.stop(msg["chat"])
+            elif kind == "delete-chat":
+                self.delete(msg["chat"])
+            elif kind == "rename-chat":
+                self.chats[msg["chat"]].title = str(msg["title"])[:80]
+                self.post_chats()
+            else:
+                raise ValueError(f"unknown message type {kind!r}")
+        except (KeyError, ValueError) as exc:
+            self.post("chat-error", chat=msg.get("chat"), message=f"{type(exc).__name__}: {exc}")
+
+    def new_chat(self, title: str | None = None) -> Chat:
+        n = next(self._ids)
+        chat = Chat(f"chat-{n}", title or f"Chat {n}", Conversation(self.engine.tokenizer, self.template))
+        self.chats[chat.chat_id] = chat
+        self.post_chats()
+        return chat
+
+    def send(self, chat_id: str, text: str, settings: dict) -> str:
+        """Add the user's message and queue the reply; the conversation in view gets priority."""
+        chat = self.chats[chat_id]
+        if chat.request_id is not None:
+            raise ValueError("this chat is still answering; stop it or wait")
+        if not text.strip():
+            raise ValueError("the message is empty")
+        params = sampling_from(settings, self.stop_ids)
+        system = (settings.get("system") or "").strip()
+        conv = chat.conversation
+        before = conv.checkpoint()
+        try:
+            if system and not conv.messages:
+                conv.add_message("system", system)
+            prompt = conv.add_user(text)
+            rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
+                                          session=chat_id)
+        except ValueError:
+            conv.rollback(before)  # a refused turn leaves the history exactly as it was
+            raise
+        chat.request_id = rid
+        chat.partial_ids, chat.partial_text = [], []
+        chat.request = self.engine.request(rid)
+        cached, _ = self.engine.kv.lookup_prefix(prompt[:-1])
+        self.post("turn-start", chat=chat_id, request=rid, prompt_tokens=len(prompt), cached_tokens=cached)
+        self._ensure_loop()
+        return rid
+
+    def stop(self, chat_id: str) -> None:
+        """Abort the chat's reply; what was generated is kept as the assistant's message."""
+        chat = self.chats[chat_id]
+        if chat.request_id is None:
+            return
+        self.engine.abort(chat.request_id)
+        self._finish(chat, "abort")
+
+    def delete(self, chat_id: str) -> None:
+        chat = self.chats.pop(chat_id)
+        if chat.request_id is not None:
+            self.engine.abort(chat.request_id)
+        self.post_chats()
+        self.post_stats(force=True)
+
+    # ---------------------------------------------------------------- the loop
+
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.ensure_future(self.run())
+
+    async def run(self) -> None:
+        """Step the engine while anything is unfinished, streaming tokens; yields to the UI between steps."""
+        try:
+            while self.engine.has_unfinished:
+                outputs = await self.engine.step()
+                self.on_outputs(outputs)
+                await asyncio.sleep(0)
+        except Exception as exc:
+            self.post("engine-error", message=f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self.post_stats(force=True)
+
+    def on_outputs(self, outputs) -> None:
+        by_request = {c.request_id: c for c in self.chats.values() if c.request_id is not None}
+        now = time.perf_counter()
+        for out in outputs:
+            chat = by_request.get(out.request_id)
+            if chat is None or not out.token_ids:
+                continue
+            self._tokens_window.append((now, len(out.token_ids)))
+            chat.partial_ids.extend(out.token_ids)
+            if out.text:
+                chat.partial_text.append(out.text)
+                self.post("token", chat=chat.chat_id, text=out.text)
+            if out.finished:
+                self._finish(chat, out.finish_reason)
+        self.post_stats()
+
+    def _finish(self, chat: Chat, reason: str | None) -> None:
+        content = chat.conversation.add_generated(chat.partial_ids)
+        self.post("turn-end", chat=chat.chat_id, reason=reason, content=content,
+                  tokens=len(chat.partial_ids), history_tokens=chat.conversation.num_tokens,
+                  cached_tokens=chat.request.num_cached_prompt_tokens)
+        chat.request_id = chat.request = None
+        chat.partial_ids, chat.partial_text = [], []
+
+    # ---------------------------------------------------------------- dashboard
+
+    def post_chats(self) -> None:
+        self.post("chats", chats=[{"id": c.chat_id, "title": c.title, "busy": c.request_id is not None,
+                                   "tokens": c.conversation.num_tokens} for c in self.chats.values()])
+
+    def memory_snapshot(self) -> dict:
+        """Block map + metrics: one entry per physical block, owner chat ids, shared/cached/free."""
+        kv = self.engine.kv
+        pool = kv.pool
+        owners: dict[int, set[str]] = {}
+        for seq in kv.live.values():
+            for bid in seq.block_table if seq.status.value == "running" else ():
+                owners.setdefault(bid, set()).add(seq.session)
+        cells = []
+        for bid in range(pool.num_blocks):
+            state = pool.state_of(bid)
+            cells.append([state[0], sorted(owners.get(bid, ())), pool.ref_count(bid)])
+        stats = kv_stats(kv)
+        now = time.perf_counter()
+        self._tokens_window = [(t, n) for t, n in self._tokens_window if now - t < 5.0]
+        span = (now - self._tokens_window[0][0]) if len(self._tokens_window) > 1 else 0.0
+        tok_s = sum(n for _, n in self._tokens_window[1:]) / span if span > 0 else 0.0
+        return {
+            "model": self.model_name, "block_size": kv.block_size, "cells": cells,
+            "total_blocks": stats.total_blocks, "used_blocks": stats.used_blocks,
+            "free_blocks": stats.free_blocks, "cached_blocks": stats.cached_blocks,
+            "utilization": stats.utilization, "slot_efficiency": stats.slot_efficiency,
+            "sharing_factor": stats.sharing_factor, "tokens_stored": stats.physical_tokens,
+            "per_chat_blocks": stats.per_session_blocks, "prefix_hit_rate": kv.prefix_hit_rate,
+            "tokens_per_s": tok_s, "engine": self.engine.stats(),
+            "ledger": self.ledger_snapshot() if self.ledger_snapshot else None,
+        }
+
+    def post_stats(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now - self._last_stats < STATS_INTERVAL_S:
+            return
+        self._last_stats = now
+        self.post("memory", **self.memory_snapshot())

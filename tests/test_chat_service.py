@@ -1,0 +1,126 @@
+"""The in-tab chat service under CPython: streaming, multi-turn prefix reuse, concurrent chats, stop."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
+from pagedkv.backends.cpu import CpuBackend
+from pagedkv.chat import ChatTemplate
+from pagedkv.engine import EngineConfig, LLMEngine
+from pagedkv.tokenizer import Tokenizer
+from pagedkv_app.chat_service import ChatService
+
+SETTINGS = {"temperature": 0, "max_tokens": 12}
+
+
+def in_fresh_loop(fn):
+    """Run `await fn()` in its own thread and event loop (Playwright may own this thread's loop)."""
+    result = {}
+
+    def target():
+        result["value"] = asyncio.run(fn())
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    return result["value"]
+
+
+@pytest.fixture()
+def service(tiny_weights):
+    tok = Tokenizer.from_manifest(tiny_weights.manifest)
+    engine = LLMEngine(CpuBackend(tiny_weights, num_blocks=32, block_size=16), tok, EngineConfig())
+    posts = []
+    svc = ChatService(engine, ChatTemplate.from_manifest(tiny_weights.manifest, tok),
+                      lambda kind, **p: posts.append((kind, p)), model_name="tiny-random")
+    return svc, posts
+
+
+def of(posts, kind):
+    return [p for k, p in posts if k == kind]
+
+
+def test_two_turns_stream_and_reuse_the_prefix(service):
+    svc, posts = service
+
+    async def scenario():
+        chat = svc.new_chat()
+        svc.send(chat.chat_id, "hello there, how are you doing today?", SETTINGS)
+        await svc._loop_task
+        svc.send(chat.chat_id, "and tomorrow?", SETTINGS)
+        await svc._loop_task
+        return chat
+
+    chat = in_fresh_loop(scenario)
+    starts, ends = of(posts, "turn-start"), of(posts, "turn-end")
+    assert len(starts) == 2 and len(ends) == 2
+    assert starts[0]["cached_tokens"] == 0
+    # Turn 2's prompt starts with turn 1's exact ids: every full block of them comes from the cache.
+    history_after_turn1 = ends[0]["history_tokens"]
+    assert starts[1]["cached_tokens"] == ends[1]["cached_tokens"] == (history_after_turn1 // 16) * 16 > 0
+    streamed = "".join(p["text"] for p in of(posts, "token"))
+    assert streamed == ends[0]["content"] + ends[1]["content"]
+    assert chat.conversation.messages[-1] == {"role": "assistant", "content": ends[1]["content"]}
+    memory = of(posts, "memory")[-1]
+    assert len(memory["cells"]) == 32 and memory["used_blocks"] == 0
+    assert memory["cached_blocks"] == sum(1 for c in memory["cells"] if c[0] == "c") > 0
+
+
+def test_two_chats_generate_concurrently_in_one_batch(service):
+    svc, posts = service
+
+    async def scenario():
+        a, b = svc.new_chat(), svc.new_chat()
+        svc.send(a.chat_id, "first chat message", SETTINGS)
+        svc.send(b.chat_id, "second chat message", SETTINGS)
+        await svc._loop_task
+        return svc.engine.stats()
+
+    stats = in_fresh_loop(scenario)
+    ends = of(posts, "turn-end")
+    assert sorted(e["chat"] for e in ends) == ["chat-1", "chat-2"]
+    assert all(e["tokens"] == 12 and e["reason"] == "length" for e in ends)
+    # Both replies decode together: 1 prefill step + 11 shared decode steps, not 24 steps.
+    assert stats["steps"] == 12
+
+
+def test_stop_keeps_partial_reply_and_frees_blocks(service):
+    svc, posts = service
+
+    async def scenario():
+        chat = svc.new_chat()
+        svc.send(chat.chat_id, "tell me a long story", {"temperature": 0, "max_tokens": 200})
+        for _ in range(3):
+            svc.on_outputs(await svc.engine.step())
+        svc.stop(chat.chat_id)
+        return chat
+
+    chat = in_fresh_loop(scenario)
+    end = of(posts, "turn-end")[-1]
+    assert end["reason"] == "abort" and end["tokens"] == 3
+    assert chat.request_id is None and svc.engine.stats()["used_blocks"] == 0
+    assert chat.conversation.messages[-1]["role"] == "assistant"
+
+
+def test_bad_input_is_reported_and_changes_nothing(service):
+    svc, posts = service
+
+    async def scenario():
+        chat = svc.new_chat()
+        before = chat.conversation.checkpoint()
+        svc.handle({"type": "send", "chat": chat.chat_id, "text": "x" * 5000, "settings": SETTINGS})
+        svc.handle({"type": "send", "chat": chat.chat_id, "text": "hi", "settings": {"temperature": "hot"}})
+        svc.handle({"type": "send", "chat": "chat-404", "text": "hi"})
+        svc.handle({"type": "warp"})
+        return chat, before
+
+    chat, before = in_fresh_loop(scenario)
+    errors = [p["message"] for p in of(posts, "chat-error")]
+    assert len(errors) == 4
+    assert "KV pool only has 32 blocks" in errors[0] or "context" in errors[0]
+    assert "bad generation setting" in errors[1]
+    assert "chat-404" in errors[2] and "unknown message type 'warp'" in errors[3]
+    assert chat.conversation.checkpoint() == before and not svc.engine.has_unfinished
