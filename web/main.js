@@ -44,13 +44,208 @@ function showReady(msg) {
   root.dataset.state = "ready";
 }
 
+// ------------------------------------------------------------------ chat UI
+
+const chat = { worker: null, list: [], current: null, messages: {}, busy: {}, pending: {} };
+
+function chatColor(id) {
+  const n = parseInt(String(id).replace(/\D+/g, ""), 10) || 0;
+  return `hsl(${(n * 137) % 360} 65% 50%)`;
+}
+
+function settings() {
+  const v = (id) => $(id).value;
+  return { temperature: v("set-temperature"), top_p: v("set-top-p"), max_tokens: v("set-max-tokens"),
+           seed: v("set-seed"), system: v("set-system"), priority: 1 };
+}
+
+function renderChats() {
+  const ul = $("chat-list");
+  ul.replaceChildren();
+  for (const c of chat.list) {
+    const li = document.createElement("li");
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = c.title;
+    b.dataset.chat = c.id;
+    b.style.borderLeft = `4px solid ${chatColor(c.id)}`;
+    if (chat.busy[c.id]) b.classList.add("busy");
+    b.setAttribute("aria-current", String(c.id === chat.current));
+    b.addEventListener("click", () => selectChat(c.id));
+    li.append(b);
+    ul.append(li);
+  }
+  const cur = chat.list.find((c) => c.id === chat.current);
+  $("chat-title").textContent = cur ? cur.title : "No chat";
+}
+
+function messageElement(m) {
+  const li = document.createElement("li");
+  li.className = `msg ${m.role}` + (m.interrupted ? " interrupted" : "");
+  li.textContent = m.text;
+  return li;
+}
+
+function renderMessages() {
+  const ol = $("messages");
+  ol.replaceChildren(...(chat.messages[chat.current] || []).map(messageElement));
+  const busy = !!chat.busy[chat.current];
+  $("stop").disabled = !busy;
+  $("send").disabled = busy;
+  root.dataset.generating = busy ? "true" : "false";
+}
+
+function selectChat(id) {
+  chat.current = id;
+  root.dataset.chat = id;
+  renderChats();
+  renderMessages();
+  $("prompt").focus();
+}
+
+function send() {
+  const text = $("prompt").value;
+  if (!text.trim() || !chat.current || chat.busy[chat.current]) return;
+  chat.pending[chat.current] = text;
+  chat.worker.postMessage({ type: "send", chat: chat.current, text, settings: settings() });
+  $("prompt").value = "";
+}
+
+function drawBlockMap(mem) {
+  const canvas = $("block-map");
+  const n = mem.cells.length;
+  const cols = Math.ceil(Math.sqrt(n * 2));
+  const rows = Math.ceil(n / cols);
+  const size = Math.max(2, Math.floor(Math.min(canvas.clientWidth || 320, 640) / cols));
+  canvas.width = cols * size;
+  canvas.height = rows * size;
+  const g = canvas.getContext("2d");
+  g.fillStyle = "#fff";
+  g.fillRect(0, 0, canvas.width, canvas.height);
+  mem.cells.forEach(([state, owners, refs], i) => {
+    const x = (i % cols) * size, y = Math.floor(i / cols) * size;
+    g.fillStyle = state === "f" ? "#f2f2f2" : state === "c" ? "#c9c9c9"
+      : (refs > 1 || owners.length > 1) ? "#7a4cc2" : chatColor(owners[0]);
+    g.fillRect(x, y, size - (size > 3 ? 1 : 0), size - (size > 3 ? 1 : 0));
+  });
+  canvas.setAttribute("aria-label", `Block map: ${mem.used_blocks} used, ${mem.cached_blocks} cached, ` +
+    `${mem.free_blocks} free of ${mem.total_blocks} blocks`);
+}
+
+function renderMemory(mem) {
+  drawBlockMap(mem);
+  const pct = (x) => `${(100 * x).toFixed(1)} %`;
+  const facts = [
+    ["Model", mem.model],
+    ["Blocks", `${mem.used_blocks} used · ${mem.cached_blocks} cached · ${mem.free_blocks} free / ${mem.total_blocks} (× ${mem.block_size} tokens)`],
+    ["Utilization", pct(mem.utilization)],
+    ["Slot efficiency", pct(mem.slot_efficiency)],
+    ["Sharing factor", mem.sharing_factor.toFixed(2)],
+    ["Tokens stored", mem.tokens_stored.toLocaleString()],
+    ["Prefix-cache hit rate", pct(mem.prefix_hit_rate)],
+    ["Tokens / s", mem.tokens_per_s.toFixed(1)],
+    ["Blocks per chat", Object.entries(mem.per_chat_blocks).map(([k, v]) => `${k}: ${v}`).join(", ") || "–"],
+    ["Preemptions", `swap ${mem.engine.preemptions.swap} · recompute ${mem.engine.preemptions.recompute}`],
+  ];
+  if (mem.ledger) facts.push(["GPU budget", `${(mem.ledger.used_bytes / 2 ** 20).toFixed(1)} of ${(mem.ledger.budget_bytes / 2 ** 20).toFixed(0)} MiB`]);
+  const dl = $("memory-facts");
+  dl.replaceChildren(...facts.flatMap(([k, v]) => {
+    const dt = document.createElement("dt"); dt.textContent = k;
+    const dd = document.createElement("dd"); dd.textContent = v;
+    return [dt, dd];
+  }));
+  root.dataset.memory = JSON.stringify({ used: mem.used_blocks, cached: mem.cached_blocks, free: mem.free_blocks,
+    total: mem.total_blocks });
+}
+
+function onChatMessage(msg) {
+  switch (msg.type) {
+    case "model-progress":
+      $("model-loading").hidden = false;
+      root.dataset.model = "loading";
+      $("model-progress").max = msg.total;
+      $("model-progress").value = msg.loaded;
+      $("model-detail").textContent = `${msg.model}: ${msg.detail}` +
+        (msg.total > 1 ? ` (${(msg.loaded / 2 ** 20).toFixed(1)} of ${(msg.total / 2 ** 20).toFixed(1)} MiB)` : "");
+      return true;
+    case "model-ready":
+      $("model-loading").hidden = true;
+      $("chat-app").hidden = false;
+      root.dataset.model = "ready";
+      root.dataset.modelInfo = JSON.stringify(msg);
+      $("chat-status").textContent = `${msg.model} on the ${msg.backend} backend, loaded in ${(msg.load_ms / 1000).toFixed(1)} s`;
+      return true;
+    case "model-error":
+      root.dataset.model = "error";
+      $("model-detail").textContent = `Could not load ${msg.model}: ${msg.message}`;
+      return true;
+    case "chats":
+      chat.list = msg.chats;
+      if (!chat.list.some((c) => c.id === chat.current)) chat.current = chat.list.length ? chat.list[0].id : null;
+      selectChat(chat.current);
+      return true;
+    case "turn-start": {
+      const list = (chat.messages[msg.chat] ||= []);
+      list.push({ role: "user", text: chat.pending[msg.chat] || "" });
+      list.push({ role: "assistant", text: "" });
+      delete chat.pending[msg.chat];
+      chat.busy[msg.chat] = true;
+      renderChats();
+      if (msg.chat === chat.current) renderMessages();
+      return true;
+    }
+    case "token": {
+      const list = chat.messages[msg.chat];
+      list[list.length - 1].text += msg.text;
+      if (msg.chat === chat.current) $("messages").lastElementChild.textContent = list[list.length - 1].text;
+      return true;
+    }
+    case "turn-end": {
+      const list = chat.messages[msg.chat] || [];
+      if (list.length) Object.assign(list[list.length - 1], { text: msg.content, interrupted: msg.reason === "abort" });
+      chat.busy[msg.chat] = false;
+      root.dataset.lastTurn = JSON.stringify(msg);
+      renderChats();
+      if (msg.chat === chat.current) renderMessages();
+      return true;
+    }
+    case "chat-error":
+    case "engine-error":
+      $("chat-status").textContent = msg.message;
+      root.dataset.chatError = msg.message;
+      return true;
+    case "memory":
+      renderMemory(msg);
+      return true;
+    default:
+      return false;
+  }
+}
+
+function wireChatUI(worker) {
+  chat.worker = worker;
+  $("composer").addEventListener("submit", (e) => { e.preventDefault(); send(); });
+  $("prompt").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); send(); }
+  });
+  $("stop").addEventListener("click", () => worker.postMessage({ type: "stop", chat: chat.current }));
+  $("new-chat").addEventListener("click", () => worker.postMessage({ type: "new-chat" }));
+  $("delete-chat").addEventListener("click", () => {
+    if (chat.current && confirm("Delete this chat?")) worker.postMessage({ type: "delete-chat", chat: chat.current });
+  });
+  $("rename-chat").addEventListener("click", () => {
+    const title = chat.current && prompt("New name", $("chat-title").textContent);
+    if (title) worker.postMessage({ type: "rename-chat", chat: chat.current, title });
+  });
+}
+
 function start() {
   if (!window.crossOriginIsolated) {
     console.warn("page is not cross-origin isolated; serve it with `python3 build.py serve`");
   }
   let worker;
   try {
-    worker = new Worker("worker.js");
+    worker = new Worker("worker.js" + location.search);
   } catch (err) {
     showError(`Could not start the worker: ${err.message}`);
     return;
@@ -76,8 +271,10 @@ function start() {
     } else if (msg.type === "progress") showStage(msg.stage, msg.detail);
     else if (msg.type === "ready") showReady(msg);
     else if (msg.type === "error") showError(msg.message, msg.detail);
+    else if (onChatMessage(msg)) { /* handled */ }
     else if (msg.type === "device-lost") showError(`The GPU device was lost (${msg.reason}). Reload the page to restart.`);
   };
+  wireChatUI(worker);
   worker.onerror = (event) => {
     event.preventDefault();
     showError(`The engine worker failed: ${event.message || "unknown error"}`);

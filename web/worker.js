@@ -33,7 +33,13 @@ del _wheel_urls
 // The code's last expression is returned as JSON text (json.dumps in Python), so results stay exact.
 self.addEventListener("message", async (event) => {
   const msg = event.data;
-  if (!msg || msg.type !== "exec") return;
+  if (msg && msg.type !== "exec") {
+    // UI messages go to the Python chat service once the model is loaded.
+    if (self.pagedkvHandle) self.pagedkvHandle(msg);
+    else self.postMessage({ type: "chat-error", chat: msg.chat, message: "the model is still loading" });
+    return;
+  }
+  if (!msg) return;
   try {
     if (!self.pyodide) throw new Error("Python is not ready yet");
     const value = await self.pyodide.runPythonAsync(msg.code);

@@ -6,7 +6,9 @@ objects posted from here and renders them.
 from __future__ import annotations
 
 import js  # type: ignore[import-not-found]
-from pyodide.ffi import to_js  # type: ignore[import-not-found]
+from pyodide.ffi import create_proxy, to_js  # type: ignore[import-not-found]
+
+_handler_proxy = None
 
 
 def post(msg_type: str, **payload) -> None:
@@ -17,3 +19,44 @@ def post(msg_type: str, **payload) -> None:
 
 def now_ms() -> float:
     return float(js.performance.now())
+
+
+def set_handler(handler) -> None:
+    """Route every UI message (other than tool `exec`s) to handler(dict)."""
+    global _handler_proxy
+
+    def receive(msg):
+        handler(msg.to_py())
+
+    _handler_proxy = create_proxy(receive)
+    js.self.pagedkvHandle = _handler_proxy
+
+
+def site_url(path: str) -> str:
+    return str(js.location.href).rsplit("/", 1)[0] + "/" + path
+
+
+async def fetch_bytes(path: str, on_chunk=None) -> bytes:
+    """GET a file of this site; on_chunk(n) after each chunk that arrives."""
+    resp = await js.fetch(site_url(path))
+    if not resp.ok:
+        raise RuntimeError(f"fetching {path} failed: HTTP {resp.status}")
+    if on_chunk is None:
+        return bytes((await resp.arrayBuffer()).to_py())
+    reader = resp.body.getReader()
+    parts = []
+    while True:
+        chunk = await reader.read()
+        if chunk.done:
+            break
+        data = chunk.value.to_py()
+        parts.append(bytes(data))
+        on_chunk(len(data))
+    return b"".join(parts)
+
+
+def query_param(name: str, default: str) -> str:
+    """A parameter of the page URL (the worker is started with the page's query string)."""
+    params = js.URLSearchParams.new(js.location.search)
+    value = params.get(name)
+    return default if value is None else str(value)

@@ -7,10 +7,22 @@ import numpy as np
 
 import pagedkv
 from pagedkv.backends import webgpu
+from pagedkv.backends.cpu import CpuBackend
+from pagedkv.chat import ChatTemplate
+from pagedkv.engine import EngineConfig, LLMEngine
+from pagedkv.kv_accounting import KV_DTYPE_BYTES
+from pagedkv.model.weights import ModelWeights
+from pagedkv.tokenizer import Tokenizer
 
 from . import bridge
+from .chat_service import ChatService
+from .model_loader import fetch_model
 
 STAGES = ("download", "python", "numpy", "engine", "gpu")
+DEFAULT_MODEL = "smollm2-135m-instruct"
+MIB = 1 << 20
+
+state: dict = {}  # what the worker holds alive: GPU context, engine, chat service
 
 
 def progress(stage: str, detail: str) -> None:
@@ -18,11 +30,12 @@ def progress(stage: str, detail: str) -> None:
 
 
 async def boot() -> None:
-    """Request the WebGPU device from Python, run the self-test kernel, report `ready` or `error`."""
+    """Request the WebGPU device from Python, run the self-test kernel, report `ready`, then load the model."""
     try:
         progress("engine", f"pagedkv {pagedkv.__version__} with numpy {np.__version__}")
         progress("gpu", "requesting a WebGPU adapter")
         ctx = await webgpu.GpuContext.create(on_lost=lambda reason: bridge.post("device-lost", reason=reason))
+        state["gpu"] = ctx
         progress("gpu", f"adapter {ctx.info.name}: running the self-test kernel")
         check = await webgpu.self_test(ctx)
         bridge.post(
@@ -41,6 +54,46 @@ async def boot() -> None:
         )
     except webgpu.WebGPUUnavailable as exc:
         bridge.post("error", kind="no-webgpu", message=str(exc))
+        return
     except Exception as exc:  # reported to the page, never swallowed
         bridge.post("error", kind="internal", message=f"{type(exc).__name__}: {exc}",
+                    detail=traceback.format_exc())
+        return
+    await load_model(bridge.query_param("model", DEFAULT_MODEL))
+
+
+async def load_model(name: str) -> None:
+    """Fetch the model with progress, build the engine and start answering chat messages."""
+    try:
+        t0 = bridge.now_ms()
+        bridge.post("model-progress", model=name, loaded=0, total=1, detail="reading the model manifest")
+
+        def on_progress(loaded: int, total: int) -> None:
+            bridge.post("model-progress", model=name, loaded=loaded, total=total, detail="downloading weights")
+
+        manifest, shards = await fetch_model(f"models/{name}", on_progress)
+        bridge.post("model-progress", model=name, loaded=1, total=1, detail="verifying and unpacking weights")
+        weights = ModelWeights.from_shards(manifest, shards)
+        del shards
+        cfg = weights.config
+        kv_budget = int(bridge.query_param("kv_mib", "128")) * MIB
+        bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * KV_DTYPE_BYTES["f32"]
+        block_size = int(bridge.query_param("block_size", "16"))
+        num_blocks = kv_budget // (bytes_per_token * block_size)
+        if num_blocks < 1:
+            raise ValueError(f"a {kv_budget // MIB} MiB KV budget holds no block of {block_size} tokens "
+                             f"({bytes_per_token:,} B/token); raise kv_mib")
+        backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_blocks)
+        tokenizer = Tokenizer.from_manifest(manifest)
+        engine = LLMEngine(backend, tokenizer, EngineConfig(namespace=name))
+        service = ChatService(engine, ChatTemplate.from_manifest(manifest, tokenizer), bridge.post, model_name=name)
+        state.update(engine=engine, service=service)
+        bridge.set_handler(service.handle)
+        bridge.post("model-ready", model=name, backend=backend.name, load_ms=round(bridge.now_ms() - t0),
+                    num_blocks=num_blocks, block_size=block_size, bytes_per_token=bytes_per_token,
+                    context_length=cfg.context_length, layers=cfg.n_layers)
+        service.new_chat()
+        service.post_stats(force=True)
+    except Exception as exc:
+        bridge.post("model-error", model=name, message=f"{type(exc).__name__}: {exc}",
                     detail=traceback.format_exc())
