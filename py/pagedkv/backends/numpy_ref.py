@@ -1,0 +1,200 @@
+"""Reference llama forward pass in numpy over a PAGED KV cache: the oracle for the WGSL kernels.
+
+Inputs follow vLLM's flattened batch: the new tokens of every sequence are
+concatenated; each sequence's K/V live in fixed-size physical blocks of a
+per-layer pool, found through its row of `block_tables`. Prefill (many new
+tokens) and decode (one new token) are the same code path.
+
+Everything is f32; weights are dequantized once at load (ModelWeights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model.config import ModelConfig
+from ..model.weights import ModelWeights
+
+
+def _int32_array(name: str, value, ndim: int) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.dtype != np.int32 or arr.ndim != ndim:
+        raise ValueError(f"{name} must be an int32 array with {ndim} dim(s), got {arr.dtype} with shape {arr.shape}")
+    return arr
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """One step's flattened batch (T new tokens over S sequences); validated on construction."""
+
+    token_ids: np.ndarray  # (T,) int32
+    positions: np.ndarray  # (T,) int32, position of each new token in its sequence
+    slot_mapping: np.ndarray  # (T,) int32, physical slot = block_id * block_size + offset
+    query_start_loc: np.ndarray  # (S + 1,) int32, new tokens of seq s are [qsl[s], qsl[s+1])
+    block_tables: np.ndarray  # (S, max_blocks) int32, physical block ids per sequence
+    context_lens: np.ndarray  # (S,) int32, tokens in the cache for seq s after this step
+
+    def __post_init__(self) -> None:
+        t = _int32_array("token_ids", self.token_ids, 1).shape[0]
+        for name in ("positions", "slot_mapping"):
+            if _int32_array(name, getattr(self, name), 1).shape[0] != t:
+                raise ValueError(f"{name} must have one entry per token ({t})")
+        qsl = _int32_array("query_start_loc", self.query_start_loc, 1)
+        s = qsl.shape[0] - 1
+        if s < 1 or qsl[0] != 0 or qsl[-1] != t or np.any(np.diff(qsl) < 1):
+            raise ValueError(f"query_start_loc must rise strictly from 0 to {t}, got {qsl.tolist()}")
+        if _int32_array("block_tables", self.block_tables, 2).shape[0] != s:
+            raise ValueError(f"block_tables must have one row per sequence ({s})")
+        ctx = _int32_array("context_lens", self.context_lens, 1)
+        if ctx.shape[0] != s:
+            raise ValueError(f"context_lens must have one entry per sequence ({s})")
+        for i in range(s):
+            q_len = int(qsl[i + 1] - qsl[i])
+            expected = np.arange(ctx[i] - q_len, ctx[i], dtype=np.int32)
+            if not np.array_equal(self.positions[qsl[i] : qsl[i + 1]], expected):
+                raise ValueError(f"sequence {i}: positions must be {int(ctx[i]) - q_len}..{int(ctx[i]) - 1}")
+
+    @property
+    def num_seqs(self) -> int:
+        """Number of sequences S in the batch."""
+        return self.query_start_loc.shape[0] - 1
+
+
+@dataclass(frozen=True)
+class PagedKVCache:
+    """Per-layer K and V pools, each (num_blocks, block_size, n_kv_heads, head_dim) f32."""
+
+    k: tuple[np.ndarray, ...]
+    v: tuple[np.ndarray, ...]
+
+    @classmethod
+    def allocate(cls, config: ModelConfig, num_blocks: int, block_size: int) -> "PagedKVCache":
+        """Zero-filled pools for every layer."""
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
+        shape = (num_blocks, block_size, config.n_kv_heads, config.head_dim)
+        return cls(
+            k=tuple(np.zeros(shape, np.float32) for _ in range(config.n_layers)),
+            v=tuple(np.zeros(shape, np.float32) for _ in range(config.n_layers)),
+        )
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def block_size(self) -> int:
+        return self.k[0].shape[1]
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x (T, H) -> x / rms(x) * weight."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def rope_adjacent(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """Rotate adjacent pairs (2i, 2i+1) of x (T, n_heads, head_dim) by positions * inv_freq[i]."""
+    angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # (T, head_dim/2)
+    cos = np.cos(angles)[:, None, :]  # (T, 1, head_dim/2)
+    sin = np.sin(angles)[:, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]  # (T, n_heads, head_dim/2)
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * cos - x1 * sin
+    out[..., 1::2] = x0 * sin + x1 * cos
+    return out
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+class NumpyModel:
+    """The reference forward pass; stateless apart from the weights (the KV cache is passed in)."""
+
+    def __init__(self, weights: ModelWeights) -> None:
+        self.config = weights.config
+        self.w = weights.tensors
+        hd = self.config.head_dim
+        # (head_dim/2,) f32; llama.cpp computes theta = pos * base^(-2i/head_dim)
+        self.inv_freq = (1.0 / (self.config.rope_base ** (np.arange(0, hd, 2, dtype=np.float64) / hd))).astype(np.float32)
+
+    def forward(self, batch: ForwardBatch, kv: PagedKVCache, all_logits: bool = False) -> np.ndarray:
+        """Run one step: writes the new tokens' K/V into kv, returns logits.
+
+        Returns (S, vocab) logits of each sequence's last new token, or (T, vocab)
+        for every new token when all_logits is set.
+        """
+        cfg = self.config
+        self._check_bounds(batch, kv)
+        x = self.w["token_embd.weight"][batch.token_ids]  # (T, hidden)
+        for layer in range(cfg.n_layers):
+            x = x + self._attention(layer, rms_norm(x, self.w[f"blk.{layer}.attn_norm.weight"], cfg.rms_eps), batch, kv)
+            x = x + self._mlp(layer, rms_norm(x, self.w[f"blk.{layer}.ffn_norm.weight"], cfg.rms_eps))
+        if not all_logits:
+            x = x[batch.query_start_loc[1:] - 1]  # (S, hidden)
+        x = rms_norm(x, self.w["output_norm.weight"], cfg.rms_eps)
+        head = self.w["token_embd.weight" if cfg.tied_embeddings else "output.weight"]  # (vocab, hidden)
+        return x @ head.T  # (S or T, vocab)
+
+    def _check_bounds(self, batch: ForwardBatch, kv: PagedKVCache) -> None:
+        cfg = self.config
+        if int(batch.context_lens.max()) > cfg.context_length:
+            raise ValueError(
+                f"sequence of {int(batch.context_lens.max())} tokens exceeds the model context of {cfg.context_length}"
+            )
+        if batch.token_ids.min() < 0 or batch.token_ids.max() >= cfg.vocab:
+            raise ValueError(f"token ids must be in [0, {cfg.vocab})")
+        num_slots = kv.num_blocks * kv.block_size
+        if batch.slot_mapping.min() < 0 or batch.slot_mapping.max() >= num_slots:
+            raise ValueError(f"slot_mapping entries must be in [0, {num_slots})")
+        needed_blocks = -(-batch.context_lens // kv.block_size)  # (S,) ceil
+        if int(needed_blocks.max()) > batch.block_tables.shape[1]:
+            raise ValueError("block_tables has fewer columns than the longest context needs")
+        for s in range(batch.num_seqs):
+            used = batch.block_tables[s, : needed_blocks[s]]
+            if used.min() < 0 or used.max() >= kv.num_blocks:
+                raise ValueError(f"sequence {s}: block ids must be in [0, {kv.num_blocks})")
+
+    def _attention(self, layer: int, h: np.ndarray, batch: ForwardBatch, kv: PagedKVCache) -> np.ndarray:
+        cfg = self.config
+        nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        t = h.shape[0]
+        q = (h @ self.w[f"blk.{layer}.attn_q.weight"].T).reshape(t, nh, hd)  # (T, n_heads, head_dim)
+        k = (h @ self.w[f"blk.{layer}.attn_k.weight"].T).reshape(t, nkv, hd)  # (T, n_kv_heads, head_dim)
+        v = (h @ self.w[f"blk.{layer}.attn_v.weight"].T).reshape(t, nkv, hd)  # (T, n_kv_heads, head_dim)
+        q = rope_adjacent(q, batch.positions, self.inv_freq)
+        k = rope_adjacent(k, batch.positions, self.inv_freq)
+
+        # Write the new K/V through the slot mapping, then read every key
+        # (old and new) back through the block table: the paged path only.
+        bs = kv.block_size
+        k_pool = kv.k[layer].reshape(-1, nkv, hd)  # (num_blocks * block_size, n_kv_heads, head_dim), a view
+        v_pool = kv.v[layer].reshape(-1, nkv, hd)
+        k_pool[batch.slot_mapping] = k
+        v_pool[batch.slot_mapping] = v
+
+        out = np.empty((t, nh, hd), np.float32)  # (T, n_heads, head_dim)
+        scale = np.float32(1.0 / np.sqrt(hd))
+        for s in range(batch.num_seqs):
+            lo, hi = int(batch.query_start_loc[s]), int(batch.query_start_loc[s + 1])
+            ctx = int(batch.context_lens[s])
+            key_pos = np.arange(ctx)  # (ctx,)
+            slots = batch.block_tables[s, key_pos // bs] * bs + key_pos % bs  # (ctx,)
+            keys = k_pool[slots].transpose(1, 0, 2)  # (n_kv_heads, ctx, head_dim)
+            vals = v_pool[slots].transpose(1, 0, 2)  # (n_kv_heads, ctx, head_dim)
+            qs = q[lo:hi].reshape(hi - lo, nkv, cfg.q_per_kv, hd).transpose(1, 2, 0, 3)  # (n_kv, group, q_len, hd)
+            scores = (qs @ keys[:, None].transpose(0, 1, 3, 2)) * scale  # (n_kv, group, q_len, ctx)
+            causal = key_pos[None, :] > batch.positions[lo:hi, None]  # (q_len, ctx)
+            scores = np.where(causal, -np.inf, scores)
+            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            probs = scores / scores.sum(axis=-1, keepdims=True)
+            o = probs @ vals[:, None]  # (n_kv, group, q_len, head_dim)
+            out[lo:hi] = o.transpose(2, 0, 1, 3).reshape(hi - lo, nh, hd)
+        return out.reshape(t, nh * hd) @ self.w[f"blk.{layer}.attn_output.weight"].T  # (T, hidden)
+
+    def _mlp(self, layer: int, h: np.ndarray) -> np.ndarray:
+        gate = h @ self.w[f"blk.{layer}.ffn_gate.weight"].T  # (T, ffn)
+        up = h @ self.w[f"blk.{layer}.ffn_up.weight"].T  # (T, ffn)
+        return (silu(gate) * up) @ self.w[f"blk.{layer}.ffn_down.weight"].T  # (T, hidden)

@@ -1,0 +1,211 @@
+"""Conversations rendered with the model's own jinja2 chat template.
+
+The template (ChatML for SmolLM2) ships inside the model file and is rendered
+the way Hugging Face renders it: a sandboxed jinja2 environment with
+``trim_blocks``/``lstrip_blocks``, the ``loopcontrols`` extension, and the
+``raise_exception`` / ``tojson`` / ``strftime_now`` helpers templates use.
+
+A ``Conversation`` keeps the token ids of everything said so far. A new turn
+appends only the tokens of the newly rendered suffix, and a reply is kept as
+the exact ids the model generated, so each prompt starts with exactly the
+previous prompt + reply ids and the prefix cache hits every earlier block.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterable, Sequence
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from pagedkv.tokenizer import Tokenizer
+
+ROLES = ("system", "user", "assistant")
+
+
+def validate_messages(messages: object) -> list[dict[str, str]]:
+    """Check a message list and return fresh ``{"role", "content"}`` dicts.
+
+    Raises ValueError naming the first offending message.
+    """
+    if not isinstance(messages, (list, tuple)):
+        raise ValueError(f"messages must be a list of {{'role', 'content'}} objects, got {type(messages).__name__}")
+    if not messages:
+        raise ValueError("messages is empty; give at least one {'role': 'user', 'content': ...} message")
+    return [validate_message(m, index=i) for i, m in enumerate(messages)]
+
+
+def validate_message(message: object, *, index: int = 0) -> dict[str, str]:
+    """Check one message and return a fresh ``{"role", "content"}`` dict."""
+    if not isinstance(message, dict):
+        raise ValueError(f"message {index} must be an object with 'role' and 'content', got {type(message).__name__}")
+    missing = [k for k in ("role", "content") if k not in message]
+    if missing:
+        raise ValueError(f"message {index} lacks {missing}")
+    role, content = message["role"], message["content"]
+    if role not in ROLES:
+        raise ValueError(f"message {index} has unknown role {role!r}; expected one of {list(ROLES)}")
+    if not isinstance(content, str):
+        raise ValueError(f"message {index} ({role}) content must be a string, got {type(content).__name__}")
+    return {"role": role, "content": content}
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(value: object, indent: int | None = None) -> str:
+    # HF's variant: no HTML escaping, non-ASCII kept as is.
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    """A compiled jinja2 chat template."""
+
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
+        """Compile ``source``; ``bos_token``/``eos_token`` are exposed to it as variables."""
+        if not isinstance(source, str) or not source:
+            raise ValueError("chat template must be a non-empty string")
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ValueError(f"chat template does not compile: {exc} (line {exc.lineno})") from exc
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    @classmethod
+    def from_manifest(cls, manifest: dict, tokenizer: Tokenizer | None = None) -> ChatTemplate:
+        """The template stored in a model manifest; BOS/EOS text taken from ``tokenizer``."""
+        source = manifest.get("chat_template") if isinstance(manifest, dict) else None
+        if not source:
+            raise ValueError("model manifest has no 'chat_template'")
+        bos = eos = ""
+        if tokenizer is not None:
+            if tokenizer.bos_token_id is not None:
+                bos = tokenizer.id_to_token(tokenizer.bos_token_id)
+            if tokenizer.eos_token_id is not None:
+                eos = tokenizer.id_to_token(tokenizer.eos_token_id)
+        return cls(source, bos_token=bos, eos_token=eos)
+
+    def render(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str:
+        """Render ``messages`` (validated); with ``add_generation_prompt`` end with the assistant opener."""
+        return self._render(validate_messages(list(messages)), add_generation_prompt)
+
+    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except jinja2.TemplateError as exc:
+            raise ValueError(f"chat template failed to render: {exc}") from exc
+
+
+class Conversation:
+    """A multi-turn chat whose token ids only ever grow by appending."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, template: ChatTemplate, messages: Iterable[dict] = ()
+    ) -> None:
+        """Start a conversation, optionally replaying earlier ``messages`` (as text)."""
+        self.tokenizer = tokenizer
+        self.template = template
+        self._messages: list[dict[str, str]] = []
+        self._ids: list[int] = []
+        self._text = ""  # what self._ids decode to, as the template rendered it
+        for index, message in enumerate(messages):
+            checked = validate_message(message, index=index)
+            self.add_message(checked["role"], checked["content"])
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """Copies of the messages so far."""
+        return [dict(m) for m in self._messages]
+
+    @property
+    def ids(self) -> list[int]:
+        """Token ids of every finished message (no generation prompt)."""
+        return list(self._ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Number of token ids of every finished message."""
+        return len(self._ids)
+
+    def add_message(self, role: str, content: str) -> None:
+        """Append a message given as text (system, user, or a known assistant reply)."""
+        message = validate_message({"role": role, "content": content}, index=len(self._messages))
+        messages = self._messages + [message]
+        suffix = self._suffix_after(self._text, self.template._render(messages, False))
+        self._ids.extend(self.tokenizer.encode(suffix))
+        self._text += suffix
+        self._messages = messages
+
+    def prompt_ids(self) -> list[int]:
+        """Ids to feed the model for the next assistant reply: history + the assistant opener."""
+        return self._ids + self.tokenizer.encode(self._generation_prompt())
+
+    def add_user(self, content: str) -> list[int]:
+        """Append a user message and return the prompt ids for the reply."""
+        self.add_message("user", content)
+        return self.prompt_ids()
+
+    def add_generated(self, generated_ids: Sequence[int]) -> str:
+        """Record the model's reply as the exact ids it generated; return the reply text.
+
+        A trailing ``<|im_end|>``/EOS stop token is dropped from the reply; the
+        template's own closing (``<|im_end|>\\n`` for ChatML) is appended instead.
+        """
+        generated = [int(i) for i in generated_ids]
+        for token_id in generated:
+            self.tokenizer.token_bytes(token_id)  # validates the id
+        stops = {self._im_end_id(), self.tokenizer.eos_token_id} - {None}
+        if generated and generated[-1] in stops:
+            generated.pop()
+        opener = self._generation_prompt()
+        content = self.tokenizer.decode(generated)
+        message = {"role": "assistant", "content": content}
+        messages = self._messages + [message]
+        closing = self._suffix_after(
+            self._text + opener + content, self.template._render(messages, False)
+        )
+        self._ids += self.tokenizer.encode(opener) + generated + self.tokenizer.encode(closing)
+        self._text += opener + content + closing
+        self._messages = messages
+        return content
+
+    def _generation_prompt(self) -> str:
+        if not self._messages:
+            raise ValueError("conversation has no messages; add a user message before asking for a reply")
+        return self._suffix_after(self._text, self.template._render(self._messages, True))
+
+    def _im_end_id(self) -> int | None:
+        try:
+            return self.tokenizer.im_end_id
+        except ValueError:
+            return None
+
+    @staticmethod
+    def _suffix_after(prefix: str, rendered: str) -> str:
+        if not rendered.startswith(prefix):
+            raise ValueError(
+                "the chat template re-rendered earlier turns differently when a message was added; "
+                "it is not append-only, so the token history cannot be reused"
+            )
+        return rendered[len(prefix) :]

@@ -1,0 +1,156 @@
+"""Command line: `python3 -m pagedkv generate|tokenize` on a built model directory (CPU, numpy reference)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .backends.numpy_ref import ForwardBatch, NumpyModel, PagedKVCache
+from .chat import ChatTemplate, Conversation, validate_messages
+from .model.weights import ModelWeights, read_manifest
+from .sampling import Sampler, SamplingParams
+from .tokenizer import Tokenizer
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "dist" / "models" / "smollm2-135m-instruct"
+BLOCK_SIZE = 16
+
+
+class CliError(Exception):
+    """Bad command-line input; printed as one line on stderr with exit status 2."""
+
+
+def _i32(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int32)
+
+
+def generate_ids(model: NumpyModel, prompt_ids: Sequence[int], sampler: Sampler) -> tuple[list[int], str]:
+    """Prefill prompt_ids, then decode one token at a time; returns (output ids incl. stop token, finish reason).
+
+    The KV cache is paged with an identity block table; generation also ends
+    ("length") when the model's context is full.
+    """
+    context = model.config.context_length
+    n = len(prompt_ids)
+    if n == 0:
+        raise ValueError("prompt is empty")
+    if n >= context:
+        raise ValueError(f"prompt has {n} tokens; the model context is {context}, leaving no room to generate")
+    total = min(context, n + sampler.params.max_tokens)
+    num_blocks = -(-total // BLOCK_SIZE)
+    kv = PagedKVCache.allocate(model.config, num_blocks, BLOCK_SIZE)
+    block_table = _i32([np.arange(num_blocks)])  # (1, num_blocks)
+    batch = ForwardBatch(_i32(prompt_ids), _i32(np.arange(n)), _i32(np.arange(n)), _i32([0, n]), block_table, _i32([n]))
+    history = list(prompt_ids)
+    output: list[int] = []
+    while True:
+        logits = model.forward(batch, kv)[0]  # (vocab,)
+        token = sampler.sample(logits, history)
+        output.append(token)
+        history.append(token)
+        reason = sampler.finish_reason(token, len(output))
+        if reason is None and len(history) >= context:
+            reason = "length"
+        if reason is not None:
+            return output, reason
+        pos = len(history) - 1
+        batch = ForwardBatch(_i32([token]), _i32([pos]), _i32([pos]), _i32([0, 1]), block_table, _i32([pos + 1]))
+
+
+def _load_messages(path: str) -> list[dict[str, str]]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read messages file {path}: {exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"messages file {path} is not valid JSON: {exc}") from exc
+    try:
+        return validate_messages(data)
+    except ValueError as exc:
+        raise CliError(f"messages file {path}: {exc}") from exc
+
+
+def _sampling_params(args, stop_ids: tuple[int, ...]) -> SamplingParams:
+    if args.greedy and args.temperature is not None:
+        raise CliError("--greedy and --temperature exclude each other")
+    if args.seed is not None and not args.temperature:
+        raise CliError("--seed needs --temperature > 0 (greedy decoding uses no randomness)")
+    try:
+        return SamplingParams(
+            temperature=args.temperature or 0.0, top_k=args.top_k, top_p=args.top_p,
+            repetition_penalty=args.repetition_penalty, seed=args.seed, max_tokens=args.max_tokens,
+            stop_token_ids=stop_ids,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _tokenizer(model_dir: Path) -> tuple[dict, Tokenizer]:
+    manifest = read_manifest(model_dir)
+    return manifest, Tokenizer.from_manifest(manifest)
+
+
+def cmd_generate(args) -> dict:
+    """Render the chat, generate, and return {"prompt_ids", "output_ids", "text"}."""
+    messages = _load_messages(args.messages_json)
+    manifest, tok = _tokenizer(args.model)
+    stop_ids = tuple(sorted({tok.im_end_id, tok.eos_token_id} - {None}))
+    params = _sampling_params(args, stop_ids)
+    prompt_ids = Conversation(tok, ChatTemplate.from_manifest(manifest, tok), messages).prompt_ids()
+    context = manifest["config"]["context_length"]
+    if len(prompt_ids) >= context:
+        raise CliError(f"prompt has {len(prompt_ids)} tokens; the model context is {context}; shorten the messages")
+    model = NumpyModel(ModelWeights.load(args.model))
+    output_ids, _ = generate_ids(model, prompt_ids, Sampler(params))
+    text_ids = output_ids[:-1] if output_ids[-1] in stop_ids else output_ids
+    return {"prompt_ids": prompt_ids, "output_ids": output_ids, "text": tok.decode(text_ids)}
+
+
+def cmd_tokenize(args) -> dict:
+    """Encode --text (special tokens recognised) and return {"ids"}."""
+    _, tok = _tokenizer(args.model)
+    return {"ids": tok.encode(args.text)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python3 -m pagedkv", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="chat completion on the CPU reference backend")
+    gen.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default: %(default)s)")
+    gen.add_argument("--messages-json", required=True, help='file with [{"role": ..., "content": ...}, ...]')
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
+    gen.add_argument("--temperature", type=float)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    tok = sub.add_parser("tokenize", help="token ids of a text")
+    tok.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default: %(default)s)")
+    tok.add_argument("--text", required=True)
+    tok.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit status. Output is printed only after success."""
+    args = build_parser().parse_args(argv)
+    try:
+        result = cmd_generate(args) if args.command == "generate" else cmd_tokenize(args)
+    except (CliError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, ensure_ascii=False))
+    elif args.command == "generate":
+        print(result["text"])
+    else:
+        print(" ".join(map(str, result["ids"])))
+    return 0

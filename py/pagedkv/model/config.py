@@ -1,0 +1,92 @@
+"""ModelConfig: the architecture hyper-parameters of a llama-style model, read from model.json."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+# convert_hf_to_gguf permutes the Q/K rows of llama weights so that rotary
+# pairs are ADJACENT dims (2i, 2i+1); llama.cpp therefore applies its "NORM"
+# rope to GGUF llama models. We record it so every backend rotates the same way.
+SUPPORTED_ROPE_CONVENTIONS = ("adjacent_pairs",)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of one llama-style decoder; validated on construction."""
+
+    architecture: str
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    rope_base: float
+    rope_convention: str
+    rms_eps: float
+    context_length: int
+    tied_embeddings: bool
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported architecture {self.architecture!r}; supported: {list(SUPPORTED_ARCHITECTURES)}"
+            )
+        if self.rope_convention not in SUPPORTED_ROPE_CONVENTIONS:
+            raise ValueError(
+                f"unsupported rope convention {self.rope_convention!r}; supported: {list(SUPPORTED_ROPE_CONVENTIONS)}"
+            )
+        for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn", "vocab", "context_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.n_heads * self.head_dim != self.hidden:
+            raise ValueError(
+                f"n_heads * head_dim ({self.n_heads} * {self.head_dim}) must equal hidden ({self.hidden})"
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if not self.rope_base > 0 or not self.rms_eps > 0:
+            raise ValueError(f"rope_base and rms_eps must be positive, got {self.rope_base}, {self.rms_eps}")
+
+    @property
+    def q_per_kv(self) -> int:
+        """Query heads sharing one KV head (GQA group size)."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of one token's K (or V) row: n_kv_heads * head_dim."""
+        return self.n_kv_heads * self.head_dim
+
+    def to_json(self) -> dict:
+        """The manifest's "config" section."""
+        return {
+            "architecture": self.architecture,
+            "n_layers": self.n_layers,
+            "hidden": self.hidden,
+            "n_heads": self.n_heads,
+            "n_kv_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "ffn": self.ffn,
+            "vocab": self.vocab,
+            "rope_base": self.rope_base,
+            "rope_convention": self.rope_convention,
+            "rms_eps": self.rms_eps,
+            "context_length": self.context_length,
+            "tied_embeddings": self.tied_embeddings,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ModelConfig":
+        """Build from a manifest's "config" section; unknown or missing keys are errors."""
+        expected = set(cls.__dataclass_fields__)
+        missing = expected - set(data)
+        extra = set(data) - expected
+        if missing or extra:
+            raise ValueError(f"model config keys mismatch: missing {sorted(missing)}, unexpected {sorted(extra)}")
+        return cls(**data)

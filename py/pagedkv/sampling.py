@@ -1,0 +1,106 @@
+"""Token sampling: greedy, temperature, top-k, top-p, repetition penalty, seeds, stop conditions.
+
+A Sampler belongs to one request; its numpy Generator is seeded from the
+request's seed, so the same seed and the same logits give the same tokens.
+Filters run in the usual order: repetition penalty, temperature, top-k, top-p.
+Sorting is stable, so ties are broken towards the lower token id everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings; temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1.0: no nucleus filter
+    repetition_penalty: float = 1.0  # 1.0: none; >1 discourages tokens already in prompt or output
+    seed: int | None = None  # None: fresh entropy per request
+    max_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (self.repetition_penalty > 0.0 and np.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed must be a non-negative int or None, got {self.seed!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when the argmax is taken (temperature 0)."""
+        return self.temperature == 0.0
+
+
+def apply_repetition_penalty(logits: np.ndarray, previous_ids: Sequence[int], penalty: float) -> np.ndarray:
+    """Divide positive / multiply negative logits of every id in previous_ids by penalty (CTRL / HF rule)."""
+    out = np.array(logits, dtype=np.float64)  # (vocab,)
+    if penalty == 1.0 or len(previous_ids) == 0:
+        return out
+    ids = np.unique(np.asarray(previous_ids, dtype=np.int64))
+    seen = out[ids]
+    out[ids] = np.where(seen > 0, seen / penalty, seen * penalty)
+    return out
+
+
+def filtered_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """Probabilities (vocab,) after temperature, top-k and top-p; filtered-out ids get exactly 0."""
+    scaled = np.asarray(logits, dtype=np.float64) / temperature  # (vocab,)
+    order = np.argsort(-scaled, kind="stable")  # (vocab,) best first, lower id first on ties
+    keep = len(order) if top_k == 0 else min(top_k, len(order))
+    sorted_logits = scaled[order[:keep]]  # (keep,)
+    probs = np.exp(sorted_logits - sorted_logits[0])
+    probs /= probs.sum()
+    if top_p < 1.0:
+        # Smallest prefix whose mass reaches top_p (at least one token).
+        cutoff = int(np.searchsorted(np.cumsum(probs), top_p, side="left")) + 1
+        probs = probs[:cutoff] / probs[:cutoff].sum()
+        keep = len(probs)
+    out = np.zeros(len(scaled), dtype=np.float64)
+    out[order[:keep]] = probs
+    return out
+
+
+class Sampler:
+    """Picks the next token of one request."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        """A sampler whose random stream starts from params.seed."""
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def sample(self, logits: np.ndarray, previous_ids: Sequence[int] = ()) -> int:
+        """Next token id from logits (vocab,); previous_ids (prompt + output) feed the repetition penalty."""
+        if logits.ndim != 1:
+            raise ValueError(f"logits must be 1-D (vocab,), got shape {logits.shape}")
+        p = self.params
+        penalised = apply_repetition_penalty(logits, previous_ids, p.repetition_penalty)
+        if p.greedy:
+            return int(np.argmax(penalised))
+        probs = filtered_probs(penalised, p.temperature, p.top_k, p.top_p)  # (vocab,)
+        cdf = np.cumsum(probs)
+        return int(min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+
+    def finish_reason(self, token_id: int, num_generated: int) -> str | None:
+        """"stop" if token_id is a stop token, "length" once num_generated reaches max_tokens, else None."""
+        if token_id in self.params.stop_token_ids:
+            return "stop"
+        if num_generated >= self.params.max_tokens:
+            return "length"
+        return None

@@ -1,0 +1,244 @@
+"""Tokenizer: exact agreement with the committed golden ids, decode, streaming, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gguf_tokenizer import gguf_manifest_sections, smollm2_tokenizer
+from pagedkv.pretokenize import split_words, stand_in
+from pagedkv.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, Tokenizer, bytes_to_unicode
+
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "tokenizer_golden.json").read_text(encoding="utf-8"))
+ENTRIES = GOLDEN["entries"]
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return smollm2_tokenizer()
+
+
+# ------------------------------------------------------------------ golden
+
+
+def test_golden_file_covers_the_corpus():
+    assert len(ENTRIES) == 352
+    assert GOLDEN["num_tokens"] == sum(len(e["ids"]) for e in ENTRIES) == 8165
+    assert GOLDEN["gguf_sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def test_encode_matches_reference_on_every_golden_entry(tok):
+    mismatches = [e["name"] for e in ENTRIES if tok.encode(e["text"]) != e["ids"]]
+    assert mismatches == []
+
+
+def test_encode_without_special_matches_reference(tok):
+    plain = [e for e in ENTRIES if "ids_plain" in e]
+    assert len(plain) == 125
+    mismatches = [e["name"] for e in plain if tok.encode(e["text"], allow_special=False) != e["ids_plain"]]
+    assert mismatches == []
+    assert all(i not in (0, 1, 2) for e in plain for i in e["ids_plain"])
+
+
+def test_decode_round_trips_every_golden_entry(tok):
+    dropped = {chr(b) for b in tok.unencodable_bytes if b < 0x80}
+    lossy = [e["name"] for e in ENTRIES if set(e["text"]) & dropped]
+    # Only this entry holds ASCII controls that have no token (both references drop them too).
+    assert lossy == ["ascii_separators"]
+    for e in ENTRIES:
+        expected = "".join(c for c in e["text"] if c not in dropped)
+        assert tok.decode(e["ids"]) == expected, e["name"]
+        assert tok.decode(tok.encode(e["text"])) == expected, e["name"]
+
+
+def test_unencodable_bytes_are_dropped_like_the_references(tok):
+    assert tok.unencodable_bytes.hex() == "04061314161dc0c1f1f2f5f6f7f8f9fafbfcfdfeff"
+    assert tok.encode("a\x1db") == [81, 82]
+
+
+# --------------------------------------------------------------- specials
+
+
+def test_special_token_ids(tok):
+    assert tok.vocab_size == 49152
+    assert (tok.bos_token_id, tok.eos_token_id, tok.unknown_token_id, tok.padding_token_id) == (1, 2, 0, 2)
+    assert (tok.im_start_id, tok.im_end_id) == (1, 2)
+    assert tok.token_to_id("<|endoftext|>") == 0
+    assert tok.token_to_id("Ġ") == 216
+    assert tok.is_special(2) and not tok.is_special(216)
+
+
+def test_special_tokens_are_atomic(tok):
+    assert tok.encode("<|im_start|>user\nHi<|im_end|>") == [1, 4093, 198, 26843, 2]
+    assert tok.encode("<|im_start|>user", allow_special=False) == [44, 108, 306, 79, 3738, 108, 46, 4093]
+    assert tok.decode([1, 4093, 198, 26843, 2], skip_special=True) == "user\nHi"
+
+
+# --------------------------------------------------------------- streaming
+
+
+def test_stream_decode_holds_back_split_characters(tok):
+    assert tok.encode("👍") == [10813, 235, 231]
+    assert [tok.token_bytes(i) for i in [10813, 235, 231]] == [b"\xf0\x9f", b"\x91", b"\x8d"]
+    stream = tok.stream_decoder()
+    assert [stream.push(i) for i in [10813, 235, 231]] == ["", "", "👍"]
+    assert stream.flush() == ""
+    stream = tok.stream_decoder()
+    assert [stream.push(i) for i in tok.encode("你好")] == ["", "你", "", "好"]
+
+
+def test_stream_decode_equals_decode_for_every_golden_entry(tok):
+    for e in ENTRIES:
+        stream = tok.stream_decoder()
+        pieces = [stream.push(i) for i in e["ids"]]
+        assert "".join(pieces) + stream.flush() == tok.decode(e["ids"]), e["name"]
+        # No piece ever shows a replacement character for a split character.
+        assert all("\ufffd" not in p for p in pieces), e["name"]
+
+
+def test_stream_decode_invalid_and_truncated_utf8(tok):
+    lone_continuation = tok.token_to_id(bytes_to_unicode()[0x80])
+    assert tok.token_bytes(lone_continuation) == b"\x80"
+    stream = tok.stream_decoder()
+    assert stream.push(lone_continuation) == "\ufffd"
+    assert stream.push(10813) == ""  # b"\xf0\x9f": a 4-byte character cut short
+    assert stream.flush() == "\ufffd"
+    assert stream.push(tok.token_to_id("a")) == "a"  # usable again after flush
+
+
+def test_stream_decoder_skip_special(tok):
+    stream = tok.stream_decoder(skip_special=True)
+    assert [stream.push(i) for i in [1, 4093, 2]] == ["", "user", ""]
+
+
+# ----------------------------------------------------------- pre-tokenizer
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("", []),
+        ("a  b", ["a", " ", " b"]),
+        ("   1", ["   ", "1"]),
+        ("x   1", ["x", "   ", "1"]),
+        ("12345", ["1", "2", "3", "4", "5"]),
+        ("3.14", ["3", ".", "1", "4"]),
+        ("a ½²", ["a", " ", "½", "²"]),
+        ("I'm we'll 'S", ["I", "'m", " we", "'ll", " '", "S"]),
+        ("end  \n\n", ["end", "  \n\n"]),
+        ("end  \nx", ["end", "  ", "\nx"[0], "x"]),
+        ("Привет, мир!", ["Привет", ",", " мир", "!"]),
+        ("a\u00a0b", ["a", "\u00a0", "b"]),
+        ("a\u00a0 b", ["a", "\u00a0", " b"]),
+        ("a\x1cb", ["a", "\x1c", "b"]),
+        ("e\u0301!", ["e", "\u0301!"]),
+        ("<|im", ["<|", "im"]),
+    ],
+)
+def test_smollm_pre_tokenizer_words(text, words):
+    assert split_words(text, "smollm") == words
+
+
+def test_gpt2_pre_tokenizer_keeps_digit_runs():
+    assert split_words("abc 123 4.5", "gpt2") == ["abc", " 123", " 4", ".", "5"]
+    assert split_words("x   1", "gpt2") == ["x", "  ", " 1"]
+
+
+def test_stand_in_preserves_length_and_classes():
+    assert stand_in("aé中٣\u3000\u00a0€ ") == "aaa0\t\t! "
+    assert stand_in("plain ascii") == "plain ascii"
+
+
+def test_unknown_pre_tokenizer_rejected():
+    with pytest.raises(ValueError, match="unsupported pre-tokenizer 'llama3'"):
+        split_words("x", "llama3")
+
+
+# ------------------------------------------------------------ BPE mechanics
+
+
+def _tiny(merges, extra=()):
+    alphabet = list(bytes_to_unicode().values())
+    tokens = ["<|im_end|>", *alphabet, *extra]
+    types = [TOKEN_CONTROL] + [TOKEN_NORMAL] * (len(tokens) - 1)
+    return Tokenizer(tokens, types, merges, pre="gpt2", eos_token_id=0)
+
+
+def test_bpe_applies_lowest_rank_merge_first():
+    first = _tiny(["a b", "b c"], extra=["ab", "bc"])
+    ab, bc = first.token_to_id("ab"), first.token_to_id("bc")
+    assert first.encode("abc") == [ab, first.token_to_id("c")]
+    second = _tiny(["b c", "a b"], extra=["ab", "bc"])
+    assert second.encode("abc") == [second.token_to_id("a"), bc]
+    # Equal pairs merge left to right without overlap.
+    assert first.encode("aaa") == [first.token_to_id("a")] * 3
+    repeat = _tiny(["a a"], extra=["aa"])
+    assert repeat.encode("aaa") == [repeat.token_to_id("aa"), repeat.token_to_id("a")]
+
+
+def test_user_defined_tokens_are_atomic_even_without_special():
+    alphabet = list(bytes_to_unicode().values())
+    tokens = ["<ctl>", "<usr>", *alphabet]
+    types = [TOKEN_CONTROL, TOKEN_USER_DEFINED] + [TOKEN_NORMAL] * len(alphabet)
+    t = Tokenizer(tokens, types, [], pre="gpt2")
+    assert t.encode("<usr><ctl>") == [1, 0]
+    assert t.encode("<usr><ctl>", allow_special=False)[0] == 1
+    assert len(t.encode("<usr><ctl>", allow_special=False)) == 6
+
+
+def test_from_manifest_matches_direct_construction(tok):
+    spec = gguf_manifest_sections()["tokenizer"]
+    assert spec["model"] == "gpt2" and spec["pre"] == "smollm"
+    assert len(spec["merges"]) == 48900
+    direct = Tokenizer(spec["tokens"], spec["token_types"], spec["merges"], pre=spec["pre"])
+    assert direct.encode("Hello, 42 worlds!") == tok.encode("Hello, 42 worlds!") == [19556, 28, 216, 36, 34, 10094, 17]
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_construction_is_rejected():
+    alphabet = list(bytes_to_unicode().values())
+    normal = [TOKEN_NORMAL] * len(alphabet)
+    with pytest.raises(ValueError, match="differ in length"):
+        Tokenizer(alphabet, normal[:-1], [])
+    with pytest.raises(ValueError, match="unknown token type 9"):
+        Tokenizer(alphabet, [9] + normal[1:], [])
+    with pytest.raises(ValueError, match="merge 0 is 'ab'"):
+        Tokenizer(alphabet, normal, ["ab"])
+    with pytest.raises(ValueError, match="uses 'ab', which is not in the vocabulary"):
+        Tokenizer(alphabet, normal, ["a b"])
+    with pytest.raises(ValueError, match="eos_token_id=999 is outside"):
+        Tokenizer(alphabet, normal, [], eos_token_id=999)
+    with pytest.raises(ValueError, match="unsupported pre-tokenizer"):
+        Tokenizer(alphabet, normal, [], pre="bert")
+    with pytest.raises(ValueError, match="vocabulary is empty"):
+        Tokenizer([], [], [])
+
+
+def test_bad_manifest_is_rejected():
+    with pytest.raises(ValueError, match="no 'tokenizer' section"):
+        Tokenizer.from_manifest({})
+    with pytest.raises(ValueError, match=r"lacks \['merges'\]"):
+        Tokenizer.from_manifest({"tokenizer": {"model": "gpt2", "pre": "smollm", "tokens": [], "token_types": []}})
+    with pytest.raises(ValueError, match="unsupported tokenizer model 'llama'"):
+        Tokenizer.from_manifest(
+            {"tokenizer": {"model": "llama", "pre": "x", "tokens": [], "token_types": [], "merges": []}}
+        )
+
+
+def test_bad_ids_and_text_are_rejected(tok):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.decode([49152])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.stream_decoder().push(-1)
+    with pytest.raises(ValueError, match="is not an int"):
+        tok.decode(["5"])
+    with pytest.raises(ValueError, match="encode expects str"):
+        tok.encode(b"bytes")
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        tok.token_to_id("<|nope|>")
+    with pytest.raises(ValueError):  # a lone surrogate has no UTF-8 form
+        tok.encode("a\ud800")
