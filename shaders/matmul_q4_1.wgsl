@@ -1,10 +1,10 @@
 // Y = X @ W^T for many tokens (prefill), W in the repacked Q4_1 layout of
 // py/pagedkv/model/layout.py, dequantization fused, f32 accumulation.
-// Register tiling rather than workgroup tiling: each thread owns a ROWS x TOKENS
-// output tile, dequantizes each weight once for TOKENS tokens and loads each
-// activation once for ROWS rows, with no workgroup barriers (SwiftShader runs
-// barriers slowly; its workgroup memory is CPU cache like everything else).
-// Rows / tokens past the end are clamped to the last one and never written.
+// Register tiling rather than workgroup tiling: each thread owns a 4-row x 4-token
+// output tile, dequantizes each weight once for 4 tokens and loads each activation
+// once for 4 rows. SwiftShader (CPU) runs workgroup barriers and private arrays
+// slowly and its workgroup memory is CPU cache like everything else, so the tile
+// lives in named registers. Rows / tokens past the end are clamped, never written.
 
 struct Params {
   rows : u32,
@@ -19,62 +19,86 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y : array<f32>;   // (tokens, rows)
 @group(0) @binding(4) var<uniform> params : Params;
 
-override WORKGROUP_SIZE : u32 = 64u;
-const ROWS : u32 = 4u;
-const TOKENS : u32 = 4u;
+override WORKGROUP_SIZE : u32 = 32u;
 
-fn nibbles_lo(w : u32) -> vec4<f32> {
-  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));
+// Weights 8k..8k+3 (lo) and 8k+4..8k+7 (hi) of nibble word w, dequantized with s = (d, m).
+fn dequant_lo(w : u32, s : vec2<f32>) -> vec4<f32> {
+  return s.x * vec4<f32>((vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) + s.y;
 }
 
-fn nibbles_hi(w : u32) -> vec4<f32> {
-  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));
+fn dequant_hi(w : u32, s : vec2<f32>) -> vec4<f32> {
+  return s.x * vec4<f32>((vec4<u32>(w) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) + s.y;
+}
+
+// Y[token, r0..r0+3] for one token from the four rows' dequantized weights 8k..8k+7.
+fn rows4(a_lo : vec4<f32>, a_hi : vec4<f32>, b_lo : vec4<f32>, b_hi : vec4<f32>, c_lo : vec4<f32>, c_hi : vec4<f32>,
+         d_lo : vec4<f32>, d_hi : vec4<f32>, x_lo : vec4<f32>, x_hi : vec4<f32>) -> vec4<f32> {
+  return vec4<f32>(dot(a_lo, x_lo) + dot(a_hi, x_hi), dot(b_lo, x_lo) + dot(b_hi, x_hi),
+                   dot(c_lo, x_lo) + dot(c_hi, x_hi), dot(d_lo, x_lo) + dot(d_hi, x_hi));
+}
+
+fn store(t : u32, r0 : u32, acc : vec4<f32>) {
+  if (t >= params.tokens) {
+    return;
+  }
+  let o = t * params.rows + r0;
+  let n = params.rows - r0;
+  y[o] = acc.x;
+  if (n > 1u) { y[o + 1u] = acc.y; }
+  if (n > 2u) { y[o + 2u] = acc.z; }
+  if (n > 3u) { y[o + 3u] = acc.w; }
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
-  let r0 = gid.x * ROWS;
-  let t0 = gid.y * TOKENS;
+  let r0 = gid.x * 4u;
+  let t0 = gid.y * 4u;
   if (r0 >= params.rows || t0 >= params.tokens) {
     return;
   }
   let nb = params.cols / 32u;
   let words = params.cols / 8u;
   let x_stride = params.cols / 4u;
-  var row : array<u32, ROWS>;
-  for (var i = 0u; i < ROWS; i++) {
-    row[i] = min(r0 + i, params.rows - 1u);
-  }
-  var tok : array<u32, TOKENS>;
-  for (var j = 0u; j < TOKENS; j++) {
-    tok[j] = min(t0 + j, params.tokens - 1u) * x_stride;
-  }
-  var acc : array<vec4<f32>, ROWS>;  // acc[i][j]: row r0 + i, token t0 + j
+  let last_row = params.rows - 1u;
+  let ra = r0;
+  let rb = min(r0 + 1u, last_row);
+  let rc = min(r0 + 2u, last_row);
+  let rd = min(r0 + 3u, last_row);
+  let last_token = params.tokens - 1u;
+  let xa = t0 * x_stride;
+  let xb = min(t0 + 1u, last_token) * x_stride;
+  let xc = min(t0 + 2u, last_token) * x_stride;
+  let xd = min(t0 + 3u, last_token) * x_stride;
+  var acc0 = vec4<f32>(0.0);  // token t0, rows r0..r0+3
+  var acc1 = vec4<f32>(0.0);
+  var acc2 = vec4<f32>(0.0);
+  var acc3 = vec4<f32>(0.0);
   for (var b = 0u; b < nb; b++) {
-    var s : array<vec2<f32>, ROWS>;  // (d, m) of block b per row
-    for (var i = 0u; i < ROWS; i++) {
-      s[i] = unpack2x16float(dm[row[i] * nb + b]);
-    }
+    let sa = unpack2x16float(dm[ra * nb + b]);  // (d, m) of block b, per row
+    let sb = unpack2x16float(dm[rb * nb + b]);
+    let sc = unpack2x16float(dm[rc * nb + b]);
+    let sd = unpack2x16float(dm[rd * nb + b]);
     for (var k = b * 4u; k < b * 4u + 4u; k++) {
-      var lo : array<vec4<f32>, ROWS>;  // dequantized weights 8k..8k+3
-      var hi : array<vec4<f32>, ROWS>;  // dequantized weights 8k+4..8k+7
-      for (var i = 0u; i < ROWS; i++) {
-        let w = qs[row[i] * words + k];
-        lo[i] = s[i].x * nibbles_lo(w) + s[i].y;
-        hi[i] = s[i].x * nibbles_hi(w) + s[i].y;
-      }
-      for (var j = 0u; j < TOKENS; j++) {
-        let x_lo = x[tok[j] + 2u * k];
-        let x_hi = x[tok[j] + 2u * k + 1u];
-        for (var i = 0u; i < ROWS; i++) {
-          acc[i][j] += dot(lo[i], x_lo) + dot(hi[i], x_hi);
-        }
-      }
+      let wa = qs[ra * words + k];
+      let wb = qs[rb * words + k];
+      let wc = qs[rc * words + k];
+      let wd = qs[rd * words + k];
+      let a_lo = dequant_lo(wa, sa);
+      let a_hi = dequant_hi(wa, sa);
+      let b_lo = dequant_lo(wb, sb);
+      let b_hi = dequant_hi(wb, sb);
+      let c_lo = dequant_lo(wc, sc);
+      let c_hi = dequant_hi(wc, sc);
+      let d_lo = dequant_lo(wd, sd);
+      let d_hi = dequant_hi(wd, sd);
+      acc0 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, x[xa + 2u * k], x[xa + 2u * k + 1u]);
+      acc1 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, x[xb + 2u * k], x[xb + 2u * k + 1u]);
+      acc2 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, x[xc + 2u * k], x[xc + 2u * k + 1u]);
+      acc3 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, x[xd + 2u * k], x[xd + 2u * k + 1u]);
     }
   }
-  for (var j = 0u; j < min(TOKENS, params.tokens - t0); j++) {
-    for (var i = 0u; i < min(ROWS, params.rows - r0); i++) {
-      y[(t0 + j) * params.rows + r0 + i] = acc[i][j];
-    }
-  }
+  store(t0, r0, acc0);
+  store(t0 + 1u, r0, acc1);
+  store(t0 + 2u, r0, acc2);
+  store(t0 + 3u, r0, acc3);
 }

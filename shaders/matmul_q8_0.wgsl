@@ -1,7 +1,8 @@
 // Y = X @ W^T for many tokens (prefill), W in the repacked Q8_0 layout of
 // py/pagedkv/model/layout.py, dequantization fused, f32 accumulation.
-// Same register tiling as matmul_q4_1.wgsl (ROWS x TOKENS outputs per thread,
-// no workgroup barriers); rows / tokens past the end are clamped, never written.
+// Same register tiling as matmul_q4_1.wgsl: a 4-row x 4-token output tile per
+// thread in named registers, no workgroup barriers, no private arrays.
+// Rows / tokens past the end are clamped, never written.
 
 struct Params {
   rows : u32,
@@ -16,10 +17,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y : array<f32>;   // (tokens, rows)
 @group(0) @binding(4) var<uniform> params : Params;
 
-override WORKGROUP_SIZE : u32 = 64u;
-const ROWS : u32 = 4u;
-const TOKENS : u32 = 4u;
+override WORKGROUP_SIZE : u32 = 32u;
 
+// The four little-endian int8 codes of one word, sign-extended, as f32.
 fn codes(w : u32) -> vec4<f32> {
   return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
 }
@@ -29,50 +29,75 @@ fn scale(i : u32) -> f32 {
   return select(pair.x, pair.y, (i & 1u) == 1u);
 }
 
+// Y[token, r0..r0+3] for one token from the four rows' dequantized weights 8k..8k+7.
+fn rows4(a_lo : vec4<f32>, a_hi : vec4<f32>, b_lo : vec4<f32>, b_hi : vec4<f32>, c_lo : vec4<f32>, c_hi : vec4<f32>,
+         d_lo : vec4<f32>, d_hi : vec4<f32>, x_lo : vec4<f32>, x_hi : vec4<f32>) -> vec4<f32> {
+  return vec4<f32>(dot(a_lo, x_lo) + dot(a_hi, x_hi), dot(b_lo, x_lo) + dot(b_hi, x_hi),
+                   dot(c_lo, x_lo) + dot(c_hi, x_hi), dot(d_lo, x_lo) + dot(d_hi, x_hi));
+}
+
+fn store(t : u32, r0 : u32, acc : vec4<f32>) {
+  if (t >= params.tokens) {
+    return;
+  }
+  let o = t * params.rows + r0;
+  let n = params.rows - r0;
+  y[o] = acc.x;
+  if (n > 1u) { y[o + 1u] = acc.y; }
+  if (n > 2u) { y[o + 2u] = acc.z; }
+  if (n > 3u) { y[o + 3u] = acc.w; }
+}
+
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
-  let r0 = gid.x * ROWS;
-  let t0 = gid.y * TOKENS;
+  let r0 = gid.x * 4u;
+  let t0 = gid.y * 4u;
   if (r0 >= params.rows || t0 >= params.tokens) {
     return;
   }
   let nb = params.cols / 32u;
   let words = params.cols / 8u;
   let x_stride = params.cols / 4u;
-  var row : array<u32, ROWS>;
-  for (var i = 0u; i < ROWS; i++) {
-    row[i] = min(r0 + i, params.rows - 1u);
-  }
-  var tok : array<u32, TOKENS>;
-  for (var j = 0u; j < TOKENS; j++) {
-    tok[j] = min(t0 + j, params.tokens - 1u) * x_stride;
-  }
-  var acc : array<vec4<f32>, ROWS>;  // acc[i][j]: row r0 + i, token t0 + j
+  let last_row = params.rows - 1u;
+  let ra = r0;
+  let rb = min(r0 + 1u, last_row);
+  let rc = min(r0 + 2u, last_row);
+  let rd = min(r0 + 3u, last_row);
+  let last_token = params.tokens - 1u;
+  let xa = t0 * x_stride;
+  let xb = min(t0 + 1u, last_token) * x_stride;
+  let xc = min(t0 + 2u, last_token) * x_stride;
+  let xd = min(t0 + 3u, last_token) * x_stride;
+  var acc0 = vec4<f32>(0.0);  // token t0, rows r0..r0+3
+  var acc1 = vec4<f32>(0.0);
+  var acc2 = vec4<f32>(0.0);
+  var acc3 = vec4<f32>(0.0);
   for (var b = 0u; b < nb; b++) {
-    var s : array<f32, ROWS>;
-    for (var i = 0u; i < ROWS; i++) {
-      s[i] = scale(row[i] * nb + b);
-    }
+    let sa = scale(ra * nb + b);  // d of block b, per row
+    let sb = scale(rb * nb + b);
+    let sc = scale(rc * nb + b);
+    let sd = scale(rd * nb + b);
     for (var k = b * 4u; k < b * 4u + 4u; k++) {
-      var lo : array<vec4<f32>, ROWS>;  // dequantized weights 8k..8k+3
-      var hi : array<vec4<f32>, ROWS>;  // dequantized weights 8k+4..8k+7
-      for (var i = 0u; i < ROWS; i++) {
-        let w = qs[row[i] * words + k];
-        lo[i] = s[i] * codes(w.x);
-        hi[i] = s[i] * codes(w.y);
-      }
-      for (var j = 0u; j < TOKENS; j++) {
-        let x_lo = x[tok[j] + 2u * k];
-        let x_hi = x[tok[j] + 2u * k + 1u];
-        for (var i = 0u; i < ROWS; i++) {
-          acc[i][j] += dot(lo[i], x_lo) + dot(hi[i], x_hi);
-        }
-      }
+      let wa = qs[ra * words + k];
+      let wb = qs[rb * words + k];
+      let wc = qs[rc * words + k];
+      let wd = qs[rd * words + k];
+      let a_lo = sa * codes(wa.x);
+      let a_hi = sa * codes(wa.y);
+      let b_lo = sb * codes(wb.x);
+      let b_hi = sb * codes(wb.y);
+      let c_lo = sc * codes(wc.x);
+      let c_hi = sc * codes(wc.y);
+      let d_lo = sd * codes(wd.x);
+      let d_hi = sd * codes(wd.y);
+      acc0 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, x[xa + 2u * k], x[xa + 2u * k + 1u]);
+      acc1 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, x[xb + 2u * k], x[xb + 2u * k + 1u]);
+      acc2 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, x[xc + 2u * k], x[xc + 2u * k + 1u]);
+      acc3 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, x[xd + 2u * k], x[xd + 2u * k + 1u]);
     }
   }
-  for (var j = 0u; j < min(TOKENS, params.tokens - t0); j++) {
-    for (var i = 0u; i < min(ROWS, params.rows - r0); i++) {
-      y[(t0 + j) * params.rows + r0 + i] = acc[i][j];
-    }
-  }
+  store(t0, r0, acc0);
+  store(t0 + 1u, r0, acc1);
+  store(t0 + 2u, r0, acc2);
+  store(t0 + 3u, r0, acc3);
 }

@@ -20,8 +20,8 @@ from ..model.layout import QK
 
 MAX_WORKGROUPS_PER_DIM = 65535
 QUANTIZED = ("q4_1", "q8_0")
-MATVEC_TOKENS = 4  # tokens per thread in matvec_*.wgsl (TOKENS)
-MATMUL_TILE = (4, 4)  # (rows, tokens) per thread in matmul_*.wgsl (ROWS, TOKENS)
+MATVEC_ROWS = 8  # output rows per thread in matvec_*.wgsl (one token per thread)
+MATMUL_TILE = (4, 4)  # (rows, tokens) per thread in matmul_*.wgsl
 
 
 @dataclass(frozen=True)
@@ -67,15 +67,15 @@ def _weight(dtype: str, rows: int, cols: int) -> None:
 # ---------------------------------------------------------------- call builders (pure)
 
 
-def matvec_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 64) -> KernelCall:
+def matvec_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32) -> KernelCall:
     """y (tokens, rows) = x (tokens, cols) @ W.T, decode-sized batches; buffers: qs, dm|d, x, y, params."""
     _weight(dtype, rows, cols)
     _positive(tokens=tokens)
-    grid = (_ceil(rows, workgroup_size), _ceil(tokens, MATVEC_TOKENS), 1)
+    grid = (_ceil(_ceil(rows, MATVEC_ROWS), workgroup_size), tokens, 1)
     return KernelCall(f"matvec_{dtype}", (("WORKGROUP_SIZE", workgroup_size),), grid, _params(rows, cols, tokens))
 
 
-def matmul_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 64) -> KernelCall:
+def matmul_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32) -> KernelCall:
     """Y (tokens, rows) = X (tokens, cols) @ W.T, prefill-sized; buffers: qs, dm|d, x, y, params."""
     _weight(dtype, rows, cols)
     _positive(tokens=tokens)
@@ -279,3 +279,72 @@ async def time_call(ctx, call: KernelCall, buffers: list, repeats: int = 5, runs
     finally:
         params.destroy()
     return {"median_ms": statistics.median(samples), "min_ms": min(samples), "samples_ms": samples}
+
+
+def _random_quantized(rng, dtype: str, rows: int, cols: int) -> dict:
+    from ..model.layout import pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
+
+    w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.05  # (rows, cols)
+    return pack_q4_1(*quantize_q4_1(w)) if dtype == "q4_1" else pack_q8_0(*quantize_q8_0(w))
+
+
+async def bench_model_kernels(ctx, runs: int = 5, repeats: int = 5, prefill_tokens: int = 128,
+                              stream_mib: int = 64, seed: int = 0) -> dict:
+    """Time the streaming-read probe and the matvec / matmul kernels at SmolLM2-135M shapes (a figure, no check).
+
+    GB/s counts the bytes a kernel must read once: weight parts + activations + outputs.
+    """
+    rng = np.random.default_rng(seed)
+    result: dict = {"adapter": ctx.info.name, "runs": runs, "repeats": repeats}
+    nbytes = stream_mib * 2**20
+    data, out = ctx.buffer(nbytes, "stream"), ctx.buffer(256 * 64 * 4, "stream.out")
+    ctx.write(data, rng.integers(0, 2**32, nbytes // 4, dtype=np.uint32))
+    t = await time_call(ctx, stream_read_call(nbytes), [data, out], repeats, runs)
+    result["stream_read"] = {"bytes": nbytes, **t, "gb_s": nbytes / t["median_ms"] / 1e6}
+    data.destroy()
+    out.destroy()
+    # A near-empty dispatch: the fixed cost (bind group, submit, queue drain) inside every figure below.
+    tiny = [upload(ctx, np.zeros(64, np.float32), "gate"), upload(ctx, np.zeros(64, np.float32), "up")]
+    result["empty_dispatch"] = await time_call(ctx, swiglu_call(64), tiny, repeats, runs)
+    for b in tiny:
+        b.destroy()
+
+    shapes = [("q4_1", 576, 576), ("q4_1", 192, 576), ("q4_1", 1536, 576), ("q4_1", 576, 1536),
+              ("q8_0", 49152, 576)]
+    result["matvec"] = []
+    result["matmul"] = []
+    for dtype, rows, cols in shapes:
+        parts = _quant_parts(dtype, _random_quantized(rng, dtype, rows, cols))
+        weights = [upload(ctx, p, "w") for p in parts]
+        weight_bytes = sum(len(p) for p in parts)
+        for tokens in (1, 4):
+            x = upload(ctx, rng.standard_normal((tokens, cols), dtype=np.float32), "x")
+            y = ctx.buffer(tokens * rows * 4, "y")
+            t = await time_call(ctx, matvec_call(dtype, rows, cols, tokens), [*weights, x, y], repeats, runs)
+            moved = weight_bytes + tokens * (rows + cols) * 4
+            result["matvec"].append({"dtype": dtype, "rows": rows, "cols": cols, "tokens": tokens,
+                                     "bytes": moved, **t, "gb_s": moved / t["median_ms"] / 1e6})
+            x.destroy()
+            y.destroy()
+        if dtype == "q4_1" and rows == 1536:
+            x = upload(ctx, rng.standard_normal((prefill_tokens, cols), dtype=np.float32), "x")
+            y = ctx.buffer(prefill_tokens * rows * 4, "y")
+            for kernel, build in (("matmul", matmul_call), ("matvec", matvec_call)):
+                t = await time_call(ctx, build(dtype, rows, cols, prefill_tokens), [*weights, x, y], 1, runs)
+                flops = 2 * rows * cols * prefill_tokens
+                result["matmul"].append({"kernel": f"{kernel}_{dtype}", "rows": rows, "cols": cols,
+                                         "tokens": prefill_tokens, **t, "gflop_s": flops / t["median_ms"] / 1e6})
+            x.destroy()
+            y.destroy()
+        for w in weights:
+            w.destroy()
+
+    by_shape = {(m["rows"], m["cols"]): m["median_ms"] for m in result["matvec"] if m["tokens"] == 1}
+    layer_ms = 2 * by_shape[(576, 576)] + 2 * by_shape[(192, 576)] + 2 * by_shape[(1536, 576)] + by_shape[(576, 1536)]
+    step_ms = 30 * layer_ms + by_shape[(49152, 576)]
+    step_bytes = 30 * sum(m["bytes"] * (2 if (m["rows"], m["cols"]) != (576, 1536) else 1)
+                          for m in result["matvec"] if m["tokens"] == 1 and m["dtype"] == "q4_1")
+    step_bytes += next(m["bytes"] for m in result["matvec"] if m["tokens"] == 1 and m["dtype"] == "q8_0")
+    result["decode_matvecs"] = {"layers": 30, "ms": step_ms, "bytes": step_bytes, "gb_s": step_bytes / step_ms / 1e6,
+                                "tok_s_bound": 1000.0 / step_ms}
+    return result
