@@ -5,6 +5,8 @@
 // once for 4 rows. SwiftShader (CPU) runs workgroup barriers and private arrays
 // slowly and its workgroup memory is CPU cache like everything else, so the tile
 // lives in named registers. Rows / tokens past the end are clamped, never written.
+// Nibble p of a word is taken by MASK only, as q * 16^p, and dequantized with d * 16^-p
+// (computed once per block and row): bit-identical to d * q, without a per-weight shift.
 
 struct Params {
   rows : u32,
@@ -21,13 +23,28 @@ struct Params {
 
 override WORKGROUP_SIZE : u32 = 32u;
 
-// Weights 8k..8k+3 (lo) and 8k+4..8k+7 (hi) of nibble word w, dequantized with s = (d, m).
-fn dequant_lo(w : u32, s : vec2<f32>) -> vec4<f32> {
-  return s.x * vec4<f32>((vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) + s.y;
+const SCALE_LO = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);  // 16^-p, p = 0..3
+const SCALE_HI = vec4<f32>(1.52587890625e-05, 9.5367431640625e-07, 5.9604644775390625e-08, 3.725290298461914e-09);
+
+// Per-position scales of one block: d * 16^-p for the lo and hi halves of a word, and m.
+struct BlockScale {
+  lo : vec4<f32>,
+  hi : vec4<f32>,
+  m : f32,
 }
 
-fn dequant_hi(w : u32, s : vec2<f32>) -> vec4<f32> {
-  return s.x * vec4<f32>((vec4<u32>(w) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) + s.y;
+fn block_scale(packed : u32) -> BlockScale {
+  let s = unpack2x16float(packed);  // (d, m)
+  return BlockScale(s.x * SCALE_LO, s.x * SCALE_HI, s.y);
+}
+
+// Weights 8k..8k+3 (lo) and 8k+4..8k+7 (hi) of nibble word w, dequantized: d * q + m.
+fn dequant_lo(w : u32, s : BlockScale) -> vec4<f32> {
+  return s.lo * vec4<f32>(vec4<u32>(w) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u)) + s.m;
+}
+
+fn dequant_hi(w : u32, s : BlockScale) -> vec4<f32> {
+  return s.hi * vec4<f32>(vec4<u32>(w) & vec4<u32>(0xF0000u, 0xF00000u, 0xF000000u, 0xF0000000u)) + s.m;
 }
 
 // Y[token, r0..r0+3] for one token from the four rows' dequantized weights 8k..8k+7.
@@ -74,10 +91,10 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   var acc2 = vec4<f32>(0.0);
   var acc3 = vec4<f32>(0.0);
   for (var b = 0u; b < nb; b++) {
-    let sa = unpack2x16float(dm[ra * nb + b]);  // (d, m) of block b, per row
-    let sb = unpack2x16float(dm[rb * nb + b]);
-    let sc = unpack2x16float(dm[rc * nb + b]);
-    let sd = unpack2x16float(dm[rd * nb + b]);
+    let sa = block_scale(dm[ra * nb + b]);  // block b, per row
+    let sb = block_scale(dm[rb * nb + b]);
+    let sc = block_scale(dm[rc * nb + b]);
+    let sd = block_scale(dm[rd * nb + b]);
     for (var k = b * 4u; k < b * 4u + 4u; k++) {
       let wa = qs[ra * words + k];
       let wb = qs[rb * words + k];

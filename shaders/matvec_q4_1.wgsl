@@ -6,6 +6,9 @@
 // block as one vec4<u32> of nibbles + one u32 of f16 (d, m). No workgroup barriers
 // and no private arrays (both are slow there). Per block, with w = d q + m:
 // sum_j w_j x_j = d * dot(q, x) + m * sum(x). Rows past the end are clamped and not written.
+// Nibble p of a word is taken by MASK only, as q * 16^p, and the activation it meets is
+// pre-scaled by 16^-p once per block for all 8 rows: the products are bit-identical to
+// q * x (power-of-two scaling is exact) and the per-weight shift is gone.
 
 struct Params {
   rows : u32,
@@ -23,16 +26,19 @@ struct Params {
 override WORKGROUP_SIZE : u32 = 32u;
 const ROWS : u32 = 8u;
 
-// Weights 8w..8w+3 (low) and 8w+4..8w+7 (high) of one nibble word as f32.
+// Weights 8w..8w+3 (lo) and 8w+4..8w+7 (hi) of one nibble word, each as q * 16^p (p = nibble position).
 fn nibbles_lo(w : u32) -> vec4<f32> {
-  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));
+  return vec4<f32>(vec4<u32>(w) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u));
 }
 
 fn nibbles_hi(w : u32) -> vec4<f32> {
-  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));
+  return vec4<f32>(vec4<u32>(w) & vec4<u32>(0xF0000u, 0xF00000u, 0xF000000u, 0xF0000000u));
 }
 
-// One row's contribution from block b: the block's 32 activations are x0..x7, their sum sx.
+const SCALE_LO = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);  // 16^-p, p = 0..3
+const SCALE_HI = vec4<f32>(1.52587890625e-05, 9.5367431640625e-07, 5.9604644775390625e-08, 3.725290298461914e-09);
+
+// One row's contribution from block i: the block's 32 activations, pre-scaled, are x0..x7; sx is their sum.
 fn block(i : u32, x0 : vec4<f32>, x1 : vec4<f32>, x2 : vec4<f32>, x3 : vec4<f32>,
          x4 : vec4<f32>, x5 : vec4<f32>, x6 : vec4<f32>, x7 : vec4<f32>, sx : f32) -> f32 {
   let q = qs[i];
@@ -64,15 +70,23 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   let xt = t * (params.cols / 4u);
   for (var b = 0u; b < nb; b++) {
     let xb = xt + b * 8u;
-    let x0 = x[xb];
-    let x1 = x[xb + 1u];
-    let x2 = x[xb + 2u];
-    let x3 = x[xb + 3u];
-    let x4 = x[xb + 4u];
-    let x5 = x[xb + 5u];
-    let x6 = x[xb + 6u];
-    let x7 = x[xb + 7u];
-    let sx = dot((x0 + x1) + (x2 + x3) + (x4 + x5) + (x6 + x7), vec4<f32>(1.0));
+    let u0 = x[xb];
+    let u1 = x[xb + 1u];
+    let u2 = x[xb + 2u];
+    let u3 = x[xb + 3u];
+    let u4 = x[xb + 4u];
+    let u5 = x[xb + 5u];
+    let u6 = x[xb + 6u];
+    let u7 = x[xb + 7u];
+    let sx = dot((u0 + u1) + (u2 + u3) + (u4 + u5) + (u6 + u7), vec4<f32>(1.0));
+    let x0 = u0 * SCALE_LO;
+    let x1 = u1 * SCALE_HI;
+    let x2 = u2 * SCALE_LO;
+    let x3 = u3 * SCALE_HI;
+    let x4 = u4 * SCALE_LO;
+    let x5 = u5 * SCALE_HI;
+    let x6 = u6 * SCALE_LO;
+    let x7 = u7 * SCALE_HI;
     lo.x += block(ra + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
     lo.y += block(rb + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
     lo.z += block(rc + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
