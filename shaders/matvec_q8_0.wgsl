@@ -22,9 +22,12 @@ struct Params {
 override WORKGROUP_SIZE : u32 = 32u;
 const ROWS : u32 = 8u;
 
-// The four little-endian int8 codes of one word, sign-extended, as f32.
+// The four little-endian int8 codes q of one word as q / 127 (one builtin, far cheaper on
+// SwiftShader than shift / shift / convert); the block scale carries the factor 127 back.
+// Exact for q in [-127, 127], which is every code Q8_0 quantization writes (amax / 127 scale);
+// -128 would read as -127, so webgpu_ops.check_q8_0_codes refuses weights containing it.
 fn codes(w : u32) -> vec4<f32> {
-  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+  return unpack4x8snorm(w);
 }
 
 // One row's contribution from block i (row * cols/32 + b): its 32 activations are x0..x7.
@@ -33,7 +36,7 @@ fn block(i : u32, x0 : vec4<f32>, x1 : vec4<f32>, x2 : vec4<f32>, x3 : vec4<f32>
   let qa = qs[2u * i];
   let qb = qs[2u * i + 1u];
   let pair = unpack2x16float(d[i >> 1u]);
-  let scale = select(pair.x, pair.y, (i & 1u) == 1u);
+  let scale = 127.0 * select(pair.x, pair.y, (i & 1u) == 1u);
   let qx = dot(codes(qa.x), x0) + dot(codes(qa.y), x1) + dot(codes(qa.z), x2) + dot(codes(qa.w), x3)
          + dot(codes(qb.x), x4) + dot(codes(qb.y), x5) + dot(codes(qb.z), x6) + dot(codes(qb.w), x7);
   return scale * qx;

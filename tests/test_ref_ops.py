@@ -136,3 +136,14 @@ def test_runners_validate_before_touching_the_gpu():
     table = ref.rope_cos_sin(4, 10000.0, 8)
     with pytest.raises(ValueError, match=r"\[0, 8\)"):
         first_step(ops.run_rope(None, np.zeros((1, 4)), np.zeros((1, 4)), np.array([8], np.int32), table, 1, 1))
+
+
+def test_q8_0_code_minus_128_is_refused():
+    codes = np.zeros((1, 32), np.int8)
+    ops.check_q8_0_codes("ok", pack_q8_0(codes + 127, np.ones((1, 1), np.float16)))
+    codes[0, 31] = -128
+    with pytest.raises(ValueError, match="token_embd.weight contains the code -128"):
+        ops.check_q8_0_codes("token_embd.weight", pack_q8_0(codes, np.ones((1, 1), np.float16)))
+    with pytest.raises(ValueError, match="contains the code -128"):
+        first_step(ops.run_linear(None, np.zeros((1, 32), np.float32), "q8_0", (1, 32),
+                                  pack_q8_0(codes, np.ones((1, 1), np.float16))))

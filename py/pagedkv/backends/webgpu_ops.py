@@ -137,6 +137,14 @@ def stream_read_call(nbytes: int, workgroups: int = 256, workgroup_size: int = 6
                       _params(words, _ceil(words, workgroups)))
 
 
+def check_q8_0_codes(name: str, parts: dict) -> None:
+    """Refuse Q8_0 weights with a code of -128: the matvec / matmul kernels read codes as
+    unpack4x8snorm(q) * 127, exact only on [-127, 127] (all that Q8_0 quantization writes)."""
+    if np.frombuffer(parts["qs"], dtype=np.int8).min(initial=0) == -128:
+        raise ValueError(f"Q8_0 tensor {name} contains the code -128, which Q8_0 quantization never writes "
+                         "(scale = amax / 127); re-convert the model from its GGUF file")
+
+
 # ---------------------------------------------------------------- running calls on a GpuContext
 
 
@@ -191,6 +199,8 @@ async def run_linear(ctx, x: np.ndarray, dtype: str, shape: tuple[int, int], par
         raise ValueError(f"kernel must be 'matvec' or 'matmul', got {kernel!r}")
     build = matvec_call if kernel == "matvec" else matmul_call
     call = build(dtype, rows, cols, x.shape[0])
+    if dtype == "q8_0":
+        check_q8_0_codes("weight", parts)
     x = x.astype(np.float32)  # (T, cols)
     out = await _run(ctx, call, [*_quant_parts(dtype, parts), x, None], 3, x.shape[0] * rows * 4, np.float32)
     return out.reshape(x.shape[0], rows)
