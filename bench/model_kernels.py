@@ -63,14 +63,16 @@ async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream
         parts = pack_q4_1(*quantize_q4_1(w)) if dtype == "q4_1" else pack_q8_0(*quantize_q8_0(w))
         weights = [ops.upload(ctx, parts["qs"], "qs"), ops.upload(ctx, parts["dm" if dtype == "q4_1" else "d"], "s")]
         weight_bytes = sum(len(v) for v in parts.values())
-        for tokens in (1, 4):
+        # A batch of 4 decode tokens goes through matvec (8 rows x 1 token per thread) or matmul (4 x 4).
+        for tokens, name, build_call in ((1, "matvec", ops.matvec_call), (4, "matvec", ops.matvec_call),
+                                         (4, "matmul", ops.matmul_call)):
             x = ops.upload(ctx, rng.standard_normal((tokens, cols), dtype=np.float32), "x")
             y = ctx.buffer(tokens * rows * 4, "y")
             big = rows * cols * tokens > 2**24  # the LM head: a few repeats already take a second
-            t = await timed(ops.matvec_call(dtype, rows, cols, tokens), [*weights, x, y], reps=3 if big else repeats)
+            t = await timed(build_call(dtype, rows, cols, tokens), [*weights, x, y], reps=3 if big else repeats)
             moved = weight_bytes + tokens * (rows + cols) * 4
-            result["matvec"].append({"dtype": dtype, "rows": rows, "cols": cols, "tokens": tokens, "bytes": moved,
-                                     **t, **rate(moved, t)})
+            result["matvec"].append({"kernel": f"{name}_{dtype}", "dtype": dtype, "rows": rows, "cols": cols,
+                                     "tokens": tokens, "bytes": moved, **t, **rate(moved, t)})
         if (rows, cols) == (1536, 576):
             x = ops.upload(ctx, rng.standard_normal((prefill_tokens, cols), dtype=np.float32), "x")
             y = ctx.buffer(prefill_tokens * rows * 4, "y")
@@ -98,7 +100,7 @@ async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream
 
 def summarize(result: dict) -> dict:
     """Decode-step figures derived from the single-token matvec timings (weights streamed once per step)."""
-    one = {(m["rows"], m["cols"]): m for m in result["matvec"] if m["tokens"] == 1}
+    one = {(m["rows"], m["cols"]): m for m in result["matvec"] if m["tokens"] == 1 and m["kernel"].startswith("matvec")}
     out = {}
     for stat in ("median_ms", "min_ms"):
         ms = LAYERS * sum(n * one[s][stat] for s, n in PER_LAYER.items()) + one[(49152, 576)][stat]
