@@ -1,6 +1,6 @@
 // Y = X @ W^T for many tokens (prefill), W in the repacked Q8_0 layout of
 // py/pagedkv/model/layout.py, dequantization fused, f32 accumulation.
-// Same register tiling as matmul_q4_1.wgsl: a 4-row x 4-token output tile per
+// Same register tiling as matmul_q4_1.wgsl: an 8-row x 4-token output tile per
 // thread in named registers, no workgroup barriers, no private arrays.
 // Rows / tokens past the end are clamped, never written.
 
@@ -40,7 +40,7 @@ fn rows4(a_lo : vec4<f32>, a_hi : vec4<f32>, b_lo : vec4<f32>, b_hi : vec4<f32>,
 }
 
 fn store(t : u32, r0 : u32, acc : vec4<f32>) {
-  if (t >= params.tokens) {
+  if (t >= params.tokens || r0 >= params.rows) {
     return;
   }
   let o = t * params.rows + r0;
@@ -53,7 +53,7 @@ fn store(t : u32, r0 : u32, acc : vec4<f32>) {
 
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
-  let r0 = gid.x * 4u;
+  let r0 = gid.x * 8u;
   let t0 = gid.y * 4u;
   if (r0 >= params.rows || t0 >= params.tokens) {
     return;
@@ -66,25 +66,41 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   let rb = min(r0 + 1u, last_row);
   let rc = min(r0 + 2u, last_row);
   let rd = min(r0 + 3u, last_row);
+  let re = min(r0 + 4u, last_row);
+  let rf = min(r0 + 5u, last_row);
+  let rg = min(r0 + 6u, last_row);
+  let rh = min(r0 + 7u, last_row);
   let last_token = params.tokens - 1u;
   let xa = t0 * x_stride;
   let xb = min(t0 + 1u, last_token) * x_stride;
   let xc = min(t0 + 2u, last_token) * x_stride;
   let xd = min(t0 + 3u, last_token) * x_stride;
-  var acc0 = vec4<f32>(0.0);  // token t0, rows r0..r0+3
+  var acc0 = vec4<f32>(0.0);  // token t0, rows r0..r0+3 (acc1: rows r0+4..r0+7); acc2/acc3 token t0+1, ...
   var acc1 = vec4<f32>(0.0);
   var acc2 = vec4<f32>(0.0);
   var acc3 = vec4<f32>(0.0);
+  var acc4 = vec4<f32>(0.0);
+  var acc5 = vec4<f32>(0.0);
+  var acc6 = vec4<f32>(0.0);
+  var acc7 = vec4<f32>(0.0);
   for (var b = 0u; b < nb; b++) {
-    let sa = scale(ra * nb + b);  // d of block b, per row
+    let sa = scale(ra * nb + b);  // block b, per row
     let sb = scale(rb * nb + b);
     let sc = scale(rc * nb + b);
     let sd = scale(rd * nb + b);
+    let se = scale(re * nb + b);
+    let sf = scale(rf * nb + b);
+    let sg = scale(rg * nb + b);
+    let sh = scale(rh * nb + b);
     for (var k = b * 4u; k < b * 4u + 4u; k++) {
       let wa = qs[ra * words + k];
       let wb = qs[rb * words + k];
       let wc = qs[rc * words + k];
       let wd = qs[rd * words + k];
+      let we = qs[re * words + k];
+      let wf = qs[rf * words + k];
+      let wg = qs[rg * words + k];
+      let wh = qs[rh * words + k];
       let a_lo = sa * codes(wa.x);
       let a_hi = sa * codes(wa.y);
       let b_lo = sb * codes(wb.x);
@@ -93,14 +109,38 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
       let c_hi = sc * codes(wc.y);
       let d_lo = sd * codes(wd.x);
       let d_hi = sd * codes(wd.y);
-      acc0 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, x[xa + 2u * k], x[xa + 2u * k + 1u]);
-      acc1 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, x[xb + 2u * k], x[xb + 2u * k + 1u]);
-      acc2 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, x[xc + 2u * k], x[xc + 2u * k + 1u]);
-      acc3 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, x[xd + 2u * k], x[xd + 2u * k + 1u]);
+      let e_lo = se * codes(we.x);
+      let e_hi = se * codes(we.y);
+      let f_lo = sf * codes(wf.x);
+      let f_hi = sf * codes(wf.y);
+      let g_lo = sg * codes(wg.x);
+      let g_hi = sg * codes(wg.y);
+      let h_lo = sh * codes(wh.x);
+      let h_hi = sh * codes(wh.y);
+      var xl = x[xa + 2u * k];  // activations 8k..8k+3 and 8k+4..8k+7 of one token at a time
+      var xh = x[xa + 2u * k + 1u];
+      acc0 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, xl, xh);
+      acc1 += rows4(e_lo, e_hi, f_lo, f_hi, g_lo, g_hi, h_lo, h_hi, xl, xh);
+      xl = x[xb + 2u * k];
+      xh = x[xb + 2u * k + 1u];
+      acc2 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, xl, xh);
+      acc3 += rows4(e_lo, e_hi, f_lo, f_hi, g_lo, g_hi, h_lo, h_hi, xl, xh);
+      xl = x[xc + 2u * k];
+      xh = x[xc + 2u * k + 1u];
+      acc4 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, xl, xh);
+      acc5 += rows4(e_lo, e_hi, f_lo, f_hi, g_lo, g_hi, h_lo, h_hi, xl, xh);
+      xl = x[xd + 2u * k];
+      xh = x[xd + 2u * k + 1u];
+      acc6 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, xl, xh);
+      acc7 += rows4(e_lo, e_hi, f_lo, f_hi, g_lo, g_hi, h_lo, h_hi, xl, xh);
     }
   }
   store(t0, r0, acc0);
-  store(t0 + 1u, r0, acc1);
-  store(t0 + 2u, r0, acc2);
-  store(t0 + 3u, r0, acc3);
+  store(t0, r0 + 4u, acc1);
+  store(t0 + 1u, r0, acc2);
+  store(t0 + 1u, r0 + 4u, acc3);
+  store(t0 + 2u, r0, acc4);
+  store(t0 + 2u, r0 + 4u, acc5);
+  store(t0 + 3u, r0, acc6);
+  store(t0 + 3u, r0 + 4u, acc7);
 }

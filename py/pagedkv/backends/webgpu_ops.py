@@ -21,7 +21,7 @@ from ..model.layout import QK
 MAX_WORKGROUPS_PER_DIM = 65535
 QUANTIZED = ("q4_1", "q8_0")
 MATVEC_ROWS = 8  # output rows per thread in matvec_*.wgsl (one token per thread)
-MATMUL_TILE = (4, 4)  # (rows, tokens) per thread in matmul_*.wgsl
+MATMUL_TILE = (8, 4)  # (rows, tokens) per thread in matmul_*.wgsl
 
 
 @dataclass(frozen=True)
