@@ -108,6 +108,12 @@ def test_call_geometry_and_uniforms():
     assert ops.stream_read_call(2**20, workgroups=16).params[:8] == np.array([65536, 4096], "<u4").tobytes()
 
 
+def test_linear_call_picks_matvec_for_one_or_two_tokens_else_matmul():
+    assert [ops.linear_call("q4_1", 576, 576, t).shader for t in (1, 2, 3, 512)] == [
+        "matvec_q4_1", "matvec_q4_1", "matmul_q4_1", "matmul_q4_1"]
+    assert ops.linear_call("q8_0", 49152, 576, 4) == ops.matmul_call("q8_0", 49152, 576, 4)
+
+
 def test_call_builders_reject_bad_shapes():
     with pytest.raises(ValueError, match="multiple of 32"):
         ops.matvec_call("q4_1", 10, 100, 1)

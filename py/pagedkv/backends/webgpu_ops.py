@@ -84,6 +84,15 @@ def matmul_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: i
     return KernelCall(f"matmul_{dtype}", (("WORKGROUP_SIZE", workgroup_size),), grid, _params(rows, cols, tokens))
 
 
+def linear_call(dtype: str, rows: int, cols: int, tokens: int) -> KernelCall:
+    """The faster of matvec / matmul for `tokens` rows of activations (same bindings, same result).
+
+    Measured on SwiftShader (bench/model_kernels.py): matvec's cost grows linearly with tokens,
+    matmul's 4-token tile costs about 2.5 single-token matvecs, so matmul wins from 3 tokens on.
+    """
+    return (matvec_call if tokens <= 2 else matmul_call)(dtype, rows, cols, tokens)
+
+
 def rmsnorm_call(hidden: int, tokens: int, eps: float, workgroup_size: int = 64) -> KernelCall:
     """out (tokens, hidden) = rms_norm(x, weight, eps); buffers: x, weight, out, params."""
     _positive(hidden=hidden, tokens=tokens)
