@@ -170,6 +170,7 @@ async def launch(ctx, call: KernelCall, buffers: list, check: bool = True):
         if error is not None:
             from .webgpu import GPUError
 
+            params.destroy()
             raise GPUError(f"{call.shader} dispatch: {error.message}")
     return params
 
@@ -186,11 +187,12 @@ def upload(ctx, data: np.ndarray | bytes, label: str):
 async def _run(ctx, call: KernelCall, inputs: list, out_index: int, out_nbytes: int, out_dtype) -> np.ndarray:
     """Upload inputs (arrays/bytes, or None for an output-only buffer of out_nbytes), launch, read one buffer."""
     buffers = [ctx.buffer(out_nbytes, "out") if a is None else upload(ctx, a, f"in{i}") for i, a in enumerate(inputs)]
-    params = await launch(ctx, call, buffers)
+    out = buffers[out_index]
     try:
-        return np.frombuffer(await ctx.read(buffers[out_index], out_nbytes), dtype=out_dtype).copy()
+        buffers.append(await launch(ctx, call, list(buffers)))
+        return np.frombuffer(await ctx.read(out, out_nbytes), dtype=out_dtype).copy()
     finally:
-        for b in (*buffers, params):
+        for b in buffers:
             b.destroy()
 
 
@@ -238,12 +240,13 @@ async def run_rope(ctx, q: np.ndarray, k: np.ndarray, positions: np.ndarray, cos
     call = rope_call(t, n_heads, n_kv_heads, head_dim)
     bq, bk = upload(ctx, q.astype(np.float32), "q"), upload(ctx, k.astype(np.float32), "k")
     bp, bt = upload(ctx, positions, "positions"), upload(ctx, cos_sin.astype(np.float32), "cos_sin")
-    params = await launch(ctx, call, [bq, bk, bp, bt])
+    buffers = [bq, bk, bp, bt]
     try:
+        buffers.append(await launch(ctx, call, buffers[:4]))
         q_out = np.frombuffer(await ctx.read(bq, q.size * 4), dtype=np.float32).reshape(q.shape).copy()
         k_out = np.frombuffer(await ctx.read(bk, k.size * 4), dtype=np.float32).reshape(k.shape).copy()
     finally:
-        for b in (bq, bk, bp, bt, params):
+        for b in buffers:
             b.destroy()
     return q_out, k_out
 
