@@ -21,8 +21,8 @@ override WORKGROUP_SIZE : u32 = 32u;
 
 // The four little-endian int8 codes q of one word as q / 127 (one builtin, far cheaper on
 // SwiftShader than shift / shift / convert); the block scale carries the factor 127 back.
-// Exact for q in [-127, 127], which is every code Q8_0 quantization writes (amax / 127 scale);
-// -128 would read as -127, so webgpu_ops.check_q8_0_codes refuses weights containing it.
+// Right (to f32 rounding of q / 127) for q in [-127, 127], every code Q8_0 quantization
+// writes (scale amax / 127); -128 would read as -127, so webgpu_ops.check_q8_0_codes refuses weights containing it.
 fn codes(w : u32) -> vec4<f32> {
   return unpack4x8snorm(w);
 }

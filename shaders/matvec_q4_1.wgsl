@@ -1,7 +1,7 @@
 // y = W @ x for a few token vectors (decode), W in the repacked Q4_1 layout of
 // py/pagedkv/model/layout.py, dequantization fused, f32 accumulation.
-// SwiftShader turns every storage load with a run-time index into per-lane scalar
-// loads, so loads per weight dominate: one thread computes ROWS = 8 output rows of
+// SwiftShader turns every storage load with a run-time index into a masked per-lane
+// gather of each scalar, so loads are costly: one thread computes ROWS = 8 output rows of
 // one token (gid.y), loading each activation once for all 8 rows and each 32-weight
 // block as one vec4<u32> of nibbles + one u32 of f16 (d, m). No workgroup barriers
 // and no private arrays (both are slow there). Per block, with w = d q + m:

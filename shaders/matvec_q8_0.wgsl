@@ -1,7 +1,7 @@
 // y = W @ x for a few token vectors (decode, the LM head), W in the repacked Q8_0
 // layout of py/pagedkv/model/layout.py, dequantization fused, f32 accumulation.
-// SwiftShader turns every storage load with a run-time index into per-lane scalar
-// loads, so loads per weight dominate: one thread computes ROWS = 8 output rows of
+// SwiftShader turns every storage load with a run-time index into a masked per-lane
+// gather of each scalar, so loads are costly: one thread computes ROWS = 8 output rows of
 // one token (gid.y), loading each activation once for all 8 rows and each 32-weight
 // block as two vec4<u32> of int8 codes + one f16 scale. No workgroup barriers and
 // no private arrays (both are slow there). Rows past the end are clamped and not written.
@@ -24,8 +24,8 @@ const ROWS : u32 = 8u;
 
 // The four little-endian int8 codes q of one word as q / 127 (one builtin, far cheaper on
 // SwiftShader than shift / shift / convert); the block scale carries the factor 127 back.
-// Exact for q in [-127, 127], which is every code Q8_0 quantization writes (amax / 127 scale);
-// -128 would read as -127, so webgpu_ops.check_q8_0_codes refuses weights containing it.
+// Right (to f32 rounding of q / 127) for q in [-127, 127], every code Q8_0 quantization
+// writes (scale amax / 127); -128 would read as -127, so webgpu_ops.check_q8_0_codes refuses weights containing it.
 fn codes(w : u32) -> vec4<f32> {
   return unpack4x8snorm(w);
 }
