@@ -94,6 +94,11 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
+def rope_inv_freq(head_dim: int, base: float) -> np.ndarray:
+    """(head_dim/2,) f32 rotary frequencies; llama.cpp computes theta = pos * base^(-2i/head_dim)."""
+    return (1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))).astype(np.float32)
+
+
 def rope_adjacent(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
     """Rotate adjacent pairs (2i, 2i+1) of x (T, n_heads, head_dim) by positions * inv_freq[i]."""
     angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # (T, head_dim/2)
@@ -116,9 +121,7 @@ class NumpyModel:
     def __init__(self, weights: ModelWeights) -> None:
         self.config = weights.config
         self.w = weights.tensors
-        hd = self.config.head_dim
-        # (head_dim/2,) f32; llama.cpp computes theta = pos * base^(-2i/head_dim)
-        self.inv_freq = (1.0 / (self.config.rope_base ** (np.arange(0, hd, 2, dtype=np.float64) / hd))).astype(np.float32)
+        self.inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope_base)  # (head_dim/2,) f32
 
     def forward(self, batch: ForwardBatch, kv: PagedKVCache, all_logits: bool = False) -> np.ndarray:
         """Run one step: writes the new tokens' K/V into kv, returns logits.

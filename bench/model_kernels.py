@@ -1,0 +1,157 @@
+"""Model kernel timings in headless Chromium with WebGPU: the adapter's streaming-read bandwidth, the
+fused-dequant matvec (decode) and tiled matmul (prefill) at SmolLM2-135M shapes, and the small kernels.
+
+    python3 -m bench.model_kernels [--runs 7] [--repeats 10]
+
+Prints JSON; writes bench/results/model_kernels.json. A figure, never a pass/fail.
+`measure_in_worker` runs inside the page's Pyodide worker and times each kernel with
+pagedkv.backends.webgpu_ops.time_call (wall clock around back-to-back dispatches, then a read
+back that drains the queue). Every figure includes the fixed cost of one dispatch + submit,
+reported on its own as `empty_dispatch`. Medians and minima over runs are both kept: other
+jobs share this machine's two cores, and the minimum is the least disturbed sample.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import threading
+import time
+from pathlib import Path
+
+import build
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LAYERS = 30  # SmolLM2-135M
+MATVEC_SHAPES = [("q4_1", 576, 576), ("q4_1", 192, 576), ("q4_1", 1536, 576), ("q4_1", 576, 1536),
+                 ("q8_0", 49152, 576)]  # q / o, k / v, gate / up, down, tied LM head
+PER_LAYER = {(576, 576): 2, (192, 576): 2, (1536, 576): 2, (576, 1536): 1}  # matvecs of each shape per layer
+
+
+async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream_mib: int) -> dict:
+    """Runs in the worker: every figure of this benchmark as a dict (uses only pagedkv + numpy)."""
+    import numpy as np
+
+    from pagedkv.backends import webgpu_ops as ops
+    from pagedkv.backends.webgpu import GpuContext
+    from pagedkv.kernels.ref_ops import rope_cos_sin
+    from pagedkv.model.layout import pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
+
+    ctx = await GpuContext.create()
+    rng = np.random.default_rng(0)
+
+    async def timed(call, buffers, reps=repeats):
+        return await ops.time_call(ctx, call, buffers, reps, runs)
+
+    def rate(nbytes, t):
+        return {"gb_s_median": nbytes / t["median_ms"] / 1e6, "gb_s_best": nbytes / t["min_ms"] / 1e6}
+
+    result = {"adapter": ctx.info.name, "runs": runs, "repeats": repeats}
+    nbytes = stream_mib * 2**20
+    data = ops.upload(ctx, rng.integers(0, 2**32, nbytes // 4, dtype=np.uint32), "stream")
+    out = ctx.buffer(256 * 64 * 4, "stream.out")
+    t = await timed(ops.stream_read_call(nbytes), [data, out], reps=3)
+    result["stream_read"] = {"bytes": nbytes, **t, **rate(nbytes, t)}
+    data.destroy()
+
+    gate, up = ops.upload(ctx, np.zeros(64, np.float32), "gate"), ops.upload(ctx, np.zeros(64, np.float32), "up")
+    result["empty_dispatch"] = await timed(ops.swiglu_call(64), [gate, up])
+
+    result["matvec"], result["matmul"] = [], []
+    for dtype, rows, cols in MATVEC_SHAPES:
+        w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.05  # (rows, cols)
+        parts = pack_q4_1(*quantize_q4_1(w)) if dtype == "q4_1" else pack_q8_0(*quantize_q8_0(w))
+        weights = [ops.upload(ctx, parts["qs"], "qs"), ops.upload(ctx, parts["dm" if dtype == "q4_1" else "d"], "s")]
+        weight_bytes = sum(len(v) for v in parts.values())
+        # A batch of 4 decode tokens goes through matvec (8 rows x 1 token per thread) or matmul (4 x 4).
+        for tokens, name, build_call in ((1, "matvec", ops.matvec_call), (4, "matvec", ops.matvec_call),
+                                         (4, "matmul", ops.matmul_call)):
+            x = ops.upload(ctx, rng.standard_normal((tokens, cols), dtype=np.float32), "x")
+            y = ctx.buffer(tokens * rows * 4, "y")
+            big = rows * cols * tokens > 2**24  # the LM head: a few repeats already take a second
+            t = await timed(build_call(dtype, rows, cols, tokens), [*weights, x, y], reps=3 if big else repeats)
+            moved = weight_bytes + tokens * (rows + cols) * 4
+            result["matvec"].append({"kernel": f"{name}_{dtype}", "dtype": dtype, "rows": rows, "cols": cols,
+                                     "tokens": tokens, "bytes": moved, **t, **rate(moved, t)})
+        if (rows, cols) == (1536, 576):
+            x = ops.upload(ctx, rng.standard_normal((prefill_tokens, cols), dtype=np.float32), "x")
+            y = ctx.buffer(prefill_tokens * rows * 4, "y")
+            for name, build_call in (("matmul", ops.matmul_call), ("matvec", ops.matvec_call)):
+                t = await timed(build_call(dtype, rows, cols, prefill_tokens), [*weights, x, y], reps=1)
+                flops = 2 * rows * cols * prefill_tokens
+                result["matmul"].append({"kernel": f"{name}_{dtype}", "rows": rows, "cols": cols,
+                                         "tokens": prefill_tokens, **t,
+                                         "gflop_s_median": flops / t["median_ms"] / 1e6,
+                                         "gflop_s_best": flops / t["min_ms"] / 1e6})
+
+    small = {}
+    x = ops.upload(ctx, rng.standard_normal(576, dtype=np.float32), "x")
+    small["rmsnorm_576"] = await timed(ops.rmsnorm_call(576, 1, 1e-5), [x, x, ctx.buffer(576 * 4, "out")])
+    q, k = ops.upload(ctx, np.zeros(576, np.float32), "q"), ops.upload(ctx, np.zeros(192, np.float32), "k")
+    pos, table = ops.upload(ctx, np.array([8000], np.int32), "pos"), ops.upload(ctx, rope_cos_sin(64, 1e5, 8192), "cs")
+    small["rope_9q_3k"] = await timed(ops.rope_call(1, 9, 3, 64), [q, k, pos, table])
+    g, u = ops.upload(ctx, np.zeros(1536, np.float32), "g"), ops.upload(ctx, np.zeros(1536, np.float32), "u")
+    small["swiglu_1536"] = await timed(ops.swiglu_call(1536), [g, u])
+    logits = ops.upload(ctx, rng.standard_normal((1, 49152), dtype=np.float32), "logits")
+    small["argmax_49152"] = await timed(ops.argmax_call(49152, 1), [logits, ctx.buffer(16, "ids")])
+    result["small_kernels"] = small
+    return result
+
+
+def summarize(result: dict) -> dict:
+    """Decode-step figures derived from the single-token matvec timings (weights streamed once per step)."""
+    one = {(m["rows"], m["cols"]): m for m in result["matvec"] if m["tokens"] == 1 and m["kernel"].startswith("matvec")}
+    out = {}
+    for stat in ("median_ms", "min_ms"):
+        ms = LAYERS * sum(n * one[s][stat] for s, n in PER_LAYER.items()) + one[(49152, 576)][stat]
+        out[stat] = ms
+    nbytes = LAYERS * sum(n * one[s]["bytes"] for s, n in PER_LAYER.items()) + one[(49152, 576)]["bytes"]
+    dispatches = LAYERS * sum(PER_LAYER.values()) + 1
+    return {"layers": LAYERS, "matvec_dispatches": dispatches, "bytes": nbytes, **out,
+            "gb_s_median": nbytes / out["median_ms"] / 1e6, "gb_s_best": nbytes / out["min_ms"] / 1e6,
+            "tok_s_bound_median": 1000.0 / out["median_ms"], "tok_s_bound_best": 1000.0 / out["min_ms"],
+            "empty_dispatch_ms_included": dispatches * result["empty_dispatch"]["min_ms"],
+            "min_ms_net_of_dispatch_cost": out["min_ms"] - dispatches * result["empty_dispatch"]["min_ms"]}
+
+
+def measure(runs: int, repeats: int, prefill_tokens: int = 128, stream_mib: int = 64) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    build.build()
+    server = build.make_server("127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    code = (f"MATVEC_SHAPES = {MATVEC_SHAPES!r}\n" + inspect.getsource(measure_in_worker) + "\nimport json\n"
+            f"json.dumps(await measure_in_worker({runs}, {repeats}, {prefill_tokens}, {stream_mib}))")
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=build.find_chromium(),
+                                         args=build.BASE_ARGS + build.WEBGPU_ARGS, headless=True)
+            page = browser.new_page()
+            page.goto(url)
+            page.wait_for_selector("html[data-state=ready]", state="attached", timeout=300_000)
+            text = page.evaluate("(code) => window.pagedkv.exec(code)", code)
+            browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    result = json.loads(text)
+    result["decode_step_matvecs"] = summarize(result)
+    result.update({"benchmark": "model_kernels", "chromium": build.find_chromium(),
+                   "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=10, help="dispatches per sample for the small kernels")
+    args = parser.parse_args()
+    result = measure(args.runs, args.repeats)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "model_kernels.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,304 @@
+"""Host side of the model's WGSL kernels: dispatch geometry, uniforms, and numpy-in/numpy-out runners.
+
+Each `*_call` function is pure (no GPU): it validates shapes and returns a
+KernelCall (shader, override constants, workgroup grid, uniform bytes) that a
+dispatch plan can record once and replay. The `run_*` coroutines upload numpy
+arrays, launch one call on a GpuContext and read the result back; tests and
+benchmarks use them. Only GpuContext methods touch the GPU (no `js` here).
+Buffer binding order of every call = the shader's @binding order.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model.layout import QK
+
+MAX_WORKGROUPS_PER_DIM = 65535
+QUANTIZED = ("q4_1", "q8_0")
+MATVEC_ROWS = 8  # output rows per thread in matvec_*.wgsl (one token per thread)
+MATMUL_TILE = (8, 4)  # (rows, tokens) per thread in matmul_*.wgsl
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One dispatch of shaders/<shader>.wgsl: pipeline constants, workgroup grid and uniform contents."""
+
+    shader: str
+    constants: tuple[tuple[str, int], ...]
+    workgroups: tuple[int, int, int]
+    params: bytes  # the shader's `params` uniform, a multiple of 16 bytes
+
+    def __post_init__(self) -> None:
+        if len(self.params) % 16 or not self.params:
+            raise ValueError(f"{self.shader}: uniform params must be a non-empty multiple of 16 bytes")
+        if any(not 1 <= g <= MAX_WORKGROUPS_PER_DIM for g in self.workgroups):
+            raise ValueError(f"{self.shader}: workgroup grid {self.workgroups} outside 1..{MAX_WORKGROUPS_PER_DIM}")
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _params(*fields) -> bytes:
+    """Pack u32 (int) and f32 (float) fields little-endian, zero-padded to 16 bytes."""
+    raw = b"".join(np.array([f], "<f4" if isinstance(f, float) else "<u4").tobytes() for f in fields)
+    return raw + b"\0" * (-len(raw) % 16)
+
+
+def _positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _weight(dtype: str, rows: int, cols: int) -> None:
+    if dtype not in QUANTIZED:
+        raise ValueError(f"quantized kernels take {list(QUANTIZED)}, got {dtype!r}")
+    _positive(rows=rows, cols=cols)
+    if cols % QK:
+        raise ValueError(f"{dtype} weight cols must be a multiple of {QK}, got {cols}")
+
+
+# ---------------------------------------------------------------- call builders (pure)
+
+
+def matvec_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32) -> KernelCall:
+    """y (tokens, rows) = x (tokens, cols) @ W.T, decode-sized batches; buffers: qs, dm|d, x, y, params."""
+    _weight(dtype, rows, cols)
+    _positive(tokens=tokens)
+    grid = (_ceil(_ceil(rows, MATVEC_ROWS), workgroup_size), tokens, 1)
+    return KernelCall(f"matvec_{dtype}", (("WORKGROUP_SIZE", workgroup_size),), grid, _params(rows, cols, tokens))
+
+
+def matmul_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32) -> KernelCall:
+    """Y (tokens, rows) = X (tokens, cols) @ W.T, prefill-sized; buffers: qs, dm|d, x, y, params."""
+    _weight(dtype, rows, cols)
+    _positive(tokens=tokens)
+    tile_rows, tile_tokens = MATMUL_TILE
+    grid = (_ceil(_ceil(rows, tile_rows), workgroup_size), _ceil(tokens, tile_tokens), 1)
+    return KernelCall(f"matmul_{dtype}", (("WORKGROUP_SIZE", workgroup_size),), grid, _params(rows, cols, tokens))
+
+
+def linear_call(dtype: str, rows: int, cols: int, tokens: int) -> KernelCall:
+    """The faster of matvec / matmul for `tokens` rows of activations (same bindings, same result).
+
+    Measured on SwiftShader (bench/model_kernels.py): matvec's cost grows linearly with tokens,
+    matmul's 4-token tile costs about 2.5 single-token matvecs, so matmul wins from 3 tokens on.
+    """
+    return (matvec_call if tokens <= 2 else matmul_call)(dtype, rows, cols, tokens)
+
+
+def rmsnorm_call(hidden: int, tokens: int, eps: float, workgroup_size: int = 64) -> KernelCall:
+    """out (tokens, hidden) = rms_norm(x, weight, eps); buffers: x, weight, out, params."""
+    _positive(hidden=hidden, tokens=tokens)
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    return KernelCall("rmsnorm", (("WORKGROUP_SIZE", workgroup_size),), (tokens, 1, 1),
+                      _params(hidden, tokens, float(eps)))
+
+
+def rope_call(tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, workgroup_size: int = 64) -> KernelCall:
+    """Rotate q (tokens, n_heads*head_dim) and k in place; buffers: q, k, positions, cos_sin, params."""
+    _positive(tokens=tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even, got {head_dim}")
+    pairs = (n_heads + n_kv_heads) * head_dim // 2
+    return KernelCall("rope", (("WORKGROUP_SIZE", workgroup_size),), (_ceil(pairs, workgroup_size), tokens, 1),
+                      _params(tokens, n_heads, n_kv_heads, head_dim))
+
+
+def swiglu_call(n: int, workgroup_size: int = 64) -> KernelCall:
+    """gate = silu(gate) * up over n elements, in place; buffers: gate, up, params."""
+    _positive(n=n)
+    groups = _ceil(n, workgroup_size)
+    grid_x = min(groups, MAX_WORKGROUPS_PER_DIM)
+    return KernelCall("swiglu", (("WORKGROUP_SIZE", workgroup_size),), (grid_x, _ceil(groups, grid_x), 1),
+                      _params(n, grid_x * workgroup_size))
+
+
+def embedding_call(tokens: int, hidden: int, workgroup_size: int = 64) -> KernelCall:
+    """out (tokens, hidden) = Q8_0 table rows; buffers: qs, d, token_ids, out, params."""
+    _positive(tokens=tokens, hidden=hidden)
+    if hidden % QK:
+        raise ValueError(f"embedding hidden size must be a multiple of {QK}, got {hidden}")
+    return KernelCall("embedding", (("WORKGROUP_SIZE", workgroup_size),),
+                      (_ceil(hidden // 4, workgroup_size), tokens, 1), _params(tokens, hidden))
+
+
+def argmax_call(vocab: int, seqs: int, workgroup_size: int = 256) -> KernelCall:
+    """out (seqs,) u32 = argmax of each logits row (lowest index on ties); buffers: logits, out, params."""
+    _positive(vocab=vocab, seqs=seqs)
+    return KernelCall("argmax", (("WORKGROUP_SIZE", workgroup_size),), (seqs, 1, 1), _params(vocab, seqs))
+
+
+def stream_read_call(nbytes: int, workgroups: int = 256, workgroup_size: int = 64) -> KernelCall:
+    """Read nbytes (a multiple of 16) once and reduce them; buffers: data, out, params."""
+    _positive(nbytes=nbytes, workgroups=workgroups)
+    if nbytes % 16:
+        raise ValueError(f"stream_read reads whole vec4<u32> words: nbytes must be a multiple of 16, got {nbytes}")
+    words = nbytes // 16
+    return KernelCall("stream_read", (("WORKGROUP_SIZE", workgroup_size),), (workgroups, 1, 1),
+                      _params(words, _ceil(words, workgroups)))
+
+
+def check_q8_0_codes(name: str, parts: dict) -> None:
+    """Refuse Q8_0 weights with a code of -128: the matvec / matmul kernels read codes as
+    unpack4x8snorm(q) * 127, exact only on [-127, 127] (all that Q8_0 quantization writes)."""
+    if np.frombuffer(parts["qs"], dtype=np.int8).min(initial=0) == -128:
+        raise ValueError(f"Q8_0 tensor {name} contains the code -128, which Q8_0 quantization never writes "
+                         "(scale = amax / 127); re-convert the model from its GGUF file")
+
+
+# ---------------------------------------------------------------- running calls on a GpuContext
+
+
+async def launch(ctx, call: KernelCall, buffers: list, check: bool = True):
+    """Dispatch `call` with `buffers` (+ its uniform, appended last); returns the uniform buffer to destroy."""
+    pipeline = await ctx.kernel(call.shader, dict(call.constants))
+    params = ctx.buffer(len(call.params), f"{call.shader}.params", uniform=True)
+    ctx.write(params, np.frombuffer(call.params, dtype=np.uint8))
+    if check:
+        ctx.device.pushErrorScope("validation")
+    ctx.dispatch(pipeline, [*buffers, params], call.workgroups)
+    if check:
+        error = await ctx.device.popErrorScope()
+        if error is not None:
+            from .webgpu import GPUError
+
+            params.destroy()
+            raise GPUError(f"{call.shader} dispatch: {error.message}")
+    return params
+
+
+def upload(ctx, data: np.ndarray | bytes, label: str):
+    """A storage buffer holding `data` (numpy array or raw bytes)."""
+    arr = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    arr = np.ascontiguousarray(arr)
+    buf = ctx.buffer(arr.nbytes, label)
+    ctx.write(buf, arr)
+    return buf
+
+
+async def _run(ctx, call: KernelCall, inputs: list, out_index: int, out_nbytes: int, out_dtype) -> np.ndarray:
+    """Upload inputs (arrays/bytes, or None for an output-only buffer of out_nbytes), launch, read one buffer."""
+    buffers = [ctx.buffer(out_nbytes, "out") if a is None else upload(ctx, a, f"in{i}") for i, a in enumerate(inputs)]
+    out = buffers[out_index]
+    try:
+        buffers.append(await launch(ctx, call, list(buffers)))
+        return np.frombuffer(await ctx.read(out, out_nbytes), dtype=out_dtype).copy()
+    finally:
+        for b in buffers:
+            b.destroy()
+
+
+def _quant_parts(dtype: str, parts: dict) -> list[bytes]:
+    return [parts["qs"], parts["dm" if dtype == "q4_1" else "d"]]
+
+
+async def run_linear(ctx, x: np.ndarray, dtype: str, shape: tuple[int, int], parts: dict,
+                     kernel: str = "matvec") -> np.ndarray:
+    """x (T, cols) f32 @ W.T on the GPU with matvec_<dtype> or matmul_<dtype> -> (T, rows) f32."""
+    rows, cols = shape
+    if x.ndim != 2 or x.shape[1] != cols:
+        raise ValueError(f"x must be (tokens, {cols}), got {x.shape}")
+    if kernel not in ("matvec", "matmul"):
+        raise ValueError(f"kernel must be 'matvec' or 'matmul', got {kernel!r}")
+    build = matvec_call if kernel == "matvec" else matmul_call
+    call = build(dtype, rows, cols, x.shape[0])
+    if dtype == "q8_0":
+        check_q8_0_codes("weight", parts)
+    x = x.astype(np.float32)  # (T, cols)
+    out = await _run(ctx, call, [*_quant_parts(dtype, parts), x, None], 3, x.shape[0] * rows * 4, np.float32)
+    return out.reshape(x.shape[0], rows)
+
+
+async def run_rmsnorm(ctx, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """rms_norm of x (T, hidden) with weight (hidden,) on the GPU -> (T, hidden) f32."""
+    if x.ndim != 2 or weight.shape != (x.shape[1],):
+        raise ValueError(f"x must be (tokens, hidden) and weight (hidden,), got {x.shape} and {weight.shape}")
+    call = rmsnorm_call(x.shape[1], x.shape[0], eps)
+    x = x.astype(np.float32)
+    out = await _run(ctx, call, [x, weight.astype(np.float32), None], 2, x.nbytes, np.float32)
+    return out.reshape(x.shape)
+
+
+async def run_rope(ctx, q: np.ndarray, k: np.ndarray, positions: np.ndarray, cos_sin: np.ndarray,
+                   n_heads: int, n_kv_heads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rotate q (T, n_heads*hd) and k (T, n_kv_heads*hd) on the GPU with a (max_pos, hd/2, 2) cos/sin table."""
+    t = positions.shape[0]
+    head_dim = 2 * cos_sin.shape[1]
+    if q.shape != (t, n_heads * head_dim) or k.shape != (t, n_kv_heads * head_dim):
+        raise ValueError(f"q must be ({t}, {n_heads * head_dim}) and k ({t}, {n_kv_heads * head_dim}), "
+                         f"got {q.shape} and {k.shape}")
+    if positions.dtype != np.int32 or positions.min() < 0 or positions.max() >= cos_sin.shape[0]:
+        raise ValueError(f"positions must be int32 in [0, {cos_sin.shape[0]}) (the cos/sin table length)")
+    call = rope_call(t, n_heads, n_kv_heads, head_dim)
+    bq, bk = upload(ctx, q.astype(np.float32), "q"), upload(ctx, k.astype(np.float32), "k")
+    bp, bt = upload(ctx, positions, "positions"), upload(ctx, cos_sin.astype(np.float32), "cos_sin")
+    buffers = [bq, bk, bp, bt]
+    try:
+        buffers.append(await launch(ctx, call, buffers[:4]))
+        q_out = np.frombuffer(await ctx.read(bq, q.size * 4), dtype=np.float32).reshape(q.shape).copy()
+        k_out = np.frombuffer(await ctx.read(bk, k.size * 4), dtype=np.float32).reshape(k.shape).copy()
+    finally:
+        for b in buffers:
+            b.destroy()
+    return q_out, k_out
+
+
+async def run_swiglu(ctx, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up on the GPU, any shape -> same shape f32."""
+    if gate.shape != up.shape:
+        raise ValueError(f"gate and up must have one shape, got {gate.shape} and {up.shape}")
+    call = swiglu_call(gate.size)
+    out = await _run(ctx, call, [gate.astype(np.float32), up.astype(np.float32)], 0, gate.size * 4, np.float32)
+    return out.reshape(gate.shape)
+
+
+async def run_embedding(ctx, token_ids: np.ndarray, shape: tuple[int, int], parts: dict) -> np.ndarray:
+    """Dequantized rows token_ids (T,) of a Q8_0 (vocab, hidden) table on the GPU -> (T, hidden) f32."""
+    vocab, hidden = shape
+    if token_ids.dtype != np.int32 or token_ids.ndim != 1 or token_ids.min() < 0 or token_ids.max() >= vocab:
+        raise ValueError(f"token_ids must be a 1-D int32 array of ids in [0, {vocab})")
+    call = embedding_call(token_ids.shape[0], hidden)
+    out = await _run(ctx, call, [parts["qs"], parts["d"], token_ids, None], 3, token_ids.size * hidden * 4, np.float32)
+    return out.reshape(token_ids.shape[0], hidden)
+
+
+async def run_argmax(ctx, logits: np.ndarray) -> np.ndarray:
+    """(S, vocab) f32 logits -> (S,) uint32 greedy ids on the GPU."""
+    if logits.ndim != 2:
+        raise ValueError(f"logits must be (sequences, vocab), got {logits.shape}")
+    call = argmax_call(logits.shape[1], logits.shape[0])
+    return await _run(ctx, call, [logits.astype(np.float32), None], 1, logits.shape[0] * 4, np.uint32)
+
+
+# ---------------------------------------------------------------- timing (benchmarks only)
+
+
+async def time_call(ctx, call: KernelCall, buffers: list, repeats: int = 5, runs: int = 5) -> dict:
+    """Wall-clock ms per dispatch of `call`: `runs` samples of `repeats` back-to-back dispatches each.
+
+    Each sample ends by reading 4 bytes of buffers[-1] back, which waits for the queue to drain.
+    One warm-up dispatch (pipeline compile, first touch) is not counted. A figure, never a check.
+    """
+    params = await launch(ctx, call, buffers)
+    await ctx.read(buffers[-1], 4)
+    pipeline = await ctx.kernel(call.shader, dict(call.constants))
+    samples = []
+    try:
+        for _ in range(runs):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                ctx.dispatch(pipeline, [*buffers, params], call.workgroups)
+            await ctx.read(buffers[-1], 4)
+            samples.append((time.perf_counter() - start) * 1000.0 / repeats)
+    finally:
+        params.destroy()
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "samples_ms": samples}
+

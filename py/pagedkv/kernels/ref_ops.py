@@ -1,0 +1,93 @@
+"""Numpy references for the model's WGSL kernels that numpy_ref.py / layout.py do not already provide.
+
+Each function is the exact math one shader computes, in f32, written with the
+reference forward's own building blocks (layout.dequantize, numpy_ref.rms_norm,
+rope_adjacent, silu) so the GPU kernels are checked against the same oracle as
+the whole model. Pure numpy: runs in CPython and Pyodide.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.numpy_ref import rms_norm, rope_adjacent, rope_inv_freq, silu
+from ..model.layout import QK, dequantize
+
+QUANTIZED = ("q4_1", "q8_0")
+
+
+def _check_quantized(dtype: str, shape: tuple[int, int]) -> tuple[int, int]:
+    if dtype not in QUANTIZED:
+        raise ValueError(f"quantized kernels take {list(QUANTIZED)}, got {dtype!r}")
+    if len(shape) != 2 or shape[1] % QK != 0 or shape[0] <= 0:
+        raise ValueError(f"{dtype} weight must be 2-D (rows, cols) with cols a multiple of {QK}, got {list(shape)}")
+    return shape
+
+
+def quantized_linear(x: np.ndarray, dtype: str, shape: tuple[int, int], parts: dict) -> np.ndarray:
+    """x (T, cols) @ W.T -> (T, rows) with W dequantized from its parts: matvec_* and matmul_* kernels."""
+    rows, cols = _check_quantized(dtype, shape)
+    if x.ndim != 2 or x.shape[1] != cols:
+        raise ValueError(f"x must be (tokens, {cols}), got {x.shape}")
+    return x.astype(np.float32) @ dequantize(dtype, shape, parts).T  # (T, rows)
+
+
+def row_parts(dtype: str, shape: tuple[int, int], parts: dict, row_ids: np.ndarray) -> dict[str, bytes]:
+    """The parts of the sub-matrix made of rows `row_ids` (in that order), in the same layout."""
+    rows, cols = _check_quantized(dtype, shape)
+    ids = np.asarray(row_ids, dtype=np.int64)  # (n,)
+    if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= rows)):
+        raise ValueError(f"row ids must be a 1-D array of values in [0, {rows})")
+    nb = cols // QK
+    if dtype == "q4_1":
+        qs = np.frombuffer(parts["qs"], dtype="<u4", count=rows * cols // 8).reshape(rows, cols // 8)
+        dm = np.frombuffer(parts["dm"], dtype="<u4", count=rows * nb).reshape(rows, nb)
+        return {"qs": qs[ids].tobytes(), "dm": dm[ids].tobytes()}
+    qs = np.frombuffer(parts["qs"], dtype=np.int8, count=rows * cols).reshape(rows, cols)
+    d = np.frombuffer(parts["d"], dtype="<f2", count=rows * nb).reshape(rows, nb)
+    raw_d = d[ids].tobytes()
+    return {"qs": qs[ids].tobytes(), "d": raw_d + b"\0" * (-len(raw_d) % 4)}
+
+
+def embedding(token_ids: np.ndarray, dtype: str, shape: tuple[int, int], parts: dict) -> np.ndarray:
+    """Rows `token_ids` (T,) of a quantized (vocab, hidden) table, dequantized -> (T, hidden) f32."""
+    ids = np.asarray(token_ids)
+    sub = row_parts(dtype, shape, parts, ids)
+    return dequantize(dtype, (ids.shape[0], shape[1]), sub)
+
+
+def rope_cos_sin(head_dim: int, base: float, num_positions: int) -> np.ndarray:
+    """(num_positions, head_dim/2, 2) f32 table of (cos, sin) of pos * inv_freq[i], as rope_adjacent computes them."""
+    if num_positions <= 0:
+        raise ValueError(f"num_positions must be positive, got {num_positions}")
+    inv_freq = rope_inv_freq(head_dim, base)  # (head_dim/2,)
+    angles = np.arange(num_positions, dtype=np.int32).astype(np.float32)[:, None] * inv_freq[None, :]
+    return np.stack([np.cos(angles), np.sin(angles)], axis=-1).astype(np.float32)
+
+
+def rope(q: np.ndarray, k: np.ndarray, positions: np.ndarray, head_dim: int, base: float):
+    """Rotate q (T, n_heads*head_dim) and k (T, n_kv_heads*head_dim) by their tokens' positions."""
+    inv_freq = rope_inv_freq(head_dim, base)
+    t = positions.shape[0]
+    q_out = rope_adjacent(q.reshape(t, -1, head_dim), positions, inv_freq).reshape(q.shape)
+    k_out = rope_adjacent(k.reshape(t, -1, head_dim), positions, inv_freq).reshape(k.shape)
+    return q_out, k_out
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up, elementwise, any shape."""
+    if gate.shape != up.shape:
+        raise ValueError(f"gate and up must have one shape, got {gate.shape} and {up.shape}")
+    return silu(gate.astype(np.float32)) * up.astype(np.float32)
+
+
+def argmax(logits: np.ndarray) -> np.ndarray:
+    """(S, vocab) -> (S,) uint32 index of each row's maximum, lowest index on ties (numpy's rule)."""
+    if logits.ndim != 2:
+        raise ValueError(f"logits must be (sequences, vocab), got {logits.shape}")
+    return np.argmax(logits, axis=1).astype(np.uint32)
+
+
+# rms_norm is the reference of shaders/rmsnorm.wgsl as it stands in numpy_ref; re-exported so every kernel's
+# reference is found here.
+__all__ = ["argmax", "embedding", "quantized_linear", "rms_norm", "rope", "rope_cos_sin", "row_parts", "swiglu"]

@@ -1,0 +1,109 @@
+// y = W @ x for a few token vectors (decode), W in the repacked Q4_1 layout of
+// py/pagedkv/model/layout.py, dequantization fused, f32 accumulation.
+// SwiftShader turns every storage load with a run-time index into a masked per-lane
+// gather of each scalar, so loads are costly: one thread computes ROWS = 8 output rows of
+// one token (gid.y), loading each activation once for all 8 rows and each 32-weight
+// block as one vec4<u32> of nibbles + one u32 of f16 (d, m). No workgroup barriers
+// and no private arrays (both are slow there). Per block, with w = d q + m:
+// sum_j w_j x_j = d * dot(q, x) + m * sum(x). Rows past the end are clamped and not written.
+// Nibble p of a word is taken by MASK only, as q * 16^p, and the activation it meets is
+// pre-scaled by 16^-p once per block for all 8 rows: the products are bit-identical to
+// q * x (power-of-two scaling is exact) and the per-weight shift is gone.
+
+struct Params {
+  rows : u32,
+  cols : u32,     // multiple of 32
+  tokens : u32,
+  _pad : u32,
+}
+
+@group(0) @binding(0) var<storage, read> qs : array<vec4<u32>>;  // (rows, cols/32): 32 nibbles per vec4
+@group(0) @binding(1) var<storage, read> dm : array<u32>;        // (rows, cols/32): f16 d | f16 m << 16
+@group(0) @binding(2) var<storage, read> x : array<vec4<f32>>;   // (tokens, cols/4)
+@group(0) @binding(3) var<storage, read_write> y : array<f32>;   // (tokens, rows)
+@group(0) @binding(4) var<uniform> params : Params;
+
+override WORKGROUP_SIZE : u32 = 32u;
+const ROWS : u32 = 8u;
+
+// Weights 8w..8w+3 (lo) and 8w+4..8w+7 (hi) of one nibble word, each as q * 16^p (p = nibble position).
+fn nibbles_lo(w : u32) -> vec4<f32> {
+  return vec4<f32>(vec4<u32>(w) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u));
+}
+
+fn nibbles_hi(w : u32) -> vec4<f32> {
+  return vec4<f32>(vec4<u32>(w) & vec4<u32>(0xF0000u, 0xF00000u, 0xF000000u, 0xF0000000u));
+}
+
+const SCALE_LO = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);  // 16^-p, p = 0..3
+const SCALE_HI = vec4<f32>(1.52587890625e-05, 9.5367431640625e-07, 5.9604644775390625e-08, 3.725290298461914e-09);
+
+// One row's contribution from block i: the block's 32 activations, pre-scaled, are x0..x7; sx is their sum.
+fn block(i : u32, x0 : vec4<f32>, x1 : vec4<f32>, x2 : vec4<f32>, x3 : vec4<f32>,
+         x4 : vec4<f32>, x5 : vec4<f32>, x6 : vec4<f32>, x7 : vec4<f32>, sx : f32) -> f32 {
+  let q = qs[i];
+  let s = unpack2x16float(dm[i]);  // (d, m)
+  let qx = dot(nibbles_lo(q.x), x0) + dot(nibbles_hi(q.x), x1) + dot(nibbles_lo(q.y), x2) + dot(nibbles_hi(q.y), x3)
+         + dot(nibbles_lo(q.z), x4) + dot(nibbles_hi(q.z), x5) + dot(nibbles_lo(q.w), x6) + dot(nibbles_hi(q.w), x7);
+  return s.x * qx + s.y * sx;
+}
+
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
+  let r0 = gid.x * ROWS;
+  let t = gid.y;
+  if (r0 >= params.rows || t >= params.tokens) {
+    return;
+  }
+  let nb = params.cols / 32u;
+  let last = params.rows - 1u;
+  let ra = r0 * nb;
+  let rb = min(r0 + 1u, last) * nb;
+  let rc = min(r0 + 2u, last) * nb;
+  let rd = min(r0 + 3u, last) * nb;
+  let re = min(r0 + 4u, last) * nb;
+  let rf = min(r0 + 5u, last) * nb;
+  let rg = min(r0 + 6u, last) * nb;
+  let rh = min(r0 + 7u, last) * nb;
+  var lo = vec4<f32>(0.0);  // rows r0 .. r0+3
+  var hi = vec4<f32>(0.0);  // rows r0+4 .. r0+7
+  let xt = t * (params.cols / 4u);
+  for (var b = 0u; b < nb; b++) {
+    let xb = xt + b * 8u;
+    let u0 = x[xb];
+    let u1 = x[xb + 1u];
+    let u2 = x[xb + 2u];
+    let u3 = x[xb + 3u];
+    let u4 = x[xb + 4u];
+    let u5 = x[xb + 5u];
+    let u6 = x[xb + 6u];
+    let u7 = x[xb + 7u];
+    let sx = dot((u0 + u1) + (u2 + u3) + (u4 + u5) + (u6 + u7), vec4<f32>(1.0));
+    let x0 = u0 * SCALE_LO;
+    let x1 = u1 * SCALE_HI;
+    let x2 = u2 * SCALE_LO;
+    let x3 = u3 * SCALE_HI;
+    let x4 = u4 * SCALE_LO;
+    let x5 = u5 * SCALE_HI;
+    let x6 = u6 * SCALE_LO;
+    let x7 = u7 * SCALE_HI;
+    lo.x += block(ra + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
+    lo.y += block(rb + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
+    lo.z += block(rc + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
+    lo.w += block(rd + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
+    hi.x += block(re + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
+    hi.y += block(rf + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
+    hi.z += block(rg + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
+    hi.w += block(rh + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
+  }
+  let o = t * params.rows + r0;
+  let n = params.rows - r0;
+  y[o] = lo.x;
+  if (n > 1u) { y[o + 1u] = lo.y; }
+  if (n > 2u) { y[o + 2u] = lo.z; }
+  if (n > 3u) { y[o + 3u] = lo.w; }
+  if (n > 4u) { y[o + 4u] = hi.x; }
+  if (n > 5u) { y[o + 5u] = hi.y; }
+  if (n > 6u) { y[o + 6u] = hi.z; }
+  if (n > 7u) { y[o + 7u] = hi.w; }
+}

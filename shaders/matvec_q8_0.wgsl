@@ -1,0 +1,94 @@
+// y = W @ x for a few token vectors (decode, the LM head), W in the repacked Q8_0
+// layout of py/pagedkv/model/layout.py, dequantization fused, f32 accumulation.
+// SwiftShader turns every storage load with a run-time index into a masked per-lane
+// gather of each scalar, so loads are costly: one thread computes ROWS = 8 output rows of
+// one token (gid.y), loading each activation once for all 8 rows and each 32-weight
+// block as two vec4<u32> of int8 codes + one f16 scale. No workgroup barriers and
+// no private arrays (both are slow there). Rows past the end are clamped and not written.
+
+struct Params {
+  rows : u32,
+  cols : u32,     // multiple of 32
+  tokens : u32,
+  _pad : u32,
+}
+
+@group(0) @binding(0) var<storage, read> qs : array<vec4<u32>>;  // (rows, cols/32, 2): 16 int8 codes per vec4
+@group(0) @binding(1) var<storage, read> d : array<u32>;         // (rows * cols/32) f16 scales, two per u32
+@group(0) @binding(2) var<storage, read> x : array<vec4<f32>>;   // (tokens, cols/4)
+@group(0) @binding(3) var<storage, read_write> y : array<f32>;   // (tokens, rows)
+@group(0) @binding(4) var<uniform> params : Params;
+
+override WORKGROUP_SIZE : u32 = 32u;
+const ROWS : u32 = 8u;
+
+// The four little-endian int8 codes q of one word as q / 127 (one builtin, far cheaper on
+// SwiftShader than shift / shift / convert); the block scale carries the factor 127 back.
+// Right (to f32 rounding of q / 127) for q in [-127, 127], every code Q8_0 quantization
+// writes (scale amax / 127); -128 would read as -127, so webgpu_ops.check_q8_0_codes refuses weights containing it.
+fn codes(w : u32) -> vec4<f32> {
+  return unpack4x8snorm(w);
+}
+
+// One row's contribution from block i (row * cols/32 + b): its 32 activations are x0..x7.
+fn block(i : u32, x0 : vec4<f32>, x1 : vec4<f32>, x2 : vec4<f32>, x3 : vec4<f32>,
+         x4 : vec4<f32>, x5 : vec4<f32>, x6 : vec4<f32>, x7 : vec4<f32>) -> f32 {
+  let qa = qs[2u * i];
+  let qb = qs[2u * i + 1u];
+  let pair = unpack2x16float(d[i >> 1u]);
+  let scale = 127.0 * select(pair.x, pair.y, (i & 1u) == 1u);
+  let qx = dot(codes(qa.x), x0) + dot(codes(qa.y), x1) + dot(codes(qa.z), x2) + dot(codes(qa.w), x3)
+         + dot(codes(qb.x), x4) + dot(codes(qb.y), x5) + dot(codes(qb.z), x6) + dot(codes(qb.w), x7);
+  return scale * qx;
+}
+
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
+  let r0 = gid.x * ROWS;
+  let t = gid.y;
+  if (r0 >= params.rows || t >= params.tokens) {
+    return;
+  }
+  let nb = params.cols / 32u;
+  let last = params.rows - 1u;
+  let ra = r0 * nb;
+  let rb = min(r0 + 1u, last) * nb;
+  let rc = min(r0 + 2u, last) * nb;
+  let rd = min(r0 + 3u, last) * nb;
+  let re = min(r0 + 4u, last) * nb;
+  let rf = min(r0 + 5u, last) * nb;
+  let rg = min(r0 + 6u, last) * nb;
+  let rh = min(r0 + 7u, last) * nb;
+  var lo = vec4<f32>(0.0);  // rows r0 .. r0+3
+  var hi = vec4<f32>(0.0);  // rows r0+4 .. r0+7
+  let xt = t * (params.cols / 4u);
+  for (var b = 0u; b < nb; b++) {
+    let xb = xt + b * 8u;
+    let x0 = x[xb];
+    let x1 = x[xb + 1u];
+    let x2 = x[xb + 2u];
+    let x3 = x[xb + 3u];
+    let x4 = x[xb + 4u];
+    let x5 = x[xb + 5u];
+    let x6 = x[xb + 6u];
+    let x7 = x[xb + 7u];
+    lo.x += block(ra + b, x0, x1, x2, x3, x4, x5, x6, x7);
+    lo.y += block(rb + b, x0, x1, x2, x3, x4, x5, x6, x7);
+    lo.z += block(rc + b, x0, x1, x2, x3, x4, x5, x6, x7);
+    lo.w += block(rd + b, x0, x1, x2, x3, x4, x5, x6, x7);
+    hi.x += block(re + b, x0, x1, x2, x3, x4, x5, x6, x7);
+    hi.y += block(rf + b, x0, x1, x2, x3, x4, x5, x6, x7);
+    hi.z += block(rg + b, x0, x1, x2, x3, x4, x5, x6, x7);
+    hi.w += block(rh + b, x0, x1, x2, x3, x4, x5, x6, x7);
+  }
+  let o = t * params.rows + r0;
+  let n = params.rows - r0;
+  y[o] = lo.x;
+  if (n > 1u) { y[o + 1u] = lo.y; }
+  if (n > 2u) { y[o + 2u] = lo.z; }
+  if (n > 3u) { y[o + 3u] = lo.w; }
+  if (n > 4u) { y[o + 4u] = hi.x; }
+  if (n > 5u) { y[o + 5u] = hi.y; }
+  if (n > 6u) { y[o + 6u] = hi.z; }
+  if (n > 7u) { y[o + 7u] = hi.w; }
+}

@@ -1,0 +1,105 @@
+"""Worker-side half of test_model_kernels.py: exec'd inside the page's Pyodide worker.
+
+Each case draws random inputs from a seeded generator, runs one kernel on the
+GPU through pagedkv.backends.webgpu_ops and its numpy reference from
+pagedkv.kernels.ref_ops, and returns JSON-able error figures for the test to assert on.
+"""
+import numpy as np
+
+from pagedkv.backends import webgpu_ops as ops
+from pagedkv.backends.webgpu import GpuContext
+from pagedkv.kernels import ref_ops as ref
+from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
+
+_ctx = None
+_tables = {}
+
+
+async def _context():
+    global _ctx
+    if _ctx is None:
+        _ctx = await GpuContext.create()
+    return _ctx
+
+
+def _weights(dtype, rows, cols, seed):
+    """Parts of quantized random (rows, cols) weights, cached per key (the LM head is large)."""
+    key = (dtype, rows, cols, seed)
+    if key not in _tables:
+        rng = np.random.default_rng(seed)
+        w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.1  # (rows, cols)
+        parts = pack_q4_1(*quantize_q4_1(w)) if dtype == "q4_1" else pack_q8_0(*quantize_q8_0(w))
+        _tables[key] = parts
+    return _tables[key]
+
+
+def _errors(got, want, scale=None):
+    """max |got - want|, max |got - want| / max |want|, and max over elements of |got - want| / scale."""
+    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    out = {"shape": list(got.shape), "max_abs": float(err.max()), "max_rel": float(err.max() / np.abs(want).max())}
+    if scale is not None:
+        out["max_scaled"] = float((err / scale).max())
+    return out
+
+
+async def case_linear(kernel, dtype, rows, cols, tokens, seed):
+    ctx = await _context()
+    parts = _weights(dtype, rows, cols, seed)
+    x = np.random.default_rng(seed + 1).standard_normal((tokens, cols), dtype=np.float32)  # (T, cols)
+    got = await ops.run_linear(ctx, x, dtype, (rows, cols), parts, kernel)
+    want = ref.quantized_linear(x, dtype, (rows, cols), parts)
+    # f32 rounding of a dot product scales with sum |w_k x_k|, not with the result.
+    scale = np.abs(x) @ np.abs(dequantize(dtype, (rows, cols), parts)).T  # (T, rows)
+    return {"kernel": f"{kernel}_{dtype}", "tokens": tokens, **_errors(got, want, scale)}
+
+
+async def case_rmsnorm(hidden, tokens, seed, eps=1e-5):
+    ctx = await _context()
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((tokens, hidden), dtype=np.float32) * 3  # (T, hidden)
+    w = rng.standard_normal(hidden, dtype=np.float32)  # (hidden,)
+    got = await ops.run_rmsnorm(ctx, x, w, eps)
+    want = ref.rms_norm(x, w, eps)
+    return {"kernel": "rmsnorm", **_errors(got, want, np.abs(want) + 1e-30)}
+
+
+async def case_rope(positions, n_heads, n_kv_heads, head_dim, seed, base=100000.0, max_positions=8192):
+    ctx = await _context()
+    rng = np.random.default_rng(seed)
+    pos = np.asarray(positions, dtype=np.int32)  # (T,)
+    q = rng.standard_normal((pos.size, n_heads * head_dim), dtype=np.float32)
+    k = rng.standard_normal((pos.size, n_kv_heads * head_dim), dtype=np.float32)
+    table = ref.rope_cos_sin(head_dim, base, max_positions)  # (max_positions, head_dim/2, 2)
+    got_q, got_k = await ops.run_rope(ctx, q, k, pos, table, n_heads, n_kv_heads)
+    want_q, want_k = ref.rope(q, k, pos, head_dim, base)
+    return {"kernel": "rope", "q": _errors(got_q, want_q), "k": _errors(got_k, want_k)}
+
+
+async def case_swiglu(shape, seed):
+    ctx = await _context()
+    rng = np.random.default_rng(seed)
+    gate = rng.standard_normal(shape, dtype=np.float32) * 4
+    up = rng.standard_normal(shape, dtype=np.float32)
+    gate[..., 0] = -100.0  # exp(100) overflows to inf: silu must still give -0
+    got = await ops.run_swiglu(ctx, gate, up)
+    want = ref.swiglu(gate, up)
+    return {"kernel": "swiglu", **_errors(got, want, np.abs(want) + 1e-30)}
+
+
+async def case_embedding(vocab, hidden, token_ids, seed):
+    ctx = await _context()
+    parts = _weights("q8_0", vocab, hidden, seed)
+    ids = np.asarray(token_ids, dtype=np.int32)
+    got = await ops.run_embedding(ctx, ids, (vocab, hidden), parts)
+    want = ref.embedding(ids, "q8_0", (vocab, hidden), parts)
+    return {"kernel": "embedding", "equal": bool(np.array_equal(got, want)), **_errors(got, want)}
+
+
+async def case_argmax(seqs, vocab, planted, seed):
+    """planted: per sequence, a list of indices that all get the row's maximum value (a tie)."""
+    ctx = await _context()
+    logits = np.random.default_rng(seed).standard_normal((seqs, vocab), dtype=np.float32)  # (S, vocab)
+    for s, indices in enumerate(planted):
+        logits[s, indices] = 50.0 + s
+    got = await ops.run_argmax(ctx, logits)
+    return {"kernel": "argmax", "gpu": got.tolist(), "numpy": ref.argmax(logits).tolist()}

@@ -1,0 +1,129 @@
+"""The model's WGSL kernels vs their numpy references, in real headless Chromium with real WebGPU.
+
+Inputs are random (seeded) at SmolLM2-135M shapes (hidden 576, ffn 1536, 9 heads / 3 KV heads,
+head_dim 64, vocab 49152) plus small odd shapes that exercise the edge handling (rows not a
+multiple of the 8-row / 8x4 tiles, hidden smaller than a workgroup). The cases run inside the
+page's worker (tests/browser/kernel_cases.py); each test batches its cases into one call.
+
+Error bounds (stated here, asserted below; what SwiftShader gave when written in brackets):
+  matvec / matmul, Q4_1 and Q8_0: |gpu - ref| <= 2e-6 * (|x| @ |W|^T) per output,
+      the scale of f32 rounding in a dot product [<= 2.5e-7], and <= 1e-5 * max|ref| [<= 1.6e-6]
+  rmsnorm: relative error <= 1e-6 per element [2.5e-7]
+  rope: <= 2e-7 * max|ref| [exact: the cos/sin table is built by the reference's own code]
+  swiglu: relative error <= 4e-6 per element [8.9e-7]
+  embedding and argmax: exact (argmax ties -> lowest index, as numpy)
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+CASES = Path(__file__).with_name("kernel_cases.py")
+
+LINEAR_SCALED_BOUND = 2e-6
+LINEAR_REL_BOUND = 1e-5
+RMSNORM_REL_BOUND = 1e-6
+ROPE_REL_BOUND = 2e-7
+SWIGLU_REL_BOUND = 4e-6
+
+
+@pytest.fixture(scope="module")
+def worker(ready_page):
+    """The page with kernel_cases.py loaded as module `kernel_cases` in its worker."""
+    ready_page.py(
+        "import json, sys, types\n"
+        "_mod = types.ModuleType('kernel_cases')\n"
+        f"exec(compile({json.dumps(CASES.read_text())}, 'kernel_cases.py', 'exec'), _mod.__dict__)\n"
+        "sys.modules['kernel_cases'] = _mod\n"
+        "json.dumps(True)"
+    )
+    return ready_page
+
+
+def run(worker, calls: list[str]) -> list[dict]:
+    """Await each `kernel_cases.<call>` in the worker (one crossing for all of them)."""
+    body = ", ".join(f"await kc.{c}" for c in calls)
+    return worker.py(f"import json, kernel_cases as kc\njson.dumps([{body}])")
+
+
+def assert_linear(results: list[dict]) -> None:
+    for r in results:
+        assert r["max_scaled"] <= LINEAR_SCALED_BOUND, r
+        assert r["max_rel"] <= LINEAR_REL_BOUND, r
+
+
+SMOLLM2_LINEAR = [(576, 576), (192, 576), (1536, 576), (576, 1536)]
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+def test_matvec_matches_reference(worker, dtype):
+    calls = [f"case_linear('matvec', '{dtype}', {r}, {c}, {t}, seed=3)" for r, c in SMOLLM2_LINEAR for t in (1, 5)]
+    calls.append(f"case_linear('matvec', '{dtype}', 37, 96, 3, seed=4)")  # 37 rows: a partial 8-row tile
+    results = run(worker, calls)
+    assert [(r["kernel"], r["shape"]) for r in results] == (
+        [(f"matvec_{dtype}", [t, r]) for r, _ in SMOLLM2_LINEAR for t in (1, 5)] + [(f"matvec_{dtype}", [3, 37])]
+    )
+    assert_linear(results)
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+def test_matmul_matches_reference(worker, dtype):
+    # Tokens not a multiple of 4; 37 and 36 rows end in a partial 8-row tile (36: its upper half is empty).
+    shapes = [(1536, 576, 37), (576, 1536, 16), (192, 576, 1), (37, 96, 7), (36, 64, 6)]
+    results = run(worker, [f"case_linear('matmul', '{dtype}', {r}, {c}, {t}, seed=5)" for r, c, t in shapes])
+    assert [r["shape"] for r in results] == [[t, r] for r, _, t in shapes]
+    assert_linear(results)
+
+
+def test_lm_head_and_embedding_share_the_q8_0_table(worker):
+    ids = [0, 49151, 17, 17, 30000, 5]
+    results = run(worker, [
+        "case_linear('matvec', 'q8_0', 49152, 576, 3, seed=7)",
+        f"case_embedding(49152, 576, {ids}, seed=7)",
+        "case_embedding(49152, 576, [123], seed=7)",
+        "case_embedding(100, 64, [99, 0, 50], seed=8)",
+    ])
+    head, *embeddings = results
+    assert head["shape"] == [3, 49152]
+    assert_linear([head])
+    assert [e["shape"] for e in embeddings] == [[6, 576], [1, 576], [3, 64]]
+    for e in embeddings:
+        assert e["equal"] and e["max_abs"] == 0.0, e
+
+
+def test_rmsnorm_matches_reference(worker):
+    results = run(worker, ["case_rmsnorm(576, 1, seed=1)", "case_rmsnorm(576, 7, seed=2)",
+                           "case_rmsnorm(40, 3, seed=3)"])
+    assert [r["shape"] for r in results] == [[1, 576], [7, 576], [3, 40]]
+    for r in results:
+        assert r["max_scaled"] <= RMSNORM_REL_BOUND, r
+
+
+def test_rope_matches_reference(worker):
+    results = run(worker, [
+        "case_rope([8191], 9, 3, 64, seed=4)",
+        "case_rope([0, 1, 2, 700, 8190, 5, 3000], 9, 3, 64, seed=5)",  # several sequences, not monotonic
+        "case_rope([3, 255, 17], 4, 2, 16, seed=6, max_positions=256)",
+    ])
+    assert [(r["q"]["shape"], r["k"]["shape"]) for r in results] == [
+        ([1, 576], [1, 192]), ([7, 576], [7, 192]), ([3, 64], [3, 32])]
+    for r in results:
+        assert r["q"]["max_rel"] <= ROPE_REL_BOUND and r["k"]["max_rel"] <= ROPE_REL_BOUND, r
+
+
+def test_swiglu_matches_reference(worker):
+    results = run(worker, ["case_swiglu((1, 1536), seed=6)", "case_swiglu((7, 1536), seed=7)",
+                           "case_swiglu((3, 37), seed=8)"])
+    assert [r["shape"] for r in results] == [[1, 1536], [7, 1536], [3, 37]]
+    for r in results:
+        assert r["max_scaled"] <= SWIGLU_REL_BOUND, r
+
+
+def test_argmax_is_exact_with_ties_to_the_lowest_index(worker):
+    planted = [[49151], [40000, 7, 12345], [0, 49151], [30001, 30000]]
+    results = run(worker, [f"case_argmax(4, 49152, {planted}, seed=9)", "case_argmax(1, 49152, [[24576]], seed=10)",
+                           "case_argmax(3, 1000, [[999], [5, 4], [500]], seed=11)"])
+    assert [r["gpu"] for r in results] == [[49151, 7, 0, 30000], [24576], [999, 4, 500]]
+    assert [r["numpy"] for r in results] == [r["gpu"] for r in results]

@@ -1,0 +1,155 @@
+"""CPython tests of the kernels' numpy references and the host-side dispatch geometry (no browser)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pagedkv.backends import webgpu_ops as ops
+from pagedkv.backends.numpy_ref import rope_adjacent, rope_inv_freq
+from pagedkv.kernels import ref_ops as ref
+from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
+
+
+def q4_1_parts(w):
+    return pack_q4_1(*quantize_q4_1(w))
+
+
+def test_quantized_linear_is_x_times_dequantized_weight_transposed():
+    codes = np.arange(64, dtype=np.uint8).reshape(2, 32) % 16  # (2, 32)
+    d = np.array([[0.5], [2.0]], np.float16)
+    m = np.array([[-1.0], [0.25]], np.float16)
+    parts = pack_q4_1(codes, d, m)
+    x = np.zeros((3, 32), np.float32)
+    x[0, 0] = 1.0  # picks weight 0 of each row
+    x[1, 5] = 2.0  # 2 * weight 5
+    x[2] = 1.0  # row sums
+    y = ref.quantized_linear(x, "q4_1", (2, 32), parts)
+    w = codes.astype(np.float32) * d.astype(np.float32) + m.astype(np.float32)  # (2, 32)
+    assert y.shape == (3, 2)
+    np.testing.assert_array_equal(y[0], [-1.0, 0.25])
+    np.testing.assert_array_equal(y[1], [2 * (5 * 0.5 - 1.0), 2 * (5 * 2.0 + 0.25)])
+    np.testing.assert_allclose(y[2], w.sum(axis=1), rtol=1e-6)
+
+
+def test_quantized_linear_rejects_bad_shapes():
+    parts = q4_1_parts(np.zeros((4, 32), np.float32))
+    with pytest.raises(ValueError, match="tokens, 32"):
+        ref.quantized_linear(np.zeros((1, 31), np.float32), "q4_1", (4, 32), parts)
+    with pytest.raises(ValueError, match="quantized kernels take"):
+        ref.quantized_linear(np.zeros((1, 32), np.float32), "f32", (4, 32), parts)
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+def test_row_parts_and_embedding_select_rows_in_order(dtype):
+    w = np.random.default_rng(0).standard_normal((10, 64), dtype=np.float32)
+    parts = q4_1_parts(w) if dtype == "q4_1" else pack_q8_0(*quantize_q8_0(w))
+    full = dequantize(dtype, (10, 64), parts)  # (10, 64)
+    ids = np.array([9, 0, 3, 3], np.int32)
+    np.testing.assert_array_equal(ref.embedding(ids, dtype, (10, 64), parts), full[ids])
+    with pytest.raises(ValueError, match=r"\[0, 10\)"):
+        ref.row_parts(dtype, (10, 64), parts, np.array([10]))
+
+
+def test_rope_table_reproduces_rope_adjacent_exactly():
+    head_dim, base = 8, 100000.0
+    table = ref.rope_cos_sin(head_dim, base, 300)  # (300, 4, 2)
+    assert table.shape == (300, 4, 2) and table.dtype == np.float32
+    np.testing.assert_array_equal(table[0], np.tile([1.0, 0.0], (4, 1)))
+    positions = np.array([299, 0, 17], np.int32)
+    x = np.random.default_rng(1).standard_normal((3, 2, head_dim), dtype=np.float32)  # (T, heads, head_dim)
+    # Rotating with the table (what rope.wgsl does) equals the reference rotation bit for bit.
+    cs = table[positions][:, None]  # (T, 1, head_dim/2, 2)
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    by_table = np.empty_like(x)
+    by_table[..., 0::2] = x0 * cs[..., 0] - x1 * cs[..., 1]
+    by_table[..., 1::2] = x0 * cs[..., 1] + x1 * cs[..., 0]
+    np.testing.assert_array_equal(by_table, rope_adjacent(x, positions, rope_inv_freq(head_dim, base)))
+
+
+def test_rope_rotates_q_and_k_flat_rows():
+    q = np.zeros((1, 4), np.float32)
+    q[0, 0] = 1.0  # head 0, pair 0 = (1, 0)
+    k = np.zeros((1, 2), np.float32)
+    k[0, 1] = 1.0  # pair (0, 1)
+    q_out, k_out = ref.rope(q, k, np.array([1], np.int32), head_dim=2, base=10000.0)
+    # head_dim 2: inv_freq = [1], so position 1 rotates by 1 radian.
+    np.testing.assert_allclose(q_out, [[np.cos(1.0), np.sin(1.0), 0.0, 0.0]], rtol=1e-6)
+    np.testing.assert_allclose(k_out, [[-np.sin(1.0), np.cos(1.0)]], rtol=1e-6)
+
+
+def test_swiglu_and_argmax():
+    gate = np.array([0.0, 1.0, -100.0], np.float32)
+    up = np.array([5.0, 2.0, 3.0], np.float32)
+    with np.errstate(over="ignore"):  # exp(100) -> inf is the point of the last element
+        out = ref.swiglu(gate, up)
+    np.testing.assert_allclose(out, [0.0, 2.0 / (1.0 + np.exp(-1.0)), 0.0], atol=1e-30)
+    logits = np.array([[1.0, 3.0, 3.0, 2.0], [-1.0, -1.0, -1.0, -1.0]], np.float32)
+    ids = ref.argmax(logits)
+    assert ids.dtype == np.uint32 and ids.tolist() == [1, 0]
+    with pytest.raises(ValueError, match="must have one shape"):
+        ref.swiglu(gate, up[:2])
+
+
+def test_call_geometry_and_uniforms():
+    call = ops.matvec_call("q4_1", 1536, 576, 3)
+    assert call.shader == "matvec_q4_1" and call.workgroups == (6, 3, 1)  # 1536 rows / 8 per thread / 32 per group
+    assert np.frombuffer(call.params, "<u4").tolist() == [1536, 576, 3, 0]
+    call = ops.matmul_call("q8_0", 37, 96, 5)
+    assert call.shader == "matmul_q8_0" and call.workgroups == (1, 2, 1)
+    call = ops.rmsnorm_call(576, 7, 1e-5)
+    assert call.workgroups == (7, 1, 1)
+    assert np.frombuffer(call.params[8:12], "<f4")[0] == np.float32(1e-5)
+    assert ops.rope_call(7, 9, 3, 64).workgroups == (6, 7, 1)  # (9 + 3) * 32 pairs / 64
+    big = ops.swiglu_call(512 * 1536 * 8)  # more than 65535 workgroups of 64: folds into y
+    assert big.workgroups == (65535, 2, 1)
+    assert np.frombuffer(big.params, "<u4").tolist()[:2] == [512 * 1536 * 8, 65535 * 64]
+    assert ops.embedding_call(6, 576).workgroups == (3, 6, 1)
+    assert ops.argmax_call(49152, 4).workgroups == (4, 1, 1)
+    assert ops.stream_read_call(2**20, workgroups=16).params[:8] == np.array([65536, 4096], "<u4").tobytes()
+
+
+def test_linear_call_picks_matvec_for_one_or_two_tokens_else_matmul():
+    assert [ops.linear_call("q4_1", 576, 576, t).shader for t in (1, 2, 3, 512)] == [
+        "matvec_q4_1", "matvec_q4_1", "matmul_q4_1", "matmul_q4_1"]
+    assert ops.linear_call("q8_0", 49152, 576, 4) == ops.matmul_call("q8_0", 49152, 576, 4)
+
+
+def test_call_builders_reject_bad_shapes():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ops.matvec_call("q4_1", 10, 100, 1)
+    with pytest.raises(ValueError, match="tokens must be a positive int"):
+        ops.matmul_call("q8_0", 10, 64, 0)
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        ops.rope_call(1, 2, 1, 7)
+    with pytest.raises(ValueError, match="eps must be positive"):
+        ops.rmsnorm_call(64, 1, 0.0)
+    with pytest.raises(ValueError, match="outside 1..65535"):
+        ops.rmsnorm_call(64, 70000, 1e-5)
+
+
+def first_step(coro) -> None:
+    """Run a coroutine up to its first await (no event loop: browser tests may hold this thread's loop)."""
+    try:
+        coro.send(None)
+    finally:
+        coro.close()
+
+
+def test_runners_validate_before_touching_the_gpu():
+    parts = pack_q8_0(*quantize_q8_0(np.zeros((10, 32), np.float32)))
+    with pytest.raises(ValueError, match=r"ids in \[0, 10\)"):
+        first_step(ops.run_embedding(None, np.array([10], np.int32), (10, 32), parts))
+    table = ref.rope_cos_sin(4, 10000.0, 8)
+    with pytest.raises(ValueError, match=r"\[0, 8\)"):
+        first_step(ops.run_rope(None, np.zeros((1, 4)), np.zeros((1, 4)), np.array([8], np.int32), table, 1, 1))
+
+
+def test_q8_0_code_minus_128_is_refused():
+    codes = np.zeros((1, 32), np.int8)
+    ops.check_q8_0_codes("ok", pack_q8_0(codes + 127, np.ones((1, 1), np.float16)))
+    codes[0, 31] = -128
+    with pytest.raises(ValueError, match="token_embd.weight contains the code -128"):
+        ops.check_q8_0_codes("token_embd.weight", pack_q8_0(codes, np.ones((1, 1), np.float16)))
+    with pytest.raises(ValueError, match="contains the code -128"):
+        first_step(ops.run_linear(None, np.zeros((1, 32), np.float32), "q8_0", (1, 32),
+                                  pack_q8_0(codes, np.ones((1, 1), np.float16))))
