@@ -146,8 +146,12 @@ class LLMEngine:
         if not out.scheduled:
             return []
         batch = build_batch(out.scheduled, self.kv.block_size)
+        # When every request that samples this step is plain greedy, the backend returns argmax ids only.
+        greedy = all(self._tracked[r.request_id].sampler.params.greedy
+                     and self._tracked[r.request_id].sampler.params.repetition_penalty == 1.0
+                     for r, _ in out.scheduled)
         t0 = time.perf_counter()
-        logits = await self.backend.forward(batch)  # (S, vocab)
+        logits = await self.backend.forward(batch, greedy=greedy)  # (S, vocab), or (S,) ids when greedy
         self.counters["forward_s"] += time.perf_counter() - t0
         self.counters["steps"] += 1
         results = []
@@ -159,12 +163,15 @@ class LLMEngine:
                 results.append(StepOutput(req.request_id, [], "", False))
                 continue
             self.counters["decode_tokens" if n == 1 and req.output_ids else "prefill_tokens"] += n
-            results.append(self._sample(req, logits[i]))
+            results.append(self._sample(req, int(logits[i]) if greedy else logits[i]))
         return results
 
-    def _sample(self, req: Request, logits) -> StepOutput:
+    def _sample(self, req: Request, logits_or_token) -> StepOutput:
         tracked = self._tracked[req.request_id]
-        token = tracked.sampler.sample(logits, req.seq.token_ids)
+        if isinstance(logits_or_token, int):
+            token = logits_or_token
+        else:
+            token = tracked.sampler.sample(logits_or_token, req.seq.token_ids)
         if tracked.t_first_token is None:
             tracked.t_first_token = time.perf_counter()
         req.output_ids.append(token)

@@ -4,7 +4,9 @@ It is the oracle the WebGPU backend is checked against and the fallback when a
 browser has no WebGPU. The backend API (shared with backends/webgpu_engine.py):
 
     num_blocks, block_size, num_cpu_blocks      pool geometry
-    await forward(batch) -> (S, vocab) f32      logits of each sequence's last new token
+    await forward(batch, greedy=False)          (S, vocab) f32 logits of each sequence's last new token,
+                                                or with greedy=True (S,) int32 argmax ids (lowest id on
+                                                ties), so a GPU backend reads back S ints, not S x vocab
     await copy_blocks(ops)                      copy-on-write, GPU block -> GPU block
     await swap_out(ops) / await swap_in(ops)    GPU block <-> CPU block
 """
@@ -36,8 +38,9 @@ class CpuBackend:
         self.cpu_k = [np.zeros(shape, np.float32) for _ in range(self.config.n_layers)]
         self.cpu_v = [np.zeros(shape, np.float32) for _ in range(self.config.n_layers)]
 
-    async def forward(self, batch: ForwardBatch) -> np.ndarray:
-        return self.model.forward(batch, self.kv)  # (S, vocab)
+    async def forward(self, batch: ForwardBatch, greedy: bool = False) -> np.ndarray:
+        logits = self.model.forward(batch, self.kv)  # (S, vocab)
+        return np.argmax(logits, axis=1).astype(np.int32) if greedy else logits
 
     async def copy_blocks(self, ops: Iterable[CopyOp]) -> None:
         for src, dst in ops:
