@@ -8,6 +8,11 @@
 //   KV_F16 = true:  a word is 8 f16 packed two per u32 (unpack2x16float; no shader-f16 needed),
 //                   a row is HEAD_DIM / 8 words.
 // Token `pos` of a sequence lives in block block_tables[seq, pos / block_size] at offset pos % block_size.
+//
+// Loop order, for SwiftShader (and any GPU without register-indexed arrays): the head dimension is walked
+// in slices of 16 values held in mat4x4 registers, with the block's tokens inside, so the query slice and
+// the accumulator slice are fetched once per block instead of once per token. Only the K/V loads are per
+// token. Measured on SwiftShader: ~2x faster than a token-outer loop over private arrays.
 
 struct Params {
   num_seqs : u32,
@@ -27,7 +32,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> context_lens : array<u32>;    // (num_seqs,) tokens in the cache, new ones included
 @group(0) @binding(5) var<uniform> params : Params;
 
-override HEAD_DIM : u32 = 64u;     // multiple of 8, <= 4 * MAX_VEC
+override HEAD_DIM : u32 = 64u;     // multiple of 16, <= 4 * MAX_VEC
 override KV_F16 : bool = false;
 override WORKGROUP_SIZE : u32 = 16u;
 override ROW_WORDS : u32 = select(HEAD_DIM / 4u, HEAD_DIM / 8u, KV_F16);
@@ -37,49 +42,49 @@ const MAX_BLOCK_SIZE : u32 = 32u;
 const NEG_BIG : f32 = -3.0e38;     // finite "minus infinity": exp(NEG_BIG - m) is 0, never NaN
 
 // The running online-softmax state of the one (query token, head) this invocation owns.
-var<private> q : array<vec4<f32>, MAX_VEC>;        // the query, pre-multiplied by params.scale
+var<private> q_base : u32;                         // first query vec4 of this (token, head)
 var<private> acc : array<vec4<f32>, MAX_VEC>;      // sum of exp(score - m) * v, unnormalised
 var<private> m : f32;                              // running max score
 var<private> l : f32;                              // running sum of exp(score - m)
-var<private> scores : array<f32, MAX_BLOCK_SIZE>;  // one block's scores, never the whole context
+var<private> scores : array<f32, MAX_BLOCK_SIZE>;  // one block's scores / weights, never the whole context
 
 fn load_query(q_row : u32) {
+  q_base = q_row * (HEAD_DIM / 4u);
   for (var i = 0u; i < HEAD_DIM / 4u; i++) {
-    q[i] = query[q_row * (HEAD_DIM / 4u) + i] * params.scale;
     acc[i] = vec4<f32>(0.0);
   }
   m = NEG_BIG;
   l = 0.0;
 }
 
-fn dot_k(word : u32) -> f32 {
-  var s = vec4<f32>(0.0);
-  for (var w = 0u; w < ROW_WORDS; w++) {
-    let x = k_cache[word + w];
-    if (KV_F16) {
-      s += q[2u * w] * vec4<f32>(unpack2x16float(x.x), unpack2x16float(x.y));
-      s += q[2u * w + 1u] * vec4<f32>(unpack2x16float(x.z), unpack2x16float(x.w));
-    } else {
-      s += q[w] * bitcast<vec4<f32>>(x);
-    }
-  }
-  return s.x + s.y + s.z + s.w;
+fn unpack8(x : vec4<u32>, y : vec4<u32>) -> mat4x4<f32> {
+  return mat4x4<f32>(vec4<f32>(unpack2x16float(x.x), unpack2x16float(x.y)),
+                     vec4<f32>(unpack2x16float(x.z), unpack2x16float(x.w)),
+                     vec4<f32>(unpack2x16float(y.x), unpack2x16float(y.y)),
+                     vec4<f32>(unpack2x16float(y.z), unpack2x16float(y.w)));
 }
 
-fn add_v(word : u32, p : f32) {
-  for (var w = 0u; w < ROW_WORDS; w++) {
-    let x = v_cache[word + w];
-    if (KV_F16) {
-      acc[2u * w] += p * vec4<f32>(unpack2x16float(x.x), unpack2x16float(x.y));
-      acc[2u * w + 1u] += p * vec4<f32>(unpack2x16float(x.z), unpack2x16float(x.w));
-    } else {
-      acc[w] += p * bitcast<vec4<f32>>(x);
-    }
+// Values 16 * s .. 16 * s + 15 of the K (or V) row starting at word `row`.
+fn k_slice(row : u32, s : u32) -> mat4x4<f32> {
+  if (KV_F16) {
+    return unpack8(k_cache[row + 2u * s], k_cache[row + 2u * s + 1u]);
   }
+  let w = row + 4u * s;
+  return mat4x4<f32>(bitcast<vec4<f32>>(k_cache[w]), bitcast<vec4<f32>>(k_cache[w + 1u]),
+                     bitcast<vec4<f32>>(k_cache[w + 2u]), bitcast<vec4<f32>>(k_cache[w + 3u]));
+}
+
+fn v_slice(row : u32, s : u32) -> mat4x4<f32> {
+  if (KV_F16) {
+    return unpack8(v_cache[row + 2u * s], v_cache[row + 2u * s + 1u]);
+  }
+  let w = row + 4u * s;
+  return mat4x4<f32>(bitcast<vec4<f32>>(v_cache[w]), bitcast<vec4<f32>>(v_cache[w + 1u]),
+                     bitcast<vec4<f32>>(v_cache[w + 2u]), bitcast<vec4<f32>>(v_cache[w + 3u]));
 }
 
 // Folds keys [block_begin * block_size, n_keys) of blocks [block_begin, block_end) of sequence `seq`
-// into the state: scores of a block first, then one rescale per block rather than one per token.
+// into the state: a block's scores first, then one rescale per block rather than one per token.
 fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n_keys : u32) {
   let bs = params.block_size;
   let token_words = params.n_kv_heads * ROW_WORDS;
@@ -87,21 +92,37 @@ fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n
     let physical = block_tables[seq * params.max_blocks_per_seq + b];
     let base = physical * bs * token_words + kv_head * ROW_WORDS;
     let n = min(bs, n_keys - b * bs);
+    for (var t = 0u; t < n; t++) {
+      scores[t] = 0.0;
+    }
+    for (var s = 0u; s < HEAD_DIM / 16u; s++) {
+      let qs = q_base + 4u * s;
+      let q = mat4x4<f32>(query[qs], query[qs + 1u], query[qs + 2u], query[qs + 3u]) * params.scale;
+      for (var t = 0u; t < n; t++) {
+        let k = k_slice(base + t * token_words, s);
+        scores[t] += dot(q[0], k[0]) + dot(q[1], k[1]) + dot(q[2], k[2]) + dot(q[3], k[3]);
+      }
+    }
     var block_max = NEG_BIG;
     for (var t = 0u; t < n; t++) {
-      scores[t] = dot_k(base + t * token_words);
       block_max = max(block_max, scores[t]);
     }
     let m_new = max(m, block_max);
     let alpha = exp(m - m_new);
     l *= alpha;
-    for (var i = 0u; i < HEAD_DIM / 4u; i++) {
-      acc[i] *= alpha;
-    }
     for (var t = 0u; t < n; t++) {
-      let p = exp(scores[t] - m_new);
-      l += p;
-      add_v(base + t * token_words, p);
+      scores[t] = exp(scores[t] - m_new);  // now the softmax weight of token t
+      l += scores[t];
+    }
+    for (var s = 0u; s < HEAD_DIM / 16u; s++) {
+      var a = mat4x4<f32>(acc[4u * s], acc[4u * s + 1u], acc[4u * s + 2u], acc[4u * s + 3u]) * alpha;
+      for (var t = 0u; t < n; t++) {
+        a += v_slice(base + t * token_words, s) * scores[t];
+      }
+      acc[4u * s] = a[0];
+      acc[4u * s + 1u] = a[1];
+      acc[4u * s + 2u] = a[2];
+      acc[4u * s + 3u] = a[3];
     }
     m = m_new;
   }

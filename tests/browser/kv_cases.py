@@ -56,10 +56,25 @@ async def decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim,
     kk = await kernels(layout, n_heads, partition_tokens=partition_tokens)
     cache = KVCacheBuffers(kk.ctx, layout)
     cache.upload(k_cache, v_cache)
-    got = await kk.paged_attention(cache, query, tables, np.array(lengths))
+    prepared = kk.prepare_paged_attention(cache, query, tables, np.array(lengths))
+    dispatches = len(prepared.dispatches)
+    got = await kk.run(prepared, "paged_attention")
     cache.destroy()
     want = ref.paged_attention_ref(query, k_cache, v_cache, tables, np.array(lengths), 1 / math.sqrt(head_dim))
-    return errors(got, want)
+    partitions = -(-(-(-max(lengths) // block_size)) // kk.partition_blocks)
+    return dict(errors(got, want), dispatches=dispatches, partitions=partitions)
+
+
+async def decode_bad_table():
+    """A block id past the pool must be refused with ValueError before anything is dispatched."""
+    layout = KVLayout(8, 16, 3, 64, "f32")
+    kk = await kernels(layout, 9)
+    cache = KVCacheBuffers(kk.ctx, layout)
+    try:
+        await kk.paged_attention(cache, np.zeros((2, 9, 64), np.float32), np.array([[0, 1], [8, 2]]),
+                                 np.array([20, 5]))
+    finally:
+        cache.destroy()
 
 
 async def prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim):

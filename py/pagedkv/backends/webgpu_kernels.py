@@ -41,8 +41,8 @@ class KVLayout:
         if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
             raise ValueError(f"block_size must be in 1..{MAX_BLOCK_SIZE} (the kernels keep one block of "
                              f"scores in registers), got {self.block_size}")
-        if self.head_dim % 8 or not 8 <= self.head_dim <= MAX_HEAD_DIM:
-            raise ValueError(f"head_dim must be a multiple of 8 in 8..{MAX_HEAD_DIM}, got {self.head_dim}")
+        if self.head_dim % 16 or not 16 <= self.head_dim <= MAX_HEAD_DIM:
+            raise ValueError(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
         if self.num_blocks < 1 or self.n_kv_heads < 1:
             raise ValueError(f"num_blocks and n_kv_heads must be >= 1, got {self.num_blocks}, {self.n_kv_heads}")
 
@@ -116,6 +116,19 @@ class Prepared:
         self.temporaries = []
 
 
+class _Temporaries(list):
+    """The GPU buffers one call creates; all destroyed again if preparing the call fails half-way."""
+
+    def __enter__(self) -> "_Temporaries":
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        if exc_type is not None:
+            for buf in self:
+                buf.destroy()
+            self.clear()
+
+
 def _params(*fields) -> np.ndarray:
     """A uniform block of u32 / f32 fields, in declaration order."""
     words = np.zeros(max(4, -(-len(fields) // 4) * 4), dtype=np.uint32)  # padded to 16 bytes
@@ -179,42 +192,51 @@ class KVKernels:
         """Rows k_new/v_new (num_tokens, n_kv_heads, head_dim) into their slots of `cache`."""
         lay = self.layout
         slots = ref.check_kv_rows(k_new, v_new, slot_mapping, lay.shape)  # (num_tokens,)
-        tmp: list = []
-        params = self._scratch(16, "params", tmp, uniform=True)
-        self.ctx.write(params, _params(slots.size, lay.n_kv_heads))
-        buffers = [self._f32(k_new, "k_new", tmp), self._f32(v_new, "v_new", tmp), self._u32(slots, "slots", tmp),
-                   cache.k, cache.v, params]
-        pipeline = self.pipelines["kv_write"]
-        invocations = slots.size * lay.n_kv_heads * lay.row_words
-        return Prepared([(pipeline, self.ctx.bind(pipeline, buffers), self._groups(invocations))], None, (), tmp)
+        groups = self._groups(slots.size * lay.n_kv_heads * lay.row_words)
+        with _Temporaries() as tmp:
+            params = self._scratch(16, "params", tmp, uniform=True)
+            self.ctx.write(params, _params(slots.size, lay.n_kv_heads))
+            buffers = [self._f32(k_new, "k_new", tmp), self._f32(v_new, "v_new", tmp),
+                       self._u32(slots, "slots", tmp), cache.k, cache.v, params]
+            pipeline = self.pipelines["kv_write"]
+            return Prepared([(pipeline, self.ctx.bind(pipeline, buffers), groups)], None, (), tmp)
 
     def prepare_copy_blocks(self, cache: KVCacheBuffers, pairs: np.ndarray) -> Prepared:
         """Copy block src -> dst for each (src, dst) row of `pairs` (n, 2), in K and V."""
         pairs = ref.check_block_pairs(pairs, self.layout.num_blocks)  # (n, 2)
-        tmp: list = []
-        params = self._scratch(16, "params", tmp, uniform=True)
-        self.ctx.write(params, _params(pairs.shape[0], self.layout.block_words))
-        buffers = [self._u32(pairs, "block_pairs", tmp), cache.k, cache.v, params]
-        pipeline = self.pipelines["copy_blocks"]
         groups = self._groups(pairs.shape[0] * self.layout.block_words)
-        return Prepared([(pipeline, self.ctx.bind(pipeline, buffers), groups)], None, (), tmp)
+        with _Temporaries() as tmp:
+            params = self._scratch(16, "params", tmp, uniform=True)
+            self.ctx.write(params, _params(pairs.shape[0], self.layout.block_words))
+            buffers = [self._u32(pairs, "block_pairs", tmp), cache.k, cache.v, params]
+            pipeline = self.pipelines["copy_blocks"]
+            return Prepared([(pipeline, self.ctx.bind(pipeline, buffers), groups)], None, (), tmp)
 
     # ------------------------------------------------------------------ attention
 
-    def _attention_common(self, cache, query, block_tables, context_lens, scale, tmp):
+    def _check_attention(self, query, block_tables, context_lens, query_start_loc=None):
         lay = self.layout
         if query.ndim != 3 or query.shape[1:] != (self.n_heads, lay.head_dim):
             raise ValueError(f"query must be (tokens, n_heads={self.n_heads}, head_dim={lay.head_dim}), "
                              f"got {query.shape}")
         tables, lens = ref.check_block_tables(block_tables, context_lens, lay.num_blocks, lay.block_size)
+        starts = None if query_start_loc is None else ref.check_query_start_loc(query_start_loc, lens, query.shape[0])
+        if query_start_loc is None and query.shape[0] != lens.size:
+            raise ValueError(f"decode takes one query token per sequence: {query.shape[0]} queries for "
+                             f"{lens.size} sequences")
+        max_parts = int(-(-(-(-lens.max() // lay.block_size)) // self.partition_blocks))
+        return tables, lens, starts, max_parts
+
+    def _attention_inputs(self, cache, query, tables, lens, max_parts, scale, tmp) -> list:
+        """Bindings 0-5 shared by both attention kernels (paged_attention_common.wgsl)."""
+        lay = self.layout
         scale = 1.0 / math.sqrt(lay.head_dim) if scale is None else float(scale)
-        max_parts = int(-(-(-(-lens.max() // lay.block_size)) // self.partition_blocks)) if lens.size else 1
         params = _params(lens.size, self.n_heads, lay.n_kv_heads, lay.block_size, tables.shape[1],
                          self.partition_blocks, max_parts, scale)
         buffers = [self._f32(query, "query", tmp), cache.k, cache.v, self._u32(tables, "block_tables", tmp),
                    self._u32(lens, "context_lens", tmp), self._scratch(params.nbytes, "params", tmp, uniform=True)]
         self.ctx.write(buffers[-1], params)
-        return buffers, lens, max_parts
+        return buffers
 
     def prepare_paged_attention(self, cache: KVCacheBuffers, query: np.ndarray, block_tables: np.ndarray,
                                 context_lens: np.ndarray, scale: float | None = None) -> Prepared:
@@ -222,35 +244,41 @@ class KVKernels:
 
         Contexts longer than one partition are split across invocations and merged by a second dispatch.
         """
-        tmp: list = []
-        buffers, lens, max_parts = self._attention_common(cache, query, block_tables, context_lens, scale, tmp)
+        tables, lens, _, max_parts = self._check_attention(query, block_tables, context_lens)
         num_seqs, d = lens.size, self.layout.head_dim
-        out = self._scratch(num_seqs * self.n_heads * d * 4, "out", tmp)  # (num_seqs, n_heads, head_dim)
-        part_acc = self._scratch(num_seqs * max_parts * self.n_heads * d * 4, "part_acc", tmp)
-        part_stats = self._scratch(num_seqs * max_parts * self.n_heads * 8, "part_stats", tmp)
-        attn = self.pipelines["paged_attention"]
-        dispatches = [(attn, self.ctx.bind(attn, buffers + [out, part_acc, part_stats]),
-                       self._groups(num_seqs * max_parts * self.n_heads))]
-        if max_parts > 1:
-            reduce = self.pipelines["paged_attention_reduce"]
-            params = self._scratch(32, "reduce_params", tmp, uniform=True)
-            self.ctx.write(params, _params(num_seqs, self.n_heads, self.layout.block_size, self.partition_blocks,
-                                           max_parts))
-            group = self.ctx.bind(reduce, [buffers[4], part_acc, part_stats, out, params])
-            dispatches.append((reduce, group, self._groups(num_seqs * self.n_heads * d // 4)))
-        return Prepared(dispatches, out, (num_seqs, self.n_heads, d), tmp)
+        groups = self._groups(num_seqs * max_parts * self.n_heads)
+        reduce_groups = self._groups(num_seqs * self.n_heads * d // 4)
+        with _Temporaries() as tmp:
+            buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
+            out = self._scratch(num_seqs * self.n_heads * d * 4, "out", tmp)  # (num_seqs, n_heads, head_dim)
+            part_acc = self._scratch(num_seqs * max_parts * self.n_heads * d * 4, "part_acc", tmp)
+            part_stats = self._scratch(num_seqs * max_parts * self.n_heads * 8, "part_stats", tmp)
+            attn = self.pipelines["paged_attention"]
+            dispatches = [(attn, self.ctx.bind(attn, buffers + [out, part_acc, part_stats]), groups)]
+            if max_parts > 1:
+                reduce = self.pipelines["paged_attention_reduce"]
+                params = self._scratch(32, "reduce_params", tmp, uniform=True)
+                self.ctx.write(params, _params(num_seqs, self.n_heads, self.layout.block_size,
+                                               self.partition_blocks, max_parts))
+                group = self.ctx.bind(reduce, [buffers[4], part_acc, part_stats, out, params])
+                dispatches.append((reduce, group, reduce_groups))
+            return Prepared(dispatches, out, (num_seqs, self.n_heads, d), tmp)
 
     def prepare_prefill_attention(self, cache: KVCacheBuffers, query: np.ndarray, query_start_loc: np.ndarray,
                                   block_tables: np.ndarray, context_lens: np.ndarray,
                                   scale: float | None = None) -> Prepared:
-        """Causal chunked prefill of query (num_tokens, n_heads, head_dim) -> out of the same shape, f32."""
-        tmp: list = []
-        buffers, lens, _ = self._attention_common(cache, query, block_tables, context_lens, scale, tmp)
-        starts = ref.check_query_start_loc(query_start_loc, lens, query.shape[0])  # (num_seqs + 1,)
-        out = self._scratch(query.nbytes // query.itemsize * 4, "out", tmp)  # (num_tokens, n_heads, head_dim)
-        pipeline = self.pipelines["paged_prefill_attention"]
-        group = self.ctx.bind(pipeline, buffers + [self._u32(starts, "query_start_loc", tmp), out])
-        return Prepared([(pipeline, group, self._groups(query.shape[0] * self.n_heads))], out, query.shape, tmp)
+        """Causal chunked prefill of query (num_tokens, n_heads, head_dim) -> out of the same shape, f32.
+
+        Run kv_write for the chunk's new tokens first: the kernel reads all keys through the block table.
+        """
+        tables, lens, starts, max_parts = self._check_attention(query, block_tables, context_lens, query_start_loc)
+        groups = self._groups(query.shape[0] * self.n_heads)
+        with _Temporaries() as tmp:
+            buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
+            out = self._scratch(query.shape[0] * self.n_heads * self.layout.head_dim * 4, "out", tmp)
+            pipeline = self.pipelines["paged_prefill_attention"]
+            group = self.ctx.bind(pipeline, buffers + [self._u32(starts, "query_start_loc", tmp), out])
+            return Prepared([(pipeline, group, groups)], out, query.shape, tmp)
 
     # ------------------------------------------------------------------ one-shot calls
 

@@ -29,15 +29,12 @@ def slots_of(block_table: np.ndarray, positions: np.ndarray, block_size: int) ->
     return np.asarray(block_table, dtype=np.int64)[positions // block_size] * block_size + positions % block_size
 
 
-def kv_write_ref(k_cache: np.ndarray, v_cache: np.ndarray, k_new: np.ndarray, v_new: np.ndarray,
-                 slot_mapping: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Reshape-and-cache: row i of k_new/v_new (num_tokens, n_kv_heads, head_dim) goes to slot slot_mapping[i].
-
-    Returns new caches (the inputs are not modified); values are rounded to the cache dtype.
-    """
-    _check_cache(k_cache, v_cache)
-    num_blocks, block_size, n_kv, head_dim = k_cache.shape
+def check_kv_rows(k_new: np.ndarray, v_new: np.ndarray, slot_mapping: np.ndarray, cache_shape: tuple) -> np.ndarray:
+    """Validate new K/V rows (num_tokens, n_kv_heads, head_dim) and their slots; returns slots as int64."""
+    num_blocks, block_size, n_kv, head_dim = cache_shape
     slot_mapping = np.asarray(slot_mapping, dtype=np.int64)  # (num_tokens,)
+    if slot_mapping.ndim != 1:
+        raise ValueError(f"slot_mapping must be 1-D (num_tokens,), got shape {slot_mapping.shape}")
     if k_new.shape != (slot_mapping.shape[0], n_kv, head_dim) or v_new.shape != k_new.shape:
         raise ValueError(f"new K/V must be (num_tokens={slot_mapping.shape[0]}, {n_kv}, {head_dim}), "
                          f"got {k_new.shape} and {v_new.shape}")
@@ -46,6 +43,18 @@ def kv_write_ref(k_cache: np.ndarray, v_cache: np.ndarray, k_new: np.ndarray, v_
                          f"got range [{slot_mapping.min()}, {slot_mapping.max()}]")
     if np.unique(slot_mapping).size != slot_mapping.size:
         raise ValueError("slot_mapping has a repeated slot: two tokens cannot share one cache row")
+    return slot_mapping
+
+
+def kv_write_ref(k_cache: np.ndarray, v_cache: np.ndarray, k_new: np.ndarray, v_new: np.ndarray,
+                 slot_mapping: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reshape-and-cache: row i of k_new/v_new (num_tokens, n_kv_heads, head_dim) goes to slot slot_mapping[i].
+
+    Returns new caches (the inputs are not modified); values are rounded to the cache dtype.
+    """
+    _check_cache(k_cache, v_cache)
+    num_blocks, block_size, n_kv, head_dim = k_cache.shape
+    slot_mapping = check_kv_rows(k_new, v_new, slot_mapping, k_cache.shape)
     k_out = k_cache.reshape(num_blocks * block_size, n_kv, head_dim).copy()
     v_out = v_cache.reshape(num_blocks * block_size, n_kv, head_dim).copy()
     k_out[slot_mapping] = k_new.astype(k_cache.dtype)
@@ -122,7 +131,8 @@ def _softmax_av(scores: np.ndarray, v_h: np.ndarray) -> np.ndarray:
     return np.einsum("hqk,khd->qhd", p, v_h)  # (n_q, n_heads, d)
 
 
-def _check_heads(n_heads: int, n_kv: int) -> None:
+def check_heads(n_heads: int, n_kv: int) -> None:
+    """GQA needs a whole number of query heads per kv head."""
     if n_heads % n_kv:
         raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv}) for GQA")
 
@@ -136,7 +146,7 @@ def paged_attention_ref(query: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
     _check_cache(k_cache, v_cache)
     num_blocks, block_size, n_kv, head_dim = k_cache.shape
     block_tables, context_lens = check_block_tables(block_tables, context_lens, num_blocks, block_size)
-    _check_heads(query.shape[1], n_kv)
+    check_heads(query.shape[1], n_kv)
     out = np.empty(query.shape, dtype=np.float64)  # (num_seqs, n_heads, head_dim)
     for s, length in enumerate(context_lens):
         k = gather_sequence(k_cache, block_tables[s], int(length))  # (length, n_kv, d)
@@ -160,7 +170,7 @@ def paged_prefill_attention_ref(query: np.ndarray, k_cache: np.ndarray, v_cache:
     _check_cache(k_cache, v_cache)
     num_blocks, block_size, n_kv, head_dim = k_cache.shape
     block_tables, context_lens = check_block_tables(block_tables, context_lens, num_blocks, block_size)
-    _check_heads(query.shape[1], n_kv)
+    check_heads(query.shape[1], n_kv)
     starts = check_query_start_loc(query_start_loc, context_lens, query.shape[0])
     out = np.empty(query.shape, dtype=np.float64)  # (num_tokens, n_heads, head_dim)
     for s, length in enumerate(context_lens):
