@@ -46,7 +46,8 @@ async def time_prepared(ctx, prepared, reps, inner):
 
 
 async def bench_attention(kind, context, batch=1, block_size=16, dtype="f32", n_heads=9, n_kv=3, head_dim=64,
-                          paged=True, partition_tokens=512, workgroup_size=16, reps=7, inner=4, q_len=512):
+                          paged=True, partition_tokens=512, workgroup_size=16, reps=7, inner=4, q_len=512,
+                          head_tile=None):
     """Median ms of one decode (`kind`="decode") or prefill (`kind`="prefill", q_len new tokens) dispatch."""
     ctx = await bench_context()
     rng = np.random.default_rng(0)
@@ -54,7 +55,7 @@ async def bench_attention(kind, context, batch=1, block_size=16, dtype="f32", n_
     num_blocks = sum(-(-n // block_size) for n in lengths) * 2  # pool twice the batch: blocks spread out
     layout = KVLayout(num_blocks, block_size, n_kv, head_dim, dtype)
     kk = await KVKernels(ctx, layout, n_heads, partition_tokens=partition_tokens,
-                         workgroup_size=workgroup_size).compile()
+                         workgroup_size=workgroup_size, head_tile=head_tile).compile()
     cache = KVCacheBuffers(ctx, layout)
     cache.upload(*(rng.standard_normal(layout.shape).astype(layout.np_dtype) for _ in range(2)))
     tables = tables_for(lengths, block_size, num_blocks, paged, rng)
@@ -71,7 +72,7 @@ async def bench_attention(kind, context, batch=1, block_size=16, dtype="f32", n_
     kv_bytes = 2 * batch * context * n_kv * head_dim * layout.np_dtype.itemsize
     return {"kernel": kind, "context": context, "batch": batch, "block_size": block_size, "dtype": dtype,
             "paged": paged, "partition_tokens": partition_tokens, "workgroup_size": workgroup_size,
-            "ms": round(ms, 4), "kv_GB_per_s": round(kv_bytes / ms / 1e6, 3)}
+            "head_tile": kk.head_tile, "ms": round(ms, 4), "kv_GB_per_s": round(kv_bytes / ms / 1e6, 3)}
 
 
 async def bench_kv_write(num_tokens, block_size=16, dtype="f32", n_kv=3, head_dim=64, reps=7, inner=4):

@@ -1,11 +1,11 @@
 // Paged decode attention, flash-decoding pass 1: one query token per sequence (the decode step).
-// One invocation per (sequence, partition, query head) walks its partition of the context through the
-// block table with an online softmax; no barriers, no score buffer the size of the context.
-// GQA: query head h reads kv head h / (n_heads / n_kv_heads).
+// One invocation per (sequence, partition, tile of HEAD_TILE query heads) walks its partition of the
+// context through the block table with an online softmax; no barriers, no score buffer the size of the
+// context. GQA: query head h reads kv head h / (n_heads / n_kv_heads); a tile never spans two kv heads.
 // A sequence whose context fits one partition writes its normalised output straight to `out`; longer
 // ones leave per-partition (max, sum, unnormalised acc) states that paged_attention_reduce.wgsl merges.
 //
-// Dispatch: ceil(num_seqs * max_partitions * n_heads / WORKGROUP_SIZE) workgroups along x.
+// Dispatch: ceil(num_seqs * max_partitions * (n_heads / HEAD_TILE) / WORKGROUP_SIZE) workgroups along x.
 
 //#include paged_attention_common.wgsl
 
@@ -15,10 +15,10 @@
 
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
-  // Head varies fastest so the heads of one GQA group run side by side and share their K/V loads.
-  let head = gid.x % params.n_heads;
-  let part = (gid.x / params.n_heads) % params.max_partitions;
-  let seq = gid.x / (params.n_heads * params.max_partitions);
+  let n_tiles = params.n_heads / HEAD_TILE;
+  let head = (gid.x % n_tiles) * HEAD_TILE;  // the tile's first head
+  let part = (gid.x / n_tiles) % params.max_partitions;
+  let seq = gid.x / (n_tiles * params.max_partitions);
   if (seq >= params.num_seqs) {
     return;
   }
@@ -34,15 +34,14 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   attend_blocks(seq, kv_head, first, min(first + params.partition_blocks, n_blocks), ctx_len);
 
   if (n_parts == 1u) {
-    let o = (seq * params.n_heads + head) * (HEAD_DIM / 4u);
-    for (var i = 0u; i < HEAD_DIM / 4u; i++) {
-      out[o + i] = acc[i] / l;
-    }
+    write_normalised(seq * params.n_heads + head);
     return;
   }
-  let state = (seq * params.max_partitions + part) * params.n_heads + head;
-  part_stats[state] = vec2<f32>(m, l);
-  for (var i = 0u; i < HEAD_DIM / 4u; i++) {
-    part_acc[state * (HEAD_DIM / 4u) + i] = acc[i];
+  for (var j = 0u; j < HEAD_TILE; j++) {
+    let state = (seq * params.max_partitions + part) * params.n_heads + head + j;
+    part_stats[state] = vec2<f32>(m[j], l[j]);
+    for (var i = 0u; i < VEC_PER_HEAD; i++) {
+      part_acc[state * VEC_PER_HEAD + i] = acc[j * VEC_PER_HEAD + i];
+    }
   }
 }

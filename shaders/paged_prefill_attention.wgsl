@@ -2,9 +2,10 @@
 // K/V were already written to the cache (kv_write.wgsl); they attend to the cached prefix (prefix-cache hits
 // or earlier chunks) plus the new tokens up to their own position, all read through the block table.
 // New token i of sequence s sits at position context_lens[s] - q_len + i and sees keys 0..that position.
-// One invocation per (query token, query head), same online softmax as decode (paged_attention_common.wgsl).
+// One invocation per (query token, tile of HEAD_TILE query heads), same online softmax as decode
+// (paged_attention_common.wgsl).
 //
-// Dispatch: ceil(num_tokens * n_heads / WORKGROUP_SIZE) workgroups along x.
+// Dispatch: ceil(num_tokens * (n_heads / HEAD_TILE) / WORKGROUP_SIZE) workgroups along x.
 
 //#include paged_attention_common.wgsl
 
@@ -28,8 +29,9 @@ fn sequence_of(token : u32) -> u32 {
 
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
-  let head = gid.x % params.n_heads;
-  let token = gid.x / params.n_heads;
+  let n_tiles = params.n_heads / HEAD_TILE;
+  let head = (gid.x % n_tiles) * HEAD_TILE;  // the tile's first head
+  let token = gid.x / n_tiles;
   if (token >= query_start_loc[params.num_seqs]) {
     return;
   }
@@ -40,8 +42,5 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   load_query(token * params.n_heads + head);
   let kv_head = head / (params.n_heads / params.n_kv_heads);
   attend_blocks(seq, kv_head, 0u, (n_keys + params.block_size - 1u) / params.block_size, n_keys);
-  let o = (token * params.n_heads + head) * (HEAD_DIM / 4u);
-  for (var i = 0u; i < HEAD_DIM / 4u; i++) {
-    out[o + i] = acc[i] / l;
-  }
+  write_normalised(token * params.n_heads + head);
 }

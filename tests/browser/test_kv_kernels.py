@@ -3,7 +3,7 @@
 Every case runs in the page's worker (tests/browser/kv_cases.py): random caches, scattered non-monotonic
 block tables, several sequences of different lengths (not multiples of the block size) in one batch,
 block sizes 8/16/32, f32 and packed-f16 KV, SmolLM2's GQA (9 query heads / 3 kv heads, head_dim 64) and a
-small config (4 / 2, head_dim 16). The references run in float64 on the very cache values the GPU holds,
+small configs (4 / 2 and 8 / 2 heads, head_dim 16; 4 / 4 heads, head_dim 32). The references run in float64 on the very cache values the GPU holds,
 so the bounds below measure only the kernels' f32 arithmetic.
 """
 from __future__ import annotations
@@ -21,8 +21,12 @@ CASES = Path(__file__).with_name("kv_cases.py")
 DECODE_MAX_ABS, DECODE_REL = 3e-6, 1e-5
 PREFILL_MAX_ABS, PREFILL_REL = 5e-6, 5e-6
 
-SMOLLM2 = (9, 3, 64)  # n_heads, n_kv_heads, head_dim
-SMALL = (4, 2, 16)
+SMOLLM2 = (9, 3, 64)  # n_heads, n_kv_heads, head_dim; 3 heads per invocation (HEAD_TILE)
+SMALL = (4, 2, 16)  # HEAD_TILE 2
+MHA = (4, 4, 32)  # no GQA: HEAD_TILE 1
+GROUP4 = (8, 2, 16)  # HEAD_TILE 4
+CONFIGS = pytest.mark.parametrize("heads", [SMOLLM2, SMALL, MHA, GROUP4],
+                                  ids=["gqa9-3-d64", "gqa4-2-d16", "mha4-d32", "gqa8-2-d16"])
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +59,7 @@ def test_copy_blocks_copies_exactly_the_listed_blocks(page):
         assert r == {"k_equal": True, "v_equal": True, "blocks_changed": 4}, call
 
 
-@pytest.mark.parametrize("heads", [SMOLLM2, SMALL], ids=["gqa9-3-d64", "gqa4-2-d16"])
+@CONFIGS
 def test_paged_decode_attention_matches_reference(page, heads):
     n_heads, n_kv, d = heads
     calls = [f"decode_case({seed}, [1, {bs - 1}, {3 * bs + 5}, 200, 97], {bs}, {dtype!r}, {n_heads}, {n_kv}, {d})"
@@ -81,7 +85,7 @@ def test_paged_decode_long_contexts_split_and_merge(page):
     assert results[0]["partitions"] == 9 and results[1]["partitions"] == 8
 
 
-@pytest.mark.parametrize("heads", [SMOLLM2, SMALL], ids=["gqa9-3-d64", "gqa4-2-d16"])
+@CONFIGS
 def test_paged_prefill_attention_with_cached_prefixes_matches_reference(page, heads):
     n_heads, n_kv, d = heads
     # (tokens already cached, new tokens): a prefix hit, a fresh prompt, a one-token chunk, a long tail.

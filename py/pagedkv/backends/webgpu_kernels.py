@@ -141,7 +141,7 @@ class KVKernels:
     """The compiled KV-cache kernels for one layout and query-head count, and their host calls."""
 
     def __init__(self, ctx, layout: KVLayout, n_heads: int, *, partition_tokens: int = 512,
-                 workgroup_size: int = 16) -> None:
+                 workgroup_size: int = 16, head_tile: int | None = None) -> None:
         ref.check_heads(n_heads, layout.n_kv_heads)
         if partition_tokens < layout.block_size:
             raise ValueError(f"partition_tokens ({partition_tokens}) must be >= block_size ({layout.block_size})")
@@ -150,14 +150,23 @@ class KVKernels:
         self.n_heads = n_heads
         self.partition_blocks = partition_tokens // layout.block_size
         self.workgroup_size = workgroup_size
+        group = n_heads // layout.n_kv_heads
+        # Query heads per invocation: by default the largest tile (<= 4, the kernels' vec4 of states) that
+        # splits a GQA group evenly, so each K/V load serves that many heads.
+        if head_tile is None:
+            head_tile = max(t for t in (1, 2, 3, 4) if group % t == 0)
+        if head_tile not in (1, 2, 3, 4) or group % head_tile:
+            raise ValueError(f"head_tile must be 1..4 and divide the {group} query heads per kv head, got {head_tile}")
+        self.head_tile = head_tile
         self.pipelines: dict[str, object] = {}
 
     async def compile(self) -> "KVKernels":
         """Compile the five pipelines once (GpuContext caches them per constant set)."""
         wg = {"WORKGROUP_SIZE": self.workgroup_size}
         consts = dict(self.layout.constants, **wg)
-        for name, constants in (("kv_write", consts), ("copy_blocks", wg), ("paged_attention", consts),
-                                ("paged_prefill_attention", consts),
+        attention = dict(consts, HEAD_TILE=self.head_tile)
+        for name, constants in (("kv_write", consts), ("copy_blocks", wg), ("paged_attention", attention),
+                                ("paged_prefill_attention", attention),
                                 ("paged_attention_reduce", {"HEAD_DIM": self.layout.head_dim, **wg})):
             self.pipelines[name] = await self.ctx.kernel(name, constants)
         return self
@@ -246,7 +255,7 @@ class KVKernels:
         """
         tables, lens, _, max_parts = self._check_attention(query, block_tables, context_lens)
         num_seqs, d = lens.size, self.layout.head_dim
-        groups = self._groups(num_seqs * max_parts * self.n_heads)
+        groups = self._groups(num_seqs * max_parts * self.n_heads // self.head_tile)
         reduce_groups = self._groups(num_seqs * self.n_heads * d // 4)
         with _Temporaries() as tmp:
             buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
@@ -272,7 +281,7 @@ class KVKernels:
         Run kv_write for the chunk's new tokens first: the kernel reads all keys through the block table.
         """
         tables, lens, starts, max_parts = self._check_attention(query, block_tables, context_lens, query_start_loc)
-        groups = self._groups(query.shape[0] * self.n_heads)
+        groups = self._groups(query.shape[0] * self.n_heads // self.head_tile)
         with _Temporaries() as tmp:
             buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
             out = self._scratch(query.shape[0] * self.n_heads * self.layout.head_dim * 4, "out", tmp)
