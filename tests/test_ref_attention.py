@@ -127,5 +127,5 @@ def test_bad_tables_are_rejected_with_the_reason():
     with pytest.raises(ValueError, match=">= 1"):
         ref.paged_attention_ref(q, k_cache, k_cache, np.array([[0, 1]]), np.array([0]), 1.0)
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        ref.paged_attention_ref(np.zeros((1, 3, 4)), np.zeros((4, 8, 2, 4), np.float32), np.zeros((4, 8, 2, 4), np.float32),
-                                np.array([[0]]), np.array([3]), 1.0)
+        cache = np.zeros((4, 8, 2, 4), np.float32)
+        ref.paged_attention_ref(np.zeros((1, 3, 4)), cache, cache, np.array([[0]]), np.array([3]), 1.0)
