@@ -37,7 +37,8 @@ def runs(quick: bool) -> list[str]:
     if not quick:  # the ablations behind the defaults
         for tile in (3, 1):
             calls.append(f"bench_attention('decode', 4096, head_tile={tile})")
-            calls.append(f"bench_attention('prefill', 512, reps=3, inner=1, head_tile={tile})")
+        for tile in (4, 1):
+            calls.append(f"bench_attention('prefill', 512, reps=3, inner=1, query_tile={tile})")
         for partition in (128, 256, 512, 1024, 4096):
             calls.append(f"bench_attention('decode', 4096, partition_tokens={partition})")
         for wg in (4, 16, 64):

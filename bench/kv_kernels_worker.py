@@ -46,7 +46,7 @@ async def time_prepared(ctx, prepared, reps, inner):
 
 
 async def _attention_setup(kind, context, batch, block_size, dtype, n_heads, n_kv, head_dim, partition_tokens,
-                           workgroup_size, head_tile, q_len, layouts):
+                           workgroup_size, head_tile, q_len, layouts, query_tile=4):
     """Kernels, a random cache (pool twice the batch's blocks) and one Prepared per table layout."""
     ctx = await bench_context()
     rng = np.random.default_rng(0)
@@ -54,7 +54,7 @@ async def _attention_setup(kind, context, batch, block_size, dtype, n_heads, n_k
     num_blocks = sum(-(-n // block_size) for n in lengths) * 2
     layout = KVLayout(num_blocks, block_size, n_kv, head_dim, dtype)
     kk = await KVKernels(ctx, layout, n_heads, partition_tokens=partition_tokens,
-                         workgroup_size=workgroup_size, head_tile=head_tile).compile()
+                         workgroup_size=workgroup_size, head_tile=head_tile, query_tile=query_tile).compile()
     cache = KVCacheBuffers(ctx, layout)
     cache.upload(*(rng.standard_normal(layout.shape).astype(layout.np_dtype) for _ in range(2)))
     prepared = []
@@ -72,18 +72,18 @@ async def _attention_setup(kind, context, batch, block_size, dtype, n_heads, n_k
 
 async def bench_attention(kind, context, batch=1, block_size=16, dtype="f32", n_heads=9, n_kv=3, head_dim=64,
                           paged=True, partition_tokens=512, workgroup_size=16, reps=11, inner=4, q_len=512,
-                          head_tile=None):
+                          head_tile=None, query_tile=4):
     """Median ms of one decode (`kind`="decode") or prefill (`kind`="prefill", q_len new tokens) dispatch."""
     kk, cache, layout, (prepared,) = await _attention_setup(
         kind, context, batch, block_size, dtype, n_heads, n_kv, head_dim, partition_tokens, workgroup_size,
-        head_tile, q_len, (paged,))
+        head_tile, q_len, (paged,), query_tile)
     ms = await time_prepared(kk.ctx, prepared, reps, inner)
     prepared.destroy()
     cache.destroy()
     kv_bytes = 2 * batch * context * n_kv * head_dim * layout.np_dtype.itemsize
     return {"kernel": kind, "context": context, "batch": batch, "block_size": block_size, "dtype": dtype,
             "paged": paged, "partition_tokens": partition_tokens, "workgroup_size": workgroup_size,
-            "head_tile": kk.head_tile, "ms": round(ms, 4), "kv_GB_per_s": round(kv_bytes / ms / 1e6, 3)}
+            "head_tile": kk.head_tile, "query_tile": kk.query_tile, "ms": round(ms, 4), "kv_GB_per_s": round(kv_bytes / ms / 1e6, 3)}
 
 
 async def bench_paged_vs_contiguous(kind, context, batch=1, block_size=16, dtype="f32", n_heads=9, n_kv=3,

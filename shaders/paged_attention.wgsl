@@ -1,11 +1,12 @@
 // Paged decode attention, flash-decoding pass 1: one query token per sequence (the decode step).
-// One invocation per (sequence, partition, tile of HEAD_TILE query heads) walks its partition of the
+// One invocation per (sequence, partition, SLOTS consecutive query heads) walks its partition of the
 // context through the block table with an online softmax; no barriers, no score buffer the size of the
-// context. GQA: query head h reads kv head h / (n_heads / n_kv_heads); a tile never spans two kv heads.
+// context. GQA: query head h reads kv head h / (n_heads / n_kv_heads); SLOTS divides the heads per kv
+// head, so an invocation's heads share one kv head.
 // A sequence whose context fits one partition writes its normalised output straight to `out`; longer
 // ones leave per-partition (max, sum, unnormalised acc) states that paged_attention_reduce.wgsl merges.
 //
-// Dispatch: ceil(num_seqs * max_partitions * (n_heads / HEAD_TILE) / WORKGROUP_SIZE) workgroups along x.
+// Dispatch: ceil(num_seqs * max_partitions * (n_heads / SLOTS) / WORKGROUP_SIZE) workgroups along x.
 
 //#include paged_attention_common.wgsl
 
@@ -15,8 +16,8 @@
 
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
-  let n_tiles = params.n_heads / HEAD_TILE;
-  let head = (gid.x % n_tiles) * HEAD_TILE;  // the tile's first head
+  let n_tiles = params.n_heads / SLOTS;
+  let head = (gid.x % n_tiles) * SLOTS;  // the invocation's first head
   let part = (gid.x / n_tiles) % params.max_partitions;
   let seq = gid.x / (n_tiles * params.max_partitions);
   if (seq >= params.num_seqs) {
@@ -28,16 +29,16 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   if (part >= n_parts) {
     return;
   }
-  load_query(seq * params.n_heads + head);
+  begin_slots(seq * params.n_heads + head, 1u, SLOTS, vec4<u32>(ctx_len));
   let kv_head = head / (params.n_heads / params.n_kv_heads);
   let first = part * params.partition_blocks;
   attend_blocks(seq, kv_head, first, min(first + params.partition_blocks, n_blocks), ctx_len);
 
   if (n_parts == 1u) {
-    write_normalised(seq * params.n_heads + head);
+    write_normalised(seq * params.n_heads + head, 1u);
     return;
   }
-  for (var j = 0u; j < HEAD_TILE; j++) {
+  for (var j = 0u; j < SLOTS; j++) {
     let state = (seq * params.max_partitions + part) * params.n_heads + head + j;
     part_stats[state] = vec2<f32>(m[j], l[j]);
     for (var i = 0u; i < VEC_PER_HEAD; i++) {

@@ -10,11 +10,13 @@
 // Token `pos` of a sequence lives in block block_tables[seq, pos / block_size] at offset pos % block_size.
 //
 // Work split, for SwiftShader (whose loads from storage and from dynamically indexed private arrays are
-// per-lane gathers) and GPUs alike: an invocation owns HEAD_TILE query heads of one kv head (GQA), so every
-// K/V value it loads serves all of them, and walks the head dimension in slices of 16 values held in
-// mat4x4 registers with the block's tokens inside, so query and accumulator slices are fetched once per
-// block instead of once per token. Measured on SwiftShader at 4,096 tokens: the slices gave ~2-3x over a
-// token-outer loop, the head tile a further ~2x for SmolLM2's 3 query heads per kv head.
+// per-lane gathers) and GPUs alike: an invocation owns SLOTS (query token, head) pairs that read the same
+// kv head -- decode: consecutive query heads of one GQA group; prefill: consecutive query tokens of one
+// head -- so every K/V value it loads serves all of them. It walks the head dimension in slices of 16
+// values held in mat4x4 registers with the block's tokens inside, so query and accumulator slices are
+// fetched once per block instead of once per token. Measured on SwiftShader: the slices gave ~2-3x over a
+// token-outer loop, 3 heads per invocation a further ~2.4x at 4,096 tokens of decode, 4 query tokens per
+// invocation ~Nx for prefill.
 
 struct Params {
   num_seqs : u32,
@@ -36,7 +38,7 @@ struct Params {
 
 override HEAD_DIM : u32 = 64u;     // multiple of 16, <= 4 * MAX_VEC
 override KV_F16 : bool = false;
-override HEAD_TILE : u32 = 1u;     // query heads per invocation, 1..4, dividing n_heads / n_kv_heads
+override SLOTS : u32 = 1u;         // (query token, head) pairs per invocation, 1..4
 override WORKGROUP_SIZE : u32 = 16u;
 override ROW_WORDS : u32 = select(HEAD_DIM / 4u, HEAD_DIM / 8u, KV_F16);
 override VEC_PER_HEAD : u32 = HEAD_DIM / 4u;
@@ -45,18 +47,25 @@ const MAX_VEC : u32 = 32u;         // head_dim up to 128
 const MAX_BLOCK_SIZE : u32 = 32u;
 const NEG_BIG : f32 = -3.0e38;     // finite "minus infinity": exp(NEG_BIG - m) is 0, never NaN
 
-// The running online-softmax state of the HEAD_TILE (query token, head) pairs this invocation owns;
-// vec4 component j belongs to the tile's head j (components past HEAD_TILE are unused).
-var<private> q_base : u32;                                    // first query vec4 of the tile's first head
-var<private> acc : array<vec4<f32>, 4u * MAX_VEC>;            // (HEAD_TILE, VEC_PER_HEAD) sum of exp(score - m) * v
-var<private> m : vec4<f32>;                                   // running max score
-var<private> l : vec4<f32>;                                   // running sum of exp(score - m)
-var<private> scores : array<vec4<f32>, MAX_BLOCK_SIZE>;      // one block's scores / weights, never the whole context
+// The running online-softmax state of the invocation's slots; vec4 component j belongs to slot j
+// (components past SLOTS are unused).
+var<private> q_base : u32;                                // first query vec4 of slot 0
+var<private> q_step : u32;                                // query vec4s from one slot to the next
+var<private> live_slots : u32;                            // slots with a real query (prefill tails have fewer)
+var<private> slot_keys : vec4<u32>;                       // keys each slot may see: causal limit
+var<private> acc : array<vec4<f32>, 4u * MAX_VEC>;        // (SLOTS, VEC_PER_HEAD) sum of exp(score - m) * v
+var<private> m : vec4<f32>;                               // running max score
+var<private> l : vec4<f32>;                               // running sum of exp(score - m)
+var<private> scores : array<vec4<f32>, MAX_BLOCK_SIZE>;  // one block's scores / weights, never the whole context
 
-// Starts the state for query rows q_row .. q_row + HEAD_TILE - 1 (consecutive heads of one token).
-fn load_query(q_row : u32) {
+// Starts the state: slot j is query row q_row + j * row_step and sees keys [0, keys[j]); slots from
+// `live` on repeat slot 0 and are never written out.
+fn begin_slots(q_row : u32, row_step : u32, live : u32, keys : vec4<u32>) {
   q_base = q_row * VEC_PER_HEAD;
-  for (var i = 0u; i < HEAD_TILE * VEC_PER_HEAD; i++) {
+  q_step = row_step * VEC_PER_HEAD;
+  live_slots = live;
+  slot_keys = keys;
+  for (var i = 0u; i < SLOTS * VEC_PER_HEAD; i++) {
     acc[i] = vec4<f32>(0.0);
   }
   m = vec4<f32>(NEG_BIG);
@@ -89,12 +98,12 @@ fn v_slice(row : u32, s : u32) -> mat4x4<f32> {
                      bitcast<vec4<f32>>(v_cache[w + 2u]), bitcast<vec4<f32>>(v_cache[w + 3u]));
 }
 
-// Slice s of the tile's head j: its query (pre-scaled) or its accumulator.
+// Slice s of slot j: its query (pre-scaled) or its accumulator.
 fn q_slice(j : u32, s : u32) -> mat4x4<f32> {
-  if (j >= HEAD_TILE) {
+  if (j >= SLOTS) {
     return mat4x4<f32>();
   }
-  let i = q_base + j * VEC_PER_HEAD + 4u * s;
+  let i = q_base + select(0u, j, j < live_slots) * q_step + 4u * s;
   return mat4x4<f32>(query[i], query[i + 1u], query[i + 2u], query[i + 3u]) * params.scale;
 }
 
@@ -117,7 +126,7 @@ fn dot16(a : mat4x4<f32>, b : mat4x4<f32>) -> f32 {
 
 // Folds keys [block_begin * block_size, n_keys) of blocks [block_begin, block_end) of sequence `seq`
 // into the state: a block's scores first, then one rescale per block rather than one per token.
-// The `HEAD_TILE > j` tests are on a pipeline constant: the compiler drops the unused heads' code.
+// The `SLOTS > j` tests are on a pipeline constant: the compiler drops the unused slots' code.
 fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n_keys : u32) {
   let bs = params.block_size;
   let token_words = params.n_kv_heads * ROW_WORDS;
@@ -136,14 +145,15 @@ fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n
       for (var t = 0u; t < n; t++) {
         let k = k_slice(base + t * token_words, s);
         var sc = vec4<f32>(dot16(q0, k), 0.0, 0.0, 0.0);
-        if (HEAD_TILE > 1u) { sc.y = dot16(q1, k); }
-        if (HEAD_TILE > 2u) { sc.z = dot16(q2, k); }
-        if (HEAD_TILE > 3u) { sc.w = dot16(q3, k); }
+        if (SLOTS > 1u) { sc.y = dot16(q1, k); }
+        if (SLOTS > 2u) { sc.z = dot16(q2, k); }
+        if (SLOTS > 3u) { sc.w = dot16(q3, k); }
         scores[t] += sc;
       }
     }
     var block_max = vec4<f32>(NEG_BIG);
     for (var t = 0u; t < n; t++) {
+      scores[t] = select(scores[t], vec4<f32>(NEG_BIG), vec4<u32>(b * bs + t) >= slot_keys);  // causal mask
       block_max = max(block_max, scores[t]);
     }
     let m_new = max(m, block_max);
@@ -155,32 +165,35 @@ fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n
     }
     for (var s = 0u; s < HEAD_DIM / 16u; s++) {
       var a0 = acc_slice(0u, s) * alpha.x;
-      var a1 = acc_slice(1u, s) * alpha.y;
-      var a2 = acc_slice(2u, s) * alpha.z;
-      var a3 = acc_slice(3u, s) * alpha.w;
+      var a1 = mat4x4<f32>();
+      var a2 = mat4x4<f32>();
+      var a3 = mat4x4<f32>();
+      if (SLOTS > 1u) { a1 = acc_slice(1u, s) * alpha.y; }
+      if (SLOTS > 2u) { a2 = acc_slice(2u, s) * alpha.z; }
+      if (SLOTS > 3u) { a3 = acc_slice(3u, s) * alpha.w; }
       for (var t = 0u; t < n; t++) {
         let v = v_slice(base + t * token_words, s);
         let w = scores[t];
         a0 += v * w.x;
-        if (HEAD_TILE > 1u) { a1 += v * w.y; }
-        if (HEAD_TILE > 2u) { a2 += v * w.z; }
-        if (HEAD_TILE > 3u) { a3 += v * w.w; }
+        if (SLOTS > 1u) { a1 += v * w.y; }
+        if (SLOTS > 2u) { a2 += v * w.z; }
+        if (SLOTS > 3u) { a3 += v * w.w; }
       }
       set_acc_slice(0u, s, a0);
-      if (HEAD_TILE > 1u) { set_acc_slice(1u, s, a1); }
-      if (HEAD_TILE > 2u) { set_acc_slice(2u, s, a2); }
-      if (HEAD_TILE > 3u) { set_acc_slice(3u, s, a3); }
+      if (SLOTS > 1u) { set_acc_slice(1u, s, a1); }
+      if (SLOTS > 2u) { set_acc_slice(2u, s, a2); }
+      if (SLOTS > 3u) { set_acc_slice(3u, s, a3); }
     }
     m = m_new;
   }
 }
 
-// Writes the tile's normalised outputs to rows out_row .. out_row + HEAD_TILE - 1 of `out`
-// (declared by each kernel as (rows, n_heads, HEAD_DIM / 4) vec4s).
-fn write_normalised(out_row : u32) {
-  for (var j = 0u; j < HEAD_TILE; j++) {
+// Writes the live slots' normalised outputs to rows out_row + j * row_step of `out`
+// (declared by each kernel as (rows, HEAD_DIM / 4) vec4s).
+fn write_normalised(out_row : u32, row_step : u32) {
+  for (var j = 0u; j < live_slots; j++) {
     for (var i = 0u; i < VEC_PER_HEAD; i++) {
-      out[(out_row + j) * VEC_PER_HEAD + i] = acc[j * VEC_PER_HEAD + i] / l[j];
+      out[(out_row + j * row_step) * VEC_PER_HEAD + i] = acc[j * VEC_PER_HEAD + i] / l[j];
     }
   }
 }

@@ -55,5 +55,7 @@ def test_kernel_calls_validate_before_touching_the_gpu():
                                      np.array([5]))
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
         KVKernels(ctx=None, layout=KVLayout(8, 16, 3, 64), n_heads=8)
+    with pytest.raises(ValueError, match="query_tile must be 1..4"):
+        KVKernels(ctx=None, layout=KVLayout(8, 16, 3, 64), n_heads=9, query_tile=5)
     with pytest.raises(ValueError, match="partition_tokens"):
         KVKernels(ctx=None, layout=KVLayout(8, 16, 3, 64), n_heads=9, partition_tokens=8)

@@ -77,7 +77,7 @@ async def decode_bad_table():
         cache.destroy()
 
 
-async def prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim):
+async def prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim, **options):
     """chunks: (cached tokens, new tokens) per sequence; the new K/V go in with kv_write first."""
     rng = np.random.default_rng(seed)
     lengths = [c + n for c, n in chunks]
@@ -91,7 +91,7 @@ async def prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim)
     v_new = rng.standard_normal((slots.size, n_kv, head_dim)).astype(np.float32)
     starts = np.concatenate([[0], np.cumsum([n for _, n in chunks])])
     query = rng.standard_normal((slots.size, n_heads, head_dim)).astype(np.float32)
-    kk = await kernels(layout, n_heads)
+    kk = await kernels(layout, n_heads, **options)
     cache = KVCacheBuffers(kk.ctx, layout)
     cache.upload(k_cache, v_cache)
     await kk.kv_write(cache, k_new, v_new, slots)

@@ -22,10 +22,10 @@ CASES = Path(__file__).with_name("kv_cases.py")
 DECODE_MAX_ABS, DECODE_REL = 3e-6, 1e-5
 PREFILL_MAX_ABS, PREFILL_REL = 5e-6, 5e-6
 
-SMOLLM2 = (9, 3, 64)  # n_heads, n_kv_heads, head_dim; 3 heads per invocation (HEAD_TILE)
-SMALL = (4, 2, 16)  # HEAD_TILE 2
-MHA = (4, 4, 32)  # no GQA: HEAD_TILE 1
-GROUP4 = (8, 2, 16)  # HEAD_TILE 4
+SMOLLM2 = (9, 3, 64)  # n_heads, n_kv_heads, head_dim; decode runs 3 heads per invocation (SLOTS)
+SMALL = (4, 2, 16)  # 2 heads per decode invocation
+MHA = (4, 4, 32)  # no GQA: 1 head per decode invocation
+GROUP4 = (8, 2, 16)  # 4 heads per decode invocation
 CONFIGS = pytest.mark.parametrize("heads", [SMOLLM2, SMALL, MHA, GROUP4],
                                   ids=["gqa9-3-d64", "gqa4-2-d16", "mha4-d32", "gqa8-2-d16"])
 
@@ -93,6 +93,9 @@ def test_paged_prefill_attention_with_cached_prefixes_matches_reference(page, he
     chunks = "[(37, 11), (0, 21), (50, 1), (9, 40)]"
     calls = [f"prefill_case({seed}, {chunks}, {bs}, {dtype!r}, {n_heads}, {n_kv}, {d})"
              for seed, bs in enumerate((8, 16, 32)) for dtype in ("f32", "f16")]
+    # 4 new tokens per invocation by default (tails of 3, 1, 1 and 0 here); 3 and 1 per invocation too.
+    calls += [f"prefill_case({6 + tile}, {chunks}, 16, 'f32', {n_heads}, {n_kv}, {d}, query_tile={tile})"
+              for tile in (3, 1)]
     for call, r in zip(calls, run(page, calls)):
         assert r["max_abs"] <= PREFILL_MAX_ABS and r["rel"] <= PREFILL_REL, (call, r)
         assert r["shape"] == [11 + 21 + 1 + 40, n_heads, d]

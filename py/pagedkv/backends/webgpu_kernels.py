@@ -141,7 +141,7 @@ class KVKernels:
     """The compiled KV-cache kernels for one layout and query-head count, and their host calls."""
 
     def __init__(self, ctx, layout: KVLayout, n_heads: int, *, partition_tokens: int = 512,
-                 workgroup_size: int = 16, head_tile: int | None = None) -> None:
+                 workgroup_size: int = 16, head_tile: int | None = None, query_tile: int = 4) -> None:
         ref.check_heads(n_heads, layout.n_kv_heads)
         if partition_tokens < layout.block_size:
             raise ValueError(f"partition_tokens ({partition_tokens}) must be >= block_size ({layout.block_size})")
@@ -158,15 +158,18 @@ class KVKernels:
         if head_tile not in (1, 2, 3, 4) or group % head_tile:
             raise ValueError(f"head_tile must be 1..4 and divide the {group} query heads per kv head, got {head_tile}")
         self.head_tile = head_tile
+        if query_tile not in (1, 2, 3, 4):
+            raise ValueError(f"query_tile must be 1..4 (new tokens per prefill invocation), got {query_tile}")
+        self.query_tile = query_tile
         self.pipelines: dict[str, object] = {}
 
     async def compile(self) -> "KVKernels":
         """Compile the five pipelines once (GpuContext caches them per constant set)."""
         wg = {"WORKGROUP_SIZE": self.workgroup_size}
         consts = dict(self.layout.constants, **wg)
-        attention = dict(consts, HEAD_TILE=self.head_tile)
-        for name, constants in (("kv_write", consts), ("copy_blocks", wg), ("paged_attention", attention),
-                                ("paged_prefill_attention", attention),
+        for name, constants in (("kv_write", consts), ("copy_blocks", wg),
+                                ("paged_attention", dict(consts, SLOTS=self.head_tile)),
+                                ("paged_prefill_attention", dict(consts, SLOTS=self.query_tile)),
                                 ("paged_attention_reduce", {"HEAD_DIM": self.layout.head_dim, **wg})):
             self.pipelines[name] = await self.ctx.kernel(name, constants)
         return self
@@ -281,12 +284,15 @@ class KVKernels:
         Run kv_write for the chunk's new tokens first: the kernel reads all keys through the block table.
         """
         tables, lens, starts, max_parts = self._check_attention(query, block_tables, context_lens, query_start_loc)
-        groups = self._groups(query.shape[0] * self.n_heads // self.head_tile)
+        tiles = -(-np.diff(starts) // self.query_tile)  # (num_seqs,) invocations per head of each sequence
+        tile_starts = np.concatenate([[0], np.cumsum(tiles)])  # (num_seqs + 1,)
+        groups = self._groups(int(tile_starts[-1]) * self.n_heads)
         with _Temporaries() as tmp:
             buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
             out = self._scratch(query.shape[0] * self.n_heads * self.layout.head_dim * 4, "out", tmp)
             pipeline = self.pipelines["paged_prefill_attention"]
-            group = self.ctx.bind(pipeline, buffers + [self._u32(starts, "query_start_loc", tmp), out])
+            starts = self._u32(np.stack([starts, tile_starts]), "starts", tmp)  # (2, num_seqs + 1)
+            group = self.ctx.bind(pipeline, buffers + [starts, out])
             return Prepared([(pipeline, group, groups)], out, query.shape, tmp)
 
     # ------------------------------------------------------------------ one-shot calls
