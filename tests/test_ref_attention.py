@@ -129,3 +129,20 @@ def test_bad_tables_are_rejected_with_the_reason():
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
         cache = np.zeros((4, 8, 2, 4), np.float32)
         ref.paged_attention_ref(np.zeros((1, 3, 4)), cache, cache, np.array([[0]]), np.array([3]), 1.0)
+
+
+def test_gather_and_scatter_refs_move_whole_blocks():
+    k_cache = np.arange(5 * 2 * 1 * 4, dtype=np.float32).reshape(5, 2, 1, 4)
+    v_cache = -k_cache
+    k_blocks, v_blocks = ref.gather_blocks_ref(k_cache, v_cache, np.array([3, 0]))
+    assert k_blocks.tolist() == [k_cache[3].tolist(), k_cache[0].tolist()]
+    assert v_blocks[1].tolist() == v_cache[0].tolist()
+    k_out, v_out = ref.scatter_blocks_ref(k_cache, v_cache, np.array([1, 4]), k_blocks, v_blocks)
+    assert k_out[1].tolist() == k_cache[3].tolist() and v_out[4].tolist() == v_cache[0].tolist()
+    assert k_out[[0, 2, 3]].tolist() == k_cache[[0, 2, 3]].tolist()
+    with pytest.raises(ValueError, match="appears twice"):
+        ref.gather_blocks_ref(k_cache, v_cache, np.array([1, 1]))
+    with pytest.raises(ValueError, match=r"\[0, 5\)"):
+        ref.gather_blocks_ref(k_cache, v_cache, np.array([5]))
+    with pytest.raises(ValueError, match="must be \\(1, 2, 1, 4\\)"):
+        ref.scatter_blocks_ref(k_cache, v_cache, np.array([1]), k_blocks, v_blocks)

@@ -53,6 +53,11 @@ def test_kernel_calls_validate_before_touching_the_gpu():
     with pytest.raises(ValueError, match="q_len <= context_len"):
         kk.prepare_prefill_attention(None, np.zeros((6, 9, 64), np.float32), np.array([0, 6]), np.array([[0]]),
                                      np.array([5]))
+    with pytest.raises(ValueError, match="appears twice in the swap list"):
+        kk.prepare_gather_blocks(None, np.array([3, 3]))
+    with pytest.raises(ValueError, match=r"k_blocks must be \(1, 16, 3, 64\) float32"):
+        kk.prepare_scatter_blocks(None, np.array([3]), np.zeros((1, 16, 3, 64), np.float16),
+                                  np.zeros((1, 16, 3, 64), np.float32))
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
         KVKernels(ctx=None, layout=KVLayout(8, 16, 3, 64), n_heads=8)
     with pytest.raises(ValueError, match="query_tile must be 1..4"):

@@ -60,6 +60,16 @@ def test_copy_blocks_copies_exactly_the_listed_blocks(page):
         assert r == {"k_equal": True, "v_equal": True, "blocks_changed": 4}, call
 
 
+def test_swap_out_and_in_round_trips_blocks_bit_exact(page):
+    calls = [f"swap_case({seed}, 12, {bs}, {dtype!r}, 3, 64, [5, 2, 9, 11], [0, 7, 3, 2])"
+             for seed, (bs, dtype) in enumerate([(8, "f32"), (16, "f16"), (32, "f16")])]
+    results = run(page, calls)
+    for call, r, bs in zip(calls, results, (8, 16, 32)):
+        assert r["swap_out_equal"] and r["swap_in_equal"], call
+        assert r["out_shape"] == [4, bs, 3, 64] and r["blocks_changed"] == 4, call
+    assert [r["out_dtype"] for r in results] == ["float32", "float16", "float16"]
+
+
 @CONFIGS
 def test_paged_decode_attention_matches_reference(page, heads):
     n_heads, n_kv, d = heads

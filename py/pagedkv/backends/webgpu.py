@@ -175,28 +175,30 @@ class GpuContext:
 
     # ---------------------------------------------------------------- kernels
 
-    async def kernel(self, name: str, constants: dict | None = None):
-        """Compile `shaders/<name>.wgsl` once per constant set; validation errors raise GPUError."""
-        key = (name, tuple(sorted((constants or {}).items())))
+    async def kernel(self, name: str, constants: dict | None = None, entry_point: str = "main"):
+        """Compile `shaders/<name>.wgsl` once per constant set and entry point; validation errors raise GPUError."""
+        key = (name, entry_point, tuple(sorted((constants or {}).items())))
         if key in self._pipelines:
             return self._pipelines[key]
         source = await self.shaders.source(name)
         self.device.pushErrorScope("validation")
         module = self.device.createShaderModule(_js_obj({"code": source, "label": name}))
-        compute = {"module": module, "entryPoint": "main"}
+        compute = {"module": module, "entryPoint": entry_point}
         if constants:
             compute["constants"] = _js_obj(constants)
         pipeline = await self.device.createComputePipelineAsync(
-            _js_obj({"layout": "auto", "compute": _js_obj(compute), "label": name}))
+            _js_obj({"layout": "auto", "compute": _js_obj(compute), "label": f"{name}:{entry_point}"}))
         error = await self.device.popErrorScope()
         if error is not None:
             raise GPUError(f"compiling {name}.wgsl: {error.message}")
         self._pipelines[key] = pipeline
         return pipeline
 
-    def bind(self, pipeline, buffers: list):
-        """A bind group with `buffers` at @group(0) @binding(0..n-1); build once, dispatch many times."""
-        entries = [_js_obj({"binding": i, "resource": _js_obj({"buffer": b})}) for i, b in enumerate(buffers)]
+    def bind(self, pipeline, buffers: list | dict):
+        """A bind group with `buffers` at @group(0) @binding(0..n-1) (or {binding: buffer}); build once,
+        dispatch many times."""
+        pairs = buffers.items() if isinstance(buffers, dict) else enumerate(buffers)
+        entries = [_js_obj({"binding": i, "resource": _js_obj({"buffer": b})}) for i, b in pairs]
         self.js_crossings += 2 + len(entries)
         return self.device.createBindGroup(
             _js_obj({"layout": pipeline.getBindGroupLayout(0), "entries": to_js(entries)}))

@@ -109,6 +109,7 @@ class Prepared:
     out: object  # result buffer (None for in-place kernels)
     out_shape: tuple
     temporaries: list = field(default_factory=list)
+    out_dtype: np.dtype = np.dtype(np.float32)
 
     def destroy(self) -> None:
         for buf in self.temporaries:
@@ -164,9 +165,11 @@ class KVKernels:
         self.pipelines: dict[str, object] = {}
 
     async def compile(self) -> "KVKernels":
-        """Compile the five pipelines once (GpuContext caches them per constant set)."""
+        """Compile the seven pipelines once (GpuContext caches them per constant set)."""
         wg = {"WORKGROUP_SIZE": self.workgroup_size}
         consts = dict(self.layout.constants, **wg)
+        for entry in ("gather_blocks", "scatter_blocks"):
+            self.pipelines[entry] = await self.ctx.kernel("copy_blocks", wg, entry_point=entry)
         for name, constants in (("kv_write", consts), ("copy_blocks", wg),
                                 ("paged_attention", dict(consts, SLOTS=self.head_tile)),
                                 ("paged_prefill_attention", dict(consts, SLOTS=self.query_tile)),
@@ -223,6 +226,42 @@ class KVKernels:
             buffers = [self._u32(pairs, "block_pairs", tmp), cache.k, cache.v, params]
             pipeline = self.pipelines["copy_blocks"]
             return Prepared([(pipeline, self.ctx.bind(pipeline, buffers), groups)], None, (), tmp)
+
+    def prepare_gather_blocks(self, cache: KVCacheBuffers, block_ids: np.ndarray) -> Prepared:
+        """Swap-out staging: the listed blocks of K and V, copied into one buffer read back as
+        (2, n, block_size, n_kv_heads, head_dim) in the cache dtype."""
+        lay = self.layout
+        ids = ref.check_block_ids(block_ids, lay.num_blocks)  # (n,)
+        groups = self._groups(ids.size * lay.block_words)
+        with _Temporaries() as tmp:
+            params = self._scratch(16, "params", tmp, uniform=True)
+            self.ctx.write(params, _params(ids.size, lay.block_words))
+            staging = self._scratch(2 * ids.size * lay.block_words * WORD_BYTES, "staging", tmp)
+            pipeline = self.pipelines["gather_blocks"]
+            group = self.ctx.bind(pipeline, {1: cache.k, 2: cache.v, 3: params,
+                                             4: self._u32(ids, "block_ids", tmp), 5: staging})
+            return Prepared([(pipeline, group, groups)], staging, (2, ids.size) + lay.shape[1:], tmp, lay.np_dtype)
+
+    def prepare_scatter_blocks(self, cache: KVCacheBuffers, block_ids: np.ndarray, k_blocks: np.ndarray,
+                               v_blocks: np.ndarray) -> Prepared:
+        """Swap-in: block block_ids[i] of K and V becomes k_blocks[i] / v_blocks[i]
+        ((n, block_size, n_kv_heads, head_dim) each, in the cache dtype)."""
+        lay = self.layout
+        ids = ref.check_block_ids(block_ids, lay.num_blocks)  # (n,)
+        want = (ids.size,) + lay.shape[1:]
+        for name, blocks in (("k_blocks", k_blocks), ("v_blocks", v_blocks)):
+            if blocks.shape != want or blocks.dtype != lay.np_dtype:
+                raise ValueError(f"{name} must be {want} {lay.np_dtype}, got {blocks.shape} {blocks.dtype}")
+        groups = self._groups(ids.size * lay.block_words)
+        with _Temporaries() as tmp:
+            params = self._scratch(16, "params", tmp, uniform=True)
+            self.ctx.write(params, _params(ids.size, lay.block_words))
+            staging = self.ctx.upload(np.stack([k_blocks, v_blocks]), "staging")  # (2, n, block_size, n_kv, d)
+            tmp.append(staging)
+            pipeline = self.pipelines["scatter_blocks"]
+            group = self.ctx.bind(pipeline, {1: cache.k, 2: cache.v, 3: params,
+                                             4: self._u32(ids, "block_ids", tmp), 5: staging})
+            return Prepared([(pipeline, group, groups)], None, (), tmp)
 
     # ------------------------------------------------------------------ attention
 
@@ -306,7 +345,7 @@ class KVKernels:
             if prepared.out is None:
                 await self.ctx.done()
                 return None
-            return await self.ctx.read_array(prepared.out, np.float32, prepared.out_shape)
+            return await self.ctx.read_array(prepared.out, prepared.out_dtype, prepared.out_shape)
         finally:
             prepared.destroy()
 
@@ -317,6 +356,15 @@ class KVKernels:
     async def copy_blocks(self, cache, pairs) -> None:
         """Block copies on the GPU (see prepare_copy_blocks)."""
         await self.run(self.prepare_copy_blocks(cache, pairs), "copy_blocks")
+
+    async def swap_out(self, cache, block_ids) -> tuple[np.ndarray, np.ndarray]:
+        """The listed blocks of K and V on the host, (n, block_size, n_kv_heads, head_dim) each."""
+        staged = await self.run(self.prepare_gather_blocks(cache, block_ids), "gather_blocks")
+        return staged[0], staged[1]
+
+    async def swap_in(self, cache, block_ids, k_blocks, v_blocks) -> None:
+        """Host blocks back into the listed physical blocks (see prepare_scatter_blocks)."""
+        await self.run(self.prepare_scatter_blocks(cache, block_ids, k_blocks, v_blocks), "scatter_blocks")
 
     async def paged_attention(self, cache, query, block_tables, context_lens, scale=None) -> np.ndarray:
         """Decode attention on the GPU (see prepare_paged_attention)."""

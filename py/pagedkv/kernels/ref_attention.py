@@ -85,6 +85,39 @@ def copy_blocks_ref(k_cache: np.ndarray, v_cache: np.ndarray, pairs: np.ndarray)
     return k_out, v_out
 
 
+def check_block_ids(block_ids: np.ndarray, num_blocks: int) -> np.ndarray:
+    """Validate a list of distinct block ids for swap-out / swap-in; returns them as (n,) int64."""
+    block_ids = np.asarray(block_ids, dtype=np.int64)  # (n,)
+    if block_ids.ndim != 1 or block_ids.size == 0:
+        raise ValueError(f"block ids must be a non-empty 1-D list, got shape {block_ids.shape}")
+    if block_ids.min() < 0 or block_ids.max() >= num_blocks:
+        raise ValueError(f"block ids must lie in [0, {num_blocks}), got range [{block_ids.min()}, {block_ids.max()}]")
+    if np.unique(block_ids).size != block_ids.size:
+        raise ValueError("a block id appears twice in the swap list")
+    return block_ids
+
+
+def gather_blocks_ref(k_cache: np.ndarray, v_cache: np.ndarray, block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Swap-out staging: the listed blocks, in list order, (n, block_size, n_kv_heads, head_dim) each."""
+    _check_cache(k_cache, v_cache)
+    block_ids = check_block_ids(block_ids, k_cache.shape[0])
+    return k_cache[block_ids], v_cache[block_ids]
+
+
+def scatter_blocks_ref(k_cache: np.ndarray, v_cache: np.ndarray, block_ids: np.ndarray, k_blocks: np.ndarray,
+                       v_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Swap-in: block block_ids[i] becomes k_blocks[i] / v_blocks[i]. Returns new caches."""
+    _check_cache(k_cache, v_cache)
+    block_ids = check_block_ids(block_ids, k_cache.shape[0])
+    want = (block_ids.size,) + k_cache.shape[1:]
+    if k_blocks.shape != want or v_blocks.shape != want:
+        raise ValueError(f"swapped-in blocks must be {want}, got {k_blocks.shape} and {v_blocks.shape}")
+    k_out, v_out = k_cache.copy(), v_cache.copy()
+    k_out[block_ids] = k_blocks
+    v_out[block_ids] = v_blocks
+    return k_out, v_out
+
+
 def check_block_tables(block_tables: np.ndarray, context_lens: np.ndarray, num_blocks: int,
                        block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Validate a batch's block tables (num_seqs, max_blocks_per_seq) against its context lengths."""
