@@ -30,17 +30,18 @@ def runs(quick: bool) -> list[str]:
     for context in (512, 4096):
         for dtype in ("f32", "f16"):
             calls.append(f"bench_paged_vs_contiguous('decode', {context}, dtype={dtype!r})")
-    calls.append("bench_paged_vs_contiguous('decode', 4096, batch=4, rounds=5)")
+    calls.append("bench_paged_vs_contiguous('decode', 4096, batch=4)")
     # A 512-token prompt: 512 new query tokens over 512 keys.
-    calls.append("bench_paged_vs_contiguous('prefill', 512, rounds=3, inner=1)")
+    calls.append("bench_paged_vs_contiguous('prefill', 512, rounds=5, inner=1)")
     calls += ["bench_kv_write(1)", "bench_kv_write(512)", "bench_kv_write(512, dtype='f16')"]
     if not quick:  # the ablations behind the defaults
         for tile in (3, 1):
             calls.append(f"bench_attention('decode', 4096, head_tile={tile})")
         for tile in (4, 1):
             calls.append(f"bench_attention('prefill', 512, reps=3, inner=1, query_tile={tile})")
-        for partition in (128, 256, 512, 1024, 4096):
-            calls.append(f"bench_attention('decode', 4096, partition_tokens={partition})")
+        for context in (512, 4096):
+            for partition in (64, 128, 256, 512, 4096):
+                calls.append(f"bench_attention('decode', {context}, partition_tokens={partition})")
         for wg in (4, 16, 64):
             calls.append(f"bench_attention('decode', 4096, workgroup_size={wg})")
     return calls

@@ -71,7 +71,7 @@ async def _attention_setup(kind, context, batch, block_size, dtype, n_heads, n_k
 
 
 async def bench_attention(kind, context, batch=1, block_size=16, dtype="f32", n_heads=9, n_kv=3, head_dim=64,
-                          paged=True, partition_tokens=512, workgroup_size=16, reps=11, inner=4, q_len=512,
+                          paged=True, partition_tokens=128, workgroup_size=16, reps=11, inner=4, q_len=512,
                           head_tile=None, query_tile=4):
     """Median ms of one decode (`kind`="decode") or prefill (`kind`="prefill", q_len new tokens) dispatch."""
     kk, cache, layout, (prepared,) = await _attention_setup(
@@ -91,7 +91,7 @@ async def bench_paged_vs_contiguous(kind, context, batch=1, block_size=16, dtype
     """Scattered vs identity block table on the same cache, timed alternately (the machine's load drifts):
     medians of each and the median of the per-round ratios paged / contiguous."""
     kk, cache, layout, (paged, contiguous) = await _attention_setup(
-        kind, context, batch, block_size, dtype, n_heads, n_kv, head_dim, 512, 16, None, q_len, (True, False))
+        kind, context, batch, block_size, dtype, n_heads, n_kv, head_dim, 128, 16, None, q_len, (True, False))
     t_paged, t_contig, ratios = [], [], []
     for _ in range(rounds):
         t_paged.append(await time_prepared(kk.ctx, paged, 1, inner))

@@ -38,7 +38,7 @@ def test_params_pack_u32_and_f32_fields_in_order():
 
 def test_kernel_calls_validate_before_touching_the_gpu():
     kk = KVKernels(ctx=None, layout=KVLayout(8, 16, 3, 64), n_heads=9)  # no GPU: any GPU use would fail
-    assert (kk.partition_blocks, kk.head_tile) == (32, 3)
+    assert (kk.partition_blocks, kk.head_tile, kk.query_tile) == (8, 3, 4)
     tiles = [KVKernels(None, KVLayout(8, 16, kv, 64), n).head_tile for n, kv in ((8, 2), (12, 2), (10, 2), (4, 4))]
     assert tiles == [4, 3, 1, 1]
     q = np.zeros((2, 9, 64), np.float32)

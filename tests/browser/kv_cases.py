@@ -46,7 +46,7 @@ def errors(got, want):
     return {"max_abs": max_abs, "rel": max_abs / float(np.abs(want).max()), "shape": list(got.shape)}
 
 
-async def decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim, partition_tokens=512):
+async def decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim, partition_tokens=128):
     rng = np.random.default_rng(seed)
     needed = sum(-(-n // block_size) for n in lengths)
     layout = KVLayout(needed + 5, block_size, n_kv, head_dim, dtype)
