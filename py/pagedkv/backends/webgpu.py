@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,10 @@ from pyodide.ffi import create_once_callable, to_js  # type: ignore[import-not-f
 # Limits we ask the device for, at the adapter's real value (the defaults are smaller).
 REQUESTED_LIMITS = ("maxBufferSize", "maxStorageBufferBindingSize", "maxComputeWorkgroupStorageSize",
                     "maxComputeInvocationsPerWorkgroup", "maxComputeWorkgroupSizeX",
-                    "maxStorageBuffersPerShaderStage")
+                    "maxStorageBuffersPerShaderStage", "maxComputeWorkgroupsPerDimension")
+
+# A shader line `//#include other.wgsl` is replaced by that file's text (WGSL has no include of its own).
+_INCLUDE = re.compile(r"^//#include ([A-Za-z0-9_]+)\.wgsl[ \t]*$", re.MULTILINE)
 
 
 class WebGPUUnavailable(RuntimeError):
@@ -62,7 +66,10 @@ async def fetch_bytes(path: str) -> bytes:
 
 
 class ShaderLibrary:
-    """WGSL sources by name, checked against dist/shaders/manifest.json (name -> sha256)."""
+    """WGSL sources by name, checked against dist/shaders/manifest.json (name -> sha256).
+
+    `//#include name.wgsl` lines are expanded, so kernels can share a fragment of helpers.
+    """
 
     def __init__(self) -> None:
         self._manifest: dict | None = None
@@ -80,8 +87,14 @@ class ShaderLibrary:
         digest = hashlib.sha256(data).hexdigest()
         if digest != entry["sha256"]:
             raise RuntimeError(f"shader {entry['file']} sha256 {digest} != manifest {entry['sha256']}")
-        self._sources[name] = data.decode("utf-8")
-        return self._sources[name]
+        text = data.decode("utf-8")
+        for included in set(_INCLUDE.findall(text)):
+            if included == name:
+                raise RuntimeError(f"shader {name}.wgsl includes itself")
+            body = await self.source(included)
+            text = re.sub(rf"^//#include {included}\.wgsl[ \t]*$", lambda _: body, text, flags=re.MULTILINE)
+        self._sources[name] = text
+        return text
 
 
 class GpuContext:
@@ -162,38 +175,84 @@ class GpuContext:
 
     # ---------------------------------------------------------------- kernels
 
-    async def kernel(self, name: str, constants: dict | None = None):
-        """Compile `shaders/<name>.wgsl` once per constant set; validation errors raise GPUError."""
-        key = (name, tuple(sorted((constants or {}).items())))
+    async def kernel(self, name: str, constants: dict | None = None, entry_point: str = "main"):
+        """Compile `shaders/<name>.wgsl` once per constant set and entry point; validation errors raise GPUError."""
+        key = (name, entry_point, tuple(sorted((constants or {}).items())))
         if key in self._pipelines:
             return self._pipelines[key]
         source = await self.shaders.source(name)
         self.device.pushErrorScope("validation")
         module = self.device.createShaderModule(_js_obj({"code": source, "label": name}))
-        compute = {"module": module, "entryPoint": "main"}
+        compute = {"module": module, "entryPoint": entry_point}
         if constants:
             compute["constants"] = _js_obj(constants)
         pipeline = await self.device.createComputePipelineAsync(
-            _js_obj({"layout": "auto", "compute": _js_obj(compute), "label": name}))
+            _js_obj({"layout": "auto", "compute": _js_obj(compute), "label": f"{name}:{entry_point}"}))
         error = await self.device.popErrorScope()
         if error is not None:
             raise GPUError(f"compiling {name}.wgsl: {error.message}")
         self._pipelines[key] = pipeline
         return pipeline
 
-    def dispatch(self, pipeline, buffers: list, workgroups: tuple[int, int, int]) -> None:
-        """Bind `buffers` to @group(0) @binding(0..n-1) and run one compute pass in one submit."""
-        entries = [_js_obj({"binding": i, "resource": _js_obj({"buffer": b})}) for i, b in enumerate(buffers)]
-        bind_group = self.device.createBindGroup(
+    def bind(self, pipeline, buffers: list | dict):
+        """A bind group with `buffers` at @group(0) @binding(0..n-1) (or {binding: buffer}); build once,
+        dispatch many times."""
+        pairs = buffers.items() if isinstance(buffers, dict) else enumerate(buffers)
+        entries = [_js_obj({"binding": i, "resource": _js_obj({"buffer": b})}) for i, b in pairs]
+        self.js_crossings += 2 + len(entries)
+        return self.device.createBindGroup(
             _js_obj({"layout": pipeline.getBindGroupLayout(0), "entries": to_js(entries)}))
+
+    def submit(self, dispatches: list[tuple]) -> None:
+        """Run (pipeline, bind_group, (x, y, z) workgroups) dispatches in order: one pass, one submit.
+
+        Dispatches in one pass see each other's storage writes in order (WebGPU synchronises them).
+        """
         encoder = self.device.createCommandEncoder()
         cpass = encoder.beginComputePass()
-        cpass.setPipeline(pipeline)
-        cpass.setBindGroup(0, bind_group)
-        cpass.dispatchWorkgroups(*workgroups)
+        for pipeline, bind_group, workgroups in dispatches:
+            cpass.setPipeline(pipeline)
+            cpass.setBindGroup(0, bind_group)
+            cpass.dispatchWorkgroups(*workgroups)
         cpass.end()
         self.device.queue.submit(to_js([encoder.finish()]))
-        self.js_crossings += 8 + len(entries)
+        self.js_crossings += 5 + 3 * len(dispatches)
+
+    def dispatch(self, pipeline, buffers: list, workgroups: tuple[int, int, int]) -> None:
+        """Bind `buffers` to @group(0) @binding(0..n-1) and run one compute pass in one submit."""
+        self.submit([(pipeline, self.bind(pipeline, buffers), workgroups)])
+
+    def upload(self, array: np.ndarray, label: str, *, uniform: bool = False):
+        """A new buffer holding `array`'s bytes."""
+        buf = self.buffer(array.nbytes, label, uniform=uniform)
+        self.write(buf, array)
+        return buf
+
+    async def read_array(self, buffer, dtype, shape: tuple) -> np.ndarray:
+        """Read `buffer` back as a numpy array of `shape` and `dtype`."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        return np.frombuffer(await self.read(buffer, nbytes), dtype=dtype).reshape(shape).copy()
+
+    async def done(self) -> None:
+        """Wait until the GPU has finished everything submitted so far."""
+        self.js_crossings += 1
+        await self.device.queue.onSubmittedWorkDone()
+
+    def push_errors(self) -> None:
+        """Start catching validation errors; pair with `await pop_errors(what)`."""
+        self.device.pushErrorScope("validation")
+
+    async def pop_errors(self, what: str) -> None:
+        """Raise GPUError if anything since push_errors() failed validation."""
+        error = await self.device.popErrorScope()
+        if error is not None:
+            raise GPUError(f"{what}: {error.message}")
+
+    @staticmethod
+    def now_ms() -> float:
+        """The page's monotonic clock (performance.now), in milliseconds."""
+        return float(js.performance.now())
 
 
 async def residual_add(ctx: GpuContext, x: np.ndarray, y: np.ndarray, workgroup_size: int = 64) -> np.ndarray:

@@ -1,0 +1,1 @@
+"""Numpy references of the WGSL kernels in shaders/ (pure numpy; CPython and Pyodide)."""

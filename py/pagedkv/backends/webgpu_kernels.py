@@ -1,0 +1,381 @@
+"""Host side of the KV-cache kernels: one layer's paged K/V pool on the GPU and the calls that feed
+shaders/kv_write, copy_blocks, paged_attention (+ _reduce) and paged_prefill_attention.
+
+Uses only GpuContext methods (no `js` here). Every call validates its inputs with the same checks as the
+numpy references in pagedkv.kernels.ref_attention and raises ValueError before touching the GPU.
+Each kernel has a `prepare_*` that uploads inputs and builds bind groups once (a `Prepared` whose
+dispatches can be submitted again and again, as a benchmark or a replayed plan does) and a one-shot
+async call that prepares, submits, reads the result back and frees its temporaries.
+
+Element type of the cache: KVLayout.dtype "f32" or "f16"; it becomes the pipeline constant KV_F16 of the
+kernels, which store f16 packed two per u32 (no shader-f16 feature needed).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..kernels import ref_attention as ref
+
+MAX_BLOCK_SIZE = 32  # MAX_BLOCK_SIZE in paged_attention_common.wgsl
+MAX_HEAD_DIM = 128  # 4 * MAX_VEC in paged_attention_common.wgsl
+KV_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}
+WORD_BYTES = 16  # the kernels address the cache in vec4<u32> words
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Shape and element type of one layer's K (and V) cache: (num_blocks, block_size, n_kv_heads, head_dim)."""
+
+    num_blocks: int
+    block_size: int
+    n_kv_heads: int
+    head_dim: int
+    dtype: str = "f32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in KV_DTYPES:
+            raise ValueError(f"KV dtype must be one of {sorted(KV_DTYPES)}, got {self.dtype!r}")
+        if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size must be in 1..{MAX_BLOCK_SIZE} (the kernels keep one block of "
+                             f"scores in registers), got {self.block_size}")
+        if self.head_dim % 16 or not 16 <= self.head_dim <= MAX_HEAD_DIM:
+            raise ValueError(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
+        if self.num_blocks < 1 or self.n_kv_heads < 1:
+            raise ValueError(f"num_blocks and n_kv_heads must be >= 1, got {self.num_blocks}, {self.n_kv_heads}")
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.num_blocks, self.block_size, self.n_kv_heads, self.head_dim)
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return KV_DTYPES[self.dtype]
+
+    @property
+    def row_words(self) -> int:
+        """vec4<u32> words per (token, kv head) row."""
+        return self.head_dim * self.np_dtype.itemsize // WORD_BYTES
+
+    @property
+    def block_words(self) -> int:
+        return self.block_size * self.n_kv_heads * self.row_words
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one cache (K or V) of this layer."""
+        return self.num_blocks * self.block_words * WORD_BYTES
+
+    @property
+    def constants(self) -> dict:
+        return {"HEAD_DIM": self.head_dim, "KV_F16": int(self.dtype == "f16")}
+
+
+class KVCacheBuffers:
+    """One layer's K and V pool buffers on the GPU."""
+
+    def __init__(self, ctx, layout: KVLayout) -> None:
+        self.ctx = ctx
+        self.layout = layout
+        self.k = ctx.buffer(layout.nbytes, "k_cache")  # (num_blocks, block_size, n_kv_heads, head_dim)
+        self.v = ctx.buffer(layout.nbytes, "v_cache")  # (num_blocks, block_size, n_kv_heads, head_dim)
+
+    def upload(self, k_cache: np.ndarray, v_cache: np.ndarray) -> None:
+        """Overwrite both caches with host arrays of the layout's shape and dtype."""
+        for name, array in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if array.shape != self.layout.shape or array.dtype != self.layout.np_dtype:
+                raise ValueError(f"{name} must be {self.layout.shape} {self.layout.np_dtype}, "
+                                 f"got {array.shape} {array.dtype}")
+        self.ctx.write(self.k, k_cache)
+        self.ctx.write(self.v, v_cache)
+
+    async def read(self) -> tuple[np.ndarray, np.ndarray]:
+        """Both caches back on the host, in the layout's shape and dtype."""
+        shape, dtype = self.layout.shape, self.layout.np_dtype
+        return await self.ctx.read_array(self.k, dtype, shape), await self.ctx.read_array(self.v, dtype, shape)
+
+    def destroy(self) -> None:
+        self.k.destroy()
+        self.v.destroy()
+
+
+@dataclass
+class Prepared:
+    """Uploaded inputs + bind groups of one kernel call; `dispatches` can be submitted any number of times."""
+
+    dispatches: list
+    out: object  # result buffer (None for in-place kernels)
+    out_shape: tuple
+    temporaries: list = field(default_factory=list)
+    out_dtype: np.dtype = np.dtype(np.float32)
+
+    def destroy(self) -> None:
+        for buf in self.temporaries:
+            buf.destroy()
+        self.temporaries = []
+
+
+class _Temporaries(list):
+    """The GPU buffers one call creates; all destroyed again if preparing the call fails half-way."""
+
+    def __enter__(self) -> "_Temporaries":
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        if exc_type is not None:
+            for buf in self:
+                buf.destroy()
+            self.clear()
+
+
+def _params(*fields) -> np.ndarray:
+    """A uniform block of u32 / f32 fields, in declaration order."""
+    words = np.zeros(max(4, -(-len(fields) // 4) * 4), dtype=np.uint32)  # padded to 16 bytes
+    for i, value in enumerate(fields):
+        words[i] = np.float32(value).view(np.uint32) if isinstance(value, float) else np.uint32(value)
+    return words
+
+
+class KVKernels:
+    """The compiled KV-cache kernels for one layout and query-head count, and their host calls."""
+
+    def __init__(self, ctx, layout: KVLayout, n_heads: int, *, partition_tokens: int = 128,
+                 workgroup_size: int = 16, head_tile: int | None = None, query_tile: int = 4) -> None:
+        # partition_tokens: flash-decoding split. Small partitions give a single sequence's decode enough
+        # invocations to use every core (SwiftShader runs one workgroup per thread); measured at 512 tokens,
+        # 128 beat 512 by ~25% and matched it at 4,096.
+        ref.check_heads(n_heads, layout.n_kv_heads)
+        if partition_tokens < layout.block_size:
+            raise ValueError(f"partition_tokens ({partition_tokens}) must be >= block_size ({layout.block_size})")
+        self.ctx = ctx
+        self.layout = layout
+        self.n_heads = n_heads
+        self.partition_blocks = partition_tokens // layout.block_size
+        self.workgroup_size = workgroup_size
+        group = n_heads // layout.n_kv_heads
+        # Query heads per invocation: by default the largest tile (<= 4, the kernels' vec4 of states) that
+        # splits a GQA group evenly, so each K/V load serves that many heads.
+        if head_tile is None:
+            head_tile = max(t for t in (1, 2, 3, 4) if group % t == 0)
+        if head_tile not in (1, 2, 3, 4) or group % head_tile:
+            raise ValueError(f"head_tile must be 1..4 and divide the {group} query heads per kv head, got {head_tile}")
+        self.head_tile = head_tile
+        if query_tile not in (1, 2, 3, 4):
+            raise ValueError(f"query_tile must be 1..4 (new tokens per prefill invocation), got {query_tile}")
+        self.query_tile = query_tile
+        self.pipelines: dict[str, object] = {}
+
+    async def compile(self) -> "KVKernels":
+        """Compile the seven pipelines once (GpuContext caches them per constant set)."""
+        wg = {"WORKGROUP_SIZE": self.workgroup_size}
+        consts = dict(self.layout.constants, **wg)
+        for entry in ("gather_blocks", "scatter_blocks"):
+            self.pipelines[entry] = await self.ctx.kernel("copy_blocks", wg, entry_point=entry)
+        for name, constants in (("kv_write", consts), ("copy_blocks", wg),
+                                ("paged_attention", dict(consts, SLOTS=self.head_tile)),
+                                ("paged_prefill_attention", dict(consts, SLOTS=self.query_tile)),
+                                ("paged_attention_reduce", {"HEAD_DIM": self.layout.head_dim, **wg})):
+            self.pipelines[name] = await self.ctx.kernel(name, constants)
+        return self
+
+    def _groups(self, invocations: int) -> tuple[int, int, int]:
+        groups = -(-invocations // self.workgroup_size)
+        limit = self.ctx.info.limits.get("maxComputeWorkgroupsPerDimension", 65535)
+        if groups > limit:
+            raise ValueError(f"{invocations} invocations need {groups} workgroups of {self.workgroup_size}, "
+                             f"over the device limit {limit}; split the batch")
+        return (max(groups, 1), 1, 1)
+
+    def _u32(self, array: np.ndarray, label: str, temporaries: list):
+        buf = self.ctx.upload(np.ascontiguousarray(array, dtype=np.uint32), label)
+        temporaries.append(buf)
+        return buf
+
+    def _f32(self, array: np.ndarray, label: str, temporaries: list):
+        buf = self.ctx.upload(np.ascontiguousarray(array, dtype=np.float32), label)
+        temporaries.append(buf)
+        return buf
+
+    def _scratch(self, nbytes: int, label: str, temporaries: list, uniform: bool = False):
+        buf = self.ctx.buffer(nbytes, label, uniform=uniform)
+        temporaries.append(buf)
+        return buf
+
+    # ------------------------------------------------------------------ kv_write / copy_blocks
+
+    def prepare_kv_write(self, cache: KVCacheBuffers, k_new: np.ndarray, v_new: np.ndarray,
+                         slot_mapping: np.ndarray) -> Prepared:
+        """Rows k_new/v_new (num_tokens, n_kv_heads, head_dim) into their slots of `cache`."""
+        lay = self.layout
+        slots = ref.check_kv_rows(k_new, v_new, slot_mapping, lay.shape)  # (num_tokens,)
+        groups = self._groups(slots.size * lay.n_kv_heads * lay.row_words)
+        with _Temporaries() as tmp:
+            params = self._scratch(16, "params", tmp, uniform=True)
+            self.ctx.write(params, _params(slots.size, lay.n_kv_heads))
+            buffers = [self._f32(k_new, "k_new", tmp), self._f32(v_new, "v_new", tmp),
+                       self._u32(slots, "slots", tmp), cache.k, cache.v, params]
+            pipeline = self.pipelines["kv_write"]
+            return Prepared([(pipeline, self.ctx.bind(pipeline, buffers), groups)], None, (), tmp)
+
+    def prepare_copy_blocks(self, cache: KVCacheBuffers, pairs: np.ndarray) -> Prepared:
+        """Copy block src -> dst for each (src, dst) row of `pairs` (n, 2), in K and V."""
+        pairs = ref.check_block_pairs(pairs, self.layout.num_blocks)  # (n, 2)
+        groups = self._groups(pairs.shape[0] * self.layout.block_words)
+        with _Temporaries() as tmp:
+            params = self._scratch(16, "params", tmp, uniform=True)
+            self.ctx.write(params, _params(pairs.shape[0], self.layout.block_words))
+            buffers = [self._u32(pairs, "block_pairs", tmp), cache.k, cache.v, params]
+            pipeline = self.pipelines["copy_blocks"]
+            return Prepared([(pipeline, self.ctx.bind(pipeline, buffers), groups)], None, (), tmp)
+
+    def prepare_gather_blocks(self, cache: KVCacheBuffers, block_ids: np.ndarray) -> Prepared:
+        """Swap-out staging: the listed blocks of K and V, copied into one buffer read back as
+        (2, n, block_size, n_kv_heads, head_dim) in the cache dtype."""
+        lay = self.layout
+        ids = ref.check_block_ids(block_ids, lay.num_blocks)  # (n,)
+        groups = self._groups(ids.size * lay.block_words)
+        with _Temporaries() as tmp:
+            params = self._scratch(16, "params", tmp, uniform=True)
+            self.ctx.write(params, _params(ids.size, lay.block_words))
+            staging = self._scratch(2 * ids.size * lay.block_words * WORD_BYTES, "staging", tmp)
+            pipeline = self.pipelines["gather_blocks"]
+            group = self.ctx.bind(pipeline, {1: cache.k, 2: cache.v, 3: params,
+                                             4: self._u32(ids, "block_ids", tmp), 5: staging})
+            return Prepared([(pipeline, group, groups)], staging, (2, ids.size) + lay.shape[1:], tmp, lay.np_dtype)
+
+    def prepare_scatter_blocks(self, cache: KVCacheBuffers, block_ids: np.ndarray, k_blocks: np.ndarray,
+                               v_blocks: np.ndarray) -> Prepared:
+        """Swap-in: block block_ids[i] of K and V becomes k_blocks[i] / v_blocks[i]
+        ((n, block_size, n_kv_heads, head_dim) each, in the cache dtype)."""
+        lay = self.layout
+        ids = ref.check_block_ids(block_ids, lay.num_blocks)  # (n,)
+        want = (ids.size,) + lay.shape[1:]
+        for name, blocks in (("k_blocks", k_blocks), ("v_blocks", v_blocks)):
+            if blocks.shape != want or blocks.dtype != lay.np_dtype:
+                raise ValueError(f"{name} must be {want} {lay.np_dtype}, got {blocks.shape} {blocks.dtype}")
+        groups = self._groups(ids.size * lay.block_words)
+        with _Temporaries() as tmp:
+            params = self._scratch(16, "params", tmp, uniform=True)
+            self.ctx.write(params, _params(ids.size, lay.block_words))
+            staging = self.ctx.upload(np.stack([k_blocks, v_blocks]), "staging")  # (2, n, block_size, n_kv, d)
+            tmp.append(staging)
+            pipeline = self.pipelines["scatter_blocks"]
+            group = self.ctx.bind(pipeline, {1: cache.k, 2: cache.v, 3: params,
+                                             4: self._u32(ids, "block_ids", tmp), 5: staging})
+            return Prepared([(pipeline, group, groups)], None, (), tmp)
+
+    # ------------------------------------------------------------------ attention
+
+    def _check_attention(self, query, block_tables, context_lens, query_start_loc=None):
+        lay = self.layout
+        if query.ndim != 3 or query.shape[1:] != (self.n_heads, lay.head_dim):
+            raise ValueError(f"query must be (tokens, n_heads={self.n_heads}, head_dim={lay.head_dim}), "
+                             f"got {query.shape}")
+        tables, lens = ref.check_block_tables(block_tables, context_lens, lay.num_blocks, lay.block_size)
+        starts = None if query_start_loc is None else ref.check_query_start_loc(query_start_loc, lens, query.shape[0])
+        if query_start_loc is None and query.shape[0] != lens.size:
+            raise ValueError(f"decode takes one query token per sequence: {query.shape[0]} queries for "
+                             f"{lens.size} sequences")
+        max_parts = int(-(-(-(-lens.max() // lay.block_size)) // self.partition_blocks))
+        return tables, lens, starts, max_parts
+
+    def _attention_inputs(self, cache, query, tables, lens, max_parts, scale, tmp) -> list:
+        """Bindings 0-5 shared by both attention kernels (paged_attention_common.wgsl)."""
+        lay = self.layout
+        scale = 1.0 / math.sqrt(lay.head_dim) if scale is None else float(scale)
+        params = _params(lens.size, self.n_heads, lay.n_kv_heads, lay.block_size, tables.shape[1],
+                         self.partition_blocks, max_parts, scale)
+        buffers = [self._f32(query, "query", tmp), cache.k, cache.v, self._u32(tables, "block_tables", tmp),
+                   self._u32(lens, "context_lens", tmp), self._scratch(params.nbytes, "params", tmp, uniform=True)]
+        self.ctx.write(buffers[-1], params)
+        return buffers
+
+    def prepare_paged_attention(self, cache: KVCacheBuffers, query: np.ndarray, block_tables: np.ndarray,
+                                context_lens: np.ndarray, scale: float | None = None) -> Prepared:
+        """Decode attention of query (num_seqs, n_heads, head_dim) -> out (num_seqs, n_heads, head_dim) f32.
+
+        Contexts longer than one partition are split across invocations and merged by a second dispatch.
+        """
+        tables, lens, _, max_parts = self._check_attention(query, block_tables, context_lens)
+        num_seqs, d = lens.size, self.layout.head_dim
+        groups = self._groups(num_seqs * max_parts * self.n_heads // self.head_tile)
+        reduce_groups = self._groups(num_seqs * self.n_heads * d // 4)
+        with _Temporaries() as tmp:
+            buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
+            out = self._scratch(num_seqs * self.n_heads * d * 4, "out", tmp)  # (num_seqs, n_heads, head_dim)
+            part_acc = self._scratch(num_seqs * max_parts * self.n_heads * d * 4, "part_acc", tmp)
+            part_stats = self._scratch(num_seqs * max_parts * self.n_heads * 8, "part_stats", tmp)
+            attn = self.pipelines["paged_attention"]
+            dispatches = [(attn, self.ctx.bind(attn, buffers + [out, part_acc, part_stats]), groups)]
+            if max_parts > 1:
+                reduce = self.pipelines["paged_attention_reduce"]
+                params = self._scratch(32, "reduce_params", tmp, uniform=True)
+                self.ctx.write(params, _params(num_seqs, self.n_heads, self.layout.block_size,
+                                               self.partition_blocks, max_parts))
+                group = self.ctx.bind(reduce, [buffers[4], part_acc, part_stats, out, params])
+                dispatches.append((reduce, group, reduce_groups))
+            return Prepared(dispatches, out, (num_seqs, self.n_heads, d), tmp)
+
+    def prepare_prefill_attention(self, cache: KVCacheBuffers, query: np.ndarray, query_start_loc: np.ndarray,
+                                  block_tables: np.ndarray, context_lens: np.ndarray,
+                                  scale: float | None = None) -> Prepared:
+        """Causal chunked prefill of query (num_tokens, n_heads, head_dim) -> out of the same shape, f32.
+
+        Run kv_write for the chunk's new tokens first: the kernel reads all keys through the block table.
+        """
+        tables, lens, starts, max_parts = self._check_attention(query, block_tables, context_lens, query_start_loc)
+        tiles = -(-np.diff(starts) // self.query_tile)  # (num_seqs,) invocations per head of each sequence
+        tile_starts = np.concatenate([[0], np.cumsum(tiles)])  # (num_seqs + 1,)
+        groups = self._groups(int(tile_starts[-1]) * self.n_heads)
+        with _Temporaries() as tmp:
+            buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
+            out = self._scratch(query.shape[0] * self.n_heads * self.layout.head_dim * 4, "out", tmp)
+            pipeline = self.pipelines["paged_prefill_attention"]
+            starts = self._u32(np.stack([starts, tile_starts]), "starts", tmp)  # (2, num_seqs + 1)
+            group = self.ctx.bind(pipeline, buffers + [starts, out])
+            return Prepared([(pipeline, group, groups)], out, query.shape, tmp)
+
+    # ------------------------------------------------------------------ one-shot calls
+
+    async def run(self, prepared: Prepared, what: str) -> np.ndarray | None:
+        """Submit once, read the result (if any) back, free the temporaries."""
+        try:
+            self.ctx.push_errors()
+            self.ctx.submit(prepared.dispatches)
+            await self.ctx.pop_errors(what)
+            if prepared.out is None:
+                await self.ctx.done()
+                return None
+            return await self.ctx.read_array(prepared.out, prepared.out_dtype, prepared.out_shape)
+        finally:
+            prepared.destroy()
+
+    async def kv_write(self, cache, k_new, v_new, slot_mapping) -> None:
+        """Reshape-and-cache on the GPU (see prepare_kv_write)."""
+        await self.run(self.prepare_kv_write(cache, k_new, v_new, slot_mapping), "kv_write")
+
+    async def copy_blocks(self, cache, pairs) -> None:
+        """Block copies on the GPU (see prepare_copy_blocks)."""
+        await self.run(self.prepare_copy_blocks(cache, pairs), "copy_blocks")
+
+    async def swap_out(self, cache, block_ids) -> tuple[np.ndarray, np.ndarray]:
+        """The listed blocks of K and V on the host, (n, block_size, n_kv_heads, head_dim) each."""
+        staged = await self.run(self.prepare_gather_blocks(cache, block_ids), "gather_blocks")
+        return staged[0], staged[1]
+
+    async def swap_in(self, cache, block_ids, k_blocks, v_blocks) -> None:
+        """Host blocks back into the listed physical blocks (see prepare_scatter_blocks)."""
+        await self.run(self.prepare_scatter_blocks(cache, block_ids, k_blocks, v_blocks), "scatter_blocks")
+
+    async def paged_attention(self, cache, query, block_tables, context_lens, scale=None) -> np.ndarray:
+        """Decode attention on the GPU (see prepare_paged_attention)."""
+        return await self.run(self.prepare_paged_attention(cache, query, block_tables, context_lens, scale),
+                              "paged_attention")
+
+    async def prefill_attention(self, cache, query, query_start_loc, block_tables, context_lens,
+                                scale=None) -> np.ndarray:
+        """Prefill attention on the GPU (see prepare_prefill_attention)."""
+        prepared = self.prepare_prefill_attention(cache, query, query_start_loc, block_tables, context_lens, scale)
+        return await self.run(prepared, "paged_prefill_attention")

@@ -1,0 +1,170 @@
+"""Cases for the KV-cache kernel tests; this file is sent to the page's worker and runs there.
+
+Each case builds random caches with scattered, non-monotonic block tables, runs a kernel on the GPU and
+its numpy reference (pagedkv.kernels.ref_attention) on the same data, and returns the errors as JSON.
+"""
+import math
+
+import numpy as np
+
+from pagedkv.backends import webgpu
+from pagedkv.backends.webgpu_kernels import KVCacheBuffers, KVKernels, KVLayout
+from pagedkv.kernels import ref_attention as ref
+
+_STATE = {}
+
+
+async def kernels(layout, n_heads, **options):
+    """Compiled kernels for a layout, on one GpuContext shared by every case of the page."""
+    if "ctx" not in _STATE:
+        _STATE["ctx"] = await webgpu.GpuContext.create()
+    return await KVKernels(_STATE["ctx"], layout, n_heads, **options).compile()
+
+
+def block_tables(rng, lengths, block_size, num_blocks, contiguous=False):
+    """(num_seqs, max_blocks) tables: shuffled physical blocks (or 0, 1, 2, ... when contiguous)."""
+    needed = [-(-n // block_size) for n in lengths]
+    if sum(needed) > num_blocks:
+        raise ValueError(f"{sum(needed)} blocks needed, pool has {num_blocks}")
+    order = np.arange(num_blocks) if contiguous else rng.permutation(num_blocks)
+    tables = np.zeros((len(lengths), max(needed) + 1), dtype=np.int64)  # spare column: stride != used blocks
+    at = 0
+    for s, n in enumerate(needed):
+        tables[s, :n] = order[at:at + n]
+        at += n
+    return tables
+
+
+def random_cache(rng, layout):
+    shape = layout.shape
+    return (rng.standard_normal(shape).astype(layout.np_dtype), rng.standard_normal(shape).astype(layout.np_dtype))
+
+
+def errors(got, want):
+    diff = np.abs(got.astype(np.float64) - want)
+    max_abs = float(diff.max())
+    return {"max_abs": max_abs, "rel": max_abs / float(np.abs(want).max()), "shape": list(got.shape)}
+
+
+async def decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim, partition_tokens=128):
+    rng = np.random.default_rng(seed)
+    needed = sum(-(-n // block_size) for n in lengths)
+    layout = KVLayout(needed + 5, block_size, n_kv, head_dim, dtype)
+    k_cache, v_cache = random_cache(rng, layout)
+    tables = block_tables(rng, lengths, block_size, layout.num_blocks)
+    query = rng.standard_normal((len(lengths), n_heads, head_dim)).astype(np.float32)
+    kk = await kernels(layout, n_heads, partition_tokens=partition_tokens)
+    cache = KVCacheBuffers(kk.ctx, layout)
+    cache.upload(k_cache, v_cache)
+    prepared = kk.prepare_paged_attention(cache, query, tables, np.array(lengths))
+    dispatches = len(prepared.dispatches)
+    got = await kk.run(prepared, "paged_attention")
+    cache.destroy()
+    want = ref.paged_attention_ref(query, k_cache, v_cache, tables, np.array(lengths), 1 / math.sqrt(head_dim))
+    partitions = -(-(-(-max(lengths) // block_size)) // kk.partition_blocks)
+    return dict(errors(got, want), dispatches=dispatches, partitions=partitions)
+
+
+async def decode_bad_table():
+    """A block id past the pool must be refused with ValueError before anything is dispatched."""
+    layout = KVLayout(8, 16, 3, 64, "f32")
+    kk = await kernels(layout, 9)
+    cache = KVCacheBuffers(kk.ctx, layout)
+    try:
+        await kk.paged_attention(cache, np.zeros((2, 9, 64), np.float32), np.array([[0, 1], [8, 2]]),
+                                 np.array([20, 5]))
+    finally:
+        cache.destroy()
+
+
+async def prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim, **options):
+    """chunks: (cached tokens, new tokens) per sequence; the new K/V go in with kv_write first."""
+    rng = np.random.default_rng(seed)
+    lengths = [c + n for c, n in chunks]
+    needed = sum(-(-n // block_size) for n in lengths)
+    layout = KVLayout(needed + 3, block_size, n_kv, head_dim, dtype)
+    k_cache, v_cache = random_cache(rng, layout)
+    tables = block_tables(rng, lengths, block_size, layout.num_blocks)
+    slots = np.concatenate([ref.slots_of(tables[s], np.arange(c, c + n), block_size)
+                            for s, (c, n) in enumerate(chunks)])  # (num_new_tokens,)
+    k_new = rng.standard_normal((slots.size, n_kv, head_dim)).astype(np.float32)
+    v_new = rng.standard_normal((slots.size, n_kv, head_dim)).astype(np.float32)
+    starts = np.concatenate([[0], np.cumsum([n for _, n in chunks])])
+    query = rng.standard_normal((slots.size, n_heads, head_dim)).astype(np.float32)
+    kk = await kernels(layout, n_heads, **options)
+    cache = KVCacheBuffers(kk.ctx, layout)
+    cache.upload(k_cache, v_cache)
+    await kk.kv_write(cache, k_new, v_new, slots)
+    got = await kk.prefill_attention(cache, query, starts, tables, np.array(lengths))
+    cache.destroy()
+    k_ref, v_ref = ref.kv_write_ref(k_cache, v_cache, k_new, v_new, slots)
+    want = ref.paged_prefill_attention_ref(query, k_ref, v_ref, tables, starts, np.array(lengths),
+                                           1 / math.sqrt(head_dim))
+    return errors(got, want)
+
+
+async def kv_write_case(seed, lengths, block_size, dtype, n_kv, head_dim):
+    """Writes every token of several sequences into scattered slots; returns mismatch counts."""
+    rng = np.random.default_rng(seed)
+    needed = sum(-(-n // block_size) for n in lengths)
+    layout = KVLayout(needed + 4, block_size, n_kv, head_dim, dtype)
+    k_cache, v_cache = random_cache(rng, layout)
+    tables = block_tables(rng, lengths, block_size, layout.num_blocks)
+    slots = np.concatenate([ref.slots_of(tables[s], np.arange(n), block_size) for s, n in enumerate(lengths)])
+    slots = slots[rng.permutation(slots.size)]  # tokens arrive in any order
+    k_new = rng.standard_normal((slots.size, n_kv, head_dim)).astype(np.float32)
+    v_new = rng.standard_normal((slots.size, n_kv, head_dim)).astype(np.float32)
+    kk = await kernels(layout, n_kv)
+    cache = KVCacheBuffers(kk.ctx, layout)
+    cache.upload(k_cache, v_cache)
+    await kk.kv_write(cache, k_new, v_new, slots)
+    k_got, v_got = await cache.read()
+    cache.destroy()
+    k_want, v_want = ref.kv_write_ref(k_cache, v_cache, k_new, v_new, slots)
+    return {"tokens": int(slots.size),
+            "k_mismatch": int((k_got.view(np.uint16 if dtype == "f16" else np.uint32)
+                               != k_want.view(np.uint16 if dtype == "f16" else np.uint32)).sum()),
+            "v_mismatch": int((v_got.view(np.uint16 if dtype == "f16" else np.uint32)
+                               != v_want.view(np.uint16 if dtype == "f16" else np.uint32)).sum()),
+            "k_max_abs": float(np.abs(k_got.astype(np.float64) - k_want).max()),
+            "untouched_equal": bool(np.array_equal(np.delete(k_got.reshape(-1, n_kv, head_dim), slots, axis=0),
+                                                   np.delete(k_cache.reshape(-1, n_kv, head_dim), slots, axis=0)))}
+
+
+async def copy_blocks_case(seed, num_blocks, block_size, dtype, n_kv, head_dim, pairs):
+    rng = np.random.default_rng(seed)
+    layout = KVLayout(num_blocks, block_size, n_kv, head_dim, dtype)
+    k_cache, v_cache = random_cache(rng, layout)
+    kk = await kernels(layout, n_kv)
+    cache = KVCacheBuffers(kk.ctx, layout)
+    cache.upload(k_cache, v_cache)
+    await kk.copy_blocks(cache, np.array(pairs))
+    k_got, v_got = await cache.read()
+    cache.destroy()
+    k_want, v_want = ref.copy_blocks_ref(k_cache, v_cache, np.array(pairs))
+    return {"k_equal": bool(np.array_equal(k_got.view(np.uint16), k_want.view(np.uint16))),
+            "v_equal": bool(np.array_equal(v_got.view(np.uint16), v_want.view(np.uint16))),
+            "blocks_changed": int(sum(not np.array_equal(k_got[b], k_cache[b]) for b in range(num_blocks)))}
+
+
+async def swap_case(seed, num_blocks, block_size, dtype, n_kv, head_dim, out_ids, in_ids):
+    """Swap blocks out to the host, then back in to other physical blocks; bit-exact comparisons."""
+    rng = np.random.default_rng(seed)
+    layout = KVLayout(num_blocks, block_size, n_kv, head_dim, dtype)
+    k_cache, v_cache = random_cache(rng, layout)
+    kk = await kernels(layout, n_kv)
+    cache = KVCacheBuffers(kk.ctx, layout)
+    cache.upload(k_cache, v_cache)
+    k_blocks, v_blocks = await kk.swap_out(cache, np.array(out_ids))
+    await kk.swap_in(cache, np.array(in_ids), k_blocks, v_blocks)
+    k_got, v_got = await cache.read()
+    cache.destroy()
+    k_out_ref, v_out_ref = ref.gather_blocks_ref(k_cache, v_cache, np.array(out_ids))
+    k_ref, v_ref = ref.scatter_blocks_ref(k_cache, v_cache, np.array(in_ids), k_out_ref, v_out_ref)
+    bits = np.uint16 if dtype == "f16" else np.uint32
+    return {"out_shape": list(k_blocks.shape), "out_dtype": str(k_blocks.dtype),
+            "swap_out_equal": bool(np.array_equal(k_blocks.view(bits), k_out_ref.view(bits))
+                                   and np.array_equal(v_blocks.view(bits), v_out_ref.view(bits))),
+            "swap_in_equal": bool(np.array_equal(k_got.view(bits), k_ref.view(bits))
+                                  and np.array_equal(v_got.view(bits), v_ref.view(bits))),
+            "blocks_changed": int(sum(not np.array_equal(k_got[b], k_cache[b]) for b in range(num_blocks)))}

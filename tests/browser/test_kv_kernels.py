@@ -1,0 +1,117 @@
+"""KV-cache kernels on real WebGPU (SwiftShader here) against their numpy references.
+
+Every case runs in the page's worker (tests/browser/kv_cases.py): random caches, scattered non-monotonic
+block tables, several sequences of different lengths (not multiples of the block size) in one batch,
+block sizes 8/16/32, f32 and packed-f16 KV, SmolLM2's GQA (9 query heads / 3 kv heads, head_dim 64) and
+small configs (4 / 2 and 8 / 2 heads, head_dim 16; 4 / 4 heads, head_dim 32), so every head tile 1..4 runs.
+The references run in float64 on the very cache values the GPU holds, so the bounds below measure only
+the kernels' f32 arithmetic.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+CASES = Path(__file__).with_name("kv_cases.py")
+
+# Error bounds: max |gpu - reference| and that divided by max |reference|. Measured here (SwiftShader):
+# decode <= 3.1e-7 abs / 1.0e-6 rel (the rel peak is a 4,096-token f16 context, whose outputs average
+# out to ~0.15); prefill <= 8.4e-7 abs / 3.5e-7 rel. kv_write and copy_blocks are bit-exact.
+DECODE_MAX_ABS, DECODE_REL = 3e-6, 1e-5
+PREFILL_MAX_ABS, PREFILL_REL = 5e-6, 5e-6
+
+SMOLLM2 = (9, 3, 64)  # n_heads, n_kv_heads, head_dim; decode runs 3 heads per invocation (SLOTS)
+SMALL = (4, 2, 16)  # 2 heads per decode invocation
+MHA = (4, 4, 32)  # no GQA: 1 head per decode invocation
+GROUP4 = (8, 2, 16)  # 4 heads per decode invocation
+CONFIGS = pytest.mark.parametrize("heads", [SMOLLM2, SMALL, MHA, GROUP4],
+                                  ids=["gqa9-3-d64", "gqa4-2-d16", "mha4-d32", "gqa8-2-d16"])
+
+
+@pytest.fixture(scope="module")
+def page(ready_page):
+    ready_page.py(CASES.read_text() + "\nNone")
+    return ready_page
+
+
+def run(page, calls: list[str]) -> list:
+    """Await each call in the worker, in one crossing into the page."""
+    return page.py("import json\njson.dumps([" + ", ".join(f"await {c}" for c in calls) + "])")
+
+
+def test_kv_write_stores_every_row_in_its_slot_bit_exact(page):
+    calls = [f"kv_write_case({seed}, [3, {bs + 5}, {2 * bs - 1}], {bs}, {dtype!r}, {n_kv}, {d})"
+             for seed, bs in enumerate((8, 16, 32)) for dtype in ("f32", "f16") for _, n_kv, d in (SMOLLM2, SMALL)]
+    results = run(page, calls)
+    for call, r in zip(calls, results):
+        # f32 is copied; f16 is rounded by pack2x16float exactly as numpy's astype(float16) rounds.
+        assert (r["k_mismatch"], r["v_mismatch"], r["k_max_abs"]) == (0, 0, 0.0), call
+        assert r["untouched_equal"] is True, call
+    assert [r["tokens"] for r in results[:4]] == [3 + 13 + 15] * 4
+
+
+def test_copy_blocks_copies_exactly_the_listed_blocks(page):
+    pairs = [[7, 2], [0, 9], [11, 4], [5, 6]]  # out of order, forward and backward
+    calls = [f"copy_blocks_case({seed}, 12, {bs}, {dtype!r}, 3, 64, {pairs})"
+             for seed, (bs, dtype) in enumerate([(8, "f32"), (16, "f16"), (32, "f32"), (32, "f16")])]
+    for call, r in zip(calls, run(page, calls)):
+        assert r == {"k_equal": True, "v_equal": True, "blocks_changed": 4}, call
+
+
+def test_swap_out_and_in_round_trips_blocks_bit_exact(page):
+    calls = [f"swap_case({seed}, 12, {bs}, {dtype!r}, 3, 64, [5, 2, 9, 11], [0, 7, 3, 2])"
+             for seed, (bs, dtype) in enumerate([(8, "f32"), (16, "f16"), (32, "f16")])]
+    results = run(page, calls)
+    for call, r, bs in zip(calls, results, (8, 16, 32)):
+        assert r["swap_out_equal"] and r["swap_in_equal"], call
+        assert r["out_shape"] == [4, bs, 3, 64] and r["blocks_changed"] == 4, call
+    assert [r["out_dtype"] for r in results] == ["float32", "float16", "float16"]
+
+
+@CONFIGS
+def test_paged_decode_attention_matches_reference(page, heads):
+    n_heads, n_kv, d = heads
+    # One partition of 512 tokens: every sequence is finished by pass 1.
+    calls = [f"decode_case({seed}, [1, {bs - 1}, {3 * bs + 5}, 200, 97], {bs}, {dtype!r}, {n_heads}, {n_kv}, {d},"
+             " partition_tokens=512)" for seed, bs in enumerate((8, 16, 32)) for dtype in ("f32", "f16")]
+    # Small partitions so these short contexts already go through the split + merge pass.
+    calls += [f"decode_case({10 + i}, [300, 17, 129, 64], 16, {dtype!r}, {n_heads}, {n_kv}, {d}, partition_tokens=32)"
+              for i, dtype in enumerate(("f32", "f16"))]
+    results = run(page, calls)
+    for call, r in zip(calls, results):
+        assert r["max_abs"] <= DECODE_MAX_ABS and r["rel"] <= DECODE_REL, (call, r)
+        assert r["shape"] == [5 if "200" in call else 4, n_heads, d]
+    assert [r["dispatches"] for r in results] == [1] * 6 + [2, 2]
+
+
+def test_paged_decode_long_contexts_split_and_merge(page):
+    n_heads, n_kv, d = SMOLLM2
+    calls = [f"decode_case(20, [3001, 17, 4100, 513], 16, 'f32', {n_heads}, {n_kv}, {d})",
+             f"decode_case(21, [4096, 1000], 32, 'f16', {n_heads}, {n_kv}, {d})"]
+    results = run(page, calls)
+    for call, r in zip(calls, results):
+        assert r["max_abs"] <= DECODE_MAX_ABS and r["rel"] <= DECODE_REL, (call, r)
+        assert r["dispatches"] == 2, call  # default 128-token partitions: pass 1 + the merge pass
+    assert results[0]["partitions"] == 33 and results[1]["partitions"] == 32
+
+
+@CONFIGS
+def test_paged_prefill_attention_with_cached_prefixes_matches_reference(page, heads):
+    n_heads, n_kv, d = heads
+    # (tokens already cached, new tokens): a prefix hit, a fresh prompt, a one-token chunk, a long tail.
+    chunks = "[(37, 11), (0, 21), (50, 1), (9, 40)]"
+    calls = [f"prefill_case({seed}, {chunks}, {bs}, {dtype!r}, {n_heads}, {n_kv}, {d})"
+             for seed, bs in enumerate((8, 16, 32)) for dtype in ("f32", "f16")]
+    # 4 new tokens per invocation by default (tails of 3, 1, 1 and 0 here); 3 and 1 per invocation too.
+    calls += [f"prefill_case({6 + tile}, {chunks}, 16, 'f32', {n_heads}, {n_kv}, {d}, query_tile={tile})"
+              for tile in (3, 1)]
+    for call, r in zip(calls, run(page, calls)):
+        assert r["max_abs"] <= PREFILL_MAX_ABS and r["rel"] <= PREFILL_REL, (call, r)
+        assert r["shape"] == [11 + 21 + 1 + 40, n_heads, d]
+
+
+def test_bad_block_table_is_refused_before_the_gpu_runs(page):
+    with pytest.raises(Exception, match=r"block ids must lie in \[0, 8\)"):
+        page.py("await decode_bad_table()")

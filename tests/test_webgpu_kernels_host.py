@@ -1,0 +1,66 @@
+"""Host-side checks of the KV-cache kernel calls that run without a GPU (pure Python + numpy)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pagedkv.backends.webgpu_kernels import KVKernels, KVLayout, _params
+
+
+def test_layout_word_counts_for_smollm2_f32_and_f16():
+    f32 = KVLayout(num_blocks=100, block_size=16, n_kv_heads=3, head_dim=64, dtype="f32")
+    f16 = KVLayout(num_blocks=100, block_size=16, n_kv_heads=3, head_dim=64, dtype="f16")
+    assert (f32.row_words, f32.block_words, f32.nbytes) == (16, 768, 1_228_800)
+    assert (f16.row_words, f16.block_words, f16.nbytes) == (8, 384, 614_400)
+    assert f16.constants == {"HEAD_DIM": 64, "KV_F16": 1} and f32.constants["KV_F16"] == 0
+    assert f16.shape == (100, 16, 3, 64)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"dtype": "bf16"}, "KV dtype must be one of"),
+    ({"block_size": 64}, r"block_size must be in 1\.\.32"),
+    ({"head_dim": 56}, "head_dim must be a multiple of 16"),
+    ({"head_dim": 256}, "head_dim must be a multiple of 16"),
+    ({"num_blocks": 0}, "num_blocks and n_kv_heads must be >= 1"),
+])
+def test_layout_rejects_what_the_kernels_cannot_run(kwargs, message):
+    base = {"num_blocks": 4, "block_size": 16, "n_kv_heads": 2, "head_dim": 64}
+    with pytest.raises(ValueError, match=message):
+        KVLayout(**{**base, **kwargs})
+
+
+def test_params_pack_u32_and_f32_fields_in_order():
+    words = _params(3, 9, 0.125)
+    assert words.dtype == np.uint32 and words.shape == (4,)
+    assert words[:2].tolist() == [3, 9] and words[2:3].view(np.float32)[0] == 0.125 and words[3] == 0
+    assert _params(*range(5)).shape == (8,)
+
+
+def test_kernel_calls_validate_before_touching_the_gpu():
+    kk = KVKernels(ctx=None, layout=KVLayout(8, 16, 3, 64), n_heads=9)  # no GPU: any GPU use would fail
+    assert (kk.partition_blocks, kk.head_tile, kk.query_tile) == (8, 3, 4)
+    tiles = [KVKernels(None, KVLayout(8, 16, kv, 64), n).head_tile for n, kv in ((8, 2), (12, 2), (10, 2), (4, 4))]
+    assert tiles == [4, 3, 1, 1]
+    q = np.zeros((2, 9, 64), np.float32)
+    with pytest.raises(ValueError, match=r"block ids must lie in \[0, 8\)"):
+        kk.prepare_paged_attention(None, q, np.array([[0, 1], [8, 2]]), np.array([20, 5]))
+    with pytest.raises(ValueError, match="query must be"):
+        kk.prepare_paged_attention(None, q[:, :3], np.array([[0], [1]]), np.array([5, 5]))
+    with pytest.raises(ValueError, match="repeated slot"):
+        kk.prepare_kv_write(None, np.zeros((2, 3, 64)), np.zeros((2, 3, 64)), np.array([5, 5]))
+    with pytest.raises(ValueError, match="both a source and a destination"):
+        kk.prepare_copy_blocks(None, np.array([[1, 2], [2, 3]]))
+    with pytest.raises(ValueError, match="q_len <= context_len"):
+        kk.prepare_prefill_attention(None, np.zeros((6, 9, 64), np.float32), np.array([0, 6]), np.array([[0]]),
+                                     np.array([5]))
+    with pytest.raises(ValueError, match="appears twice in the swap list"):
+        kk.prepare_gather_blocks(None, np.array([3, 3]))
+    with pytest.raises(ValueError, match=r"k_blocks must be \(1, 16, 3, 64\) float32"):
+        kk.prepare_scatter_blocks(None, np.array([3]), np.zeros((1, 16, 3, 64), np.float16),
+                                  np.zeros((1, 16, 3, 64), np.float32))
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        KVKernels(ctx=None, layout=KVLayout(8, 16, 3, 64), n_heads=8)
+    with pytest.raises(ValueError, match="query_tile must be 1..4"):
+        KVKernels(ctx=None, layout=KVLayout(8, 16, 3, 64), n_heads=9, query_tile=5)
+    with pytest.raises(ValueError, match="partition_tokens"):
+        KVKernels(ctx=None, layout=KVLayout(8, 16, 3, 64), n_heads=9, partition_tokens=8)
