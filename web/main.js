@@ -181,6 +181,8 @@ function onChatMessage(msg) {
       return true;
     case "chats":
       chat.list = msg.chats;
+      if (chat.openNewest && chat.list.length) chat.current = chat.list[chat.list.length - 1].id;
+      chat.openNewest = false;
       if (!chat.list.some((c) => c.id === chat.current)) chat.current = chat.list.length ? chat.list[0].id : null;
       selectChat(chat.current);
       return true;
@@ -229,7 +231,10 @@ function wireChatUI(worker) {
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); send(); }
   });
   $("stop").addEventListener("click", () => worker.postMessage({ type: "stop", chat: chat.current }));
-  $("new-chat").addEventListener("click", () => worker.postMessage({ type: "new-chat" }));
+  $("new-chat").addEventListener("click", () => {
+    chat.openNewest = true;  // the chat the worker creates becomes the one in view
+    worker.postMessage({ type: "new-chat" });
+  });
   $("delete-chat").addEventListener("click", () => {
     if (chat.current && confirm("Delete this chat?")) worker.postMessage({ type: "delete-chat", chat: chat.current });
   });

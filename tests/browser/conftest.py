@@ -85,6 +85,16 @@ class BootedPage:
         return json.loads(text)
 
 
+def wait_model(booted: BootedPage) -> dict:
+    """Wait until the page's model is loaded; returns the model-ready message."""
+    booted.page.wait_for_selector("html[data-model=ready], html[data-model=error]", state="attached",
+                                  timeout=BOOT_TIMEOUT_MS)
+    data = booted.dataset()
+    if data.get("model") != "ready":
+        pytest.fail(f"model did not load: {booted.page.locator('#model-detail').inner_text()}", pytrace=False)
+    return json.loads(data["modelInfo"])
+
+
 def open_and_boot(browser, url: str) -> BootedPage:
     page = browser.new_page()
     page.set_default_timeout(BOOT_TIMEOUT_MS)
@@ -99,7 +109,8 @@ def open_and_boot(browser, url: str) -> BootedPage:
 
 @pytest.fixture(scope="session")
 def ready_page(browser, base_url) -> BootedPage:
-    booted = open_and_boot(browser, base_url)
+    # The tiny model keeps the background model load light; tests here exercise the runtime, not the model.
+    booted = open_and_boot(browser, base_url + "?model=tiny-random")
     if booted.state != "ready":
         pytest.fail(f"page did not boot: {booted.dataset()}", pytrace=False)
     yield booted

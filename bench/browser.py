@@ -1,0 +1,60 @@
+"""Drive the built page from CPython: serve dist/, launch the system Chromium with WebGPU, run Python in the worker.
+
+Shared by `npm run generate` (bench/generate.py) and the browser benchmarks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
+import build
+
+TIMEOUT_MS = 900_000
+
+
+class BrowserSession:
+    """`with BrowserSession(query) as s: s.py(code)` — a booted page with its model loaded."""
+
+    def __init__(self, query: str = "", *, build_first: bool = True) -> None:
+        self.query = query
+        self.build_first = build_first
+
+    def __enter__(self) -> "BrowserSession":
+        from playwright.sync_api import sync_playwright
+
+        if self.build_first:
+            build.build()
+        os.environ["PAGEDKV_QUIET_SERVER"] = "1"
+        self.server = build.make_server("127.0.0.1", 0)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/{self.query}"
+        self._pw = sync_playwright().start()
+        self.browser = self._pw.chromium.launch(executable_path=build.find_chromium(),
+                                                args=build.BASE_ARGS + build.WEBGPU_ARGS, headless=True)
+        self.page = self.browser.new_page()
+        self.page.set_default_timeout(TIMEOUT_MS)
+        self.page.goto(self.url)
+        self.page.wait_for_selector("html[data-state=error], html[data-model=ready], html[data-model=error]",
+                                    state="attached", timeout=TIMEOUT_MS)
+        data = self.dataset()
+        if data.get("state") == "error":
+            raise RuntimeError(f"page failed to boot: {data.get('error')}")
+        if data.get("model") != "ready":
+            raise RuntimeError(f"model failed to load: {self.page.locator('#model-detail').inner_text()}")
+        self.model_info = json.loads(data["modelInfo"])
+        return self
+
+    def dataset(self) -> dict:
+        return self.page.evaluate("Object.assign({}, document.documentElement.dataset)")
+
+    def py(self, code: str):
+        """Run Python in the page's worker; returns the JSON-decoded value of its last expression."""
+        return json.loads(self.page.evaluate("code => window.pagedkv.exec(code)", code))
+
+    def __exit__(self, *exc) -> None:
+        self.browser.close()
+        self._pw.stop()
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,80 @@
+"""`npm run generate -- --messages-json FILE [--max-tokens N] [--greedy | --temperature T --seed S] [--json]`
+
+Runs one chat completion in headless Chromium through the page's engine (the
+WebGPU backend unless `--backend cpu`) and prints the same JSON as the CPU CLI
+(`python3 -m pagedkv generate`): prompt_ids, output_ids, text, plus timings
+(ttft_ms, prefill_tok_s, decode_tok_s) measured inside the tab.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench.browser import BrowserSession
+
+WORKER_CODE = """
+import json, time
+from pagedkv_app.main import state
+from pagedkv.chat import Conversation, validate_messages
+from pagedkv.sampling import SamplingParams
+engine, service = state["engine"], state["service"]
+args = json.loads({args!r})
+conv = Conversation(engine.tokenizer, service.template, validate_messages(args["messages"]))
+prompt = conv.prompt_ids()
+params = SamplingParams(temperature=args["temperature"], seed=args["seed"], max_tokens=args["max_tokens"],
+                        stop_token_ids=tuple(sorted(engine.default_stop_ids)))
+t0 = time.perf_counter()
+rid = engine.add_request(prompt, params)
+req = engine.request(rid)
+t_first = None
+while engine.has_unfinished:
+    outs = await engine.step()
+    if t_first is None and any(o.token_ids for o in outs):
+        t_first = time.perf_counter()
+t_end = time.perf_counter()
+out = req.output_ids
+text_ids = out[:-1] if out and out[-1] in engine.default_stop_ids else out
+decode_s = t_end - t_first
+json.dumps({{"prompt_ids": prompt, "output_ids": out, "text": engine.tokenizer.decode(text_ids),
+  "finish_reason": req.finish_reason,
+  "timings": {{"ttft_ms": round(1000 * (t_first - t0), 1),
+               "prefill_tok_s": round(len(prompt) / (t_first - t0), 2),
+               "decode_tok_s": round((len(out) - 1) / decode_s, 2) if len(out) > 1 and decode_s > 0 else None}}}})
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages-json", required=True)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--greedy", action="store_true")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--backend", choices=("webgpu", "cpu"), default="webgpu")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (else the text)")
+    args = parser.parse_args(argv)
+    if args.greedy and args.temperature is not None:
+        parser.error("--greedy and --temperature exclude each other")
+    try:
+        messages = json.loads(Path(args.messages_json).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"error: cannot read messages from {args.messages_json}: {exc}", file=sys.stderr)
+        return 2
+    payload = json.dumps({"messages": messages, "temperature": args.temperature or 0.0, "seed": args.seed,
+                          "max_tokens": args.max_tokens})
+    with BrowserSession(f"?model={args.model}&backend={args.backend}") as session:
+        try:
+            result = session.py(WORKER_CODE.format(args=payload))
+        except Exception as exc:  # the worker's exception text names the problem
+            print(f"error: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
+            return 2
+        result["backend"] = session.model_info["backend"]
+    print(json.dumps(result, ensure_ascii=False) if args.json else result["text"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The chat as a person uses it: type, press Enter, watch the reply stream, stop it, open a second chat."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import open_and_boot, wait_model
+
+APP_QUERY = "?model=tiny-random&backend=cpu"
+
+
+@pytest.fixture(scope="module")
+def app(browser, base_url):
+    booted = open_and_boot(browser, base_url + APP_QUERY)
+    assert booted.state == "ready"
+    info = wait_model(booted)
+    booted.page.set_default_timeout(60_000)
+    booted.page.locator("#settings summary").click()  # open the generation settings
+    yield booted, info
+    booted.page.close()
+
+
+def last_turn(page) -> dict:
+    return json.loads(page.evaluate("document.documentElement.dataset.lastTurn"))
+
+
+def send_and_wait(page, text: str, max_tokens: int) -> dict:
+    previous = page.evaluate("document.documentElement.dataset.lastTurn || ''")
+    page.fill("#set-max-tokens", str(max_tokens))
+    page.fill("#set-temperature", "0")
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+    for _ in range(3000):  # poll: the page's CSP (kept on in tests) forbids wait_for_function's eval
+        if page.evaluate("document.documentElement.dataset.lastTurn || ''") != previous:
+            return last_turn(page)
+        page.wait_for_timeout(100)
+    raise AssertionError("no turn ended")
+
+
+def test_model_loads_and_a_reply_streams_into_the_page(app):
+    booted, info = app
+    page = booted.page
+    assert info["model"] == "tiny-random" and info["backend"] == "cpu"
+    turn = send_and_wait(page, "Hello there!", 8)
+    assert turn["reason"] == "length" and turn["tokens"] == 8
+    messages = page.locator("#messages .msg")
+    assert messages.nth(0).inner_text() == "Hello there!"
+    assert "user" in messages.nth(0).get_attribute("class")
+    assert messages.nth(1).inner_text() == turn["content"]
+    assert page.locator("#chat-status").inner_text().startswith("tiny-random on the cpu backend")
+
+
+def test_second_turn_reuses_the_first_from_the_prefix_cache(app):
+    page = app[0].page
+    first = last_turn(page)
+    turn = send_and_wait(page, "And then?", 8)
+    assert turn["cached_tokens"] == (first["history_tokens"] // 16) * 16 > 0
+    assert page.locator("#messages .msg").count() == 4
+
+
+def memory_when_idle(page) -> dict:
+    """The panel's numbers once the final snapshot after a turn has arrived (no block in use)."""
+    for _ in range(600):
+        memory = json.loads(page.evaluate("document.documentElement.dataset.memory || 'null'") or "null")
+        if memory and memory["used"] == 0:
+            return memory
+        page.wait_for_timeout(100)
+    raise AssertionError(f"memory panel never showed an idle pool: {memory}")
+
+
+def test_memory_panel_draws_the_block_map(app):
+    page = app[0].page
+    memory = memory_when_idle(page)
+    assert memory["used"] + memory["cached"] + memory["free"] == memory["total"]
+    assert memory["cached"] > 0  # the finished turns' full blocks stay cached
+    label = page.locator("#block-map").get_attribute("aria-label")
+    assert f"{memory['cached']} cached" in label
+    assert "Prefix-cache hit rate" in page.locator("#memory-facts").inner_text()
+
+
+def test_stop_keeps_the_partial_reply(app):
+    page = app[0].page
+    page.fill("#set-max-tokens", "2000")
+    page.fill("#prompt", "Tell me everything.")
+    page.press("#prompt", "Enter")
+    page.wait_for_selector("html[data-generating=true]", state="attached")
+    page.locator("#stop").click()
+    page.wait_for_selector("html[data-generating=false]", state="attached")
+    page.wait_for_selector("#messages .msg.assistant.interrupted", state="attached")
+    turn = last_turn(page)
+    assert turn["reason"] == "abort" and turn["tokens"] < 2000
+    assert page.locator("#messages .msg.assistant").last.inner_text() == turn["content"]
+
+
+def test_two_chats_answer_at_the_same_time(app):
+    booted = app[0]
+    page = booted.page
+    before = booted.py("import json\nfrom pagedkv_app.main import state\njson.dumps(state['engine'].stats())")
+    steps_before, decode_before = before["steps"], before["decode_tokens"]
+    page.fill("#set-max-tokens", "200")
+    page.fill("#prompt", "first chat")
+    page.press("#prompt", "Enter")
+    page.locator("#new-chat").click()
+    page.wait_for_selector("#chat-list li:nth-child(2) button[aria-current=true]", state="attached")
+    page.fill("#prompt", "second chat")
+    page.press("#prompt", "Enter")
+    # Both chats are answering at the same moment...
+    page.wait_for_selector("#chat-list:has(li:nth-child(1) button.busy):has(li:nth-child(2) button.busy)",
+                           state="attached")
+    page.wait_for_selector("#chat-list button.busy", state="detached", timeout=240_000)
+    stats = booted.py("import json\nfrom pagedkv_app.main import state\njson.dumps(state['engine'].stats())")
+    # ...and their decode tokens shared forward steps: fewer steps than tokens generated.
+    assert stats["steps"] - steps_before < stats["decode_tokens"] - decode_before
+    assert page.locator("#chat-list li").count() == 2
