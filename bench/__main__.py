@@ -21,7 +21,11 @@ BENCHMARKS = {
     "kv_sim_1gib": ["bench.kv_sim", "--json", "--budget-gib", "1", "--seed", "0"],
     "kv_sim_2gib": ["bench.kv_sim", "--json", "--budget-gib", "2", "--seed", "0"],
     "kv_ops": ["bench.kv_ops"],
+    "tokenizer": ["bench.bench_tokenizer"],
+    "numpy_ref_speed": ["bench.numpy_ref_speed"],
     "page_boot": ["bench.page_boot", "--json"],
+    "kv_kernels": ["bench.kv_kernels", "--quick"],
+    "model_kernels": ["bench.model_kernels"],
 }
 
 

@@ -1,6 +1,6 @@
 """Benchmark of the KV-cache kernels in headless Chromium (real WebGPU; SwiftShader on this machine).
 
-    python3 build.py && python3 bench/kv_kernels.py [--out bench/kv_kernels.json] [--quick]
+    python3 -m bench.kv_kernels [--quick]     (writes bench/results/kv_kernels.json)
 
 Prints JSON: decode and prefill attention times with a scattered (paged) block table vs an identity
 (contiguous) one on the same cache at 512 and 4,096 context tokens, timed alternately, and their ratio;
@@ -12,17 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "browser")]
-
-import build  # noqa: E402
-from chromium import BASE_ARGS, WEBGPU_ARGS, find_chromium  # noqa: E402
-from conftest import open_and_boot  # noqa: E402
+from bench.browser import BrowserSession
 
 WORKER = Path(__file__).with_name("kv_kernels_worker.py")
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def runs(quick: bool) -> list[str]:
@@ -49,33 +44,20 @@ def runs(quick: bool) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--quick", action="store_true", help="skip the partition / workgroup-size sweep")
     args = parser.parse_args(argv)
-    if not (build.DIST / "index.html").exists():
-        build.build()
-    server = build.make_server("127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=find_chromium(), args=BASE_ARGS + WEBGPU_ARGS, headless=True)
-        page = open_and_boot(browser, f"http://127.0.0.1:{server.server_address[1]}/")
-        if page.state != "ready":
-            raise SystemExit(f"page did not boot: {page.dataset()}")
+    with BrowserSession("?model=tiny-random") as page:
         page.py(WORKER.read_text() + "\nNone")
         results = []
         for call in runs(args.quick):
             results.append(page.py(f"import json\njson.dumps(await {call})"))
             print(json.dumps(results[-1]), file=sys.stderr)
-        adapter = page.page.evaluate("JSON.parse(document.documentElement.dataset.adapter)")
-        browser.close()
-    server.shutdown()
-    report = {"adapter": adapter["name"], "results": results}
+        adapter = json.loads(page.dataset()["adapter"])
+    report = {"benchmark": "kv_kernels", "adapter": adapter["name"], "results": results}
     text = json.dumps(report, indent=1)
     print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "kv_kernels.json").write_text(text + "\n")
     return 0
 
 

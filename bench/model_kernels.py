@@ -120,7 +120,7 @@ def measure(runs: int, repeats: int, prefill_tokens: int = 128, stream_mib: int 
     build.build()
     server = build.make_server("127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    url = f"http://127.0.0.1:{server.server_address[1]}/?model=tiny-random"  # keep the model load light
     code = (f"MATVEC_SHAPES = {MATVEC_SHAPES!r}\n" + inspect.getsource(measure_in_worker) + "\nimport json\n"
             f"json.dumps(await measure_in_worker({runs}, {repeats}, {prefill_tokens}, {stream_mib}))")
     try:
