@@ -124,3 +124,32 @@ def test_bad_input_is_reported_and_changes_nothing(service):
     assert "bad generation setting" in errors[1]
     assert "chat-404" in errors[2] and "unknown message type 'warp'" in errors[3]
     assert chat.conversation.checkpoint() == before and not svc.engine.has_unfinished
+
+
+def test_restore_brings_back_exact_history_and_interrupted_replies(service, tiny_weights):
+    svc, posts = service
+
+    async def scenario():
+        chat = svc.new_chat()
+        svc.send(chat.chat_id, "remember this", SETTINGS)
+        await svc._loop_task
+        return chat
+
+    chat = in_fresh_loop(scenario)
+    saved = of(posts, "chat-saved")[-1]
+    # A fresh service (a reloaded tab) restores from what the page stored, plus a reply cut off mid-stream.
+    tok = Tokenizer.from_manifest(tiny_weights.manifest)
+    engine = LLMEngine(CpuBackend(tiny_weights, num_blocks=32, block_size=16), tok, EngineConfig())
+    posts2 = []
+    svc2 = ChatService(engine, ChatTemplate.from_manifest(tiny_weights.manifest, tok),
+                       lambda kind, **p: posts2.append((kind, p)), model_name="tiny-random")
+    svc2.handle({"type": "restore", "chats": [{"id": saved["chat"], "title": "Kept", "checkpoint": saved["checkpoint"]},
+                                              {"id": "chat-7", "title": "Cut", "checkpoint": saved["checkpoint"],
+                                               "partial_ids": [40, 41]}]})
+    assert svc2.chats["chat-1"].conversation.ids == chat.conversation.ids
+    cut = svc2.chats["chat-7"].conversation
+    assert cut.messages[-1] == {"role": "assistant", "content": tok.decode([40, 41])}
+    before = len(saved["checkpoint"][1])
+    assert cut.ids[before:] == tok.encode("<|im_start|>assistant\n") + [40, 41] + tok.encode("<|im_end|>\n")
+    assert svc2.new_chat().chat_id == "chat-8"
+    assert [c["id"] for c in of(posts2, "chats")[-1]["chats"]] == ["chat-1", "chat-7", "chat-8"]

@@ -44,6 +44,64 @@ function showReady(msg) {
   root.dataset.state = "ready";
 }
 
+// ------------------------------------------------------------------ persistence (IndexedDB)
+// One record per chat: {id, title, messages, checkpoint, partial_ids}. The worker sends the exact
+// token history (checkpoint) after every turn; the partial reply is saved while it streams, so a
+// reload mid-generation keeps it (marked interrupted).
+
+const store = {
+  db: null,
+  open() {
+    return new Promise((resolve) => {
+      let req;
+      try { req = indexedDB.open("pagedkv", 1); } catch (err) { resolve(null); return; }
+      req.onupgradeneeded = () => req.result.createObjectStore("chats", { keyPath: "id" });
+      req.onsuccess = () => { store.db = req.result; resolve(store.db); };
+      req.onerror = () => { console.warn("IndexedDB unavailable: chats will not survive a reload"); resolve(null); };
+    });
+  },
+  tx(mode) { return store.db.transaction("chats", mode).objectStore("chats"); },
+  all() {
+    if (!store.db) return Promise.resolve([]);
+    return new Promise((resolve) => { const r = store.tx("readonly").getAll(); r.onsuccess = () => resolve(r.result); r.onerror = () => resolve([]); });
+  },
+  put(record) { if (store.db) store.tx("readwrite").put(record); },
+  delete(id) { if (store.db) store.tx("readwrite").delete(id); },
+};
+
+const saved = {};          // chat id -> its record as last written
+const partialIds = {};     // chat id -> token ids of the reply streaming now
+let saveTimer = null;
+
+function saveChat(id) {
+  const rec = saved[id];
+  if (!rec) return;
+  rec.messages = chat.messages[id] || [];
+  rec.partial_ids = partialIds[id] || [];
+  store.put(JSON.parse(JSON.stringify(rec)));
+}
+
+function saveStreamingSoon() {
+  if (saveTimer) return;
+  saveTimer = setTimeout(() => {
+    saveTimer = null;
+    for (const id of Object.keys(partialIds)) if (chat.busy[id]) saveChat(id);
+  }, 300);
+}
+
+async function restoreChats(worker) {
+  const records = await store.all();
+  for (const rec of records) {
+    saved[rec.id] = rec;
+    const msgs = rec.messages || [];
+    if (rec.partial_ids && rec.partial_ids.length && msgs.length) msgs[msgs.length - 1].interrupted = true;
+    chat.messages[rec.id] = msgs;
+  }
+  worker.postMessage({ type: "restore", chats: records.map((r) => ({ id: r.id, title: r.title,
+    checkpoint: r.checkpoint, partial_ids: r.partial_ids || [] })) });
+  root.dataset.restored = String(records.length);
+}
+
 // ------------------------------------------------------------------ chat UI
 
 const chat = { worker: null, list: [], current: null, messages: {}, busy: {}, pending: {} };
@@ -173,6 +231,7 @@ function onChatMessage(msg) {
       $("chat-app").hidden = false;
       root.dataset.model = "ready";
       root.dataset.modelInfo = JSON.stringify(msg);
+      store.open().then(() => restoreChats(chat.worker));
       $("chat-status").textContent = `${msg.model} on the ${msg.backend} backend, loaded in ${(msg.load_ms / 1000).toFixed(1)} s`;
       return true;
     case "model-error":
@@ -191,6 +250,7 @@ function onChatMessage(msg) {
       list.push({ role: "user", text: chat.pending[msg.chat] || "" });
       list.push({ role: "assistant", text: "" });
       delete chat.pending[msg.chat];
+      partialIds[msg.chat] = [];
       chat.busy[msg.chat] = true;
       renderChats();
       if (msg.chat === chat.current) renderMessages();
@@ -199,6 +259,8 @@ function onChatMessage(msg) {
     case "token": {
       const list = chat.messages[msg.chat];
       list[list.length - 1].text += msg.text;
+      (partialIds[msg.chat] ||= []).push(...msg.ids);
+      saveStreamingSoon();
       if (msg.chat === chat.current) $("messages").lastElementChild.textContent = list[list.length - 1].text;
       return true;
     }
@@ -206,11 +268,16 @@ function onChatMessage(msg) {
       const list = chat.messages[msg.chat] || [];
       if (list.length) Object.assign(list[list.length - 1], { text: msg.content, interrupted: msg.reason === "abort" });
       chat.busy[msg.chat] = false;
+      delete partialIds[msg.chat];
       root.dataset.lastTurn = JSON.stringify(msg);
       renderChats();
       if (msg.chat === chat.current) renderMessages();
       return true;
     }
+    case "chat-saved":
+      saved[msg.chat] = { id: msg.chat, title: msg.title, checkpoint: msg.checkpoint };
+      saveChat(msg.chat);
+      return true;
     case "chat-error":
     case "engine-error":
       $("chat-status").textContent = msg.message;
@@ -236,7 +303,11 @@ function wireChatUI(worker) {
     worker.postMessage({ type: "new-chat" });
   });
   $("delete-chat").addEventListener("click", () => {
-    if (chat.current && confirm("Delete this chat?")) worker.postMessage({ type: "delete-chat", chat: chat.current });
+    if (chat.current && confirm("Delete this chat?")) {
+      store.delete(chat.current);
+      delete saved[chat.current];
+      worker.postMessage({ type: "delete-chat", chat: chat.current });
+    }
   });
   $("rename-chat").addEventListener("click", () => {
     const title = chat.current && prompt("New name", $("chat-title").textContent);

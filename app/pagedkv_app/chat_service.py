@@ -77,8 +77,12 @@ class ChatService:
             elif kind == "delete-chat":
                 self.delete(msg["chat"])
             elif kind == "rename-chat":
-                self.chats[msg["chat"]].title = str(msg["title"])[:80]
+                chat = self.chats[msg["chat"]]
+                chat.title = str(msg["title"])[:80]
                 self.post_chats()
+                self.post_saved(chat)
+            elif kind == "restore":
+                self.restore(msg.get("chats") or [])
             else:
                 raise ValueError(f"unknown message type {kind!r}")
         except (KeyError, ValueError) as exc:
@@ -89,7 +93,34 @@ class ChatService:
         chat = Chat(f"chat-{n}", title or f"Chat {n}", Conversation(self.engine.tokenizer, self.template))
         self.chats[chat.chat_id] = chat
         self.post_chats()
+        self.post_saved(chat)
         return chat
+
+    def restore(self, saved: list[dict]) -> None:
+        """Recreate chats saved by the page (IndexedDB) with their exact token history.
+
+        A reply that was cut off by a reload comes back as `partial_ids`: it is kept
+        as the assistant's message, and the page marks it interrupted. With nothing
+        saved, a fresh chat is opened.
+        """
+        highest = 0
+        for record in saved:
+            chat_id = str(record["id"])
+            conv = Conversation(self.engine.tokenizer, self.template)
+            conv.rollback(tuple(record["checkpoint"]))
+            partial = [int(t) for t in record.get("partial_ids") or []]
+            if partial:
+                conv.add_generated(partial)
+            self.chats[chat_id] = Chat(chat_id, str(record.get("title") or chat_id), conv)
+            highest = max(highest, int(chat_id.rsplit("-", 1)[-1]) if chat_id.rsplit("-", 1)[-1].isdigit() else 0)
+            if partial:
+                self.post_saved(self.chats[chat_id])
+        self._ids = itertools.count(highest + 1)
+        if not self.chats:
+            self.new_chat()
+        else:
+            self.post_chats()
+        self.post_stats(force=True)
 
     def send(self, chat_id: str, text: str, settings: dict) -> str:
         """Add the user's message and queue the reply; the conversation in view gets priority."""
@@ -116,6 +147,7 @@ class ChatService:
         chat.request = self.engine.request(rid)
         cached, _ = self.engine.kv.lookup_prefix(prompt[:-1])
         self.post("turn-start", chat=chat_id, request=rid, prompt_tokens=len(prompt), cached_tokens=cached)
+        self.post_saved(chat)  # with the user's message, so a reload mid-reply keeps both
         self._ensure_loop()
         return rid
 
@@ -162,9 +194,9 @@ class ChatService:
                 continue
             self._tokens_window.append((now, len(out.token_ids)))
             chat.partial_ids.extend(out.token_ids)
-            if out.text:
+            if out.text or out.token_ids:
                 chat.partial_text.append(out.text)
-                self.post("token", chat=chat.chat_id, text=out.text)
+                self.post("token", chat=chat.chat_id, text=out.text, ids=out.token_ids)
             if out.finished:
                 self._finish(chat, out.finish_reason)
         self.post_stats()
@@ -176,8 +208,15 @@ class ChatService:
                   cached_tokens=chat.request.num_cached_prompt_tokens)
         chat.request_id = chat.request = None
         chat.partial_ids, chat.partial_text = [], []
+        self.post_saved(chat)
 
     # ---------------------------------------------------------------- dashboard
+
+    def post_saved(self, chat: Chat) -> None:
+        """What the page stores to bring the chat back after a reload: title + exact token history."""
+        messages, ids, text = chat.conversation.checkpoint()
+        self.post("chat-saved", chat=chat.chat_id, title=chat.title,
+                  checkpoint=[list(messages), list(ids), text])
 
     def post_chats(self) -> None:
         self.post("chats", chats=[{"id": c.chat_id, "title": c.title, "busy": c.request_id is not None,

@@ -92,7 +92,6 @@ async def load_model(name: str) -> None:
         bridge.post("model-ready", model=name, backend=backend.name, load_ms=round(bridge.now_ms() - t0),
                     num_blocks=num_blocks, block_size=block_size, bytes_per_token=bytes_per_token,
                     context_length=cfg.context_length, layers=cfg.n_layers)
-        service.new_chat()
         service.post_stats(force=True)
     except Exception as exc:
         bridge.post("model-error", model=name, message=f"{type(exc).__name__}: {exc}",

@@ -113,3 +113,30 @@ def test_two_chats_answer_at_the_same_time(app):
     # ...and their decode tokens shared forward steps: fewer steps than tokens generated.
     assert stats["steps"] - steps_before < stats["decode_tokens"] - decode_before
     assert page.locator("#chat-list li").count() == 2
+
+
+def test_reload_keeps_chats_and_the_interrupted_reply(app):
+    booted = app[0]
+    page = booted.page
+    page.locator("#new-chat").click()  # a fresh chat: the tiny model's context is only 256 tokens
+    page.wait_for_selector("#chat-list li:nth-child(3) button[aria-current=true]", state="attached")
+    titles = page.locator("#chat-list li").all_inner_texts()
+    page.fill("#set-max-tokens", "2000")
+    page.fill("#prompt", "A long answer, please.")
+    page.press("#prompt", "Enter")
+    page.wait_for_selector("html[data-generating=true]", state="attached")
+    for _ in range(300):  # let a few tokens stream and be saved (saves are throttled to 300 ms)
+        if len(page.locator("#messages .msg.assistant").last.inner_text()) > 5:
+            break
+        page.wait_for_timeout(100)
+    page.wait_for_timeout(700)
+    page.reload()
+    page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
+    assert page.locator("#chat-list li").all_inner_texts() == titles
+    page.locator("#chat-list li:nth-child(3) button").click()
+    last = page.locator("#messages .msg.assistant").last
+    assert "interrupted" in last.get_attribute("class") and len(last.inner_text()) > 0
+    page.locator("#settings summary").click()
+    turn = send_and_wait(page, "Go on.", 4)
+    # The restored history (with the cut-off reply) is the prefix of the next prompt.
+    assert turn["tokens"] == 4 and turn["history_tokens"] > 40
