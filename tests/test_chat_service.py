@@ -153,3 +153,25 @@ def test_restore_brings_back_exact_history_and_interrupted_replies(service, tiny
     assert cut.ids[before:] == tok.encode("<|im_start|>assistant\n") + [40, 41] + tok.encode("<|im_end|>\n")
     assert svc2.new_chat().chat_id == "chat-8"
     assert [c["id"] for c in of(posts2, "chats")[-1]["chats"]] == ["chat-1", "chat-7", "chat-8"]
+
+
+def test_regenerate_replaces_the_reply_and_reuses_the_prompt_blocks(service):
+    svc, posts = service
+
+    async def scenario():
+        chat = svc.new_chat()
+        svc.send(chat.chat_id, "a prompt long enough to fill one block or two of sixteen tokens", SETTINGS)
+        await svc._loop_task
+        first = chat.conversation.checkpoint()
+        svc.regenerate(chat.chat_id, SETTINGS)
+        await svc._loop_task
+        return chat, first
+
+    chat, first = in_fresh_loop(scenario)
+    starts, ends = of(posts, "turn-start"), of(posts, "turn-end")
+    assert [s["regenerate"] for s in starts] == [False, True]
+    # Same prompt: every full block of it comes from the prefix cache, and greedy gives the same reply.
+    assert starts[1]["prompt_tokens"] == starts[0]["prompt_tokens"]
+    assert ends[1]["cached_tokens"] == ((starts[0]["prompt_tokens"] - 1) // 16) * 16 > 0
+    assert chat.conversation.checkpoint() == first
+    assert len([m for m in chat.conversation.messages if m["role"] == "assistant"]) == 1

@@ -98,7 +98,7 @@ async function restoreChats(worker) {
     chat.messages[rec.id] = msgs;
   }
   worker.postMessage({ type: "restore", chats: records.map((r) => ({ id: r.id, title: r.title,
-    checkpoint: r.checkpoint, partial_ids: r.partial_ids || [] })) });
+    checkpoint: r.checkpoint, before_reply: r.before_reply, partial_ids: r.partial_ids || [] })) });
   root.dataset.restored = String(records.length);
 }
 
@@ -137,10 +137,50 @@ function renderChats() {
   $("chat-title").textContent = cur ? cur.title : "No chat";
 }
 
+// Markdown for replies: everything is HTML-escaped FIRST, then a few tags of our own are added
+// (code blocks, inline code, bold, lists, paragraphs); no attribute ever comes from the text.
+function escapeHtml(text) {
+  return text.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+
+function inlineMarkdown(escaped) {
+  return escaped.replace(/`([^`]+)`/g, "<code>$1</code>").replace(/\*\*([^*]+)\*\*/g, "<strong>$1</strong>");
+}
+
+function blockMarkdown(text) {
+  let html = "";
+  let list = null;
+  for (const line of escapeHtml(text).split("\n")) {
+    const item = line.match(/^\s*([-*]|\d+\.)\s+(.*)$/);
+    if (item) {
+      const type = /\d/.test(item[1]) ? "ol" : "ul";
+      if (list !== type) { if (list) html += `</${list}>`; html += `<${type}>`; list = type; }
+      html += `<li>${inlineMarkdown(item[2])}</li>`;
+      continue;
+    }
+    if (list) { html += `</${list}>`; list = null; }
+    if (line.trim()) html += `<p>${inlineMarkdown(line)}</p>`;
+  }
+  return list ? html + `</${list}>` : html;
+}
+
+function renderMarkdown(text) {
+  // Split on ``` fences: odd pieces are code (an unclosed fence while streaming is code too).
+  return text.split("```").map((piece, i) => (i % 2
+    ? `<pre><code>${escapeHtml(piece.replace(/^[^\n]*\n/, ""))}</code></pre>`
+    : blockMarkdown(piece))).join("");
+}
+
+function fillMessage(li, m) {
+  li.dataset.text = m.text;  // the raw text, for tools and tests
+  if (m.role === "assistant") li.innerHTML = renderMarkdown(m.text);  // escaped first: see renderMarkdown
+  else li.textContent = m.text;
+}
+
 function messageElement(m) {
   const li = document.createElement("li");
   li.className = `msg ${m.role}` + (m.interrupted ? " interrupted" : "");
-  li.textContent = m.text;
+  fillMessage(li, m);
   return li;
 }
 
@@ -148,8 +188,10 @@ function renderMessages() {
   const ol = $("messages");
   ol.replaceChildren(...(chat.messages[chat.current] || []).map(messageElement));
   const busy = !!chat.busy[chat.current];
+  const msgs = chat.messages[chat.current] || [];
   $("stop").disabled = !busy;
   $("send").disabled = busy;
+  $("regenerate").disabled = busy || !msgs.length || msgs[msgs.length - 1].role !== "assistant";
   root.dataset.generating = busy ? "true" : "false";
 }
 
@@ -247,7 +289,7 @@ function onChatMessage(msg) {
       return true;
     case "turn-start": {
       const list = (chat.messages[msg.chat] ||= []);
-      list.push({ role: "user", text: chat.pending[msg.chat] || "" });
+      if (!msg.regenerate) list.push({ role: "user", text: chat.pending[msg.chat] || "" });
       list.push({ role: "assistant", text: "" });
       delete chat.pending[msg.chat];
       partialIds[msg.chat] = [];
@@ -261,7 +303,7 @@ function onChatMessage(msg) {
       list[list.length - 1].text += msg.text;
       (partialIds[msg.chat] ||= []).push(...msg.ids);
       saveStreamingSoon();
-      if (msg.chat === chat.current) $("messages").lastElementChild.textContent = list[list.length - 1].text;
+      if (msg.chat === chat.current) fillMessage($("messages").lastElementChild, list[list.length - 1]);
       return true;
     }
     case "turn-end": {
@@ -275,7 +317,7 @@ function onChatMessage(msg) {
       return true;
     }
     case "chat-saved":
-      saved[msg.chat] = { id: msg.chat, title: msg.title, checkpoint: msg.checkpoint };
+      saved[msg.chat] = { id: msg.chat, title: msg.title, checkpoint: msg.checkpoint, before_reply: msg.before_reply };
       saveChat(msg.chat);
       return true;
     case "chat-error":
@@ -298,6 +340,13 @@ function wireChatUI(worker) {
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); send(); }
   });
   $("stop").addEventListener("click", () => worker.postMessage({ type: "stop", chat: chat.current }));
+  $("regenerate").addEventListener("click", () => {
+    const msgs = chat.messages[chat.current] || [];
+    if (!msgs.length || msgs[msgs.length - 1].role !== "assistant" || chat.busy[chat.current]) return;
+    msgs.pop();  // the worker drops the same reply from the token history
+    renderMessages();
+    worker.postMessage({ type: "regenerate", chat: chat.current, settings: settings() });
+  });
   $("new-chat").addEventListener("click", () => {
     chat.openNewest = true;  // the chat the worker creates becomes the one in view
     worker.postMessage({ type: "new-chat" });

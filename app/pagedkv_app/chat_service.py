@@ -27,6 +27,7 @@ class Chat:
     conversation: Conversation
     request_id: str | None = None
     request: object = None  # the engine's Request while generating
+    before_reply: tuple | None = None  # history just before the last reply (for Regenerate)
     partial_ids: list[int] = field(default_factory=list)
     partial_text: list[str] = field(default_factory=list)
 
@@ -72,6 +73,8 @@ class ChatService:
                 self.new_chat(msg.get("title") or None)
             elif kind == "send":
                 self.send(msg["chat"], msg["text"], msg.get("settings") or {})
+            elif kind == "regenerate":
+                self.regenerate(msg["chat"], msg.get("settings") or {})
             elif kind == "stop":
                 self.stop(msg["chat"])
             elif kind == "delete-chat":
@@ -112,6 +115,8 @@ class ChatService:
             if partial:
                 conv.add_generated(partial)
             self.chats[chat_id] = Chat(chat_id, str(record.get("title") or chat_id), conv)
+            if record.get("before_reply"):
+                self.chats[chat_id].before_reply = tuple(record["before_reply"])
             highest = max(highest, int(chat_id.rsplit("-", 1)[-1]) if chat_id.rsplit("-", 1)[-1].isdigit() else 0)
             if partial:
                 self.post_saved(self.chats[chat_id])
@@ -124,29 +129,52 @@ class ChatService:
 
     def send(self, chat_id: str, text: str, settings: dict) -> str:
         """Add the user's message and queue the reply; the conversation in view gets priority."""
+        chat = self._idle_chat(chat_id)
+        if not text.strip():
+            raise ValueError("the message is empty")
+        system = (settings.get("system") or "").strip()
+
+        def add_turn(conv: Conversation) -> None:
+            if system and not conv.messages:
+                conv.add_message("system", system)
+            conv.add_user(text)
+
+        return self._start_reply(chat, settings, add_turn, regenerate=False)
+
+    def regenerate(self, chat_id: str, settings: dict) -> str:
+        """Answer the last user message again: the reply is dropped and sampled anew from the same prompt,
+        whose blocks are shared with the previous reply's through the prefix cache."""
+        chat = self._idle_chat(chat_id)
+        if chat.before_reply is None:
+            raise ValueError("there is no reply to regenerate in this chat")
+        before = chat.before_reply
+        return self._start_reply(chat, settings, lambda conv: conv.rollback(before), regenerate=True)
+
+    def _idle_chat(self, chat_id: str) -> Chat:
         chat = self.chats[chat_id]
         if chat.request_id is not None:
             raise ValueError("this chat is still answering; stop it or wait")
-        if not text.strip():
-            raise ValueError("the message is empty")
+        return chat
+
+    def _start_reply(self, chat: Chat, settings: dict, change_history, *, regenerate: bool) -> str:
         params = sampling_from(settings, self.stop_ids)
-        system = (settings.get("system") or "").strip()
         conv = chat.conversation
         before = conv.checkpoint()
         try:
-            if system and not conv.messages:
-                conv.add_message("system", system)
-            prompt = conv.add_user(text)
+            change_history(conv)
+            prompt = conv.prompt_ids()
             rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
-                                          session=chat_id)
+                                          session=chat.chat_id)
         except ValueError:
             conv.rollback(before)  # a refused turn leaves the history exactly as it was
             raise
         chat.request_id = rid
-        chat.partial_ids, chat.partial_text = [], []
         chat.request = self.engine.request(rid)
+        chat.before_reply = conv.checkpoint()
+        chat.partial_ids, chat.partial_text = [], []
         cached, _ = self.engine.kv.lookup_prefix(prompt[:-1])
-        self.post("turn-start", chat=chat_id, request=rid, prompt_tokens=len(prompt), cached_tokens=cached)
+        self.post("turn-start", chat=chat.chat_id, request=rid, prompt_tokens=len(prompt), cached_tokens=cached,
+                  regenerate=regenerate)
         self.post_saved(chat)  # with the user's message, so a reload mid-reply keeps both
         self._ensure_loop()
         return rid
@@ -215,8 +243,10 @@ class ChatService:
     def post_saved(self, chat: Chat) -> None:
         """What the page stores to bring the chat back after a reload: title + exact token history."""
         messages, ids, text = chat.conversation.checkpoint()
+        before = chat.before_reply
         self.post("chat-saved", chat=chat.chat_id, title=chat.title,
-                  checkpoint=[list(messages), list(ids), text])
+                  checkpoint=[list(messages), list(ids), text],
+                  before_reply=None if before is None else [list(before[0]), list(before[1]), before[2]])
 
     def post_chats(self) -> None:
         self.post("chats", chats=[{"id": c.chat_id, "title": c.title, "busy": c.request_id is not None,

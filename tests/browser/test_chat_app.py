@@ -25,17 +25,25 @@ def last_turn(page) -> dict:
     return json.loads(page.evaluate("document.documentElement.dataset.lastTurn"))
 
 
+def raw_last_turn(page) -> str:
+    return page.evaluate("document.documentElement.dataset.lastTurn || ''")
+
+
+def wait_next_turn(page, previous: str) -> dict:
+    for _ in range(3000):  # poll: the page's CSP (kept on in tests) forbids wait_for_function's eval
+        if raw_last_turn(page) != previous:
+            return last_turn(page)
+        page.wait_for_timeout(100)
+    raise AssertionError("no turn ended")
+
+
 def send_and_wait(page, text: str, max_tokens: int) -> dict:
-    previous = page.evaluate("document.documentElement.dataset.lastTurn || ''")
+    previous = raw_last_turn(page)
     page.fill("#set-max-tokens", str(max_tokens))
     page.fill("#set-temperature", "0")
     page.fill("#prompt", text)
     page.press("#prompt", "Enter")
-    for _ in range(3000):  # poll: the page's CSP (kept on in tests) forbids wait_for_function's eval
-        if page.evaluate("document.documentElement.dataset.lastTurn || ''") != previous:
-            return last_turn(page)
-        page.wait_for_timeout(100)
-    raise AssertionError("no turn ended")
+    return wait_next_turn(page, previous)
 
 
 def test_model_loads_and_a_reply_streams_into_the_page(app):
@@ -47,7 +55,7 @@ def test_model_loads_and_a_reply_streams_into_the_page(app):
     messages = page.locator("#messages .msg")
     assert messages.nth(0).inner_text() == "Hello there!"
     assert "user" in messages.nth(0).get_attribute("class")
-    assert messages.nth(1).inner_text() == turn["content"]
+    assert messages.nth(1).get_attribute("data-text") == turn["content"]
     assert page.locator("#chat-status").inner_text().startswith("tiny-random on the cpu backend")
 
 
@@ -79,6 +87,38 @@ def test_memory_panel_draws_the_block_map(app):
     assert "Prefix-cache hit rate" in page.locator("#memory-facts").inner_text()
 
 
+INJECTION = '<img src=x onerror="document.title=\'pwned\'"><script>document.title=\'pwned2\'</script>'
+
+
+def test_text_is_shown_literally_and_runs_nothing(app):
+    page = app[0].page
+    dialogs = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    title = page.title()
+    send_and_wait(page, INJECTION, 2)
+    user = page.locator("#messages .msg.user").last
+    assert user.inner_text() == INJECTION
+    assert page.locator("#messages img, #messages script").count() == 0
+    # The reply renderer escapes first, then adds its own tags only.
+    html = page.evaluate("t => renderMarkdown(t)", "**bold** and `x<y`\n- one\n- two\n```py\nprint('<b>')\n```\n" + INJECTION)
+    assert "<strong>bold</strong>" in html and "<code>x&lt;y</code>" in html
+    assert "<ul><li>one</li><li>two</li></ul>" in html and "<pre><code>print(&#39;&lt;b&gt;&#39;)\n</code></pre>" in html
+    assert "<img" not in html and "<script" not in html and "&lt;img src=x onerror=" in html
+    assert page.title() == title and dialogs == []
+
+
+def test_regenerate_answers_the_same_prompt_again(app):
+    page = app[0].page
+    first = send_and_wait(page, "Say something.", 6)
+    count = page.locator("#messages .msg").count()
+    previous = raw_last_turn(page)
+    page.locator("#regenerate").click()
+    again = wait_next_turn(page, previous)
+    # Greedy: the same reply; the prompt's full blocks came from the prefix cache; no new user message.
+    assert again["content"] == first["content"] and again["cached_tokens"] >= 16
+    assert page.locator("#messages .msg").count() == count
+
+
 def test_stop_keeps_the_partial_reply(app):
     page = app[0].page
     page.fill("#set-max-tokens", "2000")
@@ -90,7 +130,7 @@ def test_stop_keeps_the_partial_reply(app):
     page.wait_for_selector("#messages .msg.assistant.interrupted", state="attached")
     turn = last_turn(page)
     assert turn["reason"] == "abort" and turn["tokens"] < 2000
-    assert page.locator("#messages .msg.assistant").last.inner_text() == turn["content"]
+    assert page.locator("#messages .msg.assistant").last.get_attribute("data-text") == turn["content"]
 
 
 def test_two_chats_answer_at_the_same_time(app):
@@ -99,43 +139,43 @@ def test_two_chats_answer_at_the_same_time(app):
     before = booted.py("import json\nfrom pagedkv_app.main import state\njson.dumps(state['engine'].stats())")
     steps_before, decode_before = before["steps"], before["decode_tokens"]
     page.fill("#set-max-tokens", "200")
-    page.fill("#prompt", "first chat")
-    page.press("#prompt", "Enter")
-    page.locator("#new-chat").click()
-    page.wait_for_selector("#chat-list li:nth-child(2) button[aria-current=true]", state="attached")
-    page.fill("#prompt", "second chat")
-    page.press("#prompt", "Enter")
+    for name in ("first chat", "second chat"):  # two fresh chats: the tiny model's context is 256 tokens
+        n = page.locator("#chat-list li").count()
+        page.locator("#new-chat").click()
+        page.wait_for_selector(f"#chat-list li:nth-child({n + 1}) button[aria-current=true]", state="attached")
+        page.fill("#prompt", name)
+        page.press("#prompt", "Enter")
     # Both chats are answering at the same moment...
-    page.wait_for_selector("#chat-list:has(li:nth-child(1) button.busy):has(li:nth-child(2) button.busy)",
+    page.wait_for_selector("#chat-list:has(li:nth-last-child(1) button.busy):has(li:nth-last-child(2) button.busy)",
                            state="attached")
     page.wait_for_selector("#chat-list button.busy", state="detached", timeout=240_000)
     stats = booted.py("import json\nfrom pagedkv_app.main import state\njson.dumps(state['engine'].stats())")
     # ...and their decode tokens shared forward steps: fewer steps than tokens generated.
     assert stats["steps"] - steps_before < stats["decode_tokens"] - decode_before
-    assert page.locator("#chat-list li").count() == 2
+    assert page.locator("#chat-list li").count() == 3
 
 
 def test_reload_keeps_chats_and_the_interrupted_reply(app):
     booted = app[0]
     page = booted.page
     page.locator("#new-chat").click()  # a fresh chat: the tiny model's context is only 256 tokens
-    page.wait_for_selector("#chat-list li:nth-child(3) button[aria-current=true]", state="attached")
+    page.wait_for_selector("#chat-list li:nth-child(4) button[aria-current=true]", state="attached")
     titles = page.locator("#chat-list li").all_inner_texts()
     page.fill("#set-max-tokens", "2000")
     page.fill("#prompt", "A long answer, please.")
     page.press("#prompt", "Enter")
     page.wait_for_selector("html[data-generating=true]", state="attached")
     for _ in range(300):  # let a few tokens stream and be saved (saves are throttled to 300 ms)
-        if len(page.locator("#messages .msg.assistant").last.inner_text()) > 5:
+        if len(page.locator("#messages .msg.assistant").last.get_attribute("data-text") or "") > 5:
             break
         page.wait_for_timeout(100)
     page.wait_for_timeout(700)
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
     assert page.locator("#chat-list li").all_inner_texts() == titles
-    page.locator("#chat-list li:nth-child(3) button").click()
+    page.locator("#chat-list li:nth-child(4) button").click()
     last = page.locator("#messages .msg.assistant").last
-    assert "interrupted" in last.get_attribute("class") and len(last.inner_text()) > 0
+    assert "interrupted" in last.get_attribute("class") and len(last.get_attribute("data-text")) > 0
     page.locator("#settings summary").click()
     turn = send_and_wait(page, "Go on.", 4)
     # The restored history (with the cut-off reply) is the prefix of the next prompt.
