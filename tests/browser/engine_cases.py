@@ -134,3 +134,102 @@ async def logits_vs_numpy(model_name: str, prompts: list[list[int]], kv_dtype: s
         out[key] = {"max_abs": float(err.max()), "scale": float(np.abs(cc).max()),
                     "argmax_equal": bool(np.array_equal(gg.argmax(1), cc.argmax(1)))}
     return out
+
+
+async def preemption_round_trip(preemption: str) -> dict:
+    """A budget of 7 KV blocks (16 tokens) for four requests forces preemption; outputs must not change."""
+    w = await weights("tiny-random")
+    tok = Tokenizer.from_manifest(w.manifest)
+    probe = await backend("tiny-random", budget_bytes=8 * MIB, block_size=16, max_num_batched_tokens=24,
+                          max_num_seqs=4)
+    fixed = probe.ledger.used_bytes - probe.ledger.by_kind()["kv"]
+    block_bytes = probe.ledger.by_kind()["kv"] // probe.num_blocks
+    probe.destroy()
+    b = await backend("tiny-random", budget_bytes=fixed + 7 * block_bytes + 100, block_size=16,
+                      max_num_batched_tokens=24, max_num_seqs=4, num_cpu_blocks=16)
+    gpu, stats = await run_engine(b, tok, TINY_PROMPTS, 12, max_num_batched_tokens=24, max_num_seqs=4,
+                                  preemption=preemption)
+    model = _cache.setdefault(("model", "tiny-random"), NumpyModel(w))
+    ref = [solo_greedy(model, p, 12) for p in TINY_PROMPTS]
+    view = ledger_view(b)
+    b.destroy()
+    return {"gpu": gpu, "ref": ref, "preemptions": stats["preemptions"], "swap_out_blocks": stats["swap_out_blocks"],
+            "swap_in_blocks": stats["swap_in_blocks"], "ledger": view, "fixed": fixed, "block_bytes": block_bytes}
+
+
+async def copy_and_swap_blocks(kv_dtype: str) -> dict:
+    """After a prefill: copy_blocks, then swap a block out and into another slot; cache contents compared."""
+    b = await backend("tiny-random", budget_bytes=8 * MIB, block_size=8, kv_dtype=kv_dtype,
+                      max_num_batched_tokens=24, max_num_seqs=4, num_cpu_blocks=4)
+    i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
+    ids = i32(range(5, 25))  # 20 tokens in blocks 9, 4, 7
+    table = i32([[9, 4, 7]])
+    slots = i32(table[0, np.arange(20) // 8] * 8 + np.arange(20) % 8)
+    await b.forward(ForwardBatch(ids, i32(range(20)), slots, i32([0, 20]), table, i32([20])))
+    await b.copy_blocks([(9, 1), (4, 2)])
+    await b.swap_out([(7, 3), (9, 0)])
+    await b.swap_in([(3, 5), (0, 6)])
+    out = {}
+    for layer, cache in enumerate(b.kv_caches):
+        k, v = await cache.read()
+        out[layer] = {"copy": bool(np.array_equal(k[[1, 2]], k[[9, 4]]) and np.array_equal(v[[1, 2]], v[[9, 4]])),
+                      "swap": bool(np.array_equal(k[[5, 6]], k[[7, 9]]) and np.array_equal(v[[5, 6]], v[[7, 9]])),
+                      "cpu": bool(np.array_equal(b.cpu_k[layer][3], k[7])),
+                      "nonzero": bool(np.abs(k[9].astype(np.float32)).sum() > 0)}
+    b.destroy()
+    return out
+
+
+async def budget_refusal() -> dict:
+    """A budget holding 3 blocks of 16 tokens: a 60-token request can never fit (NeverFits) and the engine
+    keeps serving a short one afterwards."""
+    w = await weights("tiny-random")
+    tok = Tokenizer.from_manifest(w.manifest)
+    probe = await backend("tiny-random", budget_bytes=8 * MIB, block_size=16, max_num_batched_tokens=24,
+                          max_num_seqs=4)
+    fixed = probe.ledger.used_bytes - probe.ledger.by_kind()["kv"]
+    block_bytes = probe.ledger.by_kind()["kv"] // probe.num_blocks
+    probe.destroy()
+    budget = fixed + 3 * block_bytes + 1000
+    b = await backend("tiny-random", budget_bytes=budget, block_size=16, max_num_batched_tokens=24, max_num_seqs=4)
+    engine = LLMEngine(b, tok, EngineConfig(max_num_batched_tokens=24, max_num_seqs=4))
+    try:
+        engine.add_request(list(range(3, 63)), SamplingParams(max_tokens=4))
+        refused = None
+    except NeverFits as exc:
+        refused = str(exc)
+    gpu, _ = await run_engine(b, tok, [TINY_PROMPTS[0]], 6, max_num_batched_tokens=24, max_num_seqs=4)
+    model = _cache.setdefault(("model", "tiny-random"), NumpyModel(w))
+    too_small = None
+    try:
+        await backend("tiny-random", budget_bytes=fixed + block_bytes // 2, block_size=16,
+                      max_num_batched_tokens=24, max_num_seqs=4)
+    except MemoryError as exc:
+        too_small = f"{type(exc).__name__}: {exc}"
+    view = ledger_view(b)
+    b.destroy()
+    return {"refused": refused, "gpu": gpu, "ref": [solo_greedy(model, TINY_PROMPTS[0], 6)], "ledger": view,
+            "fixed": fixed, "block_bytes": block_bytes, "too_small": too_small}
+
+
+async def real_model(prompts: list[list[int]], n: int, budget_mib: int = 256) -> dict:
+    """SmolLM2: greedy ids of the prompts as concurrent requests, and the first-position logits (prefill,
+    greedy=False) as base64 f32 for the CPython side to compare with numpy."""
+    import base64
+
+    manifest, _ = await model_files("smollm2-135m-instruct")
+    tok = Tokenizer.from_manifest(manifest)
+    total = sum(map(len, prompts))
+    b = await backend("smollm2-135m-instruct", budget_bytes=budget_mib * MIB, block_size=16,
+                      max_num_batched_tokens=total, max_num_seqs=len(prompts))
+    gpu, stats = await run_engine(b, tok, prompts, n, max_num_batched_tokens=total, max_num_seqs=len(prompts))
+    i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
+    p = prompts[0]
+    blocks = -(-len(p) // 16)
+    table = i32([list(range(blocks))[::-1]])
+    slots = i32(table[0, np.arange(len(p)) // 16] * 16 + np.arange(len(p)) % 16)
+    logits = await b.forward(ForwardBatch(i32(p), i32(range(len(p))), slots, i32([0, len(p)]), table, i32([len(p)])))
+    view = ledger_view(b)
+    b.destroy()
+    return {"gpu": gpu, "logits": base64.b64encode(logits.astype("<f4").tobytes()).decode(), "ledger": view,
+            "steps": stats["steps"]}

@@ -31,3 +31,53 @@ def run(worker, call: str):
 def test_tiny_greedy_through_engine_equals_numpy(worker, block_size, kv_dtype):
     r = run(worker, f"tiny_greedy({block_size}, {kv_dtype!r})")
     assert r["gpu"] == r["ref"]
+
+
+def test_tiny_greedy_outputs_are_real_generations(worker):
+    r = run(worker, "tiny_greedy(16, 'f16', 10)")
+    assert [len(o) for o in r["gpu"]] == [10, 10, 10, 10]
+    assert r["gpu"] == r["ref"]
+    assert r["progress"] == [[82176, 82176]]  # one progress report per shard (tiny model: one shard)
+
+
+@pytest.mark.parametrize("kv_dtype,bound", [("f32", 1e-4), ("f16", 2e-2)])
+def test_tiny_logits_match_numpy(worker, kv_dtype, bound):
+    """Logits of a mixed prefill batch (3 sequences, scattered block tables) and of the decode step after it.
+    Bounds relative to max |logit|: f32 KV [measured ~1e-6], f16 KV rounds K/V to 11 bits [~1e-3]."""
+    prompts = [[5, 9, 200, 31, 7], list(range(40, 63)), list(range(300, 317))]
+    r = run(worker, f"logits_vs_numpy('tiny-random', {prompts}, {kv_dtype!r}, 8)")
+    for step in ("prefill", "decode"):
+        assert r[step]["max_abs"] <= bound * r[step]["scale"], r
+        assert r[step]["argmax_equal"], r
+
+
+@pytest.mark.parametrize("preemption", ["swap", "recompute"])
+def test_preemption_under_small_budget_keeps_outputs(worker, preemption):
+    r = run(worker, f"preemption_round_trip({preemption!r})")
+    assert r["ledger"]["num_blocks"] == 7
+    assert r["preemptions"][preemption] >= 1
+    if preemption == "swap":
+        assert r["swap_out_blocks"] >= 1 and r["swap_in_blocks"] >= 1
+    assert r["gpu"] == r["ref"]
+    assert r["ledger"]["used"] <= r["ledger"]["budget"] and r["ledger"]["peak"] <= r["ledger"]["budget"]
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
+def test_copy_blocks_and_swap_round_trip(worker, kv_dtype):
+    r = run(worker, f"copy_and_swap_blocks({kv_dtype!r})")
+    assert r == {str(layer): {"copy": True, "swap": True, "cpu": True, "nonzero": True} for layer in range(2)}
+
+
+def test_budget_shrinks_pool_and_refuses_what_never_fits(worker):
+    r = run(worker, "budget_refusal()")
+    led = r["ledger"]
+    assert led["num_blocks"] == 3
+    assert led["by_kind"]["kv"] == 3 * r["block_bytes"]
+    # tiny model, block 16, f16: 2 layers x (K, V) x 16 tokens x 2 kv heads x 16 dims x 2 bytes
+    assert r["block_bytes"] == 2 * 2 * 16 * 2 * 16 * 2
+    assert led["used"] == r["fixed"] + 3 * r["block_bytes"] <= led["budget"]
+    assert led["peak"] <= led["budget"]
+    assert led["by_kind"]["weights"] == 82176 and led["by_kind"]["staging"] > 0 and led["by_kind"]["scratch"] > 0
+    assert r["refused"] is not None and "= 4 blocks of 16, but the KV pool only has 3 blocks" in r["refused"], r["refused"]
+    assert r["gpu"] == r["ref"]  # the page keeps working after the refusal
+    assert r["too_small"].startswith("BudgetExceeded: a GPU budget of") and "no room for the KV cache" in r["too_small"]
