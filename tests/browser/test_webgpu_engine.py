@@ -119,3 +119,31 @@ def test_real_model_greedy_and_logits_match_numpy_and_llama_cpp(worker, real_mod
     assert rel <= REAL_LOGITS_REL
     assert int(got.argmax()) == int(want.argmax())
     assert r["ledger"]["used"] <= r["ledger"]["budget"]
+
+
+@pytest.mark.parametrize("query,backend", [("budget_mib=16", "webgpu"), ("backend=cpu", "cpu")])
+def test_app_loads_the_model_on_the_chosen_backend(browser, base_url, query, backend):
+    from conftest import open_and_boot
+
+    booted = open_and_boot(browser, f"{base_url}?model=tiny-random&{query}")
+    try:
+        booted.page.wait_for_selector("html[data-model=ready], html[data-model=error]", state="attached")
+        data = booted.dataset()
+        assert data["model"] == "ready", data
+        info = json.loads(data["modelInfo"])
+        assert info["backend"] == backend and info["model"] == "tiny-random"
+        if backend == "webgpu":
+            ledger = info["ledger"]
+            assert ledger["budget_bytes"] == 16 << 20 and ledger["used_bytes"] <= ledger["budget_bytes"]
+            assert ledger["by_kind"]["weights"] == 82176
+            kv_block = 2 * 2 * 16 * 2 * 16 * 2  # layers x (K, V) x 16 tokens x kv heads x head_dim x f16
+            assert ledger["by_kind"]["kv"] == info["num_blocks"] * kv_block
+            assert ledger["free_bytes"] < kv_block  # the pool took what the budget left
+        booted.py("from pagedkv_app.main import state\n"
+                  "state['service'].handle({'type': 'send', 'chat': 'chat-1', 'text': 'Hello there',"
+                  " 'settings': {'temperature': 0, 'max_tokens': 6}})\nNone")
+        booted.page.wait_for_selector("html[data-last-turn]", state="attached")
+        turn = json.loads(booted.dataset()["lastTurn"])
+        assert turn["chat"] == "chat-1" and turn["reason"] in ("length", "stop") and 1 <= turn["tokens"] <= 6, turn
+    finally:
+        booted.page.close()
