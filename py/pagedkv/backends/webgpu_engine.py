@@ -9,6 +9,7 @@ Uses GpuContext methods only (no `js` here).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Iterable
 
 import numpy as np
@@ -54,6 +55,7 @@ class WebGpuBackend:
         self._slots_cache: dict[StepShape, tuple] = {}
         self.num_blocks = 0
         self.num_cpu_blocks = 0
+        self.last_step_ms: dict[str, float] = {}
 
     # ------------------------------------------------------------------ construction
 
@@ -239,6 +241,7 @@ class WebGpuBackend:
 
     async def forward(self, batch: ForwardBatch, greedy: bool = False) -> np.ndarray:
         """(S, vocab) f32 logits of each sequence's last new token, or (S,) int32 argmax ids when greedy."""
+        t0 = time.perf_counter()
         self._check(batch)
         cfg, s = self.config, self.scratch
         t, n = batch.token_ids.shape[0], batch.num_seqs
@@ -266,14 +269,20 @@ class WebGpuBackend:
         first = key not in self._validated
         if first:
             self.ctx.push_errors()
+        t1 = time.perf_counter()
         data = await self.ctx.replay(plan, grids, copies, s["x"], s["last"], s["ids" if greedy else "logits"],
                                      s["readback"], nbytes)
+        t2 = time.perf_counter()
         if first:
             await self.ctx.pop_errors(f"the first {key} step")
             self._validated.add(key)
         if greedy:
-            return np.frombuffer(data, np.uint32).astype(np.int32)  # (S,)
-        return np.frombuffer(data, np.float32).reshape(n, cfg.vocab).copy()  # (S, vocab)
+            out = np.frombuffer(data, np.uint32).astype(np.int32)  # (S,)
+        else:
+            out = np.frombuffer(data, np.float32).reshape(n, cfg.vocab).copy()  # (S, vocab)
+        # Wall time of the replay (encode + GPU + map) vs the Python around it; benchmarks read this.
+        self.last_step_ms = {"replay": (t2 - t1) * 1e3, "python": (t1 - t0 + time.perf_counter() - t2) * 1e3}
+        return out
 
     # ------------------------------------------------------------------ block copies and swaps
 
