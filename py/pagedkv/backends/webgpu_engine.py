@@ -214,8 +214,8 @@ class WebGpuBackend:
         for dispatches in layer_program(self, key):
             recorded = []
             for d in dispatches:
-                if d.constants[0] == "KV":
-                    pipeline = self.kv_kernels.pipelines[d.constants[1]]
+                if d.constants is None:
+                    pipeline = self.kv_kernels.pipelines[d.shader]
                 else:
                     pipeline = await self.ctx.kernel(d.shader, dict(d.constants))
                 bindings = dict(d.bindings) if isinstance(d.bindings, dict) else dict(enumerate(d.bindings))

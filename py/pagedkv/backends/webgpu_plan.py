@@ -47,7 +47,7 @@ class Dispatch:
     """One recorded dispatch: pipeline key (shader, constants), its bindings, its uniform slot."""
 
     shader: str
-    constants: tuple
+    constants: tuple | None  # None: a KV-cache kernel, compiled by KVKernels with the cache layout's constants
     bindings: tuple  # buffers in @binding order, the uniform slot excluded (or a {binding: buffer} dict)
     slot: str
 
@@ -62,7 +62,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         return Dispatch(shader, (("WORKGROUP_SIZE", 32),), (*parts, x, y), slot)
 
     def kv_kernel(name: str) -> tuple:
-        return name, ("KV", name)
+        return name, None
 
     emb_dtype, emb_parts = w["token_embd.weight"]
     passes = [[Dispatch("embedding", (("WORKGROUP_SIZE", 64),), (*emb_parts, s["token_ids"], s["x"]), "embedding")]]
