@@ -5,7 +5,8 @@
 Prints JSON and writes bench/results/webgpu_engine.json: the ledger breakdown under a 1 GiB budget,
 prefill and decode tok/s of SmolLM2-135M through LLMEngine + WebGpuBackend (one request, random prompt,
 greedy), a decode step's wall time split into the replay (encode + GPU + read back of S ids) and the
-Python controller around it, and Python->JS crossings per step. Figures only; never asserts on time.
+Python controller around it, Python->JS crossings per step, and the decode plan replayed with one workgroup
+per dispatch (a floor on the per-dispatch cost of ~480 dispatches). Figures only; never asserts on time.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(ledger), file=sys.stderr)
         runs = page.py(f"import json\njson.dumps(await bench_generate(_ctx, _b, _m, {args.prompt}, {args.new}, "
                        f"{args.runs}))", timeout_ms=1_800_000)
+        floor = page.py("import json\njson.dumps(await bench_dispatch_floor(_ctx, _b))")
         adapter = page.page.evaluate("JSON.parse(document.documentElement.dataset.adapter)")
         browser.close()
     server.shutdown()
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
            ("prefill_tok_s", "decode_tok_s", "decode_step_ms", "decode_replay_ms", "decode_backend_python_ms",
             "decode_controller_ms")}
     report = {"adapter": adapter["name"], "model": "smollm2-135m-instruct", "prompt_tokens": args.prompt,
-              "new_tokens": args.new, "runs": runs, "median": med, "ledger_1gib": ledger}
+              "new_tokens": args.new, "runs": runs, "median": med, "ledger_1gib": ledger,
+              "decode_plan_one_workgroup_per_dispatch": floor}
     text = json.dumps(report, indent=1)
     print(text)
     OUT.write_text(text + "\n")

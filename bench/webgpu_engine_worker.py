@@ -60,3 +60,22 @@ async def bench_generate(ctx, b, manifest, prompt_len=128, new_tokens=32, runs=3
         })
         del rid
     return results
+
+
+async def bench_dispatch_floor(ctx, b, reps=5):
+    """The decode plan (S=1) replayed with every grid cut to one workgroup: a floor on what the ~480
+    dispatches of a step cost on this adapter regardless of the kernels' work (the outputs are garbage)."""
+    from pagedkv.backends.webgpu_plan import PlanKey
+
+    key = PlanKey.of(1, 1)
+    plan = b._plans[key]
+    n = b._dispatch_slots[key].shape[0]
+    grids = np.ones((n, 3), np.int32)
+    s = b.scratch
+    copies = np.zeros((0, 3), np.int32)
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        await ctx.replay(plan, grids, copies, s["x"], s["last"], s["ids"], s["readback"], 4)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return {"dispatches": int(n), "median_ms": statistics.median(samples), "samples_ms": samples}

@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.backends.numpy_ref import ForwardBatch, NumpyModel, PagedKVCache
+from pagedkv.backends.numpy_ref import ForwardBatch, NumpyModel, greedy_reference
 from pagedkv.backends.webgpu import GpuContext, fetch_bytes
 from pagedkv.backends.webgpu_engine import WebGpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine
@@ -73,23 +73,14 @@ async def run_engine(b, tokenizer, prompts, max_tokens, **config) -> tuple[list[
     return [r.output_ids for r in reqs], {"steps": steps, **engine.stats()}
 
 
-def solo_greedy(model: NumpyModel, prompt: list[int], n: int) -> list[int]:
-    """One sequence alone through the numpy reference (identity block table), prefill then decode."""
-    i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
-    blocks = -(-(len(prompt) + n) // 16)
-    kv = PagedKVCache.allocate(model.config, blocks, 16)
-    table = i32([np.arange(blocks)])
-    ids = list(prompt)
-    batch = ForwardBatch(i32(ids), i32(range(len(ids))), i32(range(len(ids))), i32([0, len(ids)]), table,
-                         i32([len(ids)]))
-    out = []
-    for _ in range(n):
-        tok = int(np.argmax(model.forward(batch, kv)[0]))
-        out.append(tok)
-        ids.append(tok)
-        p = len(ids) - 1
-        batch = ForwardBatch(i32([tok]), i32([p]), i32([p]), i32([0, 1]), table, i32([p + 1]))
-    return out
+async def tiny_sizes() -> tuple[int, int]:
+    """(bytes of everything but the KV pool, bytes of one KV block) of the tiny model at block 16, f16."""
+    probe = await backend("tiny-random", budget_bytes=8 * MIB, block_size=16, max_num_batched_tokens=24,
+                          max_num_seqs=4)
+    fixed = probe.ledger.used_bytes - probe.ledger.by_kind()["kv"]
+    block_bytes = probe.ledger.by_kind()["kv"] // probe.num_blocks
+    probe.destroy()
+    return fixed, block_bytes
 
 
 TINY_PROMPTS = [list(range(3 + 60 * i, 3 + 60 * i + n)) for i, n in enumerate((5, 23, 40, 17))]
@@ -103,7 +94,7 @@ async def tiny_greedy(block_size: int, kv_dtype: str, max_tokens: int = 10) -> d
                       max_num_batched_tokens=24, max_num_seqs=4)
     gpu, stats = await run_engine(b, tok, TINY_PROMPTS, max_tokens, max_num_batched_tokens=24, max_num_seqs=4)
     model = _cache.setdefault(("model", "tiny-random"), NumpyModel(w))
-    ref = [solo_greedy(model, p, max_tokens) for p in TINY_PROMPTS]
+    ref = [greedy_reference(model, p, max_tokens) for p in TINY_PROMPTS]
     b.destroy()
     return {"gpu": gpu, "ref": ref, "steps": stats["steps"], "progress": b.progress}
 
@@ -140,17 +131,13 @@ async def preemption_round_trip(preemption: str) -> dict:
     """A budget of 7 KV blocks (16 tokens) for four requests forces preemption; outputs must not change."""
     w = await weights("tiny-random")
     tok = Tokenizer.from_manifest(w.manifest)
-    probe = await backend("tiny-random", budget_bytes=8 * MIB, block_size=16, max_num_batched_tokens=24,
-                          max_num_seqs=4)
-    fixed = probe.ledger.used_bytes - probe.ledger.by_kind()["kv"]
-    block_bytes = probe.ledger.by_kind()["kv"] // probe.num_blocks
-    probe.destroy()
+    fixed, block_bytes = await tiny_sizes()
     b = await backend("tiny-random", budget_bytes=fixed + 7 * block_bytes + 100, block_size=16,
                       max_num_batched_tokens=24, max_num_seqs=4, num_cpu_blocks=16)
     gpu, stats = await run_engine(b, tok, TINY_PROMPTS, 12, max_num_batched_tokens=24, max_num_seqs=4,
                                   preemption=preemption)
     model = _cache.setdefault(("model", "tiny-random"), NumpyModel(w))
-    ref = [solo_greedy(model, p, 12) for p in TINY_PROMPTS]
+    ref = [greedy_reference(model, p, 12) for p in TINY_PROMPTS]
     view = ledger_view(b)
     b.destroy()
     return {"gpu": gpu, "ref": ref, "preemptions": stats["preemptions"], "swap_out_blocks": stats["swap_out_blocks"],
@@ -185,11 +172,7 @@ async def budget_refusal() -> dict:
     keeps serving a short one afterwards."""
     w = await weights("tiny-random")
     tok = Tokenizer.from_manifest(w.manifest)
-    probe = await backend("tiny-random", budget_bytes=8 * MIB, block_size=16, max_num_batched_tokens=24,
-                          max_num_seqs=4)
-    fixed = probe.ledger.used_bytes - probe.ledger.by_kind()["kv"]
-    block_bytes = probe.ledger.by_kind()["kv"] // probe.num_blocks
-    probe.destroy()
+    fixed, block_bytes = await tiny_sizes()
     budget = fixed + 3 * block_bytes + 1000
     b = await backend("tiny-random", budget_bytes=budget, block_size=16, max_num_batched_tokens=24, max_num_seqs=4)
     engine = LLMEngine(b, tok, EngineConfig(max_num_batched_tokens=24, max_num_seqs=4))
@@ -208,7 +191,7 @@ async def budget_refusal() -> dict:
         too_small = f"{type(exc).__name__}: {exc}"
     view = ledger_view(b)
     b.destroy()
-    return {"refused": refused, "gpu": gpu, "ref": [solo_greedy(model, TINY_PROMPTS[0], 6)], "ledger": view,
+    return {"refused": refused, "gpu": gpu, "ref": [greedy_reference(model, TINY_PROMPTS[0], 6)], "ledger": view,
             "fixed": fixed, "block_bytes": block_bytes, "too_small": too_small}
 
 
