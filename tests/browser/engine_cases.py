@@ -216,3 +216,29 @@ async def real_model(prompts: list[list[int]], n: int, budget_mib: int = 256) ->
     b.destroy()
     return {"gpu": gpu, "logits": base64.b64encode(logits.astype("<f4").tobytes()).decode(), "ledger": view,
             "steps": stats["steps"]}
+
+
+async def bad_weights() -> dict:
+    """A tampered shard and a Q8_0 code of -128 (with a matching hash) are refused at load, with messages."""
+    import copy
+    import hashlib
+
+    manifest, shards = await model_files("tiny-random")
+    ctx = await context()
+    data = bytearray(shards["shard-000.bin"])
+    data[0] = 0x80  # token_embd.weight (Q8_0) qs starts the shard: code -128
+    out = {}
+    for name, fix_hash in (("tampered", False), ("code_minus_128", True)):
+        m = copy.deepcopy(manifest)
+        if fix_hash:
+            m["shards"][0]["sha256"] = hashlib.sha256(data).hexdigest()
+
+        async def source(_file: str) -> bytes:
+            return bytes(data)
+
+        try:
+            await WebGpuBackend.create(ctx, m, source, budget_bytes=8 * MIB)
+            out[name] = None
+        except ValueError as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    return out

@@ -148,3 +148,9 @@ def test_app_loads_the_model_on_the_chosen_backend(browser, base_url, query, bac
         assert turn["chat"] == "chat-1" and turn["reason"] in ("length", "stop") and 1 <= turn["tokens"] <= 6, turn
     finally:
         booted.page.close()
+
+
+def test_bad_weights_are_refused_at_load(worker):
+    r = run(worker, "bad_weights()")
+    assert r["tampered"].startswith("WeightsError: shard shard-000.bin sha256 mismatch"), r
+    assert r["code_minus_128"].startswith("ValueError: Q8_0 tensor token_embd.weight contains the code -128"), r

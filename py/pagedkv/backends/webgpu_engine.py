@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import numpy as np
 
-from ..gpu_budget import GpuLedger, MIB, kv_blocks_that_fit, rounded
+from ..gpu_budget import BudgetExceeded, GpuLedger, MIB, kv_blocks_that_fit, rounded
 from ..kernels.ref_ops import rope_cos_sin
 from ..kv_cache_manager import CopyOp
 from ..model.config import ModelConfig
@@ -79,27 +79,21 @@ class WebGpuBackend:
         max_binding = ctx.info.limits["maxStorageBufferBindingSize"]
         num_blocks = kv_blocks_that_fit(budget_bytes - fixed, block_bytes, max_binding, config.n_layers)
         if num_blocks < 1:
-            from ..gpu_budget import BudgetExceeded
-
             raise BudgetExceeded(
                 f"a GPU budget of {budget_bytes / MIB:.1f} MiB leaves no room for the KV cache: weights, scratch "
                 f"and staging need {fixed / MIB:.1f} MiB and one KV block {block_bytes:,} bytes; raise the budget "
                 "or lower max_num_batched_tokens")
         b.kv_layout = KVLayout(num_blocks, block_size, config.n_kv_heads, config.head_dim, kv_dtype)
         b.kv_kernels = await KVKernels(ctx, b.kv_layout, config.n_heads).compile()
-        ctx.push_oom()
         try:
-            await b._upload_weights(manifest, shard_source, on_progress)
-            for label, nbytes, kind in (*b._scratch_specs(), *b._staging_specs()):
-                b.scratch[label] = b._buffer(label, nbytes, kind, map_read=label == "readback",
-                                             uniform=label == "params")
-            b.ctx.write(b.scratch["cos_sin"], rope_cos_sin(config.head_dim, config.rope_base, config.context_length))
-            for layer in range(config.n_layers):
-                b.ledger.reserve(f"kv.{layer}.k", b.kv_layout.nbytes, "kv")
-                b.ledger.reserve(f"kv.{layer}.v", b.kv_layout.nbytes, "kv")
-                b.kv_caches.append(KVCacheBuffers(ctx, b.kv_layout))
-        finally:
-            await ctx.pop_oom("the model's GPU buffers")
+            ctx.push_oom()
+            try:
+                await b._allocate(manifest, shard_source, on_progress)
+            finally:
+                await ctx.pop_oom("the model's GPU buffers")
+        except BaseException:
+            b.destroy()  # a failed load leaves no GPU buffer behind
+            raise
         b.num_blocks = num_blocks
         b.num_cpu_blocks = num_cpu_blocks if num_cpu_blocks is not None else min(
             num_blocks, CPU_POOL_CAP_BYTES // block_bytes)
@@ -108,6 +102,19 @@ class WebGpuBackend:
         b.cpu_k = [np.zeros(shape, b.kv_layout.np_dtype) for _ in range(config.n_layers)]
         b.cpu_v = [np.zeros(shape, b.kv_layout.np_dtype) for _ in range(config.n_layers)]
         return b
+
+    async def _allocate(self, manifest: dict, shard_source, on_progress) -> None:
+        """Weights, then scratch and staging, then the KV pool: every buffer reserved in the ledger first."""
+        cfg = self.config
+        await self._upload_weights(manifest, shard_source, on_progress)
+        for label, nbytes, kind in (*self._scratch_specs(), *self._staging_specs()):
+            self.scratch[label] = self._buffer(label, nbytes, kind, map_read=label == "readback",
+                                               uniform=label == "params")
+        self.ctx.write(self.scratch["cos_sin"], rope_cos_sin(cfg.head_dim, cfg.rope_base, cfg.context_length))
+        for layer in range(cfg.n_layers):
+            self.ledger.reserve(f"kv.{layer}.k", self.kv_layout.nbytes, "kv")
+            self.ledger.reserve(f"kv.{layer}.v", self.kv_layout.nbytes, "kv")
+            self.kv_caches.append(KVCacheBuffers(self.ctx, self.kv_layout))
 
     def _buffer(self, label: str, nbytes: int, kind: str, **kw):
         self.ledger.reserve(label, nbytes, kind)
