@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import numpy as np
-
-from pagedkv.backends.numpy_ref import ForwardBatch, NumpyModel, PagedKVCache
+from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
 from pagedkv.model.convert import (
     SMOLLM2_GGUF_SHA256,
     SMOLLM2_MEMBER,
@@ -76,19 +74,4 @@ def tiny_model(tiny_weights) -> NumpyModel:
     return NumpyModel(tiny_weights)
 
 
-def reference_greedy(model, prompt, n):
-    """Oracle: one sequence alone, identity block table, prefill then decode, no engine involved."""
-    i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
-    blocks = -(-(len(prompt) + n) // 16)
-    kv = PagedKVCache.allocate(model.config, blocks, 16)
-    table = i32([np.arange(blocks)])
-    ids = list(prompt)
-    batch = ForwardBatch(i32(ids), i32(range(len(ids))), i32(range(len(ids))), i32([0, len(ids)]), table, i32([len(ids)]))
-    out = []
-    for _ in range(n):
-        tok = int(np.argmax(model.forward(batch, kv)[0]))
-        out.append(tok)
-        ids.append(tok)
-        p = len(ids) - 1
-        batch = ForwardBatch(i32([tok]), i32([p]), i32([p]), i32([0, 1]), table, i32([p + 1]))
-    return out
+reference_greedy = greedy_reference  # the oracle lives with the reference forward (also used in the browser)

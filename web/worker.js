@@ -12,7 +12,7 @@ function progress(stage, detail) {
 async function boot() {
   progress("download", "downloading the Python runtime (Pyodide)");
   const assets = await (await fetch(base + "assets.json")).json();
-  importScripts(base + "pyodide/pyodide.js");
+  importScripts(base + "pyodide/pyodide.js", base + "replayer.js");
   progress("python", `starting Python (Pyodide ${assets.pyodide_version})`);
   const pyodide = await loadPyodide({ indexURL: base + "pyodide/" });
   progress("numpy", "loading numpy and micropip");

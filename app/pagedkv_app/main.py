@@ -1,6 +1,7 @@
 """Boot sequence of the in-tab app after the worker has loaded Pyodide, numpy and the wheels."""
 from __future__ import annotations
 
+import json
 import traceback
 
 import numpy as np
@@ -8,6 +9,7 @@ import numpy as np
 import pagedkv
 from pagedkv.backends import webgpu
 from pagedkv.backends.cpu import CpuBackend
+from pagedkv.backends.webgpu_engine import WebGpuBackend
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.kv_accounting import KV_DTYPE_BYTES
@@ -71,28 +73,79 @@ async def load_model(name: str) -> None:
         def on_progress(loaded: int, total: int) -> None:
             bridge.post("model-progress", model=name, loaded=loaded, total=total, detail="downloading weights")
 
-        manifest, shards = await fetch_model(f"models/{name}", on_progress)
-        bridge.post("model-progress", model=name, loaded=1, total=1, detail="verifying and unpacking weights")
-        weights = ModelWeights.from_shards(manifest, shards)
-        del shards
-        cfg = weights.config
-        kv_budget = int(bridge.query_param("kv_mib", "128")) * MIB
-        bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * KV_DTYPE_BYTES["f32"]
         block_size = int(bridge.query_param("block_size", "16"))
-        num_blocks = kv_budget // (bytes_per_token * block_size)
-        if num_blocks < 1:
-            raise ValueError(f"a {kv_budget // MIB} MiB KV budget holds no block of {block_size} tokens "
-                             f"({bytes_per_token:,} B/token); raise kv_mib")
-        backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_blocks)
+        if bridge.query_param("backend", "webgpu") == "cpu":
+            manifest, backend, info = await _cpu_backend(name, block_size, on_progress)
+        else:
+            manifest, backend, info = await _webgpu_backend(name, block_size, on_progress)
+        cfg = backend.config
         tokenizer = Tokenizer.from_manifest(manifest)
         engine = LLMEngine(backend, tokenizer, EngineConfig(namespace=name))
-        service = ChatService(engine, ChatTemplate.from_manifest(manifest, tokenizer), bridge.post, model_name=name)
+        ledger = getattr(backend, "ledger", None)
+        service = ChatService(engine, ChatTemplate.from_manifest(manifest, tokenizer), bridge.post, model_name=name,
+                              ledger_snapshot=ledger.snapshot if ledger is not None else None)
         state.update(engine=engine, service=service)
         bridge.set_handler(service.handle)
         bridge.post("model-ready", model=name, backend=backend.name, load_ms=round(bridge.now_ms() - t0),
-                    num_blocks=num_blocks, block_size=block_size, bytes_per_token=bytes_per_token,
-                    context_length=cfg.context_length, layers=cfg.n_layers)
+                    num_blocks=backend.num_blocks, block_size=block_size, context_length=cfg.context_length,
+                    layers=cfg.n_layers, **info)
         service.post_stats(force=True)
     except Exception as exc:
         bridge.post("model-error", model=name, message=f"{type(exc).__name__}: {exc}",
                     detail=traceback.format_exc())
+
+
+async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, CpuBackend, dict]:
+    """The numpy fallback (?backend=cpu): every shard in wasm memory, weights dequantized to f32."""
+    manifest, shards = await fetch_model(f"models/{name}", on_progress)
+    bridge.post("model-progress", model=name, loaded=1, total=1, detail="verifying and unpacking weights")
+    weights = ModelWeights.from_shards(manifest, shards)
+    del shards
+    cfg = weights.config
+    kv_budget = int(bridge.query_param("kv_mib", "128")) * MIB
+    bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * KV_DTYPE_BYTES["f32"]
+    num_blocks = kv_budget // (bytes_per_token * block_size)
+    if num_blocks < 1:
+        raise ValueError(f"a {kv_budget // MIB} MiB KV budget holds no block of {block_size} tokens "
+                         f"({bytes_per_token:,} B/token); raise kv_mib")
+    backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_blocks)
+    return manifest, backend, {"bytes_per_token": bytes_per_token}
+
+
+async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, WebGpuBackend, dict]:
+    """Weights streamed shard by shard into GPU buffers inside the ?budget_mib= GPU budget (default 1 GiB)."""
+    ctx = state["gpu"]
+    manifest = json.loads(await bridge.fetch_bytes(f"models/{name}/model.json"))
+    total = sum(s["nbytes"] for s in manifest["shards"])
+    done = 0
+
+    async def shard_source(file: str) -> bytes:
+        nonlocal done
+
+        def progress(n: int) -> None:
+            on_progress(done + n, total)
+
+        data = await bridge.fetch_bytes(f"models/{name}/{file}", _accumulate(progress))
+        done += len(data)
+        return data
+
+    budget = int(bridge.query_param("budget_mib", "1024")) * MIB
+    backend = await WebGpuBackend.create(
+        ctx, manifest, shard_source, budget_bytes=budget, block_size=block_size,
+        on_progress=lambda loaded, tot: bridge.post("model-progress", model=name, loaded=loaded, total=tot,
+                                                    detail="weights uploaded to the GPU"))
+    cfg = backend.config
+    bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * KV_DTYPE_BYTES[backend.kv_dtype]
+    return manifest, backend, {"bytes_per_token": bytes_per_token, "ledger": backend.ledger.snapshot()}
+
+
+def _accumulate(progress):
+    """fetch_bytes reports increments; turn them into a running total for one shard."""
+    seen = 0
+
+    def step(n: int) -> None:
+        nonlocal seen
+        seen += n
+        progress(seen)
+
+    return step

@@ -201,3 +201,22 @@ class NumpyModel:
         gate = h @ self.w[f"blk.{layer}.ffn_gate.weight"].T  # (T, ffn)
         up = h @ self.w[f"blk.{layer}.ffn_up.weight"].T  # (T, ffn)
         return (silu(gate) * up) @ self.w[f"blk.{layer}.ffn_down.weight"].T  # (T, hidden)
+
+
+def greedy_reference(model: NumpyModel, prompt: list[int], n: int) -> list[int]:
+    """Oracle: one sequence alone, identity block table, prefill then decode, no engine involved."""
+    i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
+    blocks = -(-(len(prompt) + n) // 16)
+    kv = PagedKVCache.allocate(model.config, blocks, 16)
+    table = i32([np.arange(blocks)])
+    ids = list(prompt)
+    batch = ForwardBatch(i32(ids), i32(range(len(ids))), i32(range(len(ids))), i32([0, len(ids)]), table,
+                         i32([len(ids)]))
+    out = []
+    for _ in range(n):
+        tok = int(np.argmax(model.forward(batch, kv)[0]))
+        out.append(tok)
+        ids.append(tok)
+        p = len(ids) - 1
+        batch = ForwardBatch(i32([tok]), i32([p]), i32([p]), i32([0, 1]), table, i32([p + 1]))
+    return out

@@ -52,6 +52,14 @@ def _js_obj(value: dict):
     return to_js(value, dict_converter=js.Object.fromEntries)
 
 
+def _resource(binding) -> dict:
+    """A bind group resource: a whole buffer, or a (buffer, offset, size) range of one."""
+    if isinstance(binding, tuple):
+        buffer, offset, size = binding
+        return {"buffer": buffer, "offset": int(offset), "size": int(size)}
+    return {"buffer": binding}
+
+
 def _fetch_base() -> str:
     # Workers resolve relative URLs against the worker script, which lives at the site root.
     return str(js.location.href).rsplit("/", 1)[0] + "/"
@@ -147,9 +155,14 @@ class GpuContext:
 
     # ---------------------------------------------------------------- buffers
 
-    def buffer(self, nbytes: int, label: str, *, readable: bool = False, uniform: bool = False):
-        usage = js.GPUBufferUsage.COPY_DST | js.GPUBufferUsage.COPY_SRC
-        usage |= js.GPUBufferUsage.UNIFORM if uniform else js.GPUBufferUsage.STORAGE
+    def buffer(self, nbytes: int, label: str, *, readable: bool = False, uniform: bool = False,
+               map_read: bool = False):
+        """A device buffer: storage (default), uniform, or a MAP_READ landing buffer for read backs."""
+        if map_read:
+            usage = js.GPUBufferUsage.MAP_READ | js.GPUBufferUsage.COPY_DST
+        else:
+            usage = js.GPUBufferUsage.COPY_DST | js.GPUBufferUsage.COPY_SRC
+            usage |= js.GPUBufferUsage.UNIFORM if uniform else js.GPUBufferUsage.STORAGE
         size = max(16, (nbytes + 15) // 16 * 16)
         return self.device.createBuffer(_js_obj({"size": size, "usage": usage, "label": label}))
 
@@ -198,7 +211,7 @@ class GpuContext:
         """A bind group with `buffers` at @group(0) @binding(0..n-1) (or {binding: buffer}); build once,
         dispatch many times."""
         pairs = buffers.items() if isinstance(buffers, dict) else enumerate(buffers)
-        entries = [_js_obj({"binding": i, "resource": _js_obj({"buffer": b})}) for i, b in pairs]
+        entries = [_js_obj({"binding": i, "resource": _js_obj(_resource(b))}) for i, b in pairs]
         self.js_crossings += 2 + len(entries)
         return self.device.createBindGroup(
             _js_obj({"layout": pipeline.getBindGroupLayout(0), "entries": to_js(entries)}))
@@ -248,6 +261,37 @@ class GpuContext:
         error = await self.device.popErrorScope()
         if error is not None:
             raise GPUError(f"{what}: {error.message}")
+
+    def push_oom(self) -> None:
+        """Start catching out-of-memory errors of buffer creation; pair with `await pop_oom(what)`."""
+        self.device.pushErrorScope("out-of-memory")
+
+    async def pop_oom(self, what: str) -> None:
+        """Raise GPUError if a buffer created since push_oom() could not be allocated."""
+        error = await self.device.popErrorScope()
+        if error is not None:
+            raise GPUError(f"the GPU ran out of memory while allocating {what}: {error.message}. "
+                           "Lower the GPU budget (budget_mib) or close other GPU-heavy tabs.")
+
+    def record_plan(self, passes: list[list[tuple]]):
+        """A replayable plan: compute passes of (pipeline, bind_group) built once (web/replayer.js runs it)."""
+        self.js_crossings += 1
+        return _js_obj({"passes": to_js([[to_js(list(d)) for d in p] for p in passes])})
+
+    async def replay(self, plan, grids: np.ndarray, copies: np.ndarray, copy_src, copy_dst,
+                     read_src=None, read_dst=None, read_bytes: int = 0) -> bytes | None:
+        """Encode and submit one step of `plan` in one command encoder (one crossing), with its per-dispatch
+        workgroup grids (n, 3) int32 (x = 0 skips a dispatch) and (m, 3) int32 (src offset, dst offset, bytes)
+        copies between pass 0 and pass 1; returns read_bytes of read_src (via MAP_READ read_dst) if asked."""
+        grids = np.ascontiguousarray(grids, dtype=np.int32)  # (n, 3)
+        copies = np.ascontiguousarray(copies, dtype=np.int32)  # (m, 3)
+        self.js_crossings += 1
+        result = await js.pagedkvReplayer.step(self.device, plan, to_js(grids.reshape(-1)), to_js(copies.reshape(-1)),
+                                               copy_src, copy_dst, read_src, read_dst, int(read_bytes))
+        if result is None:
+            return None
+        self.js_crossings += 1
+        return result.to_bytes()
 
     @staticmethod
     def now_ms() -> float:

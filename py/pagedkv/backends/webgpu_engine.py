@@ -1,0 +1,340 @@
+"""WebGPU backend: the whole model forward over the paged KV cache, replayed in one submit per step.
+
+Same API as backends/cpu.py (num_blocks, block_size, num_cpu_blocks, forward, copy_blocks, swap_out,
+swap_in). Every GPU buffer is reserved in a GpuLedger first; the KV pool gets what the budget leaves after
+weights, scratch (activations sized for max_num_batched_tokens) and staging. A step costs a constant
+number of Python->JS crossings: one writeBuffer per int32 input, one for the uniforms, one replay
+(web/replayer.js encodes all dispatches in one command encoder) and one read back.
+Uses GpuContext methods only (no `js` here).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
+import numpy as np
+
+from ..gpu_budget import BudgetExceeded, GpuLedger, MIB, kv_blocks_that_fit, rounded
+from ..kernels.ref_ops import rope_cos_sin
+from ..kv_cache_manager import CopyOp
+from ..model.config import ModelConfig
+from ..model.weights import check_manifest, tensor_parts, verify_shard
+from . import webgpu_ops as ops
+from .numpy_ref import ForwardBatch
+from .webgpu_kernels import KVCacheBuffers, KVKernels, KVLayout
+from .webgpu_plan import PARAM_SLOT_BYTES, SLOT_INDEX, SLOTS, PlanKey, StepShape, layer_program, step_slots
+
+SWAP_CHUNK_BLOCKS = 32  # blocks per layer per gather/scatter call; bounds the swap staging buffers
+CPU_POOL_CAP_BYTES = 64 * MIB  # default CPU swap pool (wasm memory)
+TEMP_SLACK_BYTES = 4096  # ids / params uniforms of one swap or copy call
+UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_prefill_attention")
+
+
+class WebGpuBackend:
+    """Model weights, scratch, KV pool and recorded plans on one GpuContext."""
+
+    name = "webgpu"
+
+    def __init__(self, ctx, config: ModelConfig, ledger: GpuLedger, *, block_size: int, kv_dtype: str,
+                 max_num_batched_tokens: int, max_num_seqs: int) -> None:
+        self.ctx = ctx
+        self.config = config
+        self.ledger = ledger
+        self.block_size = block_size
+        self.kv_dtype = kv_dtype
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_blocks_per_seq = -(-config.context_length // block_size)
+        self.weights: dict[str, tuple[str, tuple]] = {}  # name -> (dtype, part buffers in binding order)
+        self.scratch: dict[str, object] = {}
+        self.kv_caches: list[KVCacheBuffers] = []
+        self._buffers: dict[str, object] = {}
+        self._plans: dict[PlanKey, object] = {}
+        self._validated: set[PlanKey] = set()
+        self._dispatch_slots: dict[PlanKey, np.ndarray] = {}  # uniform slot of each recorded dispatch
+        self._slots_cache: dict[StepShape, tuple] = {}
+        self.num_blocks = 0
+        self.num_cpu_blocks = 0
+        self.last_step_ms: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    async def create(cls, ctx, manifest: dict, shard_source: Callable[[str], Awaitable[bytes]], *,
+                     budget_bytes: int, block_size: int = 16, kv_dtype: str = "f16",
+                     max_num_batched_tokens: int = 256, max_num_seqs: int = 16, num_cpu_blocks: int | None = None,
+                     on_progress: Callable[[int, int], None] | None = None) -> "WebGpuBackend":
+        """Upload the weights shard by shard (`await shard_source(file)` -> bytes), size scratch and the KV pool
+        inside `budget_bytes`. Raises BudgetExceeded (nothing allocated) when even one KV block does not fit."""
+        config = check_manifest(manifest)
+        if max_num_batched_tokens < 1 or max_num_seqs < 1 or max_num_seqs > max_num_batched_tokens:
+            raise ValueError(f"need 1 <= max_num_seqs ({max_num_seqs}) <= max_num_batched_tokens "
+                             f"({max_num_batched_tokens})")
+        b = cls(ctx, config, GpuLedger(budget_bytes), block_size=block_size, kv_dtype=kv_dtype,
+                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+        b.kv_layout = KVLayout(1, block_size, config.n_kv_heads, config.head_dim, kv_dtype)
+        fixed = b._weights_bytes(manifest) + sum(rounded(n) for _, n, _ in b._scratch_specs())
+        fixed += sum(rounded(n) for _, n, _ in b._staging_specs())
+        block_bytes = 2 * config.n_layers * b.kv_layout.nbytes  # K and V of every layer, one block
+        max_binding = ctx.info.limits["maxStorageBufferBindingSize"]
+        num_blocks = kv_blocks_that_fit(budget_bytes - fixed, block_bytes, max_binding, config.n_layers)
+        if num_blocks < 1:
+            raise BudgetExceeded(
+                f"a GPU budget of {budget_bytes / MIB:.1f} MiB leaves no room for the KV cache: weights, scratch "
+                f"and staging need {fixed / MIB:.1f} MiB and one KV block {block_bytes:,} bytes; raise the budget "
+                "or lower max_num_batched_tokens")
+        b.kv_layout = KVLayout(num_blocks, block_size, config.n_kv_heads, config.head_dim, kv_dtype)
+        b.kv_kernels = await KVKernels(ctx, b.kv_layout, config.n_heads).compile()
+        try:
+            ctx.push_oom()
+            try:
+                await b._allocate(manifest, shard_source, on_progress)
+            finally:
+                await ctx.pop_oom("the model's GPU buffers")
+        except BaseException:
+            b.destroy()  # a failed load leaves no GPU buffer behind
+            raise
+        b.num_blocks = num_blocks
+        b.num_cpu_blocks = num_cpu_blocks if num_cpu_blocks is not None else min(
+            num_blocks, CPU_POOL_CAP_BYTES // block_bytes)
+        shape = (max(b.num_cpu_blocks, 1),) + b.kv_layout.shape[1:]
+        # CPU swap pool (wasm memory): (layer) x (num_cpu_blocks, block_size, n_kv_heads, head_dim), cache dtype
+        b.cpu_k = [np.zeros(shape, b.kv_layout.np_dtype) for _ in range(config.n_layers)]
+        b.cpu_v = [np.zeros(shape, b.kv_layout.np_dtype) for _ in range(config.n_layers)]
+        return b
+
+    async def _allocate(self, manifest: dict, shard_source, on_progress) -> None:
+        """Weights, then scratch and staging, then the KV pool: every buffer reserved in the ledger first."""
+        cfg = self.config
+        await self._upload_weights(manifest, shard_source, on_progress)
+        for label, nbytes, kind in (*self._scratch_specs(), *self._staging_specs()):
+            self.scratch[label] = self._buffer(label, nbytes, kind, map_read=label == "readback",
+                                               uniform=label == "params")
+        self.ctx.write(self.scratch["cos_sin"], rope_cos_sin(cfg.head_dim, cfg.rope_base, cfg.context_length))
+        for layer in range(cfg.n_layers):
+            self.ledger.reserve(f"kv.{layer}.k", self.kv_layout.nbytes, "kv")
+            self.ledger.reserve(f"kv.{layer}.v", self.kv_layout.nbytes, "kv")
+            self.kv_caches.append(KVCacheBuffers(self.ctx, self.kv_layout))
+
+    def _buffer(self, label: str, nbytes: int, kind: str, **kw):
+        self.ledger.reserve(label, nbytes, kind)
+        buf = self.ctx.buffer(nbytes, label, **kw)
+        self._buffers[label] = buf
+        return buf
+
+    @staticmethod
+    def _weights_bytes(manifest: dict) -> int:
+        return sum(rounded(loc["nbytes"]) for t in manifest["tensors"].values() for loc in t["parts"].values())
+
+    async def _upload_weights(self, manifest: dict, shard_source, on_progress) -> None:
+        total = sum(s["nbytes"] for s in manifest["shards"])
+        loaded = 0
+        for shard in manifest["shards"]:
+            data = await shard_source(shard["file"])
+            verify_shard(shard, data)
+            for name, entry in manifest["tensors"].items():
+                if entry["file"] != shard["file"]:
+                    continue
+                parts = tensor_parts(entry, data)
+                if entry["dtype"] == "q8_0":
+                    ops.check_q8_0_codes(name, parts)
+                elif entry["dtype"] == "f16":
+                    raise ValueError(f"tensor {name}: f16 tensors are not supported by the WebGPU backend")
+                order = {"q4_1": ("qs", "dm"), "q8_0": ("qs", "d"), "f32": ("data",)}[entry["dtype"]]
+                bufs = []
+                for part in order:
+                    buf = self._buffer(f"w:{name}.{part}", len(parts[part]), "weights")
+                    self.ctx.write(buf, np.frombuffer(parts[part], np.uint8))
+                    bufs.append(buf)
+                self.weights[name] = (entry["dtype"], tuple(bufs))
+            loaded += shard["nbytes"]
+            del data  # the CPU copy goes as soon as its tensors are on the GPU
+            if on_progress is not None:
+                on_progress(loaded, total)
+
+    def _scratch_specs(self) -> list[tuple[str, int, str]]:
+        cfg, t, s = self.config, self.max_num_batched_tokens, self.max_num_seqs
+        max_parts = -(-self.max_blocks_per_seq // self._partition_blocks())
+        f32 = 4
+        return [
+            ("token_ids", t * 4, "scratch"), ("positions", t * 4, "scratch"),  # (T,) int32
+            ("slot_mapping", t * 4, "scratch"),  # (T,)
+            ("block_tables", s * self.max_blocks_per_seq * 4, "scratch"),  # (S, max_blocks_per_seq)
+            ("context_lens", s * 4, "scratch"), ("starts", 2 * (s + 1) * 4, "scratch"),  # (S,), (2, S + 1)
+            ("params", len(SLOTS) * PARAM_SLOT_BYTES, "scratch"),  # (slots, 256) uniforms
+            ("cos_sin", cfg.context_length * cfg.head_dim * f32, "scratch"),  # (context, head_dim / 2, 2)
+            ("x", t * cfg.hidden * f32, "scratch"), ("h", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
+            ("q", t * cfg.hidden * f32, "scratch"), ("attn", t * cfg.hidden * f32, "scratch"),  # (T, n_heads*hd)
+            ("k", t * cfg.kv_dim * f32, "scratch"), ("v", t * cfg.kv_dim * f32, "scratch"),  # (T, kv_dim)
+            ("o", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
+            ("gate", t * cfg.ffn * f32, "scratch"), ("up", t * cfg.ffn * f32, "scratch"),  # (T, ffn)
+            ("part_acc", s * max_parts * cfg.hidden * f32, "scratch"),  # (S, parts, n_heads, head_dim)
+            ("part_stats", s * max_parts * cfg.n_heads * 2 * f32, "scratch"),  # (S, parts, n_heads, 2)
+            ("last", s * cfg.hidden * f32, "scratch"), ("last_norm", s * cfg.hidden * f32, "scratch"),  # (S, hid)
+            ("logits", s * cfg.vocab * f32, "scratch"),  # (S, vocab)
+            ("ids", s * 4, "scratch"),  # (S,) u32
+        ]
+
+    def _staging_specs(self) -> list[tuple[str, int, str]]:
+        # The swap / copy temporaries are created and freed inside one call (KVKernels): this reservation
+        # covers the largest of them (gather staging + its read-back copy, SWAP_CHUNK_BLOCKS blocks of K and V).
+        chunk = 2 * SWAP_CHUNK_BLOCKS * self.kv_layout.block_words * 16
+        return [("readback", self.max_num_seqs * self.config.vocab * 4, "staging"),  # (S, vocab) landing
+                ("swap_temporaries", 2 * chunk + TEMP_SLACK_BYTES, "staging")]
+
+    def _partition_blocks(self) -> int:
+        return max(1, 128 // self.block_size)  # KVKernels' default 128-token flash-decoding partition
+
+    # ------------------------------------------------------------------ forward
+
+    def _check(self, batch: ForwardBatch) -> None:
+        t, s = batch.token_ids.shape[0], batch.num_seqs
+        if t > self.max_num_batched_tokens or s > self.max_num_seqs:
+            raise ValueError(f"batch of {t} tokens / {s} sequences exceeds this backend's scratch "
+                             f"({self.max_num_batched_tokens} tokens / {self.max_num_seqs} sequences); "
+                             "create it with the engine's max_num_batched_tokens and max_num_seqs")
+        if int(batch.context_lens.max()) > self.config.context_length:
+            raise ValueError(f"a sequence of {int(batch.context_lens.max())} tokens exceeds the model context "
+                             f"of {self.config.context_length}")
+        if batch.token_ids.min() < 0 or batch.token_ids.max() >= self.config.vocab:
+            raise ValueError(f"token ids must be in [0, {self.config.vocab})")
+        slots = self.num_blocks * self.block_size
+        if batch.slot_mapping.min() < 0 or batch.slot_mapping.max() >= slots:
+            raise ValueError(f"slot_mapping entries must be in [0, {slots})")
+        width = batch.block_tables.shape[1]
+        needed = -(-batch.context_lens // self.block_size)  # (S,)
+        if width > self.max_blocks_per_seq or int(needed.max()) > width:
+            raise ValueError(f"block_tables must have between {int(needed.max())} and {self.max_blocks_per_seq} "
+                             f"columns, got {width}")
+        for i in range(s):
+            used = batch.block_tables[i, : needed[i]]
+            if used.min() < 0 or used.max() >= self.num_blocks:
+                raise ValueError(f"sequence {i}: block ids must be in [0, {self.num_blocks})")
+
+    async def _plan(self, key: PlanKey):
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        params = self.scratch["params"]
+        passes = []
+        self.ctx.push_errors()
+        for dispatches in layer_program(self, key):
+            recorded = []
+            for d in dispatches:
+                if d.constants is None:
+                    pipeline = self.kv_kernels.pipelines[d.shader]
+                else:
+                    pipeline = await self.ctx.kernel(d.shader, dict(d.constants))
+                bindings = dict(d.bindings) if isinstance(d.bindings, dict) else dict(enumerate(d.bindings))
+                # The attention kernels keep their uniform at binding 5 (paged_attention_common.wgsl).
+                uniform_at = 5 if d.shader in UNIFORM_AT_5 else len(bindings)
+                bindings[uniform_at] = (params, SLOT_INDEX[d.slot] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
+                recorded.append((pipeline, self.ctx.bind(pipeline, bindings)))
+            passes.append(recorded)
+        await self.ctx.pop_errors(f"recording the {key} step plan")
+        plan = self.ctx.record_plan(passes)
+        self._plans[key] = plan
+        self._dispatch_slots[key] = np.array(
+            [SLOT_INDEX[d.slot] for p in layer_program(self, key) for d in p], np.int32)  # (dispatches,)
+        return plan
+
+    def _slots(self, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
+        hit = self._slots_cache.get(shape)
+        if hit is None:
+            if len(self._slots_cache) > 256:
+                self._slots_cache.clear()
+            hit = self._slots_cache[shape] = step_slots(self, shape)
+        return hit
+
+    async def forward(self, batch: ForwardBatch, greedy: bool = False) -> np.ndarray:
+        """(S, vocab) f32 logits of each sequence's last new token, or (S,) int32 argmax ids when greedy."""
+        t0 = time.perf_counter()
+        self._check(batch)
+        cfg, s = self.config, self.scratch
+        t, n = batch.token_ids.shape[0], batch.num_seqs
+        key = PlanKey.of(t, n)
+        plan = await self._plan(key)
+        qsl = batch.query_start_loc  # (S + 1,)
+        blocks = -(-int(batch.context_lens.max()) // self.block_size)
+        q_tiles = -(-np.diff(qsl) // self.kv_kernels.query_tile)  # (S,)
+        shape = StepShape(t, n, batch.block_tables.shape[1], -(-blocks // self._partition_blocks()),
+                          int(q_tiles.sum()), key.decode)
+        slot_grids, params = self._slots(shape)
+        grids = slot_grids[self._dispatch_slots[key]]  # (dispatches, 3)
+        write = self.ctx.write
+        write(s["token_ids"], batch.token_ids)
+        write(s["positions"], batch.positions)
+        write(s["slot_mapping"], batch.slot_mapping)
+        write(s["block_tables"], batch.block_tables)
+        write(s["context_lens"], batch.context_lens)
+        if not key.decode:
+            write(s["starts"], np.concatenate([qsl, [0], np.cumsum(q_tiles)]).astype(np.uint32))
+        write(s["params"], params)
+        row = cfg.hidden * 4
+        copies = np.stack([(qsl[1:] - 1) * row, np.arange(n) * row, np.full(n, row)], axis=1)  # (S, 3)
+        nbytes = n * 4 if greedy else n * cfg.vocab * 4
+        first = key not in self._validated
+        if first:
+            self.ctx.push_errors()
+        t1 = time.perf_counter()
+        data = await self.ctx.replay(plan, grids, copies, s["x"], s["last"], s["ids" if greedy else "logits"],
+                                     s["readback"], nbytes)
+        t2 = time.perf_counter()
+        if first:
+            await self.ctx.pop_errors(f"the first {key} step")
+            self._validated.add(key)
+        if greedy:
+            out = np.frombuffer(data, np.uint32).astype(np.int32)  # (S,)
+        else:
+            out = np.frombuffer(data, np.float32).reshape(n, cfg.vocab).copy()  # (S, vocab)
+        # Wall time of the replay (encode + GPU + map) vs the Python around it; benchmarks read this.
+        self.last_step_ms = {"replay": (t2 - t1) * 1e3, "python": (t1 - t0 + time.perf_counter() - t2) * 1e3}
+        return out
+
+    # ------------------------------------------------------------------ block copies and swaps
+
+    @staticmethod
+    def _chunks(ops_list: list[CopyOp]) -> Iterable[np.ndarray]:
+        pairs = np.asarray(ops_list, dtype=np.int32).reshape(-1, 2)  # (n, 2)
+        for i in range(0, pairs.shape[0], SWAP_CHUNK_BLOCKS):
+            yield pairs[i : i + SWAP_CHUNK_BLOCKS]
+
+    async def copy_blocks(self, ops_list: Iterable[CopyOp]) -> None:
+        """Copy-on-write: GPU block src -> dst in every layer's K and V."""
+        for pairs in self._chunks(list(ops_list)):
+            for cache in self.kv_caches:
+                await self.kv_kernels.copy_blocks(cache, pairs)
+
+    async def swap_out(self, ops_list: Iterable[CopyOp]) -> None:
+        """GPU block -> CPU block for each (gpu, cpu) pair, all layers."""
+        self._check_cpu(ops_list := list(ops_list), column=1)
+        for pairs in self._chunks(ops_list):
+            for layer, cache in enumerate(self.kv_caches):
+                k, v = await self.kv_kernels.swap_out(cache, pairs[:, 0])
+                self.cpu_k[layer][pairs[:, 1]] = k
+                self.cpu_v[layer][pairs[:, 1]] = v
+
+    async def swap_in(self, ops_list: Iterable[CopyOp]) -> None:
+        """CPU block -> GPU block for each (cpu, gpu) pair, all layers."""
+        self._check_cpu(ops_list := list(ops_list), column=0)
+        for pairs in self._chunks(ops_list):
+            for layer, cache in enumerate(self.kv_caches):
+                await self.kv_kernels.swap_in(cache, pairs[:, 1], self.cpu_k[layer][pairs[:, 0]],
+                                              self.cpu_v[layer][pairs[:, 0]])
+
+    def _check_cpu(self, ops_list: list[CopyOp], column: int) -> None:
+        for op in ops_list:
+            if not 0 <= op[column] < self.num_cpu_blocks:
+                raise ValueError(f"CPU block {op[column]} outside the swap pool of {self.num_cpu_blocks} blocks")
+
+    def destroy(self) -> None:
+        """Free every GPU buffer and its ledger reservation."""
+        for label, buf in self._buffers.items():
+            buf.destroy()
+            self.ledger.release(label)
+        for layer, cache in enumerate(self.kv_caches):
+            cache.destroy()
+            self.ledger.release(f"kv.{layer}.k")
+            self.ledger.release(f"kv.{layer}.v")
+        self._buffers, self.kv_caches, self._plans = {}, [], {}
+

@@ -1,0 +1,168 @@
+"""The forward step as a dispatch program: which kernel runs on which buffers, and each step's grids/uniforms.
+
+A plan is recorded once per batch-shape bucket (PlanKey: matvec or matmul for the T new tokens, decode or
+prefill attention, matvec or matmul for the S last tokens through the LM head) as a list of compute passes
+of (pipeline, bind group). The grids and uniforms that depend on T and S are not baked in: every dispatch
+reads its uniform from a 256-byte slot of one params buffer, and dispatches of the same kind share a slot
+(all 30 layers' q projections read slot "lin_h"), so a step writes ~15 slots in one writeBuffer and hands
+the replayer one int32 array of grids.
+
+Pure Python (no `js`): the GPU objects come from GpuContext through the backend.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import webgpu_ops as ops
+from .webgpu_kernels import _params as kv_params
+
+PARAM_SLOT_BYTES = 256  # minUniformBufferOffsetAlignment
+SLOTS = ("embedding", "rms_t", "lin_h", "lin_kv", "lin_ffn", "lin_down", "rope", "kv_write", "attn", "reduce",
+         "resid", "swiglu", "rms_s", "lm_head", "argmax")
+SLOT_INDEX = {name: i for i, name in enumerate(SLOTS)}
+
+
+@dataclass(frozen=True)
+class PlanKey:
+    """Batch-shape bucket of a recorded plan."""
+
+    token_kernel: str  # "matvec" (T <= 2) or "matmul"
+    decode: bool  # every sequence brings exactly one new token (paged_attention + reduce)
+    seq_kernel: str  # "matvec" (S <= 2) or "matmul", for the LM head
+
+    @classmethod
+    def of(cls, num_tokens: int, num_seqs: int) -> "PlanKey":
+        return cls(_linear_kind(num_tokens), num_tokens == num_seqs, _linear_kind(num_seqs))
+
+
+def _linear_kind(tokens: int) -> str:
+    return ops.linear_call("q8_0", 8, ops.QK, tokens).shader.split("_")[0]
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One recorded dispatch: pipeline key (shader, constants), its bindings, its uniform slot."""
+
+    shader: str
+    constants: tuple | None  # None: a KV-cache kernel, compiled by KVKernels with the cache layout's constants
+    bindings: tuple  # buffers in @binding order, the uniform slot excluded (or a {binding: buffer} dict)
+    slot: str
+
+
+def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
+    """The step as passes of Dispatches over the backend `b`'s buffers; pass 1 runs after the last-row copies."""
+    cfg, s, w = b.config, b.scratch, b.weights
+
+    def linear(name: str, x, y, slot: str, kind: str) -> Dispatch:
+        dtype, parts = w[name]
+        shader = f"{kind}_{dtype}"
+        return Dispatch(shader, (("WORKGROUP_SIZE", 32),), (*parts, x, y), slot)
+
+    def kv_kernel(name: str) -> tuple:
+        return name, None
+
+    emb_dtype, emb_parts = w["token_embd.weight"]
+    passes = [[Dispatch("embedding", (("WORKGROUP_SIZE", 64),), (*emb_parts, s["token_ids"], s["x"]), "embedding")]]
+    body = passes[0]
+    tk = key.token_kernel
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        cache = b.kv_caches[i]
+        body += [
+            Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["x"], w[p + "attn_norm.weight"][1][0], s["h"]), "rms_t"),
+            linear(p + "attn_q.weight", s["h"], s["q"], "lin_h", tk),
+            linear(p + "attn_k.weight", s["h"], s["k"], "lin_kv", tk),
+            linear(p + "attn_v.weight", s["h"], s["v"], "lin_kv", tk),
+            Dispatch("rope", (("WORKGROUP_SIZE", 64),), (s["q"], s["k"], s["positions"], s["cos_sin"]), "rope"),
+            Dispatch(*kv_kernel("kv_write"), (s["k"], s["v"], s["slot_mapping"], cache.k, cache.v), "kv_write"),
+        ]
+        common = (s["q"], cache.k, cache.v, s["block_tables"], s["context_lens"])
+        if key.decode:
+            body += [
+                Dispatch(*kv_kernel("paged_attention"), {**dict(enumerate(common)), 6: s["attn"],
+                                                         7: s["part_acc"], 8: s["part_stats"]}, "attn"),
+                Dispatch(*kv_kernel("paged_attention_reduce"),
+                         (s["context_lens"], s["part_acc"], s["part_stats"], s["attn"]), "reduce"),
+            ]
+        else:
+            body.append(Dispatch(*kv_kernel("paged_prefill_attention"),
+                                 {**dict(enumerate(common)), 6: s["starts"], 7: s["attn"]}, "attn"))
+        body += [
+            linear(p + "attn_output.weight", s["attn"], s["o"], "lin_h", tk),
+            Dispatch("residual_add", (("WORKGROUP_SIZE", 64),), (s["x"], s["o"]), "resid"),
+            Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["x"], w[p + "ffn_norm.weight"][1][0], s["h"]), "rms_t"),
+            linear(p + "ffn_gate.weight", s["h"], s["gate"], "lin_ffn", tk),
+            linear(p + "ffn_up.weight", s["h"], s["up"], "lin_ffn", tk),
+            Dispatch("swiglu", (("WORKGROUP_SIZE", 64),), (s["gate"], s["up"]), "swiglu"),
+            linear(p + "ffn_down.weight", s["gate"], s["o"], "lin_down", tk),
+            Dispatch("residual_add", (("WORKGROUP_SIZE", 64),), (s["x"], s["o"]), "resid"),
+        ]
+    head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
+    passes.append([
+        Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["last"], w["output_norm.weight"][1][0], s["last_norm"]),
+                 "rms_s"),
+        linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel),
+        Dispatch("argmax", (("WORKGROUP_SIZE", 256),), (s["logits"], s["ids"]), "argmax"),
+    ])
+    return passes
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a step's grids and uniforms depend on."""
+
+    num_tokens: int
+    num_seqs: int
+    table_width: int  # columns of block_tables
+    max_parts: int  # flash-decoding partitions of the longest context (decode)
+    num_tiles: int  # prefill query tiles over all sequences (prefill)
+    decode: bool
+
+
+def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
+    """(len(SLOTS), 3) int32 grids and (len(SLOTS) * 256,) u8 uniforms of one step shape."""
+    cfg = b.config
+    t, n = shape.num_tokens, shape.num_seqs
+    lay, kv = b.kv_layout, b.kv_kernels
+    q8 = "q8_0"  # grid and uniform of a linear call do not depend on the quantization
+    calls = {
+        "embedding": ops.embedding_call(t, cfg.hidden),
+        "rms_t": ops.rmsnorm_call(cfg.hidden, t, cfg.rms_eps),
+        "lin_h": ops.linear_call(q8, cfg.hidden, cfg.hidden, t),
+        "lin_kv": ops.linear_call(q8, cfg.kv_dim, cfg.hidden, t),
+        "lin_ffn": ops.linear_call(q8, cfg.ffn, cfg.hidden, t),
+        "lin_down": ops.linear_call(q8, cfg.hidden, cfg.ffn, t),
+        "rope": ops.rope_call(t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
+        "resid": _resid_call(t * cfg.hidden),
+        "swiglu": ops.swiglu_call(t * cfg.ffn),
+        "rms_s": ops.rmsnorm_call(cfg.hidden, n, cfg.rms_eps),
+        "lm_head": ops.linear_call(q8, cfg.vocab, cfg.hidden, n),
+        "argmax": ops.argmax_call(cfg.vocab, n),
+    }
+    grids = np.zeros((len(SLOTS), 3), np.int32)  # (slots, 3)
+    params = np.zeros((len(SLOTS), PARAM_SLOT_BYTES), np.uint8)  # (slots, 256)
+    for name, call in calls.items():
+        grids[SLOT_INDEX[name]] = call.workgroups
+        params[SLOT_INDEX[name], : len(call.params)] = np.frombuffer(call.params, np.uint8)
+
+    def put(name: str, words: np.ndarray, groups: tuple) -> None:
+        grids[SLOT_INDEX[name]] = groups
+        params[SLOT_INDEX[name], : words.nbytes] = words.view(np.uint8)
+
+    put("kv_write", kv_params(t, lay.n_kv_heads), kv._groups(t * lay.n_kv_heads * lay.row_words))
+    scale = 1.0 / math.sqrt(lay.head_dim)
+    put("attn", kv_params(n, cfg.n_heads, lay.n_kv_heads, lay.block_size, shape.table_width,
+                          kv.partition_blocks, shape.max_parts, scale),
+        kv._groups(n * shape.max_parts * cfg.n_heads // kv.head_tile) if shape.decode
+        else kv._groups(shape.num_tiles * cfg.n_heads))
+    reduce_groups = kv._groups(n * cfg.n_heads * lay.head_dim // 4) if shape.max_parts > 1 else (0, 0, 0)
+    put("reduce", kv_params(n, cfg.n_heads, lay.block_size, kv.partition_blocks, shape.max_parts), reduce_groups)
+    return grids, params.reshape(-1)
+
+
+def _resid_call(n: int) -> ops.KernelCall:
+    groups = -(-n // 64)
+    return ops.KernelCall("residual_add", (("WORKGROUP_SIZE", 64),), (groups, 1, 1), ops._params(n))

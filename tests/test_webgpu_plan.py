@@ -1,0 +1,61 @@
+"""The recorded step program and its per-step grids/uniforms, checked in CPython (no GPU)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from pagedkv.backends.webgpu_kernels import KVKernels, KVLayout
+from pagedkv.backends.webgpu_plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
+from pagedkv.model.config import ModelConfig
+
+CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 512, 1e5, "adjacent_pairs", 1e-5, 256, True)
+
+
+def fake_backend():
+    ctx = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": 65535}))
+    layout = KVLayout(10, 16, 2, 16, "f16")
+    names = ["token_embd.weight", "output_norm.weight"] + [
+        f"blk.{i}.{n}.weight" for i in range(2) for n in
+        ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
+    weights = {n: ("f32", (n,)) if "norm" in n else ("q8_0" if n == "token_embd.weight" else "q4_1", (n + ".qs", n + ".d"))
+               for n in names}
+    scratch = {k: k for k in ("token_ids", "positions", "slot_mapping", "block_tables", "context_lens", "starts",
+                              "cos_sin", "x", "h", "q", "k", "v", "attn", "o", "gate", "up", "part_acc",
+                              "part_stats", "last", "last_norm", "logits", "ids")}
+    caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(2)]
+    return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, kv_caches=caches, kv_layout=layout,
+                           kv_kernels=KVKernels(ctx, layout, CFG.n_heads))
+
+
+def test_plan_keys_bucket_batches_by_kernel_choice():
+    assert PlanKey.of(1, 1) == PlanKey("matvec", True, "matvec")
+    assert PlanKey.of(3, 3) == PlanKey("matmul", True, "matmul")
+    assert PlanKey.of(40, 2) == PlanKey("matmul", False, "matvec")
+
+
+def test_program_has_one_pass_per_phase_and_15_or_16_dispatches_per_layer():
+    b = fake_backend()
+    decode = layer_program(b, PlanKey.of(2, 2))
+    prefill = layer_program(b, PlanKey.of(24, 3))
+    assert [len(p) for p in decode] == [1 + 2 * 16, 3]  # embedding + layers (with the reduce) | norm, head, argmax
+    assert [len(p) for p in prefill] == [1 + 2 * 15, 3]
+    assert decode[0][2].shader == "matvec_q4_1" and prefill[0][2].shader == "matmul_q4_1"
+    assert decode[1][1].shader == "matvec_q8_0" and decode[1][1].bindings[:2] == ("token_embd.weight.qs",
+                                                                                 "token_embd.weight.d")
+    attn = [d for d in prefill[0] if d.shader == "paged_prefill_attention"]
+    assert attn[1].bindings[1] == "k1" and attn[1].constants is None
+
+
+def test_step_slots_grids_and_uniforms():
+    b = fake_backend()
+    grids, params = step_slots(b, StepShape(num_tokens=3, num_seqs=3, table_width=9, max_parts=2, num_tiles=3,
+                                            decode=True))
+    assert params.shape == (len(SLOT_INDEX) * PARAM_SLOT_BYTES,)
+    assert grids[SLOT_INDEX["embedding"]].tolist() == [1, 3, 1]  # 64 / 4 values per thread -> 1 group
+    attn = params[SLOT_INDEX["attn"] * PARAM_SLOT_BYTES:][:32].view(np.uint32)
+    assert attn[:7].tolist() == [3, 4, 2, 16, 9, 8, 2]  # seqs, heads, kv heads, block, width, partition, parts
+    assert attn[7].view(np.float32) == np.float32(0.25)
+    assert grids[SLOT_INDEX["reduce"]].tolist() == [3, 1, 1]  # 3 seqs x 4 heads x 16 / 4 = 48 -> 3 groups of 16
+    single = step_slots(b, StepShape(1, 1, 1, 1, 1, True))[0]
+    assert single[SLOT_INDEX["reduce"]].tolist() == [0, 0, 0]  # one partition: no reduce dispatch
