@@ -66,7 +66,8 @@ def test_two_turns_stream_and_reuse_the_prefix(service):
     assert chat.conversation.messages[-1] == {"role": "assistant", "content": ends[1]["content"]}
     memory = of(posts, "memory")[-1]
     assert len(memory["cells"]) == 32 and memory["used_blocks"] == 0
-    assert memory["cached_blocks"] == sum(1 for c in memory["cells"] if c[0] == "c") > 0
+    assert memory["cached_blocks"] == memory["cells"].count("c") > 0
+    assert memory["cells"].count("f") == 32 - memory["cached_blocks"]
 
 
 def test_two_chats_generate_concurrently_in_one_batch(service):
@@ -80,6 +81,10 @@ def test_two_chats_generate_concurrently_in_one_batch(service):
         return svc.engine.stats()
 
     stats = in_fresh_loop(scenario)
+    # Mid-generation snapshots showed each chat's own blocks in its own mark.
+    busy = [m for m in of(posts, "memory") if m["used_blocks"] > 0]
+    assert busy and set(busy[0]["owners"]) == {"chat-1", "chat-2"}
+    assert {chr(0x100), chr(0x101)} <= set(busy[0]["cells"])
     ends = of(posts, "turn-end")
     assert sorted(e["chat"] for e in ends) == ["chat-1", "chat-2"]
     assert all(e["tokens"] == 12 and e["reason"] == "length" for e in ends)

@@ -222,12 +222,13 @@ function drawBlockMap(mem) {
   const g = canvas.getContext("2d");
   g.fillStyle = "#fff";
   g.fillRect(0, 0, canvas.width, canvas.height);
-  mem.cells.forEach(([state, owners, refs], i) => {
-    const x = (i % cols) * size, y = Math.floor(i / cols) * size;
-    g.fillStyle = state === "f" ? "#f2f2f2" : state === "c" ? "#c9c9c9"
-      : (refs > 1 || owners.length > 1) ? "#7a4cc2" : chatColor(owners[0]);
-    g.fillRect(x, y, size - (size > 3 ? 1 : 0), size - (size > 3 ? 1 : 0));
-  });
+  const colors = mem.owners.map(chatColor);
+  const gap = size > 3 ? 1 : 0;
+  for (let i = 0; i < n; i++) {
+    const c = mem.cells.charCodeAt(i);  // see ChatService.memory_snapshot
+    g.fillStyle = c === 102 ? "#f2f2f2" : c === 99 ? "#c9c9c9" : c === 115 ? "#7a4cc2" : colors[c - 0x100];
+    g.fillRect((i % cols) * size, Math.floor(i / cols) * size, size - gap, size - gap);
+  }
   canvas.setAttribute("aria-label", `Block map: ${mem.used_blocks} used, ${mem.cached_blocks} cached, ` +
     `${mem.free_blocks} free of ${mem.total_blocks} blocks`);
 }

@@ -253,24 +253,32 @@ class ChatService:
                                    "tokens": c.conversation.num_tokens} for c in self.chats.values()])
 
     def memory_snapshot(self) -> dict:
-        """Block map + metrics: one entry per physical block, owner chat ids, shared/cached/free."""
+        """Block map + metrics for the dashboard.
+
+        The map is one character per physical block, so a pool of thousands of blocks
+        crosses to the page as one string: "f" free, "c" cached (free but holding a
+        prefix), "s" shared by several sequences, or chr(0x100 + k) for a block owned
+        by chat `owners[k]` alone.
+        """
         kv = self.engine.kv
         pool = kv.pool
-        owners: dict[int, set[str]] = {}
+        cells = ["c" if b.block_hash is not None else "f" for b in pool.blocks]
+        owners: list[str] = []
         for seq in kv.live.values():
-            for bid in seq.block_table if seq.status.value == "running" else ():
-                owners.setdefault(bid, set()).add(seq.session)
-        cells = []
-        for bid in range(pool.num_blocks):
-            state = pool.state_of(bid)
-            cells.append([state[0], sorted(owners.get(bid, ())), pool.ref_count(bid)])
+            if seq.status.value != "running":
+                continue
+            if seq.session not in owners:
+                owners.append(seq.session)
+            mark = chr(0x100 + owners.index(seq.session))
+            for bid in seq.block_table:
+                cells[bid] = mark if pool.blocks[bid].ref_count == 1 else "s"
         stats = kv_stats(kv)
         now = time.perf_counter()
         self._tokens_window = [(t, n) for t, n in self._tokens_window if now - t < 5.0]
         span = (now - self._tokens_window[0][0]) if len(self._tokens_window) > 1 else 0.0
         tok_s = sum(n for _, n in self._tokens_window[1:]) / span if span > 0 else 0.0
         return {
-            "model": self.model_name, "block_size": kv.block_size, "cells": cells,
+            "model": self.model_name, "block_size": kv.block_size, "cells": "".join(cells), "owners": owners,
             "total_blocks": stats.total_blocks, "used_blocks": stats.used_blocks,
             "free_blocks": stats.free_blocks, "cached_blocks": stats.cached_blocks,
             "utilization": stats.utilization, "slot_efficiency": stats.slot_efficiency,
