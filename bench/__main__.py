@@ -26,6 +26,8 @@ BENCHMARKS = {
     "page_boot": ["bench.page_boot", "--json"],
     "kv_kernels": ["bench.kv_kernels", "--quick"],
     "model_kernels": ["bench.model_kernels"],
+    "webgpu_engine": ["bench.webgpu_engine"],
+    "app_dashboard": ["bench.app_dashboard"],
 }
 
 

@@ -303,7 +303,8 @@ function onChatMessage(msg) {
       const list = chat.messages[msg.chat];
       list[list.length - 1].text += msg.text;
       (partialIds[msg.chat] ||= []).push(...msg.ids);
-      saveStreamingSoon();
+      if (partialIds[msg.chat].length === msg.ids.length) saveChat(msg.chat);  // first token: save at once
+      else saveStreamingSoon();
       if (msg.chat === chat.current) fillMessage($("messages").lastElementChild, list[list.length - 1]);
       return true;
     }

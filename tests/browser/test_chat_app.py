@@ -165,11 +165,11 @@ def test_reload_keeps_chats_and_the_interrupted_reply(app):
     page.fill("#prompt", "A long answer, please.")
     page.press("#prompt", "Enter")
     page.wait_for_selector("html[data-generating=true]", state="attached")
-    for _ in range(300):  # let a few tokens stream and be saved (saves are throttled to 300 ms)
-        if len(page.locator("#messages .msg.assistant").last.get_attribute("data-text") or "") > 5:
+    for _ in range(3000):  # the first streamed token is saved at once (later ones every 300 ms)
+        if page.locator("#messages .msg.assistant").last.get_attribute("data-text"):
             break
-        page.wait_for_timeout(100)
-    page.wait_for_timeout(700)
+        page.wait_for_timeout(20)
+    page.wait_for_timeout(50)
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
     assert page.locator("#chat-list li").all_inner_texts() == titles
