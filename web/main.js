@@ -27,6 +27,15 @@ function showError(message, detail) {
   $("error-detail").textContent = detail || "";
 }
 
+function showNoWebGPU(message) {
+  // Not fatal: the chat runs on the CPU fallback. The page says why and what to do.
+  $("boot").hidden = true;
+  $("gpu-notice").hidden = false;
+  $("gpu-notice-message").textContent = message;
+  root.dataset.webgpu = "unavailable";
+  root.dataset.state = "ready";
+}
+
 function showReady(msg) {
   const bootMs = Math.round(performance.now() - t0);
   $("boot").hidden = true;
@@ -275,7 +284,8 @@ function onChatMessage(msg) {
       root.dataset.model = "ready";
       root.dataset.modelInfo = JSON.stringify(msg);
       store.open().then(() => restoreChats(chat.worker));
-      $("chat-status").textContent = `${msg.model} on the ${msg.backend} backend, loaded in ${(msg.load_ms / 1000).toFixed(1)} s`;
+      $("chat-status").textContent = `${msg.model} on the ${msg.backend} backend` +
+        (msg.backend === "cpu" ? " (CPU fallback: slow)" : "") + `, loaded in ${(msg.load_ms / 1000).toFixed(1)} s`;
       return true;
     case "model-error":
       root.dataset.model = "error";
@@ -398,6 +408,7 @@ function start() {
     } else if (msg.type === "progress") showStage(msg.stage, msg.detail);
     else if (msg.type === "ready") showReady(msg);
     else if (msg.type === "error") showError(msg.message, msg.detail);
+    else if (msg.type === "no-webgpu") showNoWebGPU(msg.message);
     else if (onChatMessage(msg)) { /* handled */ }
     else if (msg.type === "device-lost") showError(`The GPU device was lost (${msg.reason}). Reload the page to restart.`);
   };

@@ -55,7 +55,9 @@ async def boot() -> None:
             selftest=check,
         )
     except webgpu.WebGPUUnavailable as exc:
-        bridge.post("error", kind="no-webgpu", message=str(exc))
+        # Say so plainly, then chat anyway on the numpy reference backend inside the tab (slow).
+        bridge.post("no-webgpu", message=str(exc))
+        await load_model(bridge.query_param("model", DEFAULT_MODEL), force_cpu=True)
         return
     except Exception as exc:  # reported to the page, never swallowed
         bridge.post("error", kind="internal", message=f"{type(exc).__name__}: {exc}",
@@ -64,7 +66,7 @@ async def boot() -> None:
     await load_model(bridge.query_param("model", DEFAULT_MODEL))
 
 
-async def load_model(name: str) -> None:
+async def load_model(name: str, force_cpu: bool = False) -> None:
     """Fetch the model with progress, build the engine and start answering chat messages."""
     try:
         t0 = bridge.now_ms()
@@ -74,7 +76,7 @@ async def load_model(name: str) -> None:
             bridge.post("model-progress", model=name, loaded=loaded, total=total, detail="downloading weights")
 
         block_size = int(bridge.query_param("block_size", "16"))
-        if bridge.query_param("backend", "webgpu") == "cpu":
+        if force_cpu or bridge.query_param("backend", "webgpu") == "cpu":
             manifest, backend, info = await _cpu_backend(name, block_size, on_progress)
         else:
             manifest, backend, info = await _webgpu_backend(name, block_size, on_progress)

@@ -5,7 +5,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from conftest import open_and_boot
+from conftest import open_and_boot, wait_model
 
 
 def test_page_boots_and_reports_adapter(ready_page):
@@ -62,15 +62,23 @@ def test_page_is_cross_origin_isolated(ready_page):
     assert ready_page.page.evaluate("window.crossOriginIsolated") is True
 
 
-def test_no_webgpu_says_so_plainly(browser_without_webgpu, base_url):
-    booted = open_and_boot(browser_without_webgpu, base_url)
+def test_no_webgpu_says_so_plainly_and_chats_on_the_cpu_fallback(browser_without_webgpu, base_url):
+    booted = open_and_boot(browser_without_webgpu, base_url + "?model=tiny-random")
     try:
         data = booted.dataset()
-        assert data["state"] == "error"
-        message = booted.page.locator("#error-message").inner_text()
-        assert booted.page.locator("#error").is_visible()
+        assert data["state"] == "ready" and data["webgpu"] == "unavailable"
+        page = booted.page
+        message = page.locator("#gpu-notice-message").inner_text()
+        assert page.locator("#gpu-notice").is_visible() and not page.locator("#error").is_visible()
         assert "no GPU adapter" in message or "does not expose WebGPU" in message
         assert "Chrome" in message and "113" in message
         assert "Traceback" not in message
+        info = wait_model(booted)
+        assert info["backend"] == "cpu"
+        assert "CPU fallback" in page.locator("#chat-status").inner_text()
+        page.fill("#prompt", "hello")
+        page.press("#prompt", "Enter")
+        page.wait_for_selector("html[data-last-turn]", state="attached")
+        assert page.locator("#messages .msg.assistant").count() == 1
     finally:
         booted.page.close()
