@@ -125,3 +125,13 @@ def test_streamed_text_equals_decode_and_seed_repeats(tiny_weights, tokenizer):
 
 def engine_stop_ids(tokenizer):
     return {tokenizer.im_end_id, tokenizer.eos_token_id} - {None}
+
+
+def test_max_context_per_conversation_caps_prompt_and_reply(tiny_weights, tiny_model, tokenizer):
+    engine = make_engine(tiny_weights, tokenizer, max_context=48)
+    with pytest.raises(ValueError, match="context is 48"):
+        engine.add_request(list(range(3, 51)), GREEDY)
+    (out,), _ = run_all(engine, [list(range(3, 43))], SamplingParams(max_tokens=100, stop_token_ids=(10_000,)))
+    assert len(out) == 8 == 48 - 40  # the reply stops when the conversation reaches 48 tokens
+    with pytest.raises(ValueError, match="max_context"):
+        EngineConfig(max_context=1)

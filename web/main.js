@@ -345,7 +345,25 @@ function onChatMessage(msg) {
   }
 }
 
+function wireMemorySettings() {
+  const params = new URLSearchParams(location.search);
+  if (params.get("budget_mib")) $("mem-budget").value = params.get("budget_mib");
+  if (params.get("block_size")) $("mem-block-size").value = params.get("block_size");
+  if (params.get("max_context")) $("mem-max-context").value = params.get("max_context");
+  $("memory-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    // Pool geometry is fixed when the engine starts: rebuild by restarting it with the new settings.
+    // Chats live in IndexedDB with their exact token history, so they come back and re-prefill.
+    params.set("budget_mib", $("mem-budget").value);
+    params.set("block_size", $("mem-block-size").value);
+    if ($("mem-max-context").value) params.set("max_context", $("mem-max-context").value);
+    else params.delete("max_context");
+    location.search = params.toString();
+  });
+}
+
 function wireChatUI(worker) {
+  wireMemorySettings();
   chat.worker = worker;
   $("composer").addEventListener("submit", (e) => { e.preventDefault(); send(); });
   $("prompt").addEventListener("keydown", (e) => {

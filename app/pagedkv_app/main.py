@@ -82,14 +82,15 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
             manifest, backend, info = await _webgpu_backend(name, block_size, on_progress)
         cfg = backend.config
         tokenizer = Tokenizer.from_manifest(manifest)
-        engine = LLMEngine(backend, tokenizer, EngineConfig(namespace=name))
+        max_context = int(bridge.query_param("max_context", "0")) or None
+        engine = LLMEngine(backend, tokenizer, EngineConfig(namespace=name, max_context=max_context))
         ledger = getattr(backend, "ledger", None)
         service = ChatService(engine, ChatTemplate.from_manifest(manifest, tokenizer), bridge.post, model_name=name,
                               ledger_snapshot=ledger.snapshot if ledger is not None else None)
         state.update(engine=engine, service=service)
         bridge.set_handler(service.handle)
         bridge.post("model-ready", model=name, backend=backend.name, load_ms=round(bridge.now_ms() - t0),
-                    num_blocks=backend.num_blocks, block_size=block_size, context_length=cfg.context_length,
+                    num_blocks=backend.num_blocks, block_size=block_size, context_length=engine.context_length,
                     layers=cfg.n_layers, **info)
         service.post_stats(force=True)
     except Exception as exc:

@@ -38,6 +38,11 @@ class EngineConfig:
     swap_max_blocks: int = 64
     enable_prefix_caching: bool = True
     namespace: str | None = None  # mixed into prefix hashes (e.g. the model id)
+    max_context: int | None = None  # tokens per conversation (prompt + reply); None: the model's context
+
+    def __post_init__(self) -> None:
+        if self.max_context is not None and (not isinstance(self.max_context, int) or self.max_context < 2):
+            raise ValueError(f"max_context must be an int >= 2 or None, got {self.max_context!r}")
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs, self.preemption,
@@ -73,7 +78,7 @@ class LLMEngine:
         self.backend = backend
         self.tokenizer = tokenizer
         self.config = config
-        self.context_length = backend.config.context_length
+        self.context_length = min(backend.config.context_length, config.max_context or backend.config.context_length)
         cache = CacheConfig(num_blocks=backend.num_blocks, block_size=backend.block_size,
                             num_cpu_blocks=backend.num_cpu_blocks,
                             enable_prefix_caching=config.enable_prefix_caching)

@@ -180,3 +180,28 @@ def test_reload_keeps_chats_and_the_interrupted_reply(app):
     turn = send_and_wait(page, "Go on.", 4)
     # The restored history (with the cut-off reply) is the prefix of the next prompt.
     assert turn["tokens"] == 4 and turn["history_tokens"] > 40
+
+
+def test_memory_settings_rebuild_the_pool_and_keep_the_chats(app):
+    booted = app[0]
+    page = booted.page
+    titles = page.locator("#chat-list li").all_inner_texts()
+    page.locator("#memory-settings summary").click()
+    page.select_option("#mem-block-size", "32")
+    page.fill("#mem-max-context", "128")
+    page.locator("#mem-apply").click()
+    for _ in range(300):
+        if "block_size=32" in page.url:
+            break
+        page.wait_for_timeout(100)
+    assert "block_size=32" in page.url and "max_context=128" in page.url, page.url
+    page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
+    info = json.loads(page.evaluate("document.documentElement.dataset.modelInfo"))
+    assert info["block_size"] == 32 and info["context_length"] == 128
+    assert page.locator("#chat-list li").all_inner_texts() == titles
+    assert page.locator("#mem-block-size").input_value() == "32"
+    page.locator("#new-chat").click()
+    page.wait_for_selector(f"#chat-list li:nth-child({len(titles) + 1}) button[aria-current=true]", state="attached")
+    page.locator("#settings summary").click()
+    turn = send_and_wait(page, "hi", 4)
+    assert turn["tokens"] == 4
