@@ -265,7 +265,7 @@ function renderMemory(mem) {
     return [dt, dd];
   }));
   root.dataset.memory = JSON.stringify({ used: mem.used_blocks, cached: mem.cached_blocks, free: mem.free_blocks,
-    total: mem.total_blocks });
+    total: mem.total_blocks, per_chat: mem.per_chat_blocks, owners: mem.owners });
 }
 
 function onChatMessage(msg) {
@@ -305,6 +305,7 @@ function onChatMessage(msg) {
       delete chat.pending[msg.chat];
       partialIds[msg.chat] = [];
       chat.busy[msg.chat] = true;
+      root.dataset.lastStart = JSON.stringify(msg);
       renderChats();
       if (msg.chat === chat.current) renderMessages();
       return true;

@@ -1,0 +1,65 @@
+"""The real SmolLM2-135M on WebGPU, as a person uses it: two turns, streamed, turn 2 prefills only its new tokens."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import open_and_boot, wait_model
+
+ENGINE_STATS = "import json\nfrom pagedkv_app.main import state\njson.dumps(state['engine'].stats())"
+
+
+@pytest.fixture(scope="module")
+def real_app(browser, base_url):
+    booted = open_and_boot(browser, base_url + "?budget_mib=1024")
+    assert booted.state == "ready"
+    info = wait_model(booted)
+    booted.page.set_default_timeout(300_000)
+    booted.page.locator("#settings summary").click()
+    yield booted, info
+    booted.page.close()
+
+
+def run_turn(booted, text: str, max_tokens: int) -> tuple[dict, dict, list[str], list[dict]]:
+    """Send `text`; return the turn-end and turn-start messages, the assistant texts seen while streaming,
+    and the memory panel's numbers polled meanwhile."""
+    page = booted.page
+    previous = page.evaluate("document.documentElement.dataset.lastTurn || ''")
+    page.fill("#set-temperature", "0")
+    page.fill("#set-max-tokens", str(max_tokens))
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+    seen, memory = [], []
+    for _ in range(6000):
+        if page.evaluate("document.documentElement.dataset.lastTurn || ''") != previous:
+            start = json.loads(page.evaluate("document.documentElement.dataset.lastStart"))
+            return json.loads(page.evaluate("document.documentElement.dataset.lastTurn")), start, seen, memory
+        current = page.locator("#messages .msg.assistant").last.get_attribute("data-text") if \
+            page.locator("#messages .msg.assistant").count() else None
+        if current and (not seen or seen[-1] != current):
+            seen.append(current)
+        memory.append(json.loads(page.evaluate("document.documentElement.dataset.memory || 'null'") or "null"))
+        page.wait_for_timeout(50)
+    raise AssertionError("the turn did not end")
+
+
+def test_two_turns_stream_and_turn_two_prefills_only_new_tokens(real_app):
+    booted, info = real_app
+    assert info["model"] == "smollm2-135m-instruct" and info["backend"] == "webgpu"
+    before = booted.py(ENGINE_STATS)
+    turn1, start1, seen1, _ = run_turn(booted, "What is the capital of France?", 6)
+    assert turn1["tokens"] == 6 and turn1["content"].startswith("The capital of France")
+    assert len(seen1) >= 2  # the reply grew in the page before the turn ended
+    mid = booted.py(ENGINE_STATS)
+    assert start1["cached_tokens"] == 0
+    assert mid["prefill_tokens"] - before["prefill_tokens"] == start1["prompt_tokens"] == 37
+    turn2, start2, _, memory = run_turn(booted, "And of Italy?", 4)
+    after = booted.py(ENGINE_STATS)
+    # Turn 2's prompt starts with turn 1's exact tokens; only what the prefix cache lacks is computed.
+    assert turn2["cached_tokens"] == (turn1["history_tokens"] // 16) * 16 >= 32
+    assert after["prefill_tokens"] - mid["prefill_tokens"] == start2["prompt_tokens"] - turn2["cached_tokens"]
+    assert start2["prompt_tokens"] - turn2["cached_tokens"] < start2["prompt_tokens"] - turn1["history_tokens"] + 16
+    # While it answered, the dashboard showed this chat's blocks.
+    busy = [m for m in memory if m and m["used"] > 0]
+    assert busy and busy[-1]["owners"] and sum(busy[-1]["per_chat"].values()) >= 3
