@@ -180,3 +180,34 @@ def test_regenerate_replaces_the_reply_and_reuses_the_prompt_blocks(service):
     assert ends[1]["cached_tokens"] == ((starts[0]["prompt_tokens"] - 1) // 16) * 16 > 0
     assert chat.conversation.checkpoint() == first
     assert len([m for m in chat.conversation.messages if m["role"] == "assistant"]) == 1
+
+
+def test_delete_evicts_the_chats_cached_history_but_not_a_shared_prefix(service):
+    svc, posts = service
+    kv = svc.engine.kv
+
+    async def scenario():
+        a, b = svc.new_chat(), svc.new_chat()
+        svc.send(a.chat_id, "the first conversation talks about apples and pears at length", SETTINGS)
+        svc.send(b.chat_id, "the second conversation talks about boats and rivers at length", SETTINGS)
+        await svc._loop_task
+        return a, b
+
+    a, b = in_fresh_loop(scenario)
+    a_hit, _ = kv.lookup_prefix(a.conversation.ids)
+    b_hit, _ = kv.lookup_prefix(b.conversation.ids)
+    shared = (_common_prefix_len(a.conversation.ids, b.conversation.ids) // 16) * 16
+    free_before, cached_before = kv.pool.num_free, kv.pool.num_cached
+    svc.delete(b.chat_id)
+    evicted = (b_hit - shared) // 16
+    assert evicted >= 1
+    assert kv.pool.num_cached == cached_before - evicted and kv.pool.num_free == free_before + evicted
+    assert kv.lookup_prefix(b.conversation.ids)[0] == shared  # only the prefix chat A also starts with
+    assert kv.lookup_prefix(a.conversation.ids)[0] == a_hit   # chat A keeps its whole cached history
+
+
+def _common_prefix_len(x, y):
+    n = 0
+    while n < min(len(x), len(y)) and x[n] == y[n]:
+        n += 1
+    return n

@@ -279,3 +279,21 @@ def test_shared_budget_rejects_pages_that_do_not_fit_a_model():
         budget.add_model(SMOLLM2_135M, "f16")
     with pytest.raises(ValueError, match="shared pool has 10 blocks"):
         KVCacheManager(CacheConfig(num_blocks=9), pool=budget.pool)
+
+
+def test_evict_prefix_frees_cached_blocks_keeps_held_and_kept_ones():
+    mgr = KVCacheManager(CacheConfig(num_blocks=10, block_size=16))
+    tokens = list(range(100, 148))  # 3 full blocks
+    seq = Sequence(tokens)
+    mgr.allocate_slots(seq, 48)
+    other = Sequence(tokens[:16] + [7] * 16)
+    mgr.allocate_slots(other, 32)  # shares block 0 through the prefix cache and holds it
+    mgr.free(seq)
+    assert mgr.pool.num_cached == 2  # blocks 1 and 2; block 0 is still held by `other`
+    assert mgr.evict_prefix(tokens, keep_tokens=0) == 2
+    # Evicted blocks go to the head of the free ring (reused first): 1 then 2 pushed -> 2, 1.
+    assert mgr.pool.num_cached == 0 and mgr.pool.free_queue_ids()[:2] == [2, 1]
+    assert mgr.lookup_prefix(tokens)[0] == 16  # block 0 (held by `other`) still answers
+    mgr.free(other)
+    assert mgr.evict_prefix(tokens, keep_tokens=16) == 0  # keep_tokens protects the first block
+    assert mgr.lookup_prefix(tokens)[0] == 16

@@ -188,9 +188,14 @@ class ChatService:
         self._finish(chat, "abort")
 
     def delete(self, chat_id: str) -> None:
+        """Remove a chat: its reply stops and its cached history leaves the prefix cache, except the
+        leading blocks another chat's history starts with (a shared system prompt stays cached)."""
         chat = self.chats.pop(chat_id)
         if chat.request_id is not None:
             self.engine.abort(chat.request_id)
+        ids = chat.conversation.ids
+        shared = max((_common_prefix(ids, c.conversation.ids) for c in self.chats.values()), default=0)
+        self.engine.kv.evict_prefix(ids, keep_tokens=shared)
         self.post_chats()
         self.post_stats(force=True)
 
@@ -294,3 +299,12 @@ class ChatService:
             return
         self._last_stats = now
         self.post("memory", **self.memory_snapshot())
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

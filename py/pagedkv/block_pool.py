@@ -213,6 +213,20 @@ class BlockPool:
         if block.block_hash is not None:
             self._drop_hash(block)
 
+    def evict_cached(self, block_ids: Iterable[int]) -> int:
+        """Drop the cached content of free (ref 0) blocks so they become plain free blocks, reused first
+        (e.g. the history of a deleted conversation). Used blocks are left alone. Returns how many."""
+        n = 0
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count == 0 and block.block_hash is not None:
+                self._unlink(block)
+                self._drop_hash(block)
+                self._num_cached -= 1
+                self._push_head(block)
+                n += 1
+        return n
+
     def _drop_hash(self, block: Block) -> None:
         del self._hash_to_block[block.block_hash]  # type: ignore[arg-type]
         block.block_hash = None

@@ -122,6 +122,13 @@ class KVCacheManager:
             links.append(parent_link)
         return ids, hashes, links
 
+    def evict_prefix(self, token_ids: list[int] | tuple[int, ...], keep_tokens: int = 0) -> int:
+        """Forget the cached blocks of `token_ids` past its first `keep_tokens` tokens (a deleted
+        conversation's history): they become free blocks, reused first. Blocks a live sequence
+        holds are untouched. Returns the number of blocks freed."""
+        ids, _, _ = self._match(token_ids, len(token_ids) // self.block_size)
+        return self.pool.evict_cached(ids[keep_tokens // self.block_size:])
+
     def get_block_ids(self, seq: Sequence) -> list[int]:
         """The sequence's block table (a copy)."""
         return list(seq.block_table)

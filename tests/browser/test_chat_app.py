@@ -93,9 +93,17 @@ INJECTION = '<img src=x onerror="document.title=\'pwned\'"><script>document.titl
 def test_text_is_shown_literally_and_runs_nothing(app):
     page = app[0].page
     dialogs = []
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+
+    def on_dialog(dialog):
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", on_dialog)
     title = page.title()
-    send_and_wait(page, INJECTION, 2)
+    try:
+        send_and_wait(page, INJECTION, 2)
+    finally:
+        page.remove_listener("dialog", on_dialog)
     user = page.locator("#messages .msg.user").last
     assert user.inner_text() == INJECTION
     assert page.locator("#messages img, #messages script").count() == 0
@@ -155,11 +163,28 @@ def test_two_chats_answer_at_the_same_time(app):
     assert page.locator("#chat-list li").count() == 3
 
 
+def test_delete_frees_the_chats_cached_blocks(app):
+    page = app[0].page
+    before = memory_when_idle(page)
+    n = page.locator("#chat-list li").count()
+    page.locator("#chat-list li:nth-child(2) button").click()  # "first chat" of the two-chats test
+    page.once("dialog", lambda d: d.accept())
+    page.locator("#delete-chat").click()
+    page.wait_for_selector(f"#chat-list li:nth-child({n})", state="detached")
+    for _ in range(100):
+        after = json.loads(page.evaluate("document.documentElement.dataset.memory"))
+        if after["cached"] < before["cached"]:
+            break
+        page.wait_for_timeout(100)
+    assert after["cached"] < before["cached"]
+    assert after["free"] - before["free"] == before["cached"] - after["cached"]
+
+
 def test_reload_keeps_chats_and_the_interrupted_reply(app):
     booted = app[0]
     page = booted.page
     page.locator("#new-chat").click()  # a fresh chat: the tiny model's context is only 256 tokens
-    page.wait_for_selector("#chat-list li:nth-child(4) button[aria-current=true]", state="attached")
+    page.wait_for_selector("#chat-list li:nth-child(3) button[aria-current=true]", state="attached")
     titles = page.locator("#chat-list li").all_inner_texts()
     page.fill("#set-max-tokens", "2000")
     page.fill("#prompt", "A long answer, please.")
@@ -173,7 +198,7 @@ def test_reload_keeps_chats_and_the_interrupted_reply(app):
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
     assert page.locator("#chat-list li").all_inner_texts() == titles
-    page.locator("#chat-list li:nth-child(4) button").click()
+    page.locator("#chat-list li:nth-child(3) button").click()
     last = page.locator("#messages .msg.assistant").last
     assert "interrupted" in last.get_attribute("class") and len(last.get_attribute("data-text")) > 0
     page.locator("#settings summary").click()
