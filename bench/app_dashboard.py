@@ -60,7 +60,12 @@ def main() -> int:
             s.page.fill("#prompt", text)
             s.page.press("#prompt", "Enter")
         s.page.wait_for_selector("#chat-list li:nth-last-child(1) button.busy", state="attached")
-        s.page.wait_for_timeout(400)
+        for _ in range(1200):  # until the reply shows words and the block map shows the chats' blocks
+            memory = json.loads(s.page.evaluate("document.documentElement.dataset.memory || 'null'") or "null")
+            text = s.page.locator("#messages .msg.assistant").last.get_attribute("data-text") or ""
+            if memory and memory["used"] > 0 and len(text) > 30:
+                break
+            s.page.wait_for_timeout(100)
         RESULTS.mkdir(exist_ok=True)
         shot = RESULTS / "app_screenshot.png"
         s.page.screenshot(path=str(shot), full_page=False)
