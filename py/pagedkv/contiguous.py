@@ -18,7 +18,7 @@ from typing import NamedTuple
 from .block_pool import OutOfBlocks
 from .kv_accounting import KVStats
 from .kv_cache_manager import DoubleFree, NeverFits, SequenceFreed
-from .sequence import Sequence, SequenceStatus, check_token_ids
+from .sequence import Sequence, SequenceStatus, append_then_allocate
 
 
 class ContiguousOOM(OutOfBlocks):
@@ -167,13 +167,7 @@ class ContiguousAllocator:
         """Append token ids and give them slots; token ids rolled back on failure."""
         if seq.status is SequenceStatus.FINISHED:
             raise SequenceFreed(f"cannot append to sequence {seq.seq_id}: it was freed")
-        check_token_ids(token_ids)
-        seq.token_ids.extend(token_ids)
-        try:
-            return self.allocate_slots(seq, len(token_ids))
-        except Exception:
-            del seq.token_ids[len(seq.token_ids) - len(token_ids):]
-            raise
+        return append_then_allocate(seq, token_ids, self.allocate_slots)
 
     def fork(self, seq: Sequence, session: str | None = None) -> Sequence:
         """A child with its own copy of the range (no sharing in the baseline); the copy

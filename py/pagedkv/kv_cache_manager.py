@@ -20,7 +20,7 @@ from typing import Callable, Hashable, NamedTuple
 
 from .block_pool import BlockPool, OutOfBlocks
 from .config import CacheConfig
-from .sequence import Sequence, SequenceStatus, check_token_ids
+from .sequence import Sequence, SequenceStatus, append_then_allocate, check_token_ids
 
 __all__ = ["KVCacheManager", "CopyOp", "OutOfBlocks", "NeverFits", "SequenceFreed",
            "DoubleFree", "default_block_hash"]
@@ -214,12 +214,7 @@ class KVCacheManager:
         if seq.num_kv_tokens != seq.num_tokens:
             raise ValueError(f"sequence {seq.seq_id} has {seq.num_tokens - seq.num_kv_tokens} "
                              "token ids without slots; allocate_slots them first")
-        seq.token_ids.extend(token_ids)
-        try:
-            return self.allocate_slots(seq, len(token_ids))
-        except Exception:
-            del seq.token_ids[len(seq.token_ids) - len(token_ids):]
-            raise
+        return append_then_allocate(seq, token_ids, self.allocate_slots)
 
     def _register_full_blocks(self, seq: Sequence) -> None:
         if not self.config.enable_prefix_caching:

@@ -131,6 +131,24 @@ class Scheduler:
 
     # ---------------------------------------------------------------- the step
 
+    def _full(self, budget: int, out: SchedulerOutput) -> bool:
+        return budget == 0 or len(out.scheduled) >= self.config.max_num_seqs
+
+    def _admit(self, req: Request, queue: list[Request]) -> None:
+        """Move a request from the waiting or swapped queue to running."""
+        queue.remove(req)
+        self.running.append(req)
+        req.status = RequestStatus.RUNNING
+
+    @staticmethod
+    def _add_compute(req: Request, out: SchedulerOutput, scheduled: set[int]) -> int:
+        """Schedule the tokens that have slots but no KV yet; returns how many (0: nothing to run)."""
+        computing = req.seq.num_kv_tokens - req.seq.num_computed_tokens
+        if computing:
+            out.scheduled.append((req, computing))
+            scheduled.add(id(req))
+        return computing
+
     def schedule(self) -> SchedulerOutput:
         """Decide one step. Running requests first (priority order), then swapped, then waiting."""
         out = SchedulerOutput()
@@ -141,7 +159,7 @@ class Scheduler:
         for req in list(self.running):
             if req not in self.running:  # preempted by a higher-priority request this step
                 continue
-            if budget == 0 or len(out.scheduled) >= self.config.max_num_seqs:
+            if self._full(budget, out):
                 break
             n = min(req.seq.num_tokens - req.seq.num_kv_tokens, budget)
             while not self.kv.can_allocate(req.seq, n):
@@ -153,38 +171,28 @@ class Scheduler:
             if req not in self.running:
                 continue
             out.copies.extend(self.kv.allocate_slots(req.seq, n))
-            computing = req.seq.num_kv_tokens - req.seq.num_computed_tokens
-            if computing:
-                out.scheduled.append((req, computing))
-                scheduled.add(id(req))
-                budget -= n
+            budget -= self._add_compute(req, out, scheduled)
 
         if not out.preempted:
             self.swapped.sort(key=Request.sort_key)
             for req in list(self.swapped):
-                if budget == 0 or len(out.scheduled) >= self.config.max_num_seqs:
+                if self._full(budget, out):
                     break
                 try:
                     ops = self.kv.swap_in(req.seq)
                 except OutOfBlocks:
                     break
                 out.swap_in.extend(ops)
-                self.swapped.remove(req)
-                self.running.append(req)
-                req.status = RequestStatus.RUNNING
+                self._admit(req, self.swapped)
                 n = min(req.seq.num_tokens - req.seq.num_kv_tokens, budget)
                 if n and self.kv.can_allocate(req.seq, n):
                     out.copies.extend(self.kv.allocate_slots(req.seq, n))
-                computing = req.seq.num_kv_tokens - req.seq.num_computed_tokens
-                if computing:
-                    out.scheduled.append((req, computing))
-                    scheduled.add(id(req))
-                    budget -= computing
+                budget -= self._add_compute(req, out, scheduled)
 
         if not out.preempted and not self.swapped:
             self.waiting.sort(key=Request.sort_key)
             for req in list(self.waiting):
-                if budget == 0 or len(out.scheduled) >= self.config.max_num_seqs:
+                if self._full(budget, out):
                     break
                 seq = req.seq
                 cached, _ = self.kv.lookup_prefix(seq.token_ids[: seq.num_tokens - 1])
@@ -192,13 +200,8 @@ class Scheduler:
                 if not self.kv.can_allocate(seq, want):
                     break  # first come first served: do not let later requests jump the queue
                 out.copies.extend(self.kv.allocate_slots(seq, want))
-                computing = seq.num_kv_tokens - seq.num_computed_tokens
                 if req.num_preemptions == 0:
                     req.num_cached_prompt_tokens = seq.num_computed_tokens
-                self.waiting.remove(req)
-                self.running.append(req)
-                req.status = RequestStatus.RUNNING
-                out.scheduled.append((req, computing))
-                scheduled.add(id(req))
-                budget -= computing
+                self._admit(req, self.waiting)
+                budget -= self._add_compute(req, out, scheduled)
         return out

@@ -17,6 +17,18 @@ def check_token_ids(token_ids) -> None:
         raise ValueError(f"token ids must be non-negative ints, got {bad!r}")
 
 
+def append_then_allocate(seq: "Sequence", token_ids: list[int], allocate_slots):
+    """Append token ids to `seq` and give them slots with allocate_slots(seq, n); on any error the ids
+    are taken back, so a refused append leaves the sequence as it was. Shared by both allocators."""
+    check_token_ids(token_ids)
+    seq.token_ids.extend(token_ids)
+    try:
+        return allocate_slots(seq, len(token_ids))
+    except Exception:
+        del seq.token_ids[len(seq.token_ids) - len(token_ids):]
+        raise
+
+
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"      # not yet given KV slots
     RUNNING = "running"      # holds GPU blocks
