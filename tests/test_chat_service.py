@@ -211,3 +211,30 @@ def _common_prefix_len(x, y):
     while n < min(len(x), len(y)) and x[n] == y[n]:
         n += 1
     return n
+
+
+def test_lost_device_parks_the_chats_and_a_new_backend_resumes_them(service, tiny_weights):
+    svc, posts = service
+    settings = {"temperature": 0, "max_tokens": 20}
+
+    async def scenario():
+        chat = svc.new_chat()
+        svc.send(chat.chat_id, "a reply that the lost device interrupts", settings)
+        while len(chat.partial_ids) < 5:
+            await asyncio.sleep(0)
+        svc.device_lost("destroyed: test")
+        await asyncio.sleep(0)
+        assert svc._loop_task.cancelled() or svc._loop_task.done()
+        svc.send(svc.new_chat().chat_id, "queued while the device is gone", settings)  # waits, loses nothing
+        assert svc._loop_task.done() and of(posts, "turn-end") == []
+        assert svc.resume_on(CpuBackend(tiny_weights, num_blocks=16, block_size=16)) == ["req-0", "req-1"]
+        await svc._loop_task
+        svc.regenerate(chat.chat_id, settings)  # greedy: the same reply as one never interrupted
+        await svc._loop_task
+
+    in_fresh_loop(scenario)
+    ends = of(posts, "turn-end")
+    assert [e["reason"] for e in ends] == ["length"] * 3 and [e["tokens"] for e in ends] == [20] * 3
+    first, again = [e["content"] for e in ends if e["chat"] == "chat-1"]
+    assert again == first
+    assert of(posts, "engine-error") == [] and svc.engine.kv.pool.num_blocks == 16

@@ -135,3 +135,33 @@ def test_max_context_per_conversation_caps_prompt_and_reply(tiny_weights, tiny_m
     assert len(out) == 8 == 48 - 40  # the reply stops when the conversation reaches 48 tokens
     with pytest.raises(ValueError, match="max_context"):
         EngineConfig(max_context=1)
+
+
+def test_rebuild_on_a_new_backend_resumes_from_token_history(tiny_weights, tiny_model, tokenizer):
+    # As after a lost GPU device: mid-generation, the engine moves to a fresh (smaller) pool; every request
+    # re-prefills prompt + output so far and finishes with exactly the tokens of an uninterrupted run.
+    engine = make_engine(tiny_weights, tokenizer)
+    rids = [engine.add_request(p, GREEDY) for p in PROMPTS[:3]]
+    for _ in range(6):
+        run_sync(engine.step())
+    partial = [list(engine.request(r).output_ids) for r in rids]
+    assert all(0 < len(p) < 12 for p in partial)
+    old_pool = engine.kv.pool
+    new_backend = CpuBackend(tiny_weights, num_blocks=12, block_size=16)
+    assert engine.rebuild(new_backend) == rids
+    assert engine.kv.pool is not old_pool and engine.kv.pool.num_blocks == 12 and engine.backend is new_backend
+    reqs = [engine.request(r) for r in rids]
+    assert all(r.seq.num_computed_tokens == 0 and not r.seq.block_table for r in reqs)
+    while engine.has_unfinished:
+        run_sync(engine.step())
+    assert [r.output_ids for r in reqs] == [reference_greedy(tiny_model, p, 12) for p in PROMPTS[:3]]
+    assert [r.output_ids[:len(p)] for r, p in zip(reqs, partial)] == partial
+    assert engine.stats()["used_blocks"] == 0
+
+
+def test_rebuild_aborts_what_the_new_pool_can_never_hold(tiny_weights, tokenizer):
+    engine = make_engine(tiny_weights, tokenizer)
+    req = engine.request(engine.add_request(PROMPTS[2], GREEDY))  # 40 + 12 tokens: 4 blocks of 16
+    run_sync(engine.step())
+    assert engine.rebuild(CpuBackend(tiny_weights, num_blocks=2, block_size=16)) == []
+    assert req.finish_reason == "error" and not engine.has_unfinished

@@ -429,7 +429,17 @@ function start() {
     else if (msg.type === "error") showError(msg.message, msg.detail);
     else if (msg.type === "no-webgpu") showNoWebGPU(msg.message);
     else if (onChatMessage(msg)) { /* handled */ }
-    else if (msg.type === "device-lost") showError(`The GPU device was lost (${msg.reason}). Reload the page to restart.`);
+    else if (msg.type === "device-lost") {
+      root.dataset.device = "lost";
+      if (msg.recovering) $("chat-status").textContent = `The GPU device was lost (${msg.reason}): rebuilding the engine; every chat goes on from its token history.`;
+      else showError(`The GPU device was lost (${msg.reason}). Reload the page to restart.`);
+    } else if (msg.type === "device-restored") {
+      root.dataset.device = "restored";
+      root.dataset.model = "ready";
+      $("model-loading").hidden = true;
+      $("chat-status").textContent = `The GPU device was lost and rebuilt in ${(msg.rebuild_ms / 1000).toFixed(1)} s ` +
+        `(${msg.num_blocks} KV blocks); ${msg.resumed} reply(ies) resumed from their token history.`;
+    }
   };
   wireChatUI(worker);
   worker.onerror = (event) => {

@@ -62,6 +62,7 @@ class ChatService:
         self._last_stats = 0.0
         self._tokens_window: list[tuple[float, int]] = []
         self.stop_ids = tuple(sorted(engine.default_stop_ids))
+        self.lost: str | None = None  # why the GPU device went away, until the engine is rebuilt
 
     # ---------------------------------------------------------------- UI messages
 
@@ -202,17 +203,39 @@ class ChatService:
     # ---------------------------------------------------------------- the loop
 
     def _ensure_loop(self) -> None:
-        if self._loop_task is None or self._loop_task.done():
+        if self.lost is None and (self._loop_task is None or self._loop_task.done()):
             self._loop_task = asyncio.ensure_future(self.run())
+
+    def device_lost(self, reason: str) -> None:
+        """The GPU device is gone: stop stepping (a step in flight may never resolve); chats, their token
+        history and the partial replies stay. New messages queue until `resume_on` brings a new backend."""
+        self.lost = reason
+        if self._loop_task is not None and not self._loop_task.done():
+            self._loop_task.cancel()
+
+    def resume_on(self, backend, ledger_snapshot=None) -> list[str]:
+        """Carry on with a rebuilt backend: replies in progress re-prefill prompt + what they had generated
+        and keep streaming into the same message. Returns the request ids that resumed."""
+        requeued = self.engine.rebuild(backend)
+        self.ledger_snapshot = ledger_snapshot
+        self.lost = None
+        for chat in list(self.chats.values()):
+            if chat.request is not None and chat.request_id not in requeued:
+                self._finish(chat, chat.request.finish_reason or "error")  # too long for the new pool
+        self._ensure_loop()
+        self.post_stats(force=True)
+        return requeued
 
     async def run(self) -> None:
         """Step the engine while anything is unfinished, streaming tokens; yields to the UI between steps."""
         try:
-            while self.engine.has_unfinished:
+            while self.engine.has_unfinished and self.lost is None:
                 outputs = await self.engine.step()
                 self.on_outputs(outputs)
                 await asyncio.sleep(0)
         except Exception as exc:
+            if self.lost is not None:
+                return  # the step died with the device; resume_on re-runs it on the new one
             self.post("engine-error", message=f"{type(exc).__name__}: {exc}")
             raise
         finally:

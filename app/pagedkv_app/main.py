@@ -1,6 +1,7 @@
 """Boot sequence of the in-tab app after the worker has loaded Pyodide, numpy and the wheels."""
 from __future__ import annotations
 
+import asyncio
 import json
 import traceback
 
@@ -36,7 +37,7 @@ async def boot() -> None:
     try:
         progress("engine", f"pagedkv {pagedkv.__version__} with numpy {np.__version__}")
         progress("gpu", "requesting a WebGPU adapter")
-        ctx = await webgpu.GpuContext.create(on_lost=lambda reason: bridge.post("device-lost", reason=reason))
+        ctx = await webgpu.GpuContext.create(on_lost=on_device_lost)
         state["gpu"] = ctx
         progress("gpu", f"adapter {ctx.info.name}: running the self-test kernel")
         check = await webgpu.self_test(ctx)
@@ -87,7 +88,7 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
         ledger = getattr(backend, "ledger", None)
         service = ChatService(engine, ChatTemplate.from_manifest(manifest, tokenizer), bridge.post, model_name=name,
                               ledger_snapshot=ledger.snapshot if ledger is not None else None)
-        state.update(engine=engine, service=service)
+        state.update(engine=engine, service=service, model_name=name, block_size=block_size)
         bridge.set_handler(service.handle)
         bridge.post("model-ready", model=name, backend=backend.name, load_ms=round(bridge.now_ms() - t0),
                     num_blocks=backend.num_blocks, block_size=block_size, context_length=engine.context_length,
@@ -140,6 +141,44 @@ async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict
     cfg = backend.config
     bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * KV_DTYPE_BYTES[backend.kv_dtype]
     return manifest, backend, {"bytes_per_token": bytes_per_token, "ledger": backend.ledger.snapshot()}
+
+
+def on_device_lost(reason: str) -> None:
+    """device.lost fired: tell the page, park the chats, and rebuild the engine on a new device."""
+    bridge.post("device-lost", reason=reason, recovering="service" in state)
+    service = state.get("service")
+    if service is None or not isinstance(service.engine.backend, WebGpuBackend):
+        return  # lost before the model was on the GPU: the page says so; a reload starts over
+    service.device_lost(reason)
+    state["recovery"] = asyncio.ensure_future(recover_device())
+
+
+async def recover_device(attempts: int = 3) -> None:
+    """New adapter + device, the weights uploaded again inside the same budget, and every chat goes on
+    from its token history (replies in progress re-prefill and keep streaming)."""
+    service, name = state["service"], state["model_name"]
+    error = None
+    for attempt in range(1, attempts + 1):
+        try:
+            t0 = bridge.now_ms()
+            state["gpu"] = await webgpu.GpuContext.create(on_lost=on_device_lost)
+
+            def on_progress(loaded: int, total: int) -> None:
+                bridge.post("model-progress", model=name, loaded=loaded, total=total,
+                            detail="the GPU device was lost: uploading the weights to a new one")
+
+            _, backend, _ = await _webgpu_backend(name, state["block_size"], on_progress)
+            resumed = service.resume_on(backend, backend.ledger.snapshot)
+            state["engine"] = service.engine
+            bridge.post("device-restored", model=name, attempt=attempt, resumed=len(resumed),
+                        num_blocks=backend.num_blocks, rebuild_ms=round(bridge.now_ms() - t0))
+            return
+        except Exception as exc:  # try again: a device can be lost again while it is being set up
+            error = exc
+            await asyncio.sleep(0.5 * attempt)
+    bridge.post("model-error", model=name, message=f"the GPU device was lost and could not be rebuilt "
+                f"after {attempts} attempts ({type(error).__name__}: {error}); reload the page",
+                detail="".join(traceback.format_exception(error)))
 
 
 def _accumulate(progress):

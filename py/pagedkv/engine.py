@@ -23,7 +23,7 @@ from .kv_cache_manager import KVCacheManager
 from .model_runner import build_batch
 from .request import Request, RequestStatus
 from .sampling import Sampler, SamplingParams
-from .scheduler import Scheduler, SchedulerConfig
+from .scheduler import NeverFits, Scheduler, SchedulerConfig
 from .sequence import Sequence, check_token_ids
 from .tokenizer import StreamDecoder, Tokenizer
 
@@ -79,11 +79,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.context_length = min(backend.config.context_length, config.max_context or backend.config.context_length)
-        cache = CacheConfig(num_blocks=backend.num_blocks, block_size=backend.block_size,
-                            num_cpu_blocks=backend.num_cpu_blocks,
-                            enable_prefix_caching=config.enable_prefix_caching)
-        self.kv = KVCacheManager(cache, namespace=config.namespace)
-        self.scheduler = Scheduler(config.scheduler_config(), self.kv)
+        self.kv, self.scheduler = self._fresh_pool(backend)
         self._tracked: dict[str, _Tracked] = {}
         self._ids = itertools.count()
         self.default_stop_ids = frozenset(
@@ -126,6 +122,38 @@ class LLMEngine:
         self.scheduler.remove(req)
         req.finish_reason = "abort"
         return req
+
+    def rebuild(self, backend) -> list[str]:
+        """Continue on a new backend (the GPU device was lost, or the pool was rebuilt with other settings).
+
+        The old pool's contents are gone, so every unfinished request goes back to the waiting queue
+        holding its exact token history (prompt + what it generated) and re-prefills it on the new
+        pool, like a preemption by recompute; its sampler and stream decoder carry on. A request that
+        could never fit the new pool is aborted with finish reason "error". Returns the requeued ids.
+        """
+        pending = sorted((t.request for t in self._tracked.values()), key=Request.sort_key)
+        self.backend = backend
+        self.kv, self.scheduler = self._fresh_pool(backend)
+        requeued = []
+        for req in pending:
+            req.seq = Sequence(list(req.seq.token_ids), session=req.seq.session)
+            try:
+                self.scheduler.add(req)
+            except NeverFits:
+                req.finish_reason = "error"
+                req.status = RequestStatus.FINISHED
+                del self._tracked[req.request_id]
+                continue
+            req.num_preemptions += 1  # its cached-prompt count stays the one measured on admission
+            requeued.append(req.request_id)
+        return requeued
+
+    def _fresh_pool(self, backend) -> tuple[KVCacheManager, Scheduler]:
+        cache = CacheConfig(num_blocks=backend.num_blocks, block_size=backend.block_size,
+                            num_cpu_blocks=backend.num_cpu_blocks,
+                            enable_prefix_caching=self.config.enable_prefix_caching)
+        kv = KVCacheManager(cache, namespace=self.config.namespace)
+        return kv, Scheduler(self.config.scheduler_config(), kv)
 
     def request(self, request_id: str) -> Request:
         return self._tracked[request_id].request
