@@ -87,6 +87,7 @@ function saveChat(id) {
   if (!rec) return;
   rec.messages = chat.messages[id] || [];
   rec.partial_ids = partialIds[id] || [];
+  if (chat.settings[id]) rec.settings = chat.settings[id];
   store.put(JSON.parse(JSON.stringify(rec)));
 }
 
@@ -105,6 +106,7 @@ async function restoreChats(worker) {
     const msgs = rec.messages || [];
     if (rec.partial_ids && rec.partial_ids.length && msgs.length) msgs[msgs.length - 1].interrupted = true;
     chat.messages[rec.id] = msgs;
+    if (rec.settings) chat.settings[rec.id] = rec.settings;
   }
   worker.postMessage({ type: "restore", chats: records.map((r) => ({ id: r.id, title: r.title,
     checkpoint: r.checkpoint, before_reply: r.before_reply, partial_ids: r.partial_ids || [] })) });
@@ -113,17 +115,35 @@ async function restoreChats(worker) {
 
 // ------------------------------------------------------------------ chat UI
 
-const chat = { worker: null, list: [], current: null, messages: {}, busy: {}, pending: {} };
+const chat = { worker: null, list: [], current: null, messages: {}, busy: {}, pending: {}, settings: {} };
 
 function chatColor(id) {
   const n = parseInt(String(id).replace(/\D+/g, ""), 10) || 0;
   return `hsl(${(n * 137) % 360} 65% 50%)`;
 }
 
+// Generation settings belong to a chat: the form shows the chat in view's, edits are saved with it
+// (IndexedDB), and a new chat starts from the values the form holds.
+const SETTING_FIELDS = { temperature: "set-temperature", top_p: "set-top-p", max_tokens: "set-max-tokens",
+                         seed: "set-seed", system: "set-system" };
+
+function readSettingsForm() {
+  return Object.fromEntries(Object.entries(SETTING_FIELDS).map(([key, id]) => [key, $(id).value]));
+}
+
+function showChatSettings(id) {
+  if (!chat.settings[id]) chat.settings[id] = readSettingsForm();
+  for (const [key, field] of Object.entries(SETTING_FIELDS)) $(field).value = chat.settings[id][key] ?? "";
+}
+
+function settingsEdited() {
+  if (!chat.current) return;
+  chat.settings[chat.current] = readSettingsForm();
+  saveChat(chat.current);
+}
+
 function settings() {
-  const v = (id) => $(id).value;
-  return { temperature: v("set-temperature"), top_p: v("set-top-p"), max_tokens: v("set-max-tokens"),
-           seed: v("set-seed"), system: v("set-system"), priority: 1 };
+  return { ...readSettingsForm(), priority: 1 };
 }
 
 function renderChats() {
@@ -207,6 +227,7 @@ function renderMessages() {
 function selectChat(id) {
   chat.current = id;
   root.dataset.chat = id;
+  if (id) showChatSettings(id);
   renderChats();
   renderMessages();
   $("prompt").focus();
@@ -367,6 +388,7 @@ function wireChatUI(worker) {
   wireMemorySettings();
   chat.worker = worker;
   $("composer").addEventListener("submit", (e) => { e.preventDefault(); send(); });
+  for (const id of Object.values(SETTING_FIELDS)) $(id).addEventListener("input", settingsEdited);
   $("prompt").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); send(); }
   });

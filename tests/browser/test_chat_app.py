@@ -230,3 +230,47 @@ def test_memory_settings_rebuild_the_pool_and_keep_the_chats(app):
     page.locator("#settings summary").click()
     turn = send_and_wait(page, "hi", 4)
     assert turn["tokens"] == 4
+
+
+def form_settings(page) -> tuple:
+    return tuple(page.input_value(f"#set-{k}") for k in ("temperature", "seed", "system", "max-tokens"))
+
+
+def test_settings_belong_to_their_chat_and_a_stopped_reply_survives_a_reload(app):
+    page = app[0].page
+    n = page.locator("#chat-list li").count()  # the chat in view is the last one
+    page.fill("#set-temperature", "0.3")
+    page.fill("#set-seed", "7")
+    page.fill("#set-system", "Be brief.")
+    page.fill("#set-max-tokens", "100")
+    page.locator("#new-chat").click()
+    page.wait_for_selector(f"#chat-list li:nth-child({n + 1}) button[aria-current=true]", state="attached")
+    assert form_settings(page) == ("0.3", "7", "Be brief.", "100")  # a new chat starts from the form
+    page.fill("#set-temperature", "1.1")
+    page.fill("#set-seed", "")
+    page.locator(f"#chat-list li:nth-child({n}) button").click()
+    assert form_settings(page) == ("0.3", "7", "Be brief.", "100")
+    page.locator(f"#chat-list li:nth-child({n + 1}) button").click()
+    assert form_settings(page) == ("1.1", "", "Be brief.", "100")
+
+    # Stop mid-stream, then reload: the chat, its partial answer and its settings are still there.
+    page.fill("#prompt", "Tell me everything.")
+    page.press("#prompt", "Enter")
+    page.wait_for_selector("html[data-generating=true]", state="attached")
+    for _ in range(3000):
+        if page.locator("#messages .msg.assistant").last.get_attribute("data-text"):
+            break
+        page.wait_for_timeout(20)
+    page.locator("#stop").click()
+    page.wait_for_selector("#messages .msg.assistant.interrupted", state="attached")
+    partial = last_turn(page)
+    assert partial["reason"] == "abort" and 0 < partial["tokens"] < 100
+    page.wait_for_timeout(300)  # the IndexedDB write of the finished turn
+    page.reload()
+    page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
+    page.locator(f"#chat-list li:nth-child({n + 1}) button").click()
+    assert form_settings(page) == ("1.1", "", "Be brief.", "100")
+    last = page.locator("#messages .msg.assistant").last
+    assert last.get_attribute("data-text") == partial["content"] and "interrupted" in last.get_attribute("class")
+    page.locator(f"#chat-list li:nth-child({n}) button").click()
+    assert form_settings(page) == ("0.3", "7", "Be brief.", "100")
