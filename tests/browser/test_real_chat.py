@@ -63,3 +63,21 @@ def test_two_turns_stream_and_turn_two_prefills_only_new_tokens(real_app):
     # While it answered, the dashboard showed this chat's blocks.
     busy = [m for m in memory if m and m["used"] > 0]
     assert busy and busy[-1]["owners"] and sum(busy[-1]["per_chat"].values()) >= 3
+
+
+def test_real_model_answers_on_the_cpu_fallback_without_webgpu(browser_without_webgpu, base_url):
+    # No WebGPU adapter: the page says so and SmolLM2 still answers, slowly, on numpy inside Pyodide.
+    booted = open_and_boot(browser_without_webgpu, base_url)
+    try:
+        assert booted.dataset()["webgpu"] == "unavailable"
+        info = wait_model(booted)
+        assert info["model"] == "smollm2-135m-instruct" and info["backend"] == "cpu"
+        page = booted.page
+        page.set_default_timeout(300_000)
+        assert "CPU fallback: slow" in page.locator("#chat-status").inner_text()
+        page.locator("#settings summary").click()
+        turn, start, _, _ = run_turn(booted, "What is the capital of France?", 3)
+        assert start["prompt_tokens"] == 37 and turn["tokens"] == 3
+        assert turn["content"].startswith("The capital of")  # the same greedy start as on WebGPU
+    finally:
+        booted.page.close()
