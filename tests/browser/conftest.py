@@ -107,6 +107,16 @@ def open_and_boot(browser, url: str) -> BootedPage:
     return BootedPage(page, responses, console)
 
 
+def open_app(browser, url: str, timeout_ms: int) -> tuple[BootedPage, dict]:
+    """Boot the page, wait for its model, open the generation settings; returns the page and model-ready info."""
+    booted = open_and_boot(browser, url)
+    assert booted.state == "ready", booted.dataset()
+    info = wait_model(booted)
+    booted.page.set_default_timeout(timeout_ms)
+    booted.page.locator("#settings summary").click()
+    return booted, info
+
+
 @pytest.fixture(scope="session")
 def ready_page(browser, base_url) -> BootedPage:
     # The tiny model keeps the background model load light; tests here exercise the runtime, not the model.

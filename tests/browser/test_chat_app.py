@@ -5,18 +5,14 @@ import json
 
 import pytest
 
-from conftest import open_and_boot, wait_model
+from conftest import open_app
 
 APP_QUERY = "?model=tiny-random&backend=cpu"
 
 
 @pytest.fixture(scope="module")
 def app(browser, base_url):
-    booted = open_and_boot(browser, base_url + APP_QUERY)
-    assert booted.state == "ready"
-    info = wait_model(booted)
-    booted.page.set_default_timeout(60_000)
-    booted.page.locator("#settings summary").click()  # open the generation settings
+    booted, info = open_app(browser, base_url + APP_QUERY, 60_000)
     yield booted, info
     booted.page.close()
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import open_and_boot, wait_model
+from conftest import open_app
 from test_chat_app import raw_last_turn, wait_next_turn
 
 STATE = "import json\nfrom pagedkv_app.main import state\n"
@@ -14,12 +14,8 @@ STATE = "import json\nfrom pagedkv_app.main import state\n"
 
 @pytest.fixture(scope="module")
 def gpu_app(browser, base_url):
-    booted = open_and_boot(browser, base_url + "?model=tiny-random&budget_mib=64")
-    assert booted.state == "ready"
-    info = wait_model(booted)
+    booted, info = open_app(browser, base_url + "?model=tiny-random&budget_mib=64", 120_000)
     assert info["backend"] == "webgpu"
-    booted.page.set_default_timeout(120_000)
-    booted.page.locator("#settings summary").click()
     yield booted, info
     booted.page.close()
 

@@ -5,18 +5,14 @@ import json
 
 import pytest
 
-from conftest import open_and_boot, wait_model
+from conftest import open_and_boot, open_app, wait_model
 
 ENGINE_STATS = "import json\nfrom pagedkv_app.main import state\njson.dumps(state['engine'].stats())"
 
 
 @pytest.fixture(scope="module")
 def real_app(browser, base_url):
-    booted = open_and_boot(browser, base_url + "?budget_mib=1024")
-    assert booted.state == "ready"
-    info = wait_model(booted)
-    booted.page.set_default_timeout(300_000)
-    booted.page.locator("#settings summary").click()
+    booted, info = open_app(browser, base_url + "?budget_mib=1024", 300_000)
     yield booted, info
     booted.page.close()
 
