@@ -278,7 +278,17 @@ function renderMemory(mem) {
     ["Blocks per chat", Object.entries(mem.per_chat_blocks).map(([k, v]) => `${k}: ${v}`).join(", ") || "–"],
     ["Preemptions", `swap ${mem.engine.preemptions.swap} · recompute ${mem.engine.preemptions.recompute}`],
   ];
-  if (mem.ledger) facts.push(["GPU budget", `${(mem.ledger.used_bytes / 2 ** 20).toFixed(1)} of ${(mem.ledger.budget_bytes / 2 ** 20).toFixed(0)} MiB`]);
+  const info = JSON.parse(root.dataset.modelInfo || "{}");
+  if (info.bytes_per_token) {
+    facts.push(["KV bytes / token", `${info.bytes_per_token.toLocaleString()} B (${info.kv_dtype || "f32"}) · ` +
+      `${(info.bytes_per_token * mem.block_size / 1024).toFixed(0)} KiB per block`]);
+  }
+  if (mem.ledger) {
+    const mib = (b) => (b / 2 ** 20).toFixed(1);
+    const kinds = Object.entries(mem.ledger.by_kind || {}).map(([k, b]) => `${k} ${mib(b)}`).join(" · ");
+    facts.push(["GPU budget", `${mib(mem.ledger.used_bytes)} of ${mib(mem.ledger.budget_bytes)} MiB` +
+      (kinds ? ` (${kinds} MiB)` : "")]);
+  }
   const dl = $("memory-facts");
   dl.replaceChildren(...facts.flatMap(([k, v]) => {
     const dt = document.createElement("dt"); dt.textContent = k;

@@ -113,7 +113,7 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
         raise ValueError(f"a {kv_budget // MIB} MiB KV budget holds no block of {block_size} tokens "
                          f"({bytes_per_token:,} B/token); raise kv_mib")
     backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_blocks)
-    return manifest, backend, {"bytes_per_token": bytes_per_token}
+    return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": "f32"}
 
 
 async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, WebGpuBackend, dict]:
@@ -140,7 +140,8 @@ async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict
                                                     detail="weights uploaded to the GPU"))
     cfg = backend.config
     bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * KV_DTYPE_BYTES[backend.kv_dtype]
-    return manifest, backend, {"bytes_per_token": bytes_per_token, "ledger": backend.ledger.snapshot()}
+    return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype,
+                               "ledger": backend.ledger.snapshot()}
 
 
 def on_device_lost(reason: str) -> None:

@@ -80,7 +80,10 @@ def test_memory_panel_draws_the_block_map(app):
     assert memory["cached"] > 0  # the finished turns' full blocks stay cached
     label = page.locator("#block-map").get_attribute("aria-label")
     assert f"{memory['cached']} cached" in label
-    assert "Prefix-cache hit rate" in page.locator("#memory-facts").inner_text()
+    facts = page.locator("#memory-facts").inner_text()
+    assert "Prefix-cache hit rate" in facts
+    # The tiny model (2 layers x 2 KV heads x 16 dims, f32 K and V on the CPU backend): 512 B per token.
+    assert "512 B (f32) · 8 KiB per block" in facts
 
 
 INJECTION = '<img src=x onerror="document.title=\'pwned\'"><script>document.title=\'pwned2\'</script>'
@@ -125,6 +128,9 @@ def test_regenerate_answers_the_same_prompt_again(app):
 
 def test_stop_keeps_the_partial_reply(app):
     page = app[0].page
+    n = page.locator("#chat-list li").count()
+    page.locator("#new-chat").click()  # room for a long reply: the tiny model's context is only 256 tokens
+    page.wait_for_selector(f"#chat-list li:nth-child({n + 1}) button[aria-current=true]", state="attached")
     page.fill("#set-max-tokens", "2000")
     page.fill("#prompt", "Tell me everything.")
     page.press("#prompt", "Enter")
@@ -156,14 +162,14 @@ def test_two_chats_answer_at_the_same_time(app):
     stats = booted.py("import json\nfrom pagedkv_app.main import state\njson.dumps(state['engine'].stats())")
     # ...and their decode tokens shared forward steps: fewer steps than tokens generated.
     assert stats["steps"] - steps_before < stats["decode_tokens"] - decode_before
-    assert page.locator("#chat-list li").count() == 3
+    assert page.locator("#chat-list li").count() == 4
 
 
 def test_delete_frees_the_chats_cached_blocks(app):
     page = app[0].page
     before = memory_when_idle(page)
     n = page.locator("#chat-list li").count()
-    page.locator("#chat-list li:nth-child(2) button").click()  # "first chat" of the two-chats test
+    page.locator("#chat-list li:nth-child(3) button").click()  # "first chat" of the two-chats test
     page.once("dialog", lambda d: d.accept())
     page.locator("#delete-chat").click()
     page.wait_for_selector(f"#chat-list li:nth-child({n})", state="detached")
@@ -180,7 +186,7 @@ def test_reload_keeps_chats_and_the_interrupted_reply(app):
     booted = app[0]
     page = booted.page
     page.locator("#new-chat").click()  # a fresh chat: the tiny model's context is only 256 tokens
-    page.wait_for_selector("#chat-list li:nth-child(3) button[aria-current=true]", state="attached")
+    page.wait_for_selector("#chat-list li:nth-child(4) button[aria-current=true]", state="attached")
     titles = page.locator("#chat-list li").all_inner_texts()
     page.fill("#set-max-tokens", "2000")
     page.fill("#prompt", "A long answer, please.")
@@ -194,38 +200,13 @@ def test_reload_keeps_chats_and_the_interrupted_reply(app):
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
     assert page.locator("#chat-list li").all_inner_texts() == titles
-    page.locator("#chat-list li:nth-child(3) button").click()
+    page.locator("#chat-list li:nth-child(4) button").click()
     last = page.locator("#messages .msg.assistant").last
     assert "interrupted" in last.get_attribute("class") and len(last.get_attribute("data-text")) > 0
     page.locator("#settings summary").click()
     turn = send_and_wait(page, "Go on.", 4)
     # The restored history (with the cut-off reply) is the prefix of the next prompt.
     assert turn["tokens"] == 4 and turn["history_tokens"] > 40
-
-
-def test_memory_settings_rebuild_the_pool_and_keep_the_chats(app):
-    booted = app[0]
-    page = booted.page
-    titles = page.locator("#chat-list li").all_inner_texts()
-    page.locator("#memory-settings summary").click()
-    page.select_option("#mem-block-size", "32")
-    page.fill("#mem-max-context", "128")
-    page.locator("#mem-apply").click()
-    for _ in range(300):
-        if "block_size=32" in page.url:
-            break
-        page.wait_for_timeout(100)
-    assert "block_size=32" in page.url and "max_context=128" in page.url, page.url
-    page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
-    info = json.loads(page.evaluate("document.documentElement.dataset.modelInfo"))
-    assert info["block_size"] == 32 and info["context_length"] == 128
-    assert page.locator("#chat-list li").all_inner_texts() == titles
-    assert page.locator("#mem-block-size").input_value() == "32"
-    page.locator("#new-chat").click()
-    page.wait_for_selector(f"#chat-list li:nth-child({len(titles) + 1}) button[aria-current=true]", state="attached")
-    page.locator("#settings summary").click()
-    turn = send_and_wait(page, "hi", 4)
-    assert turn["tokens"] == 4
 
 
 def form_settings(page) -> tuple:
@@ -270,3 +251,28 @@ def test_settings_belong_to_their_chat_and_a_stopped_reply_survives_a_reload(app
     assert last.get_attribute("data-text") == partial["content"] and "interrupted" in last.get_attribute("class")
     page.locator(f"#chat-list li:nth-child({n}) button").click()
     assert form_settings(page) == ("0.3", "7", "Be brief.", "100")
+
+
+def test_memory_settings_rebuild_the_pool_and_keep_the_chats(app):
+    booted = app[0]
+    page = booted.page
+    titles = page.locator("#chat-list li").all_inner_texts()
+    page.locator("#memory-settings summary").click()
+    page.select_option("#mem-block-size", "32")
+    page.fill("#mem-max-context", "128")
+    page.locator("#mem-apply").click()
+    for _ in range(300):
+        if "block_size=32" in page.url:
+            break
+        page.wait_for_timeout(100)
+    assert "block_size=32" in page.url and "max_context=128" in page.url, page.url
+    page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
+    info = json.loads(page.evaluate("document.documentElement.dataset.modelInfo"))
+    assert info["block_size"] == 32 and info["context_length"] == 128
+    assert page.locator("#chat-list li").all_inner_texts() == titles
+    assert page.locator("#mem-block-size").input_value() == "32"
+    page.locator("#new-chat").click()
+    page.wait_for_selector(f"#chat-list li:nth-child({len(titles) + 1}) button[aria-current=true]", state="attached")
+    page.locator("#settings summary").click()
+    turn = send_and_wait(page, "hi", 4)
+    assert turn["tokens"] == 4

@@ -57,6 +57,8 @@ def test_two_turns_stream_and_turn_two_prefills_only_new_tokens(real_app):
     assert after["prefill_tokens"] - mid["prefill_tokens"] == start2["prompt_tokens"] - turn2["cached_tokens"]
     assert start2["prompt_tokens"] - turn2["cached_tokens"] < start2["prompt_tokens"] - turn1["history_tokens"] + 16
     # While it answered, the dashboard showed this chat's blocks.
+    facts = booted.page.locator("#memory-facts").inner_text()
+    assert "23,040 B (f16)" in facts and "weights 92.1" in facts and "kv " in facts  # the ledger, by kind
     busy = [m for m in memory if m and m["used"] > 0]
     assert busy and busy[-1]["owners"] and sum(busy[-1]["per_chat"].values()) >= 3
 
