@@ -13,6 +13,7 @@ from pagedkv.backends.numpy_ref import ForwardBatch, PagedKVCache
 from pagedkv.beam_search import BeamSearchParams
 from pagedkv.engine import run_sync
 from pagedkv.kv_cache_manager import NeverFits
+from pagedkv.sampling import SamplingParams
 from test_engine import make_engine, tokenizer  # noqa: F401  (fixture)
 
 PROMPT = list(range(3, 38))  # 35 tokens: 2 full blocks + 3 tokens
@@ -126,3 +127,28 @@ def test_bad_beam_params_and_too_wide_searches_are_refused(tiny_weights, tokeniz
     with pytest.raises(NeverFits, match="width 3 needs up to 3 x 3 blocks of 16"):
         engine.add_beam_search(PROMPT, BeamSearchParams(width=3, max_tokens=10))
     assert not engine.has_unfinished and engine.stats()["used_blocks"] == 0
+
+
+@pytest.mark.parametrize("preemption", ["swap", "recompute"])
+def test_beams_preempted_by_a_higher_priority_request_keep_their_results(tiny_weights, tokenizer, preemption):
+    """9 blocks: the beams (2 shared prompt blocks + their tails) and an 80-token request (5 blocks, higher
+    priority) do not fit together, so beams are preempted mid-search; the search must not change."""
+    params = BeamSearchParams(width=3, max_tokens=6, stop_token_ids=(10_000,))
+    free = make_engine(tiny_weights, tokenizer, num_blocks=32)
+    want = run_sync(free.beam_search(PROMPT, params))
+    engine = make_engine(tiny_weights, tokenizer, num_blocks=9, cpu_blocks=16, preemption=preemption,
+                         max_num_batched_tokens=32)
+    rid = engine.add_beam_search(PROMPT, params)
+    run_sync(engine.step())
+    run_sync(engine.step())
+    other = engine.add_request(list(range(100, 170)), SamplingParams(max_tokens=10, stop_token_ids=(10_000,)),
+                               priority=1)
+    other_req = engine.request(other)
+    while engine.has_unfinished:
+        run_sync(engine.step())
+    assert engine.stats()["preemptions"][preemption] >= 1
+    got = engine.beam_results(rid)
+    assert [h.token_ids for h in got] == [h.token_ids for h in want]
+    assert [h.cum_logprob for h in got] == pytest.approx([h.cum_logprob for h in want], rel=1e-6, abs=1e-6)
+    assert len(other_req.output_ids) == 10
+    assert engine.stats()["used_blocks"] == 0 and engine.kv.live == {}
