@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     with BrowserSession("?model=tiny-random&backend=cpu", build_first=False) as s:
         s.py(WORKER.read_text() + "\nNone")
         report["adapter"] = s.page.evaluate("JSON.parse(document.documentElement.dataset.adapter)")["name"]
-        report["tiny"] = s.py(f"import json\njson.dumps(await throughput('tiny-random', {levels}, 32, {tiny_new}, 64, runs=3))")
+        report["tiny"] = s.py(f"import json\njson.dumps(await throughput('tiny-random', {levels}, 32, {tiny_new}, 64, "
+                              "runs=3))")
         print(json.dumps(report["tiny"]), file=sys.stderr, flush=True)
         if not args.skip_real:
             report["smollm2"] = s.py(f"import json\njson.dumps(await throughput('smollm2-135m-instruct', {levels}, "

@@ -371,7 +371,8 @@ function renderAlternatives() {
     keep.className = "keep-alternative";
     keep.textContent = `Keep alternative ${i + 1}`;
     keep.disabled = alt.state === "streaming";
-    keep.addEventListener("click", () => chat.worker.postMessage({ type: "keep-alternative", chat: chat.current, index: i }));
+    keep.addEventListener("click", () =>
+      chat.worker.postMessage({ type: "keep-alternative", chat: chat.current, index: i }));
     section.append(body, keep);
     return section;
   }));
