@@ -41,7 +41,7 @@ def test_six_conversations_in_24_blocks_finish_without_failure_or_leak(worker, p
         assert r["preemptions"]["swap"] == 0 and r["swap_out_blocks"] == 0
     assert r["used"] == 0 and r["free"] + r["cached"] == r["num_blocks"] == 24  # no leaked block
     assert r["cpu_free"] == r["cpu_total"] == 32
-    assert r["peak_used_blocks"] <= 24 and r["ledger"]["peak"] <= r["ledger"]["budget"]
+    assert r["peak_used_blocks"] == 24 and r["ledger"]["peak"] <= r["ledger"]["budget"]  # the pool ran full
     print(json.dumps({k: r[k] for k in ("preemptions", "preempted_turns", "swap_out_blocks", "steps",
                                         "peak_used_blocks", "tokens", "replies")}))
 
