@@ -38,9 +38,9 @@ def test_three_alternatives_then_keep_one(service):
     # The prompt (history before the reply) was in the prefix cache: only its last partial block was computed.
     prompt = svc_prompt(svc, chat)
     assert svc.engine.stats()["prefill_tokens"] - prefill_before == len(prompt) - (len(prompt) - 1) // 16 * 16
-    # Each sample is what a lone request with seed 5 + i draws.
+    # Each sample is what a lone request with seed 6 + i draws (the settings' seed 5 is the reply's own).
     for i in range(3):
-        lone = svc_lone(svc, chat, 5 + i)
+        lone = svc_lone(svc, chat, 6 + i)
         assert chat.alternatives.ids[i] == lone
     assert chat.conversation.messages[-1]["content"] == reply_before  # unchanged until one is kept
 

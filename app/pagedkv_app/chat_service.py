@@ -175,6 +175,8 @@ class ChatService:
         if not 2 <= n <= 8:
             raise ValueError(f"ask for 2 to 8 alternatives, not {n}")
         params = replace(sampling_from(settings, self.stop_ids), n=n)
+        if params.seed is not None:  # the reply drew with seed s: s + 1 .. s + n, so none repeats it
+            params = replace(params, seed=params.seed + 1)
         conv = chat.conversation
         now = conv.checkpoint()
         conv.rollback(chat.before_reply)
