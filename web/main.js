@@ -221,6 +221,8 @@ function renderMessages() {
   $("stop").disabled = !busy;
   $("send").disabled = busy;
   $("regenerate").disabled = busy || !msgs.length || msgs[msgs.length - 1].role !== "assistant";
+  $("alternatives").disabled = $("regenerate").disabled;
+  renderAlternatives();
   root.dataset.generating = busy ? "true" : "false";
 }
 
@@ -373,8 +375,84 @@ function onChatMessage(msg) {
       renderMemory(msg);
       return true;
     default:
+      return onAlternativesMessage(msg);
+  }
+}
+
+// ------------------------------------------------------------------ "show 3 alternatives"
+// The worker samples 3 replies to the last user message as one request (n = 3 parallel samples sharing the
+// prompt's KV blocks). They stream side by side under the messages; "Keep this one" makes one the reply
+// (the worker rewrites the token history to end with its exact ids). The current reply stays until then.
+const alternatives = {};  // chat id -> {texts, state: "streaming" | "done" | "abort"}
+
+function renderAlternatives() {
+  const panel = $("alternatives-panel");
+  const alt = alternatives[chat.current];
+  panel.hidden = !alt;
+  if (!alt) return;
+  panel.replaceChildren(...alt.texts.map((text, i) => {
+    const section = document.createElement("section");
+    section.className = "alternative";
+    section.dataset.index = String(i);
+    section.dataset.text = text;
+    const body = document.createElement("div");
+    body.innerHTML = renderMarkdown(text);  // escaped first: see renderMarkdown
+    const keep = document.createElement("button");
+    keep.type = "button";
+    keep.className = "keep-alternative";
+    keep.textContent = `Keep alternative ${i + 1}`;
+    keep.disabled = alt.state === "streaming";
+    keep.addEventListener("click", () =>
+      chat.worker.postMessage({ type: "keep-alternative", chat: chat.current, index: i }));
+    section.append(body, keep);
+    return section;
+  }));
+}
+
+function onAlternativesMessage(msg) {
+  switch (msg.type) {
+    case "alt-start":
+      alternatives[msg.chat] = { texts: Array(msg.n).fill(""), state: "streaming" };
+      chat.busy[msg.chat] = true;
+      break;
+    case "alt-token":
+      alternatives[msg.chat].texts[msg.index] += msg.text;
+      break;
+    case "alt-end":
+      Object.assign(alternatives[msg.chat], { texts: msg.alternatives, state: msg.reason });
+      chat.busy[msg.chat] = false;
+      root.dataset.alternatives = JSON.stringify({ chat: msg.chat, ...msg });
+      break;
+    case "alt-kept": {
+      const list = chat.messages[msg.chat] || [];
+      if (list.length) list[list.length - 1].text = msg.content;
+      delete alternatives[msg.chat];
+      root.dataset.altKept = JSON.stringify(msg);
+      break;
+    }
+    default:
       return false;
   }
+  renderChats();
+  if (msg.chat === chat.current) renderMessages();
+  return true;
+}
+
+function wireAlternatives(worker) {
+  const button = document.createElement("button");
+  button.id = "alternatives";
+  button.type = "button";
+  button.disabled = true;
+  button.textContent = "Show 3 alternatives";
+  button.addEventListener("click", () => {
+    if (!button.disabled) worker.postMessage({ type: "alternatives", chat: chat.current, settings: settings(), n: 3 });
+  });
+  $("regenerate").after(button);
+  const panel = document.createElement("div");
+  panel.id = "alternatives-panel";
+  panel.className = "alternatives";
+  panel.hidden = true;
+  $("messages").after(panel);
 }
 
 function wireMemorySettings() {
@@ -396,6 +474,7 @@ function wireMemorySettings() {
 
 function wireChatUI(worker) {
   wireMemorySettings();
+  wireAlternatives(worker);
   chat.worker = worker;
   $("composer").addEventListener("submit", (e) => { e.preventDefault(); send(); });
   for (const id of Object.values(SETTING_FIELDS)) $(id).addEventListener("input", settingsEdited);

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pagedkv.chat import ChatTemplate, Conversation
 from pagedkv.engine import LLMEngine
@@ -30,6 +30,18 @@ class Chat:
     before_reply: tuple | None = None  # history just before the last reply (for Regenerate)
     partial_ids: list[int] = field(default_factory=list)
     partial_text: list[str] = field(default_factory=list)
+    alternatives: "Alternatives | None" = None  # other replies sampled for the last user message
+
+
+@dataclass
+class Alternatives:
+    """n replies to the last user message sampled in parallel (one request, its samples forking the prompt's
+    blocks); the current reply stays until the user keeps one of them."""
+
+    request_id: str
+    ids: list[list[int]]  # generated ids per sample index
+    done: list[bool]
+    contents: list[str] | None = None  # the reply text of each, once all finished
 
 
 def sampling_from(settings: dict, stop_ids: tuple[int, ...]) -> SamplingParams:
@@ -76,6 +88,10 @@ class ChatService:
                 self.send(msg["chat"], msg["text"], msg.get("settings") or {})
             elif kind == "regenerate":
                 self.regenerate(msg["chat"], msg.get("settings") or {})
+            elif kind == "alternatives":
+                self.alternatives(msg["chat"], msg.get("settings") or {}, int(msg.get("n", 3)))
+            elif kind == "keep-alternative":
+                self.keep_alternative(msg["chat"], int(msg["index"]))
             elif kind == "stop":
                 self.stop(msg["chat"])
             elif kind == "delete-chat":
@@ -151,6 +167,70 @@ class ChatService:
         before = chat.before_reply
         return self._start_reply(chat, settings, lambda conv: conv.rollback(before), regenerate=True)
 
+    def alternatives(self, chat_id: str, settings: dict, n: int = 3) -> str:
+        """Sample `n` other replies to the last user message at once: one request of n parallel samples,
+        the prompt prefilled once (or served by the prefix cache) and its blocks shared by the samples."""
+        chat = self._idle_chat(chat_id)
+        if chat.before_reply is None:
+            raise ValueError("there is no reply to show alternatives for in this chat")
+        if not 2 <= n <= 8:
+            raise ValueError(f"ask for 2 to 8 alternatives, not {n}")
+        params = replace(sampling_from(settings, self.stop_ids), n=n)
+        if params.seed is not None:  # the reply drew with seed s: s + 1 .. s + n, so none repeats it
+            params = replace(params, seed=params.seed + 1)
+        conv = chat.conversation
+        now = conv.checkpoint()
+        conv.rollback(chat.before_reply)
+        try:
+            prompt = conv.prompt_ids()
+        finally:
+            conv.rollback(now)
+        rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
+                                      session=chat.chat_id)
+        chat.request_id, chat.request = rid, self.engine.request(rid)
+        chat.alternatives = Alternatives(rid, [[] for _ in range(n)], [False] * n)
+        self.post("alt-start", chat=chat.chat_id, request=rid, n=n)
+        self._ensure_loop()
+        return rid
+
+    def keep_alternative(self, chat_id: str, index: int) -> str:
+        """Make alternative `index` the reply: the token history now ends with exactly its ids."""
+        chat = self._idle_chat(chat_id)
+        alt = chat.alternatives
+        if alt is None or alt.contents is None:
+            raise ValueError("there are no finished alternatives to keep in this chat")
+        if not 0 <= index < len(alt.ids):
+            raise ValueError(f"alternative {index} does not exist (there are {len(alt.ids)})")
+        chat.conversation.rollback(chat.before_reply)
+        content = chat.conversation.add_generated(alt.ids[index])
+        chat.alternatives = None
+        self.post("alt-kept", chat=chat.chat_id, index=index, content=content,
+                  history_tokens=chat.conversation.num_tokens)
+        self.post_saved(chat)
+        return content
+
+    def _on_alternative(self, chat: Chat, out) -> None:
+        alt = chat.alternatives
+        alt.ids[out.index].extend(out.token_ids)
+        if out.token_ids:
+            self.post("alt-token", chat=chat.chat_id, index=out.index, text=out.text)
+        if out.finished:
+            alt.done[out.index] = True
+            if all(alt.done):
+                self._end_alternatives(chat, "done")
+
+    def _end_alternatives(self, chat: Chat, reason: str) -> None:
+        conv, alt = chat.conversation, chat.alternatives
+        now = conv.checkpoint()
+        alt.contents = []
+        for ids in alt.ids:  # each as the history would hold it (stop token dropped, lossy UTF-8)
+            conv.rollback(chat.before_reply)
+            alt.contents.append(conv.add_generated(ids))
+        conv.rollback(now)
+        chat.request_id = chat.request = None
+        self.post("alt-end", chat=chat.chat_id, reason=reason, alternatives=alt.contents,
+                  tokens=[len(ids) for ids in alt.ids])
+
     def _idle_chat(self, chat_id: str) -> Chat:
         chat = self.chats[chat_id]
         if chat.request_id is not None:
@@ -171,6 +251,7 @@ class ChatService:
             raise
         chat.request_id = rid
         chat.request = self.engine.request(rid)
+        chat.alternatives = None  # a new reply supersedes alternatives not kept
         chat.before_reply = conv.checkpoint()
         chat.partial_ids, chat.partial_text = [], []
         cached, _ = self.engine.kv.lookup_prefix(prompt[:-1])
@@ -186,7 +267,10 @@ class ChatService:
         if chat.request_id is None:
             return
         self.engine.abort(chat.request_id)
-        self._finish(chat, "abort")
+        if chat.alternatives is not None:
+            self._end_alternatives(chat, "abort")
+        else:
+            self._finish(chat, "abort")
 
     def delete(self, chat_id: str) -> None:
         """Remove a chat: its reply stops and its cached history leaves the prefix cache, except the
@@ -246,6 +330,10 @@ class ChatService:
         now = time.perf_counter()
         for out in outputs:
             chat = by_request.get(out.request_id)
+            if chat is not None and chat.alternatives is not None:
+                self._tokens_window.append((now, len(out.token_ids)))
+                self._on_alternative(chat, out)
+                continue
             if chat is None or not out.token_ids:
                 continue
             self._tokens_window.append((now, len(out.token_ids)))

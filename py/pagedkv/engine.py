@@ -11,20 +11,29 @@ CPU backend runs it with asyncio. One step: the scheduler picks the batch
 (preempting if the pool is short), the backend runs the swap and copy-on-write
 copies, then one forward over the mixed prefill/decode batch; finished
 requests free their blocks (full ones stay in the prefix cache).
+
+Parallel sampling (SamplingParams.n > 1): the prompt is prefilled once by one
+request; when its logits arrive, n - 1 samples fork its blocks (ref counts up,
+copy-on-write of the last partial block on their first append) and each draws
+its first token from those same logits with its own seed (seed + index), so
+sample i generates exactly what a lone request with seed + i would. add_request
+returns one id; its StepOutputs carry `index` 0..n-1 and `request(id).samples`
+lists the n Requests. Beam search (add_beam_search) runs its beams the same way.
 """
 from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .config import CacheConfig
-from .kv_cache_manager import KVCacheManager
+from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
+from .kv_cache_manager import KVCacheManager, NeverFits
 from .model_runner import build_batch
-from .request import Request, RequestStatus
+from .request import Request
 from .sampling import Sampler, SamplingParams
-from .scheduler import NeverFits, Scheduler, SchedulerConfig
-from .sequence import Sequence, check_token_ids
+from .scheduler import Scheduler, SchedulerConfig
+from .sequence import Sequence, SequenceStatus, check_token_ids
 from .tokenizer import StreamDecoder, Tokenizer
 
 
@@ -51,13 +60,16 @@ class EngineConfig:
 
 @dataclass
 class StepOutput:
-    """What one request produced in one step (empty token list while its prefill is in progress)."""
+    """What one request produced in one step (empty token list while its prefill is in progress).
+
+    index: which of the request's parallel samples (or final beams) this is; 0 for a plain request."""
 
     request_id: str
     token_ids: list[int]
     text: str
     finished: bool
     finish_reason: str | None = None
+    index: int = 0
 
 
 @dataclass
@@ -66,6 +78,9 @@ class _Tracked:
     sampler: Sampler
     decoder: StreamDecoder
     stop_ids: frozenset[int]
+    group_id: str  # the id the caller holds (a sample's or a beam's own request id differs)
+    fork_params: SamplingParams | None = None  # n > 1 and the samples not forked yet
+    beam: BeamGroup | None = None
     text: list[str] = field(default_factory=list)
     t_added: float = 0.0
     t_first_token: float | None = None
@@ -80,7 +95,10 @@ class LLMEngine:
         self.config = config
         self.context_length = min(backend.config.context_length, config.max_context or backend.config.context_length)
         self.kv, self.scheduler = self._fresh_pool(backend)
-        self._tracked: dict[str, _Tracked] = {}
+        self._tracked: dict[str, _Tracked] = {}  # by the request's own id (a sample's or beam's: "<id>#<k>")
+        self._beam_groups: dict[str, BeamGroup] = {}
+        self._groups: dict[str, Request] = {}  # the caller's id -> the request that prefills the prompt
+        self._finished_beams: dict[str, list[Hypothesis]] = {}
         self._ids = itertools.count()
         self.default_stop_ids = frozenset(
             i for i in (_maybe(lambda: tokenizer.im_end_id), tokenizer.eos_token_id) if i is not None)
@@ -91,7 +109,30 @@ class LLMEngine:
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(), *,
                     request_id: str | None = None, priority: int = 0, session: str = "default") -> str:
-        """Queue a generation from `prompt_ids`; returns its id. Raises ValueError / NeverFits up front."""
+        """Queue a generation from `prompt_ids`; returns its id. Raises ValueError / NeverFits up front.
+
+        With params.n > 1 the prompt is prefilled once and n samples fork from it (module docstring)."""
+        req = self._new_request(prompt_ids, params.max_tokens, request_id, priority, session)
+        stops = frozenset(params.stop_token_ids) or self.default_stop_ids
+        self._tracked[req.request_id] = _Tracked(req, Sampler(params.for_sample(0)), StreamDecoder(self.tokenizer),
+                                                 stops, req.request_id, fork_params=params if params.n > 1 else None,
+                                                 t_added=time.perf_counter())
+        return req.request_id
+
+    def add_beam_search(self, prompt_ids: list[int], params: BeamSearchParams, *, request_id: str | None = None,
+                        priority: int = 0, session: str = "default") -> str:
+        """Queue a beam search; its final beams come out as finished StepOutputs (index = rank) and as
+        `beam_results(id)`. Refused up front (NeverFits) unless `width` beams of full length fit the pool."""
+        req = self._new_request(prompt_ids, params.max_tokens, request_id, priority, session, copies=params.width)
+        stops = frozenset(params.stop_token_ids) or self.default_stop_ids
+        group = BeamGroup(req.request_id, replace(params, max_tokens=req.max_tokens), stops, req)
+        self._tracked[req.request_id] = _Tracked(req, Sampler(SamplingParams()), StreamDecoder(self.tokenizer),
+                                                 stops, req.request_id, beam=group, t_added=time.perf_counter())
+        self._beam_groups[req.request_id] = group
+        return req.request_id
+
+    def _new_request(self, prompt_ids, max_tokens: int, request_id: str | None, priority: int, session: str,
+                     copies: int = 1) -> Request:
         prompt = list(prompt_ids)
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token")
@@ -102,26 +143,33 @@ class LLMEngine:
             raise ValueError(f"the prompt has {len(prompt):,} tokens but the model's context is "
                              f"{self.context_length:,}; shorten it (or start a new conversation)")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self._tracked:
+        if rid in self._tracked or rid in self._groups:
             raise ValueError(f"request id {rid!r} is already in use")
-        max_tokens = min(params.max_tokens, self.context_length - len(prompt))
+        if "#" in rid:
+            raise ValueError(f"request id {rid!r} contains '#', which names parallel samples and beams; drop it")
         req = Request(rid, Sequence(prompt, session=session), num_prompt_tokens=len(prompt),
-                      max_tokens=max_tokens, priority=priority)
+                      max_tokens=min(max_tokens, self.context_length - len(prompt)), priority=priority)
+        self.scheduler.check_fits(req)
+        blocks = -(-req.max_total_tokens // self.kv.block_size)
+        if copies > 1 and copies * blocks > self.kv.pool.num_blocks:
+            raise NeverFits(f"beam search of width {copies} needs up to {copies} x {blocks} blocks of "
+                            f"{self.kv.block_size} for {req.max_total_tokens:,} tokens per beam, but the KV pool "
+                            f"only has {self.kv.pool.num_blocks:,} blocks; lower the width or max tokens")
         self.scheduler.add(req)
-        stops = frozenset(params.stop_token_ids) or self.default_stop_ids
-        self._tracked[rid] = _Tracked(req, Sampler(params), StreamDecoder(self.tokenizer), stops,
-                                      t_added=time.perf_counter())
-        return rid
+        self._groups[rid] = req
+        return req
 
     def abort(self, request_id: str) -> Request:
-        """Stop a request now; its blocks are freed, its output so far is kept on the Request."""
-        tracked = self._tracked.pop(request_id, None)
-        if tracked is None:
+        """Stop a request (all its samples or beams) now; their blocks are freed, output so far is kept."""
+        members = [t.request for t in self._tracked.values() if t.group_id == request_id]
+        if not members:
             raise KeyError(f"no unfinished request {request_id!r}")
-        req = tracked.request
-        self.scheduler.remove(req)
-        req.finish_reason = "abort"
-        return req
+        for req in members:
+            del self._tracked[req.request_id]
+            self.scheduler.remove(req)
+            req.finish_reason = "abort"
+        self._beam_groups.pop(request_id, None)
+        return self._groups.pop(request_id)
 
     def rebuild(self, backend) -> list[str]:
         """Continue on a new backend (the GPU device was lost, or the pool was rebuilt with other settings).
@@ -131,21 +179,21 @@ class LLMEngine:
         pool, like a preemption by recompute; its sampler and stream decoder carry on. A request that
         could never fit the new pool is aborted with finish reason "error". Returns the requeued ids.
         """
-        pending = sorted((t.request for t in self._tracked.values()), key=Request.sort_key)
+        pending = sorted(self._tracked.values(), key=lambda t: Request.sort_key(t.request))
         self.backend = backend
         self.kv, self.scheduler = self._fresh_pool(backend)
-        requeued = []
-        for req in pending:
+        requeued: list[str] = []  # the callers' ids (a group of samples or beams counts once)
+        for tracked in pending:
+            req = tracked.request
             req.seq = Sequence(list(req.seq.token_ids), session=req.seq.session)
             try:
                 self.scheduler.add(req)
             except NeverFits:
-                req.finish_reason = "error"
-                req.status = RequestStatus.FINISHED
-                del self._tracked[req.request_id]
+                self._retire(req, "error")
                 continue
             req.num_preemptions += 1  # its cached-prompt count stays the one measured on admission
-            requeued.append(req.request_id)
+            if tracked.group_id not in requeued:
+                requeued.append(tracked.group_id)
         return requeued
 
     def _fresh_pool(self, backend) -> tuple[KVCacheManager, Scheduler]:
@@ -156,7 +204,15 @@ class LLMEngine:
         return kv, Scheduler(self.config.scheduler_config(), kv)
 
     def request(self, request_id: str) -> Request:
-        return self._tracked[request_id].request
+        """The unfinished request `request_id` (with n > 1: sample 0, whose .samples lists all n)."""
+        return self._groups[request_id]
+
+    def beam_results(self, request_id: str) -> list[Hypothesis]:
+        """The final beams of a finished beam search, best first; handed over once (KeyError while it runs)."""
+        group = self._finished_beams.pop(request_id, None)
+        if group is None:
+            raise KeyError(f"no finished beam search {request_id!r}")
+        return group
 
     @property
     def has_unfinished(self) -> bool:
@@ -180,9 +236,8 @@ class LLMEngine:
             return []
         batch = build_batch(out.scheduled, self.kv.block_size)
         # When every request that samples this step is plain greedy, the backend returns argmax ids only.
-        greedy = all(self._tracked[r.request_id].sampler.params.greedy
-                     and self._tracked[r.request_id].sampler.params.repetition_penalty == 1.0
-                     for r, _ in out.scheduled)
+        greedy = all(t.beam is None and t.sampler.params.greedy and t.sampler.params.repetition_penalty == 1.0
+                     for t in (self._tracked[r.request_id] for r, _ in out.scheduled))
         t0 = time.perf_counter()
         logits = await self.backend.forward(batch, greedy=greedy)  # (S, vocab), or (S,) ids when greedy
         self.counters["forward_s"] += time.perf_counter() - t0
@@ -191,12 +246,20 @@ class LLMEngine:
         for i, (req, n) in enumerate(out.scheduled):
             seq = req.seq
             seq.num_computed_tokens += n
+            tracked = self._tracked[req.request_id]
             if seq.num_computed_tokens < seq.num_tokens:  # a prefill chunk: nothing to sample yet
                 self.counters["prefill_tokens"] += n
-                results.append(StepOutput(req.request_id, [], "", False))
+                results.append(StepOutput(tracked.group_id, [], "", False, index=req.index))
                 continue
             self.counters["decode_tokens" if n == 1 and req.output_ids else "prefill_tokens"] += n
-            results.append(self._sample(req, int(logits[i]) if greedy else logits[i]))
+            row = int(logits[i]) if greedy else logits[i]
+            if tracked.beam is not None:
+                tracked.beam.offer(req, row)
+                continue
+            for sample in self._fork_samples(tracked):
+                results.append(self._sample(sample, row))
+        for group in [g for g in self._beam_groups.values() if g.ready]:
+            results.extend(self._beam_step(group))
         return results
 
     def _sample(self, req: Request, logits_or_token) -> StepOutput:
@@ -214,21 +277,104 @@ class LLMEngine:
         text = "" if reason == "stop" else tracked.decoder.push(token)
         if reason is not None:
             text += tracked.decoder.flush()
-            req.finish_reason = reason
-            self.scheduler.remove(req)
-            del self._tracked[req.request_id]
+            self._retire(req, reason)
         tracked.text.append(text)
-        return StepOutput(req.request_id, [token], text, reason is not None, reason)
+        return StepOutput(tracked.group_id, [token], text, reason is not None, reason, index=req.index)
+
+    def _retire(self, req: Request, reason: str) -> None:
+        """A request is done (finished or pruned): free its blocks now; forget its group with its last member."""
+        req.finish_reason = reason
+        self.scheduler.remove(req)
+        group_id = self._tracked.pop(req.request_id).group_id
+        if not any(t.group_id == group_id for t in self._tracked.values()):
+            self._groups.pop(group_id, None)
+
+    # ---------------------------------------------------------------- forks: parallel samples and beams
+
+    def _fork(self, parent: Request, request_id: str, index: int) -> Request:
+        """A request continuing `parent`'s token history on shared blocks (ref counts up; the last partial
+        block is copied on its first append). A parent preempted meanwhile cannot share: the fork
+        recomputes its history (the prefix cache still serves the full blocks it finds)."""
+        src = parent.seq
+        if src.status is SequenceStatus.RUNNING and src.num_computed_tokens == src.num_tokens:
+            seq = self.kv.fork(src)
+        else:
+            seq = Sequence(src.token_ids, session=src.session)
+        child = Request(request_id, seq, parent.num_prompt_tokens, parent.max_tokens, parent.priority,
+                        arrival=parent.arrival, output_ids=list(parent.output_ids), index=index,
+                        num_cached_prompt_tokens=parent.num_cached_prompt_tokens)
+        self.scheduler.add_fork(child)
+        return child
+
+    def _fork_samples(self, tracked: _Tracked) -> list[Request]:
+        """The requests that sample from the logits that just arrived: the request itself and, when these
+        are its prompt's logits and n > 1, its n - 1 samples forked before anyone appends a token."""
+        parent = tracked.request
+        params = tracked.fork_params
+        if params is None:
+            return [parent]
+        tracked.fork_params = None
+        parent.samples = [parent]
+        for i in range(1, params.n):
+            child = self._fork(parent, f"{parent.request_id}#{i}", i)
+            self._tracked[child.request_id] = _Tracked(child, Sampler(params.for_sample(i)),
+                                                       StreamDecoder(self.tokenizer), tracked.stop_ids,
+                                                       tracked.group_id, t_added=tracked.t_added)
+            parent.samples.append(child)
+        return parent.samples
+
+    def _beam_step(self, group: BeamGroup) -> list[StepOutput]:
+        """Every live beam has its next-token log-probs: keep the best continuations. A parent chosen twice
+        forks (before either appends), a parent not chosen is freed at once; a finished search frees all."""
+        parents = list(group.beams)
+        choices = group.advance()
+        if group.results is not None:
+            for req in parents:
+                self._retire(req, "beam")
+            self._beam_groups.pop(group.group_id)
+            self._finished_beams[group.group_id] = group.results
+            return [StepOutput(group.group_id, list(h.token_ids), self.tokenizer.decode(
+                        [t for t in h.token_ids if t not in group.stop_ids]), True, h.finish_reason, index=i)
+                    for i, h in enumerate(group.results)]
+        owners: list[Request] = []
+        kept: set[int] = set()
+        for c in choices:
+            if c.parent in kept:
+                child = self._fork(parents[c.parent], f"{group.group_id}#{next(self._ids)}", 0)
+                self._tracked[child.request_id] = _Tracked(child, self._tracked[parents[c.parent].request_id].sampler,
+                                                           StreamDecoder(self.tokenizer), group.stop_ids,
+                                                           group.group_id, beam=group)
+                owners.append(child)
+            else:
+                kept.add(c.parent)
+                owners.append(parents[c.parent])
+        for i, req in enumerate(parents):
+            if i not in kept:
+                self._retire(req, "pruned")
+        for req, c in zip(owners, choices):
+            req.output_ids.append(c.token)
+            req.seq.token_ids.append(c.token)
+        group.beams = owners
+        group.cum_logprobs = [c.cum_logprob for c in choices]
+        return []
 
     # ---------------------------------------------------------------- conveniences
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(), **kw) -> Request:
-        """Run one request to completion (other queued requests run alongside it)."""
+        """Run one request (with n > 1: all its samples, see .samples) to completion; other queued requests
+        run alongside it."""
         rid = self.add_request(prompt_ids, params, **kw)
-        req = self._tracked[rid].request
-        while req.status is not RequestStatus.FINISHED:
+        req = self._groups[rid]
+        while rid in self._groups:
             await self.step()
         return req
+
+    async def beam_search(self, prompt_ids: list[int], params: BeamSearchParams, **kw) -> list[Hypothesis]:
+        """Run one beam search to completion; its final beams, best first."""
+        rid = self.add_beam_search(prompt_ids, params, **kw)
+        while rid in self._groups:
+            await self.step()
+        return self.beam_results(rid)
 
     def stats(self) -> dict:
         """Plain-data snapshot for the dashboard, benchmarks and tests."""

@@ -2,7 +2,8 @@
 
 The scheduler orders requests; the cache manager owns their sequences' blocks;
 the engine samples into them. A preempted-by-recompute request gets a fresh
-Sequence holding the same token ids (its old one was freed).
+Sequence holding the same token ids (its old one was freed). Parallel samples and
+beams are requests too, forked from the one that prefilled the prompt.
 """
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0
+    index: int = 0  # which parallel sample (0..n-1) or beam this is; 0 for a plain request
+    # The n parallel samples of this prompt in index order (this request first), filled when the prompt's
+    # prefill completes and the samples fork from it; empty for n = 1 and on the samples themselves.
+    samples: list["Request"] = field(default_factory=list)
 
     @property
     def num_tokens_to_compute(self) -> int:

@@ -9,7 +9,7 @@ Sorting is stable, so ties are broken towards the lower token id everywhere.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -25,6 +25,7 @@ class SamplingParams:
     seed: int | None = None  # None: fresh entropy per request
     max_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
+    n: int = 1  # parallel samples of one prompt; sample i is seeded with seed + i (see for_sample)
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
@@ -41,11 +42,20 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise ValueError(f"n (parallel samples) must be an int >= 1, got {self.n!r}")
 
     @property
     def greedy(self) -> bool:
         """True when the argmax is taken (temperature 0)."""
         return self.temperature == 0.0
+
+    def for_sample(self, index: int) -> "SamplingParams":
+        """The params of parallel sample `index` (0..n-1): n=1 and seed + index, so sample i draws
+        exactly what a lone request with that seed would (None stays None: fresh entropy each)."""
+        if not 0 <= index < self.n:
+            raise ValueError(f"sample index must be in [0, {self.n}), got {index}")
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)
 
 
 def apply_repetition_penalty(logits: np.ndarray, previous_ids: Sequence[int], penalty: float) -> np.ndarray:

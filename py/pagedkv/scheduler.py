@@ -91,6 +91,16 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
+    def add_fork(self, request: Request) -> None:
+        """Queue a request whose sequence was forked from a running one (a parallel sample or a beam):
+        it holds its parent's blocks already, so it runs from the next step on without a prefill. One
+        holding no blocks (its parent was preempted) waits like a new request."""
+        if request.seq.block_table:
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+        else:
+            self.add(request)
+
     def remove(self, request: Request) -> None:
         """Take a request out of every queue and free its blocks (finish or abort)."""
         for queue in (self.waiting, self.running, self.swapped):

@@ -73,10 +73,11 @@ async def run_engine(b, tokenizer, prompts, max_tokens, **config) -> tuple[list[
     return [r.output_ids for r in reqs], {"steps": steps, **engine.stats()}
 
 
-async def tiny_sizes() -> tuple[int, int]:
-    """(bytes of everything but the KV pool, bytes of one KV block) of the tiny model at block 16, f16."""
-    probe = await backend("tiny-random", budget_bytes=8 * MIB, block_size=16, max_num_batched_tokens=24,
-                          max_num_seqs=4)
+async def tiny_sizes(**kw) -> tuple[int, int]:
+    """(bytes of everything but the KV pool, bytes of one KV block) of the tiny model at block 16, f16
+    (backend options in kw override those: scratch grows with max_num_batched_tokens)."""
+    probe = await backend("tiny-random", **{"budget_bytes": 8 * MIB, "block_size": 16, "max_num_batched_tokens": 24,
+                                            "max_num_seqs": 4, **kw})
     fixed = probe.ledger.used_bytes - probe.ledger.by_kind()["kv"]
     block_bytes = probe.ledger.by_kind()["kv"] // probe.num_blocks
     probe.destroy()
