@@ -151,6 +151,7 @@ class ScriptedResponse:
         self.reads = 0
 
     async def read(self):
+        await asyncio.sleep(0)  # a real body stream yields to the event loop between chunks
         self.reads += 1
         if self.aborted:
             raise RuntimeError("AbortError: the operation was aborted")

@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pagedkv.chat import ChatTemplate, Conversation
 from pagedkv.engine import LLMEngine
 from pagedkv.kv_accounting import kv_stats
+from pagedkv.kv_cache_manager import NeverFits
 from pagedkv.sampling import SamplingParams
+
+from .remote import FallbackSettings, RemoteError, RemoteReply
 
 STATS_INTERVAL_S = 0.5
 
@@ -30,6 +33,7 @@ class Chat:
     before_reply: tuple | None = None  # history just before the last reply (for Regenerate)
     partial_ids: list[int] = field(default_factory=list)
     partial_text: list[str] = field(default_factory=list)
+    remote: RemoteReply | None = None  # set while the fallback server is answering instead of the engine
 
 
 def sampling_from(settings: dict, stop_ids: tuple[int, ...]) -> SamplingParams:
@@ -50,8 +54,12 @@ class ChatService:
     """Owns the chats and drives the engine loop; every UI message goes through `handle`."""
 
     def __init__(self, engine: LLMEngine, template: ChatTemplate, post, *, model_name: str,
-                 ledger_snapshot=None) -> None:
+                 ledger_snapshot=None, open_stream=None, webgpu: bool = True) -> None:
+        """`open_stream` is the HTTP transport for the fallback server (bridge.open_stream in the tab);
+        `webgpu` False means the engine runs on the slow CPU fallback, so "auto" fallback answers remotely."""
         self.engine = engine
+        self.open_stream = open_stream
+        self.webgpu = webgpu
         self.template = template
         self.post = post
         self.model_name = model_name
@@ -158,23 +166,34 @@ class ChatService:
 
     def _start_reply(self, chat: Chat, settings: dict, change_history, *, regenerate: bool) -> str:
         params = sampling_from(settings, self.stop_ids)
+        fallback = FallbackSettings.from_settings(settings)
         conv = chat.conversation
         before = conv.checkpoint()
+        prompt: list[int] = []
         try:
             change_history(conv)
             prompt = conv.prompt_ids()
-            rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
-                                          session=chat.chat_id)
-        except ValueError:
+            remote_reason = self._remote_reason(fallback)
+            if remote_reason is None:
+                rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
+                                              session=chat.chat_id)
+        except ValueError as exc:
+            if fallback is not None and self._cannot_fit(exc, prompt):
+                return self._start_remote(chat, fallback, params, str(exc), regenerate)
             conv.rollback(before)  # a refused turn leaves the history exactly as it was
+            if self._cannot_fit(exc, prompt):
+                raise ValueError(f"{exc}. Or set a fallback server in the generation settings to answer "
+                                 f"requests this tab cannot hold") from None
             raise
+        if remote_reason is not None:
+            return self._start_remote(chat, fallback, params, remote_reason, regenerate)
         chat.request_id = rid
         chat.request = self.engine.request(rid)
         chat.before_reply = conv.checkpoint()
         chat.partial_ids, chat.partial_text = [], []
         cached, _ = self.engine.kv.lookup_prefix(prompt[:-1])
         self.post("turn-start", chat=chat.chat_id, request=rid, prompt_tokens=len(prompt), cached_tokens=cached,
-                  regenerate=regenerate)
+                  regenerate=regenerate, engine={"kind": "local", "backend": self.engine.backend.name})
         self.post_saved(chat)  # with the user's message, so a reload mid-reply keeps both
         self._ensure_loop()
         return rid
@@ -184,6 +203,10 @@ class ChatService:
         chat = self.chats[chat_id]
         if chat.request_id is None:
             return
+        if chat.remote is not None:
+            chat.remote.abort()
+            self._finish_remote(chat, "abort")
+            return
         self.engine.abort(chat.request_id)
         self._finish(chat, "abort")
 
@@ -191,13 +214,80 @@ class ChatService:
         """Remove a chat: its reply stops and its cached history leaves the prefix cache, except the
         leading blocks another chat's history starts with (a shared system prompt stays cached)."""
         chat = self.chats.pop(chat_id)
-        if chat.request_id is not None:
+        if chat.remote is not None:
+            chat.remote.abort()
+            chat.remote = None
+        elif chat.request_id is not None:
             self.engine.abort(chat.request_id)
         ids = chat.conversation.ids
         shared = max((_common_prefix(ids, c.conversation.ids) for c in self.chats.values()), default=0)
         self.engine.kv.evict_prefix(ids, keep_tokens=shared)
         self.post_chats()
         self.post_stats(force=True)
+
+    # ---------------------------------------------------------------- the fallback server
+
+    def _remote_reason(self, fallback: FallbackSettings | None) -> str | None:
+        """Why this reply goes to the fallback server before the engine is even asked (None: run it here)."""
+        if fallback is None:
+            return None
+        if fallback.mode == "always":
+            return "the settings send every reply to the fallback server"
+        if not self.webgpu:
+            return "this browser has no WebGPU"
+        return None
+
+    def _cannot_fit(self, exc: ValueError, prompt: list[int]) -> bool:
+        """The engine refused for lack of room (pool or context), not for a bad request."""
+        return isinstance(exc, NeverFits) or len(prompt) >= self.engine.context_length
+
+    def _start_remote(self, chat: Chat, fallback: FallbackSettings, params: SamplingParams, reason: str,
+                      regenerate: bool) -> str:
+        if self.open_stream is None:
+            raise ValueError("this app was started without a network transport for the fallback server")
+        conv = chat.conversation
+        reply = RemoteReply(fallback, conv.messages, params, self.open_stream)
+        chat.remote, chat.request_id, chat.request = reply, f"remote-{chat.chat_id}-{len(conv.messages)}", None
+        chat.before_reply = conv.checkpoint()
+        chat.partial_ids, chat.partial_text = [], []
+        self.post("turn-start", chat=chat.chat_id, request=chat.request_id, prompt_tokens=len(conv.prompt_ids()),
+                  cached_tokens=0, regenerate=regenerate,
+                  engine={"kind": "remote", "model": fallback.model, "origin": fallback.origin, "reason": reason})
+        self.post_saved(chat)
+        self.post_chats()
+        asyncio.ensure_future(self._run_remote(chat, reply))
+        return chat.request_id
+
+    async def _run_remote(self, chat: Chat, reply: RemoteReply) -> None:
+        def on_text(text: str) -> None:
+            if chat.remote is reply:
+                chat.partial_text.append(text)
+                self.post("token", chat=chat.chat_id, text=text, ids=[])
+
+        try:
+            state = await reply.run(on_text)
+        except RemoteError as exc:
+            if chat.remote is reply:
+                self._finish_remote(chat, "error")
+                self.post("chat-error", chat=chat.chat_id, message=str(exc))
+            return
+        if chat.remote is reply:  # not stopped or deleted meanwhile
+            self._finish_remote(chat, state.finish_reason or "stop")
+
+    def _finish_remote(self, chat: Chat, reason: str) -> None:
+        """Record the server's text as the assistant's message (the tab's tokenizer encodes it for later turns).
+
+        `tokens` counts the streamed deltas: one per token with llama.cpp's server."""
+        content = "".join(chat.partial_text)
+        chat.conversation.add_message("assistant", content)
+        reply = chat.remote
+        self.post("turn-end", chat=chat.chat_id, reason=reason, content=content, tokens=len(chat.partial_text),
+                  history_tokens=chat.conversation.num_tokens, cached_tokens=0,
+                  engine={"kind": "remote", "model": reply.settings.model, "origin": reply.settings.origin})
+        chat.remote = chat.request_id = chat.request = None
+        chat.partial_ids, chat.partial_text = [], []
+        self.post_saved(chat)
+        self.post_chats()
 
     # ---------------------------------------------------------------- the loop
 

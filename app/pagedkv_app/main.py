@@ -86,7 +86,8 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
         engine = LLMEngine(backend, tokenizer, EngineConfig(namespace=name, max_context=max_context))
         ledger = getattr(backend, "ledger", None)
         service = ChatService(engine, ChatTemplate.from_manifest(manifest, tokenizer), bridge.post, model_name=name,
-                              ledger_snapshot=ledger.snapshot if ledger is not None else None)
+                              ledger_snapshot=ledger.snapshot if ledger is not None else None,
+                              open_stream=bridge.open_stream, webgpu=not force_cpu)
         state.update(engine=engine, service=service)
         bridge.set_handler(service.handle)
         bridge.post("model-ready", model=name, backend=backend.name, load_ms=round(bridge.now_ms() - t0),

@@ -192,8 +192,9 @@ class RemoteReply:
             raise RemoteError(
                 f"could not reach the fallback server at {s.endpoint} ({exc}); check that it runs, that it "
                 f"sends CORS headers, and that the page is served with `--allow-origin {s.origin}`") from None
-        if self.aborted:
+        if self.aborted:  # stopped while the request was on its way
             self._response.abort()
+            return self.parser.state
         if self._response.status != 200:
             text = await self._response.text()
             try:
