@@ -167,6 +167,8 @@ class ChatService:
     def _start_reply(self, chat: Chat, settings: dict, change_history, *, regenerate: bool) -> str:
         params = sampling_from(settings, self.stop_ids)
         fallback = FallbackSettings.from_settings(settings)
+        if fallback is not None and self.open_stream is None:
+            raise ValueError("this app was started without a network transport for the fallback server")
         conv = chat.conversation
         before = conv.checkpoint()
         prompt: list[int] = []
@@ -243,8 +245,6 @@ class ChatService:
 
     def _start_remote(self, chat: Chat, fallback: FallbackSettings, params: SamplingParams, reason: str,
                       regenerate: bool) -> str:
-        if self.open_stream is None:
-            raise ValueError("this app was started without a network transport for the fallback server")
         conv = chat.conversation
         reply = RemoteReply(fallback, conv.messages, params, self.open_stream)
         chat.remote, chat.request_id, chat.request = reply, f"remote-{chat.chat_id}-{len(conv.messages)}", None
@@ -254,7 +254,6 @@ class ChatService:
                   cached_tokens=0, regenerate=regenerate,
                   engine={"kind": "remote", "model": fallback.model, "origin": fallback.origin, "reason": reason})
         self.post_saved(chat)
-        self.post_chats()
         asyncio.ensure_future(self._run_remote(chat, reply))
         return chat.request_id
 
@@ -280,14 +279,9 @@ class ChatService:
         `tokens` counts the streamed deltas: one per token with llama.cpp's server."""
         content = "".join(chat.partial_text)
         chat.conversation.add_message("assistant", content)
-        reply = chat.remote
-        self.post("turn-end", chat=chat.chat_id, reason=reason, content=content, tokens=len(chat.partial_text),
-                  history_tokens=chat.conversation.num_tokens, cached_tokens=0,
-                  engine={"kind": "remote", "model": reply.settings.model, "origin": reply.settings.origin})
-        chat.remote = chat.request_id = chat.request = None
-        chat.partial_ids, chat.partial_text = [], []
-        self.post_saved(chat)
-        self.post_chats()
+        server = chat.remote.settings
+        self._end_turn(chat, reason=reason, content=content, tokens=len(chat.partial_text), cached_tokens=0,
+                       engine={"kind": "remote", "model": server.model, "origin": server.origin})
 
     # ---------------------------------------------------------------- the loop
 
@@ -326,10 +320,13 @@ class ChatService:
 
     def _finish(self, chat: Chat, reason: str | None) -> None:
         content = chat.conversation.add_generated(chat.partial_ids)
-        self.post("turn-end", chat=chat.chat_id, reason=reason, content=content,
-                  tokens=len(chat.partial_ids), history_tokens=chat.conversation.num_tokens,
-                  cached_tokens=chat.request.num_cached_prompt_tokens)
-        chat.request_id = chat.request = None
+        self._end_turn(chat, reason=reason, content=content, tokens=len(chat.partial_ids),
+                       cached_tokens=chat.request.num_cached_prompt_tokens)
+
+    def _end_turn(self, chat: Chat, **turn) -> None:
+        """Tell the page the reply is over (its content is in the history now) and make the chat idle."""
+        self.post("turn-end", chat=chat.chat_id, history_tokens=chat.conversation.num_tokens, **turn)
+        chat.request_id = chat.request = chat.remote = None
         chat.partial_ids, chat.partial_text = [], []
         self.post_saved(chat)
 

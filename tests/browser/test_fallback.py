@@ -10,6 +10,7 @@ import build
 from conftest import open_and_boot, wait_model
 from llama_server import MODEL_NAME, complete, llama_server
 from model_fixtures import gguf_path  # noqa: F401  (fixture)
+from test_chat_app import raw_last_turn, wait_next_turn
 
 PROMPT = "What is the capital of France?"
 
@@ -28,18 +29,6 @@ def site(llama):
     yield f"http://127.0.0.1:{server.server_address[1]}/"
     server.shutdown()
     server.server_close()
-
-
-def raw_last_turn(page) -> str:
-    return page.evaluate("document.documentElement.dataset.lastTurn || ''")
-
-
-def wait_next_turn(page, previous: str) -> dict:
-    for _ in range(1800):  # poll: the page's CSP forbids wait_for_function's eval
-        if raw_last_turn(page) != previous:
-            return json.loads(raw_last_turn(page))
-        page.wait_for_timeout(100)
-    raise AssertionError("no turn ended")
 
 
 def open_app(browser, url: str):
