@@ -19,9 +19,10 @@ FALLBACK = {"fallback_url": "http://127.0.0.1:9", "fallback_model": "smol"}
 REPLY = (chunk_event("Hi") + chunk_event(" there") + chunk_event(finish="stop") + "data: [DONE]\n\n").encode()
 
 
-def make_service(tiny_weights, num_blocks: int, responses: list, webgpu: bool = True):
+def make_service(tiny_weights, num_blocks: int, responses: list, webgpu: bool = True, max_context=None):
     tok = Tokenizer.from_manifest(tiny_weights.manifest)
-    engine = LLMEngine(CpuBackend(tiny_weights, num_blocks=num_blocks, block_size=16), tok, EngineConfig())
+    engine = LLMEngine(CpuBackend(tiny_weights, num_blocks=num_blocks, block_size=16), tok,
+                       EngineConfig(max_context=max_context))
     posts, sent = [], []
 
     async def open_stream(url, body):
@@ -154,3 +155,17 @@ def test_bad_fallback_settings_are_refused_before_anything_changes(tiny_weights)
     svc.handle({"type": "send", "chat": chat.chat_id, "text": "hi",
                 "settings": {"fallback_url": "http://127.0.0.1:9", "fallback_model": ""}})
     assert "model name" in of(posts, "chat-error")[0]["message"] and chat.conversation.messages == [] and sent == []
+
+
+def test_a_prompt_longer_than_the_context_goes_to_the_server(tiny_weights):
+    # The tab's context (?max_context=16) is shorter than this prompt.
+    svc, posts, sent = make_service(tiny_weights, 32, [ScriptedResponse(200, [REPLY])], max_context=16)
+
+    async def scenario():
+        chat = svc.new_chat()
+        svc.send(chat.chat_id, "a rather long message " * 4, {"max_tokens": 4, **FALLBACK})
+        await until_idle(svc, chat)
+
+    in_fresh_loop(scenario)
+    assert "but the model's context is 16" in of(posts, "turn-start")[0]["engine"]["reason"]
+    assert of(posts, "turn-end")[0]["content"] == "Hi there" and len(sent) == 1

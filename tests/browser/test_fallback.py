@@ -83,25 +83,27 @@ def test_without_webgpu_the_reply_streams_from_llama_cpp(browser_without_webgpu,
     booted.page.close()
 
 
-def test_a_request_the_tab_cannot_hold_gets_a_message_then_the_server(browser, site, llama):
-    # WebGPU on, the tiny model with a 64-token context: a longer prompt cannot run in this tab.
-    booted = open_app(browser, site + "?model=tiny-random&max_context=64")
+def test_a_request_the_pool_cannot_hold_gets_a_message_then_the_server(browser, site, llama):
+    # A 0.03 MiB KV pool holds 3 blocks of 16 tokens (8,192 B each on the CPU backend): 100 new tokens never fit.
+    booted = open_app(browser, site + "?model=tiny-random&backend=cpu&kv_mib=0.03")
     page = booted.page
-    long_prompt = "Please tell me about Paris. " * 12
-    send(page, long_prompt, 8)
+    assert json.loads(booted.dataset()["modelInfo"])["num_blocks"] == 3
+    send(page, PROMPT, 100)
     page.wait_for_selector("html[data-chat-error]", state="attached")
     error = booted.dataset()["chatError"]
-    assert "tokens but the model's context is 64" in error and "set a fallback server" in error
+    assert "the KV pool only has 3 blocks (48 tokens)" in error and "set a fallback server" in error
     assert page.locator("#messages .msg").count() == 0  # nothing was added to the chat...
-    assert page.locator("#prompt").input_value() == long_prompt  # ...and the text is back in the box
+    assert page.locator("#prompt").input_value() == PROMPT  # ...and the text is back in the box
 
     set_fallback(page, llama)
     previous = raw_last_turn(page)
     page.press("#prompt", "Enter")
     turn = wait_next_turn(page, previous)
     start = json.loads(page.evaluate("document.documentElement.dataset.lastStart"))
-    assert start["engine"]["kind"] == "remote" and "the model's context is 64" in start["engine"]["reason"]
+    assert start["engine"]["kind"] == "remote" and "the KV pool only has 3 blocks" in start["engine"]["reason"]
     assert turn["content"].strip() and page.locator("#messages .msg").count() == 2
+    memory = json.loads(page.evaluate("document.documentElement.dataset.memory"))
+    assert memory["used"] == 0 and memory["free"] == 3  # the local pool was never touched
 
     # Stop works on a remote stream: the fetch is aborted and the partial reply kept.
     set_fallback(page, llama, mode="always")
