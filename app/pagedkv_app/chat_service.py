@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pagedkv.chat import ChatTemplate, Conversation
 from pagedkv.engine import LLMEngine
 from pagedkv.kv_accounting import kv_stats
-from pagedkv.kv_cache_manager import NeverFits
 from pagedkv.sampling import SamplingParams
 
-from .remote import FallbackSettings, RemoteError, RemoteReply
+from .remote import FallbackSettings, RemoteReply
+from .remote_turns import RemoteTurns
 
 STATS_INTERVAL_S = 0.5
 
@@ -50,7 +50,7 @@ def sampling_from(settings: dict, stop_ids: tuple[int, ...]) -> SamplingParams:
                           stop_token_ids=stop_ids)
 
 
-class ChatService:
+class ChatService(RemoteTurns):
     """Owns the chats and drives the engine loop; every UI message goes through `handle`."""
 
     def __init__(self, engine: LLMEngine, template: ChatTemplate, post, *, model_name: str,
@@ -226,62 +226,6 @@ class ChatService:
         self.engine.kv.evict_prefix(ids, keep_tokens=shared)
         self.post_chats()
         self.post_stats(force=True)
-
-    # ---------------------------------------------------------------- the fallback server
-
-    def _remote_reason(self, fallback: FallbackSettings | None) -> str | None:
-        """Why this reply goes to the fallback server before the engine is even asked (None: run it here)."""
-        if fallback is None:
-            return None
-        if fallback.mode == "always":
-            return "the settings send every reply to the fallback server"
-        if not self.webgpu:
-            return "this browser has no WebGPU"
-        return None
-
-    def _cannot_fit(self, exc: ValueError, prompt: list[int]) -> bool:
-        """The engine refused for lack of room (pool or context), not for a bad request."""
-        return isinstance(exc, NeverFits) or len(prompt) >= self.engine.context_length
-
-    def _start_remote(self, chat: Chat, fallback: FallbackSettings, params: SamplingParams, reason: str,
-                      regenerate: bool) -> str:
-        conv = chat.conversation
-        reply = RemoteReply(fallback, conv.messages, params, self.open_stream)
-        chat.remote, chat.request_id, chat.request = reply, f"remote-{chat.chat_id}-{len(conv.messages)}", None
-        chat.before_reply = conv.checkpoint()
-        chat.partial_ids, chat.partial_text = [], []
-        self.post("turn-start", chat=chat.chat_id, request=chat.request_id, prompt_tokens=len(conv.prompt_ids()),
-                  cached_tokens=0, regenerate=regenerate,
-                  engine={"kind": "remote", "model": fallback.model, "origin": fallback.origin, "reason": reason})
-        self.post_saved(chat)
-        asyncio.ensure_future(self._run_remote(chat, reply))
-        return chat.request_id
-
-    async def _run_remote(self, chat: Chat, reply: RemoteReply) -> None:
-        def on_text(text: str) -> None:
-            if chat.remote is reply:
-                chat.partial_text.append(text)
-                self.post("token", chat=chat.chat_id, text=text, ids=[])
-
-        try:
-            state = await reply.run(on_text)
-        except RemoteError as exc:
-            if chat.remote is reply:
-                self._finish_remote(chat, "error")
-                self.post("chat-error", chat=chat.chat_id, message=str(exc))
-            return
-        if chat.remote is reply:  # not stopped or deleted meanwhile
-            self._finish_remote(chat, state.finish_reason or "stop")
-
-    def _finish_remote(self, chat: Chat, reason: str) -> None:
-        """Record the server's text as the assistant's message (the tab's tokenizer encodes it for later turns).
-
-        `tokens` counts the streamed deltas: one per token with llama.cpp's server."""
-        content = "".join(chat.partial_text)
-        chat.conversation.add_message("assistant", content)
-        server = chat.remote.settings
-        self._end_turn(chat, reason=reason, content=content, tokens=len(chat.partial_text), cached_tokens=0,
-                       engine={"kind": "remote", "model": server.model, "origin": server.origin})
 
     # ---------------------------------------------------------------- the loop
 
