@@ -143,7 +143,25 @@ function settingsEdited() {
 }
 
 function settings() {
-  return { ...readSettingsForm(), priority: 1 };
+  const v = (id) => $(id).value;
+  return { ...readSettingsForm(), priority: 1,
+           fallback_url: v("set-fallback-url").trim(), fallback_model: v("set-fallback-model").trim(),
+           fallback_mode: v("set-fallback-mode") };
+}
+
+// The fallback server is remembered in this browser (localStorage); empty URL = off, the default.
+const FALLBACK_FIELDS = ["set-fallback-url", "set-fallback-model", "set-fallback-mode"];
+
+function wireFallbackSettings() {
+  let stored = {};
+  try { stored = JSON.parse(localStorage.getItem("pagedkv.fallback") || "{}"); } catch (err) { stored = {}; }
+  for (const id of FALLBACK_FIELDS) {
+    if (typeof stored[id] === "string") $(id).value = stored[id];
+    $(id).addEventListener("change", () => {
+      const values = Object.fromEntries(FALLBACK_FIELDS.map((f) => [f, $(f).value.trim()]));
+      try { localStorage.setItem("pagedkv.fallback", JSON.stringify(values)); } catch (err) { /* private mode */ }
+    });
+  }
 }
 
 function renderChats() {
@@ -204,6 +222,14 @@ function fillMessage(li, m) {
   li.dataset.text = m.text;  // the raw text, for tools and tests
   if (m.role === "assistant") li.innerHTML = renderMarkdown(m.text);  // escaped first: see renderMarkdown
   else li.textContent = m.text;
+  if (m.engine) li.dataset.engine = m.engine.kind;
+  if (m.engine && m.engine.kind === "remote") {
+    const badge = document.createElement("p");
+    badge.className = "engine-badge";
+    badge.textContent = `served remotely by ${m.engine.model} @ ${m.engine.origin}`;
+    if (m.engine.reason) badge.title = `Why: ${m.engine.reason}`;
+    li.append(badge);
+  }
 }
 
 function messageElement(m) {
@@ -334,7 +360,7 @@ function onChatMessage(msg) {
     case "turn-start": {
       const list = (chat.messages[msg.chat] ||= []);
       if (!msg.regenerate) list.push({ role: "user", text: chat.pending[msg.chat] || "" });
-      list.push({ role: "assistant", text: "" });
+      list.push({ role: "assistant", text: "", engine: msg.engine });
       delete chat.pending[msg.chat];
       partialIds[msg.chat] = [];
       chat.busy[msg.chat] = true;
@@ -354,7 +380,8 @@ function onChatMessage(msg) {
     }
     case "turn-end": {
       const list = chat.messages[msg.chat] || [];
-      if (list.length) Object.assign(list[list.length - 1], { text: msg.content, interrupted: msg.reason === "abort" });
+      if (list.length) Object.assign(list[list.length - 1], { text: msg.content,
+        interrupted: msg.reason === "abort" || msg.reason === "error" });
       chat.busy[msg.chat] = false;
       delete partialIds[msg.chat];
       root.dataset.lastTurn = JSON.stringify(msg);
@@ -367,6 +394,12 @@ function onChatMessage(msg) {
       saveChat(msg.chat);
       return true;
     case "chat-error":
+      // A refused message is not lost: its text goes back into the box (the history was left unchanged).
+      if (msg.chat && chat.pending[msg.chat] !== undefined) {
+        if (msg.chat === chat.current && !$("prompt").value) $("prompt").value = chat.pending[msg.chat];
+        delete chat.pending[msg.chat];
+      }
+      // falls through
     case "engine-error":
       $("chat-status").textContent = msg.message;
       root.dataset.chatError = msg.message;
@@ -475,6 +508,7 @@ function wireMemorySettings() {
 function wireChatUI(worker) {
   wireMemorySettings();
   wireAlternatives(worker);
+  wireFallbackSettings();
   chat.worker = worker;
   $("composer").addEventListener("submit", (e) => { e.preventDefault(); send(); });
   for (const id of Object.values(SETTING_FIELDS)) $(id).addEventListener("input", settingsEdited);

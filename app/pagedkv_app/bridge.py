@@ -60,3 +60,34 @@ def query_param(name: str, default: str) -> str:
     params = js.URLSearchParams.new(js.location.search)
     value = params.get(name)
     return default if value is None else str(value)
+
+
+class _FetchStream:
+    """A streaming fetch response for remote.RemoteReply: read() chunk by chunk, abort() cancels the fetch."""
+
+    def __init__(self, response, controller) -> None:
+        self.status = int(response.status)
+        self._response = response
+        self._controller = controller
+        self._reader = None
+
+    async def read(self) -> bytes | None:
+        if self._reader is None:
+            self._reader = self._response.body.getReader()
+        chunk = await self._reader.read()
+        return None if chunk.done else bytes(chunk.value.to_py())
+
+    async def text(self) -> str:
+        return str(await self._response.text())
+
+    def abort(self) -> None:
+        self._controller.abort()
+
+
+async def open_stream(url: str, body: str) -> _FetchStream:
+    """POST JSON `body` to `url` (a server the user configured); the response body is read as it streams."""
+    controller = js.AbortController.new()
+    init = {"method": "POST", "headers": {"Content-Type": "application/json", "Accept": "text/event-stream"},
+            "body": body, "signal": controller.signal, "mode": "cors", "credentials": "omit"}
+    response = await js.fetch(url, to_js(init, dict_converter=js.Object.fromEntries))
+    return _FetchStream(response, controller)

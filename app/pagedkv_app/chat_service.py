@@ -15,6 +15,9 @@ from pagedkv.engine import LLMEngine
 from pagedkv.kv_accounting import kv_stats
 from pagedkv.sampling import SamplingParams
 
+from .remote import FallbackSettings, RemoteReply
+from .remote_turns import RemoteTurns
+
 STATS_INTERVAL_S = 0.5
 
 
@@ -31,6 +34,7 @@ class Chat:
     partial_ids: list[int] = field(default_factory=list)
     partial_text: list[str] = field(default_factory=list)
     alternatives: "Alternatives | None" = None  # other replies sampled for the last user message
+    remote: RemoteReply | None = None  # set while the fallback server is answering instead of the engine
 
 
 @dataclass
@@ -58,12 +62,16 @@ def sampling_from(settings: dict, stop_ids: tuple[int, ...]) -> SamplingParams:
                           stop_token_ids=stop_ids)
 
 
-class ChatService:
+class ChatService(RemoteTurns):
     """Owns the chats and drives the engine loop; every UI message goes through `handle`."""
 
     def __init__(self, engine: LLMEngine, template: ChatTemplate, post, *, model_name: str,
-                 ledger_snapshot=None) -> None:
+                 ledger_snapshot=None, open_stream=None, webgpu: bool = True) -> None:
+        """`open_stream` is the HTTP transport for the fallback server (bridge.open_stream in the tab);
+        `webgpu` False means the engine runs on the slow CPU fallback, so "auto" fallback answers remotely."""
         self.engine = engine
+        self.open_stream = open_stream
+        self.webgpu = webgpu
         self.template = template
         self.post = post
         self.model_name = model_name
@@ -239,16 +247,29 @@ class ChatService:
 
     def _start_reply(self, chat: Chat, settings: dict, change_history, *, regenerate: bool) -> str:
         params = sampling_from(settings, self.stop_ids)
+        fallback = FallbackSettings.from_settings(settings)
+        if fallback is not None and self.open_stream is None:
+            raise ValueError("this app was started without a network transport for the fallback server")
         conv = chat.conversation
         before = conv.checkpoint()
+        prompt: list[int] = []
         try:
             change_history(conv)
             prompt = conv.prompt_ids()
-            rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
-                                          session=chat.chat_id)
-        except ValueError:
+            remote_reason = self._remote_reason(fallback)
+            if remote_reason is None:
+                rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
+                                              session=chat.chat_id)
+        except ValueError as exc:
+            if fallback is not None and self._cannot_fit(exc, prompt):
+                return self._start_remote(chat, fallback, params, str(exc), regenerate)
             conv.rollback(before)  # a refused turn leaves the history exactly as it was
+            if self._cannot_fit(exc, prompt):
+                raise ValueError(f"{exc}. Or set a fallback server in the generation settings to answer "
+                                 f"requests this tab cannot hold") from None
             raise
+        if remote_reason is not None:
+            return self._start_remote(chat, fallback, params, remote_reason, regenerate)
         chat.request_id = rid
         chat.request = self.engine.request(rid)
         chat.alternatives = None  # a new reply supersedes alternatives not kept
@@ -256,7 +277,7 @@ class ChatService:
         chat.partial_ids, chat.partial_text = [], []
         cached, _ = self.engine.kv.lookup_prefix(prompt[:-1])
         self.post("turn-start", chat=chat.chat_id, request=rid, prompt_tokens=len(prompt), cached_tokens=cached,
-                  regenerate=regenerate)
+                  regenerate=regenerate, engine={"kind": "local", "backend": self.engine.backend.name})
         self.post_saved(chat)  # with the user's message, so a reload mid-reply keeps both
         self._ensure_loop()
         return rid
@@ -265,6 +286,10 @@ class ChatService:
         """Abort the chat's reply; what was generated is kept as the assistant's message."""
         chat = self.chats[chat_id]
         if chat.request_id is None:
+            return
+        if chat.remote is not None:
+            chat.remote.abort()
+            self._finish_remote(chat, "abort")
             return
         self.engine.abort(chat.request_id)
         if chat.alternatives is not None:
@@ -276,7 +301,10 @@ class ChatService:
         """Remove a chat: its reply stops and its cached history leaves the prefix cache, except the
         leading blocks another chat's history starts with (a shared system prompt stays cached)."""
         chat = self.chats.pop(chat_id)
-        if chat.request_id is not None:
+        if chat.remote is not None:
+            chat.remote.abort()
+            chat.remote = None
+        elif chat.request_id is not None:
             self.engine.abort(chat.request_id)
         ids = chat.conversation.ids
         shared = max((_common_prefix(ids, c.conversation.ids) for c in self.chats.values()), default=0)
@@ -347,10 +375,13 @@ class ChatService:
 
     def _finish(self, chat: Chat, reason: str | None) -> None:
         content = chat.conversation.add_generated(chat.partial_ids)
-        self.post("turn-end", chat=chat.chat_id, reason=reason, content=content,
-                  tokens=len(chat.partial_ids), history_tokens=chat.conversation.num_tokens,
-                  cached_tokens=chat.request.num_cached_prompt_tokens)
-        chat.request_id = chat.request = None
+        self._end_turn(chat, reason=reason, content=content, tokens=len(chat.partial_ids),
+                       cached_tokens=chat.request.num_cached_prompt_tokens)
+
+    def _end_turn(self, chat: Chat, **turn) -> None:
+        """Tell the page the reply is over (its content is in the history now) and make the chat idle."""
+        self.post("turn-end", chat=chat.chat_id, history_tokens=chat.conversation.num_tokens, **turn)
+        chat.request_id = chat.request = chat.remote = None
         chat.partial_ids, chat.partial_text = [], []
         self.post_saved(chat)
 

@@ -87,7 +87,8 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
         engine = LLMEngine(backend, tokenizer, EngineConfig(namespace=name, max_context=max_context))
         ledger = getattr(backend, "ledger", None)
         service = ChatService(engine, ChatTemplate.from_manifest(manifest, tokenizer), bridge.post, model_name=name,
-                              ledger_snapshot=ledger.snapshot if ledger is not None else None)
+                              ledger_snapshot=ledger.snapshot if ledger is not None else None,
+                              open_stream=bridge.open_stream, webgpu=not force_cpu)
         state.update(engine=engine, service=service, model_name=name, block_size=block_size)
         bridge.set_handler(service.handle)
         bridge.post("model-ready", model=name, backend=backend.name, load_ms=round(bridge.now_ms() - t0),
@@ -106,11 +107,11 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
     weights = ModelWeights.from_shards(manifest, shards)
     del shards
     cfg = weights.config
-    kv_budget = int(bridge.query_param("kv_mib", "128")) * MIB
+    kv_budget = int(float(bridge.query_param("kv_mib", "128")) * MIB)  # fractions make tiny pools for tests
     bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * KV_DTYPE_BYTES["f32"]
     num_blocks = kv_budget // (bytes_per_token * block_size)
     if num_blocks < 1:
-        raise ValueError(f"a {kv_budget // MIB} MiB KV budget holds no block of {block_size} tokens "
+        raise ValueError(f"a {kv_budget / MIB:g} MiB KV budget holds no block of {block_size} tokens "
                          f"({bytes_per_token:,} B/token); raise kv_mib")
     backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_blocks)
     return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": "f32"}
