@@ -22,6 +22,17 @@ struct Params {
 @group(0) @binding(4) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 32u;
+// ACCUMULATE: y += W @ x instead of y = W @ x (the residual add fused into the output projections;
+// each element of y is read and written by one thread only).
+override ACCUMULATE : bool = false;
+
+fn put(i : u32, v : f32) {
+  if (ACCUMULATE) {
+    y[i] = y[i] + v;
+  } else {
+    y[i] = v;
+  }
+}
 
 const SCALE_LO = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);  // 16^-p, p = 0..3
 const SCALE_HI = vec4<f32>(1.52587890625e-05, 9.5367431640625e-07, 5.9604644775390625e-08, 3.725290298461914e-09);
@@ -60,10 +71,10 @@ fn store(t : u32, r0 : u32, acc : vec4<f32>) {
   }
   let o = t * params.rows + r0;
   let n = params.rows - r0;
-  y[o] = acc.x;
-  if (n > 1u) { y[o + 1u] = acc.y; }
-  if (n > 2u) { y[o + 2u] = acc.z; }
-  if (n > 3u) { y[o + 3u] = acc.w; }
+  put(o, acc.x);
+  if (n > 1u) { put(o + 1u, acc.y); }
+  if (n > 2u) { put(o + 2u, acc.z); }
+  if (n > 3u) { put(o + 3u, acc.w); }
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)

@@ -18,6 +18,17 @@ struct Params {
 @group(0) @binding(4) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 32u;
+// ACCUMULATE: y += W @ x instead of y = W @ x (the residual add fused into the output projections;
+// each element of y is read and written by one thread only).
+override ACCUMULATE : bool = false;
+
+fn put(i : u32, v : f32) {
+  if (ACCUMULATE) {
+    y[i] = y[i] + v;
+  } else {
+    y[i] = v;
+  }
+}
 
 // The four little-endian int8 codes q of one word as q / 127 (one builtin, far cheaper on
 // SwiftShader than shift / shift / convert); the block scale carries the factor 127 back.
@@ -45,10 +56,10 @@ fn store(t : u32, r0 : u32, acc : vec4<f32>) {
   }
   let o = t * params.rows + r0;
   let n = params.rows - r0;
-  y[o] = acc.x;
-  if (n > 1u) { y[o + 1u] = acc.y; }
-  if (n > 2u) { y[o + 2u] = acc.z; }
-  if (n > 3u) { y[o + 3u] = acc.w; }
+  put(o, acc.x);
+  if (n > 1u) { put(o + 1u, acc.y); }
+  if (n > 2u) { put(o + 2u, acc.z); }
+  if (n > 3u) { put(o + 3u, acc.w); }
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)

@@ -24,6 +24,17 @@ struct Params {
 @group(0) @binding(4) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 32u;
+// ACCUMULATE: y += W @ x instead of y = W @ x (the residual add fused into the output projections;
+// each element of y is read and written by one thread only).
+override ACCUMULATE : bool = false;
+
+fn put(i : u32, v : f32) {
+  if (ACCUMULATE) {
+    y[i] = y[i] + v;
+  } else {
+    y[i] = v;
+  }
+}
 const ROWS : u32 = 8u;
 
 // Weights 8w..8w+3 (lo) and 8w+4..8w+7 (hi) of one nibble word, each as q * 16^p (p = nibble position).
@@ -98,12 +109,12 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   }
   let o = t * params.rows + r0;
   let n = params.rows - r0;
-  y[o] = lo.x;
-  if (n > 1u) { y[o + 1u] = lo.y; }
-  if (n > 2u) { y[o + 2u] = lo.z; }
-  if (n > 3u) { y[o + 3u] = lo.w; }
-  if (n > 4u) { y[o + 4u] = hi.x; }
-  if (n > 5u) { y[o + 5u] = hi.y; }
-  if (n > 6u) { y[o + 6u] = hi.z; }
-  if (n > 7u) { y[o + 7u] = hi.w; }
+  put(o, lo.x);
+  if (n > 1u) { put(o + 1u, lo.y); }
+  if (n > 2u) { put(o + 2u, lo.z); }
+  if (n > 3u) { put(o + 3u, lo.w); }
+  if (n > 4u) { put(o + 4u, hi.x); }
+  if (n > 5u) { put(o + 5u, hi.y); }
+  if (n > 6u) { put(o + 6u, hi.z); }
+  if (n > 7u) { put(o + 7u, hi.w); }
 }

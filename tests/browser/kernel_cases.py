@@ -42,15 +42,21 @@ def _errors(got, want, scale=None):
     return out
 
 
-async def case_linear(kernel, dtype, rows, cols, tokens, seed):
+async def case_linear(kernel, dtype, rows, cols, tokens, seed, accumulate=False):
+    """accumulate: the ACCUMULATE variant adds into a random y0 (the fused residual add)."""
     ctx = await _context()
     parts = _weights(dtype, rows, cols, seed)
-    x = np.random.default_rng(seed + 1).standard_normal((tokens, cols), dtype=np.float32)  # (T, cols)
-    got = await ops.run_linear(ctx, x, dtype, (rows, cols), parts, kernel)
+    rng = np.random.default_rng(seed + 1)
+    x = rng.standard_normal((tokens, cols), dtype=np.float32)  # (T, cols)
+    y0 = rng.standard_normal((tokens, rows), dtype=np.float32) * 4 if accumulate else None  # (T, rows)
+    got = await ops.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, y0=y0)
     want = ref.quantized_linear(x, dtype, (rows, cols), parts)
     # f32 rounding of a dot product scales with sum |w_k x_k|, not with the result.
     scale = np.abs(x) @ np.abs(dequantize(dtype, (rows, cols), parts)).T  # (T, rows)
-    return {"kernel": f"{kernel}_{dtype}", "tokens": tokens, **_errors(got, want, scale)}
+    if accumulate:
+        want = y0 + want
+        scale = scale + np.abs(y0)
+    return {"kernel": f"{kernel}_{dtype}", "tokens": tokens, "accumulate": accumulate, **_errors(got, want, scale)}
 
 
 async def case_rmsnorm(hidden, tokens, seed, eps=1e-5):

@@ -68,6 +68,17 @@ def test_matvec_matches_reference(worker, dtype):
     assert_linear(results)
 
 
+@pytest.mark.parametrize("kernel", ["matvec", "matmul"])
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+def test_linear_accumulate_adds_into_y(worker, kernel, dtype):
+    """The ACCUMULATE variant (residual add fused into the output projections) returns y0 + x @ W.T."""
+    shapes = [(576, 576, 1), (576, 1536, 5), (37, 96, 3)]
+    results = run(worker, [f"case_linear('{kernel}', '{dtype}', {r}, {c}, {t}, seed=12, accumulate=True)"
+                           for r, c, t in shapes])
+    assert [(r["accumulate"], r["shape"]) for r in results] == [(True, [t, r]) for r, _, t in shapes]
+    assert_linear(results)
+
+
 @pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
 def test_matmul_matches_reference(worker, dtype):
     # Tokens not a multiple of 4; 37 and 36 rows end in a partial 8-row tile (36: its upper half is empty).

@@ -166,7 +166,6 @@ class WebGpuBackend:
             ("x", t * cfg.hidden * f32, "scratch"), ("h", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
             ("q", t * cfg.hidden * f32, "scratch"), ("attn", t * cfg.hidden * f32, "scratch"),  # (T, n_heads*hd)
             ("k", t * cfg.kv_dim * f32, "scratch"), ("v", t * cfg.kv_dim * f32, "scratch"),  # (T, kv_dim)
-            ("o", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
             ("gate", t * cfg.ffn * f32, "scratch"), ("up", t * cfg.ffn * f32, "scratch"),  # (T, ffn)
             ("part_acc", s * max_parts * cfg.hidden * f32, "scratch"),  # (S, parts, n_heads, head_dim)
             ("part_stats", s * max_parts * cfg.n_heads * 2 * f32, "scratch"),  # (S, parts, n_heads, 2)

@@ -67,30 +67,41 @@ def _weight(dtype: str, rows: int, cols: int) -> None:
 # ---------------------------------------------------------------- call builders (pure)
 
 
-def matvec_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32) -> KernelCall:
-    """y (tokens, rows) = x (tokens, cols) @ W.T, decode-sized batches; buffers: qs, dm|d, x, y, params."""
+def linear_constants(workgroup_size: int, accumulate: bool) -> tuple:
+    """Pipeline constants of matvec_* / matmul_*: ACCUMULATE makes them add into y (a fused residual add)."""
+    return (("WORKGROUP_SIZE", workgroup_size),) + ((("ACCUMULATE", 1),) if accumulate else ())
+
+
+def matvec_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32,
+                accumulate: bool = False) -> KernelCall:
+    """y (tokens, rows) = x (tokens, cols) @ W.T (y += ... when accumulate), decode-sized batches;
+    buffers: qs, dm|d, x, y, params."""
     _weight(dtype, rows, cols)
     _positive(tokens=tokens)
     grid = (_ceil(_ceil(rows, MATVEC_ROWS), workgroup_size), tokens, 1)
-    return KernelCall(f"matvec_{dtype}", (("WORKGROUP_SIZE", workgroup_size),), grid, _params(rows, cols, tokens))
+    return KernelCall(f"matvec_{dtype}", linear_constants(workgroup_size, accumulate), grid,
+                      _params(rows, cols, tokens))
 
 
-def matmul_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32) -> KernelCall:
-    """Y (tokens, rows) = X (tokens, cols) @ W.T, prefill-sized; buffers: qs, dm|d, x, y, params."""
+def matmul_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32,
+                accumulate: bool = False) -> KernelCall:
+    """Y (tokens, rows) = X (tokens, cols) @ W.T (Y += ... when accumulate), prefill-sized;
+    buffers: qs, dm|d, x, y, params."""
     _weight(dtype, rows, cols)
     _positive(tokens=tokens)
     tile_rows, tile_tokens = MATMUL_TILE
     grid = (_ceil(_ceil(rows, tile_rows), workgroup_size), _ceil(tokens, tile_tokens), 1)
-    return KernelCall(f"matmul_{dtype}", (("WORKGROUP_SIZE", workgroup_size),), grid, _params(rows, cols, tokens))
+    return KernelCall(f"matmul_{dtype}", linear_constants(workgroup_size, accumulate), grid,
+                      _params(rows, cols, tokens))
 
 
-def linear_call(dtype: str, rows: int, cols: int, tokens: int) -> KernelCall:
+def linear_call(dtype: str, rows: int, cols: int, tokens: int, accumulate: bool = False) -> KernelCall:
     """The faster of matvec / matmul for `tokens` rows of activations (same bindings, same result).
 
     Measured on SwiftShader (bench/model_kernels.py): matvec's cost grows linearly with tokens,
     matmul's 4-token tile costs about 2.5 single-token matvecs, so matmul wins from 3 tokens on.
     """
-    return (matvec_call if tokens <= 2 else matmul_call)(dtype, rows, cols, tokens)
+    return (matvec_call if tokens <= 2 else matmul_call)(dtype, rows, cols, tokens, accumulate=accumulate)
 
 
 def rmsnorm_call(hidden: int, tokens: int, eps: float, workgroup_size: int = 64) -> KernelCall:
@@ -201,19 +212,23 @@ def _quant_parts(dtype: str, parts: dict) -> list[bytes]:
 
 
 async def run_linear(ctx, x: np.ndarray, dtype: str, shape: tuple[int, int], parts: dict,
-                     kernel: str = "matvec") -> np.ndarray:
-    """x (T, cols) f32 @ W.T on the GPU with matvec_<dtype> or matmul_<dtype> -> (T, rows) f32."""
+                     kernel: str = "matvec", y0: np.ndarray | None = None) -> np.ndarray:
+    """x (T, cols) f32 @ W.T on the GPU with matvec_<dtype> or matmul_<dtype> -> (T, rows) f32;
+    with y0 (T, rows) the kernel's ACCUMULATE variant returns y0 + x @ W.T."""
     rows, cols = shape
     if x.ndim != 2 or x.shape[1] != cols:
         raise ValueError(f"x must be (tokens, {cols}), got {x.shape}")
     if kernel not in ("matvec", "matmul"):
         raise ValueError(f"kernel must be 'matvec' or 'matmul', got {kernel!r}")
+    if y0 is not None and y0.shape != (x.shape[0], rows):
+        raise ValueError(f"y0 must be ({x.shape[0]}, {rows}), got {y0.shape}")
     build = matvec_call if kernel == "matvec" else matmul_call
-    call = build(dtype, rows, cols, x.shape[0])
+    call = build(dtype, rows, cols, x.shape[0], accumulate=y0 is not None)
     if dtype == "q8_0":
         check_q8_0_codes("weight", parts)
     x = x.astype(np.float32)  # (T, cols)
-    out = await _run(ctx, call, [*_quant_parts(dtype, parts), x, None], 3, x.shape[0] * rows * 4, np.float32)
+    y = None if y0 is None else y0.astype(np.float32)  # (T, rows)
+    out = await _run(ctx, call, [*_quant_parts(dtype, parts), x, y], 3, x.shape[0] * rows * 4, np.float32)
     return out.reshape(x.shape[0], rows)
 
 

@@ -21,7 +21,7 @@ from .webgpu_kernels import _params as kv_params
 
 PARAM_SLOT_BYTES = 256  # minUniformBufferOffsetAlignment
 SLOTS = ("embedding", "rms_t", "lin_h", "lin_kv", "lin_ffn", "lin_down", "rope", "kv_write", "attn", "reduce",
-         "resid", "swiglu", "rms_s", "lm_head", "argmax")
+         "swiglu", "rms_s", "lm_head", "argmax")
 SLOT_INDEX = {name: i for i, name in enumerate(SLOTS)}
 
 
@@ -56,10 +56,9 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     """The step as passes of Dispatches over the backend `b`'s buffers; pass 1 runs after the last-row copies."""
     cfg, s, w = b.config, b.scratch, b.weights
 
-    def linear(name: str, x, y, slot: str, kind: str) -> Dispatch:
+    def linear(name: str, x, y, slot: str, kind: str, accumulate: bool = False) -> Dispatch:
         dtype, parts = w[name]
-        shader = f"{kind}_{dtype}"
-        return Dispatch(shader, (("WORKGROUP_SIZE", 32),), (*parts, x, y), slot)
+        return Dispatch(f"{kind}_{dtype}", ops.linear_constants(32, accumulate), (*parts, x, y), slot)
 
     def kv_kernel(name: str) -> tuple:
         return name, None
@@ -91,14 +90,12 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
             body.append(Dispatch(*kv_kernel("paged_prefill_attention"),
                                  {**dict(enumerate(common)), 6: s["starts"], 7: s["attn"]}, "attn"))
         body += [
-            linear(p + "attn_output.weight", s["attn"], s["o"], "lin_h", tk),
-            Dispatch("residual_add", (("WORKGROUP_SIZE", 64),), (s["x"], s["o"]), "resid"),
+            linear(p + "attn_output.weight", s["attn"], s["x"], "lin_h", tk, accumulate=True),  # x += o
             Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["x"], w[p + "ffn_norm.weight"][1][0], s["h"]), "rms_t"),
             linear(p + "ffn_gate.weight", s["h"], s["gate"], "lin_ffn", tk),
             linear(p + "ffn_up.weight", s["h"], s["up"], "lin_ffn", tk),
             Dispatch("swiglu", (("WORKGROUP_SIZE", 64),), (s["gate"], s["up"]), "swiglu"),
-            linear(p + "ffn_down.weight", s["gate"], s["o"], "lin_down", tk),
-            Dispatch("residual_add", (("WORKGROUP_SIZE", 64),), (s["x"], s["o"]), "resid"),
+            linear(p + "ffn_down.weight", s["gate"], s["x"], "lin_down", tk, accumulate=True),
         ]
     head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
     passes.append([
@@ -136,7 +133,6 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
         "lin_ffn": ops.linear_call(q8, cfg.ffn, cfg.hidden, t),
         "lin_down": ops.linear_call(q8, cfg.hidden, cfg.ffn, t),
         "rope": ops.rope_call(t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
-        "resid": _resid_call(t * cfg.hidden),
         "swiglu": ops.swiglu_call(t * cfg.ffn),
         "rms_s": ops.rmsnorm_call(cfg.hidden, n, cfg.rms_eps),
         "lm_head": ops.linear_call(q8, cfg.vocab, cfg.hidden, n),
@@ -161,8 +157,3 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     reduce_groups = kv._groups(n * cfg.n_heads * lay.head_dim // 4) if shape.max_parts > 1 else (0, 0, 0)
     put("reduce", kv_params(n, cfg.n_heads, lay.block_size, kv.partition_blocks, shape.max_parts), reduce_groups)
     return grids, params.reshape(-1)
-
-
-def _resid_call(n: int) -> ops.KernelCall:
-    groups = -(-n // 64)
-    return ops.KernelCall("residual_add", (("WORKGROUP_SIZE", 64),), (groups, 1, 1), ops._params(n))
