@@ -54,8 +54,8 @@ async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream
     result["stream_read"] = {"bytes": nbytes, **t, **rate(nbytes, t)}
     data.destroy()
 
-    gate, up = ops.upload(ctx, np.zeros(64, np.float32), "gate"), ops.upload(ctx, np.zeros(64, np.float32), "up")
-    result["empty_dispatch"] = await timed(ops.swiglu_call(64), [gate, up])
+    tiny, ids = ops.upload(ctx, np.zeros(64, np.float32), "tiny"), ctx.buffer(16, "ids")
+    result["empty_dispatch"] = await timed(ops.argmax_call(64, 1, workgroup_size=64), [tiny, ids])
 
     result["matvec"], result["matmul"] = [], []
     for dtype, rows, cols in MATVEC_SHAPES:
@@ -87,11 +87,10 @@ async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream
     small = {}
     x = ops.upload(ctx, rng.standard_normal(576, dtype=np.float32), "x")
     small["rmsnorm_576"] = await timed(ops.rmsnorm_call(576, 1, 1e-5), [x, x, ctx.buffer(576 * 4, "out")])
-    q, k = ops.upload(ctx, np.zeros(576, np.float32), "q"), ops.upload(ctx, np.zeros(192, np.float32), "k")
+    qkv, q = ops.upload(ctx, np.zeros(960, np.float32), "qkv"), ctx.buffer(576 * 4, "q")
+    k, v = ctx.buffer(192 * 4, "k"), ctx.buffer(192 * 4, "v")
     pos, table = ops.upload(ctx, np.array([8000], np.int32), "pos"), ops.upload(ctx, rope_cos_sin(64, 1e5, 8192), "cs")
-    small["rope_9q_3k"] = await timed(ops.rope_call(1, 9, 3, 64), [q, k, pos, table])
-    g, u = ops.upload(ctx, np.zeros(1536, np.float32), "g"), ops.upload(ctx, np.zeros(1536, np.float32), "u")
-    small["swiglu_1536"] = await timed(ops.swiglu_call(1536), [g, u])
+    small["rope_9q_3k"] = await timed(ops.rope_call(1, 9, 3, 64), [qkv, q, k, v, pos, table])
     logits = ops.upload(ctx, rng.standard_normal((1, 49152), dtype=np.float32), "logits")
     small["argmax_49152"] = await timed(ops.argmax_call(49152, 1), [logits, ctx.buffer(16, "ids")])
     result["small_kernels"] = small

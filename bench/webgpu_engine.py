@@ -6,7 +6,9 @@ Prints JSON and writes bench/results/webgpu_engine.json: the ledger breakdown un
 prefill and decode tok/s of SmolLM2-135M through LLMEngine + WebGpuBackend (one request, random prompt,
 greedy), a decode step's wall time split into the replay (encode + GPU + read back of S ids) and the
 Python controller around it, Python->JS crossings per step, and the decode plan replayed with one workgroup
-per dispatch (a floor on the per-dispatch cost of ~480 dispatches). Figures only; never asserts on time.
+per dispatch (a floor on the per-dispatch cost), the dispatches per step of each recorded plan, and the decode
+step's GPU time split by kind of dispatch (the plan replayed with only that kind left in). Figures only; never
+asserts on time.
 """
 from __future__ import annotations
 
@@ -52,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = page.py(f"import json\njson.dumps(await bench_generate(_ctx, _b, _m, {args.prompt}, {args.new}, "
                        f"{args.runs}))", timeout_ms=1_800_000)
         floor = page.py("import json\njson.dumps(await bench_dispatch_floor(_ctx, _b))")
+        dispatches = page.py("import json\njson.dumps(plan_dispatches(_b))")
+        split = page.py("import json\njson.dumps(await bench_kernel_split(_ctx, _b))")
         adapter = page.page.evaluate("JSON.parse(document.documentElement.dataset.adapter)")
         browser.close()
     server.shutdown()
@@ -60,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             "decode_controller_ms")}
     report = {"adapter": adapter["name"], "model": "smollm2-135m-instruct", "prompt_tokens": args.prompt,
               "new_tokens": args.new, "runs": runs, "median": med, "ledger_1gib": ledger,
-              "decode_plan_one_workgroup_per_dispatch": floor}
+              "decode_plan_one_workgroup_per_dispatch": floor, "dispatches_per_step": dispatches,
+              "decode_step_gpu_ms_by_kernel": split}
     text = json.dumps(report, indent=1)
     print(text)
     OUT.write_text(text + "\n")

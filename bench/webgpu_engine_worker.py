@@ -63,7 +63,7 @@ async def bench_generate(ctx, b, manifest, prompt_len=128, new_tokens=32, runs=3
 
 
 async def bench_dispatch_floor(ctx, b, reps=5):
-    """The decode plan (S=1) replayed with every grid cut to one workgroup: a floor on what the ~480
+    """The decode plan (S=1) replayed with every grid cut to one workgroup: a floor on what the
     dispatches of a step cost on this adapter regardless of the kernels' work (the outputs are garbage)."""
     from pagedkv.backends.webgpu_plan import PlanKey
 
@@ -82,4 +82,50 @@ async def bench_dispatch_floor(ctx, b, reps=5):
             await ctx.replay(plan, g, copies, s["x"], s["last"], s["ids"], s["readback"], 4)
             samples.append((time.perf_counter() - t0) * 1e3)
         out[name] = {"median_ms": statistics.median(samples), "samples_ms": samples}
+    return out
+
+
+def _decode_step(b):
+    """The decode plan (one sequence) and the grids of the last decode step the backend ran."""
+    from pagedkv.backends.webgpu_plan import PlanKey
+
+    key = PlanKey.of(1, 1)
+    shape = [sh for sh in b._slots_cache if sh.decode and sh.num_seqs == 1][-1]
+    slot_grids, _ = b._slots_cache[shape]
+    return b._plans[key], b._dispatch_slots[key], slot_grids
+
+
+def plan_dispatches(b):
+    """Dispatches per step of each recorded plan, and per layer in the decode plan."""
+    from pagedkv.backends.webgpu_plan import SLOTS
+
+    out = {str(key): int(slots.shape[0]) for key, slots in b._dispatch_slots.items()}
+    _, slots, _ = _decode_step(b)
+    out["decode_by_kind"] = {SLOTS[i]: int((slots == i).sum()) for i in np.unique(slots)}
+    return out
+
+
+async def bench_kernel_split(ctx, b, reps=3):
+    """GPU time of each kind of dispatch in the last decode step: the plan replayed with only that kind's
+    dispatches left in (the others skipped), minus the replay with nothing dispatched. Outputs are garbage."""
+    from pagedkv.backends.webgpu_plan import SLOTS
+
+    plan, slots, slot_grids = _decode_step(b)
+    s = b.scratch
+    copies = np.zeros((0, 3), np.int32)
+
+    async def timed(grids):
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            await ctx.replay(plan, grids, copies, s["x"], s["last"], s["ids"], s["readback"], 4)
+            samples.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(samples)
+
+    full = slot_grids[slots]  # (dispatches, 3)
+    empty = await timed(np.zeros_like(full))
+    out = {"all_ms": round(await timed(full), 2), "none_ms": round(empty, 2), "by_kind_ms": {}}
+    for i in np.unique(slots):
+        only = np.where((slots == i)[:, None], full, 0)  # (dispatches, 3)
+        out["by_kind_ms"][SLOTS[i]] = {"dispatches": int((slots == i).sum()), "ms": round(await timed(only) - empty, 2)}
     return out

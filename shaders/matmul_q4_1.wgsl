@@ -22,6 +22,34 @@ struct Params {
 @group(0) @binding(4) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 32u;
+// ACCUMULATE: y += W @ x instead of y = W @ x (the residual add fused into the output projections;
+// each element of y is read and written by one thread only).
+override ACCUMULATE : bool = false;
+// SWIGLU: W holds gate and up rows interleaved by fours (gate r..r+3, up r..r+3, ...; webgpu_fused.py), so
+// a thread's 8 rows are 4 gate rows and their 4 up rows: it writes act = silu(gate) * up, (tokens, rows / 2),
+// and the SwiGLU costs no dispatch of its own. rows must be a multiple of 8.
+override SWIGLU : bool = false;
+
+fn swiglu4(gate : vec4<f32>, up : vec4<f32>) -> vec4<f32> {
+  return gate / (vec4<f32>(1.0) + exp(-gate)) * up;
+}
+
+fn put_act(t : u32, r0 : u32, gate : vec4<f32>, up : vec4<f32>) {
+  let a = swiglu4(gate, up);
+  let o = t * (params.rows / 2u) + r0 / 2u;
+  y[o] = a.x;
+  y[o + 1u] = a.y;
+  y[o + 2u] = a.z;
+  y[o + 3u] = a.w;
+}
+
+fn put(i : u32, v : f32) {
+  if (ACCUMULATE) {
+    y[i] = y[i] + v;
+  } else {
+    y[i] = v;
+  }
+}
 
 const SCALE_LO = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);  // 16^-p, p = 0..3
 const SCALE_HI = vec4<f32>(1.52587890625e-05, 9.5367431640625e-07, 5.9604644775390625e-08, 3.725290298461914e-09);
@@ -60,10 +88,10 @@ fn store(t : u32, r0 : u32, acc : vec4<f32>) {
   }
   let o = t * params.rows + r0;
   let n = params.rows - r0;
-  y[o] = acc.x;
-  if (n > 1u) { y[o + 1u] = acc.y; }
-  if (n > 2u) { y[o + 2u] = acc.z; }
-  if (n > 3u) { y[o + 3u] = acc.w; }
+  put(o, acc.x);
+  if (n > 1u) { put(o + 1u, acc.y); }
+  if (n > 2u) { put(o + 2u, acc.z); }
+  if (n > 3u) { put(o + 3u, acc.w); }
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)
@@ -149,6 +177,13 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
       acc6 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, xl, xh);
       acc7 += rows4(e_lo, e_hi, f_lo, f_hi, g_lo, g_hi, h_lo, h_hi, xl, xh);
     }
+  }
+  if (SWIGLU) {  // acc0: gate rows of token t0, acc1: their up rows; clamped tokens are not written
+    put_act(t0, r0, acc0, acc1);
+    if (t0 + 1u < params.tokens) { put_act(t0 + 1u, r0, acc2, acc3); }
+    if (t0 + 2u < params.tokens) { put_act(t0 + 2u, r0, acc4, acc5); }
+    if (t0 + 3u < params.tokens) { put_act(t0 + 3u, r0, acc6, acc7); }
+    return;
   }
   store(t0, r0, acc0);
   store(t0, r0 + 4u, acc1);

@@ -14,7 +14,7 @@ struct Params {
   rows : u32,
   cols : u32,     // multiple of 32
   tokens : u32,
-  _pad : u32,
+  eps : f32,     // NORM only
 }
 
 @group(0) @binding(0) var<storage, read> qs : array<vec4<u32>>;  // (rows, cols/32): 32 nibbles per vec4
@@ -24,6 +24,43 @@ struct Params {
 @group(0) @binding(4) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 32u;
+// ACCUMULATE: y += W @ x instead of y = W @ x (the residual add fused into the output projections;
+// each element of y is read and written by one thread only).
+override ACCUMULATE : bool = false;
+// NORM: y = W @ (rms_norm(x) * g), the RMSNorm fused into the projection it feeds. x is then the raw
+// residual stream; each thread sums the squares of the activations it loads anyway and scales its sums
+// by 1 / sqrt(mean + eps) at the end (W @ (x * g) * s = W @ (x * s * g)). The norm weight g (cols f32)
+// is stored in qs right after the codes (webgpu_fused.py), so the kernel keeps its five bindings.
+override NORM : bool = false;
+
+fn gain(i : u32) -> vec4<f32> {
+  return bitcast<vec4<f32>>(qs[params.rows * (params.cols / 32u) * 1u + i]);
+}
+// SWIGLU: W holds gate and up rows interleaved by fours (gate r..r+3, up r..r+3, ...; webgpu_fused.py), so
+// a thread's 8 rows are 4 gate rows and their 4 up rows: it writes act = silu(gate) * up, (tokens, rows / 2),
+// and the SwiGLU costs no dispatch of its own. rows must be a multiple of 8.
+override SWIGLU : bool = false;
+
+fn swiglu4(gate : vec4<f32>, up : vec4<f32>) -> vec4<f32> {
+  return gate / (vec4<f32>(1.0) + exp(-gate)) * up;
+}
+
+fn put_act(t : u32, r0 : u32, gate : vec4<f32>, up : vec4<f32>) {
+  let a = swiglu4(gate, up);
+  let o = t * (params.rows / 2u) + r0 / 2u;
+  y[o] = a.x;
+  y[o + 1u] = a.y;
+  y[o + 2u] = a.z;
+  y[o + 3u] = a.w;
+}
+
+fn put(i : u32, v : f32) {
+  if (ACCUMULATE) {
+    y[i] = y[i] + v;
+  } else {
+    y[i] = v;
+  }
+}
 const ROWS : u32 = 8u;
 
 // Weights 8w..8w+3 (lo) and 8w+4..8w+7 (hi) of one nibble word, each as q * 16^p (p = nibble position).
@@ -67,17 +104,30 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   let rh = min(r0 + 7u, last) * nb;
   var lo = vec4<f32>(0.0);  // rows r0 .. r0+3
   var hi = vec4<f32>(0.0);  // rows r0+4 .. r0+7
+  var ss = 0.0;  // sum of x^2 (NORM)
   let xt = t * (params.cols / 4u);
   for (var b = 0u; b < nb; b++) {
     let xb = xt + b * 8u;
-    let u0 = x[xb];
-    let u1 = x[xb + 1u];
-    let u2 = x[xb + 2u];
-    let u3 = x[xb + 3u];
-    let u4 = x[xb + 4u];
-    let u5 = x[xb + 5u];
-    let u6 = x[xb + 6u];
-    let u7 = x[xb + 7u];
+    var u0 = x[xb];
+    var u1 = x[xb + 1u];
+    var u2 = x[xb + 2u];
+    var u3 = x[xb + 3u];
+    var u4 = x[xb + 4u];
+    var u5 = x[xb + 5u];
+    var u6 = x[xb + 6u];
+    var u7 = x[xb + 7u];
+    if (NORM) {
+      ss += dot(u0, u0) + dot(u1, u1) + dot(u2, u2) + dot(u3, u3)
+          + dot(u4, u4) + dot(u5, u5) + dot(u6, u6) + dot(u7, u7);
+      u0 *= gain(b * 8u + 0u);
+      u1 *= gain(b * 8u + 1u);
+      u2 *= gain(b * 8u + 2u);
+      u3 *= gain(b * 8u + 3u);
+      u4 *= gain(b * 8u + 4u);
+      u5 *= gain(b * 8u + 5u);
+      u6 *= gain(b * 8u + 6u);
+      u7 *= gain(b * 8u + 7u);
+    }
     let sx = dot((u0 + u1) + (u2 + u3) + (u4 + u5) + (u6 + u7), vec4<f32>(1.0));
     let x0 = u0 * SCALE_LO;
     let x1 = u1 * SCALE_HI;
@@ -96,14 +146,23 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
     hi.z += block(rg + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
     hi.w += block(rh + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
   }
+  if (NORM) {
+    let inv_rms = 1.0 / sqrt(ss / f32(params.cols) + params.eps);
+    lo *= inv_rms;
+    hi *= inv_rms;
+  }
+  if (SWIGLU) {
+    put_act(t, r0, lo, hi);
+    return;
+  }
   let o = t * params.rows + r0;
   let n = params.rows - r0;
-  y[o] = lo.x;
-  if (n > 1u) { y[o + 1u] = lo.y; }
-  if (n > 2u) { y[o + 2u] = lo.z; }
-  if (n > 3u) { y[o + 3u] = lo.w; }
-  if (n > 4u) { y[o + 4u] = hi.x; }
-  if (n > 5u) { y[o + 5u] = hi.y; }
-  if (n > 6u) { y[o + 6u] = hi.z; }
-  if (n > 7u) { y[o + 7u] = hi.w; }
+  put(o, lo.x);
+  if (n > 1u) { put(o + 1u, lo.y); }
+  if (n > 2u) { put(o + 2u, lo.z); }
+  if (n > 3u) { put(o + 3u, lo.w); }
+  if (n > 4u) { put(o + 4u, hi.x); }
+  if (n > 5u) { put(o + 5u, hi.y); }
+  if (n > 6u) { put(o + 6u, hi.z); }
+  if (n > 7u) { put(o + 7u, hi.w); }
 }

@@ -10,7 +10,7 @@ struct Params {
   rows : u32,
   cols : u32,     // multiple of 32
   tokens : u32,
-  _pad : u32,
+  eps : f32,     // NORM only
 }
 
 @group(0) @binding(0) var<storage, read> qs : array<vec4<u32>>;  // (rows, cols/32, 2): 16 int8 codes per vec4
@@ -20,6 +20,43 @@ struct Params {
 @group(0) @binding(4) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 32u;
+// ACCUMULATE: y += W @ x instead of y = W @ x (the residual add fused into the output projections;
+// each element of y is read and written by one thread only).
+override ACCUMULATE : bool = false;
+// NORM: y = W @ (rms_norm(x) * g), the RMSNorm fused into the projection it feeds. x is then the raw
+// residual stream; each thread sums the squares of the activations it loads anyway and scales its sums
+// by 1 / sqrt(mean + eps) at the end (W @ (x * g) * s = W @ (x * s * g)). The norm weight g (cols f32)
+// is stored in qs right after the codes (webgpu_fused.py), so the kernel keeps its five bindings.
+override NORM : bool = false;
+
+fn gain(i : u32) -> vec4<f32> {
+  return bitcast<vec4<f32>>(qs[params.rows * (params.cols / 32u) * 2u + i]);
+}
+// SWIGLU: W holds gate and up rows interleaved by fours (gate r..r+3, up r..r+3, ...; webgpu_fused.py), so
+// a thread's 8 rows are 4 gate rows and their 4 up rows: it writes act = silu(gate) * up, (tokens, rows / 2),
+// and the SwiGLU costs no dispatch of its own. rows must be a multiple of 8.
+override SWIGLU : bool = false;
+
+fn swiglu4(gate : vec4<f32>, up : vec4<f32>) -> vec4<f32> {
+  return gate / (vec4<f32>(1.0) + exp(-gate)) * up;
+}
+
+fn put_act(t : u32, r0 : u32, gate : vec4<f32>, up : vec4<f32>) {
+  let a = swiglu4(gate, up);
+  let o = t * (params.rows / 2u) + r0 / 2u;
+  y[o] = a.x;
+  y[o + 1u] = a.y;
+  y[o + 2u] = a.z;
+  y[o + 3u] = a.w;
+}
+
+fn put(i : u32, v : f32) {
+  if (ACCUMULATE) {
+    y[i] = y[i] + v;
+  } else {
+    y[i] = v;
+  }
+}
 const ROWS : u32 = 8u;
 
 // The four little-endian int8 codes q of one word as q / 127 (one builtin, far cheaper on
@@ -61,17 +98,30 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   let rh = min(r0 + 7u, last) * nb;
   var lo = vec4<f32>(0.0);  // rows r0 .. r0+3
   var hi = vec4<f32>(0.0);  // rows r0+4 .. r0+7
+  var ss = 0.0;  // sum of x^2 (NORM)
   let xt = t * (params.cols / 4u);
   for (var b = 0u; b < nb; b++) {
     let xb = xt + b * 8u;
-    let x0 = x[xb];
-    let x1 = x[xb + 1u];
-    let x2 = x[xb + 2u];
-    let x3 = x[xb + 3u];
-    let x4 = x[xb + 4u];
-    let x5 = x[xb + 5u];
-    let x6 = x[xb + 6u];
-    let x7 = x[xb + 7u];
+    var x0 = x[xb];
+    var x1 = x[xb + 1u];
+    var x2 = x[xb + 2u];
+    var x3 = x[xb + 3u];
+    var x4 = x[xb + 4u];
+    var x5 = x[xb + 5u];
+    var x6 = x[xb + 6u];
+    var x7 = x[xb + 7u];
+    if (NORM) {
+      ss += dot(x0, x0) + dot(x1, x1) + dot(x2, x2) + dot(x3, x3)
+          + dot(x4, x4) + dot(x5, x5) + dot(x6, x6) + dot(x7, x7);
+      x0 *= gain(b * 8u + 0u);
+      x1 *= gain(b * 8u + 1u);
+      x2 *= gain(b * 8u + 2u);
+      x3 *= gain(b * 8u + 3u);
+      x4 *= gain(b * 8u + 4u);
+      x5 *= gain(b * 8u + 5u);
+      x6 *= gain(b * 8u + 6u);
+      x7 *= gain(b * 8u + 7u);
+    }
     lo.x += block(ra + b, x0, x1, x2, x3, x4, x5, x6, x7);
     lo.y += block(rb + b, x0, x1, x2, x3, x4, x5, x6, x7);
     lo.z += block(rc + b, x0, x1, x2, x3, x4, x5, x6, x7);
@@ -81,14 +131,23 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
     hi.z += block(rg + b, x0, x1, x2, x3, x4, x5, x6, x7);
     hi.w += block(rh + b, x0, x1, x2, x3, x4, x5, x6, x7);
   }
+  if (NORM) {
+    let inv_rms = 1.0 / sqrt(ss / f32(params.cols) + params.eps);
+    lo *= inv_rms;
+    hi *= inv_rms;
+  }
+  if (SWIGLU) {
+    put_act(t, r0, lo, hi);
+    return;
+  }
   let o = t * params.rows + r0;
   let n = params.rows - r0;
-  y[o] = lo.x;
-  if (n > 1u) { y[o + 1u] = lo.y; }
-  if (n > 2u) { y[o + 2u] = lo.z; }
-  if (n > 3u) { y[o + 3u] = lo.w; }
-  if (n > 4u) { y[o + 4u] = hi.x; }
-  if (n > 5u) { y[o + 5u] = hi.y; }
-  if (n > 6u) { y[o + 6u] = hi.z; }
-  if (n > 7u) { y[o + 7u] = hi.w; }
+  put(o, lo.x);
+  if (n > 1u) { put(o + 1u, lo.y); }
+  if (n > 2u) { put(o + 2u, lo.z); }
+  if (n > 3u) { put(o + 3u, lo.w); }
+  if (n > 4u) { put(o + 4u, hi.x); }
+  if (n > 5u) { put(o + 5u, hi.y); }
+  if (n > 6u) { put(o + 6u, hi.z); }
+  if (n > 7u) { put(o + 7u, hi.w); }
 }

@@ -99,10 +99,13 @@ def test_call_geometry_and_uniforms():
     call = ops.rmsnorm_call(576, 7, 1e-5)
     assert call.workgroups == (7, 1, 1)
     assert np.frombuffer(call.params[8:12], "<f4")[0] == np.float32(1e-5)
-    assert ops.rope_call(7, 9, 3, 64).workgroups == (6, 7, 1)  # (9 + 3) * 32 pairs / 64
-    big = ops.swiglu_call(512 * 1536 * 8)  # more than 65535 workgroups of 64: folds into y
-    assert big.workgroups == (65535, 2, 1)
-    assert np.frombuffer(big.params, "<u4").tolist()[:2] == [512 * 1536 * 8, 65535 * 64]
+    assert ops.rope_call(7, 9, 3, 64).workgroups == (8, 7, 1)  # (9 + 2 * 3) * 32 pairs of q | k | v / 64
+    fused = ops.matvec_call("q4_1", 3072, 576, 1, norm_eps=1e-5, swiglu=True)  # gate|up, norm and SwiGLU fused
+    assert fused.constants == (("WORKGROUP_SIZE", 32), ("NORM", 1), ("SWIGLU", 1)) and fused.workgroups == (12, 1, 1)
+    assert np.frombuffer(fused.params[:12], "<u4").tolist() == [3072, 576, 1]
+    assert np.frombuffer(fused.params[12:], "<f4")[0] == np.float32(1e-5)
+    assert ops.matmul_call("q8_0", 576, 1536, 9, accumulate=True).constants == (
+        ("WORKGROUP_SIZE", 32), ("ACCUMULATE", 1))
     assert ops.embedding_call(6, 576).workgroups == (3, 6, 1)
     assert ops.argmax_call(49152, 4).workgroups == (4, 1, 1)
     assert ops.stream_read_call(2**20, workgroups=16).params[:8] == np.array([65536, 4096], "<u4").tobytes()
@@ -119,6 +122,12 @@ def test_call_builders_reject_bad_shapes():
         ops.matvec_call("q4_1", 10, 100, 1)
     with pytest.raises(ValueError, match="tokens must be a positive int"):
         ops.matmul_call("q8_0", 10, 64, 0)
+    with pytest.raises(ValueError, match="SWIGLU needs rows a multiple of 8"):
+        ops.matmul_call("q4_1", 36, 64, 4, swiglu=True)
+    with pytest.raises(ValueError, match="SWIGLU needs rows a multiple of 8"):
+        ops.matvec_call("q4_1", 32, 64, 1, swiglu=True, accumulate=True)
+    with pytest.raises(ValueError, match="norm_eps must be positive"):
+        ops.matvec_call("q4_1", 32, 64, 1, norm_eps=0.0)
     with pytest.raises(ValueError, match="head_dim must be even"):
         ops.rope_call(1, 2, 1, 7)
     with pytest.raises(ValueError, match="eps must be positive"):
@@ -141,7 +150,9 @@ def test_runners_validate_before_touching_the_gpu():
         first_step(ops.run_embedding(None, np.array([10], np.int32), (10, 32), parts))
     table = ref.rope_cos_sin(4, 10000.0, 8)
     with pytest.raises(ValueError, match=r"\[0, 8\)"):
-        first_step(ops.run_rope(None, np.zeros((1, 4)), np.zeros((1, 4)), np.array([8], np.int32), table, 1, 1))
+        first_step(ops.run_rope(None, np.zeros((1, 12)), np.array([8], np.int32), table, 1, 1))
+    with pytest.raises(ValueError, match=r"qkv must be \(1, 12\)"):
+        first_step(ops.run_rope(None, np.zeros((1, 8)), np.array([0], np.int32), table, 1, 1))
 
 
 def test_q8_0_code_minus_128_is_refused():

@@ -17,11 +17,11 @@ def fake_backend():
     layout = KVLayout(10, 16, 2, 16, "f16")
     names = ["token_embd.weight", "output_norm.weight"] + [
         f"blk.{i}.{n}.weight" for i in range(2) for n in
-        ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
+        ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_gate_up", "ffn_down")]  # as uploaded (stacked)
     weights = {n: ("f32", (n,)) if "norm" in n else ("q8_0" if n == "token_embd.weight" else "q4_1", (n + ".qs", n + ".d"))
                for n in names}
     scratch = {k: k for k in ("token_ids", "positions", "slot_mapping", "block_tables", "context_lens", "starts",
-                              "cos_sin", "x", "h", "q", "k", "v", "attn", "o", "gate", "up", "part_acc",
+                              "cos_sin", "x", "h", "qkv", "q", "k", "v", "attn", "act", "part_acc",
                               "part_stats", "last", "last_norm", "logits", "ids")}
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(2)]
     return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, kv_caches=caches, kv_layout=layout,
@@ -34,13 +34,28 @@ def test_plan_keys_bucket_batches_by_kernel_choice():
     assert PlanKey.of(40, 2) == PlanKey("matmul", False, "matvec")
 
 
-def test_program_has_one_pass_per_phase_and_15_or_16_dispatches_per_layer():
+def test_program_has_one_pass_per_phase_and_8_or_9_dispatches_per_layer():
     b = fake_backend()
     decode = layer_program(b, PlanKey.of(2, 2))
     prefill = layer_program(b, PlanKey.of(24, 3))
-    assert [len(p) for p in decode] == [1 + 2 * 16, 3]  # embedding + layers (with the reduce) | norm, head, argmax
-    assert [len(p) for p in prefill] == [1 + 2 * 15, 3]
-    assert decode[0][2].shader == "matvec_q4_1" and prefill[0][2].shader == "matmul_q4_1"
+    assert [len(p) for p in decode] == [1 + 2 * 8, 3]  # embedding + layers (with the reduce) | norm, head, argmax
+    assert [len(p) for p in prefill] == [1 + 2 * 9, 3]
+    layer = [(d.shader, d.constants, d.slot) for d in decode[0][1:9]]
+    assert layer == [
+        ("matvec_q4_1", (("WORKGROUP_SIZE", 32), ("NORM", 1)), "lin_qkv"),  # attn_norm fused, q|k|v stacked
+        ("rope", (("WORKGROUP_SIZE", 64),), "rope"),
+        ("kv_write", None, "kv_write"), ("paged_attention", None, "attn"), ("paged_attention_reduce", None, "reduce"),
+        ("matvec_q4_1", (("WORKGROUP_SIZE", 32), ("ACCUMULATE", 1)), "lin_h"),  # x += o
+        ("matvec_q4_1", (("WORKGROUP_SIZE", 32), ("NORM", 1), ("SWIGLU", 1)), "lin_ffn"),  # ffn_norm, gate|up, SwiGLU
+        ("matvec_q4_1", (("WORKGROUP_SIZE", 32), ("ACCUMULATE", 1)), "lin_down")]  # x += down
+    assert decode[0][1].bindings == ("blk.0.attn_qkv.weight.qs", "blk.0.attn_qkv.weight.d", "x", "qkv")
+    assert decode[0][2].bindings == ("qkv", "q", "k", "v", "positions", "cos_sin")
+    assert decode[0][7].bindings[2:] == ("x", "act") and decode[0][8].bindings[2:] == ("act", "x")
+    assert [d.shader for d in prefill[0][1:10]] == [
+        "rmsnorm", "matmul_q4_1", "rope", "kv_write", "paged_prefill_attention", "matmul_q4_1", "rmsnorm",
+        "matmul_q4_1", "matmul_q4_1"]
+    assert prefill[0][1].bindings == ("x", "blk.0.attn_norm.weight", "h") and prefill[0][2].bindings[2:] == ("h", "qkv")
+    assert prefill[0][8].constants == (("WORKGROUP_SIZE", 32), ("SWIGLU", 1))
     assert decode[1][1].shader == "matvec_q8_0" and decode[1][1].bindings[:2] == ("token_embd.weight.qs",
                                                                                  "token_embd.weight.d")
     attn = [d for d in prefill[0] if d.shader == "paged_prefill_attention"]
@@ -57,5 +72,9 @@ def test_step_slots_grids_and_uniforms():
     assert attn[:7].tolist() == [3, 4, 2, 16, 9, 8, 2]  # seqs, heads, kv heads, block, width, partition, parts
     assert attn[7].view(np.float32) == np.float32(0.25)
     assert grids[SLOT_INDEX["reduce"]].tolist() == [3, 1, 1]  # 3 seqs x 4 heads x 16 / 4 = 48 -> 3 groups of 16
-    single = step_slots(b, StepShape(1, 1, 1, 1, 1, True))[0]
+    single, single_params = step_slots(b, StepShape(1, 1, 1, 1, 1, True))
     assert single[SLOT_INDEX["reduce"]].tolist() == [0, 0, 0]  # one partition: no reduce dispatch
+    assert single[SLOT_INDEX["lin_qkv"]].tolist() == [1, 1, 1]  # (64 + 2 * 32) rows / 8 per thread = 16 threads
+    qkv = single_params[SLOT_INDEX["lin_qkv"] * PARAM_SLOT_BYTES:][:16]
+    assert qkv[:12].view(np.uint32).tolist() == [128, 64, 1] and qkv[12:].view(np.float32)[0] == np.float32(1e-5)
+    assert single[SLOT_INDEX["lin_ffn"]].tolist() == [1, 1, 1]  # 2 * 128 gate|up rows

@@ -42,15 +42,26 @@ def _errors(got, want, scale=None):
     return out
 
 
-async def case_linear(kernel, dtype, rows, cols, tokens, seed):
+async def case_linear(kernel, dtype, rows, cols, tokens, seed, accumulate=False, norm=False):
+    """accumulate: the ACCUMULATE variant adds into a random y0 (the fused residual add);
+    norm: the NORM variant multiplies rms_norm(x, g) (the fused RMSNorm)."""
     ctx = await _context()
     parts = _weights(dtype, rows, cols, seed)
-    x = np.random.default_rng(seed + 1).standard_normal((tokens, cols), dtype=np.float32)  # (T, cols)
-    got = await ops.run_linear(ctx, x, dtype, (rows, cols), parts, kernel)
+    rng = np.random.default_rng(seed + 1)
+    x = rng.standard_normal((tokens, cols), dtype=np.float32) * (3 if norm else 1)  # (T, cols)
+    y0 = rng.standard_normal((tokens, rows), dtype=np.float32) * 4 if accumulate else None  # (T, rows)
+    gain = (rng.standard_normal(cols, dtype=np.float32), 1e-5) if norm else None  # ((cols,), eps)
+    got = await ops.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, y0=y0, norm=gain)
+    if norm:
+        x = ref.rms_norm(x, gain[0], gain[1])  # (T, cols)
     want = ref.quantized_linear(x, dtype, (rows, cols), parts)
     # f32 rounding of a dot product scales with sum |w_k x_k|, not with the result.
     scale = np.abs(x) @ np.abs(dequantize(dtype, (rows, cols), parts)).T  # (T, rows)
-    return {"kernel": f"{kernel}_{dtype}", "tokens": tokens, **_errors(got, want, scale)}
+    if accumulate:
+        want = y0 + want
+        scale = scale + np.abs(y0)
+    return {"kernel": f"{kernel}_{dtype}", "tokens": tokens, "accumulate": accumulate, "norm": norm,
+            **_errors(got, want, scale)}
 
 
 async def case_rmsnorm(hidden, tokens, seed, eps=1e-5):
@@ -70,20 +81,33 @@ async def case_rope(positions, n_heads, n_kv_heads, head_dim, seed, base=100000.
     q = rng.standard_normal((pos.size, n_heads * head_dim), dtype=np.float32)
     k = rng.standard_normal((pos.size, n_kv_heads * head_dim), dtype=np.float32)
     table = ref.rope_cos_sin(head_dim, base, max_positions)  # (max_positions, head_dim/2, 2)
-    got_q, got_k = await ops.run_rope(ctx, q, k, pos, table, n_heads, n_kv_heads)
+    v = rng.standard_normal((pos.size, n_kv_heads * head_dim), dtype=np.float32)
+    qkv = np.concatenate([q, k, v], axis=1)  # (T, (n_heads + 2 n_kv_heads) * head_dim), as the stacked matvec
+    got_q, got_k, got_v = await ops.run_rope(ctx, qkv, pos, table, n_heads, n_kv_heads)
     want_q, want_k = ref.rope(q, k, pos, head_dim, base)
-    return {"kernel": "rope", "q": _errors(got_q, want_q), "k": _errors(got_k, want_k)}
+    return {"kernel": "rope", "q": _errors(got_q, want_q), "k": _errors(got_k, want_k),
+            "v_equal": bool(np.array_equal(got_v, v))}
 
 
-async def case_swiglu(shape, seed):
+async def case_linear_swiglu(kernel, dtype, rows, cols, tokens, seed, norm=False):
+    """The SWIGLU variant: W's rows are gate / up interleaved in runs of 4 (webgpu_fused.stack_rows);
+    the kernel returns silu(gate) * up (T, rows / 2), here against ref.swiglu of the two halves."""
     ctx = await _context()
-    rng = np.random.default_rng(seed)
-    gate = rng.standard_normal(shape, dtype=np.float32) * 4
-    up = rng.standard_normal(shape, dtype=np.float32)
-    gate[..., 0] = -100.0  # exp(100) overflows to inf: silu must still give -0
-    got = await ops.run_swiglu(ctx, gate, up)
+    parts = _weights(dtype, rows, cols, seed)
+    rng = np.random.default_rng(seed + 1)
+    x = rng.standard_normal((tokens, cols), dtype=np.float32) * 3  # (T, cols)
+    gain = (rng.standard_normal(cols, dtype=np.float32), 1e-5) if norm else None  # ((cols,), eps)
+    got = await ops.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, norm=gain, swiglu=True)  # (T, rows/2)
+    if norm:
+        x = ref.rms_norm(x, gain[0], gain[1])
+    y = ref.quantized_linear(x, dtype, (rows, cols), parts).reshape(tokens, rows // 8, 2, 4)  # runs of 4
+    gate, up = y[:, :, 0].reshape(tokens, -1), y[:, :, 1].reshape(tokens, -1)  # (T, rows/2) each
     want = ref.swiglu(gate, up)
-    return {"kernel": "swiglu", **_errors(got, want, np.abs(want) + 1e-30)}
+    mag = (np.abs(x) @ np.abs(dequantize(dtype, (rows, cols), parts)).T).reshape(tokens, rows // 8, 2, 4)
+    gate_mag, up_mag = mag[:, :, 0].reshape(tokens, -1), mag[:, :, 1].reshape(tokens, -1)
+    # first-order error of silu(g) * u from the dot products' rounding (|silu'| <= 1.1) plus exp's own rounding
+    scale = 1.1 * gate_mag * np.abs(up) + np.abs(gate) * up_mag + np.abs(want)
+    return {"kernel": f"{kernel}_{dtype}", "swiglu": True, **_errors(got, want, scale)}
 
 
 async def case_embedding(vocab, hidden, token_ids, seed):

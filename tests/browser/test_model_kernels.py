@@ -10,7 +10,8 @@ Error bounds (stated here, asserted below; what SwiftShader gave when written in
       the scale of f32 rounding in a dot product [<= 2.5e-7], and <= 1e-5 * max|ref| [<= 1.6e-6]
   rmsnorm: relative error <= 1e-6 per element [2.5e-7]
   rope: <= 2e-7 * max|ref| [exact: the cos/sin table is built by the reference's own code]
-  swiglu: relative error <= 4e-6 per element [8.9e-7]
+  swiglu (fused into the gate|up matvec / matmul): <= 4e-6 * (first-order bound from the dot products'
+      rounding + |result|) per element
   embedding and argmax: exact (argmax ties -> lowest index, as numpy)
 """
 from __future__ import annotations
@@ -68,6 +69,27 @@ def test_matvec_matches_reference(worker, dtype):
     assert_linear(results)
 
 
+@pytest.mark.parametrize("kernel", ["matvec", "matmul"])
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+def test_linear_accumulate_adds_into_y(worker, kernel, dtype):
+    """The ACCUMULATE variant (residual add fused into the output projections) returns y0 + x @ W.T."""
+    shapes = [(576, 576, 1), (576, 1536, 5), (37, 96, 3)]
+    results = run(worker, [f"case_linear('{kernel}', '{dtype}', {r}, {c}, {t}, seed=12, accumulate=True)"
+                           for r, c, t in shapes])
+    assert [(r["accumulate"], r["shape"]) for r in results] == [(True, [t, r]) for r, _, t in shapes]
+    assert_linear(results)
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+def test_matvec_norm_fuses_the_rmsnorm(worker, dtype):
+    """The NORM variant (RMSNorm fused into the q|k|v and gate|up matvecs) returns rms_norm(x, g) @ W.T."""
+    shapes = [(960, 576, 1), (3072, 576, 2), (37, 96, 3)]
+    results = run(worker, [f"case_linear('matvec', '{dtype}', {r}, {c}, {t}, seed=13, norm=True)"
+                           for r, c, t in shapes])
+    assert [(r["norm"], r["shape"]) for r in results] == [(True, [t, r]) for r, _, t in shapes]
+    assert_linear(results)
+
+
 @pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
 def test_matmul_matches_reference(worker, dtype):
     # Tokens not a multiple of 4; 37 and 36 rows end in a partial 8-row tile (36: its upper half is empty).
@@ -111,14 +133,22 @@ def test_rope_matches_reference(worker):
         ([1, 576], [1, 192]), ([7, 576], [7, 192]), ([3, 64], [3, 32])]
     for r in results:
         assert r["q"]["max_rel"] <= ROPE_REL_BOUND and r["k"]["max_rel"] <= ROPE_REL_BOUND, r
+        assert r["v_equal"], r  # v is only split off the stacked q | k | v rows
 
 
-def test_swiglu_matches_reference(worker):
-    results = run(worker, ["case_swiglu((1, 1536), seed=6)", "case_swiglu((7, 1536), seed=7)",
-                           "case_swiglu((3, 37), seed=8)"])
-    assert [r["shape"] for r in results] == [[1, 1536], [7, 1536], [3, 37]]
+@pytest.mark.parametrize("kernel", ["matvec", "matmul"])
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+def test_swiglu_fused_into_the_gate_up_projection(worker, kernel, dtype):
+    """SWIGLU variant over gate / up rows interleaved by fours -> silu(gate) * up, (T, rows / 2)."""
+    shapes = [(3072, 576, 1), (3072, 576, 7), (40, 96, 3)]
+    calls = [f"case_linear_swiglu('{kernel}', '{dtype}', {r}, {c}, {t}, seed=14)" for r, c, t in shapes]
+    if kernel == "matvec":
+        calls.append(f"case_linear_swiglu('matvec', '{dtype}', 3072, 576, 2, seed=15, norm=True)")
+        shapes.append((3072, 576, 2))
+    results = run(worker, calls)
+    assert [r["shape"] for r in results] == [[t, r // 2] for r, _, t in shapes]
     for r in results:
-        assert r["max_scaled"] <= SWIGLU_REL_BOUND, r
+        assert r["max_scaled"] <= SWIGLU_REL_BOUND and r["max_rel"] <= LINEAR_REL_BOUND, r
 
 
 def test_argmax_is_exact_with_ties_to_the_lowest_index(worker):

@@ -80,7 +80,7 @@ def test_budget_shrinks_pool_and_refuses_what_never_fits(worker):
     assert r["block_bytes"] == 2 * 2 * 16 * 2 * 16 * 2
     assert led["used"] == r["fixed"] + 3 * r["block_bytes"] <= led["budget"]
     assert led["peak"] <= led["budget"]
-    assert led["by_kind"]["weights"] == 82176 and led["by_kind"]["staging"] > 0 and led["by_kind"]["scratch"] > 0
+    assert led["by_kind"]["weights"] == 83200 and led["by_kind"]["staging"] > 0 and led["by_kind"]["scratch"] > 0
     assert r["refused"] is not None and "= 4 blocks of 16, but the KV pool only has 3 blocks" in r["refused"], r["refused"]
     assert r["gpu"] == r["ref"]  # the page keeps working after the refusal
     assert r["too_small"].startswith("BudgetExceeded: a GPU budget of") and "no room for the KV cache" in r["too_small"]
@@ -136,7 +136,7 @@ def test_app_loads_the_model_on_the_chosen_backend(browser, base_url, query, bac
         if backend == "webgpu":
             ledger = info["ledger"]
             assert ledger["budget_bytes"] == 16 << 20 and ledger["used_bytes"] <= ledger["budget_bytes"]
-            assert ledger["by_kind"]["weights"] == 82176
+            assert ledger["by_kind"]["weights"] == 83200  # norm weights also in the stacked tensors
             kv_block = 2 * 2 * 16 * 2 * 16 * 2  # layers x (K, V) x 16 tokens x kv heads x head_dim x f16
             assert ledger["by_kind"]["kv"] == info["num_blocks"] * kv_block
             assert ledger["free_bytes"] < kv_block  # the pool took what the budget left

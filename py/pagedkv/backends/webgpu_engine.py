@@ -21,6 +21,7 @@ from ..model.config import ModelConfig
 from ..model.weights import check_manifest, tensor_parts, verify_shard
 from . import webgpu_ops as ops
 from .numpy_ref import ForwardBatch
+from .webgpu_fused import fused_member, stack_rows, stacked_nbytes
 from .webgpu_kernels import KVCacheBuffers, KVKernels, KVLayout
 from .webgpu_plan import PARAM_SLOT_BYTES, SLOT_INDEX, SLOTS, PlanKey, StepShape, layer_program, step_slots
 
@@ -124,11 +125,23 @@ class WebGpuBackend:
 
     @staticmethod
     def _weights_bytes(manifest: dict) -> int:
-        return sum(rounded(loc["nbytes"]) for t in manifest["tensors"].values() for loc in t["parts"].values())
+        """Bytes _upload_weights reserves: each tensor's parts, the stacked projections (webgpu_fused.py)
+        instead of their members, the norm weights both alone and inside their stacked tensor."""
+        total, groups = 0, {}
+        for name, t in manifest["tensors"].items():
+            member = fused_member(name)
+            if member is None or t["dtype"] == "f32":
+                total += sum(rounded(loc["nbytes"]) for loc in t["parts"].values())
+            if member is not None:
+                groups.setdefault(member[0], {})[member[1]] = (t["dtype"], tuple(t["shape"]))
+        for group in groups.values():
+            total += sum(rounded(n) for n in stacked_nbytes([group[i] for i in sorted(group)]).values())
+        return total
 
     async def _upload_weights(self, manifest: dict, shard_source, on_progress) -> None:
         total = sum(s["nbytes"] for s in manifest["shards"])
         loaded = 0
+        pending: dict[str, dict[int, tuple]] = {}  # stacked tensor -> member index -> (dtype, shape, parts)
         for shard in manifest["shards"]:
             data = await shard_source(shard["file"])
             verify_shard(shard, data)
@@ -140,17 +153,34 @@ class WebGpuBackend:
                     ops.check_q8_0_codes(name, parts)
                 elif entry["dtype"] == "f16":
                     raise ValueError(f"tensor {name}: f16 tensors are not supported by the WebGPU backend")
-                order = {"q4_1": ("qs", "dm"), "q8_0": ("qs", "d"), "f32": ("data",)}[entry["dtype"]]
-                bufs = []
-                for part in order:
-                    buf = self._buffer(f"w:{name}.{part}", len(parts[part]), "weights")
-                    self.ctx.write(buf, np.frombuffer(parts[part], np.uint8))
-                    bufs.append(buf)
-                self.weights[name] = (entry["dtype"], tuple(bufs))
+                member = fused_member(name)
+                if member is None or entry["dtype"] == "f32":  # a norm weight is also used on its own (prefill)
+                    self._upload_tensor(name, entry["dtype"], parts)
+                if member is None:
+                    continue
+                # q/k/v and gate/up run as one matvec over their stacked rows, their input norm fused (webgpu_fused.py)
+                stacked, index, count = member
+                group = pending.setdefault(stacked, {})
+                group[index] = (entry["dtype"], tuple(entry["shape"]), {k: bytes(v) for k, v in parts.items()})
+                if len(group) == count:
+                    dtype, _, stacked_parts = stack_rows(stacked, [group[i] for i in sorted(group)])
+                    self._upload_tensor(stacked, dtype, stacked_parts)
+                    del pending[stacked]
             loaded += shard["nbytes"]
             del data  # the CPU copy goes as soon as its tensors are on the GPU
             if on_progress is not None:
                 on_progress(loaded, total)
+        if pending:
+            raise ValueError(f"the manifest lacks members of the stacked projections {sorted(pending)}")
+
+    def _upload_tensor(self, name: str, dtype: str, parts: dict) -> None:
+        order = {"q4_1": ("qs", "dm"), "q8_0": ("qs", "d"), "f32": ("data",)}[dtype]
+        bufs = []
+        for part in order:
+            buf = self._buffer(f"w:{name}.{part}", len(parts[part]), "weights")
+            self.ctx.write(buf, np.frombuffer(parts[part], np.uint8))
+            bufs.append(buf)
+        self.weights[name] = (dtype, tuple(bufs))
 
     def _scratch_specs(self) -> list[tuple[str, int, str]]:
         cfg, t, s = self.config, self.max_num_batched_tokens, self.max_num_seqs
@@ -164,10 +194,10 @@ class WebGpuBackend:
             ("params", len(SLOTS) * PARAM_SLOT_BYTES, "scratch"),  # (slots, 256) uniforms
             ("cos_sin", cfg.context_length * cfg.head_dim * f32, "scratch"),  # (context, head_dim / 2, 2)
             ("x", t * cfg.hidden * f32, "scratch"), ("h", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
+            ("qkv", t * (cfg.hidden + 2 * cfg.kv_dim) * f32, "scratch"),  # (T, n_heads*hd + 2 kv_dim)
             ("q", t * cfg.hidden * f32, "scratch"), ("attn", t * cfg.hidden * f32, "scratch"),  # (T, n_heads*hd)
             ("k", t * cfg.kv_dim * f32, "scratch"), ("v", t * cfg.kv_dim * f32, "scratch"),  # (T, kv_dim)
-            ("o", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
-            ("gate", t * cfg.ffn * f32, "scratch"), ("up", t * cfg.ffn * f32, "scratch"),  # (T, ffn)
+            ("act", t * cfg.ffn * f32, "scratch"),  # (T, ffn) silu(gate) * up
             ("part_acc", s * max_parts * cfg.hidden * f32, "scratch"),  # (S, parts, n_heads, head_dim)
             ("part_stats", s * max_parts * cfg.n_heads * 2 * f32, "scratch"),  # (S, parts, n_heads, 2)
             ("last", s * cfg.hidden * f32, "scratch"), ("last_norm", s * cfg.hidden * f32, "scratch"),  # (S, hid)

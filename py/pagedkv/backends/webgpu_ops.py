@@ -67,30 +67,56 @@ def _weight(dtype: str, rows: int, cols: int) -> None:
 # ---------------------------------------------------------------- call builders (pure)
 
 
-def matvec_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32) -> KernelCall:
-    """y (tokens, rows) = x (tokens, cols) @ W.T, decode-sized batches; buffers: qs, dm|d, x, y, params."""
+def linear_constants(workgroup_size: int, accumulate: bool = False, norm: bool = False,
+                     swiglu: bool = False) -> tuple:
+    """Pipeline constants of matvec_* / matmul_*: ACCUMULATE makes them add into y (a fused residual add),
+    NORM (matvec only) applies the RMSNorm whose weight follows the codes in qs to x first, SWIGLU writes
+    silu(gate) * up of gate/up rows interleaved in runs of 4 (webgpu_fused.py)."""
+    flags = (("ACCUMULATE", accumulate), ("NORM", norm), ("SWIGLU", swiglu))
+    return (("WORKGROUP_SIZE", workgroup_size),) + tuple((name, 1) for name, on in flags if on)
+
+
+def _check_swiglu(rows: int, swiglu: bool, accumulate: bool) -> None:
+    if swiglu and (rows % 8 or accumulate):
+        raise ValueError(f"SWIGLU needs rows a multiple of 8 (4 gate + 4 up rows per thread) and no ACCUMULATE, "
+                         f"got {rows} rows")
+
+
+def matvec_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32,
+                accumulate: bool = False, norm_eps: float | None = None, swiglu: bool = False) -> KernelCall:
+    """y (tokens, rows) = x (tokens, cols) @ W.T (y += ... when accumulate), decode-sized batches;
+    with norm_eps, W @ rms_norm(x, g, norm_eps) where g (cols,) f32 follows the codes in qs;
+    with swiglu, y (tokens, rows / 2) = silu(gate) * up; buffers: qs, dm|d, x, y, params."""
     _weight(dtype, rows, cols)
     _positive(tokens=tokens)
+    _check_swiglu(rows, swiglu, accumulate)
+    if norm_eps is not None and not norm_eps > 0:
+        raise ValueError(f"norm_eps must be positive, got {norm_eps}")
     grid = (_ceil(_ceil(rows, MATVEC_ROWS), workgroup_size), tokens, 1)
-    return KernelCall(f"matvec_{dtype}", (("WORKGROUP_SIZE", workgroup_size),), grid, _params(rows, cols, tokens))
+    constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu)
+    return KernelCall(f"matvec_{dtype}", constants, grid, _params(rows, cols, tokens, float(norm_eps or 0.0)))
 
 
-def matmul_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32) -> KernelCall:
-    """Y (tokens, rows) = X (tokens, cols) @ W.T, prefill-sized; buffers: qs, dm|d, x, y, params."""
+def matmul_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32,
+                accumulate: bool = False, swiglu: bool = False) -> KernelCall:
+    """Y (tokens, rows) = X (tokens, cols) @ W.T (Y += ... when accumulate, Y (tokens, rows / 2) =
+    silu(gate) * up with swiglu), prefill-sized; buffers: qs, dm|d, x, y, params."""
     _weight(dtype, rows, cols)
     _positive(tokens=tokens)
+    _check_swiglu(rows, swiglu, accumulate)
     tile_rows, tile_tokens = MATMUL_TILE
     grid = (_ceil(_ceil(rows, tile_rows), workgroup_size), _ceil(tokens, tile_tokens), 1)
-    return KernelCall(f"matmul_{dtype}", (("WORKGROUP_SIZE", workgroup_size),), grid, _params(rows, cols, tokens))
+    return KernelCall(f"matmul_{dtype}", linear_constants(workgroup_size, accumulate, swiglu=swiglu), grid,
+                      _params(rows, cols, tokens))
 
 
-def linear_call(dtype: str, rows: int, cols: int, tokens: int) -> KernelCall:
+def linear_call(dtype: str, rows: int, cols: int, tokens: int, accumulate: bool = False) -> KernelCall:
     """The faster of matvec / matmul for `tokens` rows of activations (same bindings, same result).
 
     Measured on SwiftShader (bench/model_kernels.py): matvec's cost grows linearly with tokens,
     matmul's 4-token tile costs about 2.5 single-token matvecs, so matmul wins from 3 tokens on.
     """
-    return (matvec_call if tokens <= 2 else matmul_call)(dtype, rows, cols, tokens)
+    return (matvec_call if tokens <= 2 else matmul_call)(dtype, rows, cols, tokens, accumulate=accumulate)
 
 
 def rmsnorm_call(hidden: int, tokens: int, eps: float, workgroup_size: int = 64) -> KernelCall:
@@ -103,22 +129,14 @@ def rmsnorm_call(hidden: int, tokens: int, eps: float, workgroup_size: int = 64)
 
 
 def rope_call(tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, workgroup_size: int = 64) -> KernelCall:
-    """Rotate q (tokens, n_heads*head_dim) and k in place; buffers: q, k, positions, cos_sin, params."""
+    """Split qkv (tokens, (n_heads + 2 n_kv_heads) * head_dim) into q and k rotated and v copied;
+    buffers: qkv, q, k, v, positions, cos_sin, params."""
     _positive(tokens=tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
     if head_dim % 2:
         raise ValueError(f"head_dim must be even, got {head_dim}")
-    pairs = (n_heads + n_kv_heads) * head_dim // 2
+    pairs = (n_heads + 2 * n_kv_heads) * head_dim // 2
     return KernelCall("rope", (("WORKGROUP_SIZE", workgroup_size),), (_ceil(pairs, workgroup_size), tokens, 1),
                       _params(tokens, n_heads, n_kv_heads, head_dim))
-
-
-def swiglu_call(n: int, workgroup_size: int = 64) -> KernelCall:
-    """gate = silu(gate) * up over n elements, in place; buffers: gate, up, params."""
-    _positive(n=n)
-    groups = _ceil(n, workgroup_size)
-    grid_x = min(groups, MAX_WORKGROUPS_PER_DIM)
-    return KernelCall("swiglu", (("WORKGROUP_SIZE", workgroup_size),), (grid_x, _ceil(groups, grid_x), 1),
-                      _params(n, grid_x * workgroup_size))
 
 
 def embedding_call(tokens: int, hidden: int, workgroup_size: int = 64) -> KernelCall:
@@ -201,20 +219,36 @@ def _quant_parts(dtype: str, parts: dict) -> list[bytes]:
 
 
 async def run_linear(ctx, x: np.ndarray, dtype: str, shape: tuple[int, int], parts: dict,
-                     kernel: str = "matvec") -> np.ndarray:
-    """x (T, cols) f32 @ W.T on the GPU with matvec_<dtype> or matmul_<dtype> -> (T, rows) f32."""
+                     kernel: str = "matvec", y0: np.ndarray | None = None,
+                     norm: tuple[np.ndarray, float] | None = None, swiglu: bool = False) -> np.ndarray:
+    """x (T, cols) f32 @ W.T on the GPU with matvec_<dtype> or matmul_<dtype> -> (T, rows) f32;
+    with y0 (T, rows) the kernel's ACCUMULATE variant returns y0 + x @ W.T; with norm = (g (cols,), eps)
+    matvec's NORM variant returns rms_norm(x, g, eps) @ W.T; with swiglu (W's rows gate/up interleaved in
+    runs of 4) the SWIGLU variant returns silu(gate) * up, (T, rows / 2)."""
     rows, cols = shape
     if x.ndim != 2 or x.shape[1] != cols:
         raise ValueError(f"x must be (tokens, {cols}), got {x.shape}")
     if kernel not in ("matvec", "matmul"):
         raise ValueError(f"kernel must be 'matvec' or 'matmul', got {kernel!r}")
-    build = matvec_call if kernel == "matvec" else matmul_call
-    call = build(dtype, rows, cols, x.shape[0])
+    if y0 is not None and y0.shape != (x.shape[0], rows):
+        raise ValueError(f"y0 must be ({x.shape[0]}, {rows}), got {y0.shape}")
+    if norm is not None and (kernel != "matvec" or norm[0].shape != (cols,)):
+        raise ValueError(f"norm=(weight ({cols},), eps) fuses an RMSNorm into matvec only")
+    if kernel == "matvec":
+        call = matvec_call(dtype, rows, cols, x.shape[0], accumulate=y0 is not None,
+                           norm_eps=None if norm is None else norm[1], swiglu=swiglu)
+    else:
+        call = matmul_call(dtype, rows, cols, x.shape[0], accumulate=y0 is not None, swiglu=swiglu)
     if dtype == "q8_0":
         check_q8_0_codes("weight", parts)
     x = x.astype(np.float32)  # (T, cols)
-    out = await _run(ctx, call, [*_quant_parts(dtype, parts), x, None], 3, x.shape[0] * rows * 4, np.float32)
-    return out.reshape(x.shape[0], rows)
+    y = None if y0 is None else y0.astype(np.float32)  # (T, rows)
+    qs, scales = _quant_parts(dtype, parts)
+    if norm is not None:  # the norm weight follows the codes, as webgpu_fused.stack_rows stores it
+        qs = bytes(qs) + norm[0].astype("<f4").tobytes()
+    out_rows = rows // 2 if swiglu else rows
+    out = await _run(ctx, call, [qs, scales, x, y], 3, x.shape[0] * out_rows * 4, np.float32)
+    return out.reshape(x.shape[0], out_rows)
 
 
 async def run_rmsnorm(ctx, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -227,37 +261,27 @@ async def run_rmsnorm(ctx, x: np.ndarray, weight: np.ndarray, eps: float) -> np.
     return out.reshape(x.shape)
 
 
-async def run_rope(ctx, q: np.ndarray, k: np.ndarray, positions: np.ndarray, cos_sin: np.ndarray,
-                   n_heads: int, n_kv_heads: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rotate q (T, n_heads*hd) and k (T, n_kv_heads*hd) on the GPU with a (max_pos, hd/2, 2) cos/sin table."""
+async def run_rope(ctx, qkv: np.ndarray, positions: np.ndarray, cos_sin: np.ndarray,
+                   n_heads: int, n_kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split qkv (T, (n_heads + 2 n_kv_heads) * hd) on the GPU into q (T, n_heads*hd) and k (T, n_kv_heads*hd)
+    rotated with a (max_pos, hd/2, 2) cos/sin table, and v (T, n_kv_heads*hd) copied."""
     t = positions.shape[0]
     head_dim = 2 * cos_sin.shape[1]
-    if q.shape != (t, n_heads * head_dim) or k.shape != (t, n_kv_heads * head_dim):
-        raise ValueError(f"q must be ({t}, {n_heads * head_dim}) and k ({t}, {n_kv_heads * head_dim}), "
-                         f"got {q.shape} and {k.shape}")
+    if qkv.shape != (t, (n_heads + 2 * n_kv_heads) * head_dim):
+        raise ValueError(f"qkv must be ({t}, {(n_heads + 2 * n_kv_heads) * head_dim}), got {qkv.shape}")
     if positions.dtype != np.int32 or positions.min() < 0 or positions.max() >= cos_sin.shape[0]:
         raise ValueError(f"positions must be int32 in [0, {cos_sin.shape[0]}) (the cos/sin table length)")
     call = rope_call(t, n_heads, n_kv_heads, head_dim)
-    bq, bk = upload(ctx, q.astype(np.float32), "q"), upload(ctx, k.astype(np.float32), "k")
-    bp, bt = upload(ctx, positions, "positions"), upload(ctx, cos_sin.astype(np.float32), "cos_sin")
-    buffers = [bq, bk, bp, bt]
+    widths = (n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim)
+    buffers = [upload(ctx, qkv.astype(np.float32), "qkv")] + [ctx.buffer(t * w * 4, n) for w, n in zip(widths, "qkv")]
+    buffers += [upload(ctx, positions, "positions"), upload(ctx, cos_sin.astype(np.float32), "cos_sin")]
     try:
-        buffers.append(await launch(ctx, call, buffers[:4]))
-        q_out = np.frombuffer(await ctx.read(bq, q.size * 4), dtype=np.float32).reshape(q.shape).copy()
-        k_out = np.frombuffer(await ctx.read(bk, k.size * 4), dtype=np.float32).reshape(k.shape).copy()
+        buffers.append(await launch(ctx, call, list(buffers)))
+        return tuple([np.frombuffer(await ctx.read(buf, t * w * 4), dtype=np.float32).reshape(t, w).copy()
+                      for buf, w in zip(buffers[1:4], widths)])
     finally:
         for b in buffers:
             b.destroy()
-    return q_out, k_out
-
-
-async def run_swiglu(ctx, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """silu(gate) * up on the GPU, any shape -> same shape f32."""
-    if gate.shape != up.shape:
-        raise ValueError(f"gate and up must have one shape, got {gate.shape} and {up.shape}")
-    call = swiglu_call(gate.size)
-    out = await _run(ctx, call, [gate.astype(np.float32), up.astype(np.float32)], 0, gate.size * 4, np.float32)
-    return out.reshape(gate.shape)
 
 
 async def run_embedding(ctx, token_ids: np.ndarray, shape: tuple[int, int], parts: dict) -> np.ndarray:

@@ -4,15 +4,20 @@ A plan is recorded once per batch-shape bucket (PlanKey: matvec or matmul for th
 prefill attention, matvec or matmul for the S last tokens through the LM head) as a list of compute passes
 of (pipeline, bind group). The grids and uniforms that depend on T and S are not baked in: every dispatch
 reads its uniform from a 256-byte slot of one params buffer, and dispatches of the same kind share a slot
-(all 30 layers' q projections read slot "lin_h"), so a step writes ~15 slots in one writeBuffer and hands
-the replayer one int32 array of grids.
+(all 30 layers' stacked q|k|v projections read slot "lin_qkv"), so a step writes ~13 slots in one
+writeBuffer and hands the replayer one int32 array of grids.
+
+Each dispatch costs ~0.45 ms on SwiftShader whatever its work, so a decode layer is 8 dispatches: q|k|v
+matvec with its RMSNorm fused (NORM), rope + split into q / k / v, kv_write, paged attention + reduce,
+output projection adding into x (ACCUMULATE), gate|up matvec with its RMSNorm and the SwiGLU fused (NORM,
+SWIGLU), down projection adding into x. Prefill (matmul, compute-bound) keeps the two rmsnorm dispatches.
 
 Pure Python (no `js`): the GPU objects come from GpuContext through the backend.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -20,8 +25,8 @@ from . import webgpu_ops as ops
 from .webgpu_kernels import _params as kv_params
 
 PARAM_SLOT_BYTES = 256  # minUniformBufferOffsetAlignment
-SLOTS = ("embedding", "rms_t", "lin_h", "lin_kv", "lin_ffn", "lin_down", "rope", "kv_write", "attn", "reduce",
-         "resid", "swiglu", "rms_s", "lm_head", "argmax")
+SLOTS = ("embedding", "rms_t", "lin_h", "lin_qkv", "lin_ffn", "lin_down", "rope", "kv_write", "attn", "reduce",
+         "rms_s", "lm_head", "argmax")
 SLOT_INDEX = {name: i for i, name in enumerate(SLOTS)}
 
 
@@ -56,10 +61,18 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     """The step as passes of Dispatches over the backend `b`'s buffers; pass 1 runs after the last-row copies."""
     cfg, s, w = b.config, b.scratch, b.weights
 
-    def linear(name: str, x, y, slot: str, kind: str) -> Dispatch:
+    def linear(name: str, x, y, slot: str, kind: str, accumulate: bool = False, norm: bool = False,
+               swiglu: bool = False) -> Dispatch:
         dtype, parts = w[name]
-        shader = f"{kind}_{dtype}"
-        return Dispatch(shader, (("WORKGROUP_SIZE", 32),), (*parts, x, y), slot)
+        return Dispatch(f"{kind}_{dtype}", ops.linear_constants(32, accumulate, norm, swiglu), (*parts, x, y), slot)
+
+    def normed_linear(norm: str, name: str, y, slot: str, swiglu: bool = False) -> list[Dispatch]:
+        """y = rms_norm(x) @ W.T: matvec fuses the norm (its weight is stored after the stacked codes);
+        matmul (prefill, compute-bound) keeps the separate rmsnorm dispatch."""
+        if tk == "matvec":
+            return [linear(name, s["x"], y, slot, tk, norm=True, swiglu=swiglu)]
+        return [Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["x"], w[norm][1][0], s["h"]), "rms_t"),
+                linear(name, s["h"], y, slot, tk, swiglu=swiglu)]
 
     def kv_kernel(name: str) -> tuple:
         return name, None
@@ -71,12 +84,10 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
         cache = b.kv_caches[i]
+        body += normed_linear(p + "attn_norm.weight", p + "attn_qkv.weight", s["qkv"], "lin_qkv")  # q | k | v
         body += [
-            Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["x"], w[p + "attn_norm.weight"][1][0], s["h"]), "rms_t"),
-            linear(p + "attn_q.weight", s["h"], s["q"], "lin_h", tk),
-            linear(p + "attn_k.weight", s["h"], s["k"], "lin_kv", tk),
-            linear(p + "attn_v.weight", s["h"], s["v"], "lin_kv", tk),
-            Dispatch("rope", (("WORKGROUP_SIZE", 64),), (s["q"], s["k"], s["positions"], s["cos_sin"]), "rope"),
+            Dispatch("rope", (("WORKGROUP_SIZE", 64),),
+                     (s["qkv"], s["q"], s["k"], s["v"], s["positions"], s["cos_sin"]), "rope"),  # and split
             Dispatch(*kv_kernel("kv_write"), (s["k"], s["v"], s["slot_mapping"], cache.k, cache.v), "kv_write"),
         ]
         common = (s["q"], cache.k, cache.v, s["block_tables"], s["context_lens"])
@@ -90,16 +101,10 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         else:
             body.append(Dispatch(*kv_kernel("paged_prefill_attention"),
                                  {**dict(enumerate(common)), 6: s["starts"], 7: s["attn"]}, "attn"))
-        body += [
-            linear(p + "attn_output.weight", s["attn"], s["o"], "lin_h", tk),
-            Dispatch("residual_add", (("WORKGROUP_SIZE", 64),), (s["x"], s["o"]), "resid"),
-            Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["x"], w[p + "ffn_norm.weight"][1][0], s["h"]), "rms_t"),
-            linear(p + "ffn_gate.weight", s["h"], s["gate"], "lin_ffn", tk),
-            linear(p + "ffn_up.weight", s["h"], s["up"], "lin_ffn", tk),
-            Dispatch("swiglu", (("WORKGROUP_SIZE", 64),), (s["gate"], s["up"]), "swiglu"),
-            linear(p + "ffn_down.weight", s["gate"], s["o"], "lin_down", tk),
-            Dispatch("residual_add", (("WORKGROUP_SIZE", 64),), (s["x"], s["o"]), "resid"),
-        ]
+        body.append(linear(p + "attn_output.weight", s["attn"], s["x"], "lin_h", tk, accumulate=True))  # x += o
+        # act = silu(gate) * up straight from the gate / up rows (interleaved by fours)
+        body += normed_linear(p + "ffn_norm.weight", p + "ffn_gate_up.weight", s["act"], "lin_ffn", swiglu=True)
+        body.append(linear(p + "ffn_down.weight", s["act"], s["x"], "lin_down", tk, accumulate=True))  # x += down
     head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
     passes.append([
         Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["last"], w["output_norm.weight"][1][0], s["last_norm"]),
@@ -132,12 +137,10 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
         "embedding": ops.embedding_call(t, cfg.hidden),
         "rms_t": ops.rmsnorm_call(cfg.hidden, t, cfg.rms_eps),
         "lin_h": ops.linear_call(q8, cfg.hidden, cfg.hidden, t),
-        "lin_kv": ops.linear_call(q8, cfg.kv_dim, cfg.hidden, t),
-        "lin_ffn": ops.linear_call(q8, cfg.ffn, cfg.hidden, t),
+        "lin_qkv": _with_eps(ops.linear_call(q8, cfg.hidden + 2 * cfg.kv_dim, cfg.hidden, t), cfg.rms_eps),
+        "lin_ffn": _with_eps(ops.linear_call(q8, 2 * cfg.ffn, cfg.hidden, t), cfg.rms_eps),
         "lin_down": ops.linear_call(q8, cfg.hidden, cfg.ffn, t),
         "rope": ops.rope_call(t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
-        "resid": _resid_call(t * cfg.hidden),
-        "swiglu": ops.swiglu_call(t * cfg.ffn),
         "rms_s": ops.rmsnorm_call(cfg.hidden, n, cfg.rms_eps),
         "lm_head": ops.linear_call(q8, cfg.vocab, cfg.hidden, n),
         "argmax": ops.argmax_call(cfg.vocab, n),
@@ -163,6 +166,6 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     return grids, params.reshape(-1)
 
 
-def _resid_call(n: int) -> ops.KernelCall:
-    groups = -(-n // 64)
-    return ops.KernelCall("residual_add", (("WORKGROUP_SIZE", 64),), (groups, 1, 1), ops._params(n))
+def _with_eps(call: ops.KernelCall, eps: float) -> ops.KernelCall:
+    """The call's uniform with the norm eps in its last word (read by matvec's NORM variant, ignored by matmul)."""
+    return replace(call, params=call.params[:12] + np.float32(eps).tobytes())
