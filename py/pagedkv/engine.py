@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from .config import CacheConfig
 from .kv_cache_manager import KVCacheManager
+from .kv_retention import KVRetention
 from .model_runner import build_batch
 from .request import Request, RequestStatus
 from .sampling import Sampler, SamplingParams
@@ -39,10 +40,13 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     namespace: str | None = None  # mixed into prefix hashes (e.g. the model id)
     max_context: int | None = None  # tokens per conversation (prompt + reply); None: the model's context
+    retention: KVRetention | None = None  # default sliding window / eviction of every request
 
     def __post_init__(self) -> None:
         if self.max_context is not None and (not isinstance(self.max_context, int) or self.max_context < 2):
             raise ValueError(f"max_context must be an int >= 2 or None, got {self.max_context!r}")
+        if self.retention is not None and not isinstance(self.retention, KVRetention):
+            raise ValueError(f"retention must be a KVRetention or None, got {self.retention!r}")
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs, self.preemption,
@@ -89,33 +93,59 @@ class LLMEngine:
         self.default_stop_ids = frozenset(
             i for i in (_maybe(lambda: tokenizer.im_end_id), tokenizer.eos_token_id) if i is not None)
         self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "forward_s": 0.0,
-                         "copy_ops": 0, "swap_out_blocks": 0, "swap_in_blocks": 0}
+                         "copy_ops": 0, "swap_out_blocks": 0, "swap_in_blocks": 0,
+                         "shifted_blocks": 0}
 
     # ---------------------------------------------------------------- requests
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(), *,
-                    request_id: str | None = None, priority: int = 0, session: str = "default") -> str:
-        """Queue a generation from `prompt_ids`; returns its id. Raises ValueError / NeverFits up front."""
+                    request_id: str | None = None, priority: int = 0, session: str = "default",
+                    retention: KVRetention | None = None) -> str:
+        """Queue a generation from `prompt_ids`; returns its id. Raises ValueError / NeverFits up front.
+
+        retention (default: EngineConfig.retention) bounds the KV the request holds: with a sliding
+        window the conversation may run past the model's context.
+        """
         prompt = list(prompt_ids)
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token")
         check_token_ids(prompt)
         if max(prompt) >= self.tokenizer.vocab_size:
             raise ValueError(f"token id {max(prompt)} is outside the vocabulary ({self.tokenizer.vocab_size})")
-        if len(prompt) >= self.context_length:
+        retention = retention if retention is not None else self.config.retention
+        endless = self._check_retention(retention)
+        if len(prompt) >= self.context_length and not endless:
             raise ValueError(f"the prompt has {len(prompt):,} tokens but the model's context is "
                              f"{self.context_length:,}; shorten it (or start a new conversation)")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._tracked:
             raise ValueError(f"request id {rid!r} is already in use")
-        max_tokens = min(params.max_tokens, self.context_length - len(prompt))
+        max_tokens = params.max_tokens if endless else min(params.max_tokens, self.context_length - len(prompt))
         req = Request(rid, Sequence(prompt, session=session), num_prompt_tokens=len(prompt),
-                      max_tokens=max_tokens, priority=priority)
+                      max_tokens=max_tokens, priority=priority, retention=retention)
         self.scheduler.add(req)
         stops = frozenset(params.stop_token_ids) or self.default_stop_ids
         self._tracked[rid] = _Tracked(req, Sampler(params), StreamDecoder(self.tokenizer), stops,
                                       t_added=time.perf_counter())
         return rid
+
+    def _check_retention(self, retention: KVRetention | None) -> bool:
+        """Validate a retention policy against this engine; True when it lets a request pass the context."""
+        if retention is None:
+            return False
+        if not isinstance(retention, KVRetention):
+            raise ValueError(f"retention must be a KVRetention or None, got {retention!r}")
+        if retention.evict and not hasattr(self.backend, "track_attention_mass"):
+            raise ValueError(f"the {self.backend.name} backend cannot measure attention mass; "
+                             "importance eviction needs it (use evict=False)")
+        if retention.window_tokens is None:
+            return False
+        bs = self.kv.block_size
+        retention.check_block_size(bs)
+        if retention.max_blocks(bs) * bs > self.context_length:
+            raise ValueError(f"sinks + window + one block ({retention.max_blocks(bs) * bs} tokens) exceed the "
+                             f"model context ({self.context_length}); shrink window_tokens")
+        return True
 
     def abort(self, request_id: str) -> Request:
         """Stop a request now; its blocks are freed, its output so far is kept on the Request."""
@@ -148,6 +178,9 @@ class LLMEngine:
         if out.copies:
             await self.backend.copy_blocks(out.copies)
             self.counters["copy_ops"] += len(out.copies)
+        if out.shifts:
+            await self.backend.shift_keys(out.shifts)
+            self.counters["shifted_blocks"] += len(out.shifts)
         if not out.scheduled:
             return []
         batch = build_batch(out.scheduled, self.kv.block_size)
@@ -155,9 +188,14 @@ class LLMEngine:
         greedy = all(self._tracked[r.request_id].sampler.params.greedy
                      and self._tracked[r.request_id].sampler.params.repetition_penalty == 1.0
                      for r, _ in out.scheduled)
+        track = any(r.retention is not None and r.retention.evict for r, _ in out.scheduled)
+        if track or hasattr(self.backend, "track_attention_mass"):
+            self.backend.track_attention_mass = track
         t0 = time.perf_counter()
         logits = await self.backend.forward(batch, greedy=greedy)  # (S, vocab), or (S,) ids when greedy
         self.counters["forward_s"] += time.perf_counter() - t0
+        if track:
+            self._add_attention_mass(out.scheduled, self.backend.last_attention_mass)
         self.counters["steps"] += 1
         results = []
         for i, (req, n) in enumerate(out.scheduled):
@@ -170,6 +208,14 @@ class LLMEngine:
             self.counters["decode_tokens" if n == 1 and req.output_ids else "prefill_tokens"] += n
             results.append(self._sample(req, int(logits[i]) if greedy else logits[i]))
         return results
+
+    @staticmethod
+    def _add_attention_mass(scheduled, mass) -> None:
+        """mass (S, max_blocks): this step's attention mass per block-table entry, added per block id."""
+        for i, (req, _) in enumerate(scheduled):
+            scores = req.seq.block_scores
+            for k, block in enumerate(req.seq.block_table):
+                scores[block] = scores.get(block, 0.0) + float(mass[i, k])
 
     def _sample(self, req: Request, logits_or_token) -> StepOutput:
         tracked = self._tracked[req.request_id]
@@ -210,6 +256,7 @@ class LLMEngine:
             "cached_blocks": pool.num_cached, "block_size": self.kv.block_size,
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "swapped": len(self.scheduler.swapped), "preemptions": dict(self.scheduler.num_preemptions),
+            "evicted_blocks": self.scheduler.num_evicted_blocks,
             "prefix_hit_rate": self.kv.prefix_hit_rate, **self.counters,
         }
 

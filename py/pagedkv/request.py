@@ -10,6 +10,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
+from .kv_retention import KVRetention
 from .sequence import Sequence
 
 _arrivals = itertools.count()
@@ -37,6 +38,7 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0
+    retention: KVRetention | None = None  # sliding window / importance eviction (None: keep all KV)
 
     @property
     def num_tokens_to_compute(self) -> int:
