@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from .config import CacheConfig
 from .kv_cache_manager import KVCacheManager
-from .kv_retention import KVRetention
+from .kv_retention import KVRetention, add_attention_mass
 from .model_runner import build_batch
 from .request import Request, RequestStatus
 from .sampling import Sampler, SamplingParams
@@ -195,7 +195,7 @@ class LLMEngine:
         logits = await self.backend.forward(batch, greedy=greedy)  # (S, vocab), or (S,) ids when greedy
         self.counters["forward_s"] += time.perf_counter() - t0
         if track:
-            self._add_attention_mass(out.scheduled, self.backend.last_attention_mass)
+            add_attention_mass([r.seq for r, _ in out.scheduled], self.backend.last_attention_mass)
         self.counters["steps"] += 1
         results = []
         for i, (req, n) in enumerate(out.scheduled):
@@ -208,14 +208,6 @@ class LLMEngine:
             self.counters["decode_tokens" if n == 1 and req.output_ids else "prefill_tokens"] += n
             results.append(self._sample(req, int(logits[i]) if greedy else logits[i]))
         return results
-
-    @staticmethod
-    def _add_attention_mass(scheduled, mass) -> None:
-        """mass (S, max_blocks): this step's attention mass per block-table entry, added per block id."""
-        for i, (req, _) in enumerate(scheduled):
-            scores = req.seq.block_scores
-            for k, block in enumerate(req.seq.block_table):
-                scores[block] = scores.get(block, 0.0) + float(mass[i, k])
 
     def _sample(self, req: Request, logits_or_token) -> StepOutput:
         tracked = self._tracked[req.request_id]

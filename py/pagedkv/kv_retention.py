@@ -131,3 +131,22 @@ def evictable(seq: Sequence, retention: KVRetention, block_size: int) -> list[in
     middle = range(sinks, min(computed, len(seq.block_table) - recent))
     scores = seq.block_scores
     return sorted(middle, key=lambda i: (scores.get(seq.block_table[i], 0.0), i))
+
+
+def add_attention_mass(seqs: list[Sequence], mass) -> None:
+    """mass (S, max_blocks): one forward's attention mass per block-table entry, added to each block's score."""
+    for i, seq in enumerate(seqs):
+        scores = seq.block_scores
+        for k, block in enumerate(seq.block_table):
+            scores[block] = scores.get(block, 0.0) + float(mass[i, k])
+
+
+def min_blocks(retention: KVRetention, block_size: int, chunk_tokens: int) -> int | None:
+    """Fewest blocks a request under `retention` needs to make progress with `chunk_tokens`-token steps
+    (None: no bound, it must fit whole)."""
+    if retention.window_tokens is not None:
+        return retention.max_blocks(block_size)
+    if retention.evict:
+        return (retention.sink_blocks(block_size) + -(-retention.recent_tokens // block_size) + 1
+                + -(-chunk_tokens // block_size))
+    return None

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .block_pool import OutOfBlocks
 from .kv_cache_manager import CopyOp, KVCacheManager, NeverFits
-from .kv_retention import ShiftOp, evictable, window_chunk, window_drops
+from .kv_retention import ShiftOp, evictable, min_blocks, window_chunk, window_drops
 from .request import Request, RequestStatus
 from .sequence import Sequence
 
@@ -81,9 +81,10 @@ class Scheduler:
         """Raise NeverFits if the request could not run even alone in an empty pool."""
         bs = self.kv.block_size
         needed = -(-request.max_total_tokens // bs)
-        if request.retention is not None and request.retention.window_tokens is not None:
+        if request.retention is not None:
             request.retention.check_block_size(bs)
-            needed = min(needed, request.retention.max_blocks(bs))
+            # A window bounds the blocks held; eviction needs room for its protected blocks and one chunk.
+            needed = min(needed, min_blocks(request.retention, bs, self.config.max_num_batched_tokens))
         if needed > self.kv.pool.num_blocks:
             raise NeverFits(
                 f"request {request.request_id} needs up to {request.max_total_tokens:,} tokens "

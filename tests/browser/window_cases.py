@@ -1,0 +1,56 @@
+"""Cases for test_kv_window_webgpu.py, run inside the page's worker (Pyodide): a sliding-window conversation
+on the WebGPU backend vs the CPU engine under the same policy, on the same tiny weights."""
+from __future__ import annotations
+
+import engine_cases as ec
+from pagedkv.backends.cpu import CpuBackend
+from pagedkv.engine import EngineConfig, LLMEngine
+from pagedkv.kv_retention import KVRetention
+from pagedkv.sampling import SamplingParams
+from pagedkv.tokenizer import Tokenizer
+
+
+async def _run(backend, tok, prompt, n, retention):
+    engine = LLMEngine(backend, tok, EngineConfig(max_num_batched_tokens=24, max_num_seqs=2))
+    rid = engine.add_request(prompt, SamplingParams(max_tokens=n, stop_token_ids=(1_000_000,)), retention=retention)
+    req = engine.request(rid)
+    held = []
+    while engine.has_unfinished:
+        await engine.step()
+        held.append(len(req.seq.block_table))
+    return req.output_ids, max(held), engine.stats()
+
+
+async def window_past_context(kv_dtype: str, n: int = 300) -> dict:
+    """A 40-token prompt and n new tokens (past the tiny model's 256-token context) in 8 KV blocks."""
+    w = await ec.weights("tiny-random")
+    tok = Tokenizer.from_manifest(w.manifest)
+    shape = dict(block_size=16, kv_dtype=kv_dtype, max_num_batched_tokens=24, max_num_seqs=2)
+    probe = await ec.backend("tiny-random", budget_bytes=8 << 20, **shape)
+    block_bytes = probe.ledger.by_kind()["kv"] // probe.num_blocks
+    fixed = probe.ledger.used_bytes - probe.ledger.by_kind()["kv"]
+    probe.destroy()
+    b = await ec.backend("tiny-random", budget_bytes=fixed + 8 * block_bytes + 100, **shape)
+    r = KVRetention(window_tokens=64, sink_tokens=4)
+    prompt = list(range(3, 43))
+    gpu, held, stats = await _run(b, tok, prompt, n, r)
+    num_blocks = b.num_blocks
+    b.destroy()
+    cpu, cpu_held, _ = await _run(CpuBackend(w, num_blocks=num_blocks, block_size=16), tok, prompt, n, r)
+    return {"gpu": gpu, "cpu": cpu, "num_blocks": num_blocks, "max_blocks_held": held, "cpu_held": cpu_held,
+            "shifted_blocks": stats["shifted_blocks"], "used_blocks": stats["used_blocks"]}
+
+
+async def original_positions_refused() -> str:
+    """Original positions past the RoPE table: the WebGPU backend refuses the step with a clear error."""
+    w = await ec.weights("tiny-random")
+    tok = Tokenizer.from_manifest(w.manifest)
+    b = await ec.backend("tiny-random", budget_bytes=8 << 20, block_size=16, kv_dtype="f32",
+                         max_num_batched_tokens=24, max_num_seqs=2)
+    try:
+        await _run(b, tok, list(range(3, 43)), 300, KVRetention(window_tokens=64, positions="original"))
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        b.destroy()
+    return "no error"
