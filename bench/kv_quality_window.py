@@ -139,7 +139,7 @@ def main() -> None:
     weights = ModelWeights.load(args.model)
     tokenizer = Tokenizer.from_manifest(weights.manifest)
     corpus = corpus_tokens(tokenizer)
-    seg_len, n_seg, windows = (1024, 2, [128, 256, 512]) if args.quick else (2048, 10, [256, 512, 1024])
+    seg_len, n_seg, windows = (1024, 2, [128, 256]) if args.quick else (2048, 10, [256, 512, 1024])
     segments = [corpus[i * seg_len:(i + 1) * seg_len] for i in range(n_seg)]
     full = [evaluate(weights, seg, None, seg_len // BLOCK_SIZE + 1) for seg in segments]
     full_logp = np.concatenate([f["logp"] for f in full])

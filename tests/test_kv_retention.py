@@ -164,7 +164,7 @@ def test_shift_keys_equals_rotating_at_the_shifted_position():
     np.testing.assert_allclose(shifted, at(pos - np.array([[16], [48]])), atol=2e-5)
 
 
-def test_attention_mass_sums_to_one_per_layer_head_and_query(tiny_model):
+def test_attention_mass_of_the_last_layer_sums_to_one_per_head_and_query(tiny_model):
     cfg = tiny_model.config
     kv = PagedKVCache.allocate(cfg, 4, 16)
     i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
@@ -173,7 +173,7 @@ def test_attention_mass_sums_to_one_per_layer_head_and_query(tiny_model):
     mass = np.zeros((1, 4), np.float32)  # (S, max_blocks)
     tiny_model.forward(batch, kv, attention_mass=mass)
     assert mass[0, 3] == 0.0  # past the context
-    assert mass.sum() == pytest.approx(cfg.n_layers * cfg.n_heads * 40, rel=1e-5)
+    assert mass.sum() == pytest.approx(cfg.n_heads * 40, rel=1e-5)
     # Causal: the first block is seen by all 40 queries, the last by only 8; it gets the most mass.
     assert mass[0, 0] > mass[0, 2]
 
@@ -270,3 +270,12 @@ def test_importance_eviction_keeps_conversations_generating_without_preemption(t
     assert [len(q.output_ids) for q in reqs] == [100, 100]
     assert stats["preemptions"] == {"swap": 0, "recompute": 0} and stats["evicted_blocks"] > 0
     assert stats["used_blocks"] == 0 and stats["free_blocks"] + stats["cached_blocks"] == 12
+
+
+def test_attention_mass_reference_on_equal_keys_is_uniform_per_block():
+    from pagedkv.kernels.ref_attention_mass import attention_mass_ref
+    k_cache = np.zeros((4, 16, 1, 16), np.float32)  # equal keys: every visible key gets 1 / keys
+    query = np.ones((2, 2, 16), np.float32)  # 2 new tokens (cache indices 18, 19), 2 heads
+    mass = attention_mass_ref(query, k_cache, np.array([[3, 1, 0]]), np.array([0, 2]), np.array([20]), 0.25)
+    want = [16 / 19 + 16 / 20, 3 / 19 + 4 / 20, 0.0]
+    np.testing.assert_allclose(mass, [[want, want]], rtol=1e-12)

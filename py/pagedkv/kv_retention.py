@@ -11,8 +11,8 @@ runs past any context limit. Each token sees the sinks plus between W + 1 and
 W + block_size of the most recent tokens (itself included).
 
 H2O eviction (block granular): every forward adds each cached block's attention
-mass (softmax probability summed over layers, heads and the step's query
-tokens) to the sequence's `block_scores`; under pool pressure the scheduler
+mass (softmax probability in the last layer, summed over heads and the step's
+query tokens) to the sequence's `block_scores`; under pool pressure the scheduler
 evicts the lowest-scoring blocks that are neither sinks nor among the last
 `recent_tokens` tokens, instead of preempting the whole conversation.
 

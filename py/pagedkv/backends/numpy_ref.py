@@ -155,7 +155,8 @@ class NumpyModel:
         Returns (S, vocab) logits of each sequence's last new token, or (T, vocab)
         for every new token when all_logits is set. attention_mass, when given
         (S, max_blocks) f32 zeros, receives per block-table entry the softmax
-        probability summed over layers, heads and new tokens (importance eviction).
+        probability of the LAST layer summed over heads and new tokens (importance eviction; one layer
+        keeps the GPU's cost at one small dispatch per step, shaders/attention_mass.wgsl).
         """
         cfg = self.config
         self._check_bounds(batch, kv)
@@ -163,7 +164,7 @@ class NumpyModel:
         x = self.w["token_embd.weight"][batch.token_ids]  # (T, hidden)
         for layer in range(cfg.n_layers):
             x = x + self._attention(layer, rms_norm(x, self.w[f"blk.{layer}.attn_norm.weight"], cfg.rms_eps), batch, kv,
-                                attention_mass)
+                                attention_mass if layer == cfg.n_layers - 1 else None)
             x = x + self._mlp(layer, rms_norm(x, self.w[f"blk.{layer}.ffn_norm.weight"], cfg.rms_eps))
         if not all_logits:
             x = x[batch.query_start_loc[1:] - 1]  # (S, hidden)

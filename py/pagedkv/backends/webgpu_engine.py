@@ -22,6 +22,7 @@ from ..model.weights import check_manifest, tensor_parts, verify_shard
 from . import webgpu_ops as ops
 from ..kv_retention import ShiftOp
 from .numpy_ref import ForwardBatch, rope_inv_freq, shift_keys
+from .webgpu_attention_mass import AttentionMassKernel
 from .webgpu_kernels import KVCacheBuffers, KVKernels, KVLayout
 from .webgpu_plan import PARAM_SLOT_BYTES, SLOT_INDEX, SLOTS, PlanKey, StepShape, layer_program, step_slots
 
@@ -57,6 +58,9 @@ class WebGpuBackend:
         self.num_blocks = 0
         self.num_cpu_blocks = 0
         self.last_step_ms: dict[str, float] = {}
+        self.track_attention_mass = False  # set by the engine for steps with importance eviction
+        self.last_attention_mass: np.ndarray | None = None  # (S, max_blocks) f32, last layer, heads summed
+        self._mass_kernel: AttentionMassKernel | None = None  # compiled on first use
 
     # ------------------------------------------------------------------ construction
 
@@ -292,9 +296,19 @@ class WebGpuBackend:
             out = np.frombuffer(data, np.uint32).astype(np.int32)  # (S,)
         else:
             out = np.frombuffer(data, np.float32).reshape(n, cfg.vocab).copy()  # (S, vocab)
+        if self.track_attention_mass:
+            await self._attention_mass(batch)
         # Wall time of the replay (encode + GPU + map) vs the Python around it; benchmarks read this.
         self.last_step_ms = {"replay": (t2 - t1) * 1e3, "python": (t1 - t0 + time.perf_counter() - t2) * 1e3}
         return out
+
+    async def _attention_mass(self, batch: ForwardBatch) -> None:
+        """After a replay, scratch q still holds the last layer's rotated queries: score the blocks with them."""
+        if self._mass_kernel is None:
+            self._mass_kernel = await AttentionMassKernel(self.kv_kernels).compile()
+        mass = await self._mass_kernel.run(self.kv_caches[-1].k, self.scratch["q"], batch.query_start_loc,
+                                           batch.block_tables, batch.context_lens)  # (S, n_heads, max_blocks)
+        self.last_attention_mass = mass.sum(axis=1)
 
     # ------------------------------------------------------------------ block copies and swaps
 
