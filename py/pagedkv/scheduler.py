@@ -160,7 +160,10 @@ class Scheduler:
                 continue
             candidates = evictable(victim.seq, r, bs)
             if candidates:
-                copies, shifts = self.kv.evict_blocks(victim.seq, candidates[:short], r.shifts_positions)
+                try:
+                    copies, shifts = self.kv.evict_blocks(victim.seq, candidates[:short], r.shifts_positions)
+                except OutOfBlocks:  # re-rotating blocks it shares would need copies the pool lacks
+                    continue
                 out.copies.extend(copies)
                 out.shifts.extend(shifts)
                 self.num_evicted_blocks += min(short, len(candidates))
