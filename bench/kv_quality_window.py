@@ -138,6 +138,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 x 1,024 tokens, no long run")
     parser.add_argument("--long-only", action="store_true", help="only the run past the model's context")
     parser.add_argument("--long-block-size", type=int, default=64)
+    parser.add_argument("--policies", default="", help="only policies whose name contains this")
     args = parser.parse_args()
     t_start = time.perf_counter()
     weights = ModelWeights.load(args.model)
@@ -161,8 +162,11 @@ def main() -> None:
                                "agreement": 1.0, "max_blocks_held": seg_len // BLOCK_SIZE}}
     print(f"full: {rows['full_attention']}", file=sys.stderr, flush=True)
     for name, (r, pool) in policies(seg_len, windows).items():
+        if args.policies not in name:
+            continue
         t0 = time.perf_counter()
-        res = [evaluate(weights, seg, r, pool) for seg in segments]
+        # Eviction needs room for one step beyond its budget: feed it a block per step.
+        res = [evaluate(weights, seg, r, pool, chunk=BLOCK_SIZE if r.evict else CHUNK) for seg in segments]
         logp = np.concatenate([x["logp"] for x in res])
         agree = np.concatenate([x["greedy"] for x in res]) == full_greedy
         rows[name] = {"ppl": round(ppl(logp), 3),
