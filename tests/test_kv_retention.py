@@ -279,3 +279,19 @@ def test_attention_mass_reference_on_equal_keys_is_uniform_per_block():
     mass = attention_mass_ref(query, k_cache, np.array([[3, 1, 0]]), np.array([0, 2]), np.array([20]), 0.25)
     want = [16 / 19 + 16 / 20, 3 / 19 + 4 / 20, 0.0]
     np.testing.assert_allclose(mass, [[want, want]], rtol=1e-12)
+
+
+def test_eviction_lets_a_conversation_outgrow_the_pool():
+    s = make(num_blocks=6, budget=16)
+    r = KVRetention(evict=True, sink_tokens=4, recent_tokens=32)
+    a = windowed("a", range(1, 121), max_tokens=4, retention=r)  # 120 tokens = 8 blocks > 6
+    s.add(a)
+    for _ in range(8):
+        run_step(s)
+        assert len(a.seq.block_table) <= 6
+    # The 120-token prompt is computed in 8 steps; text blocks 1 and 2 (lowest score: all 0.0 without a
+    # model, oldest first) were evicted to make room, never the sink nor the recent ones; their ids
+    # came back for text blocks 6 and 7.
+    assert a.seq.num_computed_tokens == 120 and a.seq.num_evicted_tokens == 32
+    assert a.seq.block_table == [0, 3, 4, 5, 1, 2]
+    assert s.num_evicted_blocks == 2 and s.num_preemptions == {"swap": 0, "recompute": 0}

@@ -135,7 +135,7 @@ class KVCacheManager:
         return list(seq.block_table)
 
     # -- growth --------------------------------------------------------------
-    def _plan(self, seq: Sequence, num_new_tokens: int) -> _Plan:
+    def _plan(self, seq: Sequence, num_new_tokens: int, check_fits: bool = True) -> _Plan:
         self._check_active(seq, "allocate slots for")
         if not isinstance(num_new_tokens, int) or num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be a non-negative int, got {num_new_tokens!r}")
@@ -145,7 +145,7 @@ class KVCacheManager:
             raise ValueError(f"sequence {seq.seq_id} has {seq.num_tokens} token ids; append the "
                              f"token ids before allocating slots up to {end}")
         total_blocks = -(-(end - seq.num_evicted_tokens) // bs)
-        if total_blocks > self.pool.num_blocks:
+        if check_fits and total_blocks > self.pool.num_blocks:
             raise NeverFits(f"sequence {seq.seq_id} needs {total_blocks} blocks of {bs} tokens "
                             f"for {end} tokens; the pool only has {self.pool.num_blocks}")
         hit_ids: list[int] = []
@@ -172,8 +172,9 @@ class KVCacheManager:
         return plan.num_needed <= plan.num_available
 
     def num_blocks_short(self, seq: Sequence, num_new_tokens: int) -> int:
-        """How many more free blocks allocate_slots(seq, num_new_tokens) would need right now (0: it fits)."""
-        plan = self._plan(seq, num_new_tokens)
+        """How many more free blocks allocate_slots(seq, num_new_tokens) would need right now (0: it fits);
+        also when the pool is smaller than the sequence (eviction makes room)."""
+        plan = self._plan(seq, num_new_tokens, check_fits=False)
         return max(0, plan.num_needed - plan.num_available)
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[CopyOp]:
