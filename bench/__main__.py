@@ -23,6 +23,7 @@ BENCHMARKS = {
     "kv_ops": ["bench.kv_ops"],
     "tokenizer": ["bench.bench_tokenizer"],
     "numpy_ref_speed": ["bench.numpy_ref_speed"],
+    "kv_quality_window": ["bench.kv_quality_window", "--quick"],  # full run: python3 -m bench.kv_quality_window
     "page_boot": ["bench.page_boot", "--json"],
     "kv_kernels": ["bench.kv_kernels", "--quick"],
     "model_kernels": ["bench.model_kernels"],

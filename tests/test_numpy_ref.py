@@ -91,8 +91,11 @@ def test_bad_batches_are_rejected(tiny_model):  # noqa: F811
     kv = PagedKVCache.allocate(tiny_model.config, 2, 4)
     with pytest.raises(ValueError, match="token_ids must be an int32 array"):
         ForwardBatch(np.array([1, 2]), i32([0, 1]), i32([0, 1]), i32([0, 2]), i32([[0]]), i32([2]))
-    with pytest.raises(ValueError, match="sequence 0: positions must be 0..1"):
-        ForwardBatch(i32([1, 2]), i32([1, 2]), i32([0, 1]), i32([0, 2]), i32([[0]]), i32([2]))
+    with pytest.raises(ValueError, match="sequence 0: positions must be consecutive, starting at or after its "
+                       "first new cache index 0"):
+        ForwardBatch(i32([1, 2]), i32([0, 2]), i32([0, 1]), i32([0, 2]), i32([[0]]), i32([2]))
+    with pytest.raises(ValueError, match="first new cache index 1"):  # a position below its cache index
+        ForwardBatch(i32([1, 2]), i32([0, 1]), i32([1, 2]), i32([0, 2]), i32([[0]]), i32([3]))
     with pytest.raises(ValueError, match="query_start_loc must rise strictly from 0 to 2"):
         ForwardBatch(i32([1, 2]), i32([0, 1]), i32([0, 1]), i32([0, 3]), i32([[0]]), i32([2]))
     with pytest.raises(ValueError, match=r"slot_mapping entries must be in \[0, 8\)"):

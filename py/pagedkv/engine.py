@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from .config import CacheConfig
 from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .kv_cache_manager import KVCacheManager, NeverFits
+from .kv_retention import KVRetention, add_attention_mass
 from .model_runner import build_batch
 from .request import Request
 from .sampling import Sampler, SamplingParams
@@ -48,10 +49,13 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     namespace: str | None = None  # mixed into prefix hashes (e.g. the model id)
     max_context: int | None = None  # tokens per conversation (prompt + reply); None: the model's context
+    retention: KVRetention | None = None  # default sliding window / eviction of every request
 
     def __post_init__(self) -> None:
         if self.max_context is not None and (not isinstance(self.max_context, int) or self.max_context < 2):
             raise ValueError(f"max_context must be an int >= 2 or None, got {self.max_context!r}")
+        if self.retention is not None and not isinstance(self.retention, KVRetention):
+            raise ValueError(f"retention must be a KVRetention or None, got {self.retention!r}")
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs, self.preemption,
@@ -103,16 +107,20 @@ class LLMEngine:
         self.default_stop_ids = frozenset(
             i for i in (_maybe(lambda: tokenizer.im_end_id), tokenizer.eos_token_id) if i is not None)
         self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "forward_s": 0.0,
-                         "copy_ops": 0, "swap_out_blocks": 0, "swap_in_blocks": 0}
+                         "copy_ops": 0, "swap_out_blocks": 0, "swap_in_blocks": 0,
+                         "shifted_blocks": 0}
 
     # ---------------------------------------------------------------- requests
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(), *,
-                    request_id: str | None = None, priority: int = 0, session: str = "default") -> str:
+                    request_id: str | None = None, priority: int = 0, session: str = "default",
+                    retention: KVRetention | None = None) -> str:
         """Queue a generation from `prompt_ids`; returns its id. Raises ValueError / NeverFits up front.
 
-        With params.n > 1 the prompt is prefilled once and n samples fork from it (module docstring)."""
-        req = self._new_request(prompt_ids, params.max_tokens, request_id, priority, session)
+        With params.n > 1 the prompt is prefilled once and n samples fork from it (module docstring).
+        retention (default: EngineConfig.retention) bounds the KV the request holds: with a sliding
+        window the conversation may run past the model's context."""
+        req = self._new_request(prompt_ids, params.max_tokens, request_id, priority, session, retention=retention)
         stops = frozenset(params.stop_token_ids) or self.default_stop_ids
         self._tracked[req.request_id] = _Tracked(req, Sampler(params.for_sample(0)), StreamDecoder(self.tokenizer),
                                                  stops, req.request_id, fork_params=params if params.n > 1 else None,
@@ -132,14 +140,16 @@ class LLMEngine:
         return req.request_id
 
     def _new_request(self, prompt_ids, max_tokens: int, request_id: str | None, priority: int, session: str,
-                     copies: int = 1) -> Request:
+                     copies: int = 1, retention: KVRetention | None = None) -> Request:
         prompt = list(prompt_ids)
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token")
         check_token_ids(prompt)
         if max(prompt) >= self.tokenizer.vocab_size:
             raise ValueError(f"token id {max(prompt)} is outside the vocabulary ({self.tokenizer.vocab_size})")
-        if len(prompt) >= self.context_length:
+        retention = retention if retention is not None else self.config.retention
+        endless = self._check_retention(retention)
+        if len(prompt) >= self.context_length and not endless:
             raise ValueError(f"the prompt has {len(prompt):,} tokens but the model's context is "
                              f"{self.context_length:,}; shorten it (or start a new conversation)")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
@@ -147,8 +157,9 @@ class LLMEngine:
             raise ValueError(f"request id {rid!r} is already in use")
         if "#" in rid:
             raise ValueError(f"request id {rid!r} contains '#', which names parallel samples and beams; drop it")
+        max_tokens = max_tokens if endless else min(max_tokens, self.context_length - len(prompt))
         req = Request(rid, Sequence(prompt, session=session), num_prompt_tokens=len(prompt),
-                      max_tokens=min(max_tokens, self.context_length - len(prompt)), priority=priority)
+                      max_tokens=max_tokens, priority=priority, retention=retention)
         self.scheduler.check_fits(req)
         blocks = -(-req.max_total_tokens // self.kv.block_size)
         if copies > 1 and copies * blocks > self.kv.pool.num_blocks:
@@ -157,6 +168,25 @@ class LLMEngine:
                             f"only has {self.kv.pool.num_blocks:,} blocks; lower the width or max tokens")
         self.scheduler.add(req)
         self._groups[rid] = req
+        return req
+
+    def _check_retention(self, retention: KVRetention | None) -> bool:
+        """Validate a retention policy against this engine; True when it lets a request pass the context."""
+        if retention is None:
+            return False
+        if not isinstance(retention, KVRetention):
+            raise ValueError(f"retention must be a KVRetention or None, got {retention!r}")
+        if retention.evict and not hasattr(self.backend, "track_attention_mass"):
+            raise ValueError(f"the {self.backend.name} backend cannot measure attention mass; "
+                             "importance eviction needs it (use evict=False)")
+        if retention.window_tokens is None:
+            return False
+        bs = self.kv.block_size
+        retention.check_block_size(bs)
+        if retention.max_blocks(bs) * bs > self.context_length:
+            raise ValueError(f"sinks + window + one block ({retention.max_blocks(bs) * bs} tokens) exceed the "
+                             f"model context ({self.context_length}); shrink window_tokens")
+        return True
         return req
 
     def abort(self, request_id: str) -> Request:
@@ -232,15 +262,23 @@ class LLMEngine:
         if out.copies:
             await self.backend.copy_blocks(out.copies)
             self.counters["copy_ops"] += len(out.copies)
+        if out.shifts:
+            await self.backend.shift_keys(out.shifts)
+            self.counters["shifted_blocks"] += len(out.shifts)
         if not out.scheduled:
             return []
         batch = build_batch(out.scheduled, self.kv.block_size)
         # When every request that samples this step is plain greedy, the backend returns argmax ids only.
         greedy = all(t.beam is None and t.sampler.params.greedy and t.sampler.params.repetition_penalty == 1.0
                      for t in (self._tracked[r.request_id] for r, _ in out.scheduled))
+        track = any(r.retention is not None and r.retention.evict for r, _ in out.scheduled)
+        if track or hasattr(self.backend, "track_attention_mass"):
+            self.backend.track_attention_mass = track
         t0 = time.perf_counter()
         logits = await self.backend.forward(batch, greedy=greedy)  # (S, vocab), or (S,) ids when greedy
         self.counters["forward_s"] += time.perf_counter() - t0
+        if track:
+            add_attention_mass([r.seq for r, _ in out.scheduled], self.backend.last_attention_mass)
         self.counters["steps"] += 1
         results = []
         for i, (req, n) in enumerate(out.scheduled):
@@ -302,7 +340,7 @@ class LLMEngine:
             seq = Sequence(src.token_ids, session=src.session)
         child = Request(request_id, seq, parent.num_prompt_tokens, parent.max_tokens, parent.priority,
                         arrival=parent.arrival, output_ids=list(parent.output_ids), index=index,
-                        num_cached_prompt_tokens=parent.num_cached_prompt_tokens)
+                        num_cached_prompt_tokens=parent.num_cached_prompt_tokens, retention=parent.retention)
         self.scheduler.add_fork(child)
         return child
 
@@ -384,6 +422,7 @@ class LLMEngine:
             "cached_blocks": pool.num_cached, "block_size": self.kv.block_size,
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "swapped": len(self.scheduler.swapped), "preemptions": dict(self.scheduler.num_preemptions),
+            "evicted_blocks": self.scheduler.num_evicted_blocks,
             "prefix_hit_rate": self.kv.prefix_hit_rate, **self.counters,
         }
 

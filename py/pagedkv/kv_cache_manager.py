@@ -20,6 +20,7 @@ from typing import Callable, Hashable, NamedTuple
 
 from .block_pool import BlockPool, OutOfBlocks
 from .config import CacheConfig
+from .kv_retention import ShiftOp
 from .sequence import Sequence, SequenceStatus, append_then_allocate, check_token_ids
 
 __all__ = ["KVCacheManager", "CopyOp", "OutOfBlocks", "NeverFits", "SequenceFreed",
@@ -134,7 +135,7 @@ class KVCacheManager:
         return list(seq.block_table)
 
     # -- growth --------------------------------------------------------------
-    def _plan(self, seq: Sequence, num_new_tokens: int) -> _Plan:
+    def _plan(self, seq: Sequence, num_new_tokens: int, check_fits: bool = True) -> _Plan:
         self._check_active(seq, "allocate slots for")
         if not isinstance(num_new_tokens, int) or num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be a non-negative int, got {num_new_tokens!r}")
@@ -143,8 +144,8 @@ class KVCacheManager:
         if end > seq.num_tokens:
             raise ValueError(f"sequence {seq.seq_id} has {seq.num_tokens} token ids; append the "
                              f"token ids before allocating slots up to {end}")
-        total_blocks = -(-end // bs)
-        if total_blocks > self.pool.num_blocks:
+        total_blocks = -(-(end - seq.num_evicted_tokens) // bs)
+        if check_fits and total_blocks > self.pool.num_blocks:
             raise NeverFits(f"sequence {seq.seq_id} needs {total_blocks} blocks of {bs} tokens "
                             f"for {end} tokens; the pool only has {self.pool.num_blocks}")
         hit_ids: list[int] = []
@@ -169,6 +170,12 @@ class KVCacheManager:
         except NeverFits:
             return False
         return plan.num_needed <= plan.num_available
+
+    def num_blocks_short(self, seq: Sequence, num_new_tokens: int) -> int:
+        """How many more free blocks allocate_slots(seq, num_new_tokens) would need right now (0: it fits);
+        also when the pool is smaller than the sequence (eviction makes room)."""
+        plan = self._plan(seq, num_new_tokens, check_fits=False)
+        return max(0, plan.num_needed - plan.num_available)
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[CopyOp]:
         """Give KV slots to the next `num_new_tokens` token ids of `seq`.
@@ -217,7 +224,9 @@ class KVCacheManager:
         return append_then_allocate(seq, token_ids, self.allocate_slots)
 
     def _register_full_blocks(self, seq: Sequence) -> None:
-        if not self.config.enable_prefix_caching:
+        # After an eviction, later K/V was computed without the dropped tokens: it is not the K/V of
+        # that prefix under full attention, so it must never be served as a prefix-cache hit.
+        if not self.config.enable_prefix_caching or seq.num_evicted_tokens:
             return
         bs = self.block_size
         for i in range(len(seq.block_hashes), seq.num_kv_tokens // bs):
@@ -249,6 +258,8 @@ class KVCacheManager:
         child.block_table = list(seq.block_table)
         child.block_hashes = list(seq.block_hashes)
         child.block_links = list(seq.block_links)
+        child.num_evicted_tokens = seq.num_evicted_tokens
+        child.block_scores = dict(seq.block_scores)
         child.status = seq.status
         if child.block_table:
             self.live[child.seq_id] = child
@@ -264,13 +275,17 @@ class KVCacheManager:
         seq.block_table = []
         seq.block_hashes = []
         seq.block_links = []
-        seq.num_kv_tokens = seq.num_computed_tokens = 0
+        seq.num_kv_tokens = seq.num_computed_tokens = seq.num_evicted_tokens = 0
+        seq.block_scores = {}
         seq.status = SequenceStatus.FINISHED
         self.live.pop(seq.seq_id, None)
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Roll `seq` back to its first `num_tokens` tokens, freeing blocks past them."""
         self._check_active(seq, "truncate")
+        if seq.num_evicted_tokens:
+            raise ValueError(f"cannot truncate sequence {seq.seq_id}: blocks of its history were evicted "
+                             "(sliding window / eviction); recompute it from its token ids instead")
         if not isinstance(num_tokens, int) or not 0 <= num_tokens <= seq.num_tokens:
             raise ValueError(f"num_tokens must be in [0, {seq.num_tokens}], got {num_tokens!r}")
         bs = self.block_size
@@ -286,6 +301,54 @@ class KVCacheManager:
         if not seq.block_table:
             seq.status = SequenceStatus.WAITING
             self.live.pop(seq.seq_id, None)
+
+    # -- eviction -------------------------------------------------------------
+    def evict_blocks(self, seq: Sequence, table_indices: list[int],
+                     shift_positions: bool = False) -> tuple[list[CopyOp], list[ShiftOp]]:
+        """Give the listed full, computed blocks of `seq` (block-table indices) back to the pool now.
+
+        The block table shrinks and seq.num_evicted_tokens grows. With shift_positions, the blocks after
+        an evicted one move down in the cache: returns their key re-rotations (ShiftOp) plus the
+        copies to run first for a block shared with another sequence (its copy is rotated, the other
+        sequence keeps the original). Raises ValueError / OutOfBlocks with the state unchanged.
+        """
+        self._check_active(seq, "evict blocks of")
+        bs = self.block_size
+        idx = sorted(set(table_indices))
+        computed = (seq.num_computed_tokens - seq.num_evicted_tokens) // bs
+        if idx and (idx[0] < 0 or idx[-1] >= computed):
+            raise ValueError(f"sequence {seq.seq_id}: can only evict full, computed blocks 0..{computed - 1} "
+                             f"of its table, got {idx}")
+        if not idx:
+            return [], []
+        gone = set(idx)
+        shifted = [(k, bs * sum(1 for i in idx if i < k)) for k in range(idx[0] + 1, len(seq.block_table))
+                   if k not in gone] if shift_positions else []
+        shared = [k for k, _ in shifted if self.pool.ref_count(seq.block_table[k]) > 1]
+        freed = sum(1 for i in idx if self.pool.ref_count(seq.block_table[i]) == 1)
+        if len(shared) > self.pool.num_available + freed:
+            raise OutOfBlocks(f"re-rotating sequence {seq.seq_id} needs {len(shared)} copies of shared "
+                              f"blocks, {self.pool.num_available + freed} free")
+        evicted = [seq.block_table[i] for i in idx]
+        self.pool.free_blocks(reversed(evicted))
+        copies: list[CopyOp] = []
+        shifts: list[ShiftOp] = []
+        for k, delta in shifted:
+            block = seq.block_table[k]
+            if k in shared:
+                new = self.pool.get_new_blocks(1)[0]
+                self.pool.free_blocks([block])
+                copies.append(CopyOp(block, new))
+                seq.block_scores[new] = seq.block_scores.pop(block, 0.0)
+                seq.block_table[k] = block = new
+            else:
+                self.pool.unregister(block)  # its keys change: no longer that prefix's K/V
+            shifts.append(ShiftOp(block, delta))
+        for block in evicted:
+            seq.block_scores.pop(block, None)
+        seq.block_table = [b for i, b in enumerate(seq.block_table) if i not in gone]
+        seq.num_evicted_tokens += bs * len(idx)
+        return copies, shifts
 
     # -- preemption -----------------------------------------------------------
     def swap_out(self, seq: Sequence) -> list[CopyOp]:
@@ -311,8 +374,8 @@ class KVCacheManager:
         self._check_status(seq, SequenceStatus.SWAPPED, "swap in")
         cpu = self._require_cpu_pool()
         n = len(seq.block_table)
-        hit_ids, hit_hashes, hit_links = self._match(seq.token_ids,
-                                                     seq.num_kv_tokens // self.block_size)
+        hit_ids, hit_hashes, hit_links = self._match(
+            seq.token_ids, 0 if seq.num_evicted_tokens else seq.num_kv_tokens // self.block_size)
         pulled = sum(1 for b in hit_ids if self.pool.blocks[b].ref_count == 0)
         need = n - len(hit_ids)
         if need > self.pool.num_available - pulled:
@@ -324,8 +387,9 @@ class KVCacheManager:
         plan = [CopyOp(c, g) for c, g in zip(cpu_ids[len(hit_ids):], new_ids)]
         cpu.free_blocks(reversed(cpu_ids))
         seq.block_table = hit_ids + new_ids
-        seq.block_hashes = hit_hashes
-        seq.block_links = hit_links
+        if not seq.num_evicted_tokens:
+            seq.block_hashes = hit_hashes
+            seq.block_links = hit_links
         seq.status = SequenceStatus.RUNNING
         self._register_full_blocks(seq)
         return plan

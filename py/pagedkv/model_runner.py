@@ -1,7 +1,9 @@
 """Flatten one scheduled step into the few int32 arrays every backend consumes.
 
 Each array goes to the GPU in one write, so a step's Python->JS crossings do not
-grow with the batch.
+grow with the batch. A token's slot follows its index in the cache, which is
+its position in the text minus the tokens a window or eviction dropped before
+it; its rotary position is one or the other (KVRetention.positions).
 """
 from __future__ import annotations
 
@@ -26,12 +28,14 @@ def build_batch(scheduled: list[tuple[Request, int]], block_size: int) -> Forwar
             raise ValueError(f"request {req.request_id}: {n} tokens from {start} exceed its "
                              f"{seq.num_kv_tokens} KV slots")
         table = seq.block_table
-        for pos in range(start, start + n):
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
+        first = start - seq.num_evicted_tokens  # cache index of the first new token
+        for idx in range(first, first + n):
+            slots.append(table[idx // block_size] * block_size + idx % block_size)
         token_ids.extend(seq.token_ids[start:start + n])
-        positions.extend(range(start, start + n))
+        shifted = req.retention is None or req.retention.shifts_positions
+        positions.extend(range(first, first + n) if shifted else range(start, start + n))
         query_start.append(query_start[-1] + n)
-        context_lens.append(start + n)
+        context_lens.append(first + n)
         tables.append(table)
     width = max(len(t) for t in tables)
     block_tables = np.zeros((len(tables), width), dtype=np.int32)  # (S, max_blocks), padded with block 0

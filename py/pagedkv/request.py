@@ -11,6 +11,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
+from .kv_retention import KVRetention
 from .sequence import Sequence
 
 _arrivals = itertools.count()
@@ -42,6 +43,7 @@ class Request:
     # The n parallel samples of this prompt in index order (this request first), filled when the prompt's
     # prefill completes and the samples fork from it; empty for n = 1 and on the samples themselves.
     samples: list["Request"] = field(default_factory=list)
+    retention: KVRetention | None = None  # sliding window / importance eviction (None: keep all KV)
 
     @property
     def num_tokens_to_compute(self) -> int:

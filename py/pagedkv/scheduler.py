@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .block_pool import OutOfBlocks
 from .kv_cache_manager import CopyOp, KVCacheManager, NeverFits
+from .kv_retention import ShiftOp, evictable, min_blocks, window_chunk, window_drops
 from .request import Request, RequestStatus
 from .sequence import Sequence
 
@@ -54,6 +55,7 @@ class SchedulerOutput:
     swap_out: list[CopyOp] = field(default_factory=list)   # (gpu block, cpu block)
     swap_in: list[CopyOp] = field(default_factory=list)    # (cpu block, gpu block)
     copies: list[CopyOp] = field(default_factory=list)     # copy-on-write (gpu block, gpu block)
+    shifts: list[ShiftOp] = field(default_factory=list)    # key re-rotations, after the copies
     preempted: list[Request] = field(default_factory=list)
 
     @property
@@ -71,6 +73,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.swapped: list[Request] = []
         self.num_preemptions = {"swap": 0, "recompute": 0}
+        self.num_evicted_blocks = 0  # by importance eviction (window drops not counted)
 
     # ---------------------------------------------------------------- queues
 
@@ -78,6 +81,10 @@ class Scheduler:
         """Raise NeverFits if the request could not run even alone in an empty pool."""
         bs = self.kv.block_size
         needed = -(-request.max_total_tokens // bs)
+        if request.retention is not None:
+            request.retention.check_block_size(bs)
+            # A window bounds the blocks held; eviction needs room for its protected blocks and one chunk.
+            needed = min(needed, min_blocks(request.retention, bs, self.config.max_num_batched_tokens))
         if needed > self.kv.pool.num_blocks:
             raise NeverFits(
                 f"request {request.request_id} needs up to {request.max_total_tokens:,} tokens "
@@ -139,6 +146,40 @@ class Scheduler:
         victim.num_preemptions += 1
         out.preempted.append(victim)
 
+    # ---------------------------------------------------------------- retention
+
+    def _slide(self, req: Request, n: int, out: SchedulerOutput) -> int:
+        """Drop the blocks that left req's sliding window; returns n capped so the window bound holds."""
+        r = req.retention
+        if r is None or r.window_tokens is None:
+            return n
+        bs = self.kv.block_size
+        copies, shifts = self.kv.evict_blocks(req.seq, window_drops(req.seq, r, bs), r.shifts_positions)
+        out.copies.extend(copies)
+        out.shifts.extend(shifts)
+        return window_chunk(req.seq, r, bs, n)
+
+    def _evict_for(self, req: Request, n: int, out: SchedulerOutput) -> bool:
+        """Under pressure, evict the lowest-scoring evictable blocks of the lowest-priority running
+        request that allows it (req itself included); False when no request has any to give."""
+        bs = self.kv.block_size
+        short = self.kv.num_blocks_short(req.seq, n)
+        for victim in sorted(self.running, key=Request.sort_key, reverse=True):
+            r = victim.retention
+            if r is None or not r.evict:
+                continue
+            candidates = evictable(victim.seq, r, bs)
+            if candidates:
+                try:
+                    copies, shifts = self.kv.evict_blocks(victim.seq, candidates[:short], r.shifts_positions)
+                except OutOfBlocks:  # re-rotating blocks it shares would need copies the pool lacks
+                    continue
+                out.copies.extend(copies)
+                out.shifts.extend(shifts)
+                self.num_evicted_blocks += min(short, len(candidates))
+                return True
+        return False
+
     # ---------------------------------------------------------------- the step
 
     def _full(self, budget: int, out: SchedulerOutput) -> bool:
@@ -171,8 +212,10 @@ class Scheduler:
                 continue
             if self._full(budget, out):
                 break
-            n = min(req.seq.num_tokens - req.seq.num_kv_tokens, budget)
+            n = self._slide(req, min(req.seq.num_tokens - req.seq.num_kv_tokens, budget), out)
             while not self.kv.can_allocate(req.seq, n):
+                if self._evict_for(req, n, out):
+                    continue
                 victims = [r for r in self.running if id(r) not in scheduled]
                 victim = max(victims, key=Request.sort_key)  # lowest priority, latest arrival
                 self._preempt(victim, out)
@@ -194,7 +237,7 @@ class Scheduler:
                     break
                 out.swap_in.extend(ops)
                 self._admit(req, self.swapped)
-                n = min(req.seq.num_tokens - req.seq.num_kv_tokens, budget)
+                n = self._slide(req, min(req.seq.num_tokens - req.seq.num_kv_tokens, budget), out)
                 if n and self.kv.can_allocate(req.seq, n):
                     out.copies.extend(self.kv.allocate_slots(req.seq, n))
                 budget -= self._add_compute(req, out, scheduled)
@@ -206,7 +249,7 @@ class Scheduler:
                     break
                 seq = req.seq
                 cached, _ = self.kv.lookup_prefix(seq.token_ids[: seq.num_tokens - 1])
-                want = cached + min(seq.num_tokens - cached, budget)
+                want = self._slide(req, cached + min(seq.num_tokens - cached, budget), out)
                 if not self.kv.can_allocate(seq, want):
                     break  # first come first served: do not let later requests jump the queue
                 out.copies.extend(self.kv.allocate_slots(seq, want))

@@ -46,6 +46,10 @@ class Sequence:
         (id, epoch) of the verified cached block holding the same prefix
         (None when that prefix is not registered); maintained by the manager.
     session: the tenant this sequence is accounted to.
+    num_evicted_tokens: tokens whose blocks a window or eviction dropped (a multiple of the block size);
+        the cache holds num_kv_tokens - num_evicted_tokens of them, and a new token's cache index is
+        its position in token_ids minus this.
+    block_scores: accumulated attention mass per physical block id (importance eviction).
     """
 
     def __init__(self, token_ids: list[int] | tuple[int, ...], session: str = "default",
@@ -59,11 +63,18 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[Hashable] = []
         self.block_links: list[tuple[int, int] | None] = []
+        self.num_evicted_tokens = 0
+        self.block_scores: dict[int, float] = {}
         self.status = SequenceStatus.WAITING
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_cached_kv_tokens(self) -> int:
+        """Tokens whose K/V the cache holds now (the attention kernels' context length)."""
+        return self.num_kv_tokens - self.num_evicted_tokens
 
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, session={self.session!r}, tokens={self.num_tokens}, "

@@ -8,6 +8,9 @@ browser has no WebGPU. The backend API (shared with backends/webgpu_engine.py):
                                                 or with greedy=True (S,) int32 argmax ids (lowest id on
                                                 ties), so a GPU backend reads back S ints, not S x vocab
     await copy_blocks(ops)                      copy-on-write, GPU block -> GPU block
+    await shift_keys(ops)                       re-rotate cached keys of blocks by -delta (kv_retention.py)
+    track_attention_mass / last_attention_mass  when set before forward: (S, max_blocks) f32 attention
+                                                mass per block-table entry of the last forward
     await swap_out(ops) / await swap_in(ops)    GPU block <-> CPU block
 """
 from __future__ import annotations
@@ -18,7 +21,8 @@ import numpy as np
 
 from ..kv_cache_manager import CopyOp
 from ..model.weights import ModelWeights
-from .numpy_ref import ForwardBatch, NumpyModel, PagedKVCache
+from ..kv_retention import ShiftOp
+from .numpy_ref import ForwardBatch, NumpyModel, PagedKVCache, shift_keys
 
 
 class CpuBackend:
@@ -37,15 +41,28 @@ class CpuBackend:
         # Swap space: (layer) x (num_cpu_blocks, block_size, n_kv_heads, head_dim)
         self.cpu_k = [np.zeros(shape, np.float32) for _ in range(self.config.n_layers)]
         self.cpu_v = [np.zeros(shape, np.float32) for _ in range(self.config.n_layers)]
+        self.track_attention_mass = False
+        self.last_attention_mass: np.ndarray | None = None  # (S, max_blocks) f32
 
     async def forward(self, batch: ForwardBatch, greedy: bool = False) -> np.ndarray:
-        logits = self.model.forward(batch, self.kv)  # (S, vocab)
+        mass = np.zeros(batch.block_tables.shape, np.float32) if self.track_attention_mass else None
+        logits = self.model.forward(batch, self.kv, attention_mass=mass)  # (S, vocab)
+        self.last_attention_mass = mass
         return np.argmax(logits, axis=1).astype(np.int32) if greedy else logits
 
     async def copy_blocks(self, ops: Iterable[CopyOp]) -> None:
         for src, dst in ops:
             for pool in (*self.kv.k, *self.kv.v):
                 pool[dst] = pool[src]
+
+    async def shift_keys(self, ops: Iterable[ShiftOp]) -> None:
+        ops = list(ops)
+        if not ops:
+            return
+        blocks = np.array([op.block for op in ops], dtype=np.int64)  # (n,)
+        deltas = np.array([op.delta for op in ops], dtype=np.int64)  # (n,)
+        for pool in self.kv.k:
+            pool[blocks] = shift_keys(pool[blocks], deltas, self.model.inv_freq)
 
     async def swap_out(self, ops: Iterable[CopyOp]) -> None:
         for gpu, cpu in ops:

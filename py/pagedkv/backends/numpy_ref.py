@@ -27,10 +27,15 @@ def _int32_array(name: str, value, ndim: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ForwardBatch:
-    """One step's flattened batch (T new tokens over S sequences); validated on construction."""
+    """One step's flattened batch (T new tokens over S sequences); validated on construction.
+
+    The new tokens of a sequence are the last q_len of its cache (cache indices ctx - q_len .. ctx - 1;
+    causality follows them). Their positions are consecutive and start at or after ctx - q_len: a
+    sequence whose middle blocks were dropped may keep its tokens' text positions (kv_retention.py).
+    """
 
     token_ids: np.ndarray  # (T,) int32
-    positions: np.ndarray  # (T,) int32, position of each new token in its sequence
+    positions: np.ndarray  # (T,) int32, rotary position of each new token (>= its index in the cache)
     slot_mapping: np.ndarray  # (T,) int32, physical slot = block_id * block_size + offset
     query_start_loc: np.ndarray  # (S + 1,) int32, new tokens of seq s are [qsl[s], qsl[s+1])
     block_tables: np.ndarray  # (S, max_blocks) int32, physical block ids per sequence
@@ -52,9 +57,11 @@ class ForwardBatch:
             raise ValueError(f"context_lens must have one entry per sequence ({s})")
         for i in range(s):
             q_len = int(qsl[i + 1] - qsl[i])
-            expected = np.arange(ctx[i] - q_len, ctx[i], dtype=np.int32)
-            if not np.array_equal(self.positions[qsl[i] : qsl[i + 1]], expected):
-                raise ValueError(f"sequence {i}: positions must be {int(ctx[i]) - q_len}..{int(ctx[i]) - 1}")
+            first = int(self.positions[qsl[i]])
+            expected = np.arange(first, first + q_len, dtype=np.int32)
+            if first < ctx[i] - q_len or not np.array_equal(self.positions[qsl[i] : qsl[i + 1]], expected):
+                raise ValueError(f"sequence {i}: positions must be consecutive, starting at or after its "
+                                 f"first new cache index {int(ctx[i]) - q_len}")
 
     @property
     def num_seqs(self) -> int:
@@ -111,6 +118,24 @@ def rope_adjacent(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) ->
     return out
 
 
+def block_mass(token_mass: np.ndarray, block_size: int, num_blocks: int) -> np.ndarray:
+    """(ctx,) attention mass per cached token -> (num_blocks,) per block-table entry (zero past ctx)."""
+    padded = np.zeros(num_blocks * block_size, np.float32)  # (num_blocks * block_size,)
+    padded[: token_mass.shape[0]] = token_mass
+    return padded.reshape(num_blocks, block_size).sum(axis=1)
+
+
+def shift_keys(k_blocks: np.ndarray, deltas: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """Re-rotate cached keys k_blocks (n, block_size, n_kv_heads, head_dim) by -deltas (n,) positions.
+
+    The keys were rotated at position p; the result is them rotated at p - delta (RoPE composes).
+    """
+    n, bs, nkv, hd = k_blocks.shape
+    positions = np.repeat(-np.asarray(deltas, dtype=np.int64), bs)  # (n * block_size,)
+    flat = k_blocks.astype(np.float32).reshape(n * bs, nkv, hd)
+    return rope_adjacent(flat, positions, inv_freq).reshape(k_blocks.shape).astype(k_blocks.dtype)
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
@@ -123,17 +148,23 @@ class NumpyModel:
         self.w = weights.tensors
         self.inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope_base)  # (head_dim/2,) f32
 
-    def forward(self, batch: ForwardBatch, kv: PagedKVCache, all_logits: bool = False) -> np.ndarray:
+    def forward(self, batch: ForwardBatch, kv: PagedKVCache, all_logits: bool = False,
+                attention_mass: np.ndarray | None = None) -> np.ndarray:
         """Run one step: writes the new tokens' K/V into kv, returns logits.
 
         Returns (S, vocab) logits of each sequence's last new token, or (T, vocab)
-        for every new token when all_logits is set.
+        for every new token when all_logits is set. attention_mass, when given
+        (S, max_blocks) f32 zeros, receives per block-table entry the softmax
+        probability of the LAST layer summed over heads and new tokens (importance eviction; one layer
+        keeps the GPU's cost at one small dispatch per step, shaders/attention_mass.wgsl).
         """
         cfg = self.config
         self._check_bounds(batch, kv)
+
         x = self.w["token_embd.weight"][batch.token_ids]  # (T, hidden)
         for layer in range(cfg.n_layers):
-            x = x + self._attention(layer, rms_norm(x, self.w[f"blk.{layer}.attn_norm.weight"], cfg.rms_eps), batch, kv)
+            x = x + self._attention(layer, rms_norm(x, self.w[f"blk.{layer}.attn_norm.weight"], cfg.rms_eps), batch, kv,
+                                attention_mass if layer == cfg.n_layers - 1 else None)
             x = x + self._mlp(layer, rms_norm(x, self.w[f"blk.{layer}.ffn_norm.weight"], cfg.rms_eps))
         if not all_logits:
             x = x[batch.query_start_loc[1:] - 1]  # (S, hidden)
@@ -160,7 +191,8 @@ class NumpyModel:
             if used.min() < 0 or used.max() >= kv.num_blocks:
                 raise ValueError(f"sequence {s}: block ids must be in [0, {kv.num_blocks})")
 
-    def _attention(self, layer: int, h: np.ndarray, batch: ForwardBatch, kv: PagedKVCache) -> np.ndarray:
+    def _attention(self, layer: int, h: np.ndarray, batch: ForwardBatch, kv: PagedKVCache,
+                   mass: np.ndarray | None) -> np.ndarray:
         cfg = self.config
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         t = h.shape[0]
@@ -189,10 +221,13 @@ class NumpyModel:
             vals = v_pool[slots].transpose(1, 0, 2)  # (n_kv_heads, ctx, head_dim)
             qs = q[lo:hi].reshape(hi - lo, nkv, cfg.q_per_kv, hd).transpose(1, 2, 0, 3)  # (n_kv, group, q_len, hd)
             scores = (qs @ keys[:, None].transpose(0, 1, 3, 2)) * scale  # (n_kv, group, q_len, ctx)
-            causal = key_pos[None, :] > batch.positions[lo:hi, None]  # (q_len, ctx)
+            q_idx = np.arange(ctx - (hi - lo), ctx)  # (q_len,) cache index of each new token
+            causal = key_pos[None, :] > q_idx[:, None]  # (q_len, ctx)
             scores = np.where(causal, -np.inf, scores)
             scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
             probs = scores / scores.sum(axis=-1, keepdims=True)
+            if mass is not None:
+                mass[s] += block_mass(probs.sum(axis=(0, 1, 2)), bs, mass.shape[1])
             o = probs @ vals[:, None]  # (n_kv, group, q_len, head_dim)
             out[lo:hi] = o.transpose(2, 0, 1, 3).reshape(hi - lo, nh, hd)
         return out.reshape(t, nh * hd) @ self.w[f"blk.{layer}.attn_output.weight"].T  # (T, hidden)

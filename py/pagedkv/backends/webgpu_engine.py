@@ -20,7 +20,9 @@ from ..kv_cache_manager import CopyOp
 from ..model.config import ModelConfig
 from ..model.weights import check_manifest, tensor_parts, verify_shard
 from . import webgpu_ops as ops
-from .numpy_ref import ForwardBatch
+from ..kv_retention import ShiftOp
+from .numpy_ref import ForwardBatch, rope_inv_freq, shift_keys
+from .webgpu_attention_mass import AttentionMassKernel
 from .webgpu_fused import fused_member, stack_rows, stacked_nbytes
 from .webgpu_kernels import KVCacheBuffers, KVKernels, KVLayout
 from .webgpu_plan import PARAM_SLOT_BYTES, SLOT_INDEX, SLOTS, PlanKey, StepShape, layer_program, step_slots
@@ -57,6 +59,9 @@ class WebGpuBackend:
         self.num_blocks = 0
         self.num_cpu_blocks = 0
         self.last_step_ms: dict[str, float] = {}
+        self.track_attention_mass = False  # set by the engine for steps with importance eviction
+        self.last_attention_mass: np.ndarray | None = None  # (S, max_blocks) f32, last layer, heads summed
+        self._mass_kernel: AttentionMassKernel | None = None  # compiled on first use
 
     # ------------------------------------------------------------------ construction
 
@@ -228,6 +233,10 @@ class WebGpuBackend:
                              f"of {self.config.context_length}")
         if batch.token_ids.min() < 0 or batch.token_ids.max() >= self.config.vocab:
             raise ValueError(f"token ids must be in [0, {self.config.vocab})")
+        if int(batch.positions.max()) >= self.config.context_length:
+            raise ValueError(f"rotary position {int(batch.positions.max())} is past the RoPE table of the model "
+                             f"context ({self.config.context_length}); run long chats with "
+                             "KVRetention(positions='shifted')")
         slots = self.num_blocks * self.block_size
         if batch.slot_mapping.min() < 0 or batch.slot_mapping.max() >= slots:
             raise ValueError(f"slot_mapping entries must be in [0, {slots})")
@@ -317,9 +326,19 @@ class WebGpuBackend:
             out = np.frombuffer(data, np.uint32).astype(np.int32)  # (S,)
         else:
             out = np.frombuffer(data, np.float32).reshape(n, cfg.vocab).copy()  # (S, vocab)
+        if self.track_attention_mass:
+            await self._attention_mass(batch)
         # Wall time of the replay (encode + GPU + map) vs the Python around it; benchmarks read this.
         self.last_step_ms = {"replay": (t2 - t1) * 1e3, "python": (t1 - t0 + time.perf_counter() - t2) * 1e3}
         return out
+
+    async def _attention_mass(self, batch: ForwardBatch) -> None:
+        """After a replay, scratch q still holds the last layer's rotated queries: score the blocks with them."""
+        if self._mass_kernel is None:
+            self._mass_kernel = await AttentionMassKernel(self.kv_kernels).compile()
+        mass = await self._mass_kernel.run(self.kv_caches[-1].k, self.scratch["q"], batch.query_start_loc,
+                                           batch.block_tables, batch.context_lens)  # (S, n_heads, max_blocks)
+        self.last_attention_mass = mass.sum(axis=1)
 
     # ------------------------------------------------------------------ block copies and swaps
 
@@ -351,6 +370,19 @@ class WebGpuBackend:
             for layer, cache in enumerate(self.kv_caches):
                 await self.kv_kernels.swap_in(cache, pairs[:, 1], self.cpu_k[layer][pairs[:, 0]],
                                               self.cpu_v[layer][pairs[:, 0]])
+
+    async def shift_keys(self, ops_list: Iterable[ShiftOp]) -> None:
+        """Re-rotate the cached keys of each block by -delta positions, all layers (sliding window, shifted
+        positions): the blocks' K go through the swap kernels to numpy and back, V is untouched."""
+        ops_list = list(ops_list)
+        inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope_base)  # (head_dim / 2,)
+        for i in range(0, len(ops_list), SWAP_CHUNK_BLOCKS):
+            chunk = ops_list[i : i + SWAP_CHUNK_BLOCKS]
+            ids = np.array([op.block for op in chunk], dtype=np.int32)  # (n,)
+            deltas = np.array([op.delta for op in chunk], dtype=np.int64)  # (n,)
+            for cache in self.kv_caches:
+                k, v = await self.kv_kernels.swap_out(cache, ids)  # (n, block_size, n_kv_heads, head_dim) each
+                await self.kv_kernels.swap_in(cache, ids, shift_keys(k, deltas, inv_freq), v)
 
     def _check_cpu(self, ops_list: list[CopyOp], column: int) -> None:
         for op in ops_list:
