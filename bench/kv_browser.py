@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from bench.browser import BrowserSession
+from bench._path import RESULTS
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "kv_browser_worker.py"
-RESULTS = HERE / "results"
 ROWS = (("contiguous", "contiguous", False), ("paged", "paged", False), ("paged+prefix", "paged", True))
 
 # Puts bench/kv_sim.py (and what it imports) on the worker's sys.path, as the package `bench`.
@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args.budget_mib, args.kv_dtype, args.sessions, args.seed, args.layers_per_tick)
     text = json.dumps(report)
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    name = "kv_browser_quick.json" if args.quick else f"kv_browser_{args.kv_dtype}.json"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = "kv_browser.json" if args.kv_dtype == "f16" else f"kv_browser_{args.kv_dtype}.json"
     (RESULTS / name).write_text(text + "\n")
     return 0
 

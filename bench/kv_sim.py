@@ -66,6 +66,7 @@ from pagedkv.kv_cache_manager import KVCacheManager, NeverFits
 from pagedkv.sequence import Sequence
 
 GIB = 1 << 30
+TRACE_EVERY_S = 5  # the utilization series for plots: one sample per 5 simulated seconds
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ class Replay:
         self.tok_util: list[float] = []
         self.eff: list[float] = []
         self.share: list[float] = []
-        self.series: list[tuple[int, float, float]] = []  # (tick, utilization, token utilization)
+        self.series: list[tuple[int, float, float]] = []  # (tick, utilization, token utilization), whole run
         self.block_map: dict | None = None
 
     @property
@@ -277,25 +278,29 @@ class Replay:
         for s in self.sessions:
             if not s.done and s.answer_left:
                 self._decode(s)
-        if self.cfg.warmup_s <= self.now <= self.last_arrival:
-            self._sample()
+        in_window = self.cfg.warmup_s <= self.now <= self.last_arrival
+        if in_window or (self.trace and self.now % TRACE_EVERY_S == 0):
+            self._sample(in_window)
         if self.trace and self.now == self.last_arrival:
             self.block_map = block_map(self)
         self.now += 1
 
-    def _sample(self) -> None:
+    def _sample(self, in_window: bool) -> None:
         paged = self.kind == "paged"
         st = kv_stats(self.alloc) if paged else self.alloc.stats()
         used_slots = st.used_blocks * (self.block_size if paged else 1)
-        self.util.append(used_slots / self.total_slots)
+        util = used_slots / self.total_slots
         held = st.physical_tokens + (st.cached_blocks * self.block_size if paged else 0)
+        if self.trace and self.now % TRACE_EVERY_S == 0:
+            self.series.append((self.now, round(util, 5), round(held / self.total_slots, 5)))
+        if not in_window:
+            return
+        self.util.append(util)
         self.tok_util.append(held / self.total_slots)
         if used_slots:
             self.eff.append(st.slot_efficiency)
         if st.physical_tokens:
             self.share.append(st.sharing_factor)
-        if self.trace:
-            self.series.append((self.now, round(self.util[-1], 5), round(self.tok_util[-1], 5)))
 
     def result(self) -> dict:
         """The metrics described in the module docstring."""
@@ -353,8 +358,8 @@ def simulate(kind: str, plans: list[SessionPlan], cfg: WorkloadConfig, budget_by
     return replay.result()
 
 
-def run(budget_gib: float, seed: int, bpt: int, max_context: int) -> dict:
-    cfg = WorkloadConfig()
+def run(budget_gib: float, seed: int, bpt: int, max_context: int, num_sessions: int = 400) -> dict:
+    cfg = WorkloadConfig(num_sessions=num_sessions)
     plans = make_workload(cfg, seed)
     budget = int(budget_gib * GIB)
     out = {}
@@ -373,10 +378,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bytes-per-token", type=int, default=bytes_per_token(SMOLLM2_135M, "f16"))
     ap.add_argument("--contiguous-max-context", type=int, default=2048)
+    ap.add_argument("--quick", action="store_true", help="200 sessions instead of 400")
     args = ap.parse_args(argv)
     if args.budget_gib <= 0 or args.bytes_per_token <= 0:
         ap.error("--budget-gib and --bytes-per-token must be positive")
-    out = run(args.budget_gib, args.seed, args.bytes_per_token, args.contiguous_max_context)
+    out = run(args.budget_gib, args.seed, args.bytes_per_token, args.contiguous_max_context,
+              200 if args.quick else 400)
     if args.json:
         print(json.dumps(out, indent=2))
         return
