@@ -30,6 +30,8 @@ BENCHMARKS = {
     "page_boot": ["bench.page_boot", "--json"],
     "kv_kernels": ["bench.kv_kernels"],
     "model_kernels": ["bench.model_kernels"],
+    "roofline": ["bench.roofline"],
+    "ttft": ["bench.ttft"],
     "webgpu_engine": ["bench.webgpu_engine"],
     "app_dashboard": ["bench.app_dashboard"],
 }

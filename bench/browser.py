@@ -7,11 +7,23 @@ from __future__ import annotations
 import json
 import os
 import threading
+from pathlib import Path
 
 from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
 import build
 
 TIMEOUT_MS = 900_000
+
+INSTALL = """
+import os, sys
+os.makedirs("/bench_src/bench", exist_ok=True)
+for _name, _text in {files!r}.items():
+    with open("/bench_src/bench/" + _name, "w") as f:
+        f.write(_text)
+if "/bench_src" not in sys.path:
+    sys.path.insert(0, "/bench_src")
+None
+"""
 
 
 class BrowserSession:
@@ -52,6 +64,13 @@ class BrowserSession:
     def py(self, code: str):
         """Run Python in the page's worker; returns the JSON-decoded value of its last expression."""
         return json.loads(self.page.evaluate("code => window.pagedkv.exec(code)", code))
+
+    def install_bench(self, *names: str) -> None:
+        """Copy bench/__init__.py, bench/_path.py and bench/<names> into the worker's file system, importable
+        there as the package `bench` (for benchmark code shared between CPython and the page)."""
+        here = Path(__file__).resolve().parent
+        files = {name: (here / name).read_text() for name in ("__init__.py", "_path.py", *names)}
+        self.py(INSTALL.format(files=files))
 
     def __exit__(self, *exc) -> None:
         self.browser.close()

@@ -28,17 +28,6 @@ HERE = Path(__file__).resolve().parent
 WORKER = HERE / "kv_browser_worker.py"
 ROWS = (("contiguous", "contiguous", False), ("paged", "paged", False), ("paged+prefix", "paged", True))
 
-# Puts bench/kv_sim.py (and what it imports) on the worker's sys.path, as the package `bench`.
-INSTALL = """
-import os, sys
-os.makedirs("/bench_src/bench", exist_ok=True)
-for _name, _text in {files!r}.items():
-    with open("/bench_src/bench/" + _name, "w") as f:
-        f.write(_text)
-sys.path.insert(0, "/bench_src")
-None
-"""
-
 SCALAR_KEYS = ("max_context_tokens", "utilization_mean", "utilization_p5", "token_utilization_mean",
                "slot_efficiency", "oom_rate", "turns_started", "turns_failed", "sessions", "sessions_served",
                "prefix_hit_rate", "sharing_factor", "realloc_copied_tokens", "kv_write_dispatches",
@@ -46,11 +35,10 @@ SCALAR_KEYS = ("max_context_tokens", "utilization_mean", "utilization_p5", "toke
 
 
 def run(budgets_mib: list[int], kv_dtype: str, sessions: int, seed: int, layers_per_tick: int) -> dict:
-    files = {name: (HERE / name).read_text() for name in ("__init__.py", "_path.py", "kv_sim.py")}
     report = {"benchmark": "kv_browser", "kv_dtype": kv_dtype, "sessions": sessions, "seed": seed,
               "layers_written_per_tick": layers_per_tick, "budgets": []}
     with BrowserSession("?model=tiny-random&backend=cpu") as page:
-        page.py(INSTALL.format(files=files))
+        page.install_bench("kv_sim.py")
         page.py(WORKER.read_text() + "\nNone")
         for mib in budgets_mib:
             ledger = page.py(f"import json\njson.dumps(await load_backend({mib}, {kv_dtype!r}))")
