@@ -29,9 +29,10 @@ None
 class BrowserSession:
     """`with BrowserSession(query) as s: s.py(code)` — a booted page with its model loaded."""
 
-    def __init__(self, query: str = "", *, build_first: bool = True) -> None:
+    def __init__(self, query: str = "", *, build_first: bool = True, make_server=None) -> None:
         self.query = query
         self.build_first = build_first
+        self.make_server = make_server or build.make_server  # (host, port) -> an HTTP server of dist/
 
     def __enter__(self) -> "BrowserSession":
         from playwright.sync_api import sync_playwright
@@ -39,9 +40,10 @@ class BrowserSession:
         if self.build_first:
             build.build()
         os.environ["PAGEDKV_QUIET_SERVER"] = "1"
-        self.server = build.make_server("127.0.0.1", 0)
+        self.server = self.make_server("127.0.0.1", 0)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/{self.query}"
+        self.origin = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"{self.origin}/{self.query}"
         self._pw = sync_playwright().start()
         self.browser = self._pw.chromium.launch(executable_path=build.find_chromium(),
                                                 args=build.BASE_ARGS + build.WEBGPU_ARGS, headless=True)
