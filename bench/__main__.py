@@ -34,6 +34,7 @@ BENCHMARKS = {
     "ttft": ["bench.ttft"],
     "webgpu_engine": ["bench.webgpu_engine"],
     "app_dashboard": ["bench.app_dashboard"],
+    "wllama": ["bench.wllama"],
 }
 
 
@@ -72,8 +73,15 @@ def main() -> int:
             print(exc, file=sys.stderr)
             failed.append(name)
             continue
-        (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        text = json.dumps(result)
+        # Traces (kv_browser's utilization series, block maps) stay one line; the rest is indented for diffs.
+        (out_dir / f"{name}.json").write_text((text if len(text) > 100_000 else json.dumps(result, indent=2)) + "\n")
         print(json.dumps(result)[:2000], flush=True)
+    from bench import plots, summary  # matplotlib loads only here
+
+    print("== plots: " + ", ".join(plots.make_all(out_dir)), flush=True)
+    (out_dir / "SUMMARY.md").write_text(summary.build_summary(out_dir))
+    print(f"== {out_dir / 'SUMMARY.md'}", flush=True)
     if failed:
         print(f"failed benchmarks: {', '.join(failed)}", file=sys.stderr)
         return 1
