@@ -38,7 +38,7 @@ def run(budgets_mib: list[int], kv_dtype: str, sessions: int, seed: int, layers_
     report = {"benchmark": "kv_browser", "kv_dtype": kv_dtype, "sessions": sessions, "seed": seed,
               "layers_written_per_tick": layers_per_tick, "budgets": []}
     with BrowserSession("?model=tiny-random&backend=cpu") as page:
-        page.install_bench("kv_sim.py")
+        page.install_bench("kv_sim.py", "webgpu_engine_worker.py")
         page.py(WORKER.read_text() + "\nNone")
         for mib in budgets_mib:
             ledger = page.py(f"import json\njson.dumps(await load_backend({mib}, {kv_dtype!r}))")

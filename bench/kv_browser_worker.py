@@ -1,44 +1,36 @@
 # Runs inside the page's worker (Pyodide): kv_sim's workload against real GPU buffers. See bench/kv_browser.py.
-import json
 import time
 
 import numpy as np
 
 from bench import kv_sim
-from pagedkv.backends.webgpu import GpuContext, fetch_bytes
-from pagedkv.backends.webgpu_engine import SWAP_CHUNK_BLOCKS, WebGpuBackend
+from bench.webgpu_engine_worker import bench_backend
+from pagedkv.backends.webgpu_engine import SWAP_CHUNK_BLOCKS
 from pagedkv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
 from pagedkv.contiguous import ContiguousAllocator
 from pagedkv.kv_cache_manager import KVCacheManager, NeverFits
 from pagedkv.sequence import Sequence
 
-MODEL = "smollm2-135m-instruct"
 _STATE = {}
+
+
+def bytes_per_token(b):
+    """From the real KV layout the backend allocated (so any KV dtype, scales included)."""
+    return b.ledger.by_kind()["kv"] // (b.num_blocks * b.block_size)
 
 
 async def load_backend(budget_mib, kv_dtype="f16"):
     """The real model's weights, scratch, staging and KV pool, every buffer reserved in the ledger."""
     if "backend" in _STATE:
         _STATE.pop("backend").destroy()
-    if "ctx" not in _STATE:
-        _STATE["ctx"] = await GpuContext.create()
-    ctx = _STATE["ctx"]
-    manifest = json.loads(await fetch_bytes(f"models/{MODEL}/model.json"))
-
-    async def source(name):
-        return await fetch_bytes(f"models/{MODEL}/{name}")
-
-    b = await WebGpuBackend.create(ctx, manifest, source, budget_bytes=budget_mib << 20, kv_dtype=kv_dtype)
-    _STATE["backend"] = b
+    ctx, b, _, ledger = await bench_backend(budget_mib, kv_dtype, _STATE.get("ctx"))
+    _STATE["ctx"], _STATE["backend"] = ctx, b
     kinds = b.ledger.by_kind()
-    kv_bytes = kinds["kv"]
-    bpt = kv_bytes // (b.num_blocks * b.block_size)  # bytes per token from the real layout (any KV dtype)
+    bpt = bytes_per_token(b)
     fixed = kinds["weights"] + kinds["scratch"] + kinds["staging"]
-    return {"budget_bytes": b.ledger.budget_bytes, "by_kind": kinds, "used_bytes": b.ledger.used_bytes,
-            "num_blocks": b.num_blocks, "block_size": b.block_size, "kv_dtype": kv_dtype,
-            "bytes_per_token": bpt, "kv_tokens": b.num_blocks * b.block_size,
-            "formula_tokens": (b.ledger.budget_bytes - fixed) // bpt, "adapter": ctx.info.name}
+    return {**ledger, "bytes_per_token": bpt, "formula_tokens": (b.ledger.budget_bytes - fixed) // bpt,
+            "adapter": ctx.info.name}
 
 
 class GpuWriter:
@@ -97,7 +89,7 @@ async def replay(kind, num_sessions, seed, enable_prefix_caching=True, layers_pe
                  contiguous_max_context=2048):
     """kv_sim's workload for `kind` over the loaded backend's KV pool, with real kv_write dispatches."""
     b = _STATE["backend"]
-    bpt = b.ledger.by_kind()["kv"] // (b.num_blocks * b.block_size)
+    bpt = bytes_per_token(b)
     cfg = kv_sim.WorkloadConfig(num_sessions=num_sessions, warmup_s=warmup_s)
     plans = kv_sim.make_workload(cfg, seed)
     writer = GpuWriter(b, layers_per_tick)
@@ -119,7 +111,7 @@ async def capacity_probe(kind, step=16, contiguous_max_context=2048):
     """One session growing `step` tokens at a time (slots written for real) until its allocation is refused:
     the largest context the pool holds for a single conversation."""
     b = _STATE["backend"]
-    bpt = b.ledger.by_kind()["kv"] // (b.num_blocks * b.block_size)
+    bpt = bytes_per_token(b)
     writer = GpuWriter(b, 1)
     if kind == "paged":
         alloc = KVCacheManager(CacheConfig(num_blocks=b.num_blocks, block_size=b.block_size))

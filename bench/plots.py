@@ -96,6 +96,7 @@ def ttft_turns(tt: dict, out: Path) -> None:
         ax.set_xlabel("turn")
         ax.set_ylabel("time to first token (s)")
         ax.set_xticks(turns)
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
