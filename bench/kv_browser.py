@@ -26,12 +26,14 @@ from bench._path import RESULTS
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "kv_browser_worker.py"
-ROWS = (("contiguous", "contiguous", False), ("paged", "paged", False), ("paged+prefix", "paged", True))
+# (label, allocator, prefix caching, preempt): the last row waits / preempts by recompute instead of failing.
+ROWS = (("contiguous", "contiguous", False, False), ("paged", "paged", False, False),
+        ("paged+prefix", "paged", True, False), ("paged+prefix+preempt", "paged", True, True))
 
 SCALAR_KEYS = ("max_context_tokens", "utilization_mean", "utilization_p5", "token_utilization_mean",
                "slot_efficiency", "oom_rate", "turns_started", "turns_failed", "sessions", "sessions_served",
                "prefix_hit_rate", "sharing_factor", "realloc_copied_tokens", "kv_write_dispatches",
-               "kv_write_tokens", "wall_s")
+               "kv_write_tokens", "wall_s", "preemptions", "deferred_ticks")
 
 
 def run(budgets_mib: list[int], kv_dtype: str, sessions: int, seed: int, layers_per_tick: int) -> dict:
@@ -49,9 +51,10 @@ def run(budgets_mib: list[int], kv_dtype: str, sessions: int, seed: int, layers_
                 probe["fraction_of_formula"] = probe["max_context_tokens"] / ledger["formula_tokens"]
                 entry["capacity"][kind] = probe
                 print(json.dumps(probe), file=sys.stderr)
-            for label, kind, prefix in ROWS:
+            for label, kind, prefix, preempt in ROWS:
                 row = page.py(f"import json\njson.dumps(await replay({kind!r}, {sessions}, {seed}, "
-                              f"enable_prefix_caching={prefix}, layers_per_tick={layers_per_tick}))")
+                              f"enable_prefix_caching={prefix}, layers_per_tick={layers_per_tick}, "
+                              f"preempt={preempt}))")
                 entry["rows"][label] = row
                 print(label, json.dumps({k: row[k] for k in SCALAR_KEYS}), file=sys.stderr)
             report["budgets"].append(entry)

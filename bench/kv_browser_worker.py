@@ -86,7 +86,7 @@ class GpuWriter:
 
 
 async def replay(kind, num_sessions, seed, enable_prefix_caching=True, layers_per_tick=1, warmup_s=300,
-                 contiguous_max_context=2048):
+                 contiguous_max_context=2048, preempt=False):
     """kv_sim's workload for `kind` over the loaded backend's KV pool, with real kv_write dispatches."""
     b = _STATE["backend"]
     bpt = bytes_per_token(b)
@@ -95,7 +95,7 @@ async def replay(kind, num_sessions, seed, enable_prefix_caching=True, layers_pe
     writer = GpuWriter(b, layers_per_tick)
     r = kv_sim.Replay(kind, plans, cfg, b.num_blocks * b.block_size * bpt, bpt, b.block_size,
                       contiguous_max_context, enable_prefix_caching=enable_prefix_caching,
-                      on_slots=writer.on_slots, on_copy=writer.on_copy, trace=True)
+                      on_slots=writer.on_slots, on_copy=writer.on_copy, trace=True, preempt=preempt)
     t0 = time.perf_counter()
     while not r.done:
         r.tick()

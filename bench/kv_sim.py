@@ -170,7 +170,7 @@ class Replay:
 
     def __init__(self, kind: str, plans: list[SessionPlan], cfg: WorkloadConfig, budget_bytes: int, bpt: int,
                  block_size: int = 16, contiguous_max_context: int = 2048, enable_prefix_caching: bool = True,
-                 on_slots=None, on_copy=None, trace: bool = False) -> None:
+                 on_slots=None, on_copy=None, trace: bool = False, preempt: bool = False) -> None:
         if kind not in ("paged", "contiguous"):
             raise ValueError(f"allocator kind must be 'paged' or 'contiguous', got {kind!r}")
         self.kind, self.cfg, self.block_size = kind, cfg, block_size
@@ -186,7 +186,9 @@ class Replay:
             self.alloc = ContiguousAllocator(self.total_slots, contiguous_max_context)
             self.config = {"num_slots": self.total_slots, "max_context": contiguous_max_context}
         self.config.update(budget_bytes=budget_bytes, bytes_per_token=bpt)
-        self.on_slots, self.on_copy, self.trace = on_slots, on_copy, trace
+        self.on_slots, self.on_copy, self.trace, self.preempt = on_slots, on_copy, trace, preempt
+        self.preemptions = 0       # running turns evicted (decode refused)
+        self.deferred_ticks = 0    # ticks a turn waited because its prompt did not fit
         self.sessions = [_Session(i, p) for i, p in enumerate(plans)]
         self.last_arrival = max(p.arrival for p in plans)
         self.now = 0
@@ -240,6 +242,10 @@ class Replay:
                 ops = self.alloc.append_tokens(s.seq, turn.user if first else prompt)
                 self._report(s.seq, first, ops)
         except (OutOfBlocks, NeverFits):
+            if self.preempt:  # wait for memory: the turn is retried next tick
+                self.deferred_ticks += 1
+                self._requeue(s)
+                return
             self.failed += 1
             s.failed = True
             self._end_session(s)
@@ -253,6 +259,10 @@ class Replay:
         try:
             ops = self.alloc.append_tokens(s.seq, chunk)
         except (OutOfBlocks, NeverFits):
+            if self.preempt:
+                self.preemptions += 1
+                self._requeue(s)
+                return
             self.failed += 1
             s.failed = True
             s.answer_left = []
@@ -269,6 +279,16 @@ class Replay:
             s.turn += 1
             if s.turn == len(s.plan.turns):
                 self._end_session(s)
+
+    def _requeue(self, s: _Session) -> None:
+        """Preemption by recompute, as the engine's scheduler does instead of failing: free what the turn
+        holds (paged: its full blocks stay cached, so the retry mostly hits the prefix cache; contiguous: the
+        whole range) and restart the turn next tick. The retry counts as another started turn."""
+        if s.seq is not None and s.seq.status.value != "finished":
+            self.alloc.free(s.seq)
+        s.seq = None
+        s.answer_left = []
+        s.wake = self.now + 1
 
     def tick(self) -> None:
         """Advance one second: start the turns due now, decode one second of every answer, sample."""
@@ -321,6 +341,7 @@ class Replay:
             "sessions_served": sum(1 for s in self.sessions if not s.failed),  # ended without a refusal
             "ticks_sampled": len(util), "sim_seconds": self.now,
             "realloc_copied_tokens": getattr(alloc, "num_copied_tokens", 0),
+            "preempt": self.preempt, "preemptions": self.preemptions, "deferred_ticks": self.deferred_ticks,
         }
         if self.trace:
             out["series"] = self.series

@@ -96,7 +96,10 @@ def roofline_table(rf: dict) -> list[str]:
     out += ["", "| block size | attention at 4k: paged / contiguous | paged ms | slot efficiency (kv_sim, 1 GiB) "
             "| failed allocations | prefix hit rate |", "|---|---|---|---|---|---|"]
     for att, eff in zip(rf["attention_by_block_size"], rf["slot_efficiency_by_block_size"]):
-        out.append(f"| {att['block_size']} | {att['paged_over_contiguous']:.3f} | {att['paged_ms']:.2f} "
+        kernel = ("not supported by the kernels (one block of scores lives in registers)", "")
+        if "unsupported" not in att:
+            kernel = (f"{att['paged_over_contiguous']:.3f}", f"{att['paged_ms']:.2f}")
+        out.append(f"| {eff['block_size']} | {kernel[0]} | {kernel[1]} "
                    f"| {_pct(eff['slot_efficiency'])} | {_pct(eff['oom_rate'])} | {_pct(eff['prefix_hit_rate'])} |")
     return out + [""]
 
