@@ -21,7 +21,8 @@ from bench._path import RESULTS  # noqa: E402
 
 ROW_STYLE = {"contiguous": ("tab:red", "contiguous (2,048-slot reservation)"),
              "paged": ("tab:blue", "paged, no prefix cache"),
-             "paged+prefix": ("tab:green", "paged + prefix cache")}
+             "paged+prefix": ("tab:green", "paged + prefix cache"),
+             "paged+prefix+preempt": ("tab:purple", "paged + prefix cache, preempting")}
 
 
 def _load(results: Path, name: str) -> dict | None:

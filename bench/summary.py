@@ -16,7 +16,8 @@ from bench._path import RESULTS
 
 SEED = {"contiguous": {"ctx": "~1,200", "util": "22.4 %", "oom": "38.5 %"},
         "paged": {"ctx": "~4,800", "util": "88.6 %", "oom": "0 %"}}
-LABELS = {"contiguous": "contiguous", "paged": "paged (no prefix cache)", "paged+prefix": "paged + prefix cache"}
+LABELS = {"contiguous": "contiguous", "paged": "paged (no prefix cache)", "paged+prefix": "paged + prefix cache",
+          "paged+prefix+preempt": "paged + prefix cache, waits / preempts instead of failing"}
 
 
 def _load(results: Path, name: str) -> dict | None:
@@ -42,6 +43,12 @@ def machine(adapter: str | None) -> str:
             f"headless Chromium WebGPU adapter: {adapter or 'n/a'}")
 
 
+def _preempted(row: dict) -> str:
+    if not row.get("preempt"):
+        return ""
+    return f"; {row['preemptions']:,} preemptions, {row['deferred_ticks']:,} turn-seconds waiting for memory"
+
+
 def seed_table(kv: dict) -> list[str]:
     out = ["## The seed's experiment in the real tab", "",
            f"`python3 -m bench.kv_browser` — kv_sim's workload ({kv['sessions']} sessions, seed {kv['seed']}, "
@@ -63,7 +70,7 @@ def seed_table(kv: dict) -> list[str]:
                 f"| {cap['max_context_tokens']:,} / {led['formula_tokens']:,} ({_pct(cap['fraction_of_formula'])}) "
                 f"| {_pct(row['token_utilization_mean'])} / {_pct(row['token_utilization_p5'])} "
                 f"| {_pct(row['slot_efficiency'])} | {_pct(row['oom_rate'])} ({row['turns_failed']} of "
-                f"{row['turns_started']}) | {row['sessions_served']} of {row['sessions']} |")
+                f"{row['turns_started']}){_preempted(row)} | {row['sessions_served']} of {row['sessions']} |")
     led = kv["budgets"][0]["ledger"]
     kinds = led["by_kind"]
     out += ["", f"Ledger at {kv['budgets'][0]['budget_mib']} MiB: weights {kinds['weights'] / 2**20:.1f} MiB, "
@@ -75,8 +82,10 @@ def seed_table(kv: dict) -> list[str]:
             "in allocated slots / allocated slots. Allocated-slot share (the contiguous baseline reserves "
             "2,048 slots per conversation): " + ", ".join(
                 f"{LABELS[k]} {_pct(r['utilization_mean'])}" for k, r in kv["budgets"][0]["rows"].items()) + ".",
-            "Neither allocator queues or preempts here (a refused allocation ends the conversation), so the "
-            "failed-allocation rate is raw headroom; the engine's scheduler preempts instead.", ""]
+            "Except in the preempt row, a refused allocation ends the conversation (raw headroom); the preempt row "
+            "does what the engine's scheduler does: a turn whose prompt does not fit waits, a decode that does not "
+            "fit frees its blocks (full ones stay cached) and the turn is recomputed (retries count as started "
+            "turns).", ""]
     return out
 
 
