@@ -118,7 +118,9 @@ def roofline(rf: dict, out: Path) -> None:
     a.set_title(f"decode step vs its roofline ({rf['stream_read']['gb_s_best']:.2f} GB/s streaming read)")
     a.legend(fontsize=8)
     a.grid(alpha=0.3, axis="y")
-    b.plot(ctx, [100 * r["fraction_of_roofline"] for r in rows], "o-", label="decode step: % of roofline")
+    b.plot(ctx, [100 * r["fraction_of_roofline"] for r in rows], "o-", label="decode step: % of roofline (median)")
+    b.plot(ctx, [100 * r["fraction_best_sample"] for r in rows], "o:", color="tab:blue",
+           label="decode step: % of roofline (best sample)")
     ratios = [r["paged_over_contiguous"] for r in rf["attention_by_context"]]
     b.plot(ctx, [100 * r for r in ratios], "s--", label="attention kernel: paged / contiguous time (%)")
     b.set_xscale("log", base=2)

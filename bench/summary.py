@@ -136,11 +136,11 @@ def wllama_table(wl: dict) -> list[str]:
     out = ["## Side by side with wllama (same GGUF, same prompt, greedy)", "",
            f"`python3 -m bench.wllama` — @wllama/wllama {wl.get('wllama_version', '?')}, "
            f"{wl['prompt_tokens']}-token prompt, {wl['new_tokens']} new tokens.", "",
-           "| engine | threads | flash attention | prefill tok/s | decode tok/s | first 8 greedy ids match ours |",
+           "| engine | threads | flash attention | prefill tok/s | decode tok/s | first 8 greedy tokens match ours |",
            "|---|---|---|---|---|---|"]
     for r in wl["wllama"]:
         out.append(f"| wllama (CPU, wasm) | {r['threads']} | {'on' if r['flash_attn'] else 'off'} "
-                   f"| {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} | {r.get('ids_match_ours', '')} |")
+                   f"| {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} | {r['ids_match_ours']} |")
     for r in wl["ours"]:
         out.append(f"| PagedKV {r['backend']} | | | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} | |")
     if wl.get("ratio"):

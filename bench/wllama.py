@@ -3,13 +3,13 @@
     python3 -m bench.wllama [--prompt 512] [--new 128] [--quick]
 
 One server (dist/ plus a bench page under /bench/, all with COOP/COEP so wllama's multi-thread build gets
-SharedArrayBuffer) and one browser. The same prompt ids (seeded random ids, the model's vocabulary) go to:
+SharedArrayBuffer) and one browser. The same prompt (a plain text; its ids under our tokenizer for our engine) goes to:
 - @wllama/wllama (devDependency) loading the original SmolLM2-135M-Instruct Q4_1 GGUF that build.py
   converts, greedy, at 1 and 2 threads with flash attention on and off: llama.cpp's own prompt and
   generation timings (prefill and decode tok/s) and its output;
 - our engine on WebGPU (SwiftShader here: a CPU emulation of a GPU), in the app page's worker;
 - our engine's numpy CPU backend in CPython.
-Then the first 8 greedy ids of each wllama run against ours. Prints JSON; writes bench/results/wllama.json.
+Then wllama's greedy text, re-encoded, against our first 8 greedy ids. Prints JSON; writes bench/results/wllama.json.
 """
 from __future__ import annotations
 
@@ -72,10 +72,27 @@ def make_server(host: str, port: int):
     return server
 
 
-def prompt_ids(n: int) -> list[int]:
-    import numpy as np
+PARAGRAPH = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a can of oil and a "
+             "notebook in which he recorded the wind, the colour of the sea and the ships that passed the point. ")
 
-    return [int(t) for t in np.random.default_rng(0).integers(100, 40000, n)]
+
+def tokenizer():
+    from pagedkv.model.weights import read_manifest
+    from pagedkv.tokenizer import Tokenizer
+
+    return Tokenizer.from_manifest(read_manifest(MODEL_DIR))
+
+
+def prompt_text(n: int) -> tuple[str, list[int]]:
+    """A plain-text prompt of about `n` tokens and its ids under our tokenizer. wllama gets the text (its
+    completion call crashes on a token-id prompt: 'Invalid typed array length'), we get the ids."""
+    tok = tokenizer()
+    text, i = "", 0
+    while len(tok.encode(text)) < n:
+        i += 1
+        text += f"Day {i}. {PARAGRAPH}"
+    text = tok.decode(tok.encode(text)[:n])
+    return text, tok.encode(text)
 
 
 def cpu_numpy(prompt: list[int], new_tokens: int) -> dict:
@@ -124,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--prompt must be >= 1 and --new >= {COMPARE_IDS}")
     if not (WLLAMA / "esm" / "index.js").exists():
         raise SystemExit("node_modules/@wllama/wllama is missing: run `npm ci` (it is a devDependency)")
-    prompt = prompt_ids(args.prompt)
+    text, prompt = prompt_text(args.prompt)
     version = json.loads((WLLAMA / "package.json").read_text())["version"]
     report = {"benchmark": "wllama", "wllama_version": version, "gguf": gguf_path().name,
               "prompt_tokens": args.prompt, "new_tokens": args.new, "wllama": [], "ours": []}
@@ -141,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         page.wait_for_selector("html[data-ready]", state="attached")
         for threads in (1, 2):
             for flash in (True, False):
-                config = {"threads": threads, "flashAttn": flash, "promptIds": prompt, "newTokens": args.new,
+                config = {"threads": threads, "flashAttn": flash, "prompt": text, "newTokens": args.new,
                           "nCtx": 1024 if args.prompt + args.new <= 1024 else 2048}
                 r = page.evaluate("config => window.runWllama(config)", config)
                 t = r["timings"] or {}
@@ -149,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "cross_origin_isolated": r["cross_origin_isolated"], "flash_attn": flash,
                                          "prefill_tok_s": t.get("prompt_per_second"),
                                          "decode_tok_s": t.get("predicted_per_second"), "timings": t,
-                                         "text": r["text"], "tokens": r["tokens"],
-                                         "logprob_tokens": r["logprob_tokens"], "response_keys": r["response_keys"],
+                                         "prompt_tokens_wllama": t.get("prompt_n"), "text": r["text"],
                                          "load_ms": r["load_ms"]})
                 print(json.dumps(report["wllama"][-1])[:600], file=sys.stderr)
     report["ours"].append(cpu_numpy(prompt, args.new))
@@ -164,19 +180,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def compare(report: dict) -> None:
-    """First greedy ids of each wllama run vs ours (WebGPU), and the headline speed ratio."""
-    from pagedkv.model.weights import read_manifest
-    from pagedkv.tokenizer import Tokenizer
-
-    tok = Tokenizer.from_manifest(read_manifest(MODEL_DIR))
+    """wllama's greedy text (re-encoded with our tokenizer: it returns no ids) vs our first ids, and the ratio."""
+    tok = tokenizer()
     ours = report["ours"][0]["output_ids"][:COMPARE_IDS]
     report["ours_first_ids"] = ours
+    report["ours_first_text"] = tok.decode(ours)
     report["ours_cpu_matches_webgpu"] = report["ours"][1]["output_ids"][:COMPARE_IDS] == ours
-    ours_text = tok.decode(ours)
     for r in report["wllama"]:
-        ids = r["tokens"][:COMPARE_IDS] if r["tokens"] else None
-        r["first_ids"] = ids
-        r["ids_match_ours"] = ids == ours if ids is not None else r["text"].startswith(ours_text)
+        r["first_ids_reencoded"] = tok.encode(r["text"])[:COMPARE_IDS]
+        r["ids_match_ours"] = r["first_ids_reencoded"] == ours
+        r["text_starts_with_ours"] = r["text"].startswith(report["ours_first_text"])
     best = max(report["wllama"], key=lambda r: r["decode_tok_s"] or 0)
     web, cpu = report["ours"][0], report["ours"][1]
     report["ratio"] = (

@@ -6,7 +6,7 @@ const log = (line) => { document.getElementById('log').textContent += '\n' + lin
 
 let gguf = null;  // the model file, fetched once per page
 
-window.runWllama = async ({ threads, flashAttn, promptIds, newTokens, nCtx }) => {
+window.runWllama = async ({ threads, flashAttn, prompt, newTokens, nCtx }) => {
   if (gguf === null) {
     gguf = await (await fetch('./model.gguf')).blob();
   }
@@ -17,15 +17,12 @@ window.runWllama = async ({ threads, flashAttn, promptIds, newTokens, nCtx }) =>
                                    n_gpu_layers: 0, warmup: true });
   const loadMs = performance.now() - t0;
   const response = await wllama.createCompletion({
-    prompt: promptIds, max_tokens: newTokens, temperature: 0, ignore_eos: true, cache_prompt: false,
-    return_tokens: true, logprobs: 1,
+    prompt, max_tokens: newTokens, temperature: 0, ignore_eos: true, cache_prompt: false,
   });
   const result = {
     threads: wllama.getNumThreads(), multithread: wllama.isMultithread(), flash_attn: flashAttn,
     cross_origin_isolated: self.crossOriginIsolated, load_ms: loadMs, timings: response.timings,
-    text: response.choices[0].text, tokens: response.tokens ?? response.choices[0].tokens ?? null,
-    logprob_tokens: response.choices[0].logprobs ? response.choices[0].logprobs.tokens : null,
-    response_keys: Object.keys(response),
+    text: response.choices[0].text,
   };
   await wllama.exit();
   log(JSON.stringify(result.timings));
