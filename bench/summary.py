@@ -29,6 +29,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
+def _quick(data: dict) -> str:
+    return " --quick" if data.get("quick") else ""
+
+
 def machine(adapter: str | None) -> str:
     cpu = "unknown CPU"
     try:
@@ -92,7 +96,7 @@ def seed_table(kv: dict) -> list[str]:
 def roofline_table(rf: dict) -> list[str]:
     sr = rf["stream_read"]
     out = ["## Roofline, paged vs contiguous attention, block size", "",
-           f"`python3 -m bench.roofline` — streaming read of this adapter: {sr['gb_s_best']:.2f} GB/s best, "
+           f"`python3 -m bench.roofline{_quick(rf)}` — streaming read of this adapter: {sr['gb_s_best']:.2f} GB/s best, "
            f"{sr['gb_s_median']:.2f} GB/s median (64 MiB); roofline ms = bytes / the best figure. Decode step: the "
            "real model, one sequence, greedy, scattered block table. Attention: one layer's paged_attention with a "
            "scattered vs an identity block table, alternated rounds (median of per-round ratios).", "",
@@ -120,7 +124,7 @@ def roofline_table(rf: dict) -> list[str]:
 
 def ttft_table(tt: dict) -> list[str]:
     out = ["## Time to first token by turn", "",
-           f"`python3 -m bench.ttft` — one greedy conversation ({tt['system_tokens']}-token system prompt, "
+           f"`python3 -m bench.ttft{_quick(tt)}` — one greedy conversation ({tt['system_tokens']}-token system prompt, "
            f"{tt['user_tokens']}-token user messages, {tt['answer_tokens']}-token answers), prefix caching on vs off.",
            "", "| turn | prompt tokens | new tokens prefilled (cache on) | WebGPU on / off (s) | numpy CPU on / off (s) |",
            "|---|---|---|---|---|"]
@@ -134,7 +138,7 @@ def ttft_table(tt: dict) -> list[str]:
 
 def wllama_table(wl: dict) -> list[str]:
     out = ["## Side by side with wllama (same GGUF, same prompt, greedy)", "",
-           f"`python3 -m bench.wllama` — @wllama/wllama {wl.get('wllama_version', '?')}, "
+           f"`python3 -m bench.wllama{_quick(wl)}` — @wllama/wllama {wl.get('wllama_version', '?')}, "
            f"{wl['prompt_tokens']}-token prompt, {wl['new_tokens']} new tokens.", "",
            "| engine | threads | flash attention | prefill tok/s | decode tok/s | first 8 greedy tokens match ours |",
            "|---|---|---|---|---|---|"]
@@ -145,6 +149,11 @@ def wllama_table(wl: dict) -> list[str]:
         out.append(f"| PagedKV {r['backend']} | | | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} | |")
     if wl.get("ratio"):
         out += ["", wl["ratio"]]
+    out += ["", "wllama runs on the CPU here: its WebGPU backend needs shader-f16, which SwiftShader lacks, and our "
+            "WebGPU runs on SwiftShader, itself a CPU emulation. These runs shared the 2 cores with other jobs "
+            "(load average 10-24); on a quiet machine wllama measured 9.6 / 4.1 (1 thread, flash attention on), "
+            "7.5 / 6.2 (off), 17.9 / 7.5 and 14.1 / 9.7 (2 threads) prefill / decode tok/s on a 512-token prompt, "
+            "so compare the rows of one table, not across tables."]
     return out + [""]
 
 
