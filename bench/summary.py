@@ -74,7 +74,8 @@ def seed_table(kv: dict) -> list[str]:
                 f"| {cap['max_context_tokens']:,} / {led['formula_tokens']:,} ({_pct(cap['fraction_of_formula'])}) "
                 f"| {_pct(row['token_utilization_mean'])} / {_pct(row['token_utilization_p5'])} "
                 f"| {_pct(row['slot_efficiency'])} | {_pct(row['oom_rate'])} ({row['turns_failed']} of "
-                f"{row['turns_started']}){_preempted(row)} | {row['sessions_served']} of {row['sessions']} |")
+                f"{row['turns_started']:,} {'attempts, waits included' if row.get('preempt') else 'turns'})"
+                f"{_preempted(row)} | {row['sessions_served']} of {row['sessions']} |")
     led = kv["budgets"][0]["ledger"]
     kinds = led["by_kind"]
     out += ["", f"Ledger at {kv['budgets'][0]['budget_mib']} MiB: weights {kinds['weights'] / 2**20:.1f} MiB, "
