@@ -1,13 +1,16 @@
 """`npm run bench`: run every benchmark, print its JSON, and save it under bench/results/.
 
-    python3 -m bench [--only NAME ...] [--list]
+    python3 -m bench [--quick] [--only NAME ...] [--list]      (npm run bench -- --quick)
 
-Benchmarks print figures; none of them passes or fails on a number.
+Benchmarks print figures; none of them passes or fails on a number. --quick runs every benchmark in its
+reduced form (each accepts --quick) and writes to bench/results/quick/ instead, so a quick run never
+overwrites the full figures. The plots and SUMMARY.md are regenerated from the JSON at the end.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,28 +23,35 @@ RESULTS = ROOT / "bench" / "results"
 BENCHMARKS = {
     "kv_sim_1gib": ["bench.kv_sim", "--json", "--budget-gib", "1", "--seed", "0"],
     "kv_sim_2gib": ["bench.kv_sim", "--json", "--budget-gib", "2", "--seed", "0"],
+    "kv_browser": ["bench.kv_browser"],
     "kv_ops": ["bench.kv_ops"],
     "tokenizer": ["bench.bench_tokenizer"],
     "numpy_ref_speed": ["bench.numpy_ref_speed"],
     "kv_quality_window": ["bench.kv_quality_window", "--quick"],  # full run: python3 -m bench.kv_quality_window
     "page_boot": ["bench.page_boot", "--json"],
-    "kv_kernels": ["bench.kv_kernels", "--quick"],
+    "kv_kernels": ["bench.kv_kernels"],
     "model_kernels": ["bench.model_kernels"],
+    "roofline": ["bench.roofline"],
+    "ttft": ["bench.ttft"],
     "webgpu_engine": ["bench.webgpu_engine"],
     "app_dashboard": ["bench.app_dashboard"],
     "concurrency": ["bench.concurrency", "--quick"],
+    "wllama": ["bench.wllama"],
 }
 
 
-def run_one(name: str) -> dict:
+def run_one(name: str, quick: bool, out_dir: Path) -> dict:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", *BENCHMARKS[name]], cwd=ROOT, capture_output=True, text=True)
+    argv = [sys.executable, "-m", *BENCHMARKS[name]] + (["--quick"] if quick else [])
+    env = dict(os.environ, PAGEDKV_BENCH_RESULTS=str(out_dir))
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     text = proc.stdout
     result = json.loads(text[text.index("{"):])  # tolerate progress lines before the JSON
     result.setdefault("benchmark", name)
     result["wall_s"] = round(time.perf_counter() - t0, 2)
+    result["quick"] = quick
     return result
 
 
@@ -49,22 +59,31 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run just these")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    parser.add_argument("--quick", action="store_true", help="reduced runs (a few minutes), into results/quick/")
     args = parser.parse_args()
     if args.list:
         print("\n".join(BENCHMARKS))
         return 0
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    out_dir = RESULTS / "quick" if args.quick else RESULTS
+    out_dir.mkdir(parents=True, exist_ok=True)
     failed = []
     for name in args.only or BENCHMARKS:
         print(f"== {name}", flush=True)
         try:
-            result = run_one(name)
+            result = run_one(name, args.quick, out_dir)
         except RuntimeError as exc:
             print(exc, file=sys.stderr)
             failed.append(name)
             continue
-        (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-        print(json.dumps(result, indent=2), flush=True)
+        text = json.dumps(result)
+        # Traces (kv_browser's utilization series, block maps) stay one line; the rest is indented for diffs.
+        (out_dir / f"{name}.json").write_text((text if len(text) > 100_000 else json.dumps(result, indent=2)) + "\n")
+        print(json.dumps(result)[:2000], flush=True)
+    from bench import plots, summary  # matplotlib loads only here
+
+    print("== plots: " + ", ".join(plots.make_all(out_dir)), flush=True)
+    (out_dir / "SUMMARY.md").write_text(summary.build_summary(out_dir))
+    print(f"== {out_dir / 'SUMMARY.md'}", flush=True)
     if failed:
         print(f"failed benchmarks: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from pathlib import Path
 
 from bench.browser import BrowserSession
+from bench._path import RESULTS, ROOT
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
 MEASURE = """
 import json, time
@@ -41,7 +40,10 @@ def main() -> int:
     parser.add_argument("--backend", default="cpu", choices=("cpu", "webgpu"))
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="--rounds 1 --tokens 32")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.tokens = 1, 32
     on, off = [], []
     with BrowserSession(f"?model={args.model}&backend={args.backend}") as s:
         s.page.set_viewport_size({"width": 1400, "height": 900})
@@ -66,7 +68,7 @@ def main() -> int:
             if memory and memory["used"] > 0 and len(text) > 30:
                 break
             s.page.wait_for_timeout(100)
-        RESULTS.mkdir(exist_ok=True)
+        RESULTS.mkdir(parents=True, exist_ok=True)
         shot = RESULTS / "app_screenshot.png"
         s.page.screenshot(path=str(shot), full_page=False)
     result = {
@@ -74,7 +76,7 @@ def main() -> int:
         "decode_tok_s_dashboard_on": on, "decode_tok_s_dashboard_off": off,
         "median_on": statistics.median(on), "median_off": statistics.median(off),
         "overhead_pct": round(100 * (1 - statistics.median(on) / statistics.median(off)), 2),
-        "screenshot": str(shot.relative_to(RESULTS.parent.parent)),
+        "screenshot": str(shot.relative_to(ROOT)),
     }
     (RESULTS / "app_dashboard.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -74,7 +74,10 @@ def main() -> None:
     parser.add_argument("--sections", type=Path, help="JSON file holding {'tokenizer': {...}}")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--write-sections", type=Path, help="also save the GGUF's sections here (for the Pyodide run)")
+    parser.add_argument("--quick", action="store_true", help="--repeat 2")
     args = parser.parse_args()
+    if args.quick:
+        args.repeat = 2
     sys.path.insert(0, str(ROOT / "py"))
     if args.sections:
         sections = json.loads(args.sections.read_text(encoding="utf-8"))

@@ -7,19 +7,32 @@ from __future__ import annotations
 import json
 import os
 import threading
+from pathlib import Path
 
 from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
 import build
 
 TIMEOUT_MS = 900_000
 
+INSTALL = """
+import os, sys
+os.makedirs("/bench_src/bench", exist_ok=True)
+for _name, _text in {files!r}.items():
+    with open("/bench_src/bench/" + _name, "w") as f:
+        f.write(_text)
+if "/bench_src" not in sys.path:
+    sys.path.insert(0, "/bench_src")
+None
+"""
+
 
 class BrowserSession:
     """`with BrowserSession(query) as s: s.py(code)` — a booted page with its model loaded."""
 
-    def __init__(self, query: str = "", *, build_first: bool = True) -> None:
+    def __init__(self, query: str = "", *, build_first: bool = True, make_server=None) -> None:
         self.query = query
         self.build_first = build_first
+        self.make_server = make_server or build.make_server  # (host, port) -> an HTTP server of dist/
 
     def __enter__(self) -> "BrowserSession":
         from playwright.sync_api import sync_playwright
@@ -27,9 +40,10 @@ class BrowserSession:
         if self.build_first:
             build.build()
         os.environ["PAGEDKV_QUIET_SERVER"] = "1"
-        self.server = build.make_server("127.0.0.1", 0)
+        self.server = self.make_server("127.0.0.1", 0)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/{self.query}"
+        self.origin = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"{self.origin}/{self.query}"
         self._pw = sync_playwright().start()
         self.browser = self._pw.chromium.launch(executable_path=build.find_chromium(),
                                                 args=build.BASE_ARGS + build.WEBGPU_ARGS, headless=True)
@@ -52,6 +66,13 @@ class BrowserSession:
     def py(self, code: str):
         """Run Python in the page's worker; returns the JSON-decoded value of its last expression."""
         return json.loads(self.page.evaluate("code => window.pagedkv.exec(code)", code))
+
+    def install_bench(self, *names: str) -> None:
+        """Copy bench/__init__.py, bench/_path.py and bench/<names> into the worker's file system, importable
+        there as the package `bench` (for benchmark code shared between CPython and the page)."""
+        here = Path(__file__).resolve().parent
+        files = {name: (here / name).read_text() for name in ("__init__.py", "_path.py", *names)}
+        self.py(INSTALL.format(files=files))
 
     def __exit__(self, *exc) -> None:
         self.browser.close()

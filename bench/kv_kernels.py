@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 from bench.browser import BrowserSession
+from bench._path import RESULTS
 
 WORKER = Path(__file__).with_name("kv_kernels_worker.py")
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def runs(quick: bool) -> list[str]:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "kv_kernels", "adapter": adapter["name"], "results": results}
     text = json.dumps(report, indent=1)
     print(text)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "kv_kernels.json").write_text(text + "\n")
     return 0
 

@@ -82,7 +82,10 @@ def bench_lookup(repeat: int, hit: bool, iters: int = 100) -> float:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="--repeat 2")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.repeat = 2
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
     out = {

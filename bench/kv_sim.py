@@ -55,6 +55,8 @@ import math
 import random
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from . import _path  # noqa: F401
 from pagedkv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
@@ -64,6 +66,7 @@ from pagedkv.kv_cache_manager import KVCacheManager, NeverFits
 from pagedkv.sequence import Sequence
 
 GIB = 1 << 30
+TRACE_EVERY_S = 5  # the utilization series for plots: one sample per 5 simulated seconds
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ class _Session:
         self.answer_left: list[int] = []
         self.wake = plan.arrival
         self.done = False
+        self.failed = False                  # ended by a refused allocation
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -146,113 +150,237 @@ def _percentile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def simulate(kind: str, plans: list[SessionPlan], cfg: WorkloadConfig, budget_bytes: int,
-             bpt: int, block_size: int = 16, contiguous_max_context: int = 2048) -> dict:
-    """Replay `plans` against one allocator; returns the metrics described above."""
-    if kind == "paged":
-        cache = CacheConfig.from_budget(budget_bytes, bpt, block_size)
-        alloc = KVCacheManager(cache, namespace=SMOLLM2_135M.name)
-        total_slots = cache.num_blocks * block_size
-        config = {"num_blocks": cache.num_blocks, "block_size": block_size}
-    else:
-        total_slots = budget_bytes // bpt
-        alloc = ContiguousAllocator(total_slots, contiguous_max_context)
-        config = {"num_slots": total_slots, "max_context": contiguous_max_context}
-    config.update(budget_bytes=budget_bytes, bytes_per_token=bpt)
-    sessions = [_Session(i, p) for i, p in enumerate(plans)]
-    last_arrival = max(p.arrival for p in plans)
-    started = failed = prompt_tokens = reused_tokens = max_ctx = 0
-    util, tok_util, eff, share = [], [], [], []
+def token_slots(alloc, seq: Sequence, first: int, block_size: int) -> np.ndarray:
+    """(n,) int64 physical slots of tokens [first, seq.num_kv_tokens): block * block_size + offset (paged),
+    or the arena slot (contiguous: one range starting at get_block_ids(seq)[0])."""
+    pos = np.arange(first, seq.num_kv_tokens, dtype=np.int64)  # (n,)
+    if isinstance(alloc, ContiguousAllocator):
+        return alloc.get_block_ids(seq)[0] + pos
+    table = np.asarray(seq.block_table, dtype=np.int64)
+    return table[pos // block_size] * block_size + pos % block_size
 
-    def end_session(s: _Session) -> None:
+
+class Replay:
+    """One allocator replaying `plans`, one 1 s tick per `tick()` call (see `simulate`).
+
+    Every slot given to a token is reported to `on_slots(seq, first, n, slots)` (slots: (n,) int64 physical
+    token slots, block * block_size + offset for paged, arena slot for contiguous) and every contiguous
+    reallocation to `on_copy(dst_slots)`: bench/kv_browser.py turns them into kv_write dispatches.
+    `trace` keeps the per-tick utilization series and the block map at the last arrival (for plots)."""
+
+    def __init__(self, kind: str, plans: list[SessionPlan], cfg: WorkloadConfig, budget_bytes: int, bpt: int,
+                 block_size: int = 16, contiguous_max_context: int = 2048, enable_prefix_caching: bool = True,
+                 on_slots=None, on_copy=None, trace: bool = False, preempt: bool = False) -> None:
+        if kind not in ("paged", "contiguous"):
+            raise ValueError(f"allocator kind must be 'paged' or 'contiguous', got {kind!r}")
+        self.kind, self.cfg, self.block_size = kind, cfg, block_size
+        if kind == "paged":
+            cache = CacheConfig.from_budget(budget_bytes, bpt, block_size,
+                                            enable_prefix_caching=enable_prefix_caching)
+            self.alloc = KVCacheManager(cache, namespace=SMOLLM2_135M.name)
+            self.total_slots = cache.num_blocks * block_size
+            self.config = {"num_blocks": cache.num_blocks, "block_size": block_size,
+                           "enable_prefix_caching": enable_prefix_caching}
+        else:
+            self.total_slots = budget_bytes // bpt
+            self.alloc = ContiguousAllocator(self.total_slots, contiguous_max_context)
+            self.config = {"num_slots": self.total_slots, "max_context": contiguous_max_context}
+        self.config.update(budget_bytes=budget_bytes, bytes_per_token=bpt)
+        self.on_slots, self.on_copy, self.trace, self.preempt = on_slots, on_copy, trace, preempt
+        self.preemptions = 0       # running turns evicted (decode refused)
+        self.deferred_ticks = 0    # ticks a turn waited because its prompt did not fit
+        self.sessions = [_Session(i, p) for i, p in enumerate(plans)]
+        self.last_arrival = max(p.arrival for p in plans)
+        self.now = 0
+        self.started = self.failed = self.prompt_tokens = self.reused_tokens = self.max_ctx = 0
+        self.util: list[float] = []
+        self.tok_util: list[float] = []
+        self.eff: list[float] = []
+        self.share: list[float] = []
+        self.series: list[tuple[int, float, float]] = []  # (tick, utilization, token utilization), whole run
+        self.block_map: dict | None = None
+
+    @property
+    def done(self) -> bool:
+        return all(s.done for s in self.sessions)
+
+    def _end_session(self, s: _Session) -> None:
         if s.seq is not None and s.seq.status.value != "finished":
-            alloc.free(s.seq)
+            self.alloc.free(s.seq)
         s.done = True
 
-    def start_turn(s: _Session) -> None:
-        nonlocal started, failed, prompt_tokens, reused_tokens
-        turn = s.plan.turns[s.turn]
-        if len(s.history) + len(turn.user) + len(turn.answer) > cfg.model_context:
-            end_session(s)
+    def _report(self, seq: Sequence, first: int, ops=()) -> None:
+        """Slots of tokens [first, seq.num_kv_tokens) of `seq` (and the ranges a reallocation copied)."""
+        if self.on_copy is not None:
+            for op in ops:
+                if hasattr(op, "length"):  # contiguous CopyRange: the moved tokens are rewritten at dst
+                    self.on_copy(np.arange(op.dst, op.dst + op.length, dtype=np.int64))
+        if self.on_slots is None or seq.num_kv_tokens <= first:
             return
-        started += 1
+        slots = token_slots(self.alloc, seq, first, self.block_size)
+        self.on_slots(seq, first, len(slots), slots)
+
+    def _start_turn(self, s: _Session) -> None:
+        turn = s.plan.turns[s.turn]
+        if len(s.history) + len(turn.user) + len(turn.answer) > self.cfg.model_context:
+            self._end_session(s)
+            return
+        self.started += 1
         prompt = s.history + turn.user
-        prompt_tokens += len(prompt)
+        self.prompt_tokens += len(prompt)
         try:
-            if kind == "paged":
+            if self.kind == "paged":
                 s.seq = Sequence(prompt, session=f"s{s.sid}")
-                alloc.allocate_slots(s.seq, len(prompt))
-                reused_tokens += s.seq.num_computed_tokens
+                ops = self.alloc.allocate_slots(s.seq, len(prompt))
+                self.reused_tokens += s.seq.num_computed_tokens
+                self._report(s.seq, s.seq.num_computed_tokens, ops)
             else:
                 if s.seq is None:
                     s.seq = Sequence([], session=f"s{s.sid}")
-                reused_tokens += s.seq.num_kv_tokens
-                alloc.append_tokens(s.seq, turn.user if s.seq.num_kv_tokens else prompt)
+                first = s.seq.num_kv_tokens
+                self.reused_tokens += first
+                ops = self.alloc.append_tokens(s.seq, turn.user if first else prompt)
+                self._report(s.seq, first, ops)
         except (OutOfBlocks, NeverFits):
-            failed += 1
-            end_session(s)
+            if self.preempt:  # wait for memory: the turn is retried next tick
+                self.deferred_ticks += 1
+                self._requeue(s)
+                return
+            self.failed += 1
+            s.failed = True
+            self._end_session(s)
             return
         s.answer_left = list(turn.answer)
 
-    now = 0
-    while not all(s.done for s in sessions):
-        for s in sessions:
-            if not s.done and not s.answer_left and s.wake == now:
-                start_turn(s)
-        for s in sessions:
-            if s.done or not s.answer_left:
-                continue
-            step, s.answer_left = (s.answer_left[:cfg.decode_tokens_per_s],
-                                   s.answer_left[cfg.decode_tokens_per_s:])
-            try:
-                alloc.append_tokens(s.seq, step)
-            except (OutOfBlocks, NeverFits):
-                failed += 1
-                s.answer_left = []
-                end_session(s)
-                continue
-            if not s.answer_left:                      # turn complete
-                turn = s.plan.turns[s.turn]
-                s.history += turn.user + turn.answer
-                max_ctx = max(max_ctx, len(s.history))
-                if kind == "paged":
-                    alloc.free(s.seq)
-                s.wake = now + s.plan.thinks[s.turn]
-                s.turn += 1
-                if s.turn == len(s.plan.turns):
-                    end_session(s)
-        if cfg.warmup_s <= now <= last_arrival:
-            st = kv_stats(alloc) if kind == "paged" else alloc.stats()
-            used_slots = st.used_blocks * (block_size if kind == "paged" else 1)
-            util.append(used_slots / total_slots)
-            held = st.physical_tokens + (st.cached_blocks * block_size if kind == "paged" else 0)
-            tok_util.append(held / total_slots)
-            if used_slots:
-                eff.append(st.slot_efficiency)
-            if st.physical_tokens:
-                share.append(st.sharing_factor)
-        now += 1
+    def _decode(self, s: _Session) -> None:
+        step = self.cfg.decode_tokens_per_s
+        chunk, s.answer_left = s.answer_left[:step], s.answer_left[step:]
+        first = s.seq.num_kv_tokens
+        try:
+            ops = self.alloc.append_tokens(s.seq, chunk)
+        except (OutOfBlocks, NeverFits):
+            if self.preempt:
+                self.preemptions += 1
+                self._requeue(s)
+                return
+            self.failed += 1
+            s.failed = True
+            s.answer_left = []
+            self._end_session(s)
+            return
+        self._report(s.seq, first, ops)
+        if not s.answer_left:                      # turn complete
+            turn = s.plan.turns[s.turn]
+            s.history += turn.user + turn.answer
+            self.max_ctx = max(self.max_ctx, len(s.history))
+            if self.kind == "paged":
+                self.alloc.free(s.seq)
+            s.wake = self.now + s.plan.thinks[s.turn]
+            s.turn += 1
+            if s.turn == len(s.plan.turns):
+                self._end_session(s)
 
-    hit = alloc.num_hit_tokens / prompt_tokens if kind == "paged" and prompt_tokens else 0.0
-    return {
-        "allocator": kind, "seed": None, "config": config,
-        "max_context_tokens": max_ctx,
-        "utilization_mean": sum(util) / len(util), "utilization_p5": _percentile(util, 0.05),
-        "token_utilization_mean": sum(tok_util) / len(tok_util),
-        "token_utilization_p5": _percentile(tok_util, 0.05),
-        "slot_efficiency": sum(eff) / len(eff) if eff else 1.0,
-        "oom_rate": failed / started if started else 0.0,
-        "prefix_hit_rate": hit,
-        "kv_reuse_rate": reused_tokens / prompt_tokens if prompt_tokens else 0.0,
-        "sharing_factor": sum(share) / len(share) if share else 1.0,
-        "turns_started": started, "turns_failed": failed, "sessions": len(sessions),
-        "ticks_sampled": len(util), "sim_seconds": now,
-        "realloc_copied_tokens": getattr(alloc, "num_copied_tokens", 0),
-    }
+    def _requeue(self, s: _Session) -> None:
+        """Preemption by recompute, as the engine's scheduler does instead of failing: free what the turn
+        holds (paged: its full blocks stay cached, so the retry mostly hits the prefix cache; contiguous: the
+        whole range) and restart the turn next tick. The retry counts as another started turn."""
+        if s.seq is not None and s.seq.status.value != "finished":
+            self.alloc.free(s.seq)
+        s.seq = None
+        s.answer_left = []
+        s.wake = self.now + 1
+
+    def tick(self) -> None:
+        """Advance one second: start the turns due now, decode one second of every answer, sample."""
+        for s in self.sessions:
+            if not s.done and not s.answer_left and s.wake == self.now:
+                self._start_turn(s)
+        for s in self.sessions:
+            if not s.done and s.answer_left:
+                self._decode(s)
+        in_window = self.cfg.warmup_s <= self.now <= self.last_arrival
+        if in_window or (self.trace and self.now % TRACE_EVERY_S == 0):
+            self._sample(in_window)
+        if self.trace and self.now == self.last_arrival:
+            self.block_map = block_map(self)
+        self.now += 1
+
+    def _sample(self, in_window: bool) -> None:
+        paged = self.kind == "paged"
+        st = kv_stats(self.alloc) if paged else self.alloc.stats()
+        used_slots = st.used_blocks * (self.block_size if paged else 1)
+        util = used_slots / self.total_slots
+        held = st.physical_tokens + (st.cached_blocks * self.block_size if paged else 0)
+        if self.trace and self.now % TRACE_EVERY_S == 0:
+            self.series.append((self.now, round(util, 5), round(held / self.total_slots, 5)))
+        if not in_window:
+            return
+        self.util.append(util)
+        self.tok_util.append(held / self.total_slots)
+        if used_slots:
+            self.eff.append(st.slot_efficiency)
+        if st.physical_tokens:
+            self.share.append(st.sharing_factor)
+
+    def result(self) -> dict:
+        """The metrics described in the module docstring."""
+        alloc, paged, util = self.alloc, self.kind == "paged", self.util
+        hit = alloc.num_hit_tokens / self.prompt_tokens if paged and self.prompt_tokens else 0.0
+        out = {
+            "allocator": self.kind, "seed": None, "config": self.config,
+            "max_context_tokens": self.max_ctx,
+            "utilization_mean": sum(util) / len(util), "utilization_p5": _percentile(util, 0.05),
+            "token_utilization_mean": sum(self.tok_util) / len(self.tok_util),
+            "token_utilization_p5": _percentile(self.tok_util, 0.05),
+            "slot_efficiency": sum(self.eff) / len(self.eff) if self.eff else 1.0,
+            "oom_rate": self.failed / self.started if self.started else 0.0,
+            "prefix_hit_rate": hit,
+            "kv_reuse_rate": self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+            "sharing_factor": sum(self.share) / len(self.share) if self.share else 1.0,
+            "turns_started": self.started, "turns_failed": self.failed, "sessions": len(self.sessions),
+            "sessions_served": sum(1 for s in self.sessions if not s.failed),  # ended without a refusal
+            "ticks_sampled": len(util), "sim_seconds": self.now,
+            "realloc_copied_tokens": getattr(alloc, "num_copied_tokens", 0),
+            "preempt": self.preempt, "preemptions": self.preemptions, "deferred_ticks": self.deferred_ticks,
+        }
+        if self.trace:
+            out["series"] = self.series
+            out["block_map"] = self.block_map
+        return out
 
 
-def run(budget_gib: float, seed: int, bpt: int, max_context: int) -> dict:
-    cfg = WorkloadConfig()
+def block_map(replay: Replay) -> dict:
+    """Per 16-slot block of the pool: 0 free, 1 cached (paged, evictable), 2 allocated,
+    3.. = 2 + slots of it holding a live token (so 2 + block_size = full)."""
+    bs = replay.block_size
+    alloc = replay.alloc
+    if replay.kind == "paged":
+        state = np.array([1 if alloc.pool.state_of(b) == "cached" else 0 for b in range(alloc.pool.num_blocks)])
+        for seq in alloc.live.values():
+            for i, bid in enumerate(seq.block_table):
+                state[bid] = max(state[bid], 2 + min(bs, seq.num_kv_tokens - i * bs))
+    else:
+        slots = np.zeros(replay.total_slots, np.int64)  # 0 free, 1 reserved, 2 holds a token
+        for seq_id, (start, cap) in alloc.ranges.items():
+            slots[start:start + cap] = 1
+            slots[start:start + alloc.live[seq_id].num_kv_tokens] = 2
+        n = replay.total_slots // bs
+        chunks = slots[:n * bs].reshape(n, bs)  # (blocks, bs)
+        state = np.where(chunks.max(1) == 0, 0, 2 + (chunks == 2).sum(1))
+    return {"tick": replay.now, "block_size": bs, "state": [int(x) for x in state]}
+
+
+def simulate(kind: str, plans: list[SessionPlan], cfg: WorkloadConfig, budget_bytes: int,
+             bpt: int, block_size: int = 16, contiguous_max_context: int = 2048, **kw) -> dict:
+    """Replay `plans` against one allocator; returns the metrics described above."""
+    replay = Replay(kind, plans, cfg, budget_bytes, bpt, block_size, contiguous_max_context, **kw)
+    while not replay.done:
+        replay.tick()
+    return replay.result()
+
+
+def run(budget_gib: float, seed: int, bpt: int, max_context: int, num_sessions: int = 400) -> dict:
+    cfg = WorkloadConfig(num_sessions=num_sessions)
     plans = make_workload(cfg, seed)
     budget = int(budget_gib * GIB)
     out = {}
@@ -271,10 +399,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bytes-per-token", type=int, default=bytes_per_token(SMOLLM2_135M, "f16"))
     ap.add_argument("--contiguous-max-context", type=int, default=2048)
+    ap.add_argument("--quick", action="store_true", help="200 sessions instead of 400")
     args = ap.parse_args(argv)
     if args.budget_gib <= 0 or args.bytes_per_token <= 0:
         ap.error("--budget-gib and --bytes-per-token must be positive")
-    out = run(args.budget_gib, args.seed, args.bytes_per_token, args.contiguous_max_context)
+    out = run(args.budget_gib, args.seed, args.bytes_per_token, args.contiguous_max_context,
+              200 if args.quick else 400)
     if args.json:
         print(json.dumps(out, indent=2))
         return

@@ -17,11 +17,10 @@ import inspect
 import json
 import threading
 import time
-from pathlib import Path
 
 import build
+from bench._path import RESULTS
 
-RESULTS = Path(__file__).resolve().parent / "results"
 LAYERS = 30  # SmolLM2-135M
 MATVEC_SHAPES = [("q4_1", 576, 576), ("q4_1", 192, 576), ("q4_1", 1536, 576), ("q4_1", 576, 1536),
                  ("q8_0", 49152, 576)]  # q / o, k / v, gate / up, down, tied LM head
@@ -145,9 +144,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--repeats", type=int, default=10, help="dispatches per sample for the small kernels")
+    parser.add_argument("--quick", action="store_true", help="--runs 3 --repeats 5")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.repeats = 3, 5
     result = measure(args.runs, args.repeats)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "model_kernels.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

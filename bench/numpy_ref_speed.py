@@ -36,7 +36,10 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=ROOT / "dist" / "models" / "smollm2-135m-instruct")
     parser.add_argument("--prompt-lens", default="64,256")
     parser.add_argument("--decode", type=int, default=32)
+    parser.add_argument("--quick", action="store_true", help="one 64-token prompt, 8 decode steps")
     args = parser.parse_args()
+    if args.quick:
+        args.prompt_lens, args.decode = "64", 8
 
     t0 = time.perf_counter()
     weights = ModelWeights.load(args.model)

@@ -11,12 +11,11 @@ import json
 import statistics
 import threading
 import time
-from pathlib import Path
 
 from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
 import build
+from bench._path import RESULTS
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _boot_ms(page) -> float:
@@ -67,9 +66,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print only the JSON")
+    parser.add_argument("--quick", action="store_true", help="--runs 1")
     args = parser.parse_args()
+    if args.quick:
+        args.runs = 1
     result = measure(args.runs)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "page_boot.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

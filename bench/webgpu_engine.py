@@ -27,7 +27,7 @@ from build import BASE_ARGS, WEBGPU_ARGS, find_chromium  # noqa: E402
 from conftest import open_and_boot  # noqa: E402
 
 WORKER = Path(__file__).with_name("webgpu_engine_worker.py")
-OUT = ROOT / "bench" / "results" / "webgpu_engine.json"
+from bench._path import RESULTS  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--quick", action="store_true", help="--runs 2 --prompt 64 --new 8")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.runs, args.prompt, args.new = 2, 64, 8
     if not (build.DIST / "index.html").exists():
         build.build()
     server = build.make_server("127.0.0.1", 0)
@@ -68,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
               "decode_step_gpu_ms_by_kernel": split}
     text = json.dumps(report, indent=1)
     print(text)
-    OUT.write_text(text + "\n")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "webgpu_engine.json").write_text(text + "\n")
     return 0
 
 

@@ -14,15 +14,16 @@ from pagedkv.tokenizer import Tokenizer
 MODEL = "smollm2-135m-instruct"
 
 
-async def bench_backend(budget_mib=1024):
-    ctx = await GpuContext.create()
+async def bench_backend(budget_mib=1024, kv_dtype="f16", ctx=None):
+    """SmolLM2-135M on WebGpuBackend under a `budget_mib` ledger: (ctx, backend, manifest, ledger summary)."""
+    ctx = ctx or await GpuContext.create()
     manifest = json.loads(await fetch_bytes(f"models/{MODEL}/model.json"))
     t0 = time.perf_counter()
 
     async def source(name):
         return await fetch_bytes(f"models/{MODEL}/{name}")
 
-    b = await WebGpuBackend.create(ctx, manifest, source, budget_bytes=budget_mib << 20)
+    b = await WebGpuBackend.create(ctx, manifest, source, budget_bytes=budget_mib << 20, kv_dtype=kv_dtype)
     load_s = time.perf_counter() - t0
     snap = b.ledger.snapshot()
     return ctx, b, manifest, {"budget_bytes": snap["budget_bytes"], "used_bytes": snap["used_bytes"],
@@ -31,31 +32,37 @@ async def bench_backend(budget_mib=1024):
                               "load_s": round(load_s, 2)}
 
 
-async def bench_generate(ctx, b, manifest, prompt_len=128, new_tokens=32, runs=3):
+async def bench_generate(ctx, b, manifest, prompt_len=128, new_tokens=32, runs=3, prompt=None):
+    """Greedy runs of one request each (a random prompt per run, or `prompt` every run). The prefill is every
+    step up to the one that emits the first token (a prompt longer than max_num_batched_tokens takes several)."""
     tok = Tokenizer.from_manifest(manifest)
     engine = LLMEngine(b, tok, EngineConfig(enable_prefix_caching=False))
     rng = np.random.default_rng(0)
     results = []
     for run in range(runs):
-        prompt = [int(t) for t in rng.integers(100, 40000, prompt_len)]
-        rid = engine.add_request(prompt, SamplingParams(max_tokens=new_tokens, stop_token_ids=(1_000_000,)))
-        steps = []
+        ids = [int(t) for t in rng.integers(100, 40000, prompt_len)] if prompt is None else list(prompt)
+        rid = engine.add_request(ids, SamplingParams(max_tokens=new_tokens, stop_token_ids=(1_000_000,)))
+        steps, output = [], []
         while engine.has_unfinished:
             c0 = ctx.js_crossings
             t0 = time.perf_counter()
-            await engine.step()
+            outs = await engine.step()
             wall = (time.perf_counter() - t0) * 1e3
             steps.append({"wall_ms": wall, "crossings": ctx.js_crossings - c0, **b.last_step_ms})
-        prefill, decode = steps[0], steps[1:]
+            output += [t for o in outs if o.request_id == rid for t in o.token_ids]
+        n_prefill = len(steps) - len(output) + 1  # one token per step from the last prefill step on
+        prefill, decode = steps[:n_prefill], steps[n_prefill:]
         results.append({
-            "prefill_tok_s": prompt_len / (prefill["wall_ms"] / 1e3),
+            "output_ids": output,
+            "prefill_steps": n_prefill,
+            "prefill_tok_s": len(ids) / (sum(s["wall_ms"] for s in prefill) / 1e3),
             "decode_tok_s": len(decode) / (sum(s["wall_ms"] for s in decode) / 1e3),
             "decode_step_ms": statistics.median(s["wall_ms"] for s in decode),
             "decode_replay_ms": statistics.median(s["replay"] for s in decode),
             "decode_backend_python_ms": statistics.median(s["python"] for s in decode),
             "decode_controller_ms": statistics.median(s["wall_ms"] - s["replay"] for s in decode),
             "decode_crossings": sorted({s["crossings"] for s in decode}),
-            "prefill_crossings": prefill["crossings"],
+            "prefill_crossings": sum(s["crossings"] for s in prefill),
             "first_run_includes_plan_recording": run == 0,
         })
         del rid

@@ -1,0 +1,112 @@
+"""Roofline of a decode step, paged vs contiguous attention by context, and the block-size trade-off.
+
+    python3 -m bench.roofline [--quick]
+
+In headless Chromium (WebGPU; SwiftShader on this machine), one page:
+- the adapter's streaming-read bandwidth (shaders/stream_read.wgsl over 64 MiB): the local limit;
+- the real SmolLM2-135M decode step (WebGpuBackend.forward, one sequence, greedy) at 256/1k/4k/8k
+  context, against the bytes the step must read (weights + the live KV of its context): roofline time =
+  bytes / bandwidth, fraction = roofline time / measured step time; with the replay vs Python split and
+  the Python->JS crossings per step;
+- the paged attention kernel with a scattered vs an identity block table at the same contexts (alternated
+  rounds, kv_kernels_worker.bench_paged_vs_contiguous), and at block sizes 8/16/32/64 (4k context).
+In CPython: the slot efficiency and failure rate of kv_sim's workload (1 GiB) at each block size.
+Prints JSON; writes bench/results/roofline.json. Figures only; this machine's other jobs make them noisy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from bench import kv_sim
+from bench._path import RESULTS
+from bench.browser import BrowserSession
+
+CONTEXTS = (256, 1024, 4096, 8192)
+BLOCK_SIZES = (8, 16, 32, 64)
+
+SETUP = """
+import json
+from bench.kv_kernels_worker import bench_paged_vs_contiguous
+from bench.roofline_worker import decode_step, stream_read_gb_s
+from bench.webgpu_engine_worker import bench_backend
+_ctx, _b, _m, _ledger = await bench_backend()
+_out = {{"ledger": _ledger, "stream_read": await stream_read_gb_s(_ctx)}}
+_out["decode_steps"] = [await decode_step(_b, c, reps={reps}) for c in {contexts!r}]
+_b.destroy()
+json.dumps(_out)
+"""
+
+ATTENTION = """
+import json
+try:
+    _r = await bench_paged_vs_contiguous("decode", {context}, block_size={block_size}, dtype="f16", rounds={rounds})
+except ValueError as exc:  # a block size the kernels do not support
+    _r = {{"context": {context}, "block_size": {block_size}, "unsupported": str(exc)}}
+json.dumps(_r)
+"""
+
+
+def slot_efficiency_by_block_size(sessions: int) -> list[dict]:
+    """kv_sim's paged allocator (1 GiB, SmolLM2 f16 KV, seed 0) at each block size."""
+    cfg = kv_sim.WorkloadConfig(num_sessions=sessions)
+    plans = kv_sim.make_workload(cfg, 0)
+    bpt = kv_sim.bytes_per_token(kv_sim.SMOLLM2_135M, "f16")
+    rows = []
+    for bs in BLOCK_SIZES:
+        r = kv_sim.simulate("paged", plans, cfg, kv_sim.GIB, bpt, block_size=bs)
+        rows.append({"block_size": bs, "slot_efficiency": r["slot_efficiency"], "oom_rate": r["oom_rate"],
+                     "utilization_mean": r["utilization_mean"], "prefix_hit_rate": r["prefix_hit_rate"]})
+    return rows
+
+
+def derive(web: dict) -> list[dict]:
+    """Per context: the bytes a decode step must read and the fraction of the streaming roofline it reaches."""
+    weights = web["ledger"]["by_kind"]["weights"]
+    bpt = web["ledger"]["by_kind"]["kv"] // web["ledger"]["kv_tokens"]
+    gb_s = web["stream_read"]["gb_s_best"]
+    rows = []
+    for step in web["decode_steps"]:
+        nbytes = weights + step["context"] * bpt
+        roof_ms = nbytes / gb_s / 1e6
+        rows.append({"context": step["context"], "bytes_read": nbytes, "roofline_ms": round(roof_ms, 2),
+                     "step_ms": round(step["step_ms"], 2), "fraction_of_roofline": round(roof_ms / step["step_ms"], 4),
+                     "fraction_best_sample": round(roof_ms / step["step_ms_min"], 4)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions, 200-session block-size sweep")
+    args = parser.parse_args(argv)
+    reps, rounds, sessions = (3, 5, 200) if args.quick else (7, 9, 400)
+    report = {"benchmark": "roofline", "contexts": CONTEXTS, "block_sizes": BLOCK_SIZES}
+    report["slot_efficiency_by_block_size"] = slot_efficiency_by_block_size(sessions)
+    print(json.dumps(report["slot_efficiency_by_block_size"]), file=sys.stderr)
+    with BrowserSession("?model=tiny-random&backend=cpu") as page:
+        page.install_bench("kv_kernels_worker.py", "roofline_worker.py", "webgpu_engine_worker.py")
+        web = page.py(SETUP.format(reps=reps, contexts=CONTEXTS))
+        print(json.dumps(web["decode_steps"]), file=sys.stderr)
+
+        def attention(context: int, block_size: int) -> dict:
+            r = page.py(ATTENTION.format(context=context, block_size=block_size, rounds=rounds))
+            print(json.dumps(r), file=sys.stderr)
+            return r
+
+        web["attention_by_context"] = [attention(c, 16) for c in CONTEXTS]
+        web["attention_by_block_size"] = [attention(4096, bs) for bs in BLOCK_SIZES]
+        report["adapter"] = json.loads(page.dataset()["adapter"])["name"]
+    report.update(web)
+    report["roofline"] = derive(web)
+    report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    text = json.dumps(report, indent=1)
+    print(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "roofline.json").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

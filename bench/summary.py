@@ -1,0 +1,186 @@
+"""bench/results/SUMMARY.md from the benchmark JSON: the headline tables, each with its command and the machine.
+
+    python3 -m bench.summary [--results bench/results]
+
+Sections whose JSON is missing are left out (and say so). The README's Results section is this file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from pathlib import Path
+
+from bench._path import RESULTS
+
+SEED = {"contiguous": {"ctx": "~1,200", "util": "22.4 %", "oom": "38.5 %"},
+        "paged": {"ctx": "~4,800", "util": "88.6 %", "oom": "0 %"}}
+LABELS = {"contiguous": "contiguous", "paged": "paged (no prefix cache)", "paged+prefix": "paged + prefix cache",
+          "paged+prefix+preempt": "paged + prefix cache, waits / preempts instead of failing"}
+
+
+def _load(results: Path, name: str) -> dict | None:
+    path = results / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def _quick(data: dict) -> str:
+    return " --quick" if data.get("quick") else ""
+
+
+def machine(adapter: str | None) -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{cpu}, {os.cpu_count()} cores (shared with other jobs while measuring: timings are noisy), "
+            f"{platform.system()} {platform.machine()}, Python {platform.python_version()}; "
+            f"headless Chromium WebGPU adapter: {adapter or 'n/a'}")
+
+
+def _preempted(row: dict) -> str:
+    if not row.get("preempt"):
+        return ""
+    return f"; {row['preemptions']:,} preemptions, {row['deferred_ticks']:,} turn-seconds waiting for memory"
+
+
+def seed_table(kv: dict) -> list[str]:
+    out = ["## The seed's experiment in the real tab", "",
+           f"`python3 -m bench.kv_browser` — kv_sim's workload ({kv['sessions']} sessions, seed {kv['seed']}, "
+           f"KV {kv['kv_dtype']}) against pools sized by the GPU ledger after loading SmolLM2-135M; every token's "
+           "slot written by the real kv_write kernel (synthetic K/V). Seed figures: its authors' 1.5B model "
+           "under 1 GiB.", "",
+           "| budget | allocator | max context reached (workload) | one conversation alone (capacity / formula) "
+           "| memory utilization mean / p5 | slot efficiency | failed allocations (turns) | conversations served |",
+           "|---|---|---|---|---|---|---|---|"]
+    for kind in ("contiguous", "paged"):
+        s = SEED[kind]
+        out.append(f"| 1 GiB | seed: {kind} | {s['ctx']} | | {s['util']} | | {s['oom']} | |")
+    for entry in kv["budgets"]:
+        led = entry["ledger"]
+        for label, row in entry["rows"].items():
+            cap = entry["capacity"]["contiguous" if label == "contiguous" else "paged"]
+            out.append(
+                f"| {entry['budget_mib']} MiB | ours: {LABELS[label]} | {row['max_context_tokens']:,} "
+                f"| {cap['max_context_tokens']:,} / {led['formula_tokens']:,} ({_pct(cap['fraction_of_formula'])}) "
+                f"| {_pct(row['token_utilization_mean'])} / {_pct(row['token_utilization_p5'])} "
+                f"| {_pct(row['slot_efficiency'])} | {_pct(row['oom_rate'])} ({row['turns_failed']} of "
+                f"{row['turns_started']:,} {'attempts, waits included' if row.get('preempt') else 'turns'})"
+                f"{_preempted(row)} | {row['sessions_served']} of {row['sessions']} |")
+    led = kv["budgets"][0]["ledger"]
+    kinds = led["by_kind"]
+    out += ["", f"Ledger at {kv['budgets'][0]['budget_mib']} MiB: weights {kinds['weights'] / 2**20:.1f} MiB, "
+            f"scratch {kinds['scratch'] / 2**20:.1f} MiB, staging {kinds['staging'] / 2**20:.1f} MiB, KV "
+            f"{kinds['kv'] / 2**20:.1f} MiB = {led['kv_tokens']:,} tokens at {led['bytes_per_token']:,} B/token; "
+            "formula = (budget - weights - scratch - staging) / bytes_per_token.",
+            "Memory utilization = KV slots holding a token that is still usable (live, or a cached prefix block) / "
+            "all slots, sampled every second between warm-up (300 s) and the last arrival. Slot efficiency = tokens "
+            "in allocated slots / allocated slots. Allocated-slot share (the contiguous baseline reserves "
+            "2,048 slots per conversation): " + ", ".join(
+                f"{LABELS[k]} {_pct(r['utilization_mean'])}" for k, r in kv["budgets"][0]["rows"].items()) + ".",
+            "Except in the preempt row, a refused allocation ends the conversation (raw headroom); the preempt row "
+            "does what the engine's scheduler does: a turn whose prompt does not fit waits, a decode that does not "
+            "fit frees its blocks (full ones stay cached) and the turn is recomputed (retries count as started "
+            "turns).", ""]
+    return out
+
+
+def roofline_table(rf: dict) -> list[str]:
+    sr = rf["stream_read"]
+    out = ["## Roofline, paged vs contiguous attention, block size", "",
+           f"`python3 -m bench.roofline{_quick(rf)}` — streaming read of this adapter: {sr['gb_s_best']:.2f} GB/s best, "
+           f"{sr['gb_s_median']:.2f} GB/s median (64 MiB); roofline ms = bytes / the best figure. Decode step: the "
+           "real model, one sequence, greedy, scattered block table. Attention: one layer's paged_attention with a "
+           "scattered vs an identity block table, alternated rounds (median of per-round ratios).", "",
+           "| context | bytes a decode step reads | roofline ms | measured step ms (median / best) "
+           "| fraction of roofline (median / best) | Python controller ms (backend) | JS crossings / step "
+           "| attention kernel paged / contiguous |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r, step, att in zip(rf["roofline"], rf["decode_steps"], rf["attention_by_context"]):
+        out.append(f"| {r['context']:,} | {r['bytes_read'] / 1e6:.1f} MB | {r['roofline_ms']:.1f} "
+                   f"| {r['step_ms']:.1f} / {step['step_ms_min']:.1f} "
+                   f"| {_pct(r['fraction_of_roofline'])} / {_pct(r['fraction_best_sample'])} "
+                   f"| {step['backend_python_ms']:.2f} "
+                   f"| {'/'.join(str(c) for c in step['js_crossings'])} | {att['paged_over_contiguous']:.3f} "
+                   f"({att['paged_ms']:.2f} vs {att['contiguous_ms']:.2f} ms) |")
+    out += ["", "| block size | attention at 4k: paged / contiguous | paged ms | slot efficiency (kv_sim, 1 GiB) "
+            "| failed allocations | prefix hit rate |", "|---|---|---|---|---|---|"]
+    for att, eff in zip(rf["attention_by_block_size"], rf["slot_efficiency_by_block_size"]):
+        kernel = ("not supported by the kernels (one block of scores lives in registers)", "")
+        if "unsupported" not in att:
+            kernel = (f"{att['paged_over_contiguous']:.3f}", f"{att['paged_ms']:.2f}")
+        out.append(f"| {eff['block_size']} | {kernel[0]} | {kernel[1]} "
+                   f"| {_pct(eff['slot_efficiency'])} | {_pct(eff['oom_rate'])} | {_pct(eff['prefix_hit_rate'])} |")
+    return out + [""]
+
+
+def ttft_table(tt: dict) -> list[str]:
+    out = ["## Time to first token by turn", "",
+           f"`python3 -m bench.ttft{_quick(tt)}` — one greedy conversation ({tt['system_tokens']}-token system prompt, "
+           f"{tt['user_tokens']}-token user messages, {tt['answer_tokens']}-token answers), prefix caching on vs off.",
+           "", "| turn | prompt tokens | new tokens prefilled (cache on) | WebGPU on / off (s) | numpy CPU on / off (s) |",
+           "|---|---|---|---|---|"]
+    for i, on in enumerate(tt["webgpu"]["on"]):
+        off, con, coff = tt["webgpu"]["off"][i], tt["cpu_numpy"]["on"][i], tt["cpu_numpy"]["off"][i]
+        out.append(f"| {on['turn']} | {on['prompt_tokens']} | {on['prompt_tokens'] - on['cached_tokens']} "
+                   f"| {on['ttft_ms'] / 1e3:.2f} / {off['ttft_ms'] / 1e3:.2f} "
+                   f"| {con['ttft_ms'] / 1e3:.2f} / {coff['ttft_ms'] / 1e3:.2f} |")
+    return out + [""]
+
+
+def wllama_table(wl: dict) -> list[str]:
+    out = ["## Side by side with wllama (same GGUF, same prompt, greedy)", "",
+           f"`python3 -m bench.wllama{_quick(wl)}` — @wllama/wllama {wl.get('wllama_version', '?')}, "
+           f"{wl['prompt_tokens']}-token prompt, {wl['new_tokens']} new tokens.", "",
+           "| engine | threads | flash attention | prefill tok/s | decode tok/s | first 8 greedy tokens match ours |",
+           "|---|---|---|---|---|---|"]
+    for r in wl["wllama"]:
+        out.append(f"| wllama (CPU, wasm) | {r['threads']} | {'on' if r['flash_attn'] else 'off'} "
+                   f"| {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} | {r['ids_match_ours']} |")
+    for r in wl["ours"]:
+        out.append(f"| PagedKV {r['backend']} | | | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} | |")
+    if wl.get("ratio"):
+        out += ["", wl["ratio"]]
+    out += ["", "wllama runs on the CPU here: its WebGPU backend needs shader-f16, which SwiftShader lacks, and our "
+            "WebGPU runs on SwiftShader, itself a CPU emulation. These runs shared the 2 cores with other jobs "
+            "(load average 10-24); measured while planning issue 9 (same GGUF, quieter machine), wllama gave 9.6 / 4.1 (1 thread, flash attention on), "
+            "7.5 / 6.2 (off), 17.9 / 7.5 and 14.1 / 9.7 (2 threads) prefill / decode tok/s on a 512-token prompt, "
+            "so compare the rows of one table, not across tables."]
+    return out + [""]
+
+
+def build_summary(results: Path) -> str:
+    kv, rf, tt, wl = (_load(results, n) for n in ("kv_browser.json", "roofline.json", "ttft.json", "wllama.json"))
+    adapter = next((d.get("adapter") for d in (kv, rf, tt) if d), None)
+    lines = ["# Benchmark results", "", f"Machine: {machine(adapter)}.", "",
+             "`npm run bench` (full) or `npm run bench -- --quick` (reduced, into results/quick/) reruns everything "
+             "and regenerates this file and the plots.", ""]
+    for data, make, name in ((kv, seed_table, "kv_browser"), (rf, roofline_table, "roofline"),
+                             (tt, ttft_table, "ttft"), (wl, wllama_table, "wllama")):
+        lines += make(data) if data else [f"_{name}.json missing: run `python3 -m bench --only {name}`._", ""]
+    plots = [p.name for p in sorted(results.glob("*.png"))]
+    lines += ["Plots: " + ", ".join(f"[{p}]({p})" for p in plots), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    text = build_summary(args.results)
+    (args.results / "SUMMARY.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

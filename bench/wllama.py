@@ -1,0 +1,214 @@
+"""Side by side with wllama (llama.cpp in WebAssembly) in the same headless Chromium, on the same GGUF.
+
+    python3 -m bench.wllama [--prompt 512] [--new 128] [--quick]
+
+One server (dist/ plus a bench page under /bench/, all with COOP/COEP so wllama's multi-thread build gets
+SharedArrayBuffer) and one browser. The same prompt (a plain text; its ids under our tokenizer for our engine) goes to:
+- @wllama/wllama (devDependency) loading the original SmolLM2-135M-Instruct Q4_1 GGUF that build.py
+  converts, greedy, at 1 and 2 threads with flash attention on and off: llama.cpp's own prompt and
+  generation timings (prefill and decode tok/s) and its output;
+- our engine on WebGPU (SwiftShader here: a CPU emulation of a GPU), in the app page's worker;
+- our engine's numpy CPU backend in CPython.
+Then wllama's greedy text, re-encoded, against our first 8 greedy ids. Prints JSON; writes bench/results/wllama.json.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.server
+import json
+import os
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: BLAS threads thrash on 2 shared cores
+
+from bench import _path  # noqa: F401,E402  (puts py/ and the repo root on sys.path)
+import build  # noqa: E402
+from bench._path import RESULTS, ROOT  # noqa: E402
+from bench.browser import BrowserSession  # noqa: E402
+
+PAGE = Path(__file__).resolve().parent / "wllama_page"
+WLLAMA = ROOT / "node_modules" / "@wllama" / "wllama"
+MODEL_DIR = ROOT / "dist" / "models" / "smollm2-135m-instruct"
+COMPARE_IDS = 8
+
+
+def gguf_path() -> Path:
+    """The pinned GGUF that build.py converts (fetched into .cache/models when missing)."""
+    from pagedkv.model.convert import fetch_smollm2_gguf
+
+    return fetch_smollm2_gguf(build.CACHE / "models")
+
+
+def make_server(host: str, port: int):
+    """dist/ as build.py serves it, plus /bench/ (page), /bench/wllama/ (the package), /bench/model.gguf."""
+    gguf = gguf_path()
+    routes = [("/bench/model.gguf", gguf), ("/bench/wllama/", WLLAMA), ("/bench/", PAGE)]
+
+    class Handler(build.DistHandler):
+        def translate_path(self, path: str) -> str:
+            clean = urllib.parse.unquote(urllib.parse.urlparse(path).path)
+            for prefix, target in routes:
+                if clean.startswith(prefix) and ".." not in clean:
+                    rest = clean[len(prefix):]
+                    return str(target / rest) if rest else str(target / "index.html" if target.is_dir() else target)
+            return super().translate_path(path)
+
+        def end_headers(self) -> None:
+            if not self.path.startswith("/bench/"):
+                return super().end_headers()
+            # The harness page: cross-origin isolated (threads), without the app's CSP (wllama starts blob workers).
+            self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+            self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+            self.send_header("Cross-Origin-Resource-Policy", "same-origin")
+            self.send_header("Cache-Control", "no-cache")
+            http.server.SimpleHTTPRequestHandler.end_headers(self)
+
+    server = http.server.ThreadingHTTPServer((host, port), lambda *a, **kw: Handler(*a, directory=str(build.DIST), **kw))
+    server.daemon_threads = True
+    return server
+
+
+PARAGRAPH = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a can of oil and a "
+             "notebook in which he recorded the wind, the colour of the sea and the ships that passed the point. ")
+
+
+def tokenizer():
+    from pagedkv.model.weights import read_manifest
+    from pagedkv.tokenizer import Tokenizer
+
+    return Tokenizer.from_manifest(read_manifest(MODEL_DIR))
+
+
+def prompt_text(n: int) -> tuple[str, list[int]]:
+    """A plain-text prompt of about `n` tokens and its ids under our tokenizer. wllama gets the text (its
+    completion call crashes on a token-id prompt: 'Invalid typed array length'), we get the ids."""
+    tok = tokenizer()
+    text, i = "", 0
+    while len(tok.encode(text)) < n:
+        i += 1
+        text += f"Day {i}. {PARAGRAPH}"
+    text = tok.decode(tok.encode(text)[:n])
+    return text, tok.encode(text)
+
+
+def cpu_numpy(prompt: list[int], new_tokens: int) -> dict:
+    """Our engine on the numpy CPU backend in CPython: prefill and decode tok/s and the greedy ids."""
+    from pagedkv.backends.cpu import CpuBackend
+    from pagedkv.engine import EngineConfig, LLMEngine
+    from pagedkv.model.weights import ModelWeights, read_manifest
+    from pagedkv.sampling import SamplingParams
+    from pagedkv.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_manifest(read_manifest(MODEL_DIR))
+    backend = CpuBackend(ModelWeights.load(MODEL_DIR), num_blocks=-(-(len(prompt) + new_tokens) // 16) + 1,
+                         block_size=16)
+    engine = LLMEngine(backend, tok, EngineConfig(enable_prefix_caching=False))
+    rid = engine.add_request(prompt, SamplingParams(max_tokens=new_tokens, stop_token_ids=(1_000_000,)))
+    times, output = [], []
+    while engine.has_unfinished:
+        t0 = time.perf_counter()
+        outs = asyncio.run(engine.step())
+        times.append(time.perf_counter() - t0)
+        output += [t for o in outs if o.request_id == rid for t in o.token_ids]
+    n_prefill = len(times) - len(output) + 1
+    return {"backend": "numpy CPU (CPython)", "prefill_tok_s": len(prompt) / sum(times[:n_prefill]),
+            "decode_tok_s": (len(times) - n_prefill) / sum(times[n_prefill:]), "output_ids": output}
+
+
+WEBGPU = """
+import json
+from bench.webgpu_engine_worker import bench_backend, bench_generate
+_ctx, _b, _m, _ledger = await bench_backend()
+_runs = await bench_generate(_ctx, _b, _m, new_tokens={new}, runs=2, prompt={prompt!r})  # run 1 records plans
+_b.destroy()
+json.dumps(_runs[-1])
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--quick", action="store_true", help="--prompt 128 --new 16")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.prompt, args.new = 128, 16
+    if args.prompt < 1 or args.new < COMPARE_IDS:
+        parser.error(f"--prompt must be >= 1 and --new >= {COMPARE_IDS}")
+    if not (WLLAMA / "esm" / "index.js").exists():
+        raise SystemExit("node_modules/@wllama/wllama is missing: run `npm ci` (it is a devDependency)")
+    text, prompt = prompt_text(args.prompt)
+    version = json.loads((WLLAMA / "package.json").read_text())["version"]
+    report = {"benchmark": "wllama", "wllama_version": version, "gguf": gguf_path().name,
+              "prompt_tokens": args.prompt, "new_tokens": args.new, "wllama": [], "ours": []}
+    with BrowserSession("?model=tiny-random&backend=cpu", make_server=make_server) as s:
+        s.install_bench("webgpu_engine_worker.py")
+        ours = s.py(WEBGPU.format(new=args.new, prompt=prompt))
+        report["ours"].append({"backend": "WebGPU (SwiftShader)", **{k: ours[k] for k in (
+            "prefill_tok_s", "decode_tok_s", "output_ids", "prefill_steps")}})
+        print(json.dumps(report["ours"][-1]), file=sys.stderr)
+        report["adapter"] = json.loads(s.dataset()["adapter"])["name"]
+        page = s.browser.new_page()
+        page.set_default_timeout(1_800_000)
+        page.goto(f"{s.origin}/bench/index.html")
+        page.wait_for_selector("html[data-ready]", state="attached")
+        for threads in (1, 2):
+            for flash in (True, False):
+                config = {"threads": threads, "flashAttn": flash, "prompt": text, "newTokens": args.new,
+                          "nCtx": 1024 if args.prompt + args.new <= 1024 else 2048}
+                r = page.evaluate("config => window.runWllama(config)", config)
+                t = r["timings"] or {}
+                report["wllama"].append({"threads": r["threads"], "multithread": r["multithread"],
+                                         "cross_origin_isolated": r["cross_origin_isolated"], "flash_attn": flash,
+                                         "prefill_tok_s": t.get("prompt_per_second"),
+                                         "decode_tok_s": t.get("predicted_per_second"), "timings": t,
+                                         "prompt_tokens_wllama": t.get("prompt_n"), "text": r["text"],
+                                         "load_ms": r["load_ms"]})
+                print(json.dumps(report["wllama"][-1])[:600], file=sys.stderr)
+    report["ours"].append(cpu_numpy(prompt, args.new))
+    compare(report)
+    report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    text = json.dumps(report, indent=1)
+    print(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "wllama.json").write_text(text + "\n")
+    return 0
+
+
+def compare(report: dict) -> None:
+    """wllama's greedy text (re-encoded with our tokenizer: it returns no ids) vs our first ids, and the ratio."""
+    tok = tokenizer()
+    ours = report["ours"][0]["output_ids"][:COMPARE_IDS]
+    report["ours_first_ids"] = ours
+    report["ours_first_text"] = tok.decode(ours)
+    report["ours_cpu_matches_webgpu"] = report["ours"][1]["output_ids"][:COMPARE_IDS] == ours
+    for r in report["wllama"]:
+        r["first_ids_reencoded"] = tok.encode(r["text"])[:COMPARE_IDS]
+        r["ids_match_ours"] = r["first_ids_reencoded"] == ours
+        r["text_starts_with_ours"] = r["text"].startswith(report["ours_first_text"])
+    report["ratio"] = ratio_line(report)
+
+
+def ratio_line(report: dict) -> str:
+    """Ours over wllama's best configuration, decode and prefill separately."""
+    best_dec = max(report["wllama"], key=lambda r: r["decode_tok_s"] or 0)
+    best_pre = max(report["wllama"], key=lambda r: r["prefill_tok_s"] or 0)
+    web, cpu = report["ours"][0], report["ours"][1]
+
+    def cfg(r: dict) -> str:
+        return f"{r['threads']} thread{'s' if r['threads'] > 1 else ''}, flash attention {'on' if r['flash_attn'] else 'off'}"
+
+    return (f"Decode: ours {web['decode_tok_s']:.2f} tok/s on WebGPU (SwiftShader) = "
+            f"{web['decode_tok_s'] / best_dec['decode_tok_s']:.2f}x wllama's best {best_dec['decode_tok_s']:.2f} "
+            f"({cfg(best_dec)}); our numpy CPU path (CPython, native BLAS, run after the browser closed) "
+            f"{cpu['decode_tok_s']:.2f} = {cpu['decode_tok_s'] / best_dec['decode_tok_s']:.2f}x. Prefill: ours "
+            f"{web['prefill_tok_s']:.2f} tok/s on WebGPU = {web['prefill_tok_s'] / best_pre['prefill_tok_s']:.2f}x "
+            f"wllama's best {best_pre['prefill_tok_s']:.2f} ({cfg(best_pre)}); numpy CPU {cpu['prefill_tok_s']:.1f}.")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
