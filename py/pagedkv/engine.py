@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from .config import CacheConfig
 from .kv_cache_manager import KVCacheManager
+from .kv_dtype import kv_dtype as lookup_kv_dtype
 from .model_runner import build_batch
 from .request import Request, RequestStatus
 from .sampling import Sampler, SamplingParams
@@ -39,8 +40,11 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     namespace: str | None = None  # mixed into prefix hashes (e.g. the model id)
     max_context: int | None = None  # tokens per conversation (prompt + reply); None: the model's context
+    kv_dtype: str | None = None  # KV cache dtype the backend must hold (pagedkv.kv_dtype); None: the backend's
 
     def __post_init__(self) -> None:
+        if self.kv_dtype is not None:
+            lookup_kv_dtype(self.kv_dtype)
         if self.max_context is not None and (not isinstance(self.max_context, int) or self.max_context < 2):
             raise ValueError(f"max_context must be an int >= 2 or None, got {self.max_context!r}")
 
@@ -79,9 +83,13 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.context_length = min(backend.config.context_length, config.max_context or backend.config.context_length)
+        self.kv_dtype = getattr(backend, "kv_dtype", "f32")
+        if config.kv_dtype is not None and config.kv_dtype != self.kv_dtype:
+            raise ValueError(f"EngineConfig asks for {config.kv_dtype} KV but the {backend.name} backend holds "
+                             f"{self.kv_dtype}; create the backend with kv_dtype={config.kv_dtype!r}")
         cache = CacheConfig(num_blocks=backend.num_blocks, block_size=backend.block_size,
                             num_cpu_blocks=backend.num_cpu_blocks,
-                            enable_prefix_caching=config.enable_prefix_caching)
+                            enable_prefix_caching=config.enable_prefix_caching, kv_dtype=self.kv_dtype)
         self.kv = KVCacheManager(cache, namespace=config.namespace)
         self.scheduler = Scheduler(config.scheduler_config(), self.kv)
         self._tracked: dict[str, _Tracked] = {}
@@ -210,8 +218,16 @@ class LLMEngine:
             "cached_blocks": pool.num_cached, "block_size": self.kv.block_size,
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "swapped": len(self.scheduler.swapped), "preemptions": dict(self.scheduler.num_preemptions),
-            "prefix_hit_rate": self.kv.prefix_hit_rate, **self.counters,
+            "prefix_hit_rate": self.kv.prefix_hit_rate, "kv_dtype": self.kv_dtype,
+            "bytes_per_token": self.bytes_per_token, **self.counters,
         }
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one token takes on the device in the engine's dtype: K and V of every layer, scales and
+        padding included (a CPU backend holds f32 arrays; this is what its dtype would take on a GPU)."""
+        cfg = self.backend.config
+        return 2 * cfg.n_layers * lookup_kv_dtype(self.kv_dtype).token_bytes(cfg.n_kv_heads, cfg.head_dim)
 
 
 def run_sync(coro):

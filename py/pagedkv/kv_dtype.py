@@ -226,3 +226,41 @@ def unpack_tokens(words: np.ndarray, dtype: str, n_kv_heads: int, head_dim: int)
     n_groups = dt.scales_per_row(head_dim)
     scales = np.ascontiguousarray(words[..., data_u32:data_u32 + n_kv_heads * n_groups]).view(np.float32)
     return dequantize(fields.reshape(shape), scales.reshape(lead + (n_kv_heads, n_groups)), dtype)
+
+
+@dataclass(frozen=True)
+class PackedKV:
+    """One cache (K or V) of one layer as the GPU holds it: words (num_blocks, block_size, token_u32s) u32."""
+
+    words: np.ndarray
+    dtype: str
+    n_kv_heads: int
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        dt = kv_dtype(self.dtype)
+        want = dt.token_u32s(self.n_kv_heads, self.head_dim)
+        if self.words.dtype != np.uint32 or self.words.ndim != 3 or self.words.shape[2] != want:
+            raise ValueError(f"{self.dtype} cache words must be (num_blocks, block_size, {want}) uint32, "
+                             f"got {self.words.shape} {self.words.dtype}")
+
+    @classmethod
+    def pack(cls, values: np.ndarray, dtype: str) -> "PackedKV":
+        """Quantize a whole cache (num_blocks, block_size, n_kv_heads, head_dim) f32."""
+        nb, bs, n_kv, hd = values.shape
+        return cls(pack_tokens(values.reshape(nb * bs, n_kv, hd), dtype).reshape(nb, bs, -1), dtype, n_kv, hd)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """The logical (num_blocks, block_size, n_kv_heads, head_dim)."""
+        return self.words.shape[:2] + (self.n_kv_heads, self.head_dim)
+
+    def values(self) -> np.ndarray:
+        """(num_blocks, block_size, n_kv_heads, head_dim) f32: what the attention kernels read."""
+        return unpack_tokens(self.words, self.dtype, self.n_kv_heads, self.head_dim)
+
+    def with_rows(self, rows: np.ndarray, slots: np.ndarray) -> "PackedKV":
+        """A copy with rows (num_tokens, n_kv_heads, head_dim) f32 quantized into slots (num_tokens,)."""
+        flat = self.words.reshape(-1, self.words.shape[2]).copy()  # (num_slots, token_u32s)
+        flat[slots] = pack_tokens(rows, self.dtype)
+        return PackedKV(flat.reshape(self.words.shape), self.dtype, self.n_kv_heads, self.head_dim)
