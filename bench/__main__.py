@@ -28,6 +28,7 @@ BENCHMARKS = {
     "model_kernels": ["bench.model_kernels"],
     "webgpu_engine": ["bench.webgpu_engine"],
     "app_dashboard": ["bench.app_dashboard"],
+    "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
 }
 
 

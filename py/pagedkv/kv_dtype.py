@@ -9,14 +9,16 @@ every dtype in the same token-major layout, which the functions here reproduce b
       scales: then n_kv_heads * (head_dim / group) f32 scales (quantized dtypes only), row-major
       pad:    zero u32s up to a multiple of 4, so a token starts on a 16-byte word (the kernels' vec4<u32>).
 
-Quantizers (identical operations in numpy float32 and WGSL f32; only +, *, /, abs, max, round and bit
-operations, all of them exact or correctly rounded):
-    int8 / int4 (symmetric):  d = amax(group) / qmax;  q = clamp(round(x / d), -qmax, qmax);  x' = q * d
-    fp8-e4m3 (OCP, no inf):   d = amax(row) / 448;     y = x / d encoded to e4m3 with round-half-to-even
-                              by bit operations (subnormals included);                   x' = e4m3(y) * d
-`round` is round-half-to-even on both sides (WGSL round(), numpy rint). A scale below the smallest normal
-f32 (a row of zeros or of denormals) is stored as 0 and its codes as 0: GPUs may flush denormals, so
-neither side ever computes with one.
+Quantizers (numpy here, WGSL in kv_write.wgsl):
+    int8 / int4 (symmetric):  d = amax(group) * f32(1 / qmax);  q = clamp(nearest(x / d), -qmax, qmax);  x' = q * d
+    fp8-e4m3 (OCP, no inf):   d = amax(row) * f32(1 / 448);     q = the e4m3 value nearest to x / d (subnormals
+                              included), codes built with bit operations;                  x' = e4m3(q) * d
+The scale is a product (correctly rounded in f32 on both sides; a division is not: WGSL allows 2.5 ULP and
+SwiftShader's amax / 127 differed from numpy's in the last bit). `nearest` is the one to the EXACT quotient
+x / d with ties to even (WGSL round(), numpy rint): numpy decides it in float64, where an f32 / f32 quotient
+never lands on a rounding midpoint unless it is one; the shader divides in f32 (see kv_write.wgsl for where
+it can differ). A scale below the smallest normal f32 (a row of zeros or of denormals) is stored as 0 and its
+codes as 0: GPUs may flush denormals, so neither side ever computes with one.
 """
 from __future__ import annotations
 
@@ -107,19 +109,19 @@ def _grouped(x: np.ndarray, group: int) -> np.ndarray:
 
 def _scales(x: np.ndarray, group: int, top: np.float32) -> np.ndarray:
     amax = np.abs(_grouped(x, group)).max(axis=-1)  # (..., n_groups)
-    d = (amax / top).astype(np.float32)
+    d = (amax * np.float32(1.0 / float(top))).astype(np.float32)
     return np.where(d < FLT_MIN, np.float32(0), d).astype(np.float32)
 
 
 def _encode_e4m3(y: np.ndarray) -> np.ndarray:
-    """|y| <= 448 (f32) -> e4m3 magnitude codes 0..0x7E, round half to even; sign handled by the caller."""
-    a = np.abs(y).astype(np.float32)
-    sub = np.rint(a * np.float32(512.0)).astype(np.uint32)  # below 2^-6: multiples of 2^-9, exact scaling
-    bits = a.view(np.uint32).astype(np.uint64)
-    r = bits + 0x7FFFF + ((bits >> 20) & 1)  # round the 23-bit mantissa to 3 bits, ties to even
-    normal = (((r >> 23) - 120) << 3) | ((r >> 20) & 7)
-    normal = np.minimum(np.where(a >= np.float32(2.0 ** -6), normal, 0), 0x7E).astype(np.uint32)
-    return np.where(a < np.float32(2.0 ** -6), sub, normal).astype(np.uint32)
+    """|y| (float64) -> e4m3 magnitude codes 0..0x7E, nearest with ties to even; sign handled by the caller."""
+    a = np.abs(y).astype(np.float64)
+    sub = np.rint(a * 512.0).astype(np.uint32)  # below 2^-6: multiples of 2^-9, exact scaling
+    bits = a.view(np.uint64)
+    r = bits + np.uint64((1 << 48) - 1) + ((bits >> np.uint64(49)) & np.uint64(1))  # 52 -> 3 mantissa bits
+    normal = (((r >> np.uint64(52)).astype(np.int64) - 1016) << 3) | ((r >> np.uint64(49)) & np.uint64(7)).astype(np.int64)
+    normal = np.minimum(np.where(a >= 2.0 ** -6, normal, 0), 0x7E).astype(np.uint32)
+    return np.where(a < 2.0 ** -6, sub, normal).astype(np.uint32)
 
 
 def _decode_e4m3(code: np.ndarray) -> np.ndarray:
@@ -148,9 +150,9 @@ def quantize_with(x: np.ndarray, dt: KVDtype) -> tuple[np.ndarray, np.ndarray]:
     group = dt.group_for(x.shape[-1])
     top = np.float32(dt.qmax) if dt.qmax else E4M3_MAX
     d = _scales(x, group, top)  # (..., n_groups)
-    safe = np.where(d > 0, d, np.float32(1))[..., None]  # (..., n_groups, 1)
-    y = (_grouped(x, group) / safe).astype(np.float32)  # (..., n_groups, group)
-    y = np.where(d[..., None] > 0, y, np.float32(0)).reshape(x.shape)
+    safe = np.where(d > 0, d, np.float32(1))[..., None].astype(np.float64)  # (..., n_groups, 1)
+    y = _grouped(x, group).astype(np.float64) / safe  # (..., n_groups, group) the exact quotient's nearest f64
+    y = np.where(d[..., None] > 0, y, 0.0).reshape(x.shape)
     if dt.qmax:
         return np.clip(np.rint(y), -dt.qmax, dt.qmax).astype(np.int32), d
     return (_encode_e4m3(y) | np.where(y < 0, 0x80, 0).astype(np.uint32)).astype(np.int32), d
