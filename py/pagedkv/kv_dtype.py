@@ -16,8 +16,9 @@ Quantizers (numpy here, WGSL in kv_write.wgsl):
 The scale is a product (correctly rounded in f32 on both sides; a division is not: WGSL allows 2.5 ULP and
 SwiftShader's amax / 127 differed from numpy's in the last bit). `nearest` is the one to the EXACT quotient
 x / d with ties to even (WGSL round(), numpy rint): numpy decides it in float64, where an f32 / f32 quotient
-never lands on a rounding midpoint unless it is one; the shader divides in f32 (see kv_write.wgsl for where
-it can differ). A scale below the smallest normal f32 (a row of zeros or of denormals) is stored as 0 and its
+never lands on a rounding midpoint unless it is one; the shader divides in f32 and decides quotients within
+1e-4 of a midpoint exactly with Dekker's two-product (kv_write.wgsl), for scales above ~1e-30 (where the
+product's error term is not a flushed denormal) and compilers that do not fuse a * b + c. A scale below the smallest normal f32 (a row of zeros or of denormals) is stored as 0 and its
 codes as 0: GPUs may flush denormals, so neither side ever computes with one.
 """
 from __future__ import annotations
@@ -155,7 +156,8 @@ def quantize_with(x: np.ndarray, dt: KVDtype) -> tuple[np.ndarray, np.ndarray]:
     y = np.where(d[..., None] > 0, y, 0.0).reshape(x.shape)
     if dt.qmax:
         return np.clip(np.rint(y), -dt.qmax, dt.qmax).astype(np.int32), d
-    return (_encode_e4m3(y) | np.where(y < 0, 0x80, 0).astype(np.uint32)).astype(np.int32), d
+    negative = (x < 0) & np.repeat(d > 0, group, axis=-1)  # a zero scale stores all-zero codes
+    return (_encode_e4m3(y) | np.where(negative, 0x80, 0).astype(np.uint32)).astype(np.int32), d
 
 
 def dequantize(codes: np.ndarray, scales: np.ndarray, dtype: str) -> np.ndarray:
