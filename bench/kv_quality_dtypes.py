@@ -64,24 +64,53 @@ def window_logits(model: NumpyModel, ids: list[int], kv_dtype: str) -> np.ndarra
     return model.forward(batch, kv, all_logits=True)  # (n, vocab)
 
 
-def evaluate(model: NumpyModel, ids: list[int], window: int, kv_dtype: str, ref_argmax: list | None):
-    """(perplexity, argmax per window, agreement with ref_argmax or None, seconds)."""
-    t0 = time.perf_counter()
-    nll, count, agree, argmaxes = 0.0, 0, 0, []
-    for w, start in enumerate(range(0, len(ids) - 1, window)):
+def window_scores(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
+    """(summed negative log-likelihood of targets (n,), argmax (n,)) of logits (n, vocab)."""
+    logits = logits.astype(np.float64)
+    logits -= logits.max(axis=1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    return -float(logp[np.arange(targets.size), targets].sum()), logits.argmax(axis=1)
+
+
+def evaluate(model: NumpyModel, ids: list[int], window: int, dtypes: list[str], partial: Path | None,
+             extra: dict) -> dict:
+    """Perplexity and agreement with f32 (dtypes[0]) per dtype, window by window (all dtypes of a window
+    before the next, so a partial file written after each window is a consistent table)."""
+    acc = {name: {"nll": 0.0, "agree": 0, "seconds": 0.0} for name in dtypes}
+    count = 0
+    starts = list(range(0, len(ids) - 1, window))
+    for w, start in enumerate(starts):
         chunk = ids[start:start + window + 1]
-        logits = window_logits(model, chunk[:-1], kv_dtype).astype(np.float64)  # (n, vocab)
-        logits -= logits.max(axis=1, keepdims=True)
-        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
         targets = np.asarray(chunk[1:])
-        nll -= float(logp[np.arange(targets.size), targets].sum())
+        ref_top = None
+        for name in dtypes:
+            t0 = time.perf_counter()
+            nll, top = window_scores(window_logits(model, chunk[:-1], name), targets)
+            a = acc[name]
+            a["nll"] += nll
+            a["seconds"] += time.perf_counter() - t0
+            if ref_top is None:
+                ref_top = top
+            a["agree"] += int((top == ref_top).sum())
         count += targets.size
-        top = logits.argmax(axis=1)
-        argmaxes.append(top)
-        if ref_argmax is not None:
-            agree += int((top == ref_argmax[w]).sum())
-    agreement = None if ref_argmax is None else agree / count
-    return math.exp(nll / count), argmaxes, agreement, time.perf_counter() - t0
+        table = summarize(acc, count)
+        print(f"window {w + 1}/{len(starts)}: {count} tokens " +
+              " ".join(f"{n} {r['perplexity']:.3f}/{r['agreement_vs_f32']:.4f}" for n, r in table.items()),
+              file=sys.stderr, flush=True)
+        if partial is not None:
+            partial.write_text(json.dumps({"tokens_done": count, "windows_done": w + 1, "windows": len(starts),
+                                           "quality": table, **extra}, indent=2))
+    return summarize(acc, count)
+
+
+def summarize(acc: dict, count: int) -> dict:
+    f32 = math.exp(next(iter(acc.values()))["nll"] / count)
+    out = {}
+    for name, a in acc.items():
+        ppl = math.exp(a["nll"] / count)
+        out[name] = {"perplexity": round(ppl, 4), "delta_ppl_vs_f32": round(ppl - f32, 4),
+                     "agreement_vs_f32": round(a["agree"] / count, 5), "seconds": round(a["seconds"], 1)}
+    return out
 
 
 def real_kv_rows(model: NumpyModel, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -140,6 +169,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=None)
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--dtypes", default=",".join(KV_DTYPES))
+    parser.add_argument("--partial", type=Path, default=None, help="rewrite this JSON after every window")
     args = parser.parse_args()
     n_tokens = args.tokens or (2048 if args.quick else 20480)
     dtypes = args.dtypes.split(",")
@@ -151,23 +181,13 @@ def main() -> None:
     model = NumpyModel(weights)
     tokenizer = Tokenizer.from_manifest(manifest)
     ids = corpus_ids(tokenizer, n_tokens + 1)
-    results, ref = {}, None
-    for name in dtypes:
-        ppl, argmaxes, agreement, secs = evaluate(model, ids, args.window, name, ref)
-        if ref is None:
-            ref = argmaxes
-        results[name] = {"perplexity": round(ppl, 4), "agreement_vs_f32": agreement, "seconds": round(secs, 1)}
-        print(f"{name}: ppl {ppl:.4f} agreement {agreement} ({secs:.0f} s)", file=sys.stderr, flush=True)
-    for name in dtypes:
-        results[name]["delta_ppl_vs_f32"] = round(results[name]["perplexity"] - results["f32"]["perplexity"], 4)
-        if results[name]["agreement_vs_f32"] is not None:
-            results[name]["agreement_vs_f32"] = round(results[name]["agreement_vs_f32"], 5)
     k, v = real_kv_rows(model, ids[:args.window])
+    extra = {"row_error_real_kv": row_errors(k, v), "capacity_1gib": capacity(manifest, dtypes)}
+    results = evaluate(model, ids, args.window, dtypes, args.partial, extra)
     print(json.dumps({
         "model": str(args.model.name), "corpus": "CPython pydoc_data/topics.py topic texts (sorted topics)",
         "python": sys.version.split()[0], "tokens": n_tokens, "window": args.window, "stride": args.window,
-        "block_size": BLOCK_SIZE, "quality": results, "row_error_real_kv": row_errors(k, v),
-        "capacity_1gib": capacity(manifest, dtypes),
+        "block_size": BLOCK_SIZE, "quality": results, **extra,
     }, indent=2))
 
 

@@ -136,7 +136,7 @@ fn encode(x : f32, d : f32) -> u32 {
   }
   let qmax = select(127.0, 7.0, KV_FORMAT == 4u);
   let q = i32(clamp(nearest_int(x, d), -qmax, qmax));
-  return bitcast<u32>(q) & ((1u << KV_BITS) - 1u);
+  return bitcast<u32>(q) & (0xFFFFFFFFu >> (32u - KV_BITS));  // a KV_BITS-bit two's complement field
 }
 
 // Quantizes the (token, kv head) row starting at value `src` into the cache token at u32 `dst`.
