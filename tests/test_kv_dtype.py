@@ -147,3 +147,20 @@ def test_engine_refuses_a_backend_of_another_dtype(tiny_weights):
         LLMEngine(CpuBackend(tiny_weights, num_blocks=4, block_size=16), tok, EngineConfig(kv_dtype="int8"))
     with pytest.raises(ValueError, match=BAD_NAME):
         PagedKVCache.allocate(tiny_weights.config, 4, 16, "int3")
+
+
+def test_blocks_per_budget_follow_from_the_dtype_through_the_ledger_plan(tiny_dir):
+    from pagedkv.backends.webgpu_engine import plan_kv_pool
+    from pagedkv.model.weights import read_manifest
+
+    manifest = read_manifest(tiny_dir)
+    plans = {n: plan_kv_pool(manifest, budget_bytes=8 << 20, block_size=16, kv_dtype=n, max_num_batched_tokens=24,
+                             max_num_seqs=4, max_binding=128 << 20) for n in NAMES}
+    # tiny model: 2 layers x (K, V) x 16 tokens x bytes per token and layer (128 / 64 / 48 / 48 / 32)
+    assert [plans[n]["block_bytes"] for n in NAMES] == [8192, 4096, 3072, 3072, 2048]
+    assert [plans[n]["num_blocks"] for n in NAMES] == [968, 1969, 2637, 2637, 3971]
+    for p in plans.values():  # the pool gets what weights, scratch and staging leave
+        assert p["num_blocks"] == ((8 << 20) - p["fixed_bytes"]) // p["block_bytes"]
+    with pytest.raises(ValueError, match=BAD_NAME):
+        plan_kv_pool(manifest, budget_bytes=8 << 20, block_size=16, kv_dtype="int3", max_num_batched_tokens=24,
+                     max_num_seqs=4, max_binding=128 << 20)
