@@ -37,6 +37,7 @@ BENCHMARKS = {
     "app_dashboard": ["bench.app_dashboard"],
     "concurrency": ["bench.concurrency", "--quick"],
     "wllama": ["bench.wllama"],
+    "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
 }
 
 

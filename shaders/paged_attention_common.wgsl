@@ -3,10 +3,15 @@
 // Not a kernel on its own: it has no entry point.
 //
 // KV cache of one layer, K and V alike: (num_blocks, block_size, n_kv_heads, HEAD_DIM) values, stored as
-// array<vec4<u32>> words so that one pipeline constant picks the element type without a second binding type:
-//   KV_F16 = false: a word is 4 f32 (bitcast), a row of HEAD_DIM values is HEAD_DIM / 4 words;
-//   KV_F16 = true:  a word is 8 f16 packed two per u32 (unpack2x16float; no shader-f16 needed),
-//                   a row is HEAD_DIM / 8 words.
+// array<vec4<u32>> words so that pipeline constants pick the element type without a second binding type.
+// A token is TOKEN_U32 u32s (a multiple of 4): n_kv_heads rows of ROW_U32 data u32s, then (quantized formats)
+// n_kv_heads * SCALES_PER_ROW f32 scales, then zero padding (py/pagedkv/kv_dtype.py has the numpy twin):
+//   KV_FORMAT 0 f32:       the f32 bits (bitcast);
+//   KV_FORMAT 1 f16:       two f16 per u32, the first value in the low half (unpack2x16float; no shader-f16);
+//   KV_FORMAT 2 int8:      four signed bytes per u32 (first value lowest), value = q * scale of its KV_GROUP;
+//   KV_FORMAT 3 fp8-e4m3:  four e4m3 bytes per u32, value = e4m3(q) * the row's scale (KV_GROUP = HEAD_DIM);
+//   KV_FORMAT 4 int4:      eight signed nibbles per u32, value = q * scale of its KV_GROUP.
+// Dequantization happens here, on the 16 values a slice loads: there is no dequantized copy of the cache.
 // Token `pos` of a sequence lives in block block_tables[seq, pos / block_size] at offset pos % block_size.
 //
 // Work split, for SwiftShader (whose loads from storage and from dynamically indexed private arrays are
@@ -30,17 +35,20 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> query : array<vec4<f32>>;     // (num_q_tokens, n_heads, HEAD_DIM / 4)
-@group(0) @binding(1) var<storage, read> k_cache : array<vec4<u32>>;   // (num_blocks, block_size, n_kv_heads, ROW_WORDS)
-@group(0) @binding(2) var<storage, read> v_cache : array<vec4<u32>>;   // (num_blocks, block_size, n_kv_heads, ROW_WORDS)
+@group(0) @binding(1) var<storage, read> k_cache : array<vec4<u32>>;   // (num_blocks, block_size, TOKEN_U32 / 4)
+@group(0) @binding(2) var<storage, read> v_cache : array<vec4<u32>>;   // (num_blocks, block_size, TOKEN_U32 / 4)
 @group(0) @binding(3) var<storage, read> block_tables : array<u32>;    // (num_seqs, max_blocks_per_seq)
 @group(0) @binding(4) var<storage, read> context_lens : array<u32>;    // (num_seqs,) tokens in the cache, new ones included
 @group(0) @binding(5) var<uniform> params : Params;
 
 override HEAD_DIM : u32 = 64u;     // multiple of 16, <= 4 * MAX_VEC
-override KV_F16 : bool = false;
+override KV_FORMAT : u32 = 0u;     // 0 f32, 1 f16, 2 int8, 3 fp8-e4m3, 4 int4 (KVDtype.code)
+override KV_GROUP : u32 = 64u;     // channels per scale (quantized formats): a multiple of 16 dividing HEAD_DIM
 override SLOTS : u32 = 1u;         // (query token, head) pairs per invocation, 1..4
 override WORKGROUP_SIZE : u32 = 16u;
-override ROW_WORDS : u32 = select(HEAD_DIM / 4u, HEAD_DIM / 8u, KV_F16);
+override KV_BITS : u32 = select(select(select(8u, 4u, KV_FORMAT == 4u), 16u, KV_FORMAT == 1u), 32u, KV_FORMAT == 0u);
+override ROW_U32 : u32 = HEAD_DIM * KV_BITS / 32u;
+override SCALES_PER_ROW : u32 = select(HEAD_DIM / KV_GROUP, 0u, KV_FORMAT < 2u);
 override VEC_PER_HEAD : u32 = HEAD_DIM / 4u;
 
 const MAX_VEC : u32 = 32u;         // head_dim up to 128
@@ -79,23 +87,84 @@ fn unpack8(x : vec4<u32>, y : vec4<u32>) -> mat4x4<f32> {
                      vec4<f32>(unpack2x16float(y.z), unpack2x16float(y.w)));
 }
 
-// Values 16 * s .. 16 * s + 15 of the K (or V) row starting at word `row`.
-fn k_slice(row : u32, s : u32) -> mat4x4<f32> {
-  if (KV_F16) {
-    return unpack8(k_cache[row + 2u * s], k_cache[row + 2u * s + 1u]);
-  }
-  let w = row + 4u * s;
-  return mat4x4<f32>(bitcast<vec4<f32>>(k_cache[w]), bitcast<vec4<f32>>(k_cache[w + 1u]),
-                     bitcast<vec4<f32>>(k_cache[w + 2u]), bitcast<vec4<f32>>(k_cache[w + 3u]));
+fn token_u32s() -> u32 {
+  return (params.n_kv_heads * (ROW_U32 + SCALES_PER_ROW) + 3u) & ~3u;
 }
 
-fn v_slice(row : u32, s : u32) -> mat4x4<f32> {
-  if (KV_F16) {
-    return unpack8(v_cache[row + 2u * s], v_cache[row + 2u * s + 1u]);
+// e4m3 byte (sign bit 0x80) -> f32; exponent 0 is subnormal (m * 2^-9).
+fn e4m3(b : u32) -> f32 {
+  let e = (b >> 3u) & 15u;
+  let m = b & 7u;
+  let mag = select(bitcast<f32>(((e + 120u) << 23u) | (m << 20u)), f32(m) * 0.001953125, e == 0u);
+  return select(mag, -mag, (b & 0x80u) != 0u);
+}
+
+fn e4m3x4(w : u32) -> vec4<f32> {
+  return vec4<f32>(e4m3(w & 255u), e4m3((w >> 8u) & 255u), e4m3((w >> 16u) & 255u), e4m3(w >> 24u));
+}
+
+fn int8x4(w : u32) -> vec4<f32> {  // sign-extending arithmetic shifts
+  return vec4<f32>(vec4<i32>(bitcast<i32>(w << 24u), bitcast<i32>(w << 16u), bitcast<i32>(w << 8u),
+                             bitcast<i32>(w)) >> vec4<u32>(24u));
+}
+
+fn int4x4(w : u32) -> vec4<f32> {  // the low four nibbles of w
+  return vec4<f32>(vec4<i32>(bitcast<i32>(w << 28u), bitcast<i32>(w << 24u), bitcast<i32>(w << 20u),
+                             bitcast<i32>(w << 16u)) >> vec4<u32>(28u));
+}
+
+// 16 quantized values (four u32 of 8-bit codes, or w.xy of 4-bit codes) times their scale.
+fn dequant16(w : vec4<u32>, scale : f32) -> mat4x4<f32> {
+  if (KV_FORMAT == 4u) {
+    return mat4x4<f32>(int4x4(w.x), int4x4(w.x >> 16u), int4x4(w.y), int4x4(w.y >> 16u)) * scale;
   }
-  let w = row + 4u * s;
-  return mat4x4<f32>(bitcast<vec4<f32>>(v_cache[w]), bitcast<vec4<f32>>(v_cache[w + 1u]),
-                     bitcast<vec4<f32>>(v_cache[w + 2u]), bitcast<vec4<f32>>(v_cache[w + 3u]));
+  if (KV_FORMAT == 3u) {
+    return mat4x4<f32>(e4m3x4(w.x), e4m3x4(w.y), e4m3x4(w.z), e4m3x4(w.w)) * scale;
+  }
+  return mat4x4<f32>(int8x4(w.x), int8x4(w.y), int8x4(w.z), int8x4(w.w)) * scale;
+}
+
+// Values 16 * s .. 16 * s + 15 of the K (or V) row of kv head `kv_head` in the token starting at u32 `tok`.
+fn k_slice(tok : u32, kv_head : u32, s : u32) -> mat4x4<f32> {
+  let row = tok + kv_head * ROW_U32;
+  if (KV_FORMAT == 0u) {
+    let w = row / 4u + 4u * s;
+    return mat4x4<f32>(bitcast<vec4<f32>>(k_cache[w]), bitcast<vec4<f32>>(k_cache[w + 1u]),
+                       bitcast<vec4<f32>>(k_cache[w + 2u]), bitcast<vec4<f32>>(k_cache[w + 3u]));
+  }
+  if (KV_FORMAT == 1u) {
+    let w = row / 4u + 2u * s;
+    return unpack8(k_cache[w], k_cache[w + 1u]);
+  }
+  let at = tok + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW + 16u * s / KV_GROUP;
+  let scale = bitcast<f32>(k_cache[at / 4u][at % 4u]);
+  let first = row + s * KV_BITS / 2u;  // a slice of 16 values is KV_BITS / 2 u32s
+  if (KV_BITS == 8u) {
+    return dequant16(k_cache[first / 4u], scale);
+  }
+  return dequant16(vec4<u32>(k_cache[first / 4u][first % 4u], k_cache[(first + 1u) / 4u][(first + 1u) % 4u],
+                             0u, 0u), scale);
+}
+
+fn v_slice(tok : u32, kv_head : u32, s : u32) -> mat4x4<f32> {
+  let row = tok + kv_head * ROW_U32;
+  if (KV_FORMAT == 0u) {
+    let w = row / 4u + 4u * s;
+    return mat4x4<f32>(bitcast<vec4<f32>>(v_cache[w]), bitcast<vec4<f32>>(v_cache[w + 1u]),
+                       bitcast<vec4<f32>>(v_cache[w + 2u]), bitcast<vec4<f32>>(v_cache[w + 3u]));
+  }
+  if (KV_FORMAT == 1u) {
+    let w = row / 4u + 2u * s;
+    return unpack8(v_cache[w], v_cache[w + 1u]);
+  }
+  let at = tok + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW + 16u * s / KV_GROUP;
+  let scale = bitcast<f32>(v_cache[at / 4u][at % 4u]);
+  let first = row + s * KV_BITS / 2u;
+  if (KV_BITS == 8u) {
+    return dequant16(v_cache[first / 4u], scale);
+  }
+  return dequant16(vec4<u32>(v_cache[first / 4u][first % 4u], v_cache[(first + 1u) / 4u][(first + 1u) % 4u],
+                             0u, 0u), scale);
 }
 
 // Slice s of slot j: its query (pre-scaled) or its accumulator.
@@ -129,10 +198,10 @@ fn dot16(a : mat4x4<f32>, b : mat4x4<f32>) -> f32 {
 // The `SLOTS > j` tests are on a pipeline constant: the compiler drops the unused slots' code.
 fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n_keys : u32) {
   let bs = params.block_size;
-  let token_words = params.n_kv_heads * ROW_WORDS;
+  let token_u32 = token_u32s();
   for (var b = block_begin; b < block_end; b++) {
     let physical = block_tables[seq * params.max_blocks_per_seq + b];
-    let base = physical * bs * token_words + kv_head * ROW_WORDS;
+    let base = physical * bs * token_u32;  // first u32 of the block
     let n = min(bs, n_keys - b * bs);
     for (var t = 0u; t < n; t++) {
       scores[t] = vec4<f32>(0.0);
@@ -143,7 +212,7 @@ fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n
       let q2 = q_slice(2u, s);
       let q3 = q_slice(3u, s);
       for (var t = 0u; t < n; t++) {
-        let k = k_slice(base + t * token_words, s);
+        let k = k_slice(base + t * token_u32, kv_head, s);
         var sc = vec4<f32>(dot16(q0, k), 0.0, 0.0, 0.0);
         if (SLOTS > 1u) { sc.y = dot16(q1, k); }
         if (SLOTS > 2u) { sc.z = dot16(q2, k); }
@@ -172,7 +241,7 @@ fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n
       if (SLOTS > 2u) { a2 = acc_slice(2u, s) * alpha.z; }
       if (SLOTS > 3u) { a3 = acc_slice(3u, s) * alpha.w; }
       for (var t = 0u; t < n; t++) {
-        let v = v_slice(base + t * token_words, s);
+        let v = v_slice(base + t * token_u32, kv_head, s);
         let w = scores[t];
         a0 += v * w.x;
         if (SLOTS > 1u) { a1 += v * w.y; }

@@ -165,3 +165,19 @@ def test_rebuild_aborts_what_the_new_pool_can_never_hold(tiny_weights, tokenizer
     run_sync(engine.step())
     assert engine.rebuild(CpuBackend(tiny_weights, num_blocks=2, block_size=16)) == []
     assert req.finish_reason == "error" and not engine.has_unfinished
+
+
+def test_rebuild_switches_the_kv_dtype_of_a_live_engine(tiny_weights, tiny_model, tokenizer):
+    # Changing the KV dtype needs a new pool: requests in flight re-prefill their token history in int8.
+    engine = make_engine(tiny_weights, tokenizer)
+    rid = engine.add_request(PROMPTS[1], GREEDY)
+    for _ in range(4):
+        run_sync(engine.step())
+    partial = list(engine.request(rid).output_ids)
+    assert engine.stats()["kv_dtype"] == "f32" and len(partial) >= 2
+    assert engine.rebuild(CpuBackend(tiny_weights, num_blocks=32, block_size=16, kv_dtype="int8")) == [rid]
+    req = engine.request(rid)
+    while engine.has_unfinished:
+        run_sync(engine.step())
+    assert engine.stats()["kv_dtype"] == "int8" and engine.kv.config.kv_dtype == "int8"
+    assert req.output_ids[:len(partial)] == partial and len(req.output_ids) == 12

@@ -10,14 +10,28 @@ from pagedkv.backends.webgpu_kernels import KVKernels, KVLayout, _params
 def test_layout_word_counts_for_smollm2_f32_and_f16():
     f32 = KVLayout(num_blocks=100, block_size=16, n_kv_heads=3, head_dim=64, dtype="f32")
     f16 = KVLayout(num_blocks=100, block_size=16, n_kv_heads=3, head_dim=64, dtype="f16")
-    assert (f32.row_words, f32.block_words, f32.nbytes) == (16, 768, 1_228_800)
-    assert (f16.row_words, f16.block_words, f16.nbytes) == (8, 384, 614_400)
-    assert f16.constants == {"HEAD_DIM": 64, "KV_F16": 1} and f32.constants["KV_F16"] == 0
-    assert f16.shape == (100, 16, 3, 64)
+    assert (f32.token_bytes, f32.block_words, f32.nbytes) == (768, 768, 1_228_800)
+    assert (f16.token_bytes, f16.block_words, f16.nbytes) == (384, 384, 614_400)
+    assert f16.constants == {"HEAD_DIM": 64, "KV_FORMAT": 1, "KV_GROUP": 64} and f32.constants["KV_FORMAT"] == 0
+    assert f16.shape == f16.storage_shape == (100, 16, 3, 64) and f16.storage_dtype == np.float16
+    assert (f32.kv_write_invocations(5), f16.kv_write_invocations(5)) == (5 * 48, 5 * 24)
+
+
+@pytest.mark.parametrize("dtype, token_bytes, constants", [
+    ("int8", 224, {"HEAD_DIM": 64, "KV_FORMAT": 2, "KV_GROUP": 32}),  # 3 x 64 B + 6 scales, padded to 16 B
+    ("fp8-e4m3", 208, {"HEAD_DIM": 64, "KV_FORMAT": 3, "KV_GROUP": 64}),  # 3 x 64 B + 3 scales + 1 pad u32
+    ("int4", 128, {"HEAD_DIM": 64, "KV_FORMAT": 4, "KV_GROUP": 32}),  # 3 x 32 B + 6 scales + 2 pad u32
+])
+def test_quantized_layouts_hold_words_with_scales_in_each_token(dtype, token_bytes, constants):
+    lay = KVLayout(num_blocks=100, block_size=16, n_kv_heads=3, head_dim=64, dtype=dtype)
+    assert (lay.token_bytes, lay.block_words, lay.nbytes) == (token_bytes, token_bytes, 100 * 16 * token_bytes)
+    assert lay.constants == constants
+    assert lay.storage_shape == (100, 16, token_bytes // 4) and lay.storage_dtype == np.uint32
+    assert lay.kv_write_invocations(5) == 5  # one invocation per token writes its scales' shared words
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"dtype": "bf16"}, "KV dtype must be one of"),
+    ({"dtype": "bf16"}, "unknown KV cache dtype 'bf16'; valid dtypes are f32, f16, int8, fp8-e4m3, int4"),
     ({"block_size": 64}, r"block_size must be in 1\.\.32"),
     ({"head_dim": 56}, "head_dim must be a multiple of 16"),
     ({"head_dim": 256}, "head_dim must be a multiple of 16"),

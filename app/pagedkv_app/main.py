@@ -114,7 +114,7 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
         raise ValueError(f"a {kv_budget / MIB:g} MiB KV budget holds no block of {block_size} tokens "
                          f"({bytes_per_token:,} B/token); raise kv_mib")
     backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_blocks)
-    return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": "f32"}
+    return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype}
 
 
 async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, WebGpuBackend, dict]:
@@ -135,13 +135,12 @@ async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict
         return data
 
     budget = int(bridge.query_param("budget_mib", "1024")) * MIB
+    kv_dtype = bridge.query_param("kv_dtype", "f16")  # f32, f16, int8, fp8-e4m3 or int4 (pagedkv.kv_dtype)
     backend = await WebGpuBackend.create(
-        ctx, manifest, shard_source, budget_bytes=budget, block_size=block_size,
+        ctx, manifest, shard_source, budget_bytes=budget, block_size=block_size, kv_dtype=kv_dtype,
         on_progress=lambda loaded, tot: bridge.post("model-progress", model=name, loaded=loaded, total=tot,
                                                     detail="weights uploaded to the GPU"))
-    cfg = backend.config
-    bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * KV_DTYPE_BYTES[backend.kv_dtype]
-    return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype,
+    return manifest, backend, {"bytes_per_token": backend.stats()["bytes_per_token"], "kv_dtype": kv_dtype,
                                "ledger": backend.ledger.snapshot()}
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .kv_dtype import DEFAULT_KV_DTYPE, kv_dtype as lookup_kv_dtype
+
 ALLOWED_BLOCK_SIZES = (8, 16, 32, 64)
 
 
@@ -23,12 +25,14 @@ class CacheConfig:
     num_blocks: physical GPU blocks (computed from the byte budget by the caller).
     num_cpu_blocks: blocks of the CPU swap pool (0 disables swapping).
     enable_prefix_caching: keep full blocks addressable by their prefix hash.
+    kv_dtype: element type of the KV cache, a name of pagedkv.kv_dtype (f32, f16, int8, fp8-e4m3, int4).
     """
 
     num_blocks: int
     block_size: int = 16
     num_cpu_blocks: int = 0
     enable_prefix_caching: bool = True
+    kv_dtype: str = DEFAULT_KV_DTYPE
 
     def __post_init__(self) -> None:
         _require_int("block_size", self.block_size, 1)
@@ -41,10 +45,12 @@ class CacheConfig:
         _require_int("num_cpu_blocks", self.num_cpu_blocks, 0)
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError("enable_prefix_caching must be a bool")
+        lookup_kv_dtype(self.kv_dtype)
 
     @classmethod
     def from_budget(cls, budget_bytes: int, bytes_per_token: int, block_size: int = 16,
-                    num_cpu_blocks: int = 0, enable_prefix_caching: bool = True) -> "CacheConfig":
+                    num_cpu_blocks: int = 0, enable_prefix_caching: bool = True,
+                    kv_dtype: str = DEFAULT_KV_DTYPE) -> "CacheConfig":
         """Largest pool of `block_size`-token blocks that fits in `budget_bytes`."""
         _require_int("budget_bytes", budget_bytes, 1)
         _require_int("bytes_per_token", bytes_per_token, 1)
@@ -54,5 +60,5 @@ class CacheConfig:
             raise ValueError(
                 f"budget of {budget_bytes} B holds no block of {block_size} tokens x "
                 f"{bytes_per_token} B/token; raise the budget or shrink the block")
-        return cls(num_blocks=num_blocks, block_size=block_size,
-                   num_cpu_blocks=num_cpu_blocks, enable_prefix_caching=enable_prefix_caching)
+        return cls(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
+                   enable_prefix_caching=enable_prefix_caching, kv_dtype=kv_dtype)

@@ -30,6 +30,7 @@ from .config import CacheConfig
 from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .kv_cache_manager import KVCacheManager, NeverFits
 from .kv_retention import KVRetention, add_attention_mass
+from .kv_dtype import kv_dtype as lookup_kv_dtype
 from .model_runner import build_batch
 from .request import Request
 from .sampling import Sampler, SamplingParams
@@ -50,8 +51,11 @@ class EngineConfig:
     namespace: str | None = None  # mixed into prefix hashes (e.g. the model id)
     max_context: int | None = None  # tokens per conversation (prompt + reply); None: the model's context
     retention: KVRetention | None = None  # default sliding window / eviction of every request
+    kv_dtype: str | None = None  # KV cache dtype the backend must hold (pagedkv.kv_dtype); None: the backend's
 
     def __post_init__(self) -> None:
+        if self.kv_dtype is not None:
+            lookup_kv_dtype(self.kv_dtype)
         if self.max_context is not None and (not isinstance(self.max_context, int) or self.max_context < 2):
             raise ValueError(f"max_context must be an int >= 2 or None, got {self.max_context!r}")
         if self.retention is not None and not isinstance(self.retention, KVRetention):
@@ -98,6 +102,10 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.context_length = min(backend.config.context_length, config.max_context or backend.config.context_length)
+        self.kv_dtype = getattr(backend, "kv_dtype", "f32")
+        if config.kv_dtype is not None and config.kv_dtype != self.kv_dtype:
+            raise ValueError(f"EngineConfig asks for {config.kv_dtype} KV but the {backend.name} backend holds "
+                             f"{self.kv_dtype}; create the backend with kv_dtype={config.kv_dtype!r}")
         self.kv, self.scheduler = self._fresh_pool(backend)
         self._tracked: dict[str, _Tracked] = {}  # by the request's own id (a sample's or beam's: "<id>#<k>")
         self._beam_groups: dict[str, BeamGroup] = {}
@@ -211,6 +219,7 @@ class LLMEngine:
         """
         pending = sorted(self._tracked.values(), key=lambda t: Request.sort_key(t.request))
         self.backend = backend
+        self.kv_dtype = getattr(backend, "kv_dtype", "f32")  # a new dtype is fine: everything re-prefills
         self.kv, self.scheduler = self._fresh_pool(backend)
         requeued: list[str] = []  # the callers' ids (a group of samples or beams counts once)
         for tracked in pending:
@@ -229,7 +238,7 @@ class LLMEngine:
     def _fresh_pool(self, backend) -> tuple[KVCacheManager, Scheduler]:
         cache = CacheConfig(num_blocks=backend.num_blocks, block_size=backend.block_size,
                             num_cpu_blocks=backend.num_cpu_blocks,
-                            enable_prefix_caching=self.config.enable_prefix_caching)
+                            enable_prefix_caching=self.config.enable_prefix_caching, kv_dtype=self.kv_dtype)
         kv = KVCacheManager(cache, namespace=self.config.namespace)
         return kv, Scheduler(self.config.scheduler_config(), kv)
 
@@ -423,8 +432,16 @@ class LLMEngine:
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "swapped": len(self.scheduler.swapped), "preemptions": dict(self.scheduler.num_preemptions),
             "evicted_blocks": self.scheduler.num_evicted_blocks,
-            "prefix_hit_rate": self.kv.prefix_hit_rate, **self.counters,
+            "prefix_hit_rate": self.kv.prefix_hit_rate, "kv_dtype": self.kv_dtype,
+            "bytes_per_token": self.bytes_per_token, **self.counters,
         }
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one token takes on the device in the engine's dtype: K and V of every layer, scales and
+        padding included (a CPU backend holds f32 arrays; this is what its dtype would take on a GPU)."""
+        cfg = self.backend.config
+        return 2 * cfg.n_layers * lookup_kv_dtype(self.kv_dtype).token_bytes(cfg.n_kv_heads, cfg.head_dim)
 
 
 def run_sync(coro):

@@ -9,7 +9,10 @@ from .config import ALLOWED_BLOCK_SIZES, CacheConfig
 from .kv_cache_manager import KVCacheManager
 from .sequence import SequenceStatus
 
-KV_DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+from .kv_dtype import KV_DTYPES
+from .kv_dtype import kv_dtype as lookup_kv_dtype
+
+KV_DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}  # plain element sizes; bf16 only for simulating other engines
 
 
 @dataclass(frozen=True)
@@ -33,11 +36,14 @@ SMOLLM2_135M = KVShape("SmolLM2-135M-Instruct", num_layers=30, num_kv_heads=3, h
 
 
 def bytes_per_token(model, kv_dtype: str = "f16") -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per element.
+    """2 (K and V) x layers x the bytes one token of one layer's cache takes in `kv_dtype`: kv_heads x
+    head_dim x bytes per element, plus scales and padding for the quantized dtypes (pagedkv.kv_dtype).
     `model` is anything with num_layers, num_kv_heads and head_dim."""
-    if kv_dtype not in KV_DTYPE_BYTES:
-        raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPE_BYTES)}, got {kv_dtype!r}")
-    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * KV_DTYPE_BYTES[kv_dtype]
+    if kv_dtype in KV_DTYPE_BYTES:  # unquantized: any head_dim (the simulator sizes other engines' models too)
+        return 2 * model.num_layers * model.num_kv_heads * model.head_dim * KV_DTYPE_BYTES[kv_dtype]
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {sorted([*KV_DTYPES, 'bf16'])}, got {kv_dtype!r}")
+    return 2 * model.num_layers * lookup_kv_dtype(kv_dtype).token_bytes(model.num_kv_heads, model.head_dim)
 
 
 @dataclass(frozen=True)

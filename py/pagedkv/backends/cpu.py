@@ -26,14 +26,20 @@ from .numpy_ref import ForwardBatch, NumpyModel, PagedKVCache, shift_keys
 
 
 class CpuBackend:
-    """Runs the model with numpy; K/V in per-layer pools (num_blocks, block_size, n_kv_heads, head_dim)."""
+    """Runs the model with numpy; K/V in per-layer pools (num_blocks, block_size, n_kv_heads, head_dim).
+
+    kv_dtype: any name of pagedkv.kv_dtype; the f32 pools hold the values that dtype's quantizer returns,
+    so the CPU engine generates what a GPU engine with the same dtype generates.
+    """
 
     name = "cpu"
 
-    def __init__(self, weights: ModelWeights, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
+    def __init__(self, weights: ModelWeights, num_blocks: int, block_size: int, num_cpu_blocks: int = 0,
+                 kv_dtype: str = "f32") -> None:
         self.config = weights.config
         self.model = NumpyModel(weights)
-        self.kv = PagedKVCache.allocate(self.config, num_blocks, block_size)
+        self.kv = PagedKVCache.allocate(self.config, num_blocks, block_size, kv_dtype)
+        self.kv_dtype = kv_dtype
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_cpu_blocks = num_cpu_blocks

@@ -5,7 +5,9 @@ concatenated; each sequence's K/V live in fixed-size physical blocks of a
 per-layer pool, found through its row of `block_tables`. Prefill (many new
 tokens) and decode (one new token) are the same code path.
 
-Everything is f32; weights are dequantized once at load (ModelWeights).
+Everything is f32; weights are dequantized once at load (ModelWeights). The KV pools hold f32 values;
+with a kv_dtype other than f32 they hold the dequantized values produced by the exact quantizer of
+pagedkv.kv_dtype (the one the WGSL kv_write matches bit for bit), so attention reads what the GPU reads.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kv_dtype import kv_dtype as check_kv_dtype
+from ..kv_dtype import round_trip
 from ..model.config import ModelConfig
 from ..model.weights import ModelWeights
 
@@ -71,20 +75,30 @@ class ForwardBatch:
 
 @dataclass(frozen=True)
 class PagedKVCache:
-    """Per-layer K and V pools, each (num_blocks, block_size, n_kv_heads, head_dim) f32."""
+    """Per-layer K and V pools, each (num_blocks, block_size, n_kv_heads, head_dim) f32.
+
+    kv_dtype: rows are stored as round_trip(row, kv_dtype) (see the module docstring).
+    """
 
     k: tuple[np.ndarray, ...]
     v: tuple[np.ndarray, ...]
+    kv_dtype: str = "f32"
+
+    def __post_init__(self) -> None:
+        check_kv_dtype(self.kv_dtype)
 
     @classmethod
-    def allocate(cls, config: ModelConfig, num_blocks: int, block_size: int) -> "PagedKVCache":
+    def allocate(cls, config: ModelConfig, num_blocks: int, block_size: int,
+                 kv_dtype: str = "f32") -> "PagedKVCache":
         """Zero-filled pools for every layer."""
+        check_kv_dtype(kv_dtype)
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         shape = (num_blocks, block_size, config.n_kv_heads, config.head_dim)
         return cls(
             k=tuple(np.zeros(shape, np.float32) for _ in range(config.n_layers)),
             v=tuple(np.zeros(shape, np.float32) for _ in range(config.n_layers)),
+            kv_dtype=kv_dtype,
         )
 
     @property
@@ -207,8 +221,8 @@ class NumpyModel:
         bs = kv.block_size
         k_pool = kv.k[layer].reshape(-1, nkv, hd)  # (num_blocks * block_size, n_kv_heads, head_dim), a view
         v_pool = kv.v[layer].reshape(-1, nkv, hd)
-        k_pool[batch.slot_mapping] = k
-        v_pool[batch.slot_mapping] = v
+        k_pool[batch.slot_mapping] = round_trip(k, kv.kv_dtype)
+        v_pool[batch.slot_mapping] = round_trip(v, kv.kv_dtype)
 
         out = np.empty((t, nh, hd), np.float32)  # (T, n_heads, head_dim)
         scale = np.float32(1.0 / np.sqrt(hd))

@@ -72,23 +72,18 @@ class WebGpuBackend:
                      on_progress: Callable[[int, int], None] | None = None) -> "WebGpuBackend":
         """Upload the weights shard by shard (`await shard_source(file)` -> bytes), size scratch and the KV pool
         inside `budget_bytes`. Raises BudgetExceeded (nothing allocated) when even one KV block does not fit."""
-        config = check_manifest(manifest)
-        if max_num_batched_tokens < 1 or max_num_seqs < 1 or max_num_seqs > max_num_batched_tokens:
-            raise ValueError(f"need 1 <= max_num_seqs ({max_num_seqs}) <= max_num_batched_tokens "
-                             f"({max_num_batched_tokens})")
-        b = cls(ctx, config, GpuLedger(budget_bytes), block_size=block_size, kv_dtype=kv_dtype,
-                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-        b.kv_layout = KVLayout(1, block_size, config.n_kv_heads, config.head_dim, kv_dtype)
-        fixed = b._weights_bytes(manifest) + sum(rounded(n) for _, n, _ in b._scratch_specs())
-        fixed += sum(rounded(n) for _, n, _ in b._staging_specs())
-        block_bytes = 2 * config.n_layers * b.kv_layout.nbytes  # K and V of every layer, one block
         max_binding = ctx.info.limits["maxStorageBufferBindingSize"]
-        num_blocks = kv_blocks_that_fit(budget_bytes - fixed, block_bytes, max_binding, config.n_layers)
+        plan = plan_kv_pool(manifest, budget_bytes=budget_bytes, block_size=block_size, kv_dtype=kv_dtype,
+                            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                            max_binding=max_binding)
+        config, num_blocks, block_bytes = check_manifest(manifest), plan["num_blocks"], plan["block_bytes"]
         if num_blocks < 1:
             raise BudgetExceeded(
                 f"a GPU budget of {budget_bytes / MIB:.1f} MiB leaves no room for the KV cache: weights, scratch "
-                f"and staging need {fixed / MIB:.1f} MiB and one KV block {block_bytes:,} bytes; raise the budget "
-                "or lower max_num_batched_tokens")
+                f"and staging need {plan['fixed_bytes'] / MIB:.1f} MiB and one KV block {block_bytes:,} bytes; "
+                "raise the budget or lower max_num_batched_tokens")
+        b = cls(ctx, config, GpuLedger(budget_bytes), block_size=block_size, kv_dtype=kv_dtype,
+                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
         b.kv_layout = KVLayout(num_blocks, block_size, config.n_kv_heads, config.head_dim, kv_dtype)
         b.kv_kernels = await KVKernels(ctx, b.kv_layout, config.n_heads).compile()
         try:
@@ -103,10 +98,11 @@ class WebGpuBackend:
         b.num_blocks = num_blocks
         b.num_cpu_blocks = num_cpu_blocks if num_cpu_blocks is not None else min(
             num_blocks, CPU_POOL_CAP_BYTES // block_bytes)
-        shape = (max(b.num_cpu_blocks, 1),) + b.kv_layout.shape[1:]
-        # CPU swap pool (wasm memory): (layer) x (num_cpu_blocks, block_size, n_kv_heads, head_dim), cache dtype
-        b.cpu_k = [np.zeros(shape, b.kv_layout.np_dtype) for _ in range(config.n_layers)]
-        b.cpu_v = [np.zeros(shape, b.kv_layout.np_dtype) for _ in range(config.n_layers)]
+        shape = (max(b.num_cpu_blocks, 1),) + b.kv_layout.storage_shape[1:]
+        # CPU swap pool (wasm memory): (layer) x (num_cpu_blocks, block_size, n_kv_heads, head_dim) in the cache
+        # dtype for f32 / f16, (layer) x (num_cpu_blocks, block_size, token_u32s) u32 words for quantized dtypes
+        b.cpu_k = [np.zeros(shape, b.kv_layout.storage_dtype) for _ in range(config.n_layers)]
+        b.cpu_v = [np.zeros(shape, b.kv_layout.storage_dtype) for _ in range(config.n_layers)]
         return b
 
     async def _allocate(self, manifest: dict, shard_source, on_progress) -> None:
@@ -219,6 +215,11 @@ class WebGpuBackend:
 
     def _partition_blocks(self) -> int:
         return max(1, 128 // self.block_size)  # KVKernels' default 128-token flash-decoding partition
+
+    def stats(self) -> dict:
+        """KV dtype and sizes for the dashboard: bytes per token (K and V, every layer) and pool capacity."""
+        return {"kv_dtype": self.kv_dtype, "bytes_per_token": 2 * self.config.n_layers * self.kv_layout.token_bytes,
+                "num_blocks": self.num_blocks, "kv_tokens": self.num_blocks * self.block_size}
 
     # ------------------------------------------------------------------ forward
 
@@ -400,3 +401,23 @@ class WebGpuBackend:
             self.ledger.release(f"kv.{layer}.v")
         self._buffers, self.kv_caches, self._plans = {}, [], {}
 
+
+
+def plan_kv_pool(manifest: dict, *, budget_bytes: int, block_size: int, kv_dtype: str, max_num_batched_tokens: int,
+                 max_num_seqs: int, max_binding: int) -> dict:
+    """The ledger's split of `budget_bytes` without a GPU: weights + scratch + staging first (fixed_bytes), then
+    as many KV blocks (K and V of every layer, in `kv_dtype`) as kv_blocks_that_fit allows. create() uses it;
+    so does the capacity benchmark (bench/kv_quality_dtypes.py)."""
+    config = check_manifest(manifest)
+    if max_num_batched_tokens < 1 or max_num_seqs < 1 or max_num_seqs > max_num_batched_tokens:
+        raise ValueError(f"need 1 <= max_num_seqs ({max_num_seqs}) <= max_num_batched_tokens "
+                         f"({max_num_batched_tokens})")
+    b = WebGpuBackend(None, config, GpuLedger(budget_bytes), block_size=block_size, kv_dtype=kv_dtype,
+                      max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+    b.kv_layout = KVLayout(1, block_size, config.n_kv_heads, config.head_dim, kv_dtype)
+    fixed = b._weights_bytes(manifest) + sum(rounded(n) for _, n, _ in b._scratch_specs())
+    fixed += sum(rounded(n) for _, n, _ in b._staging_specs())
+    block_bytes = 2 * config.n_layers * b.kv_layout.nbytes  # K and V of every layer, one block
+    num_blocks = kv_blocks_that_fit(budget_bytes - fixed, block_bytes, max_binding, config.n_layers)
+    return {"fixed_bytes": fixed, "block_bytes": block_bytes, "num_blocks": num_blocks,
+            "bytes_per_token": block_bytes // block_size}

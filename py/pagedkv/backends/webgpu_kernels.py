@@ -7,8 +7,10 @@ Each kernel has a `prepare_*` that uploads inputs and builds bind groups once (a
 dispatches can be submitted again and again, as a benchmark or a replayed plan does) and a one-shot
 async call that prepares, submits, reads the result back and frees its temporaries.
 
-Element type of the cache: KVLayout.dtype "f32" or "f16"; it becomes the pipeline constant KV_F16 of the
-kernels, which store f16 packed two per u32 (no shader-f16 feature needed).
+Element type of the cache: KVLayout.dtype, any name of pagedkv.kv_dtype (f32, f16, int8, fp8-e4m3, int4);
+it becomes the kernels' pipeline constants KV_FORMAT / KV_GROUP. f16 is packed two per u32 (no shader-f16
+feature needed); quantized dtypes keep their per-row scales inside each token's words (kv_dtype.py), so
+copy_blocks and the swaps move them with the data.
 """
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..kernels import ref_attention as ref
+from ..kv_dtype import kv_dtype as lookup_kv_dtype
 
 MAX_BLOCK_SIZE = 32  # MAX_BLOCK_SIZE in paged_attention_common.wgsl
 MAX_HEAD_DIM = 128  # 4 * MAX_VEC in paged_attention_common.wgsl
-KV_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}
+HOST_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}  # else u32 words on the host
 WORD_BYTES = 16  # the kernels address the cache in vec4<u32> words
 
 
@@ -36,8 +39,7 @@ class KVLayout:
     dtype: str = "f32"
 
     def __post_init__(self) -> None:
-        if self.dtype not in KV_DTYPES:
-            raise ValueError(f"KV dtype must be one of {sorted(KV_DTYPES)}, got {self.dtype!r}")
+        lookup_kv_dtype(self.dtype)
         if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
             raise ValueError(f"block_size must be in 1..{MAX_BLOCK_SIZE} (the kernels keep one block of "
                              f"scores in registers), got {self.block_size}")
@@ -51,17 +53,32 @@ class KVLayout:
         return (self.num_blocks, self.block_size, self.n_kv_heads, self.head_dim)
 
     @property
-    def np_dtype(self) -> np.dtype:
-        return KV_DTYPES[self.dtype]
+    def kind(self):
+        """The pagedkv.kv_dtype registry entry."""
+        return lookup_kv_dtype(self.dtype)
 
     @property
-    def row_words(self) -> int:
-        """vec4<u32> words per (token, kv head) row."""
-        return self.head_dim * self.np_dtype.itemsize // WORD_BYTES
+    def storage_shape(self) -> tuple:
+        """Host view of a cache: the logical shape for f32 / f16, (num_blocks, block_size, token_u32s) words else."""
+        if self.dtype in HOST_DTYPES:
+            return self.shape
+        return (self.num_blocks, self.block_size, self.kind.token_u32s(self.n_kv_heads, self.head_dim))
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        return HOST_DTYPES.get(self.dtype, np.dtype(np.uint32))
+
+    np_dtype = storage_dtype  # the name the f32 / f16 callers use
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one token in one cache (K or V): data, scales and padding."""
+        return self.kind.token_bytes(self.n_kv_heads, self.head_dim)
 
     @property
     def block_words(self) -> int:
-        return self.block_size * self.n_kv_heads * self.row_words
+        """vec4<u32> words of one block of one cache."""
+        return self.block_size * self.token_bytes // WORD_BYTES
 
     @property
     def nbytes(self) -> int:
@@ -70,7 +87,15 @@ class KVLayout:
 
     @property
     def constants(self) -> dict:
-        return {"HEAD_DIM": self.head_dim, "KV_F16": int(self.dtype == "f16")}
+        return {"HEAD_DIM": self.head_dim, "KV_FORMAT": self.kind.code,
+                "KV_GROUP": self.kind.group_for(self.head_dim) or self.head_dim}
+
+    def kv_write_invocations(self, num_tokens: int) -> int:
+        """kv_write runs one invocation per cache word for f32 / f16 and one per token when it quantizes
+        (a token's scales share words, so one invocation writes them all)."""
+        if self.kind.quantized:
+            return num_tokens
+        return num_tokens * self.n_kv_heads * self.head_dim * self.kind.bits // (8 * WORD_BYTES)
 
 
 class KVCacheBuffers:
@@ -84,16 +109,17 @@ class KVCacheBuffers:
 
     def upload(self, k_cache: np.ndarray, v_cache: np.ndarray) -> None:
         """Overwrite both caches with host arrays of the layout's shape and dtype."""
+        lay = self.layout
         for name, array in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if array.shape != self.layout.shape or array.dtype != self.layout.np_dtype:
-                raise ValueError(f"{name} must be {self.layout.shape} {self.layout.np_dtype}, "
+            if array.shape != lay.storage_shape or array.dtype != lay.storage_dtype:
+                raise ValueError(f"{name} must be {lay.storage_shape} {lay.storage_dtype}, "
                                  f"got {array.shape} {array.dtype}")
         self.ctx.write(self.k, k_cache)
         self.ctx.write(self.v, v_cache)
 
     async def read(self) -> tuple[np.ndarray, np.ndarray]:
         """Both caches back on the host, in the layout's shape and dtype."""
-        shape, dtype = self.layout.shape, self.layout.np_dtype
+        shape, dtype = self.layout.storage_shape, self.layout.storage_dtype
         return await self.ctx.read_array(self.k, dtype, shape), await self.ctx.read_array(self.v, dtype, shape)
 
     def destroy(self) -> None:
@@ -210,7 +236,7 @@ class KVKernels:
         """Rows k_new/v_new (num_tokens, n_kv_heads, head_dim) into their slots of `cache`."""
         lay = self.layout
         slots = ref.check_kv_rows(k_new, v_new, slot_mapping, lay.shape)  # (num_tokens,)
-        groups = self._groups(slots.size * lay.n_kv_heads * lay.row_words)
+        groups = self._groups(lay.kv_write_invocations(slots.size))
         with _Temporaries() as tmp:
             params = self._scratch(16, "params", tmp, uniform=True)
             self.ctx.write(params, _params(slots.size, lay.n_kv_heads))
@@ -243,7 +269,8 @@ class KVKernels:
             pipeline = self.pipelines["gather_blocks"]
             group = self.ctx.bind(pipeline, {1: cache.k, 2: cache.v, 3: params,
                                              4: self._u32(ids, "block_ids", tmp), 5: staging})
-            return Prepared([(pipeline, group, groups)], staging, (2, ids.size) + lay.shape[1:], tmp, lay.np_dtype)
+            return Prepared([(pipeline, group, groups)], staging, (2, ids.size) + lay.storage_shape[1:], tmp,
+                            lay.storage_dtype)
 
     def prepare_scatter_blocks(self, cache: KVCacheBuffers, block_ids: np.ndarray, k_blocks: np.ndarray,
                                v_blocks: np.ndarray) -> Prepared:
@@ -251,10 +278,10 @@ class KVKernels:
         ((n, block_size, n_kv_heads, head_dim) each, in the cache dtype)."""
         lay = self.layout
         ids = ref.check_block_ids(block_ids, lay.num_blocks)  # (n,)
-        want = (ids.size,) + lay.shape[1:]
+        want = (ids.size,) + lay.storage_shape[1:]
         for name, blocks in (("k_blocks", k_blocks), ("v_blocks", v_blocks)):
-            if blocks.shape != want or blocks.dtype != lay.np_dtype:
-                raise ValueError(f"{name} must be {want} {lay.np_dtype}, got {blocks.shape} {blocks.dtype}")
+            if blocks.shape != want or blocks.dtype != lay.storage_dtype:
+                raise ValueError(f"{name} must be {want} {lay.storage_dtype}, got {blocks.shape} {blocks.dtype}")
         groups = self._groups(ids.size * lay.block_words)
         with _Temporaries() as tmp:
             params = self._scratch(16, "params", tmp, uniform=True)

@@ -155,7 +155,7 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
         grids[SLOT_INDEX[name]] = groups
         params[SLOT_INDEX[name], : words.nbytes] = words.view(np.uint8)
 
-    put("kv_write", kv_params(t, lay.n_kv_heads), kv._groups(t * lay.n_kv_heads * lay.row_words))
+    put("kv_write", kv_params(t, lay.n_kv_heads), kv._groups(lay.kv_write_invocations(t)))
     scale = 1.0 / math.sqrt(lay.head_dim)
     put("attn", kv_params(n, cfg.n_heads, lay.n_kv_heads, lay.block_size, shape.table_width,
                           kv.partition_blocks, shape.max_parts, scale),

@@ -3,8 +3,10 @@
 Cache layout per layer, shared with the WGSL kernels: (num_blocks, block_size, n_kv_heads, head_dim),
 one array for K and one for V. Token `pos` of a sequence lives in physical block
 `block_table[pos // block_size]` at offset `pos % block_size`; its slot is
-`physical * block_size + offset`. The caches hold float32 or float16 values; attention
-math runs in float64 here so the reference error is negligible next to the GPU's.
+`physical * block_size + offset`. The caches hold float32 or float16 values, or are
+pagedkv.kv_dtype.PackedKV words of a quantized dtype (int8, fp8-e4m3, int4) exactly as the GPU
+holds them, read through the same dequantizer; attention math runs in float64 here so the
+reference error is negligible next to the GPU's.
 
 Everything is pure numpy: it runs in CPython and in Pyodide.
 """
@@ -12,10 +14,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kv_dtype import PackedKV
+
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
-def _check_cache(k_cache: np.ndarray, v_cache: np.ndarray) -> None:
+def _check_cache(k_cache, v_cache) -> None:
+    if isinstance(k_cache, PackedKV) or isinstance(v_cache, PackedKV):
+        if not (isinstance(k_cache, PackedKV) and isinstance(v_cache, PackedKV)) or (
+                k_cache.shape, k_cache.dtype) != (v_cache.shape, v_cache.dtype):
+            raise ValueError("K and V must both be PackedKV of one dtype and shape")
+        return
     if k_cache.ndim != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"K and V caches must both be (num_blocks, block_size, n_kv_heads, head_dim), "
                          f"got {k_cache.shape} and {v_cache.shape}")
@@ -55,6 +64,8 @@ def kv_write_ref(k_cache: np.ndarray, v_cache: np.ndarray, k_new: np.ndarray, v_
     _check_cache(k_cache, v_cache)
     num_blocks, block_size, n_kv, head_dim = k_cache.shape
     slot_mapping = check_kv_rows(k_new, v_new, slot_mapping, k_cache.shape)
+    if isinstance(k_cache, PackedKV):
+        return k_cache.with_rows(k_new, slot_mapping), v_cache.with_rows(v_new, slot_mapping)
     k_out = k_cache.reshape(num_blocks * block_size, n_kv, head_dim).copy()
     v_out = v_cache.reshape(num_blocks * block_size, n_kv, head_dim).copy()
     k_out[slot_mapping] = k_new.astype(k_cache.dtype)
@@ -139,8 +150,10 @@ def check_block_tables(block_tables: np.ndarray, context_lens: np.ndarray, num_b
     return block_tables, context_lens
 
 
-def gather_sequence(cache: np.ndarray, block_table: np.ndarray, length: int) -> np.ndarray:
+def gather_sequence(cache, block_table: np.ndarray, length: int) -> np.ndarray:
     """The first `length` rows of one sequence, in order: (length, n_kv_heads, head_dim) float64."""
+    if isinstance(cache, PackedKV):
+        cache = cache.values()  # (num_blocks, block_size, n_kv_heads, head_dim) f32
     block_size = cache.shape[1]
     slots = slots_of(block_table, np.arange(length), block_size)  # (length,)
     flat = cache.reshape(-1, cache.shape[2], cache.shape[3])

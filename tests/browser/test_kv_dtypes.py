@@ -1,0 +1,96 @@
+"""Quantized KV caches (int8, fp8-e4m3, int4) on real WebGPU (SwiftShader here) against pagedkv.kv_dtype.
+
+kv_write's quantizer must equal numpy's bit for bit (every u32 of every written token: codes, scales and
+padding), including rows of zeros, denormal rows, exact .5 ties and outlier channels (kvq_cases.hard_rows).
+Attention reads the packed cache and dequantizes in registers; the float64 reference reads the same words
+through numpy's dequantizer, so the bounds below measure only the kernels' f32 arithmetic, as for f32/f16.
+Cases run in the page's worker (tests/browser/kvq_cases.py, on top of kv_cases.py's helpers).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+QUANTIZED = ("int8", "fp8-e4m3", "int4")
+# Same bounds as the f32 / f16 kernels (test_kv_kernels.py): the math after dequantization is unchanged.
+DECODE_MAX_ABS, DECODE_REL = 3e-6, 1e-5
+PREFILL_MAX_ABS, PREFILL_REL = 5e-6, 5e-6
+SMOLLM2 = (9, 3, 64)  # n_heads, n_kv_heads, head_dim (int8 / int4: two 32-channel scale groups per row)
+SMALL = (4, 2, 16)  # head_dim 16: one scale per row for every dtype
+
+
+@pytest.fixture(scope="module")
+def page(ready_page):
+    engine_cases = (HERE / "engine_cases.py").read_text()
+    ready_page.py(
+        "import json, sys, types\n"
+        "_mod = types.ModuleType('engine_cases')\n"
+        f"exec(compile({json.dumps(engine_cases)}, 'engine_cases.py', 'exec'), _mod.__dict__)\n"
+        "sys.modules['engine_cases'] = _mod\n"
+        + (HERE / "kv_cases.py").read_text() + "\n" + (HERE / "kvq_cases.py").read_text() + "\nNone")
+    return ready_page
+
+
+def run(page, calls: list[str]) -> list:
+    return page.py("import json\njson.dumps([" + ", ".join(f"await {c}" for c in calls) + "])")
+
+
+def test_kv_write_quantizes_bit_for_bit_like_numpy(page):
+    calls = [f"kvq_write_case({seed}, [4, {bs + 5}, {2 * bs - 1}], {bs}, {dtype!r}, {n_kv}, {d})"
+             for seed, bs in enumerate((8, 16, 32)) for dtype in QUANTIZED for _, n_kv, d in (SMOLLM2, SMALL)]
+    results = run(page, calls)
+    for call, r in zip(calls, results):
+        assert (r["k_mismatch"], r["v_mismatch"], r["untouched_equal"]) == (0, 0, True), (call, r)
+    # u32s per token: int8 3 x 16 + 6 scales -> 56 | fp8 3 x 16 + 3 -> 52 | int4 3 x 8 + 6 -> 32;
+    # head_dim 16, 2 kv heads: int8 2 x 4 + 2 -> 12 | fp8 12 | int4 2 x 2 + 2 -> 8.
+    assert [r["words_per_token"] for r in results[:6]] == [56, 12, 52, 12, 32, 8]
+    assert [r["tokens"] for r in results[:6]] == [4 + 13 + 15] * 6
+
+
+@pytest.mark.parametrize("heads", [SMOLLM2, SMALL], ids=["gqa9-3-d64", "gqa4-2-d16"])
+def test_paged_decode_over_quantized_cache_matches_reference(page, heads):
+    n_heads, n_kv, d = heads
+    calls = [f"kvq_decode_case({seed}, [1, {bs - 1}, {3 * bs + 5}, 200, 97], {bs}, {dtype!r}, {n_heads}, {n_kv}, {d},"
+             " partition_tokens=512)" for seed, bs in enumerate((8, 16, 32)) for dtype in QUANTIZED]
+    # 32-token partitions: the split + merge pass over a quantized cache too.
+    calls += [f"kvq_decode_case({10 + i}, [300, 17, 129, 64], 16, {dtype!r}, {n_heads}, {n_kv}, {d},"
+              " partition_tokens=32)" for i, dtype in enumerate(QUANTIZED)]
+    for call, r in zip(calls, run(page, calls)):
+        assert r["max_abs"] <= DECODE_MAX_ABS and r["rel"] <= DECODE_REL, (call, r)
+        assert r["ref_consistent"] is True, call
+        assert r["shape"] == [5 if "200" in call else 4, n_heads, d], call
+
+
+@pytest.mark.parametrize("heads", [SMOLLM2, SMALL], ids=["gqa9-3-d64", "gqa4-2-d16"])
+def test_paged_prefill_over_quantized_cache_matches_reference(page, heads):
+    n_heads, n_kv, d = heads
+    chunks = "[(37, 11), (0, 21), (50, 1), (9, 40)]"
+    calls = [f"kvq_prefill_case({seed}, {chunks}, {bs}, {dtype!r}, {n_heads}, {n_kv}, {d})"
+             for seed, bs in enumerate((8, 16, 32)) for dtype in QUANTIZED]
+    for call, r in zip(calls, run(page, calls)):
+        assert r["max_abs"] <= PREFILL_MAX_ABS and r["rel"] <= PREFILL_REL, (call, r)
+        assert r["shape"] == [11 + 21 + 1 + 40, n_heads, d], call
+
+
+def test_copy_blocks_and_swaps_move_quantized_blocks_with_their_scales(page):
+    calls = [f"kvq_copy_swap_case({seed}, {dtype!r}, {bs}, [[7, 2], [0, 9], [11, 4]], [5, 2, 9, 11], [0, 7, 3, 2])"
+             for seed, (dtype, bs) in enumerate([("int8", 8), ("fp8-e4m3", 16), ("int4", 32)])]
+    results = run(page, calls)
+    for call, r in zip(calls, results):
+        assert (r["copy_equal"], r["swap_out_equal"], r["swap_in_equal"]) == (True, True, True), call
+    assert [r["out_shape"] for r in results] == [[4, 8, 56], [4, 16, 52], [4, 32, 32]]
+    assert {r["out_dtype"] for r in results} == {"uint32"}
+
+
+@pytest.mark.parametrize("kv_dtype", QUANTIZED)
+def test_tiny_greedy_with_quantized_kv_equals_cpu_engine(page, kv_dtype):
+    r = page.py(f"import json\njson.dumps(await kvq_tiny_greedy(16, {kv_dtype!r}))")
+    assert r["gpu"] == r["cpu"], r
+    assert [len(o) for o in r["gpu"]] == [10, 10, 10, 10]
+    assert r["engine_kv_dtype"] == kv_dtype
+    # tiny model: 2 layers, 2 kv heads of 16 -> per token and layer int8 / fp8 48 B, int4 32 B, K and V
+    per_token = {"int8": 2 * 2 * 48, "fp8-e4m3": 2 * 2 * 48, "int4": 2 * 2 * 32}[kv_dtype]
+    assert r["backend"]["kv_dtype"] == kv_dtype and r["backend"]["bytes_per_token"] == per_token
