@@ -342,6 +342,9 @@ function onChatMessage(msg) {
       $("chat-app").hidden = false;
       root.dataset.model = "ready";
       root.dataset.modelInfo = JSON.stringify(msg);
+      $("mem-kv-dtype").disabled = msg.backend === "cpu";  // the numpy fallback keeps f32 K/V
+      $("mem-kv-dtype").title = msg.backend === "cpu" ? "the CPU fallback keeps f32 KV" : "";
+      if (msg.kv_dtype && msg.backend !== "cpu") $("mem-kv-dtype").value = msg.kv_dtype;
       store.open().then(() => restoreChats(chat.worker));
       $("chat-status").textContent = `${msg.model} on the ${msg.backend} backend` +
         (msg.backend === "cpu" ? " (CPU fallback: slow)" : "") + `, loaded in ${(msg.load_ms / 1000).toFixed(1)} s`;
@@ -493,12 +496,14 @@ function wireMemorySettings() {
   if (params.get("budget_mib")) $("mem-budget").value = params.get("budget_mib");
   if (params.get("block_size")) $("mem-block-size").value = params.get("block_size");
   if (params.get("max_context")) $("mem-max-context").value = params.get("max_context");
+  if (params.get("kv_dtype")) $("mem-kv-dtype").value = params.get("kv_dtype");
   $("memory-form").addEventListener("submit", (e) => {
     e.preventDefault();
     // Pool geometry is fixed when the engine starts: rebuild by restarting it with the new settings.
     // Chats live in IndexedDB with their exact token history, so they come back and re-prefill.
     params.set("budget_mib", $("mem-budget").value);
     params.set("block_size", $("mem-block-size").value);
+    if (!$("mem-kv-dtype").disabled) params.set("kv_dtype", $("mem-kv-dtype").value);
     if ($("mem-max-context").value) params.set("max_context", $("mem-max-context").value);
     else params.delete("max_context");
     location.search = params.toString();

@@ -14,8 +14,9 @@ STATE = "import json\nfrom pagedkv_app.main import state\n"
 
 @pytest.fixture(scope="module")
 def gpu_app(browser, base_url):
-    booted, info = open_app(browser, base_url + "?model=tiny-random&budget_mib=64", 120_000)
-    assert info["backend"] == "webgpu"
+    booted, info = open_app(browser, base_url + "?model=tiny-random&budget_mib=64&kv_dtype=int8", 120_000)
+    assert info["backend"] == "webgpu" and info["kv_dtype"] == "int8"
+    assert booted.page.locator("#mem-kv-dtype").input_value() == "int8"
     yield booted, info
     booted.page.close()
 
@@ -44,10 +45,11 @@ def test_lost_device_is_rebuilt_and_the_reply_resumes(gpu_app):
     assert turn["tokens"] > before["streamed"] and reply.get_attribute("data-text") == turn["content"]
 
     after = booted.py(STATE + "e = state['engine']\nl = e.backend.ledger.snapshot()\n"
-                      "json.dumps({'lost': state['gpu'].lost_reason, 'blocks': e.kv.pool.num_blocks,"
+                      "json.dumps({'lost': state['gpu'].lost_reason, 'blocks': e.kv.pool.num_blocks, 'dtype': e.kv_dtype,"
                       " 'used': l['used_bytes'], 'budget': l['budget_bytes'], 'free': e.kv.pool.num_free,"
                       " 'cached': e.kv.pool.num_cached})")
-    assert after["lost"] is None and after["blocks"] == before["blocks"]  # same budget -> same pool
+    assert after["lost"] is None and after["blocks"] == before["blocks"]  # same budget and dtype -> same pool
+    assert after["dtype"] == "int8"
     assert after["used"] <= after["budget"] == 64 << 20
     assert after["free"] + after["cached"] == after["blocks"]
 
