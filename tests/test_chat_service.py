@@ -21,11 +21,16 @@ def in_fresh_loop(fn):
     result = {}
 
     def target():
-        result["value"] = asyncio.run(fn())
+        try:
+            result["value"] = asyncio.run(fn())
+        except BaseException as exc:  # re-raised in the caller's thread, so pytest.raises sees it
+            result["error"] = exc
 
     t = threading.Thread(target=target)
     t.start()
     t.join()
+    if "error" in result:
+        raise result["error"]
     return result["value"]
 
 

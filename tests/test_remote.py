@@ -8,6 +8,7 @@ import pytest
 
 from pagedkv.sampling import SamplingParams
 from pagedkv_app.remote import FallbackSettings, RemoteError, RemoteReply, SSEParser
+from test_chat_service import in_fresh_loop
 
 
 def chunk_event(content=None, finish=None, role=None) -> str:
@@ -185,7 +186,7 @@ def run_reply(response, on_text=None, abort_after: int | None = None):
         if abort_after is not None and len(got) == abort_after:
             reply.abort()
 
-    state = asyncio.run(reply.run(on_text or collect))
+    state = in_fresh_loop(lambda: reply.run(on_text or collect))  # Playwright may own this thread's loop
     return state, got, sent
 
 
