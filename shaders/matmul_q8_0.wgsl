@@ -18,34 +18,7 @@ struct Params {
 @group(0) @binding(4) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 32u;
-// ACCUMULATE: y += W @ x instead of y = W @ x (the residual add fused into the output projections;
-// each element of y is read and written by one thread only).
-override ACCUMULATE : bool = false;
-// SWIGLU: W holds gate and up rows interleaved by fours (gate r..r+3, up r..r+3, ...; webgpu_fused.py), so
-// a thread's 8 rows are 4 gate rows and their 4 up rows: it writes act = silu(gate) * up, (tokens, rows / 2),
-// and the SwiGLU costs no dispatch of its own. rows must be a multiple of 8.
-override SWIGLU : bool = false;
-
-fn swiglu4(gate : vec4<f32>, up : vec4<f32>) -> vec4<f32> {
-  return gate / (vec4<f32>(1.0) + exp(-gate)) * up;
-}
-
-fn put_act(t : u32, r0 : u32, gate : vec4<f32>, up : vec4<f32>) {
-  let a = swiglu4(gate, up);
-  let o = t * (params.rows / 2u) + r0 / 2u;
-  y[o] = a.x;
-  y[o + 1u] = a.y;
-  y[o + 2u] = a.z;
-  y[o + 3u] = a.w;
-}
-
-fn put(i : u32, v : f32) {
-  if (ACCUMULATE) {
-    y[i] = y[i] + v;
-  } else {
-    y[i] = v;
-  }
-}
+//#include quant_epilogue.wgsl
 
 // The four little-endian int8 codes q of one word as q / 127 (one builtin, far cheaper on
 // SwiftShader than shift / shift / convert); the block scale carries the factor 127 back.

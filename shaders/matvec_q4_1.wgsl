@@ -24,43 +24,9 @@ struct Params {
 @group(0) @binding(4) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 32u;
-// ACCUMULATE: y += W @ x instead of y = W @ x (the residual add fused into the output projections;
-// each element of y is read and written by one thread only).
-override ACCUMULATE : bool = false;
-// NORM: y = W @ (rms_norm(x) * g), the RMSNorm fused into the projection it feeds. x is then the raw
-// residual stream; each thread sums the squares of the activations it loads anyway and scales its sums
-// by 1 / sqrt(mean + eps) at the end (W @ (x * g) * s = W @ (x * s * g)). The norm weight g (cols f32)
-// is stored in qs right after the codes (webgpu_fused.py), so the kernel keeps its five bindings.
-override NORM : bool = false;
-
-fn gain(i : u32) -> vec4<f32> {
-  return bitcast<vec4<f32>>(qs[params.rows * (params.cols / 32u) * 1u + i]);
-}
-// SWIGLU: W holds gate and up rows interleaved by fours (gate r..r+3, up r..r+3, ...; webgpu_fused.py), so
-// a thread's 8 rows are 4 gate rows and their 4 up rows: it writes act = silu(gate) * up, (tokens, rows / 2),
-// and the SwiGLU costs no dispatch of its own. rows must be a multiple of 8.
-override SWIGLU : bool = false;
-
-fn swiglu4(gate : vec4<f32>, up : vec4<f32>) -> vec4<f32> {
-  return gate / (vec4<f32>(1.0) + exp(-gate)) * up;
-}
-
-fn put_act(t : u32, r0 : u32, gate : vec4<f32>, up : vec4<f32>) {
-  let a = swiglu4(gate, up);
-  let o = t * (params.rows / 2u) + r0 / 2u;
-  y[o] = a.x;
-  y[o + 1u] = a.y;
-  y[o + 2u] = a.z;
-  y[o + 3u] = a.w;
-}
-
-fn put(i : u32, v : f32) {
-  if (ACCUMULATE) {
-    y[i] = y[i] + v;
-  } else {
-    y[i] = v;
-  }
-}
+const CODE_WORDS_PER_BLOCK : u32 = 1u;  // vec4<u32> words of codes per 32-weight block
+//#include matvec_norm.wgsl
+//#include quant_epilogue.wgsl
 const ROWS : u32 = 8u;
 
 // Weights 8w..8w+3 (lo) and 8w+4..8w+7 (hi) of one nibble word, each as q * 16^p (p = nibble position).
