@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -105,6 +106,21 @@ def open_and_boot(browser, url: str) -> BootedPage:
     # A CSS selector, not wait_for_function: the page's CSP forbids eval, and we keep it on in tests.
     page.wait_for_selector("html:not([data-state=booting])", state="attached", timeout=BOOT_TIMEOUT_MS)
     return BootedPage(page, responses, console)
+
+
+def install_modules(booted: BootedPage, *names: str) -> BootedPage:
+    """Make tests/browser/<name>.py importable in the page's worker (the cases run in Pyodide)."""
+    here = Path(__file__).parent
+    for name in names:
+        source = (here / f"{name}.py").read_text()
+        booted.py(
+            "import json, sys, types\n"
+            f"_mod = types.ModuleType({name!r})\n"
+            f"sys.modules[{name!r}] = _mod\n"
+            f"exec(compile({json.dumps(source)}, {name + '.py'!r}, 'exec'), _mod.__dict__)\n"
+            "json.dumps(True)"
+        )
+    return booted
 
 
 def open_app(browser, url: str, timeout_ms: int) -> tuple[BootedPage, dict]:

@@ -3,26 +3,14 @@ model): a conversation runs past the model's context in a few blocks and equals 
 shaders/attention_mass.wgsl equals its numpy reference; eviction under pressure equals the CPU engine."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-HERE = Path(__file__).parent
+from conftest import install_modules
 
 
 @pytest.fixture(scope="module")
 def worker(ready_page):
-    for name in ("engine_cases", "kv_cases", "window_cases"):
-        source = (HERE / f"{name}.py").read_text()
-        ready_page.py(
-            "import json, sys, types\n"
-            f"_mod = types.ModuleType({name!r})\n"
-            f"sys.modules[{name!r}] = _mod\n"
-            f"exec(compile({json.dumps(source)}, {name + '.py'!r}, 'exec'), _mod.__dict__)\n"
-            "json.dumps(True)"
-        )
-    return ready_page
+    return install_modules(ready_page, "engine_cases", "kv_cases", "window_cases")
 
 
 def run(worker, call: str):

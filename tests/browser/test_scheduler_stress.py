@@ -4,25 +4,15 @@ in a pool of a few dozen blocks, and n = 3 parallel samples on forked blocks. Ca
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent
+from conftest import install_modules
 
 
 @pytest.fixture(scope="module")
 def worker(ready_page):
-    for name in ("engine_cases", "sched_cases"):
-        source = (HERE / f"{name}.py").read_text()
-        ready_page.py(
-            "import json, sys, types\n"
-            f"_mod = types.ModuleType({name!r})\n"
-            f"sys.modules[{name!r}] = _mod\n"
-            f"exec(compile({json.dumps(source)}, {name + '.py'!r}, 'exec'), _mod.__dict__)\n"
-            "json.dumps(True)"
-        )
-    return ready_page
+    return install_modules(ready_page, "engine_cases", "sched_cases")
 
 
 def run(worker, call: str):
