@@ -151,8 +151,8 @@ def wllama_table(wl: dict) -> list[str]:
     if wl.get("ratio"):
         out += ["", wl["ratio"]]
     out += ["", "wllama runs on the CPU here: its WebGPU backend needs shader-f16, which SwiftShader lacks, and our "
-            "WebGPU runs on SwiftShader, itself a CPU emulation. These runs shared the 2 cores with other jobs "
-            "(load average 10-24); measured while planning issue 9 (same GGUF, quieter machine), wllama gave 9.6 / 4.1 (1 thread, flash attention on), "
+            "WebGPU runs on SwiftShader, itself a CPU emulation. Both ran in one session on the same 2 cores; "
+            "measured while planning issue 9 (same GGUF), wllama gave 9.6 / 4.1 (1 thread, flash attention on), "
             "7.5 / 6.2 (off), 17.9 / 7.5 and 14.1 / 9.7 (2 threads) prefill / decode tok/s on a 512-token prompt, "
             "so compare the rows of one table, not across tables."]
     return out + [""]
