@@ -13,7 +13,7 @@ from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.webgpu_engine import WebGpuBackend
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv_accounting import KV_DTYPE_BYTES
+from pagedkv.kv_dtype import kv_dtype
 from pagedkv.model.weights import ModelWeights
 from pagedkv.tokenizer import Tokenizer
 
@@ -108,7 +108,7 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
     del shards
     cfg = weights.config
     kv_budget = int(float(bridge.query_param("kv_mib", "128")) * MIB)  # fractions make tiny pools for tests
-    bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * KV_DTYPE_BYTES["f32"]
+    bytes_per_token = 2 * cfg.n_layers * kv_dtype("f32").token_bytes(cfg.n_kv_heads, cfg.head_dim)
     num_blocks = kv_budget // (bytes_per_token * block_size)
     if num_blocks < 1:
         raise ValueError(f"a {kv_budget / MIB:g} MiB KV budget holds no block of {block_size} tokens "
