@@ -33,6 +33,14 @@ def wait_next_turn(page, previous: str) -> dict:
     raise AssertionError("no turn ended")
 
 
+def wait_for_streamed_text(page, polls: int = 3000, interval_ms: int = 20) -> None:
+    """Poll until the reply being generated shows some text (or give up after `polls` polls)."""
+    for _ in range(polls):
+        if page.locator("#messages .msg.assistant").last.get_attribute("data-text"):
+            return
+        page.wait_for_timeout(interval_ms)
+
+
 def send_and_wait(page, text: str, max_tokens: int) -> dict:
     previous = raw_last_turn(page)
     page.fill("#set-max-tokens", str(max_tokens))
@@ -192,10 +200,7 @@ def test_reload_keeps_chats_and_the_interrupted_reply(app):
     page.fill("#prompt", "A long answer, please.")
     page.press("#prompt", "Enter")
     page.wait_for_selector("html[data-generating=true]", state="attached")
-    for _ in range(3000):  # the first streamed token is saved at once (later ones every 300 ms)
-        if page.locator("#messages .msg.assistant").last.get_attribute("data-text"):
-            break
-        page.wait_for_timeout(20)
+    wait_for_streamed_text(page)  # the first streamed token is saved at once (later ones every 300 ms)
     page.wait_for_timeout(50)
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
@@ -234,10 +239,7 @@ def test_settings_belong_to_their_chat_and_a_stopped_reply_survives_a_reload(app
     page.fill("#prompt", "Tell me everything.")
     page.press("#prompt", "Enter")
     page.wait_for_selector("html[data-generating=true]", state="attached")
-    for _ in range(3000):
-        if page.locator("#messages .msg.assistant").last.get_attribute("data-text"):
-            break
-        page.wait_for_timeout(20)
+    wait_for_streamed_text(page)
     page.locator("#stop").click()
     page.wait_for_selector("#messages .msg.assistant.interrupted", state="attached")
     partial = last_turn(page)

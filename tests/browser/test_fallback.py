@@ -10,7 +10,7 @@ import build
 from conftest import open_and_boot, wait_model
 from llama_server import MODEL_NAME, complete, llama_server
 from model_fixtures import gguf_path  # noqa: F401  (fixture)
-from test_chat_app import raw_last_turn, wait_next_turn
+from test_chat_app import raw_last_turn, wait_for_streamed_text, wait_next_turn
 
 PROMPT = "What is the capital of France?"
 
@@ -112,10 +112,7 @@ def test_a_request_the_pool_cannot_hold_gets_a_message_then_the_server(browser, 
     page.wait_for_selector("#chat-list li:nth-child(2) button[aria-current=true]", state="attached")
     previous = send(page, "Write a long story about a dragon.", 300)
     page.wait_for_selector("html[data-generating=true]", state="attached")
-    for _ in range(600):
-        if page.locator("#messages .msg.assistant").last.get_attribute("data-text"):
-            break
-        page.wait_for_timeout(50)
+    wait_for_streamed_text(page, polls=600, interval_ms=50)
     page.locator("#stop").click()
     turn = wait_next_turn(page, previous)
     assert turn["reason"] == "abort" and 0 < turn["tokens"] < 300
