@@ -3,11 +3,13 @@
     python3 -m bench.roofline [--quick]
 
 In headless Chromium (WebGPU; SwiftShader on this machine), one page:
-- the adapter's streaming-read bandwidth (shaders/stream_read.wgsl over 64 MiB): the local limit;
+- the adapter's streaming-read bandwidth (shaders/stream_read.wgsl over 64 MiB): the local memory limit;
+- its f32 multiply-add rate with operands in registers (shaders/alu_peak.wgsl): the local compute limit;
 - the real SmolLM2-135M decode step (WebGpuBackend.forward, one sequence, greedy) at 256/1k/4k/8k
   context, against the bytes the step must read (weights + the live KV of its context): roofline time =
-  bytes / bandwidth, fraction = roofline time / measured step time; with the replay vs Python split and
-  the Python->JS crossings per step;
+  bytes / bandwidth, fraction = roofline time / measured step time; the same against the flops the step
+  must do (2 per weight, 4 per head dimension per context token for attention) at the compute limit;
+  with the replay vs Python split and the Python->JS crossings per step;
 - the paged attention kernel with a scattered vs an identity block table at the same contexts (alternated
   rounds, kv_kernels_worker.bench_paged_vs_contiguous), and at block sizes 8/16/32/64 (4k context).
 In CPython: the slot efficiency and failure rate of kv_sim's workload (1 GiB) at each block size.
@@ -30,10 +32,11 @@ BLOCK_SIZES = (8, 16, 32, 64)
 SETUP = """
 import json
 from bench.kv_kernels_worker import bench_paged_vs_contiguous
-from bench.roofline_worker import decode_step, stream_read_gb_s
+from bench.roofline_worker import alu_peak_gflops, decode_step, stream_read_gb_s
 from bench.webgpu_engine_worker import bench_backend
 _ctx, _b, _m, _ledger = await bench_backend()
-_out = {{"ledger": _ledger, "stream_read": await stream_read_gb_s(_ctx)}}
+_out = {{"ledger": _ledger, "stream_read": await stream_read_gb_s(_ctx), "alu_peak": await alu_peak_gflops(_ctx)}}
+_out["config"] = _m["config"]
 _out["decode_steps"] = [await decode_step(_b, c, reps={reps}) for c in {contexts!r}]
 _b.destroy()
 json.dumps(_out)
@@ -62,18 +65,34 @@ def slot_efficiency_by_block_size(sessions: int) -> list[dict]:
     return rows
 
 
+def step_flops(config: dict, context: int) -> int:
+    """Flops of one decode step of one sequence: a multiply-add per weight of every projection and the LM
+    head, and per layer, head and context token one for q.k and one for p.v per head dimension."""
+    h, f, d = config["hidden"], config["ffn"], config["head_dim"]
+    per_layer = h * config["n_heads"] * d * 2 + h * config["n_kv_heads"] * d * 2 + 3 * h * f
+    macs = config["n_layers"] * (per_layer + 2 * config["n_heads"] * d * context) + config["vocab"] * h
+    return 2 * macs
+
+
 def derive(web: dict) -> list[dict]:
-    """Per context: the bytes a decode step must read and the fraction of the streaming roofline it reaches."""
+    """Per context: the bytes a decode step must read and the flops it must do, and the fraction of each
+    roofline (memory: bytes / streaming bandwidth; compute: flops / multiply-add rate) the step reaches."""
     weights = web["ledger"]["by_kind"]["weights"]
     bpt = web["ledger"]["by_kind"]["kv"] // web["ledger"]["kv_tokens"]
     gb_s = web["stream_read"]["gb_s_best"]
+    gflops = web["alu_peak"]["gflops_best"]
     rows = []
     for step in web["decode_steps"]:
         nbytes = weights + step["context"] * bpt
         roof_ms = nbytes / gb_s / 1e6
+        flops = step_flops(web["config"], step["context"])
+        alu_ms = flops / gflops / 1e6
         rows.append({"context": step["context"], "bytes_read": nbytes, "roofline_ms": round(roof_ms, 2),
                      "step_ms": round(step["step_ms"], 2), "fraction_of_roofline": round(roof_ms / step["step_ms"], 4),
-                     "fraction_best_sample": round(roof_ms / step["step_ms_min"], 4)})
+                     "fraction_best_sample": round(roof_ms / step["step_ms_min"], 4),
+                     "flops": flops, "compute_roofline_ms": round(alu_ms, 2),
+                     "fraction_of_compute_roofline": round(alu_ms / step["step_ms"], 4),
+                     "compute_fraction_best_sample": round(alu_ms / step["step_ms_min"], 4)})
     return rows
 
 

@@ -20,6 +20,16 @@ async def stream_read_gb_s(ctx, mib=64, runs=5):
     return {"bytes": nbytes, **t, "gb_s_median": nbytes / t["median_ms"] / 1e6, "gb_s_best": nbytes / t["min_ms"] / 1e6}
 
 
+async def alu_peak_gflops(ctx, iterations=1000, workgroups=64, runs=5):
+    """Flops / time of the alu_peak kernel (register-only f32 multiply-adds): the local compute limit."""
+    call = ops.alu_peak_call(iterations, workgroups)
+    out = ctx.buffer(workgroups * 32 * 4, "alu.out")
+    t = await ops.time_call(ctx, call, [out], 1, runs)
+    out.destroy()
+    flops = workgroups * 32 * iterations * ops.ALU_PEAK_FLOPS_PER_ITERATION
+    return {"flops": flops, **t, "gflops_median": flops / t["median_ms"] / 1e6, "gflops_best": flops / t["min_ms"] / 1e6}
+
+
 async def decode_step(b, context, reps=5):
     """One greedy decode step of one sequence at `context` tokens (KV slots hold whatever the pool holds:
     the step's cost does not depend on the values). Median wall ms, replay / Python split, crossings."""

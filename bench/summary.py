@@ -100,15 +100,22 @@ def roofline_table(rf: dict) -> list[str]:
            f"`python3 -m bench.roofline{_quick(rf)}` — streaming read of this adapter: {sr['gb_s_best']:.2f} GB/s best, "
            f"{sr['gb_s_median']:.2f} GB/s median (64 MiB); roofline ms = bytes / the best figure. Decode step: the "
            "real model, one sequence, greedy, scattered block table. Attention: one layer's paged_attention with a "
-           "scattered vs an identity block table, alternated rounds (median of per-round ratios).", "",
-           "| context | bytes a decode step reads | roofline ms | measured step ms (median / best) "
-           "| fraction of roofline (median / best) | Python controller ms (backend) | JS crossings / step "
-           "| attention kernel paged / contiguous |",
-           "|---|---|---|---|---|---|---|---|"]
+           "scattered vs an identity block table, alternated rounds (median of per-round ratios).", ""]
+    alu = rf.get("alu_peak")
+    if alu:
+        out += [f"Compute limit: register-only f32 multiply-adds (shaders/alu_peak.wgsl) run at {alu['gflops_best']:.2f} "
+                f"GFLOP/s best, {alu['gflops_median']:.2f} median; compute roofline ms = the step's flops (2 per weight, "
+                "4 per head dimension per context token for attention) / the best figure.", ""]
+    out += ["| context | bytes a decode step reads | roofline ms (memory / compute) | measured step ms (median / best) "
+            "| fraction of roofline, memory (median / best) | fraction of roofline, compute (median / best) "
+            "| Python controller ms (backend) | JS crossings / step | attention kernel paged / contiguous |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r, step, att in zip(rf["roofline"], rf["decode_steps"], rf["attention_by_context"]):
-        out.append(f"| {r['context']:,} | {r['bytes_read'] / 1e6:.1f} MB | {r['roofline_ms']:.1f} "
+        compute = (f"{r['compute_roofline_ms']:.1f}", f"{_pct(r['fraction_of_compute_roofline'])} / "
+                   f"{_pct(r['compute_fraction_best_sample'])}") if "compute_roofline_ms" in r else ("", "")
+        out.append(f"| {r['context']:,} | {r['bytes_read'] / 1e6:.1f} MB | {r['roofline_ms']:.1f} / {compute[0]} "
                    f"| {r['step_ms']:.1f} / {step['step_ms_min']:.1f} "
-                   f"| {_pct(r['fraction_of_roofline'])} / {_pct(r['fraction_best_sample'])} "
+                   f"| {_pct(r['fraction_of_roofline'])} / {_pct(r['fraction_best_sample'])} | {compute[1]} "
                    f"| {step['backend_python_ms']:.2f} "
                    f"| {'/'.join(str(c) for c in step['js_crossings'])} | {att['paged_over_contiguous']:.3f} "
                    f"({att['paged_ms']:.2f} vs {att['contiguous_ms']:.2f} ms) |")

@@ -127,3 +127,25 @@ async def case_argmax(seqs, vocab, planted, seed):
         logits[s, indices] = 50.0 + s
     got = await ops.run_argmax(ctx, logits)
     return {"kernel": "argmax", "gpu": got.tolist(), "numpy": ref.argmax(logits).tolist()}
+
+
+async def case_probes(seed):
+    """The benchmark probes: stream_read's per-thread wrapping sums add up (mod 2^32) to the buffer's, and
+    alu_peak's per-thread result equals the same multiply-add recurrence in numpy f32."""
+    ctx = await _context()
+    data = np.random.default_rng(seed).integers(0, 2**32, 4 * 4096, dtype=np.uint32)  # (4096 vec4 words * 4,)
+    call = ops.stream_read_call(data.nbytes, workgroups=16)
+    out = ctx.buffer(16 * 64 * 4, "probe.out")
+    await ops.launch(ctx, call, [ops.upload(ctx, data, "probe.data"), out])
+    sums = np.frombuffer(await ctx.read(out, 16 * 64 * 4), np.uint32)  # (16 * 64,)
+    stream_ok = int(sums.sum(dtype=np.uint64) % 2**32) == int(data.sum(dtype=np.uint64) % 2**32)
+    iterations, threads = 50, 2 * 32
+    out = ctx.buffer(threads * 4, "alu.out")
+    await ops.launch(ctx, ops.alu_peak_call(iterations, workgroups=2), [out])
+    got = np.frombuffer(await ctx.read(out, threads * 4), np.float32)  # (threads,)
+    m, c = np.float32(0.999), np.float32(0.001)
+    chains = np.arange(threads, dtype=np.float32)[:, None] + np.arange(4, dtype=np.float32)  # (threads, 4)
+    for _ in range(2 * iterations):
+        chains = chains * m + c
+    want = (chains * 4).sum(axis=1, dtype=np.float32)  # each chain is a vec4 of equal lanes
+    return {"stream_read_sum_ok": stream_ok, **_errors(got, want)}

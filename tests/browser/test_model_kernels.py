@@ -157,3 +157,9 @@ def test_argmax_is_exact_with_ties_to_the_lowest_index(worker):
                            "case_argmax(3, 1000, [[999], [5, 4], [500]], seed=11)"])
     assert [r["gpu"] for r in results] == [[49151, 7, 0, 30000], [24576], [999, 4, 500]]
     assert [r["numpy"] for r in results] == [r["gpu"] for r in results]
+
+
+def test_benchmark_probes_compute_what_they_claim(worker):
+    r = run(worker, ["case_probes(seed=3)"])[0]
+    assert r["stream_read_sum_ok"], r
+    assert r["max_rel"] <= 1e-5, r  # the same 100 multiply-adds per chain; only FMA contraction may differ

@@ -164,6 +164,16 @@ def stream_read_call(nbytes: int, workgroups: int = 256, workgroup_size: int = 6
                       _params(words, _ceil(words, workgroups)))
 
 
+ALU_PEAK_FLOPS_PER_ITERATION = 8 * 4 * 2  # 8 vec4 multiply-adds per loop iteration of alu_peak.wgsl, per thread
+
+
+def alu_peak_call(iterations: int, workgroups: int = 64, workgroup_size: int = 32) -> KernelCall:
+    """Every thread runs `iterations` loop trips of register-only multiply-adds; buffers: out, params.
+    Flops of one dispatch: workgroups * workgroup_size * iterations * ALU_PEAK_FLOPS_PER_ITERATION."""
+    _positive(iterations=iterations, workgroups=workgroups)
+    return KernelCall("alu_peak", (("WORKGROUP_SIZE", workgroup_size),), (workgroups, 1, 1), _params(iterations))
+
+
 def check_q8_0_codes(name: str, parts: dict) -> None:
     """Refuse Q8_0 weights with a code of -128: the matvec / matmul kernels read codes as
     unpack4x8snorm(q) * 127, exact only on [-127, 127] (all that Q8_0 quantization writes)."""
