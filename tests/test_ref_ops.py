@@ -109,6 +109,8 @@ def test_call_geometry_and_uniforms():
     assert ops.embedding_call(6, 576).workgroups == (3, 6, 1)
     assert ops.argmax_call(49152, 4).workgroups == (4, 1, 1)
     assert ops.stream_read_call(2**20, workgroups=16).params[:8] == np.array([65536, 4096], "<u4").tobytes()
+    with pytest.raises(ValueError, match="multiple of 65536"):
+        ops.stream_read_call(2**20 + 16, workgroups=16)
     alu = ops.alu_peak_call(1000, workgroups=8)
     assert alu.shader == "alu_peak" and alu.workgroups == (8, 1, 1) and alu.params[:4] == np.array([1000], "<u4").tobytes()
 

@@ -155,13 +155,16 @@ def argmax_call(vocab: int, seqs: int, workgroup_size: int = 256) -> KernelCall:
 
 
 def stream_read_call(nbytes: int, workgroups: int = 256, workgroup_size: int = 64) -> KernelCall:
-    """Read nbytes (a multiple of 16) once and reduce them; buffers: data, out, params."""
+    """Read nbytes once and reduce them; buffers: data, out, params. Every thread reads a run of whole
+    vec4<u32> words, four per loop trip: nbytes must split into workgroups * workgroup_size runs of 4k words."""
     _positive(nbytes=nbytes, workgroups=workgroups)
-    if nbytes % 16:
-        raise ValueError(f"stream_read reads whole vec4<u32> words: nbytes must be a multiple of 16, got {nbytes}")
+    unit = 16 * 4 * workgroups * workgroup_size
+    if nbytes % unit:
+        raise ValueError(f"stream_read splits the buffer into {workgroups} x {workgroup_size} runs of 4k vec4<u32> "
+                         f"words: nbytes must be a multiple of {unit}, got {nbytes}")
     words = nbytes // 16
     return KernelCall("stream_read", (("WORKGROUP_SIZE", workgroup_size),), (workgroups, 1, 1),
-                      _params(words, _ceil(words, workgroups)))
+                      _params(words, words // workgroups))
 
 
 ALU_PEAK_FLOPS_PER_ITERATION = 8 * 4 * 2  # 8 vec4 multiply-adds per loop iteration of alu_peak.wgsl, per thread
