@@ -57,8 +57,9 @@ def the_tokens(cfg: dict) -> list[int]:
     return corpus_tokens(Tokenizer.from_manifest(manifest))[:cfg["context"] + cfg["continuation"]]
 
 
-def browser_run(cfg: dict, tokens: list[int]) -> dict:
-    """The conversation in the page's worker (bench/long_chat_worker.py); returns its figures."""
+def browser_run(cfg: dict, tokens: list[int], save) -> dict:
+    """The conversation in the page's worker (bench/long_chat_worker.py); returns its figures. save(figures)
+    gets the figures so far after every slice, so a run stopped early leaves what it measured."""
     import build
     from bench.browser import BrowserSession
 
@@ -74,13 +75,12 @@ def browser_run(cfg: dict, tokens: list[int]) -> dict:
         while True:
             p = s.py(f"import json\njson.dumps(await _chat.advance({SLICE_S}))")
             print(f"[{time.perf_counter() - t0:7.0f} s] {p}", file=sys.stderr, flush=True)
+            r = s.py("import json\njson.dumps(_chat.result())")
+            r["adapter"] = json.loads(s.dataset().get("adapter", "{}")).get("name")
+            r["wall_s"] = round(time.perf_counter() - t0, 1)
+            save(r)
             if p["done"]:
-                break
-        r = s.py("import json\njson.dumps(_chat.result())")
-        adapter = json.loads(s.dataset().get("adapter", "{}")).get("name")
-    r["adapter"] = adapter
-    r["wall_s"] = round(time.perf_counter() - t0, 1)
-    return r
+                return r
 
 
 def cpu_run(cfg: dict, tokens: list[int]) -> dict:
@@ -97,7 +97,7 @@ def cpu_run(cfg: dict, tokens: list[int]) -> dict:
             "max_blocks_held": res["max_blocks_held"], "wall_s": round(time.perf_counter() - t0, 1)}
 
 
-def merge(path: Path, cfg: dict, tokens: list[int], part: str, figures: dict) -> dict:
+def merge(path: Path, cfg: dict, part: str, figures: dict) -> dict:
     """Add one run's figures to the JSON at `path` (kept only when it was made with the same settings) and
     compare the browser run with the CPU reference once both are there."""
     doc = json.loads(path.read_text()) if path.exists() else {}
@@ -106,7 +106,7 @@ def merge(path: Path, cfg: dict, tokens: list[int], part: str, figures: dict) ->
     doc["scored"] = (f"corpus tokens {cfg['context']}..{cfg['context'] + cfg['continuation'] - 1}, each predicted "
                      f"from all tokens before it under window {cfg['window']} + {cfg['sinks']} sinks")
     doc[part] = figures
-    if "browser" in doc and "cpu_reference" in doc:
+    if "browser" in doc and "cpu_reference" in doc and doc["browser"]["complete"]:
         gpu, cpu = doc["browser"], doc["cpu_reference"]
         doc["comparison"] = {
             "ppl_browser": gpu["ppl_continuation"], "ppl_cpu_reference": cpu["ppl_continuation"],
@@ -127,12 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = settings(args)
     tokens = the_tokens(cfg)
-    if args.cpu_reference:
-        part, figures = "cpu_reference", cpu_run(cfg, tokens)
-    else:
-        part, figures = "browser", browser_run(cfg, tokens)
     # A quick run never overwrites the full run's figures.
-    doc = merge(RESULTS / ("long_chat_quick.json" if args.quick else "long_chat.json"), cfg, tokens, part, figures)
+    path = RESULTS / ("long_chat_quick.json" if args.quick else "long_chat.json")
+    if args.cpu_reference:
+        doc = merge(path, cfg, "cpu_reference", cpu_run(cfg, tokens))
+    else:
+        doc = merge(path, cfg, "browser", browser_run(cfg, tokens, lambda r: merge(path, cfg, "browser", r)))
     print(json.dumps(doc))
     return 0
 

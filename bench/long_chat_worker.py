@@ -4,7 +4,6 @@ import time
 
 import numpy as np
 
-from bench.webgpu_engine_worker import bench_backend
 from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.kv_retention import KVRetention
 from pagedkv.sampling import ForcedSampler, SamplingParams
@@ -41,6 +40,8 @@ class LongChat:
                     sinks: int, block_size: int, budget_mib: int, kv_dtype: str,
                     max_context: int | None) -> "LongChat":
         """Load `model` on a fresh WebGpuBackend under `budget_mib` and queue the conversation."""
+        from bench.webgpu_engine_worker import bench_backend  # imports the WebGPU backend: the page only
+
         _, backend, manifest, ledger = await bench_backend(budget_mib, kv_dtype, model=model, block_size=block_size)
         tok = Tokenizer.from_manifest(manifest)
         engine = LLMEngine(backend, tok, EngineConfig(namespace=model, max_context=max_context))
@@ -52,11 +53,11 @@ class LongChat:
         return not self.engine.has_unfinished
 
     async def advance(self, seconds: float) -> dict:
-        """Run engine steps for about `seconds`; returns progress."""
+        """Run engine steps for about `seconds` (at least one step); returns progress."""
         t_end = time.perf_counter() + seconds
         seq = self.req.seq
         bs = self.engine.kv.block_size
-        while self.engine.has_unfinished and time.perf_counter() < t_end:
+        while self.engine.has_unfinished:
             t0 = time.perf_counter()
             for out in await self.engine.step():
                 if len(self.req.output_ids) > self.continuation:  # the reply, past the forced tokens
@@ -70,23 +71,27 @@ class LongChat:
             # The rotary position of the last token written: its index in the cache (shifted positions).
             self.max_position = max(self.max_position, seq.num_computed_tokens - seq.num_evicted_tokens - 1)
             self.freed_blocks = max(self.freed_blocks, seq.num_evicted_tokens // bs)
+            if time.perf_counter() >= t_end:
+                break
         return self.progress()
 
     def progress(self) -> dict:
         seq = self.req.seq
         return {"tokens": seq.num_computed_tokens, "generated": len(self.req.output_ids), "steps": self.steps,
-                "seconds": round(self.seconds, 1), "blocks_held": len(seq.block_table),
+                "seconds": round(self.seconds, 1), "forward_s": round(self.engine.counters["forward_s"], 1),
+                "blocks_held": len(seq.block_table),
                 "max_blocks_held": self.max_blocks_held, "freed_blocks": self.freed_blocks, "done": self.done}
 
     def result(self) -> dict:
-        """Figures of the finished conversation (see bench/long_chat.py)."""
-        lp = np.array(self.sampler.logprobs)  # (continuation,) log p of each forced token
+        """Figures of the conversation so far (see bench/long_chat.py); complete once `done`."""
+        lp = np.array(self.sampler.logprobs)  # (forced so far,) log p of each forced token
         bs = self.engine.kv.block_size
         stats = self.engine.stats()
         reply_ids = self.req.output_ids[self.continuation:]
         return {
             "logprobs": [round(float(x), 5) for x in lp], "argmax_ids": self.sampler.argmax_ids,
-            "ppl_continuation": round(float(np.exp(-lp.mean())), 3),
+            "complete": self.done, "scored_tokens": len(lp),
+            "ppl_continuation": round(float(np.exp(-lp.mean())), 3) if len(lp) else None,
             "reply_ids": reply_ids, "reply_text": "".join(self.text),
             "total_tokens": len(self.req.seq.token_ids),
             "block_size": bs, "num_blocks": stats["num_blocks"], "kv_dtype": stats["kv_dtype"],
@@ -94,5 +99,6 @@ class LongChat:
             "freed_blocks": self.freed_blocks, "used_blocks_after": stats["used_blocks"],
             "shifted_blocks": stats["shifted_blocks"], "max_rotary_position": self.max_position,
             "engine_steps": self.steps, "engine_seconds": round(self.seconds, 1),
+            "forward_seconds": round(stats["forward_s"], 1),
             "prefill_seconds": round(self.prefill_seconds, 1), "ledger": self.ledger,
         }
