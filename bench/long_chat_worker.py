@@ -77,7 +77,9 @@ class LongChat:
 
     def progress(self) -> dict:
         seq = self.req.seq
-        return {"tokens": seq.num_computed_tokens, "generated": len(self.req.output_ids), "steps": self.steps,
+        # A finished request's sequence is freed (its counters reset): report its length then.
+        tokens = len(seq.token_ids) if self.done else seq.num_computed_tokens
+        return {"tokens": tokens, "generated": len(self.req.output_ids), "steps": self.steps,
                 "seconds": round(self.seconds, 1), "forward_s": round(self.engine.counters["forward_s"], 1),
                 "blocks_held": len(seq.block_table),
                 "max_blocks_held": self.max_blocks_held, "freed_blocks": self.freed_blocks, "done": self.done}
