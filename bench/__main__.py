@@ -38,6 +38,8 @@ BENCHMARKS = {
     "concurrency": ["bench.concurrency", "--quick"],
     "wllama": ["bench.wllama"],
     "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
+    # Full run (~1 h on SwiftShader, results/long_chat.json): python3 -m bench.long_chat, then --cpu-reference
+    "long_chat_quick": ["bench.long_chat", "--quick"],
 }
 
 

@@ -14,16 +14,18 @@ from pagedkv.tokenizer import Tokenizer
 MODEL = "smollm2-135m-instruct"
 
 
-async def bench_backend(budget_mib=1024, kv_dtype="f16", ctx=None):
-    """SmolLM2-135M on WebGpuBackend under a `budget_mib` ledger: (ctx, backend, manifest, ledger summary)."""
+async def bench_backend(budget_mib=1024, kv_dtype="f16", ctx=None, model=MODEL, block_size=16):
+    """`model` (default SmolLM2-135M) on WebGpuBackend under a `budget_mib` ledger: (ctx, backend, manifest,
+    ledger summary)."""
     ctx = ctx or await GpuContext.create()
-    manifest = json.loads(await fetch_bytes(f"models/{MODEL}/model.json"))
+    manifest = json.loads(await fetch_bytes(f"models/{model}/model.json"))
     t0 = time.perf_counter()
 
     async def source(name):
-        return await fetch_bytes(f"models/{MODEL}/{name}")
+        return await fetch_bytes(f"models/{model}/{name}")
 
-    b = await WebGpuBackend.create(ctx, manifest, source, budget_bytes=budget_mib << 20, kv_dtype=kv_dtype)
+    b = await WebGpuBackend.create(ctx, manifest, source, budget_bytes=budget_mib << 20, kv_dtype=kv_dtype,
+                                   block_size=block_size)
     load_s = time.perf_counter() - t0
     snap = b.ledger.snapshot()
     return ctx, b, manifest, {"budget_bytes": snap["budget_bytes"], "used_bytes": snap["used_bytes"],

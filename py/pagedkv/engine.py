@@ -122,15 +122,19 @@ class LLMEngine:
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(), *,
                     request_id: str | None = None, priority: int = 0, session: str = "default",
-                    retention: KVRetention | None = None) -> str:
+                    retention: KVRetention | None = None, sampler: Sampler | None = None) -> str:
         """Queue a generation from `prompt_ids`; returns its id. Raises ValueError / NeverFits up front.
 
         With params.n > 1 the prompt is prefilled once and n samples fork from it (module docstring).
         retention (default: EngineConfig.retention) bounds the KV the request holds: with a sliding
-        window the conversation may run past the model's context."""
+        window the conversation may run past the model's context. sampler (default: Sampler(params))
+        picks the request's tokens, e.g. a ForcedSampler scoring a known continuation."""
+        if sampler is not None and params.n > 1:
+            raise ValueError("a caller's sampler serves one sequence; use n=1 with sampler=")
         req = self._new_request(prompt_ids, params.max_tokens, request_id, priority, session, retention=retention)
         stops = frozenset(params.stop_token_ids) or self.default_stop_ids
-        self._tracked[req.request_id] = _Tracked(req, Sampler(params.for_sample(0)), StreamDecoder(self.tokenizer),
+        sampler = sampler if sampler is not None else Sampler(params.for_sample(0))
+        self._tracked[req.request_id] = _Tracked(req, sampler, StreamDecoder(self.tokenizer),
                                                  stops, req.request_id, fork_params=params if params.n > 1 else None,
                                                  t_added=time.perf_counter())
         return req.request_id
@@ -278,7 +282,7 @@ class LLMEngine:
             return []
         batch = build_batch(out.scheduled, self.kv.block_size)
         # When every request that samples this step is plain greedy, the backend returns argmax ids only.
-        greedy = all(t.beam is None and t.sampler.params.greedy and t.sampler.params.repetition_penalty == 1.0
+        greedy = all(t.beam is None and t.sampler.argmax_only
                      for t in (self._tracked[r.request_id] for r, _ in out.scheduled))
         track = any(r.retention is not None and r.retention.evict for r, _ in out.scheduled)
         if track or hasattr(self.backend, "track_attention_mass"):

@@ -107,6 +107,11 @@ class Sampler:
         cdf = np.cumsum(probs)
         return int(min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), len(cdf) - 1))
 
+    @property
+    def argmax_only(self) -> bool:
+        """True when the argmax of the logits is all this sampler needs (the backend may return ids only)."""
+        return self.params.greedy and self.params.repetition_penalty == 1.0
+
     def finish_reason(self, token_id: int, num_generated: int) -> str | None:
         """"stop" if token_id is a stop token, "length" once num_generated reaches max_tokens, else None."""
         if token_id in self.params.stop_token_ids:
@@ -114,3 +119,41 @@ class Sampler:
         if num_generated >= self.params.max_tokens:
             return "length"
         return None
+
+
+class ForcedSampler(Sampler):
+    """Teacher forcing: emits `forced_ids` in order, then continues greedily.
+
+    For each forced token it records log p(token) under the logits it was forced against and that row's
+    argmax, so a benchmark scores a known continuation (perplexity, greedy agreement) through the engine's
+    normal decode path. It needs every row of logits: the backend never returns argmax ids only for it.
+    """
+
+    def __init__(self, forced_ids: Sequence[int]) -> None:
+        """A sampler that will emit `forced_ids` (non-negative ints) before any greedy token."""
+        if not all(isinstance(t, (int, np.integer)) and t >= 0 for t in forced_ids):
+            raise ValueError("forced_ids must be non-negative token ids")
+        super().__init__(SamplingParams())
+        self.forced_ids = [int(t) for t in forced_ids]
+        self.logprobs: list[float] = []  # log p(forced_ids[i]) for each forced token so far
+        self.argmax_ids: list[int] = []  # the greedy choice of each of those rows
+
+    @property
+    def argmax_only(self) -> bool:
+        return False
+
+    def sample(self, logits: np.ndarray, previous_ids: Sequence[int] = ()) -> int:
+        """The next forced token (its log-prob recorded), or the argmax once they are used up."""
+        if logits.ndim != 1:
+            raise ValueError(f"logits must be 1-D (vocab,), got shape {logits.shape}")
+        i = len(self.logprobs)
+        if i >= len(self.forced_ids):
+            return int(np.argmax(logits))
+        token = self.forced_ids[i]
+        if token >= logits.shape[0]:
+            raise ValueError(f"forced token {token} is outside the vocabulary ({logits.shape[0]})")
+        x = logits.astype(np.float64)  # (vocab,)
+        m = x.max()
+        self.logprobs.append(float(x[token] - m - np.log(np.exp(x - m).sum())))
+        self.argmax_ids.append(int(np.argmax(x)))
+        return token

@@ -1,0 +1,141 @@
+"""One long chat past the model's 8,192-token context, in the browser: WebGPU backend, sliding window + sinks.
+
+    python3 build.py && python3 -m bench.long_chat             (full run: ~40+ min on SwiftShader)
+    python3 -m bench.long_chat --cpu-reference                 (the same tokens on the numpy CPU engine)
+    python3 -m bench.long_chat --quick                         (same code, 256-token context: a few minutes)
+
+Headless Chromium, WebGPU (SwiftShader here), the real SmolLM2-135M on WebGpuBackend (1 GiB ledger, f16 KV,
+block size 16 like the app), one LLMEngine request with KVRetention(window_tokens=1024, sink_tokens=4):
+  1. the conversation so far: the first 8,192 tokens of the corpus (CPython's pydoc_data/topics.py, as in
+     bench/kv_quality_window.py) as one prompt, prefilled in chunks; past 1,024 tokens every step drops the
+     blocks that left the window back to the pool and re-rotates the cached keys (shifted positions);
+  2. the continuation: the next 512 corpus tokens teacher-forced through ordinary decode steps of the same
+     request (a ForcedSampler emits them and scores each step's full logits): perplexity of corpus tokens
+     8,192..8,703, each predicted from everything before it as the window leaves it;
+  3. a greedy reply of 48 tokens past that, as text.
+Also the most KV blocks the sequence held (bound: ceil((S + W) / block_size) + 1), the blocks freed, the
+wall time. --cpu-reference scores the same 512 tokens on the numpy CPU engine (f32 KV, same window, sinks,
+block size; bench/kv_quality_window.evaluate) and the two runs are compared in the same JSON: their
+perplexities and their greedy next-token agreement over the continuation.
+Writes bench/results/long_chat.json (--quick: long_chat_quick.json; each mode merges its part in). Timings are wall clock on a shared
+machine: noisy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench._path import RESULTS, ROOT  # noqa: F401  (puts py/ on sys.path)
+from bench.kv_quality_window import corpus_tokens, evaluate, ppl
+from pagedkv.kv_retention import KVRetention
+from pagedkv.model.weights import ModelWeights, read_manifest
+from pagedkv.tokenizer import Tokenizer
+
+MODEL = "smollm2-135m-instruct"
+CORPUS = "CPython pydoc_data/topics.py (topics sorted, joined by blank lines)"
+SLICE_S = 120  # engine time per page call; progress is printed between calls
+
+
+def settings(args) -> dict:
+    """The run's parameters; a quick run caps the engine's context at 256 tokens (EngineConfig.max_context)."""
+    manifest = read_manifest(ROOT / "dist" / "models" / MODEL)
+    if args.quick:
+        return {"model": MODEL, "context": 256, "max_context": 256, "window": 128, "sinks": 4, "continuation": 64,
+                "reply": 16, "block_size": 16, "kv_dtype": "f16", "budget_mib": 1024, "quick": True}
+    return {"model": MODEL, "context": manifest["config"]["context_length"], "max_context": None,
+            "window": args.window, "sinks": 4, "continuation": args.continuation, "reply": args.reply,
+            "block_size": 16, "kv_dtype": "f16", "budget_mib": 1024, "quick": False}
+
+
+def the_tokens(cfg: dict) -> list[int]:
+    manifest = read_manifest(ROOT / "dist" / "models" / cfg["model"])
+    return corpus_tokens(Tokenizer.from_manifest(manifest))[:cfg["context"] + cfg["continuation"]]
+
+
+def browser_run(cfg: dict, tokens: list[int], save) -> dict:
+    """The conversation in the page's worker (bench/long_chat_worker.py); returns its figures. save(figures)
+    gets the figures so far after every slice, so a run stopped early leaves what it measured."""
+    import build
+    from bench.browser import BrowserSession
+
+    t0 = time.perf_counter()
+    # The app itself loads only the tiny model on the CPU, so it does not compete with the run.
+    with BrowserSession("?model=tiny-random&backend=cpu",
+                        build_first=not (build.DIST / "index.html").exists()) as s:
+        s.install_bench("webgpu_engine_worker.py", "long_chat_worker.py")
+        s.py("from bench.long_chat_worker import LongChat\n"
+             f"_chat = await LongChat.start({cfg['model']!r}, {tokens!r}, {cfg['context']}, {cfg['continuation']}, "
+             f"{cfg['reply']}, {cfg['window']}, {cfg['sinks']}, {cfg['block_size']}, {cfg['budget_mib']}, "
+             f"{cfg['kv_dtype']!r}, {cfg['max_context']!r})\nNone")
+        while True:
+            p = s.py(f"import json\njson.dumps(await _chat.advance({SLICE_S}))")
+            print(f"[{time.perf_counter() - t0:7.0f} s] {p}", file=sys.stderr, flush=True)
+            r = s.py("import json\njson.dumps(_chat.result())")
+            r["adapter"] = json.loads(s.dataset().get("adapter", "{}")).get("name")
+            r["wall_s"] = round(time.perf_counter() - t0, 1)
+            save(r)
+            if p["done"]:
+                return r
+
+
+def cpu_run(cfg: dict, tokens: list[int]) -> dict:
+    """The same tokens, window, sinks and block size on the numpy CPU engine (f32 KV), all logits kept."""
+    t0 = time.perf_counter()
+    weights = ModelWeights.load(ROOT / "dist" / "models" / cfg["model"])
+    r = KVRetention(window_tokens=cfg["window"], sink_tokens=cfg["sinks"])
+    res = evaluate(weights, tokens, r, pool_blocks=r.max_blocks(cfg["block_size"]), block_size=cfg["block_size"])
+    scored = slice(cfg["context"] - 1, cfg["context"] - 1 + cfg["continuation"])  # logp[i] predicts tokens[i + 1]
+    logp = res["logp"][scored]
+    return {"engine": "numpy CPU (f32 KV), scheduler + manager + retention, chunks of up to 256 tokens",
+            "logprobs": [round(float(x), 5) for x in logp], "argmax_ids": [int(t) for t in res["greedy"][scored]],
+            "ppl_continuation": round(ppl(logp), 3), "ppl_before_context": round(ppl(res["logp"][:scored.start]), 3),
+            "max_blocks_held": res["max_blocks_held"], "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def merge(path: Path, cfg: dict, part: str, figures: dict) -> dict:
+    """Add one run's figures to the JSON at `path` (kept only when it was made with the same settings) and
+    compare the browser run with the CPU reference once both are there."""
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    if doc.get("settings") != cfg:
+        doc = {"benchmark": "long_chat", "corpus": CORPUS, "settings": cfg}
+    doc["scored"] = (f"corpus tokens {cfg['context']}..{cfg['context'] + cfg['continuation'] - 1}, each predicted "
+                     f"from all tokens before it under window {cfg['window']} + {cfg['sinks']} sinks")
+    doc[part] = figures
+    if "browser" in doc and "cpu_reference" in doc and doc["browser"]["complete"]:
+        gpu, cpu = doc["browser"], doc["cpu_reference"]
+        doc["comparison"] = {
+            "ppl_browser": gpu["ppl_continuation"], "ppl_cpu_reference": cpu["ppl_continuation"],
+            "greedy_agreement": round(float(np.mean(np.array(gpu["argmax_ids"]) == np.array(cpu["argmax_ids"]))), 4),
+            "max_abs_logprob_diff": round(float(np.max(np.abs(np.array(gpu["logprobs"]) - cpu["logprobs"]))), 4)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="256-token context, window 128, 64 scored tokens")
+    parser.add_argument("--cpu-reference", action="store_true", help="the numpy CPU run instead of the browser")
+    parser.add_argument("--window", type=int, default=1024)
+    parser.add_argument("--continuation", type=int, default=512, help="teacher-forced tokens past the context")
+    parser.add_argument("--reply", type=int, default=48, help="greedy tokens at the end")
+    args = parser.parse_args(argv)
+    cfg = settings(args)
+    tokens = the_tokens(cfg)
+    # A quick run never overwrites the full run's figures.
+    path = RESULTS / ("long_chat_quick.json" if args.quick else "long_chat.json")
+    if args.cpu_reference:
+        doc = merge(path, cfg, "cpu_reference", cpu_run(cfg, tokens))
+    else:
+        doc = merge(path, cfg, "browser", browser_run(cfg, tokens, lambda r: merge(path, cfg, "browser", r)))
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
