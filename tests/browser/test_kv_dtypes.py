@@ -94,3 +94,15 @@ def test_tiny_greedy_with_quantized_kv_equals_cpu_engine(page, kv_dtype):
     # tiny model: 2 layers, 2 kv heads of 16 -> per token and layer int8 / fp8 48 B, int4(-asym) 32 B, K and V
     per_token = {"int8": 2 * 2 * 48, "fp8-e4m3": 2 * 2 * 48, "int4": 2 * 2 * 32, "int4-asym": 2 * 2 * 32}[kv_dtype]
     assert r["backend"]["kv_dtype"] == kv_dtype and r["backend"]["bytes_per_token"] == per_token
+
+
+def test_app_boots_with_int4_asym_from_the_url_and_shows_its_bytes(browser, base_url):
+    from conftest import open_app
+
+    booted, info = open_app(browser, base_url + "?model=tiny-random&budget_mib=64&kv_dtype=int4-asym", 120_000)
+    try:
+        assert (info["backend"], info["kv_dtype"], info["bytes_per_token"]) == ("webgpu", "int4-asym", 2 * 2 * 32)
+        assert booted.page.locator("#mem-kv-dtype").input_value() == "int4-asym"
+        assert "128 B (int4-asym)" in booted.page.locator("#memory-facts").inner_text()
+    finally:
+        booted.page.close()
