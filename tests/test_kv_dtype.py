@@ -145,10 +145,11 @@ def test_round_trip_error_bounds(name):
     assert rel < {"f32": 1e-12, "f16": 3e-4, "int8": 1e-2, "fp8-e4m3": 4e-2, "int4": 0.2, "int4-asym": 0.12}[name]
 
 
-def test_packed_cache_feeds_the_attention_reference():
+@pytest.mark.parametrize("name", ["int4", "int4-asym"])
+def test_packed_cache_feeds_the_attention_reference(name):
     rng = np.random.default_rng(2)
     values = rng.standard_normal((6, 8, 2, 16)).astype(np.float32)  # (num_blocks, block_size, n_kv, head_dim)
-    k, v = PackedKV.pack(values, "int4"), PackedKV.pack(values[::-1].copy(), "int4")
+    k, v = PackedKV.pack(values, name), PackedKV.pack(values[::-1].copy(), name)
     assert k.shape == (6, 8, 2, 16) and k.words.shape == (6, 8, 8)
     tables, lens = np.array([[4, 1, 3], [0, 5, 2]]), np.array([19, 9])
     q = rng.standard_normal((2, 4, 16)).astype(np.float32)
@@ -156,9 +157,9 @@ def test_packed_cache_feeds_the_attention_reference():
     assert np.array_equal(got, ref.paged_attention_ref(q, k.values(), v.values(), tables, lens, 0.25))
     new = rng.standard_normal((2, 2, 16)).astype(np.float32)
     k2, _ = ref.kv_write_ref(k, v, new, new, np.array([3, 40]))
-    assert np.array_equal(k2.values().reshape(-1, 2, 16)[[3, 40]], round_trip(new, "int4"))
-    with pytest.raises(ValueError, match="int4 cache words must be"):
-        PackedKV(k.words[..., :4], "int4", 2, 16)
+    assert np.array_equal(k2.values().reshape(-1, 2, 16)[[3, 40]], round_trip(new, name))
+    with pytest.raises(ValueError, match=f"{name} cache words must be"):
+        PackedKV(k.words[..., :4], name, 2, 16)
 
 
 def test_cpu_engine_runs_every_dtype_and_reports_it(tiny_weights):
