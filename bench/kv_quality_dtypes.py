@@ -151,13 +151,13 @@ def row_errors(k: np.ndarray, v: np.ndarray) -> dict:
 def capacity(manifest: dict, dtypes: list[str]) -> dict:
     """Max KV tokens under 1 GiB per dtype, from the WebGPU backend's ledger plan."""
     out = {}
-    for name in dtypes:
+    for name in dict.fromkeys([*dtypes, "f16"]):  # f16 is the baseline of vs_f16 even when not evaluated
         plan = plan_kv_pool(manifest, budget_bytes=GIB, block_size=BLOCK_SIZE, kv_dtype=name,
                             max_num_batched_tokens=256, max_num_seqs=16, max_binding=WEBGPU_DEFAULT_MAX_BINDING)
         out[name] = {"bytes_per_token": plan["bytes_per_token"], "num_blocks": plan["num_blocks"],
                      "max_tokens": plan["num_blocks"] * BLOCK_SIZE, "fixed_bytes": plan["fixed_bytes"]}
     base = out["f16"]["max_tokens"]
-    for name in dtypes:
+    for name in out:
         out[name]["vs_f16"] = round(out[name]["max_tokens"] / base, 3)
     return out
 

@@ -3,7 +3,8 @@
 // paged_attention_common.wgsl (and py/pagedkv/kv_dtype.py, whose numpy quantizer this matches bit for bit):
 // a token is TOKEN_U32 u32s = n_kv_heads rows of ROW_U32 data u32s, then the rows' f32 scales, then padding.
 //   f32 / f16: one invocation per (token, cache word), K and V together (no scales: words are independent).
-//   int8 / int4 (symmetric, one scale per KV_GROUP channels) and fp8-e4m3 (one scale per row): one invocation
+//   int8 / int4 (symmetric, one scale per KV_GROUP channels), int4-asym (unsigned codes over [min, max], an
+//   f16 step and minimum per KV_GROUP channels in one word) and fp8-e4m3 (one scale per row): one invocation
 //   per token, because the token's scales share words and a store to one u32 of a vec4 may rewrite it all.
 //
 // Dispatch: ceil(invocations / WORKGROUP_SIZE) workgroups along x, invocations = num_tokens * n_kv_heads *
@@ -22,14 +23,16 @@ struct Params {
 @group(0) @binding(5) var<uniform> params : Params;
 
 override HEAD_DIM : u32 = 64u;
-override KV_FORMAT : u32 = 0u;      // 0 f32, 1 f16, 2 int8, 3 fp8-e4m3, 4 int4 (KVDtype.code)
+override KV_FORMAT : u32 = 0u;      // 0 f32, 1 f16, 2 int8, 3 fp8-e4m3, 4 int4, 5 int4-asym (KVDtype.code)
 override KV_GROUP : u32 = 64u;      // channels per scale (quantized formats), divides HEAD_DIM
 override WORKGROUP_SIZE : u32 = 64u;
-override KV_BITS : u32 = select(select(select(8u, 4u, KV_FORMAT == 4u), 16u, KV_FORMAT == 1u), 32u, KV_FORMAT == 0u);
+override KV_BITS : u32 = select(select(select(8u, 4u, KV_FORMAT >= 4u), 16u, KV_FORMAT == 1u), 32u, KV_FORMAT == 0u);
 override ROW_U32 : u32 = HEAD_DIM * KV_BITS / 32u;
 override SCALES_PER_ROW : u32 = select(HEAD_DIM / KV_GROUP, 0u, KV_FORMAT < 2u);
 
 const FLT_MIN : f32 = 1.17549435e-38;  // smallest normal f32: smaller scales are stored as 0
+const F16_MAX : f32 = 65504.0;
+const F16_MIN_NORMAL : f32 = 6.103515625e-05;  // 2^-14
 
 // Eight values as one word of four u32, each holding two f16 (the lower half is the first value).
 fn to_f16_word(a : vec4<f32>, b : vec4<f32>) -> vec4<u32> {
@@ -59,7 +62,30 @@ fn store(is_v : bool, i : u32, value : u32) {
 // is correctly rounded on every WebGPU implementation, a division is not (WGSL allows 2.5 ULP; SwiftShader's
 // amax / 127.0 differed from numpy's in the last bit).
 fn rcp_top() -> f32 {
-  return bitcast<f32>(select(select(0x3c010204u, 0x3e124925u, KV_FORMAT == 4u), 0x3b124925u, KV_FORMAT == 3u));
+  return bitcast<f32>(select(select(select(0x3c010204u, 0x3e124925u, KV_FORMAT == 4u), 0x3d888889u, KV_FORMAT == 5u),
+                            0x3b124925u, KV_FORMAT == 3u));
+}
+
+// int4-asym's step and minimum live on the normal f16 numbers; rounding to them is done on the f32 bits
+// (drop or round up the 13 mantissa bits an f16 lacks) because WGSL leaves the rounding of an f32 -> f16
+// conversion to the implementation. pack2x16float then only ever sees exact f16 values.
+fn round_away_to_f16(v : f32) -> f32 {
+  let b = bitcast<u32>(v);
+  return bitcast<f32>(select((b & 0xFFFFE000u) + 0x2000u, b, (b & 0x1FFFu) == 0u));
+}
+
+// The largest of {0, normal f16} at or below lo (|lo| <= F16_MAX); 0 when |lo| < 2^-14, a cut that a
+// denormal flushed to zero cannot move.
+fn f16_floor(lo : f32) -> f32 {
+  if (lo >= F16_MIN_NORMAL) {
+    return bitcast<f32>(bitcast<u32>(lo) & 0xFFFFE000u);
+  }
+  return select(round_away_to_f16(lo), 0.0, lo > -F16_MIN_NORMAL);
+}
+
+// The smallest normal f16 at or above d >= 0.
+fn f16_ceil(d : f32) -> f32 {
+  return select(round_away_to_f16(d), F16_MIN_NORMAL, d < F16_MIN_NORMAL);
 }
 
 // Dekker's split: v = hi + lo with hi holding the upper 12 of the 24 mantissa bits; products of halves
@@ -129,8 +155,11 @@ fn e4m3_magnitude(ax : f32, d : f32) -> u32 {
   return select(lo, lo + 1u, side > 0);
 }
 
-// The code of value x in a group of scale d (d > 0), as a KV_BITS-bit field.
-fn encode(x : f32, d : f32) -> u32 {
+// The code of value x in a group of scale (step) d > 0 and minimum m (int4-asym), as a KV_BITS-bit field.
+fn encode(x : f32, d : f32, m : f32) -> u32 {
+  if (KV_FORMAT == 5u) {
+    return u32(clamp(nearest_int(clamp(x, -F16_MAX, F16_MAX) - m, d), 0.0, 15.0));
+  }
   if (KV_FORMAT == 3u) {
     return e4m3_magnitude(abs(x), d) | select(0u, 0x80u, x < 0.0);
   }
@@ -144,20 +173,37 @@ fn quantize_row(is_v : bool, src : u32, dst : u32, kv_head : u32) {
   let per_u32 = 32u / KV_BITS;
   for (var g = 0u; g < SCALES_PER_ROW; g++) {
     let first = src + g * KV_GROUP;
-    var amax = 0.0;
-    for (var i = 0u; i < KV_GROUP; i++) {
-      amax = max(amax, abs(load(is_v, first + i)));
+    var d : f32;
+    var m = 0.0;
+    var scale_word : u32;
+    if (KV_FORMAT == 5u) {
+      var lo = F16_MAX;
+      var hi = -F16_MAX;
+      for (var i = 0u; i < KV_GROUP; i++) {
+        let x = clamp(load(is_v, first + i), -F16_MAX, F16_MAX);
+        lo = min(lo, x);
+        hi = max(hi, x);
+      }
+      m = f16_floor(lo);
+      d = f16_ceil((hi - m) * rcp_top());
+      scale_word = pack2x16float(vec2<f32>(d, m));  // exact: both are f16 values
+    } else {
+      var amax = 0.0;
+      for (var i = 0u; i < KV_GROUP; i++) {
+        amax = max(amax, abs(load(is_v, first + i)));
+      }
+      d = amax * rcp_top();
+      if (d < FLT_MIN) {
+        d = 0.0;
+      }
+      scale_word = bitcast<u32>(d);
     }
-    var d = amax * rcp_top();
-    if (d < FLT_MIN) {
-      d = 0.0;
-    }
-    store(is_v, dst + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW + g, bitcast<u32>(d));
+    store(is_v, dst + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW + g, scale_word);
     for (var w = 0u; w < KV_GROUP / per_u32; w++) {
       var word = 0u;
       if (d > 0.0) {
         for (var j = 0u; j < per_u32; j++) {
-          word |= encode(load(is_v, first + w * per_u32 + j), d) << (j * KV_BITS);
+          word |= encode(load(is_v, first + w * per_u32 + j), d, m) << (j * KV_BITS);
         }
       }
       store(is_v, dst + kv_head * ROW_U32 + (g * KV_GROUP) / per_u32 + w, word);

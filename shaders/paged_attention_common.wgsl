@@ -5,12 +5,14 @@
 // KV cache of one layer, K and V alike: (num_blocks, block_size, n_kv_heads, HEAD_DIM) values, stored as
 // array<vec4<u32>> words so that pipeline constants pick the element type without a second binding type.
 // A token is TOKEN_U32 u32s (a multiple of 4): n_kv_heads rows of ROW_U32 data u32s, then (quantized formats)
-// n_kv_heads * SCALES_PER_ROW f32 scales, then zero padding (py/pagedkv/kv_dtype.py has the numpy twin):
+// n_kv_heads * SCALES_PER_ROW scale words, then zero padding (py/pagedkv/kv_dtype.py has the numpy twin):
 //   KV_FORMAT 0 f32:       the f32 bits (bitcast);
 //   KV_FORMAT 1 f16:       two f16 per u32, the first value in the low half (unpack2x16float; no shader-f16);
 //   KV_FORMAT 2 int8:      four signed bytes per u32 (first value lowest), value = q * scale of its KV_GROUP;
 //   KV_FORMAT 3 fp8-e4m3:  four e4m3 bytes per u32, value = e4m3(q) * the row's scale (KV_GROUP = HEAD_DIM);
-//   KV_FORMAT 4 int4:      eight signed nibbles per u32, value = q * scale of its KV_GROUP.
+//   KV_FORMAT 4 int4:      eight signed nibbles per u32, value = q * scale of its KV_GROUP;
+//   KV_FORMAT 5 int4-asym: eight unsigned nibbles per u32, value = q * d + m, where the KV_GROUP's scale word
+//                          holds two f16: the step d (low half) and the minimum m (high half).
 // Dequantization happens here, on the 16 values a slice loads: there is no dequantized copy of the cache.
 // Token `pos` of a sequence lives in block block_tables[seq, pos / block_size] at offset pos % block_size.
 //
@@ -42,11 +44,11 @@ struct Params {
 @group(0) @binding(5) var<uniform> params : Params;
 
 override HEAD_DIM : u32 = 64u;     // multiple of 16, <= 4 * MAX_VEC
-override KV_FORMAT : u32 = 0u;     // 0 f32, 1 f16, 2 int8, 3 fp8-e4m3, 4 int4 (KVDtype.code)
+override KV_FORMAT : u32 = 0u;     // 0 f32, 1 f16, 2 int8, 3 fp8-e4m3, 4 int4, 5 int4-asym (KVDtype.code)
 override KV_GROUP : u32 = 64u;     // channels per scale (quantized formats): a multiple of 16 dividing HEAD_DIM
 override SLOTS : u32 = 1u;         // (query token, head) pairs per invocation, 1..4
 override WORKGROUP_SIZE : u32 = 16u;
-override KV_BITS : u32 = select(select(select(8u, 4u, KV_FORMAT == 4u), 16u, KV_FORMAT == 1u), 32u, KV_FORMAT == 0u);
+override KV_BITS : u32 = select(select(select(8u, 4u, KV_FORMAT >= 4u), 16u, KV_FORMAT == 1u), 32u, KV_FORMAT == 0u);
 override ROW_U32 : u32 = HEAD_DIM * KV_BITS / 32u;
 override SCALES_PER_ROW : u32 = select(HEAD_DIM / KV_GROUP, 0u, KV_FORMAT < 2u);
 override VEC_PER_HEAD : u32 = HEAD_DIM / 4u;
@@ -113,8 +115,20 @@ fn int4x4(w : u32) -> vec4<f32> {  // the low four nibbles of w
                              bitcast<i32>(w << 16u)) >> vec4<u32>(28u));
 }
 
-// 16 quantized values (four u32 of 8-bit codes, or w.xy of 4-bit codes) times their scale.
-fn dequant16(w : vec4<u32>, scale : f32) -> mat4x4<f32> {
+fn uint4x4(w : u32) -> vec4<f32> {  // the low four nibbles of w, unsigned
+  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));
+}
+
+// 16 quantized values (four u32 of 8-bit codes, or w.xy of 4-bit codes) times their group's scale word
+// (int4-asym: q * d + m; q * d is exact, so a fused multiply-add changes nothing).
+fn dequant16(w : vec4<u32>, scale_word : u32) -> mat4x4<f32> {
+  if (KV_FORMAT == 5u) {
+    let dm = unpack2x16float(scale_word);
+    let m = vec4<f32>(dm.y);
+    return mat4x4<f32>(uint4x4(w.x) * dm.x + m, uint4x4(w.x >> 16u) * dm.x + m, uint4x4(w.y) * dm.x + m,
+                       uint4x4(w.y >> 16u) * dm.x + m);
+  }
+  let scale = bitcast<f32>(scale_word);
   if (KV_FORMAT == 4u) {
     return mat4x4<f32>(int4x4(w.x), int4x4(w.x >> 16u), int4x4(w.y), int4x4(w.y >> 16u)) * scale;
   }
@@ -137,7 +151,7 @@ fn k_slice(tok : u32, kv_head : u32, s : u32) -> mat4x4<f32> {
     return unpack8(k_cache[w], k_cache[w + 1u]);
   }
   let at = tok + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW + 16u * s / KV_GROUP;
-  let scale = bitcast<f32>(k_cache[at / 4u][at % 4u]);
+  let scale = k_cache[at / 4u][at % 4u];
   let first = row + s * KV_BITS / 2u;  // a slice of 16 values is KV_BITS / 2 u32s
   if (KV_BITS == 8u) {
     return dequant16(k_cache[first / 4u], scale);
@@ -158,7 +172,7 @@ fn v_slice(tok : u32, kv_head : u32, s : u32) -> mat4x4<f32> {
     return unpack8(v_cache[w], v_cache[w + 1u]);
   }
   let at = tok + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW + 16u * s / KV_GROUP;
-  let scale = bitcast<f32>(v_cache[at / 4u][at % 4u]);
+  let scale = v_cache[at / 4u][at % 4u];
   let first = row + s * KV_BITS / 2u;
   if (KV_BITS == 8u) {
     return dequant16(v_cache[first / 4u], scale);

@@ -19,18 +19,18 @@ from pagedkv.kv_dtype import (KV_DTYPES, PackedKV, dequantize, kv_dtype, pack_to
 from pagedkv.sampling import SamplingParams
 from pagedkv.tokenizer import Tokenizer
 
-NAMES = ["f32", "f16", "int8", "fp8-e4m3", "int4"]
-BAD_NAME = "unknown KV cache dtype 'int3'; valid dtypes are f32, f16, int8, fp8-e4m3, int4"
+NAMES = ["f32", "f16", "int8", "fp8-e4m3", "int4", "int4-asym"]
+BAD_NAME = "unknown KV cache dtype 'int3'; valid dtypes are f32, f16, int8, fp8-e4m3, int4, int4-asym"
 
 
 def test_registry_sizes_for_smollm2():
     assert list(KV_DTYPES) == NAMES
     # bytes of one token of one layer's K (or V): 3 kv heads x 64 channels, scales, padding to 16 bytes
-    assert [kv_dtype(n).token_bytes(3, 64) for n in NAMES] == [768, 384, 224, 208, 128]
-    assert [kv_dtype(n).bytes_per_token_per_head(64) for n in NAMES] == [256.0, 128.0, 72.0, 68.0, 40.0]
-    assert [bytes_per_token(SMOLLM2_135M, n) for n in NAMES] == [46080, 23040, 13440, 12480, 7680]
-    assert [kv_dtype(n).group_for(64) for n in NAMES] == [0, 0, 32, 64, 32]
-    assert [kv_dtype(n).group_for(16) for n in NAMES] == [0, 0, 16, 16, 16]
+    assert [kv_dtype(n).token_bytes(3, 64) for n in NAMES] == [768, 384, 224, 208, 128, 128]
+    assert [kv_dtype(n).bytes_per_token_per_head(64) for n in NAMES] == [256.0, 128.0, 72.0, 68.0, 40.0, 40.0]
+    assert [bytes_per_token(SMOLLM2_135M, n) for n in NAMES] == [46080, 23040, 13440, 12480, 7680, 7680]
+    assert [kv_dtype(n).group_for(64) for n in NAMES] == [0, 0, 32, 64, 32, 32]
+    assert [kv_dtype(n).group_for(16) for n in NAMES] == [0, 0, 16, 16, 16, 16]
 
 
 def test_unknown_dtype_is_refused_everywhere_with_the_valid_names():
@@ -72,6 +72,37 @@ def test_fp8_codes_subnormals_ties_and_clamp():
     assert dequantize(codes, scales, "fp8-e4m3")[0, :8].tolist() == [448, -448, 1, 2.0 ** -9, 0, 2.0 ** -8, 1, -1.25]
 
 
+def test_int4_asym_words_codes_step_minimum_and_ties_to_even():
+    row = np.zeros((1, 1, 32), np.float32)  # (tokens, kv heads, head_dim): one group of 32
+    # min -1, max 14: m = -1, d = 15 * f32(1/15) = 1 exactly; x - m = 0.5 and 2.5 tie to 0 and 2 (even)
+    row[0, 0, :6] = [-1, 14, -0.5, 1.5, 3.25, 0]
+    codes, scales = quantize(row, "int4-asym")
+    assert scales.tolist() == [[[[1.0, -1.0]]]]
+    assert codes[0, 0, :6].tolist() == [0, 15, 0, 2, 4, 1] and (codes[0, 0, 6:] == 1).all()
+    words = pack_tokens(row, "int4-asym")  # 4 data u32 (unsigned nibbles, first value lowest), 1 scale, 3 pad
+    # scale word: f16 1.0 (0x3c00) low, f16 -1.0 (0xbc00) high
+    assert [hex(w) for w in words[0]] == ["0x111420f0", "0x11111111", "0x11111111", "0x11111111", "0xbc003c00",
+                                          "0x0", "0x0", "0x0"]
+    assert dequantize(codes, scales, "int4-asym")[0, 0, :6].tolist() == [-1, 14, -1, 1, 3, 0]
+    assert np.array_equal(unpack_tokens(words, "int4-asym", 1, 16 * 2), dequantize(codes, scales, "int4-asym"))
+
+
+def test_int4_asym_rounds_step_up_and_minimum_down_onto_normal_f16():
+    rows = np.zeros((4, 1, 16), np.float32)  # one group of 16 per row: all at the minimum but channel 1
+    rows[0, 0], rows[0, 0, 1] = np.float32(1 + 2.0 ** -20), 3  # min just above 1: m rounds down to 1
+    rows[1, 0], rows[1, 0, 1] = np.float32(-(1 + 2.0 ** -20)), 0  # negative: m rounds away, to -(1 + 2^-10)
+    rows[2, 0], rows[2, 0, 1] = -3e-5, 1e-5  # |min| < 2^-14: m = 0, d = 2^-14 (the smallest normal f16)
+    rows[3, 0], rows[3, 0, 1] = -1e6, 1e6  # outside the f16 range: clamped to -+65504
+    _, scales = quantize(rows, "int4-asym")
+    d, m = scales[:, 0, 0, 0], scales[:, 0, 0, 1]
+    assert m.tolist() == [1.0, -(1 + 2.0 ** -10), 0.0, -65504.0]
+    # d = (max - m) / 15 rounded UP to 11 significant bits: 2 / 15 = 2^-3 * 1092.27 / 1024 -> mantissa 1093;
+    # 1.000977 / 15 = 2^-4 * 1093.33 / 1024 -> 1094; 131008 / 15 = 2^13 * 1091.73 / 1024 -> 1092
+    assert d.astype(np.float16).view(np.uint16).tolist() == [0x3045, 0x2C46, 0x0400, 0x7044]
+    assert (d * 15 + m >= rows[:, 0, :2].max(axis=1).clip(-65504, 65504)).all()  # the range is covered
+    assert round_trip(rows, "int4-asym")[2, 0, :3].tolist() == [0.0, 0.0, 0.0]  # error < 2^-14 there
+
+
 def test_zero_and_denormal_rows_store_zero_scales_and_codes():
     rows = np.zeros((2, 2, 32), np.float32)
     rows[1] = -1e-39  # denormal: a GPU may flush it, so the scale is stored as 0 on both sides
@@ -98,21 +129,27 @@ def test_round_trip_error_bounds(name):
     else:
         dt = kv_dtype(name)
         group = dt.group_for(64)
-        amax = np.abs(x.reshape(64, 3, -1, group)).max(axis=-1, keepdims=True)  # (64, 3, groups, 1)
+        grouped = x.reshape(64, 3, -1, group)  # (64, 3, groups, group)
+        amax = np.abs(grouped).max(axis=-1, keepdims=True)  # (64, 3, groups, 1)
         d = amax * (1.0 / dt.qmax if dt.qmax else 1.0 / 448)
         err = err.reshape(64, 3, -1, group)
-        if dt.qmax:  # half a step of the group's scale
+        if dt.asymmetric:  # half a step: (max - m) / 15 rounded up (2^-10 relative), m <= min by 2^-10 |min|
+            lo, hi = grouped.min(axis=-1, keepdims=True), grouped.max(axis=-1, keepdims=True)
+            d = np.maximum((hi - lo + np.abs(lo) * 2.0 ** -10) / 15.0 * (1 + 2.0 ** -10), 2.0 ** -14)
+            assert (err <= d * 0.5 * (1 + 1e-6)).all()
+        elif dt.qmax:  # half a step of the group's scale
             assert (err <= d * 0.5 * (1 + 1e-6)).all()
         else:  # 3 mantissa bits: half an ulp, 2^-4 relative, or 2^-10 * scale among subnormals
             assert (err <= np.maximum(np.abs(x.reshape(err.shape)) * 2.0 ** -4, d * 2.0 ** -10) * (1 + 1e-6)).all()
     rel = math.sqrt(float(np.mean(err ** 2) / np.mean(x.astype(np.float64) ** 2)))
-    assert rel < {"f32": 1e-12, "f16": 3e-4, "int8": 1e-2, "fp8-e4m3": 4e-2, "int4": 0.2}[name]
+    assert rel < {"f32": 1e-12, "f16": 3e-4, "int8": 1e-2, "fp8-e4m3": 4e-2, "int4": 0.2, "int4-asym": 0.12}[name]
 
 
-def test_packed_cache_feeds_the_attention_reference():
+@pytest.mark.parametrize("name", ["int4", "int4-asym"])
+def test_packed_cache_feeds_the_attention_reference(name):
     rng = np.random.default_rng(2)
     values = rng.standard_normal((6, 8, 2, 16)).astype(np.float32)  # (num_blocks, block_size, n_kv, head_dim)
-    k, v = PackedKV.pack(values, "int4"), PackedKV.pack(values[::-1].copy(), "int4")
+    k, v = PackedKV.pack(values, name), PackedKV.pack(values[::-1].copy(), name)
     assert k.shape == (6, 8, 2, 16) and k.words.shape == (6, 8, 8)
     tables, lens = np.array([[4, 1, 3], [0, 5, 2]]), np.array([19, 9])
     q = rng.standard_normal((2, 4, 16)).astype(np.float32)
@@ -120,9 +157,9 @@ def test_packed_cache_feeds_the_attention_reference():
     assert np.array_equal(got, ref.paged_attention_ref(q, k.values(), v.values(), tables, lens, 0.25))
     new = rng.standard_normal((2, 2, 16)).astype(np.float32)
     k2, _ = ref.kv_write_ref(k, v, new, new, np.array([3, 40]))
-    assert np.array_equal(k2.values().reshape(-1, 2, 16)[[3, 40]], round_trip(new, "int4"))
-    with pytest.raises(ValueError, match="int4 cache words must be"):
-        PackedKV(k.words[..., :4], "int4", 2, 16)
+    assert np.array_equal(k2.values().reshape(-1, 2, 16)[[3, 40]], round_trip(new, name))
+    with pytest.raises(ValueError, match=f"{name} cache words must be"):
+        PackedKV(k.words[..., :4], name, 2, 16)
 
 
 def test_cpu_engine_runs_every_dtype_and_reports_it(tiny_weights):
@@ -136,7 +173,8 @@ def test_cpu_engine_runs_every_dtype_and_reports_it(tiny_weights):
         stats = engine.stats()
         assert stats["kv_dtype"] == name
         # tiny model: 2 layers, 2 kv heads of 16 channels
-        assert stats["bytes_per_token"] == {"f32": 512, "f16": 256, "int8": 192, "fp8-e4m3": 192, "int4": 128}[name]
+        assert stats["bytes_per_token"] == {"f32": 512, "f16": 256, "int8": 192, "fp8-e4m3": 192, "int4": 128,
+                                          "int4-asym": 128}[name]
     assert all(len(o) == 8 for o in outputs.values())
     assert outputs["f16"] == outputs["f32"]  # 11-bit K/V do not move this tiny model's argmax
 
@@ -156,9 +194,9 @@ def test_blocks_per_budget_follow_from_the_dtype_through_the_ledger_plan(tiny_di
     manifest = read_manifest(tiny_dir)
     plans = {n: plan_kv_pool(manifest, budget_bytes=8 << 20, block_size=16, kv_dtype=n, max_num_batched_tokens=24,
                              max_num_seqs=4, max_binding=128 << 20) for n in NAMES}
-    # tiny model: 2 layers x (K, V) x 16 tokens x bytes per token and layer (128 / 64 / 48 / 48 / 32)
-    assert [plans[n]["block_bytes"] for n in NAMES] == [8192, 4096, 3072, 3072, 2048]
-    assert [plans[n]["num_blocks"] for n in NAMES] == [969, 1971, 2638, 2638, 3974]
+    # tiny model: 2 layers x (K, V) x 16 tokens x bytes per token and layer (128 / 64 / 48 / 48 / 32 / 32)
+    assert [plans[n]["block_bytes"] for n in NAMES] == [8192, 4096, 3072, 3072, 2048, 2048]
+    assert [plans[n]["num_blocks"] for n in NAMES] == [969, 1971, 2638, 2638, 3974, 3974]
     for p in plans.values():  # the pool gets what weights, scratch and staging leave
         assert p["num_blocks"] == ((8 << 20) - p["fixed_bytes"]) // p["block_bytes"]
     with pytest.raises(ValueError, match=BAD_NAME):

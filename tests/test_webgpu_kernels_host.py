@@ -21,6 +21,7 @@ def test_layout_word_counts_for_smollm2_f32_and_f16():
     ("int8", 224, {"HEAD_DIM": 64, "KV_FORMAT": 2, "KV_GROUP": 32}),  # 3 x 64 B + 6 scales, padded to 16 B
     ("fp8-e4m3", 208, {"HEAD_DIM": 64, "KV_FORMAT": 3, "KV_GROUP": 64}),  # 3 x 64 B + 3 scales + 1 pad u32
     ("int4", 128, {"HEAD_DIM": 64, "KV_FORMAT": 4, "KV_GROUP": 32}),  # 3 x 32 B + 6 scales + 2 pad u32
+    ("int4-asym", 128, {"HEAD_DIM": 64, "KV_FORMAT": 5, "KV_GROUP": 32}),  # as int4: 6 (step, min) f16 pairs
 ])
 def test_quantized_layouts_hold_words_with_scales_in_each_token(dtype, token_bytes, constants):
     lay = KVLayout(num_blocks=100, block_size=16, n_kv_heads=3, head_dim=64, dtype=dtype)
@@ -31,7 +32,7 @@ def test_quantized_layouts_hold_words_with_scales_in_each_token(dtype, token_byt
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"dtype": "bf16"}, "unknown KV cache dtype 'bf16'; valid dtypes are f32, f16, int8, fp8-e4m3, int4"),
+    ({"dtype": "bf16"}, "unknown KV cache dtype 'bf16'; valid dtypes are f32, f16, int8, fp8-e4m3, int4, int4-asym"),
     ({"block_size": 64}, r"block_size must be in 1\.\.32"),
     ({"head_dim": 56}, "head_dim must be a multiple of 16"),
     ({"head_dim": 256}, "head_dim must be a multiple of 16"),

@@ -135,7 +135,7 @@ async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict
         return data
 
     budget = int(bridge.query_param("budget_mib", "1024")) * MIB
-    kv_dtype = bridge.query_param("kv_dtype", "f16")  # f32, f16, int8, fp8-e4m3 or int4 (pagedkv.kv_dtype)
+    kv_dtype = bridge.query_param("kv_dtype", "f16")  # f32, f16, int8, fp8-e4m3, int4, int4-asym (pagedkv.kv_dtype)
     backend = await WebGpuBackend.create(
         ctx, manifest, shard_source, budget_bytes=budget, block_size=block_size, kv_dtype=kv_dtype,
         on_progress=lambda loaded, tot: bridge.post("model-progress", model=name, loaded=loaded, total=tot,

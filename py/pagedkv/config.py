@@ -25,7 +25,7 @@ class CacheConfig:
     num_blocks: physical GPU blocks (computed from the byte budget by the caller).
     num_cpu_blocks: blocks of the CPU swap pool (0 disables swapping).
     enable_prefix_caching: keep full blocks addressable by their prefix hash.
-    kv_dtype: element type of the KV cache, a name of pagedkv.kv_dtype (f32, f16, int8, fp8-e4m3, int4).
+    kv_dtype: element type of the KV cache, a name of pagedkv.kv_dtype (f32, f16, int8, fp8-e4m3, int4, int4-asym).
     """
 
     num_blocks: int

@@ -1,5 +1,5 @@
 """Cases for test_kv_dtypes.py, sent to the page's worker after kv_cases.py (whose helpers they use):
-quantized KV caches (int8, fp8-e4m3, int4; f16 alongside) on the GPU vs pagedkv.kv_dtype's numpy twin.
+quantized KV caches (int8, fp8-e4m3, int4, int4-asym; f16 alongside) on the GPU vs pagedkv.kv_dtype's numpy twin.
 Caches go up as the words numpy packs (PackedKV) and come back as words, so comparisons are bit for bit."""
 import math
 
@@ -10,7 +10,8 @@ from pagedkv.kv_dtype import PackedKV, pack_tokens
 
 def hard_rows(rng, shape):
     """(num_tokens, n_kv, head_dim) f32 rows that stress the quantizers: magnitudes from 1e-3 to 1e3 per row,
-    an outlier channel, a row of zeros, denormal-small rows, exact ties (k + 0.5) * scale and negative zeros."""
+    an outlier channel, a row of zeros, denormal-small rows, exact ties (k + 0.5) * scale and negative zeros;
+    for int4-asym also exact ties m + (k + 0.5) * d and rows below 2^-14 (minimum 0, smallest f16 step)."""
     rows = rng.standard_normal(shape).astype(np.float32)
     rows *= (10.0 ** rng.uniform(-3, 3, shape[:2] + (1,))).astype(np.float32)
     rows[::5, :, 3] *= 40.0  # outlier channel
@@ -23,6 +24,12 @@ def hard_rows(rng, shape):
         ties = (np.arange(shape[2]) % 16 - 8 + 0.5).astype(np.float32)
         ties[0] = 127.0
         rows[3] = ties
+    if shape[0] > 5:
+        # min -1 and max 14 in every group of 16: m = -1, d = 1, and x - m = k + 0.5 elsewhere
+        asym_ties = (np.arange(shape[2]) % 15 - 0.5).astype(np.float32)
+        asym_ties[::16], asym_ties[1::16] = -1.0, 14.0
+        rows[4] = asym_ties
+        rows[5] *= np.float32(2e-5) / np.abs(rows[5]).max()  # every |x| <= 2e-5 < 2^-14
     return rows
 
 

@@ -1,4 +1,4 @@
-"""Quantized KV caches (int8, fp8-e4m3, int4) on real WebGPU (SwiftShader here) against pagedkv.kv_dtype.
+"""Quantized KV caches (int8, fp8-e4m3, int4, int4-asym) on real WebGPU (SwiftShader here) against pagedkv.kv_dtype.
 
 kv_write's quantizer must equal numpy's bit for bit (every u32 of every written token: codes, scales and
 padding), including rows of zeros, denormal rows, exact .5 ties and outlier channels (kvq_cases.hard_rows).
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-QUANTIZED = ("int8", "fp8-e4m3", "int4")
+QUANTIZED = ("int8", "fp8-e4m3", "int4", "int4-asym")
 # Same bounds as the f32 / f16 kernels (test_kv_kernels.py): the math after dequantization is unchanged.
 DECODE_MAX_ABS, DECODE_REL = 3e-6, 1e-5
 PREFILL_MAX_ABS, PREFILL_REL = 5e-6, 5e-6
@@ -44,10 +44,10 @@ def test_kv_write_quantizes_bit_for_bit_like_numpy(page):
     results = run(page, calls)
     for call, r in zip(calls, results):
         assert (r["k_mismatch"], r["v_mismatch"], r["untouched_equal"]) == (0, 0, True), (call, r)
-    # u32s per token: int8 3 x 16 + 6 scales -> 56 | fp8 3 x 16 + 3 -> 52 | int4 3 x 8 + 6 -> 32;
-    # head_dim 16, 2 kv heads: int8 2 x 4 + 2 -> 12 | fp8 12 | int4 2 x 2 + 2 -> 8.
-    assert [r["words_per_token"] for r in results[:6]] == [56, 12, 52, 12, 32, 8]
-    assert [r["tokens"] for r in results[:6]] == [4 + 13 + 15] * 6
+    # u32s per token: int8 3 x 16 + 6 scales -> 56 | fp8 3 x 16 + 3 -> 52 | int4 / int4-asym 3 x 8 + 6 -> 32;
+    # head_dim 16, 2 kv heads: int8 2 x 4 + 2 -> 12 | fp8 12 | int4 / int4-asym 2 x 2 + 2 -> 8.
+    assert [r["words_per_token"] for r in results[:8]] == [56, 12, 52, 12, 32, 8, 32, 8]
+    assert [r["tokens"] for r in results[:8]] == [4 + 13 + 15] * 8
 
 
 @pytest.mark.parametrize("heads", [SMOLLM2, SMALL], ids=["gqa9-3-d64", "gqa4-2-d16"])
@@ -77,11 +77,11 @@ def test_paged_prefill_over_quantized_cache_matches_reference(page, heads):
 
 def test_copy_blocks_and_swaps_move_quantized_blocks_with_their_scales(page):
     calls = [f"kvq_copy_swap_case({seed}, {dtype!r}, {bs}, [[7, 2], [0, 9], [11, 4]], [5, 2, 9, 11], [0, 7, 3, 2])"
-             for seed, (dtype, bs) in enumerate([("int8", 8), ("fp8-e4m3", 16), ("int4", 32)])]
+             for seed, (dtype, bs) in enumerate([("int8", 8), ("fp8-e4m3", 16), ("int4", 32), ("int4-asym", 16)])]
     results = run(page, calls)
     for call, r in zip(calls, results):
         assert (r["copy_equal"], r["swap_out_equal"], r["swap_in_equal"]) == (True, True, True), call
-    assert [r["out_shape"] for r in results] == [[4, 8, 56], [4, 16, 52], [4, 32, 32]]
+    assert [r["out_shape"] for r in results] == [[4, 8, 56], [4, 16, 52], [4, 32, 32], [4, 16, 32]]
     assert {r["out_dtype"] for r in results} == {"uint32"}
 
 
@@ -91,6 +91,18 @@ def test_tiny_greedy_with_quantized_kv_equals_cpu_engine(page, kv_dtype):
     assert r["gpu"] == r["cpu"], r
     assert [len(o) for o in r["gpu"]] == [10, 10, 10, 10]
     assert r["engine_kv_dtype"] == kv_dtype
-    # tiny model: 2 layers, 2 kv heads of 16 -> per token and layer int8 / fp8 48 B, int4 32 B, K and V
-    per_token = {"int8": 2 * 2 * 48, "fp8-e4m3": 2 * 2 * 48, "int4": 2 * 2 * 32}[kv_dtype]
+    # tiny model: 2 layers, 2 kv heads of 16 -> per token and layer int8 / fp8 48 B, int4(-asym) 32 B, K and V
+    per_token = {"int8": 2 * 2 * 48, "fp8-e4m3": 2 * 2 * 48, "int4": 2 * 2 * 32, "int4-asym": 2 * 2 * 32}[kv_dtype]
     assert r["backend"]["kv_dtype"] == kv_dtype and r["backend"]["bytes_per_token"] == per_token
+
+
+def test_app_boots_with_int4_asym_from_the_url_and_shows_its_bytes(browser, base_url):
+    from conftest import open_app
+
+    booted, info = open_app(browser, base_url + "?model=tiny-random&budget_mib=64&kv_dtype=int4-asym", 120_000)
+    try:
+        assert (info["backend"], info["kv_dtype"], info["bytes_per_token"]) == ("webgpu", "int4-asym", 2 * 2 * 32)
+        assert booted.page.locator("#mem-kv-dtype").input_value() == "int4-asym"
+        assert "128 B (int4-asym)" in booted.page.locator("#memory-facts").inner_text()
+    finally:
+        booted.page.close()

@@ -7,7 +7,7 @@ Each kernel has a `prepare_*` that uploads inputs and builds bind groups once (a
 dispatches can be submitted again and again, as a benchmark or a replayed plan does) and a one-shot
 async call that prepares, submits, reads the result back and frees its temporaries.
 
-Element type of the cache: KVLayout.dtype, any name of pagedkv.kv_dtype (f32, f16, int8, fp8-e4m3, int4);
+Element type of the cache: KVLayout.dtype, any name of pagedkv.kv_dtype (f32, f16, int8, fp8-e4m3, int4, int4-asym);
 it becomes the kernels' pipeline constants KV_FORMAT / KV_GROUP. f16 is packed two per u32 (no shader-f16
 feature needed); quantized dtypes keep their per-row scales inside each token's words (kv_dtype.py), so
 copy_blocks and the swaps move them with the data.
