@@ -47,6 +47,8 @@ def run_one(name: str, quick: bool, out_dir: Path) -> dict:
     t0 = time.perf_counter()
     argv = [sys.executable, "-m", *BENCHMARKS[name]] + (["--quick"] if quick else [])
     env = dict(os.environ, PAGEDKV_BENCH_RESULTS=str(out_dir))
+    if quick:  # one BLAS thread: the numpy CPU benchmarks thrash with two on a shared 2-core machine
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")

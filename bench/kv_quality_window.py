@@ -4,7 +4,7 @@
 
 Corpus: CPython's own `pydoc_data/topics.py` (the library reference topics, natural English with some
 code), its topics joined in sorted order and tokenized with our tokenizer; the full run uses the first
-20,480 tokens in 10 segments of 2,048 (--quick: 2 segments of 1,024). Each segment is a fresh
+20,480 tokens in 10 segments of 2,048 (--quick: one segment of 256, a 64-token window). Each segment is a fresh
 conversation fed through the engine's own scheduler, cache manager, retention policy and model runner
 on the numpy CPU engine (real SmolLM2-135M, f32), all logits kept. Reported per policy: perplexity of
 the segment's tokens and greedy next-token agreement with full attention over the same segment.
@@ -135,7 +135,7 @@ def long_run(weights: ModelWeights, tokens: list[int], context: int, window: int
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=ROOT / "dist" / "models" / "smollm2-135m-instruct")
-    parser.add_argument("--quick", action="store_true", help="2 x 1,024 tokens, no long run")
+    parser.add_argument("--quick", action="store_true", help="1 x 256 tokens, window 64, no long run")
     parser.add_argument("--long-only", action="store_true", help="only the run past the model's context")
     parser.add_argument("--long-block-size", type=int, default=64)
     parser.add_argument("--policies", default="", help="only policies whose name contains this")
@@ -151,7 +151,7 @@ def main() -> None:
                   "wall_s": round(time.perf_counter() - t_start, 1)}
         print(json.dumps(result, indent=2))
         return
-    seg_len, n_seg, windows = (1024, 2, [128, 256]) if args.quick else (2048, 10, [256, 512, 1024])
+    seg_len, n_seg, windows = (256, 1, [64]) if args.quick else (2048, 10, [256, 512, 1024])
     segments = [corpus[i * seg_len:(i + 1) * seg_len] for i in range(n_seg)]
     full = [evaluate(weights, seg, None, seg_len // BLOCK_SIZE + 1) for seg in segments]
     full_logp = np.concatenate([f["logp"] for f in full])

@@ -39,8 +39,9 @@ def kv_utilization(kv: dict, out: Path) -> None:
             t, used, held = np.array(row["series"], dtype=float).T  # (3, samples)
             ax.plot(t / 60, used * 100, color=color, label=f"{name}: allocated")
             ax.plot(t / 60, held * 100, color=color, ls=":", label=f"{name}: holding live/cached KV")
-        warm = kv["budgets"][0]["rows"]["paged"]["ticks_sampled"]
-        ax.set_title(f"KV pool of a {entry['budget_mib']} MiB budget ({entry['ledger']['kv_tokens']:,} token slots, "
+        warm = next(iter(entry["rows"].values()))["ticks_sampled"]
+        ax.set_title(f"KV pool of a {entry['budget_mib']} MiB budget, {entry.get('kv_dtype', kv.get('kv_dtype'))} KV "
+                     f"({entry['ledger']['kv_tokens']:,} token slots, "
                      f"{kv['sessions']} sessions, seed {kv['seed']}); {warm} s sampled for the table")
         ax.set_ylabel("% of KV slots")
         ax.set_ylim(0, 105)
@@ -55,7 +56,8 @@ def kv_utilization(kv: dict, out: Path) -> None:
 
 def kv_block_map(kv: dict, out: Path) -> None:
     entry = kv["budgets"][0]
-    rows = [(label, entry["rows"][label]["block_map"]) for label in ("contiguous", "paged+prefix")]
+    paged = "paged+prefix" if "paged+prefix" in entry["rows"] else "paged+prefix+preempt"  # --quick: short rows
+    rows = [(label, entry["rows"][label]["block_map"]) for label in ("contiguous", paged)]
     fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     for ax, (label, bm) in zip(axes, rows):
         state = np.array(bm["state"], dtype=float)  # (blocks,): 0 free, 1 cached, 2 + filled slots

@@ -53,45 +53,58 @@ def _preempted(row: dict) -> str:
     return f"; {row['preemptions']:,} preemptions, {row['deferred_ticks']:,} turn-seconds waiting for memory"
 
 
+def _kv_dtype(kv: dict, entry: dict) -> str:
+    return entry.get("kv_dtype") or kv["kv_dtype"]  # results written before int8 rows named one dtype per file
+
+
 def seed_table(kv: dict) -> list[str]:
+    dtypes = list(dict.fromkeys(_kv_dtype(kv, e) for e in kv["budgets"]))  # in run order
     out = ["## The seed's experiment in the real tab", "",
-           f"`python3 -m bench.kv_browser` — kv_sim's workload ({kv['sessions']} sessions, seed {kv['seed']}, "
-           f"KV {kv['kv_dtype']}) against pools sized by the GPU ledger after loading SmolLM2-135M; every token's "
-           "slot written by the real kv_write kernel (synthetic K/V). Seed figures: its authors' 1.5B model "
-           "under 1 GiB.", "",
-           "| budget | allocator | max context reached (workload) | one conversation alone (capacity / formula) "
-           "| memory utilization mean / p5 | slot efficiency | failed allocations (turns) | conversations served |",
-           "|---|---|---|---|---|---|---|---|"]
+           f"`python3 -m bench.kv_browser{_quick(kv)}` — kv_sim's workload ({kv['sessions']} sessions, seed "
+           f"{kv['seed']}, KV {' and '.join(dtypes)}) against pools sized by the GPU ledger after loading "
+           "SmolLM2-135M; every token's slot written by the real kv_write kernel (synthetic K/V). Seed figures: "
+           "its authors' 1.5B model under 1 GiB.", "",
+           "| budget | KV dtype | allocator | max context reached (workload) "
+           "| one conversation alone (capacity / formula) | memory utilization mean / p5 | slot efficiency "
+           "| failed allocations (turns) | conversations served |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for kind in ("contiguous", "paged"):
         s = SEED[kind]
-        out.append(f"| 1 GiB | seed: {kind} | {s['ctx']} | | {s['util']} | | {s['oom']} | |")
+        out.append(f"| 1 GiB | | seed: {kind} | {s['ctx']} | | {s['util']} | | {s['oom']} | |")
     for entry in kv["budgets"]:
         led = entry["ledger"]
         for label, row in entry["rows"].items():
             cap = entry["capacity"]["contiguous" if label == "contiguous" else "paged"]
             out.append(
-                f"| {entry['budget_mib']} MiB | ours: {LABELS[label]} | {row['max_context_tokens']:,} "
+                f"| {entry['budget_mib']} MiB | {_kv_dtype(kv, entry)} | ours: {LABELS[label]} "
+                f"| {row['max_context_tokens']:,} "
                 f"| {cap['max_context_tokens']:,} / {led['formula_tokens']:,} ({_pct(cap['fraction_of_formula'])}) "
                 f"| {_pct(row['token_utilization_mean'])} / {_pct(row['token_utilization_p5'])} "
                 f"| {_pct(row['slot_efficiency'])} | {_pct(row['oom_rate'])} ({row['turns_failed']} of "
                 f"{row['turns_started']:,} {'attempts, waits included' if row.get('preempt') else 'turns'})"
                 f"{_preempted(row)} | {row['sessions_served']} of {row['sessions']} |")
-    led = kv["budgets"][0]["ledger"]
-    kinds = led["by_kind"]
-    out += ["", f"Ledger at {kv['budgets'][0]['budget_mib']} MiB: weights {kinds['weights'] / 2**20:.1f} MiB, "
-            f"scratch {kinds['scratch'] / 2**20:.1f} MiB, staging {kinds['staging'] / 2**20:.1f} MiB, KV "
-            f"{kinds['kv'] / 2**20:.1f} MiB = {led['kv_tokens']:,} tokens at {led['bytes_per_token']:,} B/token; "
-            "formula = (budget - weights - scratch - staging) / bytes_per_token.",
+    first = kv["budgets"][0]
+    out += [""] + [ledger_line(kv, e) for e in kv["budgets"] if e["budget_mib"] == first["budget_mib"]]
+    out += ["formula = (budget - weights - scratch - staging) / bytes_per_token; bytes per token = the KV "
+            "buffers the ledger holds / their slots (for int8 its per-group scales included).",
             "Memory utilization = KV slots holding a token that is still usable (live, or a cached prefix block) / "
-            "all slots, sampled every second between warm-up (300 s) and the last arrival. Slot efficiency = tokens "
+            f"all slots, sampled every second between warm-up ({kv.get('warmup_s', 300)} s) and the last arrival. Slot efficiency = tokens "
             "in allocated slots / allocated slots. Allocated-slot share (the contiguous baseline reserves "
-            "2,048 slots per conversation): " + ", ".join(
-                f"{LABELS[k]} {_pct(r['utilization_mean'])}" for k, r in kv["budgets"][0]["rows"].items()) + ".",
+            f"2,048 slots per conversation; {first['budget_mib']} MiB, {_kv_dtype(kv, first)}): " + ", ".join(
+                f"{LABELS[k]} {_pct(r['utilization_mean'])}" for k, r in first["rows"].items()) + ".",
             "Except in the preempt row, a refused allocation ends the conversation (raw headroom); the preempt row "
             "does what the engine's scheduler does: a turn whose prompt does not fit waits, a decode that does not "
             "fit frees its blocks (full ones stay cached) and the turn is recomputed (retries count as started "
             "turns).", ""]
     return out
+
+
+def ledger_line(kv: dict, entry: dict) -> str:
+    led, kinds = entry["ledger"], entry["ledger"]["by_kind"]
+    return (f"Ledger at {entry['budget_mib']} MiB, KV {_kv_dtype(kv, entry)}: weights "
+            f"{kinds['weights'] / 2**20:.1f} MiB, scratch {kinds['scratch'] / 2**20:.1f} MiB, staging "
+            f"{kinds['staging'] / 2**20:.1f} MiB, KV {kinds['kv'] / 2**20:.1f} MiB = {led['kv_tokens']:,} tokens at "
+            f"{led['bytes_per_token']:,} B/token.")
 
 
 def roofline_table(rf: dict) -> list[str]:

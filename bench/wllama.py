@@ -133,10 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=128)
-    parser.add_argument("--quick", action="store_true", help="--prompt 128 --new 16")
+    parser.add_argument("--quick", action="store_true", help=f"--prompt 64 --new {COMPARE_IDS}")
     args = parser.parse_args(argv)
     if args.quick:
-        args.prompt, args.new = 128, 16
+        args.prompt, args.new = 64, COMPARE_IDS
     if args.prompt < 1 or args.new < COMPARE_IDS:
         parser.error(f"--prompt must be >= 1 and --new >= {COMPARE_IDS}")
     if not (WLLAMA / "esm" / "index.js").exists():

@@ -1,0 +1,49 @@
+"""bench/summary.py's seed table: one row per (budget, KV dtype, allocator), the ledger line per dtype."""
+from bench.summary import seed_table
+
+ROW = {"max_context_tokens": 7500, "token_utilization_mean": 0.5, "token_utilization_p5": 0.25,
+       "slot_efficiency": 0.995, "oom_rate": 0.0, "turns_failed": 0, "turns_started": 1630, "sessions_served": 400,
+       "sessions": 400, "utilization_mean": 0.75, "preempt": False}
+
+
+def entry(kv_dtype: str, bytes_per_token: int, kv_tokens: int, labels: tuple[str, ...]) -> dict:
+    ledger = {"formula_tokens": kv_tokens + 5, "kv_tokens": kv_tokens, "bytes_per_token": bytes_per_token,
+              "by_kind": {"weights": 96 << 20, "scratch": 14 << 20, "staging": 4 << 20,
+                          "kv": kv_tokens * bytes_per_token}}
+    capacity = {kind: {"max_context_tokens": kv_tokens, "fraction_of_formula": kv_tokens / (kv_tokens + 5)}
+                for kind in ("contiguous", "paged")}
+    return {"budget_mib": 1024, "kv_dtype": kv_dtype, "ledger": ledger, "capacity": capacity,
+            "rows": {label: dict(ROW) for label in labels}}
+
+
+def test_seed_table_has_a_dtype_column_and_a_ledger_line_per_dtype():
+    kv = {"sessions": 400, "seed": 0, "warmup_s": 300, "budgets": [
+        entry("f16", 23040, 41616, ("contiguous", "paged")),
+        entry("int8", 12000, 80000, ("paged+prefix+preempt",))]}
+    lines = seed_table(kv)
+    assert "KV f16 and int8" in lines[2]
+    assert lines[4].startswith("| budget | KV dtype | allocator |")
+    ours = [line for line in lines if "| ours:" in line]
+    assert ours == [
+        "| 1024 MiB | f16 | ours: contiguous | 7,500 | 41,616 / 41,621 (100.0 %) | 50.0 % / 25.0 % | 99.5 % "
+        "| 0.0 % (0 of 1,630 turns) | 400 of 400 |",
+        "| 1024 MiB | f16 | ours: paged (no prefix cache) | 7,500 | 41,616 / 41,621 (100.0 %) | 50.0 % / 25.0 % "
+        "| 99.5 % | 0.0 % (0 of 1,630 turns) | 400 of 400 |",
+        "| 1024 MiB | int8 | ours: paged + prefix cache, waits / preempts instead of failing | 7,500 "
+        "| 80,000 / 80,005 (100.0 %) | 50.0 % / 25.0 % | 99.5 % | 0.0 % (0 of 1,630 turns) | 400 of 400 |",
+    ]
+    ledgers = [line for line in lines if line.startswith("Ledger at")]
+    assert ledgers == [
+        "Ledger at 1024 MiB, KV f16: weights 96.0 MiB, scratch 14.0 MiB, staging 4.0 MiB, KV 914.4 MiB "
+        "= 41,616 tokens at 23,040 B/token.",
+        "Ledger at 1024 MiB, KV int8: weights 96.0 MiB, scratch 14.0 MiB, staging 4.0 MiB, KV 915.5 MiB "
+        "= 80,000 tokens at 12,000 B/token.",
+    ]
+
+
+def test_seed_table_reads_a_single_dtype_report_written_before_the_dtype_column():
+    old = entry("f16", 23040, 41616, ("contiguous",))
+    del old["kv_dtype"]
+    lines = seed_table({"sessions": 400, "seed": 0, "kv_dtype": "f16", "budgets": [old]})
+    assert [line for line in lines if "| ours:" in line][0].startswith("| 1024 MiB | f16 | ours: contiguous |")
+    assert "between warm-up (300 s)" in " ".join(lines)
