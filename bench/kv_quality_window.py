@@ -77,7 +77,7 @@ def policies(seg_len: int, windows: list[int], h2o_percents: list[int]) -> list[
         h2o[f"h2o_{pct}pct"] = (KVRetention(evict=True, sink_tokens=4, recent_tokens=budget // 2 * BLOCK_SIZE),
                                 budget + 1, BLOCK_SIZE)
     if h2o:
-        groups.insert(min(2, len(groups)), h2o)  # before the largest window: its rows are the ones asked for
+        groups.insert(1, h2o)  # right after the smallest window: a partial run then holds both families
     return groups
 
 
