@@ -192,7 +192,11 @@ def kv_quality_window_table(kq: dict) -> list[str]:
                 f"{lr['engine']}): perplexity before / past {lr['model_context']:,} tokens = "
                 + "; ".join(f"{mode} positions {lr[mode]['ppl_before_context']:.3f} / {lr[mode]['ppl_past_context']:.3f}"
                             f" ({lr[mode]['max_blocks_held']} blocks held)" for mode in ("shifted", "original"))
-                + (f". {lr['note']}" if lr.get("note") else ".")]
+                + (f". Note: {lr['note']}." if lr.get("note") else ".")]
+    missing = kq.get("runs", {}).get("missing_rows")
+    if missing:
+        out += ["", f"Not measured yet: {'; '.join(_policy_label(n) for n in missing)} (resume: "
+                f"`{kq['runs']['resume']}`)."]
     return out + ["", "Plot: [kv_quality_window.png](kv_quality_window.png) (perplexity and agreement vs blocks held).", ""]
 
 
