@@ -1,13 +1,19 @@
 """Quality cost of bounded KV: sliding window (with / without attention sinks) and importance eviction.
 
-    python3 -m bench.kv_quality_window [--quick] [--model DIR]
+    python3 -m bench.kv_quality_window [--quick] [--partial FILE] [--reference FILE.npz] [--model DIR]
 
 Corpus: CPython's own `pydoc_data/topics.py` (the library reference topics, natural English with some
 code), its topics joined in sorted order and tokenized with our tokenizer; the full run uses the first
 20,480 tokens in 10 segments of 2,048 (--quick: one segment of 256, a 64-token window). Each segment is a fresh
 conversation fed through the engine's own scheduler, cache manager, retention policy and model runner
 on the numpy CPU engine (real SmolLM2-135M, f32), all logits kept. Reported per policy: perplexity of
-the segment's tokens and greedy next-token agreement with full attention over the same segment.
+the segment's tokens and greedy next-token agreement with full attention over the same segment; the
+"_tail" figures only count positions past the largest window, where every window has dropped blocks.
+
+Speed (bench/kv_lanes.py): each (policy, segment) pair is a lane with its own scheduler and pool; the
+lanes of a group run in one forward per step, so a window's one-block steps become tall products,
+and BLAS runs one thread. The chunking of each lane is the one it has alone (its scheduler decides),
+and tests/test_bench_kv_lanes.py checks that stacked lanes score exactly what lanes alone score.
 
 Then a long run past the model's 8,192-token context (full run only): one 9,216-token stretch under
 window + sinks, the perplexity of the continuation past 8,192 tokens, for both RoPE position modes.
@@ -15,30 +21,29 @@ Prints one JSON object. CPU engine, not the browser: timings are not the point h
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import time
-from pathlib import Path
+import os
 
-import numpy as np
+# One BLAS thread: on 2 shared cores a second OpenBLAS thread spin-waits for a core other jobs hold, and a
+# 160-row product ran 7x slower with two threads than with one (measured under load ~9).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from . import _path  # noqa: F401
-from pagedkv.backends.cpu import CpuBackend
-from pagedkv.config import CacheConfig
-from pagedkv.engine import run_sync
-from pagedkv.kv_cache_manager import KVCacheManager
-from pagedkv.kv_retention import KVRetention, add_attention_mass
-from pagedkv.model.weights import ModelWeights
-from pagedkv.model_runner import build_batch
-from pagedkv.request import Request
-from pagedkv.scheduler import Scheduler, SchedulerConfig
-from pagedkv.sequence import Sequence
-from pagedkv.tokenizer import Tokenizer
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from .kv_lanes import Lane, run_lanes  # noqa: E402
+from pagedkv.kv_retention import KVRetention  # noqa: E402
+from pagedkv.model.weights import ModelWeights  # noqa: E402
+from pagedkv.tokenizer import Tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_SIZE = 16
 CHUNK = 256  # prefill tokens per step where the policy allows it
+CORPUS = "CPython pydoc_data/topics.py (topics sorted, joined by blank lines)"
 
 
 def corpus_tokens(tokenizer: Tokenizer) -> list[int]:
@@ -47,88 +52,85 @@ def corpus_tokens(tokenizer: Tokenizer) -> list[int]:
     return tokenizer.encode("\n\n".join(topics[k] for k in sorted(topics)))
 
 
-def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """logits (n, vocab) f32, targets (n,) -> (n,) log p(target)."""
-    m = logits.max(axis=1, keepdims=True)  # (n, 1)
-    lse = np.log(np.exp(logits - m).sum(axis=1)) + m[:, 0]  # (n,)
-    return logits[np.arange(len(targets)), targets] - lse
-
-
-def evaluate(weights: ModelWeights, tokens: list[int], retention: KVRetention | None, pool_blocks: int,
-             chunk: int = CHUNK, block_size: int = BLOCK_SIZE) -> dict:
-    """Feed `tokens` as one prompt through scheduler + manager + runner; per predicted token (len - 1,):
-    log-prob of the true next token and the greedy choice. Also the most blocks held."""
-    backend = CpuBackend(weights, num_blocks=pool_blocks, block_size=block_size)
-    kv = KVCacheManager(CacheConfig(num_blocks=pool_blocks, block_size=block_size, enable_prefix_caching=False))
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=chunk, max_num_seqs=1), kv)
-    req = Request("segment", Sequence(tokens), num_prompt_tokens=len(tokens), max_tokens=1, retention=retention)
-    sched.add(req)
-    seq, n_tok = req.seq, len(tokens)
-    logp = np.zeros(n_tok - 1, np.float64)  # (len - 1,)
-    greedy = np.zeros(n_tok - 1, np.int64)  # (len - 1,)
-    track = retention is not None and retention.evict
-    held = shifted = steps = 0
-    while seq.num_computed_tokens < n_tok:
-        out = sched.schedule()
-        if out.preempted:
-            raise RuntimeError(f"the policy preempted the only sequence ({retention}); give it more blocks")
-        run_sync(backend.copy_blocks(out.copies))
-        run_sync(backend.shift_keys(out.shifts))
-        shifted += len(out.shifts)
-        batch = build_batch(out.scheduled, block_size)
-        mass = np.zeros(batch.block_tables.shape, np.float32) if track else None  # (1, max_blocks)
-        logits = backend.model.forward(batch, backend.kv, all_logits=True, attention_mass=mass)  # (n, vocab)
-        if track:
-            add_attention_mass([seq], mass)
-        start, n = seq.num_computed_tokens, out.scheduled[0][1]
-        rows = min(n, n_tok - 1 - start)  # the last token predicts nothing we can score
-        if rows > 0:
-            logp[start:start + rows] = log_softmax_at(logits[:rows], np.asarray(tokens[start + 1:start + 1 + rows]))
-            greedy[start:start + rows] = logits[:rows].argmax(axis=1)
-        seq.num_computed_tokens += n
-        held = max(held, len(seq.block_table))
-        steps += 1
-    return {"logp": logp, "greedy": greedy, "max_blocks_held": held, "evicted_blocks": sched.num_evicted_blocks,
-            "shifted_blocks": shifted, "steps": steps}
-
-
 def ppl(logp: np.ndarray) -> float:
     return float(np.exp(-logp.mean()))
 
 
-def policies(seg_len: int, windows: list[int]) -> dict[str, tuple[KVRetention, int]]:
-    """name -> (retention, pool blocks). H2O budgets: a fraction of the segment's blocks, half of it the
-    most recent tokens (never evicted), the rest kept by attention mass; one more block for the step."""
+def policies(seg_len: int, windows: list[int], h2o_percents: list[int]) -> list[dict[str, tuple]]:
+    """Groups of name -> (retention, pool blocks, chunk tokens per step); each group runs as one set of
+    lanes. H2O budgets: a share of the segment's blocks, half of it the most recent tokens (never
+    evicted), the rest kept by attention mass; one more block for the step. Eviction is fed one block per
+    step, as decode would feed it (a 256-token chunk would need 16 blocks beyond the budget)."""
     seg_blocks = seg_len // BLOCK_SIZE
-    out: dict[str, tuple[KVRetention, int]] = {}
+    groups: list[dict[str, tuple]] = []
+    mid = windows[len(windows) // 2]
     for w in windows:
-        out[f"window_{w}_no_sinks"] = (KVRetention(window_tokens=w, sink_tokens=0), w // BLOCK_SIZE + 1)
-        out[f"window_{w}_4_sinks"] = (KVRetention(window_tokens=w, sink_tokens=4), w // BLOCK_SIZE + 2)
-    w = windows[len(windows) // 2]
-    out[f"window_{w}_4_sinks_original_positions"] = (
-        KVRetention(window_tokens=w, sink_tokens=4, positions="original"), w // BLOCK_SIZE + 2)
-    for frac in (0.2, 0.5):
-        budget = int(seg_blocks * frac)
-        recent = budget // 2 * BLOCK_SIZE
-        out[f"h2o_{int(frac * 100)}pct"] = (KVRetention(evict=True, sink_tokens=4, recent_tokens=recent),
-                                            budget + 1)
-    return out
+        group = {f"window_{w}_no_sinks": (KVRetention(window_tokens=w, sink_tokens=0), w // BLOCK_SIZE + 1, CHUNK),
+                 f"window_{w}_4_sinks": (KVRetention(window_tokens=w, sink_tokens=4), w // BLOCK_SIZE + 2, CHUNK)}
+        if w == mid:
+            group[f"window_{w}_4_sinks_original_positions"] = (
+                KVRetention(window_tokens=w, sink_tokens=4, positions="original"), w // BLOCK_SIZE + 2, CHUNK)
+        groups.append(group)
+    h2o = {}
+    for pct in h2o_percents:
+        budget = seg_blocks * pct // 100
+        h2o[f"h2o_{pct}pct"] = (KVRetention(evict=True, sink_tokens=4, recent_tokens=budget // 2 * BLOCK_SIZE),
+                                budget + 1, BLOCK_SIZE)
+    if h2o:
+        groups.insert(1, h2o)  # right after the smallest window: a partial run then holds both families
+    return groups
+
+
+def run_group(weights: ModelWeights, group: dict[str, tuple], segments: list[list[int]]) -> dict[str, list[Lane]]:
+    """Every policy of the group over every segment, as one set of lanes; name -> lanes in segment order."""
+    lanes = {name: [Lane(f"{name}/{k}", seg, r, pool, chunk, BLOCK_SIZE) for k, seg in enumerate(segments)]
+             for name, (r, pool, chunk) in group.items()}
+    run_lanes(weights, [lane for ls in lanes.values() for lane in ls], BLOCK_SIZE)
+    return lanes
+
+
+def full_reference(weights: ModelWeights, segments: list[list[int]], cache: Path | None) -> dict[str, np.ndarray]:
+    """Full attention over every segment: logp and greedy, each (segments, segment_tokens - 1). With
+    `cache`, loaded from that .npz when it holds these very segments, else computed and saved there."""
+    tokens = np.asarray(segments, np.int64)  # (segments, segment_tokens)
+    if cache is not None and cache.exists():
+        saved = np.load(cache)
+        if np.array_equal(saved["tokens"], tokens):
+            return {"logp": saved["logp"], "greedy": saved["greedy"], "seconds": float(saved["seconds"])}
+    t0 = time.perf_counter()
+    pool = len(segments[0]) // BLOCK_SIZE + 1
+    lanes = run_group(weights, {"full_attention": (None, pool, CHUNK)}, segments)["full_attention"]
+    ref = {"logp": np.stack([x.logp for x in lanes]), "greedy": np.stack([x.greedy for x in lanes]),
+           "seconds": round(time.perf_counter() - t0, 1)}
+    if cache is not None:
+        np.savez(cache, tokens=tokens, **ref)
+    return ref
+
+
+def policy_row(logp: np.ndarray, greedy: np.ndarray, full: dict, tail: slice) -> dict:
+    """logp, greedy (segments, segment_tokens - 1) -> the table row (full: full_reference's arrays)."""
+    agree = greedy == full["greedy"]  # (segments, segment_tokens - 1)
+    return {"ppl": round(ppl(logp), 3), "ppl_tail": round(ppl(logp[:, tail]), 3),
+            "agreement": round(float(agree.mean()), 4), "agreement_tail": round(float(agree[:, tail].mean()), 4)}
 
 
 def long_run(weights: ModelWeights, tokens: list[int], context: int, window: int, block_size: int) -> dict:
     """Window + sinks over a stretch longer than the model's context: perplexity past `context`, for both
-    RoPE position modes. Blocks of `block_size` tokens (64: a quarter of the steps of 16, so the CPU run
-    stays short; the 4 sink tokens then keep their whole first block of 64)."""
+    RoPE position modes (two lanes). Blocks of `block_size` tokens (64: a quarter of the steps of 16, so
+    the CPU run stays short; the 4 sink tokens then keep their whole first block of 64)."""
+    t0 = time.perf_counter()
+    pool = window // block_size + 2
+    lanes = {name: Lane(name, tokens, KVRetention(window_tokens=window, sink_tokens=4, positions=name), pool,
+                        CHUNK, block_size) for name in ("shifted", "original")}
+    run_lanes(weights, list(lanes.values()), block_size)
     result = {"tokens": len(tokens), "model_context": context, "window_tokens": window, "sink_tokens": 4,
               "block_size": block_size, "engine": "numpy CPU (f32 KV)"}
-    for name, r in (("shifted", KVRetention(window_tokens=window, sink_tokens=4)),
-                    ("original", KVRetention(window_tokens=window, sink_tokens=4, positions="original"))):
-        t0 = time.perf_counter()
-        res = evaluate(weights, tokens, r, pool_blocks=window // block_size + 2, block_size=block_size)
-        result[name] = {"ppl_before_context": round(ppl(res["logp"][:context - 1]), 3),
-                        "ppl_past_context": round(ppl(res["logp"][context - 1:]), 3),
-                        "max_blocks_held": res["max_blocks_held"], "seconds": round(time.perf_counter() - t0, 1)}
-        print(f"long run {name}: {result[name]}", file=sys.stderr, flush=True)
+    for name, lane in lanes.items():
+        result[name] = {"ppl_before_context": round(ppl(lane.logp[:context - 1]), 3),
+                        "ppl_past_context": round(ppl(lane.logp[context - 1:]), 3),
+                        "max_blocks_held": lane.max_blocks_held}
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    print(f"long run: {result}", file=sys.stderr, flush=True)
     return result
 
 
@@ -137,8 +139,14 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=ROOT / "dist" / "models" / "smollm2-135m-instruct")
     parser.add_argument("--quick", action="store_true", help="1 x 256 tokens, window 64, no long run")
     parser.add_argument("--long-only", action="store_true", help="only the run past the model's context")
+    parser.add_argument("--no-long", action="store_true", help="skip the run past the model's context")
     parser.add_argument("--long-block-size", type=int, default=64)
     parser.add_argument("--policies", default="", help="only policies whose name contains this")
+    parser.add_argument("--h2o", default="10,20,50", help="H2O budgets, percent of a segment's blocks")
+    parser.add_argument("--partial", type=Path, default=None,
+                        help="rewrite this JSON after every group; rows it already holds are not rerun")
+    parser.add_argument("--reference", type=Path, default=None,
+                        help=".npz cache of the full-attention logp / greedy ids (reused across runs)")
     args = parser.parse_args()
     t_start = time.perf_counter()
     weights = ModelWeights.load(args.model)
@@ -146,45 +154,47 @@ def main() -> None:
     corpus = corpus_tokens(tokenizer)
     context = weights.config.context_length
     if args.long_only:
-        result = {"corpus": "CPython pydoc_data/topics.py (topics sorted, joined by blank lines)",
-                  "long_run": long_run(weights, corpus[:context + 1024], context, 1024, args.long_block_size),
+        result = {"corpus": CORPUS, "long_run": long_run(weights, corpus[:context + 1024], context, 1024,
+                                                         args.long_block_size),
                   "wall_s": round(time.perf_counter() - t_start, 1)}
         print(json.dumps(result, indent=2))
         return
     seg_len, n_seg, windows = (256, 1, [64]) if args.quick else (2048, 10, [256, 512, 1024])
     segments = [corpus[i * seg_len:(i + 1) * seg_len] for i in range(n_seg)]
-    full = [evaluate(weights, seg, None, seg_len // BLOCK_SIZE + 1) for seg in segments]
-    full_logp = np.concatenate([f["logp"] for f in full])
-    full_greedy = np.concatenate([f["greedy"] for f in full])
     tail = slice(max(windows) + BLOCK_SIZE, None)  # positions where every window differs from full attention
-    tail_full = np.concatenate([f["logp"][tail] for f in full])
-    rows = {"full_attention": {"ppl": round(ppl(full_logp), 3), "ppl_tail": round(ppl(tail_full), 3),
-                               "agreement": 1.0, "max_blocks_held": seg_len // BLOCK_SIZE}}
-    print(f"full: {rows['full_attention']}", file=sys.stderr, flush=True)
-    for name, (r, pool) in policies(seg_len, windows).items():
-        if args.policies not in name:
+    result = {
+        "corpus": CORPUS, "corpus_tokens_available": len(corpus), "tokens_scored": n_seg * (seg_len - 1),
+        "segments": n_seg, "segment_tokens": seg_len, "block_size": BLOCK_SIZE, "engine": "numpy CPU (f32 KV)",
+        "tail_from_position": tail.start, "policies": {}, "groups": [],
+    }
+    if args.partial is not None and args.partial.exists():
+        done = json.loads(args.partial.read_text())
+        if (done["segments"], done["segment_tokens"]) == (n_seg, seg_len):
+            result["policies"], result["groups"] = done["policies"], done["groups"]
+    full = full_reference(weights, segments, args.reference)
+    result["policies"]["full_attention"] = {**policy_row(full["logp"], full["greedy"], full, tail),
+                                            "max_blocks_held": seg_len // BLOCK_SIZE, "pool_blocks": seg_len // BLOCK_SIZE + 1}
+    result["full_attention_seconds"] = full["seconds"]
+    h2o = [int(p) for p in args.h2o.split(",") if p]
+    for group in policies(seg_len, windows, h2o):
+        group = {name: spec for name, spec in group.items()
+                 if args.policies in name and name not in result["policies"]}
+        if not group:
             continue
         t0 = time.perf_counter()
-        # Eviction needs room for one step beyond its budget: feed it a block per step.
-        res = [evaluate(weights, seg, r, pool, chunk=BLOCK_SIZE if r.evict else CHUNK) for seg in segments]
-        logp = np.concatenate([x["logp"] for x in res])
-        agree = np.concatenate([x["greedy"] for x in res]) == full_greedy
-        rows[name] = {"ppl": round(ppl(logp), 3),
-                      "ppl_tail": round(ppl(np.concatenate([x["logp"][tail] for x in res])), 3),
-                      "agreement": round(float(agree.mean()), 4),
-                      "agreement_tail": round(float(np.concatenate([(x["greedy"] == f["greedy"])[tail]
-                                                                    for x, f in zip(res, full)]).mean()), 4),
-                      "max_blocks_held": max(x["max_blocks_held"] for x in res), "pool_blocks": pool,
-                      "evicted_blocks": sum(x["evicted_blocks"] for x in res),
-                      "seconds": round(time.perf_counter() - t0, 1)}
-        print(f"{name}: {rows[name]}", file=sys.stderr, flush=True)
-    result = {
-        "corpus": "CPython pydoc_data/topics.py (topics sorted, joined by blank lines)",
-        "corpus_tokens_available": len(corpus), "tokens_scored": n_seg * (seg_len - 1),
-        "segments": n_seg, "segment_tokens": seg_len, "block_size": BLOCK_SIZE, "engine": "numpy CPU (f32 KV)",
-        "tail_from_position": tail.start, "policies": rows,
-    }
-    if not args.quick:
+        for name, ls in run_group(weights, group, segments).items():
+            row = policy_row(np.stack([x.logp for x in ls]), np.stack([x.greedy for x in ls]), full, tail)
+            result["policies"][name] = {**row, "max_blocks_held": max(x.max_blocks_held for x in ls),
+                                        "pool_blocks": group[name][1],
+                                        "evicted_blocks": sum(x.num_evicted_blocks for x in ls),
+                                        "shifted_blocks": sum(x.shifted_blocks for x in ls)}
+            print(f"{name}: {result['policies'][name]}", file=sys.stderr, flush=True)
+        result["groups"].append({"policies": list(group), "lanes": len(group) * n_seg,
+                                 "seconds": round(time.perf_counter() - t0, 1)})
+        print(f"group: {result['groups'][-1]}", file=sys.stderr, flush=True)
+        if args.partial is not None:
+            args.partial.write_text(json.dumps(result, indent=2) + "\n")
+    if not (args.quick or args.no_long):
         result["long_run"] = long_run(weights, corpus[:context + 1024], context, 1024, args.long_block_size)
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
     print(json.dumps(result, indent=2))

@@ -1,9 +1,11 @@
-"""PNG plots from the benchmark JSON: KV utilization over time, the block map, TTFT per turn, the roofline.
+"""PNG plots from the benchmark JSON: KV utilization over time, the block map, TTFT per turn, the roofline,
+the quality of bounded KV (window / sinks / eviction).
 
     python3 -m bench.plots [--results bench/results]
 
-Reads kv_browser.json, ttft.json and roofline.json (each plot is skipped, with a note, when its JSON is
-missing) and writes kv_utilization.png, kv_block_map.png, ttft_turns.png and roofline.png next to them.
+Reads kv_browser.json, ttft.json, roofline.json and kv_quality_window.json (each plot is skipped, with a
+note, when its JSON is missing) and writes kv_utilization.png, kv_block_map.png, ttft_turns.png,
+roofline.png and kv_quality_window.png next to them.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import json
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")  # no display: files only
 import matplotlib.pyplot as plt  # noqa: E402
@@ -136,11 +139,53 @@ def roofline(rf: dict, out: Path) -> None:
     plt.close(fig)
 
 
+QUALITY_FAMILIES = (  # name pattern -> (colour and marker, legend label)
+    ("_no_sinks", ("tab:red", "o-"), "sliding window, no sinks"),
+    ("_4_sinks_original_positions", ("tab:purple", "^"), "window + 4 sinks, original RoPE positions"),
+    ("_4_sinks", ("tab:green", "s-"), "window + 4 sinks (StreamingLLM, shifted positions)"),
+    ("h2o_", ("tab:blue", "D-"), "H2O eviction (4 sinks, half the budget recent)"),
+)
+
+
+def _quality_family(name: str) -> int:
+    return next(i for i, (pattern, _, _) in enumerate(QUALITY_FAMILIES) if pattern in name)
+
+
+def kv_quality_window(kq: dict, out: Path) -> None:
+    rows = {name: row for name, row in kq["policies"].items() if name != "full_attention"}
+    full = kq["policies"]["full_attention"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key, label in ((axes[0], "ppl", "perplexity"), (axes[1], "agreement", "greedy agreement with full attention")):
+        for i, (_, (color, style), family) in enumerate(QUALITY_FAMILIES):
+            members = sorted((r["max_blocks_held"], r[key], n) for n, r in rows.items() if _quality_family(n) == i)
+            if not members:
+                continue
+            ax.plot([m[0] for m in members], [m[1] for m in members], style, color=color, label=family)
+            for x, y, n in members:
+                ax.annotate(n.split("_")[1] if n.startswith("window") else n.split("_")[1].replace("pct", " %"),
+                            (x, y), fontsize=7, textcoords="offset points", xytext=(4, 4))
+        ax.axhline(full[key], color="black", ls="--", lw=1,
+                   label=f"full attention ({full['max_blocks_held']} blocks): {full[key]:g}")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel(f"KV blocks held per conversation ({kq['block_size']} tokens each)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Bounded KV vs full attention: {kq['tokens_scored']:,} scored tokens of CPython's pydoc topics "
+                 f"({kq['segments']} x {kq['segment_tokens']:,}), SmolLM2-135M, {kq['engine']}; "
+                 "labels: window W tokens / H2O budget", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "kv_quality_window.png", dpi=110)
+    plt.close(fig)
+
+
 def make_all(results: Path) -> list[str]:
     """Write every plot whose JSON exists; returns the file names written."""
     written = []
     for source, makers in (("kv_browser.json", (kv_utilization, kv_block_map)), ("ttft.json", (ttft_turns,)),
-                           ("roofline.json", (roofline,))):
+                           ("roofline.json", (roofline,)), ("kv_quality_window.json", (kv_quality_window,))):
         data = _load(results, source)
         if data is None:
             print(f"plots: {source} missing in {results}; skipped")

@@ -178,14 +178,79 @@ def wllama_table(wl: dict) -> list[str]:
     return out + [""]
 
 
+def _policy_label(name: str) -> str:
+    if name == "full_attention":
+        return "full attention"
+    if name.startswith("h2o_"):
+        return f"H2O eviction, {name.split('_')[1].replace('pct', ' %')} of the blocks (4 sinks, half recent)"
+    w = name.split("_")[1]
+    return {"no_sinks": f"window {w}, no sinks", "4_sinks": f"window {w} + 4 sinks",
+            "4_sinks_original_positions": f"window {w} + 4 sinks, original positions"}[name.split("_", 2)[2]]
+
+
+def kv_quality_window_table(kq: dict) -> list[str]:
+    full = kq["policies"]["full_attention"]
+    seg_blocks = kq["segment_tokens"] // kq["block_size"]
+    out = ["## Quality of bounded KV: sliding window, attention sinks, H2O eviction", "",
+           f"`python3 -m bench.kv_quality_window{_quick(kq)}` — {kq['tokens_scored']:,} scored tokens of "
+           f"{kq['corpus']}, {kq['segments']} segments of {kq['segment_tokens']:,} tokens, each a fresh conversation "
+           f"through the engine's scheduler, cache manager, retention policy and model runner on the {kq['engine']} "
+           f"engine (SmolLM2-135M), {kq['block_size']}-token blocks. Agreement: share of positions whose greedy "
+           f"next token equals full attention's. Tail: positions from {kq['tail_from_position']:,} on, where every "
+           "window has dropped blocks.", "",
+           f"| policy | KV blocks held (of {seg_blocks}) | perplexity | ΔPPL vs full | perplexity, tail "
+           "| greedy agreement | agreement, tail | blocks evicted |",
+           "|---|---|---|---|---|---|---|---|"]
+    for name, r in kq["policies"].items():
+        out.append(f"| {_policy_label(name)} | {r['max_blocks_held']} | {r['ppl']:.3f} | {r['ppl'] - full['ppl']:+.3f} "
+                   f"| {r['ppl_tail']:.3f} | {_pct(r['agreement'])} | {_pct(r.get('agreement_tail', r['agreement']))} "
+                   f"| {r.get('evicted_blocks', 0):,} |")
+    lr = kq.get("long_run")
+    if lr:
+        out += ["", f"Past the model's {lr['model_context']:,}-token context: one {lr['tokens']:,}-token stretch under "
+                f"window {lr['window_tokens']:,} + {lr['sink_tokens']} sinks ({lr['block_size']}-token blocks, "
+                f"{lr['engine']}): perplexity before / past {lr['model_context']:,} tokens = "
+                + "; ".join(f"{mode} positions {lr[mode]['ppl_before_context']:.3f} / {lr[mode]['ppl_past_context']:.3f}"
+                            f" ({lr[mode]['max_blocks_held']} blocks held)" for mode in ("shifted", "original"))
+                + (f". Note: {lr['note']}." if lr.get("note") else ".")]
+    missing = kq.get("runs", {}).get("missing_rows")
+    if missing:
+        out += ["", f"Not measured yet: {'; '.join(_policy_label(n) for n in missing)} (resume: "
+                f"`{kq['runs']['resume']}`)."]
+    return out + ["", "Plot: [kv_quality_window.png](kv_quality_window.png) (perplexity and agreement vs blocks held).", ""]
+
+
+def kv_quality_dtypes_table(kd: dict) -> list[str]:
+    f16 = kd["capacity_1gib"]["f16"]
+    out = ["## Quality and capacity of each KV cache dtype", "",
+           f"`python3 -m bench.kv_quality_dtypes{_quick(kd)}` — {kd['tokens']:,} tokens of {kd['corpus']}, perplexity "
+           f"with a fixed {kd['window']}-token window (stride {kd['stride']}), K/V stored as each dtype's quantizer "
+           "returns them (numpy CPU engine, the values the WGSL kernels read). Agreement: greedy next token equal to "
+           "f32's. Row error: relative RMS round-trip error of real K / V rows. Capacity: max tokens under a 1 GiB "
+           "budget from the WebGPU backend's ledger plan.", "",
+           "| KV dtype | bytes / token | max tokens in 1 GiB (vs f16) | perplexity | ΔPPL vs f32 | greedy agreement "
+           "| K / V row error |", "|---|---|---|---|---|---|---|"]
+    for name, q in kd["quality"].items():
+        cap, err = kd["capacity_1gib"].get(name), kd["row_error_real_kv"].get(name)
+        cap_text = f"{cap['bytes_per_token']:,} | {cap['max_tokens']:,} ({cap['max_tokens'] / f16['max_tokens']:.2f}x)" \
+            if cap else " | "
+        err_text = f"{100 * err['k_rel_rms']:.2f} % / {100 * err['v_rel_rms']:.2f} %" if err else ""
+        out.append(f"| {name} | {cap_text} | {q['perplexity']:.4f} | {q['delta_ppl_vs_f32']:+.4f} "
+                   f"| {100 * q['agreement_vs_f32']:.2f} % | {err_text} |")
+    return out + [""]
+
+
 def build_summary(results: Path) -> str:
-    kv, rf, tt, wl = (_load(results, n) for n in ("kv_browser.json", "roofline.json", "ttft.json", "wllama.json"))
+    kv, rf, tt, wl, kq, kd = (_load(results, n) for n in ("kv_browser.json", "roofline.json", "ttft.json", "wllama.json",
+                                                          "kv_quality_window.json", "kv_quality_dtypes.json"))
     adapter = next((d.get("adapter") for d in (kv, rf, tt) if d), None)
     lines = ["# Benchmark results", "", f"Machine: {machine(adapter)}.", "",
              "`npm run bench` (full) or `npm run bench -- --quick` (reduced, into results/quick/) reruns everything "
              "and regenerates this file and the plots.", ""]
     for data, make, name in ((kv, seed_table, "kv_browser"), (rf, roofline_table, "roofline"),
-                             (tt, ttft_table, "ttft"), (wl, wllama_table, "wllama")):
+                             (tt, ttft_table, "ttft"), (wl, wllama_table, "wllama"),
+                             (kq, kv_quality_window_table, "kv_quality_window"),
+                             (kd, kv_quality_dtypes_table, "kv_quality_dtypes")):
         lines += make(data) if data else [f"_{name}.json missing: run `python3 -m bench --only {name}`._", ""]
     plots = [p.name for p in sorted(results.glob("*.png"))]
     lines += ["Plots: " + ", ".join(f"[{p}]({p})" for p in plots), ""]
