@@ -138,3 +138,13 @@ def run_lanes(weights: ModelWeights, lanes: list[Lane], block_size: int, max_row
         qsl = batch.query_start_loc
         for s, (i, plan) in enumerate(zip(step, plans)):
             lanes[i].record(plan[0], logits[qsl[s]:qsl[s + 1]], None if mass is None else mass[s:s + 1])
+
+
+def evaluate(weights: ModelWeights, tokens: list[int], retention: KVRetention | None, pool_blocks: int,
+             chunk: int = 256, block_size: int = 16) -> dict:
+    """One text under one policy, alone: per predicted token (len - 1,) the log-prob of the true next token
+    ("logp") and the greedy choice ("greedy"), with the most blocks held, blocks evicted and shifted, steps."""
+    lane = Lane("text", tokens, retention, pool_blocks, chunk, block_size)
+    run_lanes(weights, [lane], block_size)
+    return {"logp": lane.logp, "greedy": lane.greedy, "max_blocks_held": lane.max_blocks_held,
+            "evicted_blocks": lane.num_evicted_blocks, "shifted_blocks": lane.shifted_blocks, "steps": lane.steps}

@@ -15,7 +15,7 @@ block size 16 like the app), one LLMEngine request with KVRetention(window_token
   3. a greedy reply of 48 tokens past that, as text.
 Also the most KV blocks the sequence held (bound: ceil((S + W) / block_size) + 1), the blocks freed, the
 wall time. --cpu-reference scores the same 512 tokens on the numpy CPU engine (f32 KV, same window, sinks,
-block size; bench/kv_quality_window.evaluate) and the two runs are compared in the same JSON: their
+block size; bench/kv_lanes.evaluate) and the two runs are compared in the same JSON: their
 perplexities and their greedy next-token agreement over the continuation.
 Writes bench/results/long_chat.json (--quick: long_chat_quick.json; each mode merges its part in). Timings are wall clock on a shared
 machine: noisy.
@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from bench._path import RESULTS, ROOT  # noqa: F401  (puts py/ on sys.path)
-from bench.kv_quality_window import corpus_tokens, evaluate, ppl
+from bench.kv_lanes import evaluate
+from bench.kv_quality_window import corpus_tokens, ppl
 from pagedkv.kv_retention import KVRetention
 from pagedkv.model.weights import ModelWeights, read_manifest
 from pagedkv.tokenizer import Tokenizer

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from bench.kv_quality_window import evaluate
+from bench.kv_lanes import evaluate
 from model_fixtures import reference_greedy, tiny_dir, tiny_model, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync

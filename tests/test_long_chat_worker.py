@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from bench.kv_quality_window import evaluate
+from bench.kv_lanes import evaluate
 from bench.long_chat_worker import LongChat
 from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
