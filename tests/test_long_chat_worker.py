@@ -2,8 +2,6 @@
 the page, run past the tiny model's 256-token context in slices, with its figures checked exactly."""
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 
@@ -11,7 +9,7 @@ from bench.kv_lanes import evaluate
 from bench.long_chat_worker import LongChat
 from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.engine import EngineConfig, LLMEngine
+from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.kv_retention import KVRetention
 from pagedkv.tokenizer import Tokenizer
 
@@ -22,12 +20,12 @@ def test_long_chat_runs_past_the_context_in_slices_and_reports_its_figures(tiny_
     backend = CpuBackend(tiny_weights, num_blocks=r.max_blocks(16), block_size=16)
     engine = LLMEngine(backend, Tokenizer.from_manifest(tiny_weights.manifest), EngineConfig())
     chat = LongChat(engine, {"budget_bytes": 0}, tokens, context=256, continuation=40, reply=6, retention=r)
-    progress = asyncio.run(chat.advance(0))  # one step per slice at least
+    progress = run_sync(chat.advance(0))  # one step per slice at least
     assert progress["steps"] == 1 and progress["tokens"] == 96 and not progress["done"]  # 6 blocks at most
     partial = chat.result()
     assert partial["complete"] is False and partial["scored_tokens"] == 0 and partial["ppl_continuation"] is None
     while not chat.done:
-        asyncio.run(chat.advance(0))
+        run_sync(chat.advance(0))
     out = chat.result()
     assert out["complete"] is True and out["scored_tokens"] == 40 and out["total_tokens"] == 302
     assert out["max_blocks_held"] == out["bound_blocks"] == 6  # ceil((4 + 64) / 16) + 1
