@@ -237,12 +237,27 @@ def kv_quality_dtypes_table(kd: dict) -> list[str]:
         err_text = f"{100 * err['k_rel_rms']:.2f} % / {100 * err['v_rel_rms']:.2f} %" if err else ""
         out.append(f"| {name} | {cap_text} | {q['perplexity']:.4f} | {q['delta_ppl_vs_f32']:+.4f} "
                    f"| {100 * q['agreement_vs_f32']:.2f} % | {err_text} |")
+    for extra in kd.get("later_runs", []):  # dtypes measured by a later `--dtypes f32,NAME` run (same corpus, f32 checked)
+        for name, q in extra["quality"].items():
+            if name in kd["quality"]:
+                continue
+            cap, err = extra["capacity_1gib"][name], extra["row_error_real_kv"][name]
+            base = extra["capacity_1gib"]["f16"]["max_tokens"]
+            out.append(f"| {name} ({extra['file']}) | {cap['bytes_per_token']:,} | {cap['max_tokens']:,} "
+                       f"({cap['max_tokens'] / base:.2f}x) | {q['perplexity']:.4f} | {q['delta_ppl_vs_f32']:+.4f} "
+                       f"| {100 * q['agreement_vs_f32']:.2f} % | {100 * err['k_rel_rms']:.2f} % / "
+                       f"{100 * err['v_rel_rms']:.2f} % |")
     return out + [""]
 
 
 def build_summary(results: Path) -> str:
     kv, rf, tt, wl, kq, kd = (_load(results, n) for n in ("kv_browser.json", "roofline.json", "ttft.json", "wllama.json",
                                                           "kv_quality_window.json", "kv_quality_dtypes.json"))
+    if kd:
+        kd["later_runs"] = [{**later, "file": path.name} for path in sorted(results.glob("kv_quality_*_*.json"))
+                            if (later := _load(results, path.name)) and later.get("benchmark") == "kv_quality_dtypes"
+                            and later.get("tokens") == kd["tokens"]
+                            and later["quality"].get("f32", {}).get("perplexity") == kd["quality"]["f32"]["perplexity"]]
     adapter = next((d.get("adapter") for d in (kv, rf, tt) if d), None)
     lines = ["# Benchmark results", "", f"Machine: {machine(adapter)}.", "",
              "`npm run bench` (full) or `npm run bench -- --quick` (reduced, into results/quick/) reruns everything "
