@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench._path import RESULTS
+from bench._path import save_result
 from bench.browser import BrowserSession
 
 WORKER = Path(__file__).with_name("concurrency_worker.py")
@@ -45,10 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f"32, {real_new}, 512))")
             print(json.dumps(report["smollm2"]), file=sys.stderr, flush=True)
         report["swap_vs_recompute"] = s.py(f"import json\njson.dumps(await preemption_cost({blocks}))")
-    text = json.dumps(report, indent=1)
-    print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "concurrency.json").write_text(text + "\n")  # a --quick run via `python3 -m bench` never overwrites it
+    save_result("concurrency", report)  # a --quick run via `python3 -m bench` never overwrites it
     return 0
 
 

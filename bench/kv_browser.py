@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bench.browser import BrowserSession
-from bench._path import RESULTS
+from bench._path import save_result
 from pagedkv.kv_dtype import KV_DTYPES
 
 HERE = Path(__file__).resolve().parent
@@ -101,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("budgets, --sessions and --layers-per-tick must be positive, --warmup-s not negative")
     report = run(args.budget_mib, args.kv_dtypes, args.sessions, args.seed, args.layers_per_tick, all_rows_dtypes,
                  args.warmup_s)
-    text = json.dumps(report)
-    print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "kv_browser.json").write_text(text + "\n")
+    save_result("kv_browser", report, indent=None)
     return 0
 
 

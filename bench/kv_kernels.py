@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from bench.browser import BrowserSession
-from bench._path import RESULTS
+from bench._path import save_result
 
 WORKER = Path(__file__).with_name("kv_kernels_worker.py")
 
@@ -54,10 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(results[-1]), file=sys.stderr)
         adapter = json.loads(page.dataset()["adapter"])
     report = {"benchmark": "kv_kernels", "adapter": adapter["name"], "results": results}
-    text = json.dumps(report, indent=1)
-    print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "kv_kernels.json").write_text(text + "\n")
+    save_result("kv_kernels", report)
     return 0
 
 

@@ -23,7 +23,7 @@ import sys
 import time
 
 from bench import kv_sim
-from bench._path import RESULTS
+from bench._path import save_result
 from bench.browser import BrowserSession
 
 CONTEXTS = (256, 1024, 4096, 8192)
@@ -120,10 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     report.update(web)
     report["roofline"] = derive(web)
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    text = json.dumps(report, indent=1)
-    print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "roofline.json").write_text(text + "\n")
+    save_result("roofline", report)
     return 0
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: BLAS threads thrash on 2 shared cores
 
 from bench import _path  # noqa: F401,E402  (puts py/ and the repo root on sys.path)
-from bench._path import RESULTS, ROOT  # noqa: E402
+from bench._path import ROOT, save_result  # noqa: E402
 from bench.browser import BrowserSession  # noqa: E402
 from bench.ttft_turns import conversation_ttft  # noqa: E402
 
@@ -79,10 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         report["webgpu"] = page.py(WEB.format(shape=shape))
         report["adapter"] = json.loads(page.dataset()["adapter"])["name"]
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    text = json.dumps(report, indent=1)
-    print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "ttft.json").write_text(text + "\n")
+    save_result("ttft", report)
     return 0
 
 

@@ -27,7 +27,7 @@ from build import BASE_ARGS, WEBGPU_ARGS, find_chromium  # noqa: E402
 from conftest import open_and_boot  # noqa: E402
 
 WORKER = Path(__file__).with_name("webgpu_engine_worker.py")
-from bench._path import RESULTS  # noqa: E402
+from bench._path import save_result  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,10 +69,7 @@ def main(argv: list[str] | None = None) -> int:
               "new_tokens": args.new, "runs": runs, "median": med, "ledger_1gib": ledger,
               "decode_plan_one_workgroup_per_dispatch": floor, "dispatches_per_step": dispatches,
               "decode_step_gpu_ms_by_kernel": split}
-    text = json.dumps(report, indent=1)
-    print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "webgpu_engine.json").write_text(text + "\n")
+    save_result("webgpu_engine", report)
     return 0
 
 

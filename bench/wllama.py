@@ -27,7 +27,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: BLAS t
 
 from bench import _path  # noqa: F401,E402  (puts py/ and the repo root on sys.path)
 import build  # noqa: E402
-from bench._path import RESULTS, ROOT  # noqa: E402
+from bench._path import ROOT, save_result  # noqa: E402
 from bench.browser import BrowserSession  # noqa: E402
 
 PAGE = Path(__file__).resolve().parent / "wllama_page"
@@ -172,10 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     report["ours"].append(cpu_numpy(prompt, args.new))
     compare(report)
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    text = json.dumps(report, indent=1)
-    print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "wllama.json").write_text(text + "\n")
+    save_result("wllama", report)
     return 0
 
 
