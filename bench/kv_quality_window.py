@@ -74,6 +74,8 @@ def policies(seg_len: int, windows: list[int], h2o_percents: list[int]) -> list[
     h2o = {}
     for pct in h2o_percents:
         budget = seg_blocks * pct // 100
+        if budget < 2:  # half of it goes to the most recent tokens, at least one block each side
+            raise ValueError(f"H2O {pct}% of a {seg_len}-token segment is {budget} block(s); it needs at least 2")
         h2o[f"h2o_{pct}pct"] = (KVRetention(evict=True, sink_tokens=4, recent_tokens=budget // 2 * BLOCK_SIZE),
                                 budget + 1, BLOCK_SIZE)
     if h2o:
@@ -142,7 +144,8 @@ def main() -> None:
     parser.add_argument("--no-long", action="store_true", help="skip the run past the model's context")
     parser.add_argument("--long-block-size", type=int, default=64)
     parser.add_argument("--policies", default="", help="only policies whose name contains this")
-    parser.add_argument("--h2o", default="10,20,50", help="H2O budgets, percent of a segment's blocks")
+    parser.add_argument("--h2o", help="H2O budgets, percent of a segment's blocks (default 10,20,50; with "
+                                      "--quick 25,50: a 256-token segment has 16 blocks)")
     parser.add_argument("--partial", type=Path, default=None,
                         help="rewrite this JSON after every group; rows it already holds are not rerun")
     parser.add_argument("--reference", type=Path, default=None,
@@ -175,7 +178,7 @@ def main() -> None:
     result["policies"]["full_attention"] = {**policy_row(full["logp"], full["greedy"], full, tail),
                                             "max_blocks_held": seg_len // BLOCK_SIZE, "pool_blocks": seg_len // BLOCK_SIZE + 1}
     result["full_attention_seconds"] = full["seconds"]
-    h2o = [int(p) for p in args.h2o.split(",") if p]
+    h2o = [int(p) for p in (args.h2o or ("25,50" if args.quick else "10,20,50")).split(",") if p]
     for group in policies(seg_len, windows, h2o):
         group = {name: spec for name, spec in group.items()
                  if args.policies in name and name not in result["policies"]}
