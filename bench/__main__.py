@@ -46,7 +46,7 @@ BENCHMARKS = {
 def run_one(name: str, quick: bool, out_dir: Path) -> dict:
     t0 = time.perf_counter()
     argv = [sys.executable, "-m", *BENCHMARKS[name]] + (["--quick"] if quick else [])
-    env = dict(os.environ, PAGEDKV_BENCH_RESULTS=str(out_dir))
+    env = dict(os.environ, PAGEDKV_BENCH_RESULTS=str(out_dir), PAGEDKV_BENCH_BUILT="1")  # built once in main()
     if quick:  # one BLAS thread: the numpy CPU benchmarks thrash with two on a shared 2-core machine
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)
@@ -71,6 +71,10 @@ def main() -> int:
         return 0
     out_dir = RESULTS / "quick" if args.quick else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT))
+    import build
+
+    build.build()  # once for the whole run: the browser benchmarks skip their own build (PAGEDKV_BENCH_BUILT)
     failed = []
     for name in args.only or BENCHMARKS:
         print(f"== {name}", flush=True)

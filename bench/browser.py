@@ -13,6 +13,13 @@ from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
 import build
 
 TIMEOUT_MS = 900_000
+BUILT_ENV = "PAGEDKV_BENCH_BUILT"  # set by `python3 -m bench` after it built dist/ once for the whole run
+
+
+def ensure_built() -> None:
+    """Build dist/ (shaders, wheels, models), unless `python3 -m bench` already did for this run."""
+    if os.environ.get(BUILT_ENV) != "1" or not (build.DIST / "index.html").exists():
+        build.build()
 
 INSTALL = """
 import os, sys
@@ -38,7 +45,7 @@ class BrowserSession:
         from playwright.sync_api import sync_playwright
 
         if self.build_first:
-            build.build()
+            ensure_built()
         os.environ["PAGEDKV_QUIET_SERVER"] = "1"
         self.server = self.make_server("127.0.0.1", 0)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

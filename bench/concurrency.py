@@ -22,12 +22,12 @@ WORKER = Path(__file__).with_name("concurrency_worker.py")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1, 2, 4 conversations (SmolLM2: 1, 2), one run each, "
+    parser.add_argument("--quick", action="store_true", help="1, 2, 4 conversations (SmolLM2: 2), one run each, "
                                                              "fewer tokens and block counts")
     parser.add_argument("--skip-real", action="store_true", help="tiny model only")
     args = parser.parse_args(argv)
     levels = [1, 2, 4] if args.quick else [1, 2, 4, 8]
-    real_levels = [1, 2] if args.quick else levels
+    real_levels = [2] if args.quick else levels
     tiny_new, real_new = (8, 4) if args.quick else (32, 16)
     tiny_runs = 1 if args.quick else 3
     blocks = [1, 4] if args.quick else [1, 2, 4, 8, 16]

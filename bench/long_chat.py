@@ -2,7 +2,7 @@
 
     python3 build.py && python3 -m bench.long_chat             (full run: ~40+ min on SwiftShader)
     python3 -m bench.long_chat --cpu-reference                 (the same tokens on the numpy CPU engine)
-    python3 -m bench.long_chat --quick                         (same code, 256-token context: a few minutes)
+    python3 -m bench.long_chat --quick                         (same code, 128-token context: about a minute)
 
 Headless Chromium, WebGPU (SwiftShader here), the real SmolLM2-135M on WebGpuBackend (1 GiB ledger, f16 KV,
 block size 16 like the app), one LLMEngine request with KVRetention(window_tokens=1024, sink_tokens=4):
@@ -43,11 +43,11 @@ SLICE_S = 120  # engine time per page call; progress is printed between calls
 
 
 def settings(args) -> dict:
-    """The run's parameters; a quick run caps the engine's context at 256 tokens (EngineConfig.max_context)."""
+    """The run's parameters; a quick run caps the engine's context at 128 tokens (EngineConfig.max_context)."""
     manifest = read_manifest(ROOT / "dist" / "models" / MODEL)
     if args.quick:
-        return {"model": MODEL, "context": 256, "max_context": 256, "window": 128, "sinks": 4, "continuation": 64,
-                "reply": 16, "block_size": 16, "kv_dtype": "f16", "budget_mib": 1024, "quick": True}
+        return {"model": MODEL, "context": 128, "max_context": 128, "window": 64, "sinks": 4, "continuation": 32,
+                "reply": 8, "block_size": 16, "kv_dtype": "f16", "budget_mib": 1024, "quick": True}
     return {"model": MODEL, "context": manifest["config"]["context_length"], "max_context": None,
             "window": args.window, "sinks": 4, "continuation": args.continuation, "reply": args.reply,
             "block_size": 16, "kv_dtype": "f16", "budget_mib": 1024, "quick": False}
@@ -120,7 +120,7 @@ def merge(path: Path, cfg: dict, part: str, figures: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="256-token context, window 128, 64 scored tokens")
+    parser.add_argument("--quick", action="store_true", help="128-token context, window 64, 32 scored tokens")
     parser.add_argument("--cpu-reference", action="store_true", help="the numpy CPU run instead of the browser")
     parser.add_argument("--window", type=int, default=1024)
     parser.add_argument("--continuation", type=int, default=512, help="teacher-forced tokens past the context")

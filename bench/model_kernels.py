@@ -20,6 +20,7 @@ import time
 
 import build
 from bench._path import RESULTS
+from bench.browser import ensure_built
 
 LAYERS = 30  # SmolLM2-135M
 MATVEC_SHAPES = [("q4_1", 576, 576), ("q4_1", 192, 576), ("q4_1", 1536, 576), ("q4_1", 576, 1536),
@@ -115,7 +116,7 @@ def summarize(result: dict) -> dict:
 def measure(runs: int, repeats: int, prefill_tokens: int = 128, stream_mib: int = 64) -> dict:
     from playwright.sync_api import sync_playwright
 
-    build.build()
+    ensure_built()
     server = build.make_server("127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/?model=tiny-random"  # keep the model load light

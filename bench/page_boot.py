@@ -15,6 +15,7 @@ import time
 from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
 import build
 from bench._path import RESULTS
+from bench.browser import ensure_built
 
 
 
@@ -29,7 +30,7 @@ def _boot_ms(page) -> float:
 def measure(runs: int) -> dict:
     from playwright.sync_api import sync_playwright
 
-    build.build()
+    ensure_built()
     server = build.make_server("127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/"

@@ -63,14 +63,14 @@ def cpu_rows(shape: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="3 turns, 32-token system prompt, 8-token messages, "
+    parser.add_argument("--quick", action="store_true", help="2 turns, 32-token system prompt, 8-token messages, "
                                                              "4-token answers")
     args = parser.parse_args(argv)
     if args.turns < 1:
         parser.error("--turns must be >= 1")
     shape = {"turns": args.turns, "system_tokens": 200, "user_tokens": 40, "answer_tokens": 8}
     if args.quick:
-        shape.update(turns=3, system_tokens=32, user_tokens=8, answer_tokens=4)
+        shape.update(turns=2, system_tokens=32, user_tokens=8, answer_tokens=4)
     report = {"benchmark": "ttft", **shape, "model": "smollm2-135m-instruct"}
     report["cpu_numpy"] = cpu_rows(shape)
     print(json.dumps(report["cpu_numpy"]), file=sys.stderr)
