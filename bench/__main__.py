@@ -5,14 +5,18 @@
 Benchmarks print figures; none of them passes or fails on a number. --quick runs every benchmark in its
 reduced form (each accepts --quick) and writes to bench/results/quick/ instead, so a quick run never
 overwrites the full figures. The plots and SUMMARY.md are regenerated from the JSON at the end.
+dist/ is built once. Each benchmark runs in its own process, except the browser benchmarks of ONE_PAGE, which
+run one after another in one process and one booted page (bench/one_page.py): one page boot instead of eight.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,22 +46,63 @@ BENCHMARKS = {
     "long_chat_quick": ["bench.long_chat", "--quick"],
 }
 
+# Browser benchmarks that take their page from bench.browser.session(): run in one page (bench/one_page.py).
+ONE_PAGE = ("kv_browser", "kv_kernels", "roofline", "ttft", "webgpu_engine", "concurrency", "wllama",
+            "long_chat_quick")
 
-def run_one(name: str, quick: bool, out_dir: Path) -> dict:
-    t0 = time.perf_counter()
-    argv = [sys.executable, "-m", *BENCHMARKS[name]] + (["--quick"] if quick else [])
+
+def child_env(quick: bool, out_dir: Path) -> dict:
     env = dict(os.environ, PAGEDKV_BENCH_RESULTS=str(out_dir), PAGEDKV_BENCH_BUILT="1")  # built once in main()
     if quick:  # one BLAS thread: the numpy CPU benchmarks thrash with two on a shared 2-core machine
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)
+    return env
+
+
+def argv_of(name: str, quick: bool) -> list[str]:
+    return BENCHMARKS[name] + (["--quick"] if quick else [])
+
+
+def finish(name: str, result: dict, quick: bool, wall_s: float) -> dict:
+    result.setdefault("benchmark", name)
+    result["wall_s"] = round(wall_s, 2)
+    result["quick"] = quick
+    return result
+
+
+def run_one(name: str, quick: bool, out_dir: Path) -> dict:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", *argv_of(name, quick)], cwd=ROOT, capture_output=True, text=True,
+                          env=child_env(quick, out_dir))
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     text = proc.stdout
     result = json.loads(text[text.index("{"):])  # tolerate progress lines before the JSON
-    result.setdefault("benchmark", name)
-    result["wall_s"] = round(time.perf_counter() - t0, 2)
-    result["quick"] = quick
-    return result
+    return finish(name, result, quick, time.perf_counter() - t0)
+
+
+def run_in_one_page(names: list[str], quick: bool, out_dir: Path):
+    """Yield (name, result or RuntimeError) for each of `names` as bench/one_page.py finishes it."""
+    jobs = json.dumps([[name, argv_of(name, quick)] for name in names])
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "bench.one_page", jobs], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=err, text=True, env=child_env(quick, out_dir))
+        done = set()
+        for line in proc.stdout:
+            if not line.startswith('{"name"'):
+                continue
+            row = json.loads(line)
+            done.add(row["name"])
+            if "error" in row:
+                yield row["name"], RuntimeError(f"benchmark {row['name']} failed:\n{row['error']}")
+            else:
+                yield row["name"], finish(row["name"], row["result"], quick, row["wall_s"])
+        proc.wait()
+        err.seek(0)
+        tail = err.read()[-4000:]
+    for name in names:
+        if name not in done:
+            yield name, RuntimeError(f"benchmark {name} did not run: the shared page's process ended "
+                                     f"(exit {proc.returncode}):\n{tail}")
 
 
 def main() -> int:
@@ -76,12 +121,26 @@ def main() -> int:
 
     build.build()  # once for the whole run: the browser benchmarks skip their own build (PAGEDKV_BENCH_BUILT)
     failed = []
-    for name in args.only or BENCHMARKS:
-        print(f"== {name}", flush=True)
-        try:
-            result = run_one(name, args.quick, out_dir)
-        except RuntimeError as exc:
-            print(exc, file=sys.stderr)
+    names = list(dict.fromkeys(args.only or BENCHMARKS))
+
+    def alone():
+        for name in names:
+            if name not in ONE_PAGE:
+                print(f"== {name}", flush=True)
+                try:
+                    yield name, run_one(name, args.quick, out_dir)
+                except RuntimeError as exc:
+                    yield name, exc
+
+    def together():
+        shared = [name for name in names if name in ONE_PAGE]
+        if shared:
+            print(f"== in one page: {', '.join(shared)}", flush=True)
+            yield from run_in_one_page(shared, args.quick, out_dir)
+
+    for name, result in itertools.chain(alone(), together()):
+        if isinstance(result, RuntimeError):
+            print(result, file=sys.stderr)
             failed.append(name)
             continue
         text = json.dumps(result)

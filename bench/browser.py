@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import os
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
 import build
 
 TIMEOUT_MS = 900_000
+# The page most browser benchmarks run in: the app loads only the tiny model, on the CPU, so the benchmark has
+# the GPU (and the budget) to itself. `python3 -m bench` runs those benchmarks in one such page (bench/one_page.py).
+QUERY = "?model=tiny-random&backend=cpu"
 BUILT_ENV = "PAGEDKV_BENCH_BUILT"  # set by `python3 -m bench` after it built dist/ once for the whole run
 
 
@@ -86,3 +90,17 @@ class BrowserSession:
         self._pw.stop()
         self.server.shutdown()
         self.server.server_close()
+
+
+SHARED: list[BrowserSession] = []  # the one page of bench/one_page.py while it runs benchmarks in it
+
+
+@contextmanager
+def session(**kw):
+    """A booted page at QUERY for one benchmark: the shared one when bench/one_page.py runs this benchmark
+    (its server also serves the wllama harness), else a BrowserSession(QUERY, **kw) of the benchmark's own."""
+    if SHARED:
+        yield SHARED[0]
+    else:
+        with BrowserSession(QUERY, **kw) as s:
+            yield s

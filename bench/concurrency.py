@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from bench._path import save_result
-from bench.browser import BrowserSession
+from bench.browser import session
 
 WORKER = Path(__file__).with_name("concurrency_worker.py")
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"quick": args.quick, "note": "SwiftShader (CPU) WebGPU on a 2-core machine shared with other jobs: "
                                            "noisy; compare columns of one run"}
     # The page's own model is the tiny one on the CPU backend, so it does not compete for the GPU budget.
-    with BrowserSession("?model=tiny-random&backend=cpu", build_first=False) as s:
+    with session() as s:
         s.py(WORKER.read_text() + "\nNone")
         report["adapter"] = s.page.evaluate("JSON.parse(document.documentElement.dataset.adapter)")["name"]
         report["tiny"] = s.py(f"import json\njson.dumps(await throughput('tiny-random', {levels}, 32, {tiny_new}, 64, "

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.browser import BrowserSession
+from bench.browser import BrowserSession, session
 from bench._path import save_result
 from pagedkv.kv_dtype import KV_DTYPES
 
@@ -48,7 +48,7 @@ def run(budgets_mib: list[int], kv_dtypes: list[str], sessions: int, seed: int, 
     """Every budget under every dtype; the dtypes in `all_rows_dtypes` run all ROWS, the others SHORT_ROWS."""
     report = {"benchmark": "kv_browser", "kv_dtypes": kv_dtypes, "sessions": sessions, "seed": seed,
               "warmup_s": warmup_s, "layers_written_per_tick": layers_per_tick, "budgets": []}
-    with BrowserSession("?model=tiny-random&backend=cpu") as page:
+    with session() as page:
         page.install_bench("kv_sim.py", "webgpu_engine_worker.py")
         page.py(WORKER.read_text() + "\nNone")
         for kv_dtype in kv_dtypes:
@@ -57,6 +57,7 @@ def run(budgets_mib: list[int], kv_dtypes: list[str], sessions: int, seed: int, 
                 report["budgets"].append(run_budget(page, mib, kv_dtype, rows, sessions, seed, layers_per_tick,
                                                     warmup_s))
         report["adapter"] = json.loads(page.dataset()["adapter"])["name"]
+        page.py("_STATE.pop('backend').destroy()\nNone")  # the page may go on to other benchmarks
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return report
 

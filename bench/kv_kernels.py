@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.browser import BrowserSession
+from bench.browser import session
 from bench._path import save_result
 
 WORKER = Path(__file__).with_name("kv_kernels_worker.py")
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the partition / workgroup-size sweep")
     args = parser.parse_args(argv)
-    with BrowserSession("?model=tiny-random") as page:
+    with session() as page:
         page.py(WORKER.read_text() + "\nNone")
         results = []
         for call in runs(args.quick):

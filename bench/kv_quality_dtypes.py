@@ -4,7 +4,7 @@
 
 Corpus: the topic texts of CPython's own `pydoc_data/topics.py` (the reference documentation shipped with
 the interpreter: natural English with some code), joined in sorted topic order and tokenized with our
-tokenizer; the first N tokens are used (20,480 by default, 512 (one window) with --quick).
+tokenizer; the first N tokens are used (20,480 by default, one 256-token window with --quick).
 Quality: chunked perplexity with a fixed window (stride = window): each window is one prefill through the
 paged forward (backends/numpy_ref.py) whose K/V pools hold the dtype's quantized values, so every token
 attends to quantized keys and values exactly as on the GPU. Greedy agreement: the share of positions
@@ -165,13 +165,15 @@ def capacity(manifest: dict, dtypes: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=ROOT / "dist" / "models" / "smollm2-135m-instruct")
-    parser.add_argument("--quick", action="store_true", help="512 tokens (one window) instead of 20,480")
+    parser.add_argument("--quick", action="store_true", help="one 256-token window instead of 20,480 tokens "
+                                                             "in windows of 512")
     parser.add_argument("--tokens", type=int, default=None)
-    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--window", type=int, default=None, help="512 (256 with --quick)")
     parser.add_argument("--dtypes", default=",".join(KV_DTYPES))
     parser.add_argument("--partial", type=Path, default=None, help="rewrite this JSON after every window")
     args = parser.parse_args()
-    n_tokens = args.tokens or (512 if args.quick else 20480)
+    args.window = args.window or (256 if args.quick else 512)
+    n_tokens = args.tokens or (args.window if args.quick else 20480)
     dtypes = args.dtypes.split(",")
     if dtypes[0] != "f32":
         raise SystemExit("--dtypes must start with f32 (the reference)")

@@ -62,12 +62,10 @@ def browser_run(cfg: dict, tokens: list[int], save) -> dict:
     """The conversation in the page's worker (bench/long_chat_worker.py); returns its figures. save(figures)
     gets the figures so far after every slice, so a run stopped early leaves what it measured."""
     import build
-    from bench.browser import BrowserSession
+    from bench.browser import session
 
     t0 = time.perf_counter()
-    # The app itself loads only the tiny model on the CPU, so it does not compete with the run.
-    with BrowserSession("?model=tiny-random&backend=cpu",
-                        build_first=not (build.DIST / "index.html").exists()) as s:
+    with session(build_first=not (build.DIST / "index.html").exists()) as s:
         s.install_bench("webgpu_engine_worker.py", "long_chat_worker.py")
         s.py("from bench.long_chat_worker import LongChat\n"
              f"_chat = await LongChat.start({cfg['model']!r}, {tokens!r}, {cfg['context']}, {cfg['continuation']}, "
@@ -81,6 +79,7 @@ def browser_run(cfg: dict, tokens: list[int], save) -> dict:
             r["wall_s"] = round(time.perf_counter() - t0, 1)
             save(r)
             if p["done"]:
+                s.py("_chat.engine.backend.destroy()\nNone")  # the page may go on to other benchmarks
                 return r
 
 

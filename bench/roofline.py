@@ -24,7 +24,7 @@ import time
 
 from bench import kv_sim
 from bench._path import save_result
-from bench.browser import BrowserSession
+from bench.browser import session
 
 CONTEXTS = (256, 1024, 4096, 8192)
 BLOCK_SIZES = (8, 16, 32, 64)
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "roofline", "contexts": CONTEXTS, "block_sizes": BLOCK_SIZES}
     report["slot_efficiency_by_block_size"] = slot_efficiency_by_block_size(sessions)
     print(json.dumps(report["slot_efficiency_by_block_size"]), file=sys.stderr)
-    with BrowserSession("?model=tiny-random&backend=cpu") as page:
+    with session() as page:
         page.install_bench("kv_kernels_worker.py", "roofline_worker.py", "webgpu_engine_worker.py")
         web = page.py(SETUP.format(reps=reps, contexts=CONTEXTS))
         print(json.dumps(web["decode_steps"]), file=sys.stderr)

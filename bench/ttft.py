@@ -22,7 +22,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: BLAS t
 
 from bench import _path  # noqa: F401,E402  (puts py/ and the repo root on sys.path)
 from bench._path import ROOT, save_result  # noqa: E402
-from bench.browser import BrowserSession  # noqa: E402
+from bench.browser import session  # noqa: E402
 from bench.ttft_turns import conversation_ttft  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "ttft", **shape, "model": "smollm2-135m-instruct"}
     report["cpu_numpy"] = cpu_rows(shape)
     print(json.dumps(report["cpu_numpy"]), file=sys.stderr)
-    with BrowserSession("?model=tiny-random&backend=cpu") as page:
+    with session() as page:
         page.install_bench("ttft_turns.py", "webgpu_engine_worker.py")
         report["webgpu"] = page.py(WEB.format(shape=shape))
         report["adapter"] = json.loads(page.dataset()["adapter"])["name"]

@@ -1,6 +1,6 @@
 """Benchmark of the whole-model WebGPU backend in headless Chromium (SwiftShader on this machine).
 
-    python3 build.py && python3 bench/webgpu_engine.py [--runs 3] [--prompt 128] [--new 32]
+    python3 build.py && python3 -m bench.webgpu_engine [--runs 3] [--prompt 128] [--new 32]
 
 Prints JSON and writes bench/results/webgpu_engine.json: the ledger breakdown under a 1 GiB budget,
 prefill and decode tok/s of SmolLM2-135M through LLMEngine + WebGpuBackend (one request, random prompt,
@@ -16,18 +16,12 @@ import argparse
 import json
 import statistics
 import sys
-import threading
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "browser")]
-
-import build  # noqa: E402
-from build import BASE_ARGS, WEBGPU_ARGS, find_chromium  # noqa: E402
-from conftest import open_and_boot  # noqa: E402
+from bench._path import save_result
+from bench.browser import session
 
 WORKER = Path(__file__).with_name("webgpu_engine_worker.py")
-from bench._path import save_result  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,29 +33,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.runs, args.prompt, args.new = 2, 64, 8
-    if not (build.DIST / "index.html").exists():
-        build.build()
-    server = build.make_server("127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=find_chromium(), args=BASE_ARGS + WEBGPU_ARGS, headless=True)
-        # The app itself loads only the tiny model on the CPU, so it does not compete with the benchmark.
-        page = open_and_boot(browser, f"http://127.0.0.1:{server.server_address[1]}/?model=tiny-random&backend=cpu")
-        if page.state != "ready":
-            raise SystemExit(f"page did not boot: {page.dataset()}")
+    with session() as page:
         page.py(WORKER.read_text() + "\nNone")
         ledger = page.py("import json\n_ctx, _b, _m, _ledger = await bench_backend()\njson.dumps(_ledger)")
         print(json.dumps(ledger), file=sys.stderr)
         runs = page.py(f"import json\njson.dumps(await bench_generate(_ctx, _b, _m, {args.prompt}, {args.new}, "
-                       f"{args.runs}))", timeout_ms=1_800_000)
+                       f"{args.runs}))")
         floor = page.py("import json\njson.dumps(await bench_dispatch_floor(_ctx, _b))")
         dispatches = page.py("import json\njson.dumps(plan_dispatches(_b))")
         split = page.py("import json\njson.dumps(await bench_kernel_split(_ctx, _b))")
-        adapter = page.page.evaluate("JSON.parse(document.documentElement.dataset.adapter)")
-        browser.close()
-    server.shutdown()
+        page.py("_b.destroy()\nNone")
+        adapter = json.loads(page.dataset()["adapter"])
     med = {k: statistics.median(r[k] for r in runs) for k in
            ("prefill_tok_s", "decode_tok_s", "decode_step_ms", "decode_replay_ms", "decode_backend_python_ms",
             "decode_controller_ms")}

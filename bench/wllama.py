@@ -28,7 +28,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: BLAS t
 from bench import _path  # noqa: F401,E402  (puts py/ and the repo root on sys.path)
 import build  # noqa: E402
 from bench._path import ROOT, save_result  # noqa: E402
-from bench.browser import BrowserSession  # noqa: E402
+from bench.browser import session  # noqa: E402
 
 PAGE = Path(__file__).resolve().parent / "wllama_page"
 WLLAMA = ROOT / "node_modules" / "@wllama" / "wllama"
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=128)
-    parser.add_argument("--quick", action="store_true", help=f"--prompt 64 --new {COMPARE_IDS}")
+    parser.add_argument("--quick", action="store_true", help=f"--prompt 64 --new {COMPARE_IDS}, wllama at 2 threads only")
     args = parser.parse_args(argv)
     if args.quick:
         args.prompt, args.new = 64, COMPARE_IDS
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     version = json.loads((WLLAMA / "package.json").read_text())["version"]
     report = {"benchmark": "wllama", "wllama_version": version, "gguf": gguf_path().name,
               "prompt_tokens": args.prompt, "new_tokens": args.new, "wllama": [], "ours": []}
-    with BrowserSession("?model=tiny-random&backend=cpu", make_server=make_server) as s:
+    with session(make_server=make_server) as s:
         s.install_bench("webgpu_engine_worker.py")
         ours = s.py(WEBGPU.format(new=args.new, prompt=prompt))
         report["ours"].append({"backend": "WebGPU (SwiftShader)", **{k: ours[k] for k in (
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         page.set_default_timeout(1_800_000)
         page.goto(f"{s.origin}/bench/index.html")
         page.wait_for_selector("html[data-ready]", state="attached")
-        for threads in (1, 2):
+        for threads in ((2,) if args.quick else (1, 2)):
             for flash in (True, False):
                 config = {"threads": threads, "flashAttn": flash, "prompt": text, "newTokens": args.new,
                           "nCtx": 1024 if args.prompt + args.new <= 1024 else 2048}

@@ -1,0 +1,50 @@
+"""Run browser benchmarks one after another in one headless Chromium page: what `python3 -m bench` does with
+them, so that the page boots (Pyodide, packages, the app's tiny model) once per run instead of once each.
+
+    python3 -m bench.one_page '[["roofline", ["bench.roofline", "--quick"]], ...]'
+
+Each benchmark's main(argv) runs in this process with bench.browser.session() handing it the shared page,
+whose server also serves the wllama harness. Every benchmark frees what it put on the GPU before it returns.
+Prints one JSON line per benchmark: {"name", "result" (the JSON the benchmark printed) or "error", "wall_s"}.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import sys
+import time
+import traceback
+
+# Before numpy loads: the CPU columns of ttft and wllama use one BLAS thread, as when each runs alone.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from bench import browser  # noqa: E402
+
+
+def run(jobs: list[tuple[str, list[str]]]) -> None:
+    from bench.wllama import make_server  # dist/ plus the wllama harness under /bench/
+
+    with browser.BrowserSession(browser.QUERY, make_server=make_server) as page:
+        browser.SHARED.append(page)
+        try:
+            for name, (module, *argv) in jobs:
+                t0 = time.perf_counter()
+                out = io.StringIO()
+                try:
+                    with contextlib.redirect_stdout(out):
+                        importlib.import_module(module).main(argv)
+                    text = out.getvalue()
+                    line = {"name": name, "result": json.loads(text[text.index("{"):])}
+                except Exception:  # noqa: BLE001  (one benchmark's failure is reported; the others still run)
+                    line = {"name": name, "error": traceback.format_exc()[-4000:]}
+                line["wall_s"] = round(time.perf_counter() - t0, 2)
+                print(json.dumps(line), flush=True)
+        finally:
+            browser.SHARED.clear()
+
+
+if __name__ == "__main__":
+    run(json.loads(sys.argv[1]))
