@@ -22,13 +22,14 @@ WORKER = Path(__file__).with_name("concurrency_worker.py")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1, 2, 4 conversations (SmolLM2: 2), one run each, "
+    parser.add_argument("--quick", action="store_true", help="1, 2, 4 conversations (SmolLM2: 2, 16-token prompts), one run each, "
                                                              "fewer tokens and block counts")
     parser.add_argument("--skip-real", action="store_true", help="tiny model only")
     args = parser.parse_args(argv)
     levels = [1, 2, 4] if args.quick else [1, 2, 4, 8]
     real_levels = [2] if args.quick else levels
     tiny_new, real_new = (8, 4) if args.quick else (32, 16)
+    real_prompt = 16 if args.quick else 32
     tiny_runs = 1 if args.quick else 3
     blocks = [1, 4] if args.quick else [1, 2, 4, 8, 16]
     report = {"quick": args.quick, "note": "SwiftShader (CPU) WebGPU on a 2-core machine shared with other jobs: "
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report["tiny"]), file=sys.stderr, flush=True)
         if not args.skip_real:
             report["smollm2"] = s.py(f"import json\njson.dumps(await throughput('smollm2-135m-instruct', {real_levels}, "
-                                     f"32, {real_new}, 512))")
+                                     f"{real_prompt}, {real_new}, 512))")
             print(json.dumps(report["smollm2"]), file=sys.stderr, flush=True)
         report["swap_vs_recompute"] = s.py(f"import json\njson.dumps(await preemption_cost({blocks}))")
     save_result("concurrency", report)  # a --quick run via `python3 -m bench` never overwrites it

@@ -34,8 +34,8 @@ ROWS = (("contiguous", "contiguous", False, False), ("paged", "paged", False, Fa
         ("paged+prefix", "paged", True, False), ("paged+prefix+preempt", "paged", True, True))
 # Rows of a dtype other than f16 without --all-rows: the baseline and the engine's own configuration.
 SHORT_ROWS = ("contiguous", "paged+prefix+preempt")
-# --quick: arrivals end at ~3 s x sessions, so the sampled stretch (warm-up to last arrival) is ~240 s.
-QUICK_SESSIONS, QUICK_WARMUP_S = 120, 120
+# --quick: arrivals end at ~3 s x sessions, so the sampled stretch (warm-up to last arrival) is ~160 s.
+QUICK_SESSIONS, QUICK_WARMUP_S = 80, 80
 
 SCALAR_KEYS = ("max_context_tokens", "utilization_mean", "utilization_p5", "token_utilization_mean",
                "slot_efficiency", "oom_rate", "turns_started", "turns_failed", "sessions", "sessions_served",

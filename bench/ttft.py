@@ -11,7 +11,6 @@ Prints JSON; writes bench/results/ttft.json. Figures only.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -48,6 +47,7 @@ json.dumps(_rows)
 def cpu_rows(shape: dict) -> dict:
     """Both passes on the numpy CPU backend (pool sized for the whole conversation)."""
     from pagedkv.backends.cpu import CpuBackend
+    from pagedkv.engine import run_sync
     from pagedkv.model.weights import ModelWeights, read_manifest
     from pagedkv.tokenizer import Tokenizer
 
@@ -56,7 +56,7 @@ def cpu_rows(shape: dict) -> dict:
     rows = {}
     for on in (True, False):
         backend = CpuBackend(weights, num_blocks=256, block_size=16)
-        rows["on" if on else "off"] = asyncio.run(conversation_ttft(backend, tok, on, **shape))
+        rows["on" if on else "off"] = run_sync(conversation_ttft(backend, tok, on, **shape))
     return rows
 
 

@@ -14,7 +14,6 @@ Then wllama's greedy text, re-encoded, against our first 8 greedy ids. Prints JS
 from __future__ import annotations
 
 import argparse
-import asyncio
 import http.server
 import json
 import os
@@ -98,7 +97,7 @@ def prompt_text(n: int) -> tuple[str, list[int]]:
 def cpu_numpy(prompt: list[int], new_tokens: int) -> dict:
     """Our engine on the numpy CPU backend in CPython: prefill and decode tok/s and the greedy ids."""
     from pagedkv.backends.cpu import CpuBackend
-    from pagedkv.engine import EngineConfig, LLMEngine
+    from pagedkv.engine import EngineConfig, LLMEngine, run_sync
     from pagedkv.model.weights import ModelWeights, read_manifest
     from pagedkv.sampling import SamplingParams
     from pagedkv.tokenizer import Tokenizer
@@ -111,7 +110,7 @@ def cpu_numpy(prompt: list[int], new_tokens: int) -> dict:
     times, output = [], []
     while engine.has_unfinished:
         t0 = time.perf_counter()
-        outs = asyncio.run(engine.step())
+        outs = run_sync(engine.step())
         times.append(time.perf_counter() - t0)
         output += [t for o in outs if o.request_id == rid for t in o.token_ids]
     n_prefill = len(times) - len(output) + 1
