@@ -10,9 +10,10 @@ import argparse
 import json
 import os
 import platform
+import re
 from pathlib import Path
 
-from bench._path import RESULTS
+from bench._path import RESULTS, ROOT
 
 SEED = {"contiguous": {"ctx": "~1,200", "util": "22.4 %", "oom": "38.5 %"},
         "paged": {"ctx": "~4,800", "util": "88.6 %", "oom": "0 %"}}
@@ -272,12 +273,29 @@ def build_summary(results: Path) -> str:
     return "\n".join(lines)
 
 
+def readme_with_results(readme: str, summary: str) -> str:
+    """README text whose "## Results" section is `summary` from its "Machine:" line on: the section's own first
+    paragraph stays, headings go one level down, plot links point into bench/results/."""
+    start = readme.index("\n## Results\n") + 1
+    end = readme.index("\n## ", start + 1) + 1
+    section = readme[start:end]
+    keep = section[:section.index("\nMachine: ") + 1]
+    body = summary[summary.index("Machine: "):]
+    body = re.sub(r"^## ", "### ", body, flags=re.M)
+    body = re.sub(r"\]\((?!https?:|bench/)([^)]+\.png)\)", r"](bench/results/\1)", body)
+    return readme[:start] + keep + body.rstrip("\n") + "\n\n" + readme[end:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--readme", action="store_true", help="also rewrite README.md's Results section with it")
     args = parser.parse_args(argv)
     text = build_summary(args.results)
     (args.results / "SUMMARY.md").write_text(text)
+    if args.readme:
+        readme = ROOT / "README.md"
+        readme.write_text(readme_with_results(readme.read_text(), text))
     print(text)
     return 0
 

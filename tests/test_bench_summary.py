@@ -47,3 +47,17 @@ def test_seed_table_reads_a_single_dtype_report_written_before_the_dtype_column(
     lines = seed_table({"sessions": 400, "seed": 0, "kv_dtype": "f16", "budgets": [old]})
     assert [line for line in lines if "| ours:" in line][0].startswith("| 1024 MiB | f16 | ours: contiguous |")
     assert "between warm-up (300 s)" in " ".join(lines)
+
+
+def test_readme_results_section_is_replaced_from_its_machine_line_on():
+    from bench.summary import readme_with_results
+
+    readme = ("# P\n\nintro\n\n## Results\n\nOur words on how these were measured.\n\nMachine: old.\n\n### Old table\n\n"
+              "| a |\n\nPlots: [old.png](bench/results/old.png)\n\n## Where third-party code lives\n\nrest\n")
+    summary = ("# Benchmark results\n\nMachine: new, 2 cores.\n\n## New table\n\n| b |\n\n"
+               "Plots: [roofline.png](roofline.png), [x](https://example.org/x.png)\n")
+    out = readme_with_results(readme, summary)
+    assert out == ("# P\n\nintro\n\n## Results\n\nOur words on how these were measured.\n\nMachine: new, 2 cores.\n\n"
+                   "### New table\n\n| b |\n\nPlots: [roofline.png](bench/results/roofline.png), "
+                   "[x](https://example.org/x.png)\n\n## Where third-party code lives\n\nrest\n")
+    assert readme_with_results(out, summary) == out
