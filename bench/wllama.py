@@ -200,7 +200,7 @@ def ratio_line(report: dict) -> str:
 
     return (f"Decode: ours {web['decode_tok_s']:.2f} tok/s on WebGPU (SwiftShader) = "
             f"{web['decode_tok_s'] / best_dec['decode_tok_s']:.2f}x wllama's best {best_dec['decode_tok_s']:.2f} "
-            f"({cfg(best_dec)}); our numpy CPU path (CPython, native BLAS, run after the browser closed) "
+            f"({cfg(best_dec)}); our numpy CPU path (CPython, native BLAS, run after the browser side finished) "
             f"{cpu['decode_tok_s']:.2f} = {cpu['decode_tok_s'] / best_dec['decode_tok_s']:.2f}x. Prefill: ours "
             f"{web['prefill_tok_s']:.2f} tok/s on WebGPU = {web['prefill_tok_s'] / best_pre['prefill_tok_s']:.2f}x "
             f"wllama's best {best_pre['prefill_tok_s']:.2f} ({cfg(best_pre)}); numpy CPU {cpu['prefill_tok_s']:.1f}.")
