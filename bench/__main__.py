@@ -6,7 +6,7 @@ Benchmarks print figures; none of them passes or fails on a number. --quick runs
 reduced form (each accepts --quick) and writes to bench/results/quick/ instead, so a quick run never
 overwrites the full figures. The plots and SUMMARY.md are regenerated from the JSON at the end.
 dist/ is built once. Each benchmark runs in its own process, except the browser benchmarks of ONE_PAGE, which
-run one after another in one process and one booted page (bench/one_page.py): one page boot instead of eight.
+run one after another in one process and one booted page (bench/one_page.py): one page boot instead of nine.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ BENCHMARKS = {
 }
 
 # Browser benchmarks that take their page from bench.browser.session(): run in one page (bench/one_page.py).
-ONE_PAGE = ("kv_browser", "kv_kernels", "roofline", "ttft", "webgpu_engine", "concurrency", "wllama",
+ONE_PAGE = ("kv_browser", "kv_kernels", "model_kernels", "roofline", "ttft", "webgpu_engine", "concurrency", "wllama",
             "long_chat_quick")
 
 

@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import threading
 import time
 
 import build
 from bench._path import RESULTS
-from bench.browser import ensure_built
+from bench.browser import session
 
 LAYERS = 30  # SmolLM2-135M
 MATVEC_SHAPES = [("q4_1", 576, 576), ("q4_1", 192, 576), ("q4_1", 1536, 576), ("q4_1", 576, 1536),
@@ -114,39 +113,22 @@ def summarize(result: dict) -> dict:
 
 
 def measure(runs: int, repeats: int, prefill_tokens: int = 128, stream_mib: int = 64) -> dict:
-    from playwright.sync_api import sync_playwright
-
-    ensure_built()
-    server = build.make_server("127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/?model=tiny-random"  # keep the model load light
     code = (f"MATVEC_SHAPES = {MATVEC_SHAPES!r}\n" + inspect.getsource(measure_in_worker) + "\nimport json\n"
             f"json.dumps(await measure_in_worker({runs}, {repeats}, {prefill_tokens}, {stream_mib}))")
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=build.find_chromium(),
-                                         args=build.BASE_ARGS + build.WEBGPU_ARGS, headless=True)
-            page = browser.new_page()
-            page.goto(url)
-            page.wait_for_selector("html[data-state=ready]", state="attached", timeout=300_000)
-            text = page.evaluate("(code) => window.pagedkv.exec(code)", code)
-            browser.close()
-    finally:
-        server.shutdown()
-        server.server_close()
-    result = json.loads(text)
+    with session() as page:
+        result = page.py(code)
     result["decode_step_matvecs"] = summarize(result)
     result.update({"benchmark": "model_kernels", "chromium": build.find_chromium(),
                    "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--repeats", type=int, default=10, help="dispatches per sample for the small kernels")
     parser.add_argument("--quick", action="store_true", help="--runs 3 --repeats 5")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.runs, args.repeats = 3, 5
     result = measure(args.runs, args.repeats)
