@@ -38,7 +38,7 @@ def run(jobs: list[tuple[str, list[str]]]) -> None:
                         importlib.import_module(module).main(argv)
                     text = out.getvalue()
                     line = {"name": name, "result": json.loads(text[text.index("{"):])}
-                except Exception:  # noqa: BLE001  (one benchmark's failure is reported; the others still run)
+                except (Exception, SystemExit):  # noqa: BLE001  (reported; the other benchmarks still run)
                     line = {"name": name, "error": traceback.format_exc()[-4000:]}
                 line["wall_s"] = round(time.perf_counter() - t0, 2)
                 print(json.dumps(line), flush=True)

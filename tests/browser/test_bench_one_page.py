@@ -46,12 +46,18 @@ def main(argv):
         page.py("raise ValueError('this benchmark breaks')")
 '''
 
+FAKE_EXITS = '''
+def main(argv):
+    raise SystemExit("this benchmark exits: node_modules is missing")
+'''
+
 
 @pytest.fixture()
 def fake_benchmarks(tmp_path, monkeypatch):
     import bench.__main__ as runner
 
-    for name, text in (("fake_bench_a", FAKE_A), ("fake_bench_b", FAKE_B), ("fake_bench_fails", FAKE_FAILS)):
+    for name, text in (("fake_bench_a", FAKE_A), ("fake_bench_b", FAKE_B), ("fake_bench_fails", FAKE_FAILS),
+                       ("fake_bench_exits", FAKE_EXITS)):
         (tmp_path / f"{name}.py").write_text(text)
         monkeypatch.setitem(runner.BENCHMARKS, name, [name, "--flag"])
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
@@ -61,13 +67,13 @@ def fake_benchmarks(tmp_path, monkeypatch):
 
 
 def test_benchmarks_share_one_page_and_a_failure_does_not_stop_the_rest(fake_benchmarks, tmp_path):
-    rows = dict(fake_benchmarks.run_in_one_page(["fake_bench_a", "fake_bench_fails", "fake_bench_b"], True,
-                                                tmp_path / "results"))
-    assert list(rows) == ["fake_bench_a", "fake_bench_fails", "fake_bench_b"]
+    names = ["fake_bench_a", "fake_bench_fails", "fake_bench_exits", "fake_bench_b"]
+    rows = dict(fake_benchmarks.run_in_one_page(names, True, tmp_path / "results"))
+    assert list(rows) == names
     a, b = rows["fake_bench_a"], rows["fake_bench_b"]
     assert {k: a[k] for k in ("argv", "mark", "cpu", "benchmark", "quick")} == \
         {"argv": ["--flag", "--quick"], "mark": 42, "cpu": 7, "benchmark": "fake_bench_a", "quick": True}
     assert b["mark"] == 41 and a["wall_s"] >= 0
-    failure = rows["fake_bench_fails"]
-    assert isinstance(failure, RuntimeError) and "this benchmark breaks" in str(failure)
+    for name, why in (("fake_bench_fails", "this benchmark breaks"), ("fake_bench_exits", "node_modules is missing")):
+        assert isinstance(rows[name], RuntimeError) and why in str(rows[name]), name
     json.dumps([a, b])  # what python3 -m bench writes
