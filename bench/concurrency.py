@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from bench._path import save_result
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f"{real_prompt}, {real_new}, 512))")
             print(json.dumps(report["smollm2"]), file=sys.stderr, flush=True)
         report["swap_vs_recompute"] = s.py(f"import json\njson.dumps(await preemption_cost({blocks}))")
+    report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     save_result("concurrency", report)  # a --quick run via `python3 -m bench` never overwrites it
     return 0
 

@@ -144,6 +144,33 @@ def roofline_table(rf: dict) -> list[str]:
     return out + [""]
 
 
+
+def concurrency_table(cc: dict, pb: dict | None) -> list[str]:
+    """Generated tok/s by number of conversations (batched vs one at a time), swap vs recompute, page boot."""
+    out = ["## Concurrent conversations, preemption cost, page boot", "",
+           f"`python3 -m bench.concurrency{_quick(cc)}` — WebGPU; every conversation gets the same number of new "
+           "tokens, all queued at once (the engine's continuous batching) vs each queued after the previous finished; "
+           "tok/s = tokens generated / wall time, prefills included.",
+           "", "| model | prompt tokens | new tokens each | conversations | batched tok/s | one at a time tok/s "
+           "| speedup |", "|---|---|---|---|---|---|---|"]
+    for key in ("tiny", "smollm2"):
+        if key not in cc:
+            continue
+        info = cc[key]["info"]
+        for r in cc[key]["rows"]:
+            out.append(f"| {info['model']} | {info['prompt_tokens']} | {r['new_tokens_each']} | {r['concurrency']} "
+                       f"| {r['batched_tok_s']:.2f} | {r['one_at_a_time_tok_s']:.2f} | {r['speedup']:.2f} |")
+    if cc.get("swap_vs_recompute"):
+        out += ["", "Preempted sequence (tiny model), wall ms: swap out + back in vs recompute (one prefill).", "",
+                "| blocks | tokens | swap out + in | recompute | cheaper |", "|---|---|---|---|---|"]
+        out += [f"| {r['blocks']} | {r['tokens']} | {r['swap_round_trip_ms']:.1f} | {r['recompute_ms']:.1f} "
+                f"| {r['cheaper']} |" for r in cc["swap_vs_recompute"]]
+    if pb:
+        out += ["", f"`python3 -m bench.page_boot{_quick(pb)}` — page to ready (Pyodide, packages, the engine's "
+                f"self-test; the model loads after): cold (fresh browser profile) {pb['cold_median_ms'] / 1e3:.1f} s, warm (reload, "
+                f"HTTP cache) {pb['warm_median_ms'] / 1e3:.1f} s, median of {pb['runs']}."]
+    return out + [""]
+
 def ttft_table(tt: dict) -> list[str]:
     out = ["## Time to first token by turn", "",
            f"`python3 -m bench.ttft{_quick(tt)}` — one greedy conversation ({tt['system_tokens']}-token system prompt, "
@@ -252,8 +279,9 @@ def kv_quality_dtypes_table(kd: dict) -> list[str]:
 
 
 def build_summary(results: Path) -> str:
-    kv, rf, tt, wl, kq, kd = (_load(results, n) for n in ("kv_browser.json", "roofline.json", "ttft.json", "wllama.json",
-                                                          "kv_quality_window.json", "kv_quality_dtypes.json"))
+    kv, rf, tt, wl, kq, kd, cc, pb = (_load(results, n) for n in (
+        "kv_browser.json", "roofline.json", "ttft.json", "wllama.json", "kv_quality_window.json",
+        "kv_quality_dtypes.json", "concurrency.json", "page_boot.json"))
     if kd:
         kd["later_runs"] = [{**later, "file": path.name} for path in sorted(results.glob("kv_quality_*_*.json"))
                             if (later := _load(results, path.name)) and later.get("benchmark") == "kv_quality_dtypes"
@@ -264,7 +292,8 @@ def build_summary(results: Path) -> str:
              "`npm run bench` (full) or `npm run bench -- --quick` (reduced, into results/quick/) reruns everything "
              "and regenerates this file and the plots.", ""]
     for data, make, name in ((kv, seed_table, "kv_browser"), (rf, roofline_table, "roofline"),
-                             (tt, ttft_table, "ttft"), (wl, wllama_table, "wllama"),
+                             (tt, ttft_table, "ttft"), (cc, lambda c: concurrency_table(c, pb), "concurrency"),
+                             (wl, wllama_table, "wllama"),
                              (kq, kv_quality_window_table, "kv_quality_window"),
                              (kd, kv_quality_dtypes_table, "kv_quality_dtypes")):
         lines += make(data) if data else [f"_{name}.json missing: run `python3 -m bench --only {name}`._", ""]

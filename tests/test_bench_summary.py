@@ -61,3 +61,19 @@ def test_readme_results_section_is_replaced_from_its_machine_line_on():
                    "### New table\n\n| b |\n\nPlots: [roofline.png](bench/results/roofline.png), "
                    "[x](https://example.org/x.png)\n\n## Where third-party code lives\n\nrest\n")
     assert readme_with_results(out, summary) == out
+
+
+def test_concurrency_table_lists_both_models_swap_rows_and_the_page_boot_line():
+    from bench.summary import concurrency_table
+
+    row = {"concurrency": 2, "new_tokens_each": 4, "batched_tok_s": 1.5, "one_at_a_time_tok_s": 0.75, "speedup": 2.0}
+    cc = {"quick": True, "tiny": {"info": {"model": "tiny-random", "prompt_tokens": 32}, "rows": [row]},
+          "swap_vs_recompute": [{"blocks": 4, "tokens": 64, "swap_round_trip_ms": 16.36, "recompute_ms": 33.86,
+                                 "cheaper": "swap"}]}
+    lines = concurrency_table(cc, {"cold_median_ms": 8432.0, "warm_median_ms": 8154.0, "runs": 3})
+    assert "`python3 -m bench.concurrency --quick`" in lines[2]
+    assert "| tiny-random | 32 | 4 | 2 | 1.50 | 0.75 | 2.00 |" in lines
+    assert "| 4 | 64 | 16.4 | 33.9 | swap |" in lines
+    assert any("cold (fresh browser profile) 8.4 s, warm (reload, HTTP cache) 8.2 s, median of 3" in x for x in lines)
+    assert not any("smollm2" in x for x in lines)  # a model the run skipped gets no rows
+    assert concurrency_table(cc, None)[-1] == ""  # without page_boot.json: no boot line
