@@ -14,7 +14,7 @@ import json
 import statistics
 
 from bench.browser import BrowserSession
-from bench._path import RESULTS, ROOT
+from bench._path import RESULTS, ROOT, save_result
 
 
 MEASURE = """
@@ -78,8 +78,7 @@ def main() -> int:
         "overhead_pct": round(100 * (1 - statistics.median(on) / statistics.median(off)), 2),
         "screenshot": str(shot.relative_to(ROOT)),
     }
-    (RESULTS / "app_dashboard.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    save_result("app_dashboard", result, indent=2)
     return 0
 
 

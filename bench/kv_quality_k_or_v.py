@@ -2,7 +2,7 @@
 
     python3 -m bench.kv_quality_k_or_v [--dtype int4-asym] [--windows 2] [--window 512] [--model DIR]
 
-Same corpus, windows and perplexity as bench.kv_quality_dtypes (its window_logits / window_scores), over the
+Same corpus, windows and perplexity as bench.kv_quality_dtypes (its evaluate), over the
 first `--windows` windows; the f32 cache's rows are replaced by the dtype's round trip for K, V or both
 (numpy_ref writes K then V of each layer through round_trip, which is what is swapped here). Prints JSON.
 """
@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 from unittest import mock
 
 import numpy as np
 
-from bench.kv_quality_dtypes import ROOT, corpus_ids, window_logits, window_scores
+from bench.kv_quality_dtypes import ROOT, corpus_ids, evaluate
 from pagedkv.backends import numpy_ref
 from pagedkv.backends.numpy_ref import NumpyModel
 from pagedkv.kv_dtype import kv_dtype, round_trip
@@ -33,13 +32,8 @@ def perplexity(model: NumpyModel, ids: list[int], window: int, dtype: str, which
         part = "k" if writes[0] % 2 else "v"  # _attention stores K, then V, layer after layer
         return round_trip(x, dtype) if part in which else x
 
-    nll, count = 0.0, 0
     with mock.patch.object(numpy_ref, "round_trip", store):
-        for start in range(0, len(ids) - 1, window):
-            chunk = ids[start:start + window + 1]
-            nll += window_scores(window_logits(model, chunk[:-1], "f32"), np.asarray(chunk[1:]))[0]
-            count += len(chunk) - 1
-    return math.exp(nll / count)
+        return evaluate(model, ids, window, ["f32"], None, {})["f32"]["perplexity"]
 
 
 def main() -> None:
@@ -52,7 +46,7 @@ def main() -> None:
     kv_dtype(args.dtype)  # an unknown name fails here, before the model loads
     model = NumpyModel(ModelWeights.load(args.model))
     ids = corpus_ids(Tokenizer.from_manifest(read_manifest(args.model)), args.windows * args.window + 1)
-    ppl = {label: round(perplexity(model, ids, args.window, args.dtype, which), 4)
+    ppl = {label: perplexity(model, ids, args.window, args.dtype, which)
            for label, which in (("f32", ""), ("k only", "k"), ("v only", "v"), ("k and v", "kv"))}
     print(json.dumps({"benchmark": "kv_quality_k_or_v", "model": args.model.name, "dtype": args.dtype,
                       "tokens": args.windows * args.window, "window": args.window, "perplexity": ppl,

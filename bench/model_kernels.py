@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import time
 
 import build
-from bench._path import RESULTS
+from bench._path import save_result
 from bench.browser import session
 
 LAYERS = 30  # SmolLM2-135M
@@ -132,9 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.runs, args.repeats = 3, 5
     result = measure(args.runs, args.repeats)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "model_kernels.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    save_result("model_kernels", result, indent=2)
 
 
 if __name__ == "__main__":

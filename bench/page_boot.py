@@ -7,14 +7,13 @@ Prints JSON; writes bench/results/page_boot.json. A figure, never a pass/fail.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import threading
 import time
 
 from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
 import build
-from bench._path import RESULTS
+from bench._path import save_result
 from bench.browser import ensure_built
 
 
@@ -72,9 +71,7 @@ def main() -> None:
     if args.quick:
         args.runs = 1
     result = measure(args.runs)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "page_boot.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    save_result("page_boot", result, indent=2)
 
 
 if __name__ == "__main__":

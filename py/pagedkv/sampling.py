@@ -152,8 +152,8 @@ class ForcedSampler(Sampler):
         token = self.forced_ids[i]
         if token >= logits.shape[0]:
             raise ValueError(f"forced token {token} is outside the vocabulary ({logits.shape[0]})")
-        x = logits.astype(np.float64)  # (vocab,)
-        m = x.max()
-        self.logprobs.append(float(x[token] - m - np.log(np.exp(x - m).sum())))
-        self.argmax_ids.append(int(np.argmax(x)))
+        from pagedkv.beam_search import log_softmax
+
+        self.logprobs.append(float(log_softmax(logits)[token]))
+        self.argmax_ids.append(int(np.argmax(logits)))
         return token
