@@ -138,21 +138,26 @@ F16_MIN_NORMAL = np.float32(2.0 ** -14)
 _LOW13 = np.uint32(0x1FFF)  # the f32 mantissa bits an f16 does not have
 
 
+def _round_away_to_f16(bits: np.ndarray) -> np.ndarray:
+    """f32 bits -> the f32 whose 13 mantissa bits an f16 lacks are rounded away from zero (kv_write.wgsl's
+    round_away_to_f16)."""
+    return np.where(bits & _LOW13, (bits & ~_LOW13) + np.uint32(0x2000), bits).astype(np.uint32).view(np.float32)
+
+
 def _f16_floor(lo: np.ndarray) -> np.ndarray:
     """f32 values in [-65504, 65504] -> the largest of {0, normal f16} below them, 0 for |lo| < 2^-14 (a GPU
     may flush a denormal lo to -0, so the cut is a comparison that flushing cannot change)."""
     bits = lo.astype(np.float32).view(np.uint32)
     toward_zero = (bits & ~_LOW13).view(np.float32)
-    away = np.where(bits & _LOW13, (bits & ~_LOW13) + np.uint32(0x2000), bits).astype(np.uint32).view(np.float32)
-    out = np.where(lo >= F16_MIN_NORMAL, toward_zero, np.where(lo > -F16_MIN_NORMAL, np.float32(0), away))
+    out = np.where(lo >= F16_MIN_NORMAL, toward_zero,
+                   np.where(lo > -F16_MIN_NORMAL, np.float32(0), _round_away_to_f16(bits)))
     return out.astype(np.float32)
 
 
 def _f16_ceil(d: np.ndarray) -> np.ndarray:
     """Non-negative f32 -> the smallest normal f16 at or above it (at least 2^-14)."""
     bits = d.astype(np.float32).view(np.uint32)
-    up = np.where(bits & _LOW13, (bits & ~_LOW13) + np.uint32(0x2000), bits).astype(np.uint32).view(np.float32)
-    return np.where(d < F16_MIN_NORMAL, F16_MIN_NORMAL, up).astype(np.float32)
+    return np.where(d < F16_MIN_NORMAL, F16_MIN_NORMAL, _round_away_to_f16(bits)).astype(np.float32)
 
 
 def _quantize_asymmetric(x: np.ndarray, dt: KVDtype) -> tuple[np.ndarray, np.ndarray]:
