@@ -23,8 +23,8 @@ WORKER = Path(__file__).with_name("concurrency_worker.py")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1, 2, 4 conversations (SmolLM2: 2, 16-token prompts), one run each, "
-                                                             "fewer tokens and block counts")
+    parser.add_argument("--quick", action="store_true", help="1, 2, 4 conversations (SmolLM2: 2, 16-token "
+                                                             "prompts), one run each, fewer tokens and block counts")
     parser.add_argument("--skip-real", action="store_true", help="tiny model only")
     args = parser.parse_args(argv)
     levels = [1, 2, 4] if args.quick else [1, 2, 4, 8]
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                               f"runs={tiny_runs}))")
         print(json.dumps(report["tiny"]), file=sys.stderr, flush=True)
         if not args.skip_real:
-            report["smollm2"] = s.py(f"import json\njson.dumps(await throughput('smollm2-135m-instruct', {real_levels}, "
-                                     f"{real_prompt}, {real_new}, 512))")
+            report["smollm2"] = s.py(f"import json\njson.dumps(await throughput('smollm2-135m-instruct', "
+                                     f"{real_levels}, {real_prompt}, {real_new}, 512))")
             print(json.dumps(report["smollm2"]), file=sys.stderr, flush=True)
         report["swap_vs_recompute"] = s.py(f"import json\njson.dumps(await preemption_cost({blocks}))")
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

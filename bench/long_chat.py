@@ -17,8 +17,8 @@ Also the most KV blocks the sequence held (bound: ceil((S + W) / block_size) + 1
 wall time. --cpu-reference scores the same 512 tokens on the numpy CPU engine (f32 KV, same window, sinks,
 block size; bench/kv_lanes.evaluate) and the two runs are compared in the same JSON: their
 perplexities and their greedy next-token agreement over the continuation.
-Writes bench/results/long_chat.json (--quick: long_chat_quick.json; each mode merges its part in). Timings are wall clock on a shared
-machine: noisy.
+Writes bench/results/long_chat.json (--quick: long_chat_quick.json; each mode merges its part in). Timings
+are wall clock on a shared machine: noisy.
 """
 from __future__ import annotations
 

@@ -144,7 +144,6 @@ def roofline_table(rf: dict) -> list[str]:
     return out + [""]
 
 
-
 def concurrency_table(cc: dict, pb: dict | None) -> list[str]:
     """Generated tok/s by number of conversations (batched vs one at a time), swap vs recompute, page boot."""
     out = ["## Concurrent conversations, preemption cost, page boot", "",
@@ -167,9 +166,10 @@ def concurrency_table(cc: dict, pb: dict | None) -> list[str]:
                 f"| {r['cheaper']} |" for r in cc["swap_vs_recompute"]]
     if pb:
         out += ["", f"`python3 -m bench.page_boot{_quick(pb)}` — page to ready (Pyodide, packages, the engine's "
-                f"self-test; the model loads after): cold (fresh browser profile) {pb['cold_median_ms'] / 1e3:.1f} s, warm (reload, "
-                f"HTTP cache) {pb['warm_median_ms'] / 1e3:.1f} s, median of {pb['runs']}."]
+                f"self-test; the model loads after): cold (fresh browser profile) {pb['cold_median_ms'] / 1e3:.1f} s, "
+                f"warm (reload, HTTP cache) {pb['warm_median_ms'] / 1e3:.1f} s, median of {pb['runs']}."]
     return out + [""]
+
 
 def ttft_table(tt: dict) -> list[str]:
     out = ["## Time to first token by turn", "",

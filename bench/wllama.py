@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=128)
-    parser.add_argument("--quick", action="store_true", help=f"--prompt 64 --new {COMPARE_IDS}, wllama at 2 threads only")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"--prompt 64 --new {COMPARE_IDS}, wllama at 2 threads only")
     args = parser.parse_args(argv)
     if args.quick:
         args.prompt, args.new = 64, COMPARE_IDS
