@@ -213,8 +213,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     try:
         serve(args.host, args.port, tuple(args.allow_origin))
     except ServeError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 1
+        parser.exit(1, f"{parser.prog}: error: {exc}\n")  # exit code 1, as build.py's errors
     return 0
 
 

@@ -98,7 +98,8 @@ def test_a_venv_without_ensurepip_installs_debians_venv_package_and_retries(tree
     ([], ["tests"]),
     (["-k", "serve"], ["tests", "-k", "serve"]),
     (["tests/test_build.py", "-x"], ["tests/test_build.py", "-x"]),
-    (["tests/test_serve.py::test_csp_allows_wasm_but_not_eval"], ["tests/test_serve.py::test_csp_allows_wasm_but_not_eval"]),
+    (["tests/test_serve.py::test_csp_allows_wasm_but_not_eval", "-q"],
+     ["tests/test_serve.py::test_csp_allows_wasm_but_not_eval", "-q"]),
 ])
 def test_pytest_runs_every_test_unless_told_which(args, expected):
     assert bootstrap.pytest_args(args) == ["-m", "pytest", *expected]
