@@ -2,7 +2,7 @@
 """Build PagedKV's self-hosted site into dist/, or serve it.
 
     python3 build.py                      build dist/ (incremental, idempotent)
-    python3 build.py serve [--port 8000] [--host 127.0.0.1] [--allow-origin http://127.0.0.1:8080 ...]
+    python3 build.py serve [--port 8000] ...   serve dist/: the same as `python3 serve.py ...`
 
 Every third-party byte that reaches dist/ is verified by sha256 at build time:
 Pyodide's core files against hashes pinned here (they come from the npm package,
@@ -16,7 +16,6 @@ import argparse
 import base64
 import csv
 import hashlib
-import http.server
 import io
 import json
 import os
@@ -25,7 +24,6 @@ import subprocess
 import sys
 import tarfile
 import time
-import urllib.parse
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -373,7 +371,7 @@ def build(dist: Path = DIST, cache: Path = CACHE, node_modules: Path = NODE_MODU
 # --------------------------------------------------------------------------- browser
 # Tests and benchmarks drive the system Chromium through Playwright; it never downloads a browser.
 INSTALL_HINT = (
-    "Install it with `sudo apt-get install chromium` (Debian/Ubuntu; `bash .ci/run` does this), "
+    "Install it with `sudo apt-get install chromium` (Debian/Ubuntu; `npm test` does this when run as root), "
     "or point CHROME_PATH at a Chrome/Chromium 113+ binary."
 )
 
@@ -402,129 +400,19 @@ def find_chromium() -> str:
     raise FileNotFoundError(f"No Chromium found for the browser tests. {INSTALL_HINT}")
 
 
-# --------------------------------------------------------------------------- serve
-
-CSP_DIRECTIVES = (
-    "default-src 'self'",
-    # Pyodide compiles its wasm module and the wasm in numpy's wheel: that needs wasm-unsafe-eval.
-    "script-src 'self' 'wasm-unsafe-eval'",
-    "worker-src 'self'",
-    "connect-src 'self'",
-    "img-src 'self' data:",
-    "style-src 'self'",
-    "object-src 'none'",
-    "base-uri 'none'",
-    "form-action 'none'",
-    "frame-ancestors 'none'",
-)
-CSP = "; ".join(CSP_DIRECTIVES)
-
-
-def check_origin(origin: str) -> str:
-    """An origin the page may connect to (`scheme://host[:port]`, http or https); BuildError otherwise."""
-    parts = urllib.parse.urlsplit(origin)
-    if (parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/")
-            or parts.query or parts.fragment or parts.username or parts.password):
-        raise BuildError(f"--allow-origin {origin!r} is not an origin: give scheme://host[:port], "
-                         f"e.g. http://127.0.0.1:8080 (no path)")
-    try:
-        port = parts.port
-    except ValueError:
-        raise BuildError(f"--allow-origin {origin!r} has a bad port") from None
-    return f"{parts.scheme}://{parts.hostname}" + (f":{port}" if port is not None else "")
-
-
-def content_security_policy(allow_origins: tuple[str, ...] = ()) -> str:
-    """The served CSP; `allow_origins` (e.g. a fallback chat server) are added to connect-src only."""
-    extra = [check_origin(o) for o in allow_origins]
-    return "; ".join(" ".join(["connect-src 'self'", *extra]) if d == "connect-src 'self'" else d
-                     for d in CSP_DIRECTIVES)
-
-
-class DistHandler(http.server.SimpleHTTPRequestHandler):
-    extensions_map = {
-        **http.server.SimpleHTTPRequestHandler.extensions_map,
-        ".wasm": "application/wasm",
-        ".js": "text/javascript",
-        ".mjs": "text/javascript",
-        ".json": "application/json",
-        ".wgsl": "text/plain; charset=utf-8",
-        ".whl": "application/zip",
-        ".zip": "application/zip",
-        ".bin": "application/octet-stream",
-        ".css": "text/css",
-        ".svg": "image/svg+xml",
-        ".html": "text/html; charset=utf-8",
-    }
-
-    csp = CSP
-
-    def end_headers(self) -> None:
-        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
-        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
-        self.send_header("Cross-Origin-Resource-Policy", "same-origin")
-        self.send_header("Content-Security-Policy", self.csp)
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("Cache-Control", "no-cache")
-        super().end_headers()
-
-    def log_message(self, fmt: str, *args) -> None:
-        if os.environ.get("PAGEDKV_QUIET_SERVER"):
-            return
-        super().log_message(fmt, *args)
-
-
-def make_server(host: str, port: int, dist: Path = DIST,
-                allow_origins: tuple[str, ...] = ()) -> http.server.ThreadingHTTPServer:
-    """Serve `dist` with the isolation headers; `allow_origins` extend the CSP's connect-src."""
-    handler_class = type("Handler", (DistHandler,), {"csp": content_security_policy(tuple(allow_origins))})
-    if not (dist / "index.html").exists():
-        raise BuildError(f"{dist}/index.html is missing: run `python3 build.py` first (or `npm start`).")
-
-    def handler(*args, **kwargs):
-        return handler_class(*args, directory=str(dist), **kwargs)
-
-    try:
-        server = http.server.ThreadingHTTPServer((host, port), handler)
-    except OSError as exc:
-        raise BuildError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}. "
-            f"Is another server running there? Pick another port with --port."
-        ) from None
-    server.daemon_threads = True
-    return server
-
-
-def serve(host: str, port: int, allow_origins: tuple[str, ...] = ()) -> None:
-    server = make_server(host, port, allow_origins=allow_origins)
-    actual_port = server.server_address[1]
-    print(f"PagedKV is served at  http://{host}:{actual_port}/  (open it in Chrome; Ctrl+C stops)", flush=True)
-    for origin in allow_origins:
-        print(f"the page may connect to {check_origin(origin)} (a fallback chat server)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        print("\nstopped")
-    finally:
-        server.server_close()
-
-
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        import serve  # the static server is its own module; `build.py serve` stays as a shortcut to it
+
+        return serve.main(argv[1:], prog="build.py serve")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd")
     sub.add_parser("build", help="build dist/ (the default)")
-    p_serve = sub.add_parser("serve", help="serve dist/ with the headers the page needs")
-    p_serve.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
-    p_serve.add_argument("--host", default="127.0.0.1")
-    p_serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
-                         help="let the page connect to ORIGIN (scheme://host[:port]), e.g. the fallback "
-                              "OpenAI-compatible server set in the chat settings; repeatable")
-    args = parser.parse_args(argv)
+    sub.add_parser("serve", help="serve dist/ with the headers the page needs (serve.py; see serve --help)")
+    parser.parse_args(argv)
     try:
-        if args.cmd == "serve":
-            serve(args.host, args.port, tuple(args.allow_origin))
-        else:
-            build()
+        build()
     except BuildError as exc:
         print(f"build.py: error: {exc}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
 import build
+import serve
 
 TIMEOUT_MS = 900_000
 # The page most browser benchmarks run in: the app loads only the tiny model, on the CPU, so the benchmark has
@@ -43,7 +44,7 @@ class BrowserSession:
     def __init__(self, query: str = "", *, build_first: bool = True, make_server=None) -> None:
         self.query = query
         self.build_first = build_first
-        self.make_server = make_server or build.make_server  # (host, port) -> an HTTP server of dist/
+        self.make_server = make_server or serve.make_server  # (host, port) -> an HTTP server of dist/
 
     def __enter__(self) -> "BrowserSession":
         from playwright.sync_api import sync_playwright

@@ -1,15 +1,12 @@
-"""build.py: verification of third-party bytes, wheels, incremental rebuilds, and the server."""
+"""build.py: verification of third-party bytes, wheels, incremental rebuilds, finding Chromium."""
 from __future__ import annotations
 
 import hashlib
-import http.client
 import io
 import json
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import zipfile
 
 import pytest
@@ -111,47 +108,6 @@ def test_dist_has_shaders_manifest_with_hashes():
 def test_templates_are_rendered():
     html = (build.DIST / "index.html").read_text()
     assert "{{" not in html and "Pyodide 0.27.7" in html
-
-
-@pytest.fixture()
-def server():
-    srv = build.make_server("127.0.0.1", 0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-
-
-def _get(srv, path):
-    conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=10)
-    conn.request("GET", path)
-    resp = conn.getresponse()
-    resp.read()
-    return resp
-
-
-def test_server_headers_and_wasm_mime(server, monkeypatch):
-    monkeypatch.setenv("PAGEDKV_QUIET_SERVER", "1")
-    resp = _get(server, "/pyodide/pyodide.asm.wasm")
-    assert resp.status == 200
-    assert resp.getheader("Content-Type") == "application/wasm"
-    assert resp.getheader("Cross-Origin-Opener-Policy") == "same-origin"
-    assert resp.getheader("Cross-Origin-Embedder-Policy") == "require-corp"
-    csp = resp.getheader("Content-Security-Policy")
-    assert "default-src 'self'" in csp and "'wasm-unsafe-eval'" in csp and "'unsafe-eval'" not in csp.replace("'wasm-unsafe-eval'", "")
-    assert _get(server, "/index.html").getheader("Content-Type") == "text/html; charset=utf-8"
-
-
-def test_port_in_use_gives_a_clear_message():
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        proc = subprocess.run([sys.executable, str(build.ROOT / "build.py"), "serve", "--port", str(port)],
-                              capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 1
-    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "--port" in proc.stderr
-    assert "Traceback" not in proc.stderr
 
 
 def test_missing_chromium_message(monkeypatch, tmp_path):

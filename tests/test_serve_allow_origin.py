@@ -1,4 +1,4 @@
-"""build.py serve --allow-origin: the fallback server's origin joins connect-src and nothing else."""
+"""serve.py --allow-origin: the fallback server's origin joins connect-src and nothing else."""
 from __future__ import annotations
 
 import http.client
@@ -9,6 +9,7 @@ import threading
 import pytest
 
 import build
+import serve
 
 
 def directives(csp: str) -> dict[str, str]:
@@ -16,13 +17,13 @@ def directives(csp: str) -> dict[str, str]:
 
 
 def test_default_connects_only_to_self():
-    assert directives(build.content_security_policy())["connect-src"] == "connect-src 'self'"
-    assert build.content_security_policy() == build.CSP
+    assert directives(serve.content_security_policy())["connect-src"] == "connect-src 'self'"
+    assert serve.content_security_policy() == serve.CSP
 
 
 def test_allowed_origins_extend_connect_src_only():
-    csp = build.content_security_policy(("http://127.0.0.1:8080", "https://API.example.org:443/"))
-    got, default = directives(csp), directives(build.CSP)
+    csp = serve.content_security_policy(("http://127.0.0.1:8080", "https://API.example.org:443/"))
+    got, default = directives(csp), directives(serve.CSP)
     assert got["connect-src"] == "connect-src 'self' http://127.0.0.1:8080 https://api.example.org:443"
     assert {k: v for k, v in got.items() if k != "connect-src"} == {k: v for k, v in default.items()
                                                                      if k != "connect-src"}
@@ -31,12 +32,12 @@ def test_allowed_origins_extend_connect_src_only():
 @pytest.mark.parametrize("origin", ["127.0.0.1:8080", "ftp://host", "http://host/v1", "http://host?x=1",
                                     "http://user:pw@host", "http://host:99999", "*"])
 def test_a_non_origin_is_refused(origin):
-    with pytest.raises(build.BuildError, match="is not an origin|bad port"):
-        build.content_security_policy((origin,))
+    with pytest.raises(serve.ServeError, match="is not an origin|bad port"):
+        serve.content_security_policy((origin,))
 
 
 def test_served_header_carries_the_origin():
-    server = build.make_server("127.0.0.1", 0, allow_origins=("http://127.0.0.1:8080",))
+    server = serve.make_server("127.0.0.1", 0, allow_origins=("http://127.0.0.1:8080",))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import build
+import serve
 
 from build import BASE_ARGS, WEBGPU_ARGS, find_chromium
 
@@ -21,7 +22,7 @@ def base_url():
     if not (build.DIST / "index.html").exists() or os.environ.get("PAGEDKV_REBUILD"):
         build.build()
     os.environ["PAGEDKV_QUIET_SERVER"] = "1"
-    server = build.make_server("127.0.0.1", 0)
+    server = serve.make_server("127.0.0.1", 0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/"

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-import build
+import serve
 from conftest import open_and_boot, wait_model
 from llama_server import MODEL_NAME, complete, llama_server
 from model_fixtures import gguf_path  # noqa: F401  (fixture)
@@ -24,7 +24,7 @@ def llama(gguf_path):  # noqa: F811
 @pytest.fixture(scope="module")
 def site(llama):
     """dist/ served with the llama server's origin added to connect-src (build.py serve --allow-origin)."""
-    server = build.make_server("127.0.0.1", 0, allow_origins=(llama,))
+    server = serve.make_server("127.0.0.1", 0, allow_origins=(llama,))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/"
     server.shutdown()

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Install what a command needs, then run it: what `npm start`, `npm test`, `npm run ...` call.
+
+    python3 bootstrap.py start [serve.py args]   npm packages, requirements.txt in .venv/, build dist/, serve it
+    python3 bootstrap.py test [pytest args]      also requirements-dev.txt and the apt packages; build; pytest
+    python3 bootstrap.py build                   npm packages, requirements.txt, build dist/
+    python3 bootstrap.py bench|generate [args]   as test, then `python -m bench` / `python -m bench.generate`
+
+Standard library only, so that it runs under a bare python3 before anything is installed. Python packages
+live in the project's own virtual environment, .venv/: reused, and pip runs again when requirements*.txt or
+py/pyproject.toml change (a stamp file in .venv/ holds their hash). `npm ci` runs when node_modules does not
+hold exactly what package-lock.json pins.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+VENV_PYTHON = VENV / "bin" / "python"
+STAMP = VENV / "pagedkv-requirements.json"
+RUNTIME, DEV = "requirements.txt", "requirements-dev.txt"  # requirements-dev.txt includes requirements.txt
+# Everything pip reads: a change to any of them reinstalls.
+REQUIREMENT_INPUTS = (RUNTIME, DEV, "py/pyproject.toml")
+
+
+class BootstrapError(Exception):
+    """Something this script cannot install by itself; the message gives the command that does."""
+
+
+def log(message: str) -> None:
+    print(f"== {message}", flush=True)
+
+
+def run(cmd: list[str], **kwargs) -> None:
+    proc = subprocess.run(cmd, **kwargs)
+    if proc.returncode != 0:
+        raise BootstrapError(f"`{' '.join(map(str, cmd))}` failed (exit code {proc.returncode}); see above.")
+
+
+# --------------------------------------------------------------------------- apt
+
+
+def dpkg_installed(package: str) -> bool:
+    if shutil.which("dpkg-query") is None:
+        return False
+    proc = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
+    return proc.returncode == 0 and proc.stdout == "install ok installed"
+
+
+def chromium_found() -> bool:
+    from build import find_chromium  # standard library only at import time, like this file
+
+    try:
+        find_chromium()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class AptPackage:
+    """A system package a command needs; `present` says whether this machine already has it."""
+
+    name: str
+    why: str
+    present: Callable[[], bool]
+
+
+# What `npm test` (and the browser benchmarks) need from the system. To add one:
+# AptPackage("mesa-vulkan-drivers", "WebGPU on a Vulkan driver", lambda: dpkg_installed("mesa-vulkan-drivers")).
+TEST_APT = (
+    AptPackage("chromium", "the browser tests drive it through Playwright (or set CHROME_PATH)", chromium_found),
+)
+
+
+def ensure_apt(packages: tuple[AptPackage, ...]) -> None:
+    """Install the missing ones with apt-get when running as root; otherwise say the exact command."""
+    missing = [p for p in packages if not p.present()]
+    if not missing:
+        return
+    names = " ".join(p.name for p in missing)
+    reasons = "; ".join(f"{p.name}: {p.why}" for p in missing)
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise BootstrapError(f"missing system packages ({reasons}). Install them with:\n"
+                             f"    sudo apt-get update && sudo apt-get install -y {names}\nthen run this again.")
+    log(f"apt-get install {names} ({reasons})")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-qq"], env=env)
+    run(["apt-get", "install", "-y", "-qq", *names.split()], env=env)
+
+
+# --------------------------------------------------------------------------- npm
+
+
+def node_modules_current() -> bool:
+    """True when node_modules holds exactly what package-lock.json pins (npm's own record of what it installed)."""
+    installed = ROOT / "node_modules" / ".package-lock.json"
+    if not installed.is_file():
+        return False
+    wanted = json.loads((ROOT / "package-lock.json").read_text())["packages"]
+    return json.loads(installed.read_text())["packages"] == {k: v for k, v in wanted.items() if k}
+
+
+def ensure_node_modules() -> None:
+    if node_modules_current():
+        return
+    if shutil.which("npm") is None:
+        raise BootstrapError("npm is missing: install Node.js 20+ (`sudo apt-get install -y nodejs npm`).")
+    log("npm ci")
+    run(["npm", "ci", "--no-audit", "--no-fund"], cwd=ROOT)
+
+
+# --------------------------------------------------------------------------- Python
+
+
+def venv_package() -> str:
+    """Debian's package that gives this python3 its ensurepip (and so `python3 -m venv`)."""
+    return f"python3.{sys.version_info.minor}-venv"
+
+
+def create_venv() -> None:
+    log(f"creating {VENV.relative_to(ROOT)}/ with {sys.executable}")
+    proc = subprocess.run([sys.executable, "-m", "venv", str(VENV)], capture_output=True, text=True)
+    if proc.returncode == 0:
+        return
+    shutil.rmtree(VENV, ignore_errors=True)  # a half-made venv (no pip) would pass for a good one next time
+    output = proc.stdout + proc.stderr
+    if "ensurepip" not in output:
+        raise BootstrapError(f"`{sys.executable} -m venv {VENV}` failed:\n{output.strip()}")
+    package = AptPackage(venv_package(), "python3 -m venv needs ensurepip", lambda: False)
+    ensure_apt((package,))
+    run([sys.executable, "-m", "venv", str(VENV)])
+
+
+def requirements_digest() -> str:
+    h = hashlib.sha256()
+    for name in REQUIREMENT_INPUTS:
+        h.update(name.encode() + b"\0" + (ROOT / name).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def read_stamp() -> dict:
+    return json.loads(STAMP.read_text()) if STAMP.is_file() else {}
+
+
+def ensure_python_packages(need: str) -> None:
+    """.venv/ holds `need` (RUNTIME or DEV) as the requirement files read now; installs only what changed."""
+    if not (VENV / "bin" / "pip").exists():
+        create_venv()
+    digest, stamp = requirements_digest(), read_stamp()
+    # A venv that once got the dev set keeps getting it, so `npm start` after `npm test` reinstalls nothing.
+    target = DEV if DEV in (need, stamp.get("installed")) else RUNTIME
+    if stamp == {"digest": digest, "installed": target}:
+        return
+    log(f"pip install -r {target} into {VENV.relative_to(ROOT)}/")
+    run([str(VENV_PYTHON), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", target], cwd=ROOT)
+    STAMP.write_text(json.dumps({"digest": digest, "installed": target}) + "\n")
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def venv_env() -> dict[str, str]:
+    """The environment of an activated .venv/, so that subprocesses calling `python3` get it too."""
+    path = f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "VIRTUAL_ENV": str(VENV), "PATH": path}
+    env.pop("PYTHONHOME", None)
+    return env
+
+
+def python(args: list[str]) -> None:
+    run([str(VENV_PYTHON), *args], cwd=ROOT, env=venv_env())
+
+
+def exec_python(args: list[str]) -> None:
+    """Become `.venv/bin/python args`: its exit code and Ctrl+C are the command's own."""
+    sys.stdout.flush()
+    os.chdir(ROOT)
+    os.execve(str(VENV_PYTHON), [str(VENV_PYTHON), *args], venv_env())
+
+
+def pytest_args(args: list[str]) -> list[str]:
+    """`tests` unless the arguments name a test path themselves (`npm test -- tests/test_build.py -x`)."""
+    names_a_path = any(not a.startswith("-") and (ROOT / a.split("::")[0]).exists() for a in args)
+    return ["-m", "pytest", *([] if names_a_path else ["tests"]), *args]
+
+
+def prepare(need: str, apt: tuple[AptPackage, ...] = ()) -> None:
+    ensure_node_modules()
+    ensure_python_packages(need)
+    ensure_apt(apt)
+
+
+def main(argv: list[str]) -> int:
+    commands = ("start", "test", "build", "bench", "generate")
+    if not argv or argv[0] not in commands:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    command, args = argv[0], argv[1:]
+    try:
+        if command in ("start", "build"):
+            prepare(RUNTIME)
+            python(["build.py"])
+            if command == "start":
+                exec_python(["serve.py", *args])
+            return 0
+        prepare(DEV, TEST_APT)
+        if command == "test":
+            python(["build.py"])
+            exec_python(pytest_args(args))
+        # Both build dist/ themselves (the runner once for all benchmarks).
+        exec_python(["-m", "bench" if command == "bench" else "bench.generate", *args])
+    except BootstrapError as exc:
+        print(f"bootstrap.py: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
