@@ -409,7 +409,7 @@ class ChatService(RemoteTurns):
         """
         kv = self.engine.kv
         pool = kv.pool
-        cells = ["c" if b.block_hash is not None else "f" for b in pool.blocks]
+        cells = ["c" if b.block_hash is not None else "f" for b in pool.block_states()]
         owners: list[str] = []
         for seq in kv.live.values():
             if seq.status.value != "running":
@@ -418,7 +418,7 @@ class ChatService(RemoteTurns):
                 owners.append(seq.session)
             mark = chr(0x100 + owners.index(seq.session))
             for bid in seq.block_table:
-                cells[bid] = mark if pool.blocks[bid].ref_count == 1 else "s"
+                cells[bid] = mark if pool.ref_count(bid) == 1 else "s"
         stats = kv_stats(kv)
         now = time.perf_counter()
         self._tokens_window = [(t, n) for t, n in self._tokens_window if now - t < 5.0]
