@@ -35,7 +35,7 @@ from .model_runner import build_batch
 from .request import Request
 from .sampling import Sampler, SamplingParams
 from .scheduler import Scheduler, SchedulerConfig
-from .sequence import Sequence, SequenceStatus, check_token_ids
+from .sequence import Sequence, check_token_ids
 from .tokenizer import StreamDecoder, Tokenizer
 
 
@@ -228,13 +228,11 @@ class LLMEngine:
         requeued: list[str] = []  # the callers' ids (a group of samples or beams counts once)
         for tracked in pending:
             req = tracked.request
-            req.seq = Sequence(list(req.seq.token_ids), session=req.seq.session)
             try:
-                self.scheduler.add(req)
+                self.scheduler.requeue(req)
             except NeverFits:
                 self._retire(req, "error")
                 continue
-            req.num_preemptions += 1  # its cached-prompt count stays the one measured on admission
             if tracked.group_id not in requeued:
                 requeued.append(tracked.group_id)
         return requeued
@@ -296,7 +294,7 @@ class LLMEngine:
         results = []
         for i, (req, n) in enumerate(out.scheduled):
             seq = req.seq
-            seq.num_computed_tokens += n
+            self.kv.mark_computed(seq, n)
             tracked = self._tracked[req.request_id]
             if seq.num_computed_tokens < seq.num_tokens:  # a prefill chunk: nothing to sample yet
                 self.counters["prefill_tokens"] += n
@@ -321,8 +319,7 @@ class LLMEngine:
             token = tracked.sampler.sample(logits_or_token, req.seq.token_ids)
         if tracked.t_first_token is None:
             tracked.t_first_token = time.perf_counter()
-        req.output_ids.append(token)
-        req.seq.token_ids.append(token)
+        req.append_token(token)
         reason = "stop" if token in tracked.stop_ids else (
             "length" if len(req.output_ids) >= req.max_tokens else None)
         text = "" if reason == "stop" else tracked.decoder.push(token)
@@ -342,21 +339,6 @@ class LLMEngine:
 
     # ---------------------------------------------------------------- forks: parallel samples and beams
 
-    def _fork(self, parent: Request, request_id: str, index: int) -> Request:
-        """A request continuing `parent`'s token history on shared blocks (ref counts up; the last partial
-        block is copied on its first append). A parent preempted meanwhile cannot share: the fork
-        recomputes its history (the prefix cache still serves the full blocks it finds)."""
-        src = parent.seq
-        if src.status is SequenceStatus.RUNNING and src.num_computed_tokens == src.num_tokens:
-            seq = self.kv.fork(src)
-        else:
-            seq = Sequence(src.token_ids, session=src.session)
-        child = Request(request_id, seq, parent.num_prompt_tokens, parent.max_tokens, parent.priority,
-                        arrival=parent.arrival, output_ids=list(parent.output_ids), index=index,
-                        num_cached_prompt_tokens=parent.num_cached_prompt_tokens, retention=parent.retention)
-        self.scheduler.add_fork(child)
-        return child
-
     def _fork_samples(self, tracked: _Tracked) -> list[Request]:
         """The requests that sample from the logits that just arrived: the request itself and, when these
         are its prompt's logits and n > 1, its n - 1 samples forked before anyone appends a token."""
@@ -367,7 +349,7 @@ class LLMEngine:
         tracked.fork_params = None
         parent.samples = [parent]
         for i in range(1, params.n):
-            child = self._fork(parent, f"{parent.request_id}#{i}", i)
+            child = self.scheduler.fork(parent, f"{parent.request_id}#{i}", i)
             self._tracked[child.request_id] = _Tracked(child, Sampler(params.for_sample(i)),
                                                        StreamDecoder(self.tokenizer), tracked.stop_ids,
                                                        tracked.group_id, t_added=tracked.t_added)
@@ -391,7 +373,7 @@ class LLMEngine:
         kept: set[int] = set()
         for c in choices:
             if c.parent in kept:
-                child = self._fork(parents[c.parent], f"{group.group_id}#{next(self._ids)}", 0)
+                child = self.scheduler.fork(parents[c.parent], f"{group.group_id}#{next(self._ids)}", 0)
                 self._tracked[child.request_id] = _Tracked(child, self._tracked[parents[c.parent].request_id].sampler,
                                                            StreamDecoder(self.tokenizer), group.stop_ids,
                                                            group.group_id, beam=group)
@@ -403,8 +385,7 @@ class LLMEngine:
             if i not in kept:
                 self._retire(req, "pruned")
         for req, c in zip(owners, choices):
-            req.output_ids.append(c.token)
-            req.seq.token_ids.append(c.token)
+            req.append_token(c.token)
         group.beams = owners
         group.cum_logprobs = [c.cum_logprob for c in choices]
         return []

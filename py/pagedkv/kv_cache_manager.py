@@ -214,6 +214,14 @@ class KVCacheManager:
         self._register_full_blocks(seq)
         return ops
 
+    def mark_computed(self, seq: Sequence, num_tokens: int) -> None:
+        """The forward wrote the KV of the next `num_tokens` slotted tokens of `seq`."""
+        self._check_active(seq, "mark computed tokens of")
+        if seq.num_computed_tokens + num_tokens > seq.num_kv_tokens:
+            raise ValueError(f"sequence {seq.seq_id}: {num_tokens} tokens from {seq.num_computed_tokens} exceed "
+                             f"its {seq.num_kv_tokens} KV slots")
+        seq.num_computed_tokens += num_tokens
+
     def append_tokens(self, seq: Sequence, token_ids: list[int]) -> list[CopyOp]:
         """Append sampled token ids and give them slots (decode). State unchanged on error."""
         self._check_active(seq, "append to")
