@@ -24,10 +24,9 @@ def run_step(s: Scheduler, next_token=7):
     """What the engine does after the forward: mark computed, append a sampled token if prefill is done."""
     out = s.schedule()
     for r, n in out.scheduled:
-        r.seq.num_computed_tokens += n
+        s.kv.mark_computed(r.seq, n)
         if r.seq.num_computed_tokens == r.seq.num_tokens:
-            r.seq.token_ids.append(next_token)
-            r.output_ids.append(next_token)
+            r.append_token(next_token)
     return out
 
 
