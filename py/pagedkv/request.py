@@ -61,3 +61,17 @@ class Request:
     def sort_key(self) -> tuple[int, int]:
         """Scheduling order: higher priority first, then first come first served."""
         return (-self.priority, self.arrival)
+
+
+@dataclass
+class StepOutput:
+    """What one request produced in one step (empty token list while its prefill is in progress).
+
+    index: which of the request's parallel samples (or final beams) this is; 0 for a plain request."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+    index: int = 0

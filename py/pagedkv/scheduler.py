@@ -15,36 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .block_pool import OutOfBlocks
+from .config import SchedulerConfig
 from .kv_cache_manager import CopyOp, KVCacheManager, NeverFits
 from .kv_retention import ShiftOp, evictable, min_blocks, window_chunk, window_drops
 from .request import Request
 from .sequence import Sequence, SequenceStatus
-
-PREEMPTION_MODES = ("auto", "swap", "recompute")
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """max_num_batched_tokens: token budget of one step; max_num_seqs: sequences per step.
-
-    preemption: "swap", "recompute", or "auto" (swap when the victim holds at most
-    swap_max_blocks blocks and the CPU pool has room, else recompute).
-    """
-
-    max_num_batched_tokens: int = 256
-    max_num_seqs: int = 16
-    preemption: str = "auto"
-    swap_max_blocks: int = 64
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if self.preemption not in PREEMPTION_MODES:
-            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {self.preemption!r}")
-        if not isinstance(self.swap_max_blocks, int) or self.swap_max_blocks < 0:
-            raise ValueError(f"swap_max_blocks must be an int >= 0, got {self.swap_max_blocks!r}")
 
 
 @dataclass
