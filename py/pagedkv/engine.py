@@ -14,6 +14,12 @@ requests free their blocks (full ones stay in the prefix cache).
 
 Parallel sampling (SamplingParams.n > 1) and beam search (add_beam_search) run
 several requests under the caller's one id: sample_groups.py.
+
+An abort may arrive while a step awaits the backend (the user presses Stop in
+one chat while another streams): the request's blocks are freed at once and the
+step drops its output. The step built its batch before its first await, and
+freed blocks are handed out again only by the next schedule, so the writes of
+the step in flight land in no block anyone holds.
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ from .request import Request, StepOutput
 from .sample_groups import Member, SampleGroups
 from .sampling import Sampler, SamplingParams
 from .scheduler import Scheduler
-from .sequence import Sequence, check_token_ids
+from .sequence import Sequence, SequenceStatus, check_token_ids
 from .tokenizer import StreamDecoder, Tokenizer
 
 __all__ = ["EngineConfig", "LLMEngine", "StepOutput", "run_sync"]
@@ -150,7 +156,8 @@ class LLMEngine:
         return True
 
     def abort(self, request_id: str) -> Request:
-        """Stop a request (all its samples or beams) now; their blocks are freed, output so far is kept."""
+        """Stop a request (all its samples or beams) now; their blocks are freed, output so far is kept.
+        Safe while a step awaits the backend: that step drops the request's output."""
         return self.groups.abort(self.scheduler, request_id)
 
     def rebuild(self, backend) -> list[str]:
@@ -198,9 +205,15 @@ class LLMEngine:
     # ---------------------------------------------------------------- the step
 
     async def step(self) -> list[StepOutput]:
-        """Schedule, copy, run one forward, sample; returns one StepOutput per request that ran."""
+        """Schedule, copy, run one forward, sample; returns one StepOutput per request that ran (none for one
+        aborted while the step awaited the backend)."""
         out = self.scheduler.schedule()
         members = self.groups.members
+        # Built before the first await, while every scheduled request is still tracked (module docstring).
+        batch = build_batch(out.scheduled, self.kv.block_size) if out.scheduled else None
+        # When every request that samples this step is plain greedy, the backend returns argmax ids only.
+        greedy = all(m.beam is None and m.sampler.argmax_only
+                     for m in (members[r.request_id] for r, _ in out.scheduled))
         if out.swap_out:
             await self.backend.swap_out(out.swap_out)
             self.counters["swap_out_blocks"] += len(out.swap_out)
@@ -213,12 +226,8 @@ class LLMEngine:
         if out.shifts:
             await self.backend.shift_keys(out.shifts)
             self.counters["shifted_blocks"] += len(out.shifts)
-        if not out.scheduled:
+        if batch is None:
             return []
-        batch = build_batch(out.scheduled, self.kv.block_size)
-        # When every request that samples this step is plain greedy, the backend returns argmax ids only.
-        greedy = all(m.beam is None and m.sampler.argmax_only
-                     for m in (members[r.request_id] for r, _ in out.scheduled))
         track = any(r.retention is not None and r.retention.evict for r, _ in out.scheduled)
         if track or hasattr(self.backend, "track_attention_mass"):
             self.backend.track_attention_mass = track
@@ -230,6 +239,8 @@ class LLMEngine:
         self.counters["steps"] += 1
         results = []
         for i, (req, n) in enumerate(out.scheduled):
+            if req.status is SequenceStatus.FINISHED:  # aborted while the backend ran; its blocks are free
+                continue
             seq = req.seq
             self.kv.mark_computed(seq, n)
             member = members[req.request_id]
