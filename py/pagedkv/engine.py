@@ -333,4 +333,4 @@ def run_sync(coro):
 def _require_type(name: str, value: object, kind: type) -> None:
     # bool is an int subclass; a True priority would be a silent bug.
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ValueError(f"{name} must be a {kind.__name__}, got {type(value).__name__} {value!r}")
+        raise ValueError(f"{name} must be of type {kind.__name__}, got {type(value).__name__} {value!r}")
