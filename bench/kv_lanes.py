@@ -83,7 +83,7 @@ class Lane:
             targets = np.asarray(self.tokens[start + 1:start + 1 + rows])  # (rows,)
             self.logp[start:start + rows] = log_softmax_at(logits[:rows], targets)
             self.greedy[start:start + rows] = logits[:rows].argmax(axis=1)
-        seq.num_computed_tokens += n
+        self.kv.mark_computed(seq, n)
         self.max_blocks_held = max(self.max_blocks_held, len(seq.block_table))
         self.steps += 1
 

@@ -34,8 +34,8 @@ def snapshot(mgr: KVCacheManager, seqs) -> tuple:
     def pool_state(pool):
         if pool is None:
             return None
-        return (tuple(pool.free_queue_ids()), tuple(b.ref_count for b in pool.blocks),
-                tuple((b.block_hash, b.epoch) for b in pool.blocks), pool.num_cached)
+        return (tuple(pool.free_queue_ids()), tuple(b.ref_count for b in pool.block_states()),
+                tuple((b.block_hash, b.epoch) for b in pool.block_states()), pool.num_cached)
     return (pool_state(mgr.pool), pool_state(mgr.cpu_pool),
             tuple((s.seq_id, tuple(s.token_ids), s.num_kv_tokens, s.num_computed_tokens,
                    tuple(s.block_table), tuple(s.block_hashes), tuple(s.block_links), s.status)
@@ -48,21 +48,21 @@ def check_pool(pool, owners: dict[int, int], block_size: int) -> None:
     _require(len(queue) == len(set(queue)), f"free queue repeats a block: {queue}")
     in_queue = set(queue)
     counts = {"used": 0, "free": 0, "cached": 0}
-    for b in pool.blocks:
+    for b in pool.block_states():
         state = pool.state_of(b.block_id)
         counts[state] += 1
-        _require((state == "used") == (b.block_id not in in_queue) == (not b.in_queue),
+        _require((state == "used") == (b.block_id not in in_queue),
                  f"block {b.block_id} is {state} but in_queue={b.block_id in in_queue}")
         _require(b.ref_count == owners.get(b.block_id, 0),
                  f"block {b.block_id} ref {b.ref_count} != owners {owners.get(b.block_id, 0)}")
         if b.block_hash is not None:
-            _require(pool.cached_block(b.block_hash) is b, f"hash map misses block {b.block_id}")
+            _require(pool.cached_block(b.block_hash) == b, f"hash map misses block {b.block_id}")
             _require(len(b.token_ids) == block_size, "registered block not full")
     _require(counts["used"] == pool.num_used and counts["free"] == pool.num_free
              and counts["cached"] == pool.num_cached, f"counters drifted: {counts}")
     _require(pool.num_used + pool.num_free + pool.num_cached == pool.num_blocks,
              "free + used + cached != total")
-    _require(len(pool._hash_to_block) == sum(b.block_hash is not None for b in pool.blocks),
+    _require(len(pool._hash_to_block) == sum(b.block_hash is not None for b in pool.block_states()),
              "hash map holds a block that is not registered")
 
 
@@ -198,7 +198,7 @@ class KVWorld:
         _require(n == len(ids) * self.bs, "hit length is not whole blocks")
         for k, bid in enumerate(ids):
             want = list(token_ids[k * self.bs:(k + 1) * self.bs])
-            _require(list(self.mgr.pool.blocks[bid].token_ids) == want,
+            _require(list(self.mgr.pool.block(bid).token_ids) == want,
                      f"prefix hit block {bid} stores other token ids")
             _require(self.gpu[bid] == want, f"prefix hit block {bid} holds other KV")
 
@@ -236,7 +236,7 @@ class KVWorld:
         check_pool(self.mgr.pool, gpu_owners, bs)
         if self.mgr.cpu_pool is not None:
             check_pool(self.mgr.cpu_pool, cpu_owners, bs)
-        for b in self.mgr.pool.blocks:
+        for b in self.mgr.pool.block_states():
             if b.block_hash is not None:
                 _require(list(b.token_ids) == self.gpu[b.block_id],
                          f"registered block {b.block_id} content differs from its tokens")

@@ -101,14 +101,14 @@ def test_finishing_by_stop_and_outputs_carry_rank(tiny_weights, tokenizer):
 def test_beams_share_prompt_blocks_and_pruned_beams_free_at_once(tiny_weights, tokenizer):
     engine = make_engine(tiny_weights, tokenizer, num_blocks=32)
     rid = engine.add_beam_search(PROMPT, BeamSearchParams(width=3, max_tokens=8, stop_token_ids=(10_000,)))
-    group = engine._beam_groups[rid]
+    group = engine.groups.beams[rid]
     run_sync(engine.step())  # prefill once, then the first beam step forks 3 beams from it
     assert len(group.beams) == 3 and engine.stats()["prefill_tokens"] == 35
     assert [engine.kv.pool.ref_count(b) for b in (0, 1, 2)] == [3, 3, 3]
     assert {tuple(b.seq.block_table) for b in group.beams} == {(0, 1, 2)}
-    while rid in engine._beam_groups:
+    while rid in engine.groups.beams:
         run_sync(engine.step())
-        if rid in engine._beam_groups:
+        if rid in engine.groups.beams:
             live = {b.seq.seq_id for b in group.beams}
             assert set(engine.kv.live) == live  # pruned beams hold no sequence (their blocks are back)
             held = {blk for b in group.beams for blk in b.seq.block_table}

@@ -9,8 +9,8 @@ TOKENS = tuple(range(16))
 
 
 def state(pool):
-    return (pool.free_queue_ids(), [b.ref_count for b in pool.blocks],
-            [b.block_hash for b in pool.blocks], pool.num_free, pool.num_cached, pool.num_used)
+    return (pool.free_queue_ids(), [b.ref_count for b in pool.block_states()],
+            [b.block_hash for b in pool.block_states()], pool.num_free, pool.num_cached, pool.num_used)
 
 
 def test_fresh_pool_hands_out_ids_in_order():
@@ -35,7 +35,7 @@ def test_hashed_blocks_go_to_the_tail_in_reverse_and_are_evicted_lru():
     pool = BlockPool(10)
     a = pool.get_new_blocks(3)                  # [0, 1, 2]; 0 and 1 are full
     pool.register(0, b"h0", TOKENS, None, None)
-    pool.register(1, b"h1", TOKENS, (0, pool.blocks[0].epoch), None)
+    pool.register(1, b"h1", TOKENS, (0, pool.block(0).epoch), None)
     pool.free_blocks(reversed(a))
     # 2 (unhashed) at the head; 1 then 0 at the tail: the prefix block is evicted last.
     assert pool.free_queue_ids() == [2, 3, 4, 5, 6, 7, 8, 9, 1, 0]
@@ -44,7 +44,7 @@ def test_hashed_blocks_go_to_the_tail_in_reverse_and_are_evicted_lru():
     assert pool.get_new_blocks(8) == [2, 3, 4, 5, 6, 7, 8, 9]
     assert pool.get_new_blocks(1) == [1]        # evicts the tail block of the prefix first
     assert pool.cached_block(b"h1") is None
-    assert pool.cached_block(b"h0") is pool.blocks[0]
+    assert pool.cached_block(b"h0") == pool.block(0) == (0, 0, b"h0", TOKENS, None, None, 1)
     assert (pool.num_cached, pool.free_queue_ids()) == (1, [0])
 
 

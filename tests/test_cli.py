@@ -106,3 +106,11 @@ def test_real_model_default_path_greedy_matches_llama_cpp(real_weights, tmp_path
     assert out["prompt_ids"] == case["prompt_ids"]
     assert out["output_ids"] == case["output_ids"][:16]
     assert out["text"] == "```python\ndef factorial(n):\n    if n == 0:"
+
+
+def test_deeply_nested_json_fails_with_one_line(tiny_dir, tmp_path):  # noqa: F811
+    path = tmp_path / "nested.json"
+    path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    result = run_cli("generate", "--model", str(tiny_dir), "--messages-json", str(path))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"error: messages file {path} is nested too deeply to read\n"

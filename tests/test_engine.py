@@ -181,3 +181,21 @@ def test_rebuild_switches_the_kv_dtype_of_a_live_engine(tiny_weights, tiny_model
         run_sync(engine.step())
     assert engine.stats()["kv_dtype"] == "int8" and engine.kv.config.kv_dtype == "int8"
     assert req.output_ids[:len(partial)] == partial and len(req.output_ids) == 12
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"priority": "high"}, "priority must be of type int, got str 'high'"),
+    ({"priority": True}, "priority must be of type int, got bool True"),
+    ({"session": 7}, "session must be of type str, got int 7"),
+    ({"request_id": 5}, "request_id must be of type str, got int 5"),
+])
+def test_add_request_refuses_wrong_types_up_front(tiny_weights, tiny_model, tokenizer, kw, message):
+    # Accepted, a str priority broke every later step (the queues sort by it) with a TypeError.
+    engine = make_engine(tiny_weights, tokenizer)
+    with pytest.raises(ValueError, match=message):
+        engine.add_request(PROMPTS[0], GREEDY, **kw)
+    with pytest.raises(ValueError, match="params must be of type SamplingParams, got dict"):
+        engine.add_request(PROMPTS[0], {"max_tokens": 3})
+    assert not engine.has_unfinished
+    (out,), _ = run_all(engine, [PROMPTS[0]])
+    assert out == reference_greedy(tiny_model, PROMPTS[0], 12)

@@ -71,7 +71,7 @@ def test_hit_blocks_verify_their_parent_even_when_hashes_ignore_it():
     c = new_seq(mgr, w + y + [1])               # registers W at 0, Y (parent W) at 1
     a = new_seq(mgr, x + y + [1])               # X at 3; its Y collides with block 1
     assert (c.block_table, a.block_table) == ([0, 1, 2], [3, 4, 5])
-    assert a.block_links[1] is None and mgr.pool.blocks[4].block_hash is None
+    assert a.block_links[1] is None and mgr.pool.block(4).block_hash is None
     # Y's cached KV was computed after W, not X: it must not be handed out.
     assert mgr.lookup_prefix(x + y) == (16, [3])
     assert mgr.lookup_prefix(w + y) == (32, [0, 1])

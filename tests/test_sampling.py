@@ -75,7 +75,7 @@ def test_finish_reasons():
         ({"temperature": -0.1}, "temperature must be a finite number >= 0"),
         ({"top_k": -1}, "top_k must be an int >= 0"),
         ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be a finite number > 0"),
+        ({"repetition_penalty": 0.0}, r"repetition_penalty must be a finite number in \[1e-06, 1e\+06\]"),
         ({"seed": -3}, "seed must be a non-negative int or None"),
         ({"max_tokens": 0}, "max_tokens must be an int >= 1"),
         ({"stop_token_ids": (-1,)}, "stop_token_ids must be non-negative ints"),
@@ -84,6 +84,30 @@ def test_finish_reasons():
 def test_invalid_params_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"temperature": 1e-320}, "temperature must be a finite number >= 0: 0 for greedy, else at least 1e-06"),
+    ({"temperature": 5e-7}, "temperature must be a finite number >= 0: 0 for greedy, else at least 1e-06"),
+    ({"repetition_penalty": 1e-320}, r"repetition_penalty must be a finite number in \[1e-06, 1e\+06\]"),
+    ({"repetition_penalty": 2e6}, r"repetition_penalty must be a finite number in \[1e-06, 1e\+06\]"),
+])
+def test_values_that_overflow_the_probabilities_are_rejected(kwargs, message):
+    # Accepted, 1e-320 turned every probability into NaN and the sampler always drew the last id.
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_the_extreme_accepted_values_give_finite_probabilities():
+    f32_max = float(np.finfo(np.float32).max)
+    logits = np.array([f32_max, -f32_max, 0.0, f32_max / 2], dtype=np.float32)
+    for penalty in (1e-6, 1e6):
+        penalised = apply_repetition_penalty(logits, [0, 1], penalty)
+        probs = filtered_probs(penalised, 1e-6, 0, 1.0)
+        assert np.isfinite(probs).all() and probs.sum() == 1.0
+        assert int(np.argmax(probs)) == (0 if penalty < 1 else 3)
+        assert Sampler(SamplingParams(temperature=1e-6, repetition_penalty=penalty, seed=0)).sample(
+            logits, [0, 1]) == (0 if penalty < 1 else 3)
 
 
 def test_logits_must_be_one_dimensional():

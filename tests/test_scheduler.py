@@ -5,9 +5,9 @@ import pytest
 
 from pagedkv.config import CacheConfig
 from pagedkv.kv_cache_manager import KVCacheManager, NeverFits
-from pagedkv.request import Request, RequestStatus
+from pagedkv.request import Request
 from pagedkv.scheduler import Scheduler, SchedulerConfig
-from pagedkv.sequence import Sequence
+from pagedkv.sequence import Sequence, SequenceStatus
 
 
 def make(num_blocks=10, cpu=0, budget=64, max_seqs=8, preemption="auto", swap_max_blocks=64):
@@ -24,10 +24,9 @@ def run_step(s: Scheduler, next_token=7):
     """What the engine does after the forward: mark computed, append a sampled token if prefill is done."""
     out = s.schedule()
     for r, n in out.scheduled:
-        r.seq.num_computed_tokens += n
+        s.kv.mark_computed(r.seq, n)
         if r.seq.num_computed_tokens == r.seq.num_tokens:
-            r.seq.token_ids.append(next_token)
-            r.output_ids.append(next_token)
+            r.append_token(next_token)
     return out
 
 
@@ -87,14 +86,14 @@ def test_waiting_requests_wait_and_never_preempt_running_ones():
     s.add(b)
     run_step(s)   # a prefills 32
     run_step(s)   # a decodes (needs block 3), b cannot get 2 more blocks -> waits
-    assert a.status is RequestStatus.RUNNING and b.status is RequestStatus.WAITING
+    assert a.status is SequenceStatus.RUNNING and b.status is SequenceStatus.WAITING
     s.remove(a)
     run_step(s)
-    assert b.status is RequestStatus.RUNNING
+    assert b.status is SequenceStatus.RUNNING
     c = req("c", range(200, 232), max_tokens=20, priority=5)
     s.add(c)
     out = run_step(s)  # c (priority 5) waits: a waiting request never preempts a running one
-    assert out.preempted == [] and c.status is RequestStatus.WAITING
+    assert out.preempted == [] and c.status is SequenceStatus.WAITING
 
 
 def test_running_request_that_cannot_grow_preempts_lower_priority_by_swap():
@@ -107,12 +106,12 @@ def test_running_request_that_cannot_grow_preempts_lower_priority_by_swap():
     assert a.seq.block_table == [0, 1] and b.seq.block_table == [2, 3, 4]
     out = run_step(s)  # a's 32nd token fits block 1; b decodes into a 4th block: no room, b is the victim
     assert [r.request_id for r in out.preempted] == ["b"]
-    assert b.status is RequestStatus.SWAPPED and out.swap_out == [(2, 0), (3, 1), (4, 2)]
+    assert b.status is SequenceStatus.SWAPPED and out.swap_out == [(2, 0), (3, 1), (4, 2)]
     assert [(r.request_id, n) for r, n in out.scheduled] == [("a", 1)]
     s.remove(a)
     out = run_step(s)
     # b's three full blocks were still in the GPU prefix cache: swap-in shares them and copies nothing.
-    assert b.status is RequestStatus.RUNNING and out.swap_in == []
+    assert b.status is SequenceStatus.RUNNING and out.swap_in == []
     assert b.seq.block_table[:3] == [2, 3, 4] and len(b.seq.block_table) == 4
     assert [(r.request_id, n) for r, n in out.scheduled] == [("b", 1)]
     assert s.num_preemptions == {"swap": 1, "recompute": 0}
@@ -128,7 +127,7 @@ def test_recompute_preemption_keeps_token_history():
     history = list(b.seq.token_ids)
     out = run_step(s)
     assert [r.request_id for r in out.preempted] == ["b"]
-    assert b.status is RequestStatus.WAITING and b.seq.token_ids == history and b.seq.block_table == []
+    assert b.status is SequenceStatus.WAITING and b.seq.token_ids == history and b.seq.block_table == []
     assert s.kv.pool.num_used == 2
     s.remove(a)
     out = run_step(s)

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, replace
 
 from pagedkv.chat import ChatTemplate, Conversation
 from pagedkv.engine import LLMEngine
-from pagedkv.kv_accounting import kv_stats
 from pagedkv.sampling import SamplingParams
 
+from .dashboard import TokenRate, memory_snapshot
 from .remote import FallbackSettings, RemoteReply
 from .remote_turns import RemoteTurns
 
@@ -80,7 +80,7 @@ class ChatService(RemoteTurns):
         self._ids = itertools.count(1)
         self._loop_task: asyncio.Task | None = None
         self._last_stats = 0.0
-        self._tokens_window: list[tuple[float, int]] = []
+        self._rate = TokenRate()
         self.stop_ids = tuple(sorted(engine.default_stop_ids))
         self.lost: str | None = None  # why the GPU device went away, until the engine is rebuilt
 
@@ -359,12 +359,12 @@ class ChatService(RemoteTurns):
         for out in outputs:
             chat = by_request.get(out.request_id)
             if chat is not None and chat.alternatives is not None:
-                self._tokens_window.append((now, len(out.token_ids)))
+                self._rate.add(now, len(out.token_ids))
                 self._on_alternative(chat, out)
                 continue
             if chat is None or not out.token_ids:
                 continue
-            self._tokens_window.append((now, len(out.token_ids)))
+            self._rate.add(now, len(out.token_ids))
             chat.partial_ids.extend(out.token_ids)
             if out.text or out.token_ids:
                 chat.partial_text.append(out.text)
@@ -400,40 +400,9 @@ class ChatService(RemoteTurns):
                                    "tokens": c.conversation.num_tokens} for c in self.chats.values()])
 
     def memory_snapshot(self) -> dict:
-        """Block map + metrics for the dashboard.
-
-        The map is one character per physical block, so a pool of thousands of blocks
-        crosses to the page as one string: "f" free, "c" cached (free but holding a
-        prefix), "s" shared by several sequences, or chr(0x100 + k) for a block owned
-        by chat `owners[k]` alone.
-        """
-        kv = self.engine.kv
-        pool = kv.pool
-        cells = ["c" if b.block_hash is not None else "f" for b in pool.blocks]
-        owners: list[str] = []
-        for seq in kv.live.values():
-            if seq.status.value != "running":
-                continue
-            if seq.session not in owners:
-                owners.append(seq.session)
-            mark = chr(0x100 + owners.index(seq.session))
-            for bid in seq.block_table:
-                cells[bid] = mark if pool.blocks[bid].ref_count == 1 else "s"
-        stats = kv_stats(kv)
-        now = time.perf_counter()
-        self._tokens_window = [(t, n) for t, n in self._tokens_window if now - t < 5.0]
-        span = (now - self._tokens_window[0][0]) if len(self._tokens_window) > 1 else 0.0
-        tok_s = sum(n for _, n in self._tokens_window[1:]) / span if span > 0 else 0.0
-        return {
-            "model": self.model_name, "block_size": kv.block_size, "cells": "".join(cells), "owners": owners,
-            "total_blocks": stats.total_blocks, "used_blocks": stats.used_blocks,
-            "free_blocks": stats.free_blocks, "cached_blocks": stats.cached_blocks,
-            "utilization": stats.utilization, "slot_efficiency": stats.slot_efficiency,
-            "sharing_factor": stats.sharing_factor, "tokens_stored": stats.physical_tokens,
-            "per_chat_blocks": stats.per_session_blocks, "prefix_hit_rate": kv.prefix_hit_rate,
-            "tokens_per_s": tok_s, "engine": self.engine.stats(),
-            "ledger": self.ledger_snapshot() if self.ledger_snapshot else None,
-        }
+        """Block map + metrics for the dashboard (dashboard.py)."""
+        return memory_snapshot(self.engine, self.model_name, self._rate.per_second(time.perf_counter()),
+                               self.ledger_snapshot() if self.ledger_snapshot else None)
 
     def post_stats(self, force: bool = False) -> None:
         now = time.perf_counter()

@@ -17,7 +17,7 @@ pushed at the tail (kept longest for prefix hits). Popping takes the head.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable
+from typing import Hashable, Iterable, NamedTuple
 
 
 class OutOfBlocks(RuntimeError):
@@ -41,8 +41,7 @@ class Block(_Link):
     changes on every (un)registration so stale parent links never match.
     """
 
-    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids", "parent", "salt", "epoch",
-                 "in_queue")
+    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids", "parent", "salt", "epoch")
 
     def __init__(self, block_id: int) -> None:
         super().__init__()
@@ -53,7 +52,30 @@ class Block(_Link):
         self.parent: tuple[int, int] | None = None
         self.salt: str | None = None
         self.epoch = 0
-        self.in_queue = False
+
+
+class BlockState(NamedTuple):
+    """A read-only snapshot of one block, for callers outside the pool (the manager, the dashboard)."""
+
+    block_id: int
+    ref_count: int
+    block_hash: Hashable
+    token_ids: tuple[int, ...]
+    parent: tuple[int, int] | None
+    salt: str | None
+    epoch: int
+
+    @property
+    def state(self) -> str:
+        """'used', 'cached' or 'free'."""
+        if self.ref_count > 0:
+            return "used"
+        return "cached" if self.block_hash is not None else "free"
+
+
+def _snapshot(block: Block) -> BlockState:
+    return BlockState(block.block_id, block.ref_count, block.block_hash, block.token_ids, block.parent,
+                      block.salt, block.epoch)
 
 
 class BlockPool:
@@ -68,12 +90,12 @@ class BlockPool:
         if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
         self.num_blocks = num_blocks
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._blocks = [Block(i) for i in range(num_blocks)]
         self._ring = _Link()
         self._num_in_queue = 0
         self._num_cached = 0
         self._hash_to_block: dict[Hashable, Block] = {}
-        for block in self.blocks:
+        for block in self._blocks:
             self._push_tail(block)
 
     # -- free queue ring ---------------------------------------------------
@@ -82,7 +104,6 @@ class BlockPool:
         block.prev, block.next = last, self._ring
         last.next = block
         self._ring.prev = block
-        block.in_queue = True
         self._num_in_queue += 1
 
     def _push_head(self, block: Block) -> None:
@@ -90,14 +111,12 @@ class BlockPool:
         block.prev, block.next = self._ring, first
         first.prev = block
         self._ring.next = block
-        block.in_queue = True
         self._num_in_queue += 1
 
     def _unlink(self, block: Block) -> None:
         block.prev.next = block.next
         block.next.prev = block.prev
         block.prev = block.next = block
-        block.in_queue = False
         self._num_in_queue -= 1
 
     def free_queue_ids(self) -> list[int]:
@@ -132,7 +151,7 @@ class BlockPool:
 
     def ref_count(self, block_id: int) -> int:
         """Number of sequences holding `block_id`."""
-        return self.blocks[block_id].ref_count
+        return self._blocks[block_id].ref_count
 
     # -- allocation --------------------------------------------------------
     def get_new_blocks(self, n: int) -> list[int]:
@@ -157,7 +176,7 @@ class BlockPool:
     def touch(self, block_ids: Iterable[int]) -> None:
         """Add one reference to each block; a cached block leaves the free queue (a hit)."""
         for bid in block_ids:
-            block = self.blocks[bid]
+            block = self._blocks[bid]
             if block.ref_count == 0:
                 self._unlink(block)
                 if block.block_hash is not None:
@@ -167,7 +186,7 @@ class BlockPool:
     def free_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop one reference from each block, in the given order (pass a sequence's
         blocks reversed so its tail is evicted before its prefix)."""
-        blocks = [self.blocks[bid] for bid in block_ids]
+        blocks = [self._blocks[bid] for bid in block_ids]
         drops: dict[int, int] = {}
         for block in blocks:
             drops[block.block_id] = drops.get(block.block_id, 0) + 1
@@ -183,14 +202,15 @@ class BlockPool:
                     self._push_head(block)
 
     # -- prefix hash map ---------------------------------------------------
-    def cached_block(self, block_hash: Hashable) -> Block | None:
+    def cached_block(self, block_hash: Hashable) -> BlockState | None:
         """The block registered under `block_hash`, if any (caller verifies content)."""
-        return self._hash_to_block.get(block_hash)
+        block = self._hash_to_block.get(block_hash)
+        return None if block is None else _snapshot(block)
 
     def register(self, block_id: int, block_hash: Hashable, token_ids: tuple[int, ...],
                  parent: tuple[int, int] | None, salt: str | None) -> tuple[int, int]:
         """Make a full, used block addressable by `block_hash`; returns its (id, epoch) link."""
-        block = self.blocks[block_id]
+        block = self._blocks[block_id]
         if block.ref_count == 0:
             raise ValueError(f"block {block_id} is not in use; only used blocks are registered")
         if block.block_hash is not None or block_hash in self._hash_to_block:
@@ -207,7 +227,7 @@ class BlockPool:
 
     def unregister(self, block_id: int) -> None:
         """Forget a used block's cached content (it is about to be overwritten)."""
-        block = self.blocks[block_id]
+        block = self._blocks[block_id]
         if block.ref_count == 0:
             raise ValueError(f"block {block_id} is not in use")
         if block.block_hash is not None:
@@ -218,7 +238,7 @@ class BlockPool:
         (e.g. the history of a deleted conversation). Used blocks are left alone. Returns how many."""
         n = 0
         for block_id in block_ids:
-            block = self.blocks[block_id]
+            block = self._blocks[block_id]
             if block.ref_count == 0 and block.block_hash is not None:
                 self._unlink(block)
                 self._drop_hash(block)
@@ -237,12 +257,17 @@ class BlockPool:
 
     def link(self, block_id: int) -> tuple[int, int]:
         """(id, epoch) of a block: how a child block names its verified parent."""
-        block = self.blocks[block_id]
+        block = self._blocks[block_id]
         return (block_id, block.epoch)
+
+    def block(self, block_id: int) -> BlockState:
+        """A snapshot of block `block_id`."""
+        return _snapshot(self._blocks[block_id])
+
+    def block_states(self) -> list[BlockState]:
+        """A snapshot of every block, in block id order."""
+        return [_snapshot(block) for block in self._blocks]
 
     def state_of(self, block_id: int) -> str:
         """'used', 'cached' or 'free' (for checks and debugging)."""
-        block = self.blocks[block_id]
-        if block.ref_count > 0:
-            return "used"
-        return "cached" if block.block_hash is not None else "free"
+        return self.block(block_id).state

@@ -45,6 +45,8 @@ def _load_messages(path: str) -> list[dict[str, str]]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CliError(f"messages file {path} is not valid JSON: {exc}") from exc
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise CliError(f"messages file {path} is nested too deeply to read") from None
     try:
         return validate_messages(data)
     except ValueError as exc:

@@ -1,12 +1,14 @@
-"""Frozen, validated configuration for the engine (this part: KV cache sizing)."""
+"""Frozen configuration, validated on construction: KV cache sizing, the scheduler, the engine."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .kv_dtype import DEFAULT_KV_DTYPE, kv_dtype as lookup_kv_dtype
+from .kv_retention import KVRetention
 
 ALLOWED_BLOCK_SIZES = (8, 16, 32, 64)
+PREEMPTION_MODES = ("auto", "swap", "recompute")
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:
@@ -62,3 +64,52 @@ class CacheConfig:
                 f"{bytes_per_token} B/token; raise the budget or shrink the block")
         return cls(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                    enable_prefix_caching=enable_prefix_caching, kv_dtype=kv_dtype)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """max_num_batched_tokens: token budget of one step; max_num_seqs: sequences per step.
+
+    preemption: "swap", "recompute", or "auto" (swap when the victim holds at most
+    swap_max_blocks blocks and the CPU pool has room, else recompute).
+    """
+
+    max_num_batched_tokens: int = 256
+    max_num_seqs: int = 16
+    preemption: str = "auto"
+    swap_max_blocks: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {self.preemption!r}")
+        if not isinstance(self.swap_max_blocks, int) or self.swap_max_blocks < 0:
+            raise ValueError(f"swap_max_blocks must be an int >= 0, got {self.swap_max_blocks!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig(SchedulerConfig):
+    """Engine-wide settings: the scheduler's (inherited, so EngineConfig(max_num_seqs=4) works) and these.
+    The pool size comes from the backend (it was derived from the GPU budget)."""
+
+    enable_prefix_caching: bool = True
+    namespace: str | None = None  # mixed into prefix hashes (e.g. the model id)
+    max_context: int | None = None  # tokens per conversation (prompt + reply); None: the model's context
+    retention: KVRetention | None = None  # default sliding window / eviction of every request
+    kv_dtype: str | None = None  # KV cache dtype the backend must hold (pagedkv.kv_dtype); None: the backend's
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
+        if self.namespace is not None and not isinstance(self.namespace, str):
+            raise ValueError(f"namespace must be a str or None, got {self.namespace!r}")
+        if self.kv_dtype is not None:
+            lookup_kv_dtype(self.kv_dtype)
+        if self.max_context is not None and (not isinstance(self.max_context, int) or self.max_context < 2):
+            raise ValueError(f"max_context must be an int >= 2 or None, got {self.max_context!r}")
+        if self.retention is not None and not isinstance(self.retention, KVRetention):
+            raise ValueError(f"retention must be a KVRetention or None, got {self.retention!r}")

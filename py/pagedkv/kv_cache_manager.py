@@ -156,10 +156,10 @@ class KVCacheManager:
             hit_ids, hit_hashes, hit_links = self._match(seq.token_ids, (end - 1) // bs)
         cow = False
         if seq.num_kv_tokens % bs and num_new_tokens > 0:
-            last = self.pool.blocks[seq.block_table[-1]]
+            last = self.pool.block(seq.block_table[-1])
             cow = last.ref_count > 1 or last.block_hash is not None
         num_new_blocks = total_blocks - len(seq.block_table) - len(hit_ids)
-        pulled = sum(1 for b in hit_ids if self.pool.blocks[b].ref_count == 0)
+        pulled = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
         return _Plan(hit_ids, hit_hashes, hit_links, num_new_blocks, cow,
                      num_new_blocks + int(cow), self.pool.num_available - pulled)
 
@@ -213,6 +213,14 @@ class KVCacheManager:
         self.live[seq.seq_id] = seq
         self._register_full_blocks(seq)
         return ops
+
+    def mark_computed(self, seq: Sequence, num_tokens: int) -> None:
+        """The forward wrote the KV of the next `num_tokens` slotted tokens of `seq`."""
+        self._check_active(seq, "mark computed tokens of")
+        if seq.num_computed_tokens + num_tokens > seq.num_kv_tokens:
+            raise ValueError(f"sequence {seq.seq_id}: {num_tokens} tokens from {seq.num_computed_tokens} exceed "
+                             f"its {seq.num_kv_tokens} KV slots")
+        seq.num_computed_tokens += num_tokens
 
     def append_tokens(self, seq: Sequence, token_ids: list[int]) -> list[CopyOp]:
         """Append sampled token ids and give them slots (decode). State unchanged on error."""
@@ -376,7 +384,7 @@ class KVCacheManager:
         n = len(seq.block_table)
         hit_ids, hit_hashes, hit_links = self._match(
             seq.token_ids, 0 if seq.num_evicted_tokens else seq.num_kv_tokens // self.block_size)
-        pulled = sum(1 for b in hit_ids if self.pool.blocks[b].ref_count == 0)
+        pulled = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
         need = n - len(hit_ids)
         if need > self.pool.num_available - pulled:
             raise OutOfBlocks(f"swap-in of sequence {seq.seq_id} needs {need} GPU blocks, "

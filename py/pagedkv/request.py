@@ -1,27 +1,22 @@
 """One generation request: its sequence, priority and output so far.
 
-The scheduler orders requests; the cache manager owns their sequences' blocks;
-the engine samples into them. A preempted-by-recompute request gets a fresh
-Sequence holding the same token ids (its old one was freed). Parallel samples and
-beams are requests too, forked from the one that prefilled the prompt.
+Who changes what: the cache manager owns every KV field of a request's Sequence
+and its status (where its KV lives: nowhere yet, GPU, CPU, freed), through its
+API; the scheduler owns the queues, hands a preempted-by-recompute request a
+fresh Sequence holding the same token ids (its old one was freed) and counts
+preemptions; the engine appends sampled tokens (append_token) and sets the
+finish reason. Parallel samples and beams are requests too, forked from the one
+that prefilled the prompt.
 """
 from __future__ import annotations
 
-import enum
 import itertools
 from dataclasses import dataclass, field
 
 from .kv_retention import KVRetention
-from .sequence import Sequence
+from .sequence import Sequence, SequenceStatus
 
 _arrivals = itertools.count()
-
-
-class RequestStatus(enum.Enum):
-    WAITING = "waiting"        # queued; no KV slots yet (or preempted by recompute)
-    RUNNING = "running"        # holds GPU blocks, scheduled every step
-    SWAPPED = "swapped"        # preempted; its KV waits in the CPU pool
-    FINISHED = "finished"      # done: stop token, length, abort, or error
 
 
 @dataclass(eq=False)
@@ -34,7 +29,6 @@ class Request:
     max_tokens: int
     priority: int = 0
     arrival: int = field(default_factory=lambda: next(_arrivals))
-    status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     num_preemptions: int = 0
@@ -44,6 +38,16 @@ class Request:
     # prefill completes and the samples fork from it; empty for n = 1 and on the samples themselves.
     samples: list["Request"] = field(default_factory=list)
     retention: KVRetention | None = None  # sliding window / importance eviction (None: keep all KV)
+
+    @property
+    def status(self) -> SequenceStatus:
+        """Its sequence's: waiting (queued, no KV slots), running, swapped, or finished (freed)."""
+        return self.seq.status
+
+    def append_token(self, token: int) -> None:
+        """A sampled token joins the output and the token history (its KV slot comes next step)."""
+        self.output_ids.append(token)
+        self.seq.token_ids.append(token)
 
     @property
     def num_tokens_to_compute(self) -> int:
@@ -57,3 +61,17 @@ class Request:
     def sort_key(self) -> tuple[int, int]:
         """Scheduling order: higher priority first, then first come first served."""
         return (-self.priority, self.arrival)
+
+
+@dataclass
+class StepOutput:
+    """What one request produced in one step (empty token list while its prefill is in progress).
+
+    index: which of the request's parallel samples (or final beams) this is; 0 for a plain request."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+    index: int = 0

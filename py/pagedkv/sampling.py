@@ -13,6 +13,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+# Logits are f32 (|x| < 3.5e38). Scaled by at most 1e12 (1 / MIN_TEMPERATURE times the largest penalty
+# factor) they stay far below float64's 1.8e308, so the softmax has finite terms summing to >= 1 and every
+# probability is finite. Smaller temperatures or wider penalties overflow to inf and NaN (1e-320 made every
+# draw the last id); a temperature that small is greedy in effect, and 0 asks for greedy exactly.
+MIN_TEMPERATURE = 1e-6
+REPETITION_PENALTY_RANGE = (1e-6, 1e6)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -28,14 +35,17 @@ class SamplingParams:
     n: int = 1  # parallel samples of one prompt; sample i is seeded with seed + i (see for_sample)
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not (self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature < np.inf):
+            raise ValueError(f"temperature must be a finite number >= 0: 0 for greedy, else at least "
+                             f"{MIN_TEMPERATURE:g}, got {self.temperature}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not (self.repetition_penalty > 0.0 and np.isfinite(self.repetition_penalty)):
-            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:
+            raise ValueError(f"repetition_penalty must be a finite number in [{low:g}, {high:g}] (1: none), "
+                             f"got {self.repetition_penalty}")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed must be a non-negative int or None, got {self.seed!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:

@@ -15,36 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .block_pool import OutOfBlocks
+from .config import SchedulerConfig
 from .kv_cache_manager import CopyOp, KVCacheManager, NeverFits
 from .kv_retention import ShiftOp, evictable, min_blocks, window_chunk, window_drops
-from .request import Request, RequestStatus
-from .sequence import Sequence
-
-PREEMPTION_MODES = ("auto", "swap", "recompute")
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """max_num_batched_tokens: token budget of one step; max_num_seqs: sequences per step.
-
-    preemption: "swap", "recompute", or "auto" (swap when the victim holds at most
-    swap_max_blocks blocks and the CPU pool has room, else recompute).
-    """
-
-    max_num_batched_tokens: int = 256
-    max_num_seqs: int = 16
-    preemption: str = "auto"
-    swap_max_blocks: int = 64
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if self.preemption not in PREEMPTION_MODES:
-            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {self.preemption!r}")
-        if not isinstance(self.swap_max_blocks, int) or self.swap_max_blocks < 0:
-            raise ValueError(f"swap_max_blocks must be an int >= 0, got {self.swap_max_blocks!r}")
+from .request import Request
+from .sequence import Sequence, SequenceStatus
 
 
 @dataclass
@@ -95,27 +70,39 @@ class Scheduler:
     def add(self, request: Request) -> None:
         """Queue a new request (checked to fit the pool first)."""
         self.check_fits(request)
-        request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
-    def add_fork(self, request: Request) -> None:
-        """Queue a request whose sequence was forked from a running one (a parallel sample or a beam):
-        it holds its parent's blocks already, so it runs from the next step on without a prefill. One
-        holding no blocks (its parent was preempted) waits like a new request."""
-        if request.seq.block_table:
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
+    def requeue(self, request: Request) -> None:
+        """Queue a request that ran on another pool (now gone): it recomputes its whole token history."""
+        request.seq = Sequence(list(request.seq.token_ids), session=request.seq.session)
+        self.add(request)
+        request.num_preemptions += 1  # its cached-prompt count stays the one measured on admission
+
+    def fork(self, parent: Request, request_id: str, index: int) -> Request:
+        """Queue a request continuing `parent`'s token history (a parallel sample or a beam). It shares the
+        parent's blocks (ref counts up; the last partial block is copied on its first append) and runs
+        from the next step on without a prefill. A parent preempted meanwhile cannot share: the fork
+        waits and recomputes its history (the prefix cache still serves the full blocks it finds)."""
+        src = parent.seq
+        if src.status is SequenceStatus.RUNNING and src.num_computed_tokens == src.num_tokens:
+            seq = self.kv.fork(src)
         else:
-            self.add(request)
+            seq = Sequence(src.token_ids, session=src.session)
+        child = Request(request_id, seq, parent.num_prompt_tokens, parent.max_tokens, parent.priority,
+                        arrival=parent.arrival, output_ids=list(parent.output_ids), index=index,
+                        num_cached_prompt_tokens=parent.num_cached_prompt_tokens, retention=parent.retention)
+        if seq.block_table:
+            self.running.append(child)
+        else:
+            self.add(child)
+        return child
 
     def remove(self, request: Request) -> None:
         """Take a request out of every queue and free its blocks (finish or abort)."""
         for queue in (self.waiting, self.running, self.swapped):
             if request in queue:
                 queue.remove(request)
-        if request.seq.block_table:
-            self.kv.free(request.seq)
-        request.status = RequestStatus.FINISHED
+        self.kv.free(request.seq)
 
     @property
     def has_work(self) -> bool:
@@ -133,14 +120,12 @@ class Scheduler:
         )
         if use_swap:
             out.swap_out.extend(self.kv.swap_out(victim.seq))
-            victim.status = RequestStatus.SWAPPED
             self.swapped.append(victim)
             self.num_preemptions["swap"] += 1
         else:
             tokens = list(victim.seq.token_ids)
             self.kv.free(victim.seq)
             victim.seq = Sequence(tokens, session=victim.seq.session)
-            victim.status = RequestStatus.WAITING
             self.waiting.append(victim)
             self.num_preemptions["recompute"] += 1
         victim.num_preemptions += 1
@@ -186,10 +171,9 @@ class Scheduler:
         return budget == 0 or len(out.scheduled) >= self.config.max_num_seqs
 
     def _admit(self, req: Request, queue: list[Request]) -> None:
-        """Move a request from the waiting or swapped queue to running."""
+        """Move a request whose sequence got its blocks from the waiting or swapped queue to running."""
         queue.remove(req)
         self.running.append(req)
-        req.status = RequestStatus.RUNNING
 
     @staticmethod
     def _add_compute(req: Request, out: SchedulerOutput, scheduled: set[int]) -> int:

@@ -252,10 +252,14 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int:
         """Id of the vocabulary entry spelled ``token`` (GPT-2 alphabet for normal tokens)."""
-        try:
-            return self._token_to_id[token]
-        except KeyError:
-            raise ValueError(f"token {token!r} is not in the vocabulary") from None
+        token_id = self.find_token(token)
+        if token_id is None:
+            raise ValueError(f"token {token!r} is not in the vocabulary")
+        return token_id
+
+    def find_token(self, token: str) -> int | None:
+        """Id of the vocabulary entry spelled ``token``, or None when the vocabulary has none."""
+        return self._token_to_id.get(token)
 
     def id_to_token(self, token_id: int) -> str:
         """Vocabulary spelling of ``token_id``."""
