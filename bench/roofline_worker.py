@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from pagedkv.backends import webgpu_ops as ops
+from pagedkv.backends.webgpu import model_kernels as ops
 from pagedkv.backends.numpy_ref import ForwardBatch
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pagedkv.backends.webgpu_kernels import KVKernels, KVLayout, _params
+from pagedkv.backends.webgpu.kv_kernels import KVKernels, KVLayout, _params
 
 
 def test_layout_word_counts_for_smollm2_f32_and_f16():

@@ -8,9 +8,9 @@ import traceback
 import numpy as np
 
 import pagedkv
-from pagedkv.backends import webgpu
+from pagedkv.backends.webgpu import interop as webgpu
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.backends.webgpu_engine import WebGpuBackend
+from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.kv_dtype import kv_dtype

@@ -6,8 +6,8 @@ pagedkv.kernels.ref_ops, and returns JSON-able error figures for the test to ass
 """
 import numpy as np
 
-from pagedkv.backends import webgpu_ops as ops
-from pagedkv.backends.webgpu import GpuContext
+from pagedkv.backends.webgpu import model_kernels as ops
+from pagedkv.backends.webgpu.interop import GpuContext
 from pagedkv.kernels import ref_ops as ref
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 

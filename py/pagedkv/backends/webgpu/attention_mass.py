@@ -8,8 +8,8 @@ import math
 
 import numpy as np
 
-from ..kernels import ref_attention as ref
-from .webgpu_kernels import KVKernels, Prepared, _params, _Temporaries
+from ...kernels import ref_attention as ref
+from .kv_kernels import KVKernels, Prepared, _params, _Temporaries
 
 WORKGROUP_SIZE = 64
 

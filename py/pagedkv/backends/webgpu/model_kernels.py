@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model.layout import QK
+from ...model.layout import QK
 
 MAX_WORKGROUPS_PER_DIM = 65535
 QUANTIZED = ("q4_1", "q8_0")

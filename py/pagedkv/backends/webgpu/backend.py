@@ -14,18 +14,18 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import numpy as np
 
-from ..gpu_budget import BudgetExceeded, GpuLedger, MIB, kv_blocks_that_fit, rounded
-from ..kernels.ref_ops import rope_cos_sin
-from ..kv_cache_manager import CopyOp
-from ..model.config import ModelConfig
-from ..model.weights import check_manifest, tensor_parts, verify_shard
-from . import webgpu_ops as ops
-from ..kv_retention import ShiftOp
-from .numpy_ref import ForwardBatch, rope_inv_freq, shift_keys
-from .webgpu_attention_mass import AttentionMassKernel
-from .webgpu_fused import fused_member, stack_rows, stacked_nbytes
-from .webgpu_kernels import KVCacheBuffers, KVKernels, KVLayout
-from .webgpu_plan import PARAM_SLOT_BYTES, SLOT_INDEX, SLOTS, PlanKey, StepShape, layer_program, step_slots
+from ...gpu_budget import BudgetExceeded, GpuLedger, MIB, kv_blocks_that_fit, rounded
+from ...kernels.ref_ops import rope_cos_sin
+from ...kv_cache_manager import CopyOp
+from ...model.config import ModelConfig
+from ...model.weights import check_manifest, tensor_parts, verify_shard
+from . import model_kernels as ops
+from ...kv_retention import ShiftOp
+from ..numpy_ref import ForwardBatch, rope_inv_freq, shift_keys
+from .attention_mass import AttentionMassKernel
+from .fused import fused_member, stack_rows, stacked_nbytes
+from .kv_kernels import KVCacheBuffers, KVKernels, KVLayout
+from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, SLOTS, PlanKey, StepShape, layer_program, step_slots
 
 SWAP_CHUNK_BLOCKS = 32  # blocks per layer per gather/scatter call; bounds the swap staging buffers
 CPU_POOL_CAP_BYTES = 64 * MIB  # default CPU swap pool (wasm memory)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels import ref_attention as ref
-from ..kv_dtype import kv_dtype as lookup_kv_dtype
+from ...kernels import ref_attention as ref
+from ...kv_dtype import kv_dtype as lookup_kv_dtype
 
 MAX_BLOCK_SIZE = 32  # MAX_BLOCK_SIZE in paged_attention_common.wgsl
 MAX_HEAD_DIM = 128  # 4 * MAX_VEC in paged_attention_common.wgsl
