@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from pagedkv.backends.webgpu import model_kernels as ops
-from pagedkv.backends.numpy_ref import ForwardBatch
+from pagedkv.model_runner import ForwardBatch
 
 
 async def stream_read_gb_s(ctx, mib=64, runs=5):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pagedkv.backends.webgpu import model_kernels as ops
-from pagedkv.backends.numpy_ref import rope_adjacent, rope_inv_freq
+from pagedkv.kernels.ref_ops import rope_adjacent, rope_inv_freq
 from pagedkv.kernels import ref_ops as ref
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 

@@ -26,6 +26,8 @@ import itertools
 import time
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from .config import CacheConfig
 from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .kv_cache_manager import KVCacheManager, NeverFits
@@ -188,9 +190,6 @@ class LLMEngine:
             return False
         if not isinstance(retention, KVRetention):
             raise ValueError(f"retention must be a KVRetention or None, got {retention!r}")
-        if retention.evict and not hasattr(self.backend, "track_attention_mass"):
-            raise ValueError(f"the {self.backend.name} backend cannot measure attention mass; "
-                             "importance eviction needs it (use evict=False)")
         if retention.window_tokens is None:
             return False
         bs = self.kv.block_size
@@ -285,13 +284,13 @@ class LLMEngine:
         greedy = all(t.beam is None and t.sampler.argmax_only
                      for t in (self._tracked[r.request_id] for r, _ in out.scheduled))
         track = any(r.retention is not None and r.retention.evict for r, _ in out.scheduled)
-        if track or hasattr(self.backend, "track_attention_mass"):
-            self.backend.track_attention_mass = track
+        mass = np.zeros(batch.block_tables.shape, np.float32) if track else None  # (S, max_blocks)
         t0 = time.perf_counter()
-        logits = await self.backend.forward(batch, greedy=greedy)  # (S, vocab), or (S,) ids when greedy
+        # (S, vocab), or (S,) ids when greedy
+        logits = await self.backend.forward(batch, greedy=greedy, attention_mass=mass)
         self.counters["forward_s"] += time.perf_counter() - t0
         if track:
-            add_attention_mass([r.seq for r, _ in out.scheduled], self.backend.last_attention_mass)
+            add_attention_mass([r.seq for r, _ in out.scheduled], mass)
         self.counters["steps"] += 1
         results = []
         for i, (req, n) in enumerate(out.scheduled):

@@ -8,7 +8,8 @@ import json
 import numpy as np
 
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.backends.numpy_ref import ForwardBatch, NumpyModel, greedy_reference
+from pagedkv.model_runner import ForwardBatch
+from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
 from pagedkv.backends.webgpu.interop import GpuContext, fetch_bytes
 from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine
