@@ -1,9 +1,10 @@
 """WebGPU backend: the whole model forward over the paged KV cache, replayed in one submit per step.
 
-Implements the engine's Backend protocol (backends/__init__.py), as backends/cpu.py does. Every GPU buffer is reserved in a GpuLedger first; the KV pool gets what the budget leaves after
-weights, scratch (activations sized for max_num_batched_tokens) and staging. A step costs a constant
-number of Python->JS crossings: one writeBuffer per int32 input, one for the uniforms, one replay
-(web/replayer.js encodes all dispatches in one command encoder) and one read back.
+Implements the engine's Backend protocol (backends/__init__.py), as backends/cpu.py does. Every GPU
+buffer is reserved in a GpuLedger first; the KV pool gets what the budget leaves after weights, scratch
+(activations sized for max_num_batched_tokens) and staging. A step costs a constant number of Python->JS
+crossings: one writeBuffer per int32 input, one for the uniforms, one replay (web/replayer.js encodes all
+dispatches in one command encoder) and one read back.
 Uses GpuContext methods only (no `js` here).
 """
 from __future__ import annotations
