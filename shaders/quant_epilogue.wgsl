@@ -5,7 +5,7 @@
 // ACCUMULATE: y += W @ x instead of y = W @ x (the residual add fused into the output projections;
 // each element of y is read and written by one thread only).
 override ACCUMULATE : bool = false;
-// SWIGLU: W holds gate and up rows interleaved by fours (gate r..r+3, up r..r+3, ...; webgpu_fused.py), so
+// SWIGLU: W holds gate and up rows interleaved by fours (gate r..r+3, up r..r+3, ...; backends/webgpu/fused.py), so
 // a thread's 8 rows are 4 gate rows and their 4 up rows: it writes act = silu(gate) * up, (tokens, rows / 2),
 // and the SwiGLU costs no dispatch of its own. rows must be a multiple of 8.
 override SWIGLU : bool = false;

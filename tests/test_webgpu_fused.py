@@ -1,4 +1,4 @@
-"""Stacking q/k/v and gate/up weights by rows (backends/webgpu_fused.py) is lossless and refuses mismatches."""
+"""Stacking q/k/v and gate/up weights by rows (backends/webgpu/fused.py) is lossless and refuses mismatches."""
 from __future__ import annotations
 
 import numpy as np

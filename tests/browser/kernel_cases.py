@@ -91,7 +91,7 @@ async def case_rope(positions, n_heads, n_kv_heads, head_dim, seed, base=100000.
 
 
 async def case_linear_swiglu(kernel, dtype, rows, cols, tokens, seed, norm=False):
-    """The SWIGLU variant: W's rows are gate / up interleaved in runs of 4 (webgpu_fused.stack_rows);
+    """The SWIGLU variant: W's rows are gate / up interleaved in runs of 4 (backends/webgpu/fused.stack_rows);
     the kernel returns silu(gate) * up (T, rows / 2), here against ref.swiglu of the two halves."""
     ctx = await _context()
     parts = _weights(dtype, rows, cols, seed)

@@ -126,7 +126,7 @@ class WebGpuBackend:
 
     @staticmethod
     def _weights_bytes(manifest: dict) -> int:
-        """Bytes _upload_weights reserves: each tensor's parts, the stacked projections (webgpu_fused.py)
+        """Bytes _upload_weights reserves: each tensor's parts, the stacked projections (backends/webgpu/fused.py)
         instead of their members, the norm weights both alone and inside their stacked tensor."""
         total, groups = 0, {}
         for name, t in manifest["tensors"].items():
@@ -159,7 +159,7 @@ class WebGpuBackend:
                     self._upload_tensor(name, entry["dtype"], parts)
                 if member is None:
                     continue
-                # q/k/v and gate/up run as one matvec over their stacked rows, their input norm fused (webgpu_fused.py)
+                # q/k/v and gate/up run as one matvec over their stacked rows, their input norm fused (fused.py)
                 stacked, index, count = member
                 group = pending.setdefault(stacked, {})
                 group[index] = (entry["dtype"], tuple(entry["shape"]), {k: bytes(v) for k, v in parts.items()})

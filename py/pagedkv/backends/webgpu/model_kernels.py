@@ -71,7 +71,7 @@ def linear_constants(workgroup_size: int, accumulate: bool = False, norm: bool =
                      swiglu: bool = False) -> tuple:
     """Pipeline constants of matvec_* / matmul_*: ACCUMULATE makes them add into y (a fused residual add),
     NORM (matvec only) applies the RMSNorm whose weight follows the codes in qs to x first, SWIGLU writes
-    silu(gate) * up of gate/up rows interleaved in runs of 4 (webgpu_fused.py)."""
+    silu(gate) * up of gate/up rows interleaved in runs of 4 (backends/webgpu/fused.py)."""
     flags = (("ACCUMULATE", accumulate), ("NORM", norm), ("SWIGLU", swiglu))
     return (("WORKGROUP_SIZE", workgroup_size),) + tuple((name, 1) for name, on in flags if on)
 
