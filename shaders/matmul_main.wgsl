@@ -11,15 +11,9 @@ fn rows4(a_lo : vec4<f32>, a_hi : vec4<f32>, b_lo : vec4<f32>, b_hi : vec4<f32>,
 }
 
 fn store(t : u32, r0 : u32, acc : vec4<f32>) {
-  if (t >= params.tokens || r0 >= params.rows) {
-    return;
+  if (t < params.tokens && r0 < params.rows) {
+    put4(t, r0, acc);
   }
-  let o = t * params.rows + r0;
-  let n = params.rows - r0;
-  put(o, acc.x);
-  if (n > 1u) { put(o + 1u, acc.y); }
-  if (n > 2u) { put(o + 2u, acc.z); }
-  if (n > 3u) { put(o + 3u, acc.w); }
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)

@@ -67,14 +67,8 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
     put_act(t, r0, lo, hi);
     return;
   }
-  let o = t * params.rows + r0;
-  let n = params.rows - r0;
-  put(o, lo.x);
-  if (n > 1u) { put(o + 1u, lo.y); }
-  if (n > 2u) { put(o + 2u, lo.z); }
-  if (n > 3u) { put(o + 3u, lo.w); }
-  if (n > 4u) { put(o + 4u, hi.x); }
-  if (n > 5u) { put(o + 5u, hi.y); }
-  if (n > 6u) { put(o + 6u, hi.z); }
-  if (n > 7u) { put(o + 7u, hi.w); }
+  put4(t, r0, lo);
+  if (params.rows - r0 > 4u) {
+    put4(t, r0 + 4u, hi);
+  }
 }

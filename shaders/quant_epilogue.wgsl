@@ -30,3 +30,13 @@ fn put(i : u32, v : f32) {
     y[i] = v;
   }
 }
+
+// Rows r0..r0+3 of token t; rows past the end are not written.
+fn put4(t : u32, r0 : u32, acc : vec4<f32>) {
+  let o = t * params.rows + r0;
+  let n = params.rows - r0;
+  put(o, acc.x);
+  if (n > 1u) { put(o + 1u, acc.y); }
+  if (n > 2u) { put(o + 2u, acc.z); }
+  if (n > 3u) { put(o + 3u, acc.w); }
+}
