@@ -28,9 +28,9 @@ def ensure_built() -> None:
 
 INSTALL = """
 import os, sys
-os.makedirs("/bench_src/bench", exist_ok=True)
-for _name, _text in {files!r}.items():
-    with open("/bench_src/bench/" + _name, "w") as f:
+for _path, _text in {files!r}.items():
+    os.makedirs(os.path.dirname("/bench_src/" + _path), exist_ok=True)
+    with open("/bench_src/" + _path, "w") as f:
         f.write(_text)
 if "/bench_src" not in sys.path:
     sys.path.insert(0, "/bench_src")
@@ -83,8 +83,14 @@ class BrowserSession:
         """Copy bench/__init__.py, bench/_path.py and bench/<names> into the worker's file system, importable
         there as the package `bench` (for benchmark code shared between CPython and the page)."""
         here = Path(__file__).resolve().parent
-        files = {name: (here / name).read_text() for name in ("__init__.py", "_path.py", *names)}
+        files = {f"bench/{name}": (here / name).read_text() for name in ("__init__.py", "_path.py", *names)}
         self.py(INSTALL.format(files=files))
+
+    def install_test_module(self, name: str) -> None:
+        """Make tests/browser/<name>.py importable in the worker as the module `name` (one copy of the code
+        that runs single kernel calls, for tests and benchmarks alike)."""
+        source = (Path(__file__).resolve().parents[1] / "tests" / "browser" / f"{name}.py").read_text()
+        self.py(INSTALL.format(files={f"{name}.py": source}))
 
     def __exit__(self, *exc) -> None:
         self.browser.close()

@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 
-from pagedkv.backends.numpy_ref import ForwardBatch
-from pagedkv.backends.webgpu import GpuContext, fetch_bytes
-from pagedkv.backends.webgpu_engine import WebGpuBackend
+from pagedkv.model_runner import ForwardBatch
+from pagedkv.backends.webgpu.interop import GpuContext, fetch_bytes
+from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.sampling import SamplingParams
 from pagedkv.tokenizer import Tokenizer

@@ -5,7 +5,7 @@ import numpy as np
 
 from bench import kv_sim
 from bench.webgpu_engine_worker import bench_backend
-from pagedkv.backends.webgpu_engine import SWAP_CHUNK_BLOCKS
+from pagedkv.backends.webgpu.backend import SWAP_CHUNK_BLOCKS
 from pagedkv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
 from pagedkv.contiguous import ContiguousAllocator

@@ -8,8 +8,8 @@ import statistics
 
 import numpy as np
 
-from pagedkv.backends import webgpu
-from pagedkv.backends.webgpu_kernels import KVCacheBuffers, KVKernels, KVLayout
+from pagedkv.backends.webgpu import interop as webgpu
+from pagedkv.backends.webgpu.kv_kernels import KVCacheBuffers, KVKernels, KVLayout
 from pagedkv.kernels import ref_attention as ref
 
 _BENCH = {}

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _path  # noqa: F401
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.backends.numpy_ref import ForwardBatch
+from pagedkv.model_runner import ForwardBatch
 from pagedkv.config import CacheConfig
 from pagedkv.engine import run_sync
 from pagedkv.kv_cache_manager import CopyOp, KVCacheManager

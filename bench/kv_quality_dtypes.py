@@ -28,8 +28,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
-from pagedkv.backends.numpy_ref import ForwardBatch, NumpyModel, PagedKVCache  # noqa: E402
-from pagedkv.backends.webgpu_engine import plan_kv_pool  # noqa: E402
+from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache  # noqa: E402
+from pagedkv.model_runner import ForwardBatch  # noqa: E402
+from pagedkv.backends.webgpu.backend import plan_kv_pool  # noqa: E402
 from pagedkv.gpu_budget import GIB  # noqa: E402
 from pagedkv.kv_dtype import KV_DTYPES, KVDtype, dequantize_with, quantize_with, round_trip  # noqa: E402
 from pagedkv.model.weights import ModelWeights, read_manifest  # noqa: E402

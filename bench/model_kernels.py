@@ -5,7 +5,7 @@ fused-dequant matvec (decode) and tiled matmul (prefill) at SmolLM2-135M shapes,
 
 Prints JSON; writes bench/results/model_kernels.json. A figure, never a pass/fail.
 `measure_in_worker` runs inside the page's Pyodide worker and times each kernel with
-pagedkv.backends.webgpu_ops.time_call (wall clock around back-to-back dispatches, then a read
+tests/browser/kernel_calls.time_call (wall clock around back-to-back dispatches, then a read
 back that drains the queue). Every figure includes the fixed cost of one dispatch + submit,
 reported on its own as `empty_dispatch`. Medians and minima over runs are both kept: other
 jobs share this machine's two cores, and the minimum is the least disturbed sample.
@@ -27,11 +27,12 @@ PER_LAYER = {(576, 576): 2, (192, 576): 2, (1536, 576): 2, (576, 1536): 1}  # ma
 
 
 async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream_mib: int) -> dict:
-    """Runs in the worker: every figure of this benchmark as a dict (uses only pagedkv + numpy)."""
+    """Runs in the worker: every figure of this benchmark as a dict (uses pagedkv, numpy and kernel_calls)."""
+    import kernel_calls as calls
     import numpy as np
 
-    from pagedkv.backends import webgpu_ops as ops
-    from pagedkv.backends.webgpu import GpuContext
+    from pagedkv.backends.webgpu import model_kernels as ops
+    from pagedkv.backends.webgpu.interop import GpuContext
     from pagedkv.kernels.ref_ops import rope_cos_sin
     from pagedkv.model.layout import pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 
@@ -39,32 +40,33 @@ async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream
     rng = np.random.default_rng(0)
 
     async def timed(call, buffers, reps=repeats):
-        return await ops.time_call(ctx, call, buffers, reps, runs)
+        return await calls.time_call(ctx, call, buffers, reps, runs)
 
     def rate(nbytes, t):
         return {"gb_s_median": nbytes / t["median_ms"] / 1e6, "gb_s_best": nbytes / t["min_ms"] / 1e6}
 
     result = {"adapter": ctx.info.name, "runs": runs, "repeats": repeats}
     nbytes = stream_mib * 2**20
-    data = ops.upload(ctx, rng.integers(0, 2**32, nbytes // 4, dtype=np.uint32), "stream")
+    data = calls.upload(ctx, rng.integers(0, 2**32, nbytes // 4, dtype=np.uint32), "stream")
     out = ctx.buffer(256 * 64 * 4, "stream.out")
     t = await timed(ops.stream_read_call(nbytes), [data, out], reps=3)
     result["stream_read"] = {"bytes": nbytes, **t, **rate(nbytes, t)}
     data.destroy()
 
-    tiny, ids = ops.upload(ctx, np.zeros(64, np.float32), "tiny"), ctx.buffer(16, "ids")
+    tiny, ids = calls.upload(ctx, np.zeros(64, np.float32), "tiny"), ctx.buffer(16, "ids")
     result["empty_dispatch"] = await timed(ops.argmax_call(64, 1, workgroup_size=64), [tiny, ids])
 
     result["matvec"], result["matmul"] = [], []
     for dtype, rows, cols in MATVEC_SHAPES:
         w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.05  # (rows, cols)
         parts = pack_q4_1(*quantize_q4_1(w)) if dtype == "q4_1" else pack_q8_0(*quantize_q8_0(w))
-        weights = [ops.upload(ctx, parts["qs"], "qs"), ops.upload(ctx, parts["dm" if dtype == "q4_1" else "d"], "s")]
+        scales = parts["dm" if dtype == "q4_1" else "d"]
+        weights = [calls.upload(ctx, parts["qs"], "qs"), calls.upload(ctx, scales, "s")]
         weight_bytes = sum(len(v) for v in parts.values())
         # A batch of 4 decode tokens goes through matvec (8 rows x 1 token per thread) or matmul (4 x 4).
         for tokens, name, build_call in ((1, "matvec", ops.matvec_call), (4, "matvec", ops.matvec_call),
                                          (4, "matmul", ops.matmul_call)):
-            x = ops.upload(ctx, rng.standard_normal((tokens, cols), dtype=np.float32), "x")
+            x = calls.upload(ctx, rng.standard_normal((tokens, cols), dtype=np.float32), "x")
             y = ctx.buffer(tokens * rows * 4, "y")
             big = rows * cols * tokens > 2**24  # the LM head: a few repeats already take a second
             t = await timed(build_call(dtype, rows, cols, tokens), [*weights, x, y], reps=3 if big else repeats)
@@ -72,7 +74,7 @@ async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream
             result["matvec"].append({"kernel": f"{name}_{dtype}", "dtype": dtype, "rows": rows, "cols": cols,
                                      "tokens": tokens, "bytes": moved, **t, **rate(moved, t)})
         if (rows, cols) == (1536, 576):
-            x = ops.upload(ctx, rng.standard_normal((prefill_tokens, cols), dtype=np.float32), "x")
+            x = calls.upload(ctx, rng.standard_normal((prefill_tokens, cols), dtype=np.float32), "x")
             y = ctx.buffer(prefill_tokens * rows * 4, "y")
             for name, build_call in (("matmul", ops.matmul_call), ("matvec", ops.matvec_call)):
                 t = await timed(build_call(dtype, rows, cols, prefill_tokens), [*weights, x, y], reps=1)
@@ -83,13 +85,14 @@ async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream
                                          "gflop_s_best": flops / t["min_ms"] / 1e6})
 
     small = {}
-    x = ops.upload(ctx, rng.standard_normal(576, dtype=np.float32), "x")
+    x = calls.upload(ctx, rng.standard_normal(576, dtype=np.float32), "x")
     small["rmsnorm_576"] = await timed(ops.rmsnorm_call(576, 1, 1e-5), [x, x, ctx.buffer(576 * 4, "out")])
-    qkv, q = ops.upload(ctx, np.zeros(960, np.float32), "qkv"), ctx.buffer(576 * 4, "q")
+    qkv, q = calls.upload(ctx, np.zeros(960, np.float32), "qkv"), ctx.buffer(576 * 4, "q")
     k, v = ctx.buffer(192 * 4, "k"), ctx.buffer(192 * 4, "v")
-    pos, table = ops.upload(ctx, np.array([8000], np.int32), "pos"), ops.upload(ctx, rope_cos_sin(64, 1e5, 8192), "cs")
+    pos = calls.upload(ctx, np.array([8000], np.int32), "pos")
+    table = calls.upload(ctx, rope_cos_sin(64, 1e5, 8192), "cs")
     small["rope_9q_3k"] = await timed(ops.rope_call(1, 9, 3, 64), [qkv, q, k, v, pos, table])
-    logits = ops.upload(ctx, rng.standard_normal((1, 49152), dtype=np.float32), "logits")
+    logits = calls.upload(ctx, rng.standard_normal((1, 49152), dtype=np.float32), "logits")
     small["argmax_49152"] = await timed(ops.argmax_call(49152, 1), [logits, ctx.buffer(16, "ids")])
     result["small_kernels"] = small
     return result
@@ -115,6 +118,7 @@ def measure(runs: int, repeats: int, prefill_tokens: int = 128, stream_mib: int 
     code = (f"MATVEC_SHAPES = {MATVEC_SHAPES!r}\n" + inspect.getsource(measure_in_worker) + "\nimport json\n"
             f"json.dumps(await measure_in_worker({runs}, {repeats}, {prefill_tokens}, {stream_mib}))")
     with session() as page:
+        page.install_test_module("kernel_calls")
         result = page.py(code)
     result["decode_step_matvecs"] = summarize(result)
     result.update({"benchmark": "model_kernels", "chromium": build.find_chromium(),

@@ -21,8 +21,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
-from pagedkv.backends.numpy_ref import ForwardBatch, NumpyModel, PagedKVCache  # noqa: E402
+from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache  # noqa: E402
 from pagedkv.model.weights import ModelWeights  # noqa: E402
+from pagedkv.model_runner import ForwardBatch  # noqa: E402
 
 BLOCK_SIZE = 16
 

@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report["slot_efficiency_by_block_size"]), file=sys.stderr)
     with session() as page:
         page.install_bench("kv_kernels_worker.py", "roofline_worker.py", "webgpu_engine_worker.py")
+        page.install_test_module("kernel_calls")  # roofline_worker times single kernel calls with it
         web = page.py(SETUP.format(reps=reps, contexts=CONTEXTS))
         print(json.dumps(web["decode_steps"]), file=sys.stderr)
 

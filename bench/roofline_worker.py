@@ -5,16 +5,17 @@ import time
 
 import numpy as np
 
-from pagedkv.backends import webgpu_ops as ops
-from pagedkv.backends.numpy_ref import ForwardBatch
+import kernel_calls as calls
+from pagedkv.backends.webgpu import model_kernels as ops
+from pagedkv.model_runner import ForwardBatch
 
 
 async def stream_read_gb_s(ctx, mib=64, runs=5):
     """Bytes / time of the stream_read kernel over a `mib` MiB buffer (the local memory roofline)."""
     nbytes = mib << 20
-    data = ops.upload(ctx, np.random.default_rng(0).integers(0, 2**32, nbytes // 4, dtype=np.uint32), "stream")
+    data = calls.upload(ctx, np.random.default_rng(0).integers(0, 2**32, nbytes // 4, dtype=np.uint32), "stream")
     out = ctx.buffer(256 * 64 * 4, "stream.out")
-    t = await ops.time_call(ctx, ops.stream_read_call(nbytes), [data, out], 3, runs)
+    t = await calls.time_call(ctx, ops.stream_read_call(nbytes), [data, out], 3, runs)
     data.destroy()
     out.destroy()
     return {"bytes": nbytes, **t, "gb_s_median": nbytes / t["median_ms"] / 1e6, "gb_s_best": nbytes / t["min_ms"] / 1e6}
@@ -24,7 +25,7 @@ async def alu_peak_gflops(ctx, iterations=1000, workgroups=64, runs=5):
     """Flops / time of the alu_peak kernel (register-only f32 multiply-adds): the local compute limit."""
     call = ops.alu_peak_call(iterations, workgroups)
     out = ctx.buffer(workgroups * 32 * 4, "alu.out")
-    t = await ops.time_call(ctx, call, [out], 1, runs)
+    t = await calls.time_call(ctx, call, [out], 1, runs)
     out.destroy()
     flops = workgroups * 32 * iterations * ops.ALU_PEAK_FLOPS_PER_ITERATION
     return {"flops": flops, **t, "gflops_median": flops / t["median_ms"] / 1e6, "gflops_best": flops / t["min_ms"] / 1e6}

@@ -5,8 +5,8 @@ import time
 
 import numpy as np
 
-from pagedkv.backends.webgpu import GpuContext, fetch_bytes
-from pagedkv.backends.webgpu_engine import WebGpuBackend
+from pagedkv.backends.webgpu.interop import GpuContext, fetch_bytes
+from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.sampling import SamplingParams
 from pagedkv.tokenizer import Tokenizer
@@ -74,7 +74,7 @@ async def bench_generate(ctx, b, manifest, prompt_len=128, new_tokens=32, runs=3
 async def bench_dispatch_floor(ctx, b, reps=5):
     """The decode plan (S=1) replayed with every grid cut to one workgroup: a floor on what the
     dispatches of a step cost on this adapter regardless of the kernels' work (the outputs are garbage)."""
-    from pagedkv.backends.webgpu_plan import PlanKey
+    from pagedkv.backends.webgpu.plan import PlanKey
 
     key = PlanKey.of(1, 1)
     plan = b._plans[key]
@@ -96,7 +96,7 @@ async def bench_dispatch_floor(ctx, b, reps=5):
 
 def _decode_step(b):
     """The decode plan (one sequence) and the grids of the last decode step the backend ran."""
-    from pagedkv.backends.webgpu_plan import PlanKey
+    from pagedkv.backends.webgpu.plan import PlanKey
 
     key = PlanKey.of(1, 1)
     shape = [sh for sh in b._slots_cache if sh.decode and sh.num_seqs == 1][-1]
@@ -106,7 +106,7 @@ def _decode_step(b):
 
 def plan_dispatches(b):
     """Dispatches per step of each recorded plan, and per layer in the decode plan."""
-    from pagedkv.backends.webgpu_plan import SLOTS
+    from pagedkv.backends.webgpu.plan import SLOTS
 
     out = {str(key): int(slots.shape[0]) for key, slots in b._dispatch_slots.items()}
     _, slots, _ = _decode_step(b)
@@ -117,7 +117,7 @@ def plan_dispatches(b):
 async def bench_kernel_split(ctx, b, reps=3):
     """GPU time of each kind of dispatch in the last decode step: the plan replayed with only that kind's
     dispatches left in (the others skipped), minus the replay with nothing dispatched. Outputs are garbage."""
-    from pagedkv.backends.webgpu_plan import SLOTS
+    from pagedkv.backends.webgpu.plan import SLOTS
 
     plan, slots, slot_grids = _decode_step(b)
     s = b.scratch

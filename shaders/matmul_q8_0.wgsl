@@ -23,132 +23,23 @@ override WORKGROUP_SIZE : u32 = 32u;
 // The four little-endian int8 codes q of one word as q / 127 (one builtin, far cheaper on
 // SwiftShader than shift / shift / convert); the block scale carries the factor 127 back.
 // Right (to f32 rounding of q / 127) for q in [-127, 127], every code Q8_0 quantization
-// writes (scale amax / 127); -128 would read as -127, so webgpu_ops.check_q8_0_codes refuses weights containing it.
+// writes (scale amax / 127); -128 would read as -127, so model_kernels.check_q8_0_codes refuses weights containing it.
 fn codes(w : u32) -> vec4<f32> {
   return unpack4x8snorm(w);
 }
 
-fn scale(i : u32) -> f32 {
+fn scale_of(i : u32) -> f32 {
   let pair = unpack2x16float(d[i >> 1u]);
   return 127.0 * select(pair.x, pair.y, (i & 1u) == 1u);
 }
 
-// Y[token, r0..r0+3] for one token from the four rows' dequantized weights 8k..8k+7.
-fn rows4(a_lo : vec4<f32>, a_hi : vec4<f32>, b_lo : vec4<f32>, b_hi : vec4<f32>, c_lo : vec4<f32>, c_hi : vec4<f32>,
-         d_lo : vec4<f32>, d_hi : vec4<f32>, x_lo : vec4<f32>, x_hi : vec4<f32>) -> vec4<f32> {
-  return vec4<f32>(dot(a_lo, x_lo) + dot(a_hi, x_hi), dot(b_lo, x_lo) + dot(b_hi, x_hi),
-                   dot(c_lo, x_lo) + dot(c_hi, x_hi), dot(d_lo, x_lo) + dot(d_hi, x_hi));
+// Weights 8k..8k+3 (lo) and 8k+4..8k+7 (hi) of code pair w, dequantized: scale * q.
+fn dequant_lo(w : vec2<u32>, s : f32) -> vec4<f32> {
+  return s * codes(w.x);
 }
 
-fn store(t : u32, r0 : u32, acc : vec4<f32>) {
-  if (t >= params.tokens || r0 >= params.rows) {
-    return;
-  }
-  let o = t * params.rows + r0;
-  let n = params.rows - r0;
-  put(o, acc.x);
-  if (n > 1u) { put(o + 1u, acc.y); }
-  if (n > 2u) { put(o + 2u, acc.z); }
-  if (n > 3u) { put(o + 3u, acc.w); }
+fn dequant_hi(w : vec2<u32>, s : f32) -> vec4<f32> {
+  return s * codes(w.y);
 }
 
-@compute @workgroup_size(WORKGROUP_SIZE)
-fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
-  let r0 = gid.x * 8u;
-  let t0 = gid.y * 4u;
-  if (r0 >= params.rows || t0 >= params.tokens) {
-    return;
-  }
-  let nb = params.cols / 32u;
-  let words = params.cols / 8u;
-  let x_stride = params.cols / 4u;
-  let last_row = params.rows - 1u;
-  let ra = r0;
-  let rb = min(r0 + 1u, last_row);
-  let rc = min(r0 + 2u, last_row);
-  let rd = min(r0 + 3u, last_row);
-  let re = min(r0 + 4u, last_row);
-  let rf = min(r0 + 5u, last_row);
-  let rg = min(r0 + 6u, last_row);
-  let rh = min(r0 + 7u, last_row);
-  let last_token = params.tokens - 1u;
-  let xa = t0 * x_stride;
-  let xb = min(t0 + 1u, last_token) * x_stride;
-  let xc = min(t0 + 2u, last_token) * x_stride;
-  let xd = min(t0 + 3u, last_token) * x_stride;
-  var acc0 = vec4<f32>(0.0);  // token t0, rows r0..r0+3 (acc1: rows r0+4..r0+7); acc2/acc3 token t0+1, ...
-  var acc1 = vec4<f32>(0.0);
-  var acc2 = vec4<f32>(0.0);
-  var acc3 = vec4<f32>(0.0);
-  var acc4 = vec4<f32>(0.0);
-  var acc5 = vec4<f32>(0.0);
-  var acc6 = vec4<f32>(0.0);
-  var acc7 = vec4<f32>(0.0);
-  for (var b = 0u; b < nb; b++) {
-    let sa = scale(ra * nb + b);  // block b, per row
-    let sb = scale(rb * nb + b);
-    let sc = scale(rc * nb + b);
-    let sd = scale(rd * nb + b);
-    let se = scale(re * nb + b);
-    let sf = scale(rf * nb + b);
-    let sg = scale(rg * nb + b);
-    let sh = scale(rh * nb + b);
-    for (var k = b * 4u; k < b * 4u + 4u; k++) {
-      let wa = qs[ra * words + k];
-      let wb = qs[rb * words + k];
-      let wc = qs[rc * words + k];
-      let wd = qs[rd * words + k];
-      let we = qs[re * words + k];
-      let wf = qs[rf * words + k];
-      let wg = qs[rg * words + k];
-      let wh = qs[rh * words + k];
-      let a_lo = sa * codes(wa.x);
-      let a_hi = sa * codes(wa.y);
-      let b_lo = sb * codes(wb.x);
-      let b_hi = sb * codes(wb.y);
-      let c_lo = sc * codes(wc.x);
-      let c_hi = sc * codes(wc.y);
-      let d_lo = sd * codes(wd.x);
-      let d_hi = sd * codes(wd.y);
-      let e_lo = se * codes(we.x);
-      let e_hi = se * codes(we.y);
-      let f_lo = sf * codes(wf.x);
-      let f_hi = sf * codes(wf.y);
-      let g_lo = sg * codes(wg.x);
-      let g_hi = sg * codes(wg.y);
-      let h_lo = sh * codes(wh.x);
-      let h_hi = sh * codes(wh.y);
-      var xl = x[xa + 2u * k];  // activations 8k..8k+3 and 8k+4..8k+7 of one token at a time
-      var xh = x[xa + 2u * k + 1u];
-      acc0 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, xl, xh);
-      acc1 += rows4(e_lo, e_hi, f_lo, f_hi, g_lo, g_hi, h_lo, h_hi, xl, xh);
-      xl = x[xb + 2u * k];
-      xh = x[xb + 2u * k + 1u];
-      acc2 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, xl, xh);
-      acc3 += rows4(e_lo, e_hi, f_lo, f_hi, g_lo, g_hi, h_lo, h_hi, xl, xh);
-      xl = x[xc + 2u * k];
-      xh = x[xc + 2u * k + 1u];
-      acc4 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, xl, xh);
-      acc5 += rows4(e_lo, e_hi, f_lo, f_hi, g_lo, g_hi, h_lo, h_hi, xl, xh);
-      xl = x[xd + 2u * k];
-      xh = x[xd + 2u * k + 1u];
-      acc6 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, xl, xh);
-      acc7 += rows4(e_lo, e_hi, f_lo, f_hi, g_lo, g_hi, h_lo, h_hi, xl, xh);
-    }
-  }
-  if (SWIGLU) {  // acc0: gate rows of token t0, acc1: their up rows; clamped tokens are not written
-    put_act(t0, r0, acc0, acc1);
-    if (t0 + 1u < params.tokens) { put_act(t0 + 1u, r0, acc2, acc3); }
-    if (t0 + 2u < params.tokens) { put_act(t0 + 2u, r0, acc4, acc5); }
-    if (t0 + 3u < params.tokens) { put_act(t0 + 3u, r0, acc6, acc7); }
-    return;
-  }
-  store(t0, r0, acc0);
-  store(t0, r0 + 4u, acc1);
-  store(t0 + 1u, r0, acc2);
-  store(t0 + 1u, r0 + 4u, acc3);
-  store(t0 + 2u, r0, acc4);
-  store(t0 + 2u, r0 + 4u, acc5);
-  store(t0 + 3u, r0, acc6);
-  store(t0 + 3u, r0 + 4u, acc7);
-}
+//#include matmul_main.wgsl

@@ -5,7 +5,7 @@
 // NORM: y = W @ (rms_norm(x) * g), the RMSNorm fused into the projection it feeds. x is then the raw
 // residual stream; each thread sums the squares of the activations it loads anyway and scales its sums
 // by 1 / sqrt(mean + eps) at the end (W @ (x * g) * s = W @ (x * s * g)). The norm weight g (cols f32)
-// is stored in qs right after the codes (webgpu_fused.py), so the kernel keeps its five bindings.
+// is stored in qs right after the codes (backends/webgpu/fused.py), so the kernel keeps its five bindings.
 override NORM : bool = false;
 
 fn gain(i : u32) -> vec4<f32> {

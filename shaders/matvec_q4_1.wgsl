@@ -27,7 +27,6 @@ override WORKGROUP_SIZE : u32 = 32u;
 const CODE_WORDS_PER_BLOCK : u32 = 1u;  // vec4<u32> words of codes per 32-weight block
 //#include matvec_norm.wgsl
 //#include quant_epilogue.wgsl
-const ROWS : u32 = 8u;
 
 // Weights 8w..8w+3 (lo) and 8w+4..8w+7 (hi) of one nibble word, each as q * 16^p (p = nibble position).
 fn nibbles_lo(w : u32) -> vec4<f32> {
@@ -51,84 +50,23 @@ fn block(i : u32, x0 : vec4<f32>, x1 : vec4<f32>, x2 : vec4<f32>, x3 : vec4<f32>
   return s.x * qx + s.y * sx;
 }
 
-@compute @workgroup_size(WORKGROUP_SIZE)
-fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
-  let r0 = gid.x * ROWS;
-  let t = gid.y;
-  if (r0 >= params.rows || t >= params.tokens) {
-    return;
-  }
-  let nb = params.cols / 32u;
-  let last = params.rows - 1u;
-  let ra = r0 * nb;
-  let rb = min(r0 + 1u, last) * nb;
-  let rc = min(r0 + 2u, last) * nb;
-  let rd = min(r0 + 3u, last) * nb;
-  let re = min(r0 + 4u, last) * nb;
-  let rf = min(r0 + 5u, last) * nb;
-  let rg = min(r0 + 6u, last) * nb;
-  let rh = min(r0 + 7u, last) * nb;
-  var lo = vec4<f32>(0.0);  // rows r0 .. r0+3
-  var hi = vec4<f32>(0.0);  // rows r0+4 .. r0+7
-  var ss = 0.0;  // sum of x^2 (NORM)
-  let xt = t * (params.cols / 4u);
-  for (var b = 0u; b < nb; b++) {
-    let xb = xt + b * 8u;
-    var u0 = x[xb];
-    var u1 = x[xb + 1u];
-    var u2 = x[xb + 2u];
-    var u3 = x[xb + 3u];
-    var u4 = x[xb + 4u];
-    var u5 = x[xb + 5u];
-    var u6 = x[xb + 6u];
-    var u7 = x[xb + 7u];
-    if (NORM) {
-      ss += dot(u0, u0) + dot(u1, u1) + dot(u2, u2) + dot(u3, u3)
-          + dot(u4, u4) + dot(u5, u5) + dot(u6, u6) + dot(u7, u7);
-      u0 *= gain(b * 8u + 0u);
-      u1 *= gain(b * 8u + 1u);
-      u2 *= gain(b * 8u + 2u);
-      u3 *= gain(b * 8u + 3u);
-      u4 *= gain(b * 8u + 4u);
-      u5 *= gain(b * 8u + 5u);
-      u6 *= gain(b * 8u + 6u);
-      u7 *= gain(b * 8u + 7u);
-    }
-    let sx = dot((u0 + u1) + (u2 + u3) + (u4 + u5) + (u6 + u7), vec4<f32>(1.0));
-    let x0 = u0 * SCALE_LO;
-    let x1 = u1 * SCALE_HI;
-    let x2 = u2 * SCALE_LO;
-    let x3 = u3 * SCALE_HI;
-    let x4 = u4 * SCALE_LO;
-    let x5 = u5 * SCALE_HI;
-    let x6 = u6 * SCALE_LO;
-    let x7 = u7 * SCALE_HI;
-    lo.x += block(ra + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
-    lo.y += block(rb + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
-    lo.z += block(rc + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
-    lo.w += block(rd + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
-    hi.x += block(re + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
-    hi.y += block(rf + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
-    hi.z += block(rg + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
-    hi.w += block(rh + b, x0, x1, x2, x3, x4, x5, x6, x7, sx);
-  }
-  if (NORM) {
-    let inv_rms = 1.0 / sqrt(ss / f32(params.cols) + params.eps);
-    lo *= inv_rms;
-    hi *= inv_rms;
-  }
-  if (SWIGLU) {
-    put_act(t, r0, lo, hi);
-    return;
-  }
-  let o = t * params.rows + r0;
-  let n = params.rows - r0;
-  put(o, lo.x);
-  if (n > 1u) { put(o + 1u, lo.y); }
-  if (n > 2u) { put(o + 2u, lo.z); }
-  if (n > 3u) { put(o + 3u, lo.w); }
-  if (n > 4u) { put(o + 4u, hi.x); }
-  if (n > 5u) { put(o + 5u, hi.y); }
-  if (n > 6u) { put(o + 6u, hi.z); }
-  if (n > 7u) { put(o + 7u, hi.w); }
+// u0..u7: the block's activations; their sum and the 16^-p pre-scaled copies serve all 8 rows.
+fn block_rows(lo_i : vec4<u32>, hi_i : vec4<u32>, u0 : vec4<f32>, u1 : vec4<f32>, u2 : vec4<f32>,
+              u3 : vec4<f32>, u4 : vec4<f32>, u5 : vec4<f32>, u6 : vec4<f32>, u7 : vec4<f32>) -> Rows8 {
+  let sx = dot((u0 + u1) + (u2 + u3) + (u4 + u5) + (u6 + u7), vec4<f32>(1.0));
+  let x0 = u0 * SCALE_LO;
+  let x1 = u1 * SCALE_HI;
+  let x2 = u2 * SCALE_LO;
+  let x3 = u3 * SCALE_HI;
+  let x4 = u4 * SCALE_LO;
+  let x5 = u5 * SCALE_HI;
+  let x6 = u6 * SCALE_LO;
+  let x7 = u7 * SCALE_HI;
+  return Rows8(
+    vec4<f32>(block(lo_i.x, x0, x1, x2, x3, x4, x5, x6, x7, sx), block(lo_i.y, x0, x1, x2, x3, x4, x5, x6, x7, sx),
+              block(lo_i.z, x0, x1, x2, x3, x4, x5, x6, x7, sx), block(lo_i.w, x0, x1, x2, x3, x4, x5, x6, x7, sx)),
+    vec4<f32>(block(hi_i.x, x0, x1, x2, x3, x4, x5, x6, x7, sx), block(hi_i.y, x0, x1, x2, x3, x4, x5, x6, x7, sx),
+              block(hi_i.z, x0, x1, x2, x3, x4, x5, x6, x7, sx), block(hi_i.w, x0, x1, x2, x3, x4, x5, x6, x7, sx)));
 }
+
+//#include matvec_main.wgsl

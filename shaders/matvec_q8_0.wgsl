@@ -23,12 +23,11 @@ override WORKGROUP_SIZE : u32 = 32u;
 const CODE_WORDS_PER_BLOCK : u32 = 2u;  // vec4<u32> words of codes per 32-weight block
 //#include matvec_norm.wgsl
 //#include quant_epilogue.wgsl
-const ROWS : u32 = 8u;
 
 // The four little-endian int8 codes q of one word as q / 127 (one builtin, far cheaper on
 // SwiftShader than shift / shift / convert); the block scale carries the factor 127 back.
 // Right (to f32 rounding of q / 127) for q in [-127, 127], every code Q8_0 quantization
-// writes (scale amax / 127); -128 would read as -127, so webgpu_ops.check_q8_0_codes refuses weights containing it.
+// writes (scale amax / 127); -128 would read as -127, so model_kernels.check_q8_0_codes refuses weights containing it.
 fn codes(w : u32) -> vec4<f32> {
   return unpack4x8snorm(w);
 }
@@ -45,75 +44,13 @@ fn block(i : u32, x0 : vec4<f32>, x1 : vec4<f32>, x2 : vec4<f32>, x3 : vec4<f32>
   return scale * qx;
 }
 
-@compute @workgroup_size(WORKGROUP_SIZE)
-fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
-  let r0 = gid.x * ROWS;
-  let t = gid.y;
-  if (r0 >= params.rows || t >= params.tokens) {
-    return;
-  }
-  let nb = params.cols / 32u;
-  let last = params.rows - 1u;
-  let ra = r0 * nb;
-  let rb = min(r0 + 1u, last) * nb;
-  let rc = min(r0 + 2u, last) * nb;
-  let rd = min(r0 + 3u, last) * nb;
-  let re = min(r0 + 4u, last) * nb;
-  let rf = min(r0 + 5u, last) * nb;
-  let rg = min(r0 + 6u, last) * nb;
-  let rh = min(r0 + 7u, last) * nb;
-  var lo = vec4<f32>(0.0);  // rows r0 .. r0+3
-  var hi = vec4<f32>(0.0);  // rows r0+4 .. r0+7
-  var ss = 0.0;  // sum of x^2 (NORM)
-  let xt = t * (params.cols / 4u);
-  for (var b = 0u; b < nb; b++) {
-    let xb = xt + b * 8u;
-    var x0 = x[xb];
-    var x1 = x[xb + 1u];
-    var x2 = x[xb + 2u];
-    var x3 = x[xb + 3u];
-    var x4 = x[xb + 4u];
-    var x5 = x[xb + 5u];
-    var x6 = x[xb + 6u];
-    var x7 = x[xb + 7u];
-    if (NORM) {
-      ss += dot(x0, x0) + dot(x1, x1) + dot(x2, x2) + dot(x3, x3)
-          + dot(x4, x4) + dot(x5, x5) + dot(x6, x6) + dot(x7, x7);
-      x0 *= gain(b * 8u + 0u);
-      x1 *= gain(b * 8u + 1u);
-      x2 *= gain(b * 8u + 2u);
-      x3 *= gain(b * 8u + 3u);
-      x4 *= gain(b * 8u + 4u);
-      x5 *= gain(b * 8u + 5u);
-      x6 *= gain(b * 8u + 6u);
-      x7 *= gain(b * 8u + 7u);
-    }
-    lo.x += block(ra + b, x0, x1, x2, x3, x4, x5, x6, x7);
-    lo.y += block(rb + b, x0, x1, x2, x3, x4, x5, x6, x7);
-    lo.z += block(rc + b, x0, x1, x2, x3, x4, x5, x6, x7);
-    lo.w += block(rd + b, x0, x1, x2, x3, x4, x5, x6, x7);
-    hi.x += block(re + b, x0, x1, x2, x3, x4, x5, x6, x7);
-    hi.y += block(rf + b, x0, x1, x2, x3, x4, x5, x6, x7);
-    hi.z += block(rg + b, x0, x1, x2, x3, x4, x5, x6, x7);
-    hi.w += block(rh + b, x0, x1, x2, x3, x4, x5, x6, x7);
-  }
-  if (NORM) {
-    let inv_rms = 1.0 / sqrt(ss / f32(params.cols) + params.eps);
-    lo *= inv_rms;
-    hi *= inv_rms;
-  }
-  if (SWIGLU) {
-    put_act(t, r0, lo, hi);
-    return;
-  }
-  let o = t * params.rows + r0;
-  let n = params.rows - r0;
-  put(o, lo.x);
-  if (n > 1u) { put(o + 1u, lo.y); }
-  if (n > 2u) { put(o + 2u, lo.z); }
-  if (n > 3u) { put(o + 3u, lo.w); }
-  if (n > 4u) { put(o + 4u, hi.x); }
-  if (n > 5u) { put(o + 5u, hi.y); }
-  if (n > 6u) { put(o + 6u, hi.z); }
-  if (n > 7u) { put(o + 7u, hi.w); }
+fn block_rows(lo_i : vec4<u32>, hi_i : vec4<u32>, x0 : vec4<f32>, x1 : vec4<f32>, x2 : vec4<f32>,
+              x3 : vec4<f32>, x4 : vec4<f32>, x5 : vec4<f32>, x6 : vec4<f32>, x7 : vec4<f32>) -> Rows8 {
+  return Rows8(
+    vec4<f32>(block(lo_i.x, x0, x1, x2, x3, x4, x5, x6, x7), block(lo_i.y, x0, x1, x2, x3, x4, x5, x6, x7),
+              block(lo_i.z, x0, x1, x2, x3, x4, x5, x6, x7), block(lo_i.w, x0, x1, x2, x3, x4, x5, x6, x7)),
+    vec4<f32>(block(hi_i.x, x0, x1, x2, x3, x4, x5, x6, x7), block(hi_i.y, x0, x1, x2, x3, x4, x5, x6, x7),
+              block(hi_i.z, x0, x1, x2, x3, x4, x5, x6, x7), block(hi_i.w, x0, x1, x2, x3, x4, x5, x6, x7)));
 }
+
+//#include matvec_main.wgsl

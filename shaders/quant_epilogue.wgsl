@@ -5,7 +5,7 @@
 // ACCUMULATE: y += W @ x instead of y = W @ x (the residual add fused into the output projections;
 // each element of y is read and written by one thread only).
 override ACCUMULATE : bool = false;
-// SWIGLU: W holds gate and up rows interleaved by fours (gate r..r+3, up r..r+3, ...; webgpu_fused.py), so
+// SWIGLU: W holds gate and up rows interleaved by fours (gate r..r+3, up r..r+3, ...; backends/webgpu/fused.py), so
 // a thread's 8 rows are 4 gate rows and their 4 up rows: it writes act = silu(gate) * up, (tokens, rows / 2),
 // and the SwiGLU costs no dispatch of its own. rows must be a multiple of 8.
 override SWIGLU : bool = false;
@@ -29,4 +29,14 @@ fn put(i : u32, v : f32) {
   } else {
     y[i] = v;
   }
+}
+
+// Rows r0..r0+3 of token t; rows past the end are not written.
+fn put4(t : u32, r0 : u32, acc : vec4<f32>) {
+  let o = t * params.rows + r0;
+  let n = params.rows - r0;
+  put(o, acc.x);
+  if (n > 1u) { put(o + 1u, acc.y); }
+  if (n > 2u) { put(o + 2u, acc.z); }
+  if (n > 3u) { put(o + 3u, acc.w); }
 }

@@ -1,7 +1,7 @@
 // Rotary position embedding on the stacked q | k | v projection output, split into q, k and v:
 // q and k rotated (adjacent-pair convention: pairs (2i, 2i+1), as GGUF llama weights and
 // numpy_ref.rope_adjacent use), v copied. The split costs no dispatch of its own: one matvec
-// computes q, k and v over stacked weight rows (webgpu_fused.py) and this pass lays them out
+// computes q, k and v over stacked weight rows (backends/webgpu/fused.py) and this pass lays them out
 // as the KV-cache kernels read them.
 // cos/sin come from a (max_positions, head_dim/2) table built once on the host
 // with the reference's own f32 angles, so no large-angle sin/cos runs on the GPU.

@@ -28,9 +28,9 @@ class YieldingBackend(CpuBackend):
         await asyncio.sleep(0)
         self.awaiting = None
 
-    async def forward(self, batch, greedy=False):
+    async def forward(self, batch, *, greedy=False, attention_mass=None):
         await self._turn("forward")
-        return await super().forward(batch, greedy=greedy)
+        return await super().forward(batch, greedy=greedy, attention_mass=attention_mass)
 
     async def copy_blocks(self, ops):
         await self._turn("copy_blocks")

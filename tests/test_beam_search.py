@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from model_fixtures import tiny_dir, tiny_model, tiny_weights  # noqa: F401  (fixtures)
-from pagedkv.backends.numpy_ref import ForwardBatch, PagedKVCache
+from pagedkv.model_runner import ForwardBatch
+from pagedkv.backends.numpy_ref import PagedKVCache
 from pagedkv.beam_search import BeamSearchParams
 from pagedkv.engine import run_sync
 from pagedkv.kv_cache_manager import NeverFits

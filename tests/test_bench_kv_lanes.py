@@ -4,7 +4,8 @@ import pytest
 
 from bench.kv_lanes import Lane, log_softmax_at, run_lanes, stack_batches
 from model_fixtures import tiny_dir, tiny_model, tiny_weights  # noqa: F401
-from pagedkv.backends.numpy_ref import ForwardBatch, PagedKVCache
+from pagedkv.model_runner import ForwardBatch
+from pagedkv.backends.numpy_ref import PagedKVCache
 from pagedkv.kv_retention import KVRetention
 
 BS = 16

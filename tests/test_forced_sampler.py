@@ -55,9 +55,9 @@ def _score_through_engine(engine, prompt, forced, reply, retention=None):
     flags = []
     forward = engine.backend.forward
 
-    async def spy(batch, greedy=False):
+    async def spy(batch, *, greedy=False, attention_mass=None):
         flags.append(greedy)
-        return await forward(batch, greedy)
+        return await forward(batch, greedy=greedy, attention_mass=attention_mass)
 
     engine.backend.forward = spy
     sampler = ForcedSampler(forced)

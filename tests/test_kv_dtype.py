@@ -188,7 +188,7 @@ def test_engine_refuses_a_backend_of_another_dtype(tiny_weights):
 
 
 def test_blocks_per_budget_follow_from_the_dtype_through_the_ledger_plan(tiny_dir):
-    from pagedkv.backends.webgpu_engine import plan_kv_pool
+    from pagedkv.backends.webgpu.backend import plan_kv_pool
     from pagedkv.model.weights import read_manifest
 
     manifest = read_manifest(tiny_dir)

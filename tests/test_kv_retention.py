@@ -7,7 +7,9 @@ import pytest
 
 from model_fixtures import reference_greedy, tiny_dir, tiny_model, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.backends.numpy_ref import ForwardBatch, PagedKVCache, rope_adjacent, shift_keys
+from pagedkv.model_runner import ForwardBatch
+from pagedkv.kernels.ref_ops import rope_adjacent, shift_keys
+from pagedkv.backends.numpy_ref import PagedKVCache
 from pagedkv.config import CacheConfig
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.kv_cache_manager import KVCacheManager
@@ -238,9 +240,9 @@ def test_shifted_window_keeps_positions_inside_the_context(tiny_weights, tiny_mo
     positions = []
     forward = engine.backend.forward
 
-    async def spy(batch, greedy=False):
+    async def spy(batch, *, greedy=False, attention_mass=None):
         positions.append(int(batch.positions.max()))
-        return await forward(batch, greedy)
+        return await forward(batch, greedy=greedy, attention_mass=attention_mass)
 
     engine.backend.forward = spy
     out = run(engine, list(range(3, 43)), 300, WINDOW)

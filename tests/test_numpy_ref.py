@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from model_fixtures import real_model, real_weights, tiny_dir, tiny_model, tiny_weights  # noqa: F401
 
-from pagedkv.backends.numpy_ref import ForwardBatch, NumpyModel, PagedKVCache, rope_adjacent
+from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache
 from pagedkv.chat import ChatTemplate, Conversation
+from pagedkv.kernels.ref_ops import rope_adjacent
+from pagedkv.model_runner import ForwardBatch
 from pagedkv.tokenizer import Tokenizer
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "llama_golden.json").read_text(encoding="utf-8"))
@@ -102,9 +104,12 @@ def test_bad_batches_are_rejected(tiny_model):  # noqa: F811
         tiny_model.forward(ForwardBatch(i32([1]), i32([0]), i32([8]), i32([0, 1]), i32([[0]]), i32([1])), kv)
     with pytest.raises(ValueError, match=r"token ids must be in \[0, 512\)"):
         tiny_model.forward(ForwardBatch(i32([512]), i32([0]), i32([0]), i32([0, 1]), i32([[0]]), i32([1])), kv)
-    with pytest.raises(ValueError, match="block_tables has fewer columns"):
+    with pytest.raises(ValueError, match="a context of 6 tokens needs 2 blocks of 4, but block_tables has only 1 "
+                       "columns"):
         six = i32(range(6))
         tiny_model.forward(ForwardBatch(six, six, six, i32([0, 6]), i32([[0]]), i32([6])), kv)
+    with pytest.raises(ValueError, match=r"sequence 0: block ids must lie in \[0, 2\), got \[2\]"):
+        tiny_model.forward(ForwardBatch(i32([1]), i32([0]), i32([0]), i32([0, 1]), i32([[2]]), i32([1])), kv)
 
 
 def test_prompt_longer_than_context_is_rejected(real_model):  # noqa: F811

@@ -1,13 +1,21 @@
 """CPython tests of the kernels' numpy references and the host-side dispatch geometry (no browser)."""
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from pagedkv.backends import webgpu_ops as ops
-from pagedkv.backends.numpy_ref import rope_adjacent, rope_inv_freq
+from pagedkv.backends.webgpu import model_kernels as ops
 from pagedkv.kernels import ref_ops as ref
+from pagedkv.kernels.ref_ops import rope_adjacent, rope_inv_freq
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
+
+# The single-call runners run in the page (tests/browser); their input checks run here, before any GPU use.
+_spec = importlib.util.spec_from_file_location("kernel_calls", Path(__file__).with_name("browser") / "kernel_calls.py")
+calls = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(calls)
 
 
 def q4_1_parts(w):
@@ -151,12 +159,12 @@ def first_step(coro) -> None:
 def test_runners_validate_before_touching_the_gpu():
     parts = pack_q8_0(*quantize_q8_0(np.zeros((10, 32), np.float32)))
     with pytest.raises(ValueError, match=r"ids in \[0, 10\)"):
-        first_step(ops.run_embedding(None, np.array([10], np.int32), (10, 32), parts))
+        first_step(calls.run_embedding(None, np.array([10], np.int32), (10, 32), parts))
     table = ref.rope_cos_sin(4, 10000.0, 8)
     with pytest.raises(ValueError, match=r"\[0, 8\)"):
-        first_step(ops.run_rope(None, np.zeros((1, 12)), np.array([8], np.int32), table, 1, 1))
+        first_step(calls.run_rope(None, np.zeros((1, 12)), np.array([8], np.int32), table, 1, 1))
     with pytest.raises(ValueError, match=r"qkv must be \(1, 12\)"):
-        first_step(ops.run_rope(None, np.zeros((1, 8)), np.array([0], np.int32), table, 1, 1))
+        first_step(calls.run_rope(None, np.zeros((1, 8)), np.array([0], np.int32), table, 1, 1))
 
 
 def test_q8_0_code_minus_128_is_refused():
@@ -166,5 +174,5 @@ def test_q8_0_code_minus_128_is_refused():
     with pytest.raises(ValueError, match="token_embd.weight contains the code -128"):
         ops.check_q8_0_codes("token_embd.weight", pack_q8_0(codes, np.ones((1, 1), np.float16)))
     with pytest.raises(ValueError, match="contains the code -128"):
-        first_step(ops.run_linear(None, np.zeros((1, 32), np.float32), "q8_0", (1, 32),
-                                  pack_q8_0(codes, np.ones((1, 1), np.float16))))
+        first_step(calls.run_linear(None, np.zeros((1, 32), np.float32), "q8_0", (1, 32),
+                                    pack_q8_0(codes, np.ones((1, 1), np.float16))))

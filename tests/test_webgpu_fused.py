@@ -1,10 +1,10 @@
-"""Stacking q/k/v and gate/up weights by rows (backends/webgpu_fused.py) is lossless and refuses mismatches."""
+"""Stacking q/k/v and gate/up weights by rows (backends/webgpu/fused.py) is lossless and refuses mismatches."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pagedkv.backends.webgpu_fused import fused_member, stack_rows, stacked_nbytes
+from pagedkv.backends.webgpu.fused import fused_member, stack_rows, stacked_nbytes
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pagedkv.backends.webgpu_kernels import KVKernels, KVLayout, _params
+from pagedkv.backends.webgpu.kv_kernels import KVKernels, KVLayout
+from pagedkv.backends.webgpu.model_kernels import uniform_words
 
 
 def test_layout_word_counts_for_smollm2_f32_and_f16():
@@ -44,11 +45,11 @@ def test_layout_rejects_what_the_kernels_cannot_run(kwargs, message):
         KVLayout(**{**base, **kwargs})
 
 
-def test_params_pack_u32_and_f32_fields_in_order():
-    words = _params(3, 9, 0.125)
+def test_uniform_words_pack_u32_and_f32_fields_in_order():
+    words = uniform_words(3, 9, 0.125)
     assert words.dtype == np.uint32 and words.shape == (4,)
     assert words[:2].tolist() == [3, 9] and words[2:3].view(np.float32)[0] == 0.125 and words[3] == 0
-    assert _params(*range(5)).shape == (8,)
+    assert uniform_words(*range(5)).shape == (8,)
 
 
 def test_kernel_calls_validate_before_touching_the_gpu():

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from pagedkv.backends.webgpu_kernels import KVKernels, KVLayout
-from pagedkv.backends.webgpu_plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
+from pagedkv.backends.webgpu.kv_kernels import KVKernels, KVLayout
+from pagedkv.backends.webgpu.plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
 from pagedkv.model.config import ModelConfig
 
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 512, 1e5, "adjacent_pairs", 1e-5, 256, True)

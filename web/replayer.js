@@ -1,5 +1,5 @@
 // Plan replayer: encodes one whole forward step from a plan recorded once by Python
-// (py/pagedkv/backends/webgpu_engine.py), so a step costs O(1) Python->JS crossings
+// (py/pagedkv/backends/webgpu/backend.py), so a step costs O(1) Python->JS crossings
 // instead of three per dispatch. Loaded into the worker with importScripts.
 //
 // A plan is {passes: [[pipeline, bindGroup], ...][]} recorded once per batch-shape bucket.

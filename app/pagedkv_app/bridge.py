@@ -8,6 +8,8 @@ from __future__ import annotations
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import create_proxy, to_js  # type: ignore[import-not-found]
 
+from pagedkv.backends.webgpu.interop import fetch_bytes  # noqa: F401  (the app fetches site files with it)
+
 _handler_proxy = None
 
 
@@ -30,29 +32,6 @@ def set_handler(handler) -> None:
 
     _handler_proxy = create_proxy(receive)
     js.self.pagedkvHandle = _handler_proxy
-
-
-def site_url(path: str) -> str:
-    return str(js.location.href).rsplit("/", 1)[0] + "/" + path
-
-
-async def fetch_bytes(path: str, on_chunk=None) -> bytes:
-    """GET a file of this site; on_chunk(n) after each chunk that arrives."""
-    resp = await js.fetch(site_url(path))
-    if not resp.ok:
-        raise RuntimeError(f"fetching {path} failed: HTTP {resp.status}")
-    if on_chunk is None:
-        return bytes((await resp.arrayBuffer()).to_py())
-    reader = resp.body.getReader()
-    parts = []
-    while True:
-        chunk = await reader.read()
-        if chunk.done:
-            break
-        data = chunk.value.to_py()
-        parts.append(bytes(data))
-        on_chunk(len(data))
-    return b"".join(parts)
 
 
 def query_param(name: str, default: str) -> str:

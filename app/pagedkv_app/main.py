@@ -8,9 +8,10 @@ import traceback
 import numpy as np
 
 import pagedkv
-from pagedkv.backends import webgpu
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.backends.webgpu_engine import WebGpuBackend
+from pagedkv.backends.webgpu import interop as webgpu
+from pagedkv.backends.webgpu.backend import WebGpuBackend
+from pagedkv.backends.webgpu.self_test import self_test
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.kv_dtype import kv_dtype
@@ -40,7 +41,7 @@ async def boot() -> None:
         ctx = await webgpu.GpuContext.create(on_lost=on_device_lost)
         state["gpu"] = ctx
         progress("gpu", f"adapter {ctx.info.name}: running the self-test kernel")
-        check = await webgpu.self_test(ctx)
+        check = await self_test(ctx)
         bridge.post(
             "ready",
             engine=pagedkv.__version__,

@@ -26,6 +26,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .config import CacheConfig, EngineConfig
 from .kv_accounting import KVShape, bytes_per_token
@@ -50,7 +52,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.context_length = min(backend.config.context_length, config.max_context or backend.config.context_length)
-        self.kv_dtype = getattr(backend, "kv_dtype", "f32")
+        self.kv_dtype = backend.kv_dtype
         if config.kv_dtype is not None and config.kv_dtype != self.kv_dtype:
             raise ValueError(f"EngineConfig asks for {config.kv_dtype} KV but the {backend.name} backend holds "
                              f"{self.kv_dtype}; create the backend with kv_dtype={config.kv_dtype!r}")
@@ -143,9 +145,6 @@ class LLMEngine:
             return False
         if not isinstance(retention, KVRetention):
             raise ValueError(f"retention must be a KVRetention or None, got {retention!r}")
-        if retention.evict and not hasattr(self.backend, "track_attention_mass"):
-            raise ValueError(f"the {self.backend.name} backend cannot measure attention mass; "
-                             "importance eviction needs it (use evict=False)")
         if retention.window_tokens is None:
             return False
         bs = self.kv.block_size
@@ -170,7 +169,7 @@ class LLMEngine:
         """
         pending = sorted(self.groups.members.values(), key=lambda m: Request.sort_key(m.request))
         self.backend = backend
-        self.kv_dtype = getattr(backend, "kv_dtype", "f32")  # a new dtype is fine: everything re-prefills
+        self.kv_dtype = backend.kv_dtype  # a new dtype is fine: everything re-prefills
         self.kv, self.scheduler = self._fresh_pool(backend)
         requeued: list[str] = []  # the callers' ids (a group of samples or beams counts once)
         for member in pending:
@@ -229,13 +228,13 @@ class LLMEngine:
         if batch is None:
             return []
         track = any(r.retention is not None and r.retention.evict for r, _ in out.scheduled)
-        if track or hasattr(self.backend, "track_attention_mass"):
-            self.backend.track_attention_mass = track
+        mass = np.zeros(batch.block_tables.shape, np.float32) if track else None  # (S, max_blocks)
         t0 = time.perf_counter()
-        logits = await self.backend.forward(batch, greedy=greedy)  # (S, vocab), or (S,) ids when greedy
+        # (S, vocab), or (S,) ids when greedy
+        logits = await self.backend.forward(batch, greedy=greedy, attention_mass=mass)
         self.counters["forward_s"] += time.perf_counter() - t0
         if track:
-            add_attention_mass([r.seq for r, _ in out.scheduled], self.backend.last_attention_mass)
+            add_attention_mass([r.seq for r, _ in out.scheduled], mass)
         self.counters["steps"] += 1
         results = []
         for i, (req, n) in enumerate(out.scheduled):

@@ -43,7 +43,7 @@ def bytes_per_token(model, kv_dtype: str = "f16") -> int:
         return 2 * model.num_layers * model.num_kv_heads * model.head_dim * KV_DTYPE_BYTES[kv_dtype]
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype must be one of {sorted([*KV_DTYPES, 'bf16'])}, got {kv_dtype!r}")
-    return 2 * model.num_layers * lookup_kv_dtype(kv_dtype).token_bytes(model.num_kv_heads, model.head_dim)
+    return lookup_kv_dtype(kv_dtype).bytes_per_token(model.num_layers, model.num_kv_heads, model.head_dim)
 
 
 @dataclass(frozen=True)

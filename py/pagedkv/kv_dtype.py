@@ -85,6 +85,10 @@ class KVDtype:
         """Bytes of one token in one cache (K or V) of one layer, padding included: what the GPU allocates."""
         return self.token_u32s(n_kv_heads, head_dim) * 4
 
+    def bytes_per_token(self, n_layers: int, n_kv_heads: int, head_dim: int) -> int:
+        """Bytes of one token in the whole KV cache of a model: K and V of every layer, padding included."""
+        return 2 * n_layers * self.token_bytes(n_kv_heads, head_dim)
+
 
 KV_DTYPES: dict[str, KVDtype] = {
     d.name: d for d in (

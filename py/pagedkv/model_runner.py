@@ -7,10 +7,76 @@ it; its rotary position is one or the other (KVRetention.positions).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from .backends.numpy_ref import ForwardBatch
+from .kernels.ref_attention import check_block_tables
 from .request import Request
+
+
+def _int32_array(name: str, value, ndim: int) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.dtype != np.int32 or arr.ndim != ndim:
+        raise ValueError(f"{name} must be an int32 array with {ndim} dim(s), got {arr.dtype} with shape {arr.shape}")
+    return arr
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """One step's flattened batch (T new tokens over S sequences); validated on construction.
+
+    The new tokens of a sequence are the last q_len of its cache (cache indices ctx - q_len .. ctx - 1;
+    causality follows them). Their positions are consecutive and start at or after ctx - q_len: a
+    sequence whose middle blocks were dropped may keep its tokens' text positions (kv_retention.py).
+    """
+
+    token_ids: np.ndarray  # (T,) int32
+    positions: np.ndarray  # (T,) int32, rotary position of each new token (>= its index in the cache)
+    slot_mapping: np.ndarray  # (T,) int32, physical slot = block_id * block_size + offset
+    query_start_loc: np.ndarray  # (S + 1,) int32, new tokens of seq s are [qsl[s], qsl[s+1])
+    block_tables: np.ndarray  # (S, max_blocks) int32, physical block ids per sequence
+    context_lens: np.ndarray  # (S,) int32, tokens in the cache for seq s after this step
+
+    def __post_init__(self) -> None:
+        t = _int32_array("token_ids", self.token_ids, 1).shape[0]
+        for name in ("positions", "slot_mapping"):
+            if _int32_array(name, getattr(self, name), 1).shape[0] != t:
+                raise ValueError(f"{name} must have one entry per token ({t})")
+        qsl = _int32_array("query_start_loc", self.query_start_loc, 1)
+        s = qsl.shape[0] - 1
+        if s < 1 or qsl[0] != 0 or qsl[-1] != t or np.any(np.diff(qsl) < 1):
+            raise ValueError(f"query_start_loc must rise strictly from 0 to {t}, got {qsl.tolist()}")
+        if _int32_array("block_tables", self.block_tables, 2).shape[0] != s:
+            raise ValueError(f"block_tables must have one row per sequence ({s})")
+        ctx = _int32_array("context_lens", self.context_lens, 1)
+        if ctx.shape[0] != s:
+            raise ValueError(f"context_lens must have one entry per sequence ({s})")
+        for i in range(s):
+            q_len = int(qsl[i + 1] - qsl[i])
+            first = int(self.positions[qsl[i]])
+            expected = np.arange(first, first + q_len, dtype=np.int32)
+            if first < ctx[i] - q_len or not np.array_equal(self.positions[qsl[i] : qsl[i + 1]], expected):
+                raise ValueError(f"sequence {i}: positions must be consecutive, starting at or after its "
+                                 f"first new cache index {int(ctx[i]) - q_len}")
+
+    @property
+    def num_seqs(self) -> int:
+        """Number of sequences S in the batch."""
+        return self.query_start_loc.shape[0] - 1
+
+    def check_fits(self, *, vocab: int, context_length: int, num_blocks: int, block_size: int) -> None:
+        """Raise ValueError unless every token id, context, slot and used block-table entry fits a backend
+        with this vocabulary, model context and pool; every backend checks a batch with this before a step."""
+        if int(self.context_lens.max()) > context_length:
+            raise ValueError(f"a sequence of {int(self.context_lens.max())} tokens exceeds the model context "
+                             f"of {context_length}")
+        if self.token_ids.min() < 0 or self.token_ids.max() >= vocab:
+            raise ValueError(f"token ids must be in [0, {vocab})")
+        slots = num_blocks * block_size
+        if self.slot_mapping.min() < 0 or self.slot_mapping.max() >= slots:
+            raise ValueError(f"slot_mapping entries must be in [0, {slots})")
+        check_block_tables(self.block_tables, self.context_lens, num_blocks, block_size)
 
 
 def build_batch(scheduled: list[tuple[Request, int]], block_size: int) -> ForwardBatch:

@@ -8,9 +8,10 @@ import json
 import numpy as np
 
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.backends.numpy_ref import ForwardBatch, NumpyModel, greedy_reference
-from pagedkv.backends.webgpu import GpuContext, fetch_bytes
-from pagedkv.backends.webgpu_engine import WebGpuBackend
+from pagedkv.model_runner import ForwardBatch
+from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
+from pagedkv.backends.webgpu.interop import GpuContext, fetch_bytes
+from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.kv_cache_manager import NeverFits
 from pagedkv.model.weights import ModelWeights

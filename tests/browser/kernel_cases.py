@@ -1,13 +1,14 @@
 """Worker-side half of test_model_kernels.py: exec'd inside the page's Pyodide worker.
 
 Each case draws random inputs from a seeded generator, runs one kernel on the
-GPU through pagedkv.backends.webgpu_ops and its numpy reference from
+GPU through kernel_calls.py (installed beside it) and its numpy reference from
 pagedkv.kernels.ref_ops, and returns JSON-able error figures for the test to assert on.
 """
 import numpy as np
 
-from pagedkv.backends import webgpu_ops as ops
-from pagedkv.backends.webgpu import GpuContext
+import kernel_calls as calls
+from pagedkv.backends.webgpu import model_kernels as ops
+from pagedkv.backends.webgpu.interop import GpuContext
 from pagedkv.kernels import ref_ops as ref
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 
@@ -51,7 +52,7 @@ async def case_linear(kernel, dtype, rows, cols, tokens, seed, accumulate=False,
     x = rng.standard_normal((tokens, cols), dtype=np.float32) * (3 if norm else 1)  # (T, cols)
     y0 = rng.standard_normal((tokens, rows), dtype=np.float32) * 4 if accumulate else None  # (T, rows)
     gain = (rng.standard_normal(cols, dtype=np.float32), 1e-5) if norm else None  # ((cols,), eps)
-    got = await ops.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, y0=y0, norm=gain)
+    got = await calls.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, y0=y0, norm=gain)
     if norm:
         x = ref.rms_norm(x, gain[0], gain[1])  # (T, cols)
     want = ref.quantized_linear(x, dtype, (rows, cols), parts)
@@ -69,7 +70,7 @@ async def case_rmsnorm(hidden, tokens, seed, eps=1e-5):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((tokens, hidden), dtype=np.float32) * 3  # (T, hidden)
     w = rng.standard_normal(hidden, dtype=np.float32)  # (hidden,)
-    got = await ops.run_rmsnorm(ctx, x, w, eps)
+    got = await calls.run_rmsnorm(ctx, x, w, eps)
     want = ref.rms_norm(x, w, eps)
     return {"kernel": "rmsnorm", **_errors(got, want, np.abs(want) + 1e-30)}
 
@@ -83,21 +84,21 @@ async def case_rope(positions, n_heads, n_kv_heads, head_dim, seed, base=100000.
     table = ref.rope_cos_sin(head_dim, base, max_positions)  # (max_positions, head_dim/2, 2)
     v = rng.standard_normal((pos.size, n_kv_heads * head_dim), dtype=np.float32)
     qkv = np.concatenate([q, k, v], axis=1)  # (T, (n_heads + 2 n_kv_heads) * head_dim), as the stacked matvec
-    got_q, got_k, got_v = await ops.run_rope(ctx, qkv, pos, table, n_heads, n_kv_heads)
+    got_q, got_k, got_v = await calls.run_rope(ctx, qkv, pos, table, n_heads, n_kv_heads)
     want_q, want_k = ref.rope(q, k, pos, head_dim, base)
     return {"kernel": "rope", "q": _errors(got_q, want_q), "k": _errors(got_k, want_k),
             "v_equal": bool(np.array_equal(got_v, v))}
 
 
 async def case_linear_swiglu(kernel, dtype, rows, cols, tokens, seed, norm=False):
-    """The SWIGLU variant: W's rows are gate / up interleaved in runs of 4 (webgpu_fused.stack_rows);
+    """The SWIGLU variant: W's rows are gate / up interleaved in runs of 4 (backends/webgpu/fused.stack_rows);
     the kernel returns silu(gate) * up (T, rows / 2), here against ref.swiglu of the two halves."""
     ctx = await _context()
     parts = _weights(dtype, rows, cols, seed)
     rng = np.random.default_rng(seed + 1)
     x = rng.standard_normal((tokens, cols), dtype=np.float32) * 3  # (T, cols)
     gain = (rng.standard_normal(cols, dtype=np.float32), 1e-5) if norm else None  # ((cols,), eps)
-    got = await ops.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, norm=gain, swiglu=True)  # (T, rows/2)
+    got = await calls.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, norm=gain, swiglu=True)  # (T, rows/2)
     if norm:
         x = ref.rms_norm(x, gain[0], gain[1])
     y = ref.quantized_linear(x, dtype, (rows, cols), parts).reshape(tokens, rows // 8, 2, 4)  # runs of 4
@@ -114,7 +115,7 @@ async def case_embedding(vocab, hidden, token_ids, seed):
     ctx = await _context()
     parts = _weights("q8_0", vocab, hidden, seed)
     ids = np.asarray(token_ids, dtype=np.int32)
-    got = await ops.run_embedding(ctx, ids, (vocab, hidden), parts)
+    got = await calls.run_embedding(ctx, ids, (vocab, hidden), parts)
     want = ref.embedding(ids, "q8_0", (vocab, hidden), parts)
     return {"kernel": "embedding", "equal": bool(np.array_equal(got, want)), **_errors(got, want)}
 
@@ -125,7 +126,7 @@ async def case_argmax(seqs, vocab, planted, seed):
     logits = np.random.default_rng(seed).standard_normal((seqs, vocab), dtype=np.float32)  # (S, vocab)
     for s, indices in enumerate(planted):
         logits[s, indices] = 50.0 + s
-    got = await ops.run_argmax(ctx, logits)
+    got = await calls.run_argmax(ctx, logits)
     return {"kernel": "argmax", "gpu": got.tolist(), "numpy": ref.argmax(logits).tolist()}
 
 
@@ -136,12 +137,12 @@ async def case_probes(seed):
     data = np.random.default_rng(seed).integers(0, 2**32, 4 * 4096, dtype=np.uint32)  # (4096 vec4 words * 4,)
     call = ops.stream_read_call(data.nbytes, workgroups=16)
     out = ctx.buffer(16 * 64 * 4, "probe.out")
-    await ops.launch(ctx, call, [ops.upload(ctx, data, "probe.data"), out])
+    await calls.launch(ctx, call, [calls.upload(ctx, data, "probe.data"), out])
     sums = np.frombuffer(await ctx.read(out, 16 * 64 * 4), np.uint32)  # (16 * 64,)
     stream_ok = int(sums.sum(dtype=np.uint64) % 2**32) == int(data.sum(dtype=np.uint64) % 2**32)
     iterations, threads = 50, 2 * 32
     out = ctx.buffer(threads * 4, "alu.out")
-    await ops.launch(ctx, ops.alu_peak_call(iterations, workgroups=2), [out])
+    await calls.launch(ctx, ops.alu_peak_call(iterations, workgroups=2), [out])
     got = np.frombuffer(await ctx.read(out, threads * 4), np.float32)  # (threads,)
     m, c = np.float32(0.999), np.float32(0.001)
     chains = np.arange(threads, dtype=np.float32)[:, None] + np.arange(4, dtype=np.float32)  # (threads, 4)

@@ -16,12 +16,9 @@ Error bounds (stated here, asserted below; what SwiftShader gave when written in
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-CASES = Path(__file__).with_name("kernel_cases.py")
+from conftest import install_modules
 
 LINEAR_SCALED_BOUND = 2e-6
 LINEAR_REL_BOUND = 1e-5
@@ -32,15 +29,8 @@ SWIGLU_REL_BOUND = 4e-6
 
 @pytest.fixture(scope="module")
 def worker(ready_page):
-    """The page with kernel_cases.py loaded as module `kernel_cases` in its worker."""
-    ready_page.py(
-        "import json, sys, types\n"
-        "_mod = types.ModuleType('kernel_cases')\n"
-        f"exec(compile({json.dumps(CASES.read_text())}, 'kernel_cases.py', 'exec'), _mod.__dict__)\n"
-        "sys.modules['kernel_cases'] = _mod\n"
-        "json.dumps(True)"
-    )
-    return ready_page
+    """The page with kernel_calls.py and kernel_cases.py loaded as modules in its worker."""
+    return install_modules(ready_page, "kernel_calls", "kernel_cases")
 
 
 def run(worker, calls: list[str]) -> list[dict]:

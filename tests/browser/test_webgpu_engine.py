@@ -98,7 +98,8 @@ def test_real_model_greedy_and_logits_match_numpy_and_llama_cpp(worker, real_mod
     import numpy as np
 
     from model_fixtures import reference_greedy
-    from pagedkv.backends.numpy_ref import ForwardBatch, PagedKVCache
+    from pagedkv.model_runner import ForwardBatch
+    from pagedkv.backends.numpy_ref import PagedKVCache
 
     prompts = [c["prompt_ids"] for c in REAL_CASES]
     r = run(worker, f"real_model({prompts}, 8)")

@@ -64,8 +64,8 @@ async def attention_mass_case(seed: int, chunks: list, dtype: str, n_heads: int,
     import numpy as np
 
     import kv_cases as kc
-    from pagedkv.backends.webgpu_attention_mass import AttentionMassKernel
-    from pagedkv.backends.webgpu_kernels import KVCacheBuffers, KVLayout
+    from pagedkv.backends.webgpu.attention_mass import AttentionMassKernel
+    from pagedkv.backends.webgpu.kv_kernels import KVCacheBuffers, KVLayout
     from pagedkv.kernels.ref_attention_mass import attention_mass_ref
 
     rng = np.random.default_rng(seed)

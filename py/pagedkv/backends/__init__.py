@@ -1,0 +1,55 @@
+"""What the engine asks of a backend: `Backend`, implemented by cpu.CpuBackend and webgpu.backend.WebGpuBackend.
+
+A backend owns the model's weights and the physical KV blocks (the engine's block ids index them); the
+engine's scheduler decides which blocks are copied, swapped or re-rotated before each forward.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import numpy as np
+
+from ..kv_cache_manager import CopyOp
+from ..kv_retention import ShiftOp
+from ..model.config import ModelConfig
+from ..model_runner import ForwardBatch
+
+
+class Backend(Protocol):
+    name: str  # "cpu" or "webgpu", shown to the user
+    config: ModelConfig
+    kv_dtype: str  # a name of pagedkv.kv_dtype
+    num_blocks: int  # KV blocks of the device pool
+    block_size: int  # tokens per block
+    num_cpu_blocks: int  # blocks of the swap pool in host memory
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes of one token on the device in kv_dtype: K and V of every layer, scales and padding."""
+
+    async def forward(self, batch: ForwardBatch, *, greedy: bool = False,
+                      attention_mass: np.ndarray | None = None) -> np.ndarray:
+        """(S, vocab) f32 logits of each sequence's last new token, or (S,) int32 argmax ids (lowest id on
+        ties) when greedy. attention_mass, an (S, block_tables width) f32 array when given, is overwritten
+        with the last layer's softmax mass per block-table entry, summed over heads and new tokens."""
+
+    async def copy_blocks(self, ops: Iterable[CopyOp]) -> None:
+        """Copy-on-write: device block src -> dst for each (src, dst), K and V of every layer."""
+
+    async def swap_out(self, ops: Iterable[CopyOp]) -> None:
+        """Device block -> host block for each (device, host) pair."""
+
+    async def swap_in(self, ops: Iterable[CopyOp]) -> None:
+        """Host block -> device block for each (host, device) pair."""
+
+    async def shift_keys(self, ops: Iterable[ShiftOp]) -> None:
+        """Re-rotate the cached keys of each op's block by -delta positions (kv_retention.py)."""
+
+
+def check_attention_mass(out: np.ndarray, batch: ForwardBatch) -> None:
+    """The attention_mass argument of Backend.forward must be an f32 array shaped like the block tables."""
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != batch.block_tables.shape:
+        raise ValueError(f"attention_mass must be a float32 array of shape {batch.block_tables.shape} "
+                         f"(sequences, block-table width), got {getattr(out, 'dtype', type(out).__name__)} "
+                         f"{getattr(out, 'shape', '')}")

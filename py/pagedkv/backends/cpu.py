@@ -1,17 +1,7 @@
-"""CPU backend: the numpy reference forward plus its paged KV pools, behind the engine's backend API.
+"""CPU backend: the numpy reference forward plus its paged KV pools, behind the engine's Backend protocol.
 
 It is the oracle the WebGPU backend is checked against and the fallback when a
-browser has no WebGPU. The backend API (shared with backends/webgpu_engine.py):
-
-    num_blocks, block_size, num_cpu_blocks      pool geometry
-    await forward(batch, greedy=False)          (S, vocab) f32 logits of each sequence's last new token,
-                                                or with greedy=True (S,) int32 argmax ids (lowest id on
-                                                ties), so a GPU backend reads back S ints, not S x vocab
-    await copy_blocks(ops)                      copy-on-write, GPU block -> GPU block
-    await shift_keys(ops)                       re-rotate cached keys of blocks by -delta (kv_retention.py)
-    track_attention_mass / last_attention_mass  when set before forward: (S, max_blocks) f32 attention
-                                                mass per block-table entry of the last forward
-    await swap_out(ops) / await swap_in(ops)    GPU block <-> CPU block
+browser has no WebGPU. See backends/__init__.py for what each call does.
 """
 from __future__ import annotations
 
@@ -19,10 +9,14 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from ..kernels.ref_ops import shift_keys
 from ..kv_cache_manager import CopyOp
-from ..model.weights import ModelWeights
+from ..kv_dtype import kv_dtype as lookup_kv_dtype
 from ..kv_retention import ShiftOp
-from .numpy_ref import ForwardBatch, NumpyModel, PagedKVCache, shift_keys
+from ..model.weights import ModelWeights
+from ..model_runner import ForwardBatch
+from . import check_attention_mass
+from .numpy_ref import NumpyModel, PagedKVCache
 
 
 class CpuBackend:
@@ -47,13 +41,19 @@ class CpuBackend:
         # Swap space: (layer) x (num_cpu_blocks, block_size, n_kv_heads, head_dim)
         self.cpu_k = [np.zeros(shape, np.float32) for _ in range(self.config.n_layers)]
         self.cpu_v = [np.zeros(shape, np.float32) for _ in range(self.config.n_layers)]
-        self.track_attention_mass = False
-        self.last_attention_mass: np.ndarray | None = None  # (S, max_blocks) f32
 
-    async def forward(self, batch: ForwardBatch, greedy: bool = False) -> np.ndarray:
-        mass = np.zeros(batch.block_tables.shape, np.float32) if self.track_attention_mass else None
-        logits = self.model.forward(batch, self.kv, attention_mass=mass)  # (S, vocab)
-        self.last_attention_mass = mass
+    @property
+    def bytes_per_token(self) -> int:
+        """What kv_dtype would take on a GPU (the pools here hold f32 arrays)."""
+        cfg = self.config
+        return lookup_kv_dtype(self.kv_dtype).bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)
+
+    async def forward(self, batch: ForwardBatch, *, greedy: bool = False,
+                      attention_mass: np.ndarray | None = None) -> np.ndarray:
+        if attention_mass is not None:
+            check_attention_mass(attention_mass, batch)
+            attention_mass[...] = 0.0  # NumpyModel adds into it
+        logits = self.model.forward(batch, self.kv, attention_mass=attention_mass)  # (S, vocab)
         return np.argmax(logits, axis=1).astype(np.int32) if greedy else logits
 
     async def copy_blocks(self, ops: Iterable[CopyOp]) -> None:

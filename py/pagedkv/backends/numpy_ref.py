@@ -19,58 +19,9 @@ import numpy as np
 from ..kv_dtype import kv_dtype as check_kv_dtype
 from ..kv_dtype import round_trip
 from ..model.config import ModelConfig
+from ..kernels.ref_ops import rms_norm, rope_adjacent, rope_inv_freq, silu
 from ..model.weights import ModelWeights
-
-
-def _int32_array(name: str, value, ndim: int) -> np.ndarray:
-    arr = np.asarray(value)
-    if arr.dtype != np.int32 or arr.ndim != ndim:
-        raise ValueError(f"{name} must be an int32 array with {ndim} dim(s), got {arr.dtype} with shape {arr.shape}")
-    return arr
-
-
-@dataclass(frozen=True)
-class ForwardBatch:
-    """One step's flattened batch (T new tokens over S sequences); validated on construction.
-
-    The new tokens of a sequence are the last q_len of its cache (cache indices ctx - q_len .. ctx - 1;
-    causality follows them). Their positions are consecutive and start at or after ctx - q_len: a
-    sequence whose middle blocks were dropped may keep its tokens' text positions (kv_retention.py).
-    """
-
-    token_ids: np.ndarray  # (T,) int32
-    positions: np.ndarray  # (T,) int32, rotary position of each new token (>= its index in the cache)
-    slot_mapping: np.ndarray  # (T,) int32, physical slot = block_id * block_size + offset
-    query_start_loc: np.ndarray  # (S + 1,) int32, new tokens of seq s are [qsl[s], qsl[s+1])
-    block_tables: np.ndarray  # (S, max_blocks) int32, physical block ids per sequence
-    context_lens: np.ndarray  # (S,) int32, tokens in the cache for seq s after this step
-
-    def __post_init__(self) -> None:
-        t = _int32_array("token_ids", self.token_ids, 1).shape[0]
-        for name in ("positions", "slot_mapping"):
-            if _int32_array(name, getattr(self, name), 1).shape[0] != t:
-                raise ValueError(f"{name} must have one entry per token ({t})")
-        qsl = _int32_array("query_start_loc", self.query_start_loc, 1)
-        s = qsl.shape[0] - 1
-        if s < 1 or qsl[0] != 0 or qsl[-1] != t or np.any(np.diff(qsl) < 1):
-            raise ValueError(f"query_start_loc must rise strictly from 0 to {t}, got {qsl.tolist()}")
-        if _int32_array("block_tables", self.block_tables, 2).shape[0] != s:
-            raise ValueError(f"block_tables must have one row per sequence ({s})")
-        ctx = _int32_array("context_lens", self.context_lens, 1)
-        if ctx.shape[0] != s:
-            raise ValueError(f"context_lens must have one entry per sequence ({s})")
-        for i in range(s):
-            q_len = int(qsl[i + 1] - qsl[i])
-            first = int(self.positions[qsl[i]])
-            expected = np.arange(first, first + q_len, dtype=np.int32)
-            if first < ctx[i] - q_len or not np.array_equal(self.positions[qsl[i] : qsl[i + 1]], expected):
-                raise ValueError(f"sequence {i}: positions must be consecutive, starting at or after its "
-                                 f"first new cache index {int(ctx[i]) - q_len}")
-
-    @property
-    def num_seqs(self) -> int:
-        """Number of sequences S in the batch."""
-        return self.query_start_loc.shape[0] - 1
+from ..model_runner import ForwardBatch
 
 
 @dataclass(frozen=True)
@@ -110,48 +61,11 @@ class PagedKVCache:
         return self.k[0].shape[1]
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """x (T, H) -> x / rms(x) * weight."""
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
-
-
-def rope_inv_freq(head_dim: int, base: float) -> np.ndarray:
-    """(head_dim/2,) f32 rotary frequencies; llama.cpp computes theta = pos * base^(-2i/head_dim)."""
-    return (1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))).astype(np.float32)
-
-
-def rope_adjacent(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
-    """Rotate adjacent pairs (2i, 2i+1) of x (T, n_heads, head_dim) by positions * inv_freq[i]."""
-    angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # (T, head_dim/2)
-    cos = np.cos(angles)[:, None, :]  # (T, 1, head_dim/2)
-    sin = np.sin(angles)[:, None, :]
-    x0, x1 = x[..., 0::2], x[..., 1::2]  # (T, n_heads, head_dim/2)
-    out = np.empty_like(x)
-    out[..., 0::2] = x0 * cos - x1 * sin
-    out[..., 1::2] = x0 * sin + x1 * cos
-    return out
-
-
 def block_mass(token_mass: np.ndarray, block_size: int, num_blocks: int) -> np.ndarray:
     """(ctx,) attention mass per cached token -> (num_blocks,) per block-table entry (zero past ctx)."""
     padded = np.zeros(num_blocks * block_size, np.float32)  # (num_blocks * block_size,)
     padded[: token_mass.shape[0]] = token_mass
     return padded.reshape(num_blocks, block_size).sum(axis=1)
-
-
-def shift_keys(k_blocks: np.ndarray, deltas: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
-    """Re-rotate cached keys k_blocks (n, block_size, n_kv_heads, head_dim) by -deltas (n,) positions.
-
-    The keys were rotated at position p; the result is them rotated at p - delta (RoPE composes).
-    """
-    n, bs, nkv, hd = k_blocks.shape
-    positions = np.repeat(-np.asarray(deltas, dtype=np.int64), bs)  # (n * block_size,)
-    flat = k_blocks.astype(np.float32).reshape(n * bs, nkv, hd)
-    return rope_adjacent(flat, positions, inv_freq).reshape(k_blocks.shape).astype(k_blocks.dtype)
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
 
 
 class NumpyModel:
@@ -173,7 +87,8 @@ class NumpyModel:
         keeps the GPU's cost at one small dispatch per step, shaders/attention_mass.wgsl).
         """
         cfg = self.config
-        self._check_bounds(batch, kv)
+        batch.check_fits(vocab=cfg.vocab, context_length=cfg.context_length, num_blocks=kv.num_blocks,
+                         block_size=kv.block_size)
 
         x = self.w["token_embd.weight"][batch.token_ids]  # (T, hidden)
         for layer in range(cfg.n_layers):
@@ -185,25 +100,6 @@ class NumpyModel:
         x = rms_norm(x, self.w["output_norm.weight"], cfg.rms_eps)
         head = self.w["token_embd.weight" if cfg.tied_embeddings else "output.weight"]  # (vocab, hidden)
         return x @ head.T  # (S or T, vocab)
-
-    def _check_bounds(self, batch: ForwardBatch, kv: PagedKVCache) -> None:
-        cfg = self.config
-        if int(batch.context_lens.max()) > cfg.context_length:
-            raise ValueError(
-                f"sequence of {int(batch.context_lens.max())} tokens exceeds the model context of {cfg.context_length}"
-            )
-        if batch.token_ids.min() < 0 or batch.token_ids.max() >= cfg.vocab:
-            raise ValueError(f"token ids must be in [0, {cfg.vocab})")
-        num_slots = kv.num_blocks * kv.block_size
-        if batch.slot_mapping.min() < 0 or batch.slot_mapping.max() >= num_slots:
-            raise ValueError(f"slot_mapping entries must be in [0, {num_slots})")
-        needed_blocks = -(-batch.context_lens // kv.block_size)  # (S,) ceil
-        if int(needed_blocks.max()) > batch.block_tables.shape[1]:
-            raise ValueError("block_tables has fewer columns than the longest context needs")
-        for s in range(batch.num_seqs):
-            used = batch.block_tables[s, : needed_blocks[s]]
-            if used.min() < 0 or used.max() >= kv.num_blocks:
-                raise ValueError(f"sequence {s}: block ids must be in [0, {kv.num_blocks})")
 
     def _attention(self, layer: int, h: np.ndarray, batch: ForwardBatch, kv: PagedKVCache,
                    mass: np.ndarray | None) -> np.ndarray:

@@ -19,7 +19,8 @@ from ..kv_dtype import PackedKV
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
-def _check_cache(k_cache, v_cache) -> None:
+def check_cache(k_cache, v_cache) -> None:
+    """K and V caches of one shape and one dtype: float32 / float16 arrays or PackedKV words."""
     if isinstance(k_cache, PackedKV) or isinstance(v_cache, PackedKV):
         if not (isinstance(k_cache, PackedKV) and isinstance(v_cache, PackedKV)) or (
                 k_cache.shape, k_cache.dtype) != (v_cache.shape, v_cache.dtype):
@@ -61,7 +62,7 @@ def kv_write_ref(k_cache: np.ndarray, v_cache: np.ndarray, k_new: np.ndarray, v_
 
     Returns new caches (the inputs are not modified); values are rounded to the cache dtype.
     """
-    _check_cache(k_cache, v_cache)
+    check_cache(k_cache, v_cache)
     num_blocks, block_size, n_kv, head_dim = k_cache.shape
     slot_mapping = check_kv_rows(k_new, v_new, slot_mapping, k_cache.shape)
     if isinstance(k_cache, PackedKV):
@@ -88,7 +89,7 @@ def check_block_pairs(pairs: np.ndarray, num_blocks: int) -> np.ndarray:
 
 def copy_blocks_ref(k_cache: np.ndarray, v_cache: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Copy whole blocks src -> dst in both caches (copy-on-write / swap staging). Returns new caches."""
-    _check_cache(k_cache, v_cache)
+    check_cache(k_cache, v_cache)
     pairs = check_block_pairs(pairs, k_cache.shape[0])
     k_out, v_out = k_cache.copy(), v_cache.copy()
     k_out[pairs[:, 1]] = k_cache[pairs[:, 0]]
@@ -110,7 +111,7 @@ def check_block_ids(block_ids: np.ndarray, num_blocks: int) -> np.ndarray:
 
 def gather_blocks_ref(k_cache: np.ndarray, v_cache: np.ndarray, block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Swap-out staging: the listed blocks, in list order, (n, block_size, n_kv_heads, head_dim) each."""
-    _check_cache(k_cache, v_cache)
+    check_cache(k_cache, v_cache)
     block_ids = check_block_ids(block_ids, k_cache.shape[0])
     return k_cache[block_ids], v_cache[block_ids]
 
@@ -118,7 +119,7 @@ def gather_blocks_ref(k_cache: np.ndarray, v_cache: np.ndarray, block_ids: np.nd
 def scatter_blocks_ref(k_cache: np.ndarray, v_cache: np.ndarray, block_ids: np.ndarray, k_blocks: np.ndarray,
                        v_blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Swap-in: block block_ids[i] becomes k_blocks[i] / v_blocks[i]. Returns new caches."""
-    _check_cache(k_cache, v_cache)
+    check_cache(k_cache, v_cache)
     block_ids = check_block_ids(block_ids, k_cache.shape[0])
     want = (block_ids.size,) + k_cache.shape[1:]
     if k_blocks.shape != want or v_blocks.shape != want:
@@ -160,8 +161,9 @@ def gather_sequence(cache, block_table: np.ndarray, length: int) -> np.ndarray:
     return flat[slots].astype(np.float64)
 
 
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_heads: int, scale: float) -> np.ndarray:
-    """q (n_q, n_heads, d) over k, v (n_k, n_kv, d) with GQA; every query sees every key given."""
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_heads: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """q (n_q, n_heads, d) over k, v (n_k, n_kv, d) with GQA; every query sees every key given:
+    scores (n_heads, n_q, n_k) and v repeated per query head (n_k, n_heads, d)."""
     n_kv = k.shape[1]
     group = n_heads // n_kv
     k_h = np.repeat(k, group, axis=1)  # (n_k, n_heads, d): query head h reads kv head h // group
@@ -189,7 +191,7 @@ def paged_attention_ref(query: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
 
     query (num_seqs, n_heads, head_dim) -> out (num_seqs, n_heads, head_dim) float64.
     """
-    _check_cache(k_cache, v_cache)
+    check_cache(k_cache, v_cache)
     num_blocks, block_size, n_kv, head_dim = k_cache.shape
     block_tables, context_lens = check_block_tables(block_tables, context_lens, num_blocks, block_size)
     check_heads(query.shape[1], n_kv)
@@ -197,7 +199,7 @@ def paged_attention_ref(query: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
     for s, length in enumerate(context_lens):
         k = gather_sequence(k_cache, block_tables[s], int(length))  # (length, n_kv, d)
         v = gather_sequence(v_cache, block_tables[s], int(length))  # (length, n_kv, d)
-        scores, v_h = _attend(query[s:s + 1], k, v, query.shape[1], scale)
+        scores, v_h = attend(query[s:s + 1], k, v, query.shape[1], scale)
         out[s] = _softmax_av(scores, v_h)[0]
     return out
 
@@ -213,7 +215,7 @@ def paged_prefill_attention_ref(query: np.ndarray, k_cache: np.ndarray, v_cache:
     New token i sits at position context_lens[s] - q_len + i and sees keys 0..that position.
     query (num_tokens, n_heads, head_dim) -> out (num_tokens, n_heads, head_dim) float64.
     """
-    _check_cache(k_cache, v_cache)
+    check_cache(k_cache, v_cache)
     num_blocks, block_size, n_kv, head_dim = k_cache.shape
     block_tables, context_lens = check_block_tables(block_tables, context_lens, num_blocks, block_size)
     check_heads(query.shape[1], n_kv)
@@ -223,7 +225,7 @@ def paged_prefill_attention_ref(query: np.ndarray, k_cache: np.ndarray, v_cache:
         q0, q1 = int(starts[s]), int(starts[s + 1])
         k = gather_sequence(k_cache, block_tables[s], int(length))  # (length, n_kv, d)
         v = gather_sequence(v_cache, block_tables[s], int(length))  # (length, n_kv, d)
-        scores, v_h = _attend(query[q0:q1], k, v, query.shape[1], scale)  # (n_heads, q_len, length)
+        scores, v_h = attend(query[q0:q1], k, v, query.shape[1], scale)  # (n_heads, q_len, length)
         positions = int(length) - (q1 - q0) + np.arange(q1 - q0)  # (q_len,)
         future = np.arange(int(length))[None, :] > positions[:, None]  # (q_len, length)
         scores[:, future] = -np.inf
@@ -256,7 +258,7 @@ def decode_partials_ref(query: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
     v = gather_sequence(v_cache, block_table, length)  # (length, n_kv, d)
     partials = []
     for t0 in range(0, length, partition_tokens):
-        scores, v_h = _attend(query[None], k[t0:t0 + partition_tokens], v[t0:t0 + partition_tokens], n_heads, scale)
+        scores, v_h = attend(query[None], k[t0:t0 + partition_tokens], v[t0:t0 + partition_tokens], n_heads, scale)
         scores = scores[:, 0, :]  # (n_heads, n_k)
         m = scores.max(axis=-1)  # (n_heads,)
         p = np.exp(scores - m[:, None])  # (n_heads, n_k)

@@ -1,19 +1,55 @@
-"""Numpy references for the model's WGSL kernels that numpy_ref.py / layout.py do not already provide.
+"""Numpy references for the model's WGSL kernels, and the math the reference forward is built from.
 
-Each function is the exact math one shader computes, in f32, written with the
-reference forward's own building blocks (layout.dequantize, numpy_ref.rms_norm,
-rope_adjacent, silu) so the GPU kernels are checked against the same oracle as
-the whole model. Pure numpy: runs in CPython and Pyodide.
+rms_norm, rope_adjacent, silu and shift_keys are the building blocks of backends/numpy_ref.py (and of the
+CPU and WebGPU backends' key shifts); the kernel references below are written with them and with
+layout.dequantize, so the GPU kernels are checked against the same oracle as the whole model.
+Pure numpy: runs in CPython and Pyodide.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..backends.numpy_ref import rms_norm, rope_adjacent, rope_inv_freq, silu
 from ..model.layout import QK, dequantize
 
 QUANTIZED = ("q4_1", "q8_0")
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x (T, H) -> x / rms(x) * weight (shaders/rmsnorm.wgsl)."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def rope_inv_freq(head_dim: int, base: float) -> np.ndarray:
+    """(head_dim/2,) f32 rotary frequencies; llama.cpp computes theta = pos * base^(-2i/head_dim)."""
+    return (1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))).astype(np.float32)
+
+
+def rope_adjacent(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """Rotate adjacent pairs (2i, 2i+1) of x (T, n_heads, head_dim) by positions * inv_freq[i]."""
+    angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # (T, head_dim/2)
+    cos = np.cos(angles)[:, None, :]  # (T, 1, head_dim/2)
+    sin = np.sin(angles)[:, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]  # (T, n_heads, head_dim/2)
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * cos - x1 * sin
+    out[..., 1::2] = x0 * sin + x1 * cos
+    return out
+
+
+def shift_keys(k_blocks: np.ndarray, deltas: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """Re-rotate cached keys k_blocks (n, block_size, n_kv_heads, head_dim) by -deltas (n,) positions.
+
+    The keys were rotated at position p; the result is them rotated at p - delta (RoPE composes).
+    """
+    n, bs, nkv, hd = k_blocks.shape
+    positions = np.repeat(-np.asarray(deltas, dtype=np.int64), bs)  # (n * block_size,)
+    flat = k_blocks.astype(np.float32).reshape(n * bs, nkv, hd)
+    return rope_adjacent(flat, positions, inv_freq).reshape(k_blocks.shape).astype(k_blocks.dtype)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
 
 
 def _check_quantized(dtype: str, shape: tuple[int, int]) -> tuple[int, int]:
@@ -86,8 +122,3 @@ def argmax(logits: np.ndarray) -> np.ndarray:
     if logits.ndim != 2:
         raise ValueError(f"logits must be (sequences, vocab), got {logits.shape}")
     return np.argmax(logits, axis=1).astype(np.uint32)
-
-
-# rms_norm is the reference of shaders/rmsnorm.wgsl as it stands in numpy_ref; re-exported so every kernel's
-# reference is found here.
-__all__ = ["argmax", "embedding", "quantized_linear", "rms_norm", "rope", "rope_cos_sin", "row_parts", "swiglu"]

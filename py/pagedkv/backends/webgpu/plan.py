@@ -21,8 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import webgpu_ops as ops
-from .webgpu_kernels import _params as kv_params
+from . import model_kernels as ops
 
 PARAM_SLOT_BYTES = 256  # minUniformBufferOffsetAlignment
 SLOTS = ("embedding", "rms_t", "lin_h", "lin_qkv", "lin_ffn", "lin_down", "rope", "kv_write", "attn", "reduce",
@@ -155,14 +154,15 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
         grids[SLOT_INDEX[name]] = groups
         params[SLOT_INDEX[name], : words.nbytes] = words.view(np.uint8)
 
-    put("kv_write", kv_params(t, lay.n_kv_heads), kv._groups(lay.kv_write_invocations(t)))
+    words = ops.uniform_words
+    put("kv_write", words(t, lay.n_kv_heads), kv.workgroups(lay.kv_write_invocations(t)))
     scale = 1.0 / math.sqrt(lay.head_dim)
-    put("attn", kv_params(n, cfg.n_heads, lay.n_kv_heads, lay.block_size, shape.table_width,
-                          kv.partition_blocks, shape.max_parts, scale),
-        kv._groups(n * shape.max_parts * cfg.n_heads // kv.head_tile) if shape.decode
-        else kv._groups(shape.num_tiles * cfg.n_heads))
-    reduce_groups = kv._groups(n * cfg.n_heads * lay.head_dim // 4) if shape.max_parts > 1 else (0, 0, 0)
-    put("reduce", kv_params(n, cfg.n_heads, lay.block_size, kv.partition_blocks, shape.max_parts), reduce_groups)
+    put("attn", words(n, cfg.n_heads, lay.n_kv_heads, lay.block_size, shape.table_width, kv.partition_blocks,
+                      shape.max_parts, scale),
+        kv.workgroups(n * shape.max_parts * cfg.n_heads // kv.head_tile) if shape.decode
+        else kv.workgroups(shape.num_tiles * cfg.n_heads))
+    reduce_groups = kv.workgroups(n * cfg.n_heads * lay.head_dim // 4) if shape.max_parts > 1 else (0, 0, 0)
+    put("reduce", words(n, cfg.n_heads, lay.block_size, kv.partition_blocks, shape.max_parts), reduce_groups)
     return grids, params.reshape(-1)
 
 

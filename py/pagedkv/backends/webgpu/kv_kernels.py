@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels import ref_attention as ref
-from ..kv_dtype import kv_dtype as lookup_kv_dtype
+from ...kernels import ref_attention as ref
+from ...kv_dtype import kv_dtype as lookup_kv_dtype
+from .model_kernels import uniform_words
 
 MAX_BLOCK_SIZE = 32  # MAX_BLOCK_SIZE in paged_attention_common.wgsl
 MAX_HEAD_DIM = 128  # 4 * MAX_VEC in paged_attention_common.wgsl
@@ -143,10 +144,14 @@ class Prepared:
         self.temporaries = []
 
 
-class _Temporaries(list):
+class Temporaries(list):
     """The GPU buffers one call creates; all destroyed again if preparing the call fails half-way."""
 
-    def __enter__(self) -> "_Temporaries":
+    def __init__(self, ctx) -> None:
+        super().__init__()
+        self.ctx = ctx
+
+    def __enter__(self) -> "Temporaries":
         return self
 
     def __exit__(self, exc_type, *_) -> None:
@@ -155,13 +160,23 @@ class _Temporaries(list):
                 buf.destroy()
             self.clear()
 
+    def u32(self, array: np.ndarray, label: str):
+        """A new storage buffer holding `array` as u32."""
+        buf = self.ctx.upload(np.ascontiguousarray(array, dtype=np.uint32), label)
+        self.append(buf)
+        return buf
 
-def _params(*fields) -> np.ndarray:
-    """A uniform block of u32 / f32 fields, in declaration order."""
-    words = np.zeros(max(4, -(-len(fields) // 4) * 4), dtype=np.uint32)  # padded to 16 bytes
-    for i, value in enumerate(fields):
-        words[i] = np.float32(value).view(np.uint32) if isinstance(value, float) else np.uint32(value)
-    return words
+    def f32(self, array: np.ndarray, label: str):
+        """A new storage buffer holding `array` as f32."""
+        buf = self.ctx.upload(np.ascontiguousarray(array, dtype=np.float32), label)
+        self.append(buf)
+        return buf
+
+    def scratch(self, nbytes: int, label: str, uniform: bool = False):
+        """A new uninitialised storage (or uniform) buffer of nbytes."""
+        buf = self.ctx.buffer(nbytes, label, uniform=uniform)
+        self.append(buf)
+        return buf
 
 
 class KVKernels:
@@ -206,28 +221,14 @@ class KVKernels:
             self.pipelines[name] = await self.ctx.kernel(name, constants)
         return self
 
-    def _groups(self, invocations: int) -> tuple[int, int, int]:
+    def workgroups(self, invocations: int) -> tuple[int, int, int]:
+        """A 1-D grid of workgroups covering `invocations`, refused over the device's per-dimension limit."""
         groups = -(-invocations // self.workgroup_size)
         limit = self.ctx.info.limits.get("maxComputeWorkgroupsPerDimension", 65535)
         if groups > limit:
             raise ValueError(f"{invocations} invocations need {groups} workgroups of {self.workgroup_size}, "
                              f"over the device limit {limit}; split the batch")
         return (max(groups, 1), 1, 1)
-
-    def _u32(self, array: np.ndarray, label: str, temporaries: list):
-        buf = self.ctx.upload(np.ascontiguousarray(array, dtype=np.uint32), label)
-        temporaries.append(buf)
-        return buf
-
-    def _f32(self, array: np.ndarray, label: str, temporaries: list):
-        buf = self.ctx.upload(np.ascontiguousarray(array, dtype=np.float32), label)
-        temporaries.append(buf)
-        return buf
-
-    def _scratch(self, nbytes: int, label: str, temporaries: list, uniform: bool = False):
-        buf = self.ctx.buffer(nbytes, label, uniform=uniform)
-        temporaries.append(buf)
-        return buf
 
     # ------------------------------------------------------------------ kv_write / copy_blocks
 
@@ -236,23 +237,23 @@ class KVKernels:
         """Rows k_new/v_new (num_tokens, n_kv_heads, head_dim) into their slots of `cache`."""
         lay = self.layout
         slots = ref.check_kv_rows(k_new, v_new, slot_mapping, lay.shape)  # (num_tokens,)
-        groups = self._groups(lay.kv_write_invocations(slots.size))
-        with _Temporaries() as tmp:
-            params = self._scratch(16, "params", tmp, uniform=True)
-            self.ctx.write(params, _params(slots.size, lay.n_kv_heads))
-            buffers = [self._f32(k_new, "k_new", tmp), self._f32(v_new, "v_new", tmp),
-                       self._u32(slots, "slots", tmp), cache.k, cache.v, params]
+        groups = self.workgroups(lay.kv_write_invocations(slots.size))
+        with Temporaries(self.ctx) as tmp:
+            params = tmp.scratch(16, "params", uniform=True)
+            self.ctx.write(params, uniform_words(slots.size, lay.n_kv_heads))
+            buffers = [tmp.f32(k_new, "k_new"), tmp.f32(v_new, "v_new"),
+                       tmp.u32(slots, "slots"), cache.k, cache.v, params]
             pipeline = self.pipelines["kv_write"]
             return Prepared([(pipeline, self.ctx.bind(pipeline, buffers), groups)], None, (), tmp)
 
     def prepare_copy_blocks(self, cache: KVCacheBuffers, pairs: np.ndarray) -> Prepared:
         """Copy block src -> dst for each (src, dst) row of `pairs` (n, 2), in K and V."""
         pairs = ref.check_block_pairs(pairs, self.layout.num_blocks)  # (n, 2)
-        groups = self._groups(pairs.shape[0] * self.layout.block_words)
-        with _Temporaries() as tmp:
-            params = self._scratch(16, "params", tmp, uniform=True)
-            self.ctx.write(params, _params(pairs.shape[0], self.layout.block_words))
-            buffers = [self._u32(pairs, "block_pairs", tmp), cache.k, cache.v, params]
+        groups = self.workgroups(pairs.shape[0] * self.layout.block_words)
+        with Temporaries(self.ctx) as tmp:
+            params = tmp.scratch(16, "params", uniform=True)
+            self.ctx.write(params, uniform_words(pairs.shape[0], self.layout.block_words))
+            buffers = [tmp.u32(pairs, "block_pairs"), cache.k, cache.v, params]
             pipeline = self.pipelines["copy_blocks"]
             return Prepared([(pipeline, self.ctx.bind(pipeline, buffers), groups)], None, (), tmp)
 
@@ -261,14 +262,14 @@ class KVKernels:
         (2, n, block_size, n_kv_heads, head_dim) in the cache dtype."""
         lay = self.layout
         ids = ref.check_block_ids(block_ids, lay.num_blocks)  # (n,)
-        groups = self._groups(ids.size * lay.block_words)
-        with _Temporaries() as tmp:
-            params = self._scratch(16, "params", tmp, uniform=True)
-            self.ctx.write(params, _params(ids.size, lay.block_words))
-            staging = self._scratch(2 * ids.size * lay.block_words * WORD_BYTES, "staging", tmp)
+        groups = self.workgroups(ids.size * lay.block_words)
+        with Temporaries(self.ctx) as tmp:
+            params = tmp.scratch(16, "params", uniform=True)
+            self.ctx.write(params, uniform_words(ids.size, lay.block_words))
+            staging = tmp.scratch(2 * ids.size * lay.block_words * WORD_BYTES, "staging")
             pipeline = self.pipelines["gather_blocks"]
             group = self.ctx.bind(pipeline, {1: cache.k, 2: cache.v, 3: params,
-                                             4: self._u32(ids, "block_ids", tmp), 5: staging})
+                                             4: tmp.u32(ids, "block_ids"), 5: staging})
             return Prepared([(pipeline, group, groups)], staging, (2, ids.size) + lay.storage_shape[1:], tmp,
                             lay.storage_dtype)
 
@@ -282,15 +283,15 @@ class KVKernels:
         for name, blocks in (("k_blocks", k_blocks), ("v_blocks", v_blocks)):
             if blocks.shape != want or blocks.dtype != lay.storage_dtype:
                 raise ValueError(f"{name} must be {want} {lay.storage_dtype}, got {blocks.shape} {blocks.dtype}")
-        groups = self._groups(ids.size * lay.block_words)
-        with _Temporaries() as tmp:
-            params = self._scratch(16, "params", tmp, uniform=True)
-            self.ctx.write(params, _params(ids.size, lay.block_words))
+        groups = self.workgroups(ids.size * lay.block_words)
+        with Temporaries(self.ctx) as tmp:
+            params = tmp.scratch(16, "params", uniform=True)
+            self.ctx.write(params, uniform_words(ids.size, lay.block_words))
             staging = self.ctx.upload(np.stack([k_blocks, v_blocks]), "staging")  # (2, n, block_size, n_kv, d)
             tmp.append(staging)
             pipeline = self.pipelines["scatter_blocks"]
             group = self.ctx.bind(pipeline, {1: cache.k, 2: cache.v, 3: params,
-                                             4: self._u32(ids, "block_ids", tmp), 5: staging})
+                                             4: tmp.u32(ids, "block_ids"), 5: staging})
             return Prepared([(pipeline, group, groups)], None, (), tmp)
 
     # ------------------------------------------------------------------ attention
@@ -312,10 +313,10 @@ class KVKernels:
         """Bindings 0-5 shared by both attention kernels (paged_attention_common.wgsl)."""
         lay = self.layout
         scale = 1.0 / math.sqrt(lay.head_dim) if scale is None else float(scale)
-        params = _params(lens.size, self.n_heads, lay.n_kv_heads, lay.block_size, tables.shape[1],
-                         self.partition_blocks, max_parts, scale)
-        buffers = [self._f32(query, "query", tmp), cache.k, cache.v, self._u32(tables, "block_tables", tmp),
-                   self._u32(lens, "context_lens", tmp), self._scratch(params.nbytes, "params", tmp, uniform=True)]
+        params = uniform_words(lens.size, self.n_heads, lay.n_kv_heads, lay.block_size, tables.shape[1],
+                               self.partition_blocks, max_parts, scale)
+        buffers = [tmp.f32(query, "query"), cache.k, cache.v, tmp.u32(tables, "block_tables"),
+                   tmp.u32(lens, "context_lens"), tmp.scratch(params.nbytes, "params", uniform=True)]
         self.ctx.write(buffers[-1], params)
         return buffers
 
@@ -327,20 +328,20 @@ class KVKernels:
         """
         tables, lens, _, max_parts = self._check_attention(query, block_tables, context_lens)
         num_seqs, d = lens.size, self.layout.head_dim
-        groups = self._groups(num_seqs * max_parts * self.n_heads // self.head_tile)
-        reduce_groups = self._groups(num_seqs * self.n_heads * d // 4)
-        with _Temporaries() as tmp:
+        groups = self.workgroups(num_seqs * max_parts * self.n_heads // self.head_tile)
+        reduce_groups = self.workgroups(num_seqs * self.n_heads * d // 4)
+        with Temporaries(self.ctx) as tmp:
             buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
-            out = self._scratch(num_seqs * self.n_heads * d * 4, "out", tmp)  # (num_seqs, n_heads, head_dim)
-            part_acc = self._scratch(num_seqs * max_parts * self.n_heads * d * 4, "part_acc", tmp)
-            part_stats = self._scratch(num_seqs * max_parts * self.n_heads * 8, "part_stats", tmp)
+            out = tmp.scratch(num_seqs * self.n_heads * d * 4, "out")  # (num_seqs, n_heads, head_dim)
+            part_acc = tmp.scratch(num_seqs * max_parts * self.n_heads * d * 4, "part_acc")
+            part_stats = tmp.scratch(num_seqs * max_parts * self.n_heads * 8, "part_stats")
             attn = self.pipelines["paged_attention"]
             dispatches = [(attn, self.ctx.bind(attn, buffers + [out, part_acc, part_stats]), groups)]
             if max_parts > 1:
                 reduce = self.pipelines["paged_attention_reduce"]
-                params = self._scratch(32, "reduce_params", tmp, uniform=True)
-                self.ctx.write(params, _params(num_seqs, self.n_heads, self.layout.block_size,
-                                               self.partition_blocks, max_parts))
+                params = tmp.scratch(32, "reduce_params", uniform=True)
+                self.ctx.write(params, uniform_words(num_seqs, self.n_heads, self.layout.block_size,
+                                                     self.partition_blocks, max_parts))
                 group = self.ctx.bind(reduce, [buffers[4], part_acc, part_stats, out, params])
                 dispatches.append((reduce, group, reduce_groups))
             return Prepared(dispatches, out, (num_seqs, self.n_heads, d), tmp)
@@ -355,12 +356,12 @@ class KVKernels:
         tables, lens, starts, max_parts = self._check_attention(query, block_tables, context_lens, query_start_loc)
         tiles = -(-np.diff(starts) // self.query_tile)  # (num_seqs,) invocations per head of each sequence
         tile_starts = np.concatenate([[0], np.cumsum(tiles)])  # (num_seqs + 1,)
-        groups = self._groups(int(tile_starts[-1]) * self.n_heads)
-        with _Temporaries() as tmp:
+        groups = self.workgroups(int(tile_starts[-1]) * self.n_heads)
+        with Temporaries(self.ctx) as tmp:
             buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
-            out = self._scratch(query.shape[0] * self.n_heads * self.layout.head_dim * 4, "out", tmp)
+            out = tmp.scratch(query.shape[0] * self.n_heads * self.layout.head_dim * 4, "out")
             pipeline = self.pipelines["paged_prefill_attention"]
-            starts = self._u32(np.stack([starts, tile_starts]), "starts", tmp)  # (2, num_seqs + 1)
+            starts = tmp.u32(np.stack([starts, tile_starts]), "starts")  # (2, num_seqs + 1)
             group = self.ctx.bind(pipeline, buffers + [starts, out])
             return Prepared([(pipeline, group, groups)], out, query.shape, tmp)
 

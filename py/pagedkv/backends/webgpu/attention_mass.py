@@ -8,8 +8,9 @@ import math
 
 import numpy as np
 
-from ..kernels import ref_attention as ref
-from .webgpu_kernels import KVKernels, Prepared, _params, _Temporaries
+from ...kernels import ref_attention as ref
+from .kv_kernels import KVKernels, Prepared, Temporaries
+from .model_kernels import uniform_words
 
 WORKGROUP_SIZE = 64
 
@@ -44,15 +45,15 @@ class AttentionMassKernel:
             raise ValueError(f"query must be ({num_tokens}, {kk.n_heads}, {lay.head_dim}), got {query.shape}")
         scale = 1.0 / math.sqrt(lay.head_dim) if scale is None else float(scale)
         num_seqs, width = lens.size, tables.shape[1]
-        with _Temporaries() as tmp:
-            q = kk._f32(query, "query", tmp) if isinstance(query, np.ndarray) else query
-            params = kk._scratch(32, "mass_params", tmp, uniform=True)
-            kk.ctx.write(params, _params(num_seqs, kk.n_heads, lay.n_kv_heads, lay.block_size, width, scale))
-            out = kk._scratch(num_seqs * kk.n_heads * width * 4, "mass", tmp)  # (S, n_heads, max_blocks)
+        with Temporaries(kk.ctx) as tmp:
+            q = tmp.f32(query, "query") if isinstance(query, np.ndarray) else query
+            params = tmp.scratch(32, "mass_params", uniform=True)
+            kk.ctx.write(params, uniform_words(num_seqs, kk.n_heads, lay.n_kv_heads, lay.block_size, width, scale))
+            out = tmp.scratch(num_seqs * kk.n_heads * width * 4, "mass")  # (S, n_heads, max_blocks)
             kk.ctx.write(out, np.zeros(num_seqs * kk.n_heads * width, np.float32))
-            group = kk.ctx.bind(self.pipeline, [q, k_cache, kk._u32(tables, "block_tables", tmp),
-                                                kk._u32(lens, "context_lens", tmp),
-                                                kk._u32(starts, "query_start_loc", tmp), out, params])
+            group = kk.ctx.bind(self.pipeline, [q, k_cache, tmp.u32(tables, "block_tables"),
+                                                tmp.u32(lens, "context_lens"),
+                                                tmp.u32(starts, "query_start_loc"), out, params])
             return Prepared([(self.pipeline, group, (-(-num_seqs * kk.n_heads // WORKGROUP_SIZE), 1, 1))], out,
                             (num_seqs, kk.n_heads, width), tmp)
 

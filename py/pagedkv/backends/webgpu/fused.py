@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.layout import QK
+from ...model.layout import QK
 
 # stacked tensor (per layer) -> its members in row order, then the RMSNorm weight of its input, which is
 # stored after the codes in the stacked qs part (the matvec kernels' NORM variant reads it from there)

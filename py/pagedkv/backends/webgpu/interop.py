@@ -1,9 +1,14 @@
-"""WebGPU backend: the ONLY engine module that imports `js` / `pyodide`.
+"""Browser WebGPU interop: the ONLY engine module that imports `js` / `pyodide` (the app's UI bridge
+imports its site fetch from here).
 
-A thin host layer in the spirit of gpu.cpp: a context (adapter + device with the
-adapter's real limits), buffers, kernels compiled once from `shaders/*.wgsl`, a
-dispatch, and a read back to numpy. It only works inside Pyodide in a browser
-(window or worker) that exposes `navigator.gpu`.
+A thin host layer in the spirit of gpu.cpp. GpuContext is the whole vocabulary the rest of
+backends/webgpu uses, so a second implementation (native, on wgpu-py) can stand beside it:
+  device      create() (adapter + device at the adapter's real limits), info, lost_reason, done(), now_ms()
+  buffers     buffer(), upload(), write(), read(), read_array()
+  pipelines   kernel() compiles shaders/<name>.wgsl once per constant set (ShaderLibrary expands includes)
+  dispatch    bind(), submit(), dispatch(); record_plan() + replay() for a whole step (web/replayer.js)
+  errors      push_errors() / pop_errors(), push_oom() / pop_oom(): every error scope lives here
+It only works inside Pyodide in a browser (window or worker) that exposes `navigator.gpu`.
 """
 from __future__ import annotations
 
@@ -60,17 +65,29 @@ def _resource(binding) -> dict:
     return {"buffer": binding}
 
 
-def _fetch_base() -> str:
-    # Workers resolve relative URLs against the worker script, which lives at the site root.
-    return str(js.location.href).rsplit("/", 1)[0] + "/"
+def site_url(path: str) -> str:
+    """The URL of a file of this site; workers resolve relative URLs against the worker script, which lives
+    at the site root."""
+    return str(js.location.href).rsplit("/", 1)[0] + "/" + path
 
 
-async def fetch_bytes(path: str) -> bytes:
-    resp = await js.fetch(_fetch_base() + path)
+async def fetch_bytes(path: str, on_chunk=None) -> bytes:
+    """GET a file of this site; on_chunk(n) after each chunk that arrives."""
+    resp = await js.fetch(site_url(path))
     if not resp.ok:
         raise RuntimeError(f"fetching {path} failed: HTTP {resp.status}")
-    buf = await resp.arrayBuffer()
-    return bytes(buf.to_py())
+    if on_chunk is None:
+        return bytes((await resp.arrayBuffer()).to_py())
+    reader = resp.body.getReader()
+    parts = []
+    while True:
+        chunk = await reader.read()
+        if chunk.done:
+            break
+        data = chunk.value.to_py()
+        parts.append(bytes(data))
+        on_chunk(len(data))
+    return b"".join(parts)
 
 
 class ShaderLibrary:
@@ -297,40 +314,3 @@ class GpuContext:
     def now_ms() -> float:
         """The page's monotonic clock (performance.now), in milliseconds."""
         return float(js.performance.now())
-
-
-async def residual_add(ctx: GpuContext, x: np.ndarray, y: np.ndarray, workgroup_size: int = 64) -> np.ndarray:
-    """x + y on the GPU with shaders/residual_add.wgsl; inputs are f32 vectors of one length."""
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"residual_add needs two equal 1-D vectors, got {x.shape} and {y.shape}")
-    x = x.astype(np.float32)  # (n,)
-    y = y.astype(np.float32)  # (n,)
-    n = x.shape[0]
-    pipeline = await ctx.kernel("residual_add", {"WORKGROUP_SIZE": workgroup_size})
-    bx, by = ctx.buffer(x.nbytes, "x"), ctx.buffer(y.nbytes, "y")
-    params = ctx.buffer(16, "params", uniform=True)
-    ctx.write(bx, x)
-    ctx.write(by, y)
-    ctx.write(params, np.array([n, 0, 0, 0], dtype=np.uint32))
-    ctx.device.pushErrorScope("validation")
-    ctx.dispatch(pipeline, [bx, by, params], (-(-n // workgroup_size), 1, 1))
-    error = await ctx.device.popErrorScope()
-    if error is not None:
-        raise GPUError(f"residual_add dispatch: {error.message}")
-    out = np.frombuffer(await ctx.read(bx, x.nbytes), dtype=np.float32).copy()
-    for b in (bx, by, params):
-        b.destroy()
-    return out
-
-
-async def self_test(ctx: GpuContext, n: int = 100_003, seed: int = 0) -> dict:
-    """Run one real kernel and check it against numpy; raises if the GPU result is wrong."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(n, dtype=np.float32)
-    y = rng.standard_normal(n, dtype=np.float32)
-    got = await residual_add(ctx, x, y)
-    want = x + y
-    max_err = float(np.max(np.abs(got - want)))
-    if max_err != 0.0:
-        raise GPUError(f"residual_add self-test: max |gpu - numpy| = {max_err} (f32 add must be exact)")
-    return {"kernel": "residual_add", "n": n, "max_abs_err": max_err, "checksum": float(got.sum(dtype=np.float64))}

@@ -1,10 +1,10 @@
 """WebGPU backend: the whole model forward over the paged KV cache, replayed in one submit per step.
 
-Same API as backends/cpu.py (num_blocks, block_size, num_cpu_blocks, forward, copy_blocks, swap_out,
-swap_in). Every GPU buffer is reserved in a GpuLedger first; the KV pool gets what the budget leaves after
-weights, scratch (activations sized for max_num_batched_tokens) and staging. A step costs a constant
-number of Python->JS crossings: one writeBuffer per int32 input, one for the uniforms, one replay
-(web/replayer.js encodes all dispatches in one command encoder) and one read back.
+Implements the engine's Backend protocol (backends/__init__.py), as backends/cpu.py does. Every GPU
+buffer is reserved in a GpuLedger first; the KV pool gets what the budget leaves after weights, scratch
+(activations sized for max_num_batched_tokens) and staging. A step costs a constant number of Python->JS
+crossings: one writeBuffer per int32 input, one for the uniforms, one replay (web/replayer.js encodes all
+dispatches in one command encoder) and one read back.
 Uses GpuContext methods only (no `js` here).
 """
 from __future__ import annotations
@@ -14,18 +14,20 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import numpy as np
 
-from ..gpu_budget import BudgetExceeded, GpuLedger, MIB, kv_blocks_that_fit, rounded
-from ..kernels.ref_ops import rope_cos_sin
-from ..kv_cache_manager import CopyOp
-from ..model.config import ModelConfig
-from ..model.weights import check_manifest, tensor_parts, verify_shard
-from . import webgpu_ops as ops
-from ..kv_retention import ShiftOp
-from .numpy_ref import ForwardBatch, rope_inv_freq, shift_keys
-from .webgpu_attention_mass import AttentionMassKernel
-from .webgpu_fused import fused_member, stack_rows, stacked_nbytes
-from .webgpu_kernels import KVCacheBuffers, KVKernels, KVLayout
-from .webgpu_plan import PARAM_SLOT_BYTES, SLOT_INDEX, SLOTS, PlanKey, StepShape, layer_program, step_slots
+from ...gpu_budget import BudgetExceeded, GpuLedger, MIB, kv_blocks_that_fit, rounded
+from ...kernels.ref_ops import rope_cos_sin, rope_inv_freq, shift_keys
+from ...kv_cache_manager import CopyOp
+from ...kv_dtype import kv_dtype as lookup_kv_dtype
+from ...kv_retention import ShiftOp
+from ...model.config import ModelConfig
+from ...model.weights import check_manifest, tensor_parts, verify_shard
+from ...model_runner import ForwardBatch
+from .. import check_attention_mass
+from . import model_kernels as ops
+from .attention_mass import AttentionMassKernel
+from .fused import fused_member, stack_rows, stacked_nbytes
+from .kv_kernels import KVCacheBuffers, KVKernels, KVLayout
+from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, SLOTS, PlanKey, StepShape, layer_program, step_slots
 
 SWAP_CHUNK_BLOCKS = 32  # blocks per layer per gather/scatter call; bounds the swap staging buffers
 CPU_POOL_CAP_BYTES = 64 * MIB  # default CPU swap pool (wasm memory)
@@ -59,8 +61,6 @@ class WebGpuBackend:
         self.num_blocks = 0
         self.num_cpu_blocks = 0
         self.last_step_ms: dict[str, float] = {}
-        self.track_attention_mass = False  # set by the engine for steps with importance eviction
-        self.last_attention_mass: np.ndarray | None = None  # (S, max_blocks) f32, last layer, heads summed
         self._mass_kernel: AttentionMassKernel | None = None  # compiled on first use
 
     # ------------------------------------------------------------------ construction
@@ -126,7 +126,7 @@ class WebGpuBackend:
 
     @staticmethod
     def _weights_bytes(manifest: dict) -> int:
-        """Bytes _upload_weights reserves: each tensor's parts, the stacked projections (webgpu_fused.py)
+        """Bytes _upload_weights reserves: each tensor's parts, the stacked projections (backends/webgpu/fused.py)
         instead of their members, the norm weights both alone and inside their stacked tensor."""
         total, groups = 0, {}
         for name, t in manifest["tensors"].items():
@@ -159,7 +159,7 @@ class WebGpuBackend:
                     self._upload_tensor(name, entry["dtype"], parts)
                 if member is None:
                     continue
-                # q/k/v and gate/up run as one matvec over their stacked rows, their input norm fused (webgpu_fused.py)
+                # q/k/v and gate/up run as one matvec over their stacked rows, their input norm fused (fused.py)
                 stacked, index, count = member
                 group = pending.setdefault(stacked, {})
                 group[index] = (entry["dtype"], tuple(entry["shape"]), {k: bytes(v) for k, v in parts.items()})
@@ -216,9 +216,14 @@ class WebGpuBackend:
     def _partition_blocks(self) -> int:
         return max(1, 128 // self.block_size)  # KVKernels' default 128-token flash-decoding partition
 
+    @property
+    def bytes_per_token(self) -> int:
+        cfg = self.config
+        return lookup_kv_dtype(self.kv_dtype).bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)
+
     def stats(self) -> dict:
         """KV dtype and sizes for the dashboard: bytes per token (K and V, every layer) and pool capacity."""
-        return {"kv_dtype": self.kv_dtype, "bytes_per_token": 2 * self.config.n_layers * self.kv_layout.token_bytes,
+        return {"kv_dtype": self.kv_dtype, "bytes_per_token": self.bytes_per_token,
                 "num_blocks": self.num_blocks, "kv_tokens": self.num_blocks * self.block_size}
 
     # ------------------------------------------------------------------ forward
@@ -229,27 +234,15 @@ class WebGpuBackend:
             raise ValueError(f"batch of {t} tokens / {s} sequences exceeds this backend's scratch "
                              f"({self.max_num_batched_tokens} tokens / {self.max_num_seqs} sequences); "
                              "create it with the engine's max_num_batched_tokens and max_num_seqs")
-        if int(batch.context_lens.max()) > self.config.context_length:
-            raise ValueError(f"a sequence of {int(batch.context_lens.max())} tokens exceeds the model context "
-                             f"of {self.config.context_length}")
-        if batch.token_ids.min() < 0 or batch.token_ids.max() >= self.config.vocab:
-            raise ValueError(f"token ids must be in [0, {self.config.vocab})")
+        batch.check_fits(vocab=self.config.vocab, context_length=self.config.context_length,
+                         num_blocks=self.num_blocks, block_size=self.block_size)
         if int(batch.positions.max()) >= self.config.context_length:
             raise ValueError(f"rotary position {int(batch.positions.max())} is past the RoPE table of the model "
                              f"context ({self.config.context_length}); run long chats with "
                              "KVRetention(positions='shifted')")
-        slots = self.num_blocks * self.block_size
-        if batch.slot_mapping.min() < 0 or batch.slot_mapping.max() >= slots:
-            raise ValueError(f"slot_mapping entries must be in [0, {slots})")
-        width = batch.block_tables.shape[1]
-        needed = -(-batch.context_lens // self.block_size)  # (S,)
-        if width > self.max_blocks_per_seq or int(needed.max()) > width:
-            raise ValueError(f"block_tables must have between {int(needed.max())} and {self.max_blocks_per_seq} "
-                             f"columns, got {width}")
-        for i in range(s):
-            used = batch.block_tables[i, : needed[i]]
-            if used.min() < 0 or used.max() >= self.num_blocks:
-                raise ValueError(f"sequence {i}: block ids must be in [0, {self.num_blocks})")
+        if batch.block_tables.shape[1] > self.max_blocks_per_seq:
+            raise ValueError(f"block_tables may have at most {self.max_blocks_per_seq} columns (the model "
+                             f"context), got {batch.block_tables.shape[1]}")
 
     async def _plan(self, key: PlanKey):
         plan = self._plans.get(key)
@@ -286,10 +279,14 @@ class WebGpuBackend:
             hit = self._slots_cache[shape] = step_slots(self, shape)
         return hit
 
-    async def forward(self, batch: ForwardBatch, greedy: bool = False) -> np.ndarray:
-        """(S, vocab) f32 logits of each sequence's last new token, or (S,) int32 argmax ids when greedy."""
+    async def forward(self, batch: ForwardBatch, *, greedy: bool = False,
+                      attention_mass: np.ndarray | None = None) -> np.ndarray:
+        """(S, vocab) f32 logits of each sequence's last new token, or (S,) int32 argmax ids when greedy;
+        attention_mass as in backends.Backend.forward."""
         t0 = time.perf_counter()
         self._check(batch)
+        if attention_mass is not None:
+            check_attention_mass(attention_mass, batch)
         cfg, s = self.config, self.scratch
         t, n = batch.token_ids.shape[0], batch.num_seqs
         key = PlanKey.of(t, n)
@@ -327,19 +324,20 @@ class WebGpuBackend:
             out = np.frombuffer(data, np.uint32).astype(np.int32)  # (S,)
         else:
             out = np.frombuffer(data, np.float32).reshape(n, cfg.vocab).copy()  # (S, vocab)
-        if self.track_attention_mass:
-            await self._attention_mass(batch)
+        if attention_mass is not None:
+            attention_mass[...] = await self._attention_mass(batch)
         # Wall time of the replay (encode + GPU + map) vs the Python around it; benchmarks read this.
         self.last_step_ms = {"replay": (t2 - t1) * 1e3, "python": (t1 - t0 + time.perf_counter() - t2) * 1e3}
         return out
 
-    async def _attention_mass(self, batch: ForwardBatch) -> None:
-        """After a replay, scratch q still holds the last layer's rotated queries: score the blocks with them."""
+    async def _attention_mass(self, batch: ForwardBatch) -> np.ndarray:
+        """After a replay, scratch q still holds the last layer's rotated queries: score the blocks with them;
+        (S, max_blocks) f32, heads summed."""
         if self._mass_kernel is None:
             self._mass_kernel = await AttentionMassKernel(self.kv_kernels).compile()
         mass = await self._mass_kernel.run(self.kv_caches[-1].k, self.scratch["q"], batch.query_start_loc,
                                            batch.block_tables, batch.context_lens)  # (S, n_heads, max_blocks)
-        self.last_attention_mass = mass.sum(axis=1)
+        return mass.sum(axis=1)
 
     # ------------------------------------------------------------------ block copies and swaps
 
@@ -420,4 +418,4 @@ def plan_kv_pool(manifest: dict, *, budget_bytes: int, block_size: int, kv_dtype
     block_bytes = 2 * config.n_layers * b.kv_layout.nbytes  # K and V of every layer, one block
     num_blocks = kv_blocks_that_fit(budget_bytes - fixed, block_bytes, max_binding, config.n_layers)
     return {"fixed_bytes": fixed, "block_bytes": block_bytes, "num_blocks": num_blocks,
-            "bytes_per_token": block_bytes // block_size}
+            "bytes_per_token": b.bytes_per_token}

@@ -1,0 +1,188 @@
+"""Host side of the model's WGSL kernels: dispatch geometry and uniforms.
+
+Each `*_call` function is pure (no GPU): it validates shapes and returns a
+KernelCall (shader, override constants, workgroup grid, uniform bytes) that a
+dispatch plan (plan.py) records once and replays. Buffer binding order of every
+call = the shader's @binding order. Running one call on numpy arrays is test and
+benchmark code: tests/browser/kernel_calls.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...model.layout import QK
+
+MAX_WORKGROUPS_PER_DIM = 65535
+QUANTIZED = ("q4_1", "q8_0")
+MATVEC_ROWS = 8  # output rows per thread in matvec_*.wgsl (one token per thread)
+MATMUL_TILE = (8, 4)  # (rows, tokens) per thread in matmul_*.wgsl
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One dispatch of shaders/<shader>.wgsl: pipeline constants, workgroup grid and uniform contents."""
+
+    shader: str
+    constants: tuple[tuple[str, int], ...]
+    workgroups: tuple[int, int, int]
+    params: bytes  # the shader's `params` uniform, a multiple of 16 bytes
+
+    def __post_init__(self) -> None:
+        if len(self.params) % 16 or not self.params:
+            raise ValueError(f"{self.shader}: uniform params must be a non-empty multiple of 16 bytes")
+        if any(not 1 <= g <= MAX_WORKGROUPS_PER_DIM for g in self.workgroups):
+            raise ValueError(f"{self.shader}: workgroup grid {self.workgroups} outside 1..{MAX_WORKGROUPS_PER_DIM}")
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def uniform_words(*fields) -> np.ndarray:
+    """A uniform block of u32 (int) and f32 (float) fields in declaration order, as u32 words padded to a
+    multiple of 16 bytes (at least 16): the `params` struct every kernel here reads."""
+    words = np.zeros(max(4, -(-len(fields) // 4) * 4), dtype="<u4")
+    for i, value in enumerate(fields):
+        words[i] = np.float32(value).view(np.uint32) if isinstance(value, float) else np.uint32(value)
+    return words
+
+
+def _positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _weight(dtype: str, rows: int, cols: int) -> None:
+    if dtype not in QUANTIZED:
+        raise ValueError(f"quantized kernels take {list(QUANTIZED)}, got {dtype!r}")
+    _positive(rows=rows, cols=cols)
+    if cols % QK:
+        raise ValueError(f"{dtype} weight cols must be a multiple of {QK}, got {cols}")
+
+
+# ---------------------------------------------------------------- call builders (pure)
+
+
+def linear_constants(workgroup_size: int, accumulate: bool = False, norm: bool = False,
+                     swiglu: bool = False) -> tuple:
+    """Pipeline constants of matvec_* / matmul_*: ACCUMULATE makes them add into y (a fused residual add),
+    NORM (matvec only) applies the RMSNorm whose weight follows the codes in qs to x first, SWIGLU writes
+    silu(gate) * up of gate/up rows interleaved in runs of 4 (backends/webgpu/fused.py)."""
+    flags = (("ACCUMULATE", accumulate), ("NORM", norm), ("SWIGLU", swiglu))
+    return (("WORKGROUP_SIZE", workgroup_size),) + tuple((name, 1) for name, on in flags if on)
+
+
+def _check_swiglu(rows: int, swiglu: bool, accumulate: bool) -> None:
+    if swiglu and (rows % 8 or accumulate):
+        raise ValueError(f"SWIGLU needs rows a multiple of 8 (4 gate + 4 up rows per thread) and no ACCUMULATE, "
+                         f"got {rows} rows")
+
+
+def matvec_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32,
+                accumulate: bool = False, norm_eps: float | None = None, swiglu: bool = False) -> KernelCall:
+    """y (tokens, rows) = x (tokens, cols) @ W.T (y += ... when accumulate), decode-sized batches;
+    with norm_eps, W @ rms_norm(x, g, norm_eps) where g (cols,) f32 follows the codes in qs;
+    with swiglu, y (tokens, rows / 2) = silu(gate) * up; buffers: qs, dm|d, x, y, params."""
+    _weight(dtype, rows, cols)
+    _positive(tokens=tokens)
+    _check_swiglu(rows, swiglu, accumulate)
+    if norm_eps is not None and not norm_eps > 0:
+        raise ValueError(f"norm_eps must be positive, got {norm_eps}")
+    grid = (_ceil(_ceil(rows, MATVEC_ROWS), workgroup_size), tokens, 1)
+    constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu)
+    params = uniform_words(rows, cols, tokens, float(norm_eps or 0.0)).tobytes()
+    return KernelCall(f"matvec_{dtype}", constants, grid, params)
+
+
+def matmul_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32,
+                accumulate: bool = False, swiglu: bool = False) -> KernelCall:
+    """Y (tokens, rows) = X (tokens, cols) @ W.T (Y += ... when accumulate, Y (tokens, rows / 2) =
+    silu(gate) * up with swiglu), prefill-sized; buffers: qs, dm|d, x, y, params."""
+    _weight(dtype, rows, cols)
+    _positive(tokens=tokens)
+    _check_swiglu(rows, swiglu, accumulate)
+    tile_rows, tile_tokens = MATMUL_TILE
+    grid = (_ceil(_ceil(rows, tile_rows), workgroup_size), _ceil(tokens, tile_tokens), 1)
+    return KernelCall(f"matmul_{dtype}", linear_constants(workgroup_size, accumulate, swiglu=swiglu), grid,
+                      uniform_words(rows, cols, tokens).tobytes())
+
+
+def linear_call(dtype: str, rows: int, cols: int, tokens: int, accumulate: bool = False) -> KernelCall:
+    """The faster of matvec / matmul for `tokens` rows of activations (same bindings, same result).
+
+    Measured on SwiftShader (bench/model_kernels.py): matvec's cost grows linearly with tokens,
+    matmul's 4-token tile costs about 2.5 single-token matvecs, so matmul wins from 3 tokens on.
+    """
+    return (matvec_call if tokens <= 2 else matmul_call)(dtype, rows, cols, tokens, accumulate=accumulate)
+
+
+def rmsnorm_call(hidden: int, tokens: int, eps: float, workgroup_size: int = 64) -> KernelCall:
+    """out (tokens, hidden) = rms_norm(x, weight, eps); buffers: x, weight, out, params."""
+    _positive(hidden=hidden, tokens=tokens)
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    return KernelCall("rmsnorm", (("WORKGROUP_SIZE", workgroup_size),), (tokens, 1, 1),
+                      uniform_words(hidden, tokens, float(eps)).tobytes())
+
+
+def rope_call(tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, workgroup_size: int = 64) -> KernelCall:
+    """Split qkv (tokens, (n_heads + 2 n_kv_heads) * head_dim) into q and k rotated and v copied;
+    buffers: qkv, q, k, v, positions, cos_sin, params."""
+    _positive(tokens=tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even, got {head_dim}")
+    pairs = (n_heads + 2 * n_kv_heads) * head_dim // 2
+    return KernelCall("rope", (("WORKGROUP_SIZE", workgroup_size),), (_ceil(pairs, workgroup_size), tokens, 1),
+                      uniform_words(tokens, n_heads, n_kv_heads, head_dim).tobytes())
+
+
+def embedding_call(tokens: int, hidden: int, workgroup_size: int = 64) -> KernelCall:
+    """out (tokens, hidden) = Q8_0 table rows; buffers: qs, d, token_ids, out, params."""
+    _positive(tokens=tokens, hidden=hidden)
+    if hidden % QK:
+        raise ValueError(f"embedding hidden size must be a multiple of {QK}, got {hidden}")
+    return KernelCall("embedding", (("WORKGROUP_SIZE", workgroup_size),),
+                      (_ceil(hidden // 4, workgroup_size), tokens, 1), uniform_words(tokens, hidden).tobytes())
+
+
+def argmax_call(vocab: int, seqs: int, workgroup_size: int = 256) -> KernelCall:
+    """out (seqs,) u32 = argmax of each logits row (lowest index on ties); buffers: logits, out, params."""
+    _positive(vocab=vocab, seqs=seqs)
+    return KernelCall("argmax", (("WORKGROUP_SIZE", workgroup_size),), (seqs, 1, 1),
+                      uniform_words(vocab, seqs).tobytes())
+
+
+def stream_read_call(nbytes: int, workgroups: int = 256, workgroup_size: int = 64) -> KernelCall:
+    """Read nbytes once and reduce them; buffers: data, out, params. Every thread reads a run of whole
+    vec4<u32> words, four per loop trip: nbytes must split into workgroups * workgroup_size runs of 4k words."""
+    _positive(nbytes=nbytes, workgroups=workgroups)
+    unit = 16 * 4 * workgroups * workgroup_size
+    if nbytes % unit:
+        raise ValueError(f"stream_read splits the buffer into {workgroups} x {workgroup_size} runs of 4k vec4<u32> "
+                         f"words: nbytes must be a multiple of {unit}, got {nbytes}")
+    words = nbytes // 16
+    return KernelCall("stream_read", (("WORKGROUP_SIZE", workgroup_size),), (workgroups, 1, 1),
+                      uniform_words(words, words // workgroups).tobytes())
+
+
+ALU_PEAK_FLOPS_PER_ITERATION = 8 * 4 * 2  # 8 vec4 multiply-adds per loop iteration of alu_peak.wgsl, per thread
+
+
+def alu_peak_call(iterations: int, workgroups: int = 64, workgroup_size: int = 32) -> KernelCall:
+    """Every thread runs `iterations` loop trips of register-only multiply-adds; buffers: out, params.
+    Flops of one dispatch: workgroups * workgroup_size * iterations * ALU_PEAK_FLOPS_PER_ITERATION."""
+    _positive(iterations=iterations, workgroups=workgroups)
+    return KernelCall("alu_peak", (("WORKGROUP_SIZE", workgroup_size),), (workgroups, 1, 1),
+                      uniform_words(iterations).tobytes())
+
+
+def check_q8_0_codes(name: str, parts: dict) -> None:
+    """Refuse Q8_0 weights with a code of -128: the matvec / matmul kernels read codes as
+    unpack4x8snorm(q) * 127, exact only on [-127, 127] (all that Q8_0 quantization writes)."""
+    if np.frombuffer(parts["qs"], dtype=np.int8).min(initial=0) == -128:
+        raise ValueError(f"Q8_0 tensor {name} contains the code -128, which Q8_0 quantization never writes "
+                         "(scale = amax / 127); re-convert the model from its GGUF file")
