@@ -21,7 +21,6 @@ from . import bridge
 from .chat_service import ChatService
 from .model_loader import fetch_model
 
-STAGES = ("download", "python", "numpy", "engine", "gpu")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MIB = 1 << 20
 
@@ -29,7 +28,8 @@ state: dict = {}  # what the worker holds alive: GPU context, engine, chat servi
 
 
 def progress(stage: str, detail: str) -> None:
-    bridge.post("progress", stage=stage, index=STAGES.index(stage), total=len(STAGES), detail=detail)
+    """Report boot stage `stage` (one of build.py's BOOT_STAGES, in whose order the page shows them)."""
+    bridge.post("progress", stage=stage, detail=detail)
 
 
 async def boot() -> None:

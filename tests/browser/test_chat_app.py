@@ -116,7 +116,7 @@ def test_text_is_shown_literally_and_runs_nothing(app):
     assert user.inner_text() == INJECTION
     assert page.locator("#messages img, #messages script").count() == 0
     # The reply renderer escapes first, then adds its own tags only.
-    html = page.evaluate("t => renderMarkdown(t)", "**bold** and `x<y`\n- one\n- two\n```py\nprint('<b>')\n```\n" + INJECTION)
+    html = page.evaluate("t => window.pagedkv.renderMarkdown(t)", "**bold** and `x<y`\n- one\n- two\n```py\nprint('<b>')\n```\n" + INJECTION)
     assert "<strong>bold</strong>" in html and "<code>x&lt;y</code>" in html
     assert "<ul><li>one</li><li>two</li></ul>" in html and "<pre><code>print(&#39;&lt;b&gt;&#39;)\n</code></pre>" in html
     assert "<img" not in html and "<script" not in html and "&lt;img src=x onerror=" in html
