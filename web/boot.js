@@ -20,6 +20,7 @@ export function showStage(stage, detail) {
 export function showError(message, detail) {
   root.dataset.state = "error";
   root.dataset.error = message;
+  root.dataset.model = "error";  // no model will load on this page
   $("boot").hidden = true;
   $("error").hidden = false;
   $("error-message").textContent = message;
@@ -60,12 +61,4 @@ export function onDeviceLost(msg) {
   } else {
     showError(`The GPU device was lost (${msg.reason}). Reload the page to restart.`);
   }
-}
-
-export function onDeviceRestored(msg) {
-  root.dataset.device = "restored";
-  root.dataset.model = "ready";
-  $("model-loading").hidden = true;
-  $("chat-status").textContent = `The GPU device was lost and rebuilt in ${(msg.rebuild_ms / 1000).toFixed(1)} s ` +
-    `(${msg.num_blocks} KV blocks); ${msg.resumed} reply(ies) resumed from their token history.`;
 }

@@ -1,46 +1,18 @@
 // The chat: the conversation list, the composer, the streaming view of replies, and their persistence.
 import { renderAlternatives, wireAlternatives } from "./alternatives.js";
 import { chatColor, renderMemory } from "./block_map.js";
-import { renderMarkdown } from "./markdown.js";
+import { fillMessage, messageElement, queuedElement, renderForeignNote } from "./messages.js";
 import { $, root } from "./page.js";
 import { readSettingsForm, requestSettings, showChatSettings, wireFallbackSettings, wireGenerationSettings,
          wireMemorySettings } from "./settings.js";
-import { ui } from "./state.js";
+import { persist, restoreChats, saveStreamingSoon } from "./saved_chats.js";
+import { listed, ui } from "./state.js";
 import * as store from "./store.js";
-
-let saveTimer = null;  // the next save of the replies streaming now
-
-function persist(id) {
-  store.saveChat(id, { messages: ui.messages[id] || [], partialIds: ui.partialIds[id] || [],
-                       settings: ui.settings[id] });
-}
-
-function saveStreamingSoon() {
-  if (saveTimer) return;
-  saveTimer = setTimeout(() => {
-    saveTimer = null;
-    for (const id of Object.keys(ui.partialIds)) if (ui.busy[id]) persist(id);
-  }, 300);
-}
-
-async function restoreChats() {
-  await store.openStore();
-  const records = await store.loadRecords();
-  for (const rec of records) {
-    const msgs = rec.messages || [];
-    if (rec.partial_ids && rec.partial_ids.length && msgs.length) msgs[msgs.length - 1].interrupted = true;
-    ui.messages[rec.id] = msgs;
-    if (rec.settings) ui.settings[rec.id] = rec.settings;
-  }
-  ui.worker.postMessage({ type: "restore", chats: records.map((r) => ({ id: r.id, title: r.title,
-    checkpoint: r.checkpoint, before_reply: r.before_reply, partial_ids: r.partial_ids || [] })) });
-  root.dataset.restored = String(records.length);
-}
 
 function renderChats() {
   const ul = $("chat-list");
   ul.replaceChildren();
-  for (const c of ui.list) {
+  for (const c of listed()) {
     const li = document.createElement("li");
     const b = document.createElement("button");
     b.type = "button";
@@ -48,43 +20,27 @@ function renderChats() {
     b.dataset.chat = c.id;
     b.style.borderLeft = `4px solid ${chatColor(c.id)}`;
     if (ui.busy[c.id]) b.classList.add("busy");
+    if (c.model) { b.classList.add("foreign"); b.title = `made with ${c.model}: read-only here`; }
     b.setAttribute("aria-current", String(c.id === ui.current));
     b.addEventListener("click", () => selectChat(c.id));
     li.append(b);
     ul.append(li);
   }
-  const cur = ui.list.find((c) => c.id === ui.current);
+  const cur = listed().find((c) => c.id === ui.current);
   $("chat-title").textContent = cur ? cur.title : "No chat";
-}
-
-function fillMessage(li, m) {
-  li.dataset.text = m.text;  // the raw text, for tools and tests
-  if (m.role === "assistant") li.innerHTML = renderMarkdown(m.text);  // escaped first: see renderMarkdown
-  else li.textContent = m.text;
-  if (m.engine) li.dataset.engine = m.engine.kind;
-  if (m.engine && m.engine.kind === "remote") {
-    const badge = document.createElement("p");
-    badge.className = "engine-badge";
-    badge.textContent = `served remotely by ${m.engine.model} @ ${m.engine.origin}`;
-    if (m.engine.reason) badge.title = `Why: ${m.engine.reason}`;
-    li.append(badge);
-  }
-}
-
-function messageElement(m) {
-  const li = document.createElement("li");
-  li.className = `msg ${m.role}` + (m.interrupted ? " interrupted" : "");
-  fillMessage(li, m);
-  return li;
 }
 
 function renderMessages() {
   const msgs = ui.messages[ui.current] || [];
-  $("messages").replaceChildren(...msgs.map(messageElement));
+  const queued = ui.queued && ui.queued.chat === ui.current ? [queuedElement(ui.queued.text)] : [];
+  $("messages").replaceChildren(...msgs.map(messageElement), ...queued);
   const busy = !!ui.busy[ui.current];
+  const foreign = ui.foreign[ui.current];
+  renderForeignNote(foreign, ui.modelInfo);
   $("stop").disabled = !busy;
-  $("send").disabled = busy;
-  $("regenerate").disabled = busy || !msgs.length || msgs[msgs.length - 1].role !== "assistant";
+  $("send").disabled = busy || !!ui.queued || !!foreign;
+  $("rename-chat").disabled = !!foreign;
+  $("regenerate").disabled = busy || !!foreign || !msgs.length || msgs[msgs.length - 1].role !== "assistant";
   $("alternatives").disabled = $("regenerate").disabled;
   renderAlternatives();
   root.dataset.generating = busy ? "true" : "false";
@@ -107,17 +63,50 @@ function selectChat(id) {
 
 function send() {
   const text = $("prompt").value;
-  if (!text.trim() || !ui.current || ui.busy[ui.current]) return;
-  ui.pending[ui.current] = text;
-  ui.worker.postMessage({ type: "send", chat: ui.current, text, settings: requestSettings() });
+  if (!text.trim() || ui.busy[ui.current] || ui.foreign[ui.current] || ui.queued) return;
+  if (!ui.accepting) {
+    // The model is still loading: the message waits in the chat, shown as pending, and goes when it is ready.
+    ui.queued = { chat: ui.current, text };
+    $("prompt").value = "";
+    renderMessages();
+    return;
+  }
+  if (!ui.current) return;
+  sendTo(ui.current, text);
   $("prompt").value = "";
+}
+
+function sendTo(id, text) {
+  ui.pending[id] = text;
+  ui.worker.postMessage({ type: "send", chat: id, text, settings: requestSettings() });
+}
+
+// A message queued while the model loaded goes to its chat (or, typed before any chat was listed, to the
+// chat in view) once that chat is idle.
+function sendQueued() {
+  const target = ui.list.some((c) => c.id === ui.queued?.chat) ? ui.queued.chat : ui.current;
+  if (!ui.accepting || !ui.queued || !target || ui.busy[target]) return;
+  const { text } = ui.queued;
+  ui.queued = null;
+  sendTo(target, text);
+  refresh(target);
+}
+
+/** The page is ready: the chat can be used (a message sent before the model is loaded waits for it). */
+export function showChatApp() {
+  $("chat-app").hidden = false;
+}
+
+function stopAccepting() {
+  ui.accepting = false;
+  root.dataset.model = "loading";
 }
 
 // ------------------------------------------------------------------ the worker's chat messages
 
 export function onModelProgress(msg) {
   $("model-loading").hidden = false;
-  root.dataset.model = "loading";
+  stopAccepting();
   $("model-progress").max = msg.total;
   $("model-progress").value = msg.loaded;
   $("model-detail").textContent = `${msg.model}: ${msg.detail}` +
@@ -139,16 +128,34 @@ export function onModelReady(msg) {
 }
 
 export function onModelError(msg) {
+  ui.accepting = false;
   root.dataset.model = "error";
   $("model-detail").textContent = `Could not load ${msg.model}: ${msg.message}`;
+  if (ui.queued) {  // no model will answer it: the text goes back into the box
+    if (!$("prompt").value) $("prompt").value = ui.queued.text;
+    ui.queued = null;
+    renderMessages();
+  }
+}
+
+export function onDeviceRestored(msg) {
+  root.dataset.device = "restored";
+  root.dataset.model = "ready";
+  ui.accepting = true;
+  $("model-loading").hidden = true;
+  $("chat-status").textContent = `The GPU device was lost and rebuilt in ${(msg.rebuild_ms / 1000).toFixed(1)} s ` +
+    `(${msg.num_blocks} KV blocks); ${msg.resumed} reply(ies) resumed from their token history.`;
+  sendQueued();
 }
 
 export function onChats(msg) {
   ui.list = msg.chats;
   if (ui.openNewest && ui.list.length) ui.current = ui.list[ui.list.length - 1].id;
   ui.openNewest = false;
-  if (!ui.list.some((c) => c.id === ui.current)) ui.current = ui.list.length ? ui.list[0].id : null;
+  if (!listed().some((c) => c.id === ui.current)) ui.current = ui.list.length ? ui.list[0].id : null;
+  ui.accepting = true;
   selectChat(ui.current);
+  sendQueued();
 }
 
 export function onTurnStart(msg) {
@@ -157,6 +164,7 @@ export function onTurnStart(msg) {
   list.push({ role: "assistant", text: "", engine: msg.engine });
   delete ui.pending[msg.chat];
   ui.partialIds[msg.chat] = [];
+  ui.partialSaved[msg.chat] = false;
   ui.busy[msg.chat] = true;
   root.dataset.lastStart = JSON.stringify(msg);
   refresh(msg.chat);
@@ -166,8 +174,13 @@ export function onToken(msg) {
   const list = ui.messages[msg.chat];
   list[list.length - 1].text += msg.text;
   (ui.partialIds[msg.chat] ||= []).push(...msg.ids);
-  if (ui.partialIds[msg.chat].length === msg.ids.length) persist(msg.chat);  // first token: save at once
-  else saveStreamingSoon();
+  // The first token is saved at once, later ones at most every 300 ms (a server's tokens carry no ids).
+  if (!ui.partialSaved[msg.chat]) {
+    ui.partialSaved[msg.chat] = true;
+    persist(msg.chat);
+  } else {
+    saveStreamingSoon();
+  }
   if (msg.chat === ui.current) fillMessage($("messages").lastElementChild, list[list.length - 1]);
 }
 
@@ -179,10 +192,11 @@ export function onTurnEnd(msg) {
   delete ui.partialIds[msg.chat];
   root.dataset.lastTurn = JSON.stringify(msg);
   refresh(msg.chat);
+  sendQueued();
 }
 
 export function onChatSaved(msg) {
-  store.rememberSaved(msg);
+  store.rememberSaved(msg, ui.modelInfo.model);
   persist(msg.chat);
 }
 
@@ -233,8 +247,12 @@ export function wireChatUI(worker) {
     worker.postMessage({ type: "new-chat" });
   });
   $("delete-chat").addEventListener("click", () => {
-    if (ui.current && confirm("Delete this chat?")) {
-      store.deleteChat(ui.current);
+    if (!ui.current || !confirm("Delete this chat?")) return;
+    store.deleteChat(ui.current);
+    if (ui.foreign[ui.current]) {  // the worker never had it
+      delete ui.foreign[ui.current];
+      selectChat(ui.list.length ? ui.list[0].id : null);
+    } else {
       worker.postMessage({ type: "delete-chat", chat: ui.current });
     }
   });

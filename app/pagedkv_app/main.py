@@ -91,7 +91,8 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
                               open_stream=bridge.open_stream, webgpu=not force_cpu)
         state.update(engine=engine, service=service, model_name=name, block_size=block_size)
         bridge.set_handler(service.handle)
-        bridge.post("model-ready", model=name, backend=backend.name, load_ms=round(bridge.now_ms() - t0),
+        bridge.post("model-ready", model=name, default_model=DEFAULT_MODEL, backend=backend.name,
+                    load_ms=round(bridge.now_ms() - t0),
                     num_blocks=backend.num_blocks, block_size=block_size, context_length=engine.context_length,
                     layers=cfg.n_layers, **info)
         service.post_stats(force=True)
