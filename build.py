@@ -34,6 +34,11 @@ CACHE = ROOT / ".cache"
 NODE_MODULES = ROOT / "node_modules"
 
 PYODIDE_VERSION = "0.27.7"
+# The page's boot stages, in order, with their labels: the page's stage list and progress bar
+# (web/index.html.j2) and the JS that advances them (web/boot_stages.js.j2) are rendered from this list;
+# the worker and the Python app name the stage they are in.
+BOOT_STAGES = (("download", "Download"), ("python", "Python"), ("numpy", "numpy"), ("engine", "Engine"),
+               ("gpu", "GPU"))
 # Files copied from node_modules/pyodide, pinned (pyodide@0.27.7 from npm).
 PYODIDE_CORE = {
     "pyodide.js": "b4cb23a53aba19c221659b9fb40a2f18281d685691dc06647fb0afd0681baf98",
@@ -362,7 +367,8 @@ def build(dist: Path = DIST, cache: Path = CACHE, node_modules: Path = NODE_MODU
         "models": models,
     }
     write_build_manifest(dist, assets)
-    render_web(dist, {"pyodide_version": PYODIDE_VERSION, "engine_version": wheels["pagedkv"].split("-")[1]})
+    render_web(dist, {"pyodide_version": PYODIDE_VERSION, "engine_version": wheels["pagedkv"].split("-")[1],
+                      "boot_stages": BOOT_STAGES})
     elapsed = time.perf_counter() - t0
     print(f"Built {dist} in {elapsed:.1f} s", flush=True)
     return assets

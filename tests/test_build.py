@@ -108,6 +108,13 @@ def test_dist_has_shaders_manifest_with_hashes():
 def test_templates_are_rendered():
     html = (build.DIST / "index.html").read_text()
     assert "{{" not in html and "Pyodide 0.27.7" in html
+    # One list of boot stages: the page's list and the module the page's JS reads are rendered from it.
+    assert [line.strip() for line in html.splitlines() if 'id="stage-' in line] == [
+        '<li id="stage-download">Download</li>', '<li id="stage-python">Python</li>',
+        '<li id="stage-numpy">numpy</li>', '<li id="stage-engine">Engine</li>', '<li id="stage-gpu">GPU</li>']
+    assert 'max="5"' in html
+    assert (build.DIST / "boot_stages.js").read_text().splitlines()[-1] == (
+        'export const STAGES = ["download", "python", "numpy", "engine", "gpu"];')
 
 
 def test_missing_chromium_message(monkeypatch, tmp_path):

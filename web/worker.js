@@ -4,9 +4,9 @@
 
 const base = new URL("./", self.location.href).href;
 
+// A boot stage by its name; the page holds their order (build.py's BOOT_STAGES).
 function progress(stage, detail) {
-  const stages = ["download", "python", "numpy", "engine", "gpu"];
-  self.postMessage({ type: "progress", stage, index: stages.indexOf(stage), total: stages.length, detail });
+  self.postMessage({ type: "progress", stage, detail });
 }
 
 async function boot() {

@@ -110,7 +110,7 @@ class ChatService(RemoteTurns):
                 self.post_chats()
                 self.post_saved(chat)
             elif kind == "restore":
-                self.restore(msg.get("chats") or [])
+                self.restore(msg.get("chats") or [], reserved=msg.get("reserved") or ())
             else:
                 raise ValueError(f"unknown message type {kind!r}")
         except (KeyError, ValueError) as exc:
@@ -124,14 +124,14 @@ class ChatService(RemoteTurns):
         self.post_saved(chat)
         return chat
 
-    def restore(self, saved: list[dict]) -> None:
+    def restore(self, saved: list[dict], reserved=()) -> None:
         """Recreate chats saved by the page (IndexedDB) with their exact token history.
 
         A reply that was cut off by a reload comes back as `partial_ids`: it is kept
         as the assistant's message, and the page marks it interrupted. With nothing
-        saved, a fresh chat is opened.
+        saved, a fresh chat is opened. `reserved` are ids of saved chats not restored here (records the
+        page could not read, chats of another model): no new chat takes them, so none is written over.
         """
-        highest = 0
         for record in saved:
             chat_id = str(record["id"])
             conv = Conversation(self.engine.tokenizer, self.template)
@@ -142,9 +142,12 @@ class ChatService(RemoteTurns):
             self.chats[chat_id] = Chat(chat_id, str(record.get("title") or chat_id), conv)
             if record.get("before_reply"):
                 self.chats[chat_id].before_reply = tuple(record["before_reply"])
-            highest = max(highest, int(chat_id.rsplit("-", 1)[-1]) if chat_id.rsplit("-", 1)[-1].isdigit() else 0)
             if partial:
                 self.post_saved(self.chats[chat_id])
+        highest = 0
+        for chat_id in [*self.chats, *map(str, reserved)]:
+            number = chat_id.rsplit("-", 1)[-1]
+            highest = max(highest, int(number) if number.isdigit() else 0)
         self._ids = itertools.count(highest + 1)
         if not self.chats:
             self.new_chat()

@@ -22,7 +22,6 @@ from . import bridge
 from .chat_service import ChatService
 from .model_loader import fetch_model
 
-STAGES = ("download", "python", "numpy", "engine", "gpu")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MIB = 1 << 20
 
@@ -30,7 +29,8 @@ state: dict = {}  # what the worker holds alive: GPU context, engine, chat servi
 
 
 def progress(stage: str, detail: str) -> None:
-    bridge.post("progress", stage=stage, index=STAGES.index(stage), total=len(STAGES), detail=detail)
+    """Report boot stage `stage` (one of build.py's BOOT_STAGES, in whose order the page shows them)."""
+    bridge.post("progress", stage=stage, detail=detail)
 
 
 async def boot() -> None:
@@ -92,7 +92,8 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
                               open_stream=bridge.open_stream, webgpu=not force_cpu)
         state.update(engine=engine, service=service, model_name=name, block_size=block_size)
         bridge.set_handler(service.handle)
-        bridge.post("model-ready", model=name, backend=backend.name, load_ms=round(bridge.now_ms() - t0),
+        bridge.post("model-ready", model=name, default_model=DEFAULT_MODEL, backend=backend.name,
+                    load_ms=round(bridge.now_ms() - t0),
                     num_blocks=backend.num_blocks, block_size=block_size, context_length=engine.context_length,
                     layers=cfg.n_layers, **info)
         service.post_stats(force=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from conftest import open_app
 
@@ -116,7 +115,7 @@ def test_text_is_shown_literally_and_runs_nothing(app):
     assert user.inner_text() == INJECTION
     assert page.locator("#messages img, #messages script").count() == 0
     # The reply renderer escapes first, then adds its own tags only.
-    html = page.evaluate("t => renderMarkdown(t)", "**bold** and `x<y`\n- one\n- two\n```py\nprint('<b>')\n```\n" + INJECTION)
+    html = page.evaluate("t => window.pagedkv.renderMarkdown(t)", "**bold** and `x<y`\n- one\n- two\n```py\nprint('<b>')\n```\n" + INJECTION)
     assert "<strong>bold</strong>" in html and "<code>x&lt;y</code>" in html
     assert "<ul><li>one</li><li>two</li></ul>" in html and "<pre><code>print(&#39;&lt;b&gt;&#39;)\n</code></pre>" in html
     assert "<img" not in html and "<script" not in html and "&lt;img src=x onerror=" in html
@@ -229,38 +228,30 @@ def test_settings_belong_to_their_chat_and_a_stopped_reply_survives_a_reload(app
     page.locator("#new-chat").click()
     page.wait_for_selector(f"#chat-list li:nth-child({n + 1}) button[aria-current=true]", state="attached")
     assert form_settings(page) == ("0.3", "7", "Be brief.", "100")  # a new chat starts from the form
+    # Seed 1 at temperature 1.1 draws no end-of-sequence token: the reply would run to the tiny model's
+    # 256-token context (220 tokens in CPython), long after Stop is clicked.
     page.fill("#set-temperature", "1.1")
-    page.fill("#set-seed", "")
+    page.fill("#set-seed", "1")
+    page.fill("#set-max-tokens", "2000")
     page.locator(f"#chat-list li:nth-child({n}) button").click()
     assert form_settings(page) == ("0.3", "7", "Be brief.", "100")
     page.locator(f"#chat-list li:nth-child({n + 1}) button").click()
-    assert form_settings(page) == ("1.1", "", "Be brief.", "100")
+    assert form_settings(page) == ("1.1", "1", "Be brief.", "2000")
 
     # Stop mid-stream, then reload: the chat, its partial answer and its settings are still there.
-    for _attempt in range(3):
-        previous = raw_last_turn(page)
-        page.fill("#prompt", "Tell me everything.")
-        page.press("#prompt", "Enter")
-        page.wait_for_selector("html[data-generating=true]", state="attached")
-        wait_for_streamed_text(page)
-        try:
-            page.locator("#stop").click(timeout=10_000)
-            break
-        except PlaywrightTimeout:
-            # This chat samples with no seed (temperature 1.1): now and then the reply draws its end-of-sequence
-            # token within the first few tokens, before Stop can be clicked. Only that may skip the attempt.
-            ended = wait_next_turn(page, previous)
-            assert ended["reason"] == "stop" and ended["tokens"] < 100, ended
-    else:
-        raise AssertionError("three replies in a row ended before Stop could be clicked")
+    page.fill("#prompt", "Tell me everything.")
+    page.press("#prompt", "Enter")
+    page.wait_for_selector("html[data-generating=true]", state="attached")
+    wait_for_streamed_text(page)
+    page.locator("#stop").click()
     page.wait_for_selector("#messages .msg.assistant.interrupted", state="attached")
     partial = last_turn(page)
-    assert partial["reason"] == "abort" and 0 < partial["tokens"] < 100
+    assert partial["reason"] == "abort" and 0 < partial["tokens"] < 220, partial
     page.wait_for_timeout(300)  # the IndexedDB write of the finished turn
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
     page.locator(f"#chat-list li:nth-child({n + 1}) button").click()
-    assert form_settings(page) == ("1.1", "", "Be brief.", "100")
+    assert form_settings(page) == ("1.1", "1", "Be brief.", "2000")
     last = page.locator("#messages .msg.assistant").last
     assert last.get_attribute("data-text") == partial["content"] and "interrupted" in last.get_attribute("class")
     page.locator(f"#chat-list li:nth-child({n}) button").click()

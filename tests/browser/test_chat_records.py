@@ -1,0 +1,157 @@
+"""No lost input and no lost chat: a message sent while the model loads, unreadable saved records, and chats
+another model made."""
+from __future__ import annotations
+
+import json
+
+from conftest import BOOT_TIMEOUT_MS, open_app
+from test_chat_app import raw_last_turn, send_and_wait, wait_next_turn
+
+QUERY = "?model=tiny-random&backend=cpu"
+
+PUT_RECORDS = """async (records) => {
+  const db = await new Promise((ok, fail) => {
+    const r = indexedDB.open("pagedkv", 1); r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error); });
+  await new Promise((ok, fail) => {
+    const tx = db.transaction("chats", "readwrite");
+    for (const rec of records) tx.objectStore("chats").put(rec);
+    tx.oncomplete = ok; tx.onerror = () => fail(tx.error); });
+  db.close();
+}"""
+
+ALL_RECORDS = """async () => {
+  const db = await new Promise((ok, fail) => {
+    const r = indexedDB.open("pagedkv", 1); r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error); });
+  const all = await new Promise((ok, fail) => {
+    const r = db.transaction("chats").objectStore("chats").getAll(); r.onsuccess = () => ok(r.result);
+    r.onerror = () => fail(r.error); });
+  db.close();
+  return all;
+}"""
+
+
+def records(page) -> dict:
+    return {rec["id"]: rec for rec in page.evaluate(ALL_RECORDS)}
+
+
+def reload_app(page) -> None:
+    page.reload()
+    page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=BOOT_TIMEOUT_MS)
+    page.locator("#settings summary").click()
+
+
+def titles(page) -> list[str]:
+    return page.locator("#chat-list li").all_inner_texts()
+
+
+def test_a_message_sent_while_the_model_loads_waits_and_is_answered(browser, base_url):
+    page = browser.new_page()
+    page.set_default_timeout(BOOT_TIMEOUT_MS)
+    held, released = [], []
+    # The model's files are held back until the message is typed.
+    page.route("**/models/tiny-random/**", lambda route: route.continue_() if released else held.append(route))
+    try:
+        page.goto(base_url + QUERY)
+        page.wait_for_selector("html[data-state=ready]", state="attached")
+        for _ in range(600):
+            if held:
+                break
+            page.wait_for_timeout(100)
+        assert held and page.evaluate("document.documentElement.dataset.model") == "loading"
+        page.locator("#settings summary").click(timeout=10_000)
+        page.fill("#set-temperature", "0")
+        page.fill("#set-max-tokens", "4")
+        page.fill("#prompt", "Hello there!")
+        page.press("#prompt", "Enter")
+        pending = page.locator("#messages .msg.user.pending")
+        assert pending.get_attribute("data-text", timeout=10_000) == "Hello there!"
+        assert page.input_value("#prompt") == "" and page.locator("#send").is_disabled()
+        assert page.evaluate("document.documentElement.dataset.model") == "loading"
+        released.append(True)
+        for route in held:
+            route.continue_()
+        turn = wait_next_turn(page, "")
+        assert turn["reason"] == "length" and turn["tokens"] == 4
+        assert page.evaluate("document.documentElement.dataset.model") == "ready"
+        assert page.locator("#messages .msg.user").all_inner_texts() == ["Hello there!"]
+        assert page.locator("#messages .msg.pending").count() == 0
+        assert page.locator("#messages .msg.assistant").get_attribute("data-text") == turn["content"]
+    finally:
+        page.close()
+
+
+BROKEN = [
+    {"id": "chat-zz", "title": "Broken", "checkpoint": [[], []], "messages": "zzz", "partial_ids": [1]},
+    {"id": "chat-7", "title": "Half", "checkpoint": [[], []], "messages": []},
+]
+
+
+def test_unreadable_records_are_skipped_with_a_note_and_never_written_over(browser, base_url):
+    booted, _ = open_app(browser, base_url + QUERY, 60_000)
+    page = booted.page
+    try:
+        turn = send_and_wait(page, "Remember me.", 4)
+        page.wait_for_timeout(300)  # the IndexedDB write of the finished turn
+        good = records(page)["chat-1"]
+        assert len(good["checkpoint"][1]) == turn["history_tokens"] > 0
+        page.evaluate(PUT_RECORDS, BROKEN)
+        reload_app(page)
+        assert titles(page) == ["Chat 1"]
+        note = page.locator("#store-note")
+        assert note.is_visible() and note.inner_text() == "2 saved chats could not be read (left as stored)"
+        assert page.locator("#messages .msg.user").all_inner_texts() == ["Remember me."]
+        # A new chat takes an id no saved record holds, and the good chat still answers from its history.
+        page.locator("#new-chat").click()
+        page.wait_for_selector("#chat-list li:nth-child(2) button[aria-current=true]", state="attached")
+        assert page.evaluate("document.documentElement.dataset.chat") == "chat-8"
+        page.locator("#chat-list li:nth-child(1) button").click()
+        again = send_and_wait(page, "Again.", 4)
+        assert again["tokens"] == 4 and again["history_tokens"] > turn["history_tokens"]
+        page.wait_for_timeout(300)
+        saved = records(page)
+        assert {k: saved[k] for k in ("chat-zz", "chat-7")} == {rec["id"]: rec for rec in BROKEN}
+        assert saved["chat-1"]["checkpoint"][1][:len(good["checkpoint"][1])] == good["checkpoint"][1]
+        assert sorted(saved) == ["chat-1", "chat-7", "chat-8", "chat-zz"]
+    finally:
+        page.close()
+
+
+OTHER_MODELS = [
+    {"id": "chat-5", "title": "Elsewhere", "model": "other-model", "checkpoint": [[{"role": "user", "content": "hi"}],
+     [1, 2, 3], "hi"], "messages": [{"role": "user", "text": "hi"}, {"role": "assistant", "text": "hello"}]},
+    # Written before chats recorded their model: the default model's.
+    {"id": "chat-6", "title": "Old", "checkpoint": [[], [], ""], "messages": [{"role": "user", "text": "old"}]},
+]
+
+
+def test_a_chat_of_another_model_opens_read_only(browser, base_url):
+    booted, _ = open_app(browser, base_url + QUERY, 60_000)
+    page = booted.page
+    try:
+        page.evaluate(PUT_RECORDS, OTHER_MODELS)
+        reload_app(page)
+        assert titles(page) == ["Chat 1", "Elsewhere", "Old"]
+        assert booted.py("import json\nfrom pagedkv_app.main import state\njson.dumps(list(state['service'].chats))") \
+            == ["chat-1"]
+        page.locator("#chat-list li:nth-child(2) button").click()
+        note = page.locator("#chat-note")
+        assert note.is_visible() and "made with other-model" in note.inner_text() and "read-only" in note.inner_text()
+        assert note.locator("a").get_attribute("href") == "?model=other-model&backend=cpu"
+        assert page.locator("#messages .msg").all_inner_texts() == ["hi", "hello"]
+        assert page.locator("#send").is_disabled() and page.locator("#regenerate").is_disabled()
+        previous = raw_last_turn(page)
+        page.fill("#prompt", "Go on.")
+        page.press("#prompt", "Enter")  # nothing is sent with this model's template and token ids
+        page.wait_for_timeout(500)
+        assert page.input_value("#prompt") == "Go on." and raw_last_turn(page) == previous
+        page.locator("#chat-list li:nth-child(3) button").click()
+        assert "made with smollm2-135m-instruct" in note.inner_text()
+        page.fill("#prompt", "")
+        page.locator("#new-chat").click()
+        page.wait_for_selector("#chat-list li:nth-child(2) button[aria-current=true]", state="attached")
+        assert page.evaluate("document.documentElement.dataset.chat") == "chat-7"
+        saved = records(page)
+        assert saved["chat-1"]["model"] == "tiny-random"
+        assert {k: saved[k] for k in ("chat-5", "chat-6")} == {rec["id"]: rec for rec in OTHER_MODELS}
+    finally:
+        page.close()

@@ -1,0 +1,263 @@
+// The chat: the conversation list, the composer, the streaming view of replies, and their persistence.
+import { renderAlternatives, wireAlternatives } from "./alternatives.js";
+import { chatColor, renderMemory } from "./block_map.js";
+import { fillMessage, messageElement, queuedElement, renderForeignNote } from "./messages.js";
+import { $, root } from "./page.js";
+import { readSettingsForm, requestSettings, showChatSettings, wireFallbackSettings, wireGenerationSettings,
+         wireMemorySettings } from "./settings.js";
+import { persist, restoreChats, saveStreamingSoon } from "./saved_chats.js";
+import { listed, ui } from "./state.js";
+import * as store from "./store.js";
+
+function renderChats() {
+  const ul = $("chat-list");
+  ul.replaceChildren();
+  for (const c of listed()) {
+    const li = document.createElement("li");
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = c.title;
+    b.dataset.chat = c.id;
+    b.style.borderLeft = `4px solid ${chatColor(c.id)}`;
+    if (ui.busy[c.id]) b.classList.add("busy");
+    if (c.model) { b.classList.add("foreign"); b.title = `made with ${c.model}: read-only here`; }
+    b.setAttribute("aria-current", String(c.id === ui.current));
+    b.addEventListener("click", () => selectChat(c.id));
+    li.append(b);
+    ul.append(li);
+  }
+  const cur = listed().find((c) => c.id === ui.current);
+  $("chat-title").textContent = cur ? cur.title : "No chat";
+}
+
+function renderMessages() {
+  const msgs = ui.messages[ui.current] || [];
+  const queued = ui.queued && ui.queued.chat === ui.current ? [queuedElement(ui.queued.text)] : [];
+  $("messages").replaceChildren(...msgs.map(messageElement), ...queued);
+  const busy = !!ui.busy[ui.current];
+  const foreign = ui.foreign[ui.current];
+  renderForeignNote(foreign, ui.modelInfo);
+  $("stop").disabled = !busy;
+  $("send").disabled = busy || !!ui.queued || !!foreign;
+  $("rename-chat").disabled = !!foreign;
+  $("regenerate").disabled = busy || !!foreign || !msgs.length || msgs[msgs.length - 1].role !== "assistant";
+  $("alternatives").disabled = $("regenerate").disabled;
+  renderAlternatives();
+  root.dataset.generating = busy ? "true" : "false";
+}
+
+/** Re-render after a change to chat `id` (the list always; the messages when it is in view). */
+export function refresh(id) {
+  renderChats();
+  if (id === ui.current) renderMessages();
+}
+
+function selectChat(id) {
+  ui.current = id;
+  root.dataset.chat = id;
+  if (id) showChatSettings(id);
+  renderChats();
+  renderMessages();
+  $("prompt").focus();
+}
+
+function send() {
+  const text = $("prompt").value;
+  if (!text.trim() || ui.busy[ui.current] || ui.foreign[ui.current] || ui.queued) return;
+  if (!ui.accepting) {
+    // The model is still loading: the message waits in the chat, shown as pending, and goes when it is ready.
+    ui.queued = { chat: ui.current, text };
+    $("prompt").value = "";
+    renderMessages();
+    return;
+  }
+  if (!ui.current) return;
+  sendTo(ui.current, text);
+  $("prompt").value = "";
+}
+
+function sendTo(id, text) {
+  ui.pending[id] = text;
+  ui.worker.postMessage({ type: "send", chat: id, text, settings: requestSettings() });
+}
+
+// A message queued while the model loaded goes to its chat (or, typed before any chat was listed, to the
+// chat in view) once that chat is idle.
+function sendQueued() {
+  const target = ui.list.some((c) => c.id === ui.queued?.chat) ? ui.queued.chat : ui.current;
+  if (!ui.accepting || !ui.queued || !target || ui.busy[target]) return;
+  const { text } = ui.queued;
+  ui.queued = null;
+  sendTo(target, text);
+  refresh(target);
+}
+
+/** The page is ready: the chat can be used (a message sent before the model is loaded waits for it). */
+export function showChatApp() {
+  $("chat-app").hidden = false;
+}
+
+function stopAccepting() {
+  ui.accepting = false;
+  root.dataset.model = "loading";
+}
+
+// ------------------------------------------------------------------ the worker's chat messages
+
+export function onModelProgress(msg) {
+  $("model-loading").hidden = false;
+  stopAccepting();
+  $("model-progress").max = msg.total;
+  $("model-progress").value = msg.loaded;
+  $("model-detail").textContent = `${msg.model}: ${msg.detail}` +
+    (msg.total > 1 ? ` (${(msg.loaded / 2 ** 20).toFixed(1)} of ${(msg.total / 2 ** 20).toFixed(1)} MiB)` : "");
+}
+
+export function onModelReady(msg) {
+  ui.modelInfo = msg;
+  $("model-loading").hidden = true;
+  $("chat-app").hidden = false;
+  root.dataset.model = "ready";
+  root.dataset.modelInfo = JSON.stringify(msg);
+  $("mem-kv-dtype").disabled = msg.backend === "cpu";  // the numpy fallback keeps f32 K/V
+  $("mem-kv-dtype").title = msg.backend === "cpu" ? "the CPU fallback keeps f32 KV" : "";
+  if (msg.kv_dtype && msg.backend !== "cpu") $("mem-kv-dtype").value = msg.kv_dtype;
+  restoreChats();
+  $("chat-status").textContent = `${msg.model} on the ${msg.backend} backend` +
+    (msg.backend === "cpu" ? " (CPU fallback: slow)" : "") + `, loaded in ${(msg.load_ms / 1000).toFixed(1)} s`;
+}
+
+export function onModelError(msg) {
+  ui.accepting = false;
+  root.dataset.model = "error";
+  $("model-detail").textContent = `Could not load ${msg.model}: ${msg.message}`;
+  if (ui.queued) {  // no model will answer it: the text goes back into the box
+    if (!$("prompt").value) $("prompt").value = ui.queued.text;
+    ui.queued = null;
+    renderMessages();
+  }
+}
+
+export function onDeviceRestored(msg) {
+  root.dataset.device = "restored";
+  root.dataset.model = "ready";
+  ui.accepting = true;
+  $("model-loading").hidden = true;
+  $("chat-status").textContent = `The GPU device was lost and rebuilt in ${(msg.rebuild_ms / 1000).toFixed(1)} s ` +
+    `(${msg.num_blocks} KV blocks); ${msg.resumed} reply(ies) resumed from their token history.`;
+  sendQueued();
+}
+
+export function onChats(msg) {
+  ui.list = msg.chats;
+  if (ui.openNewest && ui.list.length) ui.current = ui.list[ui.list.length - 1].id;
+  ui.openNewest = false;
+  if (!listed().some((c) => c.id === ui.current)) ui.current = ui.list.length ? ui.list[0].id : null;
+  ui.accepting = true;
+  selectChat(ui.current);
+  sendQueued();
+}
+
+export function onTurnStart(msg) {
+  const list = (ui.messages[msg.chat] ||= []);
+  if (!msg.regenerate) list.push({ role: "user", text: ui.pending[msg.chat] || "" });
+  list.push({ role: "assistant", text: "", engine: msg.engine });
+  delete ui.pending[msg.chat];
+  ui.partialIds[msg.chat] = [];
+  ui.partialSaved[msg.chat] = false;
+  ui.busy[msg.chat] = true;
+  root.dataset.lastStart = JSON.stringify(msg);
+  refresh(msg.chat);
+}
+
+export function onToken(msg) {
+  const list = ui.messages[msg.chat];
+  list[list.length - 1].text += msg.text;
+  (ui.partialIds[msg.chat] ||= []).push(...msg.ids);
+  // The first token is saved at once, later ones at most every 300 ms (a server's tokens carry no ids).
+  if (!ui.partialSaved[msg.chat]) {
+    ui.partialSaved[msg.chat] = true;
+    persist(msg.chat);
+  } else {
+    saveStreamingSoon();
+  }
+  if (msg.chat === ui.current) fillMessage($("messages").lastElementChild, list[list.length - 1]);
+}
+
+export function onTurnEnd(msg) {
+  const list = ui.messages[msg.chat] || [];
+  if (list.length) Object.assign(list[list.length - 1], { text: msg.content,
+    interrupted: msg.reason === "abort" || msg.reason === "error" });
+  ui.busy[msg.chat] = false;
+  delete ui.partialIds[msg.chat];
+  root.dataset.lastTurn = JSON.stringify(msg);
+  refresh(msg.chat);
+  sendQueued();
+}
+
+export function onChatSaved(msg) {
+  store.rememberSaved(msg, ui.modelInfo.model);
+  persist(msg.chat);
+}
+
+export function onChatError(msg) {
+  // A refused message is not lost: its text goes back into the box (the history was left unchanged).
+  if (msg.chat && ui.pending[msg.chat] !== undefined) {
+    if (msg.chat === ui.current && !$("prompt").value) $("prompt").value = ui.pending[msg.chat];
+    delete ui.pending[msg.chat];
+  }
+  onEngineError(msg);
+}
+
+export function onEngineError(msg) {
+  $("chat-status").textContent = msg.message;
+  root.dataset.chatError = msg.message;
+}
+
+export function onMemory(msg) {
+  renderMemory(msg, ui.modelInfo);
+}
+
+// ------------------------------------------------------------------ wiring
+
+export function wireChatUI(worker) {
+  ui.worker = worker;
+  wireMemorySettings();
+  wireAlternatives();
+  wireFallbackSettings();
+  $("composer").addEventListener("submit", (e) => { e.preventDefault(); send(); });
+  wireGenerationSettings(() => {
+    if (!ui.current) return;
+    ui.settings[ui.current] = readSettingsForm();
+    persist(ui.current);
+  });
+  $("prompt").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); send(); }
+  });
+  $("stop").addEventListener("click", () => worker.postMessage({ type: "stop", chat: ui.current }));
+  $("regenerate").addEventListener("click", () => {
+    const msgs = ui.messages[ui.current] || [];
+    if (!msgs.length || msgs[msgs.length - 1].role !== "assistant" || ui.busy[ui.current]) return;
+    msgs.pop();  // the worker drops the same reply from the token history
+    renderMessages();
+    worker.postMessage({ type: "regenerate", chat: ui.current, settings: requestSettings() });
+  });
+  $("new-chat").addEventListener("click", () => {
+    ui.openNewest = true;  // the chat the worker creates becomes the one in view
+    worker.postMessage({ type: "new-chat" });
+  });
+  $("delete-chat").addEventListener("click", () => {
+    if (!ui.current || !confirm("Delete this chat?")) return;
+    store.deleteChat(ui.current);
+    if (ui.foreign[ui.current]) {  // the worker never had it
+      delete ui.foreign[ui.current];
+      selectChat(ui.list.length ? ui.list[0].id : null);
+    } else {
+      worker.postMessage({ type: "delete-chat", chat: ui.current });
+    }
+  });
+  $("rename-chat").addEventListener("click", () => {
+    const title = ui.current && prompt("New name", $("chat-title").textContent);
+    if (title) worker.postMessage({ type: "rename-chat", chat: ui.current, title });
+  });
+}

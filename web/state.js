@@ -1,0 +1,25 @@
+// The UI's state, in one place: what the worker said about the chats, and what only the page knows (the
+// chat in view, text sent but not yet started, the reply streaming now). The DOM and the page-state
+// dataset are rendered from it, never read back into it.
+export const ui = {
+  worker: null,
+  modelInfo: null,      // the worker's model-ready message
+  accepting: false,     // the model is ready and the chats are listed: a message goes to the worker at once
+  queued: null,         // {chat, text}: a message sent while the model loads, sent when it is ready
+  list: [],             // [{id, title, busy, tokens}] as the worker lists its chats, in its order
+  current: null,        // id of the chat in view
+  openNewest: false,    // the next chat list puts its newest chat in view (after New chat)
+  messages: {},         // chat id -> [{role, text, engine?, interrupted?}]
+  busy: {},             // chat id -> true while a reply (or alternatives) streams
+  pending: {},          // chat id -> text sent that the worker has not started answering
+  settings: {},         // chat id -> its generation settings (the form's fields)
+  partialIds: {},       // chat id -> token ids of the reply streaming now
+  partialSaved: {},     // chat id -> true once the reply streaming now has been saved
+  foreign: {},          // chat id -> {id, title, model}: a saved chat of another model, read-only here
+  alternatives: {},     // chat id -> {texts, state: "streaming" | "done" | "abort"}
+};
+
+/** The chats in the list: the worker's, then other models' (read-only). */
+export function listed() {
+  return [...ui.list, ...Object.values(ui.foreign)];
+}

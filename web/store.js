@@ -1,0 +1,77 @@
+// Chats persist in IndexedDB, one record per chat: {id, title, model, messages, checkpoint, before_reply,
+// partial_ids, settings}; token ids mean something only to the model that made them. The worker sends the
+// exact token history (checkpoint) after every turn; the reply streaming now is saved while it streams (its
+// token ids as partial_ids), so a reload keeps it.
+
+let db = null;
+const saved = new Map();  // chat id -> its record as last written
+
+export function openStore() {
+  return new Promise((resolve) => {
+    let req;
+    try { req = indexedDB.open("pagedkv", 1); } catch (err) { resolve(null); return; }
+    req.onupgradeneeded = () => req.result.createObjectStore("chats", { keyPath: "id" });
+    req.onsuccess = () => { db = req.result; resolve(db); };
+    req.onerror = () => { console.warn("IndexedDB unavailable: chats will not survive a reload"); resolve(null); };
+  });
+}
+
+function chats(mode) { return db.transaction("chats", mode).objectStore("chats"); }
+
+const isInt = (x) => Number.isInteger(x) && x >= 0;
+const isArrayOf = (xs, ok) => Array.isArray(xs) && xs.every(ok);
+const isCheckpoint = (c) => Array.isArray(c) && c.length === 3 && typeof c[2] === "string" && isArrayOf(c[1], isInt) &&
+  isArrayOf(c[0], (m) => m !== null && typeof m === "object" && typeof m.role === "string" && typeof m.content === "string");
+
+/** Whether a stored record has the shape this page writes (anything else may be another version's, or damaged). */
+function readable(rec) {
+  return rec !== null && typeof rec === "object" && typeof rec.id === "string" && typeof rec.title === "string" &&
+    isCheckpoint(rec.checkpoint) && (rec.before_reply == null || isCheckpoint(rec.before_reply)) &&
+    isArrayOf(rec.messages ?? [], (m) => m !== null && typeof m === "object" && (m.role === "user" || m.role === "assistant")
+      && typeof m.text === "string") &&
+    isArrayOf(rec.partial_ids ?? [], isInt) && (rec.model === undefined || typeof rec.model === "string") &&
+    (rec.streaming === undefined || typeof rec.streaming === "boolean") &&
+    (rec.settings === undefined || (rec.settings !== null && typeof rec.settings === "object"));
+}
+
+/** Every saved record, sorted: `readable` ones, `unreadable` ones (kept as they are, never written over). Each
+ *  readable record of `model` (a record without one is `defaultModel`'s) is remembered as its chat's record. */
+export function loadRecords(model, defaultModel) {
+  const sorted = { readable: [], unreadable: [] };
+  if (!db) return Promise.resolve(sorted);
+  return new Promise((resolve) => {
+    const r = chats("readonly").getAll();
+    r.onsuccess = () => {
+      for (const rec of r.result) {
+        if (!readable(rec)) { sorted.unreadable.push(rec); continue; }
+        rec.model ??= defaultModel;
+        if (rec.model === model) saved.set(rec.id, rec);
+        sorted.readable.push(rec);
+      }
+      resolve(sorted);
+    };
+    r.onerror = () => resolve(sorted);
+  });
+}
+
+/** The worker's chat-saved message: the chat's title and exact token history, as it stands now. */
+export function rememberSaved(msg, model) {
+  saved.set(msg.chat, { id: msg.chat, title: msg.title, model, checkpoint: msg.checkpoint,
+                        before_reply: msg.before_reply });
+}
+
+/** Write a chat's record: its saved history with the page's messages, partial reply and settings. */
+export function saveChat(id, { messages, partialIds, streaming, settings }) {
+  const rec = saved.get(id);
+  if (!rec) return;
+  rec.messages = messages;
+  rec.partial_ids = partialIds;
+  rec.streaming = streaming;  // a reply was streaming: after a reload it shows as interrupted
+  if (settings) rec.settings = settings;
+  if (db) chats("readwrite").put(JSON.parse(JSON.stringify(rec)));
+}
+
+export function deleteChat(id) {
+  saved.delete(id);
+  if (db) chats("readwrite").delete(id);
+}
