@@ -261,16 +261,20 @@ def test_abort_stops_the_stream_and_keeps_what_arrived(tokenizer):
     assert [d for d, _ in got] == ["a"] and reply.text == ["a"] and response.aborted and reason is None
 
 
-@pytest.mark.parametrize("max_tokens, kept", [
-    (5, ["Hé", " \ufffd"]),  # 2 of the 4 ids of " ✓": the cut character becomes U+FFFD, as in the tab
-    (7, ["Hé", " ✓"]), (9, ["Hé", " ✓ wo"]), (10, ["Hé", " ✓ wo", "r"]),
-])
-def test_a_reply_is_cut_at_max_tokens_of_the_tabs_tokenizer(tokenizer, max_tokens, kept):
-    # Hé = 3 ids, " ✓ wo" = 6, "rld" = 3: the delta that passes max_tokens is shortened to the ids that fit.
+@pytest.mark.parametrize("max_tokens, kept", [(1, ["Hé"]), (2, ["Hé", " ✓ wo"]), (3, ["Hé", " ✓ wo", "rld"])])
+def test_a_reply_is_cut_at_max_tokens_deltas(tokenizer, max_tokens, kept):
     response = ScriptedResponse(200, [STREAM])
-    reason, got, _, reply = run_reply(response, tokenizer, max_tokens=max_tokens)
-    assert reason == "length" and [d for d, _ in got] == kept and len(reply.ids) == max_tokens
+    reason, got, _, _ = run_reply(response, tokenizer, max_tokens=max_tokens)
+    assert reason == "length" and [d for d, _ in got] == kept
     assert response.aborted  # the server is not read any further
+
+
+def test_a_reply_is_cut_at_64_characters_per_max_token(tokenizer):
+    # Deltas of 100 characters, max_tokens 3: 192 characters, the second delta shortened to 92.
+    response = ScriptedResponse(200, [chunk_event("z" * 100).encode()] * 5)
+    reason, got, _, reply = run_reply(response, tokenizer, max_tokens=3)
+    assert reason == "length" and [d for d, _ in got] == ["z" * 100, "z" * 92] and reply.num_chars == 192
+    assert [ids for _, ids in got] == [tokenizer.encode("z" * 100), tokenizer.encode("z" * 92)]
 
 
 def test_a_reply_ends_at_done_even_if_the_server_keeps_the_body_open(tokenizer):

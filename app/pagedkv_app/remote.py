@@ -24,6 +24,7 @@ from pagedkv.tokenizer import Tokenizer
 
 MODES = ("auto", "always")  # auto: only when the tab cannot answer; always: every reply comes from the server
 MAX_LINE_BYTES = 1 << 20  # one SSE line, and one event's data; a chunk of one token is a few hundred bytes
+MAX_CHARS_PER_TOKEN = 64  # on average over a reply; SmolLM2's longest token is 81 characters, the mean about 4
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
@@ -243,12 +244,17 @@ class RemoteReply:
     """One streamed reply from the fallback server; `abort()` stops it (the fetch is cancelled).
 
     The reply is cut at the request's `max_tokens` even when the server ignores
-    it. The count is the tab tokenizer's: each delta is encoded on its own
-    (control-token text as plain text), so it is exact when the server runs the
-    tab's model and sends whole tokens (llama.cpp does); a word split over two
-    deltas, or a server with another tokenizer, counts differently from the
-    server's own count. Those ids are also what a reload restores the partial
-    reply from, so the cut leaves exactly `max_tokens` of them.
+    it. The tab cannot count the server's tokens (its model, and so its
+    tokenizer, may be another), so the bound is on what it can count: content
+    deltas, at most `max_tokens` of them (llama.cpp, vLLM and OpenAI send one
+    token per delta, or more, never less), and characters, at most
+    `max_tokens * MAX_CHARS_PER_TOKEN` (the delta that passes it is shortened).
+    A server that sends several tokens per delta can thus pass `max_tokens`
+    tokens by that factor, within the character bound.
+
+    Each delta also goes out with its ids by the tab's tokenizer (encoded on its
+    own, control-token text as plain text): what a reload restores the partial
+    reply from, as it does the engine's.
     """
 
     def __init__(self, settings: FallbackSettings, messages: list[dict], params: SamplingParams,
@@ -266,6 +272,7 @@ class RemoteReply:
         self.aborted = False
         self.parser = SSEParser()
         self.text: list[str] = []  # the deltas passed on (the last one shortened by the cut)
+        self.num_chars = 0
         self.ids: list[int] = []  # their ids, by the tab's tokenizer
 
     async def run(self, on_text) -> str | None:
@@ -353,19 +360,18 @@ class RemoteReply:
         return cut
 
     def _pass_on(self, on_text) -> bool:
-        """Hand the parser's new deltas to on_text, up to max_tokens ids; True when the cut was reached."""
+        """Hand the parser's new deltas to on_text, within the max_tokens bounds; True when the cut was reached."""
+        max_chars = self.max_tokens * MAX_CHARS_PER_TOKEN
         for delta in self.parser.state.text[len(self.text):]:
             if self.aborted:  # on_text may press Stop
                 break
+            delta = delta[:max_chars - self.num_chars]  # shortened before encoding, which costs per character
             ids = self.tokenizer.encode(delta, allow_special=False)
-            room = self.max_tokens - len(self.ids)
-            if len(ids) > room:
-                ids = ids[:room]
-                delta = self.tokenizer.decode(ids)  # a character cut in two becomes U+FFFD, as in the tab
             self.text.append(delta)
+            self.num_chars += len(delta)
             self.ids += ids
             on_text(delta, ids)
-            if len(self.ids) >= self.max_tokens:
+            if len(self.text) >= self.max_tokens or self.num_chars >= max_chars:
                 return True
         return False
 
