@@ -19,20 +19,22 @@ FALLBACK = {"fallback_url": "http://127.0.0.1:9", "fallback_model": "smol"}
 REPLY = (chunk_event("Hi") + chunk_event(" there") + chunk_event(finish="stop") + "data: [DONE]\n\n").encode()
 
 
-def make_service(tiny_weights, num_blocks: int, responses: list, webgpu: bool = True, max_context=None):
+def make_service(tiny_weights, num_blocks: int, responses: list, webgpu: bool = True, max_context=None,
+                 open_stream=None):
+    """A ChatService on the tiny model; its transport answers from `responses` unless `open_stream` is given."""
     tok = Tokenizer.from_manifest(tiny_weights.manifest)
     engine = LLMEngine(CpuBackend(tiny_weights, num_blocks=num_blocks, block_size=16), tok,
                        EngineConfig(max_context=max_context))
     posts, sent = [], []
 
-    async def open_stream(url, body):
+    async def scripted(url, body):
         sent.append((url, json.loads(body)))
         await asyncio.sleep(0)
         return responses.pop(0)
 
     svc = ChatService(engine, ChatTemplate.from_manifest(tiny_weights.manifest, tok),
                       lambda kind, **p: posts.append((kind, p)), model_name="tiny-random",
-                      open_stream=open_stream, webgpu=webgpu)
+                      open_stream=open_stream or scripted, webgpu=webgpu)
     return svc, posts, sent
 
 

@@ -68,5 +68,9 @@ async def open_stream(url: str, body: str) -> _FetchStream:
     controller = js.AbortController.new()
     init = {"method": "POST", "headers": {"Content-Type": "application/json", "Accept": "text/event-stream"},
             "body": body, "signal": controller.signal, "mode": "cors", "credentials": "omit"}
-    response = await js.fetch(url, to_js(init, dict_converter=js.Object.fromEntries))
+    try:
+        response = await js.fetch(url, to_js(init, dict_converter=js.Object.fromEntries))
+    except BaseException:  # failed, or cancelled by the reply's connect timeout or Stop: end the request too
+        controller.abort()
+        raise
     return _FetchStream(response, controller)

@@ -33,7 +33,7 @@ class RemoteTurns:
     def _start_remote(self, chat, fallback: FallbackSettings, params: SamplingParams, reason: str,
                       regenerate: bool) -> str:
         conv = chat.conversation
-        reply = RemoteReply(fallback, conv.messages, params, self.open_stream)
+        reply = RemoteReply(fallback, conv.messages, params, self.open_stream, conv.tokenizer)
         chat.remote, chat.request_id, chat.request = reply, f"remote-{chat.chat_id}-{len(conv.messages)}", None
         chat.before_reply = conv.checkpoint()
         chat.partial_ids, chat.partial_text = [], []
@@ -45,20 +45,23 @@ class RemoteTurns:
         return chat.request_id
 
     async def _run_remote(self, chat, reply: RemoteReply) -> None:
-        def on_text(text: str) -> None:
+        def on_text(text: str, ids: list[int]) -> None:
+            # The ids (the tab tokenizer's) go with the token, as the engine's do: the page saves them as the
+            # partial reply, so a reload restores it into the history (marked interrupted).
             if chat.remote is reply:
                 chat.partial_text.append(text)
-                self.post("token", chat=chat.chat_id, text=text, ids=[])
+                chat.partial_ids.extend(ids)
+                self.post("token", chat=chat.chat_id, text=text, ids=ids)
 
         try:
-            state = await reply.run(on_text)
+            reason = await reply.run(on_text)
         except RemoteError as exc:
             if chat.remote is reply:
                 self._finish_remote(chat, "error")
                 self.post("chat-error", chat=chat.chat_id, message=str(exc))
             return
         if chat.remote is reply:  # not stopped or deleted meanwhile
-            self._finish_remote(chat, state.finish_reason or "stop")
+            self._finish_remote(chat, reason or "stop")
 
     def _finish_remote(self, chat, reason: str) -> None:
         """Record the server's text as the assistant's message (the tab's tokenizer encodes it for later turns).

@@ -13,6 +13,9 @@ from model_fixtures import gguf_path  # noqa: F401  (fixture)
 from test_chat_app import raw_last_turn, wait_for_streamed_text, wait_next_turn
 
 PROMPT = "What is the capital of France?"
+STORY = "Write a long story about a dragon."
+MESSAGES = ("import json\nfrom pagedkv_app.main import state\n"
+            "json.dumps(state['service'].chats[{chat!r}].conversation.messages)")
 
 
 @pytest.fixture(scope="module")
@@ -110,11 +113,31 @@ def test_a_request_the_pool_cannot_hold_gets_a_message_then_the_server(browser, 
     set_fallback(page, llama, mode="always")
     page.locator("#new-chat").click()
     page.wait_for_selector("#chat-list li:nth-child(2) button[aria-current=true]", state="attached")
-    previous = send(page, "Write a long story about a dragon.", 300)
+    previous = send(page, STORY, 300)
     page.wait_for_selector("html[data-generating=true]", state="attached")
     wait_for_streamed_text(page, polls=600, interval_ms=50)
     page.locator("#stop").click()
     turn = wait_next_turn(page, previous)
     assert turn["reason"] == "abort" and 0 < turn["tokens"] < 300
     assert "interrupted" in page.locator("#messages .msg.assistant").last.get_attribute("class")
+    booted.page.close()
+
+
+def test_a_reload_during_a_server_reply_keeps_it_in_the_history(browser, site, llama):
+    # The page saves the ids that come with each server token; the reloaded worker restores the reply from them.
+    booted = open_app(browser, site + "?model=tiny-random&backend=cpu")
+    page = booted.page
+    set_fallback(page, llama, mode="always")
+    send(page, STORY, 300)
+    page.wait_for_selector("html[data-generating=true]", state="attached")
+    wait_for_streamed_text(page, polls=600, interval_ms=50)
+    page.wait_for_timeout(400)  # a streaming reply is saved every 300 ms
+    chat_id = json.loads(page.evaluate("document.documentElement.dataset.lastStart"))["chat"]
+    page.reload()
+    page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
+    last = page.locator("#messages .msg.assistant").last
+    shown = last.get_attribute("data-text")
+    assert "interrupted" in last.get_attribute("class") and shown
+    assert booted.py(MESSAGES.format(chat=chat_id)) == [{"role": "user", "content": STORY},
+                                                        {"role": "assistant", "content": shown}]
     booted.page.close()
