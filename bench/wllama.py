@@ -26,6 +26,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: BLAS t
 
 from bench import _path  # noqa: F401,E402  (puts py/ and the repo root on sys.path)
 import build  # noqa: E402
+import serve  # noqa: E402
 from bench._path import ROOT, save_result  # noqa: E402
 from bench.browser import session  # noqa: E402
 
@@ -47,7 +48,7 @@ def make_server(host: str, port: int):
     gguf = gguf_path()
     routes = [("/bench/model.gguf", gguf), ("/bench/wllama/", WLLAMA), ("/bench/", PAGE)]
 
-    class Handler(build.DistHandler):
+    class Handler(serve.DistHandler):
         def translate_path(self, path: str) -> str:
             clean = urllib.parse.unquote(urllib.parse.urlparse(path).path)
             for prefix, target in routes:
