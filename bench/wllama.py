@@ -26,6 +26,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: BLAS t
 
 from bench import _path  # noqa: F401,E402  (puts py/ and the repo root on sys.path)
 import build  # noqa: E402
+import serve  # noqa: E402
 from bench._path import ROOT, emit  # noqa: E402
 from bench.harness import session  # noqa: E402
 
@@ -43,11 +44,11 @@ def gguf_path() -> Path:
 
 
 def make_server(host: str, port: int):
-    """dist/ as build.py serves it, plus /bench/ (page), /bench/wllama/ (the package), /bench/model.gguf."""
+    """dist/ as serve.py serves it, plus /bench/ (page), /bench/wllama/ (the package), /bench/model.gguf."""
     gguf = gguf_path()
     routes = [("/bench/model.gguf", gguf), ("/bench/wllama/", WLLAMA), ("/bench/", PAGE)]
 
-    class Handler(build.DistHandler):
+    class Handler(serve.DistHandler):
         def translate_path(self, path: str) -> str:
             clean = urllib.parse.unquote(urllib.parse.urlparse(path).path)
             for prefix, target in routes:
@@ -55,6 +56,11 @@ def make_server(host: str, port: int):
                     rest = clean[len(prefix):]
                     return str(target / rest) if rest else str(target / "index.html" if target.is_dir() else target)
             return super().translate_path(path)
+
+        def send_head(self):
+            if self.path.startswith("/bench/"):  # outside dist/, under symlinks (node_modules, .cache): no checks
+                return http.server.SimpleHTTPRequestHandler.send_head(self)
+            return super().send_head()
 
         def end_headers(self) -> None:
             if not self.path.startswith("/bench/"):
