@@ -1,5 +1,5 @@
-"""`python3 -m bench` runs the browser benchmarks in one booted page (bench/harness/one_page.py): each gets the same page
-from bench.harness.session(), a failing one is reported while the rest still run, and a benchmark's CPU side
+"""`python3 -m bench` runs the browser benchmarks in one booted page (bench/harness/one_page.py): each gets the
+same page from bench.harness.session(), a failing one is reported while the rest still run, and a benchmark's CPU side
 can drive the engine synchronously although Playwright's event loop runs in that thread."""
 from __future__ import annotations
 
