@@ -4,7 +4,7 @@
     python3 bootstrap.py start [serve.py args]   npm packages, requirements.txt in .venv/, build dist/, serve it
     python3 bootstrap.py test [pytest args]      also requirements-dev.txt and the apt packages; build; pytest
     python3 bootstrap.py build                   npm packages, requirements.txt, build dist/
-    python3 bootstrap.py bench|generate [args]   as test, then `python -m bench` / `python -m bench.generate`
+    python3 bootstrap.py bench|generate [args]   as test, then `python -m bench` / `python -m pagedkv.generate`
 
 Standard library only, so that it runs under a bare python3 before anything is installed. Python packages
 live in the project's own virtual environment, .venv/: reused, and pip runs again when requirements*.txt or
@@ -218,7 +218,7 @@ def main(argv: list[str]) -> int:
             python(["build.py"])
             exec_python(pytest_args(args))
         # Both build dist/ themselves (the runner once for all benchmarks).
-        exec_python(["-m", "bench" if command == "bench" else "bench.generate", *args])
+        exec_python(["-m", "bench" if command == "bench" else "pagedkv.generate", *args])
     except BootstrapError as exc:
         print(f"bootstrap.py: error: {exc}", file=sys.stderr)
         return 1

@@ -1,1 +1,1 @@
-"""Benchmark drivers (run from the repo root: python3 -m bench.<name>)."""
+"""Benchmark drivers, one per benchmark (`python3 -m bench.<name>` prints its JSON; `python3 -m bench` files it)."""

@@ -1,18 +1,23 @@
-"""`npm run bench`: run every benchmark, print its JSON, and save it under bench/results/.
+"""`npm run bench`: run the benchmarks and file their JSON under bench/results/: the only writer of results.
 
-    python3 -m bench [--quick] [--only NAME ...] [--list]      (npm run bench -- --quick)
+    python3 -m bench [--quick] [--only NAME ...] [--list] [-- ARG ...]      (npm run bench -- --quick)
+    python3 -m bench --report                  rewrite the plots, SUMMARY.md and docs/results.md from the JSON
 
-Benchmarks print figures; none of them passes or fails on a number. --quick runs every benchmark in its
-reduced form (each accepts --quick) and writes to bench/results/quick/ instead, so a quick run never
-overwrites the full figures. A full run too runs kv_quality_window and long_chat in their quick forms (their full
-forms take an hour or more: run them alone) and files those under results/quick/, so the published figures stay.
-The plots and SUMMARY.md are regenerated from the JSON at the end.
+Each benchmark prints one JSON document on stdout (`python3 -m bench.NAME` alone only prints it); this runner
+writes it to results/NAME.json, then the plots and SUMMARY.md (bench/report/). Benchmarks print figures; none
+of them passes or fails on a number. --quick runs every benchmark in its reduced form (each accepts --quick)
+and files into results/quick/, so a quick run never overwrites the full figures. The benchmarks of LONG
+(an hour or more in their full form) run in their quick form, filed under results/quick/, unless --only names
+them: `python3 -m bench --only long_chat` runs the full form into results/. Arguments after `--` go to every
+benchmark run (`python3 -m bench --only long_chat -- --cpu-reference`).
 dist/ is built once. Each benchmark runs in its own process, except the browser benchmarks of ONE_PAGE, which
-run one after another in one process and one booted page (bench/one_page.py): one page boot instead of nine.
+run one after another in one process and one booted page (bench/harness/one_page.py): one page boot, not nine.
+A result may carry "files" ({name: base64}); they are written next to its JSON, which keeps only the names.
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import itertools
 import json
 import os
@@ -24,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+DOCS = ROOT / "docs"
 
 # name -> argv after `python3 -m`; each prints one JSON document on stdout.
 BENCHMARKS = {
@@ -33,8 +39,7 @@ BENCHMARKS = {
     "kv_ops": ["bench.kv_ops"],
     "tokenizer": ["bench.bench_tokenizer"],
     "numpy_ref_speed": ["bench.numpy_ref_speed"],
-    # Its full form (~35 CPU-minutes) runs alone: python3 -m bench.kv_quality_window; here always the quick form.
-    "kv_quality_window": ["bench.kv_quality_window", "--quick"],
+    "kv_quality_window": ["bench.kv_quality_window"],  # full form ~35 CPU-minutes
     "page_boot": ["bench.page_boot", "--json"],
     "kv_kernels": ["bench.kv_kernels"],
     "model_kernels": ["bench.model_kernels"],
@@ -45,13 +50,13 @@ BENCHMARKS = {
     "concurrency": ["bench.concurrency"],
     "wllama": ["bench.wllama"],
     "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
-    # Full run (~1 h on SwiftShader, results/long_chat.json): python3 -m bench.long_chat, then --cpu-reference
-    "long_chat_quick": ["bench.long_chat", "--quick"],
+    "long_chat": ["bench.long_chat"],  # full form ~1 h on SwiftShader; then `-- --cpu-reference` merges its part
 }
-
-# Browser benchmarks that take their page from bench.browser.session(): run in one page (bench/one_page.py).
+# Run in their quick form unless --only names them.
+LONG = ("kv_quality_window", "long_chat")
+# Browser benchmarks that take their page from bench.harness.session(): run in one page.
 ONE_PAGE = ("kv_browser", "kv_kernels", "model_kernels", "roofline", "ttft", "webgpu_engine", "concurrency", "wllama",
-            "long_chat_quick")
+            "long_chat")
 
 
 def child_env(quick: bool, out_dir: Path) -> dict:
@@ -61,40 +66,44 @@ def child_env(quick: bool, out_dir: Path) -> dict:
     return env
 
 
-def argv_of(name: str, quick: bool) -> list[str]:
-    return BENCHMARKS[name] + (["--quick"] if quick else [])
+def argv_of(name: str, quick: bool, named: bool = False, extra: tuple[str, ...] = ()) -> list[str]:
+    """The benchmark's command line; `named`: --only named it (a LONG benchmark then runs its full form)."""
+    reduced = quick or (name in LONG and not named)
+    return BENCHMARKS[name] + (["--quick"] if reduced else []) + list(extra)
 
 
-def finish(name: str, result: dict, quick: bool, wall_s: float) -> dict:
+def finish(name: str, result: dict, argv: list[str], wall_s: float) -> dict:
     result.setdefault("benchmark", name)
     result["wall_s"] = round(wall_s, 2)
-    result["quick"] = "--quick" in argv_of(name, quick)  # a full run runs some benchmarks in their quick form
+    result["quick"] = "--quick" in argv  # a full run runs the LONG benchmarks in their quick form
     return result
 
 
-def destination(out_dir: Path, result: dict, quick_run: bool) -> Path:
-    """Where a result is filed: a benchmark that a full run runs in its quick form (kv_quality_window) goes to
-    results/quick/ with the quick run's, so the published full-form figures (from running it alone) stay."""
-    return out_dir / "quick" if result["quick"] and not quick_run else out_dir
+def destination(out_dir: Path, quick_form: bool, quick_run: bool) -> Path:
+    """Where a result is filed: a benchmark that a full run runs in its quick form (LONG) goes to results/quick/
+    with the quick run's, so the published full-form figures stay."""
+    return out_dir / "quick" if quick_form and not quick_run else out_dir
 
 
-def run_one(name: str, quick: bool, out_dir: Path) -> dict:
+def run_one(name: str, argv: list[str], quick: bool, out_dir: Path, previous: Path) -> dict:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", *argv_of(name, quick)], cwd=ROOT, capture_output=True, text=True,
-                          env=child_env(quick, out_dir))
+    env = dict(child_env(quick, out_dir), PAGEDKV_BENCH_PREVIOUS=str(previous))
+    proc = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     text = proc.stdout
     result = json.loads(text[text.index("{"):])  # tolerate progress lines before the JSON
-    return finish(name, result, quick, time.perf_counter() - t0)
+    return finish(name, result, argv, time.perf_counter() - t0)
 
 
-def run_in_one_page(names: list[str], quick: bool, out_dir: Path):
-    """Yield (name, result or RuntimeError) for each of `names` as bench/one_page.py finishes it."""
-    jobs = json.dumps([[name, argv_of(name, quick)] for name in names])
+def run_in_one_page(jobs: list[tuple[str, list[str], Path]], quick: bool, out_dir: Path):
+    """Yield (name, result or RuntimeError) for each (name, argv, previous result's path) of `jobs` as
+    bench/harness/one_page.py finishes it."""
+    argvs = {name: argv for name, argv, _ in jobs}
+    spec = json.dumps([[name, argv, str(previous)] for name, argv, previous in jobs])
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "bench.one_page", jobs], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=err, text=True, env=child_env(quick, out_dir))
+        proc = subprocess.Popen([sys.executable, "-m", "bench.harness.one_page", spec], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=child_env(quick, out_dir))
         done = set()
         for line in proc.stdout:
             if not line.startswith('{"name"'):
@@ -104,24 +113,55 @@ def run_in_one_page(names: list[str], quick: bool, out_dir: Path):
             if "error" in row:
                 yield row["name"], RuntimeError(f"benchmark {row['name']} failed:\n{row['error']}")
             else:
-                yield row["name"], finish(row["name"], row["result"], quick, row["wall_s"])
+                yield row["name"], finish(row["name"], row["result"], argvs[row["name"]], row["wall_s"])
         proc.wait()
         err.seek(0)
         tail = err.read()[-4000:]
-    for name in names:
+    for name in argvs:
         if name not in done:
             yield name, RuntimeError(f"benchmark {name} did not run: the shared page's process ended "
                                      f"(exit {proc.returncode}):\n{tail}")
 
 
-def main() -> int:
+def save(dest: Path, name: str, result: dict) -> None:
+    """results/NAME.json, and the files the result carries next to it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for file, data in result.pop("files", {}).items():
+        (dest / file).write_bytes(base64.b64decode(data))
+    text = json.dumps(result)
+    # Traces (kv_browser's utilization series, block maps) stay one line; the rest is indented for diffs.
+    (dest / f"{name}.json").write_text((text if len(text) > 100_000 else json.dumps(result, indent=2)) + "\n")
+
+
+def report(results: Path, docs: Path | None) -> None:
+    """The plots and SUMMARY.md in `results` from its JSON; with `docs`, also docs/results.md."""
+    from bench.report import plots, summary  # matplotlib loads only here
+
+    print("== plots: " + ", ".join(plots.make_all(results)), flush=True)
+    text = summary.build_summary(results)
+    (results / "SUMMARY.md").write_text(text)
+    print(f"== {results / 'SUMMARY.md'}", flush=True)
+    if docs is not None:
+        link = Path(os.path.relpath(results.resolve(), docs.resolve())).as_posix()
+        (docs / "results.md").write_text(summary.results_page(text, link))
+        print(f"== {docs / 'results.md'}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ours, extra = (argv[:argv.index("--")], tuple(argv[argv.index("--") + 1:])) if "--" in argv else (argv, ())
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run just these")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     parser.add_argument("--quick", action="store_true", help="reduced runs (a few minutes), into results/quick/")
-    args = parser.parse_args()
+    parser.add_argument("--report", action="store_true",
+                        help="run nothing: rewrite the plots, SUMMARY.md and docs/results.md from bench/results/")
+    args = parser.parse_args(ours)
     if args.list:
         print("\n".join(BENCHMARKS))
+        return 0
+    if args.report:
+        report(RESULTS, DOCS)
         return 0
     out_dir = RESULTS / "quick" if args.quick else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -131,13 +171,17 @@ def main() -> int:
     build.build()  # once for the whole run: the browser benchmarks skip their own build (PAGEDKV_BENCH_BUILT)
     failed = []
     names = list(dict.fromkeys(args.only or BENCHMARKS))
+    jobs = {}
+    for name in names:
+        job_argv = argv_of(name, args.quick, name in (args.only or ()), extra)
+        jobs[name] = (job_argv, destination(out_dir, "--quick" in job_argv, args.quick) / f"{name}.json")
 
     def alone():
         for name in names:
             if name not in ONE_PAGE:
                 print(f"== {name}", flush=True)
                 try:
-                    yield name, run_one(name, args.quick, out_dir)
+                    yield name, run_one(name, jobs[name][0], args.quick, out_dir, jobs[name][1])
                 except RuntimeError as exc:
                     yield name, exc
 
@@ -145,24 +189,16 @@ def main() -> int:
         shared = [name for name in names if name in ONE_PAGE]
         if shared:
             print(f"== in one page: {', '.join(shared)}", flush=True)
-            yield from run_in_one_page(shared, args.quick, out_dir)
+            yield from run_in_one_page([(name, *jobs[name]) for name in shared], args.quick, out_dir)
 
     for name, result in itertools.chain(alone(), together()):
         if isinstance(result, RuntimeError):
             print(result, file=sys.stderr)
             failed.append(name)
             continue
-        text = json.dumps(result)
-        dest = destination(out_dir, result, args.quick)
-        dest.mkdir(parents=True, exist_ok=True)
-        # Traces (kv_browser's utilization series, block maps) stay one line; the rest is indented for diffs.
-        (dest / f"{name}.json").write_text((text if len(text) > 100_000 else json.dumps(result, indent=2)) + "\n")
+        save(jobs[name][1].parent, name, result)
         print(json.dumps(result)[:2000], flush=True)
-    from bench import plots, summary  # matplotlib loads only here
-
-    print("== plots: " + ", ".join(plots.make_all(out_dir)), flush=True)
-    (out_dir / "SUMMARY.md").write_text(summary.build_summary(out_dir))
-    print(f"== {out_dir / 'SUMMARY.md'}", flush=True)
+    report(out_dir, None)
     if failed:
         print(f"failed benchmarks: {', '.join(failed)}", file=sys.stderr)
         return 1

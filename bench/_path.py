@@ -1,4 +1,4 @@
-"""Make `py/` importable when a bench module runs from the repo root."""
+"""Make `py/` importable when a bench module runs from the repo root; how a benchmark hands over its JSON."""
 
 import json
 import os
@@ -10,13 +10,20 @@ for path in (ROOT / "py", ROOT):  # py/ for pagedkv, the root for build.py
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-# Where benchmarks write their JSON and plots; `python3 -m bench --quick` points it at results/quick/.
+# The folder `python3 -m bench` files results in (it points this at results/quick/ for --quick): the reports'
+# default input.
 RESULTS = Path(os.environ.get("PAGEDKV_BENCH_RESULTS") or ROOT / "bench" / "results")
+# The file `python3 -m bench` is about to replace with this benchmark's JSON (unset when it runs alone).
+PREVIOUS_ENV = "PAGEDKV_BENCH_PREVIOUS"
 
 
-def save_result(name: str, report: dict, indent: int | None = 1) -> None:
-    """Print a benchmark's JSON on stdout (what `python3 -m bench` reads) and write it to RESULTS/<name>.json."""
-    text = json.dumps(report, indent=indent)
-    print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(text + "\n")
+def emit(report: dict, indent: int | None = 1) -> None:
+    """Print a benchmark's JSON on stdout: `python3 -m bench` files it, a benchmark run alone only prints it."""
+    print(json.dumps(report, indent=indent))
+
+
+def previous_result() -> dict | None:
+    """The result this run will replace, for a benchmark that merges one part into it (long_chat); None when
+    the benchmark runs alone or has no result yet."""
+    path = os.environ.get(PREVIOUS_ENV)
+    return json.loads(Path(path).read_text()) if path and Path(path).exists() else None

@@ -4,17 +4,19 @@
 
 Decode tok/s through the app's own chat service with the memory dashboard on
 (a snapshot posted every 0.5 s, rendered by the page) and off, after one
-warm-up run, in alternating order for `--rounds` rounds; then two chats answer at once and the page is captured to
-bench/results/app_screenshot.png. Prints JSON; writes bench/results/app_dashboard.json.
+warm-up run, in alternating order for `--rounds` rounds; then two chats answer at once and the page is captured.
+Prints JSON, the screenshot in it as a file (`python3 -m bench` writes it next to app_dashboard.json as
+app_screenshot.png).
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import statistics
 
-from bench.browser import BrowserSession
-from bench._path import RESULTS, ROOT, save_result
+from bench._path import emit
+from bench.harness import BrowserSession
 
 
 MEASURE = """
@@ -68,17 +70,15 @@ def main() -> int:
             if memory and memory["used"] > 0 and len(text) > 30:
                 break
             s.page.wait_for_timeout(100)
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        shot = RESULTS / "app_screenshot.png"
-        s.page.screenshot(path=str(shot), full_page=False)
+        shot = s.page.screenshot(full_page=False)
     result = {
         "benchmark": "app_dashboard", "model": args.model, "backend": args.backend, "tokens": args.tokens,
         "decode_tok_s_dashboard_on": on, "decode_tok_s_dashboard_off": off,
         "median_on": statistics.median(on), "median_off": statistics.median(off),
         "overhead_pct": round(100 * (1 - statistics.median(on) / statistics.median(off)), 2),
-        "screenshot": str(shot.relative_to(ROOT)),
+        "screenshot": "app_screenshot.png", "files": {"app_screenshot.png": base64.b64encode(shot).decode()},
     }
-    save_result("app_dashboard", result, indent=2)
+    emit(result, indent=2)
     return 0
 
 

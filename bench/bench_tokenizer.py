@@ -8,7 +8,7 @@ CPython:  python3 bench/bench_tokenizer.py [--sections FILE] [--repeat N] [--wri
   Without --sections, the sections are read from the SmolLM2 GGUF via the
   test helper (tests/gguf_tokenizer.py).
 Pyodide:  python3 bench/bench_tokenizer.py --write-sections .cache/tokenizer_sections.json
-          node bench/pyodide_bench_tokenizer.mjs .cache/tokenizer_sections.json
+          node bench/page/pyodide_bench_tokenizer.mjs .cache/tokenizer_sections.json
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 Generated tok/s with 1, 2, 4, 8 concurrent conversations, batched (the engine's continuous batching, all
 requests queued at once) vs one at a time (each queued after the previous finished), on the tiny model and on
 SmolLM2-135M (short replies); plus swap (out + in) vs recompute (one prefill) wall time per preempted block
-count on the tiny model. Prints JSON and writes bench/results/concurrency.json. Figures only, never asserts.
+count on the tiny model. Prints JSON (`python3 -m bench` files it). Figures only, never asserts.
 """
 from __future__ import annotations
 
@@ -13,12 +13,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-from bench._path import save_result
-from bench.browser import session
-
-WORKER = Path(__file__).with_name("concurrency_worker.py")
+from bench._path import emit
+from bench.harness import session
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
                                            "noisy; compare columns of one run"}
     # The page's own model is the tiny one on the CPU backend, so it does not compete for the GPU budget.
     with session() as s:
-        s.py(WORKER.read_text() + "\nNone")
+        s.install_bench("page/webgpu_engine.py", "page/concurrency.py")
+        s.py("from bench.page.concurrency import *\nNone")
         report["adapter"] = s.page.evaluate("JSON.parse(document.documentElement.dataset.adapter)")["name"]
         report["tiny"] = s.py(f"import json\njson.dumps(await throughput('tiny-random', {levels}, 32, {tiny_new}, 64, "
                               f"runs={tiny_runs}))")
@@ -48,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(report["smollm2"]), file=sys.stderr, flush=True)
         report["swap_vs_recompute"] = s.py(f"import json\njson.dumps(await preemption_cost({blocks}))")
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    save_result("concurrency", report)  # a --quick run via `python3 -m bench` never overwrites it
+    emit(report)
     return 0
 
 

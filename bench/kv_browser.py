@@ -10,10 +10,10 @@ contiguous, paged without prefix caching, paged with prefix caching (the four sy
 and the latter waiting / preempting instead of failing. f16 runs all four; other dtypes (and --quick) run
 the contiguous baseline and the preempting row (the engine's configuration) unless --all-rows.
 Every slot a token gets is written by the engine's kv_write kernel with synthetic K/V (one layer per
-tick, round-robin; see kv_browser_worker.GpuWriter). A capacity probe grows one conversation alone
+tick, round-robin; see bench/page/kv_browser.py's GpuWriter). A capacity probe grows one conversation alone
 until its allocation is refused, against (budget - weights - scratch - staging) / bytes_per_token.
 
-Prints JSON; writes bench/results/kv_browser.json. Figures only.
+Prints JSON (`python3 -m bench` files it). Figures only.
 """
 from __future__ import annotations
 
@@ -21,14 +21,11 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-from bench.browser import BrowserSession, session
-from bench._path import save_result
+from bench._path import emit
+from bench.harness import BootedPage, session
 from pagedkv.kv_dtype import KV_DTYPES
 
-HERE = Path(__file__).resolve().parent
-WORKER = HERE / "kv_browser_worker.py"
 # (label, allocator, prefix caching, preempt): the last row waits / preempts by recompute instead of failing.
 ROWS = (("contiguous", "contiguous", False, False), ("paged", "paged", False, False),
         ("paged+prefix", "paged", True, False), ("paged+prefix+preempt", "paged", True, True))
@@ -49,20 +46,20 @@ def run(budgets_mib: list[int], kv_dtypes: list[str], sessions: int, seed: int, 
     report = {"benchmark": "kv_browser", "kv_dtypes": kv_dtypes, "sessions": sessions, "seed": seed,
               "warmup_s": warmup_s, "layers_written_per_tick": layers_per_tick, "budgets": []}
     with session() as page:
-        page.install_bench("kv_sim.py", "webgpu_engine_worker.py")
-        page.py(WORKER.read_text() + "\nNone")
+        page.install_bench("kv_sim.py", "page/webgpu_engine.py", "page/kv_browser.py")
+        page.py("from bench.page.kv_browser import *\nNone")
         for kv_dtype in kv_dtypes:
             rows = [r for r in ROWS if kv_dtype in all_rows_dtypes or r[0] in SHORT_ROWS]
             for mib in budgets_mib:
                 report["budgets"].append(run_budget(page, mib, kv_dtype, rows, sessions, seed, layers_per_tick,
                                                     warmup_s))
         report["adapter"] = json.loads(page.dataset()["adapter"])["name"]
-        page.py("_STATE.pop('backend').destroy()\nNone")  # the page may go on to other benchmarks
+        page.py("release()\nNone")  # the page may go on to other benchmarks
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return report
 
 
-def run_budget(page: BrowserSession, mib: int, kv_dtype: str, rows: list[tuple], sessions: int, seed: int,
+def run_budget(page: BootedPage, mib: int, kv_dtype: str, rows: list[tuple], sessions: int, seed: int,
                layers_per_tick: int, warmup_s: int) -> dict:
     """One budget and KV dtype: the ledger, both capacity probes and the replay `rows`."""
     ledger = page.py(f"import json\njson.dumps(await load_backend({mib}, {kv_dtype!r}))")
@@ -102,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("budgets, --sessions and --layers-per-tick must be positive, --warmup-s not negative")
     report = run(args.budget_mib, args.kv_dtypes, args.sessions, args.seed, args.layers_per_tick, all_rows_dtypes,
                  args.warmup_s)
-    save_result("kv_browser", report, indent=None)
+    emit(report, indent=None)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Benchmark of the KV-cache kernels in headless Chromium (real WebGPU; SwiftShader on this machine).
 
-    python3 -m bench.kv_kernels [--quick]     (writes bench/results/kv_kernels.json)
+    python3 -m bench.kv_kernels [--quick]     (prints JSON; `python3 -m bench` files it)
 
 Prints JSON: decode and prefill attention times with a scattered (paged) block table vs an identity
 (contiguous) one on the same cache at 512 and 4,096 context tokens, timed alternately, and their ratio;
@@ -12,12 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from bench.browser import session
-from bench._path import save_result
-
-WORKER = Path(__file__).with_name("kv_kernels_worker.py")
+from bench._path import emit
+from bench.harness import session
 
 
 def runs(quick: bool) -> list[str]:
@@ -47,14 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="skip the partition / workgroup-size sweep")
     args = parser.parse_args(argv)
     with session() as page:
-        page.py(WORKER.read_text() + "\nNone")
+        page.install_bench("page/kv_kernels.py")
+        page.py("from bench.page.kv_kernels import *\nNone")
         results = []
         for call in runs(args.quick):
             results.append(page.py(f"import json\njson.dumps(await {call})"))
             print(json.dumps(results[-1]), file=sys.stderr)
         adapter = json.loads(page.dataset()["adapter"])
     report = {"benchmark": "kv_kernels", "adapter": adapter["name"], "results": results}
-    save_result("kv_kernels", report)
+    emit(report)
     return 0
 
 

@@ -10,7 +10,7 @@ on the numpy CPU engine (real SmolLM2-135M, f32), all logits kept. Reported per 
 the segment's tokens and greedy next-token agreement with full attention over the same segment; the
 "_tail" figures only count positions past the largest window, where every window has dropped blocks.
 
-Speed (bench/kv_lanes.py): each (policy, segment) pair is a lane with its own scheduler and pool; the
+Speed (pagedkv/evaluate.py): each (policy, segment) pair is a lane with its own scheduler and pool; the
 lanes of a group run in one forward per step, so a window's one-block steps become tall products,
 and BLAS runs one thread. The chunking of each lane is the one it has alone (its scheduler decides),
 and tests/test_bench_kv_lanes.py checks that stacked lanes score exactly what lanes alone score.
@@ -35,7 +35,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from .kv_lanes import Lane, run_lanes  # noqa: E402
+from pagedkv.evaluate import Lane, run_lanes  # noqa: E402
 from pagedkv.kv_retention import KVRetention  # noqa: E402
 from pagedkv.model.weights import ModelWeights  # noqa: E402
 from pagedkv.tokenizer import Tokenizer  # noqa: E402

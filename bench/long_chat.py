@@ -15,10 +15,11 @@ block size 16 like the app), one LLMEngine request with KVRetention(window_token
   3. a greedy reply of 48 tokens past that, as text.
 Also the most KV blocks the sequence held (bound: ceil((S + W) / block_size) + 1), the blocks freed, the
 wall time. --cpu-reference scores the same 512 tokens on the numpy CPU engine (f32 KV, same window, sinks,
-block size; bench/kv_lanes.evaluate) and the two runs are compared in the same JSON: their
+block size; pagedkv.evaluate) and the two runs are compared in the same JSON: their
 perplexities and their greedy next-token agreement over the continuation.
-Writes bench/results/long_chat.json (--quick: long_chat_quick.json; each mode merges its part in). Timings
-are wall clock on a shared machine: noisy.
+Prints the JSON: under `python3 -m bench` (`--only long_chat`, then `--only long_chat -- --cpu-reference`) each
+mode merges its part into the result it replaces. The figures so far go to stderr after every page call, so a
+run stopped early leaves what it measured in its log. Timings are wall clock on a shared machine: noisy.
 """
 from __future__ import annotations
 
@@ -26,13 +27,12 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from bench._path import RESULTS, ROOT  # noqa: F401  (puts py/ on sys.path)
-from bench.kv_lanes import evaluate
+from bench._path import ROOT, previous_result
 from bench.kv_quality_window import corpus_tokens, ppl
+from pagedkv.evaluate import evaluate
 from pagedkv.kv_retention import KVRetention
 from pagedkv.model.weights import ModelWeights, read_manifest
 from pagedkv.tokenizer import Tokenizer
@@ -58,16 +58,16 @@ def the_tokens(cfg: dict) -> list[int]:
     return corpus_tokens(Tokenizer.from_manifest(manifest))[:cfg["context"] + cfg["continuation"]]
 
 
-def browser_run(cfg: dict, tokens: list[int], save) -> dict:
-    """The conversation in the page's worker (bench/long_chat_worker.py); returns its figures. save(figures)
-    gets the figures so far after every slice, so a run stopped early leaves what it measured."""
+def browser_run(cfg: dict, tokens: list[int]) -> dict:
+    """The conversation in the page's worker (bench/page/long_chat.py); returns its figures, and prints the
+    figures so far on stderr after every slice."""
     import build
-    from bench.browser import session
+    from bench.harness import session
 
     t0 = time.perf_counter()
     with session(build_first=not (build.DIST / "index.html").exists()) as s:
-        s.install_bench("webgpu_engine_worker.py", "long_chat_worker.py")
-        s.py("from bench.long_chat_worker import LongChat\n"
+        s.install_bench("page/webgpu_engine.py", "page/long_chat.py")
+        s.py("from bench.page.long_chat import LongChat\n"
              f"_chat = await LongChat.start({cfg['model']!r}, {tokens!r}, {cfg['context']}, {cfg['continuation']}, "
              f"{cfg['reply']}, {cfg['window']}, {cfg['sinks']}, {cfg['block_size']}, {cfg['budget_mib']}, "
              f"{cfg['kv_dtype']!r}, {cfg['max_context']!r})\nNone")
@@ -77,7 +77,7 @@ def browser_run(cfg: dict, tokens: list[int], save) -> dict:
             r = s.py("import json\njson.dumps(_chat.result())")
             r["adapter"] = json.loads(s.dataset().get("adapter", "{}")).get("name")
             r["wall_s"] = round(time.perf_counter() - t0, 1)
-            save(r)
+            print(json.dumps(r), file=sys.stderr, flush=True)
             if p["done"]:
                 s.py("_chat.engine.backend.destroy()\nNone")  # the page may go on to other benchmarks
                 return r
@@ -97,10 +97,10 @@ def cpu_run(cfg: dict, tokens: list[int]) -> dict:
             "max_blocks_held": res["max_blocks_held"], "wall_s": round(time.perf_counter() - t0, 1)}
 
 
-def merge(path: Path, cfg: dict, part: str, figures: dict) -> dict:
-    """Add one run's figures to the JSON at `path` (kept only when it was made with the same settings) and
-    compare the browser run with the CPU reference once both are there."""
-    doc = json.loads(path.read_text()) if path.exists() else {}
+def merge(doc: dict | None, cfg: dict, part: str, figures: dict) -> dict:
+    """Add one run's figures to the earlier result `doc` (kept only when it was made with the same settings)
+    and compare the browser run with the CPU reference once both are there."""
+    doc = dict(doc or {})
     if doc.get("settings") != cfg:
         doc = {"benchmark": "long_chat", "corpus": CORPUS, "settings": cfg}
     doc["scored"] = (f"corpus tokens {cfg['context']}..{cfg['context'] + cfg['continuation'] - 1}, each predicted "
@@ -112,8 +112,6 @@ def merge(path: Path, cfg: dict, part: str, figures: dict) -> dict:
             "ppl_browser": gpu["ppl_continuation"], "ppl_cpu_reference": cpu["ppl_continuation"],
             "greedy_agreement": round(float(np.mean(np.array(gpu["argmax_ids"]) == np.array(cpu["argmax_ids"]))), 4),
             "max_abs_logprob_diff": round(float(np.max(np.abs(np.array(gpu["logprobs"]) - cpu["logprobs"]))), 4)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
 
@@ -127,12 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = settings(args)
     tokens = the_tokens(cfg)
-    # A quick run never overwrites the full run's figures.
-    path = RESULTS / ("long_chat_quick.json" if args.quick else "long_chat.json")
     if args.cpu_reference:
-        doc = merge(path, cfg, "cpu_reference", cpu_run(cfg, tokens))
+        doc = merge(previous_result(), cfg, "cpu_reference", cpu_run(cfg, tokens))
     else:
-        doc = merge(path, cfg, "browser", browser_run(cfg, tokens, lambda r: merge(path, cfg, "browser", r)))
+        doc = merge(previous_result(), cfg, "browser", browser_run(cfg, tokens))
     print(json.dumps(doc))
     return 0
 

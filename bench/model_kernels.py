@@ -3,7 +3,7 @@ fused-dequant matvec (decode) and tiled matmul (prefill) at SmolLM2-135M shapes,
 
     python3 -m bench.model_kernels [--runs 7] [--repeats 10]
 
-Prints JSON; writes bench/results/model_kernels.json. A figure, never a pass/fail.
+Prints JSON (`python3 -m bench` files it). A figure, never a pass/fail.
 `measure_in_worker` runs inside the page's Pyodide worker and times each kernel with
 tests/browser/kernel_calls.time_call (wall clock around back-to-back dispatches, then a read
 back that drains the queue). Every figure includes the fixed cost of one dispatch + submit,
@@ -17,8 +17,8 @@ import inspect
 import time
 
 import build
-from bench._path import save_result
-from bench.browser import session
+from bench._path import emit
+from bench.harness import session
 
 LAYERS = 30  # SmolLM2-135M
 MATVEC_SHAPES = [("q4_1", 576, 576), ("q4_1", 192, 576), ("q4_1", 1536, 576), ("q4_1", 576, 1536),
@@ -118,7 +118,7 @@ def measure(runs: int, repeats: int, prefill_tokens: int = 128, stream_mib: int 
     code = (f"MATVEC_SHAPES = {MATVEC_SHAPES!r}\n" + inspect.getsource(measure_in_worker) + "\nimport json\n"
             f"json.dumps(await measure_in_worker({runs}, {repeats}, {prefill_tokens}, {stream_mib}))")
     with session() as page:
-        page.install_test_module("kernel_calls")
+        page.install_test_modules("kernel_calls")
         result = page.py(code)
     result["decode_step_matvecs"] = summarize(result)
     result.update({"benchmark": "model_kernels", "chromium": build.find_chromium(),
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.runs, args.repeats = 3, 5
     result = measure(args.runs, args.repeats)
-    save_result("model_kernels", result, indent=2)
+    emit(result, indent=2)
 
 
 if __name__ == "__main__":

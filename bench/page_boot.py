@@ -13,8 +13,8 @@ import time
 
 from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
 import build
-from bench._path import save_result
-from bench.browser import ensure_built
+from bench._path import emit
+from bench.harness import ensure_built
 
 
 
@@ -71,7 +71,7 @@ def main() -> None:
     if args.quick:
         args.runs = 1
     result = measure(args.runs)
-    save_result("page_boot", result, indent=2)
+    emit(result, indent=2)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ In headless Chromium (WebGPU; SwiftShader on this machine), one page:
   must do (2 per weight, 4 per head dimension per context token for attention) at the compute limit;
   with the replay vs Python split and the Python->JS crossings per step;
 - the paged attention kernel with a scattered vs an identity block table at the same contexts (alternated
-  rounds, kv_kernels_worker.bench_paged_vs_contiguous), and at block sizes 8/16/32/64 (4k context).
+  rounds, bench/page/kv_kernels.py's bench_paged_vs_contiguous), and at block sizes 8/16/32/64 (4k context).
 In CPython: the slot efficiency and failure rate of kv_sim's workload (1 GiB) at each block size.
-Prints JSON; writes bench/results/roofline.json. Figures only; this machine's other jobs make them noisy.
+Prints JSON (`python3 -m bench` files it). Figures only; this machine's other jobs make them noisy.
 """
 from __future__ import annotations
 
@@ -23,17 +23,17 @@ import sys
 import time
 
 from bench import kv_sim
-from bench._path import save_result
-from bench.browser import session
+from bench._path import emit
+from bench.harness import session
 
 CONTEXTS = (256, 1024, 4096, 8192)
 BLOCK_SIZES = (8, 16, 32, 64)
 
 SETUP = """
 import json
-from bench.kv_kernels_worker import bench_paged_vs_contiguous
-from bench.roofline_worker import alu_peak_gflops, decode_step, stream_read_gb_s
-from bench.webgpu_engine_worker import bench_backend
+from bench.page.kv_kernels import bench_paged_vs_contiguous
+from bench.page.roofline import alu_peak_gflops, decode_step, stream_read_gb_s
+from bench.page.webgpu_engine import bench_backend
 _ctx, _b, _m, _ledger = await bench_backend()
 _out = {{"ledger": _ledger, "stream_read": await stream_read_gb_s(_ctx), "alu_peak": await alu_peak_gflops(_ctx)}}
 _out["config"] = _m["config"]
@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     report["slot_efficiency_by_block_size"] = slot_efficiency_by_block_size(sessions)
     print(json.dumps(report["slot_efficiency_by_block_size"]), file=sys.stderr)
     with session() as page:
-        page.install_bench("kv_kernels_worker.py", "roofline_worker.py", "webgpu_engine_worker.py")
-        page.install_test_module("kernel_calls")  # roofline_worker times single kernel calls with it
+        page.install_bench("page/kv_kernels.py", "page/roofline.py", "page/webgpu_engine.py")
+        page.install_test_modules("kernel_calls")  # bench/page/roofline.py times single kernel calls with it
         web = page.py(SETUP.format(reps=reps, contexts=CONTEXTS))
         print(json.dumps(web["decode_steps"]), file=sys.stderr)
 
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     report.update(web)
     report["roofline"] = derive(web)
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    save_result("roofline", report)
+    emit(report)
     return 0
 
 

@@ -6,7 +6,7 @@ The real SmolLM2-135M, greedy, through LLMEngine: on WebGPU in headless Chromium
 machine) and on the numpy CPU backend in CPython, each with prefix caching on and off. Turn k's prompt
 is the conversation so far (a 200-token system prompt, earlier user messages and answers) plus a
 40-token user message; answers are 8 tokens. With the cache, turn k should prefill only its new tokens.
-Prints JSON; writes bench/results/ttft.json. Figures only.
+Prints JSON (`python3 -m bench` files it). Figures only.
 """
 from __future__ import annotations
 
@@ -20,17 +20,17 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: BLAS threads thrash on 2 shared cores
 
 from bench import _path  # noqa: F401,E402  (puts py/ and the repo root on sys.path)
-from bench._path import ROOT, save_result  # noqa: E402
-from bench.browser import session  # noqa: E402
-from bench.ttft_turns import conversation_ttft  # noqa: E402
+from bench._path import ROOT, emit  # noqa: E402
+from bench.harness import session  # noqa: E402
+from bench.page.ttft_turns import conversation_ttft  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MODEL_DIR = ROOT / "dist" / "models" / "smollm2-135m-instruct"
 
 WEB = """
 import json
-from bench.ttft_turns import conversation_ttft
-from bench.webgpu_engine_worker import bench_backend
+from bench.page.ttft_turns import conversation_ttft
+from bench.page.webgpu_engine import bench_backend
 from pagedkv.tokenizer import Tokenizer
 _ctx, _b, _m, _ledger = await bench_backend()
 _rows = {{}}
@@ -75,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     report["cpu_numpy"] = cpu_rows(shape)
     print(json.dumps(report["cpu_numpy"]), file=sys.stderr)
     with session() as page:
-        page.install_bench("ttft_turns.py", "webgpu_engine_worker.py")
+        page.install_bench("page/ttft_turns.py", "page/webgpu_engine.py")
         report["webgpu"] = page.py(WEB.format(shape=shape))
         report["adapter"] = json.loads(page.dataset()["adapter"])["name"]
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    save_result("ttft", report)
+    emit(report)
     return 0
 
 

@@ -2,7 +2,7 @@
 
     python3 build.py && python3 -m bench.webgpu_engine [--runs 3] [--prompt 128] [--new 32]
 
-Prints JSON and writes bench/results/webgpu_engine.json: the ledger breakdown under a 1 GiB budget,
+Prints JSON (`python3 -m bench` files it): the ledger breakdown under a 1 GiB budget,
 prefill and decode tok/s of SmolLM2-135M through LLMEngine + WebGpuBackend (one request, random prompt,
 greedy), a decode step's wall time split into the replay (encode + GPU + read back of S ids) and the
 Python controller around it, Python->JS crossings per step, and the decode plan replayed with one workgroup
@@ -16,12 +16,9 @@ import argparse
 import json
 import statistics
 import sys
-from pathlib import Path
 
-from bench._path import save_result
-from bench.browser import session
-
-WORKER = Path(__file__).with_name("webgpu_engine_worker.py")
+from bench._path import emit
+from bench.harness import session
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.runs, args.prompt, args.new = 2, 64, 8
     with session() as page:
-        page.py(WORKER.read_text() + "\nNone")
+        page.install_bench("page/webgpu_engine.py")
+        page.py("from bench.page.webgpu_engine import *\nNone")
         ledger = page.py("import json\n_ctx, _b, _m, _ledger = await bench_backend()\njson.dumps(_ledger)")
         print(json.dumps(ledger), file=sys.stderr)
         runs = page.py(f"import json\njson.dumps(await bench_generate(_ctx, _b, _m, {args.prompt}, {args.new}, "
@@ -51,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
               "new_tokens": args.new, "runs": runs, "median": med, "ledger_1gib": ledger,
               "decode_plan_one_workgroup_per_dispatch": floor, "dispatches_per_step": dispatches,
               "decode_step_gpu_ms_by_kernel": split}
-    save_result("webgpu_engine", report)
+    emit(report)
     return 0
 
 

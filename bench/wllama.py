@@ -9,7 +9,7 @@ SharedArrayBuffer) and one browser. The same prompt (a plain text; its ids under
   generation timings (prefill and decode tok/s) and its output;
 - our engine on WebGPU (SwiftShader here: a CPU emulation of a GPU), in the app page's worker;
 - our engine's numpy CPU backend in CPython.
-Then wllama's greedy text, re-encoded, against our first 8 greedy ids. Prints JSON; writes bench/results/wllama.json.
+Then wllama's greedy text, re-encoded, against our first 8 greedy ids. Prints JSON (`python3 -m bench` files it).
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: BLAS t
 from bench import _path  # noqa: F401,E402  (puts py/ and the repo root on sys.path)
 import build  # noqa: E402
 import serve  # noqa: E402
-from bench._path import ROOT, save_result  # noqa: E402
-from bench.browser import session  # noqa: E402
+from bench._path import ROOT, emit  # noqa: E402
+from bench.harness import session  # noqa: E402
 
 PAGE = Path(__file__).resolve().parent / "wllama_page"
 WLLAMA = ROOT / "node_modules" / "@wllama" / "wllama"
@@ -44,7 +44,7 @@ def gguf_path() -> Path:
 
 
 def make_server(host: str, port: int):
-    """dist/ as build.py serves it, plus /bench/ (page), /bench/wllama/ (the package), /bench/model.gguf."""
+    """dist/ as serve.py serves it, plus /bench/ (page), /bench/wllama/ (the package), /bench/model.gguf."""
     gguf = gguf_path()
     routes = [("/bench/model.gguf", gguf), ("/bench/wllama/", WLLAMA), ("/bench/", PAGE)]
 
@@ -56,6 +56,11 @@ def make_server(host: str, port: int):
                     rest = clean[len(prefix):]
                     return str(target / rest) if rest else str(target / "index.html" if target.is_dir() else target)
             return super().translate_path(path)
+
+        def send_head(self):
+            if self.path.startswith("/bench/"):  # outside dist/, under symlinks (node_modules, .cache): no checks
+                return http.server.SimpleHTTPRequestHandler.send_head(self)
+            return super().send_head()
 
         def end_headers(self) -> None:
             if not self.path.startswith("/bench/"):
@@ -121,7 +126,7 @@ def cpu_numpy(prompt: list[int], new_tokens: int) -> dict:
 
 WEBGPU = """
 import json
-from bench.webgpu_engine_worker import bench_backend, bench_generate
+from bench.page.webgpu_engine import bench_backend, bench_generate
 _ctx, _b, _m, _ledger = await bench_backend()
 _runs = await bench_generate(_ctx, _b, _m, new_tokens={new}, runs=2, prompt={prompt!r})  # run 1 records plans
 _b.destroy()
@@ -147,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "wllama", "wllama_version": version, "gguf": gguf_path().name,
               "prompt_tokens": args.prompt, "new_tokens": args.new, "wllama": [], "ours": []}
     with session(make_server=make_server) as s:
-        s.install_bench("webgpu_engine_worker.py")
+        s.install_bench("page/webgpu_engine.py")
         ours = s.py(WEBGPU.format(new=args.new, prompt=prompt))
         report["ours"].append({"backend": "WebGPU (SwiftShader)", **{k: ours[k] for k in (
             "prefill_tok_s", "decode_tok_s", "output_ids", "prefill_steps")}})
@@ -173,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     report["ours"].append(cpu_numpy(prompt, args.new))
     compare(report)
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    save_result("wllama", report)
+    emit(report)
     return 0
 
 

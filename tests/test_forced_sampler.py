@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from bench.kv_lanes import evaluate
 from model_fixtures import reference_greedy, tiny_dir, tiny_model, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
+from pagedkv.evaluate import evaluate
 from pagedkv.kv_retention import KVRetention
 from pagedkv.sampling import ForcedSampler, Sampler, SamplingParams
 from pagedkv.tokenizer import Tokenizer

@@ -1,15 +1,15 @@
-"""bench/long_chat_worker.py's LongChat on the CPU engine (CPython, tiny model): the conversation it drives in
+"""bench/page/long_chat.py's LongChat on the CPU engine (CPython, tiny model): the conversation it drives in
 the page, run past the tiny model's 256-token context in slices, with its figures checked exactly."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench.kv_lanes import evaluate
-from bench.long_chat_worker import LongChat
+from bench.page.long_chat import LongChat
 from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
+from pagedkv.evaluate import evaluate
 from pagedkv.kv_retention import KVRetention
 from pagedkv.tokenizer import Tokenizer
 

@@ -105,7 +105,7 @@ KV_DTYPES: dict[str, KVDtype] = {
         # outlier channel on one side keeps half the step. On SmolLM2's real keys (first corpus window, all
         # layers) the relative error of q.k scores fell from 0.158 (int4) to 0.101; per-channel power-of-two
         # key smoothing on top of int4 reached 0.146 at best and changed nothing on top of this (0.102);
-        # bench/kv_key_smoothing.py has the figures. Perplexity on the 20,480-token corpus: +1.44 vs f32
+        # bench/studies/kv_key_smoothing.py has the figures. Perplexity on the 20,480-token corpus: +1.44 vs f32
         # (int4: +4.46), greedy agreement 0.839 (int4: 0.748); bench/results/kv_quality_int4_asym.json.
         KVDtype("int4-asym", 4, 32, 5, qmax=15, asymmetric=True),
     )

@@ -1,8 +1,8 @@
 """Run one model-kernel call on numpy arrays on a GpuContext: upload, dispatch, read back (or time it).
 
-Test and benchmark code, run inside the page's worker: tests/browser/conftest.py's install_modules and
-bench/browser.py's install_test_module make it importable there as `kernel_calls`. The engine records
-the same KernelCalls (pagedkv.backends.webgpu.model_kernels) into its plan instead.
+Test and benchmark code, run inside the page's worker: the harness's install_test_modules (bench/harness/
+browser.py; tests call it through conftest's install_modules) makes it importable there as `kernel_calls`.
+The engine records the same KernelCalls (pagedkv.backends.webgpu.model_kernels) into its plan instead.
 """
 from __future__ import annotations
 

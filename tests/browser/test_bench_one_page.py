@@ -1,5 +1,5 @@
-"""`python3 -m bench` runs the browser benchmarks in one booted page (bench/one_page.py): each gets the same page
-from bench.browser.session(), a failing one is reported while the rest still run, and a benchmark's CPU side
+"""`python3 -m bench` runs the browser benchmarks in one booted page (bench/harness/one_page.py): each gets the
+same page from bench.harness.session(), a failing one is reported while the rest still run, and a benchmark's CPU side
 can drive the engine synchronously although Playwright's event loop runs in that thread."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import build
 
 FAKE_A = '''
 import json
-from bench.browser import session
+from bench.harness import session
 from pagedkv.engine import run_sync
 
 
@@ -29,7 +29,7 @@ def main(argv):
 
 FAKE_B = '''
 import json
-from bench.browser import session
+from bench.harness import session
 
 
 def main(argv):
@@ -38,7 +38,7 @@ def main(argv):
 '''
 
 FAKE_FAILS = '''
-from bench.browser import session
+from bench.harness import session
 
 
 def main(argv):
@@ -68,7 +68,8 @@ def fake_benchmarks(tmp_path, monkeypatch):
 
 def test_benchmarks_share_one_page_and_a_failure_does_not_stop_the_rest(fake_benchmarks, tmp_path):
     names = ["fake_bench_a", "fake_bench_fails", "fake_bench_exits", "fake_bench_b"]
-    rows = dict(fake_benchmarks.run_in_one_page(names, True, tmp_path / "results"))
+    jobs = [(name, fake_benchmarks.argv_of(name, True), tmp_path / f"{name}.json") for name in names]
+    rows = dict(fake_benchmarks.run_in_one_page(jobs, True, tmp_path / "results"))
     assert list(rows) == names
     a, b = rows["fake_bench_a"], rows["fake_bench_b"]
     assert {k: a[k] for k in ("argv", "mark", "cpu", "benchmark", "quick")} == \

@@ -1,6 +1,6 @@
 """Time to first token for turns 1..k of one conversation, through LLMEngine on any backend.
 
-Imported by bench/ttft.py in CPython (the numpy CPU backend) and sent as source into the page's worker
+Imported by bench/ttft.py in CPython (the numpy CPU backend) and installed into the page's worker
 (the WebGPU backend): it uses only pagedkv and numpy. Turn k's prompt is the whole conversation so far
 plus a new user message; with prefix caching the engine should prefill only the tokens it has not cached.
 """

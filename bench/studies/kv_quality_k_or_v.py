@@ -1,6 +1,6 @@
 """Which of K or V carries a KV dtype's perplexity cost: the dtype applied to keys only, values only, both.
 
-    python3 -m bench.kv_quality_k_or_v [--dtype int4-asym] [--windows 2] [--window 512] [--model DIR]
+    python3 -m bench.studies.kv_quality_k_or_v [--dtype int4-asym] [--windows 2] [--window 512] [--model DIR]
 
 Same corpus, windows and perplexity as bench.kv_quality_dtypes (its evaluate), over the
 first `--windows` windows; the f32 cache's rows are replaced by the dtype's round trip for K, V or both

@@ -1,11 +1,11 @@
-"""bench/kv_lanes.py: lanes stacked into one forward score exactly what each lane scores alone."""
+"""pagedkv/evaluate.py: lanes stacked into one forward score exactly what each lane scores alone."""
 import numpy as np
 import pytest
 
-from bench.kv_lanes import Lane, log_softmax_at, run_lanes, stack_batches
 from model_fixtures import tiny_dir, tiny_model, tiny_weights  # noqa: F401
 from pagedkv.model_runner import ForwardBatch
 from pagedkv.backends.numpy_ref import PagedKVCache
+from pagedkv.evaluate import Lane, log_softmax_at, run_lanes, stack_batches
 from pagedkv.kv_retention import KVRetention
 
 BS = 16
@@ -86,17 +86,3 @@ def test_a_lane_needs_two_tokens_and_a_pool_its_policy_fits(tiny_weights):  # no
     with pytest.raises(Exception, match="KV pool only has 2 blocks"):
         Lane("small", texts()[0], KVRetention(window_tokens=32, sink_tokens=4), 2, 64, BS)
 
-
-def test_window_benchmark_policies_fit_the_quick_and_full_segments():
-    from bench.kv_quality_window import policies
-
-    for seg_len, windows, h2o in ((256, [64], [25, 50]), (2048, [256, 512, 1024], [10, 20, 50])):
-        groups = policies(seg_len, windows, h2o)
-        names = [name for g in groups for name in g]
-        assert [n for n in names if n.startswith("h2o")] == [f"h2o_{p}pct" for p in h2o]
-        for name, (retention, pool, chunk) in ((n, s) for g in groups for n, s in g.items()):
-            assert 2 <= pool <= seg_len // BS + 2, name
-            if name.startswith("h2o"):  # budget blocks + one for the step; half the budget most recent
-                assert retention.recent_tokens == (pool - 1) // 2 * BS and chunk == BS, name
-    with pytest.raises(ValueError, match="at least 2"):
-        policies(256, [64], [10])  # 10 % of 16 blocks is one block

@@ -40,7 +40,7 @@ class LongChat:
                     sinks: int, block_size: int, budget_mib: int, kv_dtype: str,
                     max_context: int | None) -> "LongChat":
         """Load `model` on a fresh WebGpuBackend under `budget_mib` and queue the conversation."""
-        from bench.webgpu_engine_worker import bench_backend  # imports the WebGPU backend: the page only
+        from bench.page.webgpu_engine import bench_backend  # imports the WebGPU backend: the page only
 
         _, backend, manifest, ledger = await bench_backend(budget_mib, kv_dtype, model=model, block_size=block_size)
         tok = Tokenizer.from_manifest(manifest)

@@ -1,6 +1,6 @@
 """Why int4-asym and not per-channel key smoothing: errors of q.k on SmolLM2-135M's real keys and queries.
 
-    python3 -m bench.kv_key_smoothing [--window 512] [--model DIR]
+    python3 -m bench.studies.kv_key_smoothing [--window 512] [--model DIR]
 
 One window (the first `--window` tokens of bench.kv_quality_dtypes' corpus) runs through the numpy forward
 with an f32 cache; the post-RoPE queries and keys of every layer are kept. Each variant quantizes the keys

@@ -4,7 +4,7 @@ import time
 import numpy as np
 
 from bench import kv_sim
-from bench.webgpu_engine_worker import bench_backend
+from bench.page.webgpu_engine import bench_backend
 from pagedkv.backends.webgpu.backend import SWAP_CHUNK_BLOCKS
 from pagedkv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
@@ -18,6 +18,11 @@ _STATE = {}
 def bytes_per_token(b):
     """From the real KV layout the backend allocated (so any KV dtype, scales included)."""
     return b.ledger.by_kind()["kv"] // (b.num_blocks * b.block_size)
+
+
+def release():
+    """Destroy the loaded backend: the page may go on to other benchmarks."""
+    _STATE.pop("backend").destroy()
 
 
 async def load_backend(budget_mib, kv_dtype="f16"):

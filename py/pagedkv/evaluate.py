@@ -1,4 +1,5 @@
-"""Run many independent (text, KV retention policy) lanes through the engine path, one forward per step.
+"""Perplexity evaluation: score texts under KV retention policies through the engine path (`evaluate`: one
+text under one policy); many independent (text, policy) lanes run with one forward per step.
 
 A lane is one prompt fed to its OWN scheduler + KV cache manager (its own pool of `pool_blocks` blocks,
 so pool pressure, window drops and importance eviction are exactly those of a conversation alone in
@@ -16,18 +17,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _path  # noqa: F401
-from pagedkv.backends.cpu import CpuBackend
-from pagedkv.model_runner import ForwardBatch
-from pagedkv.config import CacheConfig
-from pagedkv.engine import run_sync
-from pagedkv.kv_cache_manager import CopyOp, KVCacheManager
-from pagedkv.kv_retention import KVRetention, ShiftOp, add_attention_mass
-from pagedkv.model.weights import ModelWeights
-from pagedkv.model_runner import build_batch
-from pagedkv.request import Request
-from pagedkv.scheduler import Scheduler, SchedulerConfig
-from pagedkv.sequence import Sequence
+from .backends.cpu import CpuBackend
+from .config import CacheConfig
+from .engine import run_sync
+from .kv_cache_manager import CopyOp, KVCacheManager
+from .kv_retention import KVRetention, ShiftOp, add_attention_mass
+from .model.weights import ModelWeights
+from .model_runner import ForwardBatch, build_batch
+from .request import Request
+from .scheduler import Scheduler, SchedulerConfig
+from .sequence import Sequence
 
 
 def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Worker side of bench/kv_kernels.py: times the KV-cache kernels on the page's WebGPU device.
 
-Sent as source into the Pyodide worker. Each figure is the median over `reps` submits of the wall time
+Installed into the Pyodide worker as bench.page.kv_kernels. Each figure is the median over `reps` submits of the wall time
 from submit to onSubmittedWorkDone, divided by `inner` (the kernel's dispatches repeated `inner` times in
 one submit, so the per-submit overhead is amortised). Never asserts on time.
 """

@@ -1,6 +1,6 @@
 // Runs bench/bench_tokenizer.py and the golden tokenizer check inside Pyodide (Node.js).
 //
-//   node bench/pyodide_bench_tokenizer.mjs SECTIONS_JSON [PYODIDE_DIR]
+//   node bench/page/pyodide_bench_tokenizer.mjs SECTIONS_JSON [PYODIDE_DIR]
 //
 // SECTIONS_JSON holds {"tokenizer": {...}} (the model manifest's tokenizer
 // section); PYODIDE_DIR defaults to node_modules/pyodide. Only the standard
@@ -10,10 +10,10 @@ import { readFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
-const root = resolve(dirname(fileURLToPath(import.meta.url)), "..");
+const root = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const [sectionsPath, pyodideDir = join(root, "node_modules", "pyodide")] = process.argv.slice(2);
 if (!sectionsPath) {
-  console.error("usage: node bench/pyodide_bench_tokenizer.mjs SECTIONS_JSON [PYODIDE_DIR]");
+  console.error("usage: node bench/page/pyodide_bench_tokenizer.mjs SECTIONS_JSON [PYODIDE_DIR]");
   process.exit(2);
 }
 const { loadPyodide } = await import(join(resolve(pyodideDir), "pyodide.mjs"));

@@ -1,9 +1,12 @@
 """`npm run generate -- --messages-json FILE [--max-tokens N] [--greedy | --temperature T --seed S] [--json]`
+(`python3 -m pagedkv.generate ...` from the repository root, dist/ built).
 
 Runs one chat completion in headless Chromium through the page's engine (the
 WebGPU backend unless `--backend cpu`) and prints the same JSON as the CPU CLI
 (`python3 -m pagedkv generate`): prompt_ids, output_ids, text, plus timings
-(ttft_ms, prefill_tok_s, decode_tok_s) measured inside the tab.
+(ttft_ms, prefill_tok_s, decode_tok_s) measured inside the tab. It drives the built
+page with the repository's browser harness (bench/harness/), imported only here, so
+the pagedkv wheel imports in Pyodide without Playwright.
 """
 from __future__ import annotations
 
@@ -11,8 +14,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-from bench.browser import BrowserSession
 
 WORKER_CODE = """
 import json, time
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     payload = json.dumps({"messages": messages, "temperature": args.temperature or 0.0, "seed": args.seed,
                           "max_tokens": args.max_tokens})
+    from bench.harness import BrowserSession  # the repository's, with Playwright: never in the page
+
     with BrowserSession(f"?model={args.model}&backend={args.backend}") as session:
         try:
             result = session.py(WORKER_CODE.format(args=payload))

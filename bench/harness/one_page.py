@@ -1,9 +1,9 @@
 """Run browser benchmarks one after another in one headless Chromium page: what `python3 -m bench` does with
 them, so that the page boots (Pyodide, packages, the app's tiny model) once per run instead of once each.
 
-    python3 -m bench.one_page '[["roofline", ["bench.roofline", "--quick"]], ...]'
+    python3 -m bench.harness.one_page '[["roofline", ["bench.roofline", "--quick"], PREVIOUS_JSON_PATH], ...]'
 
-Each benchmark's main(argv) runs in this process with bench.browser.session() handing it the shared page,
+Each benchmark's main(argv) runs in this process with bench.harness.session() handing it the shared page,
 whose server also serves the wllama harness. Every benchmark frees what it put on the GPU before it returns.
 Prints one JSON line per benchmark: {"name", "result" (the JSON the benchmark printed) or "error", "wall_s"}.
 """
@@ -21,17 +21,19 @@ import traceback
 # Before numpy loads: the CPU columns of ttft and wllama use one BLAS thread, as when each runs alone.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from bench import browser  # noqa: E402
+from bench import _path  # noqa: E402
+from bench.harness import browser  # noqa: E402
 
 
-def run(jobs: list[tuple[str, list[str]]]) -> None:
+def run(jobs: list[tuple[str, list[str], str]]) -> None:
     from bench.wllama import make_server  # dist/ plus the wllama harness under /bench/
 
     with browser.BrowserSession(browser.QUERY, make_server=make_server) as page:
         browser.SHARED.append(page)
         try:
-            for name, (module, *argv) in jobs:
+            for name, (module, *argv), previous in jobs:
                 t0 = time.perf_counter()
+                os.environ[_path.PREVIOUS_ENV] = previous
                 out = io.StringIO()
                 try:
                     with contextlib.redirect_stdout(out):

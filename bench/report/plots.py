@@ -1,15 +1,13 @@
 """PNG plots from the benchmark JSON: KV utilization over time, the block map, TTFT per turn, the roofline,
 the quality of bounded KV (window / sinks / eviction).
 
-    python3 -m bench.plots [--results bench/results]
-
-Reads kv_browser.json, ttft.json, roofline.json and kv_quality_window.json (each plot is skipped, with a
-note, when its JSON is missing) and writes kv_utilization.png, kv_block_map.png, ttft_turns.png,
+Written by `python3 -m bench` after a run and by `python3 -m bench --report`. Reads kv_browser.json,
+ttft.json, roofline.json and kv_quality_window.json (each plot is skipped, with a note, when its JSON is
+missing) and writes kv_utilization.png, kv_block_map.png, ttft_turns.png,
 roofline.png and kv_quality_window.png next to them.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -19,8 +17,6 @@ import matplotlib.ticker
 matplotlib.use("Agg")  # no display: files only
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-
-from bench._path import RESULTS  # noqa: E402
 
 ROW_STYLE = {"contiguous": ("tab:red", "contiguous (2,048-slot reservation)"),
              "paged": ("tab:blue", "paged, no prefix cache"),
@@ -195,14 +191,3 @@ def make_all(results: Path) -> list[str]:
             written.append(make.__name__ + ".png")
     return written
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    print("\n".join(make_all(args.results)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
