@@ -75,10 +75,11 @@ class AptPackage:
     present: Callable[[], bool]
 
 
-# What `npm test` (and the browser benchmarks) need from the system. To add one:
-# AptPackage("mesa-vulkan-drivers", "WebGPU on a Vulkan driver", lambda: dpkg_installed("mesa-vulkan-drivers")).
+# What `npm test` (and the browser benchmarks) need from the system.
 TEST_APT = (
     AptPackage("chromium", "the browser tests drive it through Playwright (or set CHROME_PATH)", chromium_found),
+    AptPackage("mesa-vulkan-drivers", "tests/native run the WGSL kernels on wgpu-py over its lavapipe (a CPU Vulkan)",
+               lambda: dpkg_installed("mesa-vulkan-drivers")),
 )
 
 

@@ -43,6 +43,7 @@ BENCHMARKS = {
     "page_boot": ["bench.page_boot", "--json"],
     "kv_kernels": ["bench.kv_kernels"],
     "model_kernels": ["bench.model_kernels"],
+    "kernels_wgpu": ["bench.kernels", "--backend", "wgpu", "--json"],
     "roofline": ["bench.roofline"],
     "ttft": ["bench.ttft"],
     "webgpu_engine": ["bench.webgpu_engine"],

@@ -1,8 +1,12 @@
-"""Command line: `python3 -m pagedkv generate|tokenize` on a built model directory (CPU, numpy reference)."""
+"""Command line: `python3 -m pagedkv generate|tokenize` on a built model directory.
+
+generate runs on the CPU (numpy reference, the default) or with `--backend wgpu` on a native WebGPU device
+(wgpu-py: Vulkan, Metal or D3D12; imported only then), which adds `timings` and `adapter` to the JSON."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from collections.abc import Sequence
@@ -17,6 +21,7 @@ from .tokenizer import Tokenizer
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "dist" / "models" / "smollm2-135m-instruct"
 BLOCK_SIZE = 16
+BACKENDS = ("cpu", "wgpu")
 
 
 class CliError(Exception):
@@ -83,9 +88,31 @@ def cmd_generate(args) -> dict:
     context = manifest["config"]["context_length"]
     if len(prompt_ids) >= context:
         raise CliError(f"prompt has {len(prompt_ids)} tokens; the model context is {context}; shorten the messages")
-    output_ids, _ = generate_ids(ModelWeights.load(args.model), tok, prompt_ids, params)
+    extra = {}
+    if args.backend == "wgpu":
+        extra = _generate_wgpu(args, prompt_ids, params)
+        output_ids = extra.pop("output_ids")
+        del extra["finish_reason"]
+    else:
+        output_ids, _ = generate_ids(ModelWeights.load(args.model), tok, prompt_ids, params)
     text_ids = output_ids[:-1] if output_ids[-1] in stop_ids else output_ids
-    return {"prompt_ids": prompt_ids, "output_ids": output_ids, "text": tok.decode(text_ids)}
+    return {"prompt_ids": prompt_ids, "output_ids": output_ids, "text": tok.decode(text_ids), **extra}
+
+
+def _generate_wgpu(args, prompt_ids: list[int], params: SamplingParams) -> dict:
+    from .backends.webgpu.device import WebGPUUnavailable
+    from .backends.webgpu.native_generate import generate_timed
+    from .gpu_budget import BudgetExceeded
+
+    try:
+        return asyncio.run(generate_timed(args.model, prompt_ids, params, budget_mib=args.budget_mib,
+                                          block_size=BLOCK_SIZE))
+    except ModuleNotFoundError as exc:
+        if exc.name != "wgpu":
+            raise
+        raise CliError("--backend wgpu needs wgpu-py: pip install wgpu==0.32.0") from exc
+    except (WebGPUUnavailable, BudgetExceeded) as exc:
+        raise CliError(str(exc)) from exc
 
 
 def cmd_tokenize(args) -> dict:
@@ -97,8 +124,13 @@ def cmd_tokenize(args) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python3 -m pagedkv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="chat completion on the CPU reference backend")
+    gen = sub.add_parser("generate", help="chat completion on the CPU reference backend or native WebGPU")
     gen.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default: %(default)s)")
+    gen.add_argument("--backend", choices=BACKENDS, default="cpu",
+                     help="cpu: the numpy reference; wgpu: the WebGPU kernels on a native adapter through wgpu-py "
+                          "(pip install wgpu), adding timings and the adapter to --json (default: %(default)s)")
+    gen.add_argument("--budget-mib", type=int, default=1024, help="GPU memory budget of --backend wgpu, MiB "
+                     "(default: %(default)s)")
     gen.add_argument("--messages-json", required=True, help='file with [{"role": ..., "content": ...}, ...]')
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")

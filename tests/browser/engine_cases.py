@@ -1,16 +1,18 @@
-"""Cases for test_webgpu_engine.py, run inside the page's worker (Pyodide): the WebGPU backend through
+"""Cases for test_webgpu_engine.py, run inside the page's worker (Pyodide; under CPython on wgpu-py for
+tests/native): the WebGPU backend through
 LLMEngine vs the numpy reference (CpuBackend / NumpyModel) on the same weights in the same worker.
 Each case returns plain data (JSON-able) that the test asserts on."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.model_runner import ForwardBatch
 from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
-from pagedkv.backends.webgpu.interop import GpuContext, fetch_bytes
+from pagedkv.backends.webgpu.device import GpuDevice, open_device
 from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.kv_cache_manager import NeverFits
@@ -22,17 +24,28 @@ MIB = 1 << 20
 _cache: dict = {}
 
 
-async def context() -> GpuContext:
+async def context() -> GpuDevice:
     if "ctx" not in _cache:
-        _cache["ctx"] = await GpuContext.create()
+        _cache["ctx"] = await open_device()
     return _cache["ctx"]
+
+
+async def site_file(path: str) -> bytes:
+    """A file of the built site: fetched from dist/ by the page, read from dist/ under CPython (tests/native)."""
+    if sys.platform == "emscripten":
+        from pagedkv.backends.webgpu.interop import fetch_bytes
+
+        return await fetch_bytes(path)
+    import build
+
+    return (build.DIST / path).read_bytes()
 
 
 async def model_files(model: str) -> tuple[dict, dict]:
     """(manifest, {shard: bytes}) of dist/models/<model>, fetched once per worker."""
     if model not in _cache:
-        manifest = json.loads(await fetch_bytes(f"models/{model}/model.json"))
-        shards = {s["file"]: await fetch_bytes(f"models/{model}/{s['file']}") for s in manifest["shards"]}
+        manifest = json.loads(await site_file(f"models/{model}/model.json"))
+        shards = {s["file"]: await site_file(f"models/{model}/{s['file']}") for s in manifest["shards"]}
         _cache[model] = (manifest, shards)
     return _cache[model]
 

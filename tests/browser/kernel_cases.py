@@ -1,4 +1,5 @@
-"""Worker-side half of test_model_kernels.py: exec'd inside the page's Pyodide worker.
+"""Worker-side half of test_model_kernels.py: exec'd inside the page's Pyodide worker (and run under CPython
+on wgpu-py by tests/native).
 
 Each case draws random inputs from a seeded generator, runs one kernel on the
 GPU through kernel_calls.py (installed beside it) and its numpy reference from
@@ -8,7 +9,7 @@ import numpy as np
 
 import kernel_calls as calls
 from pagedkv.backends.webgpu import model_kernels as ops
-from pagedkv.backends.webgpu.interop import GpuContext
+from pagedkv.backends.webgpu.device import open_device
 from pagedkv.kernels import ref_ops as ref
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 
@@ -19,7 +20,7 @@ _tables = {}
 async def _context():
     global _ctx
     if _ctx is None:
-        _ctx = await GpuContext.create()
+        _ctx = await open_device()
     return _ctx
 
 

@@ -1,4 +1,5 @@
-"""Cases for the KV-cache kernel tests; this file is sent to the page's worker and runs there.
+"""Cases for the KV-cache kernel tests; this file is sent to the page's worker and runs there (and under
+CPython on wgpu-py for tests/native).
 
 Each case builds random caches with scattered, non-monotonic block tables, runs a kernel on the GPU and
 its numpy reference (pagedkv.kernels.ref_attention) on the same data, and returns the errors as JSON.
@@ -7,7 +8,7 @@ import math
 
 import numpy as np
 
-from pagedkv.backends.webgpu import interop as webgpu
+from pagedkv.backends.webgpu.device import open_device
 from pagedkv.backends.webgpu.kv_kernels import KVCacheBuffers, KVKernels, KVLayout
 from pagedkv.kernels import ref_attention as ref
 
@@ -15,9 +16,9 @@ _STATE = {}
 
 
 async def kernels(layout, n_heads, **options):
-    """Compiled kernels for a layout, on one GpuContext shared by every case of the page."""
+    """Compiled kernels for a layout, on one device shared by every case (the page's, or wgpu-py's)."""
     if "ctx" not in _STATE:
-        _STATE["ctx"] = await webgpu.GpuContext.create()
+        _STATE["ctx"] = await open_device()
     return await KVKernels(_STATE["ctx"], layout, n_heads, **options).compile()
 
 

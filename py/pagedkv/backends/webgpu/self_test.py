@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .interop import GPUError, GpuContext
+from .device import GPUError, GpuDevice
 from .model_kernels import uniform_words
 
 
-async def residual_add(ctx: GpuContext, x: np.ndarray, y: np.ndarray, workgroup_size: int = 64) -> np.ndarray:
+async def residual_add(ctx: GpuDevice, x: np.ndarray, y: np.ndarray, workgroup_size: int = 64) -> np.ndarray:
     """x + y on the GPU with shaders/residual_add.wgsl; inputs are f32 vectors of one length."""
     if x.shape != y.shape or x.ndim != 1:
         raise ValueError(f"residual_add needs two equal 1-D vectors, got {x.shape} and {y.shape}")
@@ -30,7 +30,7 @@ async def residual_add(ctx: GpuContext, x: np.ndarray, y: np.ndarray, workgroup_
             b.destroy()
 
 
-async def self_test(ctx: GpuContext, n: int = 100_003, seed: int = 0) -> dict:
+async def self_test(ctx: GpuDevice, n: int = 100_003, seed: int = 0) -> dict:
     """Run one real kernel and check it against numpy; raises if the GPU result is wrong."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(n, dtype=np.float32)

@@ -1,0 +1,280 @@
+"""Hot WGSL kernels at SmolLM2-135M's decode and prefill shapes, on a native adapter (wgpu-py) or in the page.
+
+    python3 -m bench.kernels --backend wgpu|browser [--kernels NAME ...] [--quick] [--json]
+
+For each kernel: time per dispatch (GPU timestamp queries where the device has them, else the wall time of
+submits and a wait; `timer` says which), bytes it must move, achieved GB/s and that as a fraction of the
+adapter's streaming-read bandwidth (shaders/stream_read.wgsl, measured first), invocations launched; then a
+whole decode step (WebGpuBackend.forward, one sequence, greedy, its wall time). Weights are random at
+SmolLM2's shapes (times do not depend on the values), so no model file is needed: the same run works on any
+machine with `pip install wgpu` and a Vulkan / Metal / D3D12 driver. Prints JSON, writes
+bench/results/kernels_<backend>.json. A figure, never a pass/fail.
+
+measure() runs where the device is: in this process for wgpu, in the page's worker for browser (the page
+imports this file as bench.kernels; nothing at its top needs CPython).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+
+import numpy as np
+
+from bench import _path  # noqa: F401  (puts py/ on sys.path under CPython)
+from pagedkv.backends.webgpu import model_kernels as ops
+from pagedkv.backends.webgpu.kv_kernels import KVCacheBuffers, KVKernels, KVLayout
+from pagedkv.kernels.ref_ops import rope_cos_sin
+from pagedkv.model.config import ModelConfig
+from pagedkv.model.layout import pack_float, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
+from pagedkv.model.weights import expected_shapes
+from pagedkv.model.writer import PackedTensor, write_model
+from pagedkv.model_runner import ForwardBatch
+
+SMOLLM2 = ModelConfig(architecture="llama", n_layers=30, hidden=576, n_heads=9, n_kv_heads=3, head_dim=64, ffn=1536,
+                      vocab=49152, rope_base=100000.0, rope_convention="adjacent_pairs", rms_eps=1e-5,
+                      context_length=8192, tied_embeddings=True)
+KERNELS = ("qkv", "o", "gate_up", "down", "lm_head", "decode_attention", "prefill_attention", "rmsnorm", "rope",
+           "argmax", "decode_step")
+# name -> (dtype, rows, cols, variant): the plan's fused projections (backends/webgpu/plan.py, fused.py)
+LINEAR = {"qkv": ("q4_1", 960, 576, "norm"), "o": ("q4_1", 576, 576, "accumulate"),
+          "gate_up": ("q4_1", 3072, 576, "swiglu"), "down": ("q4_1", 576, 1536, "accumulate"),
+          "lm_head": ("q8_0", 49152, 576, "")}
+
+
+def quantized(dtype: str, rows: int, cols: int, rng) -> dict[str, bytes]:
+    """Parts of a random (rows, cols) matrix: one 64-row block quantized and repeated (cheap in the page too)."""
+    block = rng.standard_normal((min(rows, 64), cols), dtype=np.float32) * 0.05
+    codes = quantize_q4_1(block) if dtype == "q4_1" else quantize_q8_0(block)
+    reps = -(-rows // block.shape[0])
+    codes = [np.tile(c, (reps, 1))[:rows] for c in codes]
+    return pack_q4_1(*codes) if dtype == "q4_1" else pack_q8_0(*codes)
+
+
+def random_tensors(config: ModelConfig, seed: int = 0) -> list[PackedTensor]:
+    """Every tensor of a model of `config` with random values: Q8_0 embedding, Q4_1 matrices, f32 norms."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, shape in expected_shapes(config).items():
+        if len(shape) == 1:
+            out.append(PackedTensor(name, "f32", shape, pack_float(np.ones(shape, np.float32), "f32")))
+        else:
+            dtype = "q8_0" if name == "token_embd.weight" else "q4_1"
+            out.append(PackedTensor(name, dtype, shape, quantized(dtype, *shape, rng)))
+    return out
+
+
+class Bench:
+    """Times dispatch lists on one device and turns them into rows."""
+
+    def __init__(self, ctx, repeats: int, runs: int) -> None:
+        self.ctx, self.repeats, self.runs = ctx, repeats, runs
+        self.stream_gb_s = None
+        self.rows = []
+
+    async def row(self, name: str, phase: str, dispatches: list, nbytes: int, invocations: int, **shape) -> dict:
+        t = await self.ctx.time_dispatches(dispatches, self.repeats, self.runs)
+        gb_s = nbytes / t["min_ms"] / 1e6
+        row = {"kernel": name, "phase": phase, **shape, "timer": t["timer"], "ms_median": t["median_ms"],
+               "ms_min": t["min_ms"], "wall_ms_median": t.get("wall_median_ms", t["median_ms"]), "bytes": nbytes, "gb_s": gb_s, "invocations": invocations,
+               "fraction_of_stream_read": gb_s / self.stream_gb_s if self.stream_gb_s else None}
+        self.rows.append(row)
+        return row
+
+    def upload(self, data, label: str, uniform: bool = False):
+        arr = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else np.ascontiguousarray(data)
+        return self.ctx.upload(arr, label, uniform=uniform)
+
+    async def call(self, call: ops.KernelCall, buffers: list) -> tuple[list, int]:
+        """A KernelCall bound to `buffers` + its uniform: (dispatches, invocations launched)."""
+        pipeline = await self.ctx.kernel(call.shader, dict(call.constants))
+        params = self.upload(call.params, f"{call.shader}.params", uniform=True)
+        wg = dict(call.constants)["WORKGROUP_SIZE"]
+        group = self.ctx.bind(pipeline, [*buffers, params])
+        return [(pipeline, group, call.workgroups)], math.prod(call.workgroups) * wg
+
+
+def invocations(kk: KVKernels, dispatches: list) -> int:
+    return sum(math.prod(groups) * kk.workgroup_size for _, _, groups in dispatches)
+
+
+async def linear_rows(b: Bench, names: list[str], tokens: int, rng) -> None:
+    for name in names:
+        dtype, rows, cols, variant = LINEAR[name]
+        parts = quantized(dtype, rows, cols, rng)
+        weight_bytes = sum(len(p) for p in parts.values())
+        for phase, t in (("decode", 1), ("prefill", tokens)):
+            kind = "matvec" if t == 1 else "matmul"
+            norm = variant == "norm" and kind == "matvec"
+            make = ops.matvec_call if kind == "matvec" else ops.matmul_call
+            extra = {"norm_eps": 1e-5} if norm else {}
+            call = make(dtype, rows, cols, t, accumulate=variant == "accumulate", swiglu=variant == "swiglu", **extra)
+            qs = parts["qs"] + (np.ones(cols, "<f4").tobytes() if norm else b"")
+            out_rows = rows // 2 if variant == "swiglu" else rows
+            x = b.upload(rng.standard_normal((t, cols), dtype=np.float32), "x")
+            y = b.ctx.buffer(t * out_rows * 4, "y")
+            dispatches, n = await b.call(call, [b.upload(qs, "qs"), b.upload(parts[list(parts)[1]], "s"), x, y])
+            moved = weight_bytes + t * cols * 4 + t * out_rows * 4 * (2 if variant == "accumulate" else 1)
+            await b.row(f"{name}:{kind}_{dtype}", phase, dispatches, moved, n, rows=rows, cols=cols, tokens=t)
+
+
+async def attention_rows(b: Bench, contexts: list[int], prefill: int, decode: bool, rng) -> None:
+    cfg, bs = SMOLLM2, 16
+    layout = KVLayout(-(-max(contexts + [prefill]) // bs) + 1, bs, cfg.n_kv_heads, cfg.head_dim, "f16")
+    kk = await KVKernels(b.ctx, layout, cfg.n_heads).compile()
+    cache = KVCacheBuffers(b.ctx, layout)
+    kv_token = 2 * layout.token_bytes  # K and V of one token
+    q_bytes = cfg.n_heads * cfg.head_dim * 4
+    for context in contexts if decode else ():
+        table = rng.permutation(layout.num_blocks)[None, : -(-context // bs)]  # (1, blocks) scattered
+        p = kk.prepare_paged_attention(cache, np.zeros((1, cfg.n_heads, cfg.head_dim), np.float32), table,
+                                       np.array([context]))
+        await b.row("paged_attention", "decode", p.dispatches, context * kv_token + 2 * q_bytes,
+                    invocations(kk, p.dispatches), context=context, passes=len(p.dispatches))
+        p.destroy()
+    if not decode:
+        table = rng.permutation(layout.num_blocks)[None, : -(-prefill // bs)]
+        p = kk.prepare_prefill_attention(cache, np.zeros((prefill, cfg.n_heads, cfg.head_dim), np.float32),
+                                         np.array([0, prefill]), table, np.array([prefill]))
+        await b.row("paged_prefill_attention", "prefill", p.dispatches, prefill * (kv_token + 2 * q_bytes),
+                    invocations(kk, p.dispatches), context=prefill, tokens=prefill)
+        p.destroy()
+    cache.destroy()
+
+
+async def small_rows(b: Bench, names: list[str], rng) -> None:
+    cfg = SMOLLM2
+    if "rmsnorm" in names:
+        x = b.upload(rng.standard_normal(cfg.hidden, dtype=np.float32), "x")
+        d, n = await b.call(ops.rmsnorm_call(cfg.hidden, 1, cfg.rms_eps), [x, x, b.ctx.buffer(cfg.hidden * 4, "o")])
+        await b.row("rmsnorm", "decode", d, 3 * cfg.hidden * 4, n, hidden=cfg.hidden)
+    if "rope" in names:
+        width = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+        outs = [b.ctx.buffer(w * 4, "out") for w in (cfg.hidden, cfg.kv_dim, cfg.kv_dim)]
+        table = b.upload(rope_cos_sin(cfg.head_dim, cfg.rope_base, cfg.context_length), "cos_sin")
+        d, n = await b.call(ops.rope_call(1, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
+                            [b.upload(np.zeros(width, np.float32), "qkv"), *outs,
+                             b.upload(np.array([8000], np.int32), "pos"), table])
+        await b.row("rope", "decode", d, 2 * width * 4 + (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim * 4, n)
+    if "argmax" in names:
+        logits = b.upload(rng.standard_normal(cfg.vocab, dtype=np.float32), "logits")
+        d, n = await b.call(ops.argmax_call(cfg.vocab, 1), [logits, b.ctx.buffer(16, "ids")])
+        await b.row("argmax", "decode", d, cfg.vocab * 4, n, vocab=cfg.vocab)
+
+
+async def decode_step(ctx, context: int, reps: int) -> dict:
+    """WebGpuBackend.forward of one sequence's decode token at `context` (random SmolLM2-shaped weights)."""
+    from pagedkv.backends.webgpu.backend import WebGpuBackend
+
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = write_model(tmp, SMOLLM2, random_tensors(SMOLLM2), {}, "", {"file": "random", "sha256": None})
+
+        async def shard(name: str) -> bytes:
+            with open(f"{tmp}/{name}", "rb") as f:
+                return f.read()
+
+        backend = await WebGpuBackend.create(ctx, manifest, shard, budget_bytes=1 << 30, block_size=16)
+    bs, pos = backend.block_size, context - 1
+    table = np.zeros((1, backend.max_blocks_per_seq), np.int32)
+    table[0, : -(-context // bs)] = np.random.default_rng(1).permutation(backend.num_blocks)[: -(-context // bs)]
+    batch = ForwardBatch(np.array([17], np.int32), np.array([pos], np.int32),
+                         np.array([table[0, pos // bs] * bs + pos % bs], np.int32), np.array([0, 1], np.int32),
+                         table, np.array([context], np.int32))
+    await backend.forward(batch, greedy=True)  # records and validates the plan
+    walls = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        await backend.forward(batch, greedy=True)
+        walls.append((time.perf_counter() - t0) * 1e3)
+    weights = backend.ledger.by_kind()["weights"]
+    nbytes = weights + context * backend.bytes_per_token
+    backend.destroy()
+    return {"context": context, "timer": "wall (forward: write inputs, replay, read ids)",
+            "ms_median": float(np.median(walls)), "ms_min": min(walls), "bytes": nbytes, "weights_bytes": weights,
+            "gb_s": nbytes / min(walls) / 1e6, "tok_s": 1000 / min(walls)}
+
+
+async def measure(ctx, kernels: list[str], quick: bool) -> dict:
+    """Every figure of this benchmark on the device `ctx` (any device.GpuDevice)."""
+    repeats, runs = (3, 3) if quick else (10, 5)
+    contexts, prefill = ([256, 1024], 32) if quick else ([256, 1024, 4096], 128)
+    b = Bench(ctx, repeats, runs)
+    rng = np.random.default_rng(0)
+    nbytes = (16 if quick else 64) << 20
+    data = b.upload(rng.integers(0, 2**32, nbytes // 4, dtype=np.uint32), "stream")
+    d, n = await b.call(ops.stream_read_call(nbytes), [data, ctx.buffer(256 * 64 * 4, "stream.out")])
+    stream = await b.row("stream_read", "roofline", d, nbytes, n)
+    b.stream_gb_s = stream["gb_s"]
+    stream["fraction_of_stream_read"] = 1.0
+    await linear_rows(b, [k for k in kernels if k in LINEAR], prefill, rng)
+    for decode, name in ((True, "decode_attention"), (False, "prefill_attention")):
+        if name in kernels:
+            await attention_rows(b, contexts, prefill, decode, rng)
+    await small_rows(b, kernels, rng)
+    info = ctx.info
+    out = {"adapter": {"name": info.name, "backend": info.backend, "features": list(info.features),
+                       "limits": info.limits},
+           "quick": quick, "repeats": repeats, "runs": runs, "stream_read_gb_s": b.stream_gb_s, "kernels": b.rows}
+    if "decode_step" in kernels:
+        step = await decode_step(ctx, contexts[-1], repeats)
+        step["fraction_of_stream_read"] = step["gb_s"] / b.stream_gb_s
+        out["decode_step"] = step
+    return out
+
+
+PAGE = """
+import json
+from bench.kernels import measure
+from pagedkv.backends.webgpu.device import open_device
+json.dumps(await measure(await open_device(), {kernels!r}, {quick!r}))
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", choices=("wgpu", "browser"), required=True,
+                        help="wgpu: a native adapter through wgpu-py; browser: headless Chromium's WebGPU")
+    parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions, smaller shapes")
+    parser.add_argument("--json", action="store_true", help="print one JSON document (always written to results/)")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    if args.backend == "wgpu":
+        import asyncio
+
+        from pagedkv.backends.webgpu.native import NativeDevice
+
+        async def run() -> dict:
+            return await measure(await NativeDevice.create(), args.kernels, args.quick)
+
+        result = asyncio.run(run())
+    else:
+        from bench.browser import session
+
+        with session() as page:
+            page.install_bench("kernels.py")
+            result = page.py(PAGE.format(kernels=args.kernels, quick=args.quick))
+    result.update({"benchmark": "kernels", "backend": args.backend, "wall_s": round(time.perf_counter() - t0, 1),
+                   "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    text = json.dumps(result, indent=1)
+    _path.RESULTS.mkdir(parents=True, exist_ok=True)
+    (_path.RESULTS / f"kernels_{args.backend}.json").write_text(text + "\n")
+    print(text if args.json else table(result))
+    return 0
+
+
+def table(result: dict) -> str:
+    """The figures as aligned text lines, for a person at a terminal."""
+    lines = [f"{result['adapter']['name']} ({result['adapter']['backend'] or result['backend']}); "
+             f"stream read {result['stream_read_gb_s']:.2f} GB/s"]
+    for r in result["kernels"] + ([dict(result["decode_step"], kernel="decode_step", phase="step")]
+                                  if "decode_step" in result else []):
+        lines.append(f"{r['kernel']:<32} {r['phase']:<8} {r['ms_min']:9.3f} ms {r['gb_s']:8.2f} GB/s "
+                     f"{r['fraction_of_stream_read']:6.1%}  {r['timer']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""`python3 -m pagedkv generate --backend wgpu`: one request through LLMEngine on a WebGpuBackend over a native
+(wgpu-py) device, timed as the page times it (bench/generate.py): time to first token, prefill and decode rates."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from ...engine import EngineConfig, LLMEngine
+from ...gpu_budget import MIB
+from ...model.weights import read_manifest
+from ...sampling import SamplingParams
+from ...tokenizer import Tokenizer
+from .backend import WebGpuBackend
+from .native import NativeDevice
+
+
+async def load_backend(model_dir: Path, *, budget_mib: int, block_size: int, max_num_batched_tokens: int,
+                       max_num_seqs: int) -> tuple[NativeDevice, WebGpuBackend, dict]:
+    """A native device and the model of `model_dir` on it: (device, backend, manifest)."""
+    manifest = read_manifest(model_dir)
+    ctx = await NativeDevice.create()
+
+    async def shard(name: str) -> bytes:
+        return (Path(model_dir) / name).read_bytes()
+
+    backend = await WebGpuBackend.create(ctx, manifest, shard, budget_bytes=budget_mib * MIB, block_size=block_size,
+                                         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+    return ctx, backend, manifest
+
+
+async def generate_timed(model_dir: Path, prompt_ids: Sequence[int], params: SamplingParams, *, budget_mib: int,
+                         block_size: int) -> dict:
+    """Generate on the native device; returns output_ids, finish_reason, timings and the adapter."""
+    config = EngineConfig(max_num_batched_tokens=max(256, len(prompt_ids)))
+    ctx, backend, manifest = await load_backend(model_dir, budget_mib=budget_mib, block_size=block_size,
+                                                max_num_batched_tokens=config.max_num_batched_tokens,
+                                                max_num_seqs=config.max_num_seqs)
+    try:
+        engine = LLMEngine(backend, Tokenizer.from_manifest(manifest), config)
+        t0 = time.perf_counter()
+        request = engine.request(engine.add_request(list(prompt_ids), params))
+        t_first = None
+        while engine.has_unfinished:
+            await engine.step()
+            if t_first is None and request.output_ids:
+                t_first = time.perf_counter()
+        t_end = time.perf_counter()
+    finally:
+        backend.destroy()
+    decoded = len(request.output_ids) - 1
+    timings = {"ttft_ms": round(1000 * (t_first - t0), 1), "prefill_tok_s": round(len(prompt_ids) / (t_first - t0), 2),
+               "decode_tok_s": round(decoded / (t_end - t_first), 2) if decoded > 0 else None}
+    info = ctx.info
+    adapter = {"name": info.name, "backend": info.backend, "features": list(info.features)}
+    return {"output_ids": request.output_ids, "finish_reason": request.finish_reason, "timings": timings,
+            "adapter": adapter}

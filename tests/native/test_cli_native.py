@@ -1,0 +1,30 @@
+"""`python3 -m pagedkv generate --backend wgpu`, run as a real subprocess on lavapipe (tests/test_cli.py: CPU)."""
+from __future__ import annotations
+
+import json
+
+from model_fixtures import tiny_dir  # noqa: F401  (fixture)
+from test_cli import CHAT, run_cli, write_messages
+
+
+def test_generate_on_wgpu_prints_the_cpu_json_plus_timings_and_adapter(tiny_dir, tmp_path, native_device):  # noqa: F811
+    messages = write_messages(tmp_path, CHAT)
+    args = ("generate", "--model", str(tiny_dir), "--messages-json", messages, "--max-tokens", "8", "--greedy", "--json")
+    gpu = run_cli(*args, "--backend", "wgpu")
+    assert gpu.returncode == 0, gpu.stderr
+    cpu = json.loads(run_cli(*args).stdout)
+    out = json.loads(gpu.stdout)
+    assert list(out) == ["prompt_ids", "output_ids", "text", "timings", "adapter"]
+    assert {k: out[k] for k in ("prompt_ids", "output_ids", "text")} == cpu
+    assert out["output_ids"] == [321, 321, 321, 321, 242, 242, 242, 242]
+    assert sorted(out["timings"]) == ["decode_tok_s", "prefill_tok_s", "ttft_ms"]
+    assert out["timings"]["ttft_ms"] > 0 and out["timings"]["decode_tok_s"] > 0
+    assert out["adapter"] == {"name": native_device.info.name, "backend": native_device.info.backend,
+                              "features": list(native_device.info.features)}
+
+
+def test_backend_choices_are_documented_and_checked(tmp_path):
+    help_text = run_cli("generate", "--help").stdout
+    assert "{cpu,wgpu}" in help_text and "wgpu-py" in help_text
+    bad = run_cli("generate", "--messages-json", write_messages(tmp_path, CHAT), "--backend", "metal")
+    assert bad.returncode == 2 and "argument --backend: invalid choice: 'metal'" in bad.stderr
