@@ -44,6 +44,7 @@ BENCHMARKS = {
     "kv_kernels": ["bench.kv_kernels"],
     "model_kernels": ["bench.model_kernels"],
     "kernels_wgpu": ["bench.kernels", "--backend", "wgpu", "--json"],
+    "kernels_browser": ["bench.kernels", "--backend", "browser", "--json"],
     "roofline": ["bench.roofline"],
     "ttft": ["bench.ttft"],
     "webgpu_engine": ["bench.webgpu_engine"],
@@ -56,8 +57,8 @@ BENCHMARKS = {
 # Run in their quick form unless --only names them.
 LONG = ("kv_quality_window", "long_chat")
 # Browser benchmarks that take their page from bench.harness.session(): run in one page.
-ONE_PAGE = ("kv_browser", "kv_kernels", "model_kernels", "roofline", "ttft", "webgpu_engine", "concurrency", "wllama",
-            "long_chat")
+ONE_PAGE = ("kv_browser", "kv_kernels", "kernels_browser", "model_kernels", "roofline", "ttft", "webgpu_engine",
+            "concurrency", "wllama", "long_chat")
 
 
 def child_env(quick: bool, out_dir: Path) -> dict:

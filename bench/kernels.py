@@ -7,8 +7,8 @@ submits and a wait; `timer` says which), bytes it must move, achieved GB/s and t
 adapter's streaming-read bandwidth (shaders/stream_read.wgsl, measured first), invocations launched; then a
 whole decode step (WebGpuBackend.forward, one sequence, greedy, its wall time). Weights are random at
 SmolLM2's shapes (times do not depend on the values), so no model file is needed: the same run works on any
-machine with `pip install wgpu` and a Vulkan / Metal / D3D12 driver. Prints JSON, writes
-bench/results/kernels_<backend>.json. A figure, never a pass/fail.
+machine with `pip install wgpu` and a Vulkan / Metal / D3D12 driver. Prints JSON (`python3 -m bench --only
+kernels_wgpu kernels_browser` saves it under bench/results/). A figure, never a pass/fail.
 
 measure() runs where the device is: in this process for wgpu, in the page's worker for browser (the page
 imports this file as bench.kernels; nothing at its top needs CPython).
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="wgpu: a native adapter through wgpu-py; browser: headless Chromium's WebGPU")
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, smaller shapes")
-    parser.add_argument("--json", action="store_true", help="print one JSON document (always written to results/)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     if args.backend == "wgpu":
@@ -251,17 +251,15 @@ def main(argv: list[str] | None = None) -> int:
 
         result = asyncio.run(run())
     else:
-        from bench.browser import session
+        from bench.harness.browser import session
 
         with session() as page:
             page.install_bench("kernels.py")
             result = page.py(PAGE.format(kernels=args.kernels, quick=args.quick))
     result.update({"benchmark": "kernels", "backend": args.backend, "wall_s": round(time.perf_counter() - t0, 1),
                    "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    text = json.dumps(result, indent=1)
-    _path.RESULTS.mkdir(parents=True, exist_ok=True)
-    (_path.RESULTS / f"kernels_{args.backend}.json").write_text(text + "\n")
-    print(text if args.json else table(result))
+    # The runner (`python3 -m bench --only kernels_wgpu`) saves the JSON; run alone, this only prints.
+    print(json.dumps(result, indent=1) if args.json else table(result))
     return 0
 
 
