@@ -13,6 +13,7 @@ import time
 
 from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
 import build
+import serve
 from bench._path import emit
 from bench.harness import ensure_built
 
@@ -30,7 +31,7 @@ def measure(runs: int) -> dict:
     from playwright.sync_api import sync_playwright
 
     ensure_built()
-    server = build.make_server("127.0.0.1", 0)
+    server = serve.make_server("127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/"
     cold, warm = [], []
