@@ -47,6 +47,7 @@ BENCHMARKS = {
     "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
     # Full run (~1 h on SwiftShader, results/long_chat.json): python3 -m bench.long_chat, then --cpu-reference
     "long_chat_quick": ["bench.long_chat", "--quick"],
+    "soak": ["bench.soak"],
 }
 
 # Browser benchmarks that take their page from bench.browser.session(): run in one page (bench/one_page.py).
