@@ -188,6 +188,7 @@ class Soak:
         (cid,) = new
         self.page.wait_for_selector(f'html[data-chat="{cid}"]', state="attached")
         self.created.add(cid)
+        self.deleted.discard(cid)  # after a reload the worker may hand out a deleted chat's id again
 
     def switch(self) -> None:
         current = self.dataset().get("chat")
