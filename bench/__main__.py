@@ -53,6 +53,7 @@ BENCHMARKS = {
     "wllama": ["bench.wllama"],
     "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
     "long_chat": ["bench.long_chat"],  # full form ~1 h on SwiftShader; then `-- --cpu-reference` merges its part
+    "soak": ["bench.soak"],  # the chat page under random Send / Stop / Regenerate / Delete / New chat / reload
 }
 # Run in their quick form unless --only names them.
 LONG = ("kv_quality_window", "long_chat")

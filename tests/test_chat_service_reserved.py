@@ -21,3 +21,22 @@ def test_without_reserved_ids_new_chats_follow_the_restored_ones(service):  # no
     svc, _ = service
     svc.handle({"type": "restore", "chats": [{"id": "chat-3", "title": "Kept", "checkpoint": [[], [], ""]}]})
     assert svc.new_chat().chat_id == "chat-4"
+
+
+def test_a_reply_cut_off_before_its_first_token_comes_back_as_an_empty_reply(service):  # noqa: F811
+    svc, posts = service
+    chat = svc.new_chat()
+    chat.conversation.add_user("hi")
+    messages, ids, text = chat.conversation.checkpoint()
+    asked = [list(messages), list(ids), text]
+    # The page saved the chat at the reply's start (streaming, no token yet), then the tab was reloaded.
+    svc.handle({"type": "restore", "chats": [
+        {"id": "chat-4", "title": "Cut", "checkpoint": asked, "partial_ids": [], "streaming": True},
+        {"id": "chat-5", "title": "Asked", "checkpoint": asked, "partial_ids": []}]})
+    assert of(posts, "chat-error") == []
+    cut = svc.chats["chat-4"].conversation
+    assert cut.messages == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]
+    tok = svc.engine.tokenizer
+    assert cut.ids == list(ids) + tok.encode("<|im_start|>assistant\n") + tok.encode("<|im_end|>\n")
+    assert [p["checkpoint"][1] for p in of(posts, "chat-saved") if p["chat"] == "chat-4"] == [cut.ids]
+    assert svc.chats["chat-5"].conversation.messages == [{"role": "user", "content": "hi"}]

@@ -36,7 +36,8 @@ export async function restoreChats() {
   }
   const reserved = [...Object.keys(ui.foreign), ...unreadable.map((rec) => String(rec.id))];
   ui.worker.postMessage({ type: "restore", reserved, chats: mine.map((r) => ({ id: r.id, title: r.title,
-    checkpoint: r.checkpoint, before_reply: r.before_reply, partial_ids: r.partial_ids || [] })) });
+    checkpoint: r.checkpoint, before_reply: r.before_reply, partial_ids: r.partial_ids || [],
+    streaming: !!r.streaming })) });
   const n = unreadable.length;
   $("store-note").hidden = !n;
   $("store-note").textContent = n ? `${n} saved chat${n > 1 ? "s" : ""} could not be read (left as stored)` : "";

@@ -127,7 +127,7 @@ class ChatService(RemoteTurns):
     def restore(self, saved: list[dict], reserved=()) -> None:
         """Recreate chats saved by the page (IndexedDB) with their exact token history.
 
-        A reply that was cut off by a reload comes back as `partial_ids`: it is kept
+        A reply that was cut off by a reload comes back as `partial_ids` (with `streaming` set): it is kept
         as the assistant's message, and the page marks it interrupted. With nothing
         saved, a fresh chat is opened. `reserved` are ids of saved chats not restored here (records the
         page could not read, chats of another model): no new chat takes them, so none is written over.
@@ -137,12 +137,15 @@ class ChatService(RemoteTurns):
             conv = Conversation(self.engine.tokenizer, self.template)
             conv.rollback(tuple(record["checkpoint"]))
             partial = [int(t) for t in record.get("partial_ids") or []]
-            if partial:
+            # A reply cut off before its first token is an empty reply, as the page shows it (and as Stop
+            # leaves it): without it the next message would follow the user's with no reply between.
+            cut = partial or (record.get("streaming") and conv.messages and conv.messages[-1]["role"] == "user")
+            if cut:
                 conv.add_generated(partial)
             self.chats[chat_id] = Chat(chat_id, str(record.get("title") or chat_id), conv)
             if record.get("before_reply"):
                 self.chats[chat_id].before_reply = tuple(record["before_reply"])
-            if partial:
+            if cut:
                 self.post_saved(self.chats[chat_id])
         highest = 0
         for chat_id in [*self.chats, *map(str, reserved)]:

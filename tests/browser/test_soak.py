@@ -1,0 +1,20 @@
+"""The soak's short form (bench/soak.py): random Send / Stop / Regenerate / Delete / New chat / switch / reload on
+the tiny model, then nothing lost, nothing left behind."""
+from __future__ import annotations
+
+from bench.soak import KINDS, MODEL_QUERY, run_soak
+from conftest import open_and_boot, wait_model
+
+
+def test_a_short_soak_loses_nothing_and_leaks_no_block(browser, base_url):
+    booted = open_and_boot(browser, base_url + MODEL_QUERY)
+    try:
+        wait_model(booted)
+        result = run_soak(booted.page, turns=24, seed=3, reload_every=12)
+    finally:
+        booted.page.close()
+    figures = {k: result[k] for k in ("errors", "chats_lost", "history_mismatches", "blocks_leaked")}
+    assert figures == {"errors": 0, "chats_lost": 0, "history_mismatches": 0, "blocks_leaked": 0}, result
+    assert result["details"]["chats_back_after_delete"] == [], result
+    assert result["turns"] == 24
+    assert all(result["actions"][kind] >= 1 for kind in KINDS), result["actions"]
