@@ -123,6 +123,21 @@ def test_call_geometry_and_uniforms():
     assert alu.shader == "alu_peak" and alu.workgroups == (8, 1, 1) and alu.params[:4] == np.array([1000], "<u4").tobytes()
 
 
+def test_gpu_family_matvec_geometry():
+    """One workgroup per 8 rows of one token, whatever the workgroup size; the shader names the reduction."""
+    call = ops.matvec_gpu_call("q4_1", 3072, 576, 2, subgroups=True, norm_eps=1e-5, swiglu=True)
+    assert call.shader == "matvec_gpu_sg_q4_1" and call.workgroups == (384, 2, 1)
+    assert call.constants == (("WORKGROUP_SIZE", 64), ("NORM", 1), ("SWIGLU", 1))
+    assert call.params == ops.matvec_call("q4_1", 3072, 576, 2, norm_eps=1e-5, swiglu=True).params
+    tree = ops.matvec_gpu_call("q8_0", 49152, 576, 1, subgroups=False, workgroup_size=256)
+    assert tree.shader == "matvec_gpu_q8_0" and tree.workgroups == (6144, 1, 1)
+    assert ops.matvec_gpu_call("q4_1", 37, 96, 3, subgroups=False).workgroups == (5, 3, 1)
+    with pytest.raises(ValueError, match=r"\(64, 128, 256\) threads, got 32"):
+        ops.matvec_gpu_call("q4_1", 576, 576, 1, subgroups=True, workgroup_size=32)
+    with pytest.raises(ValueError, match="SWIGLU needs rows a multiple of 8"):
+        ops.matvec_gpu_call("q4_1", 36, 576, 1, subgroups=True, swiglu=True)
+
+
 def test_linear_call_picks_matvec_for_one_or_two_tokens_else_matmul():
     assert [ops.linear_call("q4_1", 576, 576, t).shader for t in (1, 2, 3, 512)] == [
         "matvec_q4_1", "matvec_q4_1", "matmul_q4_1", "matmul_q4_1"]

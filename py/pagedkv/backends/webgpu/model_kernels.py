@@ -19,6 +19,7 @@ MAX_WORKGROUPS_PER_DIM = 65535
 QUANTIZED = ("q4_1", "q8_0")
 MATVEC_ROWS = 8  # output rows per thread in matvec_*.wgsl (one token per thread)
 MATMUL_TILE = (8, 4)  # (rows, tokens) per thread in matmul_*.wgsl
+GPU_WORKGROUP_SIZES = (64, 128, 256)  # threads of a gpu-family matvec workgroup (a power of two: reduce_tree.wgsl)
 
 
 @dataclass(frozen=True)
@@ -87,15 +88,35 @@ def matvec_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: i
     """y (tokens, rows) = x (tokens, cols) @ W.T (y += ... when accumulate), decode-sized batches;
     with norm_eps, W @ rms_norm(x, g, norm_eps) where g (cols,) f32 follows the codes in qs;
     with swiglu, y (tokens, rows / 2) = silu(gate) * up; buffers: qs, dm|d, x, y, params."""
+    _check_matvec(dtype, rows, cols, tokens, accumulate, norm_eps, swiglu)
+    grid = (_ceil(_ceil(rows, MATVEC_ROWS), workgroup_size), tokens, 1)
+    constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu)
+    params = uniform_words(rows, cols, tokens, float(norm_eps or 0.0)).tobytes()
+    return KernelCall(f"matvec_{dtype}", constants, grid, params)
+
+
+def _check_matvec(dtype: str, rows: int, cols: int, tokens: int, accumulate: bool, norm_eps: float | None,
+                  swiglu: bool) -> None:
     _weight(dtype, rows, cols)
     _positive(tokens=tokens)
     _check_swiglu(rows, swiglu, accumulate)
     if norm_eps is not None and not norm_eps > 0:
         raise ValueError(f"norm_eps must be positive, got {norm_eps}")
-    grid = (_ceil(_ceil(rows, MATVEC_ROWS), workgroup_size), tokens, 1)
+
+
+def matvec_gpu_call(dtype: str, rows: int, cols: int, tokens: int, subgroups: bool, workgroup_size: int = 64,
+                    accumulate: bool = False, norm_eps: float | None = None, swiglu: bool = False) -> KernelCall:
+    """matvec_call's result from the gpu family (matvec_gpu_main.wgsl): one workgroup of workgroup_size
+    lanes (a power of two, 64..256) per 8 rows of one token, lanes along K; subgroups picks the kernel
+    that reduces with subgroup operations (the device must have the `subgroups` feature), else a
+    workgroup-memory tree. Same buffers as matvec_call."""
+    _check_matvec(dtype, rows, cols, tokens, accumulate, norm_eps, swiglu)
+    if workgroup_size not in GPU_WORKGROUP_SIZES:
+        raise ValueError(f"gpu-family matvec workgroups have {GPU_WORKGROUP_SIZES} threads, got {workgroup_size}")
+    grid = (_ceil(rows, MATVEC_ROWS), tokens, 1)
     constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu)
     params = uniform_words(rows, cols, tokens, float(norm_eps or 0.0)).tobytes()
-    return KernelCall(f"matvec_{dtype}", constants, grid, params)
+    return KernelCall(f"matvec_gpu_{'sg_' if subgroups else ''}{dtype}", constants, grid, params)
 
 
 def matmul_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32,
