@@ -116,6 +116,9 @@ def test_call_geometry_and_uniforms():
         ("WORKGROUP_SIZE", 32), ("ACCUMULATE", 1))
     assert ops.embedding_call(6, 576).workgroups == (3, 6, 1)
     assert ops.argmax_call(49152, 4).workgroups == (4, 1, 1)
+    assert ops.argmax_call(49152, 4, family="gpu").shader == "argmax_gpu"
+    with pytest.raises(ValueError, match="power-of-two workgroup size, got 96"):
+        ops.argmax_call(49152, 4, workgroup_size=96, family="gpu")
     assert ops.stream_read_call(2**20, workgroups=16).params[:8] == np.array([65536, 4096], "<u4").tobytes()
     with pytest.raises(ValueError, match="multiple of 65536"):
         ops.stream_read_call(2**20 + 16, workgroups=16)

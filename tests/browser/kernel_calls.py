@@ -141,11 +141,11 @@ async def run_embedding(ctx, token_ids: np.ndarray, shape: tuple[int, int], part
     return out.reshape(token_ids.shape[0], hidden)
 
 
-async def run_argmax(ctx, logits: np.ndarray) -> np.ndarray:
-    """(S, vocab) f32 logits -> (S,) uint32 greedy ids on the GPU."""
+async def run_argmax(ctx, logits: np.ndarray, family: str = "cpu") -> np.ndarray:
+    """(S, vocab) f32 logits -> (S,) uint32 greedy ids on the GPU with the `family` kernel."""
     if logits.ndim != 2:
         raise ValueError(f"logits must be (sequences, vocab), got {logits.shape}")
-    call = argmax_call(logits.shape[1], logits.shape[0])
+    call = argmax_call(logits.shape[1], logits.shape[0], family=family)
     return await _run(ctx, call, [logits.astype(np.float32), None], 1, logits.shape[0] * 4, np.uint32)
 
 

@@ -126,13 +126,13 @@ async def case_embedding(vocab, hidden, token_ids, seed):
     return {"kernel": "embedding", "equal": bool(np.array_equal(got, want)), **_errors(got, want)}
 
 
-async def case_argmax(seqs, vocab, planted, seed):
+async def case_argmax(seqs, vocab, planted, seed, family="cpu"):
     """planted: per sequence, a list of indices that all get the row's maximum value (a tie)."""
     ctx = await _context()
     logits = np.random.default_rng(seed).standard_normal((seqs, vocab), dtype=np.float32)  # (S, vocab)
     for s, indices in enumerate(planted):
         logits[s, indices] = 50.0 + s
-    got = await calls.run_argmax(ctx, logits)
+    got = await calls.run_argmax(ctx, logits, family)
     return {"kernel": "argmax", "gpu": got.tolist(), "numpy": ref.argmax(logits).tolist()}
 
 

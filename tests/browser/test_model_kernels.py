@@ -159,11 +159,14 @@ def test_swiglu_fused_into_the_gate_up_projection(worker, kernel, family, dtype)
         assert r["max_scaled"] <= SWIGLU_REL_BOUND and r["max_rel"] <= LINEAR_REL_BOUND, r
 
 
-def test_argmax_is_exact_with_ties_to_the_lowest_index(worker):
+@pytest.mark.parametrize("family", ["cpu", "gpu"])
+def test_argmax_is_exact_with_ties_to_the_lowest_index(worker, family):
     planted = [[49151], [40000, 7, 12345], [0, 49151], [30001, 30000]]
-    results = run(worker, [f"case_argmax(4, 49152, {planted}, seed=9)", "case_argmax(1, 49152, [[24576]], seed=10)",
-                           "case_argmax(3, 1000, [[999], [5, 4], [500]], seed=11)"])
-    assert [r["gpu"] for r in results] == [[49151, 7, 0, 30000], [24576], [999, 4, 500]]
+    results = run(worker, [f"case_argmax(4, 49152, {planted}, seed=9, family='{family}')",
+                           f"case_argmax(1, 49152, [[24576]], seed=10, family='{family}')",
+                           f"case_argmax(3, 1000, [[999], [5, 4], [500]], seed=11, family='{family}')",
+                           f"case_argmax(2, 100, [[99], [3, 2, 1]], seed=12, family='{family}')"])  # vocab < threads
+    assert [r["gpu"] for r in results] == [[49151, 7, 0, 30000], [24576], [999, 4, 500], [99, 1]]
     assert [r["numpy"] for r in results] == [r["gpu"] for r in results]
 
 

@@ -19,6 +19,7 @@ MAX_WORKGROUPS_PER_DIM = 65535
 QUANTIZED = ("q4_1", "q8_0")
 MATVEC_ROWS = 8  # output rows per thread in matvec_*.wgsl (one token per thread)
 MATMUL_TILE = (8, 4)  # (rows, tokens) per thread in matmul_*.wgsl
+FAMILIES = ("cpu", "gpu")  # kernel families: cpu for software adapters (SwiftShader, lavapipe), gpu for real GPUs
 GPU_WORKGROUP_SIZES = (64, 128, 256)  # threads of a gpu-family matvec workgroup (a power of two: reduce_tree.wgsl)
 
 
@@ -170,11 +171,16 @@ def embedding_call(tokens: int, hidden: int, workgroup_size: int = 64) -> Kernel
                       (_ceil(hidden // 4, workgroup_size), tokens, 1), uniform_words(tokens, hidden).tobytes())
 
 
-def argmax_call(vocab: int, seqs: int, workgroup_size: int = 256) -> KernelCall:
-    """out (seqs,) u32 = argmax of each logits row (lowest index on ties); buffers: logits, out, params."""
+def argmax_call(vocab: int, seqs: int, workgroup_size: int = 256, family: str = "cpu") -> KernelCall:
+    """out (seqs,) u32 = argmax of each logits row (lowest index on ties); buffers: logits, out, params.
+    The gpu family (argmax_gpu.wgsl) combines the threads' winners with a tree: workgroup_size a power of two."""
     _positive(vocab=vocab, seqs=seqs)
-    return KernelCall("argmax", (("WORKGROUP_SIZE", workgroup_size),), (seqs, 1, 1),
-                      uniform_words(vocab, seqs).tobytes())
+    if family not in FAMILIES:
+        raise ValueError(f"kernel family must be one of {FAMILIES}, got {family!r}")
+    if family == "gpu" and workgroup_size & (workgroup_size - 1):
+        raise ValueError(f"argmax_gpu's tree needs a power-of-two workgroup size, got {workgroup_size}")
+    return KernelCall("argmax" if family == "cpu" else "argmax_gpu", (("WORKGROUP_SIZE", workgroup_size),),
+                      (seqs, 1, 1), uniform_words(vocab, seqs).tobytes())
 
 
 def stream_read_call(nbytes: int, workgroups: int = 256, workgroup_size: int = 64) -> KernelCall:
