@@ -141,6 +141,20 @@ def test_gpu_family_matvec_geometry():
         ops.matvec_gpu_call("q4_1", 36, 576, 1, subgroups=True, swiglu=True)
 
 
+def test_auto_kernel_family_is_cpu_on_software_adapters_only():
+    assert ops.choose_family("auto", "google / swiftshader / SwiftShader Device (Subzero)", False) == (
+        "cpu", "auto: google / swiftshader / SwiftShader Device (Subzero) is a software adapter (swiftshader)")
+    assert ops.choose_family("auto", "mesa / llvmpipe (LLVM 15.0.7, 256 bits)", False)[0] == "cpu"
+    assert ops.choose_family("auto", "google / swiftshader", True)[1] == (
+        "auto: google / swiftshader is a software adapter (isFallbackAdapter, swiftshader)")
+    assert ops.choose_family("auto", "unknown adapter", True) == (
+        "cpu", "auto: unknown adapter is a software adapter (isFallbackAdapter)")
+    assert ops.choose_family("auto", "nvidia / ampere", False) == ("gpu", "auto: nvidia / ampere is a hardware adapter")
+    assert ops.choose_family("gpu", "google / swiftshader", False) == ("gpu", "kernels=gpu was asked for")
+    with pytest.raises(ValueError, match="auto, cpu or gpu, got 'fast'"):
+        ops.choose_family("fast", "nvidia / ampere", False)
+
+
 def test_linear_call_picks_matvec_for_one_or_two_tokens_else_matmul():
     assert [ops.linear_call("q4_1", 576, 576, t).shader for t in (1, 2, 3, 512)] == [
         "matvec_q4_1", "matvec_q4_1", "matmul_q4_1", "matmul_q4_1"]

@@ -117,7 +117,44 @@ def matvec_gpu_call(dtype: str, rows: int, cols: int, tokens: int, subgroups: bo
     grid = (_ceil(rows, MATVEC_ROWS), tokens, 1)
     constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu)
     params = uniform_words(rows, cols, tokens, float(norm_eps or 0.0)).tobytes()
-    return KernelCall(f"matvec_gpu_{'sg_' if subgroups else ''}{dtype}", constants, grid, params)
+    return KernelCall(linear_kernel("gpu", subgroups, "matvec", dtype)[0], constants, grid, params)
+
+
+def linear_kernel(family: str, subgroups: bool, kind: str, dtype: str) -> tuple[str, int]:
+    """(shader, workgroup size) of a `kind` ("matvec" | "matmul") linear in kernel `family`: the gpu family
+    has its own matvec (matvec_gpu[_sg]_<dtype>, subgroups when the device has them); matmul (prefill) is
+    the cpu family's in both."""
+    if family not in FAMILIES:
+        raise ValueError(f"kernel family must be one of {FAMILIES}, got {family!r}")
+    if family == "gpu" and kind == "matvec":
+        return f"matvec_gpu_{'sg_' if subgroups else ''}{dtype}", GPU_WORKGROUP_SIZES[0]
+    return f"{kind}_{dtype}", 32
+
+
+def family_linear_call(family: str, subgroups: bool, dtype: str, rows: int, cols: int, tokens: int,
+                       accumulate: bool = False) -> KernelCall:
+    """linear_call for kernel `family`: where linear_call picks matvec, the gpu family runs its own."""
+    call = linear_call(dtype, rows, cols, tokens, accumulate)
+    if family == "gpu" and call.shader.startswith("matvec_"):
+        return matvec_gpu_call(dtype, rows, cols, tokens, subgroups, accumulate=accumulate)
+    return call
+
+
+SOFTWARE_ADAPTERS = ("swiftshader", "llvmpipe", "lavapipe")  # adapter info words of CPU-emulated WebGPU
+
+
+def choose_family(requested: str, adapter_name: str, fallback: bool) -> tuple[str, str]:
+    """(kernel family, why) for ?kernels=`requested` (auto | cpu | gpu) on the adapter named `adapter_name`
+    (vendor / architecture / description) whose isFallbackAdapter is `fallback`: auto picks the cpu family
+    on software adapters, whose kernels were shaped for them, and the gpu family elsewhere."""
+    if requested not in ("auto", *FAMILIES):
+        raise ValueError(f"kernels must be auto, cpu or gpu, got {requested!r}")
+    if requested != "auto":
+        return requested, f"kernels={requested} was asked for"
+    signs = ["isFallbackAdapter"] * fallback + [word for word in SOFTWARE_ADAPTERS if word in adapter_name.lower()]
+    if signs:
+        return "cpu", f"auto: {adapter_name} is a software adapter ({', '.join(signs)})"
+    return "gpu", f"auto: {adapter_name} is a hardware adapter"
 
 
 def matmul_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32,
