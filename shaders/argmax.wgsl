@@ -6,14 +6,7 @@
 
 //#include argmax_common.wgsl
 
-@compute @workgroup_size(WORKGROUP_SIZE)
-fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index) lid : u32) {
-  let s = wid.x;
-  if (s >= params.seqs) {
-    return;
-  }
-  scan(s, lid);
-  workgroupBarrier();
+fn combine(s : u32, lid : u32) {
   if (lid == 0u) {
     var value = best_value[0];
     var index = best_index[0];

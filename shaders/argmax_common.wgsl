@@ -1,6 +1,7 @@
 // Shared by argmax.wgsl (cpu family) and argmax_gpu.wgsl (gpu family), expanded at their
 // `//#include argmax_common.wgsl` line: bindings, and each thread's scan of a strided slice of one
-// logits row in increasing index order, published in workgroup memory. Logits are assumed finite (no NaN).
+// logits row in increasing index order, published in workgroup memory; the including kernel's
+// combine(s, lid) writes out[s] from best_*. Logits are assumed finite (no NaN).
 
 struct Params {
   vocab : u32,
@@ -38,4 +39,15 @@ fn scan(s : u32, lid : u32) {
   }
   best_value[lid] = value;
   best_index[lid] = index;
+}
+
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index) lid : u32) {
+  let s = wid.x;
+  if (s >= params.seqs) {  // a whole workgroup: combine() may hold barriers
+    return;
+  }
+  scan(s, lid);
+  workgroupBarrier();
+  combine(s, lid);
 }

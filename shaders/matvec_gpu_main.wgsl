@@ -57,12 +57,5 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   if (lid != 0u) {
     return;
   }
-  if (SWIGLU) {
-    put_act(t, r0, lo, hi);
-    return;
-  }
-  put4(t, r0, lo);
-  if (params.rows - r0 > 4u) {
-    put4(t, r0 + 4u, hi);
-  }
+  put8(t, r0, lo, hi);
 }
