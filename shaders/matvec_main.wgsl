@@ -63,12 +63,5 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
     lo *= inv_rms;
     hi *= inv_rms;
   }
-  if (SWIGLU) {
-    put_act(t, r0, lo, hi);
-    return;
-  }
-  put4(t, r0, lo);
-  if (params.rows - r0 > 4u) {
-    put4(t, r0 + 4u, hi);
-  }
+  put8(t, r0, lo, hi);
 }

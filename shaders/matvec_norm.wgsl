@@ -1,6 +1,14 @@
 // NORM prologue shared by the matvec_* kernels (expanded by ShaderLibrary at their `//#include
 // matvec_norm.wgsl` line). The including kernel defines CODE_WORDS_PER_BLOCK (vec4 words of codes per
-// 32-weight block) and binds `qs`, `params`.
+// 32-weight block) and binds `qs`; `params` is declared here for every matvec kernel (both families).
+
+struct Params {
+  rows : u32,
+  cols : u32,     // multiple of 32
+  tokens : u32,
+  eps : f32,     // NORM only
+}
+@group(0) @binding(4) var<uniform> params : Params;
 
 // NORM: y = W @ (rms_norm(x) * g), the RMSNorm fused into the projection it feeds. x is then the raw
 // residual stream; each thread sums the squares of the activations it loads anyway and scales its sums

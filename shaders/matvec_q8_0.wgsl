@@ -6,31 +6,9 @@
 // block as two vec4<u32> of int8 codes + one f16 scale. No workgroup barriers and
 // no private arrays (both are slow there). Rows past the end are clamped and not written.
 
-struct Params {
-  rows : u32,
-  cols : u32,     // multiple of 32
-  tokens : u32,
-  eps : f32,     // NORM only
-}
-
-@group(0) @binding(0) var<storage, read> qs : array<vec4<u32>>;  // (rows, cols/32, 2): 16 int8 codes per vec4
-@group(0) @binding(1) var<storage, read> d : array<u32>;         // (rows * cols/32) f16 scales, two per u32
-@group(0) @binding(2) var<storage, read> x : array<vec4<f32>>;   // (tokens, cols/4)
-@group(0) @binding(3) var<storage, read_write> y : array<f32>;   // (tokens, rows)
-@group(0) @binding(4) var<uniform> params : Params;
+//#include q8_0_weights.wgsl
 
 override WORKGROUP_SIZE : u32 = 32u;
-const CODE_WORDS_PER_BLOCK : u32 = 2u;  // vec4<u32> words of codes per 32-weight block
-//#include matvec_norm.wgsl
-//#include quant_epilogue.wgsl
-
-// The four little-endian int8 codes q of one word as q / 127 (one builtin, far cheaper on
-// SwiftShader than shift / shift / convert); the block scale carries the factor 127 back.
-// Right (to f32 rounding of q / 127) for q in [-127, 127], every code Q8_0 quantization
-// writes (scale amax / 127); -128 would read as -127, so model_kernels.check_q8_0_codes refuses weights containing it.
-fn codes(w : u32) -> vec4<f32> {
-  return unpack4x8snorm(w);
-}
 
 // One row's contribution from block i (row * cols/32 + b): its 32 activations are x0..x7.
 fn block(i : u32, x0 : vec4<f32>, x1 : vec4<f32>, x2 : vec4<f32>, x3 : vec4<f32>,

@@ -40,3 +40,16 @@ fn put4(t : u32, r0 : u32, acc : vec4<f32>) {
   if (n > 2u) { put(o + 2u, acc.z); }
   if (n > 3u) { put(o + 3u, acc.w); }
 }
+
+// A matvec's 8 rows r0..r0+7 of token t (lo, hi): silu(gate) * up of its 4 gate / 4 up rows (SWIGLU), else
+// the rows that exist.
+fn put8(t : u32, r0 : u32, lo : vec4<f32>, hi : vec4<f32>) {
+  if (SWIGLU) {
+    put_act(t, r0, lo, hi);
+    return;
+  }
+  put4(t, r0, lo);
+  if (params.rows - r0 > 4u) {
+    put4(t, r0 + 4u, hi);
+  }
+}

@@ -116,11 +116,43 @@ def test_call_geometry_and_uniforms():
         ("WORKGROUP_SIZE", 32), ("ACCUMULATE", 1))
     assert ops.embedding_call(6, 576).workgroups == (3, 6, 1)
     assert ops.argmax_call(49152, 4).workgroups == (4, 1, 1)
+    assert ops.argmax_call(49152, 4, family="gpu").shader == "argmax_gpu"
+    with pytest.raises(ValueError, match="power-of-two workgroup size, got 96"):
+        ops.argmax_call(49152, 4, workgroup_size=96, family="gpu")
     assert ops.stream_read_call(2**20, workgroups=16).params[:8] == np.array([65536, 4096], "<u4").tobytes()
     with pytest.raises(ValueError, match="multiple of 65536"):
         ops.stream_read_call(2**20 + 16, workgroups=16)
     alu = ops.alu_peak_call(1000, workgroups=8)
     assert alu.shader == "alu_peak" and alu.workgroups == (8, 1, 1) and alu.params[:4] == np.array([1000], "<u4").tobytes()
+
+
+def test_gpu_family_matvec_geometry():
+    """One workgroup per 8 rows of one token, whatever the workgroup size; the shader names the reduction."""
+    call = ops.matvec_gpu_call("q4_1", 3072, 576, 2, subgroups=True, norm_eps=1e-5, swiglu=True)
+    assert call.shader == "matvec_gpu_sg_q4_1" and call.workgroups == (384, 2, 1)
+    assert call.constants == (("WORKGROUP_SIZE", 64), ("NORM", 1), ("SWIGLU", 1))
+    assert call.params == ops.matvec_call("q4_1", 3072, 576, 2, norm_eps=1e-5, swiglu=True).params
+    tree = ops.matvec_gpu_call("q8_0", 49152, 576, 1, subgroups=False, workgroup_size=256)
+    assert tree.shader == "matvec_gpu_q8_0" and tree.workgroups == (6144, 1, 1)
+    assert ops.matvec_gpu_call("q4_1", 37, 96, 3, subgroups=False).workgroups == (5, 3, 1)
+    with pytest.raises(ValueError, match=r"\(64, 128, 256\) threads, got 32"):
+        ops.matvec_gpu_call("q4_1", 576, 576, 1, subgroups=True, workgroup_size=32)
+    with pytest.raises(ValueError, match="SWIGLU needs rows a multiple of 8"):
+        ops.matvec_gpu_call("q4_1", 36, 576, 1, subgroups=True, swiglu=True)
+
+
+def test_auto_kernel_family_is_cpu_on_software_adapters_only():
+    assert ops.choose_family("auto", "google / swiftshader / SwiftShader Device (Subzero)", False) == (
+        "cpu", "auto: google / swiftshader / SwiftShader Device (Subzero) is a software adapter (swiftshader)")
+    assert ops.choose_family("auto", "mesa / llvmpipe (LLVM 15.0.7, 256 bits)", False)[0] == "cpu"
+    assert ops.choose_family("auto", "google / swiftshader", True)[1] == (
+        "auto: google / swiftshader is a software adapter (isFallbackAdapter, swiftshader)")
+    assert ops.choose_family("auto", "unknown adapter", True) == (
+        "cpu", "auto: unknown adapter is a software adapter (isFallbackAdapter)")
+    assert ops.choose_family("auto", "nvidia / ampere", False) == ("gpu", "auto: nvidia / ampere is a hardware adapter")
+    assert ops.choose_family("gpu", "google / swiftshader", False) == ("gpu", "kernels=gpu was asked for")
+    with pytest.raises(ValueError, match="auto, cpu or gpu, got 'fast'"):
+        ops.choose_family("fast", "nvidia / ampere", False)
 
 
 def test_linear_call_picks_matvec_for_one_or_two_tokens_else_matmul():

@@ -12,7 +12,7 @@ from pagedkv.model.config import ModelConfig
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 512, 1e5, "adjacent_pairs", 1e-5, 256, True)
 
 
-def fake_backend():
+def fake_backend(kernels: str = "cpu", subgroups: bool = False):
     ctx = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": 65535}))
     layout = KVLayout(10, 16, 2, 16, "f16")
     names = ["token_embd.weight", "output_norm.weight"] + [
@@ -25,7 +25,7 @@ def fake_backend():
                               "part_stats", "last", "last_norm", "logits", "ids")}
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(2)]
     return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, kv_caches=caches, kv_layout=layout,
-                           kv_kernels=KVKernels(ctx, layout, CFG.n_heads))
+                           kv_kernels=KVKernels(ctx, layout, CFG.n_heads), kernels=kernels, subgroups=subgroups)
 
 
 def test_plan_keys_bucket_batches_by_kernel_choice():
@@ -78,3 +78,25 @@ def test_step_slots_grids_and_uniforms():
     qkv = single_params[SLOT_INDEX["lin_qkv"] * PARAM_SLOT_BYTES:][:16]
     assert qkv[:12].view(np.uint32).tolist() == [128, 64, 1] and qkv[12:].view(np.float32)[0] == np.float32(1e-5)
     assert single[SLOT_INDEX["lin_ffn"]].tolist() == [1, 1, 1]  # 2 * 128 gate|up rows
+
+
+def test_gpu_family_plan_swaps_the_matvecs_and_argmax_only():
+    b = fake_backend("gpu", subgroups=True)
+    decode = layer_program(b, PlanKey.of(1, 1))
+    layer = [(d.shader, d.constants) for d in decode[0][1:9]]
+    assert layer == [
+        ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("NORM", 1))), ("rope", (("WORKGROUP_SIZE", 64),)),
+        ("kv_write", None), ("paged_attention", None), ("paged_attention_reduce", None),
+        ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1))),
+        ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("NORM", 1), ("SWIGLU", 1))),
+        ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1)))]
+    assert [d.shader for d in decode[1]] == ["rmsnorm", "matvec_gpu_sg_q8_0", "argmax_gpu"]
+    prefill = layer_program(fake_backend("gpu"), PlanKey.of(24, 3))
+    assert [d.shader for d in prefill[0][1:10]] == [
+        "rmsnorm", "matmul_q4_1", "rope", "kv_write", "paged_prefill_attention", "matmul_q4_1", "rmsnorm",
+        "matmul_q4_1", "matmul_q4_1"]  # prefill is the cpu family's in both
+    assert [d.shader for d in prefill[1]] == ["rmsnorm", "matmul_q8_0", "argmax_gpu"]
+    grids, _ = step_slots(b, StepShape(1, 1, 1, 1, 1, True))
+    assert grids[SLOT_INDEX["lin_qkv"]].tolist() == [16, 1, 1]  # one workgroup per 8 of the 128 rows
+    assert grids[SLOT_INDEX["lin_ffn"]].tolist() == [32, 1, 1] and grids[SLOT_INDEX["lm_head"]].tolist() == [64, 1, 1]
+    assert step_slots(b, StepShape(3, 3, 1, 1, 1, True))[0][SLOT_INDEX["lin_h"]].tolist() == [1, 1, 1]  # matmul

@@ -11,6 +11,7 @@ import pagedkv
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.webgpu import interop as webgpu
 from pagedkv.backends.webgpu.backend import WebGpuBackend
+from pagedkv.backends.webgpu.model_kernels import choose_family
 from pagedkv.backends.webgpu.self_test import self_test
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
@@ -40,6 +41,7 @@ async def boot() -> None:
         progress("gpu", "requesting a WebGPU adapter")
         ctx = await webgpu.GpuContext.create(on_lost=on_device_lost)
         state["gpu"] = ctx
+        kernels, why = state["kernels"] = kernel_family(ctx)
         progress("gpu", f"adapter {ctx.info.name}: running the self-test kernel")
         check = await self_test(ctx)
         bridge.post(
@@ -53,6 +55,8 @@ async def boot() -> None:
                 "description": ctx.info.description,
                 "limits": ctx.info.limits,
                 "features": list(ctx.info.features),
+                "kernels": kernels,
+                "kernels_reason": why,
             },
             selftest=check,
         )
@@ -66,6 +70,13 @@ async def boot() -> None:
                     detail=traceback.format_exc())
         return
     await load_model(bridge.query_param("model", DEFAULT_MODEL))
+
+
+def kernel_family(ctx) -> tuple[str, str]:
+    """The kernel family for ?kernels=auto|cpu|gpu on this adapter, and why (model_kernels.choose_family)."""
+    info = getattr(ctx.adapter, "info", None)
+    fallback = bool(getattr(info, "isFallbackAdapter", False) or getattr(ctx.adapter, "isFallbackAdapter", False))
+    return choose_family(bridge.query_param("kernels", "auto"), ctx.info.name, fallback)
 
 
 async def load_model(name: str, force_cpu: bool = False) -> None:
@@ -140,7 +151,7 @@ async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict
     kv_dtype = bridge.query_param("kv_dtype", "f16")  # f32, f16, int8, fp8-e4m3, int4, int4-asym (pagedkv.kv_dtype)
     backend = await WebGpuBackend.create(
         ctx, manifest, shard_source, budget_bytes=budget, block_size=block_size, kv_dtype=kv_dtype,
-        on_progress=lambda loaded, tot: bridge.post("model-progress", model=name, loaded=loaded, total=tot,
+        kernels=state["kernels"][0], on_progress=lambda loaded, tot: bridge.post("model-progress", model=name, loaded=loaded, total=tot,
                                                     detail="weights uploaded to the GPU"))
     return manifest, backend, {"bytes_per_token": backend.stats()["bytes_per_token"], "kv_dtype": kv_dtype,
                                "ledger": backend.ledger.snapshot()}
@@ -165,6 +176,7 @@ async def recover_device(attempts: int = 3) -> None:
         try:
             t0 = bridge.now_ms()
             state["gpu"] = await webgpu.GpuContext.create(on_lost=on_device_lost)
+            state["kernels"] = kernel_family(state["gpu"])
 
             def on_progress(loaded: int, total: int) -> None:
                 bridge.post("model-progress", model=name, loaded=loaded, total=total,

@@ -1,4 +1,5 @@
-"""`npm run generate -- --messages-json FILE [--max-tokens N] [--greedy | --temperature T --seed S] [--json]`
+"""`npm run generate -- --messages-json FILE [--max-tokens N] [--greedy | --temperature T --seed S]
+[--kernels auto|cpu|gpu] [--json]`
 (`python3 -m pagedkv.generate ...` from the repository root, dist/ built).
 
 Runs one chat completion in headless Chromium through the page's engine (the
@@ -39,7 +40,7 @@ out = req.output_ids
 text_ids = out[:-1] if out and out[-1] in engine.default_stop_ids else out
 decode_s = t_end - t_first
 json.dumps({{"prompt_ids": prompt, "output_ids": out, "text": engine.tokenizer.decode(text_ids),
-  "finish_reason": req.finish_reason,
+  "finish_reason": req.finish_reason, "kernels": state.get("kernels"),
   "timings": {{"ttft_ms": round(1000 * (t_first - t0), 1),
                "prefill_tok_s": round(len(prompt) / (t_first - t0), 2),
                "decode_tok_s": round((len(out) - 1) / decode_s, 2) if len(out) > 1 and decode_s > 0 else None}}}})
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--backend", choices=("webgpu", "cpu"), default="webgpu")
+    parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto",
+                        help="WebGPU kernel family (the page's ?kernels=)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (else the text)")
     args = parser.parse_args(argv)
     if args.greedy and args.temperature is not None:
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                           "max_tokens": args.max_tokens})
     from bench.harness import BrowserSession  # the repository's, with Playwright: never in the page
 
-    with BrowserSession(f"?model={args.model}&backend={args.backend}") as session:
+    with BrowserSession(f"?model={args.model}&backend={args.backend}&kernels={args.kernels}") as session:
         try:
             result = session.py(WORKER_CODE.format(args=payload))
         except Exception as exc:  # the worker's exception text names the problem

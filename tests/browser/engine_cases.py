@@ -101,12 +101,12 @@ async def tiny_sizes(**kw) -> tuple[int, int]:
 TINY_PROMPTS = [list(range(3 + 60 * i, 3 + 60 * i + n)) for i, n in enumerate((5, 23, 40, 17))]
 
 
-async def tiny_greedy(block_size: int, kv_dtype: str, max_tokens: int = 10) -> dict:
-    """Four concurrent requests, chunked prefill (24-token steps), vs solo numpy runs."""
+async def tiny_greedy(block_size: int, kv_dtype: str, max_tokens: int = 10, kernels: str = "cpu") -> dict:
+    """Four concurrent requests, chunked prefill (24-token steps), vs solo numpy runs, with the `kernels` family."""
     w = await weights("tiny-random")
     tok = Tokenizer.from_manifest(w.manifest)
     b = await backend("tiny-random", budget_bytes=8 * MIB, block_size=block_size, kv_dtype=kv_dtype,
-                      max_num_batched_tokens=24, max_num_seqs=4)
+                      max_num_batched_tokens=24, max_num_seqs=4, kernels=kernels)
     gpu, stats = await run_engine(b, tok, TINY_PROMPTS, max_tokens, max_num_batched_tokens=24, max_num_seqs=4)
     model = _cache.setdefault(("model", "tiny-random"), NumpyModel(w))
     ref = [greedy_reference(model, p, max_tokens) for p in TINY_PROMPTS]
@@ -210,16 +210,16 @@ async def budget_refusal() -> dict:
             "fixed": fixed, "block_bytes": block_bytes, "too_small": too_small}
 
 
-async def real_model(prompts: list[list[int]], n: int, budget_mib: int = 256) -> dict:
-    """SmolLM2: greedy ids of the prompts as concurrent requests, and the first-position logits (prefill,
-    greedy=False) as base64 f32 for the CPython side to compare with numpy."""
+async def real_model(prompts: list[list[int]], n: int, budget_mib: int = 256, kernels: str = "cpu") -> dict:
+    """SmolLM2 with the `kernels` family: greedy ids of the prompts as concurrent requests, and the
+    first-position logits (prefill, greedy=False) as base64 f32 for the CPython side to compare with numpy."""
     import base64
 
     manifest, _ = await model_files("smollm2-135m-instruct")
     tok = Tokenizer.from_manifest(manifest)
     total = sum(map(len, prompts))
     b = await backend("smollm2-135m-instruct", budget_bytes=budget_mib * MIB, block_size=16,
-                      max_num_batched_tokens=total, max_num_seqs=len(prompts))
+                      max_num_batched_tokens=total, max_num_seqs=len(prompts), kernels=kernels)
     gpu, stats = await run_engine(b, tok, prompts, n, max_num_batched_tokens=total, max_num_seqs=len(prompts))
     i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
     p = prompts[0]

@@ -12,7 +12,8 @@ import time
 import numpy as np
 
 from pagedkv.backends.webgpu.model_kernels import (KernelCall, argmax_call, check_q8_0_codes, embedding_call,
-                                                   matmul_call, matvec_call, rmsnorm_call, rope_call)
+                                                   matmul_call, matvec_call, matvec_gpu_call, rmsnorm_call,
+                                                   rope_call)
 
 
 async def launch(ctx, call: KernelCall, buffers: list):
@@ -57,11 +58,13 @@ def _quant_parts(dtype: str, parts: dict) -> list[bytes]:
 
 async def run_linear(ctx, x: np.ndarray, dtype: str, shape: tuple[int, int], parts: dict,
                      kernel: str = "matvec", y0: np.ndarray | None = None,
-                     norm: tuple[np.ndarray, float] | None = None, swiglu: bool = False) -> np.ndarray:
+                     norm: tuple[np.ndarray, float] | None = None, swiglu: bool = False,
+                     family: str = "cpu") -> np.ndarray:
     """x (T, cols) f32 @ W.T on the GPU with matvec_<dtype> or matmul_<dtype> -> (T, rows) f32;
     with y0 (T, rows) the kernel's ACCUMULATE variant returns y0 + x @ W.T; with norm = (g (cols,), eps)
     matvec's NORM variant returns rms_norm(x, g, eps) @ W.T; with swiglu (W's rows gate/up interleaved in
-    runs of 4) the SWIGLU variant returns silu(gate) * up, (T, rows / 2)."""
+    runs of 4) the SWIGLU variant returns silu(gate) * up, (T, rows / 2). family: "cpu", "gpu" (matvec only;
+    subgroup reduction when the device has them) or "gpu_tree" (the gpu family's workgroup-tree reduction)."""
     rows, cols = shape
     if x.ndim != 2 or x.shape[1] != cols:
         raise ValueError(f"x must be (tokens, {cols}), got {x.shape}")
@@ -71,9 +74,16 @@ async def run_linear(ctx, x: np.ndarray, dtype: str, shape: tuple[int, int], par
         raise ValueError(f"y0 must be ({x.shape[0]}, {rows}), got {y0.shape}")
     if norm is not None and (kernel != "matvec" or norm[0].shape != (cols,)):
         raise ValueError(f"norm=(weight ({cols},), eps) fuses an RMSNorm into matvec only")
-    if kernel == "matvec":
-        call = matvec_call(dtype, rows, cols, x.shape[0], accumulate=y0 is not None,
-                           norm_eps=None if norm is None else norm[1], swiglu=swiglu)
+    if family not in ("cpu", "gpu", "gpu_tree") or (family != "cpu" and kernel != "matvec"):
+        raise ValueError(f"family must be 'cpu', or 'gpu' / 'gpu_tree' with matvec, got {family!r} with {kernel}")
+    eps = None if norm is None else norm[1]
+    if family != "cpu":
+        subgroups = family == "gpu" and "subgroups" in ctx.info.features
+        call = matvec_gpu_call(dtype, rows, cols, x.shape[0], subgroups, accumulate=y0 is not None, norm_eps=eps,
+                               swiglu=swiglu)
+    elif kernel == "matvec":
+        call = matvec_call(dtype, rows, cols, x.shape[0], accumulate=y0 is not None, norm_eps=eps,
+                           swiglu=swiglu)
     else:
         call = matmul_call(dtype, rows, cols, x.shape[0], accumulate=y0 is not None, swiglu=swiglu)
     if dtype == "q8_0":
@@ -131,11 +141,11 @@ async def run_embedding(ctx, token_ids: np.ndarray, shape: tuple[int, int], part
     return out.reshape(token_ids.shape[0], hidden)
 
 
-async def run_argmax(ctx, logits: np.ndarray) -> np.ndarray:
-    """(S, vocab) f32 logits -> (S,) uint32 greedy ids on the GPU."""
+async def run_argmax(ctx, logits: np.ndarray, family: str = "cpu") -> np.ndarray:
+    """(S, vocab) f32 logits -> (S,) uint32 greedy ids on the GPU with the `family` kernel."""
     if logits.ndim != 2:
         raise ValueError(f"logits must be (sequences, vocab), got {logits.shape}")
-    call = argmax_call(logits.shape[1], logits.shape[0])
+    call = argmax_call(logits.shape[1], logits.shape[0], family=family)
     return await _run(ctx, call, [logits.astype(np.float32), None], 1, logits.shape[0] * 4, np.uint32)
 
 

@@ -44,16 +44,16 @@ def _errors(got, want, scale=None):
     return out
 
 
-async def case_linear(kernel, dtype, rows, cols, tokens, seed, accumulate=False, norm=False):
+async def case_linear(kernel, dtype, rows, cols, tokens, seed, accumulate=False, norm=False, family="cpu"):
     """accumulate: the ACCUMULATE variant adds into a random y0 (the fused residual add);
-    norm: the NORM variant multiplies rms_norm(x, g) (the fused RMSNorm)."""
+    norm: the NORM variant multiplies rms_norm(x, g) (the fused RMSNorm); family: kernel_calls.run_linear's."""
     ctx = await _context()
     parts = _weights(dtype, rows, cols, seed)
     rng = np.random.default_rng(seed + 1)
     x = rng.standard_normal((tokens, cols), dtype=np.float32) * (3 if norm else 1)  # (T, cols)
     y0 = rng.standard_normal((tokens, rows), dtype=np.float32) * 4 if accumulate else None  # (T, rows)
     gain = (rng.standard_normal(cols, dtype=np.float32), 1e-5) if norm else None  # ((cols,), eps)
-    got = await calls.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, y0=y0, norm=gain)
+    got = await calls.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, y0=y0, norm=gain, family=family)
     if norm:
         x = ref.rms_norm(x, gain[0], gain[1])  # (T, cols)
     want = ref.quantized_linear(x, dtype, (rows, cols), parts)
@@ -62,8 +62,13 @@ async def case_linear(kernel, dtype, rows, cols, tokens, seed, accumulate=False,
     if accumulate:
         want = y0 + want
         scale = scale + np.abs(y0)
-    return {"kernel": f"{kernel}_{dtype}", "tokens": tokens, "accumulate": accumulate, "norm": norm,
+    return {"kernel": f"{kernel}_{dtype}", "family": family, "tokens": tokens, "accumulate": accumulate, "norm": norm,
             **_errors(got, want, scale)}
+
+
+async def case_features():
+    """The page device's adapter features (the gpu family's "gpu" variant needs `subgroups`)."""
+    return sorted((await _context()).info.features)
 
 
 async def case_rmsnorm(hidden, tokens, seed, eps=1e-5):
@@ -91,7 +96,7 @@ async def case_rope(positions, n_heads, n_kv_heads, head_dim, seed, base=100000.
             "v_equal": bool(np.array_equal(got_v, v))}
 
 
-async def case_linear_swiglu(kernel, dtype, rows, cols, tokens, seed, norm=False):
+async def case_linear_swiglu(kernel, dtype, rows, cols, tokens, seed, norm=False, family="cpu"):
     """The SWIGLU variant: W's rows are gate / up interleaved in runs of 4 (backends/webgpu/fused.stack_rows);
     the kernel returns silu(gate) * up (T, rows / 2), here against ref.swiglu of the two halves."""
     ctx = await _context()
@@ -99,7 +104,8 @@ async def case_linear_swiglu(kernel, dtype, rows, cols, tokens, seed, norm=False
     rng = np.random.default_rng(seed + 1)
     x = rng.standard_normal((tokens, cols), dtype=np.float32) * 3  # (T, cols)
     gain = (rng.standard_normal(cols, dtype=np.float32), 1e-5) if norm else None  # ((cols,), eps)
-    got = await calls.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, norm=gain, swiglu=True)  # (T, rows/2)
+    got = await calls.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, norm=gain, swiglu=True,
+                                 family=family)  # (T, rows/2)
     if norm:
         x = ref.rms_norm(x, gain[0], gain[1])
     y = ref.quantized_linear(x, dtype, (rows, cols), parts).reshape(tokens, rows // 8, 2, 4)  # runs of 4
@@ -109,7 +115,7 @@ async def case_linear_swiglu(kernel, dtype, rows, cols, tokens, seed, norm=False
     gate_mag, up_mag = mag[:, :, 0].reshape(tokens, -1), mag[:, :, 1].reshape(tokens, -1)
     # first-order error of silu(g) * u from the dot products' rounding (|silu'| <= 1.1) plus exp's own rounding
     scale = 1.1 * gate_mag * np.abs(up) + np.abs(gate) * up_mag + np.abs(want)
-    return {"kernel": f"{kernel}_{dtype}", "swiglu": True, **_errors(got, want, scale)}
+    return {"kernel": f"{kernel}_{dtype}", "family": family, "swiglu": True, **_errors(got, want, scale)}
 
 
 async def case_embedding(vocab, hidden, token_ids, seed):
@@ -121,13 +127,13 @@ async def case_embedding(vocab, hidden, token_ids, seed):
     return {"kernel": "embedding", "equal": bool(np.array_equal(got, want)), **_errors(got, want)}
 
 
-async def case_argmax(seqs, vocab, planted, seed):
+async def case_argmax(seqs, vocab, planted, seed, family="cpu"):
     """planted: per sequence, a list of indices that all get the row's maximum value (a tie)."""
     ctx = await _context()
     logits = np.random.default_rng(seed).standard_normal((seqs, vocab), dtype=np.float32)  # (S, vocab)
     for s, indices in enumerate(planted):
         logits[s, indices] = 50.0 + s
-    got = await calls.run_argmax(ctx, logits)
+    got = await calls.run_argmax(ctx, logits, family)
     return {"kernel": "argmax", "gpu": got.tolist(), "numpy": ref.argmax(logits).tolist()}
 
 

@@ -20,6 +20,10 @@ def test_page_boots_and_reports_adapter(ready_page):
     assert limits["maxStorageBufferBindingSize"] >= 128 * 2**20
     assert ready_page.page.locator("#limit-max-binding").inner_text() == f"{limits['maxStorageBufferBindingSize']:,} bytes"
     assert adapter["name"] == ready_page.page.locator("#adapter-name").inner_text()
+    # ?kernels=auto (the default) picks the cpu family on SwiftShader and says why beside the adapter.
+    reason = f"auto: {adapter['name']} is a software adapter (isFallbackAdapter, swiftshader)"
+    assert (adapter["kernels"], adapter["kernels_reason"]) == ("cpu", reason)
+    assert ready_page.page.locator("#adapter-kernels").inner_text() == f"cpu ({reason})"
 
 
 def test_selftest_kernel_matches_numpy_computed_here(ready_page):

@@ -3,7 +3,9 @@
 Inputs are random (seeded) at SmolLM2-135M shapes (hidden 576, ffn 1536, 9 heads / 3 KV heads,
 head_dim 64, vocab 49152) plus small odd shapes that exercise the edge handling (rows not a
 multiple of the 8-row / 8x4 tiles, hidden smaller than a workgroup). The cases run inside the
-page's worker (tests/browser/kernel_cases.py); each test batches its cases into one call.
+page's worker (tests/browser/kernel_cases.py); each test batches its cases into one call. The matvec tests
+run every kernel family (FAMILIES): cpu, gpu (subgroup reduction: the page's SwiftShader device has
+subgroups, of size 4) and gpu_tree (the gpu family's workgroup-memory tree, used where there are none).
 
 Error bounds (stated here, asserted below; what SwiftShader gave when written in brackets):
   matvec / matmul, Q4_1 and Q8_0: |gpu - ref| <= 2e-6 * (|x| @ |W|^T) per output,
@@ -46,37 +48,45 @@ def assert_linear(results: list[dict]) -> None:
 
 
 SMOLLM2_LINEAR = [(576, 576), (192, 576), (1536, 576), (576, 1536)]
+FAMILIES = ["cpu", "gpu", "gpu_tree"]
+# (kernel, family): matmul exists in the cpu family only
+LINEAR_KERNELS = [("matvec", "cpu"), ("matmul", "cpu"), ("matvec", "gpu"), ("matvec", "gpu_tree")]
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
-def test_matvec_matches_reference(worker, dtype):
-    calls = [f"case_linear('matvec', '{dtype}', {r}, {c}, {t}, seed=3)" for r, c in SMOLLM2_LINEAR for t in (1, 5)]
-    calls.append(f"case_linear('matvec', '{dtype}', 37, 96, 3, seed=4)")  # 37 rows: a partial 8-row tile
-    results = run(worker, calls)
-    assert [(r["kernel"], r["shape"]) for r in results] == (
-        [(f"matvec_{dtype}", [t, r]) for r, _ in SMOLLM2_LINEAR for t in (1, 5)] + [(f"matvec_{dtype}", [3, 37])]
-    )
+def test_matvec_matches_reference(worker, dtype, family):
+    shapes = [(r, c, t) for r, c in SMOLLM2_LINEAR for t in (1, 5)] + [(37, 96, 3)]  # 37 rows: a partial 8-row tile
+    if family != "cpu":  # 960 x 576: q|k|v; 8 x 64: fewer words per row than lanes; 40 x 4000: strided lanes
+        shapes += [(960, 576, 1), (8, 64, 2), (40, 4000, 1)]
+    results = run(worker, [f"case_linear('matvec', '{dtype}', {r}, {c}, {t}, seed=3, family='{family}')"
+                           for r, c, t in shapes] + ["case_features()"])
+    assert "subgroups" in results.pop()  # so family "gpu" ran matvec_gpu_sg_*
+    assert [(r["kernel"], r["family"], r["shape"]) for r in results] == (
+        [(f"matvec_{dtype}", family, [t, r]) for r, _, t in shapes])
     assert_linear(results)
 
 
-@pytest.mark.parametrize("kernel", ["matvec", "matmul"])
+@pytest.mark.parametrize("kernel,family", LINEAR_KERNELS)
 @pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
-def test_linear_accumulate_adds_into_y(worker, kernel, dtype):
+def test_linear_accumulate_adds_into_y(worker, kernel, family, dtype):
     """The ACCUMULATE variant (residual add fused into the output projections) returns y0 + x @ W.T."""
     shapes = [(576, 576, 1), (576, 1536, 5), (37, 96, 3)]
-    results = run(worker, [f"case_linear('{kernel}', '{dtype}', {r}, {c}, {t}, seed=12, accumulate=True)"
-                           for r, c, t in shapes])
-    assert [(r["accumulate"], r["shape"]) for r in results] == [(True, [t, r]) for r, _, t in shapes]
+    results = run(worker, [f"case_linear('{kernel}', '{dtype}', {r}, {c}, {t}, seed=12, accumulate=True, "
+                           f"family='{family}')" for r, c, t in shapes])
+    assert [(r["accumulate"], r["family"], r["shape"]) for r in results] == [(True, family, [t, r])
+                                                                             for r, _, t in shapes]
     assert_linear(results)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
-def test_matvec_norm_fuses_the_rmsnorm(worker, dtype):
+def test_matvec_norm_fuses_the_rmsnorm(worker, dtype, family):
     """The NORM variant (RMSNorm fused into the q|k|v and gate|up matvecs) returns rms_norm(x, g) @ W.T."""
     shapes = [(960, 576, 1), (3072, 576, 2), (37, 96, 3)]
-    results = run(worker, [f"case_linear('matvec', '{dtype}', {r}, {c}, {t}, seed=13, norm=True)"
+    results = run(worker, [f"case_linear('matvec', '{dtype}', {r}, {c}, {t}, seed=13, norm=True, family='{family}')"
                            for r, c, t in shapes])
-    assert [(r["norm"], r["shape"]) for r in results] == [(True, [t, r]) for r, _, t in shapes]
+    assert [(r["norm"], r["family"], r["shape"]) for r in results] == [(True, family, [t, r]) for r, _, t in shapes]
     assert_linear(results)
 
 
@@ -86,6 +96,13 @@ def test_matmul_matches_reference(worker, dtype):
     shapes = [(1536, 576, 37), (576, 1536, 16), (192, 576, 1), (37, 96, 7), (36, 64, 6)]
     results = run(worker, [f"case_linear('matmul', '{dtype}', {r}, {c}, {t}, seed=5)" for r, c, t in shapes])
     assert [r["shape"] for r in results] == [[t, r] for r, _, t in shapes]
+    assert_linear(results)
+
+
+@pytest.mark.parametrize("family", ["gpu", "gpu_tree"])
+def test_gpu_family_lm_head(worker, family):
+    results = run(worker, [f"case_linear('matvec', 'q8_0', 49152, 576, 3, seed=7, family='{family}')"])
+    assert [(r["family"], r["shape"]) for r in results] == [(family, [3, 49152])]
     assert_linear(results)
 
 
@@ -126,26 +143,30 @@ def test_rope_matches_reference(worker):
         assert r["v_equal"], r  # v is only split off the stacked q | k | v rows
 
 
-@pytest.mark.parametrize("kernel", ["matvec", "matmul"])
+@pytest.mark.parametrize("kernel,family", LINEAR_KERNELS)
 @pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
-def test_swiglu_fused_into_the_gate_up_projection(worker, kernel, dtype):
+def test_swiglu_fused_into_the_gate_up_projection(worker, kernel, family, dtype):
     """SWIGLU variant over gate / up rows interleaved by fours -> silu(gate) * up, (T, rows / 2)."""
     shapes = [(3072, 576, 1), (3072, 576, 7), (40, 96, 3)]
-    calls = [f"case_linear_swiglu('{kernel}', '{dtype}', {r}, {c}, {t}, seed=14)" for r, c, t in shapes]
+    calls = [f"case_linear_swiglu('{kernel}', '{dtype}', {r}, {c}, {t}, seed=14, family='{family}')"
+             for r, c, t in shapes]
     if kernel == "matvec":
-        calls.append(f"case_linear_swiglu('matvec', '{dtype}', 3072, 576, 2, seed=15, norm=True)")
+        calls.append(f"case_linear_swiglu('matvec', '{dtype}', 3072, 576, 2, seed=15, norm=True, family='{family}')")
         shapes.append((3072, 576, 2))
     results = run(worker, calls)
-    assert [r["shape"] for r in results] == [[t, r // 2] for r, _, t in shapes]
+    assert [(r["family"], r["shape"]) for r in results] == [(family, [t, r // 2]) for r, _, t in shapes]
     for r in results:
         assert r["max_scaled"] <= SWIGLU_REL_BOUND and r["max_rel"] <= LINEAR_REL_BOUND, r
 
 
-def test_argmax_is_exact_with_ties_to_the_lowest_index(worker):
+@pytest.mark.parametrize("family", ["cpu", "gpu"])
+def test_argmax_is_exact_with_ties_to_the_lowest_index(worker, family):
     planted = [[49151], [40000, 7, 12345], [0, 49151], [30001, 30000]]
-    results = run(worker, [f"case_argmax(4, 49152, {planted}, seed=9)", "case_argmax(1, 49152, [[24576]], seed=10)",
-                           "case_argmax(3, 1000, [[999], [5, 4], [500]], seed=11)"])
-    assert [r["gpu"] for r in results] == [[49151, 7, 0, 30000], [24576], [999, 4, 500]]
+    results = run(worker, [f"case_argmax(4, 49152, {planted}, seed=9, family='{family}')",
+                           f"case_argmax(1, 49152, [[24576]], seed=10, family='{family}')",
+                           f"case_argmax(3, 1000, [[999], [5, 4], [500]], seed=11, family='{family}')",
+                           f"case_argmax(2, 100, [[99], [3, 2, 1]], seed=12, family='{family}')"])  # vocab < threads
+    assert [r["gpu"] for r in results] == [[49151, 7, 0, 30000], [24576], [999, 4, 500], [99, 1]]
     assert [r["numpy"] for r in results] == [r["gpu"] for r in results]
 
 

@@ -36,6 +36,13 @@ def test_tiny_greedy_through_engine_equals_numpy(worker, block_size, kv_dtype):
     assert r["gpu"] == r["ref"]
 
 
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_tiny_greedy_with_the_gpu_kernel_family_equals_numpy(worker, block_size):
+    """Decode steps and the LM head on the gpu family's matvec and argmax (prefill stays on matmul)."""
+    r = run(worker, f"tiny_greedy({block_size}, 'f16', kernels='gpu')")
+    assert r["gpu"] == r["ref"]
+
+
 def test_tiny_greedy_outputs_are_real_generations(worker):
     r = run(worker, "tiny_greedy(16, 'f16', 10)")
     assert [len(o) for o in r["gpu"]] == [10, 10, 10, 10]
@@ -92,7 +99,8 @@ NEAR_TIE = 0.5  # llama.cpp's own batched/incremental paths flip argmaxes below 
 REAL_LOGITS_REL = 2e-3  # max |gpu - numpy| / max |numpy|, first-position logits, f16 KV [measured 4.4e-4]
 
 
-def test_real_model_greedy_and_logits_match_numpy_and_llama_cpp(worker, real_model):  # noqa: F811
+@pytest.mark.parametrize("kernels", ["cpu", "gpu"])
+def test_real_model_greedy_and_logits_match_numpy_and_llama_cpp(worker, real_model, kernels):  # noqa: F811
     import base64
 
     import numpy as np
@@ -102,7 +110,7 @@ def test_real_model_greedy_and_logits_match_numpy_and_llama_cpp(worker, real_mod
     from pagedkv.backends.numpy_ref import PagedKVCache
 
     prompts = [c["prompt_ids"] for c in REAL_CASES]
-    r = run(worker, f"real_model({prompts}, 8)")
+    r = run(worker, f"real_model({prompts}, 8, kernels={kernels!r})")
     for case, out in zip(REAL_CASES, r["gpu"]):
         assert out == reference_greedy(real_model, case["prompt_ids"], 8), case["name"]
         for pos, (mine, ref) in enumerate(zip(out, case["output_ids"][:8])):
@@ -123,7 +131,8 @@ def test_real_model_greedy_and_logits_match_numpy_and_llama_cpp(worker, real_mod
     assert r["ledger"]["used"] <= r["ledger"]["budget"]
 
 
-@pytest.mark.parametrize("query,backend", [("budget_mib=16", "webgpu"), ("backend=cpu", "cpu")])
+@pytest.mark.parametrize("query,backend", [("budget_mib=16", "webgpu"), ("backend=cpu", "cpu"),
+                                           ("budget_mib=16&kernels=gpu", "webgpu")])
 def test_app_loads_the_model_on_the_chosen_backend(browser, base_url, query, backend):
     from conftest import open_and_boot
 
@@ -134,6 +143,11 @@ def test_app_loads_the_model_on_the_chosen_backend(browser, base_url, query, bac
         assert data["model"] == "ready", data
         info = json.loads(data["modelInfo"])
         assert info["backend"] == backend and info["model"] == "tiny-random"
+        family = "gpu" if "kernels=gpu" in query else "cpu"  # auto on SwiftShader: cpu
+        assert json.loads(data["adapter"])["kernels"] == family
+        assert booted.py("import json\nfrom pagedkv_app.main import state\n"
+                         "json.dumps(getattr(state['engine'].backend, 'kernels', None))") == (
+            family if backend == "webgpu" else None)  # the numpy backend has no kernels
         if backend == "webgpu":
             ledger = info["ledger"]
             assert ledger["budget_bytes"] == 16 << 20 and ledger["used_bytes"] <= ledger["budget_bytes"]

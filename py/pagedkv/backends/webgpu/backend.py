@@ -41,8 +41,11 @@ class WebGpuBackend:
     name = "webgpu"
 
     def __init__(self, ctx, config: ModelConfig, ledger: GpuLedger, *, block_size: int, kv_dtype: str,
-                 max_num_batched_tokens: int, max_num_seqs: int) -> None:
+                 max_num_batched_tokens: int, max_num_seqs: int, kernels: str = "cpu") -> None:
+        if kernels not in ops.FAMILIES:
+            raise ValueError(f"kernels must be one of {ops.FAMILIES}, got {kernels!r}")
         self.ctx = ctx
+        self.kernels = kernels  # kernel family of the plan's matvecs and argmax (model_kernels.choose_family)
         self.config = config
         self.ledger = ledger
         self.block_size = block_size
@@ -69,7 +72,7 @@ class WebGpuBackend:
     async def create(cls, ctx, manifest: dict, shard_source: Callable[[str], Awaitable[bytes]], *,
                      budget_bytes: int, block_size: int = 16, kv_dtype: str = "f16",
                      max_num_batched_tokens: int = 256, max_num_seqs: int = 16, num_cpu_blocks: int | None = None,
-                     on_progress: Callable[[int, int], None] | None = None) -> "WebGpuBackend":
+                     on_progress: Callable[[int, int], None] | None = None, kernels: str = "cpu") -> "WebGpuBackend":
         """Upload the weights shard by shard (`await shard_source(file)` -> bytes), size scratch and the KV pool
         inside `budget_bytes`. Raises BudgetExceeded (nothing allocated) when even one KV block does not fit."""
         max_binding = ctx.info.limits["maxStorageBufferBindingSize"]
@@ -83,7 +86,7 @@ class WebGpuBackend:
                 f"and staging need {plan['fixed_bytes'] / MIB:.1f} MiB and one KV block {block_bytes:,} bytes; "
                 "raise the budget or lower max_num_batched_tokens")
         b = cls(ctx, config, GpuLedger(budget_bytes), block_size=block_size, kv_dtype=kv_dtype,
-                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, kernels=kernels)
         b.kv_layout = KVLayout(num_blocks, block_size, config.n_kv_heads, config.head_dim, kv_dtype)
         b.kv_kernels = await KVKernels(ctx, b.kv_layout, config.n_heads).compile()
         try:
@@ -215,6 +218,11 @@ class WebGpuBackend:
 
     def _partition_blocks(self) -> int:
         return max(1, 128 // self.block_size)  # KVKernels' default 128-token flash-decoding partition
+
+    @property
+    def subgroups(self) -> bool:
+        """Whether the gpu family's matvecs reduce with subgroups (the device requests them where it can)."""
+        return "subgroups" in self.ctx.info.features
 
     @property
     def bytes_per_token(self) -> int:

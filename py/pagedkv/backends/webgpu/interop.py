@@ -83,7 +83,9 @@ class GpuContext(GpuDevice):
             limits=limits,
             features=features,
         )
-        device = await adapter.requestDevice(_js_obj({"requiredLimits": _js_obj(limits)}))
+        wanted = [f for f in ("subgroups",) if f in features]  # the gpu kernel family's reductions use them
+        device = await adapter.requestDevice(_js_obj({"requiredLimits": _js_obj(limits),
+                                                      "requiredFeatures": to_js(wanted)}))
         ctx = cls(adapter, device, info)
 
         def lost(lost_info):

@@ -19,6 +19,8 @@ MAX_WORKGROUPS_PER_DIM = 65535
 QUANTIZED = ("q4_1", "q8_0")
 MATVEC_ROWS = 8  # output rows per thread in matvec_*.wgsl (one token per thread)
 MATMUL_TILE = (8, 4)  # (rows, tokens) per thread in matmul_*.wgsl
+FAMILIES = ("cpu", "gpu")  # kernel families: cpu for software adapters (SwiftShader, lavapipe), gpu for real GPUs
+GPU_WORKGROUP_SIZES = (64, 128, 256)  # threads of a gpu-family matvec workgroup (a power of two: reduce_tree.wgsl)
 
 
 @dataclass(frozen=True)
@@ -87,15 +89,72 @@ def matvec_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: i
     """y (tokens, rows) = x (tokens, cols) @ W.T (y += ... when accumulate), decode-sized batches;
     with norm_eps, W @ rms_norm(x, g, norm_eps) where g (cols,) f32 follows the codes in qs;
     with swiglu, y (tokens, rows / 2) = silu(gate) * up; buffers: qs, dm|d, x, y, params."""
+    _check_matvec(dtype, rows, cols, tokens, accumulate, norm_eps, swiglu)
+    grid = (_ceil(_ceil(rows, MATVEC_ROWS), workgroup_size), tokens, 1)
+    constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu)
+    params = uniform_words(rows, cols, tokens, float(norm_eps or 0.0)).tobytes()
+    return KernelCall(f"matvec_{dtype}", constants, grid, params)
+
+
+def _check_matvec(dtype: str, rows: int, cols: int, tokens: int, accumulate: bool, norm_eps: float | None,
+                  swiglu: bool) -> None:
     _weight(dtype, rows, cols)
     _positive(tokens=tokens)
     _check_swiglu(rows, swiglu, accumulate)
     if norm_eps is not None and not norm_eps > 0:
         raise ValueError(f"norm_eps must be positive, got {norm_eps}")
-    grid = (_ceil(_ceil(rows, MATVEC_ROWS), workgroup_size), tokens, 1)
+
+
+def matvec_gpu_call(dtype: str, rows: int, cols: int, tokens: int, subgroups: bool, workgroup_size: int = 64,
+                    accumulate: bool = False, norm_eps: float | None = None, swiglu: bool = False) -> KernelCall:
+    """matvec_call's result from the gpu family (matvec_gpu_main.wgsl): one workgroup of workgroup_size
+    lanes (a power of two, 64..256) per 8 rows of one token, lanes along K; subgroups picks the kernel
+    that reduces with subgroup operations (the device must have the `subgroups` feature), else a
+    workgroup-memory tree. Same buffers as matvec_call."""
+    _check_matvec(dtype, rows, cols, tokens, accumulate, norm_eps, swiglu)
+    if workgroup_size not in GPU_WORKGROUP_SIZES:
+        raise ValueError(f"gpu-family matvec workgroups have {GPU_WORKGROUP_SIZES} threads, got {workgroup_size}")
+    grid = (_ceil(rows, MATVEC_ROWS), tokens, 1)
     constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu)
     params = uniform_words(rows, cols, tokens, float(norm_eps or 0.0)).tobytes()
-    return KernelCall(f"matvec_{dtype}", constants, grid, params)
+    return KernelCall(linear_kernel("gpu", subgroups, "matvec", dtype)[0], constants, grid, params)
+
+
+def linear_kernel(family: str, subgroups: bool, kind: str, dtype: str) -> tuple[str, int]:
+    """(shader, workgroup size) of a `kind` ("matvec" | "matmul") linear in kernel `family`: the gpu family
+    has its own matvec (matvec_gpu[_sg]_<dtype>, subgroups when the device has them); matmul (prefill) is
+    the cpu family's in both."""
+    if family not in FAMILIES:
+        raise ValueError(f"kernel family must be one of {FAMILIES}, got {family!r}")
+    if family == "gpu" and kind == "matvec":
+        return f"matvec_gpu_{'sg_' if subgroups else ''}{dtype}", GPU_WORKGROUP_SIZES[0]
+    return f"{kind}_{dtype}", 32
+
+
+def family_linear_call(family: str, subgroups: bool, dtype: str, rows: int, cols: int, tokens: int,
+                       accumulate: bool = False) -> KernelCall:
+    """linear_call for kernel `family`: where linear_call picks matvec, the gpu family runs its own."""
+    call = linear_call(dtype, rows, cols, tokens, accumulate)
+    if family == "gpu" and call.shader.startswith("matvec_"):
+        return matvec_gpu_call(dtype, rows, cols, tokens, subgroups, accumulate=accumulate)
+    return call
+
+
+SOFTWARE_ADAPTERS = ("swiftshader", "llvmpipe", "lavapipe")  # adapter info words of CPU-emulated WebGPU
+
+
+def choose_family(requested: str, adapter_name: str, fallback: bool) -> tuple[str, str]:
+    """(kernel family, why) for ?kernels=`requested` (auto | cpu | gpu) on the adapter named `adapter_name`
+    (vendor / architecture / description) whose isFallbackAdapter is `fallback`: auto picks the cpu family
+    on software adapters, whose kernels were shaped for them, and the gpu family elsewhere."""
+    if requested not in ("auto", *FAMILIES):
+        raise ValueError(f"kernels must be auto, cpu or gpu, got {requested!r}")
+    if requested != "auto":
+        return requested, f"kernels={requested} was asked for"
+    signs = ["isFallbackAdapter"] * fallback + [word for word in SOFTWARE_ADAPTERS if word in adapter_name.lower()]
+    if signs:
+        return "cpu", f"auto: {adapter_name} is a software adapter ({', '.join(signs)})"
+    return "gpu", f"auto: {adapter_name} is a hardware adapter"
 
 
 def matmul_call(dtype: str, rows: int, cols: int, tokens: int, workgroup_size: int = 32,
@@ -149,11 +208,16 @@ def embedding_call(tokens: int, hidden: int, workgroup_size: int = 64) -> Kernel
                       (_ceil(hidden // 4, workgroup_size), tokens, 1), uniform_words(tokens, hidden).tobytes())
 
 
-def argmax_call(vocab: int, seqs: int, workgroup_size: int = 256) -> KernelCall:
-    """out (seqs,) u32 = argmax of each logits row (lowest index on ties); buffers: logits, out, params."""
+def argmax_call(vocab: int, seqs: int, workgroup_size: int = 256, family: str = "cpu") -> KernelCall:
+    """out (seqs,) u32 = argmax of each logits row (lowest index on ties); buffers: logits, out, params.
+    The gpu family (argmax_gpu.wgsl) combines the threads' winners with a tree: workgroup_size a power of two."""
     _positive(vocab=vocab, seqs=seqs)
-    return KernelCall("argmax", (("WORKGROUP_SIZE", workgroup_size),), (seqs, 1, 1),
-                      uniform_words(vocab, seqs).tobytes())
+    if family not in FAMILIES:
+        raise ValueError(f"kernel family must be one of {FAMILIES}, got {family!r}")
+    if family == "gpu" and workgroup_size & (workgroup_size - 1):
+        raise ValueError(f"argmax_gpu's tree needs a power-of-two workgroup size, got {workgroup_size}")
+    return KernelCall("argmax" if family == "cpu" else "argmax_gpu", (("WORKGROUP_SIZE", workgroup_size),),
+                      (seqs, 1, 1), uniform_words(vocab, seqs).tobytes())
 
 
 def stream_read_call(nbytes: int, workgroups: int = 256, workgroup_size: int = 64) -> KernelCall:

@@ -12,6 +12,9 @@ matvec with its RMSNorm fused (NORM), rope + split into q / k / v, kv_write, pag
 output projection adding into x (ACCUMULATE), gate|up matvec with its RMSNorm and the SwiGLU fused (NORM,
 SWIGLU), down projection adding into x. Prefill (matmul, compute-bound) keeps the two rmsnorm dispatches.
 
+The backend's kernel family (b.kernels, model_kernels.FAMILIES) picks the matvec and argmax kernels;
+decode attention and the prefill matmul / attention are the cpu family's in both families.
+
 Pure Python (no `js`): the GPU objects come from GpuContext through the backend.
 """
 from __future__ import annotations
@@ -63,7 +66,8 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     def linear(name: str, x, y, slot: str, kind: str, accumulate: bool = False, norm: bool = False,
                swiglu: bool = False) -> Dispatch:
         dtype, parts = w[name]
-        return Dispatch(f"{kind}_{dtype}", ops.linear_constants(32, accumulate, norm, swiglu), (*parts, x, y), slot)
+        shader, size = ops.linear_kernel(b.kernels, b.subgroups, kind, dtype)
+        return Dispatch(shader, ops.linear_constants(size, accumulate, norm, swiglu), (*parts, x, y), slot)
 
     def normed_linear(norm: str, name: str, y, slot: str, swiglu: bool = False) -> list[Dispatch]:
         """y = rms_norm(x) @ W.T: matvec fuses the norm (its weight is stored after the stacked codes);
@@ -109,7 +113,8 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["last"], w["output_norm.weight"][1][0], s["last_norm"]),
                  "rms_s"),
         linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel),
-        Dispatch("argmax", (("WORKGROUP_SIZE", 256),), (s["logits"], s["ids"]), "argmax"),
+        Dispatch(ops.argmax_call(cfg.vocab, 1, family=b.kernels).shader, (("WORKGROUP_SIZE", 256),),
+                 (s["logits"], s["ids"]), "argmax"),
     ])
     return passes
 
@@ -132,17 +137,21 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     t, n = shape.num_tokens, shape.num_seqs
     lay, kv = b.kv_layout, b.kv_kernels
     q8 = "q8_0"  # grid and uniform of a linear call do not depend on the quantization
+
+    def linear(rows: int, cols: int, tokens: int) -> ops.KernelCall:
+        return ops.family_linear_call(b.kernels, b.subgroups, q8, rows, cols, tokens)
+
     calls = {
         "embedding": ops.embedding_call(t, cfg.hidden),
         "rms_t": ops.rmsnorm_call(cfg.hidden, t, cfg.rms_eps),
-        "lin_h": ops.linear_call(q8, cfg.hidden, cfg.hidden, t),
-        "lin_qkv": _with_eps(ops.linear_call(q8, cfg.hidden + 2 * cfg.kv_dim, cfg.hidden, t), cfg.rms_eps),
-        "lin_ffn": _with_eps(ops.linear_call(q8, 2 * cfg.ffn, cfg.hidden, t), cfg.rms_eps),
-        "lin_down": ops.linear_call(q8, cfg.hidden, cfg.ffn, t),
+        "lin_h": linear(cfg.hidden, cfg.hidden, t),
+        "lin_qkv": _with_eps(linear(cfg.hidden + 2 * cfg.kv_dim, cfg.hidden, t), cfg.rms_eps),
+        "lin_ffn": _with_eps(linear(2 * cfg.ffn, cfg.hidden, t), cfg.rms_eps),
+        "lin_down": linear(cfg.hidden, cfg.ffn, t),
         "rope": ops.rope_call(t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
         "rms_s": ops.rmsnorm_call(cfg.hidden, n, cfg.rms_eps),
-        "lm_head": ops.linear_call(q8, cfg.vocab, cfg.hidden, n),
-        "argmax": ops.argmax_call(cfg.vocab, n),
+        "lm_head": linear(cfg.vocab, cfg.hidden, n),
+        "argmax": ops.argmax_call(cfg.vocab, n, family=b.kernels),
     }
     grids = np.zeros((len(SLOTS), 3), np.int32)  # (slots, 3)
     params = np.zeros((len(SLOTS), PARAM_SLOT_BYTES), np.uint8)  # (slots, 256)

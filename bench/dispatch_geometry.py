@@ -1,0 +1,91 @@
+"""Every dispatch of one SmolLM2-135M decode step (one sequence), from the plan's own call builders.
+
+    python3 -m bench.dispatch_geometry [--json] [--kernels cpu|gpu] [--context N] [--no-subgroups]
+
+Pure CPython, no GPU: records the step the way WebGpuBackend does (plan.layer_program with the family's
+kernels, plan.step_slots for the grids) over placeholder buffers, and lists per dispatch the kernel, its
+workgroup size, workgroup grid and invocations (grid x workgroup size). What a real GPU is given to fill;
+the gpu family exists to raise the matvec / matmul rows (issue 18).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from types import SimpleNamespace
+
+from bench._path import emit
+from pagedkv.backends.webgpu.kv_kernels import KVKernels, KVLayout
+from pagedkv.backends.webgpu.model_kernels import FAMILIES, MAX_WORKGROUPS_PER_DIM
+from pagedkv.backends.webgpu.plan import SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
+from pagedkv.model.config import ModelConfig
+
+# SmolLM2-135M-Instruct as convert.py reads it from its GGUF file
+SMOLLM2 = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 100000.0, "adjacent_pairs", 1e-5, 8192, True)
+BLOCK_SIZE = 16
+
+
+class _Named(dict):
+    """Placeholder buffers: each one is its own name."""
+
+    def __missing__(self, name: str) -> str:
+        return name
+
+
+class _Weights(dict):
+    """SmolLM2's uploaded tensors as (dtype, part placeholders): Q8_0 embedding / LM head, Q4_1 layers."""
+
+    def __missing__(self, name: str) -> tuple:
+        dtype = "f32" if "norm" in name else "q8_0" if name == "token_embd.weight" else "q4_1"
+        return dtype, (f"{name}.qs", f"{name}.scales")
+
+
+def decode_step(kernels: str, context: int, subgroups: bool = True, config: ModelConfig = SMOLLM2) -> list[dict]:
+    """The dispatches of one decode step of one sequence at `context` tokens, in submission order."""
+    if kernels not in FAMILIES:
+        raise ValueError(f"kernels must be one of {FAMILIES}, got {kernels!r}")
+    if not 1 <= context <= config.context_length:
+        raise ValueError(f"context must be 1..{config.context_length}, got {context}")
+    blocks = math.ceil(config.context_length / BLOCK_SIZE)
+    layout = KVLayout(blocks, BLOCK_SIZE, config.n_kv_heads, config.head_dim, "f16")
+    ctx = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": MAX_WORKGROUPS_PER_DIM}))
+    kv = KVKernels(ctx, layout, config.n_heads)
+    b = SimpleNamespace(config=config, scratch=_Named(), weights=_Weights(), kv_layout=layout, kv_kernels=kv,
+                        kv_caches=[SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(config.n_layers)],
+                        kernels=kernels, subgroups=subgroups)
+    shape = StepShape(num_tokens=1, num_seqs=1, table_width=math.ceil(context / BLOCK_SIZE),
+                      max_parts=math.ceil(context / (kv.partition_blocks * BLOCK_SIZE)), num_tiles=1, decode=True)
+    grids, _ = step_slots(b, shape)  # (slots, 3)
+    rows = []
+    for dispatches in layer_program(b, PlanKey.of(1, 1)):
+        for d in dispatches:
+            grid = tuple(int(g) for g in grids[SLOT_INDEX[d.slot]])
+            if grid[0] == 0:  # skipped this step (the reduce of a single partition)
+                continue
+            size = kv.workgroup_size if d.constants is None else dict(d.constants)["WORKGROUP_SIZE"]
+            rows.append({"kernel": d.shader, "slot": d.slot, "workgroup_size": size, "workgroups": list(grid),
+                         "invocations": size * math.prod(grid)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernels", choices=FAMILIES, default="gpu")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--no-subgroups", action="store_true", help="the gpu family's workgroup-tree kernels")
+    parser.add_argument("--json", action="store_true", help="one JSON object (else a table)")
+    args = parser.parse_args(argv)
+    rows = decode_step(args.kernels, args.context, not args.no_subgroups)
+    if args.json:
+        emit({"model": "smollm2-135m-instruct", "kernels": args.kernels, "context": args.context,
+              "dispatches": rows})
+        return 0
+    print(f"{'kernel':<26} {'slot':<10} {'wg size':>7} {'workgroups':>16} {'invocations':>11}")
+    for r in rows:
+        print(f"{r['kernel']:<26} {r['slot']:<10} {r['workgroup_size']:>7} {str(tuple(r['workgroups'])):>16} "
+              f"{r['invocations']:>11,}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+// One u32 word of Q4_1 codes for the gpu-family matvec (expanded at a `//#include gpu_q4_1_words.wgsl`
+// line after q4_1_weights.wgsl): 8 weights, 2 activation vec4s.
+
+override WORKGROUP_SIZE : u32 = 64u;
+const WORDS_PER_BLOCK : u32 = 4u;
+const X_PER_WORD : u32 = 2u;
+
+// Word c of block i (row * cols/32 + b) against its activations u0, u1: d * dot(q, u) + m * sum(u).
+fn word_dot(i : u32, c : u32, u0 : vec4<f32>, u1 : vec4<f32>) -> f32 {
+  let q = qs[i][c];
+  let s = unpack2x16float(dm[i]);  // (d, m)
+  return s.x * (dot(nibbles_lo(q), u0 * SCALE_LO) + dot(nibbles_hi(q), u1 * SCALE_HI)) + s.y * dot(u0 + u1, vec4<f32>(1.0));
+}

@@ -1,0 +1,61 @@
+// The body shared by the gpu-family matvec kernels (matvec_gpu[_sg]_<dtype>.wgsl; expanded at their
+// `//#include matvec_gpu_main.wgsl` line, after <dtype>_weights.wgsl and a reduce_*.wgsl fragment).
+// Shaped for real GPUs, where the cpu family's lone 8-row threads leave most lanes idle and read 2 KB
+// apart: one workgroup of WORKGROUP_SIZE threads owns ROWS = 8 rows of one token (workgroup_id.y) and
+// its lanes stride along K one u32 word of codes at a time, so neighbouring lanes read neighbouring
+// words (coalesced) and each activation is loaded once for all 8 rows. The per-lane sums meet in
+// wg_sum() (subgroups or a workgroup tree). The including kernel defines WORDS_PER_BLOCK (u32 words of
+// codes per 32-weight block), X_PER_WORD (vec4 activations a word meets) and word_dot(block index,
+// word within the block, its activations).
+// Every branch around a barrier or subgroup operation depends only on workgroup_id, override
+// constants or the uniform params (no early return before the reductions).
+
+const ROWS : u32 = 8u;
+
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index) lid : u32) {
+  let r0 = wid.x * ROWS;  // the grid has ceil(rows / 8) columns: r0 < rows
+  let t = wid.y;
+  let nb = params.cols / 32u;
+  let last = params.rows - 1u;
+  let ri = vec4<u32>(r0, min(r0 + 1u, last), min(r0 + 2u, last), min(r0 + 3u, last)) * nb;
+  let rj = vec4<u32>(min(r0 + 4u, last), min(r0 + 5u, last), min(r0 + 6u, last), min(r0 + 7u, last)) * nb;
+  var lo = vec4<f32>(0.0);  // rows r0 .. r0+3
+  var hi = vec4<f32>(0.0);  // rows r0+4 .. r0+7
+  var ss = 0.0;  // sum of x^2 (NORM)
+  let xt = t * (params.cols / 4u);
+  for (var j = lid; j < nb * WORDS_PER_BLOCK; j += WORKGROUP_SIZE) {
+    let v = j * X_PER_WORD;  // the word's first activation vec4 within the row
+    var u0 = x[xt + v];
+    var u1 = vec4<f32>(0.0);
+    if (X_PER_WORD == 2u) {
+      u1 = x[xt + v + 1u];
+    }
+    if (NORM) {
+      ss += dot(u0, u0) + dot(u1, u1);
+      u0 *= gain(v);
+      if (X_PER_WORD == 2u) {
+        u1 *= gain(v + 1u);
+      }
+    }
+    let b = j / WORDS_PER_BLOCK;
+    let c = j % WORDS_PER_BLOCK;
+    let i = ri + b;
+    let k = rj + b;
+    lo += vec4<f32>(word_dot(i.x, c, u0, u1), word_dot(i.y, c, u0, u1), word_dot(i.z, c, u0, u1),
+                    word_dot(i.w, c, u0, u1));
+    hi += vec4<f32>(word_dot(k.x, c, u0, u1), word_dot(k.y, c, u0, u1), word_dot(k.z, c, u0, u1),
+                    word_dot(k.w, c, u0, u1));
+  }
+  lo = wg_sum(lo, lid);
+  hi = wg_sum(hi, lid);
+  if (NORM) {
+    let inv_rms = 1.0 / sqrt(wg_sum(vec4<f32>(ss, 0.0, 0.0, 0.0), lid).x / f32(params.cols) + params.eps);
+    lo *= inv_rms;
+    hi *= inv_rms;
+  }
+  if (lid != 0u) {
+    return;
+  }
+  put8(t, r0, lo, hi);
+}

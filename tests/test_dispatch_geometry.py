@@ -1,0 +1,46 @@
+"""bench.dispatch_geometry: one SmolLM2 decode step's dispatches, from the plan's call builders (CPython)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import dispatch_geometry as geo
+
+
+def _linear(rows: list[dict]) -> list[tuple]:
+    return [(r["kernel"], r["slot"], r["invocations"]) for r in rows if r["kernel"].startswith(("matvec", "matmul"))]
+
+
+def test_gpu_family_fills_every_matvec_with_at_least_1024_invocations_at_context_512():
+    for subgroups in (True, False):
+        rows = geo.decode_step("gpu", 512, subgroups)
+        linear = _linear(rows)
+        assert len(linear) == 30 * 4 + 1  # q|k|v, o, gate|up, down per layer + the LM head
+        assert min(n for _, _, n in linear) >= 1024
+        shader = "matvec_gpu_sg_q4_1" if subgroups else "matvec_gpu_q4_1"
+        assert linear[:4] == [(shader, "lin_qkv", 120 * 64), (shader, "lin_h", 72 * 64),
+                              (shader, "lin_ffn", 384 * 64), (shader, "lin_down", 72 * 64)]
+        assert linear[-1] == (shader.replace("q4_1", "q8_0"), "lm_head", 6144 * 64)
+        assert rows[-1] == {"kernel": "argmax_gpu", "slot": "argmax", "workgroup_size": 256,
+                            "workgroups": [1, 1, 1], "invocations": 256}
+
+
+def test_cpu_family_rows_are_the_issues_counts():
+    rows = geo.decode_step("cpu", 512)
+    assert len(rows) == 1 + 30 * 8 + 3  # embedding, 8 per layer (the reduce too: 4 partitions at 512), head
+    assert _linear(rows)[:4] == [("matvec_q4_1", "lin_qkv", 128), ("matvec_q4_1", "lin_h", 96),
+                                 ("matvec_q4_1", "lin_ffn", 384), ("matvec_q4_1", "lin_down", 96)]
+    attn = [r for r in rows if r["kernel"] == "paged_attention"]
+    assert attn[0]["workgroups"] == [1, 1, 1] and attn[0]["invocations"] == 16  # 12 live threads at 512
+    assert [r["kernel"] for r in geo.decode_step("gpu", 512) if r["slot"] in ("attn", "reduce")][:2] == [
+        "paged_attention", "paged_attention_reduce"]  # attention is the cpu family's in both
+    assert "paged_attention_reduce" not in {r["kernel"] for r in geo.decode_step("cpu", 100)}  # one partition
+
+
+def test_cli_prints_json(capsys):
+    assert geo.main(["--json", "--kernels", "cpu", "--context", "512"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["kernels"], out["context"], len(out["dispatches"])) == ("cpu", 512, 244)
+    with pytest.raises(ValueError, match="context must be 1..8192, got 0"):
+        geo.decode_step("gpu", 0)
