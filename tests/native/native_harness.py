@@ -43,6 +43,16 @@ class NativeWorker:
         value = self.loop.run_until_complete(run())
         return json.loads(value) if isinstance(value, str) else value
 
+    def install_test_modules(self, *names: str) -> "NativeWorker":
+        """What the harness's install_test_modules does in the page: tests/browser/<name>.py, freshly read,
+        importable as the module `name`."""
+        for name in names:
+            spec = importlib.util.spec_from_file_location(name, BROWSER_TESTS / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        return self
+
 
 def browser_module(name: str):
     """tests/browser/<name>.py, imported against tests/browser/conftest.py (which its `from conftest import`

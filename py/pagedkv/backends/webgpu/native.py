@@ -23,7 +23,11 @@ from .device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderL
                      resource)
 
 SHADERS = Path(__file__).resolve().parents[4] / "shaders"  # the repo's shaders/ (py/pagedkv/backends/webgpu/..)
-OPTIONAL_FEATURES = ("timestamp-query",)  # asked for when the adapter has them (kernel timing)
+# Asked for when the adapter has them: kernel timing, and the gpu kernel family's subgroup reductions.
+OPTIONAL_FEATURES = ("timestamp-query", "subgroup")
+# wgpu-native names some features its own way; the engine reads the WebGPU standard's names.
+STANDARD_FEATURE_NAMES = {"subgroup": "subgroups"}
+ENABLE_SUBGROUPS = "enable subgroups;"
 NO_ADAPTER = ("wgpu-py found no GPU adapter. It needs a Vulkan, Metal or D3D12 driver: on Linux install one "
               "(`apt-get install mesa-vulkan-drivers` gives lavapipe, a CPU Vulkan; a GPU's own driver ships "
               "its Vulkan ICD) and the Vulkan loader (libvulkan1).")
@@ -89,7 +93,8 @@ class NativeDevice(GpuDevice):
         raw = adapter.info
         info = AdapterInfo(vendor=str(raw.get("vendor", "")), architecture=str(raw.get("architecture", "")),
                            description=str(raw.get("device", "") or raw.get("description", "")), limits=limits,
-                           features=tuple(sorted(adapter.features)), backend=str(raw.get("backend_type", "")))
+                           features=tuple(sorted(STANDARD_FEATURE_NAMES.get(f, f) for f in adapter.features)),
+                           backend=str(raw.get("backend_type", "")))
         device = adapter.request_device_sync(
             required_features=[f for f in OPTIONAL_FEATURES if f in adapter.features],
             required_limits={_kebab(name): value for name, value in limits.items()})
@@ -125,6 +130,9 @@ class NativeDevice(GpuDevice):
     # ---------------------------------------------------------------- kernels
 
     async def compile(self, name: str, source: str, constants: dict | None, entry_point: str):
+        # Naga (wgpu-native 25) compiles subgroup builtins once the device has the feature, but refuses the
+        # standard's `enable subgroups;` directive that Tint requires; the rest of the source is unchanged.
+        source = source.replace(ENABLE_SUBGROUPS, "")
         compute = {"module": None, "entry_point": entry_point}
         if constants:
             compute["constants"] = dict(constants)
