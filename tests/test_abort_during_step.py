@@ -3,6 +3,7 @@ its output of that step is dropped, and every other request keeps every token.""
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,13 @@ from pagedkv.tokenizer import Tokenizer
 
 GREEDY = SamplingParams(max_tokens=12, stop_token_ids=(10_000,))  # a stop id the tiny vocab never emits
 SHORT, LONG = list(range(3, 8)), list(range(63, 86))  # 5 and 23 tokens, no shared prefix
+
+
+def run_in_own_loop(coro):
+    """asyncio.run in a thread of its own: when the browser tests ran first, Playwright's sync API keeps a loop
+    running in this thread, where asyncio.run refuses to start."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 class YieldingBackend(CpuBackend):
@@ -60,7 +68,7 @@ def test_abort_during_the_forward_drops_only_that_requests_output(tiny_weights, 
     engine = LLMEngine(YieldingBackend(tiny_weights, num_blocks=16, block_size=16), tokenizer, EngineConfig())
     a, b = engine.add_request(SHORT, GREEDY), engine.add_request(LONG, GREEDY)
     req_a, req_b = engine.request(a), engine.request(b)
-    outputs = asyncio.run(run_and_abort(engine, a, at_step=2, during="forward"))
+    outputs = run_in_own_loop(run_and_abort(engine, a, at_step=2, during="forward"))
     assert [o.request_id for o in outputs[2]] == [b]  # the aborted request's token of that step is dropped
     assert req_a.output_ids == reference_greedy(tiny_model, SHORT, 2) and req_a.finish_reason == "abort"
     assert req_b.output_ids == reference_greedy(tiny_model, LONG, 12) and req_b.finish_reason == "length"
@@ -74,7 +82,7 @@ def test_abort_during_the_copy_on_write_before_the_forward(tiny_weights, tiny_mo
     engine = LLMEngine(YieldingBackend(tiny_weights, num_blocks=16, block_size=16), tokenizer, EngineConfig())
     a, b = engine.add_request(SHORT, replace(GREEDY, n=2)), engine.add_request(LONG, GREEDY)
     req_a, req_b = engine.request(a), engine.request(b)
-    outputs = asyncio.run(run_and_abort(engine, a, at_step=1, during="copy_blocks"))
+    outputs = run_in_own_loop(run_and_abort(engine, a, at_step=1, during="copy_blocks"))
     assert [o.request_id for o in outputs[1]] == [b]
     assert [s.output_ids for s in req_a.samples] == [reference_greedy(tiny_model, SHORT, 1)] * 2
     assert {s.finish_reason for s in req_a.samples} == {"abort"}

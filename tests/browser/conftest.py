@@ -9,10 +9,7 @@ import pytest
 import build
 from bench.harness import browser as harness
 from bench.harness.browser import BootedPage
-
-BOOT_TIMEOUT_MS = 240_000
-PY_TIMEOUT_MS = 600_000
-ROOT = build.ROOT
+from browser_pages import open_and_boot
 
 
 @pytest.fixture(scope="session")
@@ -47,33 +44,6 @@ def browser_without_webgpu(playwright_instance):
     b = harness.launch(*playwright_instance, webgpu=False)
     yield b
     b.close()
-
-
-def open_and_boot(browser, url: str) -> BootedPage:
-    return harness.open_and_boot(browser, url, BOOT_TIMEOUT_MS, PY_TIMEOUT_MS)
-
-
-def wait_model(booted: BootedPage) -> dict:
-    """Wait until the page's model is loaded; returns the model-ready message."""
-    try:
-        return harness.wait_model(booted, BOOT_TIMEOUT_MS)
-    except RuntimeError as exc:
-        pytest.fail(str(exc), pytrace=False)
-
-
-def install_modules(booted: BootedPage, *names: str) -> BootedPage:
-    """Make tests/browser/<name>.py importable in the page's worker (the cases run in Pyodide)."""
-    return booted.install_test_modules(*names)
-
-
-def open_app(browser, url: str, timeout_ms: int) -> tuple[BootedPage, dict]:
-    """Boot the page, wait for its model, open the generation settings; returns the page and model-ready info."""
-    booted = open_and_boot(browser, url)
-    assert booted.state == "ready", booted.dataset()
-    info = wait_model(booted)
-    booted.page.set_default_timeout(timeout_ms)
-    booted.page.locator("#settings summary").click()
-    return booted, info
 
 
 @pytest.fixture(scope="session")

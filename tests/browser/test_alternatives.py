@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import open_and_boot, wait_model
+from browser_pages import open_and_boot, wait_model
 from test_chat_app import send_and_wait
 
 HISTORY = ("import json\nfrom pagedkv_app.main import state\nc = state['service'].chats[{chat!r}]\n"

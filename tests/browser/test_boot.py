@@ -5,7 +5,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from conftest import open_and_boot, wait_model
+from browser_pages import open_and_boot, wait_model
 
 
 def test_page_boots_and_reports_adapter(ready_page):

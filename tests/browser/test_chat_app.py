@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import open_app
+from browser_pages import open_app
 
 APP_QUERY = "?model=tiny-random&backend=cpu"
 

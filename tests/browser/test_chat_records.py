@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import BOOT_TIMEOUT_MS, open_app
+from browser_pages import BOOT_TIMEOUT_MS, open_app
 from test_chat_app import raw_last_turn, send_and_wait, wait_next_turn
 
 QUERY = "?model=tiny-random&backend=cpu"

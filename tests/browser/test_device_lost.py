@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import open_app
+from browser_pages import open_app
 from test_chat_app import raw_last_turn, wait_next_turn
 
 STATE = "import json\nfrom pagedkv_app.main import state\n"

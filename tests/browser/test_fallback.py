@@ -7,7 +7,7 @@ import threading
 import pytest
 
 import serve
-from conftest import open_and_boot, wait_model
+from browser_pages import open_and_boot, wait_model
 from llama_server import MODEL_NAME, complete, llama_server
 from model_fixtures import gguf_path  # noqa: F401  (fixture)
 from test_chat_app import raw_last_turn, wait_for_streamed_text, wait_next_turn

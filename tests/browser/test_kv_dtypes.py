@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from browser_pages import open_app
+
 HERE = Path(__file__).parent
 QUANTIZED = ("int8", "fp8-e4m3", "int4", "int4-asym")
 # Same bounds as the f32 / f16 kernels (test_kv_kernels.py): the math after dequantization is unchanged.
@@ -97,8 +99,6 @@ def test_tiny_greedy_with_quantized_kv_equals_cpu_engine(page, kv_dtype):
 
 
 def test_app_boots_with_int4_asym_from_the_url_and_shows_its_bytes(browser, base_url):
-    from conftest import open_app
-
     booted, info = open_app(browser, base_url + "?model=tiny-random&budget_mib=64&kv_dtype=int4-asym", 120_000)
     try:
         assert (info["backend"], info["kv_dtype"], info["bytes_per_token"]) == ("webgpu", "int4-asym", 2 * 2 * 32)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import ROOT
+from browser_pages import ROOT
 
 import kv_invariants
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import install_modules
+from browser_pages import install_modules
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import install_modules
+from browser_pages import install_modules
 
 LINEAR_SCALED_BOUND = 2e-6
 LINEAR_REL_BOUND = 1e-5

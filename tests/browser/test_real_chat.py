@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import open_and_boot, open_app, wait_model
+from browser_pages import open_and_boot, open_app, wait_model
 
 ENGINE_STATS = "import json\nfrom pagedkv_app.main import state\njson.dumps(state['engine'].stats())"
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import install_modules
+from browser_pages import install_modules
 
 
 @pytest.fixture(scope="module")

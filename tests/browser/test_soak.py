@@ -3,7 +3,7 @@ the tiny model, then nothing lost, nothing left behind."""
 from __future__ import annotations
 
 from bench.soak import KINDS, MODEL_QUERY, run_soak
-from conftest import open_and_boot, wait_model
+from browser_pages import open_and_boot, wait_model
 
 
 def test_a_short_soak_loses_nothing_and_leaks_no_block(browser, base_url):

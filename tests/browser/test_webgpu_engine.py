@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from browser_pages import open_and_boot
 from model_fixtures import real_model, real_weights  # noqa: F401  (fixtures)
 
 CASES = Path(__file__).with_name("engine_cases.py")
@@ -134,8 +135,6 @@ def test_real_model_greedy_and_logits_match_numpy_and_llama_cpp(worker, real_mod
 @pytest.mark.parametrize("query,backend", [("budget_mib=16", "webgpu"), ("backend=cpu", "cpu"),
                                            ("budget_mib=16&kernels=gpu", "webgpu")])
 def test_app_loads_the_model_on_the_chosen_backend(browser, base_url, query, backend):
-    from conftest import open_and_boot
-
     booted = open_and_boot(browser, f"{base_url}?model=tiny-random&{query}")
     try:
         booted.page.wait_for_selector("html[data-model=ready], html[data-model=error]", state="attached")

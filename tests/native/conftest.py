@@ -8,16 +8,16 @@ No adapter is a failure with what to install, never a skip.
 """
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from native_harness import NativeWorker
+from native_harness import LoopThread, NativeWorker
 
 
 @pytest.fixture(scope="session")
 def native_loop():
-    loop = asyncio.new_event_loop()
+    """An event loop of its own thread: the browser tests' Playwright (sync API) keeps a loop running in the
+    main thread for the whole session, and a second loop cannot run there."""
+    loop = LoopThread()
     yield loop
     loop.close()
 
@@ -28,7 +28,7 @@ def native_device(native_loop):
     from pagedkv.backends.webgpu.device import WebGPUUnavailable, open_device
 
     try:
-        return native_loop.run_until_complete(open_device())
+        return native_loop.run(open_device())
     except ImportError as exc:
         pytest.fail(f"wgpu-py is missing ({exc}): pip install -r requirements-dev.txt", pytrace=False)
     except WebGPUUnavailable as exc:

@@ -8,6 +8,7 @@ import importlib.util
 import inspect
 import json
 import sys
+import threading
 from pathlib import Path
 
 from _pytest.fixtures import getfixturemarker
@@ -18,11 +19,28 @@ if str(BROWSER_TESTS) not in sys.path:
 BROWSER_ONLY = {"browser", "browser_without_webgpu", "base_url"}  # fixtures of tests that drive the page's UI
 
 
+class LoopThread:
+    """An asyncio loop running in a thread of its own; run(coro) waits for the coroutine's result there."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="native-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
 class NativeWorker:
     """Runs code as the page's worker does (Pyodide's runPythonAsync): top-level await allowed, globals kept
     between calls, the last expression's value returned, JSON-decoded when it is JSON text."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: "LoopThread") -> None:
         self.loop = loop
         self.globals: dict = {"__name__": "native_worker"}
 
@@ -40,42 +58,33 @@ class NativeWorker:
             value = eval(compile(ast.Expression(last.value), "<worker>", "eval", flags=flags), self.globals)
             return await value if inspect.iscoroutine(value) else value
 
-        value = self.loop.run_until_complete(run())
+        value = self.loop.run(run())
         return json.loads(value) if isinstance(value, str) else value
 
     def install_test_modules(self, *names: str) -> "NativeWorker":
         """What the harness's install_test_modules does in the page: tests/browser/<name>.py, freshly read,
         importable as the module `name`."""
         for name in names:
-            spec = importlib.util.spec_from_file_location(name, BROWSER_TESTS / f"{name}.py")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
+            load_browser_module(name)
         return self
 
 
+def load_browser_module(name: str):
+    """tests/browser/<name>.py, read afresh and registered as the module `name`."""
+    spec = importlib.util.spec_from_file_location(name, BROWSER_TESTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def browser_module(name: str):
-    """tests/browser/<name>.py, imported against tests/browser/conftest.py (which its `from conftest import`
-    means), once per process: pytest may have imported it already when it collected tests/browser."""
+    """tests/browser/<name>.py, once per process: pytest may have imported it already when it collected
+    tests/browser."""
     module = sys.modules.get(name)
     if module is not None and Path(module.__file__).parent == BROWSER_TESTS:
         return module
-    spec = importlib.util.spec_from_file_location("conftest", BROWSER_TESTS / "conftest.py")
-    browser_conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(browser_conftest)
-    saved = sys.modules.get("conftest")
-    sys.modules["conftest"] = browser_conftest
-    try:
-        spec = importlib.util.spec_from_file_location(name, BROWSER_TESTS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    finally:
-        if saved is None:
-            del sys.modules["conftest"]
-        else:
-            sys.modules["conftest"] = saved
-    return module
+    return load_browser_module(name)
 
 
 def browser_tests(name: str, *, except_: tuple[str, ...] = ()) -> dict:
