@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gguf_tokenizer import find_gguf, gguf_manifest_sections, smollm2_tokenizer, tokenizer_from_gguf
-import pagedkv.tokenizer as tokenizer_module
+import pagedkv.bpe as tokenizer_module
 from pagedkv.pretokenize import split_words, stand_in
 from pagedkv.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, Tokenizer, bytes_to_unicode
 
@@ -189,13 +189,13 @@ def test_gpt2_pre_tokenizer_keeps_digit_runs():
 
 
 def test_stand_in_preserves_length_and_classes():
-    assert stand_in("aé中٣\u3000\u00a0€ ") == "aaa0\t\t! "
+    assert stand_in("aé中٣\u3000\u00a0€ «\u0301") == "aaa0\x0b\x0b` !`"
     assert stand_in("plain ascii") == "plain ascii"
 
 
 def test_unknown_pre_tokenizer_rejected():
-    with pytest.raises(ValueError, match="unsupported pre-tokenizer 'llama3'"):
-        split_words("x", "llama3")
+    with pytest.raises(ValueError, match="unsupported pre-tokenizer 'falcon'"):
+        split_words("x", "falcon")
 
 
 # ------------------------------------------------------------ BPE mechanics
@@ -270,10 +270,12 @@ def test_bad_manifest_is_rejected():
         Tokenizer.from_manifest({})
     with pytest.raises(ValueError, match=r"lacks \['merges'\]"):
         Tokenizer.from_manifest({"tokenizer": {"model": "gpt2", "pre": "smollm", "tokens": [], "token_types": []}})
-    with pytest.raises(ValueError, match="unsupported tokenizer model 'llama'"):
+    with pytest.raises(ValueError, match="unsupported tokenizer model 'bert'"):
         Tokenizer.from_manifest(
-            {"tokenizer": {"model": "llama", "pre": "x", "tokens": [], "token_types": [], "merges": []}}
+            {"tokenizer": {"model": "bert", "pre": "x", "tokens": [], "token_types": [], "merges": []}}
         )
+    with pytest.raises(ValueError, match=r"lacks \['scores'\]"):
+        Tokenizer.from_manifest({"tokenizer": {"model": "llama", "tokens": [], "token_types": []}})
 
 
 def test_bad_ids_and_text_are_rejected(tok):

@@ -1,21 +1,24 @@
-"""Byte-level BPE (GPT-2 style) driven by the model's own vocab and merges.
+"""Tokenizers driven by the model's own vocabulary, as llama.cpp tokenizes with it.
 
 Pure Python (no ``regex``/``tokenizers``), so it runs unchanged in Pyodide.
-Encoding: special tokens are cut out first and kept atomic; the text between
-them is split into words by the pre-tokenizer; each word's UTF-8 bytes are
-mapped to the GPT-2 byte alphabet and merged pairwise by merge rank (lowest
-rank first, leftmost on ties). Results are cached per word.
+Two vocabulary kinds, named by the GGUF's ``tokenizer.ggml.model``:
+``gpt2`` (byte-level BPE, ``pagedkv.bpe``) and ``llama`` (SentencePiece,
+``pagedkv.spm``). Both share what this module does: special tokens are cut
+out of the text first and kept atomic (longest token first, as llama.cpp's
+``tokenizer_st_partition``), the text between them goes to the vocabulary's
+model, and BOS/EOS are added when asked and the file says so.
 """
 
 from __future__ import annotations
 
 import codecs
-import heapq
 import operator
 import re
 from collections.abc import Iterable, Sequence
 
-from pagedkv.pretokenize import PATTERNS, split_words
+from pagedkv.bpe import BpeModel, bytes_to_unicode  # noqa: F401  (bytes_to_unicode: public helper)
+from pagedkv.pretokenize import IGNORE_MERGES, resolve
+from pagedkv.spm import SpmModel
 
 # GGUF tokenizer.ggml.token_type values.
 TOKEN_NORMAL = 1
@@ -25,128 +28,45 @@ TOKEN_USER_DEFINED = 4
 TOKEN_UNUSED = 5
 TOKEN_BYTE = 6
 _VALID_TOKEN_TYPES = frozenset(range(1, 7))
-
-_CACHE_LIMIT = 65536  # words; a cleared cache only costs time, never correctness
-# Words at least this long (in bytes) merge through a heap. The scan is
-# quadratic: a pasted CJK paragraph is one pre-tokenizer word of thousands of
-# bytes, which took 0.3 s in CPython (seconds under Pyodide). Measured on the
-# golden words: the scan wins below ~4 bytes, the heap from ~8 bytes on.
-_HEAP_MIN_SYMBOLS = 8
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from each byte to a printable character."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    mapping = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping
-
-
-_BYTE_TO_CHAR = bytes_to_unicode()
-_CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
-# Maps raw bytes (decoded as latin-1, one char per byte) to the GPT-2 alphabet.
-_BYTE_TRANSLATION = str.maketrans({chr(b): c for b, c in _BYTE_TO_CHAR.items()})
-
-
-def merge_by_scan(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
-    """Apply BPE merges: repeatedly merge every occurrence of the lowest-rank pair, left to right."""
-    while len(symbols) > 1:
-        best_rank = None
-        best_pair = None
-        for pair in zip(symbols, symbols[1:]):
-            rank = ranks.get(pair)
-            if rank is not None and (best_rank is None or rank < best_rank):
-                best_rank, best_pair = rank, pair
-        if best_pair is None:
-            break
-        left, right = best_pair
-        merged: list[str] = []
-        i = 0
-        n = len(symbols)
-        while i < n:
-            if i < n - 1 and symbols[i] == left and symbols[i + 1] == right:
-                merged.append(left + right)
-                i += 2
-            else:
-                merged.append(symbols[i])
-                i += 1
-        symbols = merged
-    return symbols
-
-
-def merge_by_heap(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
-    """Same result as ``merge_by_scan`` in O(n log n): pairs in a heap ordered by (rank, position).
-
-    Symbols live in a linked list over their original positions; a heap entry
-    is stale once either side has been merged away, which shows as the pair
-    now at that position having a different rank (ranks are unique per pair).
-    Equivalent to the scan because a merge's result only takes part in merges
-    of higher rank, as BPE training creates them.
-    """
-    n = len(symbols)
-    sym: list[str | None] = list(symbols)
-    nxt = list(range(1, n + 1))
-    nxt[-1] = -1
-    prv = list(range(-1, n - 1))
-    heap = [(r, i) for i in range(n - 1) if (r := ranks.get((sym[i], sym[i + 1]))) is not None]
-    heapq.heapify(heap)
-    while heap:
-        rank, i = heapq.heappop(heap)
-        left = sym[i]
-        j = nxt[i]
-        if left is None or j == -1 or ranks.get((left, sym[j])) != rank:
-            continue
-        merged = left + sym[j]
-        sym[i] = merged
-        sym[j] = None
-        k = nxt[j]
-        nxt[i] = k
-        if k != -1:
-            prv[k] = i
-            r = ranks.get((merged, sym[k]))
-            if r is not None:
-                heapq.heappush(heap, (r, i))
-        p = prv[i]
-        if p != -1:
-            r = ranks.get((sym[p], merged))
-            if r is not None:
-                heapq.heappush(heap, (r, p))
-    return [s for s in sym if s is not None]
+# Matched in text (llama.cpp's special-token cache); without allow_special only user-defined ones.
+_SPECIAL_TYPES = (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN)
+MODELS = ("gpt2", "llama")
 
 
 class Tokenizer:
-    """GPT-2 style byte-level BPE tokenizer."""
+    """A GGUF vocabulary's tokenizer: byte-level BPE (``gpt2``) or SentencePiece (``llama``)."""
 
     def __init__(
         self,
         tokens: Sequence[str],
         token_types: Sequence[int],
-        merges: Sequence[str],
+        merges: Sequence[str] = (),
         *,
+        model: str = "gpt2",
         pre: str = "smollm",
+        scores: Sequence[float] | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | None = None,
         unknown_token_id: int | None = None,
         padding_token_id: int | None = None,
+        add_bos: bool | None = None,
+        add_eos: bool = False,
+        add_space_prefix: bool = True,
     ) -> None:
-        """Build from parallel ``tokens``/``token_types`` lists and ``"a b"`` merge strings."""
+        """Build from parallel ``tokens``/``token_types`` lists plus ``"a b"`` merges (gpt2) or ``scores`` (llama).
+
+        ``add_bos`` unset takes llama.cpp's default for the vocabulary: on for
+        SentencePiece and for Llama 3's pre-tokenizer, off otherwise.
+        """
+        if model not in MODELS:
+            raise ValueError(f"unsupported tokenizer model {model!r}; supported: {list(MODELS)}")
         if len(tokens) == 0:
             raise ValueError("tokenizer vocabulary is empty")
         if len(tokens) != len(token_types):
             raise ValueError(
                 f"tokens ({len(tokens)}) and token_types ({len(token_types)}) differ in length"
             )
-        if pre not in PATTERNS:
-            raise ValueError(f"unsupported pre-tokenizer {pre!r}; supported: {sorted(PATTERNS)}")
-        self.pre = pre
+        self.model = model
         self._tokens = list(tokens)
         self._types = [int(t) for t in token_types]
         self._token_to_id: dict[str, int] = {}
@@ -169,14 +89,29 @@ class Tokenizer:
         self.eos_token_id = eos_token_id
         self.unknown_token_id = unknown_token_id
         self.padding_token_id = padding_token_id
-        self._ranks = self._parse_merges(merges)
+        if model == "gpt2":
+            self.pre = pre
+            self._model: BpeModel | SpmModel = BpeModel(self._token_to_id, merges, pre)
+            default_bos = resolve(pre) in IGNORE_MERGES  # llama.cpp: Llama 3 adds BOS
+        else:
+            if merges:
+                raise ValueError(f"a 'llama' (SentencePiece) vocabulary takes scores, not {len(merges)} merges")
+            if scores is None:
+                raise ValueError("a 'llama' (SentencePiece) vocabulary needs scores")
+            self.pre = "default"
+            self._model = SpmModel(self._tokens, self._token_to_id, scores, add_space_prefix=add_space_prefix)
+            default_bos = True
+        self.add_bos = default_bos if add_bos is None else bool(add_bos)
+        self.add_eos = bool(add_eos)
+        for flag, name, value in (("add_bos", "bos_token_id", bos_token_id), ("add_eos", "eos_token_id", eos_token_id)):
+            if getattr(self, flag) and value is None:
+                raise ValueError(f"{flag} is set but {name} is not")
         self._id_bytes: dict[int, bytes] = {}  # filled on first use; most ids are never decoded
-        self._special_ids = frozenset(
-            i for i, k in enumerate(self._types) if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
-        )
-        self._special_re = self._special_pattern((TOKEN_CONTROL, TOKEN_USER_DEFINED))
+        self._special_ids = frozenset(i for i, k in enumerate(self._types) if k in _SPECIAL_TYPES)
+        # Longest first, as llama.cpp cuts them (a token never splits a longer one).
+        self._specials = sorted(self._special_ids, key=lambda i: (-len(self._tokens[i]), i))
+        self._any_special_re = self._special_pattern(_SPECIAL_TYPES)
         self._user_defined_re = self._special_pattern((TOKEN_USER_DEFINED,))
-        self._cache: dict[str, tuple[int, ...]] = {}
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> Tokenizer:
@@ -185,40 +120,28 @@ class Tokenizer:
             spec = manifest["tokenizer"]
         except (KeyError, TypeError):
             raise ValueError("model manifest has no 'tokenizer' section") from None
-        missing = [k for k in ("model", "pre", "tokens", "token_types", "merges") if k not in spec]
+        model = spec.get("model") if isinstance(spec, dict) else None
+        if model not in MODELS:
+            raise ValueError(f"unsupported tokenizer model {model!r}; supported: {list(MODELS)}")
+        needed = ("pre", "tokens", "token_types", "merges") if model == "gpt2" else ("tokens", "token_types", "scores")
+        missing = [k for k in needed if k not in spec]
         if missing:
             raise ValueError(f"manifest tokenizer section lacks {missing}")
-        if spec["model"] != "gpt2":
-            raise ValueError(
-                f"unsupported tokenizer model {spec['model']!r}; only byte-level BPE 'gpt2' is supported"
-            )
         return cls(
             spec["tokens"],
             spec["token_types"],
-            spec["merges"],
-            pre=spec["pre"],
+            spec.get("merges") or (),
+            model=model,
+            pre=spec.get("pre") or "default",
+            scores=spec.get("scores"),
             bos_token_id=spec.get("bos_token_id"),
             eos_token_id=spec.get("eos_token_id"),
             unknown_token_id=spec.get("unknown_token_id"),
             padding_token_id=spec.get("padding_token_id"),
+            add_bos=spec.get("add_bos_token"),
+            add_eos=bool(spec.get("add_eos_token", False)),
+            add_space_prefix=bool(spec.get("add_space_prefix", True)),
         )
-
-    def _parse_merges(self, merges: Sequence[str]) -> dict[tuple[str, str], int]:
-        vocab = self._token_to_id
-        pairs = [m.split(" ") if isinstance(m, str) else () for m in merges]
-        for rank, pair in enumerate(pairs):
-            if len(pair) != 2 or not pair[0] or not pair[1]:
-                raise ValueError(
-                    f"merge {rank} is {merges[rank]!r}; expected two symbols separated by one space"
-                )
-            # Only merge results need ids: a final symbol is one byte or a merge result.
-            if pair[0] + pair[1] not in vocab:
-                raise ValueError(
-                    f"merge {rank} ({merges[rank]!r}) produces {pair[0] + pair[1]!r}, "
-                    "which is not in the vocabulary"
-                )
-        # Built backwards so that the first occurrence of a duplicate pair keeps its rank.
-        return {(pairs[i][0], pairs[i][1]): i for i in range(len(pairs) - 1, -1, -1)}
 
     def _bytes_of(self, token_id: int) -> bytes:
         cached = self._id_bytes.get(token_id)
@@ -227,14 +150,14 @@ class Tokenizer:
         return cached
 
     def _token_bytes(self, token_id: int) -> bytes:
-        text = self._tokens[token_id]
-        if self._types[token_id] in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
+        text, kind = self._tokens[token_id], self._types[token_id]
+        if kind in _SPECIAL_TYPES:
             return text.encode("utf-8")
-        try:
-            return bytes(_CHAR_TO_BYTE[c] for c in text)
-        except KeyError:
-            # Not from the byte alphabet: no byte sequence encodes to it, so decode its text as is.
-            return text.encode("utf-8")
+        if kind == TOKEN_BYTE and self.model == "llama":
+            return bytes([int(text[3:5], 16)])  # <0xXX>
+        if kind == TOKEN_UNUSED:
+            return b""  # llama.cpp prints nothing for unused entries
+        return self._model.normal_token_bytes(text)
 
     def _special_pattern(self, kinds: tuple[int, ...]) -> re.Pattern | None:
         texts = sorted(
@@ -294,56 +217,74 @@ class Tokenizer:
 
     # ---------------------------------------------------------------- encoding
 
-    def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
-        """Token ids of ``text``; no BOS is added.
+    def encode(self, text: str, *, allow_special: bool = True, add_special: bool = False) -> list[int]:
+        """Token ids of ``text``.
 
         With ``allow_special`` the text of control tokens (``<|im_start|>``...)
         becomes that single token; without it, such text is tokenized as plain
         characters. User-defined tokens are always atomic (llama.cpp's rule).
+        ``add_special`` adds BOS / EOS where the vocabulary says to
+        (``add_bos`` / ``add_eos``), as llama.cpp's ``add_special`` does.
         Bytes listed in ``unencodable_bytes`` are dropped.
         """
         if not isinstance(text, str):
             raise ValueError(f"encode expects str, got {type(text).__name__}")
-        special_re = self._special_re if allow_special else self._user_defined_re
         ids: list[int] = []
-        start = 0
-        if special_re is not None:
-            for match in special_re.finditer(text):
-                self._encode_ordinary(text[start : match.start()], ids)
-                ids.append(self._token_to_id[match.group()])
-                start = match.end()
-        self._encode_ordinary(text[start:], ids)
+        if add_special and self.add_bos:
+            ids.append(self.bos_token_id)
+        self.encode_fragments(self.partition(text, allow_special=allow_special), ids)
+        if add_special and self.add_eos:
+            ids.append(self.eos_token_id)
         return ids
 
-    def _encode_ordinary(self, text: str, out: list[int]) -> None:
-        if not text:
-            return
-        cache = self._cache
-        for word in split_words(text, self.pre):
-            cached = cache.get(word)
-            if cached is None:
-                if len(cache) >= _CACHE_LIMIT:
-                    cache.clear()
-                cached = cache[word] = self._bpe(word)
-            out.extend(cached)
+    def partition(self, text: str, *, allow_special: bool = True) -> list[str | int]:
+        """``text`` cut into plain-text pieces and special token ids, in order.
 
-    def _bpe(self, word: str) -> tuple[int, ...]:
-        symbols = list(word.encode("utf-8").decode("latin-1").translate(_BYTE_TRANSLATION))
-        if len(symbols) < _HEAP_MIN_SYMBOLS:
-            symbols = merge_by_scan(symbols, self._ranks)
-        else:
-            symbols = merge_by_heap(symbols, self._ranks)
-        # A symbol outside the vocabulary can only be a single byte (merges are
-        # checked to produce vocabulary tokens). llama.cpp and HF tokenizers
-        # (no unk token) both drop such bytes, so we do too; SmolLM2 lacks
-        # 21 bytes: 6 rare ASCII controls and 15 that never occur in UTF-8.
-        token_to_id = self._token_to_id
-        return tuple(token_to_id[s] for s in symbols if s in token_to_id)
+        Each special token in turn, longest first, is cut out of every piece
+        still plain, as llama.cpp does.
+        """
+        quick = self._any_special_re if allow_special else self._user_defined_re
+        if not text or quick is None or quick.search(text) is None:
+            return [text] if text else []
+        fragments: list[str | int] = [text]
+        for token_id in self._specials:
+            if not allow_special and self._types[token_id] != TOKEN_USER_DEFINED:
+                continue
+            token = self._tokens[token_id]
+            if not any(isinstance(f, str) and token in f for f in fragments):
+                continue
+            cut: list[str | int] = []
+            for fragment in fragments:
+                if isinstance(fragment, int) or token not in fragment:
+                    cut.append(fragment)
+                    continue
+                pieces = fragment.split(token)
+                for k, piece in enumerate(pieces):
+                    if k:
+                        cut.append(token_id)
+                    if piece:
+                        cut.append(piece)
+            fragments = cut
+        return fragments
+
+    def encode_fragments(self, fragments: Iterable[str | int], out: list[int], *, after_special: bool = True) -> None:
+        """Append the ids of ``partition``'s pieces to ``out``.
+
+        ``after_special`` says whether the first piece starts the text or
+        follows a special token (SentencePiece puts its dummy space there).
+        """
+        for fragment in fragments:
+            if isinstance(fragment, int):
+                out.append(fragment)
+                after_special = True
+            else:
+                self._model.encode(fragment, out, after_special)
+                after_special = False
 
     @property
     def unencodable_bytes(self) -> bytes:
-        """Byte values with no vocabulary token; ``encode`` drops them, as the references do."""
-        return bytes(sorted(b for b, c in _BYTE_TO_CHAR.items() if c not in self._token_to_id))
+        """Byte values with no token: BPE drops them, as llama.cpp does; SentencePiece refuses text needing them."""
+        return self._model.unencodable_bytes
 
     # ---------------------------------------------------------------- decoding
 
