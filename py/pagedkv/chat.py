@@ -69,8 +69,15 @@ def _strftime_now(fmt: str) -> str:
 class ChatTemplate:
     """A compiled jinja2 chat template."""
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
-        """Compile ``source``; ``bos_token``/``eos_token`` are exposed to it as variables."""
+    def __init__(
+        self, source: str, *, bos_token: str = "", eos_token: str = "", strip_bos: bool = False, strip_eos: bool = False
+    ) -> None:
+        """Compile ``source``; ``bos_token``/``eos_token`` are exposed to it as variables.
+
+        ``strip_bos``/``strip_eos``: the tokenizer adds BOS/EOS itself, so a
+        rendering that starts with the BOS text (ends with the EOS text) loses
+        it, as llama.cpp's server does, and the prompt holds one BOS, not two.
+        """
         if not isinstance(source, str) or not source:
             raise ValueError("chat template must be a non-empty string")
         env = ImmutableSandboxedEnvironment(
@@ -86,6 +93,8 @@ class ChatTemplate:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.strip_bos = strip_bos
+        self.strip_eos = strip_eos
 
     @classmethod
     def from_manifest(cls, manifest: dict, tokenizer: Tokenizer | None = None) -> ChatTemplate:
@@ -94,18 +103,19 @@ class ChatTemplate:
         if not source:
             raise ValueError("model manifest has no 'chat_template'")
         bos = eos = ""
-        if tokenizer is not None:
-            if tokenizer.bos_token_id is not None:
-                bos = tokenizer.id_to_token(tokenizer.bos_token_id)
-            if tokenizer.eos_token_id is not None:
-                eos = tokenizer.id_to_token(tokenizer.eos_token_id)
-        return cls(source, bos_token=bos, eos_token=eos)
+        if tokenizer is None:
+            return cls(source)
+        if tokenizer.bos_token_id is not None:
+            bos = tokenizer.id_to_token(tokenizer.bos_token_id)
+        if tokenizer.eos_token_id is not None:
+            eos = tokenizer.id_to_token(tokenizer.eos_token_id)
+        return cls(source, bos_token=bos, eos_token=eos, strip_bos=tokenizer.add_bos, strip_eos=tokenizer.add_eos)
 
     def render(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str:
         """Render ``messages`` (validated); with ``add_generation_prompt`` end with the assistant opener."""
         checked = validate_messages(messages)
         try:
-            return self._template.render(
+            text = self._template.render(
                 messages=checked,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
@@ -113,6 +123,11 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template failed to render: {exc}") from exc
+        if self.strip_bos and self.bos_token and text.startswith(self.bos_token):
+            text = text[len(self.bos_token) :]
+        if self.strip_eos and self.eos_token and text.endswith(self.eos_token):
+            text = text[: -len(self.eos_token)]
+        return text
 
 
 class Conversation:
@@ -125,7 +140,8 @@ class Conversation:
         self.tokenizer = tokenizer
         self.template = template
         self._messages: list[dict[str, str]] = []
-        self._ids: list[int] = []
+        # The tokenizer's own BOS (llama.cpp adds it to every prompt when the file says so).
+        self._ids: list[int] = [tokenizer.bos_token_id] if tokenizer.add_bos else []
         self._text = ""  # what self._ids decode to, as the template rendered it
         for index, message in enumerate(messages):
             checked = validate_message(message, index=index)
@@ -161,13 +177,13 @@ class Conversation:
         messages = self._messages + [message]
         rendered = self.template.render(messages, add_generation_prompt=False)
         suffix = self._suffix_after(self._text, rendered)
-        self._ids.extend(self.tokenizer.encode(suffix))
+        self._ids.extend(self._encode_after(suffix, self._ids))
         self._text += suffix
         self._messages = messages
 
     def prompt_ids(self) -> list[int]:
         """Ids to feed the model for the next assistant reply: history + the assistant opener."""
-        return self._ids + self.tokenizer.encode(self._generation_prompt())
+        return self._ids + self._encode_after(self._generation_prompt(), self._ids)
 
     def add_user(self, content: str) -> list[int]:
         """Append a user message and return the prompt ids for the reply."""
@@ -194,10 +210,14 @@ class Conversation:
         messages = self._messages + [message]
         rendered = self.template.render(messages, add_generation_prompt=False)
         closing = self._suffix_after(self._text + opener + content, rendered)
-        self._ids += self.tokenizer.encode(opener) + generated + self.tokenizer.encode(closing)
+        opener_ids = self._encode_after(opener, self._ids)
+        self._ids += opener_ids + generated + self._encode_after(closing, self._ids + opener_ids + generated)
         self._text += opener + content + closing
         self._messages = messages
         return content
+
+    def _encode_after(self, text: str, previous: Sequence[int]) -> list[int]:
+        return self.tokenizer.encode_after(text, previous[-1] if previous else None)
 
     def _generation_prompt(self) -> str:
         if not self._messages:

@@ -267,6 +267,18 @@ class Tokenizer:
             fragments = cut
         return fragments
 
+    def encode_after(self, text: str, previous_id: int | None) -> list[int]:
+        """Ids of ``text`` as it continues ids ending with ``previous_id`` (None: it starts the input).
+
+        Equals the tail of encoding the whole text where the join is a word
+        boundary; SentencePiece's dummy space goes in only at the start or
+        after a special token, as when llama.cpp tokenizes the whole prompt.
+        """
+        after_special = previous_id is None or self.check_id(previous_id) in self._special_ids
+        ids: list[int] = []
+        self.encode_fragments(self.partition(text), ids, after_special=after_special)
+        return ids
+
     def encode_fragments(self, fragments: Iterable[str | int], out: list[int], *, after_special: bool = True) -> None:
         """Append the ids of ``partition``'s pieces to ``out``.
 

@@ -102,15 +102,22 @@ def _config_from_gguf(reader) -> ModelConfig:
 
 
 def _tokenizer_from_gguf(reader) -> dict:
+    model = _field(reader, "tokenizer.ggml.model")
     tok = {
-        "model": _field(reader, "tokenizer.ggml.model"),
+        "model": model,
         "pre": _field(reader, "tokenizer.ggml.pre", "default"),
         "tokens": list(_field(reader, "tokenizer.ggml.tokens")),
         "token_types": [int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
-        "merges": list(_field(reader, "tokenizer.ggml.merges")),
+        "merges": list(_field(reader, "tokenizer.ggml.merges")) if model == "gpt2" else [],
     }
+    if model == "llama":  # SentencePiece: merge order comes from the scores
+        tok["scores"] = [float(s) for s in _field(reader, "tokenizer.ggml.scores")]
     for key in TOKENIZER_ID_KEYS:
-        tok[key] = int(_field(reader, f"tokenizer.ggml.{key}"))
+        value = _field(reader, f"tokenizer.ggml.{key}", -1)
+        tok[key] = None if value == -1 else int(value)
+    for flag in ("add_bos_token", "add_eos_token", "add_space_prefix"):  # kept only where the file says
+        if f"tokenizer.ggml.{flag}" in reader.fields:
+            tok[flag] = bool(_field(reader, f"tokenizer.ggml.{flag}"))
     return tok
 
 
