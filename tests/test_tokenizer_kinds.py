@@ -110,3 +110,18 @@ def test_converted_manifest_keeps_the_vocabulary(tmp_path, kind):
     assert manifest["tokenizer"] == expected
     text = "It's 1234567 中文 😀 <|tool|></s>"
     assert Tokenizer.from_manifest(manifest).encode(text) == Tokenizer.from_manifest({"tokenizer": spec}).encode(text)
+
+
+def test_kinds_and_end_of_generation_ids_follow_llama_cpp_text_rules():
+    spec = spm_vocab()
+    tok = Tokenizer.from_manifest({"tokenizer": spec})
+    eot, fim, channel = (spec["tokens"].index(t) for t in ("<|eot_id|>", "<|fim_prefix|>", "<|channel|>"))
+    assert spec["token_types"][eot] == spec["token_types"][fim] == TOKEN_NORMAL
+    assert tok.is_special(eot) and tok.is_special(fim) and tok.is_special(channel)
+    assert tok.encode("<|eot_id|>", allow_special=False) != [eot]
+    assert tok.encode("<|channel|>", allow_special=False) == [channel]  # now user-defined: always atomic
+    assert tok.eog_ids == {2, eot}
+    qwen = bpe_vocab("qwen2")
+    assert Tokenizer.from_manifest({"tokenizer": qwen}).eog_ids == {qwen["tokens"].index(t) for t in ("<|endoftext|>", "<|im_end|>")}
+    llama3 = bpe_vocab("llama-bpe")
+    assert Tokenizer.from_manifest({"tokenizer": llama3}).eog_ids == {llama3["tokens"].index("<|eot_id|>")}

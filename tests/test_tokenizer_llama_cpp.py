@@ -43,6 +43,7 @@ def _special_texts(spec: dict) -> list[str]:
         f" {a}  leading and trailing  {b} ",
         f"{a[:-1]} {b[1:]} {c.upper()} {a}{a}",
         f"x{c}y{a}1234567{b}中文😀",
+        "<|eot_id|>x <|channel|>y<|fim_prefix|> z",
     ]
 
 
@@ -68,7 +69,7 @@ def test_ids_equal_llama_cpp_on_the_pinned_texts(served):
     texts = TEXTS + _special_texts(spec)
     wrong = [t for t in texts if tok.encode(t) != _post(origin, {"content": t, "add_special": False})]
     assert wrong == []
-    assert len(texts) == 361
+    assert len(texts) == 362
 
 
 def test_ids_equal_llama_cpp_with_special_parsing_off_and_bos_eos_on(served):

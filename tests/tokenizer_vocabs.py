@@ -121,6 +121,10 @@ def spm_vocab(*, add_space_prefix: bool | None = None) -> dict:
     for rank, char in enumerate(alphabet):
         tokens.append(char), types.append(TOKEN_NORMAL), scores.append(-1e4 - rank)
     tokens.append("<|tool|>"), types.append(TOKEN_USER_DEFINED), scores.append(0.0)
+    # Kinds llama.cpp overrides by text: end-of-turn / fill-in-the-middle markers become control,
+    # <|channel|> becomes user-defined.
+    for text, kind in (("<|eot_id|>", TOKEN_NORMAL), ("<|fim_prefix|>", TOKEN_NORMAL), ("<|channel|>", TOKEN_CONTROL)):
+        tokens.append(text), types.append(kind), scores.append(-1.0)
     if len(set(tokens)) != len(tokens):
         raise AssertionError("SentencePiece vocabulary has duplicate tokens")
     spec = {

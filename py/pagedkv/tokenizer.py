@@ -32,6 +32,27 @@ _VALID_TOKEN_TYPES = frozenset(range(1, 7))
 _SPECIAL_TYPES = (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN)
 MODELS = ("gpt2", "llama")
 
+# llama.cpp decides some token kinds by their text, whatever the file says:
+# end-of-generation, end-of-turn and fill-in-the-middle markers are control
+# tokens, and the first two groups stop generation (its special_eog_ids).
+_EOG_TEXTS = (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
+)  # fmt: skip
+_FIM_EOG_TEXTS = (
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
+    "<REPO>", "<reponame>", "<|file_sep|>",
+)  # fmt: skip
+_FIM_TEXTS = (
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>", "\u2581<PRE>",
+    "<|code_prefix|>", "<|prefix|>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+    "<\uff5cfim\u2581hole\uff5c>", "<SUF>", "\u2581<SUF>", "<|code_suffix|>", "<|suffix|>", "<|fim_middle|>",
+    "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>", "\u2581<MID>", "<|code_middle|>",
+    "<|middle|>",
+)  # fmt: skip
+_USER_DEFINED_TEXTS = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+
 
 class Tokenizer:
     """A GGUF vocabulary's tokenizer: byte-level BPE (``gpt2``) or SentencePiece (``llama``)."""
@@ -107,11 +128,24 @@ class Tokenizer:
             if getattr(self, flag) and value is None:
                 raise ValueError(f"{flag} is set but {name} is not")
         self._id_bytes: dict[int, bytes] = {}  # filled on first use; most ids are never decoded
-        self._special_ids = frozenset(i for i, k in enumerate(self._types) if k in _SPECIAL_TYPES)
+        self._kinds = self._kinds_as_llama_cpp_sees_them()
+        self._special_ids = frozenset(i for i, k in enumerate(self._kinds) if k in _SPECIAL_TYPES)
+        eog = {self._token_to_id.get(t) for t in _EOG_TEXTS + _FIM_EOG_TEXTS} | {eos_token_id}
+        self.eog_ids = frozenset(eog - {None})
         # Longest first, as llama.cpp cuts them (a token never splits a longer one).
         self._specials = sorted(self._special_ids, key=lambda i: (-len(self._tokens[i]), i))
         self._any_special_re = self._special_pattern(_SPECIAL_TYPES)
         self._user_defined_re = self._special_pattern((TOKEN_USER_DEFINED,))
+
+    def _kinds_as_llama_cpp_sees_them(self) -> list[int]:
+        kinds = list(self._types)
+        forced = ((_EOG_TEXTS + _FIM_EOG_TEXTS + _FIM_TEXTS, TOKEN_CONTROL), (_USER_DEFINED_TEXTS, TOKEN_USER_DEFINED))
+        for texts, kind in forced:
+            for text in texts:
+                token_id = self._token_to_id.get(text)
+                if token_id is not None:
+                    kinds[token_id] = kind
+        return kinds
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> Tokenizer:
@@ -150,7 +184,7 @@ class Tokenizer:
         return cached
 
     def _token_bytes(self, token_id: int) -> bytes:
-        text, kind = self._tokens[token_id], self._types[token_id]
+        text, kind = self._tokens[token_id], self._kinds[token_id]
         if kind in _SPECIAL_TYPES:
             return text.encode("utf-8")
         if kind == TOKEN_BYTE and self.model == "llama":
@@ -161,7 +195,7 @@ class Tokenizer:
 
     def _special_pattern(self, kinds: tuple[int, ...]) -> re.Pattern | None:
         texts = sorted(
-            {self._tokens[i] for i, k in enumerate(self._types) if k in kinds},
+            {self._tokens[i] for i, k in enumerate(self._kinds) if k in kinds},
             key=lambda t: (-len(t), t),  # longest first, so a token never shadows a longer one
         )
         return re.compile("|".join(re.escape(t) for t in texts)) if texts else None
@@ -189,7 +223,7 @@ class Tokenizer:
         return self._tokens[self.check_id(token_id)]
 
     def is_special(self, token_id: int) -> bool:
-        """True for control / user-defined tokens such as ``<|im_end|>``."""
+        """True for control / user-defined / unknown tokens such as ``<|im_end|>`` (as llama.cpp kinds them)."""
         return self.check_id(token_id) in self._special_ids
 
     @property
@@ -248,7 +282,7 @@ class Tokenizer:
             return [text] if text else []
         fragments: list[str | int] = [text]
         for token_id in self._specials:
-            if not allow_special and self._types[token_id] != TOKEN_USER_DEFINED:
+            if not allow_special and self._kinds[token_id] != TOKEN_USER_DEFINED:
                 continue
             token = self._tokens[token_id]
             if not any(isinstance(f, str) and token in f for f in fragments):
