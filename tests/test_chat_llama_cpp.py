@@ -39,7 +39,8 @@ TURNS = [
 
 
 def _post(origin: str, path: str, body: dict) -> dict:
-    req = urllib.request.Request(origin + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    req = urllib.request.Request(origin + path, data=json.dumps(body).encode(), headers=headers)
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read())
 

@@ -75,7 +75,9 @@ def test_ids_equal_llama_cpp_on_the_pinned_texts(served):
 def test_ids_equal_llama_cpp_with_special_parsing_off_and_bos_eos_on(served):
     kind, spec, tok, origin = served
     texts = [t for t in TEXTS if "<" in t] + _special_texts(spec)
-    off = [t for t in texts if tok.encode(t, allow_special=False) != _post(origin, {"content": t, "parse_special": False})]
+    off = [
+        t for t in texts if tok.encode(t, allow_special=False) != _post(origin, {"content": t, "parse_special": False})
+    ]
     assert off == []
     sample = ["", "Hello world", *_special_texts(spec)]
     bos = [t for t in sample if tok.encode(t, add_special=True) != _post(origin, {"content": t, "add_special": True})]

@@ -32,7 +32,9 @@ CORPUS_TEXT = "\n".join(e["text"] for e in CORPUS if not e["name"].startswith("s
 # Per pre-tokenizer: control tokens (BOS, EOS first), a user-defined token, the
 # add_bos flag as the real files of that family carry it.
 BPE_FAMILIES = {
-    "llama-bpe": (["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"], "<|reserved_0|>", True),
+    "llama-bpe": (
+        ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"], "<|reserved_0|>", True
+    ),
     "qwen2": (["<|endoftext|>", "<|im_end|>", "<|im_start|>"], "<tool_call>", False),
     "smollm": (["<|im_start|>", "<|im_end|>", "<|endoftext|>"], "<repo_name>", False),
     "gpt-2": (["<|endoftext|>", "<|sep|>"], "<|user_def|>", False),
