@@ -193,7 +193,8 @@ class Conversation:
     def add_generated(self, generated_ids: Sequence[int]) -> str:
         """Record the model's reply as the exact ids it generated; return the reply text.
 
-        A trailing ``<|im_end|>``/EOS stop token is dropped from the reply; the
+        A trailing end-of-generation token (``tokenizer.eog_ids``: EOS,
+        ``<|im_end|>``, ``<|eot_id|>``...) is dropped from the reply; the
         template's own closing (``<|im_end|>\\n`` for ChatML) is appended instead,
         so with ChatML (closing = ``<|im_end|>`` + newline) the history starts with
         prompt + generated ids even when the stop token is included.
@@ -201,8 +202,7 @@ class Conversation:
         max_tokens becomes U+FFFD); the ids themselves are kept as generated.
         """
         generated = [self.tokenizer.check_id(i) for i in generated_ids]
-        stops = {self._im_end_id(), self.tokenizer.eos_token_id} - {None}
-        if generated and generated[-1] in stops:
+        if generated and generated[-1] in self.tokenizer.eog_ids:
             generated.pop()
         opener = self._generation_prompt()
         content = self.tokenizer.decode(generated)
@@ -224,12 +224,6 @@ class Conversation:
             raise ValueError("conversation has no messages; add a user message before asking for a reply")
         rendered = self.template.render(self._messages, add_generation_prompt=True)
         return self._suffix_after(self._text, rendered)
-
-    def _im_end_id(self) -> int | None:
-        try:
-            return self.tokenizer.im_end_id
-        except ValueError:
-            return None
 
     @staticmethod
     def _suffix_after(prefix: str, rendered: str) -> str:

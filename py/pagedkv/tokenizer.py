@@ -259,7 +259,8 @@ class Tokenizer:
         characters. User-defined tokens are always atomic (llama.cpp's rule).
         ``add_special`` adds BOS / EOS where the vocabulary says to
         (``add_bos`` / ``add_eos``), as llama.cpp's ``add_special`` does.
-        Bytes listed in ``unencodable_bytes`` are dropped.
+        Bytes listed in ``unencodable_bytes`` are dropped (BPE); SentencePiece
+        raises ValueError for text that needs one.
         """
         if not isinstance(text, str):
             raise ValueError(f"encode expects str, got {type(text).__name__}")
