@@ -23,6 +23,8 @@ const files = {
   "/work/py/pagedkv/__init__.py": "py/pagedkv/__init__.py",
   "/work/py/pagedkv/pretokenize.py": "py/pagedkv/pretokenize.py",
   "/work/py/pagedkv/tokenizer.py": "py/pagedkv/tokenizer.py",
+  "/work/py/pagedkv/bpe.py": "py/pagedkv/bpe.py",
+  "/work/py/pagedkv/spm.py": "py/pagedkv/spm.py",
   "/work/bench/bench_tokenizer.py": "bench/bench_tokenizer.py",
   "/work/tests/golden/tokenizer_golden.json": "tests/golden/tokenizer_golden.json",
 };
