@@ -6,8 +6,9 @@
 // workgroup memory; the partition is walked in tiles of WORKGROUP_SIZE keys:
 //   scores:  lane i scores key i of the tile against all SLOTS heads (one K row per lane, lanes along keys,
 //            each K value serving every query head of the GQA group);
-//   softmax: every lane reads the tile's scores back for their max (broadcast reads, no barrier tree), so
-//            the running max m is the same in every lane; a lane keeps the sum of its own keys' weights;
+//   softmax: MAX_RUNS lanes take the max of a run of the tile's scores each, every lane the max of those
+//            (broadcast reads, one barrier between), so the running max m is the same in every lane; a
+//            lane keeps the sum of its own keys' weights;
 //   values:  lane (r, c) adds keys r, r + KEY_LANES, ... of the tile times their weights into the four
 //            values c of the head dimension (lanes along head_dim: neighbours read neighbouring words).
 // After the last tile, the weight sums meet in wg_sum() (subgroups or a workgroup tree) and the KEY_LANES
@@ -22,6 +23,7 @@
 @group(0) @binding(8) var<storage, read_write> part_stats : array<vec2<f32>>;  // (num_seqs, max_partitions, n_heads): (max, sum)
 
 const MAX_PART_BLOCKS : u32 = 128u;  // partition_blocks limit (kv_attention_gpu.py checks it)
+const MAX_RUNS : u32 = 16u;          // runs of the tile's scores whose maxima meet in run_max
 
 override KEY_LANES : u32 = WORKGROUP_SIZE / VEC_PER_HEAD;  // lanes sharing a column of the values
 
@@ -29,6 +31,7 @@ var<workgroup> q_tile : array<vec4<f32>, 128u>;                    // (SLOTS, VE
 var<workgroup> part_table : array<u32, MAX_PART_BLOCKS>;           // the partition's physical blocks
 var<workgroup> tile_scores : array<vec4<f32>, WORKGROUP_SIZE>;     // (keys,) component j: head j
 var<workgroup> tile_weights : array<vec4<f32>, WORKGROUP_SIZE>;    // (keys,) exp(score - m); then partial outputs
+var<workgroup> run_max : array<vec4<f32>, MAX_RUNS>;               // max score of each run of the tile
 
 // One u32 of the V cache: values are read word by word, since 4-bit rows are not vec4-aligned.
 fn v_word(at : u32) -> u32 {
@@ -75,6 +78,25 @@ fn key_scores(tok : u32, kv_head : u32) -> vec4<f32> {
     if (SLOTS > 3u) { sc.w += dot16(q_staged(3u, s), k); }
   }
   return sc;
+}
+
+// The max of the tile's scores (all written to tile_scores before the call), in every lane. Uniform
+// control flow only (one barrier; the caller's barrier before the next write to tile_scores covers run_max).
+fn tile_max(lid : u32) -> vec4<f32> {
+  let run = (WORKGROUP_SIZE + MAX_RUNS - 1u) / MAX_RUNS;
+  if (lid < MAX_RUNS) {
+    var mx = vec4<f32>(NEG_BIG);
+    for (var i = lid * run; i < min(lid * run + run, WORKGROUP_SIZE); i++) {
+      mx = max(mx, tile_scores[i]);
+    }
+    run_max[lid] = mx;
+  }
+  workgroupBarrier();
+  var mx = run_max[0];
+  for (var k = 1u; k < min(MAX_RUNS, WORKGROUP_SIZE); k++) {
+    mx = max(mx, run_max[k]);
+  }
+  return mx;
 }
 
 // Sums column c of `partial` over the KEY_LANES lanes holding it (lane lid = r * VEC_PER_HEAD + c);
@@ -149,10 +171,7 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
     }
     tile_scores[lid] = sc;
     workgroupBarrier();
-    var m_new = m;
-    for (var i = 0u; i < WORKGROUP_SIZE; i++) {
-      m_new = max(m_new, tile_scores[i]);
-    }
+    let m_new = max(m, tile_max(lid));
     let alpha = exp(m - m_new);
     let w = exp(sc - m_new);
     l = l * alpha + w;

@@ -90,7 +90,7 @@ async def kvq_decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_
     return dict(errors(got, want), ref_consistent=bool(np.array_equal(want, plain)))
 
 
-async def kvq_prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim):
+async def kvq_prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim, family="cpu"):
     """Chunked prefill: the chunk's K/V quantized by kv_write on the GPU, then attention over the packed cache;
     the reference quantizes with numpy (bit-identical, see kvq_write_case) and attends in float64."""
     rng = np.random.default_rng(seed)
@@ -106,7 +106,7 @@ async def kvq_prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_
     v_new = rng.standard_normal((slots.size, n_kv, head_dim)).astype(np.float32)
     starts = np.concatenate([[0], np.cumsum([n for _, n in chunks])])
     query = rng.standard_normal((slots.size, n_heads, head_dim)).astype(np.float32)
-    kk = await kernels(layout, n_heads)
+    kk = await kernels(layout, n_heads, family)
     cache = KVCacheBuffers(kk.ctx, layout)
     cache.upload(k0.words, v0.words)
     await kk.kv_write(cache, k_new, v_new, slots)

@@ -67,11 +67,12 @@ def test_paged_decode_over_quantized_cache_matches_reference(page, heads, family
         assert r["shape"] == [5 if "200" in call else 4, n_heads, d], call
 
 
+@pytest.mark.parametrize("family", ["cpu", "gpu"])  # whose prefill attention
 @pytest.mark.parametrize("heads", [SMOLLM2, SMALL], ids=["gqa9-3-d64", "gqa4-2-d16"])
-def test_paged_prefill_over_quantized_cache_matches_reference(page, heads):
+def test_paged_prefill_over_quantized_cache_matches_reference(page, heads, family):
     n_heads, n_kv, d = heads
     chunks = "[(37, 11), (0, 21), (50, 1), (9, 40)]"
-    calls = [f"kvq_prefill_case({seed}, {chunks}, {bs}, {dtype!r}, {n_heads}, {n_kv}, {d})"
+    calls = [f"kvq_prefill_case({seed}, {chunks}, {bs}, {dtype!r}, {n_heads}, {n_kv}, {d}, family={family!r})"
              for seed, bs in enumerate((8, 16, 32)) for dtype in QUANTIZED]
     for call, r in zip(calls, run(page, calls)):
         assert r["max_abs"] <= PREFILL_MAX_ABS and r["rel"] <= PREFILL_REL, (call, r)

@@ -121,19 +121,26 @@ def test_paged_decode_ragged_lengths_at_block_and_tile_edges(page, heads, family
         assert (r["shape"], r["partitions"], r["dispatches"]) == ([9, n_heads, d], 4, 2), call
 
 
+@pytest.mark.parametrize("family", ["cpu", "gpu"])  # the gpu family's prefill has no subgroup variant
 @CONFIGS
-def test_paged_prefill_attention_with_cached_prefixes_matches_reference(page, heads):
+def test_paged_prefill_attention_with_cached_prefixes_matches_reference(page, heads, family):
     n_heads, n_kv, d = heads
     # (tokens already cached, new tokens): a prefix hit, a fresh prompt, a one-token chunk, a long tail.
-    chunks = "[(37, 11), (0, 21), (50, 1), (9, 40)]"
-    calls = [f"prefill_case({seed}, {chunks}, {bs}, {dtype!r}, {n_heads}, {n_kv}, {d})"
+    chunks = [(37, 11), (0, 21), (50, 1), (9, 40)]
+    cases = [(f"prefill_case({seed}, {chunks}, {bs}, {dtype!r}, {n_heads}, {n_kv}, {d}, family={family!r})", chunks)
              for seed, bs in enumerate((8, 16, 32)) for dtype in ("f32", "f16")]
-    # 4 new tokens per invocation by default (tails of 3, 1, 1 and 0 here); 3 and 1 per invocation too.
-    calls += [f"prefill_case({6 + tile}, {chunks}, 16, 'f32', {n_heads}, {n_kv}, {d}, query_tile={tile})"
-              for tile in (3, 1)]
-    for call, r in zip(calls, run(page, calls)):
+    if family == "cpu":
+        # 4 new tokens per invocation by default (tails of 3, 1, 1 and 0 here); 3 and 1 per invocation too.
+        cases += [(f"prefill_case({6 + tile}, {chunks}, 16, 'f32', {n_heads}, {n_kv}, {d}, query_tile={tile})", chunks)
+                  for tile in (3, 1)]
+    else:
+        # Many key tiles (16 keys at head_dim 64, 32 below) behind long cached prefixes, chunks of many tiles.
+        long = [(300, 33), (17, 64), (0, 100)]
+        cases += [(f"prefill_case(8, {long}, {bs}, 'f16', {n_heads}, {n_kv}, {d}, family='gpu')", long)
+                  for bs in (8, 32)]
+    for (call, want_chunks), r in zip(cases, run(page, [c for c, _ in cases])):
         assert r["max_abs"] <= PREFILL_MAX_ABS and r["rel"] <= PREFILL_REL, (call, r)
-        assert r["shape"] == [11 + 21 + 1 + 40, n_heads, d]
+        assert r["shape"] == [sum(n for _, n in want_chunks), n_heads, d], call
 
 
 def test_bad_block_table_is_refused_before_the_gpu_runs(page):

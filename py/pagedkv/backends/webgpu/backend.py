@@ -33,7 +33,7 @@ SWAP_CHUNK_BLOCKS = 32  # blocks per layer per gather/scatter call; bounds the s
 CPU_POOL_CAP_BYTES = 64 * MIB  # default CPU swap pool (wasm memory)
 TEMP_SLACK_BYTES = 4096  # ids / params uniforms of one swap or copy call
 UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_gpu", "paged_attention_gpu_sg",
-                "paged_prefill_attention")
+                "paged_prefill_attention", "paged_prefill_attention_gpu")
 
 
 class WebGpuBackend:

@@ -1,12 +1,14 @@
-"""Which kernels run paged decode attention in each kernel family, and their grids (pure, no GPU).
+"""Which kernels run paged attention (decode and prefill) in each kernel family, and their grids (pure, no GPU).
 
 cpu family: shaders/paged_attention.wgsl (one invocation per (sequence, partition, head tile)) and
 paged_attention_reduce.wgsl's `main` (one per output vec4). gpu family: paged_attention_gpu[_sg].wgsl (one
 workgroup of ATTENTION_WORKGROUP lanes per (sequence, partition, head tile), lanes along the keys of a tile,
 then along head_dim; `_sg` reduces with subgroups) and the reduce's `main_gpu` (one workgroup per (sequence,
 head), lanes splitting the partitions). Both read the same bindings and uniform and write the same partial
-states, so the plan swaps names and grids only. KVKernels compiles these; plan.step_slots and
-bench/dispatch_geometry read the same grids.
+states, so the plan swaps names and grids only. Prefill: the cpu family's paged_prefill_attention.wgsl (one
+invocation per (query head, tile of up to 4 new tokens)), the gpu family's paged_prefill_attention_gpu.wgsl
+(one workgroup per (tile of PREFILL_ROWS / head_tile new tokens, head tile), K/V tiles staged in workgroup
+memory). KVKernels compiles these; plan.step_slots and bench/dispatch_geometry read the same grids.
 """
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ from dataclasses import dataclass
 ATTENTION_WORKGROUP = 128  # lanes of a gpu-family decode workgroup = keys per tile
 REDUCE_WORKGROUP = 128  # lanes of a gpu-family merge workgroup
 MAX_PART_BLOCKS = 128  # MAX_PART_BLOCKS in paged_attention_gpu_main.wgsl (the staged block-table slice)
+PREFILL_WORKGROUP = 128  # lanes of a gpu-family prefill workgroup
+PREFILL_ROWS = 16  # ROWS in paged_prefill_attention_gpu.wgsl: (new token, head) rows of a workgroup
+PREFILL_TILE_VALUES, PREFILL_MAX_KEYS = 1024, 32  # its staged K/V tile: KEYS * head_dim values, KEYS <= 32
 
 
 @dataclass(frozen=True)
@@ -62,3 +67,32 @@ def check_partition(family: str, partition_blocks: int, block_size: int) -> None
         raise ValueError(f"gpu-family decode partitions hold at most {MAX_PART_BLOCKS} blocks, got "
                          f"{partition_blocks} (partition_tokens {partition_blocks * block_size}, block_size "
                          f"{block_size})")
+
+
+@dataclass(frozen=True)
+class PrefillKernel:
+    """The prefill-attention pipeline of one kernel family: its name (shader and KVKernels.pipelines key),
+    workgroup size, new tokens per tile, and the pipeline constants it adds to the cache layout's."""
+
+    family: str
+    name: str
+    workgroup: int
+    query_tile: int
+    constants: tuple
+
+    def invocations(self, num_tiles: int, n_heads: int, head_tile: int) -> int:
+        """Invocations for num_tiles query tiles (over all sequences) of every head."""
+        if self.family == "cpu":
+            return num_tiles * n_heads  # a thread per (tile, head)
+        return num_tiles * (n_heads // head_tile) * self.workgroup  # a workgroup per (tile, head tile)
+
+
+def prefill_kernel(family: str, head_tile: int, head_dim: int, query_tile: int, cpu_workgroup: int) -> PrefillKernel:
+    """Prefill attention of kernel `family`: the cpu family's takes query_tile new tokens per invocation; the
+    gpu family's as many as fill PREFILL_ROWS rows with head_tile heads each."""
+    if family == "cpu":
+        return PrefillKernel("cpu", "paged_prefill_attention", cpu_workgroup, query_tile, (("SLOTS", query_tile),))
+    tokens = PREFILL_ROWS // head_tile
+    keys = min(PREFILL_TILE_VALUES // head_dim, PREFILL_MAX_KEYS)
+    return PrefillKernel("gpu", "paged_prefill_attention_gpu", PREFILL_WORKGROUP, tokens,
+                         (("SLOTS", head_tile), ("QUERY_TILE", tokens), ("KEYS", keys)))

@@ -22,7 +22,7 @@ import numpy as np
 
 from ...kernels import ref_attention as ref
 from ...kv_dtype import kv_dtype as lookup_kv_dtype
-from .kv_attention_gpu import check_partition, decode_kernels
+from .kv_attention_gpu import check_partition, decode_kernels, prefill_kernel
 from .model_kernels import uniform_words
 
 MAX_BLOCK_SIZE = 32  # MAX_BLOCK_SIZE in paged_attention_common.wgsl
@@ -211,7 +211,9 @@ class KVKernels:
         self.head_tile = head_tile
         if query_tile not in (1, 2, 3, 4):
             raise ValueError(f"query_tile must be 1..4 (new tokens per prefill invocation), got {query_tile}")
-        self.query_tile = query_tile
+        # family: whose prefill attention; the gpu family's sets its own tokens per tile
+        self.prefill = prefill_kernel(self.decode.family, head_tile, layout.head_dim, query_tile, workgroup_size)
+        self.query_tile = self.prefill.query_tile
         self.pipelines: dict[str, object] = {}
 
     async def compile(self) -> "KVKernels":
@@ -221,7 +223,8 @@ class KVKernels:
         for entry in ("gather_blocks", "scatter_blocks"):
             self.pipelines[entry] = await self.ctx.kernel("copy_blocks", wg, entry_point=entry)
         for name, constants in (("kv_write", consts), ("copy_blocks", wg),
-                                ("paged_prefill_attention", dict(consts, SLOTS=self.query_tile))):
+                                (self.prefill.name, dict(consts, **dict(self.prefill.constants),
+                                                         WORKGROUP_SIZE=self.prefill.workgroup))):
             self.pipelines[name] = await self.ctx.kernel(name, constants)
         (attn, shader, entry, size), (reduce, reduce_shader, reduce_entry, reduce_size) = self.decode.specs
         self.pipelines[attn] = await self.ctx.kernel(
@@ -246,6 +249,11 @@ class KVKernels:
         d = self.decode
         work, merge = d.invocations(num_seqs, max_parts, self.n_heads, self.head_tile, self.layout.head_dim)
         return self.workgroups(work, d.attention_workgroup), self.workgroups(merge, d.reduce_workgroup)
+
+    def prefill_grid(self, num_tiles: int) -> tuple[int, int, int]:
+        """Workgroup grid of prefill attention over num_tiles query tiles (the family's kernel)."""
+        p = self.prefill
+        return self.workgroups(p.invocations(num_tiles, self.n_heads, self.head_tile), p.workgroup)
 
     # ------------------------------------------------------------------ kv_write / copy_blocks
 
@@ -372,11 +380,11 @@ class KVKernels:
         tables, lens, starts, max_parts = self._check_attention(query, block_tables, context_lens, query_start_loc)
         tiles = -(-np.diff(starts) // self.query_tile)  # (num_seqs,) invocations per head of each sequence
         tile_starts = np.concatenate([[0], np.cumsum(tiles)])  # (num_seqs + 1,)
-        groups = self.workgroups(int(tile_starts[-1]) * self.n_heads)
+        groups = self.prefill_grid(int(tile_starts[-1]))
         with Temporaries(self.ctx) as tmp:
             buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
             out = tmp.scratch(query.shape[0] * self.n_heads * self.layout.head_dim * 4, "out")
-            pipeline = self.pipelines["paged_prefill_attention"]
+            pipeline = self.pipelines[self.prefill.name]
             starts = tmp.u32(np.stack([starts, tile_starts]), "starts")  # (2, num_seqs + 1)
             group = self.ctx.bind(pipeline, buffers + [starts, out])
             return Prepared([(pipeline, group, groups)], out, query.shape, tmp)
@@ -422,4 +430,4 @@ class KVKernels:
                                 scale=None) -> np.ndarray:
         """Prefill attention on the GPU (see prepare_prefill_attention)."""
         prepared = self.prepare_prefill_attention(cache, query, query_start_loc, block_tables, context_lens, scale)
-        return await self.run(prepared, "paged_prefill_attention")
+        return await self.run(prepared, self.prefill.name)

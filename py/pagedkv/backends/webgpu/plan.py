@@ -13,7 +13,7 @@ output projection adding into x (ACCUMULATE), gate|up matvec with its RMSNorm an
 SWIGLU), down projection adding into x. Prefill (matmul, compute-bound) keeps the two rmsnorm dispatches.
 
 The backend's kernel family (b.kernels, model_kernels.FAMILIES) picks the matvec and argmax kernels, and
-(through b.kv_kernels.decode, kv_attention_gpu.py) decode attention; the prefill matmul / attention are the
+(through b.kv_kernels.decode / .prefill, kv_attention_gpu.py) the attention kernels; the prefill matmul is the
 cpu family's in both families.
 
 Pure Python (no `js`): the GPU objects come from GpuContext through the backend.
@@ -103,7 +103,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                          (s["context_lens"], s["part_acc"], s["part_stats"], s["attn"]), "reduce"),
             ]
         else:
-            body.append(Dispatch(*kv_kernel("paged_prefill_attention"),
+            body.append(Dispatch(*kv_kernel(b.kv_kernels.prefill.name),
                                  {**dict(enumerate(common)), 6: s["starts"], 7: s["attn"]}, "attn"))
         body.append(linear(p + "attn_output.weight", s["attn"], s["x"], "lin_h", tk, accumulate=True))  # x += o
         # act = silu(gate) * up straight from the gate / up rows (interleaved by fours)
@@ -169,7 +169,7 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     scale = 1.0 / math.sqrt(lay.head_dim)
     put("attn", words(n, cfg.n_heads, lay.n_kv_heads, lay.block_size, shape.table_width, kv.partition_blocks,
                       shape.max_parts, scale),
-        kv.decode_grids(n, shape.max_parts)[0] if shape.decode else kv.workgroups(shape.num_tiles * cfg.n_heads))
+        kv.decode_grids(n, shape.max_parts)[0] if shape.decode else kv.prefill_grid(shape.num_tiles))
     reduce_groups = kv.decode_grids(n, shape.max_parts)[1] if shape.max_parts > 1 else (0, 0, 0)
     put("reduce", words(n, cfg.n_heads, lay.block_size, kv.partition_blocks, shape.max_parts), reduce_groups)
     return grids, params.reshape(-1)
