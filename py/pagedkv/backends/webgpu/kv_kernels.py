@@ -198,7 +198,7 @@ class KVKernels:
         self.n_heads = n_heads
         self.partition_blocks = partition_tokens // layout.block_size
         self.workgroup_size = workgroup_size
-        # family: whose decode attention runs (kv_attention_gpu.py); the other kernels are shared
+        # family: whose attention kernels run (kv_attention_gpu.py); kv_write, copy_blocks and the swaps are shared
         self.decode = decode_kernels(family, subgroups, workgroup_size)
         check_partition(family, self.partition_blocks, layout.block_size)
         group = n_heads // layout.n_kv_heads
@@ -211,7 +211,7 @@ class KVKernels:
         self.head_tile = head_tile
         if query_tile not in (1, 2, 3, 4):
             raise ValueError(f"query_tile must be 1..4 (new tokens per prefill invocation), got {query_tile}")
-        # family: whose prefill attention; the gpu family's sets its own tokens per tile
+        # the gpu family's prefill sets its own new tokens per tile (query_tile is the cpu family's)
         self.prefill = prefill_kernel(self.decode.family, head_tile, layout.head_dim, query_tile, workgroup_size)
         self.query_tile = self.prefill.query_tile
         self.pipelines: dict[str, object] = {}
