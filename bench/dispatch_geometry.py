@@ -5,7 +5,7 @@
 Pure CPython, no GPU: records the step the way WebGpuBackend does (plan.layer_program with the family's
 kernels, plan.step_slots for the grids) over placeholder buffers, and lists per dispatch the kernel, its
 workgroup size, workgroup grid and invocations (grid x workgroup size). What a real GPU is given to fill;
-the gpu family exists to raise the matvec / matmul rows (issue 18).
+the gpu family exists to raise the matvec / matmul and decode attention rows (issue 18).
 """
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def decode_step(kernels: str, context: int, subgroups: bool = True, config: Mode
     blocks = math.ceil(config.context_length / BLOCK_SIZE)
     layout = KVLayout(blocks, BLOCK_SIZE, config.n_kv_heads, config.head_dim, "f16")
     ctx = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": MAX_WORKGROUPS_PER_DIM}))
-    kv = KVKernels(ctx, layout, config.n_heads)
+    kv = KVKernels(ctx, layout, config.n_heads, family=kernels, subgroups=subgroups)
+    kv_sizes = {name: size for name, _, _, size in kv.decode.specs}  # the KV kernels' workgroup sizes
     b = SimpleNamespace(config=config, scratch=_Named(), weights=_Weights(), kv_layout=layout, kv_kernels=kv,
                         kv_caches=[SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(config.n_layers)],
                         kernels=kernels, subgroups=subgroups)
@@ -62,7 +63,8 @@ def decode_step(kernels: str, context: int, subgroups: bool = True, config: Mode
             grid = tuple(int(g) for g in grids[SLOT_INDEX[d.slot]])
             if grid[0] == 0:  # skipped this step (the reduce of a single partition)
                 continue
-            size = kv.workgroup_size if d.constants is None else dict(d.constants)["WORKGROUP_SIZE"]
+            size = kv_sizes.get(d.shader, kv.workgroup_size) if d.constants is None else dict(d.constants)[
+                "WORKGROUP_SIZE"]
             rows.append({"kernel": d.shader, "slot": d.slot, "workgroup_size": size, "workgroups": list(grid),
                          "invocations": size * math.prod(grid)})
     return rows

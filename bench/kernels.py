@@ -97,7 +97,9 @@ class Bench:
 
 
 def invocations(kk: KVKernels, dispatches: list) -> int:
-    return sum(math.prod(groups) * kk.workgroup_size for _, _, groups in dispatches)
+    sizes = {id(kk.pipelines[name]): size for name, _, _, size in kk.decode.specs}  # the attention kernels' own
+    sizes[id(kk.pipelines[kk.prefill.name])] = kk.prefill.workgroup
+    return sum(math.prod(groups) * sizes.get(id(pipeline), kk.workgroup_size) for pipeline, _, groups in dispatches)
 
 
 async def linear_rows(b: Bench, names: list[str], tokens: int, rng) -> None:
@@ -120,27 +122,35 @@ async def linear_rows(b: Bench, names: list[str], tokens: int, rng) -> None:
             await b.row(f"{name}:{kind}_{dtype}", phase, dispatches, moved, n, rows=rows, cols=cols, tokens=t)
 
 
+DECODE_CONTEXTS = (512, 4096)  # decode attention of both kernel families is timed here too
+
+
 async def attention_rows(b: Bench, contexts: list[int], prefill: int, decode: bool, rng) -> None:
+    """Decode attention at `contexts` and DECODE_CONTEXTS, or prefill attention over `prefill` tokens, in each
+    kernel family (cpu; gpu with its workgroup tree and, where the device has them, with subgroups)."""
     cfg, bs = SMOLLM2, 16
+    contexts = sorted(set(contexts) | set(DECODE_CONTEXTS)) if decode else contexts
     layout = KVLayout(-(-max(contexts + [prefill]) // bs) + 1, bs, cfg.n_kv_heads, cfg.head_dim, "f16")
-    kk = await KVKernels(b.ctx, layout, cfg.n_heads).compile()
     cache = KVCacheBuffers(b.ctx, layout)
     kv_token = 2 * layout.token_bytes  # K and V of one token
     q_bytes = cfg.n_heads * cfg.head_dim * 4
-    for context in contexts if decode else ():
-        table = rng.permutation(layout.num_blocks)[None, : -(-context // bs)]  # (1, blocks) scattered
-        p = kk.prepare_paged_attention(cache, np.zeros((1, cfg.n_heads, cfg.head_dim), np.float32), table,
-                                       np.array([context]))
-        await b.row("paged_attention", "decode", p.dispatches, context * kv_token + 2 * q_bytes,
-                    invocations(kk, p.dispatches), context=context, passes=len(p.dispatches))
-        p.destroy()
-    if not decode:
-        table = rng.permutation(layout.num_blocks)[None, : -(-prefill // bs)]
-        p = kk.prepare_prefill_attention(cache, np.zeros((prefill, cfg.n_heads, cfg.head_dim), np.float32),
-                                         np.array([0, prefill]), table, np.array([prefill]))
-        await b.row("paged_prefill_attention", "prefill", p.dispatches, prefill * (kv_token + 2 * q_bytes),
-                    invocations(kk, p.dispatches), context=prefill, tokens=prefill)
-        p.destroy()
+    families = [("cpu", False), ("gpu", False)] + [("gpu", True)] * ("subgroups" in b.ctx.info.features)
+    for family, subgroups in families if decode else families[:2]:  # prefill has no subgroup variant
+        kk = await KVKernels(b.ctx, layout, cfg.n_heads, family=family, subgroups=subgroups).compile()
+        for context in contexts if decode else ():
+            table = rng.permutation(layout.num_blocks)[None, : -(-context // bs)]  # (1, blocks) scattered
+            p = kk.prepare_paged_attention(cache, np.zeros((1, cfg.n_heads, cfg.head_dim), np.float32), table,
+                                           np.array([context]))
+            await b.row(kk.decode.attention, "decode", p.dispatches, context * kv_token + 2 * q_bytes,
+                        invocations(kk, p.dispatches), context=context, passes=len(p.dispatches), family=family)
+            p.destroy()
+        if not decode:
+            table = rng.permutation(layout.num_blocks)[None, : -(-prefill // bs)]
+            p = kk.prepare_prefill_attention(cache, np.zeros((prefill, cfg.n_heads, cfg.head_dim), np.float32),
+                                             np.array([0, prefill]), table, np.array([prefill]))
+            await b.row(kk.prefill.name, "prefill", p.dispatches, prefill * (kv_token + 2 * q_bytes),
+                        invocations(kk, p.dispatches), context=prefill, tokens=prefill, family=family)
+            p.destroy()
     cache.destroy()
 
 

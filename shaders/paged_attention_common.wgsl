@@ -2,20 +2,6 @@
 // ShaderLibrary at their `//#include paged_attention_common.wgsl` line (WGSL has no includes).
 // Not a kernel on its own: it has no entry point.
 //
-// KV cache of one layer, K and V alike: (num_blocks, block_size, n_kv_heads, HEAD_DIM) values, stored as
-// array<vec4<u32>> words so that pipeline constants pick the element type without a second binding type.
-// A token is TOKEN_U32 u32s (a multiple of 4): n_kv_heads rows of ROW_U32 data u32s, then (quantized formats)
-// n_kv_heads * SCALES_PER_ROW scale words, then zero padding (py/pagedkv/kv_dtype.py has the numpy twin):
-//   KV_FORMAT 0 f32:       the f32 bits (bitcast);
-//   KV_FORMAT 1 f16:       two f16 per u32, the first value in the low half (unpack2x16float; no shader-f16);
-//   KV_FORMAT 2 int8:      four signed bytes per u32 (first value lowest), value = q * scale of its KV_GROUP;
-//   KV_FORMAT 3 fp8-e4m3:  four e4m3 bytes per u32, value = e4m3(q) * the row's scale (KV_GROUP = HEAD_DIM);
-//   KV_FORMAT 4 int4:      eight signed nibbles per u32, value = q * scale of its KV_GROUP;
-//   KV_FORMAT 5 int4-asym: eight unsigned nibbles per u32, value = q * d + m, where the KV_GROUP's scale word
-//                          holds two f16: the step d (low half) and the minimum m (high half).
-// Dequantization happens here, on the 16 values a slice loads: there is no dequantized copy of the cache.
-// Token `pos` of a sequence lives in block block_tables[seq, pos / block_size] at offset pos % block_size.
-//
 // Work split, for SwiftShader (whose loads from storage and from dynamically indexed private arrays are
 // per-lane gathers) and GPUs alike: an invocation owns SLOTS (query token, head) pairs that read the same
 // kv head -- decode: consecutive query heads of one GQA group; prefill: consecutive query tokens of one
@@ -25,37 +11,10 @@
 // token-outer loop, 3 heads per invocation a further ~2.4x at 4,096 tokens of decode, 4 query tokens per
 // invocation ~2.6x for prefill (512-token prompt).
 
-struct Params {
-  num_seqs : u32,
-  n_heads : u32,
-  n_kv_heads : u32,
-  block_size : u32,          // tokens per block, <= MAX_BLOCK_SIZE
-  max_blocks_per_seq : u32,  // row stride of block_tables
-  partition_blocks : u32,    // flash-decoding: blocks per partition (decode only)
-  max_partitions : u32,      // partition stride of the decode scratch buffers (decode only)
-  scale : f32,               // softmax scale, usually 1 / sqrt(HEAD_DIM)
-}
-
-@group(0) @binding(0) var<storage, read> query : array<vec4<f32>>;     // (num_q_tokens, n_heads, HEAD_DIM / 4)
-@group(0) @binding(1) var<storage, read> k_cache : array<vec4<u32>>;   // (num_blocks, block_size, TOKEN_U32 / 4)
-@group(0) @binding(2) var<storage, read> v_cache : array<vec4<u32>>;   // (num_blocks, block_size, TOKEN_U32 / 4)
-@group(0) @binding(3) var<storage, read> block_tables : array<u32>;    // (num_seqs, max_blocks_per_seq)
-@group(0) @binding(4) var<storage, read> context_lens : array<u32>;    // (num_seqs,) tokens in the cache, new ones included
-@group(0) @binding(5) var<uniform> params : Params;
-
-override HEAD_DIM : u32 = 64u;     // multiple of 16, <= 4 * MAX_VEC
-override KV_FORMAT : u32 = 0u;     // 0 f32, 1 f16, 2 int8, 3 fp8-e4m3, 4 int4, 5 int4-asym (KVDtype.code)
-override KV_GROUP : u32 = 64u;     // channels per scale (quantized formats): a multiple of 16 dividing HEAD_DIM
-override SLOTS : u32 = 1u;         // (query token, head) pairs per invocation, 1..4
-override WORKGROUP_SIZE : u32 = 16u;
-override KV_BITS : u32 = select(select(select(8u, 4u, KV_FORMAT >= 4u), 16u, KV_FORMAT == 1u), 32u, KV_FORMAT == 0u);
-override ROW_U32 : u32 = HEAD_DIM * KV_BITS / 32u;
-override SCALES_PER_ROW : u32 = select(HEAD_DIM / KV_GROUP, 0u, KV_FORMAT < 2u);
-override VEC_PER_HEAD : u32 = HEAD_DIM / 4u;
+//#include paged_kv_read.wgsl
 
 const MAX_VEC : u32 = 32u;         // head_dim up to 128
 const MAX_BLOCK_SIZE : u32 = 32u;
-const NEG_BIG : f32 = -3.0e38;     // finite "minus infinity": exp(NEG_BIG - m) is 0, never NaN
 
 // The running online-softmax state of the invocation's slots; vec4 component j belongs to slot j
 // (components past SLOTS are unused).
@@ -81,106 +40,6 @@ fn begin_slots(q_row : u32, row_step : u32, live : u32, keys : vec4<u32>) {
   m = vec4<f32>(NEG_BIG);
   l = vec4<f32>(0.0);
 }
-
-fn unpack8(x : vec4<u32>, y : vec4<u32>) -> mat4x4<f32> {
-  return mat4x4<f32>(vec4<f32>(unpack2x16float(x.x), unpack2x16float(x.y)),
-                     vec4<f32>(unpack2x16float(x.z), unpack2x16float(x.w)),
-                     vec4<f32>(unpack2x16float(y.x), unpack2x16float(y.y)),
-                     vec4<f32>(unpack2x16float(y.z), unpack2x16float(y.w)));
-}
-
-fn token_u32s() -> u32 {
-  return (params.n_kv_heads * (ROW_U32 + SCALES_PER_ROW) + 3u) & ~3u;
-}
-
-// e4m3 byte (sign bit 0x80) -> f32; exponent 0 is subnormal (m * 2^-9).
-fn e4m3(b : u32) -> f32 {
-  let e = (b >> 3u) & 15u;
-  let m = b & 7u;
-  let mag = select(bitcast<f32>(((e + 120u) << 23u) | (m << 20u)), f32(m) * 0.001953125, e == 0u);
-  return select(mag, -mag, (b & 0x80u) != 0u);
-}
-
-fn e4m3x4(w : u32) -> vec4<f32> {
-  return vec4<f32>(e4m3(w & 255u), e4m3((w >> 8u) & 255u), e4m3((w >> 16u) & 255u), e4m3(w >> 24u));
-}
-
-fn int8x4(w : u32) -> vec4<f32> {  // sign-extending arithmetic shifts
-  return vec4<f32>(vec4<i32>(bitcast<i32>(w << 24u), bitcast<i32>(w << 16u), bitcast<i32>(w << 8u),
-                             bitcast<i32>(w)) >> vec4<u32>(24u));
-}
-
-fn int4x4(w : u32) -> vec4<f32> {  // the low four nibbles of w
-  return vec4<f32>(vec4<i32>(bitcast<i32>(w << 28u), bitcast<i32>(w << 24u), bitcast<i32>(w << 20u),
-                             bitcast<i32>(w << 16u)) >> vec4<u32>(28u));
-}
-
-fn uint4x4(w : u32) -> vec4<f32> {  // the low four nibbles of w, unsigned
-  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));
-}
-
-// 16 quantized values (four u32 of 8-bit codes, or w.xy of 4-bit codes) times their group's scale word
-// (int4-asym: q * d + m; q * d is exact, so a fused multiply-add changes nothing).
-fn dequant16(w : vec4<u32>, scale_word : u32) -> mat4x4<f32> {
-  if (KV_FORMAT == 5u) {
-    let dm = unpack2x16float(scale_word);
-    let m = vec4<f32>(dm.y);
-    return mat4x4<f32>(uint4x4(w.x) * dm.x + m, uint4x4(w.x >> 16u) * dm.x + m, uint4x4(w.y) * dm.x + m,
-                       uint4x4(w.y >> 16u) * dm.x + m);
-  }
-  let scale = bitcast<f32>(scale_word);
-  if (KV_FORMAT == 4u) {
-    return mat4x4<f32>(int4x4(w.x), int4x4(w.x >> 16u), int4x4(w.y), int4x4(w.y >> 16u)) * scale;
-  }
-  if (KV_FORMAT == 3u) {
-    return mat4x4<f32>(e4m3x4(w.x), e4m3x4(w.y), e4m3x4(w.z), e4m3x4(w.w)) * scale;
-  }
-  return mat4x4<f32>(int8x4(w.x), int8x4(w.y), int8x4(w.z), int8x4(w.w)) * scale;
-}
-
-// Values 16 * s .. 16 * s + 15 of the K (or V) row of kv head `kv_head` in the token starting at u32 `tok`.
-fn k_slice(tok : u32, kv_head : u32, s : u32) -> mat4x4<f32> {
-  let row = tok + kv_head * ROW_U32;
-  if (KV_FORMAT == 0u) {
-    let w = row / 4u + 4u * s;
-    return mat4x4<f32>(bitcast<vec4<f32>>(k_cache[w]), bitcast<vec4<f32>>(k_cache[w + 1u]),
-                       bitcast<vec4<f32>>(k_cache[w + 2u]), bitcast<vec4<f32>>(k_cache[w + 3u]));
-  }
-  if (KV_FORMAT == 1u) {
-    let w = row / 4u + 2u * s;
-    return unpack8(k_cache[w], k_cache[w + 1u]);
-  }
-  let at = tok + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW + 16u * s / KV_GROUP;
-  let scale = k_cache[at / 4u][at % 4u];
-  let first = row + s * KV_BITS / 2u;  // a slice of 16 values is KV_BITS / 2 u32s
-  if (KV_BITS == 8u) {
-    return dequant16(k_cache[first / 4u], scale);
-  }
-  return dequant16(vec4<u32>(k_cache[first / 4u][first % 4u], k_cache[(first + 1u) / 4u][(first + 1u) % 4u],
-                             0u, 0u), scale);
-}
-
-fn v_slice(tok : u32, kv_head : u32, s : u32) -> mat4x4<f32> {
-  let row = tok + kv_head * ROW_U32;
-  if (KV_FORMAT == 0u) {
-    let w = row / 4u + 4u * s;
-    return mat4x4<f32>(bitcast<vec4<f32>>(v_cache[w]), bitcast<vec4<f32>>(v_cache[w + 1u]),
-                       bitcast<vec4<f32>>(v_cache[w + 2u]), bitcast<vec4<f32>>(v_cache[w + 3u]));
-  }
-  if (KV_FORMAT == 1u) {
-    let w = row / 4u + 2u * s;
-    return unpack8(v_cache[w], v_cache[w + 1u]);
-  }
-  let at = tok + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW + 16u * s / KV_GROUP;
-  let scale = v_cache[at / 4u][at % 4u];
-  let first = row + s * KV_BITS / 2u;
-  if (KV_BITS == 8u) {
-    return dequant16(v_cache[first / 4u], scale);
-  }
-  return dequant16(vec4<u32>(v_cache[first / 4u][first % 4u], v_cache[(first + 1u) / 4u][(first + 1u) % 4u],
-                             0u, 0u), scale);
-}
-
 // Slice s of slot j: its query (pre-scaled) or its accumulator.
 fn q_slice(j : u32, s : u32) -> mat4x4<f32> {
   if (j >= SLOTS) {
@@ -201,10 +60,6 @@ fn set_acc_slice(j : u32, s : u32, a : mat4x4<f32>) {
   acc[i + 1u] = a[1];
   acc[i + 2u] = a[2];
   acc[i + 3u] = a[3];
-}
-
-fn dot16(a : mat4x4<f32>, b : mat4x4<f32>) -> f32 {
-  return dot(a[0], b[0]) + dot(a[1], b[1]) + dot(a[2], b[2]) + dot(a[3], b[3]);
 }
 
 // Folds keys [block_begin * block_size, n_keys) of blocks [block_begin, block_end) of sequence `seq`

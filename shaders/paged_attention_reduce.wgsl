@@ -5,6 +5,10 @@
 // pass 1 and are skipped.
 //
 // Dispatch: ceil(num_seqs * n_heads * HEAD_DIM / 4 / WORKGROUP_SIZE) workgroups along x.
+//
+// main_gpu, the gpu family's merge: one workgroup per (sequence, head) whose lanes (p, i) split the
+// partitions (p, p + PART_LANES, ...) as well as the head's vec4s i, then meet in workgroup memory, so a
+// long context's 64 partitions are not walked by one lane. Dispatch: num_seqs * n_heads workgroups.
 
 struct Params {
   num_seqs : u32,
@@ -50,6 +54,49 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
     let w = exp(stats.x - m);
     total += w * stats.y;
     sum += w * part_acc[state * vec_per_head + i];
+  }
+  out[(seq * params.n_heads + head) * vec_per_head + i] = sum / total;
+}
+
+override PART_LANES : u32 = WORKGROUP_SIZE / (HEAD_DIM / 4u);  // main_gpu: lanes sharing a vec4 of the output
+
+var<workgroup> merged : array<vec4<f32>, WORKGROUP_SIZE>;  // main_gpu: (PART_LANES, HEAD_DIM / 4) partial sums
+var<workgroup> merged_total : array<f32, WORKGROUP_SIZE>;  // main_gpu: their weights' sums
+
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn main_gpu(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index) lid : u32) {
+  let vec_per_head = HEAD_DIM / 4u;
+  let i = lid % vec_per_head;
+  let lane = lid / vec_per_head;
+  let head = wid.x % params.n_heads;
+  let seq = wid.x / params.n_heads;
+  let n_blocks = (context_lens[min(seq, params.num_seqs - 1u)] + params.block_size - 1u) / params.block_size;
+  let n_parts = (n_blocks + params.partition_blocks - 1u) / params.partition_blocks;
+  if (seq >= params.num_seqs || n_parts <= 1u) {
+    return;  // the whole workgroup (uniform inputs only)
+  }
+  let first_state = seq * params.max_partitions * params.n_heads + head;
+  var m = -3.0e38;
+  for (var p = 0u; p < n_parts; p++) {  // every lane: the same broadcast reads, the same max
+    m = max(m, part_stats[first_state + p * params.n_heads].x);
+  }
+  var total = 0.0;
+  var sum = vec4<f32>(0.0);
+  for (var p = lane; p < n_parts && lane < PART_LANES; p += PART_LANES) {
+    let state = first_state + p * params.n_heads;
+    let w = exp(part_stats[state].x - m);
+    total += w * part_stats[state].y;
+    sum += w * part_acc[state * vec_per_head + i];
+  }
+  merged[lid] = sum;
+  merged_total[lid] = total;
+  workgroupBarrier();
+  if (lid >= vec_per_head) {
+    return;
+  }
+  for (var r = 1u; r < PART_LANES; r++) {
+    sum += merged[r * vec_per_head + i];
+    total += merged_total[r * vec_per_head + i];
   }
   out[(seq * params.n_heads + head) * vec_per_head + i] = sum / total;
 }

@@ -11,26 +11,9 @@
 
 //#include paged_attention_common.wgsl
 
-// Row 0: first query row of each sequence (num_seqs + 1 entries, the last = num_tokens);
-// row 1: first tile of each sequence (the last = num_tiles).
-@group(0) @binding(6) var<storage, read> starts : array<u32>;           // (2, num_seqs + 1)
-@group(0) @binding(7) var<storage, read_write> out : array<vec4<f32>>;  // (num_tokens, n_heads, HEAD_DIM / 4)
+//#include paged_prefill_tiles.wgsl
 
-// The sequence owning tile `tile`: the last s with starts[1, s] <= tile.
-fn sequence_of(tile : u32) -> u32 {
-  let tiles = params.num_seqs + 1u;
-  var lo = 0u;
-  var hi = params.num_seqs;
-  while (hi - lo > 1u) {
-    let mid = (lo + hi) / 2u;
-    if (starts[tiles + mid] <= tile) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
+@group(0) @binding(7) var<storage, read_write> out : array<vec4<f32>>;  // (num_tokens, n_heads, HEAD_DIM / 4)
 
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
@@ -39,18 +22,12 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   if (tile >= starts[2u * params.num_seqs + 1u]) {
     return;
   }
-  let seq = sequence_of(tile);
-  let q_begin = starts[seq];
-  let q_len = starts[seq + 1u] - q_begin;
-  let first = q_begin + (tile - starts[params.num_seqs + 1u + seq]) * SLOTS;  // the tile's first token
-  let live = min(SLOTS, q_begin + q_len - first);
-  // Causal: token i of the chunk sees context_len - q_len + i + 1 keys; dead slots copy slot 0.
-  let keys0 = context_lens[seq] - q_len + (first - q_begin) + 1u;
+  let qt = query_tile(tile, SLOTS);
   let slot = vec4<u32>(0u, 1u, 2u, 3u);
-  let keys = vec4<u32>(keys0) + select(vec4<u32>(0u), slot, slot < vec4<u32>(live));
-  begin_slots(first * params.n_heads + head, params.n_heads, live, keys);
+  let keys = vec4<u32>(qt.keys0) + select(vec4<u32>(0u), slot, slot < vec4<u32>(qt.live));  // dead slots copy slot 0
+  begin_slots(qt.first * params.n_heads + head, params.n_heads, qt.live, keys);
   let kv_head = head / (params.n_heads / params.n_kv_heads);
-  let n_keys = keys0 + live - 1u;
-  attend_blocks(seq, kv_head, 0u, (n_keys + params.block_size - 1u) / params.block_size, n_keys);
-  write_normalised(first * params.n_heads + head, params.n_heads);
+  let n_keys = qt.keys0 + qt.live - 1u;
+  attend_blocks(qt.seq, kv_head, 0u, (n_keys + params.block_size - 1u) / params.block_size, n_keys);
+  write_normalised(qt.first * params.n_heads + head, params.n_heads);
 }

@@ -33,9 +33,22 @@ def test_cpu_family_rows_are_the_issues_counts():
                                  ("matvec_q4_1", "lin_ffn", 384), ("matvec_q4_1", "lin_down", 96)]
     attn = [r for r in rows if r["kernel"] == "paged_attention"]
     assert attn[0]["workgroups"] == [1, 1, 1] and attn[0]["invocations"] == 16  # 12 live threads at 512
-    assert [r["kernel"] for r in geo.decode_step("gpu", 512) if r["slot"] in ("attn", "reduce")][:2] == [
-        "paged_attention", "paged_attention_reduce"]  # attention is the cpu family's in both
     assert "paged_attention_reduce" not in {r["kernel"] for r in geo.decode_step("cpu", 100)}  # one partition
+
+
+def test_gpu_family_fills_every_decode_attention_dispatch_at_context_512():
+    for subgroups, shader in ((True, "paged_attention_gpu_sg"), (False, "paged_attention_gpu")):
+        rows = [r for r in geo.decode_step("gpu", 512, subgroups) if r["slot"] in ("attn", "reduce")]
+        assert len(rows) == 30 * 2  # pass 1 and the merge of 4 partitions, every layer
+        # pass 1: 4 partitions x 3 kv heads (3 query heads each) workgroups of 128; merge: 9 heads x 128
+        assert rows[:2] == [{"kernel": shader, "slot": "attn", "workgroup_size": 128, "workgroups": [12, 1, 1],
+                             "invocations": 1536},
+                            {"kernel": "paged_attention_reduce_gpu", "slot": "reduce", "workgroup_size": 128,
+                             "workgroups": [9, 1, 1], "invocations": 1152}]
+        assert min(r["invocations"] for r in rows) >= 1024
+    at_4096 = [r["invocations"] for r in geo.decode_step("gpu", 4096) if r["slot"] == "attn"]
+    assert at_4096[0] == 32 * 3 * 128  # 32 partitions of 128 tokens
+    assert "paged_attention_reduce_gpu" not in {r["kernel"] for r in geo.decode_step("gpu", 128)}  # one partition
 
 
 def test_cli_prints_json(capsys):

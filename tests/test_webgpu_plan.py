@@ -25,7 +25,8 @@ def fake_backend(kernels: str = "cpu", subgroups: bool = False):
                               "part_stats", "last", "last_norm", "logits", "ids")}
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(2)]
     return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, kv_caches=caches, kv_layout=layout,
-                           kv_kernels=KVKernels(ctx, layout, CFG.n_heads), kernels=kernels, subgroups=subgroups)
+                           kv_kernels=KVKernels(ctx, layout, CFG.n_heads, family=kernels, subgroups=subgroups),
+                           kernels=kernels, subgroups=subgroups)
 
 
 def test_plan_keys_bucket_batches_by_kernel_choice():
@@ -80,23 +81,29 @@ def test_step_slots_grids_and_uniforms():
     assert single[SLOT_INDEX["lin_ffn"]].tolist() == [1, 1, 1]  # 2 * 128 gate|up rows
 
 
-def test_gpu_family_plan_swaps_the_matvecs_and_argmax_only():
+def test_gpu_family_plan_swaps_the_matvecs_argmax_and_decode_attention():
     b = fake_backend("gpu", subgroups=True)
     decode = layer_program(b, PlanKey.of(1, 1))
     layer = [(d.shader, d.constants) for d in decode[0][1:9]]
     assert layer == [
         ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("NORM", 1))), ("rope", (("WORKGROUP_SIZE", 64),)),
-        ("kv_write", None), ("paged_attention", None), ("paged_attention_reduce", None),
+        ("kv_write", None), ("paged_attention_gpu_sg", None), ("paged_attention_reduce_gpu", None),
         ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1))),
         ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("NORM", 1), ("SWIGLU", 1))),
         ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1)))]
     assert [d.shader for d in decode[1]] == ["rmsnorm", "matvec_gpu_sg_q8_0", "argmax_gpu"]
     prefill = layer_program(fake_backend("gpu"), PlanKey.of(24, 3))
     assert [d.shader for d in prefill[0][1:10]] == [
-        "rmsnorm", "matmul_q4_1", "rope", "kv_write", "paged_prefill_attention", "matmul_q4_1", "rmsnorm",
-        "matmul_q4_1", "matmul_q4_1"]  # prefill is the cpu family's in both
+        "rmsnorm", "matmul_q4_1", "rope", "kv_write", "paged_prefill_attention_gpu", "matmul_q4_1", "rmsnorm",
+        "matmul_q4_1", "matmul_q4_1"]  # the prefill matmuls are the cpu family's in both
     assert [d.shader for d in prefill[1]] == ["rmsnorm", "matmul_q8_0", "argmax_gpu"]
     grids, _ = step_slots(b, StepShape(1, 1, 1, 1, 1, True))
     assert grids[SLOT_INDEX["lin_qkv"]].tolist() == [16, 1, 1]  # one workgroup per 8 of the 128 rows
+    # decode attention: a workgroup per (sequence, partition, kv head's 2 query heads); 3 partitions: merged
+    # by a workgroup per (sequence, head)
+    pair, _ = step_slots(b, StepShape(2, 2, 3, 3, 2, True))
+    assert (pair[SLOT_INDEX["attn"]].tolist(), pair[SLOT_INDEX["reduce"]].tolist()) == ([12, 1, 1], [8, 1, 1])
+    # prefill attention: a workgroup per (tile of 8 new tokens, kv head's 2 query heads): 5 tiles x 2
+    assert step_slots(b, StepShape(24, 3, 2, 1, 5, False))[0][SLOT_INDEX["attn"]].tolist() == [10, 1, 1]
     assert grids[SLOT_INDEX["lin_ffn"]].tolist() == [32, 1, 1] and grids[SLOT_INDEX["lm_head"]].tolist() == [64, 1, 1]
     assert step_slots(b, StepShape(3, 3, 1, 1, 1, True))[0][SLOT_INDEX["lin_h"]].tolist() == [1, 1, 1]  # matmul

@@ -1,6 +1,6 @@
 """KV cache element types: the one registry of names, byte sizes and the numpy (de)quantizers.
 
-The WGSL kernels (shaders/kv_write.wgsl quantizes, shaders/paged_attention_common.wgsl dequantizes) store
+The WGSL kernels (shaders/kv_write.wgsl quantizes, shaders/paged_kv_read.wgsl dequantizes) store
 every dtype in the same token-major layout, which the functions here reproduce bit for bit:
 
     a cache (K or V) of one layer = (num_blocks, block_size, token_u32s) u32 words, where one token holds

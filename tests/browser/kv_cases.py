@@ -15,11 +15,19 @@ from pagedkv.kernels import ref_attention as ref
 _STATE = {}
 
 
-async def kernels(layout, n_heads, **options):
-    """Compiled kernels for a layout, on one device shared by every case (the page's, or wgpu-py's)."""
+FAMILIES = {"cpu": ("cpu", False), "gpu": ("gpu", False), "gpu-sg": ("gpu", True)}  # name -> (family, subgroups)
+
+
+async def kernels(layout, n_heads, family="cpu", **options):
+    """Compiled kernels for a layout, on one device shared by every case (the page's, or wgpu-py's);
+    family: whose decode attention, "gpu-sg" being the gpu family's subgroup variant."""
     if "ctx" not in _STATE:
         _STATE["ctx"] = await open_device()
-    return await KVKernels(_STATE["ctx"], layout, n_heads, **options).compile()
+    ctx = _STATE["ctx"]
+    name, subgroups = FAMILIES[family]
+    if subgroups and "subgroups" not in ctx.info.features:
+        raise RuntimeError(f"{family} needs the subgroups feature; {ctx.info.name} has {sorted(ctx.info.features)}")
+    return await KVKernels(ctx, layout, n_heads, family=name, subgroups=subgroups, **options).compile()
 
 
 def block_tables(rng, lengths, block_size, num_blocks, contiguous=False):
@@ -47,14 +55,14 @@ def errors(got, want):
     return {"max_abs": max_abs, "rel": max_abs / float(np.abs(want).max()), "shape": list(got.shape)}
 
 
-async def decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim, partition_tokens=128):
+async def decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim, partition_tokens=128, family="cpu"):
     rng = np.random.default_rng(seed)
     needed = sum(-(-n // block_size) for n in lengths)
     layout = KVLayout(needed + 5, block_size, n_kv, head_dim, dtype)
     k_cache, v_cache = random_cache(rng, layout)
     tables = block_tables(rng, lengths, block_size, layout.num_blocks)
     query = rng.standard_normal((len(lengths), n_heads, head_dim)).astype(np.float32)
-    kk = await kernels(layout, n_heads, partition_tokens=partition_tokens)
+    kk = await kernels(layout, n_heads, family, partition_tokens=partition_tokens)
     cache = KVCacheBuffers(kk.ctx, layout)
     cache.upload(k_cache, v_cache)
     prepared = kk.prepare_paged_attention(cache, query, tables, np.array(lengths))
@@ -63,7 +71,8 @@ async def decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim,
     cache.destroy()
     want = ref.paged_attention_ref(query, k_cache, v_cache, tables, np.array(lengths), 1 / math.sqrt(head_dim))
     partitions = -(-(-(-max(lengths) // block_size)) // kk.partition_blocks)
-    return dict(errors(got, want), dispatches=dispatches, partitions=partitions)
+    kernels_run = [kk.decode.attention, kk.decode.reduce][:dispatches]
+    return dict(errors(got, want), dispatches=dispatches, partitions=partitions, kernels=kernels_run)
 
 
 async def decode_bad_table():

@@ -70,7 +70,8 @@ async def kvq_write_case(seed, lengths, block_size, dtype, n_kv, head_dim):
                                                    np.delete(k0.words.reshape(-1, k_got.shape[2]), slots, axis=0)))}
 
 
-async def kvq_decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim, partition_tokens=128):
+async def kvq_decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim, partition_tokens=128,
+                          family="cpu"):
     """Decode attention over a packed cache vs the float64 reference over the same dequantized values."""
     rng = np.random.default_rng(seed)
     needed = sum(-(-n // block_size) for n in lengths)
@@ -79,7 +80,7 @@ async def kvq_decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_
     v = PackedKV.pack(rng.standard_normal(layout.shape).astype(np.float32), dtype)
     tables = block_tables(rng, lengths, block_size, layout.num_blocks)
     query = rng.standard_normal((len(lengths), n_heads, head_dim)).astype(np.float32)
-    kk = await kernels(layout, n_heads, partition_tokens=partition_tokens)
+    kk = await kernels(layout, n_heads, family, partition_tokens=partition_tokens)
     cache = KVCacheBuffers(kk.ctx, layout)
     cache.upload(k.words, v.words)
     got = await kk.paged_attention(cache, query, tables, np.array(lengths))
@@ -89,7 +90,7 @@ async def kvq_decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_
     return dict(errors(got, want), ref_consistent=bool(np.array_equal(want, plain)))
 
 
-async def kvq_prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim):
+async def kvq_prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim, family="cpu"):
     """Chunked prefill: the chunk's K/V quantized by kv_write on the GPU, then attention over the packed cache;
     the reference quantizes with numpy (bit-identical, see kvq_write_case) and attends in float64."""
     rng = np.random.default_rng(seed)
@@ -105,7 +106,7 @@ async def kvq_prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_
     v_new = rng.standard_normal((slots.size, n_kv, head_dim)).astype(np.float32)
     starts = np.concatenate([[0], np.cumsum([n for _, n in chunks])])
     query = rng.standard_normal((slots.size, n_heads, head_dim)).astype(np.float32)
-    kk = await kernels(layout, n_heads)
+    kk = await kernels(layout, n_heads, family)
     cache = KVCacheBuffers(kk.ctx, layout)
     cache.upload(k0.words, v0.words)
     await kk.kv_write(cache, k_new, v_new, slots)

@@ -52,25 +52,27 @@ def test_kv_write_quantizes_bit_for_bit_like_numpy(page):
     assert [r["tokens"] for r in results[:8]] == [4 + 13 + 15] * 8
 
 
+@pytest.mark.parametrize("family", ["cpu", "gpu", "gpu-sg"])  # kv_cases.FAMILIES: whose decode attention
 @pytest.mark.parametrize("heads", [SMOLLM2, SMALL], ids=["gqa9-3-d64", "gqa4-2-d16"])
-def test_paged_decode_over_quantized_cache_matches_reference(page, heads):
+def test_paged_decode_over_quantized_cache_matches_reference(page, heads, family):
     n_heads, n_kv, d = heads
     calls = [f"kvq_decode_case({seed}, [1, {bs - 1}, {3 * bs + 5}, 200, 97], {bs}, {dtype!r}, {n_heads}, {n_kv}, {d},"
-             " partition_tokens=512)" for seed, bs in enumerate((8, 16, 32)) for dtype in QUANTIZED]
+             f" partition_tokens=512, family={family!r})" for seed, bs in enumerate((8, 16, 32)) for dtype in QUANTIZED]
     # 32-token partitions: the split + merge pass over a quantized cache too.
     calls += [f"kvq_decode_case({10 + i}, [300, 17, 129, 64], 16, {dtype!r}, {n_heads}, {n_kv}, {d},"
-              " partition_tokens=32)" for i, dtype in enumerate(QUANTIZED)]
+              f" partition_tokens=32, family={family!r})" for i, dtype in enumerate(QUANTIZED)]
     for call, r in zip(calls, run(page, calls)):
         assert r["max_abs"] <= DECODE_MAX_ABS and r["rel"] <= DECODE_REL, (call, r)
         assert r["ref_consistent"] is True, call
         assert r["shape"] == [5 if "200" in call else 4, n_heads, d], call
 
 
+@pytest.mark.parametrize("family", ["cpu", "gpu"])  # whose prefill attention
 @pytest.mark.parametrize("heads", [SMOLLM2, SMALL], ids=["gqa9-3-d64", "gqa4-2-d16"])
-def test_paged_prefill_over_quantized_cache_matches_reference(page, heads):
+def test_paged_prefill_over_quantized_cache_matches_reference(page, heads, family):
     n_heads, n_kv, d = heads
     chunks = "[(37, 11), (0, 21), (50, 1), (9, 40)]"
-    calls = [f"kvq_prefill_case({seed}, {chunks}, {bs}, {dtype!r}, {n_heads}, {n_kv}, {d})"
+    calls = [f"kvq_prefill_case({seed}, {chunks}, {bs}, {dtype!r}, {n_heads}, {n_kv}, {d}, family={family!r})"
              for seed, bs in enumerate((8, 16, 32)) for dtype in QUANTIZED]
     for call, r in zip(calls, run(page, calls)):
         assert r["max_abs"] <= PREFILL_MAX_ABS and r["rel"] <= PREFILL_REL, (call, r)

@@ -4,6 +4,8 @@ Every case runs in the page's worker (tests/browser/kv_cases.py): random caches,
 block tables, several sequences of different lengths (not multiples of the block size) in one batch,
 block sizes 8/16/32, f32 and packed-f16 KV, SmolLM2's GQA (9 query heads / 3 kv heads, head_dim 64) and
 small configs (4 / 2 and 8 / 2 heads, head_dim 16; 4 / 4 heads, head_dim 32), so every head tile 1..4 runs.
+Decode attention runs in each kernel family (FAMILY): the cpu family's, the gpu family's with its
+workgroup-tree reduction and with subgroups (SwiftShader's subgroups have 4 lanes, lavapipe's 8).
 The references run in float64 on the very cache values the GPU holds, so the bounds below measure only
 the kernels' f32 arithmetic.
 """
@@ -28,6 +30,10 @@ MHA = (4, 4, 32)  # no GQA: 1 head per decode invocation
 GROUP4 = (8, 2, 16)  # 4 heads per decode invocation
 CONFIGS = pytest.mark.parametrize("heads", [SMOLLM2, SMALL, MHA, GROUP4],
                                   ids=["gqa9-3-d64", "gqa4-2-d16", "mha4-d32", "gqa8-2-d16"])
+FAMILY = pytest.mark.parametrize("family", ["cpu", "gpu", "gpu-sg"])  # kv_cases.FAMILIES
+DECODE_KERNELS = {"cpu": ["paged_attention", "paged_attention_reduce"],
+                  "gpu": ["paged_attention_gpu", "paged_attention_reduce_gpu"],
+                  "gpu-sg": ["paged_attention_gpu_sg", "paged_attention_reduce_gpu"]}
 
 
 @pytest.fixture(scope="module")
@@ -70,26 +76,30 @@ def test_swap_out_and_in_round_trips_blocks_bit_exact(page):
     assert [r["out_dtype"] for r in results] == ["float32", "float16", "float16"]
 
 
+@FAMILY
 @CONFIGS
-def test_paged_decode_attention_matches_reference(page, heads):
+def test_paged_decode_attention_matches_reference(page, heads, family):
     n_heads, n_kv, d = heads
     # One partition of 512 tokens: every sequence is finished by pass 1.
     calls = [f"decode_case({seed}, [1, {bs - 1}, {3 * bs + 5}, 200, 97], {bs}, {dtype!r}, {n_heads}, {n_kv}, {d},"
-             " partition_tokens=512)" for seed, bs in enumerate((8, 16, 32)) for dtype in ("f32", "f16")]
+             f" partition_tokens=512, family={family!r})"
+             for seed, bs in enumerate((8, 16, 32)) for dtype in ("f32", "f16")]
     # Small partitions so these short contexts already go through the split + merge pass.
-    calls += [f"decode_case({10 + i}, [300, 17, 129, 64], 16, {dtype!r}, {n_heads}, {n_kv}, {d}, partition_tokens=32)"
-              for i, dtype in enumerate(("f32", "f16"))]
+    calls += [f"decode_case({10 + i}, [300, 17, 129, 64], 16, {dtype!r}, {n_heads}, {n_kv}, {d}, partition_tokens=32,"
+              f" family={family!r})" for i, dtype in enumerate(("f32", "f16"))]
     results = run(page, calls)
     for call, r in zip(calls, results):
         assert r["max_abs"] <= DECODE_MAX_ABS and r["rel"] <= DECODE_REL, (call, r)
         assert r["shape"] == [5 if "200" in call else 4, n_heads, d]
     assert [r["dispatches"] for r in results] == [1] * 6 + [2, 2]
+    assert results[-1]["kernels"] == DECODE_KERNELS[family]
 
 
-def test_paged_decode_long_contexts_split_and_merge(page):
+@FAMILY
+def test_paged_decode_long_contexts_split_and_merge(page, family):
     n_heads, n_kv, d = SMOLLM2
-    calls = [f"decode_case(20, [3001, 17, 4100, 513], 16, 'f32', {n_heads}, {n_kv}, {d})",
-             f"decode_case(21, [4096, 1000], 32, 'f16', {n_heads}, {n_kv}, {d})"]
+    calls = [f"decode_case(20, [3001, 17, 4100, 513], 16, 'f32', {n_heads}, {n_kv}, {d}, family={family!r})",
+             f"decode_case(21, [4096, 1000], 32, 'f16', {n_heads}, {n_kv}, {d}, family={family!r})"]
     results = run(page, calls)
     for call, r in zip(calls, results):
         assert r["max_abs"] <= DECODE_MAX_ABS and r["rel"] <= DECODE_REL, (call, r)
@@ -97,19 +107,40 @@ def test_paged_decode_long_contexts_split_and_merge(page):
     assert results[0]["partitions"] == 33 and results[1]["partitions"] == 32
 
 
+@FAMILY
+@pytest.mark.parametrize("heads", [SMOLLM2, MHA], ids=["gqa9-3-d64", "mha4-d32"])
+def test_paged_decode_ragged_lengths_at_block_and_tile_edges(page, heads, family):
+    # Lengths around a block (8/16/32) and around the gpu family's 128-key tile, with 256-token partitions:
+    # tiles cut short inside a partition, partitions cut short inside a sequence, one-token sequences.
+    n_heads, n_kv, d = heads
+    lengths = [1, 15, 16, 17, 127, 128, 129, 300, 1000]
+    calls = [f"decode_case({30 + bs}, {lengths}, {bs}, {dtype!r}, {n_heads}, {n_kv}, {d}, partition_tokens=256,"
+             f" family={family!r})" for bs, dtype in ((8, "f16"), (16, "f32"), (32, "f16"))]
+    for call, r in zip(calls, run(page, calls)):
+        assert r["max_abs"] <= DECODE_MAX_ABS and r["rel"] <= DECODE_REL, (call, r)
+        assert (r["shape"], r["partitions"], r["dispatches"]) == ([9, n_heads, d], 4, 2), call
+
+
+@pytest.mark.parametrize("family", ["cpu", "gpu"])  # the gpu family's prefill has no subgroup variant
 @CONFIGS
-def test_paged_prefill_attention_with_cached_prefixes_matches_reference(page, heads):
+def test_paged_prefill_attention_with_cached_prefixes_matches_reference(page, heads, family):
     n_heads, n_kv, d = heads
     # (tokens already cached, new tokens): a prefix hit, a fresh prompt, a one-token chunk, a long tail.
-    chunks = "[(37, 11), (0, 21), (50, 1), (9, 40)]"
-    calls = [f"prefill_case({seed}, {chunks}, {bs}, {dtype!r}, {n_heads}, {n_kv}, {d})"
+    chunks = [(37, 11), (0, 21), (50, 1), (9, 40)]
+    cases = [(f"prefill_case({seed}, {chunks}, {bs}, {dtype!r}, {n_heads}, {n_kv}, {d}, family={family!r})", chunks)
              for seed, bs in enumerate((8, 16, 32)) for dtype in ("f32", "f16")]
-    # 4 new tokens per invocation by default (tails of 3, 1, 1 and 0 here); 3 and 1 per invocation too.
-    calls += [f"prefill_case({6 + tile}, {chunks}, 16, 'f32', {n_heads}, {n_kv}, {d}, query_tile={tile})"
-              for tile in (3, 1)]
-    for call, r in zip(calls, run(page, calls)):
+    if family == "cpu":
+        # 4 new tokens per invocation by default (tails of 3, 1, 1 and 0 here); 3 and 1 per invocation too.
+        cases += [(f"prefill_case({6 + tile}, {chunks}, 16, 'f32', {n_heads}, {n_kv}, {d}, query_tile={tile})", chunks)
+                  for tile in (3, 1)]
+    else:
+        # Many key tiles (16 keys at head_dim 64, 32 below) behind long cached prefixes, chunks of many tiles.
+        long = [(300, 33), (17, 64), (0, 100)]
+        cases += [(f"prefill_case(8, {long}, {bs}, 'f16', {n_heads}, {n_kv}, {d}, family='gpu')", long)
+                  for bs in (8, 32)]
+    for (call, want_chunks), r in zip(cases, run(page, [c for c, _ in cases])):
         assert r["max_abs"] <= PREFILL_MAX_ABS and r["rel"] <= PREFILL_REL, (call, r)
-        assert r["shape"] == [11 + 21 + 1 + 40, n_heads, d]
+        assert r["shape"] == [sum(n for _, n in want_chunks), n_heads, d], call
 
 
 def test_bad_block_table_is_refused_before_the_gpu_runs(page):

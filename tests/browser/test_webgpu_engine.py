@@ -39,7 +39,8 @@ def test_tiny_greedy_through_engine_equals_numpy(worker, block_size, kv_dtype):
 
 @pytest.mark.parametrize("block_size", [8, 32])
 def test_tiny_greedy_with_the_gpu_kernel_family_equals_numpy(worker, block_size):
-    """Decode steps and the LM head on the gpu family's matvec and argmax (prefill stays on matmul)."""
+    """Decode steps and the LM head on the gpu family's matvec, decode attention and argmax (prefill stays on
+    the cpu family's matmul and attention)."""
     r = run(worker, f"tiny_greedy({block_size}, 'f16', kernels='gpu')")
     assert r["gpu"] == r["ref"]
 

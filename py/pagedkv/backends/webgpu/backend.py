@@ -32,7 +32,8 @@ from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, SLOTS, PlanKey, StepShape, layer
 SWAP_CHUNK_BLOCKS = 32  # blocks per layer per gather/scatter call; bounds the swap staging buffers
 CPU_POOL_CAP_BYTES = 64 * MIB  # default CPU swap pool (wasm memory)
 TEMP_SLACK_BYTES = 4096  # ids / params uniforms of one swap or copy call
-UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_prefill_attention")
+UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_gpu", "paged_attention_gpu_sg",
+                "paged_prefill_attention", "paged_prefill_attention_gpu")
 
 
 class WebGpuBackend:
@@ -45,7 +46,7 @@ class WebGpuBackend:
         if kernels not in ops.FAMILIES:
             raise ValueError(f"kernels must be one of {ops.FAMILIES}, got {kernels!r}")
         self.ctx = ctx
-        self.kernels = kernels  # kernel family of the plan's matvecs and argmax (model_kernels.choose_family)
+        self.kernels = kernels  # kernel family of the plan's matvecs, argmax and decode attention (choose_family)
         self.config = config
         self.ledger = ledger
         self.block_size = block_size
@@ -88,7 +89,8 @@ class WebGpuBackend:
         b = cls(ctx, config, GpuLedger(budget_bytes), block_size=block_size, kv_dtype=kv_dtype,
                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, kernels=kernels)
         b.kv_layout = KVLayout(num_blocks, block_size, config.n_kv_heads, config.head_dim, kv_dtype)
-        b.kv_kernels = await KVKernels(ctx, b.kv_layout, config.n_heads).compile()
+        b.kv_kernels = await KVKernels(ctx, b.kv_layout, config.n_heads, family=kernels,
+                                       subgroups=b.subgroups).compile()
         try:
             ctx.push_oom()
             try:
@@ -267,7 +269,7 @@ class WebGpuBackend:
                 else:
                     pipeline = await self.ctx.kernel(d.shader, dict(d.constants))
                 bindings = dict(d.bindings) if isinstance(d.bindings, dict) else dict(enumerate(d.bindings))
-                # The attention kernels keep their uniform at binding 5 (paged_attention_common.wgsl).
+                # The attention kernels keep their uniform at binding 5 (paged_kv_read.wgsl).
                 uniform_at = 5 if d.shader in UNIFORM_AT_5 else len(bindings)
                 bindings[uniform_at] = (params, SLOT_INDEX[d.slot] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
                 recorded.append((pipeline, self.ctx.bind(pipeline, bindings)))

@@ -1,5 +1,6 @@
 """Host side of the KV-cache kernels: one layer's paged K/V pool on the GPU and the calls that feed
-shaders/kv_write, copy_blocks, paged_attention (+ _reduce) and paged_prefill_attention.
+shaders/kv_write, copy_blocks, paged_attention (+ _reduce; the kernel family's own, kv_attention_gpu.py)
+and paged_prefill_attention.
 
 Uses only GpuContext methods (no `js` here). Every call validates its inputs with the same checks as the
 numpy references in pagedkv.kernels.ref_attention and raises ValueError before touching the GPU.
@@ -21,6 +22,7 @@ import numpy as np
 
 from ...kernels import ref_attention as ref
 from ...kv_dtype import kv_dtype as lookup_kv_dtype
+from .kv_attention_gpu import check_partition, decode_kernels, prefill_kernel
 from .model_kernels import uniform_words
 
 MAX_BLOCK_SIZE = 32  # MAX_BLOCK_SIZE in paged_attention_common.wgsl
@@ -183,7 +185,8 @@ class KVKernels:
     """The compiled KV-cache kernels for one layout and query-head count, and their host calls."""
 
     def __init__(self, ctx, layout: KVLayout, n_heads: int, *, partition_tokens: int = 128,
-                 workgroup_size: int = 16, head_tile: int | None = None, query_tile: int = 4) -> None:
+                 workgroup_size: int = 16, head_tile: int | None = None, query_tile: int = 4,
+                 family: str = "cpu", subgroups: bool = False) -> None:
         # partition_tokens: flash-decoding split. Small partitions give a single sequence's decode enough
         # invocations to use every core (SwiftShader runs one workgroup per thread); measured at 512 tokens,
         # 128 beat 512 by ~25% and matched it at 4,096.
@@ -195,6 +198,9 @@ class KVKernels:
         self.n_heads = n_heads
         self.partition_blocks = partition_tokens // layout.block_size
         self.workgroup_size = workgroup_size
+        # family: whose attention kernels run (kv_attention_gpu.py); kv_write, copy_blocks and the swaps are shared
+        self.decode = decode_kernels(family, subgroups, workgroup_size)
+        check_partition(family, self.partition_blocks, layout.block_size)
         group = n_heads // layout.n_kv_heads
         # Query heads per invocation: by default the largest tile (<= 4, the kernels' vec4 of states) that
         # splits a GQA group evenly, so each K/V load serves that many heads.
@@ -205,7 +211,9 @@ class KVKernels:
         self.head_tile = head_tile
         if query_tile not in (1, 2, 3, 4):
             raise ValueError(f"query_tile must be 1..4 (new tokens per prefill invocation), got {query_tile}")
-        self.query_tile = query_tile
+        # the gpu family's prefill sets its own new tokens per tile (query_tile is the cpu family's)
+        self.prefill = prefill_kernel(self.decode.family, head_tile, layout.head_dim, query_tile, workgroup_size)
+        self.query_tile = self.prefill.query_tile
         self.pipelines: dict[str, object] = {}
 
     async def compile(self) -> "KVKernels":
@@ -215,20 +223,37 @@ class KVKernels:
         for entry in ("gather_blocks", "scatter_blocks"):
             self.pipelines[entry] = await self.ctx.kernel("copy_blocks", wg, entry_point=entry)
         for name, constants in (("kv_write", consts), ("copy_blocks", wg),
-                                ("paged_attention", dict(consts, SLOTS=self.head_tile)),
-                                ("paged_prefill_attention", dict(consts, SLOTS=self.query_tile)),
-                                ("paged_attention_reduce", {"HEAD_DIM": self.layout.head_dim, **wg})):
+                                (self.prefill.name, dict(consts, **dict(self.prefill.constants),
+                                                         WORKGROUP_SIZE=self.prefill.workgroup))):
             self.pipelines[name] = await self.ctx.kernel(name, constants)
+        (attn, shader, entry, size), (reduce, reduce_shader, reduce_entry, reduce_size) = self.decode.specs
+        self.pipelines[attn] = await self.ctx.kernel(
+            shader, dict(consts, SLOTS=self.head_tile, WORKGROUP_SIZE=size), entry_point=entry)
+        self.pipelines[reduce] = await self.ctx.kernel(
+            reduce_shader, {"HEAD_DIM": self.layout.head_dim, "WORKGROUP_SIZE": reduce_size}, entry_point=reduce_entry)
         return self
 
-    def workgroups(self, invocations: int) -> tuple[int, int, int]:
-        """A 1-D grid of workgroups covering `invocations`, refused over the device's per-dimension limit."""
-        groups = -(-invocations // self.workgroup_size)
+    def workgroups(self, invocations: int, workgroup_size: int | None = None) -> tuple[int, int, int]:
+        """A 1-D grid of workgroups (of workgroup_size, else the kernels' size) covering `invocations`,
+        refused over the device's per-dimension limit."""
+        size = workgroup_size or self.workgroup_size
+        groups = -(-invocations // size)
         limit = self.ctx.info.limits.get("maxComputeWorkgroupsPerDimension", 65535)
         if groups > limit:
-            raise ValueError(f"{invocations} invocations need {groups} workgroups of {self.workgroup_size}, "
+            raise ValueError(f"{invocations} invocations need {groups} workgroups of {size}, "
                              f"over the device limit {limit}; split the batch")
         return (max(groups, 1), 1, 1)
+
+    def decode_grids(self, num_seqs: int, max_parts: int) -> tuple[tuple, tuple]:
+        """Workgroup grids of decode attention's pass 1 and merge pass (the family's kernels)."""
+        d = self.decode
+        work, merge = d.invocations(num_seqs, max_parts, self.n_heads, self.head_tile, self.layout.head_dim)
+        return self.workgroups(work, d.attention_workgroup), self.workgroups(merge, d.reduce_workgroup)
+
+    def prefill_grid(self, num_tiles: int) -> tuple[int, int, int]:
+        """Workgroup grid of prefill attention over num_tiles query tiles (the family's kernel)."""
+        p = self.prefill
+        return self.workgroups(p.invocations(num_tiles, self.n_heads, self.head_tile), p.workgroup)
 
     # ------------------------------------------------------------------ kv_write / copy_blocks
 
@@ -310,7 +335,7 @@ class KVKernels:
         return tables, lens, starts, max_parts
 
     def _attention_inputs(self, cache, query, tables, lens, max_parts, scale, tmp) -> list:
-        """Bindings 0-5 shared by both attention kernels (paged_attention_common.wgsl)."""
+        """Bindings 0-5 shared by the attention kernels (paged_kv_read.wgsl)."""
         lay = self.layout
         scale = 1.0 / math.sqrt(lay.head_dim) if scale is None else float(scale)
         params = uniform_words(lens.size, self.n_heads, lay.n_kv_heads, lay.block_size, tables.shape[1],
@@ -328,17 +353,16 @@ class KVKernels:
         """
         tables, lens, _, max_parts = self._check_attention(query, block_tables, context_lens)
         num_seqs, d = lens.size, self.layout.head_dim
-        groups = self.workgroups(num_seqs * max_parts * self.n_heads // self.head_tile)
-        reduce_groups = self.workgroups(num_seqs * self.n_heads * d // 4)
+        groups, reduce_groups = self.decode_grids(num_seqs, max_parts)
         with Temporaries(self.ctx) as tmp:
             buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
             out = tmp.scratch(num_seqs * self.n_heads * d * 4, "out")  # (num_seqs, n_heads, head_dim)
             part_acc = tmp.scratch(num_seqs * max_parts * self.n_heads * d * 4, "part_acc")
             part_stats = tmp.scratch(num_seqs * max_parts * self.n_heads * 8, "part_stats")
-            attn = self.pipelines["paged_attention"]
+            attn = self.pipelines[self.decode.attention]
             dispatches = [(attn, self.ctx.bind(attn, buffers + [out, part_acc, part_stats]), groups)]
             if max_parts > 1:
-                reduce = self.pipelines["paged_attention_reduce"]
+                reduce = self.pipelines[self.decode.reduce]
                 params = tmp.scratch(32, "reduce_params", uniform=True)
                 self.ctx.write(params, uniform_words(num_seqs, self.n_heads, self.layout.block_size,
                                                      self.partition_blocks, max_parts))
@@ -356,11 +380,11 @@ class KVKernels:
         tables, lens, starts, max_parts = self._check_attention(query, block_tables, context_lens, query_start_loc)
         tiles = -(-np.diff(starts) // self.query_tile)  # (num_seqs,) invocations per head of each sequence
         tile_starts = np.concatenate([[0], np.cumsum(tiles)])  # (num_seqs + 1,)
-        groups = self.workgroups(int(tile_starts[-1]) * self.n_heads)
+        groups = self.prefill_grid(int(tile_starts[-1]))
         with Temporaries(self.ctx) as tmp:
             buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
             out = tmp.scratch(query.shape[0] * self.n_heads * self.layout.head_dim * 4, "out")
-            pipeline = self.pipelines["paged_prefill_attention"]
+            pipeline = self.pipelines[self.prefill.name]
             starts = tmp.u32(np.stack([starts, tile_starts]), "starts")  # (2, num_seqs + 1)
             group = self.ctx.bind(pipeline, buffers + [starts, out])
             return Prepared([(pipeline, group, groups)], out, query.shape, tmp)
@@ -400,10 +424,10 @@ class KVKernels:
     async def paged_attention(self, cache, query, block_tables, context_lens, scale=None) -> np.ndarray:
         """Decode attention on the GPU (see prepare_paged_attention)."""
         return await self.run(self.prepare_paged_attention(cache, query, block_tables, context_lens, scale),
-                              "paged_attention")
+                              self.decode.attention)
 
     async def prefill_attention(self, cache, query, query_start_loc, block_tables, context_lens,
                                 scale=None) -> np.ndarray:
         """Prefill attention on the GPU (see prepare_prefill_attention)."""
         prepared = self.prepare_prefill_attention(cache, query, query_start_loc, block_tables, context_lens, scale)
-        return await self.run(prepared, "paged_prefill_attention")
+        return await self.run(prepared, self.prefill.name)

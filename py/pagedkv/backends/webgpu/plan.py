@@ -12,8 +12,9 @@ matvec with its RMSNorm fused (NORM), rope + split into q / k / v, kv_write, pag
 output projection adding into x (ACCUMULATE), gate|up matvec with its RMSNorm and the SwiGLU fused (NORM,
 SWIGLU), down projection adding into x. Prefill (matmul, compute-bound) keeps the two rmsnorm dispatches.
 
-The backend's kernel family (b.kernels, model_kernels.FAMILIES) picks the matvec and argmax kernels;
-decode attention and the prefill matmul / attention are the cpu family's in both families.
+The backend's kernel family (b.kernels, model_kernels.FAMILIES) picks the matvec and argmax kernels, and
+(through b.kv_kernels.decode / .prefill, kv_attention_gpu.py) the attention kernels; the prefill matmul is the
+cpu family's in both families.
 
 Pure Python (no `js`): the GPU objects come from GpuContext through the backend.
 """
@@ -96,13 +97,13 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         common = (s["q"], cache.k, cache.v, s["block_tables"], s["context_lens"])
         if key.decode:
             body += [
-                Dispatch(*kv_kernel("paged_attention"), {**dict(enumerate(common)), 6: s["attn"],
-                                                         7: s["part_acc"], 8: s["part_stats"]}, "attn"),
-                Dispatch(*kv_kernel("paged_attention_reduce"),
+                Dispatch(*kv_kernel(b.kv_kernels.decode.attention), {**dict(enumerate(common)), 6: s["attn"],
+                                                                      7: s["part_acc"], 8: s["part_stats"]}, "attn"),
+                Dispatch(*kv_kernel(b.kv_kernels.decode.reduce),
                          (s["context_lens"], s["part_acc"], s["part_stats"], s["attn"]), "reduce"),
             ]
         else:
-            body.append(Dispatch(*kv_kernel("paged_prefill_attention"),
+            body.append(Dispatch(*kv_kernel(b.kv_kernels.prefill.name),
                                  {**dict(enumerate(common)), 6: s["starts"], 7: s["attn"]}, "attn"))
         body.append(linear(p + "attn_output.weight", s["attn"], s["x"], "lin_h", tk, accumulate=True))  # x += o
         # act = silu(gate) * up straight from the gate / up rows (interleaved by fours)
@@ -168,9 +169,8 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     scale = 1.0 / math.sqrt(lay.head_dim)
     put("attn", words(n, cfg.n_heads, lay.n_kv_heads, lay.block_size, shape.table_width, kv.partition_blocks,
                       shape.max_parts, scale),
-        kv.workgroups(n * shape.max_parts * cfg.n_heads // kv.head_tile) if shape.decode
-        else kv.workgroups(shape.num_tiles * cfg.n_heads))
-    reduce_groups = kv.workgroups(n * cfg.n_heads * lay.head_dim // 4) if shape.max_parts > 1 else (0, 0, 0)
+        kv.decode_grids(n, shape.max_parts)[0] if shape.decode else kv.prefill_grid(shape.num_tiles))
+    reduce_groups = kv.decode_grids(n, shape.max_parts)[1] if shape.max_parts > 1 else (0, 0, 0)
     put("reduce", words(n, cfg.n_heads, lay.block_size, kv.partition_blocks, shape.max_parts), reduce_groups)
     return grids, params.reshape(-1)
 

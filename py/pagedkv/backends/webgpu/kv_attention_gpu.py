@@ -1,0 +1,98 @@
+"""Which kernels run paged attention (decode and prefill) in each kernel family, and their grids (pure, no GPU).
+
+cpu family: shaders/paged_attention.wgsl (one invocation per (sequence, partition, head tile)) and
+paged_attention_reduce.wgsl's `main` (one per output vec4). gpu family: paged_attention_gpu[_sg].wgsl (one
+workgroup of ATTENTION_WORKGROUP lanes per (sequence, partition, head tile), lanes along the keys of a tile,
+then along head_dim; `_sg` reduces with subgroups) and the reduce's `main_gpu` (one workgroup per (sequence,
+head), lanes splitting the partitions). Both read the same bindings and uniform and write the same partial
+states, so the plan swaps names and grids only. Prefill: the cpu family's paged_prefill_attention.wgsl (one
+invocation per (query head, tile of up to 4 new tokens)), the gpu family's paged_prefill_attention_gpu.wgsl
+(one workgroup per (tile of PREFILL_ROWS / head_tile new tokens, head tile), K/V tiles staged in workgroup
+memory). KVKernels compiles these; plan.step_slots and bench/dispatch_geometry read the same grids.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ATTENTION_WORKGROUP = 128  # lanes of a gpu-family decode workgroup = keys per tile
+REDUCE_WORKGROUP = 128  # lanes of a gpu-family merge workgroup
+MAX_PART_BLOCKS = 128  # MAX_PART_BLOCKS in paged_attention_gpu_main.wgsl (the staged block-table slice)
+PREFILL_WORKGROUP = 128  # lanes of a gpu-family prefill workgroup
+PREFILL_ROWS = 16  # ROWS in paged_prefill_attention_gpu.wgsl: (new token, head) rows of a workgroup
+PREFILL_TILE_VALUES, PREFILL_MAX_KEYS = 1024, 32  # its staged K/V tile: KEYS * head_dim values, KEYS <= 32
+
+
+@dataclass(frozen=True)
+class DecodeKernels:
+    """The two decode-attention pipelines of one kernel family: names (the KVKernels.pipelines keys),
+    shader files, entry points and workgroup sizes."""
+
+    family: str
+    attention: str
+    reduce: str
+    attention_workgroup: int
+    reduce_workgroup: int
+
+    @property
+    def specs(self) -> list[tuple[str, str, str, int]]:
+        """(pipeline name, shader, entry point, workgroup size) of pass 1 and of the merge pass."""
+        return [(self.attention, self.attention, "main", self.attention_workgroup),
+                (self.reduce, "paged_attention_reduce", "main" if self.family == "cpu" else "main_gpu",
+                 self.reduce_workgroup)]
+
+    def invocations(self, num_seqs: int, max_parts: int, n_heads: int, head_tile: int,
+                    head_dim: int) -> tuple[int, int]:
+        """Invocations of pass 1 and of the merge pass for a batch of num_seqs decode tokens whose longest
+        context has max_parts partitions."""
+        items = num_seqs * max_parts * n_heads // head_tile  # (sequence, partition, head tile)
+        if self.family == "cpu":
+            return items, num_seqs * n_heads * head_dim // 4  # a thread per item, per output vec4
+        return items * self.attention_workgroup, num_seqs * n_heads * self.reduce_workgroup
+
+
+def decode_kernels(family: str, subgroups: bool, cpu_workgroup: int) -> DecodeKernels:
+    """Decode attention of kernel `family` ("cpu" | "gpu"); subgroups picks the gpu family's subgroup
+    variant (the device must have the `subgroups` feature); cpu_workgroup is the cpu family's size."""
+    if family == "cpu":
+        return DecodeKernels("cpu", "paged_attention", "paged_attention_reduce", cpu_workgroup, cpu_workgroup)
+    if family == "gpu":
+        return DecodeKernels("gpu", "paged_attention_gpu_sg" if subgroups else "paged_attention_gpu",
+                             "paged_attention_reduce_gpu", ATTENTION_WORKGROUP, REDUCE_WORKGROUP)
+    raise ValueError(f"kernel family must be cpu or gpu, got {family!r}")
+
+
+def check_partition(family: str, partition_blocks: int, block_size: int) -> None:
+    """The gpu family stages a partition's block-table slice in workgroup memory: at most MAX_PART_BLOCKS."""
+    if family == "gpu" and partition_blocks > MAX_PART_BLOCKS:
+        raise ValueError(f"gpu-family decode partitions hold at most {MAX_PART_BLOCKS} blocks, got "
+                         f"{partition_blocks} (partition_tokens {partition_blocks * block_size}, block_size "
+                         f"{block_size})")
+
+
+@dataclass(frozen=True)
+class PrefillKernel:
+    """The prefill-attention pipeline of one kernel family: its name (shader and KVKernels.pipelines key),
+    workgroup size, new tokens per tile, and the pipeline constants it adds to the cache layout's."""
+
+    family: str
+    name: str
+    workgroup: int
+    query_tile: int
+    constants: tuple
+
+    def invocations(self, num_tiles: int, n_heads: int, head_tile: int) -> int:
+        """Invocations for num_tiles query tiles (over all sequences) of every head."""
+        if self.family == "cpu":
+            return num_tiles * n_heads  # a thread per (tile, head)
+        return num_tiles * (n_heads // head_tile) * self.workgroup  # a workgroup per (tile, head tile)
+
+
+def prefill_kernel(family: str, head_tile: int, head_dim: int, query_tile: int, cpu_workgroup: int) -> PrefillKernel:
+    """Prefill attention of kernel `family`: the cpu family's takes query_tile new tokens per invocation; the
+    gpu family's as many as fill PREFILL_ROWS rows with head_tile heads each."""
+    if family == "cpu":
+        return PrefillKernel("cpu", "paged_prefill_attention", cpu_workgroup, query_tile, (("SLOTS", query_tile),))
+    tokens = PREFILL_ROWS // head_tile
+    keys = min(PREFILL_TILE_VALUES // head_dim, PREFILL_MAX_KEYS)
+    return PrefillKernel("gpu", "paged_prefill_attention_gpu", PREFILL_WORKGROUP, tokens,
+                         (("SLOTS", head_tile), ("QUERY_TILE", tokens), ("KEYS", keys)))
