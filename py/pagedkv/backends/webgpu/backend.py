@@ -134,8 +134,9 @@ class WebGpuBackend:
         instead of their members, the norm weights both alone and inside their stacked tensor."""
         total, groups, biases = 0, {}, {}
         for name, t in manifest["tensors"].items():
-            if bias_member(name) is not None:  # uploaded stacked per layer (q | k | v)
-                biases[bias_member(name)[0]] = biases.get(bias_member(name)[0], 0) + 4 * t["shape"][0]
+            bias = bias_member(name)
+            if bias is not None:  # uploaded stacked per layer (q | k | v)
+                biases[bias[0]] = biases.get(bias[0], 0) + 4 * t["shape"][0]
                 continue
             member = fused_member(name)
             if member is None or t["dtype"] == "f32":
@@ -183,8 +184,7 @@ class WebGpuBackend:
             if on_progress is not None:
                 on_progress(loaded, total)
         if pending or biases:
-            raise ValueError(f"the manifest lacks members of the stacked projections {sorted(pending)} "
-                             f"{sorted(biases)}")
+            raise ValueError(f"the manifest lacks members of the stacked tensors {sorted(pending) + sorted(biases)}")
 
     def _stack_bias(self, name: str, entry: dict, parts: dict, biases: dict) -> None:
         """Collect a q / k / v bias; upload the layer's (q | k | v) f32 row once all three are there."""
