@@ -166,7 +166,8 @@ async def small_rows(b: Bench, names: list[str], rng) -> None:
         table = b.upload(rope_cos_sin(cfg.head_dim, cfg.rope_base, cfg.context_length), "cos_sin")
         d, n = await b.call(ops.rope_call(1, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
                             [b.upload(np.zeros(width, np.float32), "qkv"), *outs,
-                             b.upload(np.array([8000], np.int32), "pos"), table])
+                             b.upload(np.array([8000], np.int32), "pos"), table,
+                             b.upload(np.zeros(width, np.float32), "bias")])
         await b.row("rope", "decode", d, 2 * width * 4 + (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim * 4, n)
     if "argmax" in names:
         logits = b.upload(rng.standard_normal(cfg.vocab, dtype=np.float32), "logits")

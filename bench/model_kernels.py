@@ -91,7 +91,7 @@ async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream
     k, v = ctx.buffer(192 * 4, "k"), ctx.buffer(192 * 4, "v")
     pos = calls.upload(ctx, np.array([8000], np.int32), "pos")
     table = calls.upload(ctx, rope_cos_sin(64, 1e5, 8192), "cs")
-    small["rope_9q_3k"] = await timed(ops.rope_call(1, 9, 3, 64), [qkv, q, k, v, pos, table])
+    small["rope_9q_3k"] = await timed(ops.rope_call(1, 9, 3, 64), [qkv, q, k, v, pos, table, qkv])  # zero bias
     logits = calls.upload(ctx, rng.standard_normal((1, 49152), dtype=np.float32), "logits")
     small["argmax_49152"] = await timed(ops.argmax_call(49152, 1), [logits, ctx.buffer(16, "ids")])
     result["small_kernels"] = small

@@ -1,4 +1,5 @@
-// Rotary position embedding on the stacked q | k | v projection output, split into q, k and v:
+// Rotary position embedding on the stacked q | k | v projection output plus its bias (zeros for models
+// without one; qwen2 has one), split into q, k and v:
 // q and k rotated (adjacent-pair convention: pairs (2i, 2i+1), as GGUF llama weights and
 // numpy_ref.rope_adjacent use), v copied. The split costs no dispatch of its own: one matvec
 // computes q, k and v over stacked weight rows (backends/webgpu/fused.py) and this pass lays them out
@@ -20,7 +21,8 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> v : array<vec2<f32>>;  // (tokens, n_kv_heads * head_dim / 2)
 @group(0) @binding(4) var<storage, read> positions : array<i32>;      // (tokens,)
 @group(0) @binding(5) var<storage, read> cos_sin : array<vec2<f32>>;  // (max_positions, head_dim / 2)
-@group(0) @binding(6) var<uniform> params : Params;
+@group(0) @binding(6) var<storage, read> bias : array<vec2<f32>>;     // ((n_heads + 2 n_kv_heads) * head_dim / 2,)
+@group(0) @binding(7) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 64u;
 
@@ -39,7 +41,7 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   if (t >= params.tokens || p >= row) {
     return;
   }
-  let x = qkv[t * row + p];
+  let x = qkv[t * row + p] + bias[p];
   if (p >= q_pairs + k_pairs) {
     v[t * k_pairs + (p - q_pairs - k_pairs)] = x;
     return;

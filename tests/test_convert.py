@@ -65,7 +65,7 @@ def test_synthetic_gguf_converts_losslessly(tmp_path):
     assert manifest["config"] == {**tiny_config().to_json(), "rms_eps": float(np.float32(1e-5))}  # GGUF stores f32
     assert manifest["tokenizer"] == tiny_tokenizer()
     assert manifest["chat_template"] == TINY_CHAT_TEMPLATE
-    assert manifest["source"] == {"file": "m.gguf", "sha256": sha256_file(tmp_path / "m.gguf"), "converter_version": 1}
+    assert manifest["source"] == {"file": "m.gguf", "sha256": sha256_file(tmp_path / "m.gguf"), "converter_version": convert.CONVERTER_VERSION}
     assert manifest["tensors"]["blk.1.attn_v.weight"]["dtype"] == "f16"
     weights = ModelWeights.load(tmp_path / "out")
     for name, (qtype, data) in stored.items():
@@ -97,7 +97,7 @@ def test_unsupported_quant_type_is_named(tmp_path):
 
 def test_unsupported_architecture_is_named(tmp_path):
     write_llama_gguf(tmp_path / "m.gguf", arch="gpt2")
-    with pytest.raises(ValueError, match="unsupported architecture 'gpt2' in GGUF; only 'llama' is supported"):
+    with pytest.raises(ValueError, match=r"m.gguf: unsupported architecture 'gpt2'; supported: \['llama', 'qwen2'\]"):
         convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
 
 
@@ -123,6 +123,7 @@ def test_real_model_manifest(real_weights):  # noqa: F811
         "architecture": "llama", "n_layers": 30, "hidden": 576, "n_heads": 9, "n_kv_heads": 3, "head_dim": 64,
         "ffn": 1536, "vocab": 49152, "rope_base": 100000.0, "rope_convention": "adjacent_pairs",
         "rms_eps": float(np.float32(1e-5)), "context_length": 8192, "tied_embeddings": True,
+        "attention_bias": False, "rope_freq_scale": 1.0, "rope_freq_factors": None,
     }  # fmt: skip
     assert [(s["file"], s["nbytes"]) for s in manifest["shards"]] == [
         ("shard-000.bin", 66_657_024),

@@ -21,7 +21,7 @@ def fake_backend(kernels: str = "cpu", subgroups: bool = False):
     weights = {n: ("f32", (n,)) if "norm" in n else ("q8_0" if n == "token_embd.weight" else "q4_1", (n + ".qs", n + ".d"))
                for n in names}
     scratch = {k: k for k in ("token_ids", "positions", "slot_mapping", "block_tables", "context_lens", "starts",
-                              "cos_sin", "x", "h", "qkv", "q", "k", "v", "attn", "act", "part_acc",
+                              "cos_sin", "zero_bias", "x", "h", "qkv", "q", "k", "v", "attn", "act", "part_acc",
                               "part_stats", "last", "last_norm", "logits", "ids")}
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(2)]
     return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, kv_caches=caches, kv_layout=layout,
@@ -50,7 +50,7 @@ def test_program_has_one_pass_per_phase_and_8_or_9_dispatches_per_layer():
         ("matvec_q4_1", (("WORKGROUP_SIZE", 32), ("NORM", 1), ("SWIGLU", 1)), "lin_ffn"),  # ffn_norm, gate|up, SwiGLU
         ("matvec_q4_1", (("WORKGROUP_SIZE", 32), ("ACCUMULATE", 1)), "lin_down")]  # x += down
     assert decode[0][1].bindings == ("blk.0.attn_qkv.weight.qs", "blk.0.attn_qkv.weight.d", "x", "qkv")
-    assert decode[0][2].bindings == ("qkv", "q", "k", "v", "positions", "cos_sin")
+    assert decode[0][2].bindings == ("qkv", "q", "k", "v", "positions", "cos_sin", "zero_bias")
     assert decode[0][7].bindings[2:] == ("x", "act") and decode[0][8].bindings[2:] == ("act", "x")
     assert [d.shader for d in prefill[0][1:10]] == [
         "rmsnorm", "matmul_q4_1", "rope", "kv_write", "paged_prefill_attention", "matmul_q4_1", "rmsnorm",

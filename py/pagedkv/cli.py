@@ -1,4 +1,5 @@
-"""Command line: `python3 -m pagedkv generate|tokenize` on a built model directory.
+"""Command line: `python3 -m pagedkv generate|tokenize` on a built model directory or, with `--gguf FILE`, on any
+llama / qwen2 GGUF, converted on first use into .cache/models/<its sha256>/ and reused while current.
 
 generate runs on the CPU (numpy reference, the default) or with `--backend wgpu` on a native WebGPU device
 (wgpu-py: Vulkan, Metal or D3D12; imported only then), which adds `timings` and `adapter` to the JSON."""
@@ -19,7 +20,9 @@ from .model.weights import ModelWeights, read_manifest
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "dist" / "models" / "smollm2-135m-instruct"
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = ROOT / "dist" / "models" / "smollm2-135m-instruct"
+GGUF_CACHE = ROOT / ".cache" / "models"
 BLOCK_SIZE = 16
 BACKENDS = ("cpu", "wgpu")
 
@@ -73,6 +76,15 @@ def _sampling_params(args, stop_ids: tuple[int, ...]) -> SamplingParams:
         raise CliError(str(exc)) from exc
 
 
+def _model_dir(args) -> Path:
+    """--model, or the conversion of --gguf (made on first use, cached by the file's sha256)."""
+    if args.gguf is None:
+        return args.model
+    from .model.convert import convert_cached  # needs the `gguf` package, a build-time dependency
+
+    return convert_cached(args.gguf, args.gguf_cache)
+
+
 def _tokenizer(model_dir: Path) -> tuple[dict, Tokenizer]:
     manifest = read_manifest(model_dir)
     return manifest, Tokenizer.from_manifest(manifest)
@@ -81,6 +93,7 @@ def _tokenizer(model_dir: Path) -> tuple[dict, Tokenizer]:
 def cmd_generate(args) -> dict:
     """Render the chat, generate, and return {"prompt_ids", "output_ids", "text"}."""
     messages = _load_messages(args.messages_json)
+    args.model = _model_dir(args)
     manifest, tok = _tokenizer(args.model)
     stop_ids = tuple(sorted({tok.im_end_id, tok.eos_token_id} - {None}))
     params = _sampling_params(args, stop_ids)
@@ -117,15 +130,23 @@ def _generate_wgpu(args, prompt_ids: list[int], params: SamplingParams) -> dict:
 
 def cmd_tokenize(args) -> dict:
     """Encode --text (special tokens recognised) and return {"ids"}."""
-    _, tok = _tokenizer(args.model)
+    _, tok = _tokenizer(_model_dir(args))
     return {"ids": tok.encode(args.text)}
+
+
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default: %(default)s)")
+    which.add_argument("--gguf", type=Path, help="a llama or qwen2 GGUF file, converted on first use")
+    parser.add_argument("--gguf-cache", type=Path, default=GGUF_CACHE,
+                        help="where --gguf conversions are kept, one directory per sha256 (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python3 -m pagedkv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="chat completion on the CPU reference backend or native WebGPU")
-    gen.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default: %(default)s)")
+    _model_options(gen)
     gen.add_argument("--backend", choices=BACKENDS, default="cpu",
                      help="cpu: the numpy reference; wgpu: the WebGPU kernels on a native adapter through wgpu-py "
                           "(pip install wgpu), adding timings and the adapter to --json (default: %(default)s)")
@@ -141,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--repetition-penalty", type=float, default=1.0)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     tok = sub.add_parser("tokenize", help="token ids of a text")
-    tok.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default: %(default)s)")
+    _model_options(tok)
     tok.add_argument("--text", required=True)
     tok.add_argument("--json", action="store_true", help="print one JSON object")
     return parser

@@ -1,6 +1,9 @@
-"""`npm run generate -- --messages-json FILE [--max-tokens N] [--greedy | --temperature T --seed S]
-[--kernels auto|cpu|gpu] [--json]`
+"""`npm run generate -- --messages-json FILE [--model NAME | --gguf FILE] [--max-tokens N]
+[--greedy | --temperature T --seed S] [--kernels auto|cpu|gpu] [--json]`
 (`python3 -m pagedkv.generate ...` from the repository root, dist/ built).
+
+`--gguf FILE` runs any llama / qwen2 GGUF: converted on first use into dist/models/<its sha256>/ (the page
+loads models from dist/; reused while current) and loaded by that name.
 
 Runs one chat completion in headless Chromium through the page's engine (the
 WebGPU backend unless `--backend cpu`) and prints the same JSON as the CPU CLI
@@ -15,6 +18,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+DIST_MODELS = Path(__file__).resolve().parents[2] / "dist" / "models"
 
 WORKER_CODE = """
 import json, time
@@ -54,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--greedy", action="store_true")
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--model", default="smollm2-135m-instruct")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--model", default="smollm2-135m-instruct", help="a model directory under dist/models/")
+    which.add_argument("--gguf", type=Path, help="a llama or qwen2 GGUF file, converted on first use")
     parser.add_argument("--backend", choices=("webgpu", "cpu"), default="webgpu")
     parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto",
                         help="WebGPU kernel family (the page's ?kernels=)")
@@ -67,6 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, json.JSONDecodeError) as exc:
         print(f"error: cannot read messages from {args.messages_json}: {exc}", file=sys.stderr)
         return 2
+    if args.gguf is not None:
+        from .model.convert import convert_cached  # the `gguf` package: CPython only, never in the page
+
+        try:
+            args.model = convert_cached(args.gguf, DIST_MODELS).name
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     payload = json.dumps({"messages": messages, "temperature": args.temperature or 0.0, "seed": args.seed,
                           "max_tokens": args.max_tokens})
     from bench.harness import BrowserSession  # the repository's, with Playwright: never in the page

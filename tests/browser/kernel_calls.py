@@ -109,9 +109,11 @@ async def run_rmsnorm(ctx, x: np.ndarray, weight: np.ndarray, eps: float) -> np.
 
 
 async def run_rope(ctx, qkv: np.ndarray, positions: np.ndarray, cos_sin: np.ndarray,
-                   n_heads: int, n_kv_heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Split qkv (T, (n_heads + 2 n_kv_heads) * hd) on the GPU into q (T, n_heads*hd) and k (T, n_kv_heads*hd)
-    rotated with a (max_pos, hd/2, 2) cos/sin table, and v (T, n_kv_heads*hd) copied."""
+                   n_heads: int, n_kv_heads: int, bias: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split qkv (T, (n_heads + 2 n_kv_heads) * hd) + bias ((n_heads + 2 n_kv_heads) * hd,) (default zeros) on the
+    GPU into q (T, n_heads*hd) and k (T, n_kv_heads*hd) rotated with a (max_pos, hd/2, 2) cos/sin table, and
+    v (T, n_kv_heads*hd) copied."""
     t = positions.shape[0]
     head_dim = 2 * cos_sin.shape[1]
     if qkv.shape != (t, (n_heads + 2 * n_kv_heads) * head_dim):
@@ -122,6 +124,8 @@ async def run_rope(ctx, qkv: np.ndarray, positions: np.ndarray, cos_sin: np.ndar
     widths = (n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim)
     buffers = [upload(ctx, qkv.astype(np.float32), "qkv")] + [ctx.buffer(t * w * 4, n) for w, n in zip(widths, "qkv")]
     buffers += [upload(ctx, positions, "positions"), upload(ctx, cos_sin.astype(np.float32), "cos_sin")]
+    bias = np.zeros(qkv.shape[1], np.float32) if bias is None else bias  # ((n_heads + 2 n_kv_heads) * hd,)
+    buffers.append(upload(ctx, bias.astype(np.float32), "bias"))
     try:
         buffers.append(await launch(ctx, call, list(buffers)))
         return tuple([np.frombuffer(await ctx.read(buf, t * w * 4), dtype=np.float32).reshape(t, w).copy()

@@ -81,7 +81,7 @@ async def case_rmsnorm(hidden, tokens, seed, eps=1e-5):
     return {"kernel": "rmsnorm", **_errors(got, want, np.abs(want) + 1e-30)}
 
 
-async def case_rope(positions, n_heads, n_kv_heads, head_dim, seed, base=100000.0, max_positions=8192):
+async def case_rope(positions, n_heads, n_kv_heads, head_dim, seed, base=100000.0, max_positions=8192, bias=False):
     ctx = await _context()
     rng = np.random.default_rng(seed)
     pos = np.asarray(positions, dtype=np.int32)  # (T,)
@@ -90,7 +90,9 @@ async def case_rope(positions, n_heads, n_kv_heads, head_dim, seed, base=100000.
     table = ref.rope_cos_sin(head_dim, base, max_positions)  # (max_positions, head_dim/2, 2)
     v = rng.standard_normal((pos.size, n_kv_heads * head_dim), dtype=np.float32)
     qkv = np.concatenate([q, k, v], axis=1)  # (T, (n_heads + 2 n_kv_heads) * head_dim), as the stacked matvec
-    got_q, got_k, got_v = await calls.run_rope(ctx, qkv, pos, table, n_heads, n_kv_heads)
+    b = rng.standard_normal(qkv.shape[1], dtype=np.float32) if bias else np.zeros(qkv.shape[1], np.float32)
+    got_q, got_k, got_v = await calls.run_rope(ctx, qkv, pos, table, n_heads, n_kv_heads, b if bias else None)
+    q, k, v = np.split(qkv + b, [q.shape[1], q.shape[1] + k.shape[1]], axis=1)  # the bias is added before rope
     want_q, want_k = ref.rope(q, k, pos, head_dim, base)
     return {"kernel": "rope", "q": _errors(got_q, want_q), "k": _errors(got_k, want_k),
             "v_equal": bool(np.array_equal(got_v, v))}

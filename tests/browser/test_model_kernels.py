@@ -135,9 +135,10 @@ def test_rope_matches_reference(worker):
         "case_rope([8191], 9, 3, 64, seed=4)",
         "case_rope([0, 1, 2, 700, 8190, 5, 3000], 9, 3, 64, seed=5)",  # several sequences, not monotonic
         "case_rope([3, 255, 17], 4, 2, 16, seed=6, max_positions=256)",
+        "case_rope([0, 9, 4], 4, 2, 16, seed=7, max_positions=256, bias=True)",  # qwen2's q / k / v bias
     ])
     assert [(r["q"]["shape"], r["k"]["shape"]) for r in results] == [
-        ([1, 576], [1, 192]), ([7, 576], [7, 192]), ([3, 64], [3, 32])]
+        ([1, 576], [1, 192]), ([7, 576], [7, 192]), ([3, 64], [3, 32]), ([3, 64], [3, 32])]
     for r in results:
         assert r["q"]["max_rel"] <= ROPE_REL_BOUND and r["k"]["max_rel"] <= ROPE_REL_BOUND, r
         assert r["v_equal"], r  # v is only split off the stacked q | k | v rows

@@ -19,7 +19,7 @@ import numpy as np
 from ..kv_dtype import kv_dtype as check_kv_dtype
 from ..kv_dtype import round_trip
 from ..model.config import ModelConfig
-from ..kernels.ref_ops import rms_norm, rope_adjacent, rope_inv_freq, silu
+from ..kernels.ref_ops import model_inv_freq, rms_norm, rope_adjacent, silu
 from ..model.weights import ModelWeights
 from ..model_runner import ForwardBatch
 
@@ -74,7 +74,7 @@ class NumpyModel:
     def __init__(self, weights: ModelWeights) -> None:
         self.config = weights.config
         self.w = weights.tensors
-        self.inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope_base)  # (head_dim/2,) f32
+        self.inv_freq = model_inv_freq(self.config)  # (head_dim/2,) f32
 
     def forward(self, batch: ForwardBatch, kv: PagedKVCache, all_logits: bool = False,
                 attention_mass: np.ndarray | None = None) -> np.ndarray:
@@ -106,9 +106,10 @@ class NumpyModel:
         cfg = self.config
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         t = h.shape[0]
-        q = (h @ self.w[f"blk.{layer}.attn_q.weight"].T).reshape(t, nh, hd)  # (T, n_heads, head_dim)
-        k = (h @ self.w[f"blk.{layer}.attn_k.weight"].T).reshape(t, nkv, hd)  # (T, n_kv_heads, head_dim)
-        v = (h @ self.w[f"blk.{layer}.attn_v.weight"].T).reshape(t, nkv, hd)  # (T, n_kv_heads, head_dim)
+        q, k, v = (self._projection(layer, name, h) for name in ("attn_q", "attn_k", "attn_v"))
+        q = q.reshape(t, nh, hd)  # (T, n_heads, head_dim)
+        k = k.reshape(t, nkv, hd)  # (T, n_kv_heads, head_dim)
+        v = v.reshape(t, nkv, hd)  # (T, n_kv_heads, head_dim)
         q = rope_adjacent(q, batch.positions, self.inv_freq)
         k = rope_adjacent(k, batch.positions, self.inv_freq)
 
@@ -141,6 +142,11 @@ class NumpyModel:
             o = probs @ vals[:, None]  # (n_kv, group, q_len, head_dim)
             out[lo:hi] = o.transpose(2, 0, 1, 3).reshape(hi - lo, nh, hd)
         return out.reshape(t, nh * hd) @ self.w[f"blk.{layer}.attn_output.weight"].T  # (T, hidden)
+
+    def _projection(self, layer: int, name: str, h: np.ndarray) -> np.ndarray:
+        """h (T, hidden) @ W.T, plus the bias when the model has one (qwen2) -> (T, rows)."""
+        y = h @ self.w[f"blk.{layer}.{name}.weight"].T  # (T, rows)
+        return y + self.w[f"blk.{layer}.{name}.bias"] if self.config.attention_bias else y
 
     def _mlp(self, layer: int, h: np.ndarray) -> np.ndarray:
         gate = h @ self.w[f"blk.{layer}.ffn_gate.weight"].T  # (T, ffn)

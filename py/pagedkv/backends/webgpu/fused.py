@@ -90,3 +90,16 @@ def stacked_nbytes(members: list[tuple[str, tuple]]) -> dict[str, int]:
     sizes["qs"] += 4 * cols  # the norm weight
     return sizes
 
+
+
+# q / k / v biases (qwen2) stacked like their weights: rope.wgsl adds the (q | k | v) row before it rotates.
+BIAS_MEMBERS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
+STACKED_BIAS = "attn_qkv.bias"
+
+
+def bias_member(name: str) -> tuple[str, int] | None:
+    """(stacked bias, member index): ("blk.3.attn_qkv.bias", 1) for "blk.3.attn_k.bias"; None otherwise."""
+    prefix, _, leaf = name.partition(".")[2].partition(".")
+    if not name.startswith("blk.") or leaf not in BIAS_MEMBERS:
+        return None
+    return f"blk.{prefix}.{STACKED_BIAS}", BIAS_MEMBERS.index(leaf)

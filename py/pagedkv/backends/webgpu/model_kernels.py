@@ -189,8 +189,8 @@ def rmsnorm_call(hidden: int, tokens: int, eps: float, workgroup_size: int = 64)
 
 
 def rope_call(tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, workgroup_size: int = 64) -> KernelCall:
-    """Split qkv (tokens, (n_heads + 2 n_kv_heads) * head_dim) into q and k rotated and v copied;
-    buffers: qkv, q, k, v, positions, cos_sin, params."""
+    """Split qkv (tokens, (n_heads + 2 n_kv_heads) * head_dim) plus its bias row into q and k rotated and v
+    copied; buffers: qkv, q, k, v, positions, cos_sin, bias, params."""
     _positive(tokens=tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
     if head_dim % 2:
         raise ValueError(f"head_dim must be even, got {head_dim}")

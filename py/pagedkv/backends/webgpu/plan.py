@@ -90,8 +90,9 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         cache = b.kv_caches[i]
         body += normed_linear(p + "attn_norm.weight", p + "attn_qkv.weight", s["qkv"], "lin_qkv")  # q | k | v
         body += [
-            Dispatch("rope", (("WORKGROUP_SIZE", 64),),
-                     (s["qkv"], s["q"], s["k"], s["v"], s["positions"], s["cos_sin"]), "rope"),  # and split
+            Dispatch("rope", (("WORKGROUP_SIZE", 64),),  # adds the q | k | v bias, rotates, splits
+                     (s["qkv"], s["q"], s["k"], s["v"], s["positions"], s["cos_sin"],
+                      w[p + "attn_qkv.bias"][1][0] if cfg.attention_bias else s["zero_bias"]), "rope"),
             Dispatch(*kv_kernel("kv_write"), (s["k"], s["v"], s["slot_mapping"], cache.k, cache.v), "kv_write"),
         ]
         common = (s["q"], cache.k, cache.v, s["block_tables"], s["context_lens"])

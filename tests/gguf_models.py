@@ -1,0 +1,195 @@
+"""GGUF test files nobody wrote by hand, made at test time from pinned inputs and cached under .cache/test-gguf/.
+
+- tiny random `llama` / `qwen2` models (widths multiples of 256, so K-quants can cover every tensor) carrying
+  SmolLM2's tokenizer metadata from the pinned GGUF, so the tokenizer and chat template work;
+- SmolLM2-135M requantized to Q8_0 from the pinned Q4_1 file with gguf.quants.
+
+A file's name holds the sha256 of its inputs (the maker's spec, MAKER_VERSION and the pinned GGUF's sha256),
+so an unchanged recipe reuses the file and a changed one makes a new file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from pagedkv.model.convert import SMOLLM2_GGUF_SHA256
+
+MAKER_VERSION = 2
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-gguf"
+# Metadata keys copied from the pinned SmolLM2 GGUF into the tiny models (the tokenizer and the chat template).
+TOKENIZER_PREFIXES = ("tokenizer.",)
+EMBD_STD = 0.3
+GAIN = 4.0
+
+# name -> recipe. Types are GGML type names; "layers" sets attention / ffn types; norms and biases stay F32.
+TINY = {
+    "tiny-llama": {"arch": "llama", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 2,
+                   "rope_base": 10000.0, "eps": 1e-5, "embd": "Q8_0", "output": None,
+                   "attn": "Q4_1", "ffn_type": "Q4_1", "seed": 21},
+    "tiny-llama3-rope": {"arch": "llama", "hidden": 256, "heads": 4, "kv_heads": 1, "ffn": 512, "layers": 2,
+                         "rope_base": 500000.0, "eps": 1e-5, "embd": "Q8_0", "output": "F16",
+                         "attn": "Q8_0", "ffn_type": "Q8_0", "seed": 12,
+                         # llama3 scaling with a short original context, so the factors bend short positions too
+                         "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                    "original_context": 32}},
+    "tiny-llama-linear": {"arch": "llama", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 2,
+                          "rope_base": 10000.0, "eps": 1e-5, "embd": "F16", "output": "Q8_0",
+                          "attn": "Q4_1", "ffn_type": "Q8_0", "seed": 13, "linear": 4.0},
+    "tiny-qwen2": {"arch": "qwen2", "hidden": 256, "heads": 4, "kv_heads": 1, "ffn": 512, "layers": 2,
+                   "rope_base": 1000000.0, "eps": 1e-6, "embd": "Q8_0", "output": "Q8_0",
+                   "attn": "Q8_0", "ffn_type": "Q4_1", "seed": 34},
+}
+
+
+def _key(spec: dict) -> str:
+    blob = json.dumps({"spec": spec, "maker": MAKER_VERSION, "source": SMOLLM2_GGUF_SHA256,
+                       "scales": [EMBD_STD, GAIN]}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _cached(name: str, spec: dict, make) -> Path:
+    """CACHE/<name>-<key>.gguf, made by make(path) through a temporary file when absent."""
+    path = CACHE / f"{name}-{_key(spec)}.gguf"
+    if not path.is_file():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        make(tmp)
+        tmp.replace(path)
+    return path
+
+
+def _copy_metadata(reader, writer, keep) -> None:
+    """Copy reader's key/values whose key passes keep(key) into writer, with their exact GGUF types."""
+    import gguf
+
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or not keep(key):
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
+
+
+def llama3_factors(head_dim: int, base: float, factor: float, low_freq_factor: float, high_freq_factor: float,
+                   original_context: int) -> np.ndarray:
+    """(head_dim/2,) rope_freqs.weight as convert_hf_to_gguf writes it for rope_scaling "llama3"."""
+    freqs = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    low_wavelen, high_wavelen = original_context / low_freq_factor, original_context / high_freq_factor
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def _tensor_specs(spec: dict) -> list[tuple[str, tuple[int, ...], str, float]]:
+    """(name, numpy shape (rows, cols), GGML type, std) of every tensor of a tiny recipe; a negative std -g
+    stands for a norm weight: g * (1 + 0.1 * noise)."""
+    h, hd, ffn = spec["hidden"], spec["hidden"] // spec["heads"], spec["ffn"]
+    kv = spec["kv_heads"] * hd
+    # The layers' outputs outweigh the embedding in the residual stream, so a tied head does not just echo the
+    # input token: the greedy ids vary and their top-1/top-2 margins are mostly a few logits wide.
+    gain = GAIN
+    # output_norm's gain of 3 widens the logits (std ~14), so that near ties (margin < 0.5) are rare.
+    out = [("token_embd.weight", (49152, h), spec["embd"], EMBD_STD), ("output_norm.weight", (h,), "F32", -3.0)]
+    if spec["output"]:
+        out.append(("output.weight", (49152, h), spec["output"], EMBD_STD))
+    for i in range(spec["layers"]):
+        p = f"blk.{i}."
+        out += [(p + "attn_norm.weight", (h,), "F32", -1.0), (p + "ffn_norm.weight", (h,), "F32", -1.0),
+                (p + "attn_q.weight", (h, h), spec["attn"], h ** -0.5),
+                (p + "attn_k.weight", (kv, h), spec["attn"], h ** -0.5),
+                (p + "attn_v.weight", (kv, h), spec["attn"], h ** -0.5),
+                (p + "attn_output.weight", (h, h), spec["attn"], gain * h ** -0.5),
+                (p + "ffn_gate.weight", (ffn, h), spec["ffn_type"], h ** -0.5),
+                (p + "ffn_up.weight", (ffn, h), spec["ffn_type"], h ** -0.5),
+                (p + "ffn_down.weight", (h, ffn), spec["ffn_type"], gain * ffn ** -0.5)]
+        if spec["arch"] == "qwen2":
+            out += [(p + "attn_q.bias", (h,), "F32", 0.5), (p + "attn_k.bias", (kv,), "F32", 0.5),
+                    (p + "attn_v.bias", (kv,), "F32", 0.5)]
+    return out
+
+
+def _encode(w: np.ndarray, type_name: str) -> tuple[np.ndarray, object]:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    qtype = GGMLQuantizationType[type_name]
+    if type_name == "F32":
+        return w.astype(np.float32), qtype
+    if type_name == "F16":
+        return w.astype(np.float16), qtype
+    return quantize(w.astype(np.float32), qtype), qtype
+
+
+def _write_tiny(path: Path, spec: dict, source: Path) -> None:
+    import gguf
+
+    arch, h = spec["arch"], spec["hidden"]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(spec["layers"])
+    writer.add_context_length(2048)
+    writer.add_embedding_length(h)
+    writer.add_feed_forward_length(spec["ffn"])
+    writer.add_head_count(spec["heads"])
+    writer.add_head_count_kv(spec["kv_heads"])
+    writer.add_rope_freq_base(spec["rope_base"])
+    writer.add_rope_dimension_count(h // spec["heads"])
+    writer.add_layer_norm_rms_eps(spec["eps"])
+    if "linear" in spec:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(spec["linear"])
+    _copy_metadata(gguf.GGUFReader(source), writer, lambda key: key.startswith(TOKENIZER_PREFIXES))
+    rng = np.random.default_rng(spec["seed"])
+    for name, shape, type_name, std in _tensor_specs(spec):
+        noise = rng.standard_normal(shape)
+        w = -std * (1.0 + 0.1 * noise) if std < 0 else std * noise
+        data, qtype = _encode(w, type_name)
+        writer.add_tensor(name, data, raw_dtype=qtype)
+    if "llama3" in spec:
+        writer.add_tensor("rope_freqs.weight", llama3_factors(h // spec["heads"], spec["rope_base"], **spec["llama3"]))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def tiny_gguf(name: str, source: Path) -> Path:
+    """The tiny model `name` (a key of TINY), made from the pinned SmolLM2 GGUF `source` when not cached."""
+    spec = TINY[name]
+    return _cached(name, spec, lambda path: _write_tiny(path, spec, source))
+
+
+def _write_requantized(path: Path, source: Path, type_name: str) -> None:
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    _copy_metadata(reader, writer, lambda key: key not in ("general.architecture", "general.file_type"))
+    for t in reader.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists the fastest dimension first
+        w = dequantize(t.data, t.tensor_type).reshape(shape)
+        data, qtype = _encode(w, "F32" if len(shape) == 1 else type_name)
+        writer.add_tensor(t.name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def requantized_smollm2(source: Path, type_name: str = "Q8_0") -> Path:
+    """SmolLM2-135M-Instruct dequantized from the pinned Q4_1 file and quantized again to type_name."""
+    return _cached(f"smollm2-135m-{type_name.lower()}", {"requantize": type_name},
+                   lambda path: _write_requantized(path, source, type_name))

@@ -1,0 +1,25 @@
+"""`python3 -m pagedkv generate --gguf FILE --backend wgpu` on lavapipe: the tiny llama and qwen2 GGUFs
+(tests/gguf_models.py) give llama.cpp's greedy ids under the near-tie rule (tests/browser/test_gguf_in_page.py:
+the same in Chromium)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from gguf_models import tiny_gguf
+from llama_reference import first_divergence, llama_cpp_greedy, near_tie
+from model_fixtures import cached_gguf
+from test_cli import CHAT, run_cli, write_messages
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_a_gguf_on_wgpu_gives_llama_cpps_greedy_ids(tmp_path, native_device, name):
+    path = tiny_gguf(name, cached_gguf())
+    out = run_cli("generate", "--gguf", str(path), "--gguf-cache", str(tmp_path / "cache"), "--backend", "wgpu",
+                  "--messages-json", write_messages(tmp_path, CHAT), "--max-tokens", "8", "--greedy", "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout)
+    result = first_divergence(got["output_ids"], llama_cpp_greedy(path, got["prompt_ids"], 16))
+    print(name, native_device.info.name, result)  # the per-file agreement on this adapter (pytest -s)
+    assert len(got["output_ids"]) == 8
+    assert result["equal"] or near_tie(result["margin"]), result
