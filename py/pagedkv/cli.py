@@ -95,7 +95,8 @@ def cmd_generate(args) -> dict:
     messages = _load_messages(args.messages_json)
     args.model = _model_dir(args)
     manifest, tok = _tokenizer(args.model)
-    stop_ids = tuple(sorted({tok.im_end_id, tok.eos_token_id} - {None}))
+    # llama.cpp's end-of-generation set (e.g. <|im_end|> for ChatML, <|eot_id|> for Llama 3) and EOS.
+    stop_ids = tuple(sorted(tok.eog_ids | ({tok.eos_token_id} - {None})))
     params = _sampling_params(args, stop_ids)
     prompt_ids = Conversation(tok, ChatTemplate.from_manifest(manifest, tok), messages).prompt_ids()
     context = manifest["config"]["context_length"]

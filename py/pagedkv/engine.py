@@ -58,8 +58,8 @@ class LLMEngine:
                              f"{self.kv_dtype}; create the backend with kv_dtype={config.kv_dtype!r}")
         self.kv, self.scheduler = self._fresh_pool(backend)
         self.groups = SampleGroups(tokenizer)
-        # The ChatML turn closer where the vocabulary has one, and the end-of-text token.
-        self.default_stop_ids = frozenset(
+        # llama.cpp's end-of-generation set (the ChatML turn closer, Llama 3's <|eot_id|>, ...) and EOS.
+        self.default_stop_ids = tokenizer.eog_ids | frozenset(
             i for i in (tokenizer.find_token("<|im_end|>"), tokenizer.eos_token_id) if i is not None)
         self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "forward_s": 0.0,
                          "copy_ops": 0, "swap_out_blocks": 0, "swap_in_blocks": 0,
