@@ -1,7 +1,7 @@
-"""GGUF -> web model directory (model.json + shards). CPython only: build time.
+"""GGUF -> web model directory (model.json + shards), at build time and in the page.
 
-The `gguf` package (from llama.cpp) is imported lazily, inside the functions
-that read a GGUF, so the rest of the package never depends on it.
+The GGUF is read with gguf_reader.GGUFFile (pure Python: the page reads a File the user picked in slices);
+the `gguf` package (from llama.cpp) is a test dependency only.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import ModelConfig
+from .gguf_reader import GGUFFile
 from .layout import pack_float, pack_q4_1, pack_q8_0, q4_1_codes_from_gguf, q8_0_codes_from_gguf
 from .weights import WeightsError, check_manifest, expected_shapes, read_manifest, verify_shard
 from .writer import PackedTensor, write_model
@@ -145,19 +146,32 @@ def _is_current(out_dir: Path, source_sha: str) -> bool:
 
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
     """Convert a llama GGUF into out_dir (model.json + shards); skipped if out_dir is already current."""
-    import gguf  # lazily: build-time dependency only
-
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     source_sha = sha256_file(gguf_path)
     if _is_current(out_dir, source_sha):
         return read_manifest(out_dir)
-    reader = gguf.GGUFReader(gguf_path)
+    source = {"file": gguf_path.name, "sha256": source_sha, "converter_version": CONVERTER_VERSION}
+    return convert_reader(GGUFFile.open(gguf_path), out_dir, source)
+
+
+def convert_reader(reader, out_dir: str | os.PathLike, source: dict, on_tensor=None) -> dict:
+    """Convert a parsed GGUF (gguf_reader.GGUFFile, or anything with its `fields` and `tensors`) into out_dir.
+
+    Tensors are read and packed one at a time; on_tensor(done, count, name) follows along (the page's
+    progress bar). Returns the manifest written.
+    """
     config = _config_from_gguf(reader)
     shapes = expected_shapes(config)
     by_name = {t.name: t for t in reader.tensors}
     unknown = sorted(set(by_name) - set(shapes))
     if unknown:
         raise ValueError(f"GGUF has tensors this llama loader does not know: {unknown[:5]}")
-    packed = [_pack_tensor(by_name[name], shape) for name, shape in shapes.items()]
-    source = {"file": gguf_path.name, "sha256": source_sha, "converter_version": CONVERTER_VERSION}
+    missing = sorted(set(shapes) - set(by_name))
+    if missing:
+        raise ValueError(f"GGUF lacks tensors a {config.architecture} model needs: {missing[:5]}")
+    packed = []
+    for name, shape in shapes.items():
+        packed.append(_pack_tensor(by_name[name], shape))
+        if on_tensor is not None:
+            on_tensor(len(packed), len(shapes), name)
     return write_model(out_dir, config, packed, _tokenizer_from_gguf(reader), _field(reader, "tokenizer.chat_template"), source)
