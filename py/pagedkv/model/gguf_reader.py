@@ -141,6 +141,24 @@ class _Cursor:
         self.pos += n
         return text
 
+    def strings(self, n: int, what: str) -> list[str]:
+        """n strings: the tight loop of a vocabulary (100k+ entries), checked as one() would check each."""
+        buf, pos, end, out = self.buf, self.pos, len(self.buf), []
+        unpack = struct.Struct("<Q").unpack_from
+        for i in range(n):
+            if pos + 8 > end or pos + 8 + unpack(buf, pos)[0] > end:
+                self.pos = pos  # let string() raise the precise error, or ask for more bytes
+                self.string(f"item {i} of {what}")
+            length = unpack(buf, pos)[0]
+            try:
+                out.append(buf[pos + 8:pos + 8 + length].decode("utf-8"))
+            except UnicodeDecodeError:
+                self.pos = pos
+                self.string(f"item {i} of {what}")
+            pos += 8 + length
+        self.pos = pos
+        return out
+
     def array(self, fmt: str, n: int, what: str) -> list:
         size = struct.calcsize(fmt) * n
         self.need(size, what)
@@ -292,7 +310,7 @@ class GGUFFile:
         if item_fmt is not None:
             return (type_name, item_name), c.array(item_fmt, n, f"the items of {key!r}")
         if item_type == _STRING:
-            return (type_name, item_name), [c.string(f"item {i} of {key!r}") for i in range(n)]
+            return (type_name, item_name), c.strings(n, repr(key))
         items, inner = [], (item_name,)
         for _ in range(n):
             inner, value = self._value(c, item_type, key, depth + 1)
