@@ -40,6 +40,14 @@ def reference(tiny_gguf, tmp_path_factory) -> dict:
     return {"manifest": manifest, "prompt": prompt, "reply": reply}
 
 
+# A file dropped on the page, as a person drags one from their file manager.
+DROP = """([name, bytes]) => {
+  const dt = new DataTransfer();
+  dt.items.add(new File([new Uint8Array(bytes)], name));
+  document.body.dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
+}"""
+
+
 def wait_gguf(page, state: str) -> dict:
     page.wait_for_selector(f"html[data-gguf={state}], html[data-gguf=error]", state="attached",
                            timeout=BOOT_TIMEOUT_MS)
@@ -80,7 +88,7 @@ def assert_answers_like_reference(booted, reference) -> None:
     assert ids[len(prompt):len(prompt) + MAX_TOKENS] == reply
 
 
-@pytest.mark.parametrize("backend", ["cpu"])
+@pytest.mark.parametrize("backend", ["cpu", "webgpu"])
 def test_open_store_reload_and_remove(browser, base_url, tiny_gguf, reference, backend):
     booted, info = open_app(browser, f"{base_url}?model=tiny-random&backend={backend}", 120_000)
     page = booted.page
@@ -138,24 +146,26 @@ def test_malformed_file_is_an_error_and_the_page_works(browser, base_url, tiny_g
     booted, _ = open_app(browser, f"{base_url}?model=tiny-random&backend=cpu", 120_000)
     page = booted.page
     before = chat_ids(booted, PROMPT)
-    cases = {
-        "not-gguf.gguf": (b"GGML" + bytes(60), "not-gguf.gguf is not a GGUF file: it starts with b'GGML', not b'GGUF'"),
-        "cut.gguf": (tiny_gguf.read_bytes()[:-100], None),
+    cases = {  # dropped on the page, or picked with the file input
+        "not-gguf.gguf": (b"GGML" + bytes(60), "drop",
+                          "not-gguf.gguf is not a GGUF file: it starts with b'GGML', not b'GGUF'"),
+        "notes.txt": (b"GGUF", "drop", "notes.txt is not a .gguf file"),
+        "cut.gguf": (tiny_gguf.read_bytes()[:-100], "input", None),
     }
-    for name, (raw, message) in cases.items():
-        path = tmp_path / name
-        path.write_bytes(raw)
+    for name, (raw, how, message) in cases.items():
         page.evaluate("delete document.documentElement.dataset.gguf")
-        page.set_input_files("#gguf-input", str(path))
+        if how == "drop":
+            page.evaluate(DROP, [name, list(raw)])
+        else:
+            (tmp_path / name).write_bytes(raw)
+            page.set_input_files("#gguf-input", str(tmp_path / name))
         data = wait_gguf(page, "stored")
         assert data["gguf"] == "error"
         if message is None:
             size = tiny_gguf.stat().st_size  # the last tensor (128 x 64 in Q4_1: 5,120 bytes) ends the file
-            assert data["ggufError"] == (f"cut.gguf is truncated: tensor 'blk.1.ffn_down.weight' (Q4_1, shape "
-                                         f"[128, 64]) needs bytes {size - 5120:,}..{size:,} but the file has "
-                                         f"{size - 100:,}")
-        else:
-            assert data["ggufError"] == message
+            message = (f"cut.gguf is truncated: tensor 'blk.1.ffn_down.weight' (Q4_1, shape [128, 64]) needs bytes "
+                       f"{size - 5120:,}..{size:,} but the file has {size - 100:,}")
+        assert data["ggufError"] == message and page.locator("#gguf-status").inner_text() == message
     assert json.loads(page.evaluate("document.documentElement.dataset.userModels")) == []
     assert chat_ids(booted, PROMPT) == before
     page.close()
