@@ -131,9 +131,9 @@ def test_missing_truncated_and_foreign_files_are_named(gguf_path, tmp_path):  # 
     with pytest.raises(ValueError, match=f"GGUF file {tmp_path / 'none.gguf'} does not exist"):
         convert_cached(tmp_path / "none.gguf", tmp_path / "cache")
     (tmp_path / "notes.gguf").write_bytes(b"PK\x03\x04 a zip, not a model")
-    with pytest.raises(ValueError, match=r"notes.gguf is not a GGUF file \(it starts with b'PK\\x03\\x04', not b'GGUF'\)"):
+    with pytest.raises(ValueError, match=r"notes.gguf is not a GGUF file: it starts with b'PK\\x03\\x04', not b'GGUF'"):
         convert_cached(tmp_path / "notes.gguf", tmp_path / "cache")
     (tmp_path / "cut.gguf").write_bytes(tiny_gguf("tiny-llama", gguf_path).read_bytes()[:100_000])
-    with pytest.raises(ValueError, match="cut.gguf is a malformed GGUF file: "):
+    with pytest.raises(ValueError, match=r"cut.gguf: the length of 'tokenizer.ggml.tokens' at offset \d+ is 49,152, but the [\d,]+ bytes left"):
         convert_cached(tmp_path / "cut.gguf", tmp_path / "cache")
     assert not any((tmp_path / "cache").glob("*/model.json"))

@@ -47,7 +47,7 @@ def test_a_missing_or_foreign_gguf_is_one_error_line(tmp_path, messages, capsys)
     text = tmp_path / "text.gguf"
     text.write_text("hello")
     assert generate.main(["--gguf", str(text), "--messages-json", messages]) == 2  # before any browser starts
-    assert capsys.readouterr().err == f"error: {text} is not a GGUF file (it starts with b'hell', not b'GGUF')\n"
+    assert capsys.readouterr().err == "error: text.gguf is not a GGUF file: it starts with b'hell', not b'GGUF'\n"
 
 
 def test_model_and_gguf_exclude_each_other(tmp_path, messages, capsys):

@@ -4,6 +4,7 @@ import * as alt from "./alternatives.js";
 import * as boot from "./boot.js";
 import * as chat from "./chat.js";
 import { renderMarkdown } from "./markdown.js";
+import * as models from "./models.js";
 
 // The alternatives' messages change their chat's state; its view follows.
 const altThenRefresh = (handle) => (msg) => { handle(msg); chat.refresh(msg.chat); };
@@ -18,7 +19,7 @@ function handlers(execResult) {
     "device-lost": boot.onDeviceLost,
     "device-restored": chat.onDeviceRestored,
     "model-progress": chat.onModelProgress,
-    "model-ready": chat.onModelReady,
+    "model-ready": (msg) => { chat.onModelReady(msg); models.onModelReady(msg); },
     "model-error": chat.onModelError,
     chats: chat.onChats,
     "turn-start": chat.onTurnStart,
@@ -32,6 +33,10 @@ function handlers(execResult) {
     "alt-token": altThenRefresh(alt.onAltToken),
     "alt-end": altThenRefresh(alt.onAltEnd),
     "alt-kept": altThenRefresh(alt.onAltKept),
+    "user-models": models.onUserModels,
+    "gguf-progress": models.onProgress,
+    "gguf-stored": models.onStored,
+    "gguf-error": models.onError,
   };
 }
 
@@ -71,6 +76,7 @@ function start() {
     handle(event.data);
   };
   chat.wireChatUI(worker);
+  models.wireModels(worker);
   worker.onerror = (event) => {
     event.preventDefault();
     boot.showError(`The engine worker failed: ${event.message || "unknown error"}`);

@@ -29,10 +29,18 @@ del _wheel_urls
   await pyodide.runPythonAsync("from pagedkv_app.main import boot\nawait boot()");
 }
 
+const MODEL_MESSAGES = new Set(["open-gguf", "remove-model", "list-models"]);
+
 // Tools and tests run Python inside this worker: {type: "exec", id, code} -> {type: "exec-result", id, ...}.
 // The code's last expression is returned as JSON text (json.dumps in Python), so results stay exact.
 self.addEventListener("message", async (event) => {
   const msg = event.data;
+  if (msg && MODEL_MESSAGES.has(msg.type)) {
+    // The model list (web/models.js) works whether or not a model is loaded.
+    if (self.pagedkvModels) self.pagedkvModels(msg);
+    else self.postMessage({ type: "gguf-error", action: msg.type, message: "Python is still starting" });
+    return;
+  }
   if (msg && msg.type !== "exec") {
     // UI messages go to the Python chat service once the model is loaded.
     if (self.pagedkvHandle) self.pagedkvHandle(msg);

@@ -19,9 +19,10 @@ from pagedkv.kv_dtype import kv_dtype
 from pagedkv.model.weights import ModelWeights
 from pagedkv.tokenizer import Tokenizer
 
-from . import bridge
+from . import bridge, model_library
 from .chat_service import ChatService
 from .model_loader import fetch_model
+from .model_library import model_reader
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MIB = 1 << 20
@@ -36,6 +37,8 @@ def progress(stage: str, detail: str) -> None:
 
 async def boot() -> None:
     """Request the WebGPU device from Python, run the self-test kernel, report `ready`, then load the model."""
+    bridge.set_models_handler(model_library.handler(open_settings))
+    await model_library.reported(model_library.post_list(), "list-models")
     try:
         progress("engine", f"pagedkv {pagedkv.__version__} with numpy {np.__version__}")
         progress("gpu", "requesting a WebGPU adapter")
@@ -79,6 +82,15 @@ def kernel_family(ctx) -> tuple[str, str]:
     return choose_family(bridge.query_param("kernels", "auto"), ctx.info.name, fallback)
 
 
+def open_settings() -> dict:
+    """What the ledger checks a GGUF the user opens against: this page's budget and pool settings."""
+    ctx = state.get("gpu")
+    budget = int(bridge.query_param("budget_mib", "1024")) * MIB
+    return {"budget_bytes": budget, "block_size": int(bridge.query_param("block_size", "16")),
+            "kv_dtype": bridge.query_param("kv_dtype", "f16"),
+            "max_binding": ctx.info.limits["maxStorageBufferBindingSize"] if ctx is not None else budget}
+
+
 async def load_model(name: str, force_cpu: bool = False) -> None:
     """Fetch the model with progress, build the engine and start answering chat messages."""
     try:
@@ -115,7 +127,7 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
 
 async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, CpuBackend, dict]:
     """The numpy fallback (?backend=cpu): every shard in wasm memory, weights dequantized to f32."""
-    manifest, shards = await fetch_model(f"models/{name}", on_progress)
+    manifest, shards = await fetch_model(model_reader(name), on_progress)
     bridge.post("model-progress", model=name, loaded=1, total=1, detail="verifying and unpacking weights")
     weights = ModelWeights.from_shards(manifest, shards)
     del shards
@@ -133,7 +145,8 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
 async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, WebGpuBackend, dict]:
     """Weights streamed shard by shard into GPU buffers inside the ?budget_mib= GPU budget (default 1 GiB)."""
     ctx = state["gpu"]
-    manifest = json.loads(await bridge.fetch_bytes(f"models/{name}/model.json"))
+    read = model_reader(name)
+    manifest = json.loads(await read("model.json"))
     total = sum(s["nbytes"] for s in manifest["shards"])
     done = 0
 
@@ -143,7 +156,7 @@ async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict
         def progress(n: int) -> None:
             on_progress(done + n, total)
 
-        data = await bridge.fetch_bytes(f"models/{name}/{file}", _accumulate(progress))
+        data = await read(file, _accumulate(progress))
         done += len(data)
         return data
 

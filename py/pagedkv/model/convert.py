@@ -1,7 +1,7 @@
-"""GGUF -> web model directory (model.json + shards). CPython only: build time.
+"""GGUF -> web model directory (model.json + shards), at build time and in the page.
 
-The `gguf` package (from llama.cpp) is imported lazily, inside the functions
-that read a GGUF, so the rest of the package never depends on it.
+The GGUF is read with gguf_reader.GGUFFile (pure Python: the page reads a File the user picked in slices);
+the `gguf` package (from llama.cpp) is a test dependency only.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from .config import ModelConfig
+from .gguf_reader import GGUFFile
 from .layout import pack_float, pack_q4_1, pack_q8_0, q4_1_codes_from_gguf, q8_0_codes_from_gguf
 from .weights import WeightsError, check_manifest, expected_shapes, read_manifest, verify_shard
 from .writer import PackedTensor, write_model
@@ -144,7 +146,8 @@ def _to_adjacent_pairs(t, config: ModelConfig):
         return t
     heads = config.n_heads if leaf.startswith("attn_q") else config.n_kv_heads
     data = np.asarray(t.data)  # (rows, cols or bytes per row) or (rows,): rows are independent in every layout
-    return t._replace(data=data[_adjacent_pair_rows(heads, config.head_dim)])
+    return SimpleNamespace(name=t.name, tensor_type=t.tensor_type, shape=t.shape,
+                           data=data[_adjacent_pair_rows(heads, config.head_dim)])
 
 
 def _tokenizer_from_gguf(reader) -> dict:
@@ -196,21 +199,12 @@ def _is_current(out_dir: Path, source_sha: str) -> bool:
     return True
 
 
-def open_gguf(path: str | os.PathLike):
-    """gguf.GGUFReader on path; ValueError naming the file when it is missing or not a readable GGUF."""
-    import gguf  # lazily: build-time dependency only
-
+def open_gguf(path: str | os.PathLike) -> GGUFFile:
+    """The GGUF at path, parsed by gguf_reader; ValueError naming the file when it is missing or malformed."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"GGUF file {path} does not exist")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as exc:  # the reader raises many types for a truncated or corrupt file; all mean the same
-        raise ValueError(f"{path} is a malformed GGUF file: {type(exc).__name__}: {exc}") from exc
+    return GGUFFile.open(path)
 
 
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, source_sha: str | None = None) -> dict:
@@ -219,19 +213,31 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, sourc
     source_sha = source_sha or sha256_file(gguf_path)
     if _is_current(out_dir, source_sha):
         return read_manifest(out_dir)
-    reader = open_gguf(gguf_path)
-    config = _config_from_gguf(reader, gguf_path.name)
+    source = {"file": gguf_path.name, "sha256": source_sha, "converter_version": CONVERTER_VERSION}
+    return convert_reader(open_gguf(gguf_path), out_dir, source)
+
+
+def convert_reader(reader, out_dir: str | os.PathLike, source: dict, on_tensor=None) -> dict:
+    """Convert a parsed GGUF (gguf_reader.GGUFFile, or anything with its `fields` and `tensors`) into out_dir.
+
+    Tensors are read and packed one at a time; on_tensor(done, count, name) follows along (the page's
+    progress bar). Returns the manifest written.
+    """
+    name = source["file"]
+    config = _config_from_gguf(reader, name)
     shapes = expected_shapes(config)
     by_name = {t.name: t for t in reader.tensors}
     unknown = sorted(set(by_name) - set(shapes) - {ROPE_FREQS})
     if unknown:
-        raise ValueError(f"{gguf_path.name}: {config.architecture} model has tensors this loader does not know: "
-                         f"{unknown[:5]}")
+        raise ValueError(f"{name}: {config.architecture} model has tensors this loader does not know: {unknown[:5]}")
     missing = sorted(set(shapes) - set(by_name))
     if missing:
-        raise ValueError(f"{gguf_path.name}: {config.architecture} model lacks tensors {missing[:5]}")
-    packed = [_pack_tensor(_to_adjacent_pairs(by_name[name], config), shape) for name, shape in shapes.items()]
-    source = {"file": gguf_path.name, "sha256": source_sha, "converter_version": CONVERTER_VERSION}
+        raise ValueError(f"{name}: {config.architecture} model lacks tensors {missing[:5]}")
+    packed = []
+    for tensor_name, shape in shapes.items():
+        packed.append(_pack_tensor(_to_adjacent_pairs(by_name[tensor_name], config), shape))
+        if on_tensor is not None:
+            on_tensor(len(packed), len(shapes), tensor_name)
     return write_model(out_dir, config, packed, _tokenizer_from_gguf(reader), _field(reader, "tokenizer.chat_template"), source)
 
 

@@ -1,0 +1,55 @@
+"""Test helper: tiny llama GGUFs made at test time with gguf.GGUFWriter, with SmolLM2's real tokenizer and
+chat template (from the pinned GGUF) and random weights in the types the engine loads today."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import quantize as gguf_quantize
+from gguf_tokenizer import gguf_manifest_sections
+
+from pagedkv.model.config import ModelConfig
+from pagedkv.model.weights import expected_shapes
+
+
+def tiny_llama_config(vocab: int) -> ModelConfig:
+    """2 layers, hidden 64, GQA 4 over 2 heads of 16, ffn 128, context 256: widths Q8_0 / Q4_1 can hold."""
+    return ModelConfig(
+        architecture="llama", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn=128, vocab=vocab,
+        rope_base=100000.0, rope_convention="adjacent_pairs", rms_eps=1e-5, context_length=256,
+        tied_embeddings=True,
+    )  # fmt: skip
+
+
+def write_tiny_gguf(path, seed: int = 0, matrix_type: Q = Q.Q4_1) -> ModelConfig:
+    """A tiny llama GGUF: Q8_0 embedding (tied output), `matrix_type` matrices, F32 norms. Returns its config."""
+    sections = gguf_manifest_sections()
+    tok = sections["tokenizer"]
+    cfg = tiny_llama_config(len(tok["tokens"]))
+    writer = gguf.GGUFWriter(str(path), "llama")
+    # the metadata convert.py reads, by key: the hyper-parameters, then the tokenizer and chat template
+    sizes = {"block_count": cfg.n_layers, "context_length": cfg.context_length, "embedding_length": cfg.hidden,
+             "feed_forward_length": cfg.ffn, "attention.head_count": cfg.n_heads,
+             "attention.head_count_kv": cfg.n_kv_heads, "rope.dimension_count": cfg.head_dim}
+    for key, value in sizes.items():
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.rope.freq_base", cfg.rope_base)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", cfg.rms_eps)
+    for key in ("model", "pre"):
+        writer.add_string(f"tokenizer.ggml.{key}", tok[key])
+    for key, name in (("tokens", "tokens"), ("token_type", "token_types"), ("merges", "merges")):
+        writer.add_array(f"tokenizer.ggml.{key}", tok[name])
+    for key in ("bos", "eos", "unknown", "padding"):
+        writer.add_uint32(f"tokenizer.ggml.{key}_token_id", tok[f"{key}_token_id"])
+    writer.add_string("tokenizer.chat_template", sections["chat_template"])
+    rng = np.random.default_rng(seed)
+    for name, shape in expected_shapes(cfg).items():
+        w = rng.standard_normal(shape).astype(np.float32)
+        qtype = Q.F32 if len(shape) == 1 else Q.Q8_0 if name == "token_embd.weight" else matrix_type
+        writer.add_tensor(name, w if qtype == Q.F32 else gguf_quantize(w, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return cfg
