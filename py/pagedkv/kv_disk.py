@@ -28,7 +28,7 @@ import numpy as np
 from .kv_dtype import kv_dtype as lookup_kv_dtype
 
 __all__ = ["StoreFull", "FileStore", "MemoryStore", "KVLayout", "TierBudgets", "BlockFileError", "DiskTier",
-           "block_chain", "encode_block", "decode_block", "model_hash"]
+           "block_chain", "encode_block", "decode_block", "model_hash", "block_payloads", "block_words"]
 
 MAGIC = b"PKVB"
 VERSION = 1
@@ -170,6 +170,24 @@ def block_chain(layout: KVLayout, token_ids, num_blocks: int | None = None) -> l
         parent = hashlib.sha256(parent + chunk).digest()[:16]
         out.append(parent.hex())
     return out
+
+
+def block_payloads(words: np.ndarray) -> list[bytes]:
+    """Words (n, layers, 2 (K, V), block_size, token_u32s) u32 of n blocks -> one payload per block."""
+    if words.dtype != np.uint32 or words.ndim != 5 or words.shape[2] != 2:
+        raise ValueError(f"block words must be (n, layers, 2, block_size, token_u32s) uint32, "
+                         f"got {words.shape} {words.dtype}")
+    return [np.ascontiguousarray(w, dtype="<u4").tobytes() for w in words]
+
+
+def block_words(layout: KVLayout, payloads: list[bytes]) -> np.ndarray:
+    """Payloads of n blocks -> words (n, layers, 2, block_size, token_u32s) u32 (the inverse of block_payloads)."""
+    for p in payloads:
+        if len(p) != layout.payload_bytes:
+            raise ValueError(f"a block payload of {layout.kv_dtype} KV is {layout.payload_bytes} bytes, "
+                             f"got {len(p)}")
+    flat = np.frombuffer(b"".join(payloads), dtype="<u4").astype(np.uint32)
+    return flat.reshape(len(payloads), layout.n_layers, 2, layout.block_size, layout.token_u32s)
 
 
 class BlockFileError(ValueError):
