@@ -32,6 +32,7 @@ __all__ = ["StoreFull", "FileStore", "MemoryStore", "KVLayout", "TierBudgets", "
 
 MAGIC = b"PKVB"
 VERSION = 1
+MAX_NOTES = 20  # the latest notes kept for the memory panel
 _HEAD = struct.Struct("<4sI8s16sII32s")  # magic, version, layout key, chain hash, n tokens, payload len, sha256
 
 
@@ -306,7 +307,7 @@ class DiskTier:
                 payload = decode_block(self.layout, hashes[i], token_ids[i * bs:(i + 1) * bs], data)
             except BlockFileError as err:
                 self.num_corrupt += 1
-                self.notes.append(f"{name}: {err}; recomputing it")
+                self._note(f"{name}: {err}; recomputing it")
                 await self._remove(name)
                 break
             self._lru.move_to_end(name)
@@ -330,12 +331,15 @@ class DiskTier:
             await self.store.write(name, data)
         except StoreFull as err:
             self.budget_bytes = self.num_bytes
-            self.notes.append(f"disk full ({err}); KV on disk capped at {self.budget_bytes:,} bytes, "
-                              "the rest is recomputed after a reload")
+            self._note(f"disk full ({err}); KV on disk capped at {self.budget_bytes:,} bytes, "
+                       "the rest is recomputed after a reload")
             return False
         self._lru[name] = len(data)
         self.num_written += 1
         return True
+
+    def _note(self, text: str) -> None:
+        self.notes = self.notes[-(MAX_NOTES - 1):] + [text]
 
     async def _evict_to(self, limit: int) -> None:
         while self._lru and self.num_bytes > limit:
