@@ -102,7 +102,8 @@ def bytes_per_token(model: str) -> dict:
     out = {}
     for name in KV_DTYPES:
         layout = KVLayout("m", name, 16, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)
-        out[name] = {"file_bytes_per_token": layout.file_bytes / 16, "payload_bytes_per_token": layout.payload_bytes // 16}
+        out[name] = {"file_bytes_per_token": layout.file_bytes / 16,
+                     "payload_bytes_per_token": layout.payload_bytes // 16}
     return out
 
 
