@@ -50,6 +50,15 @@ export function renderMemory(mem, modelInfo) {
     facts.push(["KV bytes / token", `${modelInfo.bytes_per_token.toLocaleString()} B (${modelInfo.kv_dtype || "f32"}) · ` +
       `${(modelInfo.bytes_per_token * mem.block_size / 1024).toFixed(0)} KiB per block`]);
   }
+  const e = mem.engine;
+  if (e.disk_blocks !== undefined) {  // the disk tier (OPFS) is on
+    const mib = (b) => (b / 2 ** 20).toFixed(1);
+    facts.push(["On disk", `${e.disk_blocks} blocks, ${mib(e.disk_bytes)} MiB (budget ${mib(e.disk_budget_bytes)} MiB)`]);
+    facts.push(["Restored from disk", `${e.last_disk_restored_tokens} tokens (last turn)`]);
+    if (e.disk_notes.length) facts.push(["Disk note", e.disk_notes[e.disk_notes.length - 1]]);
+  } else if (modelInfo && modelInfo.kv_disk) {
+    facts.push(["On disk", modelInfo.kv_disk]);
+  }
   if (mem.ledger) {
     const mib = (b) => (b / 2 ** 20).toFixed(1);
     const kinds = Object.entries(mem.ledger.by_kind || {}).map(([k, b]) => `${k} ${mib(b)}`).join(" · ");
@@ -62,5 +71,7 @@ export function renderMemory(mem, modelInfo) {
     return [dt, dd];
   }));
   root.dataset.memory = JSON.stringify({ used: mem.used_blocks, cached: mem.cached_blocks, free: mem.free_blocks,
-    total: mem.total_blocks, per_chat: mem.per_chat_blocks, owners: mem.owners });
+    total: mem.total_blocks, per_chat: mem.per_chat_blocks, owners: mem.owners,
+    disk_blocks: e.disk_blocks ?? null, restored: e.last_disk_restored_tokens ?? null,
+    prefill_tokens: e.prefill_tokens, disk_corrupt: e.disk_corrupt_blocks ?? null });
 }

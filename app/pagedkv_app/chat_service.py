@@ -83,6 +83,7 @@ class ChatService(RemoteTurns):
         self._rate = TokenRate()
         self.stop_ids = tuple(sorted(engine.default_stop_ids))
         self.lost: str | None = None  # why the GPU device went away, until the engine is rebuilt
+        self._disk_task: asyncio.Future | None = None  # the last deletion of a chat's block files
 
     # ---------------------------------------------------------------- UI messages
 
@@ -143,6 +144,7 @@ class ChatService(RemoteTurns):
             if cut:
                 conv.add_generated(partial)
             self.chats[chat_id] = Chat(chat_id, str(record.get("title") or chat_id), conv)
+            self._refer_on_disk(self.chats[chat_id])
             if record.get("before_reply"):
                 self.chats[chat_id].before_reply = tuple(record["before_reply"])
             if cut:
@@ -315,6 +317,8 @@ class ChatService(RemoteTurns):
         ids = chat.conversation.ids
         shared = max((_common_prefix(ids, c.conversation.ids) for c in self.chats.values()), default=0)
         self.engine.kv.evict_prefix(ids, keep_tokens=shared)
+        if self.engine.disk is not None:  # its block files go too, but for those another chat's history holds
+            self._disk_task = asyncio.ensure_future(self._forget_on_disk(chat_id))
         self.post_chats()
         self.post_stats(force=True)
 
@@ -396,10 +400,24 @@ class ChatService(RemoteTurns):
     def post_saved(self, chat: Chat) -> None:
         """What the page stores to bring the chat back after a reload: title + exact token history."""
         messages, ids, text = chat.conversation.checkpoint()
+        self._refer_on_disk(chat)
         before = chat.before_reply
         self.post("chat-saved", chat=chat.chat_id, title=chat.title,
                   checkpoint=[list(messages), list(ids), text],
                   before_reply=None if before is None else [list(before[0]), list(before[1]), before[2]])
+
+    def _refer_on_disk(self, chat: Chat) -> None:
+        if self.engine.disk is not None:
+            self.engine.disk.tier.refer(chat.chat_id, chat.conversation.ids)
+
+    async def _forget_on_disk(self, chat_id: str) -> None:
+        try:
+            await self.engine.disk.tier.forget(chat_id)
+        except Exception as exc:
+            self.post("chat-error", chat=chat_id, message=f"deleting the chat's KV on disk failed: "
+                                                            f"{type(exc).__name__}: {exc}")
+            raise
+        self.post_stats(force=True)
 
     def post_chats(self) -> None:
         self.post("chats", chats=[{"id": c.chat_id, "title": c.title, "busy": c.request_id is not None,

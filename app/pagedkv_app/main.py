@@ -15,6 +15,8 @@ from pagedkv.backends.webgpu.model_kernels import choose_family
 from pagedkv.backends.webgpu.self_test import self_test
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
+from pagedkv.kv_disk import DiskTier, model_hash
+from pagedkv.kv_disk_io import layout_for
 from pagedkv.kv_dtype import kv_dtype
 from pagedkv.model.weights import ModelWeights
 from pagedkv.tokenizer import Tokenizer
@@ -109,6 +111,7 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
         tokenizer = Tokenizer.from_manifest(manifest)
         max_context = int(bridge.query_param("max_context", "0")) or None
         engine = LLMEngine(backend, tokenizer, EngineConfig(namespace=name, max_context=max_context))
+        info["kv_disk"] = await _attach_disk(engine, backend, manifest)
         ledger = getattr(backend, "ledger", None)
         service = ChatService(engine, ChatTemplate.from_manifest(manifest, tokenizer), bridge.post, model_name=name,
                               ledger_snapshot=ledger.snapshot if ledger is not None else None,
@@ -123,6 +126,21 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
     except Exception as exc:
         bridge.post("model-error", model=name, message=f"{type(exc).__name__}: {exc}",
                     detail=traceback.format_exc())
+
+
+async def _attach_disk(engine: LLMEngine, backend, manifest: dict) -> str:
+    """The disk tier of the KV cache (OPFS `kv/`, ?disk_mib= budget) unless ?kv_disk=0; what the panel says."""
+    if bridge.query_param("kv_disk", "1") == "0":
+        return "off (?kv_disk=0)"
+    budget = int(float(bridge.query_param("disk_mib", "512")) * MIB)
+    try:
+        store = await webgpu.OpfsStore.open("kv")
+    except OSError as exc:  # no OPFS in this browser: chats re-prefill after a reload, as without the tier
+        return f"off: {exc}"
+    tier = DiskTier(store, layout_for(backend, model_hash(manifest)), budget)
+    await tier.open()
+    engine.attach_disk(tier)
+    return f"on, {budget / MIB:g} MiB budget"
 
 
 async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, CpuBackend, dict]:

@@ -32,6 +32,8 @@ from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .config import CacheConfig, EngineConfig
 from .kv_accounting import KVShape, bytes_per_token
 from .kv_cache_manager import KVCacheManager, NeverFits
+from .kv_disk import DiskTier
+from .kv_disk_io import DiskCache, layout_for
 from .kv_retention import KVRetention, add_attention_mass
 from .model_runner import build_batch
 from .request import Request, StepOutput
@@ -63,7 +65,16 @@ class LLMEngine:
             i for i in (tokenizer.find_token("<|im_end|>"), tokenizer.eos_token_id) if i is not None)
         self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "forward_s": 0.0,
                          "copy_ops": 0, "swap_out_blocks": 0, "swap_in_blocks": 0,
-                         "shifted_blocks": 0}
+                         "shifted_blocks": 0, "disk_restored_tokens": 0, "disk_written_blocks": 0}
+        self.disk: DiskCache | None = None
+
+    def attach_disk(self, tier: DiskTier | None) -> None:
+        """Use `tier` (kv_disk.DiskTier, opened) as the disk tier of the KV cache, or none. Raises ValueError
+        when its layout is not this backend's KV."""
+        disk = DiskCache(tier) if tier is not None else None
+        if disk is not None:
+            disk.check_backend(self.backend)
+        self.disk = disk
 
     # ---------------------------------------------------------------- requests
 
@@ -170,6 +181,8 @@ class LLMEngine:
         pending = sorted(self.groups.members.values(), key=lambda m: Request.sort_key(m.request))
         self.backend = backend
         self.kv_dtype = backend.kv_dtype  # a new dtype is fine: everything re-prefills
+        if self.disk is not None and layout_for(backend, self.disk.layout.model_hash) != self.disk.layout:
+            self.disk = None  # the files hold another layout's KV; the caller attaches a tier for the new one
         self.kv, self.scheduler = self._fresh_pool(backend)
         requeued: list[str] = []  # the callers' ids (a group of samples or beams counts once)
         for member in pending:
@@ -206,6 +219,9 @@ class LLMEngine:
     async def step(self) -> list[StepOutput]:
         """Schedule, copy, run one forward, sample; returns one StepOutput per request that ran (none for one
         aborted while the step awaited the backend)."""
+        if self.disk is not None:
+            self.counters["disk_restored_tokens"] += await self.disk.restore(self.kv, self.backend,
+                                                                             self.scheduler.waiting)
         out = self.scheduler.schedule()
         members = self.groups.members
         # Built before the first await, while every scheduled request is still tracked (module docstring).
@@ -237,11 +253,16 @@ class LLMEngine:
             add_attention_mass([r.seq for r, _ in out.scheduled], mass)
         self.counters["steps"] += 1
         results = []
+        for req, n in out.scheduled:
+            if req.status is not SequenceStatus.FINISHED:  # aborted while the backend ran; its blocks are free
+                self.kv.mark_computed(req.seq, n)
+        if self.disk is not None:  # before sampling: a finished request gives its blocks back
+            computed = [r.seq for r, _ in out.scheduled if r.status is not SequenceStatus.FINISHED]
+            self.counters["disk_written_blocks"] += await self.disk.write_behind(self.kv, self.backend, computed)
         for i, (req, n) in enumerate(out.scheduled):
-            if req.status is SequenceStatus.FINISHED:  # aborted while the backend ran; its blocks are free
+            if req.status is SequenceStatus.FINISHED:  # aborted while the backend (or the disk) ran
                 continue
             seq = req.seq
-            self.kv.mark_computed(seq, n)
             member = members[req.request_id]
             if seq.num_computed_tokens < seq.num_tokens:  # a prefill chunk: nothing to sample yet
                 self.counters["prefill_tokens"] += n
@@ -304,6 +325,7 @@ class LLMEngine:
             "evicted_blocks": self.scheduler.num_evicted_blocks,
             "prefix_hit_rate": self.kv.prefix_hit_rate, "kv_dtype": self.kv_dtype,
             "bytes_per_token": self.bytes_per_token, **self.counters,
+            **(self.disk.stats() if self.disk is not None else {}),
         }
 
     @property

@@ -130,6 +130,28 @@ class KVCacheManager:
         ids, _, _ = self._match(token_ids, len(token_ids) // self.block_size)
         return self.pool.evict_cached(ids[keep_tokens // self.block_size:])
 
+    def adopt_blocks(self, token_ids, start: int, num_blocks: int) -> list[int]:
+        """Register up to `num_blocks` fresh blocks as the cached blocks start, start+1, ... of `token_ids`,
+        whose verified cached prefix must be exactly `start` blocks (else none). They stay cached (ref 0) for
+        the caller to fill (the disk tier) before the next forward; fewer when the pool runs out or a hash
+        is taken. Returns their ids in order."""
+        bs = self.block_size
+        hit_ids, hashes, links = self._match(token_ids, len(token_ids) // bs)
+        if len(hit_ids) != start or not self.config.enable_prefix_caching:
+            return []
+        self.pool.touch(hit_ids)  # the fresh blocks must not evict the prefix they extend
+        parent_hash, parent_link = (hashes[-1], links[-1]) if hit_ids else (None, None)
+        new: list[int] = []
+        for i in range(start, min(start + num_blocks, len(token_ids) // bs)):
+            chunk = tuple(token_ids[i * bs:(i + 1) * bs])
+            h = self.hash_fn(parent_hash, chunk, self.namespace)
+            if self.pool.num_available == 0 or self.pool.cached_block(h) is not None:
+                break
+            new.append(self.pool.get_new_blocks(1)[0])
+            parent_hash, parent_link = h, self.pool.register(new[-1], h, chunk, parent_link, self.namespace)
+        self.pool.free_blocks(reversed(hit_ids + new))
+        return new
+
     def get_block_ids(self, seq: Sequence) -> list[int]:
         """The sequence's block table (a copy)."""
         return list(seq.block_table)

@@ -46,6 +46,13 @@ class Backend(Protocol):
     async def shift_keys(self, ops: Iterable[ShiftOp]) -> None:
         """Re-rotate the cached keys of each op's block by -delta positions (kv_retention.py)."""
 
+    async def read_blocks(self, block_ids: list[int]) -> np.ndarray:
+        """Whole device blocks for the disk tier: (n, layers, 2 (K, V), block_size, token_u32s) u32 words in the
+        GPU layout of kv_dtype (kv_dtype.pack_tokens), the same bytes on every backend."""
+
+    async def write_blocks(self, block_ids: list[int], words: np.ndarray) -> None:
+        """The inverse of read_blocks: words (n, layers, 2, block_size, token_u32s) u32 into device blocks."""
+
 
 def check_attention_mass(out: np.ndarray, batch: ForwardBatch) -> None:
     """The attention_mass argument of Backend.forward must be an f32 array shaped like the block tables."""

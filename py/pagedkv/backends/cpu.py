@@ -12,6 +12,7 @@ import numpy as np
 from ..kernels.ref_ops import shift_keys
 from ..kv_cache_manager import CopyOp
 from ..kv_dtype import kv_dtype as lookup_kv_dtype
+from ..kv_dtype import pack_tokens, unpack_tokens
 from ..kv_retention import ShiftOp
 from ..model.weights import ModelWeights
 from ..model_runner import ForwardBatch
@@ -81,3 +82,21 @@ class CpuBackend:
             for layer in range(self.config.n_layers):
                 self.kv.k[layer][gpu] = self.cpu_k[layer][cpu]
                 self.kv.v[layer][gpu] = self.cpu_v[layer][cpu]
+
+    async def read_blocks(self, block_ids: list[int]) -> np.ndarray:
+        ids = np.asarray(block_ids, dtype=np.int64)  # (n,)
+        cfg = self.config
+        # (layers, 2, n, block_size, n_kv_heads, head_dim) -> (n, layers, 2, block_size, n_kv_heads, head_dim)
+        values = np.stack([np.stack([k[ids], v[ids]]) for k, v in zip(self.kv.k, self.kv.v)])
+        values = values.transpose(2, 0, 1, 3, 4, 5)
+        # The pools hold round_trip(x) values; packing them again gives the codes kv_write stored.
+        words = pack_tokens(values.reshape(-1, cfg.n_kv_heads, cfg.head_dim), self.kv_dtype)
+        return words.reshape(values.shape[:4] + (-1,))  # (n, layers, 2, block_size, token_u32s)
+
+    async def write_blocks(self, block_ids: list[int], words: np.ndarray) -> None:
+        cfg = self.config
+        values = unpack_tokens(words, self.kv_dtype, cfg.n_kv_heads, cfg.head_dim)  # (n, layers, 2, bs, kv, hd)
+        for layer in range(cfg.n_layers):
+            for i, block in enumerate(block_ids):
+                self.kv.k[layer][block] = values[i, layer, 0]
+                self.kv.v[layer][block] = values[i, layer, 1]

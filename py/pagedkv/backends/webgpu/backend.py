@@ -18,6 +18,7 @@ from ...gpu_budget import BudgetExceeded, GpuLedger, MIB, kv_blocks_that_fit, ro
 from ...kernels.ref_ops import model_inv_freq, rope_cos_sin, shift_keys
 from ...kv_cache_manager import CopyOp
 from ...kv_dtype import kv_dtype as lookup_kv_dtype
+from ...kv_dtype import pack_tokens, unpack_tokens
 from ...kv_retention import ShiftOp
 from ...model.config import ModelConfig
 from ...model.weights import check_manifest, tensor_parts, verify_shard
@@ -413,6 +414,30 @@ class WebGpuBackend:
             for cache in self.kv_caches:
                 k, v = await self.kv_kernels.swap_out(cache, ids)  # (n, block_size, n_kv_heads, head_dim) each
                 await self.kv_kernels.swap_in(cache, ids, shift_keys(k, deltas, inv_freq), v)
+
+    async def read_blocks(self, block_ids: list[int]) -> np.ndarray:
+        """Whole blocks as (n, layers, 2, block_size, token_u32s) u32 words (the disk tier's payload)."""
+        cfg, bs = self.config, self.block_size
+        words = lambda host: host if host.dtype == np.uint32 else pack_tokens(  # noqa: E731  f32 / f16 values
+            host.reshape(-1, cfg.n_kv_heads, cfg.head_dim), self.kv_dtype).reshape(host.shape[0], bs, -1)
+        parts = []  # (n, layers, 2, block_size, token_u32s) per chunk
+        for i in range(0, len(block_ids), SWAP_CHUNK_BLOCKS):
+            ids = np.asarray(block_ids[i : i + SWAP_CHUNK_BLOCKS], dtype=np.int32)  # (n,)
+            layers = [[words(h) for h in await self.kv_kernels.swap_out(cache, ids)] for cache in self.kv_caches]
+            parts.append(np.stack([np.stack(kv, axis=1) for kv in layers], axis=1))
+        return np.concatenate(parts)
+
+    async def write_blocks(self, block_ids: list[int], words: np.ndarray) -> None:
+        """The inverse of read_blocks."""
+        cfg, lay = self.config, self.kv_layout
+        host = words if lay.storage_dtype == np.uint32 else unpack_tokens(
+            words, self.kv_dtype, cfg.n_kv_heads, cfg.head_dim).astype(lay.storage_dtype)  # (n, layers, 2, ...)
+        for i in range(0, len(block_ids), SWAP_CHUNK_BLOCKS):
+            ids = np.asarray(block_ids[i : i + SWAP_CHUNK_BLOCKS], dtype=np.int32)  # (n,)
+            for layer, cache in enumerate(self.kv_caches):
+                chunk = host[i : i + len(ids), layer]  # (n, 2, block_size, ...)
+                await self.kv_kernels.swap_in(cache, ids, np.ascontiguousarray(chunk[:, 0]),
+                                              np.ascontiguousarray(chunk[:, 1]))
 
     def _check_cpu(self, ops_list: list[CopyOp], column: int) -> None:
         for op in ops_list:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 import js  # type: ignore[import-not-found]
-from pyodide.ffi import create_once_callable, to_js  # type: ignore[import-not-found]
+from pyodide.ffi import JsException, create_once_callable, to_js  # type: ignore[import-not-found]
+
+from ...kv_disk import StoreFull
 
 # The app and older callers import these names from here.
 from .device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderLibrary, WebGPUUnavailable, padded,
                      resource)
 
-__all__ = ["AdapterInfo", "GPUError", "GpuContext", "WebGPUUnavailable", "fetch_bytes", "site_url"]
+__all__ = ["AdapterInfo", "GPUError", "GpuContext", "OpfsStore", "WebGPUUnavailable", "fetch_bytes", "site_url"]
 
 
 def _js_obj(value: dict):
@@ -203,3 +205,67 @@ class GpuContext(GpuDevice):
     def now_ms() -> float:
         """The page's monotonic clock (performance.now), in milliseconds."""
         return float(js.performance.now())
+
+
+def _js_error(err: Exception, name: str) -> bool:
+    """Whether a JS exception is the DOMException `name` (QuotaExceededError, NotFoundError)."""
+    return isinstance(err, JsException) and (getattr(err, "name", "") == name or name in str(err))
+
+
+class OpfsStore:
+    """A kv_disk.FileStore over one directory of the origin private file system (the disk tier's block files
+    live under `kv/`, apart from other OPFS data). Create with `await OpfsStore.open("kv")`."""
+
+    def __init__(self, directory) -> None:
+        self.directory = directory
+
+    @classmethod
+    async def open(cls, name: str) -> "OpfsStore":
+        """Raises OSError naming the reason when this browser has no origin private file system."""
+        storage = getattr(js.navigator, "storage", None)
+        if storage is None or not hasattr(storage, "getDirectory"):
+            raise OSError("this browser has no origin private file system (navigator.storage.getDirectory)")
+        root = await storage.getDirectory()
+        return cls(await root.getDirectoryHandle(name, _js_obj({"create": True})))
+
+    async def read(self, name: str) -> bytes | None:
+        try:
+            handle = await self.directory.getFileHandle(name)
+        except JsException as err:
+            if _js_error(err, "NotFoundError"):
+                return None
+            raise
+        return bytes((await (await handle.getFile()).arrayBuffer()).to_py())
+
+    async def write(self, name: str, data: bytes) -> None:
+        handle = await self.directory.getFileHandle(name, _js_obj({"create": True}))
+        writable = await handle.createWritable()  # a swap file: nothing lands in `name` before close()
+        try:
+            await writable.write(to_js(memoryview(data)))
+        except JsException as err:
+            await writable.abort()
+            await self._refused(name, len(data), err)
+        try:
+            await writable.close()
+        except JsException as err:
+            await self._refused(name, len(data), err)
+
+    async def _refused(self, name: str, nbytes: int, err: Exception) -> None:
+        await self.delete(name)  # the empty file getFileHandle created
+        if _js_error(err, "QuotaExceededError"):
+            raise StoreFull(f"the browser's storage quota refused {name} ({nbytes:,} bytes): {err}") from err
+        raise err
+
+    async def delete(self, name: str) -> None:
+        try:
+            await self.directory.removeEntry(name)
+        except JsException as err:
+            if not _js_error(err, "NotFoundError"):
+                raise
+
+    async def names(self) -> dict[str, int]:
+        out = {}
+        async for handle in self.directory.values():
+            if handle.kind == "file":
+                out[str(handle.name)] = int((await handle.getFile()).size)
+        return out

@@ -1,0 +1,135 @@
+"""The disk tier of the KV cache: time to first token of a chat's next turn after a reload, disk tier on vs off.
+
+    python3 -m bench.kv_disk [--quick] [--sizes 256,1024,4096] [--model smollm2-135m-instruct]
+
+A chat of N tokens is computed (its full blocks are written behind to disk when the tier is on), then a fresh
+engine ("the reload") gets the next turn: the history plus a 16-token message; with the tier on it restores
+the history's blocks from disk and prefills only the rest. CPU path: the numpy backend in CPython, f32 KV as the
+page's CPU fallback holds it, block files in a temporary directory. WebGPU: the page's worker in headless
+Chromium (SwiftShader here), f16 KV, block files in OPFS. Also the disk bytes per token of every KV dtype
+(block file incl. header / block size) for the model. Prints JSON (`python3 -m bench` files it). Figures only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: BLAS threads thrash on 2 shared cores
+
+from bench import _path  # noqa: F401,E402  (puts py/ and the repo root on sys.path)
+from bench._path import ROOT, emit  # noqa: E402
+from bench.harness import session  # noqa: E402
+
+WEB = """
+import json
+from bench.page.kv_disk_turns import reload_ttft
+from bench.page.webgpu_engine import bench_backend
+from pagedkv.backends.webgpu.interop import OpfsStore
+from pagedkv.tokenizer import Tokenizer
+_ctx, _b, _m, _ledger = await bench_backend(model={model!r})
+_store = await OpfsStore.open("kv-bench")
+_tok = Tokenizer.from_manifest(_m)
+await reload_ttft(_b, _tok, _m, _store, 48, True, seed=99)  # records the step plans outside the figures
+_rows = [await reload_ttft(_b, _tok, _m, _store, n, on, seed=n) for n in {sizes!r} for on in (False, True)]
+_b.destroy()
+json.dumps({{"rows": _rows, "num_blocks": _b.num_blocks}})
+"""
+
+
+class DirStore:
+    """A kv_disk.FileStore over a directory (the CPU path's disk under CPython)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    async def read(self, name: str) -> bytes | None:
+        path = self.root / name
+        return path.read_bytes() if path.exists() else None
+
+    async def write(self, name: str, data: bytes) -> None:
+        (self.root / name).write_bytes(data)
+
+    async def delete(self, name: str) -> None:
+        (self.root / name).unlink(missing_ok=True)
+
+    async def names(self) -> dict[str, int]:
+        return {p.name: p.stat().st_size for p in self.root.iterdir()}
+
+
+def cpu_rows(model: str, sizes: list[int]) -> list[dict]:
+    from bench.page.kv_disk_turns import reload_ttft
+    from pagedkv.backends.cpu import CpuBackend
+    from pagedkv.engine import run_sync
+    from pagedkv.model.weights import ModelWeights, read_manifest
+    from pagedkv.tokenizer import Tokenizer
+
+    model_dir = ROOT / "dist" / "models" / model
+    weights = ModelWeights.load(model_dir)
+    manifest = read_manifest(model_dir)
+    tok = Tokenizer.from_manifest(manifest)
+    backend = CpuBackend(weights, num_blocks=max(sizes) // 16 + 8, block_size=16, kv_dtype="f32")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pagedkv-kv-disk-") as tmp:
+        store = DirStore(Path(tmp))
+        for n in sizes:
+            for on in (False, True):
+                rows.append(run_sync(reload_ttft(backend, tok, manifest, store, n, on, seed=n)))
+                print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def web_rows(model: str, sizes: list[int]) -> dict:
+    """The same runs on the WebGPU backend in the page's worker, block files in OPFS."""
+    with session() as page:
+        page.install_bench("page/kv_disk_turns.py", "page/webgpu_engine.py")
+        rows = page.py(WEB.format(model=model, sizes=sizes))
+        return {"webgpu": {"kv_dtype": "f16", "store": "OPFS", **rows},
+                "adapter": json.loads(page.dataset()["adapter"])["name"]}
+
+
+def bytes_per_token(model: str) -> dict:
+    """Disk bytes per token of each KV dtype: a block file (header, token ids, K and V of every layer) / 16."""
+    from pagedkv.kv_disk import KVLayout
+    from pagedkv.kv_dtype import KV_DTYPES
+    from pagedkv.model.weights import check_manifest, read_manifest
+
+    cfg = check_manifest(read_manifest(ROOT / "dist" / "models" / model))
+    out = {}
+    for name in KV_DTYPES:
+        layout = KVLayout("m", name, 16, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)
+        out[name] = {"file_bytes_per_token": layout.file_bytes / 16,
+                     "payload_bytes_per_token": layout.payload_bytes // 16}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="256,1024,4096", help="chat lengths in tokens, comma-separated")
+    parser.add_argument("--web-sizes", default=None, help="chat lengths on WebGPU (default: --sizes)")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--quick", action="store_true", help="256 and 1,024 tokens on the CPU path, 256 on WebGPU")
+    parser.add_argument("--no-web", action="store_true", help="the CPU path only")
+    parser.add_argument("--no-cpu", action="store_true", help="WebGPU only")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    web_sizes = [int(s) for s in (args.web_sizes or args.sizes).split(",")]
+    if args.quick:
+        sizes, web_sizes = [256, 1024], [256]
+    report = {"benchmark": "kv_disk", "model": args.model, "bytes_per_token": bytes_per_token(args.model),
+              "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    t0 = time.perf_counter()
+    if not args.no_cpu:
+        report["cpu_numpy"] = {"kv_dtype": "f32", "store": "directory", "rows": cpu_rows(args.model, sizes)}
+        report["cpu_s"] = round(time.perf_counter() - t0, 1)
+    if not args.no_web:
+        report.update(web_rows(args.model, web_sizes))
+    emit(report)
+    return 0
+
+if __name__ == "__main__":
+    raise SystemExit(main())

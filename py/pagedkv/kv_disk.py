@@ -1,0 +1,382 @@
+"""The disk tier of the KV cache: full blocks kept in a file store (OPFS in the page) by content hash.
+
+A block's file name is `<layout key>-<chain hash>`: the layout key digests the model and the KV layout
+(model hash, KV dtype, block size, layers, kv heads, head_dim), the chain hash digests every token up to
+the block's end (sha256, parent digest first), so a prefix shared by two chats is one file, and a file
+written for another model or dtype is never looked up. The Python tuple hash of the GPU prefix cache
+changes from one process to the next (string hashing is seeded), so the disk chain is its own sha256.
+
+A file is a header (magic, version, layout key, chain hash, the block's token ids, payload length, sha256 of
+the payload) and the payload: for each layer, K then V of the block in the GPU word layout of the KV dtype
+(kv_dtype.pack_tokens), (block_size, token_u32s) little-endian u32 each. A file whose header or checksum
+does not match what the lookup expects is deleted and its block recomputed, never used.
+
+The store's files are an LRU under a byte budget; `touch` moves blocks used from any tier (a GPU prefix
+hit too) to the recent end, so the disk drops what no tier used for longest. A full store (quota) lowers
+the budget to what is stored and leaves a note: new blocks then replace old ones, nothing stops a chat.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from .kv_dtype import kv_dtype as lookup_kv_dtype
+
+__all__ = ["StoreFull", "FileStore", "MemoryStore", "KVLayout", "TierBudgets", "BlockFileError", "DiskTier",
+           "block_chain", "encode_block", "decode_block", "model_hash", "block_payloads", "block_words"]
+
+MAGIC = b"PKVB"
+VERSION = 1
+MAX_NOTES = 20  # the latest notes kept for the memory panel
+_HEAD = struct.Struct("<4sI8s16sII32s")  # magic, version, layout key, chain hash, n tokens, payload len, sha256
+
+
+class StoreFull(OSError):
+    """The file store refused a write: quota exceeded or disk full."""
+
+
+class FileStore(Protocol):
+    """Flat async file store (OPFS directory in the page, a dict in tests)."""
+
+    async def read(self, name: str) -> bytes | None:
+        """The file's bytes, or None when there is no such file."""
+
+    async def write(self, name: str, data: bytes) -> None:
+        """Create or replace a file; raises StoreFull on quota / disk full (nothing written then)."""
+
+    async def delete(self, name: str) -> None:
+        """Remove a file; no error when it is absent."""
+
+    async def names(self) -> dict[str, int]:
+        """{name: size in bytes} of every file."""
+
+
+class MemoryStore:
+    """A FileStore in a dict; quota_bytes (optional) makes writes past it raise StoreFull like a browser."""
+
+    def __init__(self, quota_bytes: int | None = None) -> None:
+        self.files: dict[str, bytes] = {}
+        self.quota_bytes = quota_bytes
+
+    async def read(self, name: str) -> bytes | None:
+        return self.files.get(name)
+
+    async def write(self, name: str, data: bytes) -> None:
+        used = sum(len(v) for k, v in self.files.items() if k != name)
+        if self.quota_bytes is not None and used + len(data) > self.quota_bytes:
+            raise StoreFull(f"quota of {self.quota_bytes} bytes exceeded writing {name} ({len(data)} bytes, "
+                            f"{used} in use)")
+        self.files[name] = bytes(data)
+
+    async def delete(self, name: str) -> None:
+        self.files.pop(name, None)
+
+    async def names(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.files.items()}
+
+
+def model_hash(manifest: dict) -> str:
+    """Identity of a converted model: sha256 over its config and its shards' sha256 (hex, 16 chars)."""
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not shards:
+        raise ValueError("the model manifest lists no shards; cannot name its KV on disk")
+    h = hashlib.sha256(repr(sorted(manifest.get("config", {}).items())).encode())
+    for shard in shards:
+        h.update(str(shard["sha256"]).encode())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What a block's bytes depend on besides its tokens: the disk key."""
+
+    model_hash: str
+    kv_dtype: str
+    block_size: int
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_hash, str) or not self.model_hash:
+            raise ValueError(f"model_hash must be a non-empty str, got {self.model_hash!r}")
+        lookup_kv_dtype(self.kv_dtype)
+        for name in ("block_size", "n_layers", "n_kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+    @property
+    def key(self) -> str:
+        """16 hex chars naming this model + layout in file names."""
+        ident = (self.model_hash, self.kv_dtype, self.block_size, self.n_layers, self.n_kv_heads, self.head_dim)
+        return hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
+
+    @property
+    def token_u32s(self) -> int:
+        """u32 words of one token of one cache (K or V) of one layer."""
+        return lookup_kv_dtype(self.kv_dtype).token_u32s(self.n_kv_heads, self.head_dim)
+
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes of one block's K and V in every layer: 2 x layers x block_size x token_u32s x 4."""
+        return 2 * self.n_layers * self.block_size * self.token_u32s * 4
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes of one block file, header included."""
+        return _HEAD.size + 4 * self.block_size + self.payload_bytes
+
+    def file_name(self, chain_hash: str) -> str:
+        return f"{self.key}-{chain_hash}"
+
+
+@dataclass(frozen=True)
+class TierBudgets:
+    """Byte budgets of the three tiers; each tier holds as many whole blocks as its bytes allow."""
+
+    gpu_bytes: int
+    cpu_bytes: int
+    disk_bytes: int
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_bytes", "cpu_bytes", "disk_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+
+    def num_blocks(self, layout: KVLayout) -> dict[str, int]:
+        """Blocks of `layout` per tier: {'gpu': n, 'cpu': n, 'disk': n} (disk counts whole files)."""
+        block = layout.payload_bytes
+        return {"gpu": self.gpu_bytes // block, "cpu": self.cpu_bytes // block,
+                "disk": self.disk_bytes // layout.file_bytes}
+
+
+def block_chain(layout: KVLayout, token_ids, num_blocks: int | None = None) -> list[str]:
+    """Chain hashes (32 hex chars) of the first `num_blocks` full blocks of `token_ids` (all full ones
+    by default); block i's hash covers every token of blocks 0..i and the layout."""
+    bs = layout.block_size
+    n = len(token_ids) // bs if num_blocks is None else num_blocks
+    if n * bs > len(token_ids):
+        raise ValueError(f"{n} blocks of {bs} tokens need {n * bs} token ids, got {len(token_ids)}")
+    parent = bytes.fromhex(layout.key)
+    out = []
+    for i in range(n):
+        chunk = np.asarray(token_ids[i * bs:(i + 1) * bs], dtype="<i4").tobytes()
+        parent = hashlib.sha256(parent + chunk).digest()[:16]
+        out.append(parent.hex())
+    return out
+
+
+def block_payloads(words: np.ndarray) -> list[bytes]:
+    """Words (n, layers, 2 (K, V), block_size, token_u32s) u32 of n blocks -> one payload per block."""
+    if words.dtype != np.uint32 or words.ndim != 5 or words.shape[2] != 2:
+        raise ValueError(f"block words must be (n, layers, 2, block_size, token_u32s) uint32, "
+                         f"got {words.shape} {words.dtype}")
+    return [np.ascontiguousarray(w, dtype="<u4").tobytes() for w in words]
+
+
+def block_words(layout: KVLayout, payloads: list[bytes]) -> np.ndarray:
+    """Payloads of n blocks -> words (n, layers, 2, block_size, token_u32s) u32 (the inverse of block_payloads)."""
+    for p in payloads:
+        if len(p) != layout.payload_bytes:
+            raise ValueError(f"a block payload of {layout.kv_dtype} KV is {layout.payload_bytes} bytes, "
+                             f"got {len(p)}")
+    flat = np.frombuffer(b"".join(payloads), dtype="<u4").astype(np.uint32)
+    return flat.reshape(len(payloads), layout.n_layers, 2, layout.block_size, layout.token_u32s)
+
+
+class BlockFileError(ValueError):
+    """A block file is not the block the lookup expects (corrupt, truncated, other layout or tokens)."""
+
+
+def encode_block(layout: KVLayout, chain_hash: str, token_ids, payload: bytes) -> bytes:
+    """A block file: header + payload (see the module docstring)."""
+    if len(payload) != layout.payload_bytes:
+        raise ValueError(f"a block payload of {layout.kv_dtype} KV is {layout.payload_bytes} bytes, "
+                         f"got {len(payload)}")
+    if len(token_ids) != layout.block_size:
+        raise ValueError(f"a block holds {layout.block_size} token ids, got {len(token_ids)}")
+    head = _HEAD.pack(MAGIC, VERSION, bytes.fromhex(layout.key), bytes.fromhex(chain_hash), layout.block_size,
+                      len(payload), hashlib.sha256(payload).digest())
+    return head + np.asarray(token_ids, dtype="<i4").tobytes() + bytes(payload)
+
+
+def decode_block(layout: KVLayout, chain_hash: str, token_ids, data: bytes) -> bytes:
+    """The payload of a block file, after checking every header field and the checksum; BlockFileError
+    names the first mismatch."""
+    want = layout.file_bytes
+    if len(data) != want:
+        raise BlockFileError(f"block file has {len(data)} bytes, a {layout.kv_dtype} block file has {want}")
+    magic, version, key, chash, n_tokens, n_payload, digest = _HEAD.unpack_from(data)
+    if magic != MAGIC or version != VERSION:
+        raise BlockFileError(f"not a version-{VERSION} block file (magic {magic!r}, version {version})")
+    if key.hex() != layout.key or chash.hex() != chain_hash:
+        raise BlockFileError(f"block file is for layout {key.hex()} / block {chash.hex()}, "
+                             f"expected {layout.key} / {chain_hash}")
+    tokens_end = _HEAD.size + 4 * n_tokens
+    stored = np.frombuffer(data[_HEAD.size:tokens_end], dtype="<i4")
+    if n_tokens != layout.block_size or stored.tolist() != list(token_ids):
+        raise BlockFileError("block file holds other token ids than the prefix looked up")
+    payload = data[tokens_end:]
+    if n_payload != len(payload) or hashlib.sha256(payload).digest() != digest:
+        raise BlockFileError("block file payload fails its sha256 check")
+    return payload
+
+
+class DiskTier:
+    """Block files of one KV layout in a FileStore, LRU under `budget_bytes` (see the module docstring).
+
+    Call `await open()` once: it indexes the files already stored (a reload finds them). Files of other
+    layouts count toward the budget and are evicted first. Owners (chats) name the blocks they reference;
+    `forget(owner)` deletes the blocks no other owner references.
+    """
+
+    def __init__(self, store: FileStore, layout: KVLayout, budget_bytes: int) -> None:
+        if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be a non-negative int, got {budget_bytes!r}")
+        self.store = store
+        self.layout = layout
+        self.budget_bytes = budget_bytes
+        self._lru: OrderedDict[str, int] = OrderedDict()  # file name -> bytes, least recently used first
+        self._owners: dict[str, set[str]] = {}  # owner -> chain hashes
+        self.notes: list[str] = []
+        self.num_corrupt = 0
+        self.num_written = 0
+        self.num_read = 0
+
+    async def open(self) -> None:
+        """Index the files in the store; ours after the foreign ones, in name order (a reload keeps no
+        recency)."""
+        names = await self.store.names()
+        prefix = self.layout.key + "-"
+        self._lru = OrderedDict(sorted(names.items(), key=lambda kv: (kv[0].startswith(prefix), kv[0])))
+
+    # -- queries -------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        """Block files of this layout in the store."""
+        prefix = self.layout.key + "-"
+        return sum(1 for name in self._lru if name.startswith(prefix))
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of every file in the store (all layouts)."""
+        return sum(self._lru.values())
+
+    def has(self, chain_hash: str) -> bool:
+        return self.layout.file_name(chain_hash) in self._lru
+
+    def lru_names(self) -> list[str]:
+        """File names, least recently used first."""
+        return list(self._lru)
+
+    def present_run(self, hashes: list[str], start: int = 0) -> int:
+        """How many of hashes[start:] are stored, counting from `start` until the first missing one."""
+        n = 0
+        while start + n < len(hashes) and self.has(hashes[start + n]):
+            n += 1
+        return n
+
+    def touch(self, hashes) -> None:
+        """Mark blocks used now (from any tier): the recent end of the LRU."""
+        for h in hashes:
+            name = self.layout.file_name(h)
+            if name in self._lru:
+                self._lru.move_to_end(name)
+
+    # -- reading -------------------------------------------------------------
+    async def load(self, hashes: list[str], token_ids, start: int = 0) -> list[bytes]:
+        """Payloads of blocks start, start+1, ... of `token_ids` (chain `hashes`), up to the first block that
+        is missing or fails its checks; a failing file is deleted (it will be recomputed)."""
+        bs = self.layout.block_size
+        out: list[bytes] = []
+        for i in range(start, len(hashes)):
+            name = self.layout.file_name(hashes[i])
+            if name not in self._lru:
+                break
+            data = await self.store.read(name)
+            try:
+                if data is None:
+                    raise BlockFileError("block file vanished from the store")
+                payload = decode_block(self.layout, hashes[i], token_ids[i * bs:(i + 1) * bs], data)
+            except BlockFileError as err:
+                self.num_corrupt += 1
+                self._note(f"{name}: {err}; recomputing it")
+                await self._remove(name)
+                break
+            self._lru.move_to_end(name)
+            out.append(payload)
+        self.num_read += len(out)
+        return out
+
+    # -- writing -------------------------------------------------------------
+    async def save(self, chain_hash: str, token_ids, payload: bytes) -> bool:
+        """Store a block unless it is stored already (dedup). Evicts LRU files to stay under the budget;
+        a full store degrades (note, lower budget). True when the block is on disk afterwards."""
+        name = self.layout.file_name(chain_hash)
+        if name in self._lru:
+            self._lru.move_to_end(name)
+            return True
+        data = encode_block(self.layout, chain_hash, token_ids, payload)
+        if len(data) > self.budget_bytes:
+            return False
+        await self._evict_to(self.budget_bytes - len(data))
+        try:
+            await self.store.write(name, data)
+        except StoreFull as err:
+            self.budget_bytes = self.num_bytes
+            self._note(f"disk full ({err}); KV on disk capped at {self.budget_bytes:,} bytes, "
+                       "the rest is recomputed after a reload")
+            return False
+        self._lru[name] = len(data)
+        self.num_written += 1
+        return True
+
+    def _note(self, text: str) -> None:
+        self.notes = self.notes[-(MAX_NOTES - 1):] + [text]
+
+    async def _evict_to(self, limit: int) -> None:
+        while self._lru and self.num_bytes > limit:
+            await self._remove(next(iter(self._lru)))
+
+    async def _remove(self, name: str) -> None:
+        await self.store.delete(name)
+        self._lru.pop(name, None)
+
+    async def set_budget(self, budget_bytes: int) -> None:
+        """A new disk budget (memory settings); evicts LRU files past it now."""
+        if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be a non-negative int, got {budget_bytes!r}")
+        self.budget_bytes = budget_bytes
+        await self._evict_to(budget_bytes)
+
+    # -- owners ----------------------------------------------------------------
+    def refer(self, owner: str, token_ids) -> None:
+        """`owner` (a chat) references the blocks of its token history (replaces what it referenced)."""
+        self._owners[owner] = set(block_chain(self.layout, token_ids))
+
+    async def forget(self, owner: str) -> int:
+        """Drop `owner`; delete the block files only it referenced. Returns how many were deleted."""
+        mine = self._owners.pop(owner, set())
+        others = set().union(*self._owners.values()) if self._owners else set()
+        n = 0
+        for h in sorted(mine - others):
+            name = self.layout.file_name(h)
+            if name in self._lru:
+                await self._remove(name)
+                n += 1
+        return n
+
+    async def clear(self) -> int:
+        """Delete every block file of this layout (the disk tier switched off). Returns how many."""
+        prefix = self.layout.key + "-"
+        mine = [name for name in self._lru if name.startswith(prefix)]
+        for name in mine:
+            await self._remove(name)
+        return len(mine)

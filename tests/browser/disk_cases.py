@@ -1,0 +1,96 @@
+"""Cases for test_kv_disk_gpu.py, run in the page's worker (Pyodide; under CPython on wgpu-py for tests/native)
+on the WebGPU backend with the tiny model: whole blocks read out and written back for the disk tier, and a
+"reload" (a fresh backend over the same in-memory store) that restores a chat's prefix. Builds on
+engine_cases (loaded first as a module). Each case returns plain JSON-able data."""
+from __future__ import annotations
+
+import numpy as np
+
+import engine_cases as ec
+from pagedkv.backends.cpu import CpuBackend
+from pagedkv.engine import EngineConfig, LLMEngine
+from pagedkv.kv_disk import DiskTier, MemoryStore, block_chain, model_hash
+from pagedkv.kv_disk_io import layout_for
+from pagedkv.kv_dtype import pack_tokens
+from pagedkv.model_runner import ForwardBatch
+from pagedkv.sampling import SamplingParams
+from pagedkv.tokenizer import Tokenizer
+
+GREEDY = SamplingParams(max_tokens=12, stop_token_ids=(1_000_000,))  # lengths are exactly max_tokens
+TURN1 = list(range(3, 43))
+MORE = list(range(100, 120))
+
+
+async def blocks_round_trip(kv_dtype: str) -> dict:
+    """After a prefill into blocks 9, 4, 7: read_blocks([9, 4]) and write them into blocks 1 and 2."""
+    b = await ec.backend("tiny-random", budget_bytes=8 * ec.MIB, block_size=8, kv_dtype=kv_dtype,
+                         max_num_batched_tokens=24, max_num_seqs=4)
+    i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
+    table = i32([[9, 4, 7]])
+    slots = i32(table[0, np.arange(20) // 8] * 8 + np.arange(20) % 8)
+    await b.forward(ForwardBatch(i32(range(5, 25)), i32(range(20)), slots, i32([0, 20]), table, i32([20])))
+    words = await b.read_blocks([9, 4])  # (2, layers, 2, 8, token_u32s)
+    await b.write_blocks([1, 2], words)
+    out = {"shape": list(words.shape), "layers": {}}
+    cfg = b.config
+    for layer, cache in enumerate(b.kv_caches):
+        k, v = await cache.read()  # f32 / f16 values or u32 words
+        as_words = lambda h: h if h.dtype == np.uint32 else pack_tokens(  # noqa: E731
+            h.astype(np.float32).reshape(-1, cfg.n_kv_heads, cfg.head_dim), kv_dtype).reshape(h.shape[0], 8, -1)
+        out["layers"][layer] = {
+            "read": bool(np.array_equal(words[:, layer, 0], as_words(k[[9, 4]]))
+                         and np.array_equal(words[:, layer, 1], as_words(v[[9, 4]]))),
+            "written": bool(np.array_equal(k[[1, 2]], k[[9, 4]]) and np.array_equal(v[[1, 2]], v[[9, 4]])),
+            "nonzero": bool(np.abs(k[9].astype(np.float32)).sum() > 0)}
+    b.destroy()
+    return out
+
+
+async def _engine(store, kv_dtype: str, backend: str):
+    w = await ec.weights("tiny-random")
+    tok = Tokenizer.from_manifest(w.manifest)
+    if backend == "cpu":
+        b = CpuBackend(w, num_blocks=64, block_size=16, kv_dtype=kv_dtype)
+    else:
+        b = await ec.backend("tiny-random", budget_bytes=8 * ec.MIB, block_size=16, kv_dtype=kv_dtype,
+                             max_num_batched_tokens=64, max_num_seqs=4)
+    engine = LLMEngine(b, tok, EngineConfig(max_num_batched_tokens=64, max_num_seqs=4))
+    if store is not None:
+        tier = DiskTier(store, layout_for(b, model_hash(w.manifest)), 1 << 30)
+        await tier.open()
+        engine.attach_disk(tier)
+    return engine, b
+
+
+async def _reply(engine, prompt) -> list[int]:
+    return (await engine.generate(prompt, GREEDY)).output_ids
+
+
+def _disk_stats(engine) -> dict:
+    s = engine.stats()
+    return {k: s.get(k) for k in ("prefill_tokens", "disk_blocks", "disk_restored_tokens", "disk_written_blocks",
+                                  "disk_corrupt_blocks")}
+
+
+async def reload_restores(kv_dtype: str, backend: str = "webgpu", corrupt: bool = False) -> dict:
+    """Engine A: two turns. Engine B (fresh backend, same store: a reload): turn 2 only. With corrupt, one byte
+    of the second block's file is flipped before B runs."""
+    store = MemoryStore()
+    a, ba = await _engine(store, kv_dtype, backend)
+    out1 = await _reply(a, TURN1)
+    turn2 = TURN1 + out1 + MORE
+    out2 = await _reply(a, turn2)
+    before = _disk_stats(a)
+    if backend == "webgpu":
+        ba.destroy()
+    if corrupt:
+        name = a.disk.layout.file_name(block_chain(a.disk.layout, turn2, 2)[1])
+        data = bytearray(store.files[name])
+        data[-1] ^= 0x40
+        store.files[name] = bytes(data)
+    b, bb = await _engine(store, kv_dtype, backend)
+    again = await _reply(b, turn2)
+    after = _disk_stats(b)
+    if backend == "webgpu":
+        bb.destroy()
+    return {"out2": out2, "reloaded": again, "a": before, "b": after}

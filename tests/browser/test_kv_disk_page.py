@@ -1,0 +1,104 @@
+"""The disk tier in the chat page (tiny model, OPFS): chat, reload, and the next turn restores the history's
+blocks from disk instead of prefilling them, replying exactly what a page without the disk tier replies; a
+corrupted block file is detected and recomputed. On WebGPU and on the CPU path (?backend=cpu)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from browser_pages import open_app
+
+CORRUPT_ALL = """async () => {
+  const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle("kv");
+  let n = 0;
+  for await (const [name, handle] of dir.entries()) {
+    const data = new Uint8Array(await (await handle.getFile()).arrayBuffer());
+    data[data.length - 1] ^= 0x40;  // one bit of the payload's last byte
+    const w = await handle.createWritable();
+    await w.write(data);
+    await w.close();
+    n += 1;
+  }
+  return n;
+}"""
+
+
+def memory(page) -> dict:
+    return json.loads(page.evaluate("document.documentElement.dataset.memory || 'null'") or "null")
+
+
+def turn(page, text: str, max_tokens: int = 8) -> dict:
+    previous = page.evaluate("document.documentElement.dataset.lastTurn || ''")
+    page.fill("#set-max-tokens", str(max_tokens))
+    page.fill("#set-temperature", "0")
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+    for _ in range(3000):  # poll: the page's CSP forbids wait_for_function's eval
+        raw = page.evaluate("document.documentElement.dataset.lastTurn || ''")
+        if raw != previous:
+            return json.loads(raw)
+        page.wait_for_timeout(100)
+    raise AssertionError("no turn ended")
+
+
+def settled_memory(page, key: str, want) -> dict:
+    """The panel once `key` reads `want` (snapshots follow the turn's end by a moment)."""
+    for _ in range(100):
+        mem = memory(page)
+        if mem is not None and mem[key] == want:
+            return mem
+        page.wait_for_timeout(100)
+    return memory(page)
+
+
+def changed_memory(page, key: str, old) -> dict:
+    """The panel once `key` no longer reads `old` (the snapshot after a turn's end)."""
+    for _ in range(100):
+        mem = memory(page)
+        if mem is not None and mem[key] != old:
+            return mem
+        page.wait_for_timeout(100)
+    raise AssertionError(f"the memory panel's {key} stayed {old}")
+
+
+def reload(page) -> None:
+    page.reload()
+    page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
+    page.locator("#settings summary").click()
+
+
+@pytest.mark.parametrize("query", ["?model=tiny-random", "?model=tiny-random&backend=cpu"])
+def test_reload_restores_from_disk_and_replies_the_same(browser, base_url, query):
+    ref, _ = open_app(browser, base_url + query + "&kv_disk=0", 60_000)  # never reloads, no disk tier
+    refs, prefilled = [], [0]  # the turns, and the engine's prefill counter after each
+    for text in ("Hello there!", "And then?", "Why?"):
+        refs.append(turn(ref.page, text))
+        prefilled.append(changed_memory(ref.page, "prefill_tokens", prefilled[-1])["prefill_tokens"])
+    assert "off (?kv_disk=0)" in ref.page.locator("#memory-facts").inner_text()
+    ref.page.close()
+
+    booted, _ = open_app(browser, base_url + query, 60_000)
+    page = booted.page
+    first = turn(page, "Hello there!")
+    assert first["content"] == refs[0]["content"] and first["cached_tokens"] == 0
+    on_disk = (first["history_tokens"] - 1) // 16  # every full block the first turn computed
+    assert settled_memory(page, "disk_blocks", on_disk)["disk_blocks"] == on_disk > 0
+    reload(page)
+    second = turn(page, "And then?")
+    assert second["content"] == refs[1]["content"]
+    mem = settled_memory(page, "restored", on_disk * 16)
+    assert second["cached_tokens"] == mem["restored"] == on_disk * 16
+    prompt_tokens = prefilled[2] - prefilled[1] + refs[1]["cached_tokens"]  # turn 2's prompt
+    assert mem["prefill_tokens"] == prompt_tokens - on_disk * 16
+    assert f"{on_disk * 16} tokens (last turn)" in page.locator("#memory-facts").inner_text()
+
+    # Every block file corrupted: the next reload finds the first one bad and recomputes the whole history.
+    assert page.evaluate(CORRUPT_ALL) == mem["disk_blocks"]
+    reload(page)
+    third = turn(page, "Why?")
+    mem = settled_memory(page, "disk_corrupt", 1)
+    assert (mem["disk_corrupt"], mem["restored"], third["cached_tokens"]) == (1, 0, 0)
+    assert third["content"] == refs[2]["content"]
+    assert "payload fails its sha256 check; recomputing it" in page.locator("#memory-facts").inner_text()
+    page.close()
