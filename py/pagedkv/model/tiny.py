@@ -18,6 +18,7 @@ from ..pretokenize import split_words
 from ..tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
 from .config import ModelConfig
 from .layout import pack_float, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
+from .quants import pack_gguf
 from .weights import expected_shapes
 from .writer import PackedTensor, write_model
 
@@ -105,20 +106,49 @@ def tiny_tokenizer() -> dict:
     }
 
 
-def write_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> dict:
-    """Write a tiny random model (same format as the converted one) into out_dir; returns the manifest."""
-    config = tiny_config()
+def _tensor_dtype(name: str, dtypes: dict[str, str]) -> str | None:
+    """The dtype `dtypes` asks for `name`: by full name, else by its name without the "blk.N." prefix."""
+    return dtypes.get(name, dtypes.get(name.split(".", 2)[-1] if name.startswith("blk.") else name))
+
+
+def _packed(name: str, shape: tuple, w: np.ndarray, dtype: str) -> PackedTensor:
+    from .quantize import quantize  # gguf's quantizers: CPython only, and only when a dtype is asked for
+
+    return PackedTensor(name, dtype, shape, pack_gguf(dtype, quantize(w, dtype), shape))
+
+
+def write_tiny_model(out_dir: str | os.PathLike, seed: int = 0, dtypes: dict[str, str] | None = None,
+                     config: ModelConfig | None = None) -> dict:
+    """Write a tiny random model (same format as the converted one) into out_dir; returns the manifest.
+
+    dtypes: weight type per tensor, by full name ("blk.1.attn_v.weight") or for every layer by the name
+    after "blk.N." ("ffn_down.weight"); unnamed tensors keep the defaults (f32 norms, q8_0 embedding, q4_1
+    matrices). config: other hyper-parameters (K-quants need row lengths that are multiples of 256)."""
+    config = config or tiny_config()
+    dtypes = dtypes or {}
     rng = np.random.default_rng(seed)
     tensors = []
     for name, shape in expected_shapes(config).items():
+        asked = _tensor_dtype(name, dtypes)
         if len(shape) == 1:  # norm weights: near 1 so activations keep their scale
             w = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-            tensors.append(PackedTensor(name, "f32", shape, pack_float(w, "f32")))
-        elif name == "token_embd.weight":  # small: the tied LM head would otherwise give near-one-hot softmaxes
+            tensors.append(PackedTensor(name, "f32", shape, pack_float(w, "f32")) if asked is None
+                           else _packed(name, shape, w, asked))
+            continue
+        if name == "token_embd.weight":  # small: the tied LM head would otherwise give near-one-hot softmaxes
             w = (0.1 * rng.standard_normal(shape)).astype(np.float32)
-            tensors.append(PackedTensor(name, "q8_0", shape, pack_q8_0(*quantize_q8_0(w))))
         else:
             w = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+        if asked is not None:
+            tensors.append(_packed(name, shape, w, asked))
+        elif name == "token_embd.weight":
+            tensors.append(PackedTensor(name, "q8_0", shape, pack_q8_0(*quantize_q8_0(w))))
+        else:
             tensors.append(PackedTensor(name, "q4_1", shape, pack_q4_1(*quantize_q4_1(w))))
+    unused = sorted(set(dtypes) - {k for n in expected_shapes(config) for k in (n, n.split(".", 2)[-1])})
+    if unused:
+        raise ValueError(f"dtypes names tensors the model does not have: {unused}")
     source = {"file": "tiny-random", "seed": seed, "sha256": None}
+    if dtypes:
+        source["dtypes"] = dict(sorted(dtypes.items()))
     return write_model(out_dir, config, tensors, tiny_tokenizer(), TINY_CHAT_TEMPLATE, source)
