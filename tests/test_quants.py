@@ -9,29 +9,17 @@ import pytest
 from gguf.quants import dequantize as gguf_dequantize
 
 from pagedkv.model.layout import DTYPE_PARTS, LAYOUT_DOC, dequantize
-from pagedkv.model.quantize import pack_k_scales, q4_k_m_types, quantize
+from pagedkv.model.quantize import pack_k_scales, q4_k_m_types, quantize, random_gguf
 from pagedkv.model.quants import WEIGHT_TYPES, from_gguf, k_scale_min, pack, pack_gguf, to_gguf, unpack
 from pagedkv.model.tiny import tiny_config
 from pagedkv.model.weights import expected_shapes
 
 QUANTIZED = [name for name, t in WEIGHT_TYPES.items() if t.quantized]
-F16_OFFSETS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q4_K": (0, 2),
-               "q5_K": (0, 2), "q6_K": (208,)}  # byte offsets of the f16 scales inside a GGUF block
 CODE_BITS = {"q8_0": 8, "q4_0": 4, "q4_1": 4, "q5_0": 5, "q5_1": 5, "q4_K": 4, "q5_K": 5, "q6_K": 6}
 # RMS error of quantize() on N(0, 1) weights relative to their RMS: what the quantizers give (512-wide rows,
 # seed 7) with a margin of about 10%; llama.cpp's own are 5-10% better on the K-quants.
 RMS_BOUND = {"f32": 0.0, "f16": 2.3e-4, "bf16": 1.8e-3, "q8_0": 6e-3, "q4_0": 0.095, "q4_1": 0.087, "q5_0": 0.048,
              "q5_1": 0.042, "q4_K": 0.087, "q5_K": 0.042, "q6_K": 0.021}
-
-
-def random_blocks(name: str, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random GGUF bytes of a (rows, cols) tensor: every byte random, then the f16 scales made finite."""
-    t = WEIGHT_TYPES[name]
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, (rows * cols // t.block, t.block_bytes), dtype=np.uint8)
-    for at in F16_OFFSETS[name]:
-        raw[:, at : at + 2] = (rng.standard_normal((raw.shape[0], 1)) * 0.05).astype("<f2").view(np.uint8)
-    return raw.reshape(rows, -1)
 
 
 def _gguf(name: str, raw: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
@@ -42,9 +30,10 @@ def _gguf(name: str, raw: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
 def test_random_blocks_repack_losslessly_and_dequantize_like_gguf(name):
     block = WEIGHT_TYPES[name].block
     shape = (64, 3 * block)  # enough weights for every code value to occur
-    raw = random_blocks(name, *shape, seed=len(name) + block)
+    raw = random_gguf(name, *shape, seed=len(name) + block)
     fields = from_gguf(name, raw, shape)
-    assert set(np.unique(fields["q"]).tolist()) == set(range(-128 if name == "q8_0" else 0, 2 ** (CODE_BITS[name] - (name == "q8_0"))))
+    codes = range(-128, 128) if name == "q8_0" else range(2 ** CODE_BITS[name])
+    assert set(np.unique(fields["q"]).tolist()) == set(codes)
     assert np.array_equal(to_gguf(name, fields), raw)
     parts = pack(name, fields)
     assert tuple(parts) == DTYPE_PARTS[name] and all(len(p) % 4 == 0 for p in parts.values())
@@ -73,7 +62,8 @@ def test_k_quantizers_keep_every_sub_block_scale_in_range():
     w = (rng.standard_normal((4, 512)) * np.repeat(rng.uniform(0.01, 3.0, (4, 16)), 32, axis=1)).astype(np.float32)
     for name, bound in (("q4_K", 0.09), ("q5_K", 0.045), ("q6_K", 0.03)):
         ours = dequantize(name, w.shape, pack_gguf(name, quantize(w, name), w.shape))
-        err = np.sqrt(np.mean(((ours - w) ** 2).reshape(4, 16, 32), axis=2) / np.mean((w**2).reshape(4, 16, 32), axis=2))
+        sub_blocks = lambda a: np.mean((a**2).reshape(4, 16, 32), axis=2)  # noqa: E731
+        err = np.sqrt(sub_blocks(ours - w) / sub_blocks(w))
         assert err.max() <= bound * 3, (name, err.max())  # the smallest sub-blocks share the 6-bit scale grid
 
 

@@ -82,7 +82,8 @@ LAYOUT_DOC = {
              "dequant": "as q4_K"},
     "q6_K": {"source": "GGUF Q6_K (210 bytes/256 weights)", "qs": "as q5_0",
              "sc": "u32 [rows, cols/256, 21]: 16 words of high 2-bit pairs (weight k at bits 2*(k%16) of word "
-                   "k/16), 4 words of 16 int8 scales (one per 16 weights), f16 d", "dequant": "w = (d * s_g) * (q - 32)"},
+                   "k/16), 4 words of 16 int8 scales (one per 16 weights), f16 d",
+             "dequant": "w = (d * s_g) * (q - 32)"},
     "f32": {"data": "f32 row-major"},
     "f16": {"data": "f16 row-major, zero-padded to a multiple of 4 bytes"},
     "bf16": {"data": "bf16 row-major, zero-padded to a multiple of 4 bytes"},

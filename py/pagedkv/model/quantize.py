@@ -89,6 +89,26 @@ def quantize(w: np.ndarray, name: str) -> np.ndarray:
     return np.ascontiguousarray(out).view(np.uint8).reshape(w.shape[0] if w.ndim == 2 else 1, -1)
 
 
+# byte offsets of the f16 scales inside each type's GGUF block
+F16_OFFSETS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q4_K": (0, 2),
+               "q5_K": (0, 2), "q6_K": (208,)}
+
+
+def random_gguf(name: str, rows: int, cols: int, seed: int, scale: float = 0.05) -> np.ndarray:
+    """Random GGUF bytes (rows, row_bytes) of a quantized type: every byte random (all code values, all 6-bit
+    scales), then the f16 scales drawn from N(0, scale^2), finite and normal (GPUs may flush f16 subnormals to
+    zero). Pure numpy (runs in Pyodide)."""
+    t = weight_type(name)
+    check_shape(name, (rows, cols))
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows * cols // t.block, t.block_bytes), dtype=np.uint8)
+    for at in F16_OFFSETS[name]:
+        v = rng.standard_normal((raw.shape[0], 1)) * scale
+        v = np.where(np.abs(v) < 2.0**-14, np.copysign(2.0**-14, v), v)  # the smallest normal f16
+        raw[:, at : at + 2] = v.astype("<f2").view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
 def _use_more_bits(i_layer: int, n_layers: int) -> bool:
     # llama.cpp's use_more_bits(): the first and last eighth of the layers, and every third one between
     return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
@@ -120,4 +140,4 @@ def q4_k_m_types(shapes: dict[str, tuple[int, ...]], n_layers: int) -> dict[str,
     return types
 
 
-__all__ = ["FALLBACK", "K_QUANTS", "WEIGHT_TYPES", "pack_k_scales", "q4_k_m_types", "quantize"]
+__all__ = ["FALLBACK", "K_QUANTS", "WEIGHT_TYPES", "pack_k_scales", "q4_k_m_types", "quantize", "random_gguf"]

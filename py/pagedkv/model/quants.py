@@ -331,8 +331,24 @@ def dequantize_parts(name: str, shape: tuple[int, ...], parts: dict) -> np.ndarr
         if name == "bf16":
             bits = np.frombuffer(parts["data"], "<u2", count=count).astype(np.uint32) << 16
             return bits.view(np.float32).reshape(shape)
-        return np.frombuffer(parts["data"], "<f4" if name == "f32" else "<f2", count=count).astype(np.float32).reshape(shape)
+        data = np.frombuffer(parts["data"], "<f4" if name == "f32" else "<f2", count=count)
+        return data.astype(np.float32).reshape(shape)
     return dequantize_fields(name, unpack(name, tuple(shape), parts))
+
+
+def part_nbytes(name: str, shape: tuple[int, ...]) -> dict[str, int]:
+    """Exact bytes of each web part of a tensor (before the padding of a part to a multiple of 4 bytes); every
+    part of a 2-D tensor is row-major, rows of equal size."""
+    t = weight_type(name)
+    count = int(np.prod(shape))
+    if not t.quantized:
+        return {"data": count * t.block_bytes}
+    rows, cols = check_shape(name, tuple(shape))
+    blocks = rows * cols // t.block
+    if name == "q8_0":
+        return {"qs": count, "d": 2 * blocks}
+    second = {"q4_0": 2, "q4_1": 4, "q5_0": 8, "q5_1": 8}.get(name) or 4 * SC_WORDS[name]
+    return {"qs": count // 2, t.parts[1]: second * blocks}
 
 
 def pack_gguf(name: str, raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, bytes]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 
@@ -53,6 +54,26 @@ def tiny_config() -> ModelConfig:
         vocab=TINY_VOCAB, rope_base=100000.0, rope_convention="adjacent_pairs", rms_eps=1e-5,
         context_length=256, tied_embeddings=True,
     )  # fmt: skip
+
+
+def mixed_config() -> ModelConfig:
+    """The mixed-types test model's hyper-parameters: tiny_config's, with widths that are multiples of 256 so
+    that K-quants can cover every matrix (hidden 256, 4 heads of 64 over 2 KV heads, ffn 512)."""
+    return replace(tiny_config(), hidden=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn=512)
+
+
+# write_tiny_model(dtypes=MIXED_DTYPES, config=mixed_config()): every quantized weight type at least once, one
+# type per stacked group of a layer (q|k|v, gate|up: backends/webgpu/fused.py stacks one type), the tied
+# embedding (the LM head too) in q6_K.
+MIXED_DTYPES = {
+    "token_embd.weight": "q6_K",
+    "blk.0.attn_q.weight": "q4_K", "blk.0.attn_k.weight": "q4_K", "blk.0.attn_v.weight": "q4_K",
+    "blk.0.attn_output.weight": "q5_0", "blk.0.ffn_gate.weight": "q5_K", "blk.0.ffn_up.weight": "q5_K",
+    "blk.0.ffn_down.weight": "q6_K",
+    "blk.1.attn_q.weight": "q5_1", "blk.1.attn_k.weight": "q5_1", "blk.1.attn_v.weight": "q5_1",
+    "blk.1.attn_output.weight": "q4_0", "blk.1.ffn_gate.weight": "q8_0", "blk.1.ffn_up.weight": "q8_0",
+    "blk.1.ffn_down.weight": "q4_1",
+}  # fmt: skip
 
 
 def learn_merges(text: str, num_merges: int) -> list[str]:

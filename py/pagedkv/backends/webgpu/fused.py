@@ -2,7 +2,7 @@
 projections, stacked by rows when the weights are uploaded (gate/up interleaved in runs of 4 rows), with the
 RMSNorm weight of their input stored after the codes.
 
-Stacking is lossless: both quantized layouts (model/layout.py) are row-major with per-row blocks, so the
+Stacking is lossless: every weight layout (model/layout.py) is row-major with per-row blocks, so the
 rows of the stacked tensor are the members' rows, bytes unchanged. One matvec over the stacked rows costs
 one dispatch instead of three (or two); on SwiftShader each dispatch has a fixed cost of ~0.45 ms.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...model.layout import QK
+from ...model.quants import part_nbytes, weight_type
 
 # stacked tensor (per layer) -> its members in row order, then the RMSNorm weight of its input, which is
 # stored after the codes in the stacked qs part (the matvec kernels' NORM variant reads it from there)
@@ -35,13 +36,10 @@ def fused_member(name: str) -> tuple[str, int, int] | None:
 
 
 def _part_bytes(dtype: str, rows: int, cols: int) -> dict[str, int]:
-    """Exact bytes of each part of a (rows, cols) tensor, without the q8_0 scales' padding to 4 bytes."""
-    nb = cols // QK
-    if dtype == "q4_1":
-        return {"qs": rows * cols // 2, "dm": rows * nb * 4}
-    if dtype == "q8_0":
-        return {"qs": rows * cols, "d": rows * nb * 2}
-    raise ValueError(f"only q4_1 and q8_0 projections can be stacked, got {dtype!r}")
+    """Exact bytes of each part of a (rows, cols) tensor, without the padding of a part to 4 bytes."""
+    if not weight_type(dtype).quantized:
+        raise ValueError(f"only quantized projections can be stacked, got {dtype!r}")
+    return part_nbytes(dtype, (rows, cols))
 
 
 def stack_rows(name: str, members: list[tuple[str, tuple, dict]]) -> tuple[str, tuple[int, int], dict]:
