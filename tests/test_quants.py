@@ -123,3 +123,26 @@ def test_q4_k_m_mix_follows_llama_cpp_on_smollm2_shapes():
                                                                       "ffn_up")} == {"q5_0"}
     untied = q4_k_m_types({"output.weight": (1000, 512), "token_embd.weight": (1000, 512)}, 1)
     assert untied == {"output.weight": "q6_K", "token_embd.weight": "q4_K"}
+
+
+def test_converter_packs_every_type_read_back_from_a_gguf_file(tmp_path):
+    """convert._pack_tensor on tensors as GGUFReader returns them (u8 block rows; f32 / f16 arrays)."""
+    from pagedkv.model.convert import _pack_tensor
+
+    w = np.random.default_rng(9).standard_normal((4, 512)).astype(np.float32)
+    writer = gguf.GGUFWriter(str(tmp_path / "types.gguf"), "llama")
+    for name in WEIGHT_TYPES:
+        raw = quantize(w, name)
+        data = raw.view({"f32": np.float32, "f16": np.float16}.get(name, np.uint8))
+        writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[WEIGHT_TYPES[name].gguf])  # u8: a block shape
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = gguf.GGUFReader(tmp_path / "types.gguf")
+    assert [t.name for t in reader.tensors] == list(WEIGHT_TYPES)
+    for tensor in reader.tensors:
+        packed = _pack_tensor(tensor, w.shape)
+        assert packed.dtype == tensor.name
+        want = gguf_dequantize(np.asarray(tensor.data), tensor.tensor_type).reshape(w.shape).astype(np.float32)
+        assert np.array_equal(dequantize(packed.dtype, w.shape, packed.parts).view(np.uint32), want.view(np.uint32))

@@ -37,7 +37,7 @@ def _weights(dtype, rows, cols, seed):
         elif dtype == "q8_0":
             parts = pack_q8_0(*quantize_q8_0(w))
         else:  # random GGUF blocks: every code value and every bit of the scales' layout gets exercised
-            scale = 0.001 if dtype.endswith("_K") else 0.01  # a K-quant block scale is d * (6-bit scale)
+            scale = 3e-4 if dtype.endswith("_K") else 0.01  # a K-quant block scale is d * (6-bit scale)
             parts = pack_gguf(dtype, random_gguf(dtype, rows, cols, seed, scale=scale), (rows, cols))
         _tables[key] = parts
     return _tables[key]

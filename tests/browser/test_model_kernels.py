@@ -129,12 +129,23 @@ def test_lm_head_and_embedding_share_the_q8_0_table(worker):
         "case_embedding(49152, 576, [123], seed=7)",
         "case_embedding(100, 64, [99, 0, 50], seed=8)",
     ])
-    head, *embeddings = results
+    head, *embeddings = results  # the Q8_0 table's embedding is exact
     assert head["shape"] == [3, 49152]
     assert_linear([head])
     assert [e["shape"] for e in embeddings] == [[6, 576], [1, 576], [3, 64]]
     for e in embeddings:
         assert e["equal"] and e["max_abs"] == 0.0, e
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", *DTYPES[2:]])
+def test_embedding_of_every_nibble_type(worker, dtype):
+    """embedding_<type>.wgsl: a * q + m per weight; exact where that is gguf's own order of operations (q4_0,
+    q5_0: d * q and its offset are exact products; q4_1: d * q + m), within 2 ulp elsewhere (the high bits
+    and the K-quants' (d * sc) * q - dmin * m are rounded in two steps)."""
+    hidden = 768 if dtype.endswith("_K") else 576
+    results = run(worker, [f"case_embedding(300, {hidden}, [0, 299, 17, 17, 150], seed=8, dtype='{dtype}')"])
+    assert [(r["dtype"], r["shape"]) for r in results] == [(dtype, [5, hidden])]
+    assert results[0]["equal"] or (dtype not in ("q4_0", "q5_0") and results[0]["max_ulp"] <= 2), results
 
 
 def test_rmsnorm_matches_reference(worker):
