@@ -10,7 +10,8 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from pagedkv.model.layout import DTYPE_PARTS, LAYOUT_DOC, dequantize
 from pagedkv.model.quantize import pack_k_scales, q4_k_m_types, quantize, random_gguf
-from pagedkv.model.quants import WEIGHT_TYPES, from_gguf, k_scale_min, pack, pack_gguf, to_gguf, unpack
+from pagedkv.model.quants import (PROMOTIONS, WEIGHT_TYPES, common_type, from_gguf, k_scale_min, pack, pack_gguf,
+                                  promote, to_gguf, unpack)
 from pagedkv.model.tiny import tiny_config
 from pagedkv.model.weights import expected_shapes
 
@@ -146,3 +147,33 @@ def test_converter_packs_every_type_read_back_from_a_gguf_file(tmp_path):
         assert packed.dtype == tensor.name
         want = gguf_dequantize(np.asarray(tensor.data), tensor.tensor_type).reshape(w.shape).astype(np.float32)
         assert np.array_equal(dequantize(packed.dtype, w.shape, packed.parts).view(np.uint32), want.view(np.uint32))
+
+
+def test_lossless_promotions_dequantize_bit_identically():
+    for name, targets in PROMOTIONS.items():
+        shape = (16, 2 * WEIGHT_TYPES[name].block)
+        raw = random_gguf(name, *shape, seed=11)
+        want = dequantize(name, shape, pack_gguf(name, raw, shape))
+        for target in targets:
+            parts = pack(target, promote(name, target, from_gguf(name, raw, shape)))
+            got = dequantize(target, shape, parts)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (name, target)
+    sets = ({"q5_0", "q8_0"}, {"q4_0", "q5_0", "q8_0"}, {"q4_K", "q5_K"}, {"q4_1"}, {"q4_K", "q6_K"}, {"q4_1", "q8_0"})
+    assert [common_type(s) for s in sets] == ["q8_0", "q8_0", "q5_K", "q4_1", None, None]
+    with pytest.raises(ValueError, match="q4_K weights cannot be held losslessly as q6_K"):
+        promote("q4_K", "q6_K", {})
+
+
+def test_stacked_projections_of_different_types_meet_in_their_common_type():
+    """llama.cpp's Q4_K_M on SmolLM2: attn_q / attn_k q5_0 beside attn_v q8_0 -> one q8_0 stack, same weights."""
+    from pagedkv.backends.webgpu.fused import stack_rows, stacked_nbytes
+
+    members = [(name, (rows, 64), pack_gguf(name, random_gguf(name, rows, 64, seed=rows), (rows, 64)))
+               for name, rows in (("q5_0", 16), ("q4_0", 8), ("q8_0", 8))]
+    gain = ("f32", (64,), {"data": np.ones(64, np.float32).tobytes()})
+    dtype, shape, parts = stack_rows("blk.0.attn_qkv.weight", [*members, gain])
+    assert (dtype, shape) == ("q8_0", (32, 64))
+    assert {k: len(v) for k, v in parts.items()} == stacked_nbytes([(d, s) for d, s, _ in members] + [gain[:2]])
+    rows = [dequantize(d, s, p) for d, s, p in members]
+    parts["qs"] = parts["qs"][: 32 * 64]  # without the norm weight stored after the codes
+    assert np.array_equal(dequantize("q8_0", shape, parts), np.concatenate(rows))

@@ -336,6 +336,35 @@ def dequantize_parts(name: str, shape: tuple[int, ...], parts: dict) -> np.ndarr
     return dequantize_fields(name, unpack(name, tuple(shape), parts))
 
 
+# Lossless promotions: a tensor of the key type holds exactly the weights of one of the value type (same scales,
+# codes shifted or given a zero high bit), and dequantizes bit-identically. Members of one stacked projection
+# (q|k|v) of different types meet in their common promotion (llama.cpp's Q4_K_M gives SmolLM2's attn_v q8_0
+# beside q5_0 attn_q / attn_k).
+PROMOTIONS = {"q4_0": ("q5_0", "q8_0"), "q5_0": ("q8_0",), "q4_1": ("q5_1",), "q4_K": ("q5_K",)}
+
+
+def common_type(names: set[str]) -> str | None:
+    """The one type every type in `names` is or promotes to losslessly (None when there is none)."""
+    for target in sorted(names):
+        if all(n == target or target in PROMOTIONS.get(n, ()) for n in names):
+            return target
+    return None
+
+
+def promote(name: str, target: str, fields: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The fields of type `target` holding exactly the weights of `fields` (type `name`; PROMOTIONS)."""
+    if name == target:
+        return fields
+    if target not in PROMOTIONS.get(name, ()):
+        raise ValueError(f"{name} weights cannot be held losslessly as {target}")
+    if target == "q8_0":  # d * (q - offset) = d * code
+        offset = 8 if name == "q4_0" else 16
+        return {"q": (fields["q"].astype(np.int16) - offset).astype(np.int8), "d": fields["d"]}
+    if target == "q5_0":  # d * (q - 8) = d * ((q + 8) - 16)
+        return {**fields, "q": (fields["q"] + 8).astype(np.uint8)}
+    return dict(fields)  # q5_1 / q5_K: the same codes with a zero high bit, the same scales
+
+
 def part_nbytes(name: str, shape: tuple[int, ...]) -> dict[str, int]:
     """Exact bytes of each web part of a tensor (before the padding of a part to a multiple of 4 bytes); every
     part of a 2-D tensor is row-major, rows of equal size."""

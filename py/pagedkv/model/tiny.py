@@ -62,16 +62,17 @@ def mixed_config() -> ModelConfig:
     return replace(tiny_config(), hidden=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn=512)
 
 
-# write_tiny_model(dtypes=MIXED_DTYPES, config=mixed_config()): every quantized weight type at least once, one
-# type per stacked group of a layer (q|k|v, gate|up: backends/webgpu/fused.py stacks one type), the tied
-# embedding (the LM head too) in q6_K.
+# write_tiny_model(dtypes=MIXED_DTYPES, config=mixed_config()): every quantized weight type at least once, the
+# tied embedding (the LM head too) in q6_K, and stacked groups (q|k|v, gate|up: backends/webgpu/fused.py) of
+# types that the GPU runs in their lossless common type (q4_K + q5_K -> q5_K, q4_1 + q5_1 -> q5_1,
+# q5_0 + q4_0 + q8_0 -> q8_0), as llama.cpp's Q4_K_M mixes q5_0 and q8_0 in SmolLM2's q|k|v.
 MIXED_DTYPES = {
     "token_embd.weight": "q6_K",
-    "blk.0.attn_q.weight": "q4_K", "blk.0.attn_k.weight": "q4_K", "blk.0.attn_v.weight": "q4_K",
-    "blk.0.attn_output.weight": "q5_0", "blk.0.ffn_gate.weight": "q5_K", "blk.0.ffn_up.weight": "q5_K",
+    "blk.0.attn_q.weight": "q4_K", "blk.0.attn_k.weight": "q4_K", "blk.0.attn_v.weight": "q5_K",
+    "blk.0.attn_output.weight": "q4_0", "blk.0.ffn_gate.weight": "q4_1", "blk.0.ffn_up.weight": "q5_1",
     "blk.0.ffn_down.weight": "q6_K",
-    "blk.1.attn_q.weight": "q5_1", "blk.1.attn_k.weight": "q5_1", "blk.1.attn_v.weight": "q5_1",
-    "blk.1.attn_output.weight": "q4_0", "blk.1.ffn_gate.weight": "q8_0", "blk.1.ffn_up.weight": "q8_0",
+    "blk.1.attn_q.weight": "q5_0", "blk.1.attn_k.weight": "q4_0", "blk.1.attn_v.weight": "q8_0",
+    "blk.1.attn_output.weight": "q4_K", "blk.1.ffn_gate.weight": "q8_0", "blk.1.ffn_up.weight": "q8_0",
     "blk.1.ffn_down.weight": "q4_1",
 }  # fmt: skip
 
