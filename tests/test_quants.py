@@ -177,3 +177,5 @@ def test_stacked_projections_of_different_types_meet_in_their_common_type():
     rows = [dequantize(d, s, p) for d, s, p in members]
     parts["qs"] = parts["qs"][: 32 * 64]  # without the norm weight stored after the codes
     assert np.array_equal(dequantize("q8_0", shape, parts), np.concatenate(rows))
+    with pytest.raises(ValueError, match=r"types \['q4_K', 'q6_K'\] have no lossless common type"):
+        stacked_nbytes([("q4_K", (8, 256)), ("q6_K", (8, 256)), ("f32", (256,))])

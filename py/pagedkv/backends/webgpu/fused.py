@@ -88,7 +88,10 @@ def _promoted(dtype: str, target: str, shape: tuple, parts: dict) -> dict:
 def stacked_nbytes(members: list[tuple[str, tuple]]) -> dict[str, int]:
     """Bytes of each part stack_rows makes from members given as (dtype, shape), the norm weight last."""
     *matrices, _ = members
-    dtype = common_type({d for d, _ in matrices}) or matrices[0][0]
+    dtype = common_type({d for d, _ in matrices})
+    if dtype is None:  # refused here, before the backend uploads anything (its ledger plan sizes the stacks first)
+        raise ValueError(f"stacked projections of types {sorted({d for d, _ in matrices})} have no lossless common "
+                         "type; re-convert the model with one quantization for these projections")
     cols = matrices[0][1][1]
     sizes = {part: 0 for part in _part_bytes(dtype, 1, cols)}
     for _, (rows, _) in matrices:
