@@ -24,6 +24,9 @@ LAYERS = 30  # SmolLM2-135M
 MATVEC_SHAPES = [("q4_1", 576, 576), ("q4_1", 192, 576), ("q4_1", 1536, 576), ("q4_1", 576, 1536),
                  ("q8_0", 49152, 576)]  # q / o, k / v, gate / up, down, tied LM head
 PER_LAYER = {(576, 576): 2, (192, 576): 2, (1536, 576): 2, (576, 1536): 1}  # matvecs of each shape per layer
+# Every weight type's one-token matvec at the stacked gate|up shape, 576 -> 3072 (768 -> 3072 for the K-quants,
+# whose rows are 256-weight super-blocks): random GGUF blocks (the timing does not depend on the values).
+TYPE_SHAPE = (3072, 576)
 
 
 async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream_mib: int) -> dict:
@@ -84,6 +87,21 @@ async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream
                                          "gflop_s_median": flops / t["median_ms"] / 1e6,
                                          "gflop_s_best": flops / t["min_ms"] / 1e6})
 
+    from pagedkv.model.quantize import random_gguf
+    from pagedkv.model.quants import WEIGHT_TYPES, pack_gguf
+
+    result["matvec_types"] = []
+    for dtype in ops.QUANTIZED:
+        rows, cols = TYPE_SHAPE[0], -(-TYPE_SHAPE[1] // WEIGHT_TYPES[dtype].block) * WEIGHT_TYPES[dtype].block
+        parts = pack_gguf(dtype, random_gguf(dtype, rows, cols, seed=1), (rows, cols))
+        weights = [calls.upload(ctx, parts[p], p) for p in WEIGHT_TYPES[dtype].parts]
+        x = calls.upload(ctx, rng.standard_normal((1, cols), dtype=np.float32), "x")
+        t = await timed(ops.matvec_call(dtype, rows, cols, 1), [*weights, x, ctx.buffer(rows * 4, "y")])
+        moved = sum(len(v) for v in parts.values()) + (rows + cols) * 4
+        result["matvec_types"].append({"kernel": f"matvec_{dtype}", "dtype": dtype, "rows": rows, "cols": cols,
+                                       "bits_per_weight": 8 * sum(len(v) for v in parts.values()) / (rows * cols),
+                                       "bytes": moved, **t, **rate(moved, t)})
+
     small = {}
     x = calls.upload(ctx, rng.standard_normal(576, dtype=np.float32), "x")
     small["rmsnorm_576"] = await timed(ops.rmsnorm_call(576, 1, 1e-5), [x, x, ctx.buffer(576 * 4, "out")])
@@ -115,7 +133,8 @@ def summarize(result: dict) -> dict:
 
 
 def measure(runs: int, repeats: int, prefill_tokens: int = 128, stream_mib: int = 64) -> dict:
-    code = (f"MATVEC_SHAPES = {MATVEC_SHAPES!r}\n" + inspect.getsource(measure_in_worker) + "\nimport json\n"
+    code = (f"MATVEC_SHAPES = {MATVEC_SHAPES!r}\nTYPE_SHAPE = {TYPE_SHAPE!r}\n" + inspect.getsource(measure_in_worker)
+            + "\nimport json\n"
             f"json.dumps(await measure_in_worker({runs}, {repeats}, {prefill_tokens}, {stream_mib}))")
     with session() as page:
         page.install_test_modules("kernel_calls")

@@ -1,7 +1,8 @@
 // The body shared by the matmul_* kernels (expanded by ShaderLibrary at their `//#include matmul_main.wgsl`
 // line): each thread owns an 8-row x 4-token output tile in named registers. The including kernel binds `qs`
 // (one element per 8 weights of a row), `x`, `params` and defines scale_of(i), the scale of 32-weight block i
-// (row * cols/32 + b), and dequant_lo / dequant_hi, weights 8k..8k+3 / 8k+4..8k+7 of one qs element.
+// (row * cols/32 + b), and dequant_lo / dequant_hi, weights 8k..8k+3 / 8k+4..8k+7 of qs element k of a row
+// (k: its place in the block, for types whose high bits live beside the scales).
 
 // Y[token, r0..r0+3] for one token from the four rows' dequantized weights 8k..8k+7.
 fn rows4(a_lo : vec4<f32>, a_hi : vec4<f32>, b_lo : vec4<f32>, b_hi : vec4<f32>, c_lo : vec4<f32>, c_hi : vec4<f32>,
@@ -66,22 +67,22 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
       let wf = qs[rf * words + k];
       let wg = qs[rg * words + k];
       let wh = qs[rh * words + k];
-      let a_lo = dequant_lo(wa, sa);
-      let a_hi = dequant_hi(wa, sa);
-      let b_lo = dequant_lo(wb, sb);
-      let b_hi = dequant_hi(wb, sb);
-      let c_lo = dequant_lo(wc, sc);
-      let c_hi = dequant_hi(wc, sc);
-      let d_lo = dequant_lo(wd, sd);
-      let d_hi = dequant_hi(wd, sd);
-      let e_lo = dequant_lo(we, se);
-      let e_hi = dequant_hi(we, se);
-      let f_lo = dequant_lo(wf, sf);
-      let f_hi = dequant_hi(wf, sf);
-      let g_lo = dequant_lo(wg, sg);
-      let g_hi = dequant_hi(wg, sg);
-      let h_lo = dequant_lo(wh, sh);
-      let h_hi = dequant_hi(wh, sh);
+      let a_lo = dequant_lo(wa, sa, k);
+      let a_hi = dequant_hi(wa, sa, k);
+      let b_lo = dequant_lo(wb, sb, k);
+      let b_hi = dequant_hi(wb, sb, k);
+      let c_lo = dequant_lo(wc, sc, k);
+      let c_hi = dequant_hi(wc, sc, k);
+      let d_lo = dequant_lo(wd, sd, k);
+      let d_hi = dequant_hi(wd, sd, k);
+      let e_lo = dequant_lo(we, se, k);
+      let e_hi = dequant_hi(we, se, k);
+      let f_lo = dequant_lo(wf, sf, k);
+      let f_hi = dequant_hi(wf, sf, k);
+      let g_lo = dequant_lo(wg, sg, k);
+      let g_hi = dequant_hi(wg, sg, k);
+      let h_lo = dequant_lo(wh, sh, k);
+      let h_hi = dequant_hi(wh, sh, k);
       var xl = x[xa + 2u * k];  // activations 8k..8k+3 and 8k+4..8k+7 of one token at a time
       var xh = x[xa + 2u * k + 1u];
       acc0 += rows4(a_lo, a_hi, b_lo, b_hi, c_lo, c_hi, d_lo, d_hi, xl, xh);

@@ -40,11 +40,11 @@ fn scale_of(i : u32) -> BlockScale {
 }
 
 // Weights 8k..8k+3 (lo) and 8k+4..8k+7 (hi) of nibble word w, dequantized: d * q + m.
-fn dequant_lo(w : u32, s : BlockScale) -> vec4<f32> {
+fn dequant_lo(w : u32, s : BlockScale, _k : u32) -> vec4<f32> {
   return s.lo * vec4<f32>(vec4<u32>(w) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u)) + s.m;
 }
 
-fn dequant_hi(w : u32, s : BlockScale) -> vec4<f32> {
+fn dequant_hi(w : u32, s : BlockScale, _k : u32) -> vec4<f32> {
   return s.hi * vec4<f32>(vec4<u32>(w) & vec4<u32>(0xF0000u, 0xF00000u, 0xF000000u, 0xF0000000u)) + s.m;
 }
 

@@ -34,11 +34,11 @@ fn scale_of(i : u32) -> f32 {
 }
 
 // Weights 8k..8k+3 (lo) and 8k+4..8k+7 (hi) of code pair w, dequantized: scale * q.
-fn dequant_lo(w : vec2<u32>, s : f32) -> vec4<f32> {
+fn dequant_lo(w : vec2<u32>, s : f32, _k : u32) -> vec4<f32> {
   return s * codes(w.x);
 }
 
-fn dequant_hi(w : vec2<u32>, s : f32) -> vec4<f32> {
+fn dequant_hi(w : vec2<u32>, s : f32, _k : u32) -> vec4<f32> {
   return s * codes(w.y);
 }
 

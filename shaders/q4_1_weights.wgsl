@@ -10,15 +10,4 @@ const CODE_WORDS_PER_BLOCK : u32 = 1u;  // vec4<u32> words of codes per 32-weigh
 //#include matvec_norm.wgsl
 //#include quant_epilogue.wgsl
 
-// Weights 8w..8w+3 (lo) and 8w+4..8w+7 (hi) of one nibble word, each as q * 16^p (p = nibble position).
-fn nibbles_lo(w : u32) -> vec4<f32> {
-  return vec4<f32>(vec4<u32>(w) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u));
-}
-
-fn nibbles_hi(w : u32) -> vec4<f32> {
-  return vec4<f32>(vec4<u32>(w) & vec4<u32>(0xF0000u, 0xF00000u, 0xF000000u, 0xF0000000u));
-}
-
-const SCALE_LO = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);  // 16^-p, p = 0..3
-const SCALE_HI = vec4<f32>(1.52587890625e-05, 9.5367431640625e-07, 5.9604644775390625e-08, 3.725290298461914e-09);
-
+//#include nibbles.wgsl

@@ -89,8 +89,8 @@ def test_conversion_is_incremental_and_repairs_tampering(tmp_path):
 
 
 def test_unsupported_quant_type_is_named(tmp_path):
-    write_llama_gguf(tmp_path / "m.gguf", types={"blk.0.attn_q.weight": Q.Q5_0})
-    with pytest.raises(ValueError, match="tensor blk.0.attn_q.weight has quant type Q5_0, which is not supported"):
+    write_llama_gguf(tmp_path / "m.gguf", types={"blk.0.attn_q.weight": Q.MXFP4})
+    with pytest.raises(ValueError, match="tensor blk.0.attn_q.weight has quant type MXFP4, which is not supported"):
         convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

@@ -72,8 +72,8 @@ def test_our_quantizers_are_within_half_a_step():
 
 
 def test_unknown_dtype_and_bad_shape_are_rejected():
-    with pytest.raises(ValueError, match="unsupported tensor dtype 'q5_0'"):
-        dequantize("q5_0", (1, 32), {"qs": b""})
+    with pytest.raises(ValueError, match="unsupported tensor dtype 'q3_K'"):
+        dequantize("q3_K", (1, 256), {"qs": b""})
     with pytest.raises(ValueError, match="cols a multiple of 32"):
         dequantize("q4_1", (1, 30), {"qs": b"", "dm": b""})
 
@@ -131,8 +131,8 @@ def test_manifest_problems_are_named(tiny_dir):  # noqa: F811
     with pytest.raises(WeightsError, match="unsupported architecture 'mamba'"):
         check_manifest(bad)
     bad = json.loads(json.dumps(manifest))
-    bad["tensors"]["blk.0.attn_q.weight"]["dtype"] = "q5_0"
-    with pytest.raises(WeightsError, match="blk.0.attn_q.weight: unsupported dtype 'q5_0'"):
+    bad["tensors"]["blk.0.attn_q.weight"]["dtype"] = "q3_K"
+    with pytest.raises(WeightsError, match="blk.0.attn_q.weight: unsupported dtype 'q3_K'"):
         check_manifest(bad)
     bad = json.loads(json.dumps(manifest))
     bad["tensors"]["blk.0.attn_k.weight"]["shape"] = [64, 64]

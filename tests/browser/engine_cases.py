@@ -101,14 +101,15 @@ async def tiny_sizes(**kw) -> tuple[int, int]:
 TINY_PROMPTS = [list(range(3 + 60 * i, 3 + 60 * i + n)) for i, n in enumerate((5, 23, 40, 17))]
 
 
-async def tiny_greedy(block_size: int, kv_dtype: str, max_tokens: int = 10, kernels: str = "cpu") -> dict:
+async def tiny_greedy(block_size: int, kv_dtype: str, max_tokens: int = 10, kernels: str = "cpu",
+                      model_name: str = "tiny-random") -> dict:
     """Four concurrent requests, chunked prefill (24-token steps), vs solo numpy runs, with the `kernels` family."""
-    w = await weights("tiny-random")
+    w = await weights(model_name)
     tok = Tokenizer.from_manifest(w.manifest)
-    b = await backend("tiny-random", budget_bytes=8 * MIB, block_size=block_size, kv_dtype=kv_dtype,
+    b = await backend(model_name, budget_bytes=8 * MIB, block_size=block_size, kv_dtype=kv_dtype,
                       max_num_batched_tokens=24, max_num_seqs=4, kernels=kernels)
     gpu, stats = await run_engine(b, tok, TINY_PROMPTS, max_tokens, max_num_batched_tokens=24, max_num_seqs=4)
-    model = _cache.setdefault(("model", "tiny-random"), NumpyModel(w))
+    model = _cache.setdefault(("model", model_name), NumpyModel(w))
     ref = [greedy_reference(model, p, max_tokens) for p in TINY_PROMPTS]
     b.destroy()
     return {"gpu": gpu, "ref": ref, "steps": stats["steps"], "progress": b.progress}

@@ -14,6 +14,7 @@ import numpy as np
 from pagedkv.backends.webgpu.model_kernels import (KernelCall, argmax_call, check_q8_0_codes, embedding_call,
                                                    matmul_call, matvec_call, matvec_gpu_call, rmsnorm_call,
                                                    rope_call)
+from pagedkv.model.layout import DTYPE_PARTS
 
 
 async def launch(ctx, call: KernelCall, buffers: list):
@@ -53,7 +54,7 @@ async def _run(ctx, call: KernelCall, inputs: list, out_index: int, out_nbytes: 
 
 
 def _quant_parts(dtype: str, parts: dict) -> list[bytes]:
-    return [parts["qs"], parts["dm" if dtype == "q4_1" else "d"]]
+    return [parts[name] for name in DTYPE_PARTS[dtype]]
 
 
 async def run_linear(ctx, x: np.ndarray, dtype: str, shape: tuple[int, int], parts: dict,
@@ -135,13 +136,15 @@ async def run_rope(ctx, qkv: np.ndarray, positions: np.ndarray, cos_sin: np.ndar
             b.destroy()
 
 
-async def run_embedding(ctx, token_ids: np.ndarray, shape: tuple[int, int], parts: dict) -> np.ndarray:
-    """Dequantized rows token_ids (T,) of a Q8_0 (vocab, hidden) table on the GPU -> (T, hidden) f32."""
+async def run_embedding(ctx, token_ids: np.ndarray, shape: tuple[int, int], parts: dict,
+                        dtype: str = "q8_0") -> np.ndarray:
+    """Dequantized rows token_ids (T,) of a (vocab, hidden) `dtype` table on the GPU -> (T, hidden) f32."""
     vocab, hidden = shape
     if token_ids.dtype != np.int32 or token_ids.ndim != 1 or token_ids.min() < 0 or token_ids.max() >= vocab:
         raise ValueError(f"token_ids must be a 1-D int32 array of ids in [0, {vocab})")
-    call = embedding_call(token_ids.shape[0], hidden)
-    out = await _run(ctx, call, [parts["qs"], parts["d"], token_ids, None], 3, token_ids.size * hidden * 4, np.float32)
+    call = embedding_call(token_ids.shape[0], hidden, dtype=dtype)
+    out = await _run(ctx, call, [*_quant_parts(dtype, parts), token_ids, None], 3, token_ids.size * hidden * 4,
+                     np.float32)
     return out.reshape(token_ids.shape[0], hidden)
 
 

@@ -12,6 +12,8 @@ from pagedkv.backends.webgpu import model_kernels as ops
 from pagedkv.backends.webgpu.device import open_device
 from pagedkv.kernels import ref_ops as ref
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
+from pagedkv.model.quantize import random_gguf
+from pagedkv.model.quants import pack_gguf
 
 _ctx = None
 _tables = {}
@@ -30,7 +32,13 @@ def _weights(dtype, rows, cols, seed):
     if key not in _tables:
         rng = np.random.default_rng(seed)
         w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.1  # (rows, cols)
-        parts = pack_q4_1(*quantize_q4_1(w)) if dtype == "q4_1" else pack_q8_0(*quantize_q8_0(w))
+        if dtype == "q4_1":
+            parts = pack_q4_1(*quantize_q4_1(w))
+        elif dtype == "q8_0":
+            parts = pack_q8_0(*quantize_q8_0(w))
+        else:  # random GGUF blocks: every code value and every bit of the scales' layout gets exercised
+            scale = 3e-4 if dtype.endswith("_K") else 0.01  # a K-quant block scale is d * (6-bit scale)
+            parts = pack_gguf(dtype, random_gguf(dtype, rows, cols, seed, scale=scale), (rows, cols))
         _tables[key] = parts
     return _tables[key]
 
@@ -120,13 +128,14 @@ async def case_linear_swiglu(kernel, dtype, rows, cols, tokens, seed, norm=False
     return {"kernel": f"{kernel}_{dtype}", "family": family, "swiglu": True, **_errors(got, want, scale)}
 
 
-async def case_embedding(vocab, hidden, token_ids, seed):
+async def case_embedding(vocab, hidden, token_ids, seed, dtype="q8_0"):
     ctx = await _context()
-    parts = _weights("q8_0", vocab, hidden, seed)
+    parts = _weights(dtype, vocab, hidden, seed)
     ids = np.asarray(token_ids, dtype=np.int32)
-    got = await calls.run_embedding(ctx, ids, (vocab, hidden), parts)
-    want = ref.embedding(ids, "q8_0", (vocab, hidden), parts)
-    return {"kernel": "embedding", "equal": bool(np.array_equal(got, want)), **_errors(got, want)}
+    got = await calls.run_embedding(ctx, ids, (vocab, hidden), parts, dtype)
+    want = ref.embedding(ids, dtype, (vocab, hidden), parts)
+    return {"kernel": "embedding", "dtype": dtype, "equal": bool(np.array_equal(got, want)),
+            "max_ulp": float((np.abs(got - want) / np.spacing(np.abs(want))).max()), **_errors(got, want)}
 
 
 async def case_argmax(seqs, vocab, planted, seed, family="cpu"):

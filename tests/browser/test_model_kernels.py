@@ -7,9 +7,17 @@ page's worker (tests/browser/kernel_cases.py); each test batches its cases into 
 run every kernel family (FAMILIES): cpu, gpu (subgroup reduction: the page's SwiftShader device has
 subgroups, of size 4) and gpu_tree (the gpu family's workgroup-memory tree, used where there are none).
 
+Every weight type with kernels (model_kernels.QUANTIZED) runs the linear tests; Q4_1 and Q8_0 weights are
+quantized random ones, the others random GGUF blocks (all codes, all scale bits), and a K-quant's columns are
+the shape's rounded up to a multiple of 256 (576 -> 768).
+
 Error bounds (stated here, asserted below; what SwiftShader gave when written in brackets):
   matvec / matmul, Q4_1 and Q8_0: |gpu - ref| <= 2e-6 * (|x| @ |W|^T) per output,
       the scale of f32 rounding in a dot product [<= 2.5e-7], and <= 1e-5 * max|ref| [<= 1.6e-6]
+  the other types: the same bounds, though their kernels sum a * (q . x) + m * sum(x) per block, whose terms
+      can exceed |w| |x| [worst at 3072 x 576|768 and 576 x 1536, matvec and matmul: q4_0 3.3e-7 / 1.5e-6,
+      q5_0 3.4e-7 / 2.5e-6, q5_1 3.8e-7 / 1.2e-6, q4_K 3.8e-7 / 2.1e-6, q5_K 4.2e-7 / 1.7e-6,
+      q6_K 3.6e-7 / 1.9e-6]
   rmsnorm: relative error <= 1e-6 per element [2.5e-7]
   rope: <= 2e-7 * max|ref| [exact: the cos/sin table is built by the reference's own code]
   swiglu (fused into the gate|up matvec / matmul): <= 4e-6 * (first-order bound from the dot products'
@@ -24,6 +32,7 @@ from browser_pages import install_modules
 
 LINEAR_SCALED_BOUND = 2e-6
 LINEAR_REL_BOUND = 1e-5
+DTYPES = ["q4_1", "q8_0", "q4_0", "q5_0", "q5_1", "q4_K", "q5_K", "q6_K"]
 RMSNORM_REL_BOUND = 1e-6
 ROPE_REL_BOUND = 2e-7
 SWIGLU_REL_BOUND = 4e-6
@@ -47,6 +56,12 @@ def assert_linear(results: list[dict]) -> None:
         assert r["max_rel"] <= LINEAR_REL_BOUND, r
 
 
+def fit(dtype: str, shapes: list[tuple]) -> list[tuple]:
+    """(rows, cols, ...) shapes with cols rounded up to a multiple of the type's block (256 for K-quants)."""
+    block = 256 if dtype.endswith("_K") else 32
+    return [(r, -(-c // block) * block, *rest) for r, c, *rest in shapes]
+
+
 SMOLLM2_LINEAR = [(576, 576), (192, 576), (1536, 576), (576, 1536)]
 FAMILIES = ["cpu", "gpu", "gpu_tree"]
 # (kernel, family): matmul exists in the cpu family only
@@ -54,11 +69,12 @@ LINEAR_KERNELS = [("matvec", "cpu"), ("matmul", "cpu"), ("matvec", "gpu"), ("mat
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_matvec_matches_reference(worker, dtype, family):
     shapes = [(r, c, t) for r, c in SMOLLM2_LINEAR for t in (1, 5)] + [(37, 96, 3)]  # 37 rows: a partial 8-row tile
     if family != "cpu":  # 960 x 576: q|k|v; 8 x 64: fewer words per row than lanes; 40 x 4000: strided lanes
         shapes += [(960, 576, 1), (8, 64, 2), (40, 4000, 1)]
+    shapes = fit(dtype, shapes)
     results = run(worker, [f"case_linear('matvec', '{dtype}', {r}, {c}, {t}, seed=3, family='{family}')"
                            for r, c, t in shapes] + ["case_features()"])
     assert "subgroups" in results.pop()  # so family "gpu" ran matvec_gpu_sg_*
@@ -68,10 +84,10 @@ def test_matvec_matches_reference(worker, dtype, family):
 
 
 @pytest.mark.parametrize("kernel,family", LINEAR_KERNELS)
-@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_accumulate_adds_into_y(worker, kernel, family, dtype):
     """The ACCUMULATE variant (residual add fused into the output projections) returns y0 + x @ W.T."""
-    shapes = [(576, 576, 1), (576, 1536, 5), (37, 96, 3)]
+    shapes = fit(dtype, [(576, 576, 1), (576, 1536, 5), (37, 96, 3)])
     results = run(worker, [f"case_linear('{kernel}', '{dtype}', {r}, {c}, {t}, seed=12, accumulate=True, "
                            f"family='{family}')" for r, c, t in shapes])
     assert [(r["accumulate"], r["family"], r["shape"]) for r in results] == [(True, family, [t, r])
@@ -80,20 +96,20 @@ def test_linear_accumulate_adds_into_y(worker, kernel, family, dtype):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_matvec_norm_fuses_the_rmsnorm(worker, dtype, family):
     """The NORM variant (RMSNorm fused into the q|k|v and gate|up matvecs) returns rms_norm(x, g) @ W.T."""
-    shapes = [(960, 576, 1), (3072, 576, 2), (37, 96, 3)]
+    shapes = fit(dtype, [(960, 576, 1), (3072, 576, 2), (37, 96, 3)])
     results = run(worker, [f"case_linear('matvec', '{dtype}', {r}, {c}, {t}, seed=13, norm=True, family='{family}')"
                            for r, c, t in shapes])
     assert [(r["norm"], r["family"], r["shape"]) for r in results] == [(True, family, [t, r]) for r, _, t in shapes]
     assert_linear(results)
 
 
-@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_matmul_matches_reference(worker, dtype):
     # Tokens not a multiple of 4; 37 and 36 rows end in a partial 8-row tile (36: its upper half is empty).
-    shapes = [(1536, 576, 37), (576, 1536, 16), (192, 576, 1), (37, 96, 7), (36, 64, 6)]
+    shapes = fit(dtype, [(1536, 576, 37), (576, 1536, 16), (192, 576, 1), (37, 96, 7), (36, 64, 6)])
     results = run(worker, [f"case_linear('matmul', '{dtype}', {r}, {c}, {t}, seed=5)" for r, c, t in shapes])
     assert [r["shape"] for r in results] == [[t, r] for r, _, t in shapes]
     assert_linear(results)
@@ -114,12 +130,23 @@ def test_lm_head_and_embedding_share_the_q8_0_table(worker):
         "case_embedding(49152, 576, [123], seed=7)",
         "case_embedding(100, 64, [99, 0, 50], seed=8)",
     ])
-    head, *embeddings = results
+    head, *embeddings = results  # the Q8_0 table's embedding is exact
     assert head["shape"] == [3, 49152]
     assert_linear([head])
     assert [e["shape"] for e in embeddings] == [[6, 576], [1, 576], [3, 64]]
     for e in embeddings:
         assert e["equal"] and e["max_abs"] == 0.0, e
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", *DTYPES[2:]])
+def test_embedding_of_every_nibble_type(worker, dtype):
+    """embedding_<type>.wgsl: a * q + m per weight; exact where that is gguf's own order of operations (q4_0,
+    q5_0: d * q and its offset are exact products; q4_1: d * q + m), within 2 ulp elsewhere (the high bits
+    and the K-quants' (d * sc) * q - dmin * m are rounded in two steps)."""
+    hidden = 768 if dtype.endswith("_K") else 576
+    results = run(worker, [f"case_embedding(300, {hidden}, [0, 299, 17, 17, 150], seed=8, dtype='{dtype}')"])
+    assert [(r["dtype"], r["shape"]) for r in results] == [(dtype, [5, hidden])]
+    assert results[0]["equal"] or (dtype not in ("q4_0", "q5_0") and results[0]["max_ulp"] <= 2), results
 
 
 def test_rmsnorm_matches_reference(worker):
@@ -145,15 +172,16 @@ def test_rope_matches_reference(worker):
 
 
 @pytest.mark.parametrize("kernel,family", LINEAR_KERNELS)
-@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_swiglu_fused_into_the_gate_up_projection(worker, kernel, family, dtype):
     """SWIGLU variant over gate / up rows interleaved by fours -> silu(gate) * up, (T, rows / 2)."""
-    shapes = [(3072, 576, 1), (3072, 576, 7), (40, 96, 3)]
+    shapes = fit(dtype, [(3072, 576, 1), (3072, 576, 7), (40, 96, 3)])
     calls = [f"case_linear_swiglu('{kernel}', '{dtype}', {r}, {c}, {t}, seed=14, family='{family}')"
              for r, c, t in shapes]
     if kernel == "matvec":
-        calls.append(f"case_linear_swiglu('matvec', '{dtype}', 3072, 576, 2, seed=15, norm=True, family='{family}')")
-        shapes.append((3072, 576, 2))
+        (r, c, t), = fit(dtype, [(3072, 576, 2)])
+        calls.append(f"case_linear_swiglu('matvec', '{dtype}', {r}, {c}, {t}, seed=15, norm=True, family='{family}')")
+        shapes.append((r, c, t))
     results = run(worker, calls)
     assert [(r["family"], r["shape"]) for r in results] == [(family, [t, r // 2]) for r, _, t in shapes]
     for r in results:

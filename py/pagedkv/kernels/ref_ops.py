@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.layout import QK, dequantize
+from ..model.layout import dequantize
+from ..model.quants import WEIGHT_TYPES, pack, unpack
 
-QUANTIZED = ("q4_1", "q8_0")
+QUANTIZED = tuple(name for name, t in WEIGHT_TYPES.items() if t.quantized)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -65,8 +66,9 @@ def silu(x: np.ndarray) -> np.ndarray:
 def _check_quantized(dtype: str, shape: tuple[int, int]) -> tuple[int, int]:
     if dtype not in QUANTIZED:
         raise ValueError(f"quantized kernels take {list(QUANTIZED)}, got {dtype!r}")
-    if len(shape) != 2 or shape[1] % QK != 0 or shape[0] <= 0:
-        raise ValueError(f"{dtype} weight must be 2-D (rows, cols) with cols a multiple of {QK}, got {list(shape)}")
+    block = WEIGHT_TYPES[dtype].block
+    if len(shape) != 2 or shape[1] % block != 0 or shape[0] <= 0:
+        raise ValueError(f"{dtype} weight must be 2-D (rows, cols) with cols a multiple of {block}, got {list(shape)}")
     return shape
 
 
@@ -84,15 +86,8 @@ def row_parts(dtype: str, shape: tuple[int, int], parts: dict, row_ids: np.ndarr
     ids = np.asarray(row_ids, dtype=np.int64)  # (n,)
     if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= rows)):
         raise ValueError(f"row ids must be a 1-D array of values in [0, {rows})")
-    nb = cols // QK
-    if dtype == "q4_1":
-        qs = np.frombuffer(parts["qs"], dtype="<u4", count=rows * cols // 8).reshape(rows, cols // 8)
-        dm = np.frombuffer(parts["dm"], dtype="<u4", count=rows * nb).reshape(rows, nb)
-        return {"qs": qs[ids].tobytes(), "dm": dm[ids].tobytes()}
-    qs = np.frombuffer(parts["qs"], dtype=np.int8, count=rows * cols).reshape(rows, cols)
-    d = np.frombuffer(parts["d"], dtype="<f2", count=rows * nb).reshape(rows, nb)
-    raw_d = d[ids].tobytes()
-    return {"qs": qs[ids].tobytes(), "d": raw_d + b"\0" * (-len(raw_d) % 4)}
+    fields = unpack(dtype, (rows, cols), parts)
+    return pack(dtype, {name: field[ids] for name, field in fields.items()})
 
 
 def embedding(token_ids: np.ndarray, dtype: str, shape: tuple[int, int], parts: dict) -> np.ndarray:

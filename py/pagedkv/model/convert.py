@@ -18,7 +18,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .gguf_reader import GGUFFile
-from .layout import pack_float, pack_q4_1, pack_q8_0, q4_1_codes_from_gguf, q8_0_codes_from_gguf
+from .quants import BY_GGUF, pack_gguf
 from .weights import WeightsError, check_manifest, expected_shapes, read_manifest, verify_shard
 from .writer import PackedTensor, write_model
 
@@ -172,15 +172,15 @@ def _tokenizer_from_gguf(reader) -> dict:
 
 def _pack_tensor(t, shape: tuple[int, ...]) -> PackedTensor:
     kind = t.tensor_type.name
-    data = np.asarray(t.data)
-    if kind == "Q4_1":
-        return PackedTensor(t.name, "q4_1", shape, pack_q4_1(*q4_1_codes_from_gguf(data, shape)))
-    if kind == "Q8_0":
-        return PackedTensor(t.name, "q8_0", shape, pack_q8_0(*q8_0_codes_from_gguf(data, shape)))
-    if kind in ("F32", "F16"):
-        dtype = kind.lower()
-        return PackedTensor(t.name, dtype, shape, pack_float(data.reshape(shape), dtype))
-    raise ValueError(f"tensor {t.name} has quant type {kind}, which is not supported (supported: Q4_1, Q8_0, F32, F16)")
+    wtype = BY_GGUF.get(kind)
+    if wtype is None:
+        supported = ", ".join(BY_GGUF)
+        raise ValueError(f"tensor {t.name} has quant type {kind}, which is not supported (supported: {supported})")
+    try:
+        parts = pack_gguf(wtype.name, np.asarray(t.data), shape)
+    except ValueError as exc:
+        raise ValueError(f"tensor {t.name} ({kind}, shape {list(shape)}): {exc}") from exc
+    return PackedTensor(t.name, wtype.name, shape, parts)
 
 
 def _is_current(out_dir: Path, source_sha: str) -> bool:

@@ -13,24 +13,43 @@ converter therefore REPACKS each quantized matrix losslessly (the same 4-bit /
   q8_0  part "qs": int8, (rows, cols); 4 consecutive codes per little-endian u32
         part "d":  f16, (rows, cols/32) flat, zero-padded to a multiple of 4 bytes
                    w = d * q
+  q4_0  part "qs": as q4_1;  part "d": f16 (rows, cols/32) flat, zero-padded        w = d * (q - 8)
+  q5_0  part "qs": the low 4 bits of every code, as q4_1
+        part "dh": u32 (rows, cols/32, 2): [f16 d, bit j = bit 4 of weight j]    w = d * (q - 16)
+  q5_1  part "qs": as q5_0;  part "dh": u32 (rows, cols/32, 2): [d | m << 16, high bits]  w = d * q + m
+  q4_K  part "qs": as q4_1 (4-bit codes)
+        part "sc": u32 (rows, cols/256, 4): GGUF's first 16 bytes of the super-block verbatim: f16 d,
+                   f16 dmin, 12 bytes of packed 6-bit scales sc_j and mins m_j of its 8 sub-blocks of 32
+                   w = (d * sc_j) * q - dmin * m_j
+  q5_K  part "qs": the low 4 bits, as q4_1
+        part "sc": u32 (rows, cols/256, 12): the 4 words of q4_K, then 8 words: bit l of word j = bit 4 of
+                   weight 32 j + l                           w = (d * sc_j) * q - dmin * m_j
+  q6_K  part "qs": the low 4 bits, as q4_1
+        part "sc": u32 (rows, cols/256, 21): 16 words of the high 2 bits (weight k at bits 2 (k % 16) of
+                   word k / 16), 4 words = the 16 int8 scales s_g of the groups of 16, one word = f16 d
+                   w = (d * s_g) * (q - 32)
   f32   part "data": little-endian f32, row-major
   f16   part "data": little-endian f16, row-major, zero-padded to a multiple of 4 bytes
+  bf16  part "data": little-endian bf16 (the high half of an f32), row-major, zero-padded likewise
 
 Matrices are [out_features, in_features] (row r = one output), so y = W @ x.
 This module runs under Pyodide (numpy only) and is the single definition of
-the layout: the converter, the tiny-model writer and the loader all use it.
+the layout: the converter, the tiny-model writer and the loader all use it. The per-type code for
+every type (GGUF blocks <-> parts, dequantization bit-identical to gguf's) lives in quants.py.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .quants import WEIGHT_TYPES, dequantize_parts
+
 QK = 32  # weights per quantization block (Q4_1 and Q8_0)
 PART_ALIGN = 256  # byte alignment of every part inside a shard (WebGPU minStorageBufferOffsetAlignment)
 GGUF_Q4_1_BLOCK_BYTES = 20
 GGUF_Q8_0_BLOCK_BYTES = 34
 
-DTYPE_PARTS = {"q4_1": ("qs", "dm"), "q8_0": ("qs", "d"), "f32": ("data",), "f16": ("data",)}
+DTYPE_PARTS = {name: t.parts for name, t in WEIGHT_TYPES.items()}
 
 LAYOUT_DOC = {
     "alignment": f"every part starts at a multiple of {PART_ALIGN} bytes inside its shard; all integers little-endian",
@@ -48,8 +67,26 @@ LAYOUT_DOC = {
         "d": "f16 [rows, cols/32] flat, zero-padded to a multiple of 4 bytes",
         "dequant": "w = d * q (computed in f32)",
     },
+    "q4_0": {"source": "GGUF Q4_0 (18 bytes/32 weights)", "qs": "as q4_1", "d": "as q8_0",
+             "dequant": "w = d * (q - 8)"},
+    "q5_0": {"source": "GGUF Q5_0 (22 bytes/32 weights)", "qs": "as q4_1: the low 4 bits of each code",
+             "dh": "u32 [rows, cols/32, 2]: f16 d (bits 0-15), then the block's 32 high bits (bit j = weight j)",
+             "dequant": "w = d * (q - 16)"},
+    "q5_1": {"source": "GGUF Q5_1 (24 bytes/32 weights)", "qs": "as q5_0",
+             "dh": "u32 [rows, cols/32, 2]: f16 d | f16 m << 16, then the 32 high bits", "dequant": "w = d * q + m"},
+    "q4_K": {"source": "GGUF Q4_K (144 bytes/256 weights)", "qs": "as q4_1",
+             "sc": "u32 [rows, cols/256, 4]: the super-block's f16 d, f16 dmin and 12 bytes of 6-bit scales/mins, "
+                   "verbatim", "dequant": "w = (d * sc_j) * q - dmin * m_j, j = sub-block of 32"},
+    "q5_K": {"source": "GGUF Q5_K (176 bytes/256 weights)", "qs": "as q5_0",
+             "sc": "u32 [rows, cols/256, 12]: q4_K's 4 words, then word j's bit l = bit 4 of weight 32j+l",
+             "dequant": "as q4_K"},
+    "q6_K": {"source": "GGUF Q6_K (210 bytes/256 weights)", "qs": "as q5_0",
+             "sc": "u32 [rows, cols/256, 21]: 16 words of high 2-bit pairs (weight k at bits 2*(k%16) of word "
+                   "k/16), 4 words of 16 int8 scales (one per 16 weights), f16 d",
+             "dequant": "w = (d * s_g) * (q - 32)"},
     "f32": {"data": "f32 row-major"},
     "f16": {"data": "f16 row-major, zero-padded to a multiple of 4 bytes"},
+    "bf16": {"data": "bf16 row-major, zero-padded to a multiple of 4 bytes"},
 }
 
 
@@ -144,25 +181,5 @@ def pack_float(w: np.ndarray, dtype: str) -> dict[str, bytes]:
 
 
 def dequantize(dtype: str, shape: tuple[int, ...], parts: dict[str, bytes | memoryview]) -> np.ndarray:
-    """Dequantize one tensor from its parts to an f32 array of `shape`."""
-    if dtype not in DTYPE_PARTS:
-        raise ValueError(f"unsupported tensor dtype {dtype!r}; supported: {sorted(DTYPE_PARTS)}")
-    if set(parts) != set(DTYPE_PARTS[dtype]):
-        raise ValueError(f"{dtype} tensor needs parts {DTYPE_PARTS[dtype]}, got {sorted(parts)}")
-    count = int(np.prod(shape))
-    if dtype in ("f32", "f16"):
-        np_dtype = "<f4" if dtype == "f32" else "<f2"
-        return np.frombuffer(parts["data"], dtype=np_dtype, count=count).astype(np.float32).reshape(shape)
-    rows, cols = _check_blocks(tuple(shape), dtype)
-    nb = cols // QK
-    if dtype == "q4_1":
-        words = np.frombuffer(parts["qs"], dtype="<u4", count=rows * cols // 8).reshape(rows, cols // 8, 1)
-        shifts = (np.arange(8, dtype=np.uint32) * 4)[None, None, :]
-        codes = ((words >> shifts) & 0xF).astype(np.float32).reshape(rows, nb, QK)
-        dm = np.frombuffer(parts["dm"], dtype="<u4", count=rows * nb).reshape(rows, nb)
-        d = (dm & 0xFFFF).astype("<u2").view("<f2").astype(np.float32)[:, :, None]
-        m = (dm >> 16).astype("<u2").view("<f2").astype(np.float32)[:, :, None]
-        return (d * codes + m).reshape(rows, cols)
-    codes = np.frombuffer(parts["qs"], dtype=np.int8, count=rows * cols).astype(np.float32).reshape(rows, nb, QK)
-    d = np.frombuffer(parts["d"], dtype="<f2", count=rows * nb).astype(np.float32).reshape(rows, nb, 1)
-    return (codes * d).reshape(rows, cols)
+    """Dequantize one tensor from its parts to an f32 array of `shape` (bit-identical to gguf's)."""
+    return dequantize_parts(dtype, tuple(shape), parts)

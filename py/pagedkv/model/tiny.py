@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from ..pretokenize import split_words
 from ..tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
 from .config import ModelConfig
 from .layout import pack_float, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
+from .quants import pack_gguf
 from .weights import expected_shapes
 from .writer import PackedTensor, write_model
 
@@ -52,6 +54,27 @@ def tiny_config() -> ModelConfig:
         vocab=TINY_VOCAB, rope_base=100000.0, rope_convention="adjacent_pairs", rms_eps=1e-5,
         context_length=256, tied_embeddings=True,
     )  # fmt: skip
+
+
+def mixed_config() -> ModelConfig:
+    """The mixed-types test model's hyper-parameters: tiny_config's, with widths that are multiples of 256 so
+    that K-quants can cover every matrix (hidden 256, 4 heads of 64 over 2 KV heads, ffn 512)."""
+    return replace(tiny_config(), hidden=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn=512)
+
+
+# write_tiny_model(dtypes=MIXED_DTYPES, config=mixed_config()): every quantized weight type at least once, the
+# tied embedding (the LM head too) in q6_K, and stacked groups (q|k|v, gate|up: backends/webgpu/fused.py) of
+# types that the GPU runs in their lossless common type (q4_K + q5_K -> q5_K, q4_1 + q5_1 -> q5_1,
+# q5_0 + q4_0 + q8_0 -> q8_0), as llama.cpp's Q4_K_M mixes q5_0 and q8_0 in SmolLM2's q|k|v.
+MIXED_DTYPES = {
+    "token_embd.weight": "q6_K",
+    "blk.0.attn_q.weight": "q4_K", "blk.0.attn_k.weight": "q4_K", "blk.0.attn_v.weight": "q5_K",
+    "blk.0.attn_output.weight": "q4_0", "blk.0.ffn_gate.weight": "q4_1", "blk.0.ffn_up.weight": "q5_1",
+    "blk.0.ffn_down.weight": "q6_K",
+    "blk.1.attn_q.weight": "q5_0", "blk.1.attn_k.weight": "q4_0", "blk.1.attn_v.weight": "q8_0",
+    "blk.1.attn_output.weight": "q4_K", "blk.1.ffn_gate.weight": "q8_0", "blk.1.ffn_up.weight": "q8_0",
+    "blk.1.ffn_down.weight": "q4_1",
+}  # fmt: skip
 
 
 def learn_merges(text: str, num_merges: int) -> list[str]:
@@ -105,20 +128,49 @@ def tiny_tokenizer() -> dict:
     }
 
 
-def write_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> dict:
-    """Write a tiny random model (same format as the converted one) into out_dir; returns the manifest."""
-    config = tiny_config()
+def _tensor_dtype(name: str, dtypes: dict[str, str]) -> str | None:
+    """The dtype `dtypes` asks for `name`: by full name, else by its name without the "blk.N." prefix."""
+    return dtypes.get(name, dtypes.get(name.split(".", 2)[-1] if name.startswith("blk.") else name))
+
+
+def _packed(name: str, shape: tuple, w: np.ndarray, dtype: str) -> PackedTensor:
+    from .quantize import quantize  # gguf's quantizers: CPython only, and only when a dtype is asked for
+
+    return PackedTensor(name, dtype, shape, pack_gguf(dtype, quantize(w, dtype), shape))
+
+
+def write_tiny_model(out_dir: str | os.PathLike, seed: int = 0, dtypes: dict[str, str] | None = None,
+                     config: ModelConfig | None = None) -> dict:
+    """Write a tiny random model (same format as the converted one) into out_dir; returns the manifest.
+
+    dtypes: weight type per tensor, by full name ("blk.1.attn_v.weight") or for every layer by the name
+    after "blk.N." ("ffn_down.weight"); unnamed tensors keep the defaults (f32 norms, q8_0 embedding, q4_1
+    matrices). config: other hyper-parameters (K-quants need row lengths that are multiples of 256)."""
+    config = config or tiny_config()
+    dtypes = dtypes or {}
     rng = np.random.default_rng(seed)
     tensors = []
     for name, shape in expected_shapes(config).items():
+        asked = _tensor_dtype(name, dtypes)
         if len(shape) == 1:  # norm weights: near 1 so activations keep their scale
             w = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-            tensors.append(PackedTensor(name, "f32", shape, pack_float(w, "f32")))
-        elif name == "token_embd.weight":  # small: the tied LM head would otherwise give near-one-hot softmaxes
+            tensors.append(PackedTensor(name, "f32", shape, pack_float(w, "f32")) if asked is None
+                           else _packed(name, shape, w, asked))
+            continue
+        if name == "token_embd.weight":  # small: the tied LM head would otherwise give near-one-hot softmaxes
             w = (0.1 * rng.standard_normal(shape)).astype(np.float32)
-            tensors.append(PackedTensor(name, "q8_0", shape, pack_q8_0(*quantize_q8_0(w))))
         else:
             w = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+        if asked is not None:
+            tensors.append(_packed(name, shape, w, asked))
+        elif name == "token_embd.weight":
+            tensors.append(PackedTensor(name, "q8_0", shape, pack_q8_0(*quantize_q8_0(w))))
+        else:
             tensors.append(PackedTensor(name, "q4_1", shape, pack_q4_1(*quantize_q4_1(w))))
+    unused = sorted(set(dtypes) - {k for n in expected_shapes(config) for k in (n, n.split(".", 2)[-1])})
+    if unused:
+        raise ValueError(f"dtypes names tensors the model does not have: {unused}")
     source = {"file": "tiny-random", "seed": seed, "sha256": None}
+    if dtypes:
+        source["dtypes"] = dict(sorted(dtypes.items()))
     return write_model(out_dir, config, tensors, tiny_tokenizer(), TINY_CHAT_TEMPLATE, source)

@@ -21,6 +21,7 @@ from ...kv_dtype import kv_dtype as lookup_kv_dtype
 from ...kv_dtype import pack_tokens, unpack_tokens
 from ...kv_retention import ShiftOp
 from ...model.config import ModelConfig
+from ...model.layout import DTYPE_PARTS
 from ...model.weights import check_manifest, tensor_parts, verify_shard
 from ...model_runner import ForwardBatch
 from .. import check_attention_mass
@@ -167,8 +168,9 @@ class WebGpuBackend:
                     continue
                 if entry["dtype"] == "q8_0":
                     ops.check_q8_0_codes(name, parts)
-                elif entry["dtype"] == "f16":
-                    raise ValueError(f"tensor {name}: f16 tensors are not supported by the WebGPU backend")
+                elif len(entry["shape"]) == 2 and entry["dtype"] not in ops.QUANTIZED:
+                    raise ValueError(f"tensor {name}: {entry['dtype']} matrices have no WebGPU kernels "
+                                     f"(supported: {', '.join(ops.QUANTIZED)})")
                 member = fused_member(name)
                 if member is None or entry["dtype"] == "f32":  # a norm weight is also used on its own (prefill)
                     self._upload_tensor(name, entry["dtype"], parts)
@@ -201,7 +203,7 @@ class WebGpuBackend:
             del biases[stacked]
 
     def _upload_tensor(self, name: str, dtype: str, parts: dict) -> None:
-        order = {"q4_1": ("qs", "dm"), "q8_0": ("qs", "d"), "f32": ("data",)}[dtype]
+        order = DTYPE_PARTS[dtype]
         bufs = []
         for part in order:
             buf = self._buffer(f"w:{name}.{part}", len(parts[part]), "weights")

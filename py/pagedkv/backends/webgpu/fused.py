@@ -2,8 +2,9 @@
 projections, stacked by rows when the weights are uploaded (gate/up interleaved in runs of 4 rows), with the
 RMSNorm weight of their input stored after the codes.
 
-Stacking is lossless: both quantized layouts (model/layout.py) are row-major with per-row blocks, so the
-rows of the stacked tensor are the members' rows, bytes unchanged. One matvec over the stacked rows costs
+Stacking is lossless: every weight layout (model/layout.py) is row-major with per-row blocks, so the
+rows of the stacked tensor are the members' rows, bytes unchanged (members of different types are first
+promoted to their common type, losslessly: model/quants.PROMOTIONS). One matvec over the stacked rows costs
 one dispatch instead of three (or two); on SwiftShader each dispatch has a fixed cost of ~0.45 ms.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...model.layout import QK
+from ...model.quants import common_type, pack, part_nbytes, promote, unpack, weight_type
 
 # stacked tensor (per layer) -> its members in row order, then the RMSNorm weight of its input, which is
 # stored after the codes in the stacked qs part (the matvec kernels' NORM variant reads it from there)
@@ -35,26 +37,25 @@ def fused_member(name: str) -> tuple[str, int, int] | None:
 
 
 def _part_bytes(dtype: str, rows: int, cols: int) -> dict[str, int]:
-    """Exact bytes of each part of a (rows, cols) tensor, without the q8_0 scales' padding to 4 bytes."""
-    nb = cols // QK
-    if dtype == "q4_1":
-        return {"qs": rows * cols // 2, "dm": rows * nb * 4}
-    if dtype == "q8_0":
-        return {"qs": rows * cols, "d": rows * nb * 2}
-    raise ValueError(f"only q4_1 and q8_0 projections can be stacked, got {dtype!r}")
+    """Exact bytes of each part of a (rows, cols) tensor, without the padding of a part to 4 bytes."""
+    if not weight_type(dtype).quantized:
+        raise ValueError(f"only quantized projections can be stacked, got {dtype!r}")
+    return part_nbytes(dtype, (rows, cols))
 
 
 def stack_rows(name: str, members: list[tuple[str, tuple, dict]]) -> tuple[str, tuple[int, int], dict]:
     """Stack (dtype, (rows, cols), parts) members by rows, the last member being the f32 (cols,) RMSNorm weight
     appended to qs -> (dtype, (sum rows, cols), parts as bytes)."""
     *members, (gain_dtype, gain_shape, gain_parts) = members
-    dtypes = {dtype for dtype, _, _ in members}
+    dtype = common_type({dtype for dtype, _, _ in members})
     cols = {shape[1] for _, shape, _ in members}
-    if len(dtypes) != 1 or len(cols) != 1:
-        raise ValueError(f"{name}: the stacked projections need one dtype and one column count, got "
-                         f"{[(dtype, list(shape)) for dtype, shape, _ in members]}; re-convert the model with one "
-                         "quantization for these projections")
-    dtype, n_cols = dtypes.pop(), cols.pop()
+    if dtype is None or len(cols) != 1:
+        raise ValueError(f"{name}: the stacked projections need one dtype and one column count (types that promote "
+                         f"losslessly to one count as one), got {[(d, list(shape)) for d, shape, _ in members]}; "
+                         "re-convert the model with one quantization for these projections")
+    members = [(dtype, shape, _promoted(member_dtype, dtype, shape, member_parts))
+               for member_dtype, shape, member_parts in members]
+    n_cols = cols.pop()
     if n_cols % QK:
         raise ValueError(f"{name}: cols must be a multiple of {QK}, got {n_cols}")
     if gain_dtype != "f32" or tuple(gain_shape) != (n_cols,):
@@ -78,10 +79,20 @@ def stack_rows(name: str, members: list[tuple[str, tuple, dict]]) -> tuple[str, 
     return dtype, (sum(shape[0] for _, shape, _ in members), n_cols), parts
 
 
+def _promoted(dtype: str, target: str, shape: tuple, parts: dict) -> dict:
+    if dtype == target:
+        return parts
+    return pack(target, promote(dtype, target, unpack(dtype, tuple(shape), parts)))
+
+
 def stacked_nbytes(members: list[tuple[str, tuple]]) -> dict[str, int]:
     """Bytes of each part stack_rows makes from members given as (dtype, shape), the norm weight last."""
     *matrices, _ = members
-    dtype, (_, cols) = matrices[0]
+    dtype = common_type({d for d, _ in matrices})
+    if dtype is None:  # refused here, before the backend uploads anything (its ledger plan sizes the stacks first)
+        raise ValueError(f"stacked projections of types {sorted({d for d, _ in matrices})} have no lossless common "
+                         "type; re-convert the model with one quantization for these projections")
+    cols = matrices[0][1][1]
     sizes = {part: 0 for part in _part_bytes(dtype, 1, cols)}
     for _, (rows, _) in matrices:
         for part, n in _part_bytes(dtype, rows, cols).items():

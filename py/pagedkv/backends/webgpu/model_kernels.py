@@ -14,9 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...model.layout import QK
+from ...model.quants import WEIGHT_TYPES
 
 MAX_WORKGROUPS_PER_DIM = 65535
-QUANTIZED = ("q4_1", "q8_0")
+# weight types with matvec_* / matmul_* kernels (cpu family) and matvec_gpu[_sg]_* (gpu family); a plan picks
+# each matrix's kernel by its dtype
+QUANTIZED = tuple(name for name, t in WEIGHT_TYPES.items() if t.quantized)
 MATVEC_ROWS = 8  # output rows per thread in matvec_*.wgsl (one token per thread)
 MATMUL_TILE = (8, 4)  # (rows, tokens) per thread in matmul_*.wgsl
 FAMILIES = ("cpu", "gpu")  # kernel families: cpu for software adapters (SwiftShader, lavapipe), gpu for real GPUs
@@ -62,8 +65,9 @@ def _weight(dtype: str, rows: int, cols: int) -> None:
     if dtype not in QUANTIZED:
         raise ValueError(f"quantized kernels take {list(QUANTIZED)}, got {dtype!r}")
     _positive(rows=rows, cols=cols)
-    if cols % QK:
-        raise ValueError(f"{dtype} weight cols must be a multiple of {QK}, got {cols}")
+    block = WEIGHT_TYPES[dtype].block
+    if cols % block:
+        raise ValueError(f"{dtype} weight cols must be a multiple of {block}, got {cols}")
 
 
 # ---------------------------------------------------------------- call builders (pure)
@@ -199,12 +203,17 @@ def rope_call(tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, workgro
                       uniform_words(tokens, n_heads, n_kv_heads, head_dim).tobytes())
 
 
-def embedding_call(tokens: int, hidden: int, workgroup_size: int = 64) -> KernelCall:
-    """out (tokens, hidden) = Q8_0 table rows; buffers: qs, d, token_ids, out, params."""
+def embedding_call(tokens: int, hidden: int, workgroup_size: int = 64, dtype: str = "q8_0") -> KernelCall:
+    """out (tokens, hidden) = dequantized table rows (embedding.wgsl for Q8_0, embedding_<dtype>.wgsl for the
+    nibble-coded types); buffers: qs, the scales part, token_ids, out, params."""
     _positive(tokens=tokens, hidden=hidden)
-    if hidden % QK:
-        raise ValueError(f"embedding hidden size must be a multiple of {QK}, got {hidden}")
-    return KernelCall("embedding", (("WORKGROUP_SIZE", workgroup_size),),
+    if dtype not in QUANTIZED:
+        raise ValueError(f"embedding tables are one of {list(QUANTIZED)}, got {dtype!r}")
+    block = WEIGHT_TYPES[dtype].block
+    if hidden % block:
+        raise ValueError(f"{dtype} embedding hidden size must be a multiple of {block}, got {hidden}")
+    shader = "embedding" if dtype == "q8_0" else f"embedding_{dtype}"
+    return KernelCall(shader, (("WORKGROUP_SIZE", workgroup_size),),
                       (_ceil(hidden // 4, workgroup_size), tokens, 1), uniform_words(tokens, hidden).tobytes())
 
 

@@ -82,7 +82,8 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         return name, None
 
     emb_dtype, emb_parts = w["token_embd.weight"]
-    passes = [[Dispatch("embedding", (("WORKGROUP_SIZE", 64),), (*emb_parts, s["token_ids"], s["x"]), "embedding")]]
+    passes = [[Dispatch(ops.embedding_call(1, cfg.hidden, dtype=emb_dtype).shader, (("WORKGROUP_SIZE", 64),),
+                        (*emb_parts, s["token_ids"], s["x"]), "embedding")]]
     body = passes[0]
     tk = key.token_kernel
     for i in range(cfg.n_layers):

@@ -1,0 +1,23 @@
+// One u32 word of nibble codes for the gpu-family matvec of the nibble-coded weight types (expanded at a
+// `//#include gpu_nibble_words.wgsl` line after <type>_weights.wgsl and nibble_io.wgsl): 8 weights,
+// 2 activation vec4s.
+
+override WORKGROUP_SIZE : u32 = 64u;
+const WORDS_PER_BLOCK : u32 = 4u;
+const X_PER_WORD : u32 = 2u;
+
+// Word c of block i (row * cols/32 + b) against its activations u0, u1 (weights 8c..8c+3, 8c+4..8c+7).
+fn word_dot(i : u32, c : u32, u0 : vec4<f32>, u1 : vec4<f32>) -> f32 {
+  let b = scales(i);
+  let upper = c >> 1u;
+  let q = qs[i][c];
+  var t = dot(nibbles_lo(q), u0 * SCALE_LO) + dot(nibbles_hi(q), u1 * SCALE_HI);
+  if (HIGH_BITS == 1u) {
+    t += 16.0 * (dot(bits4(b.h0, 2u * c), u0 * BIT_SCALE) + dot(bits4(b.h0, 2u * c + 1u), u1 * BIT_SCALE));
+  } else if (HIGH_BITS == 2u) {
+    let h = select(b.h0, b.h1, upper == 1u);
+    let m = 2u * (c & 1u);
+    t += 16.0 * (dot(pairs4(h, m), u0 * PAIR_SCALE) + dot(pairs4(h, m + 1u), u1 * PAIR_SCALE));
+  }
+  return select(b.a.x, b.a.y, upper == 1u) * t + select(b.m.x, b.m.y, upper == 1u) * dot(u0 + u1, vec4<f32>(1.0));
+}
