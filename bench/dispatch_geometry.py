@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 from bench._path import emit
 from pagedkv.backends.webgpu.kv_kernels import KVKernels, KVLayout
-from pagedkv.backends.webgpu.model_kernels import FAMILIES, MAX_WORKGROUPS_PER_DIM
+from pagedkv.backends.webgpu.model_kernels import FAMILIES, MAX_WORKGROUPS_PER_DIM, GpuShapes
 from pagedkv.backends.webgpu.plan import SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
 from pagedkv.model.config import ModelConfig
 
@@ -52,7 +52,7 @@ def decode_step(kernels: str, context: int, subgroups: bool = True, config: Mode
     kv = KVKernels(ctx, layout, config.n_heads)
     b = SimpleNamespace(config=config, scratch=_Named(), weights=_Weights(), kv_layout=layout, kv_kernels=kv,
                         kv_caches=[SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(config.n_layers)],
-                        kernels=kernels, subgroups=subgroups)
+                        kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes())
     shape = StepShape(num_tokens=1, num_seqs=1, table_width=math.ceil(context / BLOCK_SIZE),
                       max_parts=math.ceil(context / (kv.partition_blocks * BLOCK_SIZE)), num_tiles=1, decode=True)
     grids, _ = step_slots(b, shape)  # (slots, 3)

@@ -5,7 +5,8 @@ head_dim 64, vocab 49152) plus small odd shapes that exercise the edge handling 
 multiple of the 8-row / 8x4 tiles, hidden smaller than a workgroup). The cases run inside the
 page's worker (tests/browser/kernel_cases.py); each test batches its cases into one call. The matvec tests
 run every kernel family (FAMILIES): cpu, gpu (subgroup reduction: the page's SwiftShader device has
-subgroups, of size 4) and gpu_tree (the gpu family's workgroup-memory tree, used where there are none).
+subgroups, of size 4) and gpu_tree (the gpu family's workgroup-memory tree, used where there are none);
+the matmul tests cpu and gpu (tiled through workgroup memory, at prefill sizes up to 130 tokens too).
 
 Error bounds (stated here, asserted below; what SwiftShader gave when written in brackets):
   matvec / matmul, Q4_1 and Q8_0: |gpu - ref| <= 2e-6 * (|x| @ |W|^T) per output,
@@ -49,8 +50,9 @@ def assert_linear(results: list[dict]) -> None:
 
 SMOLLM2_LINEAR = [(576, 576), (192, 576), (1536, 576), (576, 1536)]
 FAMILIES = ["cpu", "gpu", "gpu_tree"]
-# (kernel, family): matmul exists in the cpu family only
-LINEAR_KERNELS = [("matvec", "cpu"), ("matmul", "cpu"), ("matvec", "gpu"), ("matvec", "gpu_tree")]
+# (kernel, family): the gpu family's matmul has no reduction, so no tree variant
+LINEAR_KERNELS = [("matvec", "cpu"), ("matmul", "cpu"), ("matvec", "gpu"), ("matvec", "gpu_tree"), ("matmul", "gpu")]
+GPU_MATMUL_TOKENS = (1, 7, 64, 130)  # 130: a partial 32-token tile of matmul_gpu
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -72,6 +74,8 @@ def test_matvec_matches_reference(worker, dtype, family):
 def test_linear_accumulate_adds_into_y(worker, kernel, family, dtype):
     """The ACCUMULATE variant (residual add fused into the output projections) returns y0 + x @ W.T."""
     shapes = [(576, 576, 1), (576, 1536, 5), (37, 96, 3)]
+    if (kernel, family) == ("matmul", "gpu"):  # the down projection at prefill sizes
+        shapes += [(576, 1536, t) for t in GPU_MATMUL_TOKENS[2:]]
     results = run(worker, [f"case_linear('{kernel}', '{dtype}', {r}, {c}, {t}, seed=12, accumulate=True, "
                            f"family='{family}')" for r, c, t in shapes])
     assert [(r["accumulate"], r["family"], r["shape"]) for r in results] == [(True, family, [t, r])
@@ -90,12 +94,17 @@ def test_matvec_norm_fuses_the_rmsnorm(worker, dtype, family):
     assert_linear(results)
 
 
+@pytest.mark.parametrize("family", ["cpu", "gpu"])
 @pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
-def test_matmul_matches_reference(worker, dtype):
+def test_matmul_matches_reference(worker, dtype, family):
     # Tokens not a multiple of 4; 37 and 36 rows end in a partial 8-row tile (36: its upper half is empty).
     shapes = [(1536, 576, 37), (576, 1536, 16), (192, 576, 1), (37, 96, 7), (36, 64, 6)]
-    results = run(worker, [f"case_linear('matmul', '{dtype}', {r}, {c}, {t}, seed=5)" for r, c, t in shapes])
-    assert [r["shape"] for r in results] == [[t, r] for r, _, t in shapes]
+    if family == "gpu":  # q|k|v at prefill sizes; 200 rows x 33 tokens: partial 64-row and 32-token tiles
+        shapes += [(960, 576, t) for t in GPU_MATMUL_TOKENS] + [(200, 32, 33)]
+    results = run(worker, [f"case_linear('matmul', '{dtype}', {r}, {c}, {t}, seed=5, family='{family}')"
+                           for r, c, t in shapes])
+    assert [(r["kernel"], r["family"], r["shape"]) for r in results] == (
+        [(f"matmul_{dtype}", family, [t, r]) for r, _, t in shapes])
     assert_linear(results)
 
 
@@ -153,6 +162,9 @@ def test_swiglu_fused_into_the_gate_up_projection(worker, kernel, family, dtype)
     if kernel == "matvec":
         calls.append(f"case_linear_swiglu('matvec', '{dtype}', 3072, 576, 2, seed=15, norm=True, family='{family}')")
         shapes.append((3072, 576, 2))
+    if (kernel, family) == ("matmul", "gpu"):  # gate|up at prefill sizes
+        calls += [f"case_linear_swiglu('matmul', '{dtype}', 3072, 576, {t}, seed=15, family='gpu')" for t in (64, 130)]
+        shapes += [(3072, 576, 64), (3072, 576, 130)]
     results = run(worker, calls)
     assert [(r["family"], r["shape"]) for r in results] == [(family, [t, r // 2]) for r, _, t in shapes]
     for r in results:

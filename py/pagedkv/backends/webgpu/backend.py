@@ -45,7 +45,8 @@ class WebGpuBackend:
         if kernels not in ops.FAMILIES:
             raise ValueError(f"kernels must be one of {ops.FAMILIES}, got {kernels!r}")
         self.ctx = ctx
-        self.kernels = kernels  # kernel family of the plan's matvecs and argmax (model_kernels.choose_family)
+        self.kernels = kernels  # kernel family of the plan's matvecs, matmuls and argmax (model_kernels.choose_family)
+        self.gpu_shapes = ops.GpuShapes()  # the gpu family's workgroup shapes
         self.config = config
         self.ledger = ledger
         self.block_size = block_size

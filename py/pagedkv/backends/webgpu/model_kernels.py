@@ -21,6 +21,18 @@ MATVEC_ROWS = 8  # output rows per thread in matvec_*.wgsl (one token per thread
 MATMUL_TILE = (8, 4)  # (rows, tokens) per thread in matmul_*.wgsl
 FAMILIES = ("cpu", "gpu")  # kernel families: cpu for software adapters (SwiftShader, lavapipe), gpu for real GPUs
 GPU_WORKGROUP_SIZES = (64, 128, 256)  # threads of a gpu-family matvec workgroup (a power of two: reduce_tree.wgsl)
+# A gpu-family matmul workgroup (matmul_gpu_main.wgsl): (threads, threads along rows); each thread owns 8 rows x
+# 4 tokens, so the default tile is 64 rows x 32 tokens, staged in 13.5 KiB of workgroup memory.
+GPU_MATMUL_SHAPE = (64, 8)
+
+
+@dataclass(frozen=True)
+class GpuShapes:
+    """Workgroup shapes of the gpu family's linears: matvec threads, matmul (threads, threads along rows).
+    The defaults until first-boot tuning picks the adapter's own."""
+
+    matvec: int = GPU_WORKGROUP_SIZES[0]
+    matmul: tuple[int, int] = GPU_MATMUL_SHAPE
 
 
 @dataclass(frozen=True)
@@ -117,26 +129,54 @@ def matvec_gpu_call(dtype: str, rows: int, cols: int, tokens: int, subgroups: bo
     grid = (_ceil(rows, MATVEC_ROWS), tokens, 1)
     constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu)
     params = uniform_words(rows, cols, tokens, float(norm_eps or 0.0)).tobytes()
-    return KernelCall(linear_kernel("gpu", subgroups, "matvec", dtype)[0], constants, grid, params)
+    return KernelCall(f"matvec_gpu_{'sg_' if subgroups else ''}{dtype}", constants, grid, params)
 
 
-def linear_kernel(family: str, subgroups: bool, kind: str, dtype: str) -> tuple[str, int]:
-    """(shader, workgroup size) of a `kind` ("matvec" | "matmul") linear in kernel `family`: the gpu family
-    has its own matvec (matvec_gpu[_sg]_<dtype>, subgroups when the device has them); matmul (prefill) is
-    the cpu family's in both."""
+def matmul_gpu_call(dtype: str, rows: int, cols: int, tokens: int, shape: tuple[int, int] = GPU_MATMUL_SHAPE,
+                    accumulate: bool = False, swiglu: bool = False) -> KernelCall:
+    """matmul_call's result from the gpu family (matmul_gpu_main.wgsl): a workgroup of shape = (threads,
+    threads along rows) stages a tile of 8 * shape[1] rows x 4 * shape[0] / shape[1] tokens through
+    workgroup memory, one 32-weight block at a time. Same buffers as matmul_call."""
+    _weight(dtype, rows, cols)
+    _positive(tokens=tokens)
+    _check_swiglu(rows, swiglu, accumulate)
+    threads, row_groups = shape
+    if threads not in GPU_WORKGROUP_SIZES or row_groups not in (2, 4, 8, 16) or row_groups >= threads:
+        raise ValueError(f"a gpu-family matmul workgroup is (threads in {GPU_WORKGROUP_SIZES}, threads along rows "
+                         f"in 2..16, a power of two below threads), got {shape}")
+    grid = (_ceil(rows, 8 * row_groups), _ceil(tokens, 4 * threads // row_groups), 1)
+    return KernelCall(f"matmul_gpu_{dtype}", matmul_gpu_constants(shape, accumulate, swiglu), grid,
+                      uniform_words(rows, cols, tokens).tobytes())
+
+
+def matmul_gpu_constants(shape: tuple[int, int], accumulate: bool = False, swiglu: bool = False) -> tuple:
+    """Pipeline constants of matmul_gpu_*: linear_constants' and ROW_GROUPS."""
+    return linear_constants(shape[0], accumulate, swiglu=swiglu) + (("ROW_GROUPS", shape[1]),)
+
+
+def linear_pipeline(family: str, subgroups: bool, kind: str, dtype: str, accumulate: bool = False,
+                    norm: bool = False, swiglu: bool = False, shapes: GpuShapes = GpuShapes()) -> tuple[str, tuple]:
+    """(shader, pipeline constants) of a `kind` ("matvec" | "matmul") linear in kernel `family`: the gpu
+    family has its own matvec (matvec_gpu[_sg]_<dtype>, subgroups when the device has them) and matmul
+    (matmul_gpu_<dtype>), in the workgroup shapes `shapes`."""
     if family not in FAMILIES:
         raise ValueError(f"kernel family must be one of {FAMILIES}, got {family!r}")
     if family == "gpu" and kind == "matvec":
-        return f"matvec_gpu_{'sg_' if subgroups else ''}{dtype}", GPU_WORKGROUP_SIZES[0]
-    return f"{kind}_{dtype}", 32
+        return (f"matvec_gpu_{'sg_' if subgroups else ''}{dtype}",
+                linear_constants(shapes.matvec, accumulate, norm, swiglu))
+    if family == "gpu":
+        return f"matmul_gpu_{dtype}", matmul_gpu_constants(shapes.matmul, accumulate, swiglu)
+    return f"{kind}_{dtype}", linear_constants(32, accumulate, norm, swiglu)
 
 
 def family_linear_call(family: str, subgroups: bool, dtype: str, rows: int, cols: int, tokens: int,
-                       accumulate: bool = False) -> KernelCall:
-    """linear_call for kernel `family`: where linear_call picks matvec, the gpu family runs its own."""
+                       accumulate: bool = False, shapes: GpuShapes = GpuShapes()) -> KernelCall:
+    """linear_call for kernel `family`: where linear_call picks matvec or matmul, the gpu family runs its own."""
     call = linear_call(dtype, rows, cols, tokens, accumulate)
     if family == "gpu" and call.shader.startswith("matvec_"):
-        return matvec_gpu_call(dtype, rows, cols, tokens, subgroups, accumulate=accumulate)
+        return matvec_gpu_call(dtype, rows, cols, tokens, subgroups, shapes.matvec, accumulate=accumulate)
+    if family == "gpu":
+        return matmul_gpu_call(dtype, rows, cols, tokens, shapes.matmul, accumulate=accumulate)
     return call
 
 
