@@ -11,12 +11,6 @@ fn word_dot(i : u32, c : u32, u0 : vec4<f32>, u1 : vec4<f32>) -> f32 {
   return block_scale(i) * dot(codes(qs[2u * i + c / 4u][c % 4u]), u0);
 }
 
-// The scale of block i times 127 (codes() returns q / 127).
-fn block_scale(i : u32) -> f32 {
-  let pair = unpack2x16float(d[i >> 1u]);
-  return 127.0 * select(pair.x, pair.y, (i & 1u) == 1u);
-}
-
 // Word c of block i dequantized: weights 4c..4c+3 (the second column unused).
 fn word_weights(i : u32, c : u32) -> mat2x4<f32> {
   return mat2x4<f32>(block_scale(i) * codes(qs[2u * i + c / 4u][c % 4u]), vec4<f32>(0.0));

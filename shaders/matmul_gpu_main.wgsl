@@ -22,11 +22,7 @@ fn dot4(a : vec4<f32>, b : vec4<f32>, c : vec4<f32>, d : vec4<f32>, u : vec4<f32
   return vec4<f32>(dot(a, u), dot(b, u), dot(c, u), dot(d, u));
 }
 
-fn store(t : u32, r0 : u32, acc : vec4<f32>) {
-  if (t < params.tokens && r0 < params.rows) {
-    put4(t, r0, acc);
-  }
-}
+//#include matmul_tile_store.wgsl
 
 // Block b of the tile's activations and weights into workgroup memory.
 fn stage(b : u32, row0 : u32, tok0 : u32, lid : u32) {
@@ -55,14 +51,8 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   let tok0 = wid.y * 4u * (WORKGROUP_SIZE / ROW_GROUPS);
   let wr = (lid % ROW_GROUPS) * 8u;  // this thread's first row and first token within the tile
   let xt = (lid / ROW_GROUPS) * 4u;
-  var acc0 = vec4<f32>(0.0);  // token xt, rows wr..wr+3 (acc1: rows wr+4..wr+7); acc2/acc3 token xt+1, ...
-  var acc1 = vec4<f32>(0.0);
-  var acc2 = vec4<f32>(0.0);
-  var acc3 = vec4<f32>(0.0);
-  var acc4 = vec4<f32>(0.0);
-  var acc5 = vec4<f32>(0.0);
-  var acc6 = vec4<f32>(0.0);
-  var acc7 = vec4<f32>(0.0);
+  // [2j]: token xt + j, rows wr..wr+3; [2j + 1]: rows wr+4..wr+7. Indexed by constants only: registers.
+  var acc : array<vec4<f32>, 8>;
   for (var b = 0u; b < params.cols / 32u; b++) {
     stage(b, row0, tok0, lid);
     workgroupBarrier();
@@ -77,17 +67,17 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
       let wg = w_tile[w + 6u * STRIDE];
       let wh = w_tile[w + 7u * STRIDE];
       var u = x_tile[xt * STRIDE + k];
-      acc0 += dot4(wa, wb, wc, wd, u);
-      acc1 += dot4(we, wf, wg, wh, u);
+      acc[0] += dot4(wa, wb, wc, wd, u);
+      acc[1] += dot4(we, wf, wg, wh, u);
       u = x_tile[(xt + 1u) * STRIDE + k];
-      acc2 += dot4(wa, wb, wc, wd, u);
-      acc3 += dot4(we, wf, wg, wh, u);
+      acc[2] += dot4(wa, wb, wc, wd, u);
+      acc[3] += dot4(we, wf, wg, wh, u);
       u = x_tile[(xt + 2u) * STRIDE + k];
-      acc4 += dot4(wa, wb, wc, wd, u);
-      acc5 += dot4(we, wf, wg, wh, u);
+      acc[4] += dot4(wa, wb, wc, wd, u);
+      acc[5] += dot4(we, wf, wg, wh, u);
       u = x_tile[(xt + 3u) * STRIDE + k];
-      acc6 += dot4(wa, wb, wc, wd, u);
-      acc7 += dot4(we, wf, wg, wh, u);
+      acc[6] += dot4(wa, wb, wc, wd, u);
+      acc[7] += dot4(we, wf, wg, wh, u);
     }
     workgroupBarrier();  // the next block overwrites the tiles
   }
@@ -96,19 +86,5 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   if (r0 >= params.rows || t0 >= params.tokens) {
     return;
   }
-  if (SWIGLU) {  // acc0: gate rows of token t0, acc1: their up rows; tokens past the end are not written
-    put_act(t0, r0, acc0, acc1);
-    if (t0 + 1u < params.tokens) { put_act(t0 + 1u, r0, acc2, acc3); }
-    if (t0 + 2u < params.tokens) { put_act(t0 + 2u, r0, acc4, acc5); }
-    if (t0 + 3u < params.tokens) { put_act(t0 + 3u, r0, acc6, acc7); }
-    return;
-  }
-  store(t0, r0, acc0);
-  store(t0, r0 + 4u, acc1);
-  store(t0 + 1u, r0, acc2);
-  store(t0 + 1u, r0 + 4u, acc3);
-  store(t0 + 2u, r0, acc4);
-  store(t0 + 2u, r0 + 4u, acc5);
-  store(t0 + 3u, r0, acc6);
-  store(t0 + 3u, r0 + 4u, acc7);
+  put_tile(t0, r0, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]);
 }

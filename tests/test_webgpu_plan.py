@@ -13,7 +13,7 @@ from pagedkv.model.config import ModelConfig
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 512, 1e5, "adjacent_pairs", 1e-5, 256, True)
 
 
-def fake_backend(kernels: str = "cpu", subgroups: bool = False):
+def fake_backend(kernels: str = "cpu", subgroups: bool = False, shader_f16: bool = False):
     ctx = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": 65535}))
     layout = KVLayout(10, 16, 2, 16, "f16")
     names = ["token_embd.weight", "output_norm.weight"] + [
@@ -27,7 +27,7 @@ def fake_backend(kernels: str = "cpu", subgroups: bool = False):
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(2)]
     return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, kv_caches=caches, kv_layout=layout,
                            kv_kernels=KVKernels(ctx, layout, CFG.n_heads), kernels=kernels, subgroups=subgroups,
-                           gpu_shapes=GpuShapes())
+                           gpu_shapes=GpuShapes(), shader_f16=shader_f16)
 
 
 def test_plan_keys_bucket_batches_by_kernel_choice():
@@ -104,6 +104,9 @@ def test_gpu_family_plan_swaps_the_linears_and_argmax_only():
     assert [d.shader for d in prefill[1]] == ["rmsnorm", "matmul_gpu_q8_0", "argmax_gpu"]  # 3 sequences
     wide = step_slots(b, StepShape(40, 3, 1, 1, 1, False))[0]  # tiles of 64 rows x 32 tokens
     assert wide[SLOT_INDEX["lin_qkv"]].tolist() == [2, 2, 1] and wide[SLOT_INDEX["lin_ffn"]].tolist() == [4, 2, 1]
+    f16 = layer_program(fake_backend("gpu", subgroups=False, shader_f16=True), PlanKey.of(1, 1))
+    assert [d.shader for d in f16[0][1:9:7]] + [f16[1][1].shader] == [  # where the device has shader-f16
+        "matvec_gpu_f16_q4_1", "matvec_gpu_f16_q4_1", "matvec_gpu_f16_q8_0"]
     grids, _ = step_slots(b, StepShape(1, 1, 1, 1, 1, True))
     assert grids[SLOT_INDEX["lin_qkv"]].tolist() == [16, 1, 1]  # one workgroup per 8 of the 128 rows
     assert grids[SLOT_INDEX["lin_ffn"]].tolist() == [32, 1, 1] and grids[SLOT_INDEX["lm_head"]].tolist() == [64, 1, 1]

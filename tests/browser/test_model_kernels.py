@@ -16,6 +16,8 @@ Error bounds (stated here, asserted below; what SwiftShader gave when written in
   swiglu (fused into the gate|up matvec / matmul): <= 4e-6 * (first-order bound from the dot products'
       rounding + |result|) per element
   embedding and argmax: exact (argmax ties -> lowest index, as numpy)
+  f16 matvec (devices with shader-f16: lavapipe here): <= 2e-3 * (|x| @ |W|^T) per output and
+      <= 4e-3 * max|ref| [<= 6.5e-4 and 1.6e-3]
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ LINEAR_REL_BOUND = 1e-5
 RMSNORM_REL_BOUND = 1e-6
 ROPE_REL_BOUND = 2e-7
 SWIGLU_REL_BOUND = 4e-6
+# f16 matvec (lavapipe): x and the codes rounded to f16 (2^-11 relative), f16 dot products of 4 [<= 6.5e-4, 1.6e-3]
+F16_SCALED_BOUND = 2e-3
+F16_REL_BOUND = 4e-3
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +111,26 @@ def test_matmul_matches_reference(worker, dtype, family):
     assert [(r["kernel"], r["family"], r["shape"]) for r in results] == (
         [(f"matmul_{dtype}", family, [t, r]) for r, _, t in shapes])
     assert_linear(results)
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+def test_f16_matvec_matches_reference_where_the_device_has_shader_f16(worker, dtype):
+    """The f16 variants (plain, NORM, ACCUMULATE, SWIGLU) on lavapipe; SwiftShader has no shader-f16, where
+    the engine keeps the f32 kernels (test_webgpu_engine) and an f16 kernel does not even compile."""
+    if "shader-f16" not in run(worker, ["case_features()"])[0]:
+        with pytest.raises(Exception, match="f16"):
+            run(worker, [f"case_linear('matvec', '{dtype}', 8, 64, 1, seed=3, family='gpu_f16')"])
+        return
+    shapes = [(960, 576, 1), (576, 1536, 5), (37, 96, 3), (8, 64, 2), (40, 4000, 1), (49152, 576, 3)]
+    calls = [f"case_linear('matvec', '{dtype}', {r}, {c}, {t}, seed=3, family='gpu_f16')" for r, c, t in shapes]
+    calls += [f"case_linear('matvec', '{dtype}', 960, 576, 2, seed=13, norm=True, family='gpu_f16')",
+              f"case_linear('matvec', '{dtype}', 576, 1536, 2, seed=12, accumulate=True, family='gpu_f16')",
+              f"case_linear_swiglu('matvec', '{dtype}', 3072, 576, 2, seed=15, norm=True, family='gpu_f16')"]
+    results = run(worker, calls)
+    assert [r["family"] for r in results] == ["gpu_f16"] * 9
+    assert [r["shape"] for r in results] == [[t, r] for r, _, t in shapes] + [[2, 960], [2, 576], [2, 1536]]
+    for r in results:
+        assert r["max_scaled"] <= F16_SCALED_BOUND and r["max_rel"] <= F16_REL_BOUND, r
 
 
 @pytest.mark.parametrize("family", ["gpu", "gpu_tree"])

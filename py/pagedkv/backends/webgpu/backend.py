@@ -226,6 +226,12 @@ class WebGpuBackend:
         return "subgroups" in self.ctx.info.features
 
     @property
+    def shader_f16(self) -> bool:
+        """Whether the gpu family's matvecs run their dot products in f16 (the device requests `shader-f16`
+        where the adapter has it)."""
+        return "shader-f16" in self.ctx.info.features
+
+    @property
     def bytes_per_token(self) -> int:
         cfg = self.config
         return lookup_kv_dtype(self.kv_dtype).bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)

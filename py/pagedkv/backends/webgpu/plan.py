@@ -13,7 +13,8 @@ output projection adding into x (ACCUMULATE), gate|up matvec with its RMSNorm an
 SWIGLU), down projection adding into x. Prefill (matmul, compute-bound) keeps the two rmsnorm dispatches.
 
 The backend's kernel family (b.kernels, model_kernels.FAMILIES) picks the matvec, matmul and argmax kernels
-(the gpu family's in b.gpu_shapes' workgroup shapes); attention is the cpu family's in both families.
+(the gpu family's in b.gpu_shapes' workgroup shapes, its matvecs in f16 where b.shader_f16); attention is
+the cpu family's in both families.
 
 Pure Python (no `js`): the GPU objects come from GpuContext through the backend.
 """
@@ -67,7 +68,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                swiglu: bool = False) -> Dispatch:
         dtype, parts = w[name]
         shader, constants = ops.linear_pipeline(b.kernels, b.subgroups, kind, dtype, accumulate, norm, swiglu,
-                                                b.gpu_shapes)
+                                                b.gpu_shapes, b.shader_f16)
         return Dispatch(shader, constants, (*parts, x, y), slot)
 
     def normed_linear(norm: str, name: str, y, slot: str, swiglu: bool = False) -> list[Dispatch]:
