@@ -3,13 +3,12 @@ this adapter, timed once and cached.
 
 For each hot shape (the gate|up projection: a decode matvec and a 128-token prefill matmul) 2-4 candidate
 shapes are compiled, then timed with device.time_dispatches (GPU timestamps where the device has
-`timestamp-query`, else the wall time of submits and a wait) until a budget of a second is spent. A candidate must first reproduce
-the default shape's output (the same bound as the kernel tests: f32 rounding of a different summation order)
-or it is rejected, never timed. The choice is cached under a key of the adapter, the runtime (browser
+`timestamp-query`, else the wall time of submits and a wait) until a budget of a second is spent. A
+candidate must first reproduce the default shape's output (the kernel tests' relative bound: f32 rounding
+of a different summation order) or it is rejected, never timed. The choice is cached under a key of the adapter, the runtime (browser
 version / wgpu-py), the shaders' text and the model's shape, so a later boot on the same setup reuses it.
 Pure host code over the GpuDevice interface: the store is any object with async get(key) -> dict | None and
-async put(key, dict) (JsonFileStore here, under .cache/ natively; interop.OpfsStore in the page, whose
-worker has no localStorage).
+async put(key, dict) (JsonFileStore: one JSON file, under .cache/ natively).
 """
 from __future__ import annotations
 
