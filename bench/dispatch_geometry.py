@@ -1,6 +1,7 @@
-"""Every dispatch of one SmolLM2-135M decode step (one sequence), from the plan's own call builders.
+"""Every dispatch of one SmolLM2-135M decode step (one sequence), or of one prefill chunk of N tokens
+(--prefill N: a new sequence's first N tokens), from the plan's own call builders.
 
-    python3 -m bench.dispatch_geometry [--json] [--kernels cpu|gpu] [--context N] [--no-subgroups]
+    python3 -m bench.dispatch_geometry [--json] [--kernels cpu|gpu] [--context N | --prefill N] [--no-subgroups]
 
 Pure CPython, no GPU: records the step the way WebGpuBackend does (plan.layer_program with the family's
 kernels, plan.step_slots for the grids) over placeholder buffers, and lists per dispatch the kernel, its
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 
 from bench._path import emit
 from pagedkv.backends.webgpu.kv_kernels import KVKernels, KVLayout
-from pagedkv.backends.webgpu.model_kernels import FAMILIES, MAX_WORKGROUPS_PER_DIM
+from pagedkv.backends.webgpu.model_kernels import FAMILIES, MAX_WORKGROUPS_PER_DIM, GpuShapes
 from pagedkv.backends.webgpu.plan import SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
 from pagedkv.model.config import ModelConfig
 
@@ -42,6 +43,15 @@ class _Weights(dict):
 
 def decode_step(kernels: str, context: int, subgroups: bool = True, config: ModelConfig = SMOLLM2) -> list[dict]:
     """The dispatches of one decode step of one sequence at `context` tokens, in submission order."""
+    return _step(kernels, context, 1, subgroups, config)
+
+
+def prefill_step(kernels: str, tokens: int, subgroups: bool = True, config: ModelConfig = SMOLLM2) -> list[dict]:
+    """The dispatches of one prefill chunk: a new sequence's first `tokens` tokens, in submission order."""
+    return _step(kernels, tokens, tokens, subgroups, config)
+
+
+def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: ModelConfig) -> list[dict]:
     if kernels not in FAMILIES:
         raise ValueError(f"kernels must be one of {FAMILIES}, got {kernels!r}")
     if not 1 <= context <= config.context_length:
@@ -53,12 +63,14 @@ def decode_step(kernels: str, context: int, subgroups: bool = True, config: Mode
     kv_sizes = {name: size for name, _, _, size in kv.decode.specs}  # the KV kernels' workgroup sizes
     b = SimpleNamespace(config=config, scratch=_Named(), weights=_Weights(), kv_layout=layout, kv_kernels=kv,
                         kv_caches=[SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(config.n_layers)],
-                        kernels=kernels, subgroups=subgroups)
-    shape = StepShape(num_tokens=1, num_seqs=1, table_width=math.ceil(context / BLOCK_SIZE),
-                      max_parts=math.ceil(context / (kv.partition_blocks * BLOCK_SIZE)), num_tiles=1, decode=True)
+                        kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(),
+                        shader_f16=False)
+    shape = StepShape(num_tokens=new_tokens, num_seqs=1, table_width=math.ceil(context / BLOCK_SIZE),
+                      max_parts=math.ceil(context / (kv.partition_blocks * BLOCK_SIZE)),
+                      num_tiles=math.ceil(new_tokens / kv.query_tile), decode=new_tokens == 1)
     grids, _ = step_slots(b, shape)  # (slots, 3)
     rows = []
-    for dispatches in layer_program(b, PlanKey.of(1, 1)):
+    for dispatches in layer_program(b, PlanKey.of(new_tokens, 1)):
         for d in dispatches:
             grid = tuple(int(g) for g in grids[SLOT_INDEX[d.slot]])
             if grid[0] == 0:  # skipped this step (the reduce of a single partition)
@@ -74,13 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernels", choices=FAMILIES, default="gpu")
     parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--prefill", type=int, metavar="N", help="list a prefill chunk of N tokens instead")
     parser.add_argument("--no-subgroups", action="store_true", help="the gpu family's workgroup-tree kernels")
     parser.add_argument("--json", action="store_true", help="one JSON object (else a table)")
     args = parser.parse_args(argv)
-    rows = decode_step(args.kernels, args.context, not args.no_subgroups)
+    if args.prefill is None:
+        rows = decode_step(args.kernels, args.context, not args.no_subgroups)
+        step = {"context": args.context}
+    else:
+        rows = prefill_step(args.kernels, args.prefill, not args.no_subgroups)
+        step = {"prefill": args.prefill}
     if args.json:
-        emit({"model": "smollm2-135m-instruct", "kernels": args.kernels, "context": args.context,
-              "dispatches": rows})
+        emit({"model": "smollm2-135m-instruct", "kernels": args.kernels, **step, "dispatches": rows})
         return 0
     print(f"{'kernel':<26} {'slot':<10} {'wg size':>7} {'workgroups':>16} {'invocations':>11}")
     for r in rows:

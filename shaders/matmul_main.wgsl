@@ -11,11 +11,7 @@ fn rows4(a_lo : vec4<f32>, a_hi : vec4<f32>, b_lo : vec4<f32>, b_hi : vec4<f32>,
                    dot(c_lo, x_lo) + dot(c_hi, x_hi), dot(d_lo, x_lo) + dot(d_hi, x_hi));
 }
 
-fn store(t : u32, r0 : u32, acc : vec4<f32>) {
-  if (t < params.tokens && r0 < params.rows) {
-    put4(t, r0, acc);
-  }
-}
+//#include matmul_tile_store.wgsl
 
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
@@ -101,19 +97,5 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
       acc7 += rows4(e_lo, e_hi, f_lo, f_hi, g_lo, g_hi, h_lo, h_hi, xl, xh);
     }
   }
-  if (SWIGLU) {  // acc0: gate rows of token t0, acc1: their up rows; clamped tokens are not written
-    put_act(t0, r0, acc0, acc1);
-    if (t0 + 1u < params.tokens) { put_act(t0 + 1u, r0, acc2, acc3); }
-    if (t0 + 2u < params.tokens) { put_act(t0 + 2u, r0, acc4, acc5); }
-    if (t0 + 3u < params.tokens) { put_act(t0 + 3u, r0, acc6, acc7); }
-    return;
-  }
-  store(t0, r0, acc0);
-  store(t0, r0 + 4u, acc1);
-  store(t0 + 1u, r0, acc2);
-  store(t0 + 1u, r0 + 4u, acc3);
-  store(t0 + 2u, r0, acc4);
-  store(t0 + 2u, r0 + 4u, acc5);
-  store(t0 + 3u, r0, acc6);
-  store(t0 + 3u, r0 + 4u, acc7);
+  put_tile(t0, r0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
 }

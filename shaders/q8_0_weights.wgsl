@@ -18,3 +18,8 @@ fn codes(w : u32) -> vec4<f32> {
   return unpack4x8snorm(w);
 }
 
+// The scale of block i times 127 (codes() returns q / 127).
+fn block_scale(i : u32) -> f32 {
+  let pair = unpack2x16float(d[i >> 1u]);
+  return 127.0 * select(pair.x, pair.y, (i & 1u) == 1u);
+}

@@ -26,6 +26,19 @@ def test_gpu_family_fills_every_matvec_with_at_least_1024_invocations_at_context
                             "workgroups": [1, 1, 1], "invocations": 256}
 
 
+def test_gpu_family_matmuls_launch_at_least_1024_invocations_for_a_512_token_prefill_chunk():
+    rows = geo.prefill_step("gpu", 512)
+    linear = _linear(rows)
+    assert len(linear) == 30 * 4 + 1
+    assert min(n for _, _, n in linear) >= 1024
+    # tiles of 64 rows x 32 tokens: 16 token tiles, rows / 64 row tiles
+    assert linear[:4] == [("matmul_gpu_q4_1", "lin_qkv", 15 * 16 * 64), ("matmul_gpu_q4_1", "lin_h", 9 * 16 * 64),
+                          ("matmul_gpu_q4_1", "lin_ffn", 48 * 16 * 64), ("matmul_gpu_q4_1", "lin_down", 9 * 16 * 64)]
+    assert linear[-1] == ("matvec_gpu_sg_q8_0", "lm_head", 6144 * 64)  # one sequence: its last token's logits
+    assert [r["workgroups"] for r in rows if r["slot"] == "lin_ffn"][0] == [48, 16, 1]
+    assert _linear(geo.prefill_step("cpu", 512))[0] == ("matmul_q4_1", "lin_qkv", 4 * 128 * 32)
+
+
 def test_cpu_family_rows_are_the_issues_counts():
     rows = geo.decode_step("cpu", 512)
     assert len(rows) == 1 + 30 * 8 + 3  # embedding, 8 per layer (the reduce too: 4 partitions at 512), head
@@ -57,3 +70,6 @@ def test_cli_prints_json(capsys):
     assert (out["kernels"], out["context"], len(out["dispatches"])) == ("cpu", 512, 244)
     with pytest.raises(ValueError, match="context must be 1..8192, got 0"):
         geo.decode_step("gpu", 0)
+    assert geo.main(["--json", "--kernels", "gpu", "--prefill", "64"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["kernels"], out["prefill"], out["dispatches"][2]["kernel"]) == ("gpu", 64, "matmul_gpu_q4_1")

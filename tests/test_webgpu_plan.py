@@ -6,13 +6,14 @@ from types import SimpleNamespace
 import numpy as np
 
 from pagedkv.backends.webgpu.kv_kernels import KVKernels, KVLayout
+from pagedkv.backends.webgpu.model_kernels import GpuShapes
 from pagedkv.backends.webgpu.plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
 from pagedkv.model.config import ModelConfig
 
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 512, 1e5, "adjacent_pairs", 1e-5, 256, True)
 
 
-def fake_backend(kernels: str = "cpu", subgroups: bool = False):
+def fake_backend(kernels: str = "cpu", subgroups: bool = False, shader_f16: bool = False):
     ctx = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": 65535}))
     layout = KVLayout(10, 16, 2, 16, "f16")
     names = ["token_embd.weight", "output_norm.weight"] + [
@@ -26,7 +27,7 @@ def fake_backend(kernels: str = "cpu", subgroups: bool = False):
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(2)]
     return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, kv_caches=caches, kv_layout=layout,
                            kv_kernels=KVKernels(ctx, layout, CFG.n_heads, family=kernels, subgroups=subgroups),
-                           kernels=kernels, subgroups=subgroups)
+                           kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(), shader_f16=shader_f16)
 
 
 def test_plan_keys_bucket_batches_by_kernel_choice():
@@ -81,7 +82,7 @@ def test_step_slots_grids_and_uniforms():
     assert single[SLOT_INDEX["lin_ffn"]].tolist() == [1, 1, 1]  # 2 * 128 gate|up rows
 
 
-def test_gpu_family_plan_swaps_the_matvecs_argmax_and_decode_attention():
+def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
     b = fake_backend("gpu", subgroups=True)
     decode = layer_program(b, PlanKey.of(1, 1))
     layer = [(d.shader, d.constants) for d in decode[0][1:9]]
@@ -93,10 +94,19 @@ def test_gpu_family_plan_swaps_the_matvecs_argmax_and_decode_attention():
         ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1)))]
     assert [d.shader for d in decode[1]] == ["rmsnorm", "matvec_gpu_sg_q8_0", "argmax_gpu"]
     prefill = layer_program(fake_backend("gpu"), PlanKey.of(24, 3))
-    assert [d.shader for d in prefill[0][1:10]] == [
-        "rmsnorm", "matmul_q4_1", "rope", "kv_write", "paged_prefill_attention_gpu", "matmul_q4_1", "rmsnorm",
-        "matmul_q4_1", "matmul_q4_1"]  # the prefill matmuls are the cpu family's in both
-    assert [d.shader for d in prefill[1]] == ["rmsnorm", "matmul_q8_0", "argmax_gpu"]
+    assert [(d.shader, d.constants) for d in prefill[0][1:10]] == [
+        ("rmsnorm", (("WORKGROUP_SIZE", 64),)), ("matmul_gpu_q4_1", (("WORKGROUP_SIZE", 64), ("ROW_GROUPS", 8))),
+        ("rope", (("WORKGROUP_SIZE", 64),)), ("kv_write", None), ("paged_prefill_attention_gpu", None),
+        ("matmul_gpu_q4_1", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1), ("ROW_GROUPS", 8))),
+        ("rmsnorm", (("WORKGROUP_SIZE", 64),)),
+        ("matmul_gpu_q4_1", (("WORKGROUP_SIZE", 64), ("SWIGLU", 1), ("ROW_GROUPS", 8))),
+        ("matmul_gpu_q4_1", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1), ("ROW_GROUPS", 8)))]
+    assert [d.shader for d in prefill[1]] == ["rmsnorm", "matmul_gpu_q8_0", "argmax_gpu"]  # 3 sequences
+    wide = step_slots(b, StepShape(40, 3, 1, 1, 1, False))[0]  # tiles of 64 rows x 32 tokens
+    assert wide[SLOT_INDEX["lin_qkv"]].tolist() == [2, 2, 1] and wide[SLOT_INDEX["lin_ffn"]].tolist() == [4, 2, 1]
+    f16 = layer_program(fake_backend("gpu", subgroups=False, shader_f16=True), PlanKey.of(1, 1))
+    assert [d.shader for d in f16[0][1:9:7]] + [f16[1][1].shader] == [  # where the device has shader-f16
+        "matvec_gpu_f16_q4_1", "matvec_gpu_f16_q4_1", "matvec_gpu_f16_q8_0"]
     grids, _ = step_slots(b, StepShape(1, 1, 1, 1, 1, True))
     assert grids[SLOT_INDEX["lin_qkv"]].tolist() == [16, 1, 1]  # one workgroup per 8 of the 128 rows
     # decode attention: a workgroup per (sequence, partition, kv head's 2 query heads); 3 partitions: merged

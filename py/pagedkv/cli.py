@@ -118,9 +118,10 @@ def _generate_wgpu(args, prompt_ids: list[int], params: SamplingParams) -> dict:
     from .backends.webgpu.native_generate import generate_timed
     from .gpu_budget import BudgetExceeded
 
+    tuning = {} if args.tuning_cache is None else {"tuning_cache": args.tuning_cache}
     try:
         return asyncio.run(generate_timed(args.model, prompt_ids, params, budget_mib=args.budget_mib,
-                                          block_size=BLOCK_SIZE))
+                                          block_size=BLOCK_SIZE, kernels=args.kernels, **tuning))
     except ModuleNotFoundError as exc:
         if exc.name != "wgpu":
             raise
@@ -153,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "(pip install wgpu), adding timings and the adapter to --json (default: %(default)s)")
     gen.add_argument("--budget-mib", type=int, default=1024, help="GPU memory budget of --backend wgpu, MiB "
                      "(default: %(default)s)")
+    gen.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto",
+                     help="--backend wgpu's kernel family: auto takes cpu on software adapters (default: %(default)s)")
+    gen.add_argument("--tuning-cache", type=Path, help="where the gpu family's first-boot tuning is cached "
+                     "(default: .cache/gpu_tuning.json)")
     gen.add_argument("--messages-json", required=True, help='file with [{"role": ..., "content": ...}, ...]')
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")

@@ -14,6 +14,7 @@ from pagedkv.model_runner import ForwardBatch
 from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
 from pagedkv.backends.webgpu.device import GpuDevice, open_device
 from pagedkv.backends.webgpu.backend import WebGpuBackend
+from pagedkv.backends.webgpu.plan import PlanKey, layer_program
 from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.kv_cache_manager import NeverFits
 from pagedkv.model.weights import ModelWeights
@@ -111,8 +112,10 @@ async def tiny_greedy(block_size: int, kv_dtype: str, max_tokens: int = 10, kern
     gpu, stats = await run_engine(b, tok, TINY_PROMPTS, max_tokens, max_num_batched_tokens=24, max_num_seqs=4)
     model = _cache.setdefault(("model", model_name), NumpyModel(w))
     ref = [greedy_reference(model, p, max_tokens) for p in TINY_PROMPTS]
+    head = [d.shader for d in layer_program(b, PlanKey.of(1, 1))[1]]  # a decode step's LM head pass
     b.destroy()
-    return {"gpu": gpu, "ref": ref, "steps": stats["steps"], "progress": b.progress}
+    return {"gpu": gpu, "ref": ref, "steps": stats["steps"], "progress": b.progress, "head": head,
+            "shader_f16": b.shader_f16, "runtime": sys.platform}
 
 
 async def logits_vs_numpy(model_name: str, prompts: list[list[int]], kv_dtype: str, budget_mib: int) -> dict:

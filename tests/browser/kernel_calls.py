@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
-from pagedkv.backends.webgpu.model_kernels import (KernelCall, argmax_call, check_q8_0_codes, embedding_call,
-                                                   matmul_call, matvec_call, matvec_gpu_call, rmsnorm_call,
-                                                   rope_call)
+from pagedkv.backends.webgpu.model_kernels import (GPU_MATMUL_SHAPE, KernelCall, argmax_call, check_q8_0_codes,
+                                                   embedding_call, matmul_call, matmul_gpu_call, matvec_call,
+                                                   matvec_gpu_call, rmsnorm_call, rope_call)
 from pagedkv.model.layout import DTYPE_PARTS
 
 
@@ -60,12 +60,14 @@ def _quant_parts(dtype: str, parts: dict) -> list[bytes]:
 async def run_linear(ctx, x: np.ndarray, dtype: str, shape: tuple[int, int], parts: dict,
                      kernel: str = "matvec", y0: np.ndarray | None = None,
                      norm: tuple[np.ndarray, float] | None = None, swiglu: bool = False,
-                     family: str = "cpu") -> np.ndarray:
+                     family: str = "cpu", matmul_shape: tuple[int, int] = GPU_MATMUL_SHAPE) -> np.ndarray:
     """x (T, cols) f32 @ W.T on the GPU with matvec_<dtype> or matmul_<dtype> -> (T, rows) f32;
     with y0 (T, rows) the kernel's ACCUMULATE variant returns y0 + x @ W.T; with norm = (g (cols,), eps)
     matvec's NORM variant returns rms_norm(x, g, eps) @ W.T; with swiglu (W's rows gate/up interleaved in
-    runs of 4) the SWIGLU variant returns silu(gate) * up, (T, rows / 2). family: "cpu", "gpu" (matvec only;
-    subgroup reduction when the device has them) or "gpu_tree" (the gpu family's workgroup-tree reduction)."""
+    runs of 4) the SWIGLU variant returns silu(gate) * up, (T, rows / 2). family: "cpu", "gpu" (a matvec
+    reduces with subgroups when the device has them), "gpu_tree" (the gpu family's workgroup-tree matvec) or
+    "gpu_f16" (the gpu family's f16 matvec, subgroups when the device has them; it needs `shader-f16`);
+    matmul_shape: the gpu family matmul's workgroup shape (model_kernels.GPU_MATMUL_SHAPE)."""
     rows, cols = shape
     if x.ndim != 2 or x.shape[1] != cols:
         raise ValueError(f"x must be (tokens, {cols}), got {x.shape}")
@@ -75,13 +77,16 @@ async def run_linear(ctx, x: np.ndarray, dtype: str, shape: tuple[int, int], par
         raise ValueError(f"y0 must be ({x.shape[0]}, {rows}), got {y0.shape}")
     if norm is not None and (kernel != "matvec" or norm[0].shape != (cols,)):
         raise ValueError(f"norm=(weight ({cols},), eps) fuses an RMSNorm into matvec only")
-    if family not in ("cpu", "gpu", "gpu_tree") or (family != "cpu" and kernel != "matvec"):
-        raise ValueError(f"family must be 'cpu', or 'gpu' / 'gpu_tree' with matvec, got {family!r} with {kernel}")
+    if family not in ("cpu", "gpu", "gpu_tree", "gpu_f16") or (family[4:] and kernel != "matvec"):
+        raise ValueError(f"family must be 'cpu', 'gpu', or 'gpu_tree' / 'gpu_f16' with matvec, got {family!r} "
+                         f"with {kernel}")
     eps = None if norm is None else norm[1]
-    if family != "cpu":
-        subgroups = family == "gpu" and "subgroups" in ctx.info.features
+    if family == "gpu" and kernel == "matmul":
+        call = matmul_gpu_call(dtype, rows, cols, x.shape[0], matmul_shape, accumulate=y0 is not None, swiglu=swiglu)
+    elif family != "cpu":
+        subgroups = family != "gpu_tree" and "subgroups" in ctx.info.features
         call = matvec_gpu_call(dtype, rows, cols, x.shape[0], subgroups, accumulate=y0 is not None, norm_eps=eps,
-                               swiglu=swiglu)
+                               swiglu=swiglu, f16=family == "gpu_f16")
     elif kernel == "matvec":
         call = matvec_call(dtype, rows, cols, x.shape[0], accumulate=y0 is not None, norm_eps=eps,
                            swiglu=swiglu)

@@ -5,7 +5,8 @@ head_dim 64, vocab 49152) plus small odd shapes that exercise the edge handling 
 multiple of the 8-row / 8x4 tiles, hidden smaller than a workgroup). The cases run inside the
 page's worker (tests/browser/kernel_cases.py); each test batches its cases into one call. The matvec tests
 run every kernel family (FAMILIES): cpu, gpu (subgroup reduction: the page's SwiftShader device has
-subgroups, of size 4) and gpu_tree (the gpu family's workgroup-memory tree, used where there are none).
+subgroups, of size 4) and gpu_tree (the gpu family's workgroup-memory tree, used where there are none);
+the matmul tests cpu and gpu (tiled through workgroup memory, at prefill sizes up to 130 tokens too).
 
 Every weight type with kernels (model_kernels.QUANTIZED) runs the linear tests; Q4_1 and Q8_0 weights are
 quantized random ones, the others random GGUF blocks (all codes, all scale bits), and a K-quant's columns are
@@ -23,6 +24,8 @@ Error bounds (stated here, asserted below; what SwiftShader gave when written in
   swiglu (fused into the gate|up matvec / matmul): <= 4e-6 * (first-order bound from the dot products'
       rounding + |result|) per element
   embedding and argmax: exact (argmax ties -> lowest index, as numpy)
+  f16 matvec (devices with shader-f16: lavapipe here): <= 2e-3 * (|x| @ |W|^T) per output and
+      <= 4e-3 * max|ref| [<= 6.5e-4 and 1.6e-3]
 """
 from __future__ import annotations
 
@@ -36,6 +39,9 @@ DTYPES = ["q4_1", "q8_0", "q4_0", "q5_0", "q5_1", "q4_K", "q5_K", "q6_K"]
 RMSNORM_REL_BOUND = 1e-6
 ROPE_REL_BOUND = 2e-7
 SWIGLU_REL_BOUND = 4e-6
+# f16 matvec (lavapipe): x and the codes rounded to f16 (2^-11 relative), f16 dot products of 4 [<= 6.5e-4, 1.6e-3]
+F16_SCALED_BOUND = 2e-3
+F16_REL_BOUND = 4e-3
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +70,13 @@ def fit(dtype: str, shapes: list[tuple]) -> list[tuple]:
 
 SMOLLM2_LINEAR = [(576, 576), (192, 576), (1536, 576), (576, 1536)]
 FAMILIES = ["cpu", "gpu", "gpu_tree"]
-# (kernel, family): matmul exists in the cpu family only
-LINEAR_KERNELS = [("matvec", "cpu"), ("matmul", "cpu"), ("matvec", "gpu"), ("matvec", "gpu_tree")]
+# (kernel, family): the gpu family's matmul has no reduction, so no tree variant
+LINEAR_KERNELS = [("matvec", "cpu"), ("matmul", "cpu"), ("matvec", "gpu"), ("matvec", "gpu_tree"), ("matmul", "gpu")]
+GPU_MATMUL_TOKENS = (1, 7, 64, 130)  # 130: a partial 32-token tile of matmul_gpu
+GPU_MATMUL_TYPES = ("q4_1", "q8_0")  # model_kernels.GPU_MATMUL_TYPES: the gpu family's own tiled matmuls
+# (kernel, family, dtype) of every linear kernel that exists
+LINEAR_CASES = [(k, f, d) for k, f in LINEAR_KERNELS for d in DTYPES
+                if (k, f) != ("matmul", "gpu") or d in GPU_MATMUL_TYPES]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -83,11 +94,12 @@ def test_matvec_matches_reference(worker, dtype, family):
     assert_linear(results)
 
 
-@pytest.mark.parametrize("kernel,family", LINEAR_KERNELS)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel,family,dtype", LINEAR_CASES)
 def test_linear_accumulate_adds_into_y(worker, kernel, family, dtype):
     """The ACCUMULATE variant (residual add fused into the output projections) returns y0 + x @ W.T."""
     shapes = fit(dtype, [(576, 576, 1), (576, 1536, 5), (37, 96, 3)])
+    if (kernel, family) == ("matmul", "gpu"):  # the down projection at prefill sizes
+        shapes += fit(dtype, [(576, 1536, t) for t in GPU_MATMUL_TOKENS[2:]])
     results = run(worker, [f"case_linear('{kernel}', '{dtype}', {r}, {c}, {t}, seed=12, accumulate=True, "
                            f"family='{family}')" for r, c, t in shapes])
     assert [(r["accumulate"], r["family"], r["shape"]) for r in results] == [(True, family, [t, r])
@@ -106,13 +118,38 @@ def test_matvec_norm_fuses_the_rmsnorm(worker, dtype, family):
     assert_linear(results)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_matmul_matches_reference(worker, dtype):
+@pytest.mark.parametrize("family,dtype", [(f, d) for k, f, d in LINEAR_CASES if k == "matmul"])
+def test_matmul_matches_reference(worker, dtype, family):
     # Tokens not a multiple of 4; 37 and 36 rows end in a partial 8-row tile (36: its upper half is empty).
-    shapes = fit(dtype, [(1536, 576, 37), (576, 1536, 16), (192, 576, 1), (37, 96, 7), (36, 64, 6)])
-    results = run(worker, [f"case_linear('matmul', '{dtype}', {r}, {c}, {t}, seed=5)" for r, c, t in shapes])
-    assert [r["shape"] for r in results] == [[t, r] for r, _, t in shapes]
+    shapes = [(1536, 576, 37), (576, 1536, 16), (192, 576, 1), (37, 96, 7), (36, 64, 6)]
+    if family == "gpu":  # q|k|v at prefill sizes; 200 rows x 33 tokens: partial 64-row and 32-token tiles
+        shapes += [(960, 576, t) for t in GPU_MATMUL_TOKENS] + [(200, 32, 33)]
+    shapes = fit(dtype, shapes)
+    results = run(worker, [f"case_linear('matmul', '{dtype}', {r}, {c}, {t}, seed=5, family='{family}')"
+                           for r, c, t in shapes])
+    assert [(r["kernel"], r["family"], r["shape"]) for r in results] == (
+        [(f"matmul_{dtype}", family, [t, r]) for r, _, t in shapes])
     assert_linear(results)
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+def test_f16_matvec_matches_reference_where_the_device_has_shader_f16(worker, dtype):
+    """The f16 variants (plain, NORM, ACCUMULATE, SWIGLU) on lavapipe; SwiftShader has no shader-f16, where
+    the engine keeps the f32 kernels (test_webgpu_engine) and an f16 kernel does not even compile."""
+    if "shader-f16" not in run(worker, ["case_features()"])[0]:
+        with pytest.raises(Exception, match="f16"):
+            run(worker, [f"case_linear('matvec', '{dtype}', 8, 64, 1, seed=3, family='gpu_f16')"])
+        return
+    shapes = [(960, 576, 1), (576, 1536, 5), (37, 96, 3), (8, 64, 2), (40, 4000, 1), (49152, 576, 3)]
+    calls = [f"case_linear('matvec', '{dtype}', {r}, {c}, {t}, seed=3, family='gpu_f16')" for r, c, t in shapes]
+    calls += [f"case_linear('matvec', '{dtype}', 960, 576, 2, seed=13, norm=True, family='gpu_f16')",
+              f"case_linear('matvec', '{dtype}', 576, 1536, 2, seed=12, accumulate=True, family='gpu_f16')",
+              f"case_linear_swiglu('matvec', '{dtype}', 3072, 576, 2, seed=15, norm=True, family='gpu_f16')"]
+    results = run(worker, calls)
+    assert [r["family"] for r in results] == ["gpu_f16"] * 9
+    assert [r["shape"] for r in results] == [[t, r] for r, _, t in shapes] + [[2, 960], [2, 576], [2, 1536]]
+    for r in results:
+        assert r["max_scaled"] <= F16_SCALED_BOUND and r["max_rel"] <= F16_REL_BOUND, r
 
 
 @pytest.mark.parametrize("family", ["gpu", "gpu_tree"])
@@ -171,8 +208,7 @@ def test_rope_matches_reference(worker):
         assert r["v_equal"], r  # v is only split off the stacked q | k | v rows
 
 
-@pytest.mark.parametrize("kernel,family", LINEAR_KERNELS)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel,family,dtype", LINEAR_CASES)
 def test_swiglu_fused_into_the_gate_up_projection(worker, kernel, family, dtype):
     """SWIGLU variant over gate / up rows interleaved by fours -> silu(gate) * up, (T, rows / 2)."""
     shapes = fit(dtype, [(3072, 576, 1), (3072, 576, 7), (40, 96, 3)])
@@ -182,6 +218,10 @@ def test_swiglu_fused_into_the_gate_up_projection(worker, kernel, family, dtype)
         (r, c, t), = fit(dtype, [(3072, 576, 2)])
         calls.append(f"case_linear_swiglu('matvec', '{dtype}', {r}, {c}, {t}, seed=15, norm=True, family='{family}')")
         shapes.append((r, c, t))
+    if (kernel, family) == ("matmul", "gpu"):  # gate|up at prefill sizes
+        prefill = fit(dtype, [(3072, 576, 64), (3072, 576, 130)])
+        calls += [f"case_linear_swiglu('matmul', '{dtype}', {r}, {c}, {t}, seed=15, family='gpu')" for r, c, t in prefill]
+        shapes += prefill
     results = run(worker, calls)
     assert [(r["family"], r["shape"]) for r in results] == [(family, [t, r // 2]) for r, _, t in shapes]
     for r in results:

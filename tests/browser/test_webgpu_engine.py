@@ -39,10 +39,14 @@ def test_tiny_greedy_through_engine_equals_numpy(worker, block_size, kv_dtype):
 
 @pytest.mark.parametrize("block_size", [8, 32])
 def test_tiny_greedy_with_the_gpu_kernel_family_equals_numpy(worker, block_size):
-    """Decode steps and the LM head on the gpu family's matvec, decode attention and argmax (prefill stays on
-    the cpu family's matmul and attention)."""
+    """Decode steps and the LM head on the gpu family's matvec, decode attention and argmax, chunked prefill on
+    its matmul and attention; the matvecs in f16 where the device has `shader-f16`: lavapipe (native) has it,
+    SwiftShader (page) has not."""
     r = run(worker, f"tiny_greedy({block_size}, 'f16', kernels='gpu')")
     assert r["gpu"] == r["ref"]
+    f16 = r["runtime"] != "emscripten"
+    assert r["shader_f16"] == f16
+    assert r["head"] == ["rmsnorm", f"matvec_gpu_sg_{'f16_' if f16 else ''}q8_0", "argmax_gpu"]
 
 
 def test_tiny_greedy_outputs_are_real_generations(worker):

@@ -14,13 +14,29 @@ def test_generate_on_wgpu_prints_the_cpu_json_plus_timings_and_adapter(tiny_dir,
     assert gpu.returncode == 0, gpu.stderr
     cpu = json.loads(run_cli(*args).stdout)
     out = json.loads(gpu.stdout)
-    assert list(out) == ["prompt_ids", "output_ids", "text", "timings", "adapter"]
+    assert list(out) == ["prompt_ids", "output_ids", "text", "timings", "adapter", "kernels"]
     assert {k: out[k] for k in ("prompt_ids", "output_ids", "text")} == cpu
     assert out["output_ids"] == [321, 321, 321, 321, 242, 242, 242, 242]
     assert sorted(out["timings"]) == ["decode_tok_s", "prefill_tok_s", "ttft_ms"]
     assert out["timings"]["ttft_ms"] > 0 and out["timings"]["decode_tok_s"] > 0
     assert out["adapter"] == {"name": native_device.info.name, "backend": native_device.info.backend,
                               "features": list(native_device.info.features)}
+    name = native_device.info.name  # lavapipe: auto takes the cpu family, untuned
+    assert out["kernels"] == {"family": "cpu", "why": f"auto: {name} is a software adapter (llvmpipe)"}
+
+
+def test_generate_with_the_gpu_family_tunes_once_then_reuses_the_choice(tiny_dir, tmp_path):  # noqa: F811
+    args = ("generate", "--model", str(tiny_dir), "--messages-json", write_messages(tmp_path, CHAT), "--max-tokens",
+            "8", "--greedy", "--json", "--backend", "wgpu", "--kernels", "gpu", "--tuning-cache",
+            str(tmp_path / "tuning.json"))
+    first, again = (json.loads(run_cli(*args).stdout) for _ in range(2))
+    assert first["output_ids"] == again["output_ids"] == [321, 321, 321, 321, 242, 242, 242, 242]
+    assert (first["kernels"]["family"], first["kernels"]["why"]) == ("gpu", "kernels=gpu was asked for")
+    tuned, cached = first["kernels"]["tuning"], again["kernels"]["tuning"]
+    assert (tuned["source"], cached["source"]) == ("tuned", "cache")
+    assert cached["key"] == tuned["key"] and cached["choice"] == tuned["choice"]
+    assert tuned["choice"]["matvec"] in (64, 128, 256) and len(tuned["choice"]["matmul"]) == 2
+    assert json.loads((tmp_path / "tuning.json").read_text())[tuned["key"]]["choice"] == tuned["choice"]
 
 
 def test_backend_choices_are_documented_and_checked(tmp_path):

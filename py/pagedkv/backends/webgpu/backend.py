@@ -48,7 +48,8 @@ class WebGpuBackend:
         if kernels not in ops.FAMILIES:
             raise ValueError(f"kernels must be one of {ops.FAMILIES}, got {kernels!r}")
         self.ctx = ctx
-        self.kernels = kernels  # kernel family of the plan's matvecs, argmax and decode attention (choose_family)
+        self.kernels = kernels  # kernel family of the plan's linears, argmax and attention (model_kernels.choose_family)
+        self.gpu_shapes = ops.GpuShapes()  # the gpu family's workgroup shapes
         self.config = config
         self.ledger = ledger
         self.block_size = block_size
@@ -249,6 +250,12 @@ class WebGpuBackend:
     def subgroups(self) -> bool:
         """Whether the gpu family's matvecs reduce with subgroups (the device requests them where it can)."""
         return "subgroups" in self.ctx.info.features
+
+    @property
+    def shader_f16(self) -> bool:
+        """Whether the gpu family's matvecs run their dot products in f16 (the device requests `shader-f16`
+        where the adapter has it)."""
+        return "shader-f16" in self.ctx.info.features
 
     @property
     def bytes_per_token(self) -> int:

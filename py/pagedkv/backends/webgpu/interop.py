@@ -85,7 +85,7 @@ class GpuContext(GpuDevice):
             limits=limits,
             features=features,
         )
-        wanted = [f for f in ("subgroups",) if f in features]  # the gpu kernel family's reductions use them
+        wanted = [f for f in ("subgroups", "shader-f16") if f in features]  # the gpu kernel family uses them
         device = await adapter.requestDevice(_js_obj({"requiredLimits": _js_obj(limits),
                                                       "requiredFeatures": to_js(wanted)}))
         ctx = cls(adapter, device, info)

@@ -24,6 +24,22 @@ MATVEC_ROWS = 8  # output rows per thread in matvec_*.wgsl (one token per thread
 MATMUL_TILE = (8, 4)  # (rows, tokens) per thread in matmul_*.wgsl
 FAMILIES = ("cpu", "gpu")  # kernel families: cpu for software adapters (SwiftShader, lavapipe), gpu for real GPUs
 GPU_WORKGROUP_SIZES = (64, 128, 256)  # threads of a gpu-family matvec workgroup (a power of two: reduce_tree.wgsl)
+# A gpu-family matmul workgroup (matmul_gpu_main.wgsl): (threads, threads along rows); each thread owns 8 rows x
+# 4 tokens, so the default tile is 64 rows x 32 tokens, staged in 13.5 KiB of workgroup memory.
+GPU_MATMUL_SHAPE = (64, 8)
+# Weight types with a gpu-family tiled matmul and f16 matvecs of their own; the gpu family runs the others'
+# prefill on the cpu family's matmul and their matvecs in f32.
+GPU_MATMUL_TYPES = ("q4_1", "q8_0")
+GPU_F16_TYPES = ("q4_1", "q8_0")
+
+
+@dataclass(frozen=True)
+class GpuShapes:
+    """Workgroup shapes of the gpu family's linears: matvec threads, matmul (threads, threads along rows).
+    The defaults until first-boot tuning picks the adapter's own."""
+
+    matvec: int = GPU_WORKGROUP_SIZES[0]
+    matmul: tuple[int, int] = GPU_MATMUL_SHAPE
 
 
 @dataclass(frozen=True)
@@ -110,37 +126,80 @@ def _check_matvec(dtype: str, rows: int, cols: int, tokens: int, accumulate: boo
 
 
 def matvec_gpu_call(dtype: str, rows: int, cols: int, tokens: int, subgroups: bool, workgroup_size: int = 64,
-                    accumulate: bool = False, norm_eps: float | None = None, swiglu: bool = False) -> KernelCall:
+                    accumulate: bool = False, norm_eps: float | None = None, swiglu: bool = False,
+                    f16: bool = False) -> KernelCall:
     """matvec_call's result from the gpu family (matvec_gpu_main.wgsl): one workgroup of workgroup_size
     lanes (a power of two, 64..256) per 8 rows of one token, lanes along K; subgroups picks the kernel
     that reduces with subgroup operations (the device must have the `subgroups` feature), else a
-    workgroup-memory tree. Same buffers as matvec_call."""
+    workgroup-memory tree; f16 the one whose dot products run in f16 (the device must have `shader-f16`).
+    Same buffers as matvec_call."""
     _check_matvec(dtype, rows, cols, tokens, accumulate, norm_eps, swiglu)
     if workgroup_size not in GPU_WORKGROUP_SIZES:
         raise ValueError(f"gpu-family matvec workgroups have {GPU_WORKGROUP_SIZES} threads, got {workgroup_size}")
     grid = (_ceil(rows, MATVEC_ROWS), tokens, 1)
     constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu)
     params = uniform_words(rows, cols, tokens, float(norm_eps or 0.0)).tobytes()
-    return KernelCall(linear_kernel("gpu", subgroups, "matvec", dtype)[0], constants, grid, params)
+    return KernelCall(gpu_matvec_shader(dtype, subgroups, f16), constants, grid, params)
 
 
-def linear_kernel(family: str, subgroups: bool, kind: str, dtype: str) -> tuple[str, int]:
-    """(shader, workgroup size) of a `kind` ("matvec" | "matmul") linear in kernel `family`: the gpu family
-    has its own matvec (matvec_gpu[_sg]_<dtype>, subgroups when the device has them); matmul (prefill) is
-    the cpu family's in both."""
+def gpu_matvec_shader(dtype: str, subgroups: bool, f16: bool) -> str:
+    """matvec_gpu[_sg][_f16]_<dtype>: subgroup reduction and f16 dot products where the device has them."""
+    f16 = f16 and dtype in GPU_F16_TYPES
+    return f"matvec_gpu_{'sg_' if subgroups else ''}{'f16_' if f16 else ''}{dtype}"
+
+
+def matmul_gpu_call(dtype: str, rows: int, cols: int, tokens: int, shape: tuple[int, int] = GPU_MATMUL_SHAPE,
+                    accumulate: bool = False, swiglu: bool = False) -> KernelCall:
+    """matmul_call's result from the gpu family (matmul_gpu_main.wgsl): a workgroup of shape = (threads,
+    threads along rows) stages a tile of 8 * shape[1] rows x 4 * shape[0] / shape[1] tokens through
+    workgroup memory, one 32-weight block at a time. Same buffers as matmul_call."""
+    _weight(dtype, rows, cols)
+    _positive(tokens=tokens)
+    _check_swiglu(rows, swiglu, accumulate)
+    threads, row_groups = shape
+    if threads not in GPU_WORKGROUP_SIZES or row_groups not in (2, 4, 8, 16) or row_groups >= threads:
+        raise ValueError(f"a gpu-family matmul workgroup is (threads in {GPU_WORKGROUP_SIZES}, threads along rows "
+                         f"in 2..16, a power of two below threads), got {shape}")
+    grid = (_ceil(rows, 8 * row_groups), _ceil(tokens, 4 * threads // row_groups), 1)
+    return KernelCall(f"matmul_gpu_{dtype}", matmul_gpu_constants(shape, accumulate, swiglu), grid,
+                      uniform_words(rows, cols, tokens).tobytes())
+
+
+def matmul_gpu_workgroup_bytes(shape: tuple[int, int]) -> int:
+    """Workgroup memory of matmul_gpu_main.wgsl's tiles in `shape`: (8 * row groups + 4 * token groups) staged
+    rows of 9 vec4<f32> (8 and one of padding)."""
+    threads, row_groups = shape
+    return (8 * row_groups + 4 * threads // row_groups) * 9 * 16
+
+
+def matmul_gpu_constants(shape: tuple[int, int], accumulate: bool = False, swiglu: bool = False) -> tuple:
+    """Pipeline constants of matmul_gpu_*: linear_constants' and ROW_GROUPS."""
+    return linear_constants(shape[0], accumulate, swiglu=swiglu) + (("ROW_GROUPS", shape[1]),)
+
+
+def linear_pipeline(family: str, subgroups: bool, kind: str, dtype: str, accumulate: bool = False,
+                    norm: bool = False, swiglu: bool = False, shapes: GpuShapes = GpuShapes(),
+                    f16: bool = False) -> tuple[str, tuple]:
+    """(shader, pipeline constants) of a `kind` ("matvec" | "matmul") linear in kernel `family`: the gpu
+    family has its own matvec (gpu_matvec_shader: subgroups / f16 when the device has them) and matmul
+    (matmul_gpu_<dtype>), in the workgroup shapes `shapes`."""
     if family not in FAMILIES:
         raise ValueError(f"kernel family must be one of {FAMILIES}, got {family!r}")
     if family == "gpu" and kind == "matvec":
-        return f"matvec_gpu_{'sg_' if subgroups else ''}{dtype}", GPU_WORKGROUP_SIZES[0]
-    return f"{kind}_{dtype}", 32
+        return gpu_matvec_shader(dtype, subgroups, f16), linear_constants(shapes.matvec, accumulate, norm, swiglu)
+    if family == "gpu" and dtype in GPU_MATMUL_TYPES:
+        return f"matmul_gpu_{dtype}", matmul_gpu_constants(shapes.matmul, accumulate, swiglu)
+    return f"{kind}_{dtype}", linear_constants(32, accumulate, norm, swiglu)
 
 
 def family_linear_call(family: str, subgroups: bool, dtype: str, rows: int, cols: int, tokens: int,
-                       accumulate: bool = False) -> KernelCall:
-    """linear_call for kernel `family`: where linear_call picks matvec, the gpu family runs its own."""
+                       accumulate: bool = False, shapes: GpuShapes = GpuShapes(), f16: bool = False) -> KernelCall:
+    """linear_call for kernel `family`: where linear_call picks matvec or matmul, the gpu family runs its own."""
     call = linear_call(dtype, rows, cols, tokens, accumulate)
     if family == "gpu" and call.shader.startswith("matvec_"):
-        return matvec_gpu_call(dtype, rows, cols, tokens, subgroups, accumulate=accumulate)
+        return matvec_gpu_call(dtype, rows, cols, tokens, subgroups, shapes.matvec, accumulate=accumulate, f16=f16)
+    if family == "gpu" and dtype in GPU_MATMUL_TYPES:
+        return matmul_gpu_call(dtype, rows, cols, tokens, shapes.matmul, accumulate=accumulate)
     return call
 
 

@@ -23,8 +23,8 @@ from .device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderL
                      resource)
 
 SHADERS = Path(__file__).resolve().parents[4] / "shaders"  # the repo's shaders/ (py/pagedkv/backends/webgpu/..)
-# Asked for when the adapter has them: kernel timing, and the gpu kernel family's subgroup reductions.
-OPTIONAL_FEATURES = ("timestamp-query", "subgroup")
+# Asked for when the adapter has them: kernel timing, the gpu kernel family's subgroup reductions and f16 math.
+OPTIONAL_FEATURES = ("timestamp-query", "subgroup", "shader-f16")
 # wgpu-native names some features its own way; the engine reads the WebGPU standard's names.
 STANDARD_FEATURE_NAMES = {"subgroup": "subgroups"}
 ENABLE_SUBGROUPS = "enable subgroups;"

@@ -12,30 +12,46 @@ from ...model.weights import read_manifest
 from ...sampling import SamplingParams
 from ...tokenizer import Tokenizer
 from .backend import WebGpuBackend
+from .model_kernels import choose_family
 from .native import NativeDevice
+from .tuning import JsonFileStore, tune_device
+
+TUNING_CACHE = Path(__file__).resolve().parents[4] / ".cache" / "gpu_tuning.json"  # the repo's .cache/
 
 
 async def load_backend(model_dir: Path, *, budget_mib: int, block_size: int, max_num_batched_tokens: int,
-                       max_num_seqs: int) -> tuple[NativeDevice, WebGpuBackend, dict]:
-    """A native device and the model of `model_dir` on it: (device, backend, manifest)."""
+                       max_num_seqs: int, kernels: str = "auto",
+                       tuning_cache: Path = TUNING_CACHE) -> tuple[NativeDevice, WebGpuBackend, dict, dict]:
+    """A native device and the model of `model_dir` on it, in the kernel family `kernels` (auto | cpu | gpu;
+    the gpu family tuned at first boot, cached in `tuning_cache`): (device, backend, manifest, kernel report)."""
     manifest = read_manifest(model_dir)
     ctx = await NativeDevice.create()
+    family, why = choose_family(kernels, ctx.info.name, False)  # wgpu-py reports no isFallbackAdapter
 
     async def shard(name: str) -> bytes:
         return (Path(model_dir) / name).read_bytes()
 
+    report = {"family": family, "why": why}
+    if family == "gpu":
+        import wgpu
+
+        shapes, report["tuning"] = await tune_device(ctx, manifest, JsonFileStore(tuning_cache),
+                                                     f"wgpu-py {wgpu.__version__}")
     backend = await WebGpuBackend.create(ctx, manifest, shard, budget_bytes=budget_mib * MIB, block_size=block_size,
-                                         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-    return ctx, backend, manifest
+                                         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                         kernels=family)
+    if family == "gpu":
+        backend.gpu_shapes = shapes
+    return ctx, backend, manifest, report
 
 
 async def generate_timed(model_dir: Path, prompt_ids: Sequence[int], params: SamplingParams, *, budget_mib: int,
-                         block_size: int) -> dict:
-    """Generate on the native device; returns output_ids, finish_reason, timings and the adapter."""
+                         block_size: int, kernels: str = "auto", tuning_cache: Path = TUNING_CACHE) -> dict:
+    """Generate on the native device; returns output_ids, finish_reason, timings, the adapter and the kernels."""
     config = EngineConfig(max_num_batched_tokens=max(256, len(prompt_ids)))
-    ctx, backend, manifest = await load_backend(model_dir, budget_mib=budget_mib, block_size=block_size,
-                                                max_num_batched_tokens=config.max_num_batched_tokens,
-                                                max_num_seqs=config.max_num_seqs)
+    ctx, backend, manifest, report = await load_backend(
+        model_dir, budget_mib=budget_mib, block_size=block_size, max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs, kernels=kernels, tuning_cache=tuning_cache)
     try:
         engine = LLMEngine(backend, Tokenizer.from_manifest(manifest), config)
         t0 = time.perf_counter()
@@ -54,4 +70,4 @@ async def generate_timed(model_dir: Path, prompt_ids: Sequence[int], params: Sam
     info = ctx.info
     adapter = {"name": info.name, "backend": info.backend, "features": list(info.features)}
     return {"output_ids": request.output_ids, "finish_reason": request.finish_reason, "timings": timings,
-            "adapter": adapter}
+            "adapter": adapter, "kernels": report}

@@ -12,9 +12,9 @@ matvec with its RMSNorm fused (NORM), rope + split into q / k / v, kv_write, pag
 output projection adding into x (ACCUMULATE), gate|up matvec with its RMSNorm and the SwiGLU fused (NORM,
 SWIGLU), down projection adding into x. Prefill (matmul, compute-bound) keeps the two rmsnorm dispatches.
 
-The backend's kernel family (b.kernels, model_kernels.FAMILIES) picks the matvec and argmax kernels, and
-(through b.kv_kernels.decode / .prefill, kv_attention_gpu.py) the attention kernels; the prefill matmul is the
-cpu family's in both families.
+The backend's kernel family (b.kernels, model_kernels.FAMILIES) picks the matvec, matmul and argmax kernels
+(the gpu family's in b.gpu_shapes' workgroup shapes, its matvecs in f16 where b.shader_f16) and, through
+b.kv_kernels.decode / .prefill (kv_attention_gpu.py), the attention kernels.
 
 Pure Python (no `js`): the GPU objects come from GpuContext through the backend.
 """
@@ -67,8 +67,9 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     def linear(name: str, x, y, slot: str, kind: str, accumulate: bool = False, norm: bool = False,
                swiglu: bool = False) -> Dispatch:
         dtype, parts = w[name]
-        shader, size = ops.linear_kernel(b.kernels, b.subgroups, kind, dtype)
-        return Dispatch(shader, ops.linear_constants(size, accumulate, norm, swiglu), (*parts, x, y), slot)
+        shader, constants = ops.linear_pipeline(b.kernels, b.subgroups, kind, dtype, accumulate, norm, swiglu,
+                                                b.gpu_shapes, b.shader_f16)
+        return Dispatch(shader, constants, (*parts, x, y), slot)
 
     def normed_linear(norm: str, name: str, y, slot: str, swiglu: bool = False) -> list[Dispatch]:
         """y = rms_norm(x) @ W.T: matvec fuses the norm (its weight is stored after the stacked codes);
@@ -142,7 +143,7 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     q8 = "q8_0"  # grid and uniform of a linear call do not depend on the quantization
 
     def linear(rows: int, cols: int, tokens: int) -> ops.KernelCall:
-        return ops.family_linear_call(b.kernels, b.subgroups, q8, rows, cols, tokens)
+        return ops.family_linear_call(b.kernels, b.subgroups, q8, rows, cols, tokens, shapes=b.gpu_shapes)
 
     calls = {
         "embedding": ops.embedding_call(t, cfg.hidden),

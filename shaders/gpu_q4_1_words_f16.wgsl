@@ -1,0 +1,19 @@
+// gpu_q4_1_words.wgsl's word_dot in f16 arithmetic, for devices with `shader-f16` (expanded at a
+// `//#include gpu_q4_1_words_f16.wgsl` line after q4_1_weights.wgsl; the kernel starts with `enable f16;`).
+// The nibbles enter as q / 16 (exact in f16) so a word's dot products stay below 4 |x|: no f16 overflow
+// until an activation passes 16,000. The scales and the sum over words stay f32.
+
+override WORKGROUP_SIZE : u32 = 64u;
+const WORDS_PER_BLOCK : u32 = 4u;
+const X_PER_WORD : u32 = 2u;
+
+// Word c of block i (row * cols/32 + b) against its activations u0, u1: d * dot(q, u) + m * sum(u).
+fn word_dot(i : u32, c : u32, u0 : vec4<f32>, u1 : vec4<f32>) -> f32 {
+  let q = vec4<u32>(qs[i][c]);
+  let lo = vec4<f16>((q >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(0xFu)) * 0.0625h;
+  let hi = vec4<f16>((q >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(0xFu)) * 0.0625h;
+  let x0 = vec4<f16>(u0);
+  let x1 = vec4<f16>(u1);
+  let s = unpack2x16float(dm[i]);  // (d, m)
+  return 16.0 * s.x * f32(dot(lo, x0) + dot(hi, x1)) + s.y * f32(dot(x0 + x1, vec4<f16>(1.0h)));
+}

@@ -1,0 +1,70 @@
+"""First-boot tuning of the gpu family (backends/webgpu/tuning.py) on wgpu-py (lavapipe here): candidates
+timed, a wrong one rejected, the choice cached and reused. Small model shapes keep it quick."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pagedkv.backends.webgpu import model_kernels as ops
+from pagedkv.backends.webgpu import tuning
+from pagedkv.model.config import ModelConfig
+
+SMALL = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 512, 1e5, "adjacent_pairs", 1e-5, 256, True)  # gate|up 256 x 64
+
+
+class CountingStore(tuning.JsonFileStore):
+    def __init__(self, path) -> None:
+        super().__init__(path)
+        self.puts = 0
+
+    async def put(self, key: str, value: dict) -> None:
+        self.puts += 1
+        await super().put(key, value)
+
+
+def _tune(native_loop, store, **kw) -> dict:
+    async def run():
+        from pagedkv.backends.webgpu.native import NativeDevice
+
+        ctx = await NativeDevice.create()
+        return await tuning.tune(ctx, SMALL, store, "test-runtime", subgroups=False, f16=False, **kw)
+
+    return native_loop.run(run())
+
+
+def test_candidates_are_timed_and_the_choice_is_cached_then_reused(native_loop, native_device, tmp_path):
+    store = CountingStore(tmp_path / "tuning.json")
+    first = _tune(native_loop, store, budget_ms=120_000.0)  # lavapipe on shared cores: time every candidate
+    assert first["source"] == "tuned" and store.puts == 1
+    assert sorted(first["timings"]) == ["matmul", "matvec"]
+    assert list(first["timings"]["matvec"]) == ["64", "128", "256"]
+    # lavapipe's 64 KiB of workgroup memory fits every matmul candidate
+    assert list(first["timings"]["matmul"]) == ["(64, 8)", "(64, 4)", "(128, 8)", "(128, 16)"]
+    for timed in first["timings"].values():
+        assert all(isinstance(ms, float) and ms > 0 for ms in timed.values()), timed
+    fastest = min(first["timings"]["matvec"], key=first["timings"]["matvec"].get)
+    assert first["shapes"].matvec == int(fastest)
+    again = _tune(native_loop, store)
+    assert (again["source"], again["key"], again["shapes"], store.puts) == ("cache", first["key"], first["shapes"], 1)
+
+
+def test_a_candidate_whose_output_differs_is_rejected(native_loop, native_device, tmp_path):
+    rows, cols = 2 * SMALL.ffn, SMALL.hidden
+
+    def matmul(shape, grid=None):
+        call = ops.matmul_gpu_call("q4_1", rows, cols, tuning.PREFILL_TOKENS, shape, swiglu=True)
+        return replace(call, workgroups=grid) if grid else call
+
+    cands = [tuning.Candidate("matvec", 64, lambda: ops.matvec_gpu_call("q4_1", rows, cols, 1, False, 64,
+                                                                        norm_eps=1e-5, swiglu=True)),
+             tuning.Candidate("matmul", (64, 8), lambda: matmul((64, 8))),
+             tuning.Candidate("matmul", (64, 4), lambda: matmul((64, 4), grid=(1, 1, 1)))]  # a quarter of the tiles
+    r = _tune(native_loop, tuning.JsonFileStore(tmp_path / "t.json"), cands=cands)
+    assert r["timings"]["matmul"]["(64, 4)"] == "rejected: output differs from the default's"
+    assert isinstance(r["timings"]["matmul"]["(64, 8)"], float)
+    assert r["shapes"] == ops.GpuShapes(matvec=64, matmul=(64, 8))
+
+
+def test_past_the_budget_the_default_stays(native_loop, native_device, tmp_path):
+    r = _tune(native_loop, tuning.JsonFileStore(tmp_path / "t.json"), budget_ms=0.0)
+    assert set(r["timings"]["matvec"].values()) == set(r["timings"]["matmul"].values()) == {"over budget"}
+    assert r["shapes"] == ops.GpuShapes()

@@ -1,0 +1,43 @@
+"""The first-boot tuning's cache key and file store (backends/webgpu/tuning.py), in CPython (no GPU)."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from pagedkv.backends.webgpu import model_kernels as ops
+from pagedkv.backends.webgpu.tuning import JsonFileStore, cache_key
+from pagedkv.model.config import ModelConfig
+
+SMOLLM2 = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 100000.0, "adjacent_pairs", 1e-5, 8192, True)
+
+
+def test_the_key_changes_with_adapter_runtime_shaders_and_model_shape_only():
+    key = cache_key("NVIDIA / ampere", "Chrome/131", ["fn main() {}"], SMOLLM2)
+    assert key == cache_key("NVIDIA / ampere", "Chrome/131", ["fn main() {}"], SMOLLM2)
+    assert key.startswith("gpu-tuning:") and len(key) == len("gpu-tuning:") + 32
+    others = [cache_key("Apple / m2", "Chrome/131", ["fn main() {}"], SMOLLM2),
+              cache_key("NVIDIA / ampere", "Chrome/132", ["fn main() {}"], SMOLLM2),
+              cache_key("NVIDIA / ampere", "Chrome/131", ["fn main() { }"], SMOLLM2),
+              cache_key("NVIDIA / ampere", "Chrome/131", ["fn main() {}"], replace(SMOLLM2, ffn=2048))]
+    assert len({key, *others}) == 5
+    # the layer count and context length do not change a kernel's shapes
+    assert cache_key("NVIDIA / ampere", "Chrome/131", ["fn main() {}"], replace(SMOLLM2, n_layers=2)) == key
+
+
+def test_the_file_store_keeps_every_key(tmp_path):
+    async def run():
+        store = JsonFileStore(tmp_path / "sub" / "tuning.json")
+        assert await store.get("a") is None
+        await store.put("a", {"choice": {"matvec": 128, "matmul": [64, 4]}})
+        await store.put("b", {"choice": {"matvec": 64, "matmul": [64, 8]}})
+        again = JsonFileStore(tmp_path / "sub" / "tuning.json")
+        return await again.get("a"), (await store.get("b"))["choice"]["matmul"]
+
+    assert asyncio.run(run()) == ({"choice": {"matvec": 128, "matmul": [64, 4]}}, [64, 8])
+
+
+def test_matmul_workgroup_memory_of_the_candidates():
+    assert ops.matmul_gpu_workgroup_bytes((64, 8)) == 13824  # the default fits WebGPU's minimum 16 KiB
+    assert ops.matmul_gpu_workgroup_bytes((64, 4)) == 13824
+    assert ops.matmul_gpu_workgroup_bytes((128, 8)) == 18432
+    assert ops.matmul_gpu_workgroup_bytes((128, 16)) == 23040
