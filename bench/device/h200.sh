@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The kernel benchmark and a native generate on a lent NVIDIA H200 (the `device` tool), as ONE call; JSON to $OUT.
+# The kernel benchmark (both kernel families: matvec, matmul, attention rows, a decode step each) and a native
+# generate per family on a lent NVIDIA H200 (the `device` tool), as ONE call; JSON to $OUT.
 # Not run by the session that wrote it (none was lent); a later session with a machine does:
 #
 # 1. Here, once, in the repo root (the device tool's README: the machine reaches no registry; its python3 is
@@ -34,7 +35,11 @@ python3 -m bench.kernels --backend wgpu > "$OUT/kernels.log" 2>&1  # JSON: $OUT/
 echo "bench.kernels exit $?"
 python3 bench/device/random_model.py dist/models/smollm2-135m-instruct/model.json /tmp/smollm2-random
 echo '[{"role": "user", "content": "Write a long story about the sea."}]' > /tmp/chat.json
-python3 -m pagedkv generate --backend wgpu --model /tmp/smollm2-random --messages-json /tmp/chat.json \
-  --max-tokens 128 --greedy --json > "$OUT/generate_h200.json" 2> "$OUT/generate.log"
-echo "generate exit $?"
+for family in cpu gpu; do  # both kernel families; the gpu one tunes first (its choice and timings in the JSON)
+  python3 -m pagedkv generate --backend wgpu --kernels "$family" --tuning-cache "$OUT/gpu_tuning.json" \
+    --model /tmp/smollm2-random --messages-json /tmp/chat.json --max-tokens 128 --greedy --json \
+    > "$OUT/generate_h200_$family.json" 2> "$OUT/generate_$family.log"
+  echo "generate --kernels $family exit $?"
+done
+python3 -m bench.dispatch_geometry --json --kernels gpu --prefill 512 > "$OUT/geometry_prefill_gpu.json"
 tail -n 3 "$OUT"/*.log
