@@ -136,7 +136,8 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
     if num_blocks < 1:
         raise ValueError(f"a {kv_budget / MIB:g} MiB KV budget holds no block of {block_size} tokens "
                          f"({bytes_per_token:,} B/token); raise kv_mib")
-    backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_blocks)
+    backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_blocks,
+                         linear="einsum")  # Pyodide's numpy has no BLAS: backends/cpu_linear.py
     return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype}
 
 

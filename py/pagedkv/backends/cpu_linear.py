@@ -1,0 +1,56 @@
+"""Prefill projections as one einsum per weight, for numpy builds without BLAS (Pyodide in the tab).
+
+Pyodide's numpy has no BLAS: `h @ W.T` for a (T, in) activation and an (out, in) weight falls back to a
+generic loop that is slower than einsum's own sum-of-products loop once T > 1 (measured in Pyodide 0.26,
+numpy 2.0.2, a (1536, 576) weight, best of 7: T=8 11.9 vs 6.3 ms, T=32 32.9 vs 22.0, T=128 149 vs 92 ms;
+at T=1 matmul is as fast or faster, so a decode step keeps it). With BLAS (CPython) matmul wins: the
+backend takes this only when asked (CpuBackend(linear="einsum"), the page's numpy path).
+
+NumpyModel computes every projection as `h @ self.w[name].T`; wrapping those weights keeps its code and
+numerics definition in one place (numpy_ref.py) while the product runs here.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+class _Transposed:
+    """W.T for `h @ W.T`: ndarray's @ yields to __rmatmul__ because __array_ufunc__ is None."""
+
+    __array_ufunc__ = None
+
+    def __init__(self, w: np.ndarray) -> None:
+        self.w = w  # (out, in)
+
+    def __rmatmul__(self, h: np.ndarray) -> np.ndarray:
+        if h.ndim != 2 or h.shape[1] != self.w.shape[1]:
+            raise ValueError(f"projection input {h.shape} does not match weight {self.w.shape} (out, in)")
+        if h.shape[0] == 1:
+            return h @ self.w.T  # (1, out)
+        return np.einsum("ti,oi->to", h, self.w)  # (T, out)
+
+
+class EinsumWeight:
+    """An (out, in) projection weight whose `.T` multiplies through _Transposed."""
+
+    def __init__(self, w: np.ndarray) -> None:
+        if w.ndim != 2:
+            raise ValueError(f"a projection weight is 2-D (out, in), got shape {w.shape}")
+        self.w = w
+        self.shape = w.shape
+
+    @property
+    def T(self) -> _Transposed:  # noqa: N802  (ndarray's name, which NumpyModel calls)
+        return _Transposed(self.w)
+
+
+def einsum_weights(tensors: dict[str, np.ndarray], n_layers: int) -> dict:
+    """A copy of `tensors` with each layer's projection weights wrapped (the arrays are shared, not copied)."""
+    out = dict(tensors)
+    for layer in range(n_layers):
+        for proj in PROJECTIONS:
+            name = f"blk.{layer}.{proj}.weight"
+            out[name] = EinsumWeight(tensors[name])
+    return out
