@@ -1,4 +1,4 @@
-"""CpuBackend(linear="einsum"): the same model as numpy's matmul, within float32 rounding; decode bit-exact."""
+"""CpuBackend(linear="einsum"): the same model as numpy's matmul, within float32 rounding, same greedy ids."""
 import numpy as np
 import pytest
 from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
@@ -28,26 +28,26 @@ def prefill_then_decode(backend: CpuBackend, prompt: list[int], new: int) -> tup
     return first, steps
 
 
-def test_einsum_prefill_matches_matmul_within_rounding_and_decode_is_bit_exact(tiny_weights):  # noqa: F811
+def test_einsum_prefill_and_decode_match_matmul_within_rounding(tiny_weights):  # noqa: F811
     prompt = [int(t) for t in np.random.default_rng(1).integers(3, tiny_weights.config.vocab, 40)]
     want_pre, want_dec = prefill_then_decode(CpuBackend(tiny_weights, 4, 16), prompt, 6)
     got_pre, got_dec = prefill_then_decode(CpuBackend(tiny_weights, 4, 16, linear="einsum"), prompt, 6)
     rel = float(np.abs(got_pre - want_pre).max() / np.abs(want_pre).max())
     assert 0 < rel <= 2e-6, rel  # a different summation order, nothing more
     assert np.array_equal(got_pre.argmax(axis=1), want_pre.argmax(axis=1))
-    # One token per step takes numpy's matmul; only the prefill's rounding reaches it through the cache.
     for got, want in zip(got_dec, want_dec):
         assert int(got.argmax()) == int(want.argmax())
-        assert float(np.abs(got - want).max() / np.abs(want).max()) <= 2e-6
+        assert 0 < float(np.abs(got - want).max() / np.abs(want).max()) <= 2e-6
 
 
 def test_only_the_projections_are_wrapped_and_share_the_arrays(tiny_weights):  # noqa: F811
     tensors = tiny_weights.tensors
-    wrapped = einsum_weights(tensors, tiny_weights.config.n_layers)
-    assert wrapped["token_embd.weight"] is tensors["token_embd.weight"]
+    wrapped = einsum_weights(tensors, tiny_weights.config.n_layers, "token_embd.weight")
+    embd = tensors["token_embd.weight"]
+    assert wrapped["token_embd.weight"].w is embd and np.array_equal(wrapped["token_embd.weight"][[2, 0]], embd[[2, 0]])
     assert wrapped["blk.0.attn_norm.weight"] is tensors["blk.0.attn_norm.weight"]
     assert wrapped["blk.1.ffn_down.weight"].w is tensors["blk.1.ffn_down.weight"]
-    assert sum(isinstance(v, EinsumWeight) for v in wrapped.values()) == 7 * tiny_weights.config.n_layers
+    assert sum(isinstance(v, EinsumWeight) for v in wrapped.values()) == 7 * tiny_weights.config.n_layers + 1
 
 
 def test_bad_arguments_are_refused_by_name(tiny_weights):  # noqa: F811
@@ -59,3 +59,4 @@ def test_bad_arguments_are_refused_by_name(tiny_weights):  # noqa: F811
     with pytest.raises(ValueError, match=r"projection input \(2, 5\) does not match weight \(4, 3\) \(out, in\)"):
         np.ones((2, 5), np.float32) @ w.T
     assert np.array_equal(np.ones((2, 3), np.float32) @ w.T, np.full((2, 4), 3, np.float32))
+    assert np.array_equal(np.ones((1, 3), np.float32) @ w.T, np.full((1, 4), 3, np.float32))

@@ -25,7 +25,7 @@ class CpuBackend:
 
     kv_dtype: any name of pagedkv.kv_dtype; the f32 pools hold the values that dtype's quantizer returns,
     so the CPU engine generates what a GPU engine with the same dtype generates.
-    linear: "matmul" (numpy's @, BLAS where numpy has one) or "einsum" (prefill projections through
+    linear: "matmul" (numpy's @, BLAS where numpy has one) or "einsum" (projections and head through
     np.einsum, faster without BLAS: the tab's Pyodide; backends/cpu_linear.py).
     """
 
@@ -38,7 +38,8 @@ class CpuBackend:
         self.config = weights.config
         self.model = NumpyModel(weights)
         if linear == "einsum":
-            self.model.w = einsum_weights(self.model.w, self.config.n_layers)
+            head = "token_embd.weight" if self.config.tied_embeddings else "output.weight"
+            self.model.w = einsum_weights(self.model.w, self.config.n_layers, head)
         self.kv = PagedKVCache.allocate(self.config, num_blocks, block_size, kv_dtype)
         self.kv_dtype = kv_dtype
         self.num_blocks = num_blocks
