@@ -27,7 +27,7 @@ FULL_TOKENS = 190  # no send to a chat this long: the tiny model's context is 25
 # WebGPU, the tiny model, a 16 MiB GPU budget: ~3,900 KV blocks, room for every chat many times over. With the
 # default 1 GiB the tiny model's pool has 262k blocks, and the memory panel's block map of them costs the worker
 # 0.6 s every 0.5 s while a reply streams.
-MODEL_QUERY = "?model=tiny-random&budget_mib=16"
+MODEL_QUERY = "?model=tiny-random&backend=webgpu&budget_mib=16"
 
 # Read from the worker: each chat's exact history and whether it is answering, and the KV pool's counts.
 WORKER_STATE = """

@@ -7,7 +7,8 @@ SharedArrayBuffer) and one browser. The same prompt (a plain text; its ids under
 - @wllama/wllama (devDependency) loading the original SmolLM2-135M-Instruct Q4_1 GGUF that build.py
   converts, greedy, at 1 and 2 threads with flash attention on and off: llama.cpp's own prompt and
   generation timings (prefill and decode tok/s) and its output;
-- our engine on WebGPU (SwiftShader here: a CPU emulation of a GPU), in the app page's worker;
+- our engine in the app page itself, at ?backend=webgpu (SwiftShader here: a CPU emulation of a GPU),
+  ?backend=cpu (numpy inside Pyodide) and the default ?backend=auto (bench/wllama_tab.py);
 - our engine's numpy CPU backend in CPython.
 Then wllama's greedy text, re-encoded, against our first 8 greedy ids. Prints JSON (`python3 -m bench` files it).
 """
@@ -29,6 +30,7 @@ import build  # noqa: E402
 import serve  # noqa: E402
 from bench._path import ROOT, emit  # noqa: E402
 from bench.harness import session  # noqa: E402
+from bench.wllama_tab import tab_row  # noqa: E402
 
 PAGE = Path(__file__).resolve().parent / "wllama_page"
 WLLAMA = ROOT / "node_modules" / "@wllama" / "wllama"
@@ -124,16 +126,6 @@ def cpu_numpy(prompt: list[int], new_tokens: int) -> dict:
             "decode_tok_s": (len(times) - n_prefill) / sum(times[n_prefill:]), "output_ids": output}
 
 
-WEBGPU = """
-import json
-from bench.page.webgpu_engine import bench_backend, bench_generate
-_ctx, _b, _m, _ledger = await bench_backend()
-_runs = await bench_generate(_ctx, _b, _m, new_tokens={new}, runs=2, prompt={prompt!r})  # run 1 records plans
-_b.destroy()
-json.dumps(_runs[-1])
-"""
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", type=int, default=512)
@@ -152,11 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "wllama", "wllama_version": version, "gguf": gguf_path().name,
               "prompt_tokens": args.prompt, "new_tokens": args.new, "wllama": [], "ours": []}
     with session(make_server=make_server) as s:
-        s.install_bench("page/webgpu_engine.py")
-        ours = s.py(WEBGPU.format(new=args.new, prompt=prompt))
-        report["ours"].append({"backend": "WebGPU (SwiftShader)", **{k: ours[k] for k in (
-            "prefill_tok_s", "decode_tok_s", "output_ids", "prefill_steps")}})
-        print(json.dumps(report["ours"][-1]), file=sys.stderr)
+        for backend in ("webgpu", "cpu", "auto"):
+            report["ours"].append(tab_row(s, backend, prompt, args.new))
+            print(json.dumps({k: v for k, v in report["ours"][-1].items() if k != "output_ids"}), file=sys.stderr)
         report["adapter"] = json.loads(s.dataset()["adapter"])["name"]
         page = s.browser.new_page()
         page.set_default_timeout(1_800_000)
@@ -188,7 +178,7 @@ def compare(report: dict) -> None:
     ours = report["ours"][0]["output_ids"][:COMPARE_IDS]
     report["ours_first_ids"] = ours
     report["ours_first_text"] = tok.decode(ours)
-    report["ours_cpu_matches_webgpu"] = report["ours"][1]["output_ids"][:COMPARE_IDS] == ours
+    report["ours_rows_match_webgpu"] = {r["backend"]: r["output_ids"][:COMPARE_IDS] == ours for r in report["ours"]}
     for r in report["wllama"]:
         r["first_ids_reencoded"] = tok.encode(r["text"])[:COMPARE_IDS]
         r["ids_match_ours"] = r["first_ids_reencoded"] == ours
@@ -197,20 +187,19 @@ def compare(report: dict) -> None:
 
 
 def ratio_line(report: dict) -> str:
-    """Ours over wllama's best configuration, decode and prefill separately."""
+    """Each of our rows over wllama's best configuration, decode and prefill separately."""
     best_dec = max(report["wllama"], key=lambda r: r["decode_tok_s"] or 0)
     best_pre = max(report["wllama"], key=lambda r: r["prefill_tok_s"] or 0)
-    web, cpu = report["ours"][0], report["ours"][1]
 
     def cfg(r: dict) -> str:
         return f"{r['threads']} thread{'s' if r['threads'] > 1 else ''}, flash attention {'on' if r['flash_attn'] else 'off'}"
 
-    return (f"Decode: ours {web['decode_tok_s']:.2f} tok/s on WebGPU (SwiftShader) = "
-            f"{web['decode_tok_s'] / best_dec['decode_tok_s']:.2f}x wllama's best {best_dec['decode_tok_s']:.2f} "
-            f"({cfg(best_dec)}); our numpy CPU path (CPython, native BLAS, run after the browser side finished) "
-            f"{cpu['decode_tok_s']:.2f} = {cpu['decode_tok_s'] / best_dec['decode_tok_s']:.2f}x. Prefill: ours "
-            f"{web['prefill_tok_s']:.2f} tok/s on WebGPU = {web['prefill_tok_s'] / best_pre['prefill_tok_s']:.2f}x "
-            f"wllama's best {best_pre['prefill_tok_s']:.2f} ({cfg(best_pre)}); numpy CPU {cpu['prefill_tok_s']:.1f}.")
+    rows = "; ".join(f"{r['backend']} {r['decode_tok_s']:.2f} / {r['prefill_tok_s']:.2f} = "
+                     f"{r['decode_tok_s'] / best_dec['decode_tok_s']:.2f}x / "
+                     f"{r['prefill_tok_s'] / best_pre['prefill_tok_s']:.2f}x" for r in report["ours"])
+    return (f"Decode / prefill tok/s against wllama's best, decode {best_dec['decode_tok_s']:.2f} ({cfg(best_dec)}) "
+            f"and prefill {best_pre['prefill_tok_s']:.2f} ({cfg(best_pre)}): {rows}. The CPython row (native BLAS) "
+            "ran after the browser side finished.")
 
 
 if __name__ == "__main__":

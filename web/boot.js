@@ -45,6 +45,7 @@ export function showReady(msg) {
   $("limit-max-binding").textContent = msg.adapter.limits.maxStorageBufferBindingSize.toLocaleString() + " bytes";
   $("adapter-features").textContent = msg.adapter.features.join(", ") || "(none)";
   $("adapter-kernels").textContent = `${msg.adapter.kernels} (${msg.adapter.kernels_reason})`;
+  $("adapter-backend").textContent = `${msg.adapter.backend} (${msg.adapter.backend_reason})`;
   $("selftest").textContent = `${msg.selftest.kernel} on ${msg.selftest.n.toLocaleString()} floats: ` +
     `max |GPU − numpy| = ${msg.selftest.max_abs_err}`;
   $("boot-time").textContent = `${(bootMs / 1000).toFixed(1)} s`;

@@ -8,6 +8,7 @@ import traceback
 import numpy as np
 
 import pagedkv
+from pagedkv.backends.choice import choose_backend
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.webgpu import interop as webgpu
 from pagedkv.backends.webgpu.backend import WebGpuBackend
@@ -47,6 +48,8 @@ async def boot() -> None:
         ctx = await webgpu.GpuContext.create(on_lost=on_device_lost)
         state["gpu"] = ctx
         kernels, why = state["kernels"] = kernel_family(ctx)
+        backend, backend_why = state["backend"] = choose_backend(
+            bridge.query_param("backend", "auto"), ctx.info.name, is_fallback(ctx))
         progress("gpu", f"adapter {ctx.info.name}: running the self-test kernel")
         check = await self_test(ctx)
         bridge.post(
@@ -62,12 +65,15 @@ async def boot() -> None:
                 "features": list(ctx.info.features),
                 "kernels": kernels,
                 "kernels_reason": why,
+                "backend": backend,
+                "backend_reason": backend_why,
             },
             selftest=check,
         )
     except webgpu.WebGPUUnavailable as exc:
         # Say so plainly, then chat anyway on the numpy reference backend inside the tab (slow).
         bridge.post("no-webgpu", message=str(exc))
+        state["backend"] = ("cpu", "this browser has no WebGPU")
         await load_model(bridge.query_param("model", DEFAULT_MODEL), force_cpu=True)
         return
     except Exception as exc:  # reported to the page, never swallowed
@@ -79,9 +85,13 @@ async def boot() -> None:
 
 def kernel_family(ctx) -> tuple[str, str]:
     """The kernel family for ?kernels=auto|cpu|gpu on this adapter, and why (model_kernels.choose_family)."""
+    return choose_family(bridge.query_param("kernels", "auto"), ctx.info.name, is_fallback(ctx))
+
+
+def is_fallback(ctx) -> bool:
+    """The adapter's isFallbackAdapter (on GPUAdapterInfo in newer browsers, on GPUAdapter in older ones)."""
     info = getattr(ctx.adapter, "info", None)
-    fallback = bool(getattr(info, "isFallbackAdapter", False) or getattr(ctx.adapter, "isFallbackAdapter", False))
-    return choose_family(bridge.query_param("kernels", "auto"), ctx.info.name, fallback)
+    return bool(getattr(info, "isFallbackAdapter", False) or getattr(ctx.adapter, "isFallbackAdapter", False))
 
 
 def open_settings() -> dict:
@@ -103,7 +113,7 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
             bridge.post("model-progress", model=name, loaded=loaded, total=total, detail="downloading weights")
 
         block_size = int(bridge.query_param("block_size", "16"))
-        if force_cpu or bridge.query_param("backend", "webgpu") == "cpu":
+        if force_cpu or state["backend"][0] == "cpu":
             manifest, backend, info = await _cpu_backend(name, block_size, on_progress)
         else:
             manifest, backend, info = await _webgpu_backend(name, block_size, on_progress)
@@ -156,7 +166,8 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
     if num_blocks < 1:
         raise ValueError(f"a {kv_budget / MIB:g} MiB KV budget holds no block of {block_size} tokens "
                          f"({bytes_per_token:,} B/token); raise kv_mib")
-    backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_blocks)
+    backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_blocks,
+                         linear="einsum")  # Pyodide's numpy has no BLAS: backends/cpu_linear.py
     return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype}
 
 

@@ -1,12 +1,12 @@
 """`npm run generate -- --messages-json FILE [--model NAME | --gguf FILE] [--max-tokens N]
-[--greedy | --temperature T --seed S] [--kernels auto|cpu|gpu] [--json]`
+[--greedy | --temperature T --seed S] [--backend auto|webgpu|cpu] [--kernels auto|cpu|gpu] [--json]`
 (`python3 -m pagedkv.generate ...` from the repository root, dist/ built).
 
 `--gguf FILE` runs any llama / qwen2 GGUF: converted on first use into dist/models/<its sha256>/ (the page
 loads models from dist/; reused while current) and loaded by that name.
 
-Runs one chat completion in headless Chromium through the page's engine (the
-WebGPU backend unless `--backend cpu`) and prints the same JSON as the CPU CLI
+Runs one chat completion in headless Chromium through the page's engine (on the
+backend the page's ?backend=auto picks, unless --backend says which) and prints the same JSON as the CPU CLI
 (`python3 -m pagedkv generate`): prompt_ids, output_ids, text, plus timings
 (ttft_ms, prefill_tok_s, decode_tok_s) measured inside the tab. It drives the built
 page with the repository's browser harness (bench/harness/), imported only here, so
@@ -45,7 +45,7 @@ out = req.output_ids
 text_ids = out[:-1] if out and out[-1] in engine.default_stop_ids else out
 decode_s = t_end - t_first
 json.dumps({{"prompt_ids": prompt, "output_ids": out, "text": engine.tokenizer.decode(text_ids),
-  "finish_reason": req.finish_reason, "kernels": state.get("kernels"),
+  "finish_reason": req.finish_reason, "kernels": state.get("kernels"), "backend_reason": state["backend"][1],
   "timings": {{"ttft_ms": round(1000 * (t_first - t0), 1),
                "prefill_tok_s": round(len(prompt) / (t_first - t0), 2),
                "decode_tok_s": round((len(out) - 1) / decode_s, 2) if len(out) > 1 and decode_s > 0 else None}}}})
@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--model", default="smollm2-135m-instruct", help="a model directory under dist/models/")
     which.add_argument("--gguf", type=Path, help="a llama or qwen2 GGUF file, converted on first use")
-    parser.add_argument("--backend", choices=("webgpu", "cpu"), default="webgpu")
+    parser.add_argument("--backend", choices=("auto", "webgpu", "cpu"), default="auto",
+                        help="the page's ?backend= (auto: numpy on a software adapter, else WebGPU)")
     parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto",
                         help="WebGPU kernel family (the page's ?kernels=)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (else the text)")

@@ -17,7 +17,7 @@ HISTORY = ("import json\nfrom pagedkv_app.main import state\nc = state['service'
 
 @pytest.fixture(scope="module")
 def app(browser, base_url):
-    booted = open_and_boot(browser, base_url + "?model=tiny-random")
+    booted = open_and_boot(browser, base_url + "?model=tiny-random&backend=webgpu")
     assert booted.state == "ready"
     info = wait_model(booted)
     booted.page.set_default_timeout(60_000)

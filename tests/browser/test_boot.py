@@ -24,6 +24,10 @@ def test_page_boots_and_reports_adapter(ready_page):
     reason = f"auto: {adapter['name']} is a software adapter (isFallbackAdapter, swiftshader)"
     assert (adapter["kernels"], adapter["kernels_reason"]) == ("cpu", reason)
     assert ready_page.page.locator("#adapter-kernels").inner_text() == f"cpu ({reason})"
+    # ?backend=auto (the default) follows the same rule: the numpy path here, and the page says why.
+    why = f"{reason}: numpy in the tab decodes faster there"
+    assert (adapter["backend"], adapter["backend_reason"]) == ("cpu", why)
+    assert ready_page.page.locator("#adapter-backend").inner_text() == f"cpu ({why})"
 
 
 def test_selftest_kernel_matches_numpy_computed_here(ready_page):

@@ -14,7 +14,8 @@ STATE = "import json\nfrom pagedkv_app.main import state\n"
 
 @pytest.fixture(scope="module")
 def gpu_app(browser, base_url):
-    booted, info = open_app(browser, base_url + "?model=tiny-random&budget_mib=64&kv_dtype=int8", 120_000)
+    booted, info = open_app(browser, base_url + "?model=tiny-random&backend=webgpu&budget_mib=64&kv_dtype=int8",
+                            120_000)
     assert info["backend"] == "webgpu" and info["kv_dtype"] == "int8"
     assert booted.page.locator("#mem-kv-dtype").input_value() == "int8"
     yield booted, info

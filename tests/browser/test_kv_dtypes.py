@@ -101,7 +101,8 @@ def test_tiny_greedy_with_quantized_kv_equals_cpu_engine(page, kv_dtype):
 
 
 def test_app_boots_with_int4_asym_from_the_url_and_shows_its_bytes(browser, base_url):
-    booted, info = open_app(browser, base_url + "?model=tiny-random&budget_mib=64&kv_dtype=int4-asym", 120_000)
+    booted, info = open_app(browser, base_url + "?model=tiny-random&backend=webgpu&budget_mib=64&kv_dtype=int4-asym",
+                            120_000)
     try:
         assert (info["backend"], info["kv_dtype"], info["bytes_per_token"]) == ("webgpu", "int4-asym", 2 * 2 * 32)
         assert booted.page.locator("#mem-kv-dtype").input_value() == "int4-asym"

@@ -13,7 +13,7 @@ ENGINE_STATS = "import json\nfrom pagedkv_app.main import state\njson.dumps(stat
 
 @pytest.fixture(scope="module")
 def real_app(browser, base_url):
-    booted, info = open_app(browser, base_url + "?budget_mib=1024", 300_000)
+    booted, info = open_app(browser, base_url + "?budget_mib=1024&backend=webgpu", 300_000)
     yield booted, info
     booted.page.close()
 

@@ -137,8 +137,10 @@ def test_real_model_greedy_and_logits_match_numpy_and_llama_cpp(worker, real_mod
     assert r["ledger"]["used"] <= r["ledger"]["budget"]
 
 
-@pytest.mark.parametrize("query,backend", [("budget_mib=16", "webgpu"), ("backend=cpu", "cpu"),
-                                           ("budget_mib=16&kernels=gpu", "webgpu")])
+# The default (?backend=auto) takes the numpy path on SwiftShader; ?backend=webgpu overrides it.
+@pytest.mark.parametrize("query,backend", [("backend=webgpu&budget_mib=16", "webgpu"), ("backend=cpu", "cpu"),
+                                           ("budget_mib=16", "cpu"),
+                                           ("backend=webgpu&budget_mib=16&kernels=gpu", "webgpu")])
 def test_app_loads_the_model_on_the_chosen_backend(browser, base_url, query, backend):
     booted = open_and_boot(browser, f"{base_url}?model=tiny-random&{query}")
     try:

@@ -17,6 +17,7 @@ from ..kv_retention import ShiftOp
 from ..model.weights import ModelWeights
 from ..model_runner import ForwardBatch
 from . import check_attention_mass
+from .cpu_linear import einsum_weights
 from .numpy_ref import NumpyModel, PagedKVCache
 
 
@@ -25,14 +26,21 @@ class CpuBackend:
 
     kv_dtype: any name of pagedkv.kv_dtype; the f32 pools hold the values that dtype's quantizer returns,
     so the CPU engine generates what a GPU engine with the same dtype generates.
+    linear: "matmul" (numpy's @, BLAS where numpy has one) or "einsum" (projections and head through
+    np.einsum, faster without BLAS: the tab's Pyodide; backends/cpu_linear.py).
     """
 
     name = "cpu"
 
     def __init__(self, weights: ModelWeights, num_blocks: int, block_size: int, num_cpu_blocks: int = 0,
-                 kv_dtype: str = "f32") -> None:
+                 kv_dtype: str = "f32", linear: str = "matmul") -> None:
+        if linear not in ("matmul", "einsum"):
+            raise ValueError(f"linear must be matmul or einsum, got {linear!r}")
         self.config = weights.config
         self.model = NumpyModel(weights)
+        if linear == "einsum":
+            head = "token_embd.weight" if self.config.tied_embeddings else "output.weight"
+            self.model.w = einsum_weights(self.model.w, self.config.n_layers, head)
         self.kv = PagedKVCache.allocate(self.config, num_blocks, block_size, kv_dtype)
         self.kv_dtype = kv_dtype
         self.num_blocks = num_blocks
