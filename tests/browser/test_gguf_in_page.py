@@ -25,7 +25,7 @@ def test_a_gguf_in_the_page_gives_llama_cpps_greedy_ids(base_url, tmp_path, name
     # Its own process: Playwright's sync API runs once per thread, and the tests' browser is open here.
     env = dict(os.environ, PYTHONPATH=str(build.ROOT / "py"), PAGEDKV_BENCH_BUILT="1")  # base_url built dist/
     proc = subprocess.run([sys.executable, "-m", "pagedkv.generate", "--gguf", str(path), "--messages-json",
-                           str(messages), "--max-tokens", str(NUM_TOKENS), "--greedy", "--kernels", kernels, "--json"],
+                           str(messages), "--max-tokens", str(NUM_TOKENS), "--greedy", "--backend", "webgpu", "--kernels", kernels, "--json"],
                           cwd=build.ROOT, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)

@@ -123,7 +123,7 @@ def test_open_store_reload_and_remove(browser, base_url, tiny_gguf, reference, b
 
 def test_too_big_for_the_budget_is_refused_and_the_model_in_use_answers(browser, base_url, tiny_gguf, reference):
     budget_mib = 6
-    booted, info = open_app(browser, f"{base_url}?model=tiny-random&budget_mib={budget_mib}", 120_000)
+    booted, info = open_app(browser, f"{base_url}?model=tiny-random&backend=webgpu&budget_mib={budget_mib}", 120_000)
     page = booted.page
     assert info["backend"] == "webgpu"
     limits = booted.py("import json\nfrom pagedkv_app.main import state\n"

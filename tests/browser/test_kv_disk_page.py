@@ -68,7 +68,7 @@ def reload(page) -> None:
     page.locator("#settings summary").click()
 
 
-@pytest.mark.parametrize("query", ["?model=tiny-random", "?model=tiny-random&backend=cpu"])
+@pytest.mark.parametrize("query", ["?model=tiny-random&backend=webgpu", "?model=tiny-random&backend=cpu"])
 def test_reload_restores_from_disk_and_replies_the_same(browser, base_url, query):
     ref, _ = open_app(browser, base_url + query + "&kv_disk=0", 60_000)  # never reloads, no disk tier
     refs, prefilled = [], [0]  # the turns, and the engine's prefill counter after each
