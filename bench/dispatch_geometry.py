@@ -64,7 +64,7 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: 
     b = SimpleNamespace(config=config, scratch=_Named(), weights=_Weights(), kv_layout=layout, kv_kernels=kv,
                         kv_caches=[SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(config.n_layers)],
                         kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(),
-                        shader_f16=False)
+                        shader_f16=False, gpu_matmul=kernels == "gpu")  # SmolLM2: Q4_1 and Q8_0 only
     shape = StepShape(num_tokens=new_tokens, num_seqs=1, table_width=math.ceil(context / BLOCK_SIZE),
                       max_parts=math.ceil(context / (kv.partition_blocks * BLOCK_SIZE)),
                       num_tiles=math.ceil(new_tokens / kv.query_tile), decode=new_tokens == 1)

@@ -27,7 +27,8 @@ def fake_backend(kernels: str = "cpu", subgroups: bool = False, shader_f16: bool
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(2)]
     return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, kv_caches=caches, kv_layout=layout,
                            kv_kernels=KVKernels(ctx, layout, CFG.n_heads, family=kernels, subgroups=subgroups),
-                           kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(), shader_f16=shader_f16)
+                           kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(), shader_f16=shader_f16,
+                           gpu_matmul=kernels == "gpu")
 
 
 def test_plan_keys_bucket_batches_by_kernel_choice():

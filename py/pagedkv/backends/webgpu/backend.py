@@ -252,6 +252,13 @@ class WebGpuBackend:
         return "subgroups" in self.ctx.info.features
 
     @property
+    def gpu_matmul(self) -> bool:
+        """Whether prefill runs the gpu family's tiled matmuls: every quantized matrix has one (GPU_MATMUL_TYPES;
+        a step's grid per slot serves every layer, so one other type sends the model to the cpu family's)."""
+        return self.kernels == "gpu" and all(d in ops.GPU_MATMUL_TYPES for d, _ in self.weights.values()
+                                             if d in ops.QUANTIZED)
+
+    @property
     def shader_f16(self) -> bool:
         """Whether the gpu family's matvecs run their dot products in f16 (the device requests `shader-f16`
         where the adapter has it)."""

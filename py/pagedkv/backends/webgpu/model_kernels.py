@@ -27,8 +27,9 @@ GPU_WORKGROUP_SIZES = (64, 128, 256)  # threads of a gpu-family matvec workgroup
 # A gpu-family matmul workgroup (matmul_gpu_main.wgsl): (threads, threads along rows); each thread owns 8 rows x
 # 4 tokens, so the default tile is 64 rows x 32 tokens, staged in 13.5 KiB of workgroup memory.
 GPU_MATMUL_SHAPE = (64, 8)
-# Weight types with a gpu-family tiled matmul and f16 matvecs of their own; the gpu family runs the others'
-# prefill on the cpu family's matmul and their matvecs in f32.
+# Weight types with a gpu-family tiled matmul and f16 matvecs of their own. A model with any other quantized
+# type prefills on the cpu family's matmuls (a step's grid per slot is shared by every layer, so the choice
+# is per model: WebGpuBackend.gpu_matmul) and runs those types' matvecs in f32.
 GPU_MATMUL_TYPES = ("q4_1", "q8_0")
 GPU_F16_TYPES = ("q4_1", "q8_0")
 
@@ -154,6 +155,8 @@ def matmul_gpu_call(dtype: str, rows: int, cols: int, tokens: int, shape: tuple[
     threads along rows) stages a tile of 8 * shape[1] rows x 4 * shape[0] / shape[1] tokens through
     workgroup memory, one 32-weight block at a time. Same buffers as matmul_call."""
     _weight(dtype, rows, cols)
+    if dtype not in GPU_MATMUL_TYPES:
+        raise ValueError(f"the gpu family's tiled matmul takes {list(GPU_MATMUL_TYPES)}, got {dtype!r}")
     _positive(tokens=tokens)
     _check_swiglu(rows, swiglu, accumulate)
     threads, row_groups = shape
@@ -179,26 +182,28 @@ def matmul_gpu_constants(shape: tuple[int, int], accumulate: bool = False, swigl
 
 def linear_pipeline(family: str, subgroups: bool, kind: str, dtype: str, accumulate: bool = False,
                     norm: bool = False, swiglu: bool = False, shapes: GpuShapes = GpuShapes(),
-                    f16: bool = False) -> tuple[str, tuple]:
+                    f16: bool = False, gpu_matmul: bool = True) -> tuple[str, tuple]:
     """(shader, pipeline constants) of a `kind` ("matvec" | "matmul") linear in kernel `family`: the gpu
     family has its own matvec (gpu_matvec_shader: subgroups / f16 when the device has them) and matmul
-    (matmul_gpu_<dtype>), in the workgroup shapes `shapes`."""
+    (matmul_gpu_<dtype>; the cpu family's where not gpu_matmul), in the workgroup shapes `shapes`."""
     if family not in FAMILIES:
         raise ValueError(f"kernel family must be one of {FAMILIES}, got {family!r}")
     if family == "gpu" and kind == "matvec":
         return gpu_matvec_shader(dtype, subgroups, f16), linear_constants(shapes.matvec, accumulate, norm, swiglu)
-    if family == "gpu" and dtype in GPU_MATMUL_TYPES:
+    if family == "gpu" and gpu_matmul:
         return f"matmul_gpu_{dtype}", matmul_gpu_constants(shapes.matmul, accumulate, swiglu)
     return f"{kind}_{dtype}", linear_constants(32, accumulate, norm, swiglu)
 
 
 def family_linear_call(family: str, subgroups: bool, dtype: str, rows: int, cols: int, tokens: int,
-                       accumulate: bool = False, shapes: GpuShapes = GpuShapes(), f16: bool = False) -> KernelCall:
-    """linear_call for kernel `family`: where linear_call picks matvec or matmul, the gpu family runs its own."""
+                       accumulate: bool = False, shapes: GpuShapes = GpuShapes(), f16: bool = False,
+                       gpu_matmul: bool = True) -> KernelCall:
+    """linear_call for kernel `family`: where linear_call picks matvec or matmul, the gpu family runs its own
+    (its matmul only where gpu_matmul)."""
     call = linear_call(dtype, rows, cols, tokens, accumulate)
     if family == "gpu" and call.shader.startswith("matvec_"):
         return matvec_gpu_call(dtype, rows, cols, tokens, subgroups, shapes.matvec, accumulate=accumulate, f16=f16)
-    if family == "gpu" and dtype in GPU_MATMUL_TYPES:
+    if family == "gpu" and gpu_matmul:
         return matmul_gpu_call(dtype, rows, cols, tokens, shapes.matmul, accumulate=accumulate)
     return call
 

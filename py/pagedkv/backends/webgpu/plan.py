@@ -68,7 +68,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                swiglu: bool = False) -> Dispatch:
         dtype, parts = w[name]
         shader, constants = ops.linear_pipeline(b.kernels, b.subgroups, kind, dtype, accumulate, norm, swiglu,
-                                                b.gpu_shapes, b.shader_f16)
+                                                b.gpu_shapes, b.shader_f16, b.gpu_matmul)
         return Dispatch(shader, constants, (*parts, x, y), slot)
 
     def normed_linear(norm: str, name: str, y, slot: str, swiglu: bool = False) -> list[Dispatch]:
@@ -143,7 +143,8 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     q8 = "q8_0"  # grid and uniform of a linear call do not depend on the quantization
 
     def linear(rows: int, cols: int, tokens: int) -> ops.KernelCall:
-        return ops.family_linear_call(b.kernels, b.subgroups, q8, rows, cols, tokens, shapes=b.gpu_shapes)
+        return ops.family_linear_call(b.kernels, b.subgroups, q8, rows, cols, tokens, shapes=b.gpu_shapes,
+                                      gpu_matmul=b.gpu_matmul)
 
     calls = {
         "embedding": ops.embedding_call(t, cfg.hidden),
