@@ -61,6 +61,7 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: 
     ctx = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": MAX_WORKGROUPS_PER_DIM}))
     kv = KVKernels(ctx, layout, config.n_heads, family=kernels, subgroups=subgroups)
     kv_sizes = {name: size for name, _, _, size in kv.decode.specs}  # the KV kernels' workgroup sizes
+    kv_sizes[kv.prefill.name] = kv.prefill.workgroup
     b = SimpleNamespace(config=config, scratch=_Named(), weights=_Weights(), kv_layout=layout, kv_kernels=kv,
                         kv_caches=[SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(config.n_layers)],
                         kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(),
