@@ -1,11 +1,11 @@
 """The first-boot tuning's cache key and file store (backends/webgpu/tuning.py), in CPython (no GPU)."""
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 
 from pagedkv.backends.webgpu import model_kernels as ops
 from pagedkv.backends.webgpu.tuning import JsonFileStore, cache_key
+from pagedkv.engine import run_sync
 from pagedkv.model.config import ModelConfig
 
 SMOLLM2 = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 100000.0, "adjacent_pairs", 1e-5, 8192, True)
@@ -33,7 +33,8 @@ def test_the_file_store_keeps_every_key(tmp_path):
         again = JsonFileStore(tmp_path / "sub" / "tuning.json")
         return await again.get("a"), (await store.get("b"))["choice"]["matmul"]
 
-    assert asyncio.run(run()) == ({"choice": {"matvec": 128, "matmul": [64, 4]}}, [64, 8])
+    # run_sync, not asyncio.run: in the whole suite Playwright's sync API keeps a loop running in this thread
+    assert run_sync(run()) == ({"choice": {"matvec": 128, "matmul": [64, 4]}}, [64, 8])
 
 
 def test_matmul_workgroup_memory_of_the_candidates():
