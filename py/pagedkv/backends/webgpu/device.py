@@ -13,6 +13,7 @@ into one command encoder). backend.py, plan.py and the kernels' host code see on
 """
 from __future__ import annotations
 
+import abc
 import hashlib
 import json
 import re
@@ -105,7 +106,7 @@ class ShaderLibrary:
         return text
 
 
-class GpuDevice:
+class GpuDevice(abc.ABC):
     """Adapter + device + compiled kernels; subclasses implement the device calls (see the module doc)."""
 
     js_crossings = 0  # Python->JS crossings so far (the browser counts them; a native device has none)
@@ -118,63 +119,65 @@ class GpuDevice:
 
     # ---------------------------------------------------------------- implemented by each device
 
+    @abc.abstractmethod
     def buffer(self, nbytes: int, label: str, *, readable: bool = False, uniform: bool = False,
                map_read: bool = False):
         """A device buffer: storage (default), uniform, or a MAP_READ landing buffer for read backs."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def write(self, buffer, array: np.ndarray, offset: int = 0) -> None:
-        raise NotImplementedError
+        """Copy `array`'s bytes into `buffer` at byte `offset` (queued before the next submit)."""
 
+    @abc.abstractmethod
     async def read(self, buffer, nbytes: int) -> bytes:
-        raise NotImplementedError
+        """The first `nbytes` of `buffer`, once the GPU has written them."""
 
+    @abc.abstractmethod
     async def compile(self, name: str, source: str, constants: dict | None, entry_point: str):
         """A compute pipeline of WGSL `source`; raises GPUError when it does not compile."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def bind(self, pipeline, buffers: list | dict):
         """A bind group with `buffers` at @group(0) @binding(0..n-1) (or {binding: buffer}); build once,
         dispatch many times."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def submit(self, dispatches: list[tuple]) -> None:
         """Run (pipeline, bind_group, (x, y, z) workgroups) dispatches in order: one pass, one submit.
 
         Dispatches in one pass see each other's storage writes in order (WebGPU synchronises them).
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def done(self) -> None:
         """Wait until the GPU has finished everything submitted so far."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def push_errors(self) -> None:
         """Start catching validation errors; pair with `await pop_errors(what)`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def pop_errors(self, what: str) -> None:
         """Raise GPUError if anything since push_errors() failed validation."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def push_oom(self) -> None:
         """Start catching out-of-memory errors of buffer creation; pair with `await pop_oom(what)`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def pop_oom(self, what: str) -> None:
         """Raise GPUError if a buffer created since push_oom() could not be allocated."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def record_plan(self, passes: list[list[tuple]]):
         """A replayable plan: compute passes of (pipeline, bind_group) built once."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def replay(self, plan, grids: np.ndarray, copies: np.ndarray, copy_src, copy_dst,
                      read_src=None, read_dst=None, read_bytes: int = 0) -> bytes | None:
         """Encode and submit one step of `plan` in one command encoder, with its per-dispatch workgroup grids
         (n, 3) int32 (x = 0 skips a dispatch) and (m, 3) int32 (src offset, dst offset, bytes) copies between
         pass 0 and pass 1; returns read_bytes of read_src (via MAP_READ read_dst) if asked."""
-        raise NotImplementedError
 
     @staticmethod
     def now_ms() -> float:
