@@ -32,6 +32,7 @@ from __future__ import annotations
 import pytest
 
 from browser_pages import install_modules
+from pagedkv.backends.webgpu.model_kernels import GPU_MATMUL_TYPES  # the gpu family's own tiled matmuls
 
 LINEAR_SCALED_BOUND = 2e-6
 LINEAR_REL_BOUND = 1e-5
@@ -73,7 +74,6 @@ FAMILIES = ["cpu", "gpu", "gpu_tree"]
 # (kernel, family): the gpu family's matmul has no reduction, so no tree variant
 LINEAR_KERNELS = [("matvec", "cpu"), ("matmul", "cpu"), ("matvec", "gpu"), ("matvec", "gpu_tree"), ("matmul", "gpu")]
 GPU_MATMUL_TOKENS = (1, 7, 64, 130)  # 130: a partial 32-token tile of matmul_gpu
-GPU_MATMUL_TYPES = ("q4_1", "q8_0")  # model_kernels.GPU_MATMUL_TYPES: the gpu family's own tiled matmuls
 # (kernel, family, dtype) of every linear kernel that exists
 LINEAR_CASES = [(k, f, d) for k, f in LINEAR_KERNELS for d in DTYPES
                 if (k, f) != ("matmul", "gpu") or d in GPU_MATMUL_TYPES]
