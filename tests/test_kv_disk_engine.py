@@ -146,3 +146,31 @@ def test_adopt_blocks_extends_the_cached_prefix():
     seq = Sequence(tokens)
     kv.allocate_slots(seq, len(tokens))
     assert (seq.num_computed_tokens, seq.block_table) == (64, [0, 1, 2, 3, 4])
+
+
+def test_blocks_two_live_chats_fill_together_are_read_and_written_once(tiny_weights, tokenizer):
+    """Two requests with one prompt, prefilled in one step, fill blocks of the same prefix hashes together:
+    write-behind reads each hash's block back once and stores it once."""
+    engine = engine_on(tiny_weights, tokenizer, MemoryStore())
+    read: list[int] = []
+    read_blocks = engine.backend.read_blocks
+
+    async def spy(block_ids):
+        read.extend(block_ids)
+        return await read_blocks(block_ids)
+
+    engine.backend.read_blocks = spy
+    outs = {engine.add_request(TURN1, GREEDY): [] for _ in range(2)}
+    while engine.has_unfinished:
+        for out in run_sync(engine.step()):
+            outs[out.request_id] += out.token_ids
+    alone = engine_on(tiny_weights, tokenizer, None)
+    assert list(outs.values()) == [reply(alone, TURN1)] * 2
+    stats = engine.stats()
+    assert stats["disk_blocks"] == stats["disk_written_blocks"] == len(read) == 3
+
+
+def test_block_reads_refuse_a_repeated_id(tiny_weights):
+    backend = CpuBackend(tiny_weights, num_blocks=6, block_size=16)
+    with pytest.raises(ValueError, match="a block id appears twice"):
+        run_sync(backend.read_blocks([1, 1]))

@@ -74,6 +74,7 @@ class DiskCache:
         """Store the newly full, computed blocks of `seqs` that the disk lacks; returns how many it wrote."""
         bs = self.layout.block_size
         todo: list[tuple[str, list[int], int]] = []  # (chain hash, token ids, GPU block)
+        queued: set[str] = set()  # two live sequences with one prefix fill the same hash: stored once
         for seq in seqs:
             full = seq.num_computed_tokens // bs
             done = self._saved.get(seq.seq_id, 0)
@@ -84,7 +85,8 @@ class DiskCache:
             for i in range(done, full):
                 if self.tier.has(hashes[i]):
                     self.tier.touch(hashes[i:i + 1])
-                else:
+                elif hashes[i] not in queued:
+                    queued.add(hashes[i])
                     todo.append((hashes[i], seq.token_ids[i * bs:(i + 1) * bs], seq.block_table[i]))
             self._saved[seq.seq_id] = full
         self._saved = {sid: n for sid, n in self._saved.items() if sid in kv.live}

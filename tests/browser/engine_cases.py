@@ -164,7 +164,8 @@ async def preemption_round_trip(preemption: str) -> dict:
 
 
 async def copy_and_swap_blocks(kv_dtype: str) -> dict:
-    """After a prefill: copy_blocks, then swap a block out and into another slot; cache contents compared."""
+    """After a prefill: copy_blocks, then swap a block out and into another slot; cache contents compared. The
+    swap-out lists GPU block 7 twice, as when two swapped sequences share a prefix block."""
     b = await backend("tiny-random", budget_bytes=8 * MIB, block_size=8, kv_dtype=kv_dtype,
                       max_num_batched_tokens=24, max_num_seqs=4, num_cpu_blocks=4)
     i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
@@ -173,14 +174,14 @@ async def copy_and_swap_blocks(kv_dtype: str) -> dict:
     slots = i32(table[0, np.arange(20) // 8] * 8 + np.arange(20) % 8)
     await b.forward(ForwardBatch(ids, i32(range(20)), slots, i32([0, 20]), table, i32([20])))
     await b.copy_blocks([(9, 1), (4, 2)])
-    await b.swap_out([(7, 3), (9, 0)])
+    await b.swap_out([(7, 3), (9, 0), (7, 1)])
     await b.swap_in([(3, 5), (0, 6)])
     out = {}
     for layer, cache in enumerate(b.kv_caches):
         k, v = await cache.read()
         out[layer] = {"copy": bool(np.array_equal(k[[1, 2]], k[[9, 4]]) and np.array_equal(v[[1, 2]], v[[9, 4]])),
                       "swap": bool(np.array_equal(k[[5, 6]], k[[7, 9]]) and np.array_equal(v[[5, 6]], v[[7, 9]])),
-                      "cpu": bool(np.array_equal(b.cpu_k[layer][3], k[7])),
+                      "cpu": bool(np.array_equal(b.cpu_k[layer][[3, 1]], k[[7, 7]])),
                       "nonzero": bool(np.abs(k[9].astype(np.float32)).sum() > 0)}
     b.destroy()
     return out

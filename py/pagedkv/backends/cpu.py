@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from ..kernels.ref_attention import check_block_ids
 from ..kernels.ref_ops import shift_keys
 from ..kv_cache_manager import CopyOp
 from ..kv_dtype import kv_dtype as lookup_kv_dtype
@@ -92,7 +93,7 @@ class CpuBackend:
                 self.kv.v[layer][gpu] = self.cpu_v[layer][cpu]
 
     async def read_blocks(self, block_ids: list[int]) -> np.ndarray:
-        ids = np.asarray(block_ids, dtype=np.int64)  # (n,)
+        ids = check_block_ids(block_ids, self.num_blocks)  # (n,) distinct, as on WebGPU
         cfg = self.config
         # (layers, 2, n, block_size, n_kv_heads, head_dim) -> (n, layers, 2, block_size, n_kv_heads, head_dim)
         values = np.stack([np.stack([k[ids], v[ids]]) for k, v in zip(self.kv.k, self.kv.v)])

@@ -34,10 +34,12 @@ class KVBlockMoves:
         """GPU block -> CPU block for each (gpu, cpu) pair, all layers."""
         self._check_cpu(ops_list := list(ops_list), column=1)
         for pairs in self._chunks(ops_list):
+            # Two sequences swapped out together may share a prefix block: it is read once, copied to both.
+            gpu, where = np.unique(pairs[:, 0], return_inverse=True)  # (m,), (n,)
             for layer, cache in enumerate(self.kv_caches):
-                k, v = await self.kv_kernels.swap_out(cache, pairs[:, 0])
-                self.cpu_k[layer][pairs[:, 1]] = k
-                self.cpu_v[layer][pairs[:, 1]] = v
+                k, v = await self.kv_kernels.swap_out(cache, gpu)
+                self.cpu_k[layer][pairs[:, 1]] = k[where]
+                self.cpu_v[layer][pairs[:, 1]] = v[where]
 
     async def swap_in(self, ops_list: Iterable[CopyOp]) -> None:
         """CPU block -> GPU block for each (cpu, gpu) pair, all layers."""
