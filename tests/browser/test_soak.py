@@ -14,7 +14,8 @@ def test_a_short_soak_loses_nothing_and_leaks_no_block(browser, base_url):
     finally:
         booted.page.close()
     figures = {k: result[k] for k in ("errors", "chats_lost", "history_mismatches", "blocks_leaked")}
-    assert figures == {"errors": 0, "chats_lost": 0, "history_mismatches": 0, "blocks_leaked": 0}, (result["error_messages"], result)
+    clean = {"errors": 0, "chats_lost": 0, "history_mismatches": 0, "blocks_leaked": 0}
+    assert figures == clean, (result["error_messages"], result)
     assert result["details"]["chats_back_after_delete"] == [], result
     assert result["turns"] == 24
     assert all(result["actions"][kind] >= 1 for kind in KINDS), result["actions"]
