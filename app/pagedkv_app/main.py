@@ -12,6 +12,7 @@ from pagedkv.backends.choice import choose_backend
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.webgpu import interop as webgpu
 from pagedkv.backends.webgpu.backend import WebGpuBackend
+from pagedkv.backends.webgpu.device import WebGPUUnavailable
 from pagedkv.backends.webgpu.model_kernels import choose_family
 from pagedkv.backends.webgpu.self_test import self_test
 from pagedkv.chat import ChatTemplate
@@ -70,7 +71,7 @@ async def boot() -> None:
             },
             selftest=check,
         )
-    except webgpu.WebGPUUnavailable as exc:
+    except WebGPUUnavailable as exc:
         # Say so plainly, then chat anyway on the numpy reference backend inside the tab (slow).
         bridge.post("no-webgpu", message=str(exc))
         state["backend"] = ("cpu", "this browser has no WebGPU")

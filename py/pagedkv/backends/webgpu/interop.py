@@ -15,11 +15,10 @@ from pyodide.ffi import JsException, create_once_callable, to_js  # type: ignore
 
 from ...kv_disk import StoreFull
 
-# The app and older callers import these names from here.
 from .device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderLibrary, WebGPUUnavailable, padded,
                      resource)
 
-__all__ = ["AdapterInfo", "GPUError", "GpuContext", "OpfsStore", "WebGPUUnavailable", "fetch_bytes", "site_url"]
+__all__ = ["GpuContext", "OpfsStore", "fetch_bytes", "site_url"]
 
 
 def _js_obj(value: dict):
