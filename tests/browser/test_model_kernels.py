@@ -140,8 +140,8 @@ def test_float_weights_every_linear_variant_and_the_embedding(worker, dtype):
     lin = [("matvec", f, 96, 64, 1) for f in FAMILIES] + [("matvec", f, 40, 576, 2) for f in FAMILIES]
     lin += [("matmul", "cpu", 37, 96, 7), ("matmul", "cpu", 40, 576, 6)]
     calls = [f"case_linear('{k}', '{dtype}', {r}, {c}, {t}, seed=3, family='{f}')" for k, f, r, c, t in lin]
-    calls += [f"case_linear('{k}', '{dtype}', 37, 96, 3, seed=12, accumulate=True, family='{f}')"
-              for k, f in [("matvec", f) for f in FAMILIES] + [("matmul", "cpu")]]
+    acc = [("matvec", f) for f in FAMILIES] + [("matmul", "cpu")]
+    calls += [f"case_linear('{k}', '{dtype}', 37, 96, 3, seed=12, accumulate=True, family='{f}')" for k, f in acc]
     calls += [f"case_linear('matvec', '{dtype}', 96, 576, 2, seed=13, norm=True, family='{f}')" for f in FAMILIES]
     swiglu = [f"case_linear_swiglu('matvec', '{dtype}', 40, 96, 3, seed=15, norm=True, family='{f}')"
               for f in FAMILIES] + [f"case_linear_swiglu('matmul', '{dtype}', 40, 96, 7, seed=14)"]
@@ -150,7 +150,7 @@ def test_float_weights_every_linear_variant_and_the_embedding(worker, dtype):
     linear, fused = results[: len(calls)], results[len(calls):]
     assert [(r["kernel"], r["family"], r["shape"], r["accumulate"], r["norm"]) for r in linear] == (
         [(f"{k}_{dtype}", f, [t, r], False, False) for k, f, r, _, t in lin]
-        + [(f"{k}_{dtype}", f, [3, 37], True, False) for k, f in [("matvec", f) for f in FAMILIES] + [("matmul", "cpu")]]
+        + [(f"{k}_{dtype}", f, [3, 37], True, False) for k, f in acc]
         + [(f"matvec_{dtype}", f, [2, 96], False, True) for f in FAMILIES])
     assert_linear(linear)
     assert [(r["kernel"], r["family"], r["shape"]) for r in fused] == (
