@@ -1,21 +1,5 @@
-// NORM prologue shared by the matvec_* kernels (expanded by ShaderLibrary at their `//#include
-// matvec_norm.wgsl` line). The including kernel defines CODE_WORDS_PER_BLOCK (vec4 words of codes per
-// 32-weight block) and binds `qs`; `params` is declared here for every matvec kernel (both families).
+// NORM prologue shared by the quantized matvec_* kernels (expanded by ShaderLibrary at their `//#include
+// matvec_norm.wgsl` line): their `params` at binding 4, after qs, the scales, x and y.
 
-struct Params {
-  rows : u32,
-  cols : u32,     // multiple of 32
-  tokens : u32,
-  eps : f32,     // NORM only
-}
 @group(0) @binding(4) var<uniform> params : Params;
-
-// NORM: y = W @ (rms_norm(x) * g), the RMSNorm fused into the projection it feeds. x is then the raw
-// residual stream; each thread sums the squares of the activations it loads anyway and scales its sums
-// by 1 / sqrt(mean + eps) at the end (W @ (x * g) * s = W @ (x * s * g)). The norm weight g (cols f32)
-// is stored in qs right after the codes (backends/webgpu/fused.py), so the kernel keeps its five bindings.
-override NORM : bool = false;
-
-fn gain(i : u32) -> vec4<f32> {
-  return bitcast<vec4<f32>>(qs[params.rows * (params.cols / 32u) * CODE_WORDS_PER_BLOCK + i]);
-}
+//#include matvec_gain.wgsl

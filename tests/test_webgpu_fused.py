@@ -6,6 +6,7 @@ import pytest
 
 from pagedkv.backends.webgpu.fused import fused_member, stack_rows, stacked_nbytes
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
+from pagedkv.model.quants import pack_gguf
 
 
 def gain(cols: int) -> tuple[str, tuple[int], dict]:
@@ -15,6 +16,9 @@ def gain(cols: int) -> tuple[str, tuple[int], dict]:
 
 def member(dtype: str, rows: int, cols: int, seed: int) -> tuple[str, tuple[int, int], dict]:
     w = np.random.default_rng(seed).standard_normal((rows, cols), dtype=np.float32)  # (rows, cols)
+    if dtype in ("f32", "f16", "bf16"):  # bf16: the high halves of w
+        raw = {"f32": w, "f16": w.astype("<f2"), "bf16": (w.view("<u4") >> 16).astype("<u2")}[dtype]
+        return dtype, (rows, cols), pack_gguf(dtype, raw, (rows, cols))
     parts = pack_q4_1(*quantize_q4_1(w)) if dtype == "q4_1" else pack_q8_0(*quantize_q8_0(w))
     return dtype, (rows, cols), parts
 
@@ -34,6 +38,17 @@ def test_stacked_rows_dequantize_to_the_members_rows(dtype):
     assert stacked_nbytes([(d, s) for d, s, _ in members + [gain(32)]]) == {k: len(v) for k, v in parts.items()}
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_float_projections_stack_with_the_norm_weight_after_their_weights(dtype):
+    members = [member(dtype, 3, 32, 1), member(dtype, 5, 32, 2), member(dtype, 8, 32, 3)]
+    got_dtype, shape, parts = stack_rows("blk.0.attn_qkv.weight", members + [gain(32)])
+    size = (4 if dtype == "f32" else 2) * 16 * 32
+    assert (got_dtype, shape, {k: len(v) for k, v in parts.items()}) == (dtype, (16, 32), {"data": size + 32 * 4})
+    assert np.array_equal(dequantize(dtype, shape, parts), np.vstack([dequantize(dtype, s, p) for _, s, p in members]))
+    assert np.array_equal(np.frombuffer(parts["data"][size:], "<f4"), np.arange(32))  # the norm weight
+    assert stacked_nbytes([(d, s) for d, s, _ in members + [gain(32)]]) == {"data": size + 32 * 4}
+
+
 def test_q8_0_scales_stay_padded_to_four_bytes():
     _, shape, parts = stack_rows("s", [member("q8_0", 1, 32, 4), member("q8_0", 2, 32, 5), gain(32)])
     assert shape == (3, 32) and len(parts["d"]) == 8  # 3 f16 scales + 2 bytes of padding
@@ -47,9 +62,8 @@ def test_members_must_share_dtype_and_cols():
         stack_rows("blk.0.ffn_gate_up.weight", [member("q4_1", 8, 32, 1), member("q4_1", 8, 64, 2), gain(32)])
     with pytest.raises(ValueError, match=r"norm weight must be f32 \(32,\)"):
         stack_rows("blk.0.ffn_gate_up.weight", [member("q4_1", 8, 32, 1), member("q4_1", 8, 32, 2), gain(64)])
-    f32 = ("f32", (2, 32), {"data": np.zeros((2, 32), np.float32).tobytes()})
-    with pytest.raises(ValueError, match="only quantized projections can be stacked"):
-        stack_rows("blk.0.attn_qkv.weight", [f32, f32, gain(32)])
+    with pytest.raises(ValueError, match="one dtype and one column count"):  # floats are never promoted
+        stack_rows("blk.0.attn_qkv.weight", [member("f16", 2, 32, 1), member("f32", 2, 32, 2), gain(32)])
 
 
 def test_member_names_map_to_their_stacked_tensor():
@@ -62,7 +76,7 @@ def test_member_names_map_to_their_stacked_tensor():
                                       "output_norm.weight")] == [None] * 4
 
 
-@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0", "bf16"])
 def test_gate_and_up_rows_alternate_in_runs_of_four(dtype):
     gate, up = member(dtype, 8, 64, 6), member(dtype, 8, 64, 7)
     _, shape, parts = stack_rows("blk.2.ffn_gate_up.weight", [gate, up, gain(64)])

@@ -96,11 +96,12 @@ async def run_linear(ctx, x: np.ndarray, dtype: str, shape: tuple[int, int], par
         check_q8_0_codes("weight", parts)
     x = x.astype(np.float32)  # (T, cols)
     y = None if y0 is None else y0.astype(np.float32)  # (T, rows)
-    qs, scales = _quant_parts(dtype, parts)
+    qs, *scales = _quant_parts(dtype, parts)  # a float matrix (f32, f16, bf16) has no scales part
     if norm is not None:  # the norm weight follows the codes, as backends/webgpu/fused.stack_rows stores it
         qs = bytes(qs) + norm[0].astype("<f4").tobytes()
     out_rows = rows // 2 if swiglu else rows
-    out = await _run(ctx, call, [qs, scales, x, y], 3, x.shape[0] * out_rows * 4, np.float32)
+    inputs = [qs, *scales, x, y]
+    out = await _run(ctx, call, inputs, len(inputs) - 1, x.shape[0] * out_rows * 4, np.float32)
     return out.reshape(x.shape[0], out_rows)
 
 
@@ -148,8 +149,8 @@ async def run_embedding(ctx, token_ids: np.ndarray, shape: tuple[int, int], part
     if token_ids.dtype != np.int32 or token_ids.ndim != 1 or token_ids.min() < 0 or token_ids.max() >= vocab:
         raise ValueError(f"token_ids must be a 1-D int32 array of ids in [0, {vocab})")
     call = embedding_call(token_ids.shape[0], hidden, dtype=dtype)
-    out = await _run(ctx, call, [*_quant_parts(dtype, parts), token_ids, None], 3, token_ids.size * hidden * 4,
-                     np.float32)
+    inputs = [*_quant_parts(dtype, parts), token_ids, None]
+    out = await _run(ctx, call, inputs, len(inputs) - 1, token_ids.size * hidden * 4, np.float32)
     return out.reshape(token_ids.shape[0], hidden)
 
 

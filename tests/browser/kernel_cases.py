@@ -32,7 +32,9 @@ def _weights(dtype, rows, cols, seed):
     if key not in _tables:
         rng = np.random.default_rng(seed)
         w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.1  # (rows, cols)
-        if dtype == "q4_1":
+        if dtype in ops.FLOATS:
+            parts = _float_parts(dtype, w)
+        elif dtype == "q4_1":
             parts = pack_q4_1(*quantize_q4_1(w))
         elif dtype == "q8_0":
             parts = pack_q8_0(*quantize_q8_0(w))
@@ -41,6 +43,22 @@ def _weights(dtype, rows, cols, seed):
             parts = pack_gguf(dtype, random_gguf(dtype, rows, cols, seed, scale=scale), (rows, cols))
         _tables[key] = parts
     return _tables[key]
+
+
+def _float_parts(dtype, w):
+    """Parts of f32 / f16 / bf16 weights w (bf16: w's high halves). Values an f16 or bf16 would hold as a
+    subnormal are raised to the smallest normal (GPUs may flush subnormals to zero), as random_gguf does."""
+    tiny = 2.0**-14 if dtype == "f16" else 2.0**-126
+    w = np.where(np.abs(w) < tiny, np.copysign(tiny, w), w).astype(np.float32)
+    raw = {"f32": w, "f16": w.astype("<f2"), "bf16": (w.view("<u4") >> 16).astype("<u2")}[dtype]
+    return pack_gguf(dtype, raw, w.shape)
+
+
+def _linear_ref(x, dtype, shape, parts):
+    """x @ W.T with W dequantized (ref.quantized_linear takes the quantized types only)."""
+    if dtype in ops.FLOATS:
+        return x.astype(np.float32) @ dequantize(dtype, shape, parts).T
+    return ref.quantized_linear(x, dtype, shape, parts)
 
 
 def _errors(got, want, scale=None):
@@ -64,7 +82,7 @@ async def case_linear(kernel, dtype, rows, cols, tokens, seed, accumulate=False,
     got = await calls.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, y0=y0, norm=gain, family=family)
     if norm:
         x = ref.rms_norm(x, gain[0], gain[1])  # (T, cols)
-    want = ref.quantized_linear(x, dtype, (rows, cols), parts)
+    want = _linear_ref(x, dtype, (rows, cols), parts)
     # f32 rounding of a dot product scales with sum |w_k x_k|, not with the result.
     scale = np.abs(x) @ np.abs(dequantize(dtype, (rows, cols), parts)).T  # (T, rows)
     if accumulate:
@@ -118,7 +136,7 @@ async def case_linear_swiglu(kernel, dtype, rows, cols, tokens, seed, norm=False
                                  family=family)  # (T, rows/2)
     if norm:
         x = ref.rms_norm(x, gain[0], gain[1])
-    y = ref.quantized_linear(x, dtype, (rows, cols), parts).reshape(tokens, rows // 8, 2, 4)  # runs of 4
+    y = _linear_ref(x, dtype, (rows, cols), parts).reshape(tokens, rows // 8, 2, 4)  # runs of 4
     gate, up = y[:, :, 0].reshape(tokens, -1), y[:, :, 1].reshape(tokens, -1)  # (T, rows/2) each
     want = ref.swiglu(gate, up)
     mag = (np.abs(x) @ np.abs(dequantize(dtype, (rows, cols), parts)).T).reshape(tokens, rows // 8, 2, 4)
@@ -133,7 +151,10 @@ async def case_embedding(vocab, hidden, token_ids, seed, dtype="q8_0"):
     parts = _weights(dtype, vocab, hidden, seed)
     ids = np.asarray(token_ids, dtype=np.int32)
     got = await calls.run_embedding(ctx, ids, (vocab, hidden), parts, dtype)
-    want = ref.embedding(ids, dtype, (vocab, hidden), parts)
+    if dtype in ops.FLOATS:
+        want = dequantize(dtype, (vocab, hidden), parts)[ids]
+    else:
+        want = ref.embedding(ids, dtype, (vocab, hidden), parts)
     return {"kernel": "embedding", "dtype": dtype, "equal": bool(np.array_equal(got, want)),
             "max_ulp": float((np.abs(got - want) / np.spacing(np.abs(want))).max()), **_errors(got, want)}
 

@@ -23,6 +23,7 @@ Error bounds (stated here, asserted below; what SwiftShader gave when written in
   rope: <= 2e-7 * max|ref| [exact: the cos/sin table is built by the reference's own code]
   swiglu (fused into the gate|up matvec / matmul): <= 4e-6 * (first-order bound from the dot products'
       rounding + |result|) per element
+  f32 / f16 / bf16 weights (converted to f32 exactly): the Q4_1 / Q8_0 linear and swiglu bounds
   embedding and argmax: exact (argmax ties -> lowest index, as numpy)
   f16 matvec (devices with shader-f16: lavapipe here): <= 2e-3 * (|x| @ |W|^T) per output and
       <= 4e-3 * max|ref| [<= 6.5e-4 and 1.6e-3]
@@ -32,7 +33,7 @@ from __future__ import annotations
 import pytest
 
 from browser_pages import install_modules
-from pagedkv.backends.webgpu.model_kernels import GPU_MATMUL_TYPES  # the gpu family's own tiled matmuls
+from pagedkv.backends.webgpu.model_kernels import FLOATS, GPU_MATMUL_TYPES  # GPU_MATMUL_TYPES: gpu tiled matmuls
 
 LINEAR_SCALED_BOUND = 2e-6
 LINEAR_REL_BOUND = 1e-5
@@ -130,6 +131,33 @@ def test_matmul_matches_reference(worker, dtype, family):
     assert [(r["kernel"], r["family"], r["shape"]) for r in results] == (
         [(f"matmul_{dtype}", family, [t, r]) for r, _, t in shapes])
     assert_linear(results)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_float_weights_every_linear_variant_and_the_embedding(worker, dtype):
+    """f32 / f16 / bf16 matrices: matvec in every family and the cpu family's matmul (the gpu family prefills
+    float models on it), plain, ACCUMULATE, NORM and SWIGLU, partial tiles and a 576-wide row; one call."""
+    lin = [("matvec", f, 96, 64, 1) for f in FAMILIES] + [("matvec", f, 40, 576, 2) for f in FAMILIES]
+    lin += [("matmul", "cpu", 37, 96, 7), ("matmul", "cpu", 40, 576, 6)]
+    calls = [f"case_linear('{k}', '{dtype}', {r}, {c}, {t}, seed=3, family='{f}')" for k, f, r, c, t in lin]
+    acc = [("matvec", f) for f in FAMILIES] + [("matmul", "cpu")]
+    calls += [f"case_linear('{k}', '{dtype}', 37, 96, 3, seed=12, accumulate=True, family='{f}')" for k, f in acc]
+    calls += [f"case_linear('matvec', '{dtype}', 96, 576, 2, seed=13, norm=True, family='{f}')" for f in FAMILIES]
+    swiglu = [f"case_linear_swiglu('matvec', '{dtype}', 40, 96, 3, seed=15, norm=True, family='{f}')"
+              for f in FAMILIES] + [f"case_linear_swiglu('matmul', '{dtype}', 40, 96, 7, seed=14)"]
+    embedding = f"case_embedding(300, 576, [0, 299, 17, 17, 150], seed=8, dtype='{dtype}')"
+    *results, emb = run(worker, calls + swiglu + [embedding])
+    linear, fused = results[: len(calls)], results[len(calls):]
+    assert [(r["kernel"], r["family"], r["shape"], r["accumulate"], r["norm"]) for r in linear] == (
+        [(f"{k}_{dtype}", f, [t, r], False, False) for k, f, r, _, t in lin]
+        + [(f"{k}_{dtype}", f, [3, 37], True, False) for k, f in acc]
+        + [(f"matvec_{dtype}", f, [2, 96], False, True) for f in FAMILIES])
+    assert_linear(linear)
+    assert [(r["kernel"], r["family"], r["shape"]) for r in fused] == (
+        [(f"matvec_{dtype}", f, [3, 20]) for f in FAMILIES] + [(f"matmul_{dtype}", "cpu", [7, 20])])
+    for r in fused:
+        assert r["max_scaled"] <= SWIGLU_REL_BOUND and r["max_rel"] <= LINEAR_REL_BOUND, r
+    assert (emb["dtype"], emb["shape"], emb["equal"], emb["max_abs"]) == (dtype, [5, 576], True, 0.0), emb
 
 
 @pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])

@@ -141,7 +141,7 @@ class WebGpuBackend(KVBlockMoves):
                 biases[bias[0]] = biases.get(bias[0], 0) + 4 * t["shape"][0]
                 continue
             member = fused_member(name)
-            if member is None or t["dtype"] == "f32":
+            if member is None or len(t["shape"]) == 1:
                 total += sum(rounded(loc["nbytes"]) for loc in t["parts"].values())
             if member is not None:
                 groups.setdefault(member[0], {})[member[1]] = (t["dtype"], tuple(t["shape"]))
@@ -166,11 +166,11 @@ class WebGpuBackend(KVBlockMoves):
                     continue
                 if entry["dtype"] == "q8_0":
                     ops.check_q8_0_codes(name, parts)
-                elif len(entry["shape"]) == 2 and entry["dtype"] not in ops.QUANTIZED:
+                elif len(entry["shape"]) == 2 and entry["dtype"] not in ops.LINEAR_TYPES:
                     raise ValueError(f"tensor {name}: {entry['dtype']} matrices have no WebGPU kernels "
-                                     f"(supported: {', '.join(ops.QUANTIZED)})")
+                                     f"(supported: {', '.join(ops.LINEAR_TYPES)})")
                 member = fused_member(name)
-                if member is None or entry["dtype"] == "f32":  # a norm weight is also used on its own (prefill)
+                if member is None or len(entry["shape"]) == 1:  # a norm weight is also used alone (prefill)
                     self._upload_tensor(name, entry["dtype"], parts)
                 if member is None:
                     continue
@@ -250,10 +250,11 @@ class WebGpuBackend(KVBlockMoves):
 
     @property
     def gpu_matmul(self) -> bool:
-        """Whether prefill runs the gpu family's tiled matmuls: every quantized matrix has one (GPU_MATMUL_TYPES;
-        a step's grid per slot serves every layer, so one other type sends the model to the cpu family's)."""
-        return self.kernels == "gpu" and all(d in ops.GPU_MATMUL_TYPES for d, _ in self.weights.values()
-                                             if d in ops.QUANTIZED)
+        """Whether prefill runs the gpu family's tiled matmuls: every matrix has one (GPU_MATMUL_TYPES; a step's
+        grid per slot serves every layer, so one other type, float ones included, sends the model to the cpu
+        family's). The norm weights and biases are f32 vectors, no matrices."""
+        return self.kernels == "gpu" and all(d in ops.GPU_MATMUL_TYPES for name, (d, _) in self.weights.items()
+                                             if not name.endswith(("norm.weight", ".bias")))
 
     @property
     def shader_f16(self) -> bool:

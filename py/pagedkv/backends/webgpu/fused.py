@@ -1,6 +1,6 @@
 """Weight matrices the WebGPU plan multiplies in one dispatch: a layer's q/k/v projections and its gate/up
 projections, stacked by rows when the weights are uploaded (gate/up interleaved in runs of 4 rows), with the
-RMSNorm weight of their input stored after the codes.
+RMSNorm weight of their input stored after the codes (after the weights of a float stack: f32, f16, bf16).
 
 Stacking is lossless: every weight layout (model/layout.py) is row-major with per-row blocks, so the
 rows of the stacked tensor are the members' rows, bytes unchanged (members of different types are first
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...model.layout import QK
-from ...model.quants import common_type, pack, part_nbytes, promote, unpack, weight_type
+from ...model.layout import DTYPE_PARTS, QK
+from ...model.quants import common_type, pack, part_nbytes, promote, unpack
 
 # stacked tensor (per layer) -> its members in row order, then the RMSNorm weight of its input, which is
 # stored after the codes in the stacked qs part (the matvec kernels' NORM variant reads it from there)
@@ -37,9 +37,8 @@ def fused_member(name: str) -> tuple[str, int, int] | None:
 
 
 def _part_bytes(dtype: str, rows: int, cols: int) -> dict[str, int]:
-    """Exact bytes of each part of a (rows, cols) tensor, without the padding of a part to 4 bytes."""
-    if not weight_type(dtype).quantized:
-        raise ValueError(f"only quantized projections can be stacked, got {dtype!r}")
+    """Exact bytes of each part of a (rows, cols) tensor, without the padding of a part to 4 bytes; the first
+    part holds the codes ("qs"; "data" for a float matrix), which the norm weight follows."""
     return part_nbytes(dtype, (rows, cols))
 
 
@@ -75,7 +74,7 @@ def stack_rows(name: str, members: list[tuple[str, tuple, dict]]) -> tuple[str, 
             chunks.append(np.frombuffer(raw[:want], np.uint8).reshape(rows // run if run else 1, -1))
         raw = np.concatenate(chunks, axis=1).tobytes()  # runs of `run` rows alternate (one run: all rows)
         parts[part] = raw + b"\0" * (-len(raw) % 4)
-    parts["qs"] += bytes(gain_parts["data"])[: 4 * n_cols]
+    parts[DTYPE_PARTS[dtype][0]] += bytes(gain_parts["data"])[: 4 * n_cols]
     return dtype, (sum(shape[0] for _, shape, _ in members), n_cols), parts
 
 
@@ -98,7 +97,7 @@ def stacked_nbytes(members: list[tuple[str, tuple]]) -> dict[str, int]:
         for part, n in _part_bytes(dtype, rows, cols).items():
             sizes[part] += n
     sizes = {part: n + -n % 4 for part, n in sizes.items()}
-    sizes["qs"] += 4 * cols  # the norm weight
+    sizes[DTYPE_PARTS[dtype][0]] += 4 * cols  # the norm weight
     return sizes
 
 

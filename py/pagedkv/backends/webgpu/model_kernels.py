@@ -20,6 +20,10 @@ MAX_WORKGROUPS_PER_DIM = 65535
 # weight types with matvec_* / matmul_* kernels (cpu family) and matvec_gpu[_sg]_* (gpu family); a plan picks
 # each matrix's kernel by its dtype
 QUANTIZED = tuple(name for name, t in WEIGHT_TYPES.items() if t.quantized)
+# float weight types: matvec_<type> / matmul_<type> / embedding_<type> and matvec_gpu[_sg]_<type> over
+# shaders/<type>_words.wgsl; the gpu family prefills them on the cpu family's matmuls (no GPU_MATMUL_TYPES)
+FLOATS = ("f32", "f16", "bf16")
+LINEAR_TYPES = QUANTIZED + FLOATS
 MATVEC_ROWS = 8  # output rows per thread in matvec_*.wgsl (one token per thread)
 MATMUL_TILE = (8, 4)  # (rows, tokens) per thread in matmul_*.wgsl
 FAMILIES = ("cpu", "gpu")  # kernel families: cpu for software adapters (SwiftShader, lavapipe), gpu for real GPUs
@@ -79,10 +83,10 @@ def _positive(**values: int) -> None:
 
 
 def _weight(dtype: str, rows: int, cols: int) -> None:
-    if dtype not in QUANTIZED:
-        raise ValueError(f"quantized kernels take {list(QUANTIZED)}, got {dtype!r}")
+    if dtype not in LINEAR_TYPES:
+        raise ValueError(f"the linear kernels take {list(LINEAR_TYPES)}, got {dtype!r}")
     _positive(rows=rows, cols=cols)
-    block = WEIGHT_TYPES[dtype].block
+    block = max(WEIGHT_TYPES[dtype].block, QK)  # the kernels walk every row in 32-weight blocks
     if cols % block:
         raise ValueError(f"{dtype} weight cols must be a multiple of {block}, got {cols}")
 
@@ -269,11 +273,11 @@ def rope_call(tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, workgro
 
 def embedding_call(tokens: int, hidden: int, workgroup_size: int = 64, dtype: str = "q8_0") -> KernelCall:
     """out (tokens, hidden) = dequantized table rows (embedding.wgsl for Q8_0, embedding_<dtype>.wgsl for the
-    nibble-coded types); buffers: qs, the scales part, token_ids, out, params."""
+    others); buffers: qs, the scales part (none for a float table), token_ids, out, params."""
     _positive(tokens=tokens, hidden=hidden)
-    if dtype not in QUANTIZED:
-        raise ValueError(f"embedding tables are one of {list(QUANTIZED)}, got {dtype!r}")
-    block = WEIGHT_TYPES[dtype].block
+    if dtype not in LINEAR_TYPES:
+        raise ValueError(f"embedding tables are one of {list(LINEAR_TYPES)}, got {dtype!r}")
+    block = max(WEIGHT_TYPES[dtype].block, QK)
     if hidden % block:
         raise ValueError(f"{dtype} embedding hidden size must be a multiple of {block}, got {hidden}")
     shader = "embedding" if dtype == "q8_0" else f"embedding_{dtype}"

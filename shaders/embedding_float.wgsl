@@ -1,0 +1,21 @@
+// Token embedding lookup from an f32 / f16 / bf16 table (embedding_f32 / embedding_f16 / embedding_bf16,
+// expanded at their `//#include embedding_float.wgsl` line after <type>_words.wgsl): out[t] = row
+// token_ids[t] in f32, exact. Token ids are range-checked on the host.
+
+struct Params { tokens : u32, hidden : u32, _pad : vec2<u32> }  // hidden: a multiple of 32
+
+override WORKGROUP_SIZE : u32 = 64u;
+
+@group(0) @binding(0) var<storage, read> table : array<Word4>;          // (vocab, hidden/4)
+@group(0) @binding(1) var<storage, read> token_ids : array<i32>;        // (tokens,)
+@group(0) @binding(2) var<storage, read_write> out : array<vec4<f32>>;  // (tokens, hidden/4)
+@group(0) @binding(3) var<uniform> params : Params;
+
+// One thread per (token gid.y, weights 4 gid.x .. 4 gid.x + 3 of its row).
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
+  let words = params.hidden / 4u;
+  if (gid.y < params.tokens && gid.x < words) {
+    out[gid.y * words + gid.x] = weights4(table[u32(token_ids[gid.y]) * words + gid.x]);
+  }
+}
