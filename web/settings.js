@@ -51,6 +51,7 @@ export function wireMemorySettings() {
   if (params.get("block_size")) $("mem-block-size").value = params.get("block_size");
   if (params.get("max_context")) $("mem-max-context").value = params.get("max_context");
   if (params.get("kv_dtype")) $("mem-kv-dtype").value = params.get("kv_dtype");
+  if (params.get("cpu_mib")) $("mem-cpu-budget").value = params.get("cpu_mib");
   if (params.get("disk_mib")) $("mem-disk-budget").value = params.get("disk_mib");
   $("mem-kv-disk").checked = params.get("kv_disk") !== "0";
   $("memory-form").addEventListener("submit", (e) => {
@@ -60,6 +61,7 @@ export function wireMemorySettings() {
     params.set("budget_mib", $("mem-budget").value);
     params.set("block_size", $("mem-block-size").value);
     if (!$("mem-kv-dtype").disabled) params.set("kv_dtype", $("mem-kv-dtype").value);
+    params.set("cpu_mib", $("mem-cpu-budget").value);
     params.set("disk_mib", $("mem-disk-budget").value);
     if ($("mem-kv-disk").checked) params.delete("kv_disk");
     else params.set("kv_disk", "0");

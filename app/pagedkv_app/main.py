@@ -17,7 +17,7 @@ from pagedkv.backends.webgpu.model_kernels import choose_family
 from pagedkv.backends.webgpu.self_test import self_test
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv_disk import DiskTier, model_hash
+from pagedkv.kv_disk import DiskTier, TierBudgets, model_hash
 from pagedkv.kv_disk_io import layout_for
 from pagedkv.kv_dtype import kv_dtype
 from pagedkv.model.weights import ModelWeights
@@ -98,10 +98,20 @@ def is_fallback(ctx) -> bool:
 def open_settings() -> dict:
     """What the ledger checks a GGUF the user opens against: this page's budget and pool settings."""
     ctx = state.get("gpu")
-    budget = int(bridge.query_param("budget_mib", "1024")) * MIB
+    budget = tier_budgets().gpu_bytes
     return {"budget_bytes": budget, "block_size": int(bridge.query_param("block_size", "16")),
             "kv_dtype": bridge.query_param("kv_dtype", "f16"),
             "max_binding": ctx.info.limits["maxStorageBufferBindingSize"] if ctx is not None else budget}
+
+
+def tier_budgets() -> TierBudgets:
+    """The KV tiers' byte budgets from the memory settings: ?budget_mib= (the GPU: weights, scratch and the KV
+    pool), ?cpu_mib= (swapped chats' KV in wasm memory), ?disk_mib= (OPFS)."""
+    def mib(key: str, default: str) -> int:
+        return int(float(bridge.query_param(key, default)) * MIB)
+
+    return TierBudgets(gpu_bytes=mib("budget_mib", "1024"), cpu_bytes=mib("cpu_mib", "64"),
+                       disk_bytes=mib("disk_mib", "512"))
 
 
 async def load_model(name: str, force_cpu: bool = False) -> None:
@@ -143,7 +153,7 @@ async def _attach_disk(engine: LLMEngine, backend, manifest: dict) -> str:
     """The disk tier of the KV cache (OPFS `kv/`, ?disk_mib= budget) unless ?kv_disk=0; what the panel says."""
     if bridge.query_param("kv_disk", "1") == "0":
         return "off (?kv_disk=0)"
-    budget = int(float(bridge.query_param("disk_mib", "512")) * MIB)
+    budget = tier_budgets().disk_bytes
     try:
         store = await webgpu.OpfsStore.open("kv")
     except OSError as exc:  # no OPFS in this browser: chats re-prefill after a reload, as without the tier
@@ -167,7 +177,8 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
     if num_blocks < 1:
         raise ValueError(f"a {kv_budget / MIB:g} MiB KV budget holds no block of {block_size} tokens "
                          f"({bytes_per_token:,} B/token); raise kv_mib")
-    backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_blocks,
+    num_cpu_blocks = tier_budgets().cpu_bytes // (bytes_per_token * block_size)
+    backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                          linear="einsum")  # Pyodide's numpy has no BLAS: backends/cpu_linear.py
     return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype}
 
@@ -190,11 +201,11 @@ async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict
         done += len(data)
         return data
 
-    budget = int(bridge.query_param("budget_mib", "1024")) * MIB
+    budgets = tier_budgets()
     kv_dtype = bridge.query_param("kv_dtype", "f16")  # f32, f16, int8, fp8-e4m3, int4, int4-asym (pagedkv.kv_dtype)
     backend = await WebGpuBackend.create(
-        ctx, manifest, shard_source, budget_bytes=budget, block_size=block_size, kv_dtype=kv_dtype,
-        kernels=state["kernels"][0], on_progress=lambda loaded, tot: bridge.post("model-progress", model=name, loaded=loaded, total=tot,
+        ctx, manifest, shard_source, budget_bytes=budgets.gpu_bytes, cpu_budget_bytes=budgets.cpu_bytes,
+        block_size=block_size, kv_dtype=kv_dtype, kernels=state["kernels"][0], on_progress=lambda loaded, tot: bridge.post("model-progress", model=name, loaded=loaded, total=tot,
                                                     detail="weights uploaded to the GPU"))
     return manifest, backend, {"bytes_per_token": backend.stats()["bytes_per_token"], "kv_dtype": kv_dtype,
                                "ledger": backend.ledger.snapshot()}

@@ -316,9 +316,10 @@ class LLMEngine:
 
     def stats(self) -> dict:
         """Plain-data snapshot for the dashboard, benchmarks and tests."""
-        pool = self.kv.pool
+        pool, cpu = self.kv.pool, self.kv.cpu_pool
         return {
             "num_blocks": pool.num_blocks, "used_blocks": pool.num_used, "free_blocks": pool.num_free,
+            "cpu_blocks": cpu.num_blocks if cpu else 0, "cpu_used_blocks": cpu.num_used if cpu else 0,
             "cached_blocks": pool.num_cached, "block_size": self.kv.block_size,
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "swapped": len(self.scheduler.swapped), "preemptions": dict(self.scheduler.num_preemptions),

@@ -83,10 +83,14 @@ def memory_when_idle(page) -> dict:
 
 def test_memory_panel_draws_the_block_map(app):
     page = app[0].page
-    memory = memory_when_idle(page)
+    memory_when_idle(page)
+    # The map and the panel's numbers come from one render (renderMemory): read them together, since a later
+    # snapshot (the blocks a finished turn leaves cached) may redraw both at any moment.
+    raw, label = page.evaluate("[document.documentElement.dataset.memory, "
+                               "document.getElementById('block-map').getAttribute('aria-label')]")
+    memory = json.loads(raw)
     assert memory["used"] + memory["cached"] + memory["free"] == memory["total"]
     assert memory["cached"] > 0  # the finished turns' full blocks stay cached
-    label = page.locator("#block-map").get_attribute("aria-label")
     assert f"{memory['cached']} cached" in label
     facts = page.locator("#memory-facts").inner_text()
     assert "Prefix-cache hit rate" in facts
@@ -265,17 +269,19 @@ def test_memory_settings_rebuild_the_pool_and_keep_the_chats(app):
     page.locator("#memory-settings summary").click()
     page.select_option("#mem-block-size", "32")
     page.fill("#mem-max-context", "128")
+    page.fill("#mem-cpu-budget", "32")
     page.locator("#mem-apply").click()
     for _ in range(300):
         if "block_size=32" in page.url:
             break
         page.wait_for_timeout(100)
-    assert "block_size=32" in page.url and "max_context=128" in page.url, page.url
+    assert "block_size=32" in page.url and "max_context=128" in page.url and "cpu_mib=32" in page.url, page.url
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
     info = json.loads(page.evaluate("document.documentElement.dataset.modelInfo"))
     assert info["block_size"] == 32 and info["context_length"] == 128
     assert page.locator("#chat-list li").all_inner_texts() == titles
     assert page.locator("#mem-block-size").input_value() == "32"
+    assert page.locator("#mem-cpu-budget").input_value() == "32"
     page.locator("#new-chat").click()
     page.wait_for_selector(f"#chat-list li:nth-child({len(titles) + 1}) button[aria-current=true]", state="attached")
     page.locator("#settings summary").click()

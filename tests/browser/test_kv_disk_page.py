@@ -4,6 +4,7 @@ corrupted block file is detected and recomputed. On WebGPU and on the CPU path (
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -70,12 +71,18 @@ def reload(page) -> None:
 
 @pytest.mark.parametrize("query", ["?model=tiny-random&backend=webgpu", "?model=tiny-random&backend=cpu"])
 def test_reload_restores_from_disk_and_replies_the_same(browser, base_url, query):
-    ref, _ = open_app(browser, base_url + query + "&kv_disk=0", 60_000)  # never reloads, no disk tier
+    # never reloads, no disk tier; a 1 MiB CPU tier for swapped chats (?cpu_mib=, the memory setting)
+    ref, _ = open_app(browser, base_url + query + "&kv_disk=0&cpu_mib=1", 60_000)
     refs, prefilled = [], [0]  # the turns, and the engine's prefill counter after each
     for text in ("Hello there!", "And then?", "Why?"):
         refs.append(turn(ref.page, text))
         prefilled.append(changed_memory(ref.page, "prefill_tokens", prefilled[-1])["prefill_tokens"])
-    assert "off (?kv_disk=0)" in ref.page.locator("#memory-facts").inner_text()
+    facts = ref.page.locator("#memory-facts").inner_text()
+    assert "off (?kv_disk=0)" in facts
+    per_token = int(re.search(r"([\d,]+) B \(", facts).group(1).replace(",", ""))  # "KV bytes / token"
+    cpu_blocks = (1 << 20) // (16 * per_token)
+    assert (memory(ref.page)["cpu_blocks"], memory(ref.page)["cpu_used"]) == (cpu_blocks, 0)
+    assert f"0 of {cpu_blocks} blocks" in facts
     ref.page.close()
 
     booted, _ = open_app(browser, base_url + query, 60_000)

@@ -73,9 +73,11 @@ class WebGpuBackend(KVBlockMoves):
     async def create(cls, ctx, manifest: dict, shard_source: Callable[[str], Awaitable[bytes]], *,
                      budget_bytes: int, block_size: int = 16, kv_dtype: str = "f16",
                      max_num_batched_tokens: int = 256, max_num_seqs: int = 16, num_cpu_blocks: int | None = None,
-                     on_progress: Callable[[int, int], None] | None = None, kernels: str = "cpu") -> "WebGpuBackend":
+                     cpu_budget_bytes: int | None = None, on_progress: Callable[[int, int], None] | None = None, kernels: str = "cpu") -> "WebGpuBackend":
         """Upload the weights shard by shard (`await shard_source(file)` -> bytes), size scratch and the KV pool
-        inside `budget_bytes`. Raises BudgetExceeded (nothing allocated) when even one KV block does not fit."""
+        inside `budget_bytes`. Raises BudgetExceeded (nothing allocated) when even one KV block does not fit.
+        The CPU swap pool holds num_cpu_blocks blocks, else as many as cpu_budget_bytes holds, else as many as
+        CPU_POOL_CAP_BYTES holds up to the GPU pool's size."""
         max_binding = ctx.info.limits["maxStorageBufferBindingSize"]
         plan = plan_kv_pool(manifest, budget_bytes=budget_bytes, block_size=block_size, kv_dtype=kv_dtype,
                             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
@@ -101,8 +103,10 @@ class WebGpuBackend(KVBlockMoves):
             b.destroy()  # a failed load leaves no GPU buffer behind
             raise
         b.num_blocks = num_blocks
-        b.num_cpu_blocks = num_cpu_blocks if num_cpu_blocks is not None else min(
-            num_blocks, CPU_POOL_CAP_BYTES // block_bytes)
+        if num_cpu_blocks is None:
+            num_cpu_blocks = (cpu_budget_bytes // block_bytes if cpu_budget_bytes is not None
+                              else min(num_blocks, CPU_POOL_CAP_BYTES // block_bytes))
+        b.num_cpu_blocks = num_cpu_blocks
         shape = (max(b.num_cpu_blocks, 1),) + b.kv_layout.storage_shape[1:]
         # CPU swap pool (wasm memory): (layer) x (num_cpu_blocks, block_size, n_kv_heads, head_dim) in the cache
         # dtype for f32 / f16, (layer) x (num_cpu_blocks, block_size, token_u32s) u32 words for quantized dtypes
