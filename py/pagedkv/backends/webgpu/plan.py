@@ -79,7 +79,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         """y = rms_norm(x) @ W.T: matvec fuses the norm (its weight is stored after the stacked codes);
         matmul (prefill, compute-bound) keeps the separate rmsnorm dispatch."""
         rms = Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["x"], w[norm][1][0], s["h"]), "rms_t")
-        if name not in w:  # members with no lossless common type, uploaded one by one (fused.stacks)
+        if member_names(name)[0] in w:  # members with no lossless common type, uploaded one by one (fused.stacks)
             return [rms, *member_linears(name, y)]
         if tk == "matvec":
             return [linear(name, s["x"], y, slot, tk, norm=True, swiglu=swiglu)]
