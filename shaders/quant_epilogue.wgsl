@@ -1,6 +1,6 @@
 // Epilogues shared by the quantized matvec_* / matmul_* kernels (expanded by ShaderLibrary at their
-// `//#include quant_epilogue.wgsl` line): ACCUMULATE (residual add) and SWIGLU. The including kernel binds
-// `y` and `params`.
+// `//#include quant_epilogue.wgsl` line): ACCUMULATE (residual add), SWIGLU, and the output layout of a
+// projection that is not stacked (Y_STRIDE / Y_OFFSET, SILU_MUL). The including kernel binds `y` and `params`.
 
 // ACCUMULATE: y += W @ x instead of y = W @ x (the residual add fused into the output projections;
 // each element of y is read and written by one thread only).
@@ -9,6 +9,14 @@ override ACCUMULATE : bool = false;
 // a thread's 8 rows are 4 gate rows and their 4 up rows: it writes act = silu(gate) * up, (tokens, rows / 2),
 // and the SwiGLU costs no dispatch of its own. rows must be a multiple of 8.
 override SWIGLU : bool = false;
+
+// A layer whose q / k / v (or gate / up) have no lossless common type runs them as separate matrices
+// (backends/webgpu/fused.py): Y_STRIDE / Y_OFFSET (0 / 0: rows / 0) place a member's rows in the columns
+// Y_OFFSET.. of the stacked (tokens, Y_STRIDE) q | k | v output, and SILU_MUL makes the up projection
+// write silu(y) * (W @ x) over the gate projection's y, so both keep the stacked path's layout.
+override Y_STRIDE : u32 = 0u;
+override Y_OFFSET : u32 = 0u;
+override SILU_MUL : bool = false;
 
 fn swiglu4(gate : vec4<f32>, up : vec4<f32>) -> vec4<f32> {
   return gate / (vec4<f32>(1.0) + exp(-gate)) * up;
@@ -26,6 +34,9 @@ fn put_act(t : u32, r0 : u32, gate : vec4<f32>, up : vec4<f32>) {
 fn put(i : u32, v : f32) {
   if (ACCUMULATE) {
     y[i] = y[i] + v;
+  } else if (SILU_MUL) {
+    let gate = y[i];
+    y[i] = gate / (1.0 + exp(-gate)) * v;
   } else {
     y[i] = v;
   }
@@ -33,7 +44,7 @@ fn put(i : u32, v : f32) {
 
 // Rows r0..r0+3 of token t; rows past the end are not written.
 fn put4(t : u32, r0 : u32, acc : vec4<f32>) {
-  let o = t * params.rows + r0;
+  let o = t * select(Y_STRIDE, params.rows, Y_STRIDE == 0u) + Y_OFFSET + r0;
   let n = params.rows - r0;
   put(o, acc.x);
   if (n > 1u) { put(o + 1u, acc.y); }

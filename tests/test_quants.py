@@ -11,7 +11,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from pagedkv.model.layout import DTYPE_PARTS, LAYOUT_DOC, dequantize
 from pagedkv.model.quantize import pack_k_scales, q4_k_m_types, quantize, random_gguf
 from pagedkv.model.quants import (PROMOTIONS, WEIGHT_TYPES, common_type, from_gguf, k_scale_min, pack, pack_gguf,
-                                  promote, to_gguf, unpack)
+                                  part_nbytes, promote, to_gguf, unpack)
 from pagedkv.model.tiny import tiny_config
 from pagedkv.model.weights import expected_shapes
 
@@ -179,3 +179,56 @@ def test_stacked_projections_of_different_types_meet_in_their_common_type():
     assert np.array_equal(dequantize("q8_0", shape, parts), np.concatenate(rows))
     with pytest.raises(ValueError, match=r"types \['q4_K', 'q6_K'\] have no lossless common type"):
         stacked_nbytes([("q4_K", (8, 256)), ("q6_K", (8, 256)), ("f32", (256,))])
+
+
+def test_q4_k_m_llama_layers_with_a_q6_k_v_run_q_k_v_unstacked_and_the_ledger_counts_the_members():
+    """llama.cpp's Q4_K_M of Llama-3.2-1B's shapes: attn_v is q6_K (no lossless common type with the q4_K q / k)
+    in the layers use_more_bits() names, so their q / k / v are uploaded as they are; the rest stack."""
+    from pagedkv.backends.webgpu.backend import WebGpuBackend
+    from pagedkv.backends.webgpu.fused import stacks
+
+    cfg = tiny_config().__class__(**{**tiny_config().to_json(), "n_layers": 16, "hidden": 2048, "n_heads": 32,
+                                     "n_kv_heads": 8, "head_dim": 64, "ffn": 8192, "vocab": 128256})
+    shapes = expected_shapes(cfg)
+    types = q4_k_m_types(shapes, cfg.n_layers)
+    qkv = [[types[f"blk.{i}.attn_{m}.weight"] for m in "qkv"] for i in range(16)]
+    assert [i for i in range(16) if not stacks(qkv[i])] == [0, 1, 4, 7, 10, 13, 14, 15]
+    assert all(stacks([types[f"blk.{i}.ffn_gate.weight"], types[f"blk.{i}.ffn_up.weight"]]) for i in range(16))
+    manifest = {"tensors": {name: {"dtype": types[name], "shape": list(shape), "parts": {
+        part: {"nbytes": n} for part, n in part_nbytes(types[name], shape).items()}} for name, shape in shapes.items()}}
+    # web parts: q4_K 144 bytes per 256 weights, q6_K 212; f32 norms alone and after each stack's codes.
+    # q6_K: the tied embedding, attn_v and ffn_down in the 8 layers above; a stack: its members' codes.
+    q4, q6, norm = 144 * 2048, 212 * 2048, 4 * 2048  # bytes of 256 x 2048 weights; of a norm weight
+    embd = 128256 // 256 * q6 + norm  # + output_norm
+    layer = 4 * norm + (8 + 8 + 64 + 2 + 2 + 32) * q4  # 2 norms (alone, in their stacks); q, o, gate|up, k, v, down
+    more = (2 + 32) * (q6 - q4) - norm  # attn_v, ffn_down q6_K; q|k|v unstacked (no norm copy)
+    assert WebGpuBackend._weights_bytes(manifest) == embd + 16 * layer + 8 * more == 803_225_600
+
+
+def test_unstacked_members_upload_under_their_own_names_in_the_bytes_planned(tmp_path):
+    """The tiny Q4_K_M model (tiny.Q4_K_M_DTYPES): layer 0's q4_K q / k + q6_K v and q4_K gate + q6_K up upload
+    as they are, layer 1's stacks; the ledger reserves exactly what _weights_bytes planned."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from pagedkv.backends.webgpu.backend import WebGpuBackend
+    from pagedkv.gpu_budget import GpuLedger
+    from pagedkv.model.tiny import Q4_K_M_DTYPES, mixed_config, write_tiny_model
+
+    manifest = write_tiny_model(tmp_path, dtypes=Q4_K_M_DTYPES, config=mixed_config())
+    ctx = SimpleNamespace(buffer=lambda nbytes, label, **kw: label, write=lambda buf, data: None)
+    b = WebGpuBackend(ctx, mixed_config(), GpuLedger(1 << 30), block_size=16, kv_dtype="f32",
+                      max_num_batched_tokens=8, max_num_seqs=1)
+
+    async def source(name: str) -> bytes:
+        return (tmp_path / name).read_bytes()
+
+    asyncio.run(b._upload_weights(manifest, source, None))
+    layers = [{n.split(".", 2)[2]: d for n, (d, _) in b.weights.items() if n.startswith(f"blk.{i}.")} for i in (0, 1)]
+    assert layers == [
+        {"attn_norm.weight": "f32", "attn_q.weight": "q4_K", "attn_k.weight": "q4_K", "attn_v.weight": "q6_K",
+         "attn_output.weight": "q4_K", "ffn_norm.weight": "f32", "ffn_gate.weight": "q4_K", "ffn_up.weight": "q6_K",
+         "ffn_down.weight": "q6_K"},
+        {"attn_norm.weight": "f32", "attn_qkv.weight": "q4_K", "attn_output.weight": "q4_K", "ffn_norm.weight": "f32",
+         "ffn_gate_up.weight": "q4_K", "ffn_down.weight": "q4_K"}]
+    assert b.ledger.by_kind()["weights"] == WebGpuBackend._weights_bytes(manifest)

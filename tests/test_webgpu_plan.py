@@ -118,3 +118,36 @@ def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
     assert step_slots(b, StepShape(24, 3, 2, 1, 5, False))[0][SLOT_INDEX["attn"]].tolist() == [10, 1, 1]
     assert grids[SLOT_INDEX["lin_ffn"]].tolist() == [32, 1, 1] and grids[SLOT_INDEX["lm_head"]].tolist() == [64, 1, 1]
     assert step_slots(b, StepShape(3, 3, 1, 1, 1, True))[0][SLOT_INDEX["lin_h"]].tolist() == [1, 1, 1]  # matmul
+
+
+def test_members_without_a_common_type_run_one_by_one_into_the_stacked_layouts():
+    """A layer uploaded unstacked (fused.stacks): the norm, then q / k / v into their columns of the stacked
+    (T, 64 + 32 + 32) qkv and gate / up into act (SILU_MUL: silu(gate) * up); the other layer keeps its stacks."""
+    b = fake_backend()
+    for leaf in ("attn_qkv", "ffn_gate_up"):
+        del b.weights[f"blk.0.{leaf}.weight"]
+    for leaf in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"):
+        b.weights[f"blk.0.{leaf}.weight"] = ("q4_1", (f"{leaf}.qs", f"{leaf}.d"))
+    decode = layer_program(b, PlanKey.of(1, 1))[0]
+    assert len(decode) == 1 + 13 + 8
+    rms = ("rmsnorm", (("WORKGROUP_SIZE", 64),))
+
+    def lin(leaf: str, y: str, slot: str, *constants) -> tuple:
+        return "matvec_q4_1", (("WORKGROUP_SIZE", 32), *constants), (f"{leaf}.qs", f"{leaf}.d", "h", y), slot
+
+    assert [(d.shader, d.constants, d.bindings, d.slot) for d in decode[1:5] + decode[10:14]] == [
+        (*rms, ("x", "blk.0.attn_norm.weight", "h"), "rms_t"),
+        lin("attn_q", "qkv", "lin_q", ("Y_STRIDE", 128), ("Y_OFFSET", 0)),
+        lin("attn_k", "qkv", "lin_kv", ("Y_STRIDE", 128), ("Y_OFFSET", 64)),
+        lin("attn_v", "qkv", "lin_kv", ("Y_STRIDE", 128), ("Y_OFFSET", 96)),
+        (*rms, ("x", "blk.0.ffn_norm.weight", "h"), "rms_t"),
+        lin("ffn_gate", "act", "lin_gate"), lin("ffn_up", "act", "lin_gate", ("SILU_MUL", 1)),
+        ("matvec_q4_1", (("WORKGROUP_SIZE", 32), ("ACCUMULATE", 1)), ("blk.0.ffn_down.weight.qs",
+                                                                     "blk.0.ffn_down.weight.d", "act", "x"), "lin_down")]
+    assert [d.shader for d in decode[5:10]] == ["rope", "kv_write", "paged_attention", "paged_attention_reduce",
+                                                "matvec_q4_1"]
+    assert decode[14].slot == "lin_qkv" and decode[20].slot == "lin_ffn"  # layer 1: stacked, norms fused
+    _, params = step_slots(b, StepShape(1, 1, 1, 1, 1, True))
+    rows = [params[SLOT_INDEX[s] * PARAM_SLOT_BYTES:][:12].view(np.uint32).tolist()
+            for s in ("lin_q", "lin_kv", "lin_gate")]
+    assert rows == [[64, 64, 1], [32, 64, 1], [128, 64, 1]]  # (rows, cols, tokens) of q, of k and v, of gate and up

@@ -76,6 +76,18 @@ MIXED_DTYPES = {
     "blk.1.ffn_down.weight": "q4_1",
 }  # fmt: skip
 
+# llama.cpp's Q4_K_M on a llama model of 256-multiple widths (q4_K q / k beside a q6_K v in use_more_bits
+# layers) and, for the gate|up path, a q4_K gate beside a q6_K up: no lossless common type, so layer 0's
+# q|k|v and gate|up run unstacked on WebGPU (backends/webgpu/fused.stacks); layer 1 is all q4_K (stacked).
+Q4_K_M_DTYPES = {
+    "token_embd.weight": "q6_K", "attn_q.weight": "q4_K", "attn_k.weight": "q4_K", "attn_v.weight": "q4_K",
+    "attn_output.weight": "q4_K", "ffn_gate.weight": "q4_K", "ffn_up.weight": "q4_K", "ffn_down.weight": "q4_K",
+    "blk.0.attn_v.weight": "q6_K", "blk.0.ffn_up.weight": "q6_K", "blk.0.ffn_down.weight": "q6_K",
+}  # fmt: skip
+# The same split in the tiny model's defaults (q4_1 matrices, q8_0 embedding), types with a gpu-family tiled
+# matmul (model_kernels.GPU_MATMUL_TYPES) and no common type: the gpu family's prefill writes the layouts too.
+GPU_MATMUL_SPLIT_DTYPES = {"blk.0.attn_v.weight": "q8_0", "blk.0.ffn_gate.weight": "q8_0"}
+
 
 def learn_merges(text: str, num_merges: int) -> list[str]:
     """Greedy byte-level BPE training: most frequent pair first, lexicographically smallest on ties."""

@@ -25,7 +25,7 @@ from .. import check_attention_mass
 from . import model_kernels as ops
 from .attention_mass import AttentionMassKernel
 from .block_moves import SWAP_CHUNK_BLOCKS, KVBlockMoves
-from .fused import BIAS_MEMBERS, bias_member, fused_member, stack_rows, stacked_nbytes
+from .fused import BIAS_MEMBERS, bias_member, fused_member, member_names, stack_rows, stacked_nbytes, stacks
 from .kv_kernels import KVCacheBuffers, KVKernels, KVLayout
 from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, SLOTS, PlanKey, StepShape, layer_program, step_slots
 
@@ -137,20 +137,28 @@ class WebGpuBackend(KVBlockMoves):
     @staticmethod
     def _weights_bytes(manifest: dict) -> int:
         """Bytes _upload_weights reserves: each tensor's parts, the stacked projections (backends/webgpu/fused.py)
-        instead of their members, the norm weights both alone and inside their stacked tensor."""
-        total, groups, biases = 0, {}, {}
+        instead of their members (or the members themselves where they are not stacked: fused.stacks), the norm
+        weights both alone and inside their stacked tensor."""
+        total, groups, biases, alone = 0, {}, {}, {}
         for name, t in manifest["tensors"].items():
             bias = bias_member(name)
             if bias is not None:  # uploaded stacked per layer (q | k | v)
                 biases[bias[0]] = biases.get(bias[0], 0) + 4 * t["shape"][0]
                 continue
             member = fused_member(name)
-            if member is None or len(t["shape"]) == 1:
-                total += sum(rounded(loc["nbytes"]) for loc in t["parts"].values())
+            nbytes = sum(rounded(loc["nbytes"]) for loc in t["parts"].values())
+            if member is None or len(t["shape"]) == 1:  # a norm weight is also uploaded on its own
+                total += nbytes
+            else:
+                alone[member[0]] = alone.get(member[0], 0) + nbytes
             if member is not None:
                 groups.setdefault(member[0], {})[member[1]] = (t["dtype"], tuple(t["shape"]))
-        for group in groups.values():
-            total += sum(rounded(n) for n in stacked_nbytes([group[i] for i in sorted(group)]).values())
+        for stacked, group in groups.items():
+            members = [group[i] for i in sorted(group)]
+            if stacks(d for d, _ in members[:-1]):
+                total += sum(rounded(n) for n in stacked_nbytes(members).values())
+            else:
+                total += alone[stacked]
         return total + sum(rounded(n) for n in biases.values())
 
     async def _upload_weights(self, manifest: dict, shard_source, on_progress) -> None:
@@ -183,8 +191,7 @@ class WebGpuBackend(KVBlockMoves):
                 group = pending.setdefault(stacked, {})
                 group[index] = (entry["dtype"], tuple(entry["shape"]), {k: bytes(v) for k, v in parts.items()})
                 if len(group) == count:
-                    dtype, _, stacked_parts = stack_rows(stacked, [group[i] for i in sorted(group)])
-                    self._upload_tensor(stacked, dtype, stacked_parts)
+                    self._upload_stack(stacked, [group[i] for i in sorted(group)])
                     del pending[stacked]
             loaded += shard["nbytes"]
             del data  # the CPU copy goes as soon as its tensors are on the GPU
@@ -192,6 +199,15 @@ class WebGpuBackend(KVBlockMoves):
                 on_progress(loaded, total)
         if pending or biases:
             raise ValueError(f"the manifest lacks members of the stacked tensors {sorted(pending) + sorted(biases)}")
+
+    def _upload_stack(self, stacked: str, members: list[tuple]) -> None:
+        """The members stacked (fused.stack_rows), or each on its own where they have no lossless common type."""
+        if stacks(dtype for dtype, _, _ in members[:-1]):
+            dtype, _, parts = stack_rows(stacked, members)
+            self._upload_tensor(stacked, dtype, parts)
+            return
+        for name, (dtype, _, parts) in zip(member_names(stacked), members[:-1]):  # the norm weight is up already
+            self._upload_tensor(name, dtype, parts)
 
     def _stack_bias(self, name: str, entry: dict, parts: dict, biases: dict) -> None:
         """Collect a q / k / v bias; upload the layer's (q | k | v) f32 row once all three are there."""

@@ -6,6 +6,9 @@ Stacking is lossless: every weight layout (model/layout.py) is row-major with pe
 rows of the stacked tensor are the members' rows, bytes unchanged (members of different types are first
 promoted to their common type, losslessly: model/quants.PROMOTIONS). One matvec over the stacked rows costs
 one dispatch instead of three (or two); on SwiftShader each dispatch has a fixed cost of ~0.45 ms.
+Members with no lossless common type (llama.cpp's Q4_K_M: q4_K q / k beside a q6_K v) are not stacked
+(stacks()): they are uploaded under their own names and the plan multiplies them one by one into the
+stacked path's output layout (plan.py, quant_epilogue.wgsl's Y_STRIDE / Y_OFFSET / SILU_MUL).
 """
 from __future__ import annotations
 
@@ -34,6 +37,19 @@ def fused_member(name: str) -> tuple[str, int, int] | None:
     if hit is None:
         return None
     return f"{prefix}.{hit[0]}", hit[1], len(FUSED[hit[0]])
+
+
+def stacks(dtypes) -> bool:
+    """Whether matrices of these types (a stack's members, its norm weight excluded) are stacked: they have a
+    lossless common type."""
+    return common_type(set(dtypes)) is not None
+
+
+def member_names(stacked: str) -> list[str]:
+    """The matrices of a stacked tensor in row order: ["blk.3.ffn_gate.weight", "blk.3.ffn_up.weight"] for
+    "blk.3.ffn_gate_up.weight"."""
+    block, layer, leaf = stacked.split(".", 2)
+    return [f"{block}.{layer}.{member}" for member in FUSED[leaf][:-1]]
 
 
 def _part_bytes(dtype: str, rows: int, cols: int) -> dict[str, int]:

@@ -11,6 +11,9 @@ Each dispatch costs ~0.45 ms on SwiftShader whatever its work, so a decode layer
 matvec with its RMSNorm fused (NORM), rope + split into q / k / v, kv_write, paged attention + reduce,
 output projection adding into x (ACCUMULATE), gate|up matvec with its RMSNorm and the SwiGLU fused (NORM,
 SWIGLU), down projection adding into x. Prefill (matmul, compute-bound) keeps the two rmsnorm dispatches.
+A layer whose q / k / v (or gate / up) have no lossless common type (llama.cpp's Q4_K_M: q4_K q / k, q6_K v)
+runs the rmsnorm and one linear per member instead (fused.stacks): 4 dispatches for q|k|v, 3 for the FFN's
+first half, writing the stacked path's layouts (member_linears), so the other dispatches do not change.
 
 The backend's kernel family (b.kernels, model_kernels.FAMILIES) picks the matvec, matmul and argmax kernels
 (the gpu family's in b.gpu_shapes' workgroup shapes, its matvecs in f16 where b.shader_f16) and, through
@@ -26,10 +29,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import model_kernels as ops
+from .fused import member_names
 
 PARAM_SLOT_BYTES = 256  # minUniformBufferOffsetAlignment
 SLOTS = ("embedding", "rms_t", "lin_h", "lin_qkv", "lin_ffn", "lin_down", "rope", "kv_write", "attn", "reduce",
-         "rms_s", "lm_head", "argmax")
+         "rms_s", "lm_head", "argmax", "lin_q", "lin_kv", "lin_gate")  # the last 3: members not stacked (fused.py)
 SLOT_INDEX = {name: i for i, name in enumerate(SLOTS)}
 
 
@@ -65,19 +69,32 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     cfg, s, w = b.config, b.scratch, b.weights
 
     def linear(name: str, x, y, slot: str, kind: str, accumulate: bool = False, norm: bool = False,
-               swiglu: bool = False) -> Dispatch:
+               swiglu: bool = False, layout: tuple = ()) -> Dispatch:
         dtype, parts = w[name]
         shader, constants = ops.linear_pipeline(b.kernels, b.subgroups, kind, dtype, accumulate, norm, swiglu,
                                                 b.gpu_shapes, b.shader_f16, b.gpu_matmul)
-        return Dispatch(shader, constants, (*parts, x, y), slot)
+        return Dispatch(shader, constants + layout, (*parts, x, y), slot)
 
     def normed_linear(norm: str, name: str, y, slot: str, swiglu: bool = False) -> list[Dispatch]:
         """y = rms_norm(x) @ W.T: matvec fuses the norm (its weight is stored after the stacked codes);
         matmul (prefill, compute-bound) keeps the separate rmsnorm dispatch."""
+        rms = Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["x"], w[norm][1][0], s["h"]), "rms_t")
+        if member_names(name)[0] in w:  # members with no lossless common type, uploaded one by one (fused.stacks)
+            return [rms, *member_linears(name, y)]
         if tk == "matvec":
             return [linear(name, s["x"], y, slot, tk, norm=True, swiglu=swiglu)]
-        return [Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["x"], w[norm][1][0], s["h"]), "rms_t"),
-                linear(name, s["h"], y, slot, tk, swiglu=swiglu)]
+        return [rms, linear(name, s["h"], y, slot, tk, swiglu=swiglu)]
+
+    def member_linears(stacked: str, y) -> list[Dispatch]:
+        """The members of `stacked` one by one from the normed h into the stacked path's layout of y:
+        q / k / v into their columns of (T, q + k + v) (Y_STRIDE, Y_OFFSET), act = silu(gate) * up (SILU_MUL)."""
+        names = member_names(stacked)
+        if len(names) == 2:  # gate, up
+            return [linear(names[0], s["h"], y, "lin_gate", tk),
+                    linear(names[1], s["h"], y, "lin_gate", tk, layout=(("SILU_MUL", 1),))]
+        stride, offsets = cfg.hidden + 2 * cfg.kv_dim, (0, cfg.hidden, cfg.hidden + cfg.kv_dim)
+        return [linear(name, s["h"], y, slot, tk, layout=(("Y_STRIDE", stride), ("Y_OFFSET", offset)))
+                for name, slot, offset in zip(names, ("lin_q", "lin_kv", "lin_kv"), offsets)]
 
     def kv_kernel(name: str) -> tuple:
         return name, None
@@ -153,6 +170,9 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
         "lin_qkv": _with_eps(linear(cfg.hidden + 2 * cfg.kv_dim, cfg.hidden, t), cfg.rms_eps),
         "lin_ffn": _with_eps(linear(2 * cfg.ffn, cfg.hidden, t), cfg.rms_eps),
         "lin_down": linear(cfg.hidden, cfg.ffn, t),
+        "lin_q": linear(cfg.hidden, cfg.hidden, t),
+        "lin_kv": linear(cfg.kv_dim, cfg.hidden, t),
+        "lin_gate": linear(cfg.ffn, cfg.hidden, t),
         "rope": ops.rope_call(t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
         "rms_s": ops.rmsnorm_call(cfg.hidden, n, cfg.rms_eps),
         "lm_head": linear(cfg.vocab, cfg.hidden, n),
