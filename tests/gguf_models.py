@@ -68,7 +68,7 @@ TINY_K = {
                         "attn": "Q6_K", "ffn_type": "Q6_K", "seed": 43},
     "tiny-llama-q4_k_m": {"arch": "llama", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 2,
                           "rope_base": 10000.0, "eps": 1e-5, "embd": "Q4_K", "output": "Q6_K",
-                          "attn": "Q4_K", "ffn_type": "Q4_K", "seed": 44, "mix": "Q4_K_M"},
+                          "attn": "Q4_K", "ffn_type": "Q4_K", "seed": 46, "mix": "Q4_K_M"},
     "tiny-qwen2-q4_k_m": {"arch": "qwen2", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 2,
                           "rope_base": 1000000.0, "eps": 1e-6, "embd": "Q4_K", "output": None,
                           "attn": "Q4_K", "ffn_type": "Q4_K", "seed": 45, "mix": "Q4_K_M"},
