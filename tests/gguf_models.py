@@ -56,22 +56,19 @@ TINY = {
 # "types" overrides single tensors). The uniform ones (and tiny-llama-q5_k's q4_K attn_k beside q5_K, which
 # the GPU holds losslessly as q5_K) run on WebGPU too; the Q4_K_M mixes put q6_K attn_v beside q4_K attn_q /
 # attn_k in their last layer.
+_LLAMA_K = {"arch": "llama", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 2,
+            "rope_base": 10000.0, "eps": 1e-5}
+_QWEN2_K = {**_LLAMA_K, "arch": "qwen2", "rope_base": 1000000.0, "eps": 1e-6}
 TINY_K = {
-    "tiny-llama-q4_k": {"arch": "llama", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 2,
-                        "rope_base": 10000.0, "eps": 1e-5, "embd": "Q4_K", "output": None,
-                        "attn": "Q4_K", "ffn_type": "Q4_K", "seed": 41},
-    "tiny-llama-q5_k": {"arch": "llama", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 2,
-                        "rope_base": 10000.0, "eps": 1e-5, "embd": "Q6_K", "output": "Q5_K",
-                        "attn": "Q5_K", "ffn_type": "Q5_K", "seed": 42, "types": {"blk.0.attn_k.weight": "Q4_K"}},
-    "tiny-qwen2-q6_k": {"arch": "qwen2", "hidden": 256, "heads": 4, "kv_heads": 1, "ffn": 512, "layers": 2,
-                        "rope_base": 1000000.0, "eps": 1e-6, "embd": "Q6_K", "output": "Q6_K",
-                        "attn": "Q6_K", "ffn_type": "Q6_K", "seed": 43},
-    "tiny-llama-q4_k_m": {"arch": "llama", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 2,
-                          "rope_base": 10000.0, "eps": 1e-5, "embd": "Q4_K", "output": "Q6_K",
-                          "attn": "Q4_K", "ffn_type": "Q4_K", "seed": 46, "mix": "Q4_K_M"},
-    "tiny-qwen2-q4_k_m": {"arch": "qwen2", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 2,
-                          "rope_base": 1000000.0, "eps": 1e-6, "embd": "Q4_K", "output": None,
-                          "attn": "Q4_K", "ffn_type": "Q4_K", "seed": 45, "mix": "Q4_K_M"},
+    "tiny-llama-q4_k": {**_LLAMA_K, "embd": "Q4_K", "output": None, "attn": "Q4_K", "ffn_type": "Q4_K", "seed": 41},
+    "tiny-llama-q5_k": {**_LLAMA_K, "embd": "Q6_K", "output": "Q5_K", "attn": "Q5_K", "ffn_type": "Q5_K", "seed": 42,
+                        "types": {"blk.0.attn_k.weight": "Q4_K"}},
+    "tiny-qwen2-q6_k": {**_QWEN2_K, "kv_heads": 1, "embd": "Q6_K", "output": "Q6_K", "attn": "Q6_K",
+                        "ffn_type": "Q6_K", "seed": 43},
+    "tiny-llama-q4_k_m": {**_LLAMA_K, "embd": "Q4_K", "output": "Q6_K", "attn": "Q4_K", "ffn_type": "Q4_K",
+                          "seed": 46, "mix": "Q4_K_M"},
+    "tiny-qwen2-q4_k_m": {**_QWEN2_K, "embd": "Q4_K", "output": None, "attn": "Q4_K", "ffn_type": "Q4_K",
+                          "seed": 45, "mix": "Q4_K_M"},
 }
 
 
