@@ -9,8 +9,8 @@ from model_fixtures import gguf_path  # noqa: F401  (pytest fixture)
 from test_gguf_architectures import MODELS, check_against_llama_cpp
 
 from pagedkv.model.convert import convert_cached, open_gguf
-from pagedkv.model.weights import read_manifest
 from pagedkv.model.quants import BY_GGUF, WEIGHT_TYPES
+from pagedkv.model.weights import read_manifest
 
 
 def converted_types(path) -> dict[str, str]:
