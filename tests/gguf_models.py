@@ -2,7 +2,12 @@
 
 - tiny random `llama` / `qwen2` models (widths multiples of 256, so K-quants can cover every tensor) carrying
   SmolLM2's tokenizer metadata from the pinned GGUF, so the tokenizer and chat template work;
-- SmolLM2-135M requantized to Q8_0 from the pinned Q4_1 file with gguf.quants.
+- the same with K-quant tensors (TINY_K: one recipe per K type, and llama.cpp's Q4_K_M per-tensor mix);
+- SmolLM2-135M requantized from the pinned Q4_1 file to Q8_0 / Q6_K / Q4_0 or the Q4_K_M mix (576-wide rows
+  cannot be K-quantized: they fall back as llama.cpp's quantizer does, quantize.FALLBACK).
+
+Quantization is py/pagedkv/model/quantize.py's (gguf.quants for the legacy types, its numpy port for the
+K-quants; tests/test_quants.py checks both against gguf's dequantization).
 
 A file's name holds the sha256 of its inputs (the maker's spec, MAKER_VERSION and the pinned GGUF's sha256),
 so an unchanged recipe reuses the file and a changed one makes a new file.
@@ -18,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from pagedkv.model.convert import SMOLLM2_GGUF_SHA256
+from pagedkv.model.quantize import FALLBACK, q4_k_m_types, quantize
+from pagedkv.model.quants import BY_GGUF, QK_K, WEIGHT_TYPES
 
 MAKER_VERSION = 2
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-gguf"
@@ -43,6 +50,25 @@ TINY = {
     "tiny-qwen2": {"arch": "qwen2", "hidden": 256, "heads": 4, "kv_heads": 1, "ffn": 512, "layers": 2,
                    "rope_base": 1000000.0, "eps": 1e-6, "embd": "Q8_0", "output": "Q8_0",
                    "attn": "Q8_0", "ffn_type": "Q4_1", "seed": 34},
+}
+
+# K-quant recipes (same keys; "mix": "Q4_K_M" replaces every matrix's type by quantize.q4_k_m_types' choice,
+# "types" overrides single tensors). The uniform ones (and tiny-llama-q5_k's q4_K attn_k beside q5_K, which
+# the GPU holds losslessly as q5_K) run on WebGPU too; the Q4_K_M mixes put q6_K attn_v beside q4_K attn_q /
+# attn_k in their last layer.
+_LLAMA_K = {"arch": "llama", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 2,
+            "rope_base": 10000.0, "eps": 1e-5}
+_QWEN2_K = {**_LLAMA_K, "arch": "qwen2", "rope_base": 1000000.0, "eps": 1e-6}
+TINY_K = {
+    "tiny-llama-q4_k": {**_LLAMA_K, "embd": "Q4_K", "output": None, "attn": "Q4_K", "ffn_type": "Q4_K", "seed": 41},
+    "tiny-llama-q5_k": {**_LLAMA_K, "embd": "Q6_K", "output": "Q5_K", "attn": "Q5_K", "ffn_type": "Q5_K", "seed": 42,
+                        "types": {"blk.0.attn_k.weight": "Q4_K"}},
+    "tiny-qwen2-q6_k": {**_QWEN2_K, "kv_heads": 1, "embd": "Q6_K", "output": "Q6_K", "attn": "Q6_K",
+                        "ffn_type": "Q6_K", "seed": 43},
+    "tiny-llama-q4_k_m": {**_LLAMA_K, "embd": "Q4_K", "output": "Q6_K", "attn": "Q4_K", "ffn_type": "Q4_K",
+                          "seed": 46, "mix": "Q4_K_M"},
+    "tiny-qwen2-q4_k_m": {**_QWEN2_K, "embd": "Q4_K", "output": None, "attn": "Q4_K", "ffn_type": "Q4_K",
+                          "seed": 45, "mix": "Q4_K_M"},
 }
 
 
@@ -118,19 +144,31 @@ def _tensor_specs(spec: dict) -> list[tuple[str, tuple[int, ...], str, float]]:
         if spec["arch"] == "qwen2":
             out += [(p + "attn_q.bias", (h,), "F32", 0.5), (p + "attn_k.bias", (kv,), "F32", 0.5),
                     (p + "attn_v.bias", (kv,), "F32", 0.5)]
-    return out
+    if "mix" in spec:
+        out = _mixed(out, spec["layers"])
+    overrides = spec.get("types", {})
+    return [(name, shape, overrides.get(name, type_name), std) for name, shape, type_name, std in out]
+
+
+def _mix_types(shapes: dict[str, tuple[int, ...]], n_layers: int) -> dict[str, str]:
+    """Tensor name -> GGML type name of llama.cpp's Q4_K_M choice (quantize.q4_k_m_types)."""
+    return {name: WEIGHT_TYPES[t].gguf for name, t in q4_k_m_types(shapes, n_layers).items()}
+
+
+def _mixed(specs: list, n_layers: int) -> list:
+    types = _mix_types({name: shape for name, shape, _, _ in specs}, n_layers)
+    return [(name, shape, types[name], std) for name, shape, _, std in specs]
 
 
 def _encode(w: np.ndarray, type_name: str) -> tuple[np.ndarray, object]:
     from gguf import GGMLQuantizationType
-    from gguf.quants import quantize
 
     qtype = GGMLQuantizationType[type_name]
     if type_name == "F32":
         return w.astype(np.float32), qtype
     if type_name == "F16":
         return w.astype(np.float16), qtype
-    return quantize(w.astype(np.float32), qtype), qtype
+    return quantize(w, BY_GGUF[type_name].name), qtype
 
 
 def _write_tiny(path: Path, spec: dict, source: Path) -> None:
@@ -167,8 +205,22 @@ def _write_tiny(path: Path, spec: dict, source: Path) -> None:
 
 def tiny_gguf(name: str, source: Path) -> Path:
     """The tiny model `name` (a key of TINY), made from the pinned SmolLM2 GGUF `source` when not cached."""
-    spec = TINY[name]
+    spec = TINY[name] if name in TINY else TINY_K[name]
     return _cached(name, spec, lambda path: _write_tiny(path, spec, source))
+
+
+def requantized_types(shapes: dict[str, tuple[int, ...]], n_layers: int, type_name: str) -> dict[str, str]:
+    """Tensor name -> GGML type name of SmolLM2 requantized to type_name ("Q4_K_M": the mix), as llama.cpp's
+    quantizer picks them: 1-D tensors F32, a K-quant falls back (FALLBACK) on rows not a multiple of 256."""
+    if type_name == "Q4_K_M":
+        return _mix_types(shapes, n_layers)
+    fallback = {WEIGHT_TYPES[k].gguf: WEIGHT_TYPES[v].gguf for k, v in FALLBACK.items()}
+    out = {}
+    for name, shape in shapes.items():
+        out[name] = "F32" if len(shape) == 1 else type_name
+        if len(shape) == 2 and shape[1] % QK_K and type_name in fallback:
+            out[name] = fallback[type_name]
+    return out
 
 
 def _write_requantized(path: Path, source: Path, type_name: str) -> None:
@@ -178,10 +230,11 @@ def _write_requantized(path: Path, source: Path, type_name: str) -> None:
     reader = gguf.GGUFReader(source)
     writer = gguf.GGUFWriter(str(path), "llama")
     _copy_metadata(reader, writer, lambda key: key not in ("general.architecture", "general.file_type"))
+    shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}  # fastest dim. last
+    types = requantized_types(shapes, int(reader.fields["llama.block_count"].contents()), type_name)
     for t in reader.tensors:
-        shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists the fastest dimension first
-        w = dequantize(t.data, t.tensor_type).reshape(shape)
-        data, qtype = _encode(w, "F32" if len(shape) == 1 else type_name)
+        w = dequantize(t.data, t.tensor_type).reshape(shapes[t.name])
+        data, qtype = _encode(w, types[t.name])
         writer.add_tensor(t.name, data, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -190,6 +243,7 @@ def _write_requantized(path: Path, source: Path, type_name: str) -> None:
 
 
 def requantized_smollm2(source: Path, type_name: str = "Q8_0") -> Path:
-    """SmolLM2-135M-Instruct dequantized from the pinned Q4_1 file and quantized again to type_name."""
+    """SmolLM2-135M-Instruct dequantized from the pinned Q4_1 file and quantized again to type_name: "Q8_0",
+    "Q6_K", "Q4_0", ... or "Q4_K_M" (requantized_types)."""
     return _cached(f"smollm2-135m-{type_name.lower()}", {"requantize": type_name},
                    lambda path: _write_requantized(path, source, type_name))

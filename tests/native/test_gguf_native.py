@@ -1,18 +1,36 @@
 """`python3 -m pagedkv generate --gguf FILE --backend wgpu` on lavapipe: the tiny llama and qwen2 GGUFs
-(tests/gguf_models.py) give llama.cpp's greedy ids under the near-tie rule (tests/browser/test_gguf_in_page.py:
-the same in Chromium)."""
+(tests/gguf_models.py), K-quant ones included, give llama.cpp's greedy ids under the near-tie rule
+(tests/browser/test_gguf_in_page.py: the same in Chromium)."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from gguf_models import tiny_gguf
+from gguf_models import TINY_K, _tensor_specs, tiny_gguf
 from llama_reference import first_divergence, llama_cpp_greedy, near_tie
 from model_fixtures import cached_gguf
 from test_cli import CHAT, run_cli, write_messages
 
+from pagedkv.model.quants import BY_GGUF, common_type
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+
+def stacked_qkv_fits(name: str) -> bool:
+    """Whether every layer's q|k|v types of TINY_K[name] meet in a lossless common type (the GPU stacks them)."""
+    types = {n: BY_GGUF[t].name for n, _, t, _ in _tensor_specs(TINY_K[name])}
+    return all(common_type({types[f"blk.{i}.attn_{p}.weight"] for p in "qkv"})
+               for i in range(TINY_K[name]["layers"]))
+
+
+# The Q4_K_M mixes (q6_K attn_v beside q4_K attn_q / attn_k) are refused on WebGPU until q|k|v of types without a
+# common one run as separate matvecs.
+K_QUANT_ON_GPU = sorted(name for name in TINY_K if stacked_qkv_fits(name))
+
+
+def test_k_quant_files_on_the_gpu_are_the_uniform_ones():
+    assert K_QUANT_ON_GPU == ["tiny-llama-q4_k", "tiny-llama-q5_k", "tiny-qwen2-q6_k"]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", *K_QUANT_ON_GPU])
 def test_a_gguf_on_wgpu_gives_llama_cpps_greedy_ids(tmp_path, native_device, name):
     path = tiny_gguf(name, cached_gguf())
     out = run_cli("generate", "--gguf", str(path), "--gguf-cache", str(tmp_path / "cache"), "--backend", "wgpu",
