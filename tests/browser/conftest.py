@@ -3,6 +3,7 @@ server and the browser come from bench.harness, the harness the benchmarks use t
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,13 @@ def ready_page(browser, base_url) -> BootedPage:
         pytest.fail(f"page did not boot: {booted.dataset()}", pytrace=False)
     yield booted
     booted.page.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect (never skip) the native_matrix cases collected from tests/browser: tests/native runs them."""
+    here = Path(__file__).resolve().parent
+    native_only = [item for item in items
+                   if item.get_closest_marker("native_matrix") and Path(str(item.fspath)).resolve().parent == here]
+    if native_only:
+        config.hook.pytest_deselected(items=native_only)
+        items[:] = [item for item in items if item not in native_only]

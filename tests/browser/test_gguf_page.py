@@ -88,8 +88,8 @@ def assert_answers_like_reference(booted, reference) -> None:
     assert ids[len(prompt):len(prompt) + MAX_TOKENS] == reply
 
 
-@pytest.mark.parametrize("backend", ["cpu", "webgpu"])
-def test_open_store_reload_and_remove(browser, base_url, tiny_gguf, reference, backend):
+def open_gguf(browser, base_url, tiny_gguf, reference, backend: str):
+    """The page on `backend`, the GGUF opened through the file input: converted, stored, and answering."""
     booted, info = open_app(browser, f"{base_url}?model=tiny-random&backend={backend}", 120_000)
     page = booted.page
     assert info["model"] == "tiny-random"
@@ -101,6 +101,18 @@ def test_open_store_reload_and_remove(browser, base_url, tiny_gguf, reference, b
     listed = json.loads(page.evaluate("document.documentElement.dataset.userModels"))
     assert listed == [{"id": MODEL_ID, "name": FILE_NAME, "bytes": tiny_gguf.stat().st_size}]
     assert_answers_like_reference(booted, reference)
+    return booted
+
+
+def test_an_opened_gguf_answers_on_webgpu(browser, base_url, tiny_gguf, reference):
+    open_gguf(browser, base_url, tiny_gguf, reference, "webgpu").page.close()
+
+
+def test_open_store_reload_and_remove(browser, base_url, tiny_gguf, reference):
+    """Storing, reopening and removing do not depend on the backend: on the CPU path (each boot is shorter)."""
+    backend = "cpu"
+    booted = open_gguf(browser, base_url, tiny_gguf, reference, backend)
+    page = booted.page
 
     page.reload()  # opens from OPFS: nothing is converted again
     info = wait_reloaded(booted)

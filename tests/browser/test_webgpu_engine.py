@@ -115,9 +115,13 @@ def test_real_model_greedy_and_logits_match_numpy_and_llama_cpp(worker, real_mod
     from pagedkv.model_runner import ForwardBatch
     from pagedkv.backends.numpy_ref import PagedKVCache
 
-    prompts = [c["prompt_ids"] for c in REAL_CASES]
+    # The gpu family's kernels are shaped for real GPUs and run slowly on the emulators: one prompt there (its
+    # batched prefill and decode against the same engine code as the cpu family's three concurrent prompts).
+    cases = REAL_CASES if kernels == "cpu" else REAL_CASES[:1]
+    prompts = [c["prompt_ids"] for c in cases]
     r = run(worker, f"real_model({prompts}, 8, kernels={kernels!r})")
-    for case, out in zip(REAL_CASES, r["gpu"]):
+    assert len(r["gpu"]) == len(cases)
+    for case, out in zip(cases, r["gpu"]):
         assert out == reference_greedy(real_model, case["prompt_ids"], 8), case["name"]
         for pos, (mine, ref) in enumerate(zip(out, case["output_ids"][:8])):
             if mine != ref:  # past the first near-tie divergence the continuations differ legitimately
