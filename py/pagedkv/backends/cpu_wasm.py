@@ -42,7 +42,10 @@ class QuantWeight:
         self.kind, self.qs, self.dm, self.kernel = kind, qs, dm, kernel
         self.shape = (rows, nb * QK)
         self.nbytes = qs.nbytes + dm.nbytes
-        self._scratch = np.empty(self.shape[1], np.float32)  # (cols,) the kernel's decoded row
+        self._scratch = np.empty(self.shape[1], np.float32)  # (cols,) the kernel's decoded row or block sums
+        # (kind, qs, dm, rows, cols) and scratch: fixed per weight, so each call only looks up x and out
+        self._args = (KINDS[kind], _addr(qs), _addr(dm), rows, self.shape[1])
+        self._scratch_addr = _addr(self._scratch)
 
     @classmethod
     def from_parts(cls, dtype: str, shape: tuple[int, int], parts: dict, kernel: Kernel) -> "QuantWeight":
@@ -84,8 +87,7 @@ class QuantWeight:
         x = np.ascontiguousarray(h, np.float32)  # (T, cols)
         out = np.empty((x.shape[0], rows), np.float32)  # (T, rows)
         if x.shape[0]:
-            self.kernel(KINDS[self.kind], _addr(self.qs), _addr(self.dm), rows, cols, _addr(x), x.shape[0],
-                        _addr(out), _addr(self._scratch))
+            self.kernel(*self._args, _addr(x), x.shape[0], _addr(out), self._scratch_addr)
         return out
 
 

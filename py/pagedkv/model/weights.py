@@ -122,8 +122,8 @@ class ModelWeights:
         return cls(config=config, manifest=manifest, tensors=tensors)
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike) -> "ModelWeights":
-        """Read, verify and dequantize the model in model_dir."""
+    def load(cls, model_dir: str | os.PathLike, convert=None) -> "ModelWeights":
+        """Read, verify and dequantize (or convert: from_shards) the model in model_dir."""
         manifest = read_manifest(model_dir)
         check_manifest(manifest)
         shards = {}
@@ -132,4 +132,4 @@ class ModelWeights:
             if not path.is_file():
                 raise WeightsError(f"shard {path} is missing; rebuild the model (python3 build.py)")
             shards[entry["file"]] = path.read_bytes()
-        return cls.from_shards(manifest, shards)
+        return cls.from_shards(manifest, shards, convert)
