@@ -10,6 +10,9 @@ async function loadLinearWasm(base, entry, pyodide) {
     const resp = await fetch(base + "wasm/" + entry.file);
     if (!resp.ok) throw new Error(`fetching wasm/${entry.file} failed: HTTP ${resp.status}`);
     const bytes = new Uint8Array(await resp.arrayBuffer());
+    if (!self.crypto || !self.crypto.subtle) {
+      throw new Error("no crypto.subtle to check the kernel's sha256: this page is not a secure context (https or localhost)");
+    }
     const digest = Array.from(new Uint8Array(await crypto.subtle.digest("SHA-256", bytes)),
       (b) => b.toString(16).padStart(2, "0")).join("");
     if (digest !== entry.sha256) {
