@@ -317,6 +317,19 @@ def build_shaders(dist: Path) -> dict[str, dict]:
     return manifest
 
 
+def build_wasm(dist: Path) -> dict[str, dict]:
+    """web/wasm/*.wat -> dist/wasm/*.wasm (py/pagedkv/backends/wat.py), listed with their sha256."""
+    sys.path.insert(0, str(ROOT / "py"))
+    from pagedkv.backends.wat import assemble  # noqa: E402
+
+    out = {}
+    for src in sorted((ROOT / "web" / "wasm").glob("*.wat")):
+        data = assemble(src.read_text(encoding="utf-8"))
+        write_if_changed(dist / "wasm" / f"{src.stem}.wasm", data)
+        out[src.stem] = {"file": f"{src.stem}.wasm", "sha256": sha256_bytes(data), "bytes": len(data)}
+    return out
+
+
 def render_web(dist: Path, context: dict) -> None:
     import jinja2
 
@@ -327,7 +340,7 @@ def render_web(dist: Path, context: dict) -> None:
         keep_trailing_newline=True,
     )
     for src in sorted((ROOT / "web").rglob("*")):
-        if src.is_dir():
+        if src.is_dir() or src.suffix == ".wat":  # .wat: build_wasm's source
             continue
         rel = src.relative_to(ROOT / "web").as_posix()
         if src.suffix == ".j2":
@@ -364,6 +377,7 @@ def build(dist: Path = DIST, cache: Path = CACHE, node_modules: Path = NODE_MODU
                    for k, v in [("markupsafe", wheels["markupsafe"]), ("jinja2", wheels["jinja2"]),
                                 ("pagedkv", wheels["pagedkv"]), ("pagedkv_app", wheels["pagedkv_app"])]},
         "shaders": shaders,
+        "wasm": build_wasm(dist),
         "models": models,
     }
     write_build_manifest(dist, assets)

@@ -51,7 +51,7 @@ def test_only_the_projections_are_wrapped_and_share_the_arrays(tiny_weights):  #
 
 
 def test_bad_arguments_are_refused_by_name(tiny_weights):  # noqa: F811
-    with pytest.raises(ValueError, match=r"linear must be matmul or einsum, got 'blas'"):
+    with pytest.raises(ValueError, match=r"linear must be matmul, einsum or wasm, got 'blas'"):
         CpuBackend(tiny_weights, 4, 16, linear="blas")
     with pytest.raises(ValueError, match=r"a projection weight is 2-D \(out, in\), got shape \(3,\)"):
         EinsumWeight(np.zeros(3, np.float32))

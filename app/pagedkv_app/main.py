@@ -10,6 +10,7 @@ import numpy as np
 import pagedkv
 from pagedkv.backends.choice import choose_backend
 from pagedkv.backends.cpu import CpuBackend
+from pagedkv.backends.cpu_wasm import tensor_loader
 from pagedkv.backends.webgpu import interop as webgpu
 from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.backends.webgpu.device import WebGPUUnavailable
@@ -165,10 +166,15 @@ async def _attach_disk(engine: LLMEngine, backend, manifest: dict) -> str:
 
 
 async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, CpuBackend, dict]:
-    """The numpy fallback (?backend=cpu): every shard in wasm memory, weights dequantized to f32."""
+    """The numpy fallback (?backend=cpu): projections on their quantized blocks through the wasm SIMD kernel
+    (backends/cpu_wasm.py), or all weights dequantized to f32 and einsum where the kernel did not load."""
     manifest, shards = await fetch_model(model_reader(name), on_progress)
     bridge.post("model-progress", model=name, loaded=1, total=1, detail="verifying and unpacking weights")
-    weights = ModelWeights.from_shards(manifest, shards)
+    try:
+        convert, linear, why = tensor_loader(webgpu.linear_wasm_matmul()), "wasm", "wasm SIMD on quantized weights"
+    except webgpu.WasmUnavailable as exc:
+        convert, linear, why = None, "einsum", f"einsum on f32 weights (no wasm kernel: {exc})"
+    weights = ModelWeights.from_shards(manifest, shards, convert)
     del shards
     cfg = weights.config
     kv_budget = int(float(bridge.query_param("kv_mib", "128")) * MIB)  # fractions make tiny pools for tests
@@ -179,8 +185,8 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
                          f"({bytes_per_token:,} B/token); raise kv_mib")
     num_cpu_blocks = tier_budgets().cpu_bytes // (bytes_per_token * block_size)
     backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
-                         linear="einsum")  # Pyodide's numpy has no BLAS: backends/cpu_linear.py
-    return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype}
+                         linear=linear)  # Pyodide's numpy has no BLAS: backends/cpu_linear.py
+    return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype, "cpu_linear": why}
 
 
 async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, WebGpuBackend, dict]:

@@ -19,6 +19,7 @@ from ..model.weights import ModelWeights
 from ..model_runner import ForwardBatch
 from . import check_attention_mass
 from .cpu_linear import einsum_weights
+from .cpu_wasm import wasm_weights
 from .numpy_ref import NumpyModel, PagedKVCache
 
 
@@ -28,20 +29,22 @@ class CpuBackend:
     kv_dtype: any name of pagedkv.kv_dtype; the f32 pools hold the values that dtype's quantizer returns,
     so the CPU engine generates what a GPU engine with the same dtype generates.
     linear: "matmul" (numpy's @, BLAS where numpy has one) or "einsum" (projections and head through
-    np.einsum, faster without BLAS: the tab's Pyodide; backends/cpu_linear.py).
+    np.einsum, faster without BLAS: the tab's Pyodide; backends/cpu_linear.py), or "wasm": weights loaded
+    with cpu_wasm.tensor_loader, their quantized projections through the wasm kernel, einsum for the rest.
     """
 
     name = "cpu"
 
     def __init__(self, weights: ModelWeights, num_blocks: int, block_size: int, num_cpu_blocks: int = 0,
                  kv_dtype: str = "f32", linear: str = "matmul") -> None:
-        if linear not in ("matmul", "einsum"):
-            raise ValueError(f"linear must be matmul or einsum, got {linear!r}")
+        if linear not in ("matmul", "einsum", "wasm"):
+            raise ValueError(f"linear must be matmul, einsum or wasm, got {linear!r}")
         self.config = weights.config
         self.model = NumpyModel(weights)
-        if linear == "einsum":
+        if linear != "matmul":
             head = "token_embd.weight" if self.config.tied_embeddings else "output.weight"
-            self.model.w = einsum_weights(self.model.w, self.config.n_layers, head)
+            wrap = einsum_weights if linear == "einsum" else wasm_weights
+            self.model.w = wrap(self.model.w, self.config.n_layers, head)
         self.kv = PagedKVCache.allocate(self.config, num_blocks, block_size, kv_dtype)
         self.kv_dtype = kv_dtype
         self.num_blocks = num_blocks

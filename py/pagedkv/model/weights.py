@@ -106,8 +106,9 @@ class ModelWeights:
     tensors: dict[str, np.ndarray]
 
     @classmethod
-    def from_shards(cls, manifest: dict, shards: dict[str, bytes | memoryview]) -> "ModelWeights":
-        """Verify shard bytes (file name -> bytes) against the manifest and dequantize every tensor."""
+    def from_shards(cls, manifest: dict, shards: dict[str, bytes | memoryview], convert=None) -> "ModelWeights":
+        """Verify shard bytes (file name -> bytes) against the manifest and dequantize every tensor (or hand
+        it to convert(name, dtype, shape, parts), which returns what to hold: backends/cpu_wasm.py)."""
         config = check_manifest(manifest)
         for entry in manifest["shards"]:
             if entry["file"] not in shards:
@@ -117,12 +118,12 @@ class ModelWeights:
         for name, shape in expected_shapes(config).items():
             entry = manifest["tensors"][name]
             parts = tensor_parts(entry, shards[entry["file"]])
-            tensors[name] = dequantize(entry["dtype"], shape, parts)
+            tensors[name] = (convert or (lambda _, *a: dequantize(*a)))(name, entry["dtype"], shape, parts)
         return cls(config=config, manifest=manifest, tensors=tensors)
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike) -> "ModelWeights":
-        """Read, verify and dequantize the model in model_dir."""
+    def load(cls, model_dir: str | os.PathLike, convert=None) -> "ModelWeights":
+        """Read, verify and dequantize (or convert: from_shards) the model in model_dir."""
         manifest = read_manifest(model_dir)
         check_manifest(manifest)
         shards = {}
@@ -131,4 +132,4 @@ class ModelWeights:
             if not path.is_file():
                 raise WeightsError(f"shard {path} is missing; rebuild the model (python3 build.py)")
             shards[entry["file"]] = path.read_bytes()
-        return cls.from_shards(manifest, shards)
+        return cls.from_shards(manifest, shards, convert)

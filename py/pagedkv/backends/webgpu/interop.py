@@ -18,7 +18,22 @@ from ...kv_disk import StoreFull
 from .device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderLibrary, WebGPUUnavailable, padded,
                      resource)
 
-__all__ = ["GpuContext", "OpfsStore", "fetch_bytes", "site_url"]
+__all__ = ["GpuContext", "OpfsStore", "WasmUnavailable", "fetch_bytes", "linear_wasm_matmul", "site_url"]
+
+
+class WasmUnavailable(RuntimeError):
+    """The worker could not load the wasm projection kernel; the message says why."""
+
+
+def linear_wasm_matmul():
+    """The wasm kernel's matmul export the worker instantiated on Pyodide's memory (web/linear_wasm.js), for
+    backends/cpu_wasm.py; WasmUnavailable with the worker's reason when it has none."""
+    loaded = getattr(js, "pagedkvLinear", None)
+    if loaded is None:
+        raise WasmUnavailable("the worker did not load web/linear_wasm.js")
+    if loaded.error is not None:
+        raise WasmUnavailable(str(loaded.error))
+    return loaded.matmul
 
 
 def _js_obj(value: dict):

@@ -1,0 +1,89 @@
+"""The tab's CPU path through the wasm SIMD kernel (web/wasm/linear.wat, py/pagedkv/backends/cpu_wasm.py) in
+real headless Chromium: the kernel on Pyodide's memory against numpy, and ?backend=cpu on the tiny model
+giving the numpy reference's greedy ids.
+
+Bounds (asserted below; what Chromium gave when written in brackets):
+  products, q4_1 and q8_0, 1 / 5 / 37 tokens: |y - y64| <= 2e-6 * (|x| @ |W|^T) per output, y64 the f64
+      product of numpy's dequantized weights [<= 9.9e-8]: the weights are bit-identical (rows_exact), only
+      the f32 summation order differs from einsum's
+  greedy ids: equal to the reference's, except from a step whose reference top-1/top-2 margin is below
+      NEAR_TIE (tests/llama_reference.py's rule)
+"""
+from __future__ import annotations
+
+import pytest
+
+import build
+import cpu_wasm_cases
+from browser_pages import install_modules, open_and_boot, wait_model
+from llama_reference import near_tie
+from pagedkv.backends.numpy_ref import NumpyModel
+from pagedkv.model.weights import ModelWeights
+
+SCALED_BOUND = 2e-6
+# 37 x 96: rows not a multiple of the kernel's anything, 3 blocks a row; the rest SmolLM2-135M's shapes
+SHAPES = [(37, 96), (1, 32), (576, 576), (192, 576), (1536, 576), (576, 1536)]
+TOKENS = (1, 5, 37)  # 37: two 16-token chunks and a partial one, four-token tiles and single tokens
+PROMPT = [5, 77, 300, 12, 9, 41, 250, 3, 180, 64, 99, 7, 401, 20, 33, 128, 256, 17, 88]
+NEW_TOKENS = 12
+
+
+def test_the_kernel_matches_numpy_in_the_worker(ready_page):
+    worker = install_modules(ready_page, "cpu_wasm_cases")
+    calls = ", ".join(f"c.case_linear(k, {d!r}, {r}, {c}, {TOKENS})" for d in ("q4_1", "q8_0") for r, c in SHAPES)
+    results = worker.py("import json, cpu_wasm_cases as c\n"
+                        "from pagedkv.backends.webgpu.interop import linear_wasm_matmul\n"
+                        f"k = linear_wasm_matmul()\njson.dumps([{calls}])")
+    assert [r["case"] for r in results] == [[d, r, c] for d in ("q4_1", "q8_0") for r, c in SHAPES]
+    for r, (_, (rows, _)) in zip(results, [(d, s) for d in ("q4_1", "q8_0") for s in SHAPES]):
+        assert r["rows_exact"], r
+        assert r["shapes"] == [[t, rows, "float32"] for t in TOKENS], r
+        assert r["max_scaled"] <= SCALED_BOUND, r
+
+
+@pytest.fixture(scope="module")
+def cpu_page(browser, base_url):
+    booted = open_and_boot(browser, base_url + "?model=tiny-random&backend=cpu")
+    info = wait_model(booted)
+    yield install_modules(booted, "cpu_wasm_cases"), info
+    booted.page.close()
+
+
+def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page):
+    worker, info = cpu_page
+    assert (info["backend"], info["cpu_linear"]) == ("cpu", "wasm SIMD on quantized weights")
+    got = worker.py(
+        "import json, cpu_wasm_cases as c\nfrom pagedkv_app.main import state\n"
+        "model = state['engine'].backend.model\n"
+        "kinds = sorted({type(w).__name__ + ':' + getattr(w, 'kind', '') for n, w in model.w.items()\n"
+        "                if n.startswith('blk.') and n.endswith('_q.weight') or n == 'token_embd.weight'})\n"
+        f"json.dumps({{'kinds': kinds, **c.greedy(model, {PROMPT}, {NEW_TOKENS})}})")
+    assert got["kinds"] == ["QuantWeight:q4_1", "QuantWeight:q8_0"]
+    ref = cpu_wasm_cases.greedy(NumpyModel(ModelWeights.load(build.DIST / "models" / "tiny-random")), PROMPT,
+                                NEW_TOKENS)
+    first = next((i for i, (a, b) in enumerate(zip(got["ids"], ref["ids"])) if a != b), None)
+    assert first is None or near_tie(ref["margins"][first]), (got, ref)
+    assert len(got["ids"]) == NEW_TOKENS + 1
+
+
+def test_a_kernel_that_does_not_load_says_why_and_the_path_keeps_einsum(ready_page):
+    got = ready_page.py(
+        "import json, js\nfrom pyodide.ffi import to_js\nimport pyodide_js\n"
+        "from pagedkv.backends.webgpu import interop\n"
+        "base = str(js.location.href).rsplit('/', 1)[0] + '/'\n"
+        "entry = to_js({'file': 'linear.wasm', 'sha256': '00' * 32}, dict_converter=js.Object.fromEntries)\n"
+        "tampered = await js.loadLinearWasm(base, entry, pyodide_js)\n"
+        "unlisted = await js.loadLinearWasm(base, None, pyodide_js)\n"
+        "loaded, js.pagedkvLinear = js.pagedkvLinear, tampered\n"
+        "try:\n"
+        "    interop.linear_wasm_matmul()\n"
+        "    raised = None\n"
+        "except interop.WasmUnavailable as exc:\n"
+        "    raised = str(exc)\n"
+        "finally:\n"
+        "    js.pagedkvLinear = loaded\n"
+        "json.dumps([tampered.matmul is None, str(tampered.error), str(unlisted.error), raised])")
+    assert got[0] is True
+    assert got[1].startswith("wasm/linear.wasm has sha256 ") and got[1].endswith(f"assets.json says {'00' * 32}")
+    assert got[2] == "assets.json lists no wasm kernel (rebuild: python3 build.py)"
+    assert got[3] == got[1]

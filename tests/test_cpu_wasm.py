@@ -1,0 +1,119 @@
+"""The wasm CPU path's Python side in CPython: the WAT assembler (byte for byte what wat2wasm 1.0.39 writes),
+the kernel layout (rows dequantize bit-identically), and CpuBackend(linear="wasm") over pointer_twin (the
+kernel's numpy twin over the same addresses). The wasm kernel itself runs in tests/browser/test_cpu_wasm_page.py.
+
+Bounds: a product through the twin is x @ W.T in f32 with W exactly numpy's dequantized weights, so against
+f64 its error is within f32 dot-product rounding: |y - y64| <= cols * 2^-24 * (|x| @ |W|^T) per output.
+"""
+import numpy as np
+import pytest
+from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
+from test_cpu_linear import prefill_then_decode
+
+from pagedkv.backends.cpu import CpuBackend
+from pagedkv.backends.cpu_wasm import QuantWeight, pointer_twin, tensor_loader
+from pagedkv.backends.wat import WatError, assemble
+from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
+from pagedkv.model.quants import pack_gguf
+from pagedkv.model.quantize import quantize
+from pagedkv.model.weights import ModelWeights
+
+SNIPPET = """(module
+  (import "env" "memory" (memory 1))
+  (func $two (param $a f32) (result f32) local.get $a f32.const 2.5 f32.mul)
+  (func $f (export "f") (param $p i32) (param $n i32) (local $i i32) (local $j i32) (local $v v128) (local $s f32)
+    block $out
+      loop $l
+        local.get $n i32.eqz br_if $out
+        local.get $p v128.load offset=300 local.get $v f32x4.add local.set $v
+        local.get $n i32.const -129 i32.add local.get $j local.get $i i32.const 200000 i32.gt_u select local.set $n
+        local.get $i if local.get $p i32.const 1 i32.store offset=4 else local.get $p local.get $s f32.store end
+        br $l
+      end
+    end
+    local.get $p local.get $v f32x4.extract_lane 3 call $two f32.store)
+)"""
+# wat2wasm 1.0.39's output for SNIPPET
+SNIPPET_WASM = bytes.fromhex(
+    "0061736d01000000010b0260017d017d60027f7f00020f0103656e76066d656d6f72790200010303020001070501016600010a62020a"
+    "0020004300002040940b5503027f017b017d024003402001450d012000fd0004ac022004fde4012104200141ff7e6a2003200241c09a"
+    "0c4b1b2101200204402000410136020405200020053802000b0c000b0b20002004fd1f0310003802000b")
+
+
+def test_the_assembler_writes_what_wat2wasm_writes():
+    assert assemble(SNIPPET) == SNIPPET_WASM
+
+
+@pytest.mark.parametrize("text,message", [
+    ("(module (func $f i32.const 1 i64.const 2))", r"\$f: instruction 'i64.const' is outside the assembler's subset"),
+    ("(module (func $f block $a br $b end))", r"\$f: br to unknown label \$b"),
+    ("(module (func $f loop $a))", r"\$f: 1 block\(s\) not closed with 'end'"),
+    ("(module (func $f local.get $x))", r"\$f: unknown local \$x"),
+    ("(module (table 1 funcref))", r"unsupported module form \(table ...\)"),
+    ("(module (func $f (i32.const 1)))", r"\$f: unsupported form \(i32.const ...\); bodies are flat instructions"),
+])
+def test_text_outside_the_subset_is_refused_by_name(text, message):
+    with pytest.raises(WatError, match=message):
+        assemble(text)
+
+
+def random_weight(dtype: str, rows: int, cols: int, seed: int) -> tuple[dict, np.ndarray]:
+    """Web parts of a random (rows, cols) weight of `dtype` and numpy's dequantization of them."""
+    w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    if dtype == "q4_1":
+        parts = pack_q4_1(*quantize_q4_1(w))
+    elif dtype == "q8_0":
+        parts = pack_q8_0(*quantize_q8_0(w))
+    else:
+        parts = pack_gguf(dtype, quantize(w, dtype), (rows, cols))
+    return parts, dequantize(dtype, (rows, cols), parts)
+
+
+@pytest.mark.parametrize("dtype,kind", [("q4_1", "q4_1"), ("q8_0", "q8_0"), ("q4_0", "q8_0"), ("q5_0", "q8_0")])
+def test_the_kernel_layout_holds_the_same_weights(dtype, kind):
+    parts, ref = random_weight(dtype, 37, 96, seed=5)
+    w = QuantWeight.from_parts(dtype, (37, 96), parts, pointer_twin)
+    assert (w.kind, w.shape, w.qs.shape, w.dm.shape) == (kind, (37, 96), (37, 48 if kind == "q4_1" else 96), (37, 3, 2))
+    assert w.nbytes == (37 * 48 if kind == "q4_1" else 37 * 96) + 37 * 3 * 8
+    assert np.array_equal(w[np.arange(37)], ref)  # bit-identical, so only the summation order differs
+    assert np.array_equal(w[[36, 0, 36]], ref[[36, 0, 36]])
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("tokens", [1, 5, 37])
+def test_products_through_the_twin_are_x_at_w_t_within_f32_rounding(dtype, tokens):
+    parts, ref = random_weight(dtype, 37, 96, seed=tokens)
+    w = QuantWeight.from_parts(dtype, (37, 96), parts, pointer_twin)
+    x = np.random.default_rng(9).standard_normal((tokens, 96)).astype(np.float32)
+    y = x @ w.T  # (tokens, 37)
+    want = x.astype(np.float64) @ ref.T.astype(np.float64)
+    bound = 96 * 2.0**-24 * (np.abs(x).astype(np.float64) @ np.abs(ref.T).astype(np.float64))
+    assert y.shape == (tokens, 37) and y.dtype == np.float32
+    assert np.all(np.abs(y - want) <= bound)
+    assert np.array_equal((x[:0] @ w.T).shape, (0, 37))
+    with pytest.raises(ValueError, match=r"projection input \(2, 64\) does not match weight \(37, 96\) \(out, in\)"):
+        np.ones((2, 64), np.float32) @ w.T
+
+
+def test_the_wasm_path_holds_quantized_blocks_and_gives_the_reference_ids(tiny_dir):  # noqa: F811
+    manifest_weights = ModelWeights.load(tiny_dir)
+    shards = {s["file"]: (tiny_dir / s["file"]).read_bytes() for s in manifest_weights.manifest["shards"]}
+    quantized = ModelWeights.from_shards(manifest_weights.manifest, shards, tensor_loader(pointer_twin))
+    held = {n for n, t in quantized.tensors.items() if isinstance(t, QuantWeight)}
+    assert held == {"token_embd.weight"} | {f"blk.{i}.{p}.weight" for i in range(2) for p in (
+        "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+    assert np.array_equal(quantized.tensors["blk.1.attn_norm.weight"], manifest_weights.tensors["blk.1.attn_norm.weight"])
+    prompt = [int(t) for t in np.random.default_rng(1).integers(3, manifest_weights.config.vocab, 40)]
+    want_pre, want_dec = prefill_then_decode(CpuBackend(manifest_weights, 4, 16), prompt, 6)
+    got_pre, got_dec = prefill_then_decode(CpuBackend(quantized, 4, 16, linear="wasm"), prompt, 6)
+    assert float(np.abs(got_pre - want_pre).max() / np.abs(want_pre).max()) <= 2e-6  # the twin sums as BLAS does
+    assert np.array_equal(got_pre.argmax(axis=1), want_pre.argmax(axis=1))
+    assert [int(g.argmax()) for g in got_dec] == [int(w.argmax()) for w in want_dec]
+
+
+def test_types_without_a_kernel_keep_einsum_and_bad_layouts_are_refused(tiny_dir):  # noqa: F811
+    weights = ModelWeights.load(tiny_dir)
+    backend = CpuBackend(weights, 4, 16, linear="wasm")  # f32 tensors: every projection through einsum
+    assert type(backend.model.w["blk.0.ffn_up.weight"]).__name__ == "EinsumWeight"
+    with pytest.raises(ValueError, match=r"q4_1 weight: qs \(2, 31\) and dm \(2, 2, 2\) are not the kernel's layout"):
+        QuantWeight("q4_1", np.zeros((2, 31), np.uint8), np.zeros((2, 2, 2), np.float32), pointer_twin)

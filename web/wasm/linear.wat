@@ -1,0 +1,187 @@
+;; Projections of f32 activations by QUANTIZED weights (q4_1, q8_0), WebAssembly SIMD128, f32 accumulate.
+;;
+;; It imports Pyodide's own memory, so every pointer is a numpy array's address: no copies. Python's side is
+;; py/pagedkv/backends/cpu_wasm.py (the layouts below, its numpy twin and the calls). build.py assembles this
+;; text with py/pagedkv/backends/wat.py (a flat-instruction subset of WAT; no folded expressions).
+;;
+;; Weight layouts (kind 0 = q4_1, kind 1 = q8_0), rows of nb = cols / 32 blocks, blocks of 32 weights:
+;;   qs  q4_1: 16 bytes a block, byte j = code j | code (j + 16) << 4 (codes 0..15)
+;;       q8_0: 32 bytes a block, signed codes in weight order
+;;   dm  two f32 a block, (d, m): weight = d * code + m (m = 0 for q8_0), the reference's dequantization
+;; Activations x (t, cols) f32 row-major; out (t, rows) f32; scratch: cols f32 the kernel overwrites (a decoded
+;; row, or for one token each block's sum of x).
+(module
+  (import "env" "memory" (memory 1))
+
+  (func $hsum (param $s v128) (result f32)
+    local.get $s f32x4.extract_lane 0 local.get $s f32x4.extract_lane 1 f32.add
+    local.get $s f32x4.extract_lane 2 local.get $s f32x4.extract_lane 3 f32.add
+    f32.add)
+
+  ;; One weight row (nb blocks at qs / dm). $dot = 0: decode it into w (nb * 32 f32), exactly d * code + m as
+  ;; numpy's dequantize; returns 0. $dot = 1: returns its dot product with x (one token) in registers,
+  ;; sum over blocks of d * (codes . x_block) + m * xsum[block] (xsum: nb f32, each block's sum of x).
+  (func $row (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $dot i32) (param $w i32)
+    (param $x i32) (param $xsum i32) (result f32)
+    (local $half i32) (local $v v128) (local $h v128) (local $e v128) (local $d v128) (local $m v128) (local $s v128)
+    (local $acc v128) (local $accm f32)
+    loop $block
+      local.get $dm f32.load f32x4.splat local.set $d
+      local.get $dm f32.load offset=4 f32x4.splat local.set $m
+      local.get $qs v128.load local.set $v
+      local.get $kind
+      if
+        local.get $qs v128.load offset=16 local.set $h
+      else
+        ;; Nibbles 0..15 read as i8 are themselves, so both kinds widen with the signed extends below.
+        local.get $v i32.const 4 i8x16.shr_u local.set $h
+        local.get $v i32.const 15 i8x16.splat v128.and local.set $v
+      end
+      local.get $qs i32.const 16 local.get $kind i32.const 4 i32.shl i32.add i32.add local.set $qs
+      f32.const 0 f32x4.splat local.set $s  ;; this block's codes . x
+      i32.const 2 local.set $half
+      loop $halves  ;; weights 0..15 from $v, then 16..31 from $h
+        local.get $dot
+        if
+          local.get $v i16x8.extend_low_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
+          local.get $x v128.load f32x4.mul local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s
+          local.get $x v128.load offset=16 f32x4.mul f32x4.add
+          local.get $v i16x8.extend_high_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
+          local.get $x v128.load offset=32 f32x4.mul local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s
+          local.get $x v128.load offset=48 f32x4.mul f32x4.add
+          f32x4.add local.get $s f32x4.add local.set $s
+          local.get $x i32.const 64 i32.add local.set $x
+        else
+          local.get $v i16x8.extend_low_i8x16_s local.set $e
+          local.get $w local.get $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
+          local.get $m f32x4.add v128.store
+          local.get $w local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
+          local.get $m f32x4.add v128.store offset=16
+          local.get $v i16x8.extend_high_i8x16_s local.set $e
+          local.get $w local.get $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
+          local.get $m f32x4.add v128.store offset=32
+          local.get $w local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
+          local.get $m f32x4.add v128.store offset=48
+          local.get $w i32.const 64 i32.add local.set $w
+        end
+        local.get $h local.set $v
+        local.get $half i32.const 1 i32.sub local.tee $half br_if $halves
+      end
+      local.get $dot
+      if
+        local.get $acc local.get $s local.get $d f32x4.mul f32x4.add local.set $acc
+        local.get $accm local.get $dm f32.load offset=4 local.get $xsum f32.load f32.mul f32.add local.set $accm
+        local.get $xsum i32.const 4 i32.add local.set $xsum
+      end
+      local.get $dm i32.const 8 i32.add local.set $dm
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end
+    local.get $acc call $hsum local.get $accm f32.add)
+
+  ;; xsum[b] = the sum of x's block b (nb blocks of 32 f32)
+  (func $block_sums (param $x i32) (param $nb i32) (param $xsum i32)
+    loop $block
+      local.get $xsum
+      local.get $x v128.load local.get $x v128.load offset=16 f32x4.add
+      local.get $x v128.load offset=32 local.get $x v128.load offset=48 f32x4.add f32x4.add
+      local.get $x v128.load offset=64 local.get $x v128.load offset=80 f32x4.add
+      local.get $x v128.load offset=96 local.get $x v128.load offset=112 f32x4.add f32x4.add
+      f32x4.add call $hsum f32.store
+      local.get $x i32.const 128 i32.add local.set $x
+      local.get $xsum i32.const 4 i32.add local.set $xsum
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end)
+
+  ;; out = dot(w, x) for one token; four accumulators hide the add latency (cols is a multiple of 32).
+  (func $dot1 (param $w i32) (param $x i32) (param $cols i32) (param $out i32)
+    (local $end i32) (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128)
+    local.get $w local.get $cols i32.const 2 i32.shl i32.add local.set $end
+    loop $k
+      local.get $a0 local.get $w v128.load local.get $x v128.load f32x4.mul f32x4.add local.set $a0
+      local.get $a1 local.get $w v128.load offset=16 local.get $x v128.load offset=16 f32x4.mul f32x4.add local.set $a1
+      local.get $a2 local.get $w v128.load offset=32 local.get $x v128.load offset=32 f32x4.mul f32x4.add local.set $a2
+      local.get $a3 local.get $w v128.load offset=48 local.get $x v128.load offset=48 f32x4.mul f32x4.add local.set $a3
+      local.get $x i32.const 64 i32.add local.set $x
+      local.get $w i32.const 64 i32.add local.tee $w local.get $end i32.lt_u br_if $k
+    end
+    local.get $out local.get $a0 local.get $a1 f32x4.add local.get $a2 local.get $a3 f32x4.add f32x4.add
+    call $hsum f32.store)
+
+  ;; Four tokens (rows of x, cols apart) against one decoded weight row: each weight vector loaded once.
+  ;; out[i * rows] = dot(w, x_i).
+  (func $dot4 (param $w i32) (param $x i32) (param $cols i32) (param $out i32) (param $rows i32)
+    (local $k i32) (local $p i32) (local $step i32) (local $wv v128) (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128)
+    local.get $cols i32.const 2 i32.shl local.set $step
+    loop $kloop
+      local.get $w local.get $k i32.add v128.load local.set $wv
+      local.get $a0 local.get $wv local.get $x local.get $k i32.add local.tee $p v128.load f32x4.mul f32x4.add local.set $a0
+      local.get $a1 local.get $wv local.get $p local.get $step i32.add local.tee $p v128.load f32x4.mul f32x4.add local.set $a1
+      local.get $a2 local.get $wv local.get $p local.get $step i32.add local.tee $p v128.load f32x4.mul f32x4.add local.set $a2
+      local.get $a3 local.get $wv local.get $p local.get $step i32.add v128.load f32x4.mul f32x4.add local.set $a3
+      local.get $k i32.const 16 i32.add local.tee $k local.get $step i32.lt_u br_if $kloop
+    end
+    local.get $rows i32.const 2 i32.shl local.set $step
+    local.get $out local.get $a0 call $hsum f32.store
+    local.get $out local.get $step i32.add local.tee $out local.get $a1 call $hsum f32.store
+    local.get $out local.get $step i32.add local.tee $out local.get $a2 call $hsum f32.store
+    local.get $out local.get $step i32.add local.get $a3 call $hsum f32.store)
+
+  ;; out (t, rows) = x (t, cols) @ W.T for W (rows, cols) of `kind`. One token: each row straight from its
+  ;; blocks ($row's dot). More: tokens go in chunks of 16 (the chunk of x stays in cache while every row
+  ;; passes); each row is decoded once per chunk, then used by tiles of four tokens and single ones for the rest.
+  (func $matmul (export "matmul") (param $kind i32) (param $qs i32) (param $dm i32) (param $rows i32)
+    (param $cols i32) (param $x i32) (param $t i32) (param $out i32) (param $scratch i32)
+    (local $nb i32) (local $t0 i32) (local $n i32) (local $r i32) (local $q i32) (local $s i32) (local $xp i32) (local $o i32)
+    local.get $cols i32.const 5 i32.shr_u local.set $nb
+    local.get $t i32.const 1 i32.eq
+    if  ;; one token (decode): each row's blocks meet x in registers, no decoded row in memory
+      local.get $x local.get $nb local.get $scratch call $block_sums
+      loop $vec
+        local.get $out
+        local.get $kind local.get $qs local.get $dm local.get $nb i32.const 1 i32.const 0 local.get $x local.get $scratch
+        call $row f32.store
+        local.get $out i32.const 4 i32.add local.set $out
+        local.get $qs local.get $nb i32.const 4 local.get $kind i32.add i32.shl i32.add local.set $qs
+        local.get $dm local.get $nb i32.const 3 i32.shl i32.add local.set $dm
+        local.get $r i32.const 1 i32.add local.tee $r local.get $rows i32.lt_u br_if $vec
+      end
+      return
+    end
+    loop $chunks
+      local.get $qs local.set $q
+      local.get $dm local.set $s
+      i32.const 0 local.set $r
+      loop $rowloop
+        local.get $kind local.get $q local.get $s local.get $nb i32.const 0 local.get $scratch i32.const 0 i32.const 0
+        call $row drop
+        local.get $t local.get $t0 i32.sub local.set $n
+        i32.const 16 local.get $n local.get $n i32.const 16 i32.gt_u select local.set $n
+        local.get $x local.get $t0 local.get $cols i32.mul i32.const 2 i32.shl i32.add local.set $xp
+        local.get $out local.get $t0 local.get $rows i32.mul local.get $r i32.add i32.const 2 i32.shl i32.add local.set $o
+        block $tiled
+          loop $tiles
+            local.get $n i32.const 4 i32.lt_u br_if $tiled
+            local.get $scratch local.get $xp local.get $cols local.get $o local.get $rows call $dot4
+            local.get $xp local.get $cols i32.const 4 i32.shl i32.add local.set $xp
+            local.get $o local.get $rows i32.const 4 i32.shl i32.add local.set $o
+            local.get $n i32.const 4 i32.sub local.set $n
+            br $tiles
+          end
+        end
+        block $single
+          loop $ones
+            local.get $n i32.eqz br_if $single
+            local.get $scratch local.get $xp local.get $cols local.get $o call $dot1
+            local.get $xp local.get $cols i32.const 2 i32.shl i32.add local.set $xp
+            local.get $o local.get $rows i32.const 2 i32.shl i32.add local.set $o
+            local.get $n i32.const 1 i32.sub local.set $n
+            br $ones
+          end
+        end
+        local.get $q local.get $nb i32.const 4 local.get $kind i32.add i32.shl i32.add local.set $q
+        local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $s
+        local.get $r i32.const 1 i32.add local.tee $r local.get $rows i32.lt_u br_if $rowloop
+      end
+      local.get $t0 i32.const 16 i32.add local.tee $t0 local.get $t i32.lt_u br_if $chunks
+    end)
+)
