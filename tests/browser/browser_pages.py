@@ -37,5 +37,11 @@ def open_app(browser, url: str, timeout_ms: int) -> tuple[BootedPage, dict]:
     assert booted.state == "ready", booted.dataset()
     info = wait_model(booted)
     booted.page.set_default_timeout(timeout_ms)
-    booted.page.locator("#settings summary").click()
+    show_settings(booted.page)
     return booted, info
+
+
+def show_settings(page) -> None:
+    """Open the generation settings (<details id="settings">) whatever their state: a click on the summary
+    toggles them, so a click that lands on already open settings would hide the fields a test fills next."""
+    page.evaluate("document.getElementById('settings').open = true")

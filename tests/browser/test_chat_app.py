@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from browser_pages import open_app
+from browser_pages import open_app, show_settings
 
 APP_QUERY = "?model=tiny-random&backend=cpu"
 
@@ -43,6 +43,7 @@ def wait_for_streamed_text(page, polls: int = 3000, interval_ms: int = 20) -> No
 
 def send_and_wait(page, text: str, max_tokens: int) -> dict:
     previous = raw_last_turn(page)
+    show_settings(page)
     page.fill("#set-max-tokens", str(max_tokens))
     page.fill("#set-temperature", "0")
     page.fill("#prompt", text)
@@ -200,6 +201,7 @@ def test_reload_keeps_chats_and_the_interrupted_reply(app):
     page.locator("#new-chat").click()  # a fresh chat: the tiny model's context is only 256 tokens
     page.wait_for_selector("#chat-list li:nth-child(4) button[aria-current=true]", state="attached")
     titles = page.locator("#chat-list li").all_inner_texts()
+    show_settings(page)
     page.fill("#set-max-tokens", "2000")
     page.fill("#prompt", "A long answer, please.")
     page.press("#prompt", "Enter")
@@ -212,7 +214,7 @@ def test_reload_keeps_chats_and_the_interrupted_reply(app):
     page.locator("#chat-list li:nth-child(4) button").click()
     last = page.locator("#messages .msg.assistant").last
     assert "interrupted" in last.get_attribute("class") and len(last.get_attribute("data-text")) > 0
-    page.locator("#settings summary").click()
+    show_settings(page)
     turn = send_and_wait(page, "Go on.", 4)
     # The restored history (with the cut-off reply) is the prefix of the next prompt.
     assert turn["tokens"] == 4 and turn["history_tokens"] > 40
@@ -225,6 +227,7 @@ def form_settings(page) -> tuple:
 def test_settings_belong_to_their_chat_and_a_stopped_reply_survives_a_reload(app):
     page = app[0].page
     n = page.locator("#chat-list li").count()  # the chat in view is the last one
+    show_settings(page)
     page.fill("#set-temperature", "0.3")
     page.fill("#set-seed", "7")
     page.fill("#set-system", "Be brief.")
@@ -284,6 +287,6 @@ def test_memory_settings_rebuild_the_pool_and_keep_the_chats(app):
     assert page.locator("#mem-cpu-budget").input_value() == "32"
     page.locator("#new-chat").click()
     page.wait_for_selector(f"#chat-list li:nth-child({len(titles) + 1}) button[aria-current=true]", state="attached")
-    page.locator("#settings summary").click()
+    show_settings(page)
     turn = send_and_wait(page, "hi", 4)
     assert turn["tokens"] == 4
