@@ -208,10 +208,10 @@ def test_q4_k_m_llama_layers_with_a_q6_k_v_run_q_k_v_unstacked_and_the_ledger_co
 def test_unstacked_members_upload_under_their_own_names_in_the_bytes_planned(tmp_path):
     """The tiny Q4_K_M model (tiny.Q4_K_M_DTYPES): layer 0's q4_K q / k + q6_K v and q4_K gate + q6_K up upload
     as they are, layer 1's stacks; the ledger reserves exactly what _weights_bytes planned."""
-    import asyncio
     from types import SimpleNamespace
 
     from pagedkv.backends.webgpu.backend import WebGpuBackend
+    from pagedkv.engine import run_sync
     from pagedkv.gpu_budget import GpuLedger
     from pagedkv.model.tiny import Q4_K_M_DTYPES, mixed_config, write_tiny_model
 
@@ -223,7 +223,7 @@ def test_unstacked_members_upload_under_their_own_names_in_the_bytes_planned(tmp
     async def source(name: str) -> bytes:
         return (tmp_path / name).read_bytes()
 
-    asyncio.run(b._upload_weights(manifest, source, None))
+    run_sync(b._upload_weights(manifest, source, None))  # not asyncio.run: Playwright may own this thread's loop
     layers = [{n.split(".", 2)[2]: d for n, (d, _) in b.weights.items() if n.startswith(f"blk.{i}.")} for i in (0, 1)]
     assert layers == [
         {"attn_norm.weight": "f32", "attn_q.weight": "q4_K", "attn_k.weight": "q4_K", "attn_v.weight": "q6_K",
