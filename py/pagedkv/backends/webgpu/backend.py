@@ -73,7 +73,8 @@ class WebGpuBackend(KVBlockMoves):
     async def create(cls, ctx, manifest: dict, shard_source: Callable[[str], Awaitable[bytes]], *,
                      budget_bytes: int, block_size: int = 16, kv_dtype: str = "f16",
                      max_num_batched_tokens: int = 256, max_num_seqs: int = 16, num_cpu_blocks: int | None = None,
-                     cpu_budget_bytes: int | None = None, on_progress: Callable[[int, int], None] | None = None, kernels: str = "cpu") -> "WebGpuBackend":
+                     cpu_budget_bytes: int | None = None, on_progress: Callable[[int, int], None] | None = None,
+                     kernels: str = "cpu") -> "WebGpuBackend":
         """Upload the weights shard by shard (`await shard_source(file)` -> bytes), size scratch and the KV pool
         inside `budget_bytes`. Raises BudgetExceeded (nothing allocated) when even one KV block does not fit.
         The CPU swap pool holds num_cpu_blocks blocks, else as many as cpu_budget_bytes holds, else as many as
