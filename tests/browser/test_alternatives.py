@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from browser_pages import open_and_boot, wait_model
+from browser_pages import open_and_boot, show_settings, wait_model
 from test_chat_app import send_and_wait
 
 HISTORY = ("import json\nfrom pagedkv_app.main import state\nc = state['service'].chats[{chat!r}]\n"
@@ -21,7 +21,7 @@ def app(browser, base_url):
     assert booted.state == "ready"
     info = wait_model(booted)
     booted.page.set_default_timeout(60_000)
-    booted.page.locator("#settings summary").click()
+    show_settings(booted.page)
     yield booted, info
     booted.page.close()
 

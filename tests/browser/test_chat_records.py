@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from browser_pages import BOOT_TIMEOUT_MS, open_app
+from browser_pages import BOOT_TIMEOUT_MS, open_app, show_settings
 from test_chat_app import raw_last_turn, send_and_wait, wait_next_turn
 
 QUERY = "?model=tiny-random&backend=cpu"
@@ -37,7 +37,16 @@ def records(page) -> dict:
 def reload_app(page) -> None:
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=BOOT_TIMEOUT_MS)
-    page.locator("#settings summary").click()
+    show_settings(page)
+
+
+def wait_for_record(page, chat: str) -> None:
+    """A chat's record is written to IndexedDB a moment after the chat appears; a reload before that loses it."""
+    for _ in range(100):
+        if chat in records(page):
+            return
+        page.wait_for_timeout(100)
+    raise AssertionError(f"{chat} was never saved")
 
 
 def titles(page) -> list[str]:
@@ -58,7 +67,7 @@ def test_a_message_sent_while_the_model_loads_waits_and_is_answered(browser, bas
                 break
             page.wait_for_timeout(100)
         assert held and page.evaluate("document.documentElement.dataset.model") == "loading"
-        page.locator("#settings summary").click(timeout=10_000)
+        show_settings(page)
         page.fill("#set-temperature", "0")
         page.fill("#set-max-tokens", "4")
         page.fill("#prompt", "Hello there!")
@@ -129,6 +138,7 @@ def test_a_chat_of_another_model_opens_read_only(browser, base_url):
     page = booted.page
     try:
         page.evaluate(PUT_RECORDS, OTHER_MODELS)
+        wait_for_record(page, "chat-1")
         reload_app(page)
         assert titles(page) == ["Chat 1", "Elsewhere", "Old"]
         assert booted.py("import json\nfrom pagedkv_app.main import state\njson.dumps(list(state['service'].chats))") \

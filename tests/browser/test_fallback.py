@@ -7,7 +7,7 @@ import threading
 import pytest
 
 import serve
-from browser_pages import open_and_boot, wait_model
+from browser_pages import open_and_boot, show_settings, wait_model
 from llama_server import MODEL_NAME, complete, llama_server
 from model_fixtures import gguf_path  # noqa: F401  (fixture)
 from test_chat_app import raw_last_turn, wait_for_streamed_text, wait_next_turn
@@ -39,7 +39,7 @@ def open_app(browser, url: str):
     wait_model(booted)
     page = booted.page
     page.set_default_timeout(60_000)
-    page.locator("#settings summary").click()
+    show_settings(page)
     page.fill("#set-temperature", "0")
     return booted
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from gguf_files import write_tiny_gguf
 
-from browser_pages import BOOT_TIMEOUT_MS, open_app, wait_model
+from browser_pages import BOOT_TIMEOUT_MS, open_app, show_settings, wait_model
 from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
 from pagedkv.chat import ChatTemplate, Conversation
 from pagedkv.model.convert import convert_gguf
@@ -59,7 +59,7 @@ def wait_reloaded(booted) -> dict:
     page = booted.page
     page.wait_for_selector("html:not([data-state=booting])", state="attached", timeout=BOOT_TIMEOUT_MS)
     info = wait_model(booted)
-    page.locator("#settings summary").click()
+    show_settings(page)
     return info
 
 

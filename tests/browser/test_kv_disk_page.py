@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from browser_pages import open_app
+from browser_pages import open_app, show_settings
 
 CORRUPT_ALL = """async () => {
   const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle("kv");
@@ -73,7 +73,7 @@ def changed_memory(page, key: str, old) -> dict:
 def reload(page) -> None:
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
-    page.locator("#settings summary").click()
+    show_settings(page)
 
 
 TURNS = ("Hello there!", "And then?", "Why?")

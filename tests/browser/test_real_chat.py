@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from browser_pages import open_and_boot, open_app, wait_model
+from browser_pages import open_and_boot, open_app, show_settings, wait_model
 
 ENGINE_STATS = "import json\nfrom pagedkv_app.main import state\njson.dumps(state['engine'].stats())"
 
@@ -74,7 +74,7 @@ def test_real_model_answers_on_the_cpu_fallback_without_webgpu(browser_without_w
         page = booted.page
         page.set_default_timeout(300_000)
         assert "CPU fallback: slow" in page.locator("#chat-status").inner_text()
-        page.locator("#settings summary").click()
+        show_settings(page)
         turn, start, _, _ = run_turn(booted, "What is the capital of France?", 3)
         assert start["prompt_tokens"] == 37 and turn["tokens"] == 3
         assert turn["content"].startswith("The capital of")  # the same greedy start as on WebGPU
