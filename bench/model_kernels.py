@@ -25,7 +25,8 @@ MATVEC_SHAPES = [("q4_1", 576, 576), ("q4_1", 192, 576), ("q4_1", 1536, 576), ("
                  ("q8_0", 49152, 576)]  # q / o, k / v, gate / up, down, tied LM head
 PER_LAYER = {(576, 576): 2, (192, 576): 2, (1536, 576): 2, (576, 1536): 1}  # matvecs of each shape per layer
 # Every weight type's one-token matvec at the stacked gate|up shape, 576 -> 3072 (768 -> 3072 for the K-quants,
-# whose rows are 256-weight super-blocks): random GGUF blocks (the timing does not depend on the values).
+# whose rows are 256-weight super-blocks): random GGUF blocks, random normal f32 / f16 / bf16 weights (the timing
+# does not depend on the values).
 TYPE_SHAPE = (3072, 576)
 
 
@@ -90,10 +91,17 @@ async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream
     from pagedkv.model.quantize import random_gguf
     from pagedkv.model.quants import WEIGHT_TYPES, pack_gguf
 
+    def random_parts(dtype, rows, cols):
+        if dtype in ops.QUANTIZED:
+            return pack_gguf(dtype, random_gguf(dtype, rows, cols, seed=1), (rows, cols))
+        w = np.random.default_rng(1).standard_normal((rows, cols), dtype=np.float32) * 0.05  # (rows, cols)
+        raw = {"f32": w, "f16": w.astype("<f2"), "bf16": (w.view("<u4") >> 16).astype("<u2")}[dtype]
+        return pack_gguf(dtype, raw, (rows, cols))  # normal floats: random bits would hold NaNs and infinities
+
     result["matvec_types"] = []
-    for dtype in ops.QUANTIZED:
+    for dtype in ops.LINEAR_TYPES:
         rows, cols = TYPE_SHAPE[0], -(-TYPE_SHAPE[1] // WEIGHT_TYPES[dtype].block) * WEIGHT_TYPES[dtype].block
-        parts = pack_gguf(dtype, random_gguf(dtype, rows, cols, seed=1), (rows, cols))
+        parts = random_parts(dtype, rows, cols)
         weights = [calls.upload(ctx, parts[p], p) for p in WEIGHT_TYPES[dtype].parts]
         x = calls.upload(ctx, rng.standard_normal((1, cols), dtype=np.float32), "x")
         t = await timed(ops.matvec_call(dtype, rows, cols, 1), [*weights, x, ctx.buffer(rows * 4, "y")])
