@@ -407,7 +407,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bytes-per-token", type=int, default=bytes_per_token(SMOLLM2_135M, "f16"))
     ap.add_argument("--contiguous-max-context", type=int, default=2048)
     ap.add_argument("--quick", action="store_true", help="200 sessions instead of 400")
-    ap.add_argument("--preempt", action="store_true", help="also the paged allocator waiting / preempting")
+    ap.add_argument("--preempt", action="store_true", help="also the paged allocator waiting / preempting (slow "
+                    "on small pools: every waiting turn retries its prompt each simulated second)")
     model = ap.add_mutually_exclusive_group()
     model.add_argument("--model", choices=("synthetic-1.5b",), help="the budget left by this model's ledger")
     model.add_argument("--gguf", type=Path, help="the budget left by this GGUF's ledger")
