@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT / "py", ROOT):  # py/ for pagedkv, the root for build.py
+for path in (ROOT / "app", ROOT / "py", ROOT):  # py/ for pagedkv, the root for build.py, app/ for pagedkv_app
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 

@@ -1,6 +1,6 @@
 """Multi-session chat workload replayed against the paged and the contiguous KV allocator.
 
-    python3 -m bench.kv_sim --json [--budget-gib 1] [--seed N]
+    python3 -m bench.kv_sim --json [--budget-gib 1] [--seed N] [--model synthetic-1.5b | --gguf FILE]
 
 Workload (fixed parameters, chosen before measuring; see WorkloadConfig):
 sessions arrive as a Poisson process (mean gap 3 s); each picks one of four
@@ -16,7 +16,9 @@ Neither allocator queues or preempts: a refused allocation fails the turn
 (a real scheduler would swap or wait instead; this measures raw headroom).
 
 Allocators, both sized from the same byte budget (SmolLM2-135M f16 KV,
-23,040 B/token unless --bytes-per-token):
+23,040 B/token unless --bytes-per-token). With --model or --gguf, the budget is the KV pool that the
+model's weights, scratch and staging leave in --budget-gib, and the bytes per token are its own (the GPU
+ledger's plan, bench/model_ledger.py; the result carries it under "ledger"):
 - paged: KVCacheManager, num_blocks = budget // (16 x B/token). Each turn is a
   new sequence (history + user message) that shares whatever prefix is still
   cached; when the turn's answer is done the sequence is freed, its full
@@ -54,6 +56,7 @@ import json
 import math
 import random
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -241,8 +244,8 @@ class Replay:
                 self.reused_tokens += first
                 ops = self.alloc.append_tokens(s.seq, turn.user if first else prompt)
                 self._report(s.seq, first, ops)
-        except (OutOfBlocks, NeverFits):
-            if self.preempt:  # wait for memory: the turn is retried next tick
+        except (OutOfBlocks, NeverFits) as exc:
+            if self.preempt and isinstance(exc, OutOfBlocks):  # wait for memory: the turn is retried next tick
                 self.deferred_ticks += 1
                 self._requeue(s)
                 return
@@ -258,8 +261,8 @@ class Replay:
         first = s.seq.num_kv_tokens
         try:
             ops = self.alloc.append_tokens(s.seq, chunk)
-        except (OutOfBlocks, NeverFits):
-            if self.preempt:
+        except (OutOfBlocks, NeverFits) as exc:
+            if self.preempt and isinstance(exc, OutOfBlocks):  # NeverFits: no wait makes the pool hold it
                 self.preemptions += 1
                 self._requeue(s)
                 return
@@ -379,15 +382,19 @@ def simulate(kind: str, plans: list[SessionPlan], cfg: WorkloadConfig, budget_by
     return replay.result()
 
 
-def run(budget_gib: float, seed: int, bpt: int, max_context: int, num_sessions: int = 400) -> dict:
+def run(budget: int, seed: int, bpt: int, max_context: int, num_sessions: int = 400, preempt: bool = False) -> dict:
+    """paged and contiguous results (and with `preempt`, "paged_preempt": the paged allocator waiting and
+    preempting instead of failing, as the engine's scheduler does)."""
     cfg = WorkloadConfig(num_sessions=num_sessions)
     plans = make_workload(cfg, seed)
-    budget = int(budget_gib * GIB)
     out = {}
-    for kind in ("paged", "contiguous"):
-        r = simulate(kind, plans, cfg, budget, bpt, contiguous_max_context=max_context)
+    rows = [("paged", "paged", False), ("contiguous", "contiguous", False)]
+    if preempt:
+        rows.append(("paged_preempt", "paged", True))
+    for key, kind, waits in rows:
+        r = simulate(kind, plans, cfg, budget, bpt, contiguous_max_context=max_context, preempt=waits)
         r["seed"] = seed
-        out[kind] = r
+        out[key] = r
     out["workload"] = asdict(cfg)
     return out
 
@@ -400,11 +407,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bytes-per-token", type=int, default=bytes_per_token(SMOLLM2_135M, "f16"))
     ap.add_argument("--contiguous-max-context", type=int, default=2048)
     ap.add_argument("--quick", action="store_true", help="200 sessions instead of 400")
+    ap.add_argument("--preempt", action="store_true", help="also the paged allocator waiting / preempting (slow "
+                    "on small pools: every waiting turn retries its prompt each simulated second)")
+    model = ap.add_mutually_exclusive_group()
+    model.add_argument("--model", choices=("synthetic-1.5b",), help="the budget left by this model's ledger")
+    model.add_argument("--gguf", type=Path, help="the budget left by this GGUF's ledger")
     args = ap.parse_args(argv)
     if args.budget_gib <= 0 or args.bytes_per_token <= 0:
         ap.error("--budget-gib and --bytes-per-token must be positive")
-    out = run(args.budget_gib, args.seed, args.bytes_per_token, args.contiguous_max_context,
-              200 if args.quick else 400)
+    budget, bpt, ledger = int(args.budget_gib * GIB), args.bytes_per_token, None
+    if args.model or args.gguf:
+        from .model_ledger import model_ledger, resolve  # CPython only (kv_sim also runs in the page)
+
+        ledger = model_ledger(resolve(args.gguf, args.model), budget_bytes=budget)
+        budget, bpt = ledger["kv_bytes"], ledger["bytes_per_token"]
+    out = run(budget, args.seed, bpt, args.contiguous_max_context, 200 if args.quick else 400, args.preempt)
+    if ledger is not None:
+        out["ledger"] = ledger
     if args.json:
         print(json.dumps(out, indent=2))
         return

@@ -420,9 +420,10 @@ class WebGpuBackend(KVBlockMoves):
 
 def plan_kv_pool(manifest: dict, *, budget_bytes: int, block_size: int, kv_dtype: str, max_num_batched_tokens: int,
                  max_num_seqs: int, max_binding: int) -> dict:
-    """The ledger's split of `budget_bytes` without a GPU: weights + scratch + staging first (fixed_bytes), then
-    as many KV blocks (K and V of every layer, in `kv_dtype`) as kv_blocks_that_fit allows. create() uses it;
-    so does the capacity benchmark (bench/kv_quality_dtypes.py)."""
+    """The ledger's split of `budget_bytes` without a GPU: weights + scratch + staging first (weights_bytes,
+    scratch_bytes, staging_bytes; fixed_bytes their sum), then as many KV blocks (K and V of every layer, in
+    `kv_dtype`) as kv_blocks_that_fit allows. create() uses it; so do the capacity benchmark
+    (bench/kv_quality_dtypes.py) and bench/model_ledger.py."""
     config = check_manifest(manifest)
     if max_num_batched_tokens < 1 or max_num_seqs < 1 or max_num_seqs > max_num_batched_tokens:
         raise ValueError(f"need 1 <= max_num_seqs ({max_num_seqs}) <= max_num_batched_tokens "
@@ -430,9 +431,11 @@ def plan_kv_pool(manifest: dict, *, budget_bytes: int, block_size: int, kv_dtype
     b = WebGpuBackend(None, config, GpuLedger(budget_bytes), block_size=block_size, kv_dtype=kv_dtype,
                       max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     b.kv_layout = KVLayout(1, block_size, config.n_kv_heads, config.head_dim, kv_dtype)
-    fixed = b._weights_bytes(manifest) + sum(rounded(n) for _, n, _ in b._scratch_specs())
-    fixed += sum(rounded(n) for _, n, _ in b._staging_specs())
+    split = {"weights_bytes": b._weights_bytes(manifest),
+             "scratch_bytes": sum(rounded(n) for _, n, _ in b._scratch_specs()),
+             "staging_bytes": sum(rounded(n) for _, n, _ in b._staging_specs())}
+    fixed = sum(split.values())
     block_bytes = 2 * config.n_layers * b.kv_layout.nbytes  # K and V of every layer, one block
     num_blocks = kv_blocks_that_fit(budget_bytes - fixed, block_bytes, max_binding, config.n_layers)
     return {"fixed_bytes": fixed, "block_bytes": block_bytes, "num_blocks": num_blocks,
-            "bytes_per_token": b.bytes_per_token}
+            "bytes_per_token": b.bytes_per_token, **split}
