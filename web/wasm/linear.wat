@@ -18,13 +18,10 @@
     local.get $s f32x4.extract_lane 2 local.get $s f32x4.extract_lane 3 f32.add
     f32.add)
 
-  ;; One weight row (nb blocks at qs / dm). $dot = 0: decode it into w (nb * 32 f32), exactly d * code + m as
-  ;; numpy's dequantize; returns 0. $dot = 1: returns its dot product with x (one token) in registers,
-  ;; sum over blocks of d * (codes . x_block) + m * xsum[block] (xsum: nb f32, each block's sum of x).
-  (func $row (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $dot i32) (param $w i32)
-    (param $x i32) (param $xsum i32) (result f32)
-    (local $half i32) (local $v v128) (local $h v128) (local $e v128) (local $d v128) (local $m v128) (local $s v128)
-    (local $acc v128) (local $accm f32)
+  ;; Decode one weight row (nb blocks at qs / dm) into w (nb * 32 f32), exactly d * code + m as numpy's
+  ;; dequantize (the one-token path reads the blocks in registers instead: $dot_q4_1, $dot_q8_0).
+  (func $row (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $w i32)
+    (local $half i32) (local $v v128) (local $h v128) (local $e v128) (local $d v128) (local $m v128)
     loop $block
       local.get $dm f32.load f32x4.splat local.set $d
       local.get $dm f32.load offset=4 f32x4.splat local.set $m
@@ -38,45 +35,25 @@
         local.get $v i32.const 15 i8x16.splat v128.and local.set $v
       end
       local.get $qs i32.const 16 local.get $kind i32.const 4 i32.shl i32.add i32.add local.set $qs
-      f32.const 0 f32x4.splat local.set $s  ;; this block's codes . x
       i32.const 2 local.set $half
       loop $halves  ;; weights 0..15 from $v, then 16..31 from $h
-        local.get $dot
-        if
-          local.get $v i16x8.extend_low_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
-          local.get $x v128.load f32x4.mul local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s
-          local.get $x v128.load offset=16 f32x4.mul f32x4.add
-          local.get $v i16x8.extend_high_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
-          local.get $x v128.load offset=32 f32x4.mul local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s
-          local.get $x v128.load offset=48 f32x4.mul f32x4.add
-          f32x4.add local.get $s f32x4.add local.set $s
-          local.get $x i32.const 64 i32.add local.set $x
-        else
-          local.get $v i16x8.extend_low_i8x16_s local.set $e
-          local.get $w local.get $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
-          local.get $m f32x4.add v128.store
-          local.get $w local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
-          local.get $m f32x4.add v128.store offset=16
-          local.get $v i16x8.extend_high_i8x16_s local.set $e
-          local.get $w local.get $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
-          local.get $m f32x4.add v128.store offset=32
-          local.get $w local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
-          local.get $m f32x4.add v128.store offset=48
-          local.get $w i32.const 64 i32.add local.set $w
-        end
+        local.get $v i16x8.extend_low_i8x16_s local.set $e
+        local.get $w local.get $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
+        local.get $m f32x4.add v128.store
+        local.get $w local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
+        local.get $m f32x4.add v128.store offset=16
+        local.get $v i16x8.extend_high_i8x16_s local.set $e
+        local.get $w local.get $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
+        local.get $m f32x4.add v128.store offset=32
+        local.get $w local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
+        local.get $m f32x4.add v128.store offset=48
+        local.get $w i32.const 64 i32.add local.set $w
         local.get $h local.set $v
         local.get $half i32.const 1 i32.sub local.tee $half br_if $halves
       end
-      local.get $dot
-      if
-        local.get $acc local.get $s local.get $d f32x4.mul f32x4.add local.set $acc
-        local.get $accm local.get $dm f32.load offset=4 local.get $xsum f32.load f32.mul f32.add local.set $accm
-        local.get $xsum i32.const 4 i32.add local.set $xsum
-      end
       local.get $dm i32.const 8 i32.add local.set $dm
       local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
-    end
-    local.get $acc call $hsum local.get $accm f32.add)
+    end)
 
   ;; One q4_1 row's dot product with one token x, straight from its nb blocks (the decode path's hot loop):
   ;; sum over blocks of d * (codes . x_block) + m * xsum[block]. Two accumulators per block, no branches.
@@ -221,8 +198,7 @@
       local.get $dm local.set $s
       i32.const 0 local.set $r
       loop $rowloop
-        local.get $kind local.get $q local.get $s local.get $nb i32.const 0 local.get $scratch i32.const 0 i32.const 0
-        call $row drop
+        local.get $kind local.get $q local.get $s local.get $nb local.get $scratch call $row
         local.get $t local.get $t0 i32.sub local.set $n
         i32.const 16 local.get $n local.get $n i32.const 16 i32.gt_u select local.set $n
         local.get $x local.get $t0 local.get $cols i32.mul i32.const 2 i32.shl i32.add local.set $xp
