@@ -1,7 +1,9 @@
 // The CPU path's projection kernel (wasm/linear.wasm, assembled from web/wasm/linear.wat by build.py),
 // instantiated on Pyodide's own WebAssembly.Memory so that numpy arrays' addresses are its pointers (no
-// copies; py/pagedkv/backends/cpu_wasm.py). Resolves to {matmul, error}: exactly one is null. Python reads it
-// as self.pagedkvLinear (backends/webgpu/interop.py) and keeps the einsum path, saying why, on an error.
+// copies; py/pagedkv/backends/cpu_wasm.py, cpu_attention.py). Resolves to {matmul, attention, error}: either the
+// error is null, or it says why and the others are. attention: the exports object (attn_scores, attn_values).
+// Python reads it as self.pagedkvLinear (backends/webgpu/interop.py) and keeps the einsum path, saying why,
+// on an error.
 "use strict";
 
 async function loadLinearWasm(base, entry, pyodide) {
@@ -24,8 +26,8 @@ async function loadLinearWasm(base, entry, pyodide) {
     const memory = pyodide._module.LDSO.loadedLibsByName.__main__.exports.memory;
     if (!(memory instanceof WebAssembly.Memory)) throw new Error("Pyodide's WebAssembly.Memory was not found");
     const { instance } = await WebAssembly.instantiate(bytes, { env: { memory } });
-    return { matmul: instance.exports.matmul, error: null };
+    return { matmul: instance.exports.matmul, attention: instance.exports, error: null };
   } catch (err) {
-    return { matmul: null, error: String(err.message || err) };
+    return { matmul: null, attention: null, error: String(err.message || err) };
   }
 }

@@ -172,8 +172,10 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
     bridge.post("model-progress", model=name, loaded=1, total=1, detail="verifying and unpacking weights")
     try:
         convert, linear, why = tensor_loader(webgpu.linear_wasm_matmul()), "wasm", "wasm SIMD on quantized weights"
+        attention = webgpu.wasm_attention()
     except webgpu.WasmUnavailable as exc:
         convert, linear, why = None, "einsum", f"einsum on f32 weights (no wasm kernel: {exc})"
+        attention = None
     weights = ModelWeights.from_shards(manifest, shards, convert)
     del shards
     cfg = weights.config
@@ -185,7 +187,7 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
                          f"({bytes_per_token:,} B/token); raise kv_mib")
     num_cpu_blocks = tier_budgets().cpu_bytes // (bytes_per_token * block_size)
     backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
-                         linear=linear)  # Pyodide's numpy has no BLAS: backends/cpu_linear.py
+                         linear=linear, attention=attention)  # Pyodide's numpy has no BLAS: backends/cpu_linear.py
     return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype, "cpu_linear": why}
 
 

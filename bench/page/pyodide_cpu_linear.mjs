@@ -3,6 +3,9 @@
 //
 //   node bench/page/pyodide_cpu_linear.mjs [PROMPT_TOKENS=128] [DECODE_STEPS=16] [LINEARS=einsum,wasm]
 //
+// A linear named with "+attention" (wasm+attention) also runs one-token attention through the kernel's
+// attn_scores / attn_values (backends/cpu_attention.py), as the page does.
+//
 // Loads dist/models/smollm2-135m-instruct and dist/wasm/linear.wasm (run `python3 build.py` first) and py/
 // through NODEFS. Prints, best of 3, each SmolLM2 projection shape at 1 and PROMPT_TOKENS tokens through
 // einsum and the kernel (ms); then for each of LINEARS a prefill of random ids and greedy decode steps
@@ -22,6 +25,7 @@ const memory = py._module.LDSO.loadedLibsByName.__main__.exports.memory;
 const { instance } = await WebAssembly.instantiate(readFileSync(join(root, "dist", "wasm", "linear.wasm")),
   { env: { memory } });
 py.globals.set("wasm_matmul", instance.exports.matmul);
+py.globals.set("wasm_kernels", instance.exports);
 py.FS.mkdirTree("/src"); py.FS.mkdirTree("/models");
 py.FS.mount(py.FS.filesystems.NODEFS, { root: join(root, "py") }, "/src");
 py.FS.mount(py.FS.filesystems.NODEFS, { root: join(root, "dist", "models", "smollm2-135m-instruct") }, "/models");
@@ -57,8 +61,9 @@ for rows, cols in ((576, 576), (192, 576), (1536, 576), (576, 1536)):
 prompt = rng.integers(10, 40000, P).astype(np.int32)
 i32 = lambda v: np.asarray(v, dtype=np.int32)
 for linear in LINEARS:
-    W = ModelWeights.load("/models", tensor_loader(wasm_matmul) if linear == "wasm" else None)
-    b = CpuBackend(W, -(-(P + N) // 16), 16, linear=linear)
+    kind, _, attention = linear.partition("+")
+    W = ModelWeights.load("/models", tensor_loader(wasm_matmul) if kind == "wasm" else None)
+    b = CpuBackend(W, -(-(P + N) // 16), 16, linear=kind, attention=wasm_kernels if attention else None)
     del W
     table = i32([range(-(-(P + N) // 16))])
     t0 = time.perf_counter()

@@ -1,10 +1,10 @@
-"""Cases of the wasm CPU kernel (py/pagedkv/backends/cpu_wasm.py), run in the page's worker by
+"""Cases of the wasm CPU kernels (py/pagedkv/backends/cpu_wasm.py, cpu_attention.py), run in the page's worker by
 tests/browser/test_cpu_wasm_page.py and, for the reference side, in CPython."""
 from __future__ import annotations
 
 import numpy as np
 
-from pagedkv.backends.cpu_wasm import QuantWeight
+from pagedkv.backends.cpu_wasm import QuantWeight, _addr
 from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 from pagedkv.model_runner import ForwardBatch
@@ -27,6 +27,36 @@ def case_linear(kernel, dtype: str, rows: int, cols: int, tokens: tuple[int, ...
         out["shapes"].append([*y.shape, str(y.dtype)])
         out["max_scaled"] = max(out["max_scaled"], float((np.abs(y - want) / scale).max()))
     return out
+
+
+def case_attention(kernels, ctx: int, nkv: int, group: int, hd: int) -> dict:
+    """attn_scores and attn_values of one query per head over a scattered 16-token-block f32 pool, against f64:
+    each output's error over its f64 bound's unit, sum |a_i b_i| (so a bound of k means k f32 roundings)."""
+    rng = np.random.default_rng(ctx * 31 + hd)
+    bs, used = 16, -(-ctx // 16)
+    num_blocks = used + 3
+    k, v = (rng.standard_normal((num_blocks, bs, nkv, hd)).astype(np.float32) for _ in range(2))
+    table = rng.permutation(num_blocks)[:used].astype(np.int32)  # (used,)
+    q = rng.standard_normal((nkv * group, hd)).astype(np.float32)  # (n_heads, hd), head = kv * group + g
+    probs = rng.random((nkv * group, ctx)).astype(np.float32)  # (n_heads, ctx)
+    scores = np.full((nkv * group, ctx), np.nan, np.float32)
+    out = np.full((nkv * group, hd), np.nan, np.float32)
+    pos = np.arange(ctx)
+    slots = table[pos // bs].astype(np.int64) * bs + pos % bs  # (ctx,)
+    keys = k.reshape(-1, nkv, hd)[slots].astype(np.float64)  # (ctx, nkv, hd)
+    vals = v.reshape(-1, nkv, hd)[slots].astype(np.float64)
+    geometry = (_addr(table), ctx, bs, nkv, group, hd)
+    kernels.attn_scores(_addr(q), _addr(k), *geometry, _addr(scores))
+    kernels.attn_values(_addr(probs), _addr(v), *geometry, _addr(out))
+    q64 = q.astype(np.float64).reshape(nkv, group, hd)
+    p64 = probs.astype(np.float64).reshape(nkv, group, ctx)
+    want_s = np.einsum("hgd,chd->hgc", q64, keys).reshape(-1, ctx)
+    unit_s = np.einsum("hgd,chd->hgc", np.abs(q64), np.abs(keys)).reshape(-1, ctx)
+    want_o = np.einsum("hgc,chd->hgd", p64, vals).reshape(-1, hd)
+    unit_o = np.einsum("hgc,chd->hgd", p64, np.abs(vals)).reshape(-1, hd)
+    return {"case": [ctx, nkv, group, hd], "finite": bool(np.isfinite(scores).all() and np.isfinite(out).all()),
+            "scores_rel": float((np.abs(scores - want_s) / unit_s).max()),
+            "values_rel": float((np.abs(out - want_o) / unit_o).max())}
 
 
 def greedy(model: NumpyModel, prompt: list[int], new: int) -> dict:

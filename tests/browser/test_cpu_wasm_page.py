@@ -6,6 +6,8 @@ Bounds (asserted below; what Chromium gave when written in brackets):
   products, q4_1 and q8_0, 1 / 5 / 37 tokens: |y - y64| <= 2e-6 * (|x| @ |W|^T) per output, y64 the f64
       product of numpy's dequantized weights [<= 9.9e-8]: the weights are bit-identical (rows_exact), only
       the f32 summation order differs from einsum's
+  attention, q . k over a scattered paged pool and p @ v: |y - y64| <= n * 2^-24 * sum |a_i b_i| per output,
+      n = hd or ctx terms (the classic bound of an f32 sum of n products) [scores <= 7.2e-8, values <= 1.8e-7]
   greedy ids: equal to the reference's, except from a step whose reference top-1/top-2 margin is below
       NEAR_TIE (tests/llama_reference.py's rule)
 """
@@ -41,6 +43,22 @@ def test_the_kernel_matches_numpy_in_the_worker(ready_page):
         assert r["max_scaled"] <= SCALED_BOUND, r
 
 
+ATTENTION = [(1, 3, 3, 64), (16, 3, 3, 64), (37, 3, 3, 64), (300, 3, 3, 64), (5, 2, 2, 16), (33, 1, 4, 32)]
+
+
+def test_the_attention_kernels_match_numpy_in_the_worker(ready_page):
+    worker = install_modules(ready_page, "cpu_wasm_cases")
+    calls = ", ".join(f"c.case_attention(k, {c}, {n}, {g}, {d})" for c, n, g, d in ATTENTION)
+    results = worker.py("import json, cpu_wasm_cases as c\n"
+                        "from pagedkv.backends.webgpu.interop import wasm_attention\n"
+                        f"k = wasm_attention()\njson.dumps([{calls}])")
+    assert [r["case"] for r in results] == [list(a) for a in ATTENTION]
+    for r in results:
+        assert r["finite"], r
+        ctx, _, _, hd = r["case"]
+        assert r["scores_rel"] <= hd * 2.0**-24 and r["values_rel"] <= ctx * 2.0**-24, r
+
+
 @pytest.fixture(scope="module")
 def cpu_page(browser, base_url):
     booted = open_and_boot(browser, base_url + "?model=tiny-random&backend=cpu")
@@ -55,6 +73,7 @@ def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page)
     got = worker.py(
         "import json, cpu_wasm_cases as c\nfrom pagedkv_app.main import state\n"
         "model = state['engine'].backend.model\n"
+        "assert type(model).__name__ == 'WasmAttentionModel', type(model)\n"
         "kinds = sorted({type(w).__name__ + ':' + getattr(w, 'kind', '') for n, w in model.w.items()\n"
         "                if n.startswith('blk.') and n.endswith('_q.weight') or n == 'token_embd.weight'})\n"
         f"json.dumps({{'kinds': kinds, **c.greedy(model, {PROMPT}, {NEW_TOKENS})}})")

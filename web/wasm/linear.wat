@@ -18,13 +18,10 @@
     local.get $s f32x4.extract_lane 2 local.get $s f32x4.extract_lane 3 f32.add
     f32.add)
 
-  ;; One weight row (nb blocks at qs / dm). $dot = 0: decode it into w (nb * 32 f32), exactly d * code + m as
-  ;; numpy's dequantize; returns 0. $dot = 1: returns its dot product with x (one token) in registers,
-  ;; sum over blocks of d * (codes . x_block) + m * xsum[block] (xsum: nb f32, each block's sum of x).
-  (func $row (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $dot i32) (param $w i32)
-    (param $x i32) (param $xsum i32) (result f32)
-    (local $half i32) (local $v v128) (local $h v128) (local $e v128) (local $d v128) (local $m v128) (local $s v128)
-    (local $acc v128) (local $accm f32)
+  ;; Decode one weight row (nb blocks at qs / dm) into w (nb * 32 f32), exactly d * code + m as numpy's
+  ;; dequantize (the one-token path reads the blocks in registers instead: $dot_q4_1, $dot_q8_0).
+  (func $row (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $w i32)
+    (local $half i32) (local $v v128) (local $h v128) (local $e v128) (local $d v128) (local $m v128)
     loop $block
       local.get $dm f32.load f32x4.splat local.set $d
       local.get $dm f32.load offset=4 f32x4.splat local.set $m
@@ -38,45 +35,90 @@
         local.get $v i32.const 15 i8x16.splat v128.and local.set $v
       end
       local.get $qs i32.const 16 local.get $kind i32.const 4 i32.shl i32.add i32.add local.set $qs
-      f32.const 0 f32x4.splat local.set $s  ;; this block's codes . x
       i32.const 2 local.set $half
       loop $halves  ;; weights 0..15 from $v, then 16..31 from $h
-        local.get $dot
-        if
-          local.get $v i16x8.extend_low_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
-          local.get $x v128.load f32x4.mul local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s
-          local.get $x v128.load offset=16 f32x4.mul f32x4.add
-          local.get $v i16x8.extend_high_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
-          local.get $x v128.load offset=32 f32x4.mul local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s
-          local.get $x v128.load offset=48 f32x4.mul f32x4.add
-          f32x4.add local.get $s f32x4.add local.set $s
-          local.get $x i32.const 64 i32.add local.set $x
-        else
-          local.get $v i16x8.extend_low_i8x16_s local.set $e
-          local.get $w local.get $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
-          local.get $m f32x4.add v128.store
-          local.get $w local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
-          local.get $m f32x4.add v128.store offset=16
-          local.get $v i16x8.extend_high_i8x16_s local.set $e
-          local.get $w local.get $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
-          local.get $m f32x4.add v128.store offset=32
-          local.get $w local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
-          local.get $m f32x4.add v128.store offset=48
-          local.get $w i32.const 64 i32.add local.set $w
-        end
+        local.get $v i16x8.extend_low_i8x16_s local.set $e
+        local.get $w local.get $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
+        local.get $m f32x4.add v128.store
+        local.get $w local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
+        local.get $m f32x4.add v128.store offset=16
+        local.get $v i16x8.extend_high_i8x16_s local.set $e
+        local.get $w local.get $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
+        local.get $m f32x4.add v128.store offset=32
+        local.get $w local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $d f32x4.mul
+        local.get $m f32x4.add v128.store offset=48
+        local.get $w i32.const 64 i32.add local.set $w
         local.get $h local.set $v
         local.get $half i32.const 1 i32.sub local.tee $half br_if $halves
       end
-      local.get $dot
-      if
-        local.get $acc local.get $s local.get $d f32x4.mul f32x4.add local.set $acc
-        local.get $accm local.get $dm f32.load offset=4 local.get $xsum f32.load f32.mul f32.add local.set $accm
-        local.get $xsum i32.const 4 i32.add local.set $xsum
-      end
       local.get $dm i32.const 8 i32.add local.set $dm
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end)
+
+  ;; One q4_1 row's dot product with one token x, straight from its nb blocks (the decode path's hot loop):
+  ;; sum over blocks of d * (codes . x_block) + m * xsum[block]. Two accumulators per block, no branches.
+  (func $dot_q4_1 (param $qs i32) (param $dm i32) (param $nb i32) (param $x i32) (param $xsum i32) (result f32)
+    (local $v v128) (local $h v128) (local $e v128) (local $s0 v128) (local $s1 v128) (local $acc v128)
+    (local $accm f32) (local $low v128)
+    i32.const 15 i8x16.splat local.set $low
+    loop $block
+      local.get $qs v128.load local.tee $v i32.const 4 i8x16.shr_u local.set $h
+      local.get $v local.get $low v128.and local.set $v
+      local.get $v i16x8.extend_low_i8x16_u local.tee $e i32x4.extend_low_i16x8_u f32x4.convert_i32x4_s
+      local.get $x v128.load f32x4.mul local.set $s0
+      local.get $e i32x4.extend_high_i16x8_u f32x4.convert_i32x4_s local.get $x v128.load offset=16 f32x4.mul local.set $s1
+      local.get $v i16x8.extend_high_i8x16_u local.tee $e i32x4.extend_low_i16x8_u f32x4.convert_i32x4_s
+      local.get $x v128.load offset=32 f32x4.mul local.get $s0 f32x4.add local.set $s0
+      local.get $e i32x4.extend_high_i16x8_u f32x4.convert_i32x4_s local.get $x v128.load offset=48 f32x4.mul
+      local.get $s1 f32x4.add local.set $s1
+      local.get $h i16x8.extend_low_i8x16_u local.tee $e i32x4.extend_low_i16x8_u f32x4.convert_i32x4_s
+      local.get $x v128.load offset=64 f32x4.mul local.get $s0 f32x4.add local.set $s0
+      local.get $e i32x4.extend_high_i16x8_u f32x4.convert_i32x4_s local.get $x v128.load offset=80 f32x4.mul
+      local.get $s1 f32x4.add local.set $s1
+      local.get $h i16x8.extend_high_i8x16_u local.tee $e i32x4.extend_low_i16x8_u f32x4.convert_i32x4_s
+      local.get $x v128.load offset=96 f32x4.mul local.get $s0 f32x4.add local.set $s0
+      local.get $e i32x4.extend_high_i16x8_u f32x4.convert_i32x4_s local.get $x v128.load offset=112 f32x4.mul
+      local.get $s1 f32x4.add local.set $s1
+      local.get $acc local.get $s0 local.get $s1 f32x4.add local.get $dm f32.load f32x4.splat f32x4.mul f32x4.add
+      local.set $acc
+      local.get $accm local.get $dm f32.load offset=4 local.get $xsum f32.load f32.mul f32.add local.set $accm
+      local.get $qs i32.const 16 i32.add local.set $qs
+      local.get $dm i32.const 8 i32.add local.set $dm
+      local.get $x i32.const 128 i32.add local.set $x
+      local.get $xsum i32.const 4 i32.add local.set $xsum
       local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
     end
     local.get $acc call $hsum local.get $accm f32.add)
+
+  ;; The same for a q8_0 row: sum over blocks of d * (codes . x_block), 32 signed codes a block.
+  (func $dot_q8_0 (param $qs i32) (param $dm i32) (param $nb i32) (param $x i32) (result f32)
+    (local $v v128) (local $h v128) (local $e v128) (local $s0 v128) (local $s1 v128) (local $acc v128)
+    loop $block
+      local.get $qs v128.load local.set $v
+      local.get $qs v128.load offset=16 local.set $h
+      local.get $v i16x8.extend_low_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
+      local.get $x v128.load f32x4.mul local.set $s0
+      local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $x v128.load offset=16 f32x4.mul local.set $s1
+      local.get $v i16x8.extend_high_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
+      local.get $x v128.load offset=32 f32x4.mul local.get $s0 f32x4.add local.set $s0
+      local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $x v128.load offset=48 f32x4.mul
+      local.get $s1 f32x4.add local.set $s1
+      local.get $h i16x8.extend_low_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
+      local.get $x v128.load offset=64 f32x4.mul local.get $s0 f32x4.add local.set $s0
+      local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $x v128.load offset=80 f32x4.mul
+      local.get $s1 f32x4.add local.set $s1
+      local.get $h i16x8.extend_high_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
+      local.get $x v128.load offset=96 f32x4.mul local.get $s0 f32x4.add local.set $s0
+      local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $x v128.load offset=112 f32x4.mul
+      local.get $s1 f32x4.add local.set $s1
+      local.get $acc local.get $s0 local.get $s1 f32x4.add local.get $dm f32.load f32x4.splat f32x4.mul f32x4.add
+      local.set $acc
+      local.get $qs i32.const 32 i32.add local.set $qs
+      local.get $dm i32.const 8 i32.add local.set $dm
+      local.get $x i32.const 128 i32.add local.set $x
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end
+    local.get $acc call $hsum)
 
   ;; xsum[b] = the sum of x's block b (nb blocks of 32 f32)
   (func $block_sums (param $x i32) (param $nb i32) (param $xsum i32)
@@ -137,9 +179,13 @@
     if  ;; one token (decode): each row's blocks meet x in registers, no decoded row in memory
       local.get $x local.get $nb local.get $scratch call $block_sums
       loop $vec
-        local.get $out
-        local.get $kind local.get $qs local.get $dm local.get $nb i32.const 1 i32.const 0 local.get $x local.get $scratch
-        call $row f32.store
+        local.get $kind
+        if
+          local.get $out local.get $qs local.get $dm local.get $nb local.get $x call $dot_q8_0 f32.store
+        else
+          local.get $out local.get $qs local.get $dm local.get $nb local.get $x local.get $scratch call $dot_q4_1
+          f32.store
+        end
         local.get $out i32.const 4 i32.add local.set $out
         local.get $qs local.get $nb i32.const 4 local.get $kind i32.add i32.shl i32.add local.set $qs
         local.get $dm local.get $nb i32.const 3 i32.shl i32.add local.set $dm
@@ -152,8 +198,7 @@
       local.get $dm local.set $s
       i32.const 0 local.set $r
       loop $rowloop
-        local.get $kind local.get $q local.get $s local.get $nb i32.const 0 local.get $scratch i32.const 0 i32.const 0
-        call $row drop
+        local.get $kind local.get $q local.get $s local.get $nb local.get $scratch call $row
         local.get $t local.get $t0 i32.sub local.set $n
         i32.const 16 local.get $n local.get $n i32.const 16 i32.gt_u select local.set $n
         local.get $x local.get $t0 local.get $cols i32.mul i32.const 2 i32.shl i32.add local.set $xp
@@ -183,5 +228,96 @@
         local.get $r i32.const 1 i32.add local.tee $r local.get $rows i32.lt_u br_if $rowloop
       end
       local.get $t0 i32.const 16 i32.add local.tee $t0 local.get $t i32.lt_u br_if $chunks
+    end)
+
+  ;; Decode attention of ONE new token over a paged K/V pool (f32, (num_blocks, bs, nkv, hd) per layer), the
+  ;; two products around the softmax, which numpy does between them (exactly as the reference does it).
+  ;; Query head n = kv * group + g (GQA). table: i32 block ids; key j lives at slot table[j / bs] * bs + j % bs.
+  ;; attn_scores: out (nkv * group, ctx) = q_n . k_j (no scale); hd a multiple of 16.
+  (func $attn_scores (export "attn_scores") (param $q i32) (param $k i32) (param $table i32) (param $ctx i32)
+    (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32)
+    (local $h i32) (local $j i32) (local $n i32) (local $g i32) (local $tp i32) (local $kp i32) (local $tok i32)
+    local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok  ;; bytes a token in the pool
+    loop $heads
+      i32.const 0 local.set $j
+      local.get $table local.set $tp
+      loop $blocks
+        local.get $k local.get $tp i32.load local.get $bs i32.mul local.get $tok i32.mul i32.add
+        local.get $h local.get $hd i32.mul i32.const 2 i32.shl i32.add local.set $kp
+        local.get $ctx local.get $j i32.sub local.set $n
+        local.get $bs local.get $n local.get $bs local.get $n i32.lt_u select local.set $n
+        loop $keys
+          i32.const 0 local.set $g
+          loop $groups  ;; out[(h * group + g) * ctx + j]
+            local.get $kp
+            local.get $q local.get $h local.get $group i32.mul local.get $g i32.add local.tee $g local.get $hd i32.mul
+            i32.const 2 i32.shl i32.add
+            local.get $hd
+            local.get $out local.get $g local.get $ctx i32.mul local.get $j i32.add i32.const 2 i32.shl i32.add
+            call $dot1
+            local.get $g local.get $h local.get $group i32.mul i32.sub i32.const 1 i32.add local.tee $g
+            local.get $group i32.lt_u br_if $groups
+          end
+          local.get $kp local.get $tok i32.add local.set $kp
+          local.get $j i32.const 1 i32.add local.set $j
+          local.get $n i32.const 1 i32.sub local.tee $n br_if $keys
+        end
+        local.get $tp i32.const 4 i32.add local.set $tp
+        local.get $j local.get $ctx i32.lt_u br_if $blocks
+      end
+      local.get $h i32.const 1 i32.add local.tee $h local.get $nkv i32.lt_u br_if $heads
+    end)
+
+  ;; attn_values: out (nkv * group, hd) = sum over j of p[n, j] * v_j, p (nkv * group, ctx) the softmax;
+  ;; keys in order, one f32 multiply-add each (hd a multiple of 16).
+  (func $attn_values (export "attn_values") (param $p i32) (param $v i32) (param $table i32) (param $ctx i32)
+    (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32)
+    (local $h i32) (local $j i32) (local $n i32) (local $g i32) (local $tp i32) (local $vp i32) (local $tok i32)
+    (local $row i32) (local $o i32) (local $d i32) (local $pv v128) (local $end i32) (local $src i32)
+    local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok
+    local.get $out local.set $o  ;; zero out: nkv * group * hd f32
+    local.get $out local.get $nkv local.get $group i32.mul local.get $hd i32.mul i32.const 2 i32.shl i32.add local.set $end
+    loop $zero
+      local.get $o f32.const 0 f32x4.splat v128.store
+      local.get $o i32.const 16 i32.add local.tee $o local.get $end i32.lt_u br_if $zero
+    end
+    loop $heads
+      i32.const 0 local.set $j
+      local.get $table local.set $tp
+      loop $blocks
+        local.get $v local.get $tp i32.load local.get $bs i32.mul local.get $tok i32.mul i32.add
+        local.get $h local.get $hd i32.mul i32.const 2 i32.shl i32.add local.set $vp
+        local.get $ctx local.get $j i32.sub local.set $n
+        local.get $bs local.get $n local.get $bs local.get $n i32.lt_u select local.set $n
+        loop $keys
+          i32.const 0 local.set $g
+          loop $groups
+            local.get $h local.get $group i32.mul local.get $g i32.add local.set $row
+            local.get $p local.get $row local.get $ctx i32.mul local.get $j i32.add i32.const 2 i32.shl i32.add
+            f32.load f32x4.splat local.set $pv
+            local.get $out local.get $row local.get $hd i32.mul i32.const 2 i32.shl i32.add local.set $o
+            i32.const 0 local.set $d
+            loop $dims  ;; o[d..d+16] += p * v[d..d+16]
+              local.get $o local.get $o v128.load local.get $pv local.get $vp local.get $d i32.add local.tee $src
+              v128.load f32x4.mul f32x4.add v128.store
+              local.get $o local.get $o v128.load offset=16 local.get $pv local.get $src v128.load offset=16
+              f32x4.mul f32x4.add v128.store offset=16
+              local.get $o local.get $o v128.load offset=32 local.get $pv local.get $src v128.load offset=32
+              f32x4.mul f32x4.add v128.store offset=32
+              local.get $o local.get $o v128.load offset=48 local.get $pv local.get $src v128.load offset=48
+              f32x4.mul f32x4.add v128.store offset=48
+              local.get $o i32.const 64 i32.add local.set $o
+              local.get $d i32.const 64 i32.add local.tee $d local.get $hd i32.const 2 i32.shl i32.lt_u br_if $dims
+            end
+            local.get $g i32.const 1 i32.add local.tee $g local.get $group i32.lt_u br_if $groups
+          end
+          local.get $vp local.get $tok i32.add local.set $vp
+          local.get $j i32.const 1 i32.add local.set $j
+          local.get $n i32.const 1 i32.sub local.tee $n br_if $keys
+        end
+        local.get $tp i32.const 4 i32.add local.set $tp
+        local.get $j local.get $ctx i32.lt_u br_if $blocks
+      end
+      local.get $h i32.const 1 i32.add local.tee $h local.get $nkv i32.lt_u br_if $heads
     end)
 )

@@ -18,6 +18,7 @@ from ..kv_retention import ShiftOp
 from ..model.weights import ModelWeights
 from ..model_runner import ForwardBatch
 from . import check_attention_mass
+from .cpu_attention import WasmAttentionModel
 from .cpu_linear import einsum_weights
 from .cpu_wasm import wasm_weights
 from .numpy_ref import NumpyModel, PagedKVCache
@@ -31,16 +32,18 @@ class CpuBackend:
     linear: "matmul" (numpy's @, BLAS where numpy has one) or "einsum" (projections and head through
     np.einsum, faster without BLAS: the tab's Pyodide; backends/cpu_linear.py), or "wasm": weights loaded
     with cpu_wasm.tensor_loader, their quantized projections through the wasm kernel, einsum for the rest.
+    attention: the wasm attention kernels (backends/cpu_attention.py) for every one-token step, or None: the
+    reference's attention throughout.
     """
 
     name = "cpu"
 
     def __init__(self, weights: ModelWeights, num_blocks: int, block_size: int, num_cpu_blocks: int = 0,
-                 kv_dtype: str = "f32", linear: str = "matmul") -> None:
+                 kv_dtype: str = "f32", linear: str = "matmul", attention=None) -> None:
         if linear not in ("matmul", "einsum", "wasm"):
             raise ValueError(f"linear must be matmul, einsum or wasm, got {linear!r}")
         self.config = weights.config
-        self.model = NumpyModel(weights)
+        self.model = NumpyModel(weights) if attention is None else WasmAttentionModel(weights, attention)
         if linear != "matmul":
             head = "token_embd.weight" if self.config.tied_embeddings else "output.weight"
             wrap = einsum_weights if linear == "einsum" else wasm_weights

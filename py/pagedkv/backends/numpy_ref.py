@@ -115,33 +115,42 @@ class NumpyModel:
 
         # Write the new K/V through the slot mapping, then read every key
         # (old and new) back through the block table: the paged path only.
-        bs = kv.block_size
         k_pool = kv.k[layer].reshape(-1, nkv, hd)  # (num_blocks * block_size, n_kv_heads, head_dim), a view
         v_pool = kv.v[layer].reshape(-1, nkv, hd)
         k_pool[batch.slot_mapping] = round_trip(k, kv.kv_dtype)
         v_pool[batch.slot_mapping] = round_trip(v, kv.kv_dtype)
 
         out = np.empty((t, nh, hd), np.float32)  # (T, n_heads, head_dim)
-        scale = np.float32(1.0 / np.sqrt(hd))
         for s in range(batch.num_seqs):
             lo, hi = int(batch.query_start_loc[s]), int(batch.query_start_loc[s + 1])
-            ctx = int(batch.context_lens[s])
-            key_pos = np.arange(ctx)  # (ctx,)
-            slots = batch.block_tables[s, key_pos // bs] * bs + key_pos % bs  # (ctx,)
-            keys = k_pool[slots].transpose(1, 0, 2)  # (n_kv_heads, ctx, head_dim)
-            vals = v_pool[slots].transpose(1, 0, 2)  # (n_kv_heads, ctx, head_dim)
-            qs = q[lo:hi].reshape(hi - lo, nkv, cfg.q_per_kv, hd).transpose(1, 2, 0, 3)  # (n_kv, group, q_len, hd)
-            scores = (qs @ keys[:, None].transpose(0, 1, 3, 2)) * scale  # (n_kv, group, q_len, ctx)
-            q_idx = np.arange(ctx - (hi - lo), ctx)  # (q_len,) cache index of each new token
-            causal = key_pos[None, :] > q_idx[:, None]  # (q_len, ctx)
-            scores = np.where(causal, -np.inf, scores)
-            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            probs = scores / scores.sum(axis=-1, keepdims=True)
-            if mass is not None:
-                mass[s] += block_mass(probs.sum(axis=(0, 1, 2)), bs, mass.shape[1])
-            o = probs @ vals[:, None]  # (n_kv, group, q_len, head_dim)
-            out[lo:hi] = o.transpose(2, 0, 1, 3).reshape(hi - lo, nh, hd)
+            out[lo:hi] = self._sequence_attention(q[lo:hi], kv.k[layer], kv.v[layer], batch.block_tables[s],
+                                                  int(batch.context_lens[s]), None if mass is None else mass[s])
         return out.reshape(t, nh * hd) @ self.w[f"blk.{layer}.attn_output.weight"].T  # (T, hidden)
+
+    def _sequence_attention(self, q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, table: np.ndarray,
+                            ctx: int, mass: np.ndarray | None) -> np.ndarray:
+        """One sequence's new queries q (q_len, n_heads, head_dim), the LAST q_len of its ctx cached tokens,
+        over the layer's pools (num_blocks, block_size, n_kv_heads, head_dim) through its block table row ->
+        (q_len, n_heads, head_dim); adds its probabilities per table entry into mass (max_blocks,) if given."""
+        cfg = self.config
+        nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        q_len, bs = q.shape[0], k_blocks.shape[1]
+        scale = np.float32(1.0 / np.sqrt(hd))
+        key_pos = np.arange(ctx)  # (ctx,)
+        slots = table[key_pos // bs] * bs + key_pos % bs  # (ctx,)
+        keys = k_blocks.reshape(-1, nkv, hd)[slots].transpose(1, 0, 2)  # (n_kv_heads, ctx, head_dim)
+        vals = v_blocks.reshape(-1, nkv, hd)[slots].transpose(1, 0, 2)  # (n_kv_heads, ctx, head_dim)
+        qs = q.reshape(q_len, nkv, cfg.q_per_kv, hd).transpose(1, 2, 0, 3)  # (n_kv, group, q_len, hd)
+        scores = (qs @ keys[:, None].transpose(0, 1, 3, 2)) * scale  # (n_kv, group, q_len, ctx)
+        q_idx = np.arange(ctx - q_len, ctx)  # (q_len,) cache index of each new token
+        causal = key_pos[None, :] > q_idx[:, None]  # (q_len, ctx)
+        scores = np.where(causal, -np.inf, scores)
+        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        probs = scores / scores.sum(axis=-1, keepdims=True)
+        if mass is not None:
+            mass += block_mass(probs.sum(axis=(0, 1, 2)), bs, mass.shape[0])
+        o = probs @ vals[:, None]  # (n_kv, group, q_len, head_dim)
+        return o.transpose(2, 0, 1, 3).reshape(q_len, nh, hd)
 
     def _projection(self, layer: int, name: str, h: np.ndarray) -> np.ndarray:
         """h (T, hidden) @ W.T, plus the bias when the model has one (qwen2) -> (T, rows)."""

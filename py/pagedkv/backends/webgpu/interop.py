@@ -18,22 +18,33 @@ from ...kv_disk import StoreFull
 from .device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderLibrary, WebGPUUnavailable, padded,
                      resource)
 
-__all__ = ["GpuContext", "OpfsStore", "WasmUnavailable", "fetch_bytes", "linear_wasm_matmul", "site_url"]
+__all__ = ["GpuContext", "OpfsStore", "WasmUnavailable", "fetch_bytes", "linear_wasm_matmul", "site_url",
+           "wasm_attention"]
 
 
 class WasmUnavailable(RuntimeError):
     """The worker could not load the wasm projection kernel; the message says why."""
 
 
-def linear_wasm_matmul():
-    """The wasm kernel's matmul export the worker instantiated on Pyodide's memory (web/linear_wasm.js), for
-    backends/cpu_wasm.py; WasmUnavailable with the worker's reason when it has none."""
+def _wasm_kernels():
     loaded = getattr(js, "pagedkvLinear", None)
     if loaded is None:
         raise WasmUnavailable("the worker did not load web/linear_wasm.js")
     if loaded.error is not None:
         raise WasmUnavailable(str(loaded.error))
-    return loaded.matmul
+    return loaded
+
+
+def linear_wasm_matmul():
+    """The wasm kernel's matmul export the worker instantiated on Pyodide's memory (web/linear_wasm.js), for
+    backends/cpu_wasm.py; WasmUnavailable with the worker's reason when it has none."""
+    return _wasm_kernels().matmul
+
+
+def wasm_attention():
+    """The same instance's exports, whose attn_scores / attn_values backends/cpu_attention.py calls;
+    WasmUnavailable as linear_wasm_matmul."""
+    return _wasm_kernels().attention
 
 
 def _js_obj(value: dict):

@@ -1,0 +1,102 @@
+"""Decode attention through the wasm kernel (web/wasm/linear.wat: attn_scores, attn_values): the tab's CPU path.
+
+NumpyModel (the oracle) gathers every cached key and value of a sequence through fancy indexing and runs
+small batched matmuls, without BLAS in Pyodide, per layer and step. Here a sequence's one new token reads
+the paged f32 pools in place through its block table: the kernel computes q . k for every cached key, numpy
+the softmax exactly as the reference does (scale, max, exp, sum), the kernel the probability-weighted sum of
+the values. Prefill (more than one new token) keeps the reference. Numerics: the two products sum in a
+different f32 order than numpy's matmul; everything else is the reference's arithmetic.
+
+The kernels are any object with the wasm exports' attributes attn_scores / attn_values (integers all,
+pointers being addresses in the memory numpy's arrays live in): in the tab, the wasm instance's exports on
+Pyodide's memory (webgpu/interop.py: wasm_attention); in CPython, PointerTwin (tests).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..model.weights import ModelWeights
+from .cpu_wasm import _addr
+from .numpy_ref import NumpyModel, block_mass
+
+
+class WasmAttentionModel(NumpyModel):
+    """NumpyModel whose one-token attention runs through the kernels; scratch sized for the model's context."""
+
+    def __init__(self, weights: ModelWeights, kernels) -> None:
+        super().__init__(weights)
+        cfg = self.config
+        if cfg.head_dim % 16:
+            raise ValueError(f"the wasm attention needs head_dim a multiple of 16, got {cfg.head_dim}")
+        self.kernels = kernels
+        self._scores = np.empty(cfg.n_heads * cfg.context_length, np.float32)  # (n_heads, ctx) the kernel's q . k
+        self._probs = np.empty(cfg.n_heads * cfg.context_length, np.float32)  # (n_heads, ctx) the softmax
+        self._q = np.empty((cfg.n_heads, cfg.head_dim), np.float32)  # (n_heads, head_dim)
+        self._out = np.empty((cfg.n_heads, cfg.head_dim), np.float32)  # (n_heads, head_dim)
+        self._addrs = {name: _addr(getattr(self, name)) for name in ("_scores", "_probs", "_q", "_out")}
+        self._pools: dict[int, tuple[np.ndarray, int]] = {}  # id(pool) -> (pool, address): pools live on
+
+    def _pool_addr(self, pool: np.ndarray) -> int:
+        known = self._pools.get(id(pool))
+        if known is None or known[0] is not pool:
+            if pool.dtype != np.float32 or not pool.flags.c_contiguous:
+                raise ValueError(f"the wasm attention reads C-contiguous f32 pools, got {pool.dtype} "
+                                 f"{'contiguous' if pool.flags.c_contiguous else 'strided'} {pool.shape}")
+            known = self._pools[id(pool)] = (pool, _addr(pool))
+        return known[1]
+
+    def _sequence_attention(self, q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, table: np.ndarray,
+                            ctx: int, mass: np.ndarray | None) -> np.ndarray:
+        if q.shape[0] != 1:
+            return super()._sequence_attention(q, k_blocks, v_blocks, table, ctx, mass)
+        cfg = self.config
+        nh, hd, bs = cfg.n_heads, cfg.head_dim, k_blocks.shape[1]
+        used = -(-ctx // bs)
+        if table.shape[0] < used or int(table[:used].min()) < 0 or int(table[:used].max()) >= k_blocks.shape[0]:
+            raise ValueError(f"block table {table[:used].tolist()} does not cover {ctx} tokens in "
+                             f"{k_blocks.shape[0]} blocks of {bs}")
+        rows = np.ascontiguousarray(table[:used], np.int32)  # (used,) block ids the kernels read
+        self._q[...] = q[0]
+        scores = self._scores[: nh * ctx].reshape(nh, ctx)  # (n_heads, ctx)
+        probs = self._probs[: nh * ctx].reshape(nh, ctx)  # (n_heads, ctx)
+        geometry = (_addr(rows), ctx, bs, cfg.n_kv_heads, cfg.q_per_kv, hd)
+        a = self._addrs
+        self.kernels.attn_scores(a["_q"], self._pool_addr(k_blocks), *geometry, a["_scores"])
+        # The reference's softmax of one query row: no key is in the future, so its causal mask is empty.
+        s = scores * np.float32(1.0 / np.sqrt(hd))
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        np.divide(s, s.sum(axis=-1, keepdims=True), out=probs)
+        if mass is not None:
+            mass += block_mass(probs.sum(axis=0), bs, mass.shape[0])
+        self.kernels.attn_values(a["_probs"], self._pool_addr(v_blocks), *geometry, a["_out"])
+        return self._out[None].copy()  # (1, n_heads, head_dim)
+
+
+class PointerTwin:
+    """The kernels' numpy twins over the same addresses (CPython): what attn_scores / attn_values compute."""
+
+    @staticmethod
+    def _views(table: int, pool: int, ctx: int, bs: int, nkv: int, hd: int):
+        import ctypes  # here: the tab never calls the twin
+
+        def view(addr: int, ctype, count: int) -> np.ndarray:
+            return np.ctypeslib.as_array((ctype * count).from_address(addr))
+
+        used = -(-ctx // bs)
+        blocks = view(table, ctypes.c_int32, used)
+        num_blocks = int(blocks.max()) + 1
+        pool_view = view(pool, ctypes.c_float, num_blocks * bs * nkv * hd).reshape(-1, nkv, hd)
+        slots = blocks.astype(np.int64)[np.arange(ctx) // bs] * bs + np.arange(ctx) % bs  # (ctx,)
+        return view, ctypes.c_float, pool_view[slots]  # (ctx, nkv, hd)
+
+    def attn_scores(self, q: int, k: int, table: int, ctx: int, bs: int, nkv: int, group: int, hd: int,
+                    out: int) -> None:
+        view, f32, keys = self._views(table, k, ctx, bs, nkv, hd)
+        qs = view(q, f32, nkv * group * hd).reshape(nkv, group, hd)
+        view(out, f32, nkv * group * ctx).reshape(nkv, group, ctx)[...] = np.einsum("hgd,chd->hgc", qs, keys)
+
+    def attn_values(self, p: int, v: int, table: int, ctx: int, bs: int, nkv: int, group: int, hd: int,
+                    out: int) -> None:
+        view, f32, vals = self._views(table, v, ctx, bs, nkv, hd)
+        probs = view(p, f32, nkv * group * ctx).reshape(nkv, group, ctx)
+        view(out, f32, nkv * group * hd).reshape(nkv, group, hd)[...] = np.einsum("hgc,chd->hgd", probs, vals)

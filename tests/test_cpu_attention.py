@@ -1,0 +1,82 @@
+"""The wasm decode attention's Python side in CPython (py/pagedkv/backends/cpu_attention.py) over PointerTwin, the
+kernels' numpy twin on the same addresses. The wasm kernels themselves run in tests/browser/test_cpu_wasm_page.py.
+
+Bounds: one-token steps differ from NumpyModel only in the f32 summation order of q . k and p @ v, so logits
+agree within |got - want| <= 2e-6 * max |want| and the attention mass within 1e-6 per block; prefill is the
+reference's own code, so bit-identical.
+"""
+import numpy as np
+import pytest
+from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
+from test_cpu_linear import prefill_then_decode
+
+from pagedkv.backends.cpu import CpuBackend
+from pagedkv.backends.cpu_attention import PointerTwin, WasmAttentionModel
+from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache
+from pagedkv.model_runner import ForwardBatch
+
+i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
+TABLES = [[7, 2, 9, 0], [4, 11, 1, 5]]  # scattered, out of order: (2 sequences, 4 blocks of 16)
+PROMPTS = (21, 35)  # tokens each sequence prefilled; 35 spans a third block
+
+
+def _prefilled(weights) -> tuple[PagedKVCache, list[int]]:
+    """Both sequences prefilled by the reference into one 12-block cache; each one's greedy next token."""
+    kv = PagedKVCache.allocate(weights.config, 12, 16)
+    ref, nexts = NumpyModel(weights), []
+    rng = np.random.default_rng(3)
+    for table, n in zip(TABLES, PROMPTS):
+        pos = np.arange(n)
+        slots = i32(np.asarray(table)[pos // 16] * 16 + pos % 16)
+        logits = ref.forward(ForwardBatch(i32(rng.integers(3, weights.config.vocab, n)), i32(pos), slots,
+                                          i32([0, n]), i32([table]), i32([n])), kv)
+        nexts.append(int(logits[0].argmax()))
+    return kv, nexts
+
+
+def _decode_batch(nexts: list[int]) -> ForwardBatch:
+    pos = [PROMPTS[0], PROMPTS[1]]
+    slots = [TABLES[s][p // 16] * 16 + p % 16 for s, p in enumerate(pos)]
+    return ForwardBatch(i32(nexts), i32(pos), i32(slots), i32([0, 1, 2]), i32(TABLES), i32([p + 1 for p in pos]))
+
+
+def _copy(kv: PagedKVCache) -> PagedKVCache:
+    return PagedKVCache(tuple(k.copy() for k in kv.k), tuple(v.copy() for v in kv.v), kv.kv_dtype)
+
+
+def test_two_decoding_sequences_on_scattered_tables_match_the_reference(tiny_weights):  # noqa: F811
+    kv, nexts = _prefilled(tiny_weights)
+    kv_ref, kv_got = _copy(kv), _copy(kv)
+    mass_ref, mass_got = np.zeros((2, 4), np.float32), np.zeros((2, 4), np.float32)
+    want = NumpyModel(tiny_weights).forward(_decode_batch(nexts), kv_ref, attention_mass=mass_ref)  # (2, vocab)
+    got = WasmAttentionModel(tiny_weights, PointerTwin()).forward(_decode_batch(nexts), kv_got,
+                                                                   attention_mass=mass_got)
+    assert got.shape == want.shape == (2, tiny_weights.config.vocab)
+    assert float(np.abs(got - want).max()) <= 2e-6 * float(np.abs(want).max())
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
+    assert float(np.abs(mass_got - mass_ref).max()) <= 1e-6
+    assert np.array_equal(mass_got[:, 3], [0.0, 0.0])  # no sequence reaches its fourth block
+    # layer 0's new K/V come before any attention: identical; later layers' within the rounding above
+    assert np.array_equal(kv_got.k[0], kv_ref.k[0]) and np.array_equal(kv_got.v[0], kv_ref.v[0])
+    assert max(float(np.abs(a - b).max()) for a, b in zip(kv_got.k + kv_got.v, kv_ref.k + kv_ref.v)) <= 1e-5
+
+
+def test_prefill_is_the_references_own_and_decode_gives_its_ids(tiny_weights):  # noqa: F811
+    prompt = [int(t) for t in np.random.default_rng(1).integers(3, tiny_weights.config.vocab, 40)]
+    want_pre, want_dec = prefill_then_decode(CpuBackend(tiny_weights, 4, 16), prompt, 6)
+    got_pre, got_dec = prefill_then_decode(CpuBackend(tiny_weights, 4, 16, attention=PointerTwin()), prompt, 6)
+    assert np.array_equal(got_pre, want_pre)
+    assert [int(g.argmax()) for g in got_dec] == [int(w.argmax()) for w in want_dec]
+    assert max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got_dec, want_dec)) <= 2e-6
+
+
+def test_a_table_that_does_not_cover_the_context_is_refused(tiny_weights):  # noqa: F811
+    model = WasmAttentionModel(tiny_weights, PointerTwin())
+    kv = PagedKVCache.allocate(tiny_weights.config, 4, 16)
+    q = np.zeros((1, 4, 16), np.float32)
+    with pytest.raises(ValueError, match=r"block table \[0, 4\] does not cover 20 tokens in 4 blocks of 16"):
+        model._sequence_attention(q, kv.k[0], kv.v[0], i32([0, 4, 1]), 20, None)
+    with pytest.raises(ValueError, match=r"block table \[1\] does not cover 40 tokens in 4 blocks of 16"):
+        model._sequence_attention(q, kv.k[0], kv.v[0], i32([1]), 40, None)
+    with pytest.raises(ValueError, match=r"reads C-contiguous f32 pools, got float32 strided \(4, 16, 2, 8\)"):
+        model._sequence_attention(q, kv.k[0][..., ::2], kv.v[0], i32([0]), 3, None)
