@@ -82,6 +82,8 @@ def test_without_webgpu_the_reply_streams_from_llama_cpp(browser_without_webgpu,
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
     assert page.locator("#set-fallback-url").input_value() == llama
+    # data-restored is set when the saved chats go to the worker; they are drawn when its chat list comes back.
+    page.wait_for_selector("#messages .msg.assistant .engine-badge", state="attached")
     assert page.locator("#messages .msg.assistant .engine-badge").count() == 1
     booted.page.close()
 
