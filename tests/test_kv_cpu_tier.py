@@ -12,7 +12,7 @@ from pagedkv.backends.cpu import CpuBackend
 from pagedkv.config import CacheConfig
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.kv_cache_manager import CopyOp, KVCacheManager
-from pagedkv.kv_cpu_tier import CpuTier, chain_digests, gpu_prefix, promote_prefix
+from pagedkv.kv_cpu_tier import CpuTier, chain_digests, forget_on_cpu, gpu_prefix, promote_prefix
 from pagedkv.sampling import SamplingParams
 from pagedkv.sequence import Sequence, SequenceStatus
 from pagedkv.tokenizer import Tokenizer
@@ -101,6 +101,9 @@ def test_swapped_out_blocks_are_found_by_content_and_not_demoted_twice():
     assert kv2.cpu_pool.cached_block(d[0]).block_id == 0
     assert kv2.cpu_pool.block(3).block_hash is None and kv2.cpu_pool.block(4).block_hash is not None
 
+    assert forget_on_cpu(kv, A, keep_tokens=8) == 1  # a deleted chat: its blocks past the shared 8 tokens go
+    assert (kv.cpu_pool.num_cached, kv.cpu_pool.free_queue_ids()) == (1, [1, 2, 3, 0])
+    assert forget_on_cpu(kv2, A) == 0 and kv2.cpu_pool.num_used == 6  # swapped chats hold theirs: they stay
 
 def test_swap_in_holds_its_cpu_blocks_until_the_moves_are_taken():
     kv, tier = make(num_blocks=4, num_cpu_blocks=4)

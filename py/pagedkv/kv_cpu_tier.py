@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the manager imports this module (swap_out registers blocks 
     from .kv_cache_manager import CopyOp, KVCacheManager
     from .sequence import Sequence
 
-__all__ = ["chain_digests", "register_on_cpu", "promote_prefix", "gpu_prefix", "CpuTier"]
+__all__ = ["chain_digests", "register_on_cpu", "promote_prefix", "forget_on_cpu", "gpu_prefix", "CpuTier"]
 
 
 def chain_digests(token_ids, num_blocks: int, block_size: int, namespace: str | None) -> list[bytes]:
@@ -76,6 +76,17 @@ def promote_prefix(kv: KVCacheManager, token_ids) -> list[CopyOp]:
     gpu_ids = kv.adopt_blocks(token_ids[:(start + len(run)) * bs], start, len(run))
     cpu.free_blocks(reversed(run))  # used now: the recent end of the CPU pool's LRU, prefix last
     return [CopyOp(c, g) for c, g in zip(run, gpu_ids)]
+
+
+def forget_on_cpu(kv: KVCacheManager, token_ids, keep_tokens: int = 0) -> int:
+    """Drop the CPU pool's cached blocks of `token_ids` past its first `keep_tokens` tokens (a deleted chat's
+    history, like KVCacheManager.evict_prefix on the GPU); blocks a swapped sequence holds stay. Returns how many."""
+    cpu, bs = kv.cpu_pool, kv.block_size
+    if cpu is None:
+        return 0
+    digests = chain_digests(token_ids, len(token_ids) // bs, bs, kv.namespace)
+    held = [cpu.cached_block(d) for d in digests[keep_tokens // bs:]]
+    return cpu.evict_cached(b.block_id for b in held if b is not None)
 
 
 def gpu_prefix(pool: BlockPool, block: BlockState) -> list[int] | None:
