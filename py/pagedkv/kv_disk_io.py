@@ -70,6 +70,7 @@ class DiskCache:
                 self.last_restored_tokens = len(ids) * bs
                 total += len(ids) * bs
         self.restored_tokens += total
+        await self.tier.flush()  # a GPU hit or a load moved blocks in the disk's LRU
         return total
 
     async def write_behind(self, kv, backend, seqs) -> int:
@@ -92,12 +93,12 @@ class DiskCache:
                     todo.append((hashes[i], seq.token_ids[i * bs:(i + 1) * bs], seq.block_table[i]))
             self._saved[seq.seq_id] = full
         self._saved = {sid: n for sid, n in self._saved.items() if sid in kv.live}
-        if not todo:
-            return 0
-        payloads = block_payloads(await backend.read_blocks([block for _, _, block in todo]))
         written = 0
-        for (h, tokens, _), payload in zip(todo, payloads):
-            written += int(await self.tier.save(h, tokens, payload))
+        if todo:
+            payloads = block_payloads(await backend.read_blocks([block for _, _, block in todo]))
+            for (h, tokens, _), payload in zip(todo, payloads):
+                written += int(await self.tier.save(h, tokens, payload))
+        await self.tier.flush()
         return written
 
     def stats(self) -> dict:
