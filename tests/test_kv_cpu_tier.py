@@ -120,6 +120,16 @@ def test_swap_in_holds_its_cpu_blocks_until_the_moves_are_taken():
     assert a.status is SequenceStatus.RUNNING
 
 
+def test_a_demoted_block_a_swap_out_takes_back_in_the_same_step_is_not_copied():
+    kv, tier = make(num_blocks=3, num_cpu_blocks=2)
+    kv.free(run(kv, A[:16]))
+    r = run(kv, list(range(100, 109)))  # evicts A's second block (GPU 1): demoted to CPU 0, copy pending
+    assert r.block_table == [2, 1] and kv.cpu_pool.free_queue_ids() == [1, 0]
+    assert kv.swap_out(r) == [CopyOp(2, 1), CopyOp(1, 0)]  # a preemption in the same step takes CPU 0 back
+    # Run after the swap-out, the pending copy would overwrite r's block: it is dropped.
+    assert tier.take_moves() == []
+    assert kv.cpu_pool.cached_block(chain_digests(A, 2, 8, "m")[1]) is None
+
 def test_a_block_whose_parent_left_the_gpu_is_not_demoted():
     kv, tier = make(num_blocks=3, num_cpu_blocks=4)
     a = run(kv, A)
@@ -144,9 +154,9 @@ class TieredWorld(KVWorld):
 
         def on_evict(block):
             demote(block)
-            self._copy(self.tier._demotions, self.gpu, self.cpu)
-            self.counts["demoted"] = self.counts.get("demoted", 0) + len(self.tier._demotions)
-            self.tier._demotions.clear()
+            moves = self.tier.take_moves()  # now: the caller writes the evicted block after this returns
+            self._copy(moves, self.gpu, self.cpu)
+            self.counts["demoted"] = self.counts.get("demoted", 0) + len(moves)
         self.mgr.pool.on_evict = on_evict
 
     def _write(self, seq, start):

@@ -115,7 +115,7 @@ class CpuTier:
     def __init__(self, kv: KVCacheManager) -> None:
         self.kv = kv
         self._checked: dict[int, int] = {}  # seq id -> token count when its prefix was last looked up
-        self._demotions: list[CopyOp] = []
+        self._demotions: list[tuple[CopyOp, bytes]] = []  # (gpu, cpu) copy, the digest the CPU block is for
         self.last_restored_tokens = 0
         self.num_demoted = 0
         if kv.cpu_pool is not None and kv.config.enable_prefix_caching:
@@ -138,17 +138,19 @@ class CpuTier:
         if cpu.num_available == 0:
             return
         cpu_id = cpu.get_new_blocks(1)[0]
-        # A pending copy into that block is moot now: its content was evicted before it was even copied.
-        self._demotions = [op for op in self._demotions if op.dst != cpu_id]
         cpu.register(cpu_id, digest, block.token_ids, None, kv.namespace)
         cpu.free_blocks([cpu_id])
-        self._demotions.append(CopyOp(block.block_id, cpu_id))
+        self._demotions.append((CopyOp(block.block_id, cpu_id), digest))
         self.num_demoted += 1
 
     def take_moves(self) -> list[CopyOp]:
         """The pending (gpu, cpu) demotion copies, to run before the GPU blocks are written; releases the CPU
         blocks swap_in read (their copies are handed out by now)."""
-        moves, self._demotions = self._demotions, []
+        cpu = self.kv.cpu_pool
+        # A CPU block taken again before its copy ran (by a later demotion, a swap-out) no longer holds that
+        # prefix: its copy is dropped, so it cannot overwrite what the block holds now.
+        moves = [op for op, digest in self._demotions if cpu.block(op.dst).block_hash == digest]
+        self._demotions = []
         if self.kv.cpu_reads:
             self.kv.cpu_pool.free_blocks(self.kv.cpu_reads)
             self.kv.cpu_reads = []
