@@ -184,8 +184,8 @@ class KVCacheManager:
             cow = last.ref_count > 1 or last.block_hash is not None
         num_new_blocks = total_blocks - len(seq.block_table) - len(hit_ids)
         pulled = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
-        return _Plan(hit_ids, hit_hashes, hit_links, num_new_blocks, cow, num_new_blocks + int(cow),
-                     self.pool.num_available - pulled)
+        return _Plan(hit_ids, hit_hashes, hit_links, num_new_blocks, cow,
+                     num_new_blocks + int(cow), self.pool.num_available - pulled)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Whether allocate_slots(seq, num_new_tokens) would succeed right now."""
