@@ -12,7 +12,7 @@ from pagedkv.backends.cpu import CpuBackend
 from pagedkv.config import CacheConfig
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.kv_cache_manager import CopyOp, KVCacheManager
-from pagedkv.kv_cpu_tier import CpuTier, chain_digests, forget_on_cpu, gpu_prefix, promote_prefix
+from pagedkv.kv_cpu_tier import CpuTier, chain_digests, forget_on_cpu, promote_prefix
 from pagedkv.sampling import SamplingParams
 from pagedkv.sequence import Sequence, SequenceStatus
 from pagedkv.tokenizer import Tokenizer
@@ -130,17 +130,19 @@ def test_a_demoted_block_a_swap_out_takes_back_in_the_same_step_is_not_copied():
     assert tier.take_moves() == []
     assert kv.cpu_pool.cached_block(chain_digests(A, 2, 8, "m")[1]) is None
 
-def test_a_block_whose_parent_left_the_gpu_is_not_demoted():
+def test_a_block_whose_parent_left_the_gpu_keeps_its_digest_while_it_is_remembered():
     kv, tier = make(num_blocks=3, num_cpu_blocks=4)
-    a = run(kv, A)
-    kv.free(a)
-    parent = kv.pool.block(0)
-    child = kv.pool.block(1)
-    assert gpu_prefix(kv.pool, child) == A[:16]
+    kv.free(run(kv, A))
+    parent, child = kv.pool.block(0), kv.pool.block(1)
+    d = chain_digests(A, 2, 8, "m")
+    assert tier.gpu_digest(child) == d[1]
     kv.pool.touch([1])  # the child is held, the parent is evicted first
     run(kv, list(range(100, 116)))
     assert tier.take_moves() == [CopyOp(0, 0)] and kv.pool.block(0).epoch != parent.epoch
-    assert gpu_prefix(kv.pool, child) is None
+    # The parent's link still names the digest it had: the child (computed after it) can still be demoted.
+    assert tier.gpu_digest(child) == d[1]
+    tier._gpu_digests.clear()  # forgotten: the walk up meets the parent's new epoch
+    assert tier.gpu_digest(child) is None
 
 
 class TieredWorld(KVWorld):

@@ -20,22 +20,29 @@ import hashlib
 import struct
 from typing import TYPE_CHECKING
 
-from .block_pool import BlockPool, BlockState
+from .block_pool import BlockState
 
 if TYPE_CHECKING:  # the manager imports this module (swap_out registers blocks here)
     from .kv_cache_manager import CopyOp, KVCacheManager
     from .sequence import Sequence
 
-__all__ = ["chain_digests", "register_on_cpu", "promote_prefix", "forget_on_cpu", "gpu_prefix", "CpuTier"]
+__all__ = ["chain_digests", "register_on_cpu", "promote_prefix", "forget_on_cpu", "CpuTier"]
+
+
+def _seed(namespace: str | None) -> bytes:
+    return hashlib.blake2b(repr(namespace).encode(), digest_size=16).digest()
+
+
+def _next_digest(parent: bytes, chunk) -> bytes:
+    return hashlib.blake2b(parent + struct.pack(f"<{len(chunk)}I", *chunk), digest_size=16).digest()
 
 
 def chain_digests(token_ids, num_blocks: int, block_size: int, namespace: str | None) -> list[bytes]:
     """Digests (16 bytes) of the first `num_blocks` full blocks; block i's covers blocks 0..i and the namespace."""
-    parent = hashlib.blake2b(repr(namespace).encode(), digest_size=16).digest()
+    parent = _seed(namespace)
     out = []
     for i in range(num_blocks):
-        chunk = token_ids[i * block_size:(i + 1) * block_size]
-        parent = hashlib.blake2b(parent + struct.pack(f"<{len(chunk)}I", *chunk), digest_size=16).digest()
+        parent = _next_digest(parent, token_ids[i * block_size:(i + 1) * block_size])
         out.append(parent)
     return out
 
@@ -89,20 +96,6 @@ def forget_on_cpu(kv: KVCacheManager, token_ids, keep_tokens: int = 0) -> int:
     return cpu.evict_cached(b.block_id for b in held if b is not None)
 
 
-def gpu_prefix(pool: BlockPool, block: BlockState) -> list[int] | None:
-    """Token ids of the whole prefix a registered GPU block ends, through its verified parent links; None when
-    an ancestor left the GPU (its epoch changed)."""
-    parts = [block.token_ids]
-    link = block.parent
-    while link is not None:
-        parent = pool.block(link[0])
-        if parent.epoch != link[1]:
-            return None
-        parts.append(parent.token_ids)
-        link = parent.parent
-    return [t for part in reversed(parts) for t in part]
-
-
 class CpuTier:
     """The engine's side of the CPU tier for one manager (see the module docstring).
 
@@ -116,6 +109,7 @@ class CpuTier:
         self.kv = kv
         self._checked: dict[int, int] = {}  # seq id -> token count when its prefix was last looked up
         self._demotions: list[tuple[CopyOp, bytes]] = []  # (gpu, cpu) copy, the digest the CPU block is for
+        self._gpu_digests: dict[tuple[int, int], bytes] = {}  # (block id, epoch) link -> digest of its prefix
         self.last_restored_tokens = 0
         self.num_demoted = 0
         if kv.cpu_pool is not None and kv.config.enable_prefix_caching:
@@ -125,10 +119,9 @@ class CpuTier:
     def _demote(self, block: BlockState) -> None:
         from .kv_cache_manager import CopyOp
         kv, cpu = self.kv, self.kv.cpu_pool
-        tokens = gpu_prefix(kv.pool, block) if block.salt == kv.namespace else None
-        if tokens is None or cpu is None:
+        digest = self.gpu_digest(block) if block.salt == kv.namespace else None
+        if digest is None or cpu is None:
             return
-        digest = chain_digests(tokens, len(tokens) // kv.block_size, kv.block_size, kv.namespace)[-1]
         held = cpu.cached_block(digest)
         if held is not None:  # the prefix is in the CPU tier already (swapped out, or promoted from there)
             if held.ref_count == 0:
@@ -142,6 +135,30 @@ class CpuTier:
         cpu.free_blocks([cpu_id])
         self._demotions.append((CopyOp(block.block_id, cpu_id), digest))
         self.num_demoted += 1
+
+    def gpu_digest(self, block: BlockState) -> bytes | None:
+        """The chain digest of the prefix a registered GPU block ends, through its verified parent links (the
+        digests of links seen before are remembered: evicting a chain tail first costs one digest per block);
+        None when an ancestor left the GPU (its epoch changed)."""
+        memo = self._gpu_digests
+        if len(memo) > 2 * self.kv.pool.num_blocks:  # links of blocks re-registered since never match again
+            memo.clear()
+        chain = [block]  # this block and its ancestors up to the first with a known digest (or the root)
+        digest = _seed(self.kv.namespace)
+        link = block.parent
+        while link is not None:
+            if link in memo:
+                digest = memo[link]
+                break
+            parent = self.kv.pool.block(link[0])
+            if parent.epoch != link[1]:
+                return None
+            chain.append(parent)
+            link = parent.parent
+        for b in reversed(chain):
+            digest = _next_digest(digest, b.token_ids)
+            memo[(b.block_id, b.epoch)] = digest
+        return digest
 
     def take_moves(self) -> list[CopyOp]:
         """The pending (gpu, cpu) demotion copies, to run before the GPU blocks are written; releases the CPU
