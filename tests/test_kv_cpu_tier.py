@@ -224,3 +224,32 @@ def test_engine_restores_a_demoted_prefix_from_the_cpu_pool(tiny_weights):
     assert (s["cpu_demoted_blocks"], s["cpu_restored_tokens"]) == (6, 32)
     assert p["prefill_tokens"] - s["prefill_tokens"] == 32
     assert (s["cpu_used_blocks"], s["cpu_cached_blocks"]) == (0, s["cpu_demoted_blocks"])
+
+
+def test_many_chats_over_small_pools_reply_as_without_a_cpu_tier(tiny_weights):
+    # Two rounds of 8 chats sharing a 32-token prefix over a 12-block GPU pool: swap preemptions, demotions
+    # and promotions happen in the same steps; greedy replies must not change with the CPU tier.
+    tok = Tokenizer.from_manifest(tiny_weights.manifest)
+    rng = random.Random(5)
+    system = list(range(3, 35))
+    prompts = [system + [rng.randrange(3, 200) for _ in range(rng.randrange(5, 40))] for _ in range(8)]
+
+    def replies(num_cpu_blocks):
+        e = LLMEngine(CpuBackend(tiny_weights, num_blocks=12, block_size=16, num_cpu_blocks=num_cpu_blocks),
+                      tok, EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, preemption="swap"))
+        outs = []
+        for turn in range(2):
+            asks = [p + outs[i] + [7, 8, 9] if turn else p for i, p in enumerate(prompts)]
+            ids = [e.add_request(a, GREEDY) for a in asks]
+            reqs = [e.request(r) for r in ids]
+            while e.has_unfinished:
+                run_sync(e.step())
+            outs = [r.output_ids for r in reqs]
+        return outs, e.stats()
+
+    (tiered, s), (plain, p) = replies(10), replies(0)
+    assert tiered == plain
+    assert p["cpu_demoted_blocks"] == p["cpu_restored_tokens"] == p["preemptions"]["swap"] == 0
+    # 35 blocks demoted, 13 promoted back; the plain engine recomputes its 2 preempted chats instead of swapping.
+    assert (s["cpu_demoted_blocks"], s["cpu_restored_tokens"], s["preemptions"]["swap"]) == (35, 208, 4)
+    assert (s["prefill_tokens"], p["prefill_tokens"], p["preemptions"]["recompute"]) == (470, 506, 2)
