@@ -14,7 +14,8 @@ CORRUPT_ALL = """async () => {
   const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle("kv");
   let n = 0;
   for await (const [name, handle] of dir.entries()) {
-    if (name.endsWith(".lru")) continue;  // the LRU order, not a block file
+    // Block files only: not the LRU order (<key>.lru) nor a write's swap file in flight (<name>.crswap).
+    if (!/^[0-9a-f]{16}-[0-9a-f]{32}$/.test(name)) continue;
     const data = new Uint8Array(await (await handle.getFile()).arrayBuffer());
     data[data.length - 1] ^= 0x40;  // one bit of the payload's last byte
     const w = await handle.createWritable();
