@@ -240,6 +240,10 @@ class KVWorld:
             if b.block_hash is not None:
                 _require(list(b.token_ids) == self.gpu[b.block_id],
                          f"registered block {b.block_id} content differs from its tokens")
+        for b in (self.mgr.cpu_pool.block_states() if self.mgr.cpu_pool is not None else []):
+            if b.block_hash is not None:  # the CPU tier serves these as prefix hits (kv_cpu_tier)
+                _require(list(b.token_ids) == self.cpu[b.block_id],
+                         f"registered CPU block {b.block_id} content differs from its tokens")
 
     def free_all_and_check_no_leak(self) -> None:
         for seq in self.seqs:
@@ -250,7 +254,7 @@ class KVWorld:
         _require(pool.num_used == 0 and pool.num_free + pool.num_cached == pool.num_blocks,
                  "GPU blocks leaked after freeing every sequence")
         if self.mgr.cpu_pool is not None:
-            _require(self.mgr.cpu_pool.num_free == self.mgr.cpu_pool.num_blocks,
+            _require(self.mgr.cpu_pool.num_used == 0,
                      "CPU blocks leaked after freeing every sequence")
         _require(not self.mgr.live, "manager still tracks live sequences")
 

@@ -51,10 +51,12 @@ export function renderMemory(mem, modelInfo) {
       `${(modelInfo.bytes_per_token * mem.block_size / 1024).toFixed(0)} KiB per block`]);
   }
   const e = mem.engine;
-  if (modelInfo && modelInfo.bytes_per_token) {  // the middle tier: swapped chats' KV in wasm memory
+  if (modelInfo && modelInfo.bytes_per_token) {  // the middle tier in wasm memory: swapped chats, cached blocks
     const block = modelInfo.bytes_per_token * mem.block_size;
-    facts.push(["CPU memory (swapped KV)", `${e.cpu_used_blocks} of ${e.cpu_blocks} blocks, ` +
-      `${(e.cpu_used_blocks * block / 2 ** 20).toFixed(1)} of ${(e.cpu_blocks * block / 2 ** 20).toFixed(1)} MiB`]);
+    const held = e.cpu_used_blocks + e.cpu_cached_blocks;
+    facts.push(["CPU memory (KV)", `${held} of ${e.cpu_blocks} blocks (${e.cpu_used_blocks} swapped, ` +
+      `${e.cpu_cached_blocks} cached), ${(held * block / 2 ** 20).toFixed(1)} of ` +
+      `${(e.cpu_blocks * block / 2 ** 20).toFixed(1)} MiB`]);
   }
   if (e.disk_blocks !== undefined) {  // the disk tier (OPFS) is on
     const mib = (b) => (b / 2 ** 20).toFixed(1);
@@ -77,7 +79,7 @@ export function renderMemory(mem, modelInfo) {
   }));
   root.dataset.memory = JSON.stringify({ used: mem.used_blocks, cached: mem.cached_blocks, free: mem.free_blocks,
     total: mem.total_blocks, per_chat: mem.per_chat_blocks, owners: mem.owners,
-    cpu_blocks: e.cpu_blocks, cpu_used: e.cpu_used_blocks,
+    cpu_blocks: e.cpu_blocks, cpu_used: e.cpu_used_blocks, cpu_cached: e.cpu_cached_blocks,
     disk_blocks: e.disk_blocks ?? null, restored: e.last_disk_restored_tokens ?? null,
     prefill_tokens: e.prefill_tokens, disk_corrupt: e.disk_corrupt_blocks ?? null });
 }

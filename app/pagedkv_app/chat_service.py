@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from pagedkv.chat import ChatTemplate, Conversation
 from pagedkv.engine import LLMEngine
+from pagedkv.kv_cpu_tier import forget_on_cpu
 from pagedkv.sampling import SamplingParams
 
 from .dashboard import TokenRate, memory_snapshot
@@ -317,6 +318,7 @@ class ChatService(RemoteTurns):
         ids = chat.conversation.ids
         shared = max((_common_prefix(ids, c.conversation.ids) for c in self.chats.values()), default=0)
         self.engine.kv.evict_prefix(ids, keep_tokens=shared)
+        forget_on_cpu(self.engine.kv, ids, keep_tokens=shared)
         if self.engine.disk is not None:  # its block files go too, but for those another chat's history holds
             self._disk_task = asyncio.ensure_future(self._forget_on_disk(chat_id))
         self.post_chats()

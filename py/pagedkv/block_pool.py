@@ -17,7 +17,7 @@ pushed at the tail (kept longest for prefix hits). Popping takes the head.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable, NamedTuple
+from typing import Callable, Hashable, Iterable, NamedTuple
 
 
 class OutOfBlocks(RuntimeError):
@@ -95,6 +95,8 @@ class BlockPool:
         self._num_in_queue = 0
         self._num_cached = 0
         self._hash_to_block: dict[Hashable, Block] = {}
+        # Called with each cached block get_new_blocks evicts, before its content is dropped (kv_cpu_tier).
+        self.on_evict: Callable[[BlockState], None] | None = None
         for block in self._blocks:
             self._push_tail(block)
 
@@ -168,6 +170,8 @@ class BlockPool:
             self._unlink(block)
             if block.block_hash is not None:
                 self._num_cached -= 1
+                if self.on_evict is not None:
+                    self.on_evict(_snapshot(block))
                 self._drop_hash(block)
             block.ref_count = 1
             ids.append(block.block_id)

@@ -32,6 +32,7 @@ from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .config import CacheConfig, EngineConfig
 from .kv_accounting import KVShape, bytes_per_token
 from .kv_cache_manager import KVCacheManager, NeverFits
+from .kv_cpu_tier import CpuTier
 from .kv_disk import DiskTier
 from .kv_disk_io import DiskCache, layout_for
 from .kv_retention import KVRetention, add_attention_mass
@@ -65,7 +66,9 @@ class LLMEngine:
             i for i in (tokenizer.find_token("<|im_end|>"), tokenizer.eos_token_id) if i is not None)
         self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "forward_s": 0.0,
                          "copy_ops": 0, "swap_out_blocks": 0, "swap_in_blocks": 0,
-                         "shifted_blocks": 0, "disk_restored_tokens": 0, "disk_written_blocks": 0}
+                         "shifted_blocks": 0, "disk_restored_tokens": 0, "disk_written_blocks": 0,
+                         "cpu_restored_tokens": 0}
+        self.cpu_tier = CpuTier(self.kv)
         self.disk: DiskCache | None = None
 
     def attach_disk(self, tier: DiskTier | None) -> None:
@@ -184,6 +187,7 @@ class LLMEngine:
         if self.disk is not None and layout_for(backend, self.disk.layout.model_hash) != self.disk.layout:
             self.disk = None  # the files hold another layout's KV; the caller attaches a tier for the new one
         self.kv, self.scheduler = self._fresh_pool(backend)
+        self.cpu_tier = CpuTier(self.kv)
         requeued: list[str] = []  # the callers' ids (a group of samples or beams counts once)
         for member in pending:
             try:
@@ -219,10 +223,13 @@ class LLMEngine:
     async def step(self) -> list[StepOutput]:
         """Schedule, copy, run one forward, sample; returns one StepOutput per request that ran (none for one
         aborted while the step awaited the backend)."""
+        # A prefix missing from the GPU comes from the CPU pool, else from disk (kv_cpu_tier, kv_disk_io).
+        self.counters["cpu_restored_tokens"] += await self.cpu_tier.restore(self.backend, self.scheduler.waiting)
         if self.disk is not None:
             self.counters["disk_restored_tokens"] += await self.disk.restore(self.kv, self.backend,
-                                                                             self.scheduler.waiting)
+                                                                             self.scheduler.waiting, self.cpu_tier)
         out = self.scheduler.schedule()
+        out.swap_out.extend(self.cpu_tier.take_moves())  # evicted GPU blocks, copied before anything writes them
         members = self.groups.members
         # Built before the first await, while every scheduled request is still tracked (module docstring).
         batch = build_batch(out.scheduled, self.kv.block_size) if out.scheduled else None
@@ -320,6 +327,7 @@ class LLMEngine:
         return {
             "num_blocks": pool.num_blocks, "used_blocks": pool.num_used, "free_blocks": pool.num_free,
             "cpu_blocks": cpu.num_blocks if cpu else 0, "cpu_used_blocks": cpu.num_used if cpu else 0,
+            "cpu_cached_blocks": cpu.num_cached if cpu else 0, "cpu_demoted_blocks": self.cpu_tier.num_demoted,
             "cached_blocks": pool.num_cached, "block_size": self.kv.block_size,
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "swapped": len(self.scheduler.swapped), "preemptions": dict(self.scheduler.num_preemptions),

@@ -20,6 +20,7 @@ from typing import Callable, Hashable, NamedTuple
 
 from .block_pool import BlockPool, OutOfBlocks
 from .config import CacheConfig
+from .kv_cpu_tier import register_on_cpu
 from .kv_retention import ShiftOp
 from .sequence import Sequence, SequenceStatus, append_then_allocate, check_token_ids
 
@@ -90,6 +91,7 @@ class KVCacheManager:
         self.hash_fn = hash_fn
         self.pool = pool if pool is not None else BlockPool(config.num_blocks)
         self.cpu_pool = BlockPool(config.num_cpu_blocks) if config.num_cpu_blocks > 0 else None
+        self.cpu_reads: list[int] | None = None  # not None: swap_in holds its CPU blocks there (kv_cpu_tier)
         self.live: dict[int, Sequence] = {}
         self.num_lookup_tokens = 0
         self.num_hit_tokens = 0
@@ -392,6 +394,7 @@ class KVCacheManager:
                             f"{cpu.num_blocks}")
         cpu_ids = cpu.get_new_blocks(n)
         plan = [CopyOp(g, c) for g, c in zip(seq.block_table, cpu_ids)]
+        register_on_cpu(self, seq, cpu_ids)  # findable by content there (kv_cpu_tier)
         self.pool.free_blocks(reversed(seq.block_table))
         seq.block_table = cpu_ids
         seq.block_links = []
@@ -415,7 +418,10 @@ class KVCacheManager:
         new_ids = self.pool.get_new_blocks(need)
         cpu_ids = seq.block_table
         plan = [CopyOp(c, g) for c, g in zip(cpu_ids[len(hit_ids):], new_ids)]
-        cpu.free_blocks(reversed(cpu_ids))
+        if self.cpu_reads is None:
+            cpu.free_blocks(reversed(cpu_ids))
+        else:  # freed once the copies are handed out: a demotion this step must not overwrite them first
+            self.cpu_reads.extend(reversed(cpu_ids))
         seq.block_table = hit_ids + new_ids
         if not seq.num_evicted_tokens:
             seq.block_hashes = hit_hashes
@@ -429,15 +435,13 @@ class KVCacheManager:
         if seq.status is SequenceStatus.FINISHED:
             raise SequenceFreed(f"cannot {what} sequence {seq.seq_id}: it was freed")
         if seq.status is SequenceStatus.SWAPPED:
-            raise ValueError(f"cannot {what} sequence {seq.seq_id}: it is swapped out; "
-                             "swap_in first")
+            raise ValueError(f"cannot {what} sequence {seq.seq_id}: it is swapped out; swap_in first")
 
     def _check_status(self, seq: Sequence, status: SequenceStatus, what: str) -> None:
         if seq.status is SequenceStatus.FINISHED:
             raise SequenceFreed(f"cannot {what} sequence {seq.seq_id}: it was freed")
         if seq.status is not status:
-            raise ValueError(f"cannot {what} sequence {seq.seq_id}: it is {seq.status.value}, "
-                             f"needs {status.value}")
+            raise ValueError(f"cannot {what} sequence {seq.seq_id}: it is {seq.status.value}, needs {status.value}")
 
     def _require_cpu_pool(self) -> BlockPool:
         if self.cpu_pool is None:

@@ -12,8 +12,10 @@ the payload) and the payload: for each layer, K then V of the block in the GPU w
 does not match what the lookup expects is deleted and its block recomputed, never used.
 
 The store's files are an LRU under a byte budget; `touch` moves blocks used from any tier (a GPU prefix
-hit too) to the recent end, so the disk drops what no tier used for longest. A full store (quota) lowers
-the budget to what is stored and leaves a note: new blocks then replace old ones, nothing stops a chat.
+hit too) to the recent end, so the disk drops what no tier used for longest. The order survives a reload:
+`flush` writes it to `<layout key>.lru` (the chain hashes, least recently used first, one per line; about
+33 bytes per block, beside the budget) when it changed. A full store (quota) lowers the budget to what is
+stored and leaves a note: new blocks then replace old ones, nothing stops a chat.
 """
 from __future__ import annotations
 
@@ -246,16 +248,62 @@ class DiskTier:
         self._lru: OrderedDict[str, int] = OrderedDict()  # file name -> bytes, least recently used first
         self._owners: dict[str, set[str]] = {}  # owner -> chain hashes
         self.notes: list[str] = []
+        self._dirty = False  # the LRU order changed since the index file was written
+        self._order_unsaved = False  # the last index write failed (noted once)
         self.num_corrupt = 0
         self.num_written = 0
         self.num_read = 0
 
+    @property
+    def index_name(self) -> str:
+        """The file holding this layout's LRU order."""
+        return self.layout.key + ".lru"
+
     async def open(self) -> None:
-        """Index the files in the store; ours after the foreign ones, in name order (a reload keeps no
-        recency)."""
+        """Index the files in the store: foreign ones first (in name order), then ours in the saved LRU order;
+        ours the saved order lacks (written after it was saved) count as the most recent, in name order."""
         names = await self.store.names()
+        rank = await self._saved_order(names.pop(self.index_name, None) is not None)
         prefix = self.layout.key + "-"
-        self._lru = OrderedDict(sorted(names.items(), key=lambda kv: (kv[0].startswith(prefix), kv[0])))
+        unsaved = len(rank)
+
+        def key(item):
+            name = item[0]
+            if not name.startswith(prefix):
+                return (0, 0, name)
+            return (1, rank.get(name[len(prefix):], unsaved), name)
+        self._lru = OrderedDict(sorted(names.items(), key=key))
+        self._dirty = False
+
+    async def _saved_order(self, present: bool) -> dict[str, int]:
+        """{chain hash: rank} from the index file; a damaged index is noted and ignored (name order)."""
+        data = await self.store.read(self.index_name) if present else None
+        if data is None:
+            return {}
+        try:
+            hashes = data.decode("ascii").split()
+        except UnicodeDecodeError:
+            hashes = ["?"]
+        if any(len(h) != 32 or h.strip("0123456789abcdef") for h in hashes):
+            self._note(f"{self.index_name} is not a list of block hashes; the disk's LRU order is lost")
+            return {}
+        return {h: i for i, h in enumerate(hashes)}
+
+    async def flush(self) -> None:
+        """Write the LRU order to the index file if it changed; a full store leaves a note (the order is then
+        lost on a reload, nothing else)."""
+        if not self._dirty:
+            return
+        prefix = self.layout.key + "-"
+        order = "".join(name[len(prefix):] + "\n" for name in self._lru if name.startswith(prefix))
+        try:
+            await self.store.write(self.index_name, order.encode("ascii"))
+        except StoreFull as err:
+            if not self._order_unsaved:  # once, not at every step while the store stays full
+                self._note(f"the disk's LRU order was not saved ({err})")
+            self._order_unsaved = True
+            return  # still dirty: the next flush tries again
+        self._dirty = self._order_unsaved = False
 
     # -- queries -------------------------------------------------------------
     @property
@@ -289,6 +337,7 @@ class DiskTier:
             name = self.layout.file_name(h)
             if name in self._lru:
                 self._lru.move_to_end(name)
+                self._dirty = True
 
     # -- reading -------------------------------------------------------------
     async def load(self, hashes: list[str], token_ids, start: int = 0) -> list[bytes]:
@@ -311,6 +360,7 @@ class DiskTier:
                 await self._remove(name)
                 break
             self._lru.move_to_end(name)
+            self._dirty = True
             out.append(payload)
         self.num_read += len(out)
         return out
@@ -322,6 +372,7 @@ class DiskTier:
         name = self.layout.file_name(chain_hash)
         if name in self._lru:
             self._lru.move_to_end(name)
+            self._dirty = True
             return True
         data = encode_block(self.layout, chain_hash, token_ids, payload)
         if len(data) > self.budget_bytes:
@@ -335,6 +386,7 @@ class DiskTier:
                        "the rest is recomputed after a reload")
             return False
         self._lru[name] = len(data)
+        self._dirty = True
         self.num_written += 1
         return True
 
@@ -348,6 +400,7 @@ class DiskTier:
     async def _remove(self, name: str) -> None:
         await self.store.delete(name)
         self._lru.pop(name, None)
+        self._dirty = True
 
     async def set_budget(self, budget_bytes: int) -> None:
         """A new disk budget (memory settings); evicts LRU files past it now."""
@@ -379,4 +432,6 @@ class DiskTier:
         mine = [name for name in self._lru if name.startswith(prefix)]
         for name in mine:
             await self._remove(name)
+        await self.store.delete(self.index_name)
+        self._dirty = False
         return len(mine)

@@ -3,8 +3,8 @@
 Restore: a waiting sequence without blocks whose prefix misses the GPU prefix cache past block k loads the
 blocks k, k+1, ... that the disk holds, gives them fresh GPU blocks registered as cached prefix blocks
 (KVCacheManager.adopt_blocks) and writes their K/V there (Backend.write_blocks); the scheduler's
-allocate_slots then finds them as ordinary prefix hits, so the sequence prefills only the rest. Swapped
-sequences come back from the CPU pool by swap_in, as before: that pool is not addressed by hash.
+allocate_slots then finds them as ordinary prefix hits, so the sequence prefills only the rest. The CPU pool
+is looked up before this (kv_cpu_tier), so disk loads start after the blocks it held.
 
 Write-behind: after a forward, blocks that became full and computed are read back in one call
 (Backend.read_blocks) and stored unless the disk holds them already; a step reads back only when a block
@@ -40,9 +40,9 @@ class DiskCache:
         if want != self.layout:
             raise ValueError(f"the disk tier holds {self.layout} but the {backend.name} backend's KV is {want}")
 
-    async def restore(self, kv, backend, requests) -> int:
+    async def restore(self, kv, backend, requests, cpu_tier=None) -> int:
         """Load from disk the prefixes of `requests` (waiting, no blocks) that the GPU cache lacks; returns
-        the tokens restored."""
+        the tokens restored. cpu_tier (kv_cpu_tier.CpuTier): its demotions run before a block is written."""
         bs = self.layout.block_size
         total = 0
         requests = list(requests)
@@ -64,10 +64,13 @@ class DiskCache:
             payloads = await self.tier.load(hashes[:start + run], seq.token_ids, start)
             ids = kv.adopt_blocks(seq.token_ids[:(start + len(payloads)) * bs], start, len(payloads))
             if ids:
+                if cpu_tier is not None:
+                    await cpu_tier.flush(backend)
                 await backend.write_blocks(ids, block_words(self.layout, payloads[:len(ids)]))
                 self.last_restored_tokens = len(ids) * bs
                 total += len(ids) * bs
         self.restored_tokens += total
+        await self.tier.flush()  # a GPU hit or a load moved blocks in the disk's LRU
         return total
 
     async def write_behind(self, kv, backend, seqs) -> int:
@@ -90,12 +93,12 @@ class DiskCache:
                     todo.append((hashes[i], seq.token_ids[i * bs:(i + 1) * bs], seq.block_table[i]))
             self._saved[seq.seq_id] = full
         self._saved = {sid: n for sid, n in self._saved.items() if sid in kv.live}
-        if not todo:
-            return 0
-        payloads = block_payloads(await backend.read_blocks([block for _, _, block in todo]))
         written = 0
-        for (h, tokens, _), payload in zip(todo, payloads):
-            written += int(await self.tier.save(h, tokens, payload))
+        if todo:
+            payloads = block_payloads(await backend.read_blocks([block for _, _, block in todo]))
+            for (h, tokens, _), payload in zip(todo, payloads):
+                written += int(await self.tier.save(h, tokens, payload))
+        await self.tier.flush()
         return written
 
     def stats(self) -> dict:

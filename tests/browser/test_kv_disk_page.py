@@ -14,6 +14,8 @@ CORRUPT_ALL = """async () => {
   const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle("kv");
   let n = 0;
   for await (const [name, handle] of dir.entries()) {
+    // Block files only: not the LRU order (<key>.lru) nor a write's swap file in flight (<name>.crswap).
+    if (!/^[0-9a-f]{16}-[0-9a-f]{32}$/.test(name)) continue;
     const data = new Uint8Array(await (await handle.getFile()).arrayBuffer());
     data[data.length - 1] ^= 0x40;  // one bit of the payload's last byte
     const w = await handle.createWritable();
@@ -93,8 +95,9 @@ def test_reload_restores_from_disk_and_replies_the_same(browser, base_url, query
     assert "off (?kv_disk=0)" in facts
     per_token = int(re.search(r"([\d,]+) B \(", facts).group(1).replace(",", ""))  # "KV bytes / token"
     cpu_blocks = (1 << 20) // (16 * per_token)
-    assert (memory(ref.page)["cpu_blocks"], memory(ref.page)["cpu_used"]) == (cpu_blocks, 0)
-    assert f"0 of {cpu_blocks} blocks" in facts
+    assert (memory(ref.page)["cpu_blocks"], memory(ref.page)["cpu_used"], memory(ref.page)["cpu_cached"]) == \
+        (cpu_blocks, 0, 0)
+    assert f"0 of {cpu_blocks} blocks (0 swapped, 0 cached)" in facts
     ref.page.evaluate(REMOVE_KV)  # this page has no disk tier: nothing holds the directory
     ref.page.close()
 
