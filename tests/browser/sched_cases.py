@@ -75,7 +75,8 @@ async def stress(seed: int, num_blocks: int, preemption: str, swap_max_blocks: i
             "swap_out_blocks": stats["swap_out_blocks"], "swap_in_blocks": stats["swap_in_blocks"],
             "num_blocks": stats["num_blocks"], "used": stats["used_blocks"], "free": stats["free_blocks"],
             "cached": stats["cached_blocks"], "cpu_free": engine.kv.cpu_pool.num_free,
-            "cpu_total": engine.kv.cpu_pool.num_blocks, "ledger": view,
+            "cpu_cached": engine.kv.cpu_pool.num_cached, "cpu_total": engine.kv.cpu_pool.num_blocks,
+            "demoted": stats["cpu_demoted_blocks"], "ledger": view,
             "tokens": [len(c["prompt"]) for c in convs], "replies": [c["replies"] for c in convs]}
 
 

@@ -21,16 +21,19 @@ def run(worker, call: str):
 
 @pytest.mark.parametrize("preemption", ["auto", "recompute"])
 def test_six_conversations_in_24_blocks_finish_without_failure_or_leak(worker, preemption):
-    r = run(worker, f"stress(seed=7, num_blocks=24, preemption={preemption!r})")
+    # Victims of up to 4 blocks swap (the CPU tier's promotions shape this schedule: its victims have 4 blocks).
+    r = run(worker, f"stress(seed=7, num_blocks=24, preemption={preemption!r}, swap_max_blocks=4)")
     assert r["num_blocks"] == 24 and r["ledger"]["num_blocks"] == 24
     assert r["failures"] == [] and r["turns"] == 12
     assert sum(r["preemptions"].values()) >= 1 and r["preempted_turns"] >= 1, r
     if preemption == "auto":  # small victims swap; swap-in shares blocks still in the GPU prefix cache
         assert r["preemptions"]["swap"] >= 1 and 1 <= r["swap_in_blocks"] <= r["swap_out_blocks"], r
     else:
-        assert r["preemptions"]["swap"] == 0 and r["swap_out_blocks"] == 0
+        # Every copy to the CPU pool was a demotion of an evicted cached block (kv_cpu_tier), none a swap-out.
+        assert r["preemptions"]["swap"] == 0 and r["swap_out_blocks"] <= r["demoted"]
     assert r["used"] == 0 and r["free"] + r["cached"] == r["num_blocks"] == 24  # no leaked block
-    assert r["cpu_free"] == r["cpu_total"] == 32
+    # The CPU tier keeps demoted and swapped-out full blocks as cache (findable by their prefix); none stays in use.
+    assert r["cpu_free"] + r["cpu_cached"] == r["cpu_total"] == 32
     assert r["peak_used_blocks"] == 24 and r["ledger"]["peak"] <= r["ledger"]["budget"]  # the pool ran full
     print(json.dumps({k: r[k] for k in ("preemptions", "preempted_turns", "swap_out_blocks", "steps",
                                         "peak_used_blocks", "tokens", "replies")}))
