@@ -210,6 +210,7 @@ def test_reload_keeps_chats_and_the_interrupted_reply(app):
     page.wait_for_timeout(50)
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
+    page.wait_for_selector("#chat-list li", state="attached")  # drawn when the worker's chat list is back
     assert page.locator("#chat-list li").all_inner_texts() == titles
     page.locator("#chat-list li:nth-child(4) button").click()
     last = page.locator("#messages .msg.assistant").last
@@ -257,6 +258,7 @@ def test_settings_belong_to_their_chat_and_a_stopped_reply_survives_a_reload(app
     page.wait_for_timeout(300)  # the IndexedDB write of the finished turn
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
+    page.wait_for_selector("#chat-list li", state="attached")  # drawn when the worker's chat list is back
     page.locator(f"#chat-list li:nth-child({n + 1}) button").click()
     assert form_settings(page) == ("1.1", "1", "Be brief.", "2000")
     last = page.locator("#messages .msg.assistant").last
@@ -280,6 +282,7 @@ def test_memory_settings_rebuild_the_pool_and_keep_the_chats(app):
         page.wait_for_timeout(100)
     assert "block_size=32" in page.url and "max_context=128" in page.url and "cpu_mib=32" in page.url, page.url
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
+    page.wait_for_selector("#chat-list li", state="attached")  # drawn when the worker's chat list is back
     info = json.loads(page.evaluate("document.documentElement.dataset.modelInfo"))
     assert info["block_size"] == 32 and info["context_length"] == 128
     assert page.locator("#chat-list li").all_inner_texts() == titles

@@ -37,6 +37,7 @@ def records(page) -> dict:
 def reload_app(page) -> None:
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=BOOT_TIMEOUT_MS)
+    page.wait_for_selector("#chat-list li", state="attached")  # drawn when the worker's chat list is back
     show_settings(page)
 
 
