@@ -24,6 +24,12 @@ class OutOfBlocks(RuntimeError):
     """Not enough free or cached blocks right now; the caller may preempt and retry."""
 
 
+class CopyOp(NamedTuple):
+    """Copy all slots of block `src` into block `dst` (the backend executes it)."""
+    src: int
+    dst: int
+
+
 class _Link:
     __slots__ = ("prev", "next")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Callable, Hashable, NamedTuple
 
-from .block_pool import BlockPool, OutOfBlocks
+from .block_pool import BlockPool, CopyOp, OutOfBlocks
 from .config import CacheConfig
 from .kv_cpu_tier import register_on_cpu
 from .kv_retention import ShiftOp
@@ -38,12 +38,6 @@ class SequenceFreed(ValueError):
 
 class DoubleFree(SequenceFreed):
     """free() called twice on the same sequence."""
-
-
-class CopyOp(NamedTuple):
-    """Copy all slots of block `src` into block `dst` (the backend executes it)."""
-    src: int
-    dst: int
 
 
 HashFn = Callable[[Hashable, tuple[int, ...], str | None], Hashable]

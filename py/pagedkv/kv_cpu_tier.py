@@ -11,30 +11,26 @@ what follows them. A promoted block keeps its CPU copy, so its next demotion cop
 
 The GPU prefix cache verifies a hit through its parent's (block id, epoch) link, which dies when the parent
 block leaves the GPU, so the CPU pool keys its blocks by a collision-resistant digest of the whole prefix
-instead (blake2b over the parent digest and the block's token ids, seeded with the namespace): equal digests
-mean equal prefixes, whatever hash_fn the GPU cache uses.
+instead (the disk tier's chain hash, kv_disk.chain_step, seeded with the namespace): equal digests mean
+equal prefixes, whatever hash_fn the GPU cache uses.
 """
 from __future__ import annotations
 
 import hashlib
-import struct
 from typing import TYPE_CHECKING
 
-from .block_pool import BlockState
+from .block_pool import BlockState, CopyOp
+from .kv_disk import chain_step
 
 if TYPE_CHECKING:  # the manager imports this module (swap_out registers blocks here)
-    from .kv_cache_manager import CopyOp, KVCacheManager
+    from .kv_cache_manager import KVCacheManager
     from .sequence import Sequence
 
 __all__ = ["chain_digests", "register_on_cpu", "promote_prefix", "forget_on_cpu", "CpuTier"]
 
 
 def _seed(namespace: str | None) -> bytes:
-    return hashlib.blake2b(repr(namespace).encode(), digest_size=16).digest()
-
-
-def _next_digest(parent: bytes, chunk) -> bytes:
-    return hashlib.blake2b(parent + struct.pack(f"<{len(chunk)}I", *chunk), digest_size=16).digest()
+    return hashlib.sha256(repr(namespace).encode()).digest()[:16]
 
 
 def chain_digests(token_ids, num_blocks: int, block_size: int, namespace: str | None) -> list[bytes]:
@@ -42,7 +38,7 @@ def chain_digests(token_ids, num_blocks: int, block_size: int, namespace: str | 
     parent = _seed(namespace)
     out = []
     for i in range(num_blocks):
-        parent = _next_digest(parent, token_ids[i * block_size:(i + 1) * block_size])
+        parent = chain_step(parent, token_ids[i * block_size:(i + 1) * block_size])
         out.append(parent)
     return out
 
@@ -64,7 +60,6 @@ def promote_prefix(kv: KVCacheManager, token_ids) -> list[CopyOp]:
     """Copy the CPU pool's run of the full blocks of `token_ids` that follow its GPU-cached prefix into fresh
     GPU blocks, registered as cached prefix blocks (ref 0). Returns the (cpu block, gpu block) copies the
     backend must run before those GPU blocks are read or reused; fewer blocks when the GPU pool runs short."""
-    from .kv_cache_manager import CopyOp
     cpu = kv.cpu_pool
     bs = kv.block_size
     n = len(token_ids) // bs
@@ -117,7 +112,6 @@ class CpuTier:
             kv.cpu_reads = []
 
     def _demote(self, block: BlockState) -> None:
-        from .kv_cache_manager import CopyOp
         kv, cpu = self.kv, self.kv.cpu_pool
         digest = self.gpu_digest(block) if block.salt == kv.namespace else None
         if digest is None or cpu is None:
@@ -156,7 +150,7 @@ class CpuTier:
             chain.append(parent)
             link = parent.parent
         for b in reversed(chain):
-            digest = _next_digest(digest, b.token_ids)
+            digest = chain_step(digest, b.token_ids)
             memo[(b.block_id, b.epoch)] = digest
         return digest
 

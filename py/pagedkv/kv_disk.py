@@ -159,6 +159,12 @@ class TierBudgets:
                 "disk": self.disk_bytes // layout.file_bytes}
 
 
+def chain_step(parent: bytes, block_token_ids) -> bytes:
+    """The chain hash (16 bytes) of a block whose prefix's hash is `parent`: covers every token before it too.
+    The disk tier's file names and the CPU tier's keys (kv_cpu_tier) are this chain, from different seeds."""
+    return hashlib.sha256(parent + np.asarray(block_token_ids, dtype="<i4").tobytes()).digest()[:16]
+
+
 def block_chain(layout: KVLayout, token_ids, num_blocks: int | None = None) -> list[str]:
     """Chain hashes (32 hex chars) of the first `num_blocks` full blocks of `token_ids` (all full ones
     by default); block i's hash covers every token of blocks 0..i and the layout."""
@@ -169,8 +175,7 @@ def block_chain(layout: KVLayout, token_ids, num_blocks: int | None = None) -> l
     parent = bytes.fromhex(layout.key)
     out = []
     for i in range(n):
-        chunk = np.asarray(token_ids[i * bs:(i + 1) * bs], dtype="<i4").tobytes()
-        parent = hashlib.sha256(parent + chunk).digest()[:16]
+        parent = chain_step(parent, token_ids[i * bs:(i + 1) * bs])
         out.append(parent.hex())
     return out
 
