@@ -10,6 +10,7 @@ from gguf.quants import quantize as gguf_quantize
 from gguf_tokenizer import gguf_manifest_sections
 
 from pagedkv.model.config import ModelConfig
+from pagedkv.model.synthetic import write_llama_metadata
 from pagedkv.model.weights import expected_shapes
 
 
@@ -28,21 +29,7 @@ def write_tiny_gguf(path, seed: int = 0, matrix_type: Q = Q.Q4_1) -> ModelConfig
     tok = sections["tokenizer"]
     cfg = tiny_llama_config(len(tok["tokens"]))
     writer = gguf.GGUFWriter(str(path), "llama")
-    # the metadata convert.py reads, by key: the hyper-parameters, then the tokenizer and chat template
-    sizes = {"block_count": cfg.n_layers, "context_length": cfg.context_length, "embedding_length": cfg.hidden,
-             "feed_forward_length": cfg.ffn, "attention.head_count": cfg.n_heads,
-             "attention.head_count_kv": cfg.n_kv_heads, "rope.dimension_count": cfg.head_dim}
-    for key, value in sizes.items():
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.rope.freq_base", cfg.rope_base)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", cfg.rms_eps)
-    for key in ("model", "pre"):
-        writer.add_string(f"tokenizer.ggml.{key}", tok[key])
-    for key, name in (("tokens", "tokens"), ("token_type", "token_types"), ("merges", "merges")):
-        writer.add_array(f"tokenizer.ggml.{key}", tok[name])
-    for key in ("bos", "eos", "unknown", "padding"):
-        writer.add_uint32(f"tokenizer.ggml.{key}_token_id", tok[f"{key}_token_id"])
-    writer.add_string("tokenizer.chat_template", sections["chat_template"])
+    write_llama_metadata(writer, cfg, tok, sections["chat_template"])
     rng = np.random.default_rng(seed)
     for name, shape in expected_shapes(cfg).items():
         w = rng.standard_normal(shape).astype(np.float32)

@@ -73,9 +73,12 @@ def smollm2_tokenizer(models_cache: str | os.PathLike) -> tuple[dict, str]:
     return _tokenizer_from_gguf(reader), _field(reader, "tokenizer.chat_template")
 
 
-def _metadata(writer, config: ModelConfig, tokenizer: dict, chat_template: str, name: str) -> None:
-    """The keys convert.py reads: hyper-parameters under "llama.", then the tokenizer and the chat template."""
-    writer.add_name(name)
+def write_llama_metadata(writer, config: ModelConfig, tokenizer: dict, chat_template: str,
+                         name: str | None = None) -> None:
+    """The keys convert.py reads, to a gguf.GGUFWriter: general.name if given, the hyper-parameters under
+    "llama.", then the tokenizer (a manifest's tokenizer section) and the chat template."""
+    if name is not None:
+        writer.add_name(name)
     for key, value in (("block_count", config.n_layers), ("context_length", config.context_length),
                        ("embedding_length", config.hidden), ("feed_forward_length", config.ffn),
                        ("attention.head_count", config.n_heads), ("attention.head_count_kv", config.n_kv_heads),
@@ -114,7 +117,7 @@ def write_synthetic_gguf(path: str | os.PathLike, preset: str = "1.5b", seed: in
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     writer = gguf.GGUFWriter(str(tmp), "llama")
-    _metadata(writer, config, tokenizer, template, f"synthetic-{preset}-seed{seed}")
+    write_llama_metadata(writer, config, tokenizer, template, f"synthetic-{preset}-seed{seed}")
     shapes = expected_shapes(config)
     for name, shape in shapes.items():
         if len(shape) == 1:
