@@ -55,7 +55,7 @@ class FileStore(Protocol):
         """Remove a file; no error when it is absent."""
 
     async def names(self) -> dict[str, int]:
-        """{name: size in bytes} of every file."""
+        """{name: size in bytes} of every file; may leave out an empty one (OPFS: a write still in flight)."""
 
 
 class MemoryStore:

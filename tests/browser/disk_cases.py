@@ -94,3 +94,41 @@ async def reload_restores(kv_dtype: str, backend: str = "webgpu", corrupt: bool 
     if backend == "webgpu":
         bb.destroy()
     return {"out2": out2, "reloaded": again, "a": before, "b": after}
+
+
+async def opfs_listing_while_writing(rounds: int = 40) -> dict:
+    """OpfsStore.names() while 120 files are written and 60 of them deleted at once (another tab's disk tier,
+    or this one's write-behind): every listing must succeed and name only files of the store. Before the fix a
+    listing read the size of a write's swap file (`<name>.crswap`) or of a deleted file: NotFoundError."""
+    import asyncio
+
+    from pagedkv.backends.webgpu.interop import OpfsStore
+
+    store = await OpfsStore.open("kv-listing-case")
+    for name in await store.names():  # a failed earlier run's files
+        await store.delete(name)
+    data = bytes(range(256)) * 90  # 23,040 bytes: an f16 block of SmolLM2
+    names = [f"f-{i:03d}" for i in range(120)]
+
+    async def write_then_delete():
+        for name in names:
+            await store.write(name, data)
+        for name in names[::2]:
+            await store.delete(name)
+
+    async def list_all():
+        seen, stray, sizes = [], set(), set()
+        for _ in range(rounds):
+            listed = await store.names()
+            seen.append(len(listed))
+            stray |= set(listed) - set(names)
+            sizes |= set(listed.values())
+            await asyncio.sleep(0)
+        return seen, sorted(stray), sorted(sizes)
+
+    _, (seen, stray, sizes) = await asyncio.gather(write_then_delete(), list_all())
+    final = await store.names()
+    for name in final:
+        await store.delete(name)
+    return {"listings": len(seen), "grew": seen[-1] > seen[0] or max(seen) > 0, "stray": stray,
+            "sizes": [s for s in sizes if s != len(data)], "final": sorted(final) == names[1::2]}

@@ -1,6 +1,6 @@
 """The disk tier on the WebGPU backend in real headless Chromium (tiny model): whole blocks out and back in the
 GPU word layout, and a reload over the same store that restores a chat's prefix and replies exactly as the
-engine that never reloaded. Cases run in the page's worker (tests/browser/disk_cases.py)."""
+engine that never reloaded; the OPFS store listed while files are written and deleted. Cases run in the page's worker (tests/browser/disk_cases.py)."""
 from __future__ import annotations
 
 import pytest
@@ -40,3 +40,8 @@ def test_corrupt_block_is_recomputed_on_the_gpu(worker):
     assert r["reloaded"] == r["out2"]
     assert r["b"] == {"prefill_tokens": 56, "disk_blocks": 5, "disk_restored_tokens": 16,
                       "disk_written_blocks": 1, "disk_corrupt_blocks": 1}
+
+
+def test_opfs_listing_survives_writes_and_deletes_in_flight(worker):
+    r = run(worker, "opfs_listing_while_writing()")
+    assert r == {"listings": 40, "grew": True, "stray": [], "sizes": [], "final": True}

@@ -237,6 +237,9 @@ def _js_error(err: Exception, name: str) -> bool:
     return isinstance(err, JsException) and (getattr(err, "name", "") == name or name in str(err))
 
 
+SWAP_SUFFIX = ".crswap"  # Chromium's swap file of a createWritable() not yet closed
+
+
 class OpfsStore:
     """A kv_disk.FileStore over one directory of the origin private file system (the disk tier's block files
     live under `kv/`, apart from other OPFS data). Create with `await OpfsStore.open("kv")`."""
@@ -289,8 +292,22 @@ class OpfsStore:
                 raise
 
     async def names(self) -> dict[str, int]:
+        """{name: bytes} of the files now in the directory. Another tab of the app (or this one's write-behind)
+        may write and delete while it is listed: a write in flight shows as `<name>.crswap`, Chromium's swap
+        file, which is not a file of the store, and the file itself reads empty until that write closes: both
+        are left out (no file of the store is empty), as is an entry deleted between the listing and its
+        size read."""
         out = {}
         async for handle in self.directory.values():
-            if handle.kind == "file":
-                out[str(handle.name)] = int((await handle.getFile()).size)
+            name = str(handle.name)
+            if handle.kind != "file" or name.endswith(SWAP_SUFFIX):
+                continue
+            try:
+                size = int((await handle.getFile()).size)
+            except JsException as err:
+                if not _js_error(err, "NotFoundError"):
+                    raise
+                continue
+            if size:
+                out[name] = size
         return out
