@@ -56,8 +56,8 @@ BENCHMARKS = {
     "wllama": ["bench.wllama"],
     "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
     "long_chat": ["bench.long_chat"],  # full form ~1 h on SwiftShader; then `-- --cpu-reference` merges its part
-    "soak": ["bench.soak"],
-    "kv_disk": ["bench.kv_disk"],  # TTFT after a reload, disk tier on / off  # the chat page under random Send / Stop / Regenerate / Delete / New chat / reload
+    "soak": ["bench.soak"],  # the chat page under random Send / Stop / Regenerate / Delete / New chat / reload
+    "kv_disk": ["bench.kv_disk"],  # TTFT after a reload, disk tier on / off
 }
 # Run in their quick form unless --only names them.
 LONG = ("kv_quality_window", "long_chat")

@@ -5,8 +5,10 @@
 A chat of N tokens is computed (its full blocks are written behind to disk when the tier is on), then a fresh
 engine ("the reload") gets the next turn: the history plus a 16-token message; with the tier on it restores
 the history's blocks from disk and prefills only the rest. CPU path: the numpy backend in CPython, f32 KV as the
-page's CPU fallback holds it, block files in a temporary directory. WebGPU: the page's worker in headless
-Chromium (SwiftShader here), f16 KV, block files in OPFS. Also the disk bytes per token of every KV dtype
+page's CPU fallback holds it, block files in a temporary directory. CPU path in the tab: the app page at
+?backend=cpu, its own backend in Pyodide (the wasm SIMD projections and attention a person without WebGPU
+gets), f32 KV, block files in OPFS. WebGPU: the page's worker in headless Chromium (SwiftShader here), f16 KV,
+block files in OPFS. Also the disk bytes per token of every KV dtype
 (block file incl. header / block size) for the model. Prints JSON (`python3 -m bench` files it). Figures only.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: BLAS t
 from bench import _path  # noqa: F401,E402  (puts py/ and the repo root on sys.path)
 from bench._path import ROOT, emit  # noqa: E402
 from bench.harness import session  # noqa: E402
+from bench.harness.browser import open_and_boot, wait_model  # noqa: E402
 
 WEB = """
 import json
@@ -39,6 +42,22 @@ _rows = [await reload_ttft(_b, _tok, _m, _store, n, on, seed=n) for n in {sizes!
 _b.destroy()
 json.dumps({{"rows": _rows, "num_blocks": _b.num_blocks}})
 """
+
+
+# The app page's own backend at ?backend=cpu (?kv_disk=0 keeps the page's own disk tier off OPFS `kv/`).
+TAB = """
+import json
+from bench.page.kv_disk_turns import reload_ttft
+from pagedkv.backends.webgpu.interop import OpfsStore, fetch_bytes
+from pagedkv_app.main import state
+_e = state["engine"]
+_m = json.loads(await fetch_bytes("models/{model}/model.json"))
+_store = await OpfsStore.open("kv-bench-cpu")
+await reload_ttft(_e.backend, _e.tokenizer, _m, _store, 48, True, seed=99)  # as on WebGPU: first-call costs out
+_rows = [await reload_ttft(_e.backend, _e.tokenizer, _m, _store, n, on, seed=n) for n in {sizes!r} for on in (False, True)]
+json.dumps({{"rows": _rows, "num_blocks": _e.backend.num_blocks}})
+"""
+TAB_TIMEOUT_MS = 3_600_000
 
 
 class DirStore:
@@ -83,13 +102,42 @@ def cpu_rows(model: str, sizes: list[int]) -> list[dict]:
     return rows
 
 
-def web_rows(model: str, sizes: list[int]) -> dict:
-    """The same runs on the WebGPU backend in the page's worker, block files in OPFS."""
+def web_rows(model: str, sizes: list[int], tab_sizes: list[int]) -> dict:
+    """The same runs in the browser: the tab's CPU path (tab_sizes, none when empty), then the WebGPU backend
+    in the page's worker (sizes, none when empty); block files in OPFS."""
+    out = {}
     with session() as page:
-        page.install_bench("page/kv_disk_turns.py", "page/webgpu_engine.py")
-        rows = page.py(WEB.format(model=model, sizes=sizes))
-        return {"webgpu": {"kv_dtype": "f16", "store": "OPFS", **rows},
-                "adapter": json.loads(page.dataset()["adapter"])["name"]}
+        if tab_sizes:
+            t0 = time.perf_counter()
+            out["cpu_tab"] = tab_cpu_rows(page, model, tab_sizes)
+            out["cpu_tab_s"] = round(time.perf_counter() - t0, 1)
+            print(json.dumps(out["cpu_tab"]), file=sys.stderr)
+        if sizes:
+            page.install_bench("page/kv_disk_turns.py", "page/webgpu_engine.py")
+            rows = page.py(WEB.format(model=model, sizes=sizes))
+            out["webgpu"] = {"kv_dtype": "f16", "store": "OPFS", **rows}
+        out["adapter"] = json.loads(page.dataset()["adapter"])["name"]
+    return out
+
+
+def tab_cpu_rows(s, model: str, sizes: list[int]) -> dict:
+    """The same runs in the app page at ?backend=cpu: the tab's CPU path, block files in OPFS. Its KV pool
+    (?kv_mib=) holds the longest chat and its next turn."""
+    from pagedkv.kv_dtype import kv_dtype
+    from pagedkv.model.weights import check_manifest, read_manifest
+
+    cfg = check_manifest(read_manifest(ROOT / "dist" / "models" / model))
+    token_bytes = 2 * cfg.n_layers * kv_dtype("f32").token_bytes(cfg.n_kv_heads, cfg.head_dim)
+    kv_mib = -(-(max(sizes) + 64) * token_bytes // (1 << 20))
+    query = f"?model={model}&backend=cpu&kv_disk=0&kv_mib={kv_mib}"
+    booted = open_and_boot(s.browser, s.origin + "/" + query, TAB_TIMEOUT_MS, TAB_TIMEOUT_MS)
+    try:
+        info = wait_model(booted, TAB_TIMEOUT_MS)
+        booted.install_bench("page/kv_disk_turns.py")
+        rows = booted.py(TAB.format(model=model, sizes=sizes))
+    finally:
+        booted.page.close()
+    return {"kv_dtype": info["kv_dtype"], "store": "OPFS", "query": query, "cpu_linear": info["cpu_linear"], **rows}
 
 
 def bytes_per_token(model: str) -> dict:
@@ -110,16 +158,22 @@ def bytes_per_token(model: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="256,1024,4096", help="chat lengths in tokens, comma-separated")
-    parser.add_argument("--web-sizes", default=None, help="chat lengths on WebGPU (default: --sizes)")
+    parser.add_argument("--web-sizes", default=None, help="chat lengths on WebGPU (default: --sizes; '' none)")
+    parser.add_argument("--tab-sizes", default=None,
+                        help="chat lengths on the tab's CPU path (default: --sizes; '' none)")
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--quick", action="store_true", help="256 and 1,024 tokens on the CPU path, 256 on WebGPU")
-    parser.add_argument("--no-web", action="store_true", help="the CPU path only")
-    parser.add_argument("--no-cpu", action="store_true", help="WebGPU only")
+    parser.add_argument("--quick", action="store_true",
+                        help="256 and 1,024 tokens on the CPU path in CPython, 256 in the tab and on WebGPU")
+    parser.add_argument("--no-web", action="store_true", help="CPython only (no browser)")
+    parser.add_argument("--no-cpu", action="store_true", help="the browser only")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    web_sizes = [int(s) for s in (args.web_sizes or args.sizes).split(",")]
+    def size_list(value: str | None) -> list[int]:
+        return [int(x) for x in (args.sizes if value is None else value).split(",") if x]
+
+    web_sizes, tab_sizes = size_list(args.web_sizes), size_list(args.tab_sizes)
     if args.quick:
-        sizes, web_sizes = [256, 1024], [256]
+        sizes, web_sizes, tab_sizes = [256, 1024], [256], [256]
     report = {"benchmark": "kv_disk", "model": args.model, "bytes_per_token": bytes_per_token(args.model),
               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     t0 = time.perf_counter()
@@ -127,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         report["cpu_numpy"] = {"kv_dtype": "f32", "store": "directory", "rows": cpu_rows(args.model, sizes)}
         report["cpu_s"] = round(time.perf_counter() - t0, 1)
     if not args.no_web:
-        report.update(web_rows(args.model, web_sizes))
+        report.update(web_rows(args.model, web_sizes, tab_sizes))
     emit(report)
     return 0
 
