@@ -103,6 +103,23 @@ def test_full_store_degrades_without_error(tiny_weights, tokenizer):
     assert reply(b, TURN1) == out1  # what the disk did or did not hold changes no token
 
 
+@pytest.mark.parametrize("interval_s, writes", [(10.0, 2), (0.0, 5)])
+def test_a_turn_writes_the_lru_index_once_more_at_its_end(tiny_weights, tokenizer, interval_s, writes):
+    """A frozen clock: the first write, then none until the turn's last step forces it (with no interval, one
+    per step whose write-behind or restore moved the LRU: the five steps here that filled a block)."""
+    backend = CpuBackend(tiny_weights, num_blocks=64, block_size=16)
+    store = MemoryStore()
+    tier = DiskTier(store, layout_for(backend, model_hash(tiny_weights.manifest)), 1 << 30,
+                    index_interval_s=interval_s, clock=lambda: 5.0)
+    run_sync(tier.open())
+    engine = LLMEngine(backend, tokenizer, EngineConfig(max_num_batched_tokens=16))
+    engine.attach_disk(tier)
+    run_sync(engine.generate(TURN1, SamplingParams(max_tokens=50, stop_token_ids=(10_000,))))  # 90 tokens
+    prefix = tier.layout.key + "-"
+    assert tier.num_blocks == 5 and engine.stats()["disk_index_writes"] == writes
+    assert store.files[tier.index_name].decode().split() == [n[len(prefix):] for n in tier.lru_names()]
+
+
 def test_disk_layout_must_match_the_backend(tiny_weights, tokenizer):
     a = engine_on(tiny_weights, tokenizer, None, "f16")
     f32 = CpuBackend(tiny_weights, num_blocks=8, block_size=16)

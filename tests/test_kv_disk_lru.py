@@ -52,10 +52,31 @@ def test_a_full_store_notes_the_unsaved_order_once_and_clear_deletes_the_index()
     a = save_chat(t, [1, 2, 3, 4, 5, 6, 7, 8])
     run_sync(t.flush())
     t.touch([a[0]])
-    run_sync(t.flush())
+    run_sync(t.flush(force=True))
     assert len(t.notes) == 1 and t.notes[0].startswith("the disk's LRU order was not saved (quota of")
     assert t.index_name not in store.files
     store.quota_bytes = None
-    run_sync(t.flush())  # the failed write is tried again
+    run_sync(t.flush(force=True))  # the failed write is tried again
     assert store.files[t.index_name] == "".join(h + "\n" for h in reversed(a)).encode()
     assert run_sync(t.clear()) == 2 and store.files == {}
+
+
+def test_the_index_is_written_at_most_once_an_interval_unless_forced():
+    store, now = MemoryStore(), [100.0]
+    t = DiskTier(store, LAYOUT, 10 * FILE, index_interval_s=10.0, clock=lambda: now[0])
+    run_sync(t.open())
+    a = save_chat(t, [1, 2, 3, 4, 5, 6, 7, 8])
+    run_sync(t.flush())  # the first write is not held back
+    first = store.files[t.index_name]
+    t.touch([a[0]])
+    now[0] = 109.9
+    run_sync(t.flush())
+    assert store.files[t.index_name] == first and t.num_index_writes == 1  # 9.9 s after the last write
+    now[0] = 110.0
+    run_sync(t.flush())
+    assert store.files[t.index_name] == "".join(h + "\n" for h in (a[1], a[0])).encode()
+    t.touch([a[1]])
+    run_sync(t.flush(force=True))  # a turn ended: written at once
+    assert store.files[t.index_name] == first and t.num_index_writes == 3
+    run_sync(t.flush(force=True))  # nothing changed since: no write
+    assert t.num_index_writes == 3

@@ -249,6 +249,7 @@ class LLMEngine:
             await self.backend.shift_keys(out.shifts)
             self.counters["shifted_blocks"] += len(out.shifts)
         if batch is None:
+            await self._flush_when_idle()
             return []
         track = any(r.retention is not None and r.retention.evict for r, _ in out.scheduled)
         mass = np.zeros(batch.block_tables.shape, np.float32) if track else None  # (S, max_blocks)
@@ -283,7 +284,13 @@ class LLMEngine:
             for sample in self.groups.fork_samples(self.scheduler, member):
                 results.append(self._sample(sample, row))
         results.extend(self.groups.beam_steps(self.scheduler))
+        await self._flush_when_idle()
         return results
+
+    async def _flush_when_idle(self) -> None:
+        """With no request left (a turn ended), the disk's LRU order is written now, not an interval later."""
+        if self.disk is not None and not self.has_unfinished:
+            await self.disk.tier.flush(force=True)
 
     def _sample(self, req: Request, logits_or_token) -> StepOutput:
         member = self.groups.members[req.request_id]

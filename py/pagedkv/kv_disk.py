@@ -14,13 +14,18 @@ does not match what the lookup expects is deleted and its block recomputed, neve
 The store's files are an LRU under a byte budget; `touch` moves blocks used from any tier (a GPU prefix
 hit too) to the recent end, so the disk drops what no tier used for longest. The order survives a reload:
 `flush` writes it to `<layout key>.lru` (the chain hashes, least recently used first, one per line; about
-33 bytes per block, beside the budget) when it changed. A full store (quota) lowers the budget to what is
-stored and leaves a note: new blocks then replace old ones, nothing stops a chat.
+33 bytes per block, beside the budget) when it changed, at most once every INDEX_INTERVAL_S seconds, and
+always when forced (the engine forces it when its last request ends). The whole index is rewritten each time
+(48 KB once a 512 MiB store of SmolLM2's f16 blocks is full, 144 KB of int4 ones), so not at every block that
+fills; a reload in the middle of a reply loses at most the last interval's moves (blocks written since the
+index count as the newest, which they are). A full store (quota) lowers the budget to what is stored and leaves a
+note: new blocks then replace old ones, nothing stops a chat.
 """
 from __future__ import annotations
 
 import hashlib
 import struct
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,6 +40,7 @@ __all__ = ["StoreFull", "FileStore", "MemoryStore", "KVLayout", "TierBudgets", "
 MAGIC = b"PKVB"
 VERSION = 1
 MAX_NOTES = 20  # the latest notes kept for the memory panel
+INDEX_INTERVAL_S = 10.0  # the LRU index is rewritten at most this often unless forced
 _HEAD = struct.Struct("<4sI8s16sII32s")  # magic, version, layout key, chain hash, n tokens, payload len, sha256
 
 
@@ -244,7 +250,8 @@ class DiskTier:
     `forget(owner)` deletes the blocks no other owner references.
     """
 
-    def __init__(self, store: FileStore, layout: KVLayout, budget_bytes: int) -> None:
+    def __init__(self, store: FileStore, layout: KVLayout, budget_bytes: int,
+                 index_interval_s: float = INDEX_INTERVAL_S, clock=time.monotonic) -> None:
         if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 0:
             raise ValueError(f"budget_bytes must be a non-negative int, got {budget_bytes!r}")
         self.store = store
@@ -255,6 +262,10 @@ class DiskTier:
         self.notes: list[str] = []
         self._dirty = False  # the LRU order changed since the index file was written
         self._order_unsaved = False  # the last index write failed (noted once)
+        self.index_interval_s = index_interval_s
+        self._clock = clock
+        self._index_due = float("-inf")  # when an unforced flush may write the index again
+        self.num_index_writes = 0
         self.num_corrupt = 0
         self.num_written = 0
         self.num_read = 0
@@ -294,11 +305,12 @@ class DiskTier:
             return {}
         return {h: i for i, h in enumerate(hashes)}
 
-    async def flush(self) -> None:
-        """Write the LRU order to the index file if it changed; a full store leaves a note (the order is then
-        lost on a reload, nothing else)."""
-        if not self._dirty:
+    async def flush(self, force: bool = False) -> None:
+        """Write the LRU order to the index file if it changed and `index_interval_s` passed since the last
+        write (or `force`); a full store leaves a note (the order is then lost on a reload, nothing else)."""
+        if not self._dirty or (not force and self._clock() < self._index_due):
             return
+        self._index_due = self._clock() + self.index_interval_s
         prefix = self.layout.key + "-"
         order = "".join(name[len(prefix):] + "\n" for name in self._lru if name.startswith(prefix))
         try:
@@ -309,6 +321,7 @@ class DiskTier:
             self._order_unsaved = True
             return  # still dirty: the next flush tries again
         self._dirty = self._order_unsaved = False
+        self.num_index_writes += 1
 
     # -- queries -------------------------------------------------------------
     @property

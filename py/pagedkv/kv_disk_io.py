@@ -105,4 +105,5 @@ class DiskCache:
         """Plain data for the memory panel."""
         return {"disk_blocks": self.tier.num_blocks, "disk_bytes": self.tier.num_bytes,
                 "disk_budget_bytes": self.tier.budget_bytes, "last_disk_restored_tokens": self.last_restored_tokens,
-                "disk_corrupt_blocks": self.tier.num_corrupt, "disk_notes": list(self.tier.notes)}
+                "disk_corrupt_blocks": self.tier.num_corrupt, "disk_index_writes": self.tier.num_index_writes,
+            "disk_notes": list(self.tier.notes)}
