@@ -54,7 +54,8 @@ _e = state["engine"]
 _m = json.loads(await fetch_bytes("models/{model}/model.json"))
 _store = await OpfsStore.open("kv-bench-cpu")
 await reload_ttft(_e.backend, _e.tokenizer, _m, _store, 48, True, seed=99)  # as on WebGPU: first-call costs out
-_rows = [await reload_ttft(_e.backend, _e.tokenizer, _m, _store, n, on, seed=n) for n in {sizes!r} for on in (False, True)]
+_rows = [await reload_ttft(_e.backend, _e.tokenizer, _m, _store, n, on, seed=n)
+         for n in {sizes!r} for on in (False, True)]
 json.dumps({{"rows": _rows, "num_blocks": _e.backend.num_blocks}})
 """
 TAB_TIMEOUT_MS = 3_600_000
