@@ -1,11 +1,13 @@
 """The first-boot tuning's cache key and file store (backends/webgpu/tuning.py), in CPython (no GPU)."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from pagedkv.backends.webgpu import model_kernels as ops
-from pagedkv.backends.webgpu.tuning import JsonFileStore, cache_key
+from pagedkv.backends.webgpu.tuning import JsonFileStore, JsonInStore, cache_key
 from pagedkv.engine import run_sync
+from pagedkv.kv_disk import MemoryStore
 from pagedkv.model.config import ModelConfig
 
 SMOLLM2 = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 100000.0, "adjacent_pairs", 1e-5, 8192, True)
@@ -35,6 +37,25 @@ def test_the_file_store_keeps_every_key(tmp_path):
 
     # run_sync, not asyncio.run: in the whole suite Playwright's sync API keeps a loop running in this thread
     assert run_sync(run()) == ({"choice": {"matvec": 128, "matmul": [64, 4]}}, [64, 8])
+
+
+def test_the_page_store_keeps_every_key_and_reads_a_damaged_file_as_empty():
+    files = MemoryStore()
+
+    async def run():
+        store = JsonInStore(files)
+        assert await store.get("a") is None
+        await store.put("a", {"choice": {"matvec": 128, "matmul": [64, 4]}})
+        await store.put("b", {"choice": {"matvec": 64, "matmul": [64, 8]}})
+        kept = await JsonInStore(files).get("a"), sorted(files.files)
+        files.files["gpu_tuning.json"] = b'{"a": {"choice"'  # a write cut short
+        damaged = await store.get("a")
+        await store.put("c", {"choice": {"matvec": 256, "matmul": [128, 8]}})  # tuned again, the file rewritten
+        return kept, damaged, sorted(json.loads(files.files["gpu_tuning.json"]))
+
+    kept, damaged, keys = run_sync(run())
+    assert kept == ({"choice": {"matvec": 128, "matmul": [64, 4]}}, ["gpu_tuning.json"])
+    assert damaged is None and keys == ["c"]
 
 
 def test_matmul_workgroup_memory_of_the_candidates():

@@ -43,6 +43,11 @@ def set_models_handler(handler) -> None:
     js.self.pagedkvModels = _models_proxy
 
 
+def user_agent() -> str:
+    """The browser's user agent: its version is part of the gpu kernel family's tuning cache key."""
+    return str(js.navigator.userAgent)
+
+
 def query_param(name: str, default: str) -> str:
     """A parameter of the page URL (the worker is started with the page's query string)."""
     params = js.URLSearchParams.new(js.location.search)

@@ -16,9 +16,10 @@ from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.backends.webgpu.device import WebGPUUnavailable
 from pagedkv.backends.webgpu.model_kernels import choose_family
 from pagedkv.backends.webgpu.self_test import self_test
+from pagedkv.backends.webgpu.tuning import JsonInStore, tune_device
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv_disk import DiskTier, TierBudgets, model_hash
+from pagedkv.kv_disk import DiskTier, MemoryStore, TierBudgets, model_hash
 from pagedkv.kv_disk_io import layout_for
 from pagedkv.kv_dtype import kv_dtype
 from pagedkv.model.weights import ModelWeights
@@ -211,12 +212,31 @@ async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict
 
     budgets = tier_budgets()
     kv_dtype = bridge.query_param("kv_dtype", "f16")  # f32, f16, int8, fp8-e4m3, int4, int4-asym (pagedkv.kv_dtype)
+    tuned = None  # the gpu family's shapes, tuned before the GPU budget is spent (the tuning's buffers come and go)
+    if state["kernels"][0] == "gpu":
+        bridge.post("model-progress", model=name, loaded=0, total=total, detail="tuning the gpu kernels")
+        tuned = await tune_device(ctx, manifest, await _tuning_store(), bridge.user_agent())
+
+    def uploaded(loaded: int, tot: int) -> None:
+        bridge.post("model-progress", model=name, loaded=loaded, total=tot, detail="weights uploaded to the GPU")
+
     backend = await WebGpuBackend.create(
         ctx, manifest, shard_source, budget_bytes=budgets.gpu_bytes, cpu_budget_bytes=budgets.cpu_bytes,
-        block_size=block_size, kv_dtype=kv_dtype, kernels=state["kernels"][0], on_progress=lambda loaded, tot: bridge.post("model-progress", model=name, loaded=loaded, total=tot,
-                                                    detail="weights uploaded to the GPU"))
-    return manifest, backend, {"bytes_per_token": backend.stats()["bytes_per_token"], "kv_dtype": kv_dtype,
-                               "ledger": backend.ledger.snapshot()}
+        block_size=block_size, kv_dtype=kv_dtype, kernels=state["kernels"][0], on_progress=uploaded)
+    info = {"bytes_per_token": backend.stats()["bytes_per_token"], "kv_dtype": kv_dtype,
+            "ledger": backend.ledger.snapshot()}
+    if tuned is not None:
+        backend.gpu_shapes, info["kernels_tuning"] = tuned
+    return manifest, backend, info
+
+
+async def _tuning_store():
+    """Where the gpu family's tuned shapes are kept: OPFS `tuning/` (a later boot reuses them), or for this
+    page only where the browser has no origin private file system."""
+    try:
+        return JsonInStore(await webgpu.OpfsStore.open("tuning"))
+    except OSError:
+        return JsonInStore(MemoryStore())
 
 
 def on_device_lost(reason: str) -> None:

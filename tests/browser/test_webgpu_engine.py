@@ -141,6 +141,14 @@ def test_real_model_greedy_and_logits_match_numpy_and_llama_cpp(worker, real_mod
     assert r["ledger"]["used"] <= r["ledger"]["budget"]
 
 
+STORED_CHOICE = """
+import json
+from pagedkv.backends.webgpu.interop import OpfsStore
+from pagedkv.backends.webgpu.tuning import JsonInStore
+json.dumps((await JsonInStore(await OpfsStore.open("tuning")).get({key!r}))["choice"])
+"""
+
+
 # The default (?backend=auto) takes the numpy path on SwiftShader; ?backend=webgpu overrides it.
 @pytest.mark.parametrize("query,backend", [("backend=webgpu&budget_mib=16", "webgpu"), ("backend=cpu", "cpu"),
                                            ("budget_mib=16", "cpu"),
@@ -155,6 +163,16 @@ def test_app_loads_the_model_on_the_chosen_backend(browser, base_url, query, bac
         assert info["backend"] == backend and info["model"] == "tiny-random"
         family = "gpu" if "kernels=gpu" in query else "cpu"  # auto on SwiftShader: cpu
         assert json.loads(data["adapter"])["kernels"] == family
+        tuned = info.get("kernels_tuning")  # the gpu family is tuned at boot, the choice kept in OPFS tuning/
+        if family == "gpu":
+            assert tuned["source"] in ("tuned", "cache") and sorted(tuned["timings"]) == ["matmul", "matvec"], tuned
+            assert booted.page.locator("#adapter-kernels").inner_text().startswith(
+                f"gpu (kernels=gpu was asked for); tuned ({tuned['source']}): matvec {tuned['choice']['matvec']} ")
+            assert booted.py(STORED_CHOICE.format(key=tuned["key"])) == tuned["choice"]
+            assert booted.py("import json\nfrom pagedkv_app.main import state\n"
+                             "json.dumps(state['engine'].backend.gpu_shapes.matvec)") == tuned["choice"]["matvec"]
+        else:
+            assert tuned is None
         assert booted.py("import json\nfrom pagedkv_app.main import state\n"
                          "json.dumps(getattr(state['engine'].backend, 'kernels', None))") == (
             family if backend == "webgpu" else None)  # the numpy backend has no kernels
@@ -172,6 +190,34 @@ def test_app_loads_the_model_on_the_chosen_backend(browser, base_url, query, bac
         turn = json.loads(booted.dataset()["lastTurn"])
         assert turn["chat"] == "chat-1" and turn["reason"] in ("length", "stop") and 1 <= turn["tokens"] <= 6, turn
     finally:
+        booted.page.close()
+
+
+REMOVE_TUNING = """async () => {
+  try { await (await navigator.storage.getDirectory()).removeEntry("tuning", {recursive: true}); }
+  catch (err) { if (err.name !== "NotFoundError") throw err; }
+}"""
+
+
+def test_the_gpu_family_is_tuned_at_first_boot_and_the_next_boot_reuses_the_choice(browser, base_url):
+    url = f"{base_url}?model=tiny-random&backend=webgpu&budget_mib=16&kernels=gpu"
+    booted = open_and_boot(browser, url)
+    try:
+        booted.page.wait_for_selector("html[data-model=ready], html[data-model=error]", state="attached")
+        booted.page.evaluate(REMOVE_TUNING)  # this origin's OPFS outlives a page: start without a choice
+        infos = []
+        for _ in range(2):
+            booted.page.reload()
+            booted.page.wait_for_selector("html[data-model=ready], html[data-model=error]", state="attached")
+            infos.append(json.loads(booted.dataset()["modelInfo"])["kernels_tuning"])
+        first, second = infos
+        assert (first["source"], second["source"]) == ("tuned", "cache")
+        assert second["choice"] == first["choice"] and second["key"] == first["key"]
+        # every candidate has its time, or why it has none ("rejected", "over budget")
+        assert set(first["timings"]["matvec"]) == {"64", "128", "256"}, first["timings"]
+        assert "tuned (cache): matvec" in booted.page.locator("#adapter-kernels").inner_text()
+    finally:
+        booted.page.evaluate(REMOVE_TUNING)
         booted.page.close()
 
 

@@ -8,7 +8,8 @@ candidate must first reproduce the default shape's output (the kernel tests' rel
 of a different summation order) or it is rejected, never timed. The choice is cached under a key of the adapter, the runtime (browser
 version / wgpu-py), the shaders' text and the model's shape, so a later boot on the same setup reuses it.
 Pure host code over the GpuDevice interface: the store is any object with async get(key) -> dict | None and
-async put(key, dict) (JsonFileStore: one JSON file, under .cache/ natively).
+async put(key, dict): JsonFileStore (one JSON file, under .cache/ natively) or JsonInStore (one JSON file in a
+kv_disk.FileStore: the page keeps it in OPFS `tuning/`, since its worker has no localStorage).
 """
 from __future__ import annotations
 
@@ -78,6 +79,31 @@ class JsonFileStore:
         data[key] = value
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+
+
+class JsonInStore:
+    """Tuned choices in one JSON file `name` of a kv_disk.FileStore (the page: an OpfsStore). A file that is not
+    a JSON object (damaged) reads as empty: the adapter is tuned again and the file rewritten."""
+
+    def __init__(self, store, name: str = "gpu_tuning.json") -> None:
+        self.store = store
+        self.name = name
+
+    async def _read(self) -> dict:
+        data = await self.store.read(self.name)
+        try:
+            value = json.loads(data) if data else {}
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    async def get(self, key: str) -> dict | None:
+        return (await self._read()).get(key)
+
+    async def put(self, key: str, value: dict) -> None:
+        data = await self._read()
+        data[key] = value
+        await self.store.write(self.name, json.dumps(data, sort_keys=True).encode())
 
 
 async def tune(ctx, config, store, runtime: str, subgroups: bool, f16: bool,
