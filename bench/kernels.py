@@ -2,10 +2,11 @@
 
     python3 -m bench.kernels --backend wgpu|browser [--kernels NAME ...] [--quick] [--json]
 
-For each kernel: time per dispatch (GPU timestamp queries where the device has them, else the wall time of
-submits and a wait; `timer` says which), bytes it must move, achieved GB/s and that as a fraction of the
-adapter's streaming-read bandwidth (shaders/stream_read.wgsl, measured first), invocations launched; then a
-whole decode step (WebGpuBackend.forward, one sequence, greedy, its wall time). Weights are random at
+For each kernel (the projections and attention in both kernel families, cpu and gpu: `family` in each row):
+time per dispatch (GPU timestamp queries where the device has them, else the wall time of submits and a wait;
+`timer` says which), bytes it must move, achieved GB/s and that as a fraction of the adapter's streaming-read
+bandwidth (shaders/stream_read.wgsl, measured first), invocations launched; then a whole decode step per family
+(WebGpuBackend.forward, one sequence, greedy, its wall time: decode_step, decode_step_gpu). Weights are random at
 SmolLM2's shapes (times do not depend on the values), so no model file is needed: the same run works on any
 machine with `pip install wgpu` and a Vulkan / Metal / D3D12 driver. Prints JSON (`python3 -m bench --only
 kernels_wgpu kernels_browser` saves it under bench/results/). A figure, never a pass/fail.
@@ -102,6 +103,21 @@ def invocations(kk: KVKernels, dispatches: list) -> int:
     return sum(math.prod(groups) * sizes.get(id(pipeline), kk.workgroup_size) for pipeline, _, groups in dispatches)
 
 
+def family_linear(ctx, family: str, kind: str, dtype: str, rows: int, cols: int, t: int,
+                  variant: str) -> ops.KernelCall:
+    """The KernelCall a plan of kernel `family` records for this projection on device `ctx` (the gpu family
+    with subgroups and in f16 where the device has them, in its default workgroup shapes)."""
+    flags = {"accumulate": variant == "accumulate", "swiglu": variant == "swiglu"}
+    norm = {"norm_eps": 1e-5} if variant == "norm" and kind == "matvec" else {}
+    if family == "cpu":
+        return (ops.matvec_call if kind == "matvec" else ops.matmul_call)(dtype, rows, cols, t, **flags, **norm)
+    if kind == "matmul":
+        return ops.matmul_gpu_call(dtype, rows, cols, t, **flags)
+    features = ctx.info.features
+    return ops.matvec_gpu_call(dtype, rows, cols, t, "subgroups" in features, **flags, **norm,
+                               f16="shader-f16" in features)
+
+
 async def linear_rows(b: Bench, names: list[str], tokens: int, rng) -> None:
     for name in names:
         dtype, rows, cols, variant = LINEAR[name]
@@ -110,16 +126,17 @@ async def linear_rows(b: Bench, names: list[str], tokens: int, rng) -> None:
         for phase, t in (("decode", 1), ("prefill", tokens)):
             kind = "matvec" if t == 1 else "matmul"
             norm = variant == "norm" and kind == "matvec"
-            make = ops.matvec_call if kind == "matvec" else ops.matmul_call
-            extra = {"norm_eps": 1e-5} if norm else {}
-            call = make(dtype, rows, cols, t, accumulate=variant == "accumulate", swiglu=variant == "swiglu", **extra)
             qs = parts["qs"] + (np.ones(cols, "<f4").tobytes() if norm else b"")
             out_rows = rows // 2 if variant == "swiglu" else rows
             x = b.upload(rng.standard_normal((t, cols), dtype=np.float32), "x")
             y = b.ctx.buffer(t * out_rows * 4, "y")
-            dispatches, n = await b.call(call, [b.upload(qs, "qs"), b.upload(parts[list(parts)[1]], "s"), x, y])
             moved = weight_bytes + t * cols * 4 + t * out_rows * 4 * (2 if variant == "accumulate" else 1)
-            await b.row(f"{name}:{kind}_{dtype}", phase, dispatches, moved, n, rows=rows, cols=cols, tokens=t)
+            buffers = [b.upload(qs, "qs"), b.upload(parts[list(parts)[1]], "s"), x, y]
+            for family in ops.FAMILIES:
+                call = family_linear(b.ctx, family, kind, dtype, rows, cols, t, variant)
+                dispatches, n = await b.call(call, buffers)
+                await b.row(f"{name}:{call.shader}", phase, dispatches, moved, n, family=family, rows=rows,
+                            cols=cols, tokens=t)
 
 
 DECODE_CONTEXTS = (512, 4096)  # decode attention of both kernel families is timed here too
@@ -175,8 +192,9 @@ async def small_rows(b: Bench, names: list[str], rng) -> None:
         await b.row("argmax", "decode", d, cfg.vocab * 4, n, vocab=cfg.vocab)
 
 
-async def decode_step(ctx, context: int, reps: int) -> dict:
-    """WebGpuBackend.forward of one sequence's decode token at `context` (random SmolLM2-shaped weights)."""
+async def decode_step(ctx, context: int, reps: int, kernels: str = "cpu") -> dict:
+    """WebGpuBackend.forward of one sequence's decode token at `context` (random SmolLM2-shaped weights), with
+    the `kernels` family (the gpu family in its default workgroup shapes, untuned)."""
     from pagedkv.backends.webgpu.backend import WebGpuBackend
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -186,7 +204,8 @@ async def decode_step(ctx, context: int, reps: int) -> dict:
             with open(f"{tmp}/{name}", "rb") as f:
                 return f.read()
 
-        backend = await WebGpuBackend.create(ctx, manifest, shard, budget_bytes=1 << 30, block_size=16)
+        backend = await WebGpuBackend.create(ctx, manifest, shard, budget_bytes=1 << 30, block_size=16,
+                                             kernels=kernels)
     bs, pos = backend.block_size, context - 1
     table = np.zeros((1, backend.max_blocks_per_seq), np.int32)
     table[0, : -(-context // bs)] = np.random.default_rng(1).permutation(backend.num_blocks)[: -(-context // bs)]
@@ -202,7 +221,7 @@ async def decode_step(ctx, context: int, reps: int) -> dict:
     weights = backend.ledger.by_kind()["weights"]
     nbytes = weights + context * backend.bytes_per_token
     backend.destroy()
-    return {"context": context, "timer": "wall (forward: write inputs, replay, read ids)",
+    return {"context": context, "kernels": kernels, "timer": "wall (forward: write inputs, replay, read ids)",
             "ms_median": float(np.median(walls)), "ms_min": min(walls), "bytes": nbytes, "weights_bytes": weights,
             "gb_s": nbytes / min(walls) / 1e6, "tok_s": 1000 / min(walls)}
 
@@ -228,10 +247,11 @@ async def measure(ctx, kernels: list[str], quick: bool) -> dict:
     out = {"adapter": {"name": info.name, "backend": info.backend, "features": list(info.features),
                        "limits": info.limits},
            "quick": quick, "repeats": repeats, "runs": runs, "stream_read_gb_s": b.stream_gb_s, "kernels": b.rows}
-    if "decode_step" in kernels:
-        step = await decode_step(ctx, contexts[-1], repeats)
-        step["fraction_of_stream_read"] = step["gb_s"] / b.stream_gb_s
-        out["decode_step"] = step
+    if "decode_step" in kernels:  # "decode_step": the cpu family's, "decode_step_gpu": the gpu family's
+        for family in ops.FAMILIES:
+            step = await decode_step(ctx, contexts[-1], repeats, family)
+            step["fraction_of_stream_read"] = step["gb_s"] / b.stream_gb_s
+            out["decode_step" if family == "cpu" else f"decode_step_{family}"] = step
     return out
 
 
@@ -278,8 +298,8 @@ def table(result: dict) -> str:
     """The figures as aligned text lines, for a person at a terminal."""
     lines = [f"{result['adapter']['name']} ({result['adapter']['backend'] or result['backend']}); "
              f"stream read {result['stream_read_gb_s']:.2f} GB/s"]
-    for r in result["kernels"] + ([dict(result["decode_step"], kernel="decode_step", phase="step")]
-                                  if "decode_step" in result else []):
+    steps = [dict(result[k], kernel=k, phase="step") for k in ("decode_step", "decode_step_gpu") if k in result]
+    for r in result["kernels"] + steps:
         lines.append(f"{r['kernel']:<32} {r['phase']:<8} {r['ms_min']:9.3f} ms {r['gb_s']:8.2f} GB/s "
                      f"{r['fraction_of_stream_read']:6.1%}  {r['timer']}")
     return "\n".join(lines)
