@@ -97,6 +97,25 @@ async def case_features():
     return sorted((await _context()).info.features)
 
 
+async def case_timed_stream_reads():
+    """device.time_dispatches of a 1 MiB and a 16 MiB stream read (4 repeats, 3 runs): GPU timestamps where
+    the device has timestamp-query (the page requests it; the first-boot tuning and bench.kernels use them)."""
+    from pagedkv.backends.webgpu.model_kernels import stream_read_call
+
+    ctx = await _context()
+    rows = []
+    for nbytes in (1 << 20, 16 << 20):
+        call = stream_read_call(nbytes)
+        pipeline = await ctx.kernel(call.shader, dict(call.constants))
+        buffers = [ctx.upload(np.arange(nbytes // 4, dtype=np.uint32), "stream"), ctx.buffer(256 * 64 * 4, "out"),
+                   ctx.upload(np.frombuffer(call.params, np.uint8), "params", uniform=True)]
+        t = await ctx.time_dispatches([(pipeline, ctx.bind(pipeline, buffers), call.workgroups)], 4, 3)
+        for buf in buffers:
+            buf.destroy()
+        rows.append({"timer": t["timer"], "min_ms": t["min_ms"], "wall_ms": t.get("wall_median_ms")})
+    return {"timestamps": "timestamp-query" in ctx.info.features, "rows": rows}
+
+
 async def case_rmsnorm(hidden, tokens, seed, eps=1e-5):
     ctx = await _context()
     rng = np.random.default_rng(seed)

@@ -106,6 +106,17 @@ def test_matvec_matches_reference(worker, dtype, family):
     assert_linear(results)
 
 
+def test_dispatches_are_timed_with_gpu_timestamps_where_the_device_has_them(worker):
+    """SwiftShader and lavapipe both have timestamp-query: the times are the GPU's, and 16x the bytes take
+    longer; a time is never above the wall time around it (submits and a wait for the queue included)."""
+    r = run(worker, ["case_timed_stream_reads()"])[0]
+    assert r["timestamps"], r
+    small, large = r["rows"]
+    assert {small["timer"], large["timer"]} <= {"gpu timestamps", "gpu timestamps (one pass)"}, r
+    assert 0 < small["min_ms"] < large["min_ms"], r
+    assert large["min_ms"] <= large["wall_ms"] * 1.05, r
+
+
 @pytest.mark.parametrize("kernel,family,dtype", variant_cases(LINEAR_CASES))
 def test_linear_accumulate_adds_into_y(worker, kernel, family, dtype):
     """The ACCUMULATE variant (residual add fused into the output projections) returns y0 + x @ W.T."""

@@ -8,6 +8,8 @@ crossing into web/replayer.js. It only works inside Pyodide in a browser (window
 """
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 
 import js  # type: ignore[import-not-found]
@@ -110,7 +112,8 @@ class GpuContext(GpuDevice):
             limits=limits,
             features=features,
         )
-        wanted = [f for f in ("subgroups", "shader-f16") if f in features]  # the gpu kernel family uses them
+        # The gpu kernel family uses subgroups and shader-f16; timestamps time its first-boot tuning.
+        wanted = [f for f in ("subgroups", "shader-f16", "timestamp-query") if f in features]
         device = await adapter.requestDevice(_js_obj({"requiredLimits": _js_obj(limits),
                                                       "requiredFeatures": to_js(wanted)}))
         ctx = cls(adapter, device, info)
@@ -190,6 +193,50 @@ class GpuContext(GpuDevice):
     async def done(self) -> None:
         self.js_crossings += 1
         await self.device.queue.onSubmittedWorkDone()
+
+    async def time_dispatches(self, dispatches: list[tuple], repeats: int, runs: int) -> dict:
+        """Where the device has timestamp-query: GPU timestamps at the start and end of one pass holding
+        `repeats` copies of `dispatches` (Chrome rounds timestamps to 100 us unless its WebGPU developer
+        features are on, so one pass of many spreads that rounding over them), `runs` samples; else the wall
+        time of device.GpuDevice.time_dispatches. A figure, never a check."""
+        if not self.device.features.has("timestamp-query"):
+            return await super().time_dispatches(dispatches, repeats, runs)
+        queries = self.device.createQuerySet(_js_obj({"type": "timestamp", "count": 2}))
+        resolved = self.device.createBuffer(_js_obj({
+            "size": 256, "usage": js.GPUBufferUsage.QUERY_RESOLVE | js.GPUBufferUsage.COPY_SRC, "label": "ticks"}))
+        staging = self.buffer(16, "ticks.read", map_read=True)
+        writes = _js_obj({"querySet": queries, "beginningOfPassWriteIndex": 0, "endOfPassWriteIndex": 1})
+        self.submit(dispatches)
+        await self.done()
+        samples, walls = [], []
+        try:
+            for _ in range(runs):
+                start = self.now_ms()
+                encoder = self.device.createCommandEncoder()
+                cpass = encoder.beginComputePass(_js_obj({"timestampWrites": writes}))
+                for _ in range(repeats):
+                    for pipeline, bind_group, workgroups in dispatches:
+                        cpass.setPipeline(pipeline)
+                        cpass.setBindGroup(0, bind_group)
+                        cpass.dispatchWorkgroups(*workgroups)
+                cpass.end()
+                encoder.resolveQuerySet(queries, 0, 2, resolved, 0)
+                encoder.copyBufferToBuffer(resolved, 0, staging, 0, 16)
+                self.device.queue.submit(to_js([encoder.finish()]))
+                await staging.mapAsync(js.GPUMapMode.READ)
+                ticks = np.frombuffer(bytes(staging.getMappedRange(0, 16).to_py()), "<u8")
+                staging.unmap()
+                self.js_crossings += 10 + 3 * repeats * len(dispatches)
+                walls.append((self.now_ms() - start) / repeats)
+                samples.append(float(np.int64(ticks[1] - ticks[0])) / 1e6 / repeats)  # nanoseconds
+        finally:
+            queries.destroy()
+            resolved.destroy()
+            staging.destroy()
+        if min(samples) <= 0:  # no usable timestamps from this implementation: the wall time says more
+            return await super().time_dispatches(dispatches, repeats, runs)
+        return {"timer": "gpu timestamps (one pass)", "median_ms": statistics.median(samples),
+                "min_ms": min(samples), "samples_ms": samples, "wall_median_ms": statistics.median(walls)}
 
     def push_errors(self) -> None:
         self.device.pushErrorScope("validation")
