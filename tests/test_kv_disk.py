@@ -106,6 +106,17 @@ def test_reload_finds_files_and_loads_the_prefix_back():
     assert again.num_read == 2 and again.num_corrupt == 0
 
 
+def test_a_file_another_tab_deleted_is_missing_not_corrupt():
+    store = MemoryStore()
+    t = tier(store=store)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+    hashes = save_chat(t, tokens)
+    del store.files[LAYOUT.file_name(hashes[1])]  # the other tab's tier evicted it
+    assert run_sync(t.load(hashes, tokens)) == [payload(1)]
+    assert (t.num_read, t.num_corrupt, t.notes) == (1, 0, [])
+    assert t.lru_names() == [LAYOUT.file_name(hashes[2]), LAYOUT.file_name(hashes[0])]  # block 0 was just used
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda d: d[:-1], "block file has 599 bytes, a f32 block file has 600"),
     (lambda d: d[:200] + bytes([d[200] ^ 1]) + d[201:], "payload fails its sha256 check"),

@@ -360,7 +360,8 @@ class DiskTier:
     # -- reading -------------------------------------------------------------
     async def load(self, hashes: list[str], token_ids, start: int = 0) -> list[bytes]:
         """Payloads of blocks start, start+1, ... of `token_ids` (chain `hashes`), up to the first block that
-        is missing or fails its checks; a failing file is deleted (it will be recomputed)."""
+        is missing or fails its checks; a failing file is deleted (it will be recomputed). Another tab's tier
+        shares the store: a file it deleted since this tier listed the store leaves the index, uncounted."""
         bs = self.layout.block_size
         out: list[bytes] = []
         for i in range(start, len(hashes)):
@@ -368,9 +369,11 @@ class DiskTier:
             if name not in self._lru:
                 break
             data = await self.store.read(name)
+            if data is None:  # another tab of the app deleted it (its own budget): gone, not damaged
+                self._lru.pop(name, None)
+                self._dirty = True
+                break
             try:
-                if data is None:
-                    raise BlockFileError("block file vanished from the store")
                 payload = decode_block(self.layout, hashes[i], token_ids[i * bs:(i + 1) * bs], data)
             except BlockFileError as err:
                 self.num_corrupt += 1
