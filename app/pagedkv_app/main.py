@@ -161,7 +161,10 @@ async def _attach_disk(engine: LLMEngine, backend, manifest: dict) -> str:
     except OSError as exc:  # no OPFS in this browser: chats re-prefill after a reload, as without the tier
         return f"off: {exc}"
     tier = DiskTier(store, layout_for(backend, model_hash(manifest)), budget)
-    await tier.open()
+    try:
+        await tier.open()
+    except Exception as exc:  # the browser could not list OPFS `kv/`: chat on without the tier, never fail the load
+        return f"off: the disk tier's directory could not be listed ({type(exc).__name__}: {exc})"
     engine.attach_disk(tier)
     return f"on, {budget / MIB:g} MiB budget"
 

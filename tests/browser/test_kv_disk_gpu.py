@@ -45,3 +45,9 @@ def test_corrupt_block_is_recomputed_on_the_gpu(worker):
 def test_opfs_listing_survives_writes_and_deletes_in_flight(worker):
     r = run(worker, "opfs_listing_while_writing()")
     assert r == {"listings": 40, "grew": True, "stray": [], "sizes": [], "final": True}
+
+
+def test_opfs_listing_is_tried_again_when_the_iterator_fails(worker):
+    r = run(worker, "opfs_listing_retries_a_failing_iterator()")
+    assert r["listed"] == {"a": 5}
+    assert "NotFoundError" in r["raised"] and "an entry went" in r["raised"], r

@@ -1,6 +1,7 @@
-"""tests/browser/test_kv_disk_gpu.py on wgpu-py (tests/native/conftest.py); the OPFS listing case needs the
-browser's origin private file system, so it runs in Chromium only."""
+"""tests/browser/test_kv_disk_gpu.py on wgpu-py (tests/native/conftest.py); the OPFS listing cases need the
+browser's origin private file system, so they run in Chromium only."""
 from native_harness import browser_tests
 
-OPFS_ONLY = ("test_opfs_listing_survives_writes_and_deletes_in_flight",)
+OPFS_ONLY = ("test_opfs_listing_survives_writes_and_deletes_in_flight",
+             "test_opfs_listing_is_tried_again_when_the_iterator_fails")
 globals().update(browser_tests("test_kv_disk_gpu", except_=OPFS_ONLY))
