@@ -19,7 +19,8 @@ from pagedkv.backends.webgpu.self_test import self_test
 from pagedkv.backends.webgpu.tuning import JsonInStore, tune_device
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv_disk import DiskTier, MemoryStore, TierBudgets, model_hash
+from pagedkv.file_store import MemoryStore
+from pagedkv.kv_disk import DiskTier, TierBudgets, model_hash
 from pagedkv.kv_disk_io import layout_for
 from pagedkv.kv_dtype import kv_dtype
 from pagedkv.model.weights import ModelWeights

@@ -16,7 +16,7 @@ import numpy as np
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import JsException, create_once_callable, to_js  # type: ignore[import-not-found]
 
-from ...kv_disk import StoreFull
+from ...file_store import StoreFull
 
 from .device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderLibrary, WebGPUUnavailable, padded,
                      resource)
@@ -290,7 +290,7 @@ LIST_ATTEMPTS = 4
 
 
 class OpfsStore:
-    """A kv_disk.FileStore over one directory of the origin private file system (the disk tier's block files
+    """A file_store.FileStore over one directory of the origin private file system (the disk tier's block files
     live under `kv/`, apart from other OPFS data). Create with `await OpfsStore.open("kv")`."""
 
     def __init__(self, directory) -> None:

@@ -9,7 +9,7 @@ of a different summation order) or it is rejected, never timed. The choice is ca
 version / wgpu-py), the shaders' text and the model's shape, so a later boot on the same setup reuses it.
 Pure host code over the GpuDevice interface: the store is any object with async get(key) -> dict | None and
 async put(key, dict): JsonFileStore (one JSON file, under .cache/ natively) or JsonInStore (one JSON file in a
-kv_disk.FileStore: the page keeps it in OPFS `tuning/`, since its worker has no localStorage).
+file_store.FileStore: the page keeps it in OPFS `tuning/`, since its worker has no localStorage).
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ class JsonFileStore:
 
 
 class JsonInStore:
-    """Tuned choices in one JSON file `name` of a kv_disk.FileStore (the page: an OpfsStore). A file that is not
+    """Tuned choices in one JSON file `name` of a file_store.FileStore (the page: an OpfsStore). A file that is not
     a JSON object (damaged) reads as empty: the adapter is tuned again and the file rewritten."""
 
     def __init__(self, store, name: str = "gpu_tuning.json") -> None:
