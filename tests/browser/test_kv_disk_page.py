@@ -117,7 +117,10 @@ def test_reload_restores_from_disk_and_replies_the_same(browser, base_url, query
     assert f"{on_disk * 16} tokens (last turn)" in page.locator("#memory-facts").inner_text()
 
     if corrupt:
-        corrupt_files_are_recomputed(page, mem["disk_blocks"], refs[2])
+        # the second turn's own full blocks too: the snapshot above may precede the last one's write
+        written = (second["history_tokens"] - 1) // 16
+        assert settled_memory(page, "disk_blocks", written)["disk_blocks"] == written
+        corrupt_files_are_recomputed(page, written, refs[2])
     page.evaluate(REMOVE_KV)
     page.close()
 
