@@ -28,8 +28,9 @@ from bench._path import ROOT, emit  # noqa: E402
 from bench.harness import session  # noqa: E402
 from bench.harness.browser import open_and_boot, wait_model  # noqa: E402
 
-WEB = """
-import json
+# The page's worker keeps its globals between calls: the backend is set up once, then each row is its own call,
+# so a row that fails leaves the rows before it (run_rows).
+WEB_SETUP = """
 from bench.page.kv_disk_turns import reload_ttft
 from bench.page.webgpu_engine import bench_backend
 from pagedkv.backends.webgpu.interop import OpfsStore
@@ -38,14 +39,17 @@ _ctx, _b, _m, _ledger = await bench_backend(model={model!r})
 _store = await OpfsStore.open("kv-bench")
 _tok = Tokenizer.from_manifest(_m)
 await reload_ttft(_b, _tok, _m, _store, 48, True, seed=99)  # records the step plans outside the figures
-_rows = [await reload_ttft(_b, _tok, _m, _store, n, on, seed=n) for n in {sizes!r} for on in (False, True)]
-_b.destroy()
-json.dumps({{"rows": _rows, "num_blocks": _b.num_blocks}})
+_b.num_blocks
 """
+WEB_ROW = """
+import json
+json.dumps(await reload_ttft(_b, _tok, _m, _store, {n}, {on}, seed={n}))
+"""
+WEB_END = "if '_b' in globals():\n    _b.destroy()\n"  # also after a failed setup
 
 
 # The app page's own backend at ?backend=cpu (?kv_disk=0 keeps the page's own disk tier off OPFS `kv/`).
-TAB = """
+TAB_SETUP = """
 import json
 from bench.page.kv_disk_turns import reload_ttft
 from pagedkv.backends.webgpu.interop import OpfsStore, fetch_bytes
@@ -54,9 +58,11 @@ _e = state["engine"]
 _m = json.loads(await fetch_bytes("models/{model}/model.json"))
 _store = await OpfsStore.open("kv-bench-cpu")
 await reload_ttft(_e.backend, _e.tokenizer, _m, _store, 48, True, seed=99)  # as on WebGPU: first-call costs out
-_rows = [await reload_ttft(_e.backend, _e.tokenizer, _m, _store, n, on, seed=n)
-         for n in {sizes!r} for on in (False, True)]
-json.dumps({{"rows": _rows, "num_blocks": _e.backend.num_blocks}})
+_e.backend.num_blocks
+"""
+TAB_ROW = """
+import json
+json.dumps(await reload_ttft(_e.backend, _e.tokenizer, _m, _store, {n}, {on}, seed={n}))
 """
 TAB_TIMEOUT_MS = 3_600_000
 
@@ -103,6 +109,22 @@ def cpu_rows(model: str, sizes: list[int]) -> list[dict]:
     return rows
 
 
+def run_rows(page, setup: str, row: str, sizes: list[int], **fmt) -> dict:
+    """{"num_blocks", "rows"}: setup once in the page's worker, then one call per row (off, then on, for each
+    size), each printed to stderr as it ends. A failure ends the half with "error" beside the rows before it."""
+    out = {"rows": []}
+    try:
+        out["num_blocks"] = page.py(setup.format(**fmt))
+        for n in sizes:
+            for on in (False, True):
+                out["rows"].append(page.py(row.format(n=n, on=on)))
+                print(json.dumps(out["rows"][-1]), file=sys.stderr, flush=True)
+    except Exception as err:  # noqa: BLE001  (filed with the rows measured; the other half still runs)
+        out["error"] = f"{type(err).__name__}: {err}"[:2000]
+        print(f"kv_disk: {out['error']}", file=sys.stderr, flush=True)
+    return out
+
+
 def web_rows(model: str, sizes: list[int], tab_sizes: list[int]) -> dict:
     """The same runs in the browser: the WebGPU backend in the page's worker (sizes, none when empty), then the
     tab's CPU path (tab_sizes, none when empty); block files in OPFS."""
@@ -111,15 +133,14 @@ def web_rows(model: str, sizes: list[int], tab_sizes: list[int]) -> dict:
         if sizes:
             t0 = time.perf_counter()
             page.install_bench("page/kv_disk_turns.py", "page/webgpu_engine.py")
-            rows = page.py(WEB.format(model=model, sizes=sizes))
+            rows = run_rows(page, WEB_SETUP, WEB_ROW, sizes, model=model)
+            page.py(WEB_END)
             out["webgpu"] = {"kv_dtype": "f16", "store": "OPFS", **rows}
             out["webgpu_s"] = round(time.perf_counter() - t0, 1)
-            print(json.dumps(out["webgpu"]), file=sys.stderr)
         if tab_sizes:
             t0 = time.perf_counter()
             out["cpu_tab"] = tab_cpu_rows(page, model, tab_sizes)
             out["cpu_tab_s"] = round(time.perf_counter() - t0, 1)
-            print(json.dumps(out["cpu_tab"]), file=sys.stderr)
         out["adapter"] = json.loads(page.dataset()["adapter"])["name"]
     return out
 
@@ -138,7 +159,7 @@ def tab_cpu_rows(s, model: str, sizes: list[int]) -> dict:
     try:
         info = wait_model(booted, TAB_TIMEOUT_MS)
         booted.install_bench("page/kv_disk_turns.py")
-        rows = booted.py(TAB.format(model=model, sizes=sizes))
+        rows = run_rows(booted, TAB_SETUP, TAB_ROW, sizes, model=model)
     finally:
         booted.page.close()
     return {"kv_dtype": info["kv_dtype"], "store": "OPFS", "query": query, "cpu_linear": info["cpu_linear"], **rows}
