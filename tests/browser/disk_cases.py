@@ -102,7 +102,7 @@ async def opfs_listing_while_writing(rounds: int = 40) -> dict:
     listing read the size of a write's swap file (`<name>.crswap`) or of a deleted file: NotFoundError."""
     import asyncio
 
-    from pagedkv.backends.webgpu.interop import OpfsStore
+    from pagedkv.backends.webgpu.interop import OpfsStore, _js_obj
 
     store = await OpfsStore.open("kv-listing-case")
     for name in await store.names():  # a failed earlier run's files
@@ -132,6 +132,27 @@ async def opfs_listing_while_writing(rounds: int = 40) -> dict:
         await store.delete(name)
     return {"listings": len(seen), "grew": seen[-1] > seen[0] or max(seen) > 0, "stray": stray,
             "sizes": [s for s in sizes if s != len(data)], "final": sorted(final) == names[1::2]}
+
+
+async def opfs_store_outlives_its_directory() -> dict:
+    """The store's directory removed under it (its handle then raises NotFoundError, as a stale one did in a long
+    benchmark run under load): a write, then a listing, takes the handle again from the OPFS root."""
+    import js
+
+    from pagedkv.backends.webgpu.interop import OpfsStore, _js_obj
+
+    store = await OpfsStore.open("kv-gone-case")
+    root = await js.navigator.storage.getDirectory()
+    recursive = _js_obj({"recursive": True})
+    await store.write("a", b"123")
+    await root.removeEntry("kv-gone-case", recursive)
+    await store.write("b", b"45")  # the directory is gone: created again, then written
+    out = {"after_write": await store.names(), "reopened_by_write": store.reopened}
+    await root.removeEntry("kv-gone-case", recursive)
+    out["after_listing"] = await store.names()  # the same handle fails twice, then the root's is listed
+    out["reopened"] = store.reopened
+    await root.removeEntry("kv-gone-case", recursive)
+    return out
 
 
 async def opfs_listing_retries_a_failing_iterator() -> dict:

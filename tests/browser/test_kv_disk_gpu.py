@@ -51,3 +51,8 @@ def test_opfs_listing_is_tried_again_when_the_iterator_fails(worker):
     r = run(worker, "opfs_listing_retries_a_failing_iterator()")
     assert r["listed"] == {"a": 5}
     assert "NotFoundError" in r["raised"] and "an entry went" in r["raised"], r
+
+
+def test_opfs_store_takes_its_directory_again_when_the_handle_fails(worker):
+    r = run(worker, "opfs_store_outlives_its_directory()")
+    assert r == {"after_write": {"b": 2}, "reopened_by_write": 1, "after_listing": {}, "reopened": 2}

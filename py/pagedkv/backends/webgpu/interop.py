@@ -285,25 +285,45 @@ def _js_error(err: Exception, name: str) -> bool:
     return isinstance(err, JsException) and (getattr(err, "name", "") == name or name in str(err))
 
 
+async def _opfs_directory(name: str):
+    """The handle of directory `name` under the OPFS root, created when it is not there."""
+    storage = getattr(js.navigator, "storage", None)
+    if storage is None or not hasattr(storage, "getDirectory"):
+        raise OSError("this browser has no origin private file system (navigator.storage.getDirectory)")
+    root = await storage.getDirectory()
+    return await root.getDirectoryHandle(name, _js_obj({"create": True}))
+
+
 SWAP_SUFFIX = ".crswap"  # Chromium's swap file of a createWritable() not yet closed
 LIST_ATTEMPTS = 4
 
 
 class OpfsStore:
     """A file_store.FileStore over one directory of the origin private file system (the disk tier's block files
-    live under `kv/`, apart from other OPFS data). Create with `await OpfsStore.open("kv")`."""
+    live under `kv/`, apart from other OPFS data). Create with `await OpfsStore.open("kv")`.
 
-    def __init__(self, directory) -> None:
+    Its directory handle can go stale: in a long benchmark run under load Chromium's iterator raised
+    NotFoundError on every try with the same handle. A store that knows its directory's name (open() gives it)
+    takes the handle again from the OPFS root, creating the directory when it is gone, after a listing failed
+    twice or when a write finds the directory gone; `reopened` counts those."""
+
+    def __init__(self, directory, name: str | None = None) -> None:
         self.directory = directory
+        self.name = name
+        self.reopened = 0
 
     @classmethod
     async def open(cls, name: str) -> "OpfsStore":
         """Raises OSError naming the reason when this browser has no origin private file system."""
-        storage = getattr(js.navigator, "storage", None)
-        if storage is None or not hasattr(storage, "getDirectory"):
-            raise OSError("this browser has no origin private file system (navigator.storage.getDirectory)")
-        root = await storage.getDirectory()
-        return cls(await root.getDirectoryHandle(name, _js_obj({"create": True})))
+        return cls(await _opfs_directory(name), name)
+
+    async def _reopen(self) -> bool:
+        """The directory's handle taken again from the root; False for a store that has no name."""
+        if self.name is None:
+            return False
+        self.directory = await _opfs_directory(self.name)
+        self.reopened += 1
+        return True
 
     async def read(self, name: str) -> bytes | None:
         try:
@@ -315,7 +335,12 @@ class OpfsStore:
         return bytes((await (await handle.getFile()).arrayBuffer()).to_py())
 
     async def write(self, name: str, data: bytes) -> None:
-        handle = await self.directory.getFileHandle(name, _js_obj({"create": True}))
+        try:
+            handle = await self.directory.getFileHandle(name, _js_obj({"create": True}))
+        except JsException as err:  # the directory itself is gone (removed, or its handle stale)
+            if not _js_error(err, "NotFoundError") or not await self._reopen():
+                raise
+            handle = await self.directory.getFileHandle(name, _js_obj({"create": True}))
         writable = await handle.createWritable()  # a swap file: nothing lands in `name` before close()
         try:
             await writable.write(to_js(memoryview(data)))
@@ -345,8 +370,9 @@ class OpfsStore:
         may write and delete while it is listed: a write in flight shows as `<name>.crswap`, Chromium's swap
         file, which is not a file of the store, and the file itself reads empty until that write closes: both
         are left out (no file of the store is empty), as is an entry deleted between the listing and its
-        size read. The directory iterator itself has raised NotFoundError (seen twice in long benchmark runs,
-        not reproduced on purpose): the listing is tried again, LIST_ATTEMPTS times in all."""
+        size read. The directory iterator itself has raised NotFoundError (in long benchmark runs under load):
+        the listing is tried again, LIST_ATTEMPTS times in all, from the third try on with the directory's
+        handle taken again from the OPFS root."""
         for attempt in range(LIST_ATTEMPTS):
             try:
                 return await self._list()
@@ -354,6 +380,8 @@ class OpfsStore:
                 if not _js_error(err, "NotFoundError") or attempt == LIST_ATTEMPTS - 1:
                     raise
                 await asyncio.sleep(0.05 * (attempt + 1))
+                if attempt >= 1:  # the same handle failed twice: not an entry going, the handle itself
+                    await self._reopen()
 
     async def _list(self) -> dict[str, int]:
         out = {}
