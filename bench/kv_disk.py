@@ -110,7 +110,7 @@ def cpu_rows(model: str, sizes: list[int]) -> list[dict]:
 
 
 def run_rows(page, setup: str, row: str, sizes: list[int], **fmt) -> dict:
-    """{"num_blocks", "rows"}: setup once in the page's worker, then one call per row (off, then on, for each
+    """{"num_blocks", "rows", "store_reopened"}: setup once in the page's worker, then one call per row (off, then on, for each
     size), each printed to stderr as it ends. A failure ends the half with "error" beside the rows before it."""
     out = {"rows": []}
     try:
@@ -122,6 +122,8 @@ def run_rows(page, setup: str, row: str, sizes: list[int], **fmt) -> dict:
     except Exception as err:  # noqa: BLE001  (filed with the rows measured; the other half still runs)
         out["error"] = f"{type(err).__name__}: {err}"[:2000]
         print(f"kv_disk: {out['error']}", file=sys.stderr, flush=True)
+    # how often the OPFS store took its directory's handle again from the root (interop.OpfsStore)
+    out["store_reopened"] = page.py("globals()['_store'].reopened if '_store' in globals() else None")
     return out
 
 
