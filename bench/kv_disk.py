@@ -110,8 +110,9 @@ def cpu_rows(model: str, sizes: list[int]) -> list[dict]:
 
 
 def run_rows(page, setup: str, row: str, sizes: list[int], **fmt) -> dict:
-    """{"num_blocks", "rows", "store_reopened"}: setup once in the page's worker, then one call per row (off, then on, for each
-    size), each printed to stderr as it ends. A failure ends the half with "error" beside the rows before it."""
+    """{"num_blocks", "rows", "store_reopened"}: setup once in the page's worker, then one call per row (off,
+    then on, for each size), each printed to stderr as it ends. A failure ends the half with "error" beside the
+    rows before it."""
     out = {"rows": []}
     try:
         out["num_blocks"] = page.py(setup.format(**fmt))
