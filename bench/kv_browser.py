@@ -24,7 +24,7 @@ import time
 
 from bench._path import emit
 from bench.harness import BootedPage, session
-from pagedkv.kv_dtype import KV_DTYPES
+from pagedkv.kv.dtypes import KV_DTYPES
 
 # (label, allocator, prefix caching, preempt): the last row waits / preempts by recompute instead of failing.
 ROWS = (("contiguous", "contiguous", False, False), ("paged", "paged", False, False),

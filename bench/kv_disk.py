@@ -151,7 +151,7 @@ def web_rows(model: str, sizes: list[int], tab_sizes: list[int]) -> dict:
 def tab_cpu_rows(s, model: str, sizes: list[int]) -> dict:
     """The same runs in the app page at ?backend=cpu: the tab's CPU path, block files in OPFS. Its KV pool
     (?kv_mib=) holds the longest chat and its next turn."""
-    from pagedkv.kv_dtype import kv_dtype
+    from pagedkv.kv.dtypes import kv_dtype
     from pagedkv.model.weights import check_manifest, read_manifest
 
     cfg = check_manifest(read_manifest(ROOT / "dist" / "models" / model))
@@ -170,8 +170,8 @@ def tab_cpu_rows(s, model: str, sizes: list[int]) -> dict:
 
 def bytes_per_token(model: str) -> dict:
     """Disk bytes per token of each KV dtype: a block file (header, token ids, K and V of every layer) / 16."""
-    from pagedkv.kv_disk import KVLayout
-    from pagedkv.kv_dtype import KV_DTYPES
+    from pagedkv.kv.disk_tier import KVLayout
+    from pagedkv.kv.dtypes import KV_DTYPES
     from pagedkv.model.weights import check_manifest, read_manifest
 
     cfg = check_manifest(read_manifest(ROOT / "dist" / "models" / model))

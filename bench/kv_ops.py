@@ -23,9 +23,9 @@ import sys
 import time
 
 from . import _path  # noqa: F401
-from pagedkv.block_pool import BlockPool
+from pagedkv.kv.block_pool import BlockPool
 from pagedkv.config import CacheConfig
-from pagedkv.kv_cache_manager import KVCacheManager
+from pagedkv.kv.manager import KVCacheManager
 from pagedkv.sequence import Sequence
 
 

@@ -32,7 +32,7 @@ from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache  # noqa: E402
 from pagedkv.model_runner import ForwardBatch  # noqa: E402
 from pagedkv.backends.webgpu.backend import plan_kv_pool  # noqa: E402
 from pagedkv.gpu_budget import GIB  # noqa: E402
-from pagedkv.kv_dtype import KV_DTYPES, KVDtype, dequantize_with, quantize_with, round_trip  # noqa: E402
+from pagedkv.kv.dtypes import KV_DTYPES, KVDtype, dequantize_with, quantize_with, round_trip  # noqa: E402
 from pagedkv.model.weights import ModelWeights, read_manifest  # noqa: E402
 from pagedkv.tokenizer import Tokenizer  # noqa: E402
 

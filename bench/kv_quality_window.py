@@ -36,7 +36,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pagedkv.evaluate import Lane, run_lanes  # noqa: E402
-from pagedkv.kv_retention import KVRetention  # noqa: E402
+from pagedkv.kv.retention import KVRetention  # noqa: E402
 from pagedkv.model.weights import ModelWeights  # noqa: E402
 from pagedkv.tokenizer import Tokenizer  # noqa: E402
 

@@ -61,11 +61,11 @@ from pathlib import Path
 import numpy as np
 
 from . import _path  # noqa: F401
-from pagedkv.block_pool import OutOfBlocks
+from pagedkv.kv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
-from pagedkv.contiguous import ContiguousAllocator
-from pagedkv.kv_accounting import SMOLLM2_135M, bytes_per_token, kv_stats
-from pagedkv.kv_cache_manager import KVCacheManager, NeverFits
+from pagedkv.kv.contiguous import ContiguousAllocator
+from pagedkv.kv.accounting import SMOLLM2_135M, bytes_per_token, kv_stats
+from pagedkv.kv.manager import KVCacheManager, NeverFits
 from pagedkv.sequence import Sequence
 
 GIB = 1 << 30

@@ -33,7 +33,7 @@ import numpy as np
 from bench._path import ROOT, previous_result
 from bench.kv_quality_window import corpus_tokens, ppl
 from pagedkv.evaluate import evaluate
-from pagedkv.kv_retention import KVRetention
+from pagedkv.kv.retention import KVRetention
 from pagedkv.model.weights import ModelWeights, read_manifest
 from pagedkv.tokenizer import Tokenizer
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import random
 
-from pagedkv.block_pool import OutOfBlocks
+from pagedkv.kv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
-from pagedkv.kv_cache_manager import KVCacheManager, NeverFits, SequenceFreed
+from pagedkv.kv.manager import KVCacheManager, NeverFits, SequenceFreed
 from pagedkv.sequence import Sequence, SequenceStatus
 
 

@@ -13,7 +13,7 @@ from pagedkv.model_runner import ForwardBatch
 from pagedkv.backends.numpy_ref import PagedKVCache
 from pagedkv.beam_search import BeamSearchParams
 from pagedkv.engine import run_sync
-from pagedkv.kv_cache_manager import NeverFits
+from pagedkv.kv.manager import NeverFits
 from pagedkv.sampling import SamplingParams
 from test_engine import make_engine, tokenizer  # noqa: F401  (fixture)
 

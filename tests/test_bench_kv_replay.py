@@ -3,8 +3,8 @@ import pytest
 
 from bench.kv_sim import Replay, SessionPlan, Turn, WorkloadConfig, block_map, token_slots
 from pagedkv.config import CacheConfig
-from pagedkv.contiguous import ContiguousAllocator
-from pagedkv.kv_cache_manager import KVCacheManager
+from pagedkv.kv.contiguous import ContiguousAllocator
+from pagedkv.kv.manager import KVCacheManager
 from pagedkv.sequence import Sequence
 
 BPT = 100  # bytes per token: a budget of 64 * 100 B holds 64 slots (4 blocks of 16)

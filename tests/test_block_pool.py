@@ -2,7 +2,7 @@
 
 import pytest
 
-from pagedkv.block_pool import BlockPool, OutOfBlocks
+from pagedkv.kv.block_pool import BlockPool, OutOfBlocks
 from pagedkv.config import CacheConfig
 
 TOKENS = tuple(range(16))

@@ -7,8 +7,8 @@ from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv_disk import DiskTier, MemoryStore, block_chain, model_hash
-from pagedkv.kv_disk_io import layout_for
+from pagedkv.kv.disk_tier import DiskTier, MemoryStore, block_chain, model_hash
+from pagedkv.kv.disk_cache import layout_for
 from pagedkv.tokenizer import Tokenizer
 from pagedkv_app.chat_service import ChatService
 from test_chat_service import SETTINGS, in_fresh_loop, of

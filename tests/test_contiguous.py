@@ -2,8 +2,8 @@
 
 import pytest
 
-from pagedkv.contiguous import Arena, ContiguousAllocator, ContiguousOOM, CopyRange
-from pagedkv.kv_cache_manager import DoubleFree, NeverFits, SequenceFreed
+from pagedkv.kv.contiguous import Arena, ContiguousAllocator, ContiguousOOM, CopyRange
+from pagedkv.kv.manager import DoubleFree, NeverFits, SequenceFreed
 from pagedkv.sequence import Sequence
 
 

@@ -7,7 +7,7 @@ import pytest
 from model_fixtures import reference_greedy, tiny_dir, tiny_model, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
-from pagedkv.kv_cache_manager import NeverFits
+from pagedkv.kv.manager import NeverFits
 from pagedkv.sampling import SamplingParams
 from pagedkv.tokenizer import Tokenizer
 

@@ -6,7 +6,7 @@ from model_fixtures import tiny_dir, tiny_model, tiny_weights  # noqa: F401
 from pagedkv.model_runner import ForwardBatch
 from pagedkv.backends.numpy_ref import PagedKVCache
 from pagedkv.evaluate import Lane, log_softmax_at, run_lanes, stack_batches
-from pagedkv.kv_retention import KVRetention
+from pagedkv.kv.retention import KVRetention
 
 BS = 16
 POLICIES = {  # name -> (retention, pool blocks, chunk)

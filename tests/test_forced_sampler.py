@@ -11,7 +11,7 @@ from model_fixtures import reference_greedy, tiny_dir, tiny_model, tiny_weights 
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.evaluate import evaluate
-from pagedkv.kv_retention import KVRetention
+from pagedkv.kv.retention import KVRetention
 from pagedkv.sampling import ForcedSampler, Sampler, SamplingParams
 from pagedkv.tokenizer import Tokenizer
 

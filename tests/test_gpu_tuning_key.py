@@ -7,7 +7,7 @@ from dataclasses import replace
 from pagedkv.backends.webgpu import model_kernels as ops
 from pagedkv.backends.webgpu.tuning import JsonFileStore, JsonInStore, cache_key
 from pagedkv.engine import run_sync
-from pagedkv.kv_disk import MemoryStore
+from pagedkv.kv.disk_tier import MemoryStore
 from pagedkv.model.config import ModelConfig
 
 SMOLLM2 = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 100000.0, "adjacent_pairs", 1e-5, 8192, True)

@@ -5,11 +5,11 @@ import hashlib
 import pytest
 
 from kv_invariants import snapshot
-from pagedkv.block_pool import OutOfBlocks
+from pagedkv.kv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
-from pagedkv.kv_accounting import (SMOLLM2_135M, KVShape, SharedKVBudget, bytes_per_token,
+from pagedkv.kv.accounting import (SMOLLM2_135M, KVShape, SharedKVBudget, bytes_per_token,
                                    kv_stats)
-from pagedkv.kv_cache_manager import (CopyOp, DoubleFree, KVCacheManager, NeverFits,
+from pagedkv.kv.manager import (CopyOp, DoubleFree, KVCacheManager, NeverFits,
                                       SequenceFreed, default_block_hash)
 from pagedkv.sequence import Sequence, SequenceStatus
 

@@ -11,8 +11,8 @@ from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.config import CacheConfig
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
-from pagedkv.kv_cache_manager import CopyOp, KVCacheManager
-from pagedkv.kv_cpu_tier import CpuTier, chain_digests, forget_on_cpu, promote_prefix
+from pagedkv.kv.manager import CopyOp, KVCacheManager
+from pagedkv.kv.cpu_tier import CpuTier, chain_digests, forget_on_cpu, promote_prefix
 from pagedkv.sampling import SamplingParams
 from pagedkv.sequence import Sequence, SequenceStatus
 from pagedkv.tokenizer import Tokenizer

@@ -4,7 +4,7 @@ import hashlib
 import pytest
 
 from pagedkv.engine import run_sync
-from pagedkv.kv_disk import (BlockFileError, DiskTier, KVLayout, MemoryStore, StoreFull, TierBudgets,
+from pagedkv.kv.disk_tier import (BlockFileError, DiskTier, KVLayout, MemoryStore, StoreFull, TierBudgets,
                              block_chain, decode_block, encode_block, model_hash)
 
 # f32, 4 tokens per block, 1 layer, 1 kv head of 16: 16 u32 per token -> 2 x 4 x 16 x 4 = 512 payload bytes.

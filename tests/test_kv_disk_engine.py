@@ -9,10 +9,10 @@ from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.config import CacheConfig
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
-from pagedkv.kv_cache_manager import KVCacheManager
-from pagedkv.kv_disk import DiskTier, MemoryStore, block_chain, model_hash
-from pagedkv.kv_disk_io import layout_for
-from pagedkv.kv_dtype import KV_DTYPES, pack_tokens, round_trip
+from pagedkv.kv.manager import KVCacheManager
+from pagedkv.kv.disk_tier import DiskTier, MemoryStore, block_chain, model_hash
+from pagedkv.kv.disk_cache import layout_for
+from pagedkv.kv.dtypes import KV_DTYPES, pack_tokens, round_trip
 from pagedkv.sampling import SamplingParams
 from pagedkv.sequence import Sequence
 from pagedkv.tokenizer import Tokenizer

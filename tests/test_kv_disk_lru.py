@@ -1,6 +1,6 @@
 """The disk tier's LRU order survives a reload (the index file), against the in-memory file store."""
 from pagedkv.engine import run_sync
-from pagedkv.kv_disk import DiskTier, MemoryStore
+from pagedkv.kv.disk_tier import DiskTier, MemoryStore
 from test_kv_disk import FILE, LAYOUT, save_chat, tier
 
 

@@ -1,4 +1,4 @@
-"""KV cache dtypes (pagedkv.kv_dtype): sizes, exact codes and words, round-trip error bounds, bad input, and
+"""KV cache dtypes (pagedkv.kv.dtypes): sizes, exact codes and words, round-trip error bounds, bad input, and
 the CPU engine running every dtype."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pagedkv.backends.numpy_ref import PagedKVCache
 from pagedkv.config import CacheConfig
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.kernels import ref_attention as ref
-from pagedkv.kv_accounting import SMOLLM2_135M, bytes_per_token
-from pagedkv.kv_dtype import (KV_DTYPES, PackedKV, dequantize, kv_dtype, pack_tokens, quantize, round_trip,
+from pagedkv.kv.accounting import SMOLLM2_135M, bytes_per_token
+from pagedkv.kv.dtypes import (KV_DTYPES, PackedKV, dequantize, kv_dtype, pack_tokens, quantize, round_trip,
                               unpack_tokens)
 from pagedkv.sampling import SamplingParams
 from pagedkv.tokenizer import Tokenizer

@@ -12,8 +12,8 @@ from pagedkv.kernels.ref_ops import rope_adjacent, shift_keys
 from pagedkv.backends.numpy_ref import PagedKVCache
 from pagedkv.config import CacheConfig
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
-from pagedkv.kv_cache_manager import KVCacheManager
-from pagedkv.kv_retention import KVRetention, ShiftOp, evictable, window_drops
+from pagedkv.kv.manager import KVCacheManager
+from pagedkv.kv.retention import KVRetention, ShiftOp, evictable, window_drops
 from pagedkv.request import Request
 from pagedkv.sampling import SamplingParams
 from pagedkv.sequence import Sequence

@@ -10,7 +10,7 @@ from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.evaluate import evaluate
-from pagedkv.kv_retention import KVRetention
+from pagedkv.kv.retention import KVRetention
 from pagedkv.tokenizer import Tokenizer
 
 

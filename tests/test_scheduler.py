@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from pagedkv.config import CacheConfig
-from pagedkv.kv_cache_manager import KVCacheManager, NeverFits
+from pagedkv.kv.manager import KVCacheManager, NeverFits
 from pagedkv.request import Request
 from pagedkv.scheduler import Scheduler, SchedulerConfig
 from pagedkv.sequence import Sequence, SequenceStatus

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from pagedkv.chat import ChatTemplate, Conversation
 from pagedkv.engine import LLMEngine
-from pagedkv.kv_cpu_tier import forget_on_cpu
+from pagedkv.kv.cpu_tier import forget_on_cpu
 from pagedkv.sampling import SamplingParams
 
 from .dashboard import TokenRate, memory_snapshot

@@ -1,7 +1,7 @@
 """What the page's memory dashboard shows: the block map, pool metrics and the streaming rate."""
 from __future__ import annotations
 
-from pagedkv.kv_accounting import kv_stats
+from pagedkv.kv.accounting import kv_stats
 from pagedkv.sequence import SequenceStatus
 
 RATE_WINDOW_S = 5.0

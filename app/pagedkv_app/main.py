@@ -19,10 +19,10 @@ from pagedkv.backends.webgpu.self_test import self_test
 from pagedkv.backends.webgpu.tuning import JsonInStore, tune_device
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.file_store import MemoryStore
-from pagedkv.kv_disk import DiskTier, TierBudgets, model_hash
-from pagedkv.kv_disk_io import layout_for
-from pagedkv.kv_dtype import kv_dtype
+from pagedkv.kv.file_store import MemoryStore
+from pagedkv.kv.disk_tier import DiskTier, TierBudgets, model_hash
+from pagedkv.kv.disk_cache import layout_for
+from pagedkv.kv.dtypes import kv_dtype
 from pagedkv.model.weights import ModelWeights
 from pagedkv.tokenizer import Tokenizer
 
@@ -215,7 +215,7 @@ async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict
         return data
 
     budgets = tier_budgets()
-    kv_dtype = bridge.query_param("kv_dtype", "f16")  # f32, f16, int8, fp8-e4m3, int4, int4-asym (pagedkv.kv_dtype)
+    kv_dtype = bridge.query_param("kv_dtype", "f16")  # f32, f16, int8, fp8-e4m3, int4, int4-asym (pagedkv.kv.dtypes)
     tuned = None  # the gpu family's shapes, tuned before the GPU budget is spent (the tuning's buffers come and go)
     if state["kernels"][0] == "gpu":
         bridge.post("model-progress", model=name, loaded=0, total=total, detail="tuning the gpu kernels")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pagedkv.kv_cache_manager import NeverFits
+from pagedkv.kv.manager import NeverFits
 from pagedkv.sampling import SamplingParams
 
 from .remote import FallbackSettings, RemoteError, RemoteReply

@@ -6,10 +6,10 @@ import numpy as np
 from bench import kv_sim
 from bench.page.webgpu_engine import bench_backend
 from pagedkv.backends.webgpu.backend import SWAP_CHUNK_BLOCKS
-from pagedkv.block_pool import OutOfBlocks
+from pagedkv.kv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
-from pagedkv.contiguous import ContiguousAllocator
-from pagedkv.kv_cache_manager import KVCacheManager, NeverFits
+from pagedkv.kv.contiguous import ContiguousAllocator
+from pagedkv.kv.manager import KVCacheManager, NeverFits
 from pagedkv.sequence import Sequence
 
 _STATE = {}

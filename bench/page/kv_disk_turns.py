@@ -10,8 +10,8 @@ import time
 import numpy as np
 
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv_disk import DiskTier, model_hash
-from pagedkv.kv_disk_io import layout_for
+from pagedkv.kv.disk_tier import DiskTier, model_hash
+from pagedkv.kv.disk_cache import layout_for
 from pagedkv.sampling import SamplingParams
 
 NO_STOP = (1_000_000,)  # a stop id no model emits

@@ -5,7 +5,7 @@ import time
 import numpy as np
 
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv_retention import KVRetention
+from pagedkv.kv.retention import KVRetention
 from pagedkv.sampling import ForcedSampler, SamplingParams
 from pagedkv.tokenizer import Tokenizer
 

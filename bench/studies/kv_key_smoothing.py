@@ -7,7 +7,7 @@ with an f32 cache; the post-RoPE queries and keys of every layer are kept. Each 
 and reports the relative RMS error of the keys (original units) and of the attention scores q.k (RMS error
 over the standard deviation of the scores; every 8th query against every 4th key, all layers and heads),
 which is what the softmax sees. Variants:
-  int4 / int4-asym                   the registered dtypes (pagedkv.kv_dtype);
+  int4 / int4-asym                   the registered dtypes (pagedkv.kv.dtypes);
   int4 + smoothing (...)             keys stored as k / s and queries as q * s, s = 2^e per (layer, kv head,
                                      RoPE pair), e from the pair's RMS magnitude in these very rows (an upper
                                      bound for any factor a calibration text or the weights could give):
@@ -32,7 +32,7 @@ import numpy as np
 from bench.kv_quality_dtypes import ROOT, corpus_ids, real_kv_rows, rel_rms
 from pagedkv.backends import numpy_ref
 from pagedkv.backends.numpy_ref import NumpyModel
-from pagedkv.kv_dtype import KVDtype, dequantize_with, kv_dtype, quantize_with
+from pagedkv.kv.dtypes import KVDtype, dequantize_with, kv_dtype, quantize_with
 from pagedkv.model.weights import ModelWeights, read_manifest
 from pagedkv.tokenizer import Tokenizer
 

@@ -18,7 +18,7 @@ import numpy as np
 from bench.kv_quality_dtypes import ROOT, corpus_ids, evaluate
 from pagedkv.backends import numpy_ref
 from pagedkv.backends.numpy_ref import NumpyModel
-from pagedkv.kv_dtype import kv_dtype, round_trip
+from pagedkv.kv.dtypes import kv_dtype, round_trip
 from pagedkv.model.weights import ModelWeights, read_manifest
 from pagedkv.tokenizer import Tokenizer
 

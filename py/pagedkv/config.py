@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kv_dtype import DEFAULT_KV_DTYPE, kv_dtype as lookup_kv_dtype
-from .kv_retention import KVRetention
+from .kv.dtypes import DEFAULT_KV_DTYPE, kv_dtype as lookup_kv_dtype
+from .kv.retention import KVRetention
 
 ALLOWED_BLOCK_SIZES = (8, 16, 32, 64)
 PREEMPTION_MODES = ("auto", "swap", "recompute")
@@ -27,7 +27,7 @@ class CacheConfig:
     num_blocks: physical GPU blocks (computed from the byte budget by the caller).
     num_cpu_blocks: blocks of the CPU swap pool (0 disables swapping).
     enable_prefix_caching: keep full blocks addressable by their prefix hash.
-    kv_dtype: element type of the KV cache, a name of pagedkv.kv_dtype (f32, f16, int8, fp8-e4m3, int4, int4-asym).
+    kv_dtype: element type of the KV cache, a name of pagedkv.kv.dtypes (f32, f16, int8, fp8-e4m3, int4, int4-asym).
     """
 
     num_blocks: int
@@ -99,7 +99,7 @@ class EngineConfig(SchedulerConfig):
     namespace: str | None = None  # mixed into prefix hashes (e.g. the model id)
     max_context: int | None = None  # tokens per conversation (prompt + reply); None: the model's context
     retention: KVRetention | None = None  # default sliding window / eviction of every request
-    kv_dtype: str | None = None  # KV cache dtype the backend must hold (pagedkv.kv_dtype); None: the backend's
+    kv_dtype: str | None = None  # KV cache dtype the backend must hold (pagedkv.kv.dtypes); None: the backend's
 
     def __post_init__(self) -> None:
         super().__post_init__()

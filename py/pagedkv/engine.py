@@ -30,12 +30,12 @@ import numpy as np
 
 from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .config import CacheConfig, EngineConfig
-from .kv_accounting import KVShape, bytes_per_token
-from .kv_cache_manager import KVCacheManager, NeverFits
-from .kv_cpu_tier import CpuTier
-from .kv_disk import DiskTier
-from .kv_disk_io import DiskCache, layout_for
-from .kv_retention import KVRetention, add_attention_mass
+from .kv.accounting import KVShape, bytes_per_token
+from .kv.manager import KVCacheManager, NeverFits
+from .kv.cpu_tier import CpuTier
+from .kv.disk_tier import DiskTier
+from .kv.disk_cache import DiskCache, layout_for
+from .kv.retention import KVRetention, add_attention_mass
 from .model_runner import build_batch
 from .request import Request, StepOutput
 from .sample_groups import Member, SampleGroups

@@ -20,8 +20,8 @@ import numpy as np
 from .backends.cpu import CpuBackend
 from .config import CacheConfig
 from .engine import run_sync
-from .kv_cache_manager import CopyOp, KVCacheManager
-from .kv_retention import KVRetention, ShiftOp, add_attention_mass
+from .kv.manager import CopyOp, KVCacheManager
+from .kv.retention import KVRetention, ShiftOp, add_attention_mass
 from .model.weights import ModelWeights
 from .model_runner import ForwardBatch, build_batch
 from .request import Request

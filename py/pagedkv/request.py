@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from .kv_retention import KVRetention
+from .kv.retention import KVRetention
 from .sequence import Sequence, SequenceStatus
 
 _arrivals = itertools.count()

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .block_pool import OutOfBlocks
+from .kv.block_pool import OutOfBlocks
 from .config import SchedulerConfig
-from .kv_cache_manager import CopyOp, KVCacheManager, NeverFits
-from .kv_retention import ShiftOp, evictable, min_blocks, window_chunk, window_drops
+from .kv.manager import CopyOp, KVCacheManager, NeverFits
+from .kv.retention import ShiftOp, evictable, min_blocks, window_chunk, window_drops
 from .request import Request
 from .sequence import Sequence, SequenceStatus
 

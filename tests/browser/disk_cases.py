@@ -9,9 +9,9 @@ import numpy as np
 import engine_cases as ec
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv_disk import DiskTier, MemoryStore, block_chain, model_hash
-from pagedkv.kv_disk_io import layout_for
-from pagedkv.kv_dtype import pack_tokens
+from pagedkv.kv.disk_tier import DiskTier, MemoryStore, block_chain, model_hash
+from pagedkv.kv.disk_cache import layout_for
+from pagedkv.kv.dtypes import pack_tokens
 from pagedkv.model_runner import ForwardBatch
 from pagedkv.sampling import SamplingParams
 from pagedkv.tokenizer import Tokenizer

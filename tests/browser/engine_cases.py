@@ -16,7 +16,7 @@ from pagedkv.backends.webgpu.device import GpuDevice, open_device
 from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.backends.webgpu.plan import PlanKey, layer_program
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv_cache_manager import NeverFits
+from pagedkv.kv.manager import NeverFits
 from pagedkv.model.weights import ModelWeights
 from pagedkv.sampling import SamplingParams
 from pagedkv.tokenizer import Tokenizer

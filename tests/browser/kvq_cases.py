@@ -1,11 +1,11 @@
 """Cases for test_kv_dtypes.py, sent to the page's worker after kv_cases.py (whose helpers they use):
-quantized KV caches (int8, fp8-e4m3, int4, int4-asym; f16 alongside) on the GPU vs pagedkv.kv_dtype's numpy twin.
+quantized KV caches (int8, fp8-e4m3, int4, int4-asym; f16 alongside) on the GPU vs pagedkv.kv.dtypes's numpy twin.
 Caches go up as the words numpy packs (PackedKV) and come back as words, so comparisons are bit for bit."""
 import math
 
 import numpy as np
 
-from pagedkv.kv_dtype import PackedKV, pack_tokens
+from pagedkv.kv.dtypes import PackedKV, pack_tokens
 
 
 def hard_rows(rng, shape):

@@ -1,4 +1,4 @@
-"""Quantized KV caches (int8, fp8-e4m3, int4, int4-asym) on real WebGPU (SwiftShader here) against pagedkv.kv_dtype.
+"""Quantized KV caches (int8, fp8-e4m3, int4, int4-asym) on real WebGPU (SwiftShader here) against pagedkv.kv.dtypes.
 
 kv_write's quantizer must equal numpy's bit for bit (every u32 of every written token: codes, scales and
 padding), including rows of zeros, denormal rows, exact .5 ties and outlier channels (kvq_cases.hard_rows).

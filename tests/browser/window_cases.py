@@ -5,7 +5,7 @@ from __future__ import annotations
 import engine_cases as ec
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv_retention import KVRetention
+from pagedkv.kv.retention import KVRetention
 from pagedkv.sampling import SamplingParams
 from pagedkv.tokenizer import Tokenizer
 

@@ -10,8 +10,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ..kv_cache_manager import CopyOp
-from ..kv_retention import ShiftOp
+from ..kv.manager import CopyOp
+from ..kv.retention import ShiftOp
 from ..model.config import ModelConfig
 from ..model_runner import ForwardBatch
 
@@ -19,7 +19,7 @@ from ..model_runner import ForwardBatch
 class Backend(Protocol):
     name: str  # "cpu" or "webgpu", shown to the user
     config: ModelConfig
-    kv_dtype: str  # a name of pagedkv.kv_dtype
+    kv_dtype: str  # a name of pagedkv.kv.dtypes
     num_blocks: int  # KV blocks of the device pool
     block_size: int  # tokens per block
     num_cpu_blocks: int  # blocks of the swap pool in host memory

@@ -11,10 +11,10 @@ import numpy as np
 
 from ..kernels.ref_attention import check_block_ids
 from ..kernels.ref_ops import shift_keys
-from ..kv_cache_manager import CopyOp
-from ..kv_dtype import kv_dtype as lookup_kv_dtype
-from ..kv_dtype import pack_tokens, unpack_tokens
-from ..kv_retention import ShiftOp
+from ..kv.manager import CopyOp
+from ..kv.dtypes import kv_dtype as lookup_kv_dtype
+from ..kv.dtypes import pack_tokens, unpack_tokens
+from ..kv.retention import ShiftOp
 from ..model.weights import ModelWeights
 from ..model_runner import ForwardBatch
 from . import check_attention_mass
@@ -27,7 +27,7 @@ from .numpy_ref import NumpyModel, PagedKVCache
 class CpuBackend:
     """Runs the model with numpy; K/V in per-layer pools (num_blocks, block_size, n_kv_heads, head_dim).
 
-    kv_dtype: any name of pagedkv.kv_dtype; the f32 pools hold the values that dtype's quantizer returns,
+    kv_dtype: any name of pagedkv.kv.dtypes; the f32 pools hold the values that dtype's quantizer returns,
     so the CPU engine generates what a GPU engine with the same dtype generates.
     linear: "matmul" (numpy's @, BLAS where numpy has one) or "einsum" (projections and head through
     np.einsum, faster without BLAS: the tab's Pyodide; backends/cpu_linear.py), or "wasm": weights loaded

@@ -7,7 +7,7 @@ tokens) and decode (one new token) are the same code path.
 
 Everything is f32; weights are dequantized once at load (ModelWeights). The KV pools hold f32 values;
 with a kv_dtype other than f32 they hold the dequantized values produced by the exact quantizer of
-pagedkv.kv_dtype (the one the WGSL kv_write matches bit for bit), so attention reads what the GPU reads.
+pagedkv.kv.dtypes (the one the WGSL kv_write matches bit for bit), so attention reads what the GPU reads.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kv_dtype import kv_dtype as check_kv_dtype
-from ..kv_dtype import round_trip
+from ..kv.dtypes import kv_dtype as check_kv_dtype
+from ..kv.dtypes import round_trip
 from ..model.config import ModelConfig
 from ..kernels.ref_ops import model_inv_freq, rms_norm, rope_adjacent, silu
 from ..model.weights import ModelWeights

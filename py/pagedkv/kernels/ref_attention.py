@@ -4,7 +4,7 @@ Cache layout per layer, shared with the WGSL kernels: (num_blocks, block_size, n
 one array for K and one for V. Token `pos` of a sequence lives in physical block
 `block_table[pos // block_size]` at offset `pos % block_size`; its slot is
 `physical * block_size + offset`. The caches hold float32 or float16 values, or are
-pagedkv.kv_dtype.PackedKV words of a quantized dtype (int8, fp8-e4m3, int4, int4-asym) exactly as the GPU
+pagedkv.kv.dtypes.PackedKV words of a quantized dtype (int8, fp8-e4m3, int4, int4-asym) exactly as the GPU
 holds them, read through the same dequantizer; attention math runs in float64 here so the
 reference error is negligible next to the GPU's.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kv_dtype import PackedKV
+from ..kv.dtypes import PackedKV
 
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...gpu_budget import BudgetExceeded, GpuLedger, MIB, kv_blocks_that_fit, rounded
 from ...kernels.ref_ops import model_inv_freq, rope_cos_sin
-from ...kv_dtype import kv_dtype as lookup_kv_dtype
+from ...kv.dtypes import kv_dtype as lookup_kv_dtype
 from ...model.config import ModelConfig
 from ...model.layout import DTYPE_PARTS
 from ...model.weights import check_manifest, tensor_parts, verify_shard

@@ -8,9 +8,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from ...kernels.ref_ops import model_inv_freq, shift_keys
-from ...kv_cache_manager import CopyOp
-from ...kv_dtype import pack_tokens, unpack_tokens
-from ...kv_retention import ShiftOp
+from ...kv.manager import CopyOp
+from ...kv.dtypes import pack_tokens, unpack_tokens
+from ...kv.retention import ShiftOp
 
 SWAP_CHUNK_BLOCKS = 32  # blocks per layer per gather/scatter call; bounds the swap staging buffers
 

@@ -16,7 +16,7 @@ import numpy as np
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import JsException, create_once_callable, to_js  # type: ignore[import-not-found]
 
-from ...file_store import StoreFull
+from ...kv.file_store import StoreFull
 
 from .device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderLibrary, WebGPUUnavailable, padded,
                      resource)

@@ -8,7 +8,7 @@ Each kernel has a `prepare_*` that uploads inputs and builds bind groups once (a
 dispatches can be submitted again and again, as a benchmark or a replayed plan does) and a one-shot
 async call that prepares, submits, reads the result back and frees its temporaries.
 
-Element type of the cache: KVLayout.dtype, any name of pagedkv.kv_dtype (f32, f16, int8, fp8-e4m3, int4, int4-asym);
+Element type of the cache: KVLayout.dtype, any name of pagedkv.kv.dtypes (f32, f16, int8, fp8-e4m3, int4, int4-asym);
 it becomes the kernels' pipeline constants KV_FORMAT / KV_GROUP. f16 is packed two per u32 (no shader-f16
 feature needed); quantized dtypes keep their per-row scales inside each token's words (kv_dtype.py), so
 copy_blocks and the swaps move them with the data.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...kernels import ref_attention as ref
-from ...kv_dtype import kv_dtype as lookup_kv_dtype
+from ...kv.dtypes import kv_dtype as lookup_kv_dtype
 from .kv_attention_gpu import check_partition, decode_kernels, prefill_kernel
 from .model_kernels import uniform_words
 
@@ -57,7 +57,7 @@ class KVLayout:
 
     @property
     def kind(self):
-        """The pagedkv.kv_dtype registry entry."""
+        """The pagedkv.kv.dtypes registry entry."""
         return lookup_kv_dtype(self.dtype)
 
     @property

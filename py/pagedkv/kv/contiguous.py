@@ -16,9 +16,9 @@ import bisect
 from typing import NamedTuple
 
 from .block_pool import OutOfBlocks
-from .kv_accounting import KVStats
-from .kv_cache_manager import DoubleFree, NeverFits, SequenceFreed
-from .sequence import Sequence, SequenceStatus, append_then_allocate
+from .accounting import KVStats
+from .manager import DoubleFree, NeverFits, SequenceFreed
+from ..sequence import Sequence, SequenceStatus, append_then_allocate
 
 
 class ContiguousOOM(OutOfBlocks):

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .file_store import FileStore, MemoryStore, StoreFull  # noqa: F401  (MemoryStore: re-exported)
-from .kv_dtype import kv_dtype as lookup_kv_dtype
+from .dtypes import kv_dtype as lookup_kv_dtype
 
 __all__ = ["StoreFull", "FileStore", "MemoryStore", "KVLayout", "TierBudgets", "BlockFileError", "DiskTier",
            "block_chain", "encode_block", "decode_block", "model_hash", "block_payloads", "block_words"]

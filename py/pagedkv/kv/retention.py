@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .sequence import Sequence
+from ..sequence import Sequence
 
 POSITION_MODES = ("shifted", "original")
 

@@ -12,7 +12,7 @@ fills, and never for a block that is on disk (a restored or shared prefix).
 """
 from __future__ import annotations
 
-from .kv_disk import DiskTier, KVLayout, block_chain, block_payloads, block_words
+from .disk_tier import DiskTier, KVLayout, block_chain, block_payloads, block_words
 
 __all__ = ["DiskCache", "layout_for"]
 

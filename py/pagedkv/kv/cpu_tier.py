@@ -20,11 +20,11 @@ import hashlib
 from typing import TYPE_CHECKING
 
 from .block_pool import BlockState, CopyOp
-from .kv_disk import chain_step
+from .disk_tier import chain_step
 
 if TYPE_CHECKING:  # the manager imports this module (swap_out registers blocks here)
-    from .kv_cache_manager import KVCacheManager
-    from .sequence import Sequence
+    from .manager import KVCacheManager
+    from ..sequence import Sequence
 
 __all__ = ["chain_digests", "register_on_cpu", "promote_prefix", "forget_on_cpu", "CpuTier"]
 

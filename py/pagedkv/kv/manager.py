@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Callable, Hashable, NamedTuple
 
 from .block_pool import BlockPool, CopyOp, OutOfBlocks
-from .config import CacheConfig
-from .kv_cpu_tier import register_on_cpu
-from .kv_retention import ShiftOp
-from .sequence import Sequence, SequenceStatus, append_then_allocate, check_token_ids
+from ..config import CacheConfig
+from .cpu_tier import register_on_cpu
+from .retention import ShiftOp
+from ..sequence import Sequence, SequenceStatus, append_then_allocate, check_token_ids
 
 __all__ = ["KVCacheManager", "CopyOp", "OutOfBlocks", "NeverFits", "SequenceFreed",
            "DoubleFree", "default_block_hash"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .block_pool import BlockPool
-from .config import ALLOWED_BLOCK_SIZES, CacheConfig
-from .kv_cache_manager import KVCacheManager
-from .sequence import SequenceStatus
+from ..config import ALLOWED_BLOCK_SIZES, CacheConfig
+from .manager import KVCacheManager
+from ..sequence import SequenceStatus
 
-from .kv_dtype import KV_DTYPES
-from .kv_dtype import kv_dtype as lookup_kv_dtype
+from .dtypes import KV_DTYPES
+from .dtypes import kv_dtype as lookup_kv_dtype
 
 KV_DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}  # plain element sizes; bf16 only for simulating other engines
 
@@ -37,7 +37,7 @@ SMOLLM2_135M = KVShape("SmolLM2-135M-Instruct", num_layers=30, num_kv_heads=3, h
 
 def bytes_per_token(model, kv_dtype: str = "f16") -> int:
     """2 (K and V) x layers x the bytes one token of one layer's cache takes in `kv_dtype`: kv_heads x
-    head_dim x bytes per element, plus scales and padding for the quantized dtypes (pagedkv.kv_dtype).
+    head_dim x bytes per element, plus scales and padding for the quantized dtypes (pagedkv.kv.dtypes).
     `model` is anything with num_layers, num_kv_heads and head_dim."""
     if kv_dtype in KV_DTYPE_BYTES:  # unquantized: any head_dim (the simulator sizes other engines' models too)
         return 2 * model.num_layers * model.num_kv_heads * model.head_dim * KV_DTYPE_BYTES[kv_dtype]
