@@ -4,7 +4,7 @@ implementations share.
 GpuDevice is the whole vocabulary (a thin host layer in the spirit of gpu.cpp):
   device      info (AdapterInfo), lost_reason, done(), now_ms()
   buffers     buffer(), upload(), write(), read(), read_array()
-  pipelines   kernel() compiles shaders/<name>.wgsl once per constant set (ShaderLibrary expands includes)
+  pipelines   kernel() compiles a shader once per constant set (ShaderLibrary: files, includes, variants)
   dispatch    bind(), submit(), dispatch(); record_plan() + replay() for a whole step; time_dispatches()
   errors      push_errors() / pop_errors(), push_oom() / pop_oom()
 Two implementations: interop.GpuContext (the browser's WebGPU through Pyodide's JS interop; a step is one
@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from .shader_variants import VARIANTS
 
 # Limits we ask the device for, at the adapter's real value (the defaults are smaller).
 REQUESTED_LIMITS = ("maxBufferSize", "maxStorageBufferBindingSize", "maxComputeWorkgroupStorageSize",
@@ -73,9 +75,11 @@ def padded(nbytes: int) -> int:
 class ShaderLibrary:
     """WGSL sources by name, checked against a manifest (name -> {file, sha256}) where there is one.
 
-    `//#include name.wgsl` lines are expanded, so kernels can share a fragment of helpers. `read(path)`
-    returns a file's bytes: the page fetches dist/shaders/ (whose manifest.json build.py writes); native
-    runs read the repo's shaders/, where the manifest is the directory itself (`manifest` given).
+    A name in shader_variants.VARIANTS (`matvec_gpu_sg_q4_K`, ...) is composed from its part files; any other
+    name is a file of its own. `//#include name.wgsl` lines are expanded, so kernels can share a fragment of
+    helpers. `read(path)` returns a file's bytes: the page fetches dist/shaders/ (whose manifest.json
+    build.py writes); native runs read the repo's shaders/, where the manifest is the directory itself
+    (`manifest` given).
     """
 
     def __init__(self, read: Callable[[str], Awaitable[bytes]], manifest: dict | None = None) -> None:
@@ -84,13 +88,21 @@ class ShaderLibrary:
         self._sources: dict[str, str] = {}
 
     async def source(self, name: str) -> str:
-        if name in self._sources:
-            return self._sources[name]
+        if name not in self._sources:
+            variant = VARIANTS.get(name)
+            if variant is None:
+                self._sources[name] = await self._file(name)
+            else:
+                self._sources[name] = variant.compose(name, [await self.source(part) for part in variant.parts])
+        return self._sources[name]
+
+    async def _file(self, name: str) -> str:
+        """shaders/<name>.wgsl, checked against the manifest, its includes expanded."""
         if self._manifest is None:
             self._manifest = json.loads(await self._read("manifest.json"))
         entry = self._manifest.get(name)
         if entry is None:
-            raise KeyError(f"no shader named {name!r}; known: {sorted(self._manifest)}")
+            raise KeyError(f"no shader named {name!r}; known: {sorted([*self._manifest, *VARIANTS])}")
         data = await self._read(entry["file"])
         if "sha256" in entry:
             digest = hashlib.sha256(data).hexdigest()
@@ -102,7 +114,6 @@ class ShaderLibrary:
                 raise RuntimeError(f"shader {name}.wgsl includes itself")
             body = await self.source(included)
             text = re.sub(rf"^//#include {included}\.wgsl[ \t]*$", lambda _: body, text, flags=re.MULTILINE)
-        self._sources[name] = text
         return text
 
 

@@ -1,5 +1,0 @@
-// Y = X @ W^T for many tokens (prefill), W in the q5_0 layout of py/pagedkv/model/layout.py: the cpu family's
-// register-tiled matmul (matmul_nibble.wgsl over matmul_main.wgsl), dequantization fused, f32 accumulation.
-
-//#include q5_0_weights.wgsl
-//#include matmul_nibble.wgsl

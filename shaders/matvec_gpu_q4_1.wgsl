@@ -1,7 +1,0 @@
-// y = W @ x for a few token vectors (decode), W in the q4_1 layout of py/pagedkv/model/layout.py: the
-// gpu family's matvec (matvec_gpu_main.wgsl), lanes reduced with a workgroup-memory tree (adapters without subgroups).
-
-//#include q4_1_weights.wgsl
-//#include gpu_q4_1_words.wgsl
-//#include reduce_tree.wgsl
-//#include matvec_gpu_main.wgsl

@@ -1,9 +1,0 @@
-enable subgroups;
-
-// y = W @ x for a few token vectors (decode), W in the q8_0 layout of py/pagedkv/model/layout.py: the
-// gpu family's matvec (matvec_gpu_main.wgsl), lanes reduced with subgroup operations.
-
-//#include q8_0_weights.wgsl
-//#include gpu_q8_0_words.wgsl
-//#include reduce_subgroup.wgsl
-//#include matvec_gpu_main.wgsl

@@ -1,0 +1,80 @@
+"""Kernel variants composed from part files (backends/webgpu/shader_variants.py, ShaderLibrary), in CPython.
+
+Every name the host code asks for is a file of shaders/ or a variant of whole parts; a variant's source is
+its enable lines, a header and its parts in order; the page's path (dist/shaders/ through build.py's
+manifest) composes the same text as the repo's shaders/. tests/native/test_shader_variants_native.py
+compiles every variant.
+"""
+from __future__ import annotations
+
+import re
+
+import build
+from pagedkv.backends.webgpu import model_kernels as ops
+from pagedkv.backends.webgpu.kv_attention_gpu import decode_kernels
+from pagedkv.backends.webgpu.native import SHADERS, repo_shaders
+from pagedkv.backends.webgpu.shader_variants import VARIANTS
+from pagedkv.engine import run_sync
+
+FILES = {p.stem for p in SHADERS.glob("*.wgsl")}
+
+
+def sources(library, names) -> dict[str, str]:
+    async def run():
+        return {name: await library.source(name) for name in names}
+
+    return run_sync(run())
+
+
+def test_every_part_is_a_file_and_no_variant_is_one():
+    assert len(VARIANTS) == 58
+    assert {part for v in VARIANTS.values() for part in v.parts} <= FILES
+    assert not set(VARIANTS) & FILES
+    assert {line for v in VARIANTS.values() for line in v.enables} == {"enable subgroups;", "enable f16;"}
+
+
+def test_every_kernel_name_the_host_asks_for_resolves():
+    names = {f"{kernel}_{dtype}" for kernel in ("matvec", "matmul") for dtype in ops.LINEAR_TYPES}
+    names |= {f"embedding_{dtype}" for dtype in ops.LINEAR_TYPES if dtype != "q8_0"} | {"embedding"}
+    names |= {ops.gpu_matvec_shader(dtype, subgroups, f16) for dtype in ops.LINEAR_TYPES
+              for subgroups in (False, True) for f16 in (False, True)}
+    names |= {f"matmul_gpu_{dtype}" for dtype in ops.GPU_MATMUL_TYPES}
+    names |= {decode_kernels("gpu", subgroups, 64).attention for subgroups in (False, True)}
+    assert len(names) == 63
+    missing = names - FILES - set(VARIANTS)
+    assert not missing
+    # every variant is asked for by some host code (none is dead)
+    assert set(VARIANTS) <= names
+
+
+def test_shaders_has_no_include_only_file():
+    include_only = []
+    for path in SHADERS.glob("*.wgsl"):
+        code = [line for line in path.read_text().splitlines()
+                if line.strip() and not line.startswith("//") and not line.startswith("enable ")]
+        if not code:
+            include_only.append(path.name)
+    assert include_only == []
+
+
+def test_a_variant_is_its_enables_a_header_and_its_parts_in_order():
+    library = repo_shaders()
+    got = sources(library, ["matvec_gpu_sg_f16_q8_0"])["matvec_gpu_sg_f16_q8_0"]
+    parts = sources(library, ["q8_0_weights", "gpu_q8_0_words_f16", "reduce_subgroup", "matvec_gpu_main"])
+    assert got == ("enable subgroups;\nenable f16;\n\n"
+                   "// matvec_gpu_sg_f16_q8_0, composed by ShaderLibrary (backends/webgpu/shader_variants.py):\n"
+                   "// q8_0_weights.wgsl + gpu_q8_0_words_f16.wgsl + reduce_subgroup.wgsl + matvec_gpu_main.wgsl\n"
+                   "\n" + "".join(text + "\n" for text in parts.values()))
+    # the parts' includes are expanded too: nothing is left for the device to resolve
+    assert not re.search(r"^//#include", got, re.MULTILINE)
+    cpu = sources(library, ["embedding_q4_1"])["embedding_q4_1"]
+    assert cpu.startswith("// embedding_q4_1, composed by ShaderLibrary (backends/webgpu/shader_variants.py):\n"
+                          "// q4_1_scales.wgsl + embedding_nibble.wgsl\n\n// ")
+
+
+def test_the_pages_manifest_lists_part_files_and_composes_the_same_text(tmp_path):
+    manifest = build.build_shaders(tmp_path)
+    assert set(manifest) == FILES
+    names = sorted(VARIANTS) + ["residual_add", "matvec_q8_0"]
+    page = sources(repo_shaders(tmp_path / "shaders"), names)
+    assert page == sources(repo_shaders(), names)
