@@ -57,7 +57,7 @@ def dpkg_installed(package: str) -> bool:
 
 
 def chromium_found() -> bool:
-    from build import find_chromium  # standard library only at import time, like this file
+    from harness.chromium import find_chromium  # standard library only at import time, like this file
 
     try:
         find_chromium()

@@ -15,8 +15,8 @@ import base64
 import json
 import statistics
 
-from bench._path import emit
-from bench.harness import BrowserSession
+from bench import emit
+from harness.page import BrowserSession
 
 
 MEASURE = """

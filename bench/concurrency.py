@@ -14,8 +14,8 @@ import json
 import sys
 import time
 
-from bench._path import emit
-from bench.harness import session
+from bench import emit
+from bench.harness import install_bench, session
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
                                            "noisy; compare columns of one run"}
     # The page's own model is the tiny one on the CPU backend, so it does not compete for the GPU budget.
     with session() as s:
-        s.install_bench("page/webgpu_engine.py", "page/concurrency.py")
+        install_bench(s, "page/webgpu_engine.py", "page/concurrency.py")
         s.py("from bench.page.concurrency import *\nNone")
         report["adapter"] = s.page.evaluate("JSON.parse(document.documentElement.dataset.adapter)")["name"]
         report["tiny"] = s.py(f"import json\njson.dumps(await throughput('tiny-random', {levels}, 32, {tiny_new}, 64, "

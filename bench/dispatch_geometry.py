@@ -15,7 +15,7 @@ import math
 import sys
 from types import SimpleNamespace
 
-from bench._path import emit
+from bench import emit
 from pagedkv.backends.webgpu.kv_kernels import KVKernels, KVLayout
 from pagedkv.backends.webgpu.model_kernels import FAMILIES, MAX_WORKGROUPS_PER_DIM, GpuShapes
 from pagedkv.backends.webgpu.plan import SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots

@@ -24,7 +24,6 @@ import time
 
 import numpy as np
 
-from bench import _path  # noqa: F401  (puts py/ on sys.path under CPython)
 from pagedkv.backends.webgpu import model_kernels as ops
 from pagedkv.backends.webgpu.kv_kernels import KVCacheBuffers, KVKernels, KVLayout
 from pagedkv.kernels.ref_ops import rope_cos_sin
@@ -282,10 +281,10 @@ def main(argv: list[str] | None = None) -> int:
 
         result = asyncio.run(run())
     else:
-        from bench.harness.browser import session
+        from bench.harness import install_bench, session
 
         with session() as page:
-            page.install_bench("kernels.py")
+            install_bench(page, "kernels.py")
             result = page.py(PAGE.format(kernels=args.kernels, quick=args.quick))
     result.update({"benchmark": "kernels", "backend": args.backend, "wall_s": round(time.perf_counter() - t0, 1),
                    "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})

@@ -22,8 +22,9 @@ import json
 import sys
 import time
 
-from bench._path import emit
-from bench.harness import BootedPage, session
+from bench import emit
+from bench.harness import install_bench, session
+from harness.page import BootedPage
 from pagedkv.kv.dtypes import KV_DTYPES
 
 # (label, allocator, prefix caching, preempt): the last row waits / preempts by recompute instead of failing.
@@ -46,7 +47,7 @@ def run(budgets_mib: list[int], kv_dtypes: list[str], sessions: int, seed: int, 
     report = {"benchmark": "kv_browser", "kv_dtypes": kv_dtypes, "sessions": sessions, "seed": seed,
               "warmup_s": warmup_s, "layers_written_per_tick": layers_per_tick, "budgets": []}
     with session() as page:
-        page.install_bench("kv_sim.py", "page/webgpu_engine.py", "page/kv_browser.py")
+        install_bench(page, "kv_sim.py", "page/webgpu_engine.py", "page/kv_browser.py")
         page.py("from bench.page.kv_browser import *\nNone")
         for kv_dtype in kv_dtypes:
             rows = [r for r in ROWS if kv_dtype in all_rows_dtypes or r[0] in SHORT_ROWS]

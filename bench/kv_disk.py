@@ -23,10 +23,9 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: BLAS threads thrash on 2 shared cores
 
-from bench import _path  # noqa: F401,E402  (puts py/ and the repo root on sys.path)
-from bench._path import ROOT, emit  # noqa: E402
-from bench.harness import session  # noqa: E402
-from bench.harness.browser import open_and_boot, wait_model  # noqa: E402
+from bench import ROOT, emit  # noqa: E402
+from bench.harness import install_bench, session  # noqa: E402
+from harness.page import open_and_boot, wait_model  # noqa: E402
 
 # The page's worker keeps its globals between calls: the backend is set up once, then each row is its own call,
 # so a row that fails leaves the rows before it (run_rows).
@@ -135,7 +134,7 @@ def web_rows(model: str, sizes: list[int], tab_sizes: list[int]) -> dict:
     with session() as page:
         if sizes:
             t0 = time.perf_counter()
-            page.install_bench("page/kv_disk_turns.py", "page/webgpu_engine.py")
+            install_bench(page, "page/kv_disk_turns.py", "page/webgpu_engine.py")
             rows = run_rows(page, WEB_SETUP, WEB_ROW, sizes, model=model)
             page.py(WEB_END)
             out["webgpu"] = {"kv_dtype": "f16", "store": "OPFS", **rows}
@@ -161,7 +160,7 @@ def tab_cpu_rows(s, model: str, sizes: list[int]) -> dict:
     booted = open_and_boot(s.browser, s.origin + "/" + query, TAB_TIMEOUT_MS, TAB_TIMEOUT_MS)
     try:
         info = wait_model(booted, TAB_TIMEOUT_MS)
-        booted.install_bench("page/kv_disk_turns.py")
+        install_bench(booted, "page/kv_disk_turns.py")
         rows = run_rows(booted, TAB_SETUP, TAB_ROW, sizes, model=model)
     finally:
         booted.page.close()

@@ -13,8 +13,8 @@ import argparse
 import json
 import sys
 
-from bench._path import emit
-from bench.harness import session
+from bench import emit
+from bench.harness import install_bench, session
 
 
 def runs(quick: bool) -> list[str]:
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="skip the partition / workgroup-size sweep")
     args = parser.parse_args(argv)
     with session() as page:
-        page.install_bench("page/kv_kernels.py")
+        install_bench(page, "page/kv_kernels.py")
         page.py("from bench.page.kv_kernels import *\nNone")
         results = []
         for call in runs(args.quick):

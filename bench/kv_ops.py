@@ -22,7 +22,6 @@ import random
 import sys
 import time
 
-from . import _path  # noqa: F401
 from pagedkv.kv.block_pool import BlockPool
 from pagedkv.config import CacheConfig
 from pagedkv.kv.manager import KVCacheManager

@@ -60,7 +60,6 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _path  # noqa: F401
 from pagedkv.kv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
 from pagedkv.kv.contiguous import ContiguousAllocator

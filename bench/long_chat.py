@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from bench._path import ROOT, previous_result
+from bench import ROOT, previous_result
 from bench.kv_quality_window import corpus_tokens, ppl
 from pagedkv.evaluate import evaluate
 from pagedkv.kv.retention import KVRetention
@@ -62,11 +62,11 @@ def browser_run(cfg: dict, tokens: list[int]) -> dict:
     """The conversation in the page's worker (bench/page/long_chat.py); returns its figures, and prints the
     figures so far on stderr after every slice."""
     import build
-    from bench.harness import session
+    from bench.harness import install_bench, session
 
     t0 = time.perf_counter()
     with session(build_first=not (build.DIST / "index.html").exists()) as s:
-        s.install_bench("page/webgpu_engine.py", "page/long_chat.py")
+        install_bench(s, "page/webgpu_engine.py", "page/long_chat.py")
         s.py("from bench.page.long_chat import LongChat\n"
              f"_chat = await LongChat.start({cfg['model']!r}, {tokens!r}, {cfg['context']}, {cfg['continuation']}, "
              f"{cfg['reply']}, {cfg['window']}, {cfg['sinks']}, {cfg['block_size']}, {cfg['budget_mib']}, "

@@ -16,9 +16,9 @@ import argparse
 import inspect
 import time
 
-import build
-from bench._path import emit
+from bench import emit
 from bench.harness import session
+from harness.chromium import find_chromium
 
 LAYERS = 30  # SmolLM2-135M
 MATVEC_SHAPES = [("q4_1", 576, 576), ("q4_1", 192, 576), ("q4_1", 1536, 576), ("q4_1", 576, 1536),
@@ -148,7 +148,7 @@ def measure(runs: int, repeats: int, prefill_tokens: int = 128, stream_mib: int 
         page.install_test_modules("kernel_calls")
         result = page.py(code)
     result["decode_step_matvecs"] = summarize(result)
-    result.update({"benchmark": "model_kernels", "chromium": build.find_chromium(),
+    result.update({"benchmark": "model_kernels", "chromium": find_chromium(),
                    "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return result
 

@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from ._path import ROOT
+from bench import ROOT
 from pagedkv.gpu_budget import MIB
 from pagedkv.model.convert import convert_cached, open_gguf
 from pagedkv.model.synthetic import cached_synthetic_gguf

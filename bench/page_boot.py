@@ -11,11 +11,10 @@ import statistics
 import threading
 import time
 
-from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
-import build
 import serve
-from bench._path import emit
-from bench.harness import ensure_built
+from bench import emit
+from harness.chromium import BASE_ARGS, WEBGPU_ARGS, find_chromium
+from harness.page import ensure_built
 
 
 
@@ -37,8 +36,8 @@ def measure(runs: int) -> dict:
     cold, warm = [], []
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=build.find_chromium(),
-                                         args=build.BASE_ARGS + build.WEBGPU_ARGS, headless=True)
+            browser = pw.chromium.launch(executable_path=find_chromium(),
+                                         args=BASE_ARGS + WEBGPU_ARGS, headless=True)
             for _ in range(runs):
                 context = browser.new_context()  # empty HTTP cache: a cold boot
                 page = context.new_page()
@@ -58,7 +57,7 @@ def measure(runs: int) -> dict:
         "warm_ms": warm,
         "cold_median_ms": statistics.median(cold),
         "warm_median_ms": statistics.median(warm),
-        "chromium": build.find_chromium(),
+        "chromium": find_chromium(),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

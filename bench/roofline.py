@@ -23,8 +23,8 @@ import sys
 import time
 
 from bench import kv_sim
-from bench._path import emit
-from bench.harness import session
+from bench import emit
+from bench.harness import install_bench, session
 
 CONTEXTS = (256, 1024, 4096, 8192)
 BLOCK_SIZES = (8, 16, 32, 64)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     report["slot_efficiency_by_block_size"] = slot_efficiency_by_block_size(sessions)
     print(json.dumps(report["slot_efficiency_by_block_size"]), file=sys.stderr)
     with session() as page:
-        page.install_bench("page/kv_kernels.py", "page/roofline.py", "page/webgpu_engine.py")
+        install_bench(page, "page/kv_kernels.py", "page/roofline.py", "page/webgpu_engine.py")
         page.install_test_modules("kernel_calls")  # bench/page/roofline.py times single kernel calls with it
         web = page.py(SETUP.format(reps=reps, contexts=CONTEXTS))
         print(json.dumps(web["decode_steps"]), file=sys.stderr)

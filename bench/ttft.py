@@ -19,9 +19,8 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: BLAS threads thrash on 2 shared cores
 
-from bench import _path  # noqa: F401,E402  (puts py/ and the repo root on sys.path)
-from bench._path import ROOT, emit  # noqa: E402
-from bench.harness import session  # noqa: E402
+from bench import ROOT, emit  # noqa: E402
+from bench.harness import install_bench, session  # noqa: E402
 from bench.page.ttft_turns import conversation_ttft  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -75,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     report["cpu_numpy"] = cpu_rows(shape)
     print(json.dumps(report["cpu_numpy"]), file=sys.stderr)
     with session() as page:
-        page.install_bench("page/ttft_turns.py", "page/webgpu_engine.py")
+        install_bench(page, "page/ttft_turns.py", "page/webgpu_engine.py")
         report["webgpu"] = page.py(WEB.format(shape=shape))
         report["adapter"] = json.loads(page.dataset()["adapter"])["name"]
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -17,8 +17,8 @@ import json
 import statistics
 import sys
 
-from bench._path import emit
-from bench.harness import session
+from bench import emit
+from bench.harness import install_bench, session
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.runs, args.prompt, args.new = 2, 64, 8
     with session() as page:
-        page.install_bench("page/webgpu_engine.py")
+        install_bench(page, "page/webgpu_engine.py")
         page.py("from bench.page.webgpu_engine import *\nNone")
         ledger = page.py("import json\n_ctx, _b, _m, _ledger = await bench_backend()\njson.dumps(_ledger)")
         print(json.dumps(ledger), file=sys.stderr)

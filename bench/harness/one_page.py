@@ -21,19 +21,20 @@ import traceback
 # Before numpy loads: the CPU columns of ttft and wllama use one BLAS thread, as when each runs alone.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from bench import _path  # noqa: E402
-from bench.harness import browser  # noqa: E402
+from bench import PREVIOUS_ENV  # noqa: E402
+from bench.harness import SHARED, QUERY  # noqa: E402
+from harness.page import BrowserSession  # noqa: E402
 
 
 def run(jobs: list[tuple[str, list[str], str]]) -> None:
     from bench.wllama import make_server  # dist/ plus the wllama harness under /bench/
 
-    with browser.BrowserSession(browser.QUERY, make_server=make_server) as page:
-        browser.SHARED.append(page)
+    with BrowserSession(QUERY, make_server=make_server) as page:
+        SHARED.append(page)
         try:
             for name, (module, *argv), previous in jobs:
                 t0 = time.perf_counter()
-                os.environ[_path.PREVIOUS_ENV] = previous
+                os.environ[PREVIOUS_ENV] = previous
                 out = io.StringIO()
                 try:
                     with contextlib.redirect_stdout(out):
@@ -45,7 +46,7 @@ def run(jobs: list[tuple[str, list[str], str]]) -> None:
                 line["wall_s"] = round(time.perf_counter() - t0, 2)
                 print(json.dumps(line), flush=True)
         finally:
-            browser.SHARED.clear()
+            SHARED.clear()
 
 
 if __name__ == "__main__":

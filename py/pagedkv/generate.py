@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     payload = json.dumps({"messages": messages, "temperature": args.temperature or 0.0, "seed": args.seed,
                           "max_tokens": args.max_tokens})
-    from bench.harness import BrowserSession  # the repository's, with Playwright: never in the page
+    from harness.page import BrowserSession  # the repository's, with Playwright: never in the page
 
     with BrowserSession(f"?model={args.model}&backend={args.backend}&kernels={args.kernels}") as session:
         try:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import build
-from bench.harness import browser as harness
-from bench.harness.browser import BootedPage
+from harness import page as harness
+from harness.page import BootedPage
 
 BOOT_TIMEOUT_MS = 240_000
 PY_TIMEOUT_MS = 600_000

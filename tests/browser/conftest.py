@@ -1,5 +1,5 @@
 """Fixtures for browser tests: dist/ served on a free port, system Chromium with real WebGPU; the page, the
-server and the browser come from bench.harness, the harness the benchmarks use too."""
+server and the browser come from harness/, the harness the benchmarks use too."""
 from __future__ import annotations
 
 import os
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import build
-from bench.harness import browser as harness
-from bench.harness.browser import BootedPage
+from harness import chromium, page as harness
+from harness.page import BootedPage
 from browser_pages import open_and_boot
 
 
@@ -24,7 +24,7 @@ def base_url():
 @pytest.fixture(scope="session")
 def playwright_instance():
     try:
-        executable = build.find_chromium()
+        executable = chromium.find_chromium()
     except FileNotFoundError as exc:
         pytest.fail(str(exc), pytrace=False)
     from playwright.sync_api import sync_playwright
@@ -35,14 +35,14 @@ def playwright_instance():
 
 @pytest.fixture(scope="session")
 def browser(playwright_instance):
-    b = harness.launch(*playwright_instance, webgpu=True)
+    b = chromium.launch(*playwright_instance, webgpu=True)
     yield b
     b.close()
 
 
 @pytest.fixture(scope="session")
 def browser_without_webgpu(playwright_instance):
-    b = harness.launch(*playwright_instance, webgpu=False)
+    b = chromium.launch(*playwright_instance, webgpu=False)
     yield b
     b.close()
 

@@ -1,8 +1,8 @@
-"""The soak's short form (bench/soak.py): random Send / Stop / Regenerate / Delete / New chat / switch / reload on
+"""The soak's short form (harness/soak.py, bench/soak.py's driver): random Send / Stop / Regenerate / Delete / New chat / switch / reload on
 the tiny model, then nothing lost, nothing left behind."""
 from __future__ import annotations
 
-from bench.soak import KINDS, MODEL_QUERY, run_soak
+from harness.soak import KINDS, MODEL_QUERY, run_soak
 from browser_pages import open_and_boot, wait_model
 
 

@@ -1,6 +1,6 @@
-"""The one browser harness: serve dist/, launch the system Chromium, boot the page, run Python in its worker,
-install modules into the page. Used by tests/browser/conftest.py, the browser benchmarks and `npm run generate`
-(pagedkv.generate).
+"""The one browser harness: serve dist/, boot the page in the system Chromium (harness.chromium), run Python in
+its worker, install modules into the page. Used by tests/browser/conftest.py, the browser benchmarks (through
+bench.harness) and `npm run generate` (pagedkv.generate).
 """
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import json
 import os
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 
-from bench import _path  # noqa: F401  (puts py/ and the repo root on sys.path)
 import build
 import serve
+from harness.chromium import find_chromium, launch
 
-ROOT = _path.ROOT
+ROOT = Path(__file__).resolve().parent.parent
 BUILT_ENV = "PAGEDKV_BENCH_BUILT"  # set by `python3 -m bench` after it built dist/ once for the whole run
 INSTALL_DIR = "/installed"  # in the worker's file system; on its sys.path once something is installed
 
@@ -52,12 +53,6 @@ def serve_dist(make_server=None):
         server.server_close()
 
 
-def launch(pw, executable: str, webgpu: bool = True):
-    """Headless Chromium from the Playwright instance `pw`, with real WebGPU unless webgpu=False."""
-    return pw.chromium.launch(executable_path=executable, args=build.BASE_ARGS + (build.WEBGPU_ARGS if webgpu else []),
-                              headless=True)
-
-
 class BootedPage:
     """A page that reached a final boot state, with the log of every response and console message it received.
     py_timeout_ms: how long py() waits for one call by default (None: as long as it takes)."""
@@ -92,16 +87,15 @@ class BootedPage:
         there: {"kernel_calls.py": ...} as `kernel_calls`, {"bench/page/x.py": ...} as `bench.page.x`."""
         self.py(INSTALL.format(files=files, root=INSTALL_DIR))
 
-    def install_bench(self, *paths: str) -> "BootedPage":
-        """Install bench/<path> for each path (e.g. "page/ttft_turns.py", "kv_sim.py") with the package files
-        above it, so page code imports them as in CPython (bench.page.ttft_turns, bench.kv_sim)."""
-        here = ROOT / "bench"
-        names = ["__init__.py", "_path.py"]
+    def install_package(self, package: str, *paths: str) -> "BootedPage":
+        """Install <package>/<path> of the repository for each path with the package files above it, so page code
+        imports them as in CPython: ("bench", "page/ttft_turns.py") as bench.page.ttft_turns."""
+        names = ["__init__.py"]
         for path in paths:
             if "/" in path:
                 names.append(f"{path.rsplit('/', 1)[0]}/__init__.py")
             names.append(path)
-        self.install({f"bench/{name}": (here / name).read_text() for name in dict.fromkeys(names)})
+        self.install({f"{package}/{name}": (ROOT / package / name).read_text() for name in dict.fromkeys(names)})
         return self
 
     def install_test_modules(self, *names: str) -> "BootedPage":
@@ -154,7 +148,7 @@ class BrowserSession(BootedPage):
         self.origin = self._server.__enter__()
         self.url = f"{self.origin}/{self.query}"
         self._pw = sync_playwright().start()
-        self.browser = launch(self._pw, build.find_chromium())
+        self.browser = launch(self._pw, find_chromium())
         booted = open_and_boot(self.browser, self.url, self.TIMEOUT_MS)
         super().__init__(booted.page, booted.responses, booted.console, None)
         if self.state == "error":
@@ -167,19 +161,3 @@ class BrowserSession(BootedPage):
         self._pw.stop()
         self._server.__exit__(*exc)
 
-
-# The page most browser benchmarks run in: the app loads only the tiny model, on the CPU, so the benchmark has
-# the GPU (and the budget) to itself. `python3 -m bench` runs those benchmarks in one such page (one_page.py).
-QUERY = "?model=tiny-random&backend=cpu"
-SHARED: list[BrowserSession] = []  # the one page of bench/harness/one_page.py while it runs benchmarks in it
-
-
-@contextmanager
-def session(**kw):
-    """A booted page at QUERY for one benchmark: the shared one when bench/harness/one_page.py runs this
-    benchmark (its server also serves the wllama harness), else a BrowserSession(QUERY, **kw) of its own."""
-    if SHARED:
-        yield SHARED[0]
-    else:
-        with BrowserSession(QUERY, **kw) as s:
-            yield s

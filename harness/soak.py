@@ -1,0 +1,299 @@
+"""A soak of the chat page: seeded random Send / Stop / Regenerate / Delete / New chat / switch / reload on the tiny
+model over a few chats, then checks that nothing was lost or left behind.
+
+Every action waits for its visible effect (a selector, the page-state dataset, an exec result), never for a
+fixed time. Replies stream while the soak goes on: Stop, Delete and reload land mid-reply. At the end, with every
+reply finished, it checks: page errors (pageerror events, console errors, the status line's chat errors, an
+error state), for every chat the IndexedDB record's token history equal to the worker's conversation and its
+messages equal to what the page shows (before and after a final reload), every chat the soak made and did not
+delete listed after that reload (and no deleted one back), and the KV pool back at its free count (free +
+cached-free blocks == total). tests/browser/test_soak.py runs its short form and asserts it clean;
+bench/soak.py runs it as a benchmark (bench/results/soak.json).
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+
+KINDS = ("send", "stop", "regenerate", "delete", "new_chat", "switch", "reload")
+WEIGHTS = {"send": 40, "stop": 12, "regenerate": 10, "delete": 6, "new_chat": 8, "switch": 12, "reload": 3}
+WORDS = ("hello", "tell", "me", "about", "the", "sea", "why", "café", "naïve", "🙂", "ok", "more", "stop", "and",
+         "then", "blocks", "cache", "über", "日本", "x")
+FULL_TOKENS = 190  # no send to a chat this long: the tiny model's context is 256 tokens
+# WebGPU, the tiny model, a 16 MiB GPU budget: ~3,900 KV blocks, room for every chat many times over. With the
+# default 1 GiB the tiny model's pool has 262k blocks, and the memory panel's block map of them costs the worker
+# 0.6 s every 0.5 s while a reply streams.
+MODEL_QUERY = "?model=tiny-random&backend=webgpu&budget_mib=16"
+
+# Read from the worker: each chat's exact history and whether it is answering, and the KV pool's counts.
+WORKER_STATE = """
+import json
+from pagedkv_app.main import state
+_svc, _pool = state["service"], state["engine"].kv.pool
+json.dumps({"chats": {c.chat_id: {"ids": c.conversation.ids, "messages": c.conversation.messages,
+                                  "busy": c.request_id is not None} for c in _svc.chats.values()},
+            "unfinished": state["engine"].has_unfinished,
+            "pool": {"total": _pool.num_blocks, "free": _pool.num_free, "cached": _pool.num_cached}})
+"""
+
+READ_RECORDS = """() => new Promise((resolve, reject) => {
+  const open = indexedDB.open("pagedkv", 1);
+  open.onerror = () => reject(open.error);
+  open.onsuccess = () => {
+    const get = open.result.transaction("chats").objectStore("chats").getAll();
+    get.onerror = () => reject(get.error);
+    get.onsuccess = () => { open.result.close(); resolve(get.result); };
+  };
+})"""
+
+LIST_CHATS = "bs => bs.map(b => [b.dataset.chat, b.classList.contains('busy'), b.classList.contains('foreign')])"
+SHOWN_MESSAGES = ("els => els.map(e => [e.classList.contains('user') ? 'user' : 'assistant', e.dataset.text || '',"
+                  " e.classList.contains('pending')])")
+
+
+class Soak:
+    """One soak over a booted page of the app; `run` performs the actions, `check` reports what held."""
+
+    def __init__(self, page, *, seed: int, chats: int, reload_every: int, timeout_ms: int,
+                 boot_timeout_ms: int) -> None:
+        self.page, self.rng, self.max_chats, self.reload_every = page, random.Random(seed), chats, reload_every
+        self.reloaded_at = 0  # turns started at the last reload
+        self.timeout_ms, self.boot_timeout_ms = timeout_ms, boot_timeout_ms
+        page.set_default_timeout(timeout_ms)
+        self.actions: Counter = Counter()
+        self.seconds: Counter = Counter()  # wall time per action kind
+        self.turns = self.stops_cut = 0
+        self.errors: list[str] = []
+        self.deleted: set[str] = set()
+        self.created: set[str] = set()
+        page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+        page.on("console", lambda m: self.errors.append(f"console error: {m.text}") if m.type == "error" else None)
+
+    # ------------------------------------------------------------------ reading the page
+
+    def dataset(self) -> dict:
+        return self.page.evaluate("Object.assign({}, document.documentElement.dataset)")
+
+    def worker(self) -> dict:
+        return json.loads(self.page.evaluate("code => window.pagedkv.exec(code)", WORKER_STATE))
+
+    def listed(self) -> list[tuple[str, bool, bool]]:
+        return [tuple(row) for row in self.page.eval_on_selector_all("#chat-list button", LIST_CHATS)]
+
+    def shown(self) -> list[list]:
+        return self.page.eval_on_selector_all("#messages .msg", SHOWN_MESSAGES)
+
+    def records(self) -> dict:
+        return {rec["id"]: rec for rec in self.page.evaluate(READ_RECORDS)}
+
+    def poll(self, ready, what: str, timeout_ms: int | None = None):
+        """Poll `ready()` until it returns something truthy; AssertionError naming `what` after the timeout."""
+        deadline = time.monotonic() + (timeout_ms or self.timeout_ms) / 1000
+        while True:
+            value = ready()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"soak: timed out waiting for {what}")
+            self.page.wait_for_timeout(20)
+
+    def note_errors(self) -> None:
+        """Collect a chat error from the status line (then clear its dataset key, so a repeat is seen) and an
+        error state of the page or its model."""
+        data = self.dataset()
+        if "chatError" in data:
+            self.errors.append(f"chat error: {data['chatError']}")
+            self.page.evaluate("delete document.documentElement.dataset.chatError")
+        if data.get("state") == "error" or data.get("model") == "error":
+            raise AssertionError(f"soak: the page is in an error state: {data.get('error') or data}")
+
+    # ------------------------------------------------------------------ actions
+
+    def feasible(self, worker: dict) -> list[str]:
+        listed = self.listed()
+        current = self.dataset().get("chat")
+        mine = worker["chats"].get(current)
+        idle_here = mine is not None and not mine["busy"]
+        room = idle_here and len(mine["ids"]) < FULL_TOKENS
+        last = mine["messages"][-1]["role"] if mine and mine["messages"] else None
+        kinds = {"send": room, "stop": any(c["busy"] for c in worker["chats"].values()),
+                 "regenerate": room and last == "assistant" and not self.page.locator("#regenerate").is_disabled(),
+                 "delete": len(listed) > 1, "new_chat": len(listed) < self.max_chats, "switch": len(listed) > 1,
+                 "reload": self.turns - self.reloaded_at >= self.reload_every}
+        return [k for k in KINDS if kinds[k]]
+
+    def choose(self, kinds: list[str]) -> str:
+        never = [k for k in kinds if not self.actions[k]]  # every kind early, so a short soak covers them all
+        if never:
+            return self.rng.choice(never)
+        return self.rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
+
+    def fill_settings(self, long: bool) -> None:
+        if not self.page.locator("#settings[open]").count():
+            self.page.locator("#settings summary").click()
+        self.page.fill("#set-max-tokens", str(self.rng.randint(40, 80) if long else self.rng.randint(1, 10)))
+        self.page.fill("#set-temperature", str(self.rng.choice((0, 0.7, 1.1))))
+        self.page.fill("#set-seed", str(self.rng.randrange(1000)))
+
+    def start_turn(self, trigger) -> None:
+        """Trigger a reply and wait for its turn-start (or a refusal, noted as an error)."""
+        before = self.dataset().get("lastStart")
+        trigger()
+        self.poll(lambda: self.dataset().get("lastStart") != before or "chatError" in self.dataset(), "a reply to start")
+        if self.dataset().get("lastStart") != before:
+            self.turns += 1
+
+    def send(self) -> None:
+        self.fill_settings(long=self.rng.random() < 0.4)
+        words = self.rng.choices(WORDS, k=self.rng.randint(1, 5))
+        self.page.fill("#prompt", " ".join(words) + self.rng.choice(("", ".", "?", "!")))
+        self.start_turn(lambda: self.page.press("#prompt", "Enter"))
+
+    def regenerate(self) -> None:
+        self.fill_settings(long=self.rng.random() < 0.4)
+        self.start_turn(lambda: self.page.locator("#regenerate").click())
+
+    def stop(self, worker: dict) -> None:
+        busy = sorted(cid for cid, c in worker["chats"].items() if c["busy"])
+        target = self.rng.choice(busy)
+        self.select(target)
+        # force: the reply may have ended since; then the click lands on a disabled button and does nothing.
+        self.page.locator("#stop").click(force=True)
+        self.poll(lambda: not self.worker()["chats"].get(target, {}).get("busy"), f"{target} to stop")
+        self.poll(lambda: not any(busy and cid == target for cid, busy, _ in self.listed()), f"{target} shown idle")
+        if "interrupted" in (self.page.locator("#messages .msg").last.get_attribute("class") or ""):
+            self.stops_cut += 1
+
+    def select(self, chat_id: str) -> None:
+        if self.dataset().get("chat") != chat_id:
+            self.page.locator(f'#chat-list button[data-chat="{chat_id}"]').click()
+            self.page.wait_for_selector(f'html[data-chat="{chat_id}"]', state="attached")
+
+    def delete(self) -> None:
+        target = self.dataset()["chat"]
+        self.page.once("dialog", lambda d: d.accept())
+        self.page.locator("#delete-chat").click()
+        self.page.wait_for_selector(f'#chat-list button[data-chat="{target}"]', state="detached")
+        self.deleted.add(target)
+        self.created.discard(target)
+
+    def new_chat(self) -> None:
+        before = {cid for cid, _, _ in self.listed()}
+        self.page.locator("#new-chat").click()
+        new = self.poll(lambda: {cid for cid, _, _ in self.listed()} - before, "a new chat to be listed")
+        (cid,) = new
+        self.page.wait_for_selector(f'html[data-chat="{cid}"]', state="attached")
+        self.created.add(cid)
+        self.deleted.discard(cid)  # after a reload the worker may hand out a deleted chat's id again
+
+    def switch(self) -> None:
+        current = self.dataset().get("chat")
+        self.select(self.rng.choice(sorted(cid for cid, _, _ in self.listed() if cid != current)))
+
+    def reload(self) -> None:
+        self.reloaded_at = self.turns
+        self.page.reload()
+        self.page.wait_for_selector("html[data-model=ready][data-restored]", state="attached",
+                                    timeout=self.boot_timeout_ms)
+        self.page.wait_for_selector("#chat-list button[aria-current=true]", state="attached")
+
+    def act(self) -> None:
+        worker = self.worker()
+        kind = self.choose(self.feasible(worker))
+        t0 = time.perf_counter()
+        if kind == "stop":
+            self.stop(worker)
+        else:
+            getattr(self, kind)()
+        self.seconds[kind] += time.perf_counter() - t0
+        self.actions[kind] += 1
+        self.note_errors()
+
+    def run(self, turns: int) -> None:
+        self.page.wait_for_selector("#chat-list button[aria-current=true]", state="attached")
+        self.created.update(cid for cid, _, _ in self.listed())
+        while self.turns < turns:
+            self.act()
+
+    # ------------------------------------------------------------------ checks
+
+    def idle(self) -> dict:
+        """Wait until every reply is over, in the worker and on the page; returns the worker's state."""
+        worker = self.poll(lambda: (w := self.worker()) and not w["unfinished"] and
+                           not any(c["busy"] for c in w["chats"].values()) and w, "every reply to finish")
+        self.poll(lambda: not any(busy for _, busy, _ in self.listed()), "the page to show every chat idle")
+        return worker
+
+    def mismatches(self, worker: dict, records: dict) -> list[str]:
+        """Chats whose saved record, worker history and shown messages disagree (one line each)."""
+        found = []
+        for cid, chat in sorted(worker["chats"].items()):
+            rec = records.get(cid)
+            said = [[m["role"], m["content"]] for m in chat["messages"] if m["role"] != "system"]
+            self.select(cid)
+            shown = [[role, text] for role, text, _ in self.shown()]
+            if rec is None:
+                found.append(f"{cid}: no saved record")
+                continue
+            saved = [[m["role"], m["text"]] for m in rec.get("messages") or []]
+            if rec["checkpoint"][1] != chat["ids"]:
+                found.append(f"{cid}: saved {len(rec['checkpoint'][1])} token ids, the worker holds "
+                             f"{len(chat['ids'])} (first difference at {_first_difference(rec['checkpoint'][1], chat['ids'])})")
+            if rec.get("partial_ids") or rec.get("streaming"):
+                found.append(f"{cid}: saved as still streaming ({len(rec.get('partial_ids') or [])} partial ids)")
+            if not saved == shown == said:
+                found.append(f"{cid}: messages differ: saved {saved!r}, shown {shown!r}, worker {said!r}")
+        return found
+
+    def settled_records(self, worker: dict) -> dict:
+        """The IndexedDB records once the page has written the worker's last saves (or what is there after the
+        timeout: a record that never catches up is then a mismatch)."""
+        def caught_up():
+            recs = self.records()
+            ok = all(cid in recs and recs[cid]["checkpoint"][1] == c["ids"] and not recs[cid].get("streaming")
+                     for cid, c in worker["chats"].items())
+            return recs if ok else None
+        try:
+            return self.poll(caught_up, "the saved records", timeout_ms=5_000)
+        except AssertionError:
+            return self.records()
+
+    def check(self) -> dict:
+        worker = self.idle()
+        pool = worker["pool"]
+        leaked = pool["total"] - pool["free"] - pool["cached"]
+        before = self.mismatches(worker, self.settled_records(worker))
+        expected = set(self.created)
+        self.reload()
+        self.note_errors()
+        listed = {cid for cid, _, _ in self.listed()}
+        restored = self.idle()
+        after = self.mismatches(restored, self.records())
+        return {"blocks_leaked": leaked, "pool": pool, "chats_lost": sorted(expected - listed),
+                "chats_back_after_delete": sorted(listed & self.deleted), "mismatches_before_reload": before,
+                "mismatches_after_reload": after, "chats_at_end": sorted(listed)}
+
+
+def _first_difference(a: list, b: list) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def run_soak(page, *, turns: int, chats: int = 4, seed: int, reload_every: int = 8, timeout_ms: int = 60_000,
+             boot_timeout_ms: int = 240_000) -> dict:
+    """Drive a booted page of the app (MODEL_QUERY, model ready) through seeded random actions over at most
+    `chats` chats until `turns` replies have started, then check it (module docstring). A reload (the slowest
+    action: the page boots again) comes at most once per `reload_every` turns. Returns the figures."""
+    t0 = time.perf_counter()
+    soak = Soak(page, seed=seed, chats=chats, reload_every=reload_every, timeout_ms=timeout_ms,
+                boot_timeout_ms=boot_timeout_ms)
+    soak.run(turns)
+    end = soak.check()
+    return {"benchmark": "soak", "seed": seed, "chats": chats, "turns": soak.turns, "query": MODEL_QUERY,
+            "actions": {k: soak.actions[k] for k in KINDS},
+            "action_s": {k: round(soak.seconds[k], 1) for k in KINDS}, "stops_cut_a_reply": soak.stops_cut,
+            "errors": len(soak.errors), "error_messages": soak.errors[:20], "chats_lost": len(end["chats_lost"]),
+            "history_mismatches": len(end["mismatches_before_reload"]) + len(end["mismatches_after_reload"]),
+            "blocks_leaked": end["blocks_leaked"], "details": end, "wall_s": round(time.perf_counter() - t0, 1)}
+
