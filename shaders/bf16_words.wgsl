@@ -1,6 +1,6 @@
 // BF16 weights (model/layout.py: the high halves of little-endian f32, row-major) for the float kernels,
-// expanded at the `//#include bf16_words.wgsl` line of matvec[_gpu[_sg]]_bf16, matmul_bf16 and
-// embedding_bf16: a bf16 is the f32 whose high 16 bits it is (exact).
+// the first part of matvec[_gpu[_sg]]_bf16, matmul_bf16 and embedding_bf16 (shader_variants.py): a bf16 is
+// the f32 whose high 16 bits it is (exact).
 
 //#include half_words.wgsl
 

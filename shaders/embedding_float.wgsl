@@ -1,5 +1,5 @@
 // Token embedding lookup from an f32 / f16 / bf16 table (embedding_f32 / embedding_f16 / embedding_bf16,
-// expanded at their `//#include embedding_float.wgsl` line after <type>_words.wgsl): out[t] = row
+// composed after <type>_words.wgsl by shader_variants.py): out[t] = row
 // token_ids[t] in f32, exact. Token ids are range-checked on the host.
 
 struct Params { tokens : u32, hidden : u32, _pad : vec2<u32> }  // hidden: a multiple of 32

@@ -1,5 +1,5 @@
-// Token embedding lookup from a nibble-coded table (every type but Q8_0; expanded at the `//#include
-// embedding_nibble.wgsl` line of embedding_<type>.wgsl, after <type>_weights.wgsl or q4_1_scales.wgsl):
+// Token embedding lookup from a nibble-coded table (every type but Q8_0; embedding_<type>, composed after
+// <type>_weights.wgsl or q4_1_scales.wgsl by shader_variants.py):
 // out[t] = dequantized row token_ids[t], as embedding.wgsl does for Q8_0. One thread per (token, 4 weights).
 
 struct Params { tokens : u32, hidden : u32, _pad0 : u32, _pad1 : u32 }  // hidden: a multiple of the block

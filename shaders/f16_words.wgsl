@@ -1,5 +1,5 @@
-// F16 weights (model/layout.py: little-endian f16, row-major) for the float kernels, expanded at the
-// `//#include f16_words.wgsl` line of matvec[_gpu[_sg]]_f16, matmul_f16 and embedding_f16. Read as u32
+// F16 weights (model/layout.py: little-endian f16, row-major) for the float kernels, the first part of
+// matvec[_gpu[_sg]]_f16, matmul_f16 and embedding_f16 (shader_variants.py). Read as u32
 // words with unpack2x16float (exact), so the device needs no shader-f16.
 
 //#include half_words.wgsl

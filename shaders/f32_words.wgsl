@@ -1,5 +1,5 @@
-// F32 weights (model/layout.py: little-endian f32, row-major) for the float kernels, expanded at the
-// `//#include f32_words.wgsl` line of matvec[_gpu[_sg]]_f32, matmul_f32 and embedding_f32.
+// F32 weights (model/layout.py: little-endian f32, row-major) for the float kernels, the first part of
+// matvec[_gpu[_sg]]_f32, matmul_f32 and embedding_f32 (shader_variants.py).
 
 alias Word4 = vec4<u32>;  // weights 4m..4m+3
 struct Group8 {  // weights 8k..8k+7 (matmul_float.wgsl's qs elements)

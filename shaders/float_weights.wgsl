@@ -1,6 +1,6 @@
-// The bindings of the float matvec kernels (f32, f16, bf16 weights; both families), expanded at their
-// `//#include float_weights.wgsl` line after <type>_words.wgsl. A float matrix is one part, so params
-// sits at binding 3 (the quantized kernels' at 4, after their scales part).
+// The bindings of the float matvec kernels (f32, f16, bf16 weights; both families), after <type>_words.wgsl
+// (included by matvec_float.wgsl; a part of the gpu family's variants, shader_variants.py). A float matrix
+// is one part, so params sits at binding 3 (the quantized kernels' at 4, after their scales part).
 
 @group(0) @binding(0) var<storage, read> qs : array<vec4<u32>>;  // (rows, cols) weights, then the NORM weight
 @group(0) @binding(1) var<storage, read> x : array<vec4<f32>>;   // (tokens, cols/4)

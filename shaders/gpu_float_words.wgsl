@@ -1,5 +1,5 @@
-// One vec4<u32> word of float weights for the gpu-family matvec (expanded at a `//#include
-// gpu_float_words.wgsl` line after float_weights.wgsl): 8 f16 / bf16 weights (2 activation vec4s) or 4 f32.
+// One vec4<u32> word of float weights for the gpu-family matvec (composed after float_weights.wgsl by
+// shader_variants.py): 8 f16 / bf16 weights (2 activation vec4s) or 4 f32.
 
 override WORKGROUP_SIZE : u32 = 64u;
 const WORDS_PER_BLOCK : u32 = CODE_WORDS_PER_BLOCK;

@@ -1,5 +1,5 @@
-// One u32 word of nibble codes for the gpu-family matvec of the nibble-coded weight types (expanded at a
-// `//#include gpu_nibble_words.wgsl` line after <type>_weights.wgsl and nibble_io.wgsl): 8 weights,
+// One u32 word of nibble codes for the gpu-family matvec of the nibble-coded weight types (composed after
+// <type>_weights.wgsl and nibble_io.wgsl by shader_variants.py): 8 weights,
 // 2 activation vec4s.
 
 override WORKGROUP_SIZE : u32 = 64u;

@@ -1,5 +1,5 @@
-// One u32 word of Q4_1 codes for the gpu-family kernels (expanded at a `//#include gpu_q4_1_words.wgsl`
-// line after q4_1_weights.wgsl): 8 weights, 2 activation vec4s; the gpu-family matvec reads word_dot, the
+// One u32 word of Q4_1 codes for the gpu-family kernels (composed after q4_1_weights.wgsl by
+// shader_variants.py): 8 weights, 2 activation vec4s; the gpu-family matvec reads word_dot, the
 // matmul word_weights.
 
 override WORKGROUP_SIZE : u32 = 64u;

@@ -1,5 +1,5 @@
-// gpu_q4_1_words.wgsl's word_dot in f16 arithmetic, for devices with `shader-f16` (expanded at a
-// `//#include gpu_q4_1_words_f16.wgsl` line after q4_1_weights.wgsl; the kernel starts with `enable f16;`).
+// gpu_q4_1_words.wgsl's word_dot in f16 arithmetic, for devices with `shader-f16` (composed after
+// q4_1_weights.wgsl by shader_variants.py, which starts the kernel with `enable f16;`).
 // The nibbles enter as q / 16 (exact in f16) so a word's dot products stay below 4 |x|: no f16 overflow
 // until an activation passes 16,000. The scales and the sum over words stay f32.
 

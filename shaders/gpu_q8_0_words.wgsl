@@ -1,5 +1,5 @@
-// One u32 word of Q8_0 codes for the gpu-family kernels (expanded at a `//#include gpu_q8_0_words.wgsl`
-// line after q8_0_weights.wgsl): 4 weights, 1 activation vec4; the gpu-family matvec reads word_dot, the
+// One u32 word of Q8_0 codes for the gpu-family kernels (composed after q8_0_weights.wgsl by
+// shader_variants.py): 4 weights, 1 activation vec4; the gpu-family matvec reads word_dot, the
 // matmul word_weights.
 
 override WORKGROUP_SIZE : u32 = 64u;

@@ -1,5 +1,5 @@
-// gpu_q8_0_words.wgsl's word_dot in f16 arithmetic, for devices with `shader-f16` (expanded at a
-// `//#include gpu_q8_0_words_f16.wgsl` line after q8_0_weights.wgsl; the kernel starts with `enable f16;`).
+// gpu_q8_0_words.wgsl's word_dot in f16 arithmetic, for devices with `shader-f16` (composed after
+// q8_0_weights.wgsl by shader_variants.py, which starts the kernel with `enable f16;`).
 // The codes enter as q / 127 (|.| <= 1, rounded to f16), so a word's dot product stays below 4 |x|.
 
 override WORKGROUP_SIZE : u32 = 64u;

@@ -1,5 +1,5 @@
 // Y = X @ W^T for many tokens (prefill), W f32 / f16 / bf16 (matmul_f32 / matmul_f16 / matmul_bf16,
-// expanded at their `//#include matmul_float.wgsl` line after <type>_words.wgsl): matmul_main.wgsl's
+// composed after <type>_words.wgsl by shader_variants.py): matmul_main.wgsl's
 // 8-row x 4-token register tiles, weights converted to f32, f32 accumulation. One weights part, so
 // params sits at binding 3.
 

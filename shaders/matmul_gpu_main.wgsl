@@ -1,5 +1,5 @@
-// The body shared by the gpu-family prefill matmuls (matmul_gpu_<dtype>.wgsl; expanded at their
-// `//#include matmul_gpu_main.wgsl` line, after <dtype>_weights.wgsl and gpu_<dtype>_words.wgsl).
+// The body shared by the gpu-family prefill matmuls (matmul_gpu_<dtype>, composed after <dtype>_weights.wgsl
+// and gpu_<dtype>_words.wgsl by shader_variants.py).
 // Y (tokens, rows) = X (tokens, cols) @ W^T, tiled through workgroup memory for real GPUs: a workgroup of
 // WORKGROUP_SIZE threads owns a tile of 8 * ROW_GROUPS rows x 4 * WORKGROUP_SIZE / ROW_GROUPS tokens. For
 // each 32-weight block along K it stages the tile's activations (neighbouring lanes read neighbouring

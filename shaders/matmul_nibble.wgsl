@@ -1,5 +1,5 @@
-// The cpu-family matmul of the nibble-coded weight types but Q4_1 (expanded at their `//#include
-// matmul_nibble.wgsl` line, after <type>_weights.wgsl): matmul_main.wgsl's 8-row x 4-token register tile,
+// The cpu-family matmul of the nibble-coded weight types but Q4_1 (matmul_<type>, composed after
+// <type>_weights.wgsl by shader_variants.py): matmul_main.wgsl's 8-row x 4-token register tile,
 // each weight dequantized once for 4 tokens as a * q + m (nibbles.wgsl's BlockScale of its block).
 
 struct Params {

@@ -1,6 +1,6 @@
 // y = W @ x for a few token vectors (decode, the LM head), W f32 / f16 / bf16 (the cpu family's
-// matvec_f32 / matvec_f16 / matvec_bf16, expanded at their `//#include matvec_float.wgsl` line after
-// <type>_words.wgsl): matvec_main.wgsl's 8-row threads, weights converted to f32, f32 accumulation.
+// matvec_f32 / matvec_f16 / matvec_bf16, composed after <type>_words.wgsl by shader_variants.py):
+// matvec_main.wgsl's 8-row threads, weights converted to f32, f32 accumulation.
 
 //#include float_weights.wgsl
 

@@ -1,5 +1,5 @@
-// The body shared by the gpu-family matvec kernels (matvec_gpu[_sg]_<dtype>.wgsl; expanded at their
-// `//#include matvec_gpu_main.wgsl` line, after <dtype>_weights.wgsl and a reduce_*.wgsl fragment).
+// The body shared by the gpu-family matvec kernels (matvec_gpu[_sg][_f16]_<dtype>, composed after the
+// weight type's parts and a reduce_*.wgsl fragment by shader_variants.py).
 // Shaped for real GPUs, where the cpu family's lone 8-row threads leave most lanes idle and read 2 KB
 // apart: one workgroup of WORKGROUP_SIZE threads owns ROWS = 8 rows of one token (workgroup_id.y) and
 // its lanes stride along K one u32 word of codes at a time, so neighbouring lanes read neighbouring

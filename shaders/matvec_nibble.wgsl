@@ -1,5 +1,5 @@
-// The cpu-family matvec of the nibble-coded weight types (expanded at their `//#include matvec_nibble.wgsl`
-// line, after <type>_weights.wgsl and nibble_io.wgsl): matvec_main.wgsl's 8 rows per thread, each block's
+// The cpu-family matvec of the nibble-coded weight types (matvec_<type>, composed after <type>_weights.wgsl
+// and nibble_io.wgsl by shader_variants.py): matvec_main.wgsl's 8 rows per thread, each block's
 // activations pre-scaled once for all 8 rows (nibbles.wgsl), then per row and block
 // sum_j w_j x_j = a . (nibble dots + 16 high-bit dots) + m . (half sums).
 

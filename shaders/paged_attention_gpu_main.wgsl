@@ -1,5 +1,5 @@
-// The body of the gpu family's paged decode attention (paged_attention_gpu[_sg].wgsl; expanded at their
-// `//#include paged_attention_gpu_main.wgsl` line, after paged_kv_read.wgsl and a reduce_*.wgsl fragment).
+// The body of the gpu family's paged decode attention (paged_attention_gpu[_sg], composed after
+// paged_kv_read.wgsl and a reduce_*.wgsl fragment by shader_variants.py).
 // Flash-decoding pass 1 shaped for real GPUs, where the cpu family's lone threads (3 of them at 128
 // tokens) leave the device idle: one workgroup per (sequence, kv head's tile of SLOTS query heads,
 // partition of the context). The partition's block-table slice and the SLOTS queries are staged in

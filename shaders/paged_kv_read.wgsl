@@ -1,6 +1,7 @@
 // Reading the paged KV cache, shared by the attention kernels of both families (paged_attention_common.wgsl
 // for the cpu family, paged_attention_gpu_main.wgsl for the gpu family), pasted in by the host's ShaderLibrary
-// at their `//#include paged_kv_read.wgsl` line: bindings 0-5, the cache formats and their dequantization.
+// (included by paged_attention_common.wgsl; the first part of paged_attention_gpu[_sg], shader_variants.py):
+// bindings 0-5, the cache formats and their dequantization.
 //
 // KV cache of one layer, K and V alike: (num_blocks, block_size, n_kv_heads, HEAD_DIM) values, stored as
 // array<vec4<u32>> words so that pipeline constants pick the element type without a second binding type.

@@ -1,5 +1,5 @@
-// Q4_0 scales for the nibble-coded kernels (matvec_q4_0, matvec_gpu[_sg]_q4_0, matmul_q4_0), expanded at
-// their `//#include q4_0_weights.wgsl` line: w = d * (q - 8) = d * q - 8 d.
+// Q4_0 scales for the nibble-coded kernels (matvec_q4_0, matvec_gpu[_sg]_q4_0, matmul_q4_0), their first part
+// (shader_variants.py): w = d * (q - 8) = d * q - 8 d.
 
 @group(0) @binding(1) var<storage, read> d : array<u32>;  // (rows * cols/32) f16 scales, two per u32
 

@@ -1,5 +1,5 @@
 // The Q4_1 weight bindings and nibble decoding shared by matvec_q4_1.wgsl (cpu family) and
-// matvec_gpu*_q4_1.wgsl (gpu family), expanded at their `//#include q4_1_weights.wgsl` line.
+// matvec_gpu*_q4_1 / matmul_gpu_q4_1 (gpu family, shader_variants.py), their first part.
 
 @group(0) @binding(0) var<storage, read> qs : array<vec4<u32>>;  // (rows, cols/32): 32 nibbles per vec4
 @group(0) @binding(1) var<storage, read> dm : array<u32>;        // (rows, cols/32): f16 d | f16 m << 16

@@ -1,5 +1,5 @@
 // Q5_0 scales and high bits for the nibble-coded kernels (matvec_q5_0, matvec_gpu[_sg]_q5_0, matmul_q5_0),
-// expanded at their `//#include q5_0_weights.wgsl` line: w = d * (q - 16), q = nibble + 16 * high bit.
+// their first part (shader_variants.py): w = d * (q - 16), q = nibble + 16 * high bit.
 
 @group(0) @binding(1) var<storage, read> dh : array<vec2<u32>>;  // (rows, cols/32): f16 d, the 32 high bits
 

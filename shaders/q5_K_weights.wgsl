@@ -1,5 +1,5 @@
 // Q5_K scales and high bits for the nibble-coded kernels (matvec_q5_K, matvec_gpu[_sg]_q5_K, matmul_q5_K),
-// expanded at their `//#include q5_K_weights.wgsl` line: as Q4_K, q = nibble + 16 * high bit.
+// their first part (shader_variants.py): as Q4_K, q = nibble + 16 * high bit.
 
 @group(0) @binding(1) var<storage, read> sc : array<vec4<u32>>;  // (rows, cols/256, 3): Q4_K's 4 words, 8 high-bit words
 

@@ -1,5 +1,5 @@
 // Q6_K scales and high bits for the nibble-coded kernels (matvec_q6_K, matvec_gpu[_sg]_q6_K, matmul_q6_K),
-// expanded at their `//#include q6_K_weights.wgsl` line: group g of 16 weights has w = (d * s_g) * (q - 32),
+// their first part (shader_variants.py): group g of 16 weights has w = (d * s_g) * (q - 32),
 // q = nibble + 16 * its two high bits; a 32-weight block i holds groups 2 (i % 8) and 2 (i % 8) + 1.
 
 @group(0) @binding(1) var<storage, read> sc : array<u32>;  // (rows, cols/256, 21): 16 high-bit words, 4 of scales, d

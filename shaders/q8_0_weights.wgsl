@@ -1,5 +1,5 @@
 // The Q8_0 weight bindings and code decoding shared by matvec_q8_0.wgsl (cpu family) and
-// matvec_gpu*_q8_0.wgsl (gpu family), expanded at their `//#include q8_0_weights.wgsl` line.
+// matvec_gpu*_q8_0 / matmul_gpu_q8_0 (gpu family, shader_variants.py), their first part.
 
 @group(0) @binding(0) var<storage, read> qs : array<vec4<u32>>;  // (rows, cols/32, 2): 16 int8 codes per vec4
 @group(0) @binding(1) var<storage, read> d : array<u32>;         // (rows * cols/32) f16 scales, two per u32

@@ -1,5 +1,5 @@
-// wg_sum with subgroup operations (expanded at a `//#include reduce_subgroup.wgsl` line of a kernel
-// that starts with `enable subgroups;`): subgroupAdd within each subgroup, then one slot per subgroup
+// wg_sum with subgroup operations (a part of the _sg variants, shader_variants.py, which start the kernel
+// with `enable subgroups;`): subgroupAdd within each subgroup, then one slot per subgroup
 // in workgroup memory, summed by every thread after one barrier. Assumes what Dawn's backends do for a
 // one-dimensional workgroup: subgroup g holds local invocations g * size .. g * size + size - 1 (the
 // browser tests check the sums on SwiftShader). Call it from uniform control flow only.

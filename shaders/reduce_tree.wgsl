@@ -1,4 +1,4 @@
-// wg_sum for adapters without subgroups (expanded at a `//#include reduce_tree.wgsl` line): a
+// wg_sum for adapters without subgroups (a part of the variants without _sg, shader_variants.py): a
 // workgroup-memory tree, log2(WORKGROUP_SIZE) barriers; WORKGROUP_SIZE must be a power of two.
 // Call it from uniform control flow only (it holds barriers).
 
