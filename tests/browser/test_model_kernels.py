@@ -226,9 +226,9 @@ def test_lm_head_and_embedding_share_the_q8_0_table(worker):
 
 @pytest.mark.parametrize("dtype", ["q4_1", *DTYPES[2:]])
 def test_embedding_of_every_nibble_type(worker, dtype):
-    """embedding_<type>.wgsl: a * q + m per weight; exact where that is gguf's own order of operations (q4_0,
-    q5_0: d * q and its offset are exact products; q4_1: d * q + m), within 2 ulp elsewhere (the high bits
-    and the K-quants' (d * sc) * q - dmin * m are rounded in two steps)."""
+    """embedding_<type> (embedding_nibble.wgsl): a * q + m per weight; exact where that is gguf's own order of
+    operations (q4_0, q5_0: d * q and its offset are exact products; q4_1: d * q + m), within 2 ulp elsewhere
+    (the high bits and the K-quants' (d * sc) * q - dmin * m are rounded in two steps)."""
     hidden = 768 if dtype.endswith("_K") else 576
     results = run(worker, [f"case_embedding(300, {hidden}, [0, 299, 17, 17, 150], seed=8, dtype='{dtype}')"])
     assert [(r["dtype"], r["shape"]) for r in results] == [(dtype, [5, hidden])]

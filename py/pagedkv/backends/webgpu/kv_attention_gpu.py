@@ -1,7 +1,7 @@
 """Which kernels run paged attention (decode and prefill) in each kernel family, and their grids (pure, no GPU).
 
 cpu family: shaders/paged_attention.wgsl (one invocation per (sequence, partition, head tile)) and
-paged_attention_reduce.wgsl's `main` (one per output vec4). gpu family: paged_attention_gpu[_sg].wgsl (one
+paged_attention_reduce.wgsl's `main` (one per output vec4). gpu family: paged_attention_gpu[_sg] (composed, one
 workgroup of ATTENTION_WORKGROUP lanes per (sequence, partition, head tile), lanes along the keys of a tile,
 then along head_dim; `_sg` reduces with subgroups) and the reduce's `main_gpu` (one workgroup per (sequence,
 head), lanes splitting the partitions). Both read the same bindings and uniform and write the same partial

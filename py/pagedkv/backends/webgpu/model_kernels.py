@@ -272,8 +272,8 @@ def rope_call(tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, workgro
 
 
 def embedding_call(tokens: int, hidden: int, workgroup_size: int = 64, dtype: str = "q8_0") -> KernelCall:
-    """out (tokens, hidden) = dequantized table rows (embedding.wgsl for Q8_0, embedding_<dtype>.wgsl for the
-    others); buffers: qs, the scales part (none for a float table), token_ids, out, params."""
+    """out (tokens, hidden) = dequantized table rows (embedding.wgsl for Q8_0, the embedding_<dtype> variant for
+    the others); buffers: qs, the scales part (none for a float table), token_ids, out, params."""
     _positive(tokens=tokens, hidden=hidden)
     if dtype not in LINEAR_TYPES:
         raise ValueError(f"embedding tables are one of {list(LINEAR_TYPES)}, got {dtype!r}")
