@@ -190,9 +190,10 @@ def exec_python(args: list[str]) -> None:
 
 
 def pytest_args(args: list[str]) -> list[str]:
-    """`tests` unless the arguments name a test path themselves (`npm test -- tests/test_build.py -x`)."""
+    """`tests` and bench's own tests (bench/tests) unless the arguments name a test path themselves
+    (`npm test -- tests/test_build.py -x`)."""
     names_a_path = any(not a.startswith("-") and (ROOT / a.split("::")[0]).exists() for a in args)
-    return ["-m", "pytest", *([] if names_a_path else ["tests"]), *args]
+    return ["-m", "pytest", *([] if names_a_path else ["tests", "bench/tests"]), *args]
 
 
 def prepare(need: str, apt: tuple[AptPackage, ...] = ()) -> None:

@@ -44,7 +44,7 @@ BENCHMARKS = {
     "numpy_ref_speed": ["bench.numpy_ref_speed"],
     "kv_quality_window": ["bench.kv_quality_window"],  # full form ~35 CPU-minutes
     "page_boot": ["bench.page_boot", "--json"],
-    "kv_kernels": ["bench.kv_kernels"],
+    "kv_kernels": ["bench.model_kernels", "--kv"],
     "model_kernels": ["bench.model_kernels"],
     "kernels_wgpu": ["bench.kernels", "--backend", "wgpu", "--json"],
     "kernels_browser": ["bench.kernels", "--backend", "browser", "--json"],
@@ -52,7 +52,7 @@ BENCHMARKS = {
     "ttft": ["bench.ttft"],
     "webgpu_engine": ["bench.webgpu_engine"],
     "app_dashboard": ["bench.app_dashboard"],
-    "concurrency": ["bench.concurrency"],
+    "concurrency": ["bench.webgpu_engine", "--concurrency"],
     "wllama": ["bench.wllama"],
     "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
     "long_chat": ["bench.long_chat"],  # full form ~1 h on SwiftShader; then `-- --cpu-reference` merges its part

@@ -18,7 +18,7 @@ Neither allocator queues or preempts: a refused allocation fails the turn
 Allocators, both sized from the same byte budget (SmolLM2-135M f16 KV,
 23,040 B/token unless --bytes-per-token). With --model or --gguf, the budget is the KV pool that the
 model's weights, scratch and staging leave in --budget-gib, and the bytes per token are its own (the GPU
-ledger's plan, bench/model_ledger.py; the result carries it under "ledger"):
+ledger's plan, bench/harness/model_ledger.py; the result carries it under "ledger"):
 - paged: KVCacheManager, num_blocks = budget // (16 x B/token). Each turn is a
   new sequence (history + user message) that shares whatever prefix is still
   cached; when the turn's answer is done the sequence is freed, its full
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--budget-gib and --bytes-per-token must be positive")
     budget, bpt, ledger = int(args.budget_gib * GIB), args.bytes_per_token, None
     if args.model or args.gguf:
-        from .model_ledger import model_ledger, resolve  # CPython only (kv_sim also runs in the page)
+        from bench.harness.model_ledger import model_ledger, resolve  # CPython only (kv_sim also runs in the page)
 
         ledger = model_ledger(resolve(args.gguf, args.model), budget_bytes=budget)
         budget, bpt = ledger["kv_bytes"], ledger["bytes_per_token"]

@@ -1,23 +1,34 @@
-"""Model kernel timings in headless Chromium with WebGPU: the adapter's streaming-read bandwidth, the
-fused-dequant matvec (decode) and tiled matmul (prefill) at SmolLM2-135M shapes, and the small kernels.
+"""Kernel timings in headless Chromium with WebGPU (SwiftShader on this machine): the model's kernels, or (--kv)
+the KV-cache kernels.
 
-    python3 -m bench.model_kernels [--runs 7] [--repeats 10]
+    python3 -m bench.model_kernels [--runs 7] [--repeats 10]     (results/model_kernels.json)
+    python3 -m bench.model_kernels --kv [--quick]                  (results/kv_kernels.json)
 
-Prints JSON (`python3 -m bench` files it). A figure, never a pass/fail.
+Prints JSON (`python3 -m bench` files it). Figures only; nothing here passes or fails on time.
+
+The model's kernels: the adapter's streaming-read bandwidth, the fused-dequant matvec (decode) and tiled matmul
+(prefill) at SmolLM2-135M shapes, and the small kernels.
 `measure_in_worker` runs inside the page's Pyodide worker and times each kernel with
 tests/browser/kernel_calls.time_call (wall clock around back-to-back dispatches, then a read
 back that drains the queue). Every figure includes the fixed cost of one dispatch + submit,
 reported on its own as `empty_dispatch`. Medians and minima over runs are both kept: other
 jobs share this machine's two cores, and the minimum is the least disturbed sample.
+
+--kv: decode and prefill attention times with a scattered (paged) block table vs an identity (contiguous) one on
+the same cache at 512 and 4,096 context tokens, timed alternately, and their ratio; kv_write times; ablations
+(head tile, partition size, workgroup size; not with --quick). Other jobs on the machine make single figures
+noisy: compare the alternated pairs.
 """
 from __future__ import annotations
 
 import argparse
 import inspect
+import json
+import sys
 import time
 
 from bench import emit
-from bench.harness import session
+from bench.harness import install_bench, session
 from harness.chromium import find_chromium
 
 LAYERS = 30  # SmolLM2-135M
@@ -153,12 +164,53 @@ def measure(runs: int, repeats: int, prefill_tokens: int = 128, stream_mib: int 
     return result
 
 
+def kv_runs(quick: bool) -> list[str]:
+    calls = []
+    for context in (512, 4096):
+        for dtype in ("f32", "f16"):
+            calls.append(f"bench_paged_vs_contiguous('decode', {context}, dtype={dtype!r})")
+    calls.append("bench_paged_vs_contiguous('decode', 4096, batch=4)")
+    # A 512-token prompt: 512 new query tokens over 512 keys.
+    calls.append("bench_paged_vs_contiguous('prefill', 512, rounds=5, inner=1)")
+    calls += ["bench_kv_write(1)", "bench_kv_write(512)", "bench_kv_write(512, dtype='f16')"]
+    if not quick:  # the ablations behind the defaults
+        for tile in (3, 1):
+            calls.append(f"bench_attention('decode', 4096, head_tile={tile})")
+        for tile in (4, 1):
+            calls.append(f"bench_attention('prefill', 512, reps=3, inner=1, query_tile={tile})")
+        for context in (512, 4096):
+            for partition in (64, 128, 256, 512, 4096):
+                calls.append(f"bench_attention('decode', {context}, partition_tokens={partition})")
+        for wg in (4, 16, 64):
+            calls.append(f"bench_attention('decode', 4096, workgroup_size={wg})")
+    return calls
+
+
+def measure_kv(quick: bool) -> dict:
+    """The KV-cache kernels' timings, one call of bench/page/kv_kernels.py each."""
+    with session() as page:
+        install_bench(page, "page/kv_kernels.py")
+        page.py("from bench.page.kv_kernels import *\nNone")
+        results = []
+        for call in kv_runs(quick):
+            results.append(page.py(f"import json\njson.dumps(await {call})"))
+            print(json.dumps(results[-1]), file=sys.stderr)
+        adapter = json.loads(page.dataset()["adapter"])
+    report = {"benchmark": "kv_kernels", "adapter": adapter["name"], "results": results}
+    return report
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--repeats", type=int, default=10, help="dispatches per sample for the small kernels")
-    parser.add_argument("--quick", action="store_true", help="--runs 3 --repeats 5")
+    parser.add_argument("--kv", action="store_true", help="the KV-cache kernels instead")
+    parser.add_argument("--quick", action="store_true", help="--runs 3 --repeats 5; with --kv: skip the partition / "
+                                                             "workgroup-size sweep")
     args = parser.parse_args(argv)
+    if args.kv:
+        emit(measure_kv(args.quick))
+        return
     if args.quick:
         args.runs, args.repeats = 3, 5
     result = measure(args.runs, args.repeats)

@@ -1,11 +1,11 @@
-"""bench.dispatch_geometry: one SmolLM2 decode step's dispatches, from the plan's call builders (CPython)."""
+"""pagedkv.backends.webgpu.dispatch_geometry: one SmolLM2 decode step's dispatches, from the plan's call builders (CPython)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from bench import dispatch_geometry as geo
+from pagedkv.backends.webgpu import dispatch_geometry as geo
 
 
 def _linear(rows: list[dict]) -> list[tuple]:

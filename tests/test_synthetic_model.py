@@ -1,5 +1,5 @@
 """The synthetic GGUF generator (pagedkv.model.synthetic) at its tiny preset: the file the converter loads, its
-random Q4_K blocks, the GPU ledger's split (bench/model_ledger.py) and the page's refusal, a finite forward."""
+random Q4_K blocks, a finite forward (the GPU ledger's split of it: bench/tests/test_model_ledger.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -8,9 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from bench.model_ledger import model_ledger
 from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache, greedy_reference
-from pagedkv.gpu_budget import MIB
 from pagedkv.model.convert import convert_cached, open_gguf
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.synthetic import F16_MIN_NORMAL, PRESETS, random_q4_k, write_synthetic_gguf
@@ -53,22 +51,6 @@ def test_random_q4_k_scales_are_normal_f16_around_the_fan_in_scale():
     assert np.array_equal(dmin, (7.5 * d).astype(np.float16))
     with pytest.raises(ValueError, match="multiple of 256, got 576"):
         random_q4_k(np.random.default_rng(0), 4, 576)
-
-
-def test_ledger_weights_are_the_file_bytes_plus_the_stacked_norms(tiny_gguf, tmp_path):
-    ledger = model_ledger(tiny_gguf, budget_bytes=16 * MIB, cache=tmp_path, refusal_mib=(4,))
-    # q4_K's web parts (qs 128 + sc 16 bytes a block) are the GGUF block's 144; attn_norm / ffn_norm are also
-    # uploaded after the stacked q|k|v and gate|up codes (their matvec fuses the norm)
-    assert ledger["gguf_tensor_bytes"] == 742_400
-    assert ledger["weights_bytes"] == 742_400 + 2 * 2 * 256 * 4 == 746_496
-    assert (ledger["scratch_bytes"], ledger["staging_bytes"]) == (2_635_024, 561_152)
-    assert ledger["bytes_per_token"] == 2 * 2 * 2 * 64 * 2  # K and V, 2 layers, 2 KV heads of 64, f16
-    assert (ledger["num_blocks"], ledger["kv_bytes"]) == (783, 783 * 16 * 1024)
-    assert ledger["fixed_bytes"] + ledger["kv_bytes"] + ledger["unused_bytes"] == 16 * MIB
-    assert 0 <= ledger["unused_bytes"] < ledger["block_bytes"]
-    assert ledger["refusals"] == {"4 MiB": (
-        "tiny.gguf does not fit the GPU budget: needs 5 MiB, budget 4 MiB (weights, scratch and staging 3.8 MiB "
-        "+ a KV pool of 256 tokens in f16 0.2 MiB); raise the budget in Memory settings or pick a smaller model")}
 
 
 def test_numpy_forward_of_the_tiny_file_is_finite(tiny_gguf, tmp_path):

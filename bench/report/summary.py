@@ -144,7 +144,7 @@ def roofline_table(rf: dict) -> list[str]:
 def concurrency_table(cc: dict, pb: dict | None) -> list[str]:
     """Generated tok/s by number of conversations (batched vs one at a time), swap vs recompute, page boot."""
     out = ["## Concurrent conversations, preemption cost, page boot", "",
-           f"`python3 -m bench.concurrency{_quick(cc)}` — WebGPU; every conversation gets the same number of new "
+           f"`python3 -m bench.webgpu_engine --concurrency{_quick(cc)}` — WebGPU; every conversation gets the same number of new "
            "tokens, all queued at once (the engine's continuous batching) vs each queued after the previous finished; "
            "tok/s = tokens generated / wall time, prefills included.",
            "", "| model | prompt tokens | new tokens each | conversations | batched tok/s | one at a time tok/s "

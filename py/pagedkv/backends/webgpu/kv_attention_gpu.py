@@ -8,7 +8,7 @@ head), lanes splitting the partitions). Both read the same bindings and uniform 
 states, so the plan swaps names and grids only. Prefill: the cpu family's paged_prefill_attention.wgsl (one
 invocation per (query head, tile of up to 4 new tokens)), the gpu family's paged_prefill_attention_gpu.wgsl
 (one workgroup per (tile of PREFILL_ROWS / head_tile new tokens, head tile), K/V tiles staged in workgroup
-memory). KVKernels compiles these; plan.step_slots and bench/dispatch_geometry read the same grids.
+memory). KVKernels compiles these; plan.step_slots and backends/webgpu/dispatch_geometry.py read the same grids.
 """
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ def test_concurrency_table_lists_both_models_swap_rows_and_the_page_boot_line():
           "swap_vs_recompute": [{"blocks": 4, "tokens": 64, "swap_round_trip_ms": 16.36, "recompute_ms": 33.86,
                                  "cheaper": "swap"}]}
     lines = concurrency_table(cc, {"cold_median_ms": 8432.0, "warm_median_ms": 8154.0, "runs": 3})
-    assert "`python3 -m bench.concurrency --quick`" in lines[2]
+    assert "`python3 -m bench.webgpu_engine --concurrency --quick`" in lines[2]
     assert "| tiny-random | 32 | 4 | 2 | 1.50 | 0.75 | 2.00 |" in lines
     assert "| 4 | 64 | 16.4 | 33.9 | swap |" in lines
     assert any("cold (fresh browser profile) 8.4 s, warm (reload, HTTP cache) 8.2 s, median of 3" in x for x in lines)

@@ -1,6 +1,6 @@
 """The GPU ledger's split of a budget for one GGUF model, from the code that loads it.
 
-    python3 -m bench.model_ledger (--gguf FILE | --model synthetic-1.5b) [--budget-mib 1024]
+    python3 -m bench.harness.model_ledger (--gguf FILE | --model synthetic-1.5b) [--budget-mib 1024]
 
 The file goes the way `python3 -m pagedkv generate --gguf FILE` takes it (gguf_reader -> convert_cached,
 kept under .cache/models/<sha256>/), then through the page's verdict (app user_models.check_fits ->

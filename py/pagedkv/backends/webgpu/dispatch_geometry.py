@@ -1,7 +1,7 @@
 """Every dispatch of one SmolLM2-135M decode step (one sequence), or of one prefill chunk of N tokens
 (--prefill N: a new sequence's first N tokens), from the plan's own call builders.
 
-    python3 -m bench.dispatch_geometry [--json] [--kernels cpu|gpu] [--context N | --prefill N] [--no-subgroups]
+    PYTHONPATH=py python3 -m pagedkv.backends.webgpu.dispatch_geometry [--json] [--kernels cpu|gpu] [--context N | --prefill N] [--no-subgroups]
 
 Pure CPython, no GPU: records the step the way WebGpuBackend does (plan.layer_program with the family's
 kernels, plan.step_slots for the grids) over placeholder buffers, and lists per dispatch the kernel, its
@@ -11,11 +11,11 @@ the gpu family exists to raise the matvec / matmul and decode attention rows (is
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from types import SimpleNamespace
 
-from bench import emit
 from pagedkv.backends.webgpu.kv_kernels import KVKernels, KVLayout
 from pagedkv.backends.webgpu.model_kernels import FAMILIES, MAX_WORKGROUPS_PER_DIM, GpuShapes
 from pagedkv.backends.webgpu.plan import SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = prefill_step(args.kernels, args.prefill, not args.no_subgroups)
         step = {"prefill": args.prefill}
     if args.json:
-        emit({"model": "smollm2-135m-instruct", "kernels": args.kernels, **step, "dispatches": rows})
+        print(json.dumps({"model": "smollm2-135m-instruct", "kernels": args.kernels, **step, "dispatches": rows},
+                         indent=1))
         return 0
     print(f"{'kernel':<26} {'slot':<10} {'wg size':>7} {'workgroups':>16} {'invocations':>11}")
     for r in rows:

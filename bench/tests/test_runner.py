@@ -29,7 +29,7 @@ def test_arguments_after_a_double_dash_go_to_the_benchmark():
 
 def test_the_browser_benchmarks_of_one_page_and_the_long_ones_are_benchmarks_the_runner_knows():
     assert set(runner.ONE_PAGE) <= set(runner.BENCHMARKS) and set(runner.LONG) <= set(runner.BENCHMARKS)
-    assert runner.argv_of("concurrency", True) == ["bench.concurrency", "--quick"]
+    assert runner.argv_of("concurrency", True) == ["bench.webgpu_engine", "--concurrency", "--quick"]
 
 
 def test_save_writes_the_json_and_the_files_a_result_carries(tmp_path):
