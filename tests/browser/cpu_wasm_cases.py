@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagedkv.backends.cpu_wasm import QuantWeight, _addr
+from pagedkv.backends.cpu_wasm import QuantWeight, address_of
 from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 from pagedkv.model_runner import ForwardBatch
@@ -45,9 +45,9 @@ def case_attention(kernels, ctx: int, nkv: int, group: int, hd: int) -> dict:
     slots = table[pos // bs].astype(np.int64) * bs + pos % bs  # (ctx,)
     keys = k.reshape(-1, nkv, hd)[slots].astype(np.float64)  # (ctx, nkv, hd)
     vals = v.reshape(-1, nkv, hd)[slots].astype(np.float64)
-    geometry = (_addr(table), ctx, bs, nkv, group, hd)
-    kernels.attn_scores(_addr(q), _addr(k), *geometry, _addr(scores))
-    kernels.attn_values(_addr(probs), _addr(v), *geometry, _addr(out))
+    geometry = (address_of(table), ctx, bs, nkv, group, hd)
+    kernels.attn_scores(address_of(q), address_of(k), *geometry, address_of(scores))
+    kernels.attn_values(address_of(probs), address_of(v), *geometry, address_of(out))
     q64 = q.astype(np.float64).reshape(nkv, group, hd)
     p64 = probs.astype(np.float64).reshape(nkv, group, ctx)
     want_s = np.einsum("hgd,chd->hgc", q64, keys).reshape(-1, ctx)

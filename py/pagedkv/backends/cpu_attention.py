@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.weights import ModelWeights
-from .cpu_wasm import _addr
+from .cpu_wasm import address_of, array_at
 from .numpy_ref import NumpyModel, block_mass
 
 
@@ -33,7 +33,7 @@ class WasmAttentionModel(NumpyModel):
         self._probs = np.empty(cfg.n_heads * cfg.context_length, np.float32)  # (n_heads, ctx) the softmax
         self._q = np.empty((cfg.n_heads, cfg.head_dim), np.float32)  # (n_heads, head_dim)
         self._out = np.empty((cfg.n_heads, cfg.head_dim), np.float32)  # (n_heads, head_dim)
-        self._addrs = {name: _addr(getattr(self, name)) for name in ("_scores", "_probs", "_q", "_out")}
+        self._addrs = {name: address_of(getattr(self, name)) for name in ("_scores", "_probs", "_q", "_out")}
         self._pools: dict[int, tuple[np.ndarray, int]] = {}  # id(pool) -> (pool, address): pools live on
 
     def _pool_addr(self, pool: np.ndarray) -> int:
@@ -42,7 +42,7 @@ class WasmAttentionModel(NumpyModel):
             if pool.dtype != np.float32 or not pool.flags.c_contiguous:
                 raise ValueError(f"the wasm attention reads C-contiguous f32 pools, got {pool.dtype} "
                                  f"{'contiguous' if pool.flags.c_contiguous else 'strided'} {pool.shape}")
-            known = self._pools[id(pool)] = (pool, _addr(pool))
+            known = self._pools[id(pool)] = (pool, address_of(pool))
         return known[1]
 
     def _sequence_attention(self, q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, table: np.ndarray,
@@ -59,7 +59,7 @@ class WasmAttentionModel(NumpyModel):
         self._q[...] = q[0]
         scores = self._scores[: nh * ctx].reshape(nh, ctx)  # (n_heads, ctx)
         probs = self._probs[: nh * ctx].reshape(nh, ctx)  # (n_heads, ctx)
-        geometry = (_addr(rows), ctx, bs, cfg.n_kv_heads, cfg.q_per_kv, hd)
+        geometry = (address_of(rows), ctx, bs, cfg.n_kv_heads, cfg.q_per_kv, hd)
         a = self._addrs
         self.kernels.attn_scores(a["_q"], self._pool_addr(k_blocks), *geometry, a["_scores"])
         # The reference's softmax of one query row: no key is in the future, so its causal mask is empty.
@@ -79,15 +79,12 @@ class PointerTwin:
     def _views(table: int, pool: int, ctx: int, bs: int, nkv: int, hd: int):
         import ctypes  # here: the tab never calls the twin
 
-        def view(addr: int, ctype, count: int) -> np.ndarray:
-            return np.ctypeslib.as_array((ctype * count).from_address(addr))
-
         used = -(-ctx // bs)
-        blocks = view(table, ctypes.c_int32, used)
+        blocks = array_at(table, ctypes.c_int32, used)
         num_blocks = int(blocks.max()) + 1
-        pool_view = view(pool, ctypes.c_float, num_blocks * bs * nkv * hd).reshape(-1, nkv, hd)
+        pool_view = array_at(pool, ctypes.c_float, num_blocks * bs * nkv * hd).reshape(-1, nkv, hd)
         slots = blocks.astype(np.int64)[np.arange(ctx) // bs] * bs + np.arange(ctx) % bs  # (ctx,)
-        return view, ctypes.c_float, pool_view[slots]  # (ctx, nkv, hd)
+        return array_at, ctypes.c_float, pool_view[slots]  # (ctx, nkv, hd)
 
     def attn_scores(self, q: int, k: int, table: int, ctx: int, bs: int, nkv: int, group: int, hd: int,
                     out: int) -> None:

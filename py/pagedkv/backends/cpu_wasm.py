@@ -26,8 +26,17 @@ HELD_AS = {"q4_1": "q4_1", "q8_0": "q8_0", "q4_0": "q8_0", "q5_0": "q8_0"}  # ma
 Kernel = Callable[[int, int, int, int, int, int, int, int, int], object]
 
 
-def _addr(a: np.ndarray) -> int:
+def address_of(a: np.ndarray) -> int:
+    """Where `a`'s first byte lives in the memory numpy's arrays live in: the pointer the wasm kernels take
+    (in the tab, an offset into Pyodide's wasm memory)."""
     return a.__array_interface__["data"][0]
+
+
+def array_at(address: int, ctype, count: int) -> np.ndarray:
+    """The inverse of address_of for the kernels' numpy twins (CPython): `count` ctypes values at `address`."""
+    import ctypes  # here: the tab never calls the twins
+
+    return np.ctypeslib.as_array((ctype * count).from_address(address))
 
 
 class QuantWeight:
@@ -44,13 +53,13 @@ class QuantWeight:
         self.nbytes = qs.nbytes + dm.nbytes
         self._scratch = np.empty(self.shape[1], np.float32)  # (cols,) the kernel's decoded row or block sums
         # (kind, qs, dm, rows, cols) and scratch: fixed per weight, so each call only looks up x and out
-        self._args = (KINDS[kind], _addr(qs), _addr(dm), rows, self.shape[1])
-        self._scratch_addr = _addr(self._scratch)
+        self._args = (KINDS[kind], address_of(qs), address_of(dm), rows, self.shape[1])
+        self._scratch_addr = address_of(self._scratch)
         # One token (decode) goes through fixed buffers: an address lookup costs as much as a small product in
         # Pyodide (measured: 8.6 us each; `h @ w.T` for a 32x576 weight 91 -> 57 us).
         self._x1 = np.empty((1, self.shape[1]), np.float32)  # (1, cols)
         self._out1 = np.empty((1, rows), np.float32)  # (1, rows)
-        self._args1 = self._args + (_addr(self._x1), 1, _addr(self._out1), self._scratch_addr)
+        self._args1 = self._args + (address_of(self._x1), 1, address_of(self._out1), self._scratch_addr)
 
     @classmethod
     def from_parts(cls, dtype: str, shape: tuple[int, int], parts: dict, kernel: Kernel) -> "QuantWeight":
@@ -96,7 +105,7 @@ class QuantWeight:
         x = np.ascontiguousarray(h, np.float32)  # (T, cols)
         out = np.empty((x.shape[0], rows), np.float32)  # (T, rows)
         if x.shape[0]:
-            self.kernel(*self._args, _addr(x), x.shape[0], _addr(out), self._scratch_addr)
+            self.kernel(*self._args, address_of(x), x.shape[0], address_of(out), self._scratch_addr)
         return out
 
 
@@ -138,15 +147,12 @@ def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: i
     """The kernel's numpy twin over the same addresses (CPython): out = x @ W.T, W decoded as linear.wat does."""
     import ctypes  # here: the tab never calls the twin
 
-    def view(addr: int, ctype, count: int) -> np.ndarray:
-        return np.ctypeslib.as_array((ctype * count).from_address(addr))
-
     nb = cols // QK
     kind_name = [k for k, v in KINDS.items() if v == kind][0]
     ctype = ctypes.c_uint8 if kind_name == "q4_1" else ctypes.c_int8
     per_block = 16 if kind_name == "q4_1" else 32
-    w = QuantWeight(kind_name, view(qs, ctype, rows * nb * per_block).reshape(rows, -1),
-                    view(dm, ctypes.c_float, rows * nb * 2).reshape(rows, nb, 2), pointer_twin)
-    xs = view(x, ctypes.c_float, t * cols).reshape(t, cols)
-    view(out, ctypes.c_float, t * rows).reshape(t, rows)[...] = xs @ w[np.arange(rows)].T
-    view(scratch, ctypes.c_float, cols)[...] = 0.0  # the kernel's scratch is clobbered too
+    w = QuantWeight(kind_name, array_at(qs, ctype, rows * nb * per_block).reshape(rows, -1),
+                    array_at(dm, ctypes.c_float, rows * nb * 2).reshape(rows, nb, 2), pointer_twin)
+    xs = array_at(x, ctypes.c_float, t * cols).reshape(t, cols)
+    array_at(out, ctypes.c_float, t * rows).reshape(t, rows)[...] = xs @ w[np.arange(rows)].T
+    array_at(scratch, ctypes.c_float, cols)[...] = 0.0  # the kernel's scratch is clobbered too
