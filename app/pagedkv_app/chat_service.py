@@ -12,12 +12,11 @@ from dataclasses import dataclass, field, replace
 
 from pagedkv.chat import ChatTemplate, Conversation
 from pagedkv.engine import LLMEngine
-from pagedkv.kv.cpu_tier import forget_on_cpu
 from pagedkv.sampling import SamplingParams
 
 from .dashboard import TokenRate, memory_snapshot
 from .remote import FallbackSettings, RemoteReply
-from .remote_turns import RemoteTurns
+from .remote_replies import RemoteReplies
 
 STATS_INTERVAL_S = 0.5
 
@@ -63,16 +62,15 @@ def sampling_from(settings: dict, stop_ids: tuple[int, ...]) -> SamplingParams:
                           stop_token_ids=stop_ids)
 
 
-class ChatService(RemoteTurns):
-    """Owns the chats and drives the engine loop; every UI message goes through `handle`."""
+class ChatService:
+    """Owns the chats and drives the engine loop; every UI message goes through `handle`; replies from the
+    fallback server go through the RemoteReplies it holds."""
 
     def __init__(self, engine: LLMEngine, template: ChatTemplate, post, *, model_name: str,
                  ledger_snapshot=None, open_stream=None, webgpu: bool = True) -> None:
         """`open_stream` is the HTTP transport for the fallback server (bridge.open_stream in the tab);
         `webgpu` False means the engine runs on the slow CPU fallback, so "auto" fallback answers remotely."""
         self.engine = engine
-        self.open_stream = open_stream
-        self.webgpu = webgpu
         self.template = template
         self.post = post
         self.model_name = model_name
@@ -85,36 +83,32 @@ class ChatService(RemoteTurns):
         self.stop_ids = tuple(sorted(engine.default_stop_ids))
         self.lost: str | None = None  # why the GPU device went away, until the engine is rebuilt
         self._disk_task: asyncio.Future | None = None  # the last deletion of a chat's block files
+        self.remote = RemoteReplies(open_stream, post, webgpu=webgpu, context_length=engine.context_length,
+                                    saved=self.post_saved, ended=self._end_turn)
+        # The page's messages to the chat service (docs/architecture.md, "The page <-> worker protocol").
+        self.messages = {
+            "new-chat": lambda msg: self.new_chat(msg.get("title") or None),
+            "send": lambda msg: self.send(msg["chat"], msg["text"], msg.get("settings") or {}),
+            "regenerate": lambda msg: self.regenerate(msg["chat"], msg.get("settings") or {}),
+            "alternatives": lambda msg: self.alternatives(msg["chat"], msg.get("settings") or {},
+                                                          int(msg.get("n", 3))),
+            "keep-alternative": lambda msg: self.keep_alternative(msg["chat"], int(msg["index"])),
+            "stop": lambda msg: self.stop(msg["chat"]),
+            "delete-chat": lambda msg: self.delete(msg["chat"]),
+            "rename-chat": lambda msg: self.rename(msg["chat"], msg["title"]),
+            "restore": lambda msg: self.restore(msg.get("chats") or [], reserved=msg.get("reserved") or ()),
+        }
 
     # ---------------------------------------------------------------- UI messages
 
     def handle(self, msg: dict) -> None:
-        """Dispatch one message from the UI thread; errors go back as `chat-error`, never swallowed."""
+        """Dispatch one message from the UI thread through `messages`; errors go back as `chat-error`, never
+        swallowed."""
         kind = msg.get("type")
         try:
-            if kind == "new-chat":
-                self.new_chat(msg.get("title") or None)
-            elif kind == "send":
-                self.send(msg["chat"], msg["text"], msg.get("settings") or {})
-            elif kind == "regenerate":
-                self.regenerate(msg["chat"], msg.get("settings") or {})
-            elif kind == "alternatives":
-                self.alternatives(msg["chat"], msg.get("settings") or {}, int(msg.get("n", 3)))
-            elif kind == "keep-alternative":
-                self.keep_alternative(msg["chat"], int(msg["index"]))
-            elif kind == "stop":
-                self.stop(msg["chat"])
-            elif kind == "delete-chat":
-                self.delete(msg["chat"])
-            elif kind == "rename-chat":
-                chat = self.chats[msg["chat"]]
-                chat.title = str(msg["title"])[:80]
-                self.post_chats()
-                self.post_saved(chat)
-            elif kind == "restore":
-                self.restore(msg.get("chats") or [], reserved=msg.get("reserved") or ())
-            else:
+            if kind not in self.messages:
                 raise ValueError(f"unknown message type {kind!r}")
+            self.messages[kind](msg)
         except (KeyError, ValueError) as exc:
             self.post("chat-error", chat=msg.get("chat"), message=f"{type(exc).__name__}: {exc}")
 
@@ -125,6 +119,13 @@ class ChatService(RemoteTurns):
         self.post_chats()
         self.post_saved(chat)
         return chat
+
+    def rename(self, chat_id: str, title) -> None:
+        """Give the chat a new title (at most 80 characters)."""
+        chat = self.chats[chat_id]
+        chat.title = str(title)[:80]
+        self.post_chats()
+        self.post_saved(chat)
 
     def restore(self, saved: list[dict], reserved=()) -> None:
         """Recreate chats saved by the page (IndexedDB) with their exact token history.
@@ -145,7 +146,7 @@ class ChatService(RemoteTurns):
             if cut:
                 conv.add_generated(partial)
             self.chats[chat_id] = Chat(chat_id, str(record.get("title") or chat_id), conv)
-            self._refer_on_disk(self.chats[chat_id])
+            self.engine.refer_history(chat_id, conv.ids)
             if record.get("before_reply"):
                 self.chats[chat_id].before_reply = tuple(record["before_reply"])
             if cut:
@@ -257,34 +258,33 @@ class ChatService(RemoteTurns):
     def _start_reply(self, chat: Chat, settings: dict, change_history, *, regenerate: bool) -> str:
         params = sampling_from(settings, self.stop_ids)
         fallback = FallbackSettings.from_settings(settings)
-        if fallback is not None and self.open_stream is None:
-            raise ValueError("this app was started without a network transport for the fallback server")
+        self.remote.check(fallback)
         conv = chat.conversation
         before = conv.checkpoint()
         prompt: list[int] = []
         try:
             change_history(conv)
             prompt = conv.prompt_ids()
-            remote_reason = self._remote_reason(fallback)
+            remote_reason = self.remote.reason_for(fallback)
             if remote_reason is None:
                 rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
                                               session=chat.chat_id)
         except ValueError as exc:
-            if fallback is not None and self._cannot_fit(exc, prompt):
-                return self._start_remote(chat, fallback, params, str(exc), regenerate)
+            if fallback is not None and self.remote.cannot_fit(exc, prompt):
+                return self.remote.start(chat, fallback, params, str(exc), regenerate)
             conv.rollback(before)  # a refused turn leaves the history exactly as it was
-            if self._cannot_fit(exc, prompt):
+            if self.remote.cannot_fit(exc, prompt):
                 raise ValueError(f"{exc}. Or set a fallback server in the generation settings to answer "
                                  f"requests this tab cannot hold") from None
             raise
         if remote_reason is not None:
-            return self._start_remote(chat, fallback, params, remote_reason, regenerate)
+            return self.remote.start(chat, fallback, params, remote_reason, regenerate)
         chat.request_id = rid
         chat.request = self.engine.request(rid)
         chat.alternatives = None  # a new reply supersedes alternatives not kept
         chat.before_reply = conv.checkpoint()
         chat.partial_ids, chat.partial_text = [], []
-        cached, _ = self.engine.kv.lookup_prefix(prompt[:-1])
+        cached = self.engine.cached_prefix_tokens(prompt[:-1])
         self.post("turn-start", chat=chat.chat_id, request=rid, prompt_tokens=len(prompt), cached_tokens=cached,
                   regenerate=regenerate, engine={"kind": "local", "backend": self.engine.backend.name})
         self.post_saved(chat)  # with the user's message, so a reload mid-reply keeps both
@@ -297,8 +297,7 @@ class ChatService(RemoteTurns):
         if chat.request_id is None:
             return
         if chat.remote is not None:
-            chat.remote.abort()
-            self._finish_remote(chat, "abort")
+            self.remote.stop(chat)
             return
         self.engine.abort(chat.request_id)
         if chat.alternatives is not None:
@@ -311,15 +310,13 @@ class ChatService(RemoteTurns):
         leading blocks another chat's history starts with (a shared system prompt stays cached)."""
         chat = self.chats.pop(chat_id)
         if chat.remote is not None:
-            chat.remote.abort()
-            chat.remote = None
+            self.remote.cancel(chat)
         elif chat.request_id is not None:
             self.engine.abort(chat.request_id)
         ids = chat.conversation.ids
         shared = max((_common_prefix(ids, c.conversation.ids) for c in self.chats.values()), default=0)
-        self.engine.kv.evict_prefix(ids, keep_tokens=shared)
-        forget_on_cpu(self.engine.kv, ids, keep_tokens=shared)
-        if self.engine.disk is not None:  # its block files go too, but for those another chat's history holds
+        self.engine.forget_history(ids, keep_tokens=shared)
+        if self.engine.disk_enabled:  # its block files go too, but for those another chat's history holds
             self._disk_task = asyncio.ensure_future(self._forget_on_disk(chat_id))
         self.post_chats()
         self.post_stats(force=True)
@@ -402,19 +399,15 @@ class ChatService(RemoteTurns):
     def post_saved(self, chat: Chat) -> None:
         """What the page stores to bring the chat back after a reload: title + exact token history."""
         messages, ids, text = chat.conversation.checkpoint()
-        self._refer_on_disk(chat)
+        self.engine.refer_history(chat.chat_id, chat.conversation.ids)
         before = chat.before_reply
         self.post("chat-saved", chat=chat.chat_id, title=chat.title,
                   checkpoint=[list(messages), list(ids), text],
                   before_reply=None if before is None else [list(before[0]), list(before[1]), before[2]])
 
-    def _refer_on_disk(self, chat: Chat) -> None:
-        if self.engine.disk is not None:
-            self.engine.disk.tier.refer(chat.chat_id, chat.conversation.ids)
-
     async def _forget_on_disk(self, chat_id: str) -> None:
         try:
-            await self.engine.disk.tier.forget(chat_id)
+            await self.engine.forget_owner(chat_id)
         except Exception as exc:
             self.post("chat-error", chat=chat_id, message=f"deleting the chat's KV on disk failed: "
                                                             f"{type(exc).__name__}: {exc}")

@@ -30,10 +30,10 @@ import numpy as np
 
 from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .config import CacheConfig, EngineConfig
-from .kv.accounting import KVShape, bytes_per_token
+from .kv.accounting import KVShape, bytes_per_token, kv_stats
 from .kv.manager import KVCacheManager, NeverFits
-from .kv.cpu_tier import CpuTier
-from .kv.disk_tier import DiskTier
+from .kv.cpu_tier import CpuTier, forget_on_cpu
+from .kv.disk_tier import DiskTier, TierBudgets, model_hash
 from .kv.disk_cache import DiskCache, layout_for
 from .kv.retention import KVRetention, add_attention_mass
 from .model_runner import build_batch
@@ -44,7 +44,7 @@ from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus, check_token_ids
 from .tokenizer import StreamDecoder, Tokenizer
 
-__all__ = ["EngineConfig", "LLMEngine", "StepOutput", "run_sync"]
+__all__ = ["EngineConfig", "LLMEngine", "NeverFits", "StepOutput", "TierBudgets", "run_sync"]
 
 
 class LLMEngine:
@@ -350,6 +350,73 @@ class LLMEngine:
         padding included (a CPU backend holds f32 arrays; this is what its dtype would take on a GPU)."""
         cfg = self.backend.config
         return bytes_per_token(KVShape(self.backend.name, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim), self.kv_dtype)
+
+    # ---------------------------------------------------------------- the app's facade
+    # What the chat app asks of the KV memory hierarchy; it imports nothing from pagedkv.kv, so the
+    # pool, the manager and the tiers can change behind these methods.
+
+    async def open_disk_tier(self, store, manifest: dict, budget_bytes: int) -> None:
+        """Open the disk tier over `store` (a file_store.FileStore: OPFS `kv/` in the page) for this model
+        (its identity: the manifest's config and shard sha256s) under `budget_bytes`, and use it. Raises
+        what listing the store raises; the engine keeps no tier then."""
+        tier = DiskTier(store, layout_for(self.backend, model_hash(manifest)), budget_bytes)
+        await tier.open()
+        self.attach_disk(tier)
+
+    @property
+    def disk_enabled(self) -> bool:
+        """Whether a disk tier is attached."""
+        return self.disk is not None
+
+    def cached_prefix_tokens(self, token_ids) -> int:
+        """Leading tokens of `token_ids` the GPU prefix cache holds now (whole blocks); changes nothing."""
+        cached, _ = self.kv.lookup_prefix(token_ids)
+        return cached
+
+    def refer_history(self, owner: str, token_ids) -> None:
+        """`owner` (a chat) now holds the history `token_ids`: the disk tier keeps its block files for it
+        (replacing what it held before). Nothing without a disk tier."""
+        if self.disk is not None:
+            self.disk.tier.refer(owner, token_ids)
+
+    def forget_history(self, token_ids, keep_tokens: int = 0) -> None:
+        """A history nobody holds any more (a deleted chat): its cached blocks past the first `keep_tokens`
+        tokens (what another history shares) leave the GPU prefix cache and the CPU tier. Blocks a live or
+        swapped sequence holds stay."""
+        self.kv.evict_prefix(token_ids, keep_tokens=keep_tokens)
+        forget_on_cpu(self.kv, token_ids, keep_tokens=keep_tokens)
+
+    async def forget_owner(self, owner: str) -> int:
+        """Drop `owner` (a deleted chat) from the disk tier and delete the block files only its history
+        referenced; returns how many. 0 without a disk tier."""
+        return 0 if self.disk is None else await self.disk.tier.forget(owner)
+
+    def kv_snapshot(self) -> dict:
+        """Plain data of the GPU block pool for the memory panel: `cells`, one character per physical block
+        (so thousands of blocks cross to the page as one string): "f" free, "c" cached (free but holding a
+        prefix), "s" shared by several sequences, or chr(0x100 + k) for a block the session `owners[k]`
+        alone holds; then the pool's usage (kv.accounting.kv_stats)."""
+        kv = self.kv
+        pool = kv.pool
+        cells = ["c" if b.block_hash is not None else "f" for b in pool.block_states()]
+        owners: list[str] = []
+        for seq in kv.live.values():
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            if seq.session not in owners:
+                owners.append(seq.session)
+            mark = chr(0x100 + owners.index(seq.session))
+            for bid in seq.block_table:
+                cells[bid] = mark if pool.ref_count(bid) == 1 else "s"
+        stats = kv_stats(kv)
+        return {
+            "block_size": kv.block_size, "cells": "".join(cells), "owners": owners,
+            "total_blocks": stats.total_blocks, "used_blocks": stats.used_blocks,
+            "free_blocks": stats.free_blocks, "cached_blocks": stats.cached_blocks,
+            "utilization": stats.utilization, "slot_efficiency": stats.slot_efficiency,
+            "sharing_factor": stats.sharing_factor, "tokens_stored": stats.physical_tokens,
+            "per_chat_blocks": stats.per_session_blocks, "prefix_hit_rate": kv.prefix_hit_rate,
+        }
 
 
 def run_sync(coro):
