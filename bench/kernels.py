@@ -257,7 +257,7 @@ async def measure(ctx, kernels: list[str], quick: bool) -> dict:
 PAGE = """
 import json
 from bench.kernels import measure
-from pagedkv.backends.webgpu.device import open_device
+from pagedkv.backends.webgpu.runtime import open_device
 json.dumps(await measure(await open_device(), {kernels!r}, {quick!r}))
 """
 

@@ -12,7 +12,8 @@ import numpy as np
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.model_runner import ForwardBatch
 from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
-from pagedkv.backends.webgpu.device import GpuDevice, open_device
+from pagedkv.backends.webgpu.device import GpuDevice
+from pagedkv.backends.webgpu.runtime import open_device
 from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.backends.webgpu.plan import PlanKey, layer_program
 from pagedkv.engine import EngineConfig, LLMEngine

@@ -9,7 +9,7 @@ import numpy as np
 
 import kernel_calls as calls
 from pagedkv.backends.webgpu import model_kernels as ops
-from pagedkv.backends.webgpu.device import open_device
+from pagedkv.backends.webgpu.runtime import open_device
 from pagedkv.kernels import ref_ops as ref
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 from pagedkv.model.quantize import random_gguf

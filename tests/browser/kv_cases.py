@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from pagedkv.backends.webgpu.device import open_device
+from pagedkv.backends.webgpu.runtime import open_device
 from pagedkv.backends.webgpu.kv_kernels import KVCacheBuffers, KVKernels, KVLayout
 from pagedkv.kernels import ref_attention as ref
 

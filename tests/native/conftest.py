@@ -25,7 +25,8 @@ def native_loop():
 @pytest.fixture(scope="session")
 def native_device(native_loop):
     """A wgpu-py device (open_device under CPython); the cases open their own the same way."""
-    from pagedkv.backends.webgpu.device import WebGPUUnavailable, open_device
+    from pagedkv.backends.webgpu.device import WebGPUUnavailable
+    from pagedkv.backends.webgpu.runtime import open_device
 
     try:
         return native_loop.run(open_device())

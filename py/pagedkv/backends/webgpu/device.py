@@ -9,7 +9,8 @@ GpuDevice is the whole vocabulary (a thin host layer in the spirit of gpu.cpp):
   errors      push_errors() / pop_errors(), push_oom() / pop_oom()
 Two implementations: interop.GpuContext (the browser's WebGPU through Pyodide's JS interop; a step is one
 crossing into web/replayer.js) and native.NativeDevice (wgpu-py under CPython; a step is replayed in Python
-into one command encoder). backend.py, plan.py and the kernels' host code see only this interface.
+into one command encoder; runtime.open_device picks the one this runtime has). backend.py, plan.py and the
+kernels' host code see only this interface.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import hashlib
 import json
 import re
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -235,15 +235,3 @@ class GpuDevice(abc.ABC):
             samples.append((self.now_ms() - start) / repeats)
         return {"timer": "wall (submit + wait)", "median_ms": statistics.median(samples), "min_ms": min(samples),
                 "samples_ms": samples}
-
-
-async def open_device(on_lost=None) -> GpuDevice:
-    """The WebGPU device of this runtime: the browser's (Pyodide) or wgpu-py's (CPython); raises
-    WebGPUUnavailable without an adapter."""
-    if sys.platform == "emscripten":
-        from .interop import GpuContext
-
-        return await GpuContext.create(on_lost=on_lost)
-    from .native import NativeDevice
-
-    return await NativeDevice.create(on_lost=on_lost)
