@@ -32,7 +32,7 @@ from harness.page import open_and_boot, wait_model  # noqa: E402
 WEB_SETUP = """
 from bench.page.kv_disk_turns import reload_ttft
 from bench.page.webgpu_engine import bench_backend
-from pagedkv.backends.webgpu.interop import OpfsStore
+from pagedkv.browser.opfs import OpfsStore
 from pagedkv.tokenizer import Tokenizer
 _ctx, _b, _m, _ledger = await bench_backend(model={model!r})
 _store = await OpfsStore.open("kv-bench")
@@ -51,7 +51,8 @@ WEB_END = "if '_b' in globals():\n    _b.destroy()\n"  # also after a failed set
 TAB_SETUP = """
 import json
 from bench.page.kv_disk_turns import reload_ttft
-from pagedkv.backends.webgpu.interop import OpfsStore, fetch_bytes
+from pagedkv.backends.webgpu.interop import fetch_bytes
+from pagedkv.browser.opfs import OpfsStore
 from pagedkv_app.main import state
 _e = state["engine"]
 _m = json.loads(await fetch_bytes("models/{model}/model.json"))
@@ -122,7 +123,7 @@ def run_rows(page, setup: str, row: str, sizes: list[int], **fmt) -> dict:
     except Exception as err:  # noqa: BLE001  (filed with the rows measured; the other half still runs)
         out["error"] = f"{type(err).__name__}: {err}"[:2000]
         print(f"kv_disk: {out['error']}", file=sys.stderr, flush=True)
-    # how often the OPFS store took its directory's handle again from the root (interop.OpfsStore)
+    # how often the OPFS store took its directory's handle again from the root (pagedkv.browser.opfs.OpfsStore)
     out["store_reopened"] = page.py("globals()['_store'].reopened if '_store' in globals() else None")
     return out
 

@@ -30,22 +30,20 @@ del _wheel_urls
   await pyodide.runPythonAsync("from pagedkv_app.main import boot\nawait boot()");
 }
 
+// The model list's messages (web/models.js), answered while Python is still starting.
 const MODEL_MESSAGES = new Set(["open-gguf", "remove-model", "list-models"]);
 
+// Every page message but `exec` goes to the Python app's one router (pagedkv_app.main.route; the protocol is
+// in docs/architecture.md); until Python has registered it, this worker answers for it.
 // Tools and tests run Python inside this worker: {type: "exec", id, code} -> {type: "exec-result", id, ...}.
 // The code's last expression is returned as JSON text (json.dumps in Python), so results stay exact.
 self.addEventListener("message", async (event) => {
   const msg = event.data;
-  if (msg && MODEL_MESSAGES.has(msg.type)) {
-    // The model list (web/models.js) works whether or not a model is loaded.
-    if (self.pagedkvModels) self.pagedkvModels(msg);
-    else self.postMessage({ type: "gguf-error", action: msg.type, message: "Python is still starting" });
-    return;
-  }
   if (msg && msg.type !== "exec") {
-    // UI messages go to the Python chat service once the model is loaded.
-    if (self.pagedkvHandle) self.pagedkvHandle(msg);
-    else self.postMessage({ type: "chat-error", chat: msg.chat, message: "the model is still loading" });
+    if (self.pagedkvRoute) self.pagedkvRoute(msg);
+    else if (MODEL_MESSAGES.has(msg.type)) {
+      self.postMessage({ type: "gguf-error", action: msg.type, message: "Python is still starting" });
+    } else self.postMessage({ type: "chat-error", chat: msg.chat, message: "the model is still loading" });
     return;
   }
   if (!msg) return;

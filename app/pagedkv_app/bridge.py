@@ -10,8 +10,7 @@ from pyodide.ffi import create_proxy, to_js  # type: ignore[import-not-found]
 
 from pagedkv.backends.webgpu.interop import fetch_bytes  # noqa: F401  (the app fetches site files with it)
 
-_handler_proxy = None
-_models_proxy = None
+_router_proxy = None
 
 
 def post(msg_type: str, **payload) -> None:
@@ -24,23 +23,12 @@ def now_ms() -> float:
     return float(js.performance.now())
 
 
-def set_handler(handler) -> None:
-    """Route every UI message (other than tool `exec`s) to handler(dict)."""
-    global _handler_proxy
-
-    def receive(msg):
-        handler(msg.to_py())
-
-    _handler_proxy = create_proxy(receive)
-    js.self.pagedkvHandle = _handler_proxy
-
-
-def set_models_handler(handler) -> None:
-    """Route the page's model-list messages (web/worker.js: open-gguf, remove-model, list-models) to
-    handler(msg), the message as a JS object: its File stays a File."""
-    global _models_proxy
-    _models_proxy = create_proxy(handler)
-    js.self.pagedkvModels = _models_proxy
+def set_router(route) -> None:
+    """Route every page message but tools' `exec` (web/worker.js forwards them) to route(msg), the message as
+    a JS object (a File the user picked stays a File)."""
+    global _router_proxy
+    _router_proxy = create_proxy(route)
+    js.self.pagedkvRoute = _router_proxy
 
 
 def user_agent() -> str:
@@ -90,63 +78,9 @@ async def open_stream(url: str, body: str) -> _FetchStream:
     return _FetchStream(response, controller)
 
 
-# ---------------------------------------------------------------- files the user picks, and OPFS
+# ---------------------------------------------------------------- files the user picks
 
 def read_file_slice(file, offset: int, nbytes: int) -> bytes:
     """Bytes offset..offset+nbytes of a File the user picked, read synchronously (workers have
     FileReaderSync), so the GGUF reader and the converter stay plain synchronous Python."""
     return js.FileReaderSync.new().readAsArrayBuffer(file.slice(offset, offset + nbytes)).to_bytes()
-
-
-def _options(**kw):
-    return to_js(kw, dict_converter=js.Object.fromEntries)
-
-
-async def opfs_dir(*parts: str, create: bool = False):
-    """The origin-private directory at parts (created if asked); FileNotFoundError names the missing path."""
-    handle = await js.navigator.storage.getDirectory()
-    for i, part in enumerate(parts):
-        try:
-            handle = await handle.getDirectoryHandle(part, _options(create=create))
-        except Exception as exc:
-            if getattr(exc, "name", "") == "NotFoundError" or "NotFoundError" in str(exc):
-                raise FileNotFoundError(f"{'/'.join(parts[:i + 1])} is not in this browser's storage") from None
-            raise
-    return handle
-
-
-async def opfs_names(*parts: str) -> list[str]:
-    """Names in an OPFS directory (empty when it does not exist)."""
-    try:
-        handle = await opfs_dir(*parts)
-    except FileNotFoundError:
-        return []
-    names, it = [], handle.keys()
-    while not (step := await it.next()).done:
-        names.append(str(step.value))
-    return sorted(names)
-
-
-async def opfs_write(parts: tuple[str, ...], name: str, data: bytes) -> None:
-    """Write (replace) file `name` in the OPFS directory at parts."""
-    directory = await opfs_dir(*parts, create=True)
-    writable = await (await directory.getFileHandle(name, _options(create=True))).createWritable()
-    array = js.Uint8Array.new(len(data))
-    array.assign(data)
-    await writable.write(array)
-    await writable.close()
-
-
-async def opfs_read(parts: tuple[str, ...], name: str) -> bytes:
-    directory = await opfs_dir(*parts)
-    try:
-        handle = await directory.getFileHandle(name)
-    except Exception as exc:
-        raise FileNotFoundError(f"{'/'.join(parts)}/{name} is not in this browser's storage ({exc})") from None
-    return (await (await handle.getFile()).arrayBuffer()).to_bytes()
-
-
-async def opfs_remove(parts: tuple[str, ...]) -> None:
-    """Delete the OPFS directory at parts with everything in it."""
-    parent = await opfs_dir(*parts[:-1])
-    await parent.removeEntry(parts[-1], _options(recursive=True))

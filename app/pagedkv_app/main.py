@@ -17,12 +17,9 @@ from pagedkv.backends.webgpu.device import WebGPUUnavailable
 from pagedkv.backends.webgpu.model_kernels import choose_family
 from pagedkv.backends.webgpu.self_test import self_test
 from pagedkv.backends.webgpu.tuning import JsonInStore, tune_device
+from pagedkv.browser.opfs import OpfsStore, open_or_memory
 from pagedkv.chat import ChatTemplate
-from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv.file_store import MemoryStore
-from pagedkv.kv.disk_tier import DiskTier, TierBudgets, model_hash
-from pagedkv.kv.disk_cache import layout_for
-from pagedkv.kv.dtypes import kv_dtype
+from pagedkv.engine import EngineConfig, LLMEngine, TierBudgets
 from pagedkv.model.weights import ModelWeights
 from pagedkv.tokenizer import Tokenizer
 
@@ -44,7 +41,7 @@ def progress(stage: str, detail: str) -> None:
 
 async def boot() -> None:
     """Request the WebGPU device from Python, run the self-test kernel, report `ready`, then load the model."""
-    bridge.set_models_handler(model_library.handler(open_settings))
+    bridge.set_router(route)
     await model_library.reported(model_library.post_list(), "list-models")
     try:
         progress("engine", f"pagedkv {pagedkv.__version__} with numpy {np.__version__}")
@@ -85,6 +82,19 @@ async def boot() -> None:
                     detail=traceback.format_exc())
         return
     await load_model(bridge.query_param("model", DEFAULT_MODEL))
+
+
+def route(msg) -> None:
+    """The worker's one router of page messages, all but tools' `exec` (docs/architecture.md, "The page <->
+    worker protocol"): the model list's go to model_library as they are (a File stays a File), every other
+    to the chat service as a dict once a model is loaded."""
+    kind = str(getattr(msg, "type", None))
+    if kind in model_library.ACTIONS:
+        model_library.handle(msg, open_settings)
+    elif "service" in state:
+        state["service"].handle(msg.to_py())
+    else:
+        bridge.post("chat-error", chat=getattr(msg, "chat", None), message="the model is still loading")
 
 
 def kernel_family(ctx) -> tuple[str, str]:
@@ -135,13 +145,12 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
         tokenizer = Tokenizer.from_manifest(manifest)
         max_context = int(bridge.query_param("max_context", "0")) or None
         engine = LLMEngine(backend, tokenizer, EngineConfig(namespace=name, max_context=max_context))
-        info["kv_disk"] = await _attach_disk(engine, backend, manifest)
+        info["kv_disk"] = await _attach_disk(engine, manifest)
         ledger = getattr(backend, "ledger", None)
         service = ChatService(engine, ChatTemplate.from_manifest(manifest, tokenizer), bridge.post, model_name=name,
                               ledger_snapshot=ledger.snapshot if ledger is not None else None,
                               open_stream=bridge.open_stream, webgpu=not force_cpu)
         state.update(engine=engine, service=service, model_name=name, block_size=block_size)
-        bridge.set_handler(service.handle)
         bridge.post("model-ready", model=name, default_model=DEFAULT_MODEL, backend=backend.name,
                     load_ms=round(bridge.now_ms() - t0),
                     num_blocks=backend.num_blocks, block_size=block_size, context_length=engine.context_length,
@@ -152,21 +161,19 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
                     detail=traceback.format_exc())
 
 
-async def _attach_disk(engine: LLMEngine, backend, manifest: dict) -> str:
+async def _attach_disk(engine: LLMEngine, manifest: dict) -> str:
     """The disk tier of the KV cache (OPFS `kv/`, ?disk_mib= budget) unless ?kv_disk=0; what the panel says."""
     if bridge.query_param("kv_disk", "1") == "0":
         return "off (?kv_disk=0)"
     budget = tier_budgets().disk_bytes
     try:
-        store = await webgpu.OpfsStore.open("kv")
+        store = await OpfsStore.open("kv")
     except OSError as exc:  # no OPFS in this browser: chats re-prefill after a reload, as without the tier
         return f"off: {exc}"
-    tier = DiskTier(store, layout_for(backend, model_hash(manifest)), budget)
     try:
-        await tier.open()
+        await engine.open_disk_tier(store, manifest, budget)
     except Exception as exc:  # the browser could not list OPFS `kv/`: chat on without the tier, never fail the load
         return f"off: the disk tier's directory could not be listed ({type(exc).__name__}: {exc})"
-    engine.attach_disk(tier)
     return f"on, {budget / MIB:g} MiB budget"
 
 
@@ -185,7 +192,7 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
     del shards
     cfg = weights.config
     kv_budget = int(float(bridge.query_param("kv_mib", "128")) * MIB)  # fractions make tiny pools for tests
-    bytes_per_token = 2 * cfg.n_layers * kv_dtype("f32").token_bytes(cfg.n_kv_heads, cfg.head_dim)
+    bytes_per_token = CpuBackend.pool_bytes_per_token(cfg)
     num_blocks = kv_budget // (bytes_per_token * block_size)
     if num_blocks < 1:
         raise ValueError(f"a {kv_budget / MIB:g} MiB KV budget holds no block of {block_size} tokens "
@@ -215,7 +222,7 @@ async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict
         return data
 
     budgets = tier_budgets()
-    kv_dtype = bridge.query_param("kv_dtype", "f16")  # f32, f16, int8, fp8-e4m3, int4, int4-asym (pagedkv.kv.dtypes)
+    kv_dtype = bridge.query_param("kv_dtype", "f16")  # f32, f16, int8, fp8-e4m3, int4, int4-asym
     tuned = None  # the gpu family's shapes, tuned before the GPU budget is spent (the tuning's buffers come and go)
     if state["kernels"][0] == "gpu":
         bridge.post("model-progress", model=name, loaded=0, total=total, detail="tuning the gpu kernels")
@@ -237,10 +244,7 @@ async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict
 async def _tuning_store():
     """Where the gpu family's tuned shapes are kept: OPFS `tuning/` (a later boot reuses them), or for this
     page only where the browser has no origin private file system."""
-    try:
-        return JsonInStore(await webgpu.OpfsStore.open("tuning"))
-    except OSError:
-        return JsonInStore(MemoryStore())
+    return JsonInStore(await open_or_memory("tuning"))
 
 
 def on_device_lost(reason: str) -> None:

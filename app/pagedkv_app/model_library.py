@@ -12,6 +12,7 @@ import json
 import os
 import traceback
 
+from pagedkv.browser.opfs import OpfsStore
 from pagedkv.model.gguf_reader import GGUFFile
 
 from . import bridge
@@ -28,13 +29,16 @@ def model_reader(name: str):
     """`await read(file, on_chunk=None) -> bytes` for a model's files: from this site, or from OPFS."""
     if not is_user_model(name):
         return lambda file, on_chunk=None: bridge.fetch_bytes(f"models/{name}/{file}", on_chunk)
-    parts = (OPFS_ROOT, key_of(name))
+    key = key_of(name)
 
     async def read(file: str, on_chunk=None) -> bytes:
-        if file == "model.json" and ENTRY_NAME not in await bridge.opfs_names(*parts):
+        store = await _stored(key)
+        if file == "model.json" and (store is None or ENTRY_NAME not in await store.names()):
             raise FileNotFoundError(f"the model {name} is not stored in this browser (removed, or its storing "
                                     "was interrupted): open its GGUF file again")
-        data = await bridge.opfs_read(parts, file)
+        data = None if store is None else await store.read(file)
+        if data is None:
+            raise FileNotFoundError(f"{OPFS_ROOT}/{key}/{file} is not in this browser's storage")
         if on_chunk is not None:
             on_chunk(len(data))
         return data
@@ -42,12 +46,22 @@ def model_reader(name: str):
     return read
 
 
+async def _stored(key: str | None = None) -> OpfsStore | None:
+    """The OPFS store of `models/` (or of one model's directory in it), None when it is not there."""
+    try:
+        return await OpfsStore.open(OPFS_ROOT, *([key] if key is not None else []), create=False)
+    except FileNotFoundError:
+        return None
+
+
 async def list_user_models() -> list[dict]:
     """[{id, name, bytes}] of every completely stored user model, by file name."""
     models = []
-    for key in await bridge.opfs_names(OPFS_ROOT):
-        if ENTRY_NAME in await bridge.opfs_names(OPFS_ROOT, key):
-            entry = json.loads(await bridge.opfs_read((OPFS_ROOT, key), ENTRY_NAME))
+    root = await _stored()
+    for key in [] if root is None else await root.directories():
+        store = await _stored(key)
+        if ENTRY_NAME in await store.names():
+            entry = json.loads(await store.read(ENTRY_NAME))
             models.append({"id": model_id(key), "name": entry["name"], "bytes": entry["bytes"]})
     return sorted(models, key=lambda m: m["name"])
 
@@ -56,24 +70,21 @@ async def post_list() -> None:
     bridge.post("user-models", models=await list_user_models())
 
 
-def handler(settings):
-    """The page's model-list messages; settings() -> dict(budget_bytes, block_size, kv_dtype, max_binding)."""
+# The page's model-list messages (a JS object each: its File stays a File) -> the action's coroutine;
+# settings() -> dict(budget_bytes, block_size, kv_dtype, max_binding).
+ACTIONS = {
+    "open-gguf": lambda msg, settings: open_gguf(msg.file, settings()),
+    "remove-model": lambda msg, settings: remove_model(str(msg.id)),
+    "list-models": lambda msg, settings: post_list(),
+}
 
-    def handle(msg) -> None:
-        kind = str(msg.type)
-        if kind == "open-gguf":
-            coro = open_gguf(msg.file, settings())
-        elif kind == "remove-model":
-            coro = remove_model(str(msg.id))
-        elif kind == "list-models":
-            coro = post_list()
-        else:
-            raise ValueError(f"unknown model-list message {kind!r}")
-        task = asyncio.ensure_future(reported(coro, kind))
-        _tasks.add(task)
-        task.add_done_callback(_tasks.discard)
 
-    return handle
+def handle(msg, settings) -> None:
+    """Start the model-list action `msg` asks for (ACTIONS); it runs on, its error goes to the page."""
+    kind = str(msg.type)
+    task = asyncio.ensure_future(reported(ACTIONS[kind](msg, settings), kind))
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
 
 
 async def reported(coro, kind: str) -> None:
@@ -103,20 +114,21 @@ async def open_gguf(file, settings: dict) -> None:
     manifest = convert_checked(reader, out_dir, on_tensor=on_tensor, **settings)
     try:
         files = [s["file"] for s in manifest["shards"]] + ["model.json"]
-        parts = (OPFS_ROOT, key)
-        if key in await bridge.opfs_names(OPFS_ROOT):
-            await bridge.opfs_remove(parts)  # the same file name opened again replaces its model
+        root = await OpfsStore.open(OPFS_ROOT)
+        if key in await root.directories():
+            await root.remove_directory(key)  # the same file name opened again replaces its model
+        store = await OpfsStore.open(OPFS_ROOT, key)
         total = sum(os.path.getsize(f"{out_dir}/{f}") for f in files)
         stored = 0
         for f in files:
             with open(f"{out_dir}/{f}", "rb") as src:
                 data = src.read()
             os.remove(f"{out_dir}/{f}")  # one copy at a time in wasm memory besides OPFS's
-            await bridge.opfs_write(parts, f, data)
+            await store.write(f, data)
             stored += len(data)
             progress("store", stored, total, f"stored {f} in this browser")
         entry = {"name": name, "bytes": size, "stored_bytes": total}
-        await bridge.opfs_write(parts, ENTRY_NAME, json.dumps(entry).encode())
+        await store.write(ENTRY_NAME, json.dumps(entry).encode())
     finally:
         for f in os.listdir(out_dir):
             os.remove(f"{out_dir}/{f}")
@@ -128,7 +140,8 @@ async def open_gguf(file, settings: dict) -> None:
 async def remove_model(name: str) -> None:
     """Delete a user model's OPFS data."""
     key = key_of(name)
-    if key not in await bridge.opfs_names(OPFS_ROOT):
+    root = await _stored()
+    if root is None or key not in await root.directories():
         raise FileNotFoundError(f"the model {name} is not stored in this browser")
-    await bridge.opfs_remove((OPFS_ROOT, key))
+    await root.remove_directory(key)
     await post_list()

@@ -102,7 +102,7 @@ async def opfs_listing_while_writing(rounds: int = 40) -> dict:
     listing read the size of a write's swap file (`<name>.crswap`) or of a deleted file: NotFoundError."""
     import asyncio
 
-    from pagedkv.backends.webgpu.interop import OpfsStore, _js_obj
+    from pagedkv.browser.opfs import OpfsStore, _js_obj
 
     store = await OpfsStore.open("kv-listing-case")
     for name in await store.names():  # a failed earlier run's files
@@ -139,7 +139,7 @@ async def opfs_store_outlives_its_directory() -> dict:
     benchmark run under load): a write, then a listing, takes the handle again from the OPFS root."""
     import js
 
-    from pagedkv.backends.webgpu.interop import OpfsStore, _js_obj
+    from pagedkv.browser.opfs import OpfsStore, _js_obj
 
     store = await OpfsStore.open("kv-gone-case")
     root = await js.navigator.storage.getDirectory()
@@ -161,7 +161,7 @@ async def opfs_listing_retries_a_failing_iterator() -> dict:
     try fails."""
     import js
 
-    from pagedkv.backends.webgpu.interop import LIST_ATTEMPTS, OpfsStore
+    from pagedkv.browser.opfs import LIST_ATTEMPTS, OpfsStore
 
     real = (await OpfsStore.open("kv-retry-case")).directory
     await OpfsStore(real).write("a", b"12345")

@@ -143,7 +143,7 @@ def test_real_model_greedy_and_logits_match_numpy_and_llama_cpp(worker, real_mod
 
 STORED_CHOICE = """
 import json
-from pagedkv.backends.webgpu.interop import OpfsStore
+from pagedkv.browser.opfs import OpfsStore
 from pagedkv.backends.webgpu.tuning import JsonInStore
 json.dumps((await JsonInStore(await OpfsStore.open("tuning")).get({key!r}))["choice"])
 """

@@ -58,6 +58,11 @@ class CpuBackend:
         self.cpu_k = [np.zeros(shape, np.float32) for _ in range(self.config.n_layers)]
         self.cpu_v = [np.zeros(shape, np.float32) for _ in range(self.config.n_layers)]
 
+    @staticmethod
+    def pool_bytes_per_token(config) -> int:
+        """Bytes one token takes in the pools here: f32 K and V of every layer (what sizes them from a budget)."""
+        return 2 * config.n_layers * config.n_kv_heads * config.head_dim * np.dtype(np.float32).itemsize
+
     @property
     def bytes_per_token(self) -> int:
         """What kv_dtype would take on a GPU (the pools here hold f32 arrays)."""

@@ -1,6 +1,7 @@
 """The flat async file store the disk tier of the KV cache keeps its block files in (kv_disk.DiskTier): the
 interface, its quota error, and an in-memory store for tests and pages without an origin private file system.
-The page's store is interop.OpfsStore (one OPFS directory); the benchmark's under CPython is bench.kv_disk.DirStore.
+The page's store is browser.opfs.OpfsStore (one OPFS directory); the benchmark's under CPython is
+bench.kv_disk.DirStore.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Browser WebGPU interop: the ONLY engine module that imports `js` / `pyodide` (the app's UI bridge
-imports its site fetch from here).
+"""Browser WebGPU interop: with pagedkv.browser (OPFS), the only engine code that imports `js` / `pyodide`
+(the app's UI bridge imports its site fetch from here).
 
 GpuContext implements device.GpuDevice over the browser's WebGPU (navigator.gpu), beside
 native.NativeDevice over wgpu-py; every error scope of the browser lives here, and a whole step is one
@@ -8,21 +8,17 @@ crossing into web/replayer.js. It only works inside Pyodide in a browser (window
 """
 from __future__ import annotations
 
-import asyncio
 import statistics
 
 import numpy as np
 
 import js  # type: ignore[import-not-found]
-from pyodide.ffi import JsException, create_once_callable, to_js  # type: ignore[import-not-found]
-
-from ...kv.file_store import StoreFull
+from pyodide.ffi import create_once_callable, to_js  # type: ignore[import-not-found]
 
 from .device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderLibrary, WebGPUUnavailable, padded,
                      resource)
 
-__all__ = ["GpuContext", "OpfsStore", "WasmUnavailable", "fetch_bytes", "linear_wasm_matmul", "site_url",
-           "wasm_attention"]
+__all__ = ["GpuContext", "WasmUnavailable", "fetch_bytes", "linear_wasm_matmul", "site_url", "wasm_attention"]
 
 
 class WasmUnavailable(RuntimeError):
@@ -278,123 +274,3 @@ class GpuContext(GpuDevice):
     def now_ms() -> float:
         """The page's monotonic clock (performance.now), in milliseconds."""
         return float(js.performance.now())
-
-
-def _js_error(err: Exception, name: str) -> bool:
-    """Whether a JS exception is the DOMException `name` (QuotaExceededError, NotFoundError)."""
-    return isinstance(err, JsException) and (getattr(err, "name", "") == name or name in str(err))
-
-
-async def _opfs_directory(name: str):
-    """The handle of directory `name` under the OPFS root, created when it is not there."""
-    storage = getattr(js.navigator, "storage", None)
-    if storage is None or not hasattr(storage, "getDirectory"):
-        raise OSError("this browser has no origin private file system (navigator.storage.getDirectory)")
-    root = await storage.getDirectory()
-    return await root.getDirectoryHandle(name, _js_obj({"create": True}))
-
-
-SWAP_SUFFIX = ".crswap"  # Chromium's swap file of a createWritable() not yet closed
-LIST_ATTEMPTS = 4
-
-
-class OpfsStore:
-    """A file_store.FileStore over one directory of the origin private file system (the disk tier's block files
-    live under `kv/`, apart from other OPFS data). Create with `await OpfsStore.open("kv")`.
-
-    Its directory handle can go stale: in a long benchmark run under load Chromium's iterator raised
-    NotFoundError on every try with the same handle. A store that knows its directory's name (open() gives it)
-    takes the handle again from the OPFS root, creating the directory when it is gone, after a listing failed
-    twice or when a write finds the directory gone; `reopened` counts those."""
-
-    def __init__(self, directory, name: str | None = None) -> None:
-        self.directory = directory
-        self.name = name
-        self.reopened = 0
-
-    @classmethod
-    async def open(cls, name: str) -> "OpfsStore":
-        """Raises OSError naming the reason when this browser has no origin private file system."""
-        return cls(await _opfs_directory(name), name)
-
-    async def _reopen(self) -> bool:
-        """The directory's handle taken again from the root; False for a store that has no name."""
-        if self.name is None:
-            return False
-        self.directory = await _opfs_directory(self.name)
-        self.reopened += 1
-        return True
-
-    async def read(self, name: str) -> bytes | None:
-        try:
-            handle = await self.directory.getFileHandle(name)
-        except JsException as err:
-            if _js_error(err, "NotFoundError"):
-                return None
-            raise
-        return bytes((await (await handle.getFile()).arrayBuffer()).to_py())
-
-    async def write(self, name: str, data: bytes) -> None:
-        try:
-            handle = await self.directory.getFileHandle(name, _js_obj({"create": True}))
-        except JsException as err:  # the directory itself is gone (removed, or its handle stale)
-            if not _js_error(err, "NotFoundError") or not await self._reopen():
-                raise
-            handle = await self.directory.getFileHandle(name, _js_obj({"create": True}))
-        writable = await handle.createWritable()  # a swap file: nothing lands in `name` before close()
-        try:
-            await writable.write(to_js(memoryview(data)))
-        except JsException as err:
-            await writable.abort()
-            await self._refused(name, len(data), err)
-        try:
-            await writable.close()
-        except JsException as err:
-            await self._refused(name, len(data), err)
-
-    async def _refused(self, name: str, nbytes: int, err: Exception) -> None:
-        await self.delete(name)  # the empty file getFileHandle created
-        if _js_error(err, "QuotaExceededError"):
-            raise StoreFull(f"the browser's storage quota refused {name} ({nbytes:,} bytes): {err}") from err
-        raise err
-
-    async def delete(self, name: str) -> None:
-        try:
-            await self.directory.removeEntry(name)
-        except JsException as err:
-            if not _js_error(err, "NotFoundError"):
-                raise
-
-    async def names(self) -> dict[str, int]:
-        """{name: bytes} of the files now in the directory. Another tab of the app (or this one's write-behind)
-        may write and delete while it is listed: a write in flight shows as `<name>.crswap`, Chromium's swap
-        file, which is not a file of the store, and the file itself reads empty until that write closes: both
-        are left out (no file of the store is empty), as is an entry deleted between the listing and its
-        size read. The directory iterator itself has raised NotFoundError (in long benchmark runs under load):
-        the listing is tried again, LIST_ATTEMPTS times in all, from the third try on with the directory's
-        handle taken again from the OPFS root."""
-        for attempt in range(LIST_ATTEMPTS):
-            try:
-                return await self._list()
-            except JsException as err:  # the iterator itself: an entry went while Chromium read the directory
-                if not _js_error(err, "NotFoundError") or attempt == LIST_ATTEMPTS - 1:
-                    raise
-                await asyncio.sleep(0.05 * (attempt + 1))
-                if attempt >= 1:  # the same handle failed twice: not an entry going, the handle itself
-                    await self._reopen()
-
-    async def _list(self) -> dict[str, int]:
-        out = {}
-        async for handle in self.directory.values():
-            name = str(handle.name)
-            if handle.kind != "file" or name.endswith(SWAP_SUFFIX):
-                continue
-            try:
-                size = int((await handle.getFile()).size)
-            except JsException as err:
-                if not _js_error(err, "NotFoundError"):
-                    raise
-                continue
-            if size:
-                out[name] = size
-        return out

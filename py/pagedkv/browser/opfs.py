@@ -1,0 +1,165 @@
+"""The origin private file system (OPFS) as a file_store.FileStore: every file the page keeps goes through one
+OpfsStore per directory (the disk tier's block files in `kv/`, the gpu family's tuning in `tuning/`, each
+model the user opened in `models/<key>/`). Imports `js` / `pyodide`: it runs only in the page's worker.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import js  # type: ignore[import-not-found]
+from pyodide.ffi import JsException, to_js  # type: ignore[import-not-found]
+
+from ..kv.file_store import FileStore, MemoryStore, StoreFull
+
+__all__ = ["LIST_ATTEMPTS", "OpfsStore", "open_or_memory"]
+
+SWAP_SUFFIX = ".crswap"  # Chromium's swap file of a createWritable() not yet closed
+LIST_ATTEMPTS = 4
+
+
+def _js_obj(value: dict):
+    return to_js(value, dict_converter=js.Object.fromEntries)
+
+
+def _js_error(err: Exception, name: str) -> bool:
+    """Whether a JS exception is the DOMException `name` (QuotaExceededError, NotFoundError)."""
+    return isinstance(err, JsException) and (getattr(err, "name", "") == name or name in str(err))
+
+
+async def _opfs_directory(path: tuple[str, ...], create: bool = True):
+    """The handle of the directory at `path` under the OPFS root, created when it is not there and `create`
+    is set; FileNotFoundError names the first missing part otherwise."""
+    storage = getattr(js.navigator, "storage", None)
+    if storage is None or not hasattr(storage, "getDirectory"):
+        raise OSError("this browser has no origin private file system (navigator.storage.getDirectory)")
+    handle = await storage.getDirectory()
+    for i, part in enumerate(path):
+        try:
+            handle = await handle.getDirectoryHandle(part, _js_obj({"create": create}))
+        except JsException as err:
+            if _js_error(err, "NotFoundError"):
+                raise FileNotFoundError(f"{'/'.join(path[:i + 1])} is not in this browser's storage") from None
+            raise
+    return handle
+
+
+class OpfsStore:
+    """A file_store.FileStore over one directory of the origin private file system, apart from other OPFS data.
+    Create with `await OpfsStore.open("kv")` (or a nested path: `OpfsStore.open("models", key)`).
+
+    Its directory handle can go stale: in a long benchmark run under load Chromium's iterator raised
+    NotFoundError on every try with the same handle. A store that knows its directory's path (open() gives it)
+    takes the handle again from the OPFS root, creating the directory when it is gone, after a listing failed
+    twice or when a write finds the directory gone; `reopened` counts those."""
+
+    def __init__(self, directory, path: tuple[str, ...] | None = None) -> None:
+        self.directory = directory
+        self.path = path
+        self.reopened = 0
+
+    @classmethod
+    async def open(cls, *path: str, create: bool = True) -> "OpfsStore":
+        """The store of the directory at `path`, created when absent (with create=False: FileNotFoundError
+        then). Raises OSError naming the reason when this browser has no origin private file system."""
+        return cls(await _opfs_directory(path, create), path)
+
+    async def _reopen(self) -> bool:
+        """The directory's handle taken again from the root; False for a store that has no path."""
+        if self.path is None:
+            return False
+        self.directory = await _opfs_directory(self.path)
+        self.reopened += 1
+        return True
+
+    async def read(self, name: str) -> bytes | None:
+        try:
+            handle = await self.directory.getFileHandle(name)
+        except JsException as err:
+            if _js_error(err, "NotFoundError"):
+                return None
+            raise
+        return (await (await handle.getFile()).arrayBuffer()).to_bytes()
+
+    async def write(self, name: str, data: bytes) -> None:
+        try:
+            handle = await self.directory.getFileHandle(name, _js_obj({"create": True}))
+        except JsException as err:  # the directory itself is gone (removed, or its handle stale)
+            if not _js_error(err, "NotFoundError") or not await self._reopen():
+                raise
+            handle = await self.directory.getFileHandle(name, _js_obj({"create": True}))
+        writable = await handle.createWritable()  # a swap file: nothing lands in `name` before close()
+        try:
+            await writable.write(to_js(memoryview(data)))
+        except JsException as err:
+            await writable.abort()
+            await self._refused(name, len(data), err)
+        try:
+            await writable.close()
+        except JsException as err:
+            await self._refused(name, len(data), err)
+
+    async def _refused(self, name: str, nbytes: int, err: Exception) -> None:
+        await self.delete(name)  # the empty file getFileHandle created
+        if _js_error(err, "QuotaExceededError"):
+            raise StoreFull(f"the browser's storage quota refused {name} ({nbytes:,} bytes): {err}") from err
+        raise err
+
+    async def delete(self, name: str) -> None:
+        try:
+            await self.directory.removeEntry(name)
+        except JsException as err:
+            if not _js_error(err, "NotFoundError"):
+                raise
+
+    async def names(self) -> dict[str, int]:
+        """{name: bytes} of the files now in the directory. Another tab of the app (or this one's write-behind)
+        may write and delete while it is listed: a write in flight shows as `<name>.crswap`, Chromium's swap
+        file, which is not a file of the store, and the file itself reads empty until that write closes: both
+        are left out (no file of the store is empty), as is an entry deleted between the listing and its
+        size read. The directory iterator itself has raised NotFoundError (in long benchmark runs under load):
+        the listing is tried again, LIST_ATTEMPTS times in all, from the third try on with the directory's
+        handle taken again from the OPFS root."""
+        for attempt in range(LIST_ATTEMPTS):
+            try:
+                return await self._list()
+            except JsException as err:  # the iterator itself: an entry went while Chromium read the directory
+                if not _js_error(err, "NotFoundError") or attempt == LIST_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.05 * (attempt + 1))
+                if attempt >= 1:  # the same handle failed twice: not an entry going, the handle itself
+                    await self._reopen()
+
+    async def _list(self) -> dict[str, int]:
+        out = {}
+        async for handle in self.directory.values():
+            name = str(handle.name)
+            if handle.kind != "file" or name.endswith(SWAP_SUFFIX):
+                continue
+            try:
+                size = int((await handle.getFile()).size)
+            except JsException as err:
+                if not _js_error(err, "NotFoundError"):
+                    raise
+                continue
+            if size:
+                out[name] = size
+        return out
+
+    # ---------------------------------------------------------------- subdirectories (the model library)
+
+    async def directories(self) -> list[str]:
+        """Names of the directories in this one, sorted."""
+        return sorted([str(handle.name) async for handle in self.directory.values() if handle.kind == "directory"])
+
+    async def remove_directory(self, name: str) -> None:
+        """Delete the directory `name` in this one with everything in it."""
+        await self.directory.removeEntry(name, _js_obj({"recursive": True}))
+
+
+async def open_or_memory(*path: str) -> FileStore:
+    """The OPFS store at `path`, or where this browser has no origin private file system a MemoryStore, which
+    lasts as long as the page."""
+    try:
+        return await OpfsStore.open(*path)
+    except OSError:
+        return MemoryStore()
