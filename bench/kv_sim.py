@@ -63,7 +63,8 @@ import numpy as np
 from pagedkv.kv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
 from pagedkv.kv.contiguous import ContiguousAllocator
-from pagedkv.kv.accounting import SMOLLM2_135M, bytes_per_token, kv_stats
+from pagedkv.kv.accounting import kv_stats
+from pagedkv.kv.spec import SMOLLM2_135M
 from pagedkv.kv.manager import KVCacheManager, NeverFits
 from pagedkv.sequence import Sequence
 
@@ -179,7 +180,7 @@ class Replay:
         if kind == "paged":
             cache = CacheConfig.from_budget(budget_bytes, bpt, block_size,
                                             enable_prefix_caching=enable_prefix_caching)
-            self.alloc = KVCacheManager(cache, namespace=SMOLLM2_135M.name)
+            self.alloc = KVCacheManager(cache, namespace="SmolLM2-135M-Instruct")
             self.total_slots = cache.num_blocks * block_size
             self.config = {"num_blocks": cache.num_blocks, "block_size": block_size,
                            "enable_prefix_caching": enable_prefix_caching}
@@ -403,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", action="store_true", help="print the full JSON result")
     ap.add_argument("--budget-gib", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--bytes-per-token", type=int, default=bytes_per_token(SMOLLM2_135M, "f16"))
+    ap.add_argument("--bytes-per-token", type=int, default=SMOLLM2_135M.bytes_per_token)
     ap.add_argument("--contiguous-max-context", type=int, default=2048)
     ap.add_argument("--quick", action="store_true", help="200 sessions instead of 400")
     ap.add_argument("--preempt", action="store_true", help="also the paged allocator waiting / preempting (slow "

@@ -56,7 +56,7 @@ def slot_efficiency_by_block_size(sessions: int) -> list[dict]:
     """kv_sim's paged allocator (1 GiB, SmolLM2 f16 KV, seed 0) at each block size."""
     cfg = kv_sim.WorkloadConfig(num_sessions=sessions)
     plans = kv_sim.make_workload(cfg, 0)
-    bpt = kv_sim.bytes_per_token(kv_sim.SMOLLM2_135M, "f16")
+    bpt = kv_sim.SMOLLM2_135M.bytes_per_token
     rows = []
     for bs in BLOCK_SIZES:
         r = kv_sim.simulate("paged", plans, cfg, kv_sim.GIB, bpt, block_size=bs)

@@ -70,9 +70,9 @@ class KVWorld:
     """A manager, its sequences and a shadow of the block contents."""
 
     def __init__(self, num_blocks: int = 24, block_size: int = 8, num_cpu_blocks: int = 12,
-                 hash_fn=None) -> None:
+                 hash_fn=None, demote_to_cpu: bool = False) -> None:
         cfg = CacheConfig(num_blocks=num_blocks, block_size=block_size,
-                          num_cpu_blocks=num_cpu_blocks)
+                          num_cpu_blocks=num_cpu_blocks, demote_to_cpu=demote_to_cpu)
         kw = {"hash_fn": hash_fn} if hash_fn is not None else {}
         self.mgr = KVCacheManager(cfg, namespace="test-model", **kw)
         self.bs = block_size
@@ -92,10 +92,15 @@ class KVWorld:
         for src, dst in ops:
             dst_mem[dst] = list(src_mem[src])
 
+    def _after_call(self) -> None:
+        """Run right after each manager call that may allocate, before the world copies or writes into the
+        blocks it returned (a CPU tier's demotions copy the evicted blocks out here)."""
+
     def _grow(self, seq: Sequence, call) -> bool:
         old_kv = seq.num_kv_tokens
         try:
             ops = call()
+            self._after_call()
         except OutOfBlocks:
             self.counts["out_of_blocks"] += 1
             return False
@@ -189,7 +194,9 @@ class KVWorld:
             self.counts["out_of_blocks"] += 1
 
     def _do_swap(self, seq, call, src_mem, dst_mem) -> None:
-        self._copy(call(seq), src_mem, dst_mem)
+        ops = call(seq)
+        self._after_call()
+        self._copy(ops, src_mem, dst_mem)
 
     def lookup(self, token_ids: list[int]) -> None:
         n, ids = self.mgr.lookup_prefix(token_ids)

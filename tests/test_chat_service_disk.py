@@ -7,8 +7,7 @@ from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv.disk_tier import DiskTier, MemoryStore, block_chain, model_hash
-from pagedkv.kv.disk_cache import layout_for
+from pagedkv.kv.disk_tier import DiskKey, DiskTier, MemoryStore, block_chain, model_hash
 from pagedkv.tokenizer import Tokenizer
 from pagedkv_app.chat_service import ChatService
 from test_chat_service import SETTINGS, in_fresh_loop, of
@@ -21,7 +20,7 @@ def disk_service(weights, store):
     posts = []
     svc = ChatService(engine, ChatTemplate.from_manifest(weights.manifest, tok),
                       lambda kind, **p: posts.append((kind, p)), model_name="tiny-random")
-    return svc, posts, DiskTier(store, layout_for(backend, model_hash(weights.manifest)), 1 << 30)
+    return svc, posts, DiskTier(store, DiskKey(model_hash(weights.manifest), backend.kv_spec), 1 << 30)
 
 
 def test_delete_removes_only_the_chats_own_block_files_and_a_reload_restores(tiny_weights):
@@ -40,7 +39,7 @@ def test_delete_removes_only_the_chats_own_block_files_and_a_reload_restores(tin
         return a, b
 
     a, b = in_fresh_loop(scenario)
-    layout = tier.layout
+    layout = tier.key
     a_files = {layout.file_name(h) for h in block_chain(layout, a.conversation.ids)}
     b_files = {layout.file_name(h) for h in block_chain(layout, b.conversation.ids)}
     shared = a_files & b_files

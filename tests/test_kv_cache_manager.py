@@ -7,8 +7,8 @@ import pytest
 from kv_invariants import snapshot
 from pagedkv.kv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
-from pagedkv.kv.accounting import (SMOLLM2_135M, KVShape, SharedKVBudget, bytes_per_token,
-                                   kv_stats)
+from pagedkv.kv.accounting import SharedKVBudget, kv_stats
+from pagedkv.kv.spec import SMOLLM2_135M, KVSpec
 from pagedkv.kv.manager import (CopyOp, DoubleFree, KVCacheManager, NeverFits,
                                       SequenceFreed, default_block_hash)
 from pagedkv.sequence import Sequence, SequenceStatus
@@ -230,28 +230,30 @@ def test_swap_needs_a_cpu_pool():
 
 
 def test_bytes_per_token():
-    assert bytes_per_token(SMOLLM2_135M, "f16") == 23040
-    assert bytes_per_token(SMOLLM2_135M, "f32") == 46080
-    assert bytes_per_token(KVShape("big", 28, 2, 128), "bf16") == 28672
+    assert SMOLLM2_135M.bytes_per_token == 23040
+    assert SMOLLM2_135M.with_(dtype="f32").bytes_per_token == 46080
+    assert SMOLLM2_135M.with_(dtype="f32").bytes_per_block == 16 * 46080
+    assert KVSpec(28, 2, 128, dtype="bf16").bytes_per_token == 28672
     with pytest.raises(ValueError, match="kv_dtype must be one of"):
-        bytes_per_token(SMOLLM2_135M, "f8")
+        SMOLLM2_135M.with_(dtype="f8")
     with pytest.raises(ValueError, match="head_dim must be a positive int"):
-        KVShape("x", 2, 2, 0)
+        KVSpec(2, 2, 0)
 
 
+SMOL = "SmolLM2-135M-Instruct"
 PAGE = 16 * 46080   # 737,280 B: 16 SmolLM2 f32 tokens or 32 f16 tokens
 
 
 def test_two_models_share_one_byte_budget_and_evict_each_other():
     budget = SharedKVBudget(10 * PAGE + 5, PAGE)
-    f16 = budget.add_model(SMOLLM2_135M, "f16")
-    f32 = budget.add_model(SMOLLM2_135M, "f32")
+    f16 = budget.add_model(SMOL, SMOLLM2_135M)
+    f32 = budget.add_model(SMOL, SMOLLM2_135M.with_(dtype="f32"))
     assert (budget.pool.num_blocks, f16.block_size, f32.block_size) == (10, 32, 16)
     a = new_seq(f16, list(range(40)), session="alice")     # 2 pages of 32 tokens
     b = new_seq(f32, list(range(20)), session="bob")       # 2 pages of 16 tokens
     assert (a.block_table, b.block_table) == ([0, 1], [2, 3])
-    assert budget.used_bytes() == {f"{SMOLLM2_135M.name}/f16": 2 * PAGE,
-                                   f"{SMOLLM2_135M.name}/f32": 2 * PAGE}
+    assert budget.used_bytes() == {f"{SMOL}/f16": 2 * PAGE,
+                                   f"{SMOL}/f32": 2 * PAGE}
     assert budget.session_bytes() == {"alice": 2 * PAGE, "bob": 2 * PAGE}
     # Same tokens, other model: the namespace keeps its KV apart.
     assert f32.lookup_prefix(list(range(40))) == (16, [2])
@@ -261,7 +263,7 @@ def test_two_models_share_one_byte_budget_and_evict_each_other():
     c = new_seq(f32, list(range(100, 220)), session="carol")  # 8 pages: evicts f16's page 0
     assert c.block_table == [1, 4, 5, 6, 7, 8, 9, 0]
     assert f16.lookup_prefix(list(range(40))) == (0, [])
-    assert budget.used_bytes()[f"{SMOLLM2_135M.name}/f32"] == 10 * PAGE
+    assert budget.used_bytes()[f"{SMOL}/f32"] == 10 * PAGE
     with pytest.raises(OutOfBlocks):
         f16.allocate_slots(Sequence([1]), 1)
 
@@ -271,12 +273,14 @@ def test_shared_budget_rejects_pages_that_do_not_fit_a_model():
         SharedKVBudget(100, PAGE)
     budget = SharedKVBudget(10 * PAGE, PAGE)
     with pytest.raises(ValueError, match="not a whole number of .* tokens"):
-        budget.add_model(KVShape("odd", 3, 1, 7), "f16")
+        budget.add_model("odd", KVSpec(3, 1, 7))
     with pytest.raises(ValueError, match=r"holds 4 .* tokens; pick page_bytes"):
-        budget.add_model(KVShape("wide", 30, 12, 64), "f32")   # 184,320 B/token
-    budget.add_model(SMOLLM2_135M, "f16")
+        budget.add_model("wide", KVSpec(30, 12, 64, dtype="f32"))   # 184,320 B/token
+    budget.add_model(SMOL, SMOLLM2_135M)
+    with pytest.raises(ValueError, match="needs a non-empty name"):
+        budget.add_model("", SMOLLM2_135M)
     with pytest.raises(ValueError, match="already has a manager"):
-        budget.add_model(SMOLLM2_135M, "f16")
+        budget.add_model(SMOL, SMOLLM2_135M)
     with pytest.raises(ValueError, match="shared pool has 10 blocks"):
         KVCacheManager(CacheConfig(num_blocks=9), pool=budget.pool)
 

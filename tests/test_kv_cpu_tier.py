@@ -12,7 +12,7 @@ from pagedkv.backends.cpu import CpuBackend
 from pagedkv.config import CacheConfig
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.kv.manager import CopyOp, KVCacheManager
-from pagedkv.kv.cpu_tier import CpuTier, chain_digests, forget_on_cpu, promote_prefix
+from pagedkv.kv.prefix import chain_digests
 from pagedkv.sampling import SamplingParams
 from pagedkv.sequence import Sequence, SequenceStatus
 from pagedkv.tokenizer import Tokenizer
@@ -21,9 +21,9 @@ A = list(range(17))  # two full blocks of 8 and one token
 
 
 def make(num_blocks=4, num_cpu_blocks=4):
-    kv = KVCacheManager(CacheConfig(num_blocks=num_blocks, block_size=8, num_cpu_blocks=num_cpu_blocks),
-                        namespace="m")
-    return kv, CpuTier(kv)
+    kv = KVCacheManager(CacheConfig(num_blocks=num_blocks, block_size=8, num_cpu_blocks=num_cpu_blocks,
+                                    demote_to_cpu=True), namespace="m")
+    return kv, kv.cpu
 
 
 def run(kv, tokens):
@@ -47,15 +47,15 @@ def test_evicted_gpu_blocks_go_to_cpu_and_come_back_on_a_gpu_miss():
     assert kv.pool.free_queue_ids() == [2, 3, 1, 0]
     b = run(kv, list(range(100, 132)))  # 4 blocks: evicts 1 then 0 (the tail before its prefix)
     assert b.block_table == [2, 3, 1, 0]
-    assert tier.take_moves() == [CopyOp(1, 0), CopyOp(0, 1)]  # GPU 1 -> CPU 0, GPU 0 -> CPU 1
+    assert tier.take_demotions() == [CopyOp(1, 0), CopyOp(0, 1)]  # GPU 1 -> CPU 0, GPU 0 -> CPU 1
     assert (kv.cpu_pool.num_cached, kv.cpu_pool.free_queue_ids(), tier.num_demoted) == (2, [2, 3, 0, 1], 2)
     assert kv.lookup_prefix(A) == (0, [])
     kv.free(b)
     assert kv.pool.free_queue_ids() == [0, 1, 3, 2]
     # A's prefix misses the GPU: CPU 1 (block 0) and CPU 0 (block 1) are copied into GPU 0 and 1, whose B
     # blocks are demoted first (to CPU 2 and 3): the demotions run before the copies that overwrite them.
-    assert promote_prefix(kv, A[:16]) == [CopyOp(1, 0), CopyOp(0, 1)]
-    assert tier.take_moves() == [CopyOp(0, 2), CopyOp(1, 3)]
+    assert kv.promote_from_cpu(A[:16]) == [CopyOp(1, 0), CopyOp(0, 1)]
+    assert tier.take_demotions() == [CopyOp(0, 2), CopyOp(1, 3)]
     assert kv.lookup_prefix(A) == (16, [0, 1])
     assert kv.cpu_pool.free_queue_ids() == [2, 3, 0, 1]  # promoted: used now, block 0's at the recent end
     c = Sequence(A)
@@ -70,16 +70,16 @@ def test_lru_order_in_the_cpu_pool_and_full_cpu_pool():
     # blocks (the chat before) make room.
     for base, moves in ((0, []), (100, [CopyOp(1, 0), CopyOp(0, 1)]), (200, [CopyOp(0, 0), CopyOp(1, 1)])):
         kv.free(run(kv, list(range(base, base + 16))))
-        assert tier.take_moves() == moves
+        assert tier.take_demotions() == moves
         assert kv.cpu_pool.free_queue_ids() == [0, 1]
-    assert promote_prefix(kv, list(range(16))) == []
-    assert promote_prefix(kv, list(range(100, 116))) == [CopyOp(1, 1), CopyOp(0, 0)]
-    assert tier.take_moves() == []  # chat 200 leaves the GPU, but both CPU blocks are being read
+    assert kv.promote_from_cpu(list(range(16))) == []
+    assert kv.promote_from_cpu(list(range(100, 116))) == [CopyOp(1, 1), CopyOp(0, 0)]
+    assert tier.take_demotions() == []  # chat 200 leaves the GPU, but both CPU blocks are being read
     # No GPU block to give: a used pool promotes nothing.
     kv2, _ = make(num_blocks=2, num_cpu_blocks=2)
     kv2.free(run(kv2, list(range(16))))
     held = run(kv2, list(range(50, 66)))
-    assert promote_prefix(kv2, list(range(16))) == [] and held.block_table == [1, 0]
+    assert kv2.promote_from_cpu(list(range(16))) == [] and held.block_table == [1, 0]
 
 
 def test_swapped_out_blocks_are_found_by_content_and_not_demoted_twice():
@@ -89,7 +89,7 @@ def test_swapped_out_blocks_are_found_by_content_and_not_demoted_twice():
     d = chain_digests(A, 2, 8, "m")
     assert [kv.cpu_pool.cached_block(x).block_id for x in d] == [0, 1]
     run(kv, list(range(100, 132)))  # evicts A's GPU blocks: the CPU pool holds them already
-    assert tier.take_moves() == [] and tier.num_demoted == 0
+    assert tier.take_demotions() == [] and tier.num_demoted == 0
     kv.free(a)  # while swapped: its full blocks stay in the CPU pool as cached blocks
     assert (kv.cpu_pool.num_cached, kv.cpu_pool.free_queue_ids()) == (2, [2, 3, 1, 0])
     # A shared prefix is one block per tier: a second chat with A's first block swaps out a copy that stays
@@ -101,9 +101,9 @@ def test_swapped_out_blocks_are_found_by_content_and_not_demoted_twice():
     assert kv2.cpu_pool.cached_block(d[0]).block_id == 0
     assert kv2.cpu_pool.block(3).block_hash is None and kv2.cpu_pool.block(4).block_hash is not None
 
-    assert forget_on_cpu(kv, A, keep_tokens=8) == 1  # a deleted chat: its blocks past the shared 8 tokens go
+    assert kv.cpu.forget(A, keep_tokens=8) == 1  # a deleted chat: its blocks past the shared 8 tokens go
     assert (kv.cpu_pool.num_cached, kv.cpu_pool.free_queue_ids()) == (1, [1, 2, 3, 0])
-    assert forget_on_cpu(kv2, A) == 0 and kv2.cpu_pool.num_used == 6  # swapped chats hold theirs: they stay
+    assert kv2.cpu.forget(A) == 0 and kv2.cpu_pool.num_used == 6  # swapped chats hold theirs: they stay
 
 def test_swap_in_holds_its_cpu_blocks_until_the_moves_are_taken():
     kv, tier = make(num_blocks=4, num_cpu_blocks=4)
@@ -114,9 +114,9 @@ def test_swap_in_holds_its_cpu_blocks_until_the_moves_are_taken():
     assert kv.swap_in(a) == [CopyOp(0, 0), CopyOp(1, 1), CopyOp(2, 3)]
     # B's blocks 3, 2, 1 (GPU 0, 1, 3) each took CPU 3, the one CPU block not being read, evicting the one before:
     # only the last copy is left to run.
-    assert kv.cpu_reads == [2, 1, 0] and kv.cpu_pool.num_available == 1
-    assert tier.take_moves() == [CopyOp(3, 3)]
-    assert kv.cpu_pool.free_queue_ids() == [2, 3, 1, 0] and kv.cpu_reads == []
+    assert tier.held_reads == [2, 1, 0] and kv.cpu_pool.num_available == 1
+    assert tier.take_demotions() == [CopyOp(3, 3)]
+    assert kv.cpu_pool.free_queue_ids() == [2, 3, 1, 0] and tier.held_reads == []
     assert a.status is SequenceStatus.RUNNING
 
 
@@ -127,7 +127,7 @@ def test_a_demoted_block_a_swap_out_takes_back_in_the_same_step_is_not_copied():
     assert r.block_table == [2, 1] and kv.cpu_pool.free_queue_ids() == [1, 0]
     assert kv.swap_out(r) == [CopyOp(2, 1), CopyOp(1, 0)]  # a preemption in the same step takes CPU 0 back
     # Run after the swap-out, the pending copy would overwrite r's block: it is dropped.
-    assert tier.take_moves() == []
+    assert tier.take_demotions() == []
     assert kv.cpu_pool.cached_block(chain_digests(A, 2, 8, "m")[1]) is None
 
 def test_a_block_whose_parent_left_the_gpu_keeps_its_digest_while_it_is_remembered():
@@ -138,7 +138,7 @@ def test_a_block_whose_parent_left_the_gpu_keeps_its_digest_while_it_is_remember
     assert tier.gpu_digest(child) == d[1]
     kv.pool.touch([1])  # the child is held, the parent is evicted first
     run(kv, list(range(100, 116)))
-    assert tier.take_moves() == [CopyOp(0, 0)] and kv.pool.block(0).epoch != parent.epoch
+    assert tier.take_demotions() == [CopyOp(0, 0)] and kv.pool.block(0).epoch != parent.epoch
     # The parent's link still names the digest it had: the child (computed after it) can still be demoted.
     assert tier.gpu_digest(child) == d[1]
     tier._gpu_digests.clear()  # forgotten: the walk up meets the parent's new epoch
@@ -146,33 +146,32 @@ def test_a_block_whose_parent_left_the_gpu_keeps_its_digest_while_it_is_remember
 
 
 class TieredWorld(KVWorld):
-    """KVWorld with the CPU tier on: demotions are applied to the shadow when they happen (before the caller
-    writes the evicted block), every lookup promotes first, and the sequences' KV counts as computed."""
+    """KVWorld with the CPU tier on: demotions are applied to the shadow right after each manager call (before
+    the world writes or copies into the evicted blocks), every lookup promotes first, and the sequences' KV
+    counts as computed."""
 
     def __init__(self) -> None:
-        super().__init__(num_blocks=12, block_size=8, num_cpu_blocks=8)
-        self.tier = CpuTier(self.mgr)
-        demote = self.mgr.pool.on_evict
+        super().__init__(num_blocks=12, block_size=8, num_cpu_blocks=8, demote_to_cpu=True)
+        self.tier = self.mgr.cpu
 
-        def on_evict(block):
-            demote(block)
-            moves = self.tier.take_moves()  # now: the caller writes the evicted block after this returns
-            self._copy(moves, self.gpu, self.cpu)
-            self.counts["demoted"] = self.counts.get("demoted", 0) + len(moves)
-        self.mgr.pool.on_evict = on_evict
+    def _after_call(self) -> None:
+        moves = self.mgr.take_demotions()
+        self._copy(moves, self.gpu, self.cpu)
+        self.counts["demoted"] = self.counts.get("demoted", 0) + len(moves)
 
     def _write(self, seq, start):
         super()._write(seq, start)
         self.mgr.mark_computed(seq, seq.num_kv_tokens - seq.num_computed_tokens)
 
     def lookup(self, token_ids):
-        ops = promote_prefix(self.mgr, token_ids)
+        ops = self.mgr.promote_from_cpu(token_ids)
+        self._after_call()
         self._copy(ops, self.cpu, self.gpu)
         self.counts["promoted"] = self.counts.get("promoted", 0) + len(ops)
         super().lookup(token_ids)
 
     def check(self):
-        assert self.tier.take_moves() == []
+        assert self.tier.take_demotions() == []
         super().check()
 
 

@@ -4,11 +4,18 @@ import hashlib
 import pytest
 
 from pagedkv.engine import run_sync
-from pagedkv.kv.disk_tier import (BlockFileError, DiskTier, KVLayout, MemoryStore, StoreFull, TierBudgets,
+from pagedkv.kv.disk_tier import (BlockFileError, DiskKey, DiskTier, MemoryStore, StoreFull, TierBudgets,
                              block_chain, decode_block, encode_block, model_hash)
 
+from pagedkv.kv.spec import KVSpec
+
+
+def key_of(model: str, dtype: str, block_size: int, layers: int, kv_heads: int, head_dim: int) -> DiskKey:
+    return DiskKey(model, KVSpec(layers, kv_heads, head_dim, block_size, dtype))
+
+
 # f32, 4 tokens per block, 1 layer, 1 kv head of 16: 16 u32 per token -> 2 x 4 x 16 x 4 = 512 payload bytes.
-LAYOUT = KVLayout("m1", "f32", 4, 1, 1, 16)
+LAYOUT = key_of("m1", "f32", 4, 1, 1, 16)
 FILE = 72 + 16 + 512  # header + 4 token ids + payload
 
 
@@ -30,29 +37,29 @@ def save_chat(t: DiskTier, tokens: list[int]) -> list[str]:
 
 
 def test_layout_sizes_and_key_cover_every_field():
-    assert (LAYOUT.token_u32s, LAYOUT.payload_bytes, LAYOUT.file_bytes) == (16, 512, FILE)
-    f16 = KVLayout("smollm2", "f16", 16, 30, 3, 64)
+    assert (LAYOUT.spec.token_u32s, LAYOUT.payload_bytes, LAYOUT.file_bytes) == (16, 512, FILE)
+    f16 = key_of("smollm2", "f16", 16, 30, 3, 64)
     assert f16.payload_bytes // 16 == 23_040  # the model's f16 KV bytes per token
-    keys = {KVLayout(*fields).key for fields in [("m1", "f32", 4, 1, 1, 16), ("m2", "f32", 4, 1, 1, 16),
+    keys = {key_of(*fields).hex for fields in [("m1", "f32", 4, 1, 1, 16), ("m2", "f32", 4, 1, 1, 16),
                                                  ("m1", "f16", 4, 1, 1, 16), ("m1", "f32", 8, 1, 1, 16),
                                                  ("m1", "f32", 4, 2, 1, 16), ("m1", "f32", 4, 1, 2, 16),
                                                  ("m1", "f32", 4, 1, 1, 32)]}
     assert len(keys) == 7
-    with pytest.raises(ValueError, match="unknown KV cache dtype 'f8'"):
-        KVLayout("m1", "f8", 4, 1, 1, 16)
+    with pytest.raises(ValueError, match="kv_dtype must be one of .*got 'f8'"):
+        key_of("m1", "f8", 4, 1, 1, 16)
     with pytest.raises(ValueError, match="block_size must be a positive int, got 0"):
-        KVLayout("m1", "f32", 0, 1, 1, 16)
+        key_of("m1", "f32", 0, 1, 1, 16)
 
 
 def test_block_chain_is_sha256_of_parent_and_tokens():
     tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9]
     hashes = block_chain(LAYOUT, tokens)
-    first = hashlib.sha256(bytes.fromhex(LAYOUT.key) + bytes([1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0]))
+    first = hashlib.sha256(bytes.fromhex(LAYOUT.hex) + bytes([1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0]))
     assert hashes[0] == first.digest()[:16].hex()
     assert len(hashes) == 2 and len(hashes[1]) == 32
     assert block_chain(LAYOUT, [1, 2, 3, 4, 0, 6, 7, 8])[0] == hashes[0]
     assert block_chain(LAYOUT, [1, 2, 3, 4, 0, 6, 7, 8])[1] != hashes[1]  # the chain, not the block alone
-    assert block_chain(KVLayout("m2", "f32", 4, 1, 1, 16), tokens)[0] != hashes[0]
+    assert block_chain(key_of("m2", "f32", 4, 1, 1, 16), tokens)[0] != hashes[0]
     with pytest.raises(ValueError, match="3 blocks of 4 tokens need 12 token ids, got 9"):
         block_chain(LAYOUT, tokens, 3)
 
@@ -139,8 +146,8 @@ def test_file_of_another_layout_or_block_is_refused():
     assert decode_block(LAYOUT, "cd" * 16, [1, 2, 3, 4], data) == payload(7)
     with pytest.raises(BlockFileError, match="expected .* / " + "ab" * 16):
         decode_block(LAYOUT, "ab" * 16, [1, 2, 3, 4], data)
-    other = KVLayout("m2", "f32", 4, 1, 1, 16)
-    with pytest.raises(BlockFileError, match=f"for layout {LAYOUT.key} / block {'cd' * 16}, expected {other.key}"):
+    other = key_of("m2", "f32", 4, 1, 1, 16)
+    with pytest.raises(BlockFileError, match=f"for layout {LAYOUT.hex} / block {'cd' * 16}, expected {other.hex}"):
         decode_block(other, "cd" * 16, [1, 2, 3, 4], data)
     with pytest.raises(ValueError, match="payload of f32 KV is 512 bytes, got 511"):
         encode_block(LAYOUT, "cd" * 16, [1, 2, 3, 4], payload(7)[:-1])

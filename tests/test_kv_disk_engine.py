@@ -10,8 +10,7 @@ from pagedkv.backends.cpu import CpuBackend
 from pagedkv.config import CacheConfig
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.kv.manager import KVCacheManager
-from pagedkv.kv.disk_tier import DiskTier, MemoryStore, block_chain, model_hash
-from pagedkv.kv.disk_cache import layout_for
+from pagedkv.kv.disk_tier import DiskKey, DiskTier, MemoryStore, block_chain, model_hash
 from pagedkv.kv.dtypes import KV_DTYPES, pack_tokens, round_trip
 from pagedkv.sampling import SamplingParams
 from pagedkv.sequence import Sequence
@@ -31,7 +30,7 @@ def engine_on(weights, tokenizer, store, kv_dtype="f32", budget=1 << 30, num_blo
     backend = CpuBackend(weights, num_blocks=num_blocks, block_size=16, kv_dtype=kv_dtype)
     engine = LLMEngine(backend, tokenizer, EngineConfig())
     if store is not None:
-        tier = DiskTier(store, layout_for(backend, model_hash(weights.manifest)), budget)
+        tier = DiskTier(store, DiskKey(model_hash(weights.manifest), backend.kv_spec), budget)
         run_sync(tier.open())
         engine.attach_disk(tier)
     return engine
@@ -52,7 +51,7 @@ def test_reload_restores_prefix_and_replies_the_same(tiny_weights, tokenizer, kv
     stats = a.stats()
     # 72 + 12 tokens, 83 computed: 5 blocks; turn 2 found its first 3 on the GPU and on disk.
     assert (stats["disk_blocks"], stats["disk_written_blocks"], stats["disk_restored_tokens"]) == (5, 5, 0)
-    assert stats["disk_bytes"] == 5 * a.disk.layout.file_bytes
+    assert stats["disk_bytes"] == 5 * a.disk.key.file_bytes
 
     b = engine_on(tiny_weights, tokenizer, store, kv_dtype)  # the page reloaded: empty GPU pool, same store
     assert reply(b, turn2) == out2
@@ -71,7 +70,7 @@ def test_corrupt_block_file_is_recomputed(tiny_weights, tokenizer):
     out1 = reply(a, TURN1)
     turn2 = TURN1 + out1 + MORE
     out2 = reply(a, turn2)
-    second = a.disk.layout.file_name(block_chain(a.disk.layout, turn2, 2)[1])
+    second = a.disk.key.file_name(block_chain(a.disk.key, turn2, 2)[1])
     assert second in a.disk.tier.lru_names()
     data = bytearray(store.files[second])
     data[-1] ^= 0x40  # one flipped bit in the last layer's V
@@ -90,7 +89,7 @@ def test_corrupt_block_file_is_recomputed(tiny_weights, tokenizer):
 
 def test_full_store_degrades_without_error(tiny_weights, tokenizer):
     backend = CpuBackend(tiny_weights, num_blocks=64, block_size=16)
-    file_bytes = layout_for(backend, "x").file_bytes
+    file_bytes = DiskKey("x", backend.kv_spec).file_bytes
     store = MemoryStore(quota_bytes=2 * file_bytes)
     a = engine_on(tiny_weights, tokenizer, store)
     out1 = reply(a, TURN1)  # three blocks fill, the store takes two
@@ -109,13 +108,13 @@ def test_a_turn_writes_the_lru_index_once_more_at_its_end(tiny_weights, tokenize
     per step whose write-behind or restore moved the LRU: the five steps here that filled a block)."""
     backend = CpuBackend(tiny_weights, num_blocks=64, block_size=16)
     store = MemoryStore()
-    tier = DiskTier(store, layout_for(backend, model_hash(tiny_weights.manifest)), 1 << 30,
+    tier = DiskTier(store, DiskKey(model_hash(tiny_weights.manifest), backend.kv_spec), 1 << 30,
                     index_interval_s=interval_s, clock=lambda: 5.0)
     run_sync(tier.open())
     engine = LLMEngine(backend, tokenizer, EngineConfig(max_num_batched_tokens=16))
     engine.attach_disk(tier)
     run_sync(engine.generate(TURN1, SamplingParams(max_tokens=50, stop_token_ids=(10_000,))))  # 90 tokens
-    prefix = tier.layout.key + "-"
+    prefix = tier.key.hex + "-"
     assert tier.num_blocks == 5 and engine.stats()["disk_index_writes"] == writes
     assert store.files[tier.index_name].decode().split() == [n[len(prefix):] for n in tier.lru_names()]
 
@@ -123,8 +122,8 @@ def test_a_turn_writes_the_lru_index_once_more_at_its_end(tiny_weights, tokenize
 def test_disk_layout_must_match_the_backend(tiny_weights, tokenizer):
     a = engine_on(tiny_weights, tokenizer, None, "f16")
     f32 = CpuBackend(tiny_weights, num_blocks=8, block_size=16)
-    tier = DiskTier(MemoryStore(), layout_for(f32, "x"), 1 << 20)
-    with pytest.raises(ValueError, match="the disk tier holds KVLayout.*kv_dtype='f32'.*backend's KV is .*'f16'"):
+    tier = DiskTier(MemoryStore(), DiskKey("x", f32.kv_spec), 1 << 20)
+    with pytest.raises(ValueError, match="the disk tier holds DiskKey.*dtype='f32'.*backend's KV is .*'f16'"):
         a.attach_disk(tier)
 
 

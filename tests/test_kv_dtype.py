@@ -13,7 +13,7 @@ from pagedkv.backends.numpy_ref import PagedKVCache
 from pagedkv.config import CacheConfig
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.kernels import ref_attention as ref
-from pagedkv.kv.accounting import SMOLLM2_135M, bytes_per_token
+from pagedkv.kv.spec import SMOLLM2_135M
 from pagedkv.kv.dtypes import (KV_DTYPES, PackedKV, dequantize, kv_dtype, pack_tokens, quantize, round_trip,
                               unpack_tokens)
 from pagedkv.sampling import SamplingParams
@@ -28,7 +28,7 @@ def test_registry_sizes_for_smollm2():
     # bytes of one token of one layer's K (or V): 3 kv heads x 64 channels, scales, padding to 16 bytes
     assert [kv_dtype(n).token_bytes(3, 64) for n in NAMES] == [768, 384, 224, 208, 128, 128]
     assert [kv_dtype(n).bytes_per_token_per_head(64) for n in NAMES] == [256.0, 128.0, 72.0, 68.0, 40.0, 40.0]
-    assert [bytes_per_token(SMOLLM2_135M, n) for n in NAMES] == [46080, 23040, 13440, 12480, 7680, 7680]
+    assert [SMOLLM2_135M.with_(dtype=n).bytes_per_token for n in NAMES] == [46080, 23040, 13440, 12480, 7680, 7680]
     assert [kv_dtype(n).group_for(64) for n in NAMES] == [0, 0, 32, 64, 32, 32]
     assert [kv_dtype(n).group_for(16) for n in NAMES] == [0, 0, 16, 16, 16, 16]
 
@@ -188,7 +188,7 @@ def test_engine_refuses_a_backend_of_another_dtype(tiny_weights):
 
 
 def test_blocks_per_budget_follow_from_the_dtype_through_the_ledger_plan(tiny_dir):
-    from pagedkv.backends.webgpu.backend import plan_kv_pool
+    from pagedkv.backends.webgpu.memory_plan import plan_kv_pool
     from pagedkv.model.weights import read_manifest
 
     manifest = read_manifest(tiny_dir)

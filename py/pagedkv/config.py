@@ -27,6 +27,8 @@ class CacheConfig:
     num_blocks: physical GPU blocks (computed from the byte budget by the caller).
     num_cpu_blocks: blocks of the CPU swap pool (0 disables swapping).
     enable_prefix_caching: keep full blocks addressable by their prefix hash.
+    demote_to_cpu: the CPU pool is a tier of the prefix cache: cached GPU blocks a GPU allocation evicts are
+        demoted there and promoted back on a GPU miss (kv/cpu_tier.py; the engine turns it on).
     kv_dtype: element type of the KV cache, a name of pagedkv.kv.dtypes (f32, f16, int8, fp8-e4m3, int4, int4-asym).
     """
 
@@ -35,6 +37,7 @@ class CacheConfig:
     num_cpu_blocks: int = 0
     enable_prefix_caching: bool = True
     kv_dtype: str = DEFAULT_KV_DTYPE
+    demote_to_cpu: bool = False
 
     def __post_init__(self) -> None:
         _require_int("block_size", self.block_size, 1)
@@ -47,6 +50,8 @@ class CacheConfig:
         _require_int("num_cpu_blocks", self.num_cpu_blocks, 0)
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError("enable_prefix_caching must be a bool")
+        if not isinstance(self.demote_to_cpu, bool):
+            raise ValueError("demote_to_cpu must be a bool")
         lookup_kv_dtype(self.kv_dtype)
 
     @classmethod

@@ -7,10 +7,12 @@
             print(out.text, end="")
 
 `step` is async because the WebGPU backend awaits the GPU; under CPython the
-CPU backend runs it with asyncio. One step: the scheduler picks the batch
-(preempting if the pool is short), the backend runs the swap and copy-on-write
-copies, then one forward over the mixed prefill/decode batch; finished
-requests free their blocks (full ones stay in the prefix cache).
+CPU backend runs it with asyncio. One step: prefixes missing from the GPU come
+back from the CPU tier and the disk (kv/tiers.py), the scheduler picks the batch
+(preempting if the pool is short), then one forward over the mixed prefill/decode
+batch, and new full blocks go to disk; finished requests free their blocks (full
+ones stay in the prefix cache). The KV hierarchy only plans block moves; the
+engine's one mover (block_mover.py) runs every one of them on the backend, in order.
 
 Parallel sampling (SamplingParams.n > 1) and beam search (add_beam_search) run
 several requests under the caller's one id: sample_groups.py.
@@ -30,12 +32,13 @@ import numpy as np
 
 from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .config import CacheConfig, EngineConfig
-from .kv.accounting import KVShape, bytes_per_token, kv_stats
+from .block_mover import BlockMover
+from .kv.accounting import kv_stats
+from .kv.disk_cache import DiskCache
+from .kv.disk_tier import DiskKey, DiskTier, TierBudgets, model_hash
 from .kv.manager import KVCacheManager, NeverFits
-from .kv.cpu_tier import CpuTier, forget_on_cpu
-from .kv.disk_tier import DiskTier, TierBudgets, model_hash
-from .kv.disk_cache import DiskCache, layout_for
-from .kv.retention import KVRetention, add_attention_mass
+from .kv.retention import KVRetention
+from .kv.tiers import KVTiers
 from .model_runner import build_batch
 from .request import Request, StepOutput
 from .sample_groups import Member, SampleGroups
@@ -55,11 +58,13 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.context_length = min(backend.config.context_length, config.max_context or backend.config.context_length)
-        self.kv_dtype = backend.kv_dtype
-        if config.kv_dtype is not None and config.kv_dtype != self.kv_dtype:
+        if config.kv_dtype is not None and config.kv_dtype != backend.kv_dtype:
             raise ValueError(f"EngineConfig asks for {config.kv_dtype} KV but the {backend.name} backend holds "
-                             f"{self.kv_dtype}; create the backend with kv_dtype={config.kv_dtype!r}")
+                             f"{backend.kv_dtype}; create the backend with kv_dtype={config.kv_dtype!r}")
+        self.kv_spec = backend.kv_spec
         self.kv, self.scheduler = self._fresh_pool(backend)
+        self.tiers = KVTiers(self.kv)
+        self.mover = BlockMover(backend)
         self.groups = SampleGroups(tokenizer)
         # llama.cpp's end-of-generation set (the ChatML turn closer, Llama 3's <|eot_id|>, ...) and EOS.
         self.default_stop_ids = tokenizer.eog_ids | frozenset(
@@ -68,16 +73,24 @@ class LLMEngine:
                          "copy_ops": 0, "swap_out_blocks": 0, "swap_in_blocks": 0,
                          "shifted_blocks": 0, "disk_restored_tokens": 0, "disk_written_blocks": 0,
                          "cpu_restored_tokens": 0}
-        self.cpu_tier = CpuTier(self.kv)
-        self.disk: DiskCache | None = None
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's element type (a name of pagedkv.kv.dtypes)."""
+        return self.kv_spec.dtype
+
+    @property
+    def disk(self) -> DiskCache | None:
+        """The disk tier in use, or None."""
+        return self.tiers.disk
 
     def attach_disk(self, tier: DiskTier | None) -> None:
-        """Use `tier` (kv_disk.DiskTier, opened) as the disk tier of the KV cache, or none. Raises ValueError
-        when its layout is not this backend's KV."""
+        """Use `tier` (kv.disk_tier.DiskTier, opened) as the disk tier of the KV cache, or none. Raises
+        ValueError when its files hold other KV than this backend's."""
         disk = DiskCache(tier) if tier is not None else None
         if disk is not None:
-            disk.check_backend(self.backend)
-        self.disk = disk
+            disk.check_spec(self.kv_spec, f"{self.backend.name} backend's")
+        self.tiers.disk = disk
 
     # ---------------------------------------------------------------- requests
 
@@ -183,11 +196,13 @@ class LLMEngine:
         """
         pending = sorted(self.groups.members.values(), key=lambda m: Request.sort_key(m.request))
         self.backend = backend
-        self.kv_dtype = backend.kv_dtype  # a new dtype is fine: everything re-prefills
-        if self.disk is not None and layout_for(backend, self.disk.layout.model_hash) != self.disk.layout:
-            self.disk = None  # the files hold another layout's KV; the caller attaches a tier for the new one
+        self.kv_spec = backend.kv_spec  # a new dtype is fine: everything re-prefills
+        disk = self.disk
+        if disk is not None and not disk.holds(self.kv_spec):
+            disk = None  # the files hold another layout's KV; the caller attaches a tier for the new one
         self.kv, self.scheduler = self._fresh_pool(backend)
-        self.cpu_tier = CpuTier(self.kv)
+        self.tiers = KVTiers(self.kv, disk)
+        self.mover = BlockMover(backend)
         requeued: list[str] = []  # the callers' ids (a group of samples or beams counts once)
         for member in pending:
             try:
@@ -202,7 +217,8 @@ class LLMEngine:
     def _fresh_pool(self, backend) -> tuple[KVCacheManager, Scheduler]:
         cache = CacheConfig(num_blocks=backend.num_blocks, block_size=backend.block_size,
                             num_cpu_blocks=backend.num_cpu_blocks,
-                            enable_prefix_caching=self.config.enable_prefix_caching, kv_dtype=self.kv_dtype)
+                            enable_prefix_caching=self.config.enable_prefix_caching, kv_dtype=self.kv_dtype,
+                            demote_to_cpu=True)
         kv = KVCacheManager(cache, namespace=self.config.namespace)
         return kv, Scheduler(self.config, kv)
 
@@ -223,31 +239,20 @@ class LLMEngine:
     async def step(self) -> list[StepOutput]:
         """Schedule, copy, run one forward, sample; returns one StepOutput per request that ran (none for one
         aborted while the step awaited the backend)."""
-        # A prefix missing from the GPU comes from the CPU pool, else from disk (kv_cpu_tier, kv_disk_io).
-        self.counters["cpu_restored_tokens"] += await self.cpu_tier.restore(self.backend, self.scheduler.waiting)
-        if self.disk is not None:
-            self.counters["disk_restored_tokens"] += await self.disk.restore(self.kv, self.backend,
-                                                                             self.scheduler.waiting, self.cpu_tier)
-        out = self.scheduler.schedule()
-        out.swap_out.extend(self.cpu_tier.take_moves())  # evicted GPU blocks, copied before anything writes them
+        async for restore in self.tiers.restores(self.scheduler.waiting):
+            await self.mover.run(restore.moves)
+            self.counters[f"{restore.tier}_restored_tokens"] += restore.tokens
+        out = self.scheduler.schedule()  # its moves end with the demotions its allocations caused
         members = self.groups.members
         # Built before the first await, while every scheduled request is still tracked (module docstring).
         batch = build_batch(out.scheduled, self.kv.block_size) if out.scheduled else None
         # When every request that samples this step is plain greedy, the backend returns argmax ids only.
         greedy = all(m.beam is None and m.sampler.argmax_only
                      for m in (members[r.request_id] for r, _ in out.scheduled))
-        if out.swap_out:
-            await self.backend.swap_out(out.swap_out)
-            self.counters["swap_out_blocks"] += len(out.swap_out)
-        if out.swap_in:
-            await self.backend.swap_in(out.swap_in)
-            self.counters["swap_in_blocks"] += len(out.swap_in)
-        if out.copies:
-            await self.backend.copy_blocks(out.copies)
-            self.counters["copy_ops"] += len(out.copies)
-        if out.shifts:
-            await self.backend.shift_keys(out.shifts)
-            self.counters["shifted_blocks"] += len(out.shifts)
+        await self.mover.run(out.moves)
+        for name, ops in (("swap_out_blocks", out.swap_out), ("swap_in_blocks", out.swap_in),
+                          ("copy_ops", out.copies), ("shifted_blocks", out.shifts)):
+            self.counters[name] += len(ops)
         if batch is None:
             await self._flush_when_idle()
             return []
@@ -258,7 +263,7 @@ class LLMEngine:
         logits = await self.backend.forward(batch, greedy=greedy, attention_mass=mass)
         self.counters["forward_s"] += time.perf_counter() - t0
         if track:
-            add_attention_mass([r.seq for r, _ in out.scheduled], mass)
+            self.kv.add_attention_mass([r.seq for r, _ in out.scheduled], mass)
         self.counters["steps"] += 1
         results = []
         for req, n in out.scheduled:
@@ -266,7 +271,9 @@ class LLMEngine:
                 self.kv.mark_computed(req.seq, n)
         if self.disk is not None:  # before sampling: a finished request gives its blocks back
             computed = [r.seq for r, _ in out.scheduled if r.status is not SequenceStatus.FINISHED]
-            self.counters["disk_written_blocks"] += await self.disk.write_behind(self.kv, self.backend, computed)
+            store = self.disk.plan_store(self.kv, computed)
+            words = await self.mover.read(store) if store is not None else None
+            self.counters["disk_written_blocks"] += await self.disk.store(store, words)
         for i, (req, n) in enumerate(out.scheduled):
             if req.status is SequenceStatus.FINISHED:  # aborted while the backend (or the disk) ran
                 continue
@@ -334,7 +341,7 @@ class LLMEngine:
         return {
             "num_blocks": pool.num_blocks, "used_blocks": pool.num_used, "free_blocks": pool.num_free,
             "cpu_blocks": cpu.num_blocks if cpu else 0, "cpu_used_blocks": cpu.num_used if cpu else 0,
-            "cpu_cached_blocks": cpu.num_cached if cpu else 0, "cpu_demoted_blocks": self.cpu_tier.num_demoted,
+            "cpu_cached_blocks": cpu.num_cached if cpu else 0, "cpu_demoted_blocks": self.kv.cpu.num_demoted if cpu else 0,
             "cached_blocks": pool.num_cached, "block_size": self.kv.block_size,
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "swapped": len(self.scheduler.swapped), "preemptions": dict(self.scheduler.num_preemptions),
@@ -348,8 +355,7 @@ class LLMEngine:
     def bytes_per_token(self) -> int:
         """KV bytes one token takes on the device in the engine's dtype: K and V of every layer, scales and
         padding included (a CPU backend holds f32 arrays; this is what its dtype would take on a GPU)."""
-        cfg = self.backend.config
-        return bytes_per_token(KVShape(self.backend.name, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim), self.kv_dtype)
+        return self.kv_spec.bytes_per_token
 
     # ---------------------------------------------------------------- the app's facade
     # What the chat app asks of the KV memory hierarchy; it imports nothing from pagedkv.kv, so the
@@ -359,7 +365,7 @@ class LLMEngine:
         """Open the disk tier over `store` (a file_store.FileStore: OPFS `kv/` in the page) for this model
         (its identity: the manifest's config and shard sha256s) under `budget_bytes`, and use it. Raises
         what listing the store raises; the engine keeps no tier then."""
-        tier = DiskTier(store, layout_for(self.backend, model_hash(manifest)), budget_bytes)
+        tier = DiskTier(store, DiskKey(model_hash(manifest), self.kv_spec), budget_bytes)
         await tier.open()
         self.attach_disk(tier)
 
@@ -384,7 +390,8 @@ class LLMEngine:
         tokens (what another history shares) leave the GPU prefix cache and the CPU tier. Blocks a live or
         swapped sequence holds stay."""
         self.kv.evict_prefix(token_ids, keep_tokens=keep_tokens)
-        forget_on_cpu(self.kv, token_ids, keep_tokens=keep_tokens)
+        if self.kv.cpu is not None:
+            self.kv.cpu.forget(token_ids, keep_tokens=keep_tokens)
 
     async def forget_owner(self, owner: str) -> int:
         """Drop `owner` (a deleted chat) from the disk tier and delete the block files only its history

@@ -21,7 +21,7 @@ from .backends.cpu import CpuBackend
 from .config import CacheConfig
 from .engine import run_sync
 from .kv.manager import CopyOp, KVCacheManager
-from .kv.retention import KVRetention, ShiftOp, add_attention_mass
+from .kv.retention import KVRetention, ShiftOp
 from .model.weights import ModelWeights
 from .model_runner import ForwardBatch, build_batch
 from .request import Request
@@ -75,7 +75,7 @@ class Lane:
         """Take this step's logits (n, vocab) and attention mass (1, max_blocks); advance the sequence."""
         seq = self.req.seq
         if self.tracks_mass:
-            add_attention_mass([seq], mass)
+            self.kv.add_attention_mass([seq], mass)
         start = seq.num_computed_tokens
         rows = min(n, len(self.tokens) - 1 - start)  # the last token predicts nothing we can score
         if rows > 0:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from .kv.block_pool import OutOfBlocks
 from .config import SchedulerConfig
 from .kv.manager import CopyOp, KVCacheManager, NeverFits
+from .kv.moves import BlockMoves
 from .kv.retention import ShiftOp, evictable, min_blocks, window_chunk, window_drops
 from .request import Request
 from .sequence import Sequence, SequenceStatus
@@ -24,14 +25,32 @@ from .sequence import Sequence, SequenceStatus
 
 @dataclass
 class SchedulerOutput:
-    """What the engine must do this step, in this order: copies, then the forward."""
+    """What the engine must do this step, in this order: the block moves (kv.moves.BlockMoves: swap-outs and
+    the CPU tier's demotions, swap-ins, copy-on-write copies, key shifts), then the forward."""
 
     scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens to compute)
-    swap_out: list[CopyOp] = field(default_factory=list)   # (gpu block, cpu block)
-    swap_in: list[CopyOp] = field(default_factory=list)    # (cpu block, gpu block)
-    copies: list[CopyOp] = field(default_factory=list)     # copy-on-write (gpu block, gpu block)
-    shifts: list[ShiftOp] = field(default_factory=list)    # key re-rotations, after the copies
+    moves: BlockMoves = field(default_factory=BlockMoves)
     preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def swap_out(self) -> list[CopyOp]:
+        """(gpu block, cpu block) copies: preemptions, then demotions of the GPU blocks this step evicted."""
+        return self.moves.swap_out
+
+    @property
+    def swap_in(self) -> list[CopyOp]:
+        """(cpu block, gpu block) copies."""
+        return self.moves.swap_in
+
+    @property
+    def copies(self) -> list[CopyOp]:
+        """Copy-on-write (gpu block, gpu block) copies."""
+        return self.moves.copies
+
+    @property
+    def shifts(self) -> list[ShiftOp]:
+        """Key re-rotations, after the copies."""
+        return self.moves.shifts
 
     @property
     def num_tokens(self) -> int:
@@ -241,4 +260,6 @@ class Scheduler:
                     req.num_cached_prompt_tokens = seq.num_computed_tokens
                 self._admit(req, self.waiting)
                 budget -= self._add_compute(req, out, scheduled)
+        # GPU blocks the allocations above evicted: copied to the CPU tier before anything writes them.
+        out.swap_out.extend(self.kv.take_demotions())
         return out

@@ -9,8 +9,7 @@ import numpy as np
 import engine_cases as ec
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv.disk_tier import DiskTier, MemoryStore, block_chain, model_hash
-from pagedkv.kv.disk_cache import layout_for
+from pagedkv.kv.disk_tier import DiskKey, DiskTier, MemoryStore, block_chain, model_hash
 from pagedkv.kv.dtypes import pack_tokens
 from pagedkv.model_runner import ForwardBatch
 from pagedkv.sampling import SamplingParams
@@ -33,7 +32,7 @@ async def blocks_round_trip(kv_dtype: str) -> dict:
     await b.write_blocks([1, 2], words)
     out = {"shape": list(words.shape), "layers": {}}
     cfg = b.config
-    for layer, cache in enumerate(b.kv_caches):
+    for layer, cache in enumerate(b.kv_pool.caches):
         k, v = await cache.read()  # f32 / f16 values or u32 words
         as_words = lambda h: h if h.dtype == np.uint32 else pack_tokens(  # noqa: E731
             h.astype(np.float32).reshape(-1, cfg.n_kv_heads, cfg.head_dim), kv_dtype).reshape(h.shape[0], 8, -1)
@@ -56,7 +55,7 @@ async def _engine(store, kv_dtype: str, backend: str):
                              max_num_batched_tokens=64, max_num_seqs=4)
     engine = LLMEngine(b, tok, EngineConfig(max_num_batched_tokens=64, max_num_seqs=4))
     if store is not None:
-        tier = DiskTier(store, layout_for(b, model_hash(w.manifest)), 1 << 30)
+        tier = DiskTier(store, DiskKey(model_hash(w.manifest), b.kv_spec), 1 << 30)
         await tier.open()
         engine.attach_disk(tier)
     return engine, b
@@ -84,7 +83,7 @@ async def reload_restores(kv_dtype: str, backend: str = "webgpu", corrupt: bool 
     if backend == "webgpu":
         ba.destroy()
     if corrupt:
-        name = a.disk.layout.file_name(block_chain(a.disk.layout, turn2, 2)[1])
+        name = a.disk.key.file_name(block_chain(a.disk.key, turn2, 2)[1])
         data = bytearray(store.files[name])
         data[-1] ^= 0x40
         store.files[name] = bytes(data)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..kv.manager import CopyOp
 from ..kv.retention import ShiftOp
+from ..kv.spec import KVSpec
 from ..model.config import ModelConfig
 from ..model_runner import ForwardBatch
 
@@ -23,6 +24,10 @@ class Backend(Protocol):
     num_blocks: int  # KV blocks of the device pool
     block_size: int  # tokens per block
     num_cpu_blocks: int  # blocks of the swap pool in host memory
+
+    @property
+    def kv_spec(self) -> KVSpec:
+        """The KV cache's geometry and element type (config, block_size, kv_dtype)."""
 
     @property
     def bytes_per_token(self) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 from ..kernels.ref_attention import check_block_ids
 from ..kernels.ref_ops import shift_keys
 from ..kv.manager import CopyOp
-from ..kv.dtypes import kv_dtype as lookup_kv_dtype
+from ..kv.spec import KVSpec
 from ..kv.dtypes import pack_tokens, unpack_tokens
 from ..kv.retention import ShiftOp
 from ..model.weights import ModelWeights
@@ -64,10 +64,14 @@ class CpuBackend:
         return 2 * config.n_layers * config.n_kv_heads * config.head_dim * np.dtype(np.float32).itemsize
 
     @property
+    def kv_spec(self) -> KVSpec:
+        """The KV cache's geometry and element type."""
+        return KVSpec.of(self.config, block_size=self.block_size, dtype=self.kv_dtype)
+
+    @property
     def bytes_per_token(self) -> int:
         """What kv_dtype would take on a GPU (the pools here hold f32 arrays)."""
-        cfg = self.config
-        return lookup_kv_dtype(self.kv_dtype).bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)
+        return self.kv_spec.bytes_per_token
 
     async def forward(self, batch: ForwardBatch, *, greedy: bool = False,
                       attention_mass: np.ndarray | None = None) -> np.ndarray:

@@ -1,49 +1,14 @@
-"""KV memory accounting: bytes per token, pool metrics, several models under one byte budget."""
+"""KV memory accounting: pool metrics, several models under one byte budget (sizes come from spec.KVSpec)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .block_pool import BlockPool
 from ..config import ALLOWED_BLOCK_SIZES, CacheConfig
-from .manager import KVCacheManager
 from ..sequence import SequenceStatus
-
-from .dtypes import KV_DTYPES
-from .dtypes import kv_dtype as lookup_kv_dtype
-
-KV_DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}  # plain element sizes; bf16 only for simulating other engines
-
-
-@dataclass(frozen=True)
-class KVShape:
-    """The part of a model config that sizes its KV cache."""
-    name: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-
-    def __post_init__(self) -> None:
-        for attr in ("num_layers", "num_kv_heads", "head_dim"):
-            v = getattr(self, attr)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{attr} must be a positive int, got {v!r}")
-        if not self.name:
-            raise ValueError("a KVShape needs a non-empty name (it namespaces prefix hashes)")
-
-
-SMOLLM2_135M = KVShape("SmolLM2-135M-Instruct", num_layers=30, num_kv_heads=3, head_dim=64)
-
-
-def bytes_per_token(model, kv_dtype: str = "f16") -> int:
-    """2 (K and V) x layers x the bytes one token of one layer's cache takes in `kv_dtype`: kv_heads x
-    head_dim x bytes per element, plus scales and padding for the quantized dtypes (pagedkv.kv.dtypes).
-    `model` is anything with num_layers, num_kv_heads and head_dim."""
-    if kv_dtype in KV_DTYPE_BYTES:  # unquantized: any head_dim (the simulator sizes other engines' models too)
-        return 2 * model.num_layers * model.num_kv_heads * model.head_dim * KV_DTYPE_BYTES[kv_dtype]
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"kv_dtype must be one of {sorted([*KV_DTYPES, 'bf16'])}, got {kv_dtype!r}")
-    return lookup_kv_dtype(kv_dtype).bytes_per_token(model.num_layers, model.num_kv_heads, model.head_dim)
+from .block_pool import BlockPool
+from .manager import KVCacheManager
+from .spec import KVSpec
 
 
 @dataclass(frozen=True)
@@ -116,12 +81,16 @@ class SharedKVBudget:
         self.pool = BlockPool(budget_bytes // page_bytes)
         self.managers: dict[str, KVCacheManager] = {}
 
-    def add_model(self, model: KVShape, kv_dtype: str) -> KVCacheManager:
-        """A cache manager for `model` that allocates from the shared pages."""
-        key = f"{model.name}/{kv_dtype}"
+    def add_model(self, name: str, spec: KVSpec) -> KVCacheManager:
+        """A cache manager for model `name` (KV as `spec`, whose block size the page decides) that allocates
+        from the shared pages."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a model sharing the budget needs a non-empty name (it namespaces prefix hashes), "
+                             f"got {name!r}")
+        key = f"{name}/{spec.dtype}"
         if key in self.managers:
             raise ValueError(f"{key} already has a manager")
-        bpt = bytes_per_token(model, kv_dtype)
+        bpt = spec.bytes_per_token
         if self.page_bytes % bpt:
             raise ValueError(f"page of {self.page_bytes} B is not a whole number of {key} "
                              f"tokens ({bpt} B each); use a multiple of {bpt} B")

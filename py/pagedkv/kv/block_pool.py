@@ -92,7 +92,7 @@ class BlockPool:
     block as its own number of token slots.
     """
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, on_evict: Callable[[BlockState], None] | None = None) -> None:
         if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
         self.num_blocks = num_blocks
@@ -101,8 +101,9 @@ class BlockPool:
         self._num_in_queue = 0
         self._num_cached = 0
         self._hash_to_block: dict[Hashable, Block] = {}
-        # Called with each cached block get_new_blocks evicts, before its content is dropped (kv_cpu_tier).
-        self.on_evict: Callable[[BlockState], None] | None = None
+        # Called with each cached block get_new_blocks evicts, before its content is dropped: set once by the
+        # pool's owner (the manager, for its CPU tier's demotions), never patched in later.
+        self._on_evict = on_evict
         for block in self._blocks:
             self._push_tail(block)
 
@@ -176,8 +177,8 @@ class BlockPool:
             self._unlink(block)
             if block.block_hash is not None:
                 self._num_cached -= 1
-                if self.on_evict is not None:
-                    self.on_evict(_snapshot(block))
+                if self._on_evict is not None:
+                    self._on_evict(_snapshot(block))
                 self._drop_hash(block)
             block.ref_count = 1
             ids.append(block.block_id)

@@ -1,7 +1,7 @@
 """The disk tier of the KV cache: full blocks kept in a file store (OPFS in the page) by content hash.
 
-A block's file name is `<layout key>-<chain hash>`: the layout key digests the model and the KV layout
-(model hash, KV dtype, block size, layers, kv heads, head_dim), the chain hash digests every token up to
+A block's file name is `<layout key>-<chain hash>`: the layout key (DiskKey.hex) digests the model and its
+KVSpec (model hash, KV dtype, block size, layers, kv heads, head_dim), the chain hash digests every token up to
 the block's end (sha256, parent digest first), so a prefix shared by two chats is one file, and a file
 written for another model or dtype is never looked up. The Python tuple hash of the GPU prefix cache
 changes from one process to the next (string hashing is seeded), so the disk chain is its own sha256.
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .file_store import FileStore, MemoryStore, StoreFull  # noqa: F401  (MemoryStore: re-exported)
-from .dtypes import kv_dtype as lookup_kv_dtype
+from .spec import KVSpec
 
-__all__ = ["StoreFull", "FileStore", "MemoryStore", "KVLayout", "TierBudgets", "BlockFileError", "DiskTier",
+__all__ = ["StoreFull", "FileStore", "MemoryStore", "DiskKey", "TierBudgets", "BlockFileError", "DiskTier",
            "block_chain", "encode_block", "decode_block", "model_hash", "block_payloads", "block_words"]
 
 MAGIC = b"PKVB"
@@ -56,48 +56,38 @@ def model_hash(manifest: dict) -> str:
 
 
 @dataclass(frozen=True)
-class KVLayout:
-    """What a block's bytes depend on besides its tokens: the disk key."""
+class DiskKey:
+    """What a block's bytes depend on besides its tokens: the model (its content hash) and its KV spec."""
 
     model_hash: str
-    kv_dtype: str
-    block_size: int
-    n_layers: int
-    n_kv_heads: int
-    head_dim: int
+    spec: KVSpec
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_hash, str) or not self.model_hash:
             raise ValueError(f"model_hash must be a non-empty str, got {self.model_hash!r}")
-        lookup_kv_dtype(self.kv_dtype)
-        for name in ("block_size", "n_layers", "n_kv_heads", "head_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(self.spec, KVSpec):
+            raise ValueError(f"spec must be a KVSpec, got {self.spec!r}")
+        self.spec.element  # a dtype the GPU layout knows (bf16 only sizes simulations)
 
     @property
-    def key(self) -> str:
-        """16 hex chars naming this model + layout in file names."""
-        ident = (self.model_hash, self.kv_dtype, self.block_size, self.n_layers, self.n_kv_heads, self.head_dim)
+    def hex(self) -> str:
+        """16 hex chars naming this model + KV layout in file names."""
+        s = self.spec
+        ident = (self.model_hash, s.dtype, s.block_size, s.num_layers, s.num_kv_heads, s.head_dim)
         return hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
-
-    @property
-    def token_u32s(self) -> int:
-        """u32 words of one token of one cache (K or V) of one layer."""
-        return lookup_kv_dtype(self.kv_dtype).token_u32s(self.n_kv_heads, self.head_dim)
 
     @property
     def payload_bytes(self) -> int:
         """Bytes of one block's K and V in every layer: 2 x layers x block_size x token_u32s x 4."""
-        return 2 * self.n_layers * self.block_size * self.token_u32s * 4
+        return self.spec.bytes_per_block
 
     @property
     def file_bytes(self) -> int:
         """Bytes of one block file, header included."""
-        return _HEAD.size + 4 * self.block_size + self.payload_bytes
+        return _HEAD.size + 4 * self.spec.block_size + self.payload_bytes
 
     def file_name(self, chain_hash: str) -> str:
-        return f"{self.key}-{chain_hash}"
+        return f"{self.hex}-{chain_hash}"
 
 
 @dataclass(frozen=True)
@@ -114,11 +104,11 @@ class TierBudgets:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
 
-    def num_blocks(self, layout: KVLayout) -> dict[str, int]:
-        """Blocks of `layout` per tier: {'gpu': n, 'cpu': n, 'disk': n} (disk counts whole files)."""
-        block = layout.payload_bytes
+    def num_blocks(self, key: DiskKey) -> dict[str, int]:
+        """Blocks of `key`'s KV per tier: {'gpu': n, 'cpu': n, 'disk': n} (disk counts whole files)."""
+        block = key.payload_bytes
         return {"gpu": self.gpu_bytes // block, "cpu": self.cpu_bytes // block,
-                "disk": self.disk_bytes // layout.file_bytes}
+                "disk": self.disk_bytes // key.file_bytes}
 
 
 def chain_step(parent: bytes, block_token_ids) -> bytes:
@@ -127,14 +117,14 @@ def chain_step(parent: bytes, block_token_ids) -> bytes:
     return hashlib.sha256(parent + np.asarray(block_token_ids, dtype="<i4").tobytes()).digest()[:16]
 
 
-def block_chain(layout: KVLayout, token_ids, num_blocks: int | None = None) -> list[str]:
+def block_chain(key: DiskKey, token_ids, num_blocks: int | None = None) -> list[str]:
     """Chain hashes (32 hex chars) of the first `num_blocks` full blocks of `token_ids` (all full ones
     by default); block i's hash covers every token of blocks 0..i and the layout."""
-    bs = layout.block_size
+    bs = key.spec.block_size
     n = len(token_ids) // bs if num_blocks is None else num_blocks
     if n * bs > len(token_ids):
         raise ValueError(f"{n} blocks of {bs} tokens need {n * bs} token ids, got {len(token_ids)}")
-    parent = bytes.fromhex(layout.key)
+    parent = bytes.fromhex(key.hex)
     out = []
     for i in range(n):
         parent = chain_step(parent, token_ids[i * bs:(i + 1) * bs])
@@ -150,47 +140,47 @@ def block_payloads(words: np.ndarray) -> list[bytes]:
     return [np.ascontiguousarray(w, dtype="<u4").tobytes() for w in words]
 
 
-def block_words(layout: KVLayout, payloads: list[bytes]) -> np.ndarray:
+def block_words(key: DiskKey, payloads: list[bytes]) -> np.ndarray:
     """Payloads of n blocks -> words (n, layers, 2, block_size, token_u32s) u32 (the inverse of block_payloads)."""
     for p in payloads:
-        if len(p) != layout.payload_bytes:
-            raise ValueError(f"a block payload of {layout.kv_dtype} KV is {layout.payload_bytes} bytes, "
+        if len(p) != key.payload_bytes:
+            raise ValueError(f"a block payload of {key.spec.dtype} KV is {key.payload_bytes} bytes, "
                              f"got {len(p)}")
     flat = np.frombuffer(b"".join(payloads), dtype="<u4").astype(np.uint32)
-    return flat.reshape(len(payloads), layout.n_layers, 2, layout.block_size, layout.token_u32s)
+    return flat.reshape(len(payloads), key.spec.num_layers, 2, key.spec.block_size, key.spec.token_u32s)
 
 
 class BlockFileError(ValueError):
     """A block file is not the block the lookup expects (corrupt, truncated, other layout or tokens)."""
 
 
-def encode_block(layout: KVLayout, chain_hash: str, token_ids, payload: bytes) -> bytes:
+def encode_block(key: DiskKey, chain_hash: str, token_ids, payload: bytes) -> bytes:
     """A block file: header + payload (see the module docstring)."""
-    if len(payload) != layout.payload_bytes:
-        raise ValueError(f"a block payload of {layout.kv_dtype} KV is {layout.payload_bytes} bytes, "
+    if len(payload) != key.payload_bytes:
+        raise ValueError(f"a block payload of {key.spec.dtype} KV is {key.payload_bytes} bytes, "
                          f"got {len(payload)}")
-    if len(token_ids) != layout.block_size:
-        raise ValueError(f"a block holds {layout.block_size} token ids, got {len(token_ids)}")
-    head = _HEAD.pack(MAGIC, VERSION, bytes.fromhex(layout.key), bytes.fromhex(chain_hash), layout.block_size,
+    if len(token_ids) != key.spec.block_size:
+        raise ValueError(f"a block holds {key.spec.block_size} token ids, got {len(token_ids)}")
+    head = _HEAD.pack(MAGIC, VERSION, bytes.fromhex(key.hex), bytes.fromhex(chain_hash), key.spec.block_size,
                       len(payload), hashlib.sha256(payload).digest())
     return head + np.asarray(token_ids, dtype="<i4").tobytes() + bytes(payload)
 
 
-def decode_block(layout: KVLayout, chain_hash: str, token_ids, data: bytes) -> bytes:
+def decode_block(key: DiskKey, chain_hash: str, token_ids, data: bytes) -> bytes:
     """The payload of a block file, after checking every header field and the checksum; BlockFileError
     names the first mismatch."""
-    want = layout.file_bytes
+    want = key.file_bytes
     if len(data) != want:
-        raise BlockFileError(f"block file has {len(data)} bytes, a {layout.kv_dtype} block file has {want}")
-    magic, version, key, chash, n_tokens, n_payload, digest = _HEAD.unpack_from(data)
+        raise BlockFileError(f"block file has {len(data)} bytes, a {key.spec.dtype} block file has {want}")
+    magic, version, stored_key, chash, n_tokens, n_payload, digest = _HEAD.unpack_from(data)
     if magic != MAGIC or version != VERSION:
         raise BlockFileError(f"not a version-{VERSION} block file (magic {magic!r}, version {version})")
-    if key.hex() != layout.key or chash.hex() != chain_hash:
-        raise BlockFileError(f"block file is for layout {key.hex()} / block {chash.hex()}, "
-                             f"expected {layout.key} / {chain_hash}")
+    if stored_key.hex() != key.hex or chash.hex() != chain_hash:
+        raise BlockFileError(f"block file is for layout {stored_key.hex()} / block {chash.hex()}, "
+                             f"expected {key.hex} / {chain_hash}")
     tokens_end = _HEAD.size + 4 * n_tokens
     stored = np.frombuffer(data[_HEAD.size:tokens_end], dtype="<i4")
-    if n_tokens != layout.block_size or stored.tolist() != list(token_ids):
+    if n_tokens != key.spec.block_size or stored.tolist() != list(token_ids):
         raise BlockFileError("block file holds other token ids than the prefix looked up")
     payload = data[tokens_end:]
     if n_payload != len(payload) or hashlib.sha256(payload).digest() != digest:
@@ -206,12 +196,12 @@ class DiskTier:
     `forget(owner)` deletes the blocks no other owner references.
     """
 
-    def __init__(self, store: FileStore, layout: KVLayout, budget_bytes: int,
+    def __init__(self, store: FileStore, key: DiskKey, budget_bytes: int,
                  index_interval_s: float = INDEX_INTERVAL_S, clock=time.monotonic) -> None:
         if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 0:
             raise ValueError(f"budget_bytes must be a non-negative int, got {budget_bytes!r}")
         self.store = store
-        self.layout = layout
+        self.key = key
         self.budget_bytes = budget_bytes
         self._lru: OrderedDict[str, int] = OrderedDict()  # file name -> bytes, least recently used first
         self._owners: dict[str, set[str]] = {}  # owner -> chain hashes
@@ -229,14 +219,14 @@ class DiskTier:
     @property
     def index_name(self) -> str:
         """The file holding this layout's LRU order."""
-        return self.layout.key + ".lru"
+        return self.key.hex + ".lru"
 
     async def open(self) -> None:
         """Index the files in the store: foreign ones first (in name order), then ours in the saved LRU order;
         ours the saved order lacks (written after it was saved) count as the most recent, in name order."""
         names = await self.store.names()
         rank = await self._saved_order(names.pop(self.index_name, None) is not None)
-        prefix = self.layout.key + "-"
+        prefix = self.key.hex + "-"
         unsaved = len(rank)
 
         def key(item):
@@ -267,7 +257,7 @@ class DiskTier:
         if not self._dirty or (not force and self._clock() < self._index_due):
             return
         self._index_due = self._clock() + self.index_interval_s
-        prefix = self.layout.key + "-"
+        prefix = self.key.hex + "-"
         order = "".join(name[len(prefix):] + "\n" for name in self._lru if name.startswith(prefix))
         try:
             await self.store.write(self.index_name, order.encode("ascii"))
@@ -283,7 +273,7 @@ class DiskTier:
     @property
     def num_blocks(self) -> int:
         """Block files of this layout in the store."""
-        prefix = self.layout.key + "-"
+        prefix = self.key.hex + "-"
         return sum(1 for name in self._lru if name.startswith(prefix))
 
     @property
@@ -292,7 +282,7 @@ class DiskTier:
         return sum(self._lru.values())
 
     def has(self, chain_hash: str) -> bool:
-        return self.layout.file_name(chain_hash) in self._lru
+        return self.key.file_name(chain_hash) in self._lru
 
     def lru_names(self) -> list[str]:
         """File names, least recently used first."""
@@ -308,7 +298,7 @@ class DiskTier:
     def touch(self, hashes) -> None:
         """Mark blocks used now (from any tier): the recent end of the LRU."""
         for h in hashes:
-            name = self.layout.file_name(h)
+            name = self.key.file_name(h)
             if name in self._lru:
                 self._lru.move_to_end(name)
                 self._dirty = True
@@ -318,10 +308,10 @@ class DiskTier:
         """Payloads of blocks start, start+1, ... of `token_ids` (chain `hashes`), up to the first block that
         is missing or fails its checks; a failing file is deleted (it will be recomputed). Another tab's tier
         shares the store: a file it deleted since this tier listed the store leaves the index, uncounted."""
-        bs = self.layout.block_size
+        bs = self.key.spec.block_size
         out: list[bytes] = []
         for i in range(start, len(hashes)):
-            name = self.layout.file_name(hashes[i])
+            name = self.key.file_name(hashes[i])
             if name not in self._lru:
                 break
             data = await self.store.read(name)
@@ -330,7 +320,7 @@ class DiskTier:
                 self._dirty = True
                 break
             try:
-                payload = decode_block(self.layout, hashes[i], token_ids[i * bs:(i + 1) * bs], data)
+                payload = decode_block(self.key, hashes[i], token_ids[i * bs:(i + 1) * bs], data)
             except BlockFileError as err:
                 self.num_corrupt += 1
                 self._note(f"{name}: {err}; recomputing it")
@@ -346,12 +336,12 @@ class DiskTier:
     async def save(self, chain_hash: str, token_ids, payload: bytes) -> bool:
         """Store a block unless it is stored already (dedup). Evicts LRU files to stay under the budget;
         a full store degrades (note, lower budget). True when the block is on disk afterwards."""
-        name = self.layout.file_name(chain_hash)
+        name = self.key.file_name(chain_hash)
         if name in self._lru:
             self._lru.move_to_end(name)
             self._dirty = True
             return True
-        data = encode_block(self.layout, chain_hash, token_ids, payload)
+        data = encode_block(self.key, chain_hash, token_ids, payload)
         if len(data) > self.budget_bytes:
             return False
         await self._evict_to(self.budget_bytes - len(data))
@@ -389,7 +379,7 @@ class DiskTier:
     # -- owners ----------------------------------------------------------------
     def refer(self, owner: str, token_ids) -> None:
         """`owner` (a chat) references the blocks of its token history (replaces what it referenced)."""
-        self._owners[owner] = set(block_chain(self.layout, token_ids))
+        self._owners[owner] = set(block_chain(self.key, token_ids))
 
     async def forget(self, owner: str) -> int:
         """Drop `owner`; delete the block files only it referenced. Returns how many were deleted."""
@@ -397,7 +387,7 @@ class DiskTier:
         others = set().union(*self._owners.values()) if self._owners else set()
         n = 0
         for h in sorted(mine - others):
-            name = self.layout.file_name(h)
+            name = self.key.file_name(h)
             if name in self._lru:
                 await self._remove(name)
                 n += 1
@@ -405,7 +395,7 @@ class DiskTier:
 
     async def clear(self) -> int:
         """Delete every block file of this layout (the disk tier switched off). Returns how many."""
-        prefix = self.layout.key + "-"
+        prefix = self.key.hex + "-"
         mine = [name for name in self._lru if name.startswith(prefix)]
         for name in mine:
             await self._remove(name)

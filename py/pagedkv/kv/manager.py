@@ -1,31 +1,31 @@
-"""Per-sequence paged KV cache API on top of the block pool.
+"""Per-sequence paged KV cache API on top of the block pool: allocation, sharing, swap and eviction.
 
 Callers get block ids and explicit copy plans, never Block objects. Only the
 pool touches ref counts, the free queue and the hash map.
 
-Prefix caching: each full block gets a chained hash of (parent hash, token
-ids, namespace) (the namespace, e.g. the model id, keeps models apart). A lookup hit is accepted only
-if the cached block's stored token ids equal the query's, its namespace
-matches, and its parent link names the very block (id and epoch) verified
-for the previous position, so even a colliding hash function cannot hand
-out KV computed for different tokens. Registered blocks are immutable:
+Prefix caching (prefix.py): each full block gets a chained hash of (parent hash,
+token ids, namespace) (the namespace, e.g. the model id, keeps models apart), and a
+hit is verified through the block it names. Registered blocks are immutable:
 appending into one (after a truncate) copies it first, like a shared block.
 Blocks become addressable as soon as their slots are allocated; the
 forward pass of that same step writes them before any later step reads.
+
+The manager holds its CPU tier (cpu_tier.py): it tells it of swaps and GPU
+evictions, and hands its copies out with every other plan (`take_demotions`).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, NamedTuple
+from typing import Hashable, NamedTuple
 
-from .block_pool import BlockPool, CopyOp, OutOfBlocks
 from ..config import CacheConfig
-from .cpu_tier import register_on_cpu
-from .retention import ShiftOp
 from ..sequence import Sequence, SequenceStatus, append_then_allocate, check_token_ids
+from .block_pool import BlockPool, BlockState, CopyOp, OutOfBlocks
+from .cpu_tier import CpuTier
+from .prefix import HashFn, PrefixIndex, default_block_hash
+from .retention import ShiftOp
 
-__all__ = ["KVCacheManager", "CopyOp", "OutOfBlocks", "NeverFits", "SequenceFreed",
-           "DoubleFree", "default_block_hash"]
+__all__ = ["KVCacheManager", "CopyOp", "OutOfBlocks", "NeverFits", "SequenceFreed", "DoubleFree"]
 
 
 class NeverFits(ValueError):
@@ -38,21 +38,6 @@ class SequenceFreed(ValueError):
 
 class DoubleFree(SequenceFreed):
     """free() called twice on the same sequence."""
-
-
-HashFn = Callable[[Hashable, tuple[int, ...], str | None], Hashable]
-
-
-def default_block_hash(parent: Hashable, token_ids: tuple[int, ...],
-                       namespace: str | None) -> Hashable:
-    """Chained block hash of (parent hash or None, token ids, namespace).
-
-    Python's built-in tuple hash is enough: a hash only picks the candidate
-    block; the hit is then verified exactly (tokens, namespace, parent block),
-    so a collision costs a cache miss, never wrong KV. It is ~10x cheaper
-    than sha256 here and identical under Pyodide (where it is 32-bit).
-    """
-    return hash((parent, token_ids, namespace))
 
 
 class _Plan(NamedTuple):
@@ -79,51 +64,40 @@ class KVCacheManager:
         if pool is not None and pool.num_blocks != config.num_blocks:
             raise ValueError(f"shared pool has {pool.num_blocks} blocks but config.num_blocks "
                              f"is {config.num_blocks}")
+        demotes = config.demote_to_cpu and config.num_cpu_blocks > 0 and config.enable_prefix_caching
+        if pool is not None and demotes:
+            raise ValueError("a shared GPU pool cannot demote into one model's CPU tier; set demote_to_cpu=False")
         self.config = config
         self.block_size = config.block_size
         self.namespace = namespace
         self.hash_fn = hash_fn
-        self.pool = pool if pool is not None else BlockPool(config.num_blocks)
-        self.cpu_pool = BlockPool(config.num_cpu_blocks) if config.num_cpu_blocks > 0 else None
-        self.cpu_reads: list[int] | None = None  # not None: swap_in holds its CPU blocks there (kv_cpu_tier)
+        self.pool = pool if pool is not None else BlockPool(config.num_blocks,
+                                                            on_evict=self._demote if demotes else None)
+        self.prefix = PrefixIndex(self.pool, config.block_size, namespace, hash_fn, config.enable_prefix_caching)
+        self.cpu = (CpuTier(config.num_cpu_blocks, config.block_size, namespace, self.pool,
+                            caching=config.enable_prefix_caching, demotes=demotes)
+                    if config.num_cpu_blocks > 0 else None)
         self.live: dict[int, Sequence] = {}
         self.num_lookup_tokens = 0
         self.num_hit_tokens = 0
 
     # -- queries -------------------------------------------------------------
+    @property
+    def cpu_pool(self) -> BlockPool | None:
+        """The CPU (swap) pool, None without one."""
+        return self.cpu.pool if self.cpu is not None else None
+
     def lookup_prefix(self, token_ids: list[int] | tuple[int, ...]) -> tuple[int, list[int]]:
         """Longest verified cached prefix of `token_ids`: (num_cached_tokens, block_ids).
         Pure query: no ref counts change."""
-        ids, _, _ = self._match(token_ids, len(token_ids) // self.block_size)
+        ids = self.prefix.match(token_ids, len(token_ids) // self.block_size).ids
         return len(ids) * self.block_size, ids
-
-    def _match(self, token_ids, max_blocks: int):
-        ids: list[int] = []
-        hashes: list[Hashable] = []
-        links: list[tuple[int, int]] = []
-        if not self.config.enable_prefix_caching:
-            return ids, hashes, links
-        bs = self.block_size
-        parent_hash: Hashable = None
-        parent_link: tuple[int, int] | None = None
-        for i in range(max_blocks):
-            chunk = tuple(token_ids[i * bs:(i + 1) * bs])
-            h = self.hash_fn(parent_hash, chunk, self.namespace)
-            block = self.pool.cached_block(h)
-            if (block is None or block.token_ids != chunk or block.parent != parent_link
-                    or block.salt != self.namespace):
-                break
-            parent_hash, parent_link = h, (block.block_id, block.epoch)
-            ids.append(block.block_id)
-            hashes.append(h)
-            links.append(parent_link)
-        return ids, hashes, links
 
     def evict_prefix(self, token_ids: list[int] | tuple[int, ...], keep_tokens: int = 0) -> int:
         """Forget the cached blocks of `token_ids` past its first `keep_tokens` tokens (a deleted
         conversation's history): they become free blocks, reused first. Blocks a live sequence
-        holds are untouched. Returns the number of blocks freed."""
-        ids, _, _ = self._match(token_ids, len(token_ids) // self.block_size)
+        holds are untouched. Returns the number of blocks freed (the CPU tier's: cpu.forget)."""
+        ids = self.prefix.match(token_ids, len(token_ids) // self.block_size).ids
         return self.pool.evict_cached(ids[keep_tokens // self.block_size:])
 
     def adopt_blocks(self, token_ids, start: int, num_blocks: int) -> list[int]:
@@ -131,22 +105,33 @@ class KVCacheManager:
         whose verified cached prefix must be exactly `start` blocks (else none). They stay cached (ref 0) for
         the caller to fill (the disk tier) before the next forward; fewer when the pool runs out or a hash
         is taken. Returns their ids in order."""
-        bs = self.block_size
-        hit_ids, hashes, links = self._match(token_ids, len(token_ids) // bs)
-        if len(hit_ids) != start or not self.config.enable_prefix_caching:
+        return self.prefix.adopt(token_ids, start, num_blocks)
+
+    def promote_from_cpu(self, token_ids) -> list[CopyOp]:
+        """Copy the CPU tier's run of the full blocks of `token_ids` that follow its GPU-cached prefix into fresh
+        GPU blocks, registered as cached prefix blocks (ref 0). Returns the (cpu block, gpu block) copies to
+        run, after take_demotions()' copies, before those GPU blocks are read or reused; fewer blocks when the
+        GPU pool runs short."""
+        cpu, bs = self.cpu, self.block_size
+        n = len(token_ids) // bs
+        if cpu is None:
             return []
-        self.pool.touch(hit_ids)  # the fresh blocks must not evict the prefix they extend
-        parent_hash, parent_link = (hashes[-1], links[-1]) if hit_ids else (None, None)
-        new: list[int] = []
-        for i in range(start, min(start + num_blocks, len(token_ids) // bs)):
-            chunk = tuple(token_ids[i * bs:(i + 1) * bs])
-            h = self.hash_fn(parent_hash, chunk, self.namespace)
-            if self.pool.num_available == 0 or self.pool.cached_block(h) is not None:
-                break
-            new.append(self.pool.get_new_blocks(1)[0])
-            parent_hash, parent_link = h, self.pool.register(new[-1], h, chunk, parent_link, self.namespace)
-        self.pool.free_blocks(reversed(hit_ids + new))
-        return new
+        start = self.lookup_prefix(token_ids[:n * bs])[0] // bs
+        run = cpu.find_run(token_ids, start, n)
+        if not run:
+            return []
+        cpu.pool.touch(run)  # a demotion the GPU allocation below triggers must not take the blocks being read
+        gpu_ids = self.adopt_blocks(token_ids[:(start + len(run)) * bs], start, len(run))
+        cpu.pool.free_blocks(reversed(run))  # used now: the recent end of the CPU pool's LRU, prefix last
+        return [CopyOp(c, g) for c, g in zip(run, gpu_ids)]
+
+    def take_demotions(self) -> list[CopyOp]:
+        """The CPU tier's pending (gpu, cpu) demotion copies: they run before anything writes the GPU blocks
+        evicted since the last call (empty without a demoting CPU tier)."""
+        return self.cpu.take_demotions() if self.cpu is not None else []
+
+    def _demote(self, block: BlockState) -> None:
+        self.cpu.demote(block)  # type: ignore[union-attr]  (wired only when the tier demotes)
 
     def get_block_ids(self, seq: Sequence) -> list[int]:
         """The sequence's block table (a copy)."""
@@ -171,7 +156,7 @@ class KVCacheManager:
         hit_links: list[tuple[int, int]] = []
         if not seq.block_table and num_new_tokens > 0:
             # Leave at least one token to compute: the model needs its logits.
-            hit_ids, hit_hashes, hit_links = self._match(seq.token_ids, (end - 1) // bs)
+            hit_ids, hit_hashes, hit_links = self.prefix.match(seq.token_ids, (end - 1) // bs)
         cow = False
         if seq.num_kv_tokens % bs and num_new_tokens > 0:
             last = self.pool.block(seq.block_table[-1])
@@ -229,7 +214,7 @@ class KVCacheManager:
         seq.num_kv_tokens += num_new_tokens
         seq.status = SequenceStatus.RUNNING
         self.live[seq.seq_id] = seq
-        self._register_full_blocks(seq)
+        self.prefix.register_full_blocks(seq)
         return ops
 
     def mark_computed(self, seq: Sequence, num_tokens: int) -> None:
@@ -249,29 +234,13 @@ class KVCacheManager:
                              "token ids without slots; allocate_slots them first")
         return append_then_allocate(seq, token_ids, self.allocate_slots)
 
-    def _register_full_blocks(self, seq: Sequence) -> None:
-        # After an eviction, later K/V was computed without the dropped tokens: it is not the K/V of
-        # that prefix under full attention, so it must never be served as a prefix-cache hit.
-        if not self.config.enable_prefix_caching or seq.num_evicted_tokens:
-            return
-        bs = self.block_size
-        for i in range(len(seq.block_hashes), seq.num_kv_tokens // bs):
-            chunk = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            parent_hash = seq.block_hashes[i - 1] if i else None
-            parent_link = seq.block_links[i - 1] if i else None
-            h = self.hash_fn(parent_hash, chunk, self.namespace)
-            link = None
-            if i == 0 or parent_link is not None:
-                existing = self.pool.cached_block(h)
-                if existing is None:
-                    link = self.pool.register(seq.block_table[i], h, chunk, parent_link,
-                                              self.namespace)
-                elif (existing.token_ids == chunk and existing.parent == parent_link
-                      and existing.salt == self.namespace):
-                    link = (existing.block_id, existing.epoch)  # same prefix cached elsewhere
-                # else: a colliding hash owns the slot; this block stays unaddressable.
-            seq.block_hashes.append(h)
-            seq.block_links.append(link)
+    def add_attention_mass(self, seqs: list[Sequence], mass) -> None:
+        """mass (S, max_blocks): one forward's attention mass per block-table entry of each of `seqs`, added
+        to its block's importance score (H2O eviction, retention.evictable)."""
+        for i, seq in enumerate(seqs):
+            scores = seq.block_scores
+            for k, block in enumerate(seq.block_table):
+                scores[block] = scores.get(block, 0.0) + float(mass[i, k])
 
     # -- sharing, release, rollback -------------------------------------------
     def fork(self, seq: Sequence, session: str | None = None) -> Sequence:
@@ -388,7 +357,8 @@ class KVCacheManager:
                             f"{cpu.num_blocks}")
         cpu_ids = cpu.get_new_blocks(n)
         plan = [CopyOp(g, c) for g, c in zip(seq.block_table, cpu_ids)]
-        register_on_cpu(self, seq, cpu_ids)  # findable by content there (kv_cpu_tier)
+        if not seq.num_evicted_tokens:  # after an eviction the K/V is not that prefix's: never a hit
+            self.cpu.register_swapped(seq.token_ids, seq.num_computed_tokens // self.block_size, cpu_ids)
         self.pool.free_blocks(reversed(seq.block_table))
         seq.block_table = cpu_ids
         seq.block_links = []
@@ -401,7 +371,7 @@ class KVCacheManager:
         self._check_status(seq, SequenceStatus.SWAPPED, "swap in")
         cpu = self._require_cpu_pool()
         n = len(seq.block_table)
-        hit_ids, hit_hashes, hit_links = self._match(
+        hit_ids, hit_hashes, hit_links = self.prefix.match(
             seq.token_ids, 0 if seq.num_evicted_tokens else seq.num_kv_tokens // self.block_size)
         pulled = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
         need = n - len(hit_ids)
@@ -412,16 +382,13 @@ class KVCacheManager:
         new_ids = self.pool.get_new_blocks(need)
         cpu_ids = seq.block_table
         plan = [CopyOp(c, g) for c, g in zip(cpu_ids[len(hit_ids):], new_ids)]
-        if self.cpu_reads is None:
-            cpu.free_blocks(reversed(cpu_ids))
-        else:  # freed once the copies are handed out: a demotion this step must not overwrite them first
-            self.cpu_reads.extend(reversed(cpu_ids))
+        self.cpu.release_reads(list(reversed(cpu_ids)))  # type: ignore[union-attr]
         seq.block_table = hit_ids + new_ids
         if not seq.num_evicted_tokens:
             seq.block_hashes = hit_hashes
             seq.block_links = hit_links
         seq.status = SequenceStatus.RUNNING
-        self._register_full_blocks(seq)
+        self.prefix.register_full_blocks(seq)
         return plan
 
     # -- checks ---------------------------------------------------------------
@@ -438,9 +405,9 @@ class KVCacheManager:
             raise ValueError(f"cannot {what} sequence {seq.seq_id}: it is {seq.status.value}, needs {status.value}")
 
     def _require_cpu_pool(self) -> BlockPool:
-        if self.cpu_pool is None:
+        if self.cpu is None:
             raise ValueError("swapping needs a CPU pool: set CacheConfig.num_cpu_blocks > 0")
-        return self.cpu_pool
+        return self.cpu.pool
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -12,9 +12,9 @@ W + block_size of the most recent tokens (itself included).
 
 H2O eviction (block granular): every forward adds each cached block's attention
 mass (softmax probability in the last layer, summed over heads and the step's
-query tokens) to the sequence's `block_scores`; under pool pressure the scheduler
-evicts the lowest-scoring blocks that are neither sinks nor among the last
-`recent_tokens` tokens, instead of preempting the whole conversation.
+query tokens) to the sequence's `block_scores` (KVCacheManager.add_attention_mass, their
+owner); under pool pressure the scheduler evicts the lowest-scoring blocks that are neither
+sinks nor among the last `recent_tokens` tokens, instead of preempting the whole conversation.
 
 Positions (RoPE), documented choice: "shifted" (default) is StreamingLLM's
 choice: a token's rotary position is its index in the cache, not in the text;
@@ -131,14 +131,6 @@ def evictable(seq: Sequence, retention: KVRetention, block_size: int) -> list[in
     middle = range(sinks, min(computed, len(seq.block_table) - recent))
     scores = seq.block_scores
     return sorted(middle, key=lambda i: (scores.get(seq.block_table[i], 0.0), i))
-
-
-def add_attention_mass(seqs: list[Sequence], mass) -> None:
-    """mass (S, max_blocks): one forward's attention mass per block-table entry, added to each block's score."""
-    for i, seq in enumerate(seqs):
-        scores = seq.block_scores
-        for k, block in enumerate(seq.block_table):
-            scores[block] = scores.get(block, 0.0) + float(mass[i, k])
 
 
 def min_blocks(retention: KVRetention, block_size: int, chunk_tokens: int) -> int | None:
