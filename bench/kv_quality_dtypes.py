@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "py"))
 
 from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache  # noqa: E402
 from pagedkv.model_runner import ForwardBatch  # noqa: E402
-from pagedkv.backends.webgpu.backend import plan_kv_pool  # noqa: E402
+from pagedkv.backends.webgpu.memory_plan import plan_kv_pool  # noqa: E402
 from pagedkv.gpu_budget import GIB  # noqa: E402
 from pagedkv.kv.dtypes import KV_DTYPES, KVDtype, dequantize_with, quantize_with, round_trip  # noqa: E402
 from pagedkv.model.weights import ModelWeights, read_manifest  # noqa: E402

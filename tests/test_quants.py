@@ -184,8 +184,8 @@ def test_stacked_projections_of_different_types_meet_in_their_common_type():
 def test_q4_k_m_llama_layers_with_a_q6_k_v_run_q_k_v_unstacked_and_the_ledger_counts_the_members():
     """llama.cpp's Q4_K_M of Llama-3.2-1B's shapes: attn_v is q6_K (no lossless common type with the q4_K q / k)
     in the layers use_more_bits() names, so their q / k / v are uploaded as they are; the rest stack."""
-    from pagedkv.backends.webgpu.backend import WebGpuBackend
     from pagedkv.backends.webgpu.fused import stacks
+    from pagedkv.backends.webgpu.memory_plan import weights_bytes
 
     cfg = tiny_config().__class__(**{**tiny_config().to_json(), "n_layers": 16, "hidden": 2048, "n_heads": 32,
                                      "n_kv_heads": 8, "head_dim": 64, "ffn": 8192, "vocab": 128256})
@@ -202,15 +202,16 @@ def test_q4_k_m_llama_layers_with_a_q6_k_v_run_q_k_v_unstacked_and_the_ledger_co
     embd = 128256 // 256 * q6 + norm  # + output_norm
     layer = 4 * norm + (8 + 8 + 64 + 2 + 2 + 32) * q4  # 2 norms (alone, in their stacks); q, o, gate|up, k, v, down
     more = (2 + 32) * (q6 - q4) - norm  # attn_v, ffn_down q6_K; q|k|v unstacked (no norm copy)
-    assert WebGpuBackend._weights_bytes(manifest) == embd + 16 * layer + 8 * more == 803_225_600
+    assert weights_bytes(manifest) == embd + 16 * layer + 8 * more == 803_225_600
 
 
 def test_unstacked_members_upload_under_their_own_names_in_the_bytes_planned(tmp_path):
     """The tiny Q4_K_M model (tiny.Q4_K_M_DTYPES): layer 0's q4_K q / k + q6_K v and q4_K gate + q6_K up upload
-    as they are, layer 1's stacks; the ledger reserves exactly what _weights_bytes planned."""
+    as they are, layer 1's stacks; the ledger reserves exactly what weights_bytes planned."""
     from types import SimpleNamespace
 
     from pagedkv.backends.webgpu.backend import WebGpuBackend
+    from pagedkv.backends.webgpu.memory_plan import weights_bytes
     from pagedkv.engine import run_sync
     from pagedkv.gpu_budget import GpuLedger
     from pagedkv.model.tiny import Q4_K_M_DTYPES, mixed_config, write_tiny_model
@@ -231,4 +232,4 @@ def test_unstacked_members_upload_under_their_own_names_in_the_bytes_planned(tmp
          "ffn_down.weight": "q6_K"},
         {"attn_norm.weight": "f32", "attn_qkv.weight": "q4_K", "attn_output.weight": "q4_K", "ffn_norm.weight": "f32",
          "ffn_gate_up.weight": "q4_K", "ffn_down.weight": "q4_K"}]
-    assert b.ledger.by_kind()["weights"] == WebGpuBackend._weights_bytes(manifest)
+    assert b.ledger.by_kind()["weights"] == weights_bytes(manifest)

@@ -11,7 +11,7 @@ import re
 import shutil
 from pathlib import Path
 
-from pagedkv.backends.webgpu.backend import plan_kv_pool
+from pagedkv.backends.webgpu.memory_plan import plan_kv_pool
 from pagedkv.gpu_budget import MIB
 from pagedkv.model.convert import CONVERTER_VERSION, convert_reader
 

@@ -4,7 +4,7 @@
 
 The file goes the way `python3 -m pagedkv generate --gguf FILE` takes it (gguf_reader -> convert_cached,
 kept under .cache/models/<sha256>/), then through the page's verdict (app user_models.check_fits ->
-WebGpuBackend's plan_kv_pool, the reservations create() makes): weights, scratch and staging first, the KV
+memory_plan.plan_kv_pool, the reservations create() makes): weights, scratch and staging first, the KV
 pool gets the rest. No GPU is needed. The budgets in REFUSAL_MIB show the page's refusal with its numbers:
 the first check the page runs (weights alone, before converting), then the ledger's full verdict.
 bench/kv_sim.py --model / --gguf replays the seeds' workload on the KV pool this leaves.

@@ -5,7 +5,7 @@ import numpy as np
 
 from bench import kv_sim
 from bench.page.webgpu_engine import bench_backend
-from pagedkv.backends.webgpu.backend import SWAP_CHUNK_BLOCKS
+from pagedkv.backends.webgpu.kv_pool import SWAP_CHUNK_BLOCKS
 from pagedkv.kv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
 from pagedkv.kv.contiguous import ContiguousAllocator
@@ -69,7 +69,7 @@ class GpuWriter:
         # (n,) int64; a block freed and reused within one tick appears twice: one write per slot
         slots = np.unique(np.concatenate(self.pending))
         self.pending = []
-        lay, kk, ctx = self.b.kv_layout, self.b.kv_kernels, self.b.ctx
+        lay, kk, ctx = self.b.kv_pool.layout, self.b.kv_kernels, self.b.ctx
         t0 = time.perf_counter()
         for at in range(0, len(slots), self.chunk):
             part = slots[at:at + self.chunk]
@@ -79,8 +79,8 @@ class GpuWriter:
             prepared = []
             for _ in range(self.layers_per_tick):
                 layer = self._next_layer
-                self._next_layer = (layer + 1) % len(self.b.kv_caches)
-                prepared.append(kk.prepare_kv_write(self.b.kv_caches[layer], rows, rows, part))
+                self._next_layer = (layer + 1) % len(self.b.kv_pool.caches)
+                prepared.append(kk.prepare_kv_write(self.b.kv_pool.caches[layer], rows, rows, part))
             ctx.submit([d for p in prepared for d in p.dispatches])
             await ctx.done()
             for p in prepared:

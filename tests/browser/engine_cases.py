@@ -178,11 +178,11 @@ async def copy_and_swap_blocks(kv_dtype: str) -> dict:
     await b.swap_out([(7, 3), (9, 0), (7, 1)])
     await b.swap_in([(3, 5), (0, 6)])
     out = {}
-    for layer, cache in enumerate(b.kv_caches):
+    for layer, cache in enumerate(b.kv_pool.caches):
         k, v = await cache.read()
         out[layer] = {"copy": bool(np.array_equal(k[[1, 2]], k[[9, 4]]) and np.array_equal(v[[1, 2]], v[[9, 4]])),
                       "swap": bool(np.array_equal(k[[5, 6]], k[[7, 9]]) and np.array_equal(v[[5, 6]], v[[7, 9]])),
-                      "cpu": bool(np.array_equal(b.cpu_k[layer][[3, 1]], k[[7, 7]])),
+                      "cpu": bool(np.array_equal(b.kv_pool.cpu_k[layer][[3, 1]], k[[7, 7]])),
                       "nonzero": bool(np.abs(k[9].astype(np.float32)).sum() > 0)}
     b.destroy()
     return out

@@ -1,8 +1,9 @@
 """WebGPU backend: the whole model forward over the paged KV cache, replayed in one submit per step.
 
-Implements the engine's Backend protocol (backends/__init__.py), as backends/cpu.py does. Every GPU
-buffer is reserved in a GpuLedger first; the KV pool gets what the budget leaves after weights, scratch
-(activations sized for max_num_batched_tokens) and staging. A step costs a constant number of Python->JS
+Implements the engine's Backend protocol (backends/__init__.py), as backends/cpu.py does; its KV blocks and
+their moves are a GpuKVPool it holds (kv_pool.py). Every GPU buffer is reserved in a GpuLedger first; the KV
+pool gets what the budget leaves after weights, scratch (activations sized for max_num_batched_tokens) and
+staging, as memory_plan.py computes them without a device. A step costs a constant number of Python->JS
 crossings: one writeBuffer per int32 input, one for the uniforms, one replay (web/replayer.js encodes all
 dispatches in one command encoder) and one read back.
 Uses GpuContext methods only (no `js` here).
@@ -10,13 +11,15 @@ Uses GpuContext methods only (no `js` here).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import numpy as np
 
-from ...gpu_budget import BudgetExceeded, GpuLedger, MIB, kv_blocks_that_fit, rounded
+from ...gpu_budget import BudgetExceeded, GpuLedger, MIB
 from ...kernels.ref_ops import model_inv_freq, rope_cos_sin
-from ...kv.dtypes import kv_dtype as lookup_kv_dtype
+from ...kv.block_pool import CopyOp
+from ...kv.retention import ShiftOp
+from ...kv.spec import KVSpec
 from ...model.config import ModelConfig
 from ...model.layout import DTYPE_PARTS
 from ...model.weights import check_manifest, tensor_parts, verify_shard
@@ -24,19 +27,19 @@ from ...model_runner import ForwardBatch
 from .. import check_attention_mass
 from . import model_kernels as ops
 from .attention_mass import AttentionMassKernel
-from .block_moves import SWAP_CHUNK_BLOCKS, KVBlockMoves
-from .fused import BIAS_MEMBERS, bias_member, fused_member, member_names, stack_rows, stacked_nbytes, stacks
-from .kv_kernels import KVCacheBuffers, KVKernels, KVLayout
-from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, SLOTS, PlanKey, StepShape, layer_program, step_slots
+from .fused import BIAS_MEMBERS, bias_member, fused_member, member_names, stack_rows, stacks
+from .kv_kernels import KVKernels, KVLayout
+from .kv_pool import GpuKVPool
+from .memory_plan import plan_kv_pool, scratch_buffers, staging_buffers
+from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
 
 CPU_POOL_CAP_BYTES = 64 * MIB  # default CPU swap pool (wasm memory)
-TEMP_SLACK_BYTES = 4096  # ids / params uniforms of one swap or copy call
 UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_gpu", "paged_attention_gpu_sg",
                 "paged_prefill_attention", "paged_prefill_attention_gpu")
 
 
-class WebGpuBackend(KVBlockMoves):
-    """Model weights, scratch, KV pool and recorded plans on one GpuContext."""
+class WebGpuBackend:
+    """Model weights, scratch, KV pool (a GpuKVPool) and recorded plans on one GpuContext."""
 
     name = "webgpu"
 
@@ -56,14 +59,13 @@ class WebGpuBackend(KVBlockMoves):
         self.max_blocks_per_seq = -(-config.context_length // block_size)
         self.weights: dict[str, tuple[str, tuple]] = {}  # name -> (dtype, part buffers in binding order)
         self.scratch: dict[str, object] = {}
-        self.kv_caches: list[KVCacheBuffers] = []
+        self.kv_kernels: KVKernels | None = None  # compiled by create() for the pool's layout
+        self.kv_pool: GpuKVPool | None = None  # the KV blocks, made by create()
         self._buffers: dict[str, object] = {}
         self._plans: dict[PlanKey, object] = {}
         self._validated: set[PlanKey] = set()
         self._dispatch_slots: dict[PlanKey, np.ndarray] = {}  # uniform slot of each recorded dispatch
         self._slots_cache: dict[StepShape, tuple] = {}
-        self.num_blocks = 0
-        self.num_cpu_blocks = 0
         self.last_step_ms: dict[str, float] = {}
         self._mass_kernel: AttentionMassKernel | None = None  # compiled on first use
 
@@ -91,9 +93,9 @@ class WebGpuBackend(KVBlockMoves):
                 "raise the budget or lower max_num_batched_tokens")
         b = cls(ctx, config, GpuLedger(budget_bytes), block_size=block_size, kv_dtype=kv_dtype,
                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, kernels=kernels)
-        b.kv_layout = KVLayout(num_blocks, block_size, config.n_kv_heads, config.head_dim, kv_dtype)
-        b.kv_kernels = await KVKernels(ctx, b.kv_layout, config.n_heads, family=kernels,
-                                       subgroups=b.subgroups).compile()
+        layout = KVLayout(num_blocks, block_size, config.n_kv_heads, config.head_dim, kv_dtype)
+        b.kv_kernels = await KVKernels(ctx, layout, config.n_heads, family=kernels, subgroups=b.subgroups).compile()
+        b.kv_pool = GpuKVPool(ctx, b.kv_kernels, config, b.ledger)
         try:
             ctx.push_oom()
             try:
@@ -103,64 +105,32 @@ class WebGpuBackend(KVBlockMoves):
         except BaseException:
             b.destroy()  # a failed load leaves no GPU buffer behind
             raise
-        b.num_blocks = num_blocks
         if num_cpu_blocks is None:
             num_cpu_blocks = (cpu_budget_bytes // block_bytes if cpu_budget_bytes is not None
                               else min(num_blocks, CPU_POOL_CAP_BYTES // block_bytes))
-        b.num_cpu_blocks = num_cpu_blocks
-        shape = (max(b.num_cpu_blocks, 1),) + b.kv_layout.storage_shape[1:]
-        # CPU swap pool (wasm memory): (layer) x (num_cpu_blocks, block_size, n_kv_heads, head_dim) in the cache
-        # dtype for f32 / f16, (layer) x (num_cpu_blocks, block_size, token_u32s) u32 words for quantized dtypes
-        b.cpu_k = [np.zeros(shape, b.kv_layout.storage_dtype) for _ in range(config.n_layers)]
-        b.cpu_v = [np.zeros(shape, b.kv_layout.storage_dtype) for _ in range(config.n_layers)]
+        b.kv_pool.allocate_cpu(num_cpu_blocks)
         return b
 
     async def _allocate(self, manifest: dict, shard_source, on_progress) -> None:
         """Weights, then scratch and staging, then the KV pool: every buffer reserved in the ledger first."""
         cfg = self.config
         await self._upload_weights(manifest, shard_source, on_progress)
-        for label, nbytes, kind in (*self._scratch_specs(), *self._staging_specs()):
+        scratch = scratch_buffers(cfg, block_size=self.block_size, max_num_batched_tokens=self.max_num_batched_tokens,
+                                  max_num_seqs=self.max_num_seqs)
+        staging = staging_buffers(cfg, block_size=self.block_size, kv_dtype=self.kv_dtype,
+                                  max_num_seqs=self.max_num_seqs)
+        for label, nbytes, kind in (*scratch, *staging):
             self.scratch[label] = self._buffer(label, nbytes, kind, map_read=label == "readback",
                                                uniform=label == "params")
         self.ctx.write(self.scratch["cos_sin"], rope_cos_sin(cfg.head_dim, cfg.rope_base, cfg.context_length,
                                                            model_inv_freq(cfg)))
-        for layer in range(cfg.n_layers):
-            self.ledger.reserve(f"kv.{layer}.k", self.kv_layout.nbytes, "kv")
-            self.ledger.reserve(f"kv.{layer}.v", self.kv_layout.nbytes, "kv")
-            self.kv_caches.append(KVCacheBuffers(self.ctx, self.kv_layout))
+        self.kv_pool.allocate()
 
     def _buffer(self, label: str, nbytes: int, kind: str, **kw):
         self.ledger.reserve(label, nbytes, kind)
         buf = self.ctx.buffer(nbytes, label, **kw)
         self._buffers[label] = buf
         return buf
-
-    @staticmethod
-    def _weights_bytes(manifest: dict) -> int:
-        """Bytes _upload_weights reserves: each tensor's parts, the stacked projections (backends/webgpu/fused.py)
-        instead of their members (or the members themselves where they are not stacked: fused.stacks), the norm
-        weights both alone and inside their stacked tensor."""
-        total, groups, biases, alone = 0, {}, {}, {}
-        for name, t in manifest["tensors"].items():
-            bias = bias_member(name)
-            if bias is not None:  # uploaded stacked per layer (q | k | v)
-                biases[bias[0]] = biases.get(bias[0], 0) + 4 * t["shape"][0]
-                continue
-            member = fused_member(name)
-            nbytes = sum(rounded(loc["nbytes"]) for loc in t["parts"].values())
-            if member is None or len(t["shape"]) == 1:  # a norm weight is also uploaded on its own
-                total += nbytes
-            else:
-                alone[member[0]] = alone.get(member[0], 0) + nbytes
-            if member is not None:
-                groups.setdefault(member[0], {})[member[1]] = (t["dtype"], tuple(t["shape"]))
-        for stacked, group in groups.items():
-            members = [group[i] for i in sorted(group)]
-            if stacks(d for d, _ in members[:-1]):
-                total += sum(rounded(n) for n in stacked_nbytes(members).values())
-            else:
-                total += alone[stacked]
-        return total + sum(rounded(n) for n in biases.values())
 
     async def _upload_weights(self, manifest: dict, shard_source, on_progress) -> None:
         total = sum(s["nbytes"] for s in manifest["shards"])
@@ -230,40 +200,6 @@ class WebGpuBackend(KVBlockMoves):
             bufs.append(buf)
         self.weights[name] = (dtype, tuple(bufs))
 
-    def _scratch_specs(self) -> list[tuple[str, int, str]]:
-        cfg, t, s = self.config, self.max_num_batched_tokens, self.max_num_seqs
-        max_parts = -(-self.max_blocks_per_seq // self._partition_blocks())
-        f32 = 4
-        return [
-            ("token_ids", t * 4, "scratch"), ("positions", t * 4, "scratch"),  # (T,) int32
-            ("slot_mapping", t * 4, "scratch"),  # (T,)
-            ("block_tables", s * self.max_blocks_per_seq * 4, "scratch"),  # (S, max_blocks_per_seq)
-            ("context_lens", s * 4, "scratch"), ("starts", 2 * (s + 1) * 4, "scratch"),  # (S,), (2, S + 1)
-            ("params", len(SLOTS) * PARAM_SLOT_BYTES, "scratch"),  # (slots, 256) uniforms
-            ("cos_sin", cfg.context_length * cfg.head_dim * f32, "scratch"),  # (context, head_dim / 2, 2)
-            ("x", t * cfg.hidden * f32, "scratch"), ("h", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
-            ("qkv", t * (cfg.hidden + 2 * cfg.kv_dim) * f32, "scratch"),  # (T, n_heads*hd + 2 kv_dim)
-            *([] if cfg.attention_bias else [("zero_bias", (cfg.hidden + 2 * cfg.kv_dim) * f32, "scratch")]),
-            ("q", t * cfg.hidden * f32, "scratch"), ("attn", t * cfg.hidden * f32, "scratch"),  # (T, n_heads*hd)
-            ("k", t * cfg.kv_dim * f32, "scratch"), ("v", t * cfg.kv_dim * f32, "scratch"),  # (T, kv_dim)
-            ("act", t * cfg.ffn * f32, "scratch"),  # (T, ffn) silu(gate) * up
-            ("part_acc", s * max_parts * cfg.hidden * f32, "scratch"),  # (S, parts, n_heads, head_dim)
-            ("part_stats", s * max_parts * cfg.n_heads * 2 * f32, "scratch"),  # (S, parts, n_heads, 2)
-            ("last", s * cfg.hidden * f32, "scratch"), ("last_norm", s * cfg.hidden * f32, "scratch"),  # (S, hid)
-            ("logits", s * cfg.vocab * f32, "scratch"),  # (S, vocab)
-            ("ids", s * 4, "scratch"),  # (S,) u32
-        ]
-
-    def _staging_specs(self) -> list[tuple[str, int, str]]:
-        # The swap / copy temporaries are created and freed inside one call (KVKernels): this reservation
-        # covers the largest of them (gather staging + its read-back copy, SWAP_CHUNK_BLOCKS blocks of K and V).
-        chunk = 2 * SWAP_CHUNK_BLOCKS * self.kv_layout.block_words * 16
-        return [("readback", self.max_num_seqs * self.config.vocab * 4, "staging"),  # (S, vocab) landing
-                ("swap_temporaries", 2 * chunk + TEMP_SLACK_BYTES, "staging")]
-
-    def _partition_blocks(self) -> int:
-        return max(1, 128 // self.block_size)  # KVKernels' default 128-token flash-decoding partition
-
     @property
     def subgroups(self) -> bool:
         """Whether the gpu family's matvecs reduce with subgroups (the device requests them where it can)."""
@@ -284,14 +220,55 @@ class WebGpuBackend(KVBlockMoves):
         return "shader-f16" in self.ctx.info.features
 
     @property
+    def kv_spec(self) -> KVSpec:
+        """The KV cache's geometry and element type."""
+        return KVSpec.of(self.config, block_size=self.block_size, dtype=self.kv_dtype)
+
+    @property
     def bytes_per_token(self) -> int:
-        cfg = self.config
-        return lookup_kv_dtype(self.kv_dtype).bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)
+        """KV bytes of one token on the GPU in kv_dtype: K and V of every layer, scales and padding (the spec's)."""
+        return self.kv_spec.bytes_per_token
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks of the GPU pool."""
+        return self.kv_pool.num_blocks
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        """Blocks of the CPU swap pool."""
+        return self.kv_pool.num_cpu_blocks
 
     def stats(self) -> dict:
         """KV dtype and sizes for the dashboard: bytes per token (K and V, every layer) and pool capacity."""
         return {"kv_dtype": self.kv_dtype, "bytes_per_token": self.bytes_per_token,
                 "num_blocks": self.num_blocks, "kv_tokens": self.num_blocks * self.block_size}
+
+    # ------------------------------------------------------------------ block moves: the pool's (kv_pool.py)
+
+    async def copy_blocks(self, ops: Iterable[CopyOp]) -> None:
+        """Copy-on-write: GPU block src -> dst for each (src, dst), K and V of every layer."""
+        await self.kv_pool.copy_blocks(ops)
+
+    async def swap_out(self, ops: Iterable[CopyOp]) -> None:
+        """GPU block -> CPU block for each (gpu, cpu) pair."""
+        await self.kv_pool.swap_out(ops)
+
+    async def swap_in(self, ops: Iterable[CopyOp]) -> None:
+        """CPU block -> GPU block for each (cpu, gpu) pair."""
+        await self.kv_pool.swap_in(ops)
+
+    async def shift_keys(self, ops: Iterable[ShiftOp]) -> None:
+        """Re-rotate the cached keys of each op's block by -delta positions."""
+        await self.kv_pool.shift_keys(ops)
+
+    async def read_blocks(self, block_ids: list[int]) -> np.ndarray:
+        """Whole GPU blocks as (n, layers, 2, block_size, token_u32s) u32 words (the disk tier's payload)."""
+        return await self.kv_pool.read_blocks(block_ids)
+
+    async def write_blocks(self, block_ids: list[int], words: np.ndarray) -> None:
+        """The inverse of read_blocks."""
+        await self.kv_pool.write_blocks(block_ids, words)
 
     # ------------------------------------------------------------------ forward
 
@@ -361,7 +338,7 @@ class WebGpuBackend(KVBlockMoves):
         qsl = batch.query_start_loc  # (S + 1,)
         blocks = -(-int(batch.context_lens.max()) // self.block_size)
         q_tiles = -(-np.diff(qsl) // self.kv_kernels.query_tile)  # (S,)
-        shape = StepShape(t, n, batch.block_tables.shape[1], -(-blocks // self._partition_blocks()),
+        shape = StepShape(t, n, batch.block_tables.shape[1], -(-blocks // self.kv_kernels.partition_blocks),
                           int(q_tiles.sum()), key.decode)
         slot_grids, params = self._slots(shape)
         grids = slot_grids[self._dispatch_slots[key]]  # (dispatches, 3)
@@ -402,7 +379,7 @@ class WebGpuBackend(KVBlockMoves):
         (S, max_blocks) f32, heads summed."""
         if self._mass_kernel is None:
             self._mass_kernel = await AttentionMassKernel(self.kv_kernels).compile()
-        mass = await self._mass_kernel.run(self.kv_caches[-1].k, self.scratch["q"], batch.query_start_loc,
+        mass = await self._mass_kernel.run(self.kv_pool.caches[-1].k, self.scratch["q"], batch.query_start_loc,
                                            batch.block_tables, batch.context_lens)  # (S, n_heads, max_blocks)
         return mass.sum(axis=1)
 
@@ -411,31 +388,6 @@ class WebGpuBackend(KVBlockMoves):
         for label, buf in self._buffers.items():
             buf.destroy()
             self.ledger.release(label)
-        for layer, cache in enumerate(self.kv_caches):
-            cache.destroy()
-            self.ledger.release(f"kv.{layer}.k")
-            self.ledger.release(f"kv.{layer}.v")
-        self._buffers, self.kv_caches, self._plans = {}, [], {}
-
-
-def plan_kv_pool(manifest: dict, *, budget_bytes: int, block_size: int, kv_dtype: str, max_num_batched_tokens: int,
-                 max_num_seqs: int, max_binding: int) -> dict:
-    """The ledger's split of `budget_bytes` without a GPU: weights + scratch + staging first (weights_bytes,
-    scratch_bytes, staging_bytes; fixed_bytes their sum), then as many KV blocks (K and V of every layer, in
-    `kv_dtype`) as kv_blocks_that_fit allows. create() uses it; so do the capacity benchmark
-    (bench/kv_quality_dtypes.py) and bench/model_ledger.py."""
-    config = check_manifest(manifest)
-    if max_num_batched_tokens < 1 or max_num_seqs < 1 or max_num_seqs > max_num_batched_tokens:
-        raise ValueError(f"need 1 <= max_num_seqs ({max_num_seqs}) <= max_num_batched_tokens "
-                         f"({max_num_batched_tokens})")
-    b = WebGpuBackend(None, config, GpuLedger(budget_bytes), block_size=block_size, kv_dtype=kv_dtype,
-                      max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-    b.kv_layout = KVLayout(1, block_size, config.n_kv_heads, config.head_dim, kv_dtype)
-    split = {"weights_bytes": b._weights_bytes(manifest),
-             "scratch_bytes": sum(rounded(n) for _, n, _ in b._scratch_specs()),
-             "staging_bytes": sum(rounded(n) for _, n, _ in b._staging_specs())}
-    fixed = sum(split.values())
-    block_bytes = 2 * config.n_layers * b.kv_layout.nbytes  # K and V of every layer, one block
-    num_blocks = kv_blocks_that_fit(budget_bytes - fixed, block_bytes, max_binding, config.n_layers)
-    return {"fixed_bytes": fixed, "block_bytes": block_bytes, "num_blocks": num_blocks,
-            "bytes_per_token": b.bytes_per_token, **split}
+        if self.kv_pool is not None:
+            self.kv_pool.destroy()
+        self._buffers, self._plans = {}, {}

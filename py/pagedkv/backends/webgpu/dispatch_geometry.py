@@ -62,8 +62,9 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: 
     kv = KVKernels(ctx, layout, config.n_heads, family=kernels, subgroups=subgroups)
     kv_sizes = {name: size for name, _, _, size in kv.decode.specs}  # the KV kernels' workgroup sizes
     kv_sizes[kv.prefill.name] = kv.prefill.workgroup
-    b = SimpleNamespace(config=config, scratch=_Named(), weights=_Weights(), kv_layout=layout, kv_kernels=kv,
-                        kv_caches=[SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(config.n_layers)],
+    caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(config.n_layers)]
+    b = SimpleNamespace(config=config, scratch=_Named(), weights=_Weights(), kv_kernels=kv,
+                        kv_pool=SimpleNamespace(caches=caches),
                         kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(),
                         shader_f16=False, gpu_matmul=kernels == "gpu")  # SmolLM2: Q4_1 and Q8_0 only
     shape = StepShape(num_tokens=new_tokens, num_seqs=1, table_width=math.ceil(context / BLOCK_SIZE),

@@ -29,6 +29,7 @@ MAX_BLOCK_SIZE = 32  # MAX_BLOCK_SIZE in paged_attention_common.wgsl
 MAX_HEAD_DIM = 128  # 4 * MAX_VEC in paged_attention_common.wgsl
 HOST_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}  # else u32 words on the host
 WORD_BYTES = 16  # the kernels address the cache in vec4<u32> words
+PARTITION_TOKENS = 128  # flash-decoding partition of a long context (KVKernels, scratch sizes)
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ class Temporaries(list):
 class KVKernels:
     """The compiled KV-cache kernels for one layout and query-head count, and their host calls."""
 
-    def __init__(self, ctx, layout: KVLayout, n_heads: int, *, partition_tokens: int = 128,
+    def __init__(self, ctx, layout: KVLayout, n_heads: int, *, partition_tokens: int = PARTITION_TOKENS,
                  workgroup_size: int = 16, head_tile: int | None = None, query_tile: int = 4,
                  family: str = "cpu", subgroups: bool = False) -> None:
         # partition_tokens: flash-decoding split. Small partitions give a single sequence's decode enough

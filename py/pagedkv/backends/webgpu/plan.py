@@ -106,7 +106,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     tk = key.token_kernel
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
-        cache = b.kv_caches[i]
+        cache = b.kv_pool.caches[i]  # this layer's K and V buffers
         body += normed_linear(p + "attn_norm.weight", p + "attn_qkv.weight", s["qkv"], "lin_qkv")  # q | k | v
         body += [
             Dispatch("rope", (("WORKGROUP_SIZE", 64),),  # adds the q | k | v bias, rotates, splits
@@ -156,7 +156,8 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     """(len(SLOTS), 3) int32 grids and (len(SLOTS) * 256,) u8 uniforms of one step shape."""
     cfg = b.config
     t, n = shape.num_tokens, shape.num_seqs
-    lay, kv = b.kv_layout, b.kv_kernels
+    kv = b.kv_kernels
+    lay = kv.layout
     q8 = "q8_0"  # grid and uniform of a linear call do not depend on the quantization
 
     def linear(rows: int, cols: int, tokens: int) -> ops.KernelCall:

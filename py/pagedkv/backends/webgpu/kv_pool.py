@@ -1,0 +1,144 @@
+"""The GPU KV pool: every layer's K and V buffers of paged blocks, the CPU swap pool beside them, and the block
+moves over them: copy-on-write copies, swaps to and from the CPU pool, key re-rotation, and whole blocks out and
+in for the disk tier.
+
+WebGpuBackend (backend.py) holds one and hands it the engine's block operations (Backend.copy_blocks, swap_out,
+...); its forward's plan (plan.py) binds the per-layer buffers, where kv_write and attention read and write the
+blocks. Every move goes through the swap / copy kernels of KVKernels (kv_kernels.py), SWAP_CHUNK_BLOCKS blocks
+per layer at a time.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from ...gpu_budget import GpuLedger
+from ...kernels.ref_ops import model_inv_freq, shift_keys
+from ...kv.block_pool import CopyOp
+from ...kv.dtypes import pack_tokens, unpack_tokens
+from ...kv.retention import ShiftOp
+from ...model.config import ModelConfig
+from .kv_kernels import KVCacheBuffers, KVKernels
+
+SWAP_CHUNK_BLOCKS = 32  # blocks per layer per gather/scatter call; bounds the swap staging buffers
+
+
+class GpuKVPool:
+    """The KV blocks of one model on one device: K and V of every layer in kernels.layout (num_blocks blocks),
+    num_cpu_blocks blocks of the same words in host memory, and the moves between them."""
+
+    def __init__(self, ctx, kernels: KVKernels, config: ModelConfig, ledger: GpuLedger) -> None:
+        self.ctx = ctx
+        self.kernels = kernels  # compiled for this pool's layout: the moves run its gather / scatter / copy kernels
+        self.layout = kernels.layout
+        self.config = config
+        self.ledger = ledger
+        self.caches: list[KVCacheBuffers] = []  # one per layer, once allocate() ran
+        self.cpu_k: list[np.ndarray] = []  # one per layer, once allocate_cpu() ran
+        self.cpu_v: list[np.ndarray] = []
+        self.num_cpu_blocks = 0
+
+    @property
+    def num_blocks(self) -> int:
+        """GPU blocks in each layer's K (and V) buffer."""
+        return self.layout.num_blocks
+
+    def allocate(self) -> None:
+        """Every layer's K and V buffers, each reserved in the ledger first (raises BudgetExceeded)."""
+        for layer in range(self.config.n_layers):
+            self.ledger.reserve(f"kv.{layer}.k", self.layout.nbytes, "kv")
+            self.ledger.reserve(f"kv.{layer}.v", self.layout.nbytes, "kv")
+            self.caches.append(KVCacheBuffers(self.ctx, self.layout))
+
+    def allocate_cpu(self, num_cpu_blocks: int) -> None:
+        """The CPU swap pool (wasm memory) of num_cpu_blocks blocks."""
+        self.num_cpu_blocks = num_cpu_blocks
+        shape = (max(num_cpu_blocks, 1),) + self.layout.storage_shape[1:]
+        # (layer) x (num_cpu_blocks, block_size, n_kv_heads, head_dim) in the cache dtype for f32 / f16,
+        # (layer) x (num_cpu_blocks, block_size, token_u32s) u32 words for quantized dtypes
+        self.cpu_k = [np.zeros(shape, self.layout.storage_dtype) for _ in range(self.config.n_layers)]
+        self.cpu_v = [np.zeros(shape, self.layout.storage_dtype) for _ in range(self.config.n_layers)]
+
+    def destroy(self) -> None:
+        """Free every layer's buffers and their ledger reservations."""
+        for layer, cache in enumerate(self.caches):
+            cache.destroy()
+            self.ledger.release(f"kv.{layer}.k")
+            self.ledger.release(f"kv.{layer}.v")
+        self.caches = []
+
+    # ------------------------------------------------------------------ block moves
+
+    @staticmethod
+    def _chunks(ops_list: list[CopyOp]) -> Iterable[np.ndarray]:
+        pairs = np.asarray(ops_list, dtype=np.int32).reshape(-1, 2)  # (n, 2)
+        for i in range(0, pairs.shape[0], SWAP_CHUNK_BLOCKS):
+            yield pairs[i : i + SWAP_CHUNK_BLOCKS]
+
+    async def copy_blocks(self, ops_list: Iterable[CopyOp]) -> None:
+        """Copy-on-write: GPU block src -> dst in every layer's K and V."""
+        for pairs in self._chunks(list(ops_list)):
+            for cache in self.caches:
+                await self.kernels.copy_blocks(cache, pairs)
+
+    async def swap_out(self, ops_list: Iterable[CopyOp]) -> None:
+        """GPU block -> CPU block for each (gpu, cpu) pair, all layers."""
+        self._check_cpu(ops_list := list(ops_list), column=1)
+        for pairs in self._chunks(ops_list):
+            # Two sequences swapped out together may share a prefix block: it is read once, copied to both.
+            gpu, where = np.unique(pairs[:, 0], return_inverse=True)  # (m,), (n,)
+            for layer, cache in enumerate(self.caches):
+                k, v = await self.kernels.swap_out(cache, gpu)
+                self.cpu_k[layer][pairs[:, 1]] = k[where]
+                self.cpu_v[layer][pairs[:, 1]] = v[where]
+
+    async def swap_in(self, ops_list: Iterable[CopyOp]) -> None:
+        """CPU block -> GPU block for each (cpu, gpu) pair, all layers."""
+        self._check_cpu(ops_list := list(ops_list), column=0)
+        for pairs in self._chunks(ops_list):
+            for layer, cache in enumerate(self.caches):
+                await self.kernels.swap_in(cache, pairs[:, 1], self.cpu_k[layer][pairs[:, 0]],
+                                           self.cpu_v[layer][pairs[:, 0]])
+
+    async def shift_keys(self, ops_list: Iterable[ShiftOp]) -> None:
+        """Re-rotate the cached keys of each block by -delta positions, all layers (sliding window, shifted
+        positions): the blocks' K go through the swap kernels to numpy and back, V is untouched."""
+        ops_list = list(ops_list)
+        inv_freq = model_inv_freq(self.config)  # (head_dim / 2,)
+        for i in range(0, len(ops_list), SWAP_CHUNK_BLOCKS):
+            chunk = ops_list[i : i + SWAP_CHUNK_BLOCKS]
+            ids = np.array([op.block for op in chunk], dtype=np.int32)  # (n,)
+            deltas = np.array([op.delta for op in chunk], dtype=np.int64)  # (n,)
+            for cache in self.caches:
+                k, v = await self.kernels.swap_out(cache, ids)  # (n, block_size, n_kv_heads, head_dim) each
+                await self.kernels.swap_in(cache, ids, shift_keys(k, deltas, inv_freq), v)
+
+    async def read_blocks(self, block_ids: list[int]) -> np.ndarray:
+        """Whole blocks as (n, layers, 2, block_size, token_u32s) u32 words (the disk tier's payload)."""
+        lay = self.layout
+        words = lambda host: host if host.dtype == np.uint32 else pack_tokens(  # noqa: E731  f32 / f16 values
+            host.reshape(-1, lay.n_kv_heads, lay.head_dim), lay.dtype).reshape(host.shape[0], lay.block_size, -1)
+        parts = []  # (n, layers, 2, block_size, token_u32s) per chunk
+        for i in range(0, len(block_ids), SWAP_CHUNK_BLOCKS):
+            ids = np.asarray(block_ids[i : i + SWAP_CHUNK_BLOCKS], dtype=np.int32)  # (n,)
+            layers = [[words(h) for h in await self.kernels.swap_out(cache, ids)] for cache in self.caches]
+            parts.append(np.stack([np.stack(kv, axis=1) for kv in layers], axis=1))
+        return np.concatenate(parts)
+
+    async def write_blocks(self, block_ids: list[int], words: np.ndarray) -> None:
+        """The inverse of read_blocks."""
+        lay = self.layout
+        host = words if lay.storage_dtype == np.uint32 else unpack_tokens(
+            words, lay.dtype, lay.n_kv_heads, lay.head_dim).astype(lay.storage_dtype)  # (n, layers, 2, ...)
+        for i in range(0, len(block_ids), SWAP_CHUNK_BLOCKS):
+            ids = np.asarray(block_ids[i : i + SWAP_CHUNK_BLOCKS], dtype=np.int32)  # (n,)
+            for layer, cache in enumerate(self.caches):
+                chunk = host[i : i + len(ids), layer]  # (n, 2, block_size, ...)
+                await self.kernels.swap_in(cache, ids, np.ascontiguousarray(chunk[:, 0]),
+                                           np.ascontiguousarray(chunk[:, 1]))
+
+    def _check_cpu(self, ops_list: list[CopyOp], column: int) -> None:
+        for op in ops_list:
+            if not 0 <= op[column] < self.num_cpu_blocks:
+                raise ValueError(f"CPU block {op[column]} outside the swap pool of {self.num_cpu_blocks} blocks")

@@ -1,0 +1,116 @@
+"""What the WebGPU backend's GPU buffers take, from the model manifest and the engine's limits alone (no device):
+the weights as uploaded (fused.py's stacks), the scratch of one step, the staging buffers, and the KV blocks a
+budget leaves after them (plan_kv_pool).
+
+WebGpuBackend reserves exactly these buffers in its GpuLedger (backend.py); the app's model list
+(user_models.py) and the benchmarks ask plan_kv_pool for a model's verdict without a GPU.
+"""
+from __future__ import annotations
+
+from ...gpu_budget import GpuLedger, kv_blocks_that_fit, rounded
+from ...kv.dtypes import kv_dtype as lookup_kv_dtype
+from ...model.config import ModelConfig
+from ...model.weights import check_manifest
+from .fused import bias_member, fused_member, stacked_nbytes, stacks
+from .kv_kernels import PARTITION_TOKENS, KVLayout
+from .kv_pool import SWAP_CHUNK_BLOCKS
+from .plan import PARAM_SLOT_BYTES, SLOTS
+
+TEMP_SLACK_BYTES = 4096  # ids / params uniforms of one swap or copy call
+
+
+def weights_bytes(manifest: dict) -> int:
+    """Bytes the backend's weight upload reserves: each tensor's parts, the stacked projections (fused.py)
+    instead of their members (or the members themselves where they are not stacked: fused.stacks), the norm
+    weights both alone and inside their stacked tensor."""
+    total, groups, biases, alone = 0, {}, {}, {}
+    for name, t in manifest["tensors"].items():
+        bias = bias_member(name)
+        if bias is not None:  # uploaded stacked per layer (q | k | v)
+            biases[bias[0]] = biases.get(bias[0], 0) + 4 * t["shape"][0]
+            continue
+        member = fused_member(name)
+        nbytes = sum(rounded(loc["nbytes"]) for loc in t["parts"].values())
+        if member is None or len(t["shape"]) == 1:  # a norm weight is also uploaded on its own
+            total += nbytes
+        else:
+            alone[member[0]] = alone.get(member[0], 0) + nbytes
+        if member is not None:
+            groups.setdefault(member[0], {})[member[1]] = (t["dtype"], tuple(t["shape"]))
+    for stacked, group in groups.items():
+        members = [group[i] for i in sorted(group)]
+        if stacks(d for d, _ in members[:-1]):
+            total += sum(rounded(n) for n in stacked_nbytes(members).values())
+        else:
+            total += alone[stacked]
+    return total + sum(rounded(n) for n in biases.values())
+
+
+def partition_blocks(block_size: int) -> int:
+    """Blocks of one flash-decoding partition (KVKernels' default PARTITION_TOKENS)."""
+    return max(1, PARTITION_TOKENS // block_size)
+
+
+def scratch_buffers(cfg: ModelConfig, *, block_size: int, max_num_batched_tokens: int,
+                    max_num_seqs: int) -> list[tuple[str, int, str]]:
+    """(label, bytes, ledger kind) of the buffers one step reads and writes, sized for the engine's limits."""
+    t, s = max_num_batched_tokens, max_num_seqs
+    max_blocks_per_seq = -(-cfg.context_length // block_size)
+    max_parts = -(-max_blocks_per_seq // partition_blocks(block_size))
+    f32 = 4
+    return [
+        ("token_ids", t * 4, "scratch"), ("positions", t * 4, "scratch"),  # (T,) int32
+        ("slot_mapping", t * 4, "scratch"),  # (T,)
+        ("block_tables", s * max_blocks_per_seq * 4, "scratch"),  # (S, max_blocks_per_seq)
+        ("context_lens", s * 4, "scratch"), ("starts", 2 * (s + 1) * 4, "scratch"),  # (S,), (2, S + 1)
+        ("params", len(SLOTS) * PARAM_SLOT_BYTES, "scratch"),  # (slots, 256) uniforms
+        ("cos_sin", cfg.context_length * cfg.head_dim * f32, "scratch"),  # (context, head_dim / 2, 2)
+        ("x", t * cfg.hidden * f32, "scratch"), ("h", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
+        ("qkv", t * (cfg.hidden + 2 * cfg.kv_dim) * f32, "scratch"),  # (T, n_heads*hd + 2 kv_dim)
+        *([] if cfg.attention_bias else [("zero_bias", (cfg.hidden + 2 * cfg.kv_dim) * f32, "scratch")]),
+        ("q", t * cfg.hidden * f32, "scratch"), ("attn", t * cfg.hidden * f32, "scratch"),  # (T, n_heads*hd)
+        ("k", t * cfg.kv_dim * f32, "scratch"), ("v", t * cfg.kv_dim * f32, "scratch"),  # (T, kv_dim)
+        ("act", t * cfg.ffn * f32, "scratch"),  # (T, ffn) silu(gate) * up
+        ("part_acc", s * max_parts * cfg.hidden * f32, "scratch"),  # (S, parts, n_heads, head_dim)
+        ("part_stats", s * max_parts * cfg.n_heads * 2 * f32, "scratch"),  # (S, parts, n_heads, 2)
+        ("last", s * cfg.hidden * f32, "scratch"), ("last_norm", s * cfg.hidden * f32, "scratch"),  # (S, hid)
+        ("logits", s * cfg.vocab * f32, "scratch"),  # (S, vocab)
+        ("ids", s * 4, "scratch"),  # (S,) u32
+    ]
+
+
+def staging_buffers(cfg: ModelConfig, *, block_size: int, kv_dtype: str,
+                    max_num_seqs: int) -> list[tuple[str, int, str]]:
+    """(label, bytes, ledger kind) of the logits' read-back landing and of the swap / copy temporaries."""
+    # The swap / copy temporaries are created and freed inside one call (KVKernels): this reservation
+    # covers the largest of them (gather staging + its read-back copy, SWAP_CHUNK_BLOCKS blocks of K and V).
+    block = KVLayout(1, block_size, cfg.n_kv_heads, cfg.head_dim, kv_dtype).nbytes  # one block of one cache
+    chunk = 2 * SWAP_CHUNK_BLOCKS * block
+    return [("readback", max_num_seqs * cfg.vocab * 4, "staging"),  # (S, vocab) landing
+            ("swap_temporaries", 2 * chunk + TEMP_SLACK_BYTES, "staging")]
+
+
+def plan_kv_pool(manifest: dict, *, budget_bytes: int, block_size: int, kv_dtype: str, max_num_batched_tokens: int,
+                 max_num_seqs: int, max_binding: int) -> dict:
+    """The ledger's split of `budget_bytes` without a GPU: weights + scratch + staging first (weights_bytes,
+    scratch_bytes, staging_bytes; fixed_bytes their sum), then as many KV blocks (K and V of every layer, in
+    `kv_dtype`) as kv_blocks_that_fit allows. WebGpuBackend.create() uses it; so do the app's model list, the
+    capacity benchmark (bench/kv_quality_dtypes.py) and bench/harness/model_ledger.py."""
+    config = check_manifest(manifest)
+    if max_num_batched_tokens < 1 or max_num_seqs < 1 or max_num_seqs > max_num_batched_tokens:
+        raise ValueError(f"need 1 <= max_num_seqs ({max_num_seqs}) <= max_num_batched_tokens "
+                         f"({max_num_batched_tokens})")
+    GpuLedger(budget_bytes)  # the ledger's own check of the budget
+    one_block = KVLayout(1, block_size, config.n_kv_heads, config.head_dim, kv_dtype)  # checks geometry and dtype
+    split = {"weights_bytes": weights_bytes(manifest),
+             "scratch_bytes": sum(rounded(n) for _, n, _ in scratch_buffers(
+                 config, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+                 max_num_seqs=max_num_seqs)),
+             "staging_bytes": sum(rounded(n) for _, n, _ in staging_buffers(
+                 config, block_size=block_size, kv_dtype=kv_dtype, max_num_seqs=max_num_seqs))}
+    fixed = sum(split.values())
+    block_bytes = 2 * config.n_layers * one_block.nbytes  # K and V of every layer, one block
+    num_blocks = kv_blocks_that_fit(budget_bytes - fixed, block_bytes, max_binding, config.n_layers)
+    bytes_per_token = lookup_kv_dtype(kv_dtype).bytes_per_token(config.n_layers, config.n_kv_heads, config.head_dim)
+    return {"fixed_bytes": fixed, "block_bytes": block_bytes, "num_blocks": num_blocks,
+            "bytes_per_token": bytes_per_token, **split}
