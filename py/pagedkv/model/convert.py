@@ -68,7 +68,8 @@ def fetch_smollm2_gguf(cache_dir: str | os.PathLike) -> Path:
     return gguf_path
 
 
-def _field(reader, key: str, default=None):
+def metadata_field(reader, key: str, default=None):
+    """The value of GGUF metadata `key`; `default` when it is missing (ValueError naming the key without one)."""
     field = reader.fields.get(key)
     if field is None:
         if default is None:
@@ -85,12 +86,12 @@ BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 
 
 def _config_from_gguf(reader, name: str) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
+    arch = metadata_field(reader, "general.architecture")
     if arch not in ROPE_TYPES:
         raise ValueError(f"{name}: unsupported architecture {arch!r}; supported: {sorted(ROPE_TYPES)}")
 
     def key(suffix: str, default=None):
-        return _field(reader, f"{arch}.{suffix}", default)
+        return metadata_field(reader, f"{arch}.{suffix}", default)
 
     scaling = key("rope.scaling.type", "none")
     freq_scale = 1.0 / float(key("rope.scale_linear", 1.0))  # older files' way to say linear scaling
@@ -119,7 +120,7 @@ def _config_from_gguf(reader, name: str) -> ModelConfig:
         n_kv_heads=int(key("attention.head_count_kv", n_heads)),
         head_dim=head_dim,
         ffn=int(key("feed_forward_length")),
-        vocab=len(_field(reader, "tokenizer.ggml.tokens")),
+        vocab=len(metadata_field(reader, "tokenizer.ggml.tokens")),
         rope_base=float(key("rope.freq_base", 10000.0)),
         rope_convention="adjacent_pairs",
         rms_eps=float(key("attention.layer_norm_rms_epsilon")),
@@ -150,23 +151,24 @@ def _to_adjacent_pairs(t, config: ModelConfig):
                            data=data[_adjacent_pair_rows(heads, config.head_dim)])
 
 
-def _tokenizer_from_gguf(reader) -> dict:
-    model = _field(reader, "tokenizer.ggml.model")
+def tokenizer_from_gguf(reader) -> dict:
+    """The tokenizer section of a model manifest, from the GGUF's tokenizer.ggml.* metadata."""
+    model = metadata_field(reader, "tokenizer.ggml.model")
     tok = {
         "model": model,
-        "pre": _field(reader, "tokenizer.ggml.pre", "default"),
-        "tokens": list(_field(reader, "tokenizer.ggml.tokens")),
-        "token_types": [int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
-        "merges": list(_field(reader, "tokenizer.ggml.merges")) if model == "gpt2" else [],
+        "pre": metadata_field(reader, "tokenizer.ggml.pre", "default"),
+        "tokens": list(metadata_field(reader, "tokenizer.ggml.tokens")),
+        "token_types": [int(t) for t in metadata_field(reader, "tokenizer.ggml.token_type")],
+        "merges": list(metadata_field(reader, "tokenizer.ggml.merges")) if model == "gpt2" else [],
     }
     if model == "llama":  # SentencePiece: merge order comes from the scores
-        tok["scores"] = [float(s) for s in _field(reader, "tokenizer.ggml.scores")]
+        tok["scores"] = [float(s) for s in metadata_field(reader, "tokenizer.ggml.scores")]
     for key in TOKENIZER_ID_KEYS:
-        value = _field(reader, f"tokenizer.ggml.{key}", -1)
+        value = metadata_field(reader, f"tokenizer.ggml.{key}", -1)
         tok[key] = None if value == -1 else int(value)
     for flag in ("add_bos_token", "add_eos_token", "add_space_prefix"):  # kept only where the file says
         if f"tokenizer.ggml.{flag}" in reader.fields:
-            tok[flag] = bool(_field(reader, f"tokenizer.ggml.{flag}"))
+            tok[flag] = bool(metadata_field(reader, f"tokenizer.ggml.{flag}"))
     return tok
 
 
@@ -238,7 +240,8 @@ def convert_reader(reader, out_dir: str | os.PathLike, source: dict, on_tensor=N
         packed.append(_pack_tensor(_to_adjacent_pairs(by_name[tensor_name], config), shape))
         if on_tensor is not None:
             on_tensor(len(packed), len(shapes), tensor_name)
-    return write_model(out_dir, config, packed, _tokenizer_from_gguf(reader), _field(reader, "tokenizer.chat_template"), source)
+    return write_model(out_dir, config, packed, tokenizer_from_gguf(reader),
+                       metadata_field(reader, "tokenizer.chat_template"), source)
 
 
 def convert_cached(gguf_path: str | os.PathLike, cache_root: str | os.PathLike) -> Path:

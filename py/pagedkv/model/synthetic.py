@@ -67,10 +67,10 @@ def random_q4_k(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
 
 def smollm2_tokenizer(models_cache: str | os.PathLike) -> tuple[dict, str]:
     """SmolLM2's tokenizer section and chat template, read from the pinned SmolLM2-135M GGUF (convert.py)."""
-    from .convert import _field, _tokenizer_from_gguf, fetch_smollm2_gguf, open_gguf
+    from .convert import fetch_smollm2_gguf, metadata_field, open_gguf, tokenizer_from_gguf
 
     reader = open_gguf(fetch_smollm2_gguf(models_cache))
-    return _tokenizer_from_gguf(reader), _field(reader, "tokenizer.chat_template")
+    return tokenizer_from_gguf(reader), metadata_field(reader, "tokenizer.chat_template")
 
 
 def write_llama_metadata(writer, config: ModelConfig, tokenizer: dict, chat_template: str,
