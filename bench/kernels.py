@@ -25,8 +25,9 @@ import time
 import numpy as np
 
 from pagedkv.backends.webgpu import model_kernels as ops
-from pagedkv.backends.webgpu.kv_kernels import KVCacheBuffers, KVKernels, KVLayout
+from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVCacheBuffers, KVKernels
 from pagedkv.kernels.ref_ops import rope_cos_sin
+from pagedkv.kv.spec import KVSpec
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.layout import pack_float, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 from pagedkv.model.weights import expected_shapes
@@ -146,7 +147,7 @@ async def attention_rows(b: Bench, contexts: list[int], prefill: int, decode: bo
     kernel family (cpu; gpu with its workgroup tree and, where the device has them, with subgroups)."""
     cfg, bs = SMOLLM2, 16
     contexts = sorted(set(contexts) | set(DECODE_CONTEXTS)) if decode else contexts
-    layout = KVLayout(-(-max(contexts + [prefill]) // bs) + 1, bs, cfg.n_kv_heads, cfg.head_dim, "f16")
+    layout = GpuKVLayout(KVSpec.of(cfg, block_size=bs, dtype="f16"), -(-max(contexts + [prefill]) // bs) + 1)
     cache = KVCacheBuffers(b.ctx, layout)
     kv_token = 2 * layout.token_bytes  # K and V of one token
     q_bytes = cfg.n_heads * cfg.head_dim * 4

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from pagedkv.backends.webgpu.kv_attention_gpu import decode_kernels, prefill_kernel
-from pagedkv.backends.webgpu.kv_kernels import KVKernels, KVLayout
+from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVKernels
+from pagedkv.kv.spec import KVSpec
 
 CTX = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": 65535}))
 
@@ -23,7 +24,7 @@ def test_each_family_names_its_pipelines_shaders_and_entry_points():
 
 
 def test_grids_smollm2_one_and_four_sequences():
-    layout = KVLayout(600, 16, 3, 64, "f16")
+    layout = GpuKVLayout(KVSpec(1, 3, 64, 16, "f16"), 600)
     cpu = KVKernels(CTX, layout, 9)
     gpu = KVKernels(CTX, layout, 9, family="gpu", subgroups=True)
     # 4 partitions (512 tokens): cpu 4 x 3 threads in workgroups of 16, merge 9 x 16 vec4s;
@@ -31,25 +32,29 @@ def test_grids_smollm2_one_and_four_sequences():
     assert cpu.decode_grids(1, 4) == ((1, 1, 1), (9, 1, 1))
     assert gpu.decode_grids(1, 4) == ((12, 1, 1), (9, 1, 1))
     assert gpu.decode_grids(4, 32) == ((4 * 32 * 3, 1, 1), (36, 1, 1))
-    group4 = KVKernels(CTX, KVLayout(64, 8, 2, 16), 8, family="gpu")  # 4 query heads per kv head: one tile
+    small = GpuKVLayout(KVSpec(1, 2, 16, 8, "f32"), 64)
+    group4 = KVKernels(CTX, small, 8, family="gpu")  # 4 query heads per kv head: one tile
     assert (group4.head_tile, group4.decode_grids(3, 2)) == (4, ((3 * 2 * 2, 1, 1), (24, 1, 1)))
 
 
 def test_gpu_family_refuses_partitions_past_its_staged_block_table():
-    KVKernels(CTX, KVLayout(600, 8, 3, 64), 9, family="gpu", partition_tokens=1024)  # 128 blocks: the limit
+    layout = GpuKVLayout(KVSpec(1, 3, 64, 8, "f32"), 600)
+    KVKernels(CTX, layout, 9, family="gpu", partition_tokens=1024)  # 128 blocks: the limit
     with pytest.raises(ValueError, match=r"at most 128 blocks, got 256 \(partition_tokens 2048, block_size 8\)"):
-        KVKernels(CTX, KVLayout(600, 8, 3, 64), 9, family="gpu", partition_tokens=2048)
-    assert KVKernels(CTX, KVLayout(600, 8, 3, 64), 9, partition_tokens=2048).partition_blocks == 256  # cpu: none
+        KVKernels(CTX, layout, 9, family="gpu", partition_tokens=2048)
+    assert KVKernels(CTX, layout, 9, partition_tokens=2048).partition_blocks == 256  # cpu: none
 
 
 def test_prefill_kernels_tile_new_tokens_by_family():
     assert prefill_kernel("cpu", 3, 64, 4, 16) == prefill_kernel("cpu", 1, 16, 4, 16)  # cpu: query_tile tokens
-    cpu = KVKernels(CTX, KVLayout(600, 16, 3, 64), 9, query_tile=3)
+    layout = GpuKVLayout(KVSpec(1, 3, 64, 16, "f32"), 600)
+    cpu = KVKernels(CTX, layout, 9, query_tile=3)
     assert (cpu.prefill.name, cpu.query_tile, cpu.prefill_grid(10)) == ("paged_prefill_attention", 3, (6, 1, 1))
     # gpu: 16 (token, head) rows per workgroup: 5 tokens x 3 heads; 16 keys of 64 values per K/V tile
-    gpu = KVKernels(CTX, KVLayout(600, 16, 3, 64), 9, family="gpu", query_tile=3)
+    gpu = KVKernels(CTX, layout, 9, family="gpu", query_tile=3)
     assert (gpu.prefill.name, gpu.query_tile, gpu.prefill.workgroup) == ("paged_prefill_attention_gpu", 5, 128)
     assert dict(gpu.prefill.constants) == {"SLOTS": 3, "QUERY_TILE": 5, "KEYS": 16}
     assert gpu.prefill_grid(10) == (30, 1, 1)  # 10 tiles x 3 kv heads
-    small = KVKernels(CTX, KVLayout(64, 8, 2, 16), 4, family="gpu")  # 2 heads per tile: 8 tokens, 32 keys
+    # 2 heads per tile: 8 tokens, 32 keys
+    small = KVKernels(CTX, GpuKVLayout(KVSpec(1, 2, 16, 8, "f32"), 64), 4, family="gpu")
     assert dict(small.prefill.constants) == {"SLOTS": 2, "QUERY_TILE": 8, "KEYS": 32}

@@ -4,13 +4,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pagedkv.backends.webgpu.kv_kernels import KVKernels, KVLayout
+from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVKernels
 from pagedkv.backends.webgpu.model_kernels import uniform_words
+from pagedkv.kv.spec import KVSpec
+
+SMOLLM2_LAYER = KVSpec(num_layers=1, num_kv_heads=3, head_dim=64)  # one layer's K (or V) cache, 16-token blocks
+F32_LAYER = SMOLLM2_LAYER.with_(dtype="f32")
 
 
 def test_layout_word_counts_for_smollm2_f32_and_f16():
-    f32 = KVLayout(num_blocks=100, block_size=16, n_kv_heads=3, head_dim=64, dtype="f32")
-    f16 = KVLayout(num_blocks=100, block_size=16, n_kv_heads=3, head_dim=64, dtype="f16")
+    f32 = GpuKVLayout(F32_LAYER, num_blocks=100)
+    f16 = GpuKVLayout(SMOLLM2_LAYER.with_(dtype="f16"), num_blocks=100)
     assert (f32.token_bytes, f32.block_words, f32.nbytes) == (768, 768, 1_228_800)
     assert (f16.token_bytes, f16.block_words, f16.nbytes) == (384, 384, 614_400)
     assert f16.constants == {"HEAD_DIM": 64, "KV_FORMAT": 1, "KV_GROUP": 64} and f32.constants["KV_FORMAT"] == 0
@@ -25,24 +29,24 @@ def test_layout_word_counts_for_smollm2_f32_and_f16():
     ("int4-asym", 128, {"HEAD_DIM": 64, "KV_FORMAT": 5, "KV_GROUP": 32}),  # as int4: 6 (step, min) f16 pairs
 ])
 def test_quantized_layouts_hold_words_with_scales_in_each_token(dtype, token_bytes, constants):
-    lay = KVLayout(num_blocks=100, block_size=16, n_kv_heads=3, head_dim=64, dtype=dtype)
+    lay = GpuKVLayout(SMOLLM2_LAYER.with_(dtype=dtype), num_blocks=100)
     assert (lay.token_bytes, lay.block_words, lay.nbytes) == (token_bytes, token_bytes, 100 * 16 * token_bytes)
     assert lay.constants == constants
     assert lay.storage_shape == (100, 16, token_bytes // 4) and lay.storage_dtype == np.uint32
     assert lay.kv_write_invocations(5) == 5  # one invocation per token writes its scales' shared words
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"dtype": "bf16"}, "unknown KV cache dtype 'bf16'; valid dtypes are f32, f16, int8, fp8-e4m3, int4, int4-asym"),
-    ({"block_size": 64}, r"block_size must be in 1\.\.32"),
-    ({"head_dim": 56}, "head_dim must be a multiple of 16"),
-    ({"head_dim": 256}, "head_dim must be a multiple of 16"),
-    ({"num_blocks": 0}, "num_blocks and n_kv_heads must be >= 1"),
+@pytest.mark.parametrize("spec_changes, num_blocks, message", [
+    ({"dtype": "bf16"}, 4, "unknown KV cache dtype 'bf16'; valid dtypes are f32, f16, int8, fp8-e4m3, int4, int4-asym"),
+    ({"block_size": 64}, 4, r"block_size must be in 1\.\.32"),
+    ({"head_dim": 56}, 4, "head_dim must be a multiple of 16"),
+    ({"head_dim": 256}, 4, "head_dim must be a multiple of 16"),
+    ({}, 0, "num_blocks must be >= 1, got 0"),
 ])
-def test_layout_rejects_what_the_kernels_cannot_run(kwargs, message):
-    base = {"num_blocks": 4, "block_size": 16, "n_kv_heads": 2, "head_dim": 64}
+def test_layout_rejects_what_the_kernels_cannot_run(spec_changes, num_blocks, message):
+    spec = KVSpec(num_layers=1, num_kv_heads=2, head_dim=64).with_(**spec_changes)  # KVSpec itself allows these
     with pytest.raises(ValueError, match=message):
-        KVLayout(**{**base, **kwargs})
+        GpuKVLayout(spec, num_blocks)
 
 
 def test_uniform_words_pack_u32_and_f32_fields_in_order():
@@ -53,9 +57,10 @@ def test_uniform_words_pack_u32_and_f32_fields_in_order():
 
 
 def test_kernel_calls_validate_before_touching_the_gpu():
-    kk = KVKernels(ctx=None, layout=KVLayout(8, 16, 3, 64), n_heads=9)  # no GPU: any GPU use would fail
+    kk = KVKernels(ctx=None, layout=GpuKVLayout(F32_LAYER, 8), n_heads=9)  # no GPU: any GPU use would fail
     assert (kk.partition_blocks, kk.head_tile, kk.query_tile) == (8, 3, 4)
-    tiles = [KVKernels(None, KVLayout(8, 16, kv, 64), n).head_tile for n, kv in ((8, 2), (12, 2), (10, 2), (4, 4))]
+    tiles = [KVKernels(None, GpuKVLayout(F32_LAYER.with_(num_kv_heads=kv), 8), n).head_tile
+             for n, kv in ((8, 2), (12, 2), (10, 2), (4, 4))]
     assert tiles == [4, 3, 1, 1]
     q = np.zeros((2, 9, 64), np.float32)
     with pytest.raises(ValueError, match=r"block ids must lie in \[0, 8\)"):
@@ -75,8 +80,8 @@ def test_kernel_calls_validate_before_touching_the_gpu():
         kk.prepare_scatter_blocks(None, np.array([3]), np.zeros((1, 16, 3, 64), np.float16),
                                   np.zeros((1, 16, 3, 64), np.float32))
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        KVKernels(ctx=None, layout=KVLayout(8, 16, 3, 64), n_heads=8)
+        KVKernels(ctx=None, layout=GpuKVLayout(F32_LAYER, 8), n_heads=8)
     with pytest.raises(ValueError, match="query_tile must be 1..4"):
-        KVKernels(ctx=None, layout=KVLayout(8, 16, 3, 64), n_heads=9, query_tile=5)
+        KVKernels(ctx=None, layout=GpuKVLayout(F32_LAYER, 8), n_heads=9, query_tile=5)
     with pytest.raises(ValueError, match="partition_tokens"):
-        KVKernels(ctx=None, layout=KVLayout(8, 16, 3, 64), n_heads=9, partition_tokens=8)
+        KVKernels(ctx=None, layout=GpuKVLayout(F32_LAYER, 8), n_heads=9, partition_tokens=8)

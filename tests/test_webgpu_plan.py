@@ -5,9 +5,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from pagedkv.backends.webgpu.kv_kernels import KVKernels, KVLayout
+from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVKernels
 from pagedkv.backends.webgpu.model_kernels import GpuShapes
 from pagedkv.backends.webgpu.plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
+from pagedkv.kv.spec import KVSpec
 from pagedkv.model.config import ModelConfig
 
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 512, 1e5, "adjacent_pairs", 1e-5, 256, True)
@@ -15,7 +16,7 @@ CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 512, 1e5, "adjacent_pairs", 1e-
 
 def fake_backend(kernels: str = "cpu", subgroups: bool = False, shader_f16: bool = False):
     ctx = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": 65535}))
-    layout = KVLayout(10, 16, 2, 16, "f16")
+    layout = GpuKVLayout(KVSpec(1, 2, 16, 16, "f16"), 10)
     names = ["token_embd.weight", "output_norm.weight"] + [
         f"blk.{i}.{n}.weight" for i in range(2) for n in
         ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_gate_up", "ffn_down")]  # as uploaded (stacked)

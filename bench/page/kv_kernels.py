@@ -9,8 +9,9 @@ import statistics
 import numpy as np
 
 from pagedkv.backends.webgpu import interop as webgpu
-from pagedkv.backends.webgpu.kv_kernels import KVCacheBuffers, KVKernels, KVLayout
+from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVCacheBuffers, KVKernels
 from pagedkv.kernels import ref_attention as ref
+from pagedkv.kv.spec import KVSpec
 
 _BENCH = {}
 
@@ -52,7 +53,7 @@ async def _attention_setup(kind, context, batch, block_size, dtype, n_heads, n_k
     rng = np.random.default_rng(0)
     lengths = [context] * batch
     num_blocks = sum(-(-n // block_size) for n in lengths) * 2
-    layout = KVLayout(num_blocks, block_size, n_kv, head_dim, dtype)
+    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, dtype), num_blocks)
     kk = await KVKernels(ctx, layout, n_heads, partition_tokens=partition_tokens,
                          workgroup_size=workgroup_size, head_tile=head_tile, query_tile=query_tile).compile()
     cache = KVCacheBuffers(ctx, layout)
@@ -111,7 +112,7 @@ async def bench_kv_write(num_tokens, block_size=16, dtype="f32", n_kv=3, head_di
     """Median ms of writing num_tokens K/V rows into scattered slots."""
     ctx = await bench_context()
     rng = np.random.default_rng(1)
-    layout = KVLayout(-(-num_tokens // block_size) * 2, block_size, n_kv, head_dim, dtype)
+    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, dtype), -(-num_tokens // block_size) * 2)
     kk = await KVKernels(ctx, layout, n_kv).compile()
     cache = KVCacheBuffers(ctx, layout)
     tables = tables_for([num_tokens], block_size, layout.num_blocks, True, rng)

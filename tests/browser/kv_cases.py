@@ -9,8 +9,9 @@ import math
 import numpy as np
 
 from pagedkv.backends.webgpu.runtime import open_device
-from pagedkv.backends.webgpu.kv_kernels import KVCacheBuffers, KVKernels, KVLayout
+from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVCacheBuffers, KVKernels
 from pagedkv.kernels import ref_attention as ref
+from pagedkv.kv.spec import KVSpec
 
 _STATE = {}
 
@@ -58,7 +59,7 @@ def errors(got, want):
 async def decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim, partition_tokens=128, family="cpu"):
     rng = np.random.default_rng(seed)
     needed = sum(-(-n // block_size) for n in lengths)
-    layout = KVLayout(needed + 5, block_size, n_kv, head_dim, dtype)
+    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, dtype), needed + 5)
     k_cache, v_cache = random_cache(rng, layout)
     tables = block_tables(rng, lengths, block_size, layout.num_blocks)
     query = rng.standard_normal((len(lengths), n_heads, head_dim)).astype(np.float32)
@@ -77,7 +78,7 @@ async def decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim,
 
 async def decode_bad_table():
     """A block id past the pool must be refused with ValueError before anything is dispatched."""
-    layout = KVLayout(8, 16, 3, 64, "f32")
+    layout = GpuKVLayout(KVSpec(1, 3, 64, 16, "f32"), 8)
     kk = await kernels(layout, 9)
     cache = KVCacheBuffers(kk.ctx, layout)
     try:
@@ -92,7 +93,7 @@ async def prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim,
     rng = np.random.default_rng(seed)
     lengths = [c + n for c, n in chunks]
     needed = sum(-(-n // block_size) for n in lengths)
-    layout = KVLayout(needed + 3, block_size, n_kv, head_dim, dtype)
+    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, dtype), needed + 3)
     k_cache, v_cache = random_cache(rng, layout)
     tables = block_tables(rng, lengths, block_size, layout.num_blocks)
     slots = np.concatenate([ref.slots_of(tables[s], np.arange(c, c + n), block_size)
@@ -117,7 +118,7 @@ async def kv_write_case(seed, lengths, block_size, dtype, n_kv, head_dim):
     """Writes every token of several sequences into scattered slots; returns mismatch counts."""
     rng = np.random.default_rng(seed)
     needed = sum(-(-n // block_size) for n in lengths)
-    layout = KVLayout(needed + 4, block_size, n_kv, head_dim, dtype)
+    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, dtype), needed + 4)
     k_cache, v_cache = random_cache(rng, layout)
     tables = block_tables(rng, lengths, block_size, layout.num_blocks)
     slots = np.concatenate([ref.slots_of(tables[s], np.arange(n), block_size) for s, n in enumerate(lengths)])
@@ -143,7 +144,7 @@ async def kv_write_case(seed, lengths, block_size, dtype, n_kv, head_dim):
 
 async def copy_blocks_case(seed, num_blocks, block_size, dtype, n_kv, head_dim, pairs):
     rng = np.random.default_rng(seed)
-    layout = KVLayout(num_blocks, block_size, n_kv, head_dim, dtype)
+    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, dtype), num_blocks)
     k_cache, v_cache = random_cache(rng, layout)
     kk = await kernels(layout, n_kv)
     cache = KVCacheBuffers(kk.ctx, layout)
@@ -160,7 +161,7 @@ async def copy_blocks_case(seed, num_blocks, block_size, dtype, n_kv, head_dim, 
 async def swap_case(seed, num_blocks, block_size, dtype, n_kv, head_dim, out_ids, in_ids):
     """Swap blocks out to the host, then back in to other physical blocks; bit-exact comparisons."""
     rng = np.random.default_rng(seed)
-    layout = KVLayout(num_blocks, block_size, n_kv, head_dim, dtype)
+    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, dtype), num_blocks)
     k_cache, v_cache = random_cache(rng, layout)
     kk = await kernels(layout, n_kv)
     cache = KVCacheBuffers(kk.ctx, layout)

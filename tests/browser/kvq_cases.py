@@ -47,7 +47,7 @@ async def kvq_write_case(seed, lengths, block_size, dtype, n_kv, head_dim):
     """kv_write of hard rows into scattered slots of a packed cache; u32 mismatches vs numpy pack_tokens."""
     rng = np.random.default_rng(seed)
     needed = sum(-(-n // block_size) for n in lengths)
-    layout = KVLayout(needed + 4, block_size, n_kv, head_dim, dtype)
+    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, dtype), needed + 4)
     k0 = PackedKV.pack(rng.standard_normal(layout.shape).astype(np.float32), dtype)
     v0 = PackedKV.pack(rng.standard_normal(layout.shape).astype(np.float32), dtype)
     tables = block_tables(rng, lengths, block_size, layout.num_blocks)
@@ -75,7 +75,7 @@ async def kvq_decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_
     """Decode attention over a packed cache vs the float64 reference over the same dequantized values."""
     rng = np.random.default_rng(seed)
     needed = sum(-(-n // block_size) for n in lengths)
-    layout = KVLayout(needed + 5, block_size, n_kv, head_dim, dtype)
+    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, dtype), needed + 5)
     k = PackedKV.pack(rng.standard_normal(layout.shape).astype(np.float32), dtype)
     v = PackedKV.pack(rng.standard_normal(layout.shape).astype(np.float32), dtype)
     tables = block_tables(rng, lengths, block_size, layout.num_blocks)
@@ -96,7 +96,7 @@ async def kvq_prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_
     rng = np.random.default_rng(seed)
     lengths = [c + n for c, n in chunks]
     needed = sum(-(-n // block_size) for n in lengths)
-    layout = KVLayout(needed + 3, block_size, n_kv, head_dim, dtype)
+    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, dtype), needed + 3)
     k0 = PackedKV.pack(rng.standard_normal(layout.shape).astype(np.float32), dtype)
     v0 = PackedKV.pack(rng.standard_normal(layout.shape).astype(np.float32), dtype)
     tables = block_tables(rng, lengths, block_size, layout.num_blocks)
@@ -121,7 +121,7 @@ async def kvq_prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_
 async def kvq_copy_swap_case(seed, dtype, block_size, pairs, out_ids, in_ids):
     """copy_blocks, then swap-out / swap-in of a packed cache (SmolLM2 heads): scales travel with their data."""
     rng = np.random.default_rng(seed)
-    layout = KVLayout(12, block_size, 3, 64, dtype)
+    layout = GpuKVLayout(KVSpec(1, 3, 64, block_size, dtype), 12)
     k = PackedKV.pack(rng.standard_normal(layout.shape).astype(np.float32), dtype).words
     v = PackedKV.pack(rng.standard_normal(layout.shape).astype(np.float32), dtype).words
     kk = await kernels(layout, 3)

@@ -65,12 +65,13 @@ async def attention_mass_case(seed: int, chunks: list, dtype: str, n_heads: int,
 
     import kv_cases as kc
     from pagedkv.backends.webgpu.attention_mass import AttentionMassKernel
-    from pagedkv.backends.webgpu.kv_kernels import KVCacheBuffers, KVLayout
+    from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVCacheBuffers
+    from pagedkv.kv.spec import KVSpec
     from pagedkv.kernels.ref_attention_mass import attention_mass_ref
 
     rng = np.random.default_rng(seed)
     lengths = [c + n for c, n in chunks]
-    layout = KVLayout(sum(-(-n // 16) for n in lengths) + 3, 16, n_kv, head_dim, dtype)
+    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, 16, dtype), sum(-(-n // 16) for n in lengths) + 3)
     k_cache, v_cache = kc.random_cache(rng, layout)
     tables = kc.block_tables(rng, lengths, 16, layout.num_blocks)
     starts = np.concatenate([[0], np.cumsum([n for _, n in chunks])])

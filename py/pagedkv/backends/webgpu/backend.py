@@ -28,7 +28,7 @@ from .. import check_attention_mass
 from . import model_kernels as ops
 from .attention_mass import AttentionMassKernel
 from .fused import BIAS_MEMBERS, bias_member, fused_member, member_names, stack_rows, stacks
-from .kv_kernels import KVKernels, KVLayout
+from .kv_kernels import GpuKVLayout, KVKernels
 from .kv_pool import GpuKVPool
 from .memory_plan import plan_kv_pool, scratch_buffers, staging_buffers
 from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
@@ -93,7 +93,7 @@ class WebGpuBackend:
                 "raise the budget or lower max_num_batched_tokens")
         b = cls(ctx, config, GpuLedger(budget_bytes), block_size=block_size, kv_dtype=kv_dtype,
                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, kernels=kernels)
-        layout = KVLayout(num_blocks, block_size, config.n_kv_heads, config.head_dim, kv_dtype)
+        layout = GpuKVLayout(b.kv_spec, num_blocks)
         b.kv_kernels = await KVKernels(ctx, layout, config.n_heads, family=kernels, subgroups=b.subgroups).compile()
         b.kv_pool = GpuKVPool(ctx, b.kv_kernels, config, b.ledger)
         try:
@@ -117,8 +117,7 @@ class WebGpuBackend:
         await self._upload_weights(manifest, shard_source, on_progress)
         scratch = scratch_buffers(cfg, block_size=self.block_size, max_num_batched_tokens=self.max_num_batched_tokens,
                                   max_num_seqs=self.max_num_seqs)
-        staging = staging_buffers(cfg, block_size=self.block_size, kv_dtype=self.kv_dtype,
-                                  max_num_seqs=self.max_num_seqs)
+        staging = staging_buffers(cfg, self.kv_spec, max_num_seqs=self.max_num_seqs)
         for label, nbytes, kind in (*scratch, *staging):
             self.scratch[label] = self._buffer(label, nbytes, kind, map_read=label == "readback",
                                                uniform=label == "params")

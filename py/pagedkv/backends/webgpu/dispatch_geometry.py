@@ -16,9 +16,10 @@ import math
 import sys
 from types import SimpleNamespace
 
-from pagedkv.backends.webgpu.kv_kernels import KVKernels, KVLayout
+from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVKernels
 from pagedkv.backends.webgpu.model_kernels import FAMILIES, MAX_WORKGROUPS_PER_DIM, GpuShapes
 from pagedkv.backends.webgpu.plan import SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
+from pagedkv.kv.spec import KVSpec
 from pagedkv.model.config import ModelConfig
 
 # SmolLM2-135M-Instruct as convert.py reads it from its GGUF file
@@ -57,7 +58,7 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: 
     if not 1 <= context <= config.context_length:
         raise ValueError(f"context must be 1..{config.context_length}, got {context}")
     blocks = math.ceil(config.context_length / BLOCK_SIZE)
-    layout = KVLayout(blocks, BLOCK_SIZE, config.n_kv_heads, config.head_dim, "f16")
+    layout = GpuKVLayout(KVSpec.of(config, block_size=BLOCK_SIZE, dtype="f16"), blocks)
     ctx = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": MAX_WORKGROUPS_PER_DIM}))
     kv = KVKernels(ctx, layout, config.n_heads, family=kernels, subgroups=subgroups)
     kv_sizes = {name: size for name, _, _, size in kv.decode.specs}  # the KV kernels' workgroup sizes

@@ -8,10 +8,10 @@ Each kernel has a `prepare_*` that uploads inputs and builds bind groups once (a
 dispatches can be submitted again and again, as a benchmark or a replayed plan does) and a one-shot
 async call that prepares, submits, reads the result back and frees its temporaries.
 
-Element type of the cache: KVLayout.dtype, any name of pagedkv.kv.dtypes (f32, f16, int8, fp8-e4m3, int4, int4-asym);
-it becomes the kernels' pipeline constants KV_FORMAT / KV_GROUP. f16 is packed two per u32 (no shader-f16
-feature needed); quantized dtypes keep their per-row scales inside each token's words (kv_dtype.py), so
-copy_blocks and the swaps move them with the data.
+Element type of the cache: GpuKVLayout.dtype (its KVSpec's), any name of pagedkv.kv.dtypes (f32, f16, int8,
+fp8-e4m3, int4, int4-asym); it becomes the kernels' pipeline constants KV_FORMAT / KV_GROUP. f16 is packed two
+per u32 (no shader-f16 feature needed); quantized dtypes keep their per-row scales inside each token's words
+(kv/dtypes.py), so copy_blocks and the swaps move them with the data.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...kernels import ref_attention as ref
-from ...kv.dtypes import kv_dtype as lookup_kv_dtype
+from ...kv.spec import KVSpec
 from .kv_attention_gpu import check_partition, decode_kernels, prefill_kernel
 from .model_kernels import uniform_words
 
@@ -33,24 +33,39 @@ PARTITION_TOKENS = 128  # flash-decoding partition of a long context (KVKernels,
 
 
 @dataclass(frozen=True)
-class KVLayout:
-    """Shape and element type of one layer's K (and V) cache: (num_blocks, block_size, n_kv_heads, head_dim)."""
+class GpuKVLayout:
+    """A KV pool on the GPU: its KVSpec (geometry and element type) and num_blocks. Each layer's K (and V) cache
+    is one buffer of (num_blocks, block_size, n_kv_heads, head_dim) in spec.dtype."""
 
+    spec: KVSpec
     num_blocks: int
-    block_size: int
-    n_kv_heads: int
-    head_dim: int
-    dtype: str = "f32"
 
     def __post_init__(self) -> None:
-        lookup_kv_dtype(self.dtype)
+        self.spec.element  # noqa: B018  the registry entry: ValueError for bf16, which KVSpec only sizes
         if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
             raise ValueError(f"block_size must be in 1..{MAX_BLOCK_SIZE} (the kernels keep one block of "
                              f"scores in registers), got {self.block_size}")
         if self.head_dim % 16 or not 16 <= self.head_dim <= MAX_HEAD_DIM:
             raise ValueError(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
-        if self.num_blocks < 1 or self.n_kv_heads < 1:
-            raise ValueError(f"num_blocks and n_kv_heads must be >= 1, got {self.num_blocks}, {self.n_kv_heads}")
+        if not isinstance(self.num_blocks, int) or self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+
+    # the spec's geometry in the kernels' (ModelConfig's) names
+    @property
+    def block_size(self) -> int:
+        return self.spec.block_size
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.spec.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.spec.head_dim
+
+    @property
+    def dtype(self) -> str:
+        return self.spec.dtype
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -59,14 +74,14 @@ class KVLayout:
     @property
     def kind(self):
         """The pagedkv.kv.dtypes registry entry."""
-        return lookup_kv_dtype(self.dtype)
+        return self.spec.element
 
     @property
     def storage_shape(self) -> tuple:
         """Host view of a cache: the logical shape for f32 / f16, (num_blocks, block_size, token_u32s) words else."""
         if self.dtype in HOST_DTYPES:
             return self.shape
-        return (self.num_blocks, self.block_size, self.kind.token_u32s(self.n_kv_heads, self.head_dim))
+        return (self.num_blocks, self.block_size, self.spec.token_u32s)
 
     @property
     def storage_dtype(self) -> np.dtype:
@@ -77,7 +92,7 @@ class KVLayout:
     @property
     def token_bytes(self) -> int:
         """Bytes of one token in one cache (K or V): data, scales and padding."""
-        return self.kind.token_bytes(self.n_kv_heads, self.head_dim)
+        return self.spec.token_u32s * 4
 
     @property
     def block_words(self) -> int:
@@ -105,7 +120,7 @@ class KVLayout:
 class KVCacheBuffers:
     """One layer's K and V pool buffers on the GPU."""
 
-    def __init__(self, ctx, layout: KVLayout) -> None:
+    def __init__(self, ctx, layout: GpuKVLayout) -> None:
         self.ctx = ctx
         self.layout = layout
         self.k = ctx.buffer(layout.nbytes, "k_cache")  # (num_blocks, block_size, n_kv_heads, head_dim)
@@ -185,7 +200,7 @@ class Temporaries(list):
 class KVKernels:
     """The compiled KV-cache kernels for one layout and query-head count, and their host calls."""
 
-    def __init__(self, ctx, layout: KVLayout, n_heads: int, *, partition_tokens: int = PARTITION_TOKENS,
+    def __init__(self, ctx, layout: GpuKVLayout, n_heads: int, *, partition_tokens: int = PARTITION_TOKENS,
                  workgroup_size: int = 16, head_tile: int | None = None, query_tile: int = 4,
                  family: str = "cpu", subgroups: bool = False) -> None:
         # partition_tokens: flash-decoding split. Small partitions give a single sequence's decode enough

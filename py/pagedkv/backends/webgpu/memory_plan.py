@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from ...gpu_budget import GpuLedger, kv_blocks_that_fit, rounded
 from ...kv.dtypes import kv_dtype as lookup_kv_dtype
+from ...kv.spec import KVSpec
 from ...model.config import ModelConfig
 from ...model.weights import check_manifest
 from .fused import bias_member, fused_member, stacked_nbytes, stacks
-from .kv_kernels import PARTITION_TOKENS, KVLayout
+from .kv_kernels import PARTITION_TOKENS, GpuKVLayout
 from .kv_pool import SWAP_CHUNK_BLOCKS
 from .plan import PARAM_SLOT_BYTES, SLOTS
 
@@ -79,12 +80,11 @@ def scratch_buffers(cfg: ModelConfig, *, block_size: int, max_num_batched_tokens
     ]
 
 
-def staging_buffers(cfg: ModelConfig, *, block_size: int, kv_dtype: str,
-                    max_num_seqs: int) -> list[tuple[str, int, str]]:
+def staging_buffers(cfg: ModelConfig, spec: KVSpec, *, max_num_seqs: int) -> list[tuple[str, int, str]]:
     """(label, bytes, ledger kind) of the logits' read-back landing and of the swap / copy temporaries."""
     # The swap / copy temporaries are created and freed inside one call (KVKernels): this reservation
     # covers the largest of them (gather staging + its read-back copy, SWAP_CHUNK_BLOCKS blocks of K and V).
-    block = KVLayout(1, block_size, cfg.n_kv_heads, cfg.head_dim, kv_dtype).nbytes  # one block of one cache
+    block = GpuKVLayout(spec, num_blocks=1).nbytes  # one block of one layer's K (or V)
     chunk = 2 * SWAP_CHUNK_BLOCKS * block
     return [("readback", max_num_seqs * cfg.vocab * 4, "staging"),  # (S, vocab) landing
             ("swap_temporaries", 2 * chunk + TEMP_SLACK_BYTES, "staging")]
@@ -101,16 +101,16 @@ def plan_kv_pool(manifest: dict, *, budget_bytes: int, block_size: int, kv_dtype
         raise ValueError(f"need 1 <= max_num_seqs ({max_num_seqs}) <= max_num_batched_tokens "
                          f"({max_num_batched_tokens})")
     GpuLedger(budget_bytes)  # the ledger's own check of the budget
-    one_block = KVLayout(1, block_size, config.n_kv_heads, config.head_dim, kv_dtype)  # checks geometry and dtype
+    lookup_kv_dtype(kv_dtype)  # the registry's message for a name the GPU has no kernels for
+    spec = KVSpec.of(config, block_size=block_size, dtype=kv_dtype)
+    one_block = GpuKVLayout(spec, num_blocks=1)  # checks what the kernels can run
     split = {"weights_bytes": weights_bytes(manifest),
              "scratch_bytes": sum(rounded(n) for _, n, _ in scratch_buffers(
                  config, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
                  max_num_seqs=max_num_seqs)),
-             "staging_bytes": sum(rounded(n) for _, n, _ in staging_buffers(
-                 config, block_size=block_size, kv_dtype=kv_dtype, max_num_seqs=max_num_seqs))}
+             "staging_bytes": sum(rounded(n) for _, n, _ in staging_buffers(config, spec, max_num_seqs=max_num_seqs))}
     fixed = sum(split.values())
     block_bytes = 2 * config.n_layers * one_block.nbytes  # K and V of every layer, one block
     num_blocks = kv_blocks_that_fit(budget_bytes - fixed, block_bytes, max_binding, config.n_layers)
-    bytes_per_token = lookup_kv_dtype(kv_dtype).bytes_per_token(config.n_layers, config.n_kv_heads, config.head_dim)
     return {"fixed_bytes": fixed, "block_bytes": block_bytes, "num_blocks": num_blocks,
-            "bytes_per_token": bytes_per_token, **split}
+            "bytes_per_token": spec.bytes_per_token, **split}
