@@ -4,6 +4,8 @@ The template (ChatML for SmolLM2) ships inside the model file and is rendered
 the way Hugging Face renders it: a sandboxed jinja2 environment with
 ``trim_blocks``/``lstrip_blocks``, the ``loopcontrols`` extension, and the
 ``raise_exception`` / ``tojson`` / ``strftime_now`` helpers templates use.
+The template comes from a file anyone may write, so each render is bounded (_RenderBudget): time, the items
+of ``range()``, the size of ``*`` products and namespace values, and the output's length.
 
 A ``Conversation`` keeps the token ids of everything said so far. A new turn
 appends only the tokens of the newly rendered suffix, and a reply is kept as
@@ -15,15 +17,26 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from collections.abc import Iterable, Sequence
 
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 from pagedkv.tokenizer import Tokenizer
 
 ROLES = ("system", "user", "assistant")
+RENDER_SECONDS = 2.0  # a template renders a conversation in milliseconds; one still busy after this runs away
+MAX_RANGE_ITEMS = 100_000  # items range() may yield in one render, every range and every pass over it together
+MAX_RENDER_CHARS = 1 << 20  # output (and any value built) beyond 4 x the messages' own text: markers, not megabytes
+# What ChatTemplate.check renders: the turns every chat template must accept (no system message: Gemma's refuses one).
+SAMPLE_CONVERSATION = (
+    {"role": "user", "content": "Hello! Who are you?"},
+    {"role": "assistant", "content": "I am a helpful assistant."},
+    {"role": "user", "content": "What is 2 + 2?"},
+)
 
 
 def validate_messages(messages: object) -> list[dict[str, str]]:
@@ -66,6 +79,92 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+class _RenderBudget:
+    """What one render may spend: RENDER_SECONDS, MAX_RANGE_ITEMS and `max_chars` per value and in all of its
+    output. Past any of them it raises TemplateError. Its names start with "_" so the sandbox keeps a template
+    from calling them (it reaches the template as a variable, for _Sandbox.call_binop)."""
+
+    def __init__(self, max_chars: int) -> None:
+        self._deadline = time.monotonic() + RENDER_SECONDS
+        self._range_items = MAX_RANGE_ITEMS
+        self._max_chars = max_chars
+
+    def _tick(self) -> None:
+        if time.monotonic() > self._deadline:
+            raise jinja2.TemplateError(f"it ran for more than {RENDER_SECONDS:g} s")
+
+    def _spend_range(self, n: int) -> None:
+        self._range_items -= n
+        if self._range_items < 0:
+            raise jinja2.TemplateError(f"its range() calls yield more than {MAX_RANGE_ITEMS:,} items in one render")
+
+    def _sized(self, value, what: str = "a value"):
+        if isinstance(value, (str, list, tuple)) and len(value) > self._max_chars:
+            raise jinja2.TemplateError(f"it built {what} of {len(value):,} items (at most {self._max_chars:,})")
+        return value
+
+    def _range(self, *args) -> "_BoundedRange":
+        items = range(*args)
+        if len(items) > MAX_RANGE_ITEMS:
+            raise jinja2.TemplateError(f"it asked for range({', '.join(map(repr, args))}) ({len(items):,} items; "
+                                       f"at most {MAX_RANGE_ITEMS:,} in one render)")
+        return _BoundedRange(items, self)
+
+    def _namespace(self, *args, **kwargs) -> Namespace:
+        return _BoundedNamespace(self, *args, **kwargs)
+
+
+class _BoundedRange(Sequence):
+    """range() in a template: each pass over it is charged to the render's budget, and checks its deadline."""
+
+    def __init__(self, items: range, budget: _RenderBudget) -> None:
+        self._items, self._budget = items, budget
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, index):
+        return self._items[index]
+
+    def __iter__(self):
+        self._budget._spend_range(len(self._items))
+        for n, item in enumerate(self._items):
+            if n % 1024 == 0:
+                self._budget._tick()
+            yield item
+
+
+class _BoundedNamespace(Namespace):
+    """namespace() in a template, the one state a loop can grow from pass to pass: its values are bounded."""
+
+    def __init__(self, budget: _RenderBudget, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        object.__setattr__(self, "_budget_of_render", budget)
+
+    def __setitem__(self, name: str, value) -> None:
+        budget = object.__getattribute__(self, "_budget_of_render")  # Namespace's own lookup sees only its values
+        budget._tick()
+        super().__setitem__(name, budget._sized(value, "a namespace value"))
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The sandbox with `*` and `**` checked: "x" * 10**9 and 9**9**9 are refused before they are computed."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator: str, left, right):
+        budget = context.get("_render_budget")
+        if operator == "**" and isinstance(right, int) and abs(right) > 64 and isinstance(left, (int, float)) \
+                and abs(left) > 1:
+            raise jinja2.TemplateError(f"it raised {left!r} to the power {right:,}")
+        if operator == "*" and budget is not None:
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > budget._max_chars:
+                    raise jinja2.TemplateError(f"it repeated a value of {len(seq):,} items {n:,} times (at most "
+                                               f"{budget._max_chars:,} items)")
+        return super().call_binop(context, operator, left, right)
+
+
 class ChatTemplate:
     """A compiled jinja2 chat template."""
 
@@ -80,9 +179,7 @@ class ChatTemplate:
         """
         if not isinstance(source, str) or not source:
             raise ValueError("chat template must be a non-empty string")
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-        )
+        env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
@@ -111,18 +208,37 @@ class ChatTemplate:
             eos = tokenizer.id_to_token(tokenizer.eos_token_id)
         return cls(source, bos_token=bos, eos_token=eos, strip_bos=tokenizer.add_bos, strip_eos=tokenizer.add_eos)
 
+    def check(self) -> None:
+        """Render SAMPLE_CONVERSATION, with and without the generation prompt, so that a template that fails or
+        runs away is refused when the model loads, not at its first message; ValueError saying why."""
+        for add_generation_prompt in (True, False):
+            self.render(SAMPLE_CONVERSATION, add_generation_prompt=add_generation_prompt)
+
     def render(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str:
         """Render ``messages`` (validated); with ``add_generation_prompt`` end with the assistant opener."""
         checked = validate_messages(messages)
+        budget = _RenderBudget(MAX_RENDER_CHARS + 4 * sum(len(m["content"]) for m in checked))
+        chunks, size = [], 0
         try:
-            text = self._template.render(
+            for chunk in self._template.generate(
                 messages=checked,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
-            )
+                range=budget._range,
+                namespace=budget._namespace,
+                _render_budget=budget,
+            ):
+                size += len(chunk)
+                if size > budget._max_chars:
+                    raise jinja2.TemplateError(f"its output passed {budget._max_chars:,} characters")
+                budget._tick()
+                chunks.append(chunk)
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template failed to render: {exc}") from exc
+        except Exception as exc:  # the template is a file's code: its errors are the file's, said as such
+            raise ValueError(f"chat template failed to render: {type(exc).__name__}: {exc}") from exc
+        text = "".join(chunks)
         if self.strip_bos and self.bos_token and text.startswith(self.bos_token):
             text = text[len(self.bos_token) :]
         if self.strip_eos and self.eos_token and text.endswith(self.eos_token):
