@@ -16,9 +16,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from ..chat import ChatTemplate
 from .config import ModelConfig
+from .gguf_metadata import GGUFMetadata
 from .gguf_reader import GGUFFile
-from .quants import BY_GGUF, pack_gguf
+from .quants import BY_GGUF, nonfinite, pack_gguf
 from .weights import WeightsError, check_manifest, expected_shapes, read_manifest, verify_shard
 from .writer import PackedTensor, write_model
 
@@ -32,6 +34,9 @@ CONVERTER_VERSION = 2
 
 TOKENIZER_KEYS = ("model", "pre", "tokens", "token_types", "merges")
 TOKENIZER_ID_KEYS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")
+# The backends size rope tables and attention scratch by the context length; real models of the supported
+# architectures stay below this (Qwen2.5-7B-Instruct-1M: 1,010,000 tokens).
+MAX_CONTEXT_LENGTH = 1 << 21
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -85,51 +90,88 @@ ROPE_FREQS = "rope_freqs.weight"  # Llama 3's "llama3" rope scaling, written by 
 BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 
 
+def _layer_count(md: GGUFMetadata, key: str, tensor_names) -> int:
+    """block_count, checked against the layers blk.<i> of the tensor table before anything is built per layer
+    (a file that claims a million layers is refused here, not after a list of nine million tensor names)."""
+    n_layers = md.positive_int(key)
+    layers = {int(n.split(".")[1]) for n in tensor_names if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    if len(layers) != n_layers or max(layers, default=-1) != n_layers - 1:
+        held = f"blk.0..blk.{max(layers):,}" if layers else "no blk.<i> tensors"
+        raise md.error(key, n_layers, f"the number of layers the tensor table holds: {len(layers):,} ({held})")
+    return n_layers
+
+
 def _config_from_gguf(reader, name: str) -> ModelConfig:
-    arch = metadata_field(reader, "general.architecture")
+    """The model's hyper-parameters from its metadata, every value type-checked and the layer count checked
+    against the tensor table (the widths are checked against the tensors' shapes by convert_reader)."""
+    md = GGUFMetadata(reader, name)
+    arch = md.string("general.architecture")
     if arch not in ROPE_TYPES:
         raise ValueError(f"{name}: unsupported architecture {arch!r}; supported: {sorted(ROPE_TYPES)}")
-
-    def key(suffix: str, default=None):
-        return metadata_field(reader, f"{arch}.{suffix}", default)
-
-    scaling = key("rope.scaling.type", "none")
-    freq_scale = 1.0 / float(key("rope.scale_linear", 1.0))  # older files' way to say linear scaling
+    p = f"{arch}."
+    scaling = md.string(p + "rope.scaling.type", "none")
+    freq_scale = 1.0 / md.positive_number(p + "rope.scale_linear", 1.0)  # older files' way to say linear scaling
     if scaling == "linear":
-        freq_scale = 1.0 / float(key("rope.scaling.factor"))
+        freq_scale = 1.0 / md.positive_number(p + "rope.scaling.factor")
     elif scaling != "none":
         raise ValueError(f"{name}: unsupported rope scaling type {scaling!r}; supported: none, linear, and Llama 3's "
                          f"frequency factors ({ROPE_FREQS})")
-    n_heads = int(key("attention.head_count"))
-    hidden = int(key("embedding_length"))
-    head_dim = int(key("attention.key_length", hidden // n_heads))
-    for what, value in (("attention.value_length", key("attention.value_length", head_dim)),
-                        ("rope.dimension_count", key("rope.dimension_count", head_dim))):
-        if int(value) != head_dim:
+    tensors = {t.name: t for t in reader.tensors}
+    n_layers = _layer_count(md, p + "block_count", tensors)
+    n_heads = md.positive_int(p + "attention.head_count")
+    hidden = md.positive_int(p + "embedding_length")
+    if hidden % n_heads and not md.has(p + "attention.key_length"):
+        raise md.error(p + "attention.head_count", n_heads,
+                       f"a divisor of {p}embedding_length ({hidden:,}), the head size being unstated")
+    head_dim = md.positive_int(p + "attention.key_length", hidden // n_heads)
+    for what in ("attention.value_length", "rope.dimension_count"):
+        value = md.positive_int(p + what, head_dim)
+        if value != head_dim:
             raise ValueError(f"{name}: {arch}.{what} is {value}, but the head size is {head_dim}; only full-width "
                              "heads and rotary embeddings are supported")
-    tensors = {t.name: t for t in reader.tensors}
     factors = None
     if ROPE_FREQS in tensors:
+        shape = list(tensors[ROPE_FREQS].shape)
+        if shape != [head_dim // 2]:  # checked before its data is read
+            raise ValueError(f"{name}: tensor {ROPE_FREQS} has shape {shape}; expected [{head_dim // 2}] (half the "
+                             f"head size {head_dim})")
         factors = tuple(float(f) for f in np.asarray(tensors[ROPE_FREQS].data, dtype=np.float32).reshape(-1))
-    return ModelConfig(
-        architecture=arch,
-        n_layers=int(key("block_count")),
-        hidden=hidden,
-        n_heads=n_heads,
-        n_kv_heads=int(key("attention.head_count_kv", n_heads)),
-        head_dim=head_dim,
-        ffn=int(key("feed_forward_length")),
-        vocab=len(metadata_field(reader, "tokenizer.ggml.tokens")),
-        rope_base=float(key("rope.freq_base", 10000.0)),
-        rope_convention="adjacent_pairs",
-        rms_eps=float(key("attention.layer_norm_rms_epsilon")),
-        context_length=int(key("context_length")),
-        tied_embeddings="output.weight" not in tensors,
-        attention_bias=f"blk.0.{BIASES[0]}" in tensors,
-        rope_freq_scale=freq_scale,
-        rope_freq_factors=factors,
-    )
+    n_kv_heads = md.positive_int(p + "attention.head_count_kv", n_heads)
+    ffn = md.positive_int(p + "feed_forward_length")
+    vocab = len(md.strings("tokenizer.ggml.tokens"))
+    rope_base = md.positive_number(p + "rope.freq_base", 10000.0)
+    rms_eps = md.positive_number(p + "attention.layer_norm_rms_epsilon")
+    context_length = md.positive_int(p + "context_length", at_most=MAX_CONTEXT_LENGTH)
+    try:
+        return ModelConfig(
+            architecture=arch, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv_heads,
+            head_dim=head_dim, ffn=ffn, vocab=vocab, rope_base=rope_base, rope_convention="adjacent_pairs",
+            rms_eps=rms_eps, context_length=context_length, tied_embeddings="output.weight" not in tensors,
+            attention_bias=f"blk.0.{BIASES[0]}" in tensors, rope_freq_scale=freq_scale, rope_freq_factors=factors,
+        )
+    except ValueError as exc:  # ModelConfig's checks of the values together (GQA groups, head size)
+        raise ValueError(f"{name}: {exc}") from exc
+
+
+def _check_shapes(shapes: dict[str, tuple[int, ...]], by_name: dict, config: ModelConfig, name: str) -> None:
+    """Every tensor has the shape the metadata gives it, checked before any tensor's data is read."""
+    for tensor_name, shape in shapes.items():
+        got = tuple(int(d) for d in reversed(by_name[tensor_name].shape))
+        if got != shape:
+            raise ValueError(
+                f"{name}: tensor {tensor_name} has shape {list(got)}, but the metadata gives {list(shape)} "
+                f"(embedding_length {config.hidden:,}, feed_forward_length {config.ffn:,}, head_count_kv "
+                f"{config.n_kv_heads:,} x head size {config.head_dim:,}, vocabulary {config.vocab:,} tokens)")
+
+
+def _check_chat_template(source: str, tok: dict, name: str) -> None:
+    """Render the template once on a sample conversation (bounded in time and output: chat.py), so a template
+    that compiles but fails or explodes when rendered is refused now, not at the first message."""
+    bos, eos = (tok["tokens"][tok[k]] if tok[k] is not None else "" for k in ("bos_token_id", "eos_token_id"))
+    try:
+        ChatTemplate(source, bos_token=bos, eos_token=eos).check()
+    except ValueError as exc:
+        raise ValueError(f"{name}: tokenizer.chat_template is refused: {exc}") from exc
 
 
 def _adjacent_pair_rows(n_heads: int, head_dim: int) -> np.ndarray:
@@ -151,37 +193,50 @@ def _to_adjacent_pairs(t, config: ModelConfig):
                            data=data[_adjacent_pair_rows(heads, config.head_dim)])
 
 
-def tokenizer_from_gguf(reader) -> dict:
-    """The tokenizer section of a model manifest, from the GGUF's tokenizer.ggml.* metadata."""
-    model = metadata_field(reader, "tokenizer.ggml.model")
+def tokenizer_from_gguf(reader, name: str | None = None) -> dict:
+    """The tokenizer section of a model manifest, from the GGUF's tokenizer.ggml.* metadata (type-checked;
+    errors start with `name`, by default the reader's)."""
+    md = GGUFMetadata(reader, name or getattr(reader, "name", "GGUF file"))
+    model = md.string("tokenizer.ggml.model")
+    tokens = md.strings("tokenizer.ggml.tokens")
+    if not tokens:
+        raise md.error("tokenizer.ggml.tokens", tokens, "an array of at least one string")
     tok = {
         "model": model,
-        "pre": metadata_field(reader, "tokenizer.ggml.pre", "default"),
-        "tokens": list(metadata_field(reader, "tokenizer.ggml.tokens")),
-        "token_types": [int(t) for t in metadata_field(reader, "tokenizer.ggml.token_type")],
-        "merges": list(metadata_field(reader, "tokenizer.ggml.merges")) if model == "gpt2" else [],
+        "pre": md.string("tokenizer.ggml.pre", "default"),
+        "tokens": list(tokens),
+        "token_types": md.ints("tokenizer.ggml.token_type", length=len(tokens)),
+        "merges": list(md.strings("tokenizer.ggml.merges")) if model == "gpt2" else [],
     }
     if model == "llama":  # SentencePiece: merge order comes from the scores
-        tok["scores"] = [float(s) for s in metadata_field(reader, "tokenizer.ggml.scores")]
+        tok["scores"] = md.numbers("tokenizer.ggml.scores", length=len(tokens))
     for key in TOKENIZER_ID_KEYS:
-        value = metadata_field(reader, f"tokenizer.ggml.{key}", -1)
-        tok[key] = None if value == -1 else int(value)
+        tok[key] = md.token_id(f"tokenizer.ggml.{key}", len(tokens))
     for flag in ("add_bos_token", "add_eos_token", "add_space_prefix"):  # kept only where the file says
-        if f"tokenizer.ggml.{flag}" in reader.fields:
-            tok[flag] = bool(metadata_field(reader, f"tokenizer.ggml.{flag}"))
+        if md.has(f"tokenizer.ggml.{flag}"):
+            tok[flag] = md.flag(f"tokenizer.ggml.{flag}")
     return tok
 
 
-def _pack_tensor(t, shape: tuple[int, ...]) -> PackedTensor:
+def _pack_tensor(t, shape: tuple[int, ...], file: str = "GGUF file") -> PackedTensor:
     kind = t.tensor_type.name
     wtype = BY_GGUF.get(kind)
     if wtype is None:
         supported = ", ".join(BY_GGUF)
-        raise ValueError(f"tensor {t.name} has quant type {kind}, which is not supported (supported: {supported})")
+        raise ValueError(f"{file}: tensor {t.name} has quant type {kind}, which is not supported (supported: "
+                         f"{supported})")
+    raw = np.asarray(t.data)
+    bad = nonfinite(wtype.name, raw)
+    if bad is not None:
+        count, first = bad
+        what = "block scales" if wtype.quantized else "weights"
+        where = f"in row {first // shape[-1]:,}" if len(shape) > 1 else f"at index {first:,}"
+        raise ValueError(f"{file}: tensor {t.name} ({kind}, shape {list(shape)}) holds {count:,} NaN or infinite "
+                         f"{what} (the first {where}); the file is damaged")
     try:
-        parts = pack_gguf(wtype.name, np.asarray(t.data), shape)
+        parts = pack_gguf(wtype.name, raw, shape)
     except ValueError as exc:
-        raise ValueError(f"tensor {t.name} ({kind}, shape {list(shape)}): {exc}") from exc
+        raise ValueError(f"{file}: tensor {t.name} ({kind}, shape {list(shape)}): {exc}") from exc
     return PackedTensor(t.name, wtype.name, shape, parts)
 
 
@@ -227,6 +282,9 @@ def convert_reader(reader, out_dir: str | os.PathLike, source: dict, on_tensor=N
     """
     name = source["file"]
     config = _config_from_gguf(reader, name)
+    tokenizer = tokenizer_from_gguf(reader, name)
+    chat_template = GGUFMetadata(reader, name).string("tokenizer.chat_template")
+    _check_chat_template(chat_template, tokenizer, name)
     shapes = expected_shapes(config)
     by_name = {t.name: t for t in reader.tensors}
     unknown = sorted(set(by_name) - set(shapes) - {ROPE_FREQS})
@@ -235,13 +293,13 @@ def convert_reader(reader, out_dir: str | os.PathLike, source: dict, on_tensor=N
     missing = sorted(set(shapes) - set(by_name))
     if missing:
         raise ValueError(f"{name}: {config.architecture} model lacks tensors {missing[:5]}")
+    _check_shapes(shapes, by_name, config, name)
     packed = []
     for tensor_name, shape in shapes.items():
-        packed.append(_pack_tensor(_to_adjacent_pairs(by_name[tensor_name], config), shape))
+        packed.append(_pack_tensor(_to_adjacent_pairs(by_name[tensor_name], config), shape, name))
         if on_tensor is not None:
             on_tensor(len(packed), len(shapes), tensor_name)
-    return write_model(out_dir, config, packed, tokenizer_from_gguf(reader),
-                       metadata_field(reader, "tokenizer.chat_template"), source)
+    return write_model(out_dir, config, packed, tokenizer, chat_template, source)
 
 
 def convert_cached(gguf_path: str | os.PathLike, cache_root: str | os.PathLike) -> Path:

@@ -380,6 +380,33 @@ def part_nbytes(name: str, shape: tuple[int, ...]) -> dict[str, int]:
     return {"qs": count // 2, t.parts[1]: second * blocks}
 
 
+# Byte offsets of the f16 scales in one GGUF block of each quantized type (d, and m / dmin where it has one):
+# the block's weights are finite exactly when these are, its codes being small integers.
+F16_SCALES = {"q8_0": (0,), "q4_0": (0,), "q5_0": (0,), "q4_1": (0, 2), "q5_1": (0, 2), "q4_K": (0, 2),
+              "q5_K": (0, 2), "q6_K": (208,)}  # fmt: skip
+
+
+def nonfinite(name: str, raw: np.ndarray) -> tuple[int, int] | None:
+    """None when every weight of GGUF bytes `raw` (type `name`) is finite, else (how many weights, or blocks for
+    a quantized type, are NaN or infinite; the flat index of the first such weight, or of its block's first).
+    Quantized blocks are judged by their f16 scales' exponent bits alone, without dequantizing."""
+    t = weight_type(name)
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)  # (bytes,)
+    if t.quantized:
+        blocks = b.reshape(-1, t.block_bytes)  # (blocks, block_bytes)
+        bad = np.zeros(len(blocks), bool)
+        for at in F16_SCALES[name]:
+            bad |= (blocks[:, at + 1] & 0x7C) == 0x7C  # the high byte of an f16 holds its 5 exponent bits
+    elif name == "bf16":
+        bad = (b.view("<u2") & 0x7F80) == 0x7F80
+    else:
+        bad = ~np.isfinite(b.view("<f4" if name == "f32" else "<f2"))
+    count = int(np.count_nonzero(bad))
+    if not count:
+        return None
+    return count, int(np.argmax(bad)) * t.block
+
+
 def pack_gguf(name: str, raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, bytes]:
     """Web parts of a tensor given as raw GGUF bytes of type `name` (any type, any shape for floats)."""
     t = weight_type(name)
