@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gguf_tokenizer import gguf_manifest_sections, smollm2_tokenizer
-from pagedkv.chat import ChatTemplate, Conversation, validate_messages
+from pagedkv.chat import SAMPLE_CONVERSATION, ChatTemplate, Conversation, validate_messages
 
 DEFAULT_SYSTEM = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -225,3 +225,37 @@ def test_checkpoint_rollback_restores_exact_history(tok, template):
     conv.rollback(cp)
     assert conv.ids == ids and conv.messages == messages
     assert conv.add_user("second") == prompt
+
+
+@pytest.mark.parametrize("source,problem", [
+    ("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+     "it built a namespace value of 2,097,152 items (at most 1,048,580)"),
+    ("{% for i in range(100) %}{{ 'y' * 20000 }}{% endfor %}", "its output passed 1,048,580 characters"),
+    ("{{ 9 ** 999999 }}", "it raised 9 to the power 999,999"),
+    ("{% set r = range(50000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}",
+     "its range() calls yield more than 100,000 items in one render"),
+    ("{% for i in range(99999)[1:] %}{% for j in range(99999)[1:] %}{% endfor %}{% endfor %}",
+     "its range() calls yield more than 100,000 items in one render"),
+    ("{{ 'ab' | list | first + 1 }}", 'TypeError: can only concatenate str (not "int") to str'),
+])
+def test_every_render_is_bounded_and_its_errors_are_value_errors(source, problem):
+    t = ChatTemplate(source)
+    with pytest.raises(ValueError) as info:
+        t.render([{"role": "user", "content": "x"}], add_generation_prompt=True)
+    assert str(info.value) == f"chat template failed to render: {problem}"
+
+
+def test_bounded_range_behaves_as_range():
+    t = ChatTemplate("{{ range(3) | list }} {{ range(2, 8, 3) | length }} {{ range(4) | reverse | join(',') }} "
+                     "{% for i in range(3) %}{{ loop.index }}/{{ loop.length }} {% endfor %}{{ range(5)[1:3] }}")
+    assert t.render([{"role": "user", "content": "x"}], add_generation_prompt=False) == \
+        "[0, 1, 2] 2 3,2,1,0 1/3 2/3 3/3 range(1, 3)"
+
+
+def test_check_renders_the_sample_conversation(template):
+    template.check()  # SmolLM2's ChatML
+    assert template.render(SAMPLE_CONVERSATION, add_generation_prompt=True).endswith(
+        "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n")
+    with pytest.raises(ValueError, match=r"^chat template failed to render: no system messages$"):
+        ChatTemplate("{% if messages[0]['role'] == 'user' %}{{ raise_exception('no system messages') }}{% endif %}"
+                     ).check()

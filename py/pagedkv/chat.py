@@ -124,7 +124,11 @@ class _BoundedRange(Sequence):
         return len(self._items)
 
     def __getitem__(self, index):
-        return self._items[index]
+        item = self._items[index]
+        return _BoundedRange(item, self._budget) if isinstance(index, slice) else item  # a slice stays charged
+
+    def __repr__(self) -> str:
+        return repr(self._items)
 
     def __iter__(self):
         self._budget._spend_range(len(self._items))
