@@ -6,6 +6,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
+from gguf.gguf_writer import GGUFValue
 from gguf.quants import quantize as gguf_quantize
 from gguf_tokenizer import gguf_manifest_sections
 
@@ -40,3 +41,27 @@ def write_tiny_gguf(path, seed: int = 0, matrix_type: Q = Q.Q4_1) -> ModelConfig
     writer.write_tensors_to_file()
     writer.close()
     return cfg
+
+
+def write_small_gguf(path, metadata: dict | None = None, data: dict | None = None) -> None:
+    """tiny.py's model (tiny_config, tiny_tokenizer, TINY_CHAT_TEMPLATE) as a ~450 KB GGUF of F32 tensors, made
+    hostile on demand: `metadata` maps a key to (value, gguf.GGUFValueType[, item type]) to write instead, or to
+    None to leave it out; `data` maps a tensor name to (array, GGML type) to store instead of its F32 weights."""
+    from pagedkv.model.tiny import TINY_CHAT_TEMPLATE, tiny_config, tiny_tokenizer
+
+    cfg = tiny_config()
+    writer = gguf.GGUFWriter(str(path), "llama")
+    write_llama_metadata(writer, cfg, tiny_tokenizer(), TINY_CHAT_TEMPLATE)
+    for key, value in (metadata or {}).items():
+        if value is None:
+            del writer.kv_data[0][key]
+        else:
+            writer.kv_data[0][key] = GGUFValue(*value)
+    rng = np.random.default_rng(0)
+    for name, shape in expected_shapes(cfg).items():
+        array, qtype = (data or {}).get(name, (rng.standard_normal(shape).astype(np.float32), Q.F32))
+        writer.add_tensor(name, array, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

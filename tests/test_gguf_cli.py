@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from gguf import GGUFValueType as V
+from gguf_files import write_small_gguf
 from gguf_models import tiny_gguf
 from model_fixtures import gguf_path  # noqa: F401  (pytest fixture)
 
@@ -55,3 +57,19 @@ def test_model_and_gguf_exclude_each_other(tmp_path, messages, capsys):
         cli.main(["generate", "--model", str(tmp_path), "--gguf", str(tmp_path / "m.gguf"), "--messages-json", messages])
     assert exc.value.code == 2
     assert "argument --gguf: not allowed with argument --model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("metadata,problem", [
+    ({"llama.block_count": (1_000_000, V.UINT32)},
+     "llama.block_count is 1,000,000 (an integer); expected the number of layers the tensor table holds: 2 "
+     "(blk.0..blk.1)"),
+    ({"llama.attention.head_count": ("four", V.STRING)},
+     "llama.attention.head_count is 'four' (a string); expected a positive integer"),
+])
+def test_a_hostile_gguf_is_one_error_line(tmp_path, messages, capsys, metadata, problem):
+    path = tmp_path / "hostile.gguf"
+    write_small_gguf(path, metadata)
+    args = ["generate", "--gguf", str(path), "--gguf-cache", str(tmp_path / "cache"), "--messages-json", messages]
+    assert cli.main(args) == 2
+    assert capsys.readouterr().err == f"error: hostile.gguf: {problem}\n"
+    assert not (tmp_path / "cache" / sha256_file(path)).exists()
