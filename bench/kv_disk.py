@@ -170,14 +170,15 @@ def tab_cpu_rows(s, model: str, sizes: list[int]) -> dict:
 
 def bytes_per_token(model: str) -> dict:
     """Disk bytes per token of each KV dtype: a block file (header, token ids, K and V of every layer) / 16."""
-    from pagedkv.kv.disk_tier import KVLayout
+    from pagedkv.kv.disk_tier import DiskKey
     from pagedkv.kv.dtypes import KV_DTYPES
+    from pagedkv.kv.spec import KVSpec
     from pagedkv.model.weights import check_manifest, read_manifest
 
     cfg = check_manifest(read_manifest(ROOT / "dist" / "models" / model))
     out = {}
     for name in KV_DTYPES:
-        layout = KVLayout("m", name, 16, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)
+        layout = DiskKey("m", KVSpec.of(cfg, block_size=16, dtype=name))
         out[name] = {"file_bytes_per_token": layout.file_bytes / 16,
                      "payload_bytes_per_token": layout.payload_bytes // 16}
     return out

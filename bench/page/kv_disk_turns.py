@@ -10,8 +10,7 @@ import time
 import numpy as np
 
 from pagedkv.engine import EngineConfig, LLMEngine
-from pagedkv.kv.disk_tier import DiskTier, model_hash
-from pagedkv.kv.disk_cache import layout_for
+from pagedkv.kv.disk_tier import DiskKey, DiskTier, model_hash
 from pagedkv.sampling import SamplingParams
 
 NO_STOP = (1_000_000,)  # a stop id no model emits
@@ -21,7 +20,7 @@ USER_TOKENS = 16  # the next turn's new message
 async def _engine(backend, tokenizer, manifest, store, disk: bool, budget_bytes: int, fresh: bool = False):
     engine = LLMEngine(backend, tokenizer, EngineConfig())
     if disk:
-        tier = DiskTier(store, layout_for(backend, model_hash(manifest)), budget_bytes)
+        tier = DiskTier(store, DiskKey(model_hash(manifest), backend.kv_spec), budget_bytes)
         t0 = time.perf_counter()
         await tier.open()  # the index of the files on disk: part of a reload's cost
         if fresh:  # nothing left from an earlier run

@@ -20,7 +20,8 @@ import numpy as np
 from .backends.cpu import CpuBackend
 from .config import CacheConfig
 from .engine import run_sync
-from .kv.manager import CopyOp, KVCacheManager
+from .kv.block_pool import CopyOp
+from .kv.manager import KVCacheManager
 from .kv.retention import KVRetention, ShiftOp
 from .model.weights import ModelWeights
 from .model_runner import ForwardBatch, build_batch

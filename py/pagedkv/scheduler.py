@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .kv.block_pool import OutOfBlocks
 from .config import SchedulerConfig
-from .kv.manager import CopyOp, KVCacheManager, NeverFits
+from .kv.block_pool import CopyOp, OutOfBlocks
+from .kv.manager import KVCacheManager, NeverFits
 from .kv.moves import BlockMoves
 from .kv.retention import ShiftOp, evictable, min_blocks, window_chunk, window_drops
 from .request import Request

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..kv.manager import CopyOp
+from ..kv.block_pool import CopyOp
 from ..kv.retention import ShiftOp
 from ..kv.spec import KVSpec
 from ..model.config import ModelConfig

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..kernels.ref_attention import check_block_ids
 from ..kernels.ref_ops import shift_keys
-from ..kv.manager import CopyOp
+from ..kv.block_pool import CopyOp
 from ..kv.spec import KVSpec
 from ..kv.dtypes import pack_tokens, unpack_tokens
 from ..kv.retention import ShiftOp
