@@ -1,7 +1,9 @@
-"""serve.py: only regular files under dist/, the isolation headers on every answer, idle connections closed."""
+"""serve.py: only regular files under dist/, the isolation headers on every answer, slow and idle connections
+closed by the request deadline without holding a thread."""
 from __future__ import annotations
 
 import http.client
+import selectors
 import socket
 import subprocess
 import sys
@@ -122,7 +124,7 @@ def test_a_raw_control_character_in_the_request_line_is_a_400(site):
 
 
 def test_an_idle_connection_is_closed(site):
-    with running(site, idle_timeout_s=0.3) as (srv, errors):
+    with running(site, request_deadline_s=0.3) as (srv, errors):
         with socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=10) as sock:
             t0 = time.monotonic()
             closed_with = sock.recv(1)
@@ -131,21 +133,158 @@ def test_an_idle_connection_is_closed(site):
     assert errors == []
 
 
-def test_idle_connections_hold_at_most_max_connections_threads(site):
-    def handler_threads():
-        return sum("process_request_thread" in t.name for t in threading.enumerate())
-
-    with running(site, idle_timeout_s=0.5, max_connections=2) as (srv, errors):
-        socks = [socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=10) for _ in range(6)]
-        time.sleep(0.2)
-        busy = handler_threads()
-        # Each waits its turn for a slot, then gets closed after the idle timeout: none is held forever.
-        closed = [s.recv(1) for s in socks]
-        for s in socks:
-            s.close()
-    assert busy == 2
-    assert closed == [b""] * 6
+def test_idle_connections_hold_no_worker(site):
+    with running(site, request_deadline_s=3, max_workers=1) as (srv, errors):
+        idle = [socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=10) for _ in range(6)]
+        resp, body = get(srv, "/")  # the one worker is free: the six idle connections hold nothing
+        waiting = srv.num_waiting
+        for sock in idle:
+            sock.close()
+    assert (resp.status, body, waiting) == (200, b"<!doctype html><title>t</title>\n", 6)
     assert errors == []
+
+
+def connect_from(source: str, port: int) -> socket.socket:
+    """A loopback connection to the server from `source` (127.0.0.2, ...: another client address)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def closed_after(socks: list[socket.socket], since: list[float], limit_s: float) -> list[float | None]:
+    """Seconds from since[i] until the server closed socks[i] (None: still open after `limit_s`; bytes: it
+    answered instead)."""
+    closed: list = [None] * len(socks)
+    index = {sock: i for i, sock in enumerate(socks)}
+    end = time.monotonic() + limit_s
+    with selectors.DefaultSelector() as sel:
+        for sock in socks:
+            sel.register(sock, selectors.EVENT_READ)
+        while sel.get_map() and time.monotonic() < end:
+            for key, _ in sel.select(max(0.0, end - time.monotonic())):
+                try:
+                    data = key.fileobj.recv(64)
+                except OSError:  # reset: the trickle wrote after the close
+                    data = b""
+                i = index[key.fileobj]
+                closed[i] = time.monotonic() - since[i] if data == b"" else data
+                sel.unregister(key.fileobj)
+    return closed
+
+
+def slow_clients_scenario(srv, deadline_s: float, n: int = 40, every_s: float = 0.25):
+    """n clients, each from its own address, send a request line and then a header line every `every_s`
+    (well inside any idle timeout); a normal GET meanwhile. Returns (the GET's status or error, the slow
+    clients still waiting when it was answered, header lines each sent, when each was closed)."""
+    port = srv.server_address[1]
+    slow, since = [], []
+    for i in range(n):
+        slow.append(connect_from(f"127.0.0.{i + 2}", port))
+        since.append(time.monotonic())
+        slow[-1].sendall(b"GET / HTTP/1.1\r\n")
+    lines = [0] * n
+    stop = threading.Event()
+
+    def trickle():
+        for _ in range(int((deadline_s + 3) / every_s)):  # bounded: ends by itself past the deadline
+            for i, sock in enumerate(slow):
+                try:
+                    sock.send(b"X-Slow: 1\r\n")
+                    lines[i] += 1
+                except OSError:
+                    pass
+            if stop.wait(every_s):
+                return
+
+    feeder = threading.Thread(target=trickle, daemon=True)
+    feeder.start()
+    try:
+        time.sleep(0.3)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        try:
+            conn.request("GET", "/")
+            resp = conn.getresponse()
+            got = (resp.status, resp.read())
+        except OSError as exc:
+            got = exc
+        finally:
+            conn.close()
+        waiting = getattr(srv, "num_waiting", None)
+        closed = closed_after(slow, since, deadline_s + 3)
+    finally:
+        stop.set()
+        feeder.join(5)
+        for sock in slow:
+            sock.close()
+    return got, waiting, lines, closed
+
+
+def test_slow_clients_do_not_lock_out_a_normal_get(site):
+    deadline = 1.5
+    with running(site, request_deadline_s=deadline) as (srv, errors):
+        got, waiting, lines, closed = slow_clients_scenario(srv, deadline)
+    # Answered while all 40 slow clients (more than the 32 workers) still held their connections.
+    assert got == (200, b"<!doctype html><title>t</title>\n") and waiting == 40
+    # Each kept trickling (a line every 0.25 s: an idle timeout would never fire) and was cut at the deadline.
+    assert min(lines) >= 4
+    assert all(isinstance(t, float) and deadline - 0.05 < t < deadline + 1 for t in closed), closed
+    assert errors == []
+
+
+def test_one_address_keeps_at_most_32_waiting(site):
+    with running(site, request_deadline_s=5) as (srv, errors):
+        port = srv.server_address[1]
+        socks = [connect_from("127.0.0.2", port) for _ in range(40)]
+        other = connect_from("127.0.0.3", port)
+        for _ in range(100):  # until the server has accepted all 41 (bounded: 2 s)
+            if srv.num_waiting == 33 and socks[7].recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                break
+            time.sleep(0.02)
+        # The eight oldest from 127.0.0.2 were closed to admit its newest; the client at .3 kept its place.
+        first_eight = [s.recv(1) for s in socks[:8]]
+        # A browser on the same address still gets its page: its newest connection pushes out the next oldest.
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=("127.0.0.2", 0))
+        conn.request("GET", "/")
+        resp = conn.getresponse()
+        status, body = resp.status, resp.read()
+        conn.close()
+        ninth = socks[8].recv(1)
+        waiting = srv.num_waiting
+        with selectors.DefaultSelector() as sel:
+            for s in [*socks[9:], other]:
+                sel.register(s, selectors.EVENT_READ)
+            still_open = sel.select(0) == []
+        for s in [*socks, other]:
+            s.close()
+    assert first_eight == [b""] * 8 and ninth == b""
+    assert (status, body) == (200, b"<!doctype html><title>t</title>\n")
+    assert (waiting, still_open) == (32, True)  # 31 from .2, 1 from .3
+    assert errors == []
+
+
+def test_headers_split_anywhere_are_one_request(site):
+    with running(site) as (srv, errors):
+        with socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=10) as sock:
+            sock.sendall(b"GET /index.html HTTP/1.1\r\nHost: x\r\n\r")
+            time.sleep(0.1)
+            sock.sendall(b"\n")
+            status = sock.makefile("rb").readline()
+    assert status == b"HTTP/1.0 200 OK\r\n" and errors == []
+
+
+@pytest.mark.parametrize("head, status", [
+    (b"GET /" + b"a" * 65532, b"HTTP/1.0 414 "),  # no end to the request line within 64 KiB
+    (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 65514, b"HTTP/1.0 431 "),  # nor to a header line
+])
+def test_a_head_past_64_kib_is_refused(site, head, status):
+    assert len(head) == serve.MAX_HEAD_BYTES + 1
+    with running(site) as (srv, errors):
+        with socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=10) as sock:
+            sock.sendall(head)
+            answer = sock.makefile("rb").readline()
+    assert answer.startswith(status) and errors == []
 
 
 def test_port_in_use_gives_a_clear_message():
