@@ -51,7 +51,7 @@ WEB_END = "if '_b' in globals():\n    _b.destroy()\n"  # also after a failed set
 TAB_SETUP = """
 import json
 from bench.page.kv_disk_turns import reload_ttft
-from pagedkv.backends.webgpu.interop import fetch_bytes
+from pagedkv.browser.interop import fetch_bytes
 from pagedkv.browser.opfs import OpfsStore
 from pagedkv_app.main import state
 _e = state["engine"]

@@ -47,7 +47,7 @@ async def measure_in_worker(runs: int, repeats: int, prefill_tokens: int, stream
     import numpy as np
 
     from pagedkv.backends.webgpu import model_kernels as ops
-    from pagedkv.backends.webgpu.interop import GpuContext
+    from pagedkv.browser.interop import GpuContext
     from pagedkv.kernels.ref_ops import rope_cos_sin
     from pagedkv.model.layout import pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 

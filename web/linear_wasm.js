@@ -2,7 +2,7 @@
 // instantiated on Pyodide's own WebAssembly.Memory so that numpy arrays' addresses are its pointers (no
 // copies; py/pagedkv/backends/cpu_wasm.py, cpu_attention.py). Resolves to {matmul, attention, error}: either the
 // error is null, or it says why and the others are. attention: the exports object (attn_scores, attn_values).
-// Python reads it as self.pagedkvLinear (backends/webgpu/interop.py) and keeps the einsum path, saying why,
+// Python reads it as self.pagedkvLinear (pagedkv/browser/interop.py) and keeps the einsum path, saying why,
 // on an error.
 "use strict";
 

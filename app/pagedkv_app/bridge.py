@@ -8,7 +8,7 @@ from __future__ import annotations
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import create_proxy, to_js  # type: ignore[import-not-found]
 
-from pagedkv.backends.webgpu.interop import fetch_bytes  # noqa: F401  (the app fetches site files with it)
+from pagedkv.browser.interop import fetch_bytes  # noqa: F401  (the app fetches site files with it)
 
 _router_proxy = None
 

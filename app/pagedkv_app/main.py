@@ -11,7 +11,7 @@ import pagedkv
 from pagedkv.backends.choice import choose_backend
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.cpu_wasm import tensor_loader
-from pagedkv.backends.webgpu import interop as webgpu
+from pagedkv.browser import interop as webgpu
 from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.backends.webgpu.device import WebGPUUnavailable
 from pagedkv.backends.webgpu.model_kernels import choose_family

@@ -8,7 +8,7 @@ import statistics
 
 import numpy as np
 
-from pagedkv.backends.webgpu import interop as webgpu
+from pagedkv.browser import interop as webgpu
 from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVCacheBuffers, KVKernels
 from pagedkv.kernels import ref_attention as ref
 from pagedkv.kv.spec import KVSpec

@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from pagedkv.backends.webgpu.interop import GpuContext, fetch_bytes
+from pagedkv.browser.interop import GpuContext, fetch_bytes
 from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.sampling import SamplingParams

@@ -35,7 +35,7 @@ async def context() -> GpuDevice:
 async def site_file(path: str) -> bytes:
     """A file of the built site: fetched from dist/ by the page, read from dist/ under CPython (tests/native)."""
     if sys.platform == "emscripten":
-        from pagedkv.backends.webgpu.interop import fetch_bytes
+        from pagedkv.browser.interop import fetch_bytes
 
         return await fetch_bytes(path)
     import build

@@ -34,7 +34,7 @@ def test_the_kernel_matches_numpy_in_the_worker(ready_page):
     worker = install_modules(ready_page, "cpu_wasm_cases")
     calls = ", ".join(f"c.case_linear(k, {d!r}, {r}, {c}, {TOKENS})" for d in ("q4_1", "q8_0") for r, c in SHAPES)
     results = worker.py("import json, cpu_wasm_cases as c\n"
-                        "from pagedkv.backends.webgpu.interop import linear_wasm_matmul\n"
+                        "from pagedkv.browser.interop import linear_wasm_matmul\n"
                         f"k = linear_wasm_matmul()\njson.dumps([{calls}])")
     assert [r["case"] for r in results] == [[d, r, c] for d in ("q4_1", "q8_0") for r, c in SHAPES]
     for r, (_, (rows, _)) in zip(results, [(d, s) for d in ("q4_1", "q8_0") for s in SHAPES]):
@@ -50,7 +50,7 @@ def test_the_attention_kernels_match_numpy_in_the_worker(ready_page):
     worker = install_modules(ready_page, "cpu_wasm_cases")
     calls = ", ".join(f"c.case_attention(k, {c}, {n}, {g}, {d})" for c, n, g, d in ATTENTION)
     results = worker.py("import json, cpu_wasm_cases as c\n"
-                        "from pagedkv.backends.webgpu.interop import wasm_attention\n"
+                        "from pagedkv.browser.interop import wasm_attention\n"
                         f"k = wasm_attention()\njson.dumps([{calls}])")
     assert [r["case"] for r in results] == [list(a) for a in ATTENTION]
     for r in results:
@@ -88,7 +88,7 @@ def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page)
 def test_a_kernel_that_does_not_load_says_why_and_the_path_keeps_einsum(ready_page):
     got = ready_page.py(
         "import json, js\nfrom pyodide.ffi import to_js\nimport pyodide_js\n"
-        "from pagedkv.backends.webgpu import interop\n"
+        "from pagedkv.browser import interop\n"
         "base = str(js.location.href).rsplit('/', 1)[0] + '/'\n"
         "entry = to_js({'file': 'linear.wasm', 'sha256': '00' * 32}, dict_converter=js.Object.fromEntries)\n"
         "tampered = await js.loadLinearWasm(base, entry, pyodide_js)\n"

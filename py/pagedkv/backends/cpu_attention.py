@@ -9,7 +9,7 @@ different f32 order than numpy's matmul; everything else is the reference's arit
 
 The kernels are any object with the wasm exports' attributes attn_scores / attn_values (integers all,
 pointers being addresses in the memory numpy's arrays live in): in the tab, the wasm instance's exports on
-Pyodide's memory (webgpu/interop.py: wasm_attention); in CPython, PointerTwin (tests).
+Pyodide's memory (browser/interop.py: wasm_attention); in CPython, PointerTwin (tests).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ dequantized f32 (d * code + m); the dot products sum in a different order than e
 
 The kernel is any callable with the wasm export's signature, matmul(kind, qs, dm, rows, cols, x, t, out,
 scratch), integers all, pointers being addresses in the memory numpy's arrays live in: in the tab, the
-wasm export itself on Pyodide's memory (webgpu/interop.py: linear_wasm_matmul); in CPython, pointer_twin,
+wasm export itself on Pyodide's memory (browser/interop.py: linear_wasm_matmul); in CPython, pointer_twin,
 the numpy twin over the same addresses (tests).
 """
 from __future__ import annotations

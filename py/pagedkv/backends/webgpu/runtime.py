@@ -14,7 +14,7 @@ async def open_device(on_lost=None) -> GpuDevice:
     """The WebGPU device of this runtime: the browser's (Pyodide) or wgpu-py's (CPython); raises
     WebGPUUnavailable without an adapter."""
     if sys.platform == "emscripten":
-        from .interop import GpuContext  # imports `js`: only in the browser
+        from ...browser.interop import GpuContext  # imports `js`: only in the browser
 
         return await GpuContext.create(on_lost=on_lost)
     from .native import NativeDevice  # imports wgpu when a device is opened

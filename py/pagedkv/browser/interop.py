@@ -1,4 +1,4 @@
-"""Browser WebGPU interop: with pagedkv.browser (OPFS), the only engine code that imports `js` / `pyodide`
+"""Browser WebGPU interop: with opfs.py beside it, the only engine code that imports `js` / `pyodide`
 (the app's UI bridge imports its site fetch from here).
 
 GpuContext implements device.GpuDevice over the browser's WebGPU (navigator.gpu), beside
@@ -15,7 +15,7 @@ import numpy as np
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import create_once_callable, to_js  # type: ignore[import-not-found]
 
-from .device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderLibrary, WebGPUUnavailable, padded,
+from ..backends.webgpu.device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderLibrary, WebGPUUnavailable, padded,
                      resource)
 
 __all__ = ["GpuContext", "WasmUnavailable", "fetch_bytes", "linear_wasm_matmul", "site_url", "wasm_attention"]
