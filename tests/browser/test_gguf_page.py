@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from gguf_files import write_tiny_gguf
+from gguf import GGUFValueType as V
+from gguf_files import write_small_gguf, write_tiny_gguf
 
 from browser_pages import BOOT_TIMEOUT_MS, open_app, show_settings, wait_model
 from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
@@ -158,11 +159,25 @@ def test_malformed_file_is_an_error_and_the_page_works(browser, base_url, tiny_g
     booted, _ = open_app(browser, f"{base_url}?model=tiny-random&backend=cpu", 120_000)
     page = booted.page
     before = chat_ids(booted, PROMPT)
+    hostile = {}  # tiny.py's model with one key made hostile (test_gguf_hostile.py has every case in CPython)
+    for name, metadata in (("layers.gguf", {"llama.block_count": (1_000_000, V.UINT32)}),
+                           ("heads.gguf", {"llama.attention.head_count": ("four", V.STRING)}),
+                           ("template.gguf", {"tokenizer.chat_template": ("{% for i in range(10**9) %}{% endfor %}",
+                                                                           V.STRING)})):
+        write_small_gguf(tmp_path / name, metadata)
+        hostile[name] = (tmp_path / name).read_bytes()
     cases = {  # dropped on the page, or picked with the file input
         "not-gguf.gguf": (b"GGML" + bytes(60), "drop",
                           "not-gguf.gguf is not a GGUF file: it starts with b'GGML', not b'GGUF'"),
         "notes.txt": (b"GGUF", "drop", "notes.txt is not a .gguf file"),
         "cut.gguf": (tiny_gguf.read_bytes()[:-100], "input", None),
+        "layers.gguf": (hostile["layers.gguf"], "input", "layers.gguf: llama.block_count is 1,000,000 (an integer); "
+                        "expected the number of layers the tensor table holds: 2 (blk.0..blk.1)"),
+        "heads.gguf": (hostile["heads.gguf"], "input",
+                       "heads.gguf: llama.attention.head_count is 'four' (a string); expected a positive integer"),
+        "template.gguf": (hostile["template.gguf"], "input", "template.gguf: tokenizer.chat_template is refused: chat "
+                          "template failed to render: it asked for range(1000000000) (1,000,000,000 items; at most "
+                          "100,000 in one render)"),
     }
     for name, (raw, how, message) in cases.items():
         page.evaluate("delete document.documentElement.dataset.gguf")
