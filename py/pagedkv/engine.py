@@ -33,7 +33,7 @@ import numpy as np
 from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .config import CacheConfig, EngineConfig
 from .block_mover import BlockMover
-from .kv.accounting import kv_stats
+from .kv.accounting import block_map
 from .kv.disk_cache import DiskCache
 from .kv.disk_tier import DiskKey, DiskTier, TierBudgets, model_hash
 from .kv.manager import KVCacheManager, NeverFits
@@ -399,31 +399,8 @@ class LLMEngine:
         return 0 if self.disk is None else await self.disk.tier.forget(owner)
 
     def kv_snapshot(self) -> dict:
-        """Plain data of the GPU block pool for the memory panel: `cells`, one character per physical block
-        (so thousands of blocks cross to the page as one string): "f" free, "c" cached (free but holding a
-        prefix), "s" shared by several sequences, or chr(0x100 + k) for a block the session `owners[k]`
-        alone holds; then the pool's usage (kv.accounting.kv_stats)."""
-        kv = self.kv
-        pool = kv.pool
-        cells = ["c" if b.block_hash is not None else "f" for b in pool.block_states()]
-        owners: list[str] = []
-        for seq in kv.live.values():
-            if seq.status is not SequenceStatus.RUNNING:
-                continue
-            if seq.session not in owners:
-                owners.append(seq.session)
-            mark = chr(0x100 + owners.index(seq.session))
-            for bid in seq.block_table:
-                cells[bid] = mark if pool.ref_count(bid) == 1 else "s"
-        stats = kv_stats(kv)
-        return {
-            "block_size": kv.block_size, "cells": "".join(cells), "owners": owners,
-            "total_blocks": stats.total_blocks, "used_blocks": stats.used_blocks,
-            "free_blocks": stats.free_blocks, "cached_blocks": stats.cached_blocks,
-            "utilization": stats.utilization, "slot_efficiency": stats.slot_efficiency,
-            "sharing_factor": stats.sharing_factor, "tokens_stored": stats.physical_tokens,
-            "per_chat_blocks": stats.per_session_blocks, "prefix_hit_rate": kv.prefix_hit_rate,
-        }
+        """Plain data of the GPU block pool for the memory panel (kv.accounting.block_map)."""
+        return block_map(self.kv)
 
 
 def run_sync(coro):

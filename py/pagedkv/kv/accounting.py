@@ -113,3 +113,30 @@ class SharedKVBudget:
             for session, n in kv_stats(m).per_session_blocks.items():
                 out[session] = out.get(session, 0) + n * self.page_bytes
         return dict(sorted(out.items()))
+
+
+def block_map(manager: KVCacheManager) -> dict:
+    """Plain data of the GPU block pool for the memory panel: `cells`, one character per physical block (so
+    thousands of blocks cross to the page as one string): "f" free, "c" cached (free but holding a prefix),
+    "s" shared by several sequences, or chr(0x100 + k) for a block the session `owners[k]` alone holds; then
+    the pool's usage (kv_stats)."""
+    pool = manager.pool
+    cells = ["c" if b.block_hash is not None else "f" for b in pool.block_states()]
+    owners: list[str] = []
+    for seq in manager.live.values():
+        if seq.status is not SequenceStatus.RUNNING:
+            continue
+        if seq.session not in owners:
+            owners.append(seq.session)
+        mark = chr(0x100 + owners.index(seq.session))
+        for bid in seq.block_table:
+            cells[bid] = mark if pool.ref_count(bid) == 1 else "s"
+    stats = kv_stats(manager)
+    return {
+        "block_size": manager.block_size, "cells": "".join(cells), "owners": owners,
+        "total_blocks": stats.total_blocks, "used_blocks": stats.used_blocks,
+        "free_blocks": stats.free_blocks, "cached_blocks": stats.cached_blocks,
+        "utilization": stats.utilization, "slot_efficiency": stats.slot_efficiency,
+        "sharing_factor": stats.sharing_factor, "tokens_stored": stats.physical_tokens,
+        "per_chat_blocks": stats.per_session_blocks, "prefix_hit_rate": manager.prefix_hit_rate,
+    }
