@@ -90,7 +90,7 @@ class LLMEngine:
         disk = DiskCache(tier) if tier is not None else None
         if disk is not None:
             disk.check_spec(self.kv_spec, f"{self.backend.name} backend's")
-        self.tiers.disk = disk
+        self.tiers = KVTiers(self.kv, disk)  # every waiting prefix is looked up again, on the new tier too
 
     # ---------------------------------------------------------------- requests
 

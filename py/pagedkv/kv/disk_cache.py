@@ -32,7 +32,6 @@ class DiskCache:
     def __init__(self, tier: DiskTier) -> None:
         self.tier = tier
         self.key = tier.key
-        self._checked: dict[int, int] = {}  # seq id -> token count when its prefix was last looked up on disk
         self._saved: dict[int, int] = {}  # seq id -> full blocks already handled by write-behind
         self.restored_tokens = 0
         self.last_restored_tokens = 0
@@ -47,18 +46,13 @@ class DiskCache:
             raise ValueError(f"the disk tier holds {self.key} but the {who} KV is {DiskKey(self.key.model_hash, spec)}")
 
     async def restores(self, kv, requests) -> AsyncIterator[tuple[int, BlockMoves]]:
-        """For each of `requests` (waiting, no blocks) whose prefix the disk holds past the GPU cache: (tokens
-        restored, the moves that put them on the GPU). The caller runs each yield's moves before the next
-        request is looked at: a later request's blocks may evict these."""
+        """For each of `requests` (waiting, no blocks, not looked up since their last token: KVTiers picks
+        them) whose prefix the disk holds past the GPU cache: (tokens restored, the moves that put them on the
+        GPU). The caller runs each yield's moves before the next request is looked at: a later request's
+        blocks may evict these."""
         bs = self.key.spec.block_size
-        requests = list(requests)
-        waiting = {req.seq.seq_id for req in requests}
-        self._checked = {sid: n for sid, n in self._checked.items() if sid in waiting}
         for req in requests:
             seq = req.seq
-            if seq.block_table or self._checked.get(seq.seq_id) == seq.num_tokens:
-                continue
-            self._checked[seq.seq_id] = seq.num_tokens
             self.last_restored_tokens = 0  # "restored from disk" tells about the newest request looked up
             usable = (seq.num_tokens - 1) // bs  # leave one token to compute: the model needs its logits
             hashes = block_chain(self.key, seq.token_ids, usable)

@@ -30,20 +30,27 @@ class KVTiers:
     def __init__(self, kv: KVCacheManager, disk: DiskCache | None = None) -> None:
         self.kv = kv
         self.disk = disk
-        self._checked: dict[int, int] = {}  # seq id -> token count when its prefix was last looked up on the CPU
+        self._checked: dict[int, int] = {}  # seq id -> token count when its prefix was last looked up
+
+    def _fresh(self, requests) -> list:
+        """The requests without blocks whose prefix was not looked up since their last token (a request that
+        keeps waiting is not looked up again every step)."""
+        requests = list(requests)
+        waiting = {req.seq.seq_id for req in requests}
+        self._checked = {sid: n for sid, n in self._checked.items() if sid in waiting}
+        fresh = [req for req in requests
+                 if not req.seq.block_table and self._checked.get(req.seq.seq_id) != req.seq.num_tokens]
+        for req in fresh:
+            self._checked[req.seq.seq_id] = req.seq.num_tokens
+        return fresh
 
     async def restores(self, requests) -> AsyncIterator[Restore]:
         """The moves that restore the prefixes of `requests` (waiting, no blocks) the GPU cache lacks, one
         request at a time: the CPU tier's for every request, then the disk's."""
         kv = self.kv
-        requests = list(requests)
-        waiting = {req.seq.seq_id for req in requests}
-        self._checked = {sid: n for sid, n in self._checked.items() if sid in waiting}
-        for req in requests:
+        fresh = self._fresh(requests)
+        for req in fresh:
             seq = req.seq
-            if seq.block_table or self._checked.get(seq.seq_id) == seq.num_tokens:
-                continue
-            self._checked[seq.seq_id] = seq.num_tokens
             usable = (seq.num_tokens - 1) // kv.block_size  # leave one token to compute: the model needs logits
             ops = kv.promote_from_cpu(seq.token_ids[:usable * kv.block_size])
             # The GPU blocks the promotion took may have held demoted blocks: their copies run first.
@@ -51,5 +58,5 @@ class KVTiers:
             if moves:
                 yield Restore("cpu", len(ops) * kv.block_size, moves)
         if self.disk is not None:
-            async for tokens, moves in self.disk.restores(kv, requests):
+            async for tokens, moves in self.disk.restores(kv, fresh):
                 yield Restore("disk", tokens, moves)
