@@ -299,6 +299,8 @@ class ChatService:
         if chat.remote is not None:
             self.remote.stop(chat)
             return
+        if not self.engine.is_unfinished(chat.request_id):
+            return  # finished in a step that has not returned yet (it awaits the disk): its output ends the turn
         self.engine.abort(chat.request_id)
         if chat.alternatives is not None:
             self._end_alternatives(chat, "abort")
@@ -306,20 +308,26 @@ class ChatService:
             self._finish(chat, "abort")
 
     def delete(self, chat_id: str) -> None:
-        """Remove a chat: its reply stops and its cached history leaves the prefix cache, except the
+        """Remove a chat: its reply stops and its cached history (with that reply) leaves the prefix cache, except the
         leading blocks another chat's history starts with (a shared system prompt stays cached)."""
         chat = self.chats.pop(chat_id)
-        if chat.remote is not None:
-            self.remote.cancel(chat)
-        elif chat.request_id is not None:
-            self.engine.abort(chat.request_id)
-        ids = chat.conversation.ids
-        shared = max((_common_prefix(ids, c.conversation.ids) for c in self.chats.values()), default=0)
-        self.engine.forget_history(ids, keep_tokens=shared)
-        if self.engine.disk_enabled:  # its block files go too, but for those another chat's history holds
-            self._disk_task = asyncio.ensure_future(self._forget_on_disk(chat_id))
-        self.post_chats()
-        self.post_stats(force=True)
+        try:
+            if chat.remote is not None:
+                self.remote.cancel(chat)
+            elif chat.request_id is not None and self.engine.is_unfinished(chat.request_id):
+                self.engine.abort(chat.request_id)  # else it finished in a step not returned yet: nothing runs
+            histories = [chat.conversation.ids]
+            if chat.request is not None:  # the reply it was answering (each sample's), cached as it went
+                histories += [list(r.seq.token_ids) for r in chat.request.samples or [chat.request]]
+            # Longest first: eviction finds blocks along their prefix chain, which a shorter history would cut.
+            for ids in sorted(histories, key=len, reverse=True):
+                shared = max((_common_prefix(ids, c.conversation.ids) for c in self.chats.values()), default=0)
+                self.engine.forget_history(ids, keep_tokens=shared)
+            if self.engine.disk_enabled:  # its block files go too, but for those another chat's history holds
+                self._disk_task = asyncio.ensure_future(self._forget_on_disk(chat_id))
+        finally:  # the chat is gone from the service whatever failed: the page lists it gone
+            self.post_chats()
+            self.post_stats(force=True)
 
     # ---------------------------------------------------------------- the loop
 

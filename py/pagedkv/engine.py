@@ -222,6 +222,11 @@ class LLMEngine:
         kv = KVCacheManager(cache, namespace=self.config.namespace)
         return kv, Scheduler(self.config, kv)
 
+    def is_unfinished(self, request_id: str) -> bool:
+        """Whether `request_id` still runs (False once finished or aborted, also while the step that finished it
+        has not returned its output yet)."""
+        return request_id in self.groups.roots
+
     def request(self, request_id: str) -> Request:
         """The unfinished request `request_id` (with n > 1: sample 0, whose .samples lists all n)."""
         return self.groups.roots[request_id]
