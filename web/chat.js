@@ -128,8 +128,10 @@ export function onModelReady(msg) {
   $("mem-kv-dtype").title = msg.backend === "cpu" ? "the CPU fallback keeps f32 KV" : "";
   if (msg.kv_dtype && msg.backend !== "cpu") $("mem-kv-dtype").value = msg.kv_dtype;
   restoreChats();
-  $("chat-status").textContent = `${msg.model} on the ${msg.backend} backend` +
-    (msg.backend === "cpu" ? " (CPU fallback: slow)" : "") + `, loaded in ${(msg.load_ms / 1000).toFixed(1)} s`;
+  const loaded = `loaded in ${(msg.load_ms / 1000).toFixed(1)} s`;
+  // Why this backend (backends/choice.py): auto's CPU on a software adapter is the faster path, not a fallback.
+  $("chat-status").textContent = `${msg.model} on the ${msg.backend} backend (${msg.backend_reason}), ${loaded}`;
+  $("model-detail").textContent = `${msg.model}: ${loaded}`;  // no stage of the load is still going
 }
 
 export function onModelError(msg) {

@@ -74,7 +74,7 @@ async def boot() -> None:
     except WebGPUUnavailable as exc:
         # Say so plainly, then chat anyway on the numpy reference backend inside the tab (slow).
         bridge.post("no-webgpu", message=str(exc))
-        state["backend"] = ("cpu", "this browser has no WebGPU")
+        state["backend"] = ("cpu", "no WebGPU in this browser, so the CPU fallback: slow")
         await load_model(bridge.query_param("model", DEFAULT_MODEL), force_cpu=True)
         return
     except Exception as exc:  # reported to the page, never swallowed
@@ -152,7 +152,7 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
                               open_stream=bridge.open_stream, webgpu=not force_cpu)
         state.update(engine=engine, service=service, model_name=name, block_size=block_size)
         bridge.post("model-ready", model=name, default_model=DEFAULT_MODEL, backend=backend.name,
-                    load_ms=round(bridge.now_ms() - t0),
+                    backend_reason=state["backend"][1], load_ms=round(bridge.now_ms() - t0),
                     num_blocks=backend.num_blocks, block_size=block_size, context_length=engine.context_length,
                     layers=cfg.n_layers, **info)
         service.post_stats(force=True)
