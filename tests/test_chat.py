@@ -89,6 +89,10 @@ def test_trim_and_lstrip_blocks_like_hf():
         ([{"role": "user", "content": None}], "content must be a string, got NoneType"),
         ([{"role": "user"}], "message 0 lacks \\['content'\\]"),
         (["hello"], "message 0 must be an object"),
+        ([{"role": "user", "content": "Hi \ud83d there"}],
+         "^message 0 \\(user\\) is not valid text: it holds a lone surrogate U\\+D83D \\(half of an emoji or other "
+         "character\\) after 'Hi '; delete that character and send it again$"),
+        ([{"role": "user", "content": "\udc00"}], "lone surrogate U\\+DC00 .* at its start;"),
     ],
 )
 def test_invalid_messages_rejected(template, messages, message):
@@ -195,6 +199,8 @@ def test_conversation_rejects_bad_input_and_keeps_state(tok, template):
         conv.add_message("tool", "x")
     with pytest.raises(ValueError, match="content must be a string"):
         conv.add_user(["not", "text"])
+    with pytest.raises(ValueError, match=r"message 1 \(user\) is not valid text: it holds a lone surrogate U\+D83D"):
+        conv.add_user("cut emoji \ud83d")
     with pytest.raises(ValueError, match="outside the vocabulary"):
         conv.add_generated([5, 49152])
     with pytest.raises(ValueError, match="is not an int"):

@@ -63,6 +63,13 @@ def validate_message(message: object, *, index: int = 0) -> dict[str, str]:
         raise ValueError(f"message {index} has unknown role {role!r}; expected one of {list(ROLES)}")
     if not isinstance(content, str):
         raise ValueError(f"message {index} ({role}) content must be a string, got {type(content).__name__}")
+    try:
+        content.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a browser's text can hold half of a UTF-16 pair (a cut emoji)
+        where = f"after {content[max(0, exc.start - 12):exc.start]!r}" if exc.start else "at its start"
+        raise ValueError(f"message {index} ({role}) is not valid text: it holds a lone surrogate "
+                         f"U+{ord(content[exc.start]):04X} (half of an emoji or other character) {where}; "
+                         "delete that character and send it again") from None
     return {"role": role, "content": content}
 
 
