@@ -30,11 +30,15 @@ function renderChats() {
   $("chat-title").textContent = cur ? cur.title : "No chat";
 }
 
+// A chat answers one message at a time: from its Send (or Regenerate) until the reply ends it takes no other.
+const answering = (id) => !!ui.busy[id] || ui.pending[id] !== undefined;
+
 function renderMessages() {
   const msgs = ui.messages[ui.current] || [];
-  const queued = ui.queued && ui.queued.chat === ui.current ? [queuedElement(ui.queued.text)] : [];
-  $("messages").replaceChildren(...msgs.map(messageElement), ...queued);
-  const busy = !!ui.busy[ui.current];
+  const waiting = [ui.queued && ui.queued.chat === ui.current ? ui.queued.text : undefined,
+                   ui.pending[ui.current]?.text].filter((text) => text !== undefined);
+  $("messages").replaceChildren(...msgs.map(messageElement), ...waiting.map(queuedElement));
+  const busy = answering(ui.current);
   const foreign = ui.foreign[ui.current];
   renderForeignNote(foreign, ui.modelInfo);
   $("stop").disabled = !busy;
@@ -43,7 +47,7 @@ function renderMessages() {
   $("regenerate").disabled = busy || !!foreign || !msgs.length || msgs[msgs.length - 1].role !== "assistant";
   $("alternatives").disabled = $("regenerate").disabled;
   renderAlternatives();
-  root.dataset.generating = busy ? "true" : "false";
+  root.dataset.generating = ui.busy[ui.current] ? "true" : "false";
 }
 
 /** Re-render after a change to chat `id` (the list always; the messages when it is in view). */
@@ -56,6 +60,10 @@ function selectChat(id) {
   ui.current = id;
   root.dataset.chat = id;
   if (id) showChatSettings(id);
+  if (ui.handedBack[id] !== undefined) {
+    handBack(id, ui.handedBack[id]);
+    delete ui.handedBack[id];
+  }
   renderChats();
   renderMessages();
   $("prompt").focus();
@@ -63,7 +71,8 @@ function selectChat(id) {
 
 function send() {
   const text = $("prompt").value;
-  if (!text.trim() || ui.busy[ui.current] || ui.foreign[ui.current] || ui.queued) return;
+  // Not while the chat answers (or has a message the worker has not started on): the text stays in the box.
+  if (!text.trim() || answering(ui.current) || ui.foreign[ui.current] || ui.queued) return;
   if (!ui.accepting) {
     // The model is still loading: the message waits in the chat, shown as pending, and goes when it is ready.
     ui.queued = { chat: ui.current, text };
@@ -77,15 +86,27 @@ function send() {
 }
 
 function sendTo(id, text) {
-  ui.pending[id] = text;
+  ui.pending[id] = { text };  // shown as pending until the worker's turn-start (or chat-error hands it back)
   ui.worker.postMessage({ type: "send", chat: id, text, settings: requestSettings() });
+  refresh(id);
+}
+
+// Text the worker did not take goes back into the box (before what was typed since), or, when another chat is
+// in view, into the box once its chat is opened again.
+function handBack(id, text) {
+  if (id !== ui.current) {
+    ui.handedBack[id] = text;
+    return;
+  }
+  const typed = $("prompt").value;
+  $("prompt").value = typed ? `${text}\n${typed}` : text;
 }
 
 // A message queued while the model loaded goes to its chat (or, typed before any chat was listed, to the
 // chat in view) once that chat is idle.
 function sendQueued() {
   const target = ui.list.some((c) => c.id === ui.queued?.chat) ? ui.queued.chat : ui.current;
-  if (!ui.accepting || !ui.queued || !target || ui.busy[target]) return;
+  if (!ui.accepting || !ui.queued || !target || answering(target)) return;
   const { text } = ui.queued;
   ui.queued = null;
   sendTo(target, text);
@@ -156,7 +177,7 @@ export function onDeviceRestored(msg) {
 }
 
 export function onChats(msg) {
-  ui.list = msg.chats;
+  ui.list = msg.chats.filter((c) => !store.isDeleted(c.id));  // listed before the worker had the delete
   if (ui.openNewest && ui.list.length) ui.current = ui.list[ui.list.length - 1].id;
   ui.openNewest = false;
   if (!listed().some((c) => c.id === ui.current)) ui.current = ui.list.length ? ui.list[0].id : null;
@@ -167,7 +188,7 @@ export function onChats(msg) {
 
 export function onTurnStart(msg) {
   const list = (ui.messages[msg.chat] ||= []);
-  if (!msg.regenerate) list.push({ role: "user", text: ui.pending[msg.chat] || "" });
+  if (!msg.regenerate) list.push({ role: "user", text: ui.pending[msg.chat]?.text ?? "" });
   list.push({ role: "assistant", text: "", engine: msg.engine });
   delete ui.pending[msg.chat];
   ui.partialIds[msg.chat] = [];
@@ -208,10 +229,14 @@ export function onChatSaved(msg) {
 }
 
 export function onChatError(msg) {
-  // A refused message is not lost: its text goes back into the box (the history was left unchanged).
-  if (msg.chat && ui.pending[msg.chat] !== undefined) {
-    if (msg.chat === ui.current && !$("prompt").value) $("prompt").value = ui.pending[msg.chat];
+  // A chat's Send or Regenerate is answered by its turn-start or by this refusal (the worker left the history
+  // unchanged): a refused message's text goes back into the box, a refused Regenerate's reply back in view.
+  const refused = msg.chat ? ui.pending[msg.chat] : undefined;
+  if (refused !== undefined) {
     delete ui.pending[msg.chat];
+    if (refused.reply) ui.messages[msg.chat].push(refused.reply);
+    if (refused.text !== undefined) handBack(msg.chat, refused.text);
+    refresh(msg.chat);
   }
   onEngineError(msg);
 }
@@ -244,8 +269,8 @@ export function wireChatUI(worker) {
   $("stop").addEventListener("click", () => worker.postMessage({ type: "stop", chat: ui.current }));
   $("regenerate").addEventListener("click", () => {
     const msgs = ui.messages[ui.current] || [];
-    if (!msgs.length || msgs[msgs.length - 1].role !== "assistant" || ui.busy[ui.current]) return;
-    msgs.pop();  // the worker drops the same reply from the token history
+    if (!msgs.length || msgs[msgs.length - 1].role !== "assistant" || answering(ui.current)) return;
+    ui.pending[ui.current] = { reply: msgs.pop() };  // the worker drops the same reply from the token history
     renderMessages();
     worker.postMessage({ type: "regenerate", chat: ui.current, settings: requestSettings() });
   });
@@ -254,14 +279,16 @@ export function wireChatUI(worker) {
     worker.postMessage({ type: "new-chat" });
   });
   $("delete-chat").addEventListener("click", () => {
-    if (!ui.current || !confirm("Delete this chat?")) return;
-    store.deleteChat(ui.current);
-    if (ui.foreign[ui.current]) {  // the worker never had it
-      delete ui.foreign[ui.current];
-      selectChat(ui.list.length ? ui.list[0].id : null);
-    } else {
-      worker.postMessage({ type: "delete-chat", chat: ui.current });
-    }
+    const id = ui.current;
+    if (!id || !confirm("Delete this chat?")) return;
+    // Gone at once, streaming or not; what the worker still says about it is dropped (main.js, store.js).
+    store.deleteChat(id);
+    if (!ui.foreign[id]) worker.postMessage({ type: "delete-chat", chat: id });  // else the worker never had it
+    ui.list = ui.list.filter((c) => c.id !== id);
+    for (const perChat of [ui.foreign, ui.messages, ui.busy, ui.pending, ui.handedBack, ui.settings, ui.partialIds,
+                           ui.partialSaved, ui.alternatives]) delete perChat[id];
+    if (ui.queued?.chat === id) ui.queued = null;  // its words go with it, as a message sent to it does
+    selectChat(listed().length ? listed()[0].id : null);
   });
   $("rename-chat").addEventListener("click", () => {
     const title = ui.current && prompt("New name", $("chat-title").textContent);

@@ -5,9 +5,13 @@ import * as boot from "./boot.js";
 import * as chat from "./chat.js";
 import { renderMarkdown } from "./markdown.js";
 import * as models from "./models.js";
+import * as store from "./store.js";
 
 // The alternatives' messages change their chat's state; its view follows.
 const altThenRefresh = (handle) => (msg) => { handle(msg); chat.refresh(msg.chat); };
+// A deleted chat stays deleted: what the worker still posts about it (the reply it was streaming, a chat-saved
+// sent before it had the delete) is dropped, so nothing shows or stores it again.
+const unlessDeleted = (handle) => (msg) => { if (!store.isDeleted(msg.chat)) handle(msg); };
 
 function handlers(execResult) {
   return {
@@ -22,17 +26,17 @@ function handlers(execResult) {
     "model-ready": (msg) => { chat.onModelReady(msg); models.onModelReady(msg); },
     "model-error": chat.onModelError,
     chats: chat.onChats,
-    "turn-start": chat.onTurnStart,
-    token: chat.onToken,
-    "turn-end": chat.onTurnEnd,
-    "chat-saved": chat.onChatSaved,
+    "turn-start": unlessDeleted(chat.onTurnStart),
+    token: unlessDeleted(chat.onToken),
+    "turn-end": unlessDeleted(chat.onTurnEnd),
+    "chat-saved": unlessDeleted(chat.onChatSaved),
     "chat-error": chat.onChatError,
     "engine-error": chat.onEngineError,
     memory: chat.onMemory,
-    "alt-start": altThenRefresh(alt.onAltStart),
-    "alt-token": altThenRefresh(alt.onAltToken),
-    "alt-end": altThenRefresh(alt.onAltEnd),
-    "alt-kept": altThenRefresh(alt.onAltKept),
+    "alt-start": unlessDeleted(altThenRefresh(alt.onAltStart)),
+    "alt-token": unlessDeleted(altThenRefresh(alt.onAltToken)),
+    "alt-end": unlessDeleted(altThenRefresh(alt.onAltEnd)),
+    "alt-kept": unlessDeleted(altThenRefresh(alt.onAltKept)),
     "user-models": models.onUserModels,
     "gguf-progress": models.onProgress,
     "gguf-stored": models.onStored,

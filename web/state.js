@@ -11,7 +11,8 @@ export const ui = {
   openNewest: false,    // the next chat list puts its newest chat in view (after New chat)
   messages: {},         // chat id -> [{role, text, engine?, interrupted?}]
   busy: {},             // chat id -> true while a reply (or alternatives) streams
-  pending: {},          // chat id -> text sent that the worker has not started answering
+  pending: {},          // chat id -> {text} sent (or {reply} Regenerate took away) that the worker has not started
+  handedBack: {},       // chat id -> text the worker refused while another chat was in view: the box gets it there
   settings: {},         // chat id -> its generation settings (the form's fields)
   partialIds: {},       // chat id -> token ids of the reply streaming now
   partialSaved: {},     // chat id -> true once the reply streaming now has been saved

@@ -5,6 +5,7 @@
 
 let db = null;
 const saved = new Map();  // chat id -> its record as last written
+const deleted = new Set();  // chat ids deleted on this page (main.js drops what the worker still posts about them)
 
 export function openStore() {
   return new Promise((resolve) => {
@@ -71,7 +72,13 @@ export function saveChat(id, { messages, partialIds, streaming, settings }) {
   if (db) chats("readwrite").put(JSON.parse(JSON.stringify(rec)));
 }
 
+/** Whether chat `id` was deleted on this page (the worker never gives a new chat a used id while it runs). */
+export function isDeleted(id) {
+  return deleted.has(id);
+}
+
 export function deleteChat(id) {
+  deleted.add(id);
   saved.delete(id);
   if (db) chats("readwrite").delete(id);
 }

@@ -1,0 +1,204 @@
+"""Nothing a person does loses their words: a second Send before the first reply starts is handed back in the box
+(the page, the worker and IndexedDB agree on the history), a late chat-saved does not bring a deleted chat back,
+and Delete lands at once while the chat streams and another chat's reply has just ended."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from browser_pages import open_app, show_settings
+from test_chat_app import memory_when_idle, raw_last_turn, wait_next_turn
+from test_chat_records import records, reload_app
+
+QUERY = "?model=tiny-random&backend=cpu"  # the CPU path: a whole engine step between a Send and its turn-start
+
+# Two Sends in one task of the page, as two quick presses of Enter: no worker message can land between them.
+TWO_QUICK_SENDS = """([first, second]) => {
+  const box = document.getElementById("prompt");
+  for (const text of [first, second]) {
+    box.value = text;
+    box.dispatchEvent(new KeyboardEvent("keydown", { key: "Enter", bubbles: true }));
+  }
+  return [...document.querySelectorAll("#messages .msg")].map((e) => [e.className, e.dataset.text]);
+}"""
+
+# A Send the worker refuses, then more typed before its refusal arrives.
+SEND_THEN_TYPE = """([sent, typed]) => {
+  const box = document.getElementById("prompt");
+  box.value = sent;
+  box.dispatchEvent(new KeyboardEvent("keydown", { key: "Enter", bubbles: true }));
+  const cleared = box.value === "";
+  box.value = typed;
+  return cleared;
+}"""
+
+WORKER_CHATS = """import json
+from pagedkv_app.main import state
+_pool = state["engine"].kv.pool
+json.dumps({"chats": {c.chat_id: [[m["role"], m["content"]] for m in c.conversation.messages]
+                      for c in state["service"].chats.values()},
+            "unfinished": state["engine"].has_unfinished,
+            "leaked": _pool.num_blocks - _pool.num_free - _pool.num_cached})"""
+
+
+@pytest.fixture(scope="module")
+def app(browser, base_url):
+    booted, _ = open_app(browser, base_url + QUERY, 60_000)
+    yield booted
+    booted.page.close()
+
+
+def new_chat(page) -> str:
+    n = page.locator("#chat-list li").count()
+    page.locator("#new-chat").click()
+    page.wait_for_selector(f"#chat-list li:nth-child({n + 1}) button[aria-current=true]", state="attached")
+    return page.evaluate("document.documentElement.dataset.chat")
+
+
+def shown(page) -> list[list[str]]:
+    return page.eval_on_selector_all("#messages .msg", "els => els.map(e => [e.classList.contains('user') ? "
+                                     "'user' : 'assistant', e.dataset.text])")
+
+
+def listed(page) -> list[str]:
+    return page.eval_on_selector_all("#chat-list button", "bs => bs.map(b => b.dataset.chat)")
+
+
+def saved_messages(page, chat: str) -> list[list[str]]:
+    return [[m["role"], m["text"]] for m in records(page)[chat]["messages"]]
+
+
+def delete_current(page) -> str:
+    chat = page.evaluate("document.documentElement.dataset.chat")
+    page.once("dialog", lambda d: d.accept())
+    page.locator("#delete-chat").click()
+    return chat
+
+
+def settled_record(page, chat: str, messages: list) -> None:
+    for _ in range(100):  # the IndexedDB write follows the worker's chat-saved
+        if chat in records(page) and saved_messages(page, chat) == messages:
+            return
+        page.wait_for_timeout(50)
+    raise AssertionError(f"{chat}'s record never matched {messages}: {records(page).get(chat)}")
+
+
+def test_a_second_send_before_the_first_starts_is_handed_back_and_every_copy_agrees(app):
+    booted, page = app, app.page
+    chat = new_chat(page)
+    show_settings(page)
+    page.fill("#set-temperature", "0")
+    page.fill("#set-max-tokens", "4")
+    previous = raw_last_turn(page)
+    right_after = page.evaluate(TWO_QUICK_SENDS, ["first words", "second words"])
+    # The first is shown as pending at once; the second was not taken: it is still in the box.
+    assert right_after == [["msg user pending", "first words"]]
+    assert page.input_value("#prompt") == "second words" and page.locator("#send").is_disabled()
+    turn = wait_next_turn(page, previous)
+    assert turn["chat"] == chat and turn["tokens"] == 4
+    first = [["user", "first words"], ["assistant", turn["content"]]]
+    assert shown(page) == first and page.input_value("#prompt") == "second words"
+    assert booted.py(WORKER_CHATS)["chats"][chat] == first
+    settled_record(page, chat, first)
+    # Sent again once the reply is over, it is answered after the first, in order.
+    previous = raw_last_turn(page)
+    page.press("#prompt", "Enter")
+    second = wait_next_turn(page, previous)
+    both = first + [["user", "second words"], ["assistant", second["content"]]]
+    assert shown(page) == both and booted.py(WORKER_CHATS)["chats"][chat] == both
+    settled_record(page, chat, both)
+    # A Send the worker refuses (far past the context) comes back in the box, before what was typed since.
+    long = "word " * 400
+    assert page.evaluate(SEND_THEN_TYPE, [long, "typed since"]) is True
+    for _ in range(200):
+        if page.input_value("#prompt") != "typed since":
+            break
+        page.wait_for_timeout(50)
+    assert page.input_value("#prompt") == long + "\ntyped since"
+    assert page.evaluate("document.documentElement.dataset.chatError")
+    assert shown(page) == both and booted.py(WORKER_CHATS)["chats"][chat] == both
+    reload_app(page)
+    page.locator(f'#chat-list button[data-chat="{chat}"]').click()
+    assert shown(page) == both == saved_messages(page, chat)
+    assert booted.py(WORKER_CHATS)["chats"][chat] == both
+    page.fill("#prompt", "")
+
+
+def test_a_late_chat_saved_does_not_bring_a_deleted_chat_back(app):
+    booted, page = app, app.page
+    chat = new_chat(page)
+    show_settings(page)
+    page.fill("#set-max-tokens", "3")
+    previous = raw_last_turn(page)
+    page.fill("#prompt", "soon gone")
+    page.press("#prompt", "Enter")
+    wait_next_turn(page, previous)
+    # The chat-saved the worker would post for it now, kept to be posted once more after the delete.
+    booted.py("from pagedkv_app.main import state\n"
+              f"_c = state['service'].chats[{chat!r}]\n_m, _i, _t = _c.conversation.checkpoint()\n"
+              "state['late'] = dict(chat=_c.chat_id, title=_c.title, checkpoint=[list(_m), list(_i), _t],"
+              " before_reply=None)\n'1'")
+    assert delete_current(page) == chat
+    page.wait_for_selector(f'#chat-list button[data-chat="{chat}"]', state="detached", timeout=1_000)
+    # The late save, through the page's one router (exec-result comes after it, on the same channel).
+    booted.py("from pagedkv_app import bridge\nfrom pagedkv_app.main import state\n"
+              "bridge.post('chat-saved', **state.pop('late'))\n'1'")
+    assert chat not in listed(page)
+    page.wait_for_timeout(300)
+    assert chat not in records(page)
+    reload_app(page)
+    assert chat not in listed(page) and chat not in records(page)
+
+
+# The moment `finishing`'s reply ends (its turn-end drawn), `streaming` is opened and deleted: what the page shows
+# right after the click (confirm() is answered by the test's dialog handler) is recorded in window.deleteSeen.
+DELETE_WHEN_THE_OTHER_ENDS = """([finishing, streaming]) => {
+  const button = () => document.querySelector(`#chat-list button[data-chat="${streaming}"]`);
+  const seen = new MutationObserver(() => {
+    const turn = JSON.parse(document.documentElement.dataset.lastTurn || "{}");
+    if (turn.chat !== finishing) return;
+    seen.disconnect();
+    const busy = !!button()?.classList.contains("busy");
+    button().click();
+    document.getElementById("delete-chat").click();
+    window.deleteSeen = { busy, listed: !!button(), anyBusy: !!document.querySelector("#chat-list button.busy") };
+  });
+  seen.observe(document.documentElement, { attributes: true, attributeFilter: ["data-last-turn"] });
+}"""
+
+
+def test_delete_while_streaming_as_another_chat_finishes_is_at_once_and_frees_every_block(app):
+    booted, page = app, app.page
+    show_settings(page)
+    streaming = new_chat(page)
+    page.fill("#set-temperature", "1.1")  # seed 1 at 1.1: a long reply, to the end of the 256-token context
+    page.fill("#set-seed", "1")
+    page.fill("#set-max-tokens", "2000")
+    page.fill("#prompt", "a long one")
+    page.press("#prompt", "Enter")
+    finishing = new_chat(page)
+    page.fill("#set-temperature", "0")
+    page.fill("#set-max-tokens", "8")
+    page.evaluate(DELETE_WHEN_THE_OTHER_ENDS, [finishing, streaming])
+    page.once("dialog", lambda d: d.accept())
+    page.fill("#prompt", "a short one")
+    page.press("#prompt", "Enter")
+    for _ in range(200):
+        seen = page.evaluate("window.deleteSeen || null")
+        if seen:
+            break
+        page.wait_for_timeout(50)
+    # It was streaming when Delete was clicked, and was gone from the list, busy or not, right after the click.
+    assert seen == {"busy": True, "listed": False, "anyBusy": False}, seen
+    for _ in range(20):  # the worker within a second: the reply stopped, its chat gone
+        worker = booted.py(WORKER_CHATS)
+        if streaming not in worker["chats"] and not worker["unfinished"]:
+            break
+        page.wait_for_timeout(50)
+    assert streaming not in worker["chats"] and not worker["unfinished"] and worker["leaked"] == 0, worker
+    assert memory_when_idle(page)["used"] == 0
+    page.wait_for_timeout(300)
+    assert streaming not in records(page) and streaming not in listed(page)
+    assert page.locator("#chat-list button.busy").count() == 0
+    assert json.loads(raw_last_turn(page))["chat"] == finishing  # no turn-end of the deleted chat was shown
