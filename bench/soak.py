@@ -1,5 +1,6 @@
 """The chat page's soak (harness/soak.py) as a benchmark: seeded random Send / Stop / Regenerate / Delete /
-New chat / switch / reload on the tiny model, then what was lost or left behind.
+New chat / switch / reload, two quick Sends and a Delete as a reply starts, on the tiny model, then what was lost or
+left behind.
 
     python3 -m bench.soak [--quick] [--turns N] [--seed S]        (--quick: 40 turns; default 200)
 

@@ -1,5 +1,6 @@
 """A soak of the chat page: seeded random Send / Stop / Regenerate / Delete / New chat / switch / reload on the tiny
-model over a few chats, then checks that nothing was lost or left behind.
+model over a few chats, plus two Sends in one task (the second must stay in the box) and a Delete the moment a reply
+starts (its chat-saved then reaches the page after the delete), then checks that nothing was lost or left behind.
 
 Every action waits for its visible effect (a selector, the page-state dataset, an exec result), never for a
 fixed time. Replies stream while the soak goes on: Stop, Delete and reload land mid-reply. At the end, with every
@@ -17,8 +18,9 @@ import random
 import time
 from collections import Counter
 
-KINDS = ("send", "stop", "regenerate", "delete", "new_chat", "switch", "reload")
-WEIGHTS = {"send": 40, "stop": 12, "regenerate": 10, "delete": 6, "new_chat": 8, "switch": 12, "reload": 3}
+KINDS = ("send", "stop", "regenerate", "delete", "new_chat", "switch", "reload", "double_send", "delete_while_saving")
+WEIGHTS = {"send": 40, "stop": 12, "regenerate": 10, "delete": 6, "new_chat": 8, "switch": 12, "reload": 3,
+           "double_send": 6, "delete_while_saving": 4}
 WORDS = ("hello", "tell", "me", "about", "the", "sea", "why", "café", "naïve", "🙂", "ok", "more", "stop", "and",
          "then", "blocks", "cache", "über", "日本", "x")
 FULL_TOKENS = 190  # no send to a chat this long: the tiny model's context is 256 tokens
@@ -47,6 +49,26 @@ READ_RECORDS = """() => new Promise((resolve, reject) => {
     get.onsuccess = () => { open.result.close(); resolve(get.result); };
   };
 })"""
+
+# Two presses of Enter in one task of the page: no worker message (the first one's turn-start) lands between them.
+TWO_QUICK_SENDS = """([first, second]) => {
+  const box = document.getElementById("prompt");
+  for (const text of [first, second]) {
+    box.value = text;
+    box.dispatchEvent(new KeyboardEvent("keydown", { key: "Enter", bubbles: true }));
+  }
+}"""
+
+# Delete the chat in view the moment its reply starts: the worker's chat-saved for that turn, posted right after its
+# turn-start, reaches the page after the delete. confirm() is answered by the soak's dialog handler.
+DELETE_WHEN_IT_STARTS = """(chat) => {
+  const seen = window.soakDeleteWhenItStarts = new MutationObserver(() => {
+    if (JSON.parse(document.documentElement.dataset.lastStart || "{}").chat !== chat) return;
+    seen.disconnect();
+    document.getElementById("delete-chat").click();
+  });
+  seen.observe(document.documentElement, { attributes: true, attributeFilter: ["data-last-start"] });
+}"""
 
 LIST_CHATS = "bs => bs.map(b => [b.dataset.chat, b.classList.contains('busy'), b.classList.contains('foreign')])"
 SHOWN_MESSAGES = ("els => els.map(e => [e.classList.contains('user') ? 'user' : 'assistant', e.dataset.text || '',"
@@ -121,7 +143,8 @@ class Soak:
         kinds = {"send": room, "stop": any(c["busy"] for c in worker["chats"].values()),
                  "regenerate": room and last == "assistant" and not self.page.locator("#regenerate").is_disabled(),
                  "delete": len(listed) > 1, "new_chat": len(listed) < self.max_chats, "switch": len(listed) > 1,
-                 "reload": self.turns - self.reloaded_at >= self.reload_every}
+                 "reload": self.turns - self.reloaded_at >= self.reload_every, "double_send": room,
+                 "delete_while_saving": room and len(listed) > 1}
         return [k for k in KINDS if kinds[k]]
 
     def choose(self, kinds: list[str]) -> str:
@@ -145,11 +168,41 @@ class Soak:
         if self.dataset().get("lastStart") != before:
             self.turns += 1
 
+    def words(self) -> str:
+        return " ".join(self.rng.choices(WORDS, k=self.rng.randint(1, 5))) + self.rng.choice(("", ".", "?", "!"))
+
     def send(self) -> None:
         self.fill_settings(long=self.rng.random() < 0.4)
-        words = self.rng.choices(WORDS, k=self.rng.randint(1, 5))
-        self.page.fill("#prompt", " ".join(words) + self.rng.choice(("", ".", "?", "!")))
+        self.page.fill("#prompt", self.words())
         self.start_turn(lambda: self.page.press("#prompt", "Enter"))
+
+    def double_send(self) -> None:
+        """A second Send before the first reply starts: the first is answered, the second stays in the box."""
+        self.fill_settings(long=self.rng.random() < 0.4)
+        first, second = self.words(), self.words() + " again"
+        self.start_turn(lambda: self.page.evaluate(TWO_QUICK_SENDS, [first, second]))
+        box = self.page.input_value("#prompt")
+        if box != second:
+            self.errors.append(f"double send: the box holds {box!r}, not the second text {second!r}")
+        self.page.fill("#prompt", "")
+
+    def delete_while_saving(self) -> None:
+        """Send, and delete the chat the moment its reply starts (before its chat-saved arrives)."""
+        target = self.dataset()["chat"]
+        self.fill_settings(long=self.rng.random() < 0.4)
+        self.page.fill("#prompt", self.words())
+        self.page.evaluate(DELETE_WHEN_IT_STARTS, target)
+        accept = lambda d: d.accept()  # noqa: E731
+        self.page.once("dialog", accept)
+        turns = self.turns
+        self.start_turn(lambda: self.page.press("#prompt", "Enter"))
+        if self.turns == turns:  # refused (an error already noted): nothing to delete
+            self.page.evaluate("window.soakDeleteWhenItStarts.disconnect()")
+            self.page.remove_listener("dialog", accept)
+            return
+        self.page.wait_for_selector(f'#chat-list button[data-chat="{target}"]', state="detached")
+        self.deleted.add(target)
+        self.created.discard(target)
 
     def regenerate(self) -> None:
         self.fill_settings(long=self.rng.random() < 0.4)

@@ -1,5 +1,6 @@
-"""The soak's short form (harness/soak.py, bench/soak.py's driver): random Send / Stop / Regenerate / Delete / New chat / switch / reload on
-the tiny model, then nothing lost, nothing left behind."""
+"""The soak's short form (harness/soak.py, bench/soak.py's driver): random Send / Stop / Regenerate / Delete / New chat /
+switch / reload, two quick Sends and a Delete as a reply starts, on the tiny model; then nothing lost, nothing left
+behind."""
 from __future__ import annotations
 
 from harness.soak import KINDS, MODEL_QUERY, run_soak
