@@ -5,7 +5,7 @@ import { fillMessage, messageElement, queuedElement, renderForeignNote } from ".
 import { $, root } from "./page.js";
 import { readSettingsForm, requestSettings, showChatSettings, wireFallbackSettings, wireGenerationSettings,
          wireMemorySettings } from "./settings.js";
-import { persist, restoreChats, saveStreamingSoon } from "./saved_chats.js";
+import { listSavedChats, persist, restoreChats, saveStreamingSoon } from "./saved_chats.js";
 import { listed, ui } from "./state.js";
 import * as store from "./store.js";
 
@@ -43,8 +43,9 @@ function renderMessages() {
   renderForeignNote(foreign, ui.modelInfo);
   $("stop").disabled = !busy;
   $("send").disabled = busy || !!ui.queued || !!foreign;
-  $("rename-chat").disabled = !!foreign;
-  $("regenerate").disabled = busy || !!foreign || !msgs.length || msgs[msgs.length - 1].role !== "assistant";
+  $("rename-chat").disabled = !!foreign || !ui.accepting;  // the worker has no chat to rename until the model is in
+  $("regenerate").disabled = busy || !!foreign || !ui.accepting || !msgs.length ||
+    msgs[msgs.length - 1].role !== "assistant";
   $("alternatives").disabled = $("regenerate").disabled;
   renderAlternatives();
   root.dataset.generating = ui.busy[ui.current] ? "true" : "false";
@@ -116,6 +117,13 @@ function sendQueued() {
 /** The page is ready: the chat can be used (a message sent before the model is loaded waits for it). */
 export function showChatApp() {
   $("chat-app").hidden = false;
+}
+
+/** Saved chats are listed and readable at once, before Python starts (sending waits for the model). */
+export async function showSavedChats() {
+  if (!await listSavedChats() || !ui.list.length) return;
+  showChatApp();
+  selectChat(ui.current ?? ui.list[0].id);
 }
 
 function stopAccepting() {

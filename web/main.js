@@ -48,6 +48,7 @@ function start() {
   if (!window.crossOriginIsolated) {
     console.warn("page is not cross-origin isolated; serve it with `python3 build.py serve`");
   }
+  chat.showSavedChats();  // from IndexedDB at once: Python and the model take seconds (or fail to start)
   let worker;
   try {
     worker = new Worker("worker.js" + location.search);

@@ -19,20 +19,57 @@ export function saveStreamingSoon() {
   }, 300);
 }
 
+// A chat's id is "chat-N", N counting up as chats are made (the worker never reuses one): the list's order.
+const created = (rec) => Number(/-(\d+)$/.exec(rec.id)?.[1] ?? Infinity);
+const byCreation = (a, b) => created(a) - created(b) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+
+function showRecord(rec) {
+  const msgs = rec.messages || [];
+  if ((rec.partial_ids?.length || rec.streaming) && msgs.length) msgs[msgs.length - 1].interrupted = true;
+  ui.messages[rec.id] = msgs;
+  if (rec.settings) ui.settings[rec.id] = rec.settings;
+}
+
+const listEntry = (rec) => ({ id: rec.id, title: rec.title, busy: false, tokens: rec.checkpoint[1].length });
+
+// Said at once, before any chat is made: a person must know their chats will not survive a reload.
+function showSaveNotice(problem) {
+  $("save-notice").hidden = !problem;
+  $("save-notice").textContent = problem ? "Chats cannot be saved in this browser, so they will be lost when " +
+    `this page reloads or closes (IndexedDB: ${problem.replace(/\.$/, "")}).` : "";
+  root.dataset.store = problem ? "unavailable" : "open";
+}
+
+/** The saved chats, listed and readable as the page opens, before Python starts; a message sent to one waits
+ *  for the model, as every message does. Which of them the model can go on with is known at model-ready
+ *  (restoreChats). Resolves to whether it listed them (not when the model was quicker). */
+export async function listSavedChats() {
+  showSaveNotice(await store.openStore());
+  const { readable } = await store.readRecords();
+  if (ui.modelInfo) return false;
+  readable.sort(byCreation).forEach(showRecord);
+  ui.list = readable.map(listEntry);
+  root.dataset.saved = String(readable.length);
+  return true;
+}
+
 // Saved chats go back to the worker with their exact token history, if this model made them. Another
 // model's chats are listed read-only (their token ids mean nothing to this one); a record this page cannot
 // read is left as it is, with a note. The worker never gives a new chat the id of either.
 export async function restoreChats() {
-  await store.openStore();
+  showSaveNotice(await store.openStore());
   const model = ui.modelInfo.model;
   const { readable, unreadable } = await store.loadRecords(model, ui.modelInfo.default_model);
+  readable.sort(byCreation);
   const mine = readable.filter((rec) => rec.model === model);
   for (const rec of readable) {
-    const msgs = rec.messages || [];
-    if ((rec.partial_ids?.length || rec.streaming) && msgs.length) msgs[msgs.length - 1].interrupted = true;
-    ui.messages[rec.id] = msgs;
-    if (rec.settings) ui.settings[rec.id] = rec.settings;
+    showRecord(rec);
     if (rec.model !== model) ui.foreign[rec.id] = { id: rec.id, title: rec.title, model: rec.model };
+  }
+  ui.list = mine.map(listEntry);  // as listed before the model loaded, less other models' (until the worker's list)
+  if (ui.queued && ui.foreign[ui.queued.chat]) {  // typed into a chat this model cannot go on: back into the box
+    $("prompt").value = [ui.queued.text, $("prompt").value].filter(Boolean).join("\n");
+    ui.queued = null;
   }
   const reserved = [...Object.keys(ui.foreign), ...unreadable.map((rec) => String(rec.id))];
   ui.worker.postMessage({ type: "restore", reserved, chats: mine.map((r) => ({ id: r.id, title: r.title,

@@ -6,7 +6,8 @@ export const ui = {
   modelInfo: null,      // the worker's model-ready message
   accepting: false,     // the model is ready and the chats are listed: a message goes to the worker at once
   queued: null,         // {chat, text}: a message sent while the model loads, sent when it is ready
-  list: [],             // [{id, title, busy, tokens}] as the worker lists its chats, in its order
+  list: [],             // [{id, title, busy, tokens}] as the worker lists its chats, in its order (before the model
+                        // is loaded: the saved chats, as IndexedDB holds them, in the order they were made)
   current: null,        // id of the chat in view
   openNewest: false,    // the next chat list puts its newest chat in view (after New chat)
   messages: {},         // chat id -> [{role, text, engine?, interrupted?}]

@@ -4,17 +4,21 @@
 // token ids as partial_ids), so a reload keeps it.
 
 let db = null;
+let opening = null;  // openStore's one promise: the page opens the database once
 const saved = new Map();  // chat id -> its record as last written
 const deleted = new Set();  // chat ids deleted on this page (main.js drops what the worker still posts about them)
 
+/** Open the database (once; later calls get the same answer): resolves to null, or to why chats cannot be
+ *  saved in this browser (no IndexedDB, storage blocked, a private window that refuses it). */
 export function openStore() {
-  return new Promise((resolve) => {
+  opening ??= new Promise((resolve) => {
     let req;
-    try { req = indexedDB.open("pagedkv", 1); } catch (err) { resolve(null); return; }
+    try { req = indexedDB.open("pagedkv", 1); } catch (err) { resolve(String(err.message || err)); return; }
     req.onupgradeneeded = () => req.result.createObjectStore("chats", { keyPath: "id" });
-    req.onsuccess = () => { db = req.result; resolve(db); };
-    req.onerror = () => { console.warn("IndexedDB unavailable: chats will not survive a reload"); resolve(null); };
+    req.onsuccess = () => { db = req.result; resolve(null); };
+    req.onerror = () => resolve(String(req.error?.message || req.error || "the database did not open"));
   });
+  return opening;
 }
 
 function chats(mode) { return db.transaction("chats", mode).objectStore("chats"); }
@@ -35,24 +39,30 @@ function readable(rec) {
     (rec.settings === undefined || (rec.settings !== null && typeof rec.settings === "object"));
 }
 
-/** Every saved record, sorted: `readable` ones, `unreadable` ones (kept as they are, never written over). Each
- *  readable record of `model` (a record without one is `defaultModel`'s) is remembered as its chat's record. */
-export function loadRecords(model, defaultModel) {
+/** Every saved record, sorted: `readable` ones, `unreadable` ones (kept as they are, never written over). Read
+ *  as the page opens, before any model is loaded: nothing is remembered as a chat's record yet. */
+export function readRecords() {
   const sorted = { readable: [], unreadable: [] };
   if (!db) return Promise.resolve(sorted);
   return new Promise((resolve) => {
     const r = chats("readonly").getAll();
     r.onsuccess = () => {
-      for (const rec of r.result) {
-        if (!readable(rec)) { sorted.unreadable.push(rec); continue; }
-        rec.model ??= defaultModel;
-        if (rec.model === model) saved.set(rec.id, rec);
-        sorted.readable.push(rec);
-      }
+      for (const rec of r.result) (readable(rec) ? sorted.readable : sorted.unreadable).push(rec);
       resolve(sorted);
     };
     r.onerror = () => resolve(sorted);
   });
+}
+
+/** readRecords, once `model` is loaded: each readable record of `model` (a record without one is
+ *  `defaultModel`'s) is remembered as its chat's record. */
+export async function loadRecords(model, defaultModel) {
+  const sorted = await readRecords();
+  for (const rec of sorted.readable) {
+    rec.model ??= defaultModel;
+    if (rec.model === model) saved.set(rec.id, rec);
+  }
+  return sorted;
 }
 
 /** The worker's chat-saved message: the chat's title and exact token history, as it stands now. */
