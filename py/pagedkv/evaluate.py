@@ -18,10 +18,12 @@ from __future__ import annotations
 import numpy as np
 
 from .backends.cpu import CpuBackend
+from .block_mover import BlockMover
 from .config import CacheConfig
 from .engine import run_sync
 from .kv.block_pool import CopyOp
 from .kv.manager import KVCacheManager
+from .kv.moves import BlockMoves
 from .kv.retention import KVRetention, ShiftOp
 from .model.weights import ModelWeights
 from .model_runner import ForwardBatch, build_batch
@@ -116,6 +118,7 @@ def run_lanes(weights: ModelWeights, lanes: list[Lane], block_size: int, max_row
     in max_rows (bounds the (rows, vocab) logits held at once), at least one."""
     offsets = list(np.cumsum([0] + [lane.pool_blocks for lane in lanes[:-1]]))
     backend = CpuBackend(weights, num_blocks=sum(lane.pool_blocks for lane in lanes), block_size=block_size)
+    mover = BlockMover(backend)
     while True:
         active = [i for i, lane in enumerate(lanes) if not lane.done]
         if not active:
@@ -129,8 +132,7 @@ def run_lanes(weights: ModelWeights, lanes: list[Lane], block_size: int, max_row
         plans = [lanes[i].schedule() for i in step]
         copies = [CopyOp(src + offsets[i], dst + offsets[i]) for i, p in zip(step, plans) for src, dst in p[1]]
         shifts = [ShiftOp(op.block + offsets[i], op.delta) for i, p in zip(step, plans) for op in p[2]]
-        run_sync(backend.copy_blocks(copies))
-        run_sync(backend.shift_keys(shifts))
+        run_sync(mover.run(BlockMoves(copies=copies, shifts=shifts)))
         batch = stack_batches([p[3] for p in plans], [int(offsets[i]) for i in step], block_size)
         track = any(lanes[i].tracks_mass for i in step)
         mass = np.zeros(batch.block_tables.shape, np.float32) if track else None  # (S, max_blocks)

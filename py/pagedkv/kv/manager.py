@@ -70,7 +70,6 @@ class KVCacheManager:
         self.config = config
         self.block_size = config.block_size
         self.namespace = namespace
-        self.hash_fn = hash_fn
         self.pool = pool if pool is not None else BlockPool(config.num_blocks,
                                                             on_evict=self._demote if demotes else None)
         self.prefix = PrefixIndex(self.pool, config.block_size, namespace, hash_fn, config.enable_prefix_caching)
