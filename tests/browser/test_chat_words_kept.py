@@ -50,6 +50,8 @@ def app(browser, base_url):
 
 
 def new_chat(page) -> str:
+    # The worker lists a first chat once it restored the saved ones (none here): count after that list.
+    page.wait_for_selector("#chat-list li", state="attached")
     n = page.locator("#chat-list li").count()
     page.locator("#new-chat").click()
     page.wait_for_selector(f"#chat-list li:nth-child({n + 1}) button[aria-current=true]", state="attached")
