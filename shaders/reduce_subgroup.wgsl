@@ -1,23 +1,45 @@
 // wg_sum with subgroup operations (a part of the _sg variants, shader_variants.py, which start the kernel
-// with `enable subgroups;`): subgroupAdd within each subgroup, then one slot per subgroup
-// in workgroup memory, summed by every thread after one barrier. Assumes what Dawn's backends do for a
-// one-dimensional workgroup: subgroup g holds local invocations g * size .. g * size + size - 1 (the
-// browser tests check the sums on SwiftShader). Call it from uniform control flow only.
+// with `enable subgroups;`): subgroupAdd within each subgroup, then each subgroup's sum in workgroup
+// memory at the slot of its lowest local invocation index (its head, subgroupMin(lid)), which also sets
+// the head's bit in a mask of heads; after a barrier every thread adds the slots of the set bits in
+// ascending order. Nothing is assumed about which invocations share a subgroup or how large one is (WGSL
+// promises neither: Intel picks 8, 16 or 32 per pipeline, AMD 32 or 64, Adreno 64 or 128). Where subgroup
+// g holds invocations g * size .. g * size + size - 1 (Dawn's usual one-dimensional layout) the heads are
+// 0, size, 2 size, ... and the sum is added in the order it always was; the order depends on the layout
+// alone, never on timing, so a device gives the same bits every run.
+// The mask is cleared at the start of each call, a barrier before it is set: nothing rests on workgroup
+// memory starting zeroed (a version that did passed alone on lavapipe, failed after other kernels). WORKGROUP_SIZE
+// <= 1024. Call it from uniform control flow only (three barriers).
 
-var<workgroup> red : array<vec4<f32>, WORKGROUP_SIZE>;
+const HEAD_WORDS : u32 = 32u;  // 1024 invocations, one bit each
+
+var<workgroup> red : array<vec4<f32>, WORKGROUP_SIZE>;  // slot h: the sum of the subgroup headed by h
+var<workgroup> heads : array<atomic<u32>, HEAD_WORDS>;  // bit b of word w: invocation 32 w + b is a head
 
 // The sum of v over the workgroup, returned to every thread.
 fn wg_sum(v : vec4<f32>, lid : u32) -> vec4<f32> {
   let part = subgroupAdd(v);
-  let size = subgroupAdd(1u);  // the subgroup size, without the subgroup_size builtin in main's signature
-  if (subgroupExclusiveAdd(1u) == 0u) {
-    red[lid / size] = part;
+  let head = subgroupMin(lid);
+  let words = (WORKGROUP_SIZE + 31u) / 32u;
+  if (lid < words) {
+    atomicStore(&heads[lid], 0u);
+  }
+  if (lid == head) {
+    red[lid] = part;
+  }
+  workgroupBarrier();
+  if (lid == head) {
+    atomicOr(&heads[lid / 32u], 1u << (lid % 32u));
   }
   workgroupBarrier();
   var total = vec4<f32>(0.0);
-  for (var g = 0u; g < (WORKGROUP_SIZE + size - 1u) / size; g++) {
-    total += red[g];
+  for (var w = 0u; w < words; w++) {
+    var m = atomicLoad(&heads[w]);
+    while (m != 0u) {
+      total += red[32u * w + countTrailingZeros(m)];
+      m &= m - 1u;
+    }
   }
-  workgroupBarrier();  // the next call overwrites red
+  workgroupBarrier();  // the next call clears heads and overwrites red
   return total;
 }
