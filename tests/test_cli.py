@@ -114,3 +114,11 @@ def test_deeply_nested_json_fails_with_one_line(tiny_dir, tmp_path):  # noqa: F8
     result = run_cli("generate", "--model", str(tiny_dir), "--messages-json", str(path))
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == f"error: messages file {path} is nested too deeply to read\n"
+
+
+def test_generate_ignore_eos_gives_exactly_max_tokens(tiny_dir, tmp_path):  # noqa: F811
+    args = ("generate", "--model", str(tiny_dir), "--messages-json", write_messages(tmp_path, CHAT), "--max-tokens", "40",
+            "--greedy", "--json")
+    plain, ignoring = (json.loads(run_cli(*args, *extra).stdout) for extra in ((), ("--ignore-eos",)))
+    assert len(ignoring["output_ids"]) == 40  # bench/device/h200.sh's decode figures count on it
+    assert ignoring["output_ids"][:len(plain["output_ids"])] == plain["output_ids"]  # greedy: the same start

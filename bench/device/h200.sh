@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The kernel benchmark (both kernel families: matvec, matmul, attention rows, a decode step each) and a native
-# generate per family on a lent NVIDIA H200 (the `device` tool), as ONE call; JSON to $OUT.
-# Not run by the session that wrote it (none was lent); a later session with a machine does:
+# The kernel benchmark (both kernel families: matvec, matmul, attention rows, a decode step each) and native
+# generates (both families; SmolLM2-135M's shapes and the synthetic 1.5B model's) on a lent NVIDIA H200 (the
+# `device` tool), as ONE call. Everything lands in one tarball, $OUT/h200.tar.gz (JSON and logs), plus
+# $OUT/summary.json (each step's exit status and seconds): two files of the eight the tool brings back.
 #
 # 1. Here, once, in the repo root (the device tool's README: the machine reaches no registry; its python3 is
 #    3.12 with numpy and jinja2, without wgpu, cffi, rendercanvas, pycparser):
@@ -14,32 +15,75 @@
 #        -d .whl wgpu==0.32.0 cffi==2.0.0 pycparser==3.0 rendercanvas==2.7.2
 #      python3 build.py     # dist/models/smollm2-135m-instruct/model.json: tokenizer, template, shapes (1.8 MB)
 # 2. run(command="bash bench/device/h200.sh", carry=[".gl", ".whl", "dist/models/smollm2-135m-instruct/model.json"],
-#        timeout_s=420)   # the benchmark takes under two minutes on a GPU; leave time for a second try
+#        timeout_s=480)   # the steps' own timeouts add up to under 7 minutes; leave time for a second try
 #
-# The real weights (94 MiB) cannot travel (64 MiB a call): the generate runs random weights at SmolLM2's shapes
-# (bench/device/random_model.py), so its timings are the real model's kernels and its text is noise.
+# Proven off the GPU with H200_QUICK=1 (a 2-layer model, 32 tokens, bench.kernels --quick, no 1.5B model, the
+# machine's own wgpu and Vulkan ICD, lavapipe here), OUT set by hand:
+#      OUT=/tmp/h200-out H200_QUICK=1 PYTHON=.venv/bin/python bash bench/device/h200.sh
+#
+# The real weights (94 MiB; the 1.5B model's 837 MiB) cannot travel (64 MiB a call): the generates run random
+# weights made on the machine from a seed (bench/device/random_model.py, every row its own), with
+# --ignore-eos so that each decodes exactly its --max-tokens; decode_tok_s leaves out the first decode step
+# (pipeline compilation, reported as first_decode_ms). Timings are the real model's kernels; text is noise.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?run through the device tool, which sets OUT}"
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-export PYTHONPATH="/tmp/site:$PWD/py:$PWD" PYTHONUNBUFFERED=1 PAGEDKV_BENCH_RESULTS="$OUT"
-probe='import wgpu; a = wgpu.gpu.request_adapter_sync(power_preference="high-performance"); print(a.info)'
-if ! python3 -c "$probe" 2>&1 | tee "$OUT/adapter.txt" | grep -qi nvidia; then
+QUICK=${H200_QUICK:-}
+PY=${PYTHON:-python3}
+R=$(mktemp -d /tmp/h200.XXXXXX)  # results; tarred into $OUT at the end
+M=$(mktemp -d /tmp/h200-models.XXXXXX)
+SUMMARY=()
+step() {  # step NAME SECONDS CMD...: run CMD under `timeout`, its stdout to $R/NAME.json, stderr to $R/NAME.log
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  timeout -k 10 "$limit" "$@" >"$R/$name.json" 2>"$R/$name.log"
+  rc=$?
+  [ -s "$R/$name.json" ] || rm -f "$R/$name.json"
+  echo "$name: exit $rc in $((SECONDS - t0)) s (limit $limit)"
+  SUMMARY+=("{\"step\": \"$name\", \"exit\": $rc, \"seconds\": $((SECONDS - t0)), \"limit_s\": $limit}")
+}
+finish() {
+  (IFS=,; echo "{\"quick\": \"${QUICK}\", \"steps\": [${SUMMARY[*]}]}") >"$OUT/summary.json"
+  tar -czf "$OUT/h200.tar.gz" -C "$R" .
+  echo "$OUT: $(ls "$OUT" | tr '\n' ' ')"; tail -n 2 "$R"/*.log
+}
+trap finish EXIT
+
+if [ -z "$QUICK" ]; then
+  for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+  export PYTHONPATH="/tmp/site:$PWD/py:$PWD"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$R/nvidia-smi.csv" 2>&1
+else
+  export PYTHONPATH="$PWD/py:$PWD"
+fi
+export PYTHONUNBUFFERED=1 WGPU_BACKEND_TYPE=Vulkan  # wgpu-py's own variable: Vulkan, never a GL fallback
+probe='import json, wgpu; a = wgpu.gpu.request_adapter_sync(power_preference="high-performance"); print(json.dumps(a.info))'
+step adapter 60 $PY -c "$probe"
+if [ -z "$QUICK" ] && ! grep -qi nvidia "$R/adapter.json" 2>/dev/null; then
   # The loader found no NVIDIA ICD on its own: point it at the driver's (the device README's fallback).
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-  python3 -c "$probe" 2>&1 | tee "$OUT/adapter.txt"
+  step adapter 60 $PY -c "$probe"
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>&1
-python3 -m bench.kernels --backend wgpu > "$OUT/kernels.log" 2>&1  # JSON: $OUT/kernels_wgpu.json
-echo "bench.kernels exit $?"
-python3 bench/device/random_model.py dist/models/smollm2-135m-instruct/model.json /tmp/smollm2-random
-echo '[{"role": "user", "content": "Write a long story about the sea."}]' > /tmp/chat.json
-for family in cpu gpu; do  # both kernel families; the gpu one tunes first (its choice and timings in the JSON)
-  python3 -m pagedkv generate --backend wgpu --kernels "$family" --tuning-cache "$OUT/gpu_tuning.json" \
-    --model /tmp/smollm2-random --messages-json /tmp/chat.json --max-tokens 128 --greedy --json \
-    > "$OUT/generate_h200_$family.json" 2> "$OUT/generate_$family.log"
-  echo "generate --kernels $family exit $?"
+
+MJ=dist/models/smollm2-135m-instruct/model.json
+echo '[{"role": "user", "content": "Write a long story about the sea."}]' >"$R/chat.json"
+if [ -n "$QUICK" ]; then
+  step kernels 300 $PY -m bench.kernels --backend wgpu --json --quick --kernels qkv lm_head decode_attention argmax
+  step model_small 120 $PY bench/device/random_model.py "$MJ" "$M/small" --preset small
+  models="small"; tokens=32
+else
+  step kernels 150 $PY -m bench.kernels --backend wgpu --json
+  step model_smollm2 90 $PY bench/device/random_model.py "$MJ" "$M/smollm2" --preset smollm2
+  step model_1.5b 150 $PY bench/device/random_model.py "$MJ" "$M/1.5b" --preset 1.5b
+  models="smollm2 1.5b"; tokens=256
+fi
+for model in $models; do
+  [ -f "$M/$model/model.json" ] || continue
+  for family in cpu gpu; do  # both kernel families; the gpu one tunes first (its choice and timings in the JSON)
+    step "generate_${model}_$family" 120 $PY -m pagedkv generate --backend wgpu --kernels "$family" \
+      --budget-mib 2048 --tuning-cache "$R/gpu_tuning.json" --model "$M/$model" --messages-json "$R/chat.json" \
+      --max-tokens "$tokens" --ignore-eos --greedy --json
+  done
 done
-python3 -m bench.dispatch_geometry --json --kernels gpu --prefill 512 > "$OUT/geometry_prefill_gpu.json"
-tail -n 3 "$OUT"/*.log
+step geometry_prefill_gpu 60 $PY -m pagedkv.backends.webgpu.dispatch_geometry --json --kernels gpu --prefill 512

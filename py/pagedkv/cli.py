@@ -97,7 +97,9 @@ def cmd_generate(args) -> dict:
     manifest, tok = _tokenizer(args.model)
     # llama.cpp's end-of-generation set (e.g. <|im_end|> for ChatML, <|eot_id|> for Llama 3) and EOS.
     stop_ids = tuple(sorted(tok.eog_ids | ({tok.eos_token_id} - {None})))
-    params = _sampling_params(args, stop_ids)
+    # --ignore-eos: the only stop id is the vocabulary size, an id no model emits (an empty tuple would mean
+    # the engine's defaults), so exactly --max-tokens tokens come out unless the context fills.
+    params = _sampling_params(args, (manifest["config"]["vocab"],) if args.ignore_eos else stop_ids)
     prompt_ids = Conversation(tok, ChatTemplate.from_manifest(manifest, tok), messages).prompt_ids()
     context = manifest["config"]["context_length"]
     if len(prompt_ids) >= context:
@@ -109,7 +111,7 @@ def cmd_generate(args) -> dict:
         del extra["finish_reason"]
     else:
         output_ids, _ = generate_ids(ModelWeights.load(args.model), tok, prompt_ids, params)
-    text_ids = output_ids[:-1] if output_ids[-1] in stop_ids else output_ids
+    text_ids = output_ids[:-1] if output_ids[-1] in stop_ids and not args.ignore_eos else output_ids
     return {"prompt_ids": prompt_ids, "output_ids": output_ids, "text": tok.decode(text_ids), **extra}
 
 
@@ -160,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: .cache/gpu_tuning.json)")
     gen.add_argument("--messages-json", required=True, help='file with [{"role": ..., "content": ...}, ...]')
     gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--ignore-eos", action="store_true",
+                     help="never stop at an end-of-generation token: exactly --max-tokens (a timing run)")
     gen.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
     gen.add_argument("--temperature", type=float)
     gen.add_argument("--seed", type=int)

@@ -17,8 +17,9 @@ def test_generate_on_wgpu_prints_the_cpu_json_plus_timings_and_adapter(tiny_dir,
     assert list(out) == ["prompt_ids", "output_ids", "text", "timings", "adapter", "kernels"]
     assert {k: out[k] for k in ("prompt_ids", "output_ids", "text")} == cpu
     assert out["output_ids"] == [321, 321, 321, 321, 242, 242, 242, 242]
-    assert sorted(out["timings"]) == ["decode_tok_s", "prefill_tok_s", "ttft_ms"]
-    assert out["timings"]["ttft_ms"] > 0 and out["timings"]["decode_tok_s"] > 0
+    assert sorted(out["timings"]) == ["decode_tok_s", "decode_tokens", "first_decode_ms", "prefill_tok_s", "ttft_ms"]
+    assert out["timings"]["ttft_ms"] > 0 and out["timings"]["decode_tok_s"] > 0 and out["timings"]["first_decode_ms"] > 0
+    assert out["timings"]["decode_tokens"] == 6  # 8 tokens: the prefill's, the first decode step's, then 6 timed
     assert out["adapter"] == {"name": native_device.info.name, "backend": native_device.info.backend,
                               "features": list(native_device.info.features)}
     name = native_device.info.name  # lavapipe: auto takes the cpu family, untuned
