@@ -192,6 +192,13 @@ export function onChats(msg) {
   ui.accepting = true;
   selectChat(ui.current);
   sendQueued();
+  if (ui.newChatWanted) newChat();
+}
+
+function newChat() {
+  ui.newChatWanted = false;
+  ui.openNewest = true;  // the chat the worker creates becomes the one in view
+  ui.worker.postMessage({ type: "new-chat" });
 }
 
 export function onTurnStart(msg) {
@@ -283,8 +290,9 @@ export function wireChatUI(worker) {
     worker.postMessage({ type: "regenerate", chat: ui.current, settings: requestSettings() });
   });
   $("new-chat").addEventListener("click", () => {
-    ui.openNewest = true;  // the chat the worker creates becomes the one in view
-    worker.postMessage({ type: "new-chat" });
+    // Before the worker has the saved chats (restore), a chat it made could take a saved chat's id: it waits.
+    if (ui.accepting) newChat();
+    else ui.newChatWanted = true;
   });
   $("delete-chat").addEventListener("click", () => {
     const id = ui.current;

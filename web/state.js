@@ -10,6 +10,7 @@ export const ui = {
                         // is loaded: the saved chats, as IndexedDB holds them, in the order they were made)
   current: null,        // id of the chat in view
   openNewest: false,    // the next chat list puts its newest chat in view (after New chat)
+  newChatWanted: false, // New chat clicked before the worker had the saved chats: made once it lists them
   messages: {},         // chat id -> [{role, text, engine?, interrupted?}]
   busy: {},             // chat id -> true while a reply (or alternatives) streams
   pending: {},          // chat id -> {text} sent (or {reply} Regenerate took away) that the worker has not started

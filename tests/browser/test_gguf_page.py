@@ -67,7 +67,12 @@ def wait_reloaded(booted) -> dict:
 def chat_ids(booted, text: str) -> list[int]:
     """Send `text` with greedy settings in a new chat; the chat's token ids once the reply has ended."""
     page = booted.page
+    shown = page.evaluate("document.documentElement.dataset.chat || ''")
     page.locator("#new-chat").click()
+    for _ in range(600):  # the new chat comes into view once the worker made it (after its restore)
+        if page.evaluate("document.documentElement.dataset.chat || ''") != shown:
+            break
+        page.wait_for_timeout(100)
     previous = page.evaluate("document.documentElement.dataset.lastTurn || ''")
     page.fill("#set-max-tokens", str(MAX_TOKENS))
     page.fill("#set-temperature", "0")
