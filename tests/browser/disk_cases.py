@@ -184,3 +184,32 @@ async def opfs_listing_retries_a_failing_iterator() -> dict:
         out["raised"] = str(err)
     await OpfsStore(real).delete("a")
     return out
+
+
+async def opfs_write_while_deleted(rounds: int = 30) -> dict:
+    """OpfsStore.write while the same file is deleted (this tab forgetting a deleted chat's blocks, another
+    tab evicting): the write ends either with the whole file or, where the delete came last, no file; it
+    never raises. Each round starts the delete at a different point of the write."""
+    import asyncio
+
+    from pagedkv.browser.opfs import OpfsStore
+
+    store = await OpfsStore.open("kv-write-delete-case")
+    for name in await store.names():
+        await store.delete(name)
+    data = bytes(range(256)) * 90
+    raised, sizes = [], set()
+    for i in range(rounds):
+        name = f"f-{i:03d}"
+
+        async def delete_later(n=name, ticks=i % 6):
+            for _ in range(ticks):
+                await asyncio.sleep(0)
+            await store.delete(n)
+
+        results = await asyncio.gather(store.write(name, data), delete_later(), return_exceptions=True)
+        raised += [repr(r) for r in results if isinstance(r, BaseException)]
+        sizes |= set((await store.names()).values())
+    for name in await store.names():
+        await store.delete(name)
+    return {"raised": raised, "sizes": sorted(sizes - {len(data)})}

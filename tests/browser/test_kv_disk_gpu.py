@@ -56,3 +56,8 @@ def test_opfs_listing_is_tried_again_when_the_iterator_fails(worker):
 def test_opfs_store_takes_its_directory_again_when_the_handle_fails(worker):
     r = run(worker, "opfs_store_outlives_its_directory()")
     assert r == {"after_write": {"b": 2}, "reopened_by_write": 1, "after_listing": {}, "reopened": 2}
+
+
+def test_opfs_write_never_raises_when_its_file_is_deleted_meanwhile(worker):
+    r = run(worker, "opfs_write_while_deleted()")
+    assert r == {"raised": [], "sizes": []}

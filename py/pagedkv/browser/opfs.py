@@ -15,6 +15,8 @@ __all__ = ["LIST_ATTEMPTS", "OpfsStore", "open_or_memory"]
 
 SWAP_SUFFIX = ".crswap"  # Chromium's swap file of a createWritable() not yet closed
 LIST_ATTEMPTS = 4
+DELETE_ATTEMPTS = 4  # a file with a writable open refuses removal until the write closes
+WRITE_ATTEMPTS = 3  # a write meets a removal of its file in flight
 
 
 def _js_obj(value: dict):
@@ -81,6 +83,21 @@ class OpfsStore:
         return (await (await handle.getFile()).arrayBuffer()).to_bytes()
 
     async def write(self, name: str, data: bytes) -> None:
+        """Write `name` whole. A file (or directory) removed while it is written, or locked by a removal in
+        flight (this tab's disk tier forgetting a deleted chat's blocks, another tab evicting), is written
+        again, up to WRITE_ATTEMPTS times in all; then OSError. StoreFull when the browser's quota refuses it."""
+        for attempt in range(WRITE_ATTEMPTS):
+            try:
+                return await self._write_once(name, data)
+            except JsException as err:
+                if not (_js_error(err, "NotFoundError") or _js_error(err, "NoModificationAllowedError")):
+                    raise
+                if attempt == WRITE_ATTEMPTS - 1:
+                    raise OSError(f"{name} could not be written: it went or stayed locked, "
+                                  f"{WRITE_ATTEMPTS} tries ({err})") from err
+                await asyncio.sleep(0.02 * (attempt + 1))
+
+    async def _write_once(self, name: str, data: bytes) -> None:
         try:
             handle = await self.directory.getFileHandle(name, _js_obj({"create": True}))
         except JsException as err:  # the directory itself is gone (removed, or its handle stale)
@@ -99,17 +116,26 @@ class OpfsStore:
             await self._refused(name, len(data), err)
 
     async def _refused(self, name: str, nbytes: int, err: Exception) -> None:
+        if _js_error(err, "NotFoundError") or _js_error(err, "NoModificationAllowedError"):
+            raise err  # removed (or being removed) while written: write() tries again
         await self.delete(name)  # the empty file getFileHandle created
         if _js_error(err, "QuotaExceededError"):
             raise StoreFull(f"the browser's storage quota refused {name} ({nbytes:,} bytes): {err}") from err
         raise err
 
     async def delete(self, name: str) -> None:
-        try:
-            await self.directory.removeEntry(name)
-        except JsException as err:
-            if not _js_error(err, "NotFoundError"):
-                raise
+        """Remove `name` (gone already is fine). A file being written (a writable open on it, here or in another
+        tab) cannot be removed: tried again for up to ~0.2 s, then left to the writer, whose file it is now
+        (a disk tier lists it again at its next open and evicts it by LRU)."""
+        for attempt in range(DELETE_ATTEMPTS):
+            try:
+                return await self.directory.removeEntry(name)
+            except JsException as err:
+                if _js_error(err, "NotFoundError"):
+                    return
+                if not _js_error(err, "NoModificationAllowedError"):
+                    raise
+                await asyncio.sleep(0.02 * (attempt + 1))
 
     async def names(self) -> dict[str, int]:
         """{name: bytes} of the files now in the directory. Another tab of the app (or this one's write-behind)

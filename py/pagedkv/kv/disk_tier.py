@@ -261,7 +261,7 @@ class DiskTier:
         order = "".join(name[len(prefix):] + "\n" for name in self._lru if name.startswith(prefix))
         try:
             await self.store.write(self.index_name, order.encode("ascii"))
-        except StoreFull as err:
+        except OSError as err:  # StoreFull, or the file went as it was written
             if not self._order_unsaved:  # once, not at every step while the store stays full
                 self._note(f"the disk's LRU order was not saved ({err})")
             self._order_unsaved = True
@@ -351,6 +351,9 @@ class DiskTier:
             self.budget_bytes = self.num_bytes
             self._note(f"disk full ({err}); KV on disk capped at {self.budget_bytes:,} bytes, "
                        "the rest is recomputed after a reload")
+            return False
+        except OSError as err:  # the store lost the file as it was written: the block is recomputed after a reload
+            self._note(f"block {chain_hash} was not written ({err}); it is recomputed after a reload")
             return False
         self._lru[name] = len(data)
         self._dirty = True
