@@ -346,7 +346,8 @@ class LLMEngine:
         return {
             "num_blocks": pool.num_blocks, "used_blocks": pool.num_used, "free_blocks": pool.num_free,
             "cpu_blocks": cpu.num_blocks if cpu else 0, "cpu_used_blocks": cpu.num_used if cpu else 0,
-            "cpu_cached_blocks": cpu.num_cached if cpu else 0, "cpu_demoted_blocks": self.kv.cpu.num_demoted if cpu else 0,
+            "cpu_cached_blocks": cpu.num_cached if cpu else 0,
+            "cpu_demoted_blocks": self.kv.cpu.num_demoted if cpu else 0,
             "cached_blocks": pool.num_cached, "block_size": self.kv.block_size,
             "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
             "swapped": len(self.scheduler.swapped), "preemptions": dict(self.scheduler.num_preemptions),

@@ -15,8 +15,8 @@ import numpy as np
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import create_once_callable, to_js  # type: ignore[import-not-found]
 
-from ..backends.webgpu.device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderLibrary, WebGPUUnavailable, padded,
-                     resource)
+from ..backends.webgpu.device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderLibrary,
+                                      WebGPUUnavailable, padded, resource)
 
 __all__ = ["GpuContext", "WasmUnavailable", "fetch_bytes", "linear_wasm_matmul", "site_url", "wasm_attention"]
 

@@ -81,7 +81,8 @@ class CpuTier:
         run: list[int] = []
         for i, digest in enumerate(chain_digests(token_ids, num_blocks, bs, self.namespace)[start:], start):
             block = self.pool.cached_block(digest)
-            if block is None or block.token_ids != tuple(token_ids[i * bs:(i + 1) * bs]) or block.salt != self.namespace:
+            chunk = tuple(token_ids[i * bs:(i + 1) * bs])
+            if block is None or block.token_ids != chunk or block.salt != self.namespace:
                 break
             run.append(block.block_id)
         return run
