@@ -25,12 +25,12 @@ import pagedkv_app.chat_service as cs
 from pagedkv_app.main import state
 svc = state["service"]
 cs.STATS_INTERVAL_S = {interval}
-chat = svc.new_chat("bench")
+chat = svc.open_session("bench")
 t0 = time.perf_counter()
-svc.send(chat.chat_id, "Write a short story about a robot learning to paint.", {{"temperature": 0, "max_tokens": {tokens}}})
+svc.send(chat.session_id, "Write a short story about a robot learning to paint.", {{"temperature": 0, "max_tokens": {tokens}}})
 await svc._loop_task
 elapsed = time.perf_counter() - t0
-svc.delete(chat.chat_id)
+svc.forget_session(chat.session_id)
 cs.STATS_INTERVAL_S = 0.5
 json.dumps({{"seconds": elapsed}})
 """

@@ -29,13 +29,14 @@ FULL_TOKENS = 190  # no send to a chat this long: the tiny model's context is 25
 # 0.6 s every 0.5 s while a reply streams.
 MODEL_QUERY = "?model=tiny-random&backend=webgpu&budget_mib=16"
 
-# Read from the worker: each chat's exact history and whether it is answering, and the KV pool's counts.
+# Read from the worker: each chat session's exact history and whether it is answering, and the KV pool's counts
+# (a new chat has no session until its first message).
 WORKER_STATE = """
 import json
 from pagedkv_app.main import state
 _svc, _pool = state["service"], state["engine"].kv.pool
-json.dumps({"chats": {c.chat_id: {"ids": c.conversation.ids, "messages": c.conversation.messages,
-                                  "busy": c.request_id is not None} for c in _svc.chats.values()},
+json.dumps({"chats": {c.session_id: {"ids": c.conversation.ids, "messages": c.conversation.messages,
+                                     "busy": c.request_id is not None} for c in _svc.sessions.values()},
             "unfinished": state["engine"].has_unfinished,
             "pool": {"total": _pool.num_blocks, "free": _pool.num_free, "cached": _pool.num_cached}})
 """
@@ -136,7 +137,8 @@ class Soak:
     def feasible(self, worker: dict) -> list[str]:
         listed = self.listed()
         current = self.dataset().get("chat")
-        mine = worker["chats"].get(current)
+        fresh = {"ids": [], "messages": [], "busy": False}  # a listed chat without a session: no message yet
+        mine = worker["chats"].get(current, fresh if any(cid == current for cid, _, _ in listed) else None)
         idle_here = mine is not None and not mine["busy"]
         room = idle_here and len(mine["ids"]) < FULL_TOKENS
         last = mine["messages"][-1]["role"] if mine and mine["messages"] else None
@@ -291,9 +293,12 @@ class Soak:
                 found.append(f"{cid}: no saved record")
                 continue
             saved = [[m["role"], m["text"]] for m in rec.get("messages") or []]
-            if rec["checkpoint"][1] != chat["ids"]:
-                found.append(f"{cid}: saved {len(rec['checkpoint'][1])} token ids, the worker holds "
-                             f"{len(chat['ids'])} (first difference at {_first_difference(rec['checkpoint'][1], chat['ids'])})")
+            if rec["checkpoint"] is None and not chat["messages"]:  # a session opened, no turn taken yet
+                pass
+            elif rec["checkpoint"] is None or rec["checkpoint"][1] != chat["ids"]:
+                kept = (rec["checkpoint"] or [[], [], ""])[1]
+                found.append(f"{cid}: saved {len(kept)} token ids, the worker holds "
+                             f"{len(chat['ids'])} (first difference at {_first_difference(kept, chat['ids'])})")
             if rec.get("partial_ids") or rec.get("streaming"):
                 found.append(f"{cid}: saved as still streaming ({len(rec.get('partial_ids') or [])} partial ids)")
             if not saved == shown == said:
@@ -305,7 +310,8 @@ class Soak:
         timeout: a record that never catches up is then a mismatch)."""
         def caught_up():
             recs = self.records()
-            ok = all(cid in recs and recs[cid]["checkpoint"][1] == c["ids"] and not recs[cid].get("streaming")
+            ok = all(cid in recs and (recs[cid]["checkpoint"] or [[], [], ""])[1] == (c["ids"] if c["messages"] else [])
+                     and not recs[cid].get("streaming")
                      for cid, c in worker["chats"].items())
             return recs if ok else None
         try:

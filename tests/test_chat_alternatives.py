@@ -12,8 +12,8 @@ SAMPLED = {"temperature": 0.9, "top_p": 1.0, "max_tokens": 10, "seed": 5}
 
 
 def first_turn(svc):
-    chat = svc.new_chat()
-    svc.send(chat.chat_id, "tell me something", {"temperature": 0, "max_tokens": 10})
+    chat = svc.open_session("chat-1")
+    svc.send(chat.session_id, "tell me something", {"temperature": 0, "max_tokens": 10})
     return chat
 
 
@@ -25,7 +25,7 @@ def test_three_alternatives_then_keep_one(service):
         await svc._loop_task
         reply_before = chat.conversation.messages[-1]["content"]
         prefill_before = svc.engine.stats()["prefill_tokens"]
-        svc.alternatives(chat.chat_id, SAMPLED)
+        svc.alternatives(chat.session_id, SAMPLED)
         await svc._loop_task
         return chat, reply_before, prefill_before
 
@@ -45,13 +45,13 @@ def test_three_alternatives_then_keep_one(service):
     assert chat.conversation.messages[-1]["content"] == reply_before  # unchanged until one is kept
 
     kept = list(chat.alternatives.ids[2])
-    content = svc.keep_alternative(chat.chat_id, 2)
+    content = svc.keep_alternative(chat.session_id, 2)
     assert content == end["alternatives"][2]
     assert chat.conversation.messages[-1] == {"role": "assistant", "content": content}
     kept_ids = chat.conversation.ids
     assert kept_ids[: len(prompt) + 10] == prompt + kept
     assert of(posts, "alt-kept")[-1]["history_tokens"] == len(kept_ids)
-    assert of(posts, "chat-saved")[-1]["checkpoint"][1] == kept_ids
+    assert of(posts, "session-saved")[-1]["checkpoint"][1] == kept_ids
     assert chat.alternatives is None
     assert svc.engine.stats()["used_blocks"] == 0
 
@@ -76,23 +76,23 @@ def test_alternatives_refused_without_a_reply_or_while_busy_and_stop_ends_them(s
     svc, posts = service
 
     async def scenario():
-        chat = svc.new_chat()
+        chat = svc.open_session("chat-1")
         with pytest.raises(ValueError, match="no reply to show alternatives for"):
-            svc.alternatives(chat.chat_id, SAMPLED)
-        svc.send(chat.chat_id, "hi", {"temperature": 0, "max_tokens": 4})
+            svc.alternatives(chat.session_id, SAMPLED)
+        svc.send(chat.session_id, "hi", {"temperature": 0, "max_tokens": 4})
         with pytest.raises(ValueError, match="still answering"):
-            svc.alternatives(chat.chat_id, SAMPLED)
+            svc.alternatives(chat.session_id, SAMPLED)
         await svc._loop_task
         with pytest.raises(ValueError, match="ask for 2 to 8 alternatives, not 9"):
-            svc.alternatives(chat.chat_id, SAMPLED, n=9)
+            svc.alternatives(chat.session_id, SAMPLED, n=9)
         with pytest.raises(ValueError, match="no finished alternatives"):
-            svc.keep_alternative(chat.chat_id, 0)
-        svc.alternatives(chat.chat_id, {**SAMPLED, "max_tokens": 50})
-        svc.stop(chat.chat_id)
+            svc.keep_alternative(chat.session_id, 0)
+        svc.alternatives(chat.session_id, {**SAMPLED, "max_tokens": 50})
+        svc.stop(chat.session_id)
         return chat
 
     chat = in_fresh_loop(scenario)
     assert of(posts, "alt-end")[-1]["reason"] == "abort" and chat.request_id is None
     assert svc.engine.stats()["used_blocks"] == 0 and not svc.engine.has_unfinished
     with pytest.raises(ValueError, match="alternative 3 does not exist"):
-        svc.keep_alternative(chat.chat_id, 3)
+        svc.keep_alternative(chat.session_id, 3)

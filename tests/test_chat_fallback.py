@@ -55,8 +55,8 @@ def test_a_request_the_pool_cannot_hold_streams_from_the_server(tiny_weights):
     svc, posts, sent = make_service(tiny_weights, 2, [ScriptedResponse(200, [REPLY[:37], REPLY[37:]])])
 
     async def scenario():
-        chat = svc.new_chat()
-        svc.send(chat.chat_id, "hello", {"temperature": 0, "max_tokens": 100, **FALLBACK})
+        chat = svc.open_session("chat-1")
+        svc.send(chat.session_id, "hello", {"temperature": 0, "max_tokens": 100, **FALLBACK})
         await until_idle(svc, chat)
         return chat
 
@@ -77,11 +77,11 @@ def test_a_request_the_pool_cannot_hold_streams_from_the_server(tiny_weights):
 
 def test_without_a_url_the_refusal_says_how_to_fix_it_and_keeps_the_history(tiny_weights):
     svc, posts, sent = make_service(tiny_weights, 2, [])
-    chat = svc.new_chat()
+    chat = svc.open_session("chat-1")
     before = chat.conversation.checkpoint()
-    svc.handle({"type": "send", "chat": chat.chat_id, "text": "hello", "settings": {"max_tokens": 100}})
+    svc.handle({"type": "send", "chat": chat.session_id, "text": "hello", "settings": {"max_tokens": 100}})
     err, = of(posts, "chat-error")
-    assert err["chat"] == chat.chat_id and "the KV pool only has 2 blocks" in err["message"]
+    assert err["chat"] == chat.session_id and "the KV pool only has 2 blocks" in err["message"]
     assert "set a fallback server in the generation settings" in err["message"]
     assert chat.conversation.checkpoint() == before and chat.request_id is None and sent == []
 
@@ -90,8 +90,8 @@ def test_auto_mode_runs_locally_when_the_tab_can(tiny_weights):
     svc, posts, sent = make_service(tiny_weights, 8, [])
 
     async def scenario():
-        chat = svc.new_chat()
-        svc.send(chat.chat_id, "hello", {"temperature": 0, "max_tokens": 4, **FALLBACK})
+        chat = svc.open_session("chat-1")
+        svc.send(chat.session_id, "hello", {"temperature": 0, "max_tokens": 4, **FALLBACK})
         await svc._loop_task
 
     in_fresh_loop(scenario)
@@ -107,8 +107,8 @@ def test_no_webgpu_or_always_goes_to_the_server(tiny_weights, webgpu, mode, reas
     svc, posts, sent = make_service(tiny_weights, 8, [ScriptedResponse(200, [REPLY])], webgpu=webgpu)
 
     async def scenario():
-        chat = svc.new_chat()
-        svc.send(chat.chat_id, "hello", {"max_tokens": 4, **FALLBACK, "fallback_mode": mode})
+        chat = svc.open_session("chat-1")
+        svc.send(chat.session_id, "hello", {"max_tokens": 4, **FALLBACK, "fallback_mode": mode})
         await until_idle(svc, chat)
 
     in_fresh_loop(scenario)
@@ -121,11 +121,11 @@ def test_stop_aborts_the_stream_and_keeps_the_partial_reply(tiny_weights):
     svc, posts, _ = make_service(tiny_weights, 8, [response], webgpu=False)
 
     async def scenario():
-        chat = svc.new_chat()
-        svc.send(chat.chat_id, "hello", {"max_tokens": 100, **FALLBACK})
+        chat = svc.open_session("chat-1")
+        svc.send(chat.session_id, "hello", {"max_tokens": 100, **FALLBACK})
         while not of(posts, "token"):
             await asyncio.sleep(0)
-        svc.handle({"type": "stop", "chat": chat.chat_id})
+        svc.handle({"type": "stop", "chat": chat.session_id})
         for _ in range(5):
             await asyncio.sleep(0)
         return chat
@@ -142,8 +142,8 @@ def test_a_server_error_is_reported_and_the_turn_ends(tiny_weights):
     svc, posts, _ = make_service(tiny_weights, 8, [ScriptedResponse(503, [body])], webgpu=False)
 
     async def scenario():
-        chat = svc.new_chat()
-        svc.send(chat.chat_id, "hello", {"max_tokens": 4, **FALLBACK})
+        chat = svc.open_session("chat-1")
+        svc.send(chat.session_id, "hello", {"max_tokens": 4, **FALLBACK})
         await until_idle(svc, chat)
 
     in_fresh_loop(scenario)
@@ -153,8 +153,8 @@ def test_a_server_error_is_reported_and_the_turn_ends(tiny_weights):
 
 def test_bad_fallback_settings_are_refused_before_anything_changes(tiny_weights):
     svc, posts, sent = make_service(tiny_weights, 8, [])
-    chat = svc.new_chat()
-    svc.handle({"type": "send", "chat": chat.chat_id, "text": "hi",
+    chat = svc.open_session("chat-1")
+    svc.handle({"type": "send", "chat": chat.session_id, "text": "hi",
                 "settings": {"fallback_url": "http://127.0.0.1:9", "fallback_model": ""}})
     assert "model name" in of(posts, "chat-error")[0]["message"] and chat.conversation.messages == [] and sent == []
 
@@ -164,8 +164,8 @@ def test_a_prompt_longer_than_the_context_goes_to_the_server(tiny_weights):
     svc, posts, sent = make_service(tiny_weights, 32, [ScriptedResponse(200, [REPLY])], max_context=16)
 
     async def scenario():
-        chat = svc.new_chat()
-        svc.send(chat.chat_id, "a rather long message " * 4, {"max_tokens": 4, **FALLBACK})
+        chat = svc.open_session("chat-1")
+        svc.send(chat.session_id, "a rather long message " * 4, {"max_tokens": 4, **FALLBACK})
         await until_idle(svc, chat)
 
     in_fresh_loop(scenario)

@@ -32,14 +32,14 @@ def converse(tiny_weights, behave, settings: dict, *, stop_after_s: float | None
         svc, posts, _ = make_service(tiny_weights, 8, [], webgpu=False, open_stream=open_stream)
 
         async def scenario():
-            chat = svc.new_chat()
-            svc.send(chat.chat_id, "hello", {"max_tokens": 8, "fallback_url": server.url, "fallback_model": "smol",
+            chat = svc.open_session("chat-1")
+            svc.send(chat.session_id, "hello", {"max_tokens": 8, "fallback_url": server.url, "fallback_model": "smol",
                                              **settings})
             if stop_after_s is not None:
                 await asyncio.sleep(stop_after_s)
-                svc.handle({"type": "stop", "chat": chat.chat_id})
+                svc.handle({"type": "stop", "chat": chat.session_id})
             await until_idle(chat)
-            svc.stop(chat.chat_id)
+            svc.stop(chat.session_id)
             deadline = time.monotonic() + 2.0
             while not server.hung_up and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
@@ -132,24 +132,24 @@ def test_a_reload_during_a_server_reply_restores_the_partial_reply(tiny_weights)
         svc, posts, _ = make_service(tiny_weights, 8, [], webgpu=False, open_stream=open_stream)
 
         async def scenario():
-            chat = svc.new_chat()
-            svc.send(chat.chat_id, "hello", {"max_tokens": 8, "fallback_url": server.url, "fallback_model": "smol"})
+            chat = svc.open_session("chat-1")
+            svc.send(chat.session_id, "hello", {"max_tokens": 8, "fallback_url": server.url, "fallback_model": "smol"})
             while len(of(posts, "token")) < 2:
                 await asyncio.sleep(0.01)
-            svc.stop(chat.chat_id)  # only to end the test's stream; the page below is saved before it
+            svc.stop(chat.session_id)  # only to end the test's stream; the page below is saved before it
             return chat
 
         chat = in_fresh_loop(scenario)
     # What the page stores while the reply streams: the last chat-saved record and the ids of the tokens so far.
     end = next(i for i, (kind, _) in enumerate(posts) if kind == "turn-end")
-    saved = [p for kind, p in posts[:end] if kind == "chat-saved"][-1]
+    saved = [p for kind, p in posts[:end] if kind == "session-saved"][-1]
     partial = [i for kind, p in posts[:end] if kind == "token" for i in p["ids"]]
     assert partial == [75, 108, 262, 264]
     svc2, posts2, _ = make_service(tiny_weights, 8, [], webgpu=False)
-    svc2.handle({"type": "restore", "chats": [{"id": chat.chat_id, "title": "t", "checkpoint": saved["checkpoint"],
-                                               "partial_ids": partial}]})
+    svc2.handle({"type": "open-sessions", "sessions": [{"id": chat.session_id, "checkpoint": saved["checkpoint"],
+                                                              "partial_ids": partial}]})
     assert of(posts2, "chat-error") == []
-    restored = svc2.chats[chat.chat_id].conversation
+    restored = svc2.sessions[chat.session_id].conversation
     assert restored.messages == [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Hi there"}]
     assert restored.ids == saved["checkpoint"][1] + [1, 315, 339, 13] + partial + [2, 13]
     assert saved["checkpoint"][0] == [{"role": "user", "content": "hello"}]

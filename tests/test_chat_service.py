@@ -52,10 +52,10 @@ def test_two_turns_stream_and_reuse_the_prefix(service):
     svc, posts = service
 
     async def scenario():
-        chat = svc.new_chat()
-        svc.send(chat.chat_id, "hello there, how are you doing today?", SETTINGS)
+        chat = svc.open_session("chat-1")
+        svc.send(chat.session_id, "hello there, how are you doing today?", SETTINGS)
         await svc._loop_task
-        svc.send(chat.chat_id, "and tomorrow?", SETTINGS)
+        svc.send(chat.session_id, "and tomorrow?", SETTINGS)
         await svc._loop_task
         return chat
 
@@ -79,9 +79,9 @@ def test_two_chats_generate_concurrently_in_one_batch(service):
     svc, posts = service
 
     async def scenario():
-        a, b = svc.new_chat(), svc.new_chat()
-        svc.send(a.chat_id, "first chat message", SETTINGS)
-        svc.send(b.chat_id, "second chat message", SETTINGS)
+        a, b = svc.open_session("chat-1"), svc.open_session("chat-2")
+        svc.send(a.session_id, "first chat message", SETTINGS)
+        svc.send(b.session_id, "second chat message", SETTINGS)
         await svc._loop_task
         return svc.engine.stats()
 
@@ -101,11 +101,11 @@ def test_stop_keeps_partial_reply_and_frees_blocks(service):
     svc, posts = service
 
     async def scenario():
-        chat = svc.new_chat()
-        svc.send(chat.chat_id, "tell me a long story", {"temperature": 0, "max_tokens": 200})
+        chat = svc.open_session("chat-1")
+        svc.send(chat.session_id, "tell me a long story", {"temperature": 0, "max_tokens": 200})
         for _ in range(3):
             svc.on_outputs(await svc.engine.step())
-        svc.stop(chat.chat_id)
+        svc.stop(chat.session_id)
         return chat
 
     chat = in_fresh_loop(scenario)
@@ -119,11 +119,11 @@ def test_bad_input_is_reported_and_changes_nothing(service):
     svc, posts = service
 
     async def scenario():
-        chat = svc.new_chat()
+        chat = svc.open_session("chat-1")
         before = chat.conversation.checkpoint()
-        svc.handle({"type": "send", "chat": chat.chat_id, "text": "x" * 5000, "settings": SETTINGS})
-        svc.handle({"type": "send", "chat": chat.chat_id, "text": "hi", "settings": {"temperature": "hot"}})
-        svc.handle({"type": "send", "chat": "chat-404", "text": "hi"})
+        svc.handle({"type": "send", "chat": chat.session_id, "text": "x" * 5000, "settings": SETTINGS})
+        svc.handle({"type": "send", "chat": chat.session_id, "text": "hi", "settings": {"temperature": "hot"}})
+        svc.handle({"type": "send", "chat": "chat-404"})  # no text
         svc.handle({"type": "warp"})
         return chat, before
 
@@ -132,48 +132,47 @@ def test_bad_input_is_reported_and_changes_nothing(service):
     assert len(errors) == 4
     assert "KV pool only has 32 blocks" in errors[0] or "context" in errors[0]
     assert "bad generation setting" in errors[1]
-    assert "chat-404" in errors[2] and "unknown message type 'warp'" in errors[3]
+    assert errors[2] == "KeyError: 'text'" and "unknown message type 'warp'" in errors[3]
     assert chat.conversation.checkpoint() == before and not svc.engine.has_unfinished
 
 
-def test_restore_brings_back_exact_history_and_interrupted_replies(service, tiny_weights):
+def test_open_sessions_bring_back_exact_history_and_interrupted_replies(service, tiny_weights):
     svc, posts = service
 
     async def scenario():
-        chat = svc.new_chat()
-        svc.send(chat.chat_id, "remember this", SETTINGS)
+        chat = svc.open_session("chat-1")
+        svc.send(chat.session_id, "remember this", SETTINGS)
         await svc._loop_task
         return chat
 
     chat = in_fresh_loop(scenario)
-    saved = of(posts, "chat-saved")[-1]
-    # A fresh service (a reloaded tab) restores from what the page stored, plus a reply cut off mid-stream.
+    saved = of(posts, "session-saved")[-1]
+    # A fresh service (a reloaded tab) opens sessions from what the page stored, plus a reply cut off mid-stream.
     tok = Tokenizer.from_manifest(tiny_weights.manifest)
     engine = LLMEngine(CpuBackend(tiny_weights, num_blocks=32, block_size=16), tok, EngineConfig())
     posts2 = []
     svc2 = ChatService(engine, ChatTemplate.from_manifest(tiny_weights.manifest, tok),
                        lambda kind, **p: posts2.append((kind, p)), model_name="tiny-random")
-    svc2.handle({"type": "restore", "chats": [{"id": saved["chat"], "title": "Kept", "checkpoint": saved["checkpoint"]},
-                                              {"id": "chat-7", "title": "Cut", "checkpoint": saved["checkpoint"],
-                                               "partial_ids": [40, 41]}]})
-    assert svc2.chats["chat-1"].conversation.ids == chat.conversation.ids
-    cut = svc2.chats["chat-7"].conversation
+    svc2.handle({"type": "open-sessions", "sessions": [{"id": saved["chat"], "checkpoint": saved["checkpoint"]},
+                                                       {"id": "chat-7", "checkpoint": saved["checkpoint"],
+                                                        "partial_ids": [40, 41]}]})
+    assert svc2.sessions["chat-1"].conversation.ids == chat.conversation.ids
+    cut = svc2.sessions["chat-7"].conversation
     assert cut.messages[-1] == {"role": "assistant", "content": tok.decode([40, 41])}
     before = len(saved["checkpoint"][1])
     assert cut.ids[before:] == tok.encode("<|im_start|>assistant\n") + [40, 41] + tok.encode("<|im_end|>\n")
-    assert svc2.new_chat().chat_id == "chat-8"
-    assert [c["id"] for c in of(posts2, "chats")[-1]["chats"]] == ["chat-1", "chat-7", "chat-8"]
+    assert list(svc2.sessions) == ["chat-1", "chat-7"] and of(posts2, "chat-error") == []
 
 
 def test_regenerate_replaces_the_reply_and_reuses_the_prompt_blocks(service):
     svc, posts = service
 
     async def scenario():
-        chat = svc.new_chat()
-        svc.send(chat.chat_id, "a prompt long enough to fill one block or two of sixteen tokens", SETTINGS)
+        chat = svc.open_session("chat-1")
+        svc.send(chat.session_id, "a prompt long enough to fill one block or two of sixteen tokens", SETTINGS)
         await svc._loop_task
         first = chat.conversation.checkpoint()
-        svc.regenerate(chat.chat_id, SETTINGS)
+        svc.regenerate(chat.session_id, SETTINGS)
         await svc._loop_task
         return chat, first
 
@@ -192,9 +191,9 @@ def test_delete_evicts_the_chats_cached_history_but_not_a_shared_prefix(service)
     kv = svc.engine.kv
 
     async def scenario():
-        a, b = svc.new_chat(), svc.new_chat()
-        svc.send(a.chat_id, "the first conversation talks about apples and pears at length", SETTINGS)
-        svc.send(b.chat_id, "the second conversation talks about boats and rivers at length", SETTINGS)
+        a, b = svc.open_session("chat-1"), svc.open_session("chat-2")
+        svc.send(a.session_id, "the first conversation talks about apples and pears at length", SETTINGS)
+        svc.send(b.session_id, "the second conversation talks about boats and rivers at length", SETTINGS)
         await svc._loop_task
         return a, b
 
@@ -203,7 +202,7 @@ def test_delete_evicts_the_chats_cached_history_but_not_a_shared_prefix(service)
     b_hit, _ = kv.lookup_prefix(b.conversation.ids)
     shared = (_common_prefix_len(a.conversation.ids, b.conversation.ids) // 16) * 16
     free_before, cached_before = kv.pool.num_free, kv.pool.num_cached
-    svc.delete(b.chat_id)
+    svc.forget_session(b.session_id)
     evicted = (b_hit - shared) // 16
     assert evicted >= 1
     assert kv.pool.num_cached == cached_before - evicted and kv.pool.num_free == free_before + evicted
@@ -223,18 +222,18 @@ def test_lost_device_parks_the_chats_and_a_new_backend_resumes_them(service, tin
     settings = {"temperature": 0, "max_tokens": 20}
 
     async def scenario():
-        chat = svc.new_chat()
-        svc.send(chat.chat_id, "a reply that the lost device interrupts", settings)
+        chat = svc.open_session("chat-1")
+        svc.send(chat.session_id, "a reply that the lost device interrupts", settings)
         while len(chat.partial_ids) < 5:
             await asyncio.sleep(0)
         svc.device_lost("destroyed: test")
         await asyncio.sleep(0)
         assert svc._loop_task.cancelled() or svc._loop_task.done()
-        svc.send(svc.new_chat().chat_id, "queued while the device is gone", settings)  # waits, loses nothing
+        svc.send(svc.open_session("chat-2").session_id, "queued while the device is gone", settings)  # waits, loses nothing
         assert svc._loop_task.done() and of(posts, "turn-end") == []
         assert svc.resume_on(CpuBackend(tiny_weights, num_blocks=16, block_size=16)) == ["req-0", "req-1"]
         await svc._loop_task
-        svc.regenerate(chat.chat_id, settings)  # greedy: the same reply as one never interrupted
+        svc.regenerate(chat.session_id, settings)  # greedy: the same reply as one never interrupted
         await svc._loop_task
 
     in_fresh_loop(scenario)

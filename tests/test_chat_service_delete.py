@@ -18,17 +18,17 @@ async def finish_in_engine_only(svc):
     return last
 
 
-def test_delete_of_a_reply_the_engine_just_finished_lists_the_chat_gone_and_frees_its_blocks(service):  # noqa: F811
+def test_delete_of_a_reply_the_engine_just_finished_forgets_the_session_and_frees_its_blocks(service):  # noqa: F811
     svc, posts = service
 
     async def scenario():
-        a, b = svc.new_chat(), svc.new_chat()
-        svc.send(a.chat_id, "the first chat's question", SHORT)
-        svc.send(b.chat_id, "the second chat's question", SHORT)
+        a, b = svc.open_session("chat-1"), svc.open_session("chat-2")
+        svc.send(a.session_id, "the first chat's question", SHORT)
+        svc.send(b.session_id, "the second chat's question", SHORT)
         last = await finish_in_engine_only(svc)
         assert b.request_id is not None  # the service (and the page) still see chat-2 answering
         replied = list(b.request.seq.token_ids)  # its prompt and the reply the engine finished
-        svc.handle({"type": "delete-chat", "chat": b.chat_id})
+        svc.handle({"type": "forget-session", "chat": b.session_id})
         svc.on_outputs(last)  # the step returns: chat-1's reply ends, chat-2's output is dropped
         return a, replied
 
@@ -38,9 +38,9 @@ def test_delete_of_a_reply_the_engine_just_finished_lists_the_chat_gone_and_free
     assert len(replied) >= 48 and kv.lookup_prefix(replied)[0] == shared
     assert kv.pool.num_cached == kv.lookup_prefix(a.conversation.ids)[0] // 16  # chat-1's blocks, none of chat-2's
     assert of(posts, "chat-error") == []
-    assert [c["id"] for c in of(posts, "chats")[-1]["chats"]] == ["chat-1"]
+    assert list(svc.sessions) == ["chat-1"]
     assert [e["chat"] for e in of(posts, "turn-end")] == ["chat-1"]
-    assert "chat-2" not in {p["chat"] for p in of(posts, "chat-saved")[-1:]}
+    assert "chat-2" not in {p["chat"] for p in of(posts, "session-saved")[-1:]}
     assert svc.engine.stats()["used_blocks"] == 0 and not svc.engine.has_unfinished
 
 
@@ -48,10 +48,10 @@ def test_stop_of_a_reply_the_engine_just_finished_lets_it_end_as_finished(servic
     svc, posts = service
 
     async def scenario():
-        chat = svc.new_chat()
-        svc.send(chat.chat_id, "a question", SHORT)
+        chat = svc.open_session("chat-1")
+        svc.send(chat.session_id, "a question", SHORT)
         last = await finish_in_engine_only(svc)
-        svc.handle({"type": "stop", "chat": chat.chat_id})
+        svc.handle({"type": "stop", "chat": chat.session_id})
         svc.on_outputs(last)
 
     in_fresh_loop(scenario)

@@ -1,5 +1,5 @@
 """The chat service with the disk tier under CPython: chats name the blocks their history holds, deleting a
-chat deletes the block files only it referenced, and a service restored over the same store (a reload)
+chat deletes the block files only it referenced, and a service whose sessions are opened over the same store (a reload)
 restores the history instead of prefilling it."""
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ def test_delete_removes_only_the_chats_own_block_files_and_a_reload_restores(tin
     async def scenario():
         await tier.open()
         svc.engine.attach_disk(tier)
-        a, b = svc.new_chat(), svc.new_chat()
-        svc.send(a.chat_id, "tell me about apples and pears", system)
+        a, b = svc.open_session("chat-1"), svc.open_session("chat-2")
+        svc.send(a.session_id, "tell me about apples and pears", system)
         await svc._loop_task
-        svc.send(b.chat_id, "tell me about boats and rivers", system)
+        svc.send(b.session_id, "tell me about boats and rivers", system)
         await svc._loop_task
         return a, b
 
@@ -45,10 +45,10 @@ def test_delete_removes_only_the_chats_own_block_files_and_a_reload_restores(tin
     shared = a_files & b_files
     assert len(shared) >= 1 and b_files - shared  # the system prompt's blocks, then each chat's own
     assert a_files | b_files <= set(store.files)
-    saved = of(posts, "chat-saved")
+    saved = of(posts, "session-saved")
 
     async def delete_b():
-        svc.delete(b.chat_id)
+        svc.forget_session(b.session_id)
         await svc._disk_task
 
     in_fresh_loop(delete_b)
@@ -56,13 +56,13 @@ def test_delete_removes_only_the_chats_own_block_files_and_a_reload_restores(tin
 
     # The reload: a new service and engine over the same store restore chat A and continue it.
     svc2, posts2, tier2 = disk_service(tiny_weights, store)
-    record = [p for p in saved if p["chat"] == a.chat_id][-1]
+    record = [p for p in saved if p["chat"] == a.session_id][-1]
 
     async def reload():
         await tier2.open()
         svc2.engine.attach_disk(tier2)
-        svc2.restore([{"id": a.chat_id, "title": "A", "checkpoint": record["checkpoint"]}])
-        svc2.send(a.chat_id, "and cherries?", system)
+        svc2.open_sessions([{"id": a.session_id, "checkpoint": record["checkpoint"]}])
+        svc2.send(a.session_id, "and cherries?", system)
         await svc2._loop_task
 
     in_fresh_loop(reload)

@@ -43,7 +43,7 @@ function renderMessages() {
   renderForeignNote(foreign, ui.modelInfo);
   $("stop").disabled = !busy;
   $("send").disabled = busy || !!ui.queued || !!foreign;
-  $("rename-chat").disabled = !!foreign || !ui.accepting;  // the worker has no chat to rename until the model is in
+  $("rename-chat").disabled = !!foreign || !store.record(ui.current);  // a record of this model's, once it is in
   $("regenerate").disabled = busy || !!foreign || !ui.accepting || !msgs.length ||
     msgs[msgs.length - 1].role !== "assistant";
   $("alternatives").disabled = $("regenerate").disabled;
@@ -156,7 +156,7 @@ export function onModelReady(msg) {
   $("mem-kv-dtype").disabled = msg.backend === "cpu";  // the numpy fallback keeps f32 K/V
   $("mem-kv-dtype").title = msg.backend === "cpu" ? "the CPU fallback keeps f32 KV" : "";
   if (msg.kv_dtype && msg.backend !== "cpu") $("mem-kv-dtype").value = msg.kv_dtype;
-  restoreChats();
+  restoreChats().then(acceptChats);
   const loaded = `loaded in ${(msg.load_ms / 1000).toFixed(1)} s`;
   // Why this backend (backends/choice.py): auto's CPU on a software adapter is the faster path, not a fallback.
   $("chat-status").textContent = `${msg.model} on the ${msg.backend} backend (${msg.backend_reason}), ${loaded}`;
@@ -184,10 +184,8 @@ export function onDeviceRestored(msg) {
   sendQueued();
 }
 
-export function onChats(msg) {
-  ui.list = msg.chats.filter((c) => !store.isDeleted(c.id));  // listed before the worker had the delete
-  if (ui.openNewest && ui.list.length) ui.current = ui.list[ui.list.length - 1].id;
-  ui.openNewest = false;
+// The saved chats are open in the worker (restoreChats): messages go to it at once from now on.
+function acceptChats() {
   if (!listed().some((c) => c.id === ui.current)) ui.current = ui.list.length ? ui.list[0].id : null;
   ui.accepting = true;
   selectChat(ui.current);
@@ -195,10 +193,12 @@ export function onChats(msg) {
   if (ui.newChatWanted) newChat();
 }
 
+// The page makes the chat (its record in IndexedDB); the worker opens its session at its first message.
 function newChat() {
   ui.newChatWanted = false;
-  ui.openNewest = true;  // the chat the worker creates becomes the one in view
-  ui.worker.postMessage({ type: "new-chat" });
+  const rec = store.newChat(ui.modelInfo.model);
+  ui.list.push({ id: rec.id, title: rec.title });
+  selectChat(rec.id);
 }
 
 export function onTurnStart(msg) {
@@ -238,9 +238,8 @@ export function onTurnEnd(msg) {
   sendQueued();
 }
 
-export function onChatSaved(msg) {
-  store.rememberSaved(msg, ui.modelInfo.model);
-  persist(msg.chat);
+export function onSessionSaved(msg) {
+  if (store.rememberSession(msg)) persist(msg.chat);
 }
 
 export function onChatError(msg) {
@@ -290,7 +289,7 @@ export function wireChatUI(worker) {
     worker.postMessage({ type: "regenerate", chat: ui.current, settings: requestSettings() });
   });
   $("new-chat").addEventListener("click", () => {
-    // Before the worker has the saved chats (restore), a chat it made could take a saved chat's id: it waits.
+    // Before the model is in, which chats are its own (and their ids) is not known yet: it waits.
     if (ui.accepting) newChat();
     else ui.newChatWanted = true;
   });
@@ -299,7 +298,7 @@ export function wireChatUI(worker) {
     if (!id || !confirm("Delete this chat?")) return;
     // Gone at once, streaming or not; what the worker still says about it is dropped (main.js, store.js).
     store.deleteChat(id);
-    if (!ui.foreign[id]) worker.postMessage({ type: "delete-chat", chat: id });  // else the worker never had it
+    if (!ui.foreign[id]) worker.postMessage({ type: "forget-session", chat: id });  // else the worker never had it
     ui.list = ui.list.filter((c) => c.id !== id);
     for (const perChat of [ui.foreign, ui.messages, ui.busy, ui.pending, ui.handedBack, ui.settings, ui.partialIds,
                            ui.partialSaved, ui.alternatives]) delete perChat[id];
@@ -307,7 +306,10 @@ export function wireChatUI(worker) {
     selectChat(listed().length ? listed()[0].id : null);
   });
   $("rename-chat").addEventListener("click", () => {
-    const title = ui.current && prompt("New name", $("chat-title").textContent);
-    if (title) worker.postMessage({ type: "rename-chat", chat: ui.current, title });
+    const id = ui.current;
+    const title = id && prompt("New name", $("chat-title").textContent);
+    if (!title || !store.renameChat(id, title)) return;
+    ui.list = ui.list.map((c) => (c.id === id ? { ...c, title: store.record(id).title } : c));
+    renderChats();
   });
 }

@@ -9,7 +9,7 @@ import * as store from "./store.js";
 
 // The alternatives' messages change their chat's state; its view follows.
 const altThenRefresh = (handle) => (msg) => { handle(msg); chat.refresh(msg.chat); };
-// A deleted chat stays deleted: what the worker still posts about it (the reply it was streaming, a chat-saved
+// A deleted chat stays deleted: what the worker still posts about it (the reply it was streaming, a session-saved
 // sent before it had the delete) is dropped, so nothing shows or stores it again.
 const unlessDeleted = (handle) => (msg) => { if (!store.isDeleted(msg.chat)) handle(msg); };
 
@@ -25,11 +25,10 @@ function handlers(execResult) {
     "model-progress": chat.onModelProgress,
     "model-ready": (msg) => { chat.onModelReady(msg); models.onModelReady(msg); },
     "model-error": chat.onModelError,
-    chats: chat.onChats,
     "turn-start": unlessDeleted(chat.onTurnStart),
     token: unlessDeleted(chat.onToken),
     "turn-end": unlessDeleted(chat.onTurnEnd),
-    "chat-saved": unlessDeleted(chat.onChatSaved),
+    "session-saved": unlessDeleted(chat.onSessionSaved),
     "chat-error": chat.onChatError,
     "engine-error": chat.onEngineError,
     memory: chat.onMemory,

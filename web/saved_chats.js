@@ -19,7 +19,7 @@ export function saveStreamingSoon() {
   }, 300);
 }
 
-// A chat's id is "chat-N", N counting up as chats are made (the worker never reuses one): the list's order.
+// A chat's id is "chat-N", N counting up as the page makes chats (store.newChat never reuses one): the list's order.
 const created = (rec) => Number(/-(\d+)$/.exec(rec.id)?.[1] ?? Infinity);
 const byCreation = (a, b) => created(a) - created(b) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
 
@@ -30,7 +30,7 @@ function showRecord(rec) {
   if (rec.settings) ui.settings[rec.id] = rec.settings;
 }
 
-const listEntry = (rec) => ({ id: rec.id, title: rec.title, busy: false, tokens: rec.checkpoint[1].length });
+const listEntry = (rec) => ({ id: rec.id, title: rec.title });
 
 // Said at once, before any chat is made: a person must know their chats will not survive a reload.
 function showSaveNotice(problem) {
@@ -53,28 +53,27 @@ export async function listSavedChats() {
   return true;
 }
 
-// Saved chats go back to the worker with their exact token history, if this model made them. Another
+// The worker opens a session for each saved chat this model made, from its exact token history. Another
 // model's chats are listed read-only (their token ids mean nothing to this one); a record this page cannot
-// read is left as it is, with a note. The worker never gives a new chat the id of either.
+// read is left as it is, with a note. With no chat of this model, a new one is made.
 export async function restoreChats() {
   showSaveNotice(await store.openStore());
   const model = ui.modelInfo.model;
   const { readable, unreadable } = await store.loadRecords(model, ui.modelInfo.default_model);
   readable.sort(byCreation);
-  const mine = readable.filter((rec) => rec.model === model);
+  const mine = readable.filter((rec) => rec.model === model && !store.isDeleted(rec.id));
   for (const rec of readable) {
     showRecord(rec);
     if (rec.model !== model) ui.foreign[rec.id] = { id: rec.id, title: rec.title, model: rec.model };
   }
-  ui.list = mine.map(listEntry);  // as listed before the model loaded, less other models' (until the worker's list)
+  ui.list = mine.map(listEntry);
+  if (!ui.list.length) ui.list.push(listEntry(store.newChat(model)));
   if (ui.queued && ui.foreign[ui.queued.chat]) {  // typed into a chat this model cannot go on: back into the box
     $("prompt").value = [ui.queued.text, $("prompt").value].filter(Boolean).join("\n");
     ui.queued = null;
   }
-  const reserved = [...Object.keys(ui.foreign), ...unreadable.map((rec) => String(rec.id))];
-  ui.worker.postMessage({ type: "restore", reserved, chats: mine.map((r) => ({ id: r.id, title: r.title,
-    checkpoint: r.checkpoint, before_reply: r.before_reply, partial_ids: r.partial_ids || [],
-    streaming: !!r.streaming })) });
+  ui.worker.postMessage({ type: "open-sessions", sessions: mine.map((r) => ({ id: r.id, checkpoint: r.checkpoint,
+    before_reply: r.before_reply, partial_ids: r.partial_ids || [], streaming: !!r.streaming })) });
   const n = unreadable.length;
   $("store-note").hidden = !n;
   $("store-note").textContent = n ? `${n} saved chat${n > 1 ? "s" : ""} could not be read (left as stored)` : "";

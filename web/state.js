@@ -1,16 +1,16 @@
-// The UI's state, in one place: what the worker said about the chats, and what only the page knows (the
-// chat in view, text sent but not yet started, the reply streaming now). The DOM and the page-state
+// The UI's state, in one place: the chats as their IndexedDB records hold them (store.js owns the records),
+// what the worker says about their sessions (a reply streaming), and what only the page knows (the chat in view,
+// text sent but not yet started). The DOM and the page-state
 // dataset are rendered from it, never read back into it.
 export const ui = {
   worker: null,
   modelInfo: null,      // the worker's model-ready message
   accepting: false,     // the model is ready and the chats are listed: a message goes to the worker at once
   queued: null,         // {chat, text}: a message sent while the model loads, sent when it is ready
-  list: [],             // [{id, title, busy, tokens}] as the worker lists its chats, in its order (before the model
+  list: [],             // [{id, title}] this model's chats, in the order they were made (before the model
                         // is loaded: the saved chats, as IndexedDB holds them, in the order they were made)
   current: null,        // id of the chat in view
-  openNewest: false,    // the next chat list puts its newest chat in view (after New chat)
-  newChatWanted: false, // New chat clicked before the worker had the saved chats: made once it lists them
+  newChatWanted: false, // New chat clicked before the model was in: made once its chats are known
   messages: {},         // chat id -> [{role, text, engine?, interrupted?}]
   busy: {},             // chat id -> true while a reply (or alternatives) streams
   pending: {},          // chat id -> {text} sent (or {reply} Regenerate took away) that the worker has not started
@@ -22,7 +22,7 @@ export const ui = {
   alternatives: {},     // chat id -> {texts, state: "streaming" | "done" | "abort"}
 };
 
-/** The chats in the list: the worker's, then other models' (read-only). */
+/** The chats in the list: this model's, then other models' (read-only). */
 export function listed() {
   return [...ui.list, ...Object.values(ui.foreign)];
 }

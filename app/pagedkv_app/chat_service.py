@@ -1,4 +1,10 @@
-"""Conversations in the tab: UI messages in, engine requests out, streamed tokens and memory snapshots back.
+"""The engine's side of the chats: UI messages in, engine requests out, streamed tokens and memory snapshots back.
+
+A chat is owned by the page (its IndexedDB record: title, messages, exact token ids, settings); the page
+makes, names, lists and deletes chats. The worker keeps only what the engine needs to go on with one: a
+`Session` per chat id (its token history for exact continuation, the reply it is generating, its KV
+references on disk), opened from the record the page sends and posted back (`session-saved`) as it
+changes, so the record stays the one truth.
 
 No `js` here: the service gets a `post(type, **payload)` callable, so it runs
 (and is tested) under CPython with the CPU backend exactly as in the worker.
@@ -6,7 +12,6 @@ No `js` here: the service gets a `post(type, **payload)` callable, so it runs
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from dataclasses import dataclass, field, replace
 
@@ -22,11 +27,11 @@ STATS_INTERVAL_S = 0.5
 
 
 @dataclass
-class Chat:
-    """One conversation: its token history, messages for the UI, and the request generating now."""
+class Session:
+    """The engine's state for one chat (keyed by the chat's id): its token history, the request generating
+    now and what it has generated so far. Title, UI messages and settings stay with the page's record."""
 
-    chat_id: str
-    title: str
+    session_id: str
     conversation: Conversation
     request_id: str | None = None
     request: object = None  # the engine's Request while generating
@@ -63,8 +68,8 @@ def sampling_from(settings: dict, stop_ids: tuple[int, ...]) -> SamplingParams:
 
 
 class ChatService:
-    """Owns the chats and drives the engine loop; every UI message goes through `handle`; replies from the
-    fallback server go through the RemoteReplies it holds."""
+    """Holds the chats' sessions and drives the engine loop; every UI message goes through `handle`; replies
+    from the fallback server go through the RemoteReplies it holds."""
 
     def __init__(self, engine: LLMEngine, template: ChatTemplate, post, *, model_name: str,
                  ledger_snapshot=None, open_stream=None, webgpu: bool = True) -> None:
@@ -75,8 +80,7 @@ class ChatService:
         self.post = post
         self.model_name = model_name
         self.ledger_snapshot = ledger_snapshot
-        self.chats: dict[str, Chat] = {}
-        self._ids = itertools.count(1)
+        self.sessions: dict[str, Session] = {}
         self._loop_task: asyncio.Task | None = None
         self._last_stats = 0.0
         self._rate = TokenRate()
@@ -87,16 +91,14 @@ class ChatService:
                                     saved=self.post_saved, ended=self._end_turn)
         # The page's messages to the chat service (docs/architecture.md, "The page <-> worker protocol").
         self.messages = {
-            "new-chat": lambda msg: self.new_chat(msg.get("title") or None),
+            "open-sessions": lambda msg: self.open_sessions(msg.get("sessions") or []),
             "send": lambda msg: self.send(msg["chat"], msg["text"], msg.get("settings") or {}),
             "regenerate": lambda msg: self.regenerate(msg["chat"], msg.get("settings") or {}),
             "alternatives": lambda msg: self.alternatives(msg["chat"], msg.get("settings") or {},
                                                           int(msg.get("n", 3))),
             "keep-alternative": lambda msg: self.keep_alternative(msg["chat"], int(msg["index"])),
             "stop": lambda msg: self.stop(msg["chat"]),
-            "delete-chat": lambda msg: self.delete(msg["chat"]),
-            "rename-chat": lambda msg: self.rename(msg["chat"], msg["title"]),
-            "restore": lambda msg: self.restore(msg.get("chats") or [], reserved=msg.get("reserved") or ()),
+            "forget-session": lambda msg: self.forget_session(msg["chat"]),
         }
 
     # ---------------------------------------------------------------- UI messages
@@ -112,54 +114,39 @@ class ChatService:
         except (KeyError, ValueError) as exc:
             self.post("chat-error", chat=msg.get("chat"), message=f"{type(exc).__name__}: {exc}")
 
-    def new_chat(self, title: str | None = None) -> Chat:
-        n = next(self._ids)
-        chat = Chat(f"chat-{n}", title or f"Chat {n}", Conversation(self.engine.tokenizer, self.template))
-        self.chats[chat.chat_id] = chat
-        self.post_chats()
-        self.post_saved(chat)
-        return chat
+    def open_session(self, session_id: str, record: dict | None = None) -> Session:
+        """The session of chat `session_id`, opened from the page's `record` of it (its `checkpoint`: the exact
+        token history; `before_reply`; a reply cut off by a reload as `partial_ids` with `streaming` set) or,
+        without one, empty (a new chat). An idle session is replaced by the record given; a busy one is not.
 
-    def rename(self, chat_id: str, title) -> None:
-        """Give the chat a new title (at most 80 characters)."""
-        chat = self.chats[chat_id]
-        chat.title = str(title)[:80]
-        self.post_chats()
-        self.post_saved(chat)
-
-    def restore(self, saved: list[dict], reserved=()) -> None:
-        """Recreate chats saved by the page (IndexedDB) with their exact token history.
-
-        A reply that was cut off by a reload comes back as `partial_ids` (with `streaming` set): it is kept
-        as the assistant's message, and the page marks it interrupted. With nothing
-        saved, a fresh chat is opened. `reserved` are ids of saved chats not restored here (records the
-        page could not read, chats of another model): no new chat takes them, so none is written over.
+        A cut-off reply is kept as the assistant's message (the page marks it interrupted) and posted back.
         """
-        for record in saved:
-            chat_id = str(record["id"])
-            conv = Conversation(self.engine.tokenizer, self.template)
-            conv.rollback(tuple(record["checkpoint"]))
-            partial = [int(t) for t in record.get("partial_ids") or []]
-            # A reply cut off before its first token is an empty reply, as the page shows it (and as Stop
-            # leaves it): without it the next message would follow the user's with no reply between.
-            cut = partial or (record.get("streaming") and conv.messages and conv.messages[-1]["role"] == "user")
-            if cut:
-                conv.add_generated(partial)
-            self.chats[chat_id] = Chat(chat_id, str(record.get("title") or chat_id), conv)
-            self.engine.refer_history(chat_id, conv.ids)
-            if record.get("before_reply"):
-                self.chats[chat_id].before_reply = tuple(record["before_reply"])
-            if cut:
-                self.post_saved(self.chats[chat_id])
-        highest = 0
-        for chat_id in [*self.chats, *map(str, reserved)]:
-            number = chat_id.rsplit("-", 1)[-1]
-            highest = max(highest, int(number) if number.isdigit() else 0)
-        self._ids = itertools.count(highest + 1)
-        if not self.chats:
-            self.new_chat()
-        else:
-            self.post_chats()
+        session = self.sessions.get(session_id)
+        if session is not None and (record is None or session.request_id is not None):
+            return session
+        conv = Conversation(self.engine.tokenizer, self.template)
+        checkpoint = (record or {}).get("checkpoint")
+        if checkpoint:
+            conv.rollback(tuple(checkpoint))
+        partial = [int(t) for t in (record or {}).get("partial_ids") or []]
+        # A reply cut off before its first token is an empty reply, as the page shows it (and as Stop
+        # leaves it): without it the next message would follow the user's with no reply between.
+        cut = partial or ((record or {}).get("streaming") and conv.messages and conv.messages[-1]["role"] == "user")
+        if cut:
+            conv.add_generated(partial)
+        session = self.sessions[session_id] = Session(session_id, conv)
+        if (record or {}).get("before_reply"):
+            session.before_reply = tuple(record["before_reply"])
+        self.engine.refer_history(session_id, conv.ids)
+        if cut:
+            self.post_saved(session)
+        return session
+
+    def open_sessions(self, records: list[dict]) -> None:
+        """Open the sessions of the chats the page holds for this model (as it loads), so their disk-tier
+        blocks are referenced and each goes on from its exact token history."""
+        for record in records:
+            self.open_session(str(record["id"]), record)
         self.post_stats(force=True)
 
     def send(self, chat_id: str, text: str, settings: dict) -> str:
@@ -204,10 +191,10 @@ class ChatService:
         finally:
             conv.rollback(now)
         rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
-                                      session=chat.chat_id)
+                                      session=chat.session_id)
         chat.request_id, chat.request = rid, self.engine.request(rid)
         chat.alternatives = Alternatives(rid, [[] for _ in range(n)], [False] * n)
-        self.post("alt-start", chat=chat.chat_id, request=rid, n=n)
+        self.post("alt-start", chat=chat.session_id, request=rid, n=n)
         self._ensure_loop()
         return rid
 
@@ -222,22 +209,22 @@ class ChatService:
         chat.conversation.rollback(chat.before_reply)
         content = chat.conversation.add_generated(alt.ids[index])
         chat.alternatives = None
-        self.post("alt-kept", chat=chat.chat_id, index=index, content=content,
+        self.post("alt-kept", chat=chat.session_id, index=index, content=content,
                   history_tokens=chat.conversation.num_tokens)
         self.post_saved(chat)
         return content
 
-    def _on_alternative(self, chat: Chat, out) -> None:
+    def _on_alternative(self, chat: Session, out) -> None:
         alt = chat.alternatives
         alt.ids[out.index].extend(out.token_ids)
         if out.token_ids:
-            self.post("alt-token", chat=chat.chat_id, index=out.index, text=out.text)
+            self.post("alt-token", chat=chat.session_id, index=out.index, text=out.text)
         if out.finished:
             alt.done[out.index] = True
             if all(alt.done):
                 self._end_alternatives(chat, "done")
 
-    def _end_alternatives(self, chat: Chat, reason: str) -> None:
+    def _end_alternatives(self, chat: Session, reason: str) -> None:
         conv, alt = chat.conversation, chat.alternatives
         now = conv.checkpoint()
         alt.contents = []
@@ -246,16 +233,17 @@ class ChatService:
             alt.contents.append(conv.add_generated(ids))
         conv.rollback(now)
         chat.request_id = chat.request = None
-        self.post("alt-end", chat=chat.chat_id, reason=reason, alternatives=alt.contents,
+        self.post("alt-end", chat=chat.session_id, reason=reason, alternatives=alt.contents,
                   tokens=[len(ids) for ids in alt.ids])
 
-    def _idle_chat(self, chat_id: str) -> Chat:
-        chat = self.chats[chat_id]
+    def _idle_chat(self, chat_id: str) -> Session:
+        """The chat's session, opened empty if the page has not sent its record (a new chat); it must be idle."""
+        chat = self.open_session(str(chat_id))
         if chat.request_id is not None:
             raise ValueError("this chat is still answering; stop it or wait")
         return chat
 
-    def _start_reply(self, chat: Chat, settings: dict, change_history, *, regenerate: bool) -> str:
+    def _start_reply(self, chat: Session, settings: dict, change_history, *, regenerate: bool) -> str:
         params = sampling_from(settings, self.stop_ids)
         fallback = FallbackSettings.from_settings(settings)
         self.remote.check(fallback)
@@ -268,7 +256,7 @@ class ChatService:
             remote_reason = self.remote.reason_for(fallback)
             if remote_reason is None:
                 rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
-                                              session=chat.chat_id)
+                                              session=chat.session_id)
         except ValueError as exc:
             if fallback is not None and self.remote.cannot_fit(exc, prompt):
                 return self.remote.start(chat, fallback, params, str(exc), regenerate)
@@ -285,7 +273,7 @@ class ChatService:
         chat.before_reply = conv.checkpoint()
         chat.partial_ids, chat.partial_text = [], []
         cached = self.engine.cached_prefix_tokens(prompt[:-1])
-        self.post("turn-start", chat=chat.chat_id, request=rid, prompt_tokens=len(prompt), cached_tokens=cached,
+        self.post("turn-start", chat=chat.session_id, request=rid, prompt_tokens=len(prompt), cached_tokens=cached,
                   regenerate=regenerate, engine={"kind": "local", "backend": self.engine.backend.name})
         self.post_saved(chat)  # with the user's message, so a reload mid-reply keeps both
         self._ensure_loop()
@@ -293,7 +281,9 @@ class ChatService:
 
     def stop(self, chat_id: str) -> None:
         """Abort the chat's reply; what was generated is kept as the assistant's message."""
-        chat = self.chats[chat_id]
+        chat = self.sessions.get(chat_id)
+        if chat is None:
+            return
         if chat.request_id is None:
             return
         if chat.remote is not None:
@@ -307,10 +297,15 @@ class ChatService:
         else:
             self._finish(chat, "abort")
 
-    def delete(self, chat_id: str) -> None:
-        """Remove a chat: its reply stops and its cached history (with that reply) leaves the prefix cache, except the
-        leading blocks another chat's history starts with (a shared system prompt stays cached)."""
-        chat = self.chats.pop(chat_id)
+    def forget_session(self, chat_id: str) -> None:
+        """The page deleted a chat: its session goes, its reply stops and its cached history (with that reply)
+        leaves the prefix cache, except the leading blocks another chat's history starts with (a shared system
+        prompt stays cached)."""
+        chat = self.sessions.pop(chat_id, None)
+        if chat is None:  # never used in this worker (or forgotten already): only its files on disk may remain
+            if self.engine.disk_enabled:
+                self._disk_task = asyncio.ensure_future(self._forget_on_disk(chat_id))
+            return
         try:
             if chat.remote is not None:
                 self.remote.cancel(chat)
@@ -321,12 +316,11 @@ class ChatService:
                 histories += [list(r.seq.token_ids) for r in chat.request.samples or [chat.request]]
             # Longest first: eviction finds blocks along their prefix chain, which a shorter history would cut.
             for ids in sorted(histories, key=len, reverse=True):
-                shared = max((_common_prefix(ids, c.conversation.ids) for c in self.chats.values()), default=0)
+                shared = max((_common_prefix(ids, c.conversation.ids) for c in self.sessions.values()), default=0)
                 self.engine.forget_history(ids, keep_tokens=shared)
             if self.engine.disk_enabled:  # its block files go too, but for those another chat's history holds
                 self._disk_task = asyncio.ensure_future(self._forget_on_disk(chat_id))
-        finally:  # the chat is gone from the service whatever failed: the page lists it gone
-            self.post_chats()
+        finally:  # the session is gone whatever failed
             self.post_stats(force=True)
 
     # ---------------------------------------------------------------- the loop
@@ -348,7 +342,7 @@ class ChatService:
         requeued = self.engine.rebuild(backend)
         self.ledger_snapshot = ledger_snapshot
         self.lost = None
-        for chat in list(self.chats.values()):
+        for chat in list(self.sessions.values()):
             if chat.request is not None and chat.request_id not in requeued:
                 self._finish(chat, chat.request.finish_reason or "error")  # too long for the new pool
         self._ensure_loop()
@@ -371,7 +365,7 @@ class ChatService:
             self.post_stats(force=True)
 
     def on_outputs(self, outputs) -> None:
-        by_request = {c.request_id: c for c in self.chats.values() if c.request_id is not None}
+        by_request = {c.request_id: c for c in self.sessions.values() if c.request_id is not None}
         now = time.perf_counter()
         for out in outputs:
             chat = by_request.get(out.request_id)
@@ -385,32 +379,31 @@ class ChatService:
             chat.partial_ids.extend(out.token_ids)
             if out.text or out.token_ids:
                 chat.partial_text.append(out.text)
-                self.post("token", chat=chat.chat_id, text=out.text, ids=out.token_ids)
+                self.post("token", chat=chat.session_id, text=out.text, ids=out.token_ids)
             if out.finished:
                 self._finish(chat, out.finish_reason)
         self.post_stats()
 
-    def _finish(self, chat: Chat, reason: str | None) -> None:
+    def _finish(self, chat: Session, reason: str | None) -> None:
         content = chat.conversation.add_generated(chat.partial_ids)
         self._end_turn(chat, reason=reason, content=content, tokens=len(chat.partial_ids),
                        cached_tokens=chat.request.num_cached_prompt_tokens)
 
-    def _end_turn(self, chat: Chat, **turn) -> None:
+    def _end_turn(self, chat: Session, **turn) -> None:
         """Tell the page the reply is over (its content is in the history now) and make the chat idle."""
-        self.post("turn-end", chat=chat.chat_id, history_tokens=chat.conversation.num_tokens, **turn)
+        self.post("turn-end", chat=chat.session_id, history_tokens=chat.conversation.num_tokens, **turn)
         chat.request_id = chat.request = chat.remote = None
         chat.partial_ids, chat.partial_text = [], []
         self.post_saved(chat)
 
     # ---------------------------------------------------------------- dashboard
 
-    def post_saved(self, chat: Chat) -> None:
-        """What the page stores to bring the chat back after a reload: title + exact token history."""
+    def post_saved(self, chat: Session) -> None:
+        """The session's exact token history as it stands now, for the page to store in the chat's record."""
         messages, ids, text = chat.conversation.checkpoint()
-        self.engine.refer_history(chat.chat_id, chat.conversation.ids)
+        self.engine.refer_history(chat.session_id, chat.conversation.ids)
         before = chat.before_reply
-        self.post("chat-saved", chat=chat.chat_id, title=chat.title,
-                  checkpoint=[list(messages), list(ids), text],
+        self.post("session-saved", chat=chat.session_id, checkpoint=[list(messages), list(ids), text],
                   before_reply=None if before is None else [list(before[0]), list(before[1]), before[2]])
 
     async def _forget_on_disk(self, chat_id: str) -> None:
@@ -421,10 +414,6 @@ class ChatService:
                                                             f"{type(exc).__name__}: {exc}")
             raise
         self.post_stats(force=True)
-
-    def post_chats(self) -> None:
-        self.post("chats", chats=[{"id": c.chat_id, "title": c.title, "busy": c.request_id is not None,
-                                   "tokens": c.conversation.num_tokens} for c in self.chats.values()])
 
     def memory_snapshot(self) -> dict:
         """Block map + metrics for the dashboard (dashboard.py)."""

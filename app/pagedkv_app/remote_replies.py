@@ -53,10 +53,10 @@ class RemoteReplies:
         the request id the page sees."""
         conv = chat.conversation
         reply = RemoteReply(fallback, conv.messages, params, self.open_stream, conv.tokenizer)
-        chat.remote, chat.request_id, chat.request = reply, f"remote-{chat.chat_id}-{len(conv.messages)}", None
+        chat.remote, chat.request_id, chat.request = reply, f"remote-{chat.session_id}-{len(conv.messages)}", None
         chat.before_reply = conv.checkpoint()
         chat.partial_ids, chat.partial_text = [], []
-        self.post("turn-start", chat=chat.chat_id, request=chat.request_id, prompt_tokens=len(conv.prompt_ids()),
+        self.post("turn-start", chat=chat.session_id, request=chat.request_id, prompt_tokens=len(conv.prompt_ids()),
                   cached_tokens=0, regenerate=regenerate,
                   engine={"kind": "remote", "model": fallback.model, "origin": fallback.origin, "reason": reason})
         self.saved(chat)
@@ -80,14 +80,14 @@ class RemoteReplies:
             if chat.remote is reply:
                 chat.partial_text.append(text)
                 chat.partial_ids.extend(ids)
-                self.post("token", chat=chat.chat_id, text=text, ids=ids)
+                self.post("token", chat=chat.session_id, text=text, ids=ids)
 
         try:
             reason = await reply.run(on_text)
         except RemoteError as exc:
             if chat.remote is reply:
                 self._finish(chat, "error")
-                self.post("chat-error", chat=chat.chat_id, message=str(exc))
+                self.post("chat-error", chat=chat.session_id, message=str(exc))
             return
         if chat.remote is reply:  # not stopped or deleted meanwhile
             self._finish(chat, reason or "stop")

@@ -10,7 +10,7 @@ import pytest
 from browser_pages import open_and_boot, show_settings, wait_model
 from test_chat_app import send_and_wait
 
-HISTORY = ("import json\nfrom pagedkv_app.main import state\nc = state['service'].chats[{chat!r}]\n"
+HISTORY = ("import json\nfrom pagedkv_app.main import state\nc = state['service'].sessions[{chat!r}]\n"
            "json.dumps({{'messages': c.conversation.messages, 'ids': c.conversation.ids, "
            "'engine': state['engine'].stats()}})")
 

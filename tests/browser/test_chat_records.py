@@ -37,7 +37,7 @@ def records(page) -> dict:
 def reload_app(page) -> None:
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=BOOT_TIMEOUT_MS)
-    page.wait_for_selector("#chat-list li", state="attached")  # drawn when the worker's chat list is back
+    page.wait_for_selector("#chat-list li", state="attached")  # drawn once the model is in (or before, when saved)
     show_settings(page)
 
 
@@ -142,7 +142,7 @@ def test_a_chat_of_another_model_opens_read_only(browser, base_url):
         wait_for_record(page, "chat-1")
         reload_app(page)
         assert titles(page) == ["Chat 1", "Elsewhere", "Old"]
-        assert booted.py("import json\nfrom pagedkv_app.main import state\njson.dumps(list(state['service'].chats))") \
+        assert booted.py("import json\nfrom pagedkv_app.main import state\njson.dumps(list(state['service'].sessions))") \
             == ["chat-1"]
         page.locator("#chat-list li:nth-child(2) button").click()
         note = page.locator("#chat-note")
@@ -164,5 +164,50 @@ def test_a_chat_of_another_model_opens_read_only(browser, base_url):
         saved = records(page)
         assert saved["chat-1"]["model"] == "tiny-random"
         assert {k: saved[k] for k in ("chat-5", "chat-6")} == {rec["id"]: rec for rec in OTHER_MODELS}
+    finally:
+        page.close()
+
+
+WORKER_SESSIONS = ("import json\nfrom pagedkv_app.main import state\n"
+                   "json.dumps({k: s.conversation.ids for k, s in state['service'].sessions.items()})")
+
+
+def test_the_page_makes_names_and_keeps_a_chat_the_worker_only_has_a_session_of(browser, base_url):
+    booted, _ = open_app(browser, base_url + QUERY, 60_000)
+    page = booted.page
+    try:
+        page.wait_for_selector("#chat-list li", state="attached")
+        send_and_wait(page, "Hello there.", 3)
+        wait_for_record(page, "chat-1")
+        page.locator("#new-chat").click()  # made by the page, with no word to the worker
+        page.wait_for_selector("#chat-list li:nth-child(2) button[aria-current=true]", state="attached")
+        assert page.evaluate("document.documentElement.dataset.chat") == "chat-2"
+        wait_for_record(page, "chat-2")
+        assert records(page)["chat-2"]["checkpoint"] is None
+        assert list(booted.py(WORKER_SESSIONS)) == ["chat-1"]
+        page.once("dialog", lambda dialog: dialog.accept("Renamed here"))
+        page.locator("#rename-chat").click()
+        page.wait_for_selector("#chat-title:text('Renamed here')")
+        assert titles(page) == ["Chat 1", "Renamed here"]
+        for _ in range(50):
+            if records(page)["chat-2"]["title"] == "Renamed here":
+                break
+            page.wait_for_timeout(100)
+        assert records(page)["chat-2"]["title"] == "Renamed here"
+        first = booted.py(WORKER_SESSIONS)["chat-1"]
+        assert records(page)["chat-1"]["checkpoint"][1] == first
+        reload_app(page)
+        assert titles(page) == ["Chat 1", "Renamed here"]
+        # The reloaded worker opened a session per record: chat-1's exact ids, chat-2 empty until its first turn.
+        sessions = booted.py(WORKER_SESSIONS)
+        assert list(sessions) == ["chat-1", "chat-2"] and sessions["chat-1"] == first
+        page.locator("#chat-list li:nth-child(2) button").click()
+        send_and_wait(page, "A first message.", 3)
+        for _ in range(50):
+            if records(page)["chat-2"]["checkpoint"]:
+                break
+            page.wait_for_timeout(100)
+        assert records(page)["chat-2"]["checkpoint"][1] == booted.py(WORKER_SESSIONS)["chat-2"]
+        assert records(page)["chat-2"]["title"] == "Renamed here"
     finally:
         page.close()

@@ -1,5 +1,5 @@
 """Nothing a person does loses their words: a second Send before the first reply starts is handed back in the box
-(the page, the worker and IndexedDB agree on the history), a late chat-saved does not bring a deleted chat back,
+(the page, the worker and IndexedDB agree on the history), a late session-saved does not bring a deleted chat back,
 and Delete lands at once while the chat streams and another chat's reply has just ended."""
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ SEND_THEN_TYPE = """([sent, typed]) => {
 WORKER_CHATS = """import json
 from pagedkv_app.main import state
 _pool = state["engine"].kv.pool
-json.dumps({"chats": {c.chat_id: [[m["role"], m["content"]] for m in c.conversation.messages]
-                      for c in state["service"].chats.values()},
+json.dumps({"chats": {c.session_id: [[m["role"], m["content"]] for m in c.conversation.messages]
+                      for c in state["service"].sessions.values()},
             "unfinished": state["engine"].has_unfinished,
             "leaked": _pool.num_blocks - _pool.num_free - _pool.num_cached})"""
 
@@ -50,7 +50,7 @@ def app(browser, base_url):
 
 
 def new_chat(page) -> str:
-    # The worker lists a first chat once it restored the saved ones (none here): count after that list.
+    # The page lists a first chat once the model is in and it has opened the saved ones (none here).
     page.wait_for_selector("#chat-list li", state="attached")
     n = page.locator("#chat-list li").count()
     page.locator("#new-chat").click()
@@ -79,7 +79,7 @@ def delete_current(page) -> str:
 
 
 def settled_record(page, chat: str, messages: list) -> None:
-    for _ in range(100):  # the IndexedDB write follows the worker's chat-saved
+    for _ in range(100):  # the IndexedDB write follows the worker's session-saved
         if chat in records(page) and saved_messages(page, chat) == messages:
             return
         page.wait_for_timeout(50)
@@ -127,7 +127,7 @@ def test_a_second_send_before_the_first_starts_is_handed_back_and_every_copy_agr
     page.fill("#prompt", "")
 
 
-def test_a_late_chat_saved_does_not_bring_a_deleted_chat_back(app):
+def test_a_late_session_saved_does_not_bring_a_deleted_chat_back(app):
     booted, page = app, app.page
     chat = new_chat(page)
     show_settings(page)
@@ -136,16 +136,16 @@ def test_a_late_chat_saved_does_not_bring_a_deleted_chat_back(app):
     page.fill("#prompt", "soon gone")
     page.press("#prompt", "Enter")
     wait_next_turn(page, previous)
-    # The chat-saved the worker would post for it now, kept to be posted once more after the delete.
+    # The session-saved the worker would post for it now, kept to be posted once more after the delete.
     booted.py("from pagedkv_app.main import state\n"
-              f"_c = state['service'].chats[{chat!r}]\n_m, _i, _t = _c.conversation.checkpoint()\n"
-              "state['late'] = dict(chat=_c.chat_id, title=_c.title, checkpoint=[list(_m), list(_i), _t],"
+              f"_c = state['service'].sessions[{chat!r}]\n_m, _i, _t = _c.conversation.checkpoint()\n"
+              "state['late'] = dict(chat=_c.session_id, checkpoint=[list(_m), list(_i), _t],"
               " before_reply=None)\n'1'")
     assert delete_current(page) == chat
     page.wait_for_selector(f'#chat-list button[data-chat="{chat}"]', state="detached", timeout=1_000)
     # The late save, through the page's one router (exec-result comes after it, on the same channel).
     booted.py("from pagedkv_app import bridge\nfrom pagedkv_app.main import state\n"
-              "bridge.post('chat-saved', **state.pop('late'))\n'1'")
+              "bridge.post('session-saved', **state.pop('late'))\n'1'")
     assert chat not in listed(page)
     page.wait_for_timeout(300)
     assert chat not in records(page)

@@ -32,12 +32,12 @@ def test_lost_device_is_rebuilt_and_the_reply_resumes(gpu_app):
     page.press("#prompt", "Enter")
     reply = page.locator("#messages .msg.assistant").last
     for _ in range(3000):  # a few tokens streamed before the device goes away
-        if len(booted.py(STATE + "json.dumps(state['engine'].request(state['service'].chats['chat-1'].request_id)"
-                         ".output_ids if state['service'].chats['chat-1'].request_id else [])")) >= 3:
+        if len(booted.py(STATE + "json.dumps(state['engine'].request(state['service'].sessions['chat-1'].request_id)"
+                         ".output_ids if state['service'].sessions['chat-1'].request_id else [])")) >= 3:
             break
         page.wait_for_timeout(50)
     before = booted.py(STATE + "ctx = state['gpu']\nctx.device.destroy()\n"
-                       "json.dumps({'streamed': len(state['service'].chats['chat-1'].partial_ids),"
+                       "json.dumps({'streamed': len(state['service'].sessions['chat-1'].partial_ids),"
                        " 'blocks': state['engine'].kv.pool.num_blocks})")
     assert before["streamed"] >= 3
     page.wait_for_selector("html[data-device=restored]", state="attached", timeout=240_000)

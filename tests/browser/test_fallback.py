@@ -15,7 +15,7 @@ from test_chat_app import raw_last_turn, wait_for_streamed_text, wait_next_turn
 PROMPT = "What is the capital of France?"
 STORY = "Write a long story about a dragon."
 MESSAGES = ("import json\nfrom pagedkv_app.main import state\n"
-            "json.dumps(state['service'].chats[{chat!r}].conversation.messages)")
+            "json.dumps(state['service'].sessions[{chat!r}].conversation.messages)")
 
 
 @pytest.fixture(scope="module")

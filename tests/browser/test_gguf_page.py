@@ -84,7 +84,7 @@ def chat_ids(booted, text: str) -> list[int]:
         page.wait_for_timeout(100)
     chat = page.evaluate("document.documentElement.dataset.chat")
     return booted.py(f"import json\nfrom pagedkv_app.main import state\n"
-                     f"json.dumps(state['service'].chats[{chat!r}].conversation.ids)")
+                     f"json.dumps(state['service'].sessions[{chat!r}].conversation.ids)")
 
 
 def assert_answers_like_reference(booted, reference) -> None:

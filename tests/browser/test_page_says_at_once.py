@@ -124,7 +124,7 @@ def test_the_chat_list_keeps_the_order_chats_were_made_after_a_reload(browser, b
         reload_app(page)
         order = [f"Chat {n}" for n in range(1, 13)]
         assert titles(page) == order
-        assert booted.py("import json\nfrom pagedkv_app.main import state\njson.dumps(list(state['service'].chats))") \
+        assert booted.py("import json\nfrom pagedkv_app.main import state\njson.dumps(list(state['service'].sessions))") \
             == [f"chat-{n}" for n in range(1, 13)]
         page.locator("#new-chat").click()
         page.wait_for_selector("#chat-list li:nth-child(13) button[aria-current=true]", state="attached")
