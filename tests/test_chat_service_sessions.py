@@ -23,6 +23,7 @@ def test_a_reply_cut_off_before_its_first_token_comes_back_as_an_empty_reply(ser
     tok = svc.engine.tokenizer
     assert cut.ids == list(ids) + tok.encode("<|im_start|>assistant\n") + tok.encode("<|im_end|>\n")
     assert [p["checkpoint"][1] for p in of(posts, "session-saved") if p["chat"] == "chat-4"] == [cut.ids]
+    assert [p["reply"] for p in of(posts, "session-saved") if p["chat"] == "chat-4"] == [""]
     assert svc.sessions["chat-5"].conversation.messages == [{"role": "user", "content": "hi"}]
 
 
@@ -65,3 +66,20 @@ def test_forgetting_a_session_the_worker_never_opened_changes_nothing(service): 
     svc, posts = service
     svc.handle({"type": "forget-session", "chat": "chat-404"})
     assert of(posts, "chat-error") == [] and svc.sessions == {}
+
+
+def test_a_reply_cut_mid_character_comes_back_with_the_text_the_history_holds(service):  # noqa: F811
+    # The stream showed nothing for a lone first byte of a character (it waits for the rest); the history's
+    # lossy decode holds U+FFFD: session-saved carries that text, so the page's record says the same.
+    svc, posts = service
+    tok = svc.engine.tokenizer
+    lead = tok.encode("日")[:1]
+    assert tok.decode(lead) == "\ufffd"
+    chat = svc.open_session("chat-1")
+    chat.conversation.add_user("hi")
+    messages, ids, text = chat.conversation.checkpoint()
+    svc.open_sessions([{"id": "chat-2", "checkpoint": [list(messages), list(ids), text], "partial_ids": lead,
+                        "streaming": True}])
+    saved = [p for p in of(posts, "session-saved") if p["chat"] == "chat-2"]
+    assert [p["reply"] for p in saved] == ["\ufffd"]
+    assert svc.sessions["chat-2"].conversation.messages[-1] == {"role": "assistant", "content": "\ufffd"}

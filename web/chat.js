@@ -239,7 +239,14 @@ export function onTurnEnd(msg) {
 }
 
 export function onSessionSaved(msg) {
-  if (store.rememberSession(msg)) persist(msg.chat);
+  if (!store.rememberSession(msg)) return;
+  if (msg.reply !== undefined) {  // a reply cut off by a reload, as the history holds it (its last character may
+    const list = (ui.messages[msg.chat] ||= []);  // have been cut mid-way: U+FFFD, where the stream showed nothing)
+    if (list[list.length - 1]?.role !== "assistant") list.push({ role: "assistant", text: "", interrupted: true });
+    list[list.length - 1].text = msg.reply;
+    refresh(msg.chat);
+  }
+  persist(msg.chat);
 }
 
 export function onChatError(msg) {

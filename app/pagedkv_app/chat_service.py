@@ -132,14 +132,13 @@ class ChatService:
         # A reply cut off before its first token is an empty reply, as the page shows it (and as Stop
         # leaves it): without it the next message would follow the user's with no reply between.
         cut = partial or ((record or {}).get("streaming") and conv.messages and conv.messages[-1]["role"] == "user")
-        if cut:
-            conv.add_generated(partial)
+        reply = conv.add_generated(partial) if cut else None
         session = self.sessions[session_id] = Session(session_id, conv)
         if (record or {}).get("before_reply"):
             session.before_reply = tuple(record["before_reply"])
         self.engine.refer_history(session_id, conv.ids)
-        if cut:
-            self.post_saved(session)
+        if cut:  # the reply's text as the history holds it (a character cut mid-way is U+FFFD, not nothing)
+            self.post_saved(session, reply=reply)
         return session
 
     def open_sessions(self, records: list[dict]) -> None:
@@ -398,13 +397,14 @@ class ChatService:
 
     # ---------------------------------------------------------------- dashboard
 
-    def post_saved(self, chat: Session) -> None:
-        """The session's exact token history as it stands now, for the page to store in the chat's record."""
+    def post_saved(self, chat: Session, **extra) -> None:
+        """The session's exact token history as it stands now, for the page to store in the chat's record
+        (`reply`: the text of a cut-off reply the session was opened with)."""
         messages, ids, text = chat.conversation.checkpoint()
         self.engine.refer_history(chat.session_id, chat.conversation.ids)
         before = chat.before_reply
         self.post("session-saved", chat=chat.session_id, checkpoint=[list(messages), list(ids), text],
-                  before_reply=None if before is None else [list(before[0]), list(before[1]), before[2]])
+                  before_reply=None if before is None else [list(before[0]), list(before[1]), before[2]], **extra)
 
     async def _forget_on_disk(self, chat_id: str) -> None:
         try:
