@@ -71,3 +71,39 @@ def test_delete_removes_only_the_chats_own_block_files_and_a_reload_restores(tin
     assert stats["disk_restored_tokens"] == stats["last_disk_restored_tokens"] == restored > 0
     assert of(posts2, "turn-end")[-1]["cached_tokens"] == restored
     assert svc2.memory_snapshot()["engine"]["disk_blocks"] == tier2.num_blocks
+
+
+def test_flush_disk_message_writes_back_what_the_store_lost(tiny_weights):
+    """`flush-disk` (the page hidden or left): every full block of a chat's history the disk tier lacks is
+    written, here the chat's files another tab of the origin deleted; answered by `disk-flushed`. Without a
+    disk tier the message does nothing."""
+    store = MemoryStore()
+    svc, posts, tier = disk_service(tiny_weights, store)
+
+    async def chat():
+        await tier.open()
+        svc.engine.attach_disk(tier)
+        svc.send(svc.open_session("chat-1").session_id, "tell me about apples and pears and plums", SETTINGS)
+        await svc._loop_task
+
+    in_fresh_loop(chat)
+    ids = svc.sessions["chat-1"].conversation.ids
+    files = {tier.key.file_name(h) for h in block_chain(tier.key, ids, (len(ids) - 1) // 16)}
+    assert len(files) >= 2 and files <= set(store.files)
+    gone = sorted(files)[:2]
+    for name in gone:
+        del store.files[name]
+
+    async def flush():
+        svc.handle({"type": "flush-disk"})
+        return await svc._flush_task
+
+    assert in_fresh_loop(flush) == 2
+    assert files <= set(store.files)
+    flushed = of(posts, "disk-flushed")[-1]
+    assert flushed["written"] == 2 and flushed["ms"] >= 0
+    assert of(posts, "memory")[-1]["engine"]["disk_blocks"] == tier.num_blocks
+
+    plain, plain_posts, _ = disk_service(tiny_weights, MemoryStore())  # no tier attached
+    plain.handle({"type": "flush-disk"})
+    assert plain._flush_task is None and not of(plain_posts, "chat-error")

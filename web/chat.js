@@ -271,10 +271,24 @@ export function onMemory(msg) {
   renderMemory(msg, ui.modelInfo);
 }
 
+export function onDiskFlushed(msg) {
+  // How many block files the last flush wrote (tests and tools read it; the memory panel follows with `memory`).
+  root.dataset.diskFlushed = JSON.stringify({ written: msg.written, ms: msg.ms });
+}
+
+// Hidden (another tab, minimised) or left (reload, close): the disk tier writes now what it lacks of every chat,
+// so a reload right after a reply restores all of it. Only with a model in (before, nothing is cached).
+function flushDiskOnHide(worker) {
+  const flush = () => { if (ui.modelInfo) worker.postMessage({ type: "flush-disk" }); };
+  document.addEventListener("visibilitychange", () => { if (document.visibilityState === "hidden") flush(); });
+  window.addEventListener("pagehide", flush);
+}
+
 // ------------------------------------------------------------------ wiring
 
 export function wireChatUI(worker) {
   ui.worker = worker;
+  flushDiskOnHide(worker);
   wireMemorySettings();
   wireAlternatives();
   wireFallbackSettings();

@@ -32,6 +32,7 @@ function handlers(execResult) {
     "chat-error": chat.onChatError,
     "engine-error": chat.onEngineError,
     memory: chat.onMemory,
+    "disk-flushed": chat.onDiskFlushed,
     "alt-start": unlessDeleted(altThenRefresh(alt.onAltStart)),
     "alt-token": unlessDeleted(altThenRefresh(alt.onAltToken)),
     "alt-end": unlessDeleted(altThenRefresh(alt.onAltEnd)),

@@ -87,6 +87,7 @@ class ChatService:
         self.stop_ids = tuple(sorted(engine.default_stop_ids))
         self.lost: str | None = None  # why the GPU device went away, until the engine is rebuilt
         self._disk_task: asyncio.Future | None = None  # the last deletion of a chat's block files
+        self._flush_task: asyncio.Future | None = None  # the last flush of the disk tier (flush-disk)
         self.remote = RemoteReplies(open_stream, post, webgpu=webgpu, context_length=engine.context_length,
                                     saved=self.post_saved, ended=self._end_turn)
         # The page's messages to the chat service (docs/architecture.md, "The page <-> worker protocol").
@@ -99,6 +100,7 @@ class ChatService:
             "keep-alternative": lambda msg: self.keep_alternative(msg["chat"], int(msg["index"])),
             "stop": lambda msg: self.stop(msg["chat"]),
             "forget-session": lambda msg: self.forget_session(msg["chat"]),
+            "flush-disk": lambda msg: self.flush_disk(),
         }
 
     # ---------------------------------------------------------------- UI messages
@@ -321,6 +323,28 @@ class ChatService:
                 self._disk_task = asyncio.ensure_future(self._forget_on_disk(chat_id))
         finally:  # the session is gone whatever failed
             self.post_stats(force=True)
+
+    def flush_disk(self) -> asyncio.Future | None:
+        """The page is hidden or left (`flush-disk`): every full block of the chats' histories and of the
+        replies in progress that the disk tier lacks is written now (LLMEngine.flush_disk, after a step in
+        flight); answers `disk-flushed` with the blocks written and the time it took. None without a disk
+        tier."""
+        if not self.engine.disk_enabled:
+            return None
+        self._flush_task = asyncio.ensure_future(self._flush_disk())
+        return self._flush_task
+
+    async def _flush_disk(self) -> int:
+        t0 = time.perf_counter()
+        try:
+            written = await self.engine.flush_disk()
+        except Exception as exc:
+            self.post("chat-error", chat=None, message=f"writing the KV cache to disk failed: "
+                                                       f"{type(exc).__name__}: {exc}")
+            raise
+        self.post("disk-flushed", written=written, ms=round((time.perf_counter() - t0) * 1e3, 1))
+        self.post_stats(force=True)
+        return written
 
     # ---------------------------------------------------------------- the loop
 

@@ -25,6 +25,7 @@ the step in flight land in no block anyone holds.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
 
@@ -65,6 +66,9 @@ class LLMEngine:
         self.kv, self.scheduler = self._fresh_pool(backend)
         self.tiers = KVTiers(self.kv)
         self.mover = BlockMover(backend)
+        # A step, a disk flush and a chat's disk cleanup each run alone: a flush reads back blocks a step may
+        # be filling and lists the store the others write. Uncontended it never waits (run_sync drives it).
+        self._lock = asyncio.Lock()
         self.groups = SampleGroups(tokenizer)
         # llama.cpp's end-of-generation set (the ChatML turn closer, Llama 3's <|eot_id|>, ...) and EOS.
         self.default_stop_ids = tokenizer.eog_ids | frozenset(
@@ -244,6 +248,10 @@ class LLMEngine:
     async def step(self) -> list[StepOutput]:
         """Schedule, copy, run one forward, sample; returns one StepOutput per request that ran (none for one
         aborted while the step awaited the backend)."""
+        async with self._lock:
+            return await self._step()
+
+    async def _step(self) -> list[StepOutput]:
         async for restore in self.tiers.restores(self.scheduler.waiting):
             await self.mover.run(restore.moves)
             self.counters[f"{restore.tier}_restored_tokens"] += restore.tokens
@@ -387,9 +395,9 @@ class LLMEngine:
 
     def refer_history(self, owner: str, token_ids) -> None:
         """`owner` (a chat) now holds the history `token_ids`: the disk tier keeps its block files for it
-        (replacing what it held before). Nothing without a disk tier."""
+        (replacing what it held before) and flush_disk writes its blocks. Nothing without a disk tier."""
         if self.disk is not None:
-            self.disk.tier.refer(owner, token_ids)
+            self.disk.refer(owner, token_ids)
 
     def forget_history(self, token_ids, keep_tokens: int = 0) -> None:
         """A history nobody holds any more (a deleted chat): its cached blocks past the first `keep_tokens`
@@ -402,7 +410,28 @@ class LLMEngine:
     async def forget_owner(self, owner: str) -> int:
         """Drop `owner` (a deleted chat) from the disk tier and delete the block files only its history
         referenced; returns how many. 0 without a disk tier."""
-        return 0 if self.disk is None else await self.disk.tier.forget(owner)
+        if self.disk is None:
+            return 0
+        async with self._lock:  # not while flush_disk lists the store: it would count the file as another tab's
+            return await self.disk.forget(owner)
+
+    async def flush_disk(self) -> int:
+        """Write every full block of KV that the GPU holds computed, of a chat's history (refer_history) or a
+        request in progress, and that the disk tier lacks (a write that failed, a file another tab of the
+        origin deleted: the store is listed again first), then the disk's LRU order. Waits for a step in
+        flight. Returns the block files written; 0 without a disk tier. The page calls it when it is hidden
+        or left; what write-behind wrote already is not written again."""
+        if self.disk is None:
+            return 0
+        async with self._lock:
+            disk = self.disk
+            await disk.tier.resync()
+            plan = disk.plan_flush(self.kv)
+            words = await self.mover.read(plan) if plan is not None else None
+            written = await disk.store(plan, words)
+            await disk.tier.flush(force=True)
+        self.counters["disk_written_blocks"] += written
+        return written
 
     def kv_snapshot(self) -> dict:
         """Plain data of the GPU block pool for the memory panel (kv.accounting.block_map)."""

@@ -11,6 +11,10 @@ Write-behind: after a forward, blocks that became full and computed are planned 
 BlockRead, which the engine's mover runs) and stored unless the disk holds them already; a step reads back
 only when a block fills, and never for a block that is on disk (a restored or shared prefix).
 
+Flush: every full block the GPU holds computed, of a chat's history (refer) or a live sequence, that the disk
+lacks (a write that failed, a file another tab of the origin deleted: the tier lists the store again first) is
+planned for one read back, the same BlockRead as write-behind's; the page asks for it when it is hidden or left.
+
 Nothing here calls a backend: the plans go to the engine's mover (block_mover.py).
 """
 from __future__ import annotations
@@ -33,6 +37,7 @@ class DiskCache:
         self.tier = tier
         self.key = tier.key
         self._saved: dict[int, int] = {}  # seq id -> full blocks already handled by write-behind
+        self._histories: dict[str, tuple[int, ...]] = {}  # owner (a chat) -> its token history, for flushes
         self.restored_tokens = 0
         self.last_restored_tokens = 0
 
@@ -94,6 +99,38 @@ class DiskCache:
                     keys.append((hashes[i], seq.token_ids[i * bs:(i + 1) * bs]))
             self._saved[seq.seq_id] = full
         self._saved = {sid: n for sid, n in self._saved.items() if sid in kv.live}
+        return BlockRead(block_ids, keys) if block_ids else None
+
+    def refer(self, owner: str, token_ids) -> None:
+        """`owner` (a chat) holds the history `token_ids`: its block files are kept, and a flush writes its
+        blocks the GPU holds."""
+        self._histories[owner] = tuple(token_ids)
+        self.tier.refer(owner, token_ids)
+
+    async def forget(self, owner: str) -> int:
+        """Drop `owner`; delete the block files only it referenced. Returns how many were deleted."""
+        self._histories.pop(owner, None)
+        return await self.tier.forget(owner)
+
+    def plan_flush(self, kv) -> BlockRead | None:
+        """Every full block of the chats' histories and the live sequences that the GPU prefix cache holds
+        computed and the disk lacks, to read back (None: nothing). Call it between steps: a block is findable
+        in the prefix cache from the step that computes it on."""
+        bs = self.key.spec.block_size
+        histories = list(self._histories.values())
+        # After a sliding-window eviction the K/V is no longer that prefix's: never stored (as in plan_store).
+        histories += [seq.token_ids[:seq.num_computed_tokens] for seq in kv.live.values()
+                      if not seq.num_evicted_tokens]
+        block_ids: list[int] = []
+        keys: list[tuple[str, list[int]]] = []
+        queued: set[str] = set()
+        for ids in histories:
+            _, cached = kv.lookup_prefix(ids)
+            for i, (h, block_id) in enumerate(zip(block_chain(self.key, ids, len(cached)), cached)):
+                if not self.tier.has(h) and h not in queued:
+                    queued.add(h)
+                    block_ids.append(block_id)
+                    keys.append((h, list(ids[i * bs:(i + 1) * bs])))
         return BlockRead(block_ids, keys) if block_ids else None
 
     async def store(self, plan: BlockRead | None, words: np.ndarray | None) -> int:

@@ -237,6 +237,22 @@ class DiskTier:
         self._lru = OrderedDict(sorted(names.items(), key=key))
         self._dirty = False
 
+    async def resync(self) -> tuple[int, int]:
+        """Follow what another tab of the origin did to the shared store since this tier listed it: files gone
+        (its evictions, a chat it deleted) leave the index, files new to this tier (its writes) join at the
+        recent end in name order, as at open(). Returns (files gone, files new)."""
+        names = await self.store.names()
+        names.pop(self.index_name, None)
+        gone = [name for name in self._lru if name not in names]
+        for name in gone:
+            del self._lru[name]
+        new = sorted(name for name in names if name not in self._lru)
+        for name in new:
+            self._lru[name] = names[name]
+        if gone or new:
+            self._dirty = True
+        return len(gone), len(new)
+
     async def _saved_order(self, present: bool) -> dict[str, int]:
         """{chain hash: rank} from the index file; a damaged index is noted and ignored (name order)."""
         data = await self.store.read(self.index_name) if present else None
