@@ -1,0 +1,223 @@
+"""The engine as a library under CPython: OpenAI Chat Completions over one LLMEngine.
+
+    from pagedkv.api import Engine
+    engine = Engine(models=["smollm2-135m-instruct"], budget_mib=1024)
+    reply = engine.chat.completions.create(model="smollm2-135m-instruct",
+                                           messages=[{"role": "user", "content": "Hi"}], max_tokens=32)
+    for piece in engine.chat.completions.create(..., stream=True): ...
+    await engine.chat.completions.acreate({...})   # the same on a running event loop
+
+One step loop serves every request (concurrent requests batch in one forward); each request's outputs are routed
+to it. Stop strings, n, usage, errors as OpenAI's (completions.py). A request's blocks are freed when it ends,
+when its stream is closed early or when `signal` (an asyncio.Event) is set. The CPU backend (numpy) holds the
+weights; `budget_mib` bounds weights + KV pool. Today an Engine serves one model (docs/api.md says what is next).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+from types import SimpleNamespace
+from typing import AsyncIterator, Iterator, Sequence
+
+from .backends.cpu import CpuBackend
+from .chat import ChatTemplate, Conversation
+from .completions import ApiError, ChatRequest, StopStrings, chunk, completion, now, parse_request, usage
+from .engine import EngineConfig, LLMEngine, NeverFits
+from .kv.spec import KVSpec
+from .model.weights import ModelWeights
+from .sampling import MIN_TEMPERATURE, SamplingParams
+from .tokenizer import Tokenizer
+
+__all__ = ["ApiError", "Engine"]
+
+MIB = 1 << 20
+MODELS_DIR = Path(__file__).resolve().parents[2] / "dist" / "models"
+
+
+class Engine:
+    """OpenAI Chat Completions over one LLMEngine on the CPU backend. `models`: model ids under `models_dir`
+    (dist/models, what build.py writes) or model directories; the id is the directory's name."""
+
+    def __init__(self, models: Sequence[str | Path], *, budget_mib: int = 1024, block_size: int = 16,
+                 models_dir: Path = MODELS_DIR) -> None:
+        if len(models) != 1:
+            raise ValueError(f"an Engine serves one model today, got {len(models)}: {list(models)}")
+        model_dir = Path(models[0]) if Path(models[0]).is_dir() else Path(models_dir) / str(models[0])
+        if not (model_dir / "model.json").is_file():
+            raise ValueError(f"no model {models[0]!r}: {model_dir} holds no model.json (python3 build.py builds it)")
+        weights = ModelWeights.load(model_dir)
+        self.model_id = model_dir.name
+        spec = KVSpec.of(weights.config, block_size=block_size, dtype="f32")  # the numpy backend keeps f32 KV
+        weights_bytes = sum(t.nbytes for t in weights.tensors.values())
+        num_blocks = (budget_mib * MIB - weights_bytes) // spec.bytes_per_block
+        if num_blocks < 2:
+            raise ApiError(413, f"{self.model_id} needs {weights_bytes / MIB:.1f} MiB for its f32 weights and "
+                                f"{2 * spec.bytes_per_block / MIB:.2f} MiB for two KV blocks; budget {budget_mib} MiB",
+                           "budget_mib")
+        self.tokenizer = Tokenizer.from_manifest(weights.manifest)
+        self.template = ChatTemplate.from_manifest(weights.manifest, self.tokenizer)
+        self.llm = LLMEngine(CpuBackend(weights, num_blocks=int(num_blocks), block_size=block_size, kv_dtype="f32"),
+                             self.tokenizer, EngineConfig())
+        self.context_length = int(weights.manifest["config"]["context_length"])
+        self._routes: dict[str, asyncio.Queue] = {}
+        self._driver: asyncio.Task | None = None
+        self._ids = itertools.count(1)
+        self.closed = False
+        self.chat = SimpleNamespace(completions=_Completions(self))
+        self.models = SimpleNamespace(list=self._list_models)
+
+    def _list_models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": 0,
+                                            "owned_by": "pagedkv"}]}
+
+    def stats(self) -> dict:
+        """The engine's counters and its KV pool (LLMEngine.stats)."""
+        return {self.model_id: self.llm.stats()}
+
+    def close(self) -> None:
+        """Stop every request; later requests get 503."""
+        self.closed = True
+        for rid in list(self._routes):
+            if self.llm.is_unfinished(rid):
+                self.llm.abort(rid)
+
+    # ---------------------------------------------------------------- one request
+
+    def _start(self, req: ChatRequest) -> tuple[str, int]:
+        prompt = Conversation(self.tokenizer, self.template, req.messages).prompt_ids()
+        room = self.context_length - len(prompt)
+        if room < 1:
+            raise ApiError(400, f"the prompt has {len(prompt)} tokens; {self.model_id}'s context is "
+                                f"{self.context_length}", "messages")
+        if req.max_tokens is not None and req.max_tokens > room:
+            raise ApiError(400, f"max_tokens {req.max_tokens} + the prompt's {len(prompt)} tokens pass "
+                                f"{self.model_id}'s context of {self.context_length}", "max_tokens")
+        greedy = req.temperature < MIN_TEMPERATURE or req.top_p == 0.0  # the nucleus of p=0: the top token
+        params = SamplingParams(temperature=0.0 if greedy else req.temperature, top_p=1.0 if greedy else req.top_p,
+                                seed=req.seed, max_tokens=req.max_tokens or room, n=req.n)
+        rid = f"chatcmpl-{next(self._ids)}"
+        try:
+            self.llm.add_request(prompt, params, request_id=rid)
+        except NeverFits as exc:
+            raise ApiError(413, str(exc), "messages") from None
+        self._routes[rid] = asyncio.Queue()
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.ensure_future(self._drive())
+        return rid, len(prompt)
+
+    async def _drive(self) -> None:
+        """The one step loop: steps while anything is unfinished, each output to its request."""
+        try:
+            while self.llm.has_unfinished:
+                for out in await self.llm.step():
+                    route = self._routes.get(out.request_id)
+                    if route is not None:
+                        route.put_nowait(out)
+                await asyncio.sleep(0)
+        except Exception as exc:  # every waiting request hears of it
+            for route in self._routes.values():
+                route.put_nowait(exc)
+            raise
+
+    async def stream(self, body: dict, signal: asyncio.Event | None = None) -> AsyncIterator[dict]:
+        """The `chat.completion.chunk`s of one request; ApiError before the first one for a request refused."""
+        if self.closed:
+            raise ApiError(503, "the engine is closed")
+        req = parse_request(body, [self.model_id])
+        rid, prompt_tokens = self._start(req)
+        return self._chunks(req, rid, prompt_tokens, signal)
+
+    async def _chunks(self, req: ChatRequest, rid: str, prompt_tokens: int, signal) -> AsyncIterator[dict]:
+        created, route = now(), self._routes[rid]
+        stops = [StopStrings(req.stop) for _ in range(req.n)]
+        done, tokens = [False] * req.n, [0] * req.n
+        root = self.llm.request(rid)  # its num_cached_prompt_tokens is set when the scheduler first admits it
+        try:
+            for i in range(req.n):
+                yield chunk(rid, req.model, created, i, role=True)
+            while not all(done):
+                if signal is not None and signal.is_set():
+                    break
+                out = await route.get()
+                if isinstance(out, Exception):
+                    raise ApiError(500, f"the engine failed: {type(out).__name__}: {out}") from out
+                i = out.index
+                if done[i]:
+                    continue
+                tokens[i] += len(out.token_ids)
+                text, stopped = stops[i].push(out.text)
+                if out.finished and not stopped:
+                    text += stops[i].flush()
+                reason = "stop" if stopped else out.finish_reason if out.finished else None
+                if text:
+                    yield chunk(rid, req.model, created, i, text=text)
+                if reason is not None:
+                    done[i] = True
+                    yield chunk(rid, req.model, created, i, finish_reason=reason)
+                if all(done[j] or stops[j].stopped for j in range(req.n)) and self.llm.is_unfinished(rid):
+                    self.llm.abort(rid)  # a stop string ended the last sample still running: its blocks go now
+            if req.include_usage or not req.stream:  # a completion object always carries usage
+                yield chunk(rid, req.model, created,
+                            use=usage(prompt_tokens, sum(tokens), root.num_cached_prompt_tokens))
+        finally:  # ended, closed early by the caller, or aborted: nothing of it stays in the pool
+            if self.llm.is_unfinished(rid):
+                self.llm.abort(rid)
+            self._routes.pop(rid, None)
+
+
+class _Completions:
+    """engine.chat.completions: `create` (sync, as OpenAI's Python client) and `acreate` (async)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def acreate(self, body: dict | None = None, *, signal: asyncio.Event | None = None, **fields):
+        """A `chat.completion`, or with `stream: true` an async iterator of `chat.completion.chunk`s."""
+        body = dict(body or {}, **fields)
+        chunks = await self.engine.stream(body, signal)
+        if body.get("stream"):
+            return chunks
+        return await _collect(chunks, body)
+
+    def create(self, body: dict | None = None, **fields) -> dict | Iterator[dict]:
+        """As acreate, driven on a private event loop (not from inside a running one: use acreate there)."""
+        body = dict(body or {}, **fields)
+        loop = asyncio.new_event_loop()
+        try:
+            result = loop.run_until_complete(self.acreate(body))
+        except BaseException:
+            loop.close()
+            raise
+        if not body.get("stream"):
+            loop.close()
+            return result
+        return _drain(loop, result)
+
+
+def _drain(loop: asyncio.AbstractEventLoop, chunks: AsyncIterator[dict]) -> Iterator[dict]:
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(chunks.__anext__())
+            except StopAsyncIteration:
+                return
+    finally:
+        loop.run_until_complete(chunks.aclose())  # a caller that stops early aborts the request
+        loop.close()
+
+
+async def _collect(chunks: AsyncIterator[dict], body: dict) -> dict:
+    texts: dict[int, list[str]] = {}
+    reasons: dict[int, str] = {}
+    cid = model = created = None
+    async for piece in chunks:
+        cid, model, created = piece["id"], piece["model"], piece["created"]
+        for choice in piece["choices"]:
+            texts.setdefault(choice["index"], []).append(choice["delta"].get("content") or "")
+            if choice["finish_reason"]:
+                reasons[choice["index"]] = choice["finish_reason"]
+        if "usage" in piece:
+            use = piece["usage"]
+    choices = [{"index": i, "text": "".join(texts[i]), "finish_reason": reasons.get(i)} for i in sorted(texts)]
+    return completion(cid, model, created, choices, use)

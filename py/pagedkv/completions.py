@@ -1,0 +1,201 @@
+"""OpenAI Chat Completions as plain data: a request body checked field by field (ApiError names the field and
+carries the HTTP status an OpenAI server answers with), stop strings matched across streamed pieces (text that may
+begin one is held back until decided), and the `chat.completion` / `chat.completion.chunk` objects.
+
+Nothing here runs a model: api.Engine feeds it (docs/api.md). Pure Python, so the page's worker and CPython
+share it.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from .chat import validate_messages
+
+__all__ = ["ApiError", "ChatRequest", "StopStrings", "parse_request", "completion", "chunk", "usage"]
+
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_N = 16
+# Known OpenAI fields this engine does not implement: refused by name (400), never ignored.
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format", "logprobs", "top_logprobs",
+               "logit_bias", "presence_penalty", "frequency_penalty", "audio", "modalities", "prediction",
+               "parallel_tool_calls", "reasoning_effort", "web_search_options", "store", "metadata", "service_tier")
+IGNORED = ("user",)  # an end-user id for the provider's abuse tracking: nothing to do in a tab
+SUPPORTED = ("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
+             "top_p", "seed", "stop", "n", "pagedkv")
+
+
+class ApiError(Exception):
+    """A request the engine refuses: `status` (400 malformed, 404 unknown model, 413 never fits, 503 closed),
+    the OpenAI error object's `message`, `param` (the field) and `type`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.kind = kind or {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
+                             503: "service_unavailable"}.get(status, "server_error")
+
+    def body(self) -> dict:
+        """The OpenAI error JSON."""
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A checked request body."""
+
+    model: str
+    messages: list[dict[str, str]]
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with usage and no choices
+    max_tokens: int | None = None  # None: up to the context
+    temperature: float = 1.0  # OpenAI's default
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    options: dict = field(default_factory=dict)  # the `pagedkv` extension object
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ApiError(400, f"{name} must be a number, got {value!r}", name)
+    if not low <= value <= high:
+        raise ApiError(400, f"{name} must be between {low:g} and {high:g}, got {value!r}", name)
+    return float(value)
+
+
+def _integer(body: dict, name: str, low: int, high: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"{name} must be an integer, got {value!r}", name)
+    if value < low or (high is not None and value > high):
+        bound = f"at least {low}" if high is None else f"between {low} and {high}"
+        raise ApiError(400, f"{name} must be {bound}, got {value}", name)
+    return value
+
+
+def parse_request(body: object, models: list[str]) -> ChatRequest:
+    """Check an OpenAI Chat Completions body; ApiError names the first offending field. `models`: the ids
+    served (an unknown one is a 404)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    for name in body:
+        if name in UNSUPPORTED:
+            raise ApiError(400, f"{name} is not supported by this engine", name)
+        if name not in SUPPORTED and name not in IGNORED:
+            raise ApiError(400, f"unknown field {name!r}", name)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "model is required: the id of a loaded model", "model")
+    if model not in models:
+        raise ApiError(404, f"the model {model!r} does not exist here; loaded: {', '.join(models) or 'none'}", "model")
+    try:
+        messages = validate_messages(body.get("messages"))
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "messages") from None
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, f"stream must be true or false, got {stream!r}", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise ApiError(400, f"stream_options may hold only include_usage, got {options!r}", "stream_options")
+    if options and not stream:
+        raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
+    max_tokens = _integer(body, "max_completion_tokens", 1)
+    legacy = _integer(body, "max_tokens", 1)
+    if max_tokens is not None and legacy is not None and max_tokens != legacy:
+        raise ApiError(400, "max_tokens and max_completion_tokens differ; give one", "max_tokens")
+    stop = body.get("stop")
+    stops = (stop,) if isinstance(stop, str) else stop if stop is not None else ()
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
+        raise ApiError(400, f"stop must be a non-empty string or a list of them, got {stop!r}", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ApiError(400, f"stop holds at most {MAX_STOP_STRINGS} strings, got {len(stops)}", "stop")
+    extension = body.get("pagedkv") or {}
+    if not isinstance(extension, dict) or set(extension) - {"session"}:
+        raise ApiError(400, f"pagedkv may hold only session, got {extension!r}", "pagedkv")
+    if "session" in extension and not (isinstance(extension["session"], str) and extension["session"]):
+        raise ApiError(400, "pagedkv.session must be a non-empty string", "pagedkv.session")
+    return ChatRequest(model=model, messages=messages, stream=stream,
+                       include_usage=bool(options.get("include_usage", False)),
+                       max_tokens=max_tokens if max_tokens is not None else legacy,
+                       temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+                       top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+                       seed=_integer(body, "seed", 0), stop=tuple(stops), n=_integer(body, "n", 1, MAX_N) or 1,
+                       options=dict(extension))
+
+
+class StopStrings:
+    """Stop strings over a stream of text pieces. `push(piece)` returns (text safe to show, stopped): a tail that
+    may be the start of a stop string is held back until the next piece decides it; at a stop string the text
+    before it is returned and `stopped` is True (the stop string itself never shows). `flush()` gives what is
+    held back when the reply ends otherwise."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(stops)
+        self._held = ""
+        self.stopped = False
+
+    def push(self, piece: str) -> tuple[str, bool]:
+        if self.stopped:
+            return "", True
+        text = self._held + piece
+        if not self.stops:
+            self._held = ""
+            return text, False
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self._held, self.stopped = "", True
+            return text[:cut], True
+        keep = 0  # the longest tail of `text` that is a proper prefix of a stop string
+        for stop in self.stops:
+            for size in range(min(len(stop) - 1, len(text)), keep, -1):
+                if text.endswith(stop[:size]):
+                    keep = size
+                    break
+        self._held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep], False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def completion(cid: str, model: str, created: int, choices: list[dict], use: dict) -> dict:
+    """A `chat.completion` object; `choices`: {"index", "text", "finish_reason"} each."""
+    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]},
+                         "logprobs": None, "finish_reason": c["finish_reason"]} for c in choices],
+            "usage": use, "system_fingerprint": None}
+
+
+def chunk(cid: str, model: str, created: int, index: int | None = None, *, role: bool = False, text: str | None = None,
+          finish_reason: str | None = None, use: dict | None = None) -> dict:
+    """A `chat.completion.chunk`: one choice's delta (its role first, then text, then its finish_reason), or
+    with `use` and no index the usage chunk that ends a stream whose stream_options ask for it."""
+    choices = []
+    if index is not None:
+        delta = ({"role": "assistant", "content": ""} if role else {}) | ({"content": text} if text else {})
+        choices = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+    out = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices,
+           "system_fingerprint": None}
+    if use is not None:
+        out["usage"] = use
+    return out
+
+
+def now() -> int:
+    return int(time.time())
