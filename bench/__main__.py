@@ -58,6 +58,8 @@ BENCHMARKS = {
     "long_chat": ["bench.long_chat"],  # full form ~1 h on SwiftShader; then `-- --cpu-reference` merges its part
     "soak": ["bench.soak"],  # the chat page under random Send / Stop / Regenerate / Delete / New chat / reload
     "kv_disk": ["bench.kv_disk"],  # TTFT after a reload, disk tier on / off
+    # a 1,000-token chat: its blocks on disk at the reply's end, the flush, write MB/s, TTFT 1 s after the reply
+    "kv_disk_flush": ["bench.kv_disk", "--sizes", "1000"],
 }
 # Run in their quick form unless --only names them.
 LONG = ("kv_quality_window", "long_chat")

@@ -1,6 +1,7 @@
 """A soak of the chat page: seeded random Send / Stop / Regenerate / Delete / New chat / switch / reload on the tiny
-model over a few chats, plus two Sends in one task (the second must stay in the box) and a Delete the moment a reply
-starts (its chat-saved then reaches the page after the delete), then checks that nothing was lost or left behind.
+model over a few chats, plus two Sends in one task (the second must stay in the box), a Delete the moment a reply
+starts (its chat-saved then reaches the page after the delete) and a reload the moment a reply ends, then checks
+that nothing was lost or left behind.
 
 Every action waits for its visible effect (a selector, the page-state dataset, an exec result), never for a
 fixed time. Replies stream while the soak goes on: Stop, Delete and reload land mid-reply. At the end, with every
@@ -18,9 +19,10 @@ import random
 import time
 from collections import Counter
 
-KINDS = ("send", "stop", "regenerate", "delete", "new_chat", "switch", "reload", "double_send", "delete_while_saving")
+KINDS = ("send", "stop", "regenerate", "delete", "new_chat", "switch", "reload", "double_send", "delete_while_saving",
+         "reload_after_reply")
 WEIGHTS = {"send": 40, "stop": 12, "regenerate": 10, "delete": 6, "new_chat": 8, "switch": 12, "reload": 3,
-           "double_send": 6, "delete_while_saving": 4}
+           "double_send": 6, "delete_while_saving": 4, "reload_after_reply": 2}
 WORDS = ("hello", "tell", "me", "about", "the", "sea", "why", "café", "naïve", "🙂", "ok", "more", "stop", "and",
          "then", "blocks", "cache", "über", "日本", "x")
 FULL_TOKENS = 190  # no send to a chat this long: the tiny model's context is 256 tokens
@@ -146,7 +148,8 @@ class Soak:
                  "regenerate": room and last == "assistant" and not self.page.locator("#regenerate").is_disabled(),
                  "delete": len(listed) > 1, "new_chat": len(listed) < self.max_chats, "switch": len(listed) > 1,
                  "reload": self.turns - self.reloaded_at >= self.reload_every, "double_send": room,
-                 "delete_while_saving": room and len(listed) > 1}
+                 "delete_while_saving": room and len(listed) > 1,
+                 "reload_after_reply": room and self.turns - self.reloaded_at >= self.reload_every}
         return [k for k in KINDS if kinds[k]]
 
     def choose(self, kinds: list[str]) -> str:
@@ -253,6 +256,18 @@ class Soak:
         self.page.wait_for_selector("html[data-model=ready][data-restored]", state="attached",
                                     timeout=self.boot_timeout_ms)
         self.page.wait_for_selector("#chat-list button[aria-current=true]", state="attached")
+
+    def reload_after_reply(self) -> None:
+        """A Send, and a reload the moment its reply ends (the page's pagehide flushes the disk tier then)."""
+        target = self.dataset()["chat"]
+        self.fill_settings(long=False)
+        self.page.fill("#prompt", self.words())
+        turns = self.turns
+        self.start_turn(lambda: self.page.press("#prompt", "Enter"))
+        if self.turns == turns:  # refused (an error already noted)
+            return
+        self.poll(lambda: not self.worker()["chats"].get(target, {}).get("busy"), f"{target}'s reply to end")
+        self.reload()
 
     def act(self) -> None:
         worker = self.worker()
