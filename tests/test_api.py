@@ -171,3 +171,27 @@ def test_closed_engine_is_503(tiny_dir):
     with pytest.raises(ApiError) as err:
         engine.chat.completions.create(model=engine.model_id, messages=HI)
     assert err.value.status == 503
+
+
+def test_a_session_continues_on_its_exact_token_ids(tiny_dir):
+    engine = Engine([tiny_dir], budget_mib=64)  # its own prefix cache: nothing cached from other tests
+    first = engine.chat.completions.create(model=engine.model_id, messages=HI, max_tokens=20, temperature=0,
+                                           pagedkv={"session": "s1"})
+    reply = first["choices"][0]["message"]
+    turn2 = HI + [reply, {"role": "user", "content": "and then what happened?"}]
+    second = engine.chat.completions.create(model=engine.model_id, messages=turn2, max_tokens=4, temperature=0,
+                                            pagedkv={"session": "s1"})
+    use = first["usage"]
+    computed = use["prompt_tokens"] + use["completion_tokens"] - 1  # the reply's last token is never computed
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == computed // 16 * 16 > 0
+    session = engine._sessions["s1"]
+    assert session.messages[:3] == turn2 and session.messages[3]["role"] == "assistant"
+    with pytest.raises(ApiError) as err:
+        engine.chat.completions.create(model=engine.model_id, messages=HI, n=2, pagedkv={"session": "s1"})
+    assert (err.value.status, err.value.param) == (400, "n")
+    assert engine.forget("s1") and not engine.forget("s1")
+    # A session whose messages the request does not start with: the messages are rendered afresh.
+    other = [{"role": "user", "content": "something else entirely"}]
+    out = engine.chat.completions.create(model=engine.model_id, messages=other, max_tokens=3, temperature=0,
+                                         pagedkv={"session": "s2"})
+    assert out["choices"][0]["finish_reason"] in ("stop", "length") and "s2" in engine._sessions

@@ -8,7 +8,9 @@
     await engine.chat.completions.acreate({...})   # the same on a running event loop
 
 One step loop serves every request (concurrent requests batch in one forward); each request's outputs are routed
-to it. Stop strings, n, usage, errors as OpenAI's (completions.py). A request's blocks are freed when it ends,
+to it. Stop strings, n, usage, errors as OpenAI's (completions.py). `pagedkv: {"session": id}` continues a
+conversation on its exact token ids (the prefix cache then holds all of it); `forget(id)` drops it. Without a
+session a request is stateless and still reuses KV through the prefix cache. A request's blocks are freed when it ends,
 when its stream is closed early or when `signal` (an asyncio.Event) is set. The CPU backend (numpy) holds the
 weights; `budget_mib` bounds weights + KV pool. Today an Engine serves one model (docs/api.md says what is next).
 """
@@ -61,6 +63,7 @@ class Engine:
                              self.tokenizer, EngineConfig())
         self.context_length = int(weights.manifest["config"]["context_length"])
         self._routes: dict[str, asyncio.Queue] = {}
+        self._sessions: dict[str, Conversation] = {}  # pagedkv.session -> its exact token history
         self._driver: asyncio.Task | None = None
         self._ids = itertools.count(1)
         self.closed = False
@@ -75,6 +78,14 @@ class Engine:
         """The engine's counters and its KV pool (LLMEngine.stats)."""
         return {self.model_id: self.llm.stats()}
 
+    def forget(self, session: str) -> bool:
+        """Drop a session (`pagedkv: {session}`): its token history, and its blocks from the prefix cache.
+        False when there was none."""
+        conv = self._sessions.pop(session, None)
+        if conv is not None:
+            self.llm.forget_history(conv.ids)
+        return conv is not None
+
     def close(self) -> None:
         """Stop every request; later requests get 503."""
         self.closed = True
@@ -84,8 +95,25 @@ class Engine:
 
     # ---------------------------------------------------------------- one request
 
-    def _start(self, req: ChatRequest) -> tuple[str, int]:
-        prompt = Conversation(self.tokenizer, self.template, req.messages).prompt_ids()
+    def _conversation(self, req: ChatRequest) -> Conversation:
+        """The request's conversation: with a session whose messages the request's start with, that session's
+        exact token ids plus the new messages (a copy: the session changes only when the reply ends); else
+        the messages rendered afresh."""
+        session = self._sessions.get(req.options.get("session", ""))
+        if session is None or req.messages[:len(session.messages)] != session.messages \
+                or len(req.messages) == len(session.messages):
+            return Conversation(self.tokenizer, self.template, req.messages)
+        conv = Conversation(self.tokenizer, self.template)
+        conv.rollback(session.checkpoint())
+        for message in req.messages[len(session.messages):]:
+            conv.add_message(message["role"], message["content"])
+        return conv
+
+    def _start(self, req: ChatRequest) -> tuple[str, int, Conversation]:
+        if "session" in req.options and req.n != 1:
+            raise ApiError(400, f"a pagedkv.session continues one conversation: n must be 1, got {req.n}", "n")
+        conv = self._conversation(req)
+        prompt = conv.prompt_ids()
         room = self.context_length - len(prompt)
         if room < 1:
             raise ApiError(400, f"the prompt has {len(prompt)} tokens; {self.model_id}'s context is "
@@ -104,7 +132,7 @@ class Engine:
         self._routes[rid] = asyncio.Queue()
         if self._driver is None or self._driver.done():
             self._driver = asyncio.ensure_future(self._drive())
-        return rid, len(prompt)
+        return rid, len(prompt), conv
 
     async def _drive(self) -> None:
         """The one step loop: steps while anything is unfinished, each output to its request."""
@@ -125,13 +153,15 @@ class Engine:
         if self.closed:
             raise ApiError(503, "the engine is closed")
         req = parse_request(body, [self.model_id])
-        rid, prompt_tokens = self._start(req)
-        return self._chunks(req, rid, prompt_tokens, signal)
+        rid, prompt_tokens, conv = self._start(req)
+        return self._chunks(req, rid, prompt_tokens, conv, signal)
 
-    async def _chunks(self, req: ChatRequest, rid: str, prompt_tokens: int, signal) -> AsyncIterator[dict]:
+    async def _chunks(self, req: ChatRequest, rid: str, prompt_tokens: int, conv: Conversation,
+                      signal) -> AsyncIterator[dict]:
         created, route = now(), self._routes[rid]
         stops = [StopStrings(req.stop) for _ in range(req.n)]
         done, tokens = [False] * req.n, [0] * req.n
+        ids, texts = [[] for _ in range(req.n)], [[] for _ in range(req.n)]
         root = self.llm.request(rid)  # its num_cached_prompt_tokens is set when the scheduler first admits it
         try:
             for i in range(req.n):
@@ -146,10 +176,12 @@ class Engine:
                 if done[i]:
                     continue
                 tokens[i] += len(out.token_ids)
+                ids[i] += out.token_ids
                 text, stopped = stops[i].push(out.text)
                 if out.finished and not stopped:
                     text += stops[i].flush()
                 reason = "stop" if stopped else out.finish_reason if out.finished else None
+                texts[i].append(text)
                 if text:
                     yield chunk(rid, req.model, created, i, text=text)
                 if reason is not None:
@@ -157,6 +189,13 @@ class Engine:
                     yield chunk(rid, req.model, created, i, finish_reason=reason)
                 if all(done[j] or stops[j].stopped for j in range(req.n)) and self.llm.is_unfinished(rid):
                     self.llm.abort(rid)  # a stop string ended the last sample still running: its blocks go now
+            session = req.options.get("session")
+            if session is not None and all(done):  # the reply ended (not aborted): the session moves on
+                if stops[0].stopped:  # cut at a stop string: the history holds the text the caller saw
+                    conv.add_message("assistant", "".join(texts[0]))
+                else:
+                    conv.add_generated(ids[0])
+                self._sessions[session] = conv
             if req.include_usage or not req.stream:  # a completion object always carries usage
                 yield chunk(rid, req.model, created,
                             use=usage(prompt_tokens, sum(tokens), root.num_cached_prompt_tokens))
