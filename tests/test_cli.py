@@ -122,3 +122,27 @@ def test_generate_ignore_eos_gives_exactly_max_tokens(tiny_dir, tmp_path):  # no
     plain, ignoring = (json.loads(run_cli(*args, *extra).stdout) for extra in ((), ("--ignore-eos",)))
     assert len(ignoring["output_ids"]) == 40  # bench/device/h200.sh's decode figures count on it
     assert ignoring["output_ids"][:len(plain["output_ids"])] == plain["output_ids"]  # greedy: the same start
+
+
+def test_complete_answers_an_openai_body_and_streams_sse(tiny_dir, tmp_path):  # noqa: F811
+    """`complete` (pagedkv.api.Engine): the chat.completion for a body, its chunks as SSE ending in [DONE], and
+    a refused body as OpenAI's error JSON with exit status 1."""
+    body = {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+            "temperature": 0}
+    path = tmp_path / "body.json"
+    path.write_text(json.dumps(body))
+    done = run_cli("complete", "--model", str(tiny_dir), "--body-json", str(path))
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["object"] == "chat.completion" and out["usage"]["completion_tokens"] >= 1
+    path.write_text(json.dumps({**body, "stream": True}))
+    done = run_cli("complete", "--model", str(tiny_dir), "--body-json", str(path))
+    lines = [line for line in done.stdout.splitlines() if line]
+    assert done.returncode == 0 and lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == out["choices"][0]["message"]["content"]
+    path.write_text(json.dumps({**body, "logprobs": True}))
+    done = run_cli("complete", "--model", str(tiny_dir), "--body-json", str(path))
+    assert done.returncode == 1 and json.loads(done.stdout)["error"]["param"] == "logprobs"
+    assert "error 400: logprobs is not supported" in done.stderr

@@ -1,5 +1,6 @@
-"""Command line: `python3 -m pagedkv generate|tokenize` on a built model directory or, with `--gguf FILE`, on any
-llama / qwen2 GGUF, converted on first use into .cache/models/<its sha256>/ and reused while current.
+"""Command line: `python3 -m pagedkv generate|complete|tokenize` on a built model directory or, with `--gguf FILE`,
+on any llama / qwen2 GGUF, converted on first use into .cache/models/<its sha256>/ and reused while current.
+`complete` answers an OpenAI Chat Completions body through pagedkv.api.Engine (docs/api.md).
 
 generate runs on the CPU (numpy reference, the default) or with `--backend wgpu` on a native WebGPU device
 (wgpu-py: Vulkan, Metal or D3D12; imported only then), which adds `timings` and `adapter` to the JSON."""
@@ -132,6 +133,39 @@ def _generate_wgpu(args, prompt_ids: list[int], params: SamplingParams) -> dict:
         raise CliError(str(exc)) from exc
 
 
+def cmd_complete(args) -> int:
+    """Answer one request body through pagedkv.api.Engine: the chat.completion JSON, or with stream: true its
+    chunks as `data: {...}` lines ending in `data: [DONE]`. A refused request prints OpenAI's error JSON on
+    stdout and exits 1 (HTTP's status is in the message on stderr); bad command-line input exits 2."""
+    from .api import ApiError, Engine
+
+    try:
+        body = json.loads(Path(args.body_json).read_text(encoding="utf-8"))
+        engine = Engine([_model_dir(args)], budget_mib=args.budget_mib, block_size=BLOCK_SIZE)
+    except (OSError, CliError, ValueError, RecursionError, ApiError) as exc:
+        if isinstance(exc, ApiError):
+            return _api_error(exc)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = engine.chat.completions.create(body)
+        if isinstance(result, dict):
+            print(json.dumps(result, ensure_ascii=False))
+            return 0
+        for piece in result:
+            print(f"data: {json.dumps(piece, ensure_ascii=False)}\n", flush=True)
+        print("data: [DONE]\n")
+        return 0
+    except ApiError as exc:
+        return _api_error(exc)
+
+
+def _api_error(exc) -> int:
+    print(json.dumps(exc.body()))
+    print(f"error {exc.status}: {exc.message}", file=sys.stderr)
+    return 1
+
+
 def cmd_tokenize(args) -> dict:
     """Encode --text (special tokens recognised) and return {"ids"}."""
     _, tok = _tokenizer(_model_dir(args))
@@ -171,6 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--repetition-penalty", type=float, default=1.0)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    comp = sub.add_parser("complete", help="an OpenAI Chat Completions request body in, the response out "
+                          "(pagedkv.api.Engine on the CPU backend; stream: true prints server-sent events)")
+    _model_options(comp)
+    comp.add_argument("--body-json", required=True, help="file with the request body ({model, messages, ...}); "
+                      "its model must be the model directory's name")
+    comp.add_argument("--budget-mib", type=int, default=1024, help="weights + KV pool, MiB (default: %(default)s)")
     tok = sub.add_parser("tokenize", help="token ids of a text")
     _model_options(tok)
     tok.add_argument("--text", required=True)
@@ -181,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit status. Output is printed only after success."""
     args = build_parser().parse_args(argv)
+    if args.command == "complete":
+        return cmd_complete(args)
     try:
         result = cmd_generate(args) if args.command == "generate" else cmd_tokenize(args)
     except (CliError, ValueError) as exc:
