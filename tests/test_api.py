@@ -13,6 +13,7 @@ from pagedkv.chat import Conversation
 from pagedkv.completions import StopStrings, parse_request
 from pagedkv.engine import run_sync
 from pagedkv.sampling import SamplingParams
+from test_chat_service import in_fresh_loop
 
 HI = [{"role": "user", "content": "hello there, tell me a story"}]
 
@@ -94,7 +95,7 @@ def test_two_concurrent_requests_each_reply_as_alone(engine):
         b = engine.chat.completions.acreate(model=engine.model_id, messages=other, max_tokens=10, temperature=0)
         return await asyncio.gather(a, b)
 
-    a, b = asyncio.run(both())
+    a, b = in_fresh_loop(both)
     assert a["choices"][0]["message"]["content"] == alone_a
     assert b["choices"][0]["message"]["content"] == alone_b
 
@@ -124,7 +125,7 @@ def test_closing_a_stream_early_or_a_signal_aborts_and_frees(engine):
                 signal.set()
         return got
 
-    assert len(asyncio.run(signalled())) <= 4
+    assert len(in_fresh_loop(signalled)) <= 4
     assert not engine.llm.has_unfinished and used_blocks(engine) == 0
 
 

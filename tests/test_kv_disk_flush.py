@@ -13,6 +13,7 @@ from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.kv.disk_tier import DiskKey, DiskTier, MemoryStore, block_chain, model_hash
 from pagedkv.sampling import SamplingParams
 from pagedkv.tokenizer import Tokenizer
+from test_chat_service import in_fresh_loop
 
 GREEDY = SamplingParams(max_tokens=12, stop_token_ids=(10_000,))  # a stop id the tiny vocab never emits
 TURN1 = list(range(3, 43))  # 40 tokens: 40 + 12 = 52, 51 computed, 3 full blocks
@@ -111,7 +112,7 @@ def test_flush_waits_for_a_step_in_flight_and_writes_each_block_once(tiny_weight
             await asyncio.sleep(0)  # the page's messages arrive between the loop's turns, never back to back
         return (await task).output_ids, flushed
 
-    out, flushed = asyncio.run(chat())
+    out, flushed = in_fresh_loop(chat)  # not asyncio.run: Playwright may run a loop in this thread
     history = TURN1 + out
     assert block_files(engine, store) == chain_files(engine, history, 4)
     blocks = [name for name in store.writes if name != engine.disk.tier.index_name]

@@ -15,6 +15,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field, replace
 
+from pagedkv.api import ApiError, CompletionService
 from pagedkv.chat import ChatTemplate, Conversation
 from pagedkv.engine import LLMEngine
 from pagedkv.sampling import SamplingParams
@@ -88,6 +89,9 @@ class ChatService:
         self.lost: str | None = None  # why the GPU device went away, until the engine is rebuilt
         self._disk_task: asyncio.Future | None = None  # the last deletion of a chat's block files
         self._flush_task: asyncio.Future | None = None  # the last flush of the disk tier (flush-disk)
+        # OpenAI Chat Completions for pages that import pagedkv.js (api-request): its requests ride this loop.
+        self.api = CompletionService(engine, template, model_name, engine.context_length, self._ensure_loop)
+        self._api_tasks: dict[str, asyncio.Future] = {}
         self.remote = RemoteReplies(open_stream, post, webgpu=webgpu, context_length=engine.context_length,
                                     saved=self.post_saved, ended=self._end_turn)
         # The page's messages to the chat service (docs/architecture.md, "The page <-> worker protocol").
@@ -101,6 +105,8 @@ class ChatService:
             "stop": lambda msg: self.stop(msg["chat"]),
             "forget-session": lambda msg: self.forget_session(msg["chat"]),
             "flush-disk": lambda msg: self.flush_disk(),
+            "api-request": lambda msg: self.api_request(str(msg["id"]), msg.get("body")),
+            "api-abort": lambda msg: self.api.abort(str(msg["id"])),
         }
 
     # ---------------------------------------------------------------- UI messages
@@ -324,6 +330,27 @@ class ChatService:
         finally:  # the session is gone whatever failed
             self.post_stats(force=True)
 
+    def api_request(self, request_id: str, body) -> asyncio.Future:
+        """One OpenAI Chat Completions request from pagedkv.js: answered by `api-chunk`s and `api-end`, or an
+        `api-error` (status, OpenAI's error JSON); `api-abort` stops it."""
+        task = asyncio.ensure_future(self._api_stream(request_id, body))
+        self._api_tasks[request_id] = task
+        return task
+
+    async def _api_stream(self, request_id: str, body) -> None:
+        try:
+            async for piece in await self.api.stream(body, request_id=request_id):
+                self.post("api-chunk", id=request_id, chunk=piece)
+            self.post("api-end", id=request_id)
+        except ApiError as exc:
+            self.post("api-error", id=request_id, status=exc.status, error=exc.body())
+        except Exception as exc:  # noqa: BLE001  (the caller's promise must settle whatever failed)
+            self.post("api-error", id=request_id, status=500,
+                      error=ApiError(500, f"{type(exc).__name__}: {exc}").body())
+        finally:
+            self._api_tasks.pop(request_id, None)
+            self.post_stats()
+
     def flush_disk(self) -> asyncio.Future | None:
         """The page is hidden or left (`flush-disk`): every full block of the chats' histories and of the
         replies in progress that the disk tier lacks is written now (LLMEngine.flush_disk, after a step in
@@ -368,6 +395,9 @@ class ChatService:
         for chat in list(self.sessions.values()):
             if chat.request is not None and chat.request_id not in requeued:
                 self._finish(chat, chat.request.finish_reason or "error")  # too long for the new pool
+        for request_id in list(self._api_tasks):
+            if request_id not in requeued:
+                self.api.abort(request_id)
         self._ensure_loop()
         self.post_stats(force=True)
         return requeued
@@ -382,12 +412,14 @@ class ChatService:
         except Exception as exc:
             if self.lost is not None:
                 return  # the step died with the device; resume_on re-runs it on the new one
+            self.api.fail(exc)
             self.post("engine-error", message=f"{type(exc).__name__}: {exc}")
             raise
         finally:
             self.post_stats(force=True)
 
     def on_outputs(self, outputs) -> None:
+        outputs = self.api.deliver(outputs)  # pagedkv.js's requests' outputs go to their streams
         by_request = {c.request_id: c for c in self.sessions.values() if c.request_id is not None}
         now = time.perf_counter()
         for out in outputs:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import AsyncIterator, Iterator, Sequence
@@ -31,52 +32,54 @@ from .model.weights import ModelWeights
 from .sampling import MIN_TEMPERATURE, SamplingParams
 from .tokenizer import Tokenizer
 
-__all__ = ["ApiError", "Engine"]
+__all__ = ["ApiError", "CompletionService", "Engine"]
 
 MIB = 1 << 20
 MODELS_DIR = Path(__file__).resolve().parents[2] / "dist" / "models"
 
 
-class Engine:
-    """OpenAI Chat Completions over one LLMEngine on the CPU backend. `models`: model ids under `models_dir`
-    (dist/models, what build.py writes) or model directories; the id is the directory's name."""
+class CompletionService:
+    """OpenAI Chat Completions over an LLMEngine that someone else steps: `kick()` makes sure a step loop runs
+    (api.Engine's own; the page worker's ChatService.run) and that loop hands every step's outputs to
+    `deliver`, which routes this service's and returns the rest."""
 
-    def __init__(self, models: Sequence[str | Path], *, budget_mib: int = 1024, block_size: int = 16,
-                 models_dir: Path = MODELS_DIR) -> None:
-        if len(models) != 1:
-            raise ValueError(f"an Engine serves one model today, got {len(models)}: {list(models)}")
-        model_dir = Path(models[0]) if Path(models[0]).is_dir() else Path(models_dir) / str(models[0])
-        if not (model_dir / "model.json").is_file():
-            raise ValueError(f"no model {models[0]!r}: {model_dir} holds no model.json (python3 build.py builds it)")
-        weights = ModelWeights.load(model_dir)
-        self.model_id = model_dir.name
-        spec = KVSpec.of(weights.config, block_size=block_size, dtype="f32")  # the numpy backend keeps f32 KV
-        weights_bytes = sum(t.nbytes for t in weights.tensors.values())
-        num_blocks = (budget_mib * MIB - weights_bytes) // spec.bytes_per_block
-        if num_blocks < 2:
-            raise ApiError(413, f"{self.model_id} needs {weights_bytes / MIB:.1f} MiB for its f32 weights and "
-                                f"{2 * spec.bytes_per_block / MIB:.2f} MiB for two KV blocks; budget {budget_mib} MiB",
-                           "budget_mib")
-        self.tokenizer = Tokenizer.from_manifest(weights.manifest)
-        self.template = ChatTemplate.from_manifest(weights.manifest, self.tokenizer)
-        self.llm = LLMEngine(CpuBackend(weights, num_blocks=int(num_blocks), block_size=block_size, kv_dtype="f32"),
-                             self.tokenizer, EngineConfig())
-        self.context_length = int(weights.manifest["config"]["context_length"])
+    def __init__(self, llm: LLMEngine, template: ChatTemplate, model_id: str, context_length: int, kick) -> None:
+        self.llm, self.template, self.model_id = llm, template, model_id
+        self.tokenizer = llm.tokenizer
+        self.context_length = int(context_length)
+        self.kick = kick
         self._routes: dict[str, asyncio.Queue] = {}
         self._sessions: dict[str, Conversation] = {}  # pagedkv.session -> its exact token history
-        self._driver: asyncio.Task | None = None
         self._ids = itertools.count(1)
         self.closed = False
-        self.chat = SimpleNamespace(completions=_Completions(self))
-        self.models = SimpleNamespace(list=self._list_models)
 
-    def _list_models(self) -> dict:
+    def list_models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": 0,
                                             "owned_by": "pagedkv"}]}
 
-    def stats(self) -> dict:
-        """The engine's counters and its KV pool (LLMEngine.stats)."""
-        return {self.model_id: self.llm.stats()}
+    def deliver(self, outputs) -> list:
+        """Route the outputs of this service's requests; returns the others (the chat app's)."""
+        rest = []
+        for out in outputs:
+            route = self._routes.get(out.request_id)
+            if route is None:
+                rest.append(out)
+            else:
+                route.put_nowait(out)
+        return rest
+
+    def fail(self, exc: Exception) -> None:
+        """The step loop died: every waiting request hears of it."""
+        for route in self._routes.values():
+            route.put_nowait(exc)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now (its stream ends at once; its blocks are freed)."""
+        route = self._routes.get(request_id)
+        if route is not None:
+            route.put_nowait(None)
+        if self.llm.is_unfinished(request_id):
+            self.llm.abort(request_id)
 
     def forget(self, session: str) -> bool:
         """Drop a session (`pagedkv: {session}`): its token history, and its blocks from the prefix cache.
@@ -90,8 +93,7 @@ class Engine:
         """Stop every request; later requests get 503."""
         self.closed = True
         for rid in list(self._routes):
-            if self.llm.is_unfinished(rid):
-                self.llm.abort(rid)
+            self.abort(rid)
 
     # ---------------------------------------------------------------- one request
 
@@ -109,7 +111,7 @@ class Engine:
             conv.add_message(message["role"], message["content"])
         return conv
 
-    def _start(self, req: ChatRequest) -> tuple[str, int, Conversation]:
+    def _start(self, req: ChatRequest, request_id: str | None) -> tuple[str, int, Conversation]:
         if "session" in req.options and req.n != 1:
             raise ApiError(400, f"a pagedkv.session continues one conversation: n must be 1, got {req.n}", "n")
         conv = self._conversation(req)
@@ -124,36 +126,24 @@ class Engine:
         greedy = req.temperature < MIN_TEMPERATURE or req.top_p == 0.0  # the nucleus of p=0: the top token
         params = SamplingParams(temperature=0.0 if greedy else req.temperature, top_p=1.0 if greedy else req.top_p,
                                 seed=req.seed, max_tokens=req.max_tokens or room, n=req.n)
-        rid = f"chatcmpl-{next(self._ids)}"
+        rid = request_id or f"chatcmpl-{next(self._ids)}"
+        if rid in self._routes:
+            raise ApiError(400, f"a request with id {rid!r} is running")
         try:
             self.llm.add_request(prompt, params, request_id=rid)
         except NeverFits as exc:
             raise ApiError(413, str(exc), "messages") from None
         self._routes[rid] = asyncio.Queue()
-        if self._driver is None or self._driver.done():
-            self._driver = asyncio.ensure_future(self._drive())
+        self.kick()
         return rid, len(prompt), conv
 
-    async def _drive(self) -> None:
-        """The one step loop: steps while anything is unfinished, each output to its request."""
-        try:
-            while self.llm.has_unfinished:
-                for out in await self.llm.step():
-                    route = self._routes.get(out.request_id)
-                    if route is not None:
-                        route.put_nowait(out)
-                await asyncio.sleep(0)
-        except Exception as exc:  # every waiting request hears of it
-            for route in self._routes.values():
-                route.put_nowait(exc)
-            raise
-
-    async def stream(self, body: dict, signal: asyncio.Event | None = None) -> AsyncIterator[dict]:
+    async def stream(self, body: dict, signal: asyncio.Event | None = None,
+                     request_id: str | None = None) -> AsyncIterator[dict]:
         """The `chat.completion.chunk`s of one request; ApiError before the first one for a request refused."""
         if self.closed:
             raise ApiError(503, "the engine is closed")
         req = parse_request(body, [self.model_id])
-        rid, prompt_tokens, conv = self._start(req)
+        rid, prompt_tokens, conv = self._start(req, request_id)
         return self._chunks(req, rid, prompt_tokens, conv, signal)
 
     async def _chunks(self, req: ChatRequest, rid: str, prompt_tokens: int, conv: Conversation,
@@ -170,6 +160,8 @@ class Engine:
                 if signal is not None and signal.is_set():
                     break
                 out = await route.get()
+                if out is None:  # aborted (abort(), close())
+                    break
                 if isinstance(out, Exception):
                     raise ApiError(500, f"the engine failed: {type(out).__name__}: {out}") from out
                 i = out.index
@@ -196,7 +188,7 @@ class Engine:
                 else:
                     conv.add_generated(ids[0])
                 self._sessions[session] = conv
-            if req.include_usage or not req.stream:  # a completion object always carries usage
+            if all(done) and (req.include_usage or not req.stream):  # a completion object always carries usage
                 yield chunk(rid, req.model, created,
                             use=usage(prompt_tokens, sum(tokens), root.num_cached_prompt_tokens))
         finally:  # ended, closed early by the caller, or aborted: nothing of it stays in the pool
@@ -204,52 +196,114 @@ class Engine:
                 self.llm.abort(rid)
             self._routes.pop(rid, None)
 
-
-class _Completions:
-    """engine.chat.completions: `create` (sync, as OpenAI's Python client) and `acreate` (async)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
     async def acreate(self, body: dict | None = None, *, signal: asyncio.Event | None = None, **fields):
         """A `chat.completion`, or with `stream: true` an async iterator of `chat.completion.chunk`s."""
         body = dict(body or {}, **fields)
-        chunks = await self.engine.stream(body, signal)
+        chunks = await self.stream(body, signal)
         if body.get("stream"):
             return chunks
-        return await _collect(chunks, body)
+        return await _collect(chunks)
 
     def create(self, body: dict | None = None, **fields) -> dict | Iterator[dict]:
-        """As acreate, driven on a private event loop (not from inside a running one: use acreate there)."""
+        """As acreate, driven on a private event loop: in this thread, or where this thread runs a loop already
+        (a notebook, a Playwright test) in a helper thread of its own."""
         body = dict(body or {}, **fields)
-        loop = asyncio.new_event_loop()
+        loop, run = _private_loop()
         try:
-            result = loop.run_until_complete(self.acreate(body))
+            result = run(self.acreate(body))
         except BaseException:
             loop.close()
             raise
         if not body.get("stream"):
             loop.close()
             return result
-        return _drain(loop, result)
+        return _drain(loop, run, result)
 
 
-def _drain(loop: asyncio.AbstractEventLoop, chunks: AsyncIterator[dict]) -> Iterator[dict]:
+class Engine:
+    """OpenAI Chat Completions over one LLMEngine on the CPU backend, stepped by its own loop. `models`: model
+    ids under `models_dir` (dist/models, what build.py writes) or model directories; the id is the directory's
+    name."""
+
+    def __init__(self, models: Sequence[str | Path], *, budget_mib: int = 1024, block_size: int = 16,
+                 models_dir: Path = MODELS_DIR) -> None:
+        if len(models) != 1:
+            raise ValueError(f"an Engine serves one model today, got {len(models)}: {list(models)}")
+        model_dir = Path(models[0]) if Path(models[0]).is_dir() else Path(models_dir) / str(models[0])
+        if not (model_dir / "model.json").is_file():
+            raise ValueError(f"no model {models[0]!r}: {model_dir} holds no model.json (python3 build.py builds it)")
+        weights = ModelWeights.load(model_dir)
+        model_id = model_dir.name
+        spec = KVSpec.of(weights.config, block_size=block_size, dtype="f32")  # the numpy backend keeps f32 KV
+        weights_bytes = sum(t.nbytes for t in weights.tensors.values())
+        num_blocks = (budget_mib * MIB - weights_bytes) // spec.bytes_per_block
+        if num_blocks < 2:
+            raise ApiError(413, f"{model_id} needs {weights_bytes / MIB:.1f} MiB for its f32 weights and "
+                                f"{2 * spec.bytes_per_block / MIB:.2f} MiB for two KV blocks; budget {budget_mib} MiB",
+                           "budget_mib")
+        tokenizer = Tokenizer.from_manifest(weights.manifest)
+        self.llm = LLMEngine(CpuBackend(weights, num_blocks=int(num_blocks), block_size=block_size, kv_dtype="f32"),
+                             tokenizer, EngineConfig())
+        self.completions = CompletionService(self.llm, ChatTemplate.from_manifest(weights.manifest, tokenizer),
+                                             model_id, weights.manifest["config"]["context_length"], self._kick)
+        self.model_id, self.tokenizer, self.template = model_id, tokenizer, self.completions.template
+        self.context_length = self.completions.context_length
+        self._driver: asyncio.Task | None = None
+        self.chat = SimpleNamespace(completions=self.completions)
+        self.models = SimpleNamespace(list=self.completions.list_models)
+        self.forget, self.close = self.completions.forget, self.completions.close
+
+    @property
+    def _sessions(self) -> dict:
+        return self.completions._sessions
+
+    def stats(self) -> dict:
+        """The engine's counters and its KV pool (LLMEngine.stats)."""
+        return {self.model_id: self.llm.stats()}
+
+    def _kick(self) -> None:
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.ensure_future(self._drive())
+
+    async def _drive(self) -> None:
+        """The step loop: steps while anything is unfinished, each output to its request."""
+        try:
+            while self.llm.has_unfinished:
+                self.completions.deliver(await self.llm.step())
+                await asyncio.sleep(0)
+        except Exception as exc:
+            self.completions.fail(exc)
+            raise
+
+
+def _private_loop():
+    """A new event loop and a function running a coroutine on it to completion. Where this thread runs a loop
+    already, the new one runs in one helper thread (always the same one, so its tasks stay on it)."""
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return loop, loop.run_until_complete
+    helper = ThreadPoolExecutor(1, thread_name_prefix="pagedkv-api")
+    return loop, lambda coro: helper.submit(loop.run_until_complete, coro).result()
+
+
+def _drain(loop: asyncio.AbstractEventLoop, run, chunks: AsyncIterator[dict]) -> Iterator[dict]:
     try:
         while True:
             try:
-                yield loop.run_until_complete(chunks.__anext__())
+                yield run(chunks.__anext__())
             except StopAsyncIteration:
                 return
     finally:
-        loop.run_until_complete(chunks.aclose())  # a caller that stops early aborts the request
+        run(chunks.aclose())  # a caller that stops early aborts the request
         loop.close()
 
 
-async def _collect(chunks: AsyncIterator[dict], body: dict) -> dict:
+async def _collect(chunks: AsyncIterator[dict]) -> dict:
     texts: dict[int, list[str]] = {}
     reasons: dict[int, str] = {}
-    cid = model = created = None
+    cid = model = created = use = None  # no usage: the request was aborted
     async for piece in chunks:
         cid, model, created = piece["id"], piece["model"], piece["created"]
         for choice in piece["choices"]:

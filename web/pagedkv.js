@@ -1,0 +1,180 @@
+// PagedKV as a library for any page on this origin: OpenAI Chat Completions in the tab.
+//
+//   import { createEngine } from "/pagedkv.js";
+//   const engine = await createEngine({ model: "smollm2-135m-instruct", onProgress: (p) => console.log(p.text) });
+//   const reply = await engine.chat.completions.create({ model: engine.model, messages: [...] });
+//   for await (const chunk of await engine.chat.completions.create({ ..., stream: true })) ...
+//   const openai = new OpenAI({ baseURL: location.origin + "/v1", apiKey: "none", fetch: engine.fetch,
+//                               dangerouslyAllowBrowser: true });
+//
+// The engine runs in its own worker (worker.js beside this file: Pyodide, the model, the paged KV cache); this
+// module only speaks the worker's api-* messages (docs/api.md). Errors are ApiError: status, OpenAI's error JSON.
+
+export class ApiError extends Error {
+  constructor(status, body) {
+    super(body?.error?.message || `error ${status}`);
+    this.status = status;
+    this.body = body;
+    this.param = body?.error?.param ?? null;
+  }
+}
+
+const QUERY_OPTIONS = { model: "model", backend: "backend", budgetMiB: "budget_mib", kvDtype: "kv_dtype" };
+
+export async function createEngine(options = {}) {
+  const url = new URL("worker.js", import.meta.url);
+  for (const [key, param] of Object.entries(QUERY_OPTIONS)) {
+    if (options[key] !== undefined) url.searchParams.set(param, String(options[key]));
+  }
+  const worker = new Worker(url);
+  const engine = new Engine(worker, options.onProgress);
+  await engine.ready;
+  return engine;
+}
+
+class Engine {
+  constructor(worker, onProgress) {
+    this.worker = worker;
+    this.requests = new Map();  // id -> {push(msg)}: the api-* messages of one request
+    this.nextId = 1;
+    this.closed = false;
+    this.ready = new Promise((resolve, reject) => {
+      worker.onmessage = ({ data: msg }) => {
+        if (msg.type === "progress" || msg.type === "model-progress") {
+          const fraction = msg.total ? msg.loaded / msg.total : null;
+          onProgress?.({ stage: msg.stage || "model", fraction, text: msg.detail });
+        } else if (msg.type === "model-ready") {
+          this.info = msg;
+          this.model = msg.model;
+          resolve();
+        } else if (msg.type === "model-error" || msg.type === "error") {
+          reject(new Error(msg.message));
+        } else if (msg.type?.startsWith("api-")) {
+          this.requests.get(msg.id)?.push(msg);
+        }  // the chat page's messages (memory, session-saved, ...) are not this module's
+      };
+      worker.onerror = (event) => reject(new Error(event.message || "the engine worker failed"));
+    });
+    const completions = { create: (body, opts) => this.create(body, opts) };
+    this.chat = { completions };
+    this.models = { list: async () => ({ object: "list", data: [{ id: this.model, object: "model", created: 0,
+                                                                    owned_by: "pagedkv" }] }) };
+    this.fetch = (input, init) => this.handleFetch(input, init);
+  }
+
+  // One request: its chunks as an async iterator (stream: true) or joined into a chat.completion.
+  async create(body, { signal } = {}) {
+    if (this.closed) {
+      throw new ApiError(503, { error: { message: "the engine is closed", type: "service_unavailable" } });
+    }
+    const chunks = this.start(body, signal);
+    const first = await chunks.next();  // a refused request throws here, before anything streams
+    if (body?.stream) return prepend(first, chunks);
+    return collect(first, chunks);
+  }
+
+  start(body, signal) {
+    const id = `chatcmpl-${this.nextId++}`;
+    const queue = [];
+    let wake = null;
+    this.requests.set(id, { push: (msg) => { queue.push(msg); wake?.(); } });
+    const abort = () => this.worker.postMessage({ type: "api-abort", id });
+    signal?.addEventListener("abort", abort, { once: true });
+    this.worker.postMessage({ type: "api-request", id, body });
+    const requests = this.requests;
+    return (async function* () {
+      let ended = false;
+      try {
+        for (;;) {
+          while (!queue.length) await new Promise((resolve) => { wake = resolve; });
+          const msg = queue.shift();
+          if (msg.type === "api-chunk") yield msg.chunk;
+          else {
+            ended = true;
+            if (msg.type === "api-error") throw new ApiError(msg.status, msg.error);
+            return;  // api-end
+          }
+        }
+      } finally {  // the caller stopped reading before the end: the worker stops it and frees its KV blocks
+        requests.delete(id);
+        if (!ended) abort();
+        signal?.removeEventListener("abort", abort);
+      }
+    })();
+  }
+
+  // fetch-compatible: POST <any base>/v1/chat/completions (JSON, or server-sent events when streaming) and
+  // GET <any base>/v1/models; anything else is a 404 in OpenAI's error JSON.
+  async handleFetch(input, init = {}) {
+    const request = new Request(input, init);
+    const path = new URL(request.url).pathname;
+    try {
+      if (request.method === "GET" && path.endsWith("/v1/models")) return json(200, await this.models.list());
+      if (request.method !== "POST" || !path.endsWith("/v1/chat/completions")) {
+        throw new ApiError(404, { error: { message: `no route ${request.method} ${path}`, type: "not_found_error" } });
+      }
+      let body;
+      try {
+        body = await request.json();
+      } catch (err) {
+        throw new ApiError(400, { error: { message: `the body is not JSON: ${err.message}`,
+                                           type: "invalid_request_error" } });
+      }
+      const result = await this.create(body, { signal: init.signal ?? request.signal });
+      if (!body.stream) return json(200, result);
+      const encoder = new TextEncoder();
+      const stream = new ReadableStream({
+        async pull(controller) {
+          const { value, done } = await result.next();
+          if (done) {
+            controller.enqueue(encoder.encode("data: [DONE]\n\n"));
+            controller.close();
+          } else controller.enqueue(encoder.encode(`data: ${JSON.stringify(value)}\n\n`));
+        },
+        cancel() { result.return(); },
+      });
+      return new Response(stream, { status: 200, headers: { "content-type": "text/event-stream" } });
+    } catch (err) {
+      if (err instanceof ApiError) return json(err.status, err.body);
+      throw err;
+    }
+  }
+
+  close() {
+    this.closed = true;
+    this.worker.terminate();
+    for (const request of this.requests.values()) {
+      request.push({ type: "api-error", status: 503, error: { error: { message: "the engine is closed" } } });
+    }
+  }
+}
+
+async function* prepend(first, rest) {
+  if (!first.done) yield first.value;
+  yield* rest;
+}
+
+async function collect(first, rest) {
+  const texts = new Map();
+  const reasons = new Map();
+  let head = null;
+  let usage = null;
+  for await (const chunk of prepend(first, rest)) {
+    head ??= chunk;
+    for (const choice of chunk.choices) {
+      texts.set(choice.index, (texts.get(choice.index) || "") + (choice.delta.content || ""));
+      if (choice.finish_reason) reasons.set(choice.index, choice.finish_reason);
+    }
+    if (chunk.usage) usage = chunk.usage;
+  }
+  const choices = [...texts.keys()].sort((a, b) => a - b).map((index) => ({
+    index, message: { role: "assistant", content: texts.get(index) }, logprobs: null,
+    finish_reason: reasons.get(index) ?? null,
+  }));
+  return { id: head.id, object: "chat.completion", created: head.created, model: head.model, choices, usage,
+           system_fingerprint: null };
+}
+
+function json(status, value) {
+  return new Response(JSON.stringify(value), { status, headers: { "content-type": "application/json" } });
+}
