@@ -62,6 +62,16 @@ class Engine {
     this.fetch = (input, init) => this.handleFetch(input, init);
   }
 
+  // {model: LLMEngine.stats()}: its KV pool (num_blocks, used_blocks, free_blocks, cached_blocks), running and
+  // waiting requests, preemptions, prefill / decode token counters, bytes per token.
+  stats() {
+    const id = `stats-${this.nextId++}`;
+    return new Promise((resolve) => {
+      this.requests.set(id, { push: (msg) => { this.requests.delete(id); resolve(msg.stats); } });
+      this.worker.postMessage({ type: "api-stats", id });
+    });
+  }
+
   // One request: its chunks as an async iterator (stream: true) or joined into a chat.completion.
   async create(body, { signal } = {}) {
     if (this.closed) {

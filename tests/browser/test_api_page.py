@@ -1,7 +1,7 @@
 """pagedkv.js in a page of the origin (web/examples/api.html; tiny model, CPU path): createEngine, OpenAI Chat
 Completions non-streamed and streamed with the same greedy text, engine.fetch answering /v1/models and
 /v1/chat/completions as an OpenAI server does (JSON, server-sent events ending in [DONE], error JSON with its
-status), and an AbortSignal ending a stream."""
+status), an AbortSignal ending a stream, and engine.stats() showing no block held afterwards."""
 from __future__ import annotations
 
 EXAMPLE = "/examples/api.html?model=tiny-random&backend=cpu"
@@ -47,7 +47,9 @@ ABORTED = """async () => {
   for await (const c of stream) { if (++n === 3) controller.abort(); }
   const after = await e.chat.completions.create({ model: e.model, max_tokens: 2,
       messages: [{ role: "user", content: "still there?" }] });
-  return { n, after: after.choices[0].finish_reason };
+  const stats = (await e.stats())[e.model];
+  return { n, after: after.choices[0].finish_reason, used: stats.used_blocks, running: stats.running,
+           blocks: stats.num_blocks };
 }"""
 
 
@@ -74,5 +76,6 @@ def test_pagedkv_js_answers_openai_requests(browser, base_url):
 
         aborted = page.evaluate(ABORTED)
         assert aborted["n"] <= 4 and aborted["after"] in ("stop", "length")
+        assert (aborted["used"], aborted["running"]) == (0, 0) and aborted["blocks"] > 0  # nothing left held
     finally:
         page.close()
