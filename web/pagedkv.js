@@ -130,12 +130,22 @@ class Engine {
         throw new ApiError(400, { error: { message: `the body is not JSON: ${err.message}`,
                                            type: "invalid_request_error" } });
       }
-      const result = await this.create(body, { signal: init.signal ?? request.signal });
+      // As fetch does: an aborted signal rejects the call, or errors the body being read, with an AbortError.
+      const signal = init.signal ?? request.signal;
+      const abortError = () => new DOMException("The operation was aborted.", "AbortError");
+      if (signal?.aborted) throw abortError();
+      const result = await this.create(body, { signal });
+      if (signal?.aborted) throw abortError();
       if (!body.stream) return json(200, result);
       const encoder = new TextEncoder();
       const stream = new ReadableStream({
+        start(controller) {
+          signal?.addEventListener("abort", () => { controller.error(abortError()); result.return(); },
+                                  { once: true });
+        },
         async pull(controller) {
           const { value, done } = await result.next();
+          if (signal?.aborted) return;  // errored already
           if (done) {
             controller.enqueue(encoder.encode("data: [DONE]\n\n"));
             controller.close();

@@ -1,8 +1,14 @@
 """pagedkv.js in a page of the origin (web/examples/api.html; tiny model, CPU path): createEngine, OpenAI Chat
 Completions non-streamed and streamed with the same greedy text, engine.fetch answering /v1/models and
 /v1/chat/completions as an OpenAI server does (JSON, server-sent events ending in [DONE], error JSON with its
-status), an AbortSignal ending a stream, and engine.stats() showing no block held afterwards."""
+status), an AbortSignal ending a stream, and engine.stats() showing no block held afterwards; the official
+`openai` npm client (node_modules/openai, served to the page as /vendor/openai/) unchanged over engine.fetch."""
 from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+OPENAI = Path(__file__).resolve().parents[2] / "node_modules" / "openai"  # the official client, a devDependency
 
 EXAMPLE = "/examples/api.html?model=tiny-random&backend=cpu"
 
@@ -77,5 +83,66 @@ def test_pagedkv_js_answers_openai_requests(browser, base_url):
         aborted = page.evaluate(ABORTED)
         assert aborted["n"] <= 4 and aborted["after"] in ("stop", "length")
         assert (aborted["used"], aborted["running"]) == (0, 0) and aborted["blocks"] > 0  # nothing left held
+    finally:
+        page.close()
+
+
+OFFICIAL_CLIENT = """async () => {
+  const { OpenAI } = await import("/vendor/openai/client.mjs");
+  const e = window.engine;
+  const client = new OpenAI({ baseURL: location.origin + "/v1", apiKey: "unused", fetch: e.fetch,
+                              dangerouslyAllowBrowser: true, maxRetries: 0 });
+  const body = { model: e.model, messages: [{ role: "user", content: "hello there" }], max_tokens: 8,
+                 temperature: 0 };
+  const models = await client.models.list();
+  const plain = await client.chat.completions.create(body);
+  let text = "";
+  for await (const c of await client.chat.completions.create({ ...body, stream: true })) {
+    text += c.choices[0]?.delta?.content ?? "";
+  }
+  const failure = async (b) => {
+    try { await client.chat.completions.create(b); return null; }
+    catch (err) { return { name: err.constructor.name, status: err.status, param: err.param ?? null }; }
+  };
+  const tools = await failure({ ...body, tools: [{ type: "function", function: { name: "f", parameters: {} } }] });
+  const unknown = await failure({ ...body, model: "nope" });
+  const controller = new AbortController();
+  const long = await client.chat.completions.create({ ...body, max_tokens: 200, stream: true },
+                                                    { signal: controller.signal });
+  let n = 0, aborted = null;
+  try { for await (const c of long) { if (++n === 3) controller.abort(); } }
+  catch (err) { aborted = err.constructor.name; }
+  const stats = (await e.stats())[e.model];
+  return { ids: models.data.map((m) => m.id), plain: plain.choices[0].message.content, usage: plain.usage, text,
+           tools, unknown, n, aborted, used: stats.used_blocks, running: stats.running };
+}"""
+
+
+def serve_openai(route) -> None:
+    """/vendor/openai/<file> from node_modules/openai (its ES modules import each other by relative paths)."""
+    rel = urlparse(route.request.url).path.removeprefix("/vendor/openai/")
+    path = (OPENAI / rel).resolve()
+    if OPENAI.resolve() not in path.parents or not path.is_file():
+        route.fulfill(status=404, body="not found")
+        return
+    route.fulfill(status=200, body=path.read_bytes(), content_type="text/javascript")
+
+
+def test_the_official_openai_client_works_unchanged(browser, base_url):
+    assert (OPENAI / "client.mjs").is_file(), "npm ci installs the openai devDependency"
+    page = browser.new_page()
+    try:
+        page.route("**/vendor/openai/**", serve_openai)
+        page.goto(base_url + EXAMPLE)
+        page.wait_for_selector("html[data-engine=ready]", state="attached", timeout=240_000)
+        got = page.evaluate(OFFICIAL_CLIENT)
+        assert got["ids"] == ["tiny-random"]
+        assert got["plain"] and got["text"] == got["plain"] and got["usage"]["completion_tokens"] >= 1
+        assert got["tools"] == {"name": "BadRequestError", "status": 400, "param": "tools"}
+        assert got["unknown"]["name"] == "NotFoundError" and got["unknown"]["status"] == 404
+        # The client ends a stream aborted by its signal without an error (openai's core/streaming.mjs), and
+        # engine.fetch errors the body at once, as fetch does: no chunk after the abort.
+        assert got["aborted"] is None and got["n"] == 3
+        assert (got["used"], got["running"]) == (0, 0)  # the aborted stream's blocks are free
     finally:
         page.close()
