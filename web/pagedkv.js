@@ -170,8 +170,12 @@ class Engine {
 }
 
 async function* prepend(first, rest) {
-  if (!first.done) yield first.value;
-  yield* rest;
+  try {
+    if (!first.done) yield first.value;
+    yield* rest;
+  } finally {  // a caller that stops after the first chunk stops the request too
+    await rest.return();
+  }
 }
 
 async function collect(first, rest) {

@@ -53,6 +53,8 @@ ABORTED = """async () => {
   for await (const c of stream) { if (++n === 3) controller.abort(); }
   const after = await e.chat.completions.create({ model: e.model, max_tokens: 2,
       messages: [{ role: "user", content: "still there?" }] });
+  for await (const c of await e.chat.completions.create({ model: e.model, stream: true, max_tokens: 200,
+      messages: [{ role: "user", content: "another long story" }] })) break;  // left after the first chunk
   const stats = (await e.stats())[e.model];
   return { n, after: after.choices[0].finish_reason, used: stats.used_blocks, running: stats.running,
            blocks: stats.num_blocks };
