@@ -22,7 +22,7 @@ def test_api_request_streams_beside_a_chat_and_equals_running_alone(service):
     svc, posts = service
 
     async def alone():
-        await svc.api_request("chatcmpl-a", BODY)
+        await svc.api.request("chatcmpl-a", BODY)
 
     in_fresh_loop(alone)
     assert of(posts, "api-end") == [{"id": "chatcmpl-a"}]
@@ -32,7 +32,7 @@ def test_api_request_streams_beside_a_chat_and_equals_running_alone(service):
     async def together():
         chat = svc.open_session("chat-1")
         svc.send(chat.session_id, "hello there, how are you?", SETTINGS)
-        task = svc.api_request("chatcmpl-b", BODY)
+        task = svc.api.request("chatcmpl-b", BODY)
         await task
         await svc._loop_task
 
@@ -48,8 +48,8 @@ def test_a_refused_body_is_one_api_error_and_abort_frees(service):
     svc, posts = service
 
     async def refused():
-        await svc.api_request("x1", {**BODY, "tools": []})
-        await svc.api_request("x2", {**BODY, "model": "other"})
+        await svc.api.request("x1", {**BODY, "tools": []})
+        await svc.api.request("x2", {**BODY, "model": "other"})
 
     in_fresh_loop(refused)
     errors = {p["id"]: p for p in of(posts, "api-error")}
@@ -57,7 +57,7 @@ def test_a_refused_body_is_one_api_error_and_abort_frees(service):
     assert errors["x2"]["status"] == 404
 
     async def aborted():
-        task = svc.api_request("x3", {**BODY, "max_tokens": 200})
+        task = svc.api.request("x3", {**BODY, "max_tokens": 200})
         while not [p for p in of(posts, "api-chunk") if p["id"] == "x3" and p["chunk"]["choices"]
                    and p["chunk"]["choices"][0]["delta"].get("content")]:
             await asyncio.sleep(0)

@@ -15,11 +15,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field, replace
 
-from pagedkv.api import ApiError, CompletionService
 from pagedkv.chat import ChatTemplate, Conversation
 from pagedkv.engine import LLMEngine
 from pagedkv.sampling import SamplingParams
 
+from .api_requests import ApiRequests
 from .dashboard import TokenRate, memory_snapshot
 from .remote import FallbackSettings, RemoteReply
 from .remote_replies import RemoteReplies
@@ -90,8 +90,7 @@ class ChatService:
         self._disk_task: asyncio.Future | None = None  # the last deletion of a chat's block files
         self._flush_task: asyncio.Future | None = None  # the last flush of the disk tier (flush-disk)
         # OpenAI Chat Completions for pages that import pagedkv.js (api-request): its requests ride this loop.
-        self.api = CompletionService(engine, template, model_name, engine.context_length, self._ensure_loop)
-        self._api_tasks: dict[str, asyncio.Future] = {}
+        self.api = ApiRequests(engine, template, model_name, self._ensure_loop, post)
         self.remote = RemoteReplies(open_stream, post, webgpu=webgpu, context_length=engine.context_length,
                                     saved=self.post_saved, ended=self._end_turn)
         # The page's messages to the chat service (docs/architecture.md, "The page <-> worker protocol").
@@ -105,7 +104,7 @@ class ChatService:
             "stop": lambda msg: self.stop(msg["chat"]),
             "forget-session": lambda msg: self.forget_session(msg["chat"]),
             "flush-disk": lambda msg: self.flush_disk(),
-            "api-request": lambda msg: self.api_request(str(msg["id"]), msg.get("body")),
+            "api-request": lambda msg: self.api.request(str(msg["id"]), msg.get("body")),
             "api-abort": lambda msg: self.api.abort(str(msg["id"])),
             "api-stats": lambda msg: self.post("api-stats", id=str(msg["id"]),
                                                stats={self.model_name: self.engine.stats()}),
@@ -332,27 +331,6 @@ class ChatService:
         finally:  # the session is gone whatever failed
             self.post_stats(force=True)
 
-    def api_request(self, request_id: str, body) -> asyncio.Future:
-        """One OpenAI Chat Completions request from pagedkv.js: answered by `api-chunk`s and `api-end`, or an
-        `api-error` (status, OpenAI's error JSON); `api-abort` stops it."""
-        task = asyncio.ensure_future(self._api_stream(request_id, body))
-        self._api_tasks[request_id] = task
-        return task
-
-    async def _api_stream(self, request_id: str, body) -> None:
-        try:
-            async for piece in await self.api.stream(body, request_id=request_id):
-                self.post("api-chunk", id=request_id, chunk=piece)
-            self.post("api-end", id=request_id)
-        except ApiError as exc:
-            self.post("api-error", id=request_id, status=exc.status, error=exc.body())
-        except Exception as exc:  # noqa: BLE001  (the caller's promise must settle whatever failed)
-            self.post("api-error", id=request_id, status=500,
-                      error=ApiError(500, f"{type(exc).__name__}: {exc}").body())
-        finally:
-            self._api_tasks.pop(request_id, None)
-            self.post_stats()
-
     def flush_disk(self) -> asyncio.Future | None:
         """The page is hidden or left (`flush-disk`): every full block of the chats' histories and of the
         replies in progress that the disk tier lacks is written now (LLMEngine.flush_disk, after a step in
@@ -397,9 +375,7 @@ class ChatService:
         for chat in list(self.sessions.values()):
             if chat.request is not None and chat.request_id not in requeued:
                 self._finish(chat, chat.request.finish_reason or "error")  # too long for the new pool
-        for request_id in list(self._api_tasks):
-            if request_id not in requeued:
-                self.api.abort(request_id)
+        self.api.keep_only(requeued)
         self._ensure_loop()
         self.post_stats(force=True)
         return requeued
