@@ -271,9 +271,12 @@ export function onMemory(msg) {
   renderMemory(msg, ui.modelInfo);
 }
 
+let flushes = 0;
+
 export function onDiskFlushed(msg) {
-  // How many block files the last flush wrote (tests and tools read it; the memory panel follows with `memory`).
-  root.dataset.diskFlushed = JSON.stringify({ written: msg.written, ms: msg.ms });
+  // How many block files the last flush wrote, and how many flushes there were (tests and tools read it; the
+  // memory panel follows with `memory`).
+  root.dataset.diskFlushed = JSON.stringify({ written: msg.written, ms: msg.ms, flushes: ++flushes });
 }
 
 // Hidden (another tab, minimised) or left (reload, close): the disk tier writes now what it lacks of every chat,

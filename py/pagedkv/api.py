@@ -144,15 +144,17 @@ class CompletionService:
             raise ApiError(503, "the engine is closed")
         req = parse_request(body, [self.model_id])
         rid, prompt_tokens, conv = self._start(req, request_id)
-        return self._chunks(req, rid, prompt_tokens, conv, signal)
+        # Taken now: the step loop may finish the request before the caller reads its first chunk (its outputs
+        # wait in its route); num_cached_prompt_tokens is set when the scheduler first admits it.
+        root = self.llm.request(rid)
+        return self._chunks(req, rid, root, prompt_tokens, conv, signal)
 
-    async def _chunks(self, req: ChatRequest, rid: str, prompt_tokens: int, conv: Conversation,
+    async def _chunks(self, req: ChatRequest, rid: str, root, prompt_tokens: int, conv: Conversation,
                       signal) -> AsyncIterator[dict]:
         created, route = now(), self._routes[rid]
         stops = [StopStrings(req.stop) for _ in range(req.n)]
         done, tokens = [False] * req.n, [0] * req.n
         ids, texts = [[] for _ in range(req.n)], [[] for _ in range(req.n)]
-        root = self.llm.request(rid)  # its num_cached_prompt_tokens is set when the scheduler first admits it
         try:
             for i in range(req.n):
                 yield chunk(rid, req.model, created, i, role=True)
@@ -262,8 +264,11 @@ class Engine:
         return {self.model_id: self.llm.stats()}
 
     def _kick(self) -> None:
-        if self._driver is None or self._driver.done():
-            self._driver = asyncio.ensure_future(self._drive())
+        """Start the step loop on the running event loop unless it runs there already (create() runs each call
+        on a fresh private loop: a loop task left pending on a closed one never runs again)."""
+        loop = asyncio.get_running_loop()
+        if self._driver is None or self._driver.done() or self._driver.get_loop() is not loop:
+            self._driver = loop.create_task(self._drive())
 
     async def _drive(self) -> None:
         """The step loop: steps while anything is unfinished, each output to its request."""

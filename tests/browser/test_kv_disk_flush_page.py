@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from browser_pages import open_app
-from test_kv_disk_page import REMOVE_KV, memory, reload, settled_memory, turn
+from test_kv_disk_page import REMOVE_KV, reload, settled_memory, turn
 
 QUERY = "?model=tiny-random&backend=cpu"
 
@@ -68,7 +68,7 @@ def test_pagehide_flush_writes_every_full_block_also_what_another_tab_deleted(br
         reload(a.page)  # its pagehide flushes too: nothing is missing, so nothing is written
         third = turn(a.page, "Why?", max_tokens=4)
         assert third["cached_tokens"] == full * 16
-        assert memory(a.page)["restored"] == full * 16
+        assert settled_memory(a.page, "restored", full * 16)["restored"] == full * 16  # the panel follows the turn
         a.page.evaluate(REMOVE_KV)
     finally:
         context.close()
