@@ -272,9 +272,9 @@ def test_shared_budget_rejects_pages_that_do_not_fit_a_model():
     with pytest.raises(ValueError, match="holds no page"):
         SharedKVBudget(100, PAGE)
     budget = SharedKVBudget(10 * PAGE, PAGE)
-    with pytest.raises(ValueError, match="not a whole number of .* tokens"):
-        budget.add_model("odd", KVSpec(3, 1, 7))
-    with pytest.raises(ValueError, match=r"holds 4 .* tokens; pick page_bytes"):
+    odd = budget.add_model("odd", KVSpec(3, 1, 7))   # 84 B/token: 8,777 tokens a page, 64 a block
+    assert odd.block_size == 64 and budget.page_fill()["odd/f16"] == pytest.approx(64 * 84 / PAGE)
+    with pytest.raises(ValueError, match=r"holds 4 .* tokens .* at least 8"):
         budget.add_model("wide", KVSpec(30, 12, 64, dtype="f32"))   # 184,320 B/token
     budget.add_model(SMOL, SMOLLM2_135M)
     with pytest.raises(ValueError, match="needs a non-empty name"):
@@ -301,3 +301,14 @@ def test_evict_prefix_frees_cached_blocks_keeps_held_and_kept_ones():
     mgr.free(other)
     assert mgr.evict_prefix(tokens, keep_tokens=16) == 0  # keep_tokens protects the first block
     assert mgr.lookup_prefix(tokens)[0] == 16
+
+
+def test_shared_page_fits_the_widest_model_and_pads_the_other():
+    smol, wide = SMOLLM2_135M, KVSpec(24, 8, 64)            # f16: 23,040 and 49,152 B/token
+    page = SharedKVBudget.page_bytes_for([smol.bytes_per_token, wide.bytes_per_token])
+    assert page == 16 * 49152
+    budget = SharedKVBudget(100 * page, page)
+    a, b = budget.add_model(SMOL, smol), budget.add_model("wide", wide)
+    assert (a.block_size, b.block_size) == (32, 16)         # 34.1 SmolLM2 tokens a page: a block of 32
+    assert budget.page_fill() == {f"{SMOL}/f16": pytest.approx(32 * 23040 / page), "wide/f16": 1.0}
+    assert SharedKVBudget.page_bytes_for([100, 60], block_size=16, align=768) == 2304

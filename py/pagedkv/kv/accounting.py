@@ -60,14 +60,14 @@ def kv_stats(manager: KVCacheManager) -> KVStats:
 class SharedKVBudget:
     """Several models (different bytes per token) drawing blocks from one byte budget.
 
-    The budget is one pool of equal pages of `page_bytes` (one GPU buffer);
-    each model views a page as page_bytes / bytes_per_token token slots, so
-    its block size follows from its KV width (page 16 x 46,080 B: SmolLM2 f32
-    sees 16-token blocks, f16 32-token blocks). Models take pages from the
-    same free queue and a fresh allocation evicts the least recently freed
-    cached page of whichever model, so memory moves to the model that needs
-    it. Prefix hashes carry the model and dtype, so pages are never shared
-    across models.
+    The budget is one pool of equal pages of `page_bytes`; each model's block is one page, holding the largest
+    block size of ALLOWED_BLOCK_SIZES whose K/V fits (vLLM v1's hybrid allocator: one page size for every KV
+    group, each group's block size chosen so a block fills a page). When the widths do not divide, a block
+    leaves the end of its page unused: page_fill says how much of it a model uses. page_bytes_for picks the
+    page that gives the widest model `block_size` tokens (page 16 x 46,080 B: SmolLM2 f32 sees 16-token blocks,
+    f16 32-token blocks). Models take pages from the same free queue and a fresh allocation evicts the least
+    recently freed cached page of whichever model, so memory moves to the model that needs it. Prefix hashes
+    carry the model and dtype, so pages are never shared across models.
     """
 
     def __init__(self, budget_bytes: int, page_bytes: int) -> None:
@@ -80,27 +80,47 @@ class SharedKVBudget:
         self.page_bytes = page_bytes
         self.pool = BlockPool(budget_bytes // page_bytes)
         self.managers: dict[str, KVCacheManager] = {}
+        self._bpt: dict[str, int] = {}
 
-    def add_model(self, name: str, spec: KVSpec) -> KVCacheManager:
+    @staticmethod
+    def page_bytes_for(bytes_per_token: list[int], block_size: int = 16, align: int = 1) -> int:
+        """The page giving the widest model (most bytes per token) blocks of `block_size` tokens, rounded up to
+        a multiple of `align` (a CPU backend's per-layer block bytes, so its pools stay views of the pages)."""
+        if not bytes_per_token:
+            raise ValueError("no model to size a page for")
+        page = block_size * max(bytes_per_token)
+        return -(-page // align) * align
+
+    @staticmethod
+    def block_size_in(page_bytes: int, bytes_per_token: int, name: str = "a model") -> int:
+        """The largest block size of ALLOWED_BLOCK_SIZES whose tokens fit a page; ValueError when none does."""
+        fitting = [bs for bs in ALLOWED_BLOCK_SIZES if bs * bytes_per_token <= page_bytes]
+        if not fitting:
+            raise ValueError(f"a page of {page_bytes:,} B holds {page_bytes // bytes_per_token} {name} tokens "
+                             f"({bytes_per_token:,} B each); pick page_bytes so it holds at least "
+                             f"{ALLOWED_BLOCK_SIZES[0]} (e.g. {16 * bytes_per_token:,} B)")
+        return max(fitting)
+
+    def add_model(self, name: str, spec: KVSpec, bytes_per_token: int | None = None) -> KVCacheManager:
         """A cache manager for model `name` (KV as `spec`, whose block size the page decides) that allocates
-        from the shared pages."""
+        from the shared pages. bytes_per_token: what a token takes where the pages live (default the spec's;
+        a CPU backend keeps f32 whatever the dtype)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a model sharing the budget needs a non-empty name (it namespaces prefix hashes), "
                              f"got {name!r}")
         key = f"{name}/{spec.dtype}"
         if key in self.managers:
             raise ValueError(f"{key} already has a manager")
-        bpt = spec.bytes_per_token
-        if self.page_bytes % bpt:
-            raise ValueError(f"page of {self.page_bytes} B is not a whole number of {key} "
-                             f"tokens ({bpt} B each); use a multiple of {bpt} B")
-        block_size = self.page_bytes // bpt
-        if block_size not in ALLOWED_BLOCK_SIZES:
-            raise ValueError(f"a page holds {block_size} {key} tokens; pick page_bytes so it "
-                             f"holds one of {ALLOWED_BLOCK_SIZES} (e.g. {16 * bpt} B)")
+        bpt = bytes_per_token or spec.bytes_per_token
+        block_size = self.block_size_in(self.page_bytes, bpt, key)
         cfg = CacheConfig(num_blocks=self.pool.num_blocks, block_size=block_size)
         self.managers[key] = KVCacheManager(cfg, namespace=key, pool=self.pool)
+        self._bpt[key] = bpt
         return self.managers[key]
+
+    def page_fill(self) -> dict[str, float]:
+        """The share of a page each model's block uses (1.0 when its width divides the page)."""
+        return {k: m.block_size * self._bpt[k] / self.page_bytes for k, m in self.managers.items()}
 
     def used_bytes(self) -> dict[str, int]:
         """Bytes of pages held by each model's running sequences."""
