@@ -78,5 +78,25 @@ def test_a_table_that_does_not_cover_the_context_is_refused(tiny_weights):  # no
         model._sequence_attention(q, kv.k[0], kv.v[0], i32([0, 4, 1]), 20, None)
     with pytest.raises(ValueError, match=r"block table \[1\] does not cover 40 tokens in 4 blocks of 16"):
         model._sequence_attention(q, kv.k[0], kv.v[0], i32([1]), 40, None)
-    with pytest.raises(ValueError, match=r"reads C-contiguous f32 pools, got float32 strided \(4, 16, 2, 8\)"):
+    with pytest.raises(ValueError, match=r"blocks are contiguous and a whole number of blocks apart, got float32 "
+                                         r"\(4, 16, 2, 8\)"):
         model._sequence_attention(q, kv.k[0][..., ::2], kv.v[0], i32([0]), 3, None)
+
+
+def test_pools_viewing_shared_pages_give_what_contiguous_pools_give(tiny_weights):  # noqa: F811
+    """Several models' pools are views of one page buffer (PagedKVCache.in_pages): a block of a layer is
+    contiguous and pages are a whole number of blocks apart, so the kernel reads block p of layer l at
+    page p through a scaled block table. Same arithmetic as on contiguous pools: bit-identical."""
+    cfg = tiny_weights.config
+    kv, nexts = _prefilled(tiny_weights)
+    block = 16 * cfg.n_kv_heads * cfg.head_dim
+    pages = np.full((12, (2 * cfg.n_layers + 3) * block), np.nan, np.float32)  # 3 blocks of padding a page
+    shared = PagedKVCache.in_pages(cfg, pages, 16)
+    for dst, src in zip(shared.k + shared.v, kv.k + kv.v):
+        dst[...] = src
+    assert shared.k[1].base is not None and np.shares_memory(shared.k[0], pages)
+    model = WasmAttentionModel(tiny_weights, PointerTwin())
+    want = model.forward(_decode_batch(nexts), _copy(kv))
+    got = model.forward(_decode_batch(nexts), shared)
+    assert np.array_equal(got, want)
+    assert np.isnan(pages[:, 2 * cfg.n_layers * block:]).all()  # the padding was never written

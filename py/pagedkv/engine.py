@@ -17,6 +17,14 @@ engine's one mover (block_mover.py) runs every one of them on the backend, in or
 Parallel sampling (SamplingParams.n > 1) and beam search (add_beam_search) run
 several requests under the caller's one id: sample_groups.py.
 
+Several models: `LLMEngine(..., model=name, pool=BlockPool(pages))` puts the first model in a pool of
+pages that `add_model` shares with the next ones (kv.accounting.SharedKVBudget sizes the pages; each backend
+addresses every page); each model is a lane (lanes.py) with its own scheduler, and one step runs one forward per
+model with work. A model short of blocks preempts lower-ranked requests of any model. `add_model(...,
+reserve_blocks=n)` takes the pages its weights need out of the pool (refused, with the numbers, when they
+are not free or cached, or when a queued request would no longer fit); `remove_model` aborts its requests and
+gives its pages back. With one model everything below is that model's (engine.kv, engine.scheduler, ...).
+
 An abort may arrive while a step awaits the backend (the user presses Stop in
 one chat while another streams): the request's blocks are freed at once and the
 step drops its output. The step built its batch before its first await, and
@@ -26,309 +34,273 @@ the step in flight land in no block anyone holds.
 from __future__ import annotations
 
 import asyncio
-import time
-from dataclasses import replace
+import itertools
 
-import numpy as np
-
-from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
-from .config import CacheConfig, EngineConfig
-from .block_mover import BlockMover
+from .beam_search import BeamSearchParams, Hypothesis
+from .config import EngineConfig
 from .kv.accounting import block_map
+from .kv.block_pool import BlockPool, OutOfBlocks
 from .kv.disk_cache import DiskCache
 from .kv.disk_tier import DiskKey, DiskTier, TierBudgets, model_hash
-from .kv.manager import KVCacheManager, NeverFits
-from .kv.retention import KVRetention
-from .kv.tiers import KVTiers
-from .model_runner import build_batch
+from .kv.manager import NeverFits
+from .lanes import ModelLane
 from .request import Request, StepOutput
-from .sample_groups import Member, SampleGroups
-from .sampling import Sampler, SamplingParams
-from .scheduler import Scheduler
-from .sequence import Sequence, SequenceStatus, check_token_ids
-from .tokenizer import StreamDecoder, Tokenizer
+from .sampling import SamplingParams
+from .tokenizer import Tokenizer
 
 __all__ = ["EngineConfig", "LLMEngine", "NeverFits", "StepOutput", "TierBudgets", "run_sync"]
 
 
 class LLMEngine:
-    """Continuous batching over a paged KV cache; see the module docstring."""
+    """Continuous batching over a paged KV cache, for one model or several sharing a pool; see the module
+    docstring."""
 
-    def __init__(self, backend, tokenizer: Tokenizer, config: EngineConfig = EngineConfig()) -> None:
-        self.backend = backend
-        self.tokenizer = tokenizer
+    def __init__(self, backend, tokenizer: Tokenizer, config: EngineConfig = EngineConfig(), *,
+                 model: str = "default", pool: BlockPool | None = None) -> None:
         self.config = config
-        self.context_length = min(backend.config.context_length, config.max_context or backend.config.context_length)
-        if config.kv_dtype is not None and config.kv_dtype != backend.kv_dtype:
-            raise ValueError(f"EngineConfig asks for {config.kv_dtype} KV but the {backend.name} backend holds "
-                             f"{backend.kv_dtype}; create the backend with kv_dtype={config.kv_dtype!r}")
-        self.kv_spec = backend.kv_spec
-        self.kv, self.scheduler = self._fresh_pool(backend)
-        self.tiers = KVTiers(self.kv)
-        self.mover = BlockMover(backend)
+        self.pool = pool  # the BlockPool several models share, or None (one model, a pool of its own)
+        self.lanes: dict[str, ModelLane] = {}
+        self._ids = itertools.count()  # request ids, unique across the models
         # A step, a disk flush and a chat's disk cleanup each run alone: a flush reads back blocks a step may
         # be filling and lists the store the others write. Uncontended it never waits (run_sync drives it).
         self._lock = asyncio.Lock()
-        self.groups = SampleGroups(tokenizer)
-        # llama.cpp's end-of-generation set (the ChatML turn closer, Llama 3's <|eot_id|>, ...) and EOS.
-        self.default_stop_ids = tokenizer.eog_ids | frozenset(
-            i for i in (tokenizer.find_token("<|im_end|>"), tokenizer.eos_token_id) if i is not None)
-        self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "forward_s": 0.0,
-                         "copy_ops": 0, "swap_out_blocks": 0, "swap_in_blocks": 0,
-                         "shifted_blocks": 0, "disk_restored_tokens": 0, "disk_written_blocks": 0,
-                         "cpu_restored_tokens": 0}
+        self._add_lane(model, backend, tokenizer)
+
+    # ---------------------------------------------------------------- models
+
+    def _add_lane(self, name: str, backend, tokenizer: Tokenizer) -> ModelLane:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a model needs a non-empty name, got {name!r}")
+        if name in self.lanes:
+            raise ValueError(f"model {name!r} is loaded already")
+        namespace = self.config.namespace if self.pool is None else f"{name}/{backend.kv_dtype}"
+        lane = ModelLane(name, backend, tokenizer, self.config, namespace=namespace, shared_pool=self.pool,
+                         ids=self._ids, peer_victim=lambda req, mine=name: self._peer_victim(mine, req))
+        self.lanes[name] = lane
+        return lane
+
+    @property
+    def models(self) -> list[str]:
+        """The loaded models' names, the first (engine.kv, engine.backend, ... are its) first."""
+        return list(self.lanes)
+
+    def lane(self, model: str | None = None) -> ModelLane:
+        """The lane of `model` (None: the first model); ValueError naming the loaded ones."""
+        if model is None:
+            return next(iter(self.lanes.values()))
+        lane = self.lanes.get(model)
+        if lane is None:
+            raise ValueError(f"no model {model!r} is loaded; loaded: {self.models}")
+        return lane
+
+    def add_model(self, name: str, backend, tokenizer: Tokenizer, *, reserve_blocks: int = 0) -> None:
+        """Load another model into the shared pool: `backend` addresses all of its pages (its num_blocks is
+        the pool's) with its own block size. reserve_blocks: pages its weights take out of the pool (a budget
+        holds weights and KV together). Raises NeverFits when they are not free or cached now (running
+        requests hold the rest) or when a request in the engine would no longer fit what is left."""
+        if self.pool is None:
+            raise ValueError("this engine's KV pool is its model's own; create it with pool=BlockPool(...) to "
+                             "share the pool between several models")
+        if name in self.lanes:
+            raise ValueError(f"model {name!r} is loaded already")
+        reserved = self._reserve(name, reserve_blocks)
+        try:
+            lane = self._add_lane(name, backend, tokenizer)
+        except BaseException:
+            self.pool.release(reserved)
+            raise
+        lane.reserved_blocks = reserved
+
+    def reserve_for(self, model: str, num_blocks: int) -> None:
+        """Take `num_blocks` more pages out of the pool for `model` (its weights, loaded after it joined)."""
+        lane = self.lane(model)
+        lane.reserved_blocks += self._reserve(model, num_blocks)
+
+    def _reserve(self, name: str, n: int) -> list[int]:
+        pool = self.pool
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"reserve_blocks must be an int >= 0, got {n!r}")
+        if n > pool.num_available:
+            raise NeverFits(f"{name} needs {n:,} pages of the budget; {pool.num_available:,} of "
+                            f"{pool.num_blocks:,} are free or cached ({pool.num_reserved:,} hold other models' "
+                            f"weights, {pool.num_used - pool.num_reserved:,} running requests' KV)")
+        for lane in self.lanes.values():
+            for req in list(lane.scheduler.waiting) + lane.scheduler.running + lane.scheduler.swapped:
+                need = -(-req.max_total_tokens // lane.kv.block_size)
+                if need > pool.capacity - n:
+                    raise NeverFits(f"{name} needs {n:,} pages of the budget; then {lane.name}'s request "
+                                    f"{req.request_id} ({need:,} pages) would no longer fit the "
+                                    f"{pool.capacity - n:,} left")
+        try:
+            return pool.reserve(n)
+        except OutOfBlocks as exc:
+            raise NeverFits(str(exc)) from None
+
+    def remove_model(self, name: str) -> list[str]:
+        """Unload `name`: its requests are aborted (their ids returned), its cached pages and the pages its
+        weights held go back to the pool. The first model of an engine stays (engine.kv is its)."""
+        lane = self.lane(name)
+        if len(self.lanes) == 1:
+            raise ValueError(f"{name} is the engine's only model")
+        aborted = list(lane.groups.roots)
+        for rid in aborted:
+            lane.abort(rid)
+        self.pool.evict_salted(lane.namespace)
+        self.pool.release(lane.reserved_blocks)
+        del self.lanes[name]
+        return aborted
+
+    def _peer_victim(self, model: str, req: Request) -> bool:
+        """Preempt, by recompute, the lowest-ranked running request of another model that ranks below `req`;
+        False when there is none."""
+        rank = Request.sort_key(req)
+        worst = None
+        for lane in self.lanes.values():
+            if lane.name == model:
+                continue
+            for other in lane.scheduler.running:
+                if Request.sort_key(other) > rank and (worst is None or Request.sort_key(other) > worst[1]):
+                    worst = (lane, Request.sort_key(other), other)
+        if worst is None:
+            return False
+        worst[0].scheduler.preempt_for_peer(worst[2])
+        return True
+
+    # ---------------------------------------------------------------- the first model's parts
+
+    @property
+    def backend(self):
+        return self.lane().backend
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.lane().tokenizer
+
+    @property
+    def kv(self):
+        return self.lane().kv
+
+    @property
+    def scheduler(self):
+        return self.lane().scheduler
+
+    @property
+    def tiers(self):
+        return self.lane().tiers
+
+    @property
+    def mover(self):
+        return self.lane().mover
+
+    @property
+    def groups(self):
+        return self.lane().groups
+
+    @property
+    def counters(self) -> dict:
+        return self.lane().counters
+
+    @property
+    def kv_spec(self):
+        return self.lane().kv_spec
+
+    @property
+    def context_length(self) -> int:
+        return self.lane().context_length
+
+    @property
+    def default_stop_ids(self) -> frozenset[int]:
+        return self.lane().default_stop_ids
 
     @property
     def kv_dtype(self) -> str:
         """The KV cache's element type (a name of pagedkv.kv.dtypes)."""
-        return self.kv_spec.dtype
+        return self.lane().kv_dtype
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one token takes on the device (ModelLane.bytes_per_token)."""
+        return self.lane().bytes_per_token
 
     @property
     def disk(self) -> DiskCache | None:
         """The disk tier in use, or None."""
-        return self.tiers.disk
+        return self.lane().disk
 
     def attach_disk(self, tier: DiskTier | None) -> None:
-        """Use `tier` (kv.disk_tier.DiskTier, opened) as the disk tier of the KV cache, or none. Raises
-        ValueError when its files hold other KV than this backend's."""
-        disk = DiskCache(tier) if tier is not None else None
-        if disk is not None:
-            disk.check_spec(self.kv_spec, f"{self.backend.name} backend's")
-        self.tiers = KVTiers(self.kv, disk)  # every waiting prefix is looked up again, on the new tier too
+        """Use `tier` (kv.disk_tier.DiskTier, opened) as the disk tier of the first model's KV cache, or none.
+        Raises ValueError when its files hold other KV than its backend's."""
+        self.lane().attach_disk(tier)
 
     # ---------------------------------------------------------------- requests
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(), *,
-                    request_id: str | None = None, priority: int = 0, session: str = "default",
-                    retention: KVRetention | None = None, sampler: Sampler | None = None) -> str:
-        """Queue a generation from `prompt_ids`; returns its id. Raises ValueError / NeverFits up front.
+                    model: str | None = None, request_id: str | None = None, **kw) -> str:
+        """Queue a generation from `prompt_ids` for `model` (None: the first); returns its id. Raises
+        ValueError / NeverFits up front. See ModelLane.add_request for the other arguments."""
+        self._check_id(request_id)
+        return self.lane(model).add_request(prompt_ids, params, request_id=request_id, **kw)
 
-        With params.n > 1 the prompt is prefilled once and n samples fork from it (module docstring).
-        retention (default: EngineConfig.retention) bounds the KV the request holds: with a sliding
-        window the conversation may run past the model's context. sampler (default: Sampler(params))
-        picks the request's tokens, e.g. a ForcedSampler scoring a known continuation."""
-        _require_type("params", params, SamplingParams)
-        if sampler is not None:
-            _require_type("sampler", sampler, Sampler)
-            if params.n > 1:
-                raise ValueError("a caller's sampler serves one sequence; use n=1 with sampler=")
-        req = self._new_request(prompt_ids, params.max_tokens, request_id, priority, session, retention=retention)
-        stops = frozenset(params.stop_token_ids) or self.default_stop_ids
-        sampler = sampler if sampler is not None else Sampler(params.for_sample(0))
-        self._queue(Member(req, sampler, StreamDecoder(self.tokenizer), stops, req.request_id,
-                           fork_params=params if params.n > 1 else None))
-        return req.request_id
+    def add_beam_search(self, prompt_ids: list[int], params: BeamSearchParams, *, model: str | None = None,
+                        request_id: str | None = None, **kw) -> str:
+        """Queue a beam search (ModelLane.add_beam_search) for `model` (None: the first)."""
+        self._check_id(request_id)
+        return self.lane(model).add_beam_search(prompt_ids, params, request_id=request_id, **kw)
 
-    def add_beam_search(self, prompt_ids: list[int], params: BeamSearchParams, *, request_id: str | None = None,
-                        priority: int = 0, session: str = "default") -> str:
-        """Queue a beam search; its final beams come out as finished StepOutputs (index = rank) and as
-        `beam_results(id)`. Refused up front (NeverFits) unless `width` beams of full length fit the pool."""
-        _require_type("params", params, BeamSearchParams)
-        req = self._new_request(prompt_ids, params.max_tokens, request_id, priority, session, copies=params.width)
-        stops = frozenset(params.stop_token_ids) or self.default_stop_ids
-        group = BeamGroup(req.request_id, replace(params, max_tokens=req.max_tokens), stops, req)
-        self._queue(Member(req, Sampler(SamplingParams()), StreamDecoder(self.tokenizer), stops, req.request_id,
-                           beam=group))
-        return req.request_id
+    def _check_id(self, request_id: str | None) -> None:
+        if isinstance(request_id, str) and any(lane.groups.in_use(request_id) for lane in self.lanes.values()):
+            raise ValueError(f"request id {request_id!r} is already in use")
 
-    def _queue(self, member: Member) -> None:
-        self.scheduler.add(member.request)
-        self.groups.add(member)
-
-    def _new_request(self, prompt_ids, max_tokens: int, request_id: str | None, priority: int, session: str,
-                     copies: int = 1, retention: KVRetention | None = None) -> Request:
-        """A validated Request, not queued yet; raises ValueError / NeverFits."""
-        # A wrong type caught here, not by every later step (a str priority breaks the sort of all queues).
-        _require_type("priority", priority, int)
-        _require_type("session", session, str)
-        if request_id is not None:
-            _require_type("request_id", request_id, str)
-        prompt = list(prompt_ids)
-        if not prompt:
-            raise ValueError("the prompt is empty: give at least one token")
-        check_token_ids(prompt)
-        if max(prompt) >= self.tokenizer.vocab_size:
-            raise ValueError(f"token id {max(prompt)} is outside the vocabulary ({self.tokenizer.vocab_size})")
-        retention = retention if retention is not None else self.config.retention
-        endless = self._check_retention(retention)
-        if len(prompt) >= self.context_length and not endless:
-            raise ValueError(f"the prompt has {len(prompt):,} tokens but the model's context is "
-                             f"{self.context_length:,}; shorten it (or start a new conversation)")
-        rid = request_id if request_id is not None else f"req-{self.groups.new_id()}"
-        if self.groups.in_use(rid):
-            raise ValueError(f"request id {rid!r} is already in use")
-        if "#" in rid:
-            raise ValueError(f"request id {rid!r} contains '#', which names parallel samples and beams; drop it")
-        max_tokens = max_tokens if endless else min(max_tokens, self.context_length - len(prompt))
-        req = Request(rid, Sequence(prompt, session=session), num_prompt_tokens=len(prompt),
-                      max_tokens=max_tokens, priority=priority, retention=retention)
-        self.scheduler.check_fits(req)
-        blocks = -(-req.max_total_tokens // self.kv.block_size)
-        if copies > 1 and copies * blocks > self.kv.pool.num_blocks:
-            raise NeverFits(f"beam search of width {copies} needs up to {copies} x {blocks} blocks of "
-                            f"{self.kv.block_size} for {req.max_total_tokens:,} tokens per beam, but the KV pool "
-                            f"only has {self.kv.pool.num_blocks:,} blocks; lower the width or max tokens")
-        return req
-
-    def _check_retention(self, retention: KVRetention | None) -> bool:
-        """Validate a retention policy against this engine; True when it lets a request pass the context."""
-        if retention is None:
-            return False
-        if not isinstance(retention, KVRetention):
-            raise ValueError(f"retention must be a KVRetention or None, got {retention!r}")
-        if retention.window_tokens is None:
-            return False
-        bs = self.kv.block_size
-        retention.check_block_size(bs)
-        if retention.max_blocks(bs) * bs > self.context_length:
-            raise ValueError(f"sinks + window + one block ({retention.max_blocks(bs) * bs} tokens) exceed the "
-                             f"model context ({self.context_length}); shrink window_tokens")
-        return True
+    def _lane_of(self, request_id: str) -> ModelLane:
+        for lane in self.lanes.values():
+            if lane.is_unfinished(request_id):
+                return lane
+        return self.lane()
 
     def abort(self, request_id: str) -> Request:
         """Stop a request (all its samples or beams) now; their blocks are freed, output so far is kept.
-        Safe while a step awaits the backend: that step drops the request's output."""
-        return self.groups.abort(self.scheduler, request_id)
+        Safe while a step awaits the backend: that step drops the request's output. KeyError when unknown."""
+        return self._lane_of(request_id).abort(request_id)
 
-    def rebuild(self, backend) -> list[str]:
-        """Continue on a new backend (the GPU device was lost, or the pool was rebuilt with other settings).
-
-        The old pool's contents are gone, so every unfinished request goes back to the waiting queue
-        holding its exact token history (prompt + what it generated) and re-prefills it on the new
-        pool, like a preemption by recompute; its sampler and stream decoder carry on. A request that
-        could never fit the new pool is aborted with finish reason "error". Returns the requeued ids.
-        """
-        pending = sorted(self.groups.members.values(), key=lambda m: Request.sort_key(m.request))
-        self.backend = backend
-        self.kv_spec = backend.kv_spec  # a new dtype is fine: everything re-prefills
-        disk = self.disk
-        if disk is not None and not disk.holds(self.kv_spec):
-            disk = None  # the files hold another layout's KV; the caller attaches a tier for the new one
-        self.kv, self.scheduler = self._fresh_pool(backend)
-        self.tiers = KVTiers(self.kv, disk)
-        self.mover = BlockMover(backend)
-        requeued: list[str] = []  # the callers' ids (a group of samples or beams counts once)
-        for member in pending:
-            try:
-                self.scheduler.requeue(member.request)
-            except NeverFits:
-                self._retire(member.request, "error")
-                continue
-            if member.group_id not in requeued:
-                requeued.append(member.group_id)
-        return requeued
-
-    def _fresh_pool(self, backend) -> tuple[KVCacheManager, Scheduler]:
-        cache = CacheConfig(num_blocks=backend.num_blocks, block_size=backend.block_size,
-                            num_cpu_blocks=backend.num_cpu_blocks,
-                            enable_prefix_caching=self.config.enable_prefix_caching, kv_dtype=self.kv_dtype,
-                            demote_to_cpu=True)
-        kv = KVCacheManager(cache, namespace=self.config.namespace)
-        return kv, Scheduler(self.config, kv)
+    def rebuild(self, backend, model: str | None = None) -> list[str]:
+        """Continue `model` (None: the first) on a new backend: ModelLane.rebuild."""
+        return self.lane(model).rebuild(backend)
 
     def is_unfinished(self, request_id: str) -> bool:
         """Whether `request_id` still runs (False once finished or aborted, also while the step that finished it
         has not returned its output yet)."""
-        return request_id in self.groups.roots
+        return any(lane.is_unfinished(request_id) for lane in self.lanes.values())
 
     def request(self, request_id: str) -> Request:
         """The unfinished request `request_id` (with n > 1: sample 0, whose .samples lists all n)."""
-        return self.groups.roots[request_id]
+        return self._lane_of(request_id).request(request_id)
+
+    def model_of(self, request_id: str) -> str:
+        """The model an unfinished request runs on."""
+        return self._lane_of(request_id).name
 
     def beam_results(self, request_id: str) -> list[Hypothesis]:
         """The final beams of a finished beam search, best first; handed over once (KeyError while it runs)."""
-        return self.groups.take_beam_results(request_id)
+        for lane in self.lanes.values():
+            if request_id in lane.groups.finished_beams:
+                return lane.beam_results(request_id)
+        return self.lane().beam_results(request_id)
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.groups.members)
+        return any(lane.has_unfinished for lane in self.lanes.values())
 
     # ---------------------------------------------------------------- the step
 
     async def step(self) -> list[StepOutput]:
-        """Schedule, copy, run one forward, sample; returns one StepOutput per request that ran (none for one
-        aborted while the step awaited the backend)."""
+        """Schedule, copy, run one forward per model with work, sample; returns one StepOutput per request
+        that ran (none for one aborted while the step awaited the backend)."""
         async with self._lock:
-            return await self._step()
-
-    async def _step(self) -> list[StepOutput]:
-        async for restore in self.tiers.restores(self.scheduler.waiting):
-            await self.mover.run(restore.moves)
-            self.counters[f"{restore.tier}_restored_tokens"] += restore.tokens
-        out = self.scheduler.schedule()  # its moves end with the demotions its allocations caused
-        members = self.groups.members
-        # Built before the first await, while every scheduled request is still tracked (module docstring).
-        batch = build_batch(out.scheduled, self.kv.block_size) if out.scheduled else None
-        # When every request that samples this step is plain greedy, the backend returns argmax ids only.
-        greedy = all(m.beam is None and m.sampler.argmax_only
-                     for m in (members[r.request_id] for r, _ in out.scheduled))
-        await self.mover.run(out.moves)
-        for name, ops in (("swap_out_blocks", out.swap_out), ("swap_in_blocks", out.swap_in),
-                          ("copy_ops", out.copies), ("shifted_blocks", out.shifts)):
-            self.counters[name] += len(ops)
-        if batch is None:
-            await self._flush_when_idle()
-            return []
-        track = any(r.retention is not None and r.retention.evict for r, _ in out.scheduled)
-        mass = np.zeros(batch.block_tables.shape, np.float32) if track else None  # (S, max_blocks)
-        t0 = time.perf_counter()
-        # (S, vocab), or (S,) ids when greedy
-        logits = await self.backend.forward(batch, greedy=greedy, attention_mass=mass)
-        self.counters["forward_s"] += time.perf_counter() - t0
-        if track:
-            self.kv.add_attention_mass([r.seq for r, _ in out.scheduled], mass)
-        self.counters["steps"] += 1
-        results = []
-        for req, n in out.scheduled:
-            if req.status is not SequenceStatus.FINISHED:  # aborted while the backend ran; its blocks are free
-                self.kv.mark_computed(req.seq, n)
-        if self.disk is not None:  # before sampling: a finished request gives its blocks back
-            computed = [r.seq for r, _ in out.scheduled if r.status is not SequenceStatus.FINISHED]
-            store = self.disk.plan_store(self.kv, computed)
-            words = await self.mover.read(store) if store is not None else None
-            self.counters["disk_written_blocks"] += await self.disk.store(store, words)
-        for i, (req, n) in enumerate(out.scheduled):
-            if req.status is SequenceStatus.FINISHED:  # aborted while the backend (or the disk) ran
-                continue
-            seq = req.seq
-            member = members[req.request_id]
-            if seq.num_computed_tokens < seq.num_tokens:  # a prefill chunk: nothing to sample yet
-                self.counters["prefill_tokens"] += n
-                results.append(StepOutput(member.group_id, [], "", False, index=req.index))
-                continue
-            self.counters["decode_tokens" if n == 1 and req.output_ids else "prefill_tokens"] += n
-            row = int(logits[i]) if greedy else logits[i]
-            if member.beam is not None:
-                member.beam.offer(req, row)
-                continue
-            for sample in self.groups.fork_samples(self.scheduler, member):
-                results.append(self._sample(sample, row))
-        results.extend(self.groups.beam_steps(self.scheduler))
-        await self._flush_when_idle()
-        return results
-
-    async def _flush_when_idle(self) -> None:
-        """With no request left (a turn ended), the disk's LRU order is written now, not an interval later."""
-        if self.disk is not None and not self.has_unfinished:
-            await self.disk.tier.flush(force=True)
-
-    def _sample(self, req: Request, logits_or_token) -> StepOutput:
-        member = self.groups.members[req.request_id]
-        if isinstance(logits_or_token, int):
-            token = logits_or_token
-        else:
-            token = member.sampler.sample(logits_or_token, req.seq.token_ids)
-        req.append_token(token)
-        reason = "stop" if token in member.stop_ids else (
-            "length" if len(req.output_ids) >= req.max_tokens else None)
-        text = "" if reason == "stop" else member.decoder.push(token)
-        if reason is not None:
-            text += member.decoder.flush()
-            self._retire(req, reason)
-        return StepOutput(member.group_id, [token], text, reason is not None, reason, index=req.index)
-
-    def _retire(self, req: Request, reason: str) -> None:
-        self.groups.retire(self.scheduler, req, reason)
+            busy = [lane for lane in self.lanes.values() if lane.has_unfinished] or [self.lane()]
+            results: list[StepOutput] = []
+            for lane in busy:
+                results += await lane.step()
+            return results
 
     # ---------------------------------------------------------------- conveniences
 
@@ -336,44 +308,37 @@ class LLMEngine:
         """Run one request (with n > 1: all its samples, see .samples) to completion; other queued requests
         run alongside it."""
         rid = self.add_request(prompt_ids, params, **kw)
-        req = self.groups.roots[rid]
-        while rid in self.groups.roots:
+        req = self.request(rid)
+        while self.is_unfinished(rid):
             await self.step()
         return req
 
     async def beam_search(self, prompt_ids: list[int], params: BeamSearchParams, **kw) -> list[Hypothesis]:
         """Run one beam search to completion; its final beams, best first."""
         rid = self.add_beam_search(prompt_ids, params, **kw)
-        while rid in self.groups.roots:
+        while self.is_unfinished(rid):
             await self.step()
         return self.beam_results(rid)
 
-    def stats(self) -> dict:
-        """Plain-data snapshot for the dashboard, benchmarks and tests."""
-        pool, cpu = self.kv.pool, self.kv.cpu_pool
-        return {
-            "num_blocks": pool.num_blocks, "used_blocks": pool.num_used, "free_blocks": pool.num_free,
-            "cpu_blocks": cpu.num_blocks if cpu else 0, "cpu_used_blocks": cpu.num_used if cpu else 0,
-            "cpu_cached_blocks": cpu.num_cached if cpu else 0,
-            "cpu_demoted_blocks": self.kv.cpu.num_demoted if cpu else 0,
-            "cached_blocks": pool.num_cached, "block_size": self.kv.block_size,
-            "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
-            "swapped": len(self.scheduler.swapped), "preemptions": dict(self.scheduler.num_preemptions),
-            "evicted_blocks": self.scheduler.num_evicted_blocks,
-            "prefix_hit_rate": self.kv.prefix_hit_rate, "kv_dtype": self.kv_dtype,
-            "bytes_per_token": self.bytes_per_token, **self.counters,
-            **(self.disk.stats() if self.disk is not None else {}),
-        }
+    def stats(self, model: str | None = None) -> dict:
+        """Plain-data snapshot of `model` (None: the first) for the dashboard, benchmarks and tests."""
+        return self.lane(model).stats()
 
-    @property
-    def bytes_per_token(self) -> int:
-        """KV bytes one token takes on the device in the engine's dtype: K and V of every layer, scales and
-        padding included (a CPU backend holds f32 arrays; this is what its dtype would take on a GPU)."""
-        return self.kv_spec.bytes_per_token
+    def pool_stats(self) -> dict | None:
+        """The shared pool's pages (None with one model's own pool): total, free, cached, held by each model's
+        requests and weights."""
+        pool = self.pool
+        if pool is None:
+            return None
+        return {"pages": pool.num_blocks, "free_pages": pool.num_free, "cached_pages": pool.num_cached,
+                "reserved_pages": pool.num_reserved,
+                "models": {name: {"kv_pages": len({b for r in lane.scheduler.running for b in r.seq.block_table}),
+                                  "weights_pages": len(lane.reserved_blocks), "block_size": lane.kv.block_size}
+                           for name, lane in self.lanes.items()}}
 
     # ---------------------------------------------------------------- the app's facade
     # What the chat app asks of the KV memory hierarchy; it imports nothing from pagedkv.kv, so the
-    # pool, the manager and the tiers can change behind these methods.
+    # pool, the manager and the tiers can change behind these methods. They are the first model's.
 
     async def open_disk_tier(self, store, manifest: dict, budget_bytes: int) -> None:
         """Open the disk tier over `store` (a file_store.FileStore: OPFS `kv/` in the page) for this model
@@ -450,10 +415,3 @@ def run_sync(coro):
         return done.value
     coro.close()
     raise RuntimeError("run_sync: the coroutine waited on I/O; await it in an event loop instead")
-
-
-
-def _require_type(name: str, value: object, kind: type) -> None:
-    # bool is an int subclass; a True priority would be a silent bug.
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ValueError(f"{name} must be of type {kind.__name__}, got {type(value).__name__} {value!r}")

@@ -38,13 +38,13 @@ class Member:
 class SampleGroups:
     """Which requests belong to which caller's id, and the forks of parallel samples and beams."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, ids=None) -> None:
         self.tokenizer = tokenizer
         self.members: dict[str, Member] = {}  # by the request's own id (a sample's or beam's: "<id>#<k>")
         self.roots: dict[str, Request] = {}  # the caller's id -> the request that prefills the prompt
         self.beams: dict[str, BeamGroup] = {}  # beam searches in flight
         self.finished_beams: dict[str, list[Hypothesis]] = {}  # until the caller takes them
-        self._ids = itertools.count()
+        self._ids = ids if ids is not None else itertools.count()  # the engine's, shared by its models
 
     def new_id(self) -> int:
         """A number no request of this engine used (request ids "req-N" and beam forks share it)."""

@@ -60,9 +60,12 @@ class SchedulerOutput:
 class Scheduler:
     """Keeps the waiting / running / swapped queues and decides each step."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, peer_victim=None) -> None:
         self.config = config
         self.kv = kv
+        # With a pool shared by several models: peer_victim(req) preempts (by recompute) a running request of
+        # another model that ranks below req, and returns whether it found one (the engine's lanes.py).
+        self.peer_victim = peer_victim
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.swapped: list[Request] = []
@@ -79,12 +82,13 @@ class Scheduler:
             request.retention.check_block_size(bs)
             # A window bounds the blocks held; eviction needs room for its protected blocks and one chunk.
             needed = min(needed, min_blocks(request.retention, bs, self.config.max_num_batched_tokens))
-        if needed > self.kv.pool.num_blocks:
+        capacity = self.kv.pool.capacity  # a shared pool's pages less those models' weights hold
+        if needed > capacity:
             raise NeverFits(
                 f"request {request.request_id} needs up to {request.max_total_tokens:,} tokens "
                 f"({request.num_prompt_tokens:,} prompt + {request.max_tokens:,} new) = {needed:,} blocks of "
-                f"{bs}, but the KV pool only has {self.kv.pool.num_blocks:,} blocks "
-                f"({self.kv.pool.num_blocks * bs:,} tokens); shorten the prompt, lower max tokens, or raise the budget")
+                f"{bs}, but the KV pool only has {capacity:,} blocks "
+                f"({capacity * bs:,} tokens); shorten the prompt, lower max tokens, or raise the budget")
 
     def add(self, request: Request) -> None:
         """Queue a new request (checked to fit the pool first)."""
@@ -129,12 +133,12 @@ class Scheduler:
 
     # ---------------------------------------------------------------- preemption
 
-    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, victim: Request, out: SchedulerOutput, swap: bool = True) -> None:
         self.running.remove(victim)
         blocks = len(victim.seq.block_table)
         cpu = self.kv.cpu_pool
         use_swap = (
-            self.config.preemption != "recompute" and cpu is not None and cpu.num_available >= blocks
+            swap and self.config.preemption != "recompute" and cpu is not None and cpu.num_available >= blocks
             and (self.config.preemption == "swap" or blocks <= self.config.swap_max_blocks)
         )
         if use_swap:
@@ -149,6 +153,11 @@ class Scheduler:
             self.num_preemptions["recompute"] += 1
         victim.num_preemptions += 1
         out.preempted.append(victim)
+
+    def preempt_for_peer(self, victim: Request) -> None:
+        """Preempt a running request by recompute for another model's request (its blocks are free at once: no
+        copy of this model's has to run before the other model's forward writes them)."""
+        self._preempt(victim, SchedulerOutput(), swap=False)
 
     # ---------------------------------------------------------------- retention
 
@@ -221,6 +230,8 @@ class Scheduler:
                     continue
                 victims = [r for r in self.running if id(r) not in scheduled]
                 victim = max(victims, key=Request.sort_key)  # lowest priority, latest arrival
+                if victim is req and self.peer_victim is not None and self.peer_victim(req):
+                    continue  # another model's request gave its blocks back
                 self._preempt(victim, out)
                 if victim is req:
                     break

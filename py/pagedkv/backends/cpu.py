@@ -5,12 +5,14 @@ browser has no WebGPU. See backends/__init__.py for what each call does.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import numpy as np
 
 from ..kernels.ref_attention import check_block_ids
 from ..kernels.ref_ops import shift_keys
+from ..kv.accounting import SharedKVBudget
 from ..kv.block_pool import CopyOp
 from ..kv.spec import KVSpec
 from ..kv.dtypes import pack_tokens, unpack_tokens
@@ -34,12 +36,14 @@ class CpuBackend:
     with cpu_wasm.tensor_loader, their quantized projections through the wasm kernel, einsum for the rest.
     attention: the wasm attention kernels (backends/cpu_attention.py) for every one-token step, or None: the
     reference's attention throughout.
+    pages: (num_pages, page_floats) f32 that several models' backends share (one budget, one pool: the
+    engine's add_model); the pools are views of it (PagedKVCache.in_pages) and num_blocks is its page count.
     """
 
     name = "cpu"
 
     def __init__(self, weights: ModelWeights, num_blocks: int, block_size: int, num_cpu_blocks: int = 0,
-                 kv_dtype: str = "f32", linear: str = "matmul", attention=None) -> None:
+                 kv_dtype: str = "f32", linear: str = "matmul", attention=None, pages: np.ndarray | None = None) -> None:
         if linear not in ("matmul", "einsum", "wasm"):
             raise ValueError(f"linear must be matmul, einsum or wasm, got {linear!r}")
         self.config = weights.config
@@ -48,7 +52,12 @@ class CpuBackend:
             head = "token_embd.weight" if self.config.tied_embeddings else "output.weight"
             wrap = einsum_weights if linear == "einsum" else wasm_weights
             self.model.w = wrap(self.model.w, self.config.n_layers, head)
-        self.kv = PagedKVCache.allocate(self.config, num_blocks, block_size, kv_dtype)
+        if pages is not None:
+            if pages.shape[0] != num_blocks:
+                raise ValueError(f"num_blocks {num_blocks} differs from the {pages.shape[0]} shared pages")
+            self.kv = PagedKVCache.in_pages(self.config, pages, block_size, kv_dtype)
+        else:
+            self.kv = PagedKVCache.allocate(self.config, num_blocks, block_size, kv_dtype)
         self.kv_dtype = kv_dtype
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -124,3 +133,18 @@ class CpuBackend:
             for i, block in enumerate(block_ids):
                 self.kv.k[layer][block] = values[i, layer, 0]
                 self.kv.v[layer][block] = values[i, layer, 1]
+
+
+def plan_pages(configs, block_size: int = 16) -> tuple[int, list[int]]:
+    """Pages several models' f32 pools share (CpuBackend(pages=...)): the page's bytes, sized so the widest
+    model gets `block_size` tokens a block and a whole number of every model's per-layer blocks (the wasm
+    attention steps through a page view by whole blocks), and each model's block size in it."""
+    bpts = [CpuBackend.pool_bytes_per_token(c) for c in configs]
+    align = math.lcm(*(64 * c.n_kv_heads * c.head_dim * 4 for c in configs))  # any allowed block divides 64
+    page = SharedKVBudget.page_bytes_for(bpts, block_size, align)
+    return page, [SharedKVBudget.block_size_in(page, bpt, f"{c.n_layers}-layer") for bpt, c in zip(bpts, configs)]
+
+
+def allocate_pages(num_pages: int, page_bytes: int) -> np.ndarray:
+    """(num_pages, page_bytes / 4) f32 zeros: the shared pages of plan_pages."""
+    return np.zeros((num_pages, page_bytes // 4), np.float32)

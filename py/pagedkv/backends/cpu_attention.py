@@ -36,14 +36,18 @@ class WasmAttentionModel(NumpyModel):
         self._addrs = {name: address_of(getattr(self, name)) for name in ("_scores", "_probs", "_q", "_out")}
         self._pools: dict[int, tuple[np.ndarray, int]] = {}  # id(pool) -> (pool, address): pools live on
 
-    def _pool_addr(self, pool: np.ndarray) -> int:
+    def _pool_addr(self, pool: np.ndarray) -> tuple[int, int]:
+        """The pool's address and how many blocks of it one row of the block table steps over: 1 for a
+        C-contiguous pool; for a view of pages several models share (PagedKVCache.in_pages) a page's bytes over
+        one block's, so the kernel's `address + id x block bytes` lands on the block in the page."""
         known = self._pools.get(id(pool))
         if known is None or known[0] is not pool:
-            if pool.dtype != np.float32 or not pool.flags.c_contiguous:
-                raise ValueError(f"the wasm attention reads C-contiguous f32 pools, got {pool.dtype} "
-                                 f"{'contiguous' if pool.flags.c_contiguous else 'strided'} {pool.shape}")
-            known = self._pools[id(pool)] = (pool, address_of(pool))
-        return known[1]
+            block_bytes = pool[0].nbytes
+            if pool.dtype != np.float32 or not pool[0].flags.c_contiguous or pool.strides[0] % block_bytes:
+                raise ValueError(f"the wasm attention reads f32 pools whose blocks are contiguous and a whole "
+                                 f"number of blocks apart, got {pool.dtype} {pool.shape} strides {pool.strides}")
+            known = self._pools[id(pool)] = (pool, pool.__array_interface__["data"][0], pool.strides[0] // block_bytes)
+        return known[1], known[2]
 
     def _sequence_attention(self, q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, table: np.ndarray,
                             ctx: int, mass: np.ndarray | None) -> np.ndarray:
@@ -55,20 +59,24 @@ class WasmAttentionModel(NumpyModel):
         if table.shape[0] < used or int(table[:used].min()) < 0 or int(table[:used].max()) >= k_blocks.shape[0]:
             raise ValueError(f"block table {table[:used].tolist()} does not cover {ctx} tokens in "
                              f"{k_blocks.shape[0]} blocks of {bs}")
-        rows = np.ascontiguousarray(table[:used], np.int32)  # (used,) block ids the kernels read
+        k_addr, step = self._pool_addr(k_blocks)
+        v_addr, v_step = self._pool_addr(v_blocks)
+        if v_step != step:
+            raise ValueError(f"K and V pools step over blocks differently ({step} vs {v_step})")
+        rows = np.ascontiguousarray(table[:used] * step, np.int32)  # (used,) block ids the kernels read
         self._q[...] = q[0]
         scores = self._scores[: nh * ctx].reshape(nh, ctx)  # (n_heads, ctx)
         probs = self._probs[: nh * ctx].reshape(nh, ctx)  # (n_heads, ctx)
         geometry = (address_of(rows), ctx, bs, cfg.n_kv_heads, cfg.q_per_kv, hd)
         a = self._addrs
-        self.kernels.attn_scores(a["_q"], self._pool_addr(k_blocks), *geometry, a["_scores"])
+        self.kernels.attn_scores(a["_q"], k_addr, *geometry, a["_scores"])
         # The reference's softmax of one query row: no key is in the future, so its causal mask is empty.
         s = scores * np.float32(1.0 / np.sqrt(hd))
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         np.divide(s, s.sum(axis=-1, keepdims=True), out=probs)
         if mass is not None:
             mass += block_mass(probs.sum(axis=0), bs, mass.shape[0])
-        self.kernels.attn_values(a["_probs"], self._pool_addr(v_blocks), *geometry, a["_out"])
+        self.kernels.attn_values(a["_probs"], v_addr, *geometry, a["_out"])
         return self._out[None].copy()  # (1, n_heads, head_dim)
 
 

@@ -52,6 +52,21 @@ class PagedKVCache:
             kv_dtype=kv_dtype,
         )
 
+    @classmethod
+    def in_pages(cls, config: ModelConfig, pages: np.ndarray, block_size: int,
+                 kv_dtype: str = "f32") -> "PagedKVCache":
+        """Pools that are views of `pages`, (num_pages, page_floats) f32 that other models' pools view too: page
+        p holds block p of every layer, (layers, 2, block_size, n_kv_heads, head_dim) from its start. Each
+        layer's pool is a strided view; one block of it is contiguous."""
+        check_kv_dtype(kv_dtype)
+        shape = (config.n_layers, 2, block_size, config.n_kv_heads, config.head_dim)
+        need = int(np.prod(shape))
+        if pages.ndim != 2 or pages.dtype != np.float32 or pages.shape[1] < need:
+            raise ValueError(f"pages {pages.dtype} {pages.shape} cannot hold blocks of {shape} f32 ({need} floats)")
+        view = pages[:, :need].reshape((pages.shape[0], *shape))  # (P, layers, 2, bs, kv, hd)
+        return cls(k=tuple(view[:, layer, 0] for layer in range(config.n_layers)),
+                   v=tuple(view[:, layer, 1] for layer in range(config.n_layers)), kv_dtype=kv_dtype)
+
     @property
     def num_blocks(self) -> int:
         return self.k[0].shape[0]
@@ -115,10 +130,12 @@ class NumpyModel:
 
         # Write the new K/V through the slot mapping, then read every key
         # (old and new) back through the block table: the paged path only.
-        k_pool = kv.k[layer].reshape(-1, nkv, hd)  # (num_blocks * block_size, n_kv_heads, head_dim), a view
-        v_pool = kv.v[layer].reshape(-1, nkv, hd)
-        k_pool[batch.slot_mapping] = round_trip(k, kv.kv_dtype)
-        v_pool[batch.slot_mapping] = round_trip(v, kv.kv_dtype)
+        # (block, offset) indexing writes through a pool that views shared pages (PagedKVCache.in_pages), where
+        # a reshape to (slots, ...) would write into a copy.
+        bs = kv.block_size
+        where = (batch.slot_mapping // bs, batch.slot_mapping % bs)  # (T,), (T,)
+        kv.k[layer][where] = round_trip(k, kv.kv_dtype)
+        kv.v[layer][where] = round_trip(v, kv.kv_dtype)
 
         out = np.empty((t, nh, hd), np.float32)  # (T, n_heads, head_dim)
         for s in range(batch.num_seqs):
@@ -137,9 +154,9 @@ class NumpyModel:
         q_len, bs = q.shape[0], k_blocks.shape[1]
         scale = np.float32(1.0 / np.sqrt(hd))
         key_pos = np.arange(ctx)  # (ctx,)
-        slots = table[key_pos // bs] * bs + key_pos % bs  # (ctx,)
-        keys = k_blocks.reshape(-1, nkv, hd)[slots].transpose(1, 0, 2)  # (n_kv_heads, ctx, head_dim)
-        vals = v_blocks.reshape(-1, nkv, hd)[slots].transpose(1, 0, 2)  # (n_kv_heads, ctx, head_dim)
+        where = (table[key_pos // bs], key_pos % bs)  # (ctx,), (ctx,): block and offset of every cached token
+        keys = k_blocks[where].transpose(1, 0, 2)  # (n_kv_heads, ctx, head_dim)
+        vals = v_blocks[where].transpose(1, 0, 2)  # (n_kv_heads, ctx, head_dim)
         qs = q.reshape(q_len, nkv, cfg.q_per_kv, hd).transpose(1, 2, 0, 3)  # (n_kv, group, q_len, hd)
         scores = (qs @ keys[:, None].transpose(0, 1, 3, 2)) * scale  # (n_kv, group, q_len, ctx)
         q_idx = np.arange(ctx - q_len, ctx)  # (q_len,) cache index of each new token

@@ -104,6 +104,7 @@ class BlockPool:
         # Called with each cached block get_new_blocks evicts, before its content is dropped: set once by the
         # pool's owner (the manager, for its CPU tier's demotions), never patched in later.
         self._on_evict = on_evict
+        self._reserved: set[int] = set()  # blocks held outside any sequence (the pages of a model's weights)
         for block in self._blocks:
             self._push_tail(block)
 
@@ -158,6 +159,19 @@ class BlockPool:
         """Blocks get_new_blocks may hand out (free + evictable cached)."""
         return self._num_in_queue
 
+    @property
+    def num_reserved(self) -> int:
+        """Blocks reserve() holds (no sequence can have them)."""
+        return len(self._reserved)
+
+    @property
+    def capacity(self) -> int:
+        """Blocks sequences may ever hold: all but the reserved ones."""
+        return self.num_blocks - len(self._reserved)
+
+    def is_reserved(self, block_id: int) -> bool:
+        return block_id in self._reserved
+
     def ref_count(self, block_id: int) -> int:
         """Number of sequences holding `block_id`."""
         return self._blocks[block_id].ref_count
@@ -183,6 +197,28 @@ class BlockPool:
             block.ref_count = 1
             ids.append(block.block_id)
         return ids
+
+    def reserve(self, n: int) -> list[int]:
+        """Take `n` blocks out of circulation (a model's weights loaded into the pages of a shared budget),
+        evicting cached ones as an allocation does; OutOfBlocks when fewer are free or cached."""
+        ids = self.get_new_blocks(n)
+        self._reserved.update(ids)
+        return ids
+
+    def release(self, block_ids: Iterable[int]) -> None:
+        """Give reserved blocks back to the free queue (the model was unloaded)."""
+        ids = list(block_ids)
+        missing = [b for b in ids if b not in self._reserved]
+        if missing:
+            raise ValueError(f"blocks {missing} are not reserved")
+        self._reserved.difference_update(ids)
+        self.free_blocks(ids)
+
+    def evict_salted(self, salt: str | None) -> int:
+        """Drop the cached content of every free block registered under `salt` (the namespace of a model
+        that left the pool); returns how many."""
+        return self.evict_cached([b.block_id for b in self._blocks if b.block_hash is not None
+                                  and b.ref_count == 0 and b.salt == salt])
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Add one reference to each block; a cached block leaves the free queue (a hit)."""

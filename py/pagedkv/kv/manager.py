@@ -147,9 +147,9 @@ class KVCacheManager:
             raise ValueError(f"sequence {seq.seq_id} has {seq.num_tokens} token ids; append the "
                              f"token ids before allocating slots up to {end}")
         total_blocks = -(-(end - seq.num_evicted_tokens) // bs)
-        if check_fits and total_blocks > self.pool.num_blocks:
+        if check_fits and total_blocks > self.pool.capacity:
             raise NeverFits(f"sequence {seq.seq_id} needs {total_blocks} blocks of {bs} tokens "
-                            f"for {end} tokens; the pool only has {self.pool.num_blocks}")
+                            f"for {end} tokens; the pool only has {self.pool.capacity}")
         hit_ids: list[int] = []
         hit_hashes: list[Hashable] = []
         hit_links: list[tuple[int, int]] = []
