@@ -15,6 +15,12 @@ from pagedkv.engine import run_sync
 from pagedkv.sampling import SamplingParams
 from test_chat_service import in_fresh_loop
 
+
+def service(engine):
+    """The completion service of the engine's first model (its tokenizer, template and sessions)."""
+    return engine.services[engine.model_id]
+
+
 HI = [{"role": "user", "content": "hello there, tell me a story"}]
 
 
@@ -25,10 +31,10 @@ def engine(tiny_dir):
 
 def reference(engine, messages, max_tokens: int) -> tuple[list[int], str]:
     """The greedy reply from LLMEngine directly (no API layer): ids and the text the API must give."""
-    prompt = Conversation(engine.tokenizer, engine.template, messages).prompt_ids()
+    prompt = Conversation(service(engine).tokenizer, service(engine).template, messages).prompt_ids()
     req = run_sync(engine.llm.generate(prompt, SamplingParams(max_tokens=max_tokens)))
     ids = [t for t in req.output_ids if t not in engine.llm.default_stop_ids]
-    return req.output_ids, engine.tokenizer.decode(ids)
+    return req.output_ids, service(engine).tokenizer.decode(ids)
 
 
 def used_blocks(engine) -> int:
@@ -44,7 +50,7 @@ def test_completion_object_matches_the_engine_and_counts_usage(engine):
     assert choice["message"] == {"role": "assistant", "content": text}
     assert choice["finish_reason"] == ("length" if len(ids) == 12 and ids[-1] not in engine.llm.default_stop_ids
                                        else "stop")
-    prompt = len(Conversation(engine.tokenizer, engine.template, HI).prompt_ids())
+    prompt = len(Conversation(service(engine).tokenizer, service(engine).template, HI).prompt_ids())
     assert out["usage"]["prompt_tokens"] == prompt and out["usage"]["completion_tokens"] == len(ids)
     assert out["usage"]["total_tokens"] == prompt + len(ids)
     assert out["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the reference run left the prompt cached
@@ -108,7 +114,9 @@ def test_n_samples_and_seed(engine):
 
 
 def test_closing_a_stream_early_or_a_signal_aborts_and_frees(engine):
-    stream = engine.chat.completions.create(model=engine.model_id, messages=HI, max_tokens=40, stream=True)
+    # greedy (its reply runs past 3 chunks): a sampled one may draw the end token at once
+    stream = engine.chat.completions.create(model=engine.model_id, messages=HI, max_tokens=40, stream=True,
+                                            temperature=0)
     next(stream), next(stream), next(stream)
     assert used_blocks(engine) > 0  # the request holds its prompt's blocks while it streams
     stream.close()
@@ -117,7 +125,7 @@ def test_closing_a_stream_early_or_a_signal_aborts_and_frees(engine):
     async def signalled():
         signal = asyncio.Event()
         chunks = await engine.chat.completions.acreate(model=engine.model_id, messages=HI, max_tokens=40,
-                                                       stream=True, signal=signal)
+                                                       stream=True, signal=signal, temperature=0)
         got = []
         async for piece in chunks:
             got.append(piece)
@@ -185,7 +193,7 @@ def test_a_session_continues_on_its_exact_token_ids(tiny_dir):
     use = first["usage"]
     computed = use["prompt_tokens"] + use["completion_tokens"] - 1  # the reply's last token is never computed
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == computed // 16 * 16 > 0
-    session = engine._sessions["s1"]
+    session = service(engine)._sessions["s1"]
     assert session.messages[:3] == turn2 and session.messages[3]["role"] == "assistant"
     with pytest.raises(ApiError) as err:
         engine.chat.completions.create(model=engine.model_id, messages=HI, n=2, pagedkv={"session": "s1"})
@@ -195,4 +203,4 @@ def test_a_session_continues_on_its_exact_token_ids(tiny_dir):
     other = [{"role": "user", "content": "something else entirely"}]
     out = engine.chat.completions.create(model=engine.model_id, messages=other, max_tokens=3, temperature=0,
                                          pagedkv={"session": "s2"})
-    assert out["choices"][0]["finish_reason"] in ("stop", "length") and "s2" in engine._sessions
+    assert out["choices"][0]["finish_reason"] in ("stop", "length") and "s2" in service(engine)._sessions

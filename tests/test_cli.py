@@ -12,6 +12,7 @@ import pytest
 from model_fixtures import ROOT, real_weights, reference_greedy, tiny_dir, tiny_model, tiny_weights  # noqa: F401
 
 from pagedkv.chat import ChatTemplate, Conversation
+from pagedkv.model.tiny import write_tiny_model
 from pagedkv.tokenizer import Tokenizer
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "llama_golden.json").read_text(encoding="utf-8"))
@@ -146,3 +147,10 @@ def test_complete_answers_an_openai_body_and_streams_sse(tiny_dir, tmp_path):  #
     done = run_cli("complete", "--model", str(tiny_dir), "--body-json", str(path))
     assert done.returncode == 1 and json.loads(done.stdout)["error"]["param"] == "logprobs"
     assert "error 400: logprobs is not supported" in done.stderr
+    # --also loads another model into the same budget; the body picks it by its directory's name
+    other = tmp_path / "tiny-twin"
+    write_tiny_model(other, seed=5)
+    path.write_text(json.dumps({**body, "model": "tiny-twin"}))
+    done = run_cli("complete", "--model", str(tiny_dir), "--also", str(other), "--body-json", str(path))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["model"] == "tiny-twin"

@@ -12,45 +12,82 @@ to it. Stop strings, n, usage, errors as OpenAI's (completions.py). `pagedkv: {"
 conversation on its exact token ids (the prefix cache then holds all of it); `forget(id)` drops it. Without a
 session a request is stateless and still reuses KV through the prefix cache. A request's blocks are freed when it ends,
 when its stream is closed early or when `signal` (an asyncio.Event) is set. The CPU backend (numpy) holds the
-weights; `budget_mib` bounds weights + KV pool. Today an Engine serves one model (docs/api.md says what is next).
+weights; `budget_mib` bounds weights + KV pool.
+
+Several models: `Engine(models=["a", "b"], budget_mib=...)` loads them into one LLMEngine whose KV pool is one
+buffer of equal pages (backends/cpu.plan_pages: the widest model gets 16-token blocks, the others the largest
+block that fits a page); every model's weights take their bytes out of the same pages, the rest is KV that
+either model's requests use. `engine.load(model)` adds one at run time (413 with the numbers when its
+weights' pages are not free), `engine.unload(model)` stops its requests and gives its pages back.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import AsyncIterator, Iterator, Sequence
 
-from .backends.cpu import CpuBackend
+from .backends.cpu import CpuBackend, allocate_pages, plan_pages
 from .chat import ChatTemplate, Conversation
 from .completions import ApiError, ChatRequest, StopStrings, chunk, completion, now, parse_request, usage
 from .engine import EngineConfig, LLMEngine, NeverFits
-from .kv.spec import KVSpec
+from .kv.accounting import SharedKVBudget
+from .kv.block_pool import BlockPool
 from .model.weights import ModelWeights
 from .sampling import MIN_TEMPERATURE, SamplingParams
 from .tokenizer import Tokenizer
 
-__all__ = ["ApiError", "CompletionService", "Engine"]
+__all__ = ["ApiError", "CompletionService", "Completions", "Engine"]
 
 MIB = 1 << 20
 MODELS_DIR = Path(__file__).resolve().parents[2] / "dist" / "models"
 
 
-class CompletionService:
-    """OpenAI Chat Completions over an LLMEngine that someone else steps: `kick()` makes sure a step loop runs
-    (api.Engine's own; the page worker's ChatService.run) and that loop hands every step's outputs to
-    `deliver`, which routes this service's and returns the rest."""
+class _Creates:
+    """create / acreate over an async `stream(body, signal)` returning the chunks."""
 
-    def __init__(self, llm: LLMEngine, template: ChatTemplate, model_id: str, context_length: int, kick) -> None:
-        self.llm, self.template, self.model_id = llm, template, model_id
-        self.tokenizer = llm.tokenizer
+    async def acreate(self, body: dict | None = None, *, signal: asyncio.Event | None = None, **fields):
+        """A `chat.completion`, or with `stream: true` an async iterator of `chat.completion.chunk`s."""
+        body = dict(body or {}, **fields)
+        chunks = await self.stream(body, signal)
+        if body.get("stream"):
+            return chunks
+        return await _collect(chunks)
+
+    def create(self, body: dict | None = None, **fields) -> dict | Iterator[dict]:
+        """As acreate, driven on a private event loop: in this thread, or where this thread runs a loop already
+        (a notebook, a Playwright test) in a helper thread of its own."""
+        body = dict(body or {}, **fields)
+        loop, run = _private_loop()
+        try:
+            result = run(self.acreate(body))
+        except BaseException:
+            loop.close()
+            raise
+        if not body.get("stream"):
+            loop.close()
+            return result
+        return _drain(loop, run, result)
+
+
+class CompletionService(_Creates):
+    """OpenAI Chat Completions for one model of an LLMEngine that someone else steps: `kick()` makes sure a step
+    loop runs (api.Engine's own; the page worker's ChatService.run) and that loop hands every step's outputs
+    to `deliver`, which routes this service's and returns the rest. model: the engine's name for the model
+    (None: its first); ids: request numbers shared with the other models' services."""
+
+    def __init__(self, llm: LLMEngine, template: ChatTemplate, model_id: str, context_length: int, kick, *,
+                 model: str | None = None, ids=None) -> None:
+        self.llm, self.template, self.model_id, self.model = llm, template, model_id, model
+        self.tokenizer = llm.lane(model).tokenizer
         self.context_length = int(context_length)
         self.kick = kick
         self._routes: dict[str, asyncio.Queue] = {}
         self._sessions: dict[str, Conversation] = {}  # pagedkv.session -> its exact token history
-        self._ids = itertools.count(1)
+        self._ids = ids if ids is not None else itertools.count(1)
         self.closed = False
 
     def list_models(self) -> dict:
@@ -130,7 +167,7 @@ class CompletionService:
         if rid in self._routes:
             raise ApiError(400, f"a request with id {rid!r} is running")
         try:
-            self.llm.add_request(prompt, params, request_id=rid)
+            self.llm.add_request(prompt, params, request_id=rid, model=self.model)
         except NeverFits as exc:
             raise ApiError(413, str(exc), "messages") from None
         self._routes[rid] = asyncio.Queue()
@@ -198,70 +235,156 @@ class CompletionService:
                 self.llm.abort(rid)
             self._routes.pop(rid, None)
 
-    async def acreate(self, body: dict | None = None, *, signal: asyncio.Event | None = None, **fields):
-        """A `chat.completion`, or with `stream: true` an async iterator of `chat.completion.chunk`s."""
-        body = dict(body or {}, **fields)
-        chunks = await self.stream(body, signal)
-        if body.get("stream"):
-            return chunks
-        return await _collect(chunks)
 
-    def create(self, body: dict | None = None, **fields) -> dict | Iterator[dict]:
-        """As acreate, driven on a private event loop: in this thread, or where this thread runs a loop already
-        (a notebook, a Playwright test) in a helper thread of its own."""
-        body = dict(body or {}, **fields)
-        loop, run = _private_loop()
-        try:
-            result = run(self.acreate(body))
-        except BaseException:
-            loop.close()
-            raise
-        if not body.get("stream"):
-            loop.close()
-            return result
-        return _drain(loop, run, result)
+class Completions(_Creates):
+    """engine.chat.completions of an Engine: each request to the service of the model it names."""
+
+    def __init__(self, engine: "Engine") -> None:
+        self._engine = engine
+
+    async def stream(self, body: dict, signal: asyncio.Event | None = None,
+                     request_id: str | None = None) -> AsyncIterator[dict]:
+        return await self._engine.service(body).stream(body, signal, request_id)
 
 
 class Engine:
     """OpenAI Chat Completions over one LLMEngine on the CPU backend, stepped by its own loop. `models`: model
     ids under `models_dir` (dist/models, what build.py writes) or model directories; the id is the directory's
-    name."""
+    name. All of them and their KV share `budget_mib` (module docstring)."""
 
     def __init__(self, models: Sequence[str | Path], *, budget_mib: int = 1024, block_size: int = 16,
                  models_dir: Path = MODELS_DIR) -> None:
-        if len(models) != 1:
-            raise ValueError(f"an Engine serves one model today, got {len(models)}: {list(models)}")
-        model_dir = Path(models[0]) if Path(models[0]).is_dir() else Path(models_dir) / str(models[0])
-        if not (model_dir / "model.json").is_file():
-            raise ValueError(f"no model {models[0]!r}: {model_dir} holds no model.json (python3 build.py builds it)")
-        weights = ModelWeights.load(model_dir)
-        model_id = model_dir.name
-        spec = KVSpec.of(weights.config, block_size=block_size, dtype="f32")  # the numpy backend keeps f32 KV
-        weights_bytes = sum(t.nbytes for t in weights.tensors.values())
-        num_blocks = (budget_mib * MIB - weights_bytes) // spec.bytes_per_block
-        if num_blocks < 2:
-            raise ApiError(413, f"{model_id} needs {weights_bytes / MIB:.1f} MiB for its f32 weights and "
-                                f"{2 * spec.bytes_per_block / MIB:.2f} MiB for two KV blocks; budget {budget_mib} MiB",
-                           "budget_mib")
-        tokenizer = Tokenizer.from_manifest(weights.manifest)
-        self.llm = LLMEngine(CpuBackend(weights, num_blocks=int(num_blocks), block_size=block_size, kv_dtype="f32"),
-                             tokenizer, EngineConfig())
-        self.completions = CompletionService(self.llm, ChatTemplate.from_manifest(weights.manifest, tokenizer),
-                                             model_id, weights.manifest["config"]["context_length"], self._kick)
-        self.model_id, self.tokenizer, self.template = model_id, tokenizer, self.completions.template
-        self.context_length = self.completions.context_length
+        if not models:
+            raise ValueError("an Engine needs at least one model")
+        self.models_dir = Path(models_dir)
+        found = [self._weights(m) for m in models]
+        ids = [model_id for model_id, _ in found]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"a model is named twice: {ids}")
+        self.budget_bytes = budget_mib * MIB
+        self.page_bytes, sizes = plan_pages([w.config for _, w in found], block_size)
+        num_pages = self.budget_bytes // self.page_bytes
+        need = [self._weights_pages(w) for _, w in found]
+        if sum(need) + 2 > num_pages:  # at least two pages of KV (a prompt and its first token's block)
+            ledger = ", ".join(f"{i} {n * self.page_bytes / MIB:.1f} MiB" for i, n in zip(ids, need))
+            raise ApiError(413, f"the models' f32 weights take {ledger} and the KV pool at least two pages of "
+                                f"{self.page_bytes / MIB:.2f} MiB; budget {budget_mib} MiB", "budget_mib")
+        self.pages = allocate_pages(num_pages, self.page_bytes)
+        first_id, first = found[0]
+        self.llm = LLMEngine(self._backend(first, sizes[0]), Tokenizer.from_manifest(first.manifest),
+                             EngineConfig(), model=first_id, pool=BlockPool(num_pages))
+        self.llm.reserve_for(first_id, need[0])
+        self._ids = itertools.count(1)
+        self.services: dict[str, CompletionService] = {}
+        self._serve(first_id, first)
+        for (model_id, weights), size, pages in zip(found[1:], sizes[1:], need[1:]):
+            self.llm.add_model(model_id, self._backend(weights, size), Tokenizer.from_manifest(weights.manifest),
+                               reserve_blocks=pages)
+            self._serve(model_id, weights)
         self._driver: asyncio.Task | None = None
-        self.chat = SimpleNamespace(completions=self.completions)
-        self.models = SimpleNamespace(list=self.completions.list_models)
-        self.forget, self.close = self.completions.forget, self.completions.close
+        self.closed = False
+        self.chat = SimpleNamespace(completions=Completions(self))
+        self.models = SimpleNamespace(list=self.list_models)
+
+    # ---------------------------------------------------------------- models
+
+    def _weights(self, model: str | Path) -> tuple[str, ModelWeights]:
+        model_dir = Path(model) if Path(model).is_dir() else self.models_dir / str(model)
+        if not (model_dir / "model.json").is_file():
+            raise ApiError(404, f"no model {model!r}: {model_dir} holds no model.json (python3 build.py builds "
+                                "it)", "model")
+        return model_dir.name, ModelWeights.load(model_dir)
+
+    def _weights_pages(self, weights: ModelWeights) -> int:
+        return math.ceil(sum(t.nbytes for t in weights.tensors.values()) / self.page_bytes)
+
+    def _backend(self, weights: ModelWeights, block_size: int) -> CpuBackend:
+        return CpuBackend(weights, self.pages.shape[0], block_size, kv_dtype="f32", pages=self.pages)
+
+    def _serve(self, model_id: str, weights: ModelWeights) -> None:
+        tokenizer = self.llm.lane(model_id).tokenizer
+        self.services[model_id] = CompletionService(
+            self.llm, ChatTemplate.from_manifest(weights.manifest, tokenizer), model_id,
+            weights.manifest["config"]["context_length"], self._kick, model=model_id, ids=self._ids)
+
+    def load(self, model: str | Path) -> str:
+        """Load another model at run time into the same pages; returns its id. ApiError 413 with the numbers
+        when its weights' pages are not free now (requests hold them) or it is wider than the pages."""
+        self._open()
+        model_id, weights = self._weights(model)
+        if model_id in self.services:
+            raise ApiError(400, f"{model_id} is loaded already", "model")
+        bpt = CpuBackend.pool_bytes_per_token(weights.config)
+        try:
+            size = SharedKVBudget.block_size_in(self.page_bytes, bpt, model_id)
+        except ValueError:
+            raise ApiError(413, f"{model_id}'s KV ({bpt:,} B a token) is wider than this engine's pages of "
+                                f"{self.page_bytes:,} B hold in a block of 8 (they were sized for the models it "
+                                "was created with); name it when the engine is created", "model") from None
+        try:
+            self.llm.add_model(model_id, self._backend(weights, size), Tokenizer.from_manifest(weights.manifest),
+                               reserve_blocks=self._weights_pages(weights))
+        except (NeverFits, ValueError) as exc:
+            raise ApiError(413, str(exc), "model") from None
+        self._serve(model_id, weights)
+        return model_id
+
+    def unload(self, model: str) -> None:
+        """Stop `model`'s requests (their streams end) and give its weights' and KV pages back."""
+        self._open()
+        service = self.services.get(model)
+        if service is None:
+            raise ApiError(404, f"the model {model!r} is not loaded; loaded: {', '.join(self.services)}", "model")
+        if len(self.services) == 1:
+            raise ApiError(400, f"{model} is the engine's only model; close the engine instead", "model")
+        service.close()
+        self.llm.remove_model(model)
+        del self.services[model]
+
+    def list_models(self) -> dict:
+        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "pagedkv"}
+                                           for m in self.services]}
+
+    def service(self, body: dict) -> CompletionService:
+        """The service of the model `body` names; ApiError as OpenAI's (503 closed, 404 unknown, 400 malformed)."""
+        self._open()
+        model = body.get("model") if isinstance(body, dict) else None
+        if isinstance(model, str) and model in self.services:
+            return self.services[model]
+        parse_request(body, list(self.services))  # names what is wrong with the body
+        raise ApiError(404, f"the model {model!r} does not exist here", "model")
+
+    def _open(self) -> None:
+        if self.closed:
+            raise ApiError(503, "the engine is closed")
+
+    # ---------------------------------------------------------------- the engine
 
     @property
-    def _sessions(self) -> dict:
-        return self.completions._sessions
+    def model_id(self) -> str:
+        """The first model's id."""
+        return next(iter(self.services))
+
+    @property
+    def context_length(self) -> int:
+        return self.services[self.model_id].context_length
+
+    def forget(self, session: str) -> bool:
+        """Drop a session (`pagedkv: {session}`) of whichever model holds it; False when none did."""
+        return any([s.forget(session) for s in self.services.values()])
+
+    def close(self) -> None:
+        """Stop every request; later requests get 503."""
+        self.closed = True
+        for s in self.services.values():
+            s.close()
 
     def stats(self) -> dict:
-        """The engine's counters and its KV pool (LLMEngine.stats)."""
-        return {self.model_id: self.llm.stats()}
+        """Each model's counters and KV (LLMEngine.stats) and, under "pool", the shared pages: total, free,
+        cached, held by each model's weights and requests, and their bytes."""
+        out = {m: self.llm.stats(m) for m in self.services}
+        out["pool"] = dict(self.llm.pool_stats(), page_bytes=self.page_bytes, budget_bytes=self.budget_bytes)
+        return out
 
     def _kick(self) -> None:
         """Start the step loop on the running event loop unless it runs there already (create() runs each call
@@ -274,10 +397,13 @@ class Engine:
         """The step loop: steps while anything is unfinished, each output to its request."""
         try:
             while self.llm.has_unfinished:
-                self.completions.deliver(await self.llm.step())
+                outputs = await self.llm.step()
+                for service in list(self.services.values()):
+                    outputs = service.deliver(outputs)
                 await asyncio.sleep(0)
         except Exception as exc:
-            self.completions.fail(exc)
+            for service in self.services.values():
+                service.fail(exc)
             raise
 
 

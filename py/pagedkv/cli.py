@@ -141,7 +141,7 @@ def cmd_complete(args) -> int:
 
     try:
         body = json.loads(Path(args.body_json).read_text(encoding="utf-8"))
-        engine = Engine([_model_dir(args)], budget_mib=args.budget_mib, block_size=BLOCK_SIZE)
+        engine = Engine([_model_dir(args), *args.also], budget_mib=args.budget_mib, block_size=BLOCK_SIZE)
     except (OSError, CliError, ValueError, RecursionError, ApiError) as exc:
         if isinstance(exc, ApiError):
             return _api_error(exc)
@@ -209,7 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "(pagedkv.api.Engine on the CPU backend; stream: true prints server-sent events)")
     _model_options(comp)
     comp.add_argument("--body-json", required=True, help="file with the request body ({model, messages, ...}); "
-                      "its model must be the model directory's name")
+                      "its model must be a model directory's name")
+    comp.add_argument("--also", type=Path, action="append", default=[], metavar="MODEL_DIR",
+                      help="another model directory to load into the same budget (repeatable)")
     comp.add_argument("--budget-mib", type=int, default=1024, help="weights + KV pool, MiB (default: %(default)s)")
     tok = sub.add_parser("tokenize", help="token ids of a text")
     _model_options(tok)

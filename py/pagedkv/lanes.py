@@ -323,7 +323,10 @@ class ModelLane:
         """Plain-data snapshot for the dashboard, benchmarks and tests."""
         pool, cpu = self.kv.pool, self.kv.cpu_pool
         return {
-            "model": self.name, "num_blocks": pool.num_blocks, "used_blocks": pool.num_used, "free_blocks": pool.num_free,
+            "model": self.name, "num_blocks": pool.num_blocks, "free_blocks": pool.num_free,
+            # a shared pool: KV pages every model's requests hold, the pages weights hold, this model's own
+            "used_blocks": pool.num_used - pool.num_reserved, "reserved_blocks": pool.num_reserved,
+            "model_blocks": len({b for r in self.scheduler.running for b in r.seq.block_table}),
             "cpu_blocks": cpu.num_blocks if cpu else 0, "cpu_used_blocks": cpu.num_used if cpu else 0,
             "cpu_cached_blocks": cpu.num_cached if cpu else 0,
             "cpu_demoted_blocks": self.kv.cpu.num_demoted if cpu else 0,
