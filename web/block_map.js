@@ -23,7 +23,9 @@ function drawBlockMap(mem) {
   const gap = size > 3 ? 1 : 0;
   for (let i = 0; i < n; i++) {
     const c = mem.cells.charCodeAt(i);  // see ChatService.memory_snapshot
-    g.fillStyle = c === 102 ? "#f2f2f2" : c === 99 ? "#c9c9c9" : c === 115 ? "#7a4cc2" : colors[c - 0x100];
+    // f free, c cached, s shared, w a model's weights, m another model's requests (several models, one pool)
+    g.fillStyle = c === 102 ? "#f2f2f2" : c === 99 ? "#c9c9c9" : c === 115 ? "#7a4cc2" : c === 119 ? "#333"
+      : c === 109 ? "#e0a030" : colors[c - 0x100];
     g.fillRect((i % cols) * size, Math.floor(i / cols) * size, size - gap, size - gap);
   }
   canvas.setAttribute("aria-label", `Block map: ${mem.used_blocks} used, ${mem.cached_blocks} cached, ` +
@@ -46,6 +48,10 @@ export function renderMemory(mem, modelInfo) {
     ["Blocks per chat", Object.entries(mem.per_chat_blocks).map(([k, v]) => `${k}: ${v}`).join(", ") || "–"],
     ["Preemptions", `swap ${mem.engine.preemptions.swap} · recompute ${mem.engine.preemptions.recompute}`],
   ];
+  if (mem.models) {  // several models in one pool of pages: what each holds
+    facts.push(["Models", Object.entries(mem.models).map(([m, v]) =>
+      `${m}: ${v.kv_pages} KV + ${v.weights_pages} weights pages (× ${v.block_size} tokens)`).join(" · ")]);
+  }
   if (modelInfo && modelInfo.bytes_per_token) {
     facts.push(["KV bytes / token", `${modelInfo.bytes_per_token.toLocaleString()} B (${modelInfo.kv_dtype || "f32"}) · ` +
       `${(modelInfo.bytes_per_token * mem.block_size / 1024).toFixed(0)} KiB per block`]);

@@ -21,11 +21,19 @@ export class ApiError extends Error {
 
 const QUERY_OPTIONS = { model: "model", backend: "backend", budgetMiB: "budget_mib", kvDtype: "kv_dtype" };
 
+// options.models: several models in one engine, one budget and one KV pool (["smollm2-135m-instruct",
+// "tiny-random"]); the first is `engine.model`. options.model: one model (the same as models: [model]).
 export async function createEngine(options = {}) {
   const url = new URL("worker.js", import.meta.url);
+  const models = options.models ?? (options.model !== undefined ? [options.model] : []);
+  if (!Array.isArray(models) || models.some((m) => typeof m !== "string" || !m || m.includes(","))) {
+    throw new TypeError("models must be an array of model ids");
+  }
+  options = { ...options, model: models[0] };
   for (const [key, param] of Object.entries(QUERY_OPTIONS)) {
     if (options[key] !== undefined) url.searchParams.set(param, String(options[key]));
   }
+  if (models.length > 1) url.searchParams.set("models", models.join(","));
   const worker = new Worker(url);
   const engine = new Engine(worker, options.onProgress);
   await engine.ready;
@@ -57,18 +65,36 @@ class Engine {
     });
     const completions = { create: (body, opts) => this.create(body, opts) };
     this.chat = { completions };
-    this.models = { list: async () => ({ object: "list", data: [{ id: this.model, object: "model", created: 0,
-                                                                    owned_by: "pagedkv" }] }) };
+    this.models = { list: async () => ({ object: "list", data: (this.info.models || [this.model]).map((id) => ({
+      id, object: "model", created: 0, owned_by: "pagedkv" })) }) };
     this.fetch = (input, init) => this.handleFetch(input, init);
   }
 
-  // {model: LLMEngine.stats()}: its KV pool (num_blocks, used_blocks, free_blocks, cached_blocks), running and
-  // waiting requests, preemptions, prefill / decode token counters, bytes per token.
+  // {model: LLMEngine.stats()} per model: its KV pool (num_blocks, used_blocks, free_blocks, cached_blocks),
+  // running and waiting requests, preemptions, prefill / decode token counters, bytes per token; with several
+  // models also `pool`: the shared pages (pages, free, cached, reserved, and per model its KV and weights pages).
   stats() {
     const id = `stats-${this.nextId++}`;
     return new Promise((resolve) => {
       this.requests.set(id, { push: (msg) => { this.requests.delete(id); resolve(msg.stats); } });
       this.worker.postMessage({ type: "api-stats", id });
+    });
+  }
+
+  // Stop a model's requests (their streams end) and give its weights' and KV pages back to the others. The
+  // first model (the chat page's) stays; ApiError 404 for a model not loaded.
+  unload(model) {
+    const id = `unload-${this.nextId++}`;
+    return new Promise((resolve, reject) => {
+      this.requests.set(id, { push: (msg) => {
+        this.requests.delete(id);
+        if (msg.type === "api-error") reject(new ApiError(msg.status, msg.error));
+        else {
+          this.info.models = (this.info.models || [this.model]).filter((m) => m !== model);
+          resolve();
+        }
+      } });
+      this.worker.postMessage({ type: "api-unload", id, model });
     });
   }
 

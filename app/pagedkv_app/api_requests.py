@@ -1,23 +1,43 @@
-"""pagedkv.js's requests in the worker: OpenAI Chat Completions (pagedkv.api.CompletionService) on the chat
-service's engine and step loop. The chat service routes `api-request` / `api-abort` here and hands every step's
-outputs to `deliver` first; each request answers with `api-chunk`s and `api-end`, or one `api-error` (status,
-OpenAI's error JSON). docs/api.md, and the protocol table in docs/architecture.md."""
+"""pagedkv.js's requests in the worker: OpenAI Chat Completions (pagedkv.api.CompletionService, one per model
+the engine holds) on the chat service's engine and step loop. The chat service routes `api-request` /
+`api-abort` / `api-stats` / `api-unload` here and hands every step's outputs to `deliver` first; each request
+answers with `api-chunk`s and `api-end`, or one `api-error` (status, OpenAI's error JSON). docs/api.md, and the
+protocol table in docs/architecture.md."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from pagedkv.api import ApiError, CompletionService
 from pagedkv.chat import ChatTemplate
+from pagedkv.completions import parse_request
 from pagedkv.engine import LLMEngine
 
 
 class ApiRequests:
-    """The requests pagedkv.js sent, each a task streaming its chunks to the page through `post`."""
+    """The requests pagedkv.js sent, each a task streaming its chunks to the page through `post`. model_name:
+    the engine's first model (its lane: None, whatever the lane is called); add_model serves the others."""
 
     def __init__(self, engine: LLMEngine, template: ChatTemplate, model_name: str, kick, post) -> None:
-        self.service = CompletionService(engine, template, model_name, engine.context_length, kick)
-        self.post = post
+        self.engine, self.kick, self.post = engine, kick, post
+        self._ids = itertools.count(1)
+        self.services: dict[str, CompletionService] = {}
+        self._serve(model_name, template, None)
         self._tasks: dict[str, asyncio.Future] = {}
+
+    def _serve(self, model_name: str, template: ChatTemplate, lane: str | None) -> None:
+        self.services[model_name] = CompletionService(
+            self.engine, template, model_name, self.engine.lane(lane).context_length, self.kick, model=lane,
+            ids=self._ids)
+
+    def add_model(self, model_name: str, template: ChatTemplate) -> None:
+        """Serve another model of the engine (its lane is called `model_name`)."""
+        self._serve(model_name, template, model_name)
+
+    @property
+    def service(self) -> CompletionService:
+        """The first model's service."""
+        return next(iter(self.services.values()))
 
     def request(self, request_id: str, body) -> asyncio.Future:
         """Start one request; its task ends when its stream does (also when it is refused or aborted)."""
@@ -25,9 +45,16 @@ class ApiRequests:
         self._tasks[request_id] = task
         return task
 
+    def _service_for(self, body) -> CompletionService:
+        model = body.get("model") if isinstance(body, dict) else None
+        if isinstance(model, str) and model in self.services:
+            return self.services[model]
+        parse_request(body, list(self.services))  # names what is wrong with the body
+        raise ApiError(404, f"the model {model!r} does not exist here", "model")
+
     async def _stream(self, request_id: str, body) -> None:
         try:
-            async for piece in await self.service.stream(body, request_id=request_id):
+            async for piece in await self._service_for(body).stream(body, request_id=request_id):
                 self.post("api-chunk", id=request_id, chunk=piece)
             self.post("api-end", id=request_id)
         except ApiError as exc:
@@ -39,18 +66,44 @@ class ApiRequests:
             self._tasks.pop(request_id, None)
 
     def abort(self, request_id: str) -> None:
-        self.service.abort(request_id)
+        for service in self.services.values():
+            service.abort(request_id)
+
+    def unload(self, request_id: str, model: str) -> None:
+        """Stop `model`'s requests (their streams end) and give its pages back (api-unloaded), or api-error."""
+        try:
+            if model not in self.services:
+                raise ApiError(404, f"the model {model!r} is not loaded; loaded: {', '.join(self.services)}",
+                               "model")
+            if len(self.services) == 1 or model == next(iter(self.services)):
+                raise ApiError(400, f"{model} is the model the chat page runs on; it stays loaded", "model")
+            self.services.pop(model).close()
+            self.engine.remove_model(model)
+            self.post("api-unloaded", id=request_id, model=model)
+        except ApiError as exc:
+            self.post("api-error", id=request_id, status=exc.status, error=exc.body())
+
+    def stats(self) -> dict:
+        """Each model's LLMEngine.stats and, with several, the shared pool's pages."""
+        out = {name: self.engine.stats(service.model) for name, service in self.services.items()}
+        pool = self.engine.pool_stats()
+        if pool is not None:
+            out["pool"] = pool
+        return out
 
     def deliver(self, outputs) -> list:
         """Route this step's outputs of API requests to their streams; returns the rest (the chats')."""
-        return self.service.deliver(outputs)
+        for service in self.services.values():
+            outputs = service.deliver(outputs)
+        return outputs
 
     def fail(self, exc: Exception) -> None:
         """The step loop died: every API request ends with an api-error."""
-        self.service.fail(exc)
+        for service in self.services.values():
+            service.fail(exc)
 
     def keep_only(self, request_ids) -> None:
         """After a rebuild of the backend (a lost GPU device): abort the requests the new pool did not take back."""
         for request_id in list(self._tasks):
             if request_id not in request_ids:
-                self.service.abort(request_id)
+                self.abort(request_id)

@@ -106,8 +106,8 @@ class ChatService:
             "flush-disk": lambda msg: self.flush_disk(),
             "api-request": lambda msg: self.api.request(str(msg["id"]), msg.get("body")),
             "api-abort": lambda msg: self.api.abort(str(msg["id"])),
-            "api-stats": lambda msg: self.post("api-stats", id=str(msg["id"]),
-                                               stats={self.model_name: self.engine.stats()}),
+            "api-stats": lambda msg: self.post("api-stats", id=str(msg["id"]), stats=self.api.stats()),
+            "api-unload": lambda msg: self.api.unload(str(msg["id"]), str(msg.get("model"))),
         }
 
     # ---------------------------------------------------------------- UI messages

@@ -399,8 +399,22 @@ class LLMEngine:
         return written
 
     def kv_snapshot(self) -> dict:
-        """Plain data of the GPU block pool for the memory panel (kv.accounting.block_map)."""
-        return block_map(self.kv)
+        """Plain data of the GPU block pool for the memory panel (kv.accounting.block_map): the first model's
+        blocks by chat; with several models, "w" for a page weights hold and "m" for one another model's
+        running requests hold, and `models` (pool_stats)."""
+        snap = block_map(self.kv)
+        if self.pool is None:
+            return snap
+        cells = list(snap["cells"])
+        for lane in list(self.lanes.values())[1:]:
+            for req in lane.scheduler.running:
+                for bid in req.seq.block_table:
+                    cells[bid] = "m"
+            for bid in lane.reserved_blocks:
+                cells[bid] = "w"
+        for bid in self.lane().reserved_blocks:
+            cells[bid] = "w"
+        return dict(snap, cells="".join(cells), models=self.pool_stats()["models"])
 
 
 def run_sync(coro):

@@ -1,0 +1,61 @@
+"""Two models in one engine in the tab (web/examples/two-models.html on the CPU path: tiny-random writes,
+tiny-random-wide, 4x its KV width, reviews while the draft streams): both stream at once from one budget and
+one pool of pages; the writer's greedy draft is the one it writes alone; stats() shows the pool and each
+model's pages; unload ends the reviewer and gives its pages back; the chat page's model stays."""
+from __future__ import annotations
+
+PAGE = "/examples/two-models.html?writer=tiny-random&reviewer=tiny-random-wide&backend=cpu&budget_mib=16"
+
+AFTER = """async () => {
+  const e = window.engine;
+  const draft = document.getElementById("draft").textContent;
+  const topic = document.getElementById("topic").value;
+  const alone = await e.chat.completions.create({ model: "tiny-random", max_tokens: 96, temperature: 0,
+      messages: [{ role: "user", content: `Write a short paragraph about ${topic}.` }] });
+  const order = [];  // which model each chunk came from, two requests started together
+  const run = async (model) => {
+    for await (const c of await e.chat.completions.create({ model, stream: true, max_tokens: 24, temperature: 0,
+        messages: [{ role: "user", content: "count to ten" }] })) order.push(model);
+  };
+  await Promise.all([run("tiny-random"), run("tiny-random-wide")]);
+  const stats = await e.stats();
+  const listed = (await e.models.list()).data.map((m) => m.id);
+  await e.unload("tiny-random-wide");
+  const after = await e.stats();
+  const errors = [];
+  for (const [what, fn] of [["gone", () => e.chat.completions.create({ model: "tiny-random-wide",
+                                                                       messages: [{ role: "user", content: "hi" }] })],
+                            ["first", () => e.unload("tiny-random")]]) {
+    try { await fn(); errors.push([what, 0]); } catch (err) { errors.push([what, err.status]); }
+  }
+  return { draft, review: document.getElementById("review").textContent,
+           alone: alone.choices[0].message.content, stats, listed, after, order,
+           listedAfter: (await e.models.list()).data.map((m) => m.id), errors };
+}"""
+
+
+def test_two_models_stream_at_once_from_one_pool(browser, base_url):
+    page = browser.new_page()
+    try:
+        page.goto(base_url + PAGE)
+        page.wait_for_selector("html[data-engine=ready]", state="attached", timeout=240_000)
+        page.click("#go button")
+        page.wait_for_selector("html[data-done='1']", state="attached", timeout=240_000)
+        got = page.evaluate(AFTER)
+        assert got["draft"] and got["review"]
+        assert got["draft"] == got["alone"]  # the reviewer's traffic does not change the writer's greedy text
+        assert got["listed"] == ["tiny-random", "tiny-random-wide"]
+        order = got["order"]  # interleaved: each model streamed before the other's last chunk
+        assert order.index("tiny-random-wide") < len(order) - 1 - order[::-1].index("tiny-random")
+        assert order.index("tiny-random") < len(order) - 1 - order[::-1].index("tiny-random-wide")
+        stats, pool = got["stats"], got["stats"]["pool"]
+        assert stats["tiny-random"]["steps"] > 0 and stats["tiny-random-wide"]["steps"] > 0
+        assert (pool["models"]["tiny-random"]["block_size"], pool["models"]["tiny-random-wide"]["block_size"]) == (64, 16)
+        wide_weights = pool["models"]["tiny-random-wide"]["weights_pages"]
+        assert pool["reserved_pages"] == pool["models"]["tiny-random"]["weights_pages"] + wide_weights
+        assert stats["tiny-random"]["used_blocks"] == 0 and stats["tiny-random"]["running"] == 0
+        assert got["after"]["pool"]["reserved_pages"] == pool["reserved_pages"] - wide_weights
+        assert list(got["after"]["pool"]["models"]) == got["listedAfter"] == ["tiny-random"]
+        assert got["errors"] == [["gone", 404], ["first", 400]]
+    finally:
+        page.close()
