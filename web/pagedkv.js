@@ -22,35 +22,51 @@ export class ApiError extends Error {
 const QUERY_OPTIONS = { model: "model", backend: "backend", budgetMiB: "budget_mib", kvDtype: "kv_dtype" };
 
 // options.models: several models in one engine, one budget and one KV pool (["smollm2-135m-instruct",
-// "tiny-random"]); the first is `engine.model`. options.model: one model (the same as models: [model]).
+// "tiny-random"]); the first is `engine.model`. options.model: one model (the same as models: [model]). A
+// model is a built-in id, a GGUF the user opened before ("gguf:<file name>", kept in this origin's storage), or a
+// GGUF File / Blob: converted and stored in the worker as the chat page's "Open GGUF" does, then named
+// "gguf:<file name>" (a Blob without a name is "model.gguf").
 export async function createEngine(options = {}) {
   const url = new URL("worker.js", import.meta.url);
   const models = options.models ?? (options.model !== undefined ? [options.model] : []);
-  if (!Array.isArray(models) || models.some((m) => typeof m !== "string" || !m || m.includes(","))) {
-    throw new TypeError("models must be an array of model ids");
+  const files = [];
+  const names = Array.isArray(models) ? models.map((m) => {
+    if (typeof Blob !== "undefined" && m instanceof Blob) {
+      files.push(m instanceof File ? m : new File([m], "model.gguf"));
+      return `file:${files.length - 1}`;  // the worker waits for it (app/pagedkv_app/main.py, requested_models)
+    }
+    return m;
+  }) : null;
+  if (!names || names.some((m) => typeof m !== "string" || !m || m.includes(","))) {
+    throw new TypeError("models must be an array of model ids and GGUF Files / Blobs");
   }
-  options = { ...options, model: models[0] };
+  options = { ...options, model: names[0] };
   for (const [key, param] of Object.entries(QUERY_OPTIONS)) {
     if (options[key] !== undefined) url.searchParams.set(param, String(options[key]));
   }
-  if (models.length > 1) url.searchParams.set("models", models.join(","));
+  if (names.length > 1) url.searchParams.set("models", names.join(","));
   const worker = new Worker(url);
-  const engine = new Engine(worker, options.onProgress);
+  const engine = new Engine(worker, options.onProgress, files);
   await engine.ready;
   return engine;
 }
 
 class Engine {
-  constructor(worker, onProgress) {
+  constructor(worker, onProgress, files = []) {
     this.worker = worker;
     this.requests = new Map();  // id -> {push(msg)}: the api-* messages of one request
     this.nextId = 1;
     this.closed = false;
     this.ready = new Promise((resolve, reject) => {
       worker.onmessage = ({ data: msg }) => {
-        if (msg.type === "progress" || msg.type === "model-progress") {
+        if (msg.type === "progress" || msg.type === "model-progress" || msg.type === "gguf-progress") {
           const fraction = msg.total ? msg.loaded / msg.total : null;
-          onProgress?.({ stage: msg.stage || "model", fraction, text: msg.detail });
+          const stage = msg.type === "gguf-progress" ? `gguf-${msg.stage}` : msg.stage || "model";
+          onProgress?.({ stage, fraction, text: msg.detail });
+        } else if ((msg.type === "ready" || msg.type === "no-webgpu") && files.length) {
+          // Python is up: the GGUFs go over now (the worker waits for them before it loads the models)
+          files.forEach((file, slot) => worker.postMessage({ type: "open-gguf", file, slot }));
+          files = [];
         } else if (msg.type === "model-ready") {
           this.info = msg;
           this.model = msg.model;

@@ -29,6 +29,7 @@ from . import bridge, model_library
 from .chat_service import ChatService
 from .model_loader import fetch_model
 from .model_library import model_reader
+from .user_models import model_id
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MIB = 1 << 20
@@ -77,13 +78,54 @@ async def boot() -> None:
         # Say so plainly, then chat anyway on the numpy reference backend inside the tab (slow).
         bridge.post("no-webgpu", message=str(exc))
         state["backend"] = ("cpu", "no WebGPU in this browser, so the CPU fallback: slow")
-        await load_model(bridge.query_param("model", DEFAULT_MODEL), force_cpu=True)
+        await load_requested(force_cpu=True)
         return
     except Exception as exc:  # reported to the page, never swallowed
         bridge.post("error", kind="internal", message=f"{type(exc).__name__}: {exc}",
                     detail=traceback.format_exc())
         return
-    await load_model(bridge.query_param("model", DEFAULT_MODEL))
+    await load_requested()
+
+
+async def requested_models() -> list[str]:
+    """?model= then the others of ?models=, in order. `file:<i>` stands for the i-th GGUF File or Blob that
+    pagedkv.js's createEngine posts (open-gguf with slot i) once Python is up: it is converted and stored in
+    OPFS as the page's "Open GGUF" does, then named by its user model id."""
+    first = bridge.query_param("model", DEFAULT_MODEL)
+    names = [first] + [m for m in bridge.query_param("models", "").split(",") if m and m != first]
+    slots = {n: int(n[len(FILE_SLOT):]) for n in names if n.startswith(FILE_SLOT)}
+    loop = asyncio.get_running_loop()
+    waiting = state.setdefault("gguf_slots", {})
+    for i in slots.values():
+        waiting.setdefault(i, loop.create_future())
+    stored = {n: await waiting[i] for n, i in slots.items()}
+    return [stored.get(n, n) for n in names]
+
+
+FILE_SLOT = "file:"
+
+
+async def load_requested(force_cpu: bool = False) -> None:
+    """Load the models the page asked for (requested_models); a GGUF that could not be stored is a model-error."""
+    try:
+        names = await requested_models()
+    except Exception as exc:
+        bridge.post("model-error", model=bridge.query_param("model", DEFAULT_MODEL),
+                    message=f"{type(exc).__name__}: {exc}", detail=traceback.format_exc())
+        return
+    await load_model(*names, force_cpu=force_cpu)
+
+
+async def _open_slot(msg) -> None:
+    """A GGUF createEngine was given (slot i of requested_models): stored, its id goes to the load waiting."""
+    future = state.setdefault("gguf_slots", {}).setdefault(int(msg.slot), asyncio.get_running_loop().create_future())
+    try:
+        await model_library.open_gguf(msg.file, open_settings())
+        future.set_result(model_id(str(msg.file.name)))
+    except Exception as exc:  # the load waiting on it reports it as model-error
+        bridge.post("gguf-error", action="open-gguf", message=str(exc) or type(exc).__name__,
+                    error=type(exc).__name__, detail=traceback.format_exc())
+        future.set_exception(exc)
 
 
 def route(msg) -> None:
@@ -91,7 +133,11 @@ def route(msg) -> None:
     worker protocol"): the model list's go to model_library as they are (a File stays a File), every other
     to the chat service as a dict once a model is loaded."""
     kind = str(getattr(msg, "type", None))
-    if kind in model_library.ACTIONS:
+    if kind == "open-gguf" and getattr(msg, "slot", None) is not None:
+        task = asyncio.ensure_future(_open_slot(msg))
+        state.setdefault("tasks", set()).add(task)
+        task.add_done_callback(state["tasks"].discard)
+    elif kind in model_library.ACTIONS:
         model_library.handle(msg, open_settings)
     elif "service" in state:
         state["service"].handle(msg.to_py())
@@ -129,8 +175,9 @@ def tier_budgets() -> TierBudgets:
                        disk_bytes=mib("disk_mib", "512"))
 
 
-async def load_model(name: str, force_cpu: bool = False) -> None:
-    """Fetch the model with progress, build the engine and start answering chat messages."""
+async def load_model(name: str, *also: str, force_cpu: bool = False) -> None:
+    """Fetch the model (and `also`: several models share one engine, budget and pool) with progress, build the
+    engine and start answering chat messages."""
     try:
         t0 = bridge.now_ms()
         bridge.post("model-progress", model=name, loaded=0, total=1, detail="reading the model manifest")
@@ -141,7 +188,6 @@ async def load_model(name: str, force_cpu: bool = False) -> None:
         block_size = int(bridge.query_param("block_size", "16"))
         max_context = int(bridge.query_param("max_context", "0")) or None
         config = EngineConfig(namespace=name, max_context=max_context)
-        also = [m for m in bridge.query_param("models", "").split(",") if m and m != name]
         manifests = []
         if also:  # several models: one budget and one pool, on the CPU path for now (docs/api.md)
             if not force_cpu and state["backend"][0] != "cpu":

@@ -1,0 +1,71 @@
+"""createEngine with a GGUF File beside a built-in model (pagedkv.js, CPU path): the worker converts and stores
+the file as the page's "Open GGUF" does, names it gguf:<file name>, and loads both into one engine and one
+budget; the file's greedy reply is the CPython reference's on the same file. A malformed file rejects
+createEngine with the reader's error."""
+from __future__ import annotations
+
+import pytest
+from gguf_files import write_tiny_gguf
+
+from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
+from pagedkv.chat import ChatTemplate, Conversation
+from pagedkv.model.convert import convert_gguf
+from pagedkv.model.weights import ModelWeights, read_manifest
+from pagedkv.tokenizer import Tokenizer
+
+FILE_NAME = "tiny-llama.gguf"
+PROMPT = "Hello there!"
+MAX_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / FILE_NAME
+    write_tiny_gguf(path, seed=3)
+    return path
+
+
+def reference_text(gguf, out) -> str:
+    convert_gguf(gguf, out)
+    manifest = read_manifest(out)
+    tokenizer = Tokenizer.from_manifest(manifest)
+    prompt = Conversation(tokenizer, ChatTemplate.from_manifest(manifest, tokenizer)).add_user(PROMPT)
+    reply = greedy_reference(NumpyModel(ModelWeights.load(out)), prompt, MAX_TOKENS)
+    stops = tokenizer.eog_ids | {tokenizer.eos_token_id, tokenizer.find_token("<|im_end|>")}
+    return tokenizer.decode([t for t in reply if t not in stops])
+
+
+CREATE = """async ([name, bytes, max_tokens, prompt]) => {
+  const { createEngine } = await import("/pagedkv.js");
+  const stages = new Set();
+  let e;
+  try {
+    e = await createEngine({ models: [new File([new Uint8Array(bytes)], name), "tiny-random"], backend: "cpu",
+                             budgetMiB: 16, onProgress: (p) => stages.add(p.stage) });
+  } catch (err) {
+    return { error: String(err.message || err) };
+  }
+  const ask = (model) => e.chat.completions.create({ model, max_tokens, temperature: 0,
+                                                     messages: [{ role: "user", content: prompt }] });
+  const [file, tiny] = await Promise.all([ask(e.model), ask("tiny-random")]);
+  return { model: e.model, listed: (await e.models.list()).data.map((m) => m.id), stages: [...stages],
+           text: file.choices[0].message.content, tiny: tiny.choices[0].finish_reason,
+           pool: (await e.stats()).pool };
+}"""
+
+
+def test_a_gguf_file_beside_a_built_in_model(browser, base_url, tiny_gguf, tmp_path):
+    want = reference_text(tiny_gguf, tmp_path / "converted")
+    page = browser.new_page()
+    try:
+        page.goto(base_url + "/examples/api.html?model=tiny-random&backend=cpu")
+        got = page.evaluate(CREATE, [FILE_NAME, list(tiny_gguf.read_bytes()), MAX_TOKENS, PROMPT])
+        assert "error" not in got, got
+        assert got["model"] == f"gguf:{FILE_NAME}" and got["listed"] == [f"gguf:{FILE_NAME}", "tiny-random"]
+        assert {"gguf-convert", "gguf-store"} <= set(got["stages"])
+        assert got["text"] == want
+        assert got["tiny"] in ("stop", "length") and got["pool"]["reserved_pages"] > 0
+        bad = page.evaluate(CREATE, ["broken.gguf", list(b"GGUF" + bytes(60)), MAX_TOKENS, PROMPT])
+        assert "error" in bad and "broken.gguf" in bad["error"], bad
+    finally:
+        page.close()
