@@ -38,6 +38,8 @@ BENCHMARKS = {
     # the KV pool a synthetic 1.5B-class Q4_K model leaves in 1 GiB (its GGUF is written on first use, ~1 min)
     "kv_sim_synthetic_1_5b": ["bench.kv_sim", "--json", "--budget-gib", "1", "--seed", "0",
                               "--model", "synthetic-1.5b"],
+    # SmolLM2-135M and the synthetic 1.5B in one page, one budget: a static KV share each vs one shared paged pool
+    "two_models": ["bench.two_models", "--json", "--budget-gib", "1", "--seed", "0"],
     "kv_browser": ["bench.kv_browser"],
     "kv_ops": ["bench.kv_ops"],
     "tokenizer": ["bench.bench_tokenizer"],

@@ -169,15 +169,27 @@ class Replay:
     Every slot given to a token is reported to `on_slots(seq, first, n, slots)` (slots: (n,) int64 physical
     token slots, block * block_size + offset for paged, arena slot for contiguous) and every contiguous
     reallocation to `on_copy(dst_slots)`: bench/kv_browser.py turns them into kv_write dispatches.
-    `trace` keeps the per-tick utilization series and the block map at the last arrival (for plots)."""
+    `trace` keeps the per-tick utilization series and the block map at the last arrival (for plots).
+    `manager`: replay on this paged allocator instead of a fresh one (one of several models' managers on a
+    SharedKVBudget's pool, bench/two_models.py); budget_bytes and bpt are then only recorded, and the cached
+    blocks counted are those of the manager's namespace."""
 
     def __init__(self, kind: str, plans: list[SessionPlan], cfg: WorkloadConfig, budget_bytes: int, bpt: int,
                  block_size: int = 16, contiguous_max_context: int = 2048, enable_prefix_caching: bool = True,
-                 on_slots=None, on_copy=None, trace: bool = False, preempt: bool = False) -> None:
+                 on_slots=None, on_copy=None, trace: bool = False, preempt: bool = False,
+                 manager: KVCacheManager | None = None) -> None:
         if kind not in ("paged", "contiguous"):
             raise ValueError(f"allocator kind must be 'paged' or 'contiguous', got {kind!r}")
+        if manager is not None and kind != "paged":
+            raise ValueError(f"a KVCacheManager is a paged allocator; got kind {kind!r}")
         self.kind, self.cfg, self.block_size = kind, cfg, block_size
-        if kind == "paged":
+        self.shared_pool = manager is not None
+        if manager is not None:
+            self.alloc, self.block_size = manager, manager.block_size
+            self.total_slots = manager.pool.num_blocks * manager.block_size
+            self.config = {"num_blocks": manager.pool.num_blocks, "block_size": manager.block_size,
+                           "enable_prefix_caching": manager.config.enable_prefix_caching, "shared_pool": True}
+        elif kind == "paged":
             cache = CacheConfig.from_budget(budget_bytes, bpt, block_size,
                                             enable_prefix_caching=enable_prefix_caching)
             self.alloc = KVCacheManager(cache, namespace="SmolLM2-135M-Instruct")
@@ -313,7 +325,8 @@ class Replay:
         st = kv_stats(self.alloc) if paged else self.alloc.stats()
         used_slots = st.used_blocks * (self.block_size if paged else 1)
         util = used_slots / self.total_slots
-        held = st.physical_tokens + (st.cached_blocks * self.block_size if paged else 0)
+        cached = cached_blocks_of(self.alloc) if self.shared_pool else st.cached_blocks if paged else 0
+        held = st.physical_tokens + cached * self.block_size
         if self.trace and self.now % TRACE_EVERY_S == 0:
             self.series.append((self.now, round(util, 5), round(held / self.total_slots, 5)))
         if not in_window:
@@ -350,6 +363,13 @@ class Replay:
             out["series"] = self.series
             out["block_map"] = self.block_map
         return out
+
+
+def cached_blocks_of(manager: KVCacheManager) -> int:
+    """Cached (evictable) blocks of the manager's pool holding the manager's own prefixes (its namespace): on a
+    pool shared by several models, the pool's num_cached counts every model's."""
+    return sum(1 for b in manager.pool.block_states()
+               if b.ref_count == 0 and b.block_hash is not None and b.salt == manager.namespace)
 
 
 def block_map(replay: Replay) -> dict:
