@@ -131,7 +131,7 @@ def test_weights_reserve_pages_with_the_numbers_and_unloading_returns_them(tiny_
         engine.remove_model("tiny")
 
 
-def test_the_memory_panel_tells_the_models_and_the_weights_apart(tiny_weights, mixed_weights):  # noqa: F811
+def test_the_memory_panel_colours_every_models_chats_and_the_weights(tiny_weights, mixed_weights):  # noqa: F811
     engine = shared(tiny_weights, mixed_weights, 12)
     engine.reserve_for("tiny", 1)
     engine.reserve_for("mixed", 2)
@@ -139,7 +139,8 @@ def test_the_memory_panel_tells_the_models_and_the_weights_apart(tiny_weights, m
     engine.add_request(list(range(3, 70)), SamplingParams(max_tokens=4), model="tiny", session="t")  # 2 pages
     run_sync(engine.step())
     snap = engine.kv_snapshot()
-    assert sorted(snap["cells"]) == sorted("www" + "mmm" + chr(0x100) * 2 + "f" * 4)
-    assert snap["owners"] == ["t"]
+    assert sorted(snap["cells"]) == sorted("www" + chr(0x100) * 2 + chr(0x101) * 3 + "f" * 4)
+    assert (snap["owners"], snap["owner_models"], snap["per_chat_blocks"]) == (["t", "m"], ["tiny", "mixed"],
+                                                                             {"t": 2, "m": 3})
     assert snap["models"]["mixed"] == {"kv_pages": 3, "weights_pages": 2, "block_size": 16}
     assert snap["models"]["tiny"] == {"kv_pages": 2, "weights_pages": 1, "block_size": 64}

@@ -23,9 +23,9 @@ function drawBlockMap(mem) {
   const gap = size > 3 ? 1 : 0;
   for (let i = 0; i < n; i++) {
     const c = mem.cells.charCodeAt(i);  // see ChatService.memory_snapshot
-    // f free, c cached, s shared, w a model's weights, m another model's requests (several models, one pool)
+    // f free, c cached, s shared, w a model's weights (several models, one pool), else the owner chat's colour
     g.fillStyle = c === 102 ? "#f2f2f2" : c === 99 ? "#c9c9c9" : c === 115 ? "#7a4cc2" : c === 119 ? "#333"
-      : c === 109 ? "#e0a030" : colors[c - 0x100];
+      : colors[c - 0x100];
     g.fillRect((i % cols) * size, Math.floor(i / cols) * size, size - gap, size - gap);
   }
   canvas.setAttribute("aria-label", `Block map: ${mem.used_blocks} used, ${mem.cached_blocks} cached, ` +
@@ -45,7 +45,10 @@ export function renderMemory(mem, modelInfo) {
     ["Tokens stored", mem.tokens_stored.toLocaleString()],
     ["Prefix-cache hit rate", pct(mem.prefix_hit_rate)],
     ["Tokens / s", mem.tokens_per_s.toFixed(1)],
-    ["Blocks per chat", Object.entries(mem.per_chat_blocks).map(([k, v]) => `${k}: ${v}`).join(", ") || "–"],
+    ["Blocks per chat", Object.entries(mem.per_chat_blocks).map(([k, v]) => {
+      const model = mem.owner_models?.[mem.owners.indexOf(k)];  // several models: whose chat it is
+      return model ? `${k} (${model}): ${v}` : `${k}: ${v}`;
+    }).join(", ") || "–"],
     ["Preemptions", `swap ${mem.engine.preemptions.swap} · recompute ${mem.engine.preemptions.recompute}`],
   ];
   if (mem.models) {  // several models in one pool of pages: what each holds
@@ -84,7 +87,7 @@ export function renderMemory(mem, modelInfo) {
     return [dt, dd];
   }));
   root.dataset.memory = JSON.stringify({ used: mem.used_blocks, cached: mem.cached_blocks, free: mem.free_blocks,
-    total: mem.total_blocks, per_chat: mem.per_chat_blocks, owners: mem.owners,
+    total: mem.total_blocks, per_chat: mem.per_chat_blocks, owners: mem.owners, owner_models: mem.owner_models ?? null,
     cpu_blocks: e.cpu_blocks, cpu_used: e.cpu_used_blocks, cpu_cached: e.cpu_cached_blocks,
     disk_blocks: e.disk_blocks ?? null, restored: e.last_disk_restored_tokens ?? null,
     prefill_tokens: e.prefill_tokens, disk_corrupt: e.disk_corrupt_blocks ?? null });

@@ -21,6 +21,7 @@ function renderChats() {
     b.style.borderLeft = `4px solid ${chatColor(c.id)}`;
     if (ui.busy[c.id]) b.classList.add("busy");
     if (c.model) { b.classList.add("foreign"); b.title = `made with ${c.model}: read-only here`; }
+    else if ((ui.modelInfo?.models || []).length > 1) { b.title = c.of; b.dataset.model = c.of; }  // several models
     b.setAttribute("aria-current", String(c.id === ui.current));
     b.addEventListener("click", () => selectChat(c.id));
     li.append(b);
@@ -88,7 +89,7 @@ function send() {
 
 function sendTo(id, text) {
   ui.pending[id] = { text };  // shown as pending until the worker's turn-start (or chat-error hands it back)
-  ui.worker.postMessage({ type: "send", chat: id, text, settings: requestSettings() });
+  ui.worker.postMessage({ type: "send", chat: id, text, settings: requestSettings(), model: store.record(id)?.model });
   refresh(id);
 }
 
@@ -156,10 +157,14 @@ export function onModelReady(msg) {
   $("mem-kv-dtype").disabled = msg.backend === "cpu";  // the numpy fallback keeps f32 K/V
   $("mem-kv-dtype").title = msg.backend === "cpu" ? "the CPU fallback keeps f32 KV" : "";
   if (msg.kv_dtype && msg.backend !== "cpu") $("mem-kv-dtype").value = msg.kv_dtype;
+  const picker = $("new-chat-model");  // ?models=a,b: a new chat talks to the model picked here
+  picker.replaceChildren(...(msg.models || []).map((m) => new Option(m, m)));
+  picker.hidden = (msg.models || []).length < 2;
   restoreChats().then(acceptChats);
   const loaded = `loaded in ${(msg.load_ms / 1000).toFixed(1)} s`;
   // Why this backend (backends/choice.py): auto's CPU on a software adapter is the faster path, not a fallback.
-  $("chat-status").textContent = `${msg.model} on the ${msg.backend} backend (${msg.backend_reason}), ${loaded}`;
+  const models = (msg.models || []).length > 1 ? msg.models.join(" + ") : msg.model;
+  $("chat-status").textContent = `${models} on the ${msg.backend} backend (${msg.backend_reason}), ${loaded}`;
   $("model-detail").textContent = `${msg.model}: ${loaded}`;  // no stage of the load is still going
 }
 
@@ -196,8 +201,9 @@ function acceptChats() {
 // The page makes the chat (its record in IndexedDB); the worker opens its session at its first message.
 function newChat() {
   ui.newChatWanted = false;
-  const rec = store.newChat(ui.modelInfo.model);
-  ui.list.push({ id: rec.id, title: rec.title });
+  const several = (ui.modelInfo.models || []).length > 1;  // ?models=: the new chat's model is the one picked
+  const rec = store.newChat(several ? $("new-chat-model").value : ui.modelInfo.model);
+  ui.list.push({ id: rec.id, title: rec.title, of: rec.model });
   selectChat(rec.id);
 }
 

@@ -30,7 +30,7 @@ function showRecord(rec) {
   if (rec.settings) ui.settings[rec.id] = rec.settings;
 }
 
-const listEntry = (rec) => ({ id: rec.id, title: rec.title });
+const listEntry = (rec) => ({ id: rec.id, title: rec.title, of: rec.model });
 
 // Said at once, before any chat is made: a person must know their chats will not survive a reload.
 function showSaveNotice(problem) {
@@ -59,12 +59,13 @@ export async function listSavedChats() {
 export async function restoreChats() {
   showSaveNotice(await store.openStore());
   const model = ui.modelInfo.model;
-  const { readable, unreadable } = await store.loadRecords(model, ui.modelInfo.default_model);
+  const loaded = ui.modelInfo.models || [model];  // ?models=: chats of every loaded model go on here
+  const { readable, unreadable } = await store.loadRecords(loaded, ui.modelInfo.default_model);
   readable.sort(byCreation);
-  const mine = readable.filter((rec) => rec.model === model && !store.isDeleted(rec.id));
+  const mine = readable.filter((rec) => loaded.includes(rec.model) && !store.isDeleted(rec.id));
   for (const rec of readable) {
     showRecord(rec);
-    if (rec.model !== model) ui.foreign[rec.id] = { id: rec.id, title: rec.title, model: rec.model };
+    if (!loaded.includes(rec.model)) ui.foreign[rec.id] = { id: rec.id, title: rec.title, model: rec.model };
   }
   ui.list = mine.map(listEntry);
   if (!ui.list.length) ui.list.push(listEntry(store.newChat(model)));
@@ -73,7 +74,7 @@ export async function restoreChats() {
     ui.queued = null;
   }
   ui.worker.postMessage({ type: "open-sessions", sessions: mine.map((r) => ({ id: r.id, checkpoint: r.checkpoint,
-    before_reply: r.before_reply, partial_ids: r.partial_ids || [], streaming: !!r.streaming })) });
+    before_reply: r.before_reply, partial_ids: r.partial_ids || [], streaming: !!r.streaming, model: r.model })) });
   const n = unreadable.length;
   $("store-note").hidden = !n;
   $("store-note").textContent = n ? `${n} saved chat${n > 1 ? "s" : ""} could not be read (left as stored)` : "";

@@ -60,13 +60,13 @@ export function readRecords() {
   });
 }
 
-/** readRecords, once `model` is loaded: each readable record of `model` (a record without one is
- *  `defaultModel`'s) is remembered as its chat's record. */
-export async function loadRecords(model, defaultModel) {
+/** readRecords, once `models` are loaded (the page's, and the others of a page of several): each readable
+ *  record of one of them (a record without one is `defaultModel`'s) is remembered as its chat's record. */
+export async function loadRecords(models, defaultModel) {
   const sorted = await readRecords();
   for (const rec of sorted.readable) {
     rec.model ??= defaultModel;
-    if (rec.model === model) saved.set(rec.id, rec);
+    if (models.includes(rec.model)) saved.set(rec.id, rec);
   }
   return sorted;
 }

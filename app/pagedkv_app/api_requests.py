@@ -34,6 +34,12 @@ class ApiRequests:
         """Serve another model of the engine (its lane is called `model_name`)."""
         self._serve(model_name, template, model_name)
 
+    def template_of(self, lane: str | None) -> ChatTemplate:
+        """The chat template of the engine's model `lane` (None: the first)."""
+        if lane is None:
+            return self.service.template
+        return next(s.template for s in self.services.values() if s.model == lane)
+
     @property
     def service(self) -> CompletionService:
         """The first model's service."""

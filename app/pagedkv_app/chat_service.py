@@ -34,6 +34,7 @@ class Session:
 
     session_id: str
     conversation: Conversation
+    model: str | None = None  # the engine's model it talks to (None: the first, the page's own)
     request_id: str | None = None
     request: object = None  # the engine's Request while generating
     before_reply: tuple | None = None  # history just before the last reply (for Regenerate)
@@ -96,7 +97,7 @@ class ChatService:
         # The page's messages to the chat service (docs/architecture.md, "The page <-> worker protocol").
         self.messages = {
             "open-sessions": lambda msg: self.open_sessions(msg.get("sessions") or []),
-            "send": lambda msg: self.send(msg["chat"], msg["text"], msg.get("settings") or {}),
+            "send": lambda msg: self.send(msg["chat"], msg["text"], msg.get("settings") or {}, msg.get("model")),
             "regenerate": lambda msg: self.regenerate(msg["chat"], msg.get("settings") or {}),
             "alternatives": lambda msg: self.alternatives(msg["chat"], msg.get("settings") or {},
                                                           int(msg.get("n", 3))),
@@ -133,7 +134,8 @@ class ChatService:
         session = self.sessions.get(session_id)
         if session is not None and (record is None or session.request_id is not None):
             return session
-        conv = Conversation(self.engine.tokenizer, self.template)
+        model = self._lane_of((record or {}).get("model"))
+        conv = Conversation(self.engine.lane(model).tokenizer, self.api.template_of(model))
         checkpoint = (record or {}).get("checkpoint")
         if checkpoint:
             conv.rollback(tuple(checkpoint))
@@ -142,10 +144,10 @@ class ChatService:
         # leaves it): without it the next message would follow the user's with no reply between.
         cut = partial or ((record or {}).get("streaming") and conv.messages and conv.messages[-1]["role"] == "user")
         reply = conv.add_generated(partial) if cut else None
-        session = self.sessions[session_id] = Session(session_id, conv)
+        session = self.sessions[session_id] = Session(session_id, conv, model)
         if (record or {}).get("before_reply"):
             session.before_reply = tuple(record["before_reply"])
-        self.engine.refer_history(session_id, conv.ids)
+        self.engine.refer_history(session_id, conv.ids, model)
         if cut:  # the reply's text as the history holds it (a character cut mid-way is U+FFFD, not nothing)
             self.post_saved(session, reply=reply)
         return session
@@ -157,9 +159,22 @@ class ChatService:
             self.open_session(str(record["id"]), record)
         self.post_stats(force=True)
 
-    def send(self, chat_id: str, text: str, settings: dict) -> str:
-        """Add the user's message and queue the reply; the conversation in view gets priority."""
-        chat = self._idle_chat(chat_id)
+    def _lane_of(self, model: str | None) -> str | None:
+        """The engine's name for a chat's model: None for the page's own (the first); ValueError when that
+        model is not loaded."""
+        if model in (None, "", self.model_name):
+            return None
+        if model not in self.engine.models:
+            raise ValueError(f"the chat's model {model} is not loaded here (loaded: {', '.join(self.engine.models)})")
+        return model
+
+    def _stop_ids(self, chat: Session) -> tuple[int, ...]:
+        return self.stop_ids if chat.model is None else tuple(sorted(self.engine.lane(chat.model).default_stop_ids))
+
+    def send(self, chat_id: str, text: str, settings: dict, model: str | None = None) -> str:
+        """Add the user's message and queue the reply; the conversation in view gets priority. model: a new
+        chat's model (when the engine holds several; default the page's)."""
+        chat = self._idle_chat(chat_id, model)
         if not text.strip():
             raise ValueError("the message is empty")
         system = (settings.get("system") or "").strip()
@@ -188,7 +203,7 @@ class ChatService:
             raise ValueError("there is no reply to show alternatives for in this chat")
         if not 2 <= n <= 8:
             raise ValueError(f"ask for 2 to 8 alternatives, not {n}")
-        params = replace(sampling_from(settings, self.stop_ids), n=n)
+        params = replace(sampling_from(settings, self._stop_ids(chat)), n=n)
         if params.seed is not None:  # the reply drew with seed s: s + 1 .. s + n, so none repeats it
             params = replace(params, seed=params.seed + 1)
         conv = chat.conversation
@@ -199,7 +214,7 @@ class ChatService:
         finally:
             conv.rollback(now)
         rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
-                                      session=chat.session_id)
+                                      session=chat.session_id, model=chat.model)
         chat.request_id, chat.request = rid, self.engine.request(rid)
         chat.alternatives = Alternatives(rid, [[] for _ in range(n)], [False] * n)
         self.post("alt-start", chat=chat.session_id, request=rid, n=n)
@@ -244,15 +259,17 @@ class ChatService:
         self.post("alt-end", chat=chat.session_id, reason=reason, alternatives=alt.contents,
                   tokens=[len(ids) for ids in alt.ids])
 
-    def _idle_chat(self, chat_id: str) -> Session:
-        """The chat's session, opened empty if the page has not sent its record (a new chat); it must be idle."""
-        chat = self.open_session(str(chat_id))
+    def _idle_chat(self, chat_id: str, model: str | None = None) -> Session:
+        """The chat's session, opened empty (of `model`) if the page has not sent its record (a new chat); it
+        must be idle."""
+        chat = self.open_session(str(chat_id), None if model is None or str(chat_id) in self.sessions
+                                 else {"model": model})
         if chat.request_id is not None:
             raise ValueError("this chat is still answering; stop it or wait")
         return chat
 
     def _start_reply(self, chat: Session, settings: dict, change_history, *, regenerate: bool) -> str:
-        params = sampling_from(settings, self.stop_ids)
+        params = sampling_from(settings, self._stop_ids(chat))
         fallback = FallbackSettings.from_settings(settings)
         self.remote.check(fallback)
         conv = chat.conversation
@@ -264,7 +281,7 @@ class ChatService:
             remote_reason = self.remote.reason_for(fallback)
             if remote_reason is None:
                 rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
-                                              session=chat.session_id)
+                                              session=chat.session_id, model=chat.model)
         except ValueError as exc:
             if fallback is not None and self.remote.cannot_fit(exc, prompt):
                 return self.remote.start(chat, fallback, params, str(exc), regenerate)
@@ -280,7 +297,7 @@ class ChatService:
         chat.alternatives = None  # a new reply supersedes alternatives not kept
         chat.before_reply = conv.checkpoint()
         chat.partial_ids, chat.partial_text = [], []
-        cached = self.engine.cached_prefix_tokens(prompt[:-1])
+        cached = self.engine.cached_prefix_tokens(prompt[:-1], chat.model)
         self.post("turn-start", chat=chat.session_id, request=rid, prompt_tokens=len(prompt), cached_tokens=cached,
                   regenerate=regenerate, engine={"kind": "local", "backend": self.engine.backend.name})
         self.post_saved(chat)  # with the user's message, so a reload mid-reply keeps both
@@ -324,8 +341,9 @@ class ChatService:
                 histories += [list(r.seq.token_ids) for r in chat.request.samples or [chat.request]]
             # Longest first: eviction finds blocks along their prefix chain, which a shorter history would cut.
             for ids in sorted(histories, key=len, reverse=True):
-                shared = max((_common_prefix(ids, c.conversation.ids) for c in self.sessions.values()), default=0)
-                self.engine.forget_history(ids, keep_tokens=shared)
+                shared = max((_common_prefix(ids, c.conversation.ids) for c in self.sessions.values()
+                              if c.model == chat.model), default=0)
+                self.engine.forget_history(ids, keep_tokens=shared, model=chat.model)
             if self.engine.disk_enabled:  # its block files go too, but for those another chat's history holds
                 self._disk_task = asyncio.ensure_future(self._forget_on_disk(chat_id))
         finally:  # the session is gone whatever failed
@@ -435,7 +453,7 @@ class ChatService:
         """The session's exact token history as it stands now, for the page to store in the chat's record
         (`reply`: the text of a cut-off reply the session was opened with)."""
         messages, ids, text = chat.conversation.checkpoint()
-        self.engine.refer_history(chat.session_id, chat.conversation.ids)
+        self.engine.refer_history(chat.session_id, chat.conversation.ids, chat.model)
         before = chat.before_reply
         self.post("session-saved", chat=chat.session_id, checkpoint=[list(messages), list(ids), text],
                   before_reply=None if before is None else [list(before[0]), list(before[1]), before[2]], **extra)

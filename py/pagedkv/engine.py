@@ -353,24 +353,28 @@ class LLMEngine:
         """Whether a disk tier is attached."""
         return self.disk is not None
 
-    def cached_prefix_tokens(self, token_ids) -> int:
-        """Leading tokens of `token_ids` the GPU prefix cache holds now (whole blocks); changes nothing."""
-        cached, _ = self.kv.lookup_prefix(token_ids)
+    def cached_prefix_tokens(self, token_ids, model: str | None = None) -> int:
+        """Leading tokens of `token_ids` the GPU prefix cache holds now for `model` (None: the first; whole
+        blocks); changes nothing."""
+        cached, _ = self.lane(model).kv.lookup_prefix(token_ids)
         return cached
 
-    def refer_history(self, owner: str, token_ids) -> None:
+    def refer_history(self, owner: str, token_ids, model: str | None = None) -> None:
         """`owner` (a chat) now holds the history `token_ids`: the disk tier keeps its block files for it
-        (replacing what it held before) and flush_disk writes its blocks. Nothing without a disk tier."""
-        if self.disk is not None:
-            self.disk.refer(owner, token_ids)
+        (replacing what it held before) and flush_disk writes its blocks. Nothing without a disk tier (only
+        the first model has one)."""
+        lane = self.lane(model)
+        if lane.disk is not None:
+            lane.disk.refer(owner, token_ids)
 
-    def forget_history(self, token_ids, keep_tokens: int = 0) -> None:
-        """A history nobody holds any more (a deleted chat): its cached blocks past the first `keep_tokens`
-        tokens (what another history shares) leave the GPU prefix cache and the CPU tier. Blocks a live or
-        swapped sequence holds stay."""
-        self.kv.evict_prefix(token_ids, keep_tokens=keep_tokens)
-        if self.kv.cpu is not None:
-            self.kv.cpu.forget(token_ids, keep_tokens=keep_tokens)
+    def forget_history(self, token_ids, keep_tokens: int = 0, model: str | None = None) -> None:
+        """A history of `model` (None: the first) nobody holds any more (a deleted chat): its cached blocks past
+        the first `keep_tokens` tokens (what another history shares) leave the GPU prefix cache and the CPU
+        tier. Blocks a live or swapped sequence holds stay."""
+        kv = self.lane(model).kv
+        kv.evict_prefix(token_ids, keep_tokens=keep_tokens)
+        if kv.cpu is not None:
+            kv.cpu.forget(token_ids, keep_tokens=keep_tokens)
 
     async def forget_owner(self, owner: str) -> int:
         """Drop `owner` (a deleted chat) from the disk tier and delete the block files only its history
@@ -399,22 +403,29 @@ class LLMEngine:
         return written
 
     def kv_snapshot(self) -> dict:
-        """Plain data of the GPU block pool for the memory panel (kv.accounting.block_map): the first model's
-        blocks by chat; with several models, "w" for a page weights hold and "m" for one another model's
-        running requests hold, and `models` (pool_stats)."""
+        """Plain data of the GPU block pool for the memory panel (kv.accounting.block_map): blocks by chat;
+        with several models, every model's chats (one owner list; a session's blocks are one model's), "w" for
+        a page weights hold, `models` (pool_stats: each model's pages) and `owner_models` (each owner's model)."""
         snap = block_map(self.kv)
         if self.pool is None:
             return snap
-        cells = list(snap["cells"])
+        cells, owners = list(snap["cells"]), list(snap["owners"])
+        owner_models = [self.models[0]] * len(owners)
+        per_chat = dict(snap["per_chat_blocks"])
         for lane in list(self.lanes.values())[1:]:
             for req in lane.scheduler.running:
+                if req.seq.session not in owners:
+                    owners.append(req.seq.session)
+                    owner_models.append(lane.name)
+                mark = chr(0x100 + owners.index(req.seq.session))
                 for bid in req.seq.block_table:
-                    cells[bid] = "m"
+                    cells[bid] = mark if self.pool.ref_count(bid) == 1 else "s"
+            per_chat.update(lane.stats_blocks_per_session())
+        for lane in self.lanes.values():
             for bid in lane.reserved_blocks:
                 cells[bid] = "w"
-        for bid in self.lane().reserved_blocks:
-            cells[bid] = "w"
-        return dict(snap, cells="".join(cells), models=self.pool_stats()["models"])
+        return dict(snap, cells="".join(cells), owners=owners, owner_models=owner_models, per_chat_blocks=per_chat,
+                    used_blocks=self.pool.num_used - self.pool.num_reserved, models=self.pool_stats()["models"])
 
 
 def run_sync(coro):

@@ -16,6 +16,7 @@ import numpy as np
 from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .block_mover import BlockMover
 from .config import CacheConfig, EngineConfig
+from .kv.accounting import kv_stats
 from .kv.block_pool import BlockPool
 from .kv.disk_cache import DiskCache
 from .kv.disk_tier import DiskTier
@@ -338,6 +339,10 @@ class ModelLane:
             "bytes_per_token": self.bytes_per_token, **self.counters,
             **(self.disk.stats() if self.disk is not None else {}),
         }
+
+    def stats_blocks_per_session(self) -> dict[str, int]:
+        """Distinct blocks each session's running requests hold (kv.accounting.kv_stats)."""
+        return kv_stats(self.kv).per_session_blocks
 
     @property
     def bytes_per_token(self) -> int:
