@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from pagedkv.chat import ChatTemplate, Conversation
 from pagedkv.engine import LLMEngine
 from pagedkv.sampling import SamplingParams
 
 from .api_requests import ApiRequests
+from .chat_alternatives import AlternativeReplies, Alternatives
 from .dashboard import TokenRate, memory_snapshot
 from .remote import FallbackSettings, RemoteReply
 from .remote_replies import RemoteReplies
@@ -40,19 +41,8 @@ class Session:
     before_reply: tuple | None = None  # history just before the last reply (for Regenerate)
     partial_ids: list[int] = field(default_factory=list)
     partial_text: list[str] = field(default_factory=list)
-    alternatives: "Alternatives | None" = None  # other replies sampled for the last user message
+    alternatives: Alternatives | None = None  # other replies sampled for the last user message
     remote: RemoteReply | None = None  # set while the fallback server is answering instead of the engine
-
-
-@dataclass
-class Alternatives:
-    """n replies to the last user message sampled in parallel (one request, its samples forking the prompt's
-    blocks); the current reply stays until the user keeps one of them."""
-
-    request_id: str
-    ids: list[list[int]]  # generated ids per sample index
-    done: list[bool]
-    contents: list[str] | None = None  # the reply text of each, once all finished
 
 
 def sampling_from(settings: dict, stop_ids: tuple[int, ...]) -> SamplingParams:
@@ -92,6 +82,7 @@ class ChatService:
         self._flush_task: asyncio.Future | None = None  # the last flush of the disk tier (flush-disk)
         # OpenAI Chat Completions for pages that import pagedkv.js (api-request): its requests ride this loop.
         self.api = ApiRequests(engine, template, model_name, self._ensure_loop, post)
+        self.alts = AlternativeReplies(engine, post, self._ensure_loop)
         self.remote = RemoteReplies(open_stream, post, webgpu=webgpu, context_length=engine.context_length,
                                     saved=self.post_saved, ended=self._end_turn)
         # The page's messages to the chat service (docs/architecture.md, "The page <-> worker protocol").
@@ -196,68 +187,16 @@ class ChatService:
         return self._start_reply(chat, settings, lambda conv: conv.rollback(before), regenerate=True)
 
     def alternatives(self, chat_id: str, settings: dict, n: int = 3) -> str:
-        """Sample `n` other replies to the last user message at once: one request of n parallel samples,
-        the prompt prefilled once (or served by the prefix cache) and its blocks shared by the samples."""
+        """Sample `n` other replies to the last user message at once (chat_alternatives.AlternativeReplies)."""
         chat = self._idle_chat(chat_id)
-        if chat.before_reply is None:
-            raise ValueError("there is no reply to show alternatives for in this chat")
-        if not 2 <= n <= 8:
-            raise ValueError(f"ask for 2 to 8 alternatives, not {n}")
-        params = replace(sampling_from(settings, self._stop_ids(chat)), n=n)
-        if params.seed is not None:  # the reply drew with seed s: s + 1 .. s + n, so none repeats it
-            params = replace(params, seed=params.seed + 1)
-        conv = chat.conversation
-        now = conv.checkpoint()
-        conv.rollback(chat.before_reply)
-        try:
-            prompt = conv.prompt_ids()
-        finally:
-            conv.rollback(now)
-        rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
-                                      session=chat.session_id, model=chat.model)
-        chat.request_id, chat.request = rid, self.engine.request(rid)
-        chat.alternatives = Alternatives(rid, [[] for _ in range(n)], [False] * n)
-        self.post("alt-start", chat=chat.session_id, request=rid, n=n)
-        self._ensure_loop()
-        return rid
+        params = sampling_from(settings, self._stop_ids(chat))
+        return self.alts.start(chat, params, n, priority=int(settings.get("priority", 0)))
 
     def keep_alternative(self, chat_id: str, index: int) -> str:
         """Make alternative `index` the reply: the token history now ends with exactly its ids."""
-        chat = self._idle_chat(chat_id)
-        alt = chat.alternatives
-        if alt is None or alt.contents is None:
-            raise ValueError("there are no finished alternatives to keep in this chat")
-        if not 0 <= index < len(alt.ids):
-            raise ValueError(f"alternative {index} does not exist (there are {len(alt.ids)})")
-        chat.conversation.rollback(chat.before_reply)
-        content = chat.conversation.add_generated(alt.ids[index])
-        chat.alternatives = None
-        self.post("alt-kept", chat=chat.session_id, index=index, content=content,
-                  history_tokens=chat.conversation.num_tokens)
-        self.post_saved(chat)
+        content = self.alts.keep(self._idle_chat(chat_id), index)
+        self.post_saved(self.sessions[chat_id])
         return content
-
-    def _on_alternative(self, chat: Session, out) -> None:
-        alt = chat.alternatives
-        alt.ids[out.index].extend(out.token_ids)
-        if out.token_ids:
-            self.post("alt-token", chat=chat.session_id, index=out.index, text=out.text)
-        if out.finished:
-            alt.done[out.index] = True
-            if all(alt.done):
-                self._end_alternatives(chat, "done")
-
-    def _end_alternatives(self, chat: Session, reason: str) -> None:
-        conv, alt = chat.conversation, chat.alternatives
-        now = conv.checkpoint()
-        alt.contents = []
-        for ids in alt.ids:  # each as the history would hold it (stop token dropped, lossy UTF-8)
-            conv.rollback(chat.before_reply)
-            alt.contents.append(conv.add_generated(ids))
-        conv.rollback(now)
-        chat.request_id = chat.request = None
-        self.post("alt-end", chat=chat.session_id, reason=reason, alternatives=alt.contents,
-                  tokens=[len(ids) for ids in alt.ids])
 
     def _idle_chat(self, chat_id: str, model: str | None = None) -> Session:
         """The chat's session, opened empty (of `model`) if the page has not sent its record (a new chat); it
@@ -318,7 +257,7 @@ class ChatService:
             return  # finished in a step that has not returned yet (it awaits the disk): its output ends the turn
         self.engine.abort(chat.request_id)
         if chat.alternatives is not None:
-            self._end_alternatives(chat, "abort")
+            self.alts.end(chat, "abort")
         else:
             self._finish(chat, "abort")
 
@@ -422,7 +361,7 @@ class ChatService:
             chat = by_request.get(out.request_id)
             if chat is not None and chat.alternatives is not None:
                 self._rate.add(now, len(out.token_ids))
-                self._on_alternative(chat, out)
+                self.alts.on_output(chat, out)
                 continue
             if chat is None or not out.token_ids:
                 continue

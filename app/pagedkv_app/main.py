@@ -21,7 +21,6 @@ from pagedkv.backends.webgpu.tuning import JsonInStore, tune_device
 from pagedkv.browser.opfs import OpfsStore, open_or_memory
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine, TierBudgets
-from pagedkv.kv.block_pool import BlockPool
 from pagedkv.model.weights import ModelWeights
 from pagedkv.tokenizer import Tokenizer
 
@@ -291,8 +290,7 @@ async def _shared_cpu_engine(names: list[str], block_size: int, config: EngineCo
         backend = CpuBackend(weights, num_blocks=num_pages, block_size=size, linear=linear, attention=attention,
                              pages=pages)
         if engine is None:
-            engine = LLMEngine(backend, Tokenizer.from_manifest(manifest), config, model=name,
-                               pool=BlockPool(num_pages))
+            engine = LLMEngine(backend, Tokenizer.from_manifest(manifest), config, model=name, pool=num_pages)
             engine.reserve_for(name, k)
         else:
             engine.add_model(name, backend, Tokenizer.from_manifest(manifest), reserve_blocks=k)

@@ -35,7 +35,6 @@ from .chat import ChatTemplate, Conversation
 from .completions import ApiError, ChatRequest, StopStrings, chunk, completion, now, parse_request, usage
 from .engine import EngineConfig, LLMEngine, NeverFits
 from .kv.accounting import SharedKVBudget
-from .kv.block_pool import BlockPool
 from .model.weights import ModelWeights
 from .sampling import MIN_TEMPERATURE, SamplingParams
 from .tokenizer import Tokenizer
@@ -272,7 +271,7 @@ class Engine:
         self.pages = allocate_pages(num_pages, self.page_bytes)
         first_id, first = found[0]
         self.llm = LLMEngine(self._backend(first, sizes[0]), Tokenizer.from_manifest(first.manifest),
-                             EngineConfig(), model=first_id, pool=BlockPool(num_pages))
+                             EngineConfig(), model=first_id, pool=num_pages)
         self.llm.reserve_for(first_id, need[0])
         self._ids = itertools.count(1)
         self.services: dict[str, CompletionService] = {}

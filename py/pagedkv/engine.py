@@ -56,9 +56,10 @@ class LLMEngine:
     docstring."""
 
     def __init__(self, backend, tokenizer: Tokenizer, config: EngineConfig = EngineConfig(), *,
-                 model: str = "default", pool: BlockPool | None = None) -> None:
+                 model: str = "default", pool: BlockPool | int | None = None) -> None:
+        """pool: the BlockPool several models will share (or its number of pages), None for one model's own."""
         self.config = config
-        self.pool = pool  # the BlockPool several models share, or None (one model, a pool of its own)
+        self.pool = BlockPool(pool) if isinstance(pool, int) and not isinstance(pool, bool) else pool
         self.lanes: dict[str, ModelLane] = {}
         self._ids = itertools.count()  # request ids, unique across the models
         # A step, a disk flush and a chat's disk cleanup each run alone: a flush reads back blocks a step may
