@@ -1,6 +1,9 @@
 """Two models in one page under one GPU budget: per-model contiguous KV reservations vs one shared paged KV pool.
 
-    python3 -m bench.two_models --json [--budget-gib 1] [--seed 0] [--quick]
+    python3 -m bench.two_models --json [--budget-gib 1] [--seed 0] [--quick] [--no-tab]
+
+Also, under "tab" (unless --no-tab), two models streaming at once in the tab: tokens/s of each alone and
+together (bench/two_models_tab.py, whose docstring says which models and why not this pair).
 
 Models: SmolLM2-135M-Instruct (the pinned Q4_1 GGUF; f16 KV 23,040 B/token) and the synthetic 1.5B-class model
 (bench/harness/model_ledger.py's synthetic-1.5b: Q4_K, 24 layers x 8 KV heads x 64; f16 KV 49,152 B/token).
@@ -286,6 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-gib", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="100 sessions per model instead of 200")
+    ap.add_argument("--no-tab", action="store_true", help="skip the tab's part (two models streaming at once in "
+                    "headless Chromium: bench/two_models_tab.py)")
     args = ap.parse_args(argv)
     if args.budget_gib <= 0:
         ap.error("--budget-gib must be positive")
@@ -311,6 +316,10 @@ def main(argv: list[str] | None = None) -> None:
         "contiguous_max_context": 2048,
         "rows": run_rows(models, cfg, plan["kv_bytes"]),
     }
+    if not args.no_tab:  # both models streaming in the tab, alone vs together (its docstring says which models)
+        from bench.two_models_tab import measure
+
+        out["tab"] = measure(24 if args.quick else 48)
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
         return
