@@ -71,7 +71,9 @@ def test_unload_stops_its_streams_and_load_takes_the_pages_again(tiny_dir, mixed
     assert len(seen) == 3 and all(c["choices"][0]["finish_reason"] is None for c in seen)  # ended, unfinished
     pool = engine.stats()["pool"]
     assert list(pool["models"]) == ["tiny-random"] and pool["reserved_pages"] < reserved
-    assert pool["free_pages"] + pool["cached_pages"] + pool["reserved_pages"] == pool["pages"]
+    # the weights' pages were never memory (the buffer holds the KV pages only): spare for the next model's weights
+    assert pool["spare_pages"] == reserved - pool["reserved_pages"] and pool["backed_pages"] == pool["pages"] - reserved
+    assert pool["free_pages"] + pool["cached_pages"] + pool["reserved_pages"] + pool["spare_pages"] == pool["pages"]
     with pytest.raises(ApiError) as err:
         reply(engine, "mixed-random")
     assert err.value.status == 404
@@ -79,6 +81,7 @@ def test_unload_stops_its_streams_and_load_takes_the_pages_again(tiny_dir, mixed
         engine.unload("tiny-random")
     assert err.value.status == 400 and "only model" in err.value.message
     assert engine.load(mixed_dir) == "mixed-random" and engine.stats()["pool"]["reserved_pages"] == reserved
+    assert engine.stats()["pool"]["spare_pages"] == 0 and engine.pages.shape[0] == pool["backed_pages"]
     assert reply(engine, "mixed-random")
 
 

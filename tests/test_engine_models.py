@@ -144,3 +144,28 @@ def test_the_memory_panel_colours_every_models_chats_and_the_weights(tiny_weight
                                                                              {"t": 2, "m": 3})
     assert snap["models"]["mixed"] == {"kv_pages": 3, "weights_pages": 2, "block_size": 16}
     assert snap["models"]["tiny"] == {"kv_pages": 2, "weights_pages": 1, "block_size": 64}
+
+
+def test_pages_past_the_buffer_hold_weights_only(tiny_weights, mixed_weights):  # noqa: F811
+    """A budget of 10 pages whose buffer has memory for 6 (the weights' 4 never hold K/V): no KV block is ever
+    handed out past the buffer, weights take those pages first, and unloading leaves them spare again."""
+    page, (bs_tiny, bs_mixed) = plan_pages([tiny_weights.config, mixed_weights.config])
+    pages = allocate_pages(6, page)
+    engine = LLMEngine(CpuBackend(tiny_weights, 10, bs_tiny, pages=pages), _tok(tiny_weights), model="tiny",
+                       pool=10, backed_pages=6)
+    assert (engine.pool_stats()["spare_pages"], engine.pool.capacity) == (4, 6)
+    engine.reserve_for("tiny", 1)
+    assert (engine.pool_stats()["spare_pages"], engine.pool.capacity, engine.lane("tiny").reserved_blocks) == (3, 6, [6])
+    engine.add_model("mixed", CpuBackend(mixed_weights, 10, bs_mixed, pages=pages), _tok(mixed_weights),
+                     reserve_blocks=5)  # the 3 spare pages, then 2 of the buffer's
+    assert engine.pool.capacity == 4 and engine.pool_stats()["reserved_pages"] == 6
+    ids = [engine.add_request(list(range(3, 60)), SamplingParams(max_tokens=3), model=m) for m in ("tiny", "mixed")]
+    tables = []
+    while engine.has_unfinished:
+        run_sync(engine.step())
+        tables += [b for lane in engine.lanes.values() for r in lane.scheduler.running for b in r.seq.block_table]
+    assert tables and max(tables) < 6 and len(ids) == 2
+    engine.remove_model("mixed")
+    assert (engine.pool_stats()["spare_pages"], engine.pool.capacity) == (3, 6)
+    with pytest.raises(ValueError, match="shared pages but the pool has"):
+        CpuBackend(mixed_weights, 5, bs_mixed, pages=pages)

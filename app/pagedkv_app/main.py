@@ -284,13 +284,14 @@ async def _shared_cpu_engine(names: list[str], block_size: int, config: EngineCo
         held = ", ".join(f"{n} {k * page / MIB:.1f} MiB" for (n, *_), k in zip(loaded, need))
         raise ValueError(f"the models' weights take {held} and the KV pool at least two pages of "
                          f"{page / MIB:.2f} MiB; budget {budget / MIB:g} MiB: raise budget_mib")
-    pages = allocate_pages(num_pages, page)
+    pages = allocate_pages(num_pages - sum(need), page)  # memory for the KV pages only (backed_pages)
     engine = None
     for (name, manifest, weights, linear, attention, _), size, k in zip(loaded, sizes, need):
         backend = CpuBackend(weights, num_blocks=num_pages, block_size=size, linear=linear, attention=attention,
                              pages=pages)
         if engine is None:
-            engine = LLMEngine(backend, Tokenizer.from_manifest(manifest), config, model=name, pool=num_pages)
+            engine = LLMEngine(backend, Tokenizer.from_manifest(manifest), config, model=name, pool=num_pages,
+                               backed_pages=num_pages - sum(need))
             engine.reserve_for(name, k)
         else:
             engine.add_model(name, backend, Tokenizer.from_manifest(manifest), reserve_blocks=k)

@@ -268,10 +268,12 @@ class Engine:
             ledger = ", ".join(f"{i} {n * self.page_bytes / MIB:.1f} MiB" for i, n in zip(ids, need))
             raise ApiError(413, f"the models' f32 weights take {ledger} and the KV pool at least two pages of "
                                 f"{self.page_bytes / MIB:.2f} MiB; budget {budget_mib} MiB", "budget_mib")
-        self.pages = allocate_pages(num_pages, self.page_bytes)
+        # Memory stands behind the KV pages only: the pages the weights take hold no K/V (backed_pages).
+        self.num_pages, backed = num_pages, num_pages - sum(need)
+        self.pages = allocate_pages(backed, self.page_bytes)
         first_id, first = found[0]
         self.llm = LLMEngine(self._backend(first, sizes[0]), Tokenizer.from_manifest(first.manifest),
-                             EngineConfig(), model=first_id, pool=num_pages)
+                             EngineConfig(), model=first_id, pool=num_pages, backed_pages=backed)
         self.llm.reserve_for(first_id, need[0])
         self._ids = itertools.count(1)
         self.services: dict[str, CompletionService] = {}
@@ -298,7 +300,7 @@ class Engine:
         return math.ceil(sum(t.nbytes for t in weights.tensors.values()) / self.page_bytes)
 
     def _backend(self, weights: ModelWeights, block_size: int) -> CpuBackend:
-        return CpuBackend(weights, self.pages.shape[0], block_size, kv_dtype="f32", pages=self.pages)
+        return CpuBackend(weights, self.num_pages, block_size, kv_dtype="f32", pages=self.pages)
 
     def _serve(self, model_id: str, weights: ModelWeights) -> None:
         tokenizer = self.llm.lane(model_id).tokenizer

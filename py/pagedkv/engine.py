@@ -56,10 +56,14 @@ class LLMEngine:
     docstring."""
 
     def __init__(self, backend, tokenizer: Tokenizer, config: EngineConfig = EngineConfig(), *,
-                 model: str = "default", pool: BlockPool | int | None = None) -> None:
-        """pool: the BlockPool several models will share (or its number of pages), None for one model's own."""
+                 model: str = "default", pool: BlockPool | int | None = None, backed_pages: int | None = None) -> None:
+        """pool: the BlockPool several models will share (or its number of pages), None for one model's own.
+        backed_pages: the pages memory stands behind (the CPU path's page buffer: the budget less the first
+        models' weights); the pages past them only ever hold weights (`spare`), never KV."""
         self.config = config
         self.pool = BlockPool(pool) if isinstance(pool, int) and not isinstance(pool, bool) else pool
+        self.backed_pages = backed_pages if backed_pages is not None or self.pool is None else self.pool.num_blocks
+        self._spare = self.pool.reserve_top(self.pool.num_blocks - self.backed_pages) if self.pool else []
         self.lanes: dict[str, ModelLane] = {}
         self._ids = itertools.count()  # request ids, unique across the models
         # A step, a disk flush and a chat's disk cleanup each run alone: a flush reads back blocks a step may
@@ -121,20 +125,22 @@ class LLMEngine:
         pool = self.pool
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ValueError(f"reserve_blocks must be an int >= 0, got {n!r}")
-        if n > pool.num_available:
-            raise NeverFits(f"{name} needs {n:,} pages of the budget; {pool.num_available:,} of "
+        if n > pool.num_available + len(self._spare):
+            raise NeverFits(f"{name} needs {n:,} pages of the budget; {pool.num_available + len(self._spare):,} of "
                             f"{pool.num_blocks:,} are free or cached ({pool.num_reserved:,} hold other models' "
                             f"weights, {pool.num_used - pool.num_reserved:,} running requests' KV)")
         for lane in self.lanes.values():
             for req in list(lane.scheduler.waiting) + lane.scheduler.running + lane.scheduler.swapped:
                 need = -(-req.max_total_tokens // lane.kv.block_size)
-                if need > pool.capacity - n:
+                left = pool.capacity - max(0, n - len(self._spare))
+                if need > left:
                     raise NeverFits(f"{name} needs {n:,} pages of the budget; then {lane.name}'s request "
-                                    f"{req.request_id} ({need:,} pages) would no longer fit the "
-                                    f"{pool.capacity - n:,} left")
+                                    f"{req.request_id} ({need:,} pages) would no longer fit the {left:,} left")
+        spare, self._spare = self._spare[:n], self._spare[n:]  # pages no memory stands behind go first
         try:
-            return pool.reserve(n)
+            return spare + pool.reserve(n - len(spare))
         except OutOfBlocks as exc:
+            self._spare = spare + self._spare
             raise NeverFits(str(exc)) from None
 
     def remove_model(self, name: str) -> list[str]:
@@ -147,7 +153,8 @@ class LLMEngine:
         for rid in aborted:
             lane.abort(rid)
         self.pool.evict_salted(lane.namespace)
-        self.pool.release(lane.reserved_blocks)
+        self._spare += [b for b in lane.reserved_blocks if b >= self.backed_pages]  # no memory: weights' only
+        self.pool.release([b for b in lane.reserved_blocks if b < self.backed_pages])
         del self.lanes[name]
         return aborted
 
@@ -326,13 +333,15 @@ class LLMEngine:
         return self.lane(model).stats()
 
     def pool_stats(self) -> dict | None:
-        """The shared pool's pages (None with one model's own pool): total, free, cached, held by each model's
-        requests and weights."""
+        """The shared pool's pages (None with one model's own pool): total, free, cached, held by weights
+        (reserved), past the memory and held by none (spare), and each model's KV and weights pages."""
         pool = self.pool
         if pool is None:
             return None
         return {"pages": pool.num_blocks, "free_pages": pool.num_free, "cached_pages": pool.num_cached,
-                "reserved_pages": pool.num_reserved,
+                # weights' pages, and those past the memory (backed_pages) no model holds now
+                "reserved_pages": pool.num_reserved - len(self._spare), "spare_pages": len(self._spare),
+                "backed_pages": self.backed_pages,
                 "models": {name: {"kv_pages": len({b for r in lane.scheduler.running for b in r.seq.block_table}),
                                   "weights_pages": len(lane.reserved_blocks), "block_size": lane.kv.block_size}
                            for name, lane in self.lanes.items()}}

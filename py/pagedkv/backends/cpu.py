@@ -37,7 +37,8 @@ class CpuBackend:
     attention: the wasm attention kernels (backends/cpu_attention.py) for every one-token step, or None: the
     reference's attention throughout.
     pages: (num_pages, page_floats) f32 that several models' backends share (one budget, one pool: the
-    engine's add_model); the pools are views of it (PagedKVCache.in_pages) and num_blocks is its page count.
+    engine's add_model); the pools are views of it (PagedKVCache.in_pages). num_blocks is the pool's page count,
+    which may pass the buffer's: those pages only hold weights (LLMEngine's backed_pages).
     """
 
     name = "cpu"
@@ -52,9 +53,9 @@ class CpuBackend:
             head = "token_embd.weight" if self.config.tied_embeddings else "output.weight"
             wrap = einsum_weights if linear == "einsum" else wasm_weights
             self.model.w = wrap(self.model.w, self.config.n_layers, head)
-        if pages is not None:
-            if pages.shape[0] != num_blocks:
-                raise ValueError(f"num_blocks {num_blocks} differs from the {pages.shape[0]} shared pages")
+        if pages is not None:  # the pool's pages past the buffer hold weights only (LLMEngine's backed_pages)
+            if pages.shape[0] > num_blocks:
+                raise ValueError(f"{pages.shape[0]} shared pages but the pool has {num_blocks} blocks")
             self.kv = PagedKVCache.in_pages(self.config, pages, block_size, kv_dtype)
         else:
             self.kv = PagedKVCache.allocate(self.config, num_blocks, block_size, kv_dtype)

@@ -205,6 +205,19 @@ class BlockPool:
         self._reserved.update(ids)
         return ids
 
+    def reserve_top(self, n: int) -> list[int]:
+        """Reserve the `n` highest block ids, all free (pages with no memory behind them: only weights take
+        them, see LLMEngine's backed_pages)."""
+        ids = list(range(self.num_blocks - n, self.num_blocks))
+        blocks = [self._blocks[b] for b in ids]
+        if any(b.ref_count or b.block_hash is not None for b in blocks):
+            raise ValueError(f"blocks {ids[0]}..{ids[-1]} are not all free")
+        for block in blocks:
+            self._unlink(block)
+            block.ref_count = 1
+        self._reserved.update(ids)
+        return ids
+
     def release(self, block_ids: Iterable[int]) -> None:
         """Give reserved blocks back to the free queue (the model was unloaded)."""
         ids = list(block_ids)
