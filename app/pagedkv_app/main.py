@@ -91,7 +91,7 @@ async def requested_models() -> list[str]:
     pagedkv.js's createEngine posts (open-gguf with slot i) once Python is up: it is converted and stored in
     OPFS as the page's "Open GGUF" does, then named by its user model id."""
     first = bridge.query_param("model", DEFAULT_MODEL)
-    names = [first] + [m for m in bridge.query_param("models", "").split(",") if m and m != first]
+    names = list(dict.fromkeys([first] + [m for m in bridge.query_param("models", "").split(",") if m]))  # once each
     slots = {n: int(n[len(FILE_SLOT):]) for n in names if n.startswith(FILE_SLOT)}
     loop = asyncio.get_running_loop()
     waiting = state.setdefault("gguf_slots", {})

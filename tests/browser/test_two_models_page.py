@@ -59,3 +59,44 @@ def test_two_models_stream_at_once_from_one_pool(browser, base_url):
         assert got["errors"] == [["gone", 404], ["first", 400]]
     finally:
         page.close()
+
+
+OFFICIAL_TWO = """async () => {
+  const { OpenAI } = await import("/vendor/openai/client.mjs");
+  const e = window.engine;
+  const client = new OpenAI({ baseURL: location.origin + "/v1", apiKey: "unused", fetch: e.fetch,
+                              dangerouslyAllowBrowser: true, maxRetries: 0 });
+  const ask = (model) => ({ model, messages: [{ role: "user", content: "hello there" }], max_tokens: 24,
+                            temperature: 0 });
+  const alone = (await client.chat.completions.create(ask("tiny-random"))).choices[0].message.content;
+  const streamed = async (model) => {
+    let text = "";
+    for await (const c of await client.chat.completions.create({ ...ask(model), stream: true })) {
+      text += c.choices[0]?.delta?.content ?? "";
+    }
+    return text;
+  };
+  const [writer, reviewer] = await Promise.all([streamed("tiny-random"), streamed("tiny-random-wide")]);
+  let tooLong = null;
+  try {
+    await client.chat.completions.create({ ...ask("tiny-random-wide"), max_tokens: 100000 });
+  } catch (err) { tooLong = { name: err.constructor.name, status: err.status, param: err.param ?? null }; }
+  return { ids: (await client.models.list()).data.map((m) => m.id), alone, writer, reviewer, tooLong };
+}"""
+
+
+def test_the_official_openai_client_streams_two_models_at_once(browser, base_url):
+    from test_api_page import OPENAI, serve_openai
+
+    assert (OPENAI / "client.mjs").is_file(), "npm ci installs the openai devDependency"
+    page = browser.new_page()
+    try:
+        page.route("**/vendor/openai/**", serve_openai)
+        page.goto(base_url + PAGE)
+        page.wait_for_selector("html[data-engine=ready]", state="attached", timeout=240_000)
+        got = page.evaluate(OFFICIAL_TWO)
+        assert got["ids"] == ["tiny-random", "tiny-random-wide"]
+        assert got["writer"] == got["alone"] and got["reviewer"]  # unchanged by the other model's stream
+        assert got["tooLong"] == {"name": "BadRequestError", "status": 400, "param": "max_tokens"}
+    finally:
+        page.close()
