@@ -40,7 +40,6 @@ from .beam_search import BeamSearchParams, Hypothesis
 from .config import EngineConfig
 from .kv.accounting import block_map
 from .kv.block_pool import BlockPool, OutOfBlocks
-from .kv.disk_cache import DiskCache
 from .kv.disk_tier import DiskKey, DiskTier, TierBudgets, model_hash
 from .kv.manager import NeverFits
 from .lanes import ModelLane
@@ -49,6 +48,11 @@ from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
 __all__ = ["EngineConfig", "LLMEngine", "NeverFits", "StepOutput", "TierBudgets", "run_sync"]
+
+
+def _of_first(name: str) -> property:
+    """LLMEngine.<name>: the first model's ModelLane.<name>."""
+    return property(lambda self: getattr(self.lane(), name), doc=f"The first model's {name} (ModelLane.{name}).")
 
 
 class LLMEngine:
@@ -176,64 +180,21 @@ class LLMEngine:
 
     # ---------------------------------------------------------------- the first model's parts
 
-    @property
-    def backend(self):
-        return self.lane().backend
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.lane().tokenizer
-
-    @property
-    def kv(self):
-        return self.lane().kv
-
-    @property
-    def scheduler(self):
-        return self.lane().scheduler
-
-    @property
-    def tiers(self):
-        return self.lane().tiers
-
-    @property
-    def mover(self):
-        return self.lane().mover
-
-    @property
-    def groups(self):
-        return self.lane().groups
-
-    @property
-    def counters(self) -> dict:
-        return self.lane().counters
-
-    @property
-    def kv_spec(self):
-        return self.lane().kv_spec
-
-    @property
-    def context_length(self) -> int:
-        return self.lane().context_length
-
-    @property
-    def default_stop_ids(self) -> frozenset[int]:
-        return self.lane().default_stop_ids
-
-    @property
-    def kv_dtype(self) -> str:
-        """The KV cache's element type (a name of pagedkv.kv.dtypes)."""
-        return self.lane().kv_dtype
-
-    @property
-    def bytes_per_token(self) -> int:
-        """KV bytes one token takes on the device (ModelLane.bytes_per_token)."""
-        return self.lane().bytes_per_token
-
-    @property
-    def disk(self) -> DiskCache | None:
-        """The disk tier in use, or None."""
-        return self.lane().disk
+    # With one model, everything the engine was before it held several.
+    backend = _of_first("backend")
+    tokenizer = _of_first("tokenizer")
+    kv = _of_first("kv")  # its KVCacheManager
+    scheduler = _of_first("scheduler")
+    tiers = _of_first("tiers")
+    mover = _of_first("mover")
+    groups = _of_first("groups")
+    counters = _of_first("counters")
+    kv_spec = _of_first("kv_spec")
+    context_length = _of_first("context_length")
+    default_stop_ids = _of_first("default_stop_ids")
+    kv_dtype = _of_first("kv_dtype")  # a name of pagedkv.kv.dtypes
+    bytes_per_token = _of_first("bytes_per_token")  # KV bytes one token takes on the device
+    disk = _of_first("disk")  # the disk tier in use, or None
 
     def attach_disk(self, tier: DiskTier | None) -> None:
         """Use `tier` (kv.disk_tier.DiskTier, opened) as the disk tier of the first model's KV cache, or none.

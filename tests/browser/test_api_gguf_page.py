@@ -4,35 +4,16 @@ budget; the file's greedy reply is the CPython reference's on the same file. A m
 createEngine with the reader's error."""
 from __future__ import annotations
 
-import pytest
-from gguf_files import write_tiny_gguf
+from test_gguf_page import FILE_NAME, MAX_TOKENS, PROMPT, reference, tiny_gguf  # noqa: F401  (fixtures)
 
-from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
-from pagedkv.chat import ChatTemplate, Conversation
-from pagedkv.model.convert import convert_gguf
-from pagedkv.model.weights import ModelWeights, read_manifest
 from pagedkv.tokenizer import Tokenizer
 
-FILE_NAME = "tiny-llama.gguf"
-PROMPT = "Hello there!"
-MAX_TOKENS = 6
 
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gguf") / FILE_NAME
-    write_tiny_gguf(path, seed=3)
-    return path
-
-
-def reference_text(gguf, out) -> str:
-    convert_gguf(gguf, out)
-    manifest = read_manifest(out)
-    tokenizer = Tokenizer.from_manifest(manifest)
-    prompt = Conversation(tokenizer, ChatTemplate.from_manifest(manifest, tokenizer)).add_user(PROMPT)
-    reply = greedy_reference(NumpyModel(ModelWeights.load(out)), prompt, MAX_TOKENS)
+def reply_text(reference: dict) -> str:  # noqa: F811
+    """The CPython reference's greedy reply on the same file, as the API returns it (no end token)."""
+    tokenizer = Tokenizer.from_manifest(reference["manifest"])
     stops = tokenizer.eog_ids | {tokenizer.eos_token_id, tokenizer.find_token("<|im_end|>")}
-    return tokenizer.decode([t for t in reply if t not in stops])
+    return tokenizer.decode([t for t in reference["reply"] if t not in stops])
 
 
 CREATE = """async ([name, bytes, max_tokens, prompt]) => {
@@ -54,8 +35,8 @@ CREATE = """async ([name, bytes, max_tokens, prompt]) => {
 }"""
 
 
-def test_a_gguf_file_beside_a_built_in_model(browser, base_url, tiny_gguf, tmp_path):
-    want = reference_text(tiny_gguf, tmp_path / "converted")
+def test_a_gguf_file_beside_a_built_in_model(browser, base_url, tiny_gguf, reference):  # noqa: F811
+    want = reply_text(reference)
     page = browser.new_page()
     try:
         page.goto(base_url + "/examples/api.html?model=tiny-random&backend=cpu")
