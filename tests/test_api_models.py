@@ -92,7 +92,8 @@ def test_a_model_that_does_not_fit_is_413_with_the_numbers(tiny_dir, mixed_dir, 
     engine = Engine([tiny_dir], budget_mib=2)  # pages for the tiny model's width: 8 mixed-model tokens do not fit
     with pytest.raises(ApiError) as err:
         engine.load(mixed_dir)
-    assert err.value.status == 413 and "wider than this engine's pages of 8,192 B" in err.value.message
+    assert err.value.status == 413 and err.value.message.startswith(
+        "mixed-random does not fit this engine's pages (a page of 8,192 B holds 4 mixed-random tokens")
     # 6 MiB: 192 pages of 32 KiB; the weights take 14 + 161, a second copy of the mixed model 161 more
     engine = Engine([tiny_dir, mixed_dir], budget_mib=6)
     write_tiny_model(tmp_path / "mixed-copy", seed=2, config=mixed_config())

@@ -27,7 +27,7 @@ def wide_weights(tmp_path_factory) -> ModelWeights:
     return ModelWeights.load(path)
 
 
-def make_service(weights: list, names: list[str], num_pages: int = 24):
+def make_service(weights: list, names: list[str], num_pages: int = 24, loader=None):
     page, sizes = plan_pages([w.config for w in weights])
     pages = allocate_pages(num_pages, page)
     toks = [Tokenizer.from_manifest(w.manifest) for w in weights]
@@ -37,7 +37,8 @@ def make_service(weights: list, names: list[str], num_pages: int = 24):
         engine.add_model(name, CpuBackend(w, num_pages, size, pages=pages), tok)
     posts = []
     svc = ChatService(engine, ChatTemplate.from_manifest(weights[0].manifest, toks[0]),
-                      lambda kind, **p: posts.append((kind, p)), model_name=names[0])
+                      lambda kind, **p: posts.append((kind, p)), model_name=names[0],
+                      loader=None if loader is None else lambda engine, model: loader(engine, pages, sizes, model))
     for w, name, tok in zip(weights[1:], names[1:], toks[1:]):
         svc.api.add_model(name, ChatTemplate.from_manifest(w.manifest, tok))
     return svc, posts
@@ -79,3 +80,36 @@ def test_chats_of_two_models_stream_at_once_each_as_alone(tiny_weights, wide_wei
     assert svc.engine.lane(names[1]).kv.pool.num_cached < cached
     with pytest.raises(ValueError, match="is not loaded here"):
         svc.send("chat-3", "hi", SETTINGS, "nope")
+
+
+def test_api_load_and_unload_answer_with_their_statuses(tiny_weights, wide_weights):  # noqa: F811
+    names = ["tiny-random", "tiny-random-wide"]
+    wide_tok = Tokenizer.from_manifest(wide_weights.manifest)
+
+    async def loader(engine, pages, sizes, model):  # as cpu_models.load_into does in the tab
+        if model in engine.models:
+            raise LookupError(f"{model} is loaded already")
+        if model != names[1]:
+            raise FileNotFoundError(f"there is no model {model!r} here")
+        engine.add_model(model, CpuBackend(wide_weights, engine.pool.num_blocks, sizes[1], pages=pages), wide_tok,
+                         reserve_blocks=20)
+        return ChatTemplate.from_manifest(wide_weights.manifest, wide_tok)
+
+    svc, posts = make_service([tiny_weights, wide_weights], names, loader=loader)
+
+    async def scenario():
+        svc.send("chat-9", "a long reply, please", {"temperature": 0, "max_tokens": 200}, names[1])
+        svc.on_outputs(await svc.engine.step())  # the chat of the model about to go is mid-reply
+        svc.handle({"type": "api-unload", "id": "u1", "model": names[1]})
+        for rid, model in (("l1", "nope"), ("l2", names[0]), ("l3", names[1])):
+            svc.handle({"type": "api-load", "id": rid, "model": model})
+            await svc.api._tasks[rid] if rid in svc.api._tasks else None
+
+    in_fresh_loop(scenario)
+    assert of(posts, "api-unloaded") == [{"id": "u1", "model": names[1]}]
+    end = next(p for p in of(posts, "turn-end") if p["chat"] == "chat-9")  # its reply ended with the model
+    assert end["reason"] == "abort" and svc.sessions["chat-9"].request_id is None
+    errors = {p["id"]: (p["status"], p["error"]["error"]["message"]) for p in of(posts, "api-error")}
+    assert errors["l1"][0] == 404 and "no model 'nope'" in errors["l1"][1]
+    assert errors["l2"] == (400, "tiny-random is loaded already")
+    assert of(posts, "api-loaded") == [{"id": "l3", "model": names[1]}] and list(svc.api.services) == names

@@ -100,17 +100,29 @@ class Engine {
   // Stop a model's requests (their streams end) and give its weights' and KV pages back to the others. The
   // first model (the chat page's) stays; ApiError 404 for a model not loaded.
   unload(model) {
-    const id = `unload-${this.nextId++}`;
+    return this.modelChange("api-unload", model,
+                            () => (this.info.models || [this.model]).filter((m) => m !== model));
+  }
+
+  // Load another model at run time into an engine made with several (its weights take pages of the budget):
+  // ApiError 413 with the numbers when they are not free now, 404 for no such model, 400 for an engine of one
+  // model or a model loaded already.
+  load(model) {
+    return this.modelChange("api-load", model, () => [...(this.info.models || [this.model]), model]);
+  }
+
+  modelChange(type, model, models) {
+    const id = `${type}-${this.nextId++}`;
     return new Promise((resolve, reject) => {
       this.requests.set(id, { push: (msg) => {
         this.requests.delete(id);
         if (msg.type === "api-error") reject(new ApiError(msg.status, msg.error));
         else {
-          this.info.models = (this.info.models || [this.model]).filter((m) => m !== model);
+          this.info.models = models();
           resolve();
         }
       } });
-      this.worker.postMessage({ type: "api-unload", id, model });
+      this.worker.postMessage({ type, id, model });
     });
   }
 

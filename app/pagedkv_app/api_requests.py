@@ -1,6 +1,6 @@
 """pagedkv.js's requests in the worker: OpenAI Chat Completions (pagedkv.api.CompletionService, one per model
 the engine holds) on the chat service's engine and step loop. The chat service routes `api-request` /
-`api-abort` / `api-stats` / `api-unload` here and hands every step's outputs to `deliver` first; each request
+`api-abort` / `api-stats` / `api-load` / `api-unload` here and hands every step's outputs to `deliver` first; each request
 answers with `api-chunk`s and `api-end`, or one `api-error` (status, OpenAI's error JSON). docs/api.md, and the
 protocol table in docs/architecture.md."""
 from __future__ import annotations
@@ -11,15 +11,17 @@ import itertools
 from pagedkv.api import ApiError, CompletionService
 from pagedkv.chat import ChatTemplate
 from pagedkv.completions import parse_request
-from pagedkv.engine import LLMEngine
+from pagedkv.engine import LLMEngine, NeverFits
 
 
 class ApiRequests:
     """The requests pagedkv.js sent, each a task streaming its chunks to the page through `post`. model_name:
     the engine's first model (its lane: None, whatever the lane is called); add_model serves the others."""
 
-    def __init__(self, engine: LLMEngine, template: ChatTemplate, model_name: str, kick, post) -> None:
-        self.engine, self.kick, self.post = engine, kick, post
+    def __init__(self, engine: LLMEngine, template: ChatTemplate, model_name: str, kick, post, loader=None) -> None:
+        """loader: `await loader(engine, model) -> ChatTemplate` loads a model into the engine at run time
+        (cpu_models.load_into in the tab); None: api-load is refused."""
+        self.engine, self.kick, self.post, self.loader = engine, kick, post, loader
         self._ids = itertools.count(1)
         self.services: dict[str, CompletionService] = {}
         self._serve(model_name, template, None)
@@ -75,8 +77,9 @@ class ApiRequests:
         for service in self.services.values():
             service.abort(request_id)
 
-    def unload(self, request_id: str, model: str) -> None:
-        """Stop `model`'s requests (their streams end) and give its pages back (api-unloaded), or api-error."""
+    def unload(self, request_id: str, model: str) -> bool:
+        """Stop `model`'s requests (their streams end) and give its pages back (api-unloaded), or api-error;
+        whether it was unloaded."""
         try:
             if model not in self.services:
                 raise ApiError(404, f"the model {model!r} is not loaded; loaded: {', '.join(self.services)}",
@@ -86,8 +89,37 @@ class ApiRequests:
             self.services.pop(model).close()
             self.engine.remove_model(model)
             self.post("api-unloaded", id=request_id, model=model)
+            return True
         except ApiError as exc:
             self.post("api-error", id=request_id, status=exc.status, error=exc.body())
+            return False
+
+    def load(self, request_id: str, model: str) -> asyncio.Future:
+        """Load `model` into the engine's pages at run time and serve it (api-loaded), or api-error: 400 not a
+        several-model engine or loaded already, 404 no such model, 413 its weights' pages are not free now or
+        it does not fit the pages (the numbers in the message)."""
+        task = asyncio.ensure_future(self._load(request_id, model))
+        self._tasks[request_id] = task
+        return task
+
+    async def _load(self, request_id: str, model: str) -> None:
+        try:
+            if self.loader is None:
+                raise ApiError(400, "this engine does not load models at run time", "model")
+            try:
+                template = await self.loader(self.engine, model)
+            except LookupError as exc:
+                raise ApiError(400, str(exc), "model") from None
+            except FileNotFoundError as exc:
+                raise ApiError(404, str(exc), "model") from None
+            except (NeverFits, ValueError) as exc:
+                raise ApiError(413, str(exc), "model") from None
+            self.add_model(model, template)
+            self.post("api-loaded", id=request_id, model=model)
+        except ApiError as exc:
+            self.post("api-error", id=request_id, status=exc.status, error=exc.body())
+        finally:
+            self._tasks.pop(request_id, None)
 
     def stats(self) -> dict:
         """Each model's LLMEngine.stats and, with several, the shared pool's pages."""

@@ -64,9 +64,10 @@ class ChatService:
     from the fallback server go through the RemoteReplies it holds."""
 
     def __init__(self, engine: LLMEngine, template: ChatTemplate, post, *, model_name: str,
-                 ledger_snapshot=None, open_stream=None, webgpu: bool = True) -> None:
+                 ledger_snapshot=None, open_stream=None, webgpu: bool = True, loader=None) -> None:
         """`open_stream` is the HTTP transport for the fallback server (bridge.open_stream in the tab);
-        `webgpu` False means the engine runs on the slow CPU fallback, so "auto" fallback answers remotely."""
+        `webgpu` False means the engine runs on the slow CPU fallback, so "auto" fallback answers remotely;
+        `loader` loads a model into a several-model engine at run time (api_requests.ApiRequests)."""
         self.engine = engine
         self.template = template
         self.post = post
@@ -81,7 +82,7 @@ class ChatService:
         self._disk_task: asyncio.Future | None = None  # the last deletion of a chat's block files
         self._flush_task: asyncio.Future | None = None  # the last flush of the disk tier (flush-disk)
         # OpenAI Chat Completions for pages that import pagedkv.js (api-request): its requests ride this loop.
-        self.api = ApiRequests(engine, template, model_name, self._ensure_loop, post)
+        self.api = ApiRequests(engine, template, model_name, self._ensure_loop, post, loader)
         self.alts = AlternativeReplies(engine, post, self._ensure_loop)
         self.remote = RemoteReplies(open_stream, post, webgpu=webgpu, context_length=engine.context_length,
                                     saved=self.post_saved, ended=self._end_turn)
@@ -99,7 +100,8 @@ class ChatService:
             "api-request": lambda msg: self.api.request(str(msg["id"]), msg.get("body")),
             "api-abort": lambda msg: self.api.abort(str(msg["id"])),
             "api-stats": lambda msg: self.post("api-stats", id=str(msg["id"]), stats=self.api.stats()),
-            "api-unload": lambda msg: self.api.unload(str(msg["id"]), str(msg.get("model"))),
+            "api-load": lambda msg: self.api.load(str(msg["id"]), str(msg.get("model"))),
+            "api-unload": lambda msg: self.unload(str(msg["id"]), str(msg.get("model"))),
         }
 
     # ---------------------------------------------------------------- UI messages
@@ -260,6 +262,19 @@ class ChatService:
             self.alts.end(chat, "abort")
         else:
             self._finish(chat, "abort")
+
+    def unload(self, request_id: str, model: str) -> None:
+        """pagedkv.js unloads a model (api-unload): its API streams end, and so do the replies its chats were
+        generating (kept as far as they got, as Stop keeps them); a later message to such a chat is refused."""
+        if not self.api.unload(request_id, model):
+            return
+        for chat in self.sessions.values():
+            if chat.model == model and chat.request_id is not None and chat.remote is None:
+                if chat.alternatives is not None:
+                    self.alts.end(chat, "abort")
+                else:
+                    self._finish(chat, "abort")
+        self.post_stats(force=True)
 
     def forget_session(self, chat_id: str) -> None:
         """The page deleted a chat: its session goes, its reply stops and its cached history (with that reply)

@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import traceback
 
 import numpy as np
 
 import pagedkv
 from pagedkv.backends.choice import choose_backend
-from pagedkv.backends.cpu import CpuBackend, allocate_pages, plan_pages
-from pagedkv.backends.cpu_wasm import tensor_loader
+from pagedkv.backends.cpu import CpuBackend
 from pagedkv.browser import interop as webgpu
 from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.backends.webgpu.device import WebGPUUnavailable
@@ -21,12 +19,11 @@ from pagedkv.backends.webgpu.tuning import JsonInStore, tune_device
 from pagedkv.browser.opfs import OpfsStore, open_or_memory
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine, TierBudgets
-from pagedkv.model.weights import ModelWeights
 from pagedkv.tokenizer import Tokenizer
 
 from . import bridge, model_library
 from .chat_service import ChatService
-from .model_loader import fetch_model
+from .cpu_models import cpu_weights, load_into, shared_cpu_engine
 from .model_library import model_reader
 from .user_models import model_id
 
@@ -187,11 +184,12 @@ async def load_model(name: str, *also: str, force_cpu: bool = False) -> None:
         block_size = int(bridge.query_param("block_size", "16"))
         max_context = int(bridge.query_param("max_context", "0")) or None
         config = EngineConfig(namespace=name, max_context=max_context)
-        manifests = []
+        manifests, shared = [], None
         if also:  # several models: one budget and one pool, on the CPU path for now (docs/api.md)
             if not force_cpu and state["backend"][0] != "cpu":
                 state["backend"] = ("cpu", "several models share one budget on the CPU path (not yet on WebGPU)")
-            manifests, engine, info = await _shared_cpu_engine([name, *also], block_size, config)
+            manifests, engine, shared, info = await shared_cpu_engine([name, *also], block_size, config,
+                                                                      tier_budgets().gpu_bytes)
             manifest, backend = manifests[0], engine.backend
         else:
             if force_cpu or state["backend"][0] == "cpu":
@@ -205,10 +203,11 @@ async def load_model(name: str, *also: str, force_cpu: bool = False) -> None:
         ledger = getattr(backend, "ledger", None)
         service = ChatService(engine, ChatTemplate.from_manifest(manifest, tokenizer), bridge.post, model_name=name,
                               ledger_snapshot=ledger.snapshot if ledger is not None else None,
-                              open_stream=bridge.open_stream, webgpu=not force_cpu)
+                              open_stream=bridge.open_stream, webgpu=not force_cpu,
+                              loader=lambda engine, model: load_into(engine, state.get("shared_pages"), model))
         for other, other_manifest in zip(also, manifests[1:]):
             service.api.add_model(other, ChatTemplate.from_manifest(other_manifest, engine.lane(other).tokenizer))
-        state.update(engine=engine, service=service, model_name=name, block_size=block_size)
+        state.update(engine=engine, service=service, model_name=name, block_size=block_size, shared_pages=shared)
         info.setdefault("models", [name])
         bridge.post("model-ready", model=name, default_model=DEFAULT_MODEL, backend=backend.name,
                     backend_reason=state["backend"][1], load_ms=round(bridge.now_ms() - t0),
@@ -236,24 +235,9 @@ async def _attach_disk(engine: LLMEngine, manifest: dict) -> str:
     return f"on, {budget / MIB:g} MiB budget"
 
 
-async def _cpu_weights(name: str, on_progress) -> tuple[dict, ModelWeights, str, object, str]:
-    """A model's weights for the numpy fallback: projections on their quantized blocks through the wasm SIMD
-    kernel (backends/cpu_wasm.py), or all weights dequantized to f32 and einsum where the kernel did not load.
-    Returns the manifest, the weights, the linear mode, the attention kernels (or None) and why."""
-    manifest, shards = await fetch_model(model_reader(name), on_progress)
-    bridge.post("model-progress", model=name, loaded=1, total=1, detail="verifying and unpacking weights")
-    try:
-        convert, linear, why = tensor_loader(webgpu.linear_wasm_matmul()), "wasm", "wasm SIMD on quantized weights"
-        attention = webgpu.wasm_attention()
-    except webgpu.WasmUnavailable as exc:
-        convert, linear, why = None, "einsum", f"einsum on f32 weights (no wasm kernel: {exc})"
-        attention = None
-    return manifest, ModelWeights.from_shards(manifest, shards, convert), linear, attention, why
-
-
 async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, CpuBackend, dict]:
     """The numpy fallback (?backend=cpu) for one model: a KV pool of ?kv_mib= (default 128 MiB)."""
-    manifest, weights, linear, attention, why = await _cpu_weights(name, on_progress)
+    manifest, weights, linear, attention, why = await cpu_weights(name, on_progress)
     cfg = weights.config
     kv_budget = int(float(bridge.query_param("kv_mib", "128")) * MIB)  # fractions make tiny pools for tests
     bytes_per_token = CpuBackend.pool_bytes_per_token(cfg)
@@ -265,39 +249,6 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
     backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                          linear=linear, attention=attention)  # Pyodide's numpy has no BLAS: backends/cpu_linear.py
     return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype, "cpu_linear": why}
-
-
-async def _shared_cpu_engine(names: list[str], block_size: int, config: EngineConfig) -> tuple[list[dict], LLMEngine, dict]:
-    """Several models on the CPU path under one ?budget_mib= (default 1 GiB): their weights take their bytes
-    in pages of one buffer (backends/cpu.plan_pages), the rest is the KV pool they share (one LLMEngine)."""
-    loaded = []
-    for name in names:
-        def on_progress(loaded_bytes: int, total: int, name=name) -> None:
-            bridge.post("model-progress", model=name, loaded=loaded_bytes, total=total, detail="downloading weights")
-
-        loaded.append((name, *await _cpu_weights(name, on_progress)))
-    page, sizes = plan_pages([w.config for _, _, w, *_ in loaded], block_size)
-    budget = tier_budgets().gpu_bytes
-    num_pages = budget // page
-    need = [math.ceil(sum(t.nbytes for t in w.tensors.values()) / page) for _, _, w, *_ in loaded]
-    if sum(need) + 2 > num_pages:
-        held = ", ".join(f"{n} {k * page / MIB:.1f} MiB" for (n, *_), k in zip(loaded, need))
-        raise ValueError(f"the models' weights take {held} and the KV pool at least two pages of "
-                         f"{page / MIB:.2f} MiB; budget {budget / MIB:g} MiB: raise budget_mib")
-    pages = allocate_pages(num_pages - sum(need), page)  # memory for the KV pages only (backed_pages)
-    engine = None
-    for (name, manifest, weights, linear, attention, _), size, k in zip(loaded, sizes, need):
-        backend = CpuBackend(weights, num_blocks=num_pages, block_size=size, linear=linear, attention=attention,
-                             pages=pages)
-        if engine is None:
-            engine = LLMEngine(backend, Tokenizer.from_manifest(manifest), config, model=name, pool=num_pages,
-                               backed_pages=num_pages - sum(need))
-            engine.reserve_for(name, k)
-        else:
-            engine.add_model(name, backend, Tokenizer.from_manifest(manifest), reserve_blocks=k)
-    info = {"bytes_per_token": CpuBackend.pool_bytes_per_token(loaded[0][2].config), "kv_dtype": "f32",
-            "cpu_linear": loaded[0][5], "page_bytes": page, "models": names}
-    return [m for _, m, *_ in loaded], engine, info
 
 
 async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, WebGpuBackend, dict]:

@@ -30,11 +30,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import AsyncIterator, Iterator, Sequence
 
-from .backends.cpu import CpuBackend, allocate_pages, plan_pages
+from .backends.cpu import CpuBackend, allocate_pages, block_size_in_page, plan_pages
 from .chat import ChatTemplate, Conversation
 from .completions import ApiError, ChatRequest, StopStrings, chunk, completion, now, parse_request, usage
 from .engine import EngineConfig, LLMEngine, NeverFits
-from .kv.accounting import SharedKVBudget
 from .model.weights import ModelWeights
 from .sampling import MIN_TEMPERATURE, SamplingParams
 from .tokenizer import Tokenizer
@@ -315,13 +314,11 @@ class Engine:
         model_id, weights = self._weights(model)
         if model_id in self.services:
             raise ApiError(400, f"{model_id} is loaded already", "model")
-        bpt = CpuBackend.pool_bytes_per_token(weights.config)
         try:
-            size = SharedKVBudget.block_size_in(self.page_bytes, bpt, model_id)
-        except ValueError:
-            raise ApiError(413, f"{model_id}'s KV ({bpt:,} B a token) is wider than this engine's pages of "
-                                f"{self.page_bytes:,} B hold in a block of 8 (they were sized for the models it "
-                                "was created with); name it when the engine is created", "model") from None
+            size = block_size_in_page(self.page_bytes, weights.config, model_id)
+        except ValueError as exc:
+            raise ApiError(413, f"{model_id} does not fit this engine's pages ({exc}); name it when the engine "
+                                "is created", "model") from None
         try:
             self.llm.add_model(model_id, self._backend(weights, size), Tokenizer.from_manifest(weights.manifest),
                                reserve_blocks=self._weights_pages(weights))

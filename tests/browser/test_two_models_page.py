@@ -22,15 +22,27 @@ AFTER = """async () => {
   const listed = (await e.models.list()).data.map((m) => m.id);
   await e.unload("tiny-random-wide");
   const after = await e.stats();
+  const listedAfter = (await e.models.list()).data.map((m) => m.id);
   const errors = [];
   for (const [what, fn] of [["gone", () => e.chat.completions.create({ model: "tiny-random-wide",
                                                                        messages: [{ role: "user", content: "hi" }] })],
                             ["first", () => e.unload("tiny-random")]]) {
     try { await fn(); errors.push([what, 0]); } catch (err) { errors.push([what, err.status]); }
   }
-  return { draft, review: document.getElementById("review").textContent,
+  const loads = [];
+  for (const model of ["nope", "tiny-random"]) {
+    try { await e.load(model); loads.push([model, 0]); } catch (err) { loads.push([model, err.status]); }
+  }
+  const reviewerAgain = {};  // loaded again at run time: its weights take pages of the budget again
+  await e.load("tiny-random-wide");
+  const again = await e.chat.completions.create({ model: "tiny-random-wide", max_tokens: 4, temperature: 0,
+                                                   messages: [{ role: "user", content: "hi" }] });
+  reviewerAgain.finish = again.choices[0].finish_reason;
+  reviewerAgain.pool = (await e.stats()).pool;
+  reviewerAgain.listed = (await e.models.list()).data.map((m) => m.id);
+  return { draft, review: document.getElementById("review").textContent, loads, reviewerAgain,
            alone: alone.choices[0].message.content, stats, listed, after, order,
-           listedAfter: (await e.models.list()).data.map((m) => m.id), errors };
+           listedAfter, errors };
 }"""
 
 
@@ -57,6 +69,10 @@ def test_two_models_stream_at_once_from_one_pool(browser, base_url):
         assert got["after"]["pool"]["reserved_pages"] == pool["reserved_pages"] - wide_weights
         assert list(got["after"]["pool"]["models"]) == got["listedAfter"] == ["tiny-random"]
         assert got["errors"] == [["gone", 404], ["first", 400]]
+        assert got["loads"] == [["nope", 404], ["tiny-random", 400]]
+        again = got["reviewerAgain"]
+        assert again["listed"] == ["tiny-random", "tiny-random-wide"] and again["finish"] in ("stop", "length")
+        assert again["pool"]["reserved_pages"] == pool["reserved_pages"]  # its weights' pages, taken again
     finally:
         page.close()
 

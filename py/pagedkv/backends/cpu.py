@@ -149,3 +149,15 @@ def plan_pages(configs, block_size: int = 16) -> tuple[int, list[int]]:
 def allocate_pages(num_pages: int, page_bytes: int) -> np.ndarray:
     """(num_pages, page_bytes / 4) f32 zeros: the shared pages of plan_pages."""
     return np.zeros((num_pages, page_bytes // 4), np.float32)
+
+
+def block_size_in_page(page_bytes: int, config, name: str = "a model") -> int:
+    """A model's block size in plan_pages' pages (loaded after they were planned): the largest allowed block
+    whose f32 tokens fit a page and whose per-layer block a page holds a whole number of; ValueError naming
+    the sizes when none does."""
+    size = SharedKVBudget.block_size_in(page_bytes, CpuBackend.pool_bytes_per_token(config), name)
+    layer_block = size * config.n_kv_heads * config.head_dim * 4
+    if page_bytes % layer_block:
+        raise ValueError(f"{name}'s per-layer blocks ({layer_block:,} B) do not tile this engine's pages of "
+                         f"{page_bytes:,} B (they were sized for the models it was created with)")
+    return size
