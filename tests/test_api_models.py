@@ -81,7 +81,7 @@ def test_unload_stops_its_streams_and_load_takes_the_pages_again(tiny_dir, mixed
         engine.unload("tiny-random")
     assert err.value.status == 400 and "only model" in err.value.message
     assert engine.load(mixed_dir) == "mixed-random" and engine.stats()["pool"]["reserved_pages"] == reserved
-    assert engine.stats()["pool"]["spare_pages"] == 0 and engine.pages.shape[0] == pool["backed_pages"]
+    assert engine.stats()["pool"]["spare_pages"] == 0 and engine.shared.pages.shape[0] == pool["backed_pages"]
     assert reply(engine, "mixed-random")
 
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from pagedkv.api import ApiError, CompletionService
+from pagedkv.api import ApiError, CompletionService, CompletionServices
 from pagedkv.chat import ChatTemplate
-from pagedkv.completions import parse_request
 from pagedkv.engine import LLMEngine, NeverFits
 
 
@@ -23,7 +22,7 @@ class ApiRequests:
         (cpu_models.load_into in the tab); None: api-load is refused."""
         self.engine, self.kick, self.post, self.loader = engine, kick, post, loader
         self._ids = itertools.count(1)
-        self.services: dict[str, CompletionService] = {}
+        self.services = CompletionServices()
         self._serve(model_name, template, None)
         self._tasks: dict[str, asyncio.Future] = {}
 
@@ -53,16 +52,9 @@ class ApiRequests:
         self._tasks[request_id] = task
         return task
 
-    def _service_for(self, body) -> CompletionService:
-        model = body.get("model") if isinstance(body, dict) else None
-        if isinstance(model, str) and model in self.services:
-            return self.services[model]
-        parse_request(body, list(self.services))  # names what is wrong with the body
-        raise ApiError(404, f"the model {model!r} does not exist here", "model")
-
     async def _stream(self, request_id: str, body) -> None:
         try:
-            async for piece in await self._service_for(body).stream(body, request_id=request_id):
+            async for piece in await self.services.route(body).stream(body, request_id=request_id):
                 self.post("api-chunk", id=request_id, chunk=piece)
             self.post("api-end", id=request_id)
         except ApiError as exc:
@@ -131,14 +123,11 @@ class ApiRequests:
 
     def deliver(self, outputs) -> list:
         """Route this step's outputs of API requests to their streams; returns the rest (the chats')."""
-        for service in self.services.values():
-            outputs = service.deliver(outputs)
-        return outputs
+        return self.services.deliver(outputs)
 
     def fail(self, exc: Exception) -> None:
         """The step loop died: every API request ends with an api-error."""
-        for service in self.services.values():
-            service.fail(exc)
+        self.services.fail(exc)
 
     def keep_only(self, request_ids) -> None:
         """After a rebuild of the backend (a lost GPU device): abort the requests the new pool did not take back."""

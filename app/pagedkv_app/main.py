@@ -83,6 +83,9 @@ async def boot() -> None:
     await load_requested()
 
 
+FILE_SLOT = "file:"  # ?models= names the i-th GGUF File createEngine posts file:<i>
+
+
 async def requested_models() -> list[str]:
     """?model= then the others of ?models=, in order. `file:<i>` stands for the i-th GGUF File or Blob that
     pagedkv.js's createEngine posts (open-gguf with slot i) once Python is up: it is converted and stored in
@@ -97,8 +100,6 @@ async def requested_models() -> list[str]:
     stored = {n: await waiting[i] for n, i in slots.items()}
     return [stored.get(n, n) for n in names]
 
-
-FILE_SLOT = "file:"
 
 
 async def load_requested(force_cpu: bool = False) -> None:

@@ -15,8 +15,8 @@ when its stream is closed early or when `signal` (an asyncio.Event) is set. The 
 weights; `budget_mib` bounds weights + KV pool.
 
 Several models: `Engine(models=["a", "b"], budget_mib=...)` loads them into one LLMEngine whose KV pool is one
-buffer of equal pages (backends/cpu.plan_pages: the widest model gets 16-token blocks, the others the largest
-block that fits a page); every model's weights take their bytes out of the same pages, the rest is KV that
+buffer of equal pages (shared_cpu.py: the widest model gets 16-token blocks, the others the largest block that
+fits a page); every model's weights take their bytes out of the same pages, the rest is KV that
 either model's requests use. `engine.load(model)` adds one at run time (413 with the numbers when its
 weights' pages are not free), `engine.unload(model)` stops its requests and gives its pages back.
 """
@@ -24,21 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import AsyncIterator, Iterator, Sequence
 
-from .backends.cpu import CpuBackend, allocate_pages, block_size_in_page, plan_pages
 from .chat import ChatTemplate, Conversation
 from .completions import ApiError, ChatRequest, StopStrings, chunk, completion, now, parse_request, usage
 from .engine import EngineConfig, LLMEngine, NeverFits
 from .model.weights import ModelWeights
 from .sampling import MIN_TEMPERATURE, SamplingParams
+from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
 from .tokenizer import Tokenizer
 
-__all__ = ["ApiError", "CompletionService", "Completions", "Engine"]
+__all__ = ["ApiError", "CompletionService", "CompletionServices", "Completions", "Engine"]
 
 MIB = 1 << 20
 MODELS_DIR = Path(__file__).resolve().parents[2] / "dist" / "models"
@@ -234,6 +233,35 @@ class CompletionService(_Creates):
             self._routes.pop(rid, None)
 
 
+class CompletionServices(dict):
+    """The completion services of an engine's models, by model id (api.Engine's; the page worker's
+    ApiRequests'): a request body to its model's service, each step's outputs to their requests."""
+
+    def route(self, body) -> CompletionService:
+        """The service of the model `body` names; ApiError as OpenAI's (404 unknown, 400 malformed)."""
+        model = body.get("model") if isinstance(body, dict) else None
+        if isinstance(model, str) and model in self:
+            return self[model]
+        parse_request(body, list(self))  # names what is wrong with the body
+        raise ApiError(404, f"the model {model!r} does not exist here", "model")
+
+    def deliver(self, outputs) -> list:
+        """Route the outputs of every service's requests; returns the others (the chat app's)."""
+        for service in self.values():
+            outputs = service.deliver(outputs)
+        return outputs
+
+    def fail(self, exc: Exception) -> None:
+        """The step loop died: every waiting request hears of it."""
+        for service in self.values():
+            service.fail(exc)
+
+    def close(self) -> None:
+        """Stop every request; later requests get 503."""
+        for service in self.values():
+            service.close()
+
+
 class Completions(_Creates):
     """engine.chat.completions of an Engine: each request to the service of the model it names."""
 
@@ -260,26 +288,13 @@ class Engine:
         if len(set(ids)) != len(ids):
             raise ValueError(f"a model is named twice: {ids}")
         self.budget_bytes = budget_mib * MIB
-        self.page_bytes, sizes = plan_pages([w.config for _, w in found], block_size)
-        num_pages = self.budget_bytes // self.page_bytes
-        need = [self._weights_pages(w) for _, w in found]
-        if sum(need) + 2 > num_pages:  # at least two pages of KV (a prompt and its first token's block)
-            ledger = ", ".join(f"{i} {n * self.page_bytes / MIB:.1f} MiB" for i, n in zip(ids, need))
-            raise ApiError(413, f"the models' f32 weights take {ledger} and the KV pool at least two pages of "
-                                f"{self.page_bytes / MIB:.2f} MiB; budget {budget_mib} MiB", "budget_mib")
-        # Memory stands behind the KV pages only: the pages the weights take hold no K/V (backed_pages).
-        self.num_pages, backed = num_pages, num_pages - sum(need)
-        self.pages = allocate_pages(backed, self.page_bytes)
-        first_id, first = found[0]
-        self.llm = LLMEngine(self._backend(first, sizes[0]), Tokenizer.from_manifest(first.manifest),
-                             EngineConfig(), model=first_id, pool=num_pages, backed_pages=backed)
-        self.llm.reserve_for(first_id, need[0])
+        try:
+            self.llm, self.shared = shared_engine([self._model(i, w) for i, w in found], self.budget_bytes, block_size)
+        except BudgetTooSmall as exc:
+            raise ApiError(413, str(exc), "budget_mib") from None
         self._ids = itertools.count(1)
-        self.services: dict[str, CompletionService] = {}
-        self._serve(first_id, first)
-        for (model_id, weights), size, pages in zip(found[1:], sizes[1:], need[1:]):
-            self.llm.add_model(model_id, self._backend(weights, size), Tokenizer.from_manifest(weights.manifest),
-                               reserve_blocks=pages)
+        self.services = CompletionServices()
+        for model_id, weights in found:
             self._serve(model_id, weights)
         self._driver: asyncio.Task | None = None
         self.closed = False
@@ -295,11 +310,9 @@ class Engine:
                                 "it)", "model")
         return model_dir.name, ModelWeights.load(model_dir)
 
-    def _weights_pages(self, weights: ModelWeights) -> int:
-        return math.ceil(sum(t.nbytes for t in weights.tensors.values()) / self.page_bytes)
-
-    def _backend(self, weights: ModelWeights, block_size: int) -> CpuBackend:
-        return CpuBackend(weights, self.num_pages, block_size, kv_dtype="f32", pages=self.pages)
+    @staticmethod
+    def _model(model_id: str, weights: ModelWeights) -> CpuModel:
+        return CpuModel(model_id, weights, Tokenizer.from_manifest(weights.manifest))
 
     def _serve(self, model_id: str, weights: ModelWeights) -> None:
         tokenizer = self.llm.lane(model_id).tokenizer
@@ -315,13 +328,7 @@ class Engine:
         if model_id in self.services:
             raise ApiError(400, f"{model_id} is loaded already", "model")
         try:
-            size = block_size_in_page(self.page_bytes, weights.config, model_id)
-        except ValueError as exc:
-            raise ApiError(413, f"{model_id} does not fit this engine's pages ({exc}); name it when the engine "
-                                "is created", "model") from None
-        try:
-            self.llm.add_model(model_id, self._backend(weights, size), Tokenizer.from_manifest(weights.manifest),
-                               reserve_blocks=self._weights_pages(weights))
+            add_model(self.llm, self.shared, self._model(model_id, weights))
         except (NeverFits, ValueError) as exc:
             raise ApiError(413, str(exc), "model") from None
         self._serve(model_id, weights)
@@ -346,11 +353,7 @@ class Engine:
     def service(self, body: dict) -> CompletionService:
         """The service of the model `body` names; ApiError as OpenAI's (503 closed, 404 unknown, 400 malformed)."""
         self._open()
-        model = body.get("model") if isinstance(body, dict) else None
-        if isinstance(model, str) and model in self.services:
-            return self.services[model]
-        parse_request(body, list(self.services))  # names what is wrong with the body
-        raise ApiError(404, f"the model {model!r} does not exist here", "model")
+        return self.services.route(body)
 
     def _open(self) -> None:
         if self.closed:
@@ -374,14 +377,13 @@ class Engine:
     def close(self) -> None:
         """Stop every request; later requests get 503."""
         self.closed = True
-        for s in self.services.values():
-            s.close()
+        self.services.close()
 
     def stats(self) -> dict:
         """Each model's counters and KV (LLMEngine.stats) and, under "pool", the shared pages: total, free,
         cached, held by each model's weights and requests, and their bytes."""
         out = {m: self.llm.stats(m) for m in self.services}
-        out["pool"] = dict(self.llm.pool_stats(), page_bytes=self.page_bytes, budget_bytes=self.budget_bytes)
+        out["pool"] = dict(self.llm.pool_stats(), page_bytes=self.shared.page_bytes, budget_bytes=self.budget_bytes)
         return out
 
     def _kick(self) -> None:
@@ -395,13 +397,10 @@ class Engine:
         """The step loop: steps while anything is unfinished, each output to its request."""
         try:
             while self.llm.has_unfinished:
-                outputs = await self.llm.step()
-                for service in list(self.services.values()):
-                    outputs = service.deliver(outputs)
+                self.services.deliver(await self.llm.step())
                 await asyncio.sleep(0)
         except Exception as exc:
-            for service in self.services.values():
-                service.fail(exc)
+            self.services.fail(exc)
             raise
 
 

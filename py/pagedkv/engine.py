@@ -133,10 +133,10 @@ class LLMEngine:
             raise NeverFits(f"{name} needs {n:,} pages of the budget; {pool.num_available + len(self._spare):,} of "
                             f"{pool.num_blocks:,} are free or cached ({pool.num_reserved:,} hold other models' "
                             f"weights, {pool.num_used - pool.num_reserved:,} running requests' KV)")
+        left = pool.capacity - max(0, n - len(self._spare))  # the spare pages hold no KV: they cost none
         for lane in self.lanes.values():
-            for req in list(lane.scheduler.waiting) + lane.scheduler.running + lane.scheduler.swapped:
+            for req in lane.scheduler.waiting + lane.scheduler.running + lane.scheduler.swapped:
                 need = -(-req.max_total_tokens // lane.kv.block_size)
-                left = pool.capacity - max(0, n - len(self._spare))
                 if need > left:
                     raise NeverFits(f"{name} needs {n:,} pages of the budget; then {lane.name}'s request "
                                     f"{req.request_id} ({need:,} pages) would no longer fit the {left:,} left")
@@ -149,7 +149,7 @@ class LLMEngine:
 
     def remove_model(self, name: str) -> list[str]:
         """Unload `name`: its requests are aborted (their ids returned), its cached pages and the pages its
-        weights held go back to the pool. The first model of an engine stays (engine.kv is its)."""
+        weights held go back to the pool. An engine's only model stays."""
         lane = self.lane(name)
         if len(self.lanes) == 1:
             raise ValueError(f"{name} is the engine's only model")
@@ -166,16 +166,12 @@ class LLMEngine:
         """Preempt, by recompute, the lowest-ranked running request of another model that ranks below `req`;
         False when there is none."""
         rank = Request.sort_key(req)
-        worst = None
-        for lane in self.lanes.values():
-            if lane.name == model:
-                continue
-            for other in lane.scheduler.running:
-                if Request.sort_key(other) > rank and (worst is None or Request.sort_key(other) > worst[1]):
-                    worst = (lane, Request.sort_key(other), other)
-        if worst is None:
+        below = [(lane, other) for lane in self.lanes.values() if lane.name != model
+                 for other in lane.scheduler.running if Request.sort_key(other) > rank]
+        if not below:
             return False
-        worst[0].scheduler.preempt_for_peer(worst[2])
+        lane, victim = max(below, key=lambda pair: Request.sort_key(pair[1]))
+        lane.scheduler.preempt_for_peer(victim)
         return True
 
     # ---------------------------------------------------------------- the first model's parts
@@ -303,8 +299,8 @@ class LLMEngine:
                 # weights' pages, and those past the memory (backed_pages) no model holds now
                 "reserved_pages": pool.num_reserved - len(self._spare), "spare_pages": len(self._spare),
                 "backed_pages": self.backed_pages,
-                "models": {name: {"kv_pages": len({b for r in lane.scheduler.running for b in r.seq.block_table}),
-                                  "weights_pages": len(lane.reserved_blocks), "block_size": lane.kv.block_size}
+                "models": {name: {"kv_pages": lane.held_blocks, "weights_pages": len(lane.reserved_blocks),
+                                  "block_size": lane.kv.block_size}
                            for name, lane in self.lanes.items()}}
 
     # ---------------------------------------------------------------- the app's facade
@@ -377,26 +373,17 @@ class LLMEngine:
         """Plain data of the GPU block pool for the memory panel (kv.accounting.block_map): blocks by chat;
         with several models, every model's chats (one owner list; a session's blocks are one model's), "w" for
         a page weights hold, `models` (pool_stats: each model's pages) and `owner_models` (each owner's model)."""
-        snap = block_map(self.kv)
         if self.pool is None:
-            return snap
-        cells, owners = list(snap["cells"]), list(snap["owners"])
-        owner_models = [self.models[0]] * len(owners)
-        per_chat = dict(snap["per_chat_blocks"])
-        for lane in list(self.lanes.values())[1:]:
-            for req in lane.scheduler.running:
-                if req.seq.session not in owners:
-                    owners.append(req.seq.session)
-                    owner_models.append(lane.name)
-                mark = chr(0x100 + owners.index(req.seq.session))
-                for bid in req.seq.block_table:
-                    cells[bid] = mark if self.pool.ref_count(bid) == 1 else "s"
-            per_chat.update(lane.stats_blocks_per_session())
-        for lane in self.lanes.values():
+            return block_map(self.kv)
+        lanes = list(self.lanes.values())
+        snap = block_map(lanes[0].kv, tuple(lane.kv for lane in lanes[1:]))
+        owner_of = snap.pop("owner_of", [0] * len(snap["owners"]))  # absent with one model
+        cells = list(snap["cells"])
+        for lane in lanes:
             for bid in lane.reserved_blocks:
                 cells[bid] = "w"
-        return dict(snap, cells="".join(cells), owners=owners, owner_models=owner_models, per_chat_blocks=per_chat,
-                    used_blocks=self.pool.num_used - self.pool.num_reserved, models=self.pool_stats()["models"])
+        return dict(snap, cells="".join(cells), owner_models=[lanes[k].name for k in owner_of],
+                    models=self.pool_stats()["models"])
 
 
 def run_sync(coro):

@@ -327,7 +327,7 @@ class ModelLane:
             "model": self.name, "num_blocks": pool.num_blocks, "free_blocks": pool.num_free,
             # a shared pool: KV pages every model's requests hold, the pages weights hold, this model's own
             "used_blocks": pool.num_used - pool.num_reserved, "reserved_blocks": pool.num_reserved,
-            "model_blocks": len({b for r in self.scheduler.running for b in r.seq.block_table}),
+            "model_blocks": self.held_blocks,
             "cpu_blocks": cpu.num_blocks if cpu else 0, "cpu_used_blocks": cpu.num_used if cpu else 0,
             "cpu_cached_blocks": cpu.num_cached if cpu else 0,
             "cpu_demoted_blocks": self.kv.cpu.num_demoted if cpu else 0,
@@ -340,9 +340,10 @@ class ModelLane:
             **(self.disk.stats() if self.disk is not None else {}),
         }
 
-    def stats_blocks_per_session(self) -> dict[str, int]:
-        """Distinct blocks each session's running requests hold (kv.accounting.kv_stats)."""
-        return kv_stats(self.kv).per_session_blocks
+    @property
+    def held_blocks(self) -> int:
+        """Distinct blocks this model's running requests hold (kv.accounting.kv_stats)."""
+        return kv_stats(self.kv).used_blocks
 
     @property
     def bytes_per_token(self) -> int:

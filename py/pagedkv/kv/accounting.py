@@ -135,28 +135,41 @@ class SharedKVBudget:
         return dict(sorted(out.items()))
 
 
-def block_map(manager: KVCacheManager) -> dict:
+def block_map(manager: KVCacheManager, others: tuple[KVCacheManager, ...] = ()) -> dict:
     """Plain data of the GPU block pool for the memory panel: `cells`, one character per physical block (so
     thousands of blocks cross to the page as one string): "f" free, "c" cached (free but holding a prefix),
     "s" shared by several sequences, or chr(0x100 + k) for a block the session `owners[k]` alone holds; then
-    the pool's usage (kv_stats)."""
+    the pool's usage (kv_stats of `manager`). others: the managers of other models on the same pool (one budget):
+    their sessions are owners too, `owner_of[k]` says whose (0: manager's, i: others[i - 1]'s), and
+    `used_blocks` and `per_chat_blocks` count every model's."""
     pool = manager.pool
     cells = ["c" if b.block_hash is not None else "f" for b in pool.block_states()]
     owners: list[str] = []
-    for seq in manager.live.values():
-        if seq.status is not SequenceStatus.RUNNING:
-            continue
-        if seq.session not in owners:
-            owners.append(seq.session)
-        mark = chr(0x100 + owners.index(seq.session))
-        for bid in seq.block_table:
-            cells[bid] = mark if pool.ref_count(bid) == 1 else "s"
+    owner_of: list[int] = []
+    for k, m in enumerate((manager, *others)):
+        for seq in m.live.values():
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            if seq.session not in owners:
+                owners.append(seq.session)
+                owner_of.append(k)
+            mark = chr(0x100 + owners.index(seq.session))
+            for bid in seq.block_table:
+                cells[bid] = mark if pool.ref_count(bid) == 1 else "s"
     stats = kv_stats(manager)
-    return {
+    used, per_chat = stats.used_blocks, dict(stats.per_session_blocks)
+    for m in others:
+        other = kv_stats(m)
+        used += other.used_blocks
+        per_chat.update(other.per_session_blocks)
+    snap = {
         "block_size": manager.block_size, "cells": "".join(cells), "owners": owners,
-        "total_blocks": stats.total_blocks, "used_blocks": stats.used_blocks,
+        "total_blocks": stats.total_blocks, "used_blocks": used,
         "free_blocks": stats.free_blocks, "cached_blocks": stats.cached_blocks,
         "utilization": stats.utilization, "slot_efficiency": stats.slot_efficiency,
         "sharing_factor": stats.sharing_factor, "tokens_stored": stats.physical_tokens,
-        "per_chat_blocks": stats.per_session_blocks, "prefix_hit_rate": manager.prefix_hit_rate,
+        "per_chat_blocks": per_chat, "prefix_hit_rate": manager.prefix_hit_rate,
     }
+    if others:
+        snap["owner_of"] = owner_of
+    return snap
