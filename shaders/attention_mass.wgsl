@@ -33,6 +33,7 @@ override HEAD_DIM : u32 = 64u;
 override KV_F16 : bool = false;
 override WORKGROUP_SIZE : u32 = 64u;
 override ROW_WORDS : u32 = select(HEAD_DIM, HEAD_DIM / 2u, KV_F16);
+override BLOCK_U32 : u32 = 0u;  // u32s from one block's start to the next; 0: block_size tokens' rows
 
 const NEG_BIG : f32 = -3.0e38;
 
@@ -47,8 +48,9 @@ fn key_elem(row : u32, i : u32) -> f32 {
 // Scaled score of query row q_row (head-major offset) against cached token t of sequence seq.
 fn score(seq : u32, kv_head : u32, q_off : u32, t : u32) -> f32 {
   let bs = params.block_size;
-  let slot = block_tables[seq * params.max_blocks_per_seq + t / bs] * bs + t % bs;
-  let row = (slot * params.n_kv_heads + kv_head) * ROW_WORDS;
+  let block = block_tables[seq * params.max_blocks_per_seq + t / bs];
+  let stride = select(bs * params.n_kv_heads * ROW_WORDS, BLOCK_U32, BLOCK_U32 != 0u);
+  let row = block * stride + ((t % bs) * params.n_kv_heads + kv_head) * ROW_WORDS;
   var dot = 0.0;
   for (var i = 0u; i < HEAD_DIM; i++) {
     dot += query[q_off + i] * key_elem(row, i);

@@ -11,11 +11,12 @@
 struct Params {
   count : u32,        // pairs (main) or block ids (gather / scatter)
   block_words : u32,  // block_size * n_kv_heads * row words (vec4<u32>) of one block
+  block_stride : u32, // words from one block's start to the next: block_words, or a shared page's
 }
 
 @group(0) @binding(0) var<storage, read> block_pairs : array<vec2<u32>>;    // (count,) (src, dst)
-@group(0) @binding(1) var<storage, read_write> k_cache : array<vec4<u32>>;  // (num_blocks, block_words)
-@group(0) @binding(2) var<storage, read_write> v_cache : array<vec4<u32>>;  // (num_blocks, block_words)
+@group(0) @binding(1) var<storage, read_write> k_cache : array<vec4<u32>>;  // (num_blocks, block_stride)
+@group(0) @binding(2) var<storage, read_write> v_cache : array<vec4<u32>>;  // (num_blocks, block_stride)
 @group(0) @binding(3) var<uniform> params : Params;
 @group(0) @binding(4) var<storage, read> block_ids : array<u32>;            // (count,)
 @group(0) @binding(5) var<storage, read_write> staging : array<vec4<u32>>;  // (2, count, block_words): K then V
@@ -30,8 +31,8 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   }
   let word = gid.x % params.block_words;
   let blocks = block_pairs[pair];
-  k_cache[blocks.y * params.block_words + word] = k_cache[blocks.x * params.block_words + word];
-  v_cache[blocks.y * params.block_words + word] = v_cache[blocks.x * params.block_words + word];
+  k_cache[blocks.y * params.block_stride + word] = k_cache[blocks.x * params.block_stride + word];
+  v_cache[blocks.y * params.block_stride + word] = v_cache[blocks.x * params.block_stride + word];
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)
@@ -41,7 +42,7 @@ fn gather_blocks(@builtin(global_invocation_id) gid : vec3<u32>) {
     return;
   }
   let word = gid.x % params.block_words;
-  let src = block_ids[i] * params.block_words + word;
+  let src = block_ids[i] * params.block_stride + word;
   staging[gid.x] = k_cache[src];
   staging[params.count * params.block_words + gid.x] = v_cache[src];
 }
@@ -53,7 +54,7 @@ fn scatter_blocks(@builtin(global_invocation_id) gid : vec3<u32>) {
     return;
   }
   let word = gid.x % params.block_words;
-  let dst = block_ids[i] * params.block_words + word;
+  let dst = block_ids[i] * params.block_stride + word;
   k_cache[dst] = staging[gid.x];
   v_cache[dst] = staging[params.count * params.block_words + gid.x];
 }

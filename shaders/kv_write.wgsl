@@ -7,6 +7,9 @@
 //   f16 step and minimum per KV_GROUP channels in one word) and fp8-e4m3 (one scale per row): one invocation
 //   per token, because the token's scales share words and a store to one u32 of a vec4 may rewrite it all.
 //
+// Slots are consecutive tokens (slot s at u32 s * TOKEN_U32) unless BLOCK_U32 is set: then block
+// s / BLOCK_TOKENS starts at u32 (s / BLOCK_TOKENS) * BLOCK_U32 (pages several models share, shared_pages.py).
+//
 // Dispatch: ceil(invocations / WORKGROUP_SIZE) workgroups along x, invocations = num_tokens * n_kv_heads *
 // ROW_U32 / 4 for f32 / f16 and num_tokens for the quantized formats (KVLayout.kv_write_invocations).
 
@@ -29,6 +32,8 @@ override WORKGROUP_SIZE : u32 = 64u;
 override KV_BITS : u32 = select(select(select(8u, 4u, KV_FORMAT >= 4u), 16u, KV_FORMAT == 1u), 32u, KV_FORMAT == 0u);
 override ROW_U32 : u32 = HEAD_DIM * KV_BITS / 32u;
 override SCALES_PER_ROW : u32 = select(HEAD_DIM / KV_GROUP, 0u, KV_FORMAT < 2u);
+override BLOCK_U32 : u32 = 0u;      // u32s from one block's start to the next; 0: slots follow each other
+override BLOCK_TOKENS : u32 = 16u;  // tokens per block (read only where BLOCK_U32 is set)
 
 const FLT_MIN : f32 = 1.17549435e-38;  // smallest normal f32: smaller scales are stored as 0
 const F16_MAX : f32 = 65504.0;
@@ -41,6 +46,14 @@ fn to_f16_word(a : vec4<f32>, b : vec4<f32>) -> vec4<u32> {
 
 fn token_u32s() -> u32 {
   return (params.n_kv_heads * (ROW_U32 + SCALES_PER_ROW) + 3u) & ~3u;
+}
+
+// The first u32 of cache slot `slot`.
+fn slot_u32(slot : u32) -> u32 {
+  if (BLOCK_U32 == 0u) {
+    return slot * token_u32s();
+  }
+  return (slot / BLOCK_TOKENS) * BLOCK_U32 + (slot % BLOCK_TOKENS) * token_u32s();
 }
 
 fn load(is_v : bool, i : u32) -> f32 {
@@ -218,7 +231,7 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
     if (token >= params.num_tokens) {
       return;
     }
-    let dst = slot_mapping[token] * token_u32s();
+    let dst = slot_u32(slot_mapping[token]);
     // The padding u32s: written so a reused slot holds exactly what numpy's pack_tokens produces.
     for (var i = params.n_kv_heads * (ROW_U32 + SCALES_PER_ROW); i < token_u32s(); i++) {
       store(false, dst + i, 0u);
@@ -237,7 +250,7 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
     return;
   }
   let within = gid.x % token_words;  // (kv head, word) inside the token's row, same order in source and cache
-  let dst = slot_mapping[token] * token_words + within;
+  let dst = slot_u32(slot_mapping[token]) / 4u + within;
   if (KV_FORMAT == 1u) {
     let src = (token * token_words + within) * 2u;  // a word holds 8 values: two source vec4s
     k_cache[dst] = to_f16_word(k_new[src], k_new[src + 1u]);

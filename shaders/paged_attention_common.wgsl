@@ -70,7 +70,7 @@ fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n
   let token_u32 = token_u32s();
   for (var b = block_begin; b < block_end; b++) {
     let physical = block_tables[seq * params.max_blocks_per_seq + b];
-    let base = physical * bs * token_u32;  // first u32 of the block
+    let base = token_at(physical, 0u);  // first u32 of the block
     let n = min(bs, n_keys - b * bs);
     for (var t = 0u; t < n; t++) {
       scores[t] = vec4<f32>(0.0);

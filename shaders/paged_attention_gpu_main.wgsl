@@ -151,7 +151,6 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   }
   workgroupBarrier();
 
-  let token_u32 = token_u32s();
   let key_begin = first * bs;
   let key_end = min(key_begin + n_part_blocks * bs, ctx_len);
   let c = lid % VEC_PER_HEAD;  // the lane's four values of the head dimension
@@ -167,7 +166,7 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
     var sc = vec4<f32>(NEG_BIG);
     if (key < key_end) {
       let b = key / bs - first;
-      sc = key_scores((part_table[b] * bs + key % bs) * token_u32, kv_head);
+      sc = key_scores(token_at(part_table[b], key % bs), kv_head);
     }
     tile_scores[lid] = sc;
     workgroupBarrier();
@@ -185,7 +184,7 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
     let n = min(WORKGROUP_SIZE, key_end - t0);
     for (var i = r; i < n && r < KEY_LANES; i += KEY_LANES) {
       let key_i = t0 + i;
-      let v = v_vec4((part_table[key_i / bs - first] * bs + key_i % bs) * token_u32, kv_head, c);
+      let v = v_vec4(token_at(part_table[key_i / bs - first], key_i % bs), kv_head, c);
       let p = tile_weights[i];
       a0 += v * p.x;
       if (SLOTS > 1u) { a1 += v * p.y; }

@@ -16,6 +16,8 @@
 //                          holds two f16: the step d (low half) and the minimum m (high half).
 // Dequantization happens here, on the 16 values a slice loads: there is no dequantized copy of the cache.
 // Token `pos` of a sequence lives in block block_tables[seq, pos / block_size] at offset pos % block_size.
+// Blocks follow each other (block b at u32 b * block_size * TOKEN_U32) unless BLOCK_U32 is set: then block b
+// starts at u32 b * BLOCK_U32 (pages several models share, py/pagedkv/backends/webgpu/shared_pages.py).
 
 struct Params {
   num_seqs : u32,
@@ -44,6 +46,7 @@ override KV_BITS : u32 = select(select(select(8u, 4u, KV_FORMAT >= 4u), 16u, KV_
 override ROW_U32 : u32 = HEAD_DIM * KV_BITS / 32u;
 override SCALES_PER_ROW : u32 = select(HEAD_DIM / KV_GROUP, 0u, KV_FORMAT < 2u);
 override VEC_PER_HEAD : u32 = HEAD_DIM / 4u;
+override BLOCK_U32 : u32 = 0u;     // u32s from one block's start to the next; 0: block_size * TOKEN_U32
 
 const NEG_BIG : f32 = -3.0e38;     // finite "minus infinity": exp(NEG_BIG - m) is 0, never NaN
 
@@ -56,6 +59,12 @@ fn unpack8(x : vec4<u32>, y : vec4<u32>) -> mat4x4<f32> {
 
 fn token_u32s() -> u32 {
   return (params.n_kv_heads * (ROW_U32 + SCALES_PER_ROW) + 3u) & ~3u;
+}
+
+// The first u32 of token `offset` of physical block `block`.
+fn token_at(block : u32, offset : u32) -> u32 {
+  let stride = select(params.block_size * token_u32s(), BLOCK_U32, BLOCK_U32 != 0u);
+  return block * stride + offset * token_u32s();
 }
 
 // e4m3 byte (sign bit 0x80) -> f32; exponent 0 is subnormal (m * 2^-9).

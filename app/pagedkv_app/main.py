@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import traceback
 
 import numpy as np
@@ -19,12 +18,13 @@ from pagedkv.backends.webgpu.tuning import JsonInStore, tune_device
 from pagedkv.browser.opfs import OpfsStore, open_or_memory
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine, TierBudgets
+from pagedkv.shared_gpu import SharedGpu
 from pagedkv.tokenizer import Tokenizer
 
 from . import bridge, model_library
 from .chat_service import ChatService
 from .cpu_models import cpu_weights, load_into, shared_cpu_engine
-from .model_library import model_reader
+from .gpu_models import load_gpu_model, shard_reader, shared_gpu_models
 from .user_models import model_id
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -186,11 +186,15 @@ async def load_model(name: str, *also: str, force_cpu: bool = False) -> None:
         max_context = int(bridge.query_param("max_context", "0")) or None
         config = EngineConfig(namespace=name, max_context=max_context)
         manifests, shared = [], None
-        if also:  # several models: one budget and one pool, on the CPU path for now (docs/api.md)
-            if not force_cpu and state["backend"][0] != "cpu":
-                state["backend"] = ("cpu", "several models share one budget on the CPU path (not yet on WebGPU)")
+        if also and (force_cpu or state["backend"][0] == "cpu"):  # several models: one budget, one pool
             manifests, engine, shared, info = await shared_cpu_engine([name, *also], block_size, config,
                                                                       tier_budgets().gpu_bytes)
+            manifest, backend = manifests[0], engine.backend
+        elif also:
+            budgets = tier_budgets()
+            manifests, engine, shared, info = await shared_gpu_models(
+                state["gpu"], [name, *also], block_size=block_size, config=config, budget_bytes=budgets.gpu_bytes,
+                cpu_budget_bytes=budgets.cpu_bytes, kv_dtype=kv_dtype_param(), kernels=state["kernels"][0])
             manifest, backend = manifests[0], engine.backend
         else:
             if force_cpu or state["backend"][0] == "cpu":
@@ -201,11 +205,11 @@ async def load_model(name: str, *also: str, force_cpu: bool = False) -> None:
         cfg = backend.config
         tokenizer = engine.tokenizer
         info["kv_disk"] = await _attach_disk(engine, manifest)
-        ledger = getattr(backend, "ledger", None)
+        ledger = shared.pages.ledger if isinstance(shared, SharedGpu) else getattr(backend, "ledger", None)
         service = ChatService(engine, ChatTemplate.from_manifest(manifest, tokenizer), bridge.post, model_name=name,
                               ledger_snapshot=ledger.snapshot if ledger is not None else None,
                               open_stream=bridge.open_stream, webgpu=not force_cpu,
-                              loader=lambda engine, model: load_into(engine, state.get("shared_pages"), model))
+                              loader=load_shared)
         for other, other_manifest in zip(also, manifests[1:]):
             service.api.add_model(other, ChatTemplate.from_manifest(other_manifest, engine.lane(other).tokenizer))
         state.update(engine=engine, service=service, model_name=name, block_size=block_size, shared_pages=shared)
@@ -218,6 +222,14 @@ async def load_model(name: str, *also: str, force_cpu: bool = False) -> None:
     except Exception as exc:
         bridge.post("model-error", model=name, message=f"{type(exc).__name__}: {exc}",
                     detail=traceback.format_exc())
+
+
+async def load_shared(engine: LLMEngine, model: str) -> ChatTemplate:
+    """pagedkv.js `engine.load(model)`: into the several-model engine's pages, on its path."""
+    shared = state.get("shared_pages")
+    if isinstance(shared, SharedGpu):
+        return await load_gpu_model(state["gpu"], engine, shared, model)
+    return await load_into(engine, shared, model)
 
 
 async def _attach_disk(engine: LLMEngine, manifest: dict) -> str:
@@ -255,23 +267,10 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
 async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, WebGpuBackend, dict]:
     """Weights streamed shard by shard into GPU buffers inside the ?budget_mib= GPU budget (default 1 GiB)."""
     ctx = state["gpu"]
-    read = model_reader(name)
-    manifest = json.loads(await read("model.json"))
+    manifest, shard_source = await shard_reader(name, on_progress)
     total = sum(s["nbytes"] for s in manifest["shards"])
-    done = 0
-
-    async def shard_source(file: str) -> bytes:
-        nonlocal done
-
-        def progress(n: int) -> None:
-            on_progress(done + n, total)
-
-        data = await read(file, _accumulate(progress))
-        done += len(data)
-        return data
-
     budgets = tier_budgets()
-    kv_dtype = bridge.query_param("kv_dtype", "f16")  # f32, f16, int8, fp8-e4m3, int4, int4-asym
+    kv_dtype = kv_dtype_param()
     tuned = None  # the gpu family's shapes, tuned before the GPU budget is spent (the tuning's buffers come and go)
     if state["kernels"][0] == "gpu":
         bridge.post("model-progress", model=name, loaded=0, total=total, detail="tuning the gpu kernels")
@@ -302,6 +301,11 @@ def on_device_lost(reason: str) -> None:
     service = state.get("service")
     if service is None or not isinstance(service.engine.backend, WebGpuBackend):
         return  # lost before the model was on the GPU: the page says so; a reload starts over
+    if len(service.engine.models) > 1:  # several models' buffers and pages: not rebuilt, say so
+        service.device_lost(reason)
+        bridge.post("model-error", model=state["model_name"], message="the GPU device was lost; an engine of "
+                    "several models is not rebuilt on a new one: reload the page", detail=reason)
+        return
     service.device_lost(reason)
     state["recovery"] = asyncio.ensure_future(recover_device())
 
@@ -335,13 +339,6 @@ async def recover_device(attempts: int = 3) -> None:
                 detail="".join(traceback.format_exception(error)))
 
 
-def _accumulate(progress):
-    """fetch_bytes reports increments; turn them into a running total for one shard."""
-    seen = 0
-
-    def step(n: int) -> None:
-        nonlocal seen
-        seen += n
-        progress(seen)
-
-    return step
+def kv_dtype_param() -> str:
+    """?kv_dtype= of the WebGPU path: f32, f16 (default), int8, fp8-e4m3, int4, int4-asym."""
+    return bridge.query_param("kv_dtype", "f16")

@@ -149,7 +149,8 @@ class LLMEngine:
 
     def remove_model(self, name: str) -> list[str]:
         """Unload `name`: its requests are aborted (their ids returned), its cached pages and the pages its
-        weights held go back to the pool. An engine's only model stays."""
+        weights held go back to the pool, its backend's GPU buffers (where it has any: destroy) to their ledger.
+        An engine's only model stays."""
         lane = self.lane(name)
         if len(self.lanes) == 1:
             raise ValueError(f"{name} is the engine's only model")
@@ -160,6 +161,8 @@ class LLMEngine:
         self._spare += [b for b in lane.reserved_blocks if b >= self.backed_pages]  # no memory: weights' only
         self.pool.release([b for b in lane.reserved_blocks if b < self.backed_pages])
         del self.lanes[name]
+        if hasattr(lane.backend, "destroy"):
+            lane.backend.destroy()
         return aborted
 
     def _peer_victim(self, model: str, req: Request) -> bool:

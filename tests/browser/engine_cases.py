@@ -263,3 +263,50 @@ async def bad_weights() -> dict:
         except ValueError as exc:
             out[name] = f"{type(exc).__name__}: {exc}"
     return out
+
+
+async def gpu_model(name: str):
+    """A GpuModel of dist/models/<name> (pagedkv.shared_gpu)."""
+    from pagedkv.shared_gpu import GpuModel
+
+    manifest, shards = await model_files(name)
+
+    async def source(file: str) -> bytes:
+        return shards[file]
+
+    return GpuModel(name, manifest, source, Tokenizer.from_manifest(manifest))
+
+
+async def two_models_shared(kv_dtype: str = "f16", kernels: str = "cpu", budget_mib: float = 12,
+                            max_tokens: int = 10) -> dict:
+    """tiny-random (16-dim heads) and tiny-random-wide (64-dim) in one shared page buffer: four requests each,
+    batched into the same steps, vs each model's numpy greedy run alone."""
+    from pagedkv.shared_gpu import shared_gpu_engine
+
+    names = ["tiny-random-wide", "tiny-random"]
+    models = [await gpu_model(n) for n in names]
+    engine, shared = await shared_gpu_engine(
+        await context(), models, int(budget_mib * MIB), kv_dtype=kv_dtype, kernels=kernels,
+        config=EngineConfig(max_num_batched_tokens=24, max_num_seqs=4))
+    params = SamplingParams(max_tokens=max_tokens, stop_token_ids=(1_000_000,))
+    reqs = {n: [engine.request(engine.add_request(p, params, model=n)) for p in TINY_PROMPTS] for n in names}
+    peak = 0
+    while engine.has_unfinished:
+        await engine.step()
+        peak = max(peak, engine.pool.num_used)
+    out = {n: [r.output_ids for r in rs] for n, rs in reqs.items()}
+    ref = {}
+    for n in names:
+        model = _cache.setdefault(("model", n), NumpyModel(await weights(n)))
+        ref[n] = [greedy_reference(model, p, max_tokens) for p in TINY_PROMPTS]
+    pool, ledger = engine.pool_stats(), shared.pages.ledger.snapshot()
+    stats = {n: engine.lane(n).stats() for n in names}
+    engine.remove_model("tiny-random")
+    after = shared.pages.ledger.snapshot()
+    for lane in engine.lanes.values():
+        lane.backend.destroy()
+    shared.pages.destroy()
+    return {"gpu": out, "ref": ref, "pool": pool, "peak_pages": peak, "pages": shared.pages.num_pages,
+            "page_bytes": shared.pages.page_bytes, "ledger": ledger, "after_unload": after,
+            "end_ledger": shared.pages.ledger.snapshot(),
+            "preemptions": {n: s["preemptions"] for n, s in stats.items()}}

@@ -77,6 +77,50 @@ def test_two_models_stream_at_once_from_one_pool(browser, base_url):
         page.close()
 
 
+WEBGPU_AFTER = """async () => {
+  const e = window.engine;
+  const topic = document.getElementById("topic").value;
+  const alone = await e.chat.completions.create({ model: "tiny-random", max_tokens: 96, temperature: 0,
+      messages: [{ role: "user", content: `Write a short paragraph about ${topic}.` }] });
+  const stats = await e.stats();
+  await e.unload("tiny-random-wide");
+  const after = await e.stats();
+  const loads = [];
+  for (const model of ["nope", "tiny-random-wide"]) {
+    try { await e.load(model); loads.push([model, 0]); } catch (err) { loads.push([model, err.status]); }
+  }
+  const again = await e.chat.completions.create({ model: "tiny-random-wide", max_tokens: 4, temperature: 0,
+                                                   messages: [{ role: "user", content: "hi" }] });
+  return { draft: document.getElementById("draft").textContent, review: document.getElementById("review").textContent,
+           alone: alone.choices[0].message.content, info: e.info, stats, after, loads,
+           again: again.choices[0].finish_reason, listed: (await e.models.list()).data.map((m) => m.id) };
+}"""
+
+
+def test_two_models_on_webgpu_share_one_page_buffer(browser, base_url):
+    """The same example on the WebGPU backend (SwiftShader): one ledger, one buffer of pages both models' KV
+    views (the wide model 16 tokens a page, the narrow one 32); the writer's greedy draft is its text alone;
+    unloading the reviewer frees its GPU buffers, and loading it again at run time takes them back."""
+    page = browser.new_page()
+    try:
+        page.goto(base_url + PAGE.replace("backend=cpu", "backend=webgpu"))
+        page.wait_for_selector("html[data-engine=ready]", state="attached", timeout=240_000)
+        page.click("#go button")
+        page.wait_for_selector("html[data-done='1']", state="attached", timeout=240_000)
+        got = page.evaluate(WEBGPU_AFTER)
+        assert got["info"]["backend"] == "webgpu" and got["info"]["page_bytes"] > 0
+        assert got["draft"] and got["review"] and got["draft"] == got["alone"]
+        pool = got["stats"]["pool"]
+        assert (pool["models"]["tiny-random"]["block_size"], pool["models"]["tiny-random-wide"]["block_size"]) == (32, 16)
+        assert pool["reserved_pages"] == 0 and pool["pages"] == got["info"]["num_blocks"] >= 2
+        assert got["stats"]["tiny-random-wide"]["steps"] > 0
+        assert list(got["after"]["pool"]["models"]) == ["tiny-random"]
+        assert got["loads"] == [["nope", 404], ["tiny-random-wide", 0]] and got["again"] in ("stop", "length")
+        assert got["listed"] == ["tiny-random", "tiny-random-wide"]
+    finally:
+        page.close()
+
+
 OFFICIAL_TWO = """async () => {
   const { OpenAI } = await import("/vendor/openai/client.mjs");
   const e = window.engine;

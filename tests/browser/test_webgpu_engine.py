@@ -225,3 +225,20 @@ def test_bad_weights_are_refused_at_load(worker):
     r = run(worker, "bad_weights()")
     assert r["tampered"].startswith("WeightsError: shard shard-000.bin sha256 mismatch"), r
     assert r["code_minus_128"].startswith("ValueError: Q8_0 tensor token_embd.weight contains the code -128"), r
+
+
+@pytest.mark.parametrize("kv_dtype,kernels", [("f16", "cpu"), ("int8", "gpu")])
+def test_two_models_share_one_page_buffer(worker, kv_dtype, kernels):
+    """Two models of different KV widths in one buffer of pages (shared_gpu.shared_gpu_engine): their requests
+    batch into the same steps on interleaved pages, and each model's greedy ids equal its numpy run alone.
+    Unloading one model gives its weights, scratch and staging back to the ledger; the pages stay."""
+    r = run(worker, f"two_models_shared({kv_dtype!r}, {kernels!r})")
+    assert r["gpu"] == r["ref"]
+    wide, tiny = r["pool"]["models"]["tiny-random-wide"], r["pool"]["models"]["tiny-random"]
+    assert wide["block_size"] == 16 and tiny["block_size"] == 32  # a page: 16 wide tokens, 32 (the most) tiny ones
+    assert r["peak_pages"] >= 4 and r["pages"] == r["pool"]["pages"]
+    assert r["ledger"]["by_kind"]["kv"] == r["pages"] * r["page_bytes"]
+    assert r["ledger"]["used_bytes"] <= r["ledger"]["budget_bytes"]
+    freed = r["ledger"]["used_bytes"] - r["after_unload"]["used_bytes"]
+    assert freed > 0 and r["after_unload"]["by_kind"]["kv"] == r["ledger"]["by_kind"]["kv"]
+    assert r["end_ledger"]["used_bytes"] == 0

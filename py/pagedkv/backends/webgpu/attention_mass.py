@@ -28,7 +28,8 @@ class AttentionMassKernel:
     async def compile(self) -> "AttentionMassKernel":
         lay = self.kernels.layout
         self.pipeline = await self.kernels.ctx.kernel("attention_mass", {
-            "HEAD_DIM": lay.head_dim, "KV_F16": int(lay.dtype == "f16"), "WORKGROUP_SIZE": WORKGROUP_SIZE})
+            "HEAD_DIM": lay.head_dim, "KV_F16": int(lay.dtype == "f16"), "WORKGROUP_SIZE": WORKGROUP_SIZE,
+            **({"BLOCK_U32": lay.stride_words * 4} if lay.page_words else {})})
         return self
 
     def prepare(self, k_cache, query, query_start_loc: np.ndarray, block_tables: np.ndarray,

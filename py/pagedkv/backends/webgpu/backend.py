@@ -62,6 +62,7 @@ class WebGpuBackend:
         self.kv_kernels: KVKernels | None = None  # compiled by create() for the pool's layout
         self.kv_pool: GpuKVPool | None = None  # the KV blocks, made by create()
         self._buffers: dict[str, object] = {}
+        self.ledger_prefix = ""  # before this backend's labels in a ledger several models share
         self._plans: dict[PlanKey, object] = {}
         self._validated: set[PlanKey] = set()
         self._dispatch_slots: dict[PlanKey, np.ndarray] = {}  # uniform slot of each recorded dispatch
@@ -76,26 +77,38 @@ class WebGpuBackend:
                      budget_bytes: int, block_size: int = 16, kv_dtype: str = "f16",
                      max_num_batched_tokens: int = 256, max_num_seqs: int = 16, num_cpu_blocks: int | None = None,
                      cpu_budget_bytes: int | None = None, on_progress: Callable[[int, int], None] | None = None,
-                     kernels: str = "cpu") -> "WebGpuBackend":
+                     kernels: str = "cpu", ledger: GpuLedger | None = None, pages=None,
+                     num_blocks: int | None = None, name: str = "") -> "WebGpuBackend":
         """Upload the weights shard by shard (`await shard_source(file)` -> bytes), size scratch and the KV pool
         inside `budget_bytes`. Raises BudgetExceeded (nothing allocated) when even one KV block does not fit.
         The CPU swap pool holds num_cpu_blocks blocks, else as many as cpu_budget_bytes holds, else as many as
-        CPU_POOL_CAP_BYTES holds up to the GPU pool's size."""
-        max_binding = ctx.info.limits["maxStorageBufferBindingSize"]
-        plan = plan_kv_pool(manifest, budget_bytes=budget_bytes, block_size=block_size, kv_dtype=kv_dtype,
-                            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                            max_binding=max_binding)
-        config, num_blocks, block_bytes = check_manifest(manifest), plan["num_blocks"], plan["block_bytes"]
-        if num_blocks < 1:
-            raise BudgetExceeded(
-                f"a GPU budget of {budget_bytes / MIB:.1f} MiB leaves no room for the KV cache: weights, scratch "
-                f"and staging need {plan['fixed_bytes'] / MIB:.1f} MiB and one KV block {block_bytes:,} bytes; "
-                "raise the budget or lower max_num_batched_tokens")
-        b = cls(ctx, config, GpuLedger(budget_bytes), block_size=block_size, kv_dtype=kv_dtype,
+        CPU_POOL_CAP_BYTES holds up to the GPU pool's size.
+        With `pages` (a SharedGpuPages, shared_pages.py) the KV blocks are views of pages several models share:
+        weights, scratch and staging go into `ledger` (the pages' own, budget_bytes is not used) and the pool
+        addresses num_blocks page ids (default every page); `name` prefixes its ledger labels ("<name>/w:...")."""
+        config = check_manifest(manifest)
+        if pages is not None:
+            ledger = ledger or pages.ledger
+            num_blocks = num_blocks or pages.num_pages
+            block_bytes = 2 * config.n_layers * GpuKVLayout(
+                KVSpec.of(config, block_size=block_size, dtype=kv_dtype), 1).nbytes
+        else:
+            max_binding = ctx.info.limits["maxStorageBufferBindingSize"]
+            plan = plan_kv_pool(manifest, budget_bytes=budget_bytes, block_size=block_size, kv_dtype=kv_dtype,
+                                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                max_binding=max_binding)
+            num_blocks, block_bytes = plan["num_blocks"], plan["block_bytes"]
+            if num_blocks < 1:
+                raise BudgetExceeded(
+                    f"a GPU budget of {budget_bytes / MIB:.1f} MiB leaves no room for the KV cache: weights, "
+                    f"scratch and staging need {plan['fixed_bytes'] / MIB:.1f} MiB and one KV block "
+                    f"{block_bytes:,} bytes; raise the budget or lower max_num_batched_tokens")
+        b = cls(ctx, config, ledger or GpuLedger(budget_bytes), block_size=block_size, kv_dtype=kv_dtype,
                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, kernels=kernels)
-        layout = GpuKVLayout(b.kv_spec, num_blocks)
+        b.ledger_prefix = f"{name}/" if name else ""
+        layout = pages.layout(b.kv_spec, num_blocks) if pages is not None else GpuKVLayout(b.kv_spec, num_blocks)
         b.kv_kernels = await KVKernels(ctx, layout, config.n_heads, family=kernels, subgroups=b.subgroups).compile()
-        b.kv_pool = GpuKVPool(ctx, b.kv_kernels, config, b.ledger)
+        b.kv_pool = GpuKVPool(ctx, b.kv_kernels, config, b.ledger, pages=pages)
         try:
             ctx.push_oom()
             try:
@@ -126,7 +139,7 @@ class WebGpuBackend:
         self.kv_pool.allocate()
 
     def _buffer(self, label: str, nbytes: int, kind: str, **kw):
-        self.ledger.reserve(label, nbytes, kind)
+        self.ledger.reserve(self.ledger_prefix + label, nbytes, kind)
         buf = self.ctx.buffer(nbytes, label, **kw)
         self._buffers[label] = buf
         return buf
@@ -386,7 +399,7 @@ class WebGpuBackend:
         """Free every GPU buffer and its ledger reservation."""
         for label, buf in self._buffers.items():
             buf.destroy()
-            self.ledger.release(label)
+            self.ledger.release(self.ledger_prefix + label)
         if self.kv_pool is not None:
             self.kv_pool.destroy()
         self._buffers, self._plans = {}, {}

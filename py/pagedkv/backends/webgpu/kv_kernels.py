@@ -35,10 +35,12 @@ PARTITION_TOKENS = 128  # flash-decoding partition of a long context (KVKernels,
 @dataclass(frozen=True)
 class GpuKVLayout:
     """A KV pool on the GPU: its KVSpec (geometry and element type) and num_blocks. Each layer's K (and V) cache
-    is one buffer of (num_blocks, block_size, n_kv_heads, head_dim) in spec.dtype."""
+    is one buffer of (num_blocks, block_size, n_kv_heads, head_dim) in spec.dtype; with page_words, a binding
+    in which block b starts at vec4 word b * page_words (pages several models share, shared_pages.py)."""
 
     spec: KVSpec
     num_blocks: int
+    page_words: int = 0  # vec4<u32> words from one block's start to the next; 0: block_words
 
     def __post_init__(self) -> None:
         self.spec.element  # noqa: B018  the registry entry: ValueError for bf16, which KVSpec only sizes
@@ -49,6 +51,8 @@ class GpuKVLayout:
             raise ValueError(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
         if not isinstance(self.num_blocks, int) or self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.page_words and self.page_words < self.block_words:
+            raise ValueError(f"a page of {self.page_words} words holds no block of {self.block_words}")
 
     # the spec's geometry in the kernels' (ModelConfig's) names
     @property
@@ -100,14 +104,20 @@ class GpuKVLayout:
         return self.block_size * self.token_bytes // WORD_BYTES
 
     @property
+    def stride_words(self) -> int:
+        """vec4<u32> words from one block's start to the next."""
+        return self.page_words or self.block_words
+
+    @property
     def nbytes(self) -> int:
-        """Bytes of one cache (K or V) of this layer."""
-        return self.num_blocks * self.block_words * WORD_BYTES
+        """Bytes of one cache (K or V) of this layer: its buffer, or its binding into shared pages."""
+        return ((self.num_blocks - 1) * self.stride_words + self.block_words) * WORD_BYTES
 
     @property
     def constants(self) -> dict:
+        paged = {"BLOCK_U32": self.page_words * 4} if self.page_words else {}
         return {"HEAD_DIM": self.head_dim, "KV_FORMAT": self.kind.code,
-                "KV_GROUP": self.kind.group_for(self.head_dim) or self.head_dim}
+                "KV_GROUP": self.kind.group_for(self.head_dim) or self.head_dim, **paged}
 
     def kv_write_invocations(self, num_tokens: int) -> int:
         """kv_write runs one invocation per cache word for f32 / f16 and one per token when it quantizes
@@ -118,16 +128,22 @@ class GpuKVLayout:
 
 
 class KVCacheBuffers:
-    """One layer's K and V pool buffers on the GPU."""
+    """One layer's K and V pool buffers on the GPU, or (views) its K and V bindings (buffer, offset, size) into
+    pages several models share, which it does not own."""
 
-    def __init__(self, ctx, layout: GpuKVLayout) -> None:
+    def __init__(self, ctx, layout: GpuKVLayout, views: tuple | None = None) -> None:
         self.ctx = ctx
         self.layout = layout
+        self.owned = views is None
+        if views is not None:
+            self.k, self.v = views
+            return
         self.k = ctx.buffer(layout.nbytes, "k_cache")  # (num_blocks, block_size, n_kv_heads, head_dim)
         self.v = ctx.buffer(layout.nbytes, "v_cache")  # (num_blocks, block_size, n_kv_heads, head_dim)
 
     def upload(self, k_cache: np.ndarray, v_cache: np.ndarray) -> None:
-        """Overwrite both caches with host arrays of the layout's shape and dtype."""
+        """Overwrite both caches with host arrays of the layout's shape and dtype (owned buffers only)."""
+        self._check_owned()
         lay = self.layout
         for name, array in (("k_cache", k_cache), ("v_cache", v_cache)):
             if array.shape != lay.storage_shape or array.dtype != lay.storage_dtype:
@@ -137,13 +153,19 @@ class KVCacheBuffers:
         self.ctx.write(self.v, v_cache)
 
     async def read(self) -> tuple[np.ndarray, np.ndarray]:
-        """Both caches back on the host, in the layout's shape and dtype."""
+        """Both caches back on the host, in the layout's shape and dtype (owned buffers only)."""
+        self._check_owned()
         shape, dtype = self.layout.storage_shape, self.layout.storage_dtype
         return await self.ctx.read_array(self.k, dtype, shape), await self.ctx.read_array(self.v, dtype, shape)
 
+    def _check_owned(self) -> None:
+        if not self.owned:
+            raise ValueError("a view into shared pages moves whole blocks only (gather / scatter)")
+
     def destroy(self) -> None:
-        self.k.destroy()
-        self.v.destroy()
+        if self.owned:
+            self.k.destroy()
+            self.v.destroy()
 
 
 @dataclass
@@ -238,7 +260,8 @@ class KVKernels:
         consts = dict(self.layout.constants, **wg)
         for entry in ("gather_blocks", "scatter_blocks"):
             self.pipelines[entry] = await self.ctx.kernel("copy_blocks", wg, entry_point=entry)
-        for name, constants in (("kv_write", consts), ("copy_blocks", wg),
+        write = dict(consts, BLOCK_TOKENS=self.layout.block_size) if self.layout.page_words else consts
+        for name, constants in (("kv_write", write), ("copy_blocks", wg),
                                 (self.prefill.name, dict(consts, **dict(self.prefill.constants),
                                                          WORKGROUP_SIZE=self.prefill.workgroup))):
             self.pipelines[name] = await self.ctx.kernel(name, constants)
@@ -293,7 +316,7 @@ class KVKernels:
         groups = self.workgroups(pairs.shape[0] * self.layout.block_words)
         with Temporaries(self.ctx) as tmp:
             params = tmp.scratch(16, "params", uniform=True)
-            self.ctx.write(params, uniform_words(pairs.shape[0], self.layout.block_words))
+            self.ctx.write(params, uniform_words(pairs.shape[0], self.layout.block_words, self.layout.stride_words))
             buffers = [tmp.u32(pairs, "block_pairs"), cache.k, cache.v, params]
             pipeline = self.pipelines["copy_blocks"]
             return Prepared([(pipeline, self.ctx.bind(pipeline, buffers), groups)], None, (), tmp)
@@ -306,7 +329,7 @@ class KVKernels:
         groups = self.workgroups(ids.size * lay.block_words)
         with Temporaries(self.ctx) as tmp:
             params = tmp.scratch(16, "params", uniform=True)
-            self.ctx.write(params, uniform_words(ids.size, lay.block_words))
+            self.ctx.write(params, uniform_words(ids.size, lay.block_words, lay.stride_words))
             staging = tmp.scratch(2 * ids.size * lay.block_words * WORD_BYTES, "staging")
             pipeline = self.pipelines["gather_blocks"]
             group = self.ctx.bind(pipeline, {1: cache.k, 2: cache.v, 3: params,
@@ -327,7 +350,7 @@ class KVKernels:
         groups = self.workgroups(ids.size * lay.block_words)
         with Temporaries(self.ctx) as tmp:
             params = tmp.scratch(16, "params", uniform=True)
-            self.ctx.write(params, uniform_words(ids.size, lay.block_words))
+            self.ctx.write(params, uniform_words(ids.size, lay.block_words, lay.stride_words))
             staging = self.ctx.upload(np.stack([k_blocks, v_blocks]), "staging")  # (2, n, block_size, n_kv, d)
             tmp.append(staging)
             pipeline = self.pipelines["scatter_blocks"]

@@ -28,8 +28,10 @@ class GpuKVPool:
     """The KV blocks of one model on one device: K and V of every layer in kernels.layout (num_blocks blocks),
     num_cpu_blocks blocks of the same words in host memory, and the moves between them."""
 
-    def __init__(self, ctx, kernels: KVKernels, config: ModelConfig, ledger: GpuLedger) -> None:
+    def __init__(self, ctx, kernels: KVKernels, config: ModelConfig, ledger: GpuLedger, pages=None) -> None:
+        """pages: the SharedGpuPages (shared_pages.py) several models' pools view; None: buffers of its own."""
         self.ctx = ctx
+        self.pages = pages
         self.kernels = kernels  # compiled for this pool's layout: the moves run its gather / scatter / copy kernels
         self.layout = kernels.layout
         self.config = config
@@ -45,7 +47,12 @@ class GpuKVPool:
         return self.layout.num_blocks
 
     def allocate(self) -> None:
-        """Every layer's K and V buffers, each reserved in the ledger first (raises BudgetExceeded)."""
+        """Every layer's K and V buffers, each reserved in the ledger first (raises BudgetExceeded); with shared
+        pages, every layer's views into them (reserved once, by their owner)."""
+        if self.pages is not None:
+            self.caches = [KVCacheBuffers(self.ctx, self.layout, kv)
+                           for kv in self.pages.views(self.layout, self.config.n_layers)]
+            return
         for layer in range(self.config.n_layers):
             self.ledger.reserve(f"kv.{layer}.k", self.layout.nbytes, "kv")
             self.ledger.reserve(f"kv.{layer}.v", self.layout.nbytes, "kv")
@@ -64,8 +71,9 @@ class GpuKVPool:
         """Free every layer's buffers and their ledger reservations."""
         for layer, cache in enumerate(self.caches):
             cache.destroy()
-            self.ledger.release(f"kv.{layer}.k")
-            self.ledger.release(f"kv.{layer}.v")
+            if cache.owned:
+                self.ledger.release(f"kv.{layer}.k")
+                self.ledger.release(f"kv.{layer}.v")
         self.caches = []
 
     # ------------------------------------------------------------------ block moves

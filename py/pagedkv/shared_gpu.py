@@ -1,0 +1,119 @@
+"""Several models on the WebGPU backend in one LLMEngine under one GPU budget: the tab's and the tests' one way
+to build it (the CPU path's twin is shared_cpu.py).
+
+One GpuLedger holds the budget: every model's weights, scratch and staging first, then the one buffer of equal
+pages (backends/webgpu/shared_pages.py: the widest model gets `block_size` tokens a page, the others the largest
+block that fits) that every model's KV views. The engine's pool numbers those pages; each model's WebGpuBackend
+addresses all of them. A model loaded at run time (add_gpu_model) takes its buffers from what the ledger has
+left: the bytes a model unloaded before gave back. docs/api.md, "Several models, one budget, one pool".
+"""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from .backends.webgpu.backend import WebGpuBackend
+from .backends.webgpu.memory_plan import plan_kv_pool
+from .backends.webgpu.shared_pages import SharedGpuPages, block_size_in, plan_gpu_pages
+from .engine import EngineConfig, LLMEngine
+from .gpu_budget import MIB, BudgetExceeded, GpuLedger
+from .model.weights import check_manifest
+from .tokenizer import Tokenizer
+
+__all__ = ["GpuModel", "SharedGpu", "add_gpu_model", "shared_gpu_engine"]
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """A model for the WebGPU backend: its name in the engine, manifest, shards (`await shard_source(file)`)
+    and tokenizer."""
+
+    name: str
+    manifest: dict
+    shard_source: Callable[[str], Awaitable[bytes]]
+    tokenizer: Tokenizer
+
+
+@dataclass(frozen=True)
+class GpuOptions:
+    """What every model's WebGpuBackend is created with (the engine config's limits size their scratch)."""
+
+    kv_dtype: str = "f16"
+    kernels: str = "cpu"
+    max_num_batched_tokens: int = 256
+    max_num_seqs: int = 16
+    cpu_budget_bytes: int | None = None
+
+    @classmethod
+    def of(cls, config: EngineConfig, **kw) -> "GpuOptions":
+        return cls(max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs, **kw)
+
+
+@dataclass(frozen=True)
+class SharedGpu:
+    """The pages every model's KV views, and the options each model's backend is created with."""
+
+    pages: SharedGpuPages
+    options: GpuOptions
+
+
+async def _backend(ctx, model: GpuModel, block_size: int, pages: SharedGpuPages, opts: GpuOptions,
+                   on_progress) -> WebGpuBackend:
+    return await WebGpuBackend.create(
+        ctx, model.manifest, model.shard_source, budget_bytes=pages.ledger.budget_bytes, block_size=block_size,
+        kv_dtype=opts.kv_dtype, kernels=opts.kernels, max_num_batched_tokens=opts.max_num_batched_tokens,
+        max_num_seqs=opts.max_num_seqs, cpu_budget_bytes=opts.cpu_budget_bytes, pages=pages, name=model.name,
+        on_progress=None if on_progress is None else lambda done, total: on_progress(model.name, done, total))
+
+
+async def shared_gpu_engine(ctx, models: list[GpuModel], budget_bytes: int, *, block_size: int = 16,
+                            kv_dtype: str = "f16", kernels: str = "cpu", cpu_budget_bytes: int | None = None,
+                            config: EngineConfig = EngineConfig(),
+                            on_progress: Callable[[str, int, int], None] | None = None
+                            ) -> tuple[LLMEngine, SharedGpu]:
+    """One engine of `models` on `ctx` under `budget_bytes`; BudgetExceeded with each model's fixed bytes and
+    the page size when less than two pages of KV are left (nothing stays allocated)."""
+    opts = GpuOptions.of(config, kv_dtype=kv_dtype, kernels=kernels, cpu_budget_bytes=cpu_budget_bytes)
+    page, sizes = plan_gpu_pages([check_manifest(m.manifest) for m in models], kv_dtype, block_size)
+    limits = ctx.info.limits
+    fixed = [plan_kv_pool(m.manifest, budget_bytes=budget_bytes, block_size=bs, kv_dtype=kv_dtype,
+                          max_num_batched_tokens=opts.max_num_batched_tokens, max_num_seqs=opts.max_num_seqs,
+                          max_binding=limits["maxStorageBufferBindingSize"])["fixed_bytes"]
+             for m, bs in zip(models, sizes)]
+    num_pages = SharedGpuPages.pages_that_fit(budget_bytes - sum(fixed), page, limits)
+    if num_pages < 2:  # a prompt's block and its first token's
+        held = ", ".join(f"{m.name} {n / MIB:.1f} MiB" for m, n in zip(models, fixed))
+        raise BudgetExceeded(f"the models' weights, scratch and staging take {held} and the KV pool at least two "
+                             f"pages of {page / MIB:.2f} MiB; budget {budget_bytes / MIB:g} MiB")
+    pages = SharedGpuPages(ctx, GpuLedger(budget_bytes), num_pages, page)
+    backends: list[WebGpuBackend] = []
+    try:
+        for model, size in zip(models, sizes):
+            backends.append(await _backend(ctx, model, size, pages, opts, on_progress))
+    except BaseException:
+        for backend in backends:
+            backend.destroy()
+        pages.destroy()
+        raise
+    engine = LLMEngine(backends[0], models[0].tokenizer, config, model=models[0].name, pool=num_pages)
+    for model, backend in zip(models[1:], backends[1:]):
+        engine.add_model(model.name, backend, model.tokenizer)
+    return engine, SharedGpu(pages, opts)
+
+
+async def add_gpu_model(ctx, engine: LLMEngine, shared: SharedGpu, model: GpuModel, on_progress=None) -> None:
+    """Load `model` into shared_gpu_engine's engine at run time: its buffers come out of what the ledger has left
+    (BudgetExceeded with the ledger's numbers when they do not fit), its blocks are the largest that fit a page
+    (ValueError when none does)."""
+    pages, opts = shared.pages, shared.options
+    try:
+        size = block_size_in(pages.page_bytes, check_manifest(model.manifest), opts.kv_dtype, model.name)
+    except ValueError as exc:
+        raise ValueError(f"{model.name} does not fit this engine's pages ({exc}); name it when the engine is "
+                         "created") from None
+    backend = await _backend(ctx, model, size, pages, opts, on_progress)
+    try:
+        engine.add_model(model.name, backend, model.tokenizer)
+    except BaseException:
+        backend.destroy()
+        raise
