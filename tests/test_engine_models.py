@@ -169,3 +169,50 @@ def test_pages_past_the_buffer_hold_weights_only(tiny_weights, mixed_weights):  
     assert (engine.pool_stats()["spare_pages"], engine.pool.capacity) == (3, 6)
     with pytest.raises(ValueError, match="shared pages but the pool has"):
         CpuBackend(mixed_weights, 5, bs_mixed, pages=pages)
+
+
+def _open_disks(engine: LLMEngine, store, tiny, mixed, budget: int = 1 << 30) -> None:
+    run_sync(engine.open_disk_tier(store, tiny.manifest, budget, model="tiny"))
+    run_sync(engine.open_disk_tier(store, mixed.manifest, budget, model="mixed"))
+
+
+def test_every_model_has_the_disk_tier_and_a_reload_restores_both(tiny_weights, mixed_weights):  # noqa: F811
+    """Both models' blocks go to one store under one budget (the second tier shares the first's LRU); a fresh
+    engine over the same store ("a reload") restores each model's prefix from disk and replies the same."""
+    from pagedkv.kv.disk_tier import MemoryStore
+
+    store = MemoryStore()
+    prompts = {"tiny": list(range(3, 140)), "mixed": list(range(5, 60))}
+    first = shared(tiny_weights, mixed_weights, 16)
+    _open_disks(first, store, tiny_weights, mixed_weights)
+    assert first.lane("mixed").disk.tier.budget_bytes == first.lane("tiny").disk.tier.budget_bytes
+    out = {m: first.request(first.add_request(p, GREEDY, model=m)) for m, p in prompts.items()}
+    drive(first)
+    assert run_sync(first.flush_disk()) == 0  # write-behind stored every full block already
+    written = {m: first.lane(m).stats()["disk_written_blocks"] for m in prompts}
+    assert written == {"tiny": 2, "mixed": 4}  # 137 + 23 tokens in 64-token blocks, 55 + 23 in 16-token ones
+    again = shared(tiny_weights, mixed_weights, 16)
+    _open_disks(again, store, tiny_weights, mixed_weights)
+    replies = {m: again.request(again.add_request(prompts[m], GREEDY, model=m)) for m in prompts}
+    drive(again)
+    for m in prompts:
+        assert replies[m].output_ids == out[m].output_ids
+        assert again.lane(m).stats()["disk_restored_tokens"] == {"tiny": 128, "mixed": 48}[m]
+    assert run_sync(again.forget_owner("nobody")) == 0
+
+
+def test_one_budget_evicts_the_least_recently_used_block_of_either_model(tiny_weights, mixed_weights):  # noqa: F811
+    from pagedkv.kv.disk_tier import MemoryStore
+
+    store = MemoryStore()
+    engine = shared(tiny_weights, mixed_weights, 16)
+    _open_disks(engine, store, tiny_weights, mixed_weights)
+    tiny_tier, mixed_tier = engine.lane("tiny").disk.tier, engine.lane("mixed").disk.tier
+    drive_one = lambda m, p: (engine.add_request(p, GREEDY, model=m), drive(engine))  # noqa: E731
+    drive_one("tiny", list(range(3, 140)))  # 2 tiny block files
+    tiny_file = tiny_tier.key.file_bytes
+    run_sync(tiny_tier.set_budget(2 * tiny_file + 2 * mixed_tier.key.file_bytes))  # both tiers see the new budget
+    assert mixed_tier.budget_bytes == tiny_tier.budget_bytes
+    drive_one("mixed", list(range(5, 60)))  # 4 mixed files: the oldest go first, the tiny ones
+    assert mixed_tier.num_bytes <= mixed_tier.budget_bytes
+    assert tiny_tier.num_blocks == 0 and mixed_tier.num_blocks >= 2

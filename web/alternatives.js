@@ -25,7 +25,7 @@ export function renderAlternatives() {
     keep.textContent = `Keep alternative ${i + 1}`;
     keep.disabled = alt.state === "streaming";
     keep.addEventListener("click", () =>
-      ui.worker.postMessage({ type: "keep-alternative", chat: ui.current, index: i }));
+      ui.engine.chats.keepAlternative(ui.current, i));
     section.append(body, keep);
     return section;
   }));
@@ -62,7 +62,7 @@ export function wireAlternatives() {
   button.textContent = "Show 3 alternatives";
   button.addEventListener("click", () => {
     if (!button.disabled) {
-      ui.worker.postMessage({ type: "alternatives", chat: ui.current, settings: requestSettings(), n: 3 });
+      ui.engine.chats.alternatives(ui.current, requestSettings(), 3);
     }
   });
   $("regenerate").after(button);

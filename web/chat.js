@@ -89,7 +89,7 @@ function send() {
 
 function sendTo(id, text) {
   ui.pending[id] = { text };  // shown as pending until the worker's turn-start (or chat-error hands it back)
-  ui.worker.postMessage({ type: "send", chat: id, text, settings: requestSettings(), model: store.record(id)?.model });
+  ui.engine.chats.send(id, text, requestSettings(), store.record(id)?.model);
   refresh(id);
 }
 
@@ -287,17 +287,17 @@ export function onDiskFlushed(msg) {
 
 // Hidden (another tab, minimised) or left (reload, close): the disk tier writes now what it lacks of every chat,
 // so a reload right after a reply restores all of it. Only with a model in (before, nothing is cached).
-function flushDiskOnHide(worker) {
-  const flush = () => { if (ui.modelInfo) worker.postMessage({ type: "flush-disk" }); };
+function flushDiskOnHide(engine) {
+  const flush = () => { if (ui.modelInfo) engine.chats.flushDisk(); };
   document.addEventListener("visibilitychange", () => { if (document.visibilityState === "hidden") flush(); });
   window.addEventListener("pagehide", flush);
 }
 
 // ------------------------------------------------------------------ wiring
 
-export function wireChatUI(worker) {
-  ui.worker = worker;
-  flushDiskOnHide(worker);
+export function wireChatUI(engine) {
+  ui.engine = engine;
+  flushDiskOnHide(engine);
   wireMemorySettings();
   wireAlternatives();
   wireFallbackSettings();
@@ -310,13 +310,13 @@ export function wireChatUI(worker) {
   $("prompt").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); send(); }
   });
-  $("stop").addEventListener("click", () => worker.postMessage({ type: "stop", chat: ui.current }));
+  $("stop").addEventListener("click", () => engine.chats.stop(ui.current));
   $("regenerate").addEventListener("click", () => {
     const msgs = ui.messages[ui.current] || [];
     if (!msgs.length || msgs[msgs.length - 1].role !== "assistant" || answering(ui.current)) return;
     ui.pending[ui.current] = { reply: msgs.pop() };  // the worker drops the same reply from the token history
     renderMessages();
-    worker.postMessage({ type: "regenerate", chat: ui.current, settings: requestSettings() });
+    engine.chats.regenerate(ui.current, requestSettings());
   });
   $("new-chat").addEventListener("click", () => {
     // Before the model is in, which chats are its own (and their ids) is not known yet: it waits.
@@ -328,7 +328,7 @@ export function wireChatUI(worker) {
     if (!id || !confirm("Delete this chat?")) return;
     // Gone at once, streaming or not; what the worker still says about it is dropped (main.js, store.js).
     store.deleteChat(id);
-    if (!ui.foreign[id]) worker.postMessage({ type: "forget-session", chat: id });  // else the worker never had it
+    if (!ui.foreign[id]) engine.chats.forget(id);  // else the worker never had it
     ui.list = ui.list.filter((c) => c.id !== id);
     for (const perChat of [ui.foreign, ui.messages, ui.busy, ui.pending, ui.handedBack, ui.settings, ui.partialIds,
                            ui.partialSaved, ui.alternatives]) delete perChat[id];

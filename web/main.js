@@ -1,10 +1,11 @@
-// UI thread: starts the worker (where Pyodide and all compute live) and renders what it posts. Every
-// message the worker posts goes through the one table below.
+// UI thread: opens the engine through pagedkv.js (its worker holds Pyodide and all compute; this page never
+// talks to the worker itself) and renders its events. Every event goes through the one table below.
 import * as alt from "./alternatives.js";
 import * as boot from "./boot.js";
 import * as chat from "./chat.js";
 import { renderMarkdown } from "./markdown.js";
 import * as models from "./models.js";
+import { openEngine } from "./pagedkv.js";
 import * as store from "./store.js";
 
 // The alternatives' messages change their chat's state; its view follows.
@@ -13,9 +14,8 @@ const altThenRefresh = (handle) => (msg) => { handle(msg); chat.refresh(msg.chat
 // sent before it had the delete) is dropped, so nothing shows or stores it again.
 const unlessDeleted = (handle) => (msg) => { if (!store.isDeleted(msg.chat)) handle(msg); };
 
-function handlers(execResult) {
+function handlers() {
   return {
-    "exec-result": execResult,
     progress: (msg) => boot.showStage(msg.stage, msg.detail),
     ready: (msg) => { boot.showReady(msg); chat.showChatApp(); },
     error: (msg) => boot.showError(msg.message, msg.detail),
@@ -49,43 +49,26 @@ function start() {
     console.warn("page is not cross-origin isolated; serve it with `python3 build.py serve`");
   }
   chat.showSavedChats();  // from IndexedDB at once: Python and the model take seconds (or fail to start)
-  let worker;
+  let engine;
   try {
-    worker = new Worker("worker.js" + location.search);
+    // The page's own URL parameters (model, backend, budget_mib, models, ...) go to the engine as they are.
+    engine = openEngine({ params: new URLSearchParams(location.search) });
   } catch (err) {
-    boot.showError(`Could not start the worker: ${err.message}`);
+    boot.showError(`Could not start the engine: ${err.message}`);
     return;
   }
-  const execs = new Map();  // exec id -> {resolve, reject}
-  let nextId = 1;
+  engine.ready.catch(() => {});  // a failed load is an `error` / `model-error` event, shown by the table
   // window.pagedkv.exec(code): run Python in the worker; resolves to the JSON text of its last expression.
-  // renderMarkdown(text): the reply renderer, for tests of its escaping.
-  window.pagedkv = {
-    exec(code) {
-      const id = nextId++;
-      return new Promise((resolve, reject) => {
-        execs.set(id, { resolve, reject });
-        worker.postMessage({ type: "exec", id, code });
-      });
-    },
-    renderMarkdown,
-  };
-  const table = handlers((msg) => {
-    const p = execs.get(msg.id);
-    execs.delete(msg.id);
-    if (msg.ok) p.resolve(msg.json); else p.reject(new Error(msg.error));
+  // renderMarkdown(text): the reply renderer, for tests of its escaping. engine: the page's engine.
+  window.pagedkv = { exec: (code) => engine.exec(code), renderMarkdown, engine };
+  const table = handlers();
+  engine.on("*", (msg) => {
+    const handle = table[msg.type];
+    if (!handle) throw new Error(`the engine sent an unknown event ${msg.type}`);
+    handle(msg);
   });
-  worker.onmessage = (event) => {
-    const handle = table[event.data.type];
-    if (!handle) throw new Error(`the worker posted an unknown message type ${event.data.type}`);
-    handle(event.data);
-  };
-  chat.wireChatUI(worker);
-  models.wireModels(worker);
-  worker.onerror = (event) => {
-    event.preventDefault();
-    boot.showError(`The engine worker failed: ${event.message || "unknown error"}`);
-  };
+  chat.wireChatUI(engine);
+  models.wireModels(engine);
 }
 
 start();

@@ -5,7 +5,7 @@
 // or while the page runs one.
 import { $, root } from "./page.js";
 
-let worker = null;
+let engine = null;  // pagedkv.js's engine: its library holds the GGUF models
 let builtIn = [];     // [{id, title, test}]
 let userModels = [];  // [{id, name, bytes}] as the worker lists them
 let loaded = null;    // the model the worker has loaded (model-ready)
@@ -35,7 +35,7 @@ function modelItem(id, label, removable) {
     remove.className = "remove-model";
     remove.textContent = "Remove";
     remove.title = `delete ${label} from this browser`;
-    remove.addEventListener("click", () => worker.postMessage({ type: "remove-model", id }));
+    remove.addEventListener("click", () => engine.library.remove(id));
     li.append(remove);
   }
   return li;
@@ -65,7 +65,7 @@ function openFile(file) {
     return;
   }
   setStatus("working", `opening ${file.name}`);
-  worker.postMessage({ type: "open-gguf", file });
+  engine.library.open(file);
 }
 
 export function onModelReady(msg) {
@@ -95,8 +95,8 @@ export function onError(msg) {
 }
 
 /** Wire the file input, drag and drop onto the page, and the built-in models of this build. */
-export async function wireModels(w) {
-  worker = w;
+export async function wireModels(e) {
+  engine = e;
   $("gguf-input").addEventListener("change", (e) => { openFile(e.target.files[0]); e.target.value = ""; });
   document.addEventListener("dragover", (e) => { if (e.dataTransfer.types.includes("Files")) e.preventDefault(); });
   document.addEventListener("drop", (e) => {

@@ -27,7 +27,19 @@ const QUERY_OPTIONS = { model: "model", backend: "backend", budgetMiB: "budget_m
 // GGUF File / Blob: converted and stored in the worker as the chat page's "Open GGUF" does, then named
 // "gguf:<file name>" (a Blob without a name is "model.gguf").
 export async function createEngine(options = {}) {
+  const engine = openEngine(options);
+  await engine.ready;
+  return engine;
+}
+
+// The engine at once, before its models are in (createEngine waits for them): its worker boots now,
+// `engine.ready` resolves when the models are loaded (rejects with the load's error) and `engine.on(type, fn)`
+// hears every event as it comes (boot progress, the adapter, the model's progress, the chat sessions' turns
+// and tokens, memory snapshots, ...: docs/api.md, "Events"). options.params: more of the chat page's URL
+// parameters for the worker (URLSearchParams or an object: block_size, kv_mib, test_models, ...).
+export function openEngine(options = {}) {
   const url = new URL("worker.js", import.meta.url);
+  for (const [key, value] of new URLSearchParams(options.params ?? {})) url.searchParams.set(key, value);
   const models = options.models ?? (options.model !== undefined ? [options.model] : []);
   const files = [];
   const names = Array.isArray(models) ? models.map((m) => {
@@ -45,16 +57,14 @@ export async function createEngine(options = {}) {
     if (options[key] !== undefined) url.searchParams.set(param, String(options[key]));
   }
   if (names.length > 1) url.searchParams.set("models", names.join(","));
-  const worker = new Worker(url);
-  const engine = new Engine(worker, options.onProgress, files);
-  await engine.ready;
-  return engine;
+  return new Engine(new Worker(url), options.onProgress, files);
 }
 
 class Engine {
   constructor(worker, onProgress, files = []) {
     this.worker = worker;
-    this.requests = new Map();  // id -> {push(msg)}: the api-* messages of one request
+    this.requests = new Map();  // id -> {push(msg)}: the api-* and exec answers of one request
+    this.listeners = new Map();  // event type ("*": every one) -> Set of handlers
     this.nextId = 1;
     this.closed = false;
     this.ready = new Promise((resolve, reject) => {
@@ -73,28 +83,81 @@ class Engine {
           resolve();
         } else if (msg.type === "model-error" || msg.type === "error") {
           reject(new Error(msg.message));
-        } else if (msg.type?.startsWith("api-")) {
+        }
+        if (msg.id !== undefined && (msg.type?.startsWith("api-") || msg.type === "exec-result")) {
           this.requests.get(msg.id)?.push(msg);
-        }  // the chat page's messages (memory, session-saved, ...) are not this module's
+        } else {
+          for (const type of [msg.type, "*"]) for (const handle of this.listeners.get(type) ?? []) handle(msg);
+        }
       };
-      worker.onerror = (event) => reject(new Error(event.message || "the engine worker failed"));
+      worker.onerror = (event) => {
+        event.preventDefault();
+        const error = { type: "error", kind: "worker", message: `The engine worker failed: ${event.message || "unknown error"}` };
+        for (const handle of this.listeners.get("error") ?? []) handle(error);
+        reject(new Error(error.message));
+      };
     });
     const completions = { create: (body, opts) => this.create(body, opts) };
     this.chat = { completions };
     this.models = { list: async () => ({ object: "list", data: (this.info.models || [this.model]).map((id) => ({
       id, object: "model", created: 0, owned_by: "pagedkv" })) }) };
     this.fetch = (input, init) => this.handleFetch(input, init);
+    const post = (msg) => this.worker.postMessage(msg);
+    // Chats with a memory (the chat page's): each keeps its exact token history, KV blocks and disk-tier
+    // checkpoints in the worker and streams its turns as events (turn-start, token, turn-end, alt-*, ...).
+    this.chats = {
+      send: (chat, text, settings = {}, model = undefined) => post({ type: "send", chat, text, settings, model }),
+      regenerate: (chat, settings = {}) => post({ type: "regenerate", chat, settings }),
+      alternatives: (chat, settings = {}, n = 3) => post({ type: "alternatives", chat, settings, n }),
+      keepAlternative: (chat, index) => post({ type: "keep-alternative", chat, index }),
+      stop: (chat) => post({ type: "stop", chat }),
+      forget: (chat) => post({ type: "forget-session", chat }),
+      open: (sessions) => post({ type: "open-sessions", sessions }),
+      flushDisk: () => post({ type: "flush-disk" }),
+    };
+    // The GGUF models kept in this origin's storage (events user-models, gguf-progress, gguf-stored, gguf-error).
+    this.library = {
+      open: (file) => post({ type: "open-gguf", file }),
+      remove: (id) => post({ type: "remove-model", id }),
+    };
+  }
+
+  // engine.on("token", (msg) => ...): every event of that type from now on ("*": every event); returns a
+  // function that stops it.
+  on(type, handle) {
+    if (!this.listeners.has(type)) this.listeners.set(type, new Set());
+    this.listeners.get(type).add(handle);
+    return () => this.listeners.get(type).delete(handle);
+  }
+
+  // Run Python in the engine's worker (tools and tests): resolves to the JSON text of its last expression.
+  exec(code) {
+    return this.ask({ type: "exec", code }).then((msg) => {
+      if (!msg.ok) throw new Error(msg.error?.error?.message ?? msg.error);
+      return msg.json;
+    });
+  }
+
+  // Drop an API session (`pagedkv: {session}`): its token history and its blocks in the prefix cache. Resolves
+  // to whether there was one.
+  forget(session) {
+    return this.ask({ type: "api-forget", session }).then((msg) => msg.forgotten);
+  }
+
+  // Post `msg` with a fresh id; resolves with the one answer that carries the id.
+  ask(msg) {
+    const id = `${msg.type}-${this.nextId++}`;
+    return new Promise((resolve) => {
+      this.requests.set(id, { push: (answer) => { this.requests.delete(id); resolve(answer); } });
+      this.worker.postMessage({ ...msg, id });
+    });
   }
 
   // {model: LLMEngine.stats()} per model: its KV pool (num_blocks, used_blocks, free_blocks, cached_blocks),
   // running and waiting requests, preemptions, prefill / decode token counters, bytes per token; with several
   // models also `pool`: the shared pages (pages, free, cached, reserved, and per model its KV and weights pages).
   stats() {
-    const id = `stats-${this.nextId++}`;
-    return new Promise((resolve) => {
-      this.requests.set(id, { push: (msg) => { this.requests.delete(id); resolve(msg.stats); } });
-      this.worker.postMessage({ type: "api-stats", id });
-    });
+    return this.ask({ type: "api-stats" }).then((msg) => msg.stats);
   }
 
   // Stop a model's requests (their streams end) and give its weights' and KV pages back to the others. The
@@ -112,17 +175,9 @@ class Engine {
   }
 
   modelChange(type, model, models) {
-    const id = `${type}-${this.nextId++}`;
-    return new Promise((resolve, reject) => {
-      this.requests.set(id, { push: (msg) => {
-        this.requests.delete(id);
-        if (msg.type === "api-error") reject(new ApiError(msg.status, msg.error));
-        else {
-          this.info.models = models();
-          resolve();
-        }
-      } });
-      this.worker.postMessage({ type, id, model });
+    return this.ask({ type, model }).then((msg) => {
+      if (msg.type === "api-error") throw new ApiError(msg.status, msg.error);
+      this.info.models = models();
     });
   }
 

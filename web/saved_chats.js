@@ -73,8 +73,8 @@ export async function restoreChats() {
     $("prompt").value = [ui.queued.text, $("prompt").value].filter(Boolean).join("\n");
     ui.queued = null;
   }
-  ui.worker.postMessage({ type: "open-sessions", sessions: mine.map((r) => ({ id: r.id, checkpoint: r.checkpoint,
-    before_reply: r.before_reply, partial_ids: r.partial_ids || [], streaming: !!r.streaming, model: r.model })) });
+  ui.engine.chats.open(mine.map((r) => ({ id: r.id, checkpoint: r.checkpoint,
+    before_reply: r.before_reply, partial_ids: r.partial_ids || [], streaming: !!r.streaming, model: r.model })));
   const n = unreadable.length;
   $("store-note").hidden = !n;
   $("store-note").textContent = n ? `${n} saved chat${n > 1 ? "s" : ""} could not be read (left as stored)` : "";

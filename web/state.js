@@ -3,7 +3,7 @@
 // text sent but not yet started). The DOM and the page-state
 // dataset are rendered from it, never read back into it.
 export const ui = {
-  worker: null,
+  engine: null,         // pagedkv.js's engine (main.js opens it)
   modelInfo: null,      // the worker's model-ready message
   accepting: false,     // the model is ready and the chats are listed: a message goes to the worker at once
   queued: null,         // {chat, text}: a message sent while the model loads, sent when it is ready

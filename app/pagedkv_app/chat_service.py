@@ -102,6 +102,8 @@ class ChatService:
             "api-stats": lambda msg: self.post("api-stats", id=str(msg["id"]), stats=self.api.stats()),
             "api-load": lambda msg: self.api.load(str(msg["id"]), str(msg.get("model"))),
             "api-unload": lambda msg: self.unload(str(msg["id"]), str(msg.get("model"))),
+            "api-forget": lambda msg: self.post("api-forgot", id=str(msg["id"]),
+                                                forgotten=self.api.services.forget(str(msg.get("session")))),
         }
 
     # ---------------------------------------------------------------- UI messages

@@ -57,7 +57,7 @@ async def shared_cpu_engine(names: list[str], block_size: int, config: EngineCon
     return [manifest for _, manifest, *_ in loaded], engine, shared, info
 
 
-async def load_into(engine: LLMEngine, shared: SharedPages | None, name: str) -> ChatTemplate:
+async def load_into(engine: LLMEngine, shared: SharedPages | None, name: str) -> tuple[ChatTemplate, dict]:
     """Load model `name` into a several-model engine at run time (pagedkv.shared_cpu.add_model). Returns its chat
     template. Raises LookupError (not a several-model engine, or loaded already), FileNotFoundError (no such
     model), ValueError (it does not fit the pages) or NeverFits (its weights' pages are not free now), each
@@ -75,4 +75,4 @@ async def load_into(engine: LLMEngine, shared: SharedPages | None, name: str) ->
         raise
     tokenizer = Tokenizer.from_manifest(manifest)
     add_model(engine, shared, CpuModel(name, weights, tokenizer, linear, attention))
-    return ChatTemplate.from_manifest(manifest, tokenizer)
+    return ChatTemplate.from_manifest(manifest, tokenizer), manifest

@@ -77,9 +77,9 @@ async def shared_gpu_models(ctx, names: list[str], *, block_size: int, config: E
     return [m.manifest for m in models], engine, shared, info
 
 
-async def load_gpu_model(ctx, engine: LLMEngine, shared: SharedGpu, name: str) -> ChatTemplate:
+async def load_gpu_model(ctx, engine: LLMEngine, shared: SharedGpu, name: str) -> tuple[ChatTemplate, dict]:
     """Load model `name` into a several-model GPU engine at run time (pagedkv.shared_gpu.add_gpu_model). Returns
-    its chat template. Raises LookupError (loaded already), FileNotFoundError (no such model), ValueError (its
+    its chat template and manifest. Raises LookupError (loaded already), FileNotFoundError (no such model), ValueError (its
     blocks do not fit the pages, or its buffers do not fit what the ledger has left: the ledger's numbers)."""
     if name in engine.models:
         raise LookupError(f"{name} is loaded already")
@@ -89,4 +89,4 @@ async def load_gpu_model(ctx, engine: LLMEngine, shared: SharedGpu, name: str) -
     except BudgetExceeded as exc:  # the pages stay: what the ledger has left is what unloaded models gave back
         raise ValueError(f"{name}'s GPU buffers do not fit what the budget has left ({exc}); the KV pages "
                          "cannot shrink: unload a model first") from None
-    return ChatTemplate.from_manifest(model.manifest, model.tokenizer)
+    return ChatTemplate.from_manifest(model.manifest, model.tokenizer), model.manifest

@@ -204,7 +204,8 @@ async def load_model(name: str, *also: str, force_cpu: bool = False) -> None:
             engine = LLMEngine(backend, Tokenizer.from_manifest(manifest), config, model=name)
         cfg = backend.config
         tokenizer = engine.tokenizer
-        info["kv_disk"] = await _attach_disk(engine, manifest)
+        names = [name, *also]
+        info["kv_disk"] = await _attach_disk(engine, dict(zip(names, manifests)) if also else {name: manifest})
         ledger = shared.pages.ledger if isinstance(shared, SharedGpu) else getattr(backend, "ledger", None)
         service = ChatService(engine, ChatTemplate.from_manifest(manifest, tokenizer), bridge.post, model_name=name,
                               ledger_snapshot=ledger.snapshot if ledger is not None else None,
@@ -225,15 +226,20 @@ async def load_model(name: str, *also: str, force_cpu: bool = False) -> None:
 
 
 async def load_shared(engine: LLMEngine, model: str) -> ChatTemplate:
-    """pagedkv.js `engine.load(model)`: into the several-model engine's pages, on its path."""
+    """pagedkv.js `engine.load(model)`: into the several-model engine's pages, on its path, with its share of
+    the disk tier."""
     shared = state.get("shared_pages")
     if isinstance(shared, SharedGpu):
-        return await load_gpu_model(state["gpu"], engine, shared, model)
-    return await load_into(engine, shared, model)
+        template, manifest = await load_gpu_model(state["gpu"], engine, shared, model)
+    else:
+        template, manifest = await load_into(engine, shared, model)
+    await _attach_disk(engine, {model: manifest})
+    return template
 
 
-async def _attach_disk(engine: LLMEngine, manifest: dict) -> str:
-    """The disk tier of the KV cache (OPFS `kv/`, ?disk_mib= budget) unless ?kv_disk=0; what the panel says."""
+async def _attach_disk(engine: LLMEngine, manifests: dict[str, dict]) -> str:
+    """The disk tier of each model's KV cache (OPFS `kv/`, one ?disk_mib= budget for all) unless ?kv_disk=0;
+    what the panel says."""
     if bridge.query_param("kv_disk", "1") == "0":
         return "off (?kv_disk=0)"
     budget = tier_budgets().disk_bytes
@@ -242,7 +248,8 @@ async def _attach_disk(engine: LLMEngine, manifest: dict) -> str:
     except OSError as exc:  # no OPFS in this browser: chats re-prefill after a reload, as without the tier
         return f"off: {exc}"
     try:
-        await engine.open_disk_tier(store, manifest, budget)
+        for model, manifest in manifests.items():
+            await engine.open_disk_tier(store, manifest, budget, model=model)
     except Exception as exc:  # the browser could not list OPFS `kv/`: chat on without the tier, never fail the load
         return f"off: the disk tier's directory could not be listed ({type(exc).__name__}: {exc})"
     return f"on, {budget / MIB:g} MiB budget"

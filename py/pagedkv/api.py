@@ -261,6 +261,10 @@ class CompletionServices(dict):
         for service in self.values():
             service.close()
 
+    def forget(self, session: str) -> bool:
+        """Drop a session (`pagedkv: {session}`) of whichever model holds it; False when none did."""
+        return any([s.forget(session) for s in self.values()])
+
 
 class Completions(_Creates):
     """engine.chat.completions of an Engine: each request to the service of the model it names."""
@@ -372,7 +376,7 @@ class Engine:
 
     def forget(self, session: str) -> bool:
         """Drop a session (`pagedkv: {session}`) of whichever model holds it; False when none did."""
-        return any([s.forget(session) for s in self.services.values()])
+        return self.services.forget(session)
 
     def close(self) -> None:
         """Stop every request; later requests get 503."""

@@ -147,6 +147,26 @@ class LLMEngine:
             self._spare = spare + self._spare
             raise NeverFits(str(exc)) from None
 
+    async def unback_pages(self, n: int, reallocate) -> None:
+        """The top `n` pages memory stands behind give it up for a model loaded at run time (the GPU path
+        reallocates its page buffers smaller: `reallocate(pages)` does it, after a step in flight): they
+        become spare pages, for weights only. Only while no request holds a page (the buffers' content is not
+        carried over; cached pages are evicted): NeverFits with the numbers otherwise."""
+        pool = self.pool
+        async with self._lock:
+            held = pool.num_used - pool.num_reserved
+            if held or not 0 < n <= self.backed_pages - 2:
+                why = (f"running requests hold {held:,} of them now" if held else
+                       f"{self.backed_pages:,} are backed and the KV pool keeps at least 2")
+                raise NeverFits(f"giving up {n:,} pages of KV memory for a model's buffers needs them free; {why}")
+            ids = range(self.backed_pages - n, self.backed_pages)
+            pool.evict_cached(range(pool.num_blocks))  # every page's content goes with the buffers
+            if any(pool.is_reserved(b) for b in ids):
+                raise NeverFits(f"pages {ids[0]}..{ids[-1]} hold weights; the top {n:,} backed pages are not free")
+            reallocate(self.backed_pages - n)
+            self._spare += pool.reserve_ids(ids)
+            self.backed_pages -= n
+
     def remove_model(self, name: str) -> list[str]:
         """Unload `name`: its requests are aborted (their ids returned), its cached pages and the pages its
         weights held go back to the pool, its backend's GPU buffers (where it has any: destroy) to their ledger.
@@ -310,18 +330,22 @@ class LLMEngine:
     # What the chat app asks of the KV memory hierarchy; it imports nothing from pagedkv.kv, so the
     # pool, the manager and the tiers can change behind these methods. They are the first model's.
 
-    async def open_disk_tier(self, store, manifest: dict, budget_bytes: int) -> None:
-        """Open the disk tier over `store` (a file_store.FileStore: OPFS `kv/` in the page) for this model
-        (its identity: the manifest's config and shard sha256s) under `budget_bytes`, and use it. Raises
-        what listing the store raises; the engine keeps no tier then."""
-        tier = DiskTier(store, DiskKey(model_hash(manifest), self.kv_spec), budget_bytes)
+    async def open_disk_tier(self, store, manifest: dict, budget_bytes: int, model: str | None = None) -> None:
+        """Open the disk tier over `store` (a file_store.FileStore: OPFS `kv/` in the page) for `model` (None:
+        the first; its identity: the manifest's config and shard sha256s) under `budget_bytes`, and use it.
+        A second model's tier shares the first one's store, LRU and budget. Raises what listing the store
+        raises; the model keeps no tier then."""
+        lane = self.lane(model)
+        shared = next((other.disk.tier for other in self.lanes.values() if other.disk is not None
+                       and other is not lane), None)
+        tier = DiskTier(store, DiskKey(model_hash(manifest), lane.kv_spec), budget_bytes, share_with=shared)
         await tier.open()
-        self.attach_disk(tier)
+        lane.attach_disk(tier)
 
     @property
     def disk_enabled(self) -> bool:
-        """Whether a disk tier is attached."""
-        return self.disk is not None
+        """Whether a disk tier is attached (to any model)."""
+        return any(lane.disk is not None for lane in self.lanes.values())
 
     def cached_prefix_tokens(self, token_ids, model: str | None = None) -> int:
         """Leading tokens of `token_ids` the GPU prefix cache holds now for `model` (None: the first; whole
@@ -330,9 +354,8 @@ class LLMEngine:
         return cached
 
     def refer_history(self, owner: str, token_ids, model: str | None = None) -> None:
-        """`owner` (a chat) now holds the history `token_ids`: the disk tier keeps its block files for it
-        (replacing what it held before) and flush_disk writes its blocks. Nothing without a disk tier (only
-        the first model has one)."""
+        """`owner` (a chat) now holds the history `token_ids` of `model`: the disk tier keeps its block files
+        for it (replacing what it held before) and flush_disk writes its blocks. Nothing without a disk tier."""
         lane = self.lane(model)
         if lane.disk is not None:
             lane.disk.refer(owner, token_ids)
@@ -349,27 +372,28 @@ class LLMEngine:
     async def forget_owner(self, owner: str) -> int:
         """Drop `owner` (a deleted chat) from the disk tier and delete the block files only its history
         referenced; returns how many. 0 without a disk tier."""
-        if self.disk is None:
-            return 0
         async with self._lock:  # not while flush_disk lists the store: it would count the file as another tab's
-            return await self.disk.forget(owner)
+            return sum([await lane.disk.forget(owner) for lane in self.lanes.values() if lane.disk is not None])
 
     async def flush_disk(self) -> int:
         """Write every full block of KV that the GPU holds computed, of a chat's history (refer_history) or a
         request in progress, and that the disk tier lacks (a write that failed, a file another tab of the
-        origin deleted: the store is listed again first), then the disk's LRU order. Waits for a step in
-        flight. Returns the block files written; 0 without a disk tier. The page calls it when it is hidden
-        or left; what write-behind wrote already is not written again."""
-        if self.disk is None:
-            return 0
+        origin deleted: the store is listed again first), then the disk's LRU order; every model's. Waits for
+        a step in flight. Returns the block files written; 0 without a disk tier. The page calls it when it is
+        hidden or left; what write-behind wrote already is not written again."""
+        written = 0
         async with self._lock:
-            disk = self.disk
-            await disk.tier.resync()
-            plan = disk.plan_flush(self.kv)
-            words = await self.mover.read(plan) if plan is not None else None
-            written = await disk.store(plan, words)
-            await disk.tier.flush(force=True)
-        self.counters["disk_written_blocks"] += written
+            for lane in self.lanes.values():
+                disk = lane.disk
+                if disk is None:
+                    continue
+                await disk.tier.resync()
+                plan = disk.plan_flush(lane.kv)
+                words = await lane.mover.read(plan) if plan is not None else None
+                n = await disk.store(plan, words)
+                lane.counters["disk_written_blocks"] += n
+                written += n
+                await disk.tier.flush(force=True)
         return written
 
     def kv_snapshot(self) -> dict:

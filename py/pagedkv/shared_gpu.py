@@ -5,7 +5,8 @@ One GpuLedger holds the budget: every model's weights, scratch and staging first
 pages (backends/webgpu/shared_pages.py: the widest model gets `block_size` tokens a page, the others the largest
 block that fits) that every model's KV views. The engine's pool numbers those pages; each model's WebGpuBackend
 addresses all of them. A model loaded at run time (add_gpu_model) takes its buffers from what the ledger has
-left: the bytes a model unloaded before gave back. docs/api.md, "Several models, one budget, one pool".
+left (the bytes a model unloaded before gave back) and, where that is short, from pages: the page buffers are
+allocated again with fewer pages (LLMEngine.unback_pages). docs/api.md, "Several models, one budget, one pool".
 """
 from __future__ import annotations
 
@@ -58,11 +59,12 @@ class SharedGpu:
 
 
 async def _backend(ctx, model: GpuModel, block_size: int, pages: SharedGpuPages, opts: GpuOptions,
-                   on_progress) -> WebGpuBackend:
+                   on_progress, num_blocks: int | None = None) -> WebGpuBackend:
     return await WebGpuBackend.create(
         ctx, model.manifest, model.shard_source, budget_bytes=pages.ledger.budget_bytes, block_size=block_size,
         kv_dtype=opts.kv_dtype, kernels=opts.kernels, max_num_batched_tokens=opts.max_num_batched_tokens,
         max_num_seqs=opts.max_num_seqs, cpu_budget_bytes=opts.cpu_budget_bytes, pages=pages, name=model.name,
+        num_blocks=num_blocks,
         on_progress=None if on_progress is None else lambda done, total: on_progress(model.name, done, total))
 
 
@@ -76,10 +78,7 @@ async def shared_gpu_engine(ctx, models: list[GpuModel], budget_bytes: int, *, b
     opts = GpuOptions.of(config, kv_dtype=kv_dtype, kernels=kernels, cpu_budget_bytes=cpu_budget_bytes)
     page, sizes = plan_gpu_pages([check_manifest(m.manifest) for m in models], kv_dtype, block_size)
     limits = ctx.info.limits
-    fixed = [plan_kv_pool(m.manifest, budget_bytes=budget_bytes, block_size=bs, kv_dtype=kv_dtype,
-                          max_num_batched_tokens=opts.max_num_batched_tokens, max_num_seqs=opts.max_num_seqs,
-                          max_binding=limits["maxStorageBufferBindingSize"])["fixed_bytes"]
-             for m, bs in zip(models, sizes)]
+    fixed = [_fixed_bytes(ctx, m, bs, opts, budget_bytes) for m, bs in zip(models, sizes)]
     num_pages = SharedGpuPages.pages_that_fit(budget_bytes - sum(fixed), page, limits)
     if num_pages < 2:  # a prompt's block and its first token's
         held = ", ".join(f"{m.name} {n / MIB:.1f} MiB" for m, n in zip(models, fixed))
@@ -101,19 +100,39 @@ async def shared_gpu_engine(ctx, models: list[GpuModel], budget_bytes: int, *, b
     return engine, SharedGpu(pages, opts)
 
 
+def _fixed_bytes(ctx, model: GpuModel, block_size: int, opts: GpuOptions, budget_bytes: int) -> int:
+    """Bytes of a model's weights, scratch and staging (memory_plan, no device)."""
+    return plan_kv_pool(model.manifest, budget_bytes=budget_bytes, block_size=block_size, kv_dtype=opts.kv_dtype,
+                        max_num_batched_tokens=opts.max_num_batched_tokens, max_num_seqs=opts.max_num_seqs,
+                        max_binding=ctx.info.limits["maxStorageBufferBindingSize"])["fixed_bytes"]
+
+
 async def add_gpu_model(ctx, engine: LLMEngine, shared: SharedGpu, model: GpuModel, on_progress=None) -> None:
-    """Load `model` into shared_gpu_engine's engine at run time: its buffers come out of what the ledger has left
-    (BudgetExceeded with the ledger's numbers when they do not fit), its blocks are the largest that fit a page
-    (ValueError when none does)."""
+    """Load `model` into shared_gpu_engine's engine at run time. Its buffers take what the ledger has left
+    (what models unloaded before gave back) and, where that is short, pages: the page buffers are allocated
+    again smaller (a GPU buffer cannot shrink), which needs no request to hold a page now (their cached
+    content is dropped), and the pages given up are the model's until it is unloaded (spare pages after).
+    ValueError when its blocks do not fit a page; NeverFits / BudgetExceeded with the numbers when its bytes
+    cannot be had."""
     pages, opts = shared.pages, shared.options
     try:
         size = block_size_in(pages.page_bytes, check_manifest(model.manifest), opts.kv_dtype, model.name)
     except ValueError as exc:
         raise ValueError(f"{model.name} does not fit this engine's pages ({exc}); name it when the engine is "
                          "created") from None
-    backend = await _backend(ctx, model, size, pages, opts, on_progress)
+    ledger = pages.ledger
+    short = _fixed_bytes(ctx, model, size, opts, ledger.budget_bytes) - ledger.free_bytes
+    give = max(0, -(-short // pages.page_bytes))  # pages whose memory the model's buffers take
+    if give:
+        def reallocate(num_pages: int) -> None:
+            pages.resize(num_pages)
+            for lane in engine.lanes.values():
+                lane.backend.rebind_pages()
+
+        await engine.unback_pages(give, reallocate)
+    backend = await _backend(ctx, model, size, pages, opts, on_progress, engine.pool.num_blocks)
     try:
-        engine.add_model(model.name, backend, model.tokenizer)
+        engine.add_model(model.name, backend, model.tokenizer, reserve_blocks=give)
     except BaseException:
         backend.destroy()
         raise

@@ -310,3 +310,45 @@ async def two_models_shared(kv_dtype: str = "f16", kernels: str = "cpu", budget_
             "page_bytes": shared.pages.page_bytes, "ledger": ledger, "after_unload": after,
             "end_ledger": shared.pages.ledger.snapshot(),
             "preemptions": {n: s["preemptions"] for n, s in stats.items()}}
+
+
+async def load_at_run_time(budget_mib: float = 12, max_tokens: int = 8) -> dict:
+    """An engine of tiny-random-wide whose pages took all the budget left; tiny-random loaded at run time:
+    refused while a request holds a page (the numbers), then its buffers take pages (the page buffers are
+    allocated again smaller) and both models answer as numpy does alone; unloading it makes those pages spare."""
+    from pagedkv.kv.manager import NeverFits
+    from pagedkv.shared_gpu import add_gpu_model, shared_gpu_engine
+
+    ctx = await context()
+    engine, shared = await shared_gpu_engine(ctx, [await gpu_model("tiny-random-wide")], int(budget_mib * MIB),
+                                             config=EngineConfig(max_num_batched_tokens=24, max_num_seqs=4))
+    pages_before = shared.pages.num_pages
+    params = SamplingParams(max_tokens=max_tokens, stop_token_ids=(1_000_000,))
+    busy = engine.request(engine.add_request(TINY_PROMPTS[0], params, model="tiny-random-wide"))
+    await engine.step()
+    refused = None
+    try:
+        await add_gpu_model(ctx, engine, shared, await gpu_model("tiny-random"))
+    except NeverFits as exc:
+        refused = str(exc)
+    while engine.has_unfinished:
+        await engine.step()
+    await add_gpu_model(ctx, engine, shared, await gpu_model("tiny-random"))
+    pool = engine.pool_stats()
+    reqs = {n: [engine.request(engine.add_request(p, params, model=n)) for p in TINY_PROMPTS]
+            for n in ("tiny-random-wide", "tiny-random")}
+    while engine.has_unfinished:
+        await engine.step()
+    ref = {}
+    for n in reqs:
+        model = _cache.setdefault(("model", n), NumpyModel(await weights(n)))
+        ref[n] = [greedy_reference(model, p, max_tokens) for p in TINY_PROMPTS]
+    ledger = shared.pages.ledger.snapshot()
+    engine.remove_model("tiny-random")
+    after = engine.pool_stats()
+    for lane in engine.lanes.values():
+        lane.backend.destroy()
+    shared.pages.destroy()
+    return {"refused": refused, "first": busy.output_ids, "pages_before": pages_before,
+            "pages_after": shared.pages.num_pages, "pool": pool, "after": after, "ledger": ledger,
+            "gpu": {n: [r.output_ids for r in rs] for n, rs in reqs.items()}, "ref": ref}

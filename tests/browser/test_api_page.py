@@ -60,6 +60,17 @@ ABORTED = """async () => {
            blocks: stats.num_blocks };
 }"""
 
+SESSION = """async () => {
+  const e = window.engine;
+  const first = [{ role: "user", content: "hello there" }];
+  const body = { model: e.model, max_tokens: 6, temperature: 0, pagedkv: { session: "s1" } };
+  const a = await e.chat.completions.create({ ...body, messages: first });
+  const next = [...first, a.choices[0].message, { role: "user", content: "and then?" }];
+  const b = await e.chat.completions.create({ ...body, messages: next });
+  return { forgot: await e.forget("s1"), again: await e.forget("s1"), never: await e.forget("nope"),
+           prompt: [a.usage.prompt_tokens, b.usage.prompt_tokens] };
+}"""
+
 
 def test_pagedkv_js_answers_openai_requests(browser, base_url):
     page = browser.new_page()
@@ -81,6 +92,10 @@ def test_pagedkv_js_answers_openai_requests(browser, base_url):
         assert all(e.startswith("data: {") for e in f["events"][:-1])
         assert f["bad"][0] == 400 and f["bad"][1]["error"]["param"] == "tools"
         assert (f["unknown"], f["notJson"]) == (404, 400)
+
+        session = page.evaluate(SESSION)  # a session continued, then forgotten: once, and only once
+        assert (session["forgot"], session["again"], session["never"]) == (True, False, False)
+        assert session["prompt"][1] > session["prompt"][0]
 
         aborted = page.evaluate(ABORTED)
         assert aborted["n"] <= 4 and aborted["after"] in ("stop", "length")

@@ -242,3 +242,17 @@ def test_two_models_share_one_page_buffer(worker, kv_dtype, kernels):
     freed = r["ledger"]["used_bytes"] - r["after_unload"]["used_bytes"]
     assert freed > 0 and r["after_unload"]["by_kind"]["kv"] == r["ledger"]["by_kind"]["kv"]
     assert r["end_ledger"]["used_bytes"] == 0
+
+
+def test_a_model_loaded_at_run_time_takes_pages_of_the_budget(worker):
+    """The pages took all the budget the first model left: loading a second one allocates the page buffers again
+    with fewer pages (a GPU buffer cannot shrink), only while no request holds a page (refused with the numbers
+    before); both models then answer as numpy does alone; unloading it leaves its pages spare."""
+    r = run(worker, "load_at_run_time()")
+    assert "running requests hold" in r["refused"] and len(r["first"]) == 8
+    given = r["pages_before"] - r["pages_after"]
+    assert given >= 1 and r["pool"]["pages"] == r["pages_before"]  # page ids stay; those given up hold weights
+    assert r["pool"]["models"]["tiny-random"]["weights_pages"] == given and r["pool"]["backed_pages"] == r["pages_after"]
+    assert r["gpu"] == r["ref"]
+    assert r["ledger"]["used_bytes"] <= r["ledger"]["budget_bytes"]
+    assert r["after"]["spare_pages"] == given and list(r["after"]["models"]) == ["tiny-random-wide"]

@@ -208,7 +208,12 @@ class BlockPool:
     def reserve_top(self, n: int) -> list[int]:
         """Reserve the `n` highest block ids, all free (pages with no memory behind them: only weights take
         them, see LLMEngine's backed_pages)."""
-        ids = list(range(self.num_blocks - n, self.num_blocks))
+        return self.reserve_ids(range(self.num_blocks - n, self.num_blocks))
+
+    def reserve_ids(self, block_ids: Iterable[int]) -> list[int]:
+        """Reserve these blocks, all free (their cached content evicted first by the caller); ValueError
+        otherwise."""
+        ids = list(block_ids)
         blocks = [self._blocks[b] for b in ids]
         if any(b.ref_count or b.block_hash is not None for b in blocks):
             raise ValueError(f"blocks {ids[0]}..{ids[-1]} are not all free")

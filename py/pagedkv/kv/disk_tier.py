@@ -20,6 +20,10 @@ always when forced (the engine forces it when its last request ends). The whole 
 fills; a reload in the middle of a reply loses at most the last interval's moves (blocks written since the
 index count as the newest, which they are). A full store (quota) lowers the budget to what is stored and leaves a
 note: new blocks then replace old ones, nothing stops a chat.
+
+Several models of one engine share one store and one budget: the second model's tier is made with
+`share_with=` the first's. They hold one LRU of the store's files and one budget, so a block of either model
+is evicted when it is the least recently used of both; each keeps its own index file and owners.
 """
 from __future__ import annotations
 
@@ -197,13 +201,22 @@ class DiskTier:
     """
 
     def __init__(self, store: FileStore, key: DiskKey, budget_bytes: int,
-                 index_interval_s: float = INDEX_INTERVAL_S, clock=time.monotonic) -> None:
+                 index_interval_s: float = INDEX_INTERVAL_S, clock=time.monotonic,
+                 share_with: "DiskTier | None" = None) -> None:
+        """share_with: another model's tier over the same store; this one shares its LRU and budget (its own
+        budget_bytes is not used)."""
         if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 0:
             raise ValueError(f"budget_bytes must be a non-negative int, got {budget_bytes!r}")
+        if share_with is not None and share_with.store is not store:
+            raise ValueError("a tier shares the LRU of another tier over the same store only")
         self.store = store
         self.key = key
-        self.budget_bytes = budget_bytes
-        self._lru: OrderedDict[str, int] = OrderedDict()  # file name -> bytes, least recently used first
+        self._root = self if share_with is None else share_with._root  # holds the budget every sharer uses
+        self._budget = budget_bytes
+        # file name -> bytes, least recently used first (one object for every tier that shares it)
+        self._lru: OrderedDict[str, int] = OrderedDict() if share_with is None else share_with._lru
+        self._indexes: set[str] = set() if share_with is None else self._root._indexes  # not block files
+        self._indexes.add(self.index_name)
         self._owners: dict[str, set[str]] = {}  # owner -> chain hashes
         self.notes: list[str] = []
         self._dirty = False  # the LRU order changed since the index file was written
@@ -217,6 +230,15 @@ class DiskTier:
         self.num_read = 0
 
     @property
+    def budget_bytes(self) -> int:
+        """Bytes every file in the store may take (the budget the sharing tiers hold together)."""
+        return self._root._budget
+
+    @budget_bytes.setter
+    def budget_bytes(self, value: int) -> None:
+        self._root._budget = value
+
+    @property
     def index_name(self) -> str:
         """The file holding this layout's LRU order."""
         return self.key.hex + ".lru"
@@ -226,6 +248,8 @@ class DiskTier:
         ours the saved order lacks (written after it was saved) count as the most recent, in name order."""
         names = await self.store.names()
         rank = await self._saved_order(names.pop(self.index_name, None) is not None)
+        for name in self._indexes:  # the other sharing tiers' index files
+            names.pop(name, None)
         prefix = self.key.hex + "-"
         unsaved = len(rank)
 
@@ -234,7 +258,13 @@ class DiskTier:
             if not name.startswith(prefix):
                 return (0, 0, name)
             return (1, rank.get(name[len(prefix):], unsaved), name)
-        self._lru = OrderedDict(sorted(names.items(), key=key))
+        if self._root is not self:  # the shared LRU lists the store already: ours move to the recent end
+            await self.resync()
+            for name, _ in sorted(((n, b) for n, b in self._lru.items() if n.startswith(prefix)), key=key):
+                self._lru.move_to_end(name)
+            return
+        self._lru.clear()
+        self._lru.update(sorted(names.items(), key=key))
         self._dirty = False
 
     async def resync(self) -> tuple[int, int]:
@@ -242,7 +272,8 @@ class DiskTier:
         (its evictions, a chat it deleted) leave the index, files new to this tier (its writes) join at the
         recent end in name order, as at open(). Returns (files gone, files new)."""
         names = await self.store.names()
-        names.pop(self.index_name, None)
+        for name in self._indexes:  # the sharing tiers' index files
+            names.pop(name, None)
         gone = [name for name in self._lru if name not in names]
         for name in gone:
             del self._lru[name]

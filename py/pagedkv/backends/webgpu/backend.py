@@ -395,6 +395,12 @@ class WebGpuBackend:
                                            batch.block_tables, batch.context_lens)  # (S, n_heads, max_blocks)
         return mass.sum(axis=1)
 
+    def rebind_pages(self) -> None:
+        """The shared pages were reallocated (SharedGpuPages.resize): take the new views, record plans again."""
+        self.kv_pool.caches = []
+        self.kv_pool.allocate()
+        self._plans, self._validated, self._dispatch_slots = {}, set(), {}
+
     def destroy(self) -> None:
         """Free every GPU buffer and its ledger reservation."""
         for label, buf in self._buffers.items():

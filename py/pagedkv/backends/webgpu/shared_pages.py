@@ -67,10 +67,22 @@ class SharedGpuPages:
             raise ValueError(f"need >= 1 page of a multiple of {OFFSET_ALIGN} B, got {num_pages} of {page_bytes}")
         self.ctx, self.ledger = ctx, ledger
         self.num_pages, self.page_bytes = num_pages, page_bytes
-        ledger.reserve("kv.pages", num_pages * page_bytes, "kv")
         self.half = page_bytes // 2  # one page's K (or V) slots of every layer
-        self.k = ctx.buffer(num_pages * self.half, "k_pages")
-        self.v = ctx.buffer(num_pages * self.half, "v_pages")
+        self._allocate()
+
+    def _allocate(self) -> None:
+        self.ledger.reserve("kv.pages", self.num_pages * self.page_bytes, "kv")
+        self.k = self.ctx.buffer(self.num_pages * self.half, "k_pages")
+        self.v = self.ctx.buffer(self.num_pages * self.half, "v_pages")
+
+    def resize(self, num_pages: int) -> None:
+        """New buffers of num_pages pages (contents not kept: the caller made sure no page holds any); every
+        model's pool must take its views again (WebGpuBackend.rebind_pages)."""
+        if num_pages < 1:
+            raise ValueError(f"need >= 1 page, got {num_pages}")
+        self.destroy()
+        self.num_pages = num_pages
+        self._allocate()
 
     @staticmethod
     def pages_that_fit(free_bytes: int, page_bytes: int, limits: dict) -> int:
