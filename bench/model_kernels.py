@@ -172,7 +172,9 @@ def kv_runs(quick: bool) -> list[str]:
     calls.append("bench_paged_vs_contiguous('decode', 4096, batch=4)")
     # A 512-token prompt: 512 new query tokens over 512 keys.
     calls.append("bench_paged_vs_contiguous('prefill', 512, rounds=5, inner=1)")
-    calls += ["bench_kv_write(1)", "bench_kv_write(512)", "bench_kv_write(512, dtype='f16')"]
+    calls += ["bench_kv_write(1)", "bench_kv_write(512)", "bench_kv_write(512, dtype='f16')",
+              "bench_kv_write(1, dtype='int8')", "bench_kv_write(512, dtype='int8')",
+              "bench_kv_write(512, dtype='int4-asym')"]
     if not quick:  # the ablations behind the defaults
         for tile in (3, 1):
             calls.append(f"bench_attention('decode', 4096, head_tile={tile})")

@@ -33,7 +33,10 @@ def test_quantized_layouts_hold_words_with_scales_in_each_token(dtype, token_byt
     assert (lay.token_bytes, lay.block_words, lay.nbytes) == (token_bytes, token_bytes, 100 * 16 * token_bytes)
     assert lay.constants == constants
     assert lay.storage_shape == (100, 16, token_bytes // 4) and lay.storage_dtype == np.uint32
-    assert lay.kv_write_invocations(5) == 5  # one invocation per token writes its scales' shared words
+    # kv_write_quant: one workgroup per token (its 3 kv heads), an invocation per code word of its K and V rows
+    words = 3 * 2 * 64 * lay.kind.bits // 32
+    assert (lay.kv_write_shader, lay.kv_write_invocations(5), lay.kv_write_workgroup) == ("kv_write_quant",
+                                                                                          5 * words, words)
 
 
 @pytest.mark.parametrize("spec_changes, num_blocks, message", [

@@ -63,6 +63,7 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: 
     kv = KVKernels(ctx, layout, config.n_heads, family=kernels, subgroups=subgroups)
     kv_sizes = {name: size for name, _, _, size in kv.decode.specs}  # the KV kernels' workgroup sizes
     kv_sizes[kv.prefill.name] = kv.prefill.workgroup
+    kv_sizes["kv_write"] = layout.kv_write_workgroup or kv.workgroup_size
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(config.n_layers)]
     b = SimpleNamespace(config=config, scratch=_Named(), weights=_Weights(), kv_kernels=kv,
                         kv_pool=SimpleNamespace(caches=caches),

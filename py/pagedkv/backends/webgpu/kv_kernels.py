@@ -119,12 +119,32 @@ class GpuKVLayout:
         return {"HEAD_DIM": self.head_dim, "KV_FORMAT": self.kind.code,
                 "KV_GROUP": self.kind.group_for(self.head_dim) or self.head_dim, **paged}
 
+    @property
+    def kv_write_shader(self) -> str:
+        """kv_write (f32 / f16) or kv_write_quant (the quantized formats: one workgroup per token x kv head)."""
+        return "kv_write_quant" if self.kind.quantized else "kv_write"
+
     def kv_write_invocations(self, num_tokens: int) -> int:
-        """kv_write runs one invocation per cache word for f32 / f16 and one per token when it quantizes
-        (a token's scales share words, so one invocation writes them all)."""
+        """kv_write runs one invocation per cache word for f32 / f16; kv_write_quant one per code word of the
+        token's K and V rows, in workgroups of kv_write_heads kv heads (kv_write_workgroup)."""
         if self.kind.quantized:
-            return num_tokens
+            return num_tokens * self.n_kv_heads // self.kv_write_heads * self.kv_write_workgroup
         return num_tokens * self.n_kv_heads * self.head_dim * self.kind.bits // (8 * WORD_BYTES)
+
+    @property
+    def kv_write_heads(self) -> int:
+        """kv_write_quant's kv heads per workgroup: the most that divide n_kv_heads within 256 invocations
+        (WebGPU's least maxComputeInvocationsPerWorkgroup)."""
+        row = 2 * self.head_dim * self.kind.bits // 32  # code words of a K and a V row
+        return max(h for h in range(1, self.n_kv_heads + 1) if self.n_kv_heads % h == 0 and h * row <= 256)
+
+    @property
+    def kv_write_workgroup(self) -> int | None:
+        """kv_write_quant's workgroup size, the code words of kv_write_heads heads' K and V rows (96 for
+        SmolLM2's int8 KV); None: kv_write's, the kernels' own (KVKernels.workgroup_size)."""
+        if not self.kind.quantized:
+            return None
+        return self.kv_write_heads * 2 * self.head_dim * self.kind.bits // 32
 
 
 class KVCacheBuffers:
@@ -260,8 +280,12 @@ class KVKernels:
         consts = dict(self.layout.constants, **wg)
         for entry in ("gather_blocks", "scatter_blocks"):
             self.pipelines[entry] = await self.ctx.kernel("copy_blocks", wg, entry_point=entry)
-        write = dict(consts, BLOCK_TOKENS=self.layout.block_size) if self.layout.page_words else consts
-        for name, constants in (("kv_write", write), ("copy_blocks", wg),
+        lay = self.layout
+        write = dict(consts, WORKGROUP_SIZE=lay.kv_write_workgroup or self.workgroup_size,
+                     **({"HEADS": lay.kv_write_heads} if lay.kind.quantized else {}),
+                     **({"BLOCK_TOKENS": lay.block_size} if lay.page_words else {}))
+        self.pipelines["kv_write"] = await self.ctx.kernel(self.layout.kv_write_shader, write)
+        for name, constants in (("copy_blocks", wg),
                                 (self.prefill.name, dict(consts, **dict(self.prefill.constants),
                                                          WORKGROUP_SIZE=self.prefill.workgroup))):
             self.pipelines[name] = await self.ctx.kernel(name, constants)
@@ -283,6 +307,11 @@ class KVKernels:
                              f"over the device limit {limit}; split the batch")
         return (max(groups, 1), 1, 1)
 
+    def kv_write_grid(self, num_tokens: int) -> tuple[int, int, int]:
+        """Workgroup grid of kv_write / kv_write_quant over num_tokens new rows."""
+        lay = self.layout
+        return self.workgroups(lay.kv_write_invocations(num_tokens), lay.kv_write_workgroup)
+
     def decode_grids(self, num_seqs: int, max_parts: int) -> tuple[tuple, tuple]:
         """Workgroup grids of decode attention's pass 1 and merge pass (the family's kernels)."""
         d = self.decode
@@ -301,7 +330,7 @@ class KVKernels:
         """Rows k_new/v_new (num_tokens, n_kv_heads, head_dim) into their slots of `cache`."""
         lay = self.layout
         slots = ref.check_kv_rows(k_new, v_new, slot_mapping, lay.shape)  # (num_tokens,)
-        groups = self.workgroups(lay.kv_write_invocations(slots.size))
+        groups = self.kv_write_grid(slots.size)
         with Temporaries(self.ctx) as tmp:
             params = tmp.scratch(16, "params", uniform=True)
             self.ctx.write(params, uniform_words(slots.size, lay.n_kv_heads))

@@ -190,7 +190,7 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
         params[SLOT_INDEX[name], : words.nbytes] = words.view(np.uint8)
 
     words = ops.uniform_words
-    put("kv_write", words(t, lay.n_kv_heads), kv.workgroups(lay.kv_write_invocations(t)))
+    put("kv_write", words(t, lay.n_kv_heads), kv.kv_write_grid(t))
     scale = 1.0 / math.sqrt(lay.head_dim)
     put("attn", words(n, cfg.n_heads, lay.n_kv_heads, lay.block_size, shape.table_width, kv.partition_blocks,
                       shape.max_parts, scale),
