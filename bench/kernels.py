@@ -1,12 +1,19 @@
 """Hot WGSL kernels at SmolLM2-135M's decode and prefill shapes, on a native adapter (wgpu-py) or in the page.
 
-    python3 -m bench.kernels --backend wgpu|browser [--kernels NAME ...] [--quick] [--json]
+    python3 -m bench.kernels --backend wgpu|browser [--kernels NAME ...] [--quick] [--rotate-mib N] [--json]
 
 For each kernel (the projections and attention in both kernel families, cpu and gpu: `family` in each row):
 time per dispatch (GPU timestamp queries where the device has them, else the wall time of submits and a wait;
 `timer` says which), bytes it must move, achieved GB/s and that as a fraction of the adapter's streaming-read
-bandwidth (shaders/stream_read.wgsl, measured first), invocations launched; then a whole decode step per family
-(WebGpuBackend.forward, one sequence, greedy, its wall time: decode_step, decode_step_gpu). Weights are random at
+bandwidth, invocations launched; then a whole decode step per family (WebGpuBackend.forward, one sequence,
+greedy, its wall time: decode_step, decode_step_gpu).
+
+The yardstick tells DRAM's truth on a GPU: the streaming read (measured first) is a grid-stride coalesced read
+(shaders/stream_read_grid.wgsl, 1,024 workgroups of 256) of a buffer of --rotate-mib (default 256 MiB, more
+than twice any GPU's L2); each projection is timed over copies of its weights rotated through that many bytes
+(one dispatch per copy in a pass; the time is the pass's over the copies), so no copy is still in the L2 when
+it is read again. `dispatch_floor` is the time of an empty dispatch (256 in one pass). `stream_read_runs` is the
+old per-thread runs pattern (stream_read.wgsl), kept because the CPU emulators read faster that way. Weights are random at
 SmolLM2's shapes (times do not depend on the values), so no model file is needed: the same run works on any
 machine with `pip install wgpu` and a Vulkan / Metal / D3D12 driver. Prints JSON (`python3 -m bench --only
 kernels_wgpu kernels_browser` saves it under bench/results/). A figure, never a pass/fail.
@@ -70,16 +77,22 @@ def random_tensors(config: ModelConfig, seed: int = 0) -> list[PackedTensor]:
 class Bench:
     """Times dispatch lists on one device and turns them into rows."""
 
-    def __init__(self, ctx, repeats: int, runs: int) -> None:
+    def __init__(self, ctx, repeats: int, runs: int, rotate_bytes: int = 0) -> None:
         self.ctx, self.repeats, self.runs = ctx, repeats, runs
+        self.rotate_bytes = rotate_bytes  # the weight copies a projection's timing rotates through
         self.stream_gb_s = None
         self.rows = []
 
-    async def row(self, name: str, phase: str, dispatches: list, nbytes: int, invocations: int, **shape) -> dict:
+    async def row(self, name: str, phase: str, dispatches: list, nbytes: int, invocations: int, per: int = 1,
+                  **shape) -> dict:
+        """Time `dispatches` as one pass; `per`: the dispatches it holds of the one timed (rotated copies), the
+        row's times, bytes and invocations are one dispatch's."""
         t = await self.ctx.time_dispatches(dispatches, self.repeats, self.runs)
-        gb_s = nbytes / t["min_ms"] / 1e6
-        row = {"kernel": name, "phase": phase, **shape, "timer": t["timer"], "ms_median": t["median_ms"],
-               "ms_min": t["min_ms"], "wall_ms_median": t.get("wall_median_ms", t["median_ms"]), "bytes": nbytes, "gb_s": gb_s, "invocations": invocations,
+        ms, ms_min = t["median_ms"] / per, t["min_ms"] / per
+        gb_s = nbytes / ms_min / 1e6
+        row = {"kernel": name, "phase": phase, **shape, "timer": t["timer"], "ms_median": ms, "ms_min": ms_min,
+               "wall_ms_median": t.get("wall_median_ms", t["median_ms"]) / per, "bytes": nbytes, "gb_s": gb_s,
+               "invocations": invocations, "dispatches_per_pass": per,
                "fraction_of_stream_read": gb_s / self.stream_gb_s if self.stream_gb_s else None}
         self.rows.append(row)
         return row
@@ -95,6 +108,10 @@ class Bench:
         wg = dict(call.constants)["WORKGROUP_SIZE"]
         group = self.ctx.bind(pipeline, [*buffers, params])
         return [(pipeline, group, call.workgroups)], math.prod(call.workgroups) * wg
+
+
+def n_threads(call: ops.KernelCall) -> int:
+    return math.prod(call.workgroups) * dict(call.constants)["WORKGROUP_SIZE"]
 
 
 def invocations(kk: KVKernels, dispatches: list) -> int:
@@ -131,12 +148,19 @@ async def linear_rows(b: Bench, names: list[str], tokens: int, rng) -> None:
             x = b.upload(rng.standard_normal((t, cols), dtype=np.float32), "x")
             y = b.ctx.buffer(t * out_rows * 4, "y")
             moved = weight_bytes + t * cols * 4 + t * out_rows * 4 * (2 if variant == "accumulate" else 1)
-            buffers = [b.upload(qs, "qs"), b.upload(parts[list(parts)[1]], "s"), x, y]
+            copies = max(1, -(-b.rotate_bytes // weight_bytes))  # rotated through more than the L2 holds
+            weights = [(b.upload(qs, "qs"), b.upload(parts[list(parts)[1]], "s")) for _ in range(copies)]
             for family in ops.FAMILIES:
                 call = family_linear(b.ctx, family, kind, dtype, rows, cols, t, variant)
-                dispatches, n = await b.call(call, buffers)
-                await b.row(f"{name}:{call.shader}", phase, dispatches, moved, n, family=family, rows=rows,
-                            cols=cols, tokens=t)
+                dispatches = []
+                for w in weights:
+                    one, n = await b.call(call, [*w, x, y])
+                    dispatches += one
+                await b.row(f"{name}:{call.shader}", phase, dispatches, moved, n, per=copies, family=family,
+                            rows=rows, cols=cols, tokens=t, weight_copies=copies)
+            for w in weights:
+                for buf in w:
+                    buf.destroy()
 
 
 DECODE_CONTEXTS = (512, 4096)  # decode attention of both kernel families is timed here too
@@ -226,18 +250,26 @@ async def decode_step(ctx, context: int, reps: int, kernels: str = "cpu") -> dic
             "gb_s": nbytes / min(walls) / 1e6, "tok_s": 1000 / min(walls)}
 
 
-async def measure(ctx, kernels: list[str], quick: bool) -> dict:
-    """Every figure of this benchmark on the device `ctx` (any device.GpuDevice)."""
+async def measure(ctx, kernels: list[str], quick: bool, rotate_mib: int | None = None) -> dict:
+    """Every figure of this benchmark on the device `ctx` (any device.GpuDevice). rotate_mib: the bytes the
+    streaming read and each projection's weight copies span (default 256 MiB, 16 with quick)."""
     repeats, runs = (3, 3) if quick else (10, 5)
     contexts, prefill = ([256, 1024], 32) if quick else ([256, 1024, 4096], 128)
-    b = Bench(ctx, repeats, runs)
+    rotate = (rotate_mib if rotate_mib is not None else 16 if quick else 256) << 20
+    b = Bench(ctx, repeats, runs, rotate)
     rng = np.random.default_rng(0)
-    nbytes = (16 if quick else 64) << 20
+    nbytes = max(rotate, 16 << 20)  # a multiple of both streams' units (1 MiB, 16 MiB)
     data = b.upload(rng.integers(0, 2**32, nbytes // 4, dtype=np.uint32), "stream")
-    d, n = await b.call(ops.stream_read_call(nbytes), [data, ctx.buffer(256 * 64 * 4, "stream.out")])
-    stream = await b.row("stream_read", "roofline", d, nbytes, n)
+    grid = ops.stream_read_grid_call(nbytes)
+    d, n = await b.call(grid, [data, ctx.buffer(n_threads(grid) * 4, "stream.out")])
+    stream = await b.row("stream_read", "roofline", d, nbytes, n, pattern="grid-stride coalesced")
     b.stream_gb_s = stream["gb_s"]
     stream["fraction_of_stream_read"] = 1.0
+    d, n = await b.call(ops.stream_read_call(nbytes), [data, ctx.buffer(256 * 64 * 4, "stream.runs")])
+    await b.row("stream_read_runs", "roofline", d, nbytes, n, pattern="a contiguous run per thread")
+    data.destroy()
+    floor, _ = await b.call(ops.empty_call(), [ctx.buffer(16, "empty.out")])
+    await b.row("dispatch_floor", "roofline", floor * 256, 0, 256, per=256)
     await linear_rows(b, [k for k in kernels if k in LINEAR], prefill, rng)
     for decode, name in ((True, "decode_attention"), (False, "prefill_attention")):
         if name in kernels:
@@ -246,7 +278,9 @@ async def measure(ctx, kernels: list[str], quick: bool) -> dict:
     info = ctx.info
     out = {"adapter": {"name": info.name, "backend": info.backend, "features": list(info.features),
                        "limits": info.limits},
-           "quick": quick, "repeats": repeats, "runs": runs, "stream_read_gb_s": b.stream_gb_s, "kernels": b.rows}
+           "quick": quick, "repeats": repeats, "runs": runs, "stream_read_gb_s": b.stream_gb_s,
+           "rotate_bytes": rotate, "dispatch_floor_ms": next(r["ms_min"] for r in b.rows if r["kernel"] == "dispatch_floor"),
+           "kernels": b.rows}
     if "decode_step" in kernels:  # "decode_step": the cpu family's, "decode_step_gpu": the gpu family's
         for family in ops.FAMILIES:
             step = await decode_step(ctx, contexts[-1], repeats, family)
@@ -259,7 +293,7 @@ PAGE = """
 import json
 from bench.kernels import measure
 from pagedkv.backends.webgpu.runtime import open_device
-json.dumps(await measure(await open_device(), {kernels!r}, {quick!r}))
+json.dumps(await measure(await open_device(), {kernels!r}, {quick!r}, {rotate!r}))
 """
 
 
@@ -269,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="wgpu: a native adapter through wgpu-py; browser: headless Chromium's WebGPU")
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, smaller shapes")
+    parser.add_argument("--rotate-mib", type=int, default=None,
+                        help="bytes the streaming read and each projection's weight copies span (default 256 MiB, "
+                             "16 with --quick): more than twice the GPU's L2")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
@@ -278,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         from pagedkv.backends.webgpu.native import NativeDevice
 
         async def run() -> dict:
-            return await measure(await NativeDevice.create(), args.kernels, args.quick)
+            return await measure(await NativeDevice.create(), args.kernels, args.quick, args.rotate_mib)
 
         result = asyncio.run(run())
     else:
@@ -286,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
 
         with session() as page:
             install_bench(page, "kernels.py")
-            result = page.py(PAGE.format(kernels=args.kernels, quick=args.quick))
+            result = page.py(PAGE.format(kernels=args.kernels, quick=args.quick, rotate=args.rotate_mib))
     result.update({"benchmark": "kernels", "backend": args.backend, "wall_s": round(time.perf_counter() - t0, 1),
                    "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     # The runner (`python3 -m bench --only kernels_wgpu`) saves the JSON; run alone, this only prints.

@@ -122,6 +122,10 @@ def test_call_geometry_and_uniforms():
     assert ops.stream_read_call(2**20, workgroups=16).params[:8] == np.array([65536, 4096], "<u4").tobytes()
     with pytest.raises(ValueError, match="multiple of 65536"):
         ops.stream_read_call(2**20 + 16, workgroups=16)
+    grid = ops.stream_read_grid_call(256 << 20)  # 1,024 workgroups of 256: 262,144 threads, 4 words a trip each
+    assert grid.workgroups == (1024, 1, 1) and grid.params[:8] == np.array([(256 << 20) // 16, 262144], "<u4").tobytes()
+    with pytest.raises(ValueError, match="multiple of 16777216"):
+        ops.stream_read_grid_call(1 << 20)
     alu = ops.alu_peak_call(1000, workgroups=8)
     assert alu.shader == "alu_peak" and alu.workgroups == (8, 1, 1) and alu.params[:4] == np.array([1000], "<u4").tobytes()
 

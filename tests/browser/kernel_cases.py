@@ -189,7 +189,8 @@ async def case_argmax(seqs, vocab, planted, seed, family="cpu"):
 
 
 async def case_probes(seed):
-    """The benchmark probes: stream_read's per-thread wrapping sums add up (mod 2^32) to the buffer's, and
+    """The benchmark probes: stream_read's and stream_read_grid's per-thread wrapping sums add up (mod 2^32) to
+    the buffer's, the empty dispatch runs, and
     alu_peak's per-thread result equals the same multiply-add recurrence in numpy f32."""
     ctx = await _context()
     data = np.random.default_rng(seed).integers(0, 2**32, 4 * 4096, dtype=np.uint32)  # (4096 vec4 words * 4,)
@@ -198,6 +199,12 @@ async def case_probes(seed):
     await calls.launch(ctx, call, [calls.upload(ctx, data, "probe.data"), out])
     sums = np.frombuffer(await ctx.read(out, 16 * 64 * 4), np.uint32)  # (16 * 64,)
     stream_ok = int(sums.sum(dtype=np.uint64) % 2**32) == int(data.sum(dtype=np.uint64) % 2**32)
+    grid = ops.stream_read_grid_call(data.nbytes, workgroups=4, workgroup_size=64)  # the GPU yardstick's pattern
+    out = ctx.buffer(4 * 64 * 4, "probe.grid")
+    await calls.launch(ctx, grid, [calls.upload(ctx, data, "probe.data"), out])
+    sums = np.frombuffer(await ctx.read(out, 4 * 64 * 4), np.uint32)  # (4 * 64,)
+    grid_ok = int(sums.sum(dtype=np.uint64) % 2**32) == int(data.sum(dtype=np.uint64) % 2**32)
+    await calls.launch(ctx, ops.empty_call(), [ctx.buffer(16, "empty.out")])  # compiles and runs
     iterations, threads = 50, 2 * 32
     out = ctx.buffer(threads * 4, "alu.out")
     await calls.launch(ctx, ops.alu_peak_call(iterations, workgroups=2), [out])
@@ -207,4 +214,4 @@ async def case_probes(seed):
     for _ in range(2 * iterations):
         chains = chains * m + c
     want = (chains * 4).sum(axis=1, dtype=np.float32)  # each chain is a vec4 of equal lanes
-    return {"stream_read_sum_ok": stream_ok, **_errors(got, want)}
+    return {"stream_read_sum_ok": stream_ok, "stream_read_grid_sum_ok": grid_ok, **_errors(got, want)}

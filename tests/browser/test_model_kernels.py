@@ -290,5 +290,5 @@ def test_argmax_is_exact_with_ties_to_the_lowest_index(worker, family):
 
 def test_benchmark_probes_compute_what_they_claim(worker):
     r = run(worker, ["case_probes(seed=3)"])[0]
-    assert r["stream_read_sum_ok"], r
+    assert r["stream_read_sum_ok"] and r["stream_read_grid_sum_ok"], r
     assert r["max_rel"] <= 1e-5, r  # the same 100 multiply-adds per chain; only FMA contraction may differ

@@ -160,3 +160,52 @@ def test_the_official_openai_client_streams_two_models_at_once(browser, base_url
         assert got["tooLong"] == {"name": "BadRequestError", "status": 400, "param": "max_tokens"}
     finally:
         page.close()
+
+
+SMOLLM2 = "smollm2-135m-instruct"
+REAL_PAIR = f"/examples/two-models.html?writer={SMOLLM2}&reviewer=tiny-random&backend=cpu&budget_mib=1024"
+OFFICIAL_REAL = """async () => {
+  const { OpenAI } = await import("/vendor/openai/client.mjs");
+  const client = new OpenAI({ baseURL: location.origin + "/v1", apiKey: "unused", fetch: window.engine.fetch,
+                              dangerouslyAllowBrowser: true, maxRetries: 0 });
+  const ask = (model, extra = {}) => ({ model, max_tokens: 24, temperature: 0, ...extra,
+      messages: [{ role: "user", content: "What is the capital of France?" }] });
+  const alone = (await client.chat.completions.create(ask("smollm2-135m-instruct"))).choices[0].message.content;
+  const streamed = async (model) => {
+    let text = "";
+    for await (const c of await client.chat.completions.create({ ...ask(model), stream: true })) {
+      text += c.choices[0]?.delta?.content ?? "";
+    }
+    return text;
+  };
+  const [smol, tiny] = await Promise.all([streamed("smollm2-135m-instruct"), streamed("tiny-random")]);
+  const words = alone.split(" ");
+  const stop = " " + words[Math.floor(words.length / 2)];  // a word from the middle of the reply
+  const cut = await client.chat.completions.create(ask("smollm2-135m-instruct", { stop: [stop] }));
+  let cutStreamed = "";
+  for await (const c of await client.chat.completions.create({ ...ask("smollm2-135m-instruct", { stop }),
+                                                               stream: true })) {
+    cutStreamed += c.choices[0]?.delta?.content ?? "";
+  }
+  return { alone, smol, tiny, stop, cut: cut.choices[0].message.content, reason: cut.choices[0].finish_reason,
+           cutStreamed };
+}"""
+
+
+def test_smollm2_beside_another_model_through_the_official_client(browser, base_url):
+    """The real model and a second one in one engine (CPU path) through the official openai client: SmolLM2's
+    greedy reply is the same alone and while the other model streams; a stop string from the middle of it cuts
+    the reply right before its first occurrence (finish_reason "stop"), streamed and not."""
+    from test_api_page import serve_openai
+
+    page = browser.new_page()
+    try:
+        page.route("**/vendor/openai/**", serve_openai)
+        page.goto(base_url + REAL_PAIR)
+        page.wait_for_selector("html[data-engine=ready]", state="attached", timeout=240_000)
+        got = page.evaluate(OFFICIAL_REAL)
+        assert "Paris" in got["alone"] and got["smol"] == got["alone"] and got["tiny"]
+        assert len(got["stop"]) > 1 and got["reason"] == "stop"
+        assert got["cut"] == got["cutStreamed"] == got["alone"][: got["alone"].index(got["stop"])]
+    finally:
+        page.close()

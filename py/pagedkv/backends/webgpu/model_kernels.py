@@ -310,6 +310,23 @@ def stream_read_call(nbytes: int, workgroups: int = 256, workgroup_size: int = 6
                       uniform_words(words, words // workgroups).tobytes())
 
 
+def stream_read_grid_call(nbytes: int, workgroups: int = 1024, workgroup_size: int = 256) -> KernelCall:
+    """The bandwidth yardstick for real GPUs: a grid-stride coalesced read (shaders/stream_read_grid.wgsl) of
+    nbytes, a multiple of 4 words x every thread; buffers: data, out (a u32 per thread), params."""
+    _positive(nbytes=nbytes, workgroups=workgroups)
+    threads = workgroups * workgroup_size
+    if nbytes % (64 * threads):
+        raise ValueError(f"stream_read_grid reads 4 words per thread per trip over {threads} threads: nbytes must "
+                         f"be a multiple of {64 * threads}, got {nbytes}")
+    return KernelCall("stream_read_grid", (("WORKGROUP_SIZE", workgroup_size),), (workgroups, 1, 1),
+                      uniform_words(nbytes // 16, threads).tobytes())
+
+
+def empty_call() -> KernelCall:
+    """One workgroup that does no work (shaders/empty.wgsl): the per-dispatch floor; buffers: out, params."""
+    return KernelCall("empty", (("WORKGROUP_SIZE", 1),), (1, 1, 1), uniform_words(0).tobytes())
+
+
 ALU_PEAK_FLOPS_PER_ITERATION = 8 * 4 * 2  # 8 vec4 multiply-adds per loop iteration of alu_peak.wgsl, per thread
 
 
