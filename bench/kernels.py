@@ -32,7 +32,8 @@ import time
 import numpy as np
 
 from pagedkv.backends.webgpu import model_kernels as ops
-from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVCacheBuffers, KVKernels
+from pagedkv.backends.webgpu.kv_kernels import KVKernels
+from pagedkv.backends.webgpu.kv_layout import GpuKVLayout, KVCacheBuffers
 from pagedkv.kernels.ref_ops import rope_cos_sin
 from pagedkv.kv.spec import KVSpec
 from pagedkv.model.config import ModelConfig

@@ -38,17 +38,7 @@ fn to_f16_word(a : vec4<f32>, b : vec4<f32>) -> vec4<u32> {
   return vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw));
 }
 
-fn token_u32s() -> u32 {
-  return (params.n_kv_heads * (ROW_U32 + SCALES_PER_ROW) + 3u) & ~3u;
-}
-
-// The first u32 of cache slot `slot`.
-fn slot_u32(slot : u32) -> u32 {
-  if (BLOCK_U32 == 0u) {
-    return slot * token_u32s();
-  }
-  return (slot / BLOCK_TOKENS) * BLOCK_U32 + (slot % BLOCK_TOKENS) * token_u32s();
-}
+//#include kv_slots.wgsl
 
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn main(@builtin(global_invocation_id) gid : vec3<u32>) {

@@ -44,17 +44,7 @@ override BLOCK_TOKENS : u32 = 16u;  // tokens per block (read only where BLOCK_U
 var<workgroup> lows : array<f32, WORKGROUP_SIZE>;   // each word's min (int4-asym) or 0
 var<workgroup> highs : array<f32, WORKGROUP_SIZE>;  // each word's max (int4-asym) or |max|
 
-fn token_u32s() -> u32 {
-  return (params.n_kv_heads * (ROW_U32 + SCALES_PER_ROW) + 3u) & ~3u;
-}
-
-// The first u32 of cache slot `slot`.
-fn slot_u32(slot : u32) -> u32 {
-  if (BLOCK_U32 == 0u) {
-    return slot * token_u32s();
-  }
-  return (slot / BLOCK_TOKENS) * BLOCK_U32 + (slot % BLOCK_TOKENS) * token_u32s();
-}
+//#include kv_slots.wgsl
 
 fn load(is_v : bool, i : u32) -> f32 {
   if (is_v) {

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from pagedkv.backends.webgpu.kv_attention_gpu import decode_kernels, prefill_kernel
-from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVKernels
+from pagedkv.backends.webgpu.kv_kernels import KVKernels
+from pagedkv.backends.webgpu.kv_layout import GpuKVLayout
 from pagedkv.kv.spec import KVSpec
 
 CTX = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": 65535}))

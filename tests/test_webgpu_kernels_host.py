@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVKernels
+from pagedkv.backends.webgpu.kv_kernels import KVKernels
+from pagedkv.backends.webgpu.kv_layout import GpuKVLayout
 from pagedkv.backends.webgpu.model_kernels import uniform_words
 from pagedkv.kv.spec import KVSpec
 

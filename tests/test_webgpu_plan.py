@@ -5,7 +5,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVKernels
+from pagedkv.backends.webgpu.kv_kernels import KVKernels
+from pagedkv.backends.webgpu.kv_layout import GpuKVLayout
 from pagedkv.backends.webgpu.model_kernels import GpuShapes
 from pagedkv.backends.webgpu.plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
 from pagedkv.kv.spec import KVSpec

@@ -9,7 +9,8 @@ import statistics
 import numpy as np
 
 from pagedkv.browser import interop as webgpu
-from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVCacheBuffers, KVKernels
+from pagedkv.backends.webgpu.kv_kernels import KVKernels
+from pagedkv.backends.webgpu.kv_layout import GpuKVLayout, KVCacheBuffers
 from pagedkv.kernels import ref_attention as ref
 from pagedkv.kv.spec import KVSpec
 

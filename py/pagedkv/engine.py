@@ -39,8 +39,9 @@ import itertools
 from .beam_search import BeamSearchParams, Hypothesis
 from .config import EngineConfig
 from .kv.accounting import block_map
+from .kv.block_files import DiskKey, model_hash
 from .kv.block_pool import BlockPool, OutOfBlocks
-from .kv.disk_tier import DiskKey, DiskTier, TierBudgets, model_hash
+from .kv.disk_tier import DiskTier, TierBudgets
 from .kv.manager import NeverFits
 from .lanes import ModelLane
 from .request import Request, StepOutput

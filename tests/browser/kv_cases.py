@@ -9,7 +9,8 @@ import math
 import numpy as np
 
 from pagedkv.backends.webgpu.runtime import open_device
-from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVCacheBuffers, KVKernels
+from pagedkv.backends.webgpu.kv_kernels import KVKernels
+from pagedkv.backends.webgpu.kv_layout import GpuKVLayout, KVCacheBuffers
 from pagedkv.kernels import ref_attention as ref
 from pagedkv.kv.spec import KVSpec
 

@@ -6,6 +6,22 @@ from __future__ import annotations
 
 PAGE = "/examples/two-models.html?writer=tiny-random&reviewer=tiny-random-wide&backend=cpu&budget_mib=16"
 
+
+def opened(browser, url: str, openai: bool = False):
+    """A page of the example at `url` whose engine is ready; with openai, /vendor/openai/ served to it."""
+    from test_api_page import serve_openai
+
+    page = browser.new_page()
+    try:
+        if openai:
+            page.route("**/vendor/openai/**", serve_openai)
+        page.goto(url)
+        page.wait_for_selector("html[data-engine=ready]", state="attached", timeout=240_000)
+    except BaseException:
+        page.close()
+        raise
+    return page
+
 AFTER = """async () => {
   const e = window.engine;
   const draft = document.getElementById("draft").textContent;
@@ -47,10 +63,8 @@ AFTER = """async () => {
 
 
 def test_two_models_stream_at_once_from_one_pool(browser, base_url):
-    page = browser.new_page()
+    page = opened(browser, base_url + PAGE)
     try:
-        page.goto(base_url + PAGE)
-        page.wait_for_selector("html[data-engine=ready]", state="attached", timeout=240_000)
         page.click("#go button")
         page.wait_for_selector("html[data-done='1']", state="attached", timeout=240_000)
         got = page.evaluate(AFTER)
@@ -101,10 +115,8 @@ def test_two_models_on_webgpu_share_one_page_buffer(browser, base_url):
     """The same example on the WebGPU backend (SwiftShader): one ledger, one buffer of pages both models' KV
     views (the wide model 16 tokens a page, the narrow one 32); the writer's greedy draft is its text alone;
     unloading the reviewer frees its GPU buffers, and loading it again at run time takes them back."""
-    page = browser.new_page()
+    page = opened(browser, base_url + PAGE.replace("backend=cpu", "backend=webgpu"))
     try:
-        page.goto(base_url + PAGE.replace("backend=cpu", "backend=webgpu"))
-        page.wait_for_selector("html[data-engine=ready]", state="attached", timeout=240_000)
         page.click("#go button")
         page.wait_for_selector("html[data-done='1']", state="attached", timeout=240_000)
         got = page.evaluate(WEBGPU_AFTER)
@@ -146,14 +158,11 @@ OFFICIAL_TWO = """async () => {
 
 
 def test_the_official_openai_client_streams_two_models_at_once(browser, base_url):
-    from test_api_page import OPENAI, serve_openai
+    from test_api_page import OPENAI
 
     assert (OPENAI / "client.mjs").is_file(), "npm ci installs the openai devDependency"
-    page = browser.new_page()
+    page = opened(browser, base_url + PAGE, openai=True)
     try:
-        page.route("**/vendor/openai/**", serve_openai)
-        page.goto(base_url + PAGE)
-        page.wait_for_selector("html[data-engine=ready]", state="attached", timeout=240_000)
         got = page.evaluate(OFFICIAL_TWO)
         assert got["ids"] == ["tiny-random", "tiny-random-wide"]
         assert got["writer"] == got["alone"] and got["reviewer"]  # unchanged by the other model's stream
@@ -196,13 +205,8 @@ def test_smollm2_beside_another_model_through_the_official_client(browser, base_
     """The real model and a second one in one engine (CPU path) through the official openai client: SmolLM2's
     greedy reply is the same alone and while the other model streams; a stop string from the middle of it cuts
     the reply right before its first occurrence (finish_reason "stop"), streamed and not."""
-    from test_api_page import serve_openai
-
-    page = browser.new_page()
+    page = opened(browser, base_url + REAL_PAIR, openai=True)
     try:
-        page.route("**/vendor/openai/**", serve_openai)
-        page.goto(base_url + REAL_PAIR)
-        page.wait_for_selector("html[data-engine=ready]", state="attached", timeout=240_000)
         got = page.evaluate(OFFICIAL_REAL)
         assert "Paris" in got["alone"] and got["smol"] == got["alone"] and got["tiny"]
         assert len(got["stop"]) > 1 and got["reason"] == "stop"

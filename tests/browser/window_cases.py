@@ -65,7 +65,7 @@ async def attention_mass_case(seed: int, chunks: list, dtype: str, n_heads: int,
 
     import kv_cases as kc
     from pagedkv.backends.webgpu.attention_mass import AttentionMassKernel
-    from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVCacheBuffers
+    from pagedkv.backends.webgpu.kv_layout import GpuKVLayout, KVCacheBuffers
     from pagedkv.kv.spec import KVSpec
     from pagedkv.kernels.ref_attention_mass import attention_mass_ref
 

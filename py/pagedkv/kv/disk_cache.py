@@ -23,7 +23,8 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from .disk_tier import DiskKey, DiskTier, block_chain, block_payloads, block_words
+from .block_files import DiskKey, block_chain, block_payloads, block_words
+from .disk_tier import DiskTier
 from .moves import BlockMoves, BlockRead, BlockWrite
 from .spec import KVSpec
 

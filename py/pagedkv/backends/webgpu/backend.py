@@ -28,7 +28,8 @@ from .. import check_attention_mass
 from . import model_kernels as ops
 from .attention_mass import AttentionMassKernel
 from .fused import BIAS_MEMBERS, bias_member, fused_member, member_names, stack_rows, stacks
-from .kv_kernels import GpuKVLayout, KVKernels
+from .kv_kernels import KVKernels
+from .kv_layout import GpuKVLayout
 from .kv_pool import GpuKVPool
 from .memory_plan import plan_kv_pool, scratch_buffers, staging_buffers
 from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots

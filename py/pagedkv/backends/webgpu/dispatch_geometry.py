@@ -16,7 +16,8 @@ import math
 import sys
 from types import SimpleNamespace
 
-from pagedkv.backends.webgpu.kv_kernels import GpuKVLayout, KVKernels
+from pagedkv.backends.webgpu.kv_kernels import KVKernels
+from pagedkv.backends.webgpu.kv_layout import GpuKVLayout
 from pagedkv.backends.webgpu.model_kernels import FAMILIES, MAX_WORKGROUPS_PER_DIM, GpuShapes
 from pagedkv.backends.webgpu.plan import SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
 from pagedkv.kv.spec import KVSpec

@@ -19,7 +19,8 @@ from ...kv.block_pool import CopyOp
 from ...kv.dtypes import pack_tokens, unpack_tokens
 from ...kv.retention import ShiftOp
 from ...model.config import ModelConfig
-from .kv_kernels import KVCacheBuffers, KVKernels
+from .kv_kernels import KVKernels
+from .kv_layout import KVCacheBuffers
 
 SWAP_CHUNK_BLOCKS = 32  # blocks per layer per gather/scatter call; bounds the swap staging buffers
 

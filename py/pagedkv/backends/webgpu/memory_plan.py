@@ -13,7 +13,8 @@ from ...kv.spec import KVSpec
 from ...model.config import ModelConfig
 from ...model.weights import check_manifest
 from .fused import bias_member, fused_member, stacked_nbytes, stacks
-from .kv_kernels import PARTITION_TOKENS, GpuKVLayout
+from .kv_kernels import PARTITION_TOKENS
+from .kv_layout import GpuKVLayout
 from .kv_pool import SWAP_CHUNK_BLOCKS
 from .plan import PARAM_SLOT_BYTES, SLOTS
 

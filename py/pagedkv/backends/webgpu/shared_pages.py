@@ -20,7 +20,7 @@ from ...config import ALLOWED_BLOCK_SIZES
 from ...gpu_budget import GpuLedger
 from ...kv.spec import KVSpec
 from ...model.config import ModelConfig
-from .kv_kernels import MAX_BLOCK_SIZE, WORD_BYTES, GpuKVLayout
+from .kv_layout import MAX_BLOCK_SIZE, WORD_BYTES, GpuKVLayout
 
 OFFSET_ALIGN = 256  # every layer's binding starts on it: the largest minStorageBufferOffsetAlignment allowed
 

@@ -1,0 +1,172 @@
+"""The KV pool's memory on the GPU: GpuKVLayout (a KVSpec and a block count: the bytes, words and pipeline
+constants every KV kernel is compiled with) and KVCacheBuffers (one layer's K and V buffers, or its bindings
+into pages several models share). kv_kernels.py runs the kernels over them; kv_pool.py holds a model's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...kv.spec import KVSpec
+
+MAX_BLOCK_SIZE = 32  # MAX_BLOCK_SIZE in paged_attention_common.wgsl
+MAX_HEAD_DIM = 128  # 4 * MAX_VEC in paged_attention_common.wgsl
+HOST_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}  # else u32 words on the host
+WORD_BYTES = 16  # the kernels address the cache in vec4<u32> words
+
+
+@dataclass(frozen=True)
+class GpuKVLayout:
+    """A KV pool on the GPU: its KVSpec (geometry and element type) and num_blocks. Each layer's K (and V) cache
+    is one buffer of (num_blocks, block_size, n_kv_heads, head_dim) in spec.dtype; with page_words, a binding
+    in which block b starts at vec4 word b * page_words (pages several models share, shared_pages.py)."""
+
+    spec: KVSpec
+    num_blocks: int
+    page_words: int = 0  # vec4<u32> words from one block's start to the next; 0: block_words
+
+    def __post_init__(self) -> None:
+        self.spec.element  # noqa: B018  the registry entry: ValueError for bf16, which KVSpec only sizes
+        if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size must be in 1..{MAX_BLOCK_SIZE} (the kernels keep one block of "
+                             f"scores in registers), got {self.block_size}")
+        if self.head_dim % 16 or not 16 <= self.head_dim <= MAX_HEAD_DIM:
+            raise ValueError(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
+        if not isinstance(self.num_blocks, int) or self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.page_words and self.page_words < self.block_words:
+            raise ValueError(f"a page of {self.page_words} words holds no block of {self.block_words}")
+
+    # the spec's geometry in the kernels' (ModelConfig's) names
+    @property
+    def block_size(self) -> int:
+        return self.spec.block_size
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.spec.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.spec.head_dim
+
+    @property
+    def dtype(self) -> str:
+        return self.spec.dtype
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.num_blocks, self.block_size, self.n_kv_heads, self.head_dim)
+
+    @property
+    def kind(self):
+        """The pagedkv.kv.dtypes registry entry."""
+        return self.spec.element
+
+    @property
+    def storage_shape(self) -> tuple:
+        """Host view of a cache: the logical shape for f32 / f16, (num_blocks, block_size, token_u32s) words else."""
+        if self.dtype in HOST_DTYPES:
+            return self.shape
+        return (self.num_blocks, self.block_size, self.spec.token_u32s)
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        return HOST_DTYPES.get(self.dtype, np.dtype(np.uint32))
+
+    np_dtype = storage_dtype  # the name the f32 / f16 callers use
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one token in one cache (K or V): data, scales and padding."""
+        return self.spec.token_u32s * 4
+
+    @property
+    def block_words(self) -> int:
+        """vec4<u32> words of one block of one cache."""
+        return self.block_size * self.token_bytes // WORD_BYTES
+
+    @property
+    def stride_words(self) -> int:
+        """vec4<u32> words from one block's start to the next."""
+        return self.page_words or self.block_words
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one cache (K or V) of this layer: its buffer, or its binding into shared pages."""
+        return ((self.num_blocks - 1) * self.stride_words + self.block_words) * WORD_BYTES
+
+    @property
+    def constants(self) -> dict:
+        paged = {"BLOCK_U32": self.page_words * 4} if self.page_words else {}
+        return {"HEAD_DIM": self.head_dim, "KV_FORMAT": self.kind.code,
+                "KV_GROUP": self.kind.group_for(self.head_dim) or self.head_dim, **paged}
+
+    @property
+    def kv_write_shader(self) -> str:
+        """kv_write (f32 / f16) or kv_write_quant (the quantized formats: one workgroup per token x kv head)."""
+        return "kv_write_quant" if self.kind.quantized else "kv_write"
+
+    def kv_write_invocations(self, num_tokens: int) -> int:
+        """kv_write runs one invocation per cache word for f32 / f16; kv_write_quant one per code word of the
+        token's K and V rows, in workgroups of kv_write_heads kv heads (kv_write_workgroup)."""
+        if self.kind.quantized:
+            return num_tokens * self.n_kv_heads // self.kv_write_heads * self.kv_write_workgroup
+        return num_tokens * self.n_kv_heads * self.head_dim * self.kind.bits // (8 * WORD_BYTES)
+
+    @property
+    def kv_write_heads(self) -> int:
+        """kv_write_quant's kv heads per workgroup: the most that divide n_kv_heads within 256 invocations
+        (WebGPU's least maxComputeInvocationsPerWorkgroup)."""
+        row = 2 * self.head_dim * self.kind.bits // 32  # code words of a K and a V row
+        return max(h for h in range(1, self.n_kv_heads + 1) if self.n_kv_heads % h == 0 and h * row <= 256)
+
+    @property
+    def kv_write_workgroup(self) -> int | None:
+        """kv_write_quant's workgroup size, the code words of kv_write_heads heads' K and V rows (96 for
+        SmolLM2's int8 KV); None: kv_write's, the kernels' own (KVKernels.workgroup_size)."""
+        if not self.kind.quantized:
+            return None
+        return self.kv_write_heads * 2 * self.head_dim * self.kind.bits // 32
+
+
+class KVCacheBuffers:
+    """One layer's K and V pool buffers on the GPU, or (views) its K and V bindings (buffer, offset, size) into
+    pages several models share, which it does not own."""
+
+    def __init__(self, ctx, layout: GpuKVLayout, views: tuple | None = None) -> None:
+        self.ctx = ctx
+        self.layout = layout
+        self.owned = views is None
+        if views is not None:
+            self.k, self.v = views
+            return
+        self.k = ctx.buffer(layout.nbytes, "k_cache")  # (num_blocks, block_size, n_kv_heads, head_dim)
+        self.v = ctx.buffer(layout.nbytes, "v_cache")  # (num_blocks, block_size, n_kv_heads, head_dim)
+
+    def upload(self, k_cache: np.ndarray, v_cache: np.ndarray) -> None:
+        """Overwrite both caches with host arrays of the layout's shape and dtype (owned buffers only)."""
+        self._check_owned()
+        lay = self.layout
+        for name, array in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if array.shape != lay.storage_shape or array.dtype != lay.storage_dtype:
+                raise ValueError(f"{name} must be {lay.storage_shape} {lay.storage_dtype}, "
+                                 f"got {array.shape} {array.dtype}")
+        self.ctx.write(self.k, k_cache)
+        self.ctx.write(self.v, v_cache)
+
+    async def read(self) -> tuple[np.ndarray, np.ndarray]:
+        """Both caches back on the host, in the layout's shape and dtype (owned buffers only)."""
+        self._check_owned()
+        shape, dtype = self.layout.storage_shape, self.layout.storage_dtype
+        return await self.ctx.read_array(self.k, dtype, shape), await self.ctx.read_array(self.v, dtype, shape)
+
+    def _check_owned(self) -> None:
+        if not self.owned:
+            raise ValueError("a view into shared pages moves whole blocks only (gather / scatter)")
+
+    def destroy(self) -> None:
+        if self.owned:
+            self.k.destroy()
+            self.v.destroy()
