@@ -86,15 +86,13 @@ class Engine {
         }
         if (msg.id !== undefined && (msg.type?.startsWith("api-") || msg.type === "exec-result")) {
           this.requests.get(msg.id)?.push(msg);
-        } else {
-          for (const type of [msg.type, "*"]) for (const handle of this.listeners.get(type) ?? []) handle(msg);
-        }
+        } else this.emit(msg);
       };
       worker.onerror = (event) => {
         event.preventDefault();
-        const error = { type: "error", kind: "worker", message: `The engine worker failed: ${event.message || "unknown error"}` };
-        for (const handle of this.listeners.get("error") ?? []) handle(error);
-        reject(new Error(error.message));
+        const message = `The engine worker failed: ${event.message || "unknown error"}`;
+        this.emit({ type: "error", kind: "worker", message });
+        reject(new Error(message));
       };
     });
     const completions = { create: (body, opts) => this.create(body, opts) };
@@ -128,6 +126,10 @@ class Engine {
     if (!this.listeners.has(type)) this.listeners.set(type, new Set());
     this.listeners.get(type).add(handle);
     return () => this.listeners.get(type).delete(handle);
+  }
+
+  emit(msg) {
+    for (const type of [msg.type, "*"]) for (const handle of this.listeners.get(type) ?? []) handle(msg);
   }
 
   // Run Python in the engine's worker (tools and tests): resolves to the JSON text of its last expression.
