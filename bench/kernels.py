@@ -38,6 +38,8 @@ from pagedkv.kernels.ref_ops import rope_cos_sin
 from pagedkv.kv.spec import KVSpec
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.layout import pack_float, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
+from pagedkv.model.quantize import random_gguf
+from pagedkv.model.quants import pack_gguf
 from pagedkv.model.weights import expected_shapes
 from pagedkv.model.writer import PackedTensor, write_model
 from pagedkv.model_runner import ForwardBatch
@@ -45,16 +47,21 @@ from pagedkv.model_runner import ForwardBatch
 SMOLLM2 = ModelConfig(architecture="llama", n_layers=30, hidden=576, n_heads=9, n_kv_heads=3, head_dim=64, ffn=1536,
                       vocab=49152, rope_base=100000.0, rope_convention="adjacent_pairs", rms_eps=1e-5,
                       context_length=8192, tied_embeddings=True)
-KERNELS = ("qkv", "o", "gate_up", "down", "lm_head", "decode_attention", "prefill_attention", "rmsnorm", "rope",
-           "argmax", "decode_step")
-# name -> (dtype, rows, cols, variant): the plan's fused projections (backends/webgpu/plan.py, fused.py)
+KERNELS = ("qkv", "o", "gate_up", "down", "lm_head", "down_q4_K", "down_q6_K", "decode_attention",
+           "prefill_attention", "rmsnorm", "rope", "argmax", "decode_step")
+# name -> (dtype, rows, cols, variant): the plan's fused projections (backends/webgpu/plan.py, fused.py); the
+# K-quant rows are a Q4_K_M file's down projections (K a multiple of 256: SmolLM2's ffn)
 LINEAR = {"qkv": ("q4_1", 960, 576, "norm"), "o": ("q4_1", 576, 576, "accumulate"),
           "gate_up": ("q4_1", 3072, 576, "swiglu"), "down": ("q4_1", 576, 1536, "accumulate"),
-          "lm_head": ("q8_0", 49152, 576, "")}
+          "lm_head": ("q8_0", 49152, 576, ""), "down_q4_K": ("q4_K", 576, 1536, "accumulate"),
+          "down_q6_K": ("q6_K", 576, 1536, "accumulate")}
 
 
 def quantized(dtype: str, rows: int, cols: int, rng) -> dict[str, bytes]:
-    """Parts of a random (rows, cols) matrix: one 64-row block quantized and repeated (cheap in the page too)."""
+    """Parts of a random (rows, cols) matrix: one 64-row block quantized and repeated (cheap in the page too);
+    a K-quant's random GGUF blocks."""
+    if dtype not in ("q4_1", "q8_0"):
+        return pack_gguf(dtype, random_gguf(dtype, rows, cols, int(rng.integers(1 << 30)), scale=3e-4), (rows, cols))
     block = rng.standard_normal((min(rows, 64), cols), dtype=np.float32) * 0.05
     codes = quantize_q4_1(block) if dtype == "q4_1" else quantize_q8_0(block)
     reps = -(-rows // block.shape[0])

@@ -21,3 +21,11 @@ fn word_dot(i : u32, c : u32, u0 : vec4<f32>, u1 : vec4<f32>) -> f32 {
   }
   return select(b.a.x, b.a.y, upper == 1u) * t + select(b.m.x, b.m.y, upper == 1u) * dot(u0 + u1, vec4<f32>(1.0));
 }
+
+// Word c of block i dequantized for the gpu-family matmul (matmul_gpu_main.wgsl): weights 8c..8c+3 and
+// 8c+4..8c+7, a * q + m with q's high bits (nibble_codes.wgsl's dequant), the block's scales decoded once per word.
+fn word_weights(i : u32, c : u32) -> mat2x4<f32> {
+  let s = scales(i);
+  let q = qs[i][c];
+  return mat2x4<f32>(dequant(nibbles_lo(q), SCALE_LO, s, c, 0u), dequant(nibbles_hi(q), SCALE_HI, s, c, 1u));
+}

@@ -6,7 +6,8 @@
 // words (coalesced) and each activation is loaded once for all 8 rows. The per-lane sums meet in
 // wg_sum() (subgroups or a workgroup tree). The including kernel defines WORDS_PER_BLOCK (u32 words of
 // codes per 32-weight block), X_PER_WORD (vec4 activations a word meets) and word_dot(block index,
-// word within the block, its activations).
+// word within the block, its activations); its io part (matvec_io*.wgsl) load_x(token, vec4 index), the
+// activations, and store8(token, r0, lo, hi), what becomes of the 8 rows' results.
 // Every branch around a barrier or subgroup operation depends only on workgroup_id, override
 // constants or the uniform params (no early return before the reductions).
 
@@ -23,13 +24,12 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   var lo = vec4<f32>(0.0);  // rows r0 .. r0+3
   var hi = vec4<f32>(0.0);  // rows r0+4 .. r0+7
   var ss = 0.0;  // sum of x^2 (NORM)
-  let xt = t * (params.cols / 4u);
   for (var j = lid; j < nb * WORDS_PER_BLOCK; j += WORKGROUP_SIZE) {
     let v = j * X_PER_WORD;  // the word's first activation vec4 within the row
-    var u0 = x[xt + v];
+    var u0 = load_x(t, v);
     var u1 = vec4<f32>(0.0);
     if (X_PER_WORD == 2u) {
-      u1 = x[xt + v + 1u];
+      u1 = load_x(t, v + 1u);
     }
     if (NORM) {
       ss += dot(u0, u0) + dot(u1, u1);
@@ -57,5 +57,5 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   if (lid != 0u) {
     return;
   }
-  put8(t, r0, lo, hi);
+  store8(t, r0, lo, hi);
 }

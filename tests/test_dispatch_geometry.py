@@ -19,7 +19,7 @@ def test_gpu_family_fills_every_matvec_with_at_least_1024_invocations_at_context
         assert len(linear) == 30 * 4 + 1  # q|k|v, o, gate|up, down per layer + the LM head
         assert min(n for _, _, n in linear) >= 1024
         shader = "matvec_gpu_sg_q4_1" if subgroups else "matvec_gpu_q4_1"
-        assert linear[:4] == [(shader, "lin_qkv", 120 * 64), (shader, "lin_h", 72 * 64),
+        assert linear[:4] == [(shader + "_rope_kv", "lin_qkv", 120 * 64), (shader + "_merge", "lin_h", 72 * 64),
                               (shader, "lin_ffn", 384 * 64), (shader, "lin_down", 72 * 64)]
         assert linear[-1] == (shader.replace("q4_1", "q8_0"), "lm_head", 6144 * 64)
         assert rows[-1] == {"kernel": "argmax_gpu", "slot": "argmax", "workgroup_size": 256,
@@ -52,16 +52,26 @@ def test_cpu_family_rows_are_the_issues_counts():
 def test_gpu_family_fills_every_decode_attention_dispatch_at_context_512():
     for subgroups, shader in ((True, "paged_attention_gpu_sg"), (False, "paged_attention_gpu")):
         rows = [r for r in geo.decode_step("gpu", 512, subgroups) if r["slot"] in ("attn", "reduce")]
-        assert len(rows) == 30 * 2  # pass 1 and the merge of 4 partitions, every layer
-        # pass 1: 4 partitions x 3 kv heads (3 query heads each) workgroups of 128; merge: 9 heads x 128
-        assert rows[:2] == [{"kernel": shader, "slot": "attn", "workgroup_size": 128, "workgroups": [12, 1, 1],
-                             "invocations": 1536},
-                            {"kernel": "paged_attention_reduce_gpu", "slot": "reduce", "workgroup_size": 128,
-                             "workgroups": [9, 1, 1], "invocations": 1152}]
+        assert len(rows) == 30  # pass 1 only: the output projection merges the 4 partitions in its prologue
+        # 4 partitions x 3 kv heads (3 query heads each) workgroups of 128
+        assert rows[0] == {"kernel": shader, "slot": "attn", "workgroup_size": 128, "workgroups": [12, 1, 1],
+                           "invocations": 1536}
         assert min(r["invocations"] for r in rows) >= 1024
     at_4096 = [r["invocations"] for r in geo.decode_step("gpu", 4096) if r["slot"] == "attn"]
     assert at_4096[0] == 32 * 3 * 128  # 32 partitions of 128 tokens
-    assert "paged_attention_reduce_gpu" not in {r["kernel"] for r in geo.decode_step("gpu", 128)}  # one partition
+    assert "paged_attention_reduce_gpu" not in {r["kernel"] for r in geo.decode_step("gpu", 4096)}  # merged in o
+
+
+def test_gpu_family_decode_step_is_at_most_160_dispatches_at_context_1024():
+    """Issue 30: <= 160 dispatches for SmolLM2 at context 1,024 with f16 KV and no hot dispatch under 1,024
+    invocations: embedding, 5 a layer (q | k | v + RoPE + KV write, attention, o + merge, gate | up, down),
+    the final norm, the LM head and argmax. Quantized KV keeps kv_write_quant (6 a layer); the cpu family, whose
+    kernels are shaped for the emulators, keeps its 8."""
+    for kv_dtype, count in (("f16", 1 + 30 * 5 + 3), ("f32", 154), ("int8", 1 + 30 * 6 + 3), ("int4-asym", 184)):
+        for subgroups in (True, False):
+            t = geo.totals(geo.decode_step("gpu", 1024, subgroups, kv_dtype=kv_dtype))
+            assert t == {"dispatches": count, "min_hot_invocations": 3072}, (kv_dtype, subgroups)
+    assert geo.totals(geo.decode_step("cpu", 1024))["dispatches"] == 1 + 30 * 8 + 3
 
 
 def test_cli_prints_json(capsys):

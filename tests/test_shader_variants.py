@@ -27,7 +27,7 @@ def sources(library, names) -> dict[str, str]:
 
 
 def test_every_part_is_a_file_and_no_variant_is_one():
-    assert len(VARIANTS) == 58
+    assert len(VARIANTS) == 116  # 58, the gpu matvecs' _merge and _rope_kv, 6 more gpu matmuls
     assert {part for v in VARIANTS.values() for part in v.parts} <= FILES
     assert not set(VARIANTS) & FILES
     assert {line for v in VARIANTS.values() for line in v.enables} == {"enable subgroups;", "enable f16;"}
@@ -36,11 +36,11 @@ def test_every_part_is_a_file_and_no_variant_is_one():
 def test_every_kernel_name_the_host_asks_for_resolves():
     names = {f"{kernel}_{dtype}" for kernel in ("matvec", "matmul") for dtype in ops.LINEAR_TYPES}
     names |= {f"embedding_{dtype}" for dtype in ops.LINEAR_TYPES if dtype != "q8_0"} | {"embedding"}
-    names |= {ops.gpu_matvec_shader(dtype, subgroups, f16) for dtype in ops.LINEAR_TYPES
-              for subgroups in (False, True) for f16 in (False, True)}
+    names |= {ops.gpu_matvec_shader(dtype, subgroups, f16, io) for dtype in ops.LINEAR_TYPES
+              for subgroups in (False, True) for f16 in (False, True) for io in ("", "_merge", "_rope_kv")}
     names |= {f"matmul_gpu_{dtype}" for dtype in ops.GPU_MATMUL_TYPES}
     names |= {decode_kernels("gpu", subgroups, 64).attention for subgroups in (False, True)}
-    assert len(names) == 63
+    assert len(names) == 121
     missing = names - FILES - set(VARIANTS)
     assert not missing
     # every variant is asked for by some host code (none is dead)
@@ -60,10 +60,11 @@ def test_shaders_has_no_include_only_file():
 def test_a_variant_is_its_enables_a_header_and_its_parts_in_order():
     library = repo_shaders()
     got = sources(library, ["matvec_gpu_sg_f16_q8_0"])["matvec_gpu_sg_f16_q8_0"]
-    parts = sources(library, ["q8_0_weights", "gpu_q8_0_words_f16", "reduce_subgroup", "matvec_gpu_main"])
+    parts = sources(library, ["q8_0_weights", "gpu_q8_0_words_f16", "reduce_subgroup", "matvec_io", "matvec_gpu_main"])
     assert got == ("enable subgroups;\nenable f16;\n\n"
                    "// matvec_gpu_sg_f16_q8_0, composed by ShaderLibrary (backends/webgpu/shader_variants.py):\n"
-                   "// q8_0_weights.wgsl + gpu_q8_0_words_f16.wgsl + reduce_subgroup.wgsl + matvec_gpu_main.wgsl\n"
+                   "// q8_0_weights.wgsl + gpu_q8_0_words_f16.wgsl + reduce_subgroup.wgsl + matvec_io.wgsl + "
+                   "matvec_gpu_main.wgsl\n"
                    "\n" + "".join(text + "\n" for text in parts.values()))
     # the parts' includes are expanded too: nothing is left for the device to resolve
     assert not re.search(r"^//#include", got, re.MULTILINE)

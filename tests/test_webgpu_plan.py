@@ -15,9 +15,9 @@ from pagedkv.model.config import ModelConfig
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 512, 1e5, "adjacent_pairs", 1e-5, 256, True)
 
 
-def fake_backend(kernels: str = "cpu", subgroups: bool = False, shader_f16: bool = False):
+def fake_backend(kernels: str = "cpu", subgroups: bool = False, shader_f16: bool = False, kv_dtype: str = "f16"):
     ctx = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": 65535}))
-    layout = GpuKVLayout(KVSpec(1, 2, 16, 16, "f16"), 10)
+    layout = GpuKVLayout(KVSpec(1, 2, 16, 16, kv_dtype), 10)
     names = ["token_embd.weight", "output_norm.weight"] + [
         f"blk.{i}.{n}.weight" for i in range(2) for n in
         ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_gate_up", "ffn_down")]  # as uploaded (stacked)
@@ -25,7 +25,7 @@ def fake_backend(kernels: str = "cpu", subgroups: bool = False, shader_f16: bool
                for n in names}
     scratch = {k: k for k in ("token_ids", "positions", "slot_mapping", "block_tables", "context_lens", "starts",
                               "cos_sin", "zero_bias", "x", "h", "qkv", "q", "k", "v", "attn", "act", "part_acc",
-                              "part_stats", "last", "last_norm", "logits", "ids")}
+                              "part_stats", "last", "last_norm", "logits", "ids", "params")}
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(2)]
     return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, kv_pool=SimpleNamespace(caches=caches),
                            kv_kernels=KVKernels(ctx, layout, CFG.n_heads, family=kernels, subgroups=subgroups),
@@ -88,14 +88,27 @@ def test_step_slots_grids_and_uniforms():
 def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
     b = fake_backend("gpu", subgroups=True)
     decode = layer_program(b, PlanKey.of(1, 1))
-    layer = [(d.shader, d.constants) for d in decode[0][1:9]]
+    assert len(decode[0]) == 1 + 2 * 5  # the gpu family's fused decode layer
+    layer = [(d.shader, d.constants) for d in decode[0][1:6]]
+    rope_kv = (("HEAD_DIM", 16), ("Q_ROWS", 64), ("KV_ROWS", 32), ("KV_OUT", 1), ("TOKEN_U32", 16))
     assert layer == [
-        ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("NORM", 1))), ("rope", (("WORKGROUP_SIZE", 64),)),
-        ("kv_write", None), ("paged_attention_gpu_sg", None), ("paged_attention_reduce_gpu", None),
-        ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1))),
+        ("matvec_gpu_sg_q4_1_rope_kv", (("WORKGROUP_SIZE", 64), ("NORM", 1), *rope_kv)),  # bias, RoPE, KV write
+        ("paged_attention_gpu_sg", None),
+        ("matvec_gpu_sg_q4_1_merge", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1), ("HEAD_DIM", 16))),  # the merge
         ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("NORM", 1), ("SWIGLU", 1))),
         ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1)))]
+    qkv, _, o = decode[0][1:4]
+    assert qkv.bindings[2:] == ("x", "q") and qkv.extra == (
+        (8, "positions"), (9, "cos_sin"), (10, "zero_bias"), (11, "slot_mapping"), (12, "k0"), (13, "v0"))
+    assert o.bindings[2:] == ("attn", "x") and o.extra == (
+        (8, "context_lens"), (9, "part_acc"), (10, "part_stats"),
+        (11, ("params", SLOT_INDEX["reduce"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)))  # the reduce slot's words
     assert [d.shader for d in decode[1]] == ["rmsnorm", "matvec_gpu_sg_q8_0", "argmax_gpu"]
+    int8 = fake_backend("gpu", subgroups=True, kv_dtype="int8")  # quantized KV: rows to kv_write_quant
+    qkv, write = layer_program(int8, PlanKey.of(1, 1))[0][1:3]
+    assert dict(qkv.constants)["KV_OUT"] == 2 and qkv.extra[4:] == ((12, "k"), (13, "v"))
+    assert (write.shader, write.bindings) == ("kv_write", ("k", "v", "slot_mapping", "k0", "v0"))
+    assert len(layer_program(int8, PlanKey.of(1, 1))[0]) == 1 + 2 * 6
     prefill = layer_program(fake_backend("gpu"), PlanKey.of(24, 3))
     assert [(d.shader, d.constants) for d in prefill[0][1:10]] == [
         ("rmsnorm", (("WORKGROUP_SIZE", 64),)), ("matmul_gpu_q4_1", (("WORKGROUP_SIZE", 64), ("ROW_GROUPS", 8))),
@@ -108,8 +121,8 @@ def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
     wide = step_slots(b, StepShape(40, 3, 1, 1, 1, False))[0]  # tiles of 64 rows x 32 tokens
     assert wide[SLOT_INDEX["lin_qkv"]].tolist() == [2, 2, 1] and wide[SLOT_INDEX["lin_ffn"]].tolist() == [4, 2, 1]
     f16 = layer_program(fake_backend("gpu", subgroups=False, shader_f16=True), PlanKey.of(1, 1))
-    assert [d.shader for d in f16[0][1:9:7]] + [f16[1][1].shader] == [  # where the device has shader-f16
-        "matvec_gpu_f16_q4_1", "matvec_gpu_f16_q4_1", "matvec_gpu_f16_q8_0"]
+    assert [d.shader for d in f16[0][1:6:2]] + [f16[1][1].shader] == [  # where the device has shader-f16
+        "matvec_gpu_f16_q4_1_rope_kv", "matvec_gpu_f16_q4_1_merge", "matvec_gpu_f16_q4_1", "matvec_gpu_f16_q8_0"]
     grids, _ = step_slots(b, StepShape(1, 1, 1, 1, 1, True))
     assert grids[SLOT_INDEX["lin_qkv"]].tolist() == [16, 1, 1]  # one workgroup per 8 of the 128 rows
     # decode attention: a workgroup per (sequence, partition, kv head's 2 query heads); 3 partitions: merged

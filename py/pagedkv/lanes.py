@@ -252,6 +252,7 @@ class ModelLane:
         # When every request that samples this step is plain greedy, the backend returns argmax ids only.
         greedy = all(m.beam is None and m.sampler.argmax_only
                      for m in (members[r.request_id] for r, _ in out.scheduled))
+        draws = None if greedy or batch is None else self._device_draws(out.scheduled)
         await self.mover.run(out.moves)
         for name, ops in (("swap_out_blocks", out.swap_out), ("swap_in_blocks", out.swap_in),
                           ("copy_ops", out.copies), ("shifted_blocks", out.shifts)):
@@ -262,8 +263,9 @@ class ModelLane:
         track = any(r.retention is not None and r.retention.evict for r, _ in out.scheduled)
         mass = np.zeros(batch.block_tables.shape, np.float32) if track else None  # (S, max_blocks)
         t0 = time.perf_counter()
-        # (S, vocab), or (S,) ids when greedy
-        logits = await self.backend.forward(batch, greedy=greedy, attention_mass=mass)
+        # (S, vocab), or (S,) ids when greedy or drawn on the device
+        kw = {} if draws is None else {"draws": draws}
+        logits = await self.backend.forward(batch, greedy=greedy, attention_mass=mass, **kw)
         self.counters["forward_s"] += time.perf_counter() - t0
         if track:
             self.kv.add_attention_mass([r.seq for r, _ in out.scheduled], mass)
@@ -287,7 +289,7 @@ class ModelLane:
                 results.append(StepOutput(member.group_id, [], "", False, index=req.index))
                 continue
             self.counters["decode_tokens" if n == 1 and req.output_ids else "prefill_tokens"] += n
-            row = int(logits[i]) if greedy else logits[i]
+            row = int(logits[i]) if greedy or draws is not None else logits[i]
             if member.beam is not None:
                 member.beam.offer(req, row)
                 continue
@@ -296,6 +298,21 @@ class ModelLane:
         results.extend(self.groups.beam_steps(self.scheduler))
         await self._flush_when_idle()
         return results
+
+    def _device_draws(self, scheduled: list) -> np.ndarray | None:
+        """(S, 4) f32 draws (temperature, top_p, u, 0) for a backend that samples on the device, when every
+        row's draw can be made there (no beam, no fork of n samples, Sampler.on_device); the rows that sample
+        this step take their sampler's random number now, as Sampler.sample would after the forward."""
+        if not getattr(self.backend, "samples_on_device", False):
+            return None
+        members = [self.groups.members[r.request_id] for r, _ in scheduled]
+        if not all(m.beam is None and m.fork_params is None and m.sampler.on_device for m in members):
+            return None
+        draws = np.zeros((len(scheduled), 4), np.float32)  # (S, 4); rows still in prefill: argmax, unused
+        for i, ((req, n), m) in enumerate(zip(scheduled, members)):
+            if req.seq.num_computed_tokens + n >= req.seq.num_tokens:
+                draws[i, :3] = m.sampler.device_draw()
+        return draws
 
     async def _flush_when_idle(self) -> None:
         """With no request left (a turn ended), the disk's LRU order is written now, not an interval later."""

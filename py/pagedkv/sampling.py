@@ -122,6 +122,18 @@ class Sampler:
         """True when the argmax of the logits is all this sampler needs (the backend may return ids only)."""
         return self.params.greedy and self.params.repetition_penalty == 1.0
 
+    @property
+    def on_device(self) -> bool:
+        """True when a backend may draw this sampler's tokens itself (shaders/sample.wgsl): no repetition
+        penalty (it needs the sequence's ids) and no top-k; greedy, temperature and top-p are drawn there."""
+        return self.params.repetition_penalty == 1.0 and self.params.top_k == 0
+
+    def device_draw(self) -> tuple[float, float, float]:
+        """(temperature, top_p, u) of the next draw for a backend that samples on the device: u is the
+        rng.random() that sample() would take now (none for greedy), so the stream and the tokens are the same."""
+        p = self.params
+        return (0.0, 1.0, 0.0) if p.greedy else (p.temperature, p.top_p, float(self.rng.random()))
+
     def finish_reason(self, token_id: int, num_generated: int) -> str | None:
         """"stop" if token_id is a stop token, "length" once num_generated reaches max_tokens, else None."""
         if token_id in self.params.stop_token_ids:
@@ -151,6 +163,10 @@ class ForcedSampler(Sampler):
     @property
     def argmax_only(self) -> bool:
         return False
+
+    @property
+    def on_device(self) -> bool:
+        return False  # it records log-probs of every row
 
     def sample(self, logits: np.ndarray, previous_ids: Sequence[int] = ()) -> int:
         """The next forced token (its log-prob recorded), or the argmax once they are used up."""

@@ -104,15 +104,17 @@ TINY_PROMPTS = [list(range(3 + 60 * i, 3 + 60 * i + n)) for i, n in enumerate((5
 
 
 async def tiny_greedy(block_size: int, kv_dtype: str, max_tokens: int = 10, kernels: str = "cpu",
-                      model_name: str = "tiny-random") -> dict:
-    """Four concurrent requests, chunked prefill (24-token steps), vs solo numpy runs, with the `kernels` family."""
+                      model_name: str = "tiny-random", prompts: list[list[int]] | None = None) -> dict:
+    """Four concurrent requests (or `prompts`), chunked prefill (24-token steps), vs solo numpy runs, with the
+    `kernels` family."""
+    prompts = TINY_PROMPTS if prompts is None else prompts
     w = await weights(model_name)
     tok = Tokenizer.from_manifest(w.manifest)
     b = await backend(model_name, budget_bytes=8 * MIB, block_size=block_size, kv_dtype=kv_dtype,
                       max_num_batched_tokens=24, max_num_seqs=4, kernels=kernels)
-    gpu, stats = await run_engine(b, tok, TINY_PROMPTS, max_tokens, max_num_batched_tokens=24, max_num_seqs=4)
+    gpu, stats = await run_engine(b, tok, prompts, max_tokens, max_num_batched_tokens=24, max_num_seqs=4)
     model = _cache.setdefault(("model", model_name), NumpyModel(w))
-    ref = [greedy_reference(model, p, max_tokens) for p in TINY_PROMPTS]
+    ref = [greedy_reference(model, p, max_tokens) for p in prompts]
     head = [d.shader for d in layer_program(b, PlanKey.of(1, 1))[1]]  # a decode step's LM head pass
     b.destroy()
     return {"gpu": gpu, "ref": ref, "steps": stats["steps"], "progress": b.progress, "head": head,

@@ -49,6 +49,18 @@ def test_tiny_greedy_with_the_gpu_kernel_family_equals_numpy(worker, block_size)
     assert r["head"] == ["rmsnorm", f"matvec_gpu_sg_{'f16_' if f16 else ''}q8_0", "argmax_gpu"]
 
 
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
+def test_gpu_family_decode_past_one_attention_partition_equals_numpy(worker, kv_dtype):
+    """Contexts that cross the 128-token flash-decoding partition while decoding: the gpu family's decode layer
+    (5 dispatches: q | k | v with RoPE and the KV write in its epilogue, attention, the output projection
+    merging the partitions in its prologue, gate | up, down) against numpy, for f16 KV (written by the
+    projection) and int8 (its rows handed to kv_write_quant)."""
+    prompts = [list(range(5, 5 + n)) for n in (122, 135)]
+    r = run(worker, f"tiny_greedy(16, {kv_dtype!r}, max_tokens=9, kernels='gpu', prompts={prompts})")
+    assert r["gpu"] == r["ref"]
+    assert [len(o) for o in r["gpu"]] == [9, 9]
+
+
 def test_tiny_greedy_outputs_are_real_generations(worker):
     r = run(worker, "tiny_greedy(16, 'f16', 10)")
     assert [len(o) for o in r["gpu"]] == [10, 10, 10, 10]

@@ -37,7 +37,9 @@ class Backend(Protocol):
                       attention_mass: np.ndarray | None = None) -> np.ndarray:
         """(S, vocab) f32 logits of each sequence's last new token, or (S,) int32 argmax ids (lowest id on
         ties) when greedy. attention_mass, an (S, block_tables width) f32 array when given, is overwritten
-        with the last layer's softmax mass per block-table entry, summed over heads and new tokens."""
+        with the last layer's softmax mass per block-table entry, summed over heads and new tokens. A backend
+        whose `samples_on_device` is true also takes draws=(S, 4) f32 (Sampler.device_draw per row) and
+        returns the (S,) int32 ids it drew (the WebGPU backend: shaders/sample.wgsl)."""
 
     async def copy_blocks(self, ops: Iterable[CopyOp]) -> None:
         """Copy-on-write: device block src -> dst for each (src, dst), K and V of every layer."""

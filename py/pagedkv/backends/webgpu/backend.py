@@ -69,6 +69,11 @@ class WebGpuBackend:
         self._dispatch_slots: dict[PlanKey, np.ndarray] = {}  # uniform slot of each recorded dispatch
         self._slots_cache: dict[StepShape, tuple] = {}
         self.last_step_ms: dict[str, float] = {}
+        # The engine hands forward() its draws (Sampler.device_draw) and gets token ids back, not logits rows
+        # (sample.wgsl); False: the host samples from the logits. The gpu family's: one workgroup bisecting
+        # the row costs a real GPU microseconds where Pyodide's sampler takes ~7 ms a token, but SwiftShader
+        # (the cpu family's adapters) 26 ms (docs/performance.md).
+        self.samples_on_device = kernels == "gpu"
         self._mass_kernel: AttentionMassKernel | None = None  # compiled on first use
 
     # ------------------------------------------------------------------ construction
@@ -319,6 +324,7 @@ class WebGpuBackend:
                 # The attention kernels keep their uniform at binding 5 (paged_kv_read.wgsl).
                 uniform_at = 5 if d.shader in UNIFORM_AT_5 else len(bindings)
                 bindings[uniform_at] = (params, SLOT_INDEX[d.slot] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
+                bindings.update(d.extra)
                 recorded.append((pipeline, self.ctx.bind(pipeline, bindings)))
             passes.append(recorded)
         await self.ctx.pop_errors(f"recording the {key} step plan")
@@ -336,17 +342,21 @@ class WebGpuBackend:
             hit = self._slots_cache[shape] = step_slots(self, shape)
         return hit
 
-    async def forward(self, batch: ForwardBatch, *, greedy: bool = False,
+    async def forward(self, batch: ForwardBatch, *, greedy: bool = False, draws: np.ndarray | None = None,
                       attention_mass: np.ndarray | None = None) -> np.ndarray:
-        """(S, vocab) f32 logits of each sequence's last new token, or (S,) int32 argmax ids when greedy;
-        attention_mass as in backends.Backend.forward."""
+        """(S, vocab) f32 logits of each sequence's last new token, or (S,) int32 argmax ids when greedy, or
+        with draws ((S, 4) f32: temperature, top_p, u, 0; Sampler.device_draw) the (S,) int32 ids drawn on the
+        GPU (sample.wgsl: temperature 0 is argmax); attention_mass as in backends.Backend.forward."""
         t0 = time.perf_counter()
         self._check(batch)
         if attention_mass is not None:
             check_attention_mass(attention_mass, batch)
         cfg, s = self.config, self.scratch
         t, n = batch.token_ids.shape[0], batch.num_seqs
-        key = PlanKey.of(t, n)
+        if draws is not None and draws.shape != (n, 4):
+            raise ValueError(f"draws must be ({n}, 4) f32 (temperature, top_p, u, 0), got {draws.shape}")
+        key = PlanKey.of(t, n, sampled=draws is not None)
+        greedy = greedy or draws is not None  # ids come back either way
         plan = await self._plan(key)
         qsl = batch.query_start_loc  # (S + 1,)
         blocks = -(-int(batch.context_lens.max()) // self.block_size)
@@ -364,6 +374,8 @@ class WebGpuBackend:
         if not key.decode:
             write(s["starts"], np.concatenate([qsl, [0], np.cumsum(q_tiles)]).astype(np.uint32))
         write(s["params"], params)
+        if draws is not None:
+            write(s["sampling"], draws.astype(np.float32))
         row = cfg.hidden * 4
         copies = np.stack([(qsl[1:] - 1) * row, np.arange(n) * row, np.full(n, row)], axis=1)  # (S, 3)
         nbytes = n * 4 if greedy else n * cfg.vocab * 4

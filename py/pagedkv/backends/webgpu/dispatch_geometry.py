@@ -1,12 +1,15 @@
 """Every dispatch of one SmolLM2-135M decode step (one sequence), or of one prefill chunk of N tokens
 (--prefill N: a new sequence's first N tokens), from the plan's own call builders.
 
-    PYTHONPATH=py python3 -m pagedkv.backends.webgpu.dispatch_geometry [--json] [--kernels cpu|gpu] [--context N | --prefill N] [--no-subgroups]
+    PYTHONPATH=py python3 -m pagedkv.backends.webgpu.dispatch_geometry [--json] [--kernels cpu|gpu]
+        [--context N | --prefill N] [--no-subgroups] [--kv-dtype f16|int8|...]
 
 Pure CPython, no GPU: records the step the way WebGpuBackend does (plan.layer_program with the family's
 kernels, plan.step_slots for the grids) over placeholder buffers, and lists per dispatch the kernel, its
-workgroup size, workgroup grid and invocations (grid x workgroup size). What a real GPU is given to fill;
-the gpu family exists to raise the matvec / matmul and decode attention rows (issue 18).
+workgroup size, workgroup grid and invocations (grid x workgroup size), then the totals: dispatches, and
+the fewest invocations of a hot dispatch (matvec, matmul, attention). What a real GPU is given to fill; the gpu
+family exists to raise the matvec / matmul and decode attention rows (issue 18) and to launch few dispatches
+(issue 30: 5 a decode layer with f32 / f16 KV).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from pagedkv.backends.webgpu.kv_kernels import KVKernels
 from pagedkv.backends.webgpu.kv_layout import GpuKVLayout
 from pagedkv.backends.webgpu.model_kernels import FAMILIES, MAX_WORKGROUPS_PER_DIM, GpuShapes
 from pagedkv.backends.webgpu.plan import SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
-from pagedkv.kv.spec import KVSpec
+from pagedkv.kv.spec import KV_DTYPES, KVSpec
 from pagedkv.model.config import ModelConfig
 
 # SmolLM2-135M-Instruct as convert.py reads it from its GGUF file
@@ -43,23 +46,35 @@ class _Weights(dict):
         return dtype, (f"{name}.qs", f"{name}.scales")
 
 
-def decode_step(kernels: str, context: int, subgroups: bool = True, config: ModelConfig = SMOLLM2) -> list[dict]:
+def decode_step(kernels: str, context: int, subgroups: bool = True, config: ModelConfig = SMOLLM2,
+                kv_dtype: str = "f16") -> list[dict]:
     """The dispatches of one decode step of one sequence at `context` tokens, in submission order."""
-    return _step(kernels, context, 1, subgroups, config)
+    return _step(kernels, context, 1, subgroups, config, kv_dtype)
 
 
-def prefill_step(kernels: str, tokens: int, subgroups: bool = True, config: ModelConfig = SMOLLM2) -> list[dict]:
+def prefill_step(kernels: str, tokens: int, subgroups: bool = True, config: ModelConfig = SMOLLM2,
+                 kv_dtype: str = "f16") -> list[dict]:
     """The dispatches of one prefill chunk: a new sequence's first `tokens` tokens, in submission order."""
-    return _step(kernels, tokens, tokens, subgroups, config)
+    return _step(kernels, tokens, tokens, subgroups, config, kv_dtype)
 
 
-def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: ModelConfig) -> list[dict]:
+HOT = ("matvec", "matmul", "paged_attention", "paged_prefill_attention")  # kernel name prefixes
+
+
+def totals(rows: list[dict]) -> dict:
+    """Dispatches of a step and the fewest invocations of its hot ones (matvec, matmul, attention)."""
+    return {"dispatches": len(rows),
+            "min_hot_invocations": min(r["invocations"] for r in rows if r["kernel"].startswith(HOT))}
+
+
+def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: ModelConfig,
+          kv_dtype: str) -> list[dict]:
     if kernels not in FAMILIES:
         raise ValueError(f"kernels must be one of {FAMILIES}, got {kernels!r}")
     if not 1 <= context <= config.context_length:
         raise ValueError(f"context must be 1..{config.context_length}, got {context}")
     blocks = math.ceil(config.context_length / BLOCK_SIZE)
-    layout = GpuKVLayout(KVSpec.of(config, block_size=BLOCK_SIZE, dtype="f16"), blocks)
+    layout = GpuKVLayout(KVSpec.of(config, block_size=BLOCK_SIZE, dtype=kv_dtype), blocks)
     ctx = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": MAX_WORKGROUPS_PER_DIM}))
     kv = KVKernels(ctx, layout, config.n_heads, family=kernels, subgroups=subgroups)
     kv_sizes = {name: size for name, _, _, size in kv.decode.specs}  # the KV kernels' workgroup sizes
@@ -93,22 +108,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--prefill", type=int, metavar="N", help="list a prefill chunk of N tokens instead")
     parser.add_argument("--no-subgroups", action="store_true", help="the gpu family's workgroup-tree kernels")
+    parser.add_argument("--kv-dtype", default="f16", choices=sorted(KV_DTYPES), help="the KV cache's element type")
     parser.add_argument("--json", action="store_true", help="one JSON object (else a table)")
     args = parser.parse_args(argv)
     if args.prefill is None:
-        rows = decode_step(args.kernels, args.context, not args.no_subgroups)
+        rows = decode_step(args.kernels, args.context, not args.no_subgroups, kv_dtype=args.kv_dtype)
         step = {"context": args.context}
     else:
-        rows = prefill_step(args.kernels, args.prefill, not args.no_subgroups)
+        rows = prefill_step(args.kernels, args.prefill, not args.no_subgroups, kv_dtype=args.kv_dtype)
         step = {"prefill": args.prefill}
     if args.json:
-        print(json.dumps({"model": "smollm2-135m-instruct", "kernels": args.kernels, **step, "dispatches": rows},
-                         indent=1))
+        print(json.dumps({"model": "smollm2-135m-instruct", "kernels": args.kernels, "kv_dtype": args.kv_dtype,
+                          **step, **totals(rows), "dispatches": rows}, indent=1))
         return 0
     print(f"{'kernel':<26} {'slot':<10} {'wg size':>7} {'workgroups':>16} {'invocations':>11}")
     for r in rows:
         print(f"{r['kernel']:<26} {r['slot']:<10} {r['workgroup_size']:>7} {str(tuple(r['workgroups'])):>16} "
               f"{r['invocations']:>11,}")
+    t = totals(rows)
+    print(f"{t['dispatches']} dispatches; the smallest hot one (matvec, matmul, attention) launches "
+          f"{t['min_hot_invocations']:,} invocations")
     return 0
 
 

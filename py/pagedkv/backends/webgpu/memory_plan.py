@@ -78,6 +78,7 @@ def scratch_buffers(cfg: ModelConfig, *, block_size: int, max_num_batched_tokens
         ("last", s * cfg.hidden * f32, "scratch"), ("last_norm", s * cfg.hidden * f32, "scratch"),  # (S, hid)
         ("logits", s * cfg.vocab * f32, "scratch"),  # (S, vocab)
         ("ids", s * 4, "scratch"),  # (S,) u32
+        ("sampling", s * 4 * 4, "scratch"),  # (S, 4) f32: temperature, top_p, u (sample.wgsl)
     ]
 
 

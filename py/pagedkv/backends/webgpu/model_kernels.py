@@ -31,10 +31,11 @@ GPU_WORKGROUP_SIZES = (64, 128, 256)  # threads of a gpu-family matvec workgroup
 # A gpu-family matmul workgroup (matmul_gpu_main.wgsl): (threads, threads along rows); each thread owns 8 rows x
 # 4 tokens, so the default tile is 64 rows x 32 tokens, staged in 13.5 KiB of workgroup memory.
 GPU_MATMUL_SHAPE = (64, 8)
-# Weight types with a gpu-family tiled matmul and f16 matvecs of their own. A model with any other quantized
-# type prefills on the cpu family's matmuls (a step's grid per slot is shared by every layer, so the choice
-# is per model: WebGpuBackend.gpu_matmul) and runs those types' matvecs in f32.
-GPU_MATMUL_TYPES = ("q4_1", "q8_0")
+# Weight types with a gpu-family tiled matmul: every quantized type (K-quants too: a word's weights decoded with
+# its block's scales as the matvec decodes them). A model with a float matrix prefills on the cpu family's
+# matmuls (a step's grid per slot is shared by every layer, so the choice is per model: WebGpuBackend.gpu_matmul).
+GPU_MATMUL_TYPES = QUANTIZED
+# Weight types with f16 matvecs of their own; the others run their matvecs in f32.
 GPU_F16_TYPES = ("q4_1", "q8_0")
 
 
@@ -147,10 +148,11 @@ def matvec_gpu_call(dtype: str, rows: int, cols: int, tokens: int, subgroups: bo
     return KernelCall(gpu_matvec_shader(dtype, subgroups, f16), constants, grid, params)
 
 
-def gpu_matvec_shader(dtype: str, subgroups: bool, f16: bool) -> str:
-    """matvec_gpu[_sg][_f16]_<dtype>: subgroup reduction and f16 dot products where the device has them."""
+def gpu_matvec_shader(dtype: str, subgroups: bool, f16: bool, io: str = "") -> str:
+    """matvec_gpu[_sg][_f16]_<dtype>[io]: subgroup reduction and f16 dot products where the device has them;
+    io "" | "_merge" | "_rope_kv" (shader_variants.MATVEC_IO) what the matvec reads and writes around them."""
     f16 = f16 and dtype in GPU_F16_TYPES
-    return f"matvec_gpu_{'sg_' if subgroups else ''}{'f16_' if f16 else ''}{dtype}"
+    return f"matvec_gpu_{'sg_' if subgroups else ''}{'f16_' if f16 else ''}{dtype}{io}"
 
 
 def matmul_gpu_call(dtype: str, rows: int, cols: int, tokens: int, shape: tuple[int, int] = GPU_MATMUL_SHAPE,
@@ -186,14 +188,18 @@ def matmul_gpu_constants(shape: tuple[int, int], accumulate: bool = False, swigl
 
 def linear_pipeline(family: str, subgroups: bool, kind: str, dtype: str, accumulate: bool = False,
                     norm: bool = False, swiglu: bool = False, shapes: GpuShapes = GpuShapes(),
-                    f16: bool = False, gpu_matmul: bool = True) -> tuple[str, tuple]:
+                    f16: bool = False, gpu_matmul: bool = True, io: str = "") -> tuple[str, tuple]:
     """(shader, pipeline constants) of a `kind` ("matvec" | "matmul") linear in kernel `family`: the gpu
-    family has its own matvec (gpu_matvec_shader: subgroups / f16 when the device has them) and matmul
-    (matmul_gpu_<dtype>; the cpu family's where not gpu_matmul), in the workgroup shapes `shapes`."""
+    family has its own matvec (gpu_matvec_shader: subgroups / f16 when the device has them, `io` its
+    prologue / epilogue variant) and matmul (matmul_gpu_<dtype>; the cpu family's where not gpu_matmul), in
+    the workgroup shapes `shapes`."""
     if family not in FAMILIES:
         raise ValueError(f"kernel family must be one of {FAMILIES}, got {family!r}")
+    if io and not (family == "gpu" and kind == "matvec"):
+        raise ValueError(f"matvec io variants ({io!r}) are the gpu family's matvec only, not {family} {kind}")
     if family == "gpu" and kind == "matvec":
-        return gpu_matvec_shader(dtype, subgroups, f16), linear_constants(shapes.matvec, accumulate, norm, swiglu)
+        return (gpu_matvec_shader(dtype, subgroups, f16, io),
+                linear_constants(shapes.matvec, accumulate, norm, swiglu))
     if family == "gpu" and gpu_matmul:
         return f"matmul_gpu_{dtype}", matmul_gpu_constants(shapes.matmul, accumulate, swiglu)
     return f"{kind}_{dtype}", linear_constants(32, accumulate, norm, swiglu)
@@ -295,6 +301,16 @@ def argmax_call(vocab: int, seqs: int, workgroup_size: int = 256, family: str = 
         raise ValueError(f"argmax_gpu's tree needs a power-of-two workgroup size, got {workgroup_size}")
     return KernelCall("argmax" if family == "cpu" else "argmax_gpu", (("WORKGROUP_SIZE", workgroup_size),),
                       (seqs, 1, 1), uniform_words(vocab, seqs).tobytes())
+
+
+def sample_call(vocab: int, seqs: int, workgroup_size: int = 256) -> KernelCall:
+    """out (seqs,) u32 = each row's next token drawn as pagedkv.sampling.Sampler draws it (shaders/sample.wgsl);
+    buffers: logits (overwritten), settings (seqs, 4) f32 (temperature, top_p, u, 0), out, params."""
+    _positive(vocab=vocab, seqs=seqs)
+    if workgroup_size & (workgroup_size - 1):
+        raise ValueError(f"sample's reductions need a power-of-two workgroup size, got {workgroup_size}")
+    return KernelCall("sample", (("WORKGROUP_SIZE", workgroup_size),), (seqs, 1, 1),
+                      uniform_words(vocab, seqs).tobytes())
 
 
 def stream_read_call(nbytes: int, workgroups: int = 256, workgroup_size: int = 64) -> KernelCall:

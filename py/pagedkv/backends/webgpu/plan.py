@@ -33,7 +33,8 @@ from .fused import member_names
 
 PARAM_SLOT_BYTES = 256  # minUniformBufferOffsetAlignment
 SLOTS = ("embedding", "rms_t", "lin_h", "lin_qkv", "lin_ffn", "lin_down", "rope", "kv_write", "attn", "reduce",
-         "rms_s", "lm_head", "argmax", "lin_q", "lin_kv", "lin_gate")  # the last 3: members not stacked (fused.py)
+         "rms_s", "lm_head", "argmax", "lin_q", "lin_kv", "lin_gate",  # lin_q..lin_gate: members not stacked (fused.py)
+         "sample")
 SLOT_INDEX = {name: i for i, name in enumerate(SLOTS)}
 
 
@@ -44,10 +45,11 @@ class PlanKey:
     token_kernel: str  # "matvec" (T <= 2) or "matmul"
     decode: bool  # every sequence brings exactly one new token (paged_attention + reduce)
     seq_kernel: str  # "matvec" (S <= 2) or "matmul", for the LM head
+    sampled: bool = False  # the next tokens are drawn on the GPU (sample.wgsl), not argmax'd
 
     @classmethod
-    def of(cls, num_tokens: int, num_seqs: int) -> "PlanKey":
-        return cls(_linear_kind(num_tokens), num_tokens == num_seqs, _linear_kind(num_seqs))
+    def of(cls, num_tokens: int, num_seqs: int, sampled: bool = False) -> "PlanKey":
+        return cls(_linear_kind(num_tokens), num_tokens == num_seqs, _linear_kind(num_seqs), sampled)
 
 
 def _linear_kind(tokens: int) -> str:
@@ -62,6 +64,7 @@ class Dispatch:
     constants: tuple | None  # None: a KV-cache kernel, compiled by KVKernels with the cache layout's constants
     bindings: tuple  # buffers in @binding order, the uniform slot excluded (or a {binding: buffer} dict)
     slot: str
+    extra: tuple = ()  # (binding, buffer) pairs past the uniform: a matvec io variant's own (matvec_io_*.wgsl)
 
 
 def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
@@ -69,11 +72,11 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     cfg, s, w = b.config, b.scratch, b.weights
 
     def linear(name: str, x, y, slot: str, kind: str, accumulate: bool = False, norm: bool = False,
-               swiglu: bool = False, layout: tuple = ()) -> Dispatch:
+               swiglu: bool = False, layout: tuple = (), io: str = "", extra: tuple = ()) -> Dispatch:
         dtype, parts = w[name]
         shader, constants = ops.linear_pipeline(b.kernels, b.subgroups, kind, dtype, accumulate, norm, swiglu,
-                                                b.gpu_shapes, b.shader_f16, b.gpu_matmul)
-        return Dispatch(shader, constants + layout, (*parts, x, y), slot)
+                                                b.gpu_shapes, b.shader_f16, b.gpu_matmul, io)
+        return Dispatch(shader, constants + layout, (*parts, x, y), slot, extra)
 
     def normed_linear(norm: str, name: str, y, slot: str, swiglu: bool = False) -> list[Dispatch]:
         """y = rms_norm(x) @ W.T: matvec fuses the norm (its weight is stored after the stacked codes);
@@ -99,33 +102,70 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     def kv_kernel(name: str) -> tuple:
         return name, None
 
+    def qkv_rope_kv(i: int, cache) -> list[Dispatch]:
+        """The q | k | v matvec with bias, RoPE and the KV write in its epilogue (matvec_io_rope_kv.wgsl): q into
+        scratch q, K and V into the cache (f32 / f16), or into scratch k / v for kv_write_quant."""
+        p, lay = f"blk.{i}.", b.kv_kernels.layout
+        quantized = lay.kind.quantized
+        constants = (("HEAD_DIM", cfg.head_dim), ("Q_ROWS", cfg.n_heads * cfg.head_dim), ("KV_ROWS", cfg.kv_dim),
+                     ("KV_OUT", 2 if quantized else 1 if lay.dtype == "f16" else 0),
+                     ("TOKEN_U32", lay.spec.token_u32s),
+                     *((("BLOCK_U32", lay.constants["BLOCK_U32"]), ("BLOCK_TOKENS", lay.block_size))
+                       if "BLOCK_U32" in lay.constants else ()))
+        bias = w[p + "attn_qkv.bias"][1][0] if cfg.attention_bias else s["zero_bias"]
+        k, v = (s["k"], s["v"]) if quantized else (cache.k, cache.v)
+        extra = ((8, s["positions"]), (9, s["cos_sin"]), (10, bias), (11, s["slot_mapping"]), (12, k), (13, v))
+        fused = [linear(p + "attn_qkv.weight", s["x"], s["q"], "lin_qkv", tk, norm=True, layout=constants,
+                        io="_rope_kv", extra=extra)]
+        if quantized:  # the scales need a whole group of a row: kv_write_quant's workgroups
+            fused.append(Dispatch(*kv_kernel("kv_write"), (s["k"], s["v"], s["slot_mapping"], cache.k, cache.v),
+                                  "kv_write"))
+        return fused
+
+    def merge_linear(i: int) -> Dispatch:
+        """The output projection adding into x, the decode attention's partition merge in its prologue
+        (matvec_io_merge.wgsl, reading the step's "reduce" uniform slot)."""
+        merge_words = (s["params"], SLOT_INDEX["reduce"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
+        extra = ((8, s["context_lens"]), (9, s["part_acc"]), (10, s["part_stats"]), (11, merge_words))
+        return linear(f"blk.{i}.attn_output.weight", s["attn"], s["x"], "lin_h", tk, accumulate=True,
+                      layout=(("HEAD_DIM", cfg.head_dim),), io="_merge", extra=extra)
+
     emb_dtype, emb_parts = w["token_embd.weight"]
     passes = [[Dispatch(ops.embedding_call(1, cfg.hidden, dtype=emb_dtype).shader, (("WORKGROUP_SIZE", 64),),
                         (*emb_parts, s["token_ids"], s["x"]), "embedding")]]
     body = passes[0]
     tk = key.token_kernel
+    # The gpu family's matvec steps fuse what runs around the projections (matvec_io_*.wgsl): 5 dispatches a
+    # decode layer with f32 / f16 KV (6 quantized), where the unfused program has 8.
+    fuse = b.kernels == "gpu" and tk == "matvec" and cfg.head_dim % 8 == 0
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
         cache = b.kv_pool.caches[i]  # this layer's K and V buffers
-        body += normed_linear(p + "attn_norm.weight", p + "attn_qkv.weight", s["qkv"], "lin_qkv")  # q | k | v
-        body += [
-            Dispatch("rope", (("WORKGROUP_SIZE", 64),),  # adds the q | k | v bias, rotates, splits
-                     (s["qkv"], s["q"], s["k"], s["v"], s["positions"], s["cos_sin"],
-                      w[p + "attn_qkv.bias"][1][0] if cfg.attention_bias else s["zero_bias"]), "rope"),
-            Dispatch(*kv_kernel("kv_write"), (s["k"], s["v"], s["slot_mapping"], cache.k, cache.v), "kv_write"),
-        ]
+        if fuse and member_names(p + "attn_qkv.weight")[0] not in w:  # q | k | v stacked
+            body += qkv_rope_kv(i, cache)
+        else:
+            body += normed_linear(p + "attn_norm.weight", p + "attn_qkv.weight", s["qkv"], "lin_qkv")  # q | k | v
+            body += [
+                Dispatch("rope", (("WORKGROUP_SIZE", 64),),  # adds the q | k | v bias, rotates, splits
+                         (s["qkv"], s["q"], s["k"], s["v"], s["positions"], s["cos_sin"],
+                          w[p + "attn_qkv.bias"][1][0] if cfg.attention_bias else s["zero_bias"]), "rope"),
+                Dispatch(*kv_kernel("kv_write"), (s["k"], s["v"], s["slot_mapping"], cache.k, cache.v), "kv_write"),
+            ]
         common = (s["q"], cache.k, cache.v, s["block_tables"], s["context_lens"])
         if key.decode:
-            body += [
-                Dispatch(*kv_kernel(b.kv_kernels.decode.attention), {**dict(enumerate(common)), 6: s["attn"],
-                                                                      7: s["part_acc"], 8: s["part_stats"]}, "attn"),
-                Dispatch(*kv_kernel(b.kv_kernels.decode.reduce),
-                         (s["context_lens"], s["part_acc"], s["part_stats"], s["attn"]), "reduce"),
-            ]
+            body.append(Dispatch(*kv_kernel(b.kv_kernels.decode.attention),
+                                 {**dict(enumerate(common)), 6: s["attn"], 7: s["part_acc"], 8: s["part_stats"]},
+                                 "attn"))
+            if not fuse:
+                body.append(Dispatch(*kv_kernel(b.kv_kernels.decode.reduce),
+                                     (s["context_lens"], s["part_acc"], s["part_stats"], s["attn"]), "reduce"))
         else:
             body.append(Dispatch(*kv_kernel(b.kv_kernels.prefill.name),
                                  {**dict(enumerate(common)), 6: s["starts"], 7: s["attn"]}, "attn"))
-        body.append(linear(p + "attn_output.weight", s["attn"], s["x"], "lin_h", tk, accumulate=True))  # x += o
+        if fuse and key.decode:
+            body.append(merge_linear(i))  # x += o, the partitions merged on the way in
+        else:
+            body.append(linear(p + "attn_output.weight", s["attn"], s["x"], "lin_h", tk, accumulate=True))  # x += o
         # act = silu(gate) * up straight from the gate / up rows (interleaved by fours)
         body += normed_linear(p + "ffn_norm.weight", p + "ffn_gate_up.weight", s["act"], "lin_ffn", swiglu=True)
         body.append(linear(p + "ffn_down.weight", s["act"], s["x"], "lin_down", tk, accumulate=True))  # x += down
@@ -134,6 +174,8 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["last"], w["output_norm.weight"][1][0], s["last_norm"]),
                  "rms_s"),
         linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel),
+        Dispatch("sample", (("WORKGROUP_SIZE", 256),), (s["logits"], s["sampling"], s["ids"]), "sample")
+        if key.sampled else
         Dispatch(ops.argmax_call(cfg.vocab, 1, family=b.kernels).shader, (("WORKGROUP_SIZE", 256),),
                  (s["logits"], s["ids"]), "argmax"),
     ])
@@ -178,6 +220,7 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
         "rms_s": ops.rmsnorm_call(cfg.hidden, n, cfg.rms_eps),
         "lm_head": linear(cfg.vocab, cfg.hidden, n),
         "argmax": ops.argmax_call(cfg.vocab, n, family=b.kernels),
+        "sample": ops.sample_call(cfg.vocab, n),
     }
     grids = np.zeros((len(SLOTS), 3), np.int32)  # (slots, 3)
     params = np.zeros((len(SLOTS), PARAM_SLOT_BYTES), np.uint8)  # (slots, 256)

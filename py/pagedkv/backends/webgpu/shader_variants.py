@@ -60,7 +60,8 @@ GPU_WEIGHTS_F16: dict[str, tuple[str, ...]] = {
     "q4_1": ("q4_1_weights", "gpu_q4_1_words_f16"),
     "q8_0": ("q8_0_weights", "gpu_q8_0_words_f16"),
 }
-GPU_MATMUL_TYPES = ("q4_1", "q8_0")  # matmul_gpu_<type>: the matvec decoder's parts over matmul_gpu_main.wgsl
+# matmul_gpu_<type>: the matvec decoder's parts (its word_weights) over matmul_gpu_main.wgsl, every quantized type
+GPU_MATMUL_TYPES = ("q4_1", "q8_0", *NIBBLE)
 
 # Lane reductions of the gpu family: name suffix of matvec_gpu / paged_attention_gpu -> (enables, part).
 # subgroupAdd where the device has subgroups, else a workgroup-memory tree.
@@ -68,6 +69,10 @@ REDUCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "": ((), "reduce_tree"),
     "_sg": ((SUBGROUPS,), "reduce_subgroup"),
 }
+# What a gpu-family matvec reads and writes around its dot products (matvec_gpu_main.wgsl's load_x / store8):
+# name suffix -> io part. _merge: the decode attention's partition merge as the output projection's prologue;
+# _rope_kv: bias, RoPE and the KV-cache write as the q | k | v projection's epilogue (plan.layer_program).
+MATVEC_IO: dict[str, str] = {"": "matvec_io", "_merge": "matvec_io_merge", "_rope_kv": "matvec_io_rope_kv"}
 
 
 def _variants() -> dict[str, Variant]:
@@ -76,10 +81,13 @@ def _variants() -> dict[str, Variant]:
         for dtype, (weights, body) in by_type.items():
             table[f"{kernel}_{dtype}"] = Variant((*weights, body))
     for sg, (enables, reduce) in REDUCTIONS.items():
-        for dtype, weights in GPU_WEIGHTS.items():
-            table[f"matvec_gpu{sg}_{dtype}"] = Variant((*weights, reduce, "matvec_gpu_main"), enables)
-        for dtype, weights in GPU_WEIGHTS_F16.items():
-            table[f"matvec_gpu{sg}_f16_{dtype}"] = Variant((*weights, reduce, "matvec_gpu_main"), (*enables, F16))
+        for io, io_part in MATVEC_IO.items():
+            for dtype, weights in GPU_WEIGHTS.items():
+                table[f"matvec_gpu{sg}_{dtype}{io}"] = Variant((*weights, reduce, io_part, "matvec_gpu_main"),
+                                                               enables)
+            for dtype, weights in GPU_WEIGHTS_F16.items():
+                table[f"matvec_gpu{sg}_f16_{dtype}{io}"] = Variant((*weights, reduce, io_part, "matvec_gpu_main"),
+                                                                   (*enables, F16))
         table[f"paged_attention_gpu{sg}"] = Variant(("paged_kv_read", reduce, "paged_attention_gpu_main"), enables)
     for dtype in GPU_MATMUL_TYPES:
         table[f"matmul_gpu_{dtype}"] = Variant((*GPU_WEIGHTS[dtype], "matmul_gpu_main"))

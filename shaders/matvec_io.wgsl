@@ -1,0 +1,11 @@
+// The plain io part of the gpu-family matvec (matvec_gpu_main.wgsl; shader_variants.py composes it before
+// the body): the activations are x's row of token t, the 8 rows' results go through the weight type's
+// epilogue (put8, quant_epilogue.wgsl: plain, ACCUMULATE or SWIGLU).
+
+fn load_x(t : u32, v : u32) -> vec4<f32> {
+  return x[t * (params.cols / 4u) + v];
+}
+
+fn store8(t : u32, r0 : u32, lo : vec4<f32>, hi : vec4<f32>) {
+  put8(t, r0, lo, hi);
+}

@@ -1,0 +1,53 @@
+// The io part of the output projection in a decode step (matvec_gpu_*_merge): the flash-decoding merge of
+// paged_attention_reduce.wgsl runs in this projection's prologue instead of a dispatch of its own. x is the
+// attention output of the decode tokens (one per sequence, so token t is sequence t); a sequence whose
+// context spans one partition has its row there already (written by the attention kernel), the others'
+// values are merged here from the partitions' states, which the previous dispatch finished writing:
+//   M = max_p m_p,  out = sum_p exp(m_p - M) * acc_p / sum_p exp(m_p - M) * l_p.
+// Every workgroup merges the vec4s its lanes read (the whole row: each needs all of it); that costs
+// partitions x hidden values read per workgroup, from cache, and saves the merge dispatch.
+// Bindings after the matvec's own: context_lens, the partition states and the merge's uniform (the step's
+// "reduce" slot, the same words paged_attention_reduce reads).
+
+struct MergeParams {
+  num_seqs : u32,
+  n_heads : u32,
+  block_size : u32,
+  partition_blocks : u32,
+  max_partitions : u32,
+}
+
+@group(0) @binding(8) var<storage, read> context_lens : array<u32>;    // (num_seqs,)
+@group(0) @binding(9) var<storage, read> part_acc : array<vec4<f32>>;  // (num_seqs, max_partitions, n_heads, HEAD_DIM / 4)
+@group(0) @binding(10) var<storage, read> part_stats : array<vec2<f32>>;  // (num_seqs, max_partitions, n_heads): (max, sum)
+@group(0) @binding(11) var<uniform> merge : MergeParams;
+
+override HEAD_DIM : u32 = 64u;
+
+fn load_x(t : u32, v : u32) -> vec4<f32> {
+  let n_blocks = (context_lens[t] + merge.block_size - 1u) / merge.block_size;
+  let n_parts = (n_blocks + merge.partition_blocks - 1u) / merge.partition_blocks;
+  if (n_parts <= 1u) {
+    return x[t * (params.cols / 4u) + v];
+  }
+  let vec_per_head = HEAD_DIM / 4u;
+  let first = t * merge.max_partitions * merge.n_heads + v / vec_per_head;  // the state of (t, partition 0, head)
+  var m = -3.0e38;
+  for (var p = 0u; p < n_parts; p++) {
+    m = max(m, part_stats[first + p * merge.n_heads].x);
+  }
+  var total = 0.0;
+  var sum = vec4<f32>(0.0);
+  for (var p = 0u; p < n_parts; p++) {
+    let state = first + p * merge.n_heads;
+    let stats = part_stats[state];
+    let w = exp(stats.x - m);
+    total += w * stats.y;
+    sum += w * part_acc[state * vec_per_head + v % vec_per_head];
+  }
+  return sum / total;
+}
+
+fn store8(t : u32, r0 : u32, lo : vec4<f32>, hi : vec4<f32>) {
+  put8(t, r0, lo, hi);
+}

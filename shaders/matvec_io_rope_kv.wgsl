@@ -1,0 +1,92 @@
+// The io part of the stacked q | k | v projection in a matvec step (matvec_gpu_*_rope_kv): what rope.wgsl and
+// kv_write.wgsl did in two dispatches of their own happens in this projection's epilogue. A workgroup's 8 rows
+// r0..r0+7 (r0 a multiple of 8) are 4 whole adjacent pairs of one head (HEAD_DIM a multiple of 8), so lane 0
+// has everything it needs: it adds the bias, rotates q and k (adjacent-pair convention, cos / sin from the
+// host's (max_positions, HEAD_DIM / 2) table, as rope.wgsl), and stores
+//   q rows into y, the (tokens, Q_ROWS) f32 queries the attention kernels read;
+//   k and v rows into the cache slot slot_mapping[t] (KV_OUT 0: f32, 1: f16 packed two per u32, one vec4<u32>
+//   word per 8 values: each cache word has one writer), laid out as paged_kv_read.wgsl reads them;
+//   or, KV_OUT 2 (quantized caches), into (tokens, KV_ROWS) f32 rows for kv_write_quant.wgsl.
+// Bindings after the matvec's own: positions, the cos / sin table, the stacked bias (zeros where the model has
+// none), slot_mapping, and K's and V's destination (the layer's cache buffers, or the f32 rows).
+
+@group(0) @binding(8) var<storage, read> positions : array<i32>;         // (tokens,)
+@group(0) @binding(9) var<storage, read> cos_sin : array<vec2<f32>>;     // (max_positions, HEAD_DIM / 2)
+@group(0) @binding(10) var<storage, read> bias : array<vec4<f32>>;       // (Q_ROWS + 2 KV_ROWS,)
+@group(0) @binding(11) var<storage, read> slot_mapping : array<u32>;     // (tokens,)
+@group(0) @binding(12) var<storage, read_write> k_out : array<vec4<u32>>;
+@group(0) @binding(13) var<storage, read_write> v_out : array<vec4<u32>>;
+
+override HEAD_DIM : u32 = 64u;
+override Q_ROWS : u32 = 576u;       // n_heads * HEAD_DIM
+override KV_ROWS : u32 = 192u;      // n_kv_heads * HEAD_DIM
+override KV_OUT : u32 = 1u;         // 0 f32 cache, 1 f16 cache, 2 f32 rows for kv_write_quant
+override TOKEN_U32 : u32 = 96u;     // u32s of one cache slot (GpuKVLayout: a multiple of 4)
+override BLOCK_U32 : u32 = 0u;      // u32s from one block's start to the next; 0: slots follow each other
+override BLOCK_TOKENS : u32 = 16u;  // tokens per block (read only where BLOCK_U32 is set)
+
+fn load_x(t : u32, v : u32) -> vec4<f32> {
+  return x[t * (params.cols / 4u) + v];
+}
+
+// Rows r..r+3 (two adjacent pairs of one head) of token t rotated to its position.
+fn rope4(t : u32, r : u32, a : vec4<f32>) -> vec4<f32> {
+  let i = u32(positions[t]) * (HEAD_DIM / 2u) + (r % HEAD_DIM) / 2u;
+  let c0 = cos_sin[i];
+  let c1 = cos_sin[i + 1u];
+  return vec4<f32>(a.x * c0.x - a.y * c0.y, a.x * c0.y + a.y * c0.x,
+                   a.z * c1.x - a.w * c1.y, a.z * c1.y + a.w * c1.x);
+}
+
+// The first u32 of cache slot `slot` (kv_slots.wgsl's addressing).
+fn slot_base(slot : u32) -> u32 {
+  if (BLOCK_U32 == 0u) {
+    return slot * TOKEN_U32;
+  }
+  return (slot / BLOCK_TOKENS) * BLOCK_U32 + (slot % BLOCK_TOKENS) * TOKEN_U32;
+}
+
+fn put_kv(is_v : bool, i : u32, word : vec4<u32>) {
+  if (is_v) {
+    v_out[i] = word;
+  } else {
+    k_out[i] = word;
+  }
+}
+
+fn store8(t : u32, r0 : u32, lo : vec4<f32>, hi : vec4<f32>) {
+  var a = lo + bias[r0 / 4u];
+  var b = hi + bias[r0 / 4u + 1u];
+  if (r0 < Q_ROWS + KV_ROWS) {
+    a = rope4(t, r0, a);
+    b = rope4(t, r0 + 4u, b);
+  }
+  if (r0 < Q_ROWS) {
+    let o = t * Q_ROWS + r0;
+    y[o] = a.x;
+    y[o + 1u] = a.y;
+    y[o + 2u] = a.z;
+    y[o + 3u] = a.w;
+    y[o + 4u] = b.x;
+    y[o + 5u] = b.y;
+    y[o + 6u] = b.z;
+    y[o + 7u] = b.w;
+    return;
+  }
+  let is_v = r0 >= Q_ROWS + KV_ROWS;
+  let e = r0 - Q_ROWS - select(0u, KV_ROWS, is_v);  // the first of the 8 values within the token's K (V) row
+  if (KV_OUT == 2u) {
+    let i = (t * KV_ROWS + e) / 4u;
+    put_kv(is_v, i, bitcast<vec4<u32>>(a));
+    put_kv(is_v, i + 1u, bitcast<vec4<u32>>(b));
+    return;
+  }
+  let base = slot_base(slot_mapping[t]);
+  if (KV_OUT == 1u) {
+    put_kv(is_v, (base + e / 2u) / 4u, vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy),
+                                                 pack2x16float(b.zw)));
+  } else {
+    put_kv(is_v, (base + e) / 4u, bitcast<vec4<u32>>(a));
+    put_kv(is_v, (base + e) / 4u + 1u, bitcast<vec4<u32>>(b));
+  }
+}

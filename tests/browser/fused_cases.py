@@ -1,0 +1,165 @@
+"""Worker-side half of test_fused_matvec.py: the gpu-family matvec's io variants (matvec_io_rope_kv.wgsl,
+matvec_io_merge.wgsl) against numpy, run inside the page's worker (and under CPython on wgpu-py by
+tests/native). Each case draws seeded random inputs at SmolLM2-135M shapes (9 heads / 3 KV heads, head_dim 64)
+or small odd ones, runs one dispatch with the bindings plan.layer_program gives it, and returns JSON-able
+error figures.
+"""
+import numpy as np
+
+from pagedkv.backends.webgpu import model_kernels as ops
+from pagedkv.backends.webgpu.runtime import open_device
+from pagedkv.kernels import ref_ops as ref
+from pagedkv.model.layout import dequantize, pack_q4_1, quantize_q4_1
+
+BASE = 100000.0
+_ctx = None
+
+
+async def _context():
+    global _ctx
+    if _ctx is None:
+        _ctx = await open_device()
+    return _ctx
+
+
+def _buffer(ctx, array, label):
+    array = np.ascontiguousarray(array)
+    buf = ctx.buffer(array.nbytes, label)
+    ctx.write(buf, array.view(np.uint8).reshape(-1))
+    return buf
+
+
+async def _dispatch(ctx, shader, constants, bindings, grid, reads):
+    """One dispatch of `shader` with {binding: numpy array} (uniforms as ("uniform", array)); returns the
+    bytes of each binding in `reads`."""
+    pipeline = await ctx.kernel(shader, constants)
+    buffers = {}
+    for at, value in bindings.items():
+        if isinstance(value, tuple):
+            buffers[at] = ctx.upload(np.ascontiguousarray(value[1]), f"b{at}", uniform=True)
+        else:
+            buffers[at] = _buffer(ctx, value, f"b{at}")
+    try:
+        ctx.push_errors()
+        ctx.submit([(pipeline, ctx.bind(pipeline, buffers), grid)])
+        await ctx.pop_errors(f"{shader} dispatch")
+        return {at: await ctx.read(buffers[at], bindings[at].nbytes) for at in reads}
+    finally:
+        for buf in buffers.values():
+            buf.destroy()
+
+
+def _linear(rng, rows, cols):
+    """Q4_1 parts of random (rows, cols) weights and the dequantized matrix."""
+    parts = pack_q4_1(*quantize_q4_1(rng.standard_normal((rows, cols), dtype=np.float32) * 0.1))
+    return parts, dequantize("q4_1", (rows, cols), parts)
+
+
+def _errors(got, want, scale):
+    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    return {"max_rel": float(err.max() / np.abs(want).max()), "max_scaled": float((err / scale).max())}
+
+
+def _pair_scale(scale):
+    """A rotated pair mixes both members' errors: each element's bound is the sum of its pair's."""
+    pairs = scale.reshape(*scale.shape[:-1], -1, 2).sum(axis=-1, keepdims=True)
+    return np.broadcast_to(pairs, (*pairs.shape[:-1], 2)).reshape(scale.shape)
+
+
+async def case_rope_kv(kv_out, positions, slots, seed, n_heads=9, n_kv=3, head_dim=64, bias=False,
+                       block_tokens=16, block_u32=0, num_blocks=8, tree=False):
+    """The q | k | v matvec (NORM) with bias, RoPE and the KV write in its epilogue. kv_out: "f32" / "f16" (into
+    a cache of num_blocks blocks, slot s of block s // block_tokens; block_u32: u32s from one block to the next,
+    0: packed) or "rows" (f32 rows for kv_write_quant). Every cache word outside the tokens' slots must keep
+    its random contents."""
+    ctx = await _context()
+    rng = np.random.default_rng(seed)
+    hidden, kv_dim = n_heads * head_dim, n_kv * head_dim
+    rows, t = hidden + 2 * kv_dim, len(positions)
+    parts, w = _linear(rng, rows, hidden)  # w: (rows, hidden)
+    x = rng.standard_normal((t, hidden), dtype=np.float32) * 3  # (T, hidden)
+    gain = rng.standard_normal(hidden, dtype=np.float32)  # (hidden,)
+    b = rng.standard_normal(rows, dtype=np.float32) * 0.5 if bias else np.zeros(rows, np.float32)  # (rows,)
+    pos = np.asarray(positions, np.int32)  # (T,)
+    table = ref.rope_cos_sin(head_dim, BASE, int(pos.max()) + 1)  # (positions, head_dim / 2, 2)
+    h = ref.rms_norm(x, gain, 1e-5)  # (T, hidden)
+    q, k, v = np.split(h @ w.T + b, [hidden, hidden + kv_dim], axis=1)
+    want_q, want_k = ref.rope(q, k, pos, head_dim, BASE)
+    scale = np.abs(h) @ np.abs(w).T + np.abs(b)  # (T, rows): the dot products' rounding scale
+    scale_q, scale_k, scale_v = np.split(scale, [hidden, hidden + kv_dim], axis=1)
+    scale_q, scale_k = _pair_scale(scale_q), _pair_scale(scale_k)
+
+    subgroups = "subgroups" in ctx.info.features and not tree
+    call = ops.matvec_gpu_call("q4_1", rows, hidden, t, subgroups, norm_eps=1e-5)
+    n = kv_dim // 2 if kv_out == "f16" else kv_dim  # u32s of a token's K (V) row in the cache
+    token_u32 = -(-n // 4) * 4  # GpuKVLayout rounds a slot up to a vec4
+    stride = block_u32 or block_tokens * token_u32
+    cache_words = num_blocks * stride if kv_out != "rows" else t * kv_dim
+    caches = [rng.integers(0, 2**32, cache_words, dtype=np.uint32) for _ in range(2)]  # K, V
+    constants = dict(call.constants, HEAD_DIM=head_dim, Q_ROWS=hidden, KV_ROWS=kv_dim,
+                     KV_OUT={"f32": 0, "f16": 1, "rows": 2}[kv_out], TOKEN_U32=token_u32,
+                     **({"BLOCK_U32": block_u32, "BLOCK_TOKENS": block_tokens} if block_u32 else {}))
+    qs = bytes(parts["qs"]) + gain.tobytes()  # the norm weight follows the codes (fused.stack_rows)
+    bindings = {0: np.frombuffer(qs, np.uint8), 1: np.frombuffer(parts["dm"], np.uint8), 2: x,
+                3: np.zeros((t, hidden), np.float32), 4: ("uniform", np.frombuffer(call.params, np.uint8)),
+                8: pos, 9: table, 10: b, 11: np.asarray(slots, np.uint32), 12: caches[0], 13: caches[1]}
+    out = await _dispatch(ctx, ops.gpu_matvec_shader("q4_1", subgroups, False, "_rope_kv"), constants, bindings,
+                          call.workgroups, (3, 12, 13))
+    got_q = np.frombuffer(out[3], np.float32).reshape(t, hidden)
+    result = {"shader": call.shader + "_rope_kv", "q": _errors(got_q, want_q, scale_q)}
+    for name, want, sc, at, before in (("k", want_k, scale_k, 12, caches[0]), ("v", v, scale_v, 13, caches[1])):
+        words = np.frombuffer(out[at], np.uint32)  # (cache_words,)
+        if kv_out == "rows":
+            result[name] = _errors(words.view(np.float32).reshape(t, kv_dim), want, sc)
+            continue
+        starts = [(s // block_tokens) * stride + (s % block_tokens) * token_u32 for s in slots]
+        got = np.stack([words[s:s + n] for s in starts])  # (T, n) u32
+        touched = np.zeros(cache_words, bool)
+        for s in starts:
+            touched[s:s + n] = True
+        if kv_out == "f16":  # the f32 result rounded to f16: at most one f16 ulp from numpy's value rounded
+            got, want16 = got.view(np.float16), want.astype(np.float16)  # (T, kv_dim)
+            ulps = np.abs(got.astype(np.float64) - want16) / np.spacing(np.abs(want16)).astype(np.float64)
+            result[name] = {"max_ulps": float(ulps.max())}
+        else:
+            result[name] = _errors(got.view(np.float32), want, sc)
+        result[name]["others_kept"] = bool((words[~touched] == before[~touched]).all())
+    return result
+
+
+async def case_merge(lengths, seed, block_size=16, partition_blocks=2, n_heads=9, head_dim=64, tree=False):
+    """The output projection (ACCUMULATE) with the flash-decoding merge in its prologue: sequence t's context
+    of lengths[t] tokens spans ceil(ceil(len / block_size) / partition_blocks) partitions; a single one's row
+    is read from x, the others' merged from random partition states (the states past a sequence's count hold
+    values that would break the merge if read)."""
+    ctx = await _context()
+    rng = np.random.default_rng(seed)
+    hidden, t = n_heads * head_dim, len(lengths)
+    parts, w = _linear(rng, hidden, hidden)  # (hidden, hidden)
+    n_parts = [-(-(-(-n // block_size)) // partition_blocks) for n in lengths]
+    max_parts = max(n_parts)
+    acc = rng.standard_normal((t, max_parts, n_heads, head_dim), dtype=np.float32) * 5  # unnormalised sums
+    stats = np.stack([rng.standard_normal((t, max_parts, n_heads)) * 4,
+                      rng.uniform(0.5, 20.0, (t, max_parts, n_heads))], axis=-1).astype(np.float32)
+    for i, n in enumerate(n_parts):
+        stats[i, n:, :, 0] = 1e30  # past the count: a max that would swamp every weight
+    x = rng.standard_normal((t, hidden), dtype=np.float32)  # (T, hidden): single-partition rows
+    y0 = rng.standard_normal((t, hidden), dtype=np.float32) * 4  # (T, hidden): the residual stream
+    merged = x.copy()
+    for i, n in enumerate(n_parts):
+        if n > 1:
+            m = stats[i, :n, :, 0].max(axis=0)  # (n_heads,)
+            wts = np.exp(stats[i, :n, :, 0] - m)  # (n, n_heads)
+            merged[i] = ((wts[..., None] * acc[i, :n]).sum(0) / (wts * stats[i, :n, :, 1]).sum(0)[:, None]).reshape(-1)
+    want = y0 + merged @ w.T  # (T, hidden)
+    scale = np.abs(merged) @ np.abs(w).T + np.abs(y0)
+    subgroups = "subgroups" in ctx.info.features and not tree
+    call = ops.matvec_gpu_call("q4_1", hidden, hidden, t, subgroups, accumulate=True)
+    merge_words = ops.uniform_words(t, n_heads, block_size, partition_blocks, max_parts)
+    bindings = {0: np.frombuffer(parts["qs"], np.uint8), 1: np.frombuffer(parts["dm"], np.uint8), 2: x, 3: y0,
+                4: ("uniform", np.frombuffer(call.params, np.uint8)), 8: np.asarray(lengths, np.uint32),
+                9: acc, 10: stats, 11: ("uniform", merge_words)}
+    out = await _dispatch(ctx, ops.gpu_matvec_shader("q4_1", subgroups, False, "_merge"),
+                          dict(call.constants, HEAD_DIM=head_dim), bindings, call.workgroups, (3,))
+    got = np.frombuffer(out[3], np.float32).reshape(t, hidden)
+    return {"shader": call.shader + "_merge", "parts": n_parts, **_errors(got, want, scale)}

@@ -1,0 +1,68 @@
+"""The gpu-family matvec's fused io variants vs numpy, in headless Chromium (SwiftShader) and natively
+(tests/native: lavapipe). A decode step of the gpu family runs 5 dispatches a layer (plan.layer_program): the
+q | k | v projection writes rotated q and the new K / V straight into the cache (matvec_io_rope_kv.wgsl), and
+the output projection merges the attention partitions on the way in (matvec_io_merge.wgsl).
+
+Bounds (asserted below):
+  q, k and v rows, f32: |gpu - ref| <= 2e-6 * the dot products' rounding scale (|h| @ |W|^T + |bias|, a rotated
+      pair's two scales summed) and <= 1e-5 * max|ref|, the matvec bounds of test_model_kernels.py
+  f16 cache: at most one f16 ulp from numpy's f32 result rounded to f16
+  every cache word outside the written slots keeps its contents
+  merge: the matvec bounds, the scale taken over the merged activations
+"""
+from __future__ import annotations
+
+import pytest
+
+from browser_pages import install_modules
+
+SCALED_BOUND, REL_BOUND = 2e-6, 1e-5
+
+
+@pytest.fixture(scope="module")
+def worker(ready_page):
+    return install_modules(ready_page, "fused_cases")
+
+
+def run(worker, calls: list[str]) -> list[dict]:
+    body = ", ".join(f"await fc.{c}" for c in calls)
+    return worker.py(f"import json, fused_cases as fc\njson.dumps([{body}])")
+
+
+def assert_close(r: dict) -> None:
+    assert r["max_scaled"] <= SCALED_BOUND and r["max_rel"] <= REL_BOUND, r
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["subgroups", "tree"])
+def test_rope_kv_epilogue_writes_q_and_the_cache_slots(worker, tree):
+    results = run(worker, [
+        # one decode token, a slot in the middle of block 5; two tokens of different sequences, out of order
+        f"case_rope_kv('f16', [700], [87], seed=1, tree={tree})",
+        f"case_rope_kv('f16', [9, 3000], [120, 17], seed=2, tree={tree})",
+        f"case_rope_kv('f32', [0, 255], [3, 64], seed=3, bias=True, tree={tree})",  # qwen2's bias
+        f"case_rope_kv('rows', [41, 5], [0, 0], seed=4, tree={tree})",  # quantized KV: rows for kv_write_quant
+        # pages several models share: blocks 3000 u32s apart; odd small heads (4 x 16 / 2 x 16)
+        f"case_rope_kv('f16', [77, 1], [33, 2], seed=5, block_u32=3000, tree={tree})",
+        f"case_rope_kv('f16', [6, 250], [9, 30], seed=6, n_heads=4, n_kv=2, head_dim=16, bias=True, tree={tree})",
+        f"case_rope_kv('f32', [12], [31], seed=7, n_heads=4, n_kv=2, head_dim=16, block_tokens=8, tree={tree})",
+    ])
+    for r in results:
+        assert_close(r["q"])
+        for name in ("k", "v"):
+            if "max_ulps" in r[name]:
+                assert r[name]["max_ulps"] <= 1.0, r
+            else:
+                assert_close(r[name])
+            assert r[name].get("others_kept", True), r
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["subgroups", "tree"])
+def test_merge_prologue_merges_the_partitions(worker, tree):
+    results = run(worker, [
+        f"case_merge([1000], seed=1, block_size=16, partition_blocks=8, tree={tree})",  # 8 partitions, SmolLM2
+        f"case_merge([30, 200], seed=2, tree={tree})",  # one partition (x read as is), then 7
+        f"case_merge([65, 16, 333], seed=3, block_size=8, partition_blocks=3, n_heads=4, head_dim=16, tree={tree})",
+    ])
+    assert [r["parts"] for r in results] == [[8], [1, 7], [3, 1, 14]]
+    for r in results:
+        assert_close(r)
