@@ -52,13 +52,16 @@ def test_cpu_family_rows_are_the_issues_counts():
 def test_gpu_family_fills_every_decode_attention_dispatch_at_context_512():
     for subgroups, shader in ((True, "paged_attention_gpu_sg"), (False, "paged_attention_gpu")):
         rows = [r for r in geo.decode_step("gpu", 512, subgroups) if r["slot"] in ("attn", "reduce")]
-        assert len(rows) == 30  # pass 1 only: the output projection merges the 4 partitions in its prologue
-        # 4 partitions x 3 kv heads (3 query heads each) workgroups of 128
-        assert rows[0] == {"kernel": shader, "slot": "attn", "workgroup_size": 128, "workgroups": [12, 1, 1],
-                           "invocations": 1536}
+        assert len(rows) == 30  # pass 1 only: the output projection merges the partitions in its prologue
+        # aiming at 96 workgroups (GpuShapes.split): 8 partitions of the 64-token minimum x 3 kv heads (3 query
+        # heads each), workgroups of 128
+        assert rows[0] == {"kernel": shader, "slot": "attn", "workgroup_size": 128, "workgroups": [24, 1, 1],
+                           "invocations": 3072}
         assert min(r["invocations"] for r in rows) >= 1024
     at_4096 = [r["invocations"] for r in geo.decode_step("gpu", 4096) if r["slot"] == "attn"]
     assert at_4096[0] == 32 * 3 * 128  # 32 partitions of 128 tokens
+    at_8192 = [r["invocations"] for r in geo.decode_step("gpu", 8192) if r["slot"] == "attn"]
+    assert at_8192[0] == 32 * 3 * 128  # 32 partitions of 256 tokens: longer, not more
     assert "paged_attention_reduce_gpu" not in {r["kernel"] for r in geo.decode_step("gpu", 4096)}  # merged in o
 
 
@@ -70,14 +73,15 @@ def test_gpu_family_decode_step_is_at_most_160_dispatches_at_context_1024():
     for kv_dtype, count in (("f16", 1 + 30 * 5 + 3), ("f32", 154), ("int8", 1 + 30 * 6 + 3), ("int4-asym", 184)):
         for subgroups in (True, False):
             t = geo.totals(geo.decode_step("gpu", 1024, subgroups, kv_dtype=kv_dtype))
-            assert t == {"dispatches": count, "min_hot_invocations": 3072}, (kv_dtype, subgroups)
-    assert geo.totals(geo.decode_step("cpu", 1024))["dispatches"] == 1 + 30 * 8 + 3
+            assert t == {"count": count, "min_hot_invocations": 4608}, (kv_dtype, subgroups)  # o, down
+    assert geo.totals(geo.decode_step("cpu", 1024))["count"] == 1 + 30 * 8 + 3
 
 
 def test_cli_prints_json(capsys):
     assert geo.main(["--json", "--kernels", "cpu", "--context", "512"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["kernels"], out["context"], len(out["dispatches"])) == ("cpu", 512, 244)
+    assert (out["count"], out["min_hot_invocations"], out["kv_dtype"]) == (244, 16, "f16")  # cpu attention
     with pytest.raises(ValueError, match="context must be 1..8192, got 0"):
         geo.decode_step("gpu", 0)
     assert geo.main(["--json", "--kernels", "gpu", "--prefill", "64"]) == 0

@@ -59,3 +59,18 @@ def test_prefill_kernels_tile_new_tokens_by_family():
     # 2 heads per tile: 8 tokens, 32 keys
     small = KVKernels(CTX, GpuKVLayout(KVSpec(1, 2, 16, 8, "f32"), 64), 4, family="gpu")
     assert dict(small.prefill.constants) == {"SLOTS": 2, "QUERY_TILE": 8, "KEYS": 32}
+
+
+def test_gpu_decode_partitions_aim_at_the_split_within_their_bounds():
+    """decode_partition_blocks: about `split` workgroups (sequences x partitions x head tiles), partitions of at
+    least 64 tokens and at most 128 blocks, no more partitions than the scratch holds."""
+    from pagedkv.backends.webgpu.kv_attention_gpu import decode_partition_blocks as split
+
+    # SmolLM2, one sequence (3 head tiles), block 16, scratch room 64 partitions
+    assert [split(96, 1, 3, blocks, 16, 64) for blocks in (8, 32, 64, 256, 512)] == [4, 4, 4, 8, 16]
+    assert split(24, 1, 3, 64, 16, 64) == 8  # 8 partitions x 3 = 24 workgroups
+    assert split(384, 1, 3, 512, 16, 64) == 8  # 128 partitions wanted, 64 fit the scratch
+    assert split(96, 4, 3, 64, 16, 64) == 8  # four sequences: 12 workgroups a partition, 8 partitions
+    assert split(96, 1, 3, 8192, 16, 64) == 128  # never past the staged block table (MAX_PART_BLOCKS)
+    assert split(96, 1, 3, 3, 32, 64) == 2  # block 32: the 64-token minimum is 2 blocks
+    assert split(96, 40, 8, 2, 16, 64) == 4  # more sequences than the aim: one partition

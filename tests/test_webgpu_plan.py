@@ -1,6 +1,7 @@
 """The recorded step program and its per-step grids/uniforms, checked in CPython (no GPU)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -166,3 +167,13 @@ def test_members_without_a_common_type_run_one_by_one_into_the_stacked_layouts()
     rows = [params[SLOT_INDEX[s] * PARAM_SLOT_BYTES:][:12].view(np.uint32).tolist()
             for s in ("lin_q", "lin_kv", "lin_gate")]
     assert rows == [[64, 64, 1], [32, 64, 1], [128, 64, 1]]  # (rows, cols, tokens) of q, of k and v, of gate and up
+
+
+def test_a_projection_with_its_own_tuned_matvec_threads_gets_them():
+    """GpuShapes.matvec_slots (first-boot tuning per projection): the LM head and the output projection take
+    their own workgroup sizes, the others the gate|up choice."""
+    b = fake_backend("gpu", subgroups=True)
+    b.gpu_shapes = replace(b.gpu_shapes, matvec=128, matvec_slots=(("lin_h", 256), ("lm_head", 64)))
+    decode = layer_program(b, PlanKey.of(1, 1))
+    sizes = {d.slot: dict(d.constants)["WORKGROUP_SIZE"] for p in decode for d in p if d.slot.startswith("l")}
+    assert sizes == {"lin_qkv": 128, "lin_h": 256, "lin_ffn": 128, "lin_down": 128, "lm_head": 64}

@@ -153,7 +153,8 @@ export function onModelReady(msg) {
   const kernels = $("adapter-kernels");
   kernels.dataset.family ??= kernels.textContent;  // boot.js's "family (why)", once per page
   kernels.textContent = kernels.dataset.family + (tuned ? `; tuned (${tuned.source}): matvec ${tuned.choice.matvec} ` +
-    `threads, matmul ${tuned.choice.matmul[0]} threads x ${tuned.choice.matmul[1]} along rows` : "");
+    `threads, matmul ${tuned.choice.matmul[0]} threads x ${tuned.choice.matmul[1]} along rows, decode attention ` +
+    `split for ${tuned.choice.split} workgroups` : "");
   $("mem-kv-dtype").disabled = msg.backend === "cpu";  // the numpy fallback keeps f32 K/V
   $("mem-kv-dtype").title = msg.backend === "cpu" ? "the CPU fallback keeps f32 KV" : "";
   if (msg.kv_dtype && msg.backend !== "cpu") $("mem-kv-dtype").value = msg.kv_dtype;

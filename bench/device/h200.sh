@@ -86,4 +86,13 @@ for model in $models; do
       --max-tokens "$tokens" --ignore-eos --greedy --json
   done
 done
+# The app's default settings (temperature 0.7, top-p 0.95): the gpu family draws each token on the GPU
+# (shaders/sample.wgsl), so the step reads back an id, not a logits row.
+m=${models%% *}
+if [ -f "$M/$m/model.json" ]; then
+  step "generate_${m}_gpu_sampled" 90 $PY -m pagedkv generate --backend wgpu --kernels gpu --budget-mib 2048 \
+    --tuning-cache "$R/gpu_tuning.json" --model "$M/$m" --messages-json "$R/chat.json" --max-tokens "$tokens" \
+    --ignore-eos --temperature 0.7 --top-p 0.95 --seed 1 --json
+fi
+step geometry_decode_gpu 60 $PY -m pagedkv.backends.webgpu.dispatch_geometry --json --kernels gpu --context 1024
 step geometry_prefill_gpu 60 $PY -m pagedkv.backends.webgpu.dispatch_geometry --json --kernels gpu --prefill 512

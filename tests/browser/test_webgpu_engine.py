@@ -51,7 +51,8 @@ def test_tiny_greedy_with_the_gpu_kernel_family_equals_numpy(worker, block_size)
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
 def test_gpu_family_decode_past_one_attention_partition_equals_numpy(worker, kv_dtype):
-    """Contexts that cross the 128-token flash-decoding partition while decoding: the gpu family's decode layer
+    """Contexts of 122-144 tokens, several flash-decoding partitions (the gpu family sizes them to its workgroup
+    aim: 64-token ones here, their count changing as the contexts grow): the gpu family's decode layer
     (5 dispatches: q | k | v with RoPE and the KV write in its epilogue, attention, the output projection
     merging the partitions in its prologue, gate | up, down) against numpy, for f16 KV (written by the
     projection) and int8 (its rows handed to kv_write_quant)."""
@@ -177,12 +178,17 @@ def test_app_loads_the_model_on_the_chosen_backend(browser, base_url, query, bac
         assert json.loads(data["adapter"])["kernels"] == family
         tuned = info.get("kernels_tuning")  # the gpu family is tuned at boot, the choice kept in OPFS tuning/
         if family == "gpu":
-            assert tuned["source"] in ("tuned", "cache") and sorted(tuned["timings"]) == ["matmul", "matvec"], tuned
+            assert tuned["source"] in ("tuned", "cache"), tuned
+            assert sorted(tuned["timings"]) == ["matmul", "matvec", "matvec_slots", "split"], tuned
             assert booted.page.locator("#adapter-kernels").inner_text().startswith(
                 f"gpu (kernels=gpu was asked for); tuned ({tuned['source']}): matvec {tuned['choice']['matvec']} ")
             assert booted.py(STORED_CHOICE.format(key=tuned["key"])) == tuned["choice"]
             assert booted.py("import json\nfrom pagedkv_app.main import state\n"
                              "json.dumps(state['engine'].backend.gpu_shapes.matvec)") == tuned["choice"]["matvec"]
+            assert booted.py("import json\nfrom pagedkv_app.main import state\n"
+                             "json.dumps(state['engine'].backend.gpu_shapes.split)") == tuned["choice"]["split"]
+            assert f"decode attention split for {tuned['choice']['split']} workgroups" in booted.page.locator(
+                "#adapter-kernels").inner_text()
         else:
             assert tuned is None
         assert booted.py("import json\nfrom pagedkv_app.main import state\n"

@@ -35,14 +35,24 @@ def test_candidates_are_timed_and_the_choice_is_cached_then_reused(native_loop, 
     store = CountingStore(tmp_path / "tuning.json")
     first = _tune(native_loop, store, budget_ms=120_000.0)  # lavapipe on shared cores: time every candidate
     assert first["source"] == "tuned" and store.puts == 1
-    assert sorted(first["timings"]) == ["matmul", "matvec"]
+    assert sorted(first["timings"]) == ["matmul", "matvec", "matvec_slots", "split"]
     assert list(first["timings"]["matvec"]) == ["64", "128", "256"]
+    # decode attention + the merging output projection at 2,048 tokens, the default aim first
+    assert list(first["timings"]["split"]) == [str(a) for a in tuning.SPLIT_CANDIDATES] == ["96", "24", "48", "192",
+                                                                                          "384"]
     # lavapipe's 64 KiB of workgroup memory fits every matmul candidate
     assert list(first["timings"]["matmul"]) == ["(64, 8)", "(64, 4)", "(128, 8)", "(128, 16)"]
+    # the other projections' own matvec threads: q|k|v, o, down and the LM head
+    slots = first["timings"].pop("matvec_slots")
+    assert sorted(slots) == ["lin_down", "lin_h", "lin_qkv", "lm_head"]
+    for slot, timed in slots.items():
+        assert list(timed) == ["64", "128", "256"] and all(isinstance(ms, float) and ms > 0 for ms in timed.values())
+        assert first["shapes"].matvec_for(slot) == int(min(timed, key=timed.get)), slot
     for timed in first["timings"].values():
         assert all(isinstance(ms, float) and ms > 0 for ms in timed.values()), timed
     fastest = min(first["timings"]["matvec"], key=first["timings"]["matvec"].get)
     assert first["shapes"].matvec == int(fastest)
+    assert first["shapes"].split == int(min(first["timings"]["split"], key=first["timings"]["split"].get))
     again = _tune(native_loop, store)
     assert (again["source"], again["key"], again["shapes"], store.puts) == ("cache", first["key"], first["shapes"], 1)
 
@@ -58,7 +68,7 @@ def test_a_candidate_whose_output_differs_is_rejected(native_loop, native_device
                                                                         norm_eps=1e-5, swiglu=True)),
              tuning.Candidate("matmul", (64, 8), lambda: matmul((64, 8))),
              tuning.Candidate("matmul", (64, 4), lambda: matmul((64, 4), grid=(1, 1, 1)))]  # a quarter of the tiles
-    r = _tune(native_loop, tuning.JsonFileStore(tmp_path / "t.json"), cands=cands)
+    r = _tune(native_loop, tuning.JsonFileStore(tmp_path / "t.json"), cands=cands, split=False)
     assert r["timings"]["matmul"]["(64, 4)"] == "rejected: output differs from the default's"
     assert isinstance(r["timings"]["matmul"]["(64, 8)"], float)
     assert r["shapes"] == ops.GpuShapes(matvec=64, matmul=(64, 8))
@@ -67,4 +77,7 @@ def test_a_candidate_whose_output_differs_is_rejected(native_loop, native_device
 def test_past_the_budget_the_default_stays(native_loop, native_device, tmp_path):
     r = _tune(native_loop, tuning.JsonFileStore(tmp_path / "t.json"), budget_ms=0.0)
     assert set(r["timings"]["matvec"].values()) == set(r["timings"]["matmul"].values()) == {"over budget"}
-    assert r["shapes"] == ops.GpuShapes()
+    assert set(r["timings"]["split"].values()) == {"over budget"}
+    assert {ms for timed in r["timings"]["matvec_slots"].values() for ms in timed.values()} == {"over budget"}
+    assert r["shapes"].matvec_for("lm_head") == ops.GpuShapes().matvec
+    assert replace(r["shapes"], matvec_slots=()) == ops.GpuShapes()

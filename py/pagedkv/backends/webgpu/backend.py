@@ -28,9 +28,11 @@ from .. import check_attention_mass
 from . import model_kernels as ops
 from .attention_mass import AttentionMassKernel
 from .fused import BIAS_MEMBERS, bias_member, fused_member, member_names, stack_rows, stacks
+from .kv_attention_gpu import decode_partition_blocks
 from .kv_kernels import KVKernels
 from .kv_layout import GpuKVLayout
 from .kv_pool import GpuKVPool
+from .memory_plan import partition_blocks as scratch_partition_blocks
 from .memory_plan import plan_kv_pool, scratch_buffers, staging_buffers
 from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
 
@@ -361,8 +363,9 @@ class WebGpuBackend:
         qsl = batch.query_start_loc  # (S + 1,)
         blocks = -(-int(batch.context_lens.max()) // self.block_size)
         q_tiles = -(-np.diff(qsl) // self.kv_kernels.query_tile)  # (S,)
-        shape = StepShape(t, n, batch.block_tables.shape[1], -(-blocks // self.kv_kernels.partition_blocks),
-                          int(q_tiles.sum()), key.decode)
+        part_blocks = self._partition_blocks(n, blocks) if key.decode else self.kv_kernels.partition_blocks
+        shape = StepShape(t, n, batch.block_tables.shape[1], -(-blocks // part_blocks), int(q_tiles.sum()),
+                          key.decode, part_blocks)
         slot_grids, params = self._slots(shape)
         grids = slot_grids[self._dispatch_slots[key]]  # (dispatches, 3)
         write = self.ctx.write
@@ -398,6 +401,16 @@ class WebGpuBackend:
         # Wall time of the replay (encode + GPU + map) vs the Python around it; benchmarks read this.
         self.last_step_ms = {"replay": (t2 - t1) * 1e3, "python": (t1 - t0 + time.perf_counter() - t2) * 1e3}
         return out
+
+    def _partition_blocks(self, num_seqs: int, max_blocks: int) -> int:
+        """Blocks per flash-decoding partition of a decode step: the cpu family's fixed split, the gpu family's
+        sized to its workgroup aim (gpu_shapes.split) within the scratch's partitions."""
+        kv = self.kv_kernels
+        if self.kernels != "gpu":
+            return kv.partition_blocks
+        room = -(-self.max_blocks_per_seq // scratch_partition_blocks(self.block_size))  # scratch partitions a seq
+        return decode_partition_blocks(self.gpu_shapes.split, num_seqs, self.config.n_heads // kv.head_tile,
+                                       max_blocks, self.block_size, room)
 
     async def _attention_mass(self, batch: ForwardBatch) -> np.ndarray:
         """After a replay, scratch q still holds the last layer's rotated queries: score the blocks with them;

@@ -19,8 +19,10 @@ import math
 import sys
 from types import SimpleNamespace
 
+from pagedkv.backends.webgpu.kv_attention_gpu import decode_partition_blocks
 from pagedkv.backends.webgpu.kv_kernels import KVKernels
 from pagedkv.backends.webgpu.kv_layout import GpuKVLayout
+from pagedkv.backends.webgpu.memory_plan import partition_blocks
 from pagedkv.backends.webgpu.model_kernels import FAMILIES, MAX_WORKGROUPS_PER_DIM, GpuShapes
 from pagedkv.backends.webgpu.plan import SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
 from pagedkv.kv.spec import KV_DTYPES, KVSpec
@@ -63,7 +65,7 @@ HOT = ("matvec", "matmul", "paged_attention", "paged_prefill_attention")  # kern
 
 def totals(rows: list[dict]) -> dict:
     """Dispatches of a step and the fewest invocations of its hot ones (matvec, matmul, attention)."""
-    return {"dispatches": len(rows),
+    return {"count": len(rows),
             "min_hot_invocations": min(r["invocations"] for r in rows if r["kernel"].startswith(HOT))}
 
 
@@ -85,9 +87,14 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: 
                         kv_pool=SimpleNamespace(caches=caches),
                         kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(),
                         shader_f16=False, gpu_matmul=kernels == "gpu")  # SmolLM2: Q4_1 and Q8_0 only
-    shape = StepShape(num_tokens=new_tokens, num_seqs=1, table_width=math.ceil(context / BLOCK_SIZE),
-                      max_parts=math.ceil(context / (kv.partition_blocks * BLOCK_SIZE)),
-                      num_tiles=math.ceil(new_tokens / kv.query_tile), decode=new_tokens == 1)
+    used = math.ceil(context / BLOCK_SIZE)
+    part_blocks = kv.partition_blocks  # the fixed split; the gpu family's decode sizes it as WebGpuBackend does
+    if kernels == "gpu" and new_tokens == 1:
+        part_blocks = decode_partition_blocks(b.gpu_shapes.split, 1, config.n_heads // kv.head_tile, used, BLOCK_SIZE,
+                                              math.ceil(blocks / partition_blocks(BLOCK_SIZE)))
+    shape = StepShape(num_tokens=new_tokens, num_seqs=1, table_width=used, max_parts=math.ceil(used / part_blocks),
+                      num_tiles=math.ceil(new_tokens / kv.query_tile), decode=new_tokens == 1,
+                      partition_blocks=part_blocks)
     grids, _ = step_slots(b, shape)  # (slots, 3)
     rows = []
     for dispatches in layer_program(b, PlanKey.of(new_tokens, 1)):
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['kernel']:<26} {r['slot']:<10} {r['workgroup_size']:>7} {str(tuple(r['workgroups'])):>16} "
               f"{r['invocations']:>11,}")
     t = totals(rows)
-    print(f"{t['dispatches']} dispatches; the smallest hot one (matvec, matmul, attention) launches "
+    print(f"{t['count']} dispatches; the smallest hot one (matvec, matmul, attention) launches "
           f"{t['min_hot_invocations']:,} invocations")
     return 0
 

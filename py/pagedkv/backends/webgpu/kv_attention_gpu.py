@@ -20,6 +20,11 @@ MAX_PART_BLOCKS = 128  # MAX_PART_BLOCKS in paged_attention_gpu_main.wgsl (the s
 PREFILL_WORKGROUP = 128  # lanes of a gpu-family prefill workgroup
 PREFILL_ROWS = 16  # ROWS in paged_prefill_attention_gpu.wgsl: (new token, head) rows of a workgroup
 PREFILL_TILE_VALUES, PREFILL_MAX_KEYS = 1024, 32  # its staged K/V tile: KEYS * head_dim values, KEYS <= 32
+# gpu-family decode attention is split into as many partitions as bring its workgroups (sequences x partitions x
+# head tiles) to about this many (GpuShapes.split; first-boot tuning picks the adapter's own, tuning.py), each
+# partition at least MIN_PARTITION_TOKENS (half a 128-key tile) and at most MAX_PART_BLOCKS blocks.
+SPLIT_WORKGROUPS = 96
+MIN_PARTITION_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,18 @@ def check_partition(family: str, partition_blocks: int, block_size: int) -> None
         raise ValueError(f"gpu-family decode partitions hold at most {MAX_PART_BLOCKS} blocks, got "
                          f"{partition_blocks} (partition_tokens {partition_blocks * block_size}, block_size "
                          f"{block_size})")
+
+
+def decode_partition_blocks(split_workgroups: int, num_seqs: int, head_tiles: int, max_blocks: int,
+                            block_size: int, max_parts: int) -> int:
+    """Blocks per flash-decoding partition of a gpu-family decode step whose longest context spans max_blocks
+    blocks: as many partitions as bring num_seqs x partitions x head_tiles workgroups to about
+    split_workgroups, none shorter than MIN_PARTITION_TOKENS or longer than MAX_PART_BLOCKS, at most max_parts
+    of them (the scratch's room). A long context gets longer partitions, not more of them: the output
+    projection merges every partition in each of its workgroups (matvec_io_merge.wgsl)."""
+    parts = max(1, min(-(-split_workgroups // (num_seqs * head_tiles)), max_parts))
+    blocks = max(-(-max_blocks // parts), -(-MIN_PARTITION_TOKENS // block_size))
+    return max(1, min(blocks, MAX_PART_BLOCKS))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ...model.layout import QK
 from ...model.quants import WEIGHT_TYPES
+from .kv_attention_gpu import SPLIT_WORKGROUPS
 
 MAX_WORKGROUPS_PER_DIM = 65535
 # weight types with matvec_* / matmul_* kernels (cpu family) and matvec_gpu[_sg]_* (gpu family); a plan picks
@@ -41,11 +42,18 @@ GPU_F16_TYPES = ("q4_1", "q8_0")
 
 @dataclass(frozen=True)
 class GpuShapes:
-    """Workgroup shapes of the gpu family's linears: matvec threads, matmul (threads, threads along rows).
-    The defaults until first-boot tuning picks the adapter's own."""
+    """Workgroup shapes of the gpu family's linears: matvec threads, matmul (threads, threads along rows); and
+    how many workgroups its decode attention aims at (kv_attention_gpu.decode_partition_blocks). The defaults
+    until first-boot tuning picks the adapter's own."""
 
     matvec: int = GPU_WORKGROUP_SIZES[0]
     matmul: tuple[int, int] = GPU_MATMUL_SHAPE
+    split: int = SPLIT_WORKGROUPS
+    matvec_slots: tuple[tuple[str, int], ...] = ()  # (plan slot, matvec threads) where a projection has its own
+
+    def matvec_for(self, slot: str) -> int:
+        """Matvec threads of the projection in plan slot `slot` (lin_qkv, lin_h, lin_down, lm_head), else matvec."""
+        return dict(self.matvec_slots).get(slot, self.matvec)
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,9 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     def linear(name: str, x, y, slot: str, kind: str, accumulate: bool = False, norm: bool = False,
                swiglu: bool = False, layout: tuple = (), io: str = "", extra: tuple = ()) -> Dispatch:
         dtype, parts = w[name]
+        shapes = replace(b.gpu_shapes, matvec=b.gpu_shapes.matvec_for(slot))  # a projection's tuned threads
         shader, constants = ops.linear_pipeline(b.kernels, b.subgroups, kind, dtype, accumulate, norm, swiglu,
-                                                b.gpu_shapes, b.shader_f16, b.gpu_matmul, io)
+                                                shapes, b.shader_f16, b.gpu_matmul, io)
         return Dispatch(shader, constants + layout, (*parts, x, y), slot, extra)
 
     def normed_linear(norm: str, name: str, y, slot: str, swiglu: bool = False) -> list[Dispatch]:
@@ -192,6 +193,7 @@ class StepShape:
     max_parts: int  # flash-decoding partitions of the longest context (decode)
     num_tiles: int  # prefill query tiles over all sequences (prefill)
     decode: bool
+    partition_blocks: int = 0  # blocks per decode partition (0: KVKernels.partition_blocks, the fixed split)
 
 
 def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
@@ -235,11 +237,12 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     words = ops.uniform_words
     put("kv_write", words(t, lay.n_kv_heads), kv.kv_write_grid(t))
     scale = 1.0 / math.sqrt(lay.head_dim)
-    put("attn", words(n, cfg.n_heads, lay.n_kv_heads, lay.block_size, shape.table_width, kv.partition_blocks,
+    part_blocks = shape.partition_blocks or kv.partition_blocks
+    put("attn", words(n, cfg.n_heads, lay.n_kv_heads, lay.block_size, shape.table_width, part_blocks,
                       shape.max_parts, scale),
         kv.decode_grids(n, shape.max_parts)[0] if shape.decode else kv.prefill_grid(shape.num_tiles))
     reduce_groups = kv.decode_grids(n, shape.max_parts)[1] if shape.max_parts > 1 else (0, 0, 0)
-    put("reduce", words(n, cfg.n_heads, lay.block_size, kv.partition_blocks, shape.max_parts), reduce_groups)
+    put("reduce", words(n, cfg.n_heads, lay.block_size, part_blocks, shape.max_parts), reduce_groups)
     return grids, params.reshape(-1)
 
 

@@ -24,9 +24,12 @@ import numpy as np
 
 from ...model.weights import check_manifest
 from . import model_kernels as ops
+from .kv_attention_gpu import SPLIT_WORKGROUPS, decode_partition_blocks
 
 MATVEC_CANDIDATES = (64, 128, 256)  # threads of a matvec workgroup
 MATMUL_CANDIDATES = ((64, 8), (64, 4), (128, 8), (128, 16))  # (threads, threads along rows), as fit the device
+SPLIT_CANDIDATES = (SPLIT_WORKGROUPS, 24, 48, 192, 384)  # decode attention's workgroup aim; the default first
+SPLIT_CONTEXT = 2048  # tokens of the decode step the splits are timed on (one sequence)
 PREFILL_TOKENS = 128
 AGREEMENT = 1e-5  # max |candidate - default| / max |default|: f32 rounding of another summation order
 BUDGET_MS = 1000.0
@@ -107,11 +110,12 @@ class JsonInStore:
 
 
 async def tune(ctx, config, store, runtime: str, subgroups: bool, f16: bool,
-               cands: list[Candidate] | None = None, budget_ms: float = BUDGET_MS) -> dict:
+               cands: list[Candidate] | None = None, budget_ms: float = BUDGET_MS, split: bool = True) -> dict:
     """The gpu family's shapes for this adapter: {"shapes": GpuShapes, "source": "cache" | "tuned", "key",
-    "timings": {kind: {shape: ms | "rejected" | "over budget"}}}; a fresh choice is stored under its key."""
+    "timings": {kind: {shape: ms | "rejected" | "over budget"}}}; a fresh choice is stored under its key.
+    split: also time decode attention's workgroup aims (SPLIT_CANDIDATES, _pick_split)."""
     cands = candidates(ctx, config, subgroups, f16) if cands is None else cands
-    names = sorted({c.call().shader for c in cands})
+    names = sorted({c.call().shader for c in cands} | ({*SPLIT_SHADERS, "paged_kv_read"} if split else set()))
     key = cache_key(ctx.info.name, runtime, [await ctx.shaders.source(n) for n in names], config)
     cached = await store.get(key)
     if cached is not None:
@@ -134,6 +138,29 @@ async def tune(ctx, config, store, runtime: str, subgroups: bool, f16: bool,
         finally:
             for buf in buffers:
                 buf.destroy()
+    if split:
+        choice["split"], timings["split"] = await _pick_split(ctx, config, subgroups, f16, start, budget_ms)
+        choice["matvec_slots"], timings["matvec_slots"] = {}, {}
+        for slot, (rows, cols, flags) in slot_shapes(config).items():  # the other projections' own threads
+            if (time.perf_counter() - start) * 1e3 > budget_ms:  # not even compiled
+                choice["matvec_slots"][slot] = choice["matvec"]
+                timings["matvec_slots"][slot] = {str(size): "over budget" for size in MATVEC_CANDIDATES}
+                continue
+            group = [Candidate("matvec", size, lambda size=size, rows=rows, cols=cols, flags=flags:
+                               ops.matvec_gpu_call("q4_1", rows, cols, 1, subgroups, size, f16=f16, **flags))
+                     for size in MATVEC_CANDIDATES]
+            for c in group:
+                await ctx.kernel(c.call().shader, dict(c.call().constants))
+            w = random_q4_1(rng, rows, cols)
+            x = rng.standard_normal(cols, dtype=np.float32)  # (cols,)
+            buffers = [ctx.upload(w["qs"], "tune.qs"), ctx.upload(w["dm"], "tune.dm"), ctx.upload(x, "tune.x"),
+                       ctx.buffer(rows * 4, "tune.y")]
+            try:
+                choice["matvec_slots"][slot], timings["matvec_slots"][slot] = await _pick(
+                    ctx, group, buffers, rows, start, budget_ms)
+            finally:
+                for buf in buffers:
+                    buf.destroy()
     await store.put(key, {"choice": choice, "timings": timings})
     return {"shapes": _shapes(choice), "source": "tuned", "key": key, "timings": timings}
 
@@ -144,8 +171,27 @@ async def tune_device(ctx, manifest: dict, store, runtime: str) -> tuple[ops.Gpu
     the backend is created: its buffers (a few MiB) come and go while the GPU budget is still unspent."""
     features = ctx.info.features
     r = await tune(ctx, check_manifest(manifest), store, runtime, "subgroups" in features, "shader-f16" in features)
-    choice = {"matvec": r["shapes"].matvec, "matmul": list(r["shapes"].matmul)}
-    return r["shapes"], {"source": r["source"], "key": r["key"], "choice": choice, "timings": r["timings"]}
+    shapes = r["shapes"]
+    choice = {"matvec": shapes.matvec, "matmul": list(shapes.matmul), "split": shapes.split,
+              "matvec_slots": dict(shapes.matvec_slots)}
+    return shapes, {"source": r["source"], "key": r["key"], "choice": choice, "timings": r["timings"]}
+
+
+def slot_shapes(config) -> dict[str, tuple[int, int, dict]]:
+    """plan slot -> (rows, cols, matvec_gpu_call flags) of the projections tuned on their own (gate|up: matvec)."""
+    qkv = config.n_heads * config.head_dim + 2 * config.n_kv_heads * config.head_dim
+    return {"lin_qkv": (qkv, config.hidden, {"norm_eps": 1e-5}),
+            "lin_h": (config.hidden, config.n_heads * config.head_dim, {"accumulate": True}),
+            "lin_down": (config.hidden, config.ffn, {"accumulate": True}), "lm_head": (config.vocab, config.hidden, {})}
+
+
+def random_q4_1(rng, rows: int, cols: int) -> dict:
+    """Random Q4_1 parts (rows, cols), drawn as codes (no quantization: the LM head is large), a unit RMSNorm
+    weight after the codes (the NORM variant's)."""
+    blocks = rows * cols // 32
+    scales = (rng.standard_normal((blocks, 2), dtype=np.float32) * 0.01).astype(np.float16)  # (blocks, (d, m))
+    codes = rng.integers(0, 256, blocks * 16, dtype=np.uint8)
+    return {"qs": np.concatenate([codes, np.ones(cols, "<f4").view(np.uint8)]), "dm": scales.view(np.uint8).ravel()}
 
 
 def ops_parts(rng, rows: int, cols: int) -> dict:
@@ -194,5 +240,80 @@ async def _pick(ctx, group: list[Candidate], buffers: list, n: int, start: float
     return list(best) if isinstance(best, tuple) else best, timings
 
 
+SPLIT_SHADERS = ("paged_attention_gpu_main", "matvec_io_merge")  # what the split's timing runs (cache key)
+
+
+async def _pick_split(ctx, config, subgroups: bool, f16: bool, start: float, budget_ms: float):
+    """(the fastest workgroup aim that agrees with the first, {aim: ms | why not}) of decode attention and the
+    output projection merging its partitions (the pair the split trades between), one sequence at
+    SPLIT_CONTEXT tokens of f16 KV with the model's heads, blocks scattered."""
+    from ...kv.spec import KVSpec
+    from .kv_kernels import KVKernels
+    from .kv_layout import GpuKVLayout
+    from .memory_plan import partition_blocks
+
+    bs, hd, hidden = 16, config.head_dim, config.n_heads * config.head_dim
+    blocks = SPLIT_CONTEXT // bs
+    layout = GpuKVLayout(KVSpec(1, config.n_kv_heads, hd, bs, "f16"), blocks)
+    kv = await KVKernels(ctx, layout, config.n_heads, family="gpu", subgroups=subgroups).compile()
+    rng = np.random.default_rng(1)
+    room = -(-blocks // partition_blocks(bs))  # the most partitions any aim makes (the engine's scratch)
+    def rows():  # a cache of random f16 rows
+        return rng.standard_normal(layout.nbytes // 2, dtype=np.float32).astype(np.float16).view(np.uint8)
+
+    w = ops_parts(rng, hidden, hidden)
+    bufs = {"k": ctx.upload(rows(), "tune.k"), "v": ctx.upload(rows(), "tune.v"),
+            "q": ctx.upload(rng.standard_normal(hidden, dtype=np.float32), "tune.q"),
+            "table": ctx.upload(rng.permutation(blocks).astype(np.uint32), "tune.table"),
+            "lens": ctx.upload(np.array([SPLIT_CONTEXT], np.uint32), "tune.lens"),
+            "attn": ctx.buffer(hidden * 4, "tune.attn"), "acc": ctx.buffer(room * hidden * 4, "tune.acc"),
+            "stats": ctx.buffer(room * config.n_heads * 8, "tune.stats"),
+            "qs": ctx.upload(w["qs"], "tune.qs"), "dm": ctx.upload(w["dm"], "tune.dm"),
+            "x": ctx.buffer(hidden * 4, "tune.x")}
+    params = []
+    try:
+        best, best_ms, timings, want = None, None, {}, None
+        for aim in SPLIT_CANDIDATES:
+            label = str(aim)
+            if (time.perf_counter() - start) * 1e3 > budget_ms:
+                timings[label] = "over budget"
+                continue
+            pb = decode_partition_blocks(aim, 1, config.n_heads // kv.head_tile, blocks, bs, room)
+            parts = -(-blocks // pb)
+            attn_words = ops.uniform_words(1, config.n_heads, config.n_kv_heads, bs, blocks, pb, parts,
+                                           1.0 / float(np.sqrt(hd)))
+            merge_words = ops.uniform_words(1, config.n_heads, bs, pb, parts)
+            call = ops.matvec_gpu_call("q4_1", hidden, hidden, 1, subgroups, accumulate=True, f16=f16)
+            params += [ctx.upload(a, "tune.params", uniform=True) for a in (attn_words, merge_words)]
+            params.append(ctx.upload(np.frombuffer(call.params, np.uint8), "tune.params", uniform=True))
+            attn = kv.pipelines[kv.decode.attention]
+            proj = await ctx.kernel(ops.gpu_matvec_shader("q4_1", subgroups, f16, "_merge"),
+                                    dict(call.constants, HEAD_DIM=hd))
+            b = bufs
+            dispatches = [
+                (attn, ctx.bind(attn, {0: b["q"], 1: b["k"], 2: b["v"], 3: b["table"], 4: b["lens"], 5: params[-3],
+                                       6: b["attn"], 7: b["acc"], 8: b["stats"]}), kv.decode_grids(1, parts)[0]),
+                (proj, ctx.bind(proj, {0: b["qs"], 1: b["dm"], 2: b["attn"], 3: b["x"], 4: params[-1],
+                                       8: b["lens"], 9: b["acc"], 10: b["stats"], 11: params[-2]}), call.workgroups)]
+            ctx.write(b["x"], np.zeros(hidden, np.float32))
+            ctx.submit(dispatches)
+            got = await ctx.read_array(b["x"], np.float32, (hidden,))
+            if want is None:
+                want = got
+            elif not float(np.abs(got - want).max()) <= AGREEMENT * float(np.abs(want).max()):
+                timings[label] = "rejected: output differs from the default's"
+                continue
+            ms = (await ctx.time_dispatches(dispatches, 3, 2))["min_ms"]
+            timings[label] = round(ms, 4)
+            if best_ms is None or ms < best_ms:
+                best, best_ms = aim, ms
+    finally:
+        for buf in [*bufs.values(), *params]:
+            buf.destroy()
+    return SPLIT_WORKGROUPS if best is None else best, timings
+
+
 def _shapes(choice: dict) -> ops.GpuShapes:
-    return replace(ops.GpuShapes(), matvec=int(choice["matvec"]), matmul=tuple(choice["matmul"]))
+    slots = tuple(sorted((slot, int(size)) for slot, size in choice.get("matvec_slots", {}).items()))
+    return replace(ops.GpuShapes(), matvec=int(choice["matvec"]), matmul=tuple(choice["matmul"]),
+                   split=int(choice.get("split", SPLIT_WORKGROUPS)), matvec_slots=slots)
