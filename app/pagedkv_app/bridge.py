@@ -19,6 +19,14 @@ def post(msg_type: str, **payload) -> None:
     js.postMessage(to_js(message, dict_converter=js.Object.fromEntries))
 
 
+def progress(model: str, detail: str = "downloading weights"):
+    """on_progress(loaded, total) posting model-progress for `model` with `detail` (what is being loaded)."""
+    def on_progress(loaded: int, total: int) -> None:
+        post("model-progress", model=model, loaded=loaded, total=total, detail=detail)
+
+    return on_progress
+
+
 def now_ms() -> float:
     return float(js.performance.now())
 

@@ -34,18 +34,11 @@ async def cpu_weights(name: str, on_progress) -> tuple[dict, ModelWeights, str, 
     return manifest, ModelWeights.from_shards(manifest, shards, convert), linear, attention, why
 
 
-def _progress(name: str):
-    def on_progress(loaded_bytes: int, total: int) -> None:
-        bridge.post("model-progress", model=name, loaded=loaded_bytes, total=total, detail="downloading weights")
-
-    return on_progress
-
-
 async def shared_cpu_engine(names: list[str], block_size: int, config: EngineConfig,
                             budget_bytes: int) -> tuple[list[dict], LLMEngine, SharedPages, dict]:
     """Several models under one budget (pagedkv.shared_cpu.shared_engine). Returns the manifests, the engine,
     its pages (for load_into) and the model-ready facts."""
-    loaded = [(name, *await cpu_weights(name, _progress(name))) for name in names]
+    loaded = [(name, *await cpu_weights(name, bridge.progress(name))) for name in names]
     models = [CpuModel(name, weights, Tokenizer.from_manifest(manifest), linear, attention)
               for name, manifest, weights, linear, attention, _ in loaded]
     try:
@@ -68,7 +61,7 @@ async def load_into(engine: LLMEngine, shared: SharedPages | None, name: str) ->
     if name in engine.models:
         raise LookupError(f"{name} is loaded already")
     try:
-        manifest, weights, linear, attention, _ = await cpu_weights(name, _progress(name))
+        manifest, weights, linear, attention, _ = await cpu_weights(name, bridge.progress(name))
     except RuntimeError as exc:  # bridge.fetch_bytes: the site has no such model
         if "HTTP 404" in str(exc):
             raise FileNotFoundError(f"there is no model {name!r} here ({exc})") from None

@@ -48,15 +48,8 @@ async def shard_reader(name: str, on_progress) -> tuple[dict, object]:
     return manifest, shard_source
 
 
-def _progress(name: str, detail: str = "downloading weights"):
-    def on_progress(loaded: int, total: int) -> None:
-        bridge.post("model-progress", model=name, loaded=loaded, total=total, detail=detail)
-
-    return on_progress
-
-
 async def _gpu_model(name: str) -> GpuModel:
-    manifest, source = await shard_reader(name, _progress(name))
+    manifest, source = await shard_reader(name, bridge.progress(name))
     return GpuModel(name, manifest, source, Tokenizer.from_manifest(manifest))
 
 

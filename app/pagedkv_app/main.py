@@ -178,10 +178,7 @@ async def load_model(name: str, *also: str, force_cpu: bool = False) -> None:
     try:
         t0 = bridge.now_ms()
         bridge.post("model-progress", model=name, loaded=0, total=1, detail="reading the model manifest")
-
-        def on_progress(loaded: int, total: int) -> None:
-            bridge.post("model-progress", model=name, loaded=loaded, total=total, detail="downloading weights")
-
+        on_progress = bridge.progress(name)
         block_size = int(bridge.query_param("block_size", "16"))
         max_context = int(bridge.query_param("max_context", "0")) or None
         config = EngineConfig(namespace=name, max_context=max_context)
@@ -189,12 +186,12 @@ async def load_model(name: str, *also: str, force_cpu: bool = False) -> None:
         if also and (force_cpu or state["backend"][0] == "cpu"):  # several models: one budget, one pool
             manifests, engine, shared, info = await shared_cpu_engine([name, *also], block_size, config,
                                                                       tier_budgets().gpu_bytes)
-            manifest, backend = manifests[0], engine.backend
         elif also:
             budgets = tier_budgets()
             manifests, engine, shared, info = await shared_gpu_models(
                 state["gpu"], [name, *also], block_size=block_size, config=config, budget_bytes=budgets.gpu_bytes,
                 cpu_budget_bytes=budgets.cpu_bytes, kv_dtype=kv_dtype_param(), kernels=state["kernels"][0])
+        if also:
             manifest, backend = manifests[0], engine.backend
         else:
             if force_cpu or state["backend"][0] == "cpu":
@@ -283,9 +280,7 @@ async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict
         bridge.post("model-progress", model=name, loaded=0, total=total, detail="tuning the gpu kernels")
         tuned = await tune_device(ctx, manifest, await _tuning_store(), bridge.user_agent())
 
-    def uploaded(loaded: int, tot: int) -> None:
-        bridge.post("model-progress", model=name, loaded=loaded, total=tot, detail="weights uploaded to the GPU")
-
+    uploaded = bridge.progress(name, "weights uploaded to the GPU")
     backend = await WebGpuBackend.create(
         ctx, manifest, shard_source, budget_bytes=budgets.gpu_bytes, cpu_budget_bytes=budgets.cpu_bytes,
         block_size=block_size, kv_dtype=kv_dtype, kernels=state["kernels"][0], on_progress=uploaded)
@@ -328,10 +323,7 @@ async def recover_device(attempts: int = 3) -> None:
             state["gpu"] = await webgpu.GpuContext.create(on_lost=on_device_lost)
             state["kernels"] = kernel_family(state["gpu"])
 
-            def on_progress(loaded: int, total: int) -> None:
-                bridge.post("model-progress", model=name, loaded=loaded, total=total,
-                            detail="the GPU device was lost: uploading the weights to a new one")
-
+            on_progress = bridge.progress(name, "the GPU device was lost: uploading the weights to a new one")
             _, backend, _ = await _webgpu_backend(name, state["block_size"], on_progress)
             resumed = service.resume_on(backend, backend.ledger.snapshot)
             state["engine"] = service.engine
