@@ -2,8 +2,8 @@
 // paged_attention_reduce.wgsl runs in this projection's prologue instead of a dispatch of its own. x is the
 // attention output of the decode tokens (one per sequence, so token t is sequence t); a sequence whose
 // context spans one partition has its row there already (written by the attention kernel), the others'
-// values are merged here from the partitions' states, which the previous dispatch finished writing:
-//   M = max_p m_p,  out = sum_p exp(m_p - M) * acc_p / sum_p exp(m_p - M) * l_p.
+// values are merged here from the partitions' states, which the previous dispatch finished writing
+// (partition_merge.wgsl, as paged_attention_reduce.wgsl merges them).
 // Every workgroup merges the vec4s its lanes read (the whole row: each needs all of it); that costs
 // partitions x hidden values read per workgroup, from cache, and saves the merge dispatch.
 // Bindings after the matvec's own: context_lens, the partition states and the merge's uniform (the step's
@@ -24,6 +24,8 @@ struct MergeParams {
 
 override HEAD_DIM : u32 = 64u;
 
+//#include partition_merge.wgsl
+
 fn load_x(t : u32, v : u32) -> vec4<f32> {
   let n_blocks = (context_lens[t] + merge.block_size - 1u) / merge.block_size;
   let n_parts = (n_blocks + merge.partition_blocks - 1u) / merge.partition_blocks;
@@ -32,20 +34,7 @@ fn load_x(t : u32, v : u32) -> vec4<f32> {
   }
   let vec_per_head = HEAD_DIM / 4u;
   let first = t * merge.max_partitions * merge.n_heads + v / vec_per_head;  // the state of (t, partition 0, head)
-  var m = -3.0e38;
-  for (var p = 0u; p < n_parts; p++) {
-    m = max(m, part_stats[first + p * merge.n_heads].x);
-  }
-  var total = 0.0;
-  var sum = vec4<f32>(0.0);
-  for (var p = 0u; p < n_parts; p++) {
-    let state = first + p * merge.n_heads;
-    let stats = part_stats[state];
-    let w = exp(stats.x - m);
-    total += w * stats.y;
-    sum += w * part_acc[state * vec_per_head + v % vec_per_head];
-  }
-  return sum / total;
+  return merge_partitions(first, n_parts, merge.n_heads, v % vec_per_head);
 }
 
 fn store8(t : u32, r0 : u32, lo : vec4<f32>, hi : vec4<f32>) {

@@ -27,6 +27,8 @@ struct Params {
 override HEAD_DIM : u32 = 64u;
 override WORKGROUP_SIZE : u32 = 64u;
 
+//#include partition_merge.wgsl
+
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   let vec_per_head = HEAD_DIM / 4u;
@@ -42,20 +44,7 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
     return;
   }
   let first_state = seq * params.max_partitions * params.n_heads + head;
-  var m = -3.0e38;
-  for (var p = 0u; p < n_parts; p++) {
-    m = max(m, part_stats[first_state + p * params.n_heads].x);
-  }
-  var total = 0.0;
-  var sum = vec4<f32>(0.0);
-  for (var p = 0u; p < n_parts; p++) {
-    let state = first_state + p * params.n_heads;
-    let stats = part_stats[state];
-    let w = exp(stats.x - m);
-    total += w * stats.y;
-    sum += w * part_acc[state * vec_per_head + i];
-  }
-  out[(seq * params.n_heads + head) * vec_per_head + i] = sum / total;
+  out[(seq * params.n_heads + head) * vec_per_head + i] = merge_partitions(first_state, n_parts, params.n_heads, i);
 }
 
 override PART_LANES : u32 = WORKGROUP_SIZE / (HEAD_DIM / 4u);  // main_gpu: lanes sharing a vec4 of the output
