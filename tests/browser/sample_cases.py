@@ -3,18 +3,9 @@ numpy draw), and the engine sampling on the device against the same engine sampl
 page's worker and under CPython on wgpu-py (tests/native)."""
 import numpy as np
 
+import engine_cases as ec
 from pagedkv.backends.webgpu import model_kernels as ops
-from pagedkv.backends.webgpu.runtime import open_device
 from pagedkv.sampling import Sampler, SamplingParams
-
-_ctx = None
-
-
-async def _context():
-    global _ctx
-    if _ctx is None:
-        _ctx = await open_device()
-    return _ctx
 
 
 async def _draw(ctx, logits, settings):
@@ -39,7 +30,7 @@ async def case_sample(vocab, rows, rounds, seed, scale=4.0, ties=False):
     """rows: (temperature, top_p) per sequence. Each round draws every row on the GPU with u taken from a
     Sampler seeded seed + row (device_draw) and compares it with a twin Sampler's sample() on the same
     logits. ties: a run of equal logits at the top and at the top-p boundary."""
-    ctx = await _context()
+    ctx = await ec.context()  # the engine cases' device: one for both
     rng = np.random.default_rng(seed)
     logits = (rng.standard_normal((len(rows), vocab)) * scale).astype(np.float32)  # (S, V)
     if ties:
@@ -61,7 +52,6 @@ async def engine_device_vs_host(kernels, model="tiny-random", max_tokens=12):
     """Four seeded requests (temperatures, top-p, one greedy, one with n=2 whose fork step samples on the host)
     through LLMEngine on WebGPU, drawn on the device, then again with the host sampling from the logits: the
     same tokens, and how many steps read back ids only."""
-    import engine_cases as ec
     from pagedkv.config import EngineConfig
     from pagedkv.engine import LLMEngine
     from pagedkv.tokenizer import Tokenizer
