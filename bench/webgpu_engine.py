@@ -6,8 +6,10 @@ or (--concurrency) several at once.
 
 One request (results/webgpu_engine.json): the ledger breakdown under a 1 GiB budget,
 prefill and decode tok/s of SmolLM2-135M through LLMEngine + WebGpuBackend (one request, random prompt,
-greedy), a decode step's wall time split into the replay (encode + GPU + read back of S ids) and the
-Python controller around it, Python->JS crossings per step, and the decode plan replayed with one workgroup
+greedy), with the pipelined decode (decode_chain.py: step n + 1 submitted before step n's ids are read) and
+without it by turns in one session (median_plain), a decode step's wall time split into the replay (encode +
+GPU + read back of S ids) and the Python controller around it, its host time (wall less the wait for the
+GPU: Python and the JS encode) and wait, Python->JS crossings per step, and the decode plan replayed with one workgroup
 per dispatch (a floor on the per-dispatch cost), the dispatches per step of each recorded plan, and the decode
 step's GPU time split by kind of dispatch (the plan replayed with only that kind left in).
 
@@ -39,18 +41,25 @@ def one_request(args) -> dict:
         page.py("from bench.page.webgpu_engine import *\nNone")
         ledger = page.py("import json\n_ctx, _b, _m, _ledger = await bench_backend()\njson.dumps(_ledger)")
         print(json.dumps(ledger), file=sys.stderr)
-        runs = page.py(f"import json\njson.dumps(await bench_generate(_ctx, _b, _m, {args.prompt}, {args.new}, "
-                       f"{args.runs}))")
+        runs, plain = [], []
+        for _ in range(args.runs):  # pipelined and plain by turns, one run each, so the noise falls on both
+            for pipeline, into in ((True, runs), (False, plain)):
+                into += page.py(f"import json\njson.dumps(await bench_generate(_ctx, _b, _m, {args.prompt}, "
+                                f"{args.new}, 1, pipeline={pipeline}))")
         floor = page.py("import json\njson.dumps(await bench_dispatch_floor(_ctx, _b))")
         dispatches = page.py("import json\njson.dumps(plan_dispatches(_b))")
         split = page.py("import json\njson.dumps(await bench_kernel_split(_ctx, _b))")
         page.py("_b.destroy()\nNone")
         adapter = json.loads(page.dataset()["adapter"])
-    med = {k: statistics.median(r[k] for r in runs) for k in
-           ("prefill_tok_s", "decode_tok_s", "decode_step_ms", "decode_replay_ms", "decode_backend_python_ms",
-            "decode_controller_ms")}
+    keys = ("prefill_tok_s", "decode_tok_s", "decode_step_ms", "decode_replay_ms", "decode_backend_python_ms",
+            "decode_controller_ms", "decode_host_ms", "decode_wait_ms")
+    med = {k: statistics.median(r[k] for r in runs[1:] or runs) for k in keys}  # run 0 records the plans
+    med_plain = {k: statistics.median(r[k] for r in plain[1:] or plain) for k in keys}
     report = {"adapter": adapter["name"], "model": "smollm2-135m-instruct", "prompt_tokens": args.prompt,
               "new_tokens": args.new, "runs": runs, "median": med, "ledger_1gib": ledger,
+              "plain_runs": plain, "median_plain": med_plain,
+              "pipelined_vs_plain_decode_tok_s": med["decode_tok_s"] / med_plain["decode_tok_s"],
+              "same_ids": [r["output_ids"] for r in runs] == [r["output_ids"] for r in plain],
               "decode_plan_one_workgroup_per_dispatch": floor, "dispatches_per_step": dispatches,
               "decode_step_gpu_ms_by_kernel": split}
     return report

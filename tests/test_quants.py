@@ -212,6 +212,7 @@ def test_unstacked_members_upload_under_their_own_names_in_the_bytes_planned(tmp
 
     from pagedkv.backends.webgpu.backend import WebGpuBackend
     from pagedkv.backends.webgpu.memory_plan import weights_bytes
+    from pagedkv.backends.webgpu.weight_upload import upload_weights
     from pagedkv.engine import run_sync
     from pagedkv.gpu_budget import GpuLedger
     from pagedkv.model.tiny import Q4_K_M_DTYPES, mixed_config, write_tiny_model
@@ -224,7 +225,7 @@ def test_unstacked_members_upload_under_their_own_names_in_the_bytes_planned(tmp
     async def source(name: str) -> bytes:
         return (tmp_path / name).read_bytes()
 
-    run_sync(b._upload_weights(manifest, source, None))  # not asyncio.run: Playwright may own this thread's loop
+    run_sync(upload_weights(b, manifest, source, None))  # not asyncio.run: Playwright may own this thread's loop
     layers = [{n.split(".", 2)[2]: d for n, (d, _) in b.weights.items() if n.startswith(f"blk.{i}.")} for i in (0, 1)]
     assert layers == [
         {"attn_norm.weight": "f32", "attn_q.weight": "q4_K", "attn_k.weight": "q4_K", "attn_v.weight": "q6_K",

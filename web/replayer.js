@@ -4,14 +4,17 @@
 //
 // A plan is {passes: [[pipeline, bindGroup], ...][]} recorded once per batch-shape bucket.
 // Each step passes its workgroup grids (Int32Array, 3 per dispatch, 0 = skip), and a list of
-// buffer-to-buffer copies run between pass 0 and pass 1 (the rows of each sequence's last token).
+// buffer-to-buffer copies run between pass 0 and pass 1 (the rows of each sequence's last token). A pipelined
+// decode step first copies the previous step's drawn ids into its token ids (feed), on the GPU.
 "use strict";
 
 self.pagedkvReplayer = {
-  /** Encode every pass of `plan` with `grids` in one command encoder, submit once; optionally map `read`
-   *  (a MAP_READ buffer) after copying `readBytes` of `readSrc` into it, resolving to an ArrayBuffer. */
-  async step(device, plan, grids, copies, copySrc, copyDst, readSrc, readDst, readBytes) {
+  /** Encode every pass of `plan` with `grids` in one command encoder and submit it before the first await;
+   *  optionally map `readDst` (a MAP_READ buffer) after copying `readBytes` of `readSrc` into it, resolving
+   *  to an ArrayBuffer (null without a read). `feedBytes` > 0: copy them from `feedSrc` to `feedDst` first. */
+  async step(device, plan, grids, copies, copySrc, copyDst, readSrc, readDst, readBytes, feedSrc, feedDst, feedBytes) {
     const encoder = device.createCommandEncoder();
+    if (feedBytes > 0) encoder.copyBufferToBuffer(feedSrc, 0, feedDst, 0, feedBytes);
     let d = 0;
     plan.passes.forEach((dispatches, p) => {
       if (p > 0) {

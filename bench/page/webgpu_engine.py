@@ -34,11 +34,13 @@ async def bench_backend(budget_mib=1024, kv_dtype="f16", ctx=None, model=MODEL, 
                               "load_s": round(load_s, 2)}
 
 
-async def bench_generate(ctx, b, manifest, prompt_len=128, new_tokens=32, runs=3, prompt=None):
+async def bench_generate(ctx, b, manifest, prompt_len=128, new_tokens=32, runs=3, prompt=None, pipeline=True):
     """Greedy runs of one request each (a random prompt per run, or `prompt` every run). The prefill is every
-    step up to the one that emits the first token (a prompt longer than max_num_batched_tokens takes several)."""
+    step up to the one that emits the first token (a prompt longer than max_num_batched_tokens takes several).
+    pipeline: EngineConfig.pipeline_decode (step n + 1 submitted before step n's ids are read). A step's host
+    time is its wall time less the time it waited for the GPU's result (Python and the JS encode)."""
     tok = Tokenizer.from_manifest(manifest)
-    engine = LLMEngine(b, tok, EngineConfig(enable_prefix_caching=False))
+    engine = LLMEngine(b, tok, EngineConfig(enable_prefix_caching=False, pipeline_decode=pipeline))
     rng = np.random.default_rng(0)
     results = []
     for run in range(runs):
@@ -63,6 +65,9 @@ async def bench_generate(ctx, b, manifest, prompt_len=128, new_tokens=32, runs=3
             "decode_replay_ms": statistics.median(s["replay"] for s in decode),
             "decode_backend_python_ms": statistics.median(s["python"] for s in decode),
             "decode_controller_ms": statistics.median(s["wall_ms"] - s["replay"] for s in decode),
+            "decode_host_ms": statistics.median(s["wall_ms"] - s["wait"] for s in decode),
+            "decode_wait_ms": statistics.median(s["wait"] for s in decode),
+            "pipeline": pipeline,
             "decode_crossings": sorted({s["crossings"] for s in decode}),
             "prefill_crossings": sum(s["crossings"] for s in prefill),
             "first_run_includes_plan_recording": run == 0,
@@ -88,7 +93,7 @@ async def bench_dispatch_floor(ctx, b, reps=5):
         samples = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            await ctx.replay(plan, g, copies, s["x"], s["last"], s["ids"], s["readback"], 4)
+            await ctx.replay(plan, g, copies, s["x"], s["last"], read=(s["ids"], s["readback"], 4))
             samples.append((time.perf_counter() - t0) * 1e3)
         out[name] = {"median_ms": statistics.median(samples), "samples_ms": samples}
     return out
@@ -127,7 +132,7 @@ async def bench_kernel_split(ctx, b, reps=3):
         samples = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            await ctx.replay(plan, grids, copies, s["x"], s["last"], s["ids"], s["readback"], 4)
+            await ctx.replay(plan, grids, copies, s["x"], s["last"], read=(s["ids"], s["readback"], 4))
             samples.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(samples)
 

@@ -105,11 +105,15 @@ class EngineConfig(SchedulerConfig):
     max_context: int | None = None  # tokens per conversation (prompt + reply); None: the model's context
     retention: KVRetention | None = None  # default sliding window / eviction of every request
     kv_dtype: str | None = None  # KV cache dtype the backend must hold (pagedkv.kv.dtypes); None: the backend's
+    # Submit decode step n + 1 before reading step n's ids where the backend can (decode_chain.py)
+    pipeline_decode: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
+        if not isinstance(self.pipeline_decode, bool):
+            raise ValueError(f"pipeline_decode must be a bool, got {self.pipeline_decode!r}")
         if self.namespace is not None and not isinstance(self.namespace, str):
             raise ValueError(f"namespace must be a str or None, got {self.namespace!r}")
         if self.kv_dtype is not None:

@@ -190,7 +190,8 @@ class LLMEngine:
         """Preempt, by recompute, the lowest-ranked running request of another model that ranks below `req`;
         False when there is none."""
         rank = Request.sort_key(req)
-        below = [(lane, other) for lane in self.lanes.values() if lane.name != model
+        # A lane with a step in flight (decode_chain.py) is not preempted: its next token ids are still on the GPU.
+        below = [(lane, other) for lane in self.lanes.values() if lane.name != model and lane.in_flight is None
                  for other in lane.scheduler.running if Request.sort_key(other) > rank]
         if not below:
             return False
@@ -285,7 +286,8 @@ class LLMEngine:
         """Schedule, copy, run one forward per model with work, sample; returns one StepOutput per request
         that ran (none for one aborted while the step awaited the backend)."""
         async with self._lock:
-            busy = [lane for lane in self.lanes.values() if lane.has_unfinished] or [self.lane()]
+            busy = [lane for lane in self.lanes.values()
+                    if lane.has_unfinished or lane.in_flight is not None] or [self.lane()]
             results: list[StepOutput] = []
             for lane in busy:
                 results += await lane.step()

@@ -16,6 +16,7 @@ import numpy as np
 from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .block_mover import BlockMover
 from .config import CacheConfig, EngineConfig
+from .decode_chain import DecodeChain, InFlight
 from .kv.accounting import kv_stats
 from .kv.block_pool import BlockPool
 from .kv.disk_cache import DiskCache
@@ -58,6 +59,8 @@ class ModelLane:
         self.tiers = KVTiers(self.kv)
         self.mover = BlockMover(backend)
         self.groups = SampleGroups(tokenizer, ids)
+        self.chain = DecodeChain(self)
+        self.in_flight: InFlight | None = None  # a submitted step whose ids are not read yet (decode_chain.py)
         # llama.cpp's end-of-generation set (the ChatML turn closer, Llama 3's <|eot_id|>, ...) and EOS.
         self.default_stop_ids = tokenizer.eog_ids | frozenset(
             i for i in (tokenizer.find_token("<|im_end|>"), tokenizer.eos_token_id) if i is not None)
@@ -176,7 +179,11 @@ class ModelLane:
     def abort(self, request_id: str) -> Request:
         """Stop a request (all its samples or beams) now; their blocks are freed, output so far is kept.
         Safe while a step awaits the backend: that step drops the request's output."""
-        return self.groups.abort(self.scheduler, request_id)
+        members = [m.request for m in self.groups.members.values() if m.group_id == request_id]
+        root = self.groups.abort(self.scheduler, request_id)
+        for req in members:
+            self.chain.drop(req)
+        return root
 
     def rebuild(self, backend) -> list[str]:
         """Continue on a new backend (the GPU device was lost, or the pool was rebuilt with other settings).
@@ -190,6 +197,11 @@ class ModelLane:
             raise ValueError(f"{self.name} shares its KV pool with other models: unload it and load it again "
                              "instead of rebuilding it alone")
         pending = sorted(self.groups.members.values(), key=lambda m: Request.sort_key(m.request))
+        if self.in_flight is not None:  # the old device's step: its ids are gone with it
+            getattr(self.in_flight.landing, "close", lambda: None)()  # a coroutine never to be awaited
+            self.in_flight = None
+        for member in pending:
+            self.chain.drop(member.request)
         self.backend = backend
         self.kv_spec = backend.kv_spec  # a new dtype is fine: everything re-prefills
         disk = self.disk
@@ -241,7 +253,10 @@ class ModelLane:
     # ---------------------------------------------------------------- the step
 
     async def step(self) -> list[StepOutput]:
-        """This model's part of an engine step (LLMEngine.step): restore, schedule, copy, one forward, sample."""
+        """This model's part of an engine step (LLMEngine.step): restore, schedule, copy, one forward, sample.
+        With a step in flight (decode_chain.py) it is that step's turn: the next is submitted, then its ids read."""
+        if self.in_flight is not None:
+            return await self._land(self.in_flight)
         async for restore in self.tiers.restores(self.scheduler.waiting):
             await self.mover.run(restore.moves)
             self.counters[f"{restore.tier}_restored_tokens"] += restore.tokens
@@ -253,6 +268,7 @@ class ModelLane:
         greedy = all(m.beam is None and m.sampler.argmax_only
                      for m in (members[r.request_id] for r, _ in out.scheduled))
         draws = None if greedy or batch is None else self._device_draws(out.scheduled)
+        chain = batch is not None and self.chain.allows(out.scheduled, greedy, draws)
         await self.mover.run(out.moves)
         for name, ops in (("swap_out_blocks", out.swap_out), ("swap_in_blocks", out.swap_in),
                           ("copy_ops", out.copies), ("shifted_blocks", out.shifts)):
@@ -260,36 +276,61 @@ class ModelLane:
         if batch is None:
             await self._flush_when_idle()
             return []
+        kw = {} if draws is None else {"draws": draws}
+        t0 = time.perf_counter()
+        if chain:
+            landing = await self.backend.submit(batch, greedy=greedy, **kw)
+            return await self._land(InFlight(out.scheduled, landing, time.perf_counter() - t0))
         track = any(r.retention is not None and r.retention.evict for r, _ in out.scheduled)
         mass = np.zeros(batch.block_tables.shape, np.float32) if track else None  # (S, max_blocks)
-        t0 = time.perf_counter()
         # (S, vocab), or (S,) ids when greedy or drawn on the device
-        kw = {} if draws is None else {"draws": draws}
         logits = await self.backend.forward(batch, greedy=greedy, attention_mass=mass, **kw)
         self.counters["forward_s"] += time.perf_counter() - t0
         if track:
             self.kv.add_attention_mass([r.seq for r, _ in out.scheduled], mass)
+        return await self._results(out.scheduled, logits, greedy or draws is not None)
+
+    async def _land(self, flight: InFlight) -> list[StepOutput]:
+        """A submitted step's turn: the next step goes to the GPU first where the chain allows, then this one's
+        ids are read and handed out (decode_chain.py)."""
+        self.in_flight = None
+        following = await self.chain.submit_next(flight) if self.chain.allows(flight.scheduled, True, None) else None
+        t0 = time.perf_counter()
+        ids = await flight.landing
+        self.counters["forward_s"] += flight.submit_s + time.perf_counter() - t0
+        self.in_flight = following
+        results = await self._results(flight.scheduled, ids, True, marked=flight.marked)
+        if following is not None and all(r.status is SequenceStatus.FINISHED for r, _ in following.scheduled):
+            self.in_flight = None  # every row stopped one step early: the extra step's ids go unread
+            await following.landing
+        return results
+
+    async def _results(self, scheduled: list, logits, ids: bool, marked: bool = False) -> list[StepOutput]:
+        """A step's outputs: its KV counted computed (unless `marked` already), the disk's write-behind, each
+        sampling row's token from `logits` ((S, vocab), or (S,) drawn ids when `ids`)."""
+        members = self.groups.members
         self.counters["steps"] += 1
         results = []
-        for req, n in out.scheduled:
-            if req.status is not SequenceStatus.FINISHED:  # aborted while the backend ran; its blocks are free
-                self.kv.mark_computed(req.seq, n)
+        if not marked:
+            for req, n in scheduled:
+                if req.status is not SequenceStatus.FINISHED:  # aborted while the backend ran; its blocks are free
+                    self.kv.mark_computed(req.seq, n)
         if self.disk is not None:  # before sampling: a finished request gives its blocks back
-            computed = [r.seq for r, _ in out.scheduled if r.status is not SequenceStatus.FINISHED]
+            computed = [r.seq for r, _ in scheduled if r.status is not SequenceStatus.FINISHED]
             store = self.disk.plan_store(self.kv, computed)
             words = await self.mover.read(store) if store is not None else None
             self.counters["disk_written_blocks"] += await self.disk.store(store, words)
-        for i, (req, n) in enumerate(out.scheduled):
+        for i, (req, n) in enumerate(scheduled):
             if req.status is SequenceStatus.FINISHED:  # aborted while the backend (or the disk) ran
                 continue
             seq = req.seq
             member = members[req.request_id]
-            if seq.num_computed_tokens < seq.num_tokens:  # a prefill chunk: nothing to sample yet
-                self.counters["prefill_tokens"] += n
+            if seq.num_computed_tokens < seq.num_tokens and not self.chain.is_placeholder(req):
+                self.counters["prefill_tokens"] += n  # a prefill chunk: nothing to sample yet
                 results.append(StepOutput(member.group_id, [], "", False, index=req.index))
                 continue
             self.counters["decode_tokens" if n == 1 and req.output_ids else "prefill_tokens"] += n
-            row = int(logits[i]) if greedy or draws is not None else logits[i]
+            row = int(logits[i]) if ids else logits[i]
             if member.beam is not None:
                 member.beam.offer(req, row)
                 continue
@@ -325,9 +366,12 @@ class ModelLane:
             token = logits_or_token
         else:
             token = member.sampler.sample(logits_or_token, req.seq.token_ids)
-        req.append_token(token)
         reason = "stop" if token in member.stop_ids else (
-            "length" if len(req.output_ids) >= req.max_tokens else None)
+            "length" if len(req.output_ids) + 1 >= req.max_tokens else None)
+        if self.chain.is_placeholder(req):  # the next step already computes it (decode_chain.py)
+            self.chain.resolve(req, token, finished=reason is not None)
+        else:
+            req.append_token(token)
         text = "" if reason == "stop" else member.decoder.push(token)
         if reason is not None:
             text += member.decoder.flush()

@@ -257,14 +257,22 @@ class GpuContext(GpuDevice):
         self.js_crossings += 1
         return _js_obj({"passes": to_js([[to_js(list(d)) for d in p] for p in passes])})
 
-    async def replay(self, plan, grids: np.ndarray, copies: np.ndarray, copy_src, copy_dst,
-                     read_src=None, read_dst=None, read_bytes: int = 0) -> bytes | None:
-        """One crossing: web/replayer.js encodes every dispatch of the step."""
+    def replay(self, plan, grids: np.ndarray, copies: np.ndarray, copy_src, copy_dst, *,
+               read: tuple | None = None, feed: tuple | None = None):
+        """One crossing: web/replayer.js encodes every dispatch of the step and submits it at once (the JS
+        function runs synchronously up to its mapAsync); the returned coroutine awaits the read."""
         grids = np.ascontiguousarray(grids, dtype=np.int32)  # (n, 3)
         copies = np.ascontiguousarray(copies, dtype=np.int32)  # (m, 3)
+        read_src, read_dst, read_bytes = read or (None, None, 0)
+        feed_src, feed_dst, feed_bytes = feed or (None, None, 0)
         self.js_crossings += 1
-        result = await js.pagedkvReplayer.step(self.device, plan, to_js(grids.reshape(-1)), to_js(copies.reshape(-1)),
-                                               copy_src, copy_dst, read_src, read_dst, int(read_bytes))
+        landing = js.pagedkvReplayer.step(self.device, plan, to_js(grids.reshape(-1)), to_js(copies.reshape(-1)),
+                                          copy_src, copy_dst, read_src, read_dst, int(read_bytes),
+                                          feed_src, feed_dst, int(feed_bytes))
+        return self._landed(landing)
+
+    async def _landed(self, landing) -> bytes | None:
+        result = await landing
         if result is None:
             return None
         self.js_crossings += 1

@@ -179,7 +179,7 @@ class KVCacheManager:
         plan = self._plan(seq, num_new_tokens, check_fits=False)
         return max(0, plan.num_needed - plan.num_available)
 
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[CopyOp]:
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, *, register: bool = True) -> list[CopyOp]:
         """Give KV slots to the next `num_new_tokens` token ids of `seq`.
 
         A sequence without blocks first shares its longest verified cached
@@ -188,6 +188,9 @@ class KVCacheManager:
         backend must run before writing (appending into a shared or cached
         partial block). Raises OutOfBlocks (state unchanged) when the pool is
         short right now, NeverFits when it can never hold the sequence.
+        register=False: a block these slots fill is not made findable in the
+        prefix cache yet (its last token id is still being drawn on the GPU:
+        decode_chain.py); register_blocks does it once the id is known.
         """
         plan = self._plan(seq, num_new_tokens)
         if plan.num_needed > plan.num_available:
@@ -213,8 +216,14 @@ class KVCacheManager:
         seq.num_kv_tokens += num_new_tokens
         seq.status = SequenceStatus.RUNNING
         self.live[seq.seq_id] = seq
-        self.prefix.register_full_blocks(seq)
+        if register:
+            self.prefix.register_full_blocks(seq)
         return ops
+
+    def register_blocks(self, seq: Sequence) -> None:
+        """Make the full blocks allocate_slots(register=False) left unfindable findable (prefix cache)."""
+        self._check_active(seq, "register blocks of")
+        self.prefix.register_full_blocks(seq)
 
     def mark_computed(self, seq: Sequence, num_tokens: int) -> None:
         """The forward wrote the KV of the next `num_tokens` slotted tokens of `seq`."""

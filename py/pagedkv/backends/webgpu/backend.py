@@ -21,13 +21,11 @@ from ...kv.block_pool import CopyOp
 from ...kv.retention import ShiftOp
 from ...kv.spec import KVSpec
 from ...model.config import ModelConfig
-from ...model.layout import DTYPE_PARTS
-from ...model.weights import check_manifest, tensor_parts, verify_shard
+from ...model.weights import check_manifest
 from ...model_runner import ForwardBatch
 from .. import check_attention_mass
 from . import model_kernels as ops
 from .attention_mass import AttentionMassKernel
-from .fused import BIAS_MEMBERS, bias_member, fused_member, member_names, stack_rows, stacks
 from .kv_attention_gpu import decode_partition_blocks
 from .kv_kernels import KVKernels
 from .kv_layout import GpuKVLayout
@@ -35,6 +33,7 @@ from .kv_pool import GpuKVPool
 from .memory_plan import partition_blocks as scratch_partition_blocks
 from .memory_plan import plan_kv_pool, scratch_buffers, staging_buffers
 from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
+from .weight_upload import upload_weights
 
 CPU_POOL_CAP_BYTES = 64 * MIB  # default CPU swap pool (wasm memory)
 UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_gpu", "paged_attention_gpu_sg",
@@ -71,11 +70,15 @@ class WebGpuBackend:
         self._dispatch_slots: dict[PlanKey, np.ndarray] = {}  # uniform slot of each recorded dispatch
         self._slots_cache: dict[StepShape, tuple] = {}
         self.last_step_ms: dict[str, float] = {}
+        self._id_landing = "readback_ids"  # the MAP_READ buffer the last ids-only step read into
         # The engine hands forward() its draws (Sampler.device_draw) and gets token ids back, not logits rows
         # (sample.wgsl); False: the host samples from the logits. The gpu family's: one workgroup bisecting
         # the row costs a real GPU microseconds where Pyodide's sampler takes ~7 ms a token, but SwiftShader
         # (the cpu family's adapters) 26 ms (docs/performance.md).
         self.samples_on_device = kernels == "gpu"
+        # The engine submits decode step n + 1 (its token ids fed on the GPU) before it reads step n's ids
+        # (submit(feed=True), decode_chain.py); tests turn it off to compare.
+        self.pipelines = True
         self._mass_kernel: AttentionMassKernel | None = None  # compiled on first use
 
     # ------------------------------------------------------------------ construction
@@ -135,12 +138,12 @@ class WebGpuBackend:
     async def _allocate(self, manifest: dict, shard_source, on_progress) -> None:
         """Weights, then scratch and staging, then the KV pool: every buffer reserved in the ledger first."""
         cfg = self.config
-        await self._upload_weights(manifest, shard_source, on_progress)
+        await upload_weights(self, manifest, shard_source, on_progress)
         scratch = scratch_buffers(cfg, block_size=self.block_size, max_num_batched_tokens=self.max_num_batched_tokens,
                                   max_num_seqs=self.max_num_seqs)
         staging = staging_buffers(cfg, self.kv_spec, max_num_seqs=self.max_num_seqs)
         for label, nbytes, kind in (*scratch, *staging):
-            self.scratch[label] = self._buffer(label, nbytes, kind, map_read=label == "readback",
+            self.scratch[label] = self._buffer(label, nbytes, kind, map_read=label.startswith("readback"),
                                                uniform=label == "params")
         self.ctx.write(self.scratch["cos_sin"], rope_cos_sin(cfg.head_dim, cfg.rope_base, cfg.context_length,
                                                            model_inv_freq(cfg)))
@@ -151,74 +154,6 @@ class WebGpuBackend:
         buf = self.ctx.buffer(nbytes, label, **kw)
         self._buffers[label] = buf
         return buf
-
-    async def _upload_weights(self, manifest: dict, shard_source, on_progress) -> None:
-        total = sum(s["nbytes"] for s in manifest["shards"])
-        loaded = 0
-        pending: dict[str, dict[int, tuple]] = {}  # stacked tensor -> member index -> (dtype, shape, parts)
-        biases: dict[str, dict[int, bytes]] = {}  # stacked bias -> member index -> f32 bytes
-        for shard in manifest["shards"]:
-            data = await shard_source(shard["file"])
-            verify_shard(shard, data)
-            for name, entry in manifest["tensors"].items():
-                if entry["file"] != shard["file"]:
-                    continue
-                parts = tensor_parts(entry, data)
-                if bias_member(name) is not None:
-                    self._stack_bias(name, entry, parts, biases)
-                    continue
-                if entry["dtype"] == "q8_0":
-                    ops.check_q8_0_codes(name, parts)
-                elif len(entry["shape"]) == 2 and entry["dtype"] not in ops.LINEAR_TYPES:
-                    raise ValueError(f"tensor {name}: {entry['dtype']} matrices have no WebGPU kernels "
-                                     f"(supported: {', '.join(ops.LINEAR_TYPES)})")
-                member = fused_member(name)
-                if member is None or len(entry["shape"]) == 1:  # a norm weight is also used alone (prefill)
-                    self._upload_tensor(name, entry["dtype"], parts)
-                if member is None:
-                    continue
-                # q/k/v and gate/up run as one matvec over their stacked rows, their input norm fused (fused.py)
-                stacked, index, count = member
-                group = pending.setdefault(stacked, {})
-                group[index] = (entry["dtype"], tuple(entry["shape"]), {k: bytes(v) for k, v in parts.items()})
-                if len(group) == count:
-                    self._upload_stack(stacked, [group[i] for i in sorted(group)])
-                    del pending[stacked]
-            loaded += shard["nbytes"]
-            del data  # the CPU copy goes as soon as its tensors are on the GPU
-            if on_progress is not None:
-                on_progress(loaded, total)
-        if pending or biases:
-            raise ValueError(f"the manifest lacks members of the stacked tensors {sorted(pending) + sorted(biases)}")
-
-    def _upload_stack(self, stacked: str, members: list[tuple]) -> None:
-        """The members stacked (fused.stack_rows), or each on its own where they have no lossless common type."""
-        if stacks(dtype for dtype, _, _ in members[:-1]):
-            dtype, _, parts = stack_rows(stacked, members)
-            self._upload_tensor(stacked, dtype, parts)
-            return
-        for name, (dtype, _, parts) in zip(member_names(stacked), members[:-1]):  # the norm weight is up already
-            self._upload_tensor(name, dtype, parts)
-
-    def _stack_bias(self, name: str, entry: dict, parts: dict, biases: dict) -> None:
-        """Collect a q / k / v bias; upload the layer's (q | k | v) f32 row once all three are there."""
-        if entry["dtype"] != "f32":
-            raise ValueError(f"tensor {name}: biases must be f32, got {entry['dtype']}")
-        stacked, index = bias_member(name)
-        group = biases.setdefault(stacked, {})
-        group[index] = bytes(parts["data"])[: 4 * entry["shape"][0]]
-        if len(group) == len(BIAS_MEMBERS):
-            self._upload_tensor(stacked, "f32", {"data": b"".join(group[i] for i in sorted(group))})
-            del biases[stacked]
-
-    def _upload_tensor(self, name: str, dtype: str, parts: dict) -> None:
-        order = DTYPE_PARTS[dtype]
-        bufs = []
-        for part in order:
-            buf = self._buffer(f"w:{name}.{part}", len(parts[part]), "weights")
-            self.ctx.write(buf, np.frombuffer(parts[part], np.uint8))
-            bufs.append(buf)
-        self.weights[name] = (dtype, tuple(bufs))
 
     @property
     def subgroups(self) -> bool:
@@ -349,14 +284,27 @@ class WebGpuBackend:
         """(S, vocab) f32 logits of each sequence's last new token, or (S,) int32 argmax ids when greedy, or
         with draws ((S, 4) f32: temperature, top_p, u, 0; Sampler.device_draw) the (S,) int32 ids drawn on the
         GPU (sample.wgsl: temperature 0 is argmax); attention_mass as in backends.Backend.forward."""
-        t0 = time.perf_counter()
-        self._check(batch)
         if attention_mass is not None:
             check_attention_mass(attention_mass, batch)
+        out = await (await self.submit(batch, greedy=greedy, draws=draws))
+        if attention_mass is not None:
+            attention_mass[...] = await self._attention_mass(batch)
+        return out
+
+    async def submit(self, batch: ForwardBatch, *, greedy: bool = False, draws: np.ndarray | None = None,
+                     feed: bool = False) -> Awaitable[np.ndarray]:
+        """Submit the step now and return an awaitable of forward()'s result: the engine may submit the next
+        decode step before it awaits this one's ids (decode_chain.py). feed: this step's token ids are the
+        ids the previous step drew, row for row (its rows were the same sequences in the same order): copied
+        on the GPU before the step runs, whatever batch.token_ids holds."""
+        t0 = time.perf_counter()
+        self._check(batch)
         cfg, s = self.config, self.scratch
         t, n = batch.token_ids.shape[0], batch.num_seqs
         if draws is not None and draws.shape != (n, 4):
             raise ValueError(f"draws must be ({n}, 4) f32 (temperature, top_p, u, 0), got {draws.shape}")
+        if feed and t != n:
+            raise ValueError(f"a fed step is a decode step (one token per sequence), got {t} tokens for {n}")
         key = PlanKey.of(t, n, sampled=draws is not None)
         greedy = greedy or draws is not None  # ids come back either way
         plan = await self._plan(key)
@@ -368,7 +316,7 @@ class WebGpuBackend:
                           key.decode, part_blocks)
         slot_grids, params = self._slots(shape)
         grids = slot_grids[self._dispatch_slots[key]]  # (dispatches, 3)
-        write = self.ctx.write
+        write = self.ctx.write  # queue writes: they land after every step submitted before, before this one
         write(s["token_ids"], batch.token_ids)
         write(s["positions"], batch.positions)
         write(s["slot_mapping"], batch.slot_mapping)
@@ -381,25 +329,36 @@ class WebGpuBackend:
             write(s["sampling"], draws.astype(np.float32))
         row = cfg.hidden * 4
         copies = np.stack([(qsl[1:] - 1) * row, np.arange(n) * row, np.full(n, row)], axis=1)  # (S, 3)
-        nbytes = n * 4 if greedy else n * cfg.vocab * 4
+        if greedy:  # ids land in the two id landings by turns (one may still be mapped for the step before)
+            self._id_landing = "readback_ids" if self._id_landing == "readback" else "readback"
+            read = (s["ids"], s[self._id_landing], n * 4)
+        else:
+            read = (s["logits"], s["readback"], n * cfg.vocab * 4)
         first = key not in self._validated
         if first:
             self.ctx.push_errors()
         t1 = time.perf_counter()
-        data = await self.ctx.replay(plan, grids, copies, s["x"], s["last"], s["ids" if greedy else "logits"],
-                                     s["readback"], nbytes)
-        t2 = time.perf_counter()
+        landing = self.ctx.replay(plan, grids, copies, s["x"], s["last"], read=read,
+                                  feed=(s["ids"], s["token_ids"], n * 4) if feed else None)
         if first:
             await self.ctx.pop_errors(f"the first {key} step")
             self._validated.add(key)
+        return self._landed(landing, greedy, n, prepare_s=t1 - t0, encode_s=time.perf_counter() - t1)
+
+    async def _landed(self, landing, greedy: bool, n: int, prepare_s: float, encode_s: float) -> np.ndarray:
+        t0 = time.perf_counter()  # a coroutine starts when awaited: this is when the engine waits for the ids
+        data = await landing
+        t1 = time.perf_counter()
         if greedy:
             out = np.frombuffer(data, np.uint32).astype(np.int32)  # (S,)
         else:
-            out = np.frombuffer(data, np.float32).reshape(n, cfg.vocab).copy()  # (S, vocab)
-        if attention_mass is not None:
-            attention_mass[...] = await self._attention_mass(batch)
-        # Wall time of the replay (encode + GPU + map) vs the Python around it; benchmarks read this.
-        self.last_step_ms = {"replay": (t2 - t1) * 1e3, "python": (t1 - t0 + time.perf_counter() - t2) * 1e3}
+            out = np.frombuffer(data, np.float32).reshape(n, self.config.vocab).copy()  # (S, vocab)
+        # Milliseconds: the Python around the step, the replay's encode and submit (one crossing into JS), and
+        # the wait for its result; benchmarks read this. A pipelined step is waited for while the GPU already
+        # has the next one, so its wait is the GPU time the host did not cover.
+        wait = (t1 - t0) * 1e3
+        self.last_step_ms = {"python": (prepare_s + time.perf_counter() - t1) * 1e3, "encode": encode_s * 1e3,
+                             "wait": wait, "replay": encode_s * 1e3 + wait}
         return out
 
     def _partition_blocks(self, num_seqs: int, max_blocks: int) -> int:

@@ -184,11 +184,14 @@ class GpuDevice(abc.ABC):
         """A replayable plan: compute passes of (pipeline, bind_group) built once."""
 
     @abc.abstractmethod
-    async def replay(self, plan, grids: np.ndarray, copies: np.ndarray, copy_src, copy_dst,
-                     read_src=None, read_dst=None, read_bytes: int = 0) -> bytes | None:
-        """Encode and submit one step of `plan` in one command encoder, with its per-dispatch workgroup grids
-        (n, 3) int32 (x = 0 skips a dispatch) and (m, 3) int32 (src offset, dst offset, bytes) copies between
-        pass 0 and pass 1; returns read_bytes of read_src (via MAP_READ read_dst) if asked."""
+    def replay(self, plan, grids: np.ndarray, copies: np.ndarray, copy_src, copy_dst, *,
+               read: tuple | None = None, feed: tuple | None = None) -> Awaitable[bytes | None]:
+        """Encode one step of `plan` in one command encoder and submit it before returning: the feed copy first
+        when given ((src, dst, bytes): the previous step's drawn ids into this step's token ids, on the GPU),
+        then the passes with their per-dispatch workgroup grids (n, 3) int32 (x = 0 skips a dispatch) and
+        (m, 3) int32 (src offset, dst offset, bytes) copies between pass 0 and pass 1, then the read copy
+        ((src, MAP_READ dst, bytes)). Returns an awaitable of the read's bytes (None without a read): a caller
+        may submit the next step before it awaits this one's (a pipelined decode, decode_chain.py)."""
 
     @staticmethod
     def now_ms() -> float:

@@ -89,6 +89,8 @@ def staging_buffers(cfg: ModelConfig, spec: KVSpec, *, max_num_seqs: int) -> lis
     block = GpuKVLayout(spec, num_blocks=1).nbytes  # one block of one layer's K (or V)
     chunk = 2 * SWAP_CHUNK_BLOCKS * block
     return [("readback", max_num_seqs * cfg.vocab * 4, "staging"),  # (S, vocab) landing
+            # (S,) drawn ids land here and in readback by turns: a pipelined step's while the last one's is mapped
+            ("readback_ids", max_num_seqs * 4, "staging"),
             ("swap_temporaries", 2 * chunk + TEMP_SLACK_BYTES, "staging")]
 
 

@@ -197,10 +197,12 @@ class NativeDevice(GpuDevice):
     def record_plan(self, passes: list[list[tuple]]):
         return [list(p) for p in passes]
 
-    async def replay(self, plan, grids: np.ndarray, copies: np.ndarray, copy_src, copy_dst,
-                     read_src=None, read_dst=None, read_bytes: int = 0) -> bytes | None:
+    def replay(self, plan, grids: np.ndarray, copies: np.ndarray, copy_src, copy_dst, *,
+               read: tuple | None = None, feed: tuple | None = None):
         grids = np.asarray(grids, dtype=np.int32).tolist()  # (n, 3)
         encoder = self.device.create_command_encoder()
+        if feed is not None:
+            encoder.copy_buffer_to_buffer(feed[0], 0, feed[1], 0, feed[2])
         d = 0
         for p, dispatches in enumerate(plan):
             if p > 0:
@@ -208,16 +210,21 @@ class NativeDevice(GpuDevice):
                     encoder.copy_buffer_to_buffer(copy_src, src, copy_dst, dst, nbytes)
             self._encode(encoder, [(pipe, group, grids[d + i]) for i, (pipe, group) in enumerate(dispatches)])
             d += len(dispatches)
-        if read_bytes:
-            encoder.copy_buffer_to_buffer(read_src, 0, read_dst, 0, read_bytes)
+        if read is not None:
+            encoder.copy_buffer_to_buffer(read[0], 0, read[1], 0, read[2])
         self._finish(encoder, "replaying a step plan")
-        if not read_bytes:
+        return self._landed(read)
+
+    async def _landed(self, read: tuple | None) -> bytes | None:
+        """The read's bytes, mapped when awaited (map_sync waits for the queue: the submit ran before)."""
+        if read is None:
             return None
-        read_dst.map_sync(self.wgpu.MapMode.READ, 0, read_bytes)
+        _, dst, nbytes = read
+        dst.map_sync(self.wgpu.MapMode.READ, 0, nbytes)
         try:
-            return bytes(read_dst.read_mapped(0, read_bytes, copy=False))
+            return bytes(dst.read_mapped(0, nbytes, copy=False))
         finally:
-            read_dst.unmap()
+            dst.unmap()
 
     # ---------------------------------------------------------------- timing
 
