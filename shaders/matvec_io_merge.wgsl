@@ -9,26 +9,17 @@
 // Bindings after the matvec's own: context_lens, the partition states and the merge's uniform (the step's
 // "reduce" slot, the same words paged_attention_reduce reads).
 
-struct MergeParams {
-  num_seqs : u32,
-  n_heads : u32,
-  block_size : u32,
-  partition_blocks : u32,
-  max_partitions : u32,
-}
-
 @group(0) @binding(8) var<storage, read> context_lens : array<u32>;    // (num_seqs,)
 @group(0) @binding(9) var<storage, read> part_acc : array<vec4<f32>>;  // (num_seqs, max_partitions, n_heads, HEAD_DIM / 4)
 @group(0) @binding(10) var<storage, read> part_stats : array<vec2<f32>>;  // (num_seqs, max_partitions, n_heads): (max, sum)
-@group(0) @binding(11) var<uniform> merge : MergeParams;
+@group(0) @binding(11) var<uniform> merge : MergeParams;  // partition_merge.wgsl
 
 override HEAD_DIM : u32 = 64u;
 
 //#include partition_merge.wgsl
 
 fn load_x(t : u32, v : u32) -> vec4<f32> {
-  let n_blocks = (context_lens[t] + merge.block_size - 1u) / merge.block_size;
-  let n_parts = (n_blocks + merge.partition_blocks - 1u) / merge.partition_blocks;
+  let n_parts = partitions_of(context_lens[t], merge);
   if (n_parts <= 1u) {
     return x[t * (params.cols / 4u) + v];
   }

@@ -10,19 +10,11 @@
 // partitions (p, p + PART_LANES, ...) as well as the head's vec4s i, then meet in workgroup memory, so a
 // long context's 64 partitions are not walked by one lane. Dispatch: num_seqs * n_heads workgroups.
 
-struct Params {
-  num_seqs : u32,
-  n_heads : u32,
-  block_size : u32,
-  partition_blocks : u32,
-  max_partitions : u32,
-}
-
 @group(0) @binding(0) var<storage, read> context_lens : array<u32>;       // (num_seqs,)
 @group(0) @binding(1) var<storage, read> part_acc : array<vec4<f32>>;      // (num_seqs, max_partitions, n_heads, HEAD_DIM / 4)
 @group(0) @binding(2) var<storage, read> part_stats : array<vec2<f32>>;    // (num_seqs, max_partitions, n_heads): (max, sum)
 @group(0) @binding(3) var<storage, read_write> out : array<vec4<f32>>;     // (num_seqs, n_heads, HEAD_DIM / 4)
-@group(0) @binding(4) var<uniform> params : Params;
+@group(0) @binding(4) var<uniform> params : MergeParams;  // partition_merge.wgsl
 
 override HEAD_DIM : u32 = 64u;
 override WORKGROUP_SIZE : u32 = 64u;
@@ -38,8 +30,7 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   if (seq >= params.num_seqs) {
     return;
   }
-  let n_blocks = (context_lens[seq] + params.block_size - 1u) / params.block_size;
-  let n_parts = (n_blocks + params.partition_blocks - 1u) / params.partition_blocks;
+  let n_parts = partitions_of(context_lens[seq], params);
   if (n_parts <= 1u) {
     return;
   }
@@ -59,8 +50,7 @@ fn main_gpu(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_in
   let lane = lid / vec_per_head;
   let head = wid.x % params.n_heads;
   let seq = wid.x / params.n_heads;
-  let n_blocks = (context_lens[min(seq, params.num_seqs - 1u)] + params.block_size - 1u) / params.block_size;
-  let n_parts = (n_blocks + params.partition_blocks - 1u) / params.partition_blocks;
+  let n_parts = partitions_of(context_lens[min(seq, params.num_seqs - 1u)], params);
   if (seq >= params.num_seqs || n_parts <= 1u) {
     return;  // the whole workgroup (uniform inputs only)
   }
