@@ -1,7 +1,7 @@
 """Benchmark of the whole-model WebGPU backend in headless Chromium (SwiftShader on this machine): one request,
 or (--concurrency) several at once.
 
-    python3 build.py && python3 -m bench.webgpu_engine [--runs 3] [--prompt 128] [--new 32]
+    python3 build.py && python3 -m bench.webgpu_engine [--runs 3] [--prompt 128] [--new 32] [--model M]
     python3 build.py && python3 -m bench.webgpu_engine --concurrency [--quick] [--skip-real]
 
 One request (results/webgpu_engine.json): the ledger breakdown under a 1 GiB budget,
@@ -39,7 +39,8 @@ def one_request(args) -> dict:
     with session() as page:
         install_bench(page, "page/webgpu_engine.py")
         page.py("from bench.page.webgpu_engine import *\nNone")
-        ledger = page.py("import json\n_ctx, _b, _m, _ledger = await bench_backend()\njson.dumps(_ledger)")
+        ledger = page.py(f"import json\n_ctx, _b, _m, _ledger = await bench_backend(model={args.model!r})\n"
+                         "json.dumps(_ledger)")
         print(json.dumps(ledger), file=sys.stderr)
         runs, plain = [], []
         for _ in range(args.runs):  # pipelined and plain by turns, one run each, so the noise falls on both
@@ -55,7 +56,7 @@ def one_request(args) -> dict:
             "decode_controller_ms", "decode_host_ms", "decode_wait_ms")
     med = {k: statistics.median(r[k] for r in runs[1:] or runs) for k in keys}  # run 0 records the plans
     med_plain = {k: statistics.median(r[k] for r in plain[1:] or plain) for k in keys}
-    report = {"adapter": adapter["name"], "model": "smollm2-135m-instruct", "prompt_tokens": args.prompt,
+    report = {"adapter": adapter["name"], "model": args.model, "prompt_tokens": args.prompt,
               "new_tokens": args.new, "runs": runs, "median": med, "ledger_1gib": ledger,
               "plain_runs": plain, "median_plain": med_plain,
               "pipelined_vs_plain_decode_tok_s": med["decode_tok_s"] / med_plain["decode_tok_s"],
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="a model of dist/models/ (one request)")
     parser.add_argument("--concurrency", action="store_true", help="several conversations at once instead")
     parser.add_argument("--quick", action="store_true", help="--runs 2 --prompt 64 --new 8; with --concurrency: "
                                                              "1, 2, 4 conversations (SmolLM2: 2, 16-token "

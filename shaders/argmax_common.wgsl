@@ -2,6 +2,8 @@
 // `//#include argmax_common.wgsl` line: bindings, and each thread's scan of a strided slice of one
 // logits row in increasing index order, published in workgroup memory; the including kernel's
 // combine(s, lid) writes out[s] from best_*. Logits are assumed finite (no NaN).
+// WINNERS_OF > 0: row s holds the LM head's per-workgroup winners instead of logits (matvec_io_argmax.wgsl):
+// ceil(vocab / WINNERS_OF) pairs (value, f32(index)), in increasing index order, so the scan keeps its rule.
 
 struct Params {
   vocab : u32,
@@ -15,6 +17,7 @@ struct Params {
 @group(0) @binding(2) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 256u;
+override WINNERS_OF : u32 = 0u;
 const NONE : u32 = 0xffffffffu;  // no element: loses every comparison
 
 var<workgroup> best_value : array<f32, WORKGROUP_SIZE>;
@@ -27,14 +30,24 @@ fn beats(v : f32, i : u32, value : f32, index : u32) -> bool {
 
 // Thread lid's best over row s's indices lid, lid + WORKGROUP_SIZE, ..., stored at best_*[lid].
 fn scan(s : u32, lid : u32) {
-  let base = s * params.vocab;
+  var count = params.vocab;
+  if (WINNERS_OF > 0u) {
+    let per = max(WINNERS_OF, 1u);  // Tint folds the division with the constant even where WINNERS_OF is 0
+    count = (params.vocab + per - 1u) / per;
+  }
+  let base = s * count;
   var value = 0.0;  // placeholder until the first element
   var index = NONE;
-  for (var i = lid; i < params.vocab; i += WORKGROUP_SIZE) {
-    let v = logits[base + i];
+  for (var i = lid; i < count; i += WORKGROUP_SIZE) {
+    var v = logits[base + i];
+    var at = i;
+    if (WINNERS_OF > 0u) {
+      v = logits[2u * (base + i)];
+      at = u32(logits[2u * (base + i) + 1u]);
+    }
     if (index == NONE || v > value) {
       value = v;
-      index = i;
+      index = at;
     }
   }
   best_value[lid] = value;

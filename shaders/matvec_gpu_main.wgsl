@@ -10,21 +10,55 @@
 // activations, and store8(token, r0, lo, hi), what becomes of the 8 rows' results.
 // Every branch around a barrier or subgroup operation depends only on workgroup_id, override
 // constants or the uniform params (no early return before the reductions).
+// ROW_GROUPS > 1 (a matrix whose rows are short, tuned per projection: tuning.py): the workgroup's lanes
+// split into ROW_GROUPS groups of LANES, each group owning 8 rows and striding along K by LANES, so a row
+// of 72 words does not leave most of 64 lanes idle on its last trip; the groups' sums meet in a
+// workgroup-memory tree of their own (group_sum), which assumes nothing about subgroups.
 
 const ROWS : u32 = 8u;
+override ROW_GROUPS : u32 = 1u;  // 1, 2, 4 or 8, dividing WORKGROUP_SIZE into groups of at least 8 lanes
+override LANES : u32 = WORKGROUP_SIZE / ROW_GROUPS;
+
+override GROUP_RED : u32 = select(1u, WORKGROUP_SIZE, ROW_GROUPS > 1u);  // no workgroup memory with one group
+var<workgroup> group_red : array<vec4<f32>, GROUP_RED>;
+
+// The sum of v over lid's group of LANES lanes, returned to each of them. Uniform control flow only.
+fn group_sum(v : vec4<f32>, lid : u32) -> vec4<f32> {
+  group_red[lid] = v;
+  workgroupBarrier();
+  let lane = lid % LANES;
+  for (var s = LANES / 2u; s > 0u; s >>= 1u) {
+    if (lane < s) {
+      group_red[lid] += group_red[lid + s];
+    }
+    workgroupBarrier();
+  }
+  let total = group_red[lid - lane];
+  workgroupBarrier();  // the next call overwrites group_red
+  return total;
+}
+
+fn row_sum(v : vec4<f32>, lid : u32) -> vec4<f32> {
+  if (ROW_GROUPS == 1u) {
+    return wg_sum(v, lid);
+  }
+  return group_sum(v, lid);
+}
 
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index) lid : u32) {
-  let r0 = wid.x * ROWS;  // the grid has ceil(rows / 8) columns: r0 < rows
+  let lane = lid % LANES;
+  // the grid has ceil(rows / (8 ROW_GROUPS)) columns: the first group's r0 < rows, a later one's may not be
+  let r0 = (wid.x * ROW_GROUPS + lid / LANES) * ROWS;
   let t = wid.y;
   let nb = params.cols / 32u;
   let last = params.rows - 1u;
-  let ri = vec4<u32>(r0, min(r0 + 1u, last), min(r0 + 2u, last), min(r0 + 3u, last)) * nb;
+  let ri = vec4<u32>(min(r0, last), min(r0 + 1u, last), min(r0 + 2u, last), min(r0 + 3u, last)) * nb;
   let rj = vec4<u32>(min(r0 + 4u, last), min(r0 + 5u, last), min(r0 + 6u, last), min(r0 + 7u, last)) * nb;
   var lo = vec4<f32>(0.0);  // rows r0 .. r0+3
   var hi = vec4<f32>(0.0);  // rows r0+4 .. r0+7
   var ss = 0.0;  // sum of x^2 (NORM)
-  for (var j = lid; j < nb * WORDS_PER_BLOCK; j += WORKGROUP_SIZE) {
+  for (var j = lane; j < nb * WORDS_PER_BLOCK; j += LANES) {
     let v = j * X_PER_WORD;  // the word's first activation vec4 within the row
     var u0 = load_x(t, v);
     var u1 = vec4<f32>(0.0);
@@ -47,14 +81,14 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
     hi += vec4<f32>(word_dot(k.x, c, u0, u1), word_dot(k.y, c, u0, u1), word_dot(k.z, c, u0, u1),
                     word_dot(k.w, c, u0, u1));
   }
-  lo = wg_sum(lo, lid);
-  hi = wg_sum(hi, lid);
+  lo = row_sum(lo, lid);
+  hi = row_sum(hi, lid);
   if (NORM) {
-    let inv_rms = 1.0 / sqrt(wg_sum(vec4<f32>(ss, 0.0, 0.0, 0.0), lid).x / f32(params.cols) + params.eps);
+    let inv_rms = 1.0 / sqrt(row_sum(vec4<f32>(ss, 0.0, 0.0, 0.0), lid).x / f32(params.cols) + params.eps);
     lo *= inv_rms;
     hi *= inv_rms;
   }
-  if (lid != 0u) {
+  if (lane != 0u || r0 >= params.rows) {
     return;
   }
   store8(t, r0, lo, hi);

@@ -21,7 +21,8 @@ def test_gpu_family_fills_every_matvec_with_at_least_1024_invocations_at_context
         shader = "matvec_gpu_sg_q4_1" if subgroups else "matvec_gpu_q4_1"
         assert linear[:4] == [(shader + "_rope_kv", "lin_qkv", 120 * 64), (shader + "_merge", "lin_h", 72 * 64),
                               (shader, "lin_ffn", 384 * 64), (shader, "lin_down", 72 * 64)]
-        assert linear[-1] == (shader.replace("q4_1", "q8_0"), "lm_head", 6144 * 64)
+        # a greedy step: the LM head leaves each workgroup's best row (matvec_io_argmax.wgsl)
+        assert linear[-1] == (shader.replace("q4_1", "q8_0") + "_argmax", "lm_head", 6144 * 64)
         assert rows[-1] == {"kernel": "argmax_gpu", "slot": "argmax", "workgroup_size": 256,
                             "workgroups": [1, 1, 1], "invocations": 256}
 
@@ -34,7 +35,7 @@ def test_gpu_family_matmuls_launch_at_least_1024_invocations_for_a_512_token_pre
     # tiles of 64 rows x 32 tokens: 16 token tiles, rows / 64 row tiles
     assert linear[:4] == [("matmul_gpu_q4_1", "lin_qkv", 15 * 16 * 64), ("matmul_gpu_q4_1", "lin_h", 9 * 16 * 64),
                           ("matmul_gpu_q4_1", "lin_ffn", 48 * 16 * 64), ("matmul_gpu_q4_1", "lin_down", 9 * 16 * 64)]
-    assert linear[-1] == ("matvec_gpu_sg_q8_0", "lm_head", 6144 * 64)  # one sequence: its last token's logits
+    assert linear[-1] == ("matvec_gpu_sg_q8_0_argmax", "lm_head", 6144 * 64)  # one sequence: its last token's winners
     assert [r["workgroups"] for r in rows if r["slot"] == "lin_ffn"][0] == [48, 16, 1]
     assert _linear(geo.prefill_step("cpu", 512))[0] == ("matmul_q4_1", "lin_qkv", 4 * 128 * 32)
 

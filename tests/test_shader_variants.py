@@ -27,7 +27,7 @@ def sources(library, names) -> dict[str, str]:
 
 
 def test_every_part_is_a_file_and_no_variant_is_one():
-    assert len(VARIANTS) == 116  # 58, the gpu matvecs' _merge and _rope_kv, 6 more gpu matmuls
+    assert len(VARIANTS) == 142  # 58, the gpu matvecs' _merge, _rope_kv and _argmax, 6 more gpu matmuls
     assert {part for v in VARIANTS.values() for part in v.parts} <= FILES
     assert not set(VARIANTS) & FILES
     assert {line for v in VARIANTS.values() for line in v.enables} == {"enable subgroups;", "enable f16;"}
@@ -37,10 +37,10 @@ def test_every_kernel_name_the_host_asks_for_resolves():
     names = {f"{kernel}_{dtype}" for kernel in ("matvec", "matmul") for dtype in ops.LINEAR_TYPES}
     names |= {f"embedding_{dtype}" for dtype in ops.LINEAR_TYPES if dtype != "q8_0"} | {"embedding"}
     names |= {ops.gpu_matvec_shader(dtype, subgroups, f16, io) for dtype in ops.LINEAR_TYPES
-              for subgroups in (False, True) for f16 in (False, True) for io in ("", "_merge", "_rope_kv")}
+              for subgroups in (False, True) for f16 in (False, True) for io in ("", "_merge", "_rope_kv", "_argmax")}
     names |= {f"matmul_gpu_{dtype}" for dtype in ops.GPU_MATMUL_TYPES}
     names |= {decode_kernels("gpu", subgroups, 64).attention for subgroups in (False, True)}
-    assert len(names) == 121
+    assert len(names) == 147
     missing = names - FILES - set(VARIANTS)
     assert not missing
     # every variant is asked for by some host code (none is dead)

@@ -173,7 +173,12 @@ def test_a_projection_with_its_own_tuned_matvec_threads_gets_them():
     """GpuShapes.matvec_slots (first-boot tuning per projection): the LM head and the output projection take
     their own workgroup sizes, the others the gate|up choice."""
     b = fake_backend("gpu", subgroups=True)
-    b.gpu_shapes = replace(b.gpu_shapes, matvec=128, matvec_slots=(("lin_h", 256), ("lm_head", 64)))
+    b.gpu_shapes = replace(b.gpu_shapes, matvec=128, matvec_slots=(("lin_h", 256, 1), ("lm_head", 64, 4)))
     decode = layer_program(b, PlanKey.of(1, 1))
     sizes = {d.slot: dict(d.constants)["WORKGROUP_SIZE"] for p in decode for d in p if d.slot.startswith("l")}
     assert sizes == {"lin_qkv": 128, "lin_h": 256, "lin_ffn": 128, "lin_down": 128, "lm_head": 64}
+    groups = {d.slot: dict(d.constants).get("ROW_GROUPS", 1) for p in decode for d in p if d.slot.startswith("l")}
+    assert groups == {"lin_qkv": 1, "lin_h": 1, "lin_ffn": 1, "lin_down": 1, "lm_head": 4}
+    # the LM head's grid: 4 groups of 8 rows a workgroup
+    grids, _ = step_slots(b, StepShape(1, 1, 4, 1, 0, True))
+    assert tuple(grids[SLOT_INDEX["lm_head"]]) == (-(-b.config.vocab // 32), 1, 1)

@@ -152,9 +152,11 @@ export function onModelReady(msg) {
   const tuned = msg.kernels_tuning;  // the gpu family's first-boot tuning (py/pagedkv/backends/webgpu/tuning.py)
   const kernels = $("adapter-kernels");
   kernels.dataset.family ??= kernels.textContent;  // boot.js's "family (why)", once per page
+  // each projection's matvec: threads x groups of 8 rows a workgroup (ROW_GROUPS, matvec_gpu_main.wgsl)
+  const slots = Object.entries(tuned?.choice.matvec_slots ?? {}).map(([slot, [t, g]]) => `${slot} ${t}x${g}`);
   kernels.textContent = kernels.dataset.family + (tuned ? `; tuned (${tuned.source}): matvec ${tuned.choice.matvec} ` +
     `threads, matmul ${tuned.choice.matmul[0]} threads x ${tuned.choice.matmul[1]} along rows, decode attention ` +
-    `split for ${tuned.choice.split} workgroups` : "");
+    `split for ${tuned.choice.split} workgroups; per projection (threads x row groups): ${slots.join(", ")}` : "");
   $("mem-kv-dtype").disabled = msg.backend === "cpu";  // the numpy fallback keeps f32 K/V
   $("mem-kv-dtype").title = msg.backend === "cpu" ? "the CPU fallback keeps f32 KV" : "";
   if (msg.kv_dtype && msg.backend !== "cpu") $("mem-kv-dtype").value = msg.kv_dtype;

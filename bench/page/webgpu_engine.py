@@ -44,7 +44,8 @@ async def bench_generate(ctx, b, manifest, prompt_len=128, new_tokens=32, runs=3
     rng = np.random.default_rng(0)
     results = []
     for run in range(runs):
-        ids = [int(t) for t in rng.integers(100, 40000, prompt_len)] if prompt is None else list(prompt)
+        hi = min(40000, b.config.vocab)  # the tiny models' vocabulary is small
+        ids = [int(t) for t in rng.integers(min(100, hi // 2), hi, prompt_len)] if prompt is None else list(prompt)
         rid = engine.add_request(ids, SamplingParams(max_tokens=new_tokens, stop_token_ids=(1_000_000,)))
         steps, output = [], []
         while engine.has_unfinished:
@@ -81,7 +82,7 @@ async def bench_dispatch_floor(ctx, b, reps=5):
     dispatches of a step cost on this adapter regardless of the kernels' work (the outputs are garbage)."""
     from pagedkv.backends.webgpu.plan import PlanKey
 
-    key = PlanKey.of(1, 1)
+    key = PlanKey.of(1, 1, greedy=True)  # bench_generate's steps are greedy
     plan = b._plans[key]
     n = b._dispatch_slots[key].shape[0]
     grids = np.ones((n, 3), np.int32)
@@ -103,7 +104,7 @@ def _decode_step(b):
     """The decode plan (one sequence) and the grids of the last decode step the backend ran."""
     from pagedkv.backends.webgpu.plan import PlanKey
 
-    key = PlanKey.of(1, 1)
+    key = PlanKey.of(1, 1, greedy=True)  # bench_generate's steps are greedy
     shape = [sh for sh in b._slots_cache if sh.decode and sh.num_seqs == 1][-1]
     slot_grids, _ = b._slots_cache[shape]
     return b._plans[key], b._dispatch_slots[key], slot_grids

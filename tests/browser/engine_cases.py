@@ -115,7 +115,7 @@ async def tiny_greedy(block_size: int, kv_dtype: str, max_tokens: int = 10, kern
     gpu, stats = await run_engine(b, tok, prompts, max_tokens, max_num_batched_tokens=24, max_num_seqs=4)
     model = _cache.setdefault(("model", model_name), NumpyModel(w))
     ref = [greedy_reference(model, p, max_tokens) for p in prompts]
-    head = [d.shader for d in layer_program(b, PlanKey.of(1, 1))[1]]  # a decode step's LM head pass
+    head = [d.shader for d in layer_program(b, PlanKey.of(1, 1, greedy=True))[1]]  # a greedy decode step's LM head
     b.destroy()
     return {"gpu": gpu, "ref": ref, "steps": stats["steps"], "progress": b.progress, "head": head,
             "shader_f16": b.shader_f16, "runtime": sys.platform}

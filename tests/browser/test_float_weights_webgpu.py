@@ -27,12 +27,14 @@ def worker(ready_page):
 
 def check_greedy(worker, dtype: str, kernels: str) -> None:
     """Four concurrent requests, chunked prefill (matmul) and decode (the `kernels` family's matvec), on the
-    tiny-<dtype> model: the same greedy ids as numpy, the LM head on the type's own matvec."""
+    tiny-<dtype> model: the same greedy ids as numpy, the LM head on the type's own matvec (the gpu family's
+    leaving each workgroup's best row, not logits: matvec_io_argmax.wgsl)."""
     r = worker.py("import json, engine_cases as ec\n"
                   f"json.dumps(await ec.tiny_greedy(16, 'f32', 8, kernels={kernels!r}, model_name='tiny-{dtype}'))")
     assert [len(o) for o in r["gpu"]] == [8, 8, 8, 8]
     assert r["gpu"] == r["ref"]
-    heads = {"cpu": [f"matvec_{dtype}"], "gpu": [f"matvec_gpu_sg_{dtype}", f"matvec_gpu_{dtype}"]}[kernels]
+    gpu_heads = [f"matvec_gpu_sg_{dtype}_argmax", f"matvec_gpu_{dtype}_argmax"]
+    heads = {"cpu": [f"matvec_{dtype}"], "gpu": gpu_heads}[kernels]
     assert r["head"][1] in heads, r["head"]
 
 

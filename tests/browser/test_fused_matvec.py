@@ -1,7 +1,8 @@
 """The gpu-family matvec's fused io variants vs numpy, in headless Chromium (SwiftShader) and natively
 (tests/native: lavapipe). A decode step of the gpu family runs 5 dispatches a layer (plan.layer_program): the
 q | k | v projection writes rotated q and the new K / V straight into the cache (matvec_io_rope_kv.wgsl), and
-the output projection merges the attention partitions on the way in (matvec_io_merge.wgsl).
+the output projection merges the attention partitions on the way in (matvec_io_merge.wgsl); a greedy step's LM
+head writes each workgroup's best row instead of logits (matvec_io_argmax.wgsl), which argmax_gpu then scans.
 
 Bounds (asserted below):
   q, k and v rows, f32: |gpu - ref| <= 2e-6 * the dot products' rounding scale (|h| @ |W|^T + |bias|, a rotated
@@ -9,6 +10,7 @@ Bounds (asserted below):
   f16 cache: at most one f16 ulp from numpy's f32 result rounded to f16
   every cache word outside the written slots keeps its contents
   merge: the matvec bounds, the scale taken over the merged activations
+  argmax from the winners: the very ids of the logits' argmax (GPU and numpy), ties to the lowest row
 """
 from __future__ import annotations
 
@@ -66,3 +68,17 @@ def test_merge_prologue_merges_the_partitions(worker, tree):
     assert [r["parts"] for r in results] == [[8], [1, 7], [3, 1, 14]]
     for r in results:
         assert_close(r)
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["subgroups", "tree"])
+def test_lm_head_winners_give_the_argmax_of_the_logits(worker, tree):
+    """A greedy step's LM head writes each workgroup's best row, not logits (matvec_io_argmax.wgsl): the ids
+    are today's (the logits' argmax on the GPU) and numpy's, ties to the lowest row, a partial last workgroup."""
+    results = run(worker, [
+        f"case_argmax(1003, 2, seed=1, tree={tree})",  # 126 workgroups, the last with 3 rows
+        f"case_argmax(1003, 2, seed=2, ties=(1001, 17, 16, 600), tree={tree})",  # across and inside workgroups
+        f"case_argmax(49152, 1, seed=3, hidden=576, ties=(40000, 9), tree={tree})",  # SmolLM2's LM head
+    ])
+    for r in results:
+        assert r["_argmax"] == r["plain"] == r["numpy"], r
+    assert results[1]["_argmax"][0] == 16 and results[2]["_argmax"][0] == 9

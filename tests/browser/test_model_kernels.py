@@ -5,7 +5,8 @@ head_dim 64, vocab 49152) plus small odd shapes that exercise the edge handling 
 multiple of the 8-row / 8x4 tiles, hidden smaller than a workgroup). The cases run inside the
 page's worker (tests/browser/kernel_cases.py); each test batches its cases into one call. The matvec tests
 run every kernel family (FAMILIES): cpu, gpu (subgroup reduction: the page's SwiftShader device has
-subgroups, of size 4) and gpu_tree (the gpu family's workgroup-memory tree, used where there are none);
+subgroups, of size 4), gpu_tree (the gpu family's workgroup-memory tree, used where there are none) and
+gpu_groups (its matvec in 4 groups of 8 rows a workgroup, ROW_GROUPS, tuned per projection for short rows);
 the matmul tests cpu and gpu (tiled through workgroup memory, at prefill sizes up to 130 tokens too).
 
 Every weight type with kernels (model_kernels.QUANTIZED) runs the linear tests; Q4_1 and Q8_0 weights are
@@ -71,9 +72,10 @@ def fit(dtype: str, shapes: list[tuple]) -> list[tuple]:
 
 
 SMOLLM2_LINEAR = [(576, 576), (192, 576), (1536, 576), (576, 1536)]
-FAMILIES = ["cpu", "gpu", "gpu_tree"]
+FAMILIES = ["cpu", "gpu", "gpu_tree", "gpu_groups"]
 # (kernel, family): the gpu family's matmul has no reduction, so no tree variant
-LINEAR_KERNELS = [("matvec", "cpu"), ("matmul", "cpu"), ("matvec", "gpu"), ("matvec", "gpu_tree"), ("matmul", "gpu")]
+LINEAR_KERNELS = [("matvec", "cpu"), ("matmul", "cpu"), ("matvec", "gpu"), ("matvec", "gpu_tree"),
+                  ("matvec", "gpu_groups"), ("matmul", "gpu")]
 GPU_MATMUL_TOKENS = (1, 7, 64, 130)  # 130: a partial 32-token tile of matmul_gpu
 # (kernel, family, dtype) of every linear kernel that exists
 LINEAR_CASES = [(k, f, d) for k, f in LINEAR_KERNELS for d in DTYPES
@@ -201,7 +203,7 @@ def test_f16_matvec_matches_reference_where_the_device_has_shader_f16(worker, dt
         assert r["max_scaled"] <= F16_SCALED_BOUND and r["max_rel"] <= F16_REL_BOUND, r
 
 
-@pytest.mark.parametrize("family", ["gpu", "gpu_tree"])
+@pytest.mark.parametrize("family", ["gpu", "gpu_tree", "gpu_groups"])
 def test_gpu_family_lm_head(worker, family):
     results = run(worker, [f"case_linear('matvec', 'q8_0', 49152, 576, 3, seed=7, family='{family}')"])
     assert [(r["family"], r["shape"]) for r in results] == [(family, [3, 49152])]

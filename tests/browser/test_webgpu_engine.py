@@ -46,7 +46,8 @@ def test_tiny_greedy_with_the_gpu_kernel_family_equals_numpy(worker, block_size)
     assert r["gpu"] == r["ref"]
     f16 = r["runtime"] != "emscripten"
     assert r["shader_f16"] == f16
-    assert r["head"] == ["rmsnorm", f"matvec_gpu_sg_{'f16_' if f16 else ''}q8_0", "argmax_gpu"]
+    # a greedy step's LM head leaves each workgroup's best row, which argmax_gpu scans (matvec_io_argmax.wgsl)
+    assert r["head"] == ["rmsnorm", f"matvec_gpu_sg_{'f16_' if f16 else ''}q8_0_argmax", "argmax_gpu"]
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
@@ -189,6 +190,8 @@ def test_app_loads_the_model_on_the_chosen_backend(browser, base_url, query, bac
                              "json.dumps(state['engine'].backend.gpu_shapes.split)") == tuned["choice"]["split"]
             assert f"decode attention split for {tuned['choice']['split']} workgroups" in booted.page.locator(
                 "#adapter-kernels").inner_text()
+            threads, groups = tuned["choice"]["matvec_slots"]["lm_head"]
+            assert f"lm_head {threads}x{groups}" in booted.page.locator("#adapter-kernels").inner_text()
         else:
             assert tuned is None
         assert booted.py("import json\nfrom pagedkv_app.main import state\n"

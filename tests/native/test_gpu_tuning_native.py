@@ -42,12 +42,14 @@ def test_candidates_are_timed_and_the_choice_is_cached_then_reused(native_loop, 
                                                                                           "384"]
     # lavapipe's 64 KiB of workgroup memory fits every matmul candidate
     assert list(first["timings"]["matmul"]) == ["(64, 8)", "(64, 4)", "(128, 8)", "(128, 16)"]
-    # the other projections' own matvec threads: q|k|v, o, down and the LM head
+    # each projection's own matvec threads and row groups: q|k|v, o, gate|up, down and the LM head
     slots = first["timings"].pop("matvec_slots")
-    assert sorted(slots) == ["lin_down", "lin_h", "lin_qkv", "lm_head"]
+    assert sorted(slots) == ["lin_down", "lin_ffn", "lin_h", "lin_qkv", "lm_head"]
     for slot, timed in slots.items():
-        assert list(timed) == ["64", "128", "256"] and all(isinstance(ms, float) and ms > 0 for ms in timed.values())
-        assert first["shapes"].matvec_for(slot) == int(min(timed, key=timed.get)), slot
+        assert list(timed) == [str(c) for c in tuning.SLOT_CANDIDATES]
+        assert all(isinstance(ms, float) and ms > 0 for ms in timed.values())
+        fastest = tuning.SLOT_CANDIDATES[list(timed).index(min(timed, key=timed.get))]
+        assert (first["shapes"].matvec_for(slot), first["shapes"].row_groups_for(slot)) == fastest, slot
     for timed in first["timings"].values():
         assert all(isinstance(ms, float) and ms > 0 for ms in timed.values()), timed
     fastest = min(first["timings"]["matvec"], key=first["timings"]["matvec"].get)

@@ -305,7 +305,7 @@ class WebGpuBackend:
             raise ValueError(f"draws must be ({n}, 4) f32 (temperature, top_p, u, 0), got {draws.shape}")
         if feed and t != n:
             raise ValueError(f"a fed step is a decode step (one token per sequence), got {t} tokens for {n}")
-        key = PlanKey.of(t, n, sampled=draws is not None)
+        key = PlanKey.of(t, n, sampled=draws is not None, greedy=greedy)
         greedy = greedy or draws is not None  # ids come back either way
         plan = await self._plan(key)
         qsl = batch.query_start_loc  # (S + 1,)

@@ -97,7 +97,7 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: 
                       partition_blocks=part_blocks)
     grids, _ = step_slots(b, shape)  # (slots, 3)
     rows = []
-    for dispatches in layer_program(b, PlanKey.of(new_tokens, 1)):
+    for dispatches in layer_program(b, PlanKey.of(new_tokens, 1, greedy=True)):  # a greedy step: ids come back
         for d in dispatches:
             grid = tuple(int(g) for g in grids[SLOT_INDEX[d.slot]])
             if grid[0] == 0:  # skipped this step (the reduce of a single partition)

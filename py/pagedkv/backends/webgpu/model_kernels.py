@@ -9,7 +9,7 @@ benchmark code: tests/browser/kernel_calls.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,6 +28,7 @@ LINEAR_TYPES = QUANTIZED + FLOATS
 MATVEC_ROWS = 8  # output rows per thread in matvec_*.wgsl (one token per thread)
 MATMUL_TILE = (8, 4)  # (rows, tokens) per thread in matmul_*.wgsl
 FAMILIES = ("cpu", "gpu")  # kernel families: cpu for software adapters (SwiftShader, lavapipe), gpu for real GPUs
+MATVEC_ROW_GROUPS = (1, 2, 4, 8)  # groups of 8 rows a gpu-family matvec workgroup may hold (matvec_gpu_main.wgsl)
 GPU_WORKGROUP_SIZES = (64, 128, 256)  # threads of a gpu-family matvec workgroup (a power of two: reduce_tree.wgsl)
 # A gpu-family matmul workgroup (matmul_gpu_main.wgsl): (threads, threads along rows); each thread owns 8 rows x
 # 4 tokens, so the default tile is 64 rows x 32 tokens, staged in 13.5 KiB of workgroup memory.
@@ -49,11 +50,21 @@ class GpuShapes:
     matvec: int = GPU_WORKGROUP_SIZES[0]
     matmul: tuple[int, int] = GPU_MATMUL_SHAPE
     split: int = SPLIT_WORKGROUPS
-    matvec_slots: tuple[tuple[str, int], ...] = ()  # (plan slot, matvec threads) where a projection has its own
+    # (plan slot, matvec threads, row groups) where a projection has its own (matvec_gpu_call's row_groups)
+    matvec_slots: tuple[tuple[str, int, int], ...] = ()
+    matvec_row_groups: int = 1  # row groups of the matvec a call is made for (plan.layer_program sets the slot's)
 
     def matvec_for(self, slot: str) -> int:
         """Matvec threads of the projection in plan slot `slot` (lin_qkv, lin_h, lin_down, lm_head), else matvec."""
-        return dict(self.matvec_slots).get(slot, self.matvec)
+        return {s: threads for s, threads, _ in self.matvec_slots}.get(slot, self.matvec)
+
+    def row_groups_for(self, slot: str) -> int:
+        """Row groups of the matvec of the projection in plan slot `slot` (1: one group of every lane)."""
+        return {s: groups for s, _, groups in self.matvec_slots}.get(slot, 1)
+
+    def for_slot(self, slot: str) -> "GpuShapes":
+        """These shapes with the matvec of plan slot `slot` (its threads and row groups) as the one calls use."""
+        return replace(self, matvec=self.matvec_for(slot), matvec_row_groups=self.row_groups_for(slot))
 
 
 @dataclass(frozen=True)
@@ -141,17 +152,22 @@ def _check_matvec(dtype: str, rows: int, cols: int, tokens: int, accumulate: boo
 
 def matvec_gpu_call(dtype: str, rows: int, cols: int, tokens: int, subgroups: bool, workgroup_size: int = 64,
                     accumulate: bool = False, norm_eps: float | None = None, swiglu: bool = False,
-                    f16: bool = False) -> KernelCall:
+                    f16: bool = False, row_groups: int = 1) -> KernelCall:
     """matvec_call's result from the gpu family (matvec_gpu_main.wgsl): one workgroup of workgroup_size
     lanes (a power of two, 64..256) per 8 rows of one token, lanes along K; subgroups picks the kernel
     that reduces with subgroup operations (the device must have the `subgroups` feature), else a
     workgroup-memory tree; f16 the one whose dot products run in f16 (the device must have `shader-f16`).
-    Same buffers as matvec_call."""
+    row_groups > 1 (2, 4, 8; at least 8 lanes a group): the lanes split into groups of 8 rows each, summed
+    by a tree of their own, for rows too short to keep every lane busy. Same buffers as matvec_call."""
     _check_matvec(dtype, rows, cols, tokens, accumulate, norm_eps, swiglu)
     if workgroup_size not in GPU_WORKGROUP_SIZES:
         raise ValueError(f"gpu-family matvec workgroups have {GPU_WORKGROUP_SIZES} threads, got {workgroup_size}")
-    grid = (_ceil(rows, MATVEC_ROWS), tokens, 1)
+    if row_groups not in MATVEC_ROW_GROUPS or workgroup_size // row_groups < 8:
+        raise ValueError(f"a gpu-family matvec splits its lanes into {MATVEC_ROW_GROUPS} row groups of at least 8 "
+                         f"lanes, got {row_groups} of {workgroup_size}")
+    grid = (_ceil(rows, MATVEC_ROWS * row_groups), tokens, 1)
     constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu)
+    constants += (("ROW_GROUPS", row_groups),) if row_groups > 1 else ()
     params = uniform_words(rows, cols, tokens, float(norm_eps or 0.0)).tobytes()
     return KernelCall(gpu_matvec_shader(dtype, subgroups, f16), constants, grid, params)
 
@@ -206,8 +222,9 @@ def linear_pipeline(family: str, subgroups: bool, kind: str, dtype: str, accumul
     if io and not (family == "gpu" and kind == "matvec"):
         raise ValueError(f"matvec io variants ({io!r}) are the gpu family's matvec only, not {family} {kind}")
     if family == "gpu" and kind == "matvec":
+        groups = (("ROW_GROUPS", shapes.matvec_row_groups),) if shapes.matvec_row_groups > 1 else ()
         return (gpu_matvec_shader(dtype, subgroups, f16, io),
-                linear_constants(shapes.matvec, accumulate, norm, swiglu))
+                linear_constants(shapes.matvec, accumulate, norm, swiglu) + groups)
     if family == "gpu" and gpu_matmul:
         return f"matmul_gpu_{dtype}", matmul_gpu_constants(shapes.matmul, accumulate, swiglu)
     return f"{kind}_{dtype}", linear_constants(32, accumulate, norm, swiglu)
@@ -220,7 +237,8 @@ def family_linear_call(family: str, subgroups: bool, dtype: str, rows: int, cols
     (its matmul only where gpu_matmul)."""
     call = linear_call(dtype, rows, cols, tokens, accumulate)
     if family == "gpu" and call.shader.startswith("matvec_"):
-        return matvec_gpu_call(dtype, rows, cols, tokens, subgroups, shapes.matvec, accumulate=accumulate, f16=f16)
+        return matvec_gpu_call(dtype, rows, cols, tokens, subgroups, shapes.matvec, accumulate=accumulate, f16=f16,
+                               row_groups=shapes.matvec_row_groups)
     if family == "gpu" and gpu_matmul:
         return matmul_gpu_call(dtype, rows, cols, tokens, shapes.matmul, accumulate=accumulate)
     return call

@@ -46,10 +46,12 @@ class PlanKey:
     decode: bool  # every sequence brings exactly one new token (paged_attention + reduce)
     seq_kernel: str  # "matvec" (S <= 2) or "matmul", for the LM head
     sampled: bool = False  # the next tokens are drawn on the GPU (sample.wgsl), not argmax'd
+    greedy: bool = False  # only the argmax ids come back: the gpu family's LM head matvec writes no logits
 
     @classmethod
-    def of(cls, num_tokens: int, num_seqs: int, sampled: bool = False) -> "PlanKey":
-        return cls(_linear_kind(num_tokens), num_tokens == num_seqs, _linear_kind(num_seqs), sampled)
+    def of(cls, num_tokens: int, num_seqs: int, sampled: bool = False, greedy: bool = False) -> "PlanKey":
+        return cls(_linear_kind(num_tokens), num_tokens == num_seqs, _linear_kind(num_seqs), sampled,
+                   greedy and not sampled)
 
 
 def _linear_kind(tokens: int) -> str:
@@ -74,7 +76,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     def linear(name: str, x, y, slot: str, kind: str, accumulate: bool = False, norm: bool = False,
                swiglu: bool = False, layout: tuple = (), io: str = "", extra: tuple = ()) -> Dispatch:
         dtype, parts = w[name]
-        shapes = replace(b.gpu_shapes, matvec=b.gpu_shapes.matvec_for(slot))  # a projection's tuned threads
+        shapes = b.gpu_shapes.for_slot(slot)  # a projection's tuned threads and row groups
         shader, constants = ops.linear_pipeline(b.kernels, b.subgroups, kind, dtype, accumulate, norm, swiglu,
                                                 shapes, b.shader_f16, b.gpu_matmul, io)
         return Dispatch(shader, constants + layout, (*parts, x, y), slot, extra)
@@ -171,15 +173,22 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         body += normed_linear(p + "ffn_norm.weight", p + "ffn_gate_up.weight", s["act"], "lin_ffn", swiglu=True)
         body.append(linear(p + "ffn_down.weight", s["act"], s["x"], "lin_down", tk, accumulate=True))  # x += down
     head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
-    passes.append([
-        Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["last"], w["output_norm.weight"][1][0], s["last_norm"]),
-                 "rms_s"),
-        linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel),
-        Dispatch("sample", (("WORKGROUP_SIZE", 256),), (s["logits"], s["sampling"], s["ids"]), "sample")
-        if key.sampled else
-        Dispatch(ops.argmax_call(cfg.vocab, 1, family=b.kernels).shader, (("WORKGROUP_SIZE", 256),),
-                 (s["logits"], s["ids"]), "argmax"),
-    ])
+    rms_s = Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),),
+                     (s["last"], w["output_norm.weight"][1][0], s["last_norm"]), "rms_s")
+    if key.sampled:
+        passes.append([rms_s, linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel),
+                       Dispatch("sample", (("WORKGROUP_SIZE", 256),), (s["logits"], s["sampling"], s["ids"]),
+                                "sample")])
+    elif key.greedy and b.kernels == "gpu" and key.seq_kernel == "matvec":
+        # No logits written: the LM head's workgroups leave their best rows in the logits buffer
+        # (matvec_io_argmax.wgsl), which argmax_gpu scans (WINNERS_OF = its 8 rows a workgroup).
+        passes.append([rms_s, linear(head, s["last_norm"], s["logits"], "lm_head", "matvec", io="_argmax"),
+                       Dispatch("argmax_gpu", (("WORKGROUP_SIZE", 256), ("WINNERS_OF", 8)), (s["logits"], s["ids"]),
+                                "argmax")])
+    else:
+        passes.append([rms_s, linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel),
+                       Dispatch(ops.argmax_call(cfg.vocab, 1, family=b.kernels).shader, (("WORKGROUP_SIZE", 256),),
+                                (s["logits"], s["ids"]), "argmax")])
     return passes
 
 
@@ -204,23 +213,23 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     lay = kv.layout
     q8 = "q8_0"  # grid and uniform of a linear call do not depend on the quantization
 
-    def linear(rows: int, cols: int, tokens: int) -> ops.KernelCall:
-        return ops.family_linear_call(b.kernels, b.subgroups, q8, rows, cols, tokens, shapes=b.gpu_shapes,
-                                      gpu_matmul=b.gpu_matmul)
+    def linear(rows: int, cols: int, tokens: int, slot: str) -> ops.KernelCall:
+        return ops.family_linear_call(b.kernels, b.subgroups, q8, rows, cols, tokens,
+                                      shapes=b.gpu_shapes.for_slot(slot), gpu_matmul=b.gpu_matmul)
 
     calls = {
         "embedding": ops.embedding_call(t, cfg.hidden),
         "rms_t": ops.rmsnorm_call(cfg.hidden, t, cfg.rms_eps),
-        "lin_h": linear(cfg.hidden, cfg.hidden, t),
-        "lin_qkv": _with_eps(linear(cfg.hidden + 2 * cfg.kv_dim, cfg.hidden, t), cfg.rms_eps),
-        "lin_ffn": _with_eps(linear(2 * cfg.ffn, cfg.hidden, t), cfg.rms_eps),
-        "lin_down": linear(cfg.hidden, cfg.ffn, t),
-        "lin_q": linear(cfg.hidden, cfg.hidden, t),
-        "lin_kv": linear(cfg.kv_dim, cfg.hidden, t),
-        "lin_gate": linear(cfg.ffn, cfg.hidden, t),
+        "lin_h": linear(cfg.hidden, cfg.hidden, t, "lin_h"),
+        "lin_qkv": _with_eps(linear(cfg.hidden + 2 * cfg.kv_dim, cfg.hidden, t, "lin_qkv"), cfg.rms_eps),
+        "lin_ffn": _with_eps(linear(2 * cfg.ffn, cfg.hidden, t, "lin_ffn"), cfg.rms_eps),
+        "lin_down": linear(cfg.hidden, cfg.ffn, t, "lin_down"),
+        "lin_q": linear(cfg.hidden, cfg.hidden, t, "lin_q"),
+        "lin_kv": linear(cfg.kv_dim, cfg.hidden, t, "lin_kv"),
+        "lin_gate": linear(cfg.ffn, cfg.hidden, t, "lin_gate"),
         "rope": ops.rope_call(t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
         "rms_s": ops.rmsnorm_call(cfg.hidden, n, cfg.rms_eps),
-        "lm_head": linear(cfg.vocab, cfg.hidden, n),
+        "lm_head": linear(cfg.vocab, cfg.hidden, n, "lm_head"),
         "argmax": ops.argmax_call(cfg.vocab, n, family=b.kernels),
         "sample": ops.sample_call(cfg.vocab, n),
     }

@@ -71,8 +71,10 @@ REDUCTIONS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 # What a gpu-family matvec reads and writes around its dot products (matvec_gpu_main.wgsl's load_x / store8):
 # name suffix -> io part. _merge: the decode attention's partition merge as the output projection's prologue;
-# _rope_kv: bias, RoPE and the KV-cache write as the q | k | v projection's epilogue (plan.layer_program).
-MATVEC_IO: dict[str, str] = {"": "matvec_io", "_merge": "matvec_io_merge", "_rope_kv": "matvec_io_rope_kv"}
+# _rope_kv: bias, RoPE and the KV-cache write as the q | k | v projection's epilogue; _argmax: the LM head of a
+# greedy step writes each workgroup's best row, not logits (plan.layer_program).
+MATVEC_IO: dict[str, str] = {"": "matvec_io", "_merge": "matvec_io_merge", "_rope_kv": "matvec_io_rope_kv",
+                             "_argmax": "matvec_io_argmax"}
 
 
 def _variants() -> dict[str, Variant]:

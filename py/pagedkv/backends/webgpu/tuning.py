@@ -1,7 +1,8 @@
 """First-boot tuning of the gpu kernel family: which workgroup shapes (model_kernels.GpuShapes) run fastest on
 this adapter, timed once and cached.
 
-For each hot shape (the gate|up projection: a decode matvec and a 128-token prefill matmul) 2-4 candidate
+For each hot shape (the gate|up projection: a decode matvec and a 128-token prefill matmul; the q|k|v, o, down
+and LM head matvecs each with threads and row groups of their own) 2-6 candidate
 shapes are compiled, then timed with device.time_dispatches (GPU timestamps where the device has
 `timestamp-query`, else the wall time of submits and a wait) until a budget of a second is spent. A
 candidate must first reproduce the default shape's output (the kernel tests' relative bound: f32 rounding
@@ -27,6 +28,8 @@ from . import model_kernels as ops
 from .kv_attention_gpu import SPLIT_WORKGROUPS, decode_partition_blocks
 
 MATVEC_CANDIDATES = (64, 128, 256)  # threads of a matvec workgroup
+# each projection's own: (threads, row groups: matvec_gpu_main.wgsl's ROW_GROUPS), the default first
+SLOT_CANDIDATES = ((64, 1), (128, 1), (256, 1), (64, 2), (64, 4), (64, 8))
 MATMUL_CANDIDATES = ((64, 8), (64, 4), (128, 8), (128, 16))  # (threads, threads along rows), as fit the device
 SPLIT_CANDIDATES = (SPLIT_WORKGROUPS, 24, 48, 192, 384)  # decode attention's workgroup aim; the default first
 SPLIT_CONTEXT = 2048  # tokens of the decode step the splits are timed on (one sequence)
@@ -143,12 +146,13 @@ async def tune(ctx, config, store, runtime: str, subgroups: bool, f16: bool,
         choice["matvec_slots"], timings["matvec_slots"] = {}, {}
         for slot, (rows, cols, flags) in slot_shapes(config).items():  # the other projections' own threads
             if (time.perf_counter() - start) * 1e3 > budget_ms:  # not even compiled
-                choice["matvec_slots"][slot] = choice["matvec"]
-                timings["matvec_slots"][slot] = {str(size): "over budget" for size in MATVEC_CANDIDATES}
+                choice["matvec_slots"][slot] = [choice["matvec"], 1]
+                timings["matvec_slots"][slot] = {str(shape): "over budget" for shape in SLOT_CANDIDATES}
                 continue
-            group = [Candidate("matvec", size, lambda size=size, rows=rows, cols=cols, flags=flags:
-                               ops.matvec_gpu_call("q4_1", rows, cols, 1, subgroups, size, f16=f16, **flags))
-                     for size in MATVEC_CANDIDATES]
+            group = [Candidate("matvec", shape, lambda shape=shape, rows=rows, cols=cols, flags=flags:
+                               ops.matvec_gpu_call("q4_1", rows, cols, 1, subgroups, shape[0], f16=f16,
+                                                   row_groups=shape[1], **flags))
+                     for shape in SLOT_CANDIDATES]
             for c in group:
                 await ctx.kernel(c.call().shader, dict(c.call().constants))
             w = random_q4_1(rng, rows, cols)
@@ -157,7 +161,7 @@ async def tune(ctx, config, store, runtime: str, subgroups: bool, f16: bool,
                        ctx.buffer(rows * 4, "tune.y")]
             try:
                 choice["matvec_slots"][slot], timings["matvec_slots"][slot] = await _pick(
-                    ctx, group, buffers, rows, start, budget_ms)
+                    ctx, group, buffers, rows // 2 if flags.get("swiglu") else rows, start, budget_ms)
             finally:
                 for buf in buffers:
                     buf.destroy()
@@ -173,14 +177,16 @@ async def tune_device(ctx, manifest: dict, store, runtime: str) -> tuple[ops.Gpu
     r = await tune(ctx, check_manifest(manifest), store, runtime, "subgroups" in features, "shader-f16" in features)
     shapes = r["shapes"]
     choice = {"matvec": shapes.matvec, "matmul": list(shapes.matmul), "split": shapes.split,
-              "matvec_slots": dict(shapes.matvec_slots)}
+              "matvec_slots": {slot: [threads, groups] for slot, threads, groups in shapes.matvec_slots}}
     return shapes, {"source": r["source"], "key": r["key"], "choice": choice, "timings": r["timings"]}
 
 
 def slot_shapes(config) -> dict[str, tuple[int, int, dict]]:
-    """plan slot -> (rows, cols, matvec_gpu_call flags) of the projections tuned on their own (gate|up: matvec)."""
+    """plan slot -> (rows, cols, matvec_gpu_call flags) of the projections tuned on their own (gate|up's threads
+    are also the default matvec's)."""
     qkv = config.n_heads * config.head_dim + 2 * config.n_kv_heads * config.head_dim
     return {"lin_qkv": (qkv, config.hidden, {"norm_eps": 1e-5}),
+            "lin_ffn": (2 * config.ffn, config.hidden, {"norm_eps": 1e-5, "swiglu": True}),
             "lin_h": (config.hidden, config.n_heads * config.head_dim, {"accumulate": True}),
             "lin_down": (config.hidden, config.ffn, {"accumulate": True}), "lm_head": (config.vocab, config.hidden, {})}
 
@@ -314,6 +320,7 @@ async def _pick_split(ctx, config, subgroups: bool, f16: bool, start: float, bud
 
 
 def _shapes(choice: dict) -> ops.GpuShapes:
-    slots = tuple(sorted((slot, int(size)) for slot, size in choice.get("matvec_slots", {}).items()))
+    slots = tuple(sorted((slot, int(threads), int(groups))
+                         for slot, (threads, groups) in choice.get("matvec_slots", {}).items()))
     return replace(ops.GpuShapes(), matvec=int(choice["matvec"]), matmul=tuple(choice["matmul"]),
                    split=int(choice.get("split", SPLIT_WORKGROUPS)), matvec_slots=slots)
