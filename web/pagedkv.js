@@ -191,7 +191,7 @@ class Engine {
     const chunks = this.start(body, signal);
     const first = await chunks.next();  // a refused request throws here, before anything streams
     if (body?.stream) return prepend(first, chunks);
-    return collect(first, chunks);
+    return collect(first, chunks, signal);
   }
 
   start(body, signal) {
@@ -199,7 +199,7 @@ class Engine {
     const queue = [];
     let wake = null;
     this.requests.set(id, { push: (msg) => { queue.push(msg); wake?.(); } });
-    const abort = () => this.worker.postMessage({ type: "api-abort", id });
+    const abort = () => { this.worker.postMessage({ type: "api-abort", id }); wake?.(); };
     signal?.addEventListener("abort", abort, { once: true });
     this.worker.postMessage({ type: "api-request", id, body });
     const requests = this.requests;
@@ -207,7 +207,10 @@ class Engine {
       let ended = false;
       try {
         for (;;) {
-          while (!queue.length) await new Promise((resolve) => { wake = resolve; });
+          while (!queue.length && !signal?.aborted) await new Promise((resolve) => { wake = resolve; });
+          // Aborted by its signal: the stream ends here, without an error (as the openai client's does), and
+          // the chunks the worker sent before it heard of the abort are not handed out.
+          if (signal?.aborted) return;
           const msg = queue.shift();
           if (msg.type === "api-chunk") yield msg.chunk;
           else {
@@ -218,7 +221,7 @@ class Engine {
         }
       } finally {  // the caller stopped reading before the end: the worker stops it and frees its KV blocks
         requests.delete(id);
-        if (!ended) abort();
+        if (!ended && !signal?.aborted) abort();  // an aborted signal's listener told the worker already
         signal?.removeEventListener("abort", abort);
       }
     })();
@@ -289,7 +292,7 @@ async function* prepend(first, rest) {
   }
 }
 
-async function collect(first, rest) {
+async function collect(first, rest, signal) {
   const texts = new Map();
   const reasons = new Map();
   let head = null;
@@ -302,6 +305,7 @@ async function collect(first, rest) {
     }
     if (chunk.usage) usage = chunk.usage;
   }
+  if (signal?.aborted) throw new DOMException("the request was aborted", "AbortError");  // as fetch rejects
   const choices = [...texts.keys()].sort((a, b) => a - b).map((index) => ({
     index, message: { role: "assistant", content: texts.get(index) }, logprobs: null,
     finish_reason: reasons.get(index) ?? null,

@@ -98,7 +98,8 @@ def test_pagedkv_js_answers_openai_requests(browser, base_url):
         assert session["prompt"][1] > session["prompt"][0]
 
         aborted = page.evaluate(ABORTED)
-        assert aborted["n"] <= 4 and aborted["after"] in ("stop", "length")
+        # the stream ends at the abort: chunks the worker sent before it heard of it are not handed out
+        assert aborted["n"] == 3 and aborted["after"] in ("stop", "length")
         assert (aborted["used"], aborted["running"]) == (0, 0) and aborted["blocks"] > 0  # nothing left held
     finally:
         page.close()
