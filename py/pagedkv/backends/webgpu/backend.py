@@ -76,8 +76,8 @@ class WebGpuBackend:
         # the row costs a real GPU microseconds where Pyodide's sampler takes ~7 ms a token, but SwiftShader
         # (the cpu family's adapters) 26 ms (docs/performance.md).
         self.samples_on_device = kernels == "gpu"
-        # The engine submits decode step n + 1 (its token ids fed on the GPU) before it reads step n's ids
-        # (submit(feed=True), decode_chain.py); tests turn it off to compare.
+        # The engine may submit decode step n + 1 (its token ids fed on the GPU) before it reads step n's ids
+        # (submit(feed=True), decode_chain.py; EngineConfig.pipeline_decode turns that off).
         self.pipelines = True
         self._mass_kernel: AttentionMassKernel | None = None  # compiled on first use
 

@@ -115,12 +115,14 @@ def _weight(dtype: str, rows: int, cols: int) -> None:
 
 
 def linear_constants(workgroup_size: int, accumulate: bool = False, norm: bool = False,
-                     swiglu: bool = False) -> tuple:
+                     swiglu: bool = False, row_groups: int = 1) -> tuple:
     """Pipeline constants of matvec_* / matmul_*: ACCUMULATE makes them add into y (a fused residual add),
     NORM (matvec only) applies the RMSNorm whose weight follows the codes in qs to x first, SWIGLU writes
-    silu(gate) * up of gate/up rows interleaved in runs of 4 (backends/webgpu/fused.py)."""
+    silu(gate) * up of gate/up rows interleaved in runs of 4 (backends/webgpu/fused.py); ROW_GROUPS (the gpu
+    family's matvec, matvec_gpu_call) where there are more than one."""
     flags = (("ACCUMULATE", accumulate), ("NORM", norm), ("SWIGLU", swiglu))
-    return (("WORKGROUP_SIZE", workgroup_size),) + tuple((name, 1) for name, on in flags if on)
+    groups = (("ROW_GROUPS", row_groups),) if row_groups > 1 else ()
+    return (("WORKGROUP_SIZE", workgroup_size),) + tuple((name, 1) for name, on in flags if on) + groups
 
 
 def _check_swiglu(rows: int, swiglu: bool, accumulate: bool) -> None:
@@ -166,8 +168,7 @@ def matvec_gpu_call(dtype: str, rows: int, cols: int, tokens: int, subgroups: bo
         raise ValueError(f"a gpu-family matvec splits its lanes into {MATVEC_ROW_GROUPS} row groups of at least 8 "
                          f"lanes, got {row_groups} of {workgroup_size}")
     grid = (_ceil(rows, MATVEC_ROWS * row_groups), tokens, 1)
-    constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu)
-    constants += (("ROW_GROUPS", row_groups),) if row_groups > 1 else ()
+    constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu, row_groups)
     params = uniform_words(rows, cols, tokens, float(norm_eps or 0.0)).tobytes()
     return KernelCall(gpu_matvec_shader(dtype, subgroups, f16), constants, grid, params)
 
@@ -222,9 +223,8 @@ def linear_pipeline(family: str, subgroups: bool, kind: str, dtype: str, accumul
     if io and not (family == "gpu" and kind == "matvec"):
         raise ValueError(f"matvec io variants ({io!r}) are the gpu family's matvec only, not {family} {kind}")
     if family == "gpu" and kind == "matvec":
-        groups = (("ROW_GROUPS", shapes.matvec_row_groups),) if shapes.matvec_row_groups > 1 else ()
         return (gpu_matvec_shader(dtype, subgroups, f16, io),
-                linear_constants(shapes.matvec, accumulate, norm, swiglu) + groups)
+                linear_constants(shapes.matvec, accumulate, norm, swiglu, shapes.matvec_row_groups))
     if family == "gpu" and gpu_matmul:
         return f"matmul_gpu_{dtype}", matmul_gpu_constants(shapes.matmul, accumulate, swiglu)
     return f"{kind}_{dtype}", linear_constants(32, accumulate, norm, swiglu)

@@ -175,20 +175,18 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
     rms_s = Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),),
                      (s["last"], w["output_norm.weight"][1][0], s["last_norm"]), "rms_s")
+    # A greedy step of the gpu family's LM head matvec writes no logits: its workgroups leave their best rows in
+    # the logits buffer (matvec_io_argmax.wgsl), which argmax_gpu scans (WINNERS_OF = its 8 rows a workgroup).
+    winners = key.greedy and b.kernels == "gpu" and key.seq_kernel == "matvec"
+    lm_head = linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel, io="_argmax" if winners else "")
     if key.sampled:
-        passes.append([rms_s, linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel),
-                       Dispatch("sample", (("WORKGROUP_SIZE", 256),), (s["logits"], s["sampling"], s["ids"]),
-                                "sample")])
-    elif key.greedy and b.kernels == "gpu" and key.seq_kernel == "matvec":
-        # No logits written: the LM head's workgroups leave their best rows in the logits buffer
-        # (matvec_io_argmax.wgsl), which argmax_gpu scans (WINNERS_OF = its 8 rows a workgroup).
-        passes.append([rms_s, linear(head, s["last_norm"], s["logits"], "lm_head", "matvec", io="_argmax"),
-                       Dispatch("argmax_gpu", (("WORKGROUP_SIZE", 256), ("WINNERS_OF", 8)), (s["logits"], s["ids"]),
-                                "argmax")])
+        pick = Dispatch("sample", (("WORKGROUP_SIZE", 256),), (s["logits"], s["sampling"], s["ids"]), "sample")
+    elif winners:
+        pick = Dispatch("argmax_gpu", (("WORKGROUP_SIZE", 256), ("WINNERS_OF", 8)), (s["logits"], s["ids"]), "argmax")
     else:
-        passes.append([rms_s, linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel),
-                       Dispatch(ops.argmax_call(cfg.vocab, 1, family=b.kernels).shader, (("WORKGROUP_SIZE", 256),),
-                                (s["logits"], s["ids"]), "argmax")])
+        pick = Dispatch(ops.argmax_call(cfg.vocab, 1, family=b.kernels).shader, (("WORKGROUP_SIZE", 256),),
+                        (s["logits"], s["ids"]), "argmax")
+    passes.append([rms_s, lm_head, pick])
     return passes
 
 
