@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 from pagedkv.backends.webgpu import model_kernels as ops
-from pagedkv.backends.webgpu.tuning import JsonFileStore, JsonInStore, cache_key
+from pagedkv.backends.webgpu.tuning import Budget, JsonFileStore, JsonInStore, cache_key
 from pagedkv.engine import run_sync
 from pagedkv.kv.disk_tier import MemoryStore
 from pagedkv.model.config import ModelConfig
@@ -63,3 +64,16 @@ def test_matmul_workgroup_memory_of_the_candidates():
     assert ops.matmul_gpu_workgroup_bytes((64, 4)) == 13824
     assert ops.matmul_gpu_workgroup_bytes((128, 8)) == 18432
     assert ops.matmul_gpu_workgroup_bytes((128, 16)) == 23040
+
+
+def test_the_budget_counts_only_measuring_time():
+    budget = Budget(30.0)
+    time.sleep(0.05)  # compiling or making inputs: not counted
+    assert not budget.over() and budget.left_ms == 30.0
+    with budget.running():
+        time.sleep(0.01)
+    assert not budget.over() and 0 < budget.left_ms <= 20.0
+    with budget.running():
+        time.sleep(0.03)
+    assert budget.over()
+    assert Budget(0.0).over()  # budget_ms=0: every candidate "over budget"
