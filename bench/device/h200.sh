@@ -80,8 +80,11 @@ else
 fi
 for model in $models; do
   [ -f "$M/$model/model.json" ] || continue
-  for family in cpu gpu; do  # both kernel families; the gpu one tunes first (its choice and timings in the JSON)
-    step "generate_${model}_$family" 120 $PY -m pagedkv generate --backend wgpu --kernels "$family" \
+  # Both kernel families (the gpu one tunes first: its choice and timings in the JSON), pipelined decode (the
+  # default); then the gpu family with each step waiting for its ids (--no-pipeline), the pipelining's baseline.
+  for run in cpu gpu "gpu --no-pipeline"; do
+    set -- $run
+    step "generate_${model}_$1${2:+_plain}" 120 $PY -m pagedkv generate --backend wgpu --kernels "$@" \
       --budget-mib 2048 --tuning-cache "$R/gpu_tuning.json" --model "$M/$model" --messages-json "$R/chat.json" \
       --max-tokens "$tokens" --ignore-eos --greedy --json
   done
@@ -93,6 +96,14 @@ if [ -f "$M/$m/model.json" ]; then
   step "generate_${m}_gpu_sampled" 90 $PY -m pagedkv generate --backend wgpu --kernels gpu --budget-mib 2048 \
     --tuning-cache "$R/gpu_tuning.json" --model "$M/$m" --messages-json "$R/chat.json" --max-tokens "$tokens" \
     --ignore-eos --temperature 0.7 --top-p 0.95 --seed 1 --json
+fi
+# A long conversation (about 2,000 prompt tokens): prefill at a real length, decode at a real context.
+if [ -f "$M/$m/model.json" ]; then
+  $PY -c 'import json, sys; words = " ".join(f"The tide came in over stone {i} and went out again." for i in range(200))
+json.dump([{"role": "user", "content": words + " Tell me more."}], open(sys.argv[1], "w"))' "$R/chat_long.json"
+  step "generate_${m}_gpu_long" 90 $PY -m pagedkv generate --backend wgpu --kernels gpu --budget-mib 2048 \
+    --tuning-cache "$R/gpu_tuning.json" --model "$M/$m" --messages-json "$R/chat_long.json" --max-tokens "$tokens" \
+    --ignore-eos --greedy --json
 fi
 step geometry_decode_gpu 60 $PY -m pagedkv.backends.webgpu.dispatch_geometry --json --kernels gpu --context 1024
 step geometry_prefill_gpu 60 $PY -m pagedkv.backends.webgpu.dispatch_geometry --json --kernels gpu --prefill 512

@@ -124,7 +124,8 @@ def _generate_wgpu(args, prompt_ids: list[int], params: SamplingParams) -> dict:
     tuning = {} if args.tuning_cache is None else {"tuning_cache": args.tuning_cache}
     try:
         return asyncio.run(generate_timed(args.model, prompt_ids, params, budget_mib=args.budget_mib,
-                                          block_size=BLOCK_SIZE, kernels=args.kernels, **tuning))
+                                          block_size=BLOCK_SIZE, kernels=args.kernels,
+                                          pipeline_decode=not args.no_pipeline, **tuning))
     except ModuleNotFoundError as exc:
         if exc.name != "wgpu":
             raise
@@ -194,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--backend wgpu's kernel family: auto takes cpu on software adapters (default: %(default)s)")
     gen.add_argument("--tuning-cache", type=Path, help="where the gpu family's first-boot tuning is cached "
                      "(default: .cache/gpu_tuning.json)")
+    gen.add_argument("--no-pipeline", action="store_true", help="--backend wgpu: submit each decode step only "
+                     "after the last one's ids are read (the baseline of the pipelined decode)")
     gen.add_argument("--messages-json", required=True, help='file with [{"role": ..., "content": ...}, ...]')
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--ignore-eos", action="store_true",

@@ -17,7 +17,9 @@ def test_generate_on_wgpu_prints_the_cpu_json_plus_timings_and_adapter(tiny_dir,
     assert list(out) == ["prompt_ids", "output_ids", "text", "timings", "adapter", "kernels"]
     assert {k: out[k] for k in ("prompt_ids", "output_ids", "text")} == cpu
     assert out["output_ids"] == [321, 321, 321, 321, 242, 242, 242, 242]
-    assert sorted(out["timings"]) == ["decode_tok_s", "decode_tokens", "first_decode_ms", "prefill_tok_s", "ttft_ms"]
+    assert sorted(out["timings"]) == ["decode_tok_s", "decode_tokens", "first_decode_ms", "pipelined", "prefill_tok_s",
+                                      "ttft_ms"]
+    assert out["timings"]["pipelined"] is True  # the decode chain: step n+1 submitted before step n's ids are read
     assert out["timings"]["ttft_ms"] > 0 and out["timings"]["decode_tok_s"] > 0 and out["timings"]["first_decode_ms"] > 0
     assert out["timings"]["decode_tokens"] == 6  # 8 tokens: the prefill's, the first decode step's, then 6 timed
     assert out["adapter"] == {"name": native_device.info.name, "backend": native_device.info.backend,
@@ -31,7 +33,9 @@ def test_generate_with_the_gpu_family_tunes_once_then_reuses_the_choice(tiny_dir
             "8", "--greedy", "--json", "--backend", "wgpu", "--kernels", "gpu", "--tuning-cache",
             str(tmp_path / "tuning.json"))
     first, again = (json.loads(run_cli(*args).stdout) for _ in range(2))
-    assert first["output_ids"] == again["output_ids"] == [321, 321, 321, 321, 242, 242, 242, 242]
+    plain = json.loads(run_cli(*args, "--no-pipeline").stdout)  # each step waits for its ids: the same tokens
+    assert first["output_ids"] == again["output_ids"] == plain["output_ids"] == [321, 321, 321, 321, 242, 242, 242, 242]
+    assert (first["timings"]["pipelined"], plain["timings"]["pipelined"]) == (True, False)
     assert (first["kernels"]["family"], first["kernels"]["why"]) == ("gpu", "kernels=gpu was asked for")
     tuned, cached = first["kernels"]["tuning"], again["kernels"]["tuning"]
     assert (tuned["source"], cached["source"]) == ("tuned", "cache")

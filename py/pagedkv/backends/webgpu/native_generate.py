@@ -48,9 +48,13 @@ async def load_backend(model_dir: Path, *, budget_mib: int, block_size: int, max
 
 
 async def generate_timed(model_dir: Path, prompt_ids: Sequence[int], params: SamplingParams, *, budget_mib: int,
-                         block_size: int, kernels: str = "auto", tuning_cache: Path = TUNING_CACHE) -> dict:
-    """Generate on the native device; returns output_ids, finish_reason, timings, the adapter and the kernels."""
-    config = EngineConfig(max_num_batched_tokens=max(256, len(prompt_ids)))
+                         block_size: int, kernels: str = "auto", tuning_cache: Path = TUNING_CACHE,
+                         pipeline_decode: bool = True) -> dict:
+    """Generate on the native device; returns output_ids, finish_reason, timings, the adapter and the kernels.
+
+    pipeline_decode=False turns off the decode chain (each step waits for its ids before the next is submitted),
+    the baseline that the pipelined decode is measured against."""
+    config = EngineConfig(max_num_batched_tokens=max(256, len(prompt_ids)), pipeline_decode=pipeline_decode)
     ctx, backend, manifest, report = await load_backend(
         model_dir, budget_mib=budget_mib, block_size=block_size, max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs, kernels=kernels, tuning_cache=tuning_cache)
@@ -70,10 +74,11 @@ async def generate_timed(model_dir: Path, prompt_ids: Sequence[int], params: Sam
         backend.destroy()
     # The first decode step compiles the decode pipelines: it is reported alone and left out of the rate.
     decoded = len(request.output_ids) - 2
+    pipelined = bool(getattr(backend, "pipelines", False)) and pipeline_decode
     timings = {"ttft_ms": round(1000 * (t_first - t0), 1), "prefill_tok_s": round(len(prompt_ids) / (t_first - t0), 2),
                "first_decode_ms": round(1000 * (t_second - t_first), 1) if t_second is not None else None,
                "decode_tok_s": round(decoded / (t_end - t_second), 2) if decoded > 0 else None,
-               "decode_tokens": max(decoded, 0)}
+               "decode_tokens": max(decoded, 0), "pipelined": pipelined}
     info = ctx.info
     adapter = {"name": info.name, "backend": info.backend, "features": list(info.features)}
     return {"output_ids": request.output_ids, "finish_reason": request.finish_reason, "timings": timings,
