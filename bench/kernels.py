@@ -48,7 +48,7 @@ SMOLLM2 = ModelConfig(architecture="llama", n_layers=30, hidden=576, n_heads=9, 
                       vocab=49152, rope_base=100000.0, rope_convention="adjacent_pairs", rms_eps=1e-5,
                       context_length=8192, tied_embeddings=True)
 KERNELS = ("qkv", "o", "gate_up", "down", "lm_head", "down_q4_K", "down_q6_K", "decode_attention",
-           "prefill_attention", "rmsnorm", "rope", "argmax", "decode_step")
+           "prefill_attention", "rmsnorm", "rope", "argmax", "sample", "decode_step")
 # name -> (dtype, rows, cols, variant): the plan's fused projections (backends/webgpu/plan.py, fused.py); the
 # K-quant rows are a Q4_K_M file's down projections (K a multiple of 256: SmolLM2's ffn)
 LINEAR = {"qkv": ("q4_1", 960, 576, "norm"), "o": ("q4_1", 576, 576, "accumulate"),
@@ -222,6 +222,11 @@ async def small_rows(b: Bench, names: list[str], rng) -> None:
         logits = b.upload(rng.standard_normal(cfg.vocab, dtype=np.float32), "logits")
         d, n = await b.call(ops.argmax_call(cfg.vocab, 1), [logits, b.ctx.buffer(16, "ids")])
         await b.row("argmax", "decode", d, cfg.vocab * 4, n, vocab=cfg.vocab)
+    if "sample" in names:  # the app's default draw: temperature 0.7, top-p 0.95 (one sequence; 12 row passes)
+        logits = b.upload(rng.standard_normal(cfg.vocab, dtype=np.float32) * 4, "logits")
+        settings = b.upload(np.array([0.7, 0.95, 0.5, 0.0], np.float32), "settings")
+        d, n = await b.call(ops.sample_call(cfg.vocab, 1), [logits, settings, b.ctx.buffer(16, "ids")])
+        await b.row("sample", "decode", d, 12 * cfg.vocab * 4, n, vocab=cfg.vocab, temperature=0.7, top_p=0.95)
 
 
 async def decode_step(ctx, context: int, reps: int, kernels: str = "cpu") -> dict:

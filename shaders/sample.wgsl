@@ -4,13 +4,16 @@
 //   else w_i = exp((l_i - max) / temperature) (the logits row is overwritten with w), Z = sum w;
 //   top-p < 1 keeps the smallest set of most likely tokens whose mass reaches top_p (filtered_probs: sorted by
 //   w, lower id first on ties): its least likely member's w bits, kappa, are the largest u32 k with
-//   sum_{bits(w_i) >= k} w_i >= top_p * Z (w >= 0, so u32 order is f32 order), found by bisection over the
-//   bits; of the tokens at kappa, the lowest ids that reach the mass are kept;
+//   S(k) = sum_{bits(w_i) >= k} w_i >= top_p * Z (w >= 0, so u32 order is f32 order), found a 4-bit digit at a
+//   time from the top (8 passes over the row, each summing w into the 16 digits under the prefix found so far:
+//   S is non-increasing, so the largest digit whose S reaches the goal is kappa's); of the tokens at kappa,
+//   the lowest ids that reach the mass are kept;
 //   then, in id order, the first kept token whose running mass exceeds u * (the kept mass): numpy's
 //   searchsorted(cumsum(probs), u * total, side="right"), u the sampler's rng.random() drawn on the host.
 // f32 where numpy works in f64: a draw differs only where u or top_p falls within rounding of a boundary.
-// One workgroup per sequence; lanes stride over the row for the sums, own contiguous chunks of ids for the
-// id-order draw (their prefix sums meet in workgroup memory). Every barrier sits in uniform control flow: the
+// One workgroup per sequence; lanes stride over the row for the sums (the digit passes load 4 tokens a trip:
+// a real GPU runs one workgroup per row, so its latency, not its bandwidth, is the cost), own contiguous
+// chunks of ids for the id-order draw (their prefix sums meet in workgroup memory). Every barrier sits in uniform control flow: the
 // settings and the sums that steer loops are read with workgroupUniformLoad.
 //
 // Dispatch: (seqs, 1, 1) workgroups.
@@ -32,6 +35,8 @@ const NONE : u32 = 0xffffffffu;
 
 var<workgroup> red_f : array<f32, WORKGROUP_SIZE>;
 var<workgroup> red_u : array<u32, WORKGROUP_SIZE>;
+var<workgroup> red_v : array<vec4<f32>, WORKGROUP_SIZE>;
+var<workgroup> sum_v_out : vec4<f32>;
 var<workgroup> sum_f_out : f32;
 var<workgroup> sum_u_out : u32;
 var<workgroup> row_settings : vec4<f32>;
@@ -110,16 +115,68 @@ fn exclusive_u(v : u32, lid : u32) -> u32 {
   return red_u[lid] - v;
 }
 
-// sum of w over the row's tokens whose w bits are >= k.
-fn mass_from(base : u32, k : u32, lid : u32) -> f32 {
-  var m = 0.0;
-  for (var i = lid; i < params.vocab; i += WORKGROUP_SIZE) {
-    let w = logits[base + i];
-    if (bitcast<u32>(w) >= k) {
-      m += w;
+// The sum of v over the workgroup, uniform.
+fn sum_v(v : vec4<f32>, lid : u32) -> vec4<f32> {
+  workgroupBarrier();
+  red_v[lid] = v;
+  for (var s = WORKGROUP_SIZE / 2u; s > 0u; s >>= 1u) {
+    workgroupBarrier();
+    if (lid < s) {
+      red_v[lid] += red_v[lid + s];
     }
   }
-  return sum_f(m, lid);
+  workgroupBarrier();
+  if (lid == 0u) {
+    sum_v_out = red_v[0];
+  }
+  return workgroupUniformLoad(&sum_v_out);
+}
+
+struct Digits {
+  d0 : vec4<f32>,  // mass of digits 0-3
+  d1 : vec4<f32>,
+  d2 : vec4<f32>,
+  d3 : vec4<f32>,  // digits 12-15
+}
+
+// w into its digit's sum (bits (shift + 3)..shift) when its bits above them are `prefix`.
+fn add_digit(acc : ptr<function, Digits>, w : f32, prefix : u32, high : u32, shift : u32) {
+  let bits = bitcast<u32>(w);
+  let d = vec4<u32>((bits >> shift) & 15u);
+  let z = vec4<f32>(0.0);
+  let on = (bits & high) == prefix;
+  let v = vec4<f32>(select(0.0, w, on));
+  (*acc).d0 += select(z, v, d == vec4<u32>(0u, 1u, 2u, 3u));
+  (*acc).d1 += select(z, v, d == vec4<u32>(4u, 5u, 6u, 7u));
+  (*acc).d2 += select(z, v, d == vec4<u32>(8u, 9u, 10u, 11u));
+  (*acc).d3 += select(z, v, d == vec4<u32>(12u, 13u, 14u, 15u));
+}
+
+// Over the row's tokens whose bits above `shift + 4` are `prefix` (high: those bits' mask), the mass of each
+// value of bits (shift + 3)..shift, summed over the workgroup (uniform).
+fn digit_masses(base : u32, prefix : u32, high : u32, shift : u32, lid : u32) -> Digits {
+  var acc = Digits(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+  let n = params.vocab;
+  var i = lid;
+  for (; i + 3u * WORKGROUP_SIZE < n; i += 4u * WORKGROUP_SIZE) {  // four independent loads a trip
+    let w0 = logits[base + i];
+    let w1 = logits[base + i + WORKGROUP_SIZE];
+    let w2 = logits[base + i + 2u * WORKGROUP_SIZE];
+    let w3 = logits[base + i + 3u * WORKGROUP_SIZE];
+    add_digit(&acc, w0, prefix, high, shift);
+    add_digit(&acc, w1, prefix, high, shift);
+    add_digit(&acc, w2, prefix, high, shift);
+    add_digit(&acc, w3, prefix, high, shift);
+  }
+  for (; i < n; i += WORKGROUP_SIZE) {
+    add_digit(&acc, logits[base + i], prefix, high, shift);
+  }
+  return Digits(sum_v(acc.d0, lid), sum_v(acc.d1, lid), sum_v(acc.d2, lid), sum_v(acc.d3, lid));
+}
+
+fn digit_mass(m : Digits, d : u32) -> f32 {
+  let q = select(select(m.d0, m.d1, d >= 4u), select(m.d2, m.d3, d >= 12u), d >= 8u);
+  return q[d & 3u];
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)
@@ -163,20 +220,27 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   var keep_ties = NONE;
   if (st.y < 1.0) {
     let goal = st.y * total;
-    var lo = 0u;  // mass_from(lo) >= goal
-    var hi = bitcast<u32>(1.0) + 1u;  // mass_from(hi) < goal (no w exceeds 1)
-    var above = 0.0;  // mass_from(hi)
-    while (hi - lo > 1u) {
-      let mid = lo + (hi - lo) / 2u;
-      let mass = mass_from(base, mid, lid);
-      if (mass >= goal) {
-        lo = mid;
-      } else {
-        hi = mid;
-        above = mass;
+    var prefix = 0u;  // kappa's digits found so far, in place
+    var high = 0u;  // their mask
+    var above = 0.0;  // the mass of tokens whose bits exceed every value under prefix: S(prefix | ~high + 1)
+    for (var level = 0u; level < 8u; level++) {  // uniform: every lane holds the same sums
+      let shift = 28u - 4u * level;
+      let m = digit_masses(base, prefix, high, shift, lid);
+      var d = 15u;
+      var run = 0.0;  // mass of digits above d
+      loop {  // the largest digit whose S reaches the goal; 0 when rounding left even S(0) short
+        let here = digit_mass(m, d);
+        if (above + run + here >= goal || d == 0u) {
+          break;
+        }
+        run += here;
+        d -= 1u;
       }
+      above += run;
+      prefix |= d << shift;
+      high |= 15u << shift;
     }
-    kappa = lo;
+    kappa = prefix;
     let w_kappa = bitcast<f32>(kappa);
     if (w_kappa > 0.0) {
       keep_ties = u32(clamp(ceil((goal - above) / w_kappa), 1.0, 4.0e9));

@@ -34,6 +34,15 @@ def test_sample_kernel_draws_what_the_numpy_sampler_draws(worker):
     assert all(row[2] == 5 for row in r["got"])  # greedy: the lowest of the four ids holding the max
 
 
+def test_top_p_cut_found_digit_by_digit_matches_numpy_at_every_mass(worker):
+    # kappa is found 4 bits a pass: cuts from one token (top_p 0.05 at a low temperature) to nearly the whole
+    # row, with 5,000 ids (the digit passes' four-token trips and their tail)
+    rows = [(t, p) for t in (0.2, 0.7, 1.5) for p in (0.05, 0.5, 0.9, 0.99)]
+    r = run(worker, f"case_sample(5000, {rows}, 3, seed=5, scale=2.0)")
+    assert r["got"] == r["want"]
+    assert r["distinct"] >= 15
+
+
 @pytest.mark.parametrize("kernels", ["cpu", "gpu"])
 def test_engine_draws_on_the_device_what_the_host_draws(worker, kernels):
     r = run(worker, f"engine_device_vs_host({kernels!r})")
