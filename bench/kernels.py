@@ -263,11 +263,14 @@ async def decode_step(ctx, context: int, reps: int, kernels: str = "cpu") -> dic
             "gb_s": nbytes / min(walls) / 1e6, "tok_s": 1000 / min(walls)}
 
 
-async def measure(ctx, kernels: list[str], quick: bool, rotate_mib: int | None = None) -> dict:
+async def measure(ctx, kernels: list[str], quick: bool, rotate_mib: int | None = None,
+                  prefill_tokens: int | None = None) -> dict:
     """Every figure of this benchmark on the device `ctx` (any device.GpuDevice). rotate_mib: the bytes the
-    streaming read and each projection's weight copies span (default 256 MiB, 16 with quick)."""
+    streaming read and each projection's weight copies span (default 256 MiB, 16 with quick); prefill_tokens:
+    the prefill rows' tokens (default 128, 32 with quick)."""
     repeats, runs = (3, 3) if quick else (10, 5)
     contexts, prefill = ([256, 1024], 32) if quick else ([256, 1024, 4096], 128)
+    prefill = prefill_tokens or prefill
     rotate = (rotate_mib if rotate_mib is not None else 16 if quick else 256) << 20
     b = Bench(ctx, repeats, runs, rotate)
     rng = np.random.default_rng(0)
@@ -306,7 +309,7 @@ PAGE = """
 import json
 from bench.kernels import measure
 from pagedkv.backends.webgpu.runtime import open_device
-json.dumps(await measure(await open_device(), {kernels!r}, {quick!r}, {rotate!r}))
+json.dumps(await measure(await open_device(), {kernels!r}, {quick!r}, {rotate!r}, {prefill!r}))
 """
 
 
@@ -319,8 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rotate-mib", type=int, default=None,
                         help="bytes the streaming read and each projection's weight copies span (default 256 MiB, "
                              "16 with --quick): more than twice the GPU's L2")
+    parser.add_argument("--prefill", type=int, default=None, metavar="TOKENS",
+                        help="tokens of the prefill rows (matmuls, prefill attention; default 128, 32 with --quick)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     args = parser.parse_args(argv)
+    if args.prefill is not None and args.prefill < 1:
+        parser.error("--prefill must be at least 1")
     t0 = time.perf_counter()
     if args.backend == "wgpu":
         import asyncio
@@ -328,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         from pagedkv.backends.webgpu.native import NativeDevice
 
         async def run() -> dict:
-            return await measure(await NativeDevice.create(), args.kernels, args.quick, args.rotate_mib)
+            return await measure(await NativeDevice.create(), args.kernels, args.quick, args.rotate_mib, args.prefill)
 
         result = asyncio.run(run())
     else:
@@ -336,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
 
         with session() as page:
             install_bench(page, "kernels.py")
-            result = page.py(PAGE.format(kernels=args.kernels, quick=args.quick, rotate=args.rotate_mib))
+            result = page.py(PAGE.format(kernels=args.kernels, quick=args.quick, rotate=args.rotate_mib,
+                                         prefill=args.prefill))
     result.update({"benchmark": "kernels", "backend": args.backend, "wall_s": round(time.perf_counter() - t0, 1),
                    "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     # The runner (`python3 -m bench --only kernels_wgpu`) saves the JSON; run alone, this only prints.

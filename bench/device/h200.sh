@@ -70,10 +70,16 @@ MJ=dist/models/smollm2-135m-instruct/model.json
 echo '[{"role": "user", "content": "Write a long story about the sea."}]' >"$R/chat.json"
 if [ -n "$QUICK" ]; then
   step kernels 300 $PY -m bench.kernels --backend wgpu --json --quick --kernels qkv lm_head decode_attention argmax
+  step kernels_prefill 120 $PY -m bench.kernels --backend wgpu --json --quick --kernels gate_up prefill_attention \
+    --prefill 64
   step model_small 120 $PY bench/device/random_model.py "$MJ" "$M/small" --preset small
   models="small"; tokens=32
 else
   step kernels 150 $PY -m bench.kernels --backend wgpu --json
+  # prefill at a long prompt's length: where its time goes (the projections' matmuls, causal attention)
+  # (--quick: 9 timed passes over 16 MiB of weight copies; at 10 x 5 over 256 MiB this step outran 120 s)
+  step kernels_prefill 120 $PY -m bench.kernels --backend wgpu --json --quick --kernels qkv o gate_up down \
+    prefill_attention --prefill 2048
   step model_smollm2 90 $PY bench/device/random_model.py "$MJ" "$M/smollm2" --preset smollm2
   step model_1.5b 150 $PY bench/device/random_model.py "$MJ" "$M/1.5b" --preset 1.5b
   models="smollm2 1.5b"; tokens=256
@@ -86,6 +92,17 @@ for model in $models; do
     set -- $run
     step "generate_${model}_$1${2:+_plain}" 120 $PY -m pagedkv generate --backend wgpu --kernels "$@" \
       --budget-mib 2048 --tuning-cache "$R/gpu_tuning.json" --model "$M/$model" --messages-json "$R/chat.json" \
+      --max-tokens "$tokens" --ignore-eos --greedy --json
+  done
+done
+# The pipelined and the plain decode twice more: a step's host part varies between runs on this machine.
+for rep in 2 3; do
+  m=${models%% *}
+  [ -f "$M/$m/model.json" ] || break
+  for run in gpu "gpu --no-pipeline"; do
+    set -- $run
+    step "generate_${m}_$1${2:+_plain}_$rep" 90 $PY -m pagedkv generate --backend wgpu --kernels "$@" \
+      --budget-mib 2048 --tuning-cache "$R/gpu_tuning.json" --model "$M/$m" --messages-json "$R/chat.json" \
       --max-tokens "$tokens" --ignore-eos --greedy --json
   done
 done
