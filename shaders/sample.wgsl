@@ -11,9 +11,9 @@
 //   then, in id order, the first kept token whose running mass exceeds u * (the kept mass): numpy's
 //   searchsorted(cumsum(probs), u * total, side="right"), u the sampler's rng.random() drawn on the host.
 // f32 where numpy works in f64: a draw differs only where u or top_p falls within rounding of a boundary.
-// One workgroup per sequence; lanes stride over the row for the sums (the digit passes load 4 tokens a trip:
-// a real GPU runs one workgroup per row, so its latency, not its bandwidth, is the cost), own contiguous
-// chunks of ids for the id-order draw (their prefix sums meet in workgroup memory). Every barrier sits in uniform control flow: the
+// One workgroup per sequence; lanes stride over the row for the sums, own contiguous chunks of ids for the
+// id-order draw. Every pass loads 4 tokens a trip: a real GPU runs one workgroup per row, so the latency of
+// its loads, not bandwidth, is the cost (on the H200 a pass of one load a trip took ~20 us) (their prefix sums meet in workgroup memory). Every barrier sits in uniform control flow: the
 // settings and the sums that steer loops are read with workgroupUniformLoad.
 //
 // Dispatch: (seqs, 1, 1) workgroups.
@@ -179,6 +179,26 @@ fn digit_mass(m : Digits, d : u32) -> f32 {
   return q[d & 3u];
 }
 
+// Four of a lane's strided ids from i (i, i + WORKGROUP_SIZE, ...; the caller keeps i + 3 WORKGROUP_SIZE in the
+// row): four independent loads in flight, where a GPU's lone workgroup would otherwise wait on each.
+fn strided4(base : u32, i : u32) -> vec4<f32> {
+  return vec4<f32>(logits[base + i], logits[base + i + WORKGROUP_SIZE], logits[base + i + 2u * WORKGROUP_SIZE],
+                   logits[base + i + 3u * WORKGROUP_SIZE]);
+}
+
+// Ids i .. i + 3 of a lane's chunk (the caller keeps i + 3 in it).
+fn run4(base : u32, i : u32) -> vec4<f32> {
+  return vec4<f32>(logits[base + i], logits[base + i + 1u], logits[base + i + 2u], logits[base + i + 3u]);
+}
+
+// Token i (weight w) in id order: kept when above kappa or among the first keep_ties tokens at kappa.
+fn kept_at(w : f32, kappa : u32, keep_ties : u32, rank : ptr<function, u32>) -> bool {
+  let bits = bitcast<u32>(w);
+  let keep = bits > kappa || (bits == kappa && *rank < keep_ties);
+  *rank += select(0u, 1u, bits == kappa);
+  return keep;
+}
+
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index) lid : u32) {
   let s = wid.x;
@@ -190,11 +210,16 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   }
   let st = workgroupUniformLoad(&row_settings);
   let base = s * params.vocab;
-  var top = -3.0e38;
-  for (var i = lid; i < params.vocab; i += WORKGROUP_SIZE) {
-    top = max(top, logits[base + i]);
+  let n = params.vocab;
+  var top4 = vec4<f32>(-3.0e38);
+  var i = lid;
+  for (; i + 3u * WORKGROUP_SIZE < n; i += 4u * WORKGROUP_SIZE) {
+    top4 = max(top4, strided4(base, i));
   }
-  let m = max_f(top, lid);
+  for (; i < n; i += WORKGROUP_SIZE) {
+    top4.x = max(top4.x, logits[base + i]);
+  }
+  let m = max_f(max(max(top4.x, top4.y), max(top4.z, top4.w)), lid);
   if (st.x <= 0.0) {  // greedy: the lowest id holding the max
     var first = NONE;
     for (var i = lid; i < params.vocab; i += WORKGROUP_SIZE) {
@@ -208,13 +233,22 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
     }
     return;
   }
-  var z = 0.0;
-  for (var i = lid; i < params.vocab; i += WORKGROUP_SIZE) {
+  var z4 = vec4<f32>(0.0);
+  i = lid;
+  for (; i + 3u * WORKGROUP_SIZE < n; i += 4u * WORKGROUP_SIZE) {
+    let w = exp((strided4(base, i) - m) / st.x);
+    logits[base + i] = w.x;
+    logits[base + i + WORKGROUP_SIZE] = w.y;
+    logits[base + i + 2u * WORKGROUP_SIZE] = w.z;
+    logits[base + i + 3u * WORKGROUP_SIZE] = w.w;
+    z4 += w;
+  }
+  for (; i < n; i += WORKGROUP_SIZE) {
     let w = exp((logits[base + i] - m) / st.x);
     logits[base + i] = w;
-    z += w;
+    z4.x += w;
   }
-  let total = sum_f(z, lid);
+  let total = sum_f((z4.x + z4.y) + (z4.z + z4.w), lid);
   // kappa and how many of the tokens at kappa are kept (all: no top-p)
   var kappa = 0u;
   var keep_ties = NONE;
@@ -247,42 +281,65 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
     }
   }
   // id order: lane lid owns ids [lid * chunk, lid * chunk + chunk)
-  let chunk = (params.vocab + WORKGROUP_SIZE - 1u) / WORKGROUP_SIZE;
-  let start = min(lid * chunk, params.vocab);
-  let end = min(start + chunk, params.vocab);
+  let chunk = (n + WORKGROUP_SIZE - 1u) / WORKGROUP_SIZE;
+  let start = min(lid * chunk, n);
+  let end = min(start + chunk, n);
   var ties = 0u;
-  for (var i = start; i < end; i++) {
+  i = start;
+  for (; i + 4u <= end; i += 4u) {
+    let at = select(vec4<u32>(0u), vec4<u32>(1u), bitcast<vec4<u32>>(run4(base, i)) == vec4<u32>(kappa));
+    ties += dot(at, vec4<u32>(1u));
+  }
+  for (; i < end; i++) {
     ties += select(0u, 1u, bitcast<u32>(logits[base + i]) == kappa);
   }
   let ties_before = exclusive_u(ties, lid);
   var kept = 0.0;
   var rank = ties_before;
   var last = NONE;
-  for (var i = start; i < end; i++) {
+  i = start;
+  for (; i + 4u <= end; i += 4u) {
+    let w4 = run4(base, i);
+    for (var k = 0u; k < 4u; k++) {
+      if (kept_at(w4[k], kappa, keep_ties, &rank)) {
+        kept += w4[k];
+        last = i + k;
+      }
+    }
+  }
+  for (; i < end; i++) {
     let w = logits[base + i];
-    let bits = bitcast<u32>(w);
-    if (bits > kappa || (bits == kappa && rank < keep_ties)) {
+    if (kept_at(w, kappa, keep_ties, &rank)) {
       kept += w;
       last = i;
     }
-    rank += select(0u, 1u, bits == kappa);
   }
   let before = exclusive_f(kept, lid);
   let draw = st.z * sum_f(kept, lid);
   var found = NONE;
-  if (before <= draw && draw < before + kept) {
+  if (before <= draw && draw < before + kept) {  // this lane's chunk holds the draw: walk it again
     var running = before;
     rank = ties_before;
-    for (var i = start; i < end; i++) {
+    i = start;
+    for (; i + 4u <= end && found == NONE; i += 4u) {
+      let w4 = run4(base, i);
+      for (var k = 0u; k < 4u; k++) {
+        if (found == NONE && kept_at(w4[k], kappa, keep_ties, &rank)) {
+          running += w4[k];
+          if (running > draw) {
+            found = i + k;
+          }
+        }
+      }
+    }
+    for (; i < end && found == NONE; i++) {
       let w = logits[base + i];
-      let bits = bitcast<u32>(w);
-      if (bits > kappa || (bits == kappa && rank < keep_ties)) {
+      if (kept_at(w, kappa, keep_ties, &rank)) {
         running += w;
-        if (running > draw && found == NONE) {
+        if (running > draw) {
           found = i;
         }
       }
-      rank += select(0u, 1u, bits == kappa);
     }
   }
   let id = minmax_u(found, lid, 0u);
