@@ -49,12 +49,17 @@ SMOLLM2 = ModelConfig(architecture="llama", n_layers=30, hidden=576, n_heads=9, 
                       context_length=8192, tied_embeddings=True)
 KERNELS = ("qkv", "o", "gate_up", "down", "lm_head", "down_q4_K", "down_q6_K", "decode_attention",
            "prefill_attention", "rmsnorm", "rope", "argmax", "sample", "decode_step")
+# the synthetic 1.5B model's projections (pagedkv.model.synthetic's preset: hidden 2048, 32 + 2 x 8 heads of
+# 64, ffn 8192, every matrix Q4_K): asked for by name, not in the default set
+KERNELS_1_5B = ("qkv_1.5b", "o_1.5b", "gate_up_1.5b", "down_1.5b")
 # name -> (dtype, rows, cols, variant): the plan's fused projections (backends/webgpu/plan.py, fused.py); the
 # K-quant rows are a Q4_K_M file's down projections (K a multiple of 256: SmolLM2's ffn)
 LINEAR = {"qkv": ("q4_1", 960, 576, "norm"), "o": ("q4_1", 576, 576, "accumulate"),
           "gate_up": ("q4_1", 3072, 576, "swiglu"), "down": ("q4_1", 576, 1536, "accumulate"),
           "lm_head": ("q8_0", 49152, 576, ""), "down_q4_K": ("q4_K", 576, 1536, "accumulate"),
-          "down_q6_K": ("q6_K", 576, 1536, "accumulate")}
+          "down_q6_K": ("q6_K", 576, 1536, "accumulate"),
+          "qkv_1.5b": ("q4_K", 3072, 2048, "norm"), "o_1.5b": ("q4_K", 2048, 2048, "accumulate"),
+          "gate_up_1.5b": ("q4_K", 16384, 2048, "swiglu"), "down_1.5b": ("q4_K", 2048, 8192, "accumulate")}
 
 
 def quantized(dtype: str, rows: int, cols: int, rng) -> dict[str, bytes]:
@@ -129,9 +134,10 @@ def invocations(kk: KVKernels, dispatches: list) -> int:
 
 
 def family_linear(ctx, family: str, kind: str, dtype: str, rows: int, cols: int, t: int,
-                  variant: str) -> ops.KernelCall:
+                  variant: str, whole_blocks: bool = False) -> ops.KernelCall:
     """The KernelCall a plan of kernel `family` records for this projection on device `ctx` (the gpu family
-    with subgroups and in f16 where the device has them, in its default workgroup shapes)."""
+    with subgroups and in f16 where the device has them, in its default workgroup shapes; whole_blocks: its
+    matvec with WHOLE_BLOCKS)."""
     flags = {"accumulate": variant == "accumulate", "swiglu": variant == "swiglu"}
     norm = {"norm_eps": 1e-5} if variant == "norm" and kind == "matvec" else {}
     if family == "cpu":
@@ -140,7 +146,7 @@ def family_linear(ctx, family: str, kind: str, dtype: str, rows: int, cols: int,
         return ops.matmul_gpu_call(dtype, rows, cols, t, **flags)
     features = ctx.info.features
     return ops.matvec_gpu_call(dtype, rows, cols, t, "subgroups" in features, **flags, **norm,
-                               f16="shader-f16" in features)
+                               f16="shader-f16" in features, whole_blocks=whole_blocks)
 
 
 async def linear_rows(b: Bench, names: list[str], tokens: int, rng) -> None:
@@ -158,14 +164,17 @@ async def linear_rows(b: Bench, names: list[str], tokens: int, rng) -> None:
             moved = weight_bytes + t * cols * 4 + t * out_rows * 4 * (2 if variant == "accumulate" else 1)
             copies = max(1, -(-b.rotate_bytes // weight_bytes))  # rotated through more than the L2 holds
             weights = [(b.upload(qs, "qs"), b.upload(parts[list(parts)[1]], "s")) for _ in range(copies)]
-            for family in ops.FAMILIES:
-                call = family_linear(b.ctx, family, kind, dtype, rows, cols, t, variant)
+            runs = [(family, False) for family in ops.FAMILIES]
+            if kind == "matvec" and ops.whole_blocks_apply(cols, ops.GpuShapes().matvec, 8 if dtype == "q8_0" else 4):
+                runs.append(("gpu", True))  # its lanes taking whole blocks (WHOLE_BLOCKS): the row "...:whole"
+            for family, whole in runs:
+                call = family_linear(b.ctx, family, kind, dtype, rows, cols, t, variant, whole)
                 dispatches = []
                 for w in weights:
                     one, n = await b.call(call, [*w, x, y])
                     dispatches += one
-                await b.row(f"{name}:{call.shader}", phase, dispatches, moved, n, per=copies, family=family,
-                            rows=rows, cols=cols, tokens=t, weight_copies=copies)
+                await b.row(f"{name}:{call.shader}{':whole' if whole else ''}", phase, dispatches, moved, n,
+                            per=copies, family=family, rows=rows, cols=cols, tokens=t, weight_copies=copies)
             for w in weights:
                 for buf in w:
                     buf.destroy()
@@ -317,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=("wgpu", "browser"), required=True,
                         help="wgpu: a native adapter through wgpu-py; browser: headless Chromium's WebGPU")
-    parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
+    parser.add_argument("--kernels", nargs="+", choices=KERNELS + KERNELS_1_5B, default=list(KERNELS),
+                        help="default: every one but the 1.5B model's projections (" + " ".join(KERNELS_1_5B) + ")")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, smaller shapes")
     parser.add_argument("--rotate-mib", type=int, default=None,
                         help="bytes the streaming read and each projection's weight copies span (default 256 MiB, "

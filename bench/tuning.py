@@ -32,7 +32,8 @@ async def run(runs: int) -> dict:
         shapes = r["shapes"]
         out["runs"].append({"timings": r["timings"], "choice": {
             "matvec": shapes.matvec, "matmul": list(shapes.matmul), "split": shapes.split,
-            "matvec_slots": {slot: [t, g] for slot, t, g in shapes.matvec_slots}}})
+            "matvec_slots": {slot: [t, g] for slot, t, g in shapes.matvec_slots},
+            "matvec_whole": list(shapes.matvec_whole)}})
     return out
 
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from pagedkv.backends.webgpu.kv_kernels import KVKernels
 from pagedkv.backends.webgpu.kv_layout import GpuKVLayout
+from pagedkv.backends.webgpu import model_kernels as ops
 from pagedkv.backends.webgpu.model_kernels import GpuShapes
 from pagedkv.backends.webgpu.plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
 from pagedkv.kv.spec import KVSpec
@@ -182,3 +183,16 @@ def test_a_projection_with_its_own_tuned_matvec_threads_gets_them():
     # the LM head's grid: 4 groups of 8 rows a workgroup
     grids, _ = step_slots(b, StepShape(1, 1, 4, 1, 0, True))
     assert tuple(grids[SLOT_INDEX["lm_head"]]) == (-(-b.config.vocab // 32), 1, 1)
+    # a projection tuned to take whole blocks (GpuShapes.matvec_whole) gets WHOLE_BLOCKS, the others not
+    b.gpu_shapes = replace(b.gpu_shapes, matvec_whole=("lin_ffn",))
+    decode = layer_program(b, PlanKey.of(1, 1))
+    whole = {d.slot for p in decode for d in p if dict(d.constants or ()).get("WHOLE_BLOCKS")}
+    assert whole == {"lin_ffn"}
+
+
+def test_whole_blocks_apply_where_they_add_no_trip_along_k():
+    # blocks of 4 words: 64 lanes over K = 2,048 (64 blocks) take one block each, as striding by words makes
+    # 4 trips; at K = 576 (18 blocks) one block a lane is 4 words where words take 2 trips (72 over 64 lanes)
+    assert ops.whole_blocks_apply(2048, 64) and ops.whole_blocks_apply(8192, 64) and ops.whole_blocks_apply(1536, 16)
+    assert not ops.whole_blocks_apply(576, 64) and not ops.whole_blocks_apply(576, 16)
+    assert ops.whole_blocks_apply(4000, 64, words_per_block=8) and not ops.whole_blocks_apply(576, 8)

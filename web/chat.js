@@ -153,7 +153,10 @@ export function onModelReady(msg) {
   const kernels = $("adapter-kernels");
   kernels.dataset.family ??= kernels.textContent;  // boot.js's "family (why)", once per page
   // each projection's matvec: threads x groups of 8 rows a workgroup (ROW_GROUPS, matvec_gpu_main.wgsl)
-  const slots = Object.entries(tuned?.choice.matvec_slots ?? {}).map(([slot, [t, g]]) => `${slot} ${t}x${g}`);
+  // (" whole": its lanes take whole 32-weight blocks, WHOLE_BLOCKS)
+  const whole = new Set(tuned?.choice.matvec_whole ?? []);
+  const slots = Object.entries(tuned?.choice.matvec_slots ?? {}).map(
+    ([slot, [t, g]]) => `${slot} ${t}x${g}${whole.has(slot) ? " whole" : ""}`);
   kernels.textContent = kernels.dataset.family + (tuned ? `; tuned (${tuned.source}): matvec ${tuned.choice.matvec} ` +
     `threads, matmul ${tuned.choice.matmul[0]} threads x ${tuned.choice.matmul[1]} along rows, decode attention ` +
     `split for ${tuned.choice.split} workgroups; per projection (threads x row groups): ${slots.join(", ")}` : "");

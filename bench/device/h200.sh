@@ -72,6 +72,7 @@ if [ -n "$QUICK" ]; then
   step kernels 300 $PY -m bench.kernels --backend wgpu --json --quick --kernels qkv lm_head decode_attention argmax
   step kernels_prefill 120 $PY -m bench.kernels --backend wgpu --json --quick --kernels gate_up prefill_attention \
     --prefill 64
+  step kernels_1.5b 120 $PY -m bench.kernels --backend wgpu --json --quick --kernels o_1.5b
   step model_small 120 $PY bench/device/random_model.py "$MJ" "$M/small" --preset small
   models="small"; tokens=32
 else
@@ -80,6 +81,9 @@ else
   # (--quick: 9 timed passes over 16 MiB of weight copies; at 10 x 5 over 256 MiB this step outran 120 s)
   step kernels_prefill 120 $PY -m bench.kernels --backend wgpu --json --quick --kernels qkv o gate_up down \
     prefill_attention --prefill 2048
+  # the synthetic 1.5B model's Q4_K projections (its decode reads ~0.85 GB a token), weights rotated through 256 MiB
+  step kernels_1.5b 120 $PY -m bench.kernels --backend wgpu --json --quick --rotate-mib 256 --kernels qkv_1.5b \
+    o_1.5b gate_up_1.5b down_1.5b
   step model_smollm2 90 $PY bench/device/random_model.py "$MJ" "$M/smollm2" --preset smollm2
   step model_1.5b 150 $PY bench/device/random_model.py "$MJ" "$M/1.5b" --preset 1.5b
   models="smollm2 1.5b"; tokens=256

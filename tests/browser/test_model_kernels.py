@@ -93,15 +93,18 @@ def variant_cases(cases: list[tuple]) -> list:
             for c in cases]
 
 
-# The grouped matvec (ROW_GROUPS) shares the body and every type's decoding with "gpu": in Chromium it runs for
-# BROWSER_VARIANT_TYPES, the whole matrix natively.
+# The grouped matvec (ROW_GROUPS) and the one whose lanes take whole blocks (WHOLE_BLOCKS) share the body and
+# every type's decoding with "gpu": in Chromium they run for BROWSER_VARIANT_TYPES, the whole matrix natively.
 @pytest.mark.parametrize("dtype,family", [
-    pytest.param(d, f, marks=pytest.mark.native_matrix if f == "gpu_groups" and d not in BROWSER_VARIANT_TYPES else ())
-    for d in DTYPES for f in FAMILIES])
+    pytest.param(d, f, marks=pytest.mark.native_matrix if f in ("gpu_groups", "gpu_whole")
+                 and d not in BROWSER_VARIANT_TYPES else ())
+    for d in DTYPES for f in [*FAMILIES, "gpu_whole"]])
 def test_matvec_matches_reference(worker, dtype, family):
     shapes = [(r, c, t) for r, c in SMOLLM2_LINEAR for t in (1, 5)] + [(37, 96, 3)]  # 37 rows: a partial 8-row tile
     if family != "cpu":  # 960 x 576: q|k|v; 8 x 64: fewer words per row than lanes; 40 x 4000: strided lanes
         shapes += [(960, 576, 1), (8, 64, 2), (40, 4000, 1)]
+    if family == "gpu_whole":  # whole blocks on 64 lanes where they add no trip: K = 2,048 (one block a lane),
+        shapes += [(24, 2048, 2), (16, 8192, 1)]  # 8,192 (four)
     shapes = fit(dtype, shapes)
     results = run(worker, [f"case_linear('matvec', '{dtype}', {r}, {c}, {t}, seed=3, family='{family}')"
                            for r, c, t in shapes] + ["case_features()"])

@@ -21,12 +21,12 @@ class CountingStore(tuning.JsonFileStore):
         await super().put(key, value)
 
 
-def _tune(native_loop, store, **kw) -> dict:
+def _tune(native_loop, store, config=SMALL, **kw) -> dict:
     async def run():
         from pagedkv.backends.webgpu.native import NativeDevice
 
         ctx = await NativeDevice.create()
-        return await tuning.tune(ctx, SMALL, store, "test-runtime", subgroups=False, f16=False, **kw)
+        return await tuning.tune(ctx, config, store, "test-runtime", subgroups=False, f16=False, **kw)
 
     return native_loop.run(run())
 
@@ -83,3 +83,21 @@ def test_past_the_budget_the_default_stays(native_loop, native_device, tmp_path)
     assert {ms for timed in r["timings"]["matvec_slots"].values() for ms in timed.values()} == {"over budget"}
     assert r["shapes"].matvec_for("lm_head") == ops.GpuShapes().matvec
     assert replace(r["shapes"], matvec_slots=()) == ops.GpuShapes()
+
+
+def test_where_lanes_can_take_whole_blocks_those_candidates_are_timed_too(native_loop, native_device, tmp_path):
+    # hidden 2,048: the projections over K = 2,048 (q|k|v, o, gate|up, the LM head) add WHOLE_BLOCKS candidates
+    # for the shapes whose lanes take whole blocks without a trip more (64 x 1: one block a lane; 64 x 2, x 4, x 8)
+    wide = replace(SMALL, hidden=2048, n_heads=16, head_dim=128)
+    r = _tune(native_loop, tuning.JsonFileStore(tmp_path / "w.json"), budget_ms=120_000.0, config=wide)
+    slots = r["timings"]["matvec_slots"]
+    whole = [str((t, g, tuning.WHOLE)) for t, g in tuning.SLOT_CANDIDATES if ops.whole_blocks_apply(2048, t // g)]
+    assert whole == ["(64, 1, 'whole')", "(64, 2, 'whole')", "(64, 4, 'whole')", "(64, 8, 'whole')"]
+    for slot in ("lin_qkv", "lin_h", "lin_ffn", "lm_head"):
+        assert list(slots[slot]) == [str(c) for c in tuning.SLOT_CANDIDATES] + whole, slot
+        assert all(isinstance(ms, float) and ms > 0 for ms in slots[slot].values()), slots[slot]  # all agreed
+        fastest = min(slots[slot], key=slots[slot].get)
+        assert (slot in r["shapes"].matvec_whole) == (tuning.WHOLE in fastest), (slot, fastest)
+    # the down projection's K = 128: no lane takes a whole block without more trips
+    assert list(slots["lin_down"]) == [str(c) for c in tuning.SLOT_CANDIDATES]
+    assert "lin_down" not in r["shapes"].matvec_whole

@@ -53,6 +53,8 @@ class GpuShapes:
     # (plan slot, matvec threads, row groups) where a projection has its own (matvec_gpu_call's row_groups)
     matvec_slots: tuple[tuple[str, int, int], ...] = ()
     matvec_row_groups: int = 1  # row groups of the matvec a call is made for (plan.layer_program sets the slot's)
+    matvec_whole: tuple[str, ...] = ()  # plan slots whose matvec lanes take whole blocks (WHOLE_BLOCKS)
+    matvec_whole_blocks: bool = False  # WHOLE_BLOCKS of the matvec a call is made for (for_slot sets the slot's)
 
     def matvec_for(self, slot: str) -> int:
         """Matvec threads of the projection in plan slot `slot` (lin_qkv, lin_h, lin_down, lm_head), else matvec."""
@@ -64,7 +66,8 @@ class GpuShapes:
 
     def for_slot(self, slot: str) -> "GpuShapes":
         """These shapes with the matvec of plan slot `slot` (its threads and row groups) as the one calls use."""
-        return replace(self, matvec=self.matvec_for(slot), matvec_row_groups=self.row_groups_for(slot))
+        return replace(self, matvec=self.matvec_for(slot), matvec_row_groups=self.row_groups_for(slot),
+                       matvec_whole_blocks=slot in self.matvec_whole)
 
 
 @dataclass(frozen=True)
@@ -115,14 +118,16 @@ def _weight(dtype: str, rows: int, cols: int) -> None:
 
 
 def linear_constants(workgroup_size: int, accumulate: bool = False, norm: bool = False,
-                     swiglu: bool = False, row_groups: int = 1) -> tuple:
+                     swiglu: bool = False, row_groups: int = 1, whole_blocks: bool = False) -> tuple:
     """Pipeline constants of matvec_* / matmul_*: ACCUMULATE makes them add into y (a fused residual add),
     NORM (matvec only) applies the RMSNorm whose weight follows the codes in qs to x first, SWIGLU writes
     silu(gate) * up of gate/up rows interleaved in runs of 4 (backends/webgpu/fused.py); ROW_GROUPS (the gpu
-    family's matvec, matvec_gpu_call) where there are more than one."""
+    family's matvec, matvec_gpu_call) where there are more than one; WHOLE_BLOCKS (the gpu family's matvec:
+    lanes take whole blocks) where set."""
     flags = (("ACCUMULATE", accumulate), ("NORM", norm), ("SWIGLU", swiglu))
     groups = (("ROW_GROUPS", row_groups),) if row_groups > 1 else ()
-    return (("WORKGROUP_SIZE", workgroup_size),) + tuple((name, 1) for name, on in flags if on) + groups
+    whole = (("WHOLE_BLOCKS", 1),) if whole_blocks else ()
+    return (("WORKGROUP_SIZE", workgroup_size),) + tuple((name, 1) for name, on in flags if on) + groups + whole
 
 
 def _check_swiglu(rows: int, swiglu: bool, accumulate: bool) -> None:
@@ -154,13 +159,14 @@ def _check_matvec(dtype: str, rows: int, cols: int, tokens: int, accumulate: boo
 
 def matvec_gpu_call(dtype: str, rows: int, cols: int, tokens: int, subgroups: bool, workgroup_size: int = 64,
                     accumulate: bool = False, norm_eps: float | None = None, swiglu: bool = False,
-                    f16: bool = False, row_groups: int = 1) -> KernelCall:
+                    f16: bool = False, row_groups: int = 1, whole_blocks: bool = False) -> KernelCall:
     """matvec_call's result from the gpu family (matvec_gpu_main.wgsl): one workgroup of workgroup_size
     lanes (a power of two, 64..256) per 8 rows of one token, lanes along K; subgroups picks the kernel
     that reduces with subgroup operations (the device must have the `subgroups` feature), else a
     workgroup-memory tree; f16 the one whose dot products run in f16 (the device must have `shader-f16`).
     row_groups > 1 (2, 4, 8; at least 8 lanes a group): the lanes split into groups of 8 rows each, summed
-    by a tree of their own, for rows too short to keep every lane busy. Same buffers as matvec_call."""
+    by a tree of their own, for rows too short to keep every lane busy. whole_blocks: each lane takes whole
+    32-weight blocks where that adds no trip along K (whole_blocks_apply). Same buffers as matvec_call."""
     _check_matvec(dtype, rows, cols, tokens, accumulate, norm_eps, swiglu)
     if workgroup_size not in GPU_WORKGROUP_SIZES:
         raise ValueError(f"gpu-family matvec workgroups have {GPU_WORKGROUP_SIZES} threads, got {workgroup_size}")
@@ -168,9 +174,16 @@ def matvec_gpu_call(dtype: str, rows: int, cols: int, tokens: int, subgroups: bo
         raise ValueError(f"a gpu-family matvec splits its lanes into {MATVEC_ROW_GROUPS} row groups of at least 8 "
                          f"lanes, got {row_groups} of {workgroup_size}")
     grid = (_ceil(rows, MATVEC_ROWS * row_groups), tokens, 1)
-    constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu, row_groups)
+    constants = linear_constants(workgroup_size, accumulate, norm_eps is not None, swiglu, row_groups, whole_blocks)
     params = uniform_words(rows, cols, tokens, float(norm_eps or 0.0)).tobytes()
     return KernelCall(gpu_matvec_shader(dtype, subgroups, f16), constants, grid, params)
+
+
+def whole_blocks_apply(cols: int, lanes: int, words_per_block: int = 4) -> bool:
+    """Whether a gpu-family matvec's lanes (threads / row groups) take whole blocks under WHOLE_BLOCKS: where that
+    adds no trip along K of cols (matvec_gpu_main.wgsl; words_per_block 4 for q4_1 and the nibble types)."""
+    blocks = cols // 32
+    return -(-blocks // lanes) * words_per_block <= -(-blocks * words_per_block // lanes)
 
 
 def gpu_matvec_shader(dtype: str, subgroups: bool, f16: bool, io: str = "") -> str:
@@ -224,7 +237,8 @@ def linear_pipeline(family: str, subgroups: bool, kind: str, dtype: str, accumul
         raise ValueError(f"matvec io variants ({io!r}) are the gpu family's matvec only, not {family} {kind}")
     if family == "gpu" and kind == "matvec":
         return (gpu_matvec_shader(dtype, subgroups, f16, io),
-                linear_constants(shapes.matvec, accumulate, norm, swiglu, shapes.matvec_row_groups))
+                linear_constants(shapes.matvec, accumulate, norm, swiglu, shapes.matvec_row_groups,
+                                 shapes.matvec_whole_blocks))
     if family == "gpu" and gpu_matmul:
         return f"matmul_gpu_{dtype}", matmul_gpu_constants(shapes.matmul, accumulate, swiglu)
     return f"{kind}_{dtype}", linear_constants(32, accumulate, norm, swiglu)
@@ -238,7 +252,7 @@ def family_linear_call(family: str, subgroups: bool, dtype: str, rows: int, cols
     call = linear_call(dtype, rows, cols, tokens, accumulate)
     if family == "gpu" and call.shader.startswith("matvec_"):
         return matvec_gpu_call(dtype, rows, cols, tokens, subgroups, shapes.matvec, accumulate=accumulate, f16=f16,
-                               row_groups=shapes.matvec_row_groups)
+                               row_groups=shapes.matvec_row_groups, whole_blocks=shapes.matvec_whole_blocks)
     if family == "gpu" and gpu_matmul:
         return matmul_gpu_call(dtype, rows, cols, tokens, shapes.matmul, accumulate=accumulate)
     return call

@@ -31,8 +31,11 @@ from . import model_kernels as ops
 from .kv_attention_gpu import SPLIT_WORKGROUPS, decode_partition_blocks
 
 MATVEC_CANDIDATES = (64, 128, 256)  # threads of a matvec workgroup
-# each projection's own: (threads, row groups: matvec_gpu_main.wgsl's ROW_GROUPS), the default first
+# each projection's own: (threads, row groups: matvec_gpu_main.wgsl's ROW_GROUPS), the default first; where
+# a shape's lanes can take whole blocks of the projection's K (model_kernels.whole_blocks_apply), that shape
+# with WHOLE_BLOCKS too, (threads, row groups, "whole"), after these
 SLOT_CANDIDATES = ((64, 1), (128, 1), (256, 1), (64, 2), (64, 4), (64, 8))
+WHOLE = "whole"
 MATMUL_CANDIDATES = ((64, 8), (64, 4), (128, 8), (128, 16))  # (threads, threads along rows), as fit the device
 SPLIT_CANDIDATES = (SPLIT_WORKGROUPS, 24, 48, 192, 384)  # decode attention's workgroup aim; the default first
 SPLIT_CONTEXT = 2048  # tokens of the decode step the splits are timed on (one sequence)
@@ -165,16 +168,18 @@ async def tune(ctx, config, store, runtime: str, subgroups: bool, f16: bool,
                 buf.destroy()
     if split:
         choice["split"], timings["split"] = await _pick_split(ctx, config, subgroups, f16, budget)
-        choice["matvec_slots"], timings["matvec_slots"] = {}, {}
+        choice["matvec_slots"], timings["matvec_slots"], choice["matvec_whole"] = {}, {}, []
         for slot, (rows, cols, flags) in slot_shapes(config).items():  # the other projections' own threads
             if budget.over():  # not even compiled
                 choice["matvec_slots"][slot] = [choice["matvec"], 1]
                 timings["matvec_slots"][slot] = {str(shape): "over budget" for shape in SLOT_CANDIDATES}
                 continue
+            shapes = [*SLOT_CANDIDATES, *((t, g, WHOLE) for t, g in SLOT_CANDIDATES
+                                          if ops.whole_blocks_apply(cols, t // g))]
             group = [Candidate("matvec", shape, lambda shape=shape, rows=rows, cols=cols, flags=flags:
                                ops.matvec_gpu_call("q4_1", rows, cols, 1, subgroups, shape[0], f16=f16,
-                                                   row_groups=shape[1], **flags))
-                     for shape in SLOT_CANDIDATES]
+                                                   row_groups=shape[1], whole_blocks=WHOLE in shape, **flags))
+                     for shape in shapes]
             for c in group:
                 await ctx.kernel(c.call().shader, dict(c.call().constants))
             w = random_q4_1(rng, rows, cols)
@@ -182,8 +187,11 @@ async def tune(ctx, config, store, runtime: str, subgroups: bool, f16: bool,
             buffers = [ctx.upload(w["qs"], "tune.qs"), ctx.upload(w["dm"], "tune.dm"), ctx.upload(x, "tune.x"),
                        ctx.buffer(rows * 4, "tune.y")]
             try:
-                choice["matvec_slots"][slot], timings["matvec_slots"][slot] = await _pick(
+                best, timings["matvec_slots"][slot] = await _pick(
                     ctx, group, buffers, rows // 2 if flags.get("swiglu") else rows, budget)
+                choice["matvec_slots"][slot] = best[:2]
+                if WHOLE in best:
+                    choice["matvec_whole"] = sorted([*choice["matvec_whole"], slot])
             finally:
                 for buf in buffers:
                     buf.destroy()
@@ -199,7 +207,8 @@ async def tune_device(ctx, manifest: dict, store, runtime: str) -> tuple[ops.Gpu
     r = await tune(ctx, check_manifest(manifest), store, runtime, "subgroups" in features, "shader-f16" in features)
     shapes = r["shapes"]
     choice = {"matvec": shapes.matvec, "matmul": list(shapes.matmul), "split": shapes.split,
-              "matvec_slots": {slot: [threads, groups] for slot, threads, groups in shapes.matvec_slots}}
+              "matvec_slots": {slot: [threads, groups] for slot, threads, groups in shapes.matvec_slots},
+              "matvec_whole": list(shapes.matvec_whole)}
     return shapes, {"source": r["source"], "key": r["key"], "choice": choice, "timings": r["timings"]}
 
 
@@ -350,4 +359,5 @@ def _shapes(choice: dict) -> ops.GpuShapes:
     slots = tuple(sorted((slot, int(threads), int(groups))
                          for slot, (threads, groups) in choice.get("matvec_slots", {}).items()))
     return replace(ops.GpuShapes(), matvec=int(choice["matvec"]), matmul=tuple(choice["matmul"]),
-                   split=int(choice.get("split", SPLIT_WORKGROUPS)), matvec_slots=slots)
+                   split=int(choice.get("split", SPLIT_WORKGROUPS)), matvec_slots=slots,
+                   matvec_whole=tuple(sorted(choice.get("matvec_whole", []))))
