@@ -88,43 +88,34 @@ else
   step model_1.5b 150 $PY bench/device/random_model.py "$MJ" "$M/1.5b" --preset 1.5b
   models="smollm2 1.5b"; tokens=256
 fi
+generate() {  # generate NAME SECONDS MODEL MESSAGES ARGS...: one `pagedkv generate` on the device, $tokens tokens
+  local name=$1 limit=$2 model=$3 chat=$4
+  shift 4
+  step "$name" "$limit" $PY -m pagedkv generate --backend wgpu --budget-mib 2048 --tuning-cache "$R/gpu_tuning.json" \
+    --model "$M/$model" --messages-json "$chat" --max-tokens "$tokens" --ignore-eos --json "$@"
+}
+m=${models%% *}  # the first model also runs the repeats, the sampled and the long generates
 for model in $models; do
   [ -f "$M/$model/model.json" ] || continue
   # Both kernel families (the gpu one tunes first: its choice and timings in the JSON), pipelined decode (the
-  # default); then the gpu family with each step waiting for its ids (--no-pipeline), the pipelining's baseline.
-  for run in cpu gpu "gpu --no-pipeline"; do
-    set -- $run
-    step "generate_${model}_$1${2:+_plain}" 120 $PY -m pagedkv generate --backend wgpu --kernels "$@" \
-      --budget-mib 2048 --tuning-cache "$R/gpu_tuning.json" --model "$M/$model" --messages-json "$R/chat.json" \
-      --max-tokens "$tokens" --ignore-eos --greedy --json
+  # default); then the gpu family with each step waiting for its ids (--no-pipeline), the pipelining's baseline;
+  # on the first model twice more each (a step's host part varies between runs on this machine).
+  for rep in "" _2 _3; do
+    for run in cpu gpu "gpu --no-pipeline"; do
+      set -- $run
+      [ -z "$rep" ] || { [ "$model" = "$m" ] && [ "$1" = gpu ]; } || continue
+      generate "generate_${model}_$1${2:+_plain}$rep" 120 "$model" "$R/chat.json" --kernels "$@" --greedy
+    done
   done
 done
-# The pipelined and the plain decode twice more: a step's host part varies between runs on this machine.
-for rep in 2 3; do
-  m=${models%% *}
-  [ -f "$M/$m/model.json" ] || break
-  for run in gpu "gpu --no-pipeline"; do
-    set -- $run
-    step "generate_${m}_$1${2:+_plain}_$rep" 90 $PY -m pagedkv generate --backend wgpu --kernels "$@" \
-      --budget-mib 2048 --tuning-cache "$R/gpu_tuning.json" --model "$M/$m" --messages-json "$R/chat.json" \
-      --max-tokens "$tokens" --ignore-eos --greedy --json
-  done
-done
-# The app's default settings (temperature 0.7, top-p 0.95): the gpu family draws each token on the GPU
-# (shaders/sample.wgsl), so the step reads back an id, not a logits row.
-m=${models%% *}
 if [ -f "$M/$m/model.json" ]; then
-  step "generate_${m}_gpu_sampled" 90 $PY -m pagedkv generate --backend wgpu --kernels gpu --budget-mib 2048 \
-    --tuning-cache "$R/gpu_tuning.json" --model "$M/$m" --messages-json "$R/chat.json" --max-tokens "$tokens" \
-    --ignore-eos --temperature 0.7 --top-p 0.95 --seed 1 --json
-fi
-# A long conversation (about 2,000 prompt tokens): prefill at a real length, decode at a real context.
-if [ -f "$M/$m/model.json" ]; then
+  # The app's default settings (temperature 0.7, top-p 0.95): the gpu family draws each token on the GPU
+  # (shaders/sample.wgsl), so the step reads back an id, not a logits row.
+  generate "generate_${m}_gpu_sampled" 90 "$m" "$R/chat.json" --kernels gpu --temperature 0.7 --top-p 0.95 --seed 1
+  # A long conversation (2,924 prompt tokens): prefill at a real length, decode at a real context.
   $PY -c 'import json, sys; words = " ".join(f"The tide came in over stone {i} and went out again." for i in range(200))
 json.dump([{"role": "user", "content": words + " Tell me more."}], open(sys.argv[1], "w"))' "$R/chat_long.json"
-  step "generate_${m}_gpu_long" 90 $PY -m pagedkv generate --backend wgpu --kernels gpu --budget-mib 2048 \
-    --tuning-cache "$R/gpu_tuning.json" --model "$M/$m" --messages-json "$R/chat_long.json" --max-tokens "$tokens" \
-    --ignore-eos --greedy --json
+  generate "generate_${m}_gpu_long" 90 "$m" "$R/chat_long.json" --kernels gpu --greedy
 fi
 step geometry_decode_gpu 60 $PY -m pagedkv.backends.webgpu.dispatch_geometry --json --kernels gpu --context 1024
 step geometry_prefill_gpu 60 $PY -m pagedkv.backends.webgpu.dispatch_geometry --json --kernels gpu --prefill 512
