@@ -106,13 +106,10 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
       add_word(&acc, t, j, ri, rj);
     }
   }
-  var lo = acc.lo;
-  var hi = acc.hi;
-  let ss = acc.ss;
-  lo = row_sum(lo, lid);
-  hi = row_sum(hi, lid);
+  var lo = row_sum(acc.lo, lid);
+  var hi = row_sum(acc.hi, lid);
   if (NORM) {
-    let inv_rms = 1.0 / sqrt(row_sum(vec4<f32>(ss, 0.0, 0.0, 0.0), lid).x / f32(params.cols) + params.eps);
+    let inv_rms = 1.0 / sqrt(row_sum(vec4<f32>(acc.ss, 0.0, 0.0, 0.0), lid).x / f32(params.cols) + params.eps);
     lo *= inv_rms;
     hi *= inv_rms;
   }

@@ -41,22 +41,7 @@ var<workgroup> sum_f_out : f32;
 var<workgroup> sum_u_out : u32;
 var<workgroup> row_settings : vec4<f32>;
 
-// The sum of v over the workgroup, uniform.
-fn sum_f(v : f32, lid : u32) -> f32 {
-  red_f[lid] = v;
-  for (var s = WORKGROUP_SIZE / 2u; s > 0u; s >>= 1u) {
-    workgroupBarrier();
-    if (lid < s) {
-      red_f[lid] += red_f[lid + s];
-    }
-  }
-  workgroupBarrier();
-  if (lid == 0u) {
-    sum_f_out = red_f[0];
-  }
-  return workgroupUniformLoad(&sum_f_out);
-}
-
+// The max of v over the workgroup, uniform.
 fn max_f(v : f32, lid : u32) -> f32 {
   red_f[lid] = v;
   for (var s = WORKGROUP_SIZE / 2u; s > 0u; s >>= 1u) {
@@ -116,6 +101,10 @@ fn exclusive_u(v : u32, lid : u32) -> u32 {
 }
 
 // The sum of v over the workgroup, uniform.
+fn sum_f(v : f32, lid : u32) -> f32 {
+  return sum_v(vec4<f32>(v, 0.0, 0.0, 0.0), lid).x;
+}
+
 fn sum_v(v : vec4<f32>, lid : u32) -> vec4<f32> {
   workgroupBarrier();
   red_v[lid] = v;
