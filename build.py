@@ -322,16 +322,22 @@ def build_shaders(dist: Path) -> dict[str, dict]:
     return manifest
 
 
+WASM_SHARED_PAGES = 65536  # 4 GiB: wasm32's whole address space (a reservation; pages are committed as used)
+
+
 def build_wasm(dist: Path) -> dict[str, dict]:
-    """web/wasm/*.wat -> dist/wasm/*.wasm (py/pagedkv/backends/wat.py), listed with their sha256."""
+    """web/wasm/*.wat -> dist/wasm/*.wasm (py/pagedkv/backends/wat.py), listed with their sha256; each also as
+    *_shared.wasm, importing a shared memory of at most WASM_SHARED_PAGES (the kernel's threads,
+    web/linear_threads.js)."""
     sys.path.insert(0, str(ROOT / "py"))
     from pagedkv.backends.wat import assemble  # noqa: E402
 
     out = {}
     for src in sorted((ROOT / "web" / "wasm").glob("*.wat")):
-        data = assemble(src.read_text(encoding="utf-8"))
-        write_if_changed(dist / "wasm" / f"{src.stem}.wasm", data)
-        out[src.stem] = {"file": f"{src.stem}.wasm", "sha256": sha256_bytes(data), "bytes": len(data)}
+        text = src.read_text(encoding="utf-8")
+        for name, data in ((src.stem, assemble(text)), (f"{src.stem}_shared", assemble(text, WASM_SHARED_PAGES))):
+            write_if_changed(dist / "wasm" / f"{name}.wasm", data)
+            out[name] = {"file": f"{name}.wasm", "sha256": sha256_bytes(data), "bytes": len(data)}
     return out
 
 

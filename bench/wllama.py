@@ -8,7 +8,8 @@ SharedArrayBuffer) and one browser. The same prompt (a plain text; its ids under
   converts, greedy, at 1 and 2 threads with flash attention on and off: llama.cpp's own prompt and
   generation timings (prefill and decode tok/s) and its output;
 - our engine in the app page itself, at ?backend=webgpu (SwiftShader here: a CPU emulation of a GPU),
-  ?backend=cpu (numpy inside Pyodide) and the default ?backend=auto (tab_row);
+  ?backend=cpu (numpy inside Pyodide, the wasm kernel on every core) and at ?backend=cpu&threads=1 (one
+  thread: the before), and the default ?backend=auto (tab_row);
 - our engine's numpy CPU backend in CPython.
 Then wllama's greedy text, re-encoded, against our first 8 greedy ids. Prints JSON (`python3 -m bench` files it).
 """
@@ -128,7 +129,9 @@ def cpu_numpy(prompt: list[int], new_tokens: int) -> dict:
 # The app page's own engine, timed in the tab: one row per ?backend= (auto, webgpu, cpu). Each row boots the real
 # page (`?model=smollm2-135m-instruct&backend=X`) in the benchmark's browser, waits for its model, and times the
 # page's engine step by step on the prompt's ids, greedy: the path a person gets. wasm_heap_mib: the worker's
-# wasm memory after the run (wasm32: 4 GiB at most, less where the browser says so).
+# wasm memory after the run (wasm32: 4 GiB at most, less where the browser says so). kernel_threads: on the CPU
+# path with threads, web/linear_threads.js's stats over the run (products, split ones, chunks and the helpers'
+# share, microseconds in this thread's chunks, waiting, copying activations in and out, in the helpers').
 TAB_MODEL = "smollm2-135m-instruct"
 TAB_TIMEOUT_MS = 1_800_000
 
@@ -138,6 +141,11 @@ import pyodide_js
 from pagedkv_app.main import state
 from pagedkv.sampling import SamplingParams
 _engine = state["engine"]
+_js = getattr(getattr(getattr(getattr(_engine.backend, "model", None), "w", {{}}).get("token_embd.weight"), "store", None),
+              "js", None)
+_stats = lambda: {{k: float(getattr(_js.stats, k)) for k in ("calls", "split", "chunks", "helperChunks", "ownUs",
+                                                            "waitUs", "copyUs", "helperUs")}} if _js else {{}}
+_s0 = _stats()
 _times, _out = [], []
 _rid = _engine.add_request({prompt!r}, SamplingParams(max_tokens={new}, stop_token_ids=(1_000_000,)))
 while _engine.has_unfinished:
@@ -148,15 +156,18 @@ while _engine.has_unfinished:
 _n_prefill = len(_times) - len(_out) + 1
 json.dumps({{"prefill_tok_s": len({prompt!r}) / sum(_times[:_n_prefill]),
             "decode_tok_s": (len(_times) - _n_prefill) / sum(_times[_n_prefill:]), "output_ids": _out,
-            "prefill_steps": _n_prefill, "wasm_heap_mib": pyodide_js._module.HEAP8.length / 2**20}})
+            "prefill_steps": _n_prefill, "wasm_heap_mib": pyodide_js._module.HEAP8.length / 2**20,
+            "kernel_threads": {{k: round(v - _s0[k], 1) for k, v in _stats().items()}}}})
 """
 
 
-def tab_row(s, backend: str, prompt: list[int], new_tokens: int) -> dict:
-    """Prefill / decode tok/s of the page at ?backend=`backend` (auto: the page's default, no parameter).
+def tab_row(s, backend: str, prompt: list[int], new_tokens: int, threads: int | None = None) -> dict:
+    """Prefill / decode tok/s of the page at ?backend=`backend` (auto: the page's default, no parameter), and
+    ?threads=`threads` where given (the CPU path's kernel threads; the page's default: one per core).
     On WebGPU a first pass over a reversed prompt (no shared prefix, so no cache hit) records the plans, as
     bench_generate's first run does; the numpy path has nothing to record."""
-    query = f"?model={TAB_MODEL}" + ("" if backend == "auto" else f"&backend={backend}")
+    query = (f"?model={TAB_MODEL}" + ("" if backend == "auto" else f"&backend={backend}")
+             + ("" if threads is None else f"&threads={threads}"))
     booted = open_and_boot(s.browser, s.origin + "/" + query, TAB_TIMEOUT_MS, TAB_TIMEOUT_MS)
     try:
         info = wait_model(booted, TAB_TIMEOUT_MS)
@@ -167,9 +178,11 @@ def tab_row(s, backend: str, prompt: list[int], new_tokens: int) -> dict:
     finally:
         booted.page.close()
     chosen = info["backend"]
-    label = f"auto → {chosen} in the tab" if backend == "auto" else f"{chosen} in the tab"
+    label = (f"auto → {chosen} in the tab" if backend == "auto" else f"{chosen} in the tab") + (
+        "" if threads is None else f", threads={threads}")
     return {"backend": label, "asked": backend, "chosen": chosen, "reason": adapter["backend_reason"],
-            "kernels": adapter["kernels"] if chosen == "webgpu" else None, **row}
+            "kernels": adapter["kernels"] if chosen == "webgpu" else None,
+            "cpu_linear": info.get("cpu_linear") if chosen == "cpu" else None, **row}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "wllama", "wllama_version": version, "gguf": gguf_path().name,
               "prompt_tokens": args.prompt, "new_tokens": args.new, "wllama": [], "ours": []}
     with session(make_server=make_server) as s:
-        for backend in ("webgpu", "cpu", "auto"):
-            report["ours"].append(tab_row(s, backend, prompt, args.new))
+        # cpu at threads=1: the tab's CPU path on one thread ("before" the kernel's threads), in the same run
+        for backend, threads in (("webgpu", None), ("cpu", 1), ("cpu", None), ("auto", None)):
+            report["ours"].append(tab_row(s, backend, prompt, args.new, threads))
             print(json.dumps({k: v for k, v in report["ours"][-1].items() if k != "output_ids"}), file=sys.stderr)
         report["adapter"] = json.loads(s.dataset()["adapter"])["name"]
         page = s.browser.new_page()

@@ -5,13 +5,16 @@ kernel's numpy twin over the same addresses). The wasm kernel itself runs in tes
 Bounds: a product through the twin is x @ W.T in f32 with W exactly numpy's dequantized weights, so against
 f64 its error is within f32 dot-product rounding: |y - y64| <= cols * 2^-24 * (|x| @ |W|^T) per output.
 """
+import gc
+
 import numpy as np
 import pytest
 from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
 from test_cpu_linear import prefill_then_decode
 
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.backends.cpu_wasm import QuantWeight, pointer_twin, tensor_loader
+from pagedkv.backends.cpu_wasm import (HeapStore, QuantWeight, Region, SharedStore, ThreadsTwin, pointer_twin,
+                                      chunks, stack_projections, tensor_loader)
 from pagedkv.backends.wat import WatError, assemble
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 from pagedkv.model.quants import pack_gguf
@@ -72,7 +75,7 @@ def random_weight(dtype: str, rows: int, cols: int, seed: int) -> tuple[dict, np
 @pytest.mark.parametrize("dtype,kind", [("q4_1", "q4_1"), ("q8_0", "q8_0"), ("q4_0", "q8_0"), ("q5_0", "q8_0")])
 def test_the_kernel_layout_holds_the_same_weights(dtype, kind):
     parts, ref = random_weight(dtype, 37, 96, seed=5)
-    w = QuantWeight.from_parts(dtype, (37, 96), parts, pointer_twin)
+    w = QuantWeight.from_parts(dtype, (37, 96), parts, HeapStore(pointer_twin))
     assert (w.kind, w.shape, w.qs.shape, w.dm.shape) == (kind, (37, 96), (37, 48 if kind == "q4_1" else 96), (37, 3, 2))
     assert w.nbytes == (37 * 48 if kind == "q4_1" else 37 * 96) + 37 * 3 * 8
     assert np.array_equal(w[np.arange(37)], ref)  # bit-identical, so only the summation order differs
@@ -83,7 +86,7 @@ def test_the_kernel_layout_holds_the_same_weights(dtype, kind):
 @pytest.mark.parametrize("tokens", [1, 5, 37])
 def test_products_through_the_twin_are_x_at_w_t_within_f32_rounding(dtype, tokens):
     parts, ref = random_weight(dtype, 37, 96, seed=tokens)
-    w = QuantWeight.from_parts(dtype, (37, 96), parts, pointer_twin)
+    w = QuantWeight.from_parts(dtype, (37, 96), parts, HeapStore(pointer_twin))
     x = np.random.default_rng(9).standard_normal((tokens, 96)).astype(np.float32)
     y = x @ w.T  # (tokens, 37)
     want = x.astype(np.float64) @ ref.T.astype(np.float64)
@@ -98,7 +101,7 @@ def test_products_through_the_twin_are_x_at_w_t_within_f32_rounding(dtype, token
 def test_the_wasm_path_holds_quantized_blocks_and_gives_the_reference_ids(tiny_dir):  # noqa: F811
     manifest_weights = ModelWeights.load(tiny_dir)
     shards = {s["file"]: (tiny_dir / s["file"]).read_bytes() for s in manifest_weights.manifest["shards"]}
-    quantized = ModelWeights.from_shards(manifest_weights.manifest, shards, tensor_loader(pointer_twin))
+    quantized = ModelWeights.from_shards(manifest_weights.manifest, shards, tensor_loader(HeapStore(pointer_twin)))
     held = {n for n, t in quantized.tensors.items() if isinstance(t, QuantWeight)}
     assert held == {"token_embd.weight"} | {f"blk.{i}.{p}.weight" for i in range(2) for p in (
         "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
@@ -116,4 +119,77 @@ def test_types_without_a_kernel_keep_einsum_and_bad_layouts_are_refused(tiny_dir
     backend = CpuBackend(weights, 4, 16, linear="wasm")  # f32 tensors: every projection through einsum
     assert type(backend.model.w["blk.0.ffn_up.weight"]).__name__ == "EinsumWeight"
     with pytest.raises(ValueError, match=r"q4_1 weight: qs \(2, 31\) and dm \(2, 2, 2\) are not the kernel's layout"):
-        QuantWeight("q4_1", np.zeros((2, 31), np.uint8), np.zeros((2, 2, 2), np.float32), pointer_twin)
+        QuantWeight("q4_1", np.zeros((2, 31), np.uint8), np.zeros((2, 2, 2), np.float32), HeapStore(pointer_twin))
+
+
+def test_memory_limits_assemble_plain_with_a_maximum_or_shared():
+    plain = assemble('(module (import "env" "memory" (memory 1)))')
+    assert b"\x03env\x06memory\x02\x00\x01\x03" in plain  # kind 2 (memory), flags 0, min 1; then section 3
+    assert b"memory\x02\x01\x01\x08\x03" in assemble('(module (import "env" "memory" (memory 1 8)))')
+    shared = assemble('(module (import "env" "memory" (memory 1)))', shared_pages=65536)
+    assert b"memory\x02\x03\x01\x80\x80\x04\x03" in shared  # flags 3 (a maximum, shared), min 1, max 65536
+    assert shared == assemble('(module (import "env" "memory" (memory 1 65536 shared)))')
+    with pytest.raises(WatError, match=r"unsupported memory limits '1 2 3'"):
+        assemble('(module (import "env" "memory" (memory 1 2 3)))')
+
+
+@pytest.mark.parametrize("rows,threads,want", [
+    (37, 2, [(0, 3), (3, 6), (6, 9), (9, 12), (12, 15), (15, 18), (18, 21), (21, 24), (24, 27), (27, 30), (30, 33),
+             (33, 36), (36, 37)]),
+    (960, 2, [(60 * i, 60 * i + 60) for i in range(16)]), (5, 3, [(i, i + 1) for i in range(5)])])
+def test_rows_split_into_chunks_the_threads_claim(rows, threads, want):
+    assert chunks(rows, threads) == want
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_shared_store_splits_rows_across_threads_and_gives_the_heap_stores_products(dtype, threads):
+    parts, ref = random_weight(dtype, 37, 96, seed=threads)
+    twin = ThreadsTwin(threads)
+    shared = QuantWeight.from_parts(dtype, (37, 96), parts, SharedStore(twin))
+    heap = QuantWeight.from_parts(dtype, (37, 96), parts, HeapStore(pointer_twin))
+    assert isinstance(shared.qs, Region) and len(twin._live) == 2  # qs and dm live in the threads' memory
+    assert np.array_equal(shared[np.arange(37)], ref) and np.array_equal(shared[[36, 0, 36]], ref[[36, 0, 36]])
+    for t in (1, 5, 37):
+        x = np.random.default_rng(t).standard_normal((t, 96)).astype(np.float32)
+        bound = 96 * 2.0**-24 * (np.abs(x).astype(np.float64) @ np.abs(ref.T).astype(np.float64))
+        y = x @ shared.T
+        assert y.shape == (t, 37) and np.all(np.abs(y - x.astype(np.float64) @ ref.T.astype(np.float64)) <= bound)
+        assert np.allclose(y, x @ heap.T, rtol=0, atol=float(bound.max()))
+    assert twin.split_calls == 3
+    del shared
+    gc.collect()
+    assert twin._live == {}  # a dropped weight's bytes go back to the threads' memory
+
+
+def test_small_products_stay_on_one_thread():
+    parts, _ = random_weight("q4_1", 37, 96, seed=1)
+    twin = ThreadsTwin(2, min_work=37 * 96 * 2)
+    w = QuantWeight.from_parts("q4_1", (37, 96), parts, SharedStore(twin))
+    np.ones((1, 96), np.float32) @ w.T
+    assert twin.split_calls == 0
+    np.ones((2, 96), np.float32) @ w.T
+    assert twin.split_calls == 1
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_the_wasm_path_on_threads_gives_the_single_threads_ids(tiny_dir, stacked):  # noqa: F811
+    """Threads (ThreadsTwin, every product split) and q|k|v, gate|up stacked into one product each."""
+    weights = ModelWeights.load(tiny_dir)
+    shards = {s["file"]: (tiny_dir / s["file"]).read_bytes() for s in weights.manifest["shards"]}
+    prompt = [int(t) for t in np.random.default_rng(2).integers(3, weights.config.vocab, 30)]
+    runs = []
+    for store in (HeapStore(pointer_twin), SharedStore(ThreadsTwin(2))):
+        w = ModelWeights.from_shards(weights.manifest, shards, tensor_loader(store))
+        if stacked and isinstance(store, SharedStore):
+            stack_projections(w.tensors, w.config.n_layers)
+            qkv, gate_up = w.tensors["blk.1.attn_qkv.weight"], w.tensors["blk.1.ffn_gate_up.weight"]
+            cfg = w.config
+            assert qkv.parts == (cfg.n_heads * cfg.head_dim, *[cfg.n_kv_heads * cfg.head_dim] * 2)
+            assert gate_up.parts == (gate_up.shape[0] // 2,) * 2 and "blk.1.attn_q.weight" not in w.tensors
+            held = [t for t in w.tensors.values() if isinstance(t, QuantWeight)]
+            assert len(store.js._live) == 2 * len(held)  # qs and dm of what is held: the stacked ones freed
+        runs.append(prefill_then_decode(CpuBackend(w, 4, 16, linear="wasm"), prompt, 6))
+    (pre_a, dec_a), (pre_b, dec_b) = runs
+    assert float(np.abs(pre_b - pre_a).max() / np.abs(pre_a).max()) <= 2e-6
+    assert [int(g.argmax()) for g in dec_b] == [int(g.argmax()) for g in dec_a]

@@ -12,10 +12,11 @@ function progress(stage, detail) {
 async function boot() {
   progress("download", "downloading the Python runtime (Pyodide)");
   const assets = await (await fetch(base + "assets.json")).json();
-  importScripts(base + "pyodide/pyodide.js", base + "replayer.js", base + "linear_wasm.js");
+  importScripts(base + "pyodide/pyodide.js", base + "replayer.js", base + "linear_wasm.js", base + "linear_threads.js");
   progress("python", `starting Python (Pyodide ${assets.pyodide_version})`);
   const pyodide = await loadPyodide({ indexURL: base + "pyodide/" });
-  self.pagedkvLinear = await loadLinearWasm(base, assets.wasm && assets.wasm.linear, pyodide);
+  self.pagedkvLinear = await loadLinearWasm(base, assets.wasm && assets.wasm.linear, pyodide,
+    assets.wasm && assets.wasm.linear_shared);
   progress("numpy", "loading numpy and micropip");
   await pyodide.loadPackage(["numpy", "micropip"], { checkIntegrity: true });
   progress("engine", "installing the pagedkv engine");

@@ -6,7 +6,7 @@ run time (pagedkv.js `engine.load` / `engine.unload`). docs/api.md, "Several mod
 from __future__ import annotations
 
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.backends.cpu_wasm import tensor_loader
+from pagedkv.backends.cpu_wasm import HeapStore, SharedStore, stack_projections, tensor_loader
 from pagedkv.browser import interop as webgpu
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
@@ -21,17 +21,37 @@ from .model_loader import fetch_model
 
 async def cpu_weights(name: str, on_progress) -> tuple[dict, ModelWeights, str, object, str]:
     """A model's weights for the numpy fallback: projections on their quantized blocks through the wasm SIMD
-    kernel (backends/cpu_wasm.py), or all weights dequantized to f32 and einsum where the kernel did not load.
+    kernel (backends/cpu_wasm.py; q|k|v and gate|up stacked, one product each), or all weights dequantized to f32
+    and einsum where the kernel did not load.
     Returns the manifest, the weights, the linear mode, the attention kernels (or None) and why."""
     manifest, shards = await fetch_model(model_reader(name), on_progress)
     bridge.post("model-progress", model=name, loaded=1, total=1, detail="verifying and unpacking weights")
     try:
-        convert, linear, why = tensor_loader(webgpu.linear_wasm_matmul()), "wasm", "wasm SIMD on quantized weights"
+        store, threads = await kernel_store()
+        convert, linear, why = tensor_loader(store), "wasm", f"wasm SIMD on quantized weights, {threads}"
         attention = webgpu.wasm_attention()
     except webgpu.WasmUnavailable as exc:
         convert, linear, why = None, "einsum", f"einsum on f32 weights (no wasm kernel: {exc})"
         attention = None
-    return manifest, ModelWeights.from_shards(manifest, shards, convert), linear, attention, why
+    weights = ModelWeights.from_shards(manifest, shards, convert)
+    if linear == "wasm":
+        stack_projections(weights.tensors, weights.config.n_layers)
+    return manifest, weights, linear, attention, why
+
+
+async def kernel_store() -> tuple[HeapStore | SharedStore, str]:
+    """Where the wasm kernel's weights live and how many threads run it, with the words the device panel shows:
+    every core (?threads=N sets the count, threads=1 keeps one) on a memory they share, or one thread on
+    Pyodide's memory, saying why. Raises WasmUnavailable when the kernel did not load."""
+    kernel = webgpu.linear_wasm_matmul()
+    wanted = bridge.query_param("threads", "auto")
+    if wanted != "auto" and not wanted.isdigit():
+        return HeapStore(kernel), f"1 thread (threads={wanted} is not a count)"
+    try:
+        store = SharedStore(await webgpu.linear_threads(0 if wanted == "auto" else int(wanted)))
+        return store, f"{store.threads} threads"
+    except webgpu.WasmUnavailable as exc:
+        return HeapStore(kernel), f"1 thread ({exc})"
 
 
 async def shared_cpu_engine(names: list[str], block_size: int, config: EngineConfig,

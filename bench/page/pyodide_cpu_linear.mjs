@@ -34,7 +34,7 @@ import sys, time, json
 sys.path.insert(0, "/src")
 import numpy as np
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.backends.cpu_wasm import QuantWeight, tensor_loader
+from pagedkv.backends.cpu_wasm import HeapStore, QuantWeight, tensor_loader
 from pagedkv.model.layout import dequantize, pack_q4_1, quantize_q4_1
 from pagedkv.model.weights import ModelWeights
 from pagedkv.model_runner import ForwardBatch
@@ -50,7 +50,7 @@ def best(f, n=3):
 
 for rows, cols in ((576, 576), (192, 576), (1536, 576), (576, 1536)):
     parts = pack_q4_1(*quantize_q4_1(rng.standard_normal((rows, cols)).astype(np.float32)))
-    w, qw = dequantize("q4_1", (rows, cols), parts), QuantWeight.from_parts("q4_1", (rows, cols), parts, wasm_matmul)
+    w, qw = dequantize("q4_1", (rows, cols), parts), QuantWeight.from_parts("q4_1", (rows, cols), parts, HeapStore(wasm_matmul))
     for t in (1, P):
         x = rng.standard_normal((t, cols)).astype(np.float32)
         x @ qw.T  # V8 compiles the kernel's hot code on first use
@@ -62,7 +62,7 @@ prompt = rng.integers(10, 40000, P).astype(np.int32)
 i32 = lambda v: np.asarray(v, dtype=np.int32)
 for linear in LINEARS:
     kind, _, attention = linear.partition("+")
-    W = ModelWeights.load("/models", tensor_loader(wasm_matmul) if kind == "wasm" else None)
+    W = ModelWeights.load("/models", tensor_loader(HeapStore(wasm_matmul)) if kind == "wasm" else None)
     b = CpuBackend(W, -(-(P + N) // 16), 16, linear=kind, attention=wasm_kernels if attention else None)
     del W
     table = i32([range(-(-(P + N) // 16))])

@@ -10,13 +10,14 @@ from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1
 from pagedkv.model_runner import ForwardBatch
 
 
-def case_linear(kernel, dtype: str, rows: int, cols: int, tokens: tuple[int, ...]) -> dict:
-    """A random (rows, cols) weight of dtype through the kernel at each token count, against f64."""
+def case_linear(store, dtype: str, rows: int, cols: int, tokens: tuple[int, ...]) -> dict:
+    """A random (rows, cols) weight of dtype through the kernel (held by `store`) at each token count, against
+    f64."""
     rng = np.random.default_rng(rows * 7 + cols)
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     parts = pack_q4_1(*quantize_q4_1(w)) if dtype == "q4_1" else pack_q8_0(*quantize_q8_0(w))
     ref = dequantize(dtype, (rows, cols), parts)  # (rows, cols)
-    qw = QuantWeight.from_parts(dtype, (rows, cols), parts, kernel)
+    qw = QuantWeight.from_parts(dtype, (rows, cols), parts, store)
     out = {"case": [dtype, rows, cols], "rows_exact": bool(np.array_equal(qw[np.arange(rows)], ref)),
            "shapes": [], "max_scaled": 0.0}
     for t in tokens:

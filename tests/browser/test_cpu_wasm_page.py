@@ -34,13 +34,35 @@ def test_the_kernel_matches_numpy_in_the_worker(ready_page):
     worker = install_modules(ready_page, "cpu_wasm_cases")
     calls = ", ".join(f"c.case_linear(k, {d!r}, {r}, {c}, {TOKENS})" for d in ("q4_1", "q8_0") for r, c in SHAPES)
     results = worker.py("import json, cpu_wasm_cases as c\n"
+                        "from pagedkv.backends.cpu_wasm import HeapStore\n"
                         "from pagedkv.browser.interop import linear_wasm_matmul\n"
-                        f"k = linear_wasm_matmul()\njson.dumps([{calls}])")
+                        f"k = HeapStore(linear_wasm_matmul())\njson.dumps([{calls}])")
+    check_linear_cases(results)
+
+
+def check_linear_cases(results: list[dict]) -> None:
     assert [r["case"] for r in results] == [[d, r, c] for d in ("q4_1", "q8_0") for r, c in SHAPES]
     for r, (_, (rows, _)) in zip(results, [(d, s) for d in ("q4_1", "q8_0") for s in SHAPES]):
         assert r["rows_exact"], r
         assert r["shapes"] == [[t, rows, "float32"] for t in TOKENS], r
         assert r["max_scaled"] <= SCALED_BOUND, r
+
+
+def test_the_kernel_on_three_threads_matches_numpy_in_the_worker(ready_page):
+    """Three threads (two helper workers) whatever the cores, every product split (minWork 0): each slice of
+    rows, its out columns and the copies in and out of the shared memory."""
+    worker = install_modules(ready_page, "cpu_wasm_cases")
+    calls = ", ".join(f"c.case_linear(k, {d!r}, {r}, {c}, {TOKENS})" for d in ("q4_1", "q8_0") for r, c in SHAPES)
+    got = worker.py("import json, gc, cpu_wasm_cases as c\n"
+                    "from pagedkv.backends.cpu_wasm import SharedStore\n"
+                    "from pagedkv.browser.interop import linear_threads\n"
+                    "api = await linear_threads(3)\napi.minWork = 0\nk = SharedStore(api)\n"
+                    f"results = [{calls}]\ngc.collect()\n"
+                    "json.dumps({'results': results, 'threads': k.threads, 'split': api.stats.split,\n"
+                    "            'live': api.arena.sizes.size})")
+    check_linear_cases(got["results"])
+    # every product split (the 1-row shape runs alone); each weight's two regions freed with it (io area stays)
+    assert (got["threads"], got["split"], got["live"]) == (3, 2 * 5 * len(TOKENS), 1), got
 
 
 ATTENTION = [(1, 3, 3, 64), (16, 3, 3, 64), (37, 3, 3, 64), (300, 3, 3, 64), (5, 2, 2, 16), (33, 1, 4, 32)]
@@ -61,7 +83,7 @@ def test_the_attention_kernels_match_numpy_in_the_worker(ready_page):
 
 @pytest.fixture(scope="module")
 def cpu_page(browser, base_url):
-    booted = open_and_boot(browser, base_url + "?model=tiny-random&backend=cpu")
+    booted = open_and_boot(browser, base_url + "?model=tiny-random&backend=cpu&threads=2")
     info = wait_model(booted)
     yield install_modules(booted, "cpu_wasm_cases"), info
     booted.page.close()
@@ -69,15 +91,25 @@ def cpu_page(browser, base_url):
 
 def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page):
     worker, info = cpu_page
-    assert (info["backend"], info["cpu_linear"]) == ("cpu", "wasm SIMD on quantized weights")
+    assert (info["backend"], info["cpu_linear"]) == ("cpu", "wasm SIMD on quantized weights, 2 threads")
     got = worker.py(
         "import json, cpu_wasm_cases as c\nfrom pagedkv_app.main import state\n"
         "model = state['engine'].backend.model\n"
         "assert type(model).__name__ == 'WasmAttentionModel', type(model)\n"
         "kinds = sorted({type(w).__name__ + ':' + getattr(w, 'kind', '') for n, w in model.w.items()\n"
-        "                if n.startswith('blk.') and n.endswith('_q.weight') or n == 'token_embd.weight'})\n"
+        "                if n.startswith('blk.') and n.endswith('_qkv.weight') or n == 'token_embd.weight'})\n"
         f"json.dumps({{'kinds': kinds, **c.greedy(model, {PROMPT}, {NEW_TOKENS})}})")
     assert got["kinds"] == ["QuantWeight:q4_1", "QuantWeight:q8_0"]
+    # the tiny model's products are under the threads' minWork: split every one of them, the same ids come out
+    split = worker.py(
+        "import json, cpu_wasm_cases as c\nfrom pagedkv_app.main import state\n"
+        "model = state['engine'].backend.model\napi = model.w['token_embd.weight'].store.js\n"
+        "api.minWork, before = 0, api.stats.split\n"
+        f"got = c.greedy(model, {PROMPT}, {NEW_TOKENS})\napi.minWork = 1 << 16\n"
+        "json.dumps({**got, 'threads': api.threads, 'split': api.stats.split - before})")
+    assert split["ids"] == got["ids"], split
+    # per step: two layers of q|k|v, o, gate|up and down (the stacks: one product each), and the head
+    assert (split["threads"], split["split"]) == (2, (2 * 4 + 1) * (NEW_TOKENS + 1)), split
     ref = cpu_wasm_cases.greedy(NumpyModel(ModelWeights.load(build.DIST / "models" / "tiny-random")), PROMPT,
                                 NEW_TOKENS)
     first = next((i for i, (a, b) in enumerate(zip(got["ids"], ref["ids"])) if a != b), None)

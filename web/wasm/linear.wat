@@ -8,7 +8,7 @@
 ;;   qs  q4_1: 16 bytes a block, byte j = code j | code (j + 16) << 4 (codes 0..15)
 ;;       q8_0: 32 bytes a block, signed codes in weight order
 ;;   dm  two f32 a block, (d, m): weight = d * code + m (m = 0 for q8_0), the reference's dequantization
-;; Activations x (t, cols) f32 row-major; out (t, rows) f32; scratch: cols f32 the kernel overwrites (a decoded
+;; Activations x (t, cols) f32 row-major; out (t, ldo) f32, of which the kernel writes rows columns; scratch: cols f32 the kernel overwrites (a decoded
 ;; row, or for one token each block's sum of x).
 (module
   (import "env" "memory" (memory 1))
@@ -168,11 +168,12 @@
     local.get $out local.get $step i32.add local.tee $out local.get $a2 call $hsum f32.store
     local.get $out local.get $step i32.add local.get $a3 call $hsum f32.store)
 
-  ;; out (t, rows) = x (t, cols) @ W.T for W (rows, cols) of `kind`. One token: each row straight from its
+  ;; out (t, rows) = x (t, cols) @ W.T for W (rows, cols) of `kind`, out's rows ldo f32 apart (ldo = rows, or
+  ;; the whole weight's rows when a thread takes a slice of them: web/linear_threads.js). One token: each row straight from its
   ;; blocks ($row's dot). More: tokens go in chunks of 16 (the chunk of x stays in cache while every row
   ;; passes); each row is decoded once per chunk, then used by tiles of four tokens and single ones for the rest.
   (func $matmul (export "matmul") (param $kind i32) (param $qs i32) (param $dm i32) (param $rows i32)
-    (param $cols i32) (param $x i32) (param $t i32) (param $out i32) (param $scratch i32)
+    (param $cols i32) (param $x i32) (param $t i32) (param $out i32) (param $ldo i32) (param $scratch i32)
     (local $nb i32) (local $t0 i32) (local $n i32) (local $r i32) (local $q i32) (local $s i32) (local $xp i32) (local $o i32)
     local.get $cols i32.const 5 i32.shr_u local.set $nb
     local.get $t i32.const 1 i32.eq
@@ -202,13 +203,13 @@
         local.get $t local.get $t0 i32.sub local.set $n
         i32.const 16 local.get $n local.get $n i32.const 16 i32.gt_u select local.set $n
         local.get $x local.get $t0 local.get $cols i32.mul i32.const 2 i32.shl i32.add local.set $xp
-        local.get $out local.get $t0 local.get $rows i32.mul local.get $r i32.add i32.const 2 i32.shl i32.add local.set $o
+        local.get $out local.get $t0 local.get $ldo i32.mul local.get $r i32.add i32.const 2 i32.shl i32.add local.set $o
         block $tiled
           loop $tiles
             local.get $n i32.const 4 i32.lt_u br_if $tiled
-            local.get $scratch local.get $xp local.get $cols local.get $o local.get $rows call $dot4
+            local.get $scratch local.get $xp local.get $cols local.get $o local.get $ldo call $dot4
             local.get $xp local.get $cols i32.const 4 i32.shl i32.add local.set $xp
-            local.get $o local.get $rows i32.const 4 i32.shl i32.add local.set $o
+            local.get $o local.get $ldo i32.const 4 i32.shl i32.add local.set $o
             local.get $n i32.const 4 i32.sub local.set $n
             br $tiles
           end
@@ -218,7 +219,7 @@
             local.get $n i32.eqz br_if $single
             local.get $scratch local.get $xp local.get $cols local.get $o call $dot1
             local.get $xp local.get $cols i32.const 2 i32.shl i32.add local.set $xp
-            local.get $o local.get $rows i32.const 2 i32.shl i32.add local.set $o
+            local.get $o local.get $ldo i32.const 2 i32.shl i32.add local.set $o
             local.get $n i32.const 1 i32.sub local.set $n
             br $ones
           end

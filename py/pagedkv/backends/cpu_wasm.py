@@ -6,13 +6,16 @@ scales) and the kernel decodes each block in registers. q4_0 and q5_0 are held a
 same weights, losslessly); other types keep the einsum path. Numerics: each weight is exactly numpy's
 dequantized f32 (d * code + m); the dot products sum in a different order than einsum (f32 accumulate).
 
-The kernel is any callable with the wasm export's signature, matmul(kind, qs, dm, rows, cols, x, t, out,
-scratch), integers all, pointers being addresses in the memory numpy's arrays live in: in the tab, the
-wasm export itself on Pyodide's memory (browser/interop.py: linear_wasm_matmul); in CPython, pointer_twin,
-the numpy twin over the same addresses (tests).
+Where the weights live is a store's business. HeapStore leaves them in numpy's memory for a kernel with the wasm
+export's signature, matmul(kind, qs, dm, rows, cols, x, t, out, ldo, scratch), integers all, pointers being
+addresses in the memory numpy's arrays live in: in the tab, the wasm export itself on Pyodide's memory
+(browser/interop.py: linear_wasm_matmul); in CPython, pointer_twin, the numpy twin over the same addresses.
+SharedStore moves them into the memory the kernel's threads share (every core: web/linear_threads.js, through
+interop.linear_threads; in CPython, ThreadsTwin), each product split into one slice of rows per thread.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -23,7 +26,7 @@ from .cpu_linear import PROJECTIONS, EinsumWeight
 
 KINDS = {"q4_1": 0, "q8_0": 1}  # the kernel's `kind` argument
 HELD_AS = {"q4_1": "q4_1", "q8_0": "q8_0", "q4_0": "q8_0", "q5_0": "q8_0"}  # manifest dtype -> kernel type
-Kernel = Callable[[int, int, int, int, int, int, int, int, int], object]
+Kernel = Callable[[int, int, int, int, int, int, int, int, int, int], object]
 
 
 def address_of(a: np.ndarray) -> int:
@@ -39,30 +42,120 @@ def array_at(address: int, ctype, count: int) -> np.ndarray:
     return np.ctypeslib.as_array((ctype * count).from_address(address))
 
 
+def dequantize_rows(kind: str, qs: np.ndarray, dm: np.ndarray) -> np.ndarray:
+    """(n, nb * 32) f32 weights of n rows in the kernel's layout (qs codes, dm (n, nb, 2)): numpy's dequantize,
+    d * code, then + m."""
+    n, nb, _ = dm.shape
+    q = qs.reshape(n, nb, -1)
+    if kind == "q4_1":
+        q = np.concatenate([q & 0x0F, q >> 4], axis=2)
+    return (q.astype(np.float32) * dm[:, :, 0:1] + dm[:, :, 1:2]).reshape(n, nb * QK)
+
+
+class HeapStore:
+    """Weights left where numpy put them, the kernel reading them at their addresses on one thread: the wasm
+    export on Pyodide's memory (browser/interop.py: linear_wasm_matmul) or, in CPython, pointer_twin."""
+
+    threads = 1
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+
+    def place(self, a: np.ndarray) -> np.ndarray:
+        return a
+
+    def rows(self, placed: np.ndarray, rows) -> np.ndarray:
+        return placed[rows]
+
+    def fetch(self, placed: np.ndarray) -> np.ndarray:
+        return placed
+
+    def bind(self, kind: str, qs: np.ndarray, dm: np.ndarray, rows: int, cols: int) -> Callable[[int, int, int], object]:
+        """run(x, t, out): out (t, rows) = x (t, cols) @ W.T at those addresses; W's scratch (cols f32) is its own."""
+        scratch = np.empty(cols, np.float32)  # the kernel's decoded row or block sums
+        args = (KINDS[kind], address_of(qs), address_of(dm), rows, cols)
+        tail, kernel = (rows, address_of(scratch)), self.kernel
+
+        def run(x: int, t: int, out: int, _keep=scratch) -> None:
+            kernel(*args, x, t, out, *tail)
+
+        return run
+
+
+class Region:
+    """An array's bytes in the kernel threads' shared memory: offset, dtype and shape (SharedStore.place)."""
+
+    def __init__(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.offset, self.dtype, self.shape = offset, dtype, shape
+
+
+class SharedStore:
+    """Weights copied into the memory the kernel's threads share (web/linear_threads.js; ThreadsTwin in CPython):
+    each product runs on `threads` threads, one slice of the weight's rows each, its activations copied in and
+    its outputs out. The copies numpy held are dropped; a weight's bytes go back to the memory with it."""
+
+    def __init__(self, threads) -> None:
+        self.js = threads
+        self.threads = int(threads.threads)
+
+    def place(self, a: np.ndarray) -> Region:
+        a = np.ascontiguousarray(a)
+        region = Region(int(self.js.place(address_of(a), a.nbytes)), a.dtype, a.shape)
+        weakref.finalize(region, self.js.free, region.offset)
+        return region
+
+    def rows(self, placed: Region, rows) -> np.ndarray:
+        """placed[rows] read back (the tied embedding's lookups), one row per call."""
+        idx = np.arange(placed.shape[0])[rows]
+        out = np.empty((idx.size, *placed.shape[1:]), placed.dtype)
+        row_bytes = out.itemsize * int(np.prod(placed.shape[1:], dtype=np.int64))
+        base = address_of(out)
+        for i, r in enumerate(idx.reshape(-1).tolist()):
+            self.js.read(placed.offset + r * row_bytes, row_bytes, base + i * row_bytes)
+        return out.reshape(*idx.shape, *placed.shape[1:])
+
+    def fetch(self, placed: Region) -> np.ndarray:
+        """The whole array back, in one copy."""
+        out = np.empty(placed.shape, placed.dtype)
+        self.js.read(placed.offset, out.nbytes, address_of(out))
+        return out
+
+    def bind(self, kind: str, qs: Region, dm: Region, rows: int, cols: int) -> Callable[[int, int, int], object]:
+        args, matmul = (KINDS[kind], qs.offset, dm.offset, rows, cols), self.js.matmul
+
+        def run(x: int, t: int, out: int) -> None:
+            matmul(*args, x, t, out)
+
+        return run
+
+
+Store = HeapStore | SharedStore
+
+
 class QuantWeight:
     """An (out, in) weight in the kernel's layout (linear.wat's header): `qs` codes, `dm` (rows, nb, 2) f32
-    (d, m) pairs. `h @ w.T` runs the kernel; `w[rows]` dequantizes those rows (the tied embedding)."""
+    (d, m) pairs, held by `store` (HeapStore or SharedStore). `h @ w.T` runs the kernel; `w[rows]` dequantizes
+    those rows (the tied embedding)."""
 
-    def __init__(self, kind: str, qs: np.ndarray, dm: np.ndarray, kernel: Kernel) -> None:
+    def __init__(self, kind: str, qs: np.ndarray, dm: np.ndarray, store: Store) -> None:
         rows, nb, two = dm.shape
         per_block = 16 if kind == "q4_1" else 32
         if kind not in KINDS or two != 2 or qs.shape != (rows, nb * per_block):
             raise ValueError(f"{kind} weight: qs {qs.shape} and dm {dm.shape} are not the kernel's layout")
-        self.kind, self.qs, self.dm, self.kernel = kind, qs, dm, kernel
+        self.kind, self.store = kind, store
         self.shape = (rows, nb * QK)
+        self.parts = (rows,)  # the rows of each weight stacked here (stack)
         self.nbytes = qs.nbytes + dm.nbytes
-        self._scratch = np.empty(self.shape[1], np.float32)  # (cols,) the kernel's decoded row or block sums
-        # (kind, qs, dm, rows, cols) and scratch: fixed per weight, so each call only looks up x and out
-        self._args = (KINDS[kind], address_of(qs), address_of(dm), rows, self.shape[1])
-        self._scratch_addr = address_of(self._scratch)
+        self.qs, self.dm = store.place(qs), store.place(dm)
+        self._run = store.bind(kind, self.qs, self.dm, rows, self.shape[1])
         # One token (decode) goes through fixed buffers: an address lookup costs as much as a small product in
         # Pyodide (measured: 8.6 us each; `h @ w.T` for a 32x576 weight 91 -> 57 us).
         self._x1 = np.empty((1, self.shape[1]), np.float32)  # (1, cols)
         self._out1 = np.empty((1, rows), np.float32)  # (1, rows)
-        self._args1 = self._args + (address_of(self._x1), 1, address_of(self._out1), self._scratch_addr)
+        self._one = (address_of(self._x1), 1, address_of(self._out1))
 
     @classmethod
-    def from_parts(cls, dtype: str, shape: tuple[int, int], parts: dict, kernel: Kernel) -> "QuantWeight":
+    def from_parts(cls, dtype: str, shape: tuple[int, int], parts: dict, store: Store) -> "QuantWeight":
         """A manifest tensor's web parts (model/layout.py) -> the kernel's layout, without an f32 copy."""
         kind = HELD_AS[dtype]
         fields = promote(dtype, kind, unpack(dtype, shape, parts))
@@ -75,19 +168,20 @@ class QuantWeight:
             qs = (q[:, :, 0] | (q[:, :, 1] << 4)).astype(np.uint8).reshape(rows, nb * 16)
         else:
             qs = np.ascontiguousarray(fields["q"], np.int8)
-        return cls(kind, qs, dm, kernel)
+        return cls(kind, qs, dm, store)
 
-    def codes(self, rows) -> np.ndarray:
-        """(n, nb, 32) f32 codes of the given rows, in weight order."""
-        qs = self.qs[rows].reshape(-1, self.dm.shape[1], self.qs.shape[1] // self.dm.shape[1])
-        if self.kind == "q4_1":
-            qs = np.concatenate([qs & 0x0F, qs >> 4], axis=2)
-        return qs.astype(np.float32)
+    @classmethod
+    def stack(cls, weights: list["QuantWeight"]) -> "QuantWeight":
+        """One weight of the rows of `weights` (one kind, one store, one width) in order; `parts` their rows."""
+        store = weights[0].store
+        stacked = cls(weights[0].kind, np.concatenate([store.fetch(w.qs) for w in weights]),
+                      np.concatenate([store.fetch(w.dm) for w in weights]), store)
+        stacked.parts = tuple(r for w in weights for r in w.parts)
+        return stacked
 
     def __getitem__(self, rows) -> np.ndarray:
-        dm = self.dm[rows]  # (n, nb, 2)
-        w = self.codes(rows) * dm[:, :, 0:1] + dm[:, :, 1:2]  # numpy's dequantize: d * code, then + m
-        return w.reshape(-1, self.shape[1])
+        dm = self.store.rows(self.dm, rows).reshape(-1, self.shape[1] // QK, 2)
+        return dequantize_rows(self.kind, self.store.rows(self.qs, rows).reshape(dm.shape[0], -1), dm)
 
     @property
     def T(self) -> "_QuantTransposed":  # noqa: N802  (ndarray's name, which NumpyModel calls)
@@ -100,12 +194,12 @@ class QuantWeight:
             raise ValueError(f"projection input {h.shape} does not match weight {self.shape} (out, in)")
         if h.shape[0] == 1:
             np.copyto(self._x1, h)
-            self.kernel(*self._args1)
+            self._run(*self._one)
             return self._out1.copy()  # (1, rows)
         x = np.ascontiguousarray(h, np.float32)  # (T, cols)
         out = np.empty((x.shape[0], rows), np.float32)  # (T, rows)
         if x.shape[0]:
-            self.kernel(*self._args, address_of(x), x.shape[0], address_of(out), self._scratch_addr)
+            self._run(address_of(x), x.shape[0], address_of(out))
         return out
 
 
@@ -119,40 +213,105 @@ class _QuantTransposed:
         return self.w.matmul(h)
 
 
-def tensor_loader(kernel: Kernel) -> Callable:
+def tensor_loader(store: Store) -> Callable:
     """ModelWeights.from_shards' `convert`: projections, the output head and the embedding (the tied head;
-    lookups dequantize their rows) of a kernel type as QuantWeight, every other tensor dequantized to f32."""
+    lookups dequantize their rows) of a kernel type as QuantWeight in `store`, every other tensor dequantized
+    to f32."""
     names = {f".{p}.weight" for p in PROJECTIONS}
 
     def convert(name: str, dtype: str, shape: tuple[int, ...], parts: dict):
         wanted = name in ("token_embd.weight", "output.weight") or (
             name.startswith("blk.") and name[name.index(".", 4):] in names)
         if wanted and dtype in HELD_AS:
-            return QuantWeight.from_parts(dtype, tuple(shape), parts, kernel)
+            return QuantWeight.from_parts(dtype, tuple(shape), parts, store)
         return dequantize(dtype, tuple(shape), parts)
 
     return convert
+
+
+STACKS = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
+
+
+def stack_projections(tensors: dict, n_layers: int) -> None:
+    """In place: each layer's q, k, v (and gate, up) QuantWeights of one kind, store and width become one
+    stacked weight under the name the shaders give the same stack (attn_qkv, ffn_gate_up): one product where
+    there were three (two), split across the kernel's threads as one. NumpyModel splits its rows back."""
+    for i in range(n_layers):
+        for stacked, names in STACKS.items():
+            ws = [tensors.get(f"blk.{i}.{n}.weight") for n in names]
+            if all(isinstance(w, QuantWeight) for w in ws) and len({(w.kind, id(w.store), w.shape[1]) for w in ws}) == 1:
+                tensors[f"blk.{i}.{stacked}.weight"] = QuantWeight.stack(ws)
+                for n in names:
+                    del tensors[f"blk.{i}.{n}.weight"]
 
 
 def wasm_weights(tensors: dict, n_layers: int, head: str) -> dict:
     """`tensors` with each remaining f32 projection (and head) wrapped for einsum; QuantWeights stay."""
     out = dict(tensors)
     for name in [head] + [f"blk.{i}.{p}.weight" for i in range(n_layers) for p in PROJECTIONS]:
-        if isinstance(out[name], np.ndarray):
+        if isinstance(out.get(name), np.ndarray):
             out[name] = EinsumWeight(out[name])
     return out
 
 
-def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: int, out: int, scratch: int) -> None:
-    """The kernel's numpy twin over the same addresses (CPython): out = x @ W.T, W decoded as linear.wat does."""
+def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: int, out: int, ldo: int,
+                 scratch: int) -> None:
+    """The kernel's numpy twin over the same addresses (CPython): out = x @ W.T, W decoded as linear.wat does,
+    out's rows ldo f32 apart."""
     import ctypes  # here: the tab never calls the twin
 
     nb = cols // QK
     kind_name = [k for k, v in KINDS.items() if v == kind][0]
     ctype = ctypes.c_uint8 if kind_name == "q4_1" else ctypes.c_int8
     per_block = 16 if kind_name == "q4_1" else 32
-    w = QuantWeight(kind_name, array_at(qs, ctype, rows * nb * per_block).reshape(rows, -1),
-                    array_at(dm, ctypes.c_float, rows * nb * 2).reshape(rows, nb, 2), pointer_twin)
+    w = dequantize_rows(kind_name, array_at(qs, ctype, rows * nb * per_block).reshape(rows, -1),
+                        array_at(dm, ctypes.c_float, rows * nb * 2).reshape(rows, nb, 2))
     xs = array_at(x, ctypes.c_float, t * cols).reshape(t, cols)
-    array_at(out, ctypes.c_float, t * rows).reshape(t, rows)[...] = xs @ w[np.arange(rows)].T
+    if t:
+        at = (np.arange(t)[:, None] * ldo + np.arange(rows)).reshape(-1)
+        array_at(out, ctypes.c_float, (t - 1) * ldo + rows)[at] = (xs @ w.T).reshape(-1)
     array_at(scratch, ctypes.c_float, cols)[...] = 0.0  # the kernel's scratch is clobbered too
+
+
+CHUNKS_PER_THREAD = 8  # web/linear_threads.js's: the rows of a product split into this many chunks per thread
+
+
+def chunks(rows: int, threads: int) -> list[tuple[int, int]]:
+    """The [r0, r1) chunks of a weight's rows that `threads` threads claim one at a time from a shared counter
+    (web/linear_threads.js's runChunks): a thread that runs slower takes fewer."""
+    size = -(-rows // (threads * CHUNKS_PER_THREAD))
+    return [(r0, min(r0 + size, rows)) for r0 in range(0, rows, size)]
+
+
+class ThreadsTwin:
+    """web/linear_threads.js's object in numpy (CPython): place / free / read over arrays it keeps (their
+    addresses are its offsets), matmul as the JS splits it: each chunk of rows through pointer_twin, out's rows
+    the whole weight's apart. `split_calls` counts the products it split."""
+
+    def __init__(self, threads: int = 2, min_work: int = 0) -> None:
+        self.threads, self.min_work, self.split_calls = threads, min_work, 0
+        self._live: dict[int, np.ndarray] = {}
+
+    def place(self, address: int, nbytes: int) -> int:
+        import ctypes  # here: the tab never calls the twin
+
+        buf = array_at(address, ctypes.c_uint8, nbytes).copy()
+        self._live[address_of(buf)] = buf
+        return address_of(buf)
+
+    def free(self, offset: int) -> None:
+        del self._live[offset]
+
+    def read(self, offset: int, nbytes: int, dest: int) -> None:
+        import ctypes  # here: the tab never calls the twin
+
+        array_at(dest, ctypes.c_uint8, nbytes)[...] = array_at(offset, ctypes.c_uint8, nbytes)
+
+    def matmul(self, kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: int, out: int) -> None:
+        n = self.threads if rows >= self.threads and rows * cols * t >= self.min_work else 1
+        self.split_calls += n > 1
+        nb, scratch = cols // QK, np.empty(cols, np.float32)
+        row_q = nb * (32 if kind else 16)
+        for r0, r1 in chunks(rows, n) if n > 1 else [(0, rows)]:
+            pointer_twin(kind, qs + r0 * row_q, dm + r0 * nb * 8, r1 - r0, cols, x, t, out + 4 * r0, rows,
+                         address_of(scratch))

@@ -121,7 +121,7 @@ class NumpyModel:
         cfg = self.config
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         t = h.shape[0]
-        q, k, v = (self._projection(layer, name, h) for name in ("attn_q", "attn_k", "attn_v"))
+        q, k, v = self._projections(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), h, cfg.attention_bias)
         q = q.reshape(t, nh, hd)  # (T, n_heads, head_dim)
         k = k.reshape(t, nkv, hd)  # (T, n_kv_heads, head_dim)
         v = v.reshape(t, nkv, hd)  # (T, n_kv_heads, head_dim)
@@ -169,14 +169,19 @@ class NumpyModel:
         o = probs @ vals[:, None]  # (n_kv, group, q_len, head_dim)
         return o.transpose(2, 0, 1, 3).reshape(q_len, nh, hd)
 
-    def _projection(self, layer: int, name: str, h: np.ndarray) -> np.ndarray:
-        """h (T, hidden) @ W.T, plus the bias when the model has one (qwen2) -> (T, rows)."""
-        y = h @ self.w[f"blk.{layer}.{name}.weight"].T  # (T, rows)
-        return y + self.w[f"blk.{layer}.{name}.bias"] if self.config.attention_bias else y
+    def _projections(self, layer: int, stacked: str, names: tuple[str, ...], h: np.ndarray,
+                     bias: bool) -> list[np.ndarray]:
+        """h @ W.T for each of `names` (plus their biases where `bias`): one product when the weights hold them
+        stacked as `stacked` (backends/cpu_wasm.py: stack_projections, whose weight knows its parts' rows)."""
+        w = self.w.get(f"blk.{layer}.{stacked}.weight")
+        if w is None:
+            ys = [h @ self.w[f"blk.{layer}.{n}.weight"].T for n in names]  # (T, rows) each
+        else:
+            ys = np.split(h @ w.T, np.cumsum(w.parts)[:-1], axis=1)
+        return [y + self.w[f"blk.{layer}.{n}.bias"] for y, n in zip(ys, names)] if bias else ys
 
     def _mlp(self, layer: int, h: np.ndarray) -> np.ndarray:
-        gate = h @ self.w[f"blk.{layer}.ffn_gate.weight"].T  # (T, ffn)
-        up = h @ self.w[f"blk.{layer}.ffn_up.weight"].T  # (T, ffn)
+        gate, up = self._projections(layer, "ffn_gate_up", ("ffn_gate", "ffn_up"), h, False)  # (T, ffn) each
         return (silu(gate) * up) @ self.w[f"blk.{layer}.ffn_down.weight"].T  # (T, hidden)
 
 

@@ -1,7 +1,7 @@
 """A WebAssembly text (WAT) assembler for the small subset web/wasm/*.wat use; build.py runs it in CPython.
 
 Why not wabt: the build stays CPython-only with no npm step. The subset: one module of an imported memory
-and functions (i32 / f32 / v128 params, locals and results) whose bodies are flat instruction lists
+(plain, or shared with a maximum: the threads proposal's limits) and functions (i32 / f32 / v128 params, locals and results) whose bodies are flat instruction lists
 (`block $l` / `loop $l` / `if` ... `end`, no folded expressions). The output is byte-for-byte what
 `wat2wasm` 1.0.39 writes for the same text (checked when linear.wat was written). Anything outside the
 subset raises WatError naming the instruction and the function.
@@ -182,15 +182,31 @@ class _Func:
         return uleb(len(out)) + bytes(out)
 
 
-def assemble(text: str) -> bytes:
-    """The binary module of a WAT text in the subset (see the module docstring)."""
+def _limits(args: list, shared_pages: int | None) -> bytes:
+    """A memory's limits: `min`, `min max` or `min max shared` (the threads proposal's flag 3); shared_pages
+    makes a plain `min` shared with that maximum (the same text for Pyodide's memory and a shared one)."""
+    if shared_pages is not None and len(args) == 1:
+        args = [args[0], str(shared_pages), "shared"]
+    if len(args) == 1:
+        return b"\x00" + uleb(int(args[0]))
+    if len(args) == 2:
+        return b"\x01" + uleb(int(args[0])) + uleb(int(args[1]))
+    if len(args) == 3 and args[2] == "shared":
+        return b"\x03" + uleb(int(args[0])) + uleb(int(args[1]))
+    raise WatError(f"unsupported memory limits {' '.join(map(str, args))!r}: min, min max or min max shared")
+
+
+def assemble(text: str, shared_pages: int | None = None) -> bytes:
+    """The binary module of a WAT text in the subset (see the module docstring). shared_pages: import the
+    memory as a shared one of at most that many 64 KiB pages (web/linear_threads.js) instead of as written."""
     module = _parse(text)
     if not module or module[0] != "module":
         raise WatError("the text must start with (module")
     imports, funcs = [], []
     for form in module[1:]:
         if form[0] == "import" and form[3][0] == "memory":
-            imports.append(_name(form[1].strip('"')) + _name(form[2].strip('"')) + b"\x02\x00" + uleb(int(form[3][1])))
+            imports.append(_name(form[1].strip('"')) + _name(form[2].strip('"')) + b"\x02"
+                           + _limits(form[3][1:], shared_pages))
         elif form[0] == "func":
             funcs.append(_Func(form))
         else:

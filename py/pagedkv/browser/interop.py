@@ -18,7 +18,8 @@ from pyodide.ffi import create_once_callable, to_js  # type: ignore[import-not-f
 from ..backends.webgpu.device import (REQUESTED_LIMITS, AdapterInfo, GPUError, GpuDevice, ShaderLibrary,
                                       WebGPUUnavailable, padded, resource)
 
-__all__ = ["GpuContext", "WasmUnavailable", "fetch_bytes", "linear_wasm_matmul", "site_url", "wasm_attention"]
+__all__ = ["GpuContext", "WasmUnavailable", "fetch_bytes", "linear_threads", "linear_wasm_matmul", "site_url",
+           "wasm_attention"]
 
 
 class WasmUnavailable(RuntimeError):
@@ -44,6 +45,17 @@ def wasm_attention():
     """The same instance's exports, whose attn_scores / attn_values backends/cpu_attention.py calls;
     WasmUnavailable as linear_wasm_matmul."""
     return _wasm_kernels().attention
+
+
+async def linear_threads(count: int):
+    """The same kernel on `count` threads (0: one per core the browser reports) sharing one memory that holds the
+    weights (web/linear_threads.js), for backends/cpu_wasm.SharedStore; WasmUnavailable saying why the products
+    stay on one thread (no kernel, a page without cross-origin isolation, one core, threads=1)."""
+    loaded = _wasm_kernels()
+    result = await loaded.startThreads(count)
+    if result.error is not None:
+        raise WasmUnavailable(str(result.error))
+    return result.api
 
 
 def _js_obj(value: dict):

@@ -1,0 +1,212 @@
+// The CPU path's projections on every core. wasm/linear_shared.wasm (linear.wat assembled to import a SHARED
+// memory) runs here, in the engine worker, and in helper workers (linear_helper.js), all on one shared
+// WebAssembly.Memory that holds the quantized weights. A product copies x in from Pyodide's memory, cuts the
+// weight's rows into chunks (CHUNKS_PER_THREAD per thread) that every thread claims one at a time from a shared
+// counter until none is left, so a slower or busier thread takes fewer (runChunks), and copies out back.
+// py/pagedkv/backends/cpu_wasm.py's ThreadsTwin is the numpy twin of matmul; cpu_wasm.SharedStore is Python's
+// side, reached through pagedkv/browser/interop.py's linear_threads.
+//
+// A helper's control block (CTRL_INTS i32 at 64 * i): [0] job number, [1] last job done, [2] 1 once a job threw,
+// [3..12] the job (kind, qs, dm, rows, cols, x, t, out, its scratch, chunk rows), [13] microseconds the job
+// took, [14] how long to poll after it, [15] chunks it claimed. Plain writes (the job, x) happen before the
+// Atomics.store of the job number and the helper's (out) before its Atomics.store of [1]: seq-cst atomics order
+// them.
+"use strict";
+
+const CTRL_INTS = 16;
+const COUNTER_AT = 65536 - 64;  // the chunk counter of the product under way
+const ARENA_START = 65536;  // the first page holds the control blocks and the counter
+const CHUNKS_PER_THREAD = 8;
+const JOIN_SPIN_MS = 50;  // how long the engine worker polls for a helper's slice before it sleeps in Atomics.wait
+const WAIT_MS = 20000;  // a helper that has not answered by then is taken for dead
+const MAX_THREADS = 16;
+
+// Claims chunks of `chunk` rows from counter[0] until none is left and runs each: out's columns r0..r1 of
+// x @ W.T (the engine worker and every helper run this on the same job).
+function runChunks(exports, counter, kind, qs, dm, rows, cols, x, t, out, scratch, chunk) {
+  const nb = cols >> 5, rowQ = nb * (kind ? 32 : 16), rowD = nb * 8;
+  let claimed = 0;
+  for (let r0 = Atomics.add(counter, 0, 1) * chunk; r0 < rows; r0 = Atomics.add(counter, 0, 1) * chunk) {
+    exports.matmul(kind, qs + r0 * rowQ, dm + r0 * rowD, Math.min(chunk, rows - r0), cols, x, t, out + 4 * r0,
+      rows, scratch);
+    claimed++;
+  }
+  return claimed;
+}
+
+// First-fit over the shared memory past the control page, 64-byte blocks, growing the memory when nothing fits.
+class Arena {
+  constructor(memory) {
+    this.memory = memory;
+    this.free = [[ARENA_START, memory.buffer.byteLength - ARENA_START]];  // [at, bytes], sorted, coalesced
+    this.sizes = new Map();
+  }
+
+  alloc(bytes) {
+    const n = Math.max(64, Math.ceil(bytes / 64) * 64);
+    let i = this.free.findIndex(([, len]) => len >= n);
+    if (i < 0) {
+      const end = this.memory.buffer.byteLength;
+      const last = this.free[this.free.length - 1];
+      const tail = last && last[0] + last[1] === end ? last[1] : 0;
+      const pages = Math.ceil((n - tail) / 65536);
+      try {
+        this.memory.grow(pages);
+      } catch (err) {
+        throw new Error(`the kernel threads' shared memory cannot grow by ${pages * 64} KiB past ` +
+          `${Math.round(end / 1048576)} MiB: ${err.message || err}`);
+      }
+      if (tail) last[1] += pages * 65536;
+      else this.free.push([end, pages * 65536]);
+      i = this.free.length - 1;
+    }
+    const [at, len] = this.free[i];
+    if (len === n) this.free.splice(i, 1);
+    else this.free[i] = [at + n, len - n];
+    this.sizes.set(at, n);
+    return at;
+  }
+
+  release(at) {
+    const n = this.sizes.get(at);
+    if (n === undefined) throw new Error(`no block of the kernel threads' memory starts at ${at}`);
+    this.sizes.delete(at);
+    this.free.push([at, n]);
+    this.free.sort((a, b) => a[0] - b[0]);
+    this.free = this.free.reduce((out, b) => {
+      const prev = out[out.length - 1];
+      if (prev && prev[0] + prev[1] === b[0]) prev[1] += b[1];
+      else out.push(b);
+      return out;
+    }, []);
+  }
+}
+
+class LinearThreads {
+  constructor(module, memory, exports, helpers, pyMemory) {
+    this.memory = memory;
+    this.exports = exports;
+    this.helpers = helpers;  // [{worker, ctrl, seq}]
+    this.pyMemory = pyMemory;
+    this.threads = helpers.length + 1;
+    this.minWork = 1 << 16;  // rows * cols * tokens below which one thread runs the product (no handoff)
+    this.stats = { calls: 0, split: 0, chunks: 0, helperChunks: 0, ownUs: 0, waitUs: 0, copyUs: 0, helperUs: 0 };
+    this.counter = new Int32Array(memory.buffer, COUNTER_AT, 1);
+    this.spinUs = 2000;  // how long a helper polls for its next job before it sleeps (each job says)
+    this.arena = new Arena(memory);
+    this.io = { at: 0, bytes: 0 };  // x then out, reused; then one cols-sized scratch per thread
+  }
+
+  heap() {
+    if (!this.u8 || this.u8.byteLength !== this.memory.buffer.byteLength) this.u8 = new Uint8Array(this.memory.buffer);
+    return this.u8;
+  }
+
+  place(address, bytes) {  // a copy of Pyodide's bytes [address, address + bytes); returns its offset
+    const at = this.arena.alloc(bytes);
+    this.heap().set(new Uint8Array(this.pyMemory.buffer, address, bytes), at);
+    return at;
+  }
+
+  free(at) {
+    this.arena.release(at);
+  }
+
+  read(at, bytes, dest) {  // bytes at offset `at` into Pyodide's memory at dest
+    new Uint8Array(this.pyMemory.buffer, dest, bytes).set(this.heap().subarray(at, at + bytes));
+  }
+
+  ioArea(bytes) {
+    if (bytes > this.io.bytes) {
+      if (this.io.bytes) this.arena.release(this.io.at);
+      this.io = { at: this.arena.alloc(bytes * 2), bytes: bytes * 2 };
+    }
+    return this.io.at;
+  }
+
+  py() {  // a view of Pyodide's memory, renewed when it grows (its old buffer is detached then)
+    if (!this.pyU8 || this.pyU8.buffer !== this.pyMemory.buffer) this.pyU8 = new Uint8Array(this.pyMemory.buffer);
+    return this.pyU8;
+  }
+
+  // out (t, rows) = x (t, cols) @ W.T, x and out in Pyodide's memory, W (qs, dm) in the shared one. stats: the
+  // products, how many were split, chunks the helpers ran, and microseconds in copies, in this thread's chunks,
+  // waiting for helpers and in the helpers' (each reports its job's in ctrl[13]).
+  matmul(kind, qs, dm, rows, cols, x, t, out) {
+    const t0 = performance.now();
+    const xBytes = t * cols * 4, outBytes = t * rows * 4, scratchBytes = cols * 4;
+    const n = rows >= this.threads && rows * cols * t >= this.minWork ? this.threads : 1;
+    const xAt = this.ioArea(xBytes + outBytes + n * scratchBytes);
+    const outAt = xAt + xBytes, scratchAt = outAt + outBytes;
+    const heap = this.heap();
+    heap.set(this.py().subarray(x, x + xBytes), xAt);
+    const chunk = Math.ceil(rows / (n * CHUNKS_PER_THREAD));
+    Atomics.store(this.counter, 0, n > 1 ? 0 : 1);  // one thread: its one chunk is the whole weight
+    for (let i = 1; i < n; i++) {
+      const c = this.helpers[i - 1].ctrl;
+      c[3] = kind; c[4] = qs; c[5] = dm; c[6] = rows; c[7] = cols; c[8] = xAt; c[9] = t; c[10] = outAt;
+      c[11] = scratchAt + i * scratchBytes; c[12] = chunk; c[14] = this.spinUs;
+      Atomics.store(c, 0, ++this.helpers[i - 1].seq);
+      Atomics.notify(c, 0);
+    }
+    const t1 = performance.now();
+    if (n > 1) runChunks(this.exports, this.counter, kind, qs, dm, rows, cols, xAt, t, outAt, scratchAt, chunk);
+    else this.exports.matmul(kind, qs, dm, rows, cols, xAt, t, outAt, rows, scratchAt);
+    const t2 = performance.now();
+    const st = this.stats;
+    for (let i = 1; i < n; i++) {
+      const c = this.helpers[i - 1].ctrl;
+      this.join(this.helpers[i - 1]);
+      st.helperUs += c[13];
+      st.helperChunks += c[15];
+    }
+    const t3 = performance.now();
+    this.py().set(heap.subarray(outAt, outAt + outBytes), out);
+    st.calls++; st.split += n > 1; st.chunks += n > 1 ? Math.ceil(rows / chunk) : 0;
+    st.ownUs += (t2 - t1) * 1000; st.waitUs += (t3 - t2) * 1000; st.copyUs += (t1 - t0 + performance.now() - t3) * 1000;
+  }
+
+  join(h) {  // polls (the engine worker has nothing else to do), then sleeps once a slice runs long
+    for (let spins = 0, since = performance.now(); Atomics.load(h.ctrl, 1) !== h.seq; spins++) {
+      if ((spins & 255) !== 0 || performance.now() - since < JOIN_SPIN_MS) continue;
+      const seen = Atomics.load(h.ctrl, 1);
+      if (seen !== h.seq && Atomics.wait(h.ctrl, 1, seen, WAIT_MS) === "timed-out") {
+        throw new Error(`a kernel thread did not answer in ${WAIT_MS / 1000} s`);
+      }
+    }
+    if (Atomics.load(h.ctrl, 2)) throw new Error("a kernel thread's product threw (see the console)");
+  }
+}
+
+// Resolves to {api, error}: api a LinearThreads of `count` threads (0: one per core the browser reports), or
+// error says why the products stay on one thread. `module` is the compiled linear_shared.wasm.
+async function startLinearThreads(base, module, pyMemory, count) {
+  try {
+    if (!self.crossOriginIsolated || typeof SharedArrayBuffer === "undefined") {
+      throw new Error("this page is not cross-origin isolated, so it has no shared memory");
+    }
+    const want = count > 0 ? count : Math.min(self.navigator.hardwareConcurrency || 1, MAX_THREADS);
+    if (want < 2) throw new Error(count === 1 ? "one thread asked for (threads=1)" : "the browser reports one core");
+    const memory = new WebAssembly.Memory({ initial: 2, maximum: 65536, shared: true });
+    const { exports } = await WebAssembly.instantiate(module, { env: { memory } });
+    const helpers = await Promise.all(Array.from({ length: want - 1 }, (_, i) => startHelper(base, module, memory, i)));
+    return { api: new LinearThreads(module, memory, exports, helpers, pyMemory), error: null };
+  } catch (err) {
+    return { api: null, error: String(err.message || err) };
+  }
+}
+
+function startHelper(base, module, memory, i) {
+  return new Promise((resolve, reject) => {
+    const worker = new Worker(base + "linear_helper.js");
+    const ctrlAt = i * 64;
+    const timer = setTimeout(() => reject(new Error(`kernel thread ${i + 1} did not start in 20 s`)), 20000);
+    worker.onerror = (e) => { clearTimeout(timer); reject(new Error(`kernel thread ${i + 1}: ${e.message}`)); };
+    worker.onmessage = (e) => {
+      clearTimeout(timer);
+      if (e.data !== "ready") reject(new Error(`kernel thread ${i + 1}: ${e.data}`));
+      else resolve({ worker, ctrl: new Int32Array(memory.buffer, ctrlAt, CTRL_INTS), seq: 0 });
+    };
+    worker.postMessage({ module, memory, ctrlAt, counterAt: COUNTER_AT });
+  });
+}
