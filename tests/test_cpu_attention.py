@@ -1,9 +1,9 @@
-"""The wasm decode attention's Python side in CPython (py/pagedkv/backends/cpu_attention.py) over PointerTwin, the
+"""The wasm attention's Python side in CPython (py/pagedkv/backends/cpu_attention.py) over PointerTwin, the
 kernels' numpy twin on the same addresses. The wasm kernels themselves run in tests/browser/test_cpu_wasm_page.py.
 
-Bounds: one-token steps differ from NumpyModel only in the f32 summation order of q . k and p @ v, so logits
-agree within |got - want| <= 2e-6 * max |want| and the attention mass within 1e-6 per block; prefill is the
-reference's own code, so bit-identical.
+Bounds: decode and prefill differ from NumpyModel only in the f32 summation order of q . k and p @ v, so logits
+agree within |got - want| <= 2e-6 * max |want| and the attention mass within 1e-6 per block (1e-5 summed over a
+chunk's tokens).
 """
 import numpy as np
 import pytest
@@ -61,13 +61,34 @@ def test_two_decoding_sequences_on_scattered_tables_match_the_reference(tiny_wei
     assert max(float(np.abs(a - b).max()) for a, b in zip(kv_got.k + kv_got.v, kv_ref.k + kv_ref.v)) <= 1e-5
 
 
-def test_prefill_is_the_references_own_and_decode_gives_its_ids(tiny_weights):  # noqa: F811
+def test_prefill_and_decode_give_the_references_logits_and_ids(tiny_weights):  # noqa: F811
     prompt = [int(t) for t in np.random.default_rng(1).integers(3, tiny_weights.config.vocab, 40)]
     want_pre, want_dec = prefill_then_decode(CpuBackend(tiny_weights, 4, 16), prompt, 6)
     got_pre, got_dec = prefill_then_decode(CpuBackend(tiny_weights, 4, 16, attention=PointerTwin()), prompt, 6)
-    assert np.array_equal(got_pre, want_pre)
+    assert float(np.abs(got_pre - want_pre).max()) <= 2e-6 * float(np.abs(want_pre).max())
+    assert np.array_equal(got_pre.argmax(axis=1), want_pre.argmax(axis=1))
     assert [int(g.argmax()) for g in got_dec] == [int(w.argmax()) for w in want_dec]
     assert max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got_dec, want_dec)) <= 2e-6
+
+
+def test_a_chunk_of_a_prompt_after_cached_tokens_sees_only_the_keys_up_to_its_own(tiny_weights):  # noqa: F811
+    """Two sequences' next 9 and 4 tokens after their cached prompts (a chunked prefill's second chunk): every
+    new token's logits and the last layer's attention mass against the reference's causal attention."""
+    kv, _ = _prefilled(tiny_weights)
+    rng = np.random.default_rng(8)
+    new = (9, 4)
+    pos = [np.arange(p, p + n) for p, n in zip(PROMPTS, new)]
+    slots = np.concatenate([np.asarray(t)[p // 16] * 16 + p % 16 for t, p in zip(TABLES, pos)])
+    batch = ForwardBatch(i32(rng.integers(3, tiny_weights.config.vocab, sum(new))), i32(np.concatenate(pos)),
+                         i32(slots), i32([0, new[0], sum(new)]), i32(TABLES), i32([p + n for p, n in zip(PROMPTS, new)]))
+    mass_ref, mass_got = np.zeros((2, 4), np.float32), np.zeros((2, 4), np.float32)
+    want = NumpyModel(tiny_weights).forward(batch, _copy(kv), all_logits=True, attention_mass=mass_ref)
+    got = WasmAttentionModel(tiny_weights, PointerTwin()).forward(batch, _copy(kv), all_logits=True,
+                                                                   attention_mass=mass_got)
+    assert got.shape == want.shape == (sum(new), tiny_weights.config.vocab)
+    assert float(np.abs(got - want).max()) <= 2e-6 * float(np.abs(want).max())
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
+    assert float(np.abs(mass_got - mass_ref).max()) <= 1e-5 and float(mass_got.sum()) > 0
 
 
 def test_a_table_that_does_not_cover_the_context_is_refused(tiny_weights):  # noqa: F811

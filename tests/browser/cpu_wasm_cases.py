@@ -30,33 +30,37 @@ def case_linear(store, dtype: str, rows: int, cols: int, tokens: tuple[int, ...]
     return out
 
 
-def case_attention(kernels, ctx: int, nkv: int, group: int, hd: int) -> dict:
-    """attn_scores and attn_values of one query per head over a scattered 16-token-block f32 pool, against f64:
-    each output's error over its f64 bound's unit, sum |a_i b_i| (so a bound of k means k f32 roundings)."""
-    rng = np.random.default_rng(ctx * 31 + hd)
+def case_attention(kernels, ctx: int, nkv: int, group: int, hd: int, nq: int = 1) -> dict:
+    """attn_scores and attn_values of nq queries per head (the last nq of ctx tokens, each seeing the keys up to
+    its own) over a scattered 16-token-block f32 pool, against f64: each output's error over its f64 bound's
+    unit, sum |a_i b_i| (so a bound of k means k f32 roundings); the scores of unseen keys must stay untouched."""
+    rng = np.random.default_rng(ctx * 31 + hd + nq)
     bs, used = 16, -(-ctx // 16)
     num_blocks = used + 3
     k, v = (rng.standard_normal((num_blocks, bs, nkv, hd)).astype(np.float32) for _ in range(2))
     table = rng.permutation(num_blocks)[:used].astype(np.int32)  # (used,)
-    q = rng.standard_normal((nkv * group, hd)).astype(np.float32)  # (n_heads, hd), head = kv * group + g
-    probs = rng.random((nkv * group, ctx)).astype(np.float32)  # (n_heads, ctx)
-    scores = np.full((nkv * group, ctx), np.nan, np.float32)
-    out = np.full((nkv * group, hd), np.nan, np.float32)
+    q = rng.standard_normal((nq, nkv * group, hd)).astype(np.float32)  # (nq, n_heads, hd), head = kv * group + g
+    probs = rng.random((nq, nkv * group, ctx)).astype(np.float32)  # (nq, n_heads, ctx)
+    scores = np.full((nq, nkv * group, ctx), np.nan, np.float32)
+    out = np.full((nq, nkv * group, hd), np.nan, np.float32)
     pos = np.arange(ctx)
     slots = table[pos // bs].astype(np.int64) * bs + pos % bs  # (ctx,)
     keys = k.reshape(-1, nkv, hd)[slots].astype(np.float64)  # (ctx, nkv, hd)
     vals = v.reshape(-1, nkv, hd)[slots].astype(np.float64)
-    geometry = (address_of(table), ctx, bs, nkv, group, hd)
+    geometry = (address_of(table), ctx, nq, bs, nkv, group, hd)
     kernels.attn_scores(address_of(q), address_of(k), *geometry, address_of(scores))
     kernels.attn_values(address_of(probs), address_of(v), *geometry, address_of(out))
-    q64 = q.astype(np.float64).reshape(nkv, group, hd)
-    p64 = probs.astype(np.float64).reshape(nkv, group, ctx)
-    want_s = np.einsum("hgd,chd->hgc", q64, keys).reshape(-1, ctx)
-    unit_s = np.einsum("hgd,chd->hgc", np.abs(q64), np.abs(keys)).reshape(-1, ctx)
-    want_o = np.einsum("hgc,chd->hgd", p64, vals).reshape(-1, hd)
-    unit_o = np.einsum("hgc,chd->hgd", p64, np.abs(vals)).reshape(-1, hd)
-    return {"case": [ctx, nkv, group, hd], "finite": bool(np.isfinite(scores).all() and np.isfinite(out).all()),
-            "scores_rel": float((np.abs(scores - want_s) / unit_s).max()),
+    seen = pos[None, :] <= np.arange(ctx - nq, ctx)[:, None]  # (nq, ctx)
+    q64 = q.astype(np.float64).reshape(nq, nkv, group, hd)
+    p64 = np.where(seen[:, None, :], probs, 0).astype(np.float64).reshape(nq, nkv, group, ctx)
+    want_s = np.einsum("qhgd,chd->qhgc", q64, keys).reshape(nq, -1, ctx)
+    unit_s = np.einsum("qhgd,chd->qhgc", np.abs(q64), np.abs(keys)).reshape(nq, -1, ctx)
+    want_o = np.einsum("qhgc,chd->qhgd", p64, vals).reshape(nq, -1, hd)
+    unit_o = np.einsum("qhgc,chd->qhgd", p64, np.abs(vals)).reshape(nq, -1, hd)
+    mask = np.broadcast_to(seen[:, None, :], scores.shape)
+    return {"case": [ctx, nkv, group, hd, nq], "finite": bool(np.isfinite(scores[mask]).all() and np.isfinite(out).all()),
+            "unseen_untouched": bool(np.isnan(scores[~mask]).all()),
+            "scores_rel": float((np.abs(scores - want_s) / unit_s)[mask].max()),
             "values_rel": float((np.abs(out - want_o) / unit_o).max())}
 
 

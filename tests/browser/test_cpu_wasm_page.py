@@ -65,19 +65,21 @@ def test_the_kernel_on_three_threads_matches_numpy_in_the_worker(ready_page):
     assert (got["threads"], got["split"], got["live"]) == (3, 2 * 5 * len(TOKENS), 1), got
 
 
-ATTENTION = [(1, 3, 3, 64), (16, 3, 3, 64), (37, 3, 3, 64), (300, 3, 3, 64), (5, 2, 2, 16), (33, 1, 4, 32)]
+# (ctx, nkv, group, hd, new tokens): one-token decode, then prefill (every token new, or the last few of a context)
+ATTENTION = [(1, 3, 3, 64, 1), (16, 3, 3, 64, 1), (37, 3, 3, 64, 1), (300, 3, 3, 64, 1), (5, 2, 2, 16, 1),
+             (33, 1, 4, 32, 1), (37, 3, 3, 64, 37), (300, 3, 3, 64, 21), (33, 1, 4, 32, 2)]
 
 
 def test_the_attention_kernels_match_numpy_in_the_worker(ready_page):
     worker = install_modules(ready_page, "cpu_wasm_cases")
-    calls = ", ".join(f"c.case_attention(k, {c}, {n}, {g}, {d})" for c, n, g, d in ATTENTION)
+    calls = ", ".join(f"c.case_attention(k, {c}, {n}, {g}, {d}, {q})" for c, n, g, d, q in ATTENTION)
     results = worker.py("import json, cpu_wasm_cases as c\n"
                         "from pagedkv.browser.interop import wasm_attention\n"
                         f"k = wasm_attention()\njson.dumps([{calls}])")
     assert [r["case"] for r in results] == [list(a) for a in ATTENTION]
     for r in results:
-        assert r["finite"], r
-        ctx, _, _, hd = r["case"]
+        assert r["finite"] and r["unseen_untouched"], r
+        ctx, _, _, hd, _ = r["case"]
         assert r["scores_rel"] <= hd * 2.0**-24 and r["values_rel"] <= ctx * 2.0**-24, r
 
 

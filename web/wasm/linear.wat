@@ -231,12 +231,29 @@
       local.get $t0 i32.const 16 i32.add local.tee $t0 local.get $t i32.lt_u br_if $chunks
     end)
 
-  ;; Decode attention of ONE new token over a paged K/V pool (f32, (num_blocks, bs, nkv, hd) per layer), the
-  ;; two products around the softmax, which numpy does between them (exactly as the reference does it).
-  ;; Query head n = kv * group + g (GQA). table: i32 block ids; key j lives at slot table[j / bs] * bs + j % bs.
-  ;; attn_scores: out (nkv * group, ctx) = q_n . k_j (no scale); hd a multiple of 16.
+  ;; Attention of nq new tokens, the LAST nq of a sequence's ctx cached ones, over a paged K/V pool (f32,
+  ;; (num_blocks, bs, nkv, hd) per layer): the two products around the softmax, which numpy does between them
+  ;; (exactly as the reference does it). Query i sees keys 0 .. ctx - nq + i (causal); query head n = kv * group + g
+  ;; (GQA); q (nq, nkv * group, hd). table: i32 block ids; key j lives at slot table[j / bs] * bs + j % bs.
+  ;; attn_scores: out (nq, nkv * group, ctx) = q_i,n . k_j (no scale) for the keys query i sees; the rest of
+  ;; each row is left as it was. hd a multiple of 16.
   (func $attn_scores (export "attn_scores") (param $q i32) (param $k i32) (param $table i32) (param $ctx i32)
-    (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32)
+    (param $nq i32) (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32)
+    (local $i i32) (local $nh i32)
+    local.get $nkv local.get $group i32.mul local.set $nh
+    loop $queries  ;; query i: $scores1 over its ctx - nq + i + 1 keys, rows ctx apart
+      local.get $q local.get $i local.get $nh i32.mul local.get $hd i32.mul i32.const 2 i32.shl i32.add
+      local.get $k local.get $table
+      local.get $ctx local.get $nq i32.sub local.get $i i32.add i32.const 1 i32.add
+      local.get $bs local.get $nkv local.get $group local.get $hd
+      local.get $out local.get $i local.get $nh i32.mul local.get $ctx i32.mul i32.const 2 i32.shl i32.add
+      local.get $ctx call $scores1
+      local.get $i i32.const 1 i32.add local.tee $i local.get $nq i32.lt_u br_if $queries
+    end)
+
+  ;; One query's scores over its first ctx keys: out rows (one a head) ld f32 apart.
+  (func $scores1 (param $q i32) (param $k i32) (param $table i32) (param $ctx i32)
+    (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32) (param $ld i32)
     (local $h i32) (local $j i32) (local $n i32) (local $g i32) (local $tp i32) (local $kp i32) (local $tok i32)
     local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok  ;; bytes a token in the pool
     loop $heads
@@ -254,7 +271,7 @@
             local.get $q local.get $h local.get $group i32.mul local.get $g i32.add local.tee $g local.get $hd i32.mul
             i32.const 2 i32.shl i32.add
             local.get $hd
-            local.get $out local.get $g local.get $ctx i32.mul local.get $j i32.add i32.const 2 i32.shl i32.add
+            local.get $out local.get $g local.get $ld i32.mul local.get $j i32.add i32.const 2 i32.shl i32.add
             call $dot1
             local.get $g local.get $h local.get $group i32.mul i32.sub i32.const 1 i32.add local.tee $g
             local.get $group i32.lt_u br_if $groups
@@ -269,10 +286,25 @@
       local.get $h i32.const 1 i32.add local.tee $h local.get $nkv i32.lt_u br_if $heads
     end)
 
-  ;; attn_values: out (nkv * group, hd) = sum over j of p[n, j] * v_j, p (nkv * group, ctx) the softmax;
-  ;; keys in order, one f32 multiply-add each (hd a multiple of 16).
+  ;; attn_values: out (nq, nkv * group, hd) = sum over the keys query i sees of p[i, n, j] * v_j, p (nq,
+  ;; nkv * group, ctx) the softmax; keys in order, one f32 multiply-add each (hd a multiple of 16).
   (func $attn_values (export "attn_values") (param $p i32) (param $v i32) (param $table i32) (param $ctx i32)
-    (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32)
+    (param $nq i32) (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32)
+    (local $i i32) (local $nh i32)
+    local.get $nkv local.get $group i32.mul local.set $nh
+    loop $queries  ;; query i: $values1 over its ctx - nq + i + 1 keys, p's rows ctx apart
+      local.get $p local.get $i local.get $nh i32.mul local.get $ctx i32.mul i32.const 2 i32.shl i32.add
+      local.get $v local.get $table
+      local.get $ctx local.get $nq i32.sub local.get $i i32.add i32.const 1 i32.add
+      local.get $bs local.get $nkv local.get $group local.get $hd
+      local.get $out local.get $i local.get $nh i32.mul local.get $hd i32.mul i32.const 2 i32.shl i32.add
+      local.get $ctx call $values1
+      local.get $i i32.const 1 i32.add local.tee $i local.get $nq i32.lt_u br_if $queries
+    end)
+
+  ;; One query's probability-weighted sum of its first ctx values: p's rows (one a head) ldp f32 apart.
+  (func $values1 (param $p i32) (param $v i32) (param $table i32) (param $ctx i32)
+    (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32) (param $ldp i32)
     (local $h i32) (local $j i32) (local $n i32) (local $g i32) (local $tp i32) (local $vp i32) (local $tok i32)
     (local $row i32) (local $o i32) (local $d i32) (local $pv v128) (local $end i32) (local $src i32)
     local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok
@@ -294,7 +326,7 @@
           i32.const 0 local.set $g
           loop $groups
             local.get $h local.get $group i32.mul local.get $g i32.add local.set $row
-            local.get $p local.get $row local.get $ctx i32.mul local.get $j i32.add i32.const 2 i32.shl i32.add
+            local.get $p local.get $row local.get $ldp i32.mul local.get $j i32.add i32.const 2 i32.shl i32.add
             f32.load f32x4.splat local.set $pv
             local.get $out local.get $row local.get $hd i32.mul i32.const 2 i32.shl i32.add local.set $o
             i32.const 0 local.set $d

@@ -1,11 +1,12 @@
-"""Decode attention through the wasm kernel (web/wasm/linear.wat: attn_scores, attn_values): the tab's CPU path.
+"""Attention through the wasm kernel (web/wasm/linear.wat: attn_scores, attn_values): the tab's CPU path.
 
 NumpyModel (the oracle) gathers every cached key and value of a sequence through fancy indexing and runs
 small batched matmuls, without BLAS in Pyodide, per layer and step. Here a sequence's one new token reads
 the paged f32 pools in place through its block table: the kernel computes q . k for every cached key, numpy
-the softmax exactly as the reference does (scale, max, exp, sum), the kernel the probability-weighted sum of
-the values. Prefill (more than one new token) keeps the reference. Numerics: the two products sum in a
-different f32 order than numpy's matmul; everything else is the reference's arithmetic.
+the softmax exactly as the reference does (scale, causal mask, max, exp, sum), the kernel the
+probability-weighted sum of the values. Prefill runs the same kernels over every new token at once (query i
+reads the keys up to its own). Numerics: the two products sum in a different f32 order than numpy's matmul;
+everything else is the reference's arithmetic.
 
 The kernels are any object with the wasm exports' attributes attn_scores / attn_values (integers all,
 pointers being addresses in the memory numpy's arrays live in): in the tab, the wasm instance's exports on
@@ -51,10 +52,8 @@ class WasmAttentionModel(NumpyModel):
 
     def _sequence_attention(self, q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, table: np.ndarray,
                             ctx: int, mass: np.ndarray | None) -> np.ndarray:
-        if q.shape[0] != 1:
-            return super()._sequence_attention(q, k_blocks, v_blocks, table, ctx, mass)
         cfg = self.config
-        nh, hd, bs = cfg.n_heads, cfg.head_dim, k_blocks.shape[1]
+        nq, nh, hd, bs = q.shape[0], cfg.n_heads, cfg.head_dim, k_blocks.shape[1]
         used = -(-ctx // bs)
         if table.shape[0] < used or int(table[:used].min()) < 0 or int(table[:used].max()) >= k_blocks.shape[0]:
             raise ValueError(f"block table {table[:used].tolist()} does not cover {ctx} tokens in "
@@ -64,20 +63,34 @@ class WasmAttentionModel(NumpyModel):
         if v_step != step:
             raise ValueError(f"K and V pools step over blocks differently ({step} vs {v_step})")
         rows = np.ascontiguousarray(table[:used] * step, np.int32)  # (used,) block ids the kernels read
-        self._q[...] = q[0]
-        scores = self._scores[: nh * ctx].reshape(nh, ctx)  # (n_heads, ctx)
-        probs = self._probs[: nh * ctx].reshape(nh, ctx)  # (n_heads, ctx)
-        geometry = (address_of(rows), ctx, bs, cfg.n_kv_heads, cfg.q_per_kv, hd)
-        a = self._addrs
-        self.kernels.attn_scores(a["_q"], k_addr, *geometry, a["_scores"])
-        # The reference's softmax of one query row: no key is in the future, so its causal mask is empty.
-        s = scores * np.float32(1.0 / np.sqrt(hd))
+        geometry = (address_of(rows), ctx, nq, bs, cfg.n_kv_heads, cfg.q_per_kv, hd)
+        scale = np.float32(1.0 / np.sqrt(hd))
+        if nq == 1:  # decode: fixed buffers (an address lookup costs as much as a small product in Pyodide)
+            a = self._addrs
+            self._q[...] = q[0]
+            self.kernels.attn_scores(a["_q"], k_addr, *geometry, a["_scores"])
+            # The reference's softmax of one query row: no key is in the future, so its causal mask is empty.
+            s = self._scores[: nh * ctx].reshape(nh, ctx) * scale  # (n_heads, ctx)
+            probs = self._probs[: nh * ctx].reshape(nh, ctx)  # (n_heads, ctx)
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            np.divide(s, s.sum(axis=-1, keepdims=True), out=probs)
+            if mass is not None:
+                mass += block_mass(probs.sum(axis=0), bs, mass.shape[0])
+            self.kernels.attn_values(a["_probs"], v_addr, *geometry, a["_out"])
+            return self._out[None].copy()  # (1, n_heads, head_dim)
+        # prefill: the reference's softmax over the kernel's scores, its causal mask on the keys a query cannot see
+        qc = np.ascontiguousarray(q, np.float32)  # (nq, n_heads, head_dim)
+        scores = np.empty((nq, nh, ctx), np.float32)  # the kernel leaves each query's unseen keys as they are
+        self.kernels.attn_scores(address_of(qc), k_addr, *geometry, address_of(scores))
+        causal = np.arange(ctx)[None, :] > np.arange(ctx - nq, ctx)[:, None]  # (nq, ctx)
+        s = np.where(causal[:, None, :], -np.inf, scores * scale)
         s = np.exp(s - s.max(axis=-1, keepdims=True))
-        np.divide(s, s.sum(axis=-1, keepdims=True), out=probs)
+        probs = s / s.sum(axis=-1, keepdims=True)  # (nq, n_heads, ctx), zero on unseen keys
         if mass is not None:
-            mass += block_mass(probs.sum(axis=0), bs, mass.shape[0])
-        self.kernels.attn_values(a["_probs"], v_addr, *geometry, a["_out"])
-        return self._out[None].copy()  # (1, n_heads, head_dim)
+            mass += block_mass(probs.sum(axis=(0, 1)), bs, mass.shape[0])
+        out = np.empty((nq, nh, hd), np.float32)
+        self.kernels.attn_values(address_of(probs), v_addr, *geometry, address_of(out))
+        return out
 
 
 class PointerTwin:
@@ -94,14 +107,20 @@ class PointerTwin:
         slots = blocks.astype(np.int64)[np.arange(ctx) // bs] * bs + np.arange(ctx) % bs  # (ctx,)
         return array_at, ctypes.c_float, pool_view[slots]  # (ctx, nkv, hd)
 
-    def attn_scores(self, q: int, k: int, table: int, ctx: int, bs: int, nkv: int, group: int, hd: int,
+    def attn_scores(self, q: int, k: int, table: int, ctx: int, nq: int, bs: int, nkv: int, group: int, hd: int,
                     out: int) -> None:
         view, f32, keys = self._views(table, k, ctx, bs, nkv, hd)
-        qs = view(q, f32, nkv * group * hd).reshape(nkv, group, hd)
-        view(out, f32, nkv * group * ctx).reshape(nkv, group, ctx)[...] = np.einsum("hgd,chd->hgc", qs, keys)
+        qs = view(q, f32, nq * nkv * group * hd).reshape(nq, nkv, group, hd)
+        o = view(out, f32, nq * nkv * group * ctx).reshape(nq, nkv, group, ctx)
+        for i in range(nq):  # query i sees keys 0 .. ctx - nq + i; the rest of its row stays as it was
+            seen = ctx - nq + i + 1
+            o[i, :, :, :seen] = np.einsum("hgd,chd->hgc", qs[i], keys[:seen])
 
-    def attn_values(self, p: int, v: int, table: int, ctx: int, bs: int, nkv: int, group: int, hd: int,
+    def attn_values(self, p: int, v: int, table: int, ctx: int, nq: int, bs: int, nkv: int, group: int, hd: int,
                     out: int) -> None:
         view, f32, vals = self._views(table, v, ctx, bs, nkv, hd)
-        probs = view(p, f32, nkv * group * ctx).reshape(nkv, group, ctx)
-        view(out, f32, nkv * group * hd).reshape(nkv, group, hd)[...] = np.einsum("hgc,chd->hgd", probs, vals)
+        probs = view(p, f32, nq * nkv * group * ctx).reshape(nq, nkv, group, ctx)
+        o = view(out, f32, nq * nkv * group * hd).reshape(nq, nkv, group, hd)
+        for i in range(nq):
+            seen = ctx - nq + i + 1
+            o[i] = np.einsum("hgc,chd->hgd", probs[i, :, :, :seen], vals[:seen])
