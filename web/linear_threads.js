@@ -24,7 +24,7 @@ const MAX_THREADS = 16;
 // Claims chunks of `chunk` rows from counter[0] until none is left and runs each: out's columns r0..r1 of
 // x @ W.T (the engine worker and every helper run this on the same job).
 function runChunks(exports, counter, kind, qs, dm, rows, cols, x, t, out, scratch, chunk) {
-  const nb = cols >> 5, rowQ = nb * (kind ? 32 : 16), rowD = nb * 8;
+  const nb = cols >> 5, rowQ = nb * (kind & 1 ? 32 : 16), rowD = nb * 8;
   let claimed = 0;
   for (let r0 = Atomics.add(counter, 0, 1) * chunk; r0 < rows; r0 = Atomics.add(counter, 0, 1) * chunk) {
     exports.matmul(kind, qs + r0 * rowQ, dm + r0 * rowD, Math.min(chunk, rows - r0), cols, x, t, out + 4 * r0,
@@ -129,7 +129,8 @@ class LinearThreads {
     return this.pyU8;
   }
 
-  // out (t, rows) = x (t, cols) @ W.T, x and out in Pyodide's memory, W (qs, dm) in the shared one. stats: the
+  // out (t, rows) = x (t, cols) @ W.T, x and out in Pyodide's memory, W (qs, dm) in the shared one; kind | 2: one
+  // token through 8-bit activations (linear.wat's quant_x, here once for every thread: kind | 4). stats: the
   // products, how many were split, chunks the helpers ran, and microseconds in copies, in this thread's chunks,
   // waiting for helpers and in the helpers' (each reports its job's in ctrl[13]).
   matmul(kind, qs, dm, rows, cols, x, t, out) {
@@ -141,11 +142,17 @@ class LinearThreads {
     const heap = this.heap();
     heap.set(this.py().subarray(x, x + xBytes), xAt);
     const chunk = Math.ceil(rows / (n * CHUNKS_PER_THREAD));
+    let stride = scratchBytes;  // each thread's scratch; one token at 8 bits: one quantized x they all read
+    if (t === 1 && (kind & 2) && n > 1) {
+      this.exports.quant_x(xAt, cols >> 5, scratchAt);
+      kind |= 4;
+      stride = 0;
+    }
     Atomics.store(this.counter, 0, n > 1 ? 0 : 1);  // one thread: its one chunk is the whole weight
     for (let i = 1; i < n; i++) {
       const c = this.helpers[i - 1].ctrl;
       c[3] = kind; c[4] = qs; c[5] = dm; c[6] = rows; c[7] = cols; c[8] = xAt; c[9] = t; c[10] = outAt;
-      c[11] = scratchAt + i * scratchBytes; c[12] = chunk; c[14] = this.spinUs;
+      c[11] = scratchAt + i * stride; c[12] = chunk; c[14] = this.spinUs;
       Atomics.store(c, 0, ++this.helpers[i - 1].seq);
       Atomics.notify(c, 0);
     }

@@ -42,16 +42,19 @@ async def cpu_weights(name: str, on_progress) -> tuple[dict, ModelWeights, str, 
 async def kernel_store() -> tuple[HeapStore | SharedStore, str]:
     """Where the wasm kernel's weights live and how many threads run it, with the words the device panel shows:
     every core (?threads=N sets the count, threads=1 keeps one) on a memory they share, or one thread on
-    Pyodide's memory, saying why. Raises WasmUnavailable when the kernel did not load."""
+    Pyodide's memory, saying why; a decode step's token through 8-bit activations (integer dot products) unless
+    ?activations=f32. Raises WasmUnavailable when the kernel did not load."""
     kernel = webgpu.linear_wasm_matmul()
+    act8 = bridge.query_param("activations", "int8") != "f32"
+    how = ", 8-bit activations" if act8 else ", f32 activations"
     wanted = bridge.query_param("threads", "auto")
     if wanted != "auto" and not wanted.isdigit():
-        return HeapStore(kernel), f"1 thread (threads={wanted} is not a count)"
+        return HeapStore(kernel, act8), f"1 thread (threads={wanted} is not a count){how}"
     try:
-        store = SharedStore(await webgpu.linear_threads(0 if wanted == "auto" else int(wanted)))
-        return store, f"{store.threads} threads"
+        store = SharedStore(await webgpu.linear_threads(0 if wanted == "auto" else int(wanted)), act8)
+        return store, f"{store.threads} threads{how}"
     except webgpu.WasmUnavailable as exc:
-        return HeapStore(kernel), f"1 thread ({exc})"
+        return HeapStore(kernel, act8), f"1 thread ({exc}){how}"
 
 
 async def shared_cpu_engine(names: list[str], block_size: int, config: EngineConfig,

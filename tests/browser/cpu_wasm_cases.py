@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagedkv.backends.cpu_wasm import QuantWeight, address_of
+from pagedkv.backends.cpu_wasm import QuantWeight, act8_products, address_of, quantize_activations
 from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 from pagedkv.model_runner import ForwardBatch
@@ -28,6 +28,23 @@ def case_linear(store, dtype: str, rows: int, cols: int, tokens: tuple[int, ...]
         out["shapes"].append([*y.shape, str(y.dtype)])
         out["max_scaled"] = max(out["max_scaled"], float((np.abs(y - want) / scale).max()))
     return out
+
+
+def case_linear_act8(store, dtype: str, rows: int, cols: int) -> dict:
+    """One token through 8-bit activations (store.act8) against the twin's integer products of the same
+    quantized token (cpu_wasm.act8_products), over the unit sum |d_w * d_x * codes . q| of each output."""
+    rng = np.random.default_rng(rows * 5 + cols)
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    parts = pack_q4_1(*quantize_q4_1(w)) if dtype == "q4_1" else pack_q8_0(*quantize_q8_0(w))
+    qw = QuantWeight.from_parts(dtype, (rows, cols), parts, store)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    y = (x @ qw.T)[0]
+    qs, dm = qw.store.fetch(qw.qs), qw.store.fetch(qw.dm)
+    xsum, d, q = quantize_activations(x[0])
+    want = act8_products(qw.kind, qs, dm, xsum, d, q).astype(np.float64)
+    magnitudes = np.abs(qs.astype(np.int16)) if qw.kind == "q8_0" else qs  # q4_1 codes are >= 0 already
+    unit = act8_products(qw.kind, magnitudes, np.abs(dm), np.abs(xsum), d, np.abs(q)).astype(np.float64)
+    return {"case": [dtype, rows, cols], "max_scaled": float((np.abs(y - want) / unit).max())}
 
 
 def case_attention(kernels, ctx: int, nkv: int, group: int, hd: int, nq: int = 1) -> dict:

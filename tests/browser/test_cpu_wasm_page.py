@@ -66,6 +66,24 @@ def test_the_kernel_on_three_threads_matches_numpy_in_the_worker(ready_page):
 
 
 # (ctx, nkv, group, hd, new tokens): one-token decode, then prefill (every token new, or the last few of a context)
+def test_one_token_through_8_bit_activations_matches_the_integer_twin_on_one_thread_and_three(ready_page):
+    """Each output is the twin's exact integer block sums times f32 scales: only the f32 sum over blocks
+    (and q4_1's minimum term) rounds, within 2^-20 of the unit sum |d_w d_x codes . q| (nb <= 48 terms)."""
+    worker = install_modules(ready_page, "cpu_wasm_cases")
+    calls = ", ".join(f"c.case_linear_act8(k, {d!r}, {r}, {c})" for d in ("q4_1", "q8_0") for r, c in SHAPES)
+    got = worker.py("import json, cpu_wasm_cases as c\n"
+                    "from pagedkv.backends.cpu_wasm import HeapStore, SharedStore\n"
+                    "from pagedkv.browser.interop import linear_threads, linear_wasm_matmul\n"
+                    "api = await linear_threads(3)\napi.minWork, before = 0, api.stats.split\n"
+                    "out = []\nfor k in (HeapStore(linear_wasm_matmul(), act8=True), SharedStore(api, act8=True)):\n"
+                    f"    out.append([{calls}])\n"
+                    "json.dumps({'results': out, 'split': api.stats.split - before})")
+    assert got["split"] == 2 * 5  # every shape but the one-row one, on three threads
+    for results in got["results"]:
+        assert [r["case"] for r in results] == [[d, r, c] for d in ("q4_1", "q8_0") for r, c in SHAPES]
+        assert max(r["max_scaled"] for r in results) <= 2.0**-20, results
+
+
 ATTENTION = [(1, 3, 3, 64, 1), (16, 3, 3, 64, 1), (37, 3, 3, 64, 1), (300, 3, 3, 64, 1), (5, 2, 2, 16, 1),
              (33, 1, 4, 32, 1), (37, 3, 3, 64, 37), (300, 3, 3, 64, 21), (33, 1, 4, 32, 2)]
 
@@ -93,7 +111,8 @@ def cpu_page(browser, base_url):
 
 def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page):
     worker, info = cpu_page
-    assert (info["backend"], info["cpu_linear"]) == ("cpu", "wasm SIMD on quantized weights, 2 threads")
+    assert (info["backend"], info["cpu_linear"]) == ("cpu", "wasm SIMD on quantized weights, 2 threads, 8-bit "
+                                                          "activations")
     got = worker.py(
         "import json, cpu_wasm_cases as c\nfrom pagedkv_app.main import state\n"
         "model = state['engine'].backend.model\n"

@@ -4,7 +4,8 @@
 ;; py/pagedkv/backends/cpu_wasm.py (the layouts below, its numpy twin and the calls). build.py assembles this
 ;; text with py/pagedkv/backends/wat.py (a flat-instruction subset of WAT; no folded expressions).
 ;;
-;; Weight layouts (kind 0 = q4_1, kind 1 = q8_0), rows of nb = cols / 32 blocks, blocks of 32 weights:
+;; Weight layouts (kind 0 = q4_1, kind 1 = q8_0; kind | 2: 8-bit activations, see quant_x), rows of nb = cols / 32
+;; blocks, blocks of 32 weights:
 ;;   qs  q4_1: 16 bytes a block, byte j = code j | code (j + 16) << 4 (codes 0..15)
 ;;       q8_0: 32 bytes a block, signed codes in weight order
 ;;   dm  two f32 a block, (d, m): weight = d * code + m (m = 0 for q8_0), the reference's dequantization
@@ -120,6 +121,86 @@
     end
     local.get $acc call $hsum)
 
+;; 8-bit activations (kind | 2, one token): x quantized once per product, a scale per 32-value block as llama.cpp's
+  ;; q8 blocks (d = max |x| / 127, q = nearest(x / d), ties to even), and each weight block's codes meet q in
+  ;; i32x4.dot_i16x8_s: exact integer sums, one f32 multiply by d_w * d_x a block. scratch then holds xsum (nb f32,
+  ;; the f32 sums of x: the q4_1 minimum's term stays exact), xd (nb f32) and xq (nb * 32 i16).
+  (func $quant_x (export "quant_x") (param $x i32) (param $nb i32) (param $s i32)
+    (local $xd i32) (local $xq i32) (local $m v128) (local $a f32) (local $id v128)
+    local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
+    local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
+    local.get $x local.get $nb local.get $s call $block_sums
+    loop $block
+      local.get $x v128.load f32x4.abs local.get $x v128.load offset=16 f32x4.abs f32x4.max
+      local.get $x v128.load offset=32 f32x4.abs local.get $x v128.load offset=48 f32x4.abs f32x4.max f32x4.max
+      local.get $x v128.load offset=64 f32x4.abs local.get $x v128.load offset=80 f32x4.abs f32x4.max
+      local.get $x v128.load offset=96 f32x4.abs local.get $x v128.load offset=112 f32x4.abs f32x4.max f32x4.max
+      f32x4.max local.set $m
+      local.get $m f32x4.extract_lane 0 local.get $m f32x4.extract_lane 1 f32.max
+      local.get $m f32x4.extract_lane 2 local.get $m f32x4.extract_lane 3 f32.max f32.max
+      f32.const 127 f32.div local.set $a  ;; d
+      local.get $xd local.get $a f32.store
+      f32.const 1 local.get $a f32.div f32.const 0 local.get $a f32.const 0 f32.gt select f32x4.splat local.set $id
+      local.get $xq
+      local.get $x v128.load local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      local.get $x v128.load offset=16 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      i16x8.narrow_i32x4_s v128.store
+      local.get $xq
+      local.get $x v128.load offset=32 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      local.get $x v128.load offset=48 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      i16x8.narrow_i32x4_s v128.store offset=16
+      local.get $xq
+      local.get $x v128.load offset=64 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      local.get $x v128.load offset=80 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      i16x8.narrow_i32x4_s v128.store offset=32
+      local.get $xq
+      local.get $x v128.load offset=96 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      local.get $x v128.load offset=112 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      i16x8.narrow_i32x4_s v128.store offset=48
+      local.get $x i32.const 128 i32.add local.set $x
+      local.get $xd i32.const 4 i32.add local.set $xd
+      local.get $xq i32.const 64 i32.add local.set $xq
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end)
+
+  ;; One row's dot product with quant_x's blocks at s: sum over blocks of d_w * d_x * (codes . q) (+ m * xsum,
+  ;; q4_1). q8 = 0: q4_1 (codes 0..15 from nibbles), 1: q8_0 (signed bytes).
+  (func $dot_i8 (param $q8 i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (result f32)
+    (local $v v128) (local $h v128) (local $sum v128) (local $accm f32) (local $xd i32) (local $xq i32)
+    local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
+    local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
+    loop $block
+      local.get $qs v128.load local.set $v
+      local.get $q8
+      if
+        local.get $qs v128.load offset=16 local.set $h
+        local.get $v i16x8.extend_low_i8x16_s local.get $xq v128.load i32x4.dot_i16x8_s
+        local.get $v i16x8.extend_high_i8x16_s local.get $xq v128.load offset=16 i32x4.dot_i16x8_s i32x4.add
+        local.get $h i16x8.extend_low_i8x16_s local.get $xq v128.load offset=32 i32x4.dot_i16x8_s i32x4.add
+        local.get $h i16x8.extend_high_i8x16_s local.get $xq v128.load offset=48 i32x4.dot_i16x8_s i32x4.add
+        local.set $h
+        local.get $qs i32.const 32 i32.add local.set $qs
+      else
+        local.get $v i32.const 4 i8x16.shr_u local.set $h
+        local.get $v i32.const 15 i8x16.splat v128.and local.set $v
+        local.get $v i16x8.extend_low_i8x16_u local.get $xq v128.load i32x4.dot_i16x8_s
+        local.get $v i16x8.extend_high_i8x16_u local.get $xq v128.load offset=16 i32x4.dot_i16x8_s i32x4.add
+        local.get $h i16x8.extend_low_i8x16_u local.get $xq v128.load offset=32 i32x4.dot_i16x8_s i32x4.add
+        local.get $h i16x8.extend_high_i8x16_u local.get $xq v128.load offset=48 i32x4.dot_i16x8_s i32x4.add
+        local.set $h
+        local.get $accm local.get $dm f32.load offset=4 local.get $s f32.load f32.mul f32.add local.set $accm
+        local.get $qs i32.const 16 i32.add local.set $qs
+      end
+      local.get $sum local.get $h f32x4.convert_i32x4_s local.get $dm f32.load local.get $xd f32.load f32.mul
+      f32x4.splat f32x4.mul f32x4.add local.set $sum
+      local.get $dm i32.const 8 i32.add local.set $dm
+      local.get $s i32.const 4 i32.add local.set $s
+      local.get $xd i32.const 4 i32.add local.set $xd
+      local.get $xq i32.const 64 i32.add local.set $xq
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end
+    local.get $sum call $hsum local.get $accm f32.add)
+
   ;; xsum[b] = the sum of x's block b (nb blocks of 32 f32)
   (func $block_sums (param $x i32) (param $nb i32) (param $xsum i32)
     loop $block
@@ -175,7 +256,25 @@
   (func $matmul (export "matmul") (param $kind i32) (param $qs i32) (param $dm i32) (param $rows i32)
     (param $cols i32) (param $x i32) (param $t i32) (param $out i32) (param $ldo i32) (param $scratch i32)
     (local $nb i32) (local $t0 i32) (local $n i32) (local $r i32) (local $q i32) (local $s i32) (local $xp i32) (local $o i32)
+    (local $mode i32)
+    local.get $kind i32.const 6 i32.and local.set $mode  ;; 2: 8-bit activations (one token); 4: x quantized already
+    local.get $kind i32.const 1 i32.and local.set $kind
     local.get $cols i32.const 5 i32.shr_u local.set $nb
+    local.get $t i32.const 1 i32.eq local.get $mode i32.const 1 i32.shr_u i32.and  ;; one token and bit 2
+    if  ;; one token, 8-bit activations: quant_x into scratch (unless done), then $dot_i8 a row
+      local.get $mode i32.const 4 i32.and i32.eqz
+      if
+        local.get $x local.get $nb local.get $scratch call $quant_x
+      end
+      loop $vec8
+        local.get $out local.get $kind local.get $qs local.get $dm local.get $nb local.get $scratch call $dot_i8 f32.store
+        local.get $out i32.const 4 i32.add local.set $out
+        local.get $qs local.get $nb i32.const 4 local.get $kind i32.add i32.shl i32.add local.set $qs
+        local.get $dm local.get $nb i32.const 3 i32.shl i32.add local.set $dm
+        local.get $r i32.const 1 i32.add local.tee $r local.get $rows i32.lt_u br_if $vec8
+      end
+      return
+    end
     local.get $t i32.const 1 i32.eq
     if  ;; one token (decode): each row's blocks meet x in registers, no decoded row in memory
       local.get $x local.get $nb local.get $scratch call $block_sums

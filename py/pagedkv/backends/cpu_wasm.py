@@ -24,7 +24,7 @@ from ..model.layout import dequantize
 from ..model.quants import QK, promote, unpack
 from .cpu_linear import PROJECTIONS, EinsumWeight
 
-KINDS = {"q4_1": 0, "q8_0": 1}  # the kernel's `kind` argument
+KINDS = {"q4_1": 0, "q8_0": 1}  # the kernel's `kind` argument (| ACT8, | QUANTIZED_X below)
 HELD_AS = {"q4_1": "q4_1", "q8_0": "q8_0", "q4_0": "q8_0", "q5_0": "q8_0"}  # manifest dtype -> kernel type
 Kernel = Callable[[int, int, int, int, int, int, int, int, int, int], object]
 
@@ -58,8 +58,8 @@ class HeapStore:
 
     threads = 1
 
-    def __init__(self, kernel: Kernel) -> None:
-        self.kernel = kernel
+    def __init__(self, kernel: Kernel, act8: bool = False) -> None:
+        self.kernel, self.act8 = kernel, act8
 
     def place(self, a: np.ndarray) -> np.ndarray:
         return a
@@ -72,12 +72,13 @@ class HeapStore:
 
     def bind(self, kind: str, qs: np.ndarray, dm: np.ndarray, rows: int, cols: int) -> Callable[[int, int, int], object]:
         """run(x, t, out): out (t, rows) = x (t, cols) @ W.T at those addresses; W's scratch (cols f32) is its own."""
-        scratch = np.empty(cols, np.float32)  # the kernel's decoded row or block sums
-        args = (KINDS[kind], address_of(qs), address_of(dm), rows, cols)
+        scratch = np.empty(cols, np.float32)  # the kernel's decoded row, block sums or quantized token
+        args = (address_of(qs), address_of(dm), rows, cols)
         tail, kernel = (rows, address_of(scratch)), self.kernel
+        many, one = KINDS[kind], KINDS[kind] | (ACT8 if self.act8 else 0)
 
         def run(x: int, t: int, out: int, _keep=scratch) -> None:
-            kernel(*args, x, t, out, *tail)
+            kernel(one if t == 1 else many, *args, x, t, out, *tail)
 
         return run
 
@@ -94,8 +95,8 @@ class SharedStore:
     each product runs on `threads` threads, one slice of the weight's rows each, its activations copied in and
     its outputs out. The copies numpy held are dropped; a weight's bytes go back to the memory with it."""
 
-    def __init__(self, threads) -> None:
-        self.js = threads
+    def __init__(self, threads, act8: bool = False) -> None:
+        self.js, self.act8 = threads, act8
         self.threads = int(threads.threads)
 
     def place(self, a: np.ndarray) -> Region:
@@ -121,10 +122,11 @@ class SharedStore:
         return out
 
     def bind(self, kind: str, qs: Region, dm: Region, rows: int, cols: int) -> Callable[[int, int, int], object]:
-        args, matmul = (KINDS[kind], qs.offset, dm.offset, rows, cols), self.js.matmul
+        args, matmul = (qs.offset, dm.offset, rows, cols), self.js.matmul
+        many, one = KINDS[kind], KINDS[kind] | (ACT8 if self.act8 else 0)
 
         def run(x: int, t: int, out: int) -> None:
-            matmul(*args, x, t, out)
+            matmul(one if t == 1 else many, *args, x, t, out)
 
         return run
 
@@ -254,23 +256,68 @@ def wasm_weights(tensors: dict, n_layers: int, head: str) -> dict:
     return out
 
 
+ACT8, QUANTIZED_X = 2, 4  # kind bits: 8-bit activations for one token; x already quantized into scratch (quant_x)
+
+
+def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """linear.wat's quant_x on one token x (cols,) f32: the f32 sum of each 32-value block, its scale
+    d = max |x| / 127 and q = nearest(x / d) (ties to even; 0 where d is 0), as (nb,) f32, (nb,) f32, (nb, 32) i16."""
+    blocks = x.reshape(-1, QK)
+    d = (np.abs(blocks).max(axis=1) / np.float32(127)).astype(np.float32)  # (nb,)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    q = np.rint(blocks * inv[:, None]).astype(np.int16)  # (nb, 32)
+    return blocks.sum(axis=1, dtype=np.float32), d, q
+
+
+def act8_products(kind_name: str, qs: np.ndarray, dm: np.ndarray, xsum: np.ndarray, d: np.ndarray,
+                  q: np.ndarray) -> np.ndarray:
+    """(rows,) one token's products through 8-bit activations: per block d_w * d_x * (codes . q) in exact integers,
+    plus m * xsum for q4_1 (the sum order of the blocks aside, what linear.wat's $dot_i8 computes)."""
+    rows, nb, _ = dm.shape
+    codes = qs.reshape(rows, nb, -1)
+    if kind_name == "q4_1":
+        codes = np.concatenate([codes & 0x0F, codes >> 4], axis=2)
+    ints = np.einsum("rbk,bk->rb", codes.astype(np.int64), q.astype(np.int64)).astype(np.float32)  # (rows, nb)
+    out = (ints * (dm[:, :, 0] * d[None, :])).sum(axis=1, dtype=np.float32)
+    return out + (dm[:, :, 1] * xsum[None, :]).sum(axis=1, dtype=np.float32) if kind_name == "q4_1" else out
+
+
 def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: int, out: int, ldo: int,
                  scratch: int) -> None:
     """The kernel's numpy twin over the same addresses (CPython): out = x @ W.T, W decoded as linear.wat does,
-    out's rows ldo f32 apart."""
+    out's rows ldo f32 apart; kind | ACT8 with one token through quant_x's blocks in scratch (written first
+    unless kind | QUANTIZED_X)."""
     import ctypes  # here: the tab never calls the twin
 
     nb = cols // QK
-    kind_name = [k for k, v in KINDS.items() if v == kind][0]
+    kind_name = [k for k, v in KINDS.items() if v == kind & 1][0]
     ctype = ctypes.c_uint8 if kind_name == "q4_1" else ctypes.c_int8
     per_block = 16 if kind_name == "q4_1" else 32
-    w = dequantize_rows(kind_name, array_at(qs, ctype, rows * nb * per_block).reshape(rows, -1),
-                        array_at(dm, ctypes.c_float, rows * nb * 2).reshape(rows, nb, 2))
+    qs_a = array_at(qs, ctype, rows * nb * per_block).reshape(rows, -1)
+    dm_a = array_at(dm, ctypes.c_float, rows * nb * 2).reshape(rows, nb, 2)
     xs = array_at(x, ctypes.c_float, t * cols).reshape(t, cols)
+    if t == 1 and kind & ACT8:
+        if not kind & QUANTIZED_X:
+            quant_x_twin(x, nb, scratch)
+        xsum, d = (array_at(scratch + 4 * nb * i, ctypes.c_float, nb) for i in (0, 1))
+        q = array_at(scratch + 8 * nb, ctypes.c_int16, nb * QK).reshape(nb, QK)
+        array_at(out, ctypes.c_float, rows)[...] = act8_products(kind_name, qs_a, dm_a, xsum, d, q)
+        return
+    w = dequantize_rows(kind_name, qs_a, dm_a)
     if t:
         at = (np.arange(t)[:, None] * ldo + np.arange(rows)).reshape(-1)
         array_at(out, ctypes.c_float, (t - 1) * ldo + rows)[at] = (xs @ w.T).reshape(-1)
     array_at(scratch, ctypes.c_float, cols)[...] = 0.0  # the kernel's scratch is clobbered too
+
+
+def quant_x_twin(x: int, nb: int, scratch: int) -> None:
+    """linear.wat's quant_x export over the same addresses (CPython): xsum, d, q of one token into scratch."""
+    import ctypes  # here: the tab never calls the twin
+
+    xsum, d, q = quantize_activations(array_at(x, ctypes.c_float, nb * QK))
+    array_at(scratch, ctypes.c_float, nb)[...] = xsum
+    array_at(scratch + 4 * nb, ctypes.c_float, nb)[...] = d
+    array_at(scratch + 8 * nb, ctypes.c_int16, nb * QK)[...] = q.reshape(-1)
 
 
 CHUNKS_PER_THREAD = 8  # web/linear_threads.js's: the rows of a product split into this many chunks per thread
@@ -311,7 +358,10 @@ class ThreadsTwin:
         n = self.threads if rows >= self.threads and rows * cols * t >= self.min_work else 1
         self.split_calls += n > 1
         nb, scratch = cols // QK, np.empty(cols, np.float32)
-        row_q = nb * (32 if kind else 16)
+        row_q = nb * (32 if kind & 1 else 16)
+        if t == 1 and kind & ACT8 and n > 1:  # the token quantized once, every chunk reading it
+            quant_x_twin(x, nb, address_of(scratch))
+            kind |= QUANTIZED_X
         for r0, r1 in chunks(rows, n) if n > 1 else [(0, rows)]:
             pointer_twin(kind, qs + r0 * row_q, dm + r0 * nb * 8, r1 - r0, cols, x, t, out + 4 * r0, rows,
                          address_of(scratch))
