@@ -56,6 +56,7 @@ BENCHMARKS = {
     "app_dashboard": ["bench.app_dashboard"],
     "concurrency": ["bench.webgpu_engine", "--concurrency"],
     "wllama": ["bench.wllama"],
+    "cpu_limits": ["bench.cpu_limits"],  # the tab's CPU path (bench.wllama's default row) against the cores' limits
     "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
     "long_chat": ["bench.long_chat"],  # full form ~1 h on SwiftShader; then `-- --cpu-reference` merges its part
     "soak": ["bench.soak"],  # the chat page under random Send / Stop / Regenerate / Delete / New chat / reload

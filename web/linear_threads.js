@@ -83,7 +83,7 @@ class Arena {
 }
 
 class LinearThreads {
-  constructor(module, memory, exports, helpers, pyMemory) {
+  constructor(memory, exports, helpers, pyMemory) {
     this.memory = memory;
     this.exports = exports;
     this.helpers = helpers;  // [{worker, ctrl, seq}]
@@ -197,7 +197,7 @@ async function startLinearThreads(base, module, pyMemory, count) {
     const memory = new WebAssembly.Memory({ initial: 2, maximum: 65536, shared: true });
     const { exports } = await WebAssembly.instantiate(module, { env: { memory } });
     const helpers = await Promise.all(Array.from({ length: want - 1 }, (_, i) => startHelper(base, module, memory, i)));
-    return { api: new LinearThreads(module, memory, exports, helpers, pyMemory), error: null };
+    return { api: new LinearThreads(memory, exports, helpers, pyMemory), error: null };
   } catch (err) {
     return { api: null, error: String(err.message || err) };
   }

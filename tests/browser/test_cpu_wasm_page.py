@@ -48,33 +48,32 @@ def check_linear_cases(results: list[dict]) -> None:
         assert r["max_scaled"] <= SCALED_BOUND, r
 
 
+# The kernel on three threads (two helper workers) whatever the cores, every product split (minWork 0); `before`
+# the products split so far (the threads are the worker's, kept between tests).
+THREE_THREADS = ("from pagedkv.browser.interop import linear_threads\n"
+                 "api = await linear_threads(3)\napi.minWork, before = 0, api.stats.split\n")
+
+
 def test_the_kernel_on_three_threads_matches_numpy_in_the_worker(ready_page):
-    """Three threads (two helper workers) whatever the cores, every product split (minWork 0): each slice of
-    rows, its out columns and the copies in and out of the shared memory."""
+    """Each chunk of rows, its out columns and the copies in and out of the shared memory."""
     worker = install_modules(ready_page, "cpu_wasm_cases")
     calls = ", ".join(f"c.case_linear(k, {d!r}, {r}, {c}, {TOKENS})" for d in ("q4_1", "q8_0") for r, c in SHAPES)
-    got = worker.py("import json, gc, cpu_wasm_cases as c\n"
-                    "from pagedkv.backends.cpu_wasm import SharedStore\n"
-                    "from pagedkv.browser.interop import linear_threads\n"
-                    "api = await linear_threads(3)\napi.minWork = 0\nk = SharedStore(api)\n"
-                    f"results = [{calls}]\ngc.collect()\n"
-                    "json.dumps({'results': results, 'threads': k.threads, 'split': api.stats.split,\n"
+    got = worker.py("import json, gc, cpu_wasm_cases as c\nfrom pagedkv.backends.cpu_wasm import SharedStore\n"
+                    f"{THREE_THREADS}k = SharedStore(api)\nresults = [{calls}]\ngc.collect()\n"
+                    "json.dumps({'results': results, 'threads': k.threads, 'split': api.stats.split - before,\n"
                     "            'live': api.arena.sizes.size})")
     check_linear_cases(got["results"])
     # every product split (the 1-row shape runs alone); each weight's two regions freed with it (io area stays)
     assert (got["threads"], got["split"], got["live"]) == (3, 2 * 5 * len(TOKENS), 1), got
 
 
-# (ctx, nkv, group, hd, new tokens): one-token decode, then prefill (every token new, or the last few of a context)
 def test_one_token_through_8_bit_activations_matches_the_integer_twin_on_one_thread_and_three(ready_page):
     """Each output is the twin's exact integer block sums times f32 scales: only the f32 sum over blocks
     (and q4_1's minimum term) rounds, within 2^-20 of the unit sum |d_w d_x codes . q| (nb <= 48 terms)."""
     worker = install_modules(ready_page, "cpu_wasm_cases")
     calls = ", ".join(f"c.case_linear_act8(k, {d!r}, {r}, {c})" for d in ("q4_1", "q8_0") for r, c in SHAPES)
-    got = worker.py("import json, cpu_wasm_cases as c\n"
-                    "from pagedkv.backends.cpu_wasm import HeapStore, SharedStore\n"
-                    "from pagedkv.browser.interop import linear_threads, linear_wasm_matmul\n"
-                    "api = await linear_threads(3)\napi.minWork, before = 0, api.stats.split\n"
+    got = worker.py("import json, cpu_wasm_cases as c\nfrom pagedkv.backends.cpu_wasm import HeapStore, SharedStore\n"
+                    f"from pagedkv.browser.interop import linear_wasm_matmul\n{THREE_THREADS}"
                     "out = []\nfor k in (HeapStore(linear_wasm_matmul(), act8=True), SharedStore(api, act8=True)):\n"
                     f"    out.append([{calls}])\n"
                     "json.dumps({'results': out, 'split': api.stats.split - before})")
@@ -84,6 +83,7 @@ def test_one_token_through_8_bit_activations_matches_the_integer_twin_on_one_thr
         assert max(r["max_scaled"] for r in results) <= 2.0**-20, results
 
 
+# (ctx, nkv, group, hd, new tokens): one-token decode, then prefill (every token new, or the last few of a context)
 ATTENTION = [(1, 3, 3, 64, 1), (16, 3, 3, 64, 1), (37, 3, 3, 64, 1), (300, 3, 3, 64, 1), (5, 2, 2, 16, 1),
              (33, 1, 4, 32, 1), (37, 3, 3, 64, 37), (300, 3, 3, 64, 21), (33, 1, 4, 32, 2)]
 
@@ -111,7 +111,7 @@ def cpu_page(browser, base_url):
 
 def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page):
     worker, info = cpu_page
-    assert (info["backend"], info["cpu_linear"]) == ("cpu", "wasm SIMD on quantized weights, 2 threads, 8-bit "
+    assert (info["backend"], info["cpu_linear"]) == ("cpu", "wasm SIMD on quantized weights, 2 threads, f32 "
                                                           "activations")
     got = worker.py(
         "import json, cpu_wasm_cases as c\nfrom pagedkv_app.main import state\n"

@@ -96,10 +96,7 @@ def assert_answers_like_reference(booted, reference) -> None:
 
 def open_gguf(browser, base_url, tiny_gguf, reference, backend: str):
     """The page on `backend`, the GGUF opened through the file input: converted, stored, and answering."""
-    # The reply is compared id for id with the f32 reference: the CPU path's token in f32 too (its default 8-bit
-    # activations move this random model's near-tied logits; tests/browser/test_cpu_wasm_page.py checks them).
-    f32 = "&activations=f32" if backend == "cpu" else ""
-    booted, info = open_app(browser, f"{base_url}?model=tiny-random&backend={backend}{f32}", 120_000)
+    booted, info = open_app(browser, f"{base_url}?model=tiny-random&backend={backend}", 120_000)
     page = booted.page
     assert info["model"] == "tiny-random"
     page.set_input_files("#gguf-input", str(tiny_gguf))

@@ -1,0 +1,88 @@
+"""How far the tab's CPU path is from what this machine's cores can do (issue 31's limit fractions).
+
+    python3 -m bench.cpu_limits [--wllama bench/results/wllama.json]
+
+The cores' limits, measured in WebAssembly SIMD under Node on 1 and every core at once (bench/page/cpu_limits.wat:
+a streaming read of 512 MiB, and f32x4 multiplies and adds on 12 independent chains), against what the page's
+default row of the last `python3 -m bench --only wllama` (the tab's CPU path, SmolLM2-135M, 512-token prompt,
+128 new) achieved: decode as bytes a step reads (the kernel's weight blocks once, the tied head included, plus
+the f32 K and V of the mean context) times tok/s over the stream rate; prefill as flops a token (two a weight of
+every projection, q . k and p @ v over the mean causal context; the head only once a prompt) times tok/s over the
+multiply-add rate. Prints JSON (`python3 -m bench` files it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from bench import RESULTS, ROOT, emit
+
+MODEL = ROOT / "dist" / "models" / "smollm2-135m-instruct" / "model.json"
+# bytes a 32-weight block takes in the kernel's layout (backends/cpu_wasm.py): codes plus f32 (d, m)
+BLOCK_BYTES = {"q4_1": 16 + 8, "q8_0": 32 + 8, "q4_0": 32 + 8, "q5_0": 32 + 8}
+PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+TAB_ROW = "auto → cpu in the tab"
+
+
+def core_limits(threads: list[int]) -> dict:
+    """cpu_limits.wat under Node on each thread count: {threads: {stream_gb_s, muladd_gflop_s}}."""
+    from pagedkv.backends.wat import assemble
+
+    text = (ROOT / "bench" / "page" / "cpu_limits.wat").read_text(encoding="utf-8")
+    with tempfile.TemporaryDirectory() as tmp:
+        wasm = Path(tmp) / "cpu_limits.wasm"
+        wasm.write_bytes(assemble(text, shared_pages=65536))
+        out = subprocess.run(["node", str(ROOT / "bench" / "page" / "cpu_limits.mjs"), str(wasm),
+                              *map(str, threads)], check=True, capture_output=True, text=True, timeout=600)
+    return json.loads(out.stdout)
+
+
+def model_costs(manifest: dict, prompt: int, new: int) -> dict:
+    """Bytes a decode step reads and flops a prefill token costs on the tab's CPU path (see the docstring)."""
+    cfg, tensors = manifest["config"], manifest["tensors"]
+    held = ["token_embd.weight"] + [f"blk.{i}.{p}.weight" for i in range(cfg["n_layers"]) for p in PROJECTIONS]
+    if not cfg["tied_embeddings"]:
+        held.append("output.weight")
+    weight_bytes = sum(tensors[n]["shape"][0] * tensors[n]["shape"][1] // 32 * BLOCK_BYTES[tensors[n]["dtype"]]
+                       for n in held)
+    layer_macs = sum(tensors[f"blk.0.{p}.weight"]["shape"][0] * tensors[f"blk.0.{p}.weight"]["shape"][1]
+                     for p in PROJECTIONS)
+    head_macs = cfg["vocab"] * cfg["hidden"]
+    q_width, kv_width = cfg["n_heads"] * cfg["head_dim"], cfg["n_kv_heads"] * cfg["head_dim"]
+    decode_ctx = prompt + new / 2  # the mean context of the decode steps
+    prefill_ctx = (prompt + 1) / 2  # the mean causal context of a prompt's tokens
+    return {"weight_bytes": weight_bytes,
+            "decode_bytes_per_step": weight_bytes + 2 * cfg["n_layers"] * kv_width * 4 * decode_ctx,
+            "prefill_flop_per_token": 2 * cfg["n_layers"] * (layer_macs + 2 * q_width * prefill_ctx)
+            + 2 * head_macs / prompt}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--wllama", type=Path, default=RESULTS / "wllama.json",
+                        help="the bench.wllama result whose default row is measured against the limits")
+    args = parser.parse_args(argv)
+    run = json.loads(args.wllama.read_text())
+    row = next(r for r in run["ours"] if r["backend"] == TAB_ROW)
+    cores = os.cpu_count() or 1
+    limits = core_limits(sorted({1, cores}))
+    costs = model_costs(json.loads(MODEL.read_text()), run["prompt_tokens"], run["new_tokens"])
+    best = limits["threads"][str(cores)]
+    decode_gb_s = costs["decode_bytes_per_step"] * row["decode_tok_s"] / 1e9
+    prefill_gflop_s = costs["prefill_flop_per_token"] * row["prefill_tok_s"] / 1e9
+    emit({"benchmark": "cpu_limits", "cores": cores, "limits": limits, "costs": costs,
+          "tab_row": {"backend": row["backend"], "cpu_linear": row.get("cpu_linear"), "when": run.get("when"),
+                      "prefill_tok_s": row["prefill_tok_s"], "decode_tok_s": row["decode_tok_s"]},
+          "decode": {"achieved_gb_s": round(decode_gb_s, 2), "stream_gb_s": best["stream_gb_s"],
+                     "fraction": round(decode_gb_s / best["stream_gb_s"], 3)},
+          "prefill": {"achieved_gflop_s": round(prefill_gflop_s, 2), "muladd_gflop_s": best["muladd_gflop_s"],
+                      "fraction": round(prefill_gflop_s / best["muladd_gflop_s"], 3)}})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
