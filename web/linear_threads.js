@@ -104,7 +104,7 @@ class LinearThreads {
 
   place(address, bytes) {  // a copy of Pyodide's bytes [address, address + bytes); returns its offset
     const at = this.arena.alloc(bytes);
-    this.heap().set(new Uint8Array(this.pyMemory.buffer, address, bytes), at);
+    this.heap().set(this.py().subarray(address, address + bytes), at);
     return at;
   }
 
@@ -113,7 +113,7 @@ class LinearThreads {
   }
 
   read(at, bytes, dest) {  // bytes at offset `at` into Pyodide's memory at dest
-    new Uint8Array(this.pyMemory.buffer, dest, bytes).set(this.heap().subarray(at, at + bytes));
+    this.py().set(this.heap().subarray(at, at + bytes), dest);
   }
 
   ioArea(bytes) {
