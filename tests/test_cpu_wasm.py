@@ -9,7 +9,9 @@ import gc
 
 import numpy as np
 import pytest
-from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
+from gguf_models import TINY_K, tiny_gguf
+from model_fixtures import gguf_path, tiny_dir, tiny_weights  # noqa: F401  (fixtures)
+from test_gguf_architectures import MODELS
 from test_cpu_linear import prefill_then_decode
 
 from pagedkv.backends.cpu import CpuBackend
@@ -17,6 +19,7 @@ from pagedkv.backends.cpu_wasm import (HeapStore, QuantWeight, Region, SharedSto
                                       chunks, quantize_activations, stack_projections,
                                       tensor_loader)
 from pagedkv.backends.wat import WatError, assemble
+from pagedkv.model.convert import convert_cached
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 from pagedkv.model.quants import pack_gguf
 from pagedkv.model.quantize import quantize
@@ -73,29 +76,41 @@ def random_weight(dtype: str, rows: int, cols: int, seed: int) -> tuple[dict, np
     return parts, dequantize(dtype, (rows, cols), parts)
 
 
-@pytest.mark.parametrize("dtype,kind", [("q4_1", "q4_1"), ("q8_0", "q8_0"), ("q4_0", "q8_0"), ("q5_0", "q8_0")])
+# Every quantized type the converter keeps, and the kernel layout that holds it (K-quants: rows of 256-weight blocks)
+HELD = [("q4_1", "q4_1"), ("q8_0", "q8_0"), ("q4_0", "q8_0"), ("q5_0", "q8_0"), ("q5_1", "q8_m"), ("q4_K", "q4_1"),
+        ("q5_K", "q8_m"), ("q6_K", "q8_16")]
+
+
+def width(dtype: str) -> int:
+    return 512 if dtype.endswith("K") else 96
+
+
+@pytest.mark.parametrize("dtype,kind", HELD)
 def test_the_kernel_layout_holds_the_same_weights(dtype, kind):
-    parts, ref = random_weight(dtype, 37, 96, seed=5)
-    w = QuantWeight.from_parts(dtype, (37, 96), parts, HeapStore(pointer_twin))
-    assert (w.kind, w.shape, w.qs.shape, w.dm.shape) == (kind, (37, 96), (37, 48 if kind == "q4_1" else 96), (37, 3, 2))
-    assert w.nbytes == (37 * 48 if kind == "q4_1" else 37 * 96) + 37 * 3 * 8
+    cols = width(dtype)
+    parts, ref = random_weight(dtype, 37, cols, seed=5)
+    w = QuantWeight.from_parts(dtype, (37, cols), parts, HeapStore(pointer_twin))
+    row_q = cols // 2 if kind == "q4_1" else cols
+    assert (w.kind, w.shape, w.qs.shape, w.dm.shape) == (kind, (37, cols), (37, row_q), (37, cols // 32, 2))
+    assert w.nbytes == 37 * row_q + 37 * (cols // 32) * 8
     assert np.array_equal(w[np.arange(37)], ref)  # bit-identical, so only the summation order differs
     assert np.array_equal(w[[36, 0, 36]], ref[[36, 0, 36]])
 
 
-@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0", "q5_1", "q4_K", "q5_K", "q6_K"])
 @pytest.mark.parametrize("tokens", [1, 5, 37])
 def test_products_through_the_twin_are_x_at_w_t_within_f32_rounding(dtype, tokens):
-    parts, ref = random_weight(dtype, 37, 96, seed=tokens)
-    w = QuantWeight.from_parts(dtype, (37, 96), parts, HeapStore(pointer_twin))
-    x = np.random.default_rng(9).standard_normal((tokens, 96)).astype(np.float32)
+    cols = width(dtype)
+    parts, ref = random_weight(dtype, 37, cols, seed=tokens)
+    w = QuantWeight.from_parts(dtype, (37, cols), parts, HeapStore(pointer_twin))
+    x = np.random.default_rng(9).standard_normal((tokens, cols)).astype(np.float32)
     y = x @ w.T  # (tokens, 37)
     want = x.astype(np.float64) @ ref.T.astype(np.float64)
-    bound = 96 * 2.0**-24 * (np.abs(x).astype(np.float64) @ np.abs(ref.T).astype(np.float64))
+    bound = cols * 2.0**-24 * (np.abs(x).astype(np.float64) @ np.abs(ref.T).astype(np.float64))
     assert y.shape == (tokens, 37) and y.dtype == np.float32
     assert np.all(np.abs(y - want) <= bound)
     assert np.array_equal((x[:0] @ w.T).shape, (0, 37))
-    with pytest.raises(ValueError, match=r"projection input \(2, 64\) does not match weight \(37, 96\) \(out, in\)"):
+    with pytest.raises(ValueError, match=rf"projection input \(2, 64\) does not match weight \(37, {cols}\) \(out, in\)"):
         np.ones((2, 64), np.float32) @ w.T
 
 
@@ -112,6 +127,23 @@ def test_the_wasm_path_holds_quantized_blocks_and_gives_the_reference_ids(tiny_d
     got_pre, got_dec = prefill_then_decode(CpuBackend(quantized, 4, 16, linear="wasm"), prompt, 6)
     assert float(np.abs(got_pre - want_pre).max() / np.abs(want_pre).max()) <= 2e-6  # the twin sums as BLAS does
     assert np.array_equal(got_pre.argmax(axis=1), want_pre.argmax(axis=1))
+    assert [int(g.argmax()) for g in got_dec] == [int(w.argmax()) for w in want_dec]
+
+
+@pytest.mark.parametrize("name", sorted(TINY_K))
+def test_k_quant_files_hold_every_projection_in_the_kernel_and_give_the_reference_ids(gguf_path, name):  # noqa: F811
+    """The K-quant GGUFs made at test time (q4_K, q5_K, q6_K, both Q4_K_M mixes): every projection and the head
+    held quantized, the f32 reference's logits within the twin's summation order, its greedy ids."""
+    converted = convert_cached(tiny_gguf(name, gguf_path), MODELS)
+    reference = ModelWeights.load(converted)
+    shards = {s["file"]: (converted / s["file"]).read_bytes() for s in reference.manifest["shards"]}
+    quantized = ModelWeights.from_shards(reference.manifest, shards, tensor_loader(HeapStore(pointer_twin)))
+    projections = {n for n in reference.tensors if n.endswith(".weight") and "norm" not in n}
+    assert {n for n, t in quantized.tensors.items() if isinstance(t, QuantWeight)} == projections
+    prompt = [int(t) for t in np.random.default_rng(3).integers(3, reference.config.vocab, 24)]
+    want_pre, want_dec = prefill_then_decode(CpuBackend(reference, 4, 16), prompt, 5)
+    got_pre, got_dec = prefill_then_decode(CpuBackend(quantized, 4, 16, linear="wasm"), prompt, 5)
+    assert float(np.abs(got_pre - want_pre).max() / np.abs(want_pre).max()) <= 2e-6
     assert [int(g.argmax()) for g in got_dec] == [int(w.argmax()) for w in want_dec]
 
 
@@ -196,26 +228,27 @@ def test_the_wasm_path_on_threads_gives_the_single_threads_ids(tiny_dir, stacked
     assert [int(g.argmax()) for g in dec_b] == [int(g.argmax()) for g in dec_a]
 
 
-@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0", "q5_1", "q4_K", "q6_K"])
 def test_one_token_through_8_bit_activations_is_within_the_quantization_of_x(dtype):
     """kind | ACT8: x quantized per 32-value block (d = max |x| / 127), integer dot products. Against f64 x @ W.T
     the error is the activations' rounding, |W| @ (d / 2) per output, plus f32 rounding of the block sums; prefill
     (more tokens) keeps f32 activations, bit-identical to the f32 store's."""
-    parts, ref = random_weight(dtype, 37, 96, seed=4)
-    act8 = QuantWeight.from_parts(dtype, (37, 96), parts, HeapStore(pointer_twin, act8=True))
-    f32 = QuantWeight.from_parts(dtype, (37, 96), parts, HeapStore(pointer_twin))
+    cols = width(dtype)
+    parts, ref = random_weight(dtype, 37, cols, seed=4)
+    act8 = QuantWeight.from_parts(dtype, (37, cols), parts, HeapStore(pointer_twin, act8=True))
+    f32 = QuantWeight.from_parts(dtype, (37, cols), parts, HeapStore(pointer_twin))
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((1, 96)).astype(np.float32)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
     x[0, 32:64] = 0.0  # an all-zero block: scale 0, codes 0
     _, d, q = quantize_activations(x[0])
     assert d[1] == 0 and not q[1].any() and np.abs(q).max() == 127
     y = x @ act8.T
     want = x.astype(np.float64) @ ref.T.astype(np.float64)  # (1, 37)
-    step = np.repeat(d.astype(np.float64), 32)  # (96,) each value's quantization step
-    bound = np.abs(ref).astype(np.float64) @ (step / 2) + 96 * 2.0**-24 * (np.abs(x) @ np.abs(ref.T))[0]
+    step = np.repeat(d.astype(np.float64), 32)  # (cols,) each value's quantization step
+    bound = np.abs(ref).astype(np.float64) @ (step / 2) + cols * 2.0**-24 * (np.abs(x) @ np.abs(ref.T))[0]
     assert np.all(np.abs(y[0] - want[0]) <= bound)
     assert float(np.abs(y - x @ f32.T).max()) > 0  # not the f32 path
-    xs = rng.standard_normal((5, 96)).astype(np.float32)
+    xs = rng.standard_normal((5, cols)).astype(np.float32)
     assert np.array_equal(xs @ act8.T, xs @ f32.T)
 
 

@@ -7,7 +7,18 @@ import numpy as np
 from pagedkv.backends.cpu_wasm import QuantWeight, act8_products, address_of, quantize_activations
 from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
+from pagedkv.model.quantize import quantize
+from pagedkv.model.quants import pack_gguf
 from pagedkv.model_runner import ForwardBatch
+
+
+def packed(dtype: str, w: np.ndarray) -> dict:
+    """Web parts of w quantized to dtype: q4_1 / q8_0 by layout.py, the K-quants by quantize.py's numpy port."""
+    if dtype == "q4_1":
+        return pack_q4_1(*quantize_q4_1(w))
+    if dtype == "q8_0":
+        return pack_q8_0(*quantize_q8_0(w))
+    return pack_gguf(dtype, quantize(w, dtype), w.shape)
 
 
 def case_linear(store, dtype: str, rows: int, cols: int, tokens: tuple[int, ...]) -> dict:
@@ -15,7 +26,7 @@ def case_linear(store, dtype: str, rows: int, cols: int, tokens: tuple[int, ...]
     f64."""
     rng = np.random.default_rng(rows * 7 + cols)
     w = rng.standard_normal((rows, cols)).astype(np.float32)
-    parts = pack_q4_1(*quantize_q4_1(w)) if dtype == "q4_1" else pack_q8_0(*quantize_q8_0(w))
+    parts = packed(dtype, w)
     ref = dequantize(dtype, (rows, cols), parts)  # (rows, cols)
     qw = QuantWeight.from_parts(dtype, (rows, cols), parts, store)
     out = {"case": [dtype, rows, cols], "rows_exact": bool(np.array_equal(qw[np.arange(rows)], ref)),
@@ -35,14 +46,14 @@ def case_linear_act8(store, dtype: str, rows: int, cols: int) -> dict:
     quantized token (cpu_wasm.act8_products), over the unit sum |d_w * d_x * codes . q| of each output."""
     rng = np.random.default_rng(rows * 5 + cols)
     w = rng.standard_normal((rows, cols)).astype(np.float32)
-    parts = pack_q4_1(*quantize_q4_1(w)) if dtype == "q4_1" else pack_q8_0(*quantize_q8_0(w))
+    parts = packed(dtype, w)
     qw = QuantWeight.from_parts(dtype, (rows, cols), parts, store)
     x = rng.standard_normal((1, cols)).astype(np.float32)
     y = (x @ qw.T)[0]
     qs, dm = qw.store.fetch(qw.qs), qw.store.fetch(qw.dm)
     xsum, d, q = quantize_activations(x[0])
     want = act8_products(qw.kind, qs, dm, xsum, d, q).astype(np.float64)
-    magnitudes = np.abs(qs.astype(np.int16)) if qw.kind == "q8_0" else qs  # q4_1 codes are >= 0 already
+    magnitudes = qs if qw.kind == "q4_1" else np.abs(qs.astype(np.int16))  # q4_1 codes are >= 0 already
     unit = act8_products(qw.kind, magnitudes, np.abs(dm), np.abs(xsum), d, np.abs(q)).astype(np.float64)
     return {"case": [dtype, rows, cols], "max_scaled": float((np.abs(y - want) / unit).max())}
 

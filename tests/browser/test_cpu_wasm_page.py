@@ -3,7 +3,7 @@ real headless Chromium: the kernel on Pyodide's memory against numpy, and ?backe
 giving the numpy reference's greedy ids.
 
 Bounds (asserted below; what Chromium gave when written in brackets):
-  products, q4_1 and q8_0, 1 / 5 / 37 tokens: |y - y64| <= 2e-6 * (|x| @ |W|^T) per output, y64 the f64
+  products, q4_1, q8_0, q4_K, q5_K and q6_K, 1 / 5 / 37 tokens: |y - y64| <= 2e-6 * (|x| @ |W|^T) per output, y64 the f64
       product of numpy's dequantized weights [<= 9.9e-8]: the weights are bit-identical (rows_exact), only
       the f32 summation order differs from einsum's
   attention, q . k over a scattered paged pool and p @ v: |y - y64| <= n * 2^-24 * sum |a_i b_i| per output,
@@ -13,18 +13,30 @@ Bounds (asserted below; what Chromium gave when written in brackets):
 """
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 import build
 import cpu_wasm_cases
 from browser_pages import install_modules, open_and_boot, wait_model
+from gguf_models import TINY_K, tiny_gguf
+from model_fixtures import cached_gguf
+from test_gguf_architectures import MODELS
 from llama_reference import near_tie
+from pagedkv.backends.cpu_wasm import HELD_AS
 from pagedkv.backends.numpy_ref import NumpyModel
-from pagedkv.model.weights import ModelWeights
+from pagedkv.model.convert import convert_cached
+from pagedkv.model.weights import ModelWeights, read_manifest
 
 SCALED_BOUND = 2e-6
-# 37 x 96: rows not a multiple of the kernel's anything, 3 blocks a row; the rest SmolLM2-135M's shapes
+# 37 x 96: rows not a multiple of the kernel's anything, 3 blocks a row; the rest SmolLM2-135M's shapes. The
+# K-quants (rows of 256-weight blocks; q4_K held as q4_1, q5_K as 8-bit codes with mins, q6_K with a scale per 16)
+# on a small shape and the ffn_down of llama.cpp's Q4_K_M SmolLM2.
 SHAPES = [(37, 96), (1, 32), (576, 576), (192, 576), (1536, 576), (576, 1536)]
+CASES = [(d, r, c) for d in ("q4_1", "q8_0") for r, c in SHAPES] + [
+    (d, r, c) for d in ("q4_K", "q5_K", "q6_K") for r, c in ((37, 256), (576, 1536))]
+SPLIT = sum(r > 1 for _, r, _ in CASES)  # the cases a three-thread product splits (all but the one-row one)
 TOKENS = (1, 5, 37)  # 37: two 16-token chunks and a partial one, four-token tiles and single tokens
 PROMPT = [5, 77, 300, 12, 9, 41, 250, 3, 180, 64, 99, 7, 401, 20, 33, 128, 256, 17, 88]
 NEW_TOKENS = 12
@@ -32,7 +44,7 @@ NEW_TOKENS = 12
 
 def test_the_kernel_matches_numpy_in_the_worker(ready_page):
     worker = install_modules(ready_page, "cpu_wasm_cases")
-    calls = ", ".join(f"c.case_linear(k, {d!r}, {r}, {c}, {TOKENS})" for d in ("q4_1", "q8_0") for r, c in SHAPES)
+    calls = ", ".join(f"c.case_linear(k, {d!r}, {r}, {c}, {TOKENS})" for d, r, c in CASES)
     results = worker.py("import json, cpu_wasm_cases as c\n"
                         "from pagedkv.backends.cpu_wasm import HeapStore\n"
                         "from pagedkv.browser.interop import linear_wasm_matmul\n"
@@ -41,8 +53,8 @@ def test_the_kernel_matches_numpy_in_the_worker(ready_page):
 
 
 def check_linear_cases(results: list[dict]) -> None:
-    assert [r["case"] for r in results] == [[d, r, c] for d in ("q4_1", "q8_0") for r, c in SHAPES]
-    for r, (_, (rows, _)) in zip(results, [(d, s) for d in ("q4_1", "q8_0") for s in SHAPES]):
+    assert [r["case"] for r in results] == [list(case) for case in CASES]
+    for r, (_, rows, _) in zip(results, CASES):
         assert r["rows_exact"], r
         assert r["shapes"] == [[t, rows, "float32"] for t in TOKENS], r
         assert r["max_scaled"] <= SCALED_BOUND, r
@@ -57,29 +69,29 @@ THREE_THREADS = ("from pagedkv.browser.interop import linear_threads\n"
 def test_the_kernel_on_three_threads_matches_numpy_in_the_worker(ready_page):
     """Each chunk of rows, its out columns and the copies in and out of the shared memory."""
     worker = install_modules(ready_page, "cpu_wasm_cases")
-    calls = ", ".join(f"c.case_linear(k, {d!r}, {r}, {c}, {TOKENS})" for d in ("q4_1", "q8_0") for r, c in SHAPES)
+    calls = ", ".join(f"c.case_linear(k, {d!r}, {r}, {c}, {TOKENS})" for d, r, c in CASES)
     got = worker.py("import json, gc, cpu_wasm_cases as c\nfrom pagedkv.backends.cpu_wasm import SharedStore\n"
                     f"{THREE_THREADS}k = SharedStore(api)\nresults = [{calls}]\ngc.collect()\n"
                     "json.dumps({'results': results, 'threads': k.threads, 'split': api.stats.split - before,\n"
                     "            'live': api.arena.sizes.size})")
     check_linear_cases(got["results"])
     # every product split (the 1-row shape runs alone); each weight's two regions freed with it (io area stays)
-    assert (got["threads"], got["split"], got["live"]) == (3, 2 * 5 * len(TOKENS), 1), got
+    assert (got["threads"], got["split"], got["live"]) == (3, SPLIT * len(TOKENS), 1), got
 
 
 def test_one_token_through_8_bit_activations_matches_the_integer_twin_on_one_thread_and_three(ready_page):
     """Each output is the twin's exact integer block sums times f32 scales: only the f32 sum over blocks
     (and q4_1's minimum term) rounds, within 2^-20 of the unit sum |d_w d_x codes . q| (nb <= 48 terms)."""
     worker = install_modules(ready_page, "cpu_wasm_cases")
-    calls = ", ".join(f"c.case_linear_act8(k, {d!r}, {r}, {c})" for d in ("q4_1", "q8_0") for r, c in SHAPES)
+    calls = ", ".join(f"c.case_linear_act8(k, {d!r}, {r}, {c})" for d, r, c in CASES)
     got = worker.py("import json, cpu_wasm_cases as c\nfrom pagedkv.backends.cpu_wasm import HeapStore, SharedStore\n"
                     f"from pagedkv.browser.interop import linear_wasm_matmul\n{THREE_THREADS}"
                     "out = []\nfor k in (HeapStore(linear_wasm_matmul(), act8=True), SharedStore(api, act8=True)):\n"
                     f"    out.append([{calls}])\n"
                     "json.dumps({'results': out, 'split': api.stats.split - before})")
-    assert got["split"] == 2 * 5  # every shape but the one-row one, on three threads
+    assert got["split"] == SPLIT  # every case but the one-row one, on three threads
     for results in got["results"]:
-        assert [r["case"] for r in results] == [[d, r, c] for d in ("q4_1", "q8_0") for r, c in SHAPES]
+        assert [r["case"] for r in results] == [list(case) for case in CASES]
         assert max(r["max_scaled"] for r in results) <= 2.0**-20, results
 
 
@@ -136,6 +148,53 @@ def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page)
     first = next((i for i, (a, b) in enumerate(zip(got["ids"], ref["ids"])) if a != b), None)
     assert first is None or near_tie(ref["margins"][first]), (got, ref)
     assert len(got["ids"]) == NEW_TOKENS + 1
+
+
+# Runs in the worker: each K-quant file's weights as the tab's CPU path holds them (cpu_models.cpu_weights: the
+# kernel's layouts in the threads' shared memory, q|k|v and gate|up stacked where their layouts agree), every
+# product split across two threads, and its greedy ids.
+K_FILES = """
+import json, engine_cases as ec, cpu_wasm_cases as c
+from pagedkv.backends.cpu_attention import WasmAttentionModel
+from pagedkv.backends.cpu_wasm import QuantWeight, SharedStore, stack_projections, tensor_loader
+from pagedkv.browser.interop import linear_threads, wasm_attention
+from pagedkv.model.weights import ModelWeights
+api = await linear_threads(2)
+api.minWork, before, out = 0, api.stats.split, {}
+for name in NAMES:
+    manifest, shards = await ec.model_files(name)
+    weights = ModelWeights.from_shards(manifest, shards, tensor_loader(SharedStore(api)))
+    stack_projections(weights.tensors, weights.config.n_layers)
+    model = WasmAttentionModel(weights, wasm_attention())
+    kinds = sorted({w.kind for w in model.w.values() if isinstance(w, QuantWeight)})
+    out[name] = {'kinds': kinds, 'f32': sorted(n for n, w in model.w.items() if getattr(w, 'ndim', 1) == 2),
+                 **c.greedy(model, PROMPT, NEW_TOKENS)}
+api.minWork = 1 << 16
+json.dumps({'files': out, 'split': api.stats.split - before})
+"""
+
+
+def test_k_quant_files_on_the_tabs_cpu_path_give_the_reference_ids(ready_page):
+    """q4_K held as q4_1 blocks, q5_K as 8-bit codes with mins, q6_K as 8-bit codes with a scale per 16 weights:
+    no projection left in f32, and the numpy reference's greedy ids (near-tie rule)."""
+    names = sorted(TINY_K)
+    for name in names:
+        shutil.copytree(convert_cached(tiny_gguf(name, cached_gguf()), MODELS), build.DIST / "models" / name,
+                        dirs_exist_ok=True)
+    worker = install_modules(ready_page, "engine_cases", "cpu_wasm_cases")
+    got = worker.py(f"NAMES = {names!r}\nPROMPT = {PROMPT}\nNEW_TOKENS = {NEW_TOKENS}\n" + K_FILES)
+    assert got["split"] > 0
+    layouts = set()
+    for name in names:
+        run = got["files"][name]
+        types = {t["dtype"] for n, t in read_manifest(build.DIST / "models" / name)["tensors"].items()
+                 if len(t["shape"]) == 2 and n.endswith(".weight")}
+        assert (run["kinds"], run["f32"]) == (sorted({HELD_AS[t] for t in types}), []), (name, types, run)
+        layouts |= set(run["kinds"])
+        ref = cpu_wasm_cases.greedy(NumpyModel(ModelWeights.load(build.DIST / "models" / name)), PROMPT, NEW_TOKENS)
+        first = next((i for i, (a, b) in enumerate(zip(run["ids"], ref["ids"])) if a != b), None)
+        assert first is None or near_tie(ref["margins"][first]), (name, run, ref)
+    assert layouts == {"q4_1", "q8_m", "q8_16"}  # q4_K, q5_K and q6_K among the files
 
 
 def test_a_kernel_that_does_not_load_says_why_and_the_path_keeps_einsum(ready_page):

@@ -1,14 +1,17 @@
-;; Projections of f32 activations by QUANTIZED weights (q4_1, q8_0), WebAssembly SIMD128, f32 accumulate.
+;; Projections of f32 activations by QUANTIZED weights (4- or 8-bit codes: q4_1, q8_0 and the types held as them),
+;; WebAssembly SIMD128, f32 accumulate.
 ;;
 ;; It imports Pyodide's own memory, so every pointer is a numpy array's address: no copies. Python's side is
 ;; py/pagedkv/backends/cpu_wasm.py (the layouts below, its numpy twin and the calls). build.py assembles this
 ;; text with py/pagedkv/backends/wat.py (a flat-instruction subset of WAT; no folded expressions).
 ;;
-;; Weight layouts (kind 0 = q4_1, kind 1 = q8_0; kind | 2: 8-bit activations, see quant_x), rows of nb = cols / 32
-;; blocks, blocks of 32 weights:
-;;   qs  q4_1: 16 bytes a block, byte j = code j | code (j + 16) << 4 (codes 0..15)
-;;       q8_0: 32 bytes a block, signed codes in weight order
-;;   dm  two f32 a block, (d, m): weight = d * code + m (m = 0 for q8_0), the reference's dequantization
+;; Weight layouts, by `kind` (bits 1 | 8 | 16; bits 2 and 4 ask for 8-bit activations, see quant_x): rows of
+;; nb = cols / 32 blocks, blocks of 32 weights (cpu_wasm.KINDS names them):
+;;   qs  kind 0 (q4_1, q4_K): 16 bytes a block, byte j = code j | code (j + 16) << 4 (codes 0..15)
+;;       kind 1 (q8_0, q4_0, q5_0), 17 (q5_1, q5_K), 9 (q6_K): 32 bytes a block, signed codes in weight order
+;;   dm  two f32 a block, (d, m): weight = d * code + m, the reference's dequantization (m = 0 for kind 1; kind 17
+;;       has mins, which one-token rows add after their codes' sum); kind 9 (d0, d1): weights 0..15 = d0 * code,
+;;       16..31 = d1 * code (q6_K's scales of 16 weights)
 ;; Activations x (t, cols) f32 row-major; out (t, ldo) f32, of which the kernel writes rows columns; scratch: cols f32 the kernel overwrites (a decoded
 ;; row, or for one token each block's sum of x).
 (module
@@ -20,12 +23,14 @@
     f32.add)
 
   ;; Decode one weight row (nb blocks at qs / dm) into w (nb * 32 f32), exactly d * code + m as numpy's
-  ;; dequantize (the one-token path reads the blocks in registers instead: $dot_q4_1, $dot_q8_0).
+  ;; dequantize (the one-token path reads the blocks in registers instead: $dot_q4_1, $dot_q8, $dot_q8_split).
   (func $row (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $w i32)
-    (local $half i32) (local $v v128) (local $h v128) (local $e v128) (local $d v128) (local $m v128)
+    (local $half i32) (local $v v128) (local $h v128) (local $e v128) (local $d v128) (local $m v128) (local $split i32)
+    local.get $kind i32.const 3 i32.shr_u i32.const 1 i32.and local.set $split
+    local.get $kind i32.const 1 i32.and local.set $kind
     loop $block
       local.get $dm f32.load f32x4.splat local.set $d
-      local.get $dm f32.load offset=4 f32x4.splat local.set $m
+      f32.const 0 local.get $dm f32.load offset=4 local.get $split select f32x4.splat local.set $m
       local.get $qs v128.load local.set $v
       local.get $kind
       if
@@ -50,6 +55,10 @@
         local.get $m f32x4.add v128.store offset=48
         local.get $w i32.const 64 i32.add local.set $w
         local.get $h local.set $v
+        local.get $split
+        if  ;; weights 16..31 at their own scale
+          local.get $dm f32.load offset=4 f32x4.splat local.set $d
+        end
         local.get $half i32.const 1 i32.sub local.tee $half br_if $halves
       end
       local.get $dm i32.const 8 i32.add local.set $dm
@@ -91,8 +100,9 @@
     end
     local.get $acc call $hsum local.get $accm f32.add)
 
-  ;; The same for a q8_0 row: sum over blocks of d * (codes . x_block), 32 signed codes a block.
-  (func $dot_q8_0 (param $qs i32) (param $dm i32) (param $nb i32) (param $x i32) (result f32)
+  ;; The same for an 8-bit row: sum over blocks of d * (codes . x_block), 32 signed codes a block (kind 17 adds
+  ;; its mins' term after: $mins).
+  (func $dot_q8 (param $qs i32) (param $dm i32) (param $nb i32) (param $x i32) (result f32)
     (local $v v128) (local $h v128) (local $e v128) (local $s0 v128) (local $s1 v128) (local $acc v128)
     loop $block
       local.get $qs v128.load local.set $v
@@ -121,7 +131,49 @@
     end
     local.get $acc call $hsum)
 
-;; 8-bit activations (kind | 2, one token): x quantized once per product, a scale per 32-value block as llama.cpp's
+  ;; sum over blocks of m * xsum[block]: the mins' term of an 8-bit row of kind 17 (q5_1, q5_K as 8-bit codes)
+  (func $mins (param $dm i32) (param $nb i32) (param $xsum i32) (result f32)
+    (local $acc f32)
+    loop $block
+      local.get $acc local.get $dm f32.load offset=4 local.get $xsum f32.load f32.mul f32.add local.set $acc
+      local.get $dm i32.const 8 i32.add local.set $dm
+      local.get $xsum i32.const 4 i32.add local.set $xsum
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end
+    local.get $acc)
+
+  ;; An 8-bit row of split scales (kind 9, q6_K's): per block d0 * (codes 0..15 . x) + d1 * (codes 16..31 . x).
+  (func $dot_q8_split (param $qs i32) (param $dm i32) (param $nb i32) (param $x i32) (result f32)
+    (local $v v128) (local $h v128) (local $e v128) (local $s0 v128) (local $s1 v128) (local $acc v128)
+    loop $block
+      local.get $qs v128.load local.set $v
+      local.get $qs v128.load offset=16 local.set $h
+      local.get $v i16x8.extend_low_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
+      local.get $x v128.load f32x4.mul local.set $s0
+      local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $x v128.load offset=16 f32x4.mul local.set $s1
+      local.get $v i16x8.extend_high_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
+      local.get $x v128.load offset=32 f32x4.mul local.get $s0 f32x4.add local.set $s0
+      local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $x v128.load offset=48 f32x4.mul
+      local.get $s1 f32x4.add local.set $s1
+      local.get $acc local.get $s0 local.get $s1 f32x4.add local.get $dm f32.load f32x4.splat f32x4.mul f32x4.add
+      local.set $acc
+      local.get $h i16x8.extend_low_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
+      local.get $x v128.load offset=64 f32x4.mul local.set $s0
+      local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $x v128.load offset=80 f32x4.mul local.set $s1
+      local.get $h i16x8.extend_high_i8x16_s local.tee $e i32x4.extend_low_i16x8_s f32x4.convert_i32x4_s
+      local.get $x v128.load offset=96 f32x4.mul local.get $s0 f32x4.add local.set $s0
+      local.get $e i32x4.extend_high_i16x8_s f32x4.convert_i32x4_s local.get $x v128.load offset=112 f32x4.mul
+      local.get $s1 f32x4.add local.set $s1
+      local.get $acc local.get $s0 local.get $s1 f32x4.add local.get $dm f32.load offset=4 f32x4.splat f32x4.mul
+      f32x4.add local.set $acc
+      local.get $qs i32.const 32 i32.add local.set $qs
+      local.get $dm i32.const 8 i32.add local.set $dm
+      local.get $x i32.const 128 i32.add local.set $x
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end
+    local.get $acc call $hsum)
+
+  ;; 8-bit activations (kind | 2, one token): x quantized once per product, a scale per 32-value block as llama.cpp's
   ;; q8 blocks (d = max |x| / 127, q = nearest(x / d), ties to even), and each weight block's codes meet q in
   ;; i32x4.dot_i16x8_s: exact integer sums, one f32 multiply by d_w * d_x a block. scratch then holds xsum (nb f32,
   ;; the f32 sums of x: the q4_1 minimum's term stays exact), xd (nb f32) and xq (nb * 32 i16).
@@ -163,20 +215,24 @@
       local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
     end)
 
-  ;; One row's dot product with quant_x's blocks at s: sum over blocks of d_w * d_x * (codes . q) (+ m * xsum,
-  ;; q4_1). q8 = 0: q4_1 (codes 0..15 from nibbles), 1: q8_0 (signed bytes).
-  (func $dot_i8 (param $q8 i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (result f32)
-    (local $v v128) (local $h v128) (local $sum v128) (local $accm f32) (local $xd i32) (local $xq i32)
+  ;; One row's dot product with quant_x's blocks at s: per block d_w * d_x * (codes . q) (+ m * xsum); with kind
+  ;; bit 8 (split scales) d_x * (d0 * (codes 0..15 . q) + d1 * (codes 16..31 . q)). kind & 1: 8-bit codes.
+  (func $dot_i8 (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (result f32)
+    (local $v v128) (local $h v128) (local $lo v128) (local $sum v128) (local $accm f32) (local $xd i32) (local $xq i32)
+    (local $split i32) (local $d f32)
+    local.get $kind i32.const 3 i32.shr_u i32.const 1 i32.and local.set $split
+    local.get $kind i32.const 1 i32.and local.set $kind
     local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
     local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
     loop $block
       local.get $qs v128.load local.set $v
-      local.get $q8
+      local.get $kind
       if
         local.get $qs v128.load offset=16 local.set $h
         local.get $v i16x8.extend_low_i8x16_s local.get $xq v128.load i32x4.dot_i16x8_s
         local.get $v i16x8.extend_high_i8x16_s local.get $xq v128.load offset=16 i32x4.dot_i16x8_s i32x4.add
-        local.get $h i16x8.extend_low_i8x16_s local.get $xq v128.load offset=32 i32x4.dot_i16x8_s i32x4.add
+        local.set $lo
+        local.get $h i16x8.extend_low_i8x16_s local.get $xq v128.load offset=32 i32x4.dot_i16x8_s
         local.get $h i16x8.extend_high_i8x16_s local.get $xq v128.load offset=48 i32x4.dot_i16x8_s i32x4.add
         local.set $h
         local.get $qs i32.const 32 i32.add local.set $qs
@@ -185,14 +241,23 @@
         local.get $v i32.const 15 i8x16.splat v128.and local.set $v
         local.get $v i16x8.extend_low_i8x16_u local.get $xq v128.load i32x4.dot_i16x8_s
         local.get $v i16x8.extend_high_i8x16_u local.get $xq v128.load offset=16 i32x4.dot_i16x8_s i32x4.add
-        local.get $h i16x8.extend_low_i8x16_u local.get $xq v128.load offset=32 i32x4.dot_i16x8_s i32x4.add
+        local.set $lo
+        local.get $h i16x8.extend_low_i8x16_u local.get $xq v128.load offset=32 i32x4.dot_i16x8_s
         local.get $h i16x8.extend_high_i8x16_u local.get $xq v128.load offset=48 i32x4.dot_i16x8_s i32x4.add
         local.set $h
-        local.get $accm local.get $dm f32.load offset=4 local.get $s f32.load f32.mul f32.add local.set $accm
         local.get $qs i32.const 16 i32.add local.set $qs
       end
-      local.get $sum local.get $h f32x4.convert_i32x4_s local.get $dm f32.load local.get $xd f32.load f32.mul
-      f32x4.splat f32x4.mul f32x4.add local.set $sum
+      local.get $dm f32.load local.get $xd f32.load f32.mul local.set $d
+      local.get $split
+      if
+        local.get $sum local.get $lo f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul f32x4.add
+        local.get $h f32x4.convert_i32x4_s local.get $dm f32.load offset=4 local.get $xd f32.load f32.mul f32x4.splat
+        f32x4.mul f32x4.add local.set $sum
+      else
+        local.get $sum local.get $lo local.get $h i32x4.add f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul
+        f32x4.add local.set $sum
+        local.get $accm local.get $dm f32.load offset=4 local.get $s f32.load f32.mul f32.add local.set $accm
+      end
       local.get $dm i32.const 8 i32.add local.set $dm
       local.get $s i32.const 4 i32.add local.set $s
       local.get $xd i32.const 4 i32.add local.set $xd
@@ -256,9 +321,10 @@
   (func $matmul (export "matmul") (param $kind i32) (param $qs i32) (param $dm i32) (param $rows i32)
     (param $cols i32) (param $x i32) (param $t i32) (param $out i32) (param $ldo i32) (param $scratch i32)
     (local $nb i32) (local $t0 i32) (local $n i32) (local $r i32) (local $q i32) (local $s i32) (local $xp i32) (local $o i32)
-    (local $mode i32)
+    (local $mode i32) (local $q8 i32)
     local.get $kind i32.const 6 i32.and local.set $mode  ;; 2: 8-bit activations (one token); 4: x quantized already
-    local.get $kind i32.const 1 i32.and local.set $kind
+    local.get $kind i32.const 25 i32.and local.set $kind  ;; 1: 8-bit codes; 8: split scales; 16: mins
+    local.get $kind i32.const 1 i32.and local.set $q8  ;; a row's qs: nb << (4 + q8) bytes
     local.get $cols i32.const 5 i32.shr_u local.set $nb
     local.get $t i32.const 1 i32.eq local.get $mode i32.const 1 i32.shr_u i32.and  ;; one token and bit 2
     if  ;; one token, 8-bit activations: quant_x into scratch (unless done), then $dot_i8 a row
@@ -269,7 +335,7 @@
       loop $vec8
         local.get $out local.get $kind local.get $qs local.get $dm local.get $nb local.get $scratch call $dot_i8 f32.store
         local.get $out i32.const 4 i32.add local.set $out
-        local.get $qs local.get $nb i32.const 4 local.get $kind i32.add i32.shl i32.add local.set $qs
+        local.get $qs local.get $nb i32.const 4 local.get $q8 i32.add i32.shl i32.add local.set $qs
         local.get $dm local.get $nb i32.const 3 i32.shl i32.add local.set $dm
         local.get $r i32.const 1 i32.add local.tee $r local.get $rows i32.lt_u br_if $vec8
       end
@@ -279,15 +345,25 @@
     if  ;; one token (decode): each row's blocks meet x in registers, no decoded row in memory
       local.get $x local.get $nb local.get $scratch call $block_sums
       loop $vec
-        local.get $kind
+        local.get $kind i32.const 9 i32.eq
         if
-          local.get $out local.get $qs local.get $dm local.get $nb local.get $x call $dot_q8_0 f32.store
+          local.get $out local.get $qs local.get $dm local.get $nb local.get $x call $dot_q8_split f32.store
         else
-          local.get $out local.get $qs local.get $dm local.get $nb local.get $x local.get $scratch call $dot_q4_1
-          f32.store
+          local.get $q8
+          if
+            local.get $out local.get $qs local.get $dm local.get $nb local.get $x call $dot_q8 f32.store
+            local.get $kind i32.const 16 i32.and
+            if
+              local.get $out local.get $out f32.load local.get $dm local.get $nb local.get $scratch call $mins f32.add
+              f32.store
+            end
+          else
+            local.get $out local.get $qs local.get $dm local.get $nb local.get $x local.get $scratch call $dot_q4_1
+            f32.store
+          end
         end
         local.get $out i32.const 4 i32.add local.set $out
-        local.get $qs local.get $nb i32.const 4 local.get $kind i32.add i32.shl i32.add local.set $qs
+        local.get $qs local.get $nb i32.const 4 local.get $q8 i32.add i32.shl i32.add local.set $qs
         local.get $dm local.get $nb i32.const 3 i32.shl i32.add local.set $dm
         local.get $r i32.const 1 i32.add local.tee $r local.get $rows i32.lt_u br_if $vec
       end
@@ -323,7 +399,7 @@
             br $ones
           end
         end
-        local.get $q local.get $nb i32.const 4 local.get $kind i32.add i32.shl i32.add local.set $q
+        local.get $q local.get $nb i32.const 4 local.get $q8 i32.add i32.shl i32.add local.set $q
         local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $s
         local.get $r i32.const 1 i32.add local.tee $r local.get $rows i32.lt_u br_if $rowloop
       end

@@ -1,10 +1,13 @@
 """Projections on QUANTIZED weights through the WebAssembly SIMD kernel (web/wasm/linear.wat): the tab's CPU path.
 
 The einsum path (cpu_linear.py) holds every weight as f32 and decode reads 4 bytes a weight; here the
-projections and the output head stay in their q4_1 / q8_0 blocks (0.75 / 1.25 bytes a weight with the f32
-scales) and the kernel decodes each block in registers. q4_0 and q5_0 are held as q8_0 (quants.promote: the
-same weights, losslessly); other types keep the einsum path. Numerics: each weight is exactly numpy's
-dequantized f32 (d * code + m); the dot products sum in a different order than einsum (f32 accumulate).
+projections and the output head stay quantized, in one of the kernel's four layouts (KINDS: 4- or 8-bit codes
+and two f32 a 32-weight block, 0.75 / 1.25 bytes a weight), and the kernel decodes each block in registers.
+Every GGUF type the converter keeps is held exactly (HELD_AS, kernel_blocks): q4_0 / q5_0 as q8_0 codes
+(quants.promote), q5_1 / q5_K as 8-bit codes with mins, q4_K as q4_1 (its 6-bit sub-block scale and min times
+the super-block's d and dmin, f32 products that are exact), q6_K as 8-bit codes with a scale per 16 weights.
+Numerics: each weight is exactly numpy's dequantized f32 (d * code + m); the dot products sum in a different
+order than einsum (f32 accumulate).
 
 Where the weights live is a store's business. HeapStore leaves them in numpy's memory for a kernel with the wasm
 export's signature, matmul(kind, qs, dm, rows, cols, x, t, out, ldo, scratch), integers all, pointers being
@@ -21,11 +24,14 @@ from collections.abc import Callable
 import numpy as np
 
 from ..model.layout import dequantize
-from ..model.quants import QK, promote, unpack
+from ..model.quants import QK, k_scale_min, promote, unpack
 from .cpu_linear import PROJECTIONS, EinsumWeight
 
-KINDS = {"q4_1": 0, "q8_0": 1}  # the kernel's `kind` argument (| ACT8, | QUANTIZED_X below)
-HELD_AS = {"q4_1": "q4_1", "q8_0": "q8_0", "q4_0": "q8_0", "q5_0": "q8_0"}  # manifest dtype -> kernel type
+# The kernel's `kind` argument (| ACT8, | QUANTIZED_X below) of each layout: 4-bit codes with (d, m) a block, 8-bit
+# codes with d, with (d, m), with (d0, d1) for weights 0..15 and 16..31.
+KINDS = {"q4_1": 0, "q8_0": 1, "q8_m": 17, "q8_16": 9}
+HELD_AS = {"q4_1": "q4_1", "q4_K": "q4_1", "q8_0": "q8_0", "q4_0": "q8_0", "q5_0": "q8_0", "q5_1": "q8_m",
+           "q5_K": "q8_m", "q6_K": "q8_16"}  # manifest dtype -> kernel layout
 Kernel = Callable[[int, int, int, int, int, int, int, int, int, int], object]
 
 
@@ -44,12 +50,40 @@ def array_at(address: int, ctype, count: int) -> np.ndarray:
 
 def dequantize_rows(kind: str, qs: np.ndarray, dm: np.ndarray) -> np.ndarray:
     """(n, nb * 32) f32 weights of n rows in the kernel's layout (qs codes, dm (n, nb, 2)): numpy's dequantize,
-    d * code, then + m."""
+    d * code, then + m (q8_16: d0 * code for weights 0..15 of a block, d1 * code for 16..31)."""
     n, nb, _ = dm.shape
     q = qs.reshape(n, nb, -1)
     if kind == "q4_1":
         q = np.concatenate([q & 0x0F, q >> 4], axis=2)
+    if kind == "q8_16":
+        return (q.reshape(n, nb, 2, QK // 2).astype(np.float32) * dm[:, :, :, None]).reshape(n, nb * QK)
     return (q.astype(np.float32) * dm[:, :, 0:1] + dm[:, :, 1:2]).reshape(n, nb * QK)
+
+
+def kernel_blocks(dtype: str, shape: tuple[int, int], parts: dict) -> tuple[str, np.ndarray, np.ndarray]:
+    """A manifest tensor's web parts (model/layout.py) -> (kernel layout, qs codes, dm (rows, nb, 2) f32) holding
+    exactly its weights, without an f32 copy of them."""
+    kind, f32 = HELD_AS[dtype], np.float32
+    rows, cols = shape
+    nb = cols // QK
+    fields = unpack(dtype, shape, parts)
+    if kind == "q8_0":
+        fields = promote(dtype, "q8_0", fields)
+    if dtype in ("q4_K", "q5_K"):  # sub-block j of a super-block: d * sc_j * q - dmin * m_j
+        sc, mn = k_scale_min(fields["scales"])  # (rows, nb / 8, 8) each
+        d = (fields["d"].astype(f32)[..., None] * sc.astype(f32)).reshape(rows, nb)
+        m = -(fields["dmin"].astype(f32)[..., None] * mn.astype(f32)).reshape(rows, nb)
+    elif dtype == "q6_K":  # d * sc_j * (q - 32), sc_j a scale of 16 weights: two a block, in dm's two slots
+        d, m = (fields["d"].astype(f32)[..., None] * fields["sc"].astype(f32)).reshape(rows, nb, 2).transpose(2, 0, 1)
+        fields = {"q": (fields["q"].astype(np.int16) - 32)}
+    else:
+        d = fields["d"].astype(f32)
+        m = fields["m"].astype(f32) if "m" in fields else np.zeros_like(d)
+    dm = np.stack([d, m], axis=2)  # (rows, nb, 2)
+    if kind == "q4_1":
+        q = fields["q"].reshape(rows, nb, 2, 16)
+        return kind, (q[:, :, 0] | (q[:, :, 1] << 4)).astype(np.uint8).reshape(rows, nb * 16), dm
+    return kind, np.ascontiguousarray(fields["q"].astype(np.int8)), dm
 
 
 class HeapStore:
@@ -158,19 +192,8 @@ class QuantWeight:
 
     @classmethod
     def from_parts(cls, dtype: str, shape: tuple[int, int], parts: dict, store: Store) -> "QuantWeight":
-        """A manifest tensor's web parts (model/layout.py) -> the kernel's layout, without an f32 copy."""
-        kind = HELD_AS[dtype]
-        fields = promote(dtype, kind, unpack(dtype, shape, parts))
-        rows, cols = shape
-        nb = cols // QK
-        m = fields["m"] if kind == "q4_1" else np.zeros_like(fields["d"])
-        dm = np.stack([fields["d"].astype(np.float32), m.astype(np.float32)], axis=2)  # (rows, nb, 2)
-        if kind == "q4_1":
-            q = fields["q"].reshape(rows, nb, 2, 16)
-            qs = (q[:, :, 0] | (q[:, :, 1] << 4)).astype(np.uint8).reshape(rows, nb * 16)
-        else:
-            qs = np.ascontiguousarray(fields["q"], np.int8)
-        return cls(kind, qs, dm, store)
+        """A manifest tensor's web parts (model/layout.py) -> the kernel's layout (kernel_blocks)."""
+        return cls(*kernel_blocks(dtype, tuple(shape), parts), store)
 
     @classmethod
     def stack(cls, weights: list["QuantWeight"]) -> "QuantWeight":
@@ -271,15 +294,20 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 def act8_products(kind_name: str, qs: np.ndarray, dm: np.ndarray, xsum: np.ndarray, d: np.ndarray,
                   q: np.ndarray) -> np.ndarray:
-    """(rows,) one token's products through 8-bit activations: per block d_w * d_x * (codes . q) in exact integers,
-    plus m * xsum for q4_1 (the sum order of the blocks aside, what linear.wat's $dot_i8 computes)."""
+    """(rows,) one token's products through 8-bit activations: per block d_w * d_x * (codes . q) in exact integers
+    (q8_16: per half block, d0 and d1), plus m * xsum where the layout has mins (the sum order of the blocks
+    aside, what linear.wat's $dot_i8 computes)."""
     rows, nb, _ = dm.shape
     codes = qs.reshape(rows, nb, -1)
     if kind_name == "q4_1":
         codes = np.concatenate([codes & 0x0F, codes >> 4], axis=2)
-    ints = np.einsum("rbk,bk->rb", codes.astype(np.int64), q.astype(np.int64)).astype(np.float32)  # (rows, nb)
+    halves = np.einsum("rbhk,bhk->rbh", codes.reshape(rows, nb, 2, QK // 2).astype(np.int64),
+                       q.reshape(nb, 2, QK // 2).astype(np.int64))  # (rows, nb, 2)
+    if kind_name == "q8_16":
+        return (halves.astype(np.float32) * (dm * d[None, :, None])).sum(axis=(1, 2), dtype=np.float32)
+    ints = halves.sum(axis=2).astype(np.float32)  # (rows, nb)
     out = (ints * (dm[:, :, 0] * d[None, :])).sum(axis=1, dtype=np.float32)
-    return out + (dm[:, :, 1] * xsum[None, :]).sum(axis=1, dtype=np.float32) if kind_name == "q4_1" else out
+    return out if kind_name == "q8_0" else out + (dm[:, :, 1] * xsum[None, :]).sum(axis=1, dtype=np.float32)
 
 
 def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: int, out: int, ldo: int,
@@ -290,7 +318,7 @@ def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: i
     import ctypes  # here: the tab never calls the twin
 
     nb = cols // QK
-    kind_name = [k for k, v in KINDS.items() if v == kind & 1][0]
+    kind_name = [k for k, v in KINDS.items() if v == kind & 25][0]
     ctype = ctypes.c_uint8 if kind_name == "q4_1" else ctypes.c_int8
     per_block = 16 if kind_name == "q4_1" else 32
     qs_a = array_at(qs, ctype, rows * nb * per_block).reshape(rows, -1)
