@@ -18,6 +18,7 @@ import numpy as np
 
 from ..model.weights import ModelWeights
 from .cpu_wasm import address_of, array_at
+from ..kernels.ref_ops import rotate_adjacent
 from .numpy_ref import NumpyModel, block_mass
 
 
@@ -34,8 +35,30 @@ class WasmAttentionModel(NumpyModel):
         self._probs = np.empty(cfg.n_heads * cfg.context_length, np.float32)  # (n_heads, ctx) the softmax
         self._q = np.empty((cfg.n_heads, cfg.head_dim), np.float32)  # (n_heads, head_dim)
         self._out = np.empty((cfg.n_heads, cfg.head_dim), np.float32)  # (n_heads, head_dim)
+        self._scale = np.float32(1.0 / np.sqrt(cfg.head_dim))  # the reference's softmax scale
         self._addrs = {name: address_of(getattr(self, name)) for name in ("_scores", "_probs", "_q", "_out")}
         self._pools: dict[int, tuple[np.ndarray, int]] = {}  # id(pool) -> (pool, address): pools live on
+        self._batch, self._tables = None, {}  # the step whose tables these are, and their entries (_step)
+
+    def _step(self, batch) -> dict:
+        """What every layer of one step shares, made at its first layer (in Pyodide each numpy call costs
+        microseconds, 30 layers over): the rotations' cos and sin, the new tokens' slots, each sequence's
+        block-table rows for the kernels."""
+        if self._batch is not batch:
+            angles = batch.positions.astype(np.float32)[:, None] * self.inv_freq[None, :]  # (T, head_dim/2)
+            self._batch, self._tables = batch, {"cos": np.cos(angles)[:, None, :], "sin": np.sin(angles)[:, None, :]}
+        return self._tables
+
+    def _rope(self, q: np.ndarray, k: np.ndarray, batch) -> tuple[np.ndarray, np.ndarray]:
+        """The reference's rope_adjacent (the same arithmetic) on the step's cos and sin."""
+        t = self._step(batch)
+        return rotate_adjacent(q, t["cos"], t["sin"]), rotate_adjacent(k, t["cos"], t["sin"])
+
+    def _slots(self, batch, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        t = self._step(batch)
+        if "slots" not in t:
+            t["slots"] = super()._slots(batch, block_size)
+        return t["slots"]
 
     def _pool_addr(self, pool: np.ndarray) -> tuple[int, int]:
         """The pool's address and how many blocks of it one row of the block table steps over: 1 for a
@@ -55,16 +78,19 @@ class WasmAttentionModel(NumpyModel):
         cfg = self.config
         nq, nh, hd, bs = q.shape[0], cfg.n_heads, cfg.head_dim, k_blocks.shape[1]
         used = -(-ctx // bs)
-        if table.shape[0] < used or int(table[:used].min()) < 0 or int(table[:used].max()) >= k_blocks.shape[0]:
-            raise ValueError(f"block table {table[:used].tolist()} does not cover {ctx} tokens in "
-                             f"{k_blocks.shape[0]} blocks of {bs}")
         k_addr, step = self._pool_addr(k_blocks)
         v_addr, v_step = self._pool_addr(v_blocks)
         if v_step != step:
             raise ValueError(f"K and V pools step over blocks differently ({step} vs {v_step})")
-        rows = np.ascontiguousarray(table[:used] * step, np.int32)  # (used,) block ids the kernels read
-        geometry = (address_of(rows), ctx, nq, bs, cfg.n_kv_heads, cfg.q_per_kv, hd)
-        scale = np.float32(1.0 / np.sqrt(hd))
+        key = (table[:used].tobytes(), ctx, nq, step, k_blocks.shape[0])  # the same for every layer of a step
+        known = self._tables.get(key) if self._batch is not None else None
+        if known is None:
+            if table.shape[0] < used or int(table[:used].min()) < 0 or int(table[:used].max()) >= k_blocks.shape[0]:
+                raise ValueError(f"block table {table[:used].tolist()} does not cover {ctx} tokens in "
+                                 f"{k_blocks.shape[0]} blocks of {bs}")
+            rows = np.ascontiguousarray(table[:used] * step, np.int32)  # (used,) block ids the kernels read
+            known = self._tables[key] = (rows, (address_of(rows), ctx, nq, bs, cfg.n_kv_heads, cfg.q_per_kv, hd))
+        geometry, scale = known[1], self._scale
         if nq == 1:  # decode: fixed buffers (an address lookup costs as much as a small product in Pyodide)
             a = self._addrs
             self._q[...] = q[0]

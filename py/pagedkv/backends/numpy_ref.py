@@ -125,15 +125,14 @@ class NumpyModel:
         q = q.reshape(t, nh, hd)  # (T, n_heads, head_dim)
         k = k.reshape(t, nkv, hd)  # (T, n_kv_heads, head_dim)
         v = v.reshape(t, nkv, hd)  # (T, n_kv_heads, head_dim)
-        q = rope_adjacent(q, batch.positions, self.inv_freq)
-        k = rope_adjacent(k, batch.positions, self.inv_freq)
+        q, k = self._rope(q, k, batch)
 
         # Write the new K/V through the slot mapping, then read every key
         # (old and new) back through the block table: the paged path only.
         # (block, offset) indexing writes through a pool that views shared pages (PagedKVCache.in_pages), where
         # a reshape to (slots, ...) would write into a copy.
         bs = kv.block_size
-        where = (batch.slot_mapping // bs, batch.slot_mapping % bs)  # (T,), (T,)
+        where = self._slots(batch, bs)  # (T,), (T,)
         kv.k[layer][where] = round_trip(k, kv.kv_dtype)
         kv.v[layer][where] = round_trip(v, kv.kv_dtype)
 
@@ -143,6 +142,14 @@ class NumpyModel:
             out[lo:hi] = self._sequence_attention(q[lo:hi], kv.k[layer], kv.v[layer], batch.block_tables[s],
                                                   int(batch.context_lens[s]), None if mass is None else mass[s])
         return out.reshape(t, nh * hd) @ self.w[f"blk.{layer}.attn_output.weight"].T  # (T, hidden)
+
+    def _rope(self, q: np.ndarray, k: np.ndarray, batch: ForwardBatch) -> tuple[np.ndarray, np.ndarray]:
+        """q (T, n_heads, head_dim) and k (T, n_kv_heads, head_dim) rotated at the batch's positions."""
+        return rope_adjacent(q, batch.positions, self.inv_freq), rope_adjacent(k, batch.positions, self.inv_freq)
+
+    def _slots(self, batch: ForwardBatch, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(block, offset) of each new token's slot in the pools."""
+        return batch.slot_mapping // block_size, batch.slot_mapping % block_size
 
     def _sequence_attention(self, q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, table: np.ndarray,
                             ctx: int, mass: np.ndarray | None) -> np.ndarray:
@@ -177,7 +184,10 @@ class NumpyModel:
         if w is None:
             ys = [h @ self.w[f"blk.{layer}.{n}.weight"].T for n in names]  # (T, rows) each
         else:
-            ys = np.split(h @ w.T, np.cumsum(w.parts)[:-1], axis=1)
+            y, at, ys = h @ w.T, 0, []  # (T, sum of parts) -> one column slice a part
+            for rows in w.parts:
+                ys.append(y[:, at:at + rows])
+                at += rows
         return [y + self.w[f"blk.{layer}.{n}.bias"] for y, n in zip(ys, names)] if bias else ys
 
     def _mlp(self, layer: int, h: np.ndarray) -> np.ndarray:
