@@ -56,6 +56,8 @@ BENCHMARKS = {
     "app_dashboard": ["bench.app_dashboard"],
     "concurrency": ["bench.webgpu_engine", "--concurrency"],
     "wllama": ["bench.wllama"],
+    "wllama_q4_k_m": ["bench.wllama", "--gguf", "q4_k_m"],  # llama.cpp's Q4_K_M mix, beside the Q4_1 model's row
+    "wllama_2k": ["bench.wllama", "--prompt", "2000", "--new", "8"],  # a pasted document's time to first token
     "cpu_limits": ["bench.cpu_limits"],  # the tab's CPU path (bench.wllama's default row) against the cores' limits
     "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
     "long_chat": ["bench.long_chat"],  # full form ~1 h on SwiftShader; then `-- --cpu-reference` merges its part

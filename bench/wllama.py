@@ -1,6 +1,6 @@
 """Side by side with wllama (llama.cpp in WebAssembly) in the same headless Chromium, on the same GGUF.
 
-    python3 -m bench.wllama [--prompt 512] [--new 128] [--quick]
+    python3 -m bench.wllama [--prompt 512] [--new 128] [--quick] [--gguf q4_1|q4_k_m]
 
 One server (dist/ plus a bench page under /bench/, all with COOP/COEP so wllama's multi-thread build gets
 SharedArrayBuffer) and one browser. The same prompt (a plain text; its ids under our tokenizer for our engine) goes to:
@@ -12,10 +12,15 @@ SharedArrayBuffer) and one browser. The same prompt (a plain text; its ids under
   thread: the before), and the default ?backend=auto (tab_row);
 - our engine's numpy CPU backend in CPython.
 Then wllama's greedy text, re-encoded, against our first 8 greedy ids. Prints JSON (`python3 -m bench` files it).
+--gguf q4_k_m runs the same on llama.cpp's Q4_K_M mix of SmolLM2 (the tests' requantized file: q5_0 / q8_0
+attention and gate|up, q4_K / q6_K down projections), with one more row: the Q4_1 model at ?backend=auto in the
+same browser, for the time per token side by side. Every row carries ttft_s, the prompt's time to first token
+(`--prompt 2000 --new 8` gives a pasted document's).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import http.server
 import json
 import os
@@ -38,16 +43,38 @@ MODEL_DIR = ROOT / "dist" / "models" / "smollm2-135m-instruct"
 COMPARE_IDS = 8
 
 
-def gguf_path() -> Path:
-    """The pinned GGUF that build.py converts (fetched into .cache/models when missing)."""
+GGUFS = ("q4_1", "q4_k_m")
+Q4_K_M_MODEL = "smollm2-135m-q4_k_m"
+
+
+def gguf_path(kind: str = "q4_1") -> Path:
+    """The pinned GGUF that build.py converts (fetched into .cache/models when missing), or for "q4_k_m" the tests'
+    requantized Q4_K_M mix of it (tests/gguf_models.py, written into .cache once)."""
     from pagedkv.model.convert import fetch_smollm2_gguf
 
-    return fetch_smollm2_gguf(build.CACHE / "models")
+    pinned = fetch_smollm2_gguf(build.CACHE / "models")
+    if kind == "q4_1":
+        return pinned
+    sys.path.insert(0, str(ROOT / "tests"))
+    from gguf_models import requantized_smollm2
+
+    return requantized_smollm2(pinned, "Q4_K_M")
 
 
-def make_server(host: str, port: int):
+def install_q4_k_m() -> Path:
+    """The Q4_K_M file converted into dist/models/smollm2-135m-q4_k_m, where the page's ?model= finds it."""
+    import shutil
+
+    from pagedkv.model.convert import convert_cached
+
+    target = ROOT / "dist" / "models" / Q4_K_M_MODEL
+    shutil.copytree(convert_cached(gguf_path("q4_k_m"), build.CACHE / "models"), target, dirs_exist_ok=True)
+    return target
+
+
+def make_server(host: str, port: int, gguf_kind: str = "q4_1"):
     """dist/ as serve.py serves it, plus /bench/ (page), /bench/wllama/ (the package), /bench/model.gguf."""
-    gguf = gguf_path()
+    gguf = gguf_path(gguf_kind)
     routes = [("/bench/model.gguf", gguf), ("/bench/wllama/", WLLAMA), ("/bench/", PAGE)]
 
     class Handler(serve.DistHandler):
@@ -102,7 +129,7 @@ def prompt_text(n: int) -> tuple[str, list[int]]:
     return text, tok.encode(text)
 
 
-def cpu_numpy(prompt: list[int], new_tokens: int) -> dict:
+def cpu_numpy(prompt: list[int], new_tokens: int, model_dir: Path = MODEL_DIR) -> dict:
     """Our engine on the numpy CPU backend in CPython: prefill and decode tok/s and the greedy ids."""
     from pagedkv.backends.cpu import CpuBackend
     from pagedkv.engine import EngineConfig, LLMEngine, run_sync
@@ -111,7 +138,7 @@ def cpu_numpy(prompt: list[int], new_tokens: int) -> dict:
     from pagedkv.tokenizer import Tokenizer
 
     tok = Tokenizer.from_manifest(read_manifest(MODEL_DIR))
-    backend = CpuBackend(ModelWeights.load(MODEL_DIR), num_blocks=-(-(len(prompt) + new_tokens) // 16) + 1,
+    backend = CpuBackend(ModelWeights.load(model_dir), num_blocks=-(-(len(prompt) + new_tokens) // 16) + 1,
                          block_size=16)
     engine = LLMEngine(backend, tok, EngineConfig(enable_prefix_caching=False))
     rid = engine.add_request(prompt, SamplingParams(max_tokens=new_tokens, stop_token_ids=(1_000_000,)))
@@ -161,12 +188,13 @@ json.dumps({{"prefill_tok_s": len({prompt!r}) / sum(_times[:_n_prefill]),
 """
 
 
-def tab_row(s, backend: str, prompt: list[int], new_tokens: int, threads: int | None = None) -> dict:
+def tab_row(s, backend: str, prompt: list[int], new_tokens: int, threads: int | None = None,
+            model: str = TAB_MODEL) -> dict:
     """Prefill / decode tok/s of the page at ?backend=`backend` (auto: the page's default, no parameter), and
     ?threads=`threads` where given (the CPU path's kernel threads; the page's default: one per core).
     On WebGPU a first pass over a reversed prompt (no shared prefix, so no cache hit) records the plans, as
     bench_generate's first run does; the numpy path has nothing to record."""
-    query = (f"?model={TAB_MODEL}" + ("" if backend == "auto" else f"&backend={backend}")
+    query = (f"?model={model}" + ("" if backend == "auto" else f"&backend={backend}")
              + ("" if threads is None else f"&threads={threads}"))
     booted = open_and_boot(s.browser, s.origin + "/" + query, TAB_TIMEOUT_MS, TAB_TIMEOUT_MS)
     try:
@@ -179,7 +207,7 @@ def tab_row(s, backend: str, prompt: list[int], new_tokens: int, threads: int | 
         booted.page.close()
     chosen = info["backend"]
     label = (f"auto → {chosen} in the tab" if backend == "auto" else f"{chosen} in the tab") + (
-        "" if threads is None else f", threads={threads}")
+        "" if threads is None else f", threads={threads}") + ("" if model == TAB_MODEL else f", {model}")
     return {"backend": label, "asked": backend, "chosen": chosen, "reason": adapter["backend_reason"],
             "kernels": adapter["kernels"] if chosen == "webgpu" else None,
             "cpu_linear": info.get("cpu_linear") if chosen == "cpu" else None, **row}
@@ -191,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--quick", action="store_true",
                         help=f"--prompt 64 --new {COMPARE_IDS}, wllama at 2 threads only")
+    parser.add_argument("--gguf", choices=GGUFS, default="q4_1",
+                        help="the file: the pinned Q4_1 SmolLM2, or the tests' Q4_K_M mix of it")
     args = parser.parse_args(argv)
     if args.quick:
         args.prompt, args.new = 64, COMPARE_IDS
@@ -200,12 +230,19 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("node_modules/@wllama/wllama is missing: run `npm ci` (it is a devDependency)")
     text, prompt = prompt_text(args.prompt)
     version = json.loads((WLLAMA / "package.json").read_text())["version"]
-    report = {"benchmark": "wllama", "wllama_version": version, "gguf": gguf_path().name,
+    report = {"benchmark": "wllama", "wllama_version": version, "gguf": gguf_path(args.gguf).name,
               "prompt_tokens": args.prompt, "new_tokens": args.new, "wllama": [], "ours": []}
-    with session(make_server=make_server) as s:
-        # cpu at threads=1: the tab's CPU path on one thread ("before" the kernel's threads), in the same run
-        for backend, threads in (("webgpu", None), ("cpu", 1), ("cpu", None), ("auto", None)):
-            report["ours"].append(tab_row(s, backend, prompt, args.new, threads))
+    model, model_dir = TAB_MODEL, MODEL_DIR
+    if args.gguf == "q4_k_m":
+        model, model_dir = Q4_K_M_MODEL, install_q4_k_m()
+    # cpu at threads=1: the tab's CPU path on one thread ("before" the kernel's threads), in the same run; for the
+    # Q4_K_M file, the Q4_1 model's default path last
+    rows = [("webgpu", None, model), ("cpu", 1, model), ("cpu", None, model), ("auto", None, model)]
+    if model != TAB_MODEL:
+        rows.append(("auto", None, TAB_MODEL))
+    with session(make_server=functools.partial(make_server, gguf_kind=args.gguf)) as s:
+        for backend, threads, name in rows:
+            report["ours"].append(tab_row(s, backend, prompt, args.new, threads, name))
             print(json.dumps({k: v for k, v in report["ours"][-1].items() if k != "output_ids"}), file=sys.stderr)
         report["adapter"] = json.loads(s.dataset()["adapter"])["name"]
         page = s.browser.new_page()
@@ -225,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
                                          "prompt_tokens_wllama": t.get("prompt_n"), "text": r["text"],
                                          "load_ms": r["load_ms"]})
                 print(json.dumps(report["wllama"][-1])[:600], file=sys.stderr)
-    report["ours"].append(cpu_numpy(prompt, args.new))
+    report["ours"].append(cpu_numpy(prompt, args.new, model_dir))
+    for r in report["ours"] + report["wllama"]:  # time to first token: the prompt at the row's prefill rate
+        r["ttft_s"] = args.prompt / r["prefill_tok_s"] if r["prefill_tok_s"] else None
     compare(report)
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     emit(report)
