@@ -71,6 +71,42 @@ def test_prefill_and_decode_give_the_references_logits_and_ids(tiny_weights):  #
     assert max(float(np.abs(g - w).max() / np.abs(w).max()) for g, w in zip(got_dec, want_dec)) <= 2e-6
 
 
+class CountingTwin(PointerTwin):
+    """PointerTwin counting the fused one-token calls (attn_decode) and the separate ones (attn_scores)."""
+
+    def __init__(self) -> None:
+        self.calls = {"attn_decode": 0, "attn_scores": 0}
+
+    def attn_decode(self, *args) -> None:
+        self.calls["attn_decode"] += 1
+        super().attn_decode(*args)
+
+    def attn_scores(self, *args) -> None:
+        self.calls["attn_scores"] += 1
+        super().attn_scores(*args)
+
+
+def test_one_sequences_decode_step_runs_attention_in_one_fused_call_per_layer(tiny_weights):  # noqa: F811
+    """A lone sequence's one-token step on f32 pools takes attn_decode (rope, KV write, softmax inside; the twin
+    runs attn_scores once within it), a layer at a time; its new K/V are the reference's bit for bit; two
+    sequences' step (and prefill) keep the separate kernels."""
+    cfg = tiny_weights.config
+    kv, nexts = _prefilled(tiny_weights)
+    table, n = TABLES[0], PROMPTS[0]
+    batch = ForwardBatch(i32([nexts[0]]), i32([n]), i32([table[n // 16] * 16 + n % 16]), i32([0, 1]), i32([table]),
+                         i32([n + 1]))
+    kv_ref, kv_got = _copy(kv), _copy(kv)
+    want = NumpyModel(tiny_weights).forward(batch, kv_ref)
+    twin = CountingTwin()
+    got = WasmAttentionModel(tiny_weights, twin).forward(batch, kv_got)
+    assert twin.calls == {"attn_decode": cfg.n_layers, "attn_scores": cfg.n_layers}
+    assert float(np.abs(got - want).max()) <= 2e-6 * float(np.abs(want).max())
+    assert np.array_equal(kv_got.k[0], kv_ref.k[0]) and np.array_equal(kv_got.v[0], kv_ref.v[0])
+    two = CountingTwin()
+    WasmAttentionModel(tiny_weights, two).forward(_decode_batch(nexts), _copy(kv))
+    assert two.calls == {"attn_decode": 0, "attn_scores": 2 * cfg.n_layers}
+
+
 def test_a_chunk_of_a_prompt_after_cached_tokens_sees_only_the_keys_up_to_its_own(tiny_weights):  # noqa: F811
     """Two sequences' next 9 and 4 tokens after their cached prompts (a chunked prefill's second chunk): every
     new token's logits and the last layer's attention mass against the reference's causal attention."""

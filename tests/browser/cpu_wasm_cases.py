@@ -6,6 +6,7 @@ import numpy as np
 
 from pagedkv.backends.cpu_wasm import QuantWeight, act8_products, address_of, quantize_activations
 from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache
+from pagedkv.kernels.ref_ops import rope_inv_freq, rotate_adjacent
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 from pagedkv.model.quantize import quantize
 from pagedkv.model.quants import pack_gguf
@@ -90,6 +91,48 @@ def case_attention(kernels, ctx: int, nkv: int, group: int, hd: int, nq: int = 1
             "unseen_untouched": bool(np.isnan(scores[~mask]).all()),
             "scores_rel": float((np.abs(scores - want_s) / unit_s)[mask].max()),
             "values_rel": float((np.abs(out - want_o) / unit_o).max())}
+
+
+def case_attn_decode(kernels, ctx: int, nkv: int, group: int, hd: int) -> dict:
+    """attn_decode on one new token (the last of ctx) over a scattered 16-token-block f32 pool: its q and k
+    rotated and its k, v written into the pool row exactly as numpy's rotate_adjacent gives them (bit for bit),
+    and the output against f64 softmax(q . k * scale) @ v. `rel`: each output's error over its bound: the f32
+    scores' rounding (hd terms, scaled) moving the probabilities, the exp's (Cephes expf, a few ulp), the sums
+    over ctx keys, times sum_j p_j |v_j|."""
+    rng = np.random.default_rng(ctx * 17 + hd + group)
+    bs, used, nh = 16, -(-ctx // 16), nkv * group
+    num_blocks = used + 3
+    k, v = (rng.standard_normal((num_blocks, bs, nkv, hd)).astype(np.float32) for _ in range(2))
+    table = rng.permutation(num_blocks)[:used].astype(np.int32)
+    qkv = rng.standard_normal((1, (nh + 2 * nkv) * hd)).astype(np.float32)
+    angles = np.float32(ctx - 1) * rope_inv_freq(hd, 10000.0)  # (hd / 2,)
+    cos, sin = np.cos(angles), np.sin(angles)
+    heads = qkv.reshape(nh + 2 * nkv, hd)
+    rotated = rotate_adjacent(heads[None, : nh + nkv], cos[None, None], sin[None, None])[0]  # numpy's, in f32
+    slot = int(table[(ctx - 1) // bs]) * bs + (ctx - 1) % bs
+    ld = (ctx + 3) & ~3
+    s, out = np.full(nh * ld, np.nan, np.float32), np.full((nh, hd), np.nan, np.float32)
+    scale = np.float32(1.0 / np.sqrt(hd))
+    kernels.attn_decode(address_of(qkv), address_of(cos), address_of(sin), address_of(k), address_of(v),
+                        address_of(table), ctx, bs, nkv, group, hd, slot, float(scale), address_of(s), ld,
+                        address_of(out))
+    written = np.array_equal(k.reshape(-1, nkv, hd)[slot], rotated[nh:]) and np.array_equal(
+        v.reshape(-1, nkv, hd)[slot], heads[nh + nkv:]) and np.array_equal(heads[: nh + nkv], rotated)
+    pos = np.arange(ctx)
+    slots = table[pos // bs].astype(np.int64) * bs + pos % bs
+    keys = k.reshape(-1, nkv, hd)[slots].astype(np.float64)  # (ctx, nkv, hd), the new key included
+    vals = np.abs(v.reshape(-1, nkv, hd)[slots].astype(np.float64))
+    q64 = rotated[:nh].astype(np.float64).reshape(nkv, group, hd)
+    logits = np.einsum("hgd,chd->hgc", q64, keys) * float(scale)  # (nkv, group, ctx)
+    p64 = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    p64 /= p64.sum(axis=-1, keepdims=True)
+    want = np.einsum("hgc,chd->hgd", p64, v.reshape(-1, nkv, hd)[slots].astype(np.float64)).reshape(nh, hd)
+    unit = np.einsum("hgc,chd->hgd", p64, vals).reshape(nh, hd)
+    s_err = hd * 2.0**-24 * float(scale) * np.einsum("hgd,chd->hgc", np.abs(q64), np.abs(keys)).max()
+    tol = 2 * s_err + (2 * ctx + 16) * 2.0**-24
+    return {"case": [ctx, nkv, group, hd], "written": bool(written), "finite": bool(np.isfinite(out).all()),
+            "rel": float((np.abs(out - want) / (unit * tol)).max()),
+            "probs_sum": float(np.abs(s.reshape(nh, ld)[:, :ctx].astype(np.float64).sum(axis=1) - 1).max())}
 
 
 def greedy(model: NumpyModel, prompt: list[int], new: int) -> dict:

@@ -113,6 +113,24 @@ def test_the_attention_kernels_match_numpy_in_the_worker(ready_page):
         assert r["scores_rel"] <= hd * 2.0**-24 and r["values_rel"] <= ctx * 2.0**-24, r
 
 
+# (ctx, nkv, group, hd): a first token, block edges, SmolLM2's heads at a long context, other head shapes
+DECODE = [(1, 3, 3, 64), (16, 3, 3, 64), (17, 3, 3, 64), (37, 3, 3, 64), (1000, 3, 3, 64), (5, 2, 2, 16), (33, 1, 4, 32)]
+
+
+def test_attn_decode_rotates_writes_and_attends_in_one_call(ready_page):
+    """The fused decode step (web/wasm/linear.wat attn_decode): the rotation and the KV write bit-identical to
+    numpy's, the output within its bound against f64 (cpu_wasm_cases.case_attn_decode), each softmax row
+    summing to 1 within f32 rounding."""
+    worker = install_modules(ready_page, "cpu_wasm_cases")
+    calls = ", ".join(f"c.case_attn_decode(k, {c}, {n}, {g}, {d})" for c, n, g, d in DECODE)
+    results = worker.py("import json, cpu_wasm_cases as c\nfrom pagedkv.browser.interop import wasm_attention\n"
+                        f"k = wasm_attention()\njson.dumps([{calls}])")
+    assert [r["case"] for r in results] == [list(a) for a in DECODE]
+    for r in results:
+        assert r["written"] and r["finite"] and r["rel"] <= 1.0, r
+        assert r["probs_sum"] <= (r["case"][0] + 8) * 2.0**-24, r
+
+
 @pytest.fixture(scope="module")
 def cpu_page(browser, base_url):
     booted = open_and_boot(browser, base_url + "?model=tiny-random&backend=cpu&threads=2")

@@ -528,4 +528,96 @@
       end
       local.get $h i32.const 1 i32.add local.tee $h local.get $nkv i32.lt_u br_if $heads
     end)
+
+  ;; A decode step's attention for one sequence in one call (the tab's path, f32 pools): the new token's q | k | v
+  ;; (nq = 1; qkv holds nkv * group + 2 * nkv heads of hd f32) rotated in place at its position's cos / sin
+  ;; (hd / 2 f32 each: x0 cos - x1 sin, x0 sin + x1 cos, as ref_ops.rotate_adjacent), its k and v copied into
+  ;; the pools at row `slot` (a token's index into them), then attn_scores, the softmax of each head's row
+  ;; (times scale, minus its max, $exp4, over its sum) in s (nkv * group rows ld f32 apart, ld >= ctx a multiple
+  ;; of 4), then attn_values into out (nkv * group * hd f32).
+  (func $attn_decode (export "attn_decode") (param $qkv i32) (param $cos i32) (param $sin i32) (param $k i32)
+    (param $v i32) (param $table i32) (param $ctx i32) (param $bs i32) (param $nkv i32) (param $group i32)
+    (param $hd i32) (param $slot i32) (param $scale f32) (param $s i32) (param $ld i32) (param $out i32)
+    (local $p i32) (local $end i32) (local $i i32) (local $x0 f32) (local $x1 f32) (local $tok i32) (local $kn i32)
+    (local $row i32) (local $n i32) (local $mx v128) (local $sum v128) (local $e v128) (local $m f32) (local $t f32)
+    local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok
+    local.get $qkv local.get $nkv local.get $group i32.mul local.get $hd i32.mul i32.const 2 i32.shl i32.add local.set $kn
+    local.get $qkv local.set $p  ;; rope over the q and k heads: (nkv * group + nkv) * hd / 2 pairs
+    local.get $kn local.get $tok i32.add local.set $end
+    loop $pairs
+      local.get $p f32.load local.set $x0
+      local.get $p f32.load offset=4 local.set $x1
+      local.get $cos local.get $i i32.const 2 i32.shl i32.add f32.load local.set $m
+      local.get $sin local.get $i i32.const 2 i32.shl i32.add f32.load local.set $t
+      local.get $p local.get $x0 local.get $m f32.mul local.get $x1 local.get $t f32.mul f32.sub f32.store
+      local.get $p local.get $x0 local.get $t f32.mul local.get $x1 local.get $m f32.mul f32.add f32.store offset=4
+      local.get $i i32.const 1 i32.add local.tee $i local.get $hd i32.const 1 i32.shr_u i32.eq
+      if i32.const 0 local.set $i end
+      local.get $p i32.const 8 i32.add local.tee $p local.get $end i32.lt_u br_if $pairs
+    end
+    i32.const 0 local.set $i  ;; the new k and v into their pool rows, 16 bytes at a time
+    local.get $slot local.get $tok i32.mul local.set $p
+    loop $copy
+      local.get $k local.get $p i32.add local.get $kn local.get $i i32.add v128.load v128.store
+      local.get $v local.get $p i32.add local.get $kn local.get $tok i32.add local.get $i i32.add v128.load v128.store
+      local.get $p i32.const 16 i32.add local.set $p
+      local.get $i i32.const 16 i32.add local.tee $i local.get $tok i32.lt_u br_if $copy
+    end
+    local.get $qkv local.get $k local.get $table local.get $ctx local.get $bs local.get $nkv local.get $group
+    local.get $hd local.get $s local.get $ld call $scores1
+    i32.const 0 local.set $row
+    loop $rows  ;; one head's softmax
+      local.get $s local.get $row local.get $ld i32.mul i32.const 2 i32.shl i32.add local.set $p
+      local.get $p local.get $ctx i32.const 2 i32.shl i32.add local.set $end
+      local.get $p local.get $ld i32.const 2 i32.shl i32.add local.set $n
+      loop $pad  ;; the row's tail past ctx: -inf, so its exp is 0
+        local.get $end local.get $n i32.lt_u
+        if
+          local.get $end f32.const -inf f32.store
+          local.get $end i32.const 4 i32.add local.set $end
+          br $pad
+        end
+      end
+      f32.const -inf f32x4.splat local.set $mx
+      local.get $p local.set $i
+      loop $scaled
+        local.get $i local.get $i v128.load local.get $scale f32x4.splat f32x4.mul local.tee $e v128.store
+        local.get $mx local.get $e f32x4.max local.set $mx
+        local.get $i i32.const 16 i32.add local.tee $i local.get $n i32.lt_u br_if $scaled
+      end
+      local.get $mx f32x4.extract_lane 0 local.get $mx f32x4.extract_lane 1 f32.max
+      local.get $mx f32x4.extract_lane 2 local.get $mx f32x4.extract_lane 3 f32.max f32.max f32x4.splat local.set $mx
+      f32.const 0 f32x4.splat local.set $sum
+      local.get $p local.set $i
+      loop $exps
+        local.get $i local.get $i v128.load local.get $mx f32x4.sub call $exp4 local.tee $e v128.store
+        local.get $sum local.get $e f32x4.add local.set $sum
+        local.get $i i32.const 16 i32.add local.tee $i local.get $n i32.lt_u br_if $exps
+      end
+      local.get $sum call $hsum f32x4.splat local.set $sum
+      local.get $p local.set $i
+      loop $normed
+        local.get $i local.get $i v128.load local.get $sum f32x4.div v128.store
+        local.get $i i32.const 16 i32.add local.tee $i local.get $n i32.lt_u br_if $normed
+      end
+      local.get $row i32.const 1 i32.add local.tee $row local.get $nkv local.get $group i32.mul i32.lt_u br_if $rows
+    end
+    local.get $s local.get $v local.get $table local.get $ctx local.get $bs local.get $nkv local.get $group
+    local.get $hd local.get $out local.get $ld call $values1)
+
+  ;; e^x lane by lane for x <= 0 (a softmax's shifted scores): Cephes' expf, x = n ln 2 + r with |r| <= ln 2 / 2,
+  ;; a degree-5 polynomial in r, times 2^n built in the exponent bits; x below -87 gives e^-87 (~1.6e-38).
+  (func $exp4 (param $x v128) (result v128)
+    (local $n v128) (local $r v128) (local $p v128)
+    local.get $x f32.const -87 f32x4.splat f32x4.max local.tee $x
+    f32.const 1.44269504 f32x4.splat f32x4.mul f32x4.nearest local.set $n
+    local.get $x local.get $n f32.const 0.693359375 f32x4.splat f32x4.mul f32x4.sub
+    local.get $n f32.const -2.12194440e-4 f32x4.splat f32x4.mul f32x4.sub local.set $r
+    f32.const 1.9875691500e-4 f32x4.splat local.get $r f32x4.mul f32.const 1.3981999507e-3 f32x4.splat f32x4.add
+    local.get $r f32x4.mul f32.const 8.3334519073e-3 f32x4.splat f32x4.add
+    local.get $r f32x4.mul f32.const 4.1665795894e-2 f32x4.splat f32x4.add
+    local.get $r f32x4.mul f32.const 1.6666665459e-1 f32x4.splat f32x4.add
+    local.get $r f32x4.mul f32.const 5.0000001201e-1 f32x4.splat f32x4.add local.set $p
+    local.get $p local.get $r f32x4.mul local.get $r f32x4.mul local.get $r f32x4.add f32.const 1 f32x4.splat f32x4.add
+    local.get $n i32x4.trunc_sat_f32x4_s i32.const 127 i32x4.splat i32x4.add i32.const 23 i32x4.shl f32x4.mul)
 )

@@ -31,12 +31,14 @@ class WasmAttentionModel(NumpyModel):
         if cfg.head_dim % 16:
             raise ValueError(f"the wasm attention needs head_dim a multiple of 16, got {cfg.head_dim}")
         self.kernels = kernels
-        self._scores = np.empty(cfg.n_heads * cfg.context_length, np.float32)  # (n_heads, ctx) the kernel's q . k
+        # (n_heads, ctx) the kernel's q . k (attn_decode: its softmax, rows ctx rounded up to 4 apart)
+        self._scores = np.empty(cfg.n_heads * (cfg.context_length + 3), np.float32)
         self._probs = np.empty(cfg.n_heads * cfg.context_length, np.float32)  # (n_heads, ctx) the softmax
         self._q = np.empty((cfg.n_heads, cfg.head_dim), np.float32)  # (n_heads, head_dim)
         self._out = np.empty((cfg.n_heads, cfg.head_dim), np.float32)  # (n_heads, head_dim)
+        self._qkv = np.empty((1, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim), np.float32)  # attn_decode's
         self._scale = np.float32(1.0 / np.sqrt(cfg.head_dim))  # the reference's softmax scale
-        self._addrs = {name: address_of(getattr(self, name)) for name in ("_scores", "_probs", "_q", "_out")}
+        self._addrs = {name: address_of(getattr(self, name)) for name in ("_scores", "_probs", "_q", "_out", "_qkv")}
         self._pools: dict[int, tuple[np.ndarray, int]] = {}  # id(pool) -> (pool, address): pools live on
         self._batch, self._tables = None, {}  # the step whose tables these are, and their entries (_step)
 
@@ -48,6 +50,26 @@ class WasmAttentionModel(NumpyModel):
             angles = batch.positions.astype(np.float32)[:, None] * self.inv_freq[None, :]  # (T, head_dim/2)
             self._batch, self._tables = batch, {"cos": np.cos(angles)[:, None, :], "sin": np.sin(angles)[:, None, :]}
         return self._tables
+
+    def _attention(self, layer: int, h: np.ndarray, batch, kv, mass) -> np.ndarray:
+        """A one-token step on f32 pools without the attention mass: q | k | v into one buffer, then the kernel's
+        attn_decode (rope, the KV write, q . k, softmax, p @ v in one call); else the reference's steps."""
+        if h.shape[0] != 1 or mass is not None or kv.kv_dtype != "f32":
+            return super()._attention(layer, h, batch, kv, mass)
+        cfg = self.config
+        ys = self._projections(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), h, cfg.attention_bias)
+        np.concatenate(ys, axis=1, out=self._qkv)
+        t, ctx, bs = self._step(batch), int(batch.context_lens[0]), kv.block_size
+        k_addr, v_addr, step, geometry = self._geometry(batch.block_tables[0], ctx, 1, kv.k[layer], kv.v[layer])
+        if "decode" not in t:  # the new token's pool row (a page's blocks `step` apart) and the rotations' addresses
+            slot = int(batch.slot_mapping[0])
+            t["decode"] = ((slot // bs) * step * bs + slot % bs, address_of(t["cos"]), address_of(t["sin"]))
+        row, cos, sin = t["decode"]
+        a = self._addrs
+        self.kernels.attn_decode(a["_qkv"], cos, sin, k_addr, v_addr, geometry[0], ctx, bs, cfg.n_kv_heads,
+                                 cfg.q_per_kv, cfg.head_dim, row, float(self._scale), a["_scores"], (ctx + 3) & ~3,
+                                 a["_out"])
+        return self._out.reshape(1, -1) @ self.w[f"blk.{layer}.attn_output.weight"].T  # (1, hidden)
 
     def _rope(self, q: np.ndarray, k: np.ndarray, batch) -> tuple[np.ndarray, np.ndarray]:
         """The reference's rope_adjacent (the same arithmetic) on the step's cos and sin."""
@@ -73,24 +95,32 @@ class WasmAttentionModel(NumpyModel):
             known = self._pools[id(pool)] = (pool, pool.__array_interface__["data"][0], pool.strides[0] // block_bytes)
         return known[1], known[2]
 
-    def _sequence_attention(self, q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, table: np.ndarray,
-                            ctx: int, mass: np.ndarray | None) -> np.ndarray:
-        cfg = self.config
-        nq, nh, hd, bs = q.shape[0], cfg.n_heads, cfg.head_dim, k_blocks.shape[1]
+    def _geometry(self, table: np.ndarray, ctx: int, nq: int, k_blocks: np.ndarray, v_blocks: np.ndarray) -> tuple:
+        """(K pool address, V pool address, blocks a table row steps over, the kernels' (rows, ctx, nq, bs, nkv,
+        group, hd)) of a sequence's table row: the same for every layer of a step, made at its first."""
+        cfg, bs = self.config, k_blocks.shape[1]
         used = -(-ctx // bs)
         k_addr, step = self._pool_addr(k_blocks)
         v_addr, v_step = self._pool_addr(v_blocks)
         if v_step != step:
             raise ValueError(f"K and V pools step over blocks differently ({step} vs {v_step})")
-        key = (table[:used].tobytes(), ctx, nq, step, k_blocks.shape[0])  # the same for every layer of a step
+        key = (table[:used].tobytes(), ctx, nq, step, k_blocks.shape[0])
         known = self._tables.get(key) if self._batch is not None else None
         if known is None:
             if table.shape[0] < used or int(table[:used].min()) < 0 or int(table[:used].max()) >= k_blocks.shape[0]:
                 raise ValueError(f"block table {table[:used].tolist()} does not cover {ctx} tokens in "
                                  f"{k_blocks.shape[0]} blocks of {bs}")
             rows = np.ascontiguousarray(table[:used] * step, np.int32)  # (used,) block ids the kernels read
-            known = self._tables[key] = (rows, (address_of(rows), ctx, nq, bs, cfg.n_kv_heads, cfg.q_per_kv, hd))
-        geometry, scale = known[1], self._scale
+            known = self._tables[key] = (rows, (address_of(rows), ctx, nq, bs, cfg.n_kv_heads, cfg.q_per_kv,
+                                                cfg.head_dim))
+        return k_addr, v_addr, step, known[1]
+
+    def _sequence_attention(self, q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, table: np.ndarray,
+                            ctx: int, mass: np.ndarray | None) -> np.ndarray:
+        cfg = self.config
+        nq, nh, hd, bs = q.shape[0], cfg.n_heads, cfg.head_dim, k_blocks.shape[1]
+        k_addr, v_addr, _, geometry = self._geometry(table, ctx, nq, k_blocks, v_blocks)
+        scale = self._scale
         if nq == 1:  # decode: fixed buffers (an address lookup costs as much as a small product in Pyodide)
             a = self._addrs
             self._q[...] = q[0]
@@ -150,3 +180,20 @@ class PointerTwin:
         for i in range(nq):
             seen = ctx - nq + i + 1
             o[i] = np.einsum("hgc,chd->hgd", probs[i, :, :, :seen], vals[:seen])
+
+    def attn_decode(self, qkv: int, cos: int, sin: int, k: int, v: int, table: int, ctx: int, bs: int, nkv: int,
+                    group: int, hd: int, slot: int, scale: float, s: int, ld: int, out: int) -> None:
+        import ctypes  # here: the tab never calls the twin
+
+        nh, tok, f32 = nkv * group, nkv * hd, ctypes.c_float
+        heads = array_at(qkv, f32, (nh + 2 * nkv) * hd).reshape(nh + 2 * nkv, hd)
+        c, sn = (array_at(a, f32, hd // 2)[None, None, :] for a in (cos, sin))
+        heads[: nh + nkv] = rotate_adjacent(heads[None, : nh + nkv], c, sn)[0]
+        array_at(k + 4 * slot * tok, f32, tok)[...] = heads[nh: nh + nkv].reshape(-1)
+        array_at(v + 4 * slot * tok, f32, tok)[...] = heads[nh + nkv:].reshape(-1)
+        scores = np.empty((nh, ctx), np.float32)
+        self.attn_scores(qkv, k, table, ctx, 1, bs, nkv, group, hd, address_of(scores))
+        e = np.exp(scores * np.float32(scale) - (scores * np.float32(scale)).max(axis=-1, keepdims=True))
+        probs = np.ascontiguousarray(e / e.sum(axis=-1, keepdims=True), np.float32)  # (n_heads, ctx)
+        array_at(s, f32, nh * ld).reshape(nh, ld)[:, :ctx] = probs
+        self.attn_values(address_of(probs), v, table, ctx, 1, bs, nkv, group, hd, out)

@@ -29,6 +29,7 @@ SIMD = {  # 0xFD-prefixed, no immediates
     "f32x4.add": 0xE4, "f32x4.sub": 0xE5, "f32x4.mul": 0xE6, "f32x4.convert_i32x4_s": 0xFA,
     "f32x4.convert_i32x4_u": 0xFB, "f32x4.abs": 0xE0, "f32x4.max": 0xE9, "f32x4.nearest": 0x6A,
     "i32x4.trunc_sat_f32x4_s": 0xF8, "i16x8.narrow_i32x4_s": 0x85, "i32x4.dot_i16x8_s": 0xBA, "i32x4.add": 0xAE,
+    "f32x4.div": 0xE7, "i32x4.shl": 0xAB,
 }
 MEMORY = {"i32.load": (b"\x28", 2), "f32.load": (b"\x2a", 2), "i32.store": (b"\x36", 2), "f32.store": (b"\x38", 2),
           "v128.load": (b"\xfd\x00", 4), "v128.store": (b"\xfd\x0b", 4)}  # opcode, natural alignment (log2)
