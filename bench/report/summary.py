@@ -182,17 +182,34 @@ def ttft_table(tt: dict) -> list[str]:
     return out + [""]
 
 
-def wllama_table(wl: dict) -> list[str]:
-    out = ["## Side by side with wllama (same GGUF, same prompt, greedy)", "",
-           f"`python3 -m bench.wllama{_quick(wl)}` — @wllama/wllama {wl.get('wllama_version', '?')}, "
-           f"{wl['prompt_tokens']}-token prompt, {wl['new_tokens']} new tokens.", "",
-           "| engine | threads | flash attention | prefill tok/s | decode tok/s | first 8 greedy tokens match ours |",
-           "|---|---|---|---|---|---|"]
+WLLAMA_TITLE = "Side by side with wllama (same GGUF, same prompt, greedy)"
+
+
+def _wllama_args(wl: dict) -> str:
+    """The command-line arguments that gave a bench.wllama result (its file and prompt)."""
+    args = " --gguf q4_k_m" if "q4_k_m" in wl.get("gguf", "") else ""
+    if wl["prompt_tokens"] != 512 or wl["new_tokens"] != 128:
+        args += f" --prompt {wl['prompt_tokens']} --new {wl['new_tokens']}"
+    return args + _quick(wl)
+
+
+def wllama_table(wl: dict, title: str = WLLAMA_TITLE) -> list[str]:
+    ttft = all("ttft_s" in r for r in wl["wllama"] + wl["ours"])
+    out = [f"## {title}", "",
+           f"`python3 -m bench.wllama{_wllama_args(wl)}` — @wllama/wllama {wl.get('wllama_version', '?')}, "
+           f"{wl['gguf']}, {wl['prompt_tokens']}-token prompt, {wl['new_tokens']} new tokens.", "",
+           "| engine | threads | flash attention | prefill tok/s | decode tok/s |" + (" time to first token |" if ttft else "")
+           + " first 8 greedy tokens match ours |", "|---|---|---|---|---|---|" + ("---|" if ttft else "")]
+
+    def first_token(r: dict) -> str:
+        return (f" {r['ttft_s']:.1f} s |" if r["ttft_s"] is not None else " |") if ttft else ""
+
     for r in wl["wllama"]:
         out.append(f"| wllama (CPU, wasm) | {r['threads']} | {'on' if r['flash_attn'] else 'off'} "
-                   f"| {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} | {r['ids_match_ours']} |")
+                   f"| {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} |{first_token(r)} {r['ids_match_ours']} |")
     for r in wl["ours"]:
-        out.append(f"| PagedKV {r['backend']} | | | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} | |")
+        out.append(f"| PagedKV {r['backend']} | | | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} |"
+                   f"{first_token(r)} |")
     if wl.get("ratio"):
         out += ["", wl["ratio"]]
     out += ["", "wllama runs on the CPU here: its WebGPU backend needs shader-f16, which SwiftShader lacks, and our "
@@ -291,6 +308,12 @@ def build_summary(results: Path) -> str:
     for data, make, name in ((kv, seed_table, "kv_browser"), (rf, roofline_table, "roofline"),
                              (tt, ttft_table, "ttft"), (cc, lambda c: concurrency_table(c, pb), "concurrency"),
                              (wl, wllama_table, "wllama"),
+                             (_load(results, "wllama_q4_k_m.json"),
+                              lambda w: wllama_table(w, "Side by side with wllama on llama.cpp's Q4_K_M mix"),
+                              "wllama_q4_k_m"),
+                             (_load(results, "wllama_2k.json"),
+                              lambda w: wllama_table(w, "A 2,000-token prompt's time to first token, beside wllama"),
+                              "wllama_2k"),
                              (kq, kv_quality_window_table, "kv_quality_window"),
                              (kd, kv_quality_dtypes_table, "kv_quality_dtypes")):
         lines += make(data) if data else [f"_{name}.json missing: run `python3 -m bench --only {name}`._", ""]
