@@ -104,8 +104,8 @@ class WasmAttentionModel(NumpyModel):
         v_addr, v_step = self._pool_addr(v_blocks)
         if v_step != step:
             raise ValueError(f"K and V pools step over blocks differently ({step} vs {v_step})")
-        key = (table[:used].tobytes(), ctx, nq, step, k_blocks.shape[0])
-        known = self._tables.get(key) if self._batch is not None else None
+        key = (table[:used].tobytes(), ctx, nq, step, k_blocks.shape[0])  # what the rows depend on
+        known = self._tables.get(key)
         if known is None:
             if table.shape[0] < used or int(table[:used].min()) < 0 or int(table[:used].max()) >= k_blocks.shape[0]:
                 raise ValueError(f"block table {table[:used].tolist()} does not cover {ctx} tokens in "
@@ -193,7 +193,8 @@ class PointerTwin:
         array_at(v + 4 * slot * tok, f32, tok)[...] = heads[nh + nkv:].reshape(-1)
         scores = np.empty((nh, ctx), np.float32)
         self.attn_scores(qkv, k, table, ctx, 1, bs, nkv, group, hd, address_of(scores))
-        e = np.exp(scores * np.float32(scale) - (scores * np.float32(scale)).max(axis=-1, keepdims=True))
+        scaled = scores * np.float32(scale)
+        e = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
         probs = np.ascontiguousarray(e / e.sum(axis=-1, keepdims=True), np.float32)  # (n_heads, ctx)
         array_at(s, f32, nh * ld).reshape(nh, ld)[:, :ctx] = probs
         self.attn_values(address_of(probs), v, table, ctx, 1, bs, nkv, group, hd, out)
