@@ -18,7 +18,7 @@ import numpy as np
 
 from ..model.weights import ModelWeights
 from .cpu_wasm import address_of, array_at
-from ..kernels.ref_ops import rotate_adjacent
+from ..kernels.ref_ops import rope_tables, rotate_adjacent
 from .numpy_ref import NumpyModel, block_mass
 
 
@@ -47,8 +47,8 @@ class WasmAttentionModel(NumpyModel):
         microseconds, 30 layers over): the rotations' cos and sin, the new tokens' slots, each sequence's
         block-table rows for the kernels."""
         if self._batch is not batch:
-            angles = batch.positions.astype(np.float32)[:, None] * self.inv_freq[None, :]  # (T, head_dim/2)
-            self._batch, self._tables = batch, {"cos": np.cos(angles)[:, None, :], "sin": np.sin(angles)[:, None, :]}
+            cos, sin = rope_tables(batch.positions, self.inv_freq)  # (T, 1, head_dim/2) each
+            self._batch, self._tables = batch, {"cos": cos, "sin": sin}
         return self._tables
 
     def _attention(self, layer: int, h: np.ndarray, batch, kv, mass) -> np.ndarray:

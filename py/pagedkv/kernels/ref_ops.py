@@ -39,8 +39,13 @@ def model_inv_freq(config) -> np.ndarray:
 
 def rope_adjacent(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
     """Rotate adjacent pairs (2i, 2i+1) of x (T, n_heads, head_dim) by positions * inv_freq[i]."""
+    return rotate_adjacent(x, *rope_tables(positions, inv_freq))
+
+
+def rope_tables(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin (T, 1, head_dim/2) of the angles positions * inv_freq[i] that rope_adjacent rotates by."""
     angles = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # (T, head_dim/2)
-    return rotate_adjacent(x, np.cos(angles)[:, None, :], np.sin(angles)[:, None, :])
+    return np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
 
 
 def rotate_adjacent(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
