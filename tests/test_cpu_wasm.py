@@ -16,7 +16,7 @@ from test_cpu_linear import prefill_then_decode
 
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.cpu_wasm import (HeapStore, QuantWeight, Region, SharedStore, ThreadsTwin, pointer_twin,
-                                      chunks, quantize_activations, stack_projections,
+                                      act8_products, chunks, quantize_activations, stack_projections,
                                       tensor_loader)
 from pagedkv.backends.wat import WatError, assemble
 from pagedkv.model.convert import convert_cached
@@ -58,6 +58,7 @@ def test_the_assembler_writes_what_wat2wasm_writes():
     ("(module (func $f local.get $x))", r"\$f: unknown local \$x"),
     ("(module (table 1 funcref))", r"unsupported module form \(table ...\)"),
     ("(module (func $f (i32.const 1)))", r"\$f: unsupported form \(i32.const ...\); bodies are flat instructions"),
+    ("(module (func $f i8x16.shuffle 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 32))", r"\$f: i8x16.shuffle lanes must be 0..31"),
 ])
 def test_text_outside_the_subset_is_refused_by_name(text, message):
     with pytest.raises(WatError, match=message):
@@ -231,8 +232,9 @@ def test_the_wasm_path_on_threads_gives_the_single_threads_ids(tiny_dir, stacked
 @pytest.mark.parametrize("dtype", ["q4_1", "q8_0", "q5_1", "q4_K", "q6_K"])
 def test_one_token_through_8_bit_activations_is_within_the_quantization_of_x(dtype):
     """kind | ACT8: x quantized per 32-value block (d = max |x| / 127), integer dot products. Against f64 x @ W.T
-    the error is the activations' rounding, |W| @ (d / 2) per output, plus f32 rounding of the block sums; prefill
-    (more tokens) keeps f32 activations, bit-identical to the f32 store's."""
+    the error is the activations' rounding, |W| @ (d / 2) per output, plus f32 rounding of the block sums; against
+    f64 W @ (q d), the weights times the quantized x (the mins' term too: xsum = d * sum(q)), only f32 rounding;
+    prefill (more tokens) keeps f32 activations, bit-identical to the f32 store's."""
     cols = width(dtype)
     parts, ref = random_weight(dtype, 37, cols, seed=4)
     act8 = QuantWeight.from_parts(dtype, (37, cols), parts, HeapStore(pointer_twin, act8=True))
@@ -240,13 +242,19 @@ def test_one_token_through_8_bit_activations_is_within_the_quantization_of_x(dty
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, cols)).astype(np.float32)
     x[0, 32:64] = 0.0  # an all-zero block: scale 0, codes 0
-    _, d, q = quantize_activations(x[0])
+    xsum, d, q = quantize_activations(x[0])
     assert d[1] == 0 and not q[1].any() and np.abs(q).max() == 127
     y = x @ act8.T
     want = x.astype(np.float64) @ ref.T.astype(np.float64)  # (1, 37)
     step = np.repeat(d.astype(np.float64), 32)  # (cols,) each value's quantization step
     bound = np.abs(ref).astype(np.float64) @ (step / 2) + cols * 2.0**-24 * (np.abs(x) @ np.abs(ref.T))[0]
     assert np.all(np.abs(y[0] - want[0]) <= bound)
+    xq = (q.astype(np.float64) * d[:, None]).reshape(-1)  # (cols,) the quantized x
+    qs, dm = act8.store.fetch(act8.qs), act8.store.fetch(act8.dm)
+    codes = qs if act8.kind == "q4_1" else np.abs(qs.astype(np.int16))
+    unit = act8_products(act8.kind, codes, np.abs(dm), np.abs(xsum), d, np.abs(q)).astype(np.float64)
+    nb = cols // 32
+    assert np.all(np.abs(y[0] - ref.astype(np.float64) @ xq) <= (nb + 8) * 2.0**-24 * unit)
     assert float(np.abs(y - x @ f32.T).max()) > 0  # not the f32 path
     xs = rng.standard_normal((5, cols)).astype(np.float32)
     assert np.array_equal(xs @ act8.T, xs @ f32.T)

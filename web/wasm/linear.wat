@@ -175,13 +175,14 @@
 
   ;; 8-bit activations (kind | 2, one token): x quantized once per product, a scale per 32-value block as llama.cpp's
   ;; q8 blocks (d = max |x| / 127, q = nearest(x / d), ties to even), and each weight block's codes meet q in
-  ;; i32x4.dot_i16x8_s: exact integer sums, one f32 multiply by d_w * d_x a block. scratch then holds xsum (nb f32,
-  ;; the f32 sums of x: the q4_1 minimum's term stays exact), xd (nb f32) and xq (nb * 32 i16).
+  ;; i32x4.dot_i16x8_s: exact integer sums, one f32 multiply by d_w * d_x a block. scratch then holds xsum (nb f32:
+  ;; d times the sum of the block's q, as llama.cpp's q8_1 s, so a row with mins sums (d_w c + m) q d, its weights
+  ;; times the quantized x; the exact sum of x left the error c d_w (q d - x), c's bias not cancelled), xd (nb f32)
+  ;; and xq (nb * 32 i16).
   (func $quant_x (export "quant_x") (param $x i32) (param $nb i32) (param $s i32)
-    (local $xd i32) (local $xq i32) (local $m v128) (local $a f32) (local $id v128)
+    (local $xd i32) (local $xq i32) (local $m v128) (local $a f32) (local $id v128) (local $v v128) (local $acc v128)
     local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
     local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
-    local.get $x local.get $nb local.get $s call $block_sums
     loop $block
       local.get $x v128.load f32x4.abs local.get $x v128.load offset=16 f32x4.abs f32x4.max
       local.get $x v128.load offset=32 f32x4.abs local.get $x v128.load offset=48 f32x4.abs f32x4.max f32x4.max
@@ -196,20 +197,29 @@
       local.get $xq
       local.get $x v128.load local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
       local.get $x v128.load offset=16 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
-      i16x8.narrow_i32x4_s v128.store
+      i16x8.narrow_i32x4_s local.tee $v v128.store
+      local.get $v i32x4.extend_low_i16x8_s local.get $v i32x4.extend_high_i16x8_s i32x4.add local.set $acc
       local.get $xq
       local.get $x v128.load offset=32 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
       local.get $x v128.load offset=48 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
-      i16x8.narrow_i32x4_s v128.store offset=16
+      i16x8.narrow_i32x4_s local.tee $v v128.store offset=16
+      local.get $acc local.get $v i32x4.extend_low_i16x8_s i32x4.add local.get $v i32x4.extend_high_i16x8_s i32x4.add
+      local.set $acc
       local.get $xq
       local.get $x v128.load offset=64 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
       local.get $x v128.load offset=80 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
-      i16x8.narrow_i32x4_s v128.store offset=32
+      i16x8.narrow_i32x4_s local.tee $v v128.store offset=32
+      local.get $acc local.get $v i32x4.extend_low_i16x8_s i32x4.add local.get $v i32x4.extend_high_i16x8_s i32x4.add
+      local.set $acc
       local.get $xq
       local.get $x v128.load offset=96 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
       local.get $x v128.load offset=112 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
-      i16x8.narrow_i32x4_s v128.store offset=48
+      i16x8.narrow_i32x4_s local.tee $v v128.store offset=48
+      local.get $s  ;; xsum = d * the sum of q (exact in f32)
+      local.get $acc local.get $v i32x4.extend_low_i16x8_s i32x4.add local.get $v i32x4.extend_high_i16x8_s i32x4.add
+      f32x4.convert_i32x4_s call $hsum local.get $a f32.mul f32.store
       local.get $x i32.const 128 i32.add local.set $x
+      local.get $s i32.const 4 i32.add local.set $s
       local.get $xd i32.const 4 i32.add local.set $xd
       local.get $xq i32.const 64 i32.add local.set $xq
       local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
@@ -426,37 +436,83 @@
       local.get $i i32.const 1 i32.add local.tee $i local.get $nq i32.lt_u br_if $queries
     end)
 
-  ;; One query's scores over its first ctx keys: out rows (one a head) ld f32 apart.
+  ;; One query's scores over its first ctx keys: out rows (one a head) ld f32 apart. A block's keys four at a time
+  ;; per head: one accumulator each over hd (q's vector loaded once for the four), a 4x4 transpose adding them
+  ;; into one vector of the four scores; its last n % 4 keys one at a time.
   (func $scores1 (param $q i32) (param $k i32) (param $table i32) (param $ctx i32)
     (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32) (param $ld i32)
     (local $h i32) (local $j i32) (local $n i32) (local $g i32) (local $tp i32) (local $kp i32) (local $tok i32)
+    (local $qp i32) (local $kc i32) (local $e i32) (local $o i32) (local $end i32)
+    (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128) (local $x v128)
     local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok  ;; bytes a token in the pool
+    local.get $hd i32.const 2 i32.shl local.set $end
     loop $heads
-      i32.const 0 local.set $j
-      local.get $table local.set $tp
-      loop $blocks
-        local.get $k local.get $tp i32.load local.get $bs i32.mul local.get $tok i32.mul i32.add
-        local.get $h local.get $hd i32.mul i32.const 2 i32.shl i32.add local.set $kp
-        local.get $ctx local.get $j i32.sub local.set $n
-        local.get $bs local.get $n local.get $bs local.get $n i32.lt_u select local.set $n
-        loop $keys
-          i32.const 0 local.set $g
-          loop $groups  ;; out[(h * group + g) * ctx + j]
-            local.get $kp
-            local.get $q local.get $h local.get $group i32.mul local.get $g i32.add local.tee $g local.get $hd i32.mul
-            i32.const 2 i32.shl i32.add
-            local.get $hd
-            local.get $out local.get $g local.get $ld i32.mul local.get $j i32.add i32.const 2 i32.shl i32.add
-            call $dot1
-            local.get $g local.get $h local.get $group i32.mul i32.sub i32.const 1 i32.add local.tee $g
-            local.get $group i32.lt_u br_if $groups
+      i32.const 0 local.set $g
+      loop $groups  ;; head row h * group + g: its q, its scores from key 0
+        local.get $q local.get $h local.get $group i32.mul local.get $g i32.add local.tee $o local.get $end i32.mul
+        i32.add local.set $qp
+        local.get $out local.get $o local.get $ld i32.mul i32.const 2 i32.shl i32.add local.set $o
+        i32.const 0 local.set $j
+        local.get $table local.set $tp
+        loop $blocks
+          local.get $k local.get $tp i32.load local.get $bs i32.mul local.get $tok i32.mul i32.add
+          local.get $h local.get $end i32.mul i32.add local.set $kp
+          local.get $ctx local.get $j i32.sub local.set $n
+          local.get $bs local.get $n local.get $bs local.get $n i32.lt_u select local.set $n
+          local.get $j local.get $n i32.add local.set $j
+          block $tail
+            loop $quads
+              local.get $n i32.const 4 i32.lt_u br_if $tail
+              f32.const 0 f32x4.splat local.tee $a0 local.tee $a1 local.tee $a2 local.set $a3
+              i32.const 0 local.set $e
+              loop $dims
+                local.get $qp local.get $e i32.add v128.load local.set $x
+                local.get $kp local.get $e i32.add local.set $kc
+                local.get $a0 local.get $x local.get $kc v128.load f32x4.mul f32x4.add local.set $a0
+                local.get $kc local.get $tok i32.add local.set $kc
+                local.get $a1 local.get $x local.get $kc v128.load f32x4.mul f32x4.add local.set $a1
+                local.get $kc local.get $tok i32.add local.set $kc
+                local.get $a2 local.get $x local.get $kc v128.load f32x4.mul f32x4.add local.set $a2
+                local.get $kc local.get $tok i32.add local.set $kc
+                local.get $a3 local.get $x local.get $kc v128.load f32x4.mul f32x4.add local.set $a3
+                local.get $e i32.const 16 i32.add local.tee $e local.get $end i32.lt_u br_if $dims
+              end
+              local.get $o  ;; [a0 a1 a2 a3] summed lane-wise: (a0_0 + a0_2, a1_0 + a1_2, a0_1 + a0_3, a1_1 + a1_3) ...
+              local.get $a0 local.get $a1 i8x16.shuffle 0 1 2 3 16 17 18 19 4 5 6 7 20 21 22 23
+              local.get $a0 local.get $a1 i8x16.shuffle 8 9 10 11 24 25 26 27 12 13 14 15 28 29 30 31 f32x4.add
+              local.tee $x
+              local.get $a2 local.get $a3 i8x16.shuffle 0 1 2 3 16 17 18 19 4 5 6 7 20 21 22 23
+              local.get $a2 local.get $a3 i8x16.shuffle 8 9 10 11 24 25 26 27 12 13 14 15 28 29 30 31 f32x4.add
+              local.tee $a0 i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23
+              local.get $x local.get $a0 i8x16.shuffle 8 9 10 11 12 13 14 15 24 25 26 27 28 29 30 31
+              f32x4.add v128.store  ;; ... then the halves added: the four keys' scores
+              local.get $o i32.const 16 i32.add local.set $o
+              local.get $kp local.get $tok i32.const 2 i32.shl i32.add local.set $kp
+              local.get $n i32.const 4 i32.sub local.set $n
+              br $quads
+            end
           end
-          local.get $kp local.get $tok i32.add local.set $kp
-          local.get $j i32.const 1 i32.add local.set $j
-          local.get $n i32.const 1 i32.sub local.tee $n br_if $keys
+          block $done
+            loop $singles
+              local.get $n i32.eqz br_if $done
+              f32.const 0 f32x4.splat local.set $a0
+              i32.const 0 local.set $e
+              loop $dims1
+                local.get $a0 local.get $qp local.get $e i32.add v128.load local.get $kp local.get $e i32.add v128.load
+                f32x4.mul f32x4.add local.set $a0
+                local.get $e i32.const 16 i32.add local.tee $e local.get $end i32.lt_u br_if $dims1
+              end
+              local.get $o local.get $a0 call $hsum f32.store
+              local.get $o i32.const 4 i32.add local.set $o
+              local.get $kp local.get $tok i32.add local.set $kp
+              local.get $n i32.const 1 i32.sub local.set $n
+              br $singles
+            end
+          end
+          local.get $tp i32.const 4 i32.add local.set $tp
+          local.get $j local.get $ctx i32.lt_u br_if $blocks
         end
-        local.get $tp i32.const 4 i32.add local.set $tp
-        local.get $j local.get $ctx i32.lt_u br_if $blocks
+        local.get $g i32.const 1 i32.add local.tee $g local.get $group i32.lt_u br_if $groups
       end
       local.get $h i32.const 1 i32.add local.tee $h local.get $nkv i32.lt_u br_if $heads
     end)
@@ -477,54 +533,52 @@
       local.get $i i32.const 1 i32.add local.tee $i local.get $nq i32.lt_u br_if $queries
     end)
 
-  ;; One query's probability-weighted sum of its first ctx values: p's rows (one a head) ldp f32 apart.
+  ;; One query's probability-weighted sum of its first ctx values: p's rows (one a head) ldp f32 apart. Per head,
+  ;; 16 of its hd at a time in four accumulators over every key (in order), stored once.
   (func $values1 (param $p i32) (param $v i32) (param $table i32) (param $ctx i32)
     (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32) (param $ldp i32)
     (local $h i32) (local $j i32) (local $n i32) (local $g i32) (local $tp i32) (local $vp i32) (local $tok i32)
-    (local $row i32) (local $o i32) (local $d i32) (local $pv v128) (local $end i32) (local $src i32)
+    (local $row i32) (local $d i32) (local $pp i32) (local $end i32)
+    (local $pv v128) (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128)
     local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok
-    local.get $out local.set $o  ;; zero out: nkv * group * hd f32
-    local.get $out local.get $nkv local.get $group i32.mul local.get $hd i32.mul i32.const 2 i32.shl i32.add local.set $end
-    loop $zero
-      local.get $o f32.const 0 f32x4.splat v128.store
-      local.get $o i32.const 16 i32.add local.tee $o local.get $end i32.lt_u br_if $zero
-    end
+    local.get $hd i32.const 2 i32.shl local.set $end
     loop $heads
-      i32.const 0 local.set $j
-      local.get $table local.set $tp
-      loop $blocks
-        local.get $v local.get $tp i32.load local.get $bs i32.mul local.get $tok i32.mul i32.add
-        local.get $h local.get $hd i32.mul i32.const 2 i32.shl i32.add local.set $vp
-        local.get $ctx local.get $j i32.sub local.set $n
-        local.get $bs local.get $n local.get $bs local.get $n i32.lt_u select local.set $n
-        loop $keys
-          i32.const 0 local.set $g
-          loop $groups
-            local.get $h local.get $group i32.mul local.get $g i32.add local.set $row
-            local.get $p local.get $row local.get $ldp i32.mul local.get $j i32.add i32.const 2 i32.shl i32.add
-            f32.load f32x4.splat local.set $pv
-            local.get $out local.get $row local.get $hd i32.mul i32.const 2 i32.shl i32.add local.set $o
-            i32.const 0 local.set $d
-            loop $dims  ;; o[d..d+16] += p * v[d..d+16]
-              local.get $o local.get $o v128.load local.get $pv local.get $vp local.get $d i32.add local.tee $src
-              v128.load f32x4.mul f32x4.add v128.store
-              local.get $o local.get $o v128.load offset=16 local.get $pv local.get $src v128.load offset=16
-              f32x4.mul f32x4.add v128.store offset=16
-              local.get $o local.get $o v128.load offset=32 local.get $pv local.get $src v128.load offset=32
-              f32x4.mul f32x4.add v128.store offset=32
-              local.get $o local.get $o v128.load offset=48 local.get $pv local.get $src v128.load offset=48
-              f32x4.mul f32x4.add v128.store offset=48
-              local.get $o i32.const 64 i32.add local.set $o
-              local.get $d i32.const 64 i32.add local.tee $d local.get $hd i32.const 2 i32.shl i32.lt_u br_if $dims
+      i32.const 0 local.set $g
+      loop $groups
+        local.get $h local.get $group i32.mul local.get $g i32.add local.set $row
+        i32.const 0 local.set $d
+        loop $slices  ;; out[row, d .. d + 16] = sum over j of p[row, j] * v_j[d .. d + 16]
+          f32.const 0 f32x4.splat local.tee $a0 local.tee $a1 local.tee $a2 local.set $a3
+          local.get $p local.get $row local.get $ldp i32.mul i32.const 2 i32.shl i32.add local.set $pp
+          i32.const 0 local.set $j
+          local.get $table local.set $tp
+          loop $blocks
+            local.get $v local.get $tp i32.load local.get $bs i32.mul local.get $tok i32.mul i32.add
+            local.get $h local.get $end i32.mul i32.add local.get $d i32.add local.set $vp
+            local.get $ctx local.get $j i32.sub local.set $n
+            local.get $bs local.get $n local.get $bs local.get $n i32.lt_u select local.set $n
+            local.get $j local.get $n i32.add local.set $j
+            loop $keys
+              local.get $pp f32.load f32x4.splat local.set $pv
+              local.get $a0 local.get $pv local.get $vp v128.load f32x4.mul f32x4.add local.set $a0
+              local.get $a1 local.get $pv local.get $vp v128.load offset=16 f32x4.mul f32x4.add local.set $a1
+              local.get $a2 local.get $pv local.get $vp v128.load offset=32 f32x4.mul f32x4.add local.set $a2
+              local.get $a3 local.get $pv local.get $vp v128.load offset=48 f32x4.mul f32x4.add local.set $a3
+              local.get $pp i32.const 4 i32.add local.set $pp
+              local.get $vp local.get $tok i32.add local.set $vp
+              local.get $n i32.const 1 i32.sub local.tee $n br_if $keys
             end
-            local.get $g i32.const 1 i32.add local.tee $g local.get $group i32.lt_u br_if $groups
+            local.get $tp i32.const 4 i32.add local.set $tp
+            local.get $j local.get $ctx i32.lt_u br_if $blocks
           end
-          local.get $vp local.get $tok i32.add local.set $vp
-          local.get $j i32.const 1 i32.add local.set $j
-          local.get $n i32.const 1 i32.sub local.tee $n br_if $keys
+          local.get $out local.get $row local.get $end i32.mul i32.add local.get $d i32.add local.tee $pp
+          local.get $a0 v128.store
+          local.get $pp local.get $a1 v128.store offset=16
+          local.get $pp local.get $a2 v128.store offset=32
+          local.get $pp local.get $a3 v128.store offset=48
+          local.get $d i32.const 64 i32.add local.tee $d local.get $end i32.lt_u br_if $slices
         end
-        local.get $tp i32.const 4 i32.add local.set $tp
-        local.get $j local.get $ctx i32.lt_u br_if $blocks
+        local.get $g i32.const 1 i32.add local.tee $g local.get $group i32.lt_u br_if $groups
       end
       local.get $h i32.const 1 i32.add local.tee $h local.get $nkv i32.lt_u br_if $heads
     end)

@@ -283,13 +283,15 @@ ACT8, QUANTIZED_X = 2, 4  # kind bits: 8-bit activations for one token; x alread
 
 
 def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """linear.wat's quant_x on one token x (cols,) f32: the f32 sum of each 32-value block, its scale
-    d = max |x| / 127 and q = nearest(x / d) (ties to even; 0 where d is 0), as (nb,) f32, (nb,) f32, (nb, 32) i16."""
+    """linear.wat's quant_x on one token x (cols,) f32: each 32-value block's scale d = max |x| / 127,
+    q = nearest(x / d) (ties to even; 0 where d is 0) and xsum = d * sum(q) (llama.cpp's q8_1 s: a row with mins
+    then multiplies its weights by the quantized x, where the exact sum of x left the codes' bias in the error), as
+    (nb,) f32, (nb,) f32, (nb, 32) i16."""
     blocks = x.reshape(-1, QK)
     d = (np.abs(blocks).max(axis=1) / np.float32(127)).astype(np.float32)  # (nb,)
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
     q = np.rint(blocks * inv[:, None]).astype(np.int16)  # (nb, 32)
-    return blocks.sum(axis=1, dtype=np.float32), d, q
+    return d * q.sum(axis=1, dtype=np.int32).astype(np.float32), d, q
 
 
 def act8_products(kind_name: str, qs: np.ndarray, dm: np.ndarray, xsum: np.ndarray, d: np.ndarray,

@@ -155,6 +155,11 @@ class _Func:
                 out += b"\x43" + struct.pack("<f", float(arg(op)))
             elif op == "f32x4.extract_lane":
                 out += b"\xfd" + uleb(0x1F) + bytes([int(arg(op))])
+            elif op == "i8x16.shuffle":  # 16 byte-lane indices into the two operands' 32 bytes
+                lanes = [int(arg(op)) for _ in range(16)]
+                if any(not 0 <= lane < 32 for lane in lanes):
+                    raise WatError(f"{self.name}: i8x16.shuffle lanes must be 0..31, got {lanes}")
+                out += b"\xfd" + uleb(0x0D) + bytes(lanes)
             elif op in MEMORY:
                 opcode, align = MEMORY[op]
                 offset = optional("offset=")
