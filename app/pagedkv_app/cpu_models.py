@@ -42,12 +42,12 @@ async def cpu_weights(name: str, on_progress) -> tuple[dict, ModelWeights, str, 
 async def kernel_store() -> tuple[HeapStore | SharedStore, str]:
     """Where the wasm kernel's weights live and how many threads run it, with the words the device panel shows:
     every core (?threads=N sets the count, threads=1 keeps one) on a memory they share, or one thread on
-    Pyodide's memory, saying why; with ?activations=int8 a one-token product's activations at 8 bits (integer
-    dot products; not the default: a batch of several tokens keeps f32, so a reply would depend on what it
-    was batched with). Raises WasmUnavailable when the kernel did not load."""
+    Pyodide's memory, saying why; the layers' activations at 8 bits (integer dot products, every token as if
+    alone; the output head keeps f32: QuantWeight), or f32 with ?activations=f32. Raises WasmUnavailable when
+    the kernel did not load."""
     kernel = webgpu.linear_wasm_matmul()
-    act8 = bridge.query_param("activations", "f32") == "int8"
-    how = ", 8-bit activations" if act8 else ", f32 activations"
+    act8 = bridge.query_param("activations", "int8") != "f32"
+    how = ", 8-bit activations (head f32)" if act8 else ", f32 activations"
     wanted = bridge.query_param("threads", "auto")
     if wanted != "auto" and not wanted.isdigit():
         return HeapStore(kernel, act8), f"1 thread (threads={wanted} is not a count){how}"

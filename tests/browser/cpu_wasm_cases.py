@@ -42,21 +42,30 @@ def case_linear(store, dtype: str, rows: int, cols: int, tokens: tuple[int, ...]
     return out
 
 
-def case_linear_act8(store, dtype: str, rows: int, cols: int) -> dict:
-    """One token through 8-bit activations (store.act8) against the twin's integer products of the same
-    quantized token (cpu_wasm.act8_products), over the unit sum |d_w * d_x * codes . q| of each output."""
+ACT8_TOKENS = 21
+
+
+def case_linear_act8(store, dtype: str, rows: int, cols: int, tokens: int = ACT8_TOKENS) -> dict:
+    """`tokens` through 8-bit activations (store.act8; 21: a 16-token chunk and five, in $dot_i8x4's fours and
+    alone) against the twin's
+    integer products of the same quantized tokens (cpu_wasm.act8_products), over the unit sum
+    |d_w * d_x * codes . q| of each output; and each token's row bit-identical to that token's product alone."""
     rng = np.random.default_rng(rows * 5 + cols)
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     parts = packed(dtype, w)
     qw = QuantWeight.from_parts(dtype, (rows, cols), parts, store)
-    x = rng.standard_normal((1, cols)).astype(np.float32)
-    y = (x @ qw.T)[0]
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    y = x @ qw.T  # (tokens, rows)
+    alone = np.concatenate([x[i:i + 1] @ qw.T for i in range(tokens)])
     qs, dm = qw.store.fetch(qw.qs), qw.store.fetch(qw.dm)
-    xsum, d, q = quantize_activations(x[0])
-    want = act8_products(qw.kind, qs, dm, xsum, d, q).astype(np.float64)
     magnitudes = qs if qw.kind == "q4_1" else np.abs(qs.astype(np.int16))  # q4_1 codes are >= 0 already
-    unit = act8_products(qw.kind, magnitudes, np.abs(dm), np.abs(xsum), d, np.abs(q)).astype(np.float64)
-    return {"case": [dtype, rows, cols], "max_scaled": float((np.abs(y - want) / unit).max())}
+    worst = 0.0
+    for i in range(tokens):
+        xsum, d, q = quantize_activations(x[i])
+        want = act8_products(qw.kind, qs, dm, xsum, d, q).astype(np.float64)
+        unit = act8_products(qw.kind, magnitudes, np.abs(dm), np.abs(xsum), d, np.abs(q)).astype(np.float64)
+        worst = max(worst, float((np.abs(y[i] - want) / unit).max()))
+    return {"case": [dtype, rows, cols], "max_scaled": worst, "as_alone": bool(np.array_equal(y, alone))}
 
 
 def case_attention(kernels, ctx: int, nkv: int, group: int, hd: int, nq: int = 1) -> dict:

@@ -79,9 +79,10 @@ def test_the_kernel_on_three_threads_matches_numpy_in_the_worker(ready_page):
     assert (got["threads"], got["split"], got["live"]) == (3, SPLIT * len(TOKENS), 1), got
 
 
-def test_one_token_through_8_bit_activations_matches_the_integer_twin_on_one_thread_and_three(ready_page):
+def test_8_bit_activations_match_the_integer_twin_and_each_token_alone_on_one_thread_and_three(ready_page):
     """Each output is the twin's exact integer block sums times f32 scales: only the f32 sum over blocks
-    (and q4_1's minimum term) rounds, within 2^-20 of the unit sum |d_w d_x codes . q| (nb <= 48 terms)."""
+    (and q4_1's minimum term) rounds, within 2^-20 of the unit sum |d_w d_x codes . q| (nb <= 48 terms); each
+    token of a product bit-identical to its product alone (a reply does not depend on its batch)."""
     worker = install_modules(ready_page, "cpu_wasm_cases")
     calls = ", ".join(f"c.case_linear_act8(k, {d!r}, {r}, {c})" for d, r, c in CASES)
     got = worker.py("import json, cpu_wasm_cases as c\nfrom pagedkv.backends.cpu_wasm import HeapStore, SharedStore\n"
@@ -89,10 +90,12 @@ def test_one_token_through_8_bit_activations_matches_the_integer_twin_on_one_thr
                     "out = []\nfor k in (HeapStore(linear_wasm_matmul(), act8=True), SharedStore(api, act8=True)):\n"
                     f"    out.append([{calls}])\n"
                     "json.dumps({'results': out, 'split': api.stats.split - before})")
-    assert got["split"] == SPLIT  # every case but the one-row one, on three threads
+    # every case but the one-row one, on three threads: the tokens together, then each alone
+    assert got["split"] == SPLIT * (1 + cpu_wasm_cases.ACT8_TOKENS)
     for results in got["results"]:
         assert [r["case"] for r in results] == [list(case) for case in CASES]
         assert max(r["max_scaled"] for r in results) <= 2.0**-20, results
+        assert all(r["as_alone"] for r in results), results
 
 
 # (ctx, nkv, group, hd, new tokens): one-token decode, then prefill (every token new, or the last few of a context)
@@ -141,8 +144,8 @@ def cpu_page(browser, base_url):
 
 def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page):
     worker, info = cpu_page
-    assert (info["backend"], info["cpu_linear"]) == ("cpu", "wasm SIMD on quantized weights, 2 threads, f32 "
-                                                          "activations")
+    assert (info["backend"], info["cpu_linear"]) == ("cpu", "wasm SIMD on quantized weights, 2 threads, 8-bit "
+                                                          "activations (head f32)")
     got = worker.py(
         "import json, cpu_wasm_cases as c\nfrom pagedkv_app.main import state\n"
         "model = state['engine'].backend.model\n"

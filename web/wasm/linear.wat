@@ -12,8 +12,9 @@
 ;;   dm  two f32 a block, (d, m): weight = d * code + m, the reference's dequantization (m = 0 for kind 1; kind 17
 ;;       has mins, which one-token rows add after their codes' sum); kind 9 (d0, d1): weights 0..15 = d0 * code,
 ;;       16..31 = d1 * code (q6_K's scales of 16 weights)
-;; Activations x (t, cols) f32 row-major; out (t, ldo) f32, of which the kernel writes rows columns; scratch: cols f32 the kernel overwrites (a decoded
-;; row, or for one token each block's sum of x).
+;; Activations x (t, cols) f32 row-major; out (t, ldo) f32, of which the kernel writes rows columns; scratch the
+;; kernel overwrites: cols f32 (a decoded row, or for one token each block's sum of x), with 8-bit activations
+;; t * cols * 2.25 bytes (each token's quant_x blocks).
 (module
   (import "env" "memory" (memory 1))
 
@@ -173,13 +174,22 @@
     end
     local.get $acc call $hsum)
 
-  ;; 8-bit activations (kind | 2, one token): x quantized once per product, a scale per 32-value block as llama.cpp's
+  ;; 8-bit activations (kind | 2, any number of tokens, each the same as alone): x quantized once per product
+  ;; (bit 4: done already, every thread reading the same blocks), a scale per 32-value block as llama.cpp's
   ;; q8 blocks (d = max |x| / 127, q = nearest(x / d), ties to even), and each weight block's codes meet q in
   ;; i32x4.dot_i16x8_s: exact integer sums, one f32 multiply by d_w * d_x a block. scratch then holds xsum (nb f32:
   ;; d times the sum of the block's q, as llama.cpp's q8_1 s, so a row with mins sums (d_w c + m) q d, its weights
   ;; times the quantized x; the exact sum of x left the error c d_w (q d - x), c's bias not cancelled), xd (nb f32)
-  ;; and xq (nb * 32 i16).
-  (func $quant_x (export "quant_x") (param $x i32) (param $nb i32) (param $s i32)
+  ;; and xq (nb * 32 i16): nb * 72 bytes a token.
+  (func $quant_x (export "quant_x") (param $x i32) (param $nb i32) (param $t i32) (param $s i32)
+    loop $tokens  ;; token i of x (nb * 32 f32 apart) into its blocks at s + i * nb * 72
+      local.get $x local.get $nb local.get $s call $quant_x1
+      local.get $x local.get $nb i32.const 7 i32.shl i32.add local.set $x
+      local.get $s local.get $nb i32.const 72 i32.mul i32.add local.set $s
+      local.get $t i32.const 1 i32.sub local.tee $t br_if $tokens
+    end)
+
+  (func $quant_x1 (param $x i32) (param $nb i32) (param $s i32)
     (local $xd i32) (local $xq i32) (local $m v128) (local $a f32) (local $id v128) (local $v v128) (local $acc v128)
     local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
     local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
@@ -276,6 +286,122 @@
     end
     local.get $sum call $hsum local.get $accm f32.add)
 
+  ;; $dot_i8 for four tokens (quant_x's blocks at s, s + stride, ...: out at out, out + ldo f32, ...): each
+  ;; weight block's codes widened once for the four, every token's arithmetic $dot_i8's (bit-identical to it).
+  (func $dot_i8x4 (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (param $stride i32)
+    (param $out i32) (param $ldo i32)
+    (local $v v128) (local $h v128) (local $e0 v128) (local $e1 v128) (local $e2 v128) (local $e3 v128)
+    (local $lo v128) (local $hi v128) (local $sum0 v128) (local $sum1 v128) (local $sum2 v128) (local $sum3 v128)
+    (local $accm0 f32) (local $accm1 f32) (local $accm2 f32) (local $accm3 f32) (local $d f32)
+    (local $xd i32) (local $xq i32) (local $a i32) (local $split i32) (local $st1 i32) (local $st2 i32) (local $st3 i32)
+    local.get $kind i32.const 3 i32.shr_u i32.const 1 i32.and local.set $split
+    local.get $kind i32.const 1 i32.and local.set $kind
+    local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
+    local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
+    local.get $stride local.set $st1
+    local.get $stride i32.const 1 i32.shl local.set $st2
+    local.get $st1 local.get $st2 i32.add local.set $st3
+    loop $block
+      local.get $qs v128.load local.set $v
+      local.get $kind
+      if
+        local.get $qs v128.load offset=16 local.set $h
+        local.get $v i16x8.extend_low_i8x16_s local.set $e0
+        local.get $v i16x8.extend_high_i8x16_s local.set $e1
+        local.get $h i16x8.extend_low_i8x16_s local.set $e2
+        local.get $h i16x8.extend_high_i8x16_s local.set $e3
+        local.get $qs i32.const 32 i32.add local.set $qs
+      else
+        local.get $v i32.const 4 i8x16.shr_u local.set $h
+        local.get $v i32.const 15 i8x16.splat v128.and local.set $v
+        local.get $v i16x8.extend_low_i8x16_u local.set $e0
+        local.get $v i16x8.extend_high_i8x16_u local.set $e1
+        local.get $h i16x8.extend_low_i8x16_u local.set $e2
+        local.get $h i16x8.extend_high_i8x16_u local.set $e3
+        local.get $qs i32.const 16 i32.add local.set $qs
+      end
+      local.get $xq local.set $a  ;; token 0
+      local.get $e0 local.get $a v128.load i32x4.dot_i16x8_s
+      local.get $e1 local.get $a v128.load offset=16 i32x4.dot_i16x8_s i32x4.add local.set $lo
+      local.get $e2 local.get $a v128.load offset=32 i32x4.dot_i16x8_s
+      local.get $e3 local.get $a v128.load offset=48 i32x4.dot_i16x8_s i32x4.add local.set $hi
+      local.get $xd local.set $a
+      local.get $dm f32.load local.get $a f32.load f32.mul local.set $d
+      local.get $split
+      if
+        local.get $sum0 local.get $lo f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul f32x4.add
+        local.get $hi f32x4.convert_i32x4_s local.get $dm f32.load offset=4 local.get $a f32.load f32.mul f32x4.splat
+        f32x4.mul f32x4.add local.set $sum0
+      else
+        local.get $sum0 local.get $lo local.get $hi i32x4.add f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul
+        f32x4.add local.set $sum0
+        local.get $accm0 local.get $dm f32.load offset=4 local.get $s f32.load f32.mul f32.add local.set $accm0
+      end
+      local.get $xq local.get $st1 i32.add local.set $a  ;; token 1
+      local.get $e0 local.get $a v128.load i32x4.dot_i16x8_s
+      local.get $e1 local.get $a v128.load offset=16 i32x4.dot_i16x8_s i32x4.add local.set $lo
+      local.get $e2 local.get $a v128.load offset=32 i32x4.dot_i16x8_s
+      local.get $e3 local.get $a v128.load offset=48 i32x4.dot_i16x8_s i32x4.add local.set $hi
+      local.get $xd local.get $st1 i32.add local.set $a
+      local.get $dm f32.load local.get $a f32.load f32.mul local.set $d
+      local.get $split
+      if
+        local.get $sum1 local.get $lo f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul f32x4.add
+        local.get $hi f32x4.convert_i32x4_s local.get $dm f32.load offset=4 local.get $a f32.load f32.mul f32x4.splat
+        f32x4.mul f32x4.add local.set $sum1
+      else
+        local.get $sum1 local.get $lo local.get $hi i32x4.add f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul
+        f32x4.add local.set $sum1
+        local.get $accm1 local.get $dm f32.load offset=4 local.get $s local.get $st1 i32.add f32.load f32.mul f32.add local.set $accm1
+      end
+      local.get $xq local.get $st2 i32.add local.set $a  ;; token 2
+      local.get $e0 local.get $a v128.load i32x4.dot_i16x8_s
+      local.get $e1 local.get $a v128.load offset=16 i32x4.dot_i16x8_s i32x4.add local.set $lo
+      local.get $e2 local.get $a v128.load offset=32 i32x4.dot_i16x8_s
+      local.get $e3 local.get $a v128.load offset=48 i32x4.dot_i16x8_s i32x4.add local.set $hi
+      local.get $xd local.get $st2 i32.add local.set $a
+      local.get $dm f32.load local.get $a f32.load f32.mul local.set $d
+      local.get $split
+      if
+        local.get $sum2 local.get $lo f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul f32x4.add
+        local.get $hi f32x4.convert_i32x4_s local.get $dm f32.load offset=4 local.get $a f32.load f32.mul f32x4.splat
+        f32x4.mul f32x4.add local.set $sum2
+      else
+        local.get $sum2 local.get $lo local.get $hi i32x4.add f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul
+        f32x4.add local.set $sum2
+        local.get $accm2 local.get $dm f32.load offset=4 local.get $s local.get $st2 i32.add f32.load f32.mul f32.add local.set $accm2
+      end
+      local.get $xq local.get $st3 i32.add local.set $a  ;; token 3
+      local.get $e0 local.get $a v128.load i32x4.dot_i16x8_s
+      local.get $e1 local.get $a v128.load offset=16 i32x4.dot_i16x8_s i32x4.add local.set $lo
+      local.get $e2 local.get $a v128.load offset=32 i32x4.dot_i16x8_s
+      local.get $e3 local.get $a v128.load offset=48 i32x4.dot_i16x8_s i32x4.add local.set $hi
+      local.get $xd local.get $st3 i32.add local.set $a
+      local.get $dm f32.load local.get $a f32.load f32.mul local.set $d
+      local.get $split
+      if
+        local.get $sum3 local.get $lo f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul f32x4.add
+        local.get $hi f32x4.convert_i32x4_s local.get $dm f32.load offset=4 local.get $a f32.load f32.mul f32x4.splat
+        f32x4.mul f32x4.add local.set $sum3
+      else
+        local.get $sum3 local.get $lo local.get $hi i32x4.add f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul
+        f32x4.add local.set $sum3
+        local.get $accm3 local.get $dm f32.load offset=4 local.get $s local.get $st3 i32.add f32.load f32.mul f32.add local.set $accm3
+      end
+      local.get $dm i32.const 8 i32.add local.set $dm
+      local.get $s i32.const 4 i32.add local.set $s
+      local.get $xd i32.const 4 i32.add local.set $xd
+      local.get $xq i32.const 64 i32.add local.set $xq
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end
+    local.get $out local.get $sum0 call $hsum local.get $accm0 f32.add f32.store
+    local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.tee $out local.get $sum1 call $hsum local.get $accm1 f32.add
+    f32.store
+    local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.tee $out local.get $sum2 call $hsum local.get $accm2 f32.add
+    f32.store
+    local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.tee $out local.get $sum3 call $hsum local.get $accm3 f32.add
+    f32.store)
+
   ;; xsum[b] = the sum of x's block b (nb blocks of 32 f32)
   (func $block_sums (param $x i32) (param $nb i32) (param $xsum i32)
     loop $block
@@ -325,9 +451,10 @@
     local.get $out local.get $step i32.add local.get $a3 call $hsum f32.store)
 
   ;; out (t, rows) = x (t, cols) @ W.T for W (rows, cols) of `kind`, out's rows ldo f32 apart (ldo = rows, or
-  ;; the whole weight's rows when a thread takes a slice of them: web/linear_threads.js). One token: each row straight from its
-  ;; blocks ($row's dot). More: tokens go in chunks of 16 (the chunk of x stays in cache while every row
-  ;; passes); each row is decoded once per chunk, then used by tiles of four tokens and single ones for the rest.
+  ;; the whole weight's rows when a thread takes a slice of them: web/linear_threads.js). 8-bit activations: every
+  ;; token's quantized blocks against each row's codes, four tokens at a time ($dot_i8x4). f32, one token: each row
+  ;; straight from its blocks ($row's dot). More: tokens go in chunks of 16 (the chunk of x stays in cache while
+  ;; every row passes); each row is decoded once per chunk, then used by tiles of four tokens and single ones.
   (func $matmul (export "matmul") (param $kind i32) (param $qs i32) (param $dm i32) (param $rows i32)
     (param $cols i32) (param $x i32) (param $t i32) (param $out i32) (param $ldo i32) (param $scratch i32)
     (local $nb i32) (local $t0 i32) (local $n i32) (local $r i32) (local $q i32) (local $s i32) (local $xp i32) (local $o i32)
@@ -336,18 +463,48 @@
     local.get $kind i32.const 25 i32.and local.set $kind  ;; 1: 8-bit codes; 8: split scales; 16: mins
     local.get $kind i32.const 1 i32.and local.set $q8  ;; a row's qs: nb << (4 + q8) bytes
     local.get $cols i32.const 5 i32.shr_u local.set $nb
-    local.get $t i32.const 1 i32.eq local.get $mode i32.const 1 i32.shr_u i32.and  ;; one token and bit 2
-    if  ;; one token, 8-bit activations: quant_x into scratch (unless done), then $dot_i8 a row
+    local.get $mode i32.const 2 i32.and
+    if  ;; 8-bit activations: quant_x every token into scratch (unless done: bit 4), then $dot_i8x4 / $dot_i8
       local.get $mode i32.const 4 i32.and i32.eqz
       if
-        local.get $x local.get $nb local.get $scratch call $quant_x
+        local.get $x local.get $nb local.get $t local.get $scratch call $quant_x
       end
-      loop $vec8
-        local.get $out local.get $kind local.get $qs local.get $dm local.get $nb local.get $scratch call $dot_i8 f32.store
-        local.get $out i32.const 4 i32.add local.set $out
-        local.get $qs local.get $nb i32.const 4 local.get $q8 i32.add i32.shl i32.add local.set $qs
-        local.get $dm local.get $nb i32.const 3 i32.shl i32.add local.set $dm
-        local.get $r i32.const 1 i32.add local.tee $r local.get $rows i32.lt_u br_if $vec8
+      local.get $nb i32.const 72 i32.mul local.set $q  ;; bytes a quantized token
+      loop $chunks8  ;; tokens in chunks of 16 (their blocks stay in cache while every row passes)
+        local.get $qs local.set $xp
+        local.get $dm local.set $s
+        i32.const 0 local.set $r
+        loop $rows8
+          local.get $t local.get $t0 i32.sub local.set $n
+          i32.const 16 local.get $n local.get $n i32.const 16 i32.gt_u select local.set $n
+          local.get $scratch local.get $t0 local.get $q i32.mul i32.add local.set $mode
+          local.get $out local.get $t0 local.get $ldo i32.mul local.get $r i32.add i32.const 2 i32.shl i32.add local.set $o
+          block $tiled8
+            loop $tiles8
+              local.get $n i32.const 4 i32.lt_u br_if $tiled8
+              local.get $kind local.get $xp local.get $s local.get $nb local.get $mode local.get $q local.get $o local.get $ldo
+              call $dot_i8x4
+              local.get $mode local.get $q i32.const 2 i32.shl i32.add local.set $mode
+              local.get $o local.get $ldo i32.const 4 i32.shl i32.add local.set $o
+              local.get $n i32.const 4 i32.sub local.set $n
+              br $tiles8
+            end
+          end
+          block $single8
+            loop $ones8
+              local.get $n i32.eqz br_if $single8
+              local.get $o local.get $kind local.get $xp local.get $s local.get $nb local.get $mode call $dot_i8 f32.store
+              local.get $mode local.get $q i32.add local.set $mode
+              local.get $o local.get $ldo i32.const 2 i32.shl i32.add local.set $o
+              local.get $n i32.const 1 i32.sub local.set $n
+              br $ones8
+            end
+          end
+          local.get $xp local.get $nb i32.const 4 local.get $q8 i32.add i32.shl i32.add local.set $xp
+          local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $s
+          local.get $r i32.const 1 i32.add local.tee $r local.get $rows i32.lt_u br_if $rows8
+        end
+        local.get $t0 i32.const 16 i32.add local.tee $t0 local.get $t i32.lt_u br_if $chunks8
       end
       return
     end
@@ -436,30 +593,37 @@
       local.get $i i32.const 1 i32.add local.tee $i local.get $nq i32.lt_u br_if $queries
     end)
 
-  ;; One query's scores over its first ctx keys: out rows (one a head) ld f32 apart. A block's keys four at a time
-  ;; per head: one accumulator each over hd (q's vector loaded once for the four), a 4x4 transpose adding them
-  ;; into one vector of the four scores; its last n % 4 keys one at a time.
+  ;; One query's scores over its first ctx keys: out rows (one a head) ld f32 apart. Block by block (its keys'
+  ;; rows contiguous: read from memory once, in order, every head then finding them in cache); in a block, per
+  ;; head, four keys at a time: one accumulator each over hd (q's vector loaded once for the four), a 4x4
+  ;; transpose adding them into one vector of the four scores; its last n % 4 keys one at a time.
   (func $scores1 (param $q i32) (param $k i32) (param $table i32) (param $ctx i32)
     (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32) (param $ld i32)
     (local $h i32) (local $j i32) (local $n i32) (local $g i32) (local $tp i32) (local $kp i32) (local $tok i32)
-    (local $qp i32) (local $kc i32) (local $e i32) (local $o i32) (local $end i32)
+    (local $qp i32) (local $kc i32) (local $e i32) (local $o i32) (local $end i32) (local $kb i32) (local $m i32)
     (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128) (local $x v128)
     local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok  ;; bytes a token in the pool
     local.get $hd i32.const 2 i32.shl local.set $end
-    loop $heads
-      i32.const 0 local.set $g
-      loop $groups  ;; head row h * group + g: its q, its scores from key 0
-        local.get $q local.get $h local.get $group i32.mul local.get $g i32.add local.tee $o local.get $end i32.mul
-        i32.add local.set $qp
-        local.get $out local.get $o local.get $ld i32.mul i32.const 2 i32.shl i32.add local.set $o
-        i32.const 0 local.set $j
-        local.get $table local.set $tp
-        loop $blocks
-          local.get $k local.get $tp i32.load local.get $bs i32.mul local.get $tok i32.mul i32.add
-          local.get $h local.get $end i32.mul i32.add local.set $kp
-          local.get $ctx local.get $j i32.sub local.set $n
-          local.get $bs local.get $n local.get $bs local.get $n i32.lt_u select local.set $n
-          local.get $j local.get $n i32.add local.set $j
+    local.get $table local.set $tp
+    loop $blocks
+      local.get $k local.get $tp i32.load local.get $bs i32.mul local.get $tok i32.mul i32.add local.set $kb
+      local.get $ctx local.get $j i32.sub local.set $m
+      local.get $bs local.get $m local.get $bs local.get $m i32.lt_u select local.set $m
+      local.get $kb local.set $e  ;; the block's rows read once in order (the passes below then hit cache)
+      local.get $kb local.get $m local.get $tok i32.mul i32.add local.set $n
+      loop $touch
+        local.get $e v128.load drop
+        local.get $e i32.const 64 i32.add local.tee $e local.get $n i32.lt_u br_if $touch
+      end
+      i32.const 0 local.set $h
+      loop $heads
+        i32.const 0 local.set $g
+        loop $groups  ;; head row h * group + g: its q, its scores from key j
+          local.get $q local.get $h local.get $group i32.mul local.get $g i32.add local.tee $o local.get $end i32.mul
+          i32.add local.set $qp
+          local.get $out local.get $o local.get $ld i32.mul local.get $j i32.add i32.const 2 i32.shl i32.add local.set $o
+          local.get $kb local.get $h local.get $end i32.mul i32.add local.set $kp
+          local.get $m local.set $n
           block $tail
             loop $quads
               local.get $n i32.const 4 i32.lt_u br_if $tail
@@ -509,12 +673,12 @@
               br $singles
             end
           end
-          local.get $tp i32.const 4 i32.add local.set $tp
-          local.get $j local.get $ctx i32.lt_u br_if $blocks
+          local.get $g i32.const 1 i32.add local.tee $g local.get $group i32.lt_u br_if $groups
         end
-        local.get $g i32.const 1 i32.add local.tee $g local.get $group i32.lt_u br_if $groups
+        local.get $h i32.const 1 i32.add local.tee $h local.get $nkv i32.lt_u br_if $heads
       end
-      local.get $h i32.const 1 i32.add local.tee $h local.get $nkv i32.lt_u br_if $heads
+      local.get $tp i32.const 4 i32.add local.set $tp
+      local.get $j local.get $m i32.add local.tee $j local.get $ctx i32.lt_u br_if $blocks
     end)
 
   ;; attn_values: out (nq, nkv * group, hd) = sum over the keys query i sees of p[i, n, j] * v_j, p (nq,
@@ -533,31 +697,48 @@
       local.get $i i32.const 1 i32.add local.tee $i local.get $nq i32.lt_u br_if $queries
     end)
 
-  ;; One query's probability-weighted sum of its first ctx values: p's rows (one a head) ldp f32 apart. Per head,
-  ;; 16 of its hd at a time in four accumulators over every key (in order), stored once.
+  ;; One query's probability-weighted sum of its first ctx values: p's rows (one a head) ldp f32 apart. Block by
+  ;; block (read from memory once, in order); per head, 16 of its hd at a time in four accumulators carried on
+  ;; from out over the block's keys: each output is p_0 v_0 + p_1 v_1 + ... summed left to right.
   (func $values1 (param $p i32) (param $v i32) (param $table i32) (param $ctx i32)
     (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32) (param $ldp i32)
     (local $h i32) (local $j i32) (local $n i32) (local $g i32) (local $tp i32) (local $vp i32) (local $tok i32)
-    (local $row i32) (local $d i32) (local $pp i32) (local $end i32)
+    (local $row i32) (local $d i32) (local $pp i32) (local $end i32) (local $vb i32) (local $m i32) (local $o i32)
     (local $pv v128) (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128)
     local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok
     local.get $hd i32.const 2 i32.shl local.set $end
-    loop $heads
-      i32.const 0 local.set $g
-      loop $groups
-        local.get $h local.get $group i32.mul local.get $g i32.add local.set $row
-        i32.const 0 local.set $d
-        loop $slices  ;; out[row, d .. d + 16] = sum over j of p[row, j] * v_j[d .. d + 16]
-          f32.const 0 f32x4.splat local.tee $a0 local.tee $a1 local.tee $a2 local.set $a3
-          local.get $p local.get $row local.get $ldp i32.mul i32.const 2 i32.shl i32.add local.set $pp
-          i32.const 0 local.set $j
-          local.get $table local.set $tp
-          loop $blocks
-            local.get $v local.get $tp i32.load local.get $bs i32.mul local.get $tok i32.mul i32.add
-            local.get $h local.get $end i32.mul i32.add local.get $d i32.add local.set $vp
-            local.get $ctx local.get $j i32.sub local.set $n
-            local.get $bs local.get $n local.get $bs local.get $n i32.lt_u select local.set $n
-            local.get $j local.get $n i32.add local.set $j
+    local.get $out local.set $o  ;; zero out: nkv * group * hd f32
+    local.get $out local.get $nkv local.get $group i32.mul local.get $end i32.mul i32.add local.set $vb
+    loop $zero
+      local.get $o f32.const 0 f32x4.splat v128.store
+      local.get $o i32.const 16 i32.add local.tee $o local.get $vb i32.lt_u br_if $zero
+    end
+    local.get $table local.set $tp
+    loop $blocks
+      local.get $v local.get $tp i32.load local.get $bs i32.mul local.get $tok i32.mul i32.add local.set $vb
+      local.get $ctx local.get $j i32.sub local.set $m
+      local.get $bs local.get $m local.get $bs local.get $m i32.lt_u select local.set $m
+      local.get $vb local.set $d  ;; the block's rows read once in order (the passes below then hit cache)
+      local.get $vb local.get $m local.get $tok i32.mul i32.add local.set $n
+      loop $touch
+        local.get $d v128.load drop
+        local.get $d i32.const 64 i32.add local.tee $d local.get $n i32.lt_u br_if $touch
+      end
+      i32.const 0 local.set $h
+      loop $heads
+        i32.const 0 local.set $g
+        loop $groups
+          local.get $h local.get $group i32.mul local.get $g i32.add local.set $row
+          i32.const 0 local.set $d
+          loop $slices  ;; out[row, d .. d + 16] += sum over the block's keys of p[row, j] * v_j[d .. d + 16]
+            local.get $out local.get $row local.get $end i32.mul i32.add local.get $d i32.add local.tee $o v128.load
+            local.set $a0
+            local.get $o v128.load offset=16 local.set $a1
+            local.get $o v128.load offset=32 local.set $a2
+            local.get $o v128.load offset=48 local.set $a3
+            local.get $p local.get $row local.get $ldp i32.mul local.get $j i32.add i32.const 2 i32.shl i32.add local.set $pp
+            local.get $vb local.get $h local.get $end i32.mul i32.add local.get $d i32.add local.set $vp
+            local.get $m local.set $n
             loop $keys
               local.get $pp f32.load f32x4.splat local.set $pv
               local.get $a0 local.get $pv local.get $vp v128.load f32x4.mul f32x4.add local.set $a0
@@ -568,19 +749,18 @@
               local.get $vp local.get $tok i32.add local.set $vp
               local.get $n i32.const 1 i32.sub local.tee $n br_if $keys
             end
-            local.get $tp i32.const 4 i32.add local.set $tp
-            local.get $j local.get $ctx i32.lt_u br_if $blocks
+            local.get $o local.get $a0 v128.store
+            local.get $o local.get $a1 v128.store offset=16
+            local.get $o local.get $a2 v128.store offset=32
+            local.get $o local.get $a3 v128.store offset=48
+            local.get $d i32.const 64 i32.add local.tee $d local.get $end i32.lt_u br_if $slices
           end
-          local.get $out local.get $row local.get $end i32.mul i32.add local.get $d i32.add local.tee $pp
-          local.get $a0 v128.store
-          local.get $pp local.get $a1 v128.store offset=16
-          local.get $pp local.get $a2 v128.store offset=32
-          local.get $pp local.get $a3 v128.store offset=48
-          local.get $d i32.const 64 i32.add local.tee $d local.get $end i32.lt_u br_if $slices
+          local.get $g i32.const 1 i32.add local.tee $g local.get $group i32.lt_u br_if $groups
         end
-        local.get $g i32.const 1 i32.add local.tee $g local.get $group i32.lt_u br_if $groups
+        local.get $h i32.const 1 i32.add local.tee $h local.get $nkv i32.lt_u br_if $heads
       end
-      local.get $h i32.const 1 i32.add local.tee $h local.get $nkv i32.lt_u br_if $heads
+      local.get $tp i32.const 4 i32.add local.set $tp
+      local.get $j local.get $m i32.add local.tee $j local.get $ctx i32.lt_u br_if $blocks
     end)
 
   ;; A decode step's attention for one sequence in one call (the tab's path, f32 pools): the new token's q | k | v

@@ -104,15 +104,17 @@ class HeapStore:
     def fetch(self, placed: np.ndarray) -> np.ndarray:
         return placed
 
-    def bind(self, kind: str, qs: np.ndarray, dm: np.ndarray, rows: int, cols: int) -> Callable[[int, int, int], object]:
-        """run(x, t, out): out (t, rows) = x (t, cols) @ W.T at those addresses; W's scratch (cols f32) is its own."""
-        scratch = np.empty(cols, np.float32)  # the kernel's decoded row, block sums or quantized token
-        args = (address_of(qs), address_of(dm), rows, cols)
-        tail, kernel = (rows, address_of(scratch)), self.kernel
-        many, one = KINDS[kind], KINDS[kind] | (ACT8 if self.act8 else 0)
+    def bind(self, kind: str, qs: np.ndarray, dm: np.ndarray, rows: int, cols: int,
+             act8: bool) -> Callable[[int, int, int], object]:
+        """run(x, t, out): out (t, rows) = x (t, cols) @ W.T at those addresses, with 8-bit activations where
+        act8; W's scratch (a decoded row, block sums, the tokens' quantized blocks) is its own."""
+        args, kernel, code = (address_of(qs), address_of(dm), rows, cols), self.kernel, KINDS[kind] | (ACT8 * act8)
+        held = [np.empty(scratch_floats(cols, 1, act8), np.float32)]
 
-        def run(x: int, t: int, out: int, _keep=scratch) -> None:
-            kernel(one if t == 1 else many, *args, x, t, out, *tail)
+        def run(x: int, t: int, out: int) -> None:
+            if held[0].size < scratch_floats(cols, t, act8):
+                held[0] = np.empty(scratch_floats(cols, t, act8), np.float32)
+            kernel(code, *args, x, t, out, rows, address_of(held[0]))
 
         return run
 
@@ -155,12 +157,12 @@ class SharedStore:
         self.js.read(placed.offset, out.nbytes, address_of(out))
         return out
 
-    def bind(self, kind: str, qs: Region, dm: Region, rows: int, cols: int) -> Callable[[int, int, int], object]:
-        args, matmul = (qs.offset, dm.offset, rows, cols), self.js.matmul
-        many, one = KINDS[kind], KINDS[kind] | (ACT8 if self.act8 else 0)
+    def bind(self, kind: str, qs: Region, dm: Region, rows: int, cols: int,
+             act8: bool) -> Callable[[int, int, int], object]:
+        args, matmul, code = (qs.offset, dm.offset, rows, cols), self.js.matmul, KINDS[kind] | (ACT8 * act8)
 
         def run(x: int, t: int, out: int) -> None:
-            matmul(one if t == 1 else many, *args, x, t, out)
+            matmul(code, *args, x, t, out)
 
         return run
 
@@ -170,20 +172,22 @@ Store = HeapStore | SharedStore
 
 class QuantWeight:
     """An (out, in) weight in the kernel's layout (linear.wat's header): `qs` codes, `dm` (rows, nb, 2) f32
-    (d, m) pairs, held by `store` (HeapStore or SharedStore). `h @ w.T` runs the kernel; `w[rows]` dequantizes
-    those rows (the tied embedding)."""
+    (d, m) pairs, held by `store` (HeapStore or SharedStore). `h @ w.T` runs the kernel, with 8-bit activations
+    where the store has them and the weight is not the output head (`head`: its logits keep f32 activations);
+    `w[rows]` dequantizes those rows (the tied embedding)."""
 
-    def __init__(self, kind: str, qs: np.ndarray, dm: np.ndarray, store: Store) -> None:
+    def __init__(self, kind: str, qs: np.ndarray, dm: np.ndarray, store: Store, head: bool = False) -> None:
         rows, nb, two = dm.shape
         per_block = 16 if kind == "q4_1" else 32
         if kind not in KINDS or two != 2 or qs.shape != (rows, nb * per_block):
             raise ValueError(f"{kind} weight: qs {qs.shape} and dm {dm.shape} are not the kernel's layout")
-        self.kind, self.store = kind, store
+        self.kind, self.store, self.head = kind, store, head
         self.shape = (rows, nb * QK)
         self.parts = (rows,)  # the rows of each weight stacked here (stack)
         self.nbytes = qs.nbytes + dm.nbytes
         self.qs, self.dm = store.place(qs), store.place(dm)
-        self._run = store.bind(kind, self.qs, self.dm, rows, self.shape[1])
+        self.act8 = store.act8 and not head  # 8-bit activations for every token of its products
+        self._run = store.bind(kind, self.qs, self.dm, rows, self.shape[1], self.act8)
         # One token (decode) goes through fixed buffers: an address lookup costs as much as a small product in
         # Pyodide (measured: 8.6 us each; `h @ w.T` for a 32x576 weight 91 -> 57 us).
         self._x1 = np.empty((1, self.shape[1]), np.float32)  # (1, cols)
@@ -191,16 +195,17 @@ class QuantWeight:
         self._one = (address_of(self._x1), 1, address_of(self._out1))
 
     @classmethod
-    def from_parts(cls, dtype: str, shape: tuple[int, int], parts: dict, store: Store) -> "QuantWeight":
+    def from_parts(cls, dtype: str, shape: tuple[int, int], parts: dict, store: Store,
+                   head: bool = False) -> "QuantWeight":
         """A manifest tensor's web parts (model/layout.py) -> the kernel's layout (kernel_blocks)."""
-        return cls(*kernel_blocks(dtype, tuple(shape), parts), store)
+        return cls(*kernel_blocks(dtype, tuple(shape), parts), store, head)
 
     @classmethod
     def stack(cls, weights: list["QuantWeight"]) -> "QuantWeight":
         """One weight of the rows of `weights` (one kind, one store, one width) in order; `parts` their rows."""
         store = weights[0].store
         stacked = cls(weights[0].kind, np.concatenate([store.fetch(w.qs) for w in weights]),
-                      np.concatenate([store.fetch(w.dm) for w in weights]), store)
+                      np.concatenate([store.fetch(w.dm) for w in weights]), store, weights[0].head)
         stacked.parts = tuple(r for w in weights for r in w.parts)
         return stacked
 
@@ -245,10 +250,9 @@ def tensor_loader(store: Store) -> Callable:
     names = {f".{p}.weight" for p in PROJECTIONS}
 
     def convert(name: str, dtype: str, shape: tuple[int, ...], parts: dict):
-        wanted = name in ("token_embd.weight", "output.weight") or (
-            name.startswith("blk.") and name[name.index(".", 4):] in names)
-        if wanted and dtype in HELD_AS:
-            return QuantWeight.from_parts(dtype, tuple(shape), parts, store)
+        head = name in ("token_embd.weight", "output.weight")
+        if (head or name.startswith("blk.") and name[name.index(".", 4):] in names) and dtype in HELD_AS:
+            return QuantWeight.from_parts(dtype, tuple(shape), parts, store, head)
         return dequantize(dtype, tuple(shape), parts)
 
     return convert
@@ -279,7 +283,14 @@ def wasm_weights(tensors: dict, n_layers: int, head: str) -> dict:
     return out
 
 
-ACT8, QUANTIZED_X = 2, 4  # kind bits: 8-bit activations for one token; x already quantized into scratch (quant_x)
+ACT8, QUANTIZED_X = 2, 4  # kind bits: 8-bit activations; x already quantized into scratch (quant_x)
+Q8_BYTES = 72  # a 32-value block of one token at 8 bits in scratch: its xsum and d (f32 each), 32 i16 codes
+
+
+def scratch_floats(cols: int, t: int, act8: bool) -> int:
+    """The f32 a product's scratch needs: a decoded row (cols), or with 8-bit activations every token's
+    quantized blocks (linear.wat's quant_x: t * cols / 32 * Q8_BYTES bytes)."""
+    return max(cols, t * (cols // QK) * Q8_BYTES // 4) if act8 else cols
 
 
 def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -315,8 +326,8 @@ def act8_products(kind_name: str, qs: np.ndarray, dm: np.ndarray, xsum: np.ndarr
 def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: int, out: int, ldo: int,
                  scratch: int) -> None:
     """The kernel's numpy twin over the same addresses (CPython): out = x @ W.T, W decoded as linear.wat does,
-    out's rows ldo f32 apart; kind | ACT8 with one token through quant_x's blocks in scratch (written first
-    unless kind | QUANTIZED_X)."""
+    out's rows ldo f32 apart; kind | ACT8: each token through its quant_x blocks in scratch (written first unless
+    kind | QUANTIZED_X), the same products as that token alone."""
     import ctypes  # here: the tab never calls the twin
 
     nb = cols // QK
@@ -326,12 +337,14 @@ def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: i
     qs_a = array_at(qs, ctype, rows * nb * per_block).reshape(rows, -1)
     dm_a = array_at(dm, ctypes.c_float, rows * nb * 2).reshape(rows, nb, 2)
     xs = array_at(x, ctypes.c_float, t * cols).reshape(t, cols)
-    if t == 1 and kind & ACT8:
+    if kind & ACT8:
         if not kind & QUANTIZED_X:
-            quant_x_twin(x, nb, scratch)
-        xsum, d = (array_at(scratch + 4 * nb * i, ctypes.c_float, nb) for i in (0, 1))
-        q = array_at(scratch + 8 * nb, ctypes.c_int16, nb * QK).reshape(nb, QK)
-        array_at(out, ctypes.c_float, rows)[...] = act8_products(kind_name, qs_a, dm_a, xsum, d, q)
+            quant_x_twin(x, nb, t, scratch)
+        for i in range(t):
+            at = scratch + i * nb * Q8_BYTES
+            xsum, d = (array_at(at + 4 * nb * j, ctypes.c_float, nb) for j in (0, 1))
+            q = array_at(at + 8 * nb, ctypes.c_int16, nb * QK).reshape(nb, QK)
+            array_at(out + 4 * i * ldo, ctypes.c_float, rows)[...] = act8_products(kind_name, qs_a, dm_a, xsum, d, q)
         return
     w = dequantize_rows(kind_name, qs_a, dm_a)
     if t:
@@ -340,14 +353,17 @@ def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: i
     array_at(scratch, ctypes.c_float, cols)[...] = 0.0  # the kernel's scratch is clobbered too
 
 
-def quant_x_twin(x: int, nb: int, scratch: int) -> None:
-    """linear.wat's quant_x export over the same addresses (CPython): xsum, d, q of one token into scratch."""
+def quant_x_twin(x: int, nb: int, t: int, scratch: int) -> None:
+    """linear.wat's quant_x export over the same addresses (CPython): xsum, d, q of each of t tokens into
+    scratch, nb * Q8_BYTES bytes apart."""
     import ctypes  # here: the tab never calls the twin
 
-    xsum, d, q = quantize_activations(array_at(x, ctypes.c_float, nb * QK))
-    array_at(scratch, ctypes.c_float, nb)[...] = xsum
-    array_at(scratch + 4 * nb, ctypes.c_float, nb)[...] = d
-    array_at(scratch + 8 * nb, ctypes.c_int16, nb * QK)[...] = q.reshape(-1)
+    for i in range(t):
+        xsum, d, q = quantize_activations(array_at(x + 4 * i * nb * QK, ctypes.c_float, nb * QK))
+        at = scratch + i * nb * Q8_BYTES
+        array_at(at, ctypes.c_float, nb)[...] = xsum
+        array_at(at + 4 * nb, ctypes.c_float, nb)[...] = d
+        array_at(at + 8 * nb, ctypes.c_int16, nb * QK)[...] = q.reshape(-1)
 
 
 CHUNKS_PER_THREAD = 8  # web/linear_threads.js's: the rows of a product split into this many chunks per thread
@@ -387,10 +403,10 @@ class ThreadsTwin:
     def matmul(self, kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: int, out: int) -> None:
         n = self.threads if rows >= self.threads and rows * cols * t >= self.min_work else 1
         self.split_calls += n > 1
-        nb, scratch = cols // QK, np.empty(cols, np.float32)
+        nb, scratch = cols // QK, np.empty(scratch_floats(cols, t, bool(kind & ACT8)), np.float32)
         row_q = nb * (32 if kind & 1 else 16)
-        if t == 1 and kind & ACT8 and n > 1:  # the token quantized once, every chunk reading it
-            quant_x_twin(x, nb, address_of(scratch))
+        if kind & ACT8 and n > 1:  # the tokens quantized once, every chunk reading them
+            quant_x_twin(x, nb, t, address_of(scratch))
             kind |= QUANTIZED_X
         for r0, r1 in chunks(rows, n) if n > 1 else [(0, rows)]:
             pointer_twin(kind, qs + r0 * row_q, dm + r0 * nb * 8, r1 - r0, cols, x, t, out + 4 * r0, rows,
