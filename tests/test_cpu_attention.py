@@ -157,3 +157,59 @@ def test_pools_viewing_shared_pages_give_what_contiguous_pools_give(tiny_weights
     got = model.forward(_decode_batch(nexts), shared)
     assert np.array_equal(got, want)
     assert np.isnan(pages[:, 2 * cfg.n_layers * block:]).all()  # the padding was never written
+
+
+class GlueTwin(CountingTwin):
+    """CountingTwin counting the one-token step's glue calls too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls.update(rms_norm=0, add_rms_norm=0, silu_mul=0)
+
+    def rms_norm(self, *args) -> None:
+        self.calls["rms_norm"] += 1
+        super().rms_norm(*args)
+
+    def add_rms_norm(self, *args) -> None:
+        self.calls["add_rms_norm"] += 1
+        super().add_rms_norm(*args)
+
+    def silu_mul(self, *args) -> None:
+        self.calls["silu_mul"] += 1
+        super().silu_mul(*args)
+
+
+def test_a_lone_decode_step_on_quantized_weights_runs_its_layers_through_the_kernels(tiny_dir):  # noqa: F811
+    """Stacked QuantWeights (the tab's layout): a one-token step takes, per layer, attn_decode, add_rms_norm twice
+    and silu_mul once (rms_norm once before the first layer), no numpy between; over the twins (the reference's
+    operations) its logits and new K/V are the layer-by-layer path's bit for bit, and NumpyModel's on the same
+    weights within the summation-order bound."""
+    from pagedkv.backends.cpu_wasm import HeapStore, pointer_twin, stack_projections, tensor_loader
+    from pagedkv.model.weights import ModelWeights
+
+    plain = ModelWeights.load(tiny_dir)
+    shards = {s["file"]: (tiny_dir / s["file"]).read_bytes() for s in plain.manifest["shards"]}
+    quantized = ModelWeights.from_shards(plain.manifest, shards, tensor_loader(HeapStore(pointer_twin)))
+    stack_projections(quantized.tensors, quantized.config.n_layers)
+    cfg = quantized.config
+    kv, nexts = _prefilled(plain)
+    table, n = TABLES[0], PROMPTS[0]
+    batch = ForwardBatch(i32([nexts[0]]), i32([n]), i32([table[n // 16] * 16 + n % 16]), i32([0, 1]), i32([table]),
+                         i32([n + 1]))
+    twin = GlueTwin()
+    fast = WasmAttentionModel(quantized, twin)
+    kv_fast, kv_slow, kv_ref = _copy(kv), _copy(kv), _copy(kv)
+    got = fast.forward(batch, kv_fast)
+    assert twin.calls == {"attn_decode": cfg.n_layers, "attn_scores": cfg.n_layers, "rms_norm": 1,
+                          "add_rms_norm": 2 * cfg.n_layers, "silu_mul": cfg.n_layers}
+    slow = WasmAttentionModel(quantized, PointerTwin())
+    slow._layers = None  # the layer-by-layer path: NumpyModel.forward with the fused attention
+    want = slow.forward(batch, kv_slow)
+    assert np.array_equal(got, want)
+    assert all(np.array_equal(a, b) for a, b in zip(kv_fast.k + kv_fast.v, kv_slow.k + kv_slow.v))
+    ref = NumpyModel(plain).forward(batch, kv_ref)  # the same weights, dequantized by ModelWeights.load
+    assert float(np.abs(got - ref).max()) <= 2e-6 * float(np.abs(ref).max())
+    # two sequences, or the attention mass: the layer-by-layer path
+    again = GlueTwin()
+    WasmAttentionModel(quantized, again).forward(_decode_batch(nexts), _copy(kv))
+    assert again.calls["add_rms_norm"] == again.calls["attn_decode"] == 0

@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the page's ?backend= (auto: numpy on a software adapter, else WebGPU)")
     parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto",
                         help="WebGPU kernel family (the page's ?kernels=)")
+    parser.add_argument("--activations", choices=("int8", "f32"), default="int8",
+                        help="the CPU path's activations in its products (the page's ?activations=)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (else the text)")
     args = parser.parse_args(argv)
     if args.greedy and args.temperature is not None:
@@ -87,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                           "max_tokens": args.max_tokens})
     from harness.page import BrowserSession  # the repository's, with Playwright: never in the page
 
-    with BrowserSession(f"?model={args.model}&backend={args.backend}&kernels={args.kernels}") as session:
+    with BrowserSession(f"?model={args.model}&backend={args.backend}&kernels={args.kernels}"
+                        f"&activations={args.activations}") as session:
         try:
             result = session.py(WORKER_CODE.format(args=payload))
         except Exception as exc:  # the worker's exception text names the problem

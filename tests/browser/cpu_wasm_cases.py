@@ -102,6 +102,36 @@ def case_attention(kernels, ctx: int, nkv: int, group: int, hd: int, nq: int = 1
             "values_rel": float((np.abs(out - want_o) / unit_o).max())}
 
 
+def case_step_glue(kernels, n: int) -> dict:
+    """The one-token step's glue exports against f64: rms_norm and add_rms_norm (the residual bit-identical to
+    numpy's f32 add) over their output's magnitude, silu_mul over |silu(g) u| plus 2^-100 (e^x is 0 below -87),
+    each in units of f32 rounding (2^-24)."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * np.where(np.arange(n) % 7 == 0, 30, 1)).astype(np.float32)
+    y, w, u = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    g = (rng.standard_normal(n) * 8).astype(np.float32)
+    g[:4] = [0.0, -100.0, 100.0, -1e-8]
+    out = np.empty(n, np.float32)
+    eps = float(np.float32(1e-5))
+
+    def norm(v):  # f64
+        v = v.astype(np.float64)
+        return v / np.sqrt((v * v).mean() + eps) * w.astype(np.float64)
+
+    kernels.rms_norm(address_of(x), address_of(w), n, eps, address_of(out))
+    rel_norm = float((np.abs(out - norm(x)) / np.abs(norm(x)).max()).max() / 2.0**-24)
+    x2 = x.copy()
+    kernels.add_rms_norm(address_of(x2), address_of(y), address_of(w), n, eps, address_of(out))
+    summed = x + y
+    rel_add = float((np.abs(out - norm(summed)) / np.abs(norm(summed)).max()).max() / 2.0**-24)
+    kernels.silu_mul(address_of(g), address_of(u), n, address_of(out))
+    g64 = g.astype(np.float64)
+    want = g64 / (1.0 + np.exp(-g64)) * u.astype(np.float64)
+    rel_silu = float((np.abs(out - want) / (np.abs(want) + 2.0**-100)).max() / 2.0**-24)
+    return {"n": n, "norm_ulps": rel_norm, "add_exact": bool(np.array_equal(x2, summed)), "add_ulps": rel_add,
+            "silu_ulps": rel_silu}
+
+
 def case_attn_decode(kernels, ctx: int, nkv: int, group: int, hd: int) -> dict:
     """attn_decode on one new token (the last of ctx) over a scattered 16-token-block f32 pool: its q and k
     rotated and its k, v written into the pool row exactly as numpy's rotate_adjacent gives them (bit for bit),

@@ -1,7 +1,7 @@
 """createEngine with a GGUF File beside a built-in model (pagedkv.js, CPU path): the worker converts and stores
 the file as the page's "Open GGUF" does, names it gguf:<file name>, and loads both into one engine and one
-budget; the file's greedy reply is the CPython reference's on the same file. A malformed file rejects
-createEngine with the reader's error."""
+budget; the file's greedy reply is the CPython reference's on the same file (f32 activations, as the reference
+computes). A malformed file rejects createEngine with the reader's error."""
 from __future__ import annotations
 
 from test_gguf_page import FILE_NAME, MAX_TOKENS, PROMPT, reference, tiny_gguf  # noqa: F401  (fixtures)
@@ -22,7 +22,7 @@ CREATE = """async ([name, bytes, max_tokens, prompt]) => {
   let e;
   try {
     e = await createEngine({ models: [new File([new Uint8Array(bytes)], name), "tiny-random"], backend: "cpu",
-                             budgetMiB: 16, onProgress: (p) => stages.add(p.stage) });
+                             budgetMiB: 16, params: { activations: "f32" }, onProgress: (p) => stages.add(p.stage) });
   } catch (err) {
     return { error: String(err.message || err) };
   }

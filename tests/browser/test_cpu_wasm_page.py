@@ -13,7 +13,9 @@ Bounds (asserted below; what Chromium gave when written in brackets):
 """
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -134,6 +136,18 @@ def test_attn_decode_rotates_writes_and_attends_in_one_call(ready_page):
         assert r["probs_sum"] <= (r["case"][0] + 8) * 2.0**-24, r
 
 
+def test_the_one_token_steps_glue_matches_f64(ready_page):
+    """rms_norm / add_rms_norm / silu_mul (web/wasm/linear.wat, WasmAttentionModel's one-token step) against f64,
+    in f32 roundings: the norm's sum of n / 4 positive squares a lane rounds at most n / 4 + 2 times (halved by
+    the square root), then a division and a product; silu within 8 (Cephes' e^x, the sum, the division)."""
+    worker = install_modules(ready_page, "cpu_wasm_cases")
+    results = worker.py("import json, cpu_wasm_cases as c\nfrom pagedkv.browser.interop import wasm_attention\n"
+                        "k = wasm_attention()\njson.dumps([c.case_step_glue(k, n) for n in (64, 576, 1536)])")
+    for r in results:
+        bound = r["n"] / 8 + 4
+        assert r["add_exact"] and r["norm_ulps"] <= bound and r["add_ulps"] <= bound and r["silu_ulps"] <= 8, r
+
+
 @pytest.fixture(scope="module")
 def cpu_page(browser, base_url):
     booted = open_and_boot(browser, base_url + "?model=tiny-random&backend=cpu&threads=2")
@@ -239,3 +253,39 @@ def test_a_kernel_that_does_not_load_says_why_and_the_path_keeps_einsum(ready_pa
     assert got[1].startswith("wasm/linear.wasm has sha256 ") and got[1].endswith(f"assets.json says {'00' * 32}")
     assert got[2] == "assets.json lists no wasm kernel (rebuild: python3 build.py)"
     assert got[3] == got[1]
+
+
+GOLDEN = json.loads((Path(__file__).parent.parent / "golden" / "llama_golden.json").read_text(encoding="utf-8"))
+GREEDY = """
+import json
+from pagedkv_app.main import state
+from pagedkv.sampling import SamplingParams
+e, out = state["engine"], []
+for prompt in PROMPTS:
+    rid = e.add_request(prompt, SamplingParams(max_tokens=8, stop_token_ids=(1_000_000,)))
+    ids = []
+    while e.has_unfinished:
+        ids += [t for o in await e.step() if o.request_id == rid for t in o.token_ids]
+    out.append(ids)
+json.dumps(out)
+"""
+
+
+def test_the_real_model_on_the_tabs_default_cpu_path_gives_llama_cpps_greedy_ids(browser, base_url):
+    """SmolLM2 on the default CPU path (8-bit activations in the layers, the head in f32, every core): each of
+    the golden prompts' 8 greedy ids equal to llama.cpp's (tests/golden/llama_golden.json) up to a position
+    where llama.cpp's own top-1 / top-2 margin is a near tie."""
+    booted = open_and_boot(browser, base_url + "?backend=cpu")
+    try:
+        info = wait_model(booted)
+        assert info["model"] == "smollm2-135m-instruct" and info["cpu_linear"].endswith(
+            ", 8-bit activations (head f32)"), info
+        got = booted.py(GREEDY.replace("PROMPTS", repr([c["prompt_ids"] for c in GOLDEN["cases"]])))
+    finally:
+        booted.page.close()
+    for case, ids in zip(GOLDEN["cases"], got):
+        assert len(ids) == 8, (case["name"], ids)
+        pos = next((i for i, (a, b) in enumerate(zip(ids, case["output_ids"])) if a != b), None)
+        print(case["name"], "equal" if pos is None else f"first difference at {pos}, margin "
+              f"{case['top1_top2_margins'][pos]:.2f}")
+        assert pos is None or near_tie(case["top1_top2_margins"][pos]), (case["name"], ids, case["output_ids"][:8])

@@ -1,5 +1,6 @@
 """`npm run generate` (pagedkv.generate): one chat completion through the page's engine in headless Chromium
-prints what the CPU CLI (`python3 -m pagedkv generate`) prints for the same messages, plus the tab's timings."""
+prints what the CPU CLI (`python3 -m pagedkv generate`) prints for the same messages (the tab's CPU path with f32
+activations, as the CLI's numpy computes), plus the tab's timings."""
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ def test_generate_in_the_page_prints_the_cpu_clis_ids_and_timings(base_url, tmp_
     # Its own process: Playwright's sync API runs once per thread, and the tests' browser is open here.
     env = dict(os.environ, PYTHONPATH=str(build.ROOT / "py"), PAGEDKV_BENCH_BUILT="1")  # base_url built dist/
     proc = subprocess.run([sys.executable, "-m", "pagedkv.generate", *args, "--model", "tiny-random",
-                           "--backend", "cpu"], cwd=build.ROOT, capture_output=True, text=True, env=env, timeout=600)
+                           "--backend", "cpu", "--activations", "f32"], cwd=build.ROOT, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
     assert {key: got[key] for key in ("prompt_ids", "output_ids", "text")} == want

@@ -94,9 +94,10 @@ def assert_answers_like_reference(booted, reference) -> None:
     assert ids[len(prompt):len(prompt) + MAX_TOKENS] == reply
 
 
-def open_gguf(browser, base_url, tiny_gguf, reference, backend: str):
-    """The page on `backend`, the GGUF opened through the file input: converted, stored, and answering."""
-    booted, info = open_app(browser, f"{base_url}?model=tiny-random&backend={backend}", 120_000)
+def open_gguf(browser, base_url, tiny_gguf, reference, backend: str, query: str = ""):
+    """The page on `backend` (and `query`), the GGUF opened through the file input: converted, stored, and
+    answering."""
+    booted, info = open_app(browser, f"{base_url}?model=tiny-random&backend={backend}{query}", 120_000)
     page = booted.page
     assert info["model"] == "tiny-random"
     page.set_input_files("#gguf-input", str(tiny_gguf))
@@ -115,9 +116,10 @@ def test_an_opened_gguf_answers_on_webgpu(browser, base_url, tiny_gguf, referenc
 
 
 def test_open_store_reload_and_remove(browser, base_url, tiny_gguf, reference):
-    """Storing, reopening and removing do not depend on the backend: on the CPU path (each boot is shorter)."""
-    backend = "cpu"
-    booted = open_gguf(browser, base_url, tiny_gguf, reference, backend)
+    """Storing, reopening and removing do not depend on the backend: on the CPU path (each boot is shorter), with
+    f32 activations, as the CPython reference computes."""
+    backend, query = "cpu", "&activations=f32"
+    booted = open_gguf(browser, base_url, tiny_gguf, reference, backend, query)
     page = booted.page
 
     page.reload()  # opens from OPFS: nothing is converted again

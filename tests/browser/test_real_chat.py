@@ -75,8 +75,8 @@ def test_real_model_answers_on_the_cpu_fallback_without_webgpu(browser_without_w
         page.set_default_timeout(300_000)
         assert "CPU fallback: slow" in page.locator("#chat-status").inner_text()
         show_settings(page)
-        turn, start, _, _ = run_turn(booted, "What is the capital of France?", 3)
-        assert start["prompt_tokens"] == 37 and turn["tokens"] == 3
-        assert turn["content"].startswith("The capital of")  # the same greedy start as on WebGPU
+        turn, start, _, _ = run_turn(booted, "Explain what a hash table is in two sentences.", 3)
+        assert start["prompt_tokens"] == 40 and turn["tokens"] == 3
+        assert turn["content"] == "A hash table"  # llama.cpp's greedy start (tests/golden: margins 4.6 to 8.5)
     finally:
         booted.page.close()

@@ -839,10 +839,57 @@
     local.get $s local.get $v local.get $table local.get $ctx local.get $bs local.get $nkv local.get $group
     local.get $hd local.get $out local.get $ld call $values1)
 
+  ;; A decode step's glue in one call each (backends/cpu_attention.py: WasmAttentionModel's one-token step), n f32
+  ;; a multiple of 4. rms_norm: out = x / sqrt(sum(x * x) / n + eps) * w (ref_ops.rms_norm's operations; the sum
+  ;; in four lanes). add_rms_norm: x += y first (the residual), then rms_norm of it.
+  (func $rms_norm (export "rms_norm") (param $x i32) (param $w i32) (param $n i32) (param $eps f32) (param $out i32)
+    (local $i i32) (local $acc v128) (local $r v128)
+    loop $squares
+      local.get $acc local.get $x local.get $i i32.add v128.load local.tee $r local.get $r f32x4.mul f32x4.add
+      local.set $acc
+      local.get $i i32.const 16 i32.add local.tee $i local.get $n i32.const 2 i32.shl i32.lt_u br_if $squares
+    end
+    local.get $acc call $hsum local.get $n f32.convert_i32_u f32.div local.get $eps f32.add f32.sqrt f32x4.splat
+    local.set $r
+    i32.const 0 local.set $i
+    loop $scaled
+      local.get $out local.get $i i32.add
+      local.get $x local.get $i i32.add v128.load local.get $r f32x4.div local.get $w local.get $i i32.add v128.load
+      f32x4.mul v128.store
+      local.get $i i32.const 16 i32.add local.tee $i local.get $n i32.const 2 i32.shl i32.lt_u br_if $scaled
+    end)
+
+  (func $add_rms_norm (export "add_rms_norm") (param $x i32) (param $y i32) (param $w i32) (param $n i32)
+    (param $eps f32) (param $out i32)
+    (local $i i32)
+    loop $sums
+      local.get $x local.get $i i32.add local.get $x local.get $i i32.add v128.load
+      local.get $y local.get $i i32.add v128.load f32x4.add v128.store
+      local.get $i i32.const 16 i32.add local.tee $i local.get $n i32.const 2 i32.shl i32.lt_u br_if $sums
+    end
+    local.get $x local.get $w local.get $n local.get $eps local.get $out call $rms_norm)
+
+  ;; out = silu(g) * u, silu(g) = g / (1 + e^-g) (ref_ops.silu): with t = e^-|g| ($exp4's domain), g / (1 + t)
+  ;; where g >= 0 and g * t / (1 + t) where g < 0 (e^-g overflows there; the same value).
+  (func $silu_mul (export "silu_mul") (param $g i32) (param $u i32) (param $n i32) (param $out i32)
+    (local $i i32) (local $v v128) (local $t v128) (local $neg v128)
+    loop $lanes
+      local.get $g local.get $i i32.add v128.load local.tee $v
+      f32.const 0 f32x4.splat f32x4.lt local.set $neg
+      local.get $v f32x4.abs f32x4.neg call $exp4 local.set $t
+      local.get $out local.get $i i32.add
+      local.get $v local.get $t f32x4.mul local.get $v local.get $neg v128.bitselect
+      f32.const 1 f32x4.splat local.get $t f32x4.add f32x4.div
+      local.get $u local.get $i i32.add v128.load f32x4.mul v128.store
+      local.get $i i32.const 16 i32.add local.tee $i local.get $n i32.const 2 i32.shl i32.lt_u br_if $lanes
+    end)
+
   ;; e^x lane by lane for x <= 0 (a softmax's shifted scores): Cephes' expf, x = n ln 2 + r with |r| <= ln 2 / 2,
-  ;; a degree-5 polynomial in r, times 2^n built in the exponent bits; x below -87 gives e^-87 (~1.6e-38).
+  ;; a degree-5 polynomial in r, times 2^n built in the exponent bits; x below -87 (-inf too) gives 0 (e^-87 is
+  ;; ~1.6e-38, where f32's normal numbers end).
   (func $exp4 (param $x v128) (result v128)
-    (local $n v128) (local $r v128) (local $p v128)
+    (local $n v128) (local $r v128) (local $p v128) (local $keep v128)
+    local.get $x f32.const -87 f32x4.splat f32x4.ge local.set $keep
     local.get $x f32.const -87 f32x4.splat f32x4.max local.tee $x
     f32.const 1.44269504 f32x4.splat f32x4.mul f32x4.nearest local.set $n
     local.get $x local.get $n f32.const 0.693359375 f32x4.splat f32x4.mul f32x4.sub
@@ -853,5 +900,6 @@
     local.get $r f32x4.mul f32.const 1.6666665459e-1 f32x4.splat f32x4.add
     local.get $r f32x4.mul f32.const 5.0000001201e-1 f32x4.splat f32x4.add local.set $p
     local.get $p local.get $r f32x4.mul local.get $r f32x4.mul local.get $r f32x4.add f32.const 1 f32x4.splat f32x4.add
-    local.get $n i32x4.trunc_sat_f32x4_s i32.const 127 i32x4.splat i32x4.add i32.const 23 i32x4.shl f32x4.mul)
+    local.get $n i32x4.trunc_sat_f32x4_s i32.const 127 i32x4.splat i32x4.add i32.const 23 i32x4.shl f32x4.mul
+    local.get $keep v128.and)
 )

@@ -1,5 +1,10 @@
 """Attention through the wasm kernel (web/wasm/linear.wat: attn_scores, attn_values): the tab's CPU path.
 
+A lone sequence's decode step runs its whole layer loop through the kernels on fixed buffers
+(WasmAttentionModel.forward): per layer four products, attn_decode and three calls for the glue (rms_norm,
+add_rms_norm: the residual and the next norm, silu_mul), no numpy between them; the reference's order of
+operations, the sums of squares and e^x aside.
+
 NumpyModel (the oracle) gathers every cached key and value of a sequence through fancy indexing and runs
 small batched matmuls, without BLAS in Pyodide, per layer and step. Here a sequence's one new token reads
 the paged f32 pools in place through its block table: the kernel computes q . k for every cached key, numpy
@@ -17,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.weights import ModelWeights
-from .cpu_wasm import address_of, array_at
-from ..kernels.ref_ops import rope_tables, rotate_adjacent
+from .cpu_wasm import QuantWeight, address_of, array_at
+from ..kernels.ref_ops import rms_norm, rope_tables, rotate_adjacent, silu
 from .numpy_ref import NumpyModel, block_mass
 
 
@@ -38,9 +43,55 @@ class WasmAttentionModel(NumpyModel):
         self._out = np.empty((cfg.n_heads, cfg.head_dim), np.float32)  # (n_heads, head_dim)
         self._qkv = np.empty((1, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim), np.float32)  # attn_decode's
         self._scale = np.float32(1.0 / np.sqrt(cfg.head_dim))  # the reference's softmax scale
-        self._addrs = {name: address_of(getattr(self, name)) for name in ("_scores", "_probs", "_q", "_out", "_qkv")}
+        # the one-token step's buffers: the residual x, the normed h, a product's output y, gate | up, silu * up
+        self._x, self._h, self._y = (np.empty((1, cfg.hidden), np.float32) for _ in range(3))
+        self._gu = np.empty((1, 2 * cfg.ffn), np.float32)
+        self._act = np.empty((1, cfg.ffn), np.float32)
+        self._addrs = {name: address_of(getattr(self, name)) for name in (
+            "_scores", "_probs", "_q", "_out", "_qkv", "_x", "_h", "_y", "_gu", "_act")}
+        self._layers = self._step_weights()
         self._pools: dict[int, tuple[np.ndarray, int]] = {}  # id(pool) -> (pool, address): pools live on
         self._batch, self._tables = None, {}  # the step whose tables these are, and their entries (_step)
+
+    def _step_weights(self) -> list[tuple] | None:
+        """Per layer (q|k|v, o, gate|up, down, attn_norm's address, the next norm's address: the next layer's
+        attn_norm, output_norm after the last) when the one-token step can run through the kernels: every
+        projection a stacked QuantWeight, no attention bias, widths a multiple of 4; else None."""
+        cfg, w = self.config, self.w
+        if cfg.attention_bias or cfg.hidden % 4 or cfg.ffn % 4 or not hasattr(self.kernels, "add_rms_norm"):
+            return None
+        names = [[f"blk.{i}.{n}.weight" for n in ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down")]
+                 for i in range(cfg.n_layers)]
+        if not all(isinstance(w.get(n), QuantWeight) for row in names for n in row):
+            return None
+        norms = [f"blk.{i}.{n}.weight" for i in range(cfg.n_layers) for n in ("attn_norm", "ffn_norm")]
+        for n in norms + ["output_norm.weight"]:  # held f32 and contiguous, so their addresses stay
+            w[n] = np.ascontiguousarray(w[n], np.float32)
+        at = [address_of(w[n]) for n in norms] + [address_of(w["output_norm.weight"])]  # attn, ffn, attn, ..., out
+        return [(*(w[n] for n in row), at[2 * i], at[2 * i + 1], at[2 * i + 2]) for i, row in enumerate(names)]
+
+    def forward(self, batch, kv, all_logits: bool = False, attention_mass: np.ndarray | None = None) -> np.ndarray:
+        """NumpyModel.forward; one token of one sequence on f32 pools without the mass runs its layers through
+        the kernels on the fixed buffers (the module docstring)."""
+        if (self._layers is None or batch.token_ids.shape[0] != 1 or attention_mass is not None
+                or kv.kv_dtype != "f32"):
+            return super().forward(batch, kv, all_logits, attention_mass)
+        cfg, k, a = self.config, self.kernels, self._addrs
+        batch.check_fits(vocab=cfg.vocab, context_length=cfg.context_length, num_blocks=kv.num_blocks,
+                         block_size=kv.block_size)
+        hidden, ffn, eps = cfg.hidden, cfg.ffn, float(cfg.rms_eps)
+        self._x[...] = self.w["token_embd.weight"][batch.token_ids]
+        k.rms_norm(a["_x"], self._layers[0][4], hidden, eps, a["_h"])
+        for layer, (qkv, o, gate_up, down, _, ffn_norm, next_norm) in enumerate(self._layers):
+            qkv.run1(a["_h"], a["_qkv"])
+            self._decode_attention(layer, batch, kv)
+            o.run1(a["_out"], a["_y"])
+            k.add_rms_norm(a["_x"], a["_y"], ffn_norm, hidden, eps, a["_h"])  # x += attention; h = norm(x)
+            gate_up.run1(a["_h"], a["_gu"])
+            k.silu_mul(a["_gu"], a["_gu"] + 4 * ffn, ffn, a["_act"])
+            down.run1(a["_act"], a["_y"])
+            k.add_rms_norm(a["_x"], a["_y"], next_norm, hidden, eps, a["_h"])  # x += mlp; the next norm
+        return self._h @ self.w["token_embd.weight" if cfg.tied_embeddings else "output.weight"].T  # (1, vocab)
 
     def _step(self, batch) -> dict:
         """What every layer of one step shares, made at its first layer (in Pyodide each numpy call costs
@@ -59,6 +110,12 @@ class WasmAttentionModel(NumpyModel):
         cfg = self.config
         ys = self._projections(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), h, cfg.attention_bias)
         np.concatenate(ys, axis=1, out=self._qkv)
+        self._decode_attention(layer, batch, kv)
+        return self._out.reshape(1, -1) @ self.w[f"blk.{layer}.attn_output.weight"].T  # (1, hidden)
+
+    def _decode_attention(self, layer: int, batch, kv) -> None:
+        """attn_decode of the one new token whose q | k | v are in self._qkv, into self._out."""
+        cfg = self.config
         t, ctx, bs = self._step(batch), int(batch.context_lens[0]), kv.block_size
         k_addr, v_addr, step, geometry = self._geometry(batch.block_tables[0], ctx, 1, kv.k[layer], kv.v[layer])
         if "decode" not in t:  # the new token's pool row (a page's blocks `step` apart) and the rotations' addresses
@@ -69,7 +126,6 @@ class WasmAttentionModel(NumpyModel):
         self.kernels.attn_decode(a["_qkv"], cos, sin, k_addr, v_addr, geometry[0], ctx, bs, cfg.n_kv_heads,
                                  cfg.q_per_kv, cfg.head_dim, row, float(self._scale), a["_scores"], (ctx + 3) & ~3,
                                  a["_out"])
-        return self._out.reshape(1, -1) @ self.w[f"blk.{layer}.attn_output.weight"].T  # (1, hidden)
 
     def _rope(self, q: np.ndarray, k: np.ndarray, batch) -> tuple[np.ndarray, np.ndarray]:
         """The reference's rope_adjacent (the same arithmetic) on the step's cos and sin."""
@@ -150,7 +206,8 @@ class WasmAttentionModel(NumpyModel):
 
 
 class PointerTwin:
-    """The kernels' numpy twins over the same addresses (CPython): what attn_scores / attn_values compute."""
+    """The kernels' numpy twins over the same addresses (CPython): what attn_scores / attn_values, attn_decode
+    and the one-token step's glue (rms_norm, add_rms_norm, silu_mul: the reference's own operations) compute."""
 
     @staticmethod
     def _views(table: int, pool: int, ctx: int, bs: int, nkv: int, hd: int):
@@ -180,6 +237,28 @@ class PointerTwin:
         for i in range(nq):
             seen = ctx - nq + i + 1
             o[i] = np.einsum("hgc,chd->hgd", probs[i, :, :, :seen], vals[:seen])
+
+    @staticmethod
+    def rms_norm(x: int, w: int, n: int, eps: float, out: int) -> None:
+        import ctypes  # here: the tab never calls the twin
+
+        f32 = ctypes.c_float
+        array_at(out, f32, n)[...] = rms_norm(array_at(x, f32, n)[None], array_at(w, f32, n), eps)[0]
+
+    @staticmethod
+    def add_rms_norm(x: int, y: int, w: int, n: int, eps: float, out: int) -> None:
+        import ctypes  # here: the tab never calls the twin
+
+        xs = array_at(x, ctypes.c_float, n)
+        xs[...] = xs + array_at(y, ctypes.c_float, n)
+        PointerTwin.rms_norm(x, w, n, eps, out)
+
+    @staticmethod
+    def silu_mul(g: int, u: int, n: int, out: int) -> None:
+        import ctypes  # here: the tab never calls the twin
+
+        f32 = ctypes.c_float
+        array_at(out, f32, n)[...] = silu(array_at(g, f32, n)) * array_at(u, f32, n)
 
     def attn_decode(self, qkv: int, cos: int, sin: int, k: int, v: int, table: int, ctx: int, bs: int, nkv: int,
                     group: int, hd: int, slot: int, scale: float, s: int, ld: int, out: int) -> None:

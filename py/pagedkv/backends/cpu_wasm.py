@@ -217,6 +217,10 @@ class QuantWeight:
     def T(self) -> "_QuantTransposed":  # noqa: N802  (ndarray's name, which NumpyModel calls)
         return _QuantTransposed(self)
 
+    def run1(self, x: int, out: int) -> None:
+        """One token at address x (cols f32) -> out (rows f32), both in Pyodide's memory (numpy arrays')."""
+        self._run(x, 1, out)
+
     def matmul(self, h: np.ndarray) -> np.ndarray:
         """(T, cols) activations -> (T, rows) = h @ W.T through the kernel."""
         rows, cols = self.shape

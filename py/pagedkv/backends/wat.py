@@ -19,17 +19,18 @@ PLAIN = {
     "i32.le_u": b"\x4d", "i32.ge_u": b"\x4f", "i32.add": b"\x6a", "i32.sub": b"\x6b", "i32.mul": b"\x6c",
     "i32.and": b"\x71", "i32.or": b"\x72", "i32.shl": b"\x74", "i32.shr_u": b"\x76",
     "f32.add": b"\x92", "f32.sub": b"\x93", "f32.mul": b"\x94", "f32.div": b"\x95", "f32.max": b"\x97",
-    "f32.gt": b"\x5e", "select": b"\x1b",
+    "f32.gt": b"\x5e", "select": b"\x1b", "f32.sqrt": b"\x91", "f32.convert_i32_u": b"\xb3",
 }
 SIMD = {  # 0xFD-prefixed, no immediates
-    "i8x16.splat": 0x0F, "i32x4.splat": 0x11, "f32x4.splat": 0x13, "v128.and": 0x4E, "v128.or": 0x4F,
+    "i8x16.splat": 0x0F, "i32x4.splat": 0x11, "f32x4.splat": 0x13, "v128.and": 0x4E, "v128.or": 0x50,
     "i8x16.shr_u": 0x6D, "i16x8.extend_low_i8x16_s": 0x87, "i16x8.extend_high_i8x16_s": 0x88,
     "i16x8.extend_low_i8x16_u": 0x89, "i16x8.extend_high_i8x16_u": 0x8A, "i32x4.extend_low_i16x8_s": 0xA7,
     "i32x4.extend_high_i16x8_s": 0xA8, "i32x4.extend_low_i16x8_u": 0xA9, "i32x4.extend_high_i16x8_u": 0xAA,
     "f32x4.add": 0xE4, "f32x4.sub": 0xE5, "f32x4.mul": 0xE6, "f32x4.convert_i32x4_s": 0xFA,
     "f32x4.convert_i32x4_u": 0xFB, "f32x4.abs": 0xE0, "f32x4.max": 0xE9, "f32x4.nearest": 0x6A,
     "i32x4.trunc_sat_f32x4_s": 0xF8, "i16x8.narrow_i32x4_s": 0x85, "i32x4.dot_i16x8_s": 0xBA, "i32x4.add": 0xAE,
-    "f32x4.div": 0xE7, "i32x4.shl": 0xAB,
+    "f32x4.div": 0xE7, "i32x4.shl": 0xAB, "f32x4.neg": 0xE1, "f32x4.lt": 0x43, "f32x4.ge": 0x46,
+    "v128.bitselect": 0x52,
 }
 MEMORY = {"i32.load": (b"\x28", 2), "f32.load": (b"\x2a", 2), "i32.store": (b"\x36", 2), "f32.store": (b"\x38", 2),
           "v128.load": (b"\xfd\x00", 4), "v128.store": (b"\xfd\x0b", 4)}  # opcode, natural alignment (log2)
