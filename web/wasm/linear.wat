@@ -286,6 +286,100 @@
     end
     local.get $sum call $hsum local.get $accm f32.add)
 
+  ;; $dot_i8 for two adjacent rows (rowq bytes of codes, nb * 8 of scales apart) and one token: its quantized
+  ;; blocks loaded once for both, every row's arithmetic $dot_i8's (bit-identical to it). out, out + 4.
+  (func $dot_i8r2 (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (param $rowq i32)
+    (param $out i32)
+    (local $v v128) (local $h v128) (local $lo v128) (local $x0 v128) (local $x1 v128) (local $x2 v128) (local $x3 v128)
+    (local $sum0 v128) (local $sum1 v128) (local $accm0 f32) (local $accm1 f32) (local $d f32)
+    (local $xd i32) (local $xq i32) (local $a i32) (local $split i32) (local $rowd i32) (local $step i32)
+    local.get $kind i32.const 3 i32.shr_u i32.const 1 i32.and local.set $split
+    local.get $kind i32.const 1 i32.and local.set $kind
+    i32.const 16 local.get $kind i32.const 4 i32.shl i32.add local.set $step  ;; a block's code bytes
+    local.get $nb i32.const 3 i32.shl local.set $rowd
+    local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
+    local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
+    loop $block
+      local.get $xq v128.load local.set $x0
+      local.get $xq v128.load offset=16 local.set $x1
+      local.get $xq v128.load offset=32 local.set $x2
+      local.get $xq v128.load offset=48 local.set $x3
+      local.get $qs local.set $a  ;; row 0
+      local.get $a v128.load local.set $v
+      local.get $kind
+      if
+        local.get $a v128.load offset=16 local.set $h
+        local.get $v i16x8.extend_low_i8x16_s local.get $x0 i32x4.dot_i16x8_s
+        local.get $v i16x8.extend_high_i8x16_s local.get $x1 i32x4.dot_i16x8_s i32x4.add
+        local.set $lo
+        local.get $h i16x8.extend_low_i8x16_s local.get $x2 i32x4.dot_i16x8_s
+        local.get $h i16x8.extend_high_i8x16_s local.get $x3 i32x4.dot_i16x8_s i32x4.add
+        local.set $h
+      else
+        local.get $v i32.const 4 i8x16.shr_u local.set $h
+        local.get $v i32.const 15 i8x16.splat v128.and local.set $v
+        local.get $v i16x8.extend_low_i8x16_u local.get $x0 i32x4.dot_i16x8_s
+        local.get $v i16x8.extend_high_i8x16_u local.get $x1 i32x4.dot_i16x8_s i32x4.add
+        local.set $lo
+        local.get $h i16x8.extend_low_i8x16_u local.get $x2 i32x4.dot_i16x8_s
+        local.get $h i16x8.extend_high_i8x16_u local.get $x3 i32x4.dot_i16x8_s i32x4.add
+        local.set $h
+      end
+      local.get $dm local.set $a
+      local.get $a f32.load local.get $xd f32.load f32.mul local.set $d
+      local.get $split
+      if
+        local.get $sum0 local.get $lo f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul f32x4.add
+        local.get $h f32x4.convert_i32x4_s local.get $a f32.load offset=4 local.get $xd f32.load f32.mul f32x4.splat
+        f32x4.mul f32x4.add local.set $sum0
+      else
+        local.get $sum0 local.get $lo local.get $h i32x4.add f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul
+        f32x4.add local.set $sum0
+        local.get $accm0 local.get $a f32.load offset=4 local.get $s f32.load f32.mul f32.add local.set $accm0
+      end
+      local.get $qs local.get $rowq i32.add local.set $a  ;; row 1
+      local.get $a v128.load local.set $v
+      local.get $kind
+      if
+        local.get $a v128.load offset=16 local.set $h
+        local.get $v i16x8.extend_low_i8x16_s local.get $x0 i32x4.dot_i16x8_s
+        local.get $v i16x8.extend_high_i8x16_s local.get $x1 i32x4.dot_i16x8_s i32x4.add
+        local.set $lo
+        local.get $h i16x8.extend_low_i8x16_s local.get $x2 i32x4.dot_i16x8_s
+        local.get $h i16x8.extend_high_i8x16_s local.get $x3 i32x4.dot_i16x8_s i32x4.add
+        local.set $h
+      else
+        local.get $v i32.const 4 i8x16.shr_u local.set $h
+        local.get $v i32.const 15 i8x16.splat v128.and local.set $v
+        local.get $v i16x8.extend_low_i8x16_u local.get $x0 i32x4.dot_i16x8_s
+        local.get $v i16x8.extend_high_i8x16_u local.get $x1 i32x4.dot_i16x8_s i32x4.add
+        local.set $lo
+        local.get $h i16x8.extend_low_i8x16_u local.get $x2 i32x4.dot_i16x8_s
+        local.get $h i16x8.extend_high_i8x16_u local.get $x3 i32x4.dot_i16x8_s i32x4.add
+        local.set $h
+      end
+      local.get $dm local.get $rowd i32.add local.set $a
+      local.get $a f32.load local.get $xd f32.load f32.mul local.set $d
+      local.get $split
+      if
+        local.get $sum1 local.get $lo f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul f32x4.add
+        local.get $h f32x4.convert_i32x4_s local.get $a f32.load offset=4 local.get $xd f32.load f32.mul f32x4.splat
+        f32x4.mul f32x4.add local.set $sum1
+      else
+        local.get $sum1 local.get $lo local.get $h i32x4.add f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul
+        f32x4.add local.set $sum1
+        local.get $accm1 local.get $a f32.load offset=4 local.get $s f32.load f32.mul f32.add local.set $accm1
+      end
+      local.get $qs local.get $step i32.add local.set $qs
+      local.get $dm i32.const 8 i32.add local.set $dm
+      local.get $s i32.const 4 i32.add local.set $s
+      local.get $xd i32.const 4 i32.add local.set $xd
+      local.get $xq i32.const 64 i32.add local.set $xq
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end
+    local.get $out local.get $sum0 call $hsum local.get $accm0 f32.add f32.store
+    local.get $out local.get $sum1 call $hsum local.get $accm1 f32.add f32.store offset=4)
+
   ;; $dot_i8 for four tokens (quant_x's blocks at s, s + stride, ...: out at out, out + ldo f32, ...): each
   ;; weight block's codes widened once for the four, every token's arithmetic $dot_i8's (bit-identical to it).
   (func $dot_i8x4 (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (param $stride i32)
@@ -468,6 +562,28 @@
       local.get $mode i32.const 4 i32.and i32.eqz
       if
         local.get $x local.get $nb local.get $t local.get $scratch call $quant_x
+      end
+      local.get $t i32.const 1 i32.eq local.get $q8 i32.eqz i32.and
+      if  ;; one token, 4-bit codes: rows two at a time ($dot_i8r2), the last odd one alone (8-bit codes: pairs
+          ;; of rows ran slower on a weight streamed from memory, Node: q8_0 49152x576 2.9-3.3 -> 5.2-5.5 ms)
+        local.get $nb i32.const 4 local.get $q8 i32.add i32.shl local.set $n  ;; a row's code bytes
+        block $paired
+          loop $pairs
+            local.get $rows local.get $r i32.sub i32.const 2 i32.lt_u br_if $paired
+            local.get $kind local.get $qs local.get $dm local.get $nb local.get $scratch local.get $n local.get $out
+            call $dot_i8r2
+            local.get $qs local.get $n i32.const 1 i32.shl i32.add local.set $qs
+            local.get $dm local.get $nb i32.const 4 i32.shl i32.add local.set $dm
+            local.get $out i32.const 8 i32.add local.set $out
+            local.get $r i32.const 2 i32.add local.set $r
+            br $pairs
+          end
+        end
+        local.get $r local.get $rows i32.lt_u
+        if
+          local.get $out local.get $kind local.get $qs local.get $dm local.get $nb local.get $scratch call $dot_i8 f32.store
+        end
+        return
       end
       local.get $nb i32.const 72 i32.mul local.set $q  ;; bytes a quantized token
       loop $chunks8  ;; tokens in chunks of 16 (their blocks stay in cache while every row passes)
