@@ -42,20 +42,19 @@ async def cpu_weights(name: str, on_progress) -> tuple[dict, ModelWeights, str, 
 async def kernel_store() -> tuple[HeapStore | SharedStore, str]:
     """Where the wasm kernel's weights live and how many threads run it, with the words the device panel shows:
     every core (?threads=N sets the count, threads=1 keeps one) on a memory they share, or one thread on
-    Pyodide's memory, saying why; the layers' activations at 8 bits (integer dot products, every token as if
-    alone; the output head keeps f32: QuantWeight), or f32 with ?activations=f32. Raises WasmUnavailable when
-    the kernel did not load."""
+    Pyodide's memory, saying why; the activations at 16 bits a 32-value block (integer dot products, every
+    token as if alone), or f32 with ?activations=f32. Raises WasmUnavailable when the kernel did not load."""
     kernel = webgpu.linear_wasm_matmul()
-    act8 = bridge.query_param("activations", "int8") != "f32"
-    how = ", 8-bit activations (head f32)" if act8 else ", f32 activations"
+    act16 = bridge.query_param("activations", "int16") != "f32"
+    how = ", 16-bit activations" if act16 else ", f32 activations"
     wanted = bridge.query_param("threads", "auto")
     if wanted != "auto" and not wanted.isdigit():
-        return HeapStore(kernel, act8), f"1 thread (threads={wanted} is not a count){how}"
+        return HeapStore(kernel, act16), f"1 thread (threads={wanted} is not a count){how}"
     try:
-        store = SharedStore(await webgpu.linear_threads(0 if wanted == "auto" else int(wanted)), act8)
+        store = SharedStore(await webgpu.linear_threads(0 if wanted == "auto" else int(wanted)), act16)
         return store, f"{store.threads} threads{how}"
     except webgpu.WasmUnavailable as exc:
-        return HeapStore(kernel, act8), f"1 thread ({exc}){how}"
+        return HeapStore(kernel, act16), f"1 thread ({exc}){how}"
 
 
 async def shared_cpu_engine(names: list[str], block_size: int, config: EngineConfig,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagedkv.backends.cpu_wasm import QuantWeight, act8_products, address_of, quantize_activations
+from pagedkv.backends.cpu_wasm import QuantWeight, act16_products, address_of, quantize_activations
 from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache
 from pagedkv.kernels.ref_ops import rope_inv_freq, rotate_adjacent
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
@@ -42,13 +42,13 @@ def case_linear(store, dtype: str, rows: int, cols: int, tokens: tuple[int, ...]
     return out
 
 
-ACT8_TOKENS = 21
+ACT16_TOKENS = 21
 
 
-def case_linear_act8(store, dtype: str, rows: int, cols: int, tokens: int = ACT8_TOKENS) -> dict:
-    """`tokens` through 8-bit activations (store.act8; 21: a 16-token chunk and five, in $dot_i8x4's fours and
+def case_linear_act16(store, dtype: str, rows: int, cols: int, tokens: int = ACT16_TOKENS) -> dict:
+    """`tokens` through 16-bit activations (store.act16; 21: a 16-token chunk and five, in $dot_x16_t4's fours and
     alone) against the twin's
-    integer products of the same quantized tokens (cpu_wasm.act8_products), over the unit sum
+    integer products of the same quantized tokens (cpu_wasm.act16_products), over the unit sum
     |d_w * d_x * codes . q| of each output; and each token's row bit-identical to that token's product alone."""
     rng = np.random.default_rng(rows * 5 + cols)
     w = rng.standard_normal((rows, cols)).astype(np.float32)
@@ -62,8 +62,8 @@ def case_linear_act8(store, dtype: str, rows: int, cols: int, tokens: int = ACT8
     worst = 0.0
     for i in range(tokens):
         xsum, d, q = quantize_activations(x[i])
-        want = act8_products(qw.kind, qs, dm, xsum, d, q).astype(np.float64)
-        unit = act8_products(qw.kind, magnitudes, np.abs(dm), np.abs(xsum), d, np.abs(q)).astype(np.float64)
+        want = act16_products(qw.kind, qs, dm, xsum, d, q).astype(np.float64)
+        unit = act16_products(qw.kind, magnitudes, np.abs(dm), np.abs(xsum), d, np.abs(q)).astype(np.float64)
         worst = max(worst, float((np.abs(y[i] - want) / unit).max()))
     return {"case": [dtype, rows, cols], "max_scaled": worst, "as_alone": bool(np.array_equal(y, alone))}
 

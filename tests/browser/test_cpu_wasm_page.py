@@ -81,19 +81,20 @@ def test_the_kernel_on_three_threads_matches_numpy_in_the_worker(ready_page):
     assert (got["threads"], got["split"], got["live"]) == (3, SPLIT * len(TOKENS), 1), got
 
 
-def test_8_bit_activations_match_the_integer_twin_and_each_token_alone_on_one_thread_and_three(ready_page):
-    """Each output is the twin's exact integer block sums times f32 scales: only the f32 sum over blocks
-    (and q4_1's minimum term) rounds, within 2^-20 of the unit sum |d_w d_x codes . q| (nb <= 48 terms); each
+def test_16_bit_activations_match_the_integer_twin_and_each_token_alone_on_one_thread_and_three(ready_page):
+    """Each output is the twin's integer block sums times f32 scales: only the f32 sum over blocks, q4_1's
+    minimum term and an 8-bit layout's lane sums past 2^24 (converted to f32) round, within 2^-20 of the unit sum
+    |d_w d_x codes . q| (nb <= 48 terms); each
     token of a product bit-identical to its product alone (a reply does not depend on its batch)."""
     worker = install_modules(ready_page, "cpu_wasm_cases")
-    calls = ", ".join(f"c.case_linear_act8(k, {d!r}, {r}, {c})" for d, r, c in CASES)
+    calls = ", ".join(f"c.case_linear_act16(k, {d!r}, {r}, {c})" for d, r, c in CASES)
     got = worker.py("import json, cpu_wasm_cases as c\nfrom pagedkv.backends.cpu_wasm import HeapStore, SharedStore\n"
                     f"from pagedkv.browser.interop import linear_wasm_matmul\n{THREE_THREADS}"
-                    "out = []\nfor k in (HeapStore(linear_wasm_matmul(), act8=True), SharedStore(api, act8=True)):\n"
+                    "out = []\nfor k in (HeapStore(linear_wasm_matmul(), act16=True), SharedStore(api, act16=True)):\n"
                     f"    out.append([{calls}])\n"
                     "json.dumps({'results': out, 'split': api.stats.split - before})")
     # every case but the one-row one, on three threads: the tokens together, then each alone
-    assert got["split"] == SPLIT * (1 + cpu_wasm_cases.ACT8_TOKENS)
+    assert got["split"] == SPLIT * (1 + cpu_wasm_cases.ACT16_TOKENS)
     for results in got["results"]:
         assert [r["case"] for r in results] == [list(case) for case in CASES]
         assert max(r["max_scaled"] for r in results) <= 2.0**-20, results
@@ -158,8 +159,8 @@ def cpu_page(browser, base_url):
 
 def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page):
     worker, info = cpu_page
-    assert (info["backend"], info["cpu_linear"]) == ("cpu", "wasm SIMD on quantized weights, 2 threads, 8-bit "
-                                                          "activations (head f32)")
+    assert (info["backend"], info["cpu_linear"]) == ("cpu", "wasm SIMD on quantized weights, 2 threads, 16-bit "
+                                                          "activations")
     got = worker.py(
         "import json, cpu_wasm_cases as c\nfrom pagedkv_app.main import state\n"
         "model = state['engine'].backend.model\n"
@@ -272,14 +273,14 @@ json.dumps(out)
 
 
 def test_the_real_model_on_the_tabs_default_cpu_path_gives_llama_cpps_greedy_ids(browser, base_url):
-    """SmolLM2 on the default CPU path (8-bit activations in the layers, the head in f32, every core): each of
+    """SmolLM2 on the default CPU path (16-bit integer activations, every core): each of
     the golden prompts' 8 greedy ids equal to llama.cpp's (tests/golden/llama_golden.json) up to a position
     where llama.cpp's own top-1 / top-2 margin is a near tie."""
     booted = open_and_boot(browser, base_url + "?backend=cpu")
     try:
         info = wait_model(booted)
         assert info["model"] == "smollm2-135m-instruct" and info["cpu_linear"].endswith(
-            ", 8-bit activations (head f32)"), info
+            ", 16-bit activations"), info
         got = booted.py(GREEDY.replace("PROMPTS", repr([c["prompt_ids"] for c in GOLDEN["cases"]])))
     finally:
         booted.page.close()

@@ -5,7 +5,7 @@
 ;; py/pagedkv/backends/cpu_wasm.py (the layouts below, its numpy twin and the calls). build.py assembles this
 ;; text with py/pagedkv/backends/wat.py (a flat-instruction subset of WAT; no folded expressions).
 ;;
-;; Weight layouts, by `kind` (bits 1 | 8 | 16; bits 2 and 4 ask for 8-bit activations, see quant_x): rows of
+;; Weight layouts, by `kind` (bits 1 | 8 | 16; bits 2 and 4 ask for 16-bit activations, see quant_x): rows of
 ;; nb = cols / 32 blocks, blocks of 32 weights (cpu_wasm.KINDS names them):
 ;;   qs  kind 0 (q4_1, q4_K): 16 bytes a block, byte j = code j | code (j + 16) << 4 (codes 0..15)
 ;;       kind 1 (q8_0, q4_0, q5_0), 17 (q5_1, q5_K), 9 (q6_K): 32 bytes a block, signed codes in weight order
@@ -13,7 +13,7 @@
 ;;       has mins, which one-token rows add after their codes' sum); kind 9 (d0, d1): weights 0..15 = d0 * code,
 ;;       16..31 = d1 * code (q6_K's scales of 16 weights)
 ;; Activations x (t, cols) f32 row-major; out (t, ldo) f32, of which the kernel writes rows columns; scratch the
-;; kernel overwrites: cols f32 (a decoded row, or for one token each block's sum of x), with 8-bit activations
+;; kernel overwrites: cols f32 (a decoded row, or for one token each block's sum of x), with 16-bit activations
 ;; t * cols * 2.25 bytes (each token's quant_x blocks).
 (module
   (import "env" "memory" (memory 1))
@@ -174,10 +174,12 @@
     end
     local.get $acc call $hsum)
 
-  ;; 8-bit activations (kind | 2, any number of tokens, each the same as alone): x quantized once per product
+  ;; 16-bit activations (kind | 2, any number of tokens, each the same as alone): x quantized once per product
   ;; (bit 4: done already, every thread reading the same blocks), a scale per 32-value block as llama.cpp's
-  ;; q8 blocks (d = max |x| / 127, q = nearest(x / d), ties to even), and each weight block's codes meet q in
-  ;; i32x4.dot_i16x8_s: exact integer sums, one f32 multiply by d_w * d_x a block. scratch then holds xsum (nb f32:
+  ;; q8 blocks but to 16 bits (d = max |x| / 32767, q = nearest(x / d), ties to even: i32x4.dot_i16x8_s takes
+  ;; 16-bit lanes, so 8 would buy no speed, and its rounding flips near ties 256 times as wide), and each weight
+  ;; block's codes meet q in i32x4.dot_i16x8_s: integer sums (exact up to 2^24 a lane: 4-bit codes always; 8-bit
+  ;; codes round there as f32 would), one f32 multiply by d_w * d_x a block. scratch then holds xsum (nb f32:
   ;; d times the sum of the block's q, as llama.cpp's q8_1 s, so a row with mins sums (d_w c + m) q d, its weights
   ;; times the quantized x; the exact sum of x left the error c d_w (q d - x), c's bias not cancelled), xd (nb f32)
   ;; and xq (nb * 32 i16): nb * 72 bytes a token.
@@ -201,7 +203,7 @@
       f32x4.max local.set $m
       local.get $m f32x4.extract_lane 0 local.get $m f32x4.extract_lane 1 f32.max
       local.get $m f32x4.extract_lane 2 local.get $m f32x4.extract_lane 3 f32.max f32.max
-      f32.const 127 f32.div local.set $a  ;; d
+      f32.const 32767 f32.div local.set $a  ;; d
       local.get $xd local.get $a f32.store
       f32.const 1 local.get $a f32.div f32.const 0 local.get $a f32.const 0 f32.gt select f32x4.splat local.set $id
       local.get $xq
@@ -237,7 +239,7 @@
 
   ;; One row's dot product with quant_x's blocks at s: per block d_w * d_x * (codes . q) (+ m * xsum); with kind
   ;; bit 8 (split scales) d_x * (d0 * (codes 0..15 . q) + d1 * (codes 16..31 . q)). kind & 1: 8-bit codes.
-  (func $dot_i8 (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (result f32)
+  (func $dot_x16 (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (result f32)
     (local $v v128) (local $h v128) (local $lo v128) (local $sum v128) (local $accm f32) (local $xd i32) (local $xq i32)
     (local $split i32) (local $d f32)
     local.get $kind i32.const 3 i32.shr_u i32.const 1 i32.and local.set $split
@@ -286,9 +288,9 @@
     end
     local.get $sum call $hsum local.get $accm f32.add)
 
-  ;; $dot_i8 for two adjacent rows (rowq bytes of codes, nb * 8 of scales apart) and one token: its quantized
-  ;; blocks loaded once for both, every row's arithmetic $dot_i8's (bit-identical to it). out, out + 4.
-  (func $dot_i8r2 (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (param $rowq i32)
+  ;; $dot_x16 for two adjacent rows (rowq bytes of codes, nb * 8 of scales apart) and one token: its quantized
+  ;; blocks loaded once for both, every row's arithmetic $dot_x16's (bit-identical to it). out, out + 4.
+  (func $dot_x16_r2 (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (param $rowq i32)
     (param $out i32)
     (local $v v128) (local $h v128) (local $lo v128) (local $x0 v128) (local $x1 v128) (local $x2 v128) (local $x3 v128)
     (local $sum0 v128) (local $sum1 v128) (local $accm0 f32) (local $accm1 f32) (local $d f32)
@@ -380,9 +382,9 @@
     local.get $out local.get $sum0 call $hsum local.get $accm0 f32.add f32.store
     local.get $out local.get $sum1 call $hsum local.get $accm1 f32.add f32.store offset=4)
 
-  ;; $dot_i8 for four tokens (quant_x's blocks at s, s + stride, ...: out at out, out + ldo f32, ...): each
-  ;; weight block's codes widened once for the four, every token's arithmetic $dot_i8's (bit-identical to it).
-  (func $dot_i8x4 (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (param $stride i32)
+  ;; $dot_x16 for four tokens (quant_x's blocks at s, s + stride, ...: out at out, out + ldo f32, ...): each
+  ;; weight block's codes widened once for the four, every token's arithmetic $dot_x16's (bit-identical to it).
+  (func $dot_x16_t4 (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (param $stride i32)
     (param $out i32) (param $ldo i32)
     (local $v v128) (local $h v128) (local $e0 v128) (local $e1 v128) (local $e2 v128) (local $e3 v128)
     (local $lo v128) (local $hi v128) (local $sum0 v128) (local $sum1 v128) (local $sum2 v128) (local $sum3 v128)
@@ -545,33 +547,33 @@
     local.get $out local.get $step i32.add local.get $a3 call $hsum f32.store)
 
   ;; out (t, rows) = x (t, cols) @ W.T for W (rows, cols) of `kind`, out's rows ldo f32 apart (ldo = rows, or
-  ;; the whole weight's rows when a thread takes a slice of them: web/linear_threads.js). 8-bit activations: every
-  ;; token's quantized blocks against each row's codes, four tokens at a time ($dot_i8x4). f32, one token: each row
+  ;; the whole weight's rows when a thread takes a slice of them: web/linear_threads.js). 16-bit activations: every
+  ;; token's quantized blocks against each row's codes, four tokens at a time ($dot_x16_t4). f32, one token: each row
   ;; straight from its blocks ($row's dot). More: tokens go in chunks of 16 (the chunk of x stays in cache while
   ;; every row passes); each row is decoded once per chunk, then used by tiles of four tokens and single ones.
   (func $matmul (export "matmul") (param $kind i32) (param $qs i32) (param $dm i32) (param $rows i32)
     (param $cols i32) (param $x i32) (param $t i32) (param $out i32) (param $ldo i32) (param $scratch i32)
     (local $nb i32) (local $t0 i32) (local $n i32) (local $r i32) (local $q i32) (local $s i32) (local $xp i32) (local $o i32)
     (local $mode i32) (local $q8 i32)
-    local.get $kind i32.const 6 i32.and local.set $mode  ;; 2: 8-bit activations (one token); 4: x quantized already
+    local.get $kind i32.const 6 i32.and local.set $mode  ;; 2: 16-bit activations; 4: x quantized already
     local.get $kind i32.const 25 i32.and local.set $kind  ;; 1: 8-bit codes; 8: split scales; 16: mins
     local.get $kind i32.const 1 i32.and local.set $q8  ;; a row's qs: nb << (4 + q8) bytes
     local.get $cols i32.const 5 i32.shr_u local.set $nb
     local.get $mode i32.const 2 i32.and
-    if  ;; 8-bit activations: quant_x every token into scratch (unless done: bit 4), then $dot_i8x4 / $dot_i8
+    if  ;; 16-bit activations: quant_x every token into scratch (unless done: bit 4), then $dot_x16_t4 / $dot_x16
       local.get $mode i32.const 4 i32.and i32.eqz
       if
         local.get $x local.get $nb local.get $t local.get $scratch call $quant_x
       end
       local.get $t i32.const 1 i32.eq local.get $q8 i32.eqz i32.and
-      if  ;; one token, 4-bit codes: rows two at a time ($dot_i8r2), the last odd one alone (8-bit codes: pairs
+      if  ;; one token, 4-bit codes: rows two at a time ($dot_x16_r2), the last odd one alone (8-bit codes: pairs
           ;; of rows ran slower on a weight streamed from memory, Node: q8_0 49152x576 2.9-3.3 -> 5.2-5.5 ms)
         local.get $nb i32.const 4 local.get $q8 i32.add i32.shl local.set $n  ;; a row's code bytes
         block $paired
           loop $pairs
             local.get $rows local.get $r i32.sub i32.const 2 i32.lt_u br_if $paired
             local.get $kind local.get $qs local.get $dm local.get $nb local.get $scratch local.get $n local.get $out
-            call $dot_i8r2
+            call $dot_x16_r2
             local.get $qs local.get $n i32.const 1 i32.shl i32.add local.set $qs
             local.get $dm local.get $nb i32.const 4 i32.shl i32.add local.set $dm
             local.get $out i32.const 8 i32.add local.set $out
@@ -581,7 +583,7 @@
         end
         local.get $r local.get $rows i32.lt_u
         if
-          local.get $out local.get $kind local.get $qs local.get $dm local.get $nb local.get $scratch call $dot_i8 f32.store
+          local.get $out local.get $kind local.get $qs local.get $dm local.get $nb local.get $scratch call $dot_x16 f32.store
         end
         return
       end
@@ -599,7 +601,7 @@
             loop $tiles8
               local.get $n i32.const 4 i32.lt_u br_if $tiled8
               local.get $kind local.get $xp local.get $s local.get $nb local.get $mode local.get $q local.get $o local.get $ldo
-              call $dot_i8x4
+              call $dot_x16_t4
               local.get $mode local.get $q i32.const 2 i32.shl i32.add local.set $mode
               local.get $o local.get $ldo i32.const 4 i32.shl i32.add local.set $o
               local.get $n i32.const 4 i32.sub local.set $n
@@ -609,7 +611,7 @@
           block $single8
             loop $ones8
               local.get $n i32.eqz br_if $single8
-              local.get $o local.get $kind local.get $xp local.get $s local.get $nb local.get $mode call $dot_i8 f32.store
+              local.get $o local.get $kind local.get $xp local.get $s local.get $nb local.get $mode call $dot_x16 f32.store
               local.get $mode local.get $q i32.add local.set $mode
               local.get $o local.get $ldo i32.const 2 i32.shl i32.add local.set $o
               local.get $n i32.const 1 i32.sub local.set $n

@@ -27,7 +27,7 @@ from ..model.layout import dequantize
 from ..model.quants import QK, k_scale_min, promote, unpack
 from .cpu_linear import PROJECTIONS, EinsumWeight
 
-# The kernel's `kind` argument (| ACT8, | QUANTIZED_X below) of each layout: 4-bit codes with (d, m) a block, 8-bit
+# The kernel's `kind` argument (| ACT16, | QUANTIZED_X below) of each layout: 4-bit codes with (d, m) a block, 8-bit
 # codes with d, with (d, m), with (d0, d1) for weights 0..15 and 16..31.
 KINDS = {"q4_1": 0, "q8_0": 1, "q8_m": 17, "q8_16": 9}
 HELD_AS = {"q4_1": "q4_1", "q4_K": "q4_1", "q8_0": "q8_0", "q4_0": "q8_0", "q5_0": "q8_0", "q5_1": "q8_m",
@@ -92,8 +92,8 @@ class HeapStore:
 
     threads = 1
 
-    def __init__(self, kernel: Kernel, act8: bool = False) -> None:
-        self.kernel, self.act8 = kernel, act8
+    def __init__(self, kernel: Kernel, act16: bool = False) -> None:
+        self.kernel, self.act16 = kernel, act16
 
     def place(self, a: np.ndarray) -> np.ndarray:
         return a
@@ -105,15 +105,15 @@ class HeapStore:
         return placed
 
     def bind(self, kind: str, qs: np.ndarray, dm: np.ndarray, rows: int, cols: int,
-             act8: bool) -> Callable[[int, int, int], object]:
-        """run(x, t, out): out (t, rows) = x (t, cols) @ W.T at those addresses, with 8-bit activations where
-        act8; W's scratch (a decoded row, block sums, the tokens' quantized blocks) is its own."""
-        args, kernel, code = (address_of(qs), address_of(dm), rows, cols), self.kernel, KINDS[kind] | (ACT8 * act8)
-        held = [np.empty(scratch_floats(cols, 1, act8), np.float32)]
+             act16: bool) -> Callable[[int, int, int], object]:
+        """run(x, t, out): out (t, rows) = x (t, cols) @ W.T at those addresses, with 16-bit activations where
+        act16; W's scratch (a decoded row, block sums, the tokens' quantized blocks) is its own."""
+        args, kernel, code = (address_of(qs), address_of(dm), rows, cols), self.kernel, KINDS[kind] | (ACT16 * act16)
+        held = [np.empty(scratch_floats(cols, 1, act16), np.float32)]
 
         def run(x: int, t: int, out: int) -> None:
-            if held[0].size < scratch_floats(cols, t, act8):
-                held[0] = np.empty(scratch_floats(cols, t, act8), np.float32)
+            if held[0].size < scratch_floats(cols, t, act16):
+                held[0] = np.empty(scratch_floats(cols, t, act16), np.float32)
             kernel(code, *args, x, t, out, rows, address_of(held[0]))
 
         return run
@@ -131,8 +131,8 @@ class SharedStore:
     each product runs on `threads` threads, one slice of the weight's rows each, its activations copied in and
     its outputs out. The copies numpy held are dropped; a weight's bytes go back to the memory with it."""
 
-    def __init__(self, threads, act8: bool = False) -> None:
-        self.js, self.act8 = threads, act8
+    def __init__(self, threads, act16: bool = False) -> None:
+        self.js, self.act16 = threads, act16
         self.threads = int(threads.threads)
 
     def place(self, a: np.ndarray) -> Region:
@@ -158,8 +158,8 @@ class SharedStore:
         return out
 
     def bind(self, kind: str, qs: Region, dm: Region, rows: int, cols: int,
-             act8: bool) -> Callable[[int, int, int], object]:
-        args, matmul, code = (qs.offset, dm.offset, rows, cols), self.js.matmul, KINDS[kind] | (ACT8 * act8)
+             act16: bool) -> Callable[[int, int, int], object]:
+        args, matmul, code = (qs.offset, dm.offset, rows, cols), self.js.matmul, KINDS[kind] | (ACT16 * act16)
 
         def run(x: int, t: int, out: int) -> None:
             matmul(code, *args, x, t, out)
@@ -172,22 +172,20 @@ Store = HeapStore | SharedStore
 
 class QuantWeight:
     """An (out, in) weight in the kernel's layout (linear.wat's header): `qs` codes, `dm` (rows, nb, 2) f32
-    (d, m) pairs, held by `store` (HeapStore or SharedStore). `h @ w.T` runs the kernel, with 8-bit activations
-    where the store has them and the weight is not the output head (`head`: its logits keep f32 activations);
-    `w[rows]` dequantizes those rows (the tied embedding)."""
+    (d, m) pairs, held by `store` (HeapStore or SharedStore). `h @ w.T` runs the kernel (with 16-bit integer
+    activations where the store has them); `w[rows]` dequantizes those rows (the tied embedding)."""
 
-    def __init__(self, kind: str, qs: np.ndarray, dm: np.ndarray, store: Store, head: bool = False) -> None:
+    def __init__(self, kind: str, qs: np.ndarray, dm: np.ndarray, store: Store) -> None:
         rows, nb, two = dm.shape
         per_block = 16 if kind == "q4_1" else 32
         if kind not in KINDS or two != 2 or qs.shape != (rows, nb * per_block):
             raise ValueError(f"{kind} weight: qs {qs.shape} and dm {dm.shape} are not the kernel's layout")
-        self.kind, self.store, self.head = kind, store, head
+        self.kind, self.store = kind, store
         self.shape = (rows, nb * QK)
         self.parts = (rows,)  # the rows of each weight stacked here (stack)
         self.nbytes = qs.nbytes + dm.nbytes
         self.qs, self.dm = store.place(qs), store.place(dm)
-        self.act8 = store.act8 and not head  # 8-bit activations for every token of its products
-        self._run = store.bind(kind, self.qs, self.dm, rows, self.shape[1], self.act8)
+        self._run = store.bind(kind, self.qs, self.dm, rows, self.shape[1], store.act16)
         # One token (decode) goes through fixed buffers: an address lookup costs as much as a small product in
         # Pyodide (measured: 8.6 us each; `h @ w.T` for a 32x576 weight 91 -> 57 us).
         self._x1 = np.empty((1, self.shape[1]), np.float32)  # (1, cols)
@@ -195,17 +193,16 @@ class QuantWeight:
         self._one = (address_of(self._x1), 1, address_of(self._out1))
 
     @classmethod
-    def from_parts(cls, dtype: str, shape: tuple[int, int], parts: dict, store: Store,
-                   head: bool = False) -> "QuantWeight":
+    def from_parts(cls, dtype: str, shape: tuple[int, int], parts: dict, store: Store) -> "QuantWeight":
         """A manifest tensor's web parts (model/layout.py) -> the kernel's layout (kernel_blocks)."""
-        return cls(*kernel_blocks(dtype, tuple(shape), parts), store, head)
+        return cls(*kernel_blocks(dtype, tuple(shape), parts), store)
 
     @classmethod
     def stack(cls, weights: list["QuantWeight"]) -> "QuantWeight":
         """One weight of the rows of `weights` (one kind, one store, one width) in order; `parts` their rows."""
         store = weights[0].store
         stacked = cls(weights[0].kind, np.concatenate([store.fetch(w.qs) for w in weights]),
-                      np.concatenate([store.fetch(w.dm) for w in weights]), store, weights[0].head)
+                      np.concatenate([store.fetch(w.dm) for w in weights]), store)
         stacked.parts = tuple(r for w in weights for r in w.parts)
         return stacked
 
@@ -254,9 +251,10 @@ def tensor_loader(store: Store) -> Callable:
     names = {f".{p}.weight" for p in PROJECTIONS}
 
     def convert(name: str, dtype: str, shape: tuple[int, ...], parts: dict):
-        head = name in ("token_embd.weight", "output.weight")
-        if (head or name.startswith("blk.") and name[name.index(".", 4):] in names) and dtype in HELD_AS:
-            return QuantWeight.from_parts(dtype, tuple(shape), parts, store, head)
+        wanted = name in ("token_embd.weight", "output.weight") or (
+            name.startswith("blk.") and name[name.index(".", 4):] in names)
+        if wanted and dtype in HELD_AS:
+            return QuantWeight.from_parts(dtype, tuple(shape), parts, store)
         return dequantize(dtype, tuple(shape), parts)
 
     return convert
@@ -287,33 +285,34 @@ def wasm_weights(tensors: dict, n_layers: int, head: str) -> dict:
     return out
 
 
-ACT8, QUANTIZED_X = 2, 4  # kind bits: 8-bit activations; x already quantized into scratch (quant_x)
-Q8_BYTES = 72  # a 32-value block of one token at 8 bits in scratch: its xsum and d (f32 each), 32 i16 codes
+ACT16, QUANTIZED_X = 2, 4  # kind bits: 16-bit activations; x already quantized into scratch (quant_x)
+XQ_BYTES = 72  # a 32-value block of one token at 16 bits in scratch: its xsum and d (f32 each), 32 i16 codes
+XQ_MAX = 32767  # the codes' largest magnitude: d = max |x| / XQ_MAX
 
 
-def scratch_floats(cols: int, t: int, act8: bool) -> int:
-    """The f32 a product's scratch needs: a decoded row (cols), or with 8-bit activations every token's
-    quantized blocks (linear.wat's quant_x: t * cols / 32 * Q8_BYTES bytes)."""
-    return max(cols, t * (cols // QK) * Q8_BYTES // 4) if act8 else cols
+def scratch_floats(cols: int, t: int, act16: bool) -> int:
+    """The f32 a product's scratch needs: a decoded row (cols), or with 16-bit activations every token's
+    quantized blocks (linear.wat's quant_x: t * cols / 32 * XQ_BYTES bytes)."""
+    return max(cols, t * (cols // QK) * XQ_BYTES // 4) if act16 else cols
 
 
 def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """linear.wat's quant_x on one token x (cols,) f32: each 32-value block's scale d = max |x| / 127,
+    """linear.wat's quant_x on one token x (cols,) f32: each 32-value block's scale d = max |x| / 32767,
     q = nearest(x / d) (ties to even; 0 where d is 0) and xsum = d * sum(q) (llama.cpp's q8_1 s: a row with mins
     then multiplies its weights by the quantized x, where the exact sum of x left the codes' bias in the error), as
     (nb,) f32, (nb,) f32, (nb, 32) i16."""
     blocks = x.reshape(-1, QK)
-    d = (np.abs(blocks).max(axis=1) / np.float32(127)).astype(np.float32)  # (nb,)
+    d = (np.abs(blocks).max(axis=1) / np.float32(XQ_MAX)).astype(np.float32)  # (nb,)
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
     q = np.rint(blocks * inv[:, None]).astype(np.int16)  # (nb, 32)
     return d * q.sum(axis=1, dtype=np.int32).astype(np.float32), d, q
 
 
-def act8_products(kind_name: str, qs: np.ndarray, dm: np.ndarray, xsum: np.ndarray, d: np.ndarray,
+def act16_products(kind_name: str, qs: np.ndarray, dm: np.ndarray, xsum: np.ndarray, d: np.ndarray,
                   q: np.ndarray) -> np.ndarray:
-    """(rows,) one token's products through 8-bit activations: per block d_w * d_x * (codes . q) in exact integers
+    """(rows,) one token's products through 16-bit activations: per block d_w * d_x * (codes . q) in exact integers
     (q8_16: per half block, d0 and d1), plus m * xsum where the layout has mins (the sum order of the blocks
-    aside, what linear.wat's $dot_i8 computes)."""
+    aside, what linear.wat's $dot_x16 computes)."""
     rows, nb, _ = dm.shape
     codes = qs.reshape(rows, nb, -1)
     if kind_name == "q4_1":
@@ -330,7 +329,7 @@ def act8_products(kind_name: str, qs: np.ndarray, dm: np.ndarray, xsum: np.ndarr
 def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: int, out: int, ldo: int,
                  scratch: int) -> None:
     """The kernel's numpy twin over the same addresses (CPython): out = x @ W.T, W decoded as linear.wat does,
-    out's rows ldo f32 apart; kind | ACT8: each token through its quant_x blocks in scratch (written first unless
+    out's rows ldo f32 apart; kind | ACT16: each token through its quant_x blocks in scratch (written first unless
     kind | QUANTIZED_X), the same products as that token alone."""
     import ctypes  # here: the tab never calls the twin
 
@@ -341,14 +340,14 @@ def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: i
     qs_a = array_at(qs, ctype, rows * nb * per_block).reshape(rows, -1)
     dm_a = array_at(dm, ctypes.c_float, rows * nb * 2).reshape(rows, nb, 2)
     xs = array_at(x, ctypes.c_float, t * cols).reshape(t, cols)
-    if kind & ACT8:
+    if kind & ACT16:
         if not kind & QUANTIZED_X:
             quant_x_twin(x, nb, t, scratch)
         for i in range(t):
-            at = scratch + i * nb * Q8_BYTES
+            at = scratch + i * nb * XQ_BYTES
             xsum, d = (array_at(at + 4 * nb * j, ctypes.c_float, nb) for j in (0, 1))
             q = array_at(at + 8 * nb, ctypes.c_int16, nb * QK).reshape(nb, QK)
-            array_at(out + 4 * i * ldo, ctypes.c_float, rows)[...] = act8_products(kind_name, qs_a, dm_a, xsum, d, q)
+            array_at(out + 4 * i * ldo, ctypes.c_float, rows)[...] = act16_products(kind_name, qs_a, dm_a, xsum, d, q)
         return
     w = dequantize_rows(kind_name, qs_a, dm_a)
     if t:
@@ -359,12 +358,12 @@ def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: i
 
 def quant_x_twin(x: int, nb: int, t: int, scratch: int) -> None:
     """linear.wat's quant_x export over the same addresses (CPython): xsum, d, q of each of t tokens into
-    scratch, nb * Q8_BYTES bytes apart."""
+    scratch, nb * XQ_BYTES bytes apart."""
     import ctypes  # here: the tab never calls the twin
 
     for i in range(t):
         xsum, d, q = quantize_activations(array_at(x + 4 * i * nb * QK, ctypes.c_float, nb * QK))
-        at = scratch + i * nb * Q8_BYTES
+        at = scratch + i * nb * XQ_BYTES
         array_at(at, ctypes.c_float, nb)[...] = xsum
         array_at(at + 4 * nb, ctypes.c_float, nb)[...] = d
         array_at(at + 8 * nb, ctypes.c_int16, nb * QK)[...] = q.reshape(-1)
@@ -407,9 +406,9 @@ class ThreadsTwin:
     def matmul(self, kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: int, out: int) -> None:
         n = self.threads if rows >= self.threads and rows * cols * t >= self.min_work else 1
         self.split_calls += n > 1
-        nb, scratch = cols // QK, np.empty(scratch_floats(cols, t, bool(kind & ACT8)), np.float32)
+        nb, scratch = cols // QK, np.empty(scratch_floats(cols, t, bool(kind & ACT16)), np.float32)
         row_q = nb * (32 if kind & 1 else 16)
-        if kind & ACT8 and n > 1:  # the tokens quantized once, every chunk reading them
+        if kind & ACT16 and n > 1:  # the tokens quantized once, every chunk reading them
             quant_x_twin(x, nb, t, address_of(scratch))
             kind |= QUANTIZED_X
         for r0, r1 in chunks(rows, n) if n > 1 else [(0, rows)]:
