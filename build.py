@@ -328,14 +328,19 @@ WASM_SHARED_PAGES = 65536  # 4 GiB: wasm32's whole address space (a reservation;
 def build_wasm(dist: Path) -> dict[str, dict]:
     """web/wasm/*.wat -> dist/wasm/*.wasm (py/pagedkv/backends/wat.py), listed with their sha256; each also as
     *_shared.wasm, importing a shared memory of at most WASM_SHARED_PAGES (the kernel's threads,
-    web/linear_threads.js)."""
+    web/linear_threads.js). A text with relaxed-SIMD instructions gives those two without its relaxed functions
+    (wat.py) and *_relaxed.wasm / *_relaxed_shared.wasm with them (web/linear_wasm.js loads those where they
+    validate)."""
     sys.path.insert(0, str(ROOT / "py"))
-    from pagedkv.backends.wat import assemble  # noqa: E402
+    from pagedkv.backends.wat import RELAXED, assemble  # noqa: E402
 
     out = {}
     for src in sorted((ROOT / "web" / "wasm").glob("*.wat")):
         text = src.read_text(encoding="utf-8")
-        for name, data in ((src.stem, assemble(text)), (f"{src.stem}_shared", assemble(text, WASM_SHARED_PAGES))):
+        variants = [(src.stem, False), (f"{src.stem}_relaxed", True)] if any(
+            op in text for op in RELAXED) else [(src.stem, False)]
+        for name, data in ((n, assemble(text, pages, relaxed)) for stem, relaxed in variants
+                           for n, pages in ((stem, None), (f"{stem}_shared", WASM_SHARED_PAGES))):
             write_if_changed(dist / "wasm" / f"{name}.wasm", data)
             out[name] = {"file": f"{name}.wasm", "sha256": sha256_bytes(data), "bytes": len(data)}
     return out

@@ -129,24 +129,25 @@ class LinearThreads {
     return this.pyU8;
   }
 
-  // out (t, rows) = x (t, cols) @ W.T, x and out in Pyodide's memory, W (qs, dm) in the shared one; kind | 2: the
-  // tokens through 16-bit activations (linear.wat's quant_x, here once for every thread: kind | 4). stats: the
+  // out (t, rows) = x (t, cols) @ W.T, x and out in Pyodide's memory, W (qs, dm) in the shared one; kind | 2 or
+  // kind | 32: the tokens through 16- or 8-bit activations (linear.wat's quant_x / quant_x8, here once for every
+  // thread: kind | 4). stats: the
   // products, how many were split, chunks the helpers ran, and microseconds in copies, in this thread's chunks,
   // waiting for helpers and in the helpers' (each reports its job's in ctrl[13]).
   matmul(kind, qs, dm, rows, cols, x, t, out) {
     const t0 = performance.now();
-    const act16 = (kind & 2) !== 0, xBytes = t * cols * 4, outBytes = t * rows * 4;
-    const scratchBytes = act16 ? t * (cols >> 5) * 72 : cols * 4;  // the tokens' quantized blocks, or a decoded row
+    const act8 = (kind & 32) !== 0, act = act8 || (kind & 2) !== 0, xBytes = t * cols * 4, outBytes = t * rows * 4;
+    const scratchBytes = act ? t * (cols >> 5) * (act8 ? 40 : 72) : cols * 4;  // the tokens' quantized blocks, or a row
     const n = rows >= this.threads && rows * cols * t >= this.minWork ? this.threads : 1;
-    const xAt = this.ioArea(xBytes + outBytes + (act16 ? 1 : n) * scratchBytes);
+    const xAt = this.ioArea(xBytes + outBytes + (act ? 1 : n) * scratchBytes);
     const outAt = xAt + xBytes, scratchAt = outAt + outBytes;
     const heap = this.heap();
     heap.set(this.py().subarray(x, x + xBytes), xAt);
     const chunk = Math.ceil(rows / (n * CHUNKS_PER_THREAD));
-    let stride = scratchBytes;  // each thread's scratch; 16-bit activations: one quantized x they all read
-    if (act16) {
+    let stride = scratchBytes;  // each thread's scratch; integer activations: one quantized x they all read
+    if (act) {
       if (n > 1) {
-        this.exports.quant_x(xAt, cols >> 5, t, scratchAt);
+        (act8 ? this.exports.quant_x8 : this.exports.quant_x)(xAt, cols >> 5, t, scratchAt);
         kind |= 4;
       }
       stride = 0;

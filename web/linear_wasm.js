@@ -1,8 +1,8 @@
 // The CPU path's projection kernel (wasm/linear.wasm, assembled from web/wasm/linear.wat by build.py),
 // instantiated on Pyodide's own WebAssembly.Memory so that numpy arrays' addresses are its pointers (no
-// copies; py/pagedkv/backends/cpu_wasm.py, cpu_attention.py). Resolves to {matmul, attention, error}: either the
-// error is null, or it says why and the others are. attention: the exports object (attn_scores, attn_values);
-// startThreads: the same kernel on every core (linear_threads.js).
+// copies; py/pagedkv/backends/cpu_wasm.py, cpu_attention.py). Resolves to {matmul, attention, error, startThreads,
+// relaxedSimd}: either the error is null, or it says why and the others are. attention: the exports object
+// (attn_scores, attn_values, ...); startThreads: the same kernel on every core (linear_threads.js).
 // Python reads it as self.pagedkvLinear (pagedkv/browser/interop.py) and keeps the einsum path, saying why,
 // on an error.
 "use strict";
@@ -26,11 +26,23 @@ async function fetchVerifiedWasm(base, entry) {
 
 // sharedEntry: assets.json's linear_shared (the same kernel on a shared memory): startThreads(count) resolves to
 // linear_threads.js's {api, error}, started once per count (the app asks for one count; tests for others).
-async function loadLinearWasm(base, entry, pyodide, sharedEntry) {
+// relaxed: {entry, shared}, assets.json's linear_relaxed / linear_relaxed_shared (the same text with its
+// relaxed-SIMD functions: 8-bit activations), loaded instead of entry / sharedEntry where this browser validates
+// them; relaxedSimd says which.
+async function loadLinearWasm(base, entry, pyodide, sharedEntry, relaxed) {
   try {
-    const bytes = await fetchVerifiedWasm(base, entry);
-    // The bytes are the built ones (hash above), so a module that does not validate means no SIMD128.
-    if (!WebAssembly.validate(bytes)) throw new Error("this browser's WebAssembly has no SIMD (SIMD128)");
+    let bytes = null, relaxedSimd = false;
+    if (relaxed && relaxed.entry) {
+      const candidate = await fetchVerifiedWasm(base, relaxed.entry);
+      if (WebAssembly.validate(candidate)) {
+        [bytes, relaxedSimd, sharedEntry] = [candidate, true, relaxed.shared];
+      }
+    }
+    if (!bytes) {
+      bytes = await fetchVerifiedWasm(base, entry);
+      // The bytes are the built ones (hash above), so a module that does not validate means no SIMD128.
+      if (!WebAssembly.validate(bytes)) throw new Error("this browser's WebAssembly has no SIMD (SIMD128)");
+    }
     // Pyodide 0.27 imports its memory; the dynamic linker keeps the import object of the main module.
     const memory = pyodide._module.LDSO.loadedLibsByName.__main__.exports.memory;
     if (!(memory instanceof WebAssembly.Memory)) throw new Error("Pyodide's WebAssembly.Memory was not found");
@@ -49,8 +61,8 @@ async function loadLinearWasm(base, entry, pyodide, sharedEntry) {
       }
       return started.get(count);
     };
-    return { matmul: instance.exports.matmul, attention: instance.exports, error: null, startThreads };
+    return { matmul: instance.exports.matmul, attention: instance.exports, error: null, startThreads, relaxedSimd };
   } catch (err) {
-    return { matmul: null, attention: null, error: String(err.message || err), startThreads: null };
+    return { matmul: null, attention: null, error: String(err.message || err), startThreads: null, relaxedSimd: false };
   }
 }

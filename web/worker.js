@@ -15,8 +15,9 @@ async function boot() {
   importScripts(base + "pyodide/pyodide.js", base + "replayer.js", base + "linear_wasm.js", base + "linear_threads.js");
   progress("python", `starting Python (Pyodide ${assets.pyodide_version})`);
   const pyodide = await loadPyodide({ indexURL: base + "pyodide/" });
-  self.pagedkvLinear = await loadLinearWasm(base, assets.wasm && assets.wasm.linear, pyodide,
-    assets.wasm && assets.wasm.linear_shared);
+  const wasm = assets.wasm || {};
+  self.pagedkvLinear = await loadLinearWasm(base, wasm.linear, pyodide, wasm.linear_shared,
+    { entry: wasm.linear_relaxed, shared: wasm.linear_relaxed_shared });
   progress("numpy", "loading numpy and micropip");
   await pyodide.loadPackage(["numpy", "micropip"], { checkIntegrity: true });
   progress("engine", "installing the pagedkv engine");

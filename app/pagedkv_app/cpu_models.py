@@ -6,7 +6,7 @@ run time (pagedkv.js `engine.load` / `engine.unload`). docs/api.md, "Several mod
 from __future__ import annotations
 
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.backends.cpu_wasm import HeapStore, SharedStore, stack_projections, tensor_loader
+from pagedkv.backends.cpu_wasm import ACTIVATIONS, HeapStore, SharedStore, stack_projections, tensor_loader
 from pagedkv.browser import interop as webgpu
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine
@@ -42,19 +42,29 @@ async def cpu_weights(name: str, on_progress) -> tuple[dict, ModelWeights, str, 
 async def kernel_store() -> tuple[HeapStore | SharedStore, str]:
     """Where the wasm kernel's weights live and how many threads run it, with the words the device panel shows:
     every core (?threads=N sets the count, threads=1 keeps one) on a memory they share, or one thread on
-    Pyodide's memory, saying why; the activations at 16 bits a 32-value block (integer dot products, every
-    token as if alone), or f32 with ?activations=f32. Raises WasmUnavailable when the kernel did not load."""
+    Pyodide's memory, saying why; the activations (?activations=int8|int16|f32): by default 8 bits a 32-value
+    block into the 4-bit codes' relaxed-SIMD dot products and 16 bits into the rest (every token as if alone),
+    16 bits everywhere where the browser has no relaxed SIMD (saying so). Raises WasmUnavailable when the kernel
+    did not load."""
     kernel = webgpu.linear_wasm_matmul()
-    act16 = bridge.query_param("activations", "int16") != "f32"
-    how = ", 16-bit activations" if act16 else ", f32 activations"
+    relaxed = webgpu.wasm_relaxed_simd()
+    asked = bridge.query_param("activations", "int8" if relaxed else "int16")
+    activations = asked if asked in ACTIVATIONS else "int8" if relaxed else "int16"
+    if activations == "int8" and not relaxed:
+        activations, how = "int16", ", 16-bit activations (8-bit ones need relaxed SIMD, which this browser lacks)"
+    else:
+        how = {"int8": ", 8-bit activations (relaxed SIMD)", "int16": ", 16-bit activations",
+               "f32": ", f32 activations"}[activations]
+    if asked not in ACTIVATIONS:
+        how += f" (activations={asked} is not one of {', '.join(ACTIVATIONS)})"
     wanted = bridge.query_param("threads", "auto")
     if wanted != "auto" and not wanted.isdigit():
-        return HeapStore(kernel, act16), f"1 thread (threads={wanted} is not a count){how}"
+        return HeapStore(kernel, activations), f"1 thread (threads={wanted} is not a count){how}"
     try:
-        store = SharedStore(await webgpu.linear_threads(0 if wanted == "auto" else int(wanted)), act16)
+        store = SharedStore(await webgpu.linear_threads(0 if wanted == "auto" else int(wanted)), activations)
         return store, f"{store.threads} threads{how}"
     except webgpu.WasmUnavailable as exc:
-        return HeapStore(kernel, act16), f"1 thread ({exc}){how}"
+        return HeapStore(kernel, activations), f"1 thread ({exc}){how}"
 
 
 async def shared_cpu_engine(names: list[str], block_size: int, config: EngineConfig,

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the page's ?backend= (auto: numpy on a software adapter, else WebGPU)")
     parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto",
                         help="WebGPU kernel family (the page's ?kernels=)")
-    parser.add_argument("--activations", choices=("int8", "f32"), default="int8",
+    parser.add_argument("--activations", choices=("int8", "int16", "f32"), default="int8",
                         help="the CPU path's activations in its products (the page's ?activations=)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (else the text)")
     args = parser.parse_args(argv)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagedkv.backends.cpu_wasm import QuantWeight, act16_products, address_of, quantize_activations
+from pagedkv.backends.cpu_wasm import (QuantWeight, act_bits, address_of, integer_products, kind_code,
+                                      quantize_activations)
 from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache
 from pagedkv.kernels.ref_ops import rope_inv_freq, rotate_adjacent
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
@@ -42,18 +43,19 @@ def case_linear(store, dtype: str, rows: int, cols: int, tokens: tuple[int, ...]
     return out
 
 
-ACT16_TOKENS = 21
+INTEGER_TOKENS = 21
 
 
-def case_linear_act16(store, dtype: str, rows: int, cols: int, tokens: int = ACT16_TOKENS) -> dict:
-    """`tokens` through 16-bit activations (store.act16; 21: a 16-token chunk and five, in $dot_x16_t4's fours and
-    alone) against the twin's
-    integer products of the same quantized tokens (cpu_wasm.act16_products), over the unit sum
-    |d_w * d_x * codes . q| of each output; and each token's row bit-identical to that token's product alone."""
+def case_linear_integer(store, dtype: str, rows: int, cols: int, tokens: int = INTEGER_TOKENS) -> dict:
+    """`tokens` through the store's integer activations (cpu_wasm.kind_code: 16 or 8 bits; 21 tokens: a 16-token
+    chunk and five, in $dot_x16_t4's / $dot_x8_t4's fours and alone) against the twin's integer products of the
+    same quantized tokens (cpu_wasm.integer_products), over the unit sum |d_w * d_x * codes . q| of each output;
+    and each token's row bit-identical to that token's product alone."""
     rng = np.random.default_rng(rows * 5 + cols)
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     parts = packed(dtype, w)
     qw = QuantWeight.from_parts(dtype, (rows, cols), parts, store)
+    bits = act_bits(kind_code(qw.kind, store.activations))
     x = rng.standard_normal((tokens, cols)).astype(np.float32)
     y = x @ qw.T  # (tokens, rows)
     alone = np.concatenate([x[i:i + 1] @ qw.T for i in range(tokens)])
@@ -61,11 +63,11 @@ def case_linear_act16(store, dtype: str, rows: int, cols: int, tokens: int = ACT
     magnitudes = qs if qw.kind == "q4_1" else np.abs(qs.astype(np.int16))  # q4_1 codes are >= 0 already
     worst = 0.0
     for i in range(tokens):
-        xsum, d, q = quantize_activations(x[i])
-        want = act16_products(qw.kind, qs, dm, xsum, d, q).astype(np.float64)
-        unit = act16_products(qw.kind, magnitudes, np.abs(dm), np.abs(xsum), d, np.abs(q)).astype(np.float64)
-        worst = max(worst, float((np.abs(y[i] - want) / unit).max()))
-    return {"case": [dtype, rows, cols], "max_scaled": worst, "as_alone": bool(np.array_equal(y, alone))}
+        xsum, d, q = quantize_activations(x[i], bits)
+        want = integer_products(qw.kind, qs, dm, xsum, d, q).astype(np.float64)
+        unit = integer_products(qw.kind, magnitudes, np.abs(dm), np.abs(xsum), d, np.abs(q.astype(np.int16)))
+        worst = max(worst, float((np.abs(y[i] - want) / unit.astype(np.float64)).max()))
+    return {"case": [dtype, rows, cols], "bits": bits, "max_scaled": worst, "as_alone": bool(np.array_equal(y, alone))}
 
 
 def case_attention(kernels, ctx: int, nkv: int, group: int, hd: int, nq: int = 1) -> dict:

@@ -81,22 +81,28 @@ def test_the_kernel_on_three_threads_matches_numpy_in_the_worker(ready_page):
     assert (got["threads"], got["split"], got["live"]) == (3, SPLIT * len(TOKENS), 1), got
 
 
-def test_16_bit_activations_match_the_integer_twin_and_each_token_alone_on_one_thread_and_three(ready_page):
+@pytest.mark.parametrize("activations", ["int16", "int8"])
+def test_integer_activations_match_the_integer_twin_and_each_token_alone_on_one_thread_and_three(ready_page,
+                                                                                               activations):
     """Each output is the twin's integer block sums times f32 scales: only the f32 sum over blocks, q4_1's
     minimum term and an 8-bit layout's lane sums past 2^24 (converted to f32) round, within 2^-20 of the unit sum
-    |d_w d_x codes . q| (nb <= 48 terms); each
-    token of a product bit-identical to its product alone (a reply does not depend on its batch)."""
+    |d_w d_x codes . q| (nb <= 48 terms); each token of a product bit-identical to its product alone (a reply does
+    not depend on its batch). int8: the 4-bit codes through 8-bit activations (the relaxed-SIMD kernel, which
+    Chromium loads), the 8-bit codes through 16-bit ones."""
     worker = install_modules(ready_page, "cpu_wasm_cases")
-    calls = ", ".join(f"c.case_linear_act16(k, {d!r}, {r}, {c})" for d, r, c in CASES)
+    calls = ", ".join(f"c.case_linear_integer(k, {d!r}, {r}, {c})" for d, r, c in CASES)
     got = worker.py("import json, cpu_wasm_cases as c\nfrom pagedkv.backends.cpu_wasm import HeapStore, SharedStore\n"
-                    f"from pagedkv.browser.interop import linear_wasm_matmul\n{THREE_THREADS}"
-                    "out = []\nfor k in (HeapStore(linear_wasm_matmul(), act16=True), SharedStore(api, act16=True)):\n"
+                    f"from pagedkv.browser.interop import linear_wasm_matmul, wasm_relaxed_simd\n{THREE_THREADS}"
+                    f"out = []\nfor k in (HeapStore(linear_wasm_matmul(), {activations!r}), "
+                    f"SharedStore(api, {activations!r})):\n"
                     f"    out.append([{calls}])\n"
-                    "json.dumps({'results': out, 'split': api.stats.split - before})")
+                    "json.dumps({'results': out, 'split': api.stats.split - before, 'relaxed': wasm_relaxed_simd()})")
     # every case but the one-row one, on three threads: the tokens together, then each alone
-    assert got["split"] == SPLIT * (1 + cpu_wasm_cases.ACT16_TOKENS)
+    assert got["relaxed"] is True and got["split"] == SPLIT * (1 + cpu_wasm_cases.INTEGER_TOKENS)
     for results in got["results"]:
         assert [r["case"] for r in results] == [list(case) for case in CASES]
+        assert [r["bits"] for r in results] == [8 if activations == "int8" and d in ("q4_1", "q4_K") else 16
+                                                for d, _, _ in CASES], results
         assert max(r["max_scaled"] for r in results) <= 2.0**-20, results
         assert all(r["as_alone"] for r in results), results
 
@@ -159,8 +165,8 @@ def cpu_page(browser, base_url):
 
 def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page):
     worker, info = cpu_page
-    assert (info["backend"], info["cpu_linear"]) == ("cpu", "wasm SIMD on quantized weights, 2 threads, 16-bit "
-                                                          "activations")
+    assert (info["backend"], info["cpu_linear"]) == ("cpu", "wasm SIMD on quantized weights, 2 threads, 8-bit "
+                                                          "activations (relaxed SIMD)")
     got = worker.py(
         "import json, cpu_wasm_cases as c\nfrom pagedkv_app.main import state\n"
         "model = state['engine'].backend.model\n"
@@ -256,6 +262,34 @@ def test_a_kernel_that_does_not_load_says_why_and_the_path_keeps_einsum(ready_pa
     assert got[3] == got[1]
 
 
+def test_without_relaxed_simd_the_plain_kernel_loads_and_its_8_bit_functions_trap(ready_page):
+    """loadLinearWasm without the relaxed entries (a browser whose WebAssembly lacks relaxed SIMD takes this path
+    after the relaxed module fails to validate): relaxedSimd false, 16-bit products as the relaxed module's
+    (the same text), the 8-bit kernel assembled as `unreachable` (wat.py), so it can never run there."""
+    got = ready_page.py(
+        "import json, js\nimport numpy as np\nimport pyodide_js\n"
+        "from pagedkv.backends.cpu_wasm import ACT8, ACT16, address_of\n"
+        "base = str(js.location.href).rsplit('/', 1)[0] + '/'\n"
+        "assets = await (await js.fetch(base + 'assets.json')).json()\n"
+        "plain = await js.loadLinearWasm(base, assets.wasm.linear, pyodide_js, assets.wasm.linear_shared)\n"
+        "x = np.linspace(-1, 1, 64, dtype=np.float32)\n"
+        "qs = np.arange(64, dtype=np.uint8).reshape(2, 32)\n"
+        "dm = np.tile(np.array([0.5, -0.25], np.float32), (2, 2, 1))\n"
+        "outs, scratch = [np.zeros(2, np.float32) for _ in range(2)], np.zeros(64, np.float32)\n"
+        "for out, mm in zip(outs, (plain.matmul, js.pagedkvLinear.matmul)):\n"
+        "    mm(ACT16, address_of(qs), address_of(dm), 2, 64, address_of(x), 1, address_of(out), 2, address_of(scratch))\n"
+        "try:\n"
+        "    plain.matmul(ACT8, address_of(qs), address_of(dm), 2, 64, address_of(x), 1, address_of(outs[0]), 2,\n"
+        "                 address_of(scratch))\n"
+        "    trapped = None\n"
+        "except Exception as exc:\n"
+        "    trapped = str(exc)\n"
+        "json.dumps([plain.relaxedSimd, js.pagedkvLinear.relaxedSimd, outs[0].tolist(), outs[1].tolist(), trapped])")
+    assert got[0] is False and got[1] is True
+    assert got[2] == got[3] and any(got[2]), got
+    assert got[4] is not None and "unreachable" in got[4], got
+
+
 GOLDEN = json.loads((Path(__file__).parent.parent / "golden" / "llama_golden.json").read_text(encoding="utf-8"))
 GREEDY = """
 import json
@@ -273,14 +307,15 @@ json.dumps(out)
 
 
 def test_the_real_model_on_the_tabs_default_cpu_path_gives_llama_cpps_greedy_ids(browser, base_url):
-    """SmolLM2 on the default CPU path (16-bit integer activations, every core): each of
+    """SmolLM2 on the default CPU path (8-bit activations into the 4-bit layers, 16-bit into the 8-bit head, every
+    core): each of
     the golden prompts' 8 greedy ids equal to llama.cpp's (tests/golden/llama_golden.json) up to a position
     where llama.cpp's own top-1 / top-2 margin is a near tie."""
     booted = open_and_boot(browser, base_url + "?backend=cpu")
     try:
         info = wait_model(booted)
         assert info["model"] == "smollm2-135m-instruct" and info["cpu_linear"].endswith(
-            ", 16-bit activations"), info
+            ", 8-bit activations (relaxed SIMD)"), info
         got = booted.py(GREEDY.replace("PROMPTS", repr([c["prompt_ids"] for c in GOLDEN["cases"]])))
     finally:
         booted.page.close()

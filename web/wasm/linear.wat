@@ -5,7 +5,8 @@
 ;; py/pagedkv/backends/cpu_wasm.py (the layouts below, its numpy twin and the calls). build.py assembles this
 ;; text with py/pagedkv/backends/wat.py (a flat-instruction subset of WAT; no folded expressions).
 ;;
-;; Weight layouts, by `kind` (bits 1 | 8 | 16; bits 2 and 4 ask for 16-bit activations, see quant_x): rows of
+;; Weight layouts, by `kind` (bits 1 | 8 | 16; bit 2 asks for 16-bit activations (quant_x), bit 32 for 8-bit ones
+;; (quant_x8, kind 0 only), bit 4 says x is quantized already): rows of
 ;; nb = cols / 32 blocks, blocks of 32 weights (cpu_wasm.KINDS names them):
 ;;   qs  kind 0 (q4_1, q4_K): 16 bytes a block, byte j = code j | code (j + 16) << 4 (codes 0..15)
 ;;       kind 1 (q8_0, q4_0, q5_0), 17 (q5_1, q5_K), 9 (q6_K): 32 bytes a block, signed codes in weight order
@@ -14,7 +15,7 @@
 ;;       16..31 = d1 * code (q6_K's scales of 16 weights)
 ;; Activations x (t, cols) f32 row-major; out (t, ldo) f32, of which the kernel writes rows columns; scratch the
 ;; kernel overwrites: cols f32 (a decoded row, or for one token each block's sum of x), with 16-bit activations
-;; t * cols * 2.25 bytes (each token's quant_x blocks).
+;; t * cols * 2.25 bytes (each token's quant_x blocks), with 8-bit ones t * cols * 1.25 (quant_x8's).
 (module
   (import "env" "memory" (memory 1))
 
@@ -288,100 +289,6 @@
     end
     local.get $sum call $hsum local.get $accm f32.add)
 
-  ;; $dot_x16 for two adjacent rows (rowq bytes of codes, nb * 8 of scales apart) and one token: its quantized
-  ;; blocks loaded once for both, every row's arithmetic $dot_x16's (bit-identical to it). out, out + 4.
-  (func $dot_x16_r2 (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (param $rowq i32)
-    (param $out i32)
-    (local $v v128) (local $h v128) (local $lo v128) (local $x0 v128) (local $x1 v128) (local $x2 v128) (local $x3 v128)
-    (local $sum0 v128) (local $sum1 v128) (local $accm0 f32) (local $accm1 f32) (local $d f32)
-    (local $xd i32) (local $xq i32) (local $a i32) (local $split i32) (local $rowd i32) (local $step i32)
-    local.get $kind i32.const 3 i32.shr_u i32.const 1 i32.and local.set $split
-    local.get $kind i32.const 1 i32.and local.set $kind
-    i32.const 16 local.get $kind i32.const 4 i32.shl i32.add local.set $step  ;; a block's code bytes
-    local.get $nb i32.const 3 i32.shl local.set $rowd
-    local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
-    local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
-    loop $block
-      local.get $xq v128.load local.set $x0
-      local.get $xq v128.load offset=16 local.set $x1
-      local.get $xq v128.load offset=32 local.set $x2
-      local.get $xq v128.load offset=48 local.set $x3
-      local.get $qs local.set $a  ;; row 0
-      local.get $a v128.load local.set $v
-      local.get $kind
-      if
-        local.get $a v128.load offset=16 local.set $h
-        local.get $v i16x8.extend_low_i8x16_s local.get $x0 i32x4.dot_i16x8_s
-        local.get $v i16x8.extend_high_i8x16_s local.get $x1 i32x4.dot_i16x8_s i32x4.add
-        local.set $lo
-        local.get $h i16x8.extend_low_i8x16_s local.get $x2 i32x4.dot_i16x8_s
-        local.get $h i16x8.extend_high_i8x16_s local.get $x3 i32x4.dot_i16x8_s i32x4.add
-        local.set $h
-      else
-        local.get $v i32.const 4 i8x16.shr_u local.set $h
-        local.get $v i32.const 15 i8x16.splat v128.and local.set $v
-        local.get $v i16x8.extend_low_i8x16_u local.get $x0 i32x4.dot_i16x8_s
-        local.get $v i16x8.extend_high_i8x16_u local.get $x1 i32x4.dot_i16x8_s i32x4.add
-        local.set $lo
-        local.get $h i16x8.extend_low_i8x16_u local.get $x2 i32x4.dot_i16x8_s
-        local.get $h i16x8.extend_high_i8x16_u local.get $x3 i32x4.dot_i16x8_s i32x4.add
-        local.set $h
-      end
-      local.get $dm local.set $a
-      local.get $a f32.load local.get $xd f32.load f32.mul local.set $d
-      local.get $split
-      if
-        local.get $sum0 local.get $lo f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul f32x4.add
-        local.get $h f32x4.convert_i32x4_s local.get $a f32.load offset=4 local.get $xd f32.load f32.mul f32x4.splat
-        f32x4.mul f32x4.add local.set $sum0
-      else
-        local.get $sum0 local.get $lo local.get $h i32x4.add f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul
-        f32x4.add local.set $sum0
-        local.get $accm0 local.get $a f32.load offset=4 local.get $s f32.load f32.mul f32.add local.set $accm0
-      end
-      local.get $qs local.get $rowq i32.add local.set $a  ;; row 1
-      local.get $a v128.load local.set $v
-      local.get $kind
-      if
-        local.get $a v128.load offset=16 local.set $h
-        local.get $v i16x8.extend_low_i8x16_s local.get $x0 i32x4.dot_i16x8_s
-        local.get $v i16x8.extend_high_i8x16_s local.get $x1 i32x4.dot_i16x8_s i32x4.add
-        local.set $lo
-        local.get $h i16x8.extend_low_i8x16_s local.get $x2 i32x4.dot_i16x8_s
-        local.get $h i16x8.extend_high_i8x16_s local.get $x3 i32x4.dot_i16x8_s i32x4.add
-        local.set $h
-      else
-        local.get $v i32.const 4 i8x16.shr_u local.set $h
-        local.get $v i32.const 15 i8x16.splat v128.and local.set $v
-        local.get $v i16x8.extend_low_i8x16_u local.get $x0 i32x4.dot_i16x8_s
-        local.get $v i16x8.extend_high_i8x16_u local.get $x1 i32x4.dot_i16x8_s i32x4.add
-        local.set $lo
-        local.get $h i16x8.extend_low_i8x16_u local.get $x2 i32x4.dot_i16x8_s
-        local.get $h i16x8.extend_high_i8x16_u local.get $x3 i32x4.dot_i16x8_s i32x4.add
-        local.set $h
-      end
-      local.get $dm local.get $rowd i32.add local.set $a
-      local.get $a f32.load local.get $xd f32.load f32.mul local.set $d
-      local.get $split
-      if
-        local.get $sum1 local.get $lo f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul f32x4.add
-        local.get $h f32x4.convert_i32x4_s local.get $a f32.load offset=4 local.get $xd f32.load f32.mul f32x4.splat
-        f32x4.mul f32x4.add local.set $sum1
-      else
-        local.get $sum1 local.get $lo local.get $h i32x4.add f32x4.convert_i32x4_s local.get $d f32x4.splat f32x4.mul
-        f32x4.add local.set $sum1
-        local.get $accm1 local.get $a f32.load offset=4 local.get $s f32.load f32.mul f32.add local.set $accm1
-      end
-      local.get $qs local.get $step i32.add local.set $qs
-      local.get $dm i32.const 8 i32.add local.set $dm
-      local.get $s i32.const 4 i32.add local.set $s
-      local.get $xd i32.const 4 i32.add local.set $xd
-      local.get $xq i32.const 64 i32.add local.set $xq
-      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
-    end
-    local.get $out local.get $sum0 call $hsum local.get $accm0 f32.add f32.store
-    local.get $out local.get $sum1 call $hsum local.get $accm1 f32.add f32.store offset=4)
-
   ;; $dot_x16 for four tokens (quant_x's blocks at s, s + stride, ...: out at out, out + ldo f32, ...): each
   ;; weight block's codes widened once for the four, every token's arithmetic $dot_x16's (bit-identical to it).
   (func $dot_x16_t4 (param $kind i32) (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (param $stride i32)
@@ -498,6 +405,148 @@
     local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.tee $out local.get $sum3 call $hsum local.get $accm3 f32.add
     f32.store)
 
+  ;; 8-bit activations (kind | 32, 4-bit codes only: kind 0; relaxed SIMD): llama.cpp's q8_1 blocks, d = max |x| /
+  ;; 127, q = nearest(x / d) (ties to even) as i8, xsum = d * sum(q), each weight block's codes (0..15, the i7 operand)
+  ;; meeting q in i32x4.relaxed_dot_i8x16_i7x16_add_s: sixteen products a lane group in one instruction where
+  ;; i32x4.dot_i16x8_s takes eight and the codes widened first, so a one-token product runs 1.5x faster from cache
+  ;; (Chromium, 3072x576). Exact integer sums (|codes . q| <= 32 * 15 * 127), so the result does not depend on how
+  ;; the browser lowers the instruction. scratch: xsum (nb f32), xd (nb f32), xq (nb * 32 i8): nb * 40 bytes a
+  ;; token. Browsers without relaxed SIMD load the module assembled without these functions (wat.py: relaxed).
+  (func $quant_x8 (export "quant_x8") (param $x i32) (param $nb i32) (param $t i32) (param $s i32)
+    loop $tokens  ;; token i of x (nb * 32 f32 apart) into its blocks at s + i * nb * 40
+      local.get $x local.get $nb local.get $s call $quant_x8_1
+      local.get $x local.get $nb i32.const 7 i32.shl i32.add local.set $x
+      local.get $s local.get $nb i32.const 40 i32.mul i32.add local.set $s
+      local.get $t i32.const 1 i32.sub local.tee $t br_if $tokens
+    end)
+
+  (func $quant_x8_1 (param $x i32) (param $nb i32) (param $s i32)
+    (local $xd i32) (local $xq i32) (local $m v128) (local $a f32) (local $id v128) (local $v v128) (local $w v128)
+    (local $acc v128)
+    local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
+    local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
+    loop $block
+      local.get $x v128.load f32x4.abs local.get $x v128.load offset=16 f32x4.abs f32x4.max
+      local.get $x v128.load offset=32 f32x4.abs local.get $x v128.load offset=48 f32x4.abs f32x4.max f32x4.max
+      local.get $x v128.load offset=64 f32x4.abs local.get $x v128.load offset=80 f32x4.abs f32x4.max
+      local.get $x v128.load offset=96 f32x4.abs local.get $x v128.load offset=112 f32x4.abs f32x4.max f32x4.max
+      f32x4.max local.set $m
+      local.get $m f32x4.extract_lane 0 local.get $m f32x4.extract_lane 1 f32.max
+      local.get $m f32x4.extract_lane 2 local.get $m f32x4.extract_lane 3 f32.max f32.max
+      f32.const 127 f32.div local.set $a  ;; d
+      local.get $xd local.get $a f32.store
+      f32.const 1 local.get $a f32.div f32.const 0 local.get $a f32.const 0 f32.gt select f32x4.splat local.set $id
+      local.get $x v128.load local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      local.get $x v128.load offset=16 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      i16x8.narrow_i32x4_s local.set $v
+      local.get $x v128.load offset=32 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      local.get $x v128.load offset=48 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      i16x8.narrow_i32x4_s local.set $w
+      local.get $v i32x4.extend_low_i16x8_s local.get $v i32x4.extend_high_i16x8_s i32x4.add
+      local.get $w i32x4.extend_low_i16x8_s i32x4.add local.get $w i32x4.extend_high_i16x8_s i32x4.add local.set $acc
+      local.get $xq local.get $v local.get $w i8x16.narrow_i16x8_s v128.store  ;; values 0..15
+      local.get $x v128.load offset=64 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      local.get $x v128.load offset=80 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      i16x8.narrow_i32x4_s local.set $v
+      local.get $x v128.load offset=96 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      local.get $x v128.load offset=112 local.get $id f32x4.mul f32x4.nearest i32x4.trunc_sat_f32x4_s
+      i16x8.narrow_i32x4_s local.set $w
+      local.get $xq local.get $v local.get $w i8x16.narrow_i16x8_s v128.store offset=16  ;; values 16..31
+      local.get $s  ;; xsum = d * the sum of q (exact in f32)
+      local.get $acc local.get $v i32x4.extend_low_i16x8_s i32x4.add local.get $v i32x4.extend_high_i16x8_s i32x4.add
+      local.get $w i32x4.extend_low_i16x8_s i32x4.add local.get $w i32x4.extend_high_i16x8_s i32x4.add
+      f32x4.convert_i32x4_s call $hsum local.get $a f32.mul f32.store
+      local.get $x i32.const 128 i32.add local.set $x
+      local.get $s i32.const 4 i32.add local.set $s
+      local.get $xd i32.const 4 i32.add local.set $xd
+      local.get $xq i32.const 32 i32.add local.set $xq
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end)
+
+  ;; One 4-bit-code row's dot product with quant_x8's blocks at s: per block d_w * d_x * (codes . q) + m * xsum,
+  ;; the codes' sum in i32 lanes (q's values 0..15 against the low nibbles, 16..31 the high ones).
+  (func $dot_x8 (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (result f32)
+    (local $v v128) (local $z v128) (local $sum v128) (local $accm f32) (local $xd i32) (local $xq i32)
+    local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
+    local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
+    loop $block
+      local.get $qs v128.load local.set $v
+      local.get $sum
+      local.get $xq v128.load offset=16 local.get $v i32.const 4 i8x16.shr_u
+      local.get $xq v128.load local.get $v i32.const 15 i8x16.splat v128.and local.get $z
+      i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s
+      f32x4.convert_i32x4_s local.get $dm f32.load local.get $xd f32.load f32.mul f32x4.splat f32x4.mul f32x4.add
+      local.set $sum
+      local.get $accm local.get $dm f32.load offset=4 local.get $s f32.load f32.mul f32.add local.set $accm
+      local.get $qs i32.const 16 i32.add local.set $qs
+      local.get $dm i32.const 8 i32.add local.set $dm
+      local.get $s i32.const 4 i32.add local.set $s
+      local.get $xd i32.const 4 i32.add local.set $xd
+      local.get $xq i32.const 32 i32.add local.set $xq
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end
+    local.get $sum call $hsum local.get $accm f32.add)
+
+  ;; $dot_x8 for four tokens (quant_x8's blocks at s, s + stride, ...: out at out, out + ldo f32, ...): each
+  ;; weight block's codes split once for the four, every token's arithmetic $dot_x8's (bit-identical).
+  (func $dot_x8_t4 (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (param $stride i32) (param $out i32)
+    (param $ldo i32)
+    (local $v v128) (local $lo v128) (local $hi v128) (local $z v128) (local $low v128)
+    (local $sum0 v128) (local $sum1 v128) (local $sum2 v128) (local $sum3 v128)
+    (local $accm0 f32) (local $accm1 f32) (local $accm2 f32) (local $accm3 f32) (local $d f32) (local $m f32)
+    (local $xd i32) (local $xq i32) (local $st1 i32) (local $st2 i32) (local $st3 i32)
+    i32.const 15 i8x16.splat local.set $low
+    local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
+    local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
+    local.get $stride local.set $st1
+    local.get $stride i32.const 1 i32.shl local.set $st2
+    local.get $st1 local.get $st2 i32.add local.set $st3
+    loop $block
+      local.get $qs v128.load local.tee $v i32.const 4 i8x16.shr_u local.set $hi
+      local.get $v local.get $low v128.and local.set $lo
+      local.get $dm f32.load local.set $d
+      local.get $dm f32.load offset=4 local.set $m
+      local.get $sum0  ;; token 0
+      local.get $xq v128.load offset=16 local.get $hi local.get $xq v128.load local.get $lo local.get $z
+      i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s
+      f32x4.convert_i32x4_s local.get $d local.get $xd f32.load f32.mul f32x4.splat f32x4.mul f32x4.add local.set $sum0
+      local.get $accm0 local.get $m local.get $s f32.load f32.mul f32.add local.set $accm0
+      local.get $sum1  ;; token 1
+      local.get $xq local.get $st1 i32.add v128.load offset=16 local.get $hi
+      local.get $xq local.get $st1 i32.add v128.load local.get $lo local.get $z
+      i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s
+      f32x4.convert_i32x4_s local.get $d local.get $xd local.get $st1 i32.add f32.load f32.mul f32x4.splat f32x4.mul
+      f32x4.add local.set $sum1
+      local.get $accm1 local.get $m local.get $s local.get $st1 i32.add f32.load f32.mul f32.add local.set $accm1
+      local.get $sum2  ;; token 2
+      local.get $xq local.get $st2 i32.add v128.load offset=16 local.get $hi
+      local.get $xq local.get $st2 i32.add v128.load local.get $lo local.get $z
+      i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s
+      f32x4.convert_i32x4_s local.get $d local.get $xd local.get $st2 i32.add f32.load f32.mul f32x4.splat f32x4.mul
+      f32x4.add local.set $sum2
+      local.get $accm2 local.get $m local.get $s local.get $st2 i32.add f32.load f32.mul f32.add local.set $accm2
+      local.get $sum3  ;; token 3
+      local.get $xq local.get $st3 i32.add v128.load offset=16 local.get $hi
+      local.get $xq local.get $st3 i32.add v128.load local.get $lo local.get $z
+      i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s
+      f32x4.convert_i32x4_s local.get $d local.get $xd local.get $st3 i32.add f32.load f32.mul f32x4.splat f32x4.mul
+      f32x4.add local.set $sum3
+      local.get $accm3 local.get $m local.get $s local.get $st3 i32.add f32.load f32.mul f32.add local.set $accm3
+      local.get $qs i32.const 16 i32.add local.set $qs
+      local.get $dm i32.const 8 i32.add local.set $dm
+      local.get $s i32.const 4 i32.add local.set $s
+      local.get $xd i32.const 4 i32.add local.set $xd
+      local.get $xq i32.const 32 i32.add local.set $xq
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end
+    local.get $out local.get $sum0 call $hsum local.get $accm0 f32.add f32.store
+    local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.tee $out local.get $sum1 call $hsum local.get $accm1 f32.add
+    f32.store
+    local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.tee $out local.get $sum2 call $hsum local.get $accm2 f32.add
+    f32.store
+    local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.tee $out local.get $sum3 call $hsum local.get $accm3 f32.add
+    f32.store)
+
   ;; xsum[b] = the sum of x's block b (nb blocks of 32 f32)
   (func $block_sums (param $x i32) (param $nb i32) (param $xsum i32)
     loop $block
@@ -547,45 +596,71 @@
     local.get $out local.get $step i32.add local.get $a3 call $hsum f32.store)
 
   ;; out (t, rows) = x (t, cols) @ W.T for W (rows, cols) of `kind`, out's rows ldo f32 apart (ldo = rows, or
-  ;; the whole weight's rows when a thread takes a slice of them: web/linear_threads.js). 16-bit activations: every
-  ;; token's quantized blocks against each row's codes, four tokens at a time ($dot_x16_t4). f32, one token: each row
-  ;; straight from its blocks ($row's dot). More: tokens go in chunks of 16 (the chunk of x stays in cache while
-  ;; every row passes); each row is decoded once per chunk, then used by tiles of four tokens and single ones.
+  ;; the whole weight's rows when a thread takes a slice of them: web/linear_threads.js). Integer activations (8-
+  ;; or 16-bit): every token's quantized blocks against each row's codes, four tokens at a time ($dot_x8_t4 /
+  ;; $dot_x16_t4), the rest one at a time; one token (decode) therefore reads the rows one after another, which
+  ;; streams from memory faster than two rows side by side (Chromium, 30 SmolLM2-shaped layers, 80 MB: 8-bit
+  ;; 8.8 -> 7.5 ms, 16-bit 10.2 -> 9.2). f32, one token: each row straight from its blocks ($row's dot). More:
+  ;; tokens go in chunks of 16 (the chunk of x stays in cache while every row passes); each row is decoded once
+  ;; per chunk, then used by tiles of four tokens and single ones.
   (func $matmul (export "matmul") (param $kind i32) (param $qs i32) (param $dm i32) (param $rows i32)
     (param $cols i32) (param $x i32) (param $t i32) (param $out i32) (param $ldo i32) (param $scratch i32)
     (local $nb i32) (local $t0 i32) (local $n i32) (local $r i32) (local $q i32) (local $s i32) (local $xp i32) (local $o i32)
     (local $mode i32) (local $q8 i32)
-    local.get $kind i32.const 6 i32.and local.set $mode  ;; 2: 16-bit activations; 4: x quantized already
+    local.get $kind i32.const 38 i32.and local.set $mode  ;; 2: 16-bit activations; 32: 8-bit; 4: x quantized already
     local.get $kind i32.const 25 i32.and local.set $kind  ;; 1: 8-bit codes; 8: split scales; 16: mins
     local.get $kind i32.const 1 i32.and local.set $q8  ;; a row's qs: nb << (4 + q8) bytes
     local.get $cols i32.const 5 i32.shr_u local.set $nb
+    local.get $mode i32.const 32 i32.and
+    if  ;; 8-bit activations (kind 0): quant_x8 every token into scratch (unless bit 4), then as the 16-bit path
+      local.get $mode i32.const 4 i32.and i32.eqz
+      if
+        local.get $x local.get $nb local.get $t local.get $scratch call $quant_x8
+      end
+      local.get $nb i32.const 40 i32.mul local.set $q  ;; bytes a quantized token
+      loop $chunks_x8  ;; tokens in chunks of 16 (their blocks stay in cache while every row passes)
+        local.get $qs local.set $xp
+        local.get $dm local.set $s
+        i32.const 0 local.set $r
+        loop $rows_x8
+          local.get $t local.get $t0 i32.sub local.set $n
+          i32.const 16 local.get $n local.get $n i32.const 16 i32.gt_u select local.set $n
+          local.get $scratch local.get $t0 local.get $q i32.mul i32.add local.set $mode
+          local.get $out local.get $t0 local.get $ldo i32.mul local.get $r i32.add i32.const 2 i32.shl i32.add local.set $o
+          block $tiled_x8
+            loop $tiles_x8
+              local.get $n i32.const 4 i32.lt_u br_if $tiled_x8
+              local.get $xp local.get $s local.get $nb local.get $mode local.get $q local.get $o local.get $ldo
+              call $dot_x8_t4
+              local.get $mode local.get $q i32.const 2 i32.shl i32.add local.set $mode
+              local.get $o local.get $ldo i32.const 4 i32.shl i32.add local.set $o
+              local.get $n i32.const 4 i32.sub local.set $n
+              br $tiles_x8
+            end
+          end
+          block $single_x8
+            loop $ones_x8
+              local.get $n i32.eqz br_if $single_x8
+              local.get $o local.get $xp local.get $s local.get $nb local.get $mode call $dot_x8 f32.store
+              local.get $mode local.get $q i32.add local.set $mode
+              local.get $o local.get $ldo i32.const 2 i32.shl i32.add local.set $o
+              local.get $n i32.const 1 i32.sub local.set $n
+              br $ones_x8
+            end
+          end
+          local.get $xp local.get $nb i32.const 4 i32.shl i32.add local.set $xp
+          local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $s
+          local.get $r i32.const 1 i32.add local.tee $r local.get $rows i32.lt_u br_if $rows_x8
+        end
+        local.get $t0 i32.const 16 i32.add local.tee $t0 local.get $t i32.lt_u br_if $chunks_x8
+      end
+      return
+    end
     local.get $mode i32.const 2 i32.and
     if  ;; 16-bit activations: quant_x every token into scratch (unless done: bit 4), then $dot_x16_t4 / $dot_x16
       local.get $mode i32.const 4 i32.and i32.eqz
       if
         local.get $x local.get $nb local.get $t local.get $scratch call $quant_x
-      end
-      local.get $t i32.const 1 i32.eq local.get $q8 i32.eqz i32.and
-      if  ;; one token, 4-bit codes: rows two at a time ($dot_x16_r2), the last odd one alone (8-bit codes: pairs
-          ;; of rows ran slower on a weight streamed from memory, Node: q8_0 49152x576 2.9-3.3 -> 5.2-5.5 ms)
-        local.get $nb i32.const 4 local.get $q8 i32.add i32.shl local.set $n  ;; a row's code bytes
-        block $paired
-          loop $pairs
-            local.get $rows local.get $r i32.sub i32.const 2 i32.lt_u br_if $paired
-            local.get $kind local.get $qs local.get $dm local.get $nb local.get $scratch local.get $n local.get $out
-            call $dot_x16_r2
-            local.get $qs local.get $n i32.const 1 i32.shl i32.add local.set $qs
-            local.get $dm local.get $nb i32.const 4 i32.shl i32.add local.set $dm
-            local.get $out i32.const 8 i32.add local.set $out
-            local.get $r i32.const 2 i32.add local.set $r
-            br $pairs
-          end
-        end
-        local.get $r local.get $rows i32.lt_u
-        if
-          local.get $out local.get $kind local.get $qs local.get $dm local.get $nb local.get $scratch call $dot_x16 f32.store
-        end
-        return
       end
       local.get $nb i32.const 72 i32.mul local.set $q  ;; bytes a quantized token
       loop $chunks8  ;; tokens in chunks of 16 (their blocks stay in cache while every row passes)

@@ -92,8 +92,8 @@ class HeapStore:
 
     threads = 1
 
-    def __init__(self, kernel: Kernel, act16: bool = False) -> None:
-        self.kernel, self.act16 = kernel, act16
+    def __init__(self, kernel: Kernel, activations: str = "f32") -> None:
+        self.kernel, self.activations = kernel, check_activations(activations)
 
     def place(self, a: np.ndarray) -> np.ndarray:
         return a
@@ -104,16 +104,16 @@ class HeapStore:
     def fetch(self, placed: np.ndarray) -> np.ndarray:
         return placed
 
-    def bind(self, kind: str, qs: np.ndarray, dm: np.ndarray, rows: int, cols: int,
-             act16: bool) -> Callable[[int, int, int], object]:
-        """run(x, t, out): out (t, rows) = x (t, cols) @ W.T at those addresses, with 16-bit activations where
-        act16; W's scratch (a decoded row, block sums, the tokens' quantized blocks) is its own."""
-        args, kernel, code = (address_of(qs), address_of(dm), rows, cols), self.kernel, KINDS[kind] | (ACT16 * act16)
-        held = [np.empty(scratch_floats(cols, 1, act16), np.float32)]
+    def bind(self, kind: str, qs: np.ndarray, dm: np.ndarray, rows: int, cols: int) -> Callable[[int, int, int], object]:
+        """run(x, t, out): out (t, rows) = x (t, cols) @ W.T at those addresses, through the store's activations
+        (kind_code); W's scratch (a decoded row, block sums, the tokens' quantized blocks) is its own."""
+        code = kind_code(kind, self.activations)
+        args, kernel = (address_of(qs), address_of(dm), rows, cols), self.kernel
+        held = [np.empty(scratch_floats(cols, 1, code), np.float32)]
 
         def run(x: int, t: int, out: int) -> None:
-            if held[0].size < scratch_floats(cols, t, act16):
-                held[0] = np.empty(scratch_floats(cols, t, act16), np.float32)
+            if held[0].size < scratch_floats(cols, t, code):
+                held[0] = np.empty(scratch_floats(cols, t, code), np.float32)
             kernel(code, *args, x, t, out, rows, address_of(held[0]))
 
         return run
@@ -131,8 +131,8 @@ class SharedStore:
     each product runs on `threads` threads, one slice of the weight's rows each, its activations copied in and
     its outputs out. The copies numpy held are dropped; a weight's bytes go back to the memory with it."""
 
-    def __init__(self, threads, act16: bool = False) -> None:
-        self.js, self.act16 = threads, act16
+    def __init__(self, threads, activations: str = "f32") -> None:
+        self.js, self.activations = threads, check_activations(activations)
         self.threads = int(threads.threads)
 
     def place(self, a: np.ndarray) -> Region:
@@ -157,9 +157,8 @@ class SharedStore:
         self.js.read(placed.offset, out.nbytes, address_of(out))
         return out
 
-    def bind(self, kind: str, qs: Region, dm: Region, rows: int, cols: int,
-             act16: bool) -> Callable[[int, int, int], object]:
-        args, matmul, code = (qs.offset, dm.offset, rows, cols), self.js.matmul, KINDS[kind] | (ACT16 * act16)
+    def bind(self, kind: str, qs: Region, dm: Region, rows: int, cols: int) -> Callable[[int, int, int], object]:
+        args, matmul, code = (qs.offset, dm.offset, rows, cols), self.js.matmul, kind_code(kind, self.activations)
 
         def run(x: int, t: int, out: int) -> None:
             matmul(code, *args, x, t, out)
@@ -172,8 +171,8 @@ Store = HeapStore | SharedStore
 
 class QuantWeight:
     """An (out, in) weight in the kernel's layout (linear.wat's header): `qs` codes, `dm` (rows, nb, 2) f32
-    (d, m) pairs, held by `store` (HeapStore or SharedStore). `h @ w.T` runs the kernel (with 16-bit integer
-    activations where the store has them); `w[rows]` dequantizes those rows (the tied embedding)."""
+    (d, m) pairs, held by `store` (HeapStore or SharedStore). `h @ w.T` runs the kernel (through the store's
+    activations: kind_code); `w[rows]` dequantizes those rows (the tied embedding)."""
 
     def __init__(self, kind: str, qs: np.ndarray, dm: np.ndarray, store: Store) -> None:
         rows, nb, two = dm.shape
@@ -185,7 +184,7 @@ class QuantWeight:
         self.parts = (rows,)  # the rows of each weight stacked here (stack)
         self.nbytes = qs.nbytes + dm.nbytes
         self.qs, self.dm = store.place(qs), store.place(dm)
-        self._run = store.bind(kind, self.qs, self.dm, rows, self.shape[1], store.act16)
+        self._run = store.bind(kind, self.qs, self.dm, rows, self.shape[1])
         # One token (decode) goes through fixed buffers: an address lookup costs as much as a small product in
         # Pyodide (measured: 8.6 us each; `h @ w.T` for a 32x576 weight 91 -> 57 us).
         self._x1 = np.empty((1, self.shape[1]), np.float32)  # (1, cols)
@@ -285,34 +284,56 @@ def wasm_weights(tensors: dict, n_layers: int, head: str) -> dict:
     return out
 
 
-ACT16, QUANTIZED_X = 2, 4  # kind bits: 16-bit activations; x already quantized into scratch (quant_x)
-XQ_BYTES = 72  # a 32-value block of one token at 16 bits in scratch: its xsum and d (f32 each), 32 i16 codes
-XQ_MAX = 32767  # the codes' largest magnitude: d = max |x| / XQ_MAX
+ACT16, QUANTIZED_X, ACT8 = 2, 4, 32  # kind bits: 16-bit activations; x quantized into scratch already; 8-bit ones
+ACTIVATIONS = ("f32", "int16", "int8")  # what a store's products take x as (the page's ?activations=)
+XQ_BYTES = {16: 72, 8: 40}  # a 32-value block of one token in scratch: its xsum and d (f32 each), 32 i16 / i8 codes
+XQ_MAX = {16: 32767, 8: 127}  # the codes' largest magnitude: d = max |x| / XQ_MAX
 
 
-def scratch_floats(cols: int, t: int, act16: bool) -> int:
-    """The f32 a product's scratch needs: a decoded row (cols), or with 16-bit activations every token's
-    quantized blocks (linear.wat's quant_x: t * cols / 32 * XQ_BYTES bytes)."""
-    return max(cols, t * (cols // QK) * XQ_BYTES // 4) if act16 else cols
+def check_activations(activations: str) -> str:
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+    return activations
 
 
-def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """linear.wat's quant_x on one token x (cols,) f32: each 32-value block's scale d = max |x| / 32767,
-    q = nearest(x / d) (ties to even; 0 where d is 0) and xsum = d * sum(q) (llama.cpp's q8_1 s: a row with mins
-    then multiplies its weights by the quantized x, where the exact sum of x left the codes' bias in the error), as
-    (nb,) f32, (nb,) f32, (nb, 32) i16."""
+def kind_code(kind: str, activations: str) -> int:
+    """The kernel's `kind` argument for a weight of layout `kind` through `activations`: int8 takes 8-bit
+    activations for 4-bit codes (the relaxed-SIMD dot product takes the codes as its 0..127 operand) and
+    16-bit ones for 8-bit codes (signed, so not an i7 operand); int16 16-bit for every layout; f32 none."""
+    if activations == "int8" and kind == "q4_1":
+        return KINDS[kind] | ACT8
+    return KINDS[kind] | (ACT16 if activations != "f32" else 0)
+
+
+def act_bits(code: int) -> int | None:
+    """The activations' bits a kind code asks for: 8, 16, or None (f32)."""
+    return 8 if code & ACT8 else 16 if code & ACT16 else None
+
+
+def scratch_floats(cols: int, t: int, code: int) -> int:
+    """The f32 a product's scratch needs: a decoded row (cols), or with integer activations every token's
+    quantized blocks (linear.wat's quant_x / quant_x8: t * cols / 32 * XQ_BYTES bytes)."""
+    bits = act_bits(code)
+    return cols if bits is None else max(cols, -(-t * (cols // QK) * XQ_BYTES[bits] // 4))
+
+
+def quantize_activations(x: np.ndarray, bits: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """linear.wat's quant_x (bits 16) or quant_x8 (bits 8) on one token x (cols,) f32: each 32-value block's scale
+    d = max |x| / XQ_MAX, q = nearest(x / d) (ties to even; 0 where d is 0) and xsum = d * sum(q) (llama.cpp's q8_1
+    s: a row with mins then multiplies its weights by the quantized x, where the exact sum of x left the codes'
+    bias in the error), as (nb,) f32, (nb,) f32, (nb, 32) i16 or i8."""
     blocks = x.reshape(-1, QK)
-    d = (np.abs(blocks).max(axis=1) / np.float32(XQ_MAX)).astype(np.float32)  # (nb,)
+    d = (np.abs(blocks).max(axis=1) / np.float32(XQ_MAX[bits])).astype(np.float32)  # (nb,)
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
-    q = np.rint(blocks * inv[:, None]).astype(np.int16)  # (nb, 32)
+    q = np.rint(blocks * inv[:, None]).astype(np.int16 if bits == 16 else np.int8)  # (nb, 32)
     return d * q.sum(axis=1, dtype=np.int32).astype(np.float32), d, q
 
 
-def act16_products(kind_name: str, qs: np.ndarray, dm: np.ndarray, xsum: np.ndarray, d: np.ndarray,
-                  q: np.ndarray) -> np.ndarray:
-    """(rows,) one token's products through 16-bit activations: per block d_w * d_x * (codes . q) in exact integers
-    (q8_16: per half block, d0 and d1), plus m * xsum where the layout has mins (the sum order of the blocks
-    aside, what linear.wat's $dot_x16 computes)."""
+def integer_products(kind_name: str, qs: np.ndarray, dm: np.ndarray, xsum: np.ndarray, d: np.ndarray,
+                     q: np.ndarray) -> np.ndarray:
+    """(rows,) one token's products through integer activations (quantize_activations): per block
+    d_w * d_x * (codes . q) in exact integers (q8_16: per half block, d0 and d1), plus m * xsum where the layout
+    has mins (the sum order of the blocks aside, what linear.wat's $dot_x16 / $dot_x8 compute)."""
     rows, nb, _ = dm.shape
     codes = qs.reshape(rows, nb, -1)
     if kind_name == "q4_1":
@@ -329,8 +350,8 @@ def act16_products(kind_name: str, qs: np.ndarray, dm: np.ndarray, xsum: np.ndar
 def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: int, out: int, ldo: int,
                  scratch: int) -> None:
     """The kernel's numpy twin over the same addresses (CPython): out = x @ W.T, W decoded as linear.wat does,
-    out's rows ldo f32 apart; kind | ACT16: each token through its quant_x blocks in scratch (written first unless
-    kind | QUANTIZED_X), the same products as that token alone."""
+    out's rows ldo f32 apart; kind | ACT16 or ACT8: each token through its quant_x / quant_x8 blocks in scratch
+    (written first unless kind | QUANTIZED_X), the same products as that token alone."""
     import ctypes  # here: the tab never calls the twin
 
     nb = cols // QK
@@ -340,14 +361,17 @@ def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: i
     qs_a = array_at(qs, ctype, rows * nb * per_block).reshape(rows, -1)
     dm_a = array_at(dm, ctypes.c_float, rows * nb * 2).reshape(rows, nb, 2)
     xs = array_at(x, ctypes.c_float, t * cols).reshape(t, cols)
-    if kind & ACT16:
+    bits = act_bits(kind)
+    if bits is not None:
+        if bits == 8 and kind_name != "q4_1":
+            raise ValueError(f"8-bit activations take 4-bit codes (kind 0), not {kind_name}")
         if not kind & QUANTIZED_X:
-            quant_x_twin(x, nb, t, scratch)
+            quant_x_twin(x, nb, t, scratch, bits)
         for i in range(t):
-            at = scratch + i * nb * XQ_BYTES
+            at = scratch + i * nb * XQ_BYTES[bits]
             xsum, d = (array_at(at + 4 * nb * j, ctypes.c_float, nb) for j in (0, 1))
-            q = array_at(at + 8 * nb, ctypes.c_int16, nb * QK).reshape(nb, QK)
-            array_at(out + 4 * i * ldo, ctypes.c_float, rows)[...] = act16_products(kind_name, qs_a, dm_a, xsum, d, q)
+            q = array_at(at + 8 * nb, ctypes.c_int16 if bits == 16 else ctypes.c_int8, nb * QK).reshape(nb, QK)
+            array_at(out + 4 * i * ldo, ctypes.c_float, rows)[...] = integer_products(kind_name, qs_a, dm_a, xsum, d, q)
         return
     w = dequantize_rows(kind_name, qs_a, dm_a)
     if t:
@@ -356,17 +380,17 @@ def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: i
     array_at(scratch, ctypes.c_float, cols)[...] = 0.0  # the kernel's scratch is clobbered too
 
 
-def quant_x_twin(x: int, nb: int, t: int, scratch: int) -> None:
-    """linear.wat's quant_x export over the same addresses (CPython): xsum, d, q of each of t tokens into
-    scratch, nb * XQ_BYTES bytes apart."""
+def quant_x_twin(x: int, nb: int, t: int, scratch: int, bits: int = 16) -> None:
+    """linear.wat's quant_x (bits 16) / quant_x8 (8) export over the same addresses (CPython): xsum, d, q of each
+    of t tokens into scratch, nb * XQ_BYTES[bits] bytes apart."""
     import ctypes  # here: the tab never calls the twin
 
     for i in range(t):
-        xsum, d, q = quantize_activations(array_at(x + 4 * i * nb * QK, ctypes.c_float, nb * QK))
-        at = scratch + i * nb * XQ_BYTES
+        xsum, d, q = quantize_activations(array_at(x + 4 * i * nb * QK, ctypes.c_float, nb * QK), bits)
+        at = scratch + i * nb * XQ_BYTES[bits]
         array_at(at, ctypes.c_float, nb)[...] = xsum
         array_at(at + 4 * nb, ctypes.c_float, nb)[...] = d
-        array_at(at + 8 * nb, ctypes.c_int16, nb * QK)[...] = q.reshape(-1)
+        array_at(at + 8 * nb, ctypes.c_int16 if bits == 16 else ctypes.c_int8, nb * QK)[...] = q.reshape(-1)
 
 
 CHUNKS_PER_THREAD = 8  # web/linear_threads.js's: the rows of a product split into this many chunks per thread
@@ -406,10 +430,10 @@ class ThreadsTwin:
     def matmul(self, kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: int, out: int) -> None:
         n = self.threads if rows >= self.threads and rows * cols * t >= self.min_work else 1
         self.split_calls += n > 1
-        nb, scratch = cols // QK, np.empty(scratch_floats(cols, t, bool(kind & ACT16)), np.float32)
+        nb, scratch, bits = cols // QK, np.empty(scratch_floats(cols, t, kind), np.float32), act_bits(kind)
         row_q = nb * (32 if kind & 1 else 16)
-        if kind & ACT16 and n > 1:  # the tokens quantized once, every chunk reading them
-            quant_x_twin(x, nb, t, address_of(scratch))
+        if bits is not None and n > 1:  # the tokens quantized once, every chunk reading them
+            quant_x_twin(x, nb, t, address_of(scratch), bits)
             kind |= QUANTIZED_X
         for r0, r1 in chunks(rows, n) if n > 1 else [(0, rows)]:
             pointer_twin(kind, qs + r0 * row_q, dm + r0 * nb * 8, r1 - r0, cols, x, t, out + 4 * r0, rows,

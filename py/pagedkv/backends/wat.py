@@ -5,6 +5,10 @@ Why not wabt: the build stays CPython-only with no npm step. The subset: one mod
 (`block $l` / `loop $l` / `if` ... `end`, no folded expressions). The output is byte-for-byte what
 `wat2wasm` 1.0.39 writes for the same text (checked when linear.wat was written). Anything outside the
 subset raises WatError naming the instruction and the function.
+
+Relaxed SIMD (RELAXED: an instruction some browsers lack): `assemble(..., relaxed=False)` writes every function
+that uses one as a single `unreachable`, so the same text gives a module every SIMD128 browser validates
+(its callers must not reach those functions there: web/linear_wasm.js says which one loaded).
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import struct
 VALTYPES = {"i32": 0x7F, "f32": 0x7D, "v128": 0x7B}
 # Plain opcodes: no immediates.
 PLAIN = {
-    "drop": b"\x1a", "return": b"\x0f",
+    "drop": b"\x1a", "return": b"\x0f", "unreachable": b"\x00",
     "i32.eqz": b"\x45", "i32.eq": b"\x46", "i32.ne": b"\x47", "i32.lt_u": b"\x49", "i32.gt_u": b"\x4b",
     "i32.le_u": b"\x4d", "i32.ge_u": b"\x4f", "i32.add": b"\x6a", "i32.sub": b"\x6b", "i32.mul": b"\x6c",
     "i32.and": b"\x71", "i32.or": b"\x72", "i32.shl": b"\x74", "i32.shr_u": b"\x76",
@@ -30,7 +34,10 @@ SIMD = {  # 0xFD-prefixed, no immediates
     "f32x4.convert_i32x4_u": 0xFB, "f32x4.abs": 0xE0, "f32x4.max": 0xE9, "f32x4.nearest": 0x6A,
     "i32x4.trunc_sat_f32x4_s": 0xF8, "i16x8.narrow_i32x4_s": 0x85, "i32x4.dot_i16x8_s": 0xBA, "i32x4.add": 0xAE,
     "f32x4.div": 0xE7, "i32x4.shl": 0xAB, "f32x4.neg": 0xE1, "f32x4.lt": 0x43, "f32x4.ge": 0x46,
-    "v128.bitselect": 0x52,
+    "v128.bitselect": 0x52, "i8x16.narrow_i16x8_s": 0x65,
+}
+RELAXED = {  # 0xFD-prefixed relaxed SIMD, no immediates (i7: the second operand's lanes must be 0..127)
+    "i32x4.relaxed_dot_i8x16_i7x16_add_s": 0x113,
 }
 MEMORY = {"i32.load": (b"\x28", 2), "f32.load": (b"\x2a", 2), "i32.store": (b"\x36", 2), "f32.store": (b"\x38", 2),
           "v128.load": (b"\xfd\x00", 4), "v128.store": (b"\xfd\x0b", 4)}  # opcode, natural alignment (log2)
@@ -108,6 +115,11 @@ class _Func:
                 raise WatError(f"{self.name}: unsupported form ({item[0]} ...); bodies are flat instructions")
 
     @property
+    def relaxed(self) -> bool:
+        """Whether the body uses a relaxed-SIMD instruction."""
+        return any(op in RELAXED for op in self.body)
+
+    @property
     def signature(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return tuple(t for _, t in self.params), tuple(self.results)
 
@@ -146,8 +158,8 @@ class _Func:
             op = arg("")
             if op in PLAIN:
                 out += PLAIN[op]
-            elif op in SIMD:
-                out += b"\xfd" + uleb(SIMD[op])
+            elif op in SIMD or op in RELAXED:
+                out += b"\xfd" + uleb(SIMD.get(op) or RELAXED[op])
             elif op in ("local.get", "local.set", "local.tee"):
                 out += bytes([0x20 + ("get", "set", "tee").index(op[6:])]) + uleb(lookup(index, arg(op), "local"))
             elif op == "i32.const":
@@ -205,9 +217,10 @@ def _limits(args: list, shared_pages: int | None) -> bytes:
     raise WatError(f"unsupported memory limits {' '.join(map(str, args))!r}: min, min max or min max shared")
 
 
-def assemble(text: str, shared_pages: int | None = None) -> bytes:
+def assemble(text: str, shared_pages: int | None = None, relaxed: bool = True) -> bytes:
     """The binary module of a WAT text in the subset (see the module docstring). shared_pages: import the
-    memory as a shared one of at most that many 64 KiB pages (web/linear_threads.js) instead of as written."""
+    memory as a shared one of at most that many 64 KiB pages (web/linear_threads.js) instead of as written.
+    relaxed=False: each function using a relaxed-SIMD instruction becomes `unreachable` (no local, no body)."""
     module = _parse(text)
     if not module or module[0] != "module":
         raise WatError("the text must start with (module")
@@ -218,6 +231,8 @@ def assemble(text: str, shared_pages: int | None = None) -> bytes:
                            + _limits(form[3][1:], shared_pages))
         elif form[0] == "func":
             funcs.append(_Func(form))
+            if not relaxed and funcs[-1].relaxed:
+                funcs[-1].locals, funcs[-1].body = [], ["unreachable"]
         else:
             raise WatError(f"unsupported module form ({form[0]} ...)")
     sigs: list[tuple[str, ...]] = []

@@ -19,7 +19,7 @@ from ..backends.webgpu.device import (REQUESTED_LIMITS, AdapterInfo, GPUError, G
                                       WebGPUUnavailable, padded, resource)
 
 __all__ = ["GpuContext", "WasmUnavailable", "fetch_bytes", "linear_threads", "linear_wasm_matmul", "site_url",
-           "wasm_attention"]
+           "wasm_attention", "wasm_relaxed_simd"]
 
 
 class WasmUnavailable(RuntimeError):
@@ -39,6 +39,12 @@ def linear_wasm_matmul():
     """The wasm kernel's matmul export the worker instantiated on Pyodide's memory (web/linear_wasm.js), for
     backends/cpu_wasm.py; WasmUnavailable with the worker's reason when it has none."""
     return _wasm_kernels().matmul
+
+
+def wasm_relaxed_simd() -> bool:
+    """Whether the worker loaded the kernel with its relaxed-SIMD functions (the 8-bit activations: this browser
+    validates i32x4.relaxed_dot_i8x16_i7x16_add_s); WasmUnavailable as linear_wasm_matmul."""
+    return bool(_wasm_kernels().relaxedSimd)
 
 
 def wasm_attention():
