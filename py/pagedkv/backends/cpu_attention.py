@@ -114,18 +114,26 @@ class WasmAttentionModel(NumpyModel):
         return self._out.reshape(1, -1) @ self.w[f"blk.{layer}.attn_output.weight"].T  # (1, hidden)
 
     def _decode_attention(self, layer: int, batch, kv) -> None:
-        """attn_decode of the one new token whose q | k | v are in self._qkv, into self._out."""
-        cfg = self.config
-        t, ctx, bs = self._step(batch), int(batch.context_lens[0]), kv.block_size
-        k_addr, v_addr, step, geometry = self._geometry(batch.block_tables[0], ctx, 1, kv.k[layer], kv.v[layer])
-        if "decode" not in t:  # the new token's pool row (a page's blocks `step` apart) and the rotations' addresses
-            slot = int(batch.slot_mapping[0])
-            t["decode"] = ((slot // bs) * step * bs + slot % bs, address_of(t["cos"]), address_of(t["sin"]))
-        row, cos, sin = t["decode"]
-        a = self._addrs
-        self.kernels.attn_decode(a["_qkv"], cos, sin, k_addr, v_addr, geometry[0], ctx, bs, cfg.n_kv_heads,
-                                 cfg.q_per_kv, cfg.head_dim, row, float(self._scale), a["_scores"], (ctx + 3) & ~3,
-                                 a["_out"])
+        """attn_decode of the one new token whose q | k | v are in self._qkv, into self._out. The arguments every
+        layer of the step shares are made at its first (the table's rows, the new token's pool row, the
+        rotations' addresses; ~10 us a layer in Pyodide otherwise), each layer's pools' addresses looked up."""
+        t = self._step(batch)
+        k_blocks, v_blocks = kv.k[layer], kv.v[layer]
+        shared = t.get("decode")
+        if shared is None or shared[0] != k_blocks.shape or shared[1] != k_blocks.strides:
+            cfg, ctx, bs = self.config, int(batch.context_lens[0]), kv.block_size
+            _, _, step, geometry = self._geometry(batch.block_tables[0], ctx, 1, k_blocks, v_blocks)
+            slot = int(batch.slot_mapping[0])  # its pool row: a page's blocks `step` apart
+            a = self._addrs
+            shared = t["decode"] = (k_blocks.shape, k_blocks.strides, (
+                geometry[0], ctx, bs, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim, (slot // bs) * step * bs + slot % bs,
+                float(self._scale), a["_scores"], (ctx + 3) & ~3, a["_out"]), (a["_qkv"], address_of(t["cos"]),
+                                                                             address_of(t["sin"])))
+        k_addr, k_step = self._pool_addr(k_blocks)
+        v_addr, v_step = self._pool_addr(v_blocks)
+        if k_step != v_step:
+            raise ValueError(f"K and V pools step over blocks differently ({k_step} vs {v_step})")
+        self.kernels.attn_decode(*shared[3], k_addr, v_addr, *shared[2])
 
     def _rope(self, q: np.ndarray, k: np.ndarray, batch) -> tuple[np.ndarray, np.ndarray]:
         """The reference's rope_adjacent (the same arithmetic) on the step's cos and sin."""
