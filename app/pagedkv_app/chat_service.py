@@ -369,6 +369,12 @@ class ChatService:
             raise
         finally:
             self.post_stats(force=True)
+            asyncio.ensure_future(self._stats_when_written())
+
+    async def _stats_when_written(self) -> None:
+        """The memory panel again once the disk's background writer has stored the turn's blocks."""
+        await self.engine.settle_disk()
+        self.post_stats(force=True)
 
     def on_outputs(self, outputs) -> None:
         outputs = self.api.deliver(outputs)  # pagedkv.js's requests' outputs go to their streams

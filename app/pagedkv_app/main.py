@@ -246,7 +246,7 @@ async def _attach_disk(engine: LLMEngine, manifests: dict[str, dict]) -> str:
         return f"off: {exc}"
     try:
         for model, manifest in manifests.items():
-            await engine.open_disk_tier(store, manifest, budget, model=model)
+            await engine.open_disk_tier(store, manifest, budget, model=model, background=True)
     except Exception as exc:  # the browser could not list OPFS `kv/`: chat on without the tier, never fail the load
         return f"off: the disk tier's directory could not be listed ({type(exc).__name__}: {exc})"
     return f"on, {budget / MIB:g} MiB budget"

@@ -333,17 +333,19 @@ class LLMEngine:
     # What the chat app asks of the KV memory hierarchy; it imports nothing from pagedkv.kv, so the
     # pool, the manager and the tiers can change behind these methods. They are the first model's.
 
-    async def open_disk_tier(self, store, manifest: dict, budget_bytes: int, model: str | None = None) -> None:
+    async def open_disk_tier(self, store, manifest: dict, budget_bytes: int, model: str | None = None,
+                             background: bool = False) -> None:
         """Open the disk tier over `store` (a file_store.FileStore: OPFS `kv/` in the page) for `model` (None:
         the first; its identity: the manifest's config and shard sha256s) under `budget_bytes`, and use it.
-        A second model's tier shares the first one's store, LRU and budget. Raises what listing the store
-        raises; the model keeps no tier then."""
+        A second model's tier shares the first one's store, LRU and budget. background: write-behind through a
+        writer task, not in the step (kv/disk_cache.py; the page). Raises what listing the store raises; the
+        model keeps no tier then."""
         lane = self.lane(model)
         shared = next((other.disk.tier for other in self.lanes.values() if other.disk is not None
                        and other is not lane), None)
         tier = DiskTier(store, DiskKey(model_hash(manifest), lane.kv_spec), budget_bytes, share_with=shared)
         await tier.open()
-        lane.attach_disk(tier)
+        lane.attach_disk(tier, background)
 
     @property
     def disk_enabled(self) -> bool:
@@ -378,6 +380,13 @@ class LLMEngine:
         async with self._lock:  # not while flush_disk lists the store: it would count the file as another tab's
             return sum([await lane.disk.forget(owner) for lane in self.lanes.values() if lane.disk is not None])
 
+    async def settle_disk(self) -> None:
+        """Wait until every model's background disk writer (open_disk_tier(background=True)) has stored what
+        it had queued; an error it raised comes out of the next step, not here."""
+        for lane in list(self.lanes.values()):
+            if lane.disk is not None:
+                await lane.disk.settle()
+
     async def flush_disk(self) -> int:
         """Write every full block of KV that the GPU holds computed, of a chat's history (refer_history) or a
         request in progress, and that the disk tier lacks (a write that failed, a file another tab of the
@@ -390,10 +399,11 @@ class LLMEngine:
                 disk = lane.disk
                 if disk is None:
                     continue
+                await disk.drain()  # what write-behind queued: written first, and not twice
                 await disk.tier.resync()
                 plan = disk.plan_flush(lane.kv)
                 words = await lane.mover.read(plan) if plan is not None else None
-                n = await disk.store(plan, words)
+                n = await disk.store(plan, words, now=True)
                 lane.counters["disk_written_blocks"] += n
                 written += n
                 await disk.tier.flush(force=True)

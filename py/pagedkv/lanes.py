@@ -79,10 +79,11 @@ class ModelLane:
         """The disk tier in use, or None."""
         return self.tiers.disk
 
-    def attach_disk(self, tier: DiskTier | None) -> None:
-        """Use `tier` (kv.disk_tier.DiskTier, opened) as the disk tier of the KV cache, or none. Raises
-        ValueError when its files hold other KV than this backend's."""
-        disk = DiskCache(tier) if tier is not None else None
+    def attach_disk(self, tier: DiskTier | None, background: bool = False) -> None:
+        """Use `tier` (kv.disk_tier.DiskTier, opened) as the disk tier of the KV cache, or none; `background`:
+        its write-behind through a writer task (kv/disk_cache.py). Raises ValueError when its files hold other
+        KV than this backend's."""
+        disk = DiskCache(tier, background, self._disk_written) if tier is not None else None
         if disk is not None:
             disk.check_spec(self.kv_spec, f"{self.backend.name} backend's")
         self.tiers = KVTiers(self.kv, disk)  # every waiting prefix is looked up again, on the new tier too
@@ -356,9 +357,13 @@ class ModelLane:
         return draws
 
     async def _flush_when_idle(self) -> None:
-        """With no request left (a turn ended), the disk's LRU order is written now, not an interval later."""
-        if self.disk is not None and not self.has_unfinished:
+        """With no request left (a turn ended), the disk's LRU order is written now, not an interval later (by
+        the background writer after what it has queued, kv/disk_cache.py)."""
+        if self.disk is not None and not self.has_unfinished and not self.disk.write_when_idle():
             await self.disk.tier.flush(force=True)
+
+    def _disk_written(self, n: int) -> None:
+        self.counters["disk_written_blocks"] += n
 
     def _sample(self, req: Request, logits_or_token) -> StepOutput:
         member = self.groups.members[req.request_id]

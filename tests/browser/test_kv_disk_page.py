@@ -106,6 +106,9 @@ def test_reload_restores_from_disk_and_replies_the_same(browser, base_url, query
     first = turn(page, "Hello there!")
     assert first["content"] == refs[0]["content"] and first["cached_tokens"] == 0
     on_disk = (first["history_tokens"] - 1) // 16  # every full block the first turn computed
+    # the page's tier writes once the engine is idle, not in the reply's steps (kv/disk_cache.py)
+    assert booted.py("import json\nfrom pagedkv_app.main import state\n"
+                     "json.dumps(state['engine'].lane().disk.background)") is True
     assert settled_memory(page, "disk_blocks", on_disk)["disk_blocks"] == on_disk > 0
     reload(page)
     second = turn(page, "And then?")

@@ -17,6 +17,7 @@ is evicted when it is the least recently used of both; each keeps its own index 
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -244,29 +245,62 @@ class DiskTier:
     async def save(self, chain_hash: str, token_ids, payload: bytes) -> bool:
         """Store a block unless it is stored already (dedup). Evicts LRU files to stay under the budget;
         a full store degrades (note, lower budget). True when the block is on disk afterwards."""
-        name = self.key.file_name(chain_hash)
-        if name in self._lru:
-            self._lru.move_to_end(name)
-            self._dirty = True
-            return True
-        data = encode_block(self.key, chain_hash, token_ids, payload)
-        if len(data) > self.budget_bytes:
-            return False
-        await self._evict_to(self.budget_bytes - len(data))
+        return await self.save_many([(chain_hash, token_ids, payload)]) == 1
+
+    async def save_many(self, blocks) -> int:
+        """save() for each of `blocks` ((chain hash, token ids, payload) each, in order), their files written
+        at once: one wait for all of them (OPFS answers each step of a write in its own round trip), after
+        the LRU files evicted to make room for them together; as many at a time as the budget holds. Returns
+        how many are on disk afterwards."""
+        on_disk = 0
+        todo: dict[str, tuple[str, bytes]] = {}  # file name -> (chain hash, its bytes), in order
+        for chain_hash, token_ids, payload in blocks:
+            name = self.key.file_name(chain_hash)
+            if name in self._lru:
+                self._lru.move_to_end(name)
+                self._dirty = True
+                on_disk += 1
+            elif name not in todo:
+                data = encode_block(self.key, chain_hash, token_ids, payload)
+                if len(data) <= self.budget_bytes:
+                    todo[name] = (chain_hash, data)
+        names = list(todo)
+        while names:
+            batch, room = [], self.budget_bytes
+            while names and len(todo[names[0]][1]) <= room:
+                room -= len(todo[names[0]][1])
+                batch.append(names.pop(0))
+            if not batch:  # the budget fell below a file (a full store lowered it): the rest are not stored
+                break
+            await self._evict_to(room)
+            writes = [self._try_write(name, todo[name][1]) for name in batch]
+            done = [await writes[0]] if len(writes) == 1 else await asyncio.gather(*writes)  # one: no event loop needed
+            full = None
+            for name, err in zip(batch, done):
+                if isinstance(err, StoreFull):
+                    full = err
+                elif isinstance(err, OSError):  # the store lost the file as it was written: recomputed after a reload
+                    self._note(f"block {todo[name][0]} was not written ({err}); it is recomputed after a reload")
+                elif isinstance(err, BaseException):
+                    raise err
+                else:
+                    self._lru[name] = len(todo[name][1])
+                    self._dirty = True
+                    self.num_written += 1
+                    on_disk += 1
+            if full is not None:
+                self.budget_bytes = self.num_bytes
+                self._note(f"disk full ({full}); KV on disk capped at {self.budget_bytes:,} bytes, "
+                           "the rest is recomputed after a reload")
+        return on_disk
+
+    async def _try_write(self, name: str, data: bytes) -> Exception | None:
+        """Write `name`; the exception it raised, None when it was written."""
         try:
             await self.store.write(name, data)
-        except StoreFull as err:
-            self.budget_bytes = self.num_bytes
-            self._note(f"disk full ({err}); KV on disk capped at {self.budget_bytes:,} bytes, "
-                       "the rest is recomputed after a reload")
-            return False
-        except OSError as err:  # the store lost the file as it was written: the block is recomputed after a reload
-            self._note(f"block {chain_hash} was not written ({err}); it is recomputed after a reload")
-            return False
-        self._lru[name] = len(data)
-        self._dirty = True
-        self.num_written += 1
-        return True
+        except Exception as err:
+            return err
+        return None
 
     def _note(self, text: str) -> None:
         self.notes = self.notes[-(MAX_NOTES - 1):] + [text]
