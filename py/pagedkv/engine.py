@@ -217,10 +217,11 @@ class LLMEngine:
     bytes_per_token = _of_first("bytes_per_token")  # KV bytes one token takes on the device
     disk = _of_first("disk")  # the disk tier in use, or None
 
-    def attach_disk(self, tier: DiskTier | None) -> None:
-        """Use `tier` (kv.disk_tier.DiskTier, opened) as the disk tier of the first model's KV cache, or none.
-        Raises ValueError when its files hold other KV than its backend's."""
-        self.lane().attach_disk(tier)
+    def attach_disk(self, tier: DiskTier | None, background: bool = False) -> None:
+        """Use `tier` (kv.disk_tier.DiskTier, opened) as the disk tier of the first model's KV cache, or none;
+        background: written once the engine is idle (kv/disk_cache.py). Raises ValueError when its files hold
+        other KV than its backend's."""
+        self.lane().attach_disk(tier, background)
 
     # ---------------------------------------------------------------- requests
 
