@@ -171,3 +171,33 @@ def test_a_lost_file_is_noted_and_the_rest_land(tiny_weights, tokenizer):
 def chain_files_hashes(engine, history: list[int]) -> list[str]:
     from pagedkv.kv.disk_tier import block_chain
     return block_chain(engine.disk.key, history, len(history) // 16)
+
+
+def test_two_models_writers_keep_their_shared_budget(tiny_weights):
+    """Two tiers over one store and budget (two models' engines in the page), their writers running at once:
+    every batch evicts and writes under the store's one lock, so the files never pass the budget."""
+    backend = CpuBackend(tiny_weights, num_blocks=8, block_size=16, kv_dtype="f32")
+    store = SlowStore(0.005)
+    first = DiskTier(store, DiskKey("a" * 16, backend.kv_spec), 1 << 30)
+    run_sync(first.open())
+    second = DiskTier(store, DiskKey("b" * 16, backend.kv_spec), 0, share_with=first)
+    run_sync(second.open())
+    first.budget_bytes = 6 * first.key.file_bytes  # room for 6 of the 16 blocks below
+    payload = bytes(first.key.payload_bytes)
+    peak = []
+
+    async def write_both():
+        caches = [disk_cache.DiskCache(tier, background=True) for tier in (first, second)]
+        for n, cache in enumerate(caches):
+            hashes = [f"{n}{i:031x}" for i in range(8)]
+            cache._queue.extend((h, list(range(16)), payload) for h in hashes)
+            cache.write_when_idle()
+        while any(cache.writing for cache in caches):
+            peak.append(sum(len(v) for k, v in store.files.items() if not k.endswith(".lru")))
+            await asyncio.sleep(0.001)
+        for cache in caches:
+            await cache.drain()
+
+    in_fresh_loop(write_both)
+    assert first.num_written + second.num_written == 16
+    assert max(peak) <= first.budget_bytes and first.num_bytes <= first.budget_bytes

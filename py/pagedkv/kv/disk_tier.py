@@ -79,6 +79,8 @@ class DiskTier:
         self._lru: OrderedDict[str, int] = OrderedDict() if share_with is None else share_with._lru
         self._indexes: set[str] = set() if share_with is None else self._root._indexes  # not block files
         self._indexes.add(self.index_name)
+        # one eviction-and-write at a time over the shared budget (two models' background writers)
+        self._writes = asyncio.Lock() if share_with is None else self._root._writes
         self._owners: dict[str, set[str]] = {}  # owner -> chain hashes
         self.notes: list[str] = []
         self._dirty = False  # the LRU order changed since the index file was written
@@ -272,26 +274,27 @@ class DiskTier:
                 batch.append(names.pop(0))
             if not batch:  # the budget fell below a file (a full store lowered it): the rest are not stored
                 break
-            await self._evict_to(room)
-            writes = [self._try_write(name, todo[name][1]) for name in batch]
-            done = [await writes[0]] if len(writes) == 1 else await asyncio.gather(*writes)  # one: no event loop needed
-            full = None
-            for name, err in zip(batch, done):
-                if isinstance(err, StoreFull):
-                    full = err
-                elif isinstance(err, OSError):  # the store lost the file as it was written: recomputed after a reload
-                    self._note(f"block {todo[name][0]} was not written ({err}); it is recomputed after a reload")
-                elif isinstance(err, BaseException):
-                    raise err
-                else:
-                    self._lru[name] = len(todo[name][1])
-                    self._dirty = True
-                    self.num_written += 1
-                    on_disk += 1
-            if full is not None:
-                self.budget_bytes = self.num_bytes
-                self._note(f"disk full ({full}); KV on disk capped at {self.budget_bytes:,} bytes, "
-                           "the rest is recomputed after a reload")
+            async with self._writes:  # (uncontended, as in a step driven without an event loop: no loop needed)
+                await self._evict_to(room)
+                writes = [self._try_write(name, todo[name][1]) for name in batch]
+                done = [await writes[0]] if len(writes) == 1 else await asyncio.gather(*writes)
+                full = None
+                for name, err in zip(batch, done):
+                    if isinstance(err, StoreFull):
+                        full = err
+                    elif isinstance(err, OSError):  # the file went as it was written: recomputed after a reload
+                        self._note(f"block {todo[name][0]} was not written ({err}); it is recomputed after a reload")
+                    elif isinstance(err, BaseException):
+                        raise err
+                    else:
+                        self._lru[name] = len(todo[name][1])
+                        self._dirty = True
+                        self.num_written += 1
+                        on_disk += 1
+                if full is not None:
+                    self.budget_bytes = self.num_bytes
+                    self._note(f"disk full ({full}); KV on disk capped at {self.budget_bytes:,} bytes, "
+                               "the rest is recomputed after a reload")
         return on_disk
 
     async def _try_write(self, name: str, data: bytes) -> Exception | None:
