@@ -369,10 +369,9 @@ class ChatService:
             raise
         finally:
             self.post_stats(force=True)
-            asyncio.ensure_future(self._stats_when_written())
+            asyncio.ensure_future(self._stats_when_written())  # the panel again once the disk's writes land
 
     async def _stats_when_written(self) -> None:
-        """The memory panel again once the disk's background writer has stored the turn's blocks."""
         await self.engine.settle_disk()
         self.post_stats(force=True)
 

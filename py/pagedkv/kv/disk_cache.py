@@ -41,7 +41,7 @@ from .spec import KVSpec
 __all__ = ["DiskCache"]
 
 WRITE_BATCH = 4  # block files the background writer writes at once
-MAX_QUEUED_BYTES = 64 << 20  # payloads waiting for the background writer past which a step waits for it
+MAX_QUEUED_BYTES = 64 << 20  # payloads queued for the background writer past which a step writes the oldest
 
 
 class DiskCache:
@@ -183,8 +183,7 @@ class DiskCache:
         await self.drain()  # `now` (a flush): what is queued first, so nothing is written twice
         written = 0
         for h, tokens, payload in blocks:
-            saved = await self.tier.save(h, tokens, payload)  # (not `+= await`: see _write_queue)
-            written += int(saved)
+            written += int(await self.tier.save(h, tokens, payload))
         await self.tier.flush()
         return written
 
