@@ -12,7 +12,7 @@ from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.kv import disk_cache
-from pagedkv.kv.disk_tier import DiskKey, DiskTier, MemoryStore, model_hash
+from pagedkv.kv.disk_tier import DiskKey, DiskTier, MemoryStore, block_chain, model_hash
 from pagedkv.sampling import SamplingParams
 from pagedkv.tokenizer import Tokenizer
 from test_chat_service import in_fresh_loop
@@ -153,7 +153,7 @@ def test_an_error_of_the_writer_comes_out_of_the_next_step(tiny_weights, tokeniz
 def test_a_lost_file_is_noted_and_the_rest_land(tiny_weights, tokenizer):
     store = SlowStore(0.0)
     engine = engine_on(tiny_weights, tokenizer, store, True)
-    second = engine.disk.key.file_name(chain_files_hashes(engine, PROMPT)[1])
+    second = engine.disk.key.file_name(block_chain(engine.disk.key, PROMPT, 2)[1])
     store.fail = {second}
 
     async def chat():
@@ -166,11 +166,6 @@ def test_a_lost_file_is_noted_and_the_rest_land(tiny_weights, tokenizer):
     assert second not in files and len(files) == 6 and set(files) < set(chain_files(engine, PROMPT + out, 7))
     assert engine.stats()["disk_notes"][-1].startswith(f"block {second.split('-')[1]} was not written")
     assert engine.stats()["disk_written_blocks"] == 6
-
-
-def chain_files_hashes(engine, history: list[int]) -> list[str]:
-    from pagedkv.kv.disk_tier import block_chain
-    return block_chain(engine.disk.key, history, len(history) // 16)
 
 
 def test_two_models_writers_keep_their_shared_budget(tiny_weights):

@@ -132,7 +132,7 @@ class DiskCache:
         """Drop `owner`; delete the block files only it referenced. Returns how many were deleted."""
         self._histories.pop(owner, None)
         if self.write_when_idle():  # its queued blocks land first (a file written after this would stay)
-            await self._wait_writer()
+            await self.settle()
         return await self.tier.forget(owner)
 
     def plan_flush(self, kv) -> BlockRead | None:
@@ -170,7 +170,7 @@ class DiskCache:
             written = 0
             while self._queued_bytes > MAX_QUEUED_BYTES:  # the engine is not idle soon enough: the oldest now
                 if self._writer is not None and not self._writer.done():
-                    await self._wait_writer()
+                    await self.settle()
                     self._raise_writer_error()
                     continue
                 batch = []
@@ -203,16 +203,12 @@ class DiskCache:
     async def drain(self) -> None:
         """Write everything queued now and wait for it; raises what the writer raised."""
         if self.write_when_idle():
-            await self._wait_writer()
+            await self.settle()
         self._raise_writer_error()
 
     async def settle(self) -> None:
         """Until the writer has stored what it is writing (what is queued and not started waits for the
-        engine to be idle); what it raised is left for the next step."""
-        await self._wait_writer()
-
-    async def _wait_writer(self) -> None:
-        """Until the writer is done; what it raised is left for _raise_writer_error (the next step's)."""
+        engine to be idle); what it raised is left for the next step (_raise_writer_error)."""
         while self._writer is not None and not self._writer.done():
             try:
                 await asyncio.shield(self._writer)  # a waiter cancelled leaves the writer running
