@@ -185,30 +185,34 @@ DECODE_CONTEXTS = (512, 4096)  # decode attention of both kernel families is tim
 
 async def attention_rows(b: Bench, contexts: list[int], prefill: int, decode: bool, rng) -> None:
     """Decode attention at `contexts` and DECODE_CONTEXTS, or prefill attention over `prefill` tokens, in each
-    kernel family (cpu; gpu with its workgroup tree and, where the device has them, with subgroups)."""
+    kernel family (cpu; gpu with its workgroup tree and, where the device has them, with subgroups), each with
+    the cache's blocks head-major (the kernels' layout) and token-major (rows ":token", the layout before)."""
     cfg, bs = SMOLLM2, 16
     contexts = sorted(set(contexts) | set(DECODE_CONTEXTS)) if decode else contexts
-    layout = GpuKVLayout(KVSpec.of(cfg, block_size=bs, dtype="f16"), -(-max(contexts + [prefill]) // bs) + 1)
-    cache = KVCacheBuffers(b.ctx, layout)
-    kv_token = 2 * layout.token_bytes  # K and V of one token
+    spec = KVSpec.of(cfg, block_size=bs, dtype="f16")
+    cache = KVCacheBuffers(b.ctx, GpuKVLayout(spec, -(-max(contexts + [prefill]) // bs) + 1))
+    kv_token = 2 * cache.layout.token_bytes  # K and V of one token
     q_bytes = cfg.n_heads * cfg.head_dim * 4
     families = [("cpu", False), ("gpu", False)] + [("gpu", True)] * ("subgroups" in b.ctx.info.features)
     for family, subgroups in families if decode else families[:2]:  # prefill has no subgroup variant
-        kk = await KVKernels(b.ctx, layout, cfg.n_heads, family=family, subgroups=subgroups).compile()
-        for context in contexts if decode else ():
-            table = rng.permutation(layout.num_blocks)[None, : -(-context // bs)]  # (1, blocks) scattered
-            p = kk.prepare_paged_attention(cache, np.zeros((1, cfg.n_heads, cfg.head_dim), np.float32), table,
-                                           np.array([context]))
-            await b.row(kk.decode.attention, "decode", p.dispatches, context * kv_token + 2 * q_bytes,
-                        invocations(kk, p.dispatches), context=context, passes=len(p.dispatches), family=family)
-            p.destroy()
-        if not decode:
-            table = rng.permutation(layout.num_blocks)[None, : -(-prefill // bs)]
-            p = kk.prepare_prefill_attention(cache, np.zeros((prefill, cfg.n_heads, cfg.head_dim), np.float32),
-                                             np.array([0, prefill]), table, np.array([prefill]))
-            await b.row(kk.prefill.name, "prefill", p.dispatches, prefill * (kv_token + 2 * q_bytes),
-                        invocations(kk, p.dispatches), context=prefill, tokens=prefill, family=family)
-            p.destroy()
+        for head_major in (True, False):
+            layout = GpuKVLayout(spec, cache.layout.num_blocks, head_major=head_major)
+            kk = await KVKernels(b.ctx, layout, cfg.n_heads, family=family, subgroups=subgroups).compile()
+            tag = "" if head_major else ":token"
+            for context in contexts if decode else ():
+                table = rng.permutation(layout.num_blocks)[None, : -(-context // bs)]  # (1, blocks) scattered
+                p = kk.prepare_paged_attention(cache, np.zeros((1, cfg.n_heads, cfg.head_dim), np.float32), table,
+                                               np.array([context]))
+                await b.row(kk.decode.attention + tag, "decode", p.dispatches, context * kv_token + 2 * q_bytes,
+                            invocations(kk, p.dispatches), context=context, passes=len(p.dispatches), family=family)
+                p.destroy()
+            if not decode:
+                table = rng.permutation(layout.num_blocks)[None, : -(-prefill // bs)]
+                p = kk.prepare_prefill_attention(cache, np.zeros((prefill, cfg.n_heads, cfg.head_dim), np.float32),
+                                                 np.array([0, prefill]), table, np.array([prefill]))
+                await b.row(kk.prefill.name + tag, "prefill", p.dispatches, prefill * (kv_token + 2 * q_bytes),
+                            invocations(kk, p.dispatches), context=prefill, tokens=prefill, family=family)
+                p.destroy()
     cache.destroy()
 
 

@@ -7,8 +7,8 @@
 //
 // One invocation per (sequence, query head): for each new token, one pass for the softmax max and sum
 // (online), a second pass adding each key's probability to its block's total. The mass row of an
-// invocation is its own, so no atomics. Keys: (num_blocks, block_size, n_kv_heads, HEAD_DIM) as u32
-// words, f32 (bitcast) or f16 packed two per word, like the attention kernels.
+// invocation is its own, so no atomics. Keys: blocks of block_size tokens' n_kv_heads rows of HEAD_DIM
+// values as u32 words, f32 (bitcast) or f16 packed two per word, laid out as the attention kernels read them.
 //
 // Dispatch: ceil(num_seqs * n_heads / WORKGROUP_SIZE) workgroups along x.
 
@@ -34,6 +34,7 @@ override KV_F16 : bool = false;
 override WORKGROUP_SIZE : u32 = 64u;
 override ROW_WORDS : u32 = select(HEAD_DIM, HEAD_DIM / 2u, KV_F16);
 override BLOCK_U32 : u32 = 0u;  // u32s from one block's start to the next; 0: block_size tokens' rows
+override HEAD_MAJOR : bool = true;  // a block keeps each kv head's rows together (paged_kv_read.wgsl)
 
 const NEG_BIG : f32 = -3.0e38;
 
@@ -50,7 +51,8 @@ fn score(seq : u32, kv_head : u32, q_off : u32, t : u32) -> f32 {
   let bs = params.block_size;
   let block = block_tables[seq * params.max_blocks_per_seq + t / bs];
   let stride = select(bs * params.n_kv_heads * ROW_WORDS, BLOCK_U32, BLOCK_U32 != 0u);
-  let row = block * stride + ((t % bs) * params.n_kv_heads + kv_head) * ROW_WORDS;
+  let r = select((t % bs) * params.n_kv_heads + kv_head, kv_head * bs + t % bs, HEAD_MAJOR);
+  let row = block * stride + r * ROW_WORDS;
   var dot = 0.0;
   for (var i = 0u; i < HEAD_DIM; i++) {
     dot += query[q_off + i] * key_elem(row, i);

@@ -1,11 +1,8 @@
 // Reshape-and-cache for f32 and f16 KV: row t of the new K and V, (num_tokens, n_kv_heads, HEAD_DIM) f32, is
 // stored in cache slot slot_mapping[t] = physical_block * block_size + offset, in the element type KV_FORMAT,
-// laid out as in paged_kv_read.wgsl: a token is TOKEN_U32 u32s = n_kv_heads rows of ROW_U32 data u32s. One
-// invocation per (token, cache word), K and V together (no scales: words are independent). The quantized
-// formats are kv_write_quant.wgsl's.
-//
-// Slots are consecutive tokens (slot s at u32 s * TOKEN_U32) unless BLOCK_U32 is set: then block
-// s / BLOCK_TOKENS starts at u32 (s / BLOCK_TOKENS) * BLOCK_U32 (pages several models share, shared_pages.py).
+// laid out as in paged_kv_read.wgsl (kv_slots.wgsl's addressing): n_kv_heads rows of ROW_U32 data u32s. One
+// invocation per (token, kv head, cache word), K and V together (no scales: words are independent). The
+// quantized formats are kv_write_quant.wgsl's.
 //
 // Dispatch: ceil(invocations / WORKGROUP_SIZE) workgroups along x, invocations = num_tokens * n_kv_heads *
 // ROW_U32 / 4 (GpuKVLayout.kv_write_invocations).
@@ -29,8 +26,9 @@ override WORKGROUP_SIZE : u32 = 64u;
 override KV_BITS : u32 = select(select(select(8u, 4u, KV_FORMAT >= 4u), 16u, KV_FORMAT == 1u), 32u, KV_FORMAT == 0u);
 override ROW_U32 : u32 = HEAD_DIM * KV_BITS / 32u;
 override SCALES_PER_ROW : u32 = select(HEAD_DIM / KV_GROUP, 0u, KV_FORMAT < 2u);
-override BLOCK_U32 : u32 = 0u;      // u32s from one block's start to the next; 0: slots follow each other
-override BLOCK_TOKENS : u32 = 16u;  // tokens per block (read only where BLOCK_U32 is set)
+override BLOCK_U32 : u32 = 0u;      // u32s from one block's start to the next; 0: blocks follow each other
+override BLOCK_TOKENS : u32 = 16u;  // tokens per block (the cache's block_size)
+override HEAD_MAJOR : bool = true;  // a block keeps each kv head's rows together (paged_kv_read.wgsl)
 
 
 // Eight values as one word of four u32, each holding two f16 (the lower half is the first value).
@@ -47,8 +45,9 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   if (token >= params.num_tokens) {
     return;
   }
-  let within = gid.x % token_words;  // (kv head, word) inside the token's row, same order in source and cache
-  let dst = slot_u32(slot_mapping[token]) / 4u + within;
+  let within = gid.x % token_words;  // (kv head, word) inside the token's rows, the source's order
+  let row_words = ROW_U32 / 4u;
+  let dst = slot_row(slot_mapping[token], within / row_words).x / 4u + within % row_words;
   if (KV_FORMAT == 1u) {
     let src = (token * token_words + within) * 2u;  // a word holds 8 values: two source vec4s
     k_cache[dst] = to_f16_word(k_new[src], k_new[src + 1u]);

@@ -1,7 +1,7 @@
 // Reshape-and-cache for the quantized KV formats (int8, fp8-e4m3, int4, int4-asym): row t of the new K and V,
-// (num_tokens, n_kv_heads, HEAD_DIM) f32, quantized into cache slot slot_mapping[t] in the token layout of
-// paged_kv_read.wgsl (n_kv_heads rows of ROW_U32 code words, then the rows' scale words, then padding),
-// bit-exact with numpy's quantizer (kv_quant.wgsl; py/pagedkv/kv/dtypes.py).
+// (num_tokens, n_kv_heads, HEAD_DIM) f32, quantized into cache slot slot_mapping[t] in the block layout of
+// paged_kv_read.wgsl (kv_slots.wgsl: rows of ROW_U32 code words, the rows' scale words, padding), bit-exact
+// with numpy's quantizer (kv_quant.wgsl; py/pagedkv/kv/dtypes.py).
 //
 // One workgroup per token and HEADS kv heads, K and V together: invocation i owns code word w = i % ROW_U32 of
 // the K row (or V: (i / ROW_U32) odd) of kv head i / (2 ROW_U32) of its heads. Each reads its 4 (8-bit) or 8
@@ -36,8 +36,9 @@ override ROW_U32 : u32 = HEAD_DIM * KV_BITS / 32u;
 override SCALES_PER_ROW : u32 = HEAD_DIM / KV_GROUP;
 override PER_U32 : u32 = 32u / KV_BITS;          // values in one code word
 override GROUP_WORDS : u32 = KV_GROUP / PER_U32;  // code words of one scale group
-override BLOCK_U32 : u32 = 0u;      // u32s from one block's start to the next; 0: slots follow each other
-override BLOCK_TOKENS : u32 = 16u;  // tokens per block (read only where BLOCK_U32 is set)
+override BLOCK_U32 : u32 = 0u;      // u32s from one block's start to the next; 0: blocks follow each other
+override BLOCK_TOKENS : u32 = 16u;  // tokens per block (the cache's block_size)
+override HEAD_MAJOR : bool = true;  // a block keeps each kv head's rows together (paged_kv_read.wgsl)
 
 //#include kv_quant.wgsl
 
@@ -119,14 +120,14 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
       word |= encode(load(is_v, src + j), d, m) << (j * KV_BITS);
     }
   }
-  let dst = slot_u32(slot_mapping[token]);
-  store(is_v, dst + kv_head * ROW_U32 + w, word);
+  let slot = slot_mapping[token];
+  let dst = slot_row(slot, kv_head);
+  store(is_v, dst.x + w, word);
   if (w % GROUP_WORDS == 0u) {
-    store(is_v, dst + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW + g, scale_word);
+    store(is_v, dst.y + g, scale_word);
   }
   // The padding u32s: written so a reused slot holds exactly what numpy's pack_tokens produces.
-  let pad = params.n_kv_heads * (ROW_U32 + SCALES_PER_ROW);
-  if (kv_head == 0u && w < token_u32s() - pad) {
-    store(is_v, dst + pad + w, 0u);
+  if (kv_head == 0u && w < token_u32s() - params.n_kv_heads * (ROW_U32 + SCALES_PER_ROW)) {
+    store(is_v, slot_padding(slot) + w, 0u);
   }
 }

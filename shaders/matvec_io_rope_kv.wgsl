@@ -22,8 +22,10 @@ override Q_ROWS : u32 = 576u;       // n_heads * HEAD_DIM
 override KV_ROWS : u32 = 192u;      // n_kv_heads * HEAD_DIM
 override KV_OUT : u32 = 1u;         // 0 f32 cache, 1 f16 cache, 2 f32 rows for kv_write_quant
 override TOKEN_U32 : u32 = 96u;     // u32s of one cache slot (GpuKVLayout: a multiple of 4)
-override BLOCK_U32 : u32 = 0u;      // u32s from one block's start to the next; 0: slots follow each other
-override BLOCK_TOKENS : u32 = 16u;  // tokens per block (read only where BLOCK_U32 is set)
+override BLOCK_U32 : u32 = 0u;      // u32s from one block's start to the next; 0: blocks follow each other
+override BLOCK_TOKENS : u32 = 16u;  // tokens per block (the cache's block_size)
+override HEAD_MAJOR : bool = true;  // a block keeps each kv head's rows together (paged_kv_read.wgsl)
+override ROW_U32 : u32 = select(HEAD_DIM, HEAD_DIM / 2u, KV_OUT == 1u);  // u32s of one head's f32 / f16 row
 
 fn load_x(t : u32, v : u32) -> vec4<f32> {
   return x[t * (params.cols / 4u) + v];
@@ -38,12 +40,14 @@ fn rope4(t : u32, r : u32, a : vec4<f32>) -> vec4<f32> {
                    a.z * c1.x - a.w * c1.y, a.z * c1.y + a.w * c1.x);
 }
 
-// The first u32 of cache slot `slot` (kv_slots.wgsl's addressing).
-fn slot_base(slot : u32) -> u32 {
-  if (BLOCK_U32 == 0u) {
-    return slot * TOKEN_U32;
+// The first u32 of kv head `kv_head`'s row in cache slot `slot` (kv_slots.wgsl's addressing; f32 / f16 rows
+// have no scale words and a token no padding).
+fn slot_row(slot : u32, kv_head : u32) -> u32 {
+  let start = (slot / BLOCK_TOKENS) * select(BLOCK_TOKENS * TOKEN_U32, BLOCK_U32, BLOCK_U32 != 0u);
+  if (HEAD_MAJOR) {
+    return start + (kv_head * BLOCK_TOKENS + slot % BLOCK_TOKENS) * ROW_U32;
   }
-  return (slot / BLOCK_TOKENS) * BLOCK_U32 + (slot % BLOCK_TOKENS) * TOKEN_U32;
+  return start + (slot % BLOCK_TOKENS) * TOKEN_U32 + kv_head * ROW_U32;
 }
 
 fn put_kv(is_v : bool, i : u32, word : vec4<u32>) {
@@ -81,12 +85,13 @@ fn store8(t : u32, r0 : u32, lo : vec4<f32>, hi : vec4<f32>) {
     put_kv(is_v, i + 1u, bitcast<vec4<u32>>(b));
     return;
   }
-  let base = slot_base(slot_mapping[t]);
+  let base = slot_row(slot_mapping[t], e / HEAD_DIM);
+  let d = e % HEAD_DIM;  // the first of the 8 values within the head's row
   if (KV_OUT == 1u) {
-    put_kv(is_v, (base + e / 2u) / 4u, vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy),
+    put_kv(is_v, (base + d / 2u) / 4u, vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy),
                                                  pack2x16float(b.zw)));
   } else {
-    put_kv(is_v, (base + e) / 4u, bitcast<vec4<u32>>(a));
-    put_kv(is_v, (base + e) / 4u + 1u, bitcast<vec4<u32>>(b));
+    put_kv(is_v, (base + d) / 4u, bitcast<vec4<u32>>(a));
+    put_kv(is_v, (base + d) / 4u + 1u, bitcast<vec4<u32>>(b));
   }
 }

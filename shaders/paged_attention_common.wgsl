@@ -67,10 +67,8 @@ fn set_acc_slice(j : u32, s : u32, a : mat4x4<f32>) {
 // The `SLOTS > j` tests are on a pipeline constant: the compiler drops the unused slots' code.
 fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n_keys : u32) {
   let bs = params.block_size;
-  let token_u32 = token_u32s();
   for (var b = block_begin; b < block_end; b++) {
     let physical = block_tables[seq * params.max_blocks_per_seq + b];
-    let base = token_at(physical, 0u);  // first u32 of the block
     let n = min(bs, n_keys - b * bs);
     for (var t = 0u; t < n; t++) {
       scores[t] = vec4<f32>(0.0);
@@ -81,7 +79,7 @@ fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n
       let q2 = q_slice(2u, s);
       let q3 = q_slice(3u, s);
       for (var t = 0u; t < n; t++) {
-        let k = k_slice(base + t * token_u32, kv_head, s);
+        let k = k_slice(kv_row(physical, t, kv_head), s);
         var sc = vec4<f32>(dot16(q0, k), 0.0, 0.0, 0.0);
         if (SLOTS > 1u) { sc.y = dot16(q1, k); }
         if (SLOTS > 2u) { sc.z = dot16(q2, k); }
@@ -110,7 +108,7 @@ fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n
       if (SLOTS > 2u) { a2 = acc_slice(2u, s) * alpha.z; }
       if (SLOTS > 3u) { a3 = acc_slice(3u, s) * alpha.w; }
       for (var t = 0u; t < n; t++) {
-        let v = v_slice(base + t * token_u32, kv_head, s);
+        let v = v_slice(kv_row(physical, t, kv_head), s);
         let w = scores[t];
         a0 += v * w.x;
         if (SLOTS > 1u) { a1 += v * w.y; }

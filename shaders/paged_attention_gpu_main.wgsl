@@ -38,16 +38,16 @@ fn v_word(at : u32) -> u32 {
   return kv_word4(true, at / 4u)[at % 4u];
 }
 
-// Values 4c .. 4c + 3 of the V row of kv head `kv_head` in the token starting at u32 `tok`.
-fn v_vec4(tok : u32, kv_head : u32, c : u32) -> vec4<f32> {
-  let row = tok + kv_head * ROW_U32;
+// Values 4c .. 4c + 3 of the V row `at` (kv_row).
+fn v_vec4(at : KVRow, c : u32) -> vec4<f32> {
+  let row = at.data;
   if (KV_FORMAT == 0u) {
     return bitcast<vec4<f32>>(v_cache[row / 4u + c]);
   }
   if (KV_FORMAT == 1u) {
     return vec4<f32>(unpack2x16float(v_word(row + 2u * c)), unpack2x16float(v_word(row + 2u * c + 1u)));
   }
-  let scale = v_word(tok + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW + 4u * c / KV_GROUP);
+  let scale = v_word(at.scales + 4u * c / KV_GROUP);
   if (KV_FORMAT == 5u) {
     let dm = unpack2x16float(scale);
     return uint4x4(v_word(row + c / 2u) >> (16u * (c % 2u))) * dm.x + vec4<f32>(dm.y);
@@ -67,11 +67,11 @@ fn q_staged(j : u32, s : u32) -> mat4x4<f32> {
   return mat4x4<f32>(q_tile[i], q_tile[i + 1u], q_tile[i + 2u], q_tile[i + 3u]);
 }
 
-// The scores of the token starting at u32 `tok` for the SLOTS heads (components past SLOTS are 0).
-fn key_scores(tok : u32, kv_head : u32) -> vec4<f32> {
+// The scores of the K row `at` (kv_row) for the SLOTS heads (components past SLOTS are 0).
+fn key_scores(at : KVRow) -> vec4<f32> {
   var sc = vec4<f32>(0.0);
   for (var s = 0u; s < HEAD_DIM / 16u; s++) {
-    let k = k_slice(tok, kv_head, s);
+    let k = k_slice(at, s);
     sc.x += dot16(q_staged(0u, s), k);
     if (SLOTS > 1u) { sc.y += dot16(q_staged(1u, s), k); }
     if (SLOTS > 2u) { sc.z += dot16(q_staged(2u, s), k); }
@@ -166,7 +166,7 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
     var sc = vec4<f32>(NEG_BIG);
     if (key < key_end) {
       let b = key / bs - first;
-      sc = key_scores(token_at(part_table[b], key % bs), kv_head);
+      sc = key_scores(kv_row(part_table[b], key % bs, kv_head));
     }
     tile_scores[lid] = sc;
     workgroupBarrier();
@@ -184,7 +184,7 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
     let n = min(WORKGROUP_SIZE, key_end - t0);
     for (var i = r; i < n && r < KEY_LANES; i += KEY_LANES) {
       let key_i = t0 + i;
-      let v = v_vec4(token_at(part_table[key_i / bs - first], key_i % bs), kv_head, c);
+      let v = v_vec4(kv_row(part_table[key_i / bs - first], key_i % bs, kv_head), c);
       let p = tile_weights[i];
       a0 += v * p.x;
       if (SLOTS > 1u) { a1 += v * p.y; }

@@ -3,10 +3,11 @@
 // (included by paged_attention_common.wgsl; the first part of paged_attention_gpu[_sg], shader_variants.py):
 // bindings 0-5, the cache formats and their dequantization.
 //
-// KV cache of one layer, K and V alike: (num_blocks, block_size, n_kv_heads, HEAD_DIM) values, stored as
-// array<vec4<u32>> words so that pipeline constants pick the element type without a second binding type.
-// A token is TOKEN_U32 u32s (a multiple of 4): n_kv_heads rows of ROW_U32 data u32s, then (quantized formats)
-// n_kv_heads * SCALES_PER_ROW scale words, then zero padding (py/pagedkv/kv_dtype.py has the numpy twin):
+// KV cache of one layer, K and V alike: num_blocks blocks of block_size tokens' n_kv_heads rows of HEAD_DIM
+// values, stored as array<vec4<u32>> words so that pipeline constants pick the element type without a second
+// binding type. A token takes TOKEN_U32 u32s (a multiple of 4): n_kv_heads rows of ROW_U32 data u32s,
+// (quantized formats) n_kv_heads * SCALES_PER_ROW scale words and zero padding (py/pagedkv/kv/dtypes.py has
+// the numpy twin of a token); where in its block each of them lies is below (HEAD_MAJOR):
 //   KV_FORMAT 0 f32:       the f32 bits (bitcast);
 //   KV_FORMAT 1 f16:       two f16 per u32, the first value in the low half (unpack2x16float; no shader-f16);
 //   KV_FORMAT 2 int8:      four signed bytes per u32 (first value lowest), value = q * scale of its KV_GROUP;
@@ -18,6 +19,10 @@
 // Token `pos` of a sequence lives in block block_tables[seq, pos / block_size] at offset pos % block_size.
 // Blocks follow each other (block b at u32 b * block_size * TOKEN_U32) unless BLOCK_U32 is set: then block b
 // starts at u32 b * BLOCK_U32 (pages several models share, py/pagedkv/backends/webgpu/shared_pages.py).
+// Inside a block (HEAD_MAJOR, the default) each kv head's rows of all block_size tokens follow each other, so
+// one head's keys are contiguous: (n_kv_heads, block_size, ROW_U32) data u32s, then (n_kv_heads, block_size,
+// SCALES_PER_ROW) scale words, then the tokens' padding. Without HEAD_MAJOR a block is block_size tokens of
+// TOKEN_U32 u32s each (token-major, the host's order: GpuKVLayout converts at upload and read-back).
 
 struct Params {
   num_seqs : u32,
@@ -47,6 +52,7 @@ override ROW_U32 : u32 = HEAD_DIM * KV_BITS / 32u;
 override SCALES_PER_ROW : u32 = select(HEAD_DIM / KV_GROUP, 0u, KV_FORMAT < 2u);
 override VEC_PER_HEAD : u32 = HEAD_DIM / 4u;
 override BLOCK_U32 : u32 = 0u;     // u32s from one block's start to the next; 0: block_size * TOKEN_U32
+override HEAD_MAJOR : bool = true; // a block keeps each kv head's rows together (see above)
 
 const NEG_BIG : f32 = -3.0e38;     // finite "minus infinity": exp(NEG_BIG - m) is 0, never NaN
 
@@ -61,10 +67,22 @@ fn token_u32s() -> u32 {
   return (params.n_kv_heads * (ROW_U32 + SCALES_PER_ROW) + 3u) & ~3u;
 }
 
-// The first u32 of token `offset` of physical block `block`.
-fn token_at(block : u32, offset : u32) -> u32 {
-  let stride = select(params.block_size * token_u32s(), BLOCK_U32, BLOCK_U32 != 0u);
-  return block * stride + offset * token_u32s();
+// Where one row of the cache is: its first data u32 and its first scale word (quantized formats).
+struct KVRow {
+  data : u32,
+  scales : u32,
+}
+
+// The row of kv head `kv_head` in token `offset` of physical block `block`.
+fn kv_row(block : u32, offset : u32, kv_head : u32) -> KVRow {
+  let bs = params.block_size;
+  let start = block * select(bs * token_u32s(), BLOCK_U32, BLOCK_U32 != 0u);
+  if (HEAD_MAJOR) {
+    let r = kv_head * bs + offset;
+    return KVRow(start + r * ROW_U32, start + bs * params.n_kv_heads * ROW_U32 + r * SCALES_PER_ROW);
+  }
+  let tok = start + offset * token_u32s();
+  return KVRow(tok + kv_head * ROW_U32, tok + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW);
 }
 
 // e4m3 byte (sign bit 0x80) -> f32; exponent 0 is subnormal (m * 2^-9).
@@ -120,9 +138,9 @@ fn kv_word4(v : bool, i : u32) -> vec4<u32> {
   return k_cache[i];
 }
 
-// Values 16 * s .. 16 * s + 15 of the V (v) or K row of kv head `kv_head` in the token starting at u32 `tok`.
-fn kv_slice(v : bool, tok : u32, kv_head : u32, s : u32) -> mat4x4<f32> {
-  let row = tok + kv_head * ROW_U32;
+// Values 16 * s .. 16 * s + 15 of the V (v) or K row `at` (kv_row).
+fn kv_slice(v : bool, at : KVRow, s : u32) -> mat4x4<f32> {
+  let row = at.data;
   if (KV_FORMAT == 0u) {
     let w = row / 4u + 4u * s;
     return mat4x4<f32>(bitcast<vec4<f32>>(kv_word4(v, w)), bitcast<vec4<f32>>(kv_word4(v, w + 1u)),
@@ -132,8 +150,8 @@ fn kv_slice(v : bool, tok : u32, kv_head : u32, s : u32) -> mat4x4<f32> {
     let w = row / 4u + 2u * s;
     return unpack8(kv_word4(v, w), kv_word4(v, w + 1u));
   }
-  let at = tok + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW + 16u * s / KV_GROUP;
-  let scale = kv_word4(v, at / 4u)[at % 4u];
+  let sw = at.scales + 16u * s / KV_GROUP;
+  let scale = kv_word4(v, sw / 4u)[sw % 4u];
   let first = row + s * KV_BITS / 2u;  // a slice of 16 values is KV_BITS / 2 u32s
   if (KV_BITS == 8u) {
     return dequant16(kv_word4(v, first / 4u), scale);
@@ -142,12 +160,12 @@ fn kv_slice(v : bool, tok : u32, kv_head : u32, s : u32) -> mat4x4<f32> {
                              0u, 0u), scale);
 }
 
-fn k_slice(tok : u32, kv_head : u32, s : u32) -> mat4x4<f32> {
-  return kv_slice(false, tok, kv_head, s);
+fn k_slice(at : KVRow, s : u32) -> mat4x4<f32> {
+  return kv_slice(false, at, s);
 }
 
-fn v_slice(tok : u32, kv_head : u32, s : u32) -> mat4x4<f32> {
-  return kv_slice(true, tok, kv_head, s);
+fn v_slice(at : KVRow, s : u32) -> mat4x4<f32> {
+  return kv_slice(true, at, s);
 }
 
 fn dot16(a : mat4x4<f32>, b : mat4x4<f32>) -> f32 {

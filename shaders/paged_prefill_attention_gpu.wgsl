@@ -44,8 +44,7 @@ fn stage_tile(v : bool, seq : u32, kv_head : u32, k0 : u32, n_keys : u32, lid : 
     let pos = k0 + key;
     var x = mat4x4<f32>();
     if (pos < n_keys) {
-      let tok = token_at(block_tables[seq * params.max_blocks_per_seq + pos / bs], pos % bs);
-      x = kv_slice(v, tok, kv_head, s);
+      x = kv_slice(v, kv_row(block_tables[seq * params.max_blocks_per_seq + pos / bs], pos % bs, kv_head), s);
     }
     let at = key * VEC_PER_HEAD + 4u * s;
     kv_tile[at] = x[0];

@@ -18,7 +18,7 @@ def test_layout_word_counts_for_smollm2_f32_and_f16():
     f16 = GpuKVLayout(SMOLLM2_LAYER.with_(dtype="f16"), num_blocks=100)
     assert (f32.token_bytes, f32.block_words, f32.nbytes) == (768, 768, 1_228_800)
     assert (f16.token_bytes, f16.block_words, f16.nbytes) == (384, 384, 614_400)
-    assert f16.constants == {"HEAD_DIM": 64, "KV_FORMAT": 1, "KV_GROUP": 64} and f32.constants["KV_FORMAT"] == 0
+    assert f16.constants == {"HEAD_DIM": 64, "KV_FORMAT": 1, "HEAD_MAJOR": 1, "KV_GROUP": 64} and f32.constants["KV_FORMAT"] == 0
     assert f16.shape == f16.storage_shape == (100, 16, 3, 64) and f16.storage_dtype == np.float16
     assert (f32.kv_write_invocations(5), f16.kv_write_invocations(5)) == (5 * 48, 5 * 24)
 
@@ -32,12 +32,36 @@ def test_layout_word_counts_for_smollm2_f32_and_f16():
 def test_quantized_layouts_hold_words_with_scales_in_each_token(dtype, token_bytes, constants):
     lay = GpuKVLayout(SMOLLM2_LAYER.with_(dtype=dtype), num_blocks=100)
     assert (lay.token_bytes, lay.block_words, lay.nbytes) == (token_bytes, token_bytes, 100 * 16 * token_bytes)
-    assert lay.constants == constants
+    assert lay.constants == dict(constants, HEAD_MAJOR=1)
     assert lay.storage_shape == (100, 16, token_bytes // 4) and lay.storage_dtype == np.uint32
     # kv_write_quant: one workgroup per token (its 3 kv heads), an invocation per code word of its K and V rows
     words = 3 * 2 * 64 * lay.kind.bits // 32
     assert (lay.kv_write_shader, lay.kv_write_invocations(5), lay.kv_write_workgroup) == ("kv_write_quant",
                                                                                           5 * words, words)
+
+
+@pytest.mark.parametrize("dtype, n_kv, head_dim", [("f16", 3, 64), ("f32", 2, 16), ("int8", 3, 64),
+                                                 ("int4", 1, 48), ("int4-asym", 4, 32), ("fp8-e4m3", 2, 16)])
+def test_blocks_cross_between_the_hosts_token_order_and_the_kernels_head_major_order(dtype, n_kv, head_dim):
+    """device_order puts kv head h's row of token t of a block at row h * block_size + t, then the scale words in
+    the same order, then the padding; host_order undoes it; head_major=False leaves blocks as they are."""
+    lay = GpuKVLayout(SMOLLM2_LAYER.with_(dtype=dtype, num_kv_heads=n_kv, head_dim=head_dim, block_size=8), 6)
+    rng = np.random.default_rng(1)
+    host = rng.integers(0, 2**32, (6,) + lay.storage_shape[1:], dtype=np.uint64).astype(np.uint32)
+    host = host.view(np.uint16)[..., ::2].copy() if lay.storage_dtype == np.float16 else host
+    host = host.view(lay.storage_dtype)  # (6, 8, ...) random bits in the host's dtype
+    device = lay.device_order(host)
+    assert device.shape == host.shape and device.dtype == host.dtype
+    assert np.array_equal(lay.host_order(device).view(np.uint8), host.view(np.uint8))
+    row, scales = lay.kind.row_u32s(head_dim), lay.kind.scales_per_row(head_dim)
+    words, tokens = device.view(np.uint32).reshape(6, -1), host.view(np.uint32).reshape(6, 8, -1)
+    for block, t, h in ((0, 0, 0), (2, 7, n_kv - 1), (5, 3, n_kv // 2)):
+        r = h * 8 + t
+        assert np.array_equal(words[block, r * row:(r + 1) * row], tokens[block, t, h * row:(h + 1) * row])
+        at, src = 8 * n_kv * row + r * scales, n_kv * row + h * scales
+        assert np.array_equal(words[block, at:at + scales], tokens[block, t, src:src + scales])
+    token_major = GpuKVLayout(lay.spec, 6, head_major=False)
+    assert token_major.device_order(host) is host and token_major.constants["HEAD_MAJOR"] == 0
 
 
 @pytest.mark.parametrize("spec_changes, num_blocks, message", [

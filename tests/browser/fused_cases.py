@@ -67,11 +67,11 @@ def _pair_scale(scale):
 
 
 async def case_rope_kv(kv_out, positions, slots, seed, n_heads=9, n_kv=3, head_dim=64, bias=False,
-                       block_tokens=16, block_u32=0, num_blocks=8, tree=False):
+                       block_tokens=16, block_u32=0, num_blocks=8, tree=False, head_major=True):
     """The q | k | v matvec (NORM) with bias, RoPE and the KV write in its epilogue. kv_out: "f32" / "f16" (into
     a cache of num_blocks blocks, slot s of block s // block_tokens; block_u32: u32s from one block to the next,
-    0: packed) or "rows" (f32 rows for kv_write_quant). Every cache word outside the tokens' slots must keep
-    its random contents."""
+    0: packed; head_major: each kv head's rows of a block together, else token after token) or "rows" (f32 rows
+    for kv_write_quant). Every cache word outside the tokens' slots must keep its random contents."""
     ctx = await _context()
     rng = np.random.default_rng(seed)
     hidden, kv_dim = n_heads * head_dim, n_kv * head_dim
@@ -97,8 +97,8 @@ async def case_rope_kv(kv_out, positions, slots, seed, n_heads=9, n_kv=3, head_d
     cache_words = num_blocks * stride if kv_out != "rows" else t * kv_dim
     caches = [rng.integers(0, 2**32, cache_words, dtype=np.uint32) for _ in range(2)]  # K, V
     constants = dict(call.constants, HEAD_DIM=head_dim, Q_ROWS=hidden, KV_ROWS=kv_dim,
-                     KV_OUT={"f32": 0, "f16": 1, "rows": 2}[kv_out], TOKEN_U32=token_u32,
-                     **({"BLOCK_U32": block_u32, "BLOCK_TOKENS": block_tokens} if block_u32 else {}))
+                     KV_OUT={"f32": 0, "f16": 1, "rows": 2}[kv_out], TOKEN_U32=token_u32, BLOCK_TOKENS=block_tokens,
+                     HEAD_MAJOR=int(head_major), **({"BLOCK_U32": block_u32} if block_u32 else {}))
     qs = bytes(parts["qs"]) + gain.tobytes()  # the norm weight follows the codes (fused.stack_rows)
     bindings = {0: np.frombuffer(qs, np.uint8), 1: np.frombuffer(parts["dm"], np.uint8), 2: x,
                 3: np.zeros((t, hidden), np.float32), 4: ("uniform", np.frombuffer(call.params, np.uint8)),
@@ -112,11 +112,14 @@ async def case_rope_kv(kv_out, positions, slots, seed, n_heads=9, n_kv=3, head_d
         if kv_out == "rows":
             result[name] = _errors(words.view(np.float32).reshape(t, kv_dim), want, sc)
             continue
-        starts = [(s // block_tokens) * stride + (s % block_tokens) * token_u32 for s in slots]
-        got = np.stack([words[s:s + n] for s in starts])  # (T, n) u32
+        row = n // n_kv  # u32s of one head's row
+        starts = [[(s // block_tokens) * stride + ((h * block_tokens + s % block_tokens) * row if head_major else
+                                                   (s % block_tokens) * token_u32 + h * row) for h in range(n_kv)]
+                  for s in slots]  # (T, n_kv) first u32 of each head's row
+        got = np.stack([np.concatenate([words[a:a + row] for a in heads]) for heads in starts])  # (T, n) u32
         touched = np.zeros(cache_words, bool)
-        for s in starts:
-            touched[s:s + n] = True
+        for a in np.ravel(starts):
+            touched[a:a + row] = True
         if kv_out == "f16":  # the f32 result rounded to f16: at most one f16 ulp from numpy's value rounded
             got, want16 = got.view(np.float16), want.astype(np.float16)  # (T, kv_dim)
             ulps = np.abs(got.astype(np.float64) - want16) / np.spacing(np.abs(want16)).astype(np.float64)

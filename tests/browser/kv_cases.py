@@ -57,10 +57,11 @@ def errors(got, want):
     return {"max_abs": max_abs, "rel": max_abs / float(np.abs(want).max()), "shape": list(got.shape)}
 
 
-async def decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim, partition_tokens=128, family="cpu"):
+async def decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim, partition_tokens=128, family="cpu",
+                      head_major=True):
     rng = np.random.default_rng(seed)
     needed = sum(-(-n // block_size) for n in lengths)
-    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, dtype), needed + 5)
+    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, dtype), needed + 5, head_major=head_major)
     k_cache, v_cache = random_cache(rng, layout)
     tables = block_tables(rng, lengths, block_size, layout.num_blocks)
     query = rng.standard_normal((len(lengths), n_heads, head_dim)).astype(np.float32)

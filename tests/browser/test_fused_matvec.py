@@ -47,6 +47,8 @@ def test_rope_kv_epilogue_writes_q_and_the_cache_slots(worker, tree):
         f"case_rope_kv('f16', [77, 1], [33, 2], seed=5, block_u32=3000, tree={tree})",
         f"case_rope_kv('f16', [6, 250], [9, 30], seed=6, n_heads=4, n_kv=2, head_dim=16, bias=True, tree={tree})",
         f"case_rope_kv('f32', [12], [31], seed=7, n_heads=4, n_kv=2, head_dim=16, block_tokens=8, tree={tree})",
+        # the blocks token-major (the layout before head-major blocks; the kernels' benchmark row ":token")
+        f"case_rope_kv('f16', [5, 40], [17, 90], seed=8, head_major=False, tree={tree})",
     ])
     for r in results:
         assert_close(r["q"])

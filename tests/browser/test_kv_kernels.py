@@ -121,6 +121,16 @@ def test_paged_decode_ragged_lengths_at_block_and_tile_edges(page, heads, family
         assert (r["shape"], r["partitions"], r["dispatches"]) == ([9, n_heads, d], 4, 2), call
 
 
+@pytest.mark.parametrize("family", ["cpu", "gpu"])
+def test_paged_decode_reads_token_major_blocks_too(page, family):
+    # head_major=False: blocks token after token on the device (the benchmark's ":token" rows, the layout
+    # before head-major blocks), through the same upload and kernels.
+    calls = [f"decode_case(40, [1, 17, 300], 16, {dtype!r}, 9, 3, 64, family={family!r}, head_major=False)"
+             for dtype in ("f16", "f32")]
+    for call, r in zip(calls, run(page, calls)):
+        assert r["max_abs"] <= DECODE_MAX_ABS and r["rel"] <= DECODE_REL, (call, r)
+
+
 @pytest.mark.parametrize("family", ["cpu", "gpu"])  # the gpu family's prefill has no subgroup variant
 @CONFIGS
 def test_paged_prefill_attention_with_cached_prefixes_matches_reference(page, heads, family):

@@ -29,6 +29,7 @@ class AttentionMassKernel:
         lay = self.kernels.layout
         self.pipeline = await self.kernels.ctx.kernel("attention_mass", {
             "HEAD_DIM": lay.head_dim, "KV_F16": int(lay.dtype == "f16"), "WORKGROUP_SIZE": WORKGROUP_SIZE,
+            "HEAD_MAJOR": int(lay.head_major),
             **({"BLOCK_U32": lay.stride_words * 4} if lay.page_words else {})})
         return self
 

@@ -122,8 +122,7 @@ class KVKernels:
             self.pipelines[entry] = await self.ctx.kernel("copy_blocks", wg, entry_point=entry)
         lay = self.layout
         write = dict(consts, WORKGROUP_SIZE=lay.kv_write_workgroup or self.workgroup_size,
-                     **({"HEADS": lay.kv_write_heads} if lay.kind.quantized else {}),
-                     **({"BLOCK_TOKENS": lay.block_size} if lay.page_words else {}))
+                     **({"HEADS": lay.kv_write_heads} if lay.kind.quantized else {}), BLOCK_TOKENS=lay.block_size)
         self.pipelines["kv_write"] = await self.ctx.kernel(self.layout.kv_write_shader, write)
         for name, constants in (("copy_blocks", wg),
                                 (self.prefill.name, dict(consts, **dict(self.prefill.constants),
@@ -192,7 +191,8 @@ class KVKernels:
 
     def prepare_gather_blocks(self, cache: KVCacheBuffers, block_ids: np.ndarray) -> Prepared:
         """Swap-out staging: the listed blocks of K and V, copied into one buffer read back as
-        (2, n, block_size, n_kv_heads, head_dim) in the cache dtype."""
+        (2, n) + storage_shape[1:] in the cache dtype, each block in the kernels' order (swap_out gives the
+        host's)."""
         lay = self.layout
         ids = ref.check_block_ids(block_ids, lay.num_blocks)  # (n,)
         groups = self.workgroups(ids.size * lay.block_words)
@@ -220,7 +220,7 @@ class KVKernels:
         with Temporaries(self.ctx) as tmp:
             params = tmp.scratch(16, "params", uniform=True)
             self.ctx.write(params, uniform_words(ids.size, lay.block_words, lay.stride_words))
-            staging = self.ctx.upload(np.stack([k_blocks, v_blocks]), "staging")  # (2, n, block_size, n_kv, d)
+            staging = self.ctx.upload(np.stack([lay.device_order(k_blocks), lay.device_order(v_blocks)]), "staging")
             tmp.append(staging)
             pipeline = self.pipelines["scatter_blocks"]
             group = self.ctx.bind(pipeline, {1: cache.k, 2: cache.v, 3: params,
@@ -323,7 +323,7 @@ class KVKernels:
     async def swap_out(self, cache, block_ids) -> tuple[np.ndarray, np.ndarray]:
         """The listed blocks of K and V on the host, (n, block_size, n_kv_heads, head_dim) each."""
         staged = await self.run(self.prepare_gather_blocks(cache, block_ids), "gather_blocks")
-        return staged[0], staged[1]
+        return self.layout.host_order(staged[0]), self.layout.host_order(staged[1])
 
     async def swap_in(self, cache, block_ids, k_blocks, v_blocks) -> None:
         """Host blocks back into the listed physical blocks (see prepare_scatter_blocks)."""

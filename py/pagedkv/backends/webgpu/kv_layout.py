@@ -19,12 +19,21 @@ WORD_BYTES = 16  # the kernels address the cache in vec4<u32> words
 @dataclass(frozen=True)
 class GpuKVLayout:
     """A KV pool on the GPU: its KVSpec (geometry and element type) and num_blocks. Each layer's K (and V) cache
-    is one buffer of (num_blocks, block_size, n_kv_heads, head_dim) in spec.dtype; with page_words, a binding
-    in which block b starts at vec4 word b * page_words (pages several models share, shared_pages.py)."""
+    is one buffer of num_blocks blocks in spec.dtype; with page_words, a binding in which block b starts at vec4
+    word b * page_words (pages several models share, shared_pages.py).
+
+    Inside a block the kernels keep each kv head's rows of all block_size tokens together (head_major, the
+    default: one head's keys are contiguous, so the lanes of decode attention that take neighbouring keys read
+    neighbouring memory): (n_kv_heads, block_size, row) data, then (n_kv_heads, block_size, scales) scale
+    words, then the tokens' padding (shaders/paged_kv_read.wgsl). The host always sees tokens one after
+    another, as pack_tokens writes them and as the disk tier stores them: `device_order` / `host_order`
+    convert whole blocks where they cross (upload, read, the swaps). head_major=False keeps the host's order on
+    the device too (the side-by-side benchmark's other row)."""
 
     spec: KVSpec
     num_blocks: int
     page_words: int = 0  # vec4<u32> words from one block's start to the next; 0: block_words
+    head_major: bool = True
 
     def __post_init__(self) -> None:
         self.spec.element  # noqa: B018  the registry entry: ValueError for bf16, which KVSpec only sizes
@@ -100,8 +109,38 @@ class GpuKVLayout:
     @property
     def constants(self) -> dict:
         paged = {"BLOCK_U32": self.page_words * 4} if self.page_words else {}
-        return {"HEAD_DIM": self.head_dim, "KV_FORMAT": self.kind.code,
+        return {"HEAD_DIM": self.head_dim, "KV_FORMAT": self.kind.code, "HEAD_MAJOR": int(self.head_major),
                 "KV_GROUP": self.kind.group_for(self.head_dim) or self.head_dim, **paged}
+
+    def device_order(self, blocks: np.ndarray) -> np.ndarray:
+        """Whole blocks in the host's order, (n, block_size, ...) of storage_shape[1:], as the kernels keep them
+        (head_major): the same shape and dtype, the values of each block reordered."""
+        return self._reorder(blocks, to_device=True)
+
+    def host_order(self, blocks: np.ndarray) -> np.ndarray:
+        """The inverse of device_order: blocks as the kernels keep them back in the host's (token-major) order."""
+        return self._reorder(blocks, to_device=False)
+
+    def _reorder(self, blocks: np.ndarray, to_device: bool) -> np.ndarray:
+        if not self.head_major:
+            return blocks
+        n, bs, heads = blocks.shape[0], self.block_size, self.n_kv_heads
+        if self.dtype in HOST_DTYPES:  # (n, block_size, heads, head_dim): no scales, no padding
+            if to_device:
+                return np.ascontiguousarray(blocks.transpose(0, 2, 1, 3)).reshape(blocks.shape)
+            return np.ascontiguousarray(blocks.reshape(n, heads, bs, -1).transpose(0, 2, 1, 3))
+        row, scales = self.kind.row_u32s(self.head_dim), self.kind.scales_per_row(self.head_dim)
+        data, used = heads * row, heads * (row + scales)  # u32s of a token's rows; of its rows and scales
+        if to_device:  # (n, block_size, token_u32s) -> rows by head, scales by head, padding
+            parts = (blocks[:, :, :data].reshape(n, bs, heads, row).transpose(0, 2, 1, 3),
+                     blocks[:, :, data:used].reshape(n, bs, heads, scales).transpose(0, 2, 1, 3),
+                     blocks[:, :, used:])
+            return np.concatenate([p.reshape(n, -1) for p in parts], axis=1).reshape(blocks.shape)
+        flat = blocks.reshape(n, -1)
+        rows = flat[:, : bs * data].reshape(n, heads, bs, row).transpose(0, 2, 1, 3).reshape(n, bs, data)
+        scale_words = flat[:, bs * data : bs * used].reshape(n, heads, bs, scales).transpose(0, 2, 1, 3)
+        padding = flat[:, bs * used :].reshape(n, bs, -1)
+        return np.concatenate([rows, scale_words.reshape(n, bs, -1), padding], axis=2)
 
     @property
     def kv_write_shader(self) -> str:
@@ -153,14 +192,16 @@ class KVCacheBuffers:
             if array.shape != lay.storage_shape or array.dtype != lay.storage_dtype:
                 raise ValueError(f"{name} must be {lay.storage_shape} {lay.storage_dtype}, "
                                  f"got {array.shape} {array.dtype}")
-        self.ctx.write(self.k, k_cache)
-        self.ctx.write(self.v, v_cache)
+        self.ctx.write(self.k, lay.device_order(k_cache))
+        self.ctx.write(self.v, lay.device_order(v_cache))
 
     async def read(self) -> tuple[np.ndarray, np.ndarray]:
         """Both caches back on the host, in the layout's shape and dtype (owned buffers only)."""
         self._check_owned()
-        shape, dtype = self.layout.storage_shape, self.layout.storage_dtype
-        return await self.ctx.read_array(self.k, dtype, shape), await self.ctx.read_array(self.v, dtype, shape)
+        lay = self.layout
+        shape, dtype = lay.storage_shape, lay.storage_dtype
+        k, v = await self.ctx.read_array(self.k, dtype, shape), await self.ctx.read_array(self.v, dtype, shape)
+        return lay.host_order(k), lay.host_order(v)
 
     def _check_owned(self) -> None:
         if not self.owned:
