@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 import build
@@ -34,9 +35,11 @@ None
 
 
 def ensure_built() -> None:
-    """Build dist/ (shaders, wheels, models), unless `python3 -m bench` already did for this run."""
+    """Build dist/ (shaders, wheels, models), unless `python3 -m bench` already did for this run. The build's
+    progress lines go to stderr: a benchmark's --json stdout stays one JSON document."""
     if os.environ.get(BUILT_ENV) != "1" or not (build.DIST / "index.html").exists():
-        build.build()
+        with redirect_stdout(sys.stderr):
+            build.build()
 
 
 @contextmanager
