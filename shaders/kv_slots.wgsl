@@ -2,12 +2,9 @@
 // params.n_kv_heads, ROW_U32, SCALES_PER_ROW, BLOCK_U32, BLOCK_TOKENS and HEAD_MAJOR). Cache slot s is token
 // s % BLOCK_TOKENS of block s / BLOCK_TOKENS; blocks follow each other (block_size tokens of token_u32s() u32s)
 // unless BLOCK_U32 is set: then block b starts at u32 b * BLOCK_U32 (pages several models share,
-// py/pagedkv/backends/webgpu/shared_pages.py). Inside a block the layout is paged_kv_read.wgsl's: each kv
-// head's rows together (HEAD_MAJOR), then the scale words, then the padding; or token after token.
+// py/pagedkv/backends/webgpu/shared_pages.py). Inside a block the layout is kv_rows.wgsl's.
 
-fn token_u32s() -> u32 {
-  return (params.n_kv_heads * (ROW_U32 + SCALES_PER_ROW) + 3u) & ~3u;
-}
+//#include kv_rows.wgsl
 
 // The first u32 of the block holding cache slot `slot`.
 fn slot_block(slot : u32) -> u32 {
@@ -16,14 +13,7 @@ fn slot_block(slot : u32) -> u32 {
 
 // The first data u32 (x) and the first scale word (y) of kv head `kv_head`'s row in cache slot `slot`.
 fn slot_row(slot : u32, kv_head : u32) -> vec2<u32> {
-  let start = slot_block(slot);
-  let offset = slot % BLOCK_TOKENS;
-  if (HEAD_MAJOR) {
-    let r = kv_head * BLOCK_TOKENS + offset;
-    return vec2<u32>(start + r * ROW_U32, start + BLOCK_TOKENS * params.n_kv_heads * ROW_U32 + r * SCALES_PER_ROW);
-  }
-  let tok = start + offset * token_u32s();
-  return vec2<u32>(tok + kv_head * ROW_U32, tok + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW);
+  return row_in_block(slot_block(slot), BLOCK_TOKENS, slot % BLOCK_TOKENS, kv_head);
 }
 
 // The first of cache slot `slot`'s padding u32s (token_u32s() - n_kv_heads * (ROW_U32 + SCALES_PER_ROW) of them).

@@ -21,8 +21,8 @@
 // starts at u32 b * BLOCK_U32 (pages several models share, py/pagedkv/backends/webgpu/shared_pages.py).
 // Inside a block (HEAD_MAJOR, the default) each kv head's rows of all block_size tokens follow each other, so
 // one head's keys are contiguous: (n_kv_heads, block_size, ROW_U32) data u32s, then (n_kv_heads, block_size,
-// SCALES_PER_ROW) scale words, then the tokens' padding. Without HEAD_MAJOR a block is block_size tokens of
-// TOKEN_U32 u32s each (token-major, the host's order: GpuKVLayout converts at upload and read-back).
+// SCALES_PER_ROW) scale words, then the tokens' padding (kv_rows.wgsl). Without HEAD_MAJOR a block is
+// block_size tokens of TOKEN_U32 u32s each (the host's order: GpuKVLayout converts at upload and read-back).
 
 struct Params {
   num_seqs : u32,
@@ -63,9 +63,7 @@ fn unpack8(x : vec4<u32>, y : vec4<u32>) -> mat4x4<f32> {
                      vec4<f32>(unpack2x16float(y.z), unpack2x16float(y.w)));
 }
 
-fn token_u32s() -> u32 {
-  return (params.n_kv_heads * (ROW_U32 + SCALES_PER_ROW) + 3u) & ~3u;
-}
+//#include kv_rows.wgsl
 
 // Where one row of the cache is: its first data u32 and its first scale word (quantized formats).
 struct KVRow {
@@ -76,13 +74,8 @@ struct KVRow {
 // The row of kv head `kv_head` in token `offset` of physical block `block`.
 fn kv_row(block : u32, offset : u32, kv_head : u32) -> KVRow {
   let bs = params.block_size;
-  let start = block * select(bs * token_u32s(), BLOCK_U32, BLOCK_U32 != 0u);
-  if (HEAD_MAJOR) {
-    let r = kv_head * bs + offset;
-    return KVRow(start + r * ROW_U32, start + bs * params.n_kv_heads * ROW_U32 + r * SCALES_PER_ROW);
-  }
-  let tok = start + offset * token_u32s();
-  return KVRow(tok + kv_head * ROW_U32, tok + params.n_kv_heads * ROW_U32 + kv_head * SCALES_PER_ROW);
+  let at = row_in_block(block * select(bs * token_u32s(), BLOCK_U32, BLOCK_U32 != 0u), bs, offset, kv_head);
+  return KVRow(at.x, at.y);
 }
 
 // e4m3 byte (sign bit 0x80) -> f32; exponent 0 is subnormal (m * 2^-9).
