@@ -1,7 +1,7 @@
 """The disk tier's write-behind through a writer task once the engine is idle (DiskCache(background=True), what
 the page uses; CPU backend, tiny model): no step of a reply writes a file, the writer then writes the in-step
-mode's files byte for byte, several at once; a forget, a flush and the queue's bound write the queue first; an
-error of the writer comes out of the next step."""
+mode's files byte for byte, several at once; a flush and the queue's bound write the queue first, a forget drops
+what only the forgotten chat held; an error of the writer comes out of the next step."""
 from __future__ import annotations
 
 import asyncio
@@ -94,13 +94,34 @@ def test_forget_and_flush_wait_for_the_writer(tiny_weights, tokenizer):
         rid = engine.add_request(PROMPT, SamplingParams(max_tokens=8, stop_token_ids=(10_000,)))
         await engine.step()  # 5 blocks queued
         engine.refer_history("chat-1", PROMPT)
+        engine.refer_history("chat-2", PROMPT[:32])  # another chat shares the first 2 blocks
         assert engine.disk.writing and not store.writes
         engine.abort(rid)
-        deleted = await engine.forget_owner("chat-1")  # waits for the writer, then deletes what only it held
-        return deleted, block_files(engine, store), await engine.flush_disk()
+        gone = await engine.forget_owner("chat-1")  # the 3 blocks only it held: dropped, never written
+        queued = len(engine.disk._queue)
+        flushed = await engine.flush_disk()  # the queue first (the shared blocks), then nothing new
+        return gone, queued, block_files(engine, store), flushed
 
-    deleted, left, flushed = in_fresh_loop(forget_while_queued)
-    assert deleted == 5 and left == [] and flushed == 0
+    gone, queued, left, flushed = in_fresh_loop(forget_while_queued)
+    assert gone == 3 and queued == 2 and flushed == 0
+    assert left == chain_files(engine, PROMPT, 2)  # the shared blocks
+    assert sorted(n for n in store.writes if n.startswith(engine.disk.key.hex + "-")) == left  # nothing else
+
+    store = SlowStore(0.01)
+    engine = engine_on(tiny_weights, tokenizer, store, True)
+
+    async def forget_while_writing():
+        rid = engine.add_request(PROMPT, SamplingParams(max_tokens=8, stop_token_ids=(10_000,)))
+        await engine.step()
+        engine.refer_history("chat-1", PROMPT)
+        engine.abort(rid)
+        assert engine.disk.write_when_idle()  # the writer has begun its first batch of 4
+        await asyncio.sleep(0)
+        gone = await engine.forget_owner("chat-1")  # the queued one dropped; the batch lands, then is deleted
+        return gone, block_files(engine, store)
+
+    gone, left = in_fresh_loop(forget_while_writing)
+    assert gone == 5 and left == []
 
     store = SlowStore(0.01)
     engine = engine_on(tiny_weights, tokenizer, store, True)

@@ -129,11 +129,17 @@ class DiskCache:
         self.tier.refer(owner, token_ids)
 
     async def forget(self, owner: str) -> int:
-        """Drop `owner`; delete the block files only it referenced. Returns how many were deleted."""
+        """Drop `owner` (a deleted chat): its queued blocks that no other owner references are dropped
+        unwritten, and the block files only it referenced deleted. Returns how many blocks went (both)."""
         self._histories.pop(owner, None)
-        if self.write_when_idle():  # its queued blocks land first (a file written after this would stay)
-            await self.settle()
-        return await self.tier.forget(owner)
+        gone = self.tier.held_only_by(owner)
+        kept = [b for b in self._queue if b[0] not in gone]
+        dropped = len(self._queue) - len(kept)
+        self._queued_bytes -= sum(len(b[2]) for b in self._queue if b[0] in gone)
+        self._queue.clear()
+        self._queue.extend(kept)
+        await self.settle()  # a batch the writer has begun may hold some: they land before their files go
+        return dropped + await self.tier.forget(owner)
 
     def plan_flush(self, kv) -> BlockRead | None:
         """Every full block of the chats' histories and the live sequences that the GPU prefix cache holds

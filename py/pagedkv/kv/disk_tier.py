@@ -329,12 +329,17 @@ class DiskTier:
         """`owner` (a chat) references the blocks of its token history (replaces what it referenced)."""
         self._owners[owner] = set(block_chain(self.key, token_ids))
 
+    def held_only_by(self, owner: str) -> set[str]:
+        """The chain hashes `owner` references and no other owner does: what forget(owner) deletes."""
+        others = set().union(*(hashes for o, hashes in self._owners.items() if o != owner))
+        return self._owners.get(owner, set()) - others
+
     async def forget(self, owner: str) -> int:
         """Drop `owner`; delete the block files only it referenced. Returns how many were deleted."""
-        mine = self._owners.pop(owner, set())
-        others = set().union(*self._owners.values()) if self._owners else set()
+        mine = self.held_only_by(owner)
+        self._owners.pop(owner, None)
         n = 0
-        for h in sorted(mine - others):
+        for h in sorted(mine):
             name = self.key.file_name(h)
             if name in self._lru:
                 await self._remove(name)
