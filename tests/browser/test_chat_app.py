@@ -41,6 +41,30 @@ def wait_for_streamed_text(page, polls: int = 3000, interval_ms: int = 20) -> No
         page.wait_for_timeout(interval_ms)
 
 
+STOP_WHEN_TEXT_STREAMS = """() => new Promise((resolve, reject) => {
+  const stop = document.getElementById("stop");
+  const check = () => {
+    const replies = document.querySelectorAll("#messages .msg.assistant");
+    if (!replies.length || !replies[replies.length - 1].dataset.text) return false;
+    if (stop.disabled) reject(new Error("the reply ended before Stop could be clicked"));
+    else { stop.click(); resolve(); }
+    return true;
+  };
+  if (check()) return;
+  const seen = new MutationObserver(() => { if (check()) { seen.disconnect(); clearTimeout(late); } });
+  const late = setTimeout(() => { seen.disconnect(); reject(new Error("no text streamed in 60 s")); }, 60000);
+  seen.observe(document.getElementById("messages"), {subtree: true, childList: true, attributes: true});
+})"""
+
+
+def stop_when_text_streams(page) -> None:
+    """Click Stop as soon as the reply being generated shows text, from inside the page.
+
+    Polling from the test and then clicking costs Playwright round trips, and on a busy machine the tiny model
+    can finish its whole reply in between (CI saw Stop already disabled)."""
+    page.evaluate(STOP_WHEN_TEXT_STREAMS)
+
+
 def send_and_wait(page, text: str, max_tokens: int) -> dict:
     previous = raw_last_turn(page)
     show_settings(page)
@@ -250,8 +274,7 @@ def test_settings_belong_to_their_chat_and_a_stopped_reply_survives_a_reload(app
     page.fill("#prompt", "Tell me everything.")
     page.press("#prompt", "Enter")
     page.wait_for_selector("html[data-generating=true]", state="attached")
-    wait_for_streamed_text(page)
-    page.locator("#stop").click()
+    stop_when_text_streams(page)
     page.wait_for_selector("#messages .msg.assistant.interrupted", state="attached")
     partial = last_turn(page)
     assert partial["reason"] == "abort" and 0 < partial["tokens"] < 220, partial
