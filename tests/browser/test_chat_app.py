@@ -33,21 +33,13 @@ def wait_next_turn(page, previous: str) -> dict:
     raise AssertionError("no turn ended")
 
 
-def wait_for_streamed_text(page, polls: int = 3000, interval_ms: int = 20) -> None:
-    """Poll until the reply being generated shows some text (or give up after `polls` polls)."""
-    for _ in range(polls):
-        if page.locator("#messages .msg.assistant").last.get_attribute("data-text"):
-            return
-        page.wait_for_timeout(interval_ms)
-
-
-STOP_WHEN_TEXT_STREAMS = """() => new Promise((resolve, reject) => {
-  const stop = document.getElementById("stop");
+STREAMED_TEXT = """(stop) => new Promise((resolve, reject) => {
+  const button = document.getElementById("stop");
   const check = () => {
     const replies = document.querySelectorAll("#messages .msg.assistant");
     if (!replies.length || !replies[replies.length - 1].dataset.text) return false;
-    if (stop.disabled) reject(new Error("the reply ended before Stop could be clicked"));
-    else { stop.click(); resolve(); }
+    if (button.disabled) reject(new Error("the reply ended before the test could act on it"));
+    else { if (stop) button.click(); resolve(); }
     return true;
   };
   if (check()) return;
@@ -57,12 +49,13 @@ STOP_WHEN_TEXT_STREAMS = """() => new Promise((resolve, reject) => {
 })"""
 
 
-def stop_when_text_streams(page) -> None:
-    """Click Stop as soon as the reply being generated shows text, from inside the page.
+def wait_for_streamed_text(page, stop: bool = False) -> None:
+    """Wait, inside the page, until the reply being generated shows text; with `stop`, click Stop right then.
 
-    Polling from the test and then clicking costs Playwright round trips, and on a busy machine the tiny model
-    can finish its whole reply in between (CI saw Stop already disabled)."""
-    page.evaluate(STOP_WHEN_TEXT_STREAMS)
+    Polling from the test costs Playwright round trips, and on a busy machine the tiny model can finish its
+    whole reply between a poll and the next action (CI saw Stop already disabled). Fails if the reply has
+    already ended when its text is seen."""
+    page.evaluate(STREAMED_TEXT, stop)
 
 
 def send_and_wait(page, text: str, max_tokens: int) -> dict:
@@ -274,7 +267,7 @@ def test_settings_belong_to_their_chat_and_a_stopped_reply_survives_a_reload(app
     page.fill("#prompt", "Tell me everything.")
     page.press("#prompt", "Enter")
     page.wait_for_selector("html[data-generating=true]", state="attached")
-    stop_when_text_streams(page)
+    wait_for_streamed_text(page, stop=True)
     page.wait_for_selector("#messages .msg.assistant.interrupted", state="attached")
     partial = last_turn(page)
     assert partial["reason"] == "abort" and 0 < partial["tokens"] < 220, partial

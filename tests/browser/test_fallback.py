@@ -10,7 +10,7 @@ import serve
 from browser_pages import open_and_boot, show_settings, wait_model
 from llama_server import MODEL_NAME, complete, llama_server
 from model_fixtures import gguf_path  # noqa: F401  (fixture)
-from test_chat_app import raw_last_turn, stop_when_text_streams, wait_for_streamed_text, wait_next_turn
+from test_chat_app import raw_last_turn, wait_for_streamed_text, wait_next_turn
 
 PROMPT = "What is the capital of France?"
 STORY = "Write a long story about a dragon."
@@ -117,7 +117,7 @@ def test_a_request_the_pool_cannot_hold_gets_a_message_then_the_server(browser, 
     page.wait_for_selector("#chat-list li:nth-child(2) button[aria-current=true]", state="attached")
     previous = send(page, STORY, 300)
     page.wait_for_selector("html[data-generating=true]", state="attached")
-    stop_when_text_streams(page)
+    wait_for_streamed_text(page, stop=True)
     turn = wait_next_turn(page, previous)
     assert turn["reason"] == "abort" and 0 < turn["tokens"] < 300
     assert "interrupted" in page.locator("#messages .msg.assistant").last.get_attribute("class")
@@ -131,7 +131,7 @@ def test_a_reload_during_a_server_reply_keeps_it_in_the_history(browser, site, l
     set_fallback(page, llama, mode="always")
     send(page, STORY, 300)
     page.wait_for_selector("html[data-generating=true]", state="attached")
-    wait_for_streamed_text(page, polls=600, interval_ms=50)
+    wait_for_streamed_text(page)
     page.wait_for_timeout(400)  # a streaming reply is saved every 300 ms
     chat_id = json.loads(page.evaluate("document.documentElement.dataset.lastStart"))["chat"]
     page.reload()
