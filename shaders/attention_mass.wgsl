@@ -22,7 +22,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> query : array<f32>;              // (num_tokens, n_heads, HEAD_DIM)
-@group(0) @binding(1) var<storage, read> k_cache : array<u32>;            // (num_blocks, block_size, n_kv_heads, ROW_WORDS)
+@group(0) @binding(1) var<storage, read> k_cache : array<u32>;            // (num_blocks, block_size, n_kv_heads, ROW_U32)
 @group(0) @binding(2) var<storage, read> block_tables : array<u32>;       // (num_seqs, max_blocks_per_seq)
 @group(0) @binding(3) var<storage, read> context_lens : array<u32>;       // (num_seqs,) cached tokens, new ones included
 @group(0) @binding(4) var<storage, read> query_start_loc : array<u32>;    // (num_seqs + 1,)
@@ -32,9 +32,15 @@ struct Params {
 override HEAD_DIM : u32 = 64u;
 override KV_F16 : bool = false;
 override WORKGROUP_SIZE : u32 = 64u;
-override ROW_WORDS : u32 = select(HEAD_DIM, HEAD_DIM / 2u, KV_F16);
+override ROW_U32 : u32 = select(HEAD_DIM, HEAD_DIM / 2u, KV_F16);
 override BLOCK_U32 : u32 = 0u;  // u32s from one block's start to the next; 0: block_size tokens' rows
 override HEAD_MAJOR : bool = true;  // a block keeps each kv head's rows together (paged_kv_read.wgsl)
+const SCALES_PER_ROW : u32 = 0u;  // f32 / f16 rows: no scale words
+//#include kv_rows.wgsl
+
+fn kv_heads() -> u32 {
+  return params.n_kv_heads;
+}
 
 const NEG_BIG : f32 = -3.0e38;
 
@@ -50,9 +56,7 @@ fn key_elem(row : u32, i : u32) -> f32 {
 fn score(seq : u32, kv_head : u32, q_off : u32, t : u32) -> f32 {
   let bs = params.block_size;
   let block = block_tables[seq * params.max_blocks_per_seq + t / bs];
-  let stride = select(bs * params.n_kv_heads * ROW_WORDS, BLOCK_U32, BLOCK_U32 != 0u);
-  let r = select((t % bs) * params.n_kv_heads + kv_head, kv_head * bs + t % bs, HEAD_MAJOR);
-  let row = block * stride + r * ROW_WORDS;
+  let row = row_in_block(block_start(block, bs), bs, t % bs, kv_head).x;
   var dot = 0.0;
   for (var i = 0u; i < HEAD_DIM; i++) {
     dot += query[q_off + i] * key_elem(row, i);

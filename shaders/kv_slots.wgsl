@@ -1,14 +1,16 @@
 // Where a new token's K / V row goes, for kv_write.wgsl and kv_write_quant.wgsl (`//#include`; they declare
 // params.n_kv_heads, ROW_U32, SCALES_PER_ROW, BLOCK_U32, BLOCK_TOKENS and HEAD_MAJOR). Cache slot s is token
-// s % BLOCK_TOKENS of block s / BLOCK_TOKENS; blocks follow each other (block_size tokens of token_u32s() u32s)
-// unless BLOCK_U32 is set: then block b starts at u32 b * BLOCK_U32 (pages several models share,
-// py/pagedkv/backends/webgpu/shared_pages.py). Inside a block the layout is kv_rows.wgsl's.
+// s % BLOCK_TOKENS of block s / BLOCK_TOKENS; the blocks' layout is kv_rows.wgsl's.
 
 //#include kv_rows.wgsl
 
+fn kv_heads() -> u32 {
+  return params.n_kv_heads;
+}
+
 // The first u32 of the block holding cache slot `slot`.
 fn slot_block(slot : u32) -> u32 {
-  return (slot / BLOCK_TOKENS) * select(BLOCK_TOKENS * token_u32s(), BLOCK_U32, BLOCK_U32 != 0u);
+  return block_start(slot / BLOCK_TOKENS, BLOCK_TOKENS);
 }
 
 // The first data u32 (x) and the first scale word (y) of kv head `kv_head`'s row in cache slot `slot`.
@@ -18,7 +20,7 @@ fn slot_row(slot : u32, kv_head : u32) -> vec2<u32> {
 
 // The first of cache slot `slot`'s padding u32s (token_u32s() - n_kv_heads * (ROW_U32 + SCALES_PER_ROW) of them).
 fn slot_padding(slot : u32) -> u32 {
-  let used = params.n_kv_heads * (ROW_U32 + SCALES_PER_ROW);
+  let used = kv_heads() * (ROW_U32 + SCALES_PER_ROW);
   let offset = slot % BLOCK_TOKENS;
   if (HEAD_MAJOR) {
     return slot_block(slot) + BLOCK_TOKENS * used + offset * (token_u32s() - used);

@@ -21,7 +21,6 @@ override HEAD_DIM : u32 = 64u;
 override Q_ROWS : u32 = 576u;       // n_heads * HEAD_DIM
 override KV_ROWS : u32 = 192u;      // n_kv_heads * HEAD_DIM
 override KV_OUT : u32 = 1u;         // 0 f32 cache, 1 f16 cache, 2 f32 rows for kv_write_quant
-override TOKEN_U32 : u32 = 96u;     // u32s of one cache slot (GpuKVLayout: a multiple of 4)
 override BLOCK_U32 : u32 = 0u;      // u32s from one block's start to the next; 0: blocks follow each other
 override BLOCK_TOKENS : u32 = 16u;  // tokens per block (the cache's block_size)
 override HEAD_MAJOR : bool = true;  // a block keeps each kv head's rows together (paged_kv_read.wgsl)
@@ -40,14 +39,16 @@ fn rope4(t : u32, r : u32, a : vec4<f32>) -> vec4<f32> {
                    a.z * c1.x - a.w * c1.y, a.z * c1.y + a.w * c1.x);
 }
 
-// The first u32 of kv head `kv_head`'s row in cache slot `slot` (kv_slots.wgsl's addressing; f32 / f16 rows
-// have no scale words and a token no padding).
+const SCALES_PER_ROW : u32 = 0u;  // f32 / f16 rows: no scale words
+//#include kv_rows.wgsl
+
+fn kv_heads() -> u32 {
+  return KV_ROWS / HEAD_DIM;
+}
+
+// The first u32 of kv head `kv_head`'s row in cache slot `slot` (kv_slots.wgsl's cache slots).
 fn slot_row(slot : u32, kv_head : u32) -> u32 {
-  let start = (slot / BLOCK_TOKENS) * select(BLOCK_TOKENS * TOKEN_U32, BLOCK_U32, BLOCK_U32 != 0u);
-  if (HEAD_MAJOR) {
-    return start + (kv_head * BLOCK_TOKENS + slot % BLOCK_TOKENS) * ROW_U32;
-  }
-  return start + (slot % BLOCK_TOKENS) * TOKEN_U32 + kv_head * ROW_U32;
+  return row_in_block(block_start(slot / BLOCK_TOKENS, BLOCK_TOKENS), BLOCK_TOKENS, slot % BLOCK_TOKENS, kv_head).x;
 }
 
 fn put_kv(is_v : bool, i : u32, word : vec4<u32>) {

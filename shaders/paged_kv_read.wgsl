@@ -65,6 +65,10 @@ fn unpack8(x : vec4<u32>, y : vec4<u32>) -> mat4x4<f32> {
 
 //#include kv_rows.wgsl
 
+fn kv_heads() -> u32 {
+  return params.n_kv_heads;
+}
+
 // Where one row of the cache is: its first data u32 and its first scale word (quantized formats).
 struct KVRow {
   data : u32,
@@ -73,8 +77,7 @@ struct KVRow {
 
 // The row of kv head `kv_head` in token `offset` of physical block `block`.
 fn kv_row(block : u32, offset : u32, kv_head : u32) -> KVRow {
-  let bs = params.block_size;
-  let at = row_in_block(block * select(bs * token_u32s(), BLOCK_U32, BLOCK_U32 != 0u), bs, offset, kv_head);
+  let at = row_in_block(block_start(block, params.block_size), params.block_size, offset, kv_head);
   return KVRow(at.x, at.y);
 }
 

@@ -92,7 +92,7 @@ def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
     decode = layer_program(b, PlanKey.of(1, 1))
     assert len(decode[0]) == 1 + 2 * 5  # the gpu family's fused decode layer
     layer = [(d.shader, d.constants) for d in decode[0][1:6]]
-    rope_kv = (("HEAD_DIM", 16), ("Q_ROWS", 64), ("KV_ROWS", 32), ("KV_OUT", 1), ("TOKEN_U32", 16),
+    rope_kv = (("HEAD_DIM", 16), ("Q_ROWS", 64), ("KV_ROWS", 32), ("KV_OUT", 1),
                ("BLOCK_TOKENS", 16), ("HEAD_MAJOR", 1))
     assert layer == [
         ("matvec_gpu_sg_q4_1_rope_kv", (("WORKGROUP_SIZE", 64), ("NORM", 1), *rope_kv)),  # bias, RoPE, KV write

@@ -97,7 +97,7 @@ async def case_rope_kv(kv_out, positions, slots, seed, n_heads=9, n_kv=3, head_d
     cache_words = num_blocks * stride if kv_out != "rows" else t * kv_dim
     caches = [rng.integers(0, 2**32, cache_words, dtype=np.uint32) for _ in range(2)]  # K, V
     constants = dict(call.constants, HEAD_DIM=head_dim, Q_ROWS=hidden, KV_ROWS=kv_dim,
-                     KV_OUT={"f32": 0, "f16": 1, "rows": 2}[kv_out], TOKEN_U32=token_u32, BLOCK_TOKENS=block_tokens,
+                     KV_OUT={"f32": 0, "f16": 1, "rows": 2}[kv_out], BLOCK_TOKENS=block_tokens,
                      HEAD_MAJOR=int(head_major), **({"BLOCK_U32": block_u32} if block_u32 else {}))
     qs = bytes(parts["qs"]) + gain.tobytes()  # the norm weight follows the codes (fused.stack_rows)
     bindings = {0: np.frombuffer(qs, np.uint8), 1: np.frombuffer(parts["dm"], np.uint8), 2: x,

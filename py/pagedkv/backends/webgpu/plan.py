@@ -112,7 +112,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         quantized = lay.kind.quantized
         constants = (("HEAD_DIM", cfg.head_dim), ("Q_ROWS", cfg.n_heads * cfg.head_dim), ("KV_ROWS", cfg.kv_dim),
                      ("KV_OUT", 2 if quantized else 1 if lay.dtype == "f16" else 0),
-                     ("TOKEN_U32", lay.spec.token_u32s), ("BLOCK_TOKENS", lay.block_size),
+                     ("BLOCK_TOKENS", lay.block_size),
                      ("HEAD_MAJOR", lay.constants["HEAD_MAJOR"]),
                      *((("BLOCK_U32", lay.constants["BLOCK_U32"]),) if "BLOCK_U32" in lay.constants else ()))
         bias = w[p + "attn_qkv.bias"][1][0] if cfg.attention_bias else s["zero_bias"]
