@@ -134,16 +134,16 @@ def invocations(kk: KVKernels, dispatches: list) -> int:
 
 
 def family_linear(ctx, family: str, kind: str, dtype: str, rows: int, cols: int, t: int,
-                  variant: str, whole_blocks: bool = False) -> ops.KernelCall:
+                  variant: str, whole_blocks: bool = False, thread_tokens: int = 4) -> ops.KernelCall:
     """The KernelCall a plan of kernel `family` records for this projection on device `ctx` (the gpu family
     with subgroups and in f16 where the device has them, in its default workgroup shapes; whole_blocks: its
-    matvec with WHOLE_BLOCKS)."""
+    matvec with WHOLE_BLOCKS; thread_tokens: its matmul's tokens a thread, THREAD_TOKENS)."""
     flags = {"accumulate": variant == "accumulate", "swiglu": variant == "swiglu"}
     norm = {"norm_eps": 1e-5} if variant == "norm" and kind == "matvec" else {}
     if family == "cpu":
         return (ops.matvec_call if kind == "matvec" else ops.matmul_call)(dtype, rows, cols, t, **flags, **norm)
     if kind == "matmul":
-        return ops.matmul_gpu_call(dtype, rows, cols, t, **flags)
+        return ops.matmul_gpu_call(dtype, rows, cols, t, (*ops.GPU_MATMUL_SHAPE, thread_tokens), **flags)
     features = ctx.info.features
     return ops.matvec_gpu_call(dtype, rows, cols, t, "subgroups" in features, **flags, **norm,
                                f16="shader-f16" in features, whole_blocks=whole_blocks)
@@ -164,16 +164,19 @@ async def linear_rows(b: Bench, names: list[str], tokens: int, rng) -> None:
             moved = weight_bytes + t * cols * 4 + t * out_rows * 4 * (2 if variant == "accumulate" else 1)
             copies = max(1, -(-b.rotate_bytes // weight_bytes))  # rotated through more than the L2 holds
             weights = [(b.upload(qs, "qs"), b.upload(parts[list(parts)[1]], "s")) for _ in range(copies)]
-            runs = [(family, False) for family in ops.FAMILIES]
+            runs = [(family, False, 4) for family in ops.FAMILIES]
             if kind == "matvec" and ops.whole_blocks_apply(cols, ops.GpuShapes().matvec, 8 if dtype == "q8_0" else 4):
-                runs.append(("gpu", True))  # its lanes taking whole blocks (WHOLE_BLOCKS): the row "...:whole"
-            for family, whole in runs:
-                call = family_linear(b.ctx, family, kind, dtype, rows, cols, t, variant, whole)
+                runs.append(("gpu", True, 4))  # its lanes taking whole blocks (WHOLE_BLOCKS): the row "...:whole"
+            if kind == "matmul" and dtype in ops.GPU_MATMUL_TYPES:  # 2 or 1 token a thread: the rows "...:t2", ":t1"
+                runs += [("gpu", False, per) for per in ops.GPU_THREAD_TOKENS[1:]]
+            for family, whole, per in runs:
+                call = family_linear(b.ctx, family, kind, dtype, rows, cols, t, variant, whole, per)
                 dispatches = []
                 for w in weights:
                     one, n = await b.call(call, [*w, x, y])
                     dispatches += one
-                await b.row(f"{name}:{call.shader}{':whole' if whole else ''}", phase, dispatches, moved, n,
+                tag = (":whole" if whole else "") + (f":t{per}" if per != 4 else "")
+                await b.row(f"{name}:{call.shader}{tag}", phase, dispatches, moved, n,
                             per=copies, family=family, rows=rows, cols=cols, tokens=t, weight_copies=copies)
             for w in weights:
                 for buf in w:

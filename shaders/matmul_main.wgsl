@@ -97,5 +97,5 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
       acc7 += rows4(e_lo, e_hi, f_lo, f_hi, g_lo, g_hi, h_lo, h_hi, xl, xh);
     }
   }
-  put_tile(t0, r0, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
+  put_tile(t0, r0, 4u, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7);
 }

@@ -8,22 +8,30 @@ fn store(t : u32, r0 : u32, acc : vec4<f32>) {
   }
 }
 
-// The caller has checked t0 < tokens and r0 < rows; later tokens and rows past the end are not written.
-fn put_tile(t0 : u32, r0 : u32, acc0 : vec4<f32>, acc1 : vec4<f32>, acc2 : vec4<f32>, acc3 : vec4<f32>,
+// The caller has checked t0 < tokens and r0 < rows; the tile holds `n` tokens (4, 2 or 1: acc4..acc7, then
+// acc2, acc3 unused), and tokens and rows past the end are not written.
+fn put_tile(t0 : u32, r0 : u32, n : u32, acc0 : vec4<f32>, acc1 : vec4<f32>, acc2 : vec4<f32>, acc3 : vec4<f32>,
             acc4 : vec4<f32>, acc5 : vec4<f32>, acc6 : vec4<f32>, acc7 : vec4<f32>) {
+  let last = min(params.tokens, t0 + n);  // one past this tile's last token
   if (SWIGLU) {  // acc0: gate rows of token t0, acc1: their up rows
     put_act(t0, r0, acc0, acc1);
-    if (t0 + 1u < params.tokens) { put_act(t0 + 1u, r0, acc2, acc3); }
-    if (t0 + 2u < params.tokens) { put_act(t0 + 2u, r0, acc4, acc5); }
-    if (t0 + 3u < params.tokens) { put_act(t0 + 3u, r0, acc6, acc7); }
+    if (t0 + 1u < last) { put_act(t0 + 1u, r0, acc2, acc3); }
+    if (t0 + 2u < last) { put_act(t0 + 2u, r0, acc4, acc5); }
+    if (t0 + 3u < last) { put_act(t0 + 3u, r0, acc6, acc7); }
     return;
   }
   store(t0, r0, acc0);
   store(t0, r0 + 4u, acc1);
-  store(t0 + 1u, r0, acc2);
-  store(t0 + 1u, r0 + 4u, acc3);
-  store(t0 + 2u, r0, acc4);
-  store(t0 + 2u, r0 + 4u, acc5);
-  store(t0 + 3u, r0, acc6);
-  store(t0 + 3u, r0 + 4u, acc7);
+  if (t0 + 1u < last) {
+    store(t0 + 1u, r0, acc2);
+    store(t0 + 1u, r0 + 4u, acc3);
+  }
+  if (t0 + 2u < last) {
+    store(t0 + 2u, r0, acc4);
+    store(t0 + 2u, r0 + 4u, acc5);
+  }
+  if (t0 + 3u < last) {
+    store(t0 + 3u, r0, acc6);
+    store(t0 + 3u, r0 + 4u, acc7);
+  }
 }

@@ -5,6 +5,8 @@ import json
 import time
 from dataclasses import replace
 
+import pytest
+
 from pagedkv.backends.webgpu import model_kernels as ops
 from pagedkv.backends.webgpu.tuning import Budget, JsonFileStore, JsonInStore, cache_key
 from pagedkv.engine import run_sync
@@ -64,6 +66,21 @@ def test_matmul_workgroup_memory_of_the_candidates():
     assert ops.matmul_gpu_workgroup_bytes((64, 4)) == 13824
     assert ops.matmul_gpu_workgroup_bytes((128, 8)) == 18432
     assert ops.matmul_gpu_workgroup_bytes((128, 16)) == 23040
+    assert ops.matmul_gpu_workgroup_bytes((64, 8, 2)) == (64 + 16) * 144  # half the tokens staged
+    assert ops.matmul_gpu_workgroup_bytes((64, 8, 1)) == 10368
+    assert ops.matmul_gpu_workgroup_bytes((128, 16, 1)) == (128 + 8) * 144
+
+
+def test_matmul_tokens_a_thread_set_the_grid_and_constants():
+    four, two, one = (ops.matmul_gpu_call("q4_1", 3072, 576, 128, shape, swiglu=True)
+                      for shape in ((64, 8), (64, 8, 2), (64, 8, 1)))
+    assert (four.workgroups, two.workgroups, one.workgroups) == ((48, 4, 1), (48, 8, 1), (48, 16, 1))
+    assert "THREAD_TOKENS" not in dict(four.constants) and four.constants == ops.matmul_gpu_call(
+        "q4_1", 3072, 576, 128, (64, 8, 4), swiglu=True).constants  # 4 is the default: the same pipeline
+    assert dict(two.constants)["THREAD_TOKENS"] == 2 and dict(one.constants)["THREAD_TOKENS"] == 1
+    for bad in ((64, 8, 3), (64, 8, 8), (64,), (64, 8, 1, 1)):
+        with pytest.raises(ValueError, match="matmul"):
+            ops.matmul_gpu_call("q4_1", 3072, 576, 128, bad)
 
 
 def test_the_budget_counts_only_measuring_time():

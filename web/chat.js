@@ -158,7 +158,8 @@ export function onModelReady(msg) {
   const slots = Object.entries(tuned?.choice.matvec_slots ?? {}).map(
     ([slot, [t, g]]) => `${slot} ${t}x${g}${whole.has(slot) ? " whole" : ""}`);
   kernels.textContent = kernels.dataset.family + (tuned ? `; tuned (${tuned.source}): matvec ${tuned.choice.matvec} ` +
-    `threads, matmul ${tuned.choice.matmul[0]} threads x ${tuned.choice.matmul[1]} along rows, decode attention ` +
+    `threads, matmul ${tuned.choice.matmul[0]} threads x ${tuned.choice.matmul[1]} along rows x ` +
+    `${tuned.choice.matmul[2] ?? 4} tokens a thread, decode attention ` +
     `split for ${tuned.choice.split} workgroups; per projection (threads x row groups): ${slots.join(", ")}` : "");
   $("mem-kv-dtype").disabled = msg.backend === "cpu";  // the numpy fallback keeps f32 K/V
   $("mem-kv-dtype").title = msg.backend === "cpu" ? "the CPU fallback keeps f32 KV" : "";

@@ -70,16 +70,19 @@ def _errors(got, want, scale=None):
     return out
 
 
-async def case_linear(kernel, dtype, rows, cols, tokens, seed, accumulate=False, norm=False, family="cpu"):
+async def case_linear(kernel, dtype, rows, cols, tokens, seed, accumulate=False, norm=False, family="cpu",
+                      matmul_shape=ops.GPU_MATMUL_SHAPE):
     """accumulate: the ACCUMULATE variant adds into a random y0 (the fused residual add);
-    norm: the NORM variant multiplies rms_norm(x, g) (the fused RMSNorm); family: kernel_calls.run_linear's."""
+    norm: the NORM variant multiplies rms_norm(x, g) (the fused RMSNorm); family, matmul_shape:
+    kernel_calls.run_linear's."""
     ctx = await _context()
     parts = _weights(dtype, rows, cols, seed)
     rng = np.random.default_rng(seed + 1)
     x = rng.standard_normal((tokens, cols), dtype=np.float32) * (3 if norm else 1)  # (T, cols)
     y0 = rng.standard_normal((tokens, rows), dtype=np.float32) * 4 if accumulate else None  # (T, rows)
     gain = (rng.standard_normal(cols, dtype=np.float32), 1e-5) if norm else None  # ((cols,), eps)
-    got = await calls.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, y0=y0, norm=gain, family=family)
+    got = await calls.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, y0=y0, norm=gain, family=family,
+                                 matmul_shape=tuple(matmul_shape))
     if norm:
         x = ref.rms_norm(x, gain[0], gain[1])  # (T, cols)
     want = _linear_ref(x, dtype, (rows, cols), parts)
@@ -143,7 +146,8 @@ async def case_rope(positions, n_heads, n_kv_heads, head_dim, seed, base=100000.
             "v_equal": bool(np.array_equal(got_v, v))}
 
 
-async def case_linear_swiglu(kernel, dtype, rows, cols, tokens, seed, norm=False, family="cpu"):
+async def case_linear_swiglu(kernel, dtype, rows, cols, tokens, seed, norm=False, family="cpu",
+                             matmul_shape=ops.GPU_MATMUL_SHAPE):
     """The SWIGLU variant: W's rows are gate / up interleaved in runs of 4 (backends/webgpu/fused.stack_rows);
     the kernel returns silu(gate) * up (T, rows / 2), here against ref.swiglu of the two halves."""
     ctx = await _context()
@@ -152,7 +156,7 @@ async def case_linear_swiglu(kernel, dtype, rows, cols, tokens, seed, norm=False
     x = rng.standard_normal((tokens, cols), dtype=np.float32) * 3  # (T, cols)
     gain = (rng.standard_normal(cols, dtype=np.float32), 1e-5) if norm else None  # ((cols,), eps)
     got = await calls.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, norm=gain, swiglu=True,
-                                 family=family)  # (T, rows/2)
+                                 family=family, matmul_shape=tuple(matmul_shape))  # (T, rows/2)
     if norm:
         x = ref.rms_norm(x, gain[0], gain[1])
     y = _linear_ref(x, dtype, (rows, cols), parts).reshape(tokens, rows // 8, 2, 4)  # runs of 4

@@ -162,6 +162,25 @@ def test_matmul_matches_reference(worker, dtype, family):
     assert_linear(results)
 
 
+@pytest.mark.parametrize("shape", [(64, 8, 2), (64, 8, 1), (128, 16, 1)])
+def test_gpu_matmul_with_fewer_tokens_a_thread(worker, shape):
+    """The gpu family's tiled matmul with 2 or 1 token a thread (THREAD_TOKENS, a first-boot tuning candidate):
+    plain, ACCUMULATE and SWIGLU against numpy, with partial row and token tiles, a 4-bit, an 8-bit and a
+    K-quant type."""
+    cases = [("q4_1", 960, 576, 130), ("q8_0", 200, 32, 33), ("q4_K", 576, 256, 7), ("q4_1", 36, 64, 1)]
+    plain = run(worker, [f"case_linear('matmul', '{d}', {r}, {c}, {t}, seed=5, family='gpu', matmul_shape={shape})"
+                         for d, r, c, t in cases])
+    added = run(worker, [f"case_linear('matmul', '{d}', {r}, {c}, {t}, seed=12, accumulate=True, family='gpu', "
+                         f"matmul_shape={shape})" for d, r, c, t in cases[:2]])
+    assert [(r["family"], r["shape"]) for r in plain + added] == [("gpu", [t, r]) for _, r, _, t in cases + cases[:2]]
+    assert_linear(plain + added)
+    gated = run(worker, [f"case_linear_swiglu('matmul', 'q4_1', 3072, 576, {t}, seed=15, family='gpu', "
+                         f"matmul_shape={shape})" for t in (5, 130)])
+    assert [r["shape"] for r in gated] == [[5, 1536], [130, 1536]]
+    for r in gated:
+        assert r["max_scaled"] <= SWIGLU_REL_BOUND and r["max_rel"] <= LINEAR_REL_BOUND, r
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_float_weights_every_linear_variant_and_the_embedding(worker, dtype):
     """f32 / f16 / bf16 matrices: matvec in every family and the cpu family's matmul (the gpu family prefills

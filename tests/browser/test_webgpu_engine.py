@@ -190,6 +190,11 @@ def test_app_loads_the_model_on_the_chosen_backend(browser, base_url, query, bac
                              "json.dumps(state['engine'].backend.gpu_shapes.split)") == tuned["choice"]["split"]
             assert f"decode attention split for {tuned['choice']['split']} workgroups" in booted.page.locator(
                 "#adapter-kernels").inner_text()
+            threads, groups, *per = tuned["choice"]["matmul"]  # tokens a thread: 4 unless a third number says
+            assert (f"matmul {threads} threads x {groups} along rows x {per[0] if per else 4} tokens a thread"
+                    in booted.page.locator("#adapter-kernels").inner_text())
+            assert booted.py("import json\nfrom pagedkv_app.main import state\n"
+                             "json.dumps(state['engine'].backend.gpu_shapes.matmul)") == tuned["choice"]["matmul"]
             threads, groups = tuned["choice"]["matvec_slots"]["lm_head"]
             assert f"lm_head {threads}x{groups}" in booted.page.locator("#adapter-kernels").inner_text()
         else:

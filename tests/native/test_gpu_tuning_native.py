@@ -41,7 +41,8 @@ def test_candidates_are_timed_and_the_choice_is_cached_then_reused(native_loop, 
     assert list(first["timings"]["split"]) == [str(a) for a in tuning.SPLIT_CANDIDATES] == ["96", "24", "48", "192",
                                                                                           "384"]
     # lavapipe's 64 KiB of workgroup memory fits every matmul candidate
-    assert list(first["timings"]["matmul"]) == ["(64, 8)", "(64, 4)", "(128, 8)", "(128, 16)"]
+    assert list(first["timings"]["matmul"]) == [str(c) for c in tuning.MATMUL_CANDIDATES] == [
+        "(64, 8)", "(64, 4)", "(128, 8)", "(128, 16)", "(64, 8, 2)", "(64, 8, 1)", "(128, 16, 1)"]
     # each projection's own matvec threads and row groups: q|k|v, o, gate|up, down and the LM head
     slots = first["timings"].pop("matvec_slots")
     assert sorted(slots) == ["lin_down", "lin_ffn", "lin_h", "lin_qkv", "lm_head"]

@@ -30,9 +30,11 @@ MATMUL_TILE = (8, 4)  # (rows, tokens) per thread in matmul_*.wgsl
 FAMILIES = ("cpu", "gpu")  # kernel families: cpu for software adapters (SwiftShader, lavapipe), gpu for real GPUs
 MATVEC_ROW_GROUPS = (1, 2, 4, 8)  # groups of 8 rows a gpu-family matvec workgroup may hold (matvec_gpu_main.wgsl)
 GPU_WORKGROUP_SIZES = (64, 128, 256)  # threads of a gpu-family matvec workgroup (a power of two: reduce_tree.wgsl)
-# A gpu-family matmul workgroup (matmul_gpu_main.wgsl): (threads, threads along rows); each thread owns 8 rows x
-# 4 tokens, so the default tile is 64 rows x 32 tokens, staged in 13.5 KiB of workgroup memory.
+# A gpu-family matmul workgroup (matmul_gpu_main.wgsl): (threads, threads along rows[, tokens a thread: 4, 2 or
+# 1, default 4]); each thread owns 8 rows x 4 tokens by default, so the default tile is 64 rows x 32 tokens,
+# staged in 13.5 KiB of workgroup memory.
 GPU_MATMUL_SHAPE = (64, 8)
+GPU_THREAD_TOKENS = (4, 2, 1)
 # Weight types with a gpu-family tiled matmul: every quantized type (K-quants too: a word's weights decoded with
 # its block's scales as the matvec decodes them). A model with a float matrix prefills on the cpu family's
 # matmuls (a step's grid per slot is shared by every layer, so the choice is per model: WebGpuBackend.gpu_matmul).
@@ -48,7 +50,7 @@ class GpuShapes:
     until first-boot tuning picks the adapter's own."""
 
     matvec: int = GPU_WORKGROUP_SIZES[0]
-    matmul: tuple[int, int] = GPU_MATMUL_SHAPE
+    matmul: tuple[int, ...] = GPU_MATMUL_SHAPE
     split: int = SPLIT_WORKGROUPS
     # (plan slot, matvec threads, row groups) where a projection has its own (matvec_gpu_call's row_groups)
     matvec_slots: tuple[tuple[str, int, int], ...] = ()
@@ -193,35 +195,48 @@ def gpu_matvec_shader(dtype: str, subgroups: bool, f16: bool, io: str = "") -> s
     return f"matvec_gpu_{'sg_' if subgroups else ''}{'f16_' if f16 else ''}{dtype}{io}"
 
 
-def matmul_gpu_call(dtype: str, rows: int, cols: int, tokens: int, shape: tuple[int, int] = GPU_MATMUL_SHAPE,
+def matmul_gpu_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(threads, threads along rows, tokens a thread) of a gpu-family matmul shape (GPU_MATMUL_SHAPE's form)."""
+    if len(shape) not in (2, 3):
+        raise ValueError(f"a gpu-family matmul shape is (threads, threads along rows[, tokens a thread]), got {shape}")
+    threads, row_groups, per = (*shape, 4)[:3]
+    if (threads not in GPU_WORKGROUP_SIZES or row_groups not in (2, 4, 8, 16) or row_groups >= threads
+            or per not in GPU_THREAD_TOKENS):
+        raise ValueError(f"a gpu-family matmul workgroup is (threads in {GPU_WORKGROUP_SIZES}, threads along rows "
+                         f"in 2..16, a power of two below threads[, tokens a thread in {GPU_THREAD_TOKENS}]), "
+                         f"got {shape}")
+    return threads, row_groups, per
+
+
+def matmul_gpu_call(dtype: str, rows: int, cols: int, tokens: int, shape: tuple[int, ...] = GPU_MATMUL_SHAPE,
                     accumulate: bool = False, swiglu: bool = False) -> KernelCall:
     """matmul_call's result from the gpu family (matmul_gpu_main.wgsl): a workgroup of shape = (threads,
-    threads along rows) stages a tile of 8 * shape[1] rows x 4 * shape[0] / shape[1] tokens through
-    workgroup memory, one 32-weight block at a time. Same buffers as matmul_call."""
+    threads along rows[, tokens a thread, default 4]) stages a tile of 8 * shape[1] rows x shape[2] *
+    shape[0] / shape[1] tokens through workgroup memory, one 32-weight block at a time. Same buffers as
+    matmul_call."""
     _weight(dtype, rows, cols)
     if dtype not in GPU_MATMUL_TYPES:
         raise ValueError(f"the gpu family's tiled matmul takes {list(GPU_MATMUL_TYPES)}, got {dtype!r}")
     _positive(tokens=tokens)
     _check_swiglu(rows, swiglu, accumulate)
-    threads, row_groups = shape
-    if threads not in GPU_WORKGROUP_SIZES or row_groups not in (2, 4, 8, 16) or row_groups >= threads:
-        raise ValueError(f"a gpu-family matmul workgroup is (threads in {GPU_WORKGROUP_SIZES}, threads along rows "
-                         f"in 2..16, a power of two below threads), got {shape}")
-    grid = (_ceil(rows, 8 * row_groups), _ceil(tokens, 4 * threads // row_groups), 1)
+    threads, row_groups, per = matmul_gpu_shape(shape)
+    grid = (_ceil(rows, 8 * row_groups), _ceil(tokens, per * threads // row_groups), 1)
     return KernelCall(f"matmul_gpu_{dtype}", matmul_gpu_constants(shape, accumulate, swiglu), grid,
                       uniform_words(rows, cols, tokens).tobytes())
 
 
-def matmul_gpu_workgroup_bytes(shape: tuple[int, int]) -> int:
-    """Workgroup memory of matmul_gpu_main.wgsl's tiles in `shape`: (8 * row groups + 4 * token groups) staged
-    rows of 9 vec4<f32> (8 and one of padding)."""
-    threads, row_groups = shape
-    return (8 * row_groups + 4 * threads // row_groups) * 9 * 16
+def matmul_gpu_workgroup_bytes(shape: tuple[int, ...]) -> int:
+    """Workgroup memory of matmul_gpu_main.wgsl's tiles in `shape`: (8 * row groups + tokens a thread * token
+    groups) staged rows of 9 vec4<f32> (8 and one of padding)."""
+    threads, row_groups, per = matmul_gpu_shape(shape)
+    return (8 * row_groups + per * threads // row_groups) * 9 * 16
 
 
-def matmul_gpu_constants(shape: tuple[int, int], accumulate: bool = False, swiglu: bool = False) -> tuple:
-    """Pipeline constants of matmul_gpu_*: linear_constants' and ROW_GROUPS."""
-    return linear_constants(shape[0], accumulate, swiglu=swiglu) + (("ROW_GROUPS", shape[1]),)
+def matmul_gpu_constants(shape: tuple[int, ...], accumulate: bool = False, swiglu: bool = False) -> tuple:
+    """Pipeline constants of matmul_gpu_*: linear_constants' and ROW_GROUPS (and THREAD_TOKENS where not 4)."""
+    threads, row_groups, per = matmul_gpu_shape(shape)
+    return (linear_constants(threads, accumulate, swiglu=swiglu) + (("ROW_GROUPS", row_groups),)
+            + ((("THREAD_TOKENS", per),) if per != 4 else ()))
 
 
 def linear_pipeline(family: str, subgroups: bool, kind: str, dtype: str, accumulate: bool = False,

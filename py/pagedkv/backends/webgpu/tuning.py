@@ -36,7 +36,9 @@ MATVEC_CANDIDATES = (64, 128, 256)  # threads of a matvec workgroup
 # with WHOLE_BLOCKS too, (threads, row groups, "whole"), after these
 SLOT_CANDIDATES = ((64, 1), (128, 1), (256, 1), (64, 2), (64, 4), (64, 8))
 WHOLE = "whole"
-MATMUL_CANDIDATES = ((64, 8), (64, 4), (128, 8), (128, 16))  # (threads, threads along rows), as fit the device
+# (threads, threads along rows[, tokens a thread]), as fit the device; 2 or 1 token a thread: 2x / 4x the threads
+# of the 4-token tiles, for GPUs that a 128-token prompt's 12,288 gate|up threads leave mostly idle
+MATMUL_CANDIDATES = ((64, 8), (64, 4), (128, 8), (128, 16), (64, 8, 2), (64, 8, 1), (128, 16, 1))
 SPLIT_CANDIDATES = (SPLIT_WORKGROUPS, 24, 48, 192, 384)  # decode attention's workgroup aim; the default first
 SPLIT_CONTEXT = 2048  # tokens of the decode step the splits are timed on (one sequence)
 PREFILL_TOKENS = 128
