@@ -1,12 +1,9 @@
-// Where a new token's K / V row goes, for kv_write.wgsl and kv_write_quant.wgsl (`//#include`; they declare
-// params.n_kv_heads, ROW_U32, SCALES_PER_ROW, BLOCK_U32, BLOCK_TOKENS and HEAD_MAJOR). Cache slot s is token
-// s % BLOCK_TOKENS of block s / BLOCK_TOKENS; the blocks' layout is kv_rows.wgsl's.
+// Where a new token's K / V row goes, for kv_write.wgsl, kv_write_quant.wgsl and the q|k|v projection's
+// rope_kv epilogue (matvec_io_rope_kv.wgsl) (`//#include`; they declare ROW_U32, SCALES_PER_ROW, BLOCK_U32,
+// BLOCK_TOKENS, HEAD_MAJOR and kv_heads(), as kv_rows.wgsl asks). Cache slot s is token s % BLOCK_TOKENS of
+// block s / BLOCK_TOKENS; the blocks' layout is kv_rows.wgsl's.
 
 //#include kv_rows.wgsl
-
-fn kv_heads() -> u32 {
-  return params.n_kv_heads;
-}
 
 // The first u32 of the block holding cache slot `slot`.
 fn slot_block(slot : u32) -> u32 {

@@ -36,6 +36,10 @@ fn to_f16_word(a : vec4<f32>, b : vec4<f32>) -> vec4<u32> {
   return vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw));
 }
 
+fn kv_heads() -> u32 {
+  return params.n_kv_heads;
+}
+
 //#include kv_slots.wgsl
 
 @compute @workgroup_size(WORKGROUP_SIZE)

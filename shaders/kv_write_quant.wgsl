@@ -45,6 +45,10 @@ override HEAD_MAJOR : bool = true;  // a block keeps each kv head's rows togethe
 var<workgroup> lows : array<f32, WORKGROUP_SIZE>;   // each word's min (int4-asym) or 0
 var<workgroup> highs : array<f32, WORKGROUP_SIZE>;  // each word's max (int4-asym) or |max|
 
+fn kv_heads() -> u32 {
+  return params.n_kv_heads;
+}
+
 //#include kv_slots.wgsl
 
 fn load(is_v : bool, i : u32) -> f32 {

@@ -1,9 +1,10 @@
-// The epilogue of an 8-row x 4-token register tile, shared by matmul_main.wgsl (cpu family) and
+// The epilogue of an 8-row x (up to) 4-token register tile, shared by matmul_main.wgsl (cpu family) and
 // matmul_gpu_main.wgsl (gpu family), expanded at their `//#include matmul_tile_store.wgsl` line, after
 // quant_epilogue.wgsl. acc0 / acc1: token t0, rows r0..r0+3 / r0+4..r0+7; acc2 / acc3: token t0+1, ...
 
+// Token t is below params.tokens (put_tile checks it); rows past the end are not written.
 fn store(t : u32, r0 : u32, acc : vec4<f32>) {
-  if (t < params.tokens && r0 < params.rows) {
+  if (r0 < params.rows) {
     put4(t, r0, acc);
   }
 }

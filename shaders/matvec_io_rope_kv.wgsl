@@ -40,16 +40,12 @@ fn rope4(t : u32, r : u32, a : vec4<f32>) -> vec4<f32> {
 }
 
 const SCALES_PER_ROW : u32 = 0u;  // f32 / f16 rows: no scale words
-//#include kv_rows.wgsl
 
 fn kv_heads() -> u32 {
   return KV_ROWS / HEAD_DIM;
 }
 
-// The first u32 of kv head `kv_head`'s row in cache slot `slot` (kv_slots.wgsl's cache slots).
-fn slot_row(slot : u32, kv_head : u32) -> u32 {
-  return row_in_block(block_start(slot / BLOCK_TOKENS, BLOCK_TOKENS), BLOCK_TOKENS, slot % BLOCK_TOKENS, kv_head).x;
-}
+//#include kv_slots.wgsl
 
 fn put_kv(is_v : bool, i : u32, word : vec4<u32>) {
   if (is_v) {
@@ -86,7 +82,7 @@ fn store8(t : u32, r0 : u32, lo : vec4<f32>, hi : vec4<f32>) {
     put_kv(is_v, i + 1u, bitcast<vec4<u32>>(b));
     return;
   }
-  let base = slot_row(slot_mapping[t], e / HEAD_DIM);
+  let base = slot_row(slot_mapping[t], e / HEAD_DIM).x;
   let d = e % HEAD_DIM;  // the first of the 8 values within the head's row
   if (KV_OUT == 1u) {
     put_kv(is_v, (base + d / 2u) / 4u, vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy),
