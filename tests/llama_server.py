@@ -21,8 +21,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def llama_server(gguf: Path):
-    """Start llama.cpp's HTTP server on `gguf`; yields its origin (http://127.0.0.1:PORT); stopped on exit."""
+def llama_server(gguf: Path, n_ctx: int = 1024):
+    """Start llama.cpp's HTTP server on `gguf` with an `n_ctx`-token context; yields its origin
+    (http://127.0.0.1:PORT); stopped on exit."""
     try:
         import xllamacpp
     except ImportError:
@@ -31,7 +32,7 @@ def llama_server(gguf: Path):
     params = xllamacpp.CommonParams()
     params.model.path = str(gguf)
     params.model_alias = {MODEL_NAME}
-    params.n_ctx = 1024
+    params.n_ctx = n_ctx
     params.n_parallel = 1
     params.cpuparams.n_threads = 2
     params.cpuparams_batch.n_threads = 2

@@ -97,7 +97,7 @@ def test_unsupported_quant_type_is_named(tmp_path):
 
 def test_unsupported_architecture_is_named(tmp_path):
     write_llama_gguf(tmp_path / "m.gguf", arch="gpt2")
-    with pytest.raises(ValueError, match=r"m.gguf: unsupported architecture 'gpt2'; supported: \['llama', 'qwen2'\]"):
+    with pytest.raises(ValueError, match=r"m.gguf: unsupported architecture 'gpt2'; supported: \['gemma3', 'llama', 'qwen2', 'qwen3', 'smollm3'\]"):
         convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
 
 

@@ -132,12 +132,12 @@ def test_a_table_that_does_not_cover_the_context_is_refused(tiny_weights):  # no
     kv = PagedKVCache.allocate(tiny_weights.config, 4, 16)
     q = np.zeros((1, 4, 16), np.float32)
     with pytest.raises(ValueError, match=r"block table \[0, 4\] does not cover 20 tokens in 4 blocks of 16"):
-        model._sequence_attention(q, kv.k[0], kv.v[0], i32([0, 4, 1]), 20, None)
+        model._sequence_attention(0, q, kv.k[0], kv.v[0], i32([0, 4, 1]), 20, None)
     with pytest.raises(ValueError, match=r"block table \[1\] does not cover 40 tokens in 4 blocks of 16"):
-        model._sequence_attention(q, kv.k[0], kv.v[0], i32([1]), 40, None)
+        model._sequence_attention(0, q, kv.k[0], kv.v[0], i32([1]), 40, None)
     with pytest.raises(ValueError, match=r"blocks are contiguous and a whole number of blocks apart, got float32 "
                                          r"\(4, 16, 2, 8\)"):
-        model._sequence_attention(q, kv.k[0][..., ::2], kv.v[0], i32([0]), 3, None)
+        model._sequence_attention(0, q, kv.k[0][..., ::2], kv.v[0], i32([0]), 3, None)
 
 
 def test_pools_viewing_shared_pages_give_what_contiguous_pools_give(tiny_weights):  # noqa: F811

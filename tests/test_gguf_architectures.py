@@ -112,7 +112,7 @@ def _edit(src: Path, dst: Path, *, arch: str | None = None, drop=(), add_kv=(), 
 
 
 @pytest.mark.parametrize("edit,message", [
-    ({"arch": "phi3"}, r"x.gguf: unsupported architecture 'phi3'; supported: \['llama', 'qwen2'\]"),
+    ({"arch": "phi3"}, r"x.gguf: unsupported architecture 'phi3'; supported: \['gemma3', 'llama', 'qwen2', 'qwen3', 'smollm3'\]"),
     ({"add_kv": [("llama.rope.scaling.type", "yarn", gguf.GGUFValueType.STRING)]},
      r"x.gguf: unsupported rope scaling type 'yarn'; supported: none, linear, and Llama 3's frequency factors"),
     ({"drop": ["llama.rope.dimension_count"], "add_kv": [("llama.rope.dimension_count", 32, gguf.GGUFValueType.UINT32)]},

@@ -22,7 +22,7 @@ from pagedkv.model.layout import (
     quantize_q4_1,
     quantize_q8_0,
 )
-from pagedkv.model.weights import ModelWeights, WeightsError, check_manifest, read_manifest
+from pagedkv.model.weights import ModelWeights, WeightsError, check_manifest, expected_shapes, read_manifest
 
 
 def test_q4_1_packing_is_the_documented_bit_layout():
@@ -156,8 +156,16 @@ def test_model_config_validation():
         ModelConfig(**{**good, "rope_convention": "halves"})
     with pytest.raises(ValueError, match="n_layers must be a positive int"):
         ModelConfig(**{**good, "n_layers": 0})
-    with pytest.raises(ValueError, match="must equal hidden"):
-        ModelConfig(**{**good, "head_dim": 8})
+    narrow = ModelConfig(**{**good, "head_dim": 8})  # heads need not tile hidden (Qwen3, Gemma 3)
+    assert (narrow.q_dim, narrow.hidden, narrow.family.ops(narrow)) == (32, 64, {"q_width"})
+    assert expected_shapes(narrow)["blk.0.attn_q.weight"] == (32, 64)
+    assert expected_shapes(narrow)["blk.0.attn_output.weight"] == (64, 32)
+    with pytest.raises(ValueError, match="llama has no sliding-window layers, but sliding_window is set"):
+        ModelConfig(**{**good, "sliding_window": 512})
+    with pytest.raises(ValueError, match="qwen3 has no q / k / v biases, but attention_bias is set"):
+        ModelConfig(**{**good, "architecture": "qwen3", "attention_bias": True})
+    with pytest.raises(ValueError, match="sliding_window must be a positive int, got 0"):
+        ModelConfig(**{**good, "architecture": "gemma3", "sliding_window": 0})
 
 
 def test_tiny_model_is_deterministic_and_self_consistent(tiny_dir, tmp_path):  # noqa: F811

@@ -102,8 +102,9 @@ class CpuBackend:
             return
         blocks = np.array([op.block for op in ops], dtype=np.int64)  # (n,)
         deltas = np.array([op.delta for op in ops], dtype=np.int64)  # (n,)
-        for pool in self.kv.k:
-            pool[blocks] = shift_keys(pool[blocks], deltas, self.model.inv_freq)
+        for pool, inv in zip(self.kv.k, self.model.inv_freqs):
+            if inv is not None:  # a layer without rotary holds its keys unrotated
+                pool[blocks] = shift_keys(pool[blocks], deltas, inv)
 
     async def swap_out(self, ops: Iterable[CopyOp]) -> None:
         for gpu, cpu in ops:

@@ -49,6 +49,11 @@ class WasmAttentionModel(NumpyModel):
         self._act = np.empty((1, cfg.ffn), np.float32)
         self._addrs = {name: address_of(getattr(self, name)) for name in (
             "_scores", "_probs", "_q", "_out", "_qkv", "_x", "_h", "_y", "_gu", "_act")}
+        # Layers whose attention the one-token kernel (attn_decode: the file's rotary, 1/sqrt(head_dim), every key
+        # seen, no q / k norm) computes as the reference does; the others take the reference's own steps there.
+        self._decodes = tuple(
+            not spec.qk_norm and spec.attention.window is None and inv is not None and np.array_equal(inv, self.inv_freq)
+            and np.float32(spec.attention.scale) == self._scale for spec, inv in zip(self.layers, self.inv_freqs))
         self._layers = self._step_weights()
         self._pools: dict[int, tuple[np.ndarray, int]] = {}  # id(pool) -> (pool, address): pools live on
         self._batch, self._tables = None, {}  # the step whose tables these are, and their entries (_step)
@@ -58,8 +63,8 @@ class WasmAttentionModel(NumpyModel):
         attn_norm, output_norm after the last) when the one-token step can run through the kernels: every
         projection a stacked QuantWeight, no attention bias, widths a multiple of 4; else None."""
         cfg, w = self.config, self.w
-        if cfg.attention_bias or cfg.hidden % 4 or cfg.ffn % 4 or not hasattr(self.kernels, "add_rms_norm"):
-            return None
+        if cfg.family.ops(cfg) or cfg.hidden % 4 or cfg.ffn % 4 or not hasattr(self.kernels, "add_rms_norm"):
+            return None  # a plain llama layer only: its family needs no op beyond (family.py)
         names = [[f"blk.{i}.{n}.weight" for n in ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down")]
                  for i in range(cfg.n_layers)]
         if not all(isinstance(w.get(n), QuantWeight) for row in names for n in row):
@@ -95,17 +100,17 @@ class WasmAttentionModel(NumpyModel):
 
     def _step(self, batch) -> dict:
         """What every layer of one step shares, made at its first layer (in Pyodide each numpy call costs
-        microseconds, 30 layers over): the rotations' cos and sin, the new tokens' slots, each sequence's
-        block-table rows for the kernels."""
+        microseconds, 30 layers over): the rotations' cos and sin (the file's frequencies; others on first use,
+        _rope), the new tokens' slots, each sequence's block-table rows for the kernels."""
         if self._batch is not batch:
             cos, sin = rope_tables(batch.positions, self.inv_freq)  # (T, 1, head_dim/2) each
-            self._batch, self._tables = batch, {"cos": cos, "sin": sin}
+            self._batch, self._tables = batch, {"cos": cos, "sin": sin, ("rope", id(self.inv_freq)): (cos, sin)}
         return self._tables
 
     def _attention(self, layer: int, h: np.ndarray, batch, kv, mass) -> np.ndarray:
         """A one-token step on f32 pools without the attention mass: q | k | v into one buffer, then the kernel's
         attn_decode (rope, the KV write, q . k, softmax, p @ v in one call); else the reference's steps."""
-        if h.shape[0] != 1 or mass is not None or kv.kv_dtype != "f32":
+        if h.shape[0] != 1 or mass is not None or kv.kv_dtype != "f32" or not self._decodes[layer]:
             return super()._attention(layer, h, batch, kv, mass)
         cfg = self.config
         ys = self._projections(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), h, cfg.attention_bias)
@@ -135,10 +140,11 @@ class WasmAttentionModel(NumpyModel):
             raise ValueError(f"K and V pools step over blocks differently ({k_step} vs {v_step})")
         self.kernels.attn_decode(*shared[3], k_addr, v_addr, *shared[2])
 
-    def _rope(self, q: np.ndarray, k: np.ndarray, batch) -> tuple[np.ndarray, np.ndarray]:
-        """The reference's rope_adjacent (the same arithmetic) on the step's cos and sin."""
-        t = self._step(batch)
-        return rotate_adjacent(q, t["cos"], t["sin"]), rotate_adjacent(k, t["cos"], t["sin"])
+    def _rope(self, layer: int, q: np.ndarray, k: np.ndarray, batch) -> tuple[np.ndarray, np.ndarray]:
+        """The reference's rope_adjacent (the same arithmetic) on the step's cos and sin of the layer's frequencies."""
+        t, inv = self._step(batch), self.inv_freqs[layer]
+        cos, sin = t.get(("rope", id(inv))) or t.setdefault(("rope", id(inv)), rope_tables(batch.positions, inv))
+        return rotate_adjacent(q, cos, sin), rotate_adjacent(k, cos, sin)
 
     def _slots(self, batch, block_size: int) -> tuple[np.ndarray, np.ndarray]:
         t = self._step(batch)
@@ -179,18 +185,20 @@ class WasmAttentionModel(NumpyModel):
                                                 cfg.head_dim))
         return k_addr, v_addr, step, known[1]
 
-    def _sequence_attention(self, q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, table: np.ndarray,
-                            ctx: int, mass: np.ndarray | None) -> np.ndarray:
-        cfg = self.config
+    def _sequence_attention(self, layer: int, q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray,
+                            table: np.ndarray, ctx: int, mass: np.ndarray | None) -> np.ndarray:
+        cfg, att = self.config, self.layers[layer].attention
         nq, nh, hd, bs = q.shape[0], cfg.n_heads, cfg.head_dim, k_blocks.shape[1]
         k_addr, v_addr, _, geometry = self._geometry(table, ctx, nq, k_blocks, v_blocks)
-        scale = self._scale
+        scale = np.float32(att.scale)
         if nq == 1:  # decode: fixed buffers (an address lookup costs as much as a small product in Pyodide)
             a = self._addrs
             self._q[...] = q[0]
             self.kernels.attn_scores(a["_q"], k_addr, *geometry, a["_scores"])
             # The reference's softmax of one query row: no key is in the future, so its causal mask is empty.
             s = self._scores[: nh * ctx].reshape(nh, ctx) * scale  # (n_heads, ctx)
+            if att.window is not None and ctx > att.window:  # the keys before the window, as the reference masks
+                s[:, :ctx - att.window] = -np.inf
             probs = self._probs[: nh * ctx].reshape(nh, ctx)  # (n_heads, ctx)
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             np.divide(s, s.sum(axis=-1, keepdims=True), out=probs)
@@ -203,6 +211,8 @@ class WasmAttentionModel(NumpyModel):
         scores = np.empty((nq, nh, ctx), np.float32)  # the kernel leaves each query's unseen keys as they are
         self.kernels.attn_scores(address_of(qc), k_addr, *geometry, address_of(scores))
         causal = np.arange(ctx)[None, :] > np.arange(ctx - nq, ctx)[:, None]  # (nq, ctx)
+        if att.window is not None:
+            causal |= np.arange(ctx)[None, :] <= np.arange(ctx - nq, ctx)[:, None] - att.window
         s = np.where(causal[:, None, :], -np.inf, scores * scale)
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         probs = s / s.sum(axis=-1, keepdims=True)  # (nq, n_heads, ctx), zero on unseen keys

@@ -1,4 +1,7 @@
-"""Reference llama forward pass in numpy over a PAGED KV cache: the oracle for the WGSL kernels.
+"""Reference forward pass in numpy over a PAGED KV cache: the oracle for the WGSL kernels.
+
+It interprets the model's family declaration (model/family.py): each layer's norms, biases, rotary, attention
+window and activation come from config.layers, the embedding scale from the config; nothing here names a family.
 
 Inputs follow vLLM's flattened batch: the new tokens of every sequence are
 concatenated; each sequence's K/V live in fixed-size physical blocks of a
@@ -19,7 +22,7 @@ import numpy as np
 from ..kv.dtypes import kv_dtype as check_kv_dtype
 from ..kv.dtypes import round_trip
 from ..model.config import ModelConfig
-from ..kernels.ref_ops import model_inv_freq, rms_norm, rope_adjacent, silu
+from ..kernels.ref_ops import ACTIVATIONS, layer_inv_freq, model_inv_freq, rms_norm, rope_adjacent
 from ..model.weights import ModelWeights
 from ..model_runner import ForwardBatch
 
@@ -89,7 +92,14 @@ class NumpyModel:
     def __init__(self, weights: ModelWeights) -> None:
         self.config = weights.config
         self.w = weights.tensors
-        self.inv_freq = model_inv_freq(self.config)  # (head_dim/2,) f32
+        self.layers = self.config.layers  # family.Layer per decoder layer
+        self.inv_freq = model_inv_freq(self.config)  # (head_dim/2,) f32: the file's base and scaling
+        # (head_dim/2,) f32 per layer, None where a layer has no rotary; layers that rotate alike share one array
+        freqs: dict = {(self.config.rope_base, True): self.inv_freq}
+        self.inv_freqs = tuple(
+            None if spec.attention.rope_base is None else
+            freqs.setdefault((spec.attention.rope_base, spec.attention.rope_scaled), layer_inv_freq(self.config, spec))
+            for spec in self.layers)
 
     def forward(self, batch: ForwardBatch, kv: PagedKVCache, all_logits: bool = False,
                 attention_mass: np.ndarray | None = None) -> np.ndarray:
@@ -106,26 +116,37 @@ class NumpyModel:
                          block_size=kv.block_size)
 
         x = self.w["token_embd.weight"][batch.token_ids]  # (T, hidden)
-        for layer in range(cfg.n_layers):
-            x = x + self._attention(layer, rms_norm(x, self.w[f"blk.{layer}.attn_norm.weight"], cfg.rms_eps), batch, kv,
+        if cfg.embedding_scale != 1.0:
+            x = x * np.float32(cfg.embedding_scale)
+        for layer, spec in enumerate(self.layers):
+            a = self._attention(layer, self._norm(layer, "attn_norm", x), batch, kv,
                                 attention_mass if layer == cfg.n_layers - 1 else None)
-            x = x + self._mlp(layer, rms_norm(x, self.w[f"blk.{layer}.ffn_norm.weight"], cfg.rms_eps))
+            x = x + (self._norm(layer, "post_attention_norm", a) if spec.post_attention_norm else a)
+            f = self._mlp(layer, self._norm(layer, "ffn_norm", x))
+            x = x + (self._norm(layer, "post_ffw_norm", f) if spec.post_ffn_norm else f)
         if not all_logits:
             x = x[batch.query_start_loc[1:] - 1]  # (S, hidden)
         x = rms_norm(x, self.w["output_norm.weight"], cfg.rms_eps)
         head = self.w["token_embd.weight" if cfg.tied_embeddings else "output.weight"]  # (vocab, hidden)
         return x @ head.T  # (S or T, vocab)
 
+    def _norm(self, layer: int, name: str, x: np.ndarray) -> np.ndarray:
+        """RMSNorm of x over its last axis with layer `layer`'s gain `name`."""
+        return rms_norm(x, self.w[f"blk.{layer}.{name}.weight"], self.config.rms_eps)
+
     def _attention(self, layer: int, h: np.ndarray, batch: ForwardBatch, kv: PagedKVCache,
                    mass: np.ndarray | None) -> np.ndarray:
-        cfg = self.config
+        cfg, spec = self.config, self.layers[layer]
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         t = h.shape[0]
-        q, k, v = self._projections(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), h, cfg.attention_bias)
+        q, k, v = self._projections(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), h, spec.attention_bias)
         q = q.reshape(t, nh, hd)  # (T, n_heads, head_dim)
         k = k.reshape(t, nkv, hd)  # (T, n_kv_heads, head_dim)
         v = v.reshape(t, nkv, hd)  # (T, n_kv_heads, head_dim)
-        q, k = self._rope(q, k, batch)
+        if spec.qk_norm:  # per head, before rotary
+            q, k = self._norm(layer, "attn_q_norm", q), self._norm(layer, "attn_k_norm", k)
+        if spec.attention.rope_base is not None:
+            q, k = self._rope(layer, q, k, batch)
 
         # Write the new K/V through the slot mapping, then read every key
         # (old and new) back through the block table: the paged path only.
@@ -139,27 +160,30 @@ class NumpyModel:
         out = np.empty((t, nh, hd), np.float32)  # (T, n_heads, head_dim)
         for s in range(batch.num_seqs):
             lo, hi = int(batch.query_start_loc[s]), int(batch.query_start_loc[s + 1])
-            out[lo:hi] = self._sequence_attention(q[lo:hi], kv.k[layer], kv.v[layer], batch.block_tables[s],
+            out[lo:hi] = self._sequence_attention(layer, q[lo:hi], kv.k[layer], kv.v[layer], batch.block_tables[s],
                                                   int(batch.context_lens[s]), None if mass is None else mass[s])
         return out.reshape(t, nh * hd) @ self.w[f"blk.{layer}.attn_output.weight"].T  # (T, hidden)
 
-    def _rope(self, q: np.ndarray, k: np.ndarray, batch: ForwardBatch) -> tuple[np.ndarray, np.ndarray]:
-        """q (T, n_heads, head_dim) and k (T, n_kv_heads, head_dim) rotated at the batch's positions."""
-        return rope_adjacent(q, batch.positions, self.inv_freq), rope_adjacent(k, batch.positions, self.inv_freq)
+    def _rope(self, layer: int, q: np.ndarray, k: np.ndarray, batch: ForwardBatch) -> tuple[np.ndarray, np.ndarray]:
+        """q (T, n_heads, head_dim) and k (T, n_kv_heads, head_dim) rotated at the batch's positions with the
+        layer's frequencies."""
+        inv = self.inv_freqs[layer]
+        return rope_adjacent(q, batch.positions, inv), rope_adjacent(k, batch.positions, inv)
 
     def _slots(self, batch: ForwardBatch, block_size: int) -> tuple[np.ndarray, np.ndarray]:
         """(block, offset) of each new token's slot in the pools."""
         return batch.slot_mapping // block_size, batch.slot_mapping % block_size
 
-    def _sequence_attention(self, q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray, table: np.ndarray,
-                            ctx: int, mass: np.ndarray | None) -> np.ndarray:
+    def _sequence_attention(self, layer: int, q: np.ndarray, k_blocks: np.ndarray, v_blocks: np.ndarray,
+                            table: np.ndarray, ctx: int, mass: np.ndarray | None) -> np.ndarray:
         """One sequence's new queries q (q_len, n_heads, head_dim), the LAST q_len of its ctx cached tokens,
-        over the layer's pools (num_blocks, block_size, n_kv_heads, head_dim) through its block table row ->
-        (q_len, n_heads, head_dim); adds its probabilities per table entry into mass (max_blocks,) if given."""
-        cfg = self.config
+        over layer `layer`'s pools (num_blocks, block_size, n_kv_heads, head_dim) through its block table row ->
+        (q_len, n_heads, head_dim); adds its probabilities per table entry into mass (max_blocks,) if given.
+        A window layer's query at cache index i sees the keys j with i - window < j <= i."""
+        cfg, att = self.config, self.layers[layer].attention
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q_len, bs = q.shape[0], k_blocks.shape[1]
-        scale = np.float32(1.0 / np.sqrt(hd))
+        scale = np.float32(att.scale)
         key_pos = np.arange(ctx)  # (ctx,)
         where = (table[key_pos // bs], key_pos % bs)  # (ctx,), (ctx,): block and offset of every cached token
         keys = k_blocks[where].transpose(1, 0, 2)  # (n_kv_heads, ctx, head_dim)
@@ -167,8 +191,10 @@ class NumpyModel:
         qs = q.reshape(q_len, nkv, cfg.q_per_kv, hd).transpose(1, 2, 0, 3)  # (n_kv, group, q_len, hd)
         scores = (qs @ keys[:, None].transpose(0, 1, 3, 2)) * scale  # (n_kv, group, q_len, ctx)
         q_idx = np.arange(ctx - q_len, ctx)  # (q_len,) cache index of each new token
-        causal = key_pos[None, :] > q_idx[:, None]  # (q_len, ctx)
-        scores = np.where(causal, -np.inf, scores)
+        hidden = key_pos[None, :] > q_idx[:, None]  # (q_len, ctx): the causal mask
+        if att.window is not None:
+            hidden |= key_pos[None, :] <= q_idx[:, None] - att.window
+        scores = np.where(hidden, -np.inf, scores)
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
         probs = scores / scores.sum(axis=-1, keepdims=True)
         if mass is not None:
@@ -192,7 +218,8 @@ class NumpyModel:
 
     def _mlp(self, layer: int, h: np.ndarray) -> np.ndarray:
         gate, up = self._projections(layer, "ffn_gate_up", ("ffn_gate", "ffn_up"), h, False)  # (T, ffn) each
-        return (silu(gate) * up) @ self.w[f"blk.{layer}.ffn_down.weight"].T  # (T, hidden)
+        act = ACTIVATIONS[self.layers[layer].activation]
+        return (act(gate) * up) @ self.w[f"blk.{layer}.ffn_down.weight"].T  # (T, hidden)
 
 
 def greedy_reference(model: NumpyModel, prompt: list[int], n: int) -> list[int]:

@@ -33,8 +33,19 @@ def rope_inv_freq(head_dim: int, base: float, freq_scale: float = 1.0,
 
 
 def model_inv_freq(config) -> np.ndarray:
-    """(head_dim/2,) f32 rotary frequencies of a ModelConfig, its rope scaling included."""
+    """(head_dim/2,) f32 rotary frequencies of a ModelConfig's file (its rope base and scaling): those of every layer
+    of a family whose layers all rotate alike (layer_inv_freq gives each layer's own)."""
     return rope_inv_freq(config.head_dim, config.rope_base, config.rope_freq_scale, config.rope_freq_factors)
+
+
+def layer_inv_freq(config, layer) -> np.ndarray | None:
+    """(head_dim/2,) f32 rotary frequencies of one family.Layer of `config`; None for a layer without rotary."""
+    att = layer.attention
+    if att.rope_base is None:
+        return None
+    if att.rope_scaled:
+        return rope_inv_freq(config.head_dim, att.rope_base, config.rope_freq_scale, config.rope_freq_factors)
+    return rope_inv_freq(config.head_dim, att.rope_base)
 
 
 def rope_adjacent(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
@@ -70,6 +81,18 @@ def shift_keys(k_blocks: np.ndarray, deltas: np.ndarray, inv_freq: np.ndarray) -
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
+
+
+GELU_COEF = np.float32(0.044715)
+SQRT_2_OVER_PI = np.float32(0.7978845608028654)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in x's dtype (Gemma's GeGLU)."""
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(SQRT_2_OVER_PI * x * (np.float32(1.0) + GELU_COEF * x * x)))
+
+
+ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}  # a family.Layer's activation by name
 
 
 def _check_quantized(dtype: str, shape: tuple[int, int]) -> tuple[int, int]:

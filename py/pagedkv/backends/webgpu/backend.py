@@ -21,6 +21,7 @@ from ...kv.block_pool import CopyOp
 from ...kv.retention import ShiftOp
 from ...kv.spec import KVSpec
 from ...model.config import ModelConfig
+from ...model.family import require
 from ...model.weights import check_manifest
 from ...model_runner import ForwardBatch
 from .. import check_attention_mass
@@ -36,6 +37,8 @@ from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_progra
 from .weight_upload import upload_weights
 
 CPU_POOL_CAP_BYTES = 64 * MIB  # default CPU swap pool (wasm memory)
+# The ops of model/family.py the plan compiles today: a plain llama layer, with or without q / k / v biases.
+OPS = frozenset({"attention_bias"})
 UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_gpu", "paged_attention_gpu_sg",
                 "paged_prefill_attention", "paged_prefill_attention_gpu")
 
@@ -49,6 +52,7 @@ class WebGpuBackend:
                  max_num_batched_tokens: int, max_num_seqs: int, kernels: str = "cpu") -> None:
         if kernels not in ops.FAMILIES:
             raise ValueError(f"kernels must be one of {ops.FAMILIES}, got {kernels!r}")
+        require(config, OPS, "the WebGPU backend", "the tab's CPU path (?backend=cpu) and the numpy reference run it")
         self.ctx = ctx
         self.kernels = kernels  # kernel family of the plan's linears, argmax and attention (model_kernels.choose_family)
         self.gpu_shapes = ops.GpuShapes()  # the gpu family's workgroup shapes
