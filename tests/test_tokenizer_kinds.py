@@ -129,6 +129,18 @@ def test_special_token_cuts_equal_llama_cpp_order_on_overlapping_tokens():
         assert tok.partition(text) == _cut_as_llama_cpp(text, order), text
 
 
+def test_skip_special_leaves_out_control_tokens_but_renders_user_defined_ones():
+    # llama.cpp's token_to_piece without `special`: Gemma's newline runs and HTML tags are user-defined text.
+    tokens = ["<unk>", "<s>", "</s>", "\n\n", "<b>", "a"]
+    types = [TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_USER_DEFINED, TOKEN_NORMAL]
+    tok = Tokenizer(tokens, types, model="llama", scores=[0.0] * 6, bos_token_id=1, unknown_token_id=0)
+    ids = [1, 5, 3, 4, 5, 2, 0]
+    assert tok.decode(ids) == "<s>a\n\n<b>a</s><unk>"
+    assert tok.decode(ids, skip_special=True) == "a\n\n<b>a"
+    stream = tok.stream_decoder(skip_special=True)
+    assert [stream.push(i) for i in ids] == ["", "a", "\n\n", "<b>", "a", "", ""]
+
+
 def test_add_bos_defaults_follow_llama_cpp_and_flags_need_ids():
     llama3 = Tokenizer.from_manifest({"tokenizer": {**bpe_vocab("llama-bpe"), "add_bos_token": None}})
     qwen = Tokenizer.from_manifest({"tokenizer": {**bpe_vocab("qwen2"), "add_bos_token": None}})

@@ -131,6 +131,9 @@ class Tokenizer:
         self._id_bytes: dict[int, bytes] = {}  # filled on first use; most ids are never decoded
         self._kinds = self._kinds_as_llama_cpp_sees_them()
         self._special_ids = frozenset(i for i, k in enumerate(self._kinds) if k in _SPECIAL_TYPES)
+        # What llama.cpp leaves out of text when not asked to render special tokens: user-defined ones are
+        # text (Gemma's newline and space runs, HTML tags), so they stay.
+        self._unrendered_ids = frozenset(i for i, k in enumerate(self._kinds) if k in (TOKEN_CONTROL, TOKEN_UNKNOWN))
         eog = {self._token_to_id.get(t) for t in _EOG_TEXTS + _FIM_EOG_TEXTS} | {eos_token_id}
         self.eog_ids = frozenset(eog - {None})
         # llama.cpp cuts special tokens longest UTF-8 text first; its sort is not stable, so equal lengths go by id
@@ -329,17 +332,18 @@ class Tokenizer:
         return self._bytes_of(self.check_id(token_id))
 
     def decode_bytes(self, ids: Iterable[int], *, skip_special: bool = False) -> bytes:
-        """Concatenated raw bytes of ``ids``."""
+        """Concatenated raw bytes of ``ids``; ``skip_special`` leaves out control and unknown tokens (not
+        user-defined ones), as llama.cpp's ``token_to_piece`` does without ``special``."""
         parts = []
         for token_id in ids:
             token_id = self.check_id(token_id)
-            if skip_special and token_id in self._special_ids:
+            if skip_special and token_id in self._unrendered_ids:
                 continue
             parts.append(self._bytes_of(token_id))
         return b"".join(parts)
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
-        """Text of ``ids``; invalid UTF-8 becomes U+FFFD."""
+        """Text of ``ids`` (``skip_special`` as in ``decode_bytes``); invalid UTF-8 becomes U+FFFD."""
         return self.decode_bytes(ids, skip_special=skip_special).decode("utf-8", errors="replace")
 
     def stream_decoder(self, *, skip_special: bool = False) -> StreamDecoder:
@@ -431,9 +435,7 @@ class StreamDecoder:
 
     def push(self, token_id: int) -> str:
         """Feed one id; return the text that became complete (possibly ``""``)."""
-        if self._skip_special and self._tokenizer.is_special(token_id):
-            return ""
-        return self._utf8.decode(self._tokenizer.token_bytes(token_id))
+        return self._utf8.decode(self._tokenizer.decode_bytes((token_id,), skip_special=self._skip_special))
 
     def flush(self) -> str:
         """End of stream: return held-back bytes (an incomplete character becomes U+FFFD)."""
