@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from tokenizer_vocabs import LLAMA3_STYLE_TEMPLATE, ZEPHYR_STYLE_TEMPLATE, bpe_vocab, spm_vocab, write_vocab_gguf
 
 from pagedkv.model.convert import convert_gguf
 from pagedkv.pretokenize import split_words
-from pagedkv.tokenizer import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, Tokenizer
+from pagedkv.tokenizer import (
+    TOKEN_BYTE,
+    TOKEN_CONTROL,
+    TOKEN_NORMAL,
+    TOKEN_UNKNOWN,
+    TOKEN_USER_DEFINED,
+    Tokenizer,
+)
 
 TEXT = "It's 1234567 I'LL \u00a0 x  \n\n y!!\n中文, 3.14 $5"
 
@@ -81,6 +90,55 @@ def test_special_tokens_are_cut_longest_first_as_llama_cpp_does():
     # A leftmost-first scan would take "ab"; llama.cpp cuts the longer "bcd" everywhere first.
     assert tok.encode("abcd") == [tok.token_to_id("a"), 1]
     assert tok.partition("xabx", allow_special=False) == ["xabx"]
+
+
+def _cut_as_llama_cpp(text: str, order: list[tuple[str, int]]) -> list[str | int]:
+    """llama.cpp's tokenizer_st_partition, literally: each token in turn cut out of every plain piece, left to right."""
+    fragments: list[str | int] = [text] if text else []
+    for token, token_id in order:
+        cut: list[str | int] = []
+        for fragment in fragments:
+            if isinstance(fragment, int):
+                cut.append(fragment)
+                continue
+            pos = fragment.find(token)
+            while pos != -1:
+                cut.extend([fragment[:pos], token_id] if pos else [token_id])
+                fragment = fragment[pos + len(token) :]
+                pos = fragment.find(token)
+            if fragment:
+                cut.append(fragment)
+        fragments = cut
+    return fragments
+
+
+def test_special_token_cuts_equal_llama_cpp_order_on_overlapping_tokens():
+    # Tokens that overlap one another in every way, one of two UTF-8 bytes ("é"): llama.cpp's order is by byte
+    # length, so "éa" (3 bytes) is cut before "ab" though both are two characters and "ab" has the lower id.
+    specials = ["abc", "cab", "bca", "ab", "bc", "ca", "a", "aé", "éa", "éé", "é", "aaaa", "aa"]
+    alphabet = ["b", "c", "x", "\u2581"]
+    tokens = ["<unk>", *specials, *alphabet]
+    types = [TOKEN_UNKNOWN] + [TOKEN_USER_DEFINED] * len(specials) + [TOKEN_NORMAL] * len(alphabet)
+    tok = Tokenizer(tokens, types, model="llama", scores=[0.0] * len(tokens), unknown_token_id=0, add_bos=False)
+    ids = range(1, len(specials) + 1)
+    order = [(tokens[i], i) for i in sorted(ids, key=lambda i: (-len(tokens[i].encode()), i))]
+    assert tok.partition("éab") == [tokens.index("éa"), "b"]
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice("abcé x") for _ in range(rng.randrange(40)))
+        assert tok.partition(text) == _cut_as_llama_cpp(text, order), text
+
+
+def test_skip_special_leaves_out_control_tokens_but_renders_user_defined_ones():
+    # llama.cpp's token_to_piece without `special`: Gemma's newline runs and HTML tags are user-defined text.
+    tokens = ["<unk>", "<s>", "</s>", "\n\n", "<b>", "a"]
+    types = [TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_USER_DEFINED, TOKEN_NORMAL]
+    tok = Tokenizer(tokens, types, model="llama", scores=[0.0] * 6, bos_token_id=1, unknown_token_id=0)
+    ids = [1, 5, 3, 4, 5, 2, 0]
+    assert tok.decode(ids) == "<s>a\n\n<b>a</s><unk>"
+    assert tok.decode(ids, skip_special=True) == "a\n\n<b>a"
+    stream = tok.stream_decoder(skip_special=True)
+    assert [stream.push(i) for i in ids] == ["", "a", "\n\n", "<b>", "a", "", ""]
 
 
 def test_add_bos_defaults_follow_llama_cpp_and_flags_need_ids():

@@ -12,6 +12,7 @@ model, and BOS/EOS are added when asked and the file says so.
 from __future__ import annotations
 
 import codecs
+import heapq
 import operator
 import re
 from collections.abc import Iterable, Sequence
@@ -130,12 +131,22 @@ class Tokenizer:
         self._id_bytes: dict[int, bytes] = {}  # filled on first use; most ids are never decoded
         self._kinds = self._kinds_as_llama_cpp_sees_them()
         self._special_ids = frozenset(i for i, k in enumerate(self._kinds) if k in _SPECIAL_TYPES)
+        # What llama.cpp leaves out of text when not asked to render special tokens: user-defined ones are
+        # text (Gemma's newline and space runs, HTML tags), so they stay.
+        self._unrendered_ids = frozenset(i for i, k in enumerate(self._kinds) if k in (TOKEN_CONTROL, TOKEN_UNKNOWN))
         eog = {self._token_to_id.get(t) for t in _EOG_TEXTS + _FIM_EOG_TEXTS} | {eos_token_id}
         self.eog_ids = frozenset(eog - {None})
-        # Longest first, as llama.cpp cuts them (a token never splits a longer one).
-        self._specials = sorted(self._special_ids, key=lambda i: (-len(self._tokens[i]), i))
-        self._any_special_re = self._special_pattern(_SPECIAL_TYPES)
-        self._user_defined_re = self._special_pattern((TOKEN_USER_DEFINED,))
+        # llama.cpp cuts special tokens longest UTF-8 text first; its sort is not stable, so equal lengths go by id
+        # here (they can only disagree where two equal-length tokens overlap in the text).
+        order = sorted(self._special_ids, key=lambda i: (-len(self._tokens[i].encode("utf-8")), i))
+        rank = {i: r for r, i in enumerate(order)}
+        self._cutters = {}
+        for allow in (True, False):
+            texts: dict[str, int] = {}
+            for i in order:
+                if allow or self._kinds[i] == TOKEN_USER_DEFINED:
+                    texts.setdefault(self._tokens[i], i)  # a repeated text: the first id cuts every occurrence
+            self._cutters[allow] = SpecialCutter(texts, rank)
 
     def _kinds_as_llama_cpp_sees_them(self) -> list[int]:
         kinds = list(self._types)
@@ -192,13 +203,6 @@ class Tokenizer:
         if kind == TOKEN_UNUSED:
             return b""  # llama.cpp prints nothing for unused entries
         return self._model.normal_token_bytes(text)
-
-    def _special_pattern(self, kinds: tuple[int, ...]) -> re.Pattern | None:
-        texts = sorted(
-            {self._tokens[i] for i, k in enumerate(self._kinds) if k in kinds},
-            key=lambda t: (-len(t), t),  # longest first, so a token never shadows a longer one
-        )
-        return re.compile("|".join(re.escape(t) for t in texts)) if texts else None
 
     # ----------------------------------------------------------------- queries
 
@@ -276,30 +280,18 @@ class Tokenizer:
         """``text`` cut into plain-text pieces and special token ids, in order.
 
         Each special token in turn, longest first, is cut out of every piece
-        still plain, as llama.cpp does.
+        still plain, as llama.cpp does (``SpecialCutter``). Without
+        ``allow_special`` only user-defined tokens are cut out.
         """
-        quick = self._any_special_re if allow_special else self._user_defined_re
-        if not text or quick is None or quick.search(text) is None:
-            return [text] if text else []
-        fragments: list[str | int] = [text]
-        for token_id in self._specials:
-            if not allow_special and self._kinds[token_id] != TOKEN_USER_DEFINED:
-                continue
-            token = self._tokens[token_id]
-            if not any(isinstance(f, str) and token in f for f in fragments):
-                continue
-            cut: list[str | int] = []
-            for fragment in fragments:
-                if isinstance(fragment, int) or token not in fragment:
-                    cut.append(fragment)
-                    continue
-                pieces = fragment.split(token)
-                for k, piece in enumerate(pieces):
-                    if k:
-                        cut.append(token_id)
-                    if piece:
-                        cut.append(piece)
-            fragments = cut
+        fragments: list[str | int] = []
+        pos = 0
+        for start, token, token_id in self._cutters[allow_special].cuts(text):
+            if start > pos:
+                fragments.append(text[pos:start])
+            fragments.append(token_id)
+            pos = start + len(token)
+        if pos < len(text):
+            fragments.append(text[pos:])
         return fragments
 
     def encode_after(self, text: str, previous_id: int | None) -> list[int]:
@@ -340,22 +332,92 @@ class Tokenizer:
         return self._bytes_of(self.check_id(token_id))
 
     def decode_bytes(self, ids: Iterable[int], *, skip_special: bool = False) -> bytes:
-        """Concatenated raw bytes of ``ids``."""
+        """Concatenated raw bytes of ``ids``; ``skip_special`` leaves out control and unknown tokens (not
+        user-defined ones), as llama.cpp's ``token_to_piece`` does without ``special``."""
         parts = []
         for token_id in ids:
             token_id = self.check_id(token_id)
-            if skip_special and token_id in self._special_ids:
+            if skip_special and token_id in self._unrendered_ids:
                 continue
             parts.append(self._bytes_of(token_id))
         return b"".join(parts)
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
-        """Text of ``ids``; invalid UTF-8 becomes U+FFFD."""
+        """Text of ``ids`` (``skip_special`` as in ``decode_bytes``); invalid UTF-8 becomes U+FFFD."""
         return self.decode_bytes(ids, skip_special=skip_special).decode("utf-8", errors="replace")
 
     def stream_decoder(self, *, skip_special: bool = False) -> StreamDecoder:
         """A fresh incremental decoder bound to this tokenizer."""
         return StreamDecoder(self, skip_special=skip_special)
+
+
+class SpecialCutter:
+    """Where llama.cpp's ``tokenizer_st_partition`` cuts a set of special tokens out of a text.
+
+    llama.cpp takes the tokens one at a time in a fixed order (longest
+    first) and cuts every occurrence of each, left to right, out of the
+    pieces still plain. Trying each of thousands of tokens (Gemma 3 has
+    6,414) against every piece costs tokens x pieces, seconds for a long
+    chat; this finds the same cuts from the occurrences actually in the text.
+    """
+
+    def __init__(self, tokens: dict[str, int], rank: dict[int, int]) -> None:
+        """``tokens``: text -> id of the tokens to cut; ``rank``: id -> place in llama.cpp's order (0 first)."""
+        self._ids = tokens
+        self._rank = {text: rank[i] for text, i in tokens.items()}
+        # Every special token that begins at a position is a prefix of the longest one there, so one
+        # lookahead per position (the trie tries longer continuations first) finds them all.
+        self._longest_at = re.compile(f"(?=({_trie_pattern(tokens)}))") if tokens else None
+        self._shorter = {text: [text[:k] for k in range(len(text) - 1, 0, -1) if text[:k] in tokens] for text in tokens}
+
+    def cuts(self, text: str) -> list[tuple[int, str, int]]:
+        """``(start, token text, id)`` of each special token llama.cpp cuts out of ``text``, by position."""
+        if self._longest_at is None or not text:
+            return []
+        rank = self._rank
+        # Candidates in llama.cpp's order: by token rank, then left to right. A candidate is cut unless
+        # an earlier cut overlaps it, which is what cutting each token from the plain pieces amounts to.
+        heap = [(rank[m.group(1)], m.start(), m.group(1)) for m in self._longest_at.finditer(text)]
+        heapq.heapify(heap)
+        taken = bytearray(len(text))  # 1 where a cut token covers the character
+        found = []
+        while heap:
+            _, start, token = heapq.heappop(heap)
+            if taken[start]:
+                continue  # so would every shorter token starting here
+            end = start + len(token)
+            hit = taken.find(1, start, end)
+            if hit == -1:
+                taken[start:end] = b"\x01" * len(token)
+                found.append((start, token, self._ids[token]))
+                continue
+            # The longest shorter token that stops before the cut still may be cut; it ranks after this
+            # one, so the heap hands it over in its turn.
+            for shorter in self._shorter[token]:
+                if start + len(shorter) <= hit:
+                    heapq.heappush(heap, (rank[shorter], start, shorter))
+                    break
+        found.sort()
+        return found
+
+
+def _trie_pattern(texts: Iterable[str]) -> str:
+    """A regex matching the longest of ``texts`` that starts where it is tried: an alternation per trie
+    node, so a position costs one test per distinct next character, not one per text."""
+    trie: dict = {}
+    for text in texts:
+        node = trie
+        for ch in text:
+            node = node.setdefault(ch, {})
+        node[""] = None  # a text ends here
+
+    def alternation(node: dict) -> str:
+        branches = [re.escape(ch) + alternation(child) for ch, child in sorted(node.items()) if ch]
+        if "" in node:
+            branches.append("")  # last, so a longer text that also matches wins
+        return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+
+    return alternation(trie)
 
 
 class StreamDecoder:
@@ -373,9 +435,7 @@ class StreamDecoder:
 
     def push(self, token_id: int) -> str:
         """Feed one id; return the text that became complete (possibly ``""``)."""
-        if self._skip_special and self._tokenizer.is_special(token_id):
-            return ""
-        return self._utf8.decode(self._tokenizer.token_bytes(token_id))
+        return self._utf8.decode(self._tokenizer.decode_bytes((token_id,), skip_special=self._skip_special))
 
     def flush(self) -> str:
         """End of stream: return held-back bytes (an incomplete character becomes U+FFFD)."""
