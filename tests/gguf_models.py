@@ -3,6 +3,8 @@
 - tiny random `llama` / `qwen2` models (widths multiples of 256, so K-quants can cover every tensor) carrying
   SmolLM2's tokenizer metadata from the pinned GGUF, so the tokenizer and chat template work;
 - the same with K-quant tensors (TINY_K: one recipe per K type, and llama.cpp's Q4_K_M per-tensor mix);
+- tiny `qwen3` / `smollm3` / `gemma3` models (TINY_FAMILIES: what each family adds over llama / qwen2, with
+  heads * head_dim != hidden; only llama.cpp runs them so far);
 - SmolLM2-135M requantized from the pinned Q4_1 file to Q8_0 / Q6_K / Q4_0 or the Q4_K_M mix (576-wide rows
   cannot be K-quantized: they fall back as llama.cpp's quantizer does, quantize.FALLBACK).
 
@@ -75,6 +77,39 @@ TINY_K = {
 }
 
 
+# Architectures beyond llama / qwen2, each recipe exercising what its family adds (llama.cpp's src/models/*.cpp
+# and the load_hparams / load_tensors cases of src/llama-model.cpp):
+# - qwen3: no q/k/v biases; per-head RMSNorm of q and k (attn_q_norm / attn_k_norm, [head_dim]) before NEOX rope;
+#   "head_dim" 128 with 4 heads over hidden 256 (qwen3.attention.key_length / value_length), so attn_q is 512 rows
+#   and attn_output takes 512 columns; GQA.
+# - smollm3: the llama graph (NORM rope, llama tensor names, no biases), but no rope where (layer + 1) % 4 == 0
+#   (llama.cpp hard-codes hparams.n_no_rope_layer_step = 4 for LLM_ARCH_SMOLLM3; no GGUF key): 5 layers, so
+#   layer 3 is a no-rope layer; tied output, as SmolLM3's.
+# - gemma3: q/k norms; post_attention_norm and post_ffw_norm; GeGLU (tanh GELU); the embedding scaled by
+#   sqrt(hidden); tied output; NEOX rope; sliding-window attention of "sliding_window" positions on every layer
+#   but each 6th (set_swa_pattern(6): layer il slides when il % 6 < 5, so layer 5 is global), the sliding ones
+#   with rope base 10000 (hard-coded rope_freq_base_train_swa), the global ones with gemma3.rope.freq_base; q
+#   scaled by 1/sqrt(head_dim) (f_attention_scale; 1/sqrt(hidden/heads) only for a 62-layer "27B"). Norm
+#   weights are used as stored (a converted file already holds 1 + w). A window of 32 lets short prompts cross it.
+# Norm gains as TINY's, but gemma3's post norms ("post_gain") set each layer's share of the residual stream, which
+# starts from the embedding times sqrt(hidden) = 16 (std 4.8): at GAIN (4) the tied head echoed one id 16 times
+# (margins ~30), at 16 / 32 it still fell into runs of one id; GAIN * sqrt(hidden) = 64 keeps the embedding's share
+# about TINY's. llama.cpp's greedy ids on 40-token prompts then have median top-1/top-2 margins of 2-4 logits
+# (tests/test_gguf_new_families_llama_cpp.py).
+TINY_FAMILIES = {
+    "tiny-qwen3": {"arch": "qwen3", "hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 128, "ffn": 512,
+                   "layers": 2, "rope_base": 1000000.0, "eps": 1e-6, "embd": "Q8_0", "output": "Q4_K",
+                   "attn": "Q4_K", "ffn_type": "Q8_0", "seed": 51},
+    "tiny-smollm3": {"arch": "smollm3", "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "layers": 5,
+                     "rope_base": 5000000.0, "eps": 1e-6, "embd": "Q4_K", "output": None,
+                     "attn": "Q8_0", "ffn_type": "Q4_K", "seed": 52},
+    "tiny-gemma3": {"arch": "gemma3", "hidden": 256, "heads": 4, "kv_heads": 1, "head_dim": 128, "ffn": 512,
+                    "layers": 7, "rope_base": 1000000.0, "eps": 1e-6, "embd": "Q8_0", "output": None,
+                    "attn": "F16", "ffn_type": "Q4_K", "seed": 53, "sliding_window": 32,
+                    "post_gain": 64.0},
+}
+
+
 def _key(spec: dict) -> str:
     blob = json.dumps({"spec": spec, "maker": MAKER_VERSION, "source": SMOLLM2_GGUF_SHA256,
                        "scales": [EMBD_STD, GAIN]}, sort_keys=True)
@@ -125,8 +160,9 @@ def llama3_factors(head_dim: int, base: float, factor: float, low_freq_factor: f
 def _tensor_specs(spec: dict) -> list[tuple[str, tuple[int, ...], str, float]]:
     """(name, numpy shape (rows, cols), GGML type, std) of every tensor of a tiny recipe; a negative std -g
     stands for a norm weight: g * (1 + 0.1 * noise)."""
-    h, hd, ffn = spec["hidden"], spec["hidden"] // spec["heads"], spec["ffn"]
-    kv = spec["kv_heads"] * hd
+    h, ffn = spec["hidden"], spec["ffn"]
+    hd = spec.get("head_dim", h // spec["heads"])
+    q, kv = spec["heads"] * hd, spec["kv_heads"] * hd
     # The layers' outputs outweigh the embedding in the residual stream, so a tied head does not just echo the
     # input token: the greedy ids vary and their top-1/top-2 margins are mostly a few logits wide.
     gain = GAIN
@@ -137,16 +173,21 @@ def _tensor_specs(spec: dict) -> list[tuple[str, tuple[int, ...], str, float]]:
     for i in range(spec["layers"]):
         p = f"blk.{i}."
         out += [(p + "attn_norm.weight", (h,), "F32", -1.0), (p + "ffn_norm.weight", (h,), "F32", -1.0),
-                (p + "attn_q.weight", (h, h), spec["attn"], h ** -0.5),
+                (p + "attn_q.weight", (q, h), spec["attn"], h ** -0.5),
                 (p + "attn_k.weight", (kv, h), spec["attn"], h ** -0.5),
                 (p + "attn_v.weight", (kv, h), spec["attn"], h ** -0.5),
-                (p + "attn_output.weight", (h, h), spec["attn"], gain * h ** -0.5),
+                (p + "attn_output.weight", (h, q), spec["attn"], gain * q ** -0.5),
                 (p + "ffn_gate.weight", (ffn, h), spec["ffn_type"], h ** -0.5),
                 (p + "ffn_up.weight", (ffn, h), spec["ffn_type"], h ** -0.5),
                 (p + "ffn_down.weight", (h, ffn), spec["ffn_type"], gain * ffn ** -0.5)]
         if spec["arch"] == "qwen2":
             out += [(p + "attn_q.bias", (h,), "F32", 0.5), (p + "attn_k.bias", (kv,), "F32", 0.5),
                     (p + "attn_v.bias", (kv,), "F32", 0.5)]
+        if spec["arch"] in ("qwen3", "gemma3"):
+            out += [(p + "attn_q_norm.weight", (hd,), "F32", -1.0), (p + "attn_k_norm.weight", (hd,), "F32", -1.0)]
+        if spec["arch"] == "gemma3":
+            out += [(p + "post_attention_norm.weight", (h,), "F32", -spec["post_gain"]),
+                    (p + "post_ffw_norm.weight", (h,), "F32", -spec["post_gain"])]
     if "mix" in spec:
         out = _mixed(out, spec["layers"])
     overrides = spec.get("types", {})
@@ -186,8 +227,13 @@ def _write_tiny(path: Path, spec: dict, source: Path) -> None:
     writer.add_head_count(spec["heads"])
     writer.add_head_count_kv(spec["kv_heads"])
     writer.add_rope_freq_base(spec["rope_base"])
-    writer.add_rope_dimension_count(h // spec["heads"])
+    if "head_dim" in spec:
+        writer.add_key_length(spec["head_dim"])
+        writer.add_value_length(spec["head_dim"])
+    writer.add_rope_dimension_count(spec.get("head_dim", h // spec["heads"]))
     writer.add_layer_norm_rms_eps(spec["eps"])
+    if "sliding_window" in spec:
+        writer.add_sliding_window(spec["sliding_window"])
     if "linear" in spec:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(spec["linear"])
@@ -207,8 +253,9 @@ def _write_tiny(path: Path, spec: dict, source: Path) -> None:
 
 
 def tiny_gguf(name: str, source: Path) -> Path:
-    """The tiny model `name` (a key of TINY), made from the pinned SmolLM2 GGUF `source` when not cached."""
-    spec = TINY[name] if name in TINY else TINY_K[name]
+    """The tiny model `name` (a key of TINY, TINY_K or TINY_FAMILIES), made from the pinned SmolLM2 GGUF `source`
+    when not cached."""
+    spec = next(recipes[name] for recipes in (TINY, TINY_K, TINY_FAMILIES) if name in recipes)
     return _cached(name, spec, lambda path: _write_tiny(path, spec, source))
 
 
