@@ -5,12 +5,9 @@ at max_tokens ("length", 16 by default as OpenAI's), an end token or a stop stri
 cannot do with a 400 naming the field."""
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 
-from model_fixtures import tiny_dir  # noqa: F401  (fixture)
+from model_fixtures import tiny_bos_dir, tiny_dir  # noqa: F401  (fixtures)
 from pagedkv.api import ApiError, Engine
 from pagedkv.completions import LEGACY_MAX_TOKENS, parse_request
 from pagedkv.engine import run_sync
@@ -23,17 +20,6 @@ PROMPT_IDS = [119, 260, 272, 316]  # the tiny tokenizer's ids of "the cat" (test
 @pytest.fixture(scope="module")
 def engine(tiny_dir):
     return Engine([tiny_dir], budget_mib=64)
-
-
-@pytest.fixture(scope="module")
-def bos_dir(tiny_dir, tmp_path_factory):
-    """The tiny model whose file says add_bos_token (as Gemma's and Llama's do; the tiny vocabulary's says not)."""
-    path = tmp_path_factory.mktemp("models") / "tiny-bos"
-    shutil.copytree(tiny_dir, path)
-    manifest = json.loads((path / "model.json").read_text())
-    manifest["tokenizer"]["add_bos_token"] = True
-    (path / "model.json").write_text(json.dumps(manifest))
-    return path
 
 
 def reference(engine, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], str, str]:
@@ -62,8 +48,8 @@ def test_a_prompt_is_its_tokens_with_no_template_and_answers_a_text_completion(e
         assert again["choices"][0]["text"] == text and again["usage"]["prompt_tokens"] == 4
 
 
-def test_bos_is_added_as_the_models_file_says(bos_dir):
-    engine = Engine([bos_dir], budget_mib=64)
+def test_bos_is_added_as_the_models_file_says(tiny_bos_dir):  # noqa: F811
+    engine = Engine([tiny_bos_dir], budget_mib=64)
     service = engine.services["tiny-bos"]
     assert service.tokenizer.add_bos and service.tokenizer.bos_token_id == 1
     assert service.prompt_ids(parse_request({"model": "tiny-bos", "prompt": PROMPT}, ["tiny-bos"], legacy=True)) \
