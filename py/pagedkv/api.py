@@ -296,8 +296,8 @@ class CompletionServices(dict):
         return any([s.forget(session) for s in self.values()])
 
 
-class ChatCompletions(_Creates):
-    """engine.chat.completions of an Engine: each request to the service of the model it names."""
+class _EngineCreates(_Creates):
+    """create / acreate of an Engine: each request to the service of the model it names."""
 
     def __init__(self, engine: "Engine") -> None:
         self._engine = engine
@@ -307,9 +307,13 @@ class ChatCompletions(_Creates):
         return await self._engine.service(body, self.legacy).stream(body, signal, request_id, legacy=self.legacy)
 
 
-class Completions(ChatCompletions):
+class ChatCompletions(_EngineCreates):
+    """engine.chat.completions of an Engine: OpenAI Chat Completions."""
+
+
+class Completions(_EngineCreates):
     """engine.completions of an Engine: OpenAI's legacy Completions (a prompt continued with no chat template),
-    the same requests on the same services."""
+    the same requests on the same services as a chat's."""
 
     legacy = True
 
