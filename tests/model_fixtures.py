@@ -7,6 +7,8 @@ not verifying, it is converted here from the pinned GGUF, cached under .cache/.
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,18 @@ def tiny_dir(tmp_path_factory) -> Path:
     """A tiny random model (seed 0) written once per session."""
     path = tmp_path_factory.mktemp("models") / "tiny-random"
     write_tiny_model(path, seed=0)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_bos_dir(tiny_dir, tmp_path_factory) -> Path:
+    """The tiny model as "tiny-bos", whose file says add_bos_token (as Gemma's and Llama's do; the tiny
+    vocabulary's adds none): a raw prompt's ids start with BOS (id 1)."""
+    path = tmp_path_factory.mktemp("models") / "tiny-bos"
+    shutil.copytree(tiny_dir, path)
+    manifest = json.loads((path / "model.json").read_text(encoding="utf-8"))
+    manifest["tokenizer"]["add_bos_token"] = True
+    (path / "model.json").write_text(json.dumps(manifest), encoding="utf-8")
     return path
 
 

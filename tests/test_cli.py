@@ -1,4 +1,5 @@
-"""`python3 -m pagedkv generate|tokenize`, run as a real subprocess."""
+"""`python3 -m pagedkv generate|tokenize|complete`, run as a real subprocess (generate with --messages-json or a raw
+--prompt; complete with a chat body or a legacy Completions one)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from model_fixtures import ROOT, real_weights, reference_greedy, tiny_dir, tiny_model, tiny_weights  # noqa: F401
+from model_fixtures import (ROOT, real_weights, reference_greedy, tiny_bos_dir, tiny_dir, tiny_model,  # noqa: F401
+                            tiny_weights)
 
 from pagedkv.chat import ChatTemplate, Conversation
 from pagedkv.model.tiny import write_tiny_model
@@ -154,3 +156,59 @@ def test_complete_answers_an_openai_body_and_streams_sse(tiny_dir, tmp_path):  #
     done = run_cli("complete", "--model", str(tiny_dir), "--also", str(other), "--body-json", str(path))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["model"] == "tiny-twin"
+
+
+def test_generate_prompt_is_its_tokens_with_no_template(tiny_dir, tiny_bos_dir, tiny_model):  # noqa: F811
+    """--prompt: the text's ids as they are (BOS only where the file says), continued greedily as the legacy
+    Completions API continues it."""
+    result = run_cli("generate", "--model", str(tiny_dir), "--prompt", "the cat", "--max-tokens", "6", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["prompt_ids"] == [119, 260, 272, 316]  # test_tokenize_json's "the cat": no template, no BOS
+    assert out["output_ids"] == reference_greedy(tiny_model, [119, 260, 272, 316], 6) == [254, 59, 59, 59, 25, 25]
+    from pagedkv.api import Engine
+
+    api = Engine([tiny_dir], budget_mib=64).completions.create(model="tiny-random", prompt="the cat", max_tokens=6,
+                                                                temperature=0)
+    assert out["text"] == api["choices"][0]["text"]
+    bos = json.loads(run_cli("generate", "--model", str(tiny_bos_dir), "--prompt", "the cat", "--max-tokens", "2",
+                             "--json").stdout)
+    assert bos["prompt_ids"] == [1, 119, 260, 272, 316]
+
+
+def test_generate_takes_messages_or_a_prompt_not_both(tiny_dir, tmp_path):  # noqa: F811
+    both = run_cli("generate", "--model", str(tiny_dir), "--prompt", "hi", "--messages-json",
+                   write_messages(tmp_path, CHAT))
+    assert (both.returncode, both.stdout) == (2, "")
+    assert "argument --messages-json: not allowed with argument --prompt" in both.stderr
+    neither = run_cli("generate", "--model", str(tiny_dir))
+    assert (neither.returncode, neither.stdout) == (2, "")
+    assert "one of the arguments --messages-json --prompt is required" in neither.stderr
+    empty = run_cli("generate", "--model", str(tiny_dir), "--prompt", "")
+    assert (empty.returncode, empty.stdout) == (2, "")
+    assert empty.stderr == "error: --prompt is empty and the model adds no BOS token: give some text to continue\n"
+    long = run_cli("generate", "--model", str(tiny_dir), "--prompt", "zq " * 200)
+    assert (long.returncode, long.stdout) == (2, "") and "context is 256; shorten the prompt" in long.stderr
+
+
+def test_complete_answers_a_legacy_completions_body(tiny_dir, tmp_path):  # noqa: F811
+    """A body with a prompt and no messages is a legacy Completions request: a text_completion, or its pieces as
+    server-sent events; with both fields it is a chat body, refused naming prompt."""
+    body = {"model": "tiny-random", "prompt": "the cat", "max_tokens": 6, "temperature": 0}
+    path = tmp_path / "body.json"
+    path.write_text(json.dumps(body))
+    done = run_cli("complete", "--model", str(tiny_dir), "--body-json", str(path))
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert (out["object"], out["id"][:5], out["choices"][0]["finish_reason"]) == ("text_completion", "cmpl-", "length")
+    assert out["usage"]["prompt_tokens"] == 4 and out["usage"]["completion_tokens"] == 6
+    path.write_text(json.dumps({**body, "stream": True}))
+    done = run_cli("complete", "--model", str(tiny_dir), "--body-json", str(path))
+    lines = [line for line in done.stdout.splitlines() if line]
+    assert done.returncode == 0 and lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    assert "".join(c["choices"][0]["text"] for c in chunks) == out["choices"][0]["text"]
+    path.write_text(json.dumps({**body, "messages": CHAT}))
+    done = run_cli("complete", "--model", str(tiny_dir), "--body-json", str(path))
+    assert done.returncode == 1 and json.loads(done.stdout)["error"]["param"] == "prompt"

@@ -1,9 +1,10 @@
-// PagedKV as a library for any page on this origin: OpenAI Chat Completions in the tab.
+// PagedKV as a library for any page on this origin: OpenAI Chat Completions (and legacy Completions) in the tab.
 //
 //   import { createEngine } from "/pagedkv.js";
 //   const engine = await createEngine({ model: "smollm2-135m-instruct", onProgress: (p) => console.log(p.text) });
 //   const reply = await engine.chat.completions.create({ model: engine.model, messages: [...] });
 //   for await (const chunk of await engine.chat.completions.create({ ..., stream: true })) ...
+//   const text = await engine.completions.create({ model: engine.model, prompt: "Once upon a time" });  // no template
 //   const openai = new OpenAI({ baseURL: location.origin + "/v1", apiKey: "none", fetch: engine.fetch,
 //                               dangerouslyAllowBrowser: true });
 //
@@ -95,8 +96,9 @@ class Engine {
         reject(new Error(message));
       };
     });
-    const completions = { create: (body, opts) => this.create(body, opts) };
-    this.chat = { completions };
+    this.chat = { completions: { create: (body, opts) => this.create(body, opts) } };
+    // OpenAI's legacy Completions: the prompt continued as it is (base models have no chat template).
+    this.completions = { create: (body, opts) => this.create(body, opts, true) };
     this.models = { list: async () => ({ object: "list", data: (this.info.models || [this.model]).map((id) => ({
       id, object: "model", created: 0, owned_by: "pagedkv" })) }) };
     this.fetch = (input, init) => this.handleFetch(input, init);
@@ -183,25 +185,26 @@ class Engine {
     });
   }
 
-  // One request: its chunks as an async iterator (stream: true) or joined into a chat.completion.
-  async create(body, { signal } = {}) {
+  // One request: its chunks as an async iterator (stream: true) or joined into a chat.completion (legacy: a
+  // legacy Completions body, its text_completion pieces or the text_completion).
+  async create(body, { signal } = {}, legacy = false) {
     if (this.closed) {
       throw new ApiError(503, { error: { message: "the engine is closed", type: "service_unavailable" } });
     }
-    const chunks = this.start(body, signal);
+    const chunks = this.start(body, signal, legacy);
     const first = await chunks.next();  // a refused request throws here, before anything streams
     if (body?.stream) return prepend(first, chunks);
-    return collect(first, chunks, signal);
+    return collect(first, chunks, signal, legacy);
   }
 
-  start(body, signal) {
-    const id = `chatcmpl-${this.nextId++}`;
+  start(body, signal, legacy) {
+    const id = `${legacy ? "cmpl" : "chatcmpl"}-${this.nextId++}`;
     const queue = [];
     let wake = null;
     this.requests.set(id, { push: (msg) => { queue.push(msg); wake?.(); } });
     const abort = () => { this.worker.postMessage({ type: "api-abort", id }); wake?.(); };
     signal?.addEventListener("abort", abort, { once: true });
-    this.worker.postMessage({ type: "api-request", id, body });
+    this.worker.postMessage({ type: "api-request", id, body, legacy });
     const requests = this.requests;
     return (async function* () {
       let ended = false;
@@ -227,14 +230,16 @@ class Engine {
     })();
   }
 
-  // fetch-compatible: POST <any base>/v1/chat/completions (JSON, or server-sent events when streaming) and
-  // GET <any base>/v1/models; anything else is a 404 in OpenAI's error JSON.
+  // fetch-compatible: POST <any base>/v1/chat/completions and <any base>/v1/completions (legacy: a prompt, no
+  // chat template) answer JSON, or server-sent events when streaming; GET <any base>/v1/models; anything else is
+  // a 404 in OpenAI's error JSON.
   async handleFetch(input, init = {}) {
     const request = new Request(input, init);
     const path = new URL(request.url).pathname;
     try {
       if (request.method === "GET" && path.endsWith("/v1/models")) return json(200, await this.models.list());
-      if (request.method !== "POST" || !path.endsWith("/v1/chat/completions")) {
+      const legacy = path.endsWith("/v1/completions");
+      if (request.method !== "POST" || !(legacy || path.endsWith("/v1/chat/completions"))) {
         throw new ApiError(404, { error: { message: `no route ${request.method} ${path}`, type: "not_found_error" } });
       }
       let body;
@@ -248,7 +253,7 @@ class Engine {
       const signal = init.signal ?? request.signal;
       const abortError = () => new DOMException("The operation was aborted.", "AbortError");
       if (signal?.aborted) throw abortError();
-      const result = await this.create(body, { signal });
+      const result = await this.create(body, { signal }, legacy);
       if (signal?.aborted) throw abortError();
       if (!body.stream) return json(200, result);
       const encoder = new TextEncoder();
@@ -292,7 +297,7 @@ async function* prepend(first, rest) {
   }
 }
 
-async function collect(first, rest, signal) {
+async function collect(first, rest, signal, legacy) {
   const texts = new Map();
   const reasons = new Map();
   let head = null;
@@ -300,13 +305,21 @@ async function collect(first, rest, signal) {
   for await (const chunk of prepend(first, rest)) {
     head ??= chunk;
     for (const choice of chunk.choices) {
-      texts.set(choice.index, (texts.get(choice.index) || "") + (choice.delta.content || ""));
+      const piece = legacy ? choice.text : choice.delta.content;
+      texts.set(choice.index, (texts.get(choice.index) || "") + (piece || ""));
       if (choice.finish_reason) reasons.set(choice.index, choice.finish_reason);
     }
     if (chunk.usage) usage = chunk.usage;
   }
   if (signal?.aborted) throw new DOMException("the request was aborted", "AbortError");  // as fetch rejects
-  const choices = [...texts.keys()].sort((a, b) => a - b).map((index) => ({
+  const indices = [...texts.keys()].sort((a, b) => a - b);
+  if (legacy) {  // as pagedkv.completions.completion(legacy=True) builds it
+    const choices = indices.map((index) => ({ text: texts.get(index), index, logprobs: null,
+                                              finish_reason: reasons.get(index) ?? null }));
+    return { id: head.id, object: "text_completion", created: head.created, model: head.model, choices, usage,
+             system_fingerprint: null };
+  }
+  const choices = indices.map((index) => ({
     index, message: { role: "assistant", content: texts.get(index) }, logprobs: null,
     finish_reason: reasons.get(index) ?? null,
   }));

@@ -1,5 +1,6 @@
-"""pagedkv.js's requests in the worker: OpenAI Chat Completions (pagedkv.api.CompletionService, one per model
-the engine holds) on the chat service's engine and step loop. The chat service routes `api-request` /
+"""pagedkv.js's requests in the worker: OpenAI Chat Completions and legacy Completions (an `api-request` with
+`legacy: true`) through pagedkv.api.CompletionService, one per model the engine holds, on the chat service's engine
+and step loop. The chat service routes `api-request` /
 `api-abort` / `api-stats` / `api-load` / `api-unload` here and hands every step's outputs to `deliver` first; each request
 answers with `api-chunk`s and `api-end`, or one `api-error` (status, OpenAI's error JSON). docs/api.md, and the
 protocol table in docs/architecture.md."""
@@ -46,15 +47,17 @@ class ApiRequests:
         """The first model's service."""
         return next(iter(self.services.values()))
 
-    def request(self, request_id: str, body) -> asyncio.Future:
-        """Start one request; its task ends when its stream does (also when it is refused or aborted)."""
-        task = asyncio.ensure_future(self._stream(request_id, body))
+    def request(self, request_id: str, body, legacy: bool = False) -> asyncio.Future:
+        """Start one request (legacy: a legacy Completions body, /v1/completions); its task ends when its stream
+        does (also when it is refused or aborted)."""
+        task = asyncio.ensure_future(self._stream(request_id, body, legacy))
         self._tasks[request_id] = task
         return task
 
-    async def _stream(self, request_id: str, body) -> None:
+    async def _stream(self, request_id: str, body, legacy: bool) -> None:
         try:
-            async for piece in await self.services.route(body).stream(body, request_id=request_id):
+            service = self.services.route(body, legacy)
+            async for piece in await service.stream(body, request_id=request_id, legacy=legacy):
                 self.post("api-chunk", id=request_id, chunk=piece)
             self.post("api-end", id=request_id)
         except ApiError as exc:

@@ -81,7 +81,7 @@ class ChatService:
         self.lost: str | None = None  # why the GPU device went away, until the engine is rebuilt
         self._disk_task: asyncio.Future | None = None  # the last deletion of a chat's block files
         self._flush_task: asyncio.Future | None = None  # the last flush of the disk tier (flush-disk)
-        # OpenAI Chat Completions for pages that import pagedkv.js (api-request): its requests ride this loop.
+        # OpenAI (Chat) Completions for pages that import pagedkv.js (api-request): its requests ride this loop.
         self.api = ApiRequests(engine, template, model_name, self._ensure_loop, post, loader)
         self.alts = AlternativeReplies(engine, post, self._ensure_loop)
         self.remote = RemoteReplies(open_stream, post, webgpu=webgpu, context_length=engine.context_length,
@@ -97,7 +97,7 @@ class ChatService:
             "stop": lambda msg: self.stop(msg["chat"]),
             "forget-session": lambda msg: self.forget_session(msg["chat"]),
             "flush-disk": lambda msg: self.flush_disk(),
-            "api-request": lambda msg: self.api.request(str(msg["id"]), msg.get("body")),
+            "api-request": lambda msg: self.api.request(str(msg["id"]), msg.get("body"), msg.get("legacy") is True),
             "api-abort": lambda msg: self.api.abort(str(msg["id"])),
             "api-stats": lambda msg: self.post("api-stats", id=str(msg["id"]), stats=self.api.stats()),
             "api-load": lambda msg: self.api.load(str(msg["id"]), str(msg.get("model"))),

@@ -1,4 +1,4 @@
-"""The engine as a library under CPython: OpenAI Chat Completions over one LLMEngine.
+"""The engine as a library under CPython: OpenAI Chat Completions, and legacy Completions, over one LLMEngine.
 
     from pagedkv.api import Engine
     engine = Engine(models=["smollm2-135m-instruct"], budget_mib=1024)
@@ -6,6 +6,11 @@
                                            messages=[{"role": "user", "content": "Hi"}], max_tokens=32)
     for piece in engine.chat.completions.create(..., stream=True): ...
     await engine.chat.completions.acreate({...})   # the same on a running event loop
+    engine.completions.create(model=..., prompt="Once upon a time", max_tokens=16)   # a base model: no template
+
+A legacy completion (`engine.completions`, /v1/completions) is the same request with another input: its prompt is
+tokenized as it is (BOS / EOS as the model's file says, no chat template), or given as token ids, and its objects
+are `text_completion`s.
 
 One step loop serves every request (concurrent requests batch in one forward); each request's outputs are routed
 to it. Stop strings, n, usage, errors as OpenAI's (completions.py). `pagedkv: {"session": id}` continues a
@@ -30,29 +35,34 @@ from types import SimpleNamespace
 from typing import AsyncIterator, Iterator, Sequence
 
 from .chat import ChatTemplate, Conversation
-from .completions import ApiError, ChatRequest, StopStrings, chunk, completion, now, parse_request, usage
+from .completions import (LEGACY_MAX_TOKENS, ApiError, CompletionRequest, StopStrings, chunk, completion, now,
+                          parse_request, usage)
 from .engine import EngineConfig, LLMEngine, NeverFits
 from .model.weights import ModelWeights
 from .sampling import MIN_TEMPERATURE, SamplingParams
 from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
 from .tokenizer import Tokenizer
 
-__all__ = ["ApiError", "CompletionService", "CompletionServices", "Completions", "Engine"]
+__all__ = ["ApiError", "ChatCompletions", "CompletionService", "CompletionServices", "Completions", "Engine"]
 
 MIB = 1 << 20
 MODELS_DIR = Path(__file__).resolve().parents[2] / "dist" / "models"
 
 
 class _Creates:
-    """create / acreate over an async `stream(body, signal)` returning the chunks."""
+    """create / acreate over an async `stream(body, signal)` returning the chunks; `legacy`: they are legacy
+    Completions' (text_completion)."""
+
+    legacy = False
 
     async def acreate(self, body: dict | None = None, *, signal: asyncio.Event | None = None, **fields):
-        """A `chat.completion`, or with `stream: true` an async iterator of `chat.completion.chunk`s."""
+        """A `chat.completion`, or with `stream: true` an async iterator of `chat.completion.chunk`s (legacy: a
+        `text_completion`, or its streamed pieces)."""
         body = dict(body or {}, **fields)
         chunks = await self.stream(body, signal)
         if body.get("stream"):
             return chunks
-        return await _collect(chunks)
+        return await _collect(chunks, self.legacy)
 
     def create(self, body: dict | None = None, **fields) -> dict | Iterator[dict]:
         """As acreate, driven on a private event loop: in this thread, or where this thread runs a loop already
@@ -131,7 +141,7 @@ class CompletionService(_Creates):
 
     # ---------------------------------------------------------------- one request
 
-    def _conversation(self, req: ChatRequest) -> Conversation:
+    def _conversation(self, req: CompletionRequest) -> Conversation:
         """The request's conversation: with a session whose messages the request's start with, that session's
         exact token ids plus the new messages (a copy: the session changes only when the reply ends); else
         the messages rendered afresh."""
@@ -145,52 +155,71 @@ class CompletionService(_Creates):
             conv.add_message(message["role"], message["content"])
         return conv
 
-    def _start(self, req: ChatRequest, request_id: str | None) -> tuple[str, int, Conversation]:
+    def prompt_ids(self, req: CompletionRequest) -> list[int]:
+        """A legacy request's prompt ids: its text tokenized as it is, with BOS (and EOS) where the model's file
+        says to add them (llama.cpp's add_special) and no chat template; or its token ids as given."""
+        if isinstance(req.prompt, str):
+            ids = self.tokenizer.encode(req.prompt, add_special=True)
+        else:
+            vocab = self.tokenizer.vocab_size
+            bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ApiError(400, f"prompt holds token id {bad}; {self.model_id}'s ids are 0..{vocab - 1}",
+                               "prompt")
+            ids = list(req.prompt)
+        if not ids:
+            raise ApiError(400, f"the prompt is empty and {self.model_id} adds no BOS token: give at least one "
+                                "token to continue", "prompt")
+        return ids
+
+    def _start(self, req: CompletionRequest, request_id: str | None) -> tuple[str, int, Conversation | None]:
         if "session" in req.options and req.n != 1:
             raise ApiError(400, f"a pagedkv.session continues one conversation: n must be 1, got {req.n}", "n")
-        conv = self._conversation(req)
-        prompt = conv.prompt_ids()
+        conv = None if req.legacy else self._conversation(req)
+        prompt = self.prompt_ids(req) if conv is None else conv.prompt_ids()
         room = self.context_length - len(prompt)
         if room < 1:
             raise ApiError(400, f"the prompt has {len(prompt)} tokens; {self.model_id}'s context is "
-                                f"{self.context_length}", "messages")
+                                f"{self.context_length}", req.input_field)
         if req.max_tokens is not None and req.max_tokens > room:
             raise ApiError(400, f"max_tokens {req.max_tokens} + the prompt's {len(prompt)} tokens pass "
                                 f"{self.model_id}'s context of {self.context_length}", "max_tokens")
         greedy = req.temperature < MIN_TEMPERATURE or req.top_p == 0.0  # the nucleus of p=0: the top token
+        limit = req.max_tokens or (min(LEGACY_MAX_TOKENS, room) if req.legacy else room)
         params = SamplingParams(temperature=0.0 if greedy else req.temperature, top_p=1.0 if greedy else req.top_p,
-                                seed=req.seed, max_tokens=req.max_tokens or room, n=req.n)
-        rid = request_id or f"chatcmpl-{next(self._ids)}"
+                                seed=req.seed, max_tokens=limit, n=req.n)
+        rid = request_id or f"{'cmpl' if req.legacy else 'chatcmpl'}-{next(self._ids)}"
         if rid in self._routes:
             raise ApiError(400, f"a request with id {rid!r} is running")
         try:
             self.llm.add_request(prompt, params, request_id=rid, model=self.model)
         except NeverFits as exc:
-            raise ApiError(413, str(exc), "messages") from None
+            raise ApiError(413, str(exc), req.input_field) from None
         self._routes[rid] = asyncio.Queue()
         self.kick()
         return rid, len(prompt), conv
 
-    async def stream(self, body: dict, signal: asyncio.Event | None = None,
-                     request_id: str | None = None) -> AsyncIterator[dict]:
-        """The `chat.completion.chunk`s of one request; ApiError before the first one for a request refused."""
+    async def stream(self, body: dict, signal: asyncio.Event | None = None, request_id: str | None = None, *,
+                     legacy: bool = False) -> AsyncIterator[dict]:
+        """The `chat.completion.chunk`s of one request (legacy: a legacy Completions body, its streamed
+        `text_completion`s); ApiError before the first one for a request refused."""
         if self.closed:
             raise ApiError(503, "the engine is closed")
-        req = parse_request(body, [self.model_id])
+        req = parse_request(body, [self.model_id], legacy=legacy)
         rid, prompt_tokens, conv = self._start(req, request_id)
         # Taken now: the step loop may finish the request before the caller reads its first chunk (its outputs
         # wait in its route); num_cached_prompt_tokens is set when the scheduler first admits it.
         root = self.llm.request(rid)
         return self._chunks(req, rid, root, prompt_tokens, conv, signal)
 
-    async def _chunks(self, req: ChatRequest, rid: str, root, prompt_tokens: int, conv: Conversation,
+    async def _chunks(self, req: CompletionRequest, rid: str, root, prompt_tokens: int, conv: Conversation | None,
                       signal) -> AsyncIterator[dict]:
-        created, route = now(), self._routes[rid]
+        created, route, legacy = now(), self._routes[rid], req.legacy
         stops = [StopStrings(req.stop) for _ in range(req.n)]
         done, tokens = [False] * req.n, [0] * req.n
         ids, texts = [[] for _ in range(req.n)], [[] for _ in range(req.n)]
         try:
-            for i in range(req.n):
+            for i in range(req.n if not legacy else 0):  # a legacy stream has no role chunk
                 yield chunk(rid, req.model, created, i, role=True)
             while not all(done):
                 if signal is not None and signal.is_set():
@@ -211,10 +240,10 @@ class CompletionService(_Creates):
                 reason = "stop" if stopped else out.finish_reason if out.finished else None
                 texts[i].append(text)
                 if text:
-                    yield chunk(rid, req.model, created, i, text=text)
+                    yield chunk(rid, req.model, created, i, text=text, legacy=legacy)
                 if reason is not None:
                     done[i] = True
-                    yield chunk(rid, req.model, created, i, finish_reason=reason)
+                    yield chunk(rid, req.model, created, i, finish_reason=reason, legacy=legacy)
                 if all(done[j] or stops[j].stopped for j in range(req.n)) and self.llm.is_unfinished(rid):
                     self.llm.abort(rid)  # a stop string ended the last sample still running: its blocks go now
             session = req.options.get("session")
@@ -226,7 +255,7 @@ class CompletionService(_Creates):
                 self._sessions[session] = conv
             if all(done) and (req.include_usage or not req.stream):  # a completion object always carries usage
                 yield chunk(rid, req.model, created,
-                            use=usage(prompt_tokens, sum(tokens), root.num_cached_prompt_tokens))
+                            use=usage(prompt_tokens, sum(tokens), root.num_cached_prompt_tokens), legacy=legacy)
         finally:  # ended, closed early by the caller, or aborted: nothing of it stays in the pool
             if self.llm.is_unfinished(rid):
                 self.llm.abort(rid)
@@ -237,12 +266,13 @@ class CompletionServices(dict):
     """The completion services of an engine's models, by model id (api.Engine's; the page worker's
     ApiRequests'): a request body to its model's service, each step's outputs to their requests."""
 
-    def route(self, body) -> CompletionService:
-        """The service of the model `body` names; ApiError as OpenAI's (404 unknown, 400 malformed)."""
+    def route(self, body, legacy: bool = False) -> CompletionService:
+        """The service of the model `body` names; ApiError as OpenAI's (404 unknown, 400 malformed). legacy: a
+        legacy Completions body."""
         model = body.get("model") if isinstance(body, dict) else None
         if isinstance(model, str) and model in self:
             return self[model]
-        parse_request(body, list(self))  # names what is wrong with the body
+        parse_request(body, list(self), legacy=legacy)  # names what is wrong with the body
         raise ApiError(404, f"the model {model!r} does not exist here", "model")
 
     def deliver(self, outputs) -> list:
@@ -266,19 +296,31 @@ class CompletionServices(dict):
         return any([s.forget(session) for s in self.values()])
 
 
-class Completions(_Creates):
-    """engine.chat.completions of an Engine: each request to the service of the model it names."""
+class _EngineCreates(_Creates):
+    """create / acreate of an Engine: each request to the service of the model it names."""
 
     def __init__(self, engine: "Engine") -> None:
         self._engine = engine
 
     async def stream(self, body: dict, signal: asyncio.Event | None = None,
                      request_id: str | None = None) -> AsyncIterator[dict]:
-        return await self._engine.service(body).stream(body, signal, request_id)
+        return await self._engine.service(body, self.legacy).stream(body, signal, request_id, legacy=self.legacy)
+
+
+class ChatCompletions(_EngineCreates):
+    """engine.chat.completions of an Engine: OpenAI Chat Completions."""
+
+
+class Completions(_EngineCreates):
+    """engine.completions of an Engine: OpenAI's legacy Completions (a prompt continued with no chat template),
+    the same requests on the same services as a chat's."""
+
+    legacy = True
 
 
 class Engine:
-    """OpenAI Chat Completions over one LLMEngine on the CPU backend, stepped by its own loop. `models`: model
+    """OpenAI Chat Completions (`engine.chat.completions`) and legacy Completions (`engine.completions`) over one
+    LLMEngine on the CPU backend, stepped by its own loop. `models`: model
     ids under `models_dir` (dist/models, what build.py writes) or model directories; the id is the directory's
     name. All of them and their KV share `budget_mib` (module docstring)."""
 
@@ -302,7 +344,8 @@ class Engine:
             self._serve(model_id, weights)
         self._driver: asyncio.Task | None = None
         self.closed = False
-        self.chat = SimpleNamespace(completions=Completions(self))
+        self.chat = SimpleNamespace(completions=ChatCompletions(self))
+        self.completions = Completions(self)  # the legacy API, where the openai client has it
         self.models = SimpleNamespace(list=self.list_models)
 
     # ---------------------------------------------------------------- models
@@ -354,10 +397,11 @@ class Engine:
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "pagedkv"}
                                            for m in self.services]}
 
-    def service(self, body: dict) -> CompletionService:
-        """The service of the model `body` names; ApiError as OpenAI's (503 closed, 404 unknown, 400 malformed)."""
+    def service(self, body: dict, legacy: bool = False) -> CompletionService:
+        """The service of the model `body` names; ApiError as OpenAI's (503 closed, 404 unknown, 400 malformed).
+        legacy: a legacy Completions body."""
         self._open()
-        return self.services.route(body)
+        return self.services.route(body, legacy)
 
     def _open(self) -> None:
         if self.closed:
@@ -432,17 +476,18 @@ def _drain(loop: asyncio.AbstractEventLoop, run, chunks: AsyncIterator[dict]) ->
         loop.close()
 
 
-async def _collect(chunks: AsyncIterator[dict]) -> dict:
+async def _collect(chunks: AsyncIterator[dict], legacy: bool) -> dict:
     texts: dict[int, list[str]] = {}
     reasons: dict[int, str] = {}
     cid = model = created = use = None  # no usage: the request was aborted
     async for piece in chunks:
         cid, model, created = piece["id"], piece["model"], piece["created"]
         for choice in piece["choices"]:
-            texts.setdefault(choice["index"], []).append(choice["delta"].get("content") or "")
+            texts.setdefault(choice["index"], []).append(choice["text"] if legacy else
+                                                         choice["delta"].get("content") or "")
             if choice["finish_reason"]:
                 reasons[choice["index"]] = choice["finish_reason"]
         if "usage" in piece:
             use = piece["usage"]
     choices = [{"index": i, "text": "".join(texts[i]), "finish_reason": reasons.get(i)} for i in sorted(texts)]
-    return completion(cid, model, created, choices, use)
+    return completion(cid, model, created, choices, use, legacy=legacy)

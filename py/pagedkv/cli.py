@@ -1,6 +1,7 @@
 """Command line: `python3 -m pagedkv generate|complete|tokenize` on a built model directory or, with `--gguf FILE`,
 on any llama / qwen2 GGUF, converted on first use into .cache/models/<its sha256>/ and reused while current.
-`complete` answers an OpenAI Chat Completions body through pagedkv.api.Engine (docs/api.md).
+`complete` answers an OpenAI Chat Completions body, or a legacy Completions one (a prompt, no messages), through
+pagedkv.api.Engine (docs/api.md). `generate --prompt TEXT` continues a raw prompt (a base model: no chat template).
 
 generate runs on the CPU (numpy reference, the default) or with `--backend wgpu` on a native WebGPU device
 (wgpu-py: Vulkan, Metal or D3D12; imported only then), which adds `timings` and `adapter` to the JSON."""
@@ -91,9 +92,20 @@ def _tokenizer(model_dir: Path) -> tuple[dict, Tokenizer]:
     return manifest, Tokenizer.from_manifest(manifest)
 
 
+def _prompt_ids(prompt: str | None, messages: list[dict] | None, manifest: dict, tok: Tokenizer) -> list[int]:
+    """--prompt's ids as the legacy Completions API makes them (the text as it is, BOS / EOS as the model's file
+    says: llama.cpp's add_special; no template), or the messages rendered by the model's chat template."""
+    if prompt is None:
+        return Conversation(tok, ChatTemplate.from_manifest(manifest, tok), messages).prompt_ids()
+    ids = tok.encode(prompt, add_special=True)
+    if not ids:
+        raise CliError("--prompt is empty and the model adds no BOS token: give some text to continue")
+    return ids
+
+
 def cmd_generate(args) -> dict:
-    """Render the chat, generate, and return {"prompt_ids", "output_ids", "text"}."""
-    messages = _load_messages(args.messages_json)
+    """Render the chat (or take --prompt as it is), generate, and return {"prompt_ids", "output_ids", "text"}."""
+    messages = None if args.messages_json is None else _load_messages(args.messages_json)
     args.model = _model_dir(args)
     manifest, tok = _tokenizer(args.model)
     # llama.cpp's end-of-generation set (e.g. <|im_end|> for ChatML, <|eot_id|> for Llama 3) and EOS.
@@ -101,10 +113,11 @@ def cmd_generate(args) -> dict:
     # --ignore-eos: the only stop id is the vocabulary size, an id no model emits (an empty tuple would mean
     # the engine's defaults), so exactly --max-tokens tokens come out unless the context fills.
     params = _sampling_params(args, (manifest["config"]["vocab"],) if args.ignore_eos else stop_ids)
-    prompt_ids = Conversation(tok, ChatTemplate.from_manifest(manifest, tok), messages).prompt_ids()
+    prompt_ids = _prompt_ids(args.prompt, messages, manifest, tok)
     context = manifest["config"]["context_length"]
     if len(prompt_ids) >= context:
-        raise CliError(f"prompt has {len(prompt_ids)} tokens; the model context is {context}; shorten the messages")
+        raise CliError(f"prompt has {len(prompt_ids)} tokens; the model context is {context}; shorten the "
+                       f"{'messages' if args.prompt is None else 'prompt'}")
     extra = {}
     if args.backend == "wgpu":
         extra = _generate_wgpu(args, prompt_ids, params)
@@ -135,9 +148,10 @@ def _generate_wgpu(args, prompt_ids: list[int], params: SamplingParams) -> dict:
 
 
 def cmd_complete(args) -> int:
-    """Answer one request body through pagedkv.api.Engine: the chat.completion JSON, or with stream: true its
-    chunks as `data: {...}` lines ending in `data: [DONE]`. A refused request prints OpenAI's error JSON on
-    stdout and exits 1 (HTTP's status is in the message on stderr); bad command-line input exits 2."""
+    """Answer one request body through pagedkv.api.Engine: the chat.completion JSON (a body with a prompt and no
+    messages: legacy Completions, the text_completion), or with stream: true its chunks as `data: {...}` lines
+    ending in `data: [DONE]`. A refused request prints OpenAI's error JSON on stdout and exits 1 (HTTP's status
+    is in the message on stderr); bad command-line input exits 2."""
     from .api import ApiError, Engine
 
     try:
@@ -148,8 +162,9 @@ def cmd_complete(args) -> int:
             return _api_error(exc)
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    legacy = isinstance(body, dict) and "prompt" in body and "messages" not in body
     try:
-        result = engine.chat.completions.create(body)
+        result = (engine.completions if legacy else engine.chat.completions).create(body)
         if isinstance(result, dict):
             print(json.dumps(result, ensure_ascii=False))
             return 0
@@ -184,7 +199,8 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python3 -m pagedkv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="chat completion on the CPU reference backend or native WebGPU")
+    gen = sub.add_parser("generate", help="chat completion (or a raw --prompt continued) on the CPU reference "
+                         "backend or native WebGPU")
     _model_options(gen)
     gen.add_argument("--backend", choices=BACKENDS, default="cpu",
                      help="cpu: the numpy reference; wgpu: the WebGPU kernels on a native adapter through wgpu-py "
@@ -197,7 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: .cache/gpu_tuning.json)")
     gen.add_argument("--no-pipeline", action="store_true", help="--backend wgpu: submit each decode step only "
                      "after the last one's ids are read (the baseline of the pipelined decode)")
-    gen.add_argument("--messages-json", required=True, help='file with [{"role": ..., "content": ...}, ...]')
+    given = gen.add_mutually_exclusive_group(required=True)
+    given.add_argument("--messages-json", help='file with [{"role": ..., "content": ...}, ...], rendered by the '
+                       "model's chat template")
+    given.add_argument("--prompt", help="a text continued as it is (a base model): no chat template; BOS as the "
+                       "model's file says")
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--ignore-eos", action="store_true",
                      help="never stop at an end-of-generation token: exactly --max-tokens (a timing run)")
@@ -208,11 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--repetition-penalty", type=float, default=1.0)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
-    comp = sub.add_parser("complete", help="an OpenAI Chat Completions request body in, the response out "
-                          "(pagedkv.api.Engine on the CPU backend; stream: true prints server-sent events)")
+    comp = sub.add_parser("complete", help="an OpenAI Chat Completions request body (or a legacy Completions one: "
+                          "a prompt, no messages) in, the response out (pagedkv.api.Engine on the CPU backend; "
+                          "stream: true prints server-sent events)")
     _model_options(comp)
-    comp.add_argument("--body-json", required=True, help="file with the request body ({model, messages, ...}); "
-                      "its model must be a model directory's name")
+    comp.add_argument("--body-json", required=True, help="file with the request body ({model, messages, ...}, or "
+                      "{model, prompt, ...}); its model must be a model directory's name")
     comp.add_argument("--also", type=Path, action="append", default=[], metavar="MODEL_DIR",
                       help="another model directory to load into the same budget (repeatable)")
     comp.add_argument("--budget-mib", type=int, default=1024, help="weights + KV pool, MiB (default: %(default)s)")

@@ -1,6 +1,8 @@
-"""OpenAI Chat Completions as plain data: a request body checked field by field (ApiError names the field and
-carries the HTTP status an OpenAI server answers with), stop strings matched across streamed pieces (text that may
-begin one is held back until decided), and the `chat.completion` / `chat.completion.chunk` objects.
+"""OpenAI Chat Completions and legacy Completions as plain data: a request body checked field by field (ApiError
+names the field and carries the HTTP status an OpenAI server answers with), stop strings matched across streamed
+pieces (text that may begin one is held back until decided), and the `chat.completion` / `chat.completion.chunk`
+objects, or for a legacy request (`/v1/completions`: a `prompt` continued as it is, no chat template) the
+`text_completion` ones.
 
 Nothing here runs a model: api.Engine feeds it (docs/api.md). Pure Python, so the page's worker and CPython
 share it.
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .chat import validate_messages
 
-__all__ = ["ApiError", "ChatRequest", "StopStrings", "parse_request", "completion", "chunk", "usage"]
+__all__ = ["ApiError", "CompletionRequest", "StopStrings", "parse_request", "completion", "chunk", "usage"]
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_N = 16
@@ -24,6 +26,19 @@ UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_f
 IGNORED = ("user",)  # an end-user id for the provider's abuse tracking: nothing to do in a tab
 SUPPORTED = ("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
              "top_p", "seed", "stop", "n", "pagedkv")
+# The legacy endpoint's own: echo, suffix and best_of pass only with their do-nothing values (_legacy_fields).
+LEGACY_SUPPORTED = ("model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "seed",
+                    "stop", "n", "echo", "suffix", "best_of")
+LEGACY_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for a legacy completion; a chat runs up to the context
+# A field of the other endpoint: refused with where it belongs, as a caller who posted to the wrong route needs.
+OTHER_ENDPOINT = {
+    "prompt": "prompt is a legacy Completions field (/v1/completions, engine.completions); a chat request has "
+              "messages",
+    "messages": "messages is a Chat Completions field (/v1/chat/completions, engine.chat.completions); a legacy "
+                "completion has a prompt",
+    "max_completion_tokens": "max_completion_tokens is a Chat Completions field; a legacy completion has max_tokens",
+    "pagedkv": "pagedkv (sessions) continues a chat; a legacy completion has no session",
+}
 
 
 class ApiError(Exception):
@@ -42,11 +57,11 @@ class ApiError(Exception):
 
 
 @dataclass(frozen=True)
-class ChatRequest:
-    """A checked request body."""
+class CompletionRequest:
+    """A checked request body: a chat's messages, or a legacy completion's prompt (text, or token ids as given)."""
 
     model: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, str]]  # empty for a legacy completion
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with usage and no choices
     max_tokens: int | None = None  # None: up to the context
@@ -56,6 +71,17 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     n: int = 1
     options: dict = field(default_factory=dict)  # the `pagedkv` extension object
+    prompt: str | tuple[int, ...] | None = None  # a legacy completion's; None for a chat
+
+    @property
+    def legacy(self) -> bool:
+        """A legacy Completions request (/v1/completions): its prompt is continued with no chat template."""
+        return self.prompt is not None
+
+    @property
+    def input_field(self) -> str:
+        """The field that holds what the model reads: an error about its length names it."""
+        return "prompt" if self.legacy else "messages"
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
@@ -81,25 +107,64 @@ def _integer(body: dict, name: str, low: int, high: int | None = None) -> int | 
     return value
 
 
-def parse_request(body: object, models: list[str]) -> ChatRequest:
-    """Check an OpenAI Chat Completions body; ApiError names the first offending field. `models`: the ids
-    served (an unknown one is a 404)."""
+def _prompt(body: dict) -> str | tuple[int, ...]:
+    """A legacy body's prompt: a string or token ids, or a list holding one of either (OpenAI's batch of one)."""
+    value = body.get("prompt")
+    if value is None:
+        raise ApiError(400, "prompt is required: the text to continue, or its token ids", "prompt")
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return tuple(value)
+    if isinstance(value, list) and len(value) > 1 and all(isinstance(v, (str, list)) for v in value):
+        raise ApiError(400, f"prompt holds {len(value)} prompts; this engine answers one a request (send each "
+                            "its own request: they batch in the engine all the same)", "prompt")
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    raise ApiError(400, f"prompt must be a string or a non-empty list of token ids, got {shown}", "prompt")
+
+
+def _legacy_fields(body: dict) -> None:
+    """echo, suffix and best_of: accepted with the values that change nothing, else refused by name."""
+    echo, suffix, best_of = body.get("echo"), body.get("suffix"), body.get("best_of")
+    if echo is not None and echo is not False:
+        raise ApiError(400, f"echo is not supported by this engine (only false), got {echo!r}", "echo")
+    if suffix is not None and suffix != "":
+        raise ApiError(400, "suffix is not supported by this engine (inserting text needs a fill-in-the-middle "
+                            "model); send the text before it as the prompt", "suffix")
+    if best_of is not None and (type(best_of) is not int or best_of != 1):
+        raise ApiError(400, f"best_of is not supported by this engine (only 1; n gives several choices), got "
+                            f"{best_of!r}", "best_of")
+
+
+def parse_request(body: object, models: list[str], *, legacy: bool = False) -> CompletionRequest:
+    """Check an OpenAI Chat Completions body, or with `legacy` a legacy Completions one; ApiError names the first
+    offending field. `models`: the ids served (an unknown one is a 404)."""
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    supported = LEGACY_SUPPORTED if legacy else SUPPORTED
     for name in body:
         if name in UNSUPPORTED:
             raise ApiError(400, f"{name} is not supported by this engine", name)
-        if name not in SUPPORTED and name not in IGNORED:
+        if name in OTHER_ENDPOINT and name not in supported:
+            raise ApiError(400, OTHER_ENDPOINT[name], name)
+        if name not in supported and name not in IGNORED:
             raise ApiError(400, f"unknown field {name!r}", name)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "model is required: the id of a loaded model", "model")
     if model not in models:
         raise ApiError(404, f"the model {model!r} does not exist here; loaded: {', '.join(models) or 'none'}", "model")
-    try:
-        messages = validate_messages(body.get("messages"))
-    except ValueError as exc:
-        raise ApiError(400, str(exc), "messages") from None
+    prompt, messages = None, []
+    if legacy:
+        prompt = _prompt(body)
+        _legacy_fields(body)
+    else:
+        try:
+            messages = validate_messages(body.get("messages"))
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "messages") from None
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise ApiError(400, f"stream must be true or false, got {stream!r}", "stream")
@@ -109,8 +174,8 @@ def parse_request(body: object, models: list[str]) -> ChatRequest:
     if options and not stream:
         raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
     max_tokens = _integer(body, "max_completion_tokens", 1)
-    legacy = _integer(body, "max_tokens", 1)
-    if max_tokens is not None and legacy is not None and max_tokens != legacy:
+    older = _integer(body, "max_tokens", 1)
+    if max_tokens is not None and older is not None and max_tokens != older:
         raise ApiError(400, "max_tokens and max_completion_tokens differ; give one", "max_tokens")
     stop = body.get("stop")
     stops = (stop,) if isinstance(stop, str) else stop if stop is not None else ()
@@ -123,13 +188,13 @@ def parse_request(body: object, models: list[str]) -> ChatRequest:
         raise ApiError(400, f"pagedkv may hold only session, got {extension!r}", "pagedkv")
     if "session" in extension and not (isinstance(extension["session"], str) and extension["session"]):
         raise ApiError(400, "pagedkv.session must be a non-empty string", "pagedkv.session")
-    return ChatRequest(model=model, messages=messages, stream=stream,
-                       include_usage=bool(options.get("include_usage", False)),
-                       max_tokens=max_tokens if max_tokens is not None else legacy,
-                       temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-                       top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
-                       seed=_integer(body, "seed", 0), stop=tuple(stops), n=_integer(body, "n", 1, MAX_N) or 1,
-                       options=dict(extension))
+    return CompletionRequest(model=model, messages=messages, prompt=prompt, stream=stream,
+                             include_usage=bool(options.get("include_usage", False)),
+                             max_tokens=max_tokens if max_tokens is not None else older,
+                             temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+                             top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+                             seed=_integer(body, "seed", 0), stop=tuple(stops), n=_integer(body, "n", 1, MAX_N) or 1,
+                             options=dict(extension))
 
 
 class StopStrings:
@@ -174,24 +239,32 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def completion(cid: str, model: str, created: int, choices: list[dict], use: dict) -> dict:
-    """A `chat.completion` object; `choices`: {"index", "text", "finish_reason"} each."""
-    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]},
-                         "logprobs": None, "finish_reason": c["finish_reason"]} for c in choices],
-            "usage": use, "system_fingerprint": None}
+def completion(cid: str, model: str, created: int, choices: list[dict], use: dict, *, legacy: bool = False) -> dict:
+    """A `chat.completion` object, or with `legacy` a `text_completion`; `choices`: {"index", "text",
+    "finish_reason"} each."""
+    if legacy:
+        shaped = [{"text": c["text"], "index": c["index"], "logprobs": None, "finish_reason": c["finish_reason"]}
+                  for c in choices]
+    else:
+        shaped = [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]}, "logprobs": None,
+                   "finish_reason": c["finish_reason"]} for c in choices]
+    return {"id": cid, "object": "text_completion" if legacy else "chat.completion", "created": created,
+            "model": model, "choices": shaped, "usage": use, "system_fingerprint": None}
 
 
 def chunk(cid: str, model: str, created: int, index: int | None = None, *, role: bool = False, text: str | None = None,
-          finish_reason: str | None = None, use: dict | None = None) -> dict:
+          finish_reason: str | None = None, use: dict | None = None, legacy: bool = False) -> dict:
     """A `chat.completion.chunk`: one choice's delta (its role first, then text, then its finish_reason), or
-    with `use` and no index the usage chunk that ends a stream whose stream_options ask for it."""
+    with `use` and no index the usage chunk that ends a stream whose stream_options ask for it. With `legacy` a
+    streamed `text_completion`: the choice's `text` is the new piece (a legacy stream has no role chunk)."""
     choices = []
-    if index is not None:
+    if index is not None and legacy:
+        choices = [{"text": text or "", "index": index, "logprobs": None, "finish_reason": finish_reason}]
+    elif index is not None:
         delta = ({"role": "assistant", "content": ""} if role else {}) | ({"content": text} if text else {})
         choices = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
-    out = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices,
-           "system_fingerprint": None}
+    out = {"id": cid, "object": "text_completion" if legacy else "chat.completion.chunk", "created": created,
+           "model": model, "choices": choices, "system_fingerprint": None}
     if use is not None:
         out["usage"] = use
     return out

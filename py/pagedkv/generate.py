@@ -1,11 +1,12 @@
-"""`npm run generate -- --messages-json FILE [--model NAME | --gguf FILE] [--max-tokens N]
+"""`npm run generate -- (--messages-json FILE | --prompt TEXT) [--model NAME | --gguf FILE] [--max-tokens N]
 [--greedy | --temperature T --seed S] [--backend auto|webgpu|cpu] [--kernels auto|cpu|gpu] [--json]`
 (`python3 -m pagedkv.generate ...` from the repository root, dist/ built).
 
 `--gguf FILE` runs any llama / qwen2 GGUF: converted on first use into dist/models/<its sha256>/ (the page
 loads models from dist/; reused while current) and loaded by that name.
 
-Runs one chat completion in headless Chromium through the page's engine (on the
+Runs one chat completion (or with --prompt a raw prompt continued: no chat template, BOS as the model's file
+says, as the legacy Completions API takes it) in headless Chromium through the page's engine (on the
 backend the page's ?backend=auto picks, unless --backend says which) and prints the same JSON as the CPU CLI
 (`python3 -m pagedkv generate`): prompt_ids, output_ids, text, plus timings
 (ttft_ms, prefill_tok_s, decode_tok_s) measured inside the tab. It drives the built
@@ -28,8 +29,12 @@ from pagedkv.chat import Conversation, validate_messages
 from pagedkv.sampling import SamplingParams
 engine, service = state["engine"], state["service"]
 args = json.loads({args!r})
-conv = Conversation(engine.tokenizer, service.template, validate_messages(args["messages"]))
-prompt = conv.prompt_ids()
+if args["prompt"] is None:
+    prompt = Conversation(engine.tokenizer, service.template, validate_messages(args["messages"])).prompt_ids()
+else:  # as pagedkv.cli's --prompt and the legacy Completions API: the text as it is, BOS as the file says
+    prompt = engine.tokenizer.encode(args["prompt"], add_special=True)
+    if not prompt:
+        raise ValueError("--prompt is empty and the model adds no BOS token: give some text to continue")
 params = SamplingParams(temperature=args["temperature"], seed=args["seed"], max_tokens=args["max_tokens"],
                         stop_token_ids=tuple(sorted(engine.default_stop_ids)))
 t0 = time.perf_counter()
@@ -54,7 +59,9 @@ json.dumps({{"prompt_ids": prompt, "output_ids": out, "text": engine.tokenizer.d
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages-json", required=True)
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--messages-json", help="a chat, rendered by the model's chat template")
+    given.add_argument("--prompt", help="a text continued as it is (a base model): no chat template")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--greedy", action="store_true")
     parser.add_argument("--temperature", type=float)
@@ -73,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.greedy and args.temperature is not None:
         parser.error("--greedy and --temperature exclude each other")
     try:
-        messages = json.loads(Path(args.messages_json).read_text(encoding="utf-8"))
+        messages = None if args.prompt is not None else json.loads(Path(args.messages_json).read_text("utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         print(f"error: cannot read messages from {args.messages_json}: {exc}", file=sys.stderr)
         return 2
@@ -85,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    payload = json.dumps({"messages": messages, "temperature": args.temperature or 0.0, "seed": args.seed,
-                          "max_tokens": args.max_tokens})
+    payload = json.dumps({"messages": messages, "prompt": args.prompt, "temperature": args.temperature or 0.0,
+                          "seed": args.seed, "max_tokens": args.max_tokens})
     from harness.page import BrowserSession  # the repository's, with Playwright: never in the page
 
     with BrowserSession(f"?model={args.model}&backend={args.backend}&kernels={args.kernels}"

@@ -2,9 +2,11 @@
 Completions non-streamed and streamed with the same greedy text, engine.fetch answering /v1/models and
 /v1/chat/completions as an OpenAI server does (JSON, server-sent events ending in [DONE], error JSON with its
 status), an AbortSignal ending a stream, and engine.stats() showing no block held afterwards; the official
-`openai` npm client (node_modules/openai, served to the page as /vendor/openai/) unchanged over engine.fetch."""
+`openai` npm client (node_modules/openai, served to the page as /vendor/openai/) unchanged over engine.fetch; legacy
+Completions (engine.completions, POST /v1/completions, the client's completions) answering text_completions."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -146,21 +148,72 @@ def serve_openai(route) -> None:
     route.fulfill(status=200, body=path.read_bytes(), content_type="text/javascript")
 
 
-def test_the_official_openai_client_works_unchanged(browser, base_url):
+def evaluate_with_the_client(browser, base_url, script: str):
+    """`script`'s result in the example page once its engine is ready, /vendor/openai/ served to it."""
     assert (OPENAI / "client.mjs").is_file(), "npm ci installs the openai devDependency"
     page = browser.new_page()
     try:
         page.route("**/vendor/openai/**", serve_openai)
         page.goto(base_url + EXAMPLE)
         page.wait_for_selector("html[data-engine=ready]", state="attached", timeout=240_000)
-        got = page.evaluate(OFFICIAL_CLIENT)
-        assert got["ids"] == ["tiny-random"]
-        assert got["plain"] and got["text"] == got["plain"] and got["usage"]["completion_tokens"] >= 1
-        assert got["tools"] == {"name": "BadRequestError", "status": 400, "param": "tools"}
-        assert got["unknown"]["name"] == "NotFoundError" and got["unknown"]["status"] == 404
-        # The client ends a stream aborted by its signal without an error (openai's core/streaming.mjs), and
-        # engine.fetch errors the body at once, as fetch does: no chunk after the abort.
-        assert got["aborted"] is None and got["n"] == 3
-        assert (got["used"], got["running"]) == (0, 0)  # the aborted stream's blocks are free
+        return page.evaluate(script)
     finally:
         page.close()
+
+
+def test_the_official_openai_client_works_unchanged(browser, base_url):
+    got = evaluate_with_the_client(browser, base_url, OFFICIAL_CLIENT)
+    assert got["ids"] == ["tiny-random"]
+    assert got["plain"] and got["text"] == got["plain"] and got["usage"]["completion_tokens"] >= 1
+    assert got["tools"] == {"name": "BadRequestError", "status": 400, "param": "tools"}
+    assert got["unknown"]["name"] == "NotFoundError" and got["unknown"]["status"] == 404
+    # The client ends a stream aborted by its signal without an error (openai's core/streaming.mjs), and
+    # engine.fetch errors the body at once, as fetch does: no chunk after the abort.
+    assert got["aborted"] is None and got["n"] == 3
+    assert (got["used"], got["running"]) == (0, 0)  # the aborted stream's blocks are free
+
+
+LEGACY = """async () => {
+  const { OpenAI } = await import("/vendor/openai/client.mjs");
+  const e = window.engine;
+  const body = { model: e.model, prompt: "the cat", max_tokens: 6, temperature: 0 };
+  const whole = await e.completions.create(body);
+  let streamed = "";
+  for await (const c of await e.completions.create({ ...body, stream: true })) streamed += c.choices[0]?.text ?? "";
+  const post = (b) => e.fetch(location.origin + "/v1/completions", { method: "POST", body: JSON.stringify(b) });
+  const plain = await (await post(body)).json();
+  const events = (await (await post({ ...body, stream: true })).text()).split("\\n\\n").filter(Boolean);
+  const chat = await post({ ...body, messages: [{ role: "user", content: "hi" }] });
+  const client = new OpenAI({ baseURL: location.origin + "/v1", apiKey: "unused", fetch: e.fetch,
+                              dangerouslyAllowBrowser: true, maxRetries: 0 });
+  const official = await client.completions.create(body);
+  let officialStreamed = "";
+  for await (const c of await client.completions.create({ ...body, stream: true })) {
+    officialStreamed += c.choices[0]?.text ?? "";
+  }
+  let echo = null;
+  try { await client.completions.create({ ...body, echo: true }); }
+  catch (err) { echo = { name: err.constructor.name, status: err.status, param: err.param ?? null }; }
+  return { whole, streamed, plain, events, chat: [chat.status, await chat.json()], official, officialStreamed, echo,
+           used: (await e.stats())[e.model].used_blocks };
+}"""
+
+
+def test_legacy_completions_through_engine_fetch_and_the_openai_client(browser, base_url):
+    """engine.completions.create and POST /v1/completions (streamed and not, and through the official client):
+    `text_completion`s of one greedy text; a chat body posted there is a 400 naming messages."""
+    got = evaluate_with_the_client(browser, base_url, LEGACY)
+    whole = got["whole"]
+    (choice,) = whole["choices"]
+    text = choice["text"]
+    assert (whole["object"], whole["model"], whole["id"][:5]) == ("text_completion", "tiny-random", "cmpl-")
+    assert set(choice) == {"text", "index", "logprobs", "finish_reason"} and choice["finish_reason"] == "length"
+    assert text and whole["usage"]["prompt_tokens"] == 4 and whole["usage"]["completion_tokens"] == 6
+    assert got["streamed"] == text and got["plain"]["choices"][0]["text"] == text
+    pieces = [json.loads(e[len("data: "):]) for e in got["events"][:-1]]
+    assert got["events"][-1] == "data: [DONE]" and {p["object"] for p in pieces} == {"text_completion"}
+    assert "".join(p["choices"][0]["text"] for p in pieces) == text
+    assert got["chat"][0] == 400 and got["chat"][1]["error"]["param"] == "messages"
+    assert got["official"]["choices"][0]["text"] == text and got["officialStreamed"] == text
+    assert got["echo"] == {"name": "BadRequestError", "status": 400, "param": "echo"}
+    assert got["used"] == 0

@@ -1,6 +1,7 @@
-"""`npm run generate` (pagedkv.generate): one chat completion through the page's engine in headless Chromium
-prints what the CPU CLI (`python3 -m pagedkv generate`) prints for the same messages (the tab's CPU path with f32
-activations, as the CLI's numpy computes), plus the tab's timings."""
+"""`npm run generate` (pagedkv.generate): one chat completion, or a raw --prompt continued with no chat template,
+through the page's engine in headless Chromium prints what the CPU CLI (`python3 -m pagedkv generate`) prints for
+the same messages or prompt (the tab's CPU path with f32 activations, as the CLI's numpy computes), plus the tab's
+timings."""
 from __future__ import annotations
 
 import json
@@ -8,14 +9,18 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import build
 from pagedkv import cli
 
 
-def test_generate_in_the_page_prints_the_cpu_clis_ids_and_timings(base_url, tmp_path, capsys):
+@pytest.mark.parametrize("given", ["messages", "prompt"])
+def test_generate_in_the_page_prints_the_cpu_clis_ids_and_timings(base_url, tmp_path, capsys, given):
     messages = tmp_path / "chat.json"
     messages.write_text(json.dumps([{"role": "user", "content": "What is the capital of France?"}]))
-    args = ["--messages-json", str(messages), "--max-tokens", "6", "--greedy", "--json"]
+    source = ["--messages-json", str(messages)] if given == "messages" else ["--prompt", "The capital of France is"]
+    args = [*source, "--max-tokens", "6", "--greedy", "--json"]
     assert cli.main(["generate", "--model", str(build.DIST / "models" / "tiny-random"), *args]) == 0
     want = json.loads(capsys.readouterr().out)
     # Its own process: Playwright's sync API runs once per thread, and the tests' browser is open here.
