@@ -87,24 +87,31 @@ def near_tie(margin: float | None) -> bool:
     return margin is not None and margin < NEAR_TIE
 
 
-def teacher_forced_ids(model: NumpyModel, prompt_ids: list[int], forced: list[int]) -> list[int]:
-    """Our argmax at each position of prompt + forced[:-1], prefilled in one batch: what we would pick after
-    llama.cpp's own previous tokens (each position is compared, not just the first divergence)."""
+def teacher_forced_logits(model: NumpyModel, prompt_ids: list[int], forced: list[int]) -> np.ndarray:
+    """Our logits (len(forced), vocab) at each position of prompt + forced[:-1], prefilled in one batch: what we
+    would pick from after llama.cpp's own previous tokens (each position is compared, not just the first
+    divergence)."""
     ids = prompt_ids + forced[:-1]
     i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
     blocks = -(-len(ids) // 16)
     kv = PagedKVCache.allocate(model.config, blocks, 16)
     batch = ForwardBatch(i32(ids), i32(range(len(ids))), i32(range(len(ids))), i32([0, len(ids)]),
                          i32([range(blocks)]), i32([len(ids)]))
-    logits = model.forward(batch, kv, all_logits=True)[len(prompt_ids) - 1:]  # (len(forced), vocab)
-    return logits.argmax(axis=1).tolist()
+    return model.forward(batch, kv, all_logits=True)[len(prompt_ids) - 1:]  # (len(forced), vocab)
+
+
+def teacher_forced_ids(model: NumpyModel, prompt_ids: list[int], forced: list[int]) -> list[int]:
+    """Our argmax at each position of prompt + forced[:-1] (teacher_forced_logits)."""
+    return teacher_forced_logits(model, prompt_ids, forced).argmax(axis=1).tolist()
 
 
 def agreement(model: NumpyModel, prompt_ids: list[int], ref: dict) -> dict:
-    """Free-running greedy ids vs llama.cpp's (first divergence) and teacher-forced mismatches with margins."""
+    """Free-running greedy ids vs llama.cpp's (first divergence) and teacher-forced mismatches with margins: its
+    top-1/top-2 margin ("margin") and ours between our id and its id ("our_margin")."""
     n = len(ref["output_ids"])
-    forced = teacher_forced_ids(model, prompt_ids, ref["output_ids"])
-    mismatches = [{"position": i, "ours": a, "llama_cpp": b, "margin": _margin(ref, i)}
-                  for i, (a, b) in enumerate(zip(forced, ref["output_ids"])) if a != b]
+    logits = teacher_forced_logits(model, prompt_ids, ref["output_ids"])
+    mismatches = [{"position": i, "ours": int(row.argmax()), "llama_cpp": b, "margin": _margin(ref, i),
+                   "our_margin": round(float(row.max() - row[b]), 4)}
+                  for i, (row, b) in enumerate(zip(logits, ref["output_ids"])) if int(row.argmax()) != b]
     return {"greedy": first_divergence(greedy_reference(model, prompt_ids, n), ref),
             "teacher_forced_mismatches": mismatches}
