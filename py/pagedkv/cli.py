@@ -1,5 +1,5 @@
 """Command line: `python3 -m pagedkv generate|complete|tokenize` on a built model directory or, with `--gguf FILE`,
-on any llama / qwen2 GGUF, converted on first use into .cache/models/<its sha256>/ and reused while current.
+on any GGUF of a supported family (model/families/), converted on first use into .cache/models/<its sha256>/ and reused while current.
 `complete` answers an OpenAI Chat Completions body, or a legacy Completions one (a prompt, no messages), through
 pagedkv.api.Engine (docs/api.md). `generate --prompt TEXT` continues a raw prompt (a base model: no chat template).
 
@@ -191,7 +191,7 @@ def cmd_tokenize(args) -> dict:
 def _model_options(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default: %(default)s)")
-    which.add_argument("--gguf", type=Path, help="a llama or qwen2 GGUF file, converted on first use")
+    which.add_argument("--gguf", type=Path, help="a GGUF of a supported family (llama, qwen2, qwen3, gemma3, smollm3), converted on first use")
     parser.add_argument("--gguf-cache", type=Path, default=GGUF_CACHE,
                         help="where --gguf conversions are kept, one directory per sha256 (default: %(default)s)")
 

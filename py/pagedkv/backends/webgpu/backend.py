@@ -39,6 +39,13 @@ from .weight_upload import upload_weights
 CPU_POOL_CAP_BYTES = 64 * MIB  # default CPU swap pool (wasm memory)
 # The ops of model/family.py the plan compiles today: a plain llama layer, with or without q / k / v biases.
 OPS = frozenset({"attention_bias"})
+
+
+def refuse_unsupported(config: ModelConfig) -> None:
+    """UnsupportedModel naming the ops of the model's family the plan lacks (model/family.py), at load."""
+    require(config, OPS, "the WebGPU backend", "the tab's CPU path (?backend=cpu) and the numpy reference run it")
+
+
 UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_gpu", "paged_attention_gpu_sg",
                 "paged_prefill_attention", "paged_prefill_attention_gpu")
 
@@ -52,7 +59,7 @@ class WebGpuBackend:
                  max_num_batched_tokens: int, max_num_seqs: int, kernels: str = "cpu") -> None:
         if kernels not in ops.FAMILIES:
             raise ValueError(f"kernels must be one of {ops.FAMILIES}, got {kernels!r}")
-        require(config, OPS, "the WebGPU backend", "the tab's CPU path (?backend=cpu) and the numpy reference run it")
+        refuse_unsupported(config)
         self.ctx = ctx
         self.kernels = kernels  # kernel family of the plan's linears, argmax and attention (model_kernels.choose_family)
         self.gpu_shapes = ops.GpuShapes()  # the gpu family's workgroup shapes
@@ -102,6 +109,7 @@ class WebGpuBackend:
         weights, scratch and staging go into `ledger` (the pages' own, budget_bytes is not used) and the pool
         addresses num_blocks page ids (default every page); `name` prefixes its ledger labels ("<name>/w:...")."""
         config = check_manifest(manifest)
+        refuse_unsupported(config)  # before anything is sized for it
         if pages is not None:
             ledger = ledger or pages.ledger
             num_blocks = num_blocks or pages.num_pages

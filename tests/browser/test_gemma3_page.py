@@ -1,0 +1,64 @@
+"""Gemma 3 270M, the built-in base model (`?model=gemma-3-270m`), in the tab: on SwiftShader `auto` runs it on the
+tab's CPU path, which gives llama.cpp's greedy ids (tests/golden/gemma3_golden.json) up to a near tie; the page
+says the file has no chat template and chats in Gemma's turns; ?backend=webgpu refuses it by name at load."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import build
+from browser_pages import open_app
+from llama_reference import near_tie
+from test_real_chat import run_turn
+
+GOLDEN = json.loads((Path(__file__).parent.parent / "golden" / "gemma3_golden.json").read_text())
+
+
+def generate(*args: str) -> subprocess.CompletedProcess:
+    """`npm run generate` on Gemma 3 in its own process (Playwright's sync API runs once per thread)."""
+    env = dict(os.environ, PYTHONPATH=str(build.ROOT / "py"), PAGEDKV_BENCH_BUILT="1")  # base_url built dist/
+    return subprocess.run([sys.executable, "-m", "pagedkv.generate", "--model", "gemma-3-270m", *args],
+                          cwd=build.ROOT, capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_the_tabs_cpu_path_continues_a_prompt_with_llama_cpps_ids(base_url):
+    """Free running from llama.cpp's prompt ids (our tokenizer in Pyodide gives them too): equal up to the first
+    position where llama.cpp's own margin is a near tie (the capital prompt: its 11th id, margin 0.36)."""
+    golden = GOLDEN["cases"][0]
+    proc = generate("--prompt", golden["text"], "--max-tokens", "24", "--greedy", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert got["backend"] == "cpu" and got["prompt_ids"] == golden["prompt_ids"]
+    ours, theirs = got["output_ids"], golden["output_ids"]
+    parted = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(theirs))
+    assert parted == len(theirs) or near_tie(golden["margins"][parted]), (parted, ours, theirs)
+    assert parted >= 10, (ours, theirs)
+
+
+def test_webgpu_refuses_it_by_name_when_it_loads(base_url):
+    proc = generate("--prompt", "Hello", "--max-tokens", "2", "--greedy", "--json", "--backend", "webgpu")
+    assert proc.returncode != 0
+    assert "gemma3 needs" in proc.stderr and "gelu_tanh" in proc.stderr and "which the WebGPU backend lacks" in \
+        proc.stderr, proc.stderr[-2000:]
+
+
+def test_it_chats_in_gemmas_turns_and_the_page_says_why(browser, base_url):
+    booted, info = open_app(browser, base_url + "?model=gemma-3-270m", 300_000)
+    try:
+        assert (info["model"], info["backend"], info["layers"]) == ("gemma-3-270m", "cpu", 18)
+        assert info["chat_template"] == "none in the file: Gemma's <start_of_turn> turns"
+        status = booted.page.locator("#chat-status").inner_text()
+        assert "chat template: none in the file: Gemma's <start_of_turn> turns" in status
+        turn, start, _, _ = run_turn(booted, "What is the capital of France?", 4)
+        assert turn["tokens"] == 4 and turn["content"].strip()
+        # The prompt is Gemma's turn format: <bos><start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n
+        prompt = booted.py("import json\nfrom pagedkv_app.main import state\n"
+                           "s = state['service']\n"
+                           "json.dumps(state['engine'].tokenizer.decode(next(iter(s.sessions.values())).conversation.ids[:16]))")
+        assert prompt.startswith("<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n"), prompt
+        assert start["prompt_tokens"] == 16
+    finally:
+        booted.page.close()
