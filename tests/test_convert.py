@@ -123,7 +123,7 @@ def test_real_model_manifest(real_weights):  # noqa: F811
         "architecture": "llama", "n_layers": 30, "hidden": 576, "n_heads": 9, "n_kv_heads": 3, "head_dim": 64,
         "ffn": 1536, "vocab": 49152, "rope_base": 100000.0, "rope_convention": "adjacent_pairs",
         "rms_eps": float(np.float32(1e-5)), "context_length": 8192, "tied_embeddings": True,
-        "attention_bias": False, "rope_freq_scale": 1.0, "rope_freq_factors": None,
+        "attention_bias": False, "rope_freq_scale": 1.0, "rope_freq_factors": None, "sliding_window": None,
     }  # fmt: skip
     assert [(s["file"], s["nbytes"]) for s in manifest["shards"]] == [
         ("shard-000.bin", 66_657_024),

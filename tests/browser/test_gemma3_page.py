@@ -62,3 +62,25 @@ def test_it_chats_in_gemmas_turns_and_the_page_says_why(browser, base_url):
         assert start["prompt_tokens"] == 16
     finally:
         booted.page.close()
+
+
+def test_create_engine_completes_raw_text_with_it(browser, base_url):
+    """Any page of the origin: createEngine({model: "gemma-3-270m"}) and engine.completions.create continue a
+    prompt with llama.cpp's first greedy ids (before its near tie at the 11th)."""
+    from pagedkv.model.weights import read_manifest
+    from pagedkv.tokenizer import Tokenizer
+
+    golden = GOLDEN["cases"][0]
+    tok = Tokenizer.from_manifest(read_manifest(build.DIST / "models" / "gemma-3-270m"))
+    page = browser.new_page()
+    try:
+        page.goto(base_url + "examples/api.html?model=gemma-3-270m")
+        page.wait_for_selector("html[data-engine=ready]", state="attached", timeout=240_000)
+        got = page.evaluate("""async (prompt) => {
+          const e = window.engine;
+          return await e.completions.create({ model: e.model, prompt, max_tokens: 10, temperature: 0 });
+        }""", golden["text"])
+    finally:
+        page.close()
+    assert (got["object"], got["model"], got["usage"]["prompt_tokens"]) == ("text_completion", "gemma-3-270m", 6)
+    assert got["choices"][0]["text"] == tok.decode(golden["output_ids"][:10])
