@@ -330,3 +330,10 @@ def test_kv_groups_false_keeps_every_layer_full(gemma_weights, expected):
     engine = LLMEngine(backend, Tokenizer.from_manifest(gemma_weights.manifest), EngineConfig())
     assert engine.kv.num_groups == 1 and len(backend.kv.k) == 12
     assert run(engine, PROMPTS[:2]) == expected[:2]
+
+
+def test_pages_shared_by_several_models_keep_every_layer_full(gemma_weights):
+    from pagedkv.backends.cpu import allocate_pages, plan_pages
+    page, sizes = plan_pages([gemma_weights.config])
+    backend = CpuBackend(gemma_weights, 8, sizes[0], pages=allocate_pages(8, page))
+    assert not backend.kv_groups.is_hybrid and len(backend.kv.k) == 12

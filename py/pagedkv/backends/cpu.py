@@ -42,7 +42,7 @@ class CpuBackend:
     which may pass the buffer's: those pages only hold weights (LLMEngine's backed_pages).
     kv_groups: True (default): a model with sliding-window layers keeps its KV in groups (kv/groups.py), one pool
     per slot of a group, and the engine gives each group its own block tables; False: every layer holds the whole
-    context (one group of all layers, the layout of a model without windows).
+    context (one group of all layers, the layout of a model without windows), as it does in shared `pages`.
     """
 
     name = "cpu"
@@ -53,8 +53,10 @@ class CpuBackend:
         if linear not in ("matmul", "einsum", "wasm"):
             raise ValueError(f"linear must be matmul, einsum or wasm, got {linear!r}")
         self.config = weights.config
-        self.kv_groups = KVGroups.of(self.config) if kv_groups else KVGroups.flat(self.config.n_layers)
-        if not self.kv_groups.is_hybrid:
+        self.kv_groups = KVGroups.of(self.config)
+        # One group when asked, or in pages several models share: their pools and shared pool are not
+        # group-aware yet, so there every layer holds the whole context, as before groups existed.
+        if not (kv_groups and self.kv_groups.is_hybrid and pages is None):
             self.kv_groups = KVGroups.flat(self.config.n_layers)
         pools = self.kv_groups.group_size  # per-slot pools: every layer's with one group
         self.model = NumpyModel(weights) if attention is None else WasmAttentionModel(weights, attention)
@@ -63,9 +65,6 @@ class CpuBackend:
             wrap = einsum_weights if linear == "einsum" else wasm_weights
             self.model.w = wrap(self.model.w, self.config.n_layers, head)
         if pages is not None:  # the pool's pages past the buffer hold weights only (LLMEngine's backed_pages)
-            if self.kv_groups.is_hybrid:
-                raise ValueError(f"{self.config.architecture}'s sliding-window KV groups cannot share pages with "
-                                 "other models yet; load it alone or with kv_groups=False")
             if pages.shape[0] > num_blocks:
                 raise ValueError(f"{pages.shape[0]} shared pages but the pool has {num_blocks} blocks")
             self.kv = PagedKVCache.in_pages(self.config, pages, block_size, kv_dtype)
