@@ -21,6 +21,7 @@ import random
 
 from pagedkv.kv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
+from pagedkv.kv.groups import first_needed_block
 from pagedkv.kv.manager import KVCacheManager, NeverFits, SequenceFreed
 from pagedkv.sequence import Sequence, SequenceStatus
 
@@ -254,7 +255,7 @@ class KVWorld:
             for window, table in zip(self.mgr.windows, seq.block_tables):
                 _require(len(table) == -(-seq.num_kv_tokens // bs),
                          f"sequence {seq.seq_id}: {len(table)} blocks for {seq.num_kv_tokens} tokens")
-                first = 0 if window is None else max(0, (seq.num_computed_tokens - window + 1) // bs)
+                first = first_needed_block(window, seq.num_computed_tokens, bs)
                 # Released lazily (at the next allocation): the nulls are a leading run, before `first`.
                 nulls = sum(1 for b in table if b == null)
                 _require(nulls <= first and all(b == null for b in table[:nulls]),

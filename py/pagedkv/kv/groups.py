@@ -21,7 +21,15 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
-__all__ = ["KVGroup", "KVGroups"]
+__all__ = ["KVGroup", "KVGroups", "first_needed_block"]
+
+
+def first_needed_block(window: int | None, next_query: int, block_size: int) -> int:
+    """Table index of the first block a query at position `next_query` (and every later one) may still read under
+    `window`: every key before it has p - k >= W (0 for full attention, window None)."""
+    if window is None:
+        return 0
+    return max(0, (next_query - window + 1) // block_size)
 
 
 @dataclass(frozen=True)
@@ -40,12 +48,6 @@ class KVGroup:
             return total
         return min(total, -(-(self.window - 1 + chunk) // block_size) + 1)
 
-    def first_needed_block(self, next_query: int, block_size: int) -> int:
-        """Table index of the first block a query at position `next_query` (and every later one) may still read:
-        the blocks before it lie wholly out of the window (0 for full attention)."""
-        if self.window is None:
-            return 0
-        return max(0, (next_query - self.window + 1) // block_size)
 
 
 @dataclass(frozen=True)

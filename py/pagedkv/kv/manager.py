@@ -37,7 +37,7 @@ from ..config import CacheConfig
 from ..sequence import Sequence, SequenceStatus, append_then_allocate, check_token_ids
 from .block_pool import BlockPool, BlockState, CopyOp, OutOfBlocks
 from .cpu_tier import CpuTier
-from .groups import KVGroups
+from .groups import KVGroups, first_needed_block
 from .prefix import HashFn, PrefixIndex, PrefixMatch, WindowPrefixIndex, default_block_hash
 from .retention import ShiftOp
 
@@ -272,7 +272,7 @@ class KVCacheManager:
         total = 0
         for g, window in enumerate(self.windows):
             table = hits[g].ids if hits else (seq.block_tables[g] if g < len(seq.block_tables) else [])
-            first = 0 if window is None else max(0, (next_query - window + 1) // bs)
+            first = first_needed_block(window, next_query, bs)
             releases.append([i for i in range(min(first, len(table))) if table[i] != null])
             cow = False
             if seq.num_kv_tokens % bs and num_new_tokens > 0:
@@ -280,8 +280,8 @@ class KVCacheManager:
                 cow = last.ref_count > 1 or last.block_hash is not None
             cows.append(cow)
             new.append(positional - len(table))
-            total += positional - max(first, sum(1 for b in table if b == null)) if window is not None \
-                else positional
+            released = max(first, sum(1 for b in table if b == null)) if window is not None else 0
+            total += positional - released  # what the table holds after this allocation
         if check_fits and total > self.pool.capacity:
             raise NeverFits(f"sequence {seq.seq_id} needs {total} blocks of {bs} tokens "
                             f"for {end} tokens; the pool only has {self.pool.capacity}")
@@ -431,7 +431,7 @@ class KVCacheManager:
         keep = -(-kv // bs)
         computed = min(seq.num_computed_tokens, kv)
         for window, table in zip(self.windows, seq.block_tables):
-            first = 0 if window is None else max(0, (computed - window + 1) // bs)
+            first = first_needed_block(window, computed, bs)
             if any(b == self.null_block for b in table[first:keep]):
                 raise ValueError(f"cannot truncate sequence {seq.seq_id} to {num_tokens} tokens: its window "
                                  f"layers released the keys those tokens see; recompute it from its token ids")
