@@ -337,3 +337,17 @@ def test_pages_shared_by_several_models_keep_every_layer_full(gemma_weights):
     page, sizes = plan_pages([gemma_weights.config])
     backend = CpuBackend(gemma_weights, 8, sizes[0], pages=allocate_pages(8, page))
     assert not backend.kv_groups.is_hybrid and len(backend.kv.k) == 12
+
+
+def test_cli_sizes_its_pool_for_the_window_groups(gemma_weights, gemma_reference):
+    from pagedkv.cli import generate_ids
+    prompt = PROMPTS[3]
+    ids, reason = generate_ids(gemma_weights, Tokenizer.from_manifest(gemma_weights.manifest), prompt, GREEDY)
+    assert ids == reference_greedy(gemma_reference, prompt, 24) and reason == "length"
+
+
+def test_perplexity_lanes_keep_every_layer_full(gemma_weights, gemma_reference):
+    from pagedkv.evaluate import evaluate
+    tokens = list(range(3, 83))  # past the 32-token window, in chunks of 32
+    out = evaluate(gemma_weights, tokens, None, 16, 32)
+    assert out["logp"].shape == (79,) and int(out["greedy"][-1]) == reference_greedy(gemma_reference, tokens[:79], 1)[0]
