@@ -351,3 +351,18 @@ def test_perplexity_lanes_keep_every_layer_full(gemma_weights, gemma_reference):
     tokens = list(range(3, 83))  # past the 32-token window, in chunks of 32
     out = evaluate(gemma_weights, tokens, None, 16, 32)
     assert out["logp"].shape == (79,) and int(out["greedy"][-1]) == reference_greedy(gemma_reference, tokens[:79], 1)[0]
+
+
+def test_beams_and_parallel_samples_with_window_groups_match_every_layer_full(gemma_weights):
+    from pagedkv.beam_search import BeamSearchParams
+    tok = Tokenizer.from_manifest(gemma_weights.manifest)
+    engines = [LLMEngine(CpuBackend(gemma_weights, num_blocks=160, block_size=16, kv_groups=grouped), tok,
+                         EngineConfig(max_num_batched_tokens=32)) for grouped in (True, False)]
+    beams = [run_sync(e.beam_search(PROMPTS[3], BeamSearchParams(width=3, max_tokens=40, stop_token_ids=(10_000,))))
+             for e in engines]
+    assert [(h.token_ids, round(h.cum_logprob, 4)) for h in beams[0]] == [(h.token_ids, round(h.cum_logprob, 4))
+                                                                      for h in beams[1]]
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=40, stop_token_ids=(10_000,))
+    samples = [[s.output_ids for s in run_sync(e.generate(PROMPTS[1], params)).samples] for e in engines]
+    assert samples[0] == samples[1] and len({tuple(s) for s in samples[0]}) > 1
+    assert engines[0].kv.pool.num_used == 1  # every beam and sample freed; the null block stays reserved
