@@ -20,8 +20,8 @@ import numpy as np
 from ..sequence import Sequence
 from .block_pool import BlockPool
 
-__all__ = ["HashFn", "default_block_hash", "PrefixMatch", "PrefixIndex", "WindowPrefixIndex", "chain_step", "namespace_seed",
-           "chain_digests"]
+__all__ = ["HashFn", "default_block_hash", "PrefixMatch", "PrefixIndex", "WindowPrefixIndex", "chain_step",
+           "namespace_seed", "chain_digests"]
 
 HashFn = Callable[[Hashable, tuple[int, ...], str | None], Hashable]
 
@@ -142,17 +142,10 @@ class WindowPrefixIndex:
         self.namespace = namespace
         self.enabled = enabled
         self.num_tail_blocks = -(-(window - 1) // block_size)  # blocks a hit must hold before its end
-        self._seed = namespace_seed(namespace)
 
     def digests(self, token_ids, num_blocks: int, known: list | None = None) -> list[bytes]:
         """Digests of the first `num_blocks` full blocks of `token_ids` (reusing the `known` leading ones)."""
-        out = list((known or [])[:num_blocks])
-        parent = out[-1] if out else self._seed
-        bs = self.block_size
-        for i in range(len(out), num_blocks):
-            parent = chain_step(parent, token_ids[i * bs:(i + 1) * bs])
-            out.append(parent)
-        return out
+        return chain_digests(token_ids, num_blocks, self.block_size, self.namespace, known or [])
 
     def cached(self, token_ids, i: int, digests: list[bytes]) -> int | None:
         """The verified cached block holding full block i of `token_ids`, or None."""
@@ -208,11 +201,13 @@ def namespace_seed(namespace: str | None) -> bytes:
     return hashlib.sha256(repr(namespace).encode()).digest()[:16]
 
 
-def chain_digests(token_ids, num_blocks: int, block_size: int, namespace: str | None) -> list[bytes]:
-    """Digests (16 bytes) of the first `num_blocks` full blocks; block i's covers blocks 0..i and the namespace."""
-    parent = namespace_seed(namespace)
-    out = []
-    for i in range(num_blocks):
+def chain_digests(token_ids, num_blocks: int, block_size: int, namespace: str | None,
+                  known: list[bytes] = ()) -> list[bytes]:  # type: ignore[assignment]
+    """Digests (16 bytes) of the first `num_blocks` full blocks; block i's covers blocks 0..i and the namespace.
+    known: digests of the leading blocks computed before (kept, not computed again)."""
+    out = list(known[:num_blocks])
+    parent = out[-1] if out else namespace_seed(namespace)
+    for i in range(len(out), num_blocks):
         parent = chain_step(parent, token_ids[i * block_size:(i + 1) * block_size])
         out.append(parent)
     return out
