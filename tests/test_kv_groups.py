@@ -366,3 +366,15 @@ def test_beams_and_parallel_samples_with_window_groups_match_every_layer_full(ge
     samples = [[s.output_ids for s in run_sync(e.generate(PROMPTS[1], params)).samples] for e in engines]
     assert samples[0] == samples[1] and len({tuple(s) for s in samples[0]}) > 1
     assert engines[0].kv.pool.num_used == 1  # every beam and sample freed; the null block stays reserved
+
+
+def test_a_lone_window_group_is_treated_as_hybrid():
+    mgr = make(groups=KVGroups((KVGroup(32, (0, 1)),)))
+    assert mgr.is_hybrid and mgr.null_block == 0 and not mgr.cpu.caching
+    seq = computed(mgr, list(range(64)))
+    decode(mgr, seq, 64)
+    assert seq.block_tables == [[0, 0, 3, 4, 5]]  # query 64 sees keys 33..64: tokens 0..31 left
+    assert mgr.swap_out(seq) == [CopyOp(3, 1), CopyOp(4, 2), CopyOp(5, 3)]
+    assert seq.block_tables == [[0, 0, 1, 2, 3]]
+    assert mgr.swap_in(seq) == [CopyOp(1, 5), CopyOp(2, 6), CopyOp(3, 7)]
+    assert seq.block_tables == [[0, 0, 5, 6, 7]]

@@ -83,7 +83,7 @@ class KVCacheManager:
                              f"is {config.num_blocks}")
         self.groups = groups
         self.windows: tuple[int | None, ...] = groups.windows if groups is not None else (None,)
-        hybrid = len(self.windows) > 1
+        hybrid = self.windows != (None,)  # anything but one full-attention group (is_hybrid)
         if pool is not None and groups is not None and groups.has_windows:
             raise ValueError("a model with sliding-window KV groups cannot share a KV pool with other models yet; "
                              "load it alone")
@@ -130,8 +130,9 @@ class KVCacheManager:
 
     @property
     def is_hybrid(self) -> bool:
-        """Whether sequences hold several block tables (what the code that is not group-aware refuses)."""
-        return len(self.windows) > 1
+        """Whether the layout is other than one full-attention table per sequence (several groups, or a window
+        group): what the code that is not group-aware refuses."""
+        return self.windows != (None,)
 
     def _refuse_hybrid(self, what: str) -> None:
         if self.is_hybrid:
