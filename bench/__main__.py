@@ -65,6 +65,8 @@ BENCHMARKS = {
     "kv_disk": ["bench.kv_disk"],  # TTFT after a reload, disk tier on / off
     # a 1,000-token chat: its blocks on disk at the reply's end, the flush, write MB/s, TTFT 1 s after the reply
     "kv_disk_flush": ["bench.kv_disk", "--sizes", "1000"],
+    # Gemma 3 270M's KV held with sliding-window KV groups vs every layer full; greedy ids and decode speed both ways
+    "hybrid_kv": ["bench.hybrid_kv"],
 }
 # Run in their quick form unless --only names them.
 LONG = ("kv_quality_window", "long_chat")

@@ -8,6 +8,11 @@ block: it writes each sequence's token ids into its slots and executes every
 copy-on-write and swap plan the manager returns. So the checks below catch a
 wrong plan (a sibling's write leaking through a shared block, a swap copying
 the wrong block), not just inconsistent counters.
+
+With KV groups (KVWorld(groups=...)) every group's table is shadowed: its blocks hold the tokens of their
+positions, a window group's entries are the null block only where no later query looks, the null block is
+held once (reserved) in each pool, a table's null entries are a leading run before the window of its next
+query, and each grow is computed at once (mark_computed), so windows advance.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import random
 
 from pagedkv.kv.block_pool import OutOfBlocks
 from pagedkv.config import CacheConfig
+from pagedkv.kv.groups import first_needed_block
 from pagedkv.kv.manager import KVCacheManager, NeverFits, SequenceFreed
 from pagedkv.sequence import Sequence, SequenceStatus
 
@@ -38,7 +44,8 @@ def snapshot(mgr: KVCacheManager, seqs) -> tuple:
                 tuple((b.block_hash, b.epoch) for b in pool.block_states()), pool.num_cached)
     return (pool_state(mgr.pool), pool_state(mgr.cpu_pool),
             tuple((s.seq_id, tuple(s.token_ids), s.num_kv_tokens, s.num_computed_tokens,
-                   tuple(s.block_table), tuple(s.block_hashes), tuple(s.block_links), s.status)
+                   tuple(map(tuple, s.block_tables)), tuple(map(tuple, s.group_hashes)),
+                   tuple(map(tuple, s.group_links)), s.status)
                   for s in seqs), tuple(sorted(mgr.live)))
 
 
@@ -70,11 +77,12 @@ class KVWorld:
     """A manager, its sequences and a shadow of the block contents."""
 
     def __init__(self, num_blocks: int = 24, block_size: int = 8, num_cpu_blocks: int = 12,
-                 hash_fn=None, demote_to_cpu: bool = False) -> None:
+                 hash_fn=None, demote_to_cpu: bool = False, groups=None) -> None:
         cfg = CacheConfig(num_blocks=num_blocks, block_size=block_size,
                           num_cpu_blocks=num_cpu_blocks, demote_to_cpu=demote_to_cpu)
         kw = {"hash_fn": hash_fn} if hash_fn is not None else {}
-        self.mgr = KVCacheManager(cfg, namespace="test-model", **kw)
+        self.mgr = KVCacheManager(cfg, namespace="test-model", groups=groups, **kw)
+        self.computes = groups is not None  # windows advance only as tokens are computed
         self.bs = block_size
         self.gpu = [[None] * block_size for _ in range(num_blocks)]
         self.cpu = [[None] * block_size for _ in range(num_cpu_blocks)]
@@ -85,8 +93,10 @@ class KVWorld:
 
     # -- shadow backend -----------------------------------------------------
     def _write(self, seq: Sequence, start: int) -> None:
-        for pos in range(start, seq.num_kv_tokens):
-            self.gpu[seq.block_table[pos // self.bs]][pos % self.bs] = seq.token_ids[pos]
+        for table in seq.block_tables:
+            for pos in range(start, seq.num_kv_tokens):
+                if table[pos // self.bs] != self.mgr.null_block:
+                    self.gpu[table[pos // self.bs]][pos % self.bs] = seq.token_ids[pos]
 
     def _copy(self, ops, src_mem, dst_mem) -> None:
         for src, dst in ops:
@@ -110,6 +120,8 @@ class KVWorld:
         self.counts["cow_copies"] += len(ops)
         self._copy(ops, self.gpu, self.gpu)
         self._write(seq, old_kv if old_kv else seq.num_computed_tokens)
+        if self.computes:
+            self.mgr.mark_computed(seq, seq.num_kv_tokens - seq.num_computed_tokens)
         return True
 
     def _guarded(self, call) -> None:
@@ -168,7 +180,12 @@ class KVWorld:
         if seq.status in (SequenceStatus.FINISHED, SequenceStatus.SWAPPED):
             self._expect_reject(lambda: self.mgr.truncate(seq, n))
             return
-        self.mgr.truncate(seq, n)
+        try:
+            self._guarded(lambda: self.mgr.truncate(seq, n))
+        except ValueError:  # a window group released what the shorter sequence would read again
+            _require(self.mgr.is_hybrid, "truncate refused a one-group sequence")
+            self.counts["rejected_bad_input"] += 1
+            return
         self.counts["truncate"] += 1
 
     def swap_out(self, i: int) -> None:
@@ -221,25 +238,33 @@ class KVWorld:
     def check(self) -> None:
         """All invariants; raises InvariantError with the first violation."""
         self.counts["checks"] += 1
-        gpu_owners: dict[int, int] = {}
-        cpu_owners: dict[int, int] = {}
+        null = self.mgr.null_block
+        gpu_owners: dict[int, int] = {} if null is None else {null: 1}  # the null block: reserved, never a seq's
+        cpu_owners: dict[int, int] = {} if null is None or self.mgr.cpu_pool is None else {null: 1}
         bs = self.bs
         for seq in self.seqs:
             if seq.status is SequenceStatus.FINISHED:
-                _require(not seq.block_table, f"freed sequence {seq.seq_id} still has blocks")
+                _require(not any(seq.block_tables), f"freed sequence {seq.seq_id} still has blocks")
                 continue
-            _require(len(seq.block_table) == -(-seq.num_kv_tokens // bs),
-                     f"sequence {seq.seq_id}: {len(seq.block_table)} blocks for "
-                     f"{seq.num_kv_tokens} tokens")
             _require(seq.num_computed_tokens <= seq.num_kv_tokens <= seq.num_tokens,
                      f"sequence {seq.seq_id} counters out of order")
             owners, mem = ((cpu_owners, self.cpu) if seq.status is SequenceStatus.SWAPPED
                            else (gpu_owners, self.gpu))
-            for bid in seq.block_table:
-                owners[bid] = owners.get(bid, 0) + 1
-            for pos in range(seq.num_kv_tokens):
-                _require(mem[seq.block_table[pos // bs]][pos % bs] == seq.token_ids[pos],
-                         f"sequence {seq.seq_id} slot {pos} holds another token")
+            if seq.block_table:
+                _require(len(seq.block_tables) == self.mgr.num_groups, f"sequence {seq.seq_id}: one table a group")
+            for window, table in zip(self.mgr.windows, seq.block_tables):
+                _require(len(table) == -(-seq.num_kv_tokens // bs),
+                         f"sequence {seq.seq_id}: {len(table)} blocks for {seq.num_kv_tokens} tokens")
+                first = first_needed_block(window, seq.num_computed_tokens, bs)
+                # Released lazily (at the next allocation): the nulls are a leading run, before `first`.
+                nulls = sum(1 for b in table if b == null)
+                _require(nulls <= first and all(b == null for b in table[:nulls]),
+                         f"sequence {seq.seq_id}: null entries in {table} where the window still looks")
+                for bid in table[nulls:]:
+                    owners[bid] = owners.get(bid, 0) + 1
+                for pos in range(nulls * bs, seq.num_kv_tokens):
+                    _require(mem[table[pos // bs]][pos % bs] == seq.token_ids[pos],
+                             f"sequence {seq.seq_id} slot {pos} holds another token")
         check_pool(self.mgr.pool, gpu_owners, bs)
         if self.mgr.cpu_pool is not None:
             check_pool(self.mgr.cpu_pool, cpu_owners, bs)
@@ -258,10 +283,10 @@ class KVWorld:
                 self.mgr.free(seq)
         self.check()
         pool = self.mgr.pool
-        _require(pool.num_used == 0 and pool.num_free + pool.num_cached == pool.num_blocks,
+        _require(pool.num_used == pool.num_reserved and pool.num_free + pool.num_cached == pool.capacity,
                  "GPU blocks leaked after freeing every sequence")
         if self.mgr.cpu_pool is not None:
-            _require(self.mgr.cpu_pool.num_used == 0,
+            _require(self.mgr.cpu_pool.num_used == self.mgr.cpu_pool.num_reserved,
                      "CPU blocks leaked after freeing every sequence")
         _require(not self.mgr.live, "manager still tracks live sequences")
 
@@ -285,11 +310,12 @@ def _pick(rng: random.Random, world: KVWorld, *statuses: SequenceStatus) -> int:
     return rng.randrange(len(world.seqs))
 
 
-def run_random_workload(seed: int, num_steps: int) -> dict:
+def run_random_workload(seed: int, num_steps: int, groups=None) -> dict:
     """Seeded random interleaving of every operation, checking all invariants after
-    each step and that freeing everything leaks nothing. Returns operation counts."""
+    each step and that freeing everything leaks nothing. Returns operation counts.
+    groups: KV groups (pagedkv.kv.groups.KVGroups) for the manager, e.g. a full group and a window group."""
     rng = random.Random(seed)
-    world = KVWorld()
+    world = KVWorld(groups=groups)
     live = (SequenceStatus.RUNNING, SequenceStatus.WAITING)
     for _ in range(num_steps):
         op = rng.random()

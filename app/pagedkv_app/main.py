@@ -274,8 +274,11 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
         raise ValueError(f"a {kv_budget / MIB:g} MiB KV budget holds no block of {block_size} tokens "
                          f"({bytes_per_token:,} B/token); raise kv_mib")
     num_cpu_blocks = tier_budgets().cpu_bytes // (bytes_per_token * block_size)
+    # Every layer holds the whole context here (kv_groups=False): the pool is sized in tokens of every layer and
+    # the tab's wasm attention is not group-aware yet (kv/groups.py).
     backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
-                         linear=linear, attention=attention)  # Pyodide's numpy has no BLAS: backends/cpu_linear.py
+                         linear=linear, attention=attention,  # Pyodide's numpy has no BLAS: backends/cpu_linear.py
+                         kv_groups=False)
     return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype, "cpu_linear": why}
 
 

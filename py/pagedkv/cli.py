@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .backends.cpu import CpuBackend
+from .kv.groups import KVGroups
 from .chat import ChatTemplate, Conversation, validate_messages
 from .engine import EngineConfig, LLMEngine, run_sync
 from .model.weights import ModelWeights, read_manifest
@@ -40,8 +41,11 @@ def generate_ids(weights: ModelWeights, tokenizer: Tokenizer, prompt_ids: Sequen
     Generation also ends ("length") when the model's context is full.
     """
     total = min(weights.config.context_length, len(prompt_ids) + params.max_tokens)
-    backend = CpuBackend(weights, num_blocks=-(-total // BLOCK_SIZE), block_size=BLOCK_SIZE)
-    engine = LLMEngine(backend, tokenizer, EngineConfig(max_num_batched_tokens=max(256, len(prompt_ids))))
+    chunk = max(256, len(prompt_ids))
+    groups = KVGroups.of(weights.config)  # the backend's KV groups: window groups hold their window, + the null block
+    num_blocks = groups.blocks_needed(total, chunk, BLOCK_SIZE) + int(groups.is_hybrid)
+    backend = CpuBackend(weights, num_blocks=num_blocks, block_size=BLOCK_SIZE)
+    engine = LLMEngine(backend, tokenizer, EngineConfig(max_num_batched_tokens=chunk))
     request = run_sync(engine.generate(list(prompt_ids), params))
     return request.output_ids, request.finish_reason
 

@@ -117,7 +117,9 @@ def run_lanes(weights: ModelWeights, lanes: list[Lane], block_size: int, max_row
     """Step every lane to the end of its text; a step stacks lanes (in order) while their chunks fit
     in max_rows (bounds the (rows, vocab) logits held at once), at least one."""
     offsets = list(np.cumsum([0] + [lane.pool_blocks for lane in lanes[:-1]]))
-    backend = CpuBackend(weights, num_blocks=sum(lane.pool_blocks for lane in lanes), block_size=block_size)
+    # Every layer full: the lanes' managers keep one table (retention policies are not group-aware).
+    backend = CpuBackend(weights, num_blocks=sum(lane.pool_blocks for lane in lanes), block_size=block_size,
+                         kv_groups=False)
     mover = BlockMover(backend)
     while True:
         active = [i for i, lane in enumerate(lanes) if not lane.done]

@@ -83,6 +83,9 @@ class ModelLane:
         """Use `tier` (kv.disk_tier.DiskTier, opened) as the disk tier of the KV cache, or none; `background`:
         its write-behind through a writer task (kv/disk_cache.py). Raises ValueError when its files hold other
         KV than this backend's."""
+        if tier is not None and self.kv.is_hybrid:
+            raise ValueError(f"{self.name} keeps its sliding-window layers' KV in groups of their own; the disk "
+                             "tier does not support such models yet")
         disk = DiskCache(tier, background, self._disk_written) if tier is not None else None
         if disk is not None:
             disk.check_spec(self.kv_spec, f"{self.backend.name} backend's")
@@ -155,7 +158,7 @@ class ModelLane:
         req = Request(rid, Sequence(prompt, session=session), num_prompt_tokens=len(prompt),
                       max_tokens=max_tokens, priority=priority, retention=retention)
         self.scheduler.check_fits(req)
-        blocks = -(-req.max_total_tokens // self.kv.block_size)
+        blocks = self.kv.blocks_needed(req.max_total_tokens, self.config.max_num_batched_tokens)
         if copies > 1 and copies * blocks > self.kv.pool.capacity:
             raise NeverFits(f"beam search of width {copies} needs up to {copies} x {blocks} blocks of "
                             f"{self.kv.block_size} for {req.max_total_tokens:,} tokens per beam, but the KV pool "
@@ -168,6 +171,9 @@ class ModelLane:
             return False
         if not isinstance(retention, KVRetention):
             raise ValueError(f"retention must be a KVRetention or None, got {retention!r}")
+        if self.kv.is_hybrid:
+            raise ValueError(f"{self.name} keeps its sliding-window layers' KV in groups of their own; a request's "
+                             "KV retention (window or eviction) does not support such models yet")
         if retention.window_tokens is None:
             return False
         bs = self.kv.block_size
@@ -231,7 +237,7 @@ class ModelLane:
                             num_cpu_blocks=backend.num_cpu_blocks,
                             enable_prefix_caching=self.config.enable_prefix_caching, kv_dtype=self.kv_dtype,
                             demote_to_cpu=shared is None)  # a shared pool's evictions are no one model's to demote
-        kv = KVCacheManager(cache, namespace=self.namespace, pool=shared)
+        kv = KVCacheManager(cache, namespace=self.namespace, pool=shared, groups=backend_kv_groups(backend))
         return kv, Scheduler(self.config, kv, self.peer_victim)
 
     def is_unfinished(self, request_id: str) -> bool:
@@ -416,6 +422,13 @@ class ModelLane:
         """KV bytes one token takes on the device in the engine's dtype: K and V of every layer, scales and
         padding included (a CPU backend holds f32 arrays; this is what its dtype would take on a GPU)."""
         return self.kv_spec.bytes_per_token
+
+
+def backend_kv_groups(backend):
+    """The KV groups a backend's pools are laid out in (kv/groups.py); a backend without `kv_groups` (WebGPU, which
+    refuses models with window layers) keeps one table per sequence."""
+    groups = getattr(backend, "kv_groups", None)
+    return groups if groups is not None and groups.is_hybrid else None
 
 
 def _require_type(name: str, value: object, kind: type) -> None:

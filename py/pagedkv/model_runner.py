@@ -37,6 +37,10 @@ class ForwardBatch:
     query_start_loc: np.ndarray  # (S + 1,) int32, new tokens of seq s are [qsl[s], qsl[s+1])
     block_tables: np.ndarray  # (S, max_blocks) int32, physical block ids per sequence
     context_lens: np.ndarray  # (S,) int32, tokens in the cache for seq s after this step
+    # A model with several KV groups (kv/groups.py) only: every group's tables and slots (group 0's are the two
+    # above); a window group's entries out of its window hold the null block, which no kernel needs.
+    group_block_tables: np.ndarray | None = None  # (G, S, max_blocks) int32
+    group_slot_mapping: np.ndarray | None = None  # (G, T) int32
 
     def __post_init__(self) -> None:
         t = _int32_array("token_ids", self.token_ids, 1).shape[0]
@@ -52,6 +56,14 @@ class ForwardBatch:
         ctx = _int32_array("context_lens", self.context_lens, 1)
         if ctx.shape[0] != s:
             raise ValueError(f"context_lens must have one entry per sequence ({s})")
+        if (self.group_block_tables is None) != (self.group_slot_mapping is None):
+            raise ValueError("group_block_tables and group_slot_mapping come together")
+        if self.group_block_tables is not None:
+            gbt = _int32_array("group_block_tables", self.group_block_tables, 3)
+            gsm = _int32_array("group_slot_mapping", self.group_slot_mapping, 2)
+            if gbt.shape[1:] != self.block_tables.shape or gsm.shape != (gbt.shape[0], t):
+                raise ValueError(f"group_block_tables {gbt.shape} / group_slot_mapping {gsm.shape} must be "
+                                 f"(G, {self.block_tables.shape}) / (G, {t})")
         for i in range(s):
             q_len = int(qsl[i + 1] - qsl[i])
             first = int(self.positions[qsl[i]])
@@ -74,44 +86,70 @@ class ForwardBatch:
         if self.token_ids.min() < 0 or self.token_ids.max() >= vocab:
             raise ValueError(f"token ids must be in [0, {vocab})")
         slots = num_blocks * block_size
-        if self.slot_mapping.min() < 0 or self.slot_mapping.max() >= slots:
-            raise ValueError(f"slot_mapping entries must be in [0, {slots})")
-        check_block_tables(self.block_tables, self.context_lens, num_blocks, block_size)
+        mappings = [self.slot_mapping] if self.group_slot_mapping is None else list(self.group_slot_mapping)
+        tables = [self.block_tables] if self.group_block_tables is None else list(self.group_block_tables)
+        for mapping in mappings:
+            if mapping.min() < 0 or mapping.max() >= slots:
+                raise ValueError(f"slot_mapping entries must be in [0, {slots})")
+        for table in tables:
+            check_block_tables(table, self.context_lens, num_blocks, block_size)
+
+    @property
+    def num_groups(self) -> int:
+        """KV groups G: 1 without group arrays."""
+        return 1 if self.group_block_tables is None else self.group_block_tables.shape[0]
+
+    def tables_of(self, group: int) -> tuple[np.ndarray, np.ndarray]:
+        """(block_tables (S, max_blocks), slot_mapping (T,)) of KV group `group`."""
+        if self.group_block_tables is None:
+            if group != 0:
+                raise ValueError(f"this batch has one KV group, not group {group}")
+            return self.block_tables, self.slot_mapping
+        return self.group_block_tables[group], self.group_slot_mapping[group]  # type: ignore[index]
 
 
 def build_batch(scheduled: list[tuple[Request, int]], block_size: int) -> ForwardBatch:
     """(request, n) pairs -> ForwardBatch; request computes tokens [num_computed, num_computed + n)."""
     token_ids: list[int] = []
     positions: list[int] = []
-    slots: list[int] = []
+    cache_index: list[int] = []
     query_start = [0]
     context_lens: list[int] = []
-    tables: list[list[int]] = []
+    tables: list[list[list[int]]] = []  # per sequence, per group
     for req, n in scheduled:
         seq = req.seq
         start = seq.num_computed_tokens
         if n < 1 or start + n > seq.num_kv_tokens:
             raise ValueError(f"request {req.request_id}: {n} tokens from {start} exceed its "
                              f"{seq.num_kv_tokens} KV slots")
-        table = seq.block_table
         first = start - seq.num_evicted_tokens  # cache index of the first new token
-        for idx in range(first, first + n):
-            slots.append(table[idx // block_size] * block_size + idx % block_size)
+        cache_index.extend(range(first, first + n))
         token_ids.extend(seq.token_ids[start:start + n])
         shifted = req.retention is None or req.retention.shifts_positions
         positions.extend(range(first, first + n) if shifted else range(start, start + n))
         query_start.append(query_start[-1] + n)
         context_lens.append(first + n)
-        tables.append(table)
-    width = max(len(t) for t in tables)
-    block_tables = np.zeros((len(tables), width), dtype=np.int32)  # (S, max_blocks), padded with block 0
-    for i, t in enumerate(tables):
-        block_tables[i, : len(t)] = t
+        tables.append(seq.block_tables)
+    num_groups = len(tables[0])
+    width = max(len(t) for per_seq in tables for t in per_seq)
+    # (G, S, max_blocks), padded with block 0
+    group_tables = np.zeros((num_groups, len(tables), width), dtype=np.int32)
+    for i, per_seq in enumerate(tables):
+        if len(per_seq) != num_groups:
+            raise ValueError(f"request {scheduled[i][0].request_id} has {len(per_seq)} KV groups, not {num_groups}")
+        for g, t in enumerate(per_seq):
+            group_tables[g, i, : len(t)] = t
+    idx = np.asarray(cache_index, dtype=np.int64)  # (T,)
+    rows = np.repeat(np.arange(len(tables)), np.diff(query_start))  # (T,) the sequence of each new token
+    group_slots = (group_tables[:, rows, idx // block_size] * block_size + idx % block_size).astype(np.int32)  # (G, T)
+    grouped = num_groups > 1
     return ForwardBatch(
         token_ids=np.asarray(token_ids, dtype=np.int32),         # (T,)
         positions=np.asarray(positions, dtype=np.int32),         # (T,)
-        slot_mapping=np.asarray(slots, dtype=np.int32),          # (T,)
+        slot_mapping=group_slots[0],                             # (T,)
         query_start_loc=np.asarray(query_start, dtype=np.int32),  # (S + 1,)
-        block_tables=block_tables,                               # (S, max_blocks)
+        block_tables=group_tables[0],                            # (S, max_blocks)
         context_lens=np.asarray(context_lens, dtype=np.int32),   # (S,)
+        group_block_tables=group_tables if grouped else None,    # (G, S, max_blocks)
+        group_slot_mapping=group_slots if grouped else None,     # (G, T)
     )

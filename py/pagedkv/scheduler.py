@@ -77,7 +77,8 @@ class Scheduler:
     def check_fits(self, request: Request) -> None:
         """Raise NeverFits if the request could not run even alone in an empty pool."""
         bs = self.kv.block_size
-        needed = -(-request.max_total_tokens // bs)
+        # Every KV group's blocks: a window group holds at most its window and a chunk (kv/groups.py).
+        needed = self.kv.blocks_needed(request.max_total_tokens, self.config.max_num_batched_tokens)
         if request.retention is not None:
             request.retention.check_block_size(bs)
             # A window bounds the blocks held; eviction needs room for its protected blocks and one chunk.
@@ -135,7 +136,7 @@ class Scheduler:
 
     def _preempt(self, victim: Request, out: SchedulerOutput, swap: bool = True) -> None:
         self.running.remove(victim)
-        blocks = len(victim.seq.block_table)
+        blocks = self.kv.num_held_blocks(victim.seq)
         cpu = self.kv.cpu_pool
         use_swap = (
             swap and self.config.preemption != "recompute" and cpu is not None and cpu.num_available >= blocks

@@ -41,10 +41,13 @@ class Sequence:
 
     num_kv_tokens: tokens that have a KV slot (prefix of token_ids).
     num_computed_tokens: tokens whose KV has been written (<= num_kv_tokens).
-    block_table: physical block ids, block i holds tokens [i*B, (i+1)*B).
-    block_hashes / block_links: per full block, its chained hash and the
+    block_tables: one block table per KV group (kv/groups.py), positional: entry i holds tokens
+        [i*B, (i+1)*B) for that group's layers; a window group's entries that left its window hold the
+        manager's null block. block_table is group 0's (full attention: the whole context).
+    group_hashes / group_links: per group, per full block, its chained hash and the
         (id, epoch) of the verified cached block holding the same prefix
         (None when that prefix is not registered); maintained by the manager.
+        block_hashes / block_links are group 0's.
     session: the tenant this sequence is accounted to.
     num_evicted_tokens: tokens whose blocks a window or eviction dropped (a multiple of the block size);
         the cache holds num_kv_tokens - num_evicted_tokens of them, and a new token's cache index is
@@ -60,12 +63,37 @@ class Sequence:
         self.token_ids: list[int] = list(token_ids)
         self.num_kv_tokens = 0
         self.num_computed_tokens = 0
-        self.block_table: list[int] = []
-        self.block_hashes: list[Hashable] = []
-        self.block_links: list[tuple[int, int] | None] = []
+        self.block_tables: list[list[int]] = [[]]  # one per KV group once the manager allocates
+        self.group_hashes: list[list[Hashable]] = [[]]
+        self.group_links: list[list[tuple[int, int] | None]] = [[]]
         self.num_evicted_tokens = 0
         self.block_scores: dict[int, float] = {}
         self.status = SequenceStatus.WAITING
+
+    @property
+    def block_table(self) -> list[int]:
+        """Group 0's block table (the only one of a model without window layers)."""
+        return self.block_tables[0]
+
+    @block_table.setter
+    def block_table(self, table: list[int]) -> None:
+        self.block_tables[0] = table
+
+    @property
+    def block_hashes(self) -> list[Hashable]:
+        return self.group_hashes[0]
+
+    @block_hashes.setter
+    def block_hashes(self, hashes: list[Hashable]) -> None:
+        self.group_hashes[0] = hashes
+
+    @property
+    def block_links(self) -> list[tuple[int, int] | None]:
+        return self.group_links[0]
+
+    @block_links.setter
+    def block_links(self, links: list[tuple[int, int] | None]) -> None:
+        self.group_links[0] = links
 
     @property
     def num_tokens(self) -> int:

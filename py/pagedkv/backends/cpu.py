@@ -14,6 +14,7 @@ from ..kernels.ref_attention import check_block_ids
 from ..kernels.ref_ops import shift_keys
 from ..kv.accounting import SharedKVBudget
 from ..kv.block_pool import CopyOp
+from ..kv.groups import KVGroups
 from ..kv.spec import KVSpec
 from ..kv.dtypes import pack_tokens, unpack_tokens
 from ..kv.retention import ShiftOp
@@ -39,15 +40,25 @@ class CpuBackend:
     pages: (num_pages, page_floats) f32 that several models' backends share (one budget, one pool: the
     engine's add_model); the pools are views of it (PagedKVCache.in_pages). num_blocks is the pool's page count,
     which may pass the buffer's: those pages only hold weights (LLMEngine's backed_pages).
+    kv_groups: True (default): a model with sliding-window layers keeps its KV in groups (kv/groups.py), one pool
+    per slot of a group, and the engine gives each group its own block tables; False: every layer holds the whole
+    context (one group of all layers, the layout of a model without windows), as it does in shared `pages`.
     """
 
     name = "cpu"
 
     def __init__(self, weights: ModelWeights, num_blocks: int, block_size: int, num_cpu_blocks: int = 0,
-                 kv_dtype: str = "f32", linear: str = "matmul", attention=None, pages: np.ndarray | None = None) -> None:
+                 kv_dtype: str = "f32", linear: str = "matmul", attention=None, pages: np.ndarray | None = None,
+                 kv_groups: bool = True) -> None:
         if linear not in ("matmul", "einsum", "wasm"):
             raise ValueError(f"linear must be matmul, einsum or wasm, got {linear!r}")
         self.config = weights.config
+        self.kv_groups = KVGroups.of(self.config)
+        # One group when asked, or in pages several models share: their pools and shared pool are not
+        # group-aware yet, so there every layer holds the whole context, as before groups existed.
+        if not (kv_groups and self.kv_groups.is_hybrid and pages is None):
+            self.kv_groups = KVGroups.flat(self.config.n_layers)
+        pools = self.kv_groups.group_size  # per-slot pools: every layer's with one group
         self.model = NumpyModel(weights) if attention is None else WasmAttentionModel(weights, attention)
         if linear != "matmul":
             head = "token_embd.weight" if self.config.tied_embeddings else "output.weight"
@@ -58,15 +69,15 @@ class CpuBackend:
                 raise ValueError(f"{pages.shape[0]} shared pages but the pool has {num_blocks} blocks")
             self.kv = PagedKVCache.in_pages(self.config, pages, block_size, kv_dtype)
         else:
-            self.kv = PagedKVCache.allocate(self.config, num_blocks, block_size, kv_dtype)
+            self.kv = PagedKVCache.allocate(self.config, num_blocks, block_size, kv_dtype, num_pools=pools)
         self.kv_dtype = kv_dtype
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_cpu_blocks = num_cpu_blocks
         shape = (max(num_cpu_blocks, 1), block_size, self.config.n_kv_heads, self.config.head_dim)
-        # Swap space: (layer) x (num_cpu_blocks, block_size, n_kv_heads, head_dim)
-        self.cpu_k = [np.zeros(shape, np.float32) for _ in range(self.config.n_layers)]
-        self.cpu_v = [np.zeros(shape, np.float32) for _ in range(self.config.n_layers)]
+        # Swap space: (layer, or slot with KV groups) x (num_cpu_blocks, block_size, n_kv_heads, head_dim)
+        self.cpu_k = [np.zeros(shape, np.float32) for _ in range(pools)]
+        self.cpu_v = [np.zeros(shape, np.float32) for _ in range(pools)]
 
     @staticmethod
     def pool_bytes_per_token(config) -> int:
@@ -76,7 +87,7 @@ class CpuBackend:
     @property
     def kv_spec(self) -> KVSpec:
         """The KV cache's geometry and element type."""
-        return KVSpec.of(self.config, block_size=self.block_size, dtype=self.kv_dtype)
+        return KVSpec.of(self.config, block_size=self.block_size, dtype=self.kv_dtype, groups=self.kv_groups)
 
     @property
     def bytes_per_token(self) -> int:
@@ -100,6 +111,8 @@ class CpuBackend:
         ops = list(ops)
         if not ops:
             return
+        if self.kv_groups.is_hybrid:  # a slot's pool holds several layers, rotated differently
+            raise ValueError("re-rotating keys does not support sliding-window KV groups")
         blocks = np.array([op.block for op in ops], dtype=np.int64)  # (n,)
         deltas = np.array([op.delta for op in ops], dtype=np.int64)  # (n,)
         for pool, inv in zip(self.kv.k, self.model.inv_freqs):
@@ -107,34 +120,35 @@ class CpuBackend:
                 pool[blocks] = shift_keys(pool[blocks], deltas, inv)
 
     async def swap_out(self, ops: Iterable[CopyOp]) -> None:
-        for gpu, cpu in ops:
-            for layer in range(self.config.n_layers):
-                self.cpu_k[layer][cpu] = self.kv.k[layer][gpu]
-                self.cpu_v[layer][cpu] = self.kv.v[layer][gpu]
+        for gpu, cpu in ops:  # the whole page: every pool
+            for pool in range(len(self.kv.k)):
+                self.cpu_k[pool][cpu] = self.kv.k[pool][gpu]
+                self.cpu_v[pool][cpu] = self.kv.v[pool][gpu]
 
     async def swap_in(self, ops: Iterable[CopyOp]) -> None:
         for cpu, gpu in ops:
-            for layer in range(self.config.n_layers):
-                self.kv.k[layer][gpu] = self.cpu_k[layer][cpu]
-                self.kv.v[layer][gpu] = self.cpu_v[layer][cpu]
+            for pool in range(len(self.kv.k)):
+                self.kv.k[pool][gpu] = self.cpu_k[pool][cpu]
+                self.kv.v[pool][gpu] = self.cpu_v[pool][cpu]
 
     async def read_blocks(self, block_ids: list[int]) -> np.ndarray:
         ids = check_block_ids(block_ids, self.num_blocks)  # (n,) distinct, as on WebGPU
         cfg = self.config
-        # (layers, 2, n, block_size, n_kv_heads, head_dim) -> (n, layers, 2, block_size, n_kv_heads, head_dim)
+        # (pools, 2, n, block_size, n_kv_heads, head_dim) -> (n, pools, 2, block_size, n_kv_heads, head_dim); a
+        # pool is a layer's, or with KV groups a slot's (a page holds group_size layers)
         values = np.stack([np.stack([k[ids], v[ids]]) for k, v in zip(self.kv.k, self.kv.v)])
         values = values.transpose(2, 0, 1, 3, 4, 5)
         # The pools hold round_trip(x) values; packing them again gives the codes kv_write stored.
         words = pack_tokens(values.reshape(-1, cfg.n_kv_heads, cfg.head_dim), self.kv_dtype)
-        return words.reshape(values.shape[:4] + (-1,))  # (n, layers, 2, block_size, token_u32s)
+        return words.reshape(values.shape[:4] + (-1,))  # (n, pools, 2, block_size, token_u32s)
 
     async def write_blocks(self, block_ids: list[int], words: np.ndarray) -> None:
         cfg = self.config
-        values = unpack_tokens(words, self.kv_dtype, cfg.n_kv_heads, cfg.head_dim)  # (n, layers, 2, bs, kv, hd)
-        for layer in range(cfg.n_layers):
+        values = unpack_tokens(words, self.kv_dtype, cfg.n_kv_heads, cfg.head_dim)  # (n, pools, 2, bs, kv, hd)
+        for pool in range(len(self.kv.k)):
             for i, block in enumerate(block_ids):
-                self.kv.k[layer][block] = values[i, layer, 0]
-                self.kv.v[layer][block] = values[i, layer, 1]
+                self.kv.k[pool][block] = values[i, pool, 0]
+                self.kv.v[pool][block] = values[i, pool, 1]
 
 
 def plan_pages(configs, block_size: int = 16) -> tuple[int, list[int]]:

@@ -79,7 +79,7 @@ class WasmAttentionModel(NumpyModel):
         """NumpyModel.forward; one token of one sequence on f32 pools without the mass runs its layers through
         the kernels on the fixed buffers (the module docstring)."""
         if (self._layers is None or batch.token_ids.shape[0] != 1 or attention_mass is not None
-                or kv.kv_dtype != "f32"):
+                or kv.kv_dtype != "f32" or batch.group_block_tables is not None):  # KV groups: the reference's
             return super().forward(batch, kv, all_logits, attention_mass)
         cfg, k, a = self.config, self.kernels, self._addrs
         batch.check_fits(vocab=cfg.vocab, context_length=cfg.context_length, num_blocks=kv.num_blocks,
@@ -110,7 +110,8 @@ class WasmAttentionModel(NumpyModel):
     def _attention(self, layer: int, h: np.ndarray, batch, kv, mass) -> np.ndarray:
         """A one-token step on f32 pools without the attention mass: q | k | v into one buffer, then the kernel's
         attn_decode (rope, the KV write, q . k, softmax, p @ v in one call); else the reference's steps."""
-        if h.shape[0] != 1 or mass is not None or kv.kv_dtype != "f32" or not self._decodes[layer]:
+        if (h.shape[0] != 1 or mass is not None or kv.kv_dtype != "f32" or not self._decodes[layer]
+                or batch.group_block_tables is not None):
             return super()._attention(layer, h, batch, kv, mass)
         cfg = self.config
         ys = self._projections(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), h, cfg.attention_bias)

@@ -6,7 +6,9 @@ window and activation come from config.layers, the embedding scale from the conf
 Inputs follow vLLM's flattened batch: the new tokens of every sequence are
 concatenated; each sequence's K/V live in fixed-size physical blocks of a
 per-layer pool, found through its row of `block_tables`. Prefill (many new
-tokens) and decode (one new token) are the same code path.
+tokens) and decode (one new token) are the same code path. A batch with KV groups (kv/groups.py:
+group_block_tables) runs on pools per slot instead: layer l of group g reads and writes pool j (its slot in g)
+through group g's tables and slots.
 
 Everything is f32; weights are dequantized once at load (ModelWeights). The KV pools hold f32 values;
 with a kv_dtype other than f32 they hold the dequantized values produced by the exact quantizer of
@@ -21,6 +23,7 @@ import numpy as np
 
 from ..kv.dtypes import kv_dtype as check_kv_dtype
 from ..kv.dtypes import round_trip
+from ..kv.groups import KVGroups
 from ..model.config import ModelConfig
 from ..kernels.ref_ops import ACTIVATIONS, layer_inv_freq, model_inv_freq, rms_norm, rope_adjacent
 from ..model.weights import ModelWeights
@@ -29,7 +32,8 @@ from ..model_runner import ForwardBatch
 
 @dataclass(frozen=True)
 class PagedKVCache:
-    """Per-layer K and V pools, each (num_blocks, block_size, n_kv_heads, head_dim) f32.
+    """Per-layer K and V pools, each (num_blocks, block_size, n_kv_heads, head_dim) f32; with KV groups one pool
+    per slot of a group (group_size of them), a block of every pool making up one page.
 
     kv_dtype: rows are stored as round_trip(row, kv_dtype) (see the module docstring).
     """
@@ -43,15 +47,16 @@ class PagedKVCache:
 
     @classmethod
     def allocate(cls, config: ModelConfig, num_blocks: int, block_size: int,
-                 kv_dtype: str = "f32") -> "PagedKVCache":
-        """Zero-filled pools for every layer."""
+                 kv_dtype: str = "f32", num_pools: int | None = None) -> "PagedKVCache":
+        """Zero-filled pools for every layer, or `num_pools` of them (a KV group's slots)."""
         check_kv_dtype(kv_dtype)
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         shape = (num_blocks, block_size, config.n_kv_heads, config.head_dim)
+        n = config.n_layers if num_pools is None else num_pools
         return cls(
-            k=tuple(np.zeros(shape, np.float32) for _ in range(config.n_layers)),
-            v=tuple(np.zeros(shape, np.float32) for _ in range(config.n_layers)),
+            k=tuple(np.zeros(shape, np.float32) for _ in range(n)),
+            v=tuple(np.zeros(shape, np.float32) for _ in range(n)),
             kv_dtype=kv_dtype,
         )
 
@@ -93,6 +98,7 @@ class NumpyModel:
         self.config = weights.config
         self.w = weights.tensors
         self.layers = self.config.layers  # family.Layer per decoder layer
+        self.kv_groups = KVGroups.of(self.config)  # the layout of a batch with group_block_tables
         self.inv_freq = model_inv_freq(self.config)  # (head_dim/2,) f32: the file's base and scaling
         # (head_dim/2,) f32 per layer, None where a layer has no rotary; layers that rotate alike share one array
         freqs: dict = {(self.config.rope_base, True): self.inv_freq}
@@ -114,6 +120,10 @@ class NumpyModel:
         cfg = self.config
         batch.check_fits(vocab=cfg.vocab, context_length=cfg.context_length, num_blocks=kv.num_blocks,
                          block_size=kv.block_size)
+        pools = cfg.n_layers if batch.group_block_tables is None else self.kv_groups.group_size
+        if batch.num_groups not in (1, self.kv_groups.num_groups) or len(kv.k) != pools:
+            raise ValueError(f"a batch of {batch.num_groups} KV group(s) needs {pools} pools (the model's groups: "
+                             f"{self.kv_groups.num_groups}), the cache has {len(kv.k)}")
 
         x = self.w["token_embd.weight"][batch.token_ids]  # (T, hidden)
         if cfg.embedding_scale != 1.0:
@@ -153,14 +163,20 @@ class NumpyModel:
         # (block, offset) indexing writes through a pool that views shared pages (PagedKVCache.in_pages), where
         # a reshape to (slots, ...) would write into a copy.
         bs = kv.block_size
-        where = self._slots(batch, bs)  # (T,), (T,)
-        kv.k[layer][where] = round_trip(k, kv.kv_dtype)
-        kv.v[layer][where] = round_trip(v, kv.kv_dtype)
+        if batch.group_block_tables is None:  # every layer its own pools, one table
+            pool, tables = layer, batch.block_tables
+            where = self._slots(batch, bs)  # (T,), (T,)
+        else:  # layer -> (group, slot): the slot's pools through the group's tables and slots
+            group, pool = self.kv_groups.where(layer)
+            tables, slot_mapping = batch.tables_of(group)  # (S, max_blocks), (T,)
+            where = (slot_mapping // bs, slot_mapping % bs)
+        kv.k[pool][where] = round_trip(k, kv.kv_dtype)
+        kv.v[pool][where] = round_trip(v, kv.kv_dtype)
 
         out = np.empty((t, nh, hd), np.float32)  # (T, n_heads, head_dim)
         for s in range(batch.num_seqs):
             lo, hi = int(batch.query_start_loc[s]), int(batch.query_start_loc[s + 1])
-            out[lo:hi] = self._sequence_attention(layer, q[lo:hi], kv.k[layer], kv.v[layer], batch.block_tables[s],
+            out[lo:hi] = self._sequence_attention(layer, q[lo:hi], kv.k[pool], kv.v[pool], tables[s],
                                                   int(batch.context_lens[s]), None if mass is None else mass[s])
         return out.reshape(t, nh * hd) @ self.w[f"blk.{layer}.attn_output.weight"].T  # (T, hidden)
 

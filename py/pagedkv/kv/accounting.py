@@ -16,7 +16,9 @@ class KVStats:
     """Snapshot of one manager. Token counts are KV slots, not bytes.
 
     total/free/cached are pool-wide; used counts the blocks this manager's
-    running sequences hold (the pool's used count when the pool is not shared).
+    running sequences hold (the pool's used count when the pool is not shared), every KV group's;
+    group_used_blocks splits it by group (kv/groups.py; one entry for a model without window layers).
+    Logical tokens count a token once per group whose table holds it.
     """
     total_blocks: int
     used_blocks: int
@@ -28,6 +30,7 @@ class KVStats:
     logical_tokens: int
     physical_tokens: int
     per_session_blocks: dict[str, int] = field(default_factory=dict)  # distinct blocks per session
+    group_used_blocks: tuple[int, ...] = ()  # distinct blocks per KV group
 
 
 def kv_stats(manager: KVCacheManager) -> KVStats:
@@ -35,17 +38,23 @@ def kv_stats(manager: KVCacheManager) -> KVStats:
     pool, bs = manager.pool, manager.block_size
     fill: dict[int, int] = {}          # block id -> slots holding a token (max over owners)
     per_session: dict[str, set[int]] = {}
+    per_group: list[set[int]] = [set() for _ in range(manager.num_groups)]
     logical = 0
+    null = manager.null_block
     for seq in manager.live.values():
         if seq.status is not SequenceStatus.RUNNING:
             continue
-        logical += seq.num_kv_tokens
         owned = per_session.setdefault(seq.session, set())
-        for i, bid in enumerate(seq.block_table):
-            n = min(bs, seq.num_kv_tokens - i * bs)
-            if n > fill.get(bid, 0):
-                fill[bid] = n
-            owned.add(bid)
+        for g, table in enumerate(seq.block_tables):
+            for i, bid in enumerate(table):
+                if bid == null:  # out of a window group's window
+                    continue
+                n = min(bs, seq.num_kv_tokens - i * bs)
+                logical += n
+                if n > fill.get(bid, 0):
+                    fill[bid] = n
+                owned.add(bid)
+                per_group[g].add(bid)
     physical = sum(fill.values())
     used = len(fill)
     return KVStats(
@@ -54,7 +63,8 @@ def kv_stats(manager: KVCacheManager) -> KVStats:
         slot_efficiency=physical / (used * bs) if used else 1.0,
         sharing_factor=logical / physical if physical else 1.0,
         logical_tokens=logical, physical_tokens=physical,
-        per_session_blocks={s: len(b) for s, b in sorted(per_session.items())})
+        per_session_blocks={s: len(b) for s, b in sorted(per_session.items())},
+        group_used_blocks=tuple(len(b) for b in per_group))
 
 
 class SharedKVBudget:
@@ -154,7 +164,7 @@ def block_map(manager: KVCacheManager, others: tuple[KVCacheManager, ...] = ()) 
                 owners.append(seq.session)
                 owner_of.append(k)
             mark = chr(0x100 + owners.index(seq.session))
-            for bid in seq.block_table:
+            for bid in m.held_blocks(seq):
                 cells[bid] = mark if pool.ref_count(bid) == 1 else "s"
     stats = kv_stats(manager)
     used, per_chat = stats.used_blocks, dict(stats.per_session_blocks)
@@ -169,7 +179,12 @@ def block_map(manager: KVCacheManager, others: tuple[KVCacheManager, ...] = ()) 
         "utilization": stats.utilization, "slot_efficiency": stats.slot_efficiency,
         "sharing_factor": stats.sharing_factor, "tokens_stored": stats.physical_tokens,
         "per_chat_blocks": per_chat, "prefix_hit_rate": manager.prefix_hit_rate,
+        # KV groups (kv/groups.py): each group's label and the blocks its tables hold (the first model's)
+        "groups": manager.groups.describe() if manager.groups is not None else ["full"],
+        "group_used_blocks": list(stats.group_used_blocks),
     }
+    if manager.null_block is not None:
+        snap["null_block"] = manager.null_block  # reserved: the placeholder of released window entries
     if others:
         snap["owner_of"] = owner_of
     return snap

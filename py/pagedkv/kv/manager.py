@@ -12,6 +12,21 @@ forward pass of that same step writes them before any later step reads.
 
 The manager holds its CPU tier (cpu_tier.py): it tells it of swaps and GPU
 evictions, and hands its copies out with every other plan (`take_demotions`).
+
+KV groups (groups.py): a model with sliding-window layers keeps one block table per group of layers, all in
+this one pool (a block id is a page holding one group's layers). A window group's table is positional like
+the full one, but its blocks that lie wholly out of the window of the sequence's next query leave it as the
+query advances (in decode and between prefill chunks: before each allocation), replaced by the null block, a
+pool block reserved for the purpose that no sequence ever writes and no kernel needs (its keys are masked);
+a window group therefore holds at most ceil((W - 1 + chunk) / B) + 1 blocks of a sequence. Released blocks go
+back to the pool like freed ones: a full (hashed) block stays in the prefix cache as an evictable block, as in
+vLLM, because another sequence's hit whose end lies within W tokens of it needs exactly that block (a shared
+prompt read again); it costs nothing until a fresh block is needed, and is then evicted first among cached
+blocks of the same age (the oldest released first). A prefix hit takes the longest length every group can
+serve: the full groups' common prefix, and in each window group only the blocks the hit's next query sees
+(prefix.WindowPrefixIndex). Not group-aware yet, and so refused for a model with several groups: a pool
+shared by several models, importance eviction and per-request retention (evict_blocks), the disk tier
+(adopt_blocks) and the CPU tier's prefix cache (swap works; swapped blocks are not findable there).
 """
 
 from __future__ import annotations
@@ -22,7 +37,8 @@ from ..config import CacheConfig
 from ..sequence import Sequence, SequenceStatus, append_then_allocate, check_token_ids
 from .block_pool import BlockPool, BlockState, CopyOp, OutOfBlocks
 from .cpu_tier import CpuTier
-from .prefix import HashFn, PrefixIndex, default_block_hash
+from .groups import KVGroups, first_needed_block
+from .prefix import HashFn, PrefixIndex, PrefixMatch, WindowPrefixIndex, default_block_hash
 from .retention import ShiftOp
 
 __all__ = ["KVCacheManager", "CopyOp", "OutOfBlocks", "NeverFits", "SequenceFreed", "DoubleFree"]
@@ -41,13 +57,12 @@ class DoubleFree(SequenceFreed):
 
 
 class _Plan(NamedTuple):
-    hit_ids: list[int]
-    hit_hashes: list[Hashable]
-    hit_links: list[tuple[int, int]]
-    num_new_blocks: int
-    cow: bool
+    hits: list[PrefixMatch] | None  # per group: the prefix hit of a sequence without blocks yet
+    releases: list[list[int]]  # per group: table indices that left the window (freed before allocating)
+    num_new_blocks: list[int]  # per group
+    cows: list[bool]           # per group: its last, partial block is copied first
     num_needed: int       # blocks that must come out of the free queue
-    num_available: int    # blocks the free queue can give after the hits are pulled out
+    num_available: int    # blocks the free queue can give after the hits are pulled out and releases freed
 
 
 class KVCacheManager:
@@ -57,14 +72,23 @@ class KVCacheManager:
     tenants never share blocks. hash_fn: injectable for tests (e.g. a colliding one).
     pool: a GPU pool shared with other managers (see SharedKVBudget); its size
     must equal config.num_blocks. By default the manager owns a fresh pool.
+    groups: the model's KV groups (groups.py); None: one full-attention group (one table per sequence).
     """
 
     def __init__(self, config: CacheConfig, namespace: str | None = None,
-                 hash_fn: HashFn = default_block_hash, pool: BlockPool | None = None) -> None:
+                 hash_fn: HashFn = default_block_hash, pool: BlockPool | None = None,
+                 groups: KVGroups | None = None) -> None:
         if pool is not None and pool.num_blocks != config.num_blocks:
             raise ValueError(f"shared pool has {pool.num_blocks} blocks but config.num_blocks "
                              f"is {config.num_blocks}")
-        demotes = config.demote_to_cpu and config.num_cpu_blocks > 0 and config.enable_prefix_caching
+        self.groups = groups
+        self.windows: tuple[int | None, ...] = groups.windows if groups is not None else (None,)
+        hybrid = self.windows != (None,)  # anything but one full-attention group (is_hybrid)
+        if pool is not None and groups is not None and groups.has_windows:
+            raise ValueError("a model with sliding-window KV groups cannot share a KV pool with other models yet; "
+                             "load it alone")
+        demotes = (config.demote_to_cpu and config.num_cpu_blocks > 0 and config.enable_prefix_caching
+                   and not hybrid)
         if pool is not None and demotes:
             raise ValueError("a shared GPU pool cannot demote into one model's CPU tier; set demote_to_cpu=False")
         self.config = config
@@ -72,10 +96,23 @@ class KVCacheManager:
         self.namespace = namespace
         self.pool = pool if pool is not None else BlockPool(config.num_blocks,
                                                             on_evict=self._demote if demotes else None)
-        self.prefix = PrefixIndex(self.pool, config.block_size, namespace, hash_fn, config.enable_prefix_caching)
+        caching = config.enable_prefix_caching
+        # Group 0 keeps the namespace (a one-group model's hashes are what they always were); the others add theirs.
+        self.prefixes = [
+            PrefixIndex(self.pool, config.block_size, namespace if g == 0 else f"{namespace}#g{g}", hash_fn, caching)
+            if w is None else WindowPrefixIndex(self.pool, config.block_size, f"{namespace}#g{g}", w, caching)
+            for g, w in enumerate(self.windows)]
+        self.prefix = self.prefixes[0]
         self.cpu = (CpuTier(config.num_cpu_blocks, config.block_size, namespace, self.pool,
-                            caching=config.enable_prefix_caching, demotes=demotes)
+                            caching=caching and not hybrid, demotes=demotes)
                     if config.num_cpu_blocks > 0 else None)
+        # The placeholder of a window group's released entries; the CPU pool reserves the same id, so a swapped
+        # table keeps its placeholders (both pools are fresh here: block 0 of each).
+        self.null_block: int | None = None
+        if any(w is not None for w in self.windows):
+            self.null_block = self.pool.reserve(1)[0]
+            if self.cpu is not None and self.cpu.pool.reserve(1)[0] != self.null_block:
+                raise ValueError("the CPU pool's null block differs from the GPU pool's")
         self.live: dict[int, Sequence] = {}
         self.num_lookup_tokens = 0
         self.num_hit_tokens = 0
@@ -86,24 +123,71 @@ class KVCacheManager:
         """The CPU (swap) pool, None without one."""
         return self.cpu.pool if self.cpu is not None else None
 
+    @property
+    def num_groups(self) -> int:
+        """KV groups: block tables per sequence (groups.py)."""
+        return len(self.windows)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether the layout is other than one full-attention table per sequence (several groups, or a window
+        group): what the code that is not group-aware refuses."""
+        return self.windows != (None,)
+
+    def _refuse_hybrid(self, what: str) -> None:
+        if self.is_hybrid:
+            raise ValueError(f"{what} does not support models with sliding-window KV groups yet "
+                             f"({self.num_groups} block tables per sequence)")
+
+    def _match(self, token_ids, max_blocks: int) -> list[PrefixMatch]:
+        """Per group, the blocks of the longest prefix of at most `max_blocks` blocks that every group serves
+        (module docstring): the full groups' common verified prefix, shortened until each window group holds
+        the blocks its next query sees; a window group's earlier entries are the null block."""
+        if len(self.windows) == 1 and self.windows[0] is None:
+            return [self.prefix.match(token_ids, max_blocks)]
+        full = {g: p.match(token_ids, max_blocks) for g, p in enumerate(self.prefixes) if self.windows[g] is None}
+        n = min((len(m.ids) for m in full.values()), default=max_blocks)
+        windows = {g: p for g, p in enumerate(self.prefixes) if self.windows[g] is not None}
+        digests = {g: p.digests(token_ids, n) for g, p in windows.items()}
+        settled = False
+        while not settled:  # a shorter hit in one window group may miss another's window: until none shrinks
+            settled = True
+            for g, p in windows.items():
+                h = p.hit_blocks(token_ids, n, digests[g])
+                if h < n:
+                    n, settled = h, False
+        out = []
+        for g, w in enumerate(self.windows):
+            if w is None:
+                m = full[g]
+                out.append(PrefixMatch(m.ids[:n], m.hashes[:n], m.links[:n]))
+                continue
+            p = windows[g]
+            first = max(0, n - p.num_tail_blocks)
+            ids = [self.null_block] * first + [p.cached(token_ids, i, digests[g]) for i in range(first, n)]
+            out.append(PrefixMatch(ids, digests[g][:n], []))  # type: ignore[arg-type]
+        return out
+
     def lookup_prefix(self, token_ids: list[int] | tuple[int, ...]) -> tuple[int, list[int]]:
-        """Longest verified cached prefix of `token_ids`: (num_cached_tokens, block_ids).
-        Pure query: no ref counts change."""
-        ids = self.prefix.match(token_ids, len(token_ids) // self.block_size).ids
+        """Longest verified cached prefix of `token_ids` every KV group serves: (num_cached_tokens, group 0's
+        block_ids). Pure query: no ref counts change."""
+        ids = self._match(token_ids, len(token_ids) // self.block_size)[0].ids
         return len(ids) * self.block_size, ids
 
     def evict_prefix(self, token_ids: list[int] | tuple[int, ...], keep_tokens: int = 0) -> int:
         """Forget the cached blocks of `token_ids` past its first `keep_tokens` tokens (a deleted
-        conversation's history): they become free blocks, reused first. Blocks a live sequence
-        holds are untouched. Returns the number of blocks freed (the CPU tier's: cpu.forget)."""
-        ids = self.prefix.match(token_ids, len(token_ids) // self.block_size).ids
-        return self.pool.evict_cached(ids[keep_tokens // self.block_size:])
+        conversation's history), in every KV group: they become free blocks, reused first. Blocks a live
+        sequence holds are untouched. Returns the number of blocks freed (the CPU tier's: cpu.forget)."""
+        keep = keep_tokens // self.block_size
+        hits = self._match(token_ids, len(token_ids) // self.block_size)
+        return sum(self.pool.evict_cached([b for b in m.ids[keep:] if b != self.null_block]) for m in hits)
 
     def adopt_blocks(self, token_ids, start: int, num_blocks: int) -> list[int]:
         """Register up to `num_blocks` fresh blocks as the cached blocks start, start+1, ... of `token_ids`,
         whose verified cached prefix must be exactly `start` blocks (else none). They stay cached (ref 0) for
         the caller to fill (the disk tier) before the next forward; fewer when the pool runs out or a hash
         is taken. Returns their ids in order."""
+        self._refuse_hybrid("the disk tier")
         return self.prefix.adopt(token_ids, start, num_blocks)
 
     def promote_from_cpu(self, token_ids) -> list[CopyOp]:
@@ -133,8 +217,38 @@ class KVCacheManager:
         self.cpu.demote(block)  # type: ignore[union-attr]  (wired only when the tier demotes)
 
     def get_block_ids(self, seq: Sequence) -> list[int]:
-        """The sequence's block table (a copy)."""
+        """The sequence's block table (group 0's; a copy)."""
         return list(seq.block_table)
+
+    def held_blocks(self, seq: Sequence) -> list[int]:
+        """The blocks `seq` holds (GPU or, swapped, CPU), every group's, null entries left out."""
+        return [b for table in seq.block_tables for b in table if b != self.null_block]
+
+    def num_held_blocks(self, seq: Sequence) -> int:
+        """How many blocks `seq` holds, every group's (what swapping it out copies)."""
+        return len(self.held_blocks(seq))
+
+    def blocks_needed(self, num_tokens: int, chunk: int) -> int:
+        """The most blocks a sequence of `num_tokens` tokens, computed in chunks of at most `chunk`, holds at
+        once: ceil(num_tokens / B) per full group, a window group no more than its window and a chunk."""
+        if self.groups is None:
+            return -(-num_tokens // self.block_size)
+        return self.groups.blocks_needed(num_tokens, chunk, self.block_size)
+
+    def _ensure_groups(self, seq: Sequence) -> None:
+        """Give a sequence without blocks one (empty) table per group."""
+        g = len(self.windows)
+        if len(seq.block_tables) != g:
+            seq.block_tables = [[] for _ in range(g)]
+            seq.group_hashes = [[] for _ in range(g)]
+            seq.group_links = [[] for _ in range(g)]
+
+    def _register(self, seq: Sequence) -> None:
+        for g, p in enumerate(self.prefixes):
+            if isinstance(p, WindowPrefixIndex):
+                p.register_full_blocks(seq, g, self.null_block)  # type: ignore[arg-type]
+            else:
+                p.register_full_blocks(seq, g)
 
     # -- growth --------------------------------------------------------------
     def _plan(self, seq: Sequence, num_new_tokens: int, check_fits: bool = True) -> _Plan:
@@ -146,24 +260,37 @@ class KVCacheManager:
         if end > seq.num_tokens:
             raise ValueError(f"sequence {seq.seq_id} has {seq.num_tokens} token ids; append the "
                              f"token ids before allocating slots up to {end}")
-        total_blocks = -(-(end - seq.num_evicted_tokens) // bs)
-        if check_fits and total_blocks > self.pool.capacity:
-            raise NeverFits(f"sequence {seq.seq_id} needs {total_blocks} blocks of {bs} tokens "
-                            f"for {end} tokens; the pool only has {self.pool.capacity}")
-        hit_ids: list[int] = []
-        hit_hashes: list[Hashable] = []
-        hit_links: list[tuple[int, int]] = []
+        positional = -(-(end - seq.num_evicted_tokens) // bs)  # table entries after this allocation
+        hits = None
         if not seq.block_table and num_new_tokens > 0:
             # Leave at least one token to compute: the model needs its logits.
-            hit_ids, hit_hashes, hit_links = self.prefix.match(seq.token_ids, (end - 1) // bs)
-        cow = False
-        if seq.num_kv_tokens % bs and num_new_tokens > 0:
-            last = self.pool.block(seq.block_table[-1])
-            cow = last.ref_count > 1 or last.block_hash is not None
-        num_new_blocks = total_blocks - len(seq.block_table) - len(hit_ids)
+            hits = self._match(seq.token_ids, (end - 1) // bs)
+        null = self.null_block
+        next_query = max(seq.num_computed_tokens, len(hits[0].ids) * bs if hits else 0)
+        releases: list[list[int]] = []
+        new: list[int] = []
+        cows: list[bool] = []
+        total = 0
+        for g, window in enumerate(self.windows):
+            table = hits[g].ids if hits else (seq.block_tables[g] if g < len(seq.block_tables) else [])
+            first = first_needed_block(window, next_query, bs)
+            releases.append([i for i in range(min(first, len(table))) if table[i] != null])
+            cow = False
+            if seq.num_kv_tokens % bs and num_new_tokens > 0:
+                last = self.pool.block(table[-1])
+                cow = last.ref_count > 1 or last.block_hash is not None
+            cows.append(cow)
+            new.append(positional - len(table))
+            released = max(first, sum(1 for b in table if b == null)) if window is not None else 0
+            total += positional - released  # what the table holds after this allocation
+        if check_fits and total > self.pool.capacity:
+            raise NeverFits(f"sequence {seq.seq_id} needs {total} blocks of {bs} tokens "
+                            f"for {end} tokens; the pool only has {self.pool.capacity}")
+        hit_ids = [b for m in hits for b in m.ids if b != null] if hits else []
         pulled = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
-        return _Plan(hit_ids, hit_hashes, hit_links, num_new_blocks, cow,
-                     num_new_blocks + int(cow), self.pool.num_available - pulled)
+        freed = sum(1 for g, rel in enumerate(releases) for i in rel
+                    if self.pool.ref_count(seq.block_tables[g][i]) == 1)
+        return _Plan(hits, releases, new, cows, sum(new) + sum(cows), self.pool.num_available - pulled + freed)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Whether allocate_slots(seq, num_new_tokens) would succeed right now."""
@@ -196,34 +323,42 @@ class KVCacheManager:
         if plan.num_needed > plan.num_available:
             raise OutOfBlocks(f"sequence {seq.seq_id} needs {plan.num_needed} blocks, "
                               f"{plan.num_available} free or cached")
+        hits = plan.hits
         if seq.status is SequenceStatus.WAITING and not seq.block_table:
             self.num_lookup_tokens += num_new_tokens
-            self.num_hit_tokens += len(plan.hit_ids) * self.block_size
+            self.num_hit_tokens += (len(hits[0].ids) if hits else 0) * self.block_size
+        self._ensure_groups(seq)
         ops: list[CopyOp] = []
-        if plan.hit_ids:
-            self.pool.touch(plan.hit_ids)
-            seq.block_table = list(plan.hit_ids)
-            seq.block_hashes = list(plan.hit_hashes)
-            seq.block_links = list(plan.hit_links)
-            seq.num_computed_tokens = len(plan.hit_ids) * self.block_size
-        if plan.cow:
-            src = seq.block_table[-1]
-            dst = self.pool.get_new_blocks(1)[0]
-            self.pool.free_blocks([src])
-            seq.block_table[-1] = dst
-            ops.append(CopyOp(src, dst))
-        seq.block_table.extend(self.pool.get_new_blocks(plan.num_new_blocks))
+        if hits and hits[0].ids:
+            self.pool.touch([b for m in hits for b in m.ids if b != self.null_block])
+            seq.block_tables = [list(m.ids) for m in hits]
+            seq.group_hashes = [list(m.hashes) for m in hits]
+            seq.group_links = [list(m.links) for m in hits]
+            seq.num_computed_tokens = len(hits[0].ids) * self.block_size
+        for g, rel in enumerate(plan.releases):  # oldest first: evicted first among the cached blocks
+            table = seq.block_tables[g]
+            self.pool.free_blocks([table[i] for i in rel])
+            for i in rel:
+                table[i] = self.null_block  # type: ignore[call-overload]
+        for g, table in enumerate(seq.block_tables):
+            if plan.cows[g]:
+                src = table[-1]
+                dst = self.pool.get_new_blocks(1)[0]
+                self.pool.free_blocks([src])
+                table[-1] = dst
+                ops.append(CopyOp(src, dst))
+            table.extend(self.pool.get_new_blocks(plan.num_new_blocks[g]))
         seq.num_kv_tokens += num_new_tokens
         seq.status = SequenceStatus.RUNNING
         self.live[seq.seq_id] = seq
         if register:
-            self.prefix.register_full_blocks(seq)
+            self._register(seq)
         return ops
 
     def register_blocks(self, seq: Sequence) -> None:
         """Make the full blocks allocate_slots(register=False) left unfindable findable (prefix cache)."""
         self._check_active(seq, "register blocks of")
-        self.prefix.register_full_blocks(seq)
+        self._register(seq)
 
     def mark_computed(self, seq: Sequence, num_tokens: int) -> None:
         """The forward wrote the KV of the next `num_tokens` slotted tokens of `seq`."""
@@ -255,12 +390,12 @@ class KVCacheManager:
         """A child sharing every block of `seq` (ref++); CoW happens on its first append."""
         self._check_active(seq, "fork")
         child = Sequence(seq.token_ids, session=seq.session if session is None else session)
-        self.pool.touch(seq.block_table)
+        self.pool.touch(self.held_blocks(seq))
         child.num_kv_tokens = seq.num_kv_tokens
         child.num_computed_tokens = seq.num_computed_tokens
-        child.block_table = list(seq.block_table)
-        child.block_hashes = list(seq.block_hashes)
-        child.block_links = list(seq.block_links)
+        child.block_tables = [list(t) for t in seq.block_tables]
+        child.group_hashes = [list(h) for h in seq.group_hashes]
+        child.group_links = [list(links) for links in seq.group_links]
         child.num_evicted_tokens = seq.num_evicted_tokens
         child.block_scores = dict(seq.block_scores)
         child.status = seq.status
@@ -269,15 +404,16 @@ class KVCacheManager:
         return child
 
     def free(self, seq: Sequence) -> None:
-        """Release every block of `seq`, tail first, and mark it finished."""
+        """Release every block of `seq`, group by group, each tail first, and mark it finished."""
         if seq.status is SequenceStatus.FINISHED:
             raise DoubleFree(f"sequence {seq.seq_id} was already freed")
         pool = self.cpu_pool if seq.status is SequenceStatus.SWAPPED else self.pool
-        if seq.block_table:
-            pool.free_blocks(reversed(seq.block_table))  # type: ignore[union-attr]
-        seq.block_table = []
-        seq.block_hashes = []
-        seq.block_links = []
+        for table in seq.block_tables:
+            if table:
+                pool.free_blocks([b for b in reversed(table) if b != self.null_block])  # type: ignore[union-attr]
+        seq.block_tables = [[] for _ in seq.block_tables]
+        seq.group_hashes = [[] for _ in seq.block_tables]
+        seq.group_links = [[] for _ in seq.block_tables]
         seq.num_kv_tokens = seq.num_computed_tokens = seq.num_evicted_tokens = 0
         seq.block_scores = {}
         seq.status = SequenceStatus.FINISHED
@@ -294,10 +430,17 @@ class KVCacheManager:
         bs = self.block_size
         kv = min(seq.num_kv_tokens, num_tokens)
         keep = -(-kv // bs)
-        self.pool.free_blocks(reversed(seq.block_table[keep:]))
-        del seq.block_table[keep:]
-        del seq.block_hashes[kv // bs:]
-        del seq.block_links[kv // bs:]
+        computed = min(seq.num_computed_tokens, kv)
+        for window, table in zip(self.windows, seq.block_tables):
+            first = first_needed_block(window, computed, bs)
+            if any(b == self.null_block for b in table[first:keep]):
+                raise ValueError(f"cannot truncate sequence {seq.seq_id} to {num_tokens} tokens: its window "
+                                 f"layers released the keys those tokens see; recompute it from its token ids")
+        for table, hashes, links in zip(seq.block_tables, seq.group_hashes, seq.group_links):
+            self.pool.free_blocks([b for b in reversed(table[keep:]) if b != self.null_block])
+            del table[keep:]
+            del hashes[kv // bs:]
+            del links[kv // bs:]
         del seq.token_ids[num_tokens:]
         seq.num_kv_tokens = kv
         seq.num_computed_tokens = min(seq.num_computed_tokens, kv)
@@ -316,6 +459,7 @@ class KVCacheManager:
         sequence keeps the original). Raises ValueError / OutOfBlocks with the state unchanged.
         """
         self._check_active(seq, "evict blocks of")
+        self._refuse_hybrid("KV eviction (retention, sliding windows of a request)")
         bs = self.block_size
         idx = sorted(set(table_indices))
         computed = (seq.num_computed_tokens - seq.num_evicted_tokens) // bs
@@ -359,17 +503,19 @@ class KVCacheManager:
         must run before the freed GPU blocks are reused."""
         self._check_status(seq, SequenceStatus.RUNNING, "swap out")
         cpu = self._require_cpu_pool()
-        n = len(seq.block_table)
-        if n > cpu.num_blocks:
+        held = self.held_blocks(seq)
+        n = len(held)
+        if n > cpu.capacity:
             raise NeverFits(f"sequence {seq.seq_id} has {n} blocks; the CPU pool only has "
-                            f"{cpu.num_blocks}")
+                            f"{cpu.capacity}")
         cpu_ids = cpu.get_new_blocks(n)
-        plan = [CopyOp(g, c) for g, c in zip(seq.block_table, cpu_ids)]
+        plan = [CopyOp(g, c) for g, c in zip(held, cpu_ids)]
         if not seq.num_evicted_tokens:  # after an eviction the K/V is not that prefix's: never a hit
             self.cpu.register_swapped(seq.token_ids, seq.num_computed_tokens // self.block_size, cpu_ids)
-        self.pool.free_blocks(reversed(seq.block_table))
-        seq.block_table = cpu_ids
-        seq.block_links = []
+        for table in seq.block_tables:
+            self.pool.free_blocks([b for b in reversed(table) if b != self.null_block])
+        seq.block_tables = self._mapped(seq.block_tables, dict(zip(held, cpu_ids)))
+        seq.group_links = [[] for _ in seq.block_tables]
         seq.status = SequenceStatus.SWAPPED
         return plan
 
@@ -377,9 +523,11 @@ class KVCacheManager:
         """Bring a swapped sequence back. Blocks still in the GPU prefix cache are shared
         instead of copied; returns (cpu_block, gpu_block) copies for the rest."""
         self._check_status(seq, SequenceStatus.SWAPPED, "swap in")
-        cpu = self._require_cpu_pool()
-        n = len(seq.block_table)
-        hit_ids, hit_hashes, hit_links = self.prefix.match(
+        self._require_cpu_pool()
+        cpu_ids = self.held_blocks(seq)
+        n = len(cpu_ids)
+        # A one-group sequence shares the blocks the GPU prefix cache still holds; a hybrid one copies all back.
+        hit_ids, hit_hashes, hit_links = ([], [], []) if self.is_hybrid else self.prefix.match(
             seq.token_ids, 0 if seq.num_evicted_tokens else seq.num_kv_tokens // self.block_size)
         pulled = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
         need = n - len(hit_ids)
@@ -388,16 +536,22 @@ class KVCacheManager:
                               f"{self.pool.num_available - pulled} free or cached")
         self.pool.touch(hit_ids)
         new_ids = self.pool.get_new_blocks(need)
-        cpu_ids = seq.block_table
         plan = [CopyOp(c, g) for c, g in zip(cpu_ids[len(hit_ids):], new_ids)]
         self.cpu.release_reads(list(reversed(cpu_ids)))  # type: ignore[union-attr]
-        seq.block_table = hit_ids + new_ids
-        if not seq.num_evicted_tokens:
+        seq.block_tables = self._mapped(seq.block_tables, dict(zip(cpu_ids, hit_ids + new_ids)))
+        if self.is_hybrid:
+            seq.group_hashes = [[] for _ in seq.block_tables]  # registered again below, with the new blocks
+        elif not seq.num_evicted_tokens:
             seq.block_hashes = hit_hashes
             seq.block_links = hit_links
         seq.status = SequenceStatus.RUNNING
-        self.prefix.register_full_blocks(seq)
+        self._register(seq)
         return plan
+
+    def _mapped(self, tables: list[list[int]], where: dict[int, int]) -> list[list[int]]:
+        """Tables with every held block replaced by where[block] (a swap), null entries kept."""
+        null = self.null_block
+        return [[b if b == null else where[b] for b in table] for table in tables]
 
     # -- checks ---------------------------------------------------------------
     def _check_active(self, seq: Sequence, what: str) -> None:

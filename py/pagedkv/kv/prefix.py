@@ -20,8 +20,8 @@ import numpy as np
 from ..sequence import Sequence
 from .block_pool import BlockPool
 
-__all__ = ["HashFn", "default_block_hash", "PrefixMatch", "PrefixIndex", "chain_step", "namespace_seed",
-           "chain_digests"]
+__all__ = ["HashFn", "default_block_hash", "PrefixMatch", "PrefixIndex", "WindowPrefixIndex", "chain_step",
+           "namespace_seed", "chain_digests"]
 
 HashFn = Callable[[Hashable, tuple[int, ...], str | None], Hashable]
 
@@ -98,30 +98,96 @@ class PrefixIndex:
         self.pool.free_blocks(reversed(hit.ids + new))
         return new
 
-    def register_full_blocks(self, seq: Sequence) -> None:
-        """Make the full blocks of `seq` past those it hashed already findable (they are written by the
-        forward of the step that allocated them, before any later step reads them)."""
+    def register_full_blocks(self, seq: Sequence, group: int = 0) -> None:
+        """Make the full blocks of `seq`'s table of KV group `group` past those it hashed already findable
+        (they are written by the forward of the step that allocated them, before any later step reads them)."""
         # After an eviction, later K/V was computed without the dropped tokens: it is not the K/V of
         # that prefix under full attention, so it must never be served as a prefix-cache hit.
         if not self.enabled or seq.num_evicted_tokens:
             return
         bs = self.block_size
-        for i in range(len(seq.block_hashes), seq.num_kv_tokens // bs):
+        hashes, links, table = seq.group_hashes[group], seq.group_links[group], seq.block_tables[group]
+        for i in range(len(hashes), seq.num_kv_tokens // bs):
             chunk = tuple(seq.token_ids[i * bs:(i + 1) * bs])
-            parent_hash = seq.block_hashes[i - 1] if i else None
-            parent_link = seq.block_links[i - 1] if i else None
+            parent_hash = hashes[i - 1] if i else None
+            parent_link = links[i - 1] if i else None
             h = self.hash_fn(parent_hash, chunk, self.namespace)
             link = None
             if i == 0 or parent_link is not None:
                 existing = self.pool.cached_block(h)
                 if existing is None:
-                    link = self.pool.register(seq.block_table[i], h, chunk, parent_link, self.namespace)
+                    link = self.pool.register(table[i], h, chunk, parent_link, self.namespace)
                 elif (existing.token_ids == chunk and existing.parent == parent_link
                       and existing.salt == self.namespace):
                     link = (existing.block_id, existing.epoch)  # same prefix cached elsewhere
                 # else: a colliding hash owns the slot; this block stays unaddressable.
-            seq.block_hashes.append(h)
-            seq.block_links.append(link)
+            hashes.append(h)
+            links.append(link)
+
+
+class WindowPrefixIndex:
+    """The prefix cache of one sliding-window KV group (kv/groups.py): a hit of h blocks needs only the blocks
+    a query at position h*B still sees, the last ceil((W - 1) / B) before it (vLLM's sliding-window
+    find_longest_cache_hit); the blocks before them may have left the cache long ago.
+
+    So a block cannot be verified through its parent's (block id, epoch) link as PrefixIndex does (the parent
+    is gone): it is keyed by the collision-resistant digest of its whole prefix instead (chain_step, seeded with
+    the group's namespace), and a hit is verified by its token ids, its namespace and its parent's digest.
+    A sequence keeps the digests of all its blocks (group_hashes), released ones too, to go on chaining.
+    """
+
+    def __init__(self, pool: BlockPool, block_size: int, namespace: str, window: int, enabled: bool) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.namespace = namespace
+        self.enabled = enabled
+        self.num_tail_blocks = -(-(window - 1) // block_size)  # blocks a hit must hold before its end
+
+    def digests(self, token_ids, num_blocks: int, known: list | None = None) -> list[bytes]:
+        """Digests of the first `num_blocks` full blocks of `token_ids` (reusing the `known` leading ones)."""
+        return chain_digests(token_ids, num_blocks, self.block_size, self.namespace, known or [])
+
+    def cached(self, token_ids, i: int, digests: list[bytes]) -> int | None:
+        """The verified cached block holding full block i of `token_ids`, or None."""
+        block = self.pool.cached_block(digests[i])
+        bs = self.block_size
+        if (block is None or block.salt != self.namespace or block.parent != (digests[i - 1] if i else None)
+                or block.token_ids != tuple(token_ids[i * bs:(i + 1) * bs])):
+            return None
+        return block.block_id
+
+    def hit_blocks(self, token_ids, max_blocks: int, digests: list[bytes]) -> int:
+        """The longest h <= max_blocks whose blocks h - num_tail_blocks .. h - 1 (from 0) are all cached."""
+        if not self.enabled or max_blocks == 0:
+            return 0
+        need = self.num_tail_blocks
+        if need == 0:
+            return max_blocks
+        run = 0
+        for i in range(max_blocks - 1, -1, -1):  # from the right: the first long enough run is the longest hit
+            if self.cached(token_ids, i, digests) is None:
+                run = 0
+                continue
+            run += 1
+            if run == need:
+                return i + need
+        return run  # blocks 0 .. run - 1: a hit shorter than the window
+
+    def register_full_blocks(self, seq: Sequence, group: int, null_block: int) -> None:
+        """Make the full blocks of `seq`'s table of `group` past those it hashed already findable (entries
+        already released, the null block, are only hashed)."""
+        if not self.enabled or seq.num_evicted_tokens:
+            return
+        bs = self.block_size
+        hashes, table = seq.group_hashes[group], seq.block_tables[group]
+        n = seq.num_kv_tokens // bs
+        start = len(hashes)
+        hashes[:] = self.digests(seq.token_ids, n, hashes)
+        for i in range(start, n):
+            if table[i] == null_block or self.pool.cached_block(hashes[i]) is not None:
+                continue  # released already, or the same prefix is cached in another block
+            self.pool.register(table[i], hashes[i], tuple(seq.token_ids[i * bs:(i + 1) * bs]),
+                               hashes[i - 1] if i else None, self.namespace)
 
 
 def chain_step(parent: bytes, block_token_ids) -> bytes:
@@ -135,11 +201,13 @@ def namespace_seed(namespace: str | None) -> bytes:
     return hashlib.sha256(repr(namespace).encode()).digest()[:16]
 
 
-def chain_digests(token_ids, num_blocks: int, block_size: int, namespace: str | None) -> list[bytes]:
-    """Digests (16 bytes) of the first `num_blocks` full blocks; block i's covers blocks 0..i and the namespace."""
-    parent = namespace_seed(namespace)
-    out = []
-    for i in range(num_blocks):
+def chain_digests(token_ids, num_blocks: int, block_size: int, namespace: str | None,
+                  known: list[bytes] = ()) -> list[bytes]:  # type: ignore[assignment]
+    """Digests (16 bytes) of the first `num_blocks` full blocks; block i's covers blocks 0..i and the namespace.
+    known: digests of the leading blocks computed before (kept, not computed again)."""
+    out = list(known[:num_blocks])
+    parent = out[-1] if out else namespace_seed(namespace)
+    for i in range(len(out), num_blocks):
         parent = chain_step(parent, token_ids[i * block_size:(i + 1) * block_size])
         out.append(parent)
     return out

@@ -25,6 +25,8 @@ class KVSpec:
     head_dim: int
     block_size: int = 16
     dtype: str = DEFAULT_KV_DTYPE
+    # Layers one page (block id) holds: a KV group's (kv/groups.py); None: every layer (one group).
+    layers_per_page: int | None = None
 
     def __post_init__(self) -> None:
         for attr in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
@@ -33,11 +35,17 @@ class KVSpec:
                 raise ValueError(f"{attr} must be a positive int, got {v!r}")
         if self.dtype not in KV_DTYPES and self.dtype not in PLAIN_ELEMENT_BYTES:
             raise ValueError(f"kv_dtype must be one of {sorted([*KV_DTYPES, 'bf16'])}, got {self.dtype!r}")
+        lpp = self.layers_per_page
+        if lpp is not None and (not isinstance(lpp, int) or isinstance(lpp, bool) or lpp < 1
+                                or self.num_layers % lpp):
+            raise ValueError(f"layers_per_page must be None or a positive divisor of {self.num_layers}, got {lpp!r}")
 
     @classmethod
-    def of(cls, config, *, block_size: int = 16, dtype: str = DEFAULT_KV_DTYPE) -> KVSpec:
-        """The spec of a model config (anything with n_layers, n_kv_heads and head_dim)."""
-        return cls(config.n_layers, config.n_kv_heads, config.head_dim, block_size, dtype)
+    def of(cls, config, *, block_size: int = 16, dtype: str = DEFAULT_KV_DTYPE, groups=None) -> KVSpec:
+        """The spec of a model config (anything with n_layers, n_kv_heads and head_dim); groups: its
+        kv.groups.KVGroups when it has several (a page then holds one group's layers)."""
+        lpp = groups.group_size if groups is not None and groups.is_hybrid else None
+        return cls(config.n_layers, config.n_kv_heads, config.head_dim, block_size, dtype, lpp)
 
     def with_(self, **changes) -> KVSpec:
         """This spec with other fields (block_size=, dtype=)."""
@@ -62,9 +70,14 @@ class KVSpec:
         return 2 * self.num_layers * self.token_u32s * 4
 
     @property
+    def page_layers(self) -> int:
+        """Layers one page holds: layers_per_page, or every layer."""
+        return self.layers_per_page or self.num_layers
+
+    @property
     def bytes_per_block(self) -> int:
-        """Bytes of one block's K and V in every layer."""
-        return self.bytes_per_token * self.block_size
+        """Bytes of one page: K and V of block_size tokens in page_layers layers (every layer with one group)."""
+        return self.bytes_per_token * self.page_layers // self.num_layers * self.block_size
 
 
 SMOLLM2_135M = KVSpec(num_layers=30, num_kv_heads=3, head_dim=64)
