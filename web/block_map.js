@@ -51,6 +51,16 @@ export function renderMemory(mem, modelInfo) {
     }).join(", ") || "–"],
     ["Preemptions", `swap ${mem.engine.preemptions.swap} · recompute ${mem.engine.preemptions.recompute}`],
   ];
+  if ((mem.groups || []).length > 1) {  // KV groups (kv/groups.py): window groups hold only their window
+    const byKind = {};
+    mem.groups.forEach((label, g) => {
+      const k = (byKind[label] ??= { groups: 0, blocks: 0 });
+      k.groups += 1;
+      k.blocks += mem.group_used_blocks[g] ?? 0;
+    });
+    facts.push(["KV groups", Object.entries(byKind).map(([label, k]) =>
+      `${label}: ${k.blocks} blocks in ${k.groups} group${k.groups > 1 ? "s" : ""}`).join(" · ")]);
+  }
   if (mem.models) {  // several models in one pool of pages: what each holds
     facts.push(["Models", Object.entries(mem.models).map(([m, v]) =>
       `${m}: ${v.kv_pages} KV + ${v.weights_pages} weights pages (× ${v.block_size} tokens)`).join(" · ")]);
@@ -90,5 +100,6 @@ export function renderMemory(mem, modelInfo) {
     total: mem.total_blocks, per_chat: mem.per_chat_blocks, owners: mem.owners, owner_models: mem.owner_models ?? null,
     cpu_blocks: e.cpu_blocks, cpu_used: e.cpu_used_blocks, cpu_cached: e.cpu_cached_blocks,
     disk_blocks: e.disk_blocks ?? null, restored: e.last_disk_restored_tokens ?? null,
-    prefill_tokens: e.prefill_tokens, disk_corrupt: e.disk_corrupt_blocks ?? null });
+    prefill_tokens: e.prefill_tokens, disk_corrupt: e.disk_corrupt_blocks ?? null,
+    groups: mem.groups ?? null, group_used: mem.group_used_blocks ?? null });
 }

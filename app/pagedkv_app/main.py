@@ -258,6 +258,8 @@ async def _attach_disk(engine: LLMEngine, manifests: dict[str, dict]) -> str:
     try:
         for model, manifest in manifests.items():
             await engine.open_disk_tier(store, manifest, budget, model=model, background=True)
+    except ValueError as exc:  # the tier refused this model's KV (lanes.attach_disk): chat on without it, say why
+        return f"off: {exc}"
     except Exception as exc:  # the browser could not list OPFS `kv/`: chat on without the tier, never fail the load
         return f"off: the disk tier's directory could not be listed ({type(exc).__name__}: {exc})"
     return f"on, {budget / MIB:g} MiB budget"
@@ -268,17 +270,16 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
     manifest, weights, linear, attention, why = await cpu_weights(name, on_progress)
     cfg = weights.config
     kv_budget = int(float(bridge.query_param("kv_mib", "128")) * MIB)  # fractions make tiny pools for tests
-    bytes_per_token = CpuBackend.pool_bytes_per_token(cfg)
+    # A block is a page of one KV group's layers (kv/groups.py): every layer for a model without window layers,
+    # a group's (Gemma 3 270M: 3 of its 18) where window groups hold only their window.
+    bytes_per_token = CpuBackend.page_bytes_per_token(cfg)
     num_blocks = kv_budget // (bytes_per_token * block_size)
     if num_blocks < 1:
         raise ValueError(f"a {kv_budget / MIB:g} MiB KV budget holds no block of {block_size} tokens "
                          f"({bytes_per_token:,} B/token); raise kv_mib")
     num_cpu_blocks = tier_budgets().cpu_bytes // (bytes_per_token * block_size)
-    # Every layer holds the whole context here (kv_groups=False): the pool is sized in tokens of every layer and
-    # the tab's wasm attention is not group-aware yet (kv/groups.py).
     backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
-                         linear=linear, attention=attention,  # Pyodide's numpy has no BLAS: backends/cpu_linear.py
-                         kv_groups=False)
+                         linear=linear, attention=attention)  # Pyodide's numpy has no BLAS: backends/cpu_linear.py
     return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype, "cpu_linear": why}
 
 

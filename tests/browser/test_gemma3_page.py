@@ -84,3 +84,24 @@ def test_create_engine_completes_raw_text_with_it(browser, base_url):
         page.close()
     assert (got["object"], got["model"], got["usage"]["prompt_tokens"]) == ("text_completion", "gemma-3-270m", 6)
     assert got["choices"][0]["text"] == tok.decode(golden["output_ids"][:10])
+
+
+def test_its_window_layers_hold_only_their_window_and_the_panel_shows_both_groups(browser, base_url):
+    """A 752-token chat turn past Gemma's 512-token window: while the reply decodes, the memory panel's numbers
+    (dataset.memory, from LLMEngine.kv_snapshot) show the full group holding every block of the context and each
+    of the 5 window groups at most the window's ceil(511 / 16) + 1 = 33 blocks; the panel names both kinds."""
+    text = GOLDEN["cases"][-1]["text"][:3800]
+    booted, info = open_app(browser, base_url + "?model=gemma-3-270m&kv_disk=0", 300_000)
+    try:
+        turn, start, _, memory = run_turn(booted, text, 24)
+        assert start["prompt_tokens"] > 700
+        busy = [m for m in memory if m and m["used"] > 0 and m.get("groups")]
+        assert busy, "no snapshot while the reply decoded"
+        last = busy[-1]
+        assert last["groups"] == ["full"] + ["window 512"] * 5
+        full, *windows = last["group_used"]
+        assert full >= -(-start["prompt_tokens"] // 16) and max(windows) <= 33 < full, last["group_used"]
+        facts = booted.page.locator("#memory-facts").inner_text()
+        assert "KV groups" in facts and "window 512:" in facts and "in 5 groups" in facts, facts
+    finally:
+        booted.page.close()

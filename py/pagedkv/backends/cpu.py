@@ -84,6 +84,12 @@ class CpuBackend:
         """Bytes one token takes in the pools here: f32 K and V of every layer (what sizes them from a budget)."""
         return 2 * config.n_layers * config.n_kv_heads * config.head_dim * np.dtype(np.float32).itemsize
 
+    @staticmethod
+    def page_bytes_per_token(config) -> int:
+        """Bytes one token takes in a page of the pools (kv_groups=True): f32 K and V of one KV group's layers,
+        every layer's for a model without window layers (pool_bytes_per_token)."""
+        return CpuBackend.pool_bytes_per_token(config) // config.n_layers * KVGroups.of(config).group_size
+
     @property
     def kv_spec(self) -> KVSpec:
         """The KV cache's geometry and element type."""
