@@ -182,6 +182,27 @@ def ttft_table(tt: dict) -> list[str]:
     return out + [""]
 
 
+def hybrid_kv_table(hk: dict) -> list[str]:
+    """Gemma 3 270M's KV with window groups (kv/groups.py) beside every layer holding the whole context."""
+    g, fit, dec = hk["groups"], hk["fits_64mib"], hk["decode"]
+    out = ["## KV groups: sliding-window layers hold only their window", "",
+           f"`python3 -m bench.hybrid_kv{_quick(hk)}` — {hk['model']}, {hk['kv_dtype']} KV, blocks of "
+           f"{hk['block_size']} tokens: {len(g['layers'])} groups of {g['group_size']} layers (windows "
+           f"{', '.join('full' if w is None else str(w) for w in g['windows'])}), a page {g['page_bytes']:,} B "
+           f"against {g['flat_page_bytes']:,} B with every layer in one block.", "",
+           "| tokens | window groups (MB) | every layer full (MB) | ratio |", "|---|---|---|---|"]
+    for row in hk["held"]:
+        out.append(f"| {row['tokens']:,} | {row['groups_bytes'] / 1e6:.1f} | {row['flat_bytes'] / 1e6:.1f} "
+                   f"| {row['ratio']:.2f}x |")
+    greedy = hk["greedy"]
+    out += ["", f"In {fit['budget_bytes'] / 2 ** 20:.0f} MiB of KV: {fit['groups_tokens']:,} tokens with groups, "
+            f"{fit['flat_tokens']:,} with every layer full. Greedy ids of a {greedy['prompt_tokens']}-token prompt "
+            f"+ {greedy['new_tokens']}: {'equal' if greedy['equal'] else 'DIFFERENT'} both ways. Decode at "
+            f"{dec['context_tokens']:,} tokens (CPU backend): {dec['groups']['decode_tok_s']:.1f} vs "
+            f"{dec['flat']['decode_tok_s']:.1f} tok/s.", ""]
+    return out
+
+
 WLLAMA_TITLE = "Side by side with wllama (same GGUF, same prompt, greedy)"
 
 
@@ -315,6 +336,7 @@ def build_summary(results: Path) -> str:
                               lambda w: wllama_table(w, "A 2,000-token prompt's time to first token, beside wllama"),
                               "wllama_2k"),
                              (kq, kv_quality_window_table, "kv_quality_window"),
+                             (_load(results, "hybrid_kv.json"), hybrid_kv_table, "hybrid_kv"),
                              (kd, kv_quality_dtypes_table, "kv_quality_dtypes")):
         lines += make(data) if data else [f"_{name}.json missing: run `python3 -m bench --only {name}`._", ""]
     plots = [p.name for p in sorted(results.glob("*.png"))]
