@@ -10,7 +10,8 @@ import sys
 
 import build
 import pytest
-from gguf_models import tiny_gguf
+from pagedkv import cli
+from gguf_models import TINY_FAMILIES, tiny_gguf
 from llama_reference import first_divergence, llama_cpp_greedy, near_tie
 from model_fixtures import cached_gguf
 
@@ -35,3 +36,27 @@ def test_a_gguf_in_the_page_gives_llama_cpps_greedy_ids(base_url, tmp_path, name
     print(name, kernels, result)  # the per-file agreement of the page (pytest -s)
     assert len(got["output_ids"]) == NUM_TOKENS
     assert result["equal"] or near_tie(result["margin"]), result
+
+
+@pytest.mark.parametrize("name", sorted(TINY_FAMILIES))
+def test_the_new_families_on_the_tabs_cpu_path_give_the_references_ids(base_url, capsys, name):
+    """tiny qwen3 / smollm3 / gemma3 (q / k norms, a layer without rotary, 32-token windows in KV groups, GeGLU)
+    on the tab's CPU path from a raw prompt past one window: with f32 activations exactly the CPU CLI's (numpy
+    reference) ids, which tests/test_gguf_families.py holds to llama.cpp's, teacher forced. (Free running from
+    this prompt with 8-bit activations, tiny-gemma3 and tiny-smollm3 part from llama.cpp at the first id, a near
+    tie of 0.30 and 0.05, so that comparison would test nothing after it; the real Gemma 3's default path is
+    held to llama.cpp in tests/browser/test_gemma3_page.py.)"""
+    path = tiny_gguf(name, cached_gguf())
+    env = dict(os.environ, PYTHONPATH=str(build.ROOT / "py"), PAGEDKV_BENCH_BUILT="1")  # base_url built dist/
+    prompt = ("Alice went to the market on Monday, bought seven apples, three pears and a loaf of bread, then "
+              "walked home along the river while the sun was setting behind the hills of the old town.")
+    args = ["--gguf", str(path), "--prompt", prompt, "--max-tokens", str(NUM_TOKENS), "--greedy", "--json"]
+    assert cli.main(["generate", *args]) == 0
+    want = json.loads(capsys.readouterr().out)
+
+    proc = subprocess.run([sys.executable, "-m", "pagedkv.generate", *args, "--backend", "cpu", "--activations", "f32"],
+                          cwd=build.ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert got["backend"] == "cpu" and len(got["prompt_ids"]) > 32 and len(got["output_ids"]) == NUM_TOKENS
+    assert {k: got[k] for k in ("prompt_ids", "output_ids", "text")} == want
