@@ -56,8 +56,8 @@ def test_it_chats_in_gemmas_turns_and_the_page_says_why(browser, base_url):
         assert turn["tokens"] == 4 and turn["content"].strip()
         # The prompt is Gemma's turn format: <bos><start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n
         prompt = booted.py("import json\nfrom pagedkv_app.main import state\n"
-                           "s = state['service']\n"
-                           "json.dumps(state['engine'].tokenizer.decode(next(iter(s.sessions.values())).conversation.ids[:16]))")
+                           "ids = next(iter(state['service'].sessions.values())).conversation.ids\n"
+                           "json.dumps(state['engine'].tokenizer.decode(ids[:16]))")
         assert prompt.startswith("<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n"), prompt
         assert start["prompt_tokens"] == 16
     finally:
