@@ -226,11 +226,13 @@ class KVCacheManager:
                 gpu.append([p.cached(token_ids, i, digests) for i in range(n_max)])
                 taken.append({i for i in range(n_max) if gpu[g][i] is None
                               and self.pool.cached_block(digests[i]) is not None})
-        for n in range(reach, k, -1):
-            need = [(g, i) for g, w in enumerate(self.windows) for i in range(first_needed_block(w, n * bs, bs), n)]
-            missing = [(g, i) for g, i in need if gpu[g][i] is None]
-            if any(i in taken[g] or not held(g, i) for g, i in missing):
+        for n in range(reach, k, -1):  # the window groups first: a miss there is the usual reason to shorten
+            need = [(g, i) for g, w in enumerate(self.windows) if w is not None
+                    for i in range(first_needed_block(w, n * bs, bs), n)]
+            if any(gpu[g][i] is None and (i in taken[g] or not held(g, i)) for g, i in need):
                 continue
+            need = sorted(need + [(g, i) for g, w in enumerate(self.windows) if w is None for i in range(n)])
+            missing = [(g, i) for g, i in need if gpu[g][i] is None]  # a full group's: held up to `reach`
             idle = sum(1 for b in {gpu[g][i] for g, i in need} - {None} if self.pool.ref_count(b) == 0)
             if len(missing) <= self.pool.num_available - idle:
                 return TierHit(k, n, missing)
