@@ -212,3 +212,18 @@ def test_engine_with_a_cpu_tier_restores_a_hybrid_prefix_from_it(gemma_weights, 
     assert reply(e, turn2) == out2
     stats = e.stats()
     assert (stats["cpu_restored_tokens"], stats["prefill_tokens"] - before) == (144, 6)
+
+
+def test_swapped_out_pages_of_every_group_are_found_in_the_cpu_tier():
+    kv = manager(num_blocks=9)
+    tokens = list(range(49))  # 3 full blocks and one token
+    seq = computed(kv, tokens)
+    assert seq.block_tables == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert kv.swap_out(seq) == [CopyOp(g, g) for g in range(1, 9)]
+    kv.free(seq)  # the full pages of both groups stay cached in the CPU pool: 3 + 3
+    assert kv.cpu_pool.num_cached == 6
+    kv.evict_prefix(tokens)  # and leave the GPU cache
+    assert kv.lookup_prefix(tokens) == (0, [])
+    # The full group's 3 pages and the window group's blocks 1 and 2 (CPU 6 and 7) come back.
+    assert kv.promote_from_cpu(tokens[:48]) == [CopyOp(1, 7), CopyOp(2, 6), CopyOp(3, 3), CopyOp(6, 2), CopyOp(7, 1)]
+    assert kv.take_demotions() == [] and kv.cached_tables(tokens[:48]) == [[7, 6, 3], [0, 2, 1]]
