@@ -244,9 +244,7 @@ def test_code_that_is_not_group_aware_refuses_hybrid_models():
     seq = computed(mgr, list(range(40)))
     with pytest.raises(ValueError, match="KV eviction"):
         mgr.evict_blocks(seq, [0])
-    with pytest.raises(ValueError, match="disk tier"):
-        mgr.adopt_blocks(list(range(32)), 0, 2)
-    assert mgr.cpu is not None and not mgr.cpu.caching  # swap only: the CPU tier's prefix cache is off
+    assert mgr.cpu is not None and mgr.cpu.caching  # the CPU tier caches by group (test_kv_cpu_tier)
 
 
 # ---------------------------------------------------------------- the engine on a tiny Gemma 3
@@ -321,8 +319,6 @@ def test_lane_refuses_what_is_not_group_aware(gemma_weights):
     engine = engine_of(gemma_weights, 64)
     with pytest.raises(ValueError, match="retention"):
         engine.add_request([1, 2, 3], GREEDY, retention=KVRetention(window_tokens=64))
-    with pytest.raises(ValueError, match="disk tier"):
-        engine.attach_disk(object())
 
 
 def test_kv_groups_false_keeps_every_layer_full(gemma_weights, expected):
@@ -370,7 +366,7 @@ def test_beams_and_parallel_samples_with_window_groups_match_every_layer_full(ge
 
 def test_a_lone_window_group_is_treated_as_hybrid():
     mgr = make(groups=KVGroups((KVGroup(32, (0, 1)),)))
-    assert mgr.is_hybrid and mgr.null_block == 0 and not mgr.cpu.caching
+    assert mgr.is_hybrid and mgr.null_block == 0 and mgr.cpu.caching
     seq = computed(mgr, list(range(64)))
     decode(mgr, seq, 64)
     assert seq.block_tables == [[0, 0, 3, 4, 5]]  # query 64 sees keys 33..64: tokens 0..31 left

@@ -83,9 +83,6 @@ class ModelLane:
         """Use `tier` (kv.disk_tier.DiskTier, opened) as the disk tier of the KV cache, or none; `background`:
         its write-behind through a writer task (kv/disk_cache.py). Raises ValueError when its files hold other
         KV than this backend's."""
-        if tier is not None and self.kv.is_hybrid:
-            raise ValueError(f"{self.name} keeps its sliding-window layers' KV in groups of their own; the disk "
-                             "tier does not support such models yet")
         disk = DiskCache(tier, background, self._disk_written) if tier is not None else None
         if disk is not None:
             disk.check_spec(self.kv_spec, f"{self.backend.name} backend's")

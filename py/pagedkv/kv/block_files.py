@@ -1,13 +1,18 @@
 """The disk tier's block files: one full block of KV per file, named by content hash (disk_tier.py keeps them).
 
 A block's file name is `<layout key>-<chain hash>`: the layout key (DiskKey.hex) digests the model and its
-KVSpec (model hash, KV dtype, block size, layers, kv heads, head_dim), the chain hash digests every token up to
-the block's end (sha256, parent digest first), so a prefix shared by two chats is one file, and a file
-written for another model or dtype is never looked up. The Python tuple hash of the GPU prefix cache
+KVSpec (model hash, KV dtype, block size, layers, kv heads, head_dim, and with KV groups the layers a page
+holds), the chain hash digests every token up to the block's end (sha256, parent digest first), so a prefix
+shared by two chats is one file, and a file written for another model or dtype is never looked up.
+
+KV groups (groups.py): a model with sliding-window layers keeps one page per block per group, so each group has
+a chain of its own: group 0's is seeded with the layout key, as a model without groups has it, group g's with
+the digest of the layout key and `#g<g>` (`group_seed`). A file holds one page, the group's layers; its name
+stays `<layout key>-<chain hash>` and the chain hash alone says which group it is for. The Python tuple hash of the GPU prefix cache
 changes from one process to the next (string hashing is seeded), so the disk chain is its own sha256.
 
 A file is a header (magic, version, layout key, chain hash, the block's token ids, payload length, sha256 of
-the payload) and the payload: for each layer, K then V of the block in the GPU word layout of the KV dtype
+the payload) and the payload: for each layer of the page (every layer, or one KV group's), K then V of the block in the GPU word layout of the KV dtype
 (kv_dtype.pack_tokens), (block_size, token_u32s) little-endian u32 each. A file whose header or checksum
 does not match what the lookup expects is deleted and its block recomputed, never used.
 """
@@ -56,11 +61,18 @@ class DiskKey:
         """16 hex chars naming this model + KV layout in file names."""
         s = self.spec
         ident = (self.model_hash, s.dtype, s.block_size, s.num_layers, s.num_kv_heads, s.head_dim)
+        if s.layers_per_page is not None:  # KV groups: another payload (a page), so another key; none: as ever
+            ident += (s.layers_per_page,)
         return hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
 
     @property
+    def num_groups(self) -> int:
+        """KV groups (groups.py): pages per block of tokens, each group's file chain of its own."""
+        return self.spec.num_layers // self.spec.page_layers
+
+    @property
     def payload_bytes(self) -> int:
-        """Bytes of one block's K and V in every layer: 2 x layers x block_size x token_u32s x 4."""
+        """Bytes of one page's K and V (every layer, or a KV group's): 2 x layers x block_size x token_u32s x 4."""
         return self.spec.bytes_per_block
 
     @property
@@ -78,14 +90,23 @@ def chain_step(parent: bytes, block_token_ids) -> bytes:
     return hashlib.sha256(parent + np.asarray(block_token_ids, dtype="<i4").tobytes()).digest()[:16]
 
 
-def block_chain(key: DiskKey, token_ids, num_blocks: int | None = None) -> list[str]:
+def group_seed(key: DiskKey, group: int) -> bytes:
+    """The chain's seed for KV group `group`: the layout key for group 0 (every model without groups), else the
+    digest of the layout key and `#g<group>`."""
+    if not 0 <= group < key.num_groups:
+        raise ValueError(f"KV group {group} of a layout with {key.num_groups}")
+    seed = bytes.fromhex(key.hex)
+    return seed if group == 0 else hashlib.sha256(seed + f"#g{group}".encode()).digest()[:16]
+
+
+def block_chain(key: DiskKey, token_ids, num_blocks: int | None = None, group: int = 0) -> list[str]:
     """Chain hashes (32 hex chars) of the first `num_blocks` full blocks of `token_ids` (all full ones
-    by default); block i's hash covers every token of blocks 0..i and the layout."""
+    by default) in KV group `group`; block i's hash covers every token of blocks 0..i, the layout and the group."""
     bs = key.spec.block_size
     n = len(token_ids) // bs if num_blocks is None else num_blocks
     if n * bs > len(token_ids):
         raise ValueError(f"{n} blocks of {bs} tokens need {n * bs} token ids, got {len(token_ids)}")
-    parent = bytes.fromhex(key.hex)
+    parent = group_seed(key, group)
     out = []
     for i in range(n):
         parent = chain_step(parent, token_ids[i * bs:(i + 1) * bs])
@@ -94,21 +115,21 @@ def block_chain(key: DiskKey, token_ids, num_blocks: int | None = None) -> list[
 
 
 def block_payloads(words: np.ndarray) -> list[bytes]:
-    """Words (n, layers, 2 (K, V), block_size, token_u32s) u32 of n blocks -> one payload per block."""
+    """Words (n, page layers, 2 (K, V), block_size, token_u32s) u32 of n pages -> one payload per page."""
     if words.dtype != np.uint32 or words.ndim != 5 or words.shape[2] != 2:
-        raise ValueError(f"block words must be (n, layers, 2, block_size, token_u32s) uint32, "
+        raise ValueError(f"block words must be (n, page layers, 2, block_size, token_u32s) uint32, "
                          f"got {words.shape} {words.dtype}")
     return [np.ascontiguousarray(w, dtype="<u4").tobytes() for w in words]
 
 
 def block_words(key: DiskKey, payloads: list[bytes]) -> np.ndarray:
-    """Payloads of n blocks -> words (n, layers, 2, block_size, token_u32s) u32 (the inverse of block_payloads)."""
+    """Payloads of n pages -> words (n, page layers, 2, block_size, token_u32s) u32 (the inverse of block_payloads)."""
     for p in payloads:
         if len(p) != key.payload_bytes:
             raise ValueError(f"a block payload of {key.spec.dtype} KV is {key.payload_bytes} bytes, "
                              f"got {len(p)}")
     flat = np.frombuffer(b"".join(payloads), dtype="<u4").astype(np.uint32)
-    return flat.reshape(len(payloads), key.spec.num_layers, 2, key.spec.block_size, key.spec.token_u32s)
+    return flat.reshape(len(payloads), key.spec.page_layers, 2, key.spec.block_size, key.spec.token_u32s)
 
 
 class BlockFileError(ValueError):

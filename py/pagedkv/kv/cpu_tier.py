@@ -4,7 +4,7 @@ Full blocks reach the CPU pool two ways: a swapped-out sequence's full, computed
 when they are copied (they stay, as cached CPU blocks, after it comes back or is freed), and a cached GPU block
 that a GPU allocation evicts is demoted there. Each pool evicts its least recently used cached block first; a
 block the CPU pool drops is usually on disk already (write-behind). Before a step, a waiting sequence whose
-prefix misses the GPU cache past block k takes the CPU pool's run of blocks k, k+1, ... (`find_run`): the
+prefix misses the GPU cache past block k takes the CPU pool's blocks k, k+1, ... (`cached_blocks`): the
 manager gives them fresh GPU blocks registered as cached prefix blocks and returns the copies (promotion);
 the scheduler then finds them as ordinary prefix hits, and the disk tier loads only what follows them. A
 promoted block keeps its CPU copy, so its next demotion copies nothing.
@@ -17,6 +17,12 @@ The GPU prefix cache verifies a hit through its parent's (block id, epoch) link,
 block leaves the GPU, so the CPU pool keys its blocks by a collision-resistant digest of the whole prefix
 instead (prefix.chain_step, seeded with the namespace): equal digests mean equal prefixes, whatever hash_fn
 the GPU cache uses.
+
+KV groups (groups.py): each group's blocks are keyed by the chain seeded with that group's namespace (the
+manager's: the namespace for group 0, `<namespace>#g<g>` for the others), so a page of one group is never taken
+for another's. A window group's GPU blocks are keyed by that same digest already (prefix.WindowPrefixIndex); a
+full group's digest comes through its parent links as above. Which blocks a promotion brings is the manager's
+rule for groups (KVCacheManager.tier_hit): every full group's blocks up to the hit, each window group's window.
 """
 from __future__ import annotations
 
@@ -37,10 +43,14 @@ class CpuTier:
     """
 
     def __init__(self, num_blocks: int, block_size: int, namespace: str | None, gpu_pool: BlockPool,
-                 caching: bool, demotes: bool) -> None:
+                 caching: bool, demotes: bool, groups: tuple[tuple[str | None, int | None], ...] | None = None) -> None:
+        """groups: (namespace, window) of each KV group, as the manager's prefix indexes have them; None: one
+        full-attention group in `namespace`."""
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.namespace = namespace
+        self.groups = groups if groups is not None else ((namespace, None),)
+        self._group_of = {ns: g for g, (ns, _) in enumerate(self.groups)}  # a GPU block's salt -> its group
         self.gpu_pool = gpu_pool  # read only: the parent links of an evicted block lead through it
         self.caching = caching
         self.demotes = caching and demotes
@@ -51,16 +61,18 @@ class CpuTier:
 
     # ---------------------------------------------------------------- swap
 
-    def register_swapped(self, token_ids, num_full_blocks: int, cpu_ids: list[int]) -> None:
-        """Make the first `num_full_blocks` (full, computed) blocks a sequence just swapped out to `cpu_ids`
-        findable by content. A block whose prefix another CPU block holds already stays unaddressable."""
+    def register_swapped(self, token_ids, num_full_blocks: int, tables: list[list[int]],
+                         null_block: int | None = None) -> None:
+        """Make the first `num_full_blocks` (full, computed) blocks a sequence just swapped out to the CPU blocks
+        of `tables` (one per KV group; `null_block` entries left out) findable by content. A block whose prefix
+        another CPU block holds already stays unaddressable."""
         if not self.caching:
             return
         bs = self.block_size
-        digests = chain_digests(token_ids, min(num_full_blocks, len(cpu_ids)), bs, self.namespace)
-        for i, digest in enumerate(digests):
-            if self.pool.cached_block(digest) is None:
-                self.pool.register(cpu_ids[i], digest, tuple(token_ids[i * bs:(i + 1) * bs]), None, self.namespace)
+        for (ns, _), table in zip(self.groups, tables):
+            for i, digest in enumerate(chain_digests(token_ids, min(num_full_blocks, len(table)), bs, ns)):
+                if table[i] != null_block and self.pool.cached_block(digest) is None:
+                    self.pool.register(table[i], digest, tuple(token_ids[i * bs:(i + 1) * bs]), None, ns)
 
     def release_reads(self, cpu_ids: list[int]) -> None:
         """A swap-in has read `cpu_ids` (given tail first): free them now, or, when demotions may take CPU
@@ -72,28 +84,29 @@ class CpuTier:
 
     # ---------------------------------------------------------------- promotion
 
-    def find_run(self, token_ids, start: int, num_blocks: int) -> list[int]:
-        """The CPU blocks holding full blocks start, start+1, ... (up to num_blocks) of `token_ids`, in order,
-        up to the first one missing."""
+    def cached_blocks(self, token_ids, num_blocks: int) -> list[dict[int, int]]:
+        """Per KV group, {table index: CPU block} of the first `num_blocks` full blocks of `token_ids` this pool
+        holds (verified by tokens and namespace)."""
+        out: list[dict[int, int]] = [{} for _ in self.groups]
         if not self.caching or self.pool.num_blocks == self.pool.num_free:
-            return []
+            return out
         bs = self.block_size
-        run: list[int] = []
-        for i, digest in enumerate(chain_digests(token_ids, num_blocks, bs, self.namespace)[start:], start):
-            block = self.pool.cached_block(digest)
-            chunk = tuple(token_ids[i * bs:(i + 1) * bs])
-            if block is None or block.token_ids != chunk or block.salt != self.namespace:
-                break
-            run.append(block.block_id)
-        return run
+        for found, (ns, _) in zip(out, self.groups):
+            for i, digest in enumerate(chain_digests(token_ids, num_blocks, bs, ns)):
+                block = self.pool.cached_block(digest)
+                if block is not None and block.salt == ns and block.token_ids == tuple(token_ids[i * bs:(i + 1) * bs]):
+                    found[i] = block.block_id
+        return out
 
     # ---------------------------------------------------------------- demotion
 
     def demote(self, block: BlockState) -> None:
         """A GPU allocation evicts the cached GPU `block` (its content still intact): keep it on the CPU."""
-        if not self.demotes:
+        if not self.demotes or block.salt not in self._group_of:
             return
-        digest = self.gpu_digest(block) if block.salt == self.namespace else None
+        ns, window = self.groups[self._group_of[block.salt]]
+        # A window group's GPU blocks are keyed by this very digest; a full group's comes through its parents.
+        digest = block.block_hash if window is not None else self.gpu_digest(block, ns)
         if digest is None:
             return
         cpu = self.pool
@@ -106,20 +119,21 @@ class CpuTier:
         if cpu.num_available == 0:
             return
         cpu_id = cpu.get_new_blocks(1)[0]
-        cpu.register(cpu_id, digest, block.token_ids, None, self.namespace)
+        cpu.register(cpu_id, digest, block.token_ids, None, ns)
         cpu.free_blocks([cpu_id])
         self._demotions.append((CopyOp(block.block_id, cpu_id), digest))
         self.num_demoted += 1
 
-    def gpu_digest(self, block: BlockState) -> bytes | None:
-        """The chain digest of the prefix a registered GPU block ends, through its verified parent links (the
-        digests of links seen before are remembered: evicting a chain tail first costs one digest per block);
-        None when an ancestor left the GPU (its epoch changed)."""
+    def gpu_digest(self, block: BlockState, namespace: str | None = None) -> bytes | None:
+        """The chain digest of the prefix a registered GPU block of a full group (in `namespace`, default the
+        tier's) ends, through its verified parent links (the digests of links seen before are remembered:
+        evicting a chain tail first costs one digest per block); None when an ancestor left the GPU (its epoch
+        changed)."""
         memo = self._gpu_digests
         if len(memo) > 2 * self.gpu_pool.num_blocks:  # links of blocks re-registered since never match again
             memo.clear()
         chain = [block]  # this block and its ancestors up to the first with a known digest (or the root)
-        digest = namespace_seed(self.namespace)
+        digest = namespace_seed(self.namespace if namespace is None else namespace)
         link = block.parent
         while link is not None:
             if link in memo:
@@ -158,6 +172,6 @@ class CpuTier:
         """Drop the cached blocks of `token_ids` past its first `keep_tokens` tokens (a deleted chat's
         history); blocks a swapped sequence holds stay. Returns how many."""
         bs = self.block_size
-        digests = chain_digests(token_ids, len(token_ids) // bs, bs, self.namespace)
-        held = [self.pool.cached_block(d) for d in digests[keep_tokens // bs:]]
+        held = [self.pool.cached_block(d) for ns, _ in self.groups
+                for d in chain_digests(token_ids, len(token_ids) // bs, bs, ns)[keep_tokens // bs:]]
         return self.pool.evict_cached(b.block_id for b in held if b is not None)

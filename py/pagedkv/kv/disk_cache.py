@@ -35,6 +35,7 @@ import numpy as np
 
 from .block_files import DiskKey, block_chain, block_payloads, block_words
 from .disk_tier import DiskTier
+from .groups import first_needed_block
 from .moves import BlockMoves, BlockRead, BlockWrite
 from .spec import KVSpec
 
@@ -81,21 +82,32 @@ class DiskCache:
             seq = req.seq
             self.last_restored_tokens = 0  # "restored from disk" tells about the newest request looked up
             usable = (seq.num_tokens - 1) // bs  # leave one token to compute: the model needs its logits
-            hashes = block_chain(self.key, seq.token_ids, usable)
-            start = kv.lookup_prefix(seq.token_ids[:usable * bs])[0] // bs
-            self.tier.touch(hashes[:start])  # a GPU hit counts as a use for the disk's LRU too
-            run = min(self.tier.present_run(hashes, start), kv.pool.num_available)
-            if not run:
-                continue
-            payloads = await self.tier.load(hashes[:start + run], seq.token_ids, start)
-            ids = kv.adopt_blocks(seq.token_ids[:(start + len(payloads)) * bs], start, len(payloads))
+            prefix = seq.token_ids[:usable * bs]
+            hashes = [block_chain(self.key, prefix, usable, group=g) for g in range(self.key.num_groups)]
+            start = kv.lookup_prefix(prefix)[0] // bs
+            # A GPU hit counts as a use for the disk's LRU too (the blocks each group's hit holds).
+            self.tier.touch(h for g, w in enumerate(kv.windows)
+                            for h in hashes[g][first_needed_block(w, start * bs, bs):start])
+            loaded: dict[tuple[int, int], bytes] = {}
+            while True:  # a file that fails its checks is deleted: plan again without it (each pass loses one)
+                hit = kv.tier_hit(prefix, lambda g, i: (g, i) in loaded or self.tier.has(hashes[g][i]))
+                for g, i in hit.blocks:
+                    if (g, i) not in loaded:
+                        payload = await self.tier.load_block(hashes[g][i], prefix[i * bs:(i + 1) * bs])
+                        if payload is None:
+                            break
+                        loaded[g, i] = payload
+                else:
+                    break
+            ids = kv.adopt_hit(prefix, hit)
             if ids:
                 # The adopted GPU blocks may have held demoted blocks: those copies run before the write.
-                moves = BlockMoves(swap_out=kv.take_demotions(),
-                                   writes=[BlockWrite(ids, block_words(self.key, payloads[:len(ids)]))])
-                self.last_restored_tokens = len(ids) * bs
-                self.restored_tokens += len(ids) * bs
-                yield len(ids) * bs, moves
+                payloads = [loaded[b] for b in hit.blocks]
+                moves = BlockMoves(swap_out=kv.take_demotions(), writes=[BlockWrite(ids, block_words(self.key, payloads))])
+                tokens = (hit.num_blocks - hit.start) * bs
+                self.last_restored_tokens = tokens
+                self.restored_tokens += tokens
+                yield tokens, moves
         await self.tier.flush()  # a GPU hit or a load moved blocks in the disk's LRU
 
     def plan_store(self, kv, seqs) -> BlockRead | None:
@@ -110,14 +122,15 @@ class DiskCache:
             # After a sliding-window eviction the K/V is no longer that prefix's: never stored.
             if seq.num_evicted_tokens or full <= done:
                 continue
-            hashes = block_chain(self.key, seq.token_ids, full)
-            for i in range(done, full):
-                if self.tier.has(hashes[i]):
-                    self.tier.touch(hashes[i:i + 1])
-                elif hashes[i] not in queued:
-                    queued.add(hashes[i])
-                    block_ids.append(seq.block_table[i])
-                    keys.append((hashes[i], seq.token_ids[i * bs:(i + 1) * bs]))
+            for g, table in enumerate(seq.block_tables):  # every KV group's page (one group without groups)
+                hashes = block_chain(self.key, seq.token_ids, full, group=g)
+                for i in range(done, full):
+                    if self.tier.has(hashes[i]):
+                        self.tier.touch(hashes[i:i + 1])
+                    elif hashes[i] not in queued and table[i] != kv.null_block:  # a window's: while it is held
+                        queued.add(hashes[i])
+                        block_ids.append(table[i])
+                        keys.append((hashes[i], seq.token_ids[i * bs:(i + 1) * bs]))
             self._saved[seq.seq_id] = full
         self._saved = {sid: n for sid, n in self._saved.items() if sid in kv.live}
         return BlockRead(block_ids, keys) if block_ids else None
@@ -154,12 +167,12 @@ class DiskCache:
         keys: list[tuple[str, list[int]]] = []
         queued: set[str] = set()
         for ids in histories:
-            _, cached = kv.lookup_prefix(ids)
-            for i, (h, block_id) in enumerate(zip(block_chain(self.key, ids, len(cached)), cached)):
-                if not self.tier.has(h) and h not in queued:
-                    queued.add(h)
-                    block_ids.append(block_id)
-                    keys.append((h, list(ids[i * bs:(i + 1) * bs])))
+            for g, cached in enumerate(kv.cached_tables(ids)):  # a window group's: its window at the hit's end
+                for i, (h, block_id) in enumerate(zip(block_chain(self.key, ids, len(cached), group=g), cached)):
+                    if not self.tier.has(h) and h not in queued and block_id != kv.null_block:
+                        queued.add(h)
+                        block_ids.append(block_id)
+                        keys.append((h, list(ids[i * bs:(i + 1) * bs])))
         return BlockRead(block_ids, keys) if block_ids else None
 
     async def store(self, plan: BlockRead | None, words: np.ndarray | None, now: bool = False) -> int:

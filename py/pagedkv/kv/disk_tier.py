@@ -222,26 +222,34 @@ class DiskTier:
         bs = self.key.spec.block_size
         out: list[bytes] = []
         for i in range(start, len(hashes)):
-            name = self.key.file_name(hashes[i])
-            if name not in self._lru:
+            payload = await self.load_block(hashes[i], token_ids[i * bs:(i + 1) * bs])
+            if payload is None:
                 break
-            data = await self.store.read(name)
-            if data is None:  # another tab of the app deleted it (its own budget): gone, not damaged
-                self._lru.pop(name, None)
-                self._dirty = True
-                break
-            try:
-                payload = decode_block(self.key, hashes[i], token_ids[i * bs:(i + 1) * bs], data)
-            except BlockFileError as err:
-                self.num_corrupt += 1
-                self._note(f"{name}: {err}; recomputing it")
-                await self._remove(name)
-                break
-            self._lru.move_to_end(name)
-            self._dirty = True
             out.append(payload)
-        self.num_read += len(out)
         return out
+
+    async def load_block(self, chain_hash: str, block_token_ids) -> bytes | None:
+        """The payload of one block (its `block_token_ids`), None when it is missing or fails its checks (a
+        failing file is deleted, as in load)."""
+        name = self.key.file_name(chain_hash)
+        if name not in self._lru:
+            return None
+        data = await self.store.read(name)
+        if data is None:  # another tab of the app deleted it (its own budget): gone, not damaged
+            self._lru.pop(name, None)
+            self._dirty = True
+            return None
+        try:
+            payload = decode_block(self.key, chain_hash, block_token_ids, data)
+        except BlockFileError as err:
+            self.num_corrupt += 1
+            self._note(f"{name}: {err}; recomputing it")
+            await self._remove(name)
+            return None
+        self._lru.move_to_end(name)
+        self._dirty = True
+        self.num_read += 1
+        return payload
 
     # -- writing -------------------------------------------------------------
     async def save(self, chain_hash: str, token_ids, payload: bytes) -> bool:
@@ -326,8 +334,9 @@ class DiskTier:
 
     # -- owners ----------------------------------------------------------------
     def refer(self, owner: str, token_ids) -> None:
-        """`owner` (a chat) references the blocks of its token history (replaces what it referenced)."""
-        self._owners[owner] = set(block_chain(self.key, token_ids))
+        """`owner` (a chat) references the blocks of its token history, every KV group's (replaces what it
+        referenced)."""
+        self._owners[owner] = {h for g in range(self.key.num_groups) for h in block_chain(self.key, token_ids, group=g)}
 
     def held_only_by(self, owner: str) -> set[str]:
         """The chain hashes `owner` references and no other owner does: what forget(owner) deletes."""

@@ -24,14 +24,15 @@ vLLM, because another sequence's hit whose end lies within W tokens of it needs 
 prompt read again); it costs nothing until a fresh block is needed, and is then evicted first among cached
 blocks of the same age (the oldest released first). A prefix hit takes the longest length every group can
 serve: the full groups' common prefix, and in each window group only the blocks the hit's next query sees
-(prefix.WindowPrefixIndex). Not group-aware yet, and so refused for a model with several groups: a pool
-shared by several models, importance eviction and per-request retention (evict_blocks), the disk tier
-(adopt_blocks) and the CPU tier's prefix cache (swap works; swapped blocks are not findable there).
+(prefix.WindowPrefixIndex). The CPU and disk tiers extend a hit by the same rule (tier_hit, then adopt_hit:
+fresh blocks registered in every group where the hit needs them). Not group-aware yet, and so refused for a
+model with several groups: a pool shared by several models, importance eviction and per-request retention
+(evict_blocks).
 """
 
 from __future__ import annotations
 
-from typing import Hashable, NamedTuple
+from typing import Callable, Hashable, NamedTuple
 
 from ..config import CacheConfig
 from ..sequence import Sequence, SequenceStatus, append_then_allocate, check_token_ids
@@ -41,7 +42,7 @@ from .groups import KVGroups, first_needed_block
 from .prefix import HashFn, PrefixIndex, PrefixMatch, WindowPrefixIndex, default_block_hash
 from .retention import ShiftOp
 
-__all__ = ["KVCacheManager", "CopyOp", "OutOfBlocks", "NeverFits", "SequenceFreed", "DoubleFree"]
+__all__ = ["KVCacheManager", "CopyOp", "OutOfBlocks", "NeverFits", "SequenceFreed", "DoubleFree", "TierHit"]
 
 
 class NeverFits(ValueError):
@@ -54,6 +55,15 @@ class SequenceFreed(ValueError):
 
 class DoubleFree(SequenceFreed):
     """free() called twice on the same sequence."""
+
+
+class TierHit(NamedTuple):
+    """A prefix hit another tier (CPU, disk) extends (KVCacheManager.tier_hit): the GPU cache serves `start`
+    blocks; every group serves `num_blocks` once the tier's `blocks` ((group, table index) each, group by group,
+    index ascending) are on the GPU."""
+    start: int
+    num_blocks: int
+    blocks: list[tuple[int, int]]
 
 
 class _Plan(NamedTuple):
@@ -83,12 +93,10 @@ class KVCacheManager:
                              f"is {config.num_blocks}")
         self.groups = groups
         self.windows: tuple[int | None, ...] = groups.windows if groups is not None else (None,)
-        hybrid = self.windows != (None,)  # anything but one full-attention group (is_hybrid)
         if pool is not None and groups is not None and groups.has_windows:
             raise ValueError("a model with sliding-window KV groups cannot share a KV pool with other models yet; "
                              "load it alone")
-        demotes = (config.demote_to_cpu and config.num_cpu_blocks > 0 and config.enable_prefix_caching
-                   and not hybrid)
+        demotes = config.demote_to_cpu and config.num_cpu_blocks > 0 and config.enable_prefix_caching
         if pool is not None and demotes:
             raise ValueError("a shared GPU pool cannot demote into one model's CPU tier; set demote_to_cpu=False")
         self.config = config
@@ -103,8 +111,8 @@ class KVCacheManager:
             if w is None else WindowPrefixIndex(self.pool, config.block_size, f"{namespace}#g{g}", w, caching)
             for g, w in enumerate(self.windows)]
         self.prefix = self.prefixes[0]
-        self.cpu = (CpuTier(config.num_cpu_blocks, config.block_size, namespace, self.pool,
-                            caching=caching and not hybrid, demotes=demotes)
+        self.cpu = (CpuTier(config.num_cpu_blocks, config.block_size, namespace, self.pool, caching=caching,
+                            demotes=demotes, groups=tuple((p.namespace, w) for p, w in zip(self.prefixes, self.windows)))
                     if config.num_cpu_blocks > 0 else None)
         # The placeholder of a window group's released entries; the CPU pool reserves the same id, so a swapped
         # table keeps its placeholders (both pools are fresh here: block 0 of each).
@@ -174,6 +182,11 @@ class KVCacheManager:
         ids = self._match(token_ids, len(token_ids) // self.block_size)[0].ids
         return len(ids) * self.block_size, ids
 
+    def cached_tables(self, token_ids) -> list[list[int]]:
+        """Per KV group, the blocks of the longest verified cached prefix of `token_ids` every group serves
+        (a window group's released entries: the null block). Pure query."""
+        return [m.ids for m in self._match(token_ids, len(token_ids) // self.block_size)]
+
     def evict_prefix(self, token_ids: list[int] | tuple[int, ...], keep_tokens: int = 0) -> int:
         """Forget the cached blocks of `token_ids` past its first `keep_tokens` tokens (a deleted
         conversation's history), in every KV group: they become free blocks, reused first. Blocks a live
@@ -182,29 +195,109 @@ class KVCacheManager:
         hits = self._match(token_ids, len(token_ids) // self.block_size)
         return sum(self.pool.evict_cached([b for b in m.ids[keep:] if b != self.null_block]) for m in hits)
 
+    def tier_hit(self, token_ids, held: Callable[[int, int], bool]) -> TierHit:
+        """The longest prefix hit of the full blocks of `token_ids` that another tier extends, by the rule of a
+        lookup (_match): every full group needs each block up to the hit, each window group the blocks its next
+        query sees; a block comes from the GPU cache or, where `held(group, table index)` says so, from the tier.
+        Only as many blocks as the pool gives fresh (the hit's own cached blocks kept); none where a block's hash
+        is taken by another block. Pure query."""
+        bs = self.block_size
+        n_max = len(token_ids) // bs
+        k = len(self._match(token_ids, n_max)[0].ids)
+        if not self.config.enable_prefix_caching or k == n_max:
+            return TierHit(k, k, [])
+        gpu: list[list[int | None]] = []  # per group: the verified cached block of each table index, or None
+        taken: list[set[int]] = []  # per group: indices whose hash another block holds (never adopted)
+        reach = n_max  # the full groups' blocks reach no further (GPU, then the tier's run)
+        for g, (w, p) in enumerate(zip(self.windows, self.prefixes)):
+            if w is None:
+                m = p.match(token_ids, n_max)
+                parent, i = (m.hashes[-1] if m.hashes else None), len(m.ids)
+                while i < n_max and held(g, i):
+                    parent = p.hash_fn(parent, tuple(token_ids[i * bs:(i + 1) * bs]), p.namespace)
+                    if self.pool.cached_block(parent) is not None:
+                        break
+                    i += 1
+                reach = min(reach, i)
+                gpu.append(m.ids + [None] * (n_max - len(m.ids)))
+                taken.append(set())
+            else:
+                digests = p.digests(token_ids, n_max)
+                gpu.append([p.cached(token_ids, i, digests) for i in range(n_max)])
+                taken.append({i for i in range(n_max) if gpu[g][i] is None
+                              and self.pool.cached_block(digests[i]) is not None})
+        for n in range(reach, k, -1):  # the window groups first: a miss there is the usual reason to shorten
+            need = [(g, i) for g, w in enumerate(self.windows) if w is not None
+                    for i in range(first_needed_block(w, n * bs, bs), n)]
+            if any(gpu[g][i] is None and (i in taken[g] or not held(g, i)) for g, i in need):
+                continue
+            need = sorted(need + [(g, i) for g, w in enumerate(self.windows) if w is None for i in range(n)])
+            missing = [(g, i) for g, i in need if gpu[g][i] is None]  # a full group's: held up to `reach`
+            idle = sum(1 for b in {gpu[g][i] for g, i in need} - {None} if self.pool.ref_count(b) == 0)
+            if len(missing) <= self.pool.num_available - idle:
+                return TierHit(k, n, missing)
+        return TierHit(k, k, [])
+
+    def adopt_hit(self, token_ids, hit: TierHit) -> list[int]:
+        """Register fresh blocks as the cached blocks `hit.blocks` of `token_ids` (tier_hit's, just planned),
+        one per block, in that order, chained to the hit's cached blocks in each group. They stay cached (ref 0)
+        for the caller to fill (a CPU tier's copy, the disk tier's write) before the next forward. Returns their
+        ids in hit.blocks' order."""
+        if not hit.blocks:
+            return []
+        bs, n = self.block_size, hit.num_blocks
+        kept: list[int] = []  # the hit's cached blocks, held while the fresh ones are taken
+        chains = []  # per group: how to register its block i
+        for g, (w, p) in enumerate(zip(self.windows, self.prefixes)):
+            first = first_needed_block(w, n * bs, bs)
+            if w is None:
+                m = p.match(token_ids, n)
+                kept += m.ids
+                chains.append([m.hashes[-1] if m.ids else None, m.links[-1] if m.ids else None, len(m.ids)])
+            else:
+                digests = p.digests(token_ids, n)
+                kept += [b for b in (p.cached(token_ids, i, digests) for i in range(first, n)) if b is not None]
+                chains.append(digests)
+        self.pool.touch(kept)  # the fresh blocks must not evict the prefix they extend
+        new = self.pool.get_new_blocks(len(hit.blocks))
+        for block, (g, i) in zip(new, hit.blocks):
+            p, chunk = self.prefixes[g], tuple(token_ids[i * bs:(i + 1) * bs])
+            if self.windows[g] is None:
+                parent_hash, parent_link, nxt = chains[g]
+                if i != nxt:
+                    raise ValueError(f"group {g}: block {i} does not follow the cached prefix of {nxt} blocks")
+                h = p.hash_fn(parent_hash, chunk, p.namespace)
+                chains[g] = [h, self.pool.register(block, h, chunk, parent_link, p.namespace), i + 1]
+            else:
+                digests = chains[g]
+                self.pool.register(block, digests[i], chunk, digests[i - 1] if i else None, p.namespace)
+        self.pool.free_blocks(reversed(kept + new))
+        return new
+
     def adopt_blocks(self, token_ids, start: int, num_blocks: int) -> list[int]:
         """Register up to `num_blocks` fresh blocks as the cached blocks start, start+1, ... of `token_ids`,
-        whose verified cached prefix must be exactly `start` blocks (else none). They stay cached (ref 0) for
-        the caller to fill (the disk tier) before the next forward; fewer when the pool runs out or a hash
-        is taken. Returns their ids in order."""
-        self._refuse_hybrid("the disk tier")
-        return self.prefix.adopt(token_ids, start, num_blocks)
+        whose verified cached prefix must be exactly `start` blocks (else none), in every KV group where the hit
+        they make needs them (tier_hit, adopt_hit). Fewer when the pool runs out or a hash is taken. Returns
+        their ids (group by group)."""
+        n = min(start + num_blocks, len(token_ids) // self.block_size)
+        hit = self.tier_hit(token_ids[:n * self.block_size], lambda g, i: i >= start)
+        return self.adopt_hit(token_ids, hit) if hit.start == start else []
 
     def promote_from_cpu(self, token_ids) -> list[CopyOp]:
-        """Copy the CPU tier's run of the full blocks of `token_ids` that follow its GPU-cached prefix into fresh
-        GPU blocks, registered as cached prefix blocks (ref 0). Returns the (cpu block, gpu block) copies to
-        run, after take_demotions()' copies, before those GPU blocks are read or reused; fewer blocks when the
-        GPU pool runs short."""
-        cpu, bs = self.cpu, self.block_size
-        n = len(token_ids) // bs
+        """Copy the CPU tier's blocks that extend the GPU-cached prefix of the full blocks of `token_ids` (by
+        tier_hit's rule for KV groups) into fresh GPU blocks, registered as cached prefix blocks (ref 0).
+        Returns the (cpu block, gpu block) copies to run, after take_demotions()' copies, before those GPU blocks
+        are read or reused; fewer blocks when the GPU pool runs short."""
+        cpu = self.cpu
         if cpu is None:
             return []
-        start = self.lookup_prefix(token_ids[:n * bs])[0] // bs
-        run = cpu.find_run(token_ids, start, n)
+        cached = cpu.cached_blocks(token_ids, len(token_ids) // self.block_size)
+        hit = self.tier_hit(token_ids, lambda g, i: i in cached[g])
+        run = [cached[g][i] for g, i in hit.blocks]
         if not run:
             return []
         cpu.pool.touch(run)  # a demotion the GPU allocation below triggers must not take the blocks being read
-        gpu_ids = self.adopt_blocks(token_ids[:(start + len(run)) * bs], start, len(run))
+        gpu_ids = self.adopt_hit(token_ids, hit)
         cpu.pool.free_blocks(reversed(run))  # used now: the recent end of the CPU pool's LRU, prefix last
         return [CopyOp(c, g) for c, g in zip(run, gpu_ids)]
 
@@ -510,11 +603,12 @@ class KVCacheManager:
                             f"{cpu.capacity}")
         cpu_ids = cpu.get_new_blocks(n)
         plan = [CopyOp(g, c) for g, c in zip(held, cpu_ids)]
-        if not seq.num_evicted_tokens:  # after an eviction the K/V is not that prefix's: never a hit
-            self.cpu.register_swapped(seq.token_ids, seq.num_computed_tokens // self.block_size, cpu_ids)
         for table in seq.block_tables:
             self.pool.free_blocks([b for b in reversed(table) if b != self.null_block])
         seq.block_tables = self._mapped(seq.block_tables, dict(zip(held, cpu_ids)))
+        if not seq.num_evicted_tokens:  # after an eviction the K/V is not that prefix's: never a hit
+            self.cpu.register_swapped(seq.token_ids, seq.num_computed_tokens // self.block_size,  # type: ignore
+                                      seq.block_tables, self.null_block)
         seq.group_links = [[] for _ in seq.block_tables]
         seq.status = SequenceStatus.SWAPPED
         return plan

@@ -52,11 +52,13 @@ class KVTiers:
         for req in fresh:
             seq = req.seq
             usable = (seq.num_tokens - 1) // kv.block_size  # leave one token to compute: the model needs logits
-            ops = kv.promote_from_cpu(seq.token_ids[:usable * kv.block_size])
+            prefix = seq.token_ids[:usable * kv.block_size]
+            before = kv.lookup_prefix(prefix)[0] if kv.cpu is not None else 0
+            ops = kv.promote_from_cpu(prefix)
             # The GPU blocks the promotion took may have held demoted blocks: their copies run first.
             moves = BlockMoves(swap_out=kv.take_demotions(), swap_in=ops)
-            if moves:
-                yield Restore("cpu", len(ops) * kv.block_size, moves)
+            if moves:  # with KV groups a block of the hit is several pages (or none, a window's released one)
+                yield Restore("cpu", kv.lookup_prefix(prefix)[0] - before if ops else 0, moves)
         if self.disk is not None:
             async for tokens, moves in self.disk.restores(kv, fresh):
                 yield Restore("disk", tokens, moves)
