@@ -105,3 +105,33 @@ def test_its_window_layers_hold_only_their_window_and_the_panel_shows_both_group
         assert "KV groups" in facts and "window 512:" in facts and "in 5 groups" in facts, facts
     finally:
         booted.page.close()
+
+
+def test_it_resumes_after_a_reload_from_the_disk_tier(browser, base_url):
+    """Chat, reload, and the next turn restores every KV group's pages of the history from disk (OPFS) instead of
+    prefilling them, replying what a page without the disk tier replies."""
+    from test_kv_disk_page import REMOVE_KV, reload, settled_memory, turn
+
+    texts = ("Write one sentence about the sea.", "And one about the sky?")
+    ref, _ = open_app(browser, base_url + "?model=gemma-3-270m&kv_disk=0", 300_000)
+    try:
+        refs = [turn(ref.page, t) for t in texts]
+        ref.page.evaluate(REMOVE_KV)
+    finally:
+        ref.page.close()
+    booted, _ = open_app(browser, base_url + "?model=gemma-3-270m", 300_000)
+    page = booted.page
+    try:
+        first = turn(page, texts[0])
+        assert first["content"] == refs[0]["content"] and first["cached_tokens"] == 0
+        blocks = (first["history_tokens"] - 1) // 16  # every full block the first turn computed
+        pages = blocks * 6  # a page per KV group: 1 full + 5 window groups (the history is inside the window)
+        assert settled_memory(page, "disk_blocks", pages)["disk_blocks"] == pages > 0
+        reload(page)
+        second = turn(page, texts[1])
+        assert second["content"] == refs[1]["content"]
+        mem = settled_memory(page, "restored", blocks * 16)
+        assert second["cached_tokens"] == mem["restored"] == blocks * 16
+    finally:
+        page.evaluate(REMOVE_KV)
+        page.close()
