@@ -25,11 +25,39 @@ def test_the_tabs_cpu_path_gives_the_references_logits_and_ids(gguf_path, name):
     shards = {s["file"]: (converted / s["file"]).read_bytes() for s in reference.manifest["shards"]}
     quantized = ModelWeights.from_shards(reference.manifest, shards, tensor_loader(HeapStore(pointer_twin)))
     prompt = [int(t) for t in np.random.default_rng(5).integers(100, reference.config.vocab, 80)]
-    want_pre, want_dec = prefill_then_decode(CpuBackend(reference, 6, 16), prompt, 6)
-    tab = CpuBackend(quantized, 6, 16, linear="wasm", attention=PointerTwin())
+    # One block table for every layer (kv_groups=False): the batches here are made by hand, and the KV groups'
+    # own tables are tests/test_kv_groups.py's
+    want_pre, want_dec = prefill_then_decode(CpuBackend(reference, 6, 16, kv_groups=False), prompt, 6)
+    tab = CpuBackend(quantized, 6, 16, linear="wasm", attention=PointerTwin(), kv_groups=False)
     got_pre, got_dec = prefill_then_decode(tab, prompt, 6)
     assert float(np.abs(got_pre - want_pre).max() / np.abs(want_pre).max()) <= 1e-5
     assert np.array_equal(got_pre.argmax(axis=1), want_pre.argmax(axis=1))
     assert [int(g.argmax()) for g in got_dec] == [int(w.argmax()) for w in want_dec]
     for g, w in zip(got_dec, want_dec):
         assert float(np.abs(g - w).max() / np.abs(w).max()) <= 1e-5
+
+
+def test_the_tabs_cpu_path_in_an_engine_with_window_groups_gives_the_references_ids(gguf_path):  # noqa: F811
+    """The tab's backend as the page builds it (quantized weights, the kernels' twins, KV groups on: tiny-gemma3's
+    one full layer and six window layers are 7 groups of one) in an engine: chunked prefill of two sequences past
+    the 32-token window, then decode, give the numpy reference's greedy ids with every layer holding everything."""
+    from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
+    from pagedkv.engine import EngineConfig, LLMEngine, run_sync
+    from pagedkv.sampling import SamplingParams
+    from pagedkv.tokenizer import Tokenizer
+
+    converted = convert_cached(tiny_gguf("tiny-gemma3", gguf_path), MODELS)
+    reference = ModelWeights.load(converted)
+    shards = {s["file"]: (converted / s["file"]).read_bytes() for s in reference.manifest["shards"]}
+    quantized = ModelWeights.from_shards(reference.manifest, shards, tensor_loader(HeapStore(pointer_twin)))
+    tab = CpuBackend(quantized, 64, 16, linear="wasm", attention=PointerTwin())
+    assert tab.kv_groups.num_groups == 7 and len(tab.kv.k) == 1
+    engine = LLMEngine(tab, Tokenizer.from_manifest(reference.manifest), EngineConfig(max_num_batched_tokens=24))
+    prompts = [[int(t) for t in np.random.default_rng(s).integers(100, reference.config.vocab, n)]
+               for s, n in ((7, 45), (8, 70))]
+    params = SamplingParams(max_tokens=8, stop_token_ids=(49_999,))  # no stop inside the vocabulary
+    requests = [engine.request(engine.add_request(p, params)) for p in prompts]
+    while engine.has_unfinished:
+        run_sync(engine.step())
+    model = NumpyModel(reference)
+    assert [r.output_ids for r in requests] == [greedy_reference(model, p, 8) for p in prompts]
