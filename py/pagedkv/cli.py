@@ -195,7 +195,7 @@ def cmd_tokenize(args) -> dict:
 def _model_options(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (default: %(default)s)")
-    which.add_argument("--gguf", type=Path, help="a GGUF of a supported family (llama, qwen2, qwen3, gemma3, smollm3), converted on first use")
+    which.add_argument("--gguf", type=Path, help="a GGUF of a supported family (model/families/), converted on first use")
     parser.add_argument("--gguf-cache", type=Path, default=GGUF_CACHE,
                         help="where --gguf conversions are kept, one directory per sha256 (default: %(default)s)")
 

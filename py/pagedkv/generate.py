@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int)
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--model", default="smollm2-135m-instruct", help="a model directory under dist/models/")
-    which.add_argument("--gguf", type=Path, help="a GGUF of a supported family (llama, qwen2, qwen3, gemma3, smollm3), converted on first use")
+    which.add_argument("--gguf", type=Path, help="a GGUF of a supported family (model/families/), converted on first use")
     parser.add_argument("--backend", choices=("auto", "webgpu", "cpu"), default="auto",
                         help="the page's ?backend= (auto: numpy on a software adapter, else WebGPU)")
     parser.add_argument("--kernels", choices=("auto", "cpu", "gpu"), default="auto",
