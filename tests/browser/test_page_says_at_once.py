@@ -198,8 +198,8 @@ def test_a_lone_surrogate_is_refused_clearly_and_the_text_stays_in_the_box(app):
 
 
 @pytest.mark.parametrize(("query", "listed"), [
-    ("?backend=cpu", ["smollm2-135m-instruct"]),
-    ("?backend=cpu&test_models=1", ["smollm2-135m-instruct", "tiny-random", "tiny-random-wide"]),
+    ("?backend=cpu", ["gemma-3-270m", "smollm2-135m-instruct"]),
+    ("?backend=cpu&test_models=1", ["gemma-3-270m", "smollm2-135m-instruct", "tiny-random", "tiny-random-wide"]),
 ])
 def test_test_models_are_offered_only_with_test_models_1(browser, base_url, query, listed):
     page = browser.new_page()
