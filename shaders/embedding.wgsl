@@ -16,6 +16,7 @@ struct Params {
 @group(0) @binding(4) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 64u;
+override EMBEDDING_SCALE : f32 = 1.0;  // the family's embedding scale (Gemma: sqrt(hidden)), after dequantization
 
 fn codes(w : u32) -> vec4<f32> {
   return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
@@ -33,5 +34,5 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   let s = row * (params.hidden / 32u) + j / 8u;
   let pair = unpack2x16float(d[s >> 1u]);
   let scale = select(pair.x, pair.y, (s & 1u) == 1u);
-  out[t * words + j] = scale * codes(qs[row * words + j]);
+  out[t * words + j] = scale * codes(qs[row * words + j]) * EMBEDDING_SCALE;
 }

@@ -5,6 +5,7 @@
 struct Params { tokens : u32, hidden : u32, _pad : vec2<u32> }  // hidden: a multiple of 32
 
 override WORKGROUP_SIZE : u32 = 64u;
+override EMBEDDING_SCALE : f32 = 1.0;  // the family's embedding scale (Gemma: sqrt(hidden))
 
 @group(0) @binding(0) var<storage, read> table : array<Word4>;          // (vocab, hidden/4)
 @group(0) @binding(1) var<storage, read> token_ids : array<i32>;        // (tokens,)
@@ -16,6 +17,6 @@ override WORKGROUP_SIZE : u32 = 64u;
 fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   let words = params.hidden / 4u;
   if (gid.y < params.tokens && gid.x < words) {
-    out[gid.y * words + gid.x] = weights4(table[u32(token_ids[gid.y]) * words + gid.x]);
+    out[gid.y * words + gid.x] = weights4(table[u32(token_ids[gid.y]) * words + gid.x]) * EMBEDDING_SCALE;
   }
 }

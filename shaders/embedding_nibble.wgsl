@@ -10,6 +10,7 @@ struct Params { tokens : u32, hidden : u32, _pad0 : u32, _pad1 : u32 }  // hidde
 @group(0) @binding(4) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 64u;
+override EMBEDDING_SCALE : f32 = 1.0;  // the family's embedding scale (Gemma: sqrt(hidden))
 //#include nibble_codes.wgsl
 
 @compute @workgroup_size(WORKGROUP_SIZE)
@@ -25,5 +26,5 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   let s = scales(row * (params.hidden / 32u) + j / 8u);
   let part = j & 1u;
   let nib = select(nibbles_lo(w), nibbles_hi(w), part == 1u);
-  out[t * words + j] = dequant(nib, select(SCALE_LO, SCALE_HI, part == 1u), s, j / 2u, part);
+  out[t * words + j] = dequant(nib, select(SCALE_LO, SCALE_HI, part == 1u), s, j / 2u, part) * EMBEDDING_SCALE;
 }

@@ -151,8 +151,8 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   }
   workgroupBarrier();
 
-  let key_begin = first * bs;
-  let key_end = min(key_begin + n_part_blocks * bs, ctx_len);
+  let key_end = min((first + n_part_blocks) * bs, ctx_len);
+  let key_begin = max(first * bs, window_first(ctx_len));  // a window layer reads no key before its window
   let c = lid % VEC_PER_HEAD;  // the lane's four values of the head dimension
   let r = lid / VEC_PER_HEAD;  // its key lane (lanes past KEY_LANES * VEC_PER_HEAD add no values)
   var m = vec4<f32>(NEG_BIG);

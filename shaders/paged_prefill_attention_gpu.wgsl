@@ -94,7 +94,7 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   var a1 = vec4<f32>(0.0);
   var a2 = vec4<f32>(0.0);
   var a3 = vec4<f32>(0.0);
-  for (var k0 = 0u; k0 < n_keys; k0 += KEYS) {
+  for (var k0 = window_first(qt.keys0); k0 < n_keys; k0 += KEYS) {  // row 0's window starts first
     stage_tile(false, qt.seq, kv_head, k0, n_keys, lid);
     workgroupBarrier();  // K staged (and, on the first tile, the queries and row state)
     for (var i = lid; i < ROWS * KEYS; i += WORKGROUP_SIZE) {
@@ -104,7 +104,8 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
       for (var c = 0u; c < VEC_PER_HEAD; c++) {
         sc += dot(q_rows[r * VEC_PER_HEAD + c], kv_tile[key * VEC_PER_HEAD + c]);
       }
-      probs[i] = select(NEG_BIG, sc, k0 + key < row_keys[r]);  // causal mask; dead rows see nothing
+      let pos = k0 + key;
+      probs[i] = select(NEG_BIG, sc, pos < row_keys[r] && pos >= window_first(row_keys[r]));  // causal, window
     }
     workgroupBarrier();  // scores done: K may be overwritten
     if (lid < ROWS) {

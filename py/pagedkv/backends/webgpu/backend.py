@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import numpy as np
 
 from ...gpu_budget import BudgetExceeded, GpuLedger, MIB
-from ...kernels.ref_ops import model_inv_freq, rope_cos_sin
+from ...kernels.ref_ops import rope_cos_sin
 from ...kv.block_pool import CopyOp
 from ...kv.retention import ShiftOp
 from ...kv.spec import KVSpec
@@ -33,12 +33,14 @@ from .kv_layout import GpuKVLayout
 from .kv_pool import GpuKVPool
 from .memory_plan import partition_blocks as scratch_partition_blocks
 from .memory_plan import plan_kv_pool, scratch_buffers, staging_buffers
-from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
+from .plan import (PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, rope_table_label, rope_tables,
+                   step_slots)
 from .weight_upload import upload_weights
 
 CPU_POOL_CAP_BYTES = 64 * MIB  # default CPU swap pool (wasm memory)
-# The ops of model/family.py the plan compiles today: a plain llama layer, with or without q / k / v biases.
-OPS = frozenset({"attention_bias"})
+# The ops of model/family.py the plan compiles (plan.layer_program reads each layer's family.Layer).
+OPS = frozenset({"attention_bias", "q_width", "qk_norm", "post_attention_norm", "post_ffn_norm", "silu", "gelu_tanh",
+                 "embedding_scale", "no_rope", "rope_per_layer", "sliding_window"})
 UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_gpu", "paged_attention_gpu_sg",
                 "paged_prefill_attention", "paged_prefill_attention_gpu")
 
@@ -149,8 +151,9 @@ class WebGpuBackend:
         for label, nbytes, kind in (*scratch, *staging):
             self.scratch[label] = self._buffer(label, nbytes, kind, map_read=label.startswith("readback"),
                                                uniform=label == "params")
-        self.ctx.write(self.scratch["cos_sin"], rope_cos_sin(cfg.head_dim, cfg.rope_base, cfg.context_length,
-                                                           model_inv_freq(cfg)))
+        for i, inv_freq in enumerate(rope_tables(cfg)[0]):  # a table per distinct rotary of the layers
+            self.ctx.write(self.scratch[rope_table_label(i)],
+                           rope_cos_sin(cfg.head_dim, cfg.rope_base, cfg.context_length, inv_freq))
         self.kv_pool.allocate()
 
     def _buffer(self, label: str, nbytes: int, kind: str, **kw):
@@ -260,7 +263,7 @@ class WebGpuBackend:
                 if d.constants is None:
                     pipeline = self.kv_kernels.pipelines[d.shader]
                 else:
-                    pipeline = await self.ctx.kernel(d.shader, dict(d.constants))
+                    pipeline = await self.ctx.kernel(d.shader, dict(d.constants), d.entry)
                 bindings = dict(d.bindings) if isinstance(d.bindings, dict) else dict(enumerate(d.bindings))
                 # The attention kernels keep their uniform at binding 5 (paged_kv_read.wgsl).
                 uniform_at = 5 if d.shader in UNIFORM_AT_5 else len(bindings)
@@ -380,8 +383,10 @@ class WebGpuBackend:
         (S, max_blocks) f32, heads summed."""
         if self._mass_kernel is None:
             self._mass_kernel = await AttentionMassKernel(self.kv_kernels).compile()
+        att = self.config.layers[-1].attention  # the last layer's scale and window
         mass = await self._mass_kernel.run(self.kv_pool.caches[-1].k, self.scratch["q"], batch.query_start_loc,
-                                           batch.block_tables, batch.context_lens)  # (S, n_heads, max_blocks)
+                                           batch.block_tables, batch.context_lens, att.scale,
+                                           att.window or 0)  # (S, n_heads, max_blocks)
         return mass.sum(axis=1)
 
     def rebind_pages(self) -> None:

@@ -16,7 +16,7 @@ from .fused import bias_member, fused_member, stacked_nbytes, stacks
 from .kv_kernels import PARTITION_TOKENS
 from .kv_layout import GpuKVLayout
 from .kv_pool import SWAP_CHUNK_BLOCKS
-from .plan import PARAM_SLOT_BYTES, SLOTS
+from .plan import PARAM_SLOT_BYTES, SLOTS, rope_table_label, rope_tables
 
 TEMP_SLACK_BYTES = 4096  # ids / params uniforms of one swap or copy call
 
@@ -60,20 +60,23 @@ def scratch_buffers(cfg: ModelConfig, *, block_size: int, max_num_batched_tokens
     max_blocks_per_seq = -(-cfg.context_length // block_size)
     max_parts = -(-max_blocks_per_seq // partition_blocks(block_size))
     f32 = 4
+    q = cfg.q_dim  # n_heads * head_dim, which need not be hidden (Qwen3, Gemma 3)
     return [
         ("token_ids", t * 4, "scratch"), ("positions", t * 4, "scratch"),  # (T,) int32
         ("slot_mapping", t * 4, "scratch"),  # (T,)
         ("block_tables", s * max_blocks_per_seq * 4, "scratch"),  # (S, max_blocks_per_seq)
         ("context_lens", s * 4, "scratch"), ("starts", 2 * (s + 1) * 4, "scratch"),  # (S,), (2, S + 1)
         ("params", len(SLOTS) * PARAM_SLOT_BYTES, "scratch"),  # (slots, 256) uniforms
-        ("cos_sin", cfg.context_length * cfg.head_dim * f32, "scratch"),  # (context, head_dim / 2, 2)
+        # (context, head_dim / 2, 2) each: one cos / sin table per distinct rotary of the layers (rope_tables)
+        *((rope_table_label(i), cfg.context_length * cfg.head_dim * f32, "scratch")
+          for i in range(len(rope_tables(cfg)[0]))),
         ("x", t * cfg.hidden * f32, "scratch"), ("h", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
-        ("qkv", t * (cfg.hidden + 2 * cfg.kv_dim) * f32, "scratch"),  # (T, n_heads*hd + 2 kv_dim)
-        *([] if cfg.attention_bias else [("zero_bias", (cfg.hidden + 2 * cfg.kv_dim) * f32, "scratch")]),
-        ("q", t * cfg.hidden * f32, "scratch"), ("attn", t * cfg.hidden * f32, "scratch"),  # (T, n_heads*hd)
+        ("qkv", t * (q + 2 * cfg.kv_dim) * f32, "scratch"),  # (T, n_heads*hd + 2 kv_dim)
+        *([] if cfg.attention_bias else [("zero_bias", (q + 2 * cfg.kv_dim) * f32, "scratch")]),
+        ("q", t * q * f32, "scratch"), ("attn", t * q * f32, "scratch"),  # (T, n_heads*hd)
         ("k", t * cfg.kv_dim * f32, "scratch"), ("v", t * cfg.kv_dim * f32, "scratch"),  # (T, kv_dim)
-        ("act", t * cfg.ffn * f32, "scratch"),  # (T, ffn) silu(gate) * up
-        ("part_acc", s * max_parts * cfg.hidden * f32, "scratch"),  # (S, parts, n_heads, head_dim)
+        ("act", t * cfg.ffn * f32, "scratch"),  # (T, ffn) act(gate) * up
+        ("part_acc", s * max_parts * q * f32, "scratch"),  # (S, parts, n_heads, head_dim)
         ("part_stats", s * max_parts * cfg.n_heads * 2 * f32, "scratch"),  # (S, parts, n_heads, 2)
         ("last", s * cfg.hidden * f32, "scratch"), ("last_norm", s * cfg.hidden * f32, "scratch"),  # (S, hid)
         ("logits", s * cfg.vocab * f32, "scratch"),  # (S, vocab)
