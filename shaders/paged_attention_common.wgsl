@@ -13,7 +13,7 @@
 
 //#include paged_kv_read.wgsl
 
-const MAX_VEC : u32 = 32u;         // head_dim up to 128
+const MAX_VEC : u32 = 64u;         // head_dim up to 256
 const MAX_BLOCK_SIZE : u32 = 32u;
 
 // The running online-softmax state of the invocation's slots; vec4 component j belongs to slot j
@@ -94,7 +94,7 @@ fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n
     var block_max = vec4<f32>(NEG_BIG);
     for (var t = 0u; t < n; t++) {
       let pos = vec4<u32>(b * bs + t);
-      scores[t] = select(scores[t], vec4<f32>(NEG_BIG), pos >= slot_keys | pos < lo);  // causal mask, window
+      scores[t] = select(scores[t], vec4<f32>(NEG_BIG), (pos >= slot_keys) | (pos < lo));  // causal mask, window
       block_max = max(block_max, scores[t]);
     }
     let m_new = max(m, block_max);

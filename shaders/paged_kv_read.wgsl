@@ -43,7 +43,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> context_lens : array<u32>;    // (num_seqs,) tokens in the cache, new ones included
 @group(0) @binding(5) var<uniform> params : Params;
 
-override HEAD_DIM : u32 = 64u;     // multiple of 16, <= 128
+override HEAD_DIM : u32 = 64u;     // multiple of 16, <= 256
 override KV_FORMAT : u32 = 0u;     // 0 f32, 1 f16, 2 int8, 3 fp8-e4m3, 4 int4, 5 int4-asym (KVDtype.code)
 override KV_GROUP : u32 = 64u;     // channels per scale (quantized formats): a multiple of 16 dividing HEAD_DIM
 override SLOTS : u32 = 1u;         // (query token, head) pairs per invocation, 1..4

@@ -43,7 +43,7 @@ fn rotate(x : vec2<f32>, cs : vec2<f32>) -> vec2<f32> {
 
 // Pair p of token t, x its value plus bias (normed where main_qk_norm norms it): rotated into q or k, or copied
 // into v.
-fn store(t : u32, p : u32, x : vec2<f32>) {
+fn put_pair(t : u32, p : u32, x : vec2<f32>) {
   let half = params.head_dim / 2u;
   let q_pairs = params.n_heads * half;
   let k_pairs = params.n_kv_heads * half;
@@ -70,7 +70,7 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   if (t >= params.tokens || p >= row) {
     return;
   }
-  store(t, p, qkv[t * row + p] + bias[p]);
+  put_pair(t, p, qkv[t * row + p] + bias[p]);
 }
 
 @compute @workgroup_size(WORKGROUP_SIZE)
@@ -95,5 +95,5 @@ fn main_qk_norm(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocatio
     let gain = select(k_gain[lid], q_gain[lid], head < params.n_heads);
     x = x * inv_rms * gain;
   }
-  store(t, p, x);
+  put_pair(t, p, x);
 }

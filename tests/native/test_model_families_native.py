@@ -1,7 +1,7 @@
 """The model families' layers (model/family.py) through the WebGPU plan on wgpu-py (lavapipe): the tiny qwen3,
 smollm3 and gemma3 GGUFs (tests/gguf_models.py TINY_FAMILIES: q / k norms, heads wider than hidden, layers
 without rotary, GeGLU, post norms, the embedding scale, two rotary bases, 32-token windows) against the numpy
-reference, in both kernel families.
+reference, in both kernel families; tiny-gemma3-hd256 has Gemma 3 270M's 256-wide heads.
 
 A 100-token prompt (over three of tiny-gemma3's windows) is prefilled in 40-token chunks (matmul; the window
 masks across chunks), then 16 greedy tokens are decoded (matvec; the gpu family's fused epilogues where a layer
@@ -37,7 +37,7 @@ PROMPT, CHUNK, DECODE, BLOCK = 100, 40, 16, 16
 # matvecs take f16 dot products where the adapter has shader-f16 and its tiled matmuls stage f16 weights.
 BOUND = {"cpu": 2e-3, "gpu": 0.5}
 KV_DTYPE = {"cpu": "f32", "gpu": "f16"}  # the f32 cache in one family, the f16 one (packed pairs) in the other
-MODELS = ("tiny-qwen3", "tiny-smollm3", "tiny-gemma3")
+MODELS = ("tiny-qwen3", "tiny-smollm3", "tiny-gemma3", "tiny-gemma3-hd256")  # the last: head_dim 256
 
 
 def model_files(name: str) -> tuple[dict, dict]:
@@ -110,7 +110,7 @@ async def chunked_then_decode(name: str, kernels: str) -> dict:
     decode = [d.shader for d in layer_program(b, PlanKey.of(1, 1))[0]]
     b.destroy()
     return {"errors": errors, "gpu": gpu_ids, "ref": ref_ids, "poisoned": poisoned, "decode": decode,
-            "ops": sorted(cfg.family.ops(cfg)), "layers": cfg.layers}
+            "ops": sorted(cfg.family.ops(cfg)), "layers": cfg.layers, "head_dim": cfg.head_dim}
 
 
 @pytest.mark.parametrize("kernels", ["cpu", "gpu"])
@@ -130,6 +130,7 @@ def test_chunked_prefill_and_decode_match_numpy(native_loop, native_device, name
     assert r["decode"].count("rope") == (0 if fused else len(r["layers"]))
     assert sum(s.endswith("_rope_kv") for s in r["decode"]) == (len(r["layers"]) if fused else 0)
     assert rotating == len(r["layers"]) - (name == "tiny-smollm3")  # smollm3's layer 3 has none (5 layers)
+    assert r["head_dim"] == (256 if name.endswith("-hd256") else 64 if name == "tiny-smollm3" else 128)
 
 
 async def engine_greedy(name: str, kernels: str) -> dict:

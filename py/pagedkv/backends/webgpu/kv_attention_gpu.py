@@ -18,7 +18,7 @@ ATTENTION_WORKGROUP = 128  # lanes of a gpu-family decode workgroup = keys per t
 REDUCE_WORKGROUP = 128  # lanes of a gpu-family merge workgroup
 MAX_PART_BLOCKS = 128  # MAX_PART_BLOCKS in paged_attention_gpu_main.wgsl (the staged block-table slice)
 PREFILL_WORKGROUP = 128  # lanes of a gpu-family prefill workgroup
-PREFILL_ROWS = 16  # ROWS in paged_prefill_attention_gpu.wgsl: (new token, head) rows of a workgroup
+PREFILL_ROWS = 16  # ROWS in paged_prefill_attention_gpu.wgsl: (new token, head) rows of a workgroup (head_dim <= 128)
 PREFILL_TILE_VALUES, PREFILL_MAX_KEYS = 1024, 32  # its staged K/V tile: KEYS * head_dim values, KEYS <= 32
 # gpu-family decode attention is split into as many partitions as bring its workgroups (sequences x partitions x
 # head tiles) to about this many (GpuShapes.split; first-boot tuning picks the adapter's own, tuning.py), each
@@ -109,7 +109,11 @@ def prefill_kernel(family: str, head_tile: int, head_dim: int, query_tile: int, 
     gpu family's as many as fill PREFILL_ROWS rows with head_tile heads each."""
     if family == "cpu":
         return PrefillKernel("cpu", "paged_prefill_attention", cpu_workgroup, query_tile, (("SLOTS", query_tile),))
-    tokens = PREFILL_ROWS // head_tile
+    # A lane adds four vec4 columns of one row: 16 rows cover head_dim 128, wider heads take fewer rows (and their
+    # staged queries stay within WebGPU's 16 KiB of workgroup memory).
+    rows = PREFILL_ROWS * 128 // max(head_dim, 128)
+    tokens = max(1, rows // head_tile)
     keys = min(PREFILL_TILE_VALUES // head_dim, PREFILL_MAX_KEYS)
     return PrefillKernel("gpu", "paged_prefill_attention_gpu", PREFILL_WORKGROUP, tokens,
-                         (("SLOTS", head_tile), ("QUERY_TILE", tokens), ("KEYS", keys)))
+                         (("SLOTS", head_tile), ("QUERY_TILE", tokens), ("KEYS", keys),
+                          *((("ROWS", rows),) if rows != PREFILL_ROWS else ())))
