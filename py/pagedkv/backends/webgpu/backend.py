@@ -66,6 +66,8 @@ class WebGpuBackend:
         self.max_num_seqs = max_num_seqs
         self.max_blocks_per_seq = -(-config.context_length // block_size)
         self.weights: dict[str, tuple[str, tuple]] = {}  # name -> (dtype, part buffers in binding order)
+        # name -> [(first row, rows, (dtype, part buffers))]: a matrix too large for one binding, by rows
+        self.weight_rows: dict[str, list[tuple[int, int, tuple[str, tuple]]]] = {}
         self.scratch: dict[str, object] = {}
         self.kv_kernels: KVKernels | None = None  # compiled by create() for the pool's layout
         self.kv_pool: GpuKVPool | None = None  # the KV blocks, made by create()
@@ -163,6 +165,11 @@ class WebGpuBackend:
         return buf
 
     @property
+    def max_binding(self) -> int:
+        """The adapter's maxStorageBufferBindingSize: a weight part larger than this is split by rows."""
+        return int(self.ctx.info.limits["maxStorageBufferBindingSize"])
+
+    @property
     def subgroups(self) -> bool:
         """Whether the gpu family's matvecs reduce with subgroups (the device requests them where it can)."""
         return "subgroups" in self.ctx.info.features
@@ -172,14 +179,18 @@ class WebGpuBackend:
         """Whether prefill runs the gpu family's tiled matmuls: every matrix has one (GPU_MATMUL_TYPES; a step's
         grid per slot serves every layer, so one other type, float ones included, sends the model to the cpu
         family's). The norm weights and biases are f32 vectors, no matrices."""
-        return self.kernels == "gpu" and all(d in ops.GPU_MATMUL_TYPES for name, (d, _) in self.weights.items()
-                                             if not name.endswith(("norm.weight", ".bias")))
+        dtypes = [d for name, (d, _) in self.weights.items() if not name.endswith(("norm.weight", ".bias"))]
+        dtypes += [weight[0] for chunks in self.weight_rows.values() for _, _, weight in chunks]
+        return self.kernels == "gpu" and all(d in ops.GPU_MATMUL_TYPES for d in dtypes)
 
     @property
     def shader_f16(self) -> bool:
         """Whether the gpu family's matvecs run their dot products in f16 (the device requests `shader-f16`
-        where the adapter has it)."""
-        return "shader-f16" in self.ctx.info.features
+        where the adapter has it). Not for a model with post norms (Gemma 3): its residual stream, which a
+        NORM matvec reads raw and scales only after the dot products, outgrows f16 (Gemma 3 270M's went to
+        inf within 10 tokens of a 6-token prompt on lavapipe, and the NaN stayed in the KV cache)."""
+        sandwich = any(layer.post_attention_norm or layer.post_ffn_norm for layer in self.config.layers)
+        return "shader-f16" in self.ctx.info.features and not sandwich
 
     @property
     def kv_spec(self) -> KVSpec:

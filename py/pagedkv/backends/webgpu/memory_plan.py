@@ -12,19 +12,22 @@ from ...kv.dtypes import kv_dtype as lookup_kv_dtype
 from ...kv.spec import KVSpec
 from ...model.config import ModelConfig
 from ...model.weights import check_manifest
+from ...model.quants import part_nbytes
 from .fused import bias_member, fused_member, stacked_nbytes, stacks
 from .kv_kernels import PARTITION_TOKENS
 from .kv_layout import GpuKVLayout
 from .kv_pool import SWAP_CHUNK_BLOCKS
 from .plan import PARAM_SLOT_BYTES, SLOTS, rope_table_label, rope_tables
+from .weight_upload import row_chunks
 
 TEMP_SLACK_BYTES = 4096  # ids / params uniforms of one swap or copy call
 
 
-def weights_bytes(manifest: dict) -> int:
+def weights_bytes(manifest: dict, max_binding: int | None = None) -> int:
     """Bytes the backend's weight upload reserves: each tensor's parts, the stacked projections (fused.py)
     instead of their members (or the members themselves where they are not stacked: fused.stacks), the norm
-    weights both alone and inside their stacked tensor."""
+    weights both alone and inside their stacked tensor; a matrix larger than max_binding in its row parts
+    (weight_upload.row_chunks)."""
     total, groups, biases, alone = 0, {}, {}, {}
     for name, t in manifest["tensors"].items():
         bias = bias_member(name)
@@ -33,6 +36,11 @@ def weights_bytes(manifest: dict) -> int:
             continue
         member = fused_member(name)
         nbytes = sum(rounded(loc["nbytes"]) for loc in t["parts"].values())
+        if member is None and max_binding is not None:
+            chunks = row_chunks(t["dtype"], tuple(t["shape"]), max_binding)
+            if len(chunks) > 1:
+                nbytes = sum(rounded(n + -n % 4) for _, rows in chunks
+                             for n in part_nbytes(t["dtype"], (rows, t["shape"][1])).values())
         if member is None or len(t["shape"]) == 1:  # a norm weight is also uploaded on its own
             total += nbytes
         else:
@@ -111,7 +119,7 @@ def plan_kv_pool(manifest: dict, *, budget_bytes: int, block_size: int, kv_dtype
     lookup_kv_dtype(kv_dtype)  # the registry's message for a name the GPU has no kernels for
     spec = KVSpec.of(config, block_size=block_size, dtype=kv_dtype)
     one_block = GpuKVLayout(spec, num_blocks=1)  # checks what the kernels can run
-    split = {"weights_bytes": weights_bytes(manifest),
+    split = {"weights_bytes": weights_bytes(manifest, max_binding),
              "scratch_bytes": sum(rounded(n) for _, n, _ in scratch_buffers(
                  config, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
                  max_num_seqs=max_num_seqs)),

@@ -35,7 +35,8 @@ PARAM_SLOT_BYTES = 256  # minUniformBufferOffsetAlignment
 SLOTS = ("embedding", "rms_t", "lin_h", "lin_qkv", "lin_ffn", "lin_down", "rope", "kv_write", "attn", "reduce",
          "rms_s", "lm_head", "argmax", "lin_q", "lin_kv", "lin_gate",  # lin_q..lin_gate: members not stacked (fused.py)
          "sample",
-         "rope_qk", "attn_window")  # rope with the per-head q / k norm; the window layers' attention
+         "rope_qk", "attn_window",  # rope with the per-head q / k norm; the window layers' attention
+         "lm_head_last")  # the last row part of an LM head split across bindings (weight_upload.row_chunks)
 SLOT_INDEX = {name: i for i, name in enumerate(SLOTS)}
 
 
@@ -105,8 +106,9 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     tables = rope_tables(cfg)[1]  # each layer's cos / sin table, None: no rotary
 
     def linear(name: str, x, y, slot: str, kind: str, accumulate: bool = False, norm: bool = False,
-               swiglu: bool = False, layout: tuple = (), io: str = "", extra: tuple = ()) -> Dispatch:
-        dtype, parts = w[name]
+               swiglu: bool = False, layout: tuple = (), io: str = "", extra: tuple = (),
+               weight: tuple | None = None) -> Dispatch:
+        dtype, parts = weight or w[name]  # weight: one row part of a matrix split across bindings
         shapes = b.gpu_shapes.for_slot(slot)  # a projection's tuned threads and row groups
         shader, constants = ops.linear_pipeline(b.kernels, b.subgroups, kind, dtype, accumulate, norm, swiglu,
                                                 shapes, b.shader_f16, b.gpu_matmul, io)
@@ -192,10 +194,12 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                 Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64), ("ADD", 1)),
                          (s["h"], w[f"blk.{i}.{post_norm}.weight"][1][0], s["x"]), "rms_t")]
 
-    emb_dtype, emb_parts = w["token_embd.weight"]
     emb_scale = (("EMBEDDING_SCALE", float(cfg.embedding_scale)),) if cfg.embedding_scale != 1.0 else ()
-    passes = [[Dispatch(ops.embedding_call(1, cfg.hidden, dtype=emb_dtype).shader,
-                        (("WORKGROUP_SIZE", 64), *emb_scale), (*emb_parts, s["token_ids"], s["x"]), "embedding")]]
+    table = row_parts(b, "token_embd.weight")  # a table too large for one binding: a dispatch per row part
+    rows_of = lambda first, rows: (("ROW_BASE", first), ("ROW_END", first + rows)) if len(table) > 1 else ()  # noqa: E731
+    passes = [[Dispatch(ops.embedding_call(1, cfg.hidden, dtype=dtype).shader,
+                        (("WORKGROUP_SIZE", 64), *emb_scale, *rows_of(first, rows)),
+                        (*bufs, s["token_ids"], s["x"]), "embedding") for first, rows, (dtype, bufs) in table]]
     body = passes[0]
     tk = key.token_kernel
     # The gpu family's matvec steps fuse what runs around the projections (matvec_io_*.wgsl): 5 dispatches a
@@ -243,8 +247,14 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                      (s["last"], w["output_norm.weight"][1][0], s["last_norm"]), "rms_s")
     # A greedy step of the gpu family's LM head matvec writes no logits: its workgroups leave their best rows in
     # the logits buffer (matvec_io_argmax.wgsl), which argmax_gpu scans (WINNERS_OF = its 8 rows a workgroup).
-    winners = key.greedy and b.kernels == "gpu" and key.seq_kernel == "matvec"
-    lm_head = linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel, io="_argmax" if winners else "")
+    head_parts = row_parts(b, head)
+    winners = key.greedy and b.kernels == "gpu" and key.seq_kernel == "matvec" and len(head_parts) == 1
+    if len(head_parts) == 1:
+        lm_head = [linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel, io="_argmax" if winners else "")]
+    else:  # each row part into its columns of the logits (Y_STRIDE / Y_OFFSET, quant_epilogue.wgsl)
+        lm_head = [linear(head, s["last_norm"], s["logits"], "lm_head" if rows == head_parts[0][1] else "lm_head_last",
+                          key.seq_kernel, layout=(("Y_STRIDE", cfg.vocab), ("Y_OFFSET", first)), weight=weight)
+                   for first, rows, weight in head_parts]
     if key.sampled:
         pick = Dispatch("sample", (("WORKGROUP_SIZE", 256),), (s["logits"], s["sampling"], s["ids"]), "sample")
     elif winners:
@@ -252,7 +262,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     else:
         pick = Dispatch(ops.argmax_call(cfg.vocab, 1, family=b.kernels).shader, (("WORKGROUP_SIZE", 256),),
                         (s["logits"], s["ids"]), "argmax")
-    passes.append([rms_s, lm_head, pick])
+    passes.append([rms_s, *lm_head, pick])
     return passes
 
 
@@ -277,6 +287,9 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     lay = kv.layout
     q8 = "q8_0"  # grid and uniform of a linear call do not depend on the quantization
 
+    # rows of the LM head's row parts: the first's ("lm_head"), the last's ("lm_head_last")
+    head_rows = [rows for _, rows, _ in row_parts(b, "token_embd.weight" if cfg.tied_embeddings else "output.weight")]
+
     def linear(rows: int, cols: int, tokens: int, slot: str) -> ops.KernelCall:
         return ops.family_linear_call(b.kernels, b.subgroups, q8, rows, cols, tokens,
                                       shapes=b.gpu_shapes.for_slot(slot), gpu_matmul=b.gpu_matmul)
@@ -294,7 +307,8 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
         "rope": ops.rope_call(t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
         "rope_qk": ops.rope_qk_norm_call(t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rms_eps),
         "rms_s": ops.rmsnorm_call(cfg.hidden, n, cfg.rms_eps),
-        "lm_head": linear(cfg.vocab, cfg.hidden, n, "lm_head"),
+        "lm_head": linear(head_rows[0], cfg.hidden, n, "lm_head"),
+        "lm_head_last": linear(head_rows[-1], cfg.hidden, n, "lm_head_last"),
         "argmax": ops.argmax_call(cfg.vocab, n, family=b.kernels),
         "sample": ops.sample_call(cfg.vocab, n),
     }
@@ -318,6 +332,13 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     reduce_groups = kv.decode_grids(n, shape.max_parts)[1] if shape.max_parts > 1 else (0, 0, 0)
     put("reduce", words(n, cfg.n_heads, lay.block_size, part_blocks, shape.max_parts), reduce_groups)
     return grids, params.reshape(-1)
+
+
+def row_parts(b, name: str) -> list[tuple[int, int, tuple]]:
+    """(first row, rows, (dtype, buffers)) of matrix `name` on backend b: its row parts where it is too large for
+    one binding (weight_upload.row_chunks), else the whole matrix as one part."""
+    return b.weight_rows.get(name) or [(0, b.config.vocab if name in ("token_embd.weight", "output.weight")
+                                        else 0, b.weights[name])]
 
 
 def attention_uniforms(cfg) -> dict[str, tuple[float, int]]:
