@@ -1,4 +1,4 @@
-// Shared part of paged_attention.wgsl and paged_prefill_attention.wgsl, pasted in by the host's
+// Shared part of paged_attention_main.wgsl and paged_prefill_attention_main.wgsl, pasted in by the host's
 // ShaderLibrary at their `//#include paged_attention_common.wgsl` line (WGSL has no includes).
 // Not a kernel on its own: it has no entry point.
 //
@@ -13,7 +13,7 @@
 
 //#include paged_kv_read.wgsl
 
-const MAX_VEC : u32 = 64u;         // head_dim up to 256
+// MAX_VEC (head_dim / 4 at most) comes from the variant's attention_heads_<128|256>.wgsl part.
 const MAX_BLOCK_SIZE : u32 = 32u;
 
 // The running online-softmax state of the invocation's slots; vec4 component j belongs to slot j

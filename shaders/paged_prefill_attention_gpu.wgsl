@@ -1,5 +1,5 @@
 // Paged prefill attention of the gpu family (causal, chunked; the same contract as
-// paged_prefill_attention.wgsl), tiled flash-attention style for real GPUs: one workgroup of
+// paged_prefill_attention_main.wgsl), tiled flash-attention style for real GPUs: one workgroup of
 // WORKGROUP_SIZE lanes per (tile of QUERY_TILE new tokens of one sequence, SLOTS query heads of one kv
 // head), i.e. ROWS = QUERY_TILE * SLOTS <= 16 query rows (row r: token r / SLOTS, head r % SLOTS) that
 // share every K/V load. It walks the keys the tile's last token sees in tiles of KEYS keys, read through

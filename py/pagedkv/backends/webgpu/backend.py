@@ -41,8 +41,8 @@ CPU_POOL_CAP_BYTES = 64 * MIB  # default CPU swap pool (wasm memory)
 # The ops of model/family.py the plan compiles (plan.layer_program reads each layer's family.Layer).
 OPS = frozenset({"attention_bias", "q_width", "qk_norm", "post_attention_norm", "post_ffn_norm", "silu", "gelu_tanh",
                  "embedding_scale", "no_rope", "rope_per_layer", "sliding_window"})
-UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_gpu", "paged_attention_gpu_sg",
-                "paged_prefill_attention", "paged_prefill_attention_gpu")
+UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_wide", "paged_attention_gpu", "paged_attention_gpu_sg",
+                "paged_prefill_attention", "paged_prefill_attention_wide", "paged_prefill_attention_gpu")
 
 
 class WebGpuBackend:

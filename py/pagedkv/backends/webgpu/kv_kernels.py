@@ -97,7 +97,7 @@ class KVKernels:
         self.partition_blocks = partition_tokens // layout.block_size
         self.workgroup_size = workgroup_size
         # family: whose attention kernels run (kv_attention_gpu.py); kv_write, copy_blocks and the swaps are shared
-        self.decode = decode_kernels(family, subgroups, workgroup_size)
+        self.decode = decode_kernels(family, subgroups, workgroup_size, layout.head_dim)
         check_partition(family, self.partition_blocks, layout.block_size)
         group = n_heads // layout.n_kv_heads
         # Query heads per invocation: by default the largest tile (<= 4, the kernels' vec4 of states) that
