@@ -11,14 +11,14 @@ from ...gpu_budget import GpuLedger, kv_blocks_that_fit, rounded
 from ...kv.dtypes import kv_dtype as lookup_kv_dtype
 from ...kv.spec import KVSpec
 from ...model.config import ModelConfig
-from ...model.weights import check_manifest
 from ...model.quants import part_nbytes
+from ...model.weights import check_manifest
 from .fused import bias_member, fused_member, stacked_nbytes, stacks
 from .kv_kernels import PARTITION_TOKENS
 from .kv_layout import GpuKVLayout
 from .kv_pool import SWAP_CHUNK_BLOCKS
 from .plan import PARAM_SLOT_BYTES, SLOTS, rope_table_label, rope_tables
-from .weight_upload import row_chunks
+from .weight_upload import ROW_SPLIT, row_chunks
 
 TEMP_SLACK_BYTES = 4096  # ids / params uniforms of one swap or copy call
 
@@ -26,8 +26,8 @@ TEMP_SLACK_BYTES = 4096  # ids / params uniforms of one swap or copy call
 def weights_bytes(manifest: dict, max_binding: int | None = None) -> int:
     """Bytes the backend's weight upload reserves: each tensor's parts, the stacked projections (fused.py)
     instead of their members (or the members themselves where they are not stacked: fused.stacks), the norm
-    weights both alone and inside their stacked tensor; a matrix larger than max_binding in its row parts
-    (weight_upload.row_chunks)."""
+    weights both alone and inside their stacked tensor; an embedding table or LM head larger than max_binding in
+    its row parts (weight_upload.row_chunks)."""
     total, groups, biases, alone = 0, {}, {}, {}
     for name, t in manifest["tensors"].items():
         bias = bias_member(name)
@@ -36,7 +36,7 @@ def weights_bytes(manifest: dict, max_binding: int | None = None) -> int:
             continue
         member = fused_member(name)
         nbytes = sum(rounded(loc["nbytes"]) for loc in t["parts"].values())
-        if member is None and max_binding is not None:
+        if name in ROW_SPLIT and max_binding is not None:
             chunks = row_chunks(t["dtype"], tuple(t["shape"]), max_binding)
             if len(chunks) > 1:
                 nbytes = sum(rounded(n + -n % 4) for _, rows in chunks

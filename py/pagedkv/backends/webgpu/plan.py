@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ...kernels.ref_ops import layer_inv_freq, model_inv_freq
+from ...model.config import ModelConfig
 from . import model_kernels as ops
 from .fused import member_names
 
@@ -196,9 +197,10 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
 
     emb_scale = (("EMBEDDING_SCALE", float(cfg.embedding_scale)),) if cfg.embedding_scale != 1.0 else ()
     table = row_parts(b, "token_embd.weight")  # a table too large for one binding: a dispatch per row part
-    rows_of = lambda first, rows: (("ROW_BASE", first), ("ROW_END", first + rows)) if len(table) > 1 else ()  # noqa: E731
+    split = len(table) > 1
     passes = [[Dispatch(ops.embedding_call(1, cfg.hidden, dtype=dtype).shader,
-                        (("WORKGROUP_SIZE", 64), *emb_scale, *rows_of(first, rows)),
+                        (("WORKGROUP_SIZE", 64), *emb_scale,
+                         *((("ROW_BASE", first), ("ROW_END", first + rows)) if split else ())),
                         (*bufs, s["token_ids"], s["x"]), "embedding") for first, rows, (dtype, bufs) in table]]
     body = passes[0]
     tk = key.token_kernel
@@ -335,10 +337,9 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
 
 
 def row_parts(b, name: str) -> list[tuple[int, int, tuple]]:
-    """(first row, rows, (dtype, buffers)) of matrix `name` on backend b: its row parts where it is too large for
-    one binding (weight_upload.row_chunks), else the whole matrix as one part."""
-    return b.weight_rows.get(name) or [(0, b.config.vocab if name in ("token_embd.weight", "output.weight")
-                                        else 0, b.weights[name])]
+    """(first row, rows, (dtype, buffers)) of the vocab-row matrix `name` (the embedding table, the LM head) on
+    backend b: its row parts where it is too large for one binding (weight_upload.row_chunks), else the whole."""
+    return b.weight_rows.get(name) or [(0, b.config.vocab, b.weights[name])]
 
 
 def attention_uniforms(cfg) -> dict[str, tuple[float, int]]:

@@ -1,7 +1,7 @@
 """The weights' way onto the GPU: a manifest's shards verified, each tensor's parts uploaded into buffers the
 backend reserves in its ledger (WebGpuBackend._buffer), q/k/v and gate/up stacked with their input norm
-(fused.py) and the q/k/v biases joined into one row. A matrix with a part larger than the adapter's
-maxStorageBufferBindingSize (Gemma 3's 262,144-row tied embedding: 160 MiB of Q8_0 codes, lavapipe binds
+(fused.py) and the q/k/v biases joined into one row. An embedding table or LM head with a part larger than the
+adapter's maxStorageBufferBindingSize (Gemma 3's 262,144-row tied embedding: 160 MiB of Q8_0 codes, lavapipe binds
 128 MiB) is split by rows into parts that fit (row_chunks), held in b.weight_rows; the plan runs one dispatch
 per part."""
 from __future__ import annotations
@@ -80,6 +80,8 @@ def _stack_bias(b, name: str, entry: dict, parts: dict, biases: dict) -> None:
 
 
 ROW_CHUNK_ALIGN = 32  # a split matrix's parts start at multiples of 32 rows: whole matvec row groups, u32-aligned parts
+# The matrices the plan runs by row parts (plan.row_parts): the embedding table and the LM head, vocab rows each.
+ROW_SPLIT = ("token_embd.weight", "output.weight")
 
 
 def row_chunks(dtype: str, shape: tuple, max_binding: int) -> list[tuple[int, int]]:
@@ -110,7 +112,7 @@ def row_slice(dtype: str, shape: tuple, parts: dict, first: int, rows: int) -> d
 
 
 def _upload_tensor(b, name: str, dtype: str, parts: dict, shape: tuple | None = None) -> None:
-    chunks = row_chunks(dtype, shape, b.max_binding) if shape is not None else [(0, 0)]
+    chunks = row_chunks(dtype, shape, b.max_binding) if name in ROW_SPLIT else [(0, 0)]
     if len(chunks) > 1:  # held by rows, never whole (plan.layer_program dispatches per part)
         b.weight_rows[name] = [(first, rows, _upload_parts(b, f"{name}#{i}", dtype,
                                                              row_slice(dtype, shape, parts, first, rows)))
