@@ -5,7 +5,8 @@ reference, in both kernel families; tiny-gemma3-hd256 has Gemma 3 270M's 256-wid
 
 A 100-token prompt (over three of tiny-gemma3's windows) is prefilled in 40-token chunks (matmul; the window
 masks across chunks), then 16 greedy tokens are decoded (matvec; the gpu family's fused epilogues where a layer
-allows them): every step's logits within a bound of the reference's and the greedy ids equal. Before the last
+allows them): every step's logits within a bound of the reference's and the greedy ids equal, and the last
+step's attention mass (the last layer's: a window layer in tiny-gemma3) the reference's. Before the last
 chunk and again before decoding, the blocks that lie wholly before the window of every window layer are filled
 with NaN on the GPU: a kernel that read one would poison the logits (window layers may release those blocks).
 Then the engine's own route: LLMEngine's chunked prefill and decode give the reference's greedy ids.
@@ -102,7 +103,11 @@ async def chunked_then_decode(name: str, kernels: str) -> dict:
     token = int(np.argmax(ref[0]))
     for p in range(PROMPT, PROMPT + DECODE):
         step = batch([token], p)
-        gpu, ref = await b.forward(step), model.forward(step, kv)
+        if p == PROMPT + DECODE - 1:  # the last layer's attention mass (importance eviction; a window layer in gemma3)
+            mass_gpu, mass_ref = np.zeros((1, blocks), np.float32), np.zeros((1, blocks), np.float32)
+            gpu, ref = await b.forward(step, attention_mass=mass_gpu), model.forward(step, kv, attention_mass=mass_ref)
+        else:
+            gpu, ref = await b.forward(step), model.forward(step, kv)
         errors.append(float(np.abs(gpu - ref).max()))
         gpu_ids.append(int(np.argmax(gpu[0])))
         ref_ids.append(int(np.argmax(ref[0])))
@@ -110,6 +115,7 @@ async def chunked_then_decode(name: str, kernels: str) -> dict:
     decode = [d.shader for d in layer_program(b, PlanKey.of(1, 1))[0]]
     b.destroy()
     return {"errors": errors, "gpu": gpu_ids, "ref": ref_ids, "poisoned": poisoned, "decode": decode,
+            "mass": (mass_gpu[0].tolist(), mass_ref[0].tolist()),
             "ops": sorted(cfg.family.ops(cfg)), "layers": cfg.layers, "head_dim": cfg.head_dim}
 
 
@@ -121,6 +127,10 @@ def test_chunked_prefill_and_decode_match_numpy(native_loop, native_device, name
     assert len(r["errors"]) == 3 + DECODE
     assert max(r["errors"]) < BOUND[kernels], r["errors"]
     assert r["gpu"] == r["ref"]
+    mass_gpu, mass_ref = (np.array(m) for m in r["mass"])  # (blocks,) heads summed
+    assert np.abs(mass_gpu - mass_ref).max() < 1e-3 * mass_ref.sum(), r["mass"]
+    if r["layers"][-1].attention.window is not None:  # the window: no mass before it (blocks 0..4 of 8)
+        assert mass_ref[:(PROMPT + DECODE - r["layers"][-1].attention.window) // BLOCK].sum() == 0
     windows = any(layer.attention.window is not None for layer in r["layers"])
     # tiny-gemma3: before chunk 80 keys 0..47 (3 blocks) lie before every window, before decoding keys 0..63
     assert r["poisoned"] == ([3, 4] if windows else [0, 0])
