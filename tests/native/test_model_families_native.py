@@ -26,6 +26,8 @@ from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.backends.webgpu.plan import PlanKey, layer_program
 from pagedkv.backends.webgpu.runtime import open_device
 from pagedkv.engine import EngineConfig, LLMEngine
+from pagedkv.kernels.ref_ops import layer_inv_freq, shift_keys
+from pagedkv.kv.retention import ShiftOp
 from pagedkv.model.convert import convert_cached
 from pagedkv.model.weights import ModelWeights
 from pagedkv.model_runner import ForwardBatch
@@ -173,3 +175,32 @@ def test_no_family_op_is_refused():
     from pagedkv.model.family import OPS as FAMILY_OPS
 
     assert sorted(FAMILY_OPS) == sorted(OPS)
+
+
+async def shifted_keys(name: str) -> dict:
+    """Random keys in blocks 2 and 5 of every layer, shifted by 7 and 20 positions (KVRetention's shifted
+    positions) on the GPU, against ref_ops.shift_keys with each layer's frequencies (none: unchanged)."""
+    manifest, shards = model_files(name)
+    b = await backend(manifest, shards, "cpu", "f32")
+    cfg, kk = b.config, b.kv_kernels
+    rng = np.random.default_rng(3)
+    ids, deltas = np.array([2, 5], np.int32), np.array([7, 20])
+    keys = [rng.standard_normal((2, BLOCK, cfg.n_kv_heads, cfg.head_dim)).astype(np.float32) for _ in cfg.layers]
+    for cache, k in zip(b.kv_pool.caches, keys):
+        await kk.swap_in(cache, ids, k, np.zeros_like(k))
+    await b.shift_keys([ShiftOp(2, 7), ShiftOp(5, 20)])
+    errors = []
+    for cache, k, layer in zip(b.kv_pool.caches, keys, cfg.layers):
+        got = (await kk.swap_out(cache, ids))[0]
+        inv = layer_inv_freq(cfg, layer)
+        errors.append(float(np.abs(got - (k if inv is None else shift_keys(k, deltas, inv))).max()))
+    b.destroy()
+    return {"errors": errors, "rotates": [layer.attention.rope_base is not None for layer in cfg.layers]}
+
+
+@pytest.mark.parametrize("name", ["tiny-smollm3", "tiny-gemma3"])
+def test_shift_keys_rerotates_each_layer_with_its_own_rotary(native_loop, native_device, name):
+    r = native_loop.run(shifted_keys(name))
+    assert max(r["errors"]) < 1e-6, r  # the same numpy rotation; a layer without rotary keeps its keys bit-exact
+    assert all(e == 0.0 for e, rotates in zip(r["errors"], r["rotates"]) if not rotates), r
+    assert all(r["rotates"]) == (name != "tiny-smollm3")  # smollm3's layer 3 has no rotary
