@@ -18,6 +18,7 @@ from model_fixtures import ROOT, gemma3_gguf  # noqa: F401  (pytest fixture)
 from test_gemma3 import GOLDEN, differences
 
 from pagedkv.backends.webgpu.backend import WebGpuBackend
+from pagedkv.backends.webgpu.memory_plan import weights_bytes
 from pagedkv.backends.webgpu.runtime import open_device
 from pagedkv.model.convert import convert_cached
 from pagedkv.model_runner import ForwardBatch
@@ -34,7 +35,8 @@ async def teacher_forced(manifest: dict, shards: dict, kernels: str) -> dict:
                                    kv_dtype="f16", max_num_batched_tokens=32, max_num_seqs=1, kernels=kernels)
     i32 = lambda v: np.asarray(v, np.int32)  # noqa: E731
     out = {"head_parts": [rows for _, rows, _ in b.weight_rows.get("token_embd.weight", [])],
-           "max_binding": b.max_binding, "cases": []}
+           "max_binding": b.max_binding, "cases": [],
+           "weights": (b.ledger.by_kind()["weights"], weights_bytes(manifest, b.max_binding))}
     for case in CASES:
         golden = GOLDEN["cases"][case]
         prompt, forced = golden["prompt_ids"], golden["output_ids"]
@@ -57,9 +59,11 @@ def test_gemma3_on_wgpu_gives_llama_cpps_ids(native_loop, native_device, gemma3_
     manifest = json.loads((model_dir / "model.json").read_text())
     shards = {s["file"]: (model_dir / s["file"]).read_bytes() for s in manifest["shards"]}
     r = native_loop.run(teacher_forced(manifest, shards, kernels))
-    print(kernels, r)  # pytest -s
+    print(kernels, r["cases"], r["weights"])  # pytest -s
     if r["max_binding"] < 160 << 20:
         assert r["head_parts"] == [131072, 131072]  # two parts of 80 MiB of codes
+    reserved, planned = r["weights"]
+    assert reserved == planned  # the ledger holds what memory_plan planned for the parts
     for differ in r["cases"]:
         assert all(near_tie(d["llama_cpp_margin"]) or near_tie(d["our_margin"]) for d in differ), differ
         assert len(differ) <= 4, differ
