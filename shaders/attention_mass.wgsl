@@ -1,6 +1,6 @@
 // Attention mass per KV block, for importance (H2O-style) eviction (py/pagedkv/kv_retention.py).
 // For each sequence, each query head and each of the sequence's new query tokens (one when decoding), the
-// softmax probability of every cached key it may see (causal), summed per block-table entry:
+// softmax probability of every cached key it may see (causal; a window layer's window), summed per block-table entry:
 //   mass[seq, head, entry] += sum over the new tokens t, keys k in block entry of softmax(q_t . k * scale)_k
 // The host sums the heads. Dispatched only when eviction is on, once per step, on the last layer's
 // rotated queries and keys (the same definition as the numpy reference in kernels/ref_attention_mass.py).
@@ -19,6 +19,7 @@ struct Params {
   block_size : u32,
   max_blocks_per_seq : u32,  // row stride of block_tables and of mass
   scale : f32,
+  window : u32,  // a window layer's: a query sees its last `window` keys, no block before them is read; 0: all
 }
 
 @group(0) @binding(0) var<storage, read> query : array<f32>;              // (num_tokens, n_heads, HEAD_DIM)
@@ -79,15 +80,16 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   for (var j = 0u; j < q_len; j++) {
     let q_off = ((q0 + j) * params.n_heads + head) * HEAD_DIM;
     let keys = ctx - q_len + j + 1u;  // causal: new token j sees the cache up to itself
+    let first = select(0u, keys - params.window, params.window > 0u && keys > params.window);
     var m = NEG_BIG;
     var l = 0.0;
-    for (var t = 0u; t < keys; t++) {
+    for (var t = first; t < keys; t++) {
       let s = score(seq, kv_head, q_off, t);
       let m_new = max(m, s);
       l = l * exp(m - m_new) + exp(s - m_new);
       m = m_new;
     }
-    for (var t = 0u; t < keys; t++) {
+    for (var t = first; t < keys; t++) {
       let e = out + t / params.block_size;
       mass[e] = mass[e] + exp(score(seq, kv_head, q_off, t) - m) / l;
     }

@@ -16,6 +16,11 @@ struct Params {
 @group(0) @binding(4) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 64u;
+// A table too large for one binding is split by rows (weight_upload.row_chunks): one dispatch per part, each
+// writing the tokens whose rows it holds, ROW_BASE <= id < ROW_END.
+override ROW_BASE : u32 = 0u;
+override ROW_END : u32 = 0xffffffffu;
+override EMBEDDING_SCALE : f32 = 1.0;  // the family's embedding scale (Gemma: sqrt(hidden)), after dequantization
 
 fn codes(w : u32) -> vec4<f32> {
   return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
@@ -29,9 +34,13 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   if (t >= params.tokens || j >= words) {
     return;
   }
-  let row = u32(token_ids[t]);
+  let id = u32(token_ids[t]);
+  if (id < ROW_BASE || id >= ROW_END) {
+    return;  // another part's row
+  }
+  let row = id - ROW_BASE;
   let s = row * (params.hidden / 32u) + j / 8u;
   let pair = unpack2x16float(d[s >> 1u]);
   let scale = select(pair.x, pair.y, (s & 1u) == 1u);
-  out[t * words + j] = scale * codes(qs[row * words + j]);
+  out[t * words + j] = scale * codes(qs[row * words + j]) * EMBEDDING_SCALE;
 }

@@ -5,6 +5,11 @@
 struct Params { tokens : u32, hidden : u32, _pad : vec2<u32> }  // hidden: a multiple of 32
 
 override WORKGROUP_SIZE : u32 = 64u;
+// A table too large for one binding is split by rows (weight_upload.row_chunks): one dispatch per part, each
+// writing the tokens whose rows it holds, ROW_BASE <= id < ROW_END.
+override ROW_BASE : u32 = 0u;
+override ROW_END : u32 = 0xffffffffu;
+override EMBEDDING_SCALE : f32 = 1.0;  // the family's embedding scale (Gemma: sqrt(hidden))
 
 @group(0) @binding(0) var<storage, read> table : array<Word4>;          // (vocab, hidden/4)
 @group(0) @binding(1) var<storage, read> token_ids : array<i32>;        // (tokens,)
@@ -15,7 +20,11 @@ override WORKGROUP_SIZE : u32 = 64u;
 @compute @workgroup_size(WORKGROUP_SIZE)
 fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   let words = params.hidden / 4u;
-  if (gid.y < params.tokens && gid.x < words) {
-    out[gid.y * words + gid.x] = weights4(table[u32(token_ids[gid.y]) * words + gid.x]);
+  if (gid.y >= params.tokens || gid.x >= words) {
+    return;
+  }
+  let id = u32(token_ids[gid.y]);
+  if (id >= ROW_BASE && id < ROW_END) {  // else another part's row
+    out[gid.y * words + gid.x] = weights4(table[(id - ROW_BASE) * words + gid.x]) * EMBEDDING_SCALE;
   }
 }

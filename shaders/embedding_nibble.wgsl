@@ -10,6 +10,11 @@ struct Params { tokens : u32, hidden : u32, _pad0 : u32, _pad1 : u32 }  // hidde
 @group(0) @binding(4) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 64u;
+// A table too large for one binding is split by rows (weight_upload.row_chunks): one dispatch per part, each
+// writing the tokens whose rows it holds, ROW_BASE <= id < ROW_END.
+override ROW_BASE : u32 = 0u;
+override ROW_END : u32 = 0xffffffffu;
+override EMBEDDING_SCALE : f32 = 1.0;  // the family's embedding scale (Gemma: sqrt(hidden))
 //#include nibble_codes.wgsl
 
 @compute @workgroup_size(WORKGROUP_SIZE)
@@ -20,10 +25,14 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   if (t >= params.tokens || j >= words) {
     return;
   }
-  let row = u32(token_ids[t]);
+  let id = u32(token_ids[t]);
+  if (id < ROW_BASE || id >= ROW_END) {
+    return;  // another part's row
+  }
+  let row = id - ROW_BASE;
   let w = qs[row * (params.hidden / 8u) + j / 2u];
   let s = scales(row * (params.hidden / 32u) + j / 8u);
   let part = j & 1u;
   let nib = select(nibbles_lo(w), nibbles_hi(w), part == 1u);
-  out[t * words + j] = dequant(nib, select(SCALE_LO, SCALE_HI, part == 1u), s, j / 2u, part);
+  out[t * words + j] = dequant(nib, select(SCALE_LO, SCALE_HI, part == 1u), s, j / 2u, part) * EMBEDDING_SCALE;
 }

@@ -24,6 +24,7 @@ override KV_OUT : u32 = 1u;         // 0 f32 cache, 1 f16 cache, 2 f32 rows for 
 override BLOCK_U32 : u32 = 0u;      // u32s from one block's start to the next; 0: blocks follow each other
 override BLOCK_TOKENS : u32 = 16u;  // tokens per block (the cache's block_size)
 override HEAD_MAJOR : bool = true;  // a block keeps each kv head's rows together (paged_kv_read.wgsl)
+override ROTATE : bool = true;      // false: a layer without rotary (q and k stored unrotated)
 override ROW_U32 : u32 = select(HEAD_DIM, HEAD_DIM / 2u, KV_OUT == 1u);  // u32s of one head's f32 / f16 row
 
 fn load_x(t : u32, v : u32) -> vec4<f32> {
@@ -58,7 +59,7 @@ fn put_kv(is_v : bool, i : u32, word : vec4<u32>) {
 fn store8(t : u32, r0 : u32, lo : vec4<f32>, hi : vec4<f32>) {
   var a = lo + bias[r0 / 4u];
   var b = hi + bias[r0 / 4u + 1u];
-  if (r0 < Q_ROWS + KV_ROWS) {
+  if (ROTATE && r0 < Q_ROWS + KV_ROWS) {
     a = rope4(t, r0, a);
     b = rope4(t, r0 + 4u, b);
   }

@@ -1,4 +1,4 @@
-// Shared part of paged_attention.wgsl and paged_prefill_attention.wgsl, pasted in by the host's
+// Shared part of paged_attention_main.wgsl and paged_prefill_attention_main.wgsl, pasted in by the host's
 // ShaderLibrary at their `//#include paged_attention_common.wgsl` line (WGSL has no includes).
 // Not a kernel on its own: it has no entry point.
 //
@@ -13,7 +13,7 @@
 
 //#include paged_kv_read.wgsl
 
-const MAX_VEC : u32 = 32u;         // head_dim up to 128
+// MAX_VEC (head_dim / 4 at most) comes from the variant's attention_heads_<128|256>.wgsl part.
 const MAX_BLOCK_SIZE : u32 = 32u;
 
 // The running online-softmax state of the invocation's slots; vec4 component j belongs to slot j
@@ -65,9 +65,13 @@ fn set_acc_slice(j : u32, s : u32, a : mat4x4<f32>) {
 // Folds keys [block_begin * block_size, n_keys) of blocks [block_begin, block_end) of sequence `seq`
 // into the state: a block's scores first, then one rescale per block rather than one per token.
 // The `SLOTS > j` tests are on a pipeline constant: the compiler drops the unused slots' code.
+// Keys before a slot's window (window_first) are masked like those past its position, and the walk starts at
+// the block of slot 0's first key, the earliest of the slots' (decode: one position; prefill: slot 0 first).
 fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n_keys : u32) {
   let bs = params.block_size;
-  for (var b = block_begin; b < block_end; b++) {
+  let lo = vec4<u32>(window_first(slot_keys.x), window_first(slot_keys.y), window_first(slot_keys.z),
+                     window_first(slot_keys.w));
+  for (var b = max(block_begin, lo.x / bs); b < block_end; b++) {
     let physical = block_tables[seq * params.max_blocks_per_seq + b];
     let n = min(bs, n_keys - b * bs);
     for (var t = 0u; t < n; t++) {
@@ -89,7 +93,8 @@ fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n
     }
     var block_max = vec4<f32>(NEG_BIG);
     for (var t = 0u; t < n; t++) {
-      scores[t] = select(scores[t], vec4<f32>(NEG_BIG), vec4<u32>(b * bs + t) >= slot_keys);  // causal mask
+      let pos = vec4<u32>(b * bs + t);
+      scores[t] = select(scores[t], vec4<f32>(NEG_BIG), (pos >= slot_keys) | (pos < lo));  // causal mask, window
       block_max = max(block_max, scores[t]);
     }
     let m_new = max(m, block_max);

@@ -27,7 +27,9 @@ const MAX_RUNS : u32 = 16u;          // runs of the tile's scores whose maxima m
 
 override KEY_LANES : u32 = WORKGROUP_SIZE / VEC_PER_HEAD;  // lanes sharing a column of the values
 
-var<workgroup> q_tile : array<vec4<f32>, 128u>;                    // (SLOTS, VEC_PER_HEAD) queries, pre-scaled
+override Q_TILE_VECS : u32 = SLOTS * VEC_PER_HEAD;                // the staged queries' vec4s
+
+var<workgroup> q_tile : array<vec4<f32>, Q_TILE_VECS>;             // (SLOTS, VEC_PER_HEAD) queries, pre-scaled
 var<workgroup> part_table : array<u32, MAX_PART_BLOCKS>;           // the partition's physical blocks
 var<workgroup> tile_scores : array<vec4<f32>, WORKGROUP_SIZE>;     // (keys,) component j: head j
 var<workgroup> tile_weights : array<vec4<f32>, WORKGROUP_SIZE>;    // (keys,) exp(score - m); then partial outputs
@@ -151,8 +153,8 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   }
   workgroupBarrier();
 
-  let key_begin = first * bs;
-  let key_end = min(key_begin + n_part_blocks * bs, ctx_len);
+  let key_end = min((first + n_part_blocks) * bs, ctx_len);
+  let key_begin = max(first * bs, window_first(ctx_len));  // a window layer reads no key before its window
   let c = lid % VEC_PER_HEAD;  // the lane's four values of the head dimension
   let r = lid / VEC_PER_HEAD;  // its key lane (lanes past KEY_LANES * VEC_PER_HEAD add no values)
   var m = vec4<f32>(NEG_BIG);

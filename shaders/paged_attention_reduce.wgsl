@@ -1,5 +1,5 @@
 // Paged decode attention, flash-decoding pass 2: merges the per-partition softmax states written by
-// paged_attention.wgsl for every sequence whose context spans more than one partition:
+// paged_attention_main.wgsl for every sequence whose context spans more than one partition:
 //   M = max_p m_p,  out = sum_p exp(m_p - M) * acc_p / sum_p exp(m_p - M) * l_p.
 // One invocation per (sequence, head, 4 output values); sequences with one partition were finished in
 // pass 1 and are skipped.

@@ -33,6 +33,7 @@ struct Params {
   partition_blocks : u32,    // flash-decoding: blocks per partition (decode only)
   max_partitions : u32,      // partition stride of the decode scratch buffers (decode only)
   scale : f32,               // softmax scale, usually 1 / sqrt(HEAD_DIM)
+  window : u32,              // a window layer's: a query at cache index i sees keys j with i - j < window; 0: all
 }
 
 @group(0) @binding(0) var<storage, read> query : array<vec4<f32>>;     // (num_q_tokens, n_heads, HEAD_DIM / 4)
@@ -42,7 +43,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> context_lens : array<u32>;    // (num_seqs,) tokens in the cache, new ones included
 @group(0) @binding(5) var<uniform> params : Params;
 
-override HEAD_DIM : u32 = 64u;     // multiple of 16, <= 128
+override HEAD_DIM : u32 = 64u;     // multiple of 16, <= 256
 override KV_FORMAT : u32 = 0u;     // 0 f32, 1 f16, 2 int8, 3 fp8-e4m3, 4 int4, 5 int4-asym (KVDtype.code)
 override KV_GROUP : u32 = 64u;     // channels per scale (quantized formats): a multiple of 16 dividing HEAD_DIM
 override SLOTS : u32 = 1u;         // (query token, head) pairs per invocation, 1..4
@@ -55,6 +56,16 @@ override BLOCK_U32 : u32 = 0u;     // u32s from one block's start to the next; 0
 override HEAD_MAJOR : bool = true; // a block keeps each kv head's rows together (see above)
 
 const NEG_BIG : f32 = -3.0e38;     // finite "minus infinity": exp(NEG_BIG - m) is 0, never NaN
+
+// The first key a query that sees `keys` keys (causal: its cache index + 1) sees in a window layer; 0 in the
+// others. The kernels start their walk of the context there, so blocks wholly before a window are never read
+// (a window layer may have released them: their table entries need not name a block).
+fn window_first(keys : u32) -> u32 {
+  if (params.window == 0u || keys <= params.window) {
+    return 0u;
+  }
+  return keys - params.window;
+}
 
 fn unpack8(x : vec4<u32>, y : vec4<u32>) -> mat4x4<f32> {
   return mat4x4<f32>(vec4<f32>(unpack2x16float(x.x), unpack2x16float(x.y)),

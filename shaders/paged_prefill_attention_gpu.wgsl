@@ -1,5 +1,5 @@
 // Paged prefill attention of the gpu family (causal, chunked; the same contract as
-// paged_prefill_attention.wgsl), tiled flash-attention style for real GPUs: one workgroup of
+// paged_prefill_attention_main.wgsl), tiled flash-attention style for real GPUs: one workgroup of
 // WORKGROUP_SIZE lanes per (tile of QUERY_TILE new tokens of one sequence, SLOTS query heads of one kv
 // head), i.e. ROWS = QUERY_TILE * SLOTS <= 16 query rows (row r: token r / SLOTS, head r % SLOTS) that
 // share every K/V load. It walks the keys the tile's last token sees in tiles of KEYS keys, read through
@@ -10,7 +10,8 @@
 //   values:  lane (row lid % ROWS, columns lid / ROWS + k * WORKGROUP_SIZE / ROWS) rescales and adds,
 //            neighbouring lanes reading the same V word (broadcast).
 // Four barriers per key tile, all in a loop whose bounds come from the uniform params and read-only
-// buffers only; a lane's accumulator is four vec4s (head_dim <= 128), no arrays.
+// buffers only; a lane's accumulator is four vec4s (4 * WORKGROUP_SIZE / ROWS columns: head_dim 128 at 16 rows,
+// 256 at 8), no arrays.
 //
 // Dispatch: num_tiles * (n_heads / SLOTS) workgroups along x, where sequence s has ceil(q_len / QUERY_TILE)
 // tiles and num_tiles = starts[1, num_seqs].
@@ -21,12 +22,13 @@
 
 @group(0) @binding(7) var<storage, read_write> out : array<vec4<f32>>;  // (num_tokens, n_heads, HEAD_DIM / 4)
 
-const ROWS : u32 = 16u;          // query rows a workgroup may hold (QUERY_TILE * SLOTS <= ROWS)
+override ROWS : u32 = 16u;       // query rows a workgroup may hold (QUERY_TILE * SLOTS <= ROWS): 8 for head_dim 256
+override Q_VECS : u32 = ROWS * VEC_PER_HEAD;  // the staged queries' vec4s
 const MAX_KEYS : u32 = 32u;      // keys per tile at most
 override QUERY_TILE : u32 = 4u;  // new tokens per workgroup
 override KEYS : u32 = 16u;       // keys per tile: KEYS * HEAD_DIM <= 1024 and KEYS <= MAX_KEYS (the host picks)
 
-var<workgroup> q_rows : array<vec4<f32>, 512u>;          // (ROWS, VEC_PER_HEAD) queries, pre-scaled
+var<workgroup> q_rows : array<vec4<f32>, Q_VECS>;        // (ROWS, VEC_PER_HEAD) queries, pre-scaled
 var<workgroup> kv_tile : array<vec4<f32>, 256u>;         // (KEYS, VEC_PER_HEAD) K values, then V values
 var<workgroup> probs : array<f32, 512u>;                 // (ROWS, KEYS) scores, then softmax weights
 var<workgroup> row_m : array<f32, ROWS>;                 // running max score of each row
@@ -94,7 +96,7 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   var a1 = vec4<f32>(0.0);
   var a2 = vec4<f32>(0.0);
   var a3 = vec4<f32>(0.0);
-  for (var k0 = 0u; k0 < n_keys; k0 += KEYS) {
+  for (var k0 = window_first(qt.keys0); k0 < n_keys; k0 += KEYS) {  // row 0's window starts first
     stage_tile(false, qt.seq, kv_head, k0, n_keys, lid);
     workgroupBarrier();  // K staged (and, on the first tile, the queries and row state)
     for (var i = lid; i < ROWS * KEYS; i += WORKGROUP_SIZE) {
@@ -104,7 +106,8 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
       for (var c = 0u; c < VEC_PER_HEAD; c++) {
         sc += dot(q_rows[r * VEC_PER_HEAD + c], kv_tile[key * VEC_PER_HEAD + c]);
       }
-      probs[i] = select(NEG_BIG, sc, k0 + key < row_keys[r]);  // causal mask; dead rows see nothing
+      let pos = k0 + key;
+      probs[i] = select(NEG_BIG, sc, pos < row_keys[r] && pos >= window_first(row_keys[r]));  // causal, window
     }
     workgroupBarrier();  // scores done: K may be overwritten
     if (lid < ROWS) {

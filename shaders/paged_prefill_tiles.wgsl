@@ -1,4 +1,4 @@
-// The query tiles of chunked prefill, shared by paged_prefill_attention.wgsl (cpu family) and
+// The query tiles of chunked prefill, shared by paged_prefill_attention_main.wgsl (cpu family) and
 // paged_prefill_attention_gpu.wgsl (gpu family), expanded at their `//#include paged_prefill_tiles.wgsl` line.
 
 // Row 0: first query row of each sequence (num_seqs + 1 entries, the last = num_tokens);

@@ -9,6 +9,8 @@ override ACCUMULATE : bool = false;
 // a thread's 8 rows are 4 gate rows and their 4 up rows: it writes act = silu(gate) * up, (tokens, rows / 2),
 // and the SwiGLU costs no dispatch of its own. rows must be a multiple of 8.
 override SWIGLU : bool = false;
+// GELU: the gated activation is GELU's tanh form (Gemma's GeGLU) instead of SiLU, for SWIGLU and SILU_MUL alike.
+override GELU : bool = false;
 
 // A layer whose q / k / v (or gate / up) have no lossless common type runs them as separate matrices
 // (backends/webgpu/fused.py): Y_STRIDE / Y_OFFSET (0 / 0: rows / 0) place a member's rows in the columns
@@ -18,8 +20,18 @@ override Y_STRIDE : u32 = 0u;
 override Y_OFFSET : u32 = 0u;
 override SILU_MUL : bool = false;
 
+// silu(g), or gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (kernels/ref_ops.gelu_tanh). tanh's
+// argument is clamped to +-10, where tanh is 1 in f32 already, so no implementation overflows an exp inside it.
+fn act4(g : vec4<f32>) -> vec4<f32> {
+  if (GELU) {
+    let u = 0.7978845608028654 * g * (vec4<f32>(1.0) + 0.044715 * g * g);
+    return 0.5 * g * (vec4<f32>(1.0) + tanh(clamp(u, vec4<f32>(-10.0), vec4<f32>(10.0))));
+  }
+  return g / (vec4<f32>(1.0) + exp(-g));
+}
+
 fn swiglu4(gate : vec4<f32>, up : vec4<f32>) -> vec4<f32> {
-  return gate / (vec4<f32>(1.0) + exp(-gate)) * up;
+  return act4(gate) * up;
 }
 
 fn put_act(t : u32, r0 : u32, gate : vec4<f32>, up : vec4<f32>) {
@@ -35,8 +47,7 @@ fn put(i : u32, v : f32) {
   if (ACCUMULATE) {
     y[i] = y[i] + v;
   } else if (SILU_MUL) {
-    let gate = y[i];
-    y[i] = gate / (1.0 + exp(-gate)) * v;
+    y[i] = act4(vec4<f32>(y[i])).x * v;
   } else {
     y[i] = v;
   }

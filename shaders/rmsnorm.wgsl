@@ -1,4 +1,5 @@
-// RMSNorm: out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, one workgroup per token.
+// RMSNorm: out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, one workgroup per token; with ADD,
+// out[t] += that instead (a post norm's residual add: x += rms_norm(y), Gemma 3's post-attention / post-FFN norms).
 // Each thread sums the squares of a strided slice; a single barrier publishes the
 // partial sums and every thread adds them all up itself (one barrier instead of a
 // log2(WORKGROUP_SIZE)-step tree: SwiftShader runs barriers slowly).
@@ -16,6 +17,7 @@ struct Params {
 @group(0) @binding(3) var<uniform> params : Params;
 
 override WORKGROUP_SIZE : u32 = 64u;
+override ADD : bool = false;
 
 var<workgroup> partial : array<f32, WORKGROUP_SIZE>;
 
@@ -39,6 +41,11 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   }
   let inv_rms = 1.0 / sqrt(total / f32(params.hidden) + params.eps);
   for (var i = lid; i < params.hidden; i += WORKGROUP_SIZE) {
-    out[base + i] = x[base + i] * inv_rms * weight[i];
+    let normed = x[base + i] * inv_rms * weight[i];
+    if (ADD) {
+      out[base + i] += normed;
+    } else {
+      out[base + i] = normed;
+    }
   }
 }

@@ -108,6 +108,9 @@ TINY_FAMILIES = {
                     "attn": "F16", "ffn_type": "Q4_K", "seed": 53, "sliding_window": 32,
                     "post_gain": 64.0},
 }
+# tiny-gemma3 with Gemma 3 270M's head size (256: twice the widest head of the others) for the WebGPU kernels'
+# wide-head paths (tests/native/test_model_families_native.py); llama.cpp does not run it here.
+TINY_WIDE_HEADS = {"tiny-gemma3-hd256": {**TINY_FAMILIES["tiny-gemma3"], "head_dim": 256}}
 
 
 def _key(spec: dict) -> str:
@@ -253,9 +256,9 @@ def _write_tiny(path: Path, spec: dict, source: Path) -> None:
 
 
 def tiny_gguf(name: str, source: Path) -> Path:
-    """The tiny model `name` (a key of TINY, TINY_K or TINY_FAMILIES), made from the pinned SmolLM2 GGUF `source`
+    """The tiny model `name` (a key of TINY, TINY_K, TINY_FAMILIES or TINY_WIDE_HEADS), made from the pinned SmolLM2 GGUF `source`
     when not cached."""
-    spec = next(recipes[name] for recipes in (TINY, TINY_K, TINY_FAMILIES) if name in recipes)
+    spec = next(recipes[name] for recipes in (TINY, TINY_K, TINY_FAMILIES, TINY_WIDE_HEADS) if name in recipes)
     return _cached(name, spec, lambda path: _write_tiny(path, spec, source))
 
 

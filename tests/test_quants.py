@@ -218,7 +218,8 @@ def test_unstacked_members_upload_under_their_own_names_in_the_bytes_planned(tmp
     from pagedkv.model.tiny import Q4_K_M_DTYPES, mixed_config, write_tiny_model
 
     manifest = write_tiny_model(tmp_path, dtypes=Q4_K_M_DTYPES, config=mixed_config())
-    ctx = SimpleNamespace(buffer=lambda nbytes, label, **kw: label, write=lambda buf, data: None)
+    ctx = SimpleNamespace(buffer=lambda nbytes, label, **kw: label, write=lambda buf, data: None,
+                          info=SimpleNamespace(limits={"maxStorageBufferBindingSize": 1 << 30}))
     b = WebGpuBackend(ctx, mixed_config(), GpuLedger(1 << 30), block_size=16, kv_dtype="f32",
                       max_num_batched_tokens=8, max_num_seqs=1)
 

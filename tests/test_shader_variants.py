@@ -11,7 +11,7 @@ import re
 
 import build
 from pagedkv.backends.webgpu import model_kernels as ops
-from pagedkv.backends.webgpu.kv_attention_gpu import decode_kernels
+from pagedkv.backends.webgpu.kv_attention_gpu import decode_kernels, prefill_kernel
 from pagedkv.backends.webgpu.native import SHADERS, repo_shaders
 from pagedkv.backends.webgpu.shader_variants import VARIANTS
 from pagedkv.engine import run_sync
@@ -27,7 +27,8 @@ def sources(library, names) -> dict[str, str]:
 
 
 def test_every_part_is_a_file_and_no_variant_is_one():
-    assert len(VARIANTS) == 142  # 58, the gpu matvecs' _merge, _rope_kv and _argmax, 6 more gpu matmuls
+    # 58, the gpu matvecs' _merge, _rope_kv and _argmax, 6 more gpu matmuls; the cpu family's attention by head width
+    assert len(VARIANTS) == 146
     assert {part for v in VARIANTS.values() for part in v.parts} <= FILES
     assert not set(VARIANTS) & FILES
     assert {line for v in VARIANTS.values() for line in v.enables} == {"enable subgroups;", "enable f16;"}
@@ -40,7 +41,9 @@ def test_every_kernel_name_the_host_asks_for_resolves():
               for subgroups in (False, True) for f16 in (False, True) for io in ("", "_merge", "_rope_kv", "_argmax")}
     names |= {f"matmul_gpu_{dtype}" for dtype in ops.GPU_MATMUL_TYPES}
     names |= {decode_kernels("gpu", subgroups, 64).attention for subgroups in (False, True)}
-    assert len(names) == 147
+    names |= {k for head_dim in (64, 256) for k in (decode_kernels("cpu", False, 16, head_dim).attention,
+                                                   prefill_kernel("cpu", 1, head_dim, 4, 16).name)}
+    assert len(names) == 151
     missing = names - FILES - set(VARIANTS)
     assert not missing
     # every variant is asked for by some host code (none is dead)

@@ -57,8 +57,23 @@ def errors(got, want):
     return {"max_abs": max_abs, "rel": max_abs / float(np.abs(want).max()), "shape": list(got.shape)}
 
 
+def poisoned(tables, lengths, first_keys, block_size, k_cache, v_cache):
+    """A window layer's view (f32 / f16 caches): each sequence's table entries of blocks wholly before its first
+    visible key name one block of NaN (a released block's placeholder), which no kernel may read; returns the
+    tables and caches the GPU gets (the reference keeps the originals)."""
+    used = {int(b) for s, n in enumerate(lengths) for b in tables[s, : -(-n // block_size)]}
+    nan_block = next(b for b in range(k_cache.shape[0] - 1, -1, -1) if b not in used)
+    k_gpu, v_gpu, t_gpu = k_cache.copy(), v_cache.copy(), tables.copy()
+    k_gpu[nan_block] = np.nan
+    v_gpu[nan_block] = np.nan
+    for s, first in enumerate(first_keys):
+        t_gpu[s, : max(0, first) // block_size] = nan_block
+    return t_gpu, k_gpu, v_gpu
+
+
 async def decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim, partition_tokens=128, family="cpu",
-                      head_major=True):
+                      head_major=True, window=0):
+    """window > 0: a window layer's decode, the blocks before every window poisoned (poisoned())."""
     rng = np.random.default_rng(seed)
     needed = sum(-(-n // block_size) for n in lengths)
     layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, dtype), needed + 5, head_major=head_major)
@@ -67,12 +82,17 @@ async def decode_case(seed, lengths, block_size, dtype, n_heads, n_kv, head_dim,
     query = rng.standard_normal((len(lengths), n_heads, head_dim)).astype(np.float32)
     kk = await kernels(layout, n_heads, family, partition_tokens=partition_tokens)
     cache = KVCacheBuffers(kk.ctx, layout)
-    cache.upload(k_cache, v_cache)
-    prepared = kk.prepare_paged_attention(cache, query, tables, np.array(lengths))
+    gpu_tables, k_gpu, v_gpu = tables, k_cache, v_cache
+    if window:
+        gpu_tables, k_gpu, v_gpu = poisoned(tables, lengths, [n - window for n in lengths], block_size, k_cache,
+                                              v_cache)
+    cache.upload(k_gpu, v_gpu)
+    prepared = kk.prepare_paged_attention(cache, query, gpu_tables, np.array(lengths), window=window)
     dispatches = len(prepared.dispatches)
     got = await kk.run(prepared, "paged_attention")
     cache.destroy()
-    want = ref.paged_attention_ref(query, k_cache, v_cache, tables, np.array(lengths), 1 / math.sqrt(head_dim))
+    want = ref.paged_attention_ref(query, k_cache, v_cache, tables, np.array(lengths), 1 / math.sqrt(head_dim),
+                                   window or None)
     partitions = -(-(-(-max(lengths) // block_size)) // kk.partition_blocks)
     kernels_run = [kk.decode.attention, kk.decode.reduce][:dispatches]
     return dict(errors(got, want), dispatches=dispatches, partitions=partitions, kernels=kernels_run)
@@ -90,8 +110,9 @@ async def decode_bad_table():
         cache.destroy()
 
 
-async def prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim, **options):
-    """chunks: (cached tokens, new tokens) per sequence; the new K/V go in with kv_write first."""
+async def prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim, window=0, **options):
+    """chunks: (cached tokens, new tokens) per sequence; the new K/V go in with kv_write first. window > 0: a
+    window layer's, the blocks before every window poisoned (poisoned())."""
     rng = np.random.default_rng(seed)
     lengths = [c + n for c, n in chunks]
     needed = sum(-(-n // block_size) for n in lengths)
@@ -106,13 +127,17 @@ async def prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim,
     query = rng.standard_normal((slots.size, n_heads, head_dim)).astype(np.float32)
     kk = await kernels(layout, n_heads, **options)
     cache = KVCacheBuffers(kk.ctx, layout)
-    cache.upload(k_cache, v_cache)
+    gpu_tables, k_gpu, v_gpu = tables, k_cache, v_cache
+    if window:  # a chunk's first token, at cache index `cached`, sees keys from cached - window + 1 on
+        gpu_tables, k_gpu, v_gpu = poisoned(tables, lengths, [c - window + 1 for c, _ in chunks], block_size,
+                                              k_cache, v_cache)
+    cache.upload(k_gpu, v_gpu)
     await kk.kv_write(cache, k_new, v_new, slots)
-    got = await kk.prefill_attention(cache, query, starts, tables, np.array(lengths))
+    got = await kk.prefill_attention(cache, query, starts, gpu_tables, np.array(lengths), window=window)
     cache.destroy()
     k_ref, v_ref = ref.kv_write_ref(k_cache, v_cache, k_new, v_new, slots)
     want = ref.paged_prefill_attention_ref(query, k_ref, v_ref, tables, starts, np.array(lengths),
-                                           1 / math.sqrt(head_dim))
+                                           1 / math.sqrt(head_dim), window or None)
     return errors(got, want)
 
 

@@ -186,8 +186,9 @@ def check_heads(n_heads: int, n_kv: int) -> None:
 
 
 def paged_attention_ref(query: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
-                        context_lens: np.ndarray, scale: float) -> np.ndarray:
-    """Decode attention: one query token per sequence over its whole cached context.
+                        context_lens: np.ndarray, scale: float, window: int | None = None) -> np.ndarray:
+    """Decode attention: one query token per sequence over its whole cached context (with window, over its
+    last `window` keys: a window layer's).
 
     query (num_seqs, n_heads, head_dim) -> out (num_seqs, n_heads, head_dim) float64.
     """
@@ -200,14 +201,17 @@ def paged_attention_ref(query: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
         k = gather_sequence(k_cache, block_tables[s], int(length))  # (length, n_kv, d)
         v = gather_sequence(v_cache, block_tables[s], int(length))  # (length, n_kv, d)
         scores, v_h = attend(query[s:s + 1], k, v, query.shape[1], scale)
+        if window:
+            scores[:, :, : max(0, int(length) - window)] = -np.inf
         out[s] = _softmax_av(scores, v_h)[0]
     return out
 
 
 def paged_prefill_attention_ref(query: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                                 block_tables: np.ndarray, query_start_loc: np.ndarray,
-                                context_lens: np.ndarray, scale: float) -> np.ndarray:
-    """Causal chunked-prefill attention through the block table.
+                                context_lens: np.ndarray, scale: float, window: int | None = None) -> np.ndarray:
+    """Causal chunked-prefill attention through the block table (with window, a window layer's: the token at
+    position p sees keys k with p - k < window).
 
     Sequence s owns query rows query_start_loc[s]:query_start_loc[s+1] (its q_len new tokens, already
     written to the cache); its context is context_lens[s] tokens, of which the first
@@ -228,6 +232,8 @@ def paged_prefill_attention_ref(query: np.ndarray, k_cache: np.ndarray, v_cache:
         scores, v_h = attend(query[q0:q1], k, v, query.shape[1], scale)  # (n_heads, q_len, length)
         positions = int(length) - (q1 - q0) + np.arange(q1 - q0)  # (q_len,)
         future = np.arange(int(length))[None, :] > positions[:, None]  # (q_len, length)
+        if window:
+            future |= np.arange(int(length))[None, :] <= positions[:, None] - window
         scores[:, future] = -np.inf
         out[q0:q1] = _softmax_av(scores, v_h)
     return out

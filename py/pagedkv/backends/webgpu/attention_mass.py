@@ -34,8 +34,9 @@ class AttentionMassKernel:
         return self
 
     def prepare(self, k_cache, query, query_start_loc: np.ndarray, block_tables: np.ndarray,
-                context_lens: np.ndarray, scale: float | None = None) -> Prepared:
-        """Mass (num_seqs, n_heads, max_blocks) f32 of query over the K cache buffer `k_cache`.
+                context_lens: np.ndarray, scale: float | None = None, window: int = 0) -> Prepared:
+        """Mass (num_seqs, n_heads, max_blocks) f32 of query over the K cache buffer `k_cache` (window > 0: a
+        window layer's, whose queries see their last `window` keys).
 
         query: (num_tokens, n_heads, head_dim) f32, as an array or as a GPU buffer already holding it.
         """
@@ -50,7 +51,8 @@ class AttentionMassKernel:
         with Temporaries(kk.ctx) as tmp:
             q = tmp.f32(query, "query") if isinstance(query, np.ndarray) else query
             params = tmp.scratch(32, "mass_params", uniform=True)
-            kk.ctx.write(params, uniform_words(num_seqs, kk.n_heads, lay.n_kv_heads, lay.block_size, width, scale))
+            kk.ctx.write(params, uniform_words(num_seqs, kk.n_heads, lay.n_kv_heads, lay.block_size, width, scale,
+                                                       int(window)))
             out = tmp.scratch(num_seqs * kk.n_heads * width * 4, "mass")  # (S, n_heads, max_blocks)
             kk.ctx.write(out, np.zeros(num_seqs * kk.n_heads * width, np.float32))
             group = kk.ctx.bind(self.pipeline, [q, k_cache, tmp.u32(tables, "block_tables"),
@@ -59,7 +61,8 @@ class AttentionMassKernel:
             return Prepared([(self.pipeline, group, (-(-num_seqs * kk.n_heads // WORKGROUP_SIZE), 1, 1))], out,
                             (num_seqs, kk.n_heads, width), tmp)
 
-    async def run(self, k_cache, query, query_start_loc, block_tables, context_lens, scale=None) -> np.ndarray:
+    async def run(self, k_cache, query, query_start_loc, block_tables, context_lens, scale=None,
+                  window: int = 0) -> np.ndarray:
         """Submit once and read the mass back, (num_seqs, n_heads, max_blocks) f32."""
-        prepared = self.prepare(k_cache, query, query_start_loc, block_tables, context_lens, scale)
+        prepared = self.prepare(k_cache, query, query_start_loc, block_tables, context_lens, scale, window)
         return await self.kernels.run(prepared, "attention_mass")

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import numpy as np
 
 from ...gpu_budget import BudgetExceeded, GpuLedger, MIB
-from ...kernels.ref_ops import model_inv_freq, rope_cos_sin
+from ...kernels.ref_ops import rope_cos_sin
 from ...kv.block_pool import CopyOp
 from ...kv.retention import ShiftOp
 from ...kv.spec import KVSpec
@@ -33,12 +33,14 @@ from .kv_layout import GpuKVLayout
 from .kv_pool import GpuKVPool
 from .memory_plan import partition_blocks as scratch_partition_blocks
 from .memory_plan import plan_kv_pool, scratch_buffers, staging_buffers
-from .plan import PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
+from .plan import (PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, rope_table_label, rope_tables,
+                   step_slots)
 from .weight_upload import upload_weights
 
 CPU_POOL_CAP_BYTES = 64 * MIB  # default CPU swap pool (wasm memory)
-# The ops of model/family.py the plan compiles today: a plain llama layer, with or without q / k / v biases.
-OPS = frozenset({"attention_bias"})
+# The ops of model/family.py the plan compiles (plan.layer_program reads each layer's family.Layer).
+OPS = frozenset({"attention_bias", "q_width", "qk_norm", "post_attention_norm", "post_ffn_norm", "silu", "gelu_tanh",
+                 "embedding_scale", "no_rope", "rope_per_layer", "sliding_window"})
 
 
 def refuse_unsupported(config: ModelConfig) -> None:
@@ -46,8 +48,8 @@ def refuse_unsupported(config: ModelConfig) -> None:
     require(config, OPS, "the WebGPU backend", "the tab's CPU path (?backend=cpu) and the numpy reference run it")
 
 
-UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_gpu", "paged_attention_gpu_sg",
-                "paged_prefill_attention", "paged_prefill_attention_gpu")
+UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_wide", "paged_attention_gpu", "paged_attention_gpu_sg",
+                "paged_prefill_attention", "paged_prefill_attention_wide", "paged_prefill_attention_gpu")
 
 
 class WebGpuBackend:
@@ -71,6 +73,8 @@ class WebGpuBackend:
         self.max_num_seqs = max_num_seqs
         self.max_blocks_per_seq = -(-config.context_length // block_size)
         self.weights: dict[str, tuple[str, tuple]] = {}  # name -> (dtype, part buffers in binding order)
+        # name -> [(first row, rows, (dtype, part buffers))]: a matrix too large for one binding, by rows
+        self.weight_rows: dict[str, list[tuple[int, int, tuple[str, tuple]]]] = {}
         self.scratch: dict[str, object] = {}
         self.kv_kernels: KVKernels | None = None  # compiled by create() for the pool's layout
         self.kv_pool: GpuKVPool | None = None  # the KV blocks, made by create()
@@ -157,8 +161,9 @@ class WebGpuBackend:
         for label, nbytes, kind in (*scratch, *staging):
             self.scratch[label] = self._buffer(label, nbytes, kind, map_read=label.startswith("readback"),
                                                uniform=label == "params")
-        self.ctx.write(self.scratch["cos_sin"], rope_cos_sin(cfg.head_dim, cfg.rope_base, cfg.context_length,
-                                                           model_inv_freq(cfg)))
+        for i, inv_freq in enumerate(rope_tables(cfg)[0]):  # a table per distinct rotary of the layers
+            self.ctx.write(self.scratch[rope_table_label(i)],
+                           rope_cos_sin(cfg.head_dim, cfg.rope_base, cfg.context_length, inv_freq))
         self.kv_pool.allocate()
 
     def _buffer(self, label: str, nbytes: int, kind: str, **kw):
@@ -166,6 +171,11 @@ class WebGpuBackend:
         buf = self.ctx.buffer(nbytes, label, **kw)
         self._buffers[label] = buf
         return buf
+
+    @property
+    def max_binding(self) -> int:
+        """The adapter's maxStorageBufferBindingSize: a weight part larger than this is split by rows."""
+        return int(self.ctx.info.limits["maxStorageBufferBindingSize"])
 
     @property
     def subgroups(self) -> bool:
@@ -177,14 +187,18 @@ class WebGpuBackend:
         """Whether prefill runs the gpu family's tiled matmuls: every matrix has one (GPU_MATMUL_TYPES; a step's
         grid per slot serves every layer, so one other type, float ones included, sends the model to the cpu
         family's). The norm weights and biases are f32 vectors, no matrices."""
-        return self.kernels == "gpu" and all(d in ops.GPU_MATMUL_TYPES for name, (d, _) in self.weights.items()
-                                             if not name.endswith(("norm.weight", ".bias")))
+        dtypes = [d for name, (d, _) in self.weights.items() if not name.endswith(("norm.weight", ".bias"))]
+        dtypes += [weight[0] for chunks in self.weight_rows.values() for _, _, weight in chunks]
+        return self.kernels == "gpu" and all(d in ops.GPU_MATMUL_TYPES for d in dtypes)
 
     @property
     def shader_f16(self) -> bool:
         """Whether the gpu family's matvecs run their dot products in f16 (the device requests `shader-f16`
-        where the adapter has it)."""
-        return "shader-f16" in self.ctx.info.features
+        where the adapter has it). Not for a model with post norms (Gemma 3): its residual stream, which a
+        NORM matvec reads raw and scales only after the dot products, outgrows f16 (Gemma 3 270M's went to
+        inf within 10 tokens of a 6-token prompt on lavapipe, and the NaN stayed in the KV cache)."""
+        sandwich = any(layer.post_attention_norm or layer.post_ffn_norm for layer in self.config.layers)
+        return "shader-f16" in self.ctx.info.features and not sandwich
 
     @property
     def kv_spec(self) -> KVSpec:
@@ -268,7 +282,7 @@ class WebGpuBackend:
                 if d.constants is None:
                     pipeline = self.kv_kernels.pipelines[d.shader]
                 else:
-                    pipeline = await self.ctx.kernel(d.shader, dict(d.constants))
+                    pipeline = await self.ctx.kernel(d.shader, dict(d.constants), d.entry)
                 bindings = dict(d.bindings) if isinstance(d.bindings, dict) else dict(enumerate(d.bindings))
                 # The attention kernels keep their uniform at binding 5 (paged_kv_read.wgsl).
                 uniform_at = 5 if d.shader in UNIFORM_AT_5 else len(bindings)
@@ -388,8 +402,10 @@ class WebGpuBackend:
         (S, max_blocks) f32, heads summed."""
         if self._mass_kernel is None:
             self._mass_kernel = await AttentionMassKernel(self.kv_kernels).compile()
+        att = self.config.layers[-1].attention  # the last layer's scale and window
         mass = await self._mass_kernel.run(self.kv_pool.caches[-1].k, self.scratch["q"], batch.query_start_loc,
-                                           batch.block_tables, batch.context_lens)  # (S, n_heads, max_blocks)
+                                           batch.block_tables, batch.context_lens, att.scale,
+                                           att.window or 0)  # (S, n_heads, max_blocks)
         return mass.sum(axis=1)
 
     def rebind_pages(self) -> None:

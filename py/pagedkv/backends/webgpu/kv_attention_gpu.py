@@ -1,11 +1,11 @@
 """Which kernels run paged attention (decode and prefill) in each kernel family, and their grids (pure, no GPU).
 
-cpu family: shaders/paged_attention.wgsl (one invocation per (sequence, partition, head tile)) and
+cpu family: shaders/paged_attention_main.wgsl (paged_attention[_wide]: shader_variants.CPU_ATTENTION_HEADS) (one invocation per (sequence, partition, head tile)) and
 paged_attention_reduce.wgsl's `main` (one per output vec4). gpu family: paged_attention_gpu[_sg] (composed, one
 workgroup of ATTENTION_WORKGROUP lanes per (sequence, partition, head tile), lanes along the keys of a tile,
 then along head_dim; `_sg` reduces with subgroups) and the reduce's `main_gpu` (one workgroup per (sequence,
 head), lanes splitting the partitions). Both read the same bindings and uniform and write the same partial
-states, so the plan swaps names and grids only. Prefill: the cpu family's paged_prefill_attention.wgsl (one
+states, so the plan swaps names and grids only. Prefill: the cpu family's paged_prefill_attention_main.wgsl (one
 invocation per (query head, tile of up to 4 new tokens)), the gpu family's paged_prefill_attention_gpu.wgsl
 (one workgroup per (tile of PREFILL_ROWS / head_tile new tokens, head tile), K/V tiles staged in workgroup
 memory). KVKernels compiles these; plan.step_slots and backends/webgpu/dispatch_geometry.py read the same grids.
@@ -18,7 +18,7 @@ ATTENTION_WORKGROUP = 128  # lanes of a gpu-family decode workgroup = keys per t
 REDUCE_WORKGROUP = 128  # lanes of a gpu-family merge workgroup
 MAX_PART_BLOCKS = 128  # MAX_PART_BLOCKS in paged_attention_gpu_main.wgsl (the staged block-table slice)
 PREFILL_WORKGROUP = 128  # lanes of a gpu-family prefill workgroup
-PREFILL_ROWS = 16  # ROWS in paged_prefill_attention_gpu.wgsl: (new token, head) rows of a workgroup
+PREFILL_ROWS = 16  # ROWS in paged_prefill_attention_gpu.wgsl: (new token, head) rows of a workgroup (head_dim <= 128)
 PREFILL_TILE_VALUES, PREFILL_MAX_KEYS = 1024, 32  # its staged K/V tile: KEYS * head_dim values, KEYS <= 32
 # gpu-family decode attention is split into as many partitions as bring its workgroups (sequences x partitions x
 # head tiles) to about this many (GpuShapes.split; first-boot tuning picks the adapter's own, tuning.py), each
@@ -55,11 +55,18 @@ class DecodeKernels:
         return items * self.attention_workgroup, num_seqs * n_heads * self.reduce_workgroup
 
 
-def decode_kernels(family: str, subgroups: bool, cpu_workgroup: int) -> DecodeKernels:
+def cpu_heads(head_dim: int) -> str:
+    """The name suffix of the cpu family's attention for heads head_dim wide: "_wide" past 128
+    (shader_variants.CPU_ATTENTION_HEADS)."""
+    return "_wide" if head_dim > 128 else ""
+
+
+def decode_kernels(family: str, subgroups: bool, cpu_workgroup: int, head_dim: int = 128) -> DecodeKernels:
     """Decode attention of kernel `family` ("cpu" | "gpu"); subgroups picks the gpu family's subgroup
     variant (the device must have the `subgroups` feature); cpu_workgroup is the cpu family's size."""
     if family == "cpu":
-        return DecodeKernels("cpu", "paged_attention", "paged_attention_reduce", cpu_workgroup, cpu_workgroup)
+        return DecodeKernels("cpu", "paged_attention" + cpu_heads(head_dim), "paged_attention_reduce", cpu_workgroup,
+                             cpu_workgroup)
     if family == "gpu":
         return DecodeKernels("gpu", "paged_attention_gpu_sg" if subgroups else "paged_attention_gpu",
                              "paged_attention_reduce_gpu", ATTENTION_WORKGROUP, REDUCE_WORKGROUP)
@@ -108,8 +115,13 @@ def prefill_kernel(family: str, head_tile: int, head_dim: int, query_tile: int, 
     """Prefill attention of kernel `family`: the cpu family's takes query_tile new tokens per invocation; the
     gpu family's as many as fill PREFILL_ROWS rows with head_tile heads each."""
     if family == "cpu":
-        return PrefillKernel("cpu", "paged_prefill_attention", cpu_workgroup, query_tile, (("SLOTS", query_tile),))
-    tokens = PREFILL_ROWS // head_tile
+        return PrefillKernel("cpu", "paged_prefill_attention" + cpu_heads(head_dim), cpu_workgroup, query_tile,
+                             (("SLOTS", query_tile),))
+    # A lane adds four vec4 columns of one row: 16 rows cover head_dim 128, wider heads take fewer rows (and their
+    # staged queries stay within WebGPU's 16 KiB of workgroup memory).
+    rows = PREFILL_ROWS * 128 // max(head_dim, 128)
+    tokens = max(1, rows // head_tile)
     keys = min(PREFILL_TILE_VALUES // head_dim, PREFILL_MAX_KEYS)
     return PrefillKernel("gpu", "paged_prefill_attention_gpu", PREFILL_WORKGROUP, tokens,
-                         (("SLOTS", head_tile), ("QUERY_TILE", tokens), ("KEYS", keys)))
+                         (("SLOTS", head_tile), ("QUERY_TILE", tokens), ("KEYS", keys),
+                          *((("ROWS", rows),) if rows != PREFILL_ROWS else ())))

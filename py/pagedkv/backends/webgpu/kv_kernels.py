@@ -97,7 +97,7 @@ class KVKernels:
         self.partition_blocks = partition_tokens // layout.block_size
         self.workgroup_size = workgroup_size
         # family: whose attention kernels run (kv_attention_gpu.py); kv_write, copy_blocks and the swaps are shared
-        self.decode = decode_kernels(family, subgroups, workgroup_size)
+        self.decode = decode_kernels(family, subgroups, workgroup_size, layout.head_dim)
         check_partition(family, self.partition_blocks, layout.block_size)
         group = n_heads // layout.n_kv_heads
         # Query heads per invocation: by default the largest tile (<= 4, the kernels' vec4 of states) that
@@ -242,20 +242,21 @@ class KVKernels:
         max_parts = int(-(-(-(-lens.max() // lay.block_size)) // self.partition_blocks))
         return tables, lens, starts, max_parts
 
-    def _attention_inputs(self, cache, query, tables, lens, max_parts, scale, tmp) -> list:
-        """Bindings 0-5 shared by the attention kernels (paged_kv_read.wgsl)."""
+    def _attention_inputs(self, cache, query, tables, lens, max_parts, scale, tmp, window: int = 0) -> list:
+        """Bindings 0-5 shared by the attention kernels (paged_kv_read.wgsl); window: a window layer's (0: none)."""
         lay = self.layout
         scale = 1.0 / math.sqrt(lay.head_dim) if scale is None else float(scale)
         params = uniform_words(lens.size, self.n_heads, lay.n_kv_heads, lay.block_size, tables.shape[1],
-                               self.partition_blocks, max_parts, scale)
+                               self.partition_blocks, max_parts, scale, int(window))
         buffers = [tmp.f32(query, "query"), cache.k, cache.v, tmp.u32(tables, "block_tables"),
                    tmp.u32(lens, "context_lens"), tmp.scratch(params.nbytes, "params", uniform=True)]
         self.ctx.write(buffers[-1], params)
         return buffers
 
     def prepare_paged_attention(self, cache: KVCacheBuffers, query: np.ndarray, block_tables: np.ndarray,
-                                context_lens: np.ndarray, scale: float | None = None) -> Prepared:
-        """Decode attention of query (num_seqs, n_heads, head_dim) -> out (num_seqs, n_heads, head_dim) f32.
+                                context_lens: np.ndarray, scale: float | None = None, window: int = 0) -> Prepared:
+        """Decode attention of query (num_seqs, n_heads, head_dim) -> out (num_seqs, n_heads, head_dim) f32;
+        window > 0: a window layer's (the query sees its last `window` keys).
 
         Contexts longer than one partition are split across invocations and merged by a second dispatch.
         """
@@ -263,7 +264,7 @@ class KVKernels:
         num_seqs, d = lens.size, self.layout.head_dim
         groups, reduce_groups = self.decode_grids(num_seqs, max_parts)
         with Temporaries(self.ctx) as tmp:
-            buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
+            buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp, window)
             out = tmp.scratch(num_seqs * self.n_heads * d * 4, "out")  # (num_seqs, n_heads, head_dim)
             part_acc = tmp.scratch(num_seqs * max_parts * self.n_heads * d * 4, "part_acc")
             part_stats = tmp.scratch(num_seqs * max_parts * self.n_heads * 8, "part_stats")
@@ -280,8 +281,9 @@ class KVKernels:
 
     def prepare_prefill_attention(self, cache: KVCacheBuffers, query: np.ndarray, query_start_loc: np.ndarray,
                                   block_tables: np.ndarray, context_lens: np.ndarray,
-                                  scale: float | None = None) -> Prepared:
-        """Causal chunked prefill of query (num_tokens, n_heads, head_dim) -> out of the same shape, f32.
+                                  scale: float | None = None, window: int = 0) -> Prepared:
+        """Causal chunked prefill of query (num_tokens, n_heads, head_dim) -> out of the same shape, f32;
+        window > 0: a window layer's (a query at cache index i sees keys j with i - j < window).
 
         Run kv_write for the chunk's new tokens first: the kernel reads all keys through the block table.
         """
@@ -290,7 +292,7 @@ class KVKernels:
         tile_starts = np.concatenate([[0], np.cumsum(tiles)])  # (num_seqs + 1,)
         groups = self.prefill_grid(int(tile_starts[-1]))
         with Temporaries(self.ctx) as tmp:
-            buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp)
+            buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp, window)
             out = tmp.scratch(query.shape[0] * self.n_heads * self.layout.head_dim * 4, "out")
             pipeline = self.pipelines[self.prefill.name]
             starts = tmp.u32(np.stack([starts, tile_starts]), "starts")  # (2, num_seqs + 1)
@@ -329,13 +331,14 @@ class KVKernels:
         """Host blocks back into the listed physical blocks (see prepare_scatter_blocks)."""
         await self.run(self.prepare_scatter_blocks(cache, block_ids, k_blocks, v_blocks), "scatter_blocks")
 
-    async def paged_attention(self, cache, query, block_tables, context_lens, scale=None) -> np.ndarray:
+    async def paged_attention(self, cache, query, block_tables, context_lens, scale=None, window=0) -> np.ndarray:
         """Decode attention on the GPU (see prepare_paged_attention)."""
-        return await self.run(self.prepare_paged_attention(cache, query, block_tables, context_lens, scale),
+        return await self.run(self.prepare_paged_attention(cache, query, block_tables, context_lens, scale, window),
                               self.decode.attention)
 
     async def prefill_attention(self, cache, query, query_start_loc, block_tables, context_lens,
-                                scale=None) -> np.ndarray:
+                                scale=None, window=0) -> np.ndarray:
         """Prefill attention on the GPU (see prepare_prefill_attention)."""
-        prepared = self.prepare_prefill_attention(cache, query, query_start_loc, block_tables, context_lens, scale)
+        prepared = self.prepare_prefill_attention(cache, query, query_start_loc, block_tables, context_lens, scale,
+                                                  window)
         return await self.run(prepared, self.prefill.name)

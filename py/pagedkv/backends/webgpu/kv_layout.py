@@ -11,7 +11,7 @@ import numpy as np
 from ...kv.spec import KVSpec
 
 MAX_BLOCK_SIZE = 32  # MAX_BLOCK_SIZE in paged_attention_common.wgsl
-MAX_HEAD_DIM = 128  # 4 * MAX_VEC in paged_attention_common.wgsl
+MAX_HEAD_DIM = 256  # 4 * MAX_VEC of attention_heads_256.wgsl (Gemma 3 270M: 256)
 HOST_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}  # else u32 words on the host
 WORD_BYTES = 16  # the kernels address the cache in vec4<u32> words
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ...gpu_budget import GpuLedger
-from ...kernels.ref_ops import model_inv_freq, shift_keys
+from ...kernels.ref_ops import layer_inv_freq, shift_keys
 from ...kv.block_pool import CopyOp
 from ...kv.dtypes import pack_tokens, unpack_tokens
 from ...kv.retention import ShiftOp
@@ -111,15 +111,19 @@ class GpuKVPool:
                                            self.cpu_v[layer][pairs[:, 0]])
 
     async def shift_keys(self, ops_list: Iterable[ShiftOp]) -> None:
-        """Re-rotate the cached keys of each block by -delta positions, all layers (sliding window, shifted
-        positions): the blocks' K go through the swap kernels to numpy and back, V is untouched."""
+        """Re-rotate the cached keys of each block by -delta positions, every layer with its own rotary
+        frequencies, none in a layer without rotary (sliding window, shifted positions): the blocks' K go
+        through the swap kernels to numpy and back, V is untouched."""
         ops_list = list(ops_list)
-        inv_freq = model_inv_freq(self.config)  # (head_dim / 2,)
+        # (head_dim / 2,) per layer, None where a layer does not rotate
+        inv_freqs = [layer_inv_freq(self.config, layer) for layer in self.config.layers]
         for i in range(0, len(ops_list), SWAP_CHUNK_BLOCKS):
             chunk = ops_list[i : i + SWAP_CHUNK_BLOCKS]
             ids = np.array([op.block for op in chunk], dtype=np.int32)  # (n,)
             deltas = np.array([op.delta for op in chunk], dtype=np.int64)  # (n,)
-            for cache in self.caches:
+            for cache, inv_freq in zip(self.caches, inv_freqs):
+                if inv_freq is None:
+                    continue
                 k, v = await self.kernels.swap_out(cache, ids)  # (n, block_size, n_kv_heads, head_dim) each
                 await self.kernels.swap_in(cache, ids, shift_keys(k, deltas, inv_freq), v)
 

@@ -11,20 +11,23 @@ from ...gpu_budget import GpuLedger, kv_blocks_that_fit, rounded
 from ...kv.dtypes import kv_dtype as lookup_kv_dtype
 from ...kv.spec import KVSpec
 from ...model.config import ModelConfig
+from ...model.quants import part_nbytes
 from ...model.weights import check_manifest
 from .fused import bias_member, fused_member, stacked_nbytes, stacks
 from .kv_kernels import PARTITION_TOKENS
 from .kv_layout import GpuKVLayout
 from .kv_pool import SWAP_CHUNK_BLOCKS
-from .plan import PARAM_SLOT_BYTES, SLOTS
+from .plan import PARAM_SLOT_BYTES, SLOTS, rope_table_label, rope_tables
+from .weight_upload import ROW_SPLIT, row_chunks
 
 TEMP_SLACK_BYTES = 4096  # ids / params uniforms of one swap or copy call
 
 
-def weights_bytes(manifest: dict) -> int:
+def weights_bytes(manifest: dict, max_binding: int | None = None) -> int:
     """Bytes the backend's weight upload reserves: each tensor's parts, the stacked projections (fused.py)
     instead of their members (or the members themselves where they are not stacked: fused.stacks), the norm
-    weights both alone and inside their stacked tensor."""
+    weights both alone and inside their stacked tensor; an embedding table or LM head larger than max_binding in
+    its row parts (weight_upload.row_chunks)."""
     total, groups, biases, alone = 0, {}, {}, {}
     for name, t in manifest["tensors"].items():
         bias = bias_member(name)
@@ -33,6 +36,11 @@ def weights_bytes(manifest: dict) -> int:
             continue
         member = fused_member(name)
         nbytes = sum(rounded(loc["nbytes"]) for loc in t["parts"].values())
+        if name in ROW_SPLIT and max_binding is not None:
+            chunks = row_chunks(t["dtype"], tuple(t["shape"]), max_binding)
+            if len(chunks) > 1:
+                nbytes = sum(rounded(n + -n % 4) for _, rows in chunks
+                             for n in part_nbytes(t["dtype"], (rows, t["shape"][1])).values())
         if member is None or len(t["shape"]) == 1:  # a norm weight is also uploaded on its own
             total += nbytes
         else:
@@ -60,20 +68,23 @@ def scratch_buffers(cfg: ModelConfig, *, block_size: int, max_num_batched_tokens
     max_blocks_per_seq = -(-cfg.context_length // block_size)
     max_parts = -(-max_blocks_per_seq // partition_blocks(block_size))
     f32 = 4
+    q = cfg.q_dim  # n_heads * head_dim, which need not be hidden (Qwen3, Gemma 3)
     return [
         ("token_ids", t * 4, "scratch"), ("positions", t * 4, "scratch"),  # (T,) int32
         ("slot_mapping", t * 4, "scratch"),  # (T,)
         ("block_tables", s * max_blocks_per_seq * 4, "scratch"),  # (S, max_blocks_per_seq)
         ("context_lens", s * 4, "scratch"), ("starts", 2 * (s + 1) * 4, "scratch"),  # (S,), (2, S + 1)
         ("params", len(SLOTS) * PARAM_SLOT_BYTES, "scratch"),  # (slots, 256) uniforms
-        ("cos_sin", cfg.context_length * cfg.head_dim * f32, "scratch"),  # (context, head_dim / 2, 2)
+        # (context, head_dim / 2, 2) each: one cos / sin table per distinct rotary of the layers (rope_tables)
+        *((rope_table_label(i), cfg.context_length * cfg.head_dim * f32, "scratch")
+          for i in range(len(rope_tables(cfg)[0]))),
         ("x", t * cfg.hidden * f32, "scratch"), ("h", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
-        ("qkv", t * (cfg.hidden + 2 * cfg.kv_dim) * f32, "scratch"),  # (T, n_heads*hd + 2 kv_dim)
-        *([] if cfg.attention_bias else [("zero_bias", (cfg.hidden + 2 * cfg.kv_dim) * f32, "scratch")]),
-        ("q", t * cfg.hidden * f32, "scratch"), ("attn", t * cfg.hidden * f32, "scratch"),  # (T, n_heads*hd)
+        ("qkv", t * (q + 2 * cfg.kv_dim) * f32, "scratch"),  # (T, n_heads*hd + 2 kv_dim)
+        *([] if cfg.attention_bias else [("zero_bias", (q + 2 * cfg.kv_dim) * f32, "scratch")]),
+        ("q", t * q * f32, "scratch"), ("attn", t * q * f32, "scratch"),  # (T, n_heads*hd)
         ("k", t * cfg.kv_dim * f32, "scratch"), ("v", t * cfg.kv_dim * f32, "scratch"),  # (T, kv_dim)
-        ("act", t * cfg.ffn * f32, "scratch"),  # (T, ffn) silu(gate) * up
-        ("part_acc", s * max_parts * cfg.hidden * f32, "scratch"),  # (S, parts, n_heads, head_dim)
+        ("act", t * cfg.ffn * f32, "scratch"),  # (T, ffn) act(gate) * up
+        ("part_acc", s * max_parts * q * f32, "scratch"),  # (S, parts, n_heads, head_dim)
         ("part_stats", s * max_parts * cfg.n_heads * 2 * f32, "scratch"),  # (S, parts, n_heads, 2)
         ("last", s * cfg.hidden * f32, "scratch"), ("last_norm", s * cfg.hidden * f32, "scratch"),  # (S, hid)
         ("logits", s * cfg.vocab * f32, "scratch"),  # (S, vocab)
@@ -108,7 +119,7 @@ def plan_kv_pool(manifest: dict, *, budget_bytes: int, block_size: int, kv_dtype
     lookup_kv_dtype(kv_dtype)  # the registry's message for a name the GPU has no kernels for
     spec = KVSpec.of(config, block_size=block_size, dtype=kv_dtype)
     one_block = GpuKVLayout(spec, num_blocks=1)  # checks what the kernels can run
-    split = {"weights_bytes": weights_bytes(manifest),
+    split = {"weights_bytes": weights_bytes(manifest, max_binding),
              "scratch_bytes": sum(rounded(n) for _, n, _ in scratch_buffers(
                  config, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
                  max_num_seqs=max_num_seqs)),

@@ -321,15 +321,29 @@ def rmsnorm_call(hidden: int, tokens: int, eps: float, workgroup_size: int = 64)
                       uniform_words(hidden, tokens, float(eps)).tobytes())
 
 
-def rope_call(tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, workgroup_size: int = 64) -> KernelCall:
+def rope_call(tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, workgroup_size: int = 64,
+              eps: float = 0.0) -> KernelCall:
     """Split qkv (tokens, (n_heads + 2 n_kv_heads) * head_dim) plus its bias row into q and k rotated and v
-    copied; buffers: qkv, q, k, v, positions, cos_sin, bias, params."""
+    copied; buffers: qkv, q, k, v, positions, cos_sin, bias, params (eps: rope_qk_norm_call's, ignored here)."""
     _positive(tokens=tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
     if head_dim % 2:
         raise ValueError(f"head_dim must be even, got {head_dim}")
     pairs = (n_heads + 2 * n_kv_heads) * head_dim // 2
     return KernelCall("rope", (("WORKGROUP_SIZE", workgroup_size),), (_ceil(pairs, workgroup_size), tokens, 1),
-                      uniform_words(tokens, n_heads, n_kv_heads, head_dim).tobytes())
+                      uniform_words(tokens, n_heads, n_kv_heads, head_dim, float(eps)).tobytes())
+
+
+def rope_qk_norm_call(tokens: int, n_heads: int, n_kv_heads: int, head_dim: int, eps: float) -> KernelCall:
+    """rope_call's split with each q and k head RMSNormed over head_dim first (rope.wgsl's main_qk_norm: a
+    workgroup of head_dim / 2 lanes per head and token); buffers: rope_call's, then the q and k gains
+    (head_dim,) f32 at bindings 8 and 9."""
+    _positive(tokens=tokens, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+    if head_dim % 2 or not head_dim // 2 <= 256:
+        raise ValueError(f"main_qk_norm takes an even head_dim up to 512 (a lane per pair), got {head_dim}")
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    return KernelCall("rope", (("WORKGROUP_SIZE", head_dim // 2),), (n_heads + 2 * n_kv_heads, tokens, 1),
+                      uniform_words(tokens, n_heads, n_kv_heads, head_dim, float(eps)).tobytes())
 
 
 def embedding_call(tokens: int, hidden: int, workgroup_size: int = 64, dtype: str = "q8_0") -> KernelCall:

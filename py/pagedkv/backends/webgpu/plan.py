@@ -23,18 +23,21 @@ Pure Python (no `js`): the GPU objects come from GpuContext through the backend.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ...kernels.ref_ops import layer_inv_freq, model_inv_freq
+from ...model.config import ModelConfig
 from . import model_kernels as ops
 from .fused import member_names
 
 PARAM_SLOT_BYTES = 256  # minUniformBufferOffsetAlignment
 SLOTS = ("embedding", "rms_t", "lin_h", "lin_qkv", "lin_ffn", "lin_down", "rope", "kv_write", "attn", "reduce",
          "rms_s", "lm_head", "argmax", "lin_q", "lin_kv", "lin_gate",  # lin_q..lin_gate: members not stacked (fused.py)
-         "sample")
+         "sample",
+         "rope_qk", "attn_window",  # rope with the per-head q / k norm; the window layers' attention
+         "lm_head_last")  # the last row part of an LM head split across bindings (weight_upload.row_chunks)
 SLOT_INDEX = {name: i for i, name in enumerate(SLOTS)}
 
 
@@ -67,43 +70,80 @@ class Dispatch:
     bindings: tuple  # buffers in @binding order, the uniform slot excluded (or a {binding: buffer} dict)
     slot: str
     extra: tuple = ()  # (binding, buffer) pairs past the uniform: a matvec io variant's own (matvec_io_*.wgsl)
+    entry: str = "main"  # the shader's entry point (rope.wgsl's main_qk_norm)
+
+
+def rope_tables(cfg: ModelConfig) -> tuple[tuple[np.ndarray, ...], tuple[int | None, ...]]:
+    """The distinct rotary frequencies of cfg's layers, (head_dim / 2,) f32 each, and each layer's index into
+    them (None: a layer without rotary). Each gets a cos / sin table of its own (rope_table_label); a model none
+    of whose layers rotates keeps one of the file's frequencies, which its kernels bind but do not read."""
+    keys: list[tuple] = []
+    index = []
+    for layer in cfg.layers:
+        att = layer.attention
+        if att.rope_base is None:
+            index.append(None)
+            continue
+        key = (att.rope_base, att.rope_scaled)
+        if key not in keys:
+            keys.append(key)
+        index.append(keys.index(key))
+    freqs = tuple(layer_inv_freq(cfg, cfg.layers[index.index(j)]) for j in range(len(keys)))
+    return freqs or (model_inv_freq(cfg),), tuple(index)
+
+
+def rope_table_label(table: int) -> str:
+    """The scratch label of cos / sin table `table` (rope_tables): "cos_sin", "cos_sin_1", ..."""
+    return "cos_sin" if table == 0 else f"cos_sin_{table}"
 
 
 def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
-    """The step as passes of Dispatches over the backend `b`'s buffers; pass 1 runs after the last-row copies."""
+    """The step as passes of Dispatches over the backend `b`'s buffers; pass 1 runs after the last-row copies.
+
+    Each layer is compiled from its family.Layer (config.layers): its q / k norm (rope.wgsl's main_qk_norm),
+    its rotary table or none (ROTATE), its window (the "attn_window" slot), its post norms (the projection
+    writes h, rmsnorm's ADD adds the normed h into x) and its activation (GELU)."""
     cfg, s, w = b.config, b.scratch, b.weights
+    tables = rope_tables(cfg)[1]  # each layer's cos / sin table, None: no rotary
 
     def linear(name: str, x, y, slot: str, kind: str, accumulate: bool = False, norm: bool = False,
-               swiglu: bool = False, layout: tuple = (), io: str = "", extra: tuple = ()) -> Dispatch:
-        dtype, parts = w[name]
+               swiglu: bool = False, layout: tuple = (), io: str = "", extra: tuple = (),
+               weight: tuple | None = None) -> Dispatch:
+        dtype, parts = weight or w[name]  # weight: one row part of a matrix split across bindings
         shapes = b.gpu_shapes.for_slot(slot)  # a projection's tuned threads and row groups
         shader, constants = ops.linear_pipeline(b.kernels, b.subgroups, kind, dtype, accumulate, norm, swiglu,
                                                 shapes, b.shader_f16, b.gpu_matmul, io)
         return Dispatch(shader, constants + layout, (*parts, x, y), slot, extra)
 
-    def normed_linear(norm: str, name: str, y, slot: str, swiglu: bool = False) -> list[Dispatch]:
+    def normed_linear(norm: str, name: str, y, slot: str, swiglu: bool = False, act: tuple = ()) -> list[Dispatch]:
         """y = rms_norm(x) @ W.T: matvec fuses the norm (its weight is stored after the stacked codes);
-        matmul (prefill, compute-bound) keeps the separate rmsnorm dispatch."""
+        matmul (prefill, compute-bound) keeps the separate rmsnorm dispatch. act: the gated activation's
+        constants (GELU) of a SWIGLU linear."""
         rms = Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),), (s["x"], w[norm][1][0], s["h"]), "rms_t")
         if member_names(name)[0] in w:  # members with no lossless common type, uploaded one by one (fused.stacks)
-            return [rms, *member_linears(name, y)]
+            return [rms, *member_linears(name, y, act)]
         if tk == "matvec":
-            return [linear(name, s["x"], y, slot, tk, norm=True, swiglu=swiglu)]
-        return [rms, linear(name, s["h"], y, slot, tk, swiglu=swiglu)]
+            return [linear(name, s["x"], y, slot, tk, norm=True, swiglu=swiglu, layout=act)]
+        return [rms, linear(name, s["h"], y, slot, tk, swiglu=swiglu, layout=act)]
 
-    def member_linears(stacked: str, y) -> list[Dispatch]:
+    def member_linears(stacked: str, y, act: tuple = ()) -> list[Dispatch]:
         """The members of `stacked` one by one from the normed h into the stacked path's layout of y:
-        q / k / v into their columns of (T, q + k + v) (Y_STRIDE, Y_OFFSET), act = silu(gate) * up (SILU_MUL)."""
+        q / k / v into their columns of (T, q + k + v) (Y_STRIDE, Y_OFFSET), act = silu(gate) * up (SILU_MUL;
+        GELU in act: gelu_tanh(gate) * up)."""
         names = member_names(stacked)
         if len(names) == 2:  # gate, up
             return [linear(names[0], s["h"], y, "lin_gate", tk),
-                    linear(names[1], s["h"], y, "lin_gate", tk, layout=(("SILU_MUL", 1),))]
-        stride, offsets = cfg.hidden + 2 * cfg.kv_dim, (0, cfg.hidden, cfg.hidden + cfg.kv_dim)
+                    linear(names[1], s["h"], y, "lin_gate", tk, layout=(("SILU_MUL", 1), *act))]
+        stride, offsets = cfg.q_dim + 2 * cfg.kv_dim, (0, cfg.q_dim, cfg.q_dim + cfg.kv_dim)
         return [linear(name, s["h"], y, slot, tk, layout=(("Y_STRIDE", stride), ("Y_OFFSET", offset)))
                 for name, slot, offset in zip(names, ("lin_q", "lin_kv", "lin_kv"), offsets)]
 
     def kv_kernel(name: str) -> tuple:
         return name, None
+
+    def cos_sin(i: int):
+        """Layer i's cos / sin table (a layer without rotary binds the first, unread: ROTATE 0)."""
+        return s[rope_table_label(tables[i] or 0)]
 
     def qkv_rope_kv(i: int, cache) -> list[Dispatch]:
         """The q | k | v matvec with bias, RoPE and the KV write in its epilogue (matvec_io_rope_kv.wgsl): q into
@@ -114,10 +154,11 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                      ("KV_OUT", 2 if quantized else 1 if lay.dtype == "f16" else 0),
                      ("BLOCK_TOKENS", lay.block_size),
                      ("HEAD_MAJOR", lay.constants["HEAD_MAJOR"]),
-                     *((("BLOCK_U32", lay.constants["BLOCK_U32"]),) if "BLOCK_U32" in lay.constants else ()))
+                     *((("BLOCK_U32", lay.constants["BLOCK_U32"]),) if "BLOCK_U32" in lay.constants else ()),
+                     *((("ROTATE", 0),) if tables[i] is None else ()))
         bias = w[p + "attn_qkv.bias"][1][0] if cfg.attention_bias else s["zero_bias"]
         k, v = (s["k"], s["v"]) if quantized else (cache.k, cache.v)
-        extra = ((8, s["positions"]), (9, s["cos_sin"]), (10, bias), (11, s["slot_mapping"]), (12, k), (13, v))
+        extra = ((8, s["positions"]), (9, cos_sin(i)), (10, bias), (11, s["slot_mapping"]), (12, k), (13, v))
         fused = [linear(p + "attn_qkv.weight", s["x"], s["q"], "lin_qkv", tk, norm=True, layout=constants,
                         io="_rope_kv", extra=extra)]
         if quantized:  # the scales need a whole group of a row: kv_write_quant's workgroups
@@ -125,60 +166,97 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                                   "kv_write"))
         return fused
 
-    def merge_linear(i: int) -> Dispatch:
-        """The output projection adding into x, the decode attention's partition merge in its prologue
-        (matvec_io_merge.wgsl, reading the step's "reduce" uniform slot)."""
+    def merge_linear(i: int, y, accumulate: bool) -> Dispatch:
+        """The output projection adding into x (or writing y), the decode attention's partition merge in its
+        prologue (matvec_io_merge.wgsl, reading the step's "reduce" uniform slot)."""
         merge_words = (s["params"], SLOT_INDEX["reduce"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
         extra = ((8, s["context_lens"]), (9, s["part_acc"]), (10, s["part_stats"]), (11, merge_words))
-        return linear(f"blk.{i}.attn_output.weight", s["attn"], s["x"], "lin_h", tk, accumulate=True,
+        return linear(f"blk.{i}.attn_output.weight", s["attn"], y, "lin_h", tk, accumulate=accumulate,
                       layout=(("HEAD_DIM", cfg.head_dim),), io="_merge", extra=extra)
 
-    emb_dtype, emb_parts = w["token_embd.weight"]
-    passes = [[Dispatch(ops.embedding_call(1, cfg.hidden, dtype=emb_dtype).shader, (("WORKGROUP_SIZE", 64),),
-                        (*emb_parts, s["token_ids"], s["x"]), "embedding")]]
+    def rope(i: int, spec) -> Dispatch:
+        """Bias, the per-head q / k norm where the layer has one, rotary where it has one; q / k / v split."""
+        p = f"blk.{i}."
+        bindings = (s["qkv"], s["q"], s["k"], s["v"], s["positions"], cos_sin(i),
+                    w[p + "attn_qkv.bias"][1][0] if cfg.attention_bias else s["zero_bias"])
+        rotate = (("ROTATE", 0),) if tables[i] is None else ()
+        if not spec.qk_norm:
+            return Dispatch("rope", (("WORKGROUP_SIZE", 64), *rotate), bindings, "rope")
+        gains = ((8, w[p + "attn_q_norm.weight"][1][0]), (9, w[p + "attn_k_norm.weight"][1][0]))
+        return Dispatch("rope", (("WORKGROUP_SIZE", cfg.head_dim // 2), *rotate), bindings, "rope_qk", gains,
+                        "main_qk_norm")
+
+    def residual(i: int, linear_of, post_norm: str | None) -> list[Dispatch]:
+        """x += linear_of(y): accumulated straight into x, or, with the layer's post norm, written into h
+        and added to x normed (rmsnorm.wgsl's ADD)."""
+        if post_norm is None:
+            return [linear_of(s["x"], True)]
+        return [linear_of(s["h"], False),
+                Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64), ("ADD", 1)),
+                         (s["h"], w[f"blk.{i}.{post_norm}.weight"][1][0], s["x"]), "rms_t")]
+
+    emb_scale = (("EMBEDDING_SCALE", float(cfg.embedding_scale)),) if cfg.embedding_scale != 1.0 else ()
+    table = row_parts(b, "token_embd.weight")  # a table too large for one binding: a dispatch per row part
+    split = len(table) > 1
+    passes = [[Dispatch(ops.embedding_call(1, cfg.hidden, dtype=dtype).shader,
+                        (("WORKGROUP_SIZE", 64), *emb_scale,
+                         *((("ROW_BASE", first), ("ROW_END", first + rows)) if split else ())),
+                        (*bufs, s["token_ids"], s["x"]), "embedding") for first, rows, (dtype, bufs) in table]]
     body = passes[0]
     tk = key.token_kernel
     # The gpu family's matvec steps fuse what runs around the projections (matvec_io_*.wgsl): 5 dispatches a
     # decode layer with f32 / f16 KV (6 quantized), where the unfused program has 8.
     fuse = b.kernels == "gpu" and tk == "matvec" and cfg.head_dim % 8 == 0
-    for i in range(cfg.n_layers):
+    for i, spec in enumerate(cfg.layers):
         p = f"blk.{i}."
         cache = b.kv_pool.caches[i]  # this layer's K and V buffers
-        if fuse and member_names(p + "attn_qkv.weight")[0] not in w:  # q | k | v stacked
+        # q | k | v stacked, and no q / k norm (the fused epilogue has none: those layers take the rope pass)
+        if fuse and member_names(p + "attn_qkv.weight")[0] not in w and not spec.qk_norm:
             body += qkv_rope_kv(i, cache)
         else:
             body += normed_linear(p + "attn_norm.weight", p + "attn_qkv.weight", s["qkv"], "lin_qkv")  # q | k | v
             body += [
-                Dispatch("rope", (("WORKGROUP_SIZE", 64),),  # adds the q | k | v bias, rotates, splits
-                         (s["qkv"], s["q"], s["k"], s["v"], s["positions"], s["cos_sin"],
-                          w[p + "attn_qkv.bias"][1][0] if cfg.attention_bias else s["zero_bias"]), "rope"),
+                rope(i, spec),  # adds the q | k | v bias, norms q / k heads, rotates, splits
                 Dispatch(*kv_kernel("kv_write"), (s["k"], s["v"], s["slot_mapping"], cache.k, cache.v), "kv_write"),
             ]
         common = (s["q"], cache.k, cache.v, s["block_tables"], s["context_lens"])
+        attn_slot = "attn" if spec.attention.window is None else "attn_window"
         if key.decode:
             body.append(Dispatch(*kv_kernel(b.kv_kernels.decode.attention),
                                  {**dict(enumerate(common)), 6: s["attn"], 7: s["part_acc"], 8: s["part_stats"]},
-                                 "attn"))
+                                 attn_slot))
             if not fuse:
                 body.append(Dispatch(*kv_kernel(b.kv_kernels.decode.reduce),
                                      (s["context_lens"], s["part_acc"], s["part_stats"], s["attn"]), "reduce"))
         else:
             body.append(Dispatch(*kv_kernel(b.kv_kernels.prefill.name),
-                                 {**dict(enumerate(common)), 6: s["starts"], 7: s["attn"]}, "attn"))
-        if fuse and key.decode:
-            body.append(merge_linear(i))  # x += o, the partitions merged on the way in
-        else:
-            body.append(linear(p + "attn_output.weight", s["attn"], s["x"], "lin_h", tk, accumulate=True))  # x += o
-        # act = silu(gate) * up straight from the gate / up rows (interleaved by fours)
-        body += normed_linear(p + "ffn_norm.weight", p + "ffn_gate_up.weight", s["act"], "lin_ffn", swiglu=True)
-        body.append(linear(p + "ffn_down.weight", s["act"], s["x"], "lin_down", tk, accumulate=True))  # x += down
+                                 {**dict(enumerate(common)), 6: s["starts"], 7: s["attn"]}, attn_slot))
+        post_attention = "post_attention_norm" if spec.post_attention_norm else None
+        if fuse and key.decode:  # x += o, the partitions merged on the way in
+            body += residual(i, lambda y, acc: merge_linear(i, y, acc), post_attention)
+        else:  # x += o
+            body += residual(i, lambda y, acc: linear(p + "attn_output.weight", s["attn"], y, "lin_h", tk,
+                                                      accumulate=acc), post_attention)
+        # act = silu(gate) * up (or gelu_tanh(gate) * up) straight from the gate / up rows (interleaved by fours)
+        act = (("GELU", 1),) if spec.activation == "gelu_tanh" else ()
+        body += normed_linear(p + "ffn_norm.weight", p + "ffn_gate_up.weight", s["act"], "lin_ffn", swiglu=True,
+                              act=act)
+        body += residual(i, lambda y, acc: linear(p + "ffn_down.weight", s["act"], y, "lin_down", tk,
+                                                  accumulate=acc),
+                         "post_ffw_norm" if spec.post_ffn_norm else None)  # x += down
     head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
     rms_s = Dispatch("rmsnorm", (("WORKGROUP_SIZE", 64),),
                      (s["last"], w["output_norm.weight"][1][0], s["last_norm"]), "rms_s")
     # A greedy step of the gpu family's LM head matvec writes no logits: its workgroups leave their best rows in
     # the logits buffer (matvec_io_argmax.wgsl), which argmax_gpu scans (WINNERS_OF = its 8 rows a workgroup).
-    winners = key.greedy and b.kernels == "gpu" and key.seq_kernel == "matvec"
-    lm_head = linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel, io="_argmax" if winners else "")
+    head_parts = row_parts(b, head)
+    winners = key.greedy and b.kernels == "gpu" and key.seq_kernel == "matvec" and len(head_parts) == 1
+    if len(head_parts) == 1:
+        lm_head = [linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel, io="_argmax" if winners else "")]
+    else:  # each row part into its columns of the logits (Y_STRIDE / Y_OFFSET, quant_epilogue.wgsl)
+        lm_head = [linear(head, s["last_norm"], s["logits"], "lm_head" if rows == head_parts[0][1] else "lm_head_last",
+                          key.seq_kernel, layout=(("Y_STRIDE", cfg.vocab), ("Y_OFFSET", first)), weight=weight)
+                   for first, rows, weight in head_parts]
     if key.sampled:
         pick = Dispatch("sample", (("WORKGROUP_SIZE", 256),), (s["logits"], s["sampling"], s["ids"]), "sample")
     elif winners:
@@ -186,7 +264,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     else:
         pick = Dispatch(ops.argmax_call(cfg.vocab, 1, family=b.kernels).shader, (("WORKGROUP_SIZE", 256),),
                         (s["logits"], s["ids"]), "argmax")
-    passes.append([rms_s, lm_head, pick])
+    passes.append([rms_s, *lm_head, pick])
     return passes
 
 
@@ -211,6 +289,9 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     lay = kv.layout
     q8 = "q8_0"  # grid and uniform of a linear call do not depend on the quantization
 
+    # rows of the LM head's row parts: the first's ("lm_head"), the last's ("lm_head_last")
+    head_rows = [rows for _, rows, _ in row_parts(b, "token_embd.weight" if cfg.tied_embeddings else "output.weight")]
+
     def linear(rows: int, cols: int, tokens: int, slot: str) -> ops.KernelCall:
         return ops.family_linear_call(b.kernels, b.subgroups, q8, rows, cols, tokens,
                                       shapes=b.gpu_shapes.for_slot(slot), gpu_matmul=b.gpu_matmul)
@@ -218,16 +299,18 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
     calls = {
         "embedding": ops.embedding_call(t, cfg.hidden),
         "rms_t": ops.rmsnorm_call(cfg.hidden, t, cfg.rms_eps),
-        "lin_h": linear(cfg.hidden, cfg.hidden, t, "lin_h"),
-        "lin_qkv": _with_eps(linear(cfg.hidden + 2 * cfg.kv_dim, cfg.hidden, t, "lin_qkv"), cfg.rms_eps),
+        "lin_h": linear(cfg.hidden, cfg.q_dim, t, "lin_h"),
+        "lin_qkv": _with_eps(linear(cfg.q_dim + 2 * cfg.kv_dim, cfg.hidden, t, "lin_qkv"), cfg.rms_eps),
         "lin_ffn": _with_eps(linear(2 * cfg.ffn, cfg.hidden, t, "lin_ffn"), cfg.rms_eps),
         "lin_down": linear(cfg.hidden, cfg.ffn, t, "lin_down"),
-        "lin_q": linear(cfg.hidden, cfg.hidden, t, "lin_q"),
+        "lin_q": linear(cfg.q_dim, cfg.hidden, t, "lin_q"),
         "lin_kv": linear(cfg.kv_dim, cfg.hidden, t, "lin_kv"),
         "lin_gate": linear(cfg.ffn, cfg.hidden, t, "lin_gate"),
         "rope": ops.rope_call(t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
+        "rope_qk": ops.rope_qk_norm_call(t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rms_eps),
         "rms_s": ops.rmsnorm_call(cfg.hidden, n, cfg.rms_eps),
-        "lm_head": linear(cfg.vocab, cfg.hidden, n, "lm_head"),
+        "lm_head": linear(head_rows[0], cfg.hidden, n, "lm_head"),
+        "lm_head_last": linear(head_rows[-1], cfg.hidden, n, "lm_head_last"),
         "argmax": ops.argmax_call(cfg.vocab, n, family=b.kernels),
         "sample": ops.sample_call(cfg.vocab, n),
     }
@@ -243,14 +326,33 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
 
     words = ops.uniform_words
     put("kv_write", words(t, lay.n_kv_heads), kv.kv_write_grid(t))
-    scale = 1.0 / math.sqrt(lay.head_dim)
     part_blocks = shape.partition_blocks or kv.partition_blocks
-    put("attn", words(n, cfg.n_heads, lay.n_kv_heads, lay.block_size, shape.table_width, part_blocks,
-                      shape.max_parts, scale),
-        kv.decode_grids(n, shape.max_parts)[0] if shape.decode else kv.prefill_grid(shape.num_tiles))
+    attn_grid = kv.decode_grids(n, shape.max_parts)[0] if shape.decode else kv.prefill_grid(shape.num_tiles)
+    for slot, (scale, window) in attention_uniforms(cfg).items():  # "attn", "attn_window" where layers have one
+        put(slot, words(n, cfg.n_heads, lay.n_kv_heads, lay.block_size, shape.table_width, part_blocks,
+                        shape.max_parts, scale, window), attn_grid)
     reduce_groups = kv.decode_grids(n, shape.max_parts)[1] if shape.max_parts > 1 else (0, 0, 0)
     put("reduce", words(n, cfg.n_heads, lay.block_size, part_blocks, shape.max_parts), reduce_groups)
     return grids, params.reshape(-1)
+
+
+def row_parts(b, name: str) -> list[tuple[int, int, tuple]]:
+    """(first row, rows, (dtype, buffers)) of the vocab-row matrix `name` (the embedding table, the LM head) on
+    backend b: its row parts where it is too large for one binding (weight_upload.row_chunks), else the whole."""
+    return b.weight_rows.get(name) or [(0, b.config.vocab, b.weights[name])]
+
+
+def attention_uniforms(cfg) -> dict[str, tuple[float, int]]:
+    """(scale, window) of the attention slots: "attn" for the layers that see every key before them (window 0),
+    "attn_window" for the window layers; a model whose window layers differ in scale or window has no plan."""
+    slots: dict[str, set] = {}
+    for layer in cfg.layers:
+        att = layer.attention
+        slots.setdefault("attn" if att.window is None else "attn_window", set()).add((att.scale, att.window or 0))
+    if any(len(kinds) > 1 for kinds in slots.values()):
+        raise ValueError(f"{cfg.architecture}: the WebGPU plan has one attention uniform for the window layers and "
+                         f"one for the others, but its layers have (scale, window) {sorted(set().union(*slots.values()))}")
+    return {slot: kinds.pop() for slot, kinds in slots.items()}
 
 
 def _with_eps(call: ops.KernelCall, eps: float) -> ops.KernelCall:

@@ -77,6 +77,11 @@ MATVEC_IO: dict[str, str] = {"": "matvec_io", "_merge": "matvec_io_merge", "_rop
                              "_argmax": "matvec_io_argmax"}
 
 
+# The cpu family's attention by head width: name suffix -> the part sizing its private accumulator (a private
+# array cannot take an override's size).
+CPU_ATTENTION_HEADS: dict[str, str] = {"": "attention_heads_128", "_wide": "attention_heads_256"}
+
+
 def _variants() -> dict[str, Variant]:
     table: dict[str, Variant] = {}
     for kernel, by_type in CPU_KERNELS.items():
@@ -93,6 +98,9 @@ def _variants() -> dict[str, Variant]:
         table[f"paged_attention_gpu{sg}"] = Variant(("paged_kv_read", reduce, "paged_attention_gpu_main"), enables)
     for dtype in GPU_MATMUL_TYPES:
         table[f"matmul_gpu_{dtype}"] = Variant((*GPU_WEIGHTS[dtype], "matmul_gpu_main"))
+    for suffix, heads in CPU_ATTENTION_HEADS.items():
+        for kernel in ("paged_attention", "paged_prefill_attention"):
+            table[f"{kernel}{suffix}"] = Variant((heads, f"{kernel}_main"))
     return table
 
 

@@ -1,11 +1,15 @@
 """The weights' way onto the GPU: a manifest's shards verified, each tensor's parts uploaded into buffers the
 backend reserves in its ledger (WebGpuBackend._buffer), q/k/v and gate/up stacked with their input norm
-(fused.py) and the q/k/v biases joined into one row."""
+(fused.py) and the q/k/v biases joined into one row. An embedding table or LM head with a part larger than the
+adapter's maxStorageBufferBindingSize (Gemma 3's 262,144-row tied embedding: 160 MiB of Q8_0 codes, lavapipe binds
+128 MiB) is split by rows into parts that fit (row_chunks), held in b.weight_rows; the plan runs one dispatch
+per part."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...model.layout import DTYPE_PARTS
+from ...model.quants import part_nbytes
 from ...model.weights import tensor_parts, verify_shard
 from . import model_kernels as ops
 from .fused import BIAS_MEMBERS, bias_member, fused_member, member_names, stack_rows, stacks
@@ -35,7 +39,7 @@ async def upload_weights(b, manifest: dict, shard_source, on_progress) -> None:
                                  f"(supported: {', '.join(ops.LINEAR_TYPES)})")
             member = fused_member(name)
             if member is None or len(entry["shape"]) == 1:  # a norm weight is also used alone (prefill)
-                _upload_tensor(b, name, entry["dtype"], parts)
+                _upload_tensor(b, name, entry["dtype"], parts, tuple(entry["shape"]))
             if member is None:
                 continue
             # q/k/v and gate/up run as one matvec over their stacked rows, their input norm fused (fused.py)
@@ -75,11 +79,52 @@ def _stack_bias(b, name: str, entry: dict, parts: dict, biases: dict) -> None:
         del biases[stacked]
 
 
-def _upload_tensor(b, name: str, dtype: str, parts: dict) -> None:
-    order = DTYPE_PARTS[dtype]
+ROW_CHUNK_ALIGN = 32  # a split matrix's parts start at multiples of 32 rows: whole matvec row groups, u32-aligned parts
+# The matrices the plan runs by row parts (plan.row_parts): the embedding table and the LM head, vocab rows each.
+ROW_SPLIT = ("token_embd.weight", "output.weight")
+
+
+def row_chunks(dtype: str, shape: tuple, max_binding: int) -> list[tuple[int, int]]:
+    """(first row, rows) of each part a matrix of `shape` is uploaded in so that no buffer of a part exceeds
+    max_binding bytes (the adapter's maxStorageBufferBindingSize); [(0, rows)] when it fits whole."""
+    if len(shape) != 2:
+        return [(0, shape[0])]
+    rows, cols = shape
+    ceil = lambda a, b: -(-a // b)  # noqa: E731
+    n = 1
+    while True:  # n parts of equal rows (a multiple of ROW_CHUNK_ALIGN), the last the rest
+        size = min(rows, ceil(ceil(rows, n), ROW_CHUNK_ALIGN) * ROW_CHUNK_ALIGN)
+        if all(nbytes + 3 <= max_binding for nbytes in part_nbytes(dtype, (size, cols)).values()):
+            return [(r, min(size, rows - r)) for r in range(0, rows, size)]
+        if size <= ROW_CHUNK_ALIGN:
+            raise ValueError(f"{dtype} rows of {cols} columns do not fit a binding of {max_binding} bytes")
+        n += 1
+
+
+def row_slice(dtype: str, shape: tuple, parts: dict, first: int, rows: int) -> dict:
+    """Rows first .. first + rows - 1 of a (rows, cols) matrix's parts, each padded to 4 bytes."""
+    cols = shape[1]
+    out = {}
+    for part, per_row in part_nbytes(dtype, (1, cols)).items():
+        raw = bytes(parts[part][first * per_row:(first + rows) * per_row])
+        out[part] = raw + b"\0" * (-len(raw) % 4)
+    return out
+
+
+def _upload_tensor(b, name: str, dtype: str, parts: dict, shape: tuple | None = None) -> None:
+    chunks = row_chunks(dtype, shape, b.max_binding) if name in ROW_SPLIT else [(0, 0)]
+    if len(chunks) > 1:  # held by rows, never whole (plan.layer_program dispatches per part)
+        b.weight_rows[name] = [(first, rows, _upload_parts(b, f"{name}#{i}", dtype,
+                                                             row_slice(dtype, shape, parts, first, rows)))
+                               for i, (first, rows) in enumerate(chunks)]
+        return
+    b.weights[name] = _upload_parts(b, name, dtype, parts)
+
+
+def _upload_parts(b, label: str, dtype: str, parts: dict) -> tuple[str, tuple]:
     bufs = []
-    for part in order:
-        buf = b._buffer(f"w:{name}.{part}", len(parts[part]), "weights")
+    for part in DTYPE_PARTS[dtype]:
+        buf = b._buffer(f"w:{label}.{part}", len(parts[part]), "weights")
         b.ctx.write(buf, np.frombuffer(parts[part], np.uint8))
         bufs.append(buf)
-    b.weights[name] = (dtype, tuple(bufs))
+    return dtype, tuple(bufs)

@@ -1,5 +1,6 @@
-// Paged prefill attention (causal, chunked): each sequence brings a chunk of q_len new query tokens whose
-// K/V were already written to the cache (kv_write.wgsl); they attend to the cached prefix (prefix-cache hits
+// The cpu family's paged prefill attention (paged_prefill_attention[_wide]: composed after
+// attention_heads_<128|256>.wgsl by shader_variants.py), causal, chunked: each sequence brings a chunk of q_len
+// new query tokens whose K/V were already written to the cache (kv_write.wgsl); they attend to the cached prefix (prefix-cache hits
 // or earlier chunks) plus the new tokens up to their own position, all read through the block table.
 // New token i of sequence s sits at position context_lens[s] - q_len + i and sees keys 0..that position.
 // One invocation per (query head, tile of SLOTS consecutive new tokens of one sequence): the tile's

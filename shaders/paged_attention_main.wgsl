@@ -1,4 +1,5 @@
-// Paged decode attention, flash-decoding pass 1: one query token per sequence (the decode step).
+// The cpu family's paged decode attention (paged_attention[_wide]: composed after attention_heads_<128|256>.wgsl by
+// shader_variants.py), flash-decoding pass 1: one query token per sequence (the decode step).
 // One invocation per (sequence, partition, SLOTS consecutive query heads) walks its partition of the
 // context through the block table with an online softmax; no barriers, no score buffer the size of the
 // context. GQA: query head h reads kv head h / (n_heads / n_kv_heads); SLOTS divides the heads per kv

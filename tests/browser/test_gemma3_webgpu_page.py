@@ -1,0 +1,46 @@
+"""tiny-gemma3 (tests/gguf_models.py: q / k norms, post norms, GeGLU, the embedding scale, two rotary bases and
+32-token windows) in the page on WebGPU (SwiftShader; each kernel family, so Tint compiles every variant): `npm run generate -- --gguf FILE`
+converts it into dist/, the page's engine prefills a prompt longer than two windows and decodes greedily, and
+its ids equal the numpy reference's (tests/native/test_model_families_native.py: both families on lavapipe)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import build
+import pytest
+from gguf_models import tiny_gguf
+from model_fixtures import cached_gguf
+
+from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
+from pagedkv.model.convert import convert_cached
+from pagedkv.model.weights import ModelWeights
+
+NUM_TOKENS = 8
+# ~90 tokens of SmolLM2's tokenizer (the tiny models'): past two of the 32-token windows
+PROMPT = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps aloud while the "
+          "wind pressed against the narrow windows. At the top he trimmed the wick, polished the great lens and "
+          "wrote the weather into a leather book: fog from the north, a cold rain, three fishing boats late "
+          "returning to the harbour below the cliffs, and one gull that would not leave the railing.")
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "gpu"])
+def test_tiny_gemma3_in_the_page_gives_the_references_greedy_ids(base_url, kernels):
+    path = tiny_gguf("tiny-gemma3", cached_gguf())
+    # Its own process: Playwright's sync API runs once per thread, and the tests' browser is open here.
+    env = dict(os.environ, PYTHONPATH=str(build.ROOT / "py"), PAGEDKV_BENCH_BUILT="1")  # base_url built dist/
+    proc = subprocess.run([sys.executable, "-m", "pagedkv.generate", "--gguf", str(path), "--prompt", PROMPT,
+                           "--max-tokens", str(NUM_TOKENS), "--greedy", "--backend", "webgpu", "--kernels", kernels,
+                           "--json"], cwd=build.ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert got["kernels"][0] == kernels
+    model_dir = convert_cached(path, build.ROOT / ".cache" / "models")
+    manifest = json.loads((model_dir / "model.json").read_text())
+    shards = {s["file"]: (model_dir / s["file"]).read_bytes() for s in manifest["shards"]}
+    ref = greedy_reference(NumpyModel(ModelWeights.from_shards(manifest, shards)), got["prompt_ids"], NUM_TOKENS)
+    print(len(got["prompt_ids"]), got["output_ids"], ref)  # pytest -s
+    assert len(got["prompt_ids"]) > 64  # two windows
+    assert got["output_ids"] and got["output_ids"] == ref[: len(got["output_ids"])]
