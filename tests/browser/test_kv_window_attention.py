@@ -7,25 +7,13 @@ several 32-token partitions, some wholly before the window; prefill chunks start
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
-from test_kv_kernels import DECODE_MAX_ABS, DECODE_REL, PREFILL_MAX_ABS, PREFILL_REL
+from test_kv_kernels import DECODE_MAX_ABS, DECODE_REL, PREFILL_MAX_ABS, PREFILL_REL, page, run  # noqa: F401
 
-CASES = Path(__file__).with_name("kv_cases.py")
 FAMILY = pytest.mark.parametrize("family", ["cpu", "gpu"])
 DTYPE = pytest.mark.parametrize("dtype", ["f32", "f16"])
 
-
-@pytest.fixture(scope="module")
-def page(ready_page):
-    ready_page.py(CASES.read_text() + "\nNone")
-    return ready_page
-
-
-def run(page, calls: list[str]) -> list:
-    return page.py("import json\njson.dumps([" + ", ".join(f"await {c}" for c in calls) + "])")
 
 
 @FAMILY
