@@ -7,7 +7,6 @@ several 32-token partitions, some wholly before the window; prefill chunks start
 """
 from __future__ import annotations
 
-
 import pytest
 from test_kv_kernels import DECODE_MAX_ABS, DECODE_REL, PREFILL_MAX_ABS, PREFILL_REL, page, run  # noqa: F401
 
