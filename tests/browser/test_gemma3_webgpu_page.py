@@ -1,7 +1,9 @@
 """tiny-gemma3 (tests/gguf_models.py: q / k norms, post norms, GeGLU, the embedding scale, two rotary bases and
-32-token windows) in the page on WebGPU (SwiftShader; each kernel family, so Tint compiles every variant): `npm run generate -- --gguf FILE`
-converts it into dist/, the page's engine prefills a prompt longer than two windows and decodes greedily, and
-its ids equal the numpy reference's (tests/native/test_model_families_native.py: both families on lavapipe)."""
+32-token windows) in the page on WebGPU (SwiftShader; each kernel family, so Tint compiles every variant), and
+tiny-qwen3 (q / k norms, heads wider than hidden) and tiny-smollm3 (a layer without rotary) in one family each:
+`npm run generate -- --gguf FILE` converts it into dist/, the page's engine prefills a prompt longer than two
+windows and decodes greedily, and its ids equal the numpy reference's, which tests/test_gguf_families.py holds to
+llama.cpp's (tests/native/test_model_families_native.py: every family in both kernel families on lavapipe)."""
 from __future__ import annotations
 
 import json
@@ -26,9 +28,10 @@ PROMPT = ("The lighthouse keeper climbed the spiral stairs every evening, counti
           "returning to the harbour below the cliffs, and one gull that would not leave the railing.")
 
 
-@pytest.mark.parametrize("kernels", ["cpu", "gpu"])
-def test_tiny_gemma3_in_the_page_gives_the_references_greedy_ids(base_url, kernels):
-    path = tiny_gguf("tiny-gemma3", cached_gguf())
+@pytest.mark.parametrize(("name", "kernels"), [("tiny-gemma3", "cpu"), ("tiny-gemma3", "gpu"), ("tiny-qwen3", "gpu"),
+                                               ("tiny-smollm3", "cpu")])
+def test_the_new_families_in_the_page_give_the_references_greedy_ids(base_url, name, kernels):
+    path = tiny_gguf(name, cached_gguf())
     # Its own process: Playwright's sync API runs once per thread, and the tests' browser is open here.
     env = dict(os.environ, PYTHONPATH=str(build.ROOT / "py"), PAGEDKV_BENCH_BUILT="1")  # base_url built dist/
     proc = subprocess.run([sys.executable, "-m", "pagedkv.generate", "--gguf", str(path), "--prompt", PROMPT,

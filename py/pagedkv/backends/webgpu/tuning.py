@@ -323,7 +323,7 @@ async def _pick_split(ctx, config, subgroups: bool, f16: bool, budget: Budget):
             pb = decode_partition_blocks(aim, 1, config.n_heads // kv.head_tile, blocks, bs, room)
             parts = -(-blocks // pb)
             attn_words = ops.uniform_words(1, config.n_heads, config.n_kv_heads, bs, blocks, pb, parts,
-                                           1.0 / float(np.sqrt(hd)))
+                                           1.0 / float(np.sqrt(hd)), 0)  # window 0: a full-attention layer
             merge_words = ops.uniform_words(1, config.n_heads, bs, pb, parts)
             call = ops.matvec_gpu_call("q4_1", hidden, hidden, 1, subgroups, accumulate=True, f16=f16)
             params += [ctx.upload(a, "tune.params", uniform=True) for a in (attn_words, merge_words)]
