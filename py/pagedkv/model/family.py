@@ -121,7 +121,7 @@ class Family:
 
     def ops(self, config) -> set[str]:
         """The ops (OPS) a model of this family with `config` needs beyond a plain llama layer."""
-        layers = self.layers(config)
+        layers = config.layers
         need = {layer.activation for layer in layers} - {"silu"}
         flags = {"attention_bias": any(layer.attention_bias for layer in layers),
                  "qk_norm": any(layer.qk_norm for layer in layers),
