@@ -24,6 +24,7 @@ from .kv.disk_tier import DiskTier
 from .kv.manager import KVCacheManager, NeverFits
 from .kv.retention import KVRetention
 from .kv.tiers import KVTiers
+from .logprobs import token_logprob
 from .model_runner import build_batch
 from .request import Request, StepOutput
 from .sample_groups import Member, SampleGroups
@@ -100,6 +101,9 @@ class ModelLane:
         window the conversation may run past the model's context. sampler (default: Sampler(params))
         picks the request's tokens, e.g. a ForcedSampler scoring a known continuation."""
         _require_type("params", params, SamplingParams)
+        if params.logit_bias and params.logit_bias[-1][0] >= self.tokenizer.vocab_size:
+            raise ValueError(f"logit_bias names token id {params.logit_bias[-1][0]}, outside the vocabulary "
+                             f"({self.tokenizer.vocab_size})")
         if sampler is not None:
             _require_type("sampler", sampler, Sampler)
             if params.n > 1:
@@ -370,10 +374,14 @@ class ModelLane:
 
     def _sample(self, req: Request, logits_or_token) -> StepOutput:
         member = self.groups.members[req.request_id]
+        top_n = member.sampler.params.logprobs
+        entry = None
         if isinstance(logits_or_token, int):
             token = logits_or_token
         else:
-            token = member.sampler.sample(logits_or_token, req.seq.token_ids)
+            token = member.sampler.sample(logits_or_token, req.seq.token_ids, req.output_ids)
+            if top_n is not None:
+                entry = token_logprob(logits_or_token, token, top_n)
         reason = "stop" if token in member.stop_ids else (
             "length" if len(req.output_ids) + 1 >= req.max_tokens else None)
         if self.chain.is_placeholder(req):  # the next step already computes it (decode_chain.py)
@@ -384,7 +392,8 @@ class ModelLane:
         if reason is not None:
             text += member.decoder.flush()
             self._retire(req, reason)
-        return StepOutput(member.group_id, [token], text, reason is not None, reason, index=req.index)
+        return StepOutput(member.group_id, [token], text, reason is not None, reason, index=req.index,
+                          logprobs=None if entry is None else [entry])
 
     def _retire(self, req: Request, reason: str) -> None:
         self.groups.retire(self.scheduler, req, reason)
