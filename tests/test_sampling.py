@@ -212,7 +212,8 @@ def test_what_a_sampler_needs_of_the_backend():
         assert not Sampler(SamplingParams(**extra)).argmax_only, extra
     for extra in ({"presence_penalty": 0.5}, {"logit_bias": ((1, 1.0),)}, {"min_p": 0.1}, {"top_k": 4},
                   {"logprobs": 3}):
-        assert not Sampler(SamplingParams(temperature=0.7, **extra)).on_device, extra
+        assert Sampler(SamplingParams(temperature=0.7, **extra)).on_device, extra  # sample_shape.wgsl's
+    assert not Sampler(SamplingParams(temperature=0.7, repetition_penalty=1.1)).on_device
     assert Sampler(SamplingParams(min_p=0.1, top_k=3)).argmax_only  # greedy ignores the filters
 
 

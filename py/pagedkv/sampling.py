@@ -202,11 +202,10 @@ class Sampler:
 
     @property
     def on_device(self) -> bool:
-        """True when a backend may draw this sampler's tokens itself (shaders/sample.wgsl): no repetition
-        penalty (it needs the sequence's ids), no top-k, min-p, presence / frequency penalty, logit bias or
-        log-probs; greedy, temperature and top-p are drawn there."""
-        p = self.params
-        return not p.penalised and p.top_k == 0 and p.min_p == 0.0 and p.logprobs is None
+        """True when a backend that samples on the device may draw this sampler's tokens (shaders/sample.wgsl,
+        after sample_shape.wgsl for top-k, min-p, presence / frequency penalties, logit bias and log-probs:
+        device_draws.py): no repetition penalty, which reads the prompt's ids too."""
+        return self.params.repetition_penalty == 1.0
 
     def device_draw(self) -> tuple[float, float, float]:
         """(temperature, top_p, u) of the next draw for a backend that samples on the device: u is the
