@@ -111,7 +111,7 @@ class DeviceDraws:
             self._reclaim(step)
         slot = self.free.pop()
         self.slots[id(req)] = (req, slot)
-        ids = np.asarray(req.output_ids, np.int64)
+        ids = np.asarray(req.output_ids, np.intp)  # bincount takes intp (32 bits under Pyodide)
         counts.append((slot, np.bincount(ids, minlength=self.vocab)[:self.vocab].astype(np.uint32)))
         return slot
 

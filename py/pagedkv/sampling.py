@@ -142,7 +142,7 @@ def apply_penalties(logits: np.ndarray, params: SamplingParams, previous_ids: Se
         out[list(ids)] += bias
     out = apply_repetition_penalty(out, previous_ids, params.repetition_penalty)
     if params.output_penalised and len(output_ids):
-        counts = np.bincount(np.asarray(output_ids, dtype=np.int64), minlength=len(out))[:len(out)]  # (vocab,)
+        counts = np.bincount(np.asarray(output_ids, dtype=np.intp), minlength=len(out))[:len(out)]  # (vocab,)
         out -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
     return out
 
