@@ -23,8 +23,6 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-import numpy as np
-
 from .kv.block_pool import OutOfBlocks
 from .kv.moves import BlockMoves
 from .model_runner import build_batch
