@@ -37,24 +37,9 @@ const NONE : u32 = 0xffffffffu;
 
 var<workgroup> row_settings : vec4<f32>;
 
-struct Digits {
-  d0 : vec4<f32>,  // mass of digits 0-3
-  d1 : vec4<f32>,
-  d2 : vec4<f32>,
-  d3 : vec4<f32>,  // digits 12-15
-}
-
 // w into its digit's sum (bits (shift + 3)..shift) when its bits above them are `prefix`.
 fn add_digit(acc : ptr<function, Digits>, w : f32, prefix : u32, high : u32, shift : u32) {
-  let bits = bitcast<u32>(w);
-  let d = vec4<u32>((bits >> shift) & 15u);
-  let z = vec4<f32>(0.0);
-  let on = (bits & high) == prefix;
-  let v = vec4<f32>(select(0.0, w, on));
-  (*acc).d0 += select(z, v, d == vec4<u32>(0u, 1u, 2u, 3u));
-  (*acc).d1 += select(z, v, d == vec4<u32>(4u, 5u, 6u, 7u));
-  (*acc).d2 += select(z, v, d == vec4<u32>(8u, 9u, 10u, 11u));
-  (*acc).d3 += select(z, v, d == vec4<u32>(12u, 13u, 14u, 15u));
+  add_key_digit(acc, w, bitcast<u32>(w), prefix, high, shift);
 }
 
 // Over the row's tokens whose bits above `shift + 4` are `prefix` (high: those bits' mask), the mass of each
@@ -77,11 +62,6 @@ fn digit_masses(base : u32, prefix : u32, high : u32, shift : u32, lid : u32) ->
     add_digit(&acc, logits[base + i], prefix, high, shift);
   }
   return Digits(sum_v(acc.d0, lid), sum_v(acc.d1, lid), sum_v(acc.d2, lid), sum_v(acc.d3, lid));
-}
-
-fn digit_mass(m : Digits, d : u32) -> f32 {
-  let q = select(select(m.d0, m.d1, d >= 4u), select(m.d2, m.d3, d >= 12u), d >= 8u);
-  return q[d & 3u];
 }
 
 // Four of a lane's strided ids from i (i, i + WORKGROUP_SIZE, ...; the caller keeps i + 3 WORKGROUP_SIZE in the

@@ -1,6 +1,7 @@
 // Workgroup reductions of the sampling kernels (sample.wgsl, sample_shape.wgsl): max, min / max, sums and
 // exclusive prefix sums over the WORKGROUP_SIZE lanes (a power of two), each result uniform where it steers
-// control flow (workgroupUniformLoad). Called from uniform control flow only: every one holds barriers.
+// control flow (workgroupUniformLoad), called from uniform control flow only (every one holds barriers); and
+// the 16 digit sums of a radix search (a value summed under the 4 bits of its key at `shift`).
 
 var<workgroup> red_f : array<f32, WORKGROUP_SIZE>;
 var<workgroup> red_u : array<u32, WORKGROUP_SIZE>;
@@ -87,4 +88,28 @@ fn sum_v(v : vec4<f32>, lid : u32) -> vec4<f32> {
     sum_v_out = red_v[0];
   }
   return workgroupUniformLoad(&sum_v_out);
+}
+
+struct Digits {
+  d0 : vec4<f32>,  // sums of digits 0-3
+  d1 : vec4<f32>,
+  d2 : vec4<f32>,
+  d3 : vec4<f32>,  // digits 12-15
+}
+
+// v into its digit's sum (the key's bits (shift + 3)..shift) when the key's bits above them are `prefix` (high:
+// their mask).
+fn add_key_digit(acc : ptr<function, Digits>, v : f32, key : u32, prefix : u32, high : u32, shift : u32) {
+  let d = vec4<u32>((key >> shift) & 15u);
+  let z = vec4<f32>(0.0);
+  let on = vec4<f32>(select(0.0, v, (key & high) == prefix));
+  (*acc).d0 += select(z, on, d == vec4<u32>(0u, 1u, 2u, 3u));
+  (*acc).d1 += select(z, on, d == vec4<u32>(4u, 5u, 6u, 7u));
+  (*acc).d2 += select(z, on, d == vec4<u32>(8u, 9u, 10u, 11u));
+  (*acc).d3 += select(z, on, d == vec4<u32>(12u, 13u, 14u, 15u));
+}
+
+fn digit_mass(m : Digits, d : u32) -> f32 {
+  let q = select(select(m.d0, m.d1, d >= 4u), select(m.d2, m.d3, d >= 12u), d >= 8u);
+  return q[d & 3u];
 }

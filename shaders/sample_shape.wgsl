@@ -8,9 +8,10 @@
 //   min-p and top-k (temperature > 0 only): an id whose w = exp((l - max) / temperature) (sample.wgsl's weight)
 //     is below min_p, or that is not among the top_k best (lower ids first on ties), gets DROPPED, so
 //     sample.wgsl gives it w = 0 and top-p reads the mass of what min-p and top-k kept.
-// top-k's cut is the k-th largest value's order key (f32 bits mapped so u32 order is f32 order), found a bit
-// at a time from the top by counting the keys at or above each candidate (32 passes over the row); of the ids
-// at the cut, the lowest ids that make k are kept (each lane's contiguous chunk, ranked by a prefix sum).
+// top-k's cut is the k-th largest value's order key (f32 bits mapped so u32 order is f32 order), found 4 bits a
+// pass from the top by counting the keys under each digit (8 passes over the row, as sample.wgsl's top-p cut);
+// of the ids at the cut, the lowest ids that make k are kept (each lane's contiguous chunk, ranked by a prefix
+// sum).
 // f32 where numpy works in f64: an id differs only where rounding moves it across a cut.
 //
 // Dispatch: (seqs, 1, 1) workgroups.
@@ -115,26 +116,42 @@ fn log_probs(s : u32, base : u32, top_n : u32, lid : u32) {
   }
 }
 
-// How many ids of the shaped row have an order key >= k (uniform).
-fn count_at_least(base : u32, k : u32, lid : u32) -> u32 {
-  var c = 0u;
+// Over the shaped row's ids whose order keys' bits above `shift + 4` are `prefix` (high: their mask), how many
+// have each value of the key's bits (shift + 3)..shift (uniform; f32 sums of counts below 2^24 are exact).
+fn digit_counts(base : u32, prefix : u32, high : u32, shift : u32, lid : u32) -> Digits {
+  var acc = Digits(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
   for (var i = lid; i < params.vocab; i += WORKGROUP_SIZE) {
-    c += select(0u, 1u, order_key(shaped[base + i]) >= k);
+    add_key_digit(&acc, 1.0, order_key(shaped[base + i]), prefix, high, shift);
   }
-  return u32(sum_f(f32(c), lid) + 0.5);  // exact: a count below 2^24
+  return Digits(sum_v(acc.d0, lid), sum_v(acc.d1, lid), sum_v(acc.d2, lid), sum_v(acc.d3, lid));
 }
 
 // Drop every id outside the top_k best of the shaped row (lower ids first among equal values).
 fn top_k(base : u32, k : u32, lid : u32) {
-  var cut = 0u;  // the largest key with at least k ids at or above it: the k-th best's
-  for (var bit = 31i; bit >= 0i; bit--) {
-    let candidate = cut | (1u << u32(bit));
-    if (count_at_least(base, candidate, lid) >= k) {
-      cut = candidate;
+  // the k-th best's key, `cut`: the largest key with at least k ids at or above it, a digit a pass from the top
+  // (8 passes, as sample.wgsl finds the top-p cut); `above` counts the ids whose keys exceed it
+  var cut = 0u;
+  var high = 0u;
+  var above = 0.0;
+  let goal = f32(k);
+  for (var level = 0u; level < 8u; level++) {  // uniform: every lane holds the same counts
+    let shift = 28u - 4u * level;
+    let c = digit_counts(base, cut, high, shift, lid);
+    var d = 15u;
+    var run = 0.0;  // ids at digits above d
+    loop {
+      let here = digit_mass(c, d);
+      if (above + run + here >= goal || d == 0u) {
+        break;
+      }
+      run += here;
+      d -= 1u;
     }
+    above += run;
+    cut |= d << shift;
+    high |= 15u << shift;
   }
-  let above = select(count_at_least(base, cut + 1u, lid), 0u, cut == NONE);
-  let keep_ties = k - above;
+  let keep_ties = k - u32(above);
   let n = params.vocab;
   let chunk = (n + WORKGROUP_SIZE - 1u) / WORKGROUP_SIZE;
   let start = min(lid * chunk, n);
