@@ -130,7 +130,7 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
     low, high = LOGIT_BIAS_RANGE
     pairs = {}
     for key, bias in value.items():
-        token = key if type(key) is int else int(key) if isinstance(key, str) and key.isdecimal() else None
+        token = key if type(key) is int else int(key) if isinstance(key, str) and key.isascii() and key.isdecimal() else None
         if token is None or token < 0:
             raise ApiError(400, f"logit_bias keys must be token ids (non-negative integers), got {key!r}",
                            "logit_bias")

@@ -124,11 +124,6 @@ def _check_logit_bias(bias) -> None:
         previous = pair[0]
 
 
-def logit_bias_pairs(bias: dict) -> tuple[tuple[int, float], ...]:
-    """SamplingParams.logit_bias from a {token id: bias} map (ids as ints)."""
-    return tuple(sorted((int(t), float(b)) for t, b in bias.items()))
-
-
 def apply_penalties(logits: np.ndarray, params: SamplingParams, previous_ids: Sequence[int],
                     output_ids: Sequence[int]) -> np.ndarray:
     """The logits (vocab,) f64 that greedy and the draw read: logit bias, then the repetition penalty over
