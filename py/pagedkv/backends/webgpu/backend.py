@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import numpy as np
 
+from ...device_draws import LP_STRIDE, DrawnTokens, Shaping
 from ...gpu_budget import BudgetExceeded, GpuLedger, MIB
 from ...kernels.ref_ops import rope_cos_sin
 from ...kv.block_pool import CopyOp
@@ -24,6 +25,7 @@ from ...model.config import ModelConfig
 from ...model.family import require
 from ...model.weights import check_manifest
 from ...model_runner import ForwardBatch
+from ...sampling import MAX_LOGIT_BIAS
 from .. import check_attention_mass
 from . import model_kernels as ops
 from .attention_mass import AttentionMassKernel
@@ -306,19 +308,20 @@ class WebGpuBackend:
         return hit
 
     async def forward(self, batch: ForwardBatch, *, greedy: bool = False, draws: np.ndarray | None = None,
-                      attention_mass: np.ndarray | None = None) -> np.ndarray:
+                      shaping: Shaping | None = None, attention_mass: np.ndarray | None = None) -> np.ndarray:
         """(S, vocab) f32 logits of each sequence's last new token, or (S,) int32 argmax ids when greedy, or
         with draws ((S, 4) f32: temperature, top_p, u, 0; Sampler.device_draw) the (S,) int32 ids drawn on the
-        GPU (sample.wgsl: temperature 0 is argmax); attention_mass as in backends.Backend.forward."""
+        GPU (sample.wgsl: temperature 0 is argmax), with shaping (device_draws.Shaping: sample_shape.wgsl
+        first) a DrawnTokens; attention_mass as in backends.Backend.forward."""
         if attention_mass is not None:
             check_attention_mass(attention_mass, batch)
-        out = await (await self.submit(batch, greedy=greedy, draws=draws))
+        out = await (await self.submit(batch, greedy=greedy, draws=draws, shaping=shaping))
         if attention_mass is not None:
             attention_mass[...] = await self._attention_mass(batch)
         return out
 
     async def submit(self, batch: ForwardBatch, *, greedy: bool = False, draws: np.ndarray | None = None,
-                     feed: bool = False) -> Awaitable[np.ndarray]:
+                     shaping: Shaping | None = None, feed: bool = False) -> Awaitable[np.ndarray]:
         """Submit the step now and return an awaitable of forward()'s result: the engine may submit the next
         decode step before it awaits this one's ids (decode_chain.py). feed: this step's token ids are the
         ids the previous step drew, row for row (its rows were the same sequences in the same order): copied
@@ -331,7 +334,11 @@ class WebGpuBackend:
             raise ValueError(f"draws must be ({n}, 4) f32 (temperature, top_p, u, 0), got {draws.shape}")
         if feed and t != n:
             raise ValueError(f"a fed step is a decode step (one token per sequence), got {t} tokens for {n}")
-        key = PlanKey.of(t, n, sampled=draws is not None, greedy=greedy)
+        if shaping is not None and (draws is None or shaping.rows.shape != (n, 8)
+                                    or len(shaping.bias) > self.max_num_seqs * MAX_LOGIT_BIAS):
+            raise ValueError(f"shaping needs draws and ({n}, 8) rows with at most {MAX_LOGIT_BIAS} bias pairs a "
+                             f"row, got rows {shaping.rows.shape}, {len(shaping.bias)} pairs")
+        key = PlanKey.of(t, n, sampled=draws is not None, greedy=greedy, shaped=shaping is not None)
         greedy = greedy or draws is not None  # ids come back either way
         plan = await self._plan(key)
         qsl = batch.query_start_loc  # (S + 1,)
@@ -353,11 +360,18 @@ class WebGpuBackend:
         write(s["params"], params)
         if draws is not None:
             write(s["sampling"], draws.astype(np.float32))
+        if shaping is not None:
+            write(s["sample_rows"], shaping.rows)
+            write(s["sample_bias"], shaping.bias)
+            for slot, counts in shaping.counts:  # a request's first shaped draw: its counts so far
+                write(s["token_counts"], counts, slot * cfg.vocab * 4)
+        logprobs = shaping is not None and shaping.logprobs
         row = cfg.hidden * 4
         copies = np.stack([(qsl[1:] - 1) * row, np.arange(n) * row, np.full(n, row)], axis=1)  # (S, 3)
         if greedy:  # ids land in the two id landings by turns (one may still be mapped for the step before)
             self._id_landing = "readback_ids" if self._id_landing == "readback" else "readback"
-            read = (s["ids"], s[self._id_landing], n * 4)
+            # a shaped step's log-prob rows follow the ids of max_num_seqs rows (sample_shape.wgsl)
+            read = (s["ids"], s[self._id_landing], (self.max_num_seqs + n * LP_STRIDE) * 4 if logprobs else n * 4)
         else:
             read = (s["logits"], s["readback"], n * cfg.vocab * 4)
         first = key not in self._validated
@@ -369,13 +383,19 @@ class WebGpuBackend:
         if first:
             await self.ctx.pop_errors(f"the first {key} step")
             self._validated.add(key)
-        return self._landed(landing, greedy, n, prepare_s=t1 - t0, encode_s=time.perf_counter() - t1)
+        return self._landed(landing, greedy, n, prepare_s=t1 - t0, encode_s=time.perf_counter() - t1,
+                            shaped=shaping is not None, logprobs=logprobs)
 
-    async def _landed(self, landing, greedy: bool, n: int, prepare_s: float, encode_s: float) -> np.ndarray:
+    async def _landed(self, landing, greedy: bool, n: int, prepare_s: float, encode_s: float, shaped: bool = False,
+                      logprobs: bool = False) -> np.ndarray | DrawnTokens:
         t0 = time.perf_counter()  # a coroutine starts when awaited: this is when the engine waits for the ids
         data = await landing
         t1 = time.perf_counter()
-        if greedy:
+        if shaped:
+            words = np.frombuffer(data, np.uint32)
+            lp = words[self.max_num_seqs:].reshape(n, LP_STRIDE).copy() if logprobs else None  # (S, LP_STRIDE)
+            out = DrawnTokens(words[:n].astype(np.int32), lp)
+        elif greedy:
             out = np.frombuffer(data, np.uint32).astype(np.int32)  # (S,)
         else:
             out = np.frombuffer(data, np.float32).reshape(n, self.config.vocab).copy()  # (S, vocab)

@@ -7,12 +7,14 @@ WebGpuBackend reserves exactly these buffers in its GpuLedger (backend.py); the 
 """
 from __future__ import annotations
 
+from ...device_draws import LP_STRIDE
 from ...gpu_budget import GpuLedger, kv_blocks_that_fit, rounded
 from ...kv.dtypes import kv_dtype as lookup_kv_dtype
 from ...kv.spec import KVSpec
 from ...model.config import ModelConfig
 from ...model.quants import part_nbytes
 from ...model.weights import check_manifest
+from ...sampling import MAX_LOGIT_BIAS
 from .fused import bias_member, fused_member, stacked_nbytes, stacks
 from .kv_kernels import PARTITION_TOKENS
 from .kv_layout import GpuKVLayout
@@ -88,8 +90,13 @@ def scratch_buffers(cfg: ModelConfig, *, block_size: int, max_num_batched_tokens
         ("part_stats", s * max_parts * cfg.n_heads * 2 * f32, "scratch"),  # (S, parts, n_heads, 2)
         ("last", s * cfg.hidden * f32, "scratch"), ("last_norm", s * cfg.hidden * f32, "scratch"),  # (S, hid)
         ("logits", s * cfg.vocab * f32, "scratch"),  # (S, vocab)
-        ("ids", s * 4, "scratch"),  # (S,) u32
+        ("ids", (s + s * LP_STRIDE) * 4, "scratch"),  # (S,) u32, then (S, LP_STRIDE) log-probs (sample_shape.wgsl)
         ("sampling", s * 4 * 4, "scratch"),  # (S, 4) f32: temperature, top_p, u (sample.wgsl)
+        # a shaped draw's (device_draws.py): its rows' settings, logit-bias pairs, requests' counts, shaped logits
+        ("sample_rows", s * 8 * 4, "scratch"),  # (S, 8) u32
+        ("sample_bias", s * MAX_LOGIT_BIAS * 2 * 4, "scratch"),  # (S * 300, 2) u32: id, bias
+        ("token_counts", s * cfg.vocab * 4, "scratch"),  # (S slots, vocab) u32
+        ("shaped_logits", s * cfg.vocab * f32, "scratch"),  # (S, vocab)
     ]
 
 
@@ -101,7 +108,7 @@ def staging_buffers(cfg: ModelConfig, spec: KVSpec, *, max_num_seqs: int) -> lis
     chunk = 2 * SWAP_CHUNK_BLOCKS * block
     return [("readback", max_num_seqs * cfg.vocab * 4, "staging"),  # (S, vocab) landing
             # (S,) drawn ids land here and in readback by turns: a pipelined step's while the last one's is mapped
-            ("readback_ids", max_num_seqs * 4, "staging"),
+            ("readback_ids", max_num_seqs * (1 + LP_STRIDE) * 4, "staging"),  # and a shaped step's log-probs
             ("swap_temporaries", 2 * chunk + TEMP_SLACK_BYTES, "staging")]
 
 
