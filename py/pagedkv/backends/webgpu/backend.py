@@ -33,7 +33,7 @@ from .kv_kernels import KVKernels
 from .kv_layout import GpuKVLayout
 from .kv_pool import GpuKVPool
 from .memory_plan import partition_blocks as scratch_partition_blocks
-from .memory_plan import group_stride, kv_groups_of, plan_kv_pool, scratch_buffers, staging_buffers
+from .memory_plan import group_strides, kv_groups_of, plan_kv_pool, scratch_buffers, staging_buffers
 from .plan import (PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, rope_table_label, rope_tables,
                    step_slots)
 from .weight_upload import upload_weights
@@ -77,6 +77,9 @@ class WebGpuBackend:
         # The KV groups the pool's pages hold (kv/groups.py; the engine reads this to keep a block table per group):
         # each layer binds its group's block tables and slot mapping, ranges of one buffer each (group_binding)
         self.kv_groups = kv_groups or KVGroups.flat(config.n_layers)
+        self._group_strides = group_strides(config, block_size=block_size, max_num_seqs=max_num_seqs,
+                                            max_num_batched_tokens=max_num_batched_tokens,
+                                            num_groups=self.kv_groups.num_groups)
         self.weights: dict[str, tuple[str, tuple]] = {}  # name -> (dtype, part buffers in binding order)
         # name -> [(first row, rows, (dtype, part buffers))]: a matrix too large for one binding, by rows
         self.weight_rows: dict[str, list[tuple[int, int, tuple[str, tuple]]]] = {}
@@ -229,18 +232,12 @@ class WebGpuBackend:
 
     def group_binding(self, name: str, layer: int):
         """The block tables (name "block_tables") or slot mapping ("slot_mapping") layer `layer` binds: the whole
-        scratch buffer with one KV group, else its group's range of it ((buffer, offset, size), group_stride)."""
+        scratch buffer with one KV group, else its group's range of it ((buffer, offset, size), group_strides)."""
         buf = self.scratch[name]
         if not self.kv_groups.is_hybrid:
             return buf
-        stride = self._group_strides()[name]
+        stride = self._group_strides[name]
         return buf, self.kv_groups.where(layer)[0] * stride, stride
-
-    def _group_strides(self) -> dict[str, int]:
-        """Bytes from one group's range to the next in the slot_mapping and block_tables buffers."""
-        g = self.kv_groups.num_groups
-        return {"slot_mapping": group_stride(self.max_num_batched_tokens * 4, g),
-                "block_tables": group_stride(self.max_num_seqs * self.max_blocks_per_seq * 4, g)}
 
     @property
     def num_blocks(self) -> int:
@@ -382,7 +379,7 @@ class WebGpuBackend:
         write(s["token_ids"], batch.token_ids)
         write(s["positions"], batch.positions)
         if self.kv_groups.is_hybrid:  # each group's at its range (group_binding): one write each, only what is used
-            strides = self._group_strides()
+            strides = self._group_strides
             for g in range(self.kv_groups.num_groups):
                 tables, slots = batch.tables_of(g)
                 write(s["slot_mapping"], slots, g * strides["slot_mapping"])

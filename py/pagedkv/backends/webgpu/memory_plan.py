@@ -26,10 +26,16 @@ TEMP_SLACK_BYTES = 4096  # ids / params uniforms of one swap or copy call
 GROUP_ALIGN = 256
 
 
-def group_stride(nbytes: int, num_groups: int) -> int:
-    """Bytes from one KV group's block tables (or slot mapping) to the next in their one scratch buffer: nbytes
-    with one group (the buffer as it always was), else rounded up so every group's range is bindable."""
-    return nbytes if num_groups == 1 else -(-nbytes // GROUP_ALIGN) * GROUP_ALIGN
+def group_strides(cfg: ModelConfig, *, block_size: int, max_num_batched_tokens: int, max_num_seqs: int,
+                  num_groups: int) -> dict[str, int]:
+    """Bytes from one KV group's range to the next in the "slot_mapping" (T,) and "block_tables" (S,
+    max_blocks_per_seq) scratch buffers: one group's bytes with one group (the buffers as they always were), else
+    rounded up to GROUP_ALIGN so every group's range is bindable."""
+    max_blocks_per_seq = -(-cfg.context_length // block_size)
+    nbytes = {"slot_mapping": max_num_batched_tokens * 4, "block_tables": max_num_seqs * max_blocks_per_seq * 4}
+    if num_groups == 1:
+        return nbytes
+    return {name: -(-n // GROUP_ALIGN) * GROUP_ALIGN for name, n in nbytes.items()}
 
 
 def kv_groups_of(config: ModelConfig, kv_groups: bool) -> KVGroups:
@@ -80,17 +86,18 @@ def partition_blocks(block_size: int) -> int:
 def scratch_buffers(cfg: ModelConfig, *, block_size: int, max_num_batched_tokens: int,
                     max_num_seqs: int, num_groups: int = 1) -> list[tuple[str, int, str]]:
     """(label, bytes, ledger kind) of the buffers one step reads and writes, sized for the engine's limits;
-    num_groups: KV groups, each with its block tables and slot mapping at group_stride in the same buffers."""
+    num_groups: KV groups, each with its block tables and slot mapping at group_strides in the same buffers."""
     t, s = max_num_batched_tokens, max_num_seqs
     max_blocks_per_seq = -(-cfg.context_length // block_size)
     max_parts = -(-max_blocks_per_seq // partition_blocks(block_size))
     f32 = 4
     q = cfg.q_dim  # n_heads * head_dim, which need not be hidden (Qwen3, Gemma 3)
+    strides = group_strides(cfg, block_size=block_size, max_num_batched_tokens=t, max_num_seqs=s,
+                            num_groups=num_groups)
     return [
         ("token_ids", t * 4, "scratch"), ("positions", t * 4, "scratch"),  # (T,) int32
-        ("slot_mapping", num_groups * group_stride(t * 4, num_groups), "scratch"),  # (G, T) at group_stride
-        # (G, S, max_blocks_per_seq) at group_stride
-        ("block_tables", num_groups * group_stride(s * max_blocks_per_seq * 4, num_groups), "scratch"),
+        ("slot_mapping", num_groups * strides["slot_mapping"], "scratch"),  # (G, T) at group_strides
+        ("block_tables", num_groups * strides["block_tables"], "scratch"),  # (G, S, max_blocks_per_seq) likewise
         ("context_lens", s * 4, "scratch"), ("starts", 2 * (s + 1) * 4, "scratch"),  # (S,), (2, S + 1)
         ("params", len(SLOTS) * PARAM_SLOT_BYTES, "scratch"),  # (slots, 256) uniforms
         # (context, head_dim / 2, 2) each: one cos / sin table per distinct rotary of the layers (rope_tables)
