@@ -6,7 +6,8 @@ the others a 32-token window -> 7 groups of one layer) keeps a page per group, e
   the same pool holds (the same manager decisions on both backends).
 - Parallel samples (fork, copy-on-write of each group's partial block) and preemption by swap (every group's
   pages to the CPU pool and back) keep the reference's ids.
-- The pool's page moves (copy, swap out / in, disk read / write) move every slot's words exactly.
+- The pool's page moves (copy, swap out / in, disk read / write) move every slot's words exactly, and a reload
+  restores every group's pages from the disk tier by the groups' rule.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pagedkv.backends.webgpu.runtime import open_device
 from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.kv.accounting import kv_stats
 from pagedkv.kv.block_pool import CopyOp
+from pagedkv.kv.disk_tier import DiskKey, DiskTier, MemoryStore, model_hash
 from pagedkv.model.weights import ModelWeights
 from pagedkv.sampling import SamplingParams
 from pagedkv.tokenizer import Tokenizer
@@ -156,3 +158,42 @@ def test_page_moves_of_a_grouped_pool_move_every_slot_exactly(native_loop, nativ
     r = native_loop.run(page_moves())
     assert r["got"].shape == r["want"].shape
     assert np.array_equal(r["got"], r["want"])
+
+
+async def disk_reload() -> dict:
+    """Turn 1 on a WebGPU engine writing every group's pages to a disk tier, then turn 2 (turn 1, its reply and 38
+    more tokens) on a fresh backend and engine over the same store: a reload."""
+    manifest, shards = model_files("tiny-gemma3")
+    weights = ModelWeights.from_shards(manifest, shards)
+    store = MemoryStore()
+    params = SamplingParams(max_tokens=12, stop_token_ids=(1_000_000,))
+    turn1 = prompts(weights.config.vocab)[0]  # 100 tokens
+    out, stats = [], []
+    for prompt in (turn1, None):
+        gpu = await gpu_backend(manifest, shards, num_blocks=96)
+        engine = LLMEngine(gpu, Tokenizer.from_manifest(manifest), EngineConfig(max_num_batched_tokens=CHUNK,
+                                                                                 max_num_seqs=2))
+        tier = DiskTier(store, DiskKey(model_hash(manifest), gpu.kv_spec), 1 << 30)
+        await tier.open()
+        engine.attach_disk(tier)
+        prompt = prompt or turn1 + out[0] + list(range(140, 178))
+        out.append((await engine.generate(prompt, params)).output_ids)
+        stats.append({k: engine.stats()[k] for k in ("disk_blocks", "disk_restored_tokens", "prefill_tokens")}
+                     | {"reads": tier.num_read, "groups": tier.key.num_groups})
+        gpu.destroy()
+    model = NumpyModel(weights)
+    return {"out": out, "stats": stats, "ref": [greedy_reference(model, turn1, 12),
+                                                greedy_reference(model, turn1 + out[0] + list(range(140, 178)), 12)]}
+
+
+def test_a_reload_restores_every_groups_pages_from_disk_on_webgpu(native_loop, native_device):
+    r = native_loop.run(disk_reload())
+    assert r["out"] == r["ref"]
+    # 100 + 11 computed tokens: 6 full blocks in each of the 7 groups (a window group's written while it held them)
+    assert r["stats"][0] == {"disk_blocks": 42, "disk_restored_tokens": 0, "prefill_tokens": 100, "reads": 0,
+                             "groups": 7}
+    # turn 2 (150 tokens) after the reload: the disk's 6 blocks, the full group's 0..5 and each window group's 4 and
+    # 5 (a query at 96 sees keys 65..96): 6 + 6 x 2 = 18 pages read; the model computes the other 54 tokens, and
+    # 150 + 11 computed tokens leave 10 full blocks per group on disk
+    assert r["stats"][1] == {"disk_blocks": 70, "disk_restored_tokens": 96, "prefill_tokens": 54, "reads": 18,
+                             "groups": 7}
