@@ -30,7 +30,9 @@ def fake_backend(kernels: str = "cpu", subgroups: bool = False, shader_f16: bool
                               "part_stats", "last", "last_norm", "logits", "ids", "params", "sampling",
                               "sample_rows", "sample_bias", "token_counts", "shaped_logits")}
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(2)]
-    return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, weight_rows={}, kv_pool=SimpleNamespace(caches=caches),
+    return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, weight_rows={},
+                           kv_pool=SimpleNamespace(caches=caches, cache_of=caches.__getitem__),
+                           group_binding=lambda name, layer: scratch[name],  # one KV group: the whole buffers
                            kv_kernels=KVKernels(ctx, layout, CFG.n_heads, family=kernels, subgroups=subgroups),
                            kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(), shader_f16=shader_f16,
                            gpu_matmul=kernels == "gpu", max_num_seqs=4)

@@ -445,8 +445,8 @@ class ModelLane:
 
 
 def backend_kv_groups(backend):
-    """The KV groups a backend's pools are laid out in (kv/groups.py); a backend without `kv_groups` (WebGPU, which
-    refuses models with window layers) keeps one table per sequence."""
+    """The KV groups a backend's pools are laid out in (kv/groups.py: CpuBackend's and WebGpuBackend's `kv_groups`),
+    None where they are one group (or a backend has none): one table per sequence."""
     groups = getattr(backend, "kv_groups", None)
     return groups if groups is not None and groups.is_hybrid else None
 

@@ -160,12 +160,13 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                      *((("ROTATE", 0),) if tables[i] is None else ()))
         bias = w[p + "attn_qkv.bias"][1][0] if cfg.attention_bias else s["zero_bias"]
         k, v = (s["k"], s["v"]) if quantized else (cache.k, cache.v)
-        extra = ((8, s["positions"]), (9, cos_sin(i)), (10, bias), (11, s["slot_mapping"]), (12, k), (13, v))
+        extra = ((8, s["positions"]), (9, cos_sin(i)), (10, bias), (11, b.group_binding("slot_mapping", i)), (12, k),
+                 (13, v))
         fused = [linear(p + "attn_qkv.weight", s["x"], s["q"], "lin_qkv", tk, norm=True, layout=constants,
                         io="_rope_kv", extra=extra)]
         if quantized:  # the scales need a whole group of a row: kv_write_quant's workgroups
-            fused.append(Dispatch(*kv_kernel("kv_write"), (s["k"], s["v"], s["slot_mapping"], cache.k, cache.v),
-                                  "kv_write"))
+            fused.append(Dispatch(*kv_kernel("kv_write"),
+                                  (s["k"], s["v"], b.group_binding("slot_mapping", i), cache.k, cache.v), "kv_write"))
         return fused
 
     def merge_linear(i: int, y, accumulate: bool) -> Dispatch:
@@ -211,7 +212,8 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     fuse = b.kernels == "gpu" and tk == "matvec" and cfg.head_dim % 8 == 0
     for i, spec in enumerate(cfg.layers):
         p = f"blk.{i}."
-        cache = b.kv_pool.caches[i]  # this layer's K and V buffers
+        # this layer's K and V buffers (its slot's in its KV group) and its group's block tables
+        cache, tables_i = b.kv_pool.cache_of(i), b.group_binding("block_tables", i)
         # q | k | v stacked, and no q / k norm (the fused epilogue has none: those layers take the rope pass)
         if fuse and member_names(p + "attn_qkv.weight")[0] not in w and not spec.qk_norm:
             body += qkv_rope_kv(i, cache)
@@ -219,9 +221,10 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
             body += normed_linear(p + "attn_norm.weight", p + "attn_qkv.weight", s["qkv"], "lin_qkv")  # q | k | v
             body += [
                 rope(i, spec),  # adds the q | k | v bias, norms q / k heads, rotates, splits
-                Dispatch(*kv_kernel("kv_write"), (s["k"], s["v"], s["slot_mapping"], cache.k, cache.v), "kv_write"),
+                Dispatch(*kv_kernel("kv_write"), (s["k"], s["v"], b.group_binding("slot_mapping", i), cache.k, cache.v),
+                         "kv_write"),
             ]
-        common = (s["q"], cache.k, cache.v, s["block_tables"], s["context_lens"])
+        common = (s["q"], cache.k, cache.v, tables_i, s["context_lens"])
         attn_slot = "attn" if spec.attention.window is None else "attn_window"
         if key.decode:
             body.append(Dispatch(*kv_kernel(b.kv_kernels.decode.attention),
