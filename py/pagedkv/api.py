@@ -187,7 +187,7 @@ class CompletionService(_Creates):
         greedy = req.temperature < MIN_TEMPERATURE or req.top_p == 0.0  # the nucleus of p=0: the top token
         limit = req.max_tokens or (min(LEGACY_MAX_TOKENS, room) if req.legacy else room)
         params = SamplingParams(temperature=0.0 if greedy else req.temperature, top_p=1.0 if greedy else req.top_p,
-                                seed=req.seed, max_tokens=limit, n=req.n)
+                                seed=req.seed, max_tokens=limit, n=req.n, grammar=req.grammar)
         rid = request_id or f"{'cmpl' if req.legacy else 'chatcmpl'}-{next(self._ids)}"
         if rid in self._routes:
             raise ApiError(400, f"a request with id {rid!r} is running")

@@ -14,18 +14,19 @@ import time
 from dataclasses import dataclass, field
 
 from .chat import validate_messages
+from .grammar import Grammar, SchemaError, compile_response_format
 
 __all__ = ["ApiError", "CompletionRequest", "StopStrings", "parse_request", "completion", "chunk", "usage"]
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_N = 16
 # Known OpenAI fields this engine does not implement: refused by name (400), never ignored.
-UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format", "logprobs", "top_logprobs",
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logprobs", "top_logprobs",
                "logit_bias", "presence_penalty", "frequency_penalty", "audio", "modalities", "prediction",
                "parallel_tool_calls", "reasoning_effort", "web_search_options", "store", "metadata", "service_tier")
 IGNORED = ("user",)  # an end-user id for the provider's abuse tracking: nothing to do in a tab
 SUPPORTED = ("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
-             "top_p", "seed", "stop", "n", "pagedkv")
+             "top_p", "seed", "stop", "n", "pagedkv", "response_format")
 # The legacy endpoint's own: echo, suffix and best_of pass only with their do-nothing values (_legacy_fields).
 LEGACY_SUPPORTED = ("model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "seed",
                     "stop", "n", "echo", "suffix", "best_of")
@@ -38,6 +39,8 @@ OTHER_ENDPOINT = {
                 "completion has a prompt",
     "max_completion_tokens": "max_completion_tokens is a Chat Completions field; a legacy completion has max_tokens",
     "pagedkv": "pagedkv (sessions) continues a chat; a legacy completion has no session",
+    "response_format": "response_format (structured output) is a Chat Completions field (/v1/chat/completions); "
+                       "OpenAI's legacy completions take none",
 }
 
 
@@ -72,6 +75,7 @@ class CompletionRequest:
     n: int = 1
     options: dict = field(default_factory=dict)  # the `pagedkv` extension object
     prompt: str | tuple[int, ...] | None = None  # a legacy completion's; None for a chat
+    grammar: Grammar | None = None  # response_format's (json_object, json_schema); None: free text
 
     @property
     def legacy(self) -> bool:
@@ -188,7 +192,13 @@ def parse_request(body: object, models: list[str], *, legacy: bool = False) -> C
         raise ApiError(400, f"pagedkv may hold only session, got {extension!r}", "pagedkv")
     if "session" in extension and not (isinstance(extension["session"], str) and extension["session"]):
         raise ApiError(400, "pagedkv.session must be a non-empty string", "pagedkv.session")
-    return CompletionRequest(model=model, messages=messages, prompt=prompt, stream=stream,
+    grammar = None
+    if body.get("response_format") is not None:
+        try:
+            grammar = compile_response_format(body["response_format"])
+        except SchemaError as exc:
+            raise ApiError(400, f"{exc.param}: {exc.message}", "response_format") from None
+    return CompletionRequest(model=model, messages=messages, prompt=prompt, stream=stream, grammar=grammar,
                              include_usage=bool(options.get("include_usage", False)),
                              max_tokens=max_tokens if max_tokens is not None else older,
                              temperature=_number(body, "temperature", 1.0, 0.0, 2.0),

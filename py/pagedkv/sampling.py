@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .grammar import Grammar, GrammarMatcher
+
 # Logits are f32 (|x| < 3.5e38). Scaled by at most 1e12 (1 / MIN_TEMPERATURE times the largest penalty
 # factor) they stay far below float64's 1.8e308, so the softmax has finite terms summing to >= 1 and every
 # probability is finite. Smaller temperatures or wider penalties overflow to inf and NaN (1e-320 made every
@@ -33,6 +35,7 @@ class SamplingParams:
     max_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
     n: int = 1  # parallel samples of one prompt; sample i is seeded with seed + i (see for_sample)
+    grammar: Grammar | None = None  # constrained decoding (pagedkv.grammar): each sample's reply stays inside it
 
     def __post_init__(self) -> None:
         if not (self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature < np.inf):
@@ -54,6 +57,8 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
         if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
             raise ValueError(f"n (parallel samples) must be an int >= 1, got {self.n!r}")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise ValueError(f"grammar must be a pagedkv.grammar.Grammar or None, got {self.grammar!r}")
 
     @property
     def greedy(self) -> bool:
@@ -100,13 +105,24 @@ def filtered_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: fl
 class Sampler:
     """Picks the next token of one request."""
 
-    def __init__(self, params: SamplingParams) -> None:
-        """A sampler whose random stream starts from params.seed."""
+    def __init__(self, params: SamplingParams, matcher: GrammarMatcher | None = None) -> None:
+        """A sampler whose random stream starts from params.seed; `matcher` (params.grammar's, for this sequence)
+        masks the logits before each draw and advances by the token drawn."""
+        if (matcher is None) != (params.grammar is None):
+            raise ValueError("a Sampler takes a GrammarMatcher exactly when its params have a grammar")
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.matcher = matcher
 
     def sample(self, logits: np.ndarray, previous_ids: Sequence[int] = ()) -> int:
         """Next token id from logits (vocab,); previous_ids (prompt + output) feed the repetition penalty."""
+        if self.matcher is None:
+            return self._draw(logits, previous_ids)
+        token = self._draw(self.matcher.mask(logits), previous_ids)  # the grammar's refusals at -inf
+        self.matcher.advance(token)
+        return token
+
+    def _draw(self, logits: np.ndarray, previous_ids: Sequence[int]) -> int:
         if logits.ndim != 1:
             raise ValueError(f"logits must be 1-D (vocab,), got shape {logits.shape}")
         p = self.params
@@ -120,13 +136,14 @@ class Sampler:
     @property
     def argmax_only(self) -> bool:
         """True when the argmax of the logits is all this sampler needs (the backend may return ids only)."""
-        return self.params.greedy and self.params.repetition_penalty == 1.0
+        return self.params.greedy and self.params.repetition_penalty == 1.0 and self.matcher is None
 
     @property
     def on_device(self) -> bool:
         """True when a backend may draw this sampler's tokens itself (shaders/sample.wgsl): no repetition
-        penalty (it needs the sequence's ids) and no top-k; greedy, temperature and top-p are drawn there."""
-        return self.params.repetition_penalty == 1.0 and self.params.top_k == 0
+        penalty (it needs the sequence's ids), no top-k and no grammar (its mask is made on the host); greedy,
+        temperature and top-p are drawn there."""
+        return self.params.repetition_penalty == 1.0 and self.params.top_k == 0 and self.matcher is None
 
     def device_draw(self) -> tuple[float, float, float]:
         """(temperature, top_p, u) of the next draw for a backend that samples on the device: u is the
