@@ -82,4 +82,5 @@ class Automaton:
     def matches(self, data: bytes | str) -> bool:
         """Whether the whole of `data` is in the grammar's language."""
         raw = data.encode("utf-8") if isinstance(data, str) else data
-        return bool(self.accepting[self.step(self.start, raw)])
+        state = self.step(self.start, raw)  # first: stepping may grow (replace) the arrays
+        return bool(self.accepting[state])
