@@ -67,6 +67,8 @@ BENCHMARKS = {
     "kv_disk_flush": ["bench.kv_disk", "--sizes", "1000"],
     # Gemma 3 270M's KV held with sliding-window KV groups vs every layer full; greedy ids and decode speed both ways
     "hybrid_kv": ["bench.hybrid_kv"],
+    # SmolLM2 on the CPU backend: decode tok/s free text vs json_schema, and the token mask's cost (cold, cached)
+    "structured": ["bench.structured"],
 }
 # Run in their quick form unless --only names them.
 LONG = ("kv_quality_window", "long_chat")

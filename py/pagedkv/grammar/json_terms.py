@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from .numbers import integer_range, number_range
+from .numbers import number_range
 from .terms import EMPTY, EPS, Term, alt, byte_set, literal, rep, seq
 
 __all__ = ["SPACE", "string", "json_literal", "comma_list", "obj", "array", "any_value", "ANY_OBJECT",
@@ -67,7 +67,7 @@ def member(key: Term, value: Term) -> Term:
     return seq(key, literal(":"), SPACE, value)
 
 
-_SCALAR = alt(string(), integer_range(None, None), number_range(None, False, None, False),
+_SCALAR = alt(string(), number_range(None, False, None, False),
               literal("true"), literal("false"), literal("null"))
 
 

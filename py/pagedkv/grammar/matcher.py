@@ -31,7 +31,7 @@ class GrammarMatcher:
 
     def allowed(self) -> np.ndarray:
         """(vocab,) bool: the tokens that may come next."""
-        allowed = self.masks.allowed(self.state).copy()
+        allowed = self.masks.allowed(self.state)  # a fresh array: the cache keeps packed bits
         stops = self.stop_ids[self.stop_ids < len(allowed)]
         allowed[stops] = self.is_accepting
         if not allowed.any():  # a vocabulary that cannot spell what must follow: end rather than break the text

@@ -28,7 +28,7 @@ def _digits(lo: int, hi: int) -> Term:
     return byte_set(range(0x30 + lo, 0x30 + hi + 1)) if lo <= hi else EMPTY
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=4096)
 def _same_length(lo: str, hi: str) -> Term:
     """Digit strings of len(lo) == len(hi) between lo and hi (both included), compared as strings."""
     if not lo:
@@ -65,7 +65,7 @@ def integer_range(lo: int | None, hi: int | None) -> Term:
     return alt(negative, _natural_range(max(lo, 0), hi) if hi >= 0 else EMPTY)
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=4096)
 def _fraction(lo: str | None, lo_strict: bool, hi: str | None, hi_strict: bool, budget: int) -> tuple[Term, bool]:
     """(the non-empty digit strings s of at most `budget` digits with lo <= 0.s <= hi, whether 0 itself is
     in the bounds): each bound is the digit string of a fraction (None: none; strict excludes equality)."""
