@@ -3,35 +3,33 @@
     python3 -m bench.structured [--quick]
 
 Prints one JSON object:
-- `decode`: completion tokens per second of one request, free text (greedy: the backend returns argmax ids;
+- `decode`: completion tokens per second of one request (the prompt's blocks cached by a warm-up request; the
+  modes take turns, ROUNDS rounds, and each keeps its best round: the machine is shared), free text (greedy: the backend returns argmax ids;
   and sampled at 0.8) and with a json_schema response_format (greedy and 0.8: logits rows come back and are
   masked on the host), same prompt, same engine, one after another;
 - `mask_ms`: the cost of one token's mask (GrammarMatcher.allowed) over SmolLM2's 49,152-token vocabulary,
   replayed on the replies the schema runs produced: `cold` with a fresh automaton (every state's row derived and
   its mask walked), `cached` the same tokens again (each state's mask a lookup); median, p95 and max;
-- `vocabulary_s` (the trie, once per tokenizer) and `compile_ms` (the schema to a grammar).
+- `vocabulary_s` (the trie, once per tokenizer) and `compile_ms` (the schema to a grammar);
+- `tab`: the same mask figures measured in the tab's Pyodide worker (bench/page/grammar_masks.py, both runs).
 Benchmarks print figures; nothing here passes or fails.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
+sys.path.insert(0, str(ROOT))
 
+from bench.page.grammar_masks import replay  # noqa: E402
 from pagedkv.api import Engine  # noqa: E402
-from pagedkv.grammar import Grammar  # noqa: E402
-from pagedkv.grammar.automaton import Automaton  # noqa: E402
-from pagedkv.grammar.masks import TokenMasks  # noqa: E402
-from pagedkv.grammar.matcher import GrammarMatcher  # noqa: E402
-from pagedkv.grammar.vocabulary import TokenVocabulary  # noqa: E402
 
 MODEL = ROOT / "dist" / "models" / "smollm2-135m-instruct"
 SCHEMA = {
@@ -47,6 +45,7 @@ SCHEMA = {
     "additionalProperties": False,
 }
 ASK = [{"role": "user", "content": "Describe a person as JSON with name, age, student, favourite color and hobbies."}]
+ROUNDS = 3
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
 
 
@@ -60,68 +59,60 @@ def timed_request(engine: Engine, **fields) -> dict:
             "contents": [c["message"]["content"] for c in out["choices"]]}
 
 
-def percentiles(values: list[float]) -> dict:
-    ms = np.array(values) * 1000
-    return {"median": round(float(np.median(ms)), 3), "p95": round(float(np.percentile(ms, 95)), 3),
-            "max": round(float(ms.max()), 3), "n": len(values)}
+TAB = """
+import json
+from pyodide.http import open_url
+from pagedkv.tokenizer import Tokenizer
+from bench.page.grammar_masks import replay
+manifest = json.loads(open_url("/models/smollm2-135m-instruct/model.json").read())
+json.dumps(replay(Tokenizer.from_manifest(manifest), json.loads({schema!r}), json.loads({replies!r})))
+"""
 
 
-def mask_costs(engine: Engine, replies: list[str]) -> dict:
-    """Mask cost per token, replaying `replies` (their tokens as the model chose them) cold, then cached."""
-    tokenizer = engine.services[engine.model_id].tokenizer
-    t0 = time.perf_counter()
-    vocab = TokenVocabulary([None if tokenizer.is_special(i) else tokenizer.token_bytes(i) or None
-                             for i in range(tokenizer.vocab_size)])  # built afresh, as for a new tokenizer
-    vocabulary_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    grammar = Grammar.json_schema(SCHEMA)
-    compile_ms = (time.perf_counter() - t0) * 1000
-    masks = TokenMasks(Automaton(grammar.term), vocab)
-    stops = frozenset({tokenizer.eos_token_id, tokenizer.im_end_id})
-    runs: dict[str, list[float]] = {"cold": [], "cached": []}
-    for phase in runs:
-        for reply in replies:
-            matcher = GrammarMatcher(masks, stops)
-            for token in tokenizer.encode(reply) + [tokenizer.im_end_id]:
-                t0 = time.perf_counter()
-                allowed = matcher.allowed()
-                runs[phase].append(time.perf_counter() - t0)
-                if not allowed[token]:  # the encoder may split a reply other than the model did: skip it
-                    break
-                matcher.advance(token)
-    return {"vocabulary_s": round(vocabulary_s, 3), "compile_ms": round(compile_ms, 3),
-            "trie_nodes": vocab.num_nodes, "states": masks.automaton.num_states,
-            "mask_ms": {phase: percentiles(v) for phase, v in runs.items()}}
+def in_the_tab(replies: list[str]) -> dict:
+    """The same replay in the tab's Pyodide worker (Chromium, the page at bench.harness.QUERY)."""
+    from bench.harness import install_bench, session
+
+    with session() as page:
+        install_bench(page, "page/grammar_masks.py")
+        return page.py(TAB.format(schema=json.dumps(SCHEMA), replies=json.dumps(replies)), timeout_ms=600_000)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 seeds and 32 tokens, not 10 and 100")
+    parser.add_argument("--quick", action="store_true", help="2 seeds and 24 tokens, not 5 and 48")
+    parser.add_argument("--no-tab", action="store_true", help="skip the mask's cost in the tab's Pyodide worker")
     args = parser.parse_args()
-    seeds, max_tokens = (3, 32) if args.quick else (10, 100)
+    seeds, max_tokens = (2, 24) if args.quick else (5, 48)
+    load_before = round(os.getloadavg()[0], 2)
     engine = Engine([MODEL], budget_mib=700)
     timed_request(engine, max_tokens=4, temperature=0)  # warm up: first-call costs out of the figures
-    decode = {
-        "plain_greedy": timed_request(engine, max_tokens=max_tokens, temperature=0),
-        "plain_t0.8": timed_request(engine, max_tokens=max_tokens, temperature=0.8, seed=0),
-        "json_schema_greedy": timed_request(engine, max_tokens=max_tokens, temperature=0,
-                                            response_format=RESPONSE_FORMAT),
-        "json_schema_t0.8": timed_request(engine, max_tokens=max_tokens, temperature=0.8, seed=0,
-                                          response_format=RESPONSE_FORMAT),
-    }
+    modes = {"plain_greedy": {"temperature": 0}, "plain_t0.8": {"temperature": 0.8, "seed": 0},
+             "json_schema_greedy": {"temperature": 0, "response_format": RESPONSE_FORMAT},
+             "json_schema_t0.8": {"temperature": 0.8, "seed": 0, "response_format": RESPONSE_FORMAT}}
+    rounds: dict[str, list[dict]] = {mode: [] for mode in modes}
+    for _ in range(ROUNDS):
+        for mode, fields in modes.items():
+            rounds[mode].append(timed_request(engine, max_tokens=max_tokens, **fields))
+    decode = {mode: {**max(rows, key=lambda r: r["tok_s"]), "rounds_tok_s": [r["tok_s"] for r in rows]}
+              for mode, rows in rounds.items()}
     replies = [timed_request(engine, max_tokens=max_tokens, temperature=0.8, seed=s,
                              response_format=RESPONSE_FORMAT) for s in range(seeds)]
     for row in decode.values():
         row.pop("contents")
     valid = sum(r["finish_reasons"] == ["stop"] for r in replies)
     result = {
-        "benchmark": "structured", "quick": args.quick, "model": MODEL.name, "backend": "cpu (numpy reference)",
+        "benchmark": "structured", "quick": args.quick, "model": MODEL.name, "backend": "cpu (CpuBackend, numpy)",
         "machine": platform.machine(), "python": platform.python_version(), "max_tokens": max_tokens,
+        # the machine is shared: wall-clock figures scale with what else runs (1-minute load average, start/end)
+        "load_average": [load_before, round(os.getloadavg()[0], 2)],
         "decode": decode,
         "seeds": {"count": seeds, "finished_stop": valid,
                   "parsed": sum(_parses(r["contents"][0]) for r in replies),
                   "completion_tokens": [r["completion_tokens"] for r in replies]},
-        **mask_costs(engine, [r["contents"][0] for r in replies]),
+        **replay(engine.services[engine.model_id].tokenizer, SCHEMA, [r["contents"][0] for r in replies]),
+        "tab": None if args.no_tab else {"where": "Pyodide in Chromium's worker (bench.harness page)",
+                                         **in_the_tab([r["contents"][0] for r in replies])},
         "wgpu": "not measured (time on a shared 2-core machine); the mask is host work, the same on every backend, "
                 "and a grammar request there returns logits rows instead of drawing on the device",
     }

@@ -11,7 +11,6 @@ import pytest
 
 from model_fixtures import REAL_MODEL_DIR, real_weights, tiny_dir  # noqa: F401  (fixtures)
 from pagedkv.api import ApiError, Engine
-from pagedkv.engine import run_sync
 from pagedkv.sampling import SamplingParams
 from test_chat_service import in_fresh_loop
 from test_cli import run_cli

@@ -14,14 +14,13 @@ from functools import lru_cache
 
 from .terms import EMPTY, EPS, Term, alt, byte_set, literal, rep, seq
 
-__all__ = ["MAX_INT_DIGITS", "MAX_FRACTION_DIGITS", "integer_range", "number_range"]
+__all__ = ["MAX_INT_DIGITS", "MAX_FRACTION_DIGITS", "integer_range", "number_range", "integer_bounds"]
 
 MAX_INT_DIGITS = 16
 MAX_FRACTION_DIGITS = 16
 INT_LIMIT = 10 ** MAX_INT_DIGITS - 1
 
 DIGIT = byte_set(range(0x30, 0x3A))
-NONZERO = byte_set(range(0x31, 0x3A))
 
 
 def _digits(lo: int, hi: int) -> Term:
