@@ -46,6 +46,7 @@ SCHEMA = {
 }
 ASK = [{"role": "user", "content": "Describe a person as JSON with name, age, student, favourite color and hobbies."}]
 ROUNDS = 3
+REPLY_MAX_TOKENS = 100  # the seeds' replies: room for the whole object (they end at 30 to 60 tokens)
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
 
 
@@ -96,7 +97,7 @@ def main() -> None:
             rounds[mode].append(timed_request(engine, max_tokens=max_tokens, **fields))
     decode = {mode: {**max(rows, key=lambda r: r["tok_s"]), "rounds_tok_s": [r["tok_s"] for r in rows]}
               for mode, rows in rounds.items()}
-    replies = [timed_request(engine, max_tokens=max_tokens, temperature=0.8, seed=s,
+    replies = [timed_request(engine, max_tokens=REPLY_MAX_TOKENS, temperature=0.8, seed=s,
                              response_format=RESPONSE_FORMAT) for s in range(seeds)]
     for row in decode.values():
         row.pop("contents")
@@ -107,7 +108,7 @@ def main() -> None:
         # the machine is shared: wall-clock figures scale with what else runs (1-minute load average, start/end)
         "load_average": [load_before, round(os.getloadavg()[0], 2)],
         "decode": decode,
-        "seeds": {"count": seeds, "finished_stop": valid,
+        "seeds": {"count": seeds, "max_tokens": REPLY_MAX_TOKENS, "finished_stop": valid,
                   "parsed": sum(_parses(r["contents"][0]) for r in replies),
                   "completion_tokens": [r["completion_tokens"] for r in replies]},
         **replay(engine.services[engine.model_id].tokenizer, SCHEMA, [r["contents"][0] for r in replies]),

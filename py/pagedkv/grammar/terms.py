@@ -181,20 +181,37 @@ def _heads(t: Term) -> tuple[int, ...]:
 def byte_classes(t: Term) -> list[int]:
     """A partition of the bytes that may follow into sets (256-bit ints) on which `derive(t, .)` is equal:
     the derivative is taken once per set, not 256 times."""
+    heads = frozenset(_heads(t))
+    found = _partitions.get(heads)
+    if found is not None:
+        return found
     classes = [_ALL]
-    for mask in set(_heads(t)):
+    for mask in heads:
         split = []
         for c in classes:
             inside, outside = c & mask, c & ~mask
             split.extend(x for x in (inside, outside) if x)
         classes = split
     reachable = 0
-    for mask in _heads(t):
+    for mask in heads:
         reachable |= mask
-    return [c for c in classes if c & reachable]
+    if len(_partitions) > _MAX_MEMO:  # a long-running server meeting many schemas: start afresh
+        _partitions.clear()
+    found = _partitions[heads] = [c for c in classes if c & reachable]
+    return found
+
+
+_MAX_MEMO = 1 << 16
+_partitions: dict[frozenset[int], list[int]] = {}  # many states share their heads (a string's body, say)
+_indices: dict[int, np.ndarray] = {}
 
 
 def class_indices(c: int) -> np.ndarray:
     """The byte values (int array) of a 256-bit set."""
-    bits = np.unpackbits(np.frombuffer(c.to_bytes(32, "little"), np.uint8), bitorder="little")
-    return np.flatnonzero(bits)
+    found = _indices.get(c)
+    if found is None:
+        if len(_indices) > _MAX_MEMO:
+            _indices.clear()
+        bits = np.unpackbits(np.frombuffer(c.to_bytes(32, "little"), np.uint8), bitorder="little")
+        found = _indices[c] = np.flatnonzero(bits)
+    return found
