@@ -71,6 +71,15 @@ def test_only_optional_properties_and_absent_additional_properties():
     assert accepts(g, '{"c": 1}', '{, "b": 2}', '{"b": 3}') == [False] * 3
 
 
+def test_maps_and_bare_objects():
+    as_map = Grammar.json_schema({"type": "object", "additionalProperties": {"type": "integer"}})
+    assert accepts(as_map, '{}', '{"x": 1, "y": 2}', '{"x": "1"}') == [True, True, False]
+    bare = Grammar.json_schema({"type": "object"})
+    assert accepts(bare, '{"x": [1, {"y": null}]}', '[]') == [True, False]
+    closed = Grammar.json_schema({"type": "object", "additionalProperties": False})
+    assert accepts(closed, '{}', '{"x": 1}') == [True, False]
+
+
 def test_integer_bounds_as_zod_emits_them():
     g = Grammar.json_schema({"type": "integer", "minimum": -9007199254740991, "maximum": 9007199254740991})
     assert accepts(g, "-9007199254740991", "9007199254740991", "0", "-1", "42") == [True] * 5
