@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pagedkv.engine import NeverFits
+from pagedkv.api import ApiError, PromptTooLong
 from pagedkv.sampling import SamplingParams
 
 from .remote import FallbackSettings, RemoteError, RemoteReply
@@ -44,14 +44,17 @@ class RemoteReplies:
             return "this browser has no WebGPU"
         return None
 
-    def cannot_fit(self, exc: ValueError, prompt: list[int]) -> bool:
-        """The engine refused for lack of room (pool or context), not for a bad request."""
-        return isinstance(exc, NeverFits) or len(prompt) >= self.context_length
+    def cannot_fit(self, exc: ApiError) -> bool:
+        """The completions API refused for lack of room (413: the pool; the prompt passes the context), not for
+        a bad request."""
+        return exc.status == 413 or isinstance(exc, PromptTooLong)
 
-    def start(self, chat, fallback: FallbackSettings, params: SamplingParams, reason: str, regenerate: bool) -> str:
-        """Stream the reply to the chat's history (its last message is the user's) from the server; returns
-        the request id the page sees."""
+    def start(self, chat, fallback: FallbackSettings, fields: dict, reason: str, regenerate: bool) -> str:
+        """Stream the reply to the chat's history (its last message is the user's) from the server; `fields`:
+        the turn's sampling fields (chat_service.sampling_from). Returns the request id the page sees."""
         conv = chat.conversation
+        params = SamplingParams(temperature=fields["temperature"], top_p=fields["top_p"],
+                                max_tokens=fields["max_tokens"], seed=fields.get("seed"))
         reply = RemoteReply(fallback, conv.messages, params, self.open_stream, conv.tokenizer)
         chat.remote, chat.request_id, chat.request = reply, f"remote-{chat.session_id}-{len(conv.messages)}", None
         chat.before_reply = conv.checkpoint()
