@@ -113,8 +113,7 @@ class ChatService:
         self.api = ApiRequests(engine, template, model_name, self._ensure_loop, post, loader)
         self.store = self.api.services.sessions  # the sessions' one owner
         self.alts = AlternativeReplies(post)
-        self.remote = RemoteReplies(open_stream, post, webgpu=webgpu, context_length=engine.context_length,
-                                    saved=self.post_saved, ended=self._end_turn)
+        self.remote = RemoteReplies(open_stream, post, webgpu=webgpu, saved=self.post_saved, ended=self._end_turn)
         # The page's messages to the chat service (docs/architecture.md, "The page <-> worker protocol").
         self.messages = {
             "open-sessions": lambda msg: self.open_sessions(msg.get("sessions") or []),
@@ -156,6 +155,10 @@ class ChatService:
         message (the page marks it interrupted) and posted back."""
         chat = self.sessions.get(session_id)
         if chat is not None and (record is None or chat.request_id is not None):
+            return chat
+        held = self.store.get(session_id)
+        if held is not None and not record:  # a session pagedkv.js opened (`pagedkv.session`): go on with it
+            chat = self.sessions[session_id] = Chat(held)
             return chat
         record = record or {}
         model = self._lane_of(record.get("model"))

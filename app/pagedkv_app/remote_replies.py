@@ -18,14 +18,12 @@ from .remote import FallbackSettings, RemoteError, RemoteReply
 class RemoteReplies:
     """The fallback server's replies in the service's chats (a chat's `remote` is set while one streams)."""
 
-    def __init__(self, open_stream, post, *, webgpu: bool, context_length: int, saved, ended) -> None:
+    def __init__(self, open_stream, post, *, webgpu: bool, saved, ended) -> None:
         """`open_stream` is the HTTP transport (bridge.open_stream in the tab, None: no fallback possible);
-        `webgpu` False means the engine runs on the slow CPU fallback, so "auto" fallback answers remotely;
-        `context_length` is the engine's."""
+        `webgpu` False means the engine runs on the slow CPU fallback, so "auto" fallback answers remotely."""
         self.open_stream = open_stream
         self.post = post
         self.webgpu = webgpu
-        self.context_length = context_length
         self.saved = saved
         self.ended = ended
 

@@ -170,14 +170,14 @@ class CompletionService(_Creates):
                            "pagedkv.session")
         if session is not None and session.model != self.model:
             raise ApiError(400, f"pagedkv.session {name!r} is a conversation with another model", "pagedkv.session")
-        if session is None or "restore" in req.options:
-            try:
-                session = self.sessions.open(name, self.model, self.template, req.options.get("restore"))
-            except ValueError as exc:  # token ids outside the vocabulary, a template the record does not match
-                raise ApiError(400, f"pagedkv.restore: {exc}", "pagedkv.restore") from None
         if req.n != 1 and not req.options.get("regenerate"):
             raise ApiError(400, f"a pagedkv.session continues one conversation: n must be 1 (or, with "
                                 f"pagedkv.regenerate, n alternatives to its last reply), got {req.n}", "n")
+        if session is None or "restore" in req.options:
+            try:
+                session = self.sessions.open(name, self.model, self.template, req.options.get("restore"))
+            except ValueError as exc:  # token ids outside the vocabulary
+                raise ApiError(400, f"pagedkv.restore: {exc}", "pagedkv.restore") from None
         return session
 
     def _conversation(self, req: CompletionRequest, session: Session | None) -> Conversation:

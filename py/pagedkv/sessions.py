@@ -72,9 +72,12 @@ class Sessions:
         old = self._by_id.get(session_id)
         if old is not None and old.request_id is not None:
             raise ValueError(f"session {session_id!r} is answering a request; stop it first")
-        conv = Conversation(self.llm.lane(model).tokenizer, template)
+        tokenizer = self.llm.lane(model).tokenizer
+        conv = Conversation(tokenizer, template)
         record = record or {}
         if record.get("checkpoint"):
+            for token in record["checkpoint"][1]:  # a record from elsewhere (an app's): ids of this vocabulary
+                tokenizer.check_id(token)
             conv.rollback(tuple(record["checkpoint"]))
         partial = [int(t) for t in record.get("partial_ids") or []]
         # A reply cut off before its first token is an empty reply, as the page shows it (and as Stop leaves
