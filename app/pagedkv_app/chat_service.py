@@ -278,15 +278,18 @@ class ChatService:
                                      f"answer requests this tab cannot hold") from None
                 remote_reason = exc.message
             else:
-                chat.alternatives = None  # a new reply supersedes alternatives not kept
-                cached = self.engine.cached_prefix_tokens(chat.request.seq.token_ids[:chat.request.num_prompt_tokens - 1],
-                                                          chat.model)
-                self.post("turn-start", chat=chat.session_id, request=rid, prompt_tokens=chat.request.num_prompt_tokens,
-                          cached_tokens=cached, regenerate=regenerate,
-                          engine={"kind": "local", "backend": self.engine.backend.name})
-                self.post_saved(chat)  # with the user's message, so a reload mid-reply keeps both
+                self._turn_started(chat, regenerate)
                 return rid
         return self._remote_reply(chat, messages, fields, fallback, remote_reason, regenerate)
+
+    def _turn_started(self, chat: Chat, regenerate: bool) -> None:
+        chat.alternatives = None  # a new reply supersedes alternatives not kept
+        num_prompt = chat.request.num_prompt_tokens
+        cached = self.engine.cached_prefix_tokens(chat.request.seq.token_ids[:num_prompt - 1], chat.model)
+        self.post("turn-start", chat=chat.session_id, request=chat.request_id, prompt_tokens=num_prompt,
+                  cached_tokens=cached, regenerate=regenerate,
+                  engine={"kind": "local", "backend": self.engine.backend.name})
+        self.post_saved(chat)  # with the user's message, so a reload mid-reply keeps both
 
     def _remote_reply(self, chat: Chat, messages: list[dict], fields: dict, fallback: FallbackSettings,
                       reason: str, regenerate: bool) -> str:

@@ -44,7 +44,8 @@ from .sessions import Session, Sessions
 from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
 from .tokenizer import Tokenizer
 
-__all__ = ["ApiError", "PromptTooLong", "ChatCompletions", "CompletionService", "CompletionServices", "Completions", "Engine"]
+__all__ = ["ApiError", "ChatCompletions", "CompletionService", "CompletionServices", "Completions", "Engine",
+           "PromptTooLong"]
 
 MIB = 1 << 20
 MODELS_DIR = Path(__file__).resolve().parents[2] / "dist" / "models"
@@ -147,7 +148,7 @@ class CompletionService(_Creates):
         try:
             return self.sessions.keep(session, index)
         except ValueError as exc:
-            raise ApiError(400, str(exc), "index") from None
+            raise ApiError(400, str(exc)) from None
 
     def close(self) -> None:
         """Stop every request; later requests get 503."""
@@ -227,7 +228,7 @@ class CompletionService(_Creates):
         room = self.context_length - len(prompt)
         if room < 1:
             raise PromptTooLong(400, f"the prompt has {len(prompt)} tokens; {self.model_id}'s context is "
-                                f"{self.context_length}", req.input_field)
+                                     f"{self.context_length}", req.input_field)
         if req.max_tokens is not None and req.max_tokens > room and not req.options.get("up_to_context"):
             raise ApiError(400, f"max_tokens {req.max_tokens} + the prompt's {len(prompt)} tokens pass "
                                 f"{self.model_id}'s context of {self.context_length}", "max_tokens")

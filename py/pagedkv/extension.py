@@ -24,21 +24,25 @@ def parse_extension(extension: object) -> dict:
     if extension is None:
         return {}
     if not isinstance(extension, dict) or set(extension) - set(FIELDS):
-        raise completions.ApiError(400, f"pagedkv may hold only {', '.join(FIELDS)}, got {extension!r}", "pagedkv")
+        raise _refused(f"pagedkv may hold only {', '.join(FIELDS)}, got {extension!r}", "pagedkv")
     out = dict(extension)
     if "session" in out and not (isinstance(out["session"], str) and out["session"]):
-        raise completions.ApiError(400, "pagedkv.session must be a non-empty string", "pagedkv.session")
+        raise _refused("pagedkv.session must be a non-empty string", "pagedkv.session")
     for name in ("regenerate", "token_ids", "up_to_context", "save"):
         if name in out and not isinstance(out[name], bool):
-            raise completions.ApiError(400, f"pagedkv.{name} must be true or false, got {out[name]!r}", f"pagedkv.{name}")
+            raise _refused(f"pagedkv.{name} must be true or false, got {out[name]!r}", f"pagedkv.{name}")
     if "priority" in out and (isinstance(out["priority"], bool) or not isinstance(out["priority"], int)):
-        raise completions.ApiError(400, f"pagedkv.priority must be an integer, got {out['priority']!r}", "pagedkv.priority")
+        raise _refused(f"pagedkv.priority must be an integer, got {out['priority']!r}", "pagedkv.priority")
     for name in NEEDS_SESSION:
         if out.get(name) and "session" not in out:
-            raise completions.ApiError(400, f"pagedkv.{name} needs a pagedkv.session", f"pagedkv.{name}")
+            raise _refused(f"pagedkv.{name} needs a pagedkv.session", f"pagedkv.{name}")
     if "restore" in out:
         out["restore"] = _record(out["restore"])
     return out
+
+
+def _refused(message: str, param: str) -> Exception:
+    return completions.ApiError(400, message, param)
 
 
 def _record(record: object) -> dict:
@@ -46,7 +50,7 @@ def _record(record: object) -> dict:
     ids, text], `before_reply` (the same, before the last reply, or null) and a reply cut off by a reload."""
     field = "pagedkv.restore"
     if not isinstance(record, dict) or set(record) - set(RESTORE_FIELDS) or "checkpoint" not in record:
-        raise completions.ApiError(400, f"{field} must be a saved record {{checkpoint, before_reply}}, got {record!r}", field)
+        raise _refused(f"{field} must be a saved record {{checkpoint, before_reply}}, got {record!r}", field)
     for name in ("checkpoint", "before_reply"):
         value = record.get(name)
         if value is None and name == "before_reply":
@@ -54,9 +58,9 @@ def _record(record: object) -> dict:
         if not (isinstance(value, (list, tuple)) and len(value) == 3 and isinstance(value[0], (list, tuple))
                 and isinstance(value[1], (list, tuple)) and isinstance(value[2], str)
                 and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value[1])):
-            raise completions.ApiError(400, f"{field}.{name} must be [messages, token ids, text] as `save` gave it",
+            raise _refused(f"{field}.{name} must be [messages, token ids, text] as `save` gave it",
                            f"{field}.{name}")
     ids = record.get("partial_ids") or []
     if not (isinstance(ids, (list, tuple)) and all(isinstance(t, int) and t >= 0 for t in ids)):
-        raise completions.ApiError(400, f"{field}.partial_ids must be a list of token ids", f"{field}.partial_ids")
+        raise _refused(f"{field}.partial_ids must be a list of token ids", f"{field}.partial_ids")
     return dict(record)
