@@ -137,19 +137,32 @@ def test_the_chat_service_adds_no_engine_requests_of_its_own(service):  # noqa: 
 
     def spy(*args, **kw):
         frame = inspect.stack()[1]
-        callers.append((frame.function, frame.filename.rsplit("/", 1)[-1], kw.get("session")))
+        callers.append((frame.function, frame.filename.rsplit("/", 1)[-1], kw.get("session"), kw.get("priority")))
         return add_request(*args, **kw)
 
     svc.engine.add_request = spy
 
     async def scenario():
-        svc.send("chat-1", "hello there", {"temperature": 0, "max_tokens": 4})
+        svc.send("chat-1", "hello there", {"temperature": 0, "max_tokens": 4, "priority": 1})
         await svc.settled()
-        svc.regenerate("chat-1", {"temperature": 0, "max_tokens": 4})
+        svc.regenerate("chat-1", {"temperature": 0, "max_tokens": 4, "priority": 1})
         await svc.settled()
-        svc.alternatives("chat-1", {"temperature": 0.9, "max_tokens": 4, "seed": 1}, 2)
+        svc.alternatives("chat-1", {"temperature": 0.9, "max_tokens": 4, "seed": 1, "priority": 1}, 2)
         await svc.settled()
 
     in_fresh_loop(scenario)
-    assert callers == [("_start", "api.py", "chat-1")] * 3
+    assert callers == [("_start", "api.py", "chat-1", 1)] * 3
     assert [e["regenerate"] for e in of(posts, "turn-start")] == [False, True] and len(of(posts, "alt-end")) == 1
+
+
+def test_up_to_context_bounds_max_tokens_by_the_room_the_prompt_leaves(tiny_dir):
+    engine = Engine([tiny_dir], budget_mib=64)
+    # Seed 4 draws no end-of-sequence token before the context (256) is full.
+    body = {"model": engine.model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000,
+            "temperature": 0.9, "seed": 4}
+    with pytest.raises(ApiError) as err:
+        engine.chat.completions.create(body)
+    assert (err.value.status, err.value.param) == (400, "max_tokens")
+    out = engine.chat.completions.create(body, pagedkv={"up_to_context": True})
+    assert out["choices"][0]["finish_reason"] == "length"
+    assert (out["usage"]["prompt_tokens"], out["usage"]["completion_tokens"]) == (31, 256 - 31)
