@@ -19,7 +19,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from pagedkv.api import ApiError, PromptTooLong
+from pagedkv.api import ApiError
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import LLMEngine, run_sync
 from pagedkv.sessions import Session

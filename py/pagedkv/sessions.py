@@ -11,7 +11,7 @@ prompt stays cached).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .chat import ChatTemplate, Conversation
 from .engine import LLMEngine
