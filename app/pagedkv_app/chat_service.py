@@ -67,10 +67,6 @@ class Chat:
         """The history just before the last reply (for Regenerate)."""
         return self.session.before_reply
 
-    @before_reply.setter
-    def before_reply(self, checkpoint: tuple | None) -> None:  # a fallback server's reply (remote_replies.py)
-        self.session.before_reply = checkpoint
-
 
 def sampling_from(settings: dict) -> dict:
     """UI settings (strings or numbers) -> the request body's sampling fields; ValueError names the bad field
@@ -113,7 +109,8 @@ class ChatService:
         self.api = ApiRequests(engine, template, model_name, self._ensure_loop, post, loader)
         self.store = self.api.services.sessions  # the sessions' one owner
         self.alts = AlternativeReplies(post)
-        self.remote = RemoteReplies(open_stream, post, webgpu=webgpu, saved=self.post_saved, ended=self._end_turn)
+        self.remote = RemoteReplies(open_stream, post, self.store, webgpu=webgpu, saved=self.post_saved,
+                                    ended=self._end_turn)
         # The page's messages to the chat service (docs/architecture.md, "The page <-> worker protocol").
         self.messages = {
             "open-sessions": lambda msg: self.open_sessions(msg.get("sessions") or []),
@@ -294,17 +291,8 @@ class ChatService:
     def _remote_reply(self, chat: Chat, messages: list[dict], fields: dict, fallback: FallbackSettings,
                       reason: str, regenerate: bool) -> str:
         """The fallback server answers the turn: the history takes the user's message as the engine's turn
-        would, and the server's text when it ends (remote_replies.py)."""
-        conv = chat.conversation
-        before = conv.checkpoint()
-        try:
-            if regenerate:
-                conv.rollback(chat.before_reply)
-            for message in messages[len(conv.messages):]:
-                conv.add_message(message["role"], message["content"])
-        except ValueError:
-            conv.rollback(before)  # a refused turn leaves the history exactly as it was
-            raise
+        would (Sessions.turn_elsewhere), and the server's text when it ends (remote_replies.py)."""
+        self.store.turn_elsewhere(chat.session_id, messages, regenerate=regenerate)
         chat.alternatives = None
         return self.remote.start(chat, fallback, fields, reason, regenerate)
 

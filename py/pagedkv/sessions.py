@@ -124,6 +124,26 @@ class Sessions:
         self.refer(session)
         return session
 
+    def turn_elsewhere(self, session_id: str, messages: list[dict], *, regenerate: bool) -> Session:
+        """A turn another server answers (the chat page's fallback): the history takes the request's new
+        messages as a turn here would (with `regenerate`, back to before its last reply first); its reply comes
+        with `reply_from_elsewhere`. ValueError (a message the template refuses) leaves it as it was."""
+        session = self._by_id[session_id]
+        conv = Conversation(session.conversation.tokenizer, session.conversation.template)
+        conv.rollback(session.before_reply if regenerate else session.conversation.checkpoint())
+        for message in messages[len(conv.messages):]:
+            conv.add_message(message["role"], message["content"])
+        session.conversation, session.before_reply, session.alternatives = conv, conv.checkpoint(), None
+        self.refer(session)
+        return session
+
+    def reply_from_elsewhere(self, session_id: str, text: str) -> None:
+        """The other server's reply joins the history as its text (this tokenizer encodes it)."""
+        session = self._by_id.get(session_id)
+        if session is not None:
+            session.conversation.add_message("assistant", text)
+            self.refer(session)
+
     def keep(self, session_id: str, index: int) -> str:
         """Alternative `index` becomes the session's last reply: its history now ends with exactly its ids.
         Returns its text; ValueError when there is none such."""
