@@ -166,3 +166,37 @@ def test_up_to_context_bounds_max_tokens_by_the_room_the_prompt_leaves(tiny_dir)
     out = engine.chat.completions.create(body, pagedkv={"up_to_context": True})
     assert out["choices"][0]["finish_reason"] == "length"
     assert (out["usage"]["prompt_tokens"], out["usage"]["completion_tokens"]) == (31, 256 - 31)
+
+
+def test_a_failing_step_ends_pagedkv_js_requests_and_the_chats_turn_resumes_on_a_new_backend(service,  # noqa: F811
+                                                                                             tiny_weights):
+    """A step dies (a destroyed GPU device fails it before its `lost` event comes): pagedkv.js's request ends
+    with an api-error; the chat's turn, a request of the same API, waits and resumes on the rebuilt backend."""
+    from pagedkv.backends.cpu import CpuBackend
+
+    svc, posts = service
+    body = {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+    async def failing_step():
+        raise RuntimeError("mapAsync: the device was destroyed")
+
+    async def scenario():
+        svc.send("chat-1", "a reply a failing step interrupts", {"temperature": 0, "max_tokens": 8})
+        api = svc.api.request("api-1", body)
+        step, svc.engine.step = svc.engine.step, failing_step
+        with pytest.raises(RuntimeError, match="destroyed"):
+            await svc._loop_task
+        await api
+        svc.engine.step = step
+        svc.device_lost("destroyed")
+        resumed = svc.resume_on(CpuBackend(tiny_weights, num_blocks=32, block_size=16))
+        await svc._loop_task
+        await svc.settled()
+        return resumed
+
+    assert in_fresh_loop(scenario) == ["chatcmpl-1"]
+    (error,) = of(posts, "api-error")
+    assert error["id"] == "api-1" and error["status"] == 500 and "destroyed" in error["error"]["error"]["message"]
+    (end,) = of(posts, "turn-end")
+    assert (end["chat"], end["reason"], end["tokens"]) == ("chat-1", "length", 8)
+    assert not svc.engine.has_unfinished and svc.engine.stats()["used_blocks"] == 0

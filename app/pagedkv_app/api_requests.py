@@ -137,8 +137,10 @@ class ApiRequests:
         return self.services.deliver(outputs)
 
     def fail(self, exc: Exception) -> None:
-        """The step loop died: every API request ends with an api-error."""
-        self.services.fail(exc)
+        """The step loop died: every request pagedkv.js sent ends with an api-error. The chats' turns wait: a
+        step dies with a lost GPU device before its `lost` event comes, and they resume on the rebuilt one."""
+        for service in self.services.values():
+            service.fail(exc, self._tasks)
 
     def keep_only(self, request_ids) -> None:
         """After a rebuild of the backend (a lost GPU device): abort the requests the new pool did not take back."""

@@ -424,18 +424,14 @@ class ChatService:
         """Post a turn's chunks as the page's events: its tokens (`token`, or `alt-token` for alternatives),
         then its end, with what the session's history now holds."""
         finished: dict[int, str] = {}
-        try:
-            async for piece in chunks:
-                for choice in piece["choices"]:
-                    ids = (choice.get("pagedkv") or {}).get("token_ids", [])
-                    text = choice["delta"].get("content") or ""
-                    if ids or text:
-                        self._on_piece(chat, rid, choice["index"], text, ids)
-                    if choice["finish_reason"] is not None:
-                        finished[choice["index"]] = choice["finish_reason"]
-        except ApiError as exc:  # the step loop died: run() posted engine-error
-            chat.end_reason = "error"
-            self.post("chat-error", chat=chat.session_id, message=exc.message)
+        async for piece in chunks:  # a step that fails leaves it waiting (ApiRequests.fail): it resumes on
+            for choice in piece["choices"]:  # a rebuilt device (resume_on)
+                ids = (choice.get("pagedkv") or {}).get("token_ids", [])
+                text = choice["delta"].get("content") or ""
+                if ids or text:
+                    self._on_piece(chat, rid, choice["index"], text, ids)
+                if choice["finish_reason"] is not None:
+                    finished[choice["index"]] = choice["finish_reason"]
         if self.sessions.get(chat.session_id) is not chat or chat.request_id != rid:
             return  # deleted meanwhile: nothing more of it goes to the page
         if chat.alternatives is not None:

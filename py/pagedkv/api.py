@@ -119,10 +119,11 @@ class CompletionService(_Creates):
                 route.put_nowait(out)
         return rest
 
-    def fail(self, exc: Exception) -> None:
-        """The step loop died: every waiting request hears of it."""
-        for route in self._routes.values():
-            route.put_nowait(exc)
+    def fail(self, exc: Exception, request_ids=None) -> None:
+        """The step loop died: every waiting request hears of it (request_ids: those only)."""
+        for rid, route in self._routes.items():
+            if request_ids is None or rid in request_ids:
+                route.put_nowait(exc)
 
     def abort(self, request_id: str) -> None:
         """Stop a request now (its stream ends at once; its blocks are freed)."""
