@@ -236,17 +236,18 @@ class ChatService:
             raise ValueError("this chat is still answering; stop it or wait")
         return chat
 
-    def request_body(self, chat: Chat, settings: dict, messages: list[dict], fields: dict | None = None, *,
+    def request_body(self, chat: Chat, settings: dict, messages: list[dict], fields: dict, *,
                      regenerate: bool) -> dict:
         """The Chat Completions body of a turn: the chat's messages and settings, its session continued on its
         exact ids, the reply's token ids streamed (the page saves a reply in progress as ids), max_tokens a
-        bound (a long chat gets the room its context has left) and the chat in view first."""
+        bound (a long chat gets the room its context has left) and the chat in view first. fields: the
+        sampling fields (sampling_from)."""
         extension = {"session": chat.session_id, "token_ids": True, "up_to_context": True,
                      "priority": int(settings.get("priority", 0))}
         if regenerate:
             extension["regenerate"] = True
         return {"model": self.api.service_of(chat.model).model_id, "messages": messages, "stream": True,
-                **(fields if fields is not None else sampling_from(settings)), "pagedkv": extension}
+                **fields, "pagedkv": extension}
 
     def _request(self, chat: Chat, body: dict) -> str:
         """Start a turn's request on the completions API and read its chunks in a task; returns its id.
