@@ -182,7 +182,7 @@ class CompletionService(_Creates):
                 raise ApiError(400, f"pagedkv.restore: {exc}", "pagedkv.restore") from None
         return session
 
-    def _conversation(self, req: CompletionRequest, session: Session | None) -> Conversation:
+    def _conversation(self, req: CompletionRequest, session: Session | None = None) -> Conversation:
         """The request's conversation: with `regenerate`, the session's history before its last reply (the
         request's messages must be that history's); with a session whose messages the request's start with,
         that session's exact token ids plus the new messages (a copy: the session takes it when the engine
