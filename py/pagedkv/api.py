@@ -152,10 +152,14 @@ class CompletionService(_Creates):
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
 
-    def close(self) -> None:
-        """Stop every request; later requests get 503."""
+    def close(self, error: ApiError | None = None, request_ids=None) -> None:
+        """Stop every request; later requests get 503. error: what each running request's caller gets (its
+        stream raises it where it stands; None: the streams just end); request_ids: the requests that get it
+        (None: all; the others just end, as a chat's turn keeps its reply as far as it got)."""
         self.closed = True
-        for rid in list(self._routes):
+        for rid, route in list(self._routes.items()):
+            if error is not None and (request_ids is None or rid in request_ids):
+                route.put_nowait(error)
             self.abort(rid)
 
     # ---------------------------------------------------------------- one request
@@ -288,6 +292,8 @@ class CompletionService(_Creates):
                 out = await route.get()
                 if out is None:  # aborted (abort(), close())
                     break
+                if isinstance(out, ApiError):  # close(error): the model was unloaded under it
+                    raise out
                 if isinstance(out, Exception):
                     raise ApiError(500, f"the engine failed: {type(out).__name__}: {out}") from out
                 i = out.index
@@ -369,10 +375,11 @@ class CompletionServices(dict):
         for service in self.values():
             service.fail(exc)
 
-    def close(self) -> None:
-        """Stop every request; later requests get 503."""
+    def close(self, error: ApiError | None = None) -> None:
+        """Stop every request (each raises `error` where it stands; None: they just end); later requests get
+        503."""
         for service in self.values():
-            service.close()
+            service.close(error)
 
     def forget(self, session: str) -> bool:
         """Drop a session (`pagedkv: {session}`) of whichever model holds it; False when none did."""
@@ -466,18 +473,20 @@ class Engine:
         return model_id
 
     def unload(self, model: str) -> None:
-        """Stop `model`'s requests (their streams end) and give its weights' and KV pages back."""
+        """Stop `model`'s requests (each raises unloaded_error where it stands) and give its weights' and KV
+        pages back."""
         self._open()
         service = self.services.get(model)
         if service is None:
             raise ApiError(404, f"the model {model!r} is not loaded; loaded: {', '.join(self.services)}", "model")
         if len(self.services) == 1:
             raise ApiError(400, f"{model} is the engine's only model; close the engine instead", "model")
-        service.close()
+        service.close(unloaded_error(model))
         self.llm.remove_model(model)
         del self.services[model]
 
     def list_models(self) -> dict:
+        self._open()
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "pagedkv"}
                                            for m in self.services]}
 
@@ -504,16 +513,18 @@ class Engine:
 
     def forget(self, session: str) -> bool:
         """Drop a session (`pagedkv: {session}`) of whichever model holds it; False when none did."""
+        self._open()
         return self.services.forget(session)
 
     def close(self) -> None:
-        """Stop every request; later requests get 503."""
+        """Stop every request; later calls of any method raise ApiError 503."""
         self.closed = True
-        self.services.close()
+        self.services.close(ApiError(503, "the engine was closed while this request ran"))
 
     def stats(self) -> dict:
         """Each model's counters and KV (LLMEngine.stats) and, under "pool", the shared pages: total, free,
         cached, held by each model's weights and requests, and their bytes."""
+        self._open()
         out = {m: self.llm.stats(m) for m in self.services}
         out["pool"] = dict(self.llm.pool_stats(), page_bytes=self.shared.page_bytes, budget_bytes=self.budget_bytes)
         return out
@@ -534,6 +545,12 @@ class Engine:
         except Exception as exc:
             self.services.fail(exc)
             raise
+
+
+def unloaded_error(model: str) -> ApiError:
+    """What a request of `model` raises when the model is unloaded under it (503: the model is gone; a
+    request sent again after loading it is answered)."""
+    return ApiError(503, f"the model {model} was unloaded while this request ran", "model")
 
 
 def _with_ids(piece: dict, token_ids, wanted: bool) -> dict:
