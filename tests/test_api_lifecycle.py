@@ -1,6 +1,10 @@
-"""pagedkv.api.Engine after close() (CPython, tiny model): every method raises ApiError 503 at once, and a
-request streaming when the engine closes ends with that error rather than just stopping."""
+"""pagedkv.api.Engine's lifecycle and arguments (CPython, tiny model): after close() every method raises ApiError
+503 at once, and a request streaming when the engine closes ends with that error rather than just stopping; a
+budget or a sampling number Python cannot use is a 400 naming it, not an OverflowError / MemoryError /
+TypeError."""
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -37,3 +41,29 @@ def test_close_ends_a_running_stream_with_an_error_and_every_later_call_raises_5
         with pytest.raises(ApiError) as caught:
             call()
         assert (name, caught.value.status, caught.value.message) == (name, 503, "the engine is closed")
+
+
+@pytest.mark.parametrize("budget", [1.5, "8", True, -1])
+def test_a_budget_that_is_not_a_whole_number_of_mib_is_400(tiny_dir, budget):  # noqa: F811
+    with pytest.raises(ApiError) as err:  # 1.5 was a TypeError
+        Engine([tiny_dir], budget_mib=budget)
+    assert (err.value.status, err.value.param, err.value.message) == (
+        400, "budget_mib", f"budget_mib must be a whole number of MiB, got {budget!r}")
+
+
+def test_a_budget_past_the_machines_memory_is_400_before_anything_is_allocated(tiny_dir):  # noqa: F811
+    with pytest.raises(ApiError) as err:  # was a MemoryError: numpy asked for 954 TiB
+        Engine([tiny_dir], budget_mib=10**9)
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
+    assert (err.value.status, err.value.param, err.value.message) == (
+        400, "budget_mib", f"budget_mib is 1,000,000,000 MiB, more than this machine's memory ({memory:,} MiB)")
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p"])
+def test_a_number_too_large_for_a_float_is_a_400_naming_the_field(tiny_dir, field):  # noqa: F811
+    engine = Engine([tiny_dir], budget_mib=16)
+    with pytest.raises(ApiError) as err:  # was OverflowError: int too large to convert to float
+        engine.chat.completions.create(model="tiny-random", messages=HI, max_tokens=2, **{field: 10**400})
+    assert (err.value.status, err.value.param) == (400, field)
+    assert err.value.message.startswith(f"{field} must be between ") and err.value.message.endswith(
+        ", got 1000000000000000000000000000000000000000")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -423,7 +424,7 @@ class Engine:
         ids = [model_id for model_id, _ in found]
         if len(set(ids)) != len(ids):
             raise ValueError(f"a model is named twice: {ids}")
-        self.budget_bytes = budget_mib * MIB
+        self.budget_bytes = _budget_bytes(budget_mib)
         try:
             self.llm, self.shared = shared_engine([self._model(i, w) for i, w in found], self.budget_bytes, block_size)
         except BudgetTooSmall as exc:
@@ -545,6 +546,27 @@ class Engine:
         except Exception as exc:
             self.services.fail(exc)
             raise
+
+
+def _budget_bytes(budget_mib) -> int:
+    """budget_mib in bytes; ApiError 400 naming it for anything but a whole number of MiB this machine's memory
+    holds (checked before the pool is allocated: 10**9 MiB would ask numpy for 954 TiB). One too small for the
+    models is shared_engine's 413, with the numbers."""
+    if isinstance(budget_mib, bool) or not isinstance(budget_mib, int) or budget_mib < 0:
+        raise ApiError(400, f"budget_mib must be a whole number of MiB, got {budget_mib!r:.40}", "budget_mib")
+    memory = _machine_memory()
+    if memory is not None and budget_mib * MIB > memory:
+        raise ApiError(400, f"budget_mib is {budget_mib:,} MiB, more than this machine's memory "
+                            f"({memory // MIB:,} MiB)", "budget_mib")
+    return budget_mib * MIB
+
+
+def _machine_memory() -> int | None:
+    """The machine's physical memory in bytes; None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def unloaded_error(model: str) -> ApiError:
