@@ -1,12 +1,15 @@
 """pagedkv.js's lifecycle in a page (web/examples/two-models.html, CPU path: tiny-random and tiny-random-wide in
 one engine): unloading a model ends each of its requests with an ApiError that names the unload (a non-streamed
 create rejects; engine.fetch's stream ends with OpenAI's `error` event, no [DONE]); after close() every method
-rejects at once with ApiError 503; a createEngine that fails terminates its worker, and the next one works."""
+rejects at once with ApiError 503; a createEngine that fails terminates its worker, and the next one works; the
+single-model CPU path honours budgetMiB and refuses an unknown kvDtype by name."""
 from __future__ import annotations
 
 import json
 
 from test_two_models_page import opened
+
+from pagedkv.kv.dtypes import KV_DTYPES
 
 PAGE = "/examples/two-models.html?writer=tiny-random&reviewer=tiny-random-wide&backend=cpu&budget_mib=16"
 WIDE = "tiny-random-wide"
@@ -76,6 +79,23 @@ FAILED_CREATE = """async () => {
   return { failed, afterFailure, finish: reply.choices[0].finish_reason, terminated: workers.map((w) => w.terminated) };
 }"""
 
+# The single-model CPU path's options: ?budget_mib= bounds weights + KV (tiny-random: 82,176 B of weights, 8,192 B
+# a block of 16 tokens), ?kv_dtype= must be a KV dtype's name; each refusal a model-error naming it.
+CPU_OPTIONS = """async () => {
+  const { createEngine } = await import("/pagedkv.js");
+  const one = async (options) => {  // the engines boot side by side
+    try {
+      const e = await createEngine({ model: "tiny-random", backend: "cpu", ...options });
+      const blocks = (await e.stats())["tiny-random"].num_blocks;
+      e.close();
+      return blocks;
+    } catch (err) { return err.message; }
+  };
+  const [int3, small, mib1] = await Promise.all([one({ kvDtype: "int3" }), one({ budgetMiB: 0.0625 }),
+                                                 one({ budgetMiB: 1 })]);
+  return { int3, small, mib1 };
+}"""
+
 
 def test_unload_close_and_a_failed_create_end_what_they_should(browser, base_url):
     page = opened(browser, base_url + PAGE)
@@ -101,5 +121,11 @@ def test_unload_close_and_a_failed_create_end_what_they_should(browser, base_url
         assert failed["failed"] == "RuntimeError: fetching models/no-such-model/model.json failed: HTTP 404"
         assert failed["afterFailure"] == [True]  # the failed engine's worker is gone
         assert failed["finish"] in ("stop", "length") and failed["terminated"] == [True, True]
+
+        assert page.evaluate(CPU_OPTIONS) == {
+            "int3": "ValueError: unknown KV cache dtype 'int3'; valid dtypes are " + ", ".join(KV_DTYPES),
+            "small": "ValueError: a budget of 0.0625 MiB does not hold tiny-random: its weights take 0.08 MiB and a "
+                     "KV block of 16 tokens 8,192 B more; raise budget_mib",
+            "mib1": (2**20 - 82_176) // 8192}  # 117 blocks (was kv_mib's 16,384 whatever the budget)
     finally:
         page.close()
