@@ -1,14 +1,17 @@
 """pagedkv.api.Engine's lifecycle and arguments (CPython, tiny model): after close() every method raises ApiError
 503 at once, and a request streaming when the engine closes ends with that error rather than just stopping; a
 budget or a sampling number Python cannot use is a 400 naming it, not an OverflowError / MemoryError /
-TypeError."""
+TypeError; so is a chat template that fails on some content (its reason), on the command line too."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 
 import pytest
 
 from model_fixtures import tiny_dir  # noqa: F401  (fixture)
+from pagedkv import cli
 from pagedkv.api import ApiError, Engine
 from test_chat_service import in_fresh_loop
 
@@ -67,3 +70,30 @@ def test_a_number_too_large_for_a_float_is_a_400_naming_the_field(tiny_dir, fiel
     assert (err.value.status, err.value.param) == (400, field)
     assert err.value.message.startswith(f"{field} must be between ") and err.value.message.endswith(
         ", got 1000000000000000000000000000000000000000")
+
+
+def test_a_template_that_fails_on_some_content_is_a_400_with_its_reason(tiny_dir, tmp_path, capsys):  # noqa: F811
+    """The chat template refuses one message's content (its raise_exception): the API's 400 naming messages,
+    and `complete` on the command line prints that error JSON, not a traceback."""
+    model = tmp_path / "picky-random"
+    shutil.copytree(tiny_dir, model)
+    manifest = json.loads((model / "model.json").read_text())
+    manifest["chat_template"] = ("{% for m in messages %}{% if 'forbidden' in m['content'] %}"
+                                 "{{ raise_exception('no forbidden words, please') }}{% endif %}"
+                                 "{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+                                 "{% if add_generation_prompt %}assistant: {% endif %}")
+    (model / "model.json").write_text(json.dumps(manifest))
+    engine = Engine([model], budget_mib=16)
+    said = [{"role": "user", "content": "a forbidden word"}]
+    assert engine.chat.completions.create(model="picky-random", messages=HI, max_tokens=2)["usage"]
+    with pytest.raises(ApiError) as err:
+        engine.chat.completions.create(model="picky-random", messages=said, max_tokens=2)
+    expected = "chat template failed to render: no forbidden words, please"
+    assert (err.value.status, err.value.param, err.value.message) == (400, "messages", expected)
+    body = tmp_path / "body.json"
+    body.write_text(json.dumps({"model": "picky-random", "messages": said, "max_tokens": 2}))
+    assert cli.main(["complete", "--model", str(model), "--body-json", str(body)]) == 1
+    out, errors = capsys.readouterr()
+    assert json.loads(out) == {"error": {"message": expected, "type": "invalid_request_error",
+                                         "param": "messages", "code": None}}
+    assert errors == f"error 400: {expected}\n"

@@ -230,8 +230,11 @@ class CompletionService(_Creates):
 
     def _start(self, req: CompletionRequest, request_id: str | None) -> tuple[str, int]:
         session = self._session(req)
-        conv = None if req.legacy else self._conversation(req, session)
-        prompt = self.prompt_ids(req) if conv is None else conv.prompt_ids()
+        try:
+            conv = None if req.legacy else self._conversation(req, session)
+            prompt = self.prompt_ids(req) if conv is None else conv.prompt_ids()
+        except ValueError as exc:  # the chat template failed on these messages (raise_exception, a bound): its
+            raise ApiError(400, str(exc), "messages") from None  # reason is the caller's to act on, not a 500
         room = self.context_length - len(prompt)
         if room < 1:
             raise PromptTooLong(400, f"the prompt has {len(prompt)} tokens; {self.model_id}'s context is "
