@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
@@ -109,6 +109,13 @@ class DiskCache:
                 self.restored_tokens += tokens
                 yield tokens, moves
         await self.tier.flush()  # a GPU hit or a load moved blocks in the disk's LRU
+
+    def holder(self, prefix) -> Callable[[int, int], bool]:
+        """held(group, table index) for KVCacheManager.tier_hit: whether the tier has that block of `prefix`
+        (its full blocks) on disk now. Reads nothing."""
+        n = len(prefix) // self.key.spec.block_size
+        hashes = [block_chain(self.key, prefix, n, group=g) for g in range(self.key.num_groups)]
+        return lambda g, i: self.tier.has(hashes[g][i])
 
     def plan_store(self, kv, seqs) -> BlockRead | None:
         """The newly full, computed blocks of `seqs` that the disk lacks, to read back (None: nothing new)."""
