@@ -89,8 +89,8 @@ def test_the_steps_go_on_while_the_writer_writes_and_a_turn_ends_with_the_same_f
 
 def test_a_reply_that_ends_while_another_streams_is_on_disk_a_few_steps_later(tiny_weights, tokenizer):
     """A short reply ends while a long one streams: its blocks are not left queued until the engine is idle
-    (a reload then found none) but written one batch (4 files) in each following step, the queue oldest
-    first (the long reply's full blocks too); until a reply ends, no step writes."""
+    (a reload then found none) but written one batch (4 files) in each following step, the ended reply's
+    blocks first, then the queue oldest first; until a reply ends, no step writes."""
     store = SlowStore(0.0)
     engine = engine_on(tiny_weights, tokenizer, store, True)
     long = SamplingParams(max_tokens=150, stop_token_ids=(10_000,))
@@ -98,22 +98,25 @@ def test_a_reply_that_ends_while_another_streams_is_on_disk_a_few_steps_later(ti
     async def chat():
         streaming = engine.add_request(list(range(100, 120)), long)
         short = engine.request(engine.add_request(PROMPT, SamplingParams(max_tokens=20, stop_token_ids=(10_000,))))
-        steps = 0
         while engine.is_unfinished(short.request_id):
             await engine.step()
         before = len(block_files(engine, store))
+        await engine.step()
+        first = set(block_files(engine, store))  # the ended reply's blocks come first
+        steps = 1
         while len(block_files(engine, store)) < 6 and engine.is_unfinished(streaming):
             await engine.step()
             steps += 1
         unfinished = engine.is_unfinished(streaming)
         if unfinished:
             engine.abort(streaming)
-        return short.output_ids, before, steps, unfinished
+        return short.output_ids, before, first, steps, unfinished
 
-    out, before, steps, still_streaming = in_fresh_loop(chat)
+    out, before, first, steps, still_streaming = in_fresh_loop(chat)
     assert before == 0  # nothing written while no reply had ended
     files = set(block_files(engine, store))
     assert set(chain_files(engine, PROMPT + out, 6)) <= files  # its 99 computed tokens: 6 full blocks
+    assert first <= set(chain_files(engine, PROMPT + out, 6)) and len(first) == 4  # a batch, its blocks first
     # the long reply's first 2 blocks (40 tokens computed by then) and the short one's 6: two batches
     assert still_streaming and steps == 2
     assert engine.stats()["disk_written_blocks"] == 8 and not engine.disk.writing

@@ -383,7 +383,7 @@ class ModelLane:
         if self.disk is None:
             return
         if self.has_unfinished:
-            self.counters["disk_written_blocks"] += await self.disk.write_slice()
+            self.counters["disk_written_blocks"] += await self.disk.write_slice(self.kv.live)
         elif not self.disk.write_when_idle():
             await self.disk.tier.flush(force=True)
 

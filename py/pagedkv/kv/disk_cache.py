@@ -63,6 +63,7 @@ class DiskCache:
         self._writer: asyncio.Task | None = None
         self._saved: dict[int, int] = {}  # seq id -> full blocks already handled by write-behind
         self._ended = False  # a sequence with queued blocks left the engine: write_slice writes the queue
+        self._planned_by: dict[str, int] = {}  # chain hash of a block planned or queued -> its sequence's id
         self._histories: dict[str, tuple[int, ...]] = {}  # owner (a chat) -> its token history, for flushes
         self.restored_tokens = 0
         self.last_restored_tokens = 0
@@ -142,6 +143,7 @@ class DiskCache:
                         queued.add(hashes[i])
                         block_ids.append(table[i])
                         keys.append((hashes[i], seq.token_ids[i * bs:(i + 1) * bs]))
+                        self._planned_by[hashes[i]] = seq.seq_id
             self._saved[seq.seq_id] = full
         if any(sid not in kv.live for sid in self._saved):
             self._ended = True  # a reply ended (or was aborted) while others run: its blocks go out now
@@ -232,18 +234,28 @@ class DiskCache:
             self._writer = asyncio.ensure_future(self._write_queue())
         return self.writing
 
-    async def write_slice(self) -> int:
-        """A step ended and requests still run: once a reply has ended, this step stores one batch of what is
-        queued (WRITE_BATCH files at once, oldest first), until the queue is empty; returns the files written.
+    async def write_slice(self, live) -> int:
+        """A step ended and requests still run (`live`: their sequences by id): once a reply has ended, this step
+        stores one batch of what is queued (WRITE_BATCH files at once: the ended replies' blocks first, then the
+        oldest), until the queue is empty; returns the files written.
         So a reply that ended while another chat streams is on disk a few steps later, not when the engine is
         next idle, and a step pays at most one batch's writes; while no reply has ended the steps pay for none
         (the replies' blocks wait for their ends). Nothing while the idle writer runs."""
         if not self._queue:
             self._ended = False
+            self._planned_by.clear()
         if not self._ended or not self._queue or (self._writer is not None and not self._writer.done()):
             return 0
         self._raise_writer_error()
-        batch = [self._queue.popleft() for _ in range(min(WRITE_BATCH, len(self._queue)))]
+        ended = [b for b in self._queue if self._planned_by.get(b[0]) not in live][:WRITE_BATCH]
+        first = {b[0] for b in ended}
+        batch = ended + [b for b in self._queue if b[0] not in first][:WRITE_BATCH - len(ended)]
+        chosen = {b[0] for b in batch}
+        kept = [b for b in self._queue if b[0] not in chosen]
+        self._queue.clear()
+        self._queue.extend(kept)
+        for h in chosen:
+            self._planned_by.pop(h, None)
         try:
             landed = await self.tier.save_many(batch)
         finally:
