@@ -21,6 +21,8 @@ export class ApiError extends Error {
   }
 }
 
+const MAX_BODY_BYTES = 8 << 20;  // a JSON body engine.fetch takes, as pagedkv/request_limits.py's MAX_BODY_BYTES
+
 const QUERY_OPTIONS = { model: "model", backend: "backend", budgetMiB: "budget_mib", kvDtype: "kv_dtype" };
 
 // options.models: several models in one engine, one budget and one KV pool (["smollm2-135m-instruct",
@@ -266,8 +268,17 @@ class Engine {
       }
       let body;
       try {
-        body = await request.json();
+        // Bounded before it is parsed (pagedkv/request_limits.py: the worker bounds messages and text too).
+        const declared = Number(request.headers.get("content-length") ?? 0);
+        const bytes = declared > MAX_BODY_BYTES ? null : await request.arrayBuffer();
+        if (bytes === null || bytes.byteLength > MAX_BODY_BYTES) {
+          throw new ApiError(413, { error: { message: `the body is ${(bytes?.byteLength ?? declared).toLocaleString("en-US")} `
+            + `bytes; one request takes at most ${MAX_BODY_BYTES.toLocaleString("en-US")}`,
+                                             type: "invalid_request_error", param: null, code: null } });
+        }
+        body = JSON.parse(new TextDecoder().decode(bytes));
       } catch (err) {
+        if (err instanceof ApiError) throw err;
         throw new ApiError(400, { error: { message: `the body is not JSON: ${err.message}`,
                                            type: "invalid_request_error" } });
       }

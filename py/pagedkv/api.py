@@ -41,6 +41,7 @@ from .completions import (LEGACY_MAX_TOKENS, ApiError, CompletionRequest, StopSt
 from .engine import EngineConfig, LLMEngine, NeverFits
 from .logprobs import chat_logprobs, join_logprobs, legacy_logprobs
 from .model.weights import ModelWeights
+from .request_limits import check_body_size
 from .sampling import MIN_TEMPERATURE, SamplingParams
 from .sessions import Session, Sessions
 from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
@@ -273,6 +274,7 @@ class CompletionService(_Creates):
         `text_completion`s); ApiError before the first one for a request refused."""
         if self.closed:
             raise ApiError(503, "the engine is closed")
+        check_body_size(body)  # before anything costs more than a pass over it
         req = parse_request(body, [self.model_id], legacy=legacy)
         rid, prompt_tokens = self._start(req, request_id)
         # Taken now: the step loop may finish the request before the caller reads its first chunk (its outputs
@@ -362,6 +364,7 @@ class CompletionServices(dict):
     def route(self, body, legacy: bool = False) -> CompletionService:
         """The service of the model `body` names; ApiError as OpenAI's (404 unknown, 400 malformed). legacy: a
         legacy Completions body."""
+        check_body_size(body)
         model = body.get("model") if isinstance(body, dict) else None
         if isinstance(model, str) and model in self:
             return self[model]

@@ -2,7 +2,8 @@
 one engine): unloading a model ends each of its requests with an ApiError that names the unload (a non-streamed
 create rejects; engine.fetch's stream ends with OpenAI's `error` event, no [DONE]); after close() every method
 rejects at once with ApiError 503; a createEngine that fails terminates its worker, and the next one works; the
-single-model CPU path honours budgetMiB and refuses an unknown kvDtype by name."""
+single-model CPU path honours budgetMiB and refuses an unknown kvDtype by name; engine.fetch refuses a body past
+8 MiB (413) before parsing it."""
 from __future__ import annotations
 
 import json
@@ -32,8 +33,10 @@ UNLOAD = """async () => {
     text += decoder.decode(value, { stream: true });
   }
   const [how, err] = await whole;
+  const huge = await e.fetch(location.origin + "/v1/chat/completions", {  // refused before it is parsed
+    method: "POST", body: JSON.stringify({ ...body, messages: [{ role: "user", content: "x".repeat(9 << 20) }] }) });
   return { how, error: [err.name, err instanceof Error, err.status, err.message, err.param],
-           events: text.split("\\n\\n").filter(Boolean) };
+           events: text.split("\\n\\n").filter(Boolean), huge: [huge.status, (await huge.json()).error.message] };
 }"""
 
 CLOSED = """async () => {
@@ -110,6 +113,7 @@ def test_unload_close_and_a_failed_create_end_what_they_should(browser, base_url
         assert json.loads(events[-1].removeprefix("data: ")) == {"error": {"message": message, "param": "model",
                                                                            "type": "service_unavailable"}}
         assert "data: [DONE]" not in events
+        assert got["huge"] == [413, "the body is 9,437,287 bytes; one request takes at most 8,388,608"]
 
         closed = page.evaluate(CLOSED)
         gone = ["ApiError", 503, "the engine is closed"]
