@@ -104,7 +104,7 @@ async def case_linear(kernel, dtype, rows, cols, tokens, seed, accumulate=False,
         scale = scale + np.abs(y0)
     out = {"kernel": f"{kernel}_{dtype}", "family": family, "tokens": tokens, "accumulate": accumulate, "norm": norm,
            "raw_max": raw_max, "finite": bool(np.isfinite(got).all()), **_errors(got, want, scale)}
-    if dtype == "q4_1":  # its decoders sum d * (q . x) + m * sum(x): their rounding scales with |d q| + |m|, not |w|
+    if dtype == "q4_1" and outliers:  # its decoders sum d * (q . x) + m * sum(x): rounding scales with |d q| + |m|
         codes, d, m = quantize_q4_1(_dense(seed, rows, cols))
         terms = np.abs(codes.reshape(rows, -1, 32) * d.astype(np.float32)[:, :, None]) + np.abs(
             m.astype(np.float32))[:, :, None]  # (rows, cols/32, 32)
