@@ -140,7 +140,7 @@ class WasmAttentionModel(NumpyModel):
         if shared is None or shared[0] != k_blocks.shape or shared[1] != k_blocks.strides:
             cfg, ctx, bs = self.config, int(batch.context_lens[0]), kv.block_size
             tables, slots = batch.tables_of(group)
-            lo = 0 if window is None else max(0, ctx - window)  # the first key the new token sees
+            lo = first_seen(ctx, 1, window)
             first = lo // bs
             seen = ctx - first * bs  # keys from the table's first block on
             _, _, step, geometry = self._geometry(tables[0][first:], seen, 1, k_blocks, v_blocks)
@@ -210,9 +210,9 @@ class WasmAttentionModel(NumpyModel):
                             table: np.ndarray, ctx: int, mass: np.ndarray | None) -> np.ndarray:
         cfg, att = self.config, self.layers[layer].attention
         nq, nh, hd, bs = q.shape[0], cfg.n_heads, cfg.head_dim, k_blocks.shape[1]
-        if att.window is not None and mass is None:  # from the block of the first key any new query sees (a
-            first = max(0, ctx - nq + 1 - att.window) // bs  # window group's entries before it: the null block)
-            table, ctx = table[first:], ctx - first * bs  # the masks below are relative: the same keys hidden
+        if mass is None:  # from the block of the first key any new query sees (a window group's entries before
+            first = first_seen(ctx, nq, att.window) // bs  # it: the null block); the masks below are relative
+            table, ctx = table[first:], ctx - first * bs
         k_addr, v_addr, _, geometry = self._geometry(table, ctx, nq, k_blocks, v_blocks)
         scale = np.float32(att.scale)
         if nq == 1:  # decode: fixed buffers (an address lookup costs as much as a small product in Pyodide)
@@ -245,6 +245,12 @@ class WasmAttentionModel(NumpyModel):
         out = np.empty((nq, nh, hd), np.float32)
         self.kernels.attn_values(address_of(probs), v_addr, *geometry, address_of(out))
         return out
+
+
+def first_seen(ctx: int, nq: int, window: int | None) -> int:
+    """The first cache index any of a sequence's last nq of ctx tokens attends to: its first query's window start
+    (query i sees the keys j with i - window < j <= i), 0 without a window."""
+    return 0 if window is None else max(0, ctx - nq + 1 - window)
 
 
 class PointerTwin:
