@@ -289,9 +289,9 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
         raise ValueError(f"a {kv_budget / MIB:g} MiB KV budget holds no block of {block_size} tokens "
                          f"({bytes_per_token:,} B/token); raise kv_mib")
     num_cpu_blocks = tier_budgets().cpu_bytes // block_bytes
+    # Pyodide's numpy has no BLAS: backends/cpu_linear.py
     backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
-                         kv_dtype=kv_dtype, linear=linear, attention=attention)  # Pyodide's numpy has no BLAS:
-    # backends/cpu_linear.py
+                         kv_dtype=kv_dtype, linear=linear, attention=attention)
     return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype, "cpu_linear": why}
 
 
