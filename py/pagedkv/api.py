@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,12 +37,13 @@ from typing import AsyncIterator, Iterator, Sequence
 
 from .chat import ChatTemplate, Conversation
 from .completions import (LEGACY_MAX_TOKENS, ApiError, CompletionRequest, StopStrings, chunk, completion, now,
-                          parse_request, usage)
+                          parse_request, tool_call_deltas, usage)
 from .engine import EngineConfig, LLMEngine, NeverFits
 from .model.weights import ModelWeights
 from .sampling import MIN_TEMPERATURE, SamplingParams
 from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
 from .tokenizer import Tokenizer
+from .tool_calls import ToolCallParser
 
 __all__ = ["ApiError", "ChatCompletions", "CompletionService", "CompletionServices", "Completions", "Engine"]
 
@@ -146,14 +148,17 @@ class CompletionService(_Creates):
         exact token ids plus the new messages (a copy: the session changes only when the reply ends); else
         the messages rendered afresh."""
         session = self._sessions.get(req.options.get("session", ""))
+        fresh = Conversation(self.tokenizer, self.template, tools=req.shown_tools)
         if session is None or req.messages[:len(session.messages)] != session.messages \
-                or len(req.messages) == len(session.messages):
-            return Conversation(self.tokenizer, self.template, req.messages)
-        conv = Conversation(self.tokenizer, self.template)
-        conv.rollback(session.checkpoint())
-        for message in req.messages[len(session.messages):]:
-            conv.add_message(message["role"], message["content"])
-        return conv
+                or len(req.messages) == len(session.messages) or session.tools != req.shown_tools:
+            fresh.add_messages(req.messages)
+            return fresh
+        fresh.rollback(session.checkpoint())
+        try:
+            fresh.add_messages(req.messages[len(session.messages):])
+        except ValueError:  # the template writes the session's last turn otherwise now (a run of tool results)
+            return Conversation(self.tokenizer, self.template, req.messages, tools=req.shown_tools)
+        return fresh
 
     def prompt_ids(self, req: CompletionRequest) -> list[int]:
         """A legacy request's prompt ids: its text tokenized as it is, with BOS (and EOS) where the model's file
@@ -216,8 +221,10 @@ class CompletionService(_Creates):
                       signal) -> AsyncIterator[dict]:
         created, route, legacy = now(), self._routes[rid], req.legacy
         stops = [StopStrings(req.stop) for _ in range(req.n)]
+        names = frozenset(t["function"]["name"] for t in req.shown_tools)
+        parsers = [ToolCallParser(self.template.tool_format, names) if names else None for _ in range(req.n)]
         done, tokens = [False] * req.n, [0] * req.n
-        ids, texts = [[] for _ in range(req.n)], [[] for _ in range(req.n)]
+        ids, texts, calls = [[] for _ in range(req.n)], [[] for _ in range(req.n)], [[] for _ in range(req.n)]
         try:
             for i in range(req.n if not legacy else 0):  # a legacy stream has no role chunk
                 yield chunk(rid, req.model, created, i, role=True)
@@ -238,9 +245,21 @@ class CompletionService(_Creates):
                 if out.finished and not stopped:
                     text += stops[i].flush()
                 reason = "stop" if stopped else out.finish_reason if out.finished else None
-                texts[i].append(text)
-                if text:
-                    yield chunk(rid, req.model, created, i, text=text, legacy=legacy)
+                events = [text] if parsers[i] is None else parsers[i].push(text) + (
+                    parsers[i].finish() if reason is not None else [])
+                for event in events:
+                    if isinstance(event, str):
+                        texts[i].append(event)
+                        if event:
+                            yield chunk(rid, req.model, created, i, text=event, legacy=legacy)
+                    elif req.parallel_tool_calls or not calls[i]:  # parallel_tool_calls false: the first call
+                        call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                "function": {"name": event.name, "arguments": event.arguments}}
+                        for delta in tool_call_deltas(len(calls[i]), call["id"], event.name, event.arguments):
+                            yield chunk(rid, req.model, created, i, tool_call=delta)
+                        calls[i].append(call)
+                if reason is not None and calls[i]:  # OpenAI: "stop" when the call was asked for by name
+                    reason = "stop" if req.tool_choice.mode == "function" else "tool_calls"
                 if reason is not None:
                     done[i] = True
                     yield chunk(rid, req.model, created, i, finish_reason=reason, legacy=legacy)
@@ -248,7 +267,10 @@ class CompletionService(_Creates):
                     self.llm.abort(rid)  # a stop string ended the last sample still running: its blocks go now
             session = req.options.get("session")
             if session is not None and all(done):  # the reply ended (not aborted): the session moves on
-                if stops[0].stopped:  # cut at a stop string: the history holds the text the caller saw
+                if calls[0]:  # the history holds the calls as returned (the next request's messages hold them so)
+                    conv.add_messages([{"role": "assistant", "content": "".join(texts[0]) or None,
+                                        "tool_calls": calls[0]}])
+                elif stops[0].stopped:  # cut at a stop string: the history holds the text the caller saw
                     conv.add_message("assistant", "".join(texts[0]))
                 else:
                     conv.add_generated(ids[0])
@@ -478,6 +500,7 @@ def _drain(loop: asyncio.AbstractEventLoop, run, chunks: AsyncIterator[dict]) ->
 
 async def _collect(chunks: AsyncIterator[dict], legacy: bool) -> dict:
     texts: dict[int, list[str]] = {}
+    calls: dict[int, list[dict]] = {}
     reasons: dict[int, str] = {}
     cid = model = created = use = None  # no usage: the request was aborted
     async for piece in chunks:
@@ -485,9 +508,16 @@ async def _collect(chunks: AsyncIterator[dict], legacy: bool) -> dict:
         for choice in piece["choices"]:
             texts.setdefault(choice["index"], []).append(choice["text"] if legacy else
                                                          choice["delta"].get("content") or "")
+            for delta in [] if legacy else choice["delta"].get("tool_calls", ()):
+                made = calls.setdefault(choice["index"], [])
+                if "id" in delta:  # a call's first delta: id, type, name
+                    made.append({"id": delta["id"], "type": delta["type"], "function": dict(delta["function"])})
+                else:
+                    made[delta["index"]]["function"]["arguments"] += delta["function"]["arguments"]
             if choice["finish_reason"]:
                 reasons[choice["index"]] = choice["finish_reason"]
         if "usage" in piece:
             use = piece["usage"]
-    choices = [{"index": i, "text": "".join(texts[i]), "finish_reason": reasons.get(i)} for i in sorted(texts)]
+    choices = [{"index": i, "text": "".join(texts[i]), "finish_reason": reasons.get(i), "tool_calls": calls.get(i)}
+               for i in sorted(texts)]
     return completion(cid, model, created, choices, use, legacy=legacy)

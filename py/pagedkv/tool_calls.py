@@ -74,7 +74,7 @@ def generic_messages(messages: list[dict], tools: list[dict] | None) -> list[dic
     out: list[dict] = []
     if tools:
         listed = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-        instruction = GENERIC_INSTRUCTION.format(tools=listed)
+        instruction = GENERIC_INSTRUCTION.replace("{tools}", listed)
         if messages and messages[0]["role"] == "system":
             first, messages = messages[0], messages[1:]
             out.append(dict(first, content=f"{first['content']}\n\n{instruction}" if first["content"] else instruction))
