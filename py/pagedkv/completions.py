@@ -213,7 +213,7 @@ def parse_request(body: object, models: list[str], *, legacy: bool = False) -> C
     else:
         try:
             messages = validate_messages(body.get("messages"))
-            tools = check_tools(body["tools"]) if "tools" in body else ()
+            tools = check_tools(body["tools"]) if body.get("tools") is not None else ()
             choice = check_tool_choice(body.get("tool_choice"), tools)
         except (MessageError, ToolError) as exc:
             raise ApiError(400, str(exc), exc.param) from None

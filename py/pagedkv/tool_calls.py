@@ -190,6 +190,6 @@ class ToolCallParser:
         if not body:
             self._space += text
             return []
-        shown = body if self._after_call else self._space + body
+        shown = body.lstrip() if self._after_call else self._space + body
         self._space, self._after_call = text[len(body):], False
         return [shown]
