@@ -299,6 +299,7 @@ async function* prepend(first, rest) {
 
 async function collect(first, rest, signal, legacy) {
   const texts = new Map();
+  const calls = new Map();  // choice index -> its tool calls, assembled from their deltas (as api._collect)
   const reasons = new Map();
   let head = null;
   let usage = null;
@@ -307,6 +308,12 @@ async function collect(first, rest, signal, legacy) {
     for (const choice of chunk.choices) {
       const piece = legacy ? choice.text : choice.delta.content;
       texts.set(choice.index, (texts.get(choice.index) || "") + (piece || ""));
+      for (const delta of (legacy ? null : choice.delta.tool_calls) ?? []) {
+        if (!calls.has(choice.index)) calls.set(choice.index, []);
+        const made = calls.get(choice.index);
+        if (delta.id) made.push({ id: delta.id, type: delta.type, function: { ...delta.function } });
+        else made[delta.index].function.arguments += delta.function.arguments;
+      }
       if (choice.finish_reason) reasons.set(choice.index, choice.finish_reason);
     }
     if (chunk.usage) usage = chunk.usage;
@@ -319,9 +326,11 @@ async function collect(first, rest, signal, legacy) {
     return { id: head.id, object: "text_completion", created: head.created, model: head.model, choices, usage,
              system_fingerprint: null };
   }
+  const message = (index) => (calls.has(index)  // as pagedkv.completions.completion builds it
+    ? { role: "assistant", content: texts.get(index) || null, tool_calls: calls.get(index) }
+    : { role: "assistant", content: texts.get(index) });
   const choices = indices.map((index) => ({
-    index, message: { role: "assistant", content: texts.get(index) }, logprobs: null,
-    finish_reason: reasons.get(index) ?? null,
+    index, message: message(index), logprobs: null, finish_reason: reasons.get(index) ?? null,
   }));
   return { id: head.id, object: "chat.completion", created: head.created, model: head.model, choices, usage,
            system_fingerprint: null };
