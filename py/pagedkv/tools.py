@@ -7,6 +7,7 @@ them: docs/api.md, "Tools". Pure Python: the page's worker shares it.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -117,19 +118,22 @@ def check_tool_choice(value: object, tools: tuple[dict, ...]) -> ToolChoice:
 
 
 def call_grammar(fmt: ToolFormat, tools: tuple[dict, ...], choice: ToolChoice):
-    """The grammar a forced call is decoded under: one call in `fmt`'s text (tagged: `<tool_call>\\n{json}\\n
-    </tool_call>`; json: the object alone) whose name is the chosen function's ("required": any of the tools'),
-    with arguments matching that function's parameters schema. SchemaError (param, message) for a schema keyword
-    the grammar cannot hold to."""
+    """The grammar a forced call is decoded under: one call written as `fmt` writes it (tagged:
+    `<tool_call>\n{"name": "f", "arguments": ...}\n</tool_call>`; json: `{"name": "f", "parameters": ...}`) with
+    the chosen function's name ("required": any of the tools') and arguments valid under that function's
+    parameters schema. The name and keys are literal text: the model chooses only the arguments. SchemaError
+    (param `tools[i].function.parameters...`) for a schema keyword the grammar cannot hold to."""
     from .grammar import Grammar
 
-    chosen = [t["function"] for t in tools if choice.mode == "required" or t["function"]["name"] == choice.name]
     calls = []
-    for function in chosen:
-        schema = {"type": "object", "properties": {"name": {"const": function["name"]},
-                                                   fmt.arguments_key: function.get("parameters", {"type": "object"})},
-                  "required": ["name", fmt.arguments_key], "additionalProperties": False}
-        call = Grammar.json_schema(schema)
+    for i, tool in enumerate(tools):
+        function = tool["function"]
+        if choice.mode != "required" and function["name"] != choice.name:
+            continue
+        head = f'{{"name": {json.dumps(function["name"])}, "{fmt.arguments_key}": '
+        arguments = Grammar.json_schema(function.get("parameters", {"type": "object"}),
+                                        f"tools[{i}].function.parameters")
+        call = Grammar.literal(head) + arguments + Grammar.literal("}")
         calls.append(Grammar.literal(f"{CALL_OPEN}\n") + call + Grammar.literal(f"\n{CALL_CLOSE}")
                      if fmt.kind == "tagged" else call)
     return calls[0] if len(calls) == 1 else Grammar.any_of(calls)
