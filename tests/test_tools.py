@@ -39,18 +39,19 @@ def parse(**fields):
 
 def test_clients_forms_are_accepted():
     req = parse(messages=[
-        {"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+        {"role": "developer", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}]},
         {"role": "user", "content": "Weather in Paris?", "name": "ann"},
         {"role": "assistant", "content": None, "tool_calls": [CALL]},
-        {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "22 C"}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "22 C"},
+                                                                {"type": "text", "text": "sunny"}]},
     ], tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}},
         metadata={"app": "demo"}, store=False, parallel_tool_calls=False, service_tier="auto", modalities=["text"],
         user="u1")
     assert req.messages == [
-        {"role": "system", "content": "Be brief."},
+        {"role": "system", "content": "Be\nbrief."},
         {"role": "user", "content": "Weather in Paris?", "name": "ann"},
         {"role": "assistant", "content": "", "tool_calls": [CALL]},
-        {"role": "tool", "content": "22 C", "tool_call_id": "call_1"},
+        {"role": "tool", "content": "22 C\nsunny", "tool_call_id": "call_1"},
     ]
     assert req.tools == (WEATHER, TIME) and req.tool_choice == ToolChoice("function", "get_time")
     assert req.parallel_tool_calls is False and req.shown_tools == (WEATHER, TIME)

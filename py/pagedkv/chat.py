@@ -82,7 +82,7 @@ def validate_messages(messages: object) -> list[dict]:
 def validate_message(message: object, *, index: int = 0) -> dict:
     """Check one message and return a fresh ``{"role", "content"}`` dict, with ``name``, ``tool_calls`` (each
     ``{"id", "type": "function", "function": {"name", "arguments": JSON text of an object}}``) or
-    ``tool_call_id`` where the message has them. Content given as text parts is joined; an
+    ``tool_call_id`` where the message has them. Content given as text parts is joined by newlines; an
     assistant's null content (a tool-call turn) is ""; the developer role is the system role (OpenAI's newer
     name for it)."""
     where = f"messages[{index}]"
@@ -123,7 +123,8 @@ def validate_message(message: object, *, index: int = 0) -> dict:
 
 
 def _content(content: object, role: str, index: int) -> str:
-    """A message's text: a string, or the text parts of a list joined (OpenAI's `[{type: "text", text}]`)."""
+    """A message's text: a string, or the text parts of a list (OpenAI's `[{type: "text", text}]`) joined by
+    newlines, as vLLM joins them for a template that takes text."""
     where = f"messages[{index}].content"
     if isinstance(content, list):
         texts = []
@@ -137,7 +138,7 @@ def _content(content: object, role: str, index: int) -> str:
                 raise MessageError(f"message {index} ({role}) content[{j}] must be a text part "
                                    f"{{'type': 'text', 'text': str}}, got {part!r:.80}", f"{where}[{j}]")
             texts.append(part["text"])
-        content = "".join(texts)  # OpenAI's text parts are one text, as vLLM and llama.cpp join them
+        content = "\n".join(texts)
     if not isinstance(content, str):
         raise MessageError(f"message {index} ({role}) content must be a string or a list of text parts, got "
                            f"{type(content).__name__}", where)
