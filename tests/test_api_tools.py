@@ -101,6 +101,22 @@ def test_a_named_function_is_called_with_arguments_its_schema_allows(tiny):
     assert deltas[0]["id"].startswith("call_") and streamed[-1]["choices"][0]["finish_reason"] == "stop"
 
 
+def test_a_session_holds_a_call_as_returned_and_continues_with_its_result(tiny):
+    svc = service(tiny)
+    body = {"model": tiny.model_id, "messages": ASK, "tools": [WEATHER, TRIP], "max_tokens": 80, "temperature": 0,
+            "tool_choice": {"type": "function", "function": {"name": "plan_trip"}}, "pagedkv": {"session": "t2"}}
+    message = tiny.chat.completions.create(body)["choices"][0]["message"]
+    assert svc._sessions["t2"].messages == ASK + [dict(message, content="")]  # null content checks as ""
+    result = {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "booked"}
+    before = svc._sessions["t2"].ids
+    reply = tiny.chat.completions.create(body, messages=ASK + [message, result], tool_choice="auto",
+                                         max_tokens=2)["choices"][0]["message"]
+    session = svc._sessions["t2"]
+    assert session.messages[:3] == ASK + [dict(message, content=""), result] and session.ids[:len(before)] == before
+    assert session.messages[3]["role"] == "assistant" and "tool_calls" not in reply
+    assert tiny.forget("t2")
+
+
 def test_required_calls_one_of_the_tools_in_every_sample(tiny):
     clock = {"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {}, "additionalProperties": False}}}

@@ -15,7 +15,9 @@ from pagedkv.api import _collect
 from pagedkv.chat import ChatTemplate
 from pagedkv.completions import ApiError, chunk, completion, parse_request, tool_call_deltas
 from pagedkv.tool_calls import ToolCall, ToolCallParser, ToolFormat
-from pagedkv.tools import ToolChoice
+from pagedkv.grammar import SchemaError
+from pagedkv.grammar.automaton import Automaton
+from pagedkv.tools import ToolChoice, call_grammar
 from tool_templates import LLAMA31_TOOLS_TEMPLATE, QWEN25_TOOLS_TEMPLATE
 
 WEATHER = {"type": "function", "function": {
@@ -303,3 +305,24 @@ def test_streamed_deltas_assemble_to_the_message():
     only_calls = completion("c", "m", 1, [{"index": 0, "text": "", "finish_reason": "tool_calls",
                                            "tool_calls": calls}], {})
     assert only_calls["choices"][0]["message"] == {"role": "assistant", "content": None, "tool_calls": calls}
+
+
+# ---------------------------------------------------------------- a forced call's grammar
+
+
+def test_a_forced_calls_grammar_is_the_format_around_the_parameters_schema():
+    tagged = Automaton(call_grammar(TAGGED, (WEATHER, TIME), ToolChoice("required")).term)
+    assert tagged.matches('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    assert tagged.matches('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    assert not tagged.matches('<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>')  # city required
+    assert not tagged.matches('<tool_call>\n{"name": "get_weather", "arguments": {"city": 3}}\n</tool_call>')
+    assert not tagged.matches('{"name": "get_time", "arguments": {}}')  # the tags are part of the call
+    named = Automaton(call_grammar(JSON_CALLS, (WEATHER, TIME), ToolChoice("function", "get_time")).term)
+    assert named.matches('{"name": "get_time", "parameters": {}}')
+    assert not named.matches('{"name": "get_weather", "parameters": {"city": "Paris"}}')  # not the one named
+    assert not named.matches('{"name": "get_time", "arguments": {}}')  # Llama's key is "parameters"
+    odd = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "string", "not": {"const": "y"}}}}}}
+    with pytest.raises(SchemaError) as err:
+        call_grammar(TAGGED, (TIME, odd), ToolChoice("required"))
+    assert err.value.param == "tools[1].function.parameters.properties.x.not"
