@@ -39,12 +39,14 @@ from .chat import ChatTemplate, Conversation
 from .completions import (LEGACY_MAX_TOKENS, ApiError, CompletionRequest, StopStrings, chunk, completion, now,
                           parse_request, tool_call_deltas, usage)
 from .engine import EngineConfig, LLMEngine, NeverFits
+from .grammar import Grammar, SchemaError
 from .logprobs import chat_logprobs, join_logprobs, legacy_logprobs
 from .model.weights import ModelWeights
 from .sampling import MIN_TEMPERATURE, SamplingParams
 from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
 from .tokenizer import Tokenizer
 from .tool_calls import ToolCallParser
+from .tools import ToolChoice, call_grammar
 
 __all__ = ["ApiError", "ChatCompletions", "CompletionService", "CompletionServices", "Completions", "Engine"]
 
@@ -199,7 +201,7 @@ class CompletionService(_Creates):
         params = SamplingParams(temperature=0.0 if greedy else req.temperature, top_p=1.0 if greedy else req.top_p,
                                 seed=req.seed, max_tokens=limit, n=req.n, top_k=req.top_k, min_p=req.min_p,
                                 presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                                logit_bias=req.logit_bias, logprobs=req.logprobs)
+                                logit_bias=req.logit_bias, logprobs=req.logprobs, grammar=self._grammar(req))
         rid = request_id or f"{'cmpl' if req.legacy else 'chatcmpl'}-{next(self._ids)}"
         if rid in self._routes:
             raise ApiError(400, f"a request with id {rid!r} is running")
@@ -210,6 +212,19 @@ class CompletionService(_Creates):
         self._routes[rid] = asyncio.Queue()
         self.kick()
         return rid, len(prompt), conv
+
+    def _grammar(self, req: CompletionRequest) -> Grammar | None:
+        """The grammar the reply is decoded under: a forced tool call's (tools.call_grammar); under "auto" with a
+        response_format, a reply in that format or a call of any tool; response_format's alone; or None where
+        the model answers freely."""
+        if not req.shown_tools or (req.grammar is None and not req.tool_choice.forced):
+            return req.grammar
+        try:
+            calls = call_grammar(self.template.tool_format, req.tools,
+                                 req.tool_choice if req.tool_choice.forced else ToolChoice("required"))
+        except SchemaError as exc:
+            raise ApiError(400, f"{exc.param}: {exc.message}", exc.param) from None
+        return calls if req.tool_choice.forced else Grammar.any_of([req.grammar, calls])
 
     async def stream(self, body: dict, signal: asyncio.Event | None = None, request_id: str | None = None, *,
                      legacy: bool = False) -> AsyncIterator[dict]:

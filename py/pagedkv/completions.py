@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from .chat import MessageError, validate_messages
+from .grammar import Grammar, SchemaError, compile_response_format
 from .sampling import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_RANGE
 from .tools import ToolChoice, ToolError, check_tool_choice, check_tools
 
@@ -23,8 +24,7 @@ __all__ = ["ApiError", "CompletionRequest", "StopStrings", "parse_request", "com
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_N = 16
 # Known OpenAI fields this engine does not implement: refused by name (400), never ignored.
-UNSUPPORTED = ("functions", "function_call", "response_format", "audio", "prediction", "reasoning_effort",
-               "web_search_options")
+UNSUPPORTED = ("functions", "function_call", "audio", "prediction", "reasoning_effort", "web_search_options")
 # Why, where the name alone does not say it.
 UNSUPPORTED_WHY = {
     "functions": "OpenAI's deprecated form of tools; send tools",
@@ -36,8 +36,8 @@ IGNORED = ("user",)  # an end-user id for the provider's abuse tracking: nothing
 # Sampling controls both endpoints take (top_k and min_p are vLLM's extensions); logprobs differs between them.
 SAMPLING = ("presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p", "logprobs")
 SUPPORTED = ("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
-             "top_p", "seed", "stop", "n", "pagedkv", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-             "metadata", "store", "service_tier", "modalities") + SAMPLING
+             "top_p", "seed", "stop", "n", "pagedkv", "top_logprobs", "response_format", "tools", "tool_choice",
+             "parallel_tool_calls", "metadata", "store", "service_tier", "modalities") + SAMPLING
 MAX_METADATA = 16  # OpenAI's limits: pairs, key and value characters
 MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 # The legacy endpoint's own: echo, suffix and best_of pass only with their do-nothing values (_legacy_fields).
@@ -53,6 +53,8 @@ OTHER_ENDPOINT = {
                 "completion has a prompt",
     "max_completion_tokens": "max_completion_tokens is a Chat Completions field; a legacy completion has max_tokens",
     "pagedkv": "pagedkv (sessions) continues a chat; a legacy completion has no session",
+    "response_format": "response_format (structured output) is a Chat Completions field (/v1/chat/completions); "
+                       "OpenAI's legacy completions take none",
     "tools": "tools is a Chat Completions field (/v1/chat/completions); a legacy completion calls no tools",
     "tool_choice": "tool_choice is a Chat Completions field (/v1/chat/completions); a legacy completion calls no "
                    "tools",
@@ -96,6 +98,7 @@ class CompletionRequest:
     top_k: int = 0  # 0: off (the body's -1 too)
     min_p: float = 0.0
     logprobs: int | None = None  # None: no log-probs; N: each token's and its N best alternatives'
+    grammar: Grammar | None = None  # response_format's (json_object, json_schema); None: free text
     tools: tuple[dict, ...] = ()  # OpenAI's function tools, checked (tools.check_tools)
     tool_choice: ToolChoice = ToolChoice()
     parallel_tool_calls: bool = True  # False: a reply's first call only
@@ -299,7 +302,13 @@ def parse_request(body: object, models: list[str], *, legacy: bool = False) -> C
         raise ApiError(400, f"pagedkv may hold only session, got {extension!r}", "pagedkv")
     if "session" in extension and not (isinstance(extension["session"], str) and extension["session"]):
         raise ApiError(400, "pagedkv.session must be a non-empty string", "pagedkv.session")
-    return CompletionRequest(model=model, messages=messages, prompt=prompt, stream=stream,
+    grammar = None
+    if body.get("response_format") is not None:
+        try:
+            grammar = compile_response_format(body["response_format"])
+        except SchemaError as exc:
+            raise ApiError(400, f"{exc.param}: {exc.message}", "response_format") from None
+    return CompletionRequest(model=model, messages=messages, prompt=prompt, stream=stream, grammar=grammar,
                              include_usage=bool(options.get("include_usage", False)),
                              max_tokens=max_tokens if max_tokens is not None else older,
                              temperature=_number(body, "temperature", 1.0, 0.0, 2.0),

@@ -11,6 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from .grammar import Grammar
 from .tool_calls import CALL_CLOSE, CALL_OPEN, ToolFormat
 
 __all__ = ["MAX_TOOLS", "ToolChoice", "ToolError", "call_grammar", "check_tool_choice", "check_tools"]
@@ -117,14 +118,12 @@ def check_tool_choice(value: object, tools: tuple[dict, ...]) -> ToolChoice:
     return choice
 
 
-def call_grammar(fmt: ToolFormat, tools: tuple[dict, ...], choice: ToolChoice):
+def call_grammar(fmt: ToolFormat, tools: tuple[dict, ...], choice: ToolChoice) -> Grammar:
     """The grammar a forced call is decoded under: one call written as `fmt` writes it (tagged:
     `<tool_call>\n{"name": "f", "arguments": ...}\n</tool_call>`; json: `{"name": "f", "parameters": ...}`) with
     the chosen function's name ("required": any of the tools') and arguments valid under that function's
     parameters schema. The name and keys are literal text: the model chooses only the arguments. SchemaError
     (param `tools[i].function.parameters...`) for a schema keyword the grammar cannot hold to."""
-    from .grammar import Grammar
-
     calls = []
     for i, tool in enumerate(tools):
         function = tool["function"]
