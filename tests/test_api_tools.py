@@ -128,6 +128,19 @@ def test_required_calls_one_of_the_tools_in_every_sample(tiny):
     assert [c["finish_reason"] for c in out["choices"]] == ["tool_calls"] * 4
 
 
+def test_auto_with_a_response_format_gives_the_format_or_a_call(tiny):
+    """Under "auto" with a response_format, the reply is held to either: seeds 3 and 4 take each road."""
+    answer = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}}}
+    replies = [tiny.chat.completions.create(model=tiny.model_id, messages=ASK, tools=[TRIP], response_format=answer,
+                                            max_tokens=120, temperature=1.0, seed=seed)["choices"][0]
+               for seed in (3, 4)]
+    assert calls_of({"choices": [replies[0]]}) == [("plan_trip", {"days": 4, "mode": "train"})]
+    assert replies[0]["finish_reason"] == "tool_calls"
+    assert (replies[1]["message"], replies[1]["finish_reason"]) == ({"role": "assistant", "content": '{"ok": true}'},
+                                                                     "stop")
+
+
 def test_the_cli_answers_a_body_with_tools(tiny, tiny_long_dir, tmp_path):
     """`python3 -m pagedkv complete` on a body with tools: the same call as the Engine's."""
     body = {"model": "tiny-long", "messages": ASK, "tools": [WEATHER, TRIP], "max_tokens": 80, "temperature": 0,
