@@ -14,7 +14,7 @@ TOOLS = """async ([name, bytes]) => {
   const { OpenAI } = await import("/vendor/openai/client.mjs");
   const { createEngine } = await import("/pagedkv.js");
   const e = await createEngine({ models: [new File([new Uint8Array(bytes)], name)], backend: "cpu",
-                                 budgetMiB: 16 });
+                                 budgetMiB: 32 });
   const client = new OpenAI({ baseURL: location.origin + "/v1", apiKey: "unused", fetch: e.fetch,
                               dangerouslyAllowBrowser: true, maxRetries: 0 });
   const tools = [{ type: "function", function: { name: "trip", parameters: { type: "object",
