@@ -131,7 +131,8 @@ def test_required_calls_one_of_the_tools_in_every_sample(tiny):
 def test_auto_with_a_response_format_gives_the_format_or_a_call(tiny):
     """Under "auto" with a response_format, the reply is held to either: seeds 3 and 4 take each road."""
     answer = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
-        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}}}
+        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+        "additionalProperties": False}}}
     replies = [tiny.chat.completions.create(model=tiny.model_id, messages=ASK, tools=[TRIP], response_format=answer,
                                             max_tokens=120, temperature=1.0, seed=seed)["choices"][0]
                for seed in (3, 4)]

@@ -20,7 +20,8 @@ TOOLS = """async ([name, bytes]) => {
   const tools = [{ type: "function", function: { name: "trip", parameters: { type: "object",
     properties: { days: { type: "integer", minimum: 1, maximum: 9 } }, required: ["days"],
     additionalProperties: false } } }];
-  const messages = [{ role: "developer", content: "Plan." }, { role: "user", content: [{ type: "text", text: "Rome?" }] }];
+  const messages = [{ role: "developer", content: "Plan." },
+                    { role: "user", content: [{ type: "text", text: "Rome?" }] }];
   const body = { model: e.model, messages, tools, max_tokens: 60, temperature: 0,  // the file's context: 256
                  tool_choice: { type: "function", function: { name: "trip" } } };
   const whole = await client.chat.completions.create(body);
