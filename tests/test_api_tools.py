@@ -54,11 +54,11 @@ def test_a_session_continues_through_a_tool_call_turn(tiny):
     use = first["usage"]
     computed = use["prompt_tokens"] + use["completion_tokens"] - 1  # the reply's last token is never computed
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == computed // 16 * 16 > 0
-    assert svc._sessions["t1"].tools == (WEATHER,)
+    assert svc.sessions.get("t1").conversation.tools == (WEATHER,)
     # Other tools: the system message differs, so the history is rendered afresh (and becomes the session)
     tiny.chat.completions.create(model=tiny.model_id, messages=turn, tools=[WEATHER], tool_choice="none",
                                  max_tokens=1, pagedkv={"session": "t1"})
-    assert svc._sessions["t1"].tools == ()
+    assert svc.sessions.get("t1").conversation.tools == ()
     assert tiny.forget("t1")
 
 
@@ -106,12 +106,13 @@ def test_a_session_holds_a_call_as_returned_and_continues_with_its_result(tiny):
     body = {"model": tiny.model_id, "messages": ASK, "tools": [WEATHER, TRIP], "max_tokens": 80, "temperature": 0,
             "tool_choice": {"type": "function", "function": {"name": "plan_trip"}}, "pagedkv": {"session": "t2"}}
     message = tiny.chat.completions.create(body)["choices"][0]["message"]
-    assert svc._sessions["t2"].messages == ASK + [dict(message, content="")]  # null content checks as ""
+    held = svc.sessions.get("t2").conversation
+    assert held.messages == ASK + [dict(message, content="")]  # null content checks as ""
     result = {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "booked"}
-    before = svc._sessions["t2"].ids
+    before = held.ids
     reply = tiny.chat.completions.create(body, messages=ASK + [message, result], tool_choice="auto",
                                          max_tokens=2)["choices"][0]["message"]
-    session = svc._sessions["t2"]
+    session = svc.sessions.get("t2").conversation
     assert session.messages[:3] == ASK + [dict(message, content=""), result] and session.ids[:len(before)] == before
     assert session.messages[3]["role"] == "assistant" and "tool_calls" not in reply
     assert tiny.forget("t2")
