@@ -22,7 +22,7 @@ def refusal(engine, **body) -> tuple[int, str, str]:
 
 def test_too_many_messages_is_413_before_the_template_renders_them(engine, monkeypatch):
     rendered = []
-    monkeypatch.setattr(engine.services["tiny-random"].template, "render",
+    monkeypatch.setattr(type(engine.services["tiny-random"].template), "render",
                         lambda *a, **k: rendered.append(1) or "")  # never called
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}] * 50_000
     assert refusal(engine, messages=messages) == (
@@ -47,3 +47,21 @@ def test_the_bounds_themselves_are_served(engine):
     # 4,096 messages pass the bound; the tiny model's context (256 tokens) is what refuses them
     status, param, message = refusal(engine, messages=messages)
     assert (status, param) == (400, "messages") and message.endswith("tiny-random's context is 256")
+
+
+def test_a_long_conversation_renders_once_not_once_per_message(engine, monkeypatch):
+    """Rendering is linear in a conversation's length: 2,000 messages render twice (the messages, then with the
+    assistant's opener), where the template was rendered once per message (2,000 messages took 7.9 s)."""
+    template = engine.services["tiny-random"].template
+    calls = []
+    render = type(template).render
+
+    def counted(self, messages, **kw):
+        calls.append(len(messages))
+        return render(self, messages, **kw)
+
+    monkeypatch.setattr(type(template), "render", counted)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}] * 1000
+    status, param, message = refusal(engine, messages=messages)  # the tiny model's context refuses them
+    assert (status, param) == (400, "messages") and message.endswith("tiny-random's context is 256")
+    assert calls == [2000, 2000]
