@@ -74,12 +74,14 @@ FAILED_CREATE = """async () => {
   let failed = null;
   try { await createEngine({ model: "no-such-model", backend: "cpu" }); } catch (err) { failed = err.message; }
   const afterFailure = workers.map((w) => w.terminated);
-  const again = await createEngine({ model: "tiny-random", backend: "cpu" });
+  const again = await createEngine({ model: "tiny-random", backend: "cpu", budgetMiB: 1 });
   const reply = await again.chat.completions.create({ model: again.model, max_tokens: 2, temperature: 0,
                                                        messages: [{ role: "user", content: "hi" }] });
+  const blocks = (await again.stats())["tiny-random"].num_blocks;
   again.close();
   window.Worker = Native;
-  return { failed, afterFailure, finish: reply.choices[0].finish_reason, terminated: workers.map((w) => w.terminated) };
+  return { failed, afterFailure, finish: reply.choices[0].finish_reason, blocks,
+           terminated: workers.map((w) => w.terminated) };
 }"""
 
 # The single-model CPU path's options: ?budget_mib= bounds weights + KV (tiny-random: 82,176 B of weights, 8,192 B
@@ -94,9 +96,8 @@ CPU_OPTIONS = """async () => {
       return blocks;
     } catch (err) { return err.message; }
   };
-  const [int3, small, mib1] = await Promise.all([one({ kvDtype: "int3" }), one({ budgetMiB: 0.0625 }),
-                                                 one({ budgetMiB: 1 })]);
-  return { int3, small, mib1 };
+  const [int3, small] = await Promise.all([one({ kvDtype: "int3" }), one({ budgetMiB: 0.0625 })]);
+  return { int3, small };
 }"""
 
 
@@ -125,11 +126,12 @@ def test_unload_close_and_a_failed_create_end_what_they_should(browser, base_url
         assert failed["failed"] == "RuntimeError: fetching models/no-such-model/model.json failed: HTTP 404"
         assert failed["afterFailure"] == [True]  # the failed engine's worker is gone
         assert failed["finish"] in ("stop", "length") and failed["terminated"] == [True, True]
+        # budgetMiB 1 on the CPU path: 117 blocks of 8,192 B beside 82,176 B of weights (was kv_mib's 16,384)
+        assert failed["blocks"] == (2**20 - 82_176) // 8192
 
         assert page.evaluate(CPU_OPTIONS) == {
             "int3": "ValueError: unknown KV cache dtype 'int3'; valid dtypes are " + ", ".join(KV_DTYPES),
             "small": "ValueError: a budget of 0.0625 MiB does not hold tiny-random: its weights take 0.08 MiB and a "
-                     "KV block of 16 tokens 8,192 B more; raise budget_mib",
-            "mib1": (2**20 - 82_176) // 8192}  # 117 blocks (was kv_mib's 16,384 whatever the budget)
+                     "KV block of 16 tokens 8,192 B more; raise budget_mib"}
     finally:
         page.close()
