@@ -15,9 +15,13 @@ const ASK_WEATHER = "What is the weather in Paris? Use the weather tool.";
 
 export function connect(engine) {
   const requests = [];
-  const fetch = (input, init) => {  // engine.fetch, with each body kept as sent
-    if (init?.body) requests.push({ path: new URL(String(input?.url ?? input)).pathname, body: JSON.parse(init.body) });
-    return engine.fetch(input, init);
+  const fetch = async (input, init) => {  // engine.fetch, with each body kept as sent and each answer's text
+    if (!init?.body) return engine.fetch(input, init);
+    const request = { path: new URL(String(input?.url ?? input)).pathname, body: JSON.parse(init.body) };
+    requests.push(request);
+    const response = await engine.fetch(input, init);
+    request.answer = response.clone().text().then((text) => `${response.status} ${text}`);
+    return response;
   };
   const baseURL = location.origin + "/v1";
   // supportsStructuredOutputs: without it the provider sends a schema-less {type: "json_object"} and warns.
@@ -29,11 +33,12 @@ export function connect(engine) {
 // Each function below runs one scenario and returns what a test checks (JSON), its request bodies included.
 async function kept(app, run) {
   const from = app.requests.length;
+  const requests = () => Promise.all(app.requests.slice(from).map(async (r) => ({ ...r, answer: await r.answer })));
   try {
-    return { ...(await run()), requests: app.requests.slice(from) };
-  } catch (err) {  // what a test shows when a scenario fails: the error and the bodies that led to it
+    return { ...(await run()), requests: await requests() };
+  } catch (err) {  // what a test shows when a scenario fails: the error, and the requests and answers before it
     return { error: `${err.constructor.name}: ${err.message}`, cause: String(err.cause ?? ""),
-             responseBody: err.responseBody ?? err.text ?? null, requests: app.requests.slice(from) };
+             requests: await requests() };
   }
 }
 
@@ -111,7 +116,8 @@ export function sdkTools(app) {
     const called = await generateText({ model: app.model, tools: { weather: tool(WEATHER) }, toolChoice: "required",
                                         temperature: 0, maxOutputTokens: 40, prompt: ASK_WEATHER });
     const ran = [];
-    const weather = tool({ ...WEATHER, execute: async ({ city }) => { ran.push(city); return { city, celsius: 21 }; } });
+    const execute = async ({ city }) => { ran.push(city); return { city, celsius: 21 }; };
+    const weather = tool({ ...WEATHER, execute });
     const trip = await generateText({
       model: app.model, tools: { weather }, temperature: 0, maxOutputTokens: 40, prompt: ASK_WEATHER,
       stopWhen: isStepCount(2),
