@@ -70,16 +70,20 @@ export function openaiText(app) {
   });
 }
 
-// OpenAI's newer message shapes: a developer message and content as parts.
+// OpenAI's newer message shapes, a developer message and content as text parts, and the same request as plain
+// strings: a system message and the parts joined by newlines (as vLLM joins them).
 export function openaiShapes(app) {
   return kept(app, async () => {
-    const whole = await app.openai.chat.completions.create({
-      model: app.id, max_tokens: 12, temperature: 0,
-      messages: [{ role: "developer", content: [{ type: "text", text: "Answer in one sentence." }] },
-                 { role: "user", content: [{ type: "text", text: "What is the capital " },
-                                           { type: "text", text: "of France?" }] }],
-    });
-    return { text: whole.choices[0].message.content, finish: whole.choices[0].finish_reason };
+    const ask = (messages) => app.openai.chat.completions.create({ model: app.id, max_tokens: 12, temperature: 0,
+                                                                   messages });
+    const shaped = await ask([
+      { role: "developer", content: [{ type: "text", text: "Answer in one sentence." }] },
+      { role: "user", content: [{ type: "text", text: "What is the capital of France?" },
+                                { type: "text", text: "And of Italy?" }] }]);
+    const plain = await ask([{ role: "system", content: "Answer in one sentence." },
+                             { role: "user", content: "What is the capital of France?\nAnd of Italy?" }]);
+    return { text: shaped.choices[0].message.content, usage: shaped.usage,
+             plainText: plain.choices[0].message.content, plainUsage: plain.usage };
   });
 }
 
