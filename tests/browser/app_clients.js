@@ -92,10 +92,12 @@ export function sdkObjects(app, seeds, maxOutputTokens = 60) {
   return kept(app, async () => {
     const runs = [];
     for (const seed of seeds) {
+      const t0 = performance.now();
       try {
         const r = await generateObject({ model: app.model, schema: PERSON, temperature: 0.8, seed, maxOutputTokens,
                                          prompt: "Make up a person: a name and an age." });
-        runs.push({ seed, finish: r.finishReason, valid: PERSON.safeParse(r.object).success, object: r.object });
+        runs.push({ seed, finish: r.finishReason, valid: PERSON.safeParse(r.object).success, object: r.object,
+                   ms: Math.round(performance.now() - t0), tokens: r.usage.outputTokens });
       } catch (err) {  // NoObjectGeneratedError: the text did not parse or validate
         runs.push({ seed, finish: err.finishReason ?? null, valid: false, error: err.message, text: err.text ?? null });
       }
@@ -166,6 +168,7 @@ export function openaiJsonSchema(app, seeds, maxTokens = 60) {
     const schema = z.toJSONSchema(PERSON);
     const runs = [];
     for (const seed of seeds) {
+      const t0 = performance.now();
       const r = await app.openai.chat.completions.create({
         model: app.id, temperature: 0.8, seed, max_tokens: maxTokens,
         messages: [{ role: "user", content: "Make up a person: a name and an age." }],
@@ -173,7 +176,8 @@ export function openaiJsonSchema(app, seeds, maxTokens = 60) {
       });
       const content = r.choices[0].message.content;
       const value = parses(content) ? JSON.parse(content) : undefined;
-      runs.push({ seed, finish: r.choices[0].finish_reason, valid: PERSON.safeParse(value).success, content });
+      runs.push({ seed, finish: r.choices[0].finish_reason, valid: PERSON.safeParse(value).success, content,
+                 ms: Math.round(performance.now() - t0), tokens: r.usage.completion_tokens });
     }
     return { runs };
   });
