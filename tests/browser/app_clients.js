@@ -162,12 +162,12 @@ export function openaiTools(app, seed = 7) {
   });
 }
 
-// response_format json_schema through the openai client, once per seed: finish reason, and zod on the JSON.
+// response_format json_schema through the openai client, the seeds' requests at once (the engine batches them):
+// each one's finish reason, and zod on its JSON.
 export function openaiJsonSchema(app, seeds, maxTokens = 60) {
   return kept(app, async () => {
     const schema = z.toJSONSchema(PERSON);
-    const runs = [];
-    for (const seed of seeds) {
+    const runs = await Promise.all(seeds.map(async (seed) => {
       const t0 = performance.now();
       const r = await app.openai.chat.completions.create({
         model: app.id, temperature: 0.8, seed, max_tokens: maxTokens,
@@ -176,9 +176,9 @@ export function openaiJsonSchema(app, seeds, maxTokens = 60) {
       });
       const content = r.choices[0].message.content;
       const value = parses(content) ? JSON.parse(content) : undefined;
-      runs.push({ seed, finish: r.choices[0].finish_reason, valid: PERSON.safeParse(value).success, content,
-                 ms: Math.round(performance.now() - t0), tokens: r.usage.completion_tokens });
-    }
+      return { seed, finish: r.choices[0].finish_reason, valid: PERSON.safeParse(value).success, content,
+               ms: Math.round(performance.now() - t0), tokens: r.usage.completion_tokens };
+    }));
     return { runs };
   });
 }
