@@ -67,6 +67,8 @@ BENCHMARKS = {
     "kv_disk_flush": ["bench.kv_disk", "--sizes", "1000"],
     # Gemma 3 270M's KV held with sliding-window KV groups vs every layer full; greedy ids and decode speed both ways
     "hybrid_kv": ["bench.hybrid_kv"],
+    # the same on the WebGPU backend (wgpu-py's adapter): its ledger's pages, and the engine's after a 1k prompt
+    "hybrid_kv_wgpu": ["bench.hybrid_kv", "--backend", "wgpu"],
 }
 # Run in their quick form unless --only names them.
 LONG = ("kv_quality_window", "long_chat")

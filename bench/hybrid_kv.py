@@ -1,21 +1,30 @@
 """KV groups on Gemma 3 270M: what its sliding-window layers hold with groups (kv/groups.py) and with every layer
 holding the whole context.
 
-    python3 -m bench.hybrid_kv [--quick]
+    python3 -m bench.hybrid_kv [--quick] [--backend cpu|wgpu]
 
-Prints one JSON object:
+Prints one JSON object (--backend cpu, the default):
 - `held`: KV bytes one sequence holds at 1k / 4k / 16k / 32k tokens (prefilled in chunks of 512, then one decode
   token), counted by the engine's own KV cache manager, both ways, and their ratio;
 - `fits_64mib`: the longest context whose KV fits 64 MiB of pages, both ways;
 - `greedy`: the engine's greedy ids on the CPU backend for a 600-token prompt (past the 512-token window) + 8
   new tokens, both ways (equal when groups are right);
 - `decode`: decode tokens per second at a 4k-token context on the CPU backend (the numpy reference), both ways.
-Byte figures use the GPU's default KV dtype (kv.dtypes); the CPU backend's pools hold f32. Benchmarks print
-figures; nothing here passes or fails.
+Byte figures use the GPU's default KV dtype (kv.dtypes); the CPU backend's pools hold f32.
+
+--backend wgpu (the WebGPU backend on this machine's wgpu-py adapter, lavapipe here): the model loaded both ways
+(WebGpuBackend.create(kv_groups=True / False), a 1 GiB budget, the cpu kernel family), and
+- `page_bytes`, `num_blocks`: the bytes of one page the backend's ledger reserved, and the pool's pages;
+- `held`: at 1k / 4k tokens, the blocks the manager holds (as above) x the ledger's page bytes, both ways;
+- `engine_1k`: a 1,024-token prompt prefilled in chunks of 512 and one token decoded by the engine on the adapter:
+  the blocks its manager then holds (kv_stats) both ways, and the prefill seconds (a 4k prefill takes lavapipe
+  minutes, so 4k is the manager's count only).
+Benchmarks print figures; nothing here passes or fails.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import platform
 import sys
@@ -29,6 +38,7 @@ sys.path.insert(0, str(ROOT / "py"))
 
 from pagedkv.backends.cpu import CpuBackend  # noqa: E402
 from pagedkv.config import CacheConfig  # noqa: E402
+from pagedkv.kv.accounting import kv_stats  # noqa: E402
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync  # noqa: E402
 from pagedkv.kv.groups import KVGroups  # noqa: E402
 from pagedkv.kv.manager import KVCacheManager  # noqa: E402
@@ -113,10 +123,74 @@ def text_prompt(tokenizer: Tokenizer, n: int) -> list[int]:
     return [tokenizer.bos_token_id or 2] + ids[: n - 1 - len(question)] + question
 
 
+async def wgpu_way(model_dir: Path, grouped: bool, prompt: list[int]) -> dict:
+    """The WebGPU backend on the wgpu-py adapter, one way: its ledger's page and the engine's blocks after prompt."""
+    from pagedkv.backends.webgpu.backend import WebGpuBackend
+    from pagedkv.backends.webgpu.runtime import open_device
+
+    manifest = json.loads((model_dir / "model.json").read_text())
+
+    async def source(name: str) -> bytes:
+        return (model_dir / name).read_bytes()
+
+    ctx = await open_device()
+    backend = await WebGpuBackend.create(ctx, manifest, source, budget_bytes=1 << 30, block_size=BLOCK, kv_dtype="f16",
+                                         max_num_batched_tokens=CHUNK, max_num_seqs=1, kernels="cpu",
+                                         kv_groups=grouped)
+    engine = LLMEngine(backend, Tokenizer.from_manifest(manifest),
+                       EngineConfig(max_num_batched_tokens=CHUNK, max_num_seqs=1, enable_prefix_caching=False))
+    req = engine.request(engine.add_request(prompt, SamplingParams(max_tokens=3, stop_token_ids=(1 << 30,))))
+    t0 = time.perf_counter()
+    while not req.output_ids:
+        await engine.step()
+    prefill_s = time.perf_counter() - t0
+    await engine.step()  # one decode token: its allocation releases what the window left behind
+    out = {"page_bytes": backend.ledger.by_kind()["kv"] // backend.num_blocks, "num_blocks": backend.num_blocks,
+           "groups": engine.kv.num_groups, "used_blocks": kv_stats(engine.kv).used_blocks,
+           "prefill_s": round(prefill_s, 1), "adapter": ctx.info.name}
+    while engine.has_unfinished:
+        await engine.step()
+    backend.destroy()
+    return out
+
+
+def wgpu_main() -> None:
+    """--backend wgpu: the module docstring's figures on the WebGPU backend."""
+    model_dir = convert_cached(fetch_gemma3_gguf(MODELS), MODELS)
+    cfg = ModelWeights.load(model_dir).config
+    groups = KVGroups.of(cfg)
+    rng = np.random.default_rng(0)
+    prompt = [2] + [int(t) for t in rng.integers(100, 20_000, 1023)]
+    ways = {name: asyncio.run(wgpu_way(model_dir, grouped, prompt)) for name, grouped in (("groups", True),
+                                                                                         ("flat", False))}
+    held = []
+    for n in (1024, 4096):
+        g, f = held_blocks(groups, n), held_blocks(None, n)
+        gb, fb = g * ways["groups"]["page_bytes"], f * ways["flat"]["page_bytes"]
+        held.append({"tokens": n, "groups_blocks": g, "groups_bytes": gb, "flat_blocks": f, "flat_bytes": fb,
+                     "ratio": round(gb / fb, 4)})
+    engine = {name: {k: ways[name][k] for k in ("groups", "used_blocks", "prefill_s")} for name in ways}
+    for name in ways:
+        engine[name]["bytes"] = ways[name]["used_blocks"] * ways[name]["page_bytes"]
+    print(json.dumps({
+        "benchmark": "hybrid_kv", "backend": "wgpu", "adapter": ways["groups"]["adapter"],
+        "model": "gemma-3-270m (Q4_K_M GGUF)", "machine": platform.machine(), "kv_dtype": "f16", "block_size": BLOCK,
+        "prefill_chunk": CHUNK, "budget_bytes": 1 << 30,
+        "page_bytes": {n: w["page_bytes"] for n, w in ways.items()},
+        "num_blocks": {n: w["num_blocks"] for n, w in ways.items()},
+        "held": held, "engine_1k": {"prompt_tokens": len(prompt), "decoded": 1, **engine},
+    }, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="decode speed at 1k tokens, 4 new tokens")
+    parser.add_argument("--backend", choices=("cpu", "wgpu"), default="cpu",
+                        help="wgpu: page bytes and blocks held on the WebGPU backend (wgpu-py's adapter)")
     args = parser.parse_args()
+    if args.backend == "wgpu":
+        wgpu_main()
+        return
     weights = ModelWeights.load(convert_cached(fetch_gemma3_gguf(MODELS), MODELS))
     cfg = weights.config
     groups = KVGroups.of(cfg)

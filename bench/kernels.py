@@ -48,7 +48,7 @@ SMOLLM2 = ModelConfig(architecture="llama", n_layers=30, hidden=576, n_heads=9, 
                       vocab=49152, rope_base=100000.0, rope_convention="adjacent_pairs", rms_eps=1e-5,
                       context_length=8192, tied_embeddings=True)
 KERNELS = ("qkv", "o", "gate_up", "down", "lm_head", "down_q4_K", "down_q6_K", "decode_attention",
-           "prefill_attention", "rmsnorm", "rope", "argmax", "sample", "decode_step")
+           "prefill_attention", "rmsnorm", "rope", "argmax", "sample", "sample_shape", "decode_step")
 # the synthetic 1.5B model's projections (pagedkv.model.synthetic's preset: hidden 2048, 32 + 2 x 8 heads of
 # 64, ffn 8192, every matrix Q4_K): asked for by name, not in the default set
 KERNELS_1_5B = ("qkv_1.5b", "o_1.5b", "gate_up_1.5b", "down_1.5b")
@@ -243,6 +243,19 @@ async def small_rows(b: Bench, names: list[str], rng) -> None:
         settings = b.upload(np.array([0.7, 0.95, 0.5, 0.0], np.float32), "settings")
         d, n = await b.call(ops.sample_call(cfg.vocab, 1), [logits, settings, b.ctx.buffer(16, "ids")])
         await b.row("sample", "decode", d, 12 * cfg.vocab * 4, n, vocab=cfg.vocab, temperature=0.7, top_p=0.95)
+    if "sample_shape" in names:  # a shaped draw's first kernel: 5 log-probs, penalties, min-p 0.05, top-k 50
+        from pagedkv.device_draws import LP_STRIDE
+
+        rows = np.array([[50, *np.array([0.05, 0.5, 0.5], np.float32).view(np.uint32), 0, 0, 0, 5]], np.uint32)
+        bufs = [b.upload(rng.standard_normal(cfg.vocab, dtype=np.float32) * 4, "logits"),
+                b.upload(np.array([0.7, 0.95, 0.5, 0.0], np.float32), "settings"), b.upload(rows, "rows"),
+                b.upload(np.zeros(2, np.uint32), "bias"), b.upload(np.ones(cfg.vocab, np.uint32), "counts"),
+                b.ctx.buffer(cfg.vocab * 4, "shaped"), b.ctx.buffer((1 + LP_STRIDE) * 4, "io")]
+        d, n = await b.call(ops.sample_shape_call(cfg.vocab, 1, 1), bufs)
+        # row passes: 2 for the lse, 2 a best id, 3 for penalties (logits, counts in; shaped out), 2 for min-p,
+        # 8 digit passes and 2 for top-k's cut
+        await b.row("sample_shape", "decode", d, (2 + 2 * 5 + 3 + 2 + 10) * cfg.vocab * 4, n, vocab=cfg.vocab,
+                    top_n=5, top_k=50, min_p=0.05)
 
 
 async def decode_step(ctx, context: int, reps: int, kernels: str = "cpu") -> dict:

@@ -33,112 +33,13 @@ struct Params {
 override WORKGROUP_SIZE : u32 = 256u;  // a power of two
 const NONE : u32 = 0xffffffffu;
 
-var<workgroup> red_f : array<f32, WORKGROUP_SIZE>;
-var<workgroup> red_u : array<u32, WORKGROUP_SIZE>;
-var<workgroup> red_v : array<vec4<f32>, WORKGROUP_SIZE>;
-var<workgroup> sum_v_out : vec4<f32>;
-var<workgroup> sum_f_out : f32;
-var<workgroup> sum_u_out : u32;
+//#include sample_reduce.wgsl
+
 var<workgroup> row_settings : vec4<f32>;
-
-// The max of v over the workgroup, uniform.
-fn max_f(v : f32, lid : u32) -> f32 {
-  red_f[lid] = v;
-  for (var s = WORKGROUP_SIZE / 2u; s > 0u; s >>= 1u) {
-    workgroupBarrier();
-    if (lid < s) {
-      red_f[lid] = max(red_f[lid], red_f[lid + s]);
-    }
-  }
-  workgroupBarrier();
-  if (lid == 0u) {
-    sum_f_out = red_f[0];
-  }
-  return workgroupUniformLoad(&sum_f_out);
-}
-
-// min (op 0) or max (op 1) of v over the workgroup, uniform.
-fn minmax_u(v : u32, lid : u32, op : u32) -> u32 {
-  red_u[lid] = v;
-  for (var s = WORKGROUP_SIZE / 2u; s > 0u; s >>= 1u) {
-    workgroupBarrier();
-    if (lid < s) {
-      red_u[lid] = select(min(red_u[lid], red_u[lid + s]), max(red_u[lid], red_u[lid + s]), op == 1u);
-    }
-  }
-  workgroupBarrier();
-  if (lid == 0u) {
-    sum_u_out = red_u[0];
-  }
-  return workgroupUniformLoad(&sum_u_out);
-}
-
-// The sums of v over lanes 0..lid-1 (Hillis-Steele in red_f / red_u; each step reads, then writes).
-fn exclusive_f(v : f32, lid : u32) -> f32 {
-  workgroupBarrier();
-  red_f[lid] = v;
-  for (var s = 1u; s < WORKGROUP_SIZE; s <<= 1u) {
-    workgroupBarrier();
-    let add = select(0.0, red_f[lid - min(s, lid)], lid >= s);
-    workgroupBarrier();
-    red_f[lid] += add;
-  }
-  workgroupBarrier();
-  return red_f[lid] - v;
-}
-
-fn exclusive_u(v : u32, lid : u32) -> u32 {
-  workgroupBarrier();
-  red_u[lid] = v;
-  for (var s = 1u; s < WORKGROUP_SIZE; s <<= 1u) {
-    workgroupBarrier();
-    let add = select(0u, red_u[lid - min(s, lid)], lid >= s);
-    workgroupBarrier();
-    red_u[lid] += add;
-  }
-  workgroupBarrier();
-  return red_u[lid] - v;
-}
-
-// The sum of v over the workgroup, uniform.
-fn sum_f(v : f32, lid : u32) -> f32 {
-  return sum_v(vec4<f32>(v, 0.0, 0.0, 0.0), lid).x;
-}
-
-fn sum_v(v : vec4<f32>, lid : u32) -> vec4<f32> {
-  workgroupBarrier();
-  red_v[lid] = v;
-  for (var s = WORKGROUP_SIZE / 2u; s > 0u; s >>= 1u) {
-    workgroupBarrier();
-    if (lid < s) {
-      red_v[lid] += red_v[lid + s];
-    }
-  }
-  workgroupBarrier();
-  if (lid == 0u) {
-    sum_v_out = red_v[0];
-  }
-  return workgroupUniformLoad(&sum_v_out);
-}
-
-struct Digits {
-  d0 : vec4<f32>,  // mass of digits 0-3
-  d1 : vec4<f32>,
-  d2 : vec4<f32>,
-  d3 : vec4<f32>,  // digits 12-15
-}
 
 // w into its digit's sum (bits (shift + 3)..shift) when its bits above them are `prefix`.
 fn add_digit(acc : ptr<function, Digits>, w : f32, prefix : u32, high : u32, shift : u32) {
-  let bits = bitcast<u32>(w);
-  let d = vec4<u32>((bits >> shift) & 15u);
-  let z = vec4<f32>(0.0);
-  let on = (bits & high) == prefix;
-  let v = vec4<f32>(select(0.0, w, on));
-  (*acc).d0 += select(z, v, d == vec4<u32>(0u, 1u, 2u, 3u));
-  (*acc).d1 += select(z, v, d == vec4<u32>(4u, 5u, 6u, 7u));
-  (*acc).d2 += select(z, v, d == vec4<u32>(8u, 9u, 10u, 11u));
-  (*acc).d3 += select(z, v, d == vec4<u32>(12u, 13u, 14u, 15u));
+  add_key_digit(acc, w, bitcast<u32>(w), prefix, high, shift);
 }
 
 // Over the row's tokens whose bits above `shift + 4` are `prefix` (high: those bits' mask), the mass of each
@@ -161,11 +62,6 @@ fn digit_masses(base : u32, prefix : u32, high : u32, shift : u32, lid : u32) ->
     add_digit(&acc, logits[base + i], prefix, high, shift);
   }
   return Digits(sum_v(acc.d0, lid), sum_v(acc.d1, lid), sum_v(acc.d2, lid), sum_v(acc.d3, lid));
-}
-
-fn digit_mass(m : Digits, d : u32) -> f32 {
-  let q = select(select(m.d0, m.d1, d >= 4u), select(m.d2, m.d3, d >= 12u), d >= 8u);
-  return q[d & 3u];
 }
 
 // Four of a lane's strided ids from i (i, i + WORKGROUP_SIZE, ...; the caller keeps i + 3 WORKGROUP_SIZE in the

@@ -145,10 +145,10 @@ def test_complete_answers_an_openai_body_and_streams_sse(tiny_dir, tmp_path):  #
     chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == out["choices"][0]["message"]["content"]
-    path.write_text(json.dumps({**body, "logprobs": True}))
+    path.write_text(json.dumps({**body, "audio": {"voice": "alloy"}}))
     done = run_cli("complete", "--model", str(tiny_dir), "--body-json", str(path))
-    assert done.returncode == 1 and json.loads(done.stdout)["error"]["param"] == "logprobs"
-    assert "error 400: logprobs is not supported" in done.stderr
+    assert done.returncode == 1 and json.loads(done.stdout)["error"]["param"] == "audio"
+    assert "error 400: audio is not supported" in done.stderr
     # --also loads another model into the same budget; the body picks it by its directory's name
     other = tmp_path / "tiny-twin"
     write_tiny_model(other, seed=5)

@@ -40,17 +40,18 @@ def test_ids_are_named_by_the_file():
 
 
 def test_a_model_that_fits_is_converted_with_its_plan(tiny_gguf, tmp_path):
-    manifest = convert_checked(GGUFFile.open(tiny_gguf), tmp_path / "m", budget_bytes=12 << 20, **SETTINGS)
+    manifest = convert_checked(GGUFFile.open(tiny_gguf), tmp_path / "m", budget_bytes=18 << 20, **SETTINGS)
     assert manifest["source"] == {"file": "tiny llama (q4_1).gguf", "bytes": tiny_gguf.stat().st_size,
                                   "converter_version": CONVERTER_VERSION}
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["model.json", "shard-000.bin"]
-    plan = check_fits(manifest, name="x.gguf", budget_bytes=12 << 20, **SETTINGS)
+    plan = check_fits(manifest, name="x.gguf", budget_bytes=18 << 20, **SETTINGS)
     # weights (Q8_0 49152 x 64 embedding, ...) + scratch (with the 512-byte zero q|k|v bias of a model without
-    # biases, the sample kernel's uniform slot and (S, 4) draws, the family ops' three uniform slots) + staging
-    # (with the second ids landing of a pipelined decode), then 4,096-byte blocks (2 layers x K, V x 16 tokens x 2
-    # heads x 16 dims x f16)
-    assert (plan["fixed_bytes"], plan["block_bytes"]) == (10_451_280, 4096)
-    assert plan["num_blocks"] == ((12 << 20) - 10_450_512) // 4096
+    # biases, the sample kernel's uniform slot and (S, 4) draws, the family ops' three uniform slots, a shaped
+    # draw's two slots, rows, bias pairs, (16, 49152) counts and shaped logits, and the ids' log-prob rows) + staging
+    # (with the second ids landing of a pipelined decode, log-prob rows included), then 4,096-byte blocks (2 layers
+    # x K, V x 16 tokens x 2 heads x 16 dims x f16)
+    assert (plan["fixed_bytes"], plan["block_bytes"]) == (16_787_536, 4096)
+    assert plan["num_blocks"] == ((18 << 20) - 16_786_768) // 4096
 
 
 def test_too_big_is_refused_with_the_numbers_and_leaves_nothing(tiny_gguf, tmp_path):
@@ -58,8 +59,8 @@ def test_too_big_is_refused_with_the_numbers_and_leaves_nothing(tiny_gguf, tmp_p
     with pytest.raises(ModelRefused) as refused:
         convert_checked(GGUFFile.open(tiny_gguf), out, budget_bytes=6 << 20, **SETTINGS)
     assert str(refused.value) == (
-        "tiny llama (q4_1).gguf does not fit the GPU budget: needs 11 MiB, budget 6 MiB (weights, scratch and "
-        "staging 10.0 MiB + a KV pool of 256 tokens in f16 0.1 MiB); raise the budget in Memory settings or pick "
+        "tiny llama (q4_1).gguf does not fit the GPU budget: needs 17 MiB, budget 6 MiB (weights, scratch and "
+        "staging 16.0 MiB + a KV pool of 256 tokens in f16 0.1 MiB); raise the budget in Memory settings or pick "
         "a smaller model")
     assert not out.exists()
     with pytest.raises(ModelRefused) as early:  # the tensors alone: refused before any conversion

@@ -27,12 +27,15 @@ def fake_backend(kernels: str = "cpu", subgroups: bool = False, shader_f16: bool
                for n in names}
     scratch = {k: k for k in ("token_ids", "positions", "slot_mapping", "block_tables", "context_lens", "starts",
                               "cos_sin", "zero_bias", "x", "h", "qkv", "q", "k", "v", "attn", "act", "part_acc",
-                              "part_stats", "last", "last_norm", "logits", "ids", "params")}
+                              "part_stats", "last", "last_norm", "logits", "ids", "params", "sampling",
+                              "sample_rows", "sample_bias", "token_counts", "shaped_logits")}
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(2)]
-    return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, weight_rows={}, kv_pool=SimpleNamespace(caches=caches),
+    return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, weight_rows={},
+                           kv_pool=SimpleNamespace(caches=caches, cache_of=caches.__getitem__),
+                           group_binding=lambda name, layer: scratch[name],  # one KV group: the whole buffers
                            kv_kernels=KVKernels(ctx, layout, CFG.n_heads, family=kernels, subgroups=subgroups),
                            kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(), shader_f16=shader_f16,
-                           gpu_matmul=kernels == "gpu")
+                           gpu_matmul=kernels == "gpu", max_num_seqs=4)
 
 
 def test_plan_keys_bucket_batches_by_kernel_choice():
@@ -67,6 +70,23 @@ def test_program_has_one_pass_per_phase_and_8_or_9_dispatches_per_layer():
                                                                                  "token_embd.weight.d")
     attn = [d for d in prefill[0] if d.shader == "paged_prefill_attention"]
     assert attn[1].bindings[1] == "k1" and attn[1].constants is None
+
+
+def test_a_shaped_draw_shapes_the_logits_then_draws_then_counts():
+    b = fake_backend("gpu", subgroups=True)
+    plain = layer_program(b, PlanKey.of(2, 2, sampled=True))[-1]
+    assert [(d.shader, d.bindings) for d in plain[2:]] == [("sample", ("logits", "sampling", "ids"))]
+    assert PlanKey.of(2, 2, shaped=True) == PlanKey.of(2, 2)  # shaping is a sampled step's
+    shaped = layer_program(b, PlanKey.of(2, 2, sampled=True, shaped=True))[-1]
+    assert [(d.shader, d.bindings, d.slot) for d in shaped[2:]] == [
+        ("sample_shape", ("logits", "sampling", "sample_rows", "sample_bias", "token_counts", "shaped_logits", "ids"),
+         "sample_shape"),
+        ("sample", ("shaped_logits", "sampling", "ids"), "sample"),  # the raw logits stay for the log-probs
+        ("sample_post", ("logits", "sample_rows", "ids", "token_counts"), "sample_post")]
+    grids, params = step_slots(b, StepShape(3, 3, 1, 1, 1, True))
+    words = params.view(np.uint32).reshape(-1, PARAM_SLOT_BYTES // 4)
+    assert grids[SLOT_INDEX["sample_shape"]].tolist() == [3, 1, 1] and grids[SLOT_INDEX["sample_post"]].tolist() == [1, 1, 1]
+    assert words[SLOT_INDEX["sample_shape"], :3].tolist() == [CFG.vocab, 3, 4]  # log-prob rows after 4 rows' ids
 
 
 def test_step_slots_grids_and_uniforms():

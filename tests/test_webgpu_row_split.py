@@ -68,7 +68,8 @@ def layer_program_head(b) -> dict:
     layout = GpuKVLayout(KVSpec.of(b.config, block_size=16, dtype="f32"), 4)
     limits = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": 65535}))
     b.kernels, b.kv_kernels = "gpu", KVKernels(limits, layout, b.config.n_heads, family="gpu")
-    b.kv_pool = SimpleNamespace(caches=[SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(b.config.n_layers)])
+    caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(b.config.n_layers)]
+    b.kv_pool = SimpleNamespace(caches=caches, cache_of=caches.__getitem__)
     b.scratch = defaultdict(str)
     first, last = layer_program(b, PlanKey.of(1, 1, greedy=True))
     return {"embedding": [d for d in first if d.slot == "embedding"],

@@ -300,6 +300,7 @@ async function* prepend(first, rest) {
 async function collect(first, rest, signal, legacy) {
   const texts = new Map();
   const reasons = new Map();
+  const logprobs = new Map();  // each choice's chunks' logprobs (pagedkv.logprobs.join_logprobs joins them)
   let head = null;
   let usage = null;
   for await (const chunk of prepend(first, rest)) {
@@ -308,23 +309,36 @@ async function collect(first, rest, signal, legacy) {
       const piece = legacy ? choice.text : choice.delta.content;
       texts.set(choice.index, (texts.get(choice.index) || "") + (piece || ""));
       if (choice.finish_reason) reasons.set(choice.index, choice.finish_reason);
+      if (choice.logprobs) logprobs.set(choice.index, [...(logprobs.get(choice.index) || []), choice.logprobs]);
     }
     if (chunk.usage) usage = chunk.usage;
   }
   if (signal?.aborted) throw new DOMException("the request was aborted", "AbortError");  // as fetch rejects
   const indices = [...texts.keys()].sort((a, b) => a - b);
   if (legacy) {  // as pagedkv.completions.completion(legacy=True) builds it
-    const choices = indices.map((index) => ({ text: texts.get(index), index, logprobs: null,
+    const choices = indices.map((index) => ({ text: texts.get(index), index,
+                                              logprobs: joinLogprobs(logprobs.get(index), legacy),
                                               finish_reason: reasons.get(index) ?? null }));
     return { id: head.id, object: "text_completion", created: head.created, model: head.model, choices, usage,
              system_fingerprint: null };
   }
   const choices = indices.map((index) => ({
-    index, message: { role: "assistant", content: texts.get(index) }, logprobs: null,
+    index, message: { role: "assistant", content: texts.get(index) },
+    logprobs: joinLogprobs(logprobs.get(index), legacy),
     finish_reason: reasons.get(index) ?? null,
   }));
   return { id: head.id, object: "chat.completion", created: head.created, model: head.model, choices, usage,
            system_fingerprint: null };
+}
+
+// As pagedkv.logprobs.join_logprobs: one choice's logprobs from its chunks' (null when none had any).
+function joinLogprobs(parts, legacy) {
+  if (!parts) return null;
+  if (legacy) {
+    const keys = ["tokens", "token_logprobs", "top_logprobs", "text_offset"];
+    return Object.fromEntries(keys.map((key) => [key, parts.flatMap((part) => part[key])]));
+  }
+  return { content: parts.flatMap((part) => part.content), refusal: null };
 }
 
 function json(status, value) {

@@ -299,7 +299,8 @@ async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict
     backend = await WebGpuBackend.create(
         ctx, manifest, shard_source, budget_bytes=budgets.gpu_bytes, cpu_budget_bytes=budgets.cpu_bytes,
         block_size=block_size, kv_dtype=kv_dtype, kernels=state["kernels"][0], on_progress=uploaded)
-    info = {"bytes_per_token": backend.stats()["bytes_per_token"], "kv_dtype": kv_dtype,
+    # A block is a page of one KV group's layers, as on the CPU path (every layer's for a model without windows)
+    info = {"bytes_per_token": backend.page_bytes_per_token, "kv_dtype": kv_dtype,
             "ledger": backend.ledger.snapshot()}
     if tuned is not None:
         backend.gpu_shapes, info["kernels_tuning"] = tuned

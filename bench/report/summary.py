@@ -182,8 +182,9 @@ def ttft_table(tt: dict) -> list[str]:
     return out + [""]
 
 
-def hybrid_kv_table(hk: dict) -> list[str]:
-    """Gemma 3 270M's KV with window groups (kv/groups.py) beside every layer holding the whole context."""
+def hybrid_kv_table(hk: dict, wgpu: dict | None = None) -> list[str]:
+    """Gemma 3 270M's KV with window groups (kv/groups.py) beside every layer holding the whole context; wgpu: the
+    same on the WebGPU backend (`--backend wgpu`, hybrid_kv_wgpu.json), where there is one."""
     g, fit, dec = hk["groups"], hk["fits_64mib"], hk["decode"]
     out = ["## KV groups: sliding-window layers hold only their window", "",
            f"`python3 -m bench.hybrid_kv{_quick(hk)}` — {hk['model']}, {hk['kv_dtype']} KV, blocks of "
@@ -200,6 +201,17 @@ def hybrid_kv_table(hk: dict) -> list[str]:
             f"+ {greedy['new_tokens']}: {'equal' if greedy['equal'] else 'DIFFERENT'} both ways. Decode at "
             f"{dec['context_tokens']:,} tokens (CPU backend): {dec['groups']['decode_tok_s']:.1f} vs "
             f"{dec['flat']['decode_tok_s']:.1f} tok/s.", ""]
+    if wgpu:
+        eng, pages = wgpu["engine_1k"], wgpu["page_bytes"]
+        out += [f"`python3 -m bench.hybrid_kv --backend wgpu` — the WebGPU backend on {wgpu['adapter']}: its ledger "
+                f"reserves a page of {pages['groups']:,} B with groups, {pages['flat']:,} B with every layer full "
+                f"({wgpu['num_blocks']['groups']:,} / {wgpu['num_blocks']['flat']:,} pages in a "
+                f"{wgpu['budget_bytes'] / 2 ** 30:g} GiB budget). Held (the manager's blocks x those pages): "
+                + "; ".join(f"{row['tokens']:,} tokens {row['groups_bytes'] / 1e6:.1f} vs "
+                            f"{row['flat_bytes'] / 1e6:.1f} MB ({row['ratio']:.2f}x)" for row in wgpu["held"])
+                + f". The engine on the adapter, a {eng['prompt_tokens']:,}-token prompt and one decoded token: "
+                f"{eng['groups']['used_blocks']} pages ({eng['groups']['bytes'] / 1e6:.1f} MB) with groups, "
+                f"{eng['flat']['used_blocks']} ({eng['flat']['bytes'] / 1e6:.1f} MB) with every layer full.", ""]
     return out
 
 
@@ -336,7 +348,8 @@ def build_summary(results: Path) -> str:
                               lambda w: wllama_table(w, "A 2,000-token prompt's time to first token, beside wllama"),
                               "wllama_2k"),
                              (kq, kv_quality_window_table, "kv_quality_window"),
-                             (_load(results, "hybrid_kv.json"), hybrid_kv_table, "hybrid_kv"),
+                             (_load(results, "hybrid_kv.json"),
+                              lambda h: hybrid_kv_table(h, _load(results, "hybrid_kv_wgpu.json")), "hybrid_kv"),
                              (kd, kv_quality_dtypes_table, "kv_quality_dtypes")):
         lines += make(data) if data else [f"_{name}.json missing: run `python3 -m bench --only {name}`._", ""]
     plots = [p.name for p in sorted(results.glob("*.png"))]

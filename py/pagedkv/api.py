@@ -38,6 +38,7 @@ from .chat import ChatTemplate, Conversation
 from .completions import (LEGACY_MAX_TOKENS, ApiError, CompletionRequest, StopStrings, chunk, completion, now,
                           parse_request, usage)
 from .engine import EngineConfig, LLMEngine, NeverFits
+from .logprobs import chat_logprobs, join_logprobs, legacy_logprobs
 from .model.weights import ModelWeights
 from .sampling import MIN_TEMPERATURE, SamplingParams
 from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
@@ -186,8 +187,14 @@ class CompletionService(_Creates):
                                 f"{self.model_id}'s context of {self.context_length}", "max_tokens")
         greedy = req.temperature < MIN_TEMPERATURE or req.top_p == 0.0  # the nucleus of p=0: the top token
         limit = req.max_tokens or (min(LEGACY_MAX_TOKENS, room) if req.legacy else room)
+        vocab = self.tokenizer.vocab_size
+        if req.logit_bias and req.logit_bias[-1][0] >= vocab:
+            raise ApiError(400, f"logit_bias names token id {req.logit_bias[-1][0]}; {self.model_id}'s ids are "
+                                f"0..{vocab - 1}", "logit_bias")
         params = SamplingParams(temperature=0.0 if greedy else req.temperature, top_p=1.0 if greedy else req.top_p,
-                                seed=req.seed, max_tokens=limit, n=req.n)
+                                seed=req.seed, max_tokens=limit, n=req.n, top_k=req.top_k, min_p=req.min_p,
+                                presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                                logit_bias=req.logit_bias, logprobs=req.logprobs)
         rid = request_id or f"{'cmpl' if req.legacy else 'chatcmpl'}-{next(self._ids)}"
         if rid in self._routes:
             raise ApiError(400, f"a request with id {rid!r} is running")
@@ -218,6 +225,7 @@ class CompletionService(_Creates):
         stops = [StopStrings(req.stop) for _ in range(req.n)]
         done, tokens = [False] * req.n, [0] * req.n
         ids, texts = [[] for _ in range(req.n)], [[] for _ in range(req.n)]
+        offsets = [0] * req.n  # a legacy choice's characters of token text so far (its text_offset)
         try:
             for i in range(req.n if not legacy else 0):  # a legacy stream has no role chunk
                 yield chunk(rid, req.model, created, i, role=True)
@@ -239,8 +247,15 @@ class CompletionService(_Creates):
                     text += stops[i].flush()
                 reason = "stop" if stopped else out.finish_reason if out.finished else None
                 texts[i].append(text)
-                if text:
-                    yield chunk(rid, req.model, created, i, text=text, legacy=legacy)
+                logprobs = None
+                if out.logprobs:
+                    if legacy:
+                        logprobs = legacy_logprobs(out.logprobs, self.tokenizer, offsets[i])
+                        offsets[i] += sum(map(len, logprobs["tokens"]))
+                    else:
+                        logprobs = chat_logprobs(out.logprobs, self.tokenizer)
+                if text or logprobs is not None:  # a token held back (a stop string may begin) still has its logprob
+                    yield chunk(rid, req.model, created, i, text=text, legacy=legacy, logprobs=logprobs)
                 if reason is not None:
                     done[i] = True
                     yield chunk(rid, req.model, created, i, finish_reason=reason, legacy=legacy)
@@ -478,6 +493,7 @@ def _drain(loop: asyncio.AbstractEventLoop, run, chunks: AsyncIterator[dict]) ->
 
 async def _collect(chunks: AsyncIterator[dict], legacy: bool) -> dict:
     texts: dict[int, list[str]] = {}
+    logprobs: dict[int, list[dict]] = {}  # each choice's chunks' logprobs
     reasons: dict[int, str] = {}
     cid = model = created = use = None  # no usage: the request was aborted
     async for piece in chunks:
@@ -485,9 +501,12 @@ async def _collect(chunks: AsyncIterator[dict], legacy: bool) -> dict:
         for choice in piece["choices"]:
             texts.setdefault(choice["index"], []).append(choice["text"] if legacy else
                                                          choice["delta"].get("content") or "")
+            if choice["logprobs"] is not None:
+                logprobs.setdefault(choice["index"], []).append(choice["logprobs"])
             if choice["finish_reason"]:
                 reasons[choice["index"]] = choice["finish_reason"]
         if "usage" in piece:
             use = piece["usage"]
-    choices = [{"index": i, "text": "".join(texts[i]), "finish_reason": reasons.get(i)} for i in sorted(texts)]
+    choices = [{"index": i, "text": "".join(texts[i]), "finish_reason": reasons.get(i),
+                "logprobs": join_logprobs(logprobs[i], legacy) if i in logprobs else None} for i in sorted(texts)]
     return completion(cid, model, created, choices, use, legacy=legacy)

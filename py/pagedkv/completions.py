@@ -14,21 +14,25 @@ import time
 from dataclasses import dataclass, field
 
 from .chat import validate_messages
+from .sampling import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_RANGE
 
 __all__ = ["ApiError", "CompletionRequest", "StopStrings", "parse_request", "completion", "chunk", "usage"]
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_N = 16
 # Known OpenAI fields this engine does not implement: refused by name (400), never ignored.
-UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format", "logprobs", "top_logprobs",
-               "logit_bias", "presence_penalty", "frequency_penalty", "audio", "modalities", "prediction",
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format",
+               "audio", "modalities", "prediction",
                "parallel_tool_calls", "reasoning_effort", "web_search_options", "store", "metadata", "service_tier")
 IGNORED = ("user",)  # an end-user id for the provider's abuse tracking: nothing to do in a tab
+# Sampling controls both endpoints take (top_k and min_p are vLLM's extensions); logprobs differs between them.
+SAMPLING = ("presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p", "logprobs")
 SUPPORTED = ("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
-             "top_p", "seed", "stop", "n", "pagedkv")
+             "top_p", "seed", "stop", "n", "pagedkv", "top_logprobs") + SAMPLING
 # The legacy endpoint's own: echo, suffix and best_of pass only with their do-nothing values (_legacy_fields).
 LEGACY_SUPPORTED = ("model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "seed",
-                    "stop", "n", "echo", "suffix", "best_of")
+                    "stop", "n", "echo", "suffix", "best_of") + SAMPLING
+LEGACY_MAX_LOGPROBS = 5  # a legacy body's logprobs: OpenAI's limit
 LEGACY_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for a legacy completion; a chat runs up to the context
 # A field of the other endpoint: refused with where it belongs, as a caller who posted to the wrong route needs.
 OTHER_ENDPOINT = {
@@ -72,6 +76,12 @@ class CompletionRequest:
     n: int = 1
     options: dict = field(default_factory=dict)  # the `pagedkv` extension object
     prompt: str | tuple[int, ...] | None = None  # a legacy completion's; None for a chat
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending (not checked against a vocab)
+    top_k: int = 0  # 0: off (the body's -1 too)
+    min_p: float = 0.0
+    logprobs: int | None = None  # None: no log-probs; N: each token's and its N best alternatives'
 
     @property
     def legacy(self) -> bool:
@@ -105,6 +115,52 @@ def _integer(body: dict, name: str, low: int, high: int | None = None) -> int | 
         bound = f"at least {low}" if high is None else f"between {low} and {high}"
         raise ApiError(400, f"{name} must be {bound}, got {value}", name)
     return value
+
+
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """A body's logit_bias: {token id (a JSON key, so a string of digits): bias}; ids ascending."""
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ApiError(400, f"logit_bias must be an object mapping token ids to biases, got {value!r:.80}",
+                       "logit_bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise ApiError(400, f"logit_bias holds at most {MAX_LOGIT_BIAS} token ids, got {len(value)}", "logit_bias")
+    low, high = LOGIT_BIAS_RANGE
+    pairs = {}
+    for key, bias in value.items():
+        token = key if type(key) is int else int(key) if isinstance(key, str) and key.isascii() and key.isdecimal() else None
+        if token is None or token < 0:
+            raise ApiError(400, f"logit_bias keys must be token ids (non-negative integers), got {key!r}",
+                           "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not low <= bias <= high:
+            raise ApiError(400, f"logit_bias values must be numbers between {low:g} and {high:g}, got {bias!r} for "
+                                f"token {token}", "logit_bias")
+        if token in pairs:
+            raise ApiError(400, f"logit_bias names token {token} twice", "logit_bias")
+        pairs[token] = float(bias)
+    return tuple(sorted(pairs.items()))
+
+
+def _logprobs(body: dict, legacy: bool) -> int | None:
+    """How many alternatives each token's log-prob lists, or None for none: a chat's logprobs (true / false) and
+    top_logprobs (0..20, only with logprobs: true), a legacy body's logprobs (0..5)."""
+    if legacy:
+        return _integer(body, "logprobs", 0, LEGACY_MAX_LOGPROBS)
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise ApiError(400, f"logprobs must be true or false, got {wanted!r}", "logprobs")
+    top = _integer(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top is not None and not wanted:
+        raise ApiError(400, "top_logprobs is only allowed with logprobs: true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _top_k(body: dict) -> int:
+    """A body's top_k: a positive integer keeps that many ids; 0 or -1 (vLLM's) keep all."""
+    top_k = _integer(body, "top_k", -1)
+    return 0 if top_k is None or top_k == -1 else top_k
 
 
 def _prompt(body: dict) -> str | tuple[int, ...]:
@@ -194,7 +250,11 @@ def parse_request(body: object, models: list[str], *, legacy: bool = False) -> C
                              temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
                              top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
                              seed=_integer(body, "seed", 0), stop=tuple(stops), n=_integer(body, "n", 1, MAX_N) or 1,
-                             options=dict(extension))
+                             options=dict(extension),
+                             presence_penalty=_number(body, "presence_penalty", 0.0, *PENALTY_RANGE),
+                             frequency_penalty=_number(body, "frequency_penalty", 0.0, *PENALTY_RANGE),
+                             logit_bias=_logit_bias(body), top_k=_top_k(body),
+                             min_p=_number(body, "min_p", 0.0, 0.0, 1.0), logprobs=_logprobs(body, legacy))
 
 
 class StopStrings:
@@ -241,28 +301,30 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 def completion(cid: str, model: str, created: int, choices: list[dict], use: dict, *, legacy: bool = False) -> dict:
     """A `chat.completion` object, or with `legacy` a `text_completion`; `choices`: {"index", "text",
-    "finish_reason"} each."""
+    "finish_reason", "logprobs" (optional: logprobs.py's shape, or None)} each."""
     if legacy:
-        shaped = [{"text": c["text"], "index": c["index"], "logprobs": None, "finish_reason": c["finish_reason"]}
-                  for c in choices]
-    else:
-        shaped = [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]}, "logprobs": None,
+        shaped = [{"text": c["text"], "index": c["index"], "logprobs": c.get("logprobs"),
                    "finish_reason": c["finish_reason"]} for c in choices]
+    else:
+        shaped = [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]},
+                   "logprobs": c.get("logprobs"), "finish_reason": c["finish_reason"]} for c in choices]
     return {"id": cid, "object": "text_completion" if legacy else "chat.completion", "created": created,
             "model": model, "choices": shaped, "usage": use, "system_fingerprint": None}
 
 
 def chunk(cid: str, model: str, created: int, index: int | None = None, *, role: bool = False, text: str | None = None,
-          finish_reason: str | None = None, use: dict | None = None, legacy: bool = False) -> dict:
+          finish_reason: str | None = None, use: dict | None = None, legacy: bool = False,
+          logprobs: dict | None = None) -> dict:
     """A `chat.completion.chunk`: one choice's delta (its role first, then text, then its finish_reason), or
     with `use` and no index the usage chunk that ends a stream whose stream_options ask for it. With `legacy` a
-    streamed `text_completion`: the choice's `text` is the new piece (a legacy stream has no role chunk)."""
+    streamed `text_completion`: the choice's `text` is the new piece (a legacy stream has no role chunk).
+    `logprobs`: those of the tokens of this piece (logprobs.py's shape)."""
     choices = []
     if index is not None and legacy:
-        choices = [{"text": text or "", "index": index, "logprobs": None, "finish_reason": finish_reason}]
+        choices = [{"text": text or "", "index": index, "logprobs": logprobs, "finish_reason": finish_reason}]
     elif index is not None:
         delta = ({"role": "assistant", "content": ""} if role else {}) | ({"content": text} if text else {})
-        choices = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        choices = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
     out = {"id": cid, "object": "text_completion" if legacy else "chat.completion.chunk", "created": created,
            "model": model, "choices": choices, "system_fingerprint": None}
     if use is not None:

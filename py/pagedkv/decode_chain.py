@@ -23,8 +23,6 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-import numpy as np
-
 from .kv.block_pool import OutOfBlocks
 from .kv.moves import BlockMoves
 from .model_runner import build_batch
@@ -41,7 +39,7 @@ class InFlight:
     """A submitted step whose ids the host has not read yet."""
 
     scheduled: list[tuple[Request, int]]  # (request, tokens) in the step's row order
-    landing: Awaitable[np.ndarray]  # Backend.submit's: the (S,) drawn ids
+    landing: Awaitable  # Backend.submit's: the (S,) drawn ids, or a shaped step's DrawnTokens
     submit_s: float  # host seconds the submit took (forward_s counts them with the wait)
     marked: bool = False  # its rows' KV already counted as computed (the next step's batch needed it)
 
@@ -110,10 +108,7 @@ class DecodeChain:
         members = lane.groups.members
         kw = {"greedy": True}
         if not all(members[r.request_id].sampler.argmax_only for r in rows):
-            draws = np.zeros((len(rows), 4), np.float32)  # (S, 4) temperature, top_p, u, 0
-            for i, req in enumerate(rows):
-                draws[i, :3] = members[req.request_id].sampler.device_draw()
-            kw = {"draws": draws}
+            kw = lane.draw_kw([(r, members[r.request_id].sampler, True) for r in rows])
         await lane.mover.run(moves)
         t0 = time.perf_counter()
         landing = await lane.backend.submit(batch, feed=True, **kw)

@@ -17,6 +17,7 @@ from .beam_search import BeamGroup, BeamSearchParams, Hypothesis
 from .block_mover import BlockMover
 from .config import CacheConfig, EngineConfig
 from .decode_chain import DecodeChain, InFlight
+from .device_draws import DeviceDraws, DrawnTokens
 from .kv.accounting import kv_stats
 from .kv.block_pool import BlockPool
 from .kv.disk_cache import DiskCache
@@ -24,6 +25,7 @@ from .kv.disk_tier import DiskTier
 from .kv.manager import KVCacheManager, NeverFits
 from .kv.retention import KVRetention
 from .kv.tiers import KVTiers
+from .logprobs import token_logprob
 from .model_runner import build_batch
 from .request import Request, StepOutput
 from .sample_groups import Member, SampleGroups
@@ -60,6 +62,7 @@ class ModelLane:
         self.mover = BlockMover(backend)
         self.groups = SampleGroups(tokenizer, ids)
         self.chain = DecodeChain(self)
+        self.device_draws: DeviceDraws | None = None  # made on the first step drawn on the device (draw_kw)
         self.in_flight: InFlight | None = None  # a submitted step whose ids are not read yet (decode_chain.py)
         # llama.cpp's end-of-generation set (the ChatML turn closer, Llama 3's <|eot_id|>, ...) and EOS.
         self.default_stop_ids = tokenizer.eog_ids | frozenset(
@@ -100,6 +103,9 @@ class ModelLane:
         window the conversation may run past the model's context. sampler (default: Sampler(params))
         picks the request's tokens, e.g. a ForcedSampler scoring a known continuation."""
         _require_type("params", params, SamplingParams)
+        if params.logit_bias and params.logit_bias[-1][0] >= self.tokenizer.vocab_size:
+            raise ValueError(f"logit_bias names token id {params.logit_bias[-1][0]}, outside the vocabulary "
+                             f"({self.tokenizer.vocab_size})")
         if sampler is not None:
             _require_type("sampler", sampler, Sampler)
             if params.n > 1:
@@ -207,6 +213,7 @@ class ModelLane:
         for member in pending:
             self.chain.drop(member.request)
         self.backend = backend
+        self.device_draws = None  # the old device's counts are gone: a request's first draw writes them again
         self.kv_spec = backend.kv_spec  # a new dtype is fine: everything re-prefills
         disk = self.disk
         if disk is not None and not disk.holds(self.kv_spec):
@@ -271,7 +278,7 @@ class ModelLane:
         # When every request that samples this step is plain greedy, the backend returns argmax ids only.
         greedy = all(m.beam is None and m.sampler.argmax_only
                      for m in (members[r.request_id] for r, _ in out.scheduled))
-        draws = None if greedy or batch is None else self._device_draws(out.scheduled)
+        draws = None if greedy or batch is None else self._device_draws(out.scheduled)  # forward's keywords
         chain = batch is not None and self.chain.allows(out.scheduled, greedy, draws)
         await self.mover.run(out.moves)
         for name, ops in (("swap_out_blocks", out.swap_out), ("swap_in_blocks", out.swap_in),
@@ -280,7 +287,7 @@ class ModelLane:
         if batch is None:
             await self._flush_when_idle()
             return []
-        kw = {} if draws is None else {"draws": draws}
+        kw = draws or {}
         t0 = time.perf_counter()
         if chain:
             landing = await self.backend.submit(batch, greedy=greedy, **kw)
@@ -311,8 +318,10 @@ class ModelLane:
 
     async def _results(self, scheduled: list, logits, ids: bool, marked: bool = False) -> list[StepOutput]:
         """A step's outputs: its KV counted computed (unless `marked` already), the disk's write-behind, each
-        sampling row's token from `logits` ((S, vocab), or (S,) drawn ids when `ids`)."""
+        sampling row's token from `logits` ((S, vocab), or (S,) drawn ids when `ids`, or DrawnTokens: the ids
+        of a shaped step with their log-probs)."""
         members = self.groups.members
+        drawn = logits if isinstance(logits, DrawnTokens) else None
         self.counters["steps"] += 1
         results = []
         if not marked:
@@ -334,30 +343,38 @@ class ModelLane:
                 results.append(StepOutput(member.group_id, [], "", False, index=req.index))
                 continue
             self.counters["decode_tokens" if n == 1 and req.output_ids else "prefill_tokens"] += n
-            row = int(logits[i]) if ids else logits[i]
+            row = int(drawn.ids[i] if drawn is not None else logits[i]) if ids else logits[i]
             if member.beam is not None:
                 member.beam.offer(req, row)
                 continue
-            for sample in self.groups.fork_samples(self.scheduler, member):
-                results.append(self._sample(sample, row))
+            top_n = member.sampler.params.logprobs
+            entry = drawn.entry(i, top_n) if drawn is not None and top_n is not None else None
+            for sample in self.groups.fork_samples(self.scheduler, member):  # drawn on the device: one sample
+                results.append(self._sample(sample, row, entry))
         results.extend(self.groups.beam_steps(self.scheduler))
         await self._flush_when_idle()
         return results
 
-    def _device_draws(self, scheduled: list) -> np.ndarray | None:
-        """(S, 4) f32 draws (temperature, top_p, u, 0) for a backend that samples on the device, when every
-        row's draw can be made there (no beam, no fork of n samples, Sampler.on_device); the rows that sample
-        this step take their sampler's random number now, as Sampler.sample would after the forward."""
+    def _device_draws(self, scheduled: list) -> dict | None:
+        """forward's draws (draw_kw) for a backend that samples on the device, when every row's draw can be made
+        there (no beam, no fork of n samples, Sampler.on_device), else None."""
         if not getattr(self.backend, "samples_on_device", False):
             return None
         members = [self.groups.members[r.request_id] for r, _ in scheduled]
         if not all(m.beam is None and m.fork_params is None and m.sampler.on_device for m in members):
             return None
-        draws = np.zeros((len(scheduled), 4), np.float32)  # (S, 4); rows still in prefill: argmax, unused
-        for i, ((req, n), m) in enumerate(zip(scheduled, members)):
-            if req.seq.num_computed_tokens + n >= req.seq.num_tokens:
-                draws[i, :3] = m.sampler.device_draw()
-        return draws
+        return self.draw_kw([(req, m.sampler, req.seq.num_computed_tokens + n >= req.seq.num_tokens)
+                             for (req, n), m in zip(scheduled, members)])
+
+    def draw_kw(self, rows: list) -> dict:
+        """Backend.forward / submit keywords drawing rows (request, sampler, whether it samples this step) on
+        the device: draws (S, 4) f32 (temperature, top_p, u, 0) and, where a row is shaped, its Shaping
+        (device_draws.py). The rows that sample take their sampler's random number now, as Sampler.sample
+        would after the forward."""
+        if self.device_draws is None:
+            self.device_draws = DeviceDraws(self.backend.max_num_seqs, self.backend.config.vocab)
+        draws, shaping = self.device_draws.draws(rows)
+        return {"draws": draws} if shaping is None else {"draws": draws, "shaping": shaping}
 
     async def _flush_when_idle(self) -> None:
         """With no request left (a turn ended), the disk's LRU order is written now, not an interval later (by
@@ -368,12 +385,17 @@ class ModelLane:
     def _disk_written(self, n: int) -> None:
         self.counters["disk_written_blocks"] += n
 
-    def _sample(self, req: Request, logits_or_token) -> StepOutput:
+    def _sample(self, req: Request, logits_or_token, entry=None) -> StepOutput:
+        """req's token from its logits row (or the id drawn on the device, with its log-prob `entry` where
+        asked for) handed out as a StepOutput; it is retired when the token finishes it."""
         member = self.groups.members[req.request_id]
+        top_n = member.sampler.params.logprobs
         if isinstance(logits_or_token, int):
             token = logits_or_token
         else:
-            token = member.sampler.sample(logits_or_token, req.seq.token_ids)
+            token = member.sampler.sample(logits_or_token, req.seq.token_ids, req.output_ids)
+            if top_n is not None:
+                entry = token_logprob(logits_or_token, token, top_n)
         reason = "stop" if token in member.stop_ids else (
             "length" if len(req.output_ids) + 1 >= req.max_tokens else None)
         if self.chain.is_placeholder(req):  # the next step already computes it (decode_chain.py)
@@ -384,7 +406,8 @@ class ModelLane:
         if reason is not None:
             text += member.decoder.flush()
             self._retire(req, reason)
-        return StepOutput(member.group_id, [token], text, reason is not None, reason, index=req.index)
+        return StepOutput(member.group_id, [token], text, reason is not None, reason, index=req.index,
+                          logprobs=None if entry is None else [entry])
 
     def _retire(self, req: Request, reason: str) -> None:
         self.groups.retire(self.scheduler, req, reason)
@@ -422,8 +445,8 @@ class ModelLane:
 
 
 def backend_kv_groups(backend):
-    """The KV groups a backend's pools are laid out in (kv/groups.py); a backend without `kv_groups` (WebGPU, which
-    refuses models with window layers) keeps one table per sequence."""
+    """The KV groups a backend's pools are laid out in (kv/groups.py: CpuBackend's and WebGpuBackend's `kv_groups`),
+    None where they are one group (or a backend has none): one table per sequence."""
     groups = getattr(backend, "kv_groups", None)
     return groups if groups is not None and groups.is_hybrid else None
 

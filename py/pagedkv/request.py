@@ -14,6 +14,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from .kv.retention import KVRetention
+from .logprobs import TokenLogprob
 from .sequence import Sequence, SequenceStatus
 
 _arrivals = itertools.count()
@@ -67,7 +68,8 @@ class Request:
 class StepOutput:
     """What one request produced in one step (empty token list while its prefill is in progress).
 
-    index: which of the request's parallel samples (or final beams) this is; 0 for a plain request."""
+    index: which of the request's parallel samples (or final beams) this is; 0 for a plain request.
+    logprobs: one per token of token_ids when the request asked for them (SamplingParams.logprobs), else None."""
 
     request_id: str
     token_ids: list[int]
@@ -75,3 +77,4 @@ class StepOutput:
     finished: bool
     finish_reason: str | None = None
     index: int = 0
+    logprobs: list[TokenLogprob] | None = None

@@ -73,6 +73,42 @@ SESSION = """async () => {
            prompt: [a.usage.prompt_tokens, b.usage.prompt_tokens] };
 }"""
 
+# OpenAI's sampling controls and log-probs on the tab's CPU path, joined by pagedkv.js (non-streamed) and per chunk
+PENALISED_BODY = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8, "temperature": 0,
+                  "presence_penalty": 1.5, "frequency_penalty": 0.7, "logit_bias": {"59": -100}, "logprobs": True,
+                  "top_logprobs": 3}
+PENALISED = """async (body) => {
+  const e = window.engine;
+  const whole = await e.chat.completions.create({ ...body, model: e.model });
+  const streamed = [];
+  for await (const c of await e.chat.completions.create({ ...body, model: e.model, stream: true })) {
+    streamed.push(...(c.choices[0]?.logprobs?.content ?? []));
+  }
+  return { whole, streamed };
+}"""
+
+
+def check_penalised(got) -> None:
+    """The page's penalised greedy reply is CPython's (pagedkv.api.Engine on dist/models), token for token; its
+    log-probs are CPython's within 0.05 (the tab's wasm CPU path gives this tiny model's logits apart from
+    numpy's: 0.025 measured) and, streamed, the same as the joined ones within 1e-4."""
+    from pagedkv.api import Engine
+
+    want = Engine(["tiny-random"], budget_mib=64).chat.completions.create(model="tiny-random", **PENALISED_BODY)
+    choice, expect = got["whole"]["choices"][0], want["choices"][0]
+    assert choice["message"] == expect["message"] and choice["logprobs"]["refusal"] is None
+
+    def shape(entries):
+        return [(e["token"], e["bytes"], [t["bytes"] for t in e["top_logprobs"]]) for e in entries]
+
+    def values(entries):
+        return [v for e in entries for v in (e["logprob"], *(t["logprob"] for t in e["top_logprobs"]))]
+
+    joined = choice["logprobs"]["content"]
+    assert shape(joined) == shape(got["streamed"]) == shape(expect["logprobs"]["content"]) and len(joined) == 8
+    assert max(abs(a - b) for a, b in zip(values(joined), values(got["streamed"]))) < 1e-4
+    assert max(abs(a - b) for a, b in zip(values(joined), values(expect["logprobs"]["content"]))) < 0.05
+
 
 def test_pagedkv_js_answers_openai_requests(browser, base_url):
     page = browser.new_page()
@@ -98,6 +134,8 @@ def test_pagedkv_js_answers_openai_requests(browser, base_url):
         session = page.evaluate(SESSION)  # a session continued, then forgotten: once, and only once
         assert (session["forgot"], session["again"], session["never"]) == (True, False, False)
         assert session["prompt"][1] > session["prompt"][0]
+
+        check_penalised(page.evaluate(PENALISED, PENALISED_BODY))
 
         aborted = page.evaluate(ABORTED)
         # the stream ends at the abort: chunks the worker sent before it heard of it are not handed out

@@ -7,6 +7,10 @@
 - The engine (LLMEngine on WebGPU, both kernel families): seeded requests drawn on the device give the tokens
   the same engine gives when the host samples from the logits; a step whose rows cannot all be drawn there
   (the fork of n = 2 samples) falls back to the host.
+- Shaped draws (device_draws.py): sample_shape.wgsl, sample.wgsl and sample_post.wgsl against the numpy Sampler
+  for presence / frequency penalties (their counts kept on the device across draws), logit bias, top-k with ties
+  at its cut, min-p, greedy with penalties and log-probs (within 1e-4); and the engine keeping such requests
+  on the device and pipelined, with the host's tokens and log-probs.
 """
 from __future__ import annotations
 
@@ -49,3 +53,33 @@ def test_engine_draws_on_the_device_what_the_host_draws(worker, kernels):
     assert r["device"] == r["host"]
     assert [len(s) for s in r["device"]] == [1, 1, 1, 2]
     assert r["drawn_steps_host"] == 0 and r["drawn_steps_device"] == r["steps"] - 1  # the fork step: host
+
+
+def test_shaped_draws_match_the_numpy_sampler_with_counts_kept_on_the_device(worker):
+    # penalties over the ids drawn so far (counted by sample_post.wgsl across rounds), a logit bias banning the
+    # best ids and pushing others, top-k and min-p (with ties at the top-k cut), greedy with penalties, log-probs
+    rows = [{"presence_penalty": 1.5, "frequency_penalty": 0.5, "logprobs": 5},
+            {"temperature": 0.8, "top_k": 7, "frequency_penalty": 1.0},
+            {"temperature": 1.3, "min_p": 0.2, "top_p": 0.9, "logit_bias": ((3, 6.0), (10, -100.0), (11, 2.5))},
+            {"temperature": 0.7, "top_k": 40, "min_p": 0.05, "presence_penalty": -0.5, "logprobs": 20},
+            {"temperature": 1.0, "logprobs": 0}]
+    r = run(worker, f"case_shaped(3000, {rows}, 10, seed=21)")
+    assert r["got"] == r["want"]
+    assert r["distinct"] >= 20 and r["tops_equal"] and r["lp_err"] < 1e-4
+    # ties: top-k 7 cuts inside ten equal values (the lowest ids kept), the log-probs list equal values by id
+    r = run(worker, f"case_shaped(3000, {rows}, 6, seed=22, ties=True)")
+    assert r["got"] == r["want"] and r["tops_equal"] and r["lp_err"] < 1e-4
+
+
+def test_engine_shapes_on_the_device_what_the_host_samples_pipelined(worker):
+    r = run(worker, "engine_shaped_device_vs_host()")
+    assert r["device"] == r["host"]
+    assert [len(ids) for ids in r["device"]] == [12, 12, 12]
+    assert [len(lp) for lp in r["logprobs_device"]] == [12, 0, 12]  # the second asked for none
+    for dev, host in zip(r["logprobs_device"], r["logprobs_host"]):
+        assert [(t, top) for t, _, top, _ in dev] == [(t, top) for t, _, top, _ in host]
+        values = [(a, b) for d, h in zip(dev, host) for a, b in zip([d[1], *d[3]], [h[1], *h[3]])]
+        assert max((abs(a - b) for a, b in values), default=0.0) < 1e-4
+    # every step shaped on the device, 10 of its 13 submitted before the step before them was read (fed the drawn
+    # ids on the GPU, the penalties reading counts sample_post.wgsl kept); the host's: logits rows, never chained
+    assert (r["shaped_device"], r["fed_device"], r["shaped_host"], r["fed_host"]) == (13, 10, 0, 0)

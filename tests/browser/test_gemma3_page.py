@@ -32,6 +32,18 @@ def assert_llama_cpps_ids(got: dict, golden: dict, at_least: int = 10) -> None:
     assert parted >= at_least, (ours, theirs)
 
 
+def window_groups_on_panel(memory: list, prompt_tokens: int, groups: list[str], window_blocks: int) -> dict:
+    """The last of the panel's numbers (run_turn's) taken while a reply decoded: the KV groups listed as `groups`,
+    the full group holding every block of the prompt and each window group at most window_blocks, fewer."""
+    busy = [m for m in memory if m and m["used"] > 0 and m.get("groups")]
+    assert busy, "no snapshot while the reply decoded"
+    last = busy[-1]
+    assert last["groups"] == groups
+    full, *windows = last["group_used"]
+    assert full >= -(-prompt_tokens // 16) and max(windows) <= window_blocks < full, last["group_used"]
+    return last
+
+
 def test_the_tabs_cpu_path_continues_a_prompt_with_llama_cpps_ids(base_url):
     """Free running from llama.cpp's prompt ids (our tokenizer in Pyodide gives them too): equal up to the first
     position where llama.cpp's own margin is a near tie (the capital prompt: its 11th id, margin 0.36)."""
@@ -104,12 +116,7 @@ def test_its_window_layers_hold_only_their_window_and_the_panel_shows_both_group
     try:
         turn, start, _, memory = run_turn(booted, text, 24)
         assert start["prompt_tokens"] > 700
-        busy = [m for m in memory if m and m["used"] > 0 and m.get("groups")]
-        assert busy, "no snapshot while the reply decoded"
-        last = busy[-1]
-        assert last["groups"] == ["full"] + ["window 512"] * 5
-        full, *windows = last["group_used"]
-        assert full >= -(-start["prompt_tokens"] // 16) and max(windows) <= 33 < full, last["group_used"]
+        window_groups_on_panel(memory, start["prompt_tokens"], ["full"] + ["window 512"] * 5, 33)
         facts = booted.page.locator("#memory-facts").inner_text()
         assert "KV groups" in facts and "window 512:" in facts and "in 5 groups" in facts, facts
     finally:

@@ -3,7 +3,9 @@
 tiny-qwen3 (q / k norms, heads wider than hidden) and tiny-smollm3 (a layer without rotary) in one family each:
 `npm run generate -- --gguf FILE` converts it into dist/, the page's engine prefills a prompt longer than two
 windows and decodes greedily, and its ids equal the numpy reference's, which tests/test_gguf_families.py holds to
-llama.cpp's (tests/native/test_model_families_native.py: every family in both kernel families on lavapipe)."""
+llama.cpp's (tests/native/test_model_families_native.py: every family in both kernel families on lavapipe).
+In the chat page on WebGPU, tiny-gemma3's window layers hold only their window: the memory panel shows its KV
+groups while a reply past three windows decodes."""
 from __future__ import annotations
 
 import json
@@ -13,8 +15,11 @@ import sys
 
 import build
 import pytest
+from browser_pages import open_app
 from gguf_models import tiny_gguf
 from model_fixtures import cached_gguf
+from test_gemma3_page import window_groups_on_panel
+from test_real_chat import run_turn
 
 from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
 from pagedkv.model.convert import convert_cached
@@ -47,3 +52,23 @@ def test_the_new_families_in_the_page_give_the_references_greedy_ids(base_url, n
     print(len(got["prompt_ids"]), got["output_ids"], ref)  # pytest -s
     assert len(got["prompt_ids"]) > 64  # two windows
     assert got["output_ids"] and got["output_ids"] == ref[: len(got["output_ids"])]
+
+
+def test_tiny_gemma3s_window_groups_hold_only_their_window_on_the_panel(browser, base_url):
+    """tiny-gemma3 (7 layers: layer 5 global, the others a 32-token window -> 7 groups of one layer) chatting on
+    ?backend=webgpu: while the reply to a ~100-token turn decodes, the panel's numbers (dataset.memory, from
+    LLMEngine.kv_snapshot) show the full group holding every block of the context and each window group at most
+    ceil(31 / 16) + 1 = 3 blocks, and a block of 16 tokens of one layer (f16 K and V of one 128-wide kv head)."""
+    name = convert_cached(tiny_gguf("tiny-gemma3", cached_gguf()), build.DIST / "models").name
+    booted, info = open_app(browser, base_url + f"?model={name}&backend=webgpu&kernels=cpu&kv_disk=0", 120_000)
+    try:
+        assert info["backend"] == "webgpu" and info["bytes_per_token"] == 2 * 128 * 2
+        turn, start, _, memory = run_turn(booted, PROMPT, 24)
+        assert start["prompt_tokens"] > 96
+        last = window_groups_on_panel(memory, start["prompt_tokens"], ["full"] + ["window 32"] * 6, 3)
+        full = last["group_used"][0]
+        assert last["used"] == sum(last["group_used"]) < 7 * full  # pages of one layer each, not 7 full tables
+        facts = booted.page.locator("#memory-facts").inner_text()
+        assert "window 32:" in facts and "in 6 groups" in facts and "8 KiB per block" in facts, facts
+    finally:
+        booted.page.close()

@@ -32,7 +32,8 @@ async def teacher_forced(manifest: dict, shards: dict, kernels: str) -> dict:
         return shards[file]
 
     b = await WebGpuBackend.create(await open_device(), manifest, source, budget_bytes=600 << 20, block_size=16,
-                                   kv_dtype="f16", max_num_batched_tokens=32, max_num_seqs=1, kernels=kernels)
+                                   kv_dtype="f16", max_num_batched_tokens=32, max_num_seqs=1, kernels=kernels,
+                                   kv_groups=False)  # one block table by hand: every layer holds the context
     i32 = lambda v: np.asarray(v, np.int32)  # noqa: E731
     out = {"head_parts": [rows for _, rows, _ in b.weight_rows.get("token_embd.weight", [])],
            "max_binding": b.max_binding, "cases": [],

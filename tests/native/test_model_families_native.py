@@ -50,13 +50,14 @@ def model_files(name: str) -> tuple[dict, dict]:
     return manifest, {s["file"]: (out / s["file"]).read_bytes() for s in manifest["shards"]}
 
 
-async def backend(manifest: dict, shards: dict, kernels: str, kv_dtype: str) -> WebGpuBackend:
+async def backend(manifest: dict, shards: dict, kernels: str, kv_dtype: str, kv_groups: bool = False) -> WebGpuBackend:
+    """kv_groups False (the batches by hand here): every layer holds the whole context, one block table."""
     async def source(file: str) -> bytes:
         return shards[file]
 
     return await WebGpuBackend.create(await open_device(), manifest, source, budget_bytes=64 << 20,
                                       block_size=BLOCK, kv_dtype=kv_dtype, max_num_batched_tokens=CHUNK,
-                                      max_num_seqs=2, kernels=kernels)
+                                      max_num_seqs=2, kernels=kernels, kv_groups=kv_groups)
 
 
 async def poison_before_windows(b: WebGpuBackend, table: np.ndarray, first_key: int) -> int:
@@ -149,7 +150,7 @@ async def engine_greedy(name: str, kernels: str) -> dict:
     """Two requests through LLMEngine (chunked prefill of 40-token steps, then decode) vs solo reference runs."""
     manifest, shards = model_files(name)
     model = NumpyModel(ModelWeights.from_shards(manifest, shards))
-    b = await backend(manifest, shards, kernels, "f16")
+    b = await backend(manifest, shards, kernels, "f16", kv_groups=True)
     engine = LLMEngine(b, Tokenizer.from_manifest(manifest), EngineConfig(max_num_batched_tokens=CHUNK, max_num_seqs=2))
     rng = np.random.default_rng(11)
     prompts = [rng.integers(100, model.config.vocab, n).tolist() for n in (PROMPT, 37)]

@@ -39,7 +39,8 @@ class Backend(Protocol):
         ties) when greedy. attention_mass, an (S, block_tables width) f32 array when given, is overwritten
         with the last layer's softmax mass per block-table entry, summed over heads and new tokens. A backend
         whose `samples_on_device` is true also takes draws=(S, 4) f32 (Sampler.device_draw per row) and
-        returns the (S,) int32 ids it drew (the WebGPU backend: shaders/sample.wgsl). Such a backend may also
+        returns the (S,) int32 ids it drew (the WebGPU backend: shaders/sample.wgsl), and with shaping= (a
+        device_draws.Shaping: top-k, min-p, penalties, logit bias, log-probs) a device_draws.DrawnTokens. Such a backend may also
         pipeline decode steps: `submit(batch, greedy=, draws=, feed=)` submits a step and returns an awaitable
         of forward's result, and feed=True takes the step's token ids from the ids the previous step drew,
         on the device (decode_chain.py); the engine uses it where `pipelines` is true."""

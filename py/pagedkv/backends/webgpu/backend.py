@@ -15,15 +15,18 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import numpy as np
 
+from ...device_draws import LP_STRIDE, DrawnTokens, Shaping
 from ...gpu_budget import BudgetExceeded, GpuLedger, MIB
 from ...kernels.ref_ops import rope_cos_sin
 from ...kv.block_pool import CopyOp
+from ...kv.groups import KVGroups
 from ...kv.retention import ShiftOp
 from ...kv.spec import KVSpec
 from ...model.config import ModelConfig
 from ...model.family import require
 from ...model.weights import check_manifest
 from ...model_runner import ForwardBatch
+from ...sampling import MAX_LOGIT_BIAS
 from .. import check_attention_mass
 from . import model_kernels as ops
 from .attention_mass import AttentionMassKernel
@@ -32,7 +35,7 @@ from .kv_kernels import KVKernels
 from .kv_layout import GpuKVLayout
 from .kv_pool import GpuKVPool
 from .memory_plan import partition_blocks as scratch_partition_blocks
-from .memory_plan import plan_kv_pool, scratch_buffers, staging_buffers
+from .memory_plan import group_strides, kv_groups_of, plan_kv_pool, scratch_buffers, staging_buffers
 from .plan import (PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, rope_table_label, rope_tables,
                    step_slots)
 from .weight_upload import upload_weights
@@ -58,7 +61,8 @@ class WebGpuBackend:
     name = "webgpu"
 
     def __init__(self, ctx, config: ModelConfig, ledger: GpuLedger, *, block_size: int, kv_dtype: str,
-                 max_num_batched_tokens: int, max_num_seqs: int, kernels: str = "cpu") -> None:
+                 max_num_batched_tokens: int, max_num_seqs: int, kernels: str = "cpu",
+                 kv_groups: KVGroups | None = None) -> None:
         if kernels not in ops.FAMILIES:
             raise ValueError(f"kernels must be one of {ops.FAMILIES}, got {kernels!r}")
         refuse_unsupported(config)
@@ -72,6 +76,12 @@ class WebGpuBackend:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.max_blocks_per_seq = -(-config.context_length // block_size)
+        # The KV groups the pool's pages hold (kv/groups.py; the engine reads this to keep a block table per group):
+        # each layer binds its group's block tables and slot mapping, ranges of one buffer each (group_binding)
+        self.kv_groups = kv_groups or KVGroups.flat(config.n_layers)
+        self._group_strides = group_strides(config, block_size=block_size, max_num_seqs=max_num_seqs,
+                                            max_num_batched_tokens=max_num_batched_tokens,
+                                            num_groups=self.kv_groups.num_groups)
         self.weights: dict[str, tuple[str, tuple]] = {}  # name -> (dtype, part buffers in binding order)
         # name -> [(first row, rows, (dtype, part buffers))]: a matrix too large for one binding, by rows
         self.weight_rows: dict[str, list[tuple[int, int, tuple[str, tuple]]]] = {}
@@ -104,16 +114,21 @@ class WebGpuBackend:
                      max_num_batched_tokens: int = 256, max_num_seqs: int = 16, num_cpu_blocks: int | None = None,
                      cpu_budget_bytes: int | None = None, on_progress: Callable[[int, int], None] | None = None,
                      kernels: str = "cpu", ledger: GpuLedger | None = None, pages=None,
-                     num_blocks: int | None = None, name: str = "") -> "WebGpuBackend":
+                     num_blocks: int | None = None, name: str = "", kv_groups: bool = True) -> "WebGpuBackend":
         """Upload the weights shard by shard (`await shard_source(file)` -> bytes), size scratch and the KV pool
         inside `budget_bytes`. Raises BudgetExceeded (nothing allocated) when even one KV block does not fit.
         The CPU swap pool holds num_cpu_blocks blocks, else as many as cpu_budget_bytes holds, else as many as
         CPU_POOL_CAP_BYTES holds up to the GPU pool's size.
         With `pages` (a SharedGpuPages, shared_pages.py) the KV blocks are views of pages several models share:
         weights, scratch and staging go into `ledger` (the pages' own, budget_bytes is not used) and the pool
-        addresses num_blocks page ids (default every page); `name` prefixes its ledger labels ("<name>/w:...")."""
+        addresses num_blocks page ids (default every page); `name` prefixes its ledger labels ("<name>/w:...").
+        kv_groups: True (default): a model with sliding-window layers keeps its KV in groups (kv/groups.py), a
+        block being a page of one group's layers, and the engine gives each group its own block tables, so a
+        window group holds only its window; False (and always in shared `pages`): every layer holds the whole
+        context (one group of all layers), the layout of a model without windows."""
         config = check_manifest(manifest)
         refuse_unsupported(config)  # before anything is sized for it
+        groups = kv_groups_of(config, kv_groups and pages is None)
         if pages is not None:
             ledger = ledger or pages.ledger
             num_blocks = num_blocks or pages.num_pages
@@ -123,7 +138,7 @@ class WebGpuBackend:
             max_binding = ctx.info.limits["maxStorageBufferBindingSize"]
             plan = plan_kv_pool(manifest, budget_bytes=budget_bytes, block_size=block_size, kv_dtype=kv_dtype,
                                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                max_binding=max_binding)
+                                max_binding=max_binding, kv_groups=groups.is_hybrid)
             num_blocks, block_bytes = plan["num_blocks"], plan["block_bytes"]
             if num_blocks < 1:
                 raise BudgetExceeded(
@@ -131,11 +146,12 @@ class WebGpuBackend:
                     f"scratch and staging need {plan['fixed_bytes'] / MIB:.1f} MiB and one KV block "
                     f"{block_bytes:,} bytes; raise the budget or lower max_num_batched_tokens")
         b = cls(ctx, config, ledger or GpuLedger(budget_bytes), block_size=block_size, kv_dtype=kv_dtype,
-                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, kernels=kernels)
+                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, kernels=kernels,
+                kv_groups=groups)
         b.ledger_prefix = f"{name}/" if name else ""
         layout = pages.layout(b.kv_spec, num_blocks) if pages is not None else GpuKVLayout(b.kv_spec, num_blocks)
         b.kv_kernels = await KVKernels(ctx, layout, config.n_heads, family=kernels, subgroups=b.subgroups).compile()
-        b.kv_pool = GpuKVPool(ctx, b.kv_kernels, config, b.ledger, pages=pages)
+        b.kv_pool = GpuKVPool(ctx, b.kv_kernels, config, b.ledger, pages=pages, groups=groups)
         try:
             ctx.push_oom()
             try:
@@ -156,7 +172,7 @@ class WebGpuBackend:
         cfg = self.config
         await upload_weights(self, manifest, shard_source, on_progress)
         scratch = scratch_buffers(cfg, block_size=self.block_size, max_num_batched_tokens=self.max_num_batched_tokens,
-                                  max_num_seqs=self.max_num_seqs)
+                                  max_num_seqs=self.max_num_seqs, num_groups=self.kv_groups.num_groups)
         staging = staging_buffers(cfg, self.kv_spec, max_num_seqs=self.max_num_seqs)
         for label, nbytes, kind in (*scratch, *staging):
             self.scratch[label] = self._buffer(label, nbytes, kind, map_read=label.startswith("readback"),
@@ -202,13 +218,28 @@ class WebGpuBackend:
 
     @property
     def kv_spec(self) -> KVSpec:
-        """The KV cache's geometry and element type."""
-        return KVSpec.of(self.config, block_size=self.block_size, dtype=self.kv_dtype)
+        """The KV cache's geometry and element type; a block is a page of one KV group's layers."""
+        return KVSpec.of(self.config, block_size=self.block_size, dtype=self.kv_dtype, groups=self.kv_groups)
 
     @property
     def bytes_per_token(self) -> int:
         """KV bytes of one token on the GPU in kv_dtype: K and V of every layer, scales and padding (the spec's)."""
         return self.kv_spec.bytes_per_token
+
+    @property
+    def page_bytes_per_token(self) -> int:
+        """Bytes one token takes in a page of the pool: K and V of one KV group's layers in kv_dtype (every
+        layer's for a model without window layers: bytes_per_token), as CpuBackend.page_bytes_per_token."""
+        return self.kv_spec.bytes_per_block // self.block_size
+
+    def group_binding(self, name: str, layer: int):
+        """The block tables (name "block_tables") or slot mapping ("slot_mapping") layer `layer` binds: the whole
+        scratch buffer with one KV group, else its group's range of it ((buffer, offset, size), group_strides)."""
+        buf = self.scratch[name]
+        if not self.kv_groups.is_hybrid:
+            return buf
+        stride = self._group_strides[name]
+        return buf, self.kv_groups.where(layer)[0] * stride, stride
 
     @property
     def num_blocks(self) -> int:
@@ -228,7 +259,7 @@ class WebGpuBackend:
     # ------------------------------------------------------------------ block moves: the pool's (kv_pool.py)
 
     async def copy_blocks(self, ops: Iterable[CopyOp]) -> None:
-        """Copy-on-write: GPU block src -> dst for each (src, dst), K and V of every layer."""
+        """Copy-on-write: GPU page src -> dst for each (src, dst), K and V of every slot."""
         await self.kv_pool.copy_blocks(ops)
 
     async def swap_out(self, ops: Iterable[CopyOp]) -> None:
@@ -244,7 +275,7 @@ class WebGpuBackend:
         await self.kv_pool.shift_keys(ops)
 
     async def read_blocks(self, block_ids: list[int]) -> np.ndarray:
-        """Whole GPU blocks as (n, layers, 2, block_size, token_u32s) u32 words (the disk tier's payload)."""
+        """Whole GPU pages as (n, slots, 2, block_size, token_u32s) u32 words (the disk tier's payload)."""
         return await self.kv_pool.read_blocks(block_ids)
 
     async def write_blocks(self, block_ids: list[int], words: np.ndarray) -> None:
@@ -265,6 +296,10 @@ class WebGpuBackend:
             raise ValueError(f"rotary position {int(batch.positions.max())} is past the RoPE table of the model "
                              f"context ({self.config.context_length}); run long chats with "
                              "KVRetention(positions='shifted')")
+        if batch.num_groups != self.kv_groups.num_groups:
+            raise ValueError(f"this backend's pool holds {self.kv_groups.num_groups} KV group(s), the batch has "
+                             f"{batch.num_groups}: an engine builds them from backend.kv_groups; a batch by hand "
+                             "for a model with window layers needs WebGpuBackend.create(kv_groups=False)")
         if batch.block_tables.shape[1] > self.max_blocks_per_seq:
             raise ValueError(f"block_tables may have at most {self.max_blocks_per_seq} columns (the model "
                              f"context), got {batch.block_tables.shape[1]}")
@@ -306,19 +341,20 @@ class WebGpuBackend:
         return hit
 
     async def forward(self, batch: ForwardBatch, *, greedy: bool = False, draws: np.ndarray | None = None,
-                      attention_mass: np.ndarray | None = None) -> np.ndarray:
+                      shaping: Shaping | None = None, attention_mass: np.ndarray | None = None) -> np.ndarray:
         """(S, vocab) f32 logits of each sequence's last new token, or (S,) int32 argmax ids when greedy, or
         with draws ((S, 4) f32: temperature, top_p, u, 0; Sampler.device_draw) the (S,) int32 ids drawn on the
-        GPU (sample.wgsl: temperature 0 is argmax); attention_mass as in backends.Backend.forward."""
+        GPU (sample.wgsl: temperature 0 is argmax), with shaping (device_draws.Shaping: sample_shape.wgsl
+        first) a DrawnTokens; attention_mass as in backends.Backend.forward."""
         if attention_mass is not None:
             check_attention_mass(attention_mass, batch)
-        out = await (await self.submit(batch, greedy=greedy, draws=draws))
+        out = await (await self.submit(batch, greedy=greedy, draws=draws, shaping=shaping))
         if attention_mass is not None:
             attention_mass[...] = await self._attention_mass(batch)
         return out
 
     async def submit(self, batch: ForwardBatch, *, greedy: bool = False, draws: np.ndarray | None = None,
-                     feed: bool = False) -> Awaitable[np.ndarray]:
+                     shaping: Shaping | None = None, feed: bool = False) -> Awaitable[np.ndarray]:
         """Submit the step now and return an awaitable of forward()'s result: the engine may submit the next
         decode step before it awaits this one's ids (decode_chain.py). feed: this step's token ids are the
         ids the previous step drew, row for row (its rows were the same sequences in the same order): copied
@@ -331,7 +367,11 @@ class WebGpuBackend:
             raise ValueError(f"draws must be ({n}, 4) f32 (temperature, top_p, u, 0), got {draws.shape}")
         if feed and t != n:
             raise ValueError(f"a fed step is a decode step (one token per sequence), got {t} tokens for {n}")
-        key = PlanKey.of(t, n, sampled=draws is not None, greedy=greedy)
+        if shaping is not None and (draws is None or shaping.rows.shape != (n, 8)
+                                    or len(shaping.bias) > self.max_num_seqs * MAX_LOGIT_BIAS):
+            raise ValueError(f"shaping needs draws and ({n}, 8) rows with at most {MAX_LOGIT_BIAS} bias pairs a "
+                             f"row, got rows {shaping.rows.shape}, {len(shaping.bias)} pairs")
+        key = PlanKey.of(t, n, sampled=draws is not None, greedy=greedy, shaped=shaping is not None)
         greedy = greedy or draws is not None  # ids come back either way
         plan = await self._plan(key)
         qsl = batch.query_start_loc  # (S + 1,)
@@ -345,19 +385,33 @@ class WebGpuBackend:
         write = self.ctx.write  # queue writes: they land after every step submitted before, before this one
         write(s["token_ids"], batch.token_ids)
         write(s["positions"], batch.positions)
-        write(s["slot_mapping"], batch.slot_mapping)
-        write(s["block_tables"], batch.block_tables)
+        if self.kv_groups.is_hybrid:  # each group's at its range (group_binding): one write each, only what is used
+            strides = self._group_strides
+            for g in range(self.kv_groups.num_groups):
+                tables, slots = batch.tables_of(g)
+                write(s["slot_mapping"], slots, g * strides["slot_mapping"])
+                write(s["block_tables"], tables, g * strides["block_tables"])
+        else:
+            write(s["slot_mapping"], batch.slot_mapping)
+            write(s["block_tables"], batch.block_tables)
         write(s["context_lens"], batch.context_lens)
         if not key.decode:
             write(s["starts"], np.concatenate([qsl, [0], np.cumsum(q_tiles)]).astype(np.uint32))
         write(s["params"], params)
         if draws is not None:
             write(s["sampling"], draws.astype(np.float32))
+        if shaping is not None:
+            write(s["sample_rows"], shaping.rows)
+            write(s["sample_bias"], shaping.bias)
+            for slot, counts in shaping.counts:  # a request's first shaped draw: its counts so far
+                write(s["token_counts"], counts, slot * cfg.vocab * 4)
+        logprobs = shaping is not None and shaping.logprobs
         row = cfg.hidden * 4
         copies = np.stack([(qsl[1:] - 1) * row, np.arange(n) * row, np.full(n, row)], axis=1)  # (S, 3)
         if greedy:  # ids land in the two id landings by turns (one may still be mapped for the step before)
             self._id_landing = "readback_ids" if self._id_landing == "readback" else "readback"
-            read = (s["ids"], s[self._id_landing], n * 4)
+            # a shaped step's log-prob rows follow the ids of max_num_seqs rows (sample_shape.wgsl)
+            read = (s["ids"], s[self._id_landing], (self.max_num_seqs + n * LP_STRIDE) * 4 if logprobs else n * 4)
         else:
             read = (s["logits"], s["readback"], n * cfg.vocab * 4)
         first = key not in self._validated
@@ -369,13 +423,19 @@ class WebGpuBackend:
         if first:
             await self.ctx.pop_errors(f"the first {key} step")
             self._validated.add(key)
-        return self._landed(landing, greedy, n, prepare_s=t1 - t0, encode_s=time.perf_counter() - t1)
+        return self._landed(landing, greedy, n, prepare_s=t1 - t0, encode_s=time.perf_counter() - t1,
+                            shaped=shaping is not None, logprobs=logprobs)
 
-    async def _landed(self, landing, greedy: bool, n: int, prepare_s: float, encode_s: float) -> np.ndarray:
+    async def _landed(self, landing, greedy: bool, n: int, prepare_s: float, encode_s: float, shaped: bool = False,
+                      logprobs: bool = False) -> np.ndarray | DrawnTokens:
         t0 = time.perf_counter()  # a coroutine starts when awaited: this is when the engine waits for the ids
         data = await landing
         t1 = time.perf_counter()
-        if greedy:
+        if shaped:
+            words = np.frombuffer(data, np.uint32)
+            lp = words[self.max_num_seqs:].reshape(n, LP_STRIDE).copy() if logprobs else None  # (S, LP_STRIDE)
+            out = DrawnTokens(words[:n].astype(np.int32), lp)
+        elif greedy:
             out = np.frombuffer(data, np.uint32).astype(np.int32)  # (S,)
         else:
             out = np.frombuffer(data, np.float32).reshape(n, self.config.vocab).copy()  # (S, vocab)
@@ -402,9 +462,11 @@ class WebGpuBackend:
         (S, max_blocks) f32, heads summed."""
         if self._mass_kernel is None:
             self._mass_kernel = await AttentionMassKernel(self.kv_kernels).compile()
-        att = self.config.layers[-1].attention  # the last layer's scale and window
-        mass = await self._mass_kernel.run(self.kv_pool.caches[-1].k, self.scratch["q"], batch.query_start_loc,
-                                           batch.block_tables, batch.context_lens, att.scale,
+        last = self.config.n_layers - 1
+        att = self.config.layers[last].attention  # the last layer's scale and window
+        tables = batch.tables_of(self.kv_groups.where(last)[0])[0]  # its group's (S, max_blocks)
+        mass = await self._mass_kernel.run(self.kv_pool.cache_of(last).k, self.scratch["q"], batch.query_start_loc,
+                                           tables, batch.context_lens, att.scale,
                                            att.window or 0)  # (S, n_heads, max_blocks)
         return mass.sum(axis=1)
 

@@ -83,8 +83,10 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: 
     kv_sizes[kv.prefill.name] = kv.prefill.workgroup
     kv_sizes["kv_write"] = layout.kv_write_workgroup or kv.workgroup_size
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(config.n_layers)]
+    # SmolLM2 has one KV group: every layer its own buffers, the whole block tables / slot mapping
     b = SimpleNamespace(config=config, scratch=_Named(), weights=_Weights(), weight_rows={}, kv_kernels=kv,
-                        kv_pool=SimpleNamespace(caches=caches),
+                        kv_pool=SimpleNamespace(caches=caches, cache_of=caches.__getitem__),
+                        group_binding=lambda name, layer: name,
                         kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(),
                         shader_f16=False, gpu_matmul=kernels == "gpu")  # SmolLM2: Q4_1 and Q8_0 only
     used = math.ceil(context / BLOCK_SIZE)

@@ -382,6 +382,25 @@ def sample_call(vocab: int, seqs: int, workgroup_size: int = 256) -> KernelCall:
                       uniform_words(vocab, seqs).tobytes())
 
 
+def sample_shape_call(vocab: int, seqs: int, lp_base: int, workgroup_size: int = 256) -> KernelCall:
+    """shaped (seqs, vocab) f32 = each row's logits after its logit bias, penalties, min-p and top-k, and its
+    log-prob row (from word lp_base of io) as device_draws.Shaping asks (shaders/sample_shape.wgsl); buffers:
+    logits, settings (seqs, 4), rows (seqs, 8) u32, bias (pairs, 2) u32, counts, shaped, io, params."""
+    _positive(vocab=vocab, seqs=seqs, lp_base=lp_base)
+    if workgroup_size & (workgroup_size - 1):
+        raise ValueError(f"sample_shape's reductions need a power-of-two workgroup size, got {workgroup_size}")
+    return KernelCall("sample_shape", (("WORKGROUP_SIZE", workgroup_size),), (seqs, 1, 1),
+                      uniform_words(vocab, seqs, lp_base).tobytes())
+
+
+def sample_post_call(vocab: int, seqs: int, lp_base: int, workgroup_size: int = 64) -> KernelCall:
+    """After a shaped draw: each row's chosen log-prob into io and its token counted (shaders/sample_post.wgsl);
+    buffers: logits (raw), rows, io (ids, then log-prob rows from word lp_base), counts, params."""
+    _positive(vocab=vocab, seqs=seqs, lp_base=lp_base)
+    return KernelCall("sample_post", (("WORKGROUP_SIZE", workgroup_size),), (-(-seqs // workgroup_size), 1, 1),
+                      uniform_words(vocab, seqs, lp_base).tobytes())
+
+
 def stream_read_call(nbytes: int, workgroups: int = 256, workgroup_size: int = 64) -> KernelCall:
     """Read nbytes once and reduce them; buffers: data, out, params. Every thread reads a run of whole
     vec4<u32> words, four per loop trip: nbytes must split into workgroups * workgroup_size runs of 4k words."""

@@ -35,7 +35,7 @@ from .fused import member_names
 PARAM_SLOT_BYTES = 256  # minUniformBufferOffsetAlignment
 SLOTS = ("embedding", "rms_t", "lin_h", "lin_qkv", "lin_ffn", "lin_down", "rope", "kv_write", "attn", "reduce",
          "rms_s", "lm_head", "argmax", "lin_q", "lin_kv", "lin_gate",  # lin_q..lin_gate: members not stacked (fused.py)
-         "sample",
+         "sample", "sample_shape", "sample_post",
          "rope_qk", "attn_window",  # rope with the per-head q / k norm; the window layers' attention
          "lm_head_last")  # the last row part of an LM head split across bindings (weight_upload.row_chunks)
 SLOT_INDEX = {name: i for i, name in enumerate(SLOTS)}
@@ -50,11 +50,13 @@ class PlanKey:
     seq_kernel: str  # "matvec" (S <= 2) or "matmul", for the LM head
     sampled: bool = False  # the next tokens are drawn on the GPU (sample.wgsl), not argmax'd
     greedy: bool = False  # only the argmax ids come back: the gpu family's LM head matvec writes no logits
+    shaped: bool = False  # sampled, from logits sample_shape.wgsl shaped first (device_draws.py)
 
     @classmethod
-    def of(cls, num_tokens: int, num_seqs: int, sampled: bool = False, greedy: bool = False) -> "PlanKey":
+    def of(cls, num_tokens: int, num_seqs: int, sampled: bool = False, greedy: bool = False,
+           shaped: bool = False) -> "PlanKey":
         return cls(_linear_kind(num_tokens), num_tokens == num_seqs, _linear_kind(num_seqs), sampled,
-                   greedy and not sampled)
+                   greedy and not sampled, sampled and shaped)
 
 
 def _linear_kind(tokens: int) -> str:
@@ -158,12 +160,13 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                      *((("ROTATE", 0),) if tables[i] is None else ()))
         bias = w[p + "attn_qkv.bias"][1][0] if cfg.attention_bias else s["zero_bias"]
         k, v = (s["k"], s["v"]) if quantized else (cache.k, cache.v)
-        extra = ((8, s["positions"]), (9, cos_sin(i)), (10, bias), (11, s["slot_mapping"]), (12, k), (13, v))
+        extra = ((8, s["positions"]), (9, cos_sin(i)), (10, bias), (11, b.group_binding("slot_mapping", i)), (12, k),
+                 (13, v))
         fused = [linear(p + "attn_qkv.weight", s["x"], s["q"], "lin_qkv", tk, norm=True, layout=constants,
                         io="_rope_kv", extra=extra)]
         if quantized:  # the scales need a whole group of a row: kv_write_quant's workgroups
-            fused.append(Dispatch(*kv_kernel("kv_write"), (s["k"], s["v"], s["slot_mapping"], cache.k, cache.v),
-                                  "kv_write"))
+            fused.append(Dispatch(*kv_kernel("kv_write"),
+                                  (s["k"], s["v"], b.group_binding("slot_mapping", i), cache.k, cache.v), "kv_write"))
         return fused
 
     def merge_linear(i: int, y, accumulate: bool) -> Dispatch:
@@ -209,7 +212,8 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     fuse = b.kernels == "gpu" and tk == "matvec" and cfg.head_dim % 8 == 0
     for i, spec in enumerate(cfg.layers):
         p = f"blk.{i}."
-        cache = b.kv_pool.caches[i]  # this layer's K and V buffers
+        # this layer's K and V buffers (its slot's in its KV group) and its group's block tables
+        cache, tables_i = b.kv_pool.cache_of(i), b.group_binding("block_tables", i)
         # q | k | v stacked, and no q / k norm (the fused epilogue has none: those layers take the rope pass)
         if fuse and member_names(p + "attn_qkv.weight")[0] not in w and not spec.qk_norm:
             body += qkv_rope_kv(i, cache)
@@ -217,9 +221,10 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
             body += normed_linear(p + "attn_norm.weight", p + "attn_qkv.weight", s["qkv"], "lin_qkv")  # q | k | v
             body += [
                 rope(i, spec),  # adds the q | k | v bias, norms q / k heads, rotates, splits
-                Dispatch(*kv_kernel("kv_write"), (s["k"], s["v"], s["slot_mapping"], cache.k, cache.v), "kv_write"),
+                Dispatch(*kv_kernel("kv_write"), (s["k"], s["v"], b.group_binding("slot_mapping", i), cache.k, cache.v),
+                         "kv_write"),
             ]
-        common = (s["q"], cache.k, cache.v, s["block_tables"], s["context_lens"])
+        common = (s["q"], cache.k, cache.v, tables_i, s["context_lens"])
         attn_slot = "attn" if spec.attention.window is None else "attn_window"
         if key.decode:
             body.append(Dispatch(*kv_kernel(b.kv_kernels.decode.attention),
@@ -257,14 +262,23 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         lm_head = [linear(head, s["last_norm"], s["logits"], "lm_head" if rows == head_parts[0][1] else "lm_head_last",
                           key.seq_kernel, layout=(("Y_STRIDE", cfg.vocab), ("Y_OFFSET", first)), weight=weight)
                    for first, rows, weight in head_parts]
-    if key.sampled:
+    pick_more = []
+    if key.shaped:  # sample.wgsl draws from the shaped logits; the raw ones stay for the log-probs
+        shape = Dispatch("sample_shape", (("WORKGROUP_SIZE", 256),),
+                         (s["logits"], s["sampling"], s["sample_rows"], s["sample_bias"], s["token_counts"],
+                          s["shaped_logits"], s["ids"]), "sample_shape")
+        pick = Dispatch("sample", (("WORKGROUP_SIZE", 256),), (s["shaped_logits"], s["sampling"], s["ids"]), "sample")
+        post = Dispatch("sample_post", (("WORKGROUP_SIZE", 64),),
+                        (s["logits"], s["sample_rows"], s["ids"], s["token_counts"]), "sample_post")
+        pick, pick_more = shape, [pick, post]
+    elif key.sampled:
         pick = Dispatch("sample", (("WORKGROUP_SIZE", 256),), (s["logits"], s["sampling"], s["ids"]), "sample")
     elif winners:
         pick = Dispatch("argmax_gpu", (("WORKGROUP_SIZE", 256), ("WINNERS_OF", 8)), (s["logits"], s["ids"]), "argmax")
     else:
         pick = Dispatch(ops.argmax_call(cfg.vocab, 1, family=b.kernels).shader, (("WORKGROUP_SIZE", 256),),
                         (s["logits"], s["ids"]), "argmax")
-    passes.append([rms_s, *lm_head, pick])
+    passes.append([rms_s, *lm_head, pick, *pick_more])
     return passes
 
 
@@ -313,6 +327,8 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
         "lm_head_last": linear(head_rows[-1], cfg.hidden, n, "lm_head_last"),
         "argmax": ops.argmax_call(cfg.vocab, n, family=b.kernels),
         "sample": ops.sample_call(cfg.vocab, n),
+        "sample_shape": ops.sample_shape_call(cfg.vocab, n, b.max_num_seqs),
+        "sample_post": ops.sample_post_call(cfg.vocab, n, b.max_num_seqs),
     }
     grids = np.zeros((len(SLOTS), 3), np.int32)  # (slots, 3)
     params = np.zeros((len(SLOTS), PARAM_SLOT_BYTES), np.uint8)  # (slots, 256)
