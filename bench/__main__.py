@@ -69,6 +69,8 @@ BENCHMARKS = {
     "hybrid_kv": ["bench.hybrid_kv"],
     # the same on the WebGPU backend (wgpu-py's adapter): its ledger's pages, and the engine's after a 1k prompt
     "hybrid_kv_wgpu": ["bench.hybrid_kv", "--backend", "wgpu"],
+    # SmolLM2 on the CPU backend: decode tok/s free text vs json_schema, and the token mask's cost (cold, cached)
+    "structured": ["bench.structured"],
 }
 # Run in their quick form unless --only names them.
 LONG = ("kv_quality_window", "long_chat")

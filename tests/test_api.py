@@ -142,7 +142,8 @@ def test_closing_a_stream_early_or_a_signal_aborts_and_frees(engine):
     ({"model": "nope", "messages": HI}, 404, "model"),
     ({"model": "M", "messages": []}, 400, "messages"),
     ({"model": "M", "messages": HI, "tools": []}, 400, "tools"),
-    ({"model": "M", "messages": HI, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"model": "M", "messages": HI, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "string", "pattern": "a+"}}}}, 400, "response_format"),
     ({"model": "M", "messages": HI, "temperature": 3}, 400, "temperature"),
     ({"model": "M", "messages": HI, "max_tokens": 0}, 400, "max_tokens"),
     ({"model": "M", "messages": HI, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),

@@ -194,7 +194,7 @@ class CompletionService(_Creates):
         params = SamplingParams(temperature=0.0 if greedy else req.temperature, top_p=1.0 if greedy else req.top_p,
                                 seed=req.seed, max_tokens=limit, n=req.n, top_k=req.top_k, min_p=req.min_p,
                                 presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                                logit_bias=req.logit_bias, logprobs=req.logprobs)
+                                logit_bias=req.logit_bias, logprobs=req.logprobs, grammar=req.grammar)
         rid = request_id or f"{'cmpl' if req.legacy else 'chatcmpl'}-{next(self._ids)}"
         if rid in self._routes:
             raise ApiError(400, f"a request with id {rid!r} is running")

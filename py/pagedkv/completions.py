@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from .chat import validate_messages
+from .grammar import Grammar, SchemaError, compile_response_format
 from .sampling import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_RANGE
 
 __all__ = ["ApiError", "CompletionRequest", "StopStrings", "parse_request", "completion", "chunk", "usage"]
@@ -21,14 +22,14 @@ __all__ = ["ApiError", "CompletionRequest", "StopStrings", "parse_request", "com
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_N = 16
 # Known OpenAI fields this engine does not implement: refused by name (400), never ignored.
-UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format",
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call",
                "audio", "modalities", "prediction",
                "parallel_tool_calls", "reasoning_effort", "web_search_options", "store", "metadata", "service_tier")
 IGNORED = ("user",)  # an end-user id for the provider's abuse tracking: nothing to do in a tab
 # Sampling controls both endpoints take (top_k and min_p are vLLM's extensions); logprobs differs between them.
 SAMPLING = ("presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p", "logprobs")
 SUPPORTED = ("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
-             "top_p", "seed", "stop", "n", "pagedkv", "top_logprobs") + SAMPLING
+             "top_p", "seed", "stop", "n", "pagedkv", "top_logprobs", "response_format") + SAMPLING
 # The legacy endpoint's own: echo, suffix and best_of pass only with their do-nothing values (_legacy_fields).
 LEGACY_SUPPORTED = ("model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "seed",
                     "stop", "n", "echo", "suffix", "best_of") + SAMPLING
@@ -42,6 +43,8 @@ OTHER_ENDPOINT = {
                 "completion has a prompt",
     "max_completion_tokens": "max_completion_tokens is a Chat Completions field; a legacy completion has max_tokens",
     "pagedkv": "pagedkv (sessions) continues a chat; a legacy completion has no session",
+    "response_format": "response_format (structured output) is a Chat Completions field (/v1/chat/completions); "
+                       "OpenAI's legacy completions take none",
 }
 
 
@@ -82,6 +85,7 @@ class CompletionRequest:
     top_k: int = 0  # 0: off (the body's -1 too)
     min_p: float = 0.0
     logprobs: int | None = None  # None: no log-probs; N: each token's and its N best alternatives'
+    grammar: Grammar | None = None  # response_format's (json_object, json_schema); None: free text
 
     @property
     def legacy(self) -> bool:
@@ -244,7 +248,13 @@ def parse_request(body: object, models: list[str], *, legacy: bool = False) -> C
         raise ApiError(400, f"pagedkv may hold only session, got {extension!r}", "pagedkv")
     if "session" in extension and not (isinstance(extension["session"], str) and extension["session"]):
         raise ApiError(400, "pagedkv.session must be a non-empty string", "pagedkv.session")
-    return CompletionRequest(model=model, messages=messages, prompt=prompt, stream=stream,
+    grammar = None
+    if body.get("response_format") is not None:
+        try:
+            grammar = compile_response_format(body["response_format"])
+        except SchemaError as exc:
+            raise ApiError(400, f"{exc.param}: {exc.message}", "response_format") from None
+    return CompletionRequest(model=model, messages=messages, prompt=prompt, stream=stream, grammar=grammar,
                              include_usage=bool(options.get("include_usage", False)),
                              max_tokens=max_tokens if max_tokens is not None else older,
                              temperature=_number(body, "temperature", 1.0, 0.0, 2.0),

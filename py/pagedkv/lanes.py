@@ -28,7 +28,7 @@ from .kv.tiers import KVTiers
 from .logprobs import token_logprob
 from .model_runner import build_batch
 from .request import Request, StepOutput
-from .sample_groups import Member, SampleGroups
+from .sample_groups import Member, SampleGroups, new_sampler
 from .sampling import Sampler, SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus, check_token_ids
@@ -112,7 +112,7 @@ class ModelLane:
                 raise ValueError("a caller's sampler serves one sequence; use n=1 with sampler=")
         req = self._new_request(prompt_ids, params.max_tokens, request_id, priority, session, retention=retention)
         stops = frozenset(params.stop_token_ids) or self.default_stop_ids
-        sampler = sampler if sampler is not None else Sampler(params.for_sample(0))
+        sampler = sampler if sampler is not None else new_sampler(params.for_sample(0), self.tokenizer, stops)
         self._queue(Member(req, sampler, StreamDecoder(self.tokenizer), stops, req.request_id,
                            fork_params=params if params.n > 1 else None))
         return req.request_id

@@ -16,10 +16,19 @@ import itertools
 from dataclasses import dataclass
 
 from .beam_search import BeamGroup, Hypothesis
+from .grammar import grammar_matcher
 from .request import Request, StepOutput
 from .sampling import Sampler, SamplingParams
 from .scheduler import Scheduler
 from .tokenizer import StreamDecoder, Tokenizer
+
+
+def new_sampler(params: SamplingParams, tokenizer: Tokenizer, stop_ids: frozenset[int]) -> Sampler:
+    """The Sampler of one sequence; with a grammar, its own matcher (the tokenizer's vocabulary and the grammar's
+    automaton and masks are cached and shared: pagedkv.grammar)."""
+    if params.grammar is None:
+        return Sampler(params)
+    return Sampler(params, grammar_matcher(params.grammar, tokenizer, stop_ids))
 
 
 @dataclass
@@ -98,8 +107,9 @@ class SampleGroups:
         parent.samples = [parent]
         for i in range(1, params.n):
             child = scheduler.fork(parent, f"{parent.request_id}#{i}", i)
-            self.members[child.request_id] = Member(child, Sampler(params.for_sample(i)),
-                                                    StreamDecoder(self.tokenizer), member.stop_ids, member.group_id)
+            sampler = new_sampler(params.for_sample(i), self.tokenizer, member.stop_ids)
+            self.members[child.request_id] = Member(child, sampler, StreamDecoder(self.tokenizer), member.stop_ids,
+                                                    member.group_id)
             parent.samples.append(child)
         return parent.samples
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .grammar import Grammar, GrammarMatcher
+
 # Logits are f32 (|x| < 3.5e38). Scaled by at most 1e12 (1 / MIN_TEMPERATURE times the largest penalty
 # factor) they stay far below float64's 1.8e308, so the softmax has finite terms summing to >= 1 and every
 # probability is finite. Smaller temperatures or wider penalties overflow to inf and NaN (1e-320 made every
@@ -44,6 +46,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the raw logits, ids ascending
     min_p: float = 0.0  # 0: off; keeps the ids whose probability is >= min_p * the best one's
     logprobs: int | None = None  # None: none; N: each token's log-prob and the N best (log_softmax of raw logits)
+    grammar: Grammar | None = None  # constrained decoding (pagedkv.grammar): each sample's reply stays inside it
 
     def __post_init__(self) -> None:
         if not (self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature < np.inf):
@@ -74,6 +77,8 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1] (0: off), got {self.min_p}")
         if self.logprobs is not None and (type(self.logprobs) is not int or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise ValueError(f"grammar must be a pagedkv.grammar.Grammar or None, got {self.grammar!r}")
 
     @property
     def greedy(self) -> bool:
@@ -171,14 +176,25 @@ def filtered_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: fl
 class Sampler:
     """Picks the next token of one request."""
 
-    def __init__(self, params: SamplingParams) -> None:
-        """A sampler whose random stream starts from params.seed."""
+    def __init__(self, params: SamplingParams, matcher: GrammarMatcher | None = None) -> None:
+        """A sampler whose random stream starts from params.seed; `matcher` (params.grammar's, for this sequence)
+        masks the logits before each draw and advances by the token drawn."""
+        if (matcher is None) != (params.grammar is None):
+            raise ValueError("a Sampler takes a GrammarMatcher exactly when its params have a grammar")
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.matcher = matcher
 
     def sample(self, logits: np.ndarray, previous_ids: Sequence[int] = (), output_ids: Sequence[int] = ()) -> int:
         """Next token id from logits (vocab,); previous_ids (prompt + output) feed the repetition penalty,
         output_ids (what this sample generated so far) the presence and frequency penalties."""
+        if self.matcher is None:
+            return self._draw(logits, previous_ids, output_ids)
+        token = self._draw(self.matcher.mask(logits), previous_ids, output_ids)  # the grammar's refusals at -inf
+        self.matcher.advance(token)
+        return token
+
+    def _draw(self, logits: np.ndarray, previous_ids: Sequence[int], output_ids: Sequence[int]) -> int:
         if logits.ndim != 1:
             raise ValueError(f"logits must be 1-D (vocab,), got shape {logits.shape}")
         p = self.params
@@ -193,14 +209,15 @@ class Sampler:
     def argmax_only(self) -> bool:
         """True when the argmax of the logits is all this sampler needs (the backend may return ids only)."""
         p = self.params
-        return p.greedy and not p.penalised and p.logprobs is None
+        return p.greedy and not p.penalised and p.logprobs is None and self.matcher is None
 
     @property
     def on_device(self) -> bool:
         """True when a backend that samples on the device may draw this sampler's tokens (shaders/sample.wgsl,
         after sample_shape.wgsl for top-k, min-p, presence / frequency penalties, logit bias and log-probs:
-        device_draws.py): no repetition penalty, which reads the prompt's ids too."""
-        return self.params.repetition_penalty == 1.0
+        device_draws.py): no repetition penalty, which reads the prompt's ids too, and no grammar (its mask is
+        made on the host)."""
+        return self.params.repetition_penalty == 1.0 and self.matcher is None
 
     def device_draw(self) -> tuple[float, float, float]:
         """(temperature, top_p, u) of the next draw for a backend that samples on the device: u is the
