@@ -194,7 +194,7 @@ def test_a_session_continues_on_its_exact_token_ids(tiny_dir):
     use = first["usage"]
     computed = use["prompt_tokens"] + use["completion_tokens"] - 1  # the reply's last token is never computed
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == computed // 16 * 16 > 0
-    session = service(engine)._sessions["s1"]
+    session = service(engine).sessions.get("s1").conversation
     assert session.messages[:3] == turn2 and session.messages[3]["role"] == "assistant"
     with pytest.raises(ApiError) as err:
         engine.chat.completions.create(model=engine.model_id, messages=HI, n=2, pagedkv={"session": "s1"})
@@ -204,4 +204,4 @@ def test_a_session_continues_on_its_exact_token_ids(tiny_dir):
     other = [{"role": "user", "content": "something else entirely"}]
     out = engine.chat.completions.create(model=engine.model_id, messages=other, max_tokens=3, temperature=0,
                                          pagedkv={"session": "s2"})
-    assert out["choices"][0]["finish_reason"] in ("stop", "length") and "s2" in service(engine)._sessions
+    assert out["choices"][0]["finish_reason"] in ("stop", "length") and "s2" in service(engine).sessions

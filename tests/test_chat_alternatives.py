@@ -68,7 +68,7 @@ def svc_prompt(svc, chat):
 def svc_lone(svc, chat, seed):
     from pagedkv.engine import run_sync
 
-    params = SamplingParams(temperature=0.9, top_p=1.0, max_tokens=10, seed=seed, stop_token_ids=svc.stop_ids)
+    params = SamplingParams(temperature=0.9, top_p=1.0, max_tokens=10, seed=seed, stop_token_ids=tuple(sorted(svc.engine.default_stop_ids)))
     return run_sync(svc.engine.generate(svc_prompt(svc, chat), params)).output_ids
 
 

@@ -169,5 +169,5 @@ def test_a_prompt_longer_than_the_context_goes_to_the_server(tiny_weights):
         await until_idle(svc, chat)
 
     in_fresh_loop(scenario)
-    assert "but the model's context is 16" in of(posts, "turn-start")[0]["engine"]["reason"]
+    assert "tiny-random's context is 16" in of(posts, "turn-start")[0]["engine"]["reason"]  # the API's refusal
     assert of(posts, "turn-end")[0]["content"] == "Hi there" and len(sent) == 1

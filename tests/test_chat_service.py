@@ -231,7 +231,7 @@ def test_lost_device_parks_the_chats_and_a_new_backend_resumes_them(service, tin
         assert svc._loop_task.cancelled() or svc._loop_task.done()
         svc.send(svc.open_session("chat-2").session_id, "queued while the device is gone", settings)  # waits, loses nothing
         assert svc._loop_task.done() and of(posts, "turn-end") == []
-        assert svc.resume_on(CpuBackend(tiny_weights, num_blocks=16, block_size=16)) == ["req-0", "req-1"]
+        assert svc.resume_on(CpuBackend(tiny_weights, num_blocks=16, block_size=16)) == ["chatcmpl-1", "chatcmpl-2"]
         await svc._loop_task
         svc.regenerate(chat.session_id, settings)  # greedy: the same reply as one never interrupted
         await svc._loop_task

@@ -12,6 +12,7 @@ import itertools
 from pagedkv.api import ApiError, CompletionService, CompletionServices
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import LLMEngine, NeverFits
+from pagedkv.sessions import Sessions
 
 
 class ApiRequests:
@@ -23,14 +24,14 @@ class ApiRequests:
         (cpu_models.load_into in the tab); None: api-load is refused."""
         self.engine, self.kick, self.post, self.loader = engine, kick, post, loader
         self._ids = itertools.count(1)
-        self.services = CompletionServices()
+        self.services = CompletionServices(Sessions(engine))  # the API's sessions and the chat page's chats
         self._serve(model_name, template, None)
         self._tasks: dict[str, asyncio.Future] = {}
 
     def _serve(self, model_name: str, template: ChatTemplate, lane: str | None) -> None:
         self.services[model_name] = CompletionService(
             self.engine, template, model_name, self.engine.lane(lane).context_length, self.kick, model=lane,
-            ids=self._ids)
+            ids=self._ids, sessions=self.services.sessions)
 
     def add_model(self, model_name: str, template: ChatTemplate) -> None:
         """Serve another model of the engine (its lane is called `model_name`)."""
@@ -38,9 +39,16 @@ class ApiRequests:
 
     def template_of(self, lane: str | None) -> ChatTemplate:
         """The chat template of the engine's model `lane` (None: the first)."""
+        return self.service_of(lane).template
+
+    def service_of(self, lane: str | None) -> CompletionService:
+        """The service of the engine's model `lane` (None: the first); ValueError when it is not served."""
         if lane is None:
-            return self.service.template
-        return next(s.template for s in self.services.values() if s.model == lane)
+            return self.service
+        found = next((s for s in self.services.values() if s.model == lane), None)
+        if found is None:
+            raise ValueError(f"the model {lane} is not loaded here (loaded: {', '.join(self.services)})")
+        return found
 
     @property
     def service(self) -> CompletionService:
@@ -129,8 +137,10 @@ class ApiRequests:
         return self.services.deliver(outputs)
 
     def fail(self, exc: Exception) -> None:
-        """The step loop died: every API request ends with an api-error."""
-        self.services.fail(exc)
+        """The step loop died: every request pagedkv.js sent ends with an api-error. The chats' turns wait: a
+        step dies with a lost GPU device before its `lost` event comes, and they resume on the rebuilt one."""
+        for service in self.services.values():
+            service.fail(exc, self._tasks)
 
     def keep_only(self, request_ids) -> None:
         """After a rebuild of the backend (a lost GPU device): abort the requests the new pool did not take back."""

@@ -1,10 +1,14 @@
-"""The engine's side of the chats: UI messages in, engine requests out, streamed tokens and memory snapshots back.
+"""The chat page's adapter to the completions API: UI messages in, Chat Completions requests out, streamed tokens
+and memory snapshots back.
 
 A chat is owned by the page (its IndexedDB record: title, messages, exact token ids, settings); the page
-makes, names, lists and deletes chats. The worker keeps only what the engine needs to go on with one: a
-`Session` per chat id (its token history for exact continuation, the reply it is generating, its KV
-references on disk), opened from the record the page sends and posted back (`session-saved`) as it
-changes, so the record stays the one truth.
+makes, names, lists and deletes chats. Each turn is a request to pagedkv.api.CompletionService, the one that
+serves pagedkv.js's `engine.fetch`: a Chat Completions body whose `pagedkv` object names the chat as its
+session (its exact token history, owned by pagedkv.sessions.Sessions), asks for the streamed token ids, the
+reply to regenerate or alternatives to sample. The service runs it on this worker's step loop (`run`); this
+adapter reads its chunks and posts `turn-start`, `token`, `turn-end` (or `alt-*`), `session-saved` (the
+session's record, so the page's record stays the one truth) and the memory panel's snapshots. A reply the
+fallback server gives instead (remote_replies.py) is the one turn not run here.
 
 No `js` here: the service gets a `post(type, **payload)` callable, so it runs
 (and is tested) under CPython with the CPU backend exactly as in the worker.
@@ -15,9 +19,10 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from pagedkv.chat import ChatTemplate, Conversation
-from pagedkv.engine import LLMEngine
-from pagedkv.sampling import SamplingParams
+from pagedkv.api import ApiError
+from pagedkv.chat import ChatTemplate
+from pagedkv.engine import LLMEngine, run_sync
+from pagedkv.sessions import Session
 
 from .api_requests import ApiRequests
 from .chat_alternatives import AlternativeReplies, Alternatives
@@ -29,39 +34,59 @@ STATS_INTERVAL_S = 0.5
 
 
 @dataclass
-class Session:
-    """The engine's state for one chat (keyed by the chat's id): its token history, the request generating
-    now and what it has generated so far. Title, UI messages and settings stay with the page's record."""
+class Chat:
+    """What the page's view of one chat needs beyond its session (pagedkv.sessions.Session: its token history,
+    owned by the API's Sessions): the reply streaming now and what came of it so far, the alternatives being
+    sampled, a fallback server's reply."""
 
-    session_id: str
-    conversation: Conversation
-    model: str | None = None  # the engine's model it talks to (None: the first, the page's own)
+    session: Session
     request_id: str | None = None
-    request: object = None  # the engine's Request while generating
-    before_reply: tuple | None = None  # history just before the last reply (for Regenerate)
+    request: object = None  # the engine's Request while generating (the session's)
     partial_ids: list[int] = field(default_factory=list)
     partial_text: list[str] = field(default_factory=list)
     alternatives: Alternatives | None = None  # other replies sampled for the last user message
     remote: RemoteReply | None = None  # set while the fallback server is answering instead of the engine
+    reader: asyncio.Future | None = None  # the task reading the reply's chunks
+    end_reason: str | None = None  # why the reply ends when the service's stream is cut (no finish_reason)
+
+    @property
+    def session_id(self) -> str:
+        return self.session.session_id
+
+    @property
+    def model(self) -> str | None:
+        """The engine's model it talks to (None: the first, the page's own)."""
+        return self.session.model
+
+    @property
+    def conversation(self):
+        return self.session.conversation
+
+    @property
+    def before_reply(self) -> tuple | None:
+        """The history just before the last reply (for Regenerate)."""
+        return self.session.before_reply
 
 
-def sampling_from(settings: dict, stop_ids: tuple[int, ...]) -> SamplingParams:
-    """UI settings (strings or numbers) -> validated SamplingParams; ValueError names the bad field."""
+def sampling_from(settings: dict) -> dict:
+    """UI settings (strings or numbers) -> the request body's sampling fields; ValueError names the bad field
+    (the API checks their ranges)."""
     try:
-        temperature = float(settings.get("temperature", 0.7))
-        top_p = float(settings.get("top_p", 0.95))
-        max_tokens = int(settings.get("max_tokens", 256))
+        fields = {"temperature": float(settings.get("temperature", 0.7)),
+                  "top_p": float(settings.get("top_p", 0.95)),
+                  "max_tokens": int(settings.get("max_tokens", 256))}
         seed = settings.get("seed")
-        seed = None if seed in (None, "") else int(seed)
+        if seed not in (None, ""):
+            fields["seed"] = int(seed)
+        int(settings.get("priority", 0))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"bad generation setting: {exc}") from None
-    return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
-                          stop_token_ids=stop_ids)
+    return fields
 
 
 class ChatService:
-    """Holds the chats' sessions and drives the engine loop; every UI message goes through `handle`; replies
-    from the fallback server go through the RemoteReplies it holds."""
+    """Holds the chats and drives the engine loop; every UI message goes through `handle`, every turn through
+    the completions API (`api`); replies from the fallback server go through the RemoteReplies it holds."""
 
     def __init__(self, engine: LLMEngine, template: ChatTemplate, post, *, model_name: str,
                  ledger_snapshot=None, open_stream=None, webgpu: bool = True, loader=None) -> None:
@@ -73,19 +98,19 @@ class ChatService:
         self.post = post
         self.model_name = model_name
         self.ledger_snapshot = ledger_snapshot
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, Chat] = {}
         self._loop_task: asyncio.Task | None = None
         self._last_stats = 0.0
         self._rate = TokenRate()
-        self.stop_ids = tuple(sorted(engine.default_stop_ids))
         self.lost: str | None = None  # why the GPU device went away, until the engine is rebuilt
         self._disk_task: asyncio.Future | None = None  # the last deletion of a chat's block files
         self._flush_task: asyncio.Future | None = None  # the last flush of the disk tier (flush-disk)
-        # OpenAI (Chat) Completions for pages that import pagedkv.js (api-request): its requests ride this loop.
+        # OpenAI (Chat) Completions: pagedkv.js's requests (api-request) and the chats' turns, on this loop.
         self.api = ApiRequests(engine, template, model_name, self._ensure_loop, post, loader)
-        self.alts = AlternativeReplies(engine, post, self._ensure_loop)
-        self.remote = RemoteReplies(open_stream, post, webgpu=webgpu, context_length=engine.context_length,
-                                    saved=self.post_saved, ended=self._end_turn)
+        self.store = self.api.services.sessions  # the sessions' one owner
+        self.alts = AlternativeReplies(post)
+        self.remote = RemoteReplies(open_stream, post, self.store, webgpu=webgpu, saved=self.post_saved,
+                                    ended=self._end_turn)
         # The page's messages to the chat service (docs/architecture.md, "The page <-> worker protocol").
         self.messages = {
             "open-sessions": lambda msg: self.open_sessions(msg.get("sessions") or []),
@@ -102,8 +127,9 @@ class ChatService:
             "api-stats": lambda msg: self.post("api-stats", id=str(msg["id"]), stats=self.api.stats()),
             "api-load": lambda msg: self.api.load(str(msg["id"]), str(msg.get("model"))),
             "api-unload": lambda msg: self.unload(str(msg["id"]), str(msg.get("model"))),
+            # One route for a chat's delete and an API session's forget: neither evicts what another shares.
             "api-forget": lambda msg: self.post("api-forgot", id=str(msg["id"]),
-                                                forgotten=self.api.services.forget(str(msg.get("session")))),
+                                                forgotten=self.forget_session(str(msg.get("session")))),
         }
 
     # ---------------------------------------------------------------- UI messages
@@ -119,33 +145,26 @@ class ChatService:
         except (KeyError, ValueError) as exc:
             self.post("chat-error", chat=msg.get("chat"), message=f"{type(exc).__name__}: {exc}")
 
-    def open_session(self, session_id: str, record: dict | None = None) -> Session:
-        """The session of chat `session_id`, opened from the page's `record` of it (its `checkpoint`: the exact
-        token history; `before_reply`; a reply cut off by a reload as `partial_ids` with `streaming` set) or,
-        without one, empty (a new chat). An idle session is replaced by the record given; a busy one is not.
-
-        A cut-off reply is kept as the assistant's message (the page marks it interrupted) and posted back.
-        """
-        session = self.sessions.get(session_id)
-        if session is not None and (record is None or session.request_id is not None):
-            return session
-        model = self._lane_of((record or {}).get("model"))
-        conv = Conversation(self.engine.lane(model).tokenizer, self.api.template_of(model))
-        checkpoint = (record or {}).get("checkpoint")
-        if checkpoint:
-            conv.rollback(tuple(checkpoint))
-        partial = [int(t) for t in (record or {}).get("partial_ids") or []]
-        # A reply cut off before its first token is an empty reply, as the page shows it (and as Stop
-        # leaves it): without it the next message would follow the user's with no reply between.
-        cut = partial or ((record or {}).get("streaming") and conv.messages and conv.messages[-1]["role"] == "user")
-        reply = conv.add_generated(partial) if cut else None
-        session = self.sessions[session_id] = Session(session_id, conv, model)
-        if (record or {}).get("before_reply"):
-            session.before_reply = tuple(record["before_reply"])
-        self.engine.refer_history(session_id, conv.ids, model)
-        if cut:  # the reply's text as the history holds it (a character cut mid-way is U+FFFD, not nothing)
-            self.post_saved(session, reply=reply)
-        return session
+    def open_session(self, session_id: str, record: dict | None = None) -> Chat:
+        """The chat `session_id`, its session opened from the page's `record` of it (Sessions.open: its
+        `checkpoint`, `before_reply`, a reply cut off by a reload) or, without one, empty (a new chat). An idle
+        chat is reopened from the record given; a busy one is not. A cut-off reply is kept as the assistant's
+        message (the page marks it interrupted) and posted back."""
+        chat = self.sessions.get(session_id)
+        if chat is not None and (record is None or chat.request_id is not None):
+            return chat
+        held = self.store.get(session_id)
+        if held is not None and not record:  # a session pagedkv.js opened (`pagedkv.session`): go on with it
+            chat = self.sessions[session_id] = Chat(held)
+            return chat
+        record = record or {}
+        model = self._lane_of(record.get("model"))
+        session = self.store.open(session_id, model, self.api.template_of(model), record)
+        chat = self.sessions[session_id] = Chat(session)
+        if len(session.conversation.messages) > len((record.get("checkpoint") or [()])[0]):
+            # the reply's text as the history holds it (a character cut mid-way is U+FFFD, not nothing)
+            self.post_saved(chat, reply=session.conversation.messages[-1]["content"])
+        return chat
 
     def open_sessions(self, records: list[dict]) -> None:
         """Open the sessions of the chats the page holds for this model (as it loads), so their disk-tier
@@ -163,9 +182,6 @@ class ChatService:
             raise ValueError(f"the chat's model {model} is not loaded here (loaded: {', '.join(self.engine.models)})")
         return model
 
-    def _stop_ids(self, chat: Session) -> tuple[int, ...]:
-        return self.stop_ids if chat.model is None else tuple(sorted(self.engine.lane(chat.model).default_stop_ids))
-
     def send(self, chat_id: str, text: str, settings: dict, model: str | None = None) -> str:
         """Add the user's message and queue the reply; the conversation in view gets priority. model: a new
         chat's model (when the engine holds several; default the page's)."""
@@ -173,13 +189,11 @@ class ChatService:
         if not text.strip():
             raise ValueError("the message is empty")
         system = (settings.get("system") or "").strip()
-
-        def add_turn(conv: Conversation) -> None:
-            if system and not conv.messages:
-                conv.add_message("system", system)
-            conv.add_user(text)
-
-        return self._start_reply(chat, settings, add_turn, regenerate=False)
+        messages = chat.conversation.messages
+        if system and not messages:
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": text})
+        return self._start_reply(chat, settings, messages, regenerate=False)
 
     def regenerate(self, chat_id: str, settings: dict) -> str:
         """Answer the last user message again: the reply is dropped and sampled anew from the same prompt,
@@ -187,126 +201,141 @@ class ChatService:
         chat = self._idle_chat(chat_id)
         if chat.before_reply is None:
             raise ValueError("there is no reply to regenerate in this chat")
-        before = chat.before_reply
-        return self._start_reply(chat, settings, lambda conv: conv.rollback(before), regenerate=True)
+        return self._start_reply(chat, settings, [dict(m) for m in chat.before_reply[0]], regenerate=True)
 
     def alternatives(self, chat_id: str, settings: dict, n: int = 3) -> str:
-        """Sample `n` other replies to the last user message at once (chat_alternatives.AlternativeReplies)."""
+        """Sample `n` other replies to the last user message at once: one request with n samples
+        (chat_alternatives.py); the reply stays until one is kept."""
         chat = self._idle_chat(chat_id)
-        params = sampling_from(settings, self._stop_ids(chat))
-        return self.alts.start(chat, params, n, priority=int(settings.get("priority", 0)))
+        self.alts.check(chat, n)
+        fields = sampling_from(settings)
+        if "seed" in fields:  # the reply drew with seed s: s + 1 .. s + n, so none repeats it
+            fields["seed"] += 1
+        body = self.request_body(chat, settings, [dict(m) for m in chat.before_reply[0]], fields, regenerate=True)
+        try:
+            rid = self._request(chat, dict(body, n=n))
+        except ApiError as exc:
+            raise ValueError(exc.message) from None
+        self.alts.started(chat, rid, n)
+        return rid
 
     def keep_alternative(self, chat_id: str, index: int) -> str:
         """Make alternative `index` the reply: the token history now ends with exactly its ids."""
-        content = self.alts.keep(self._idle_chat(chat_id), index)
-        self.post_saved(self.sessions[chat_id])
+        chat = self._idle_chat(chat_id)
+        content = self.store.keep(chat_id, index)
+        self.alts.kept(chat, index, content)
+        self.post_saved(chat)
         return content
 
-    def _idle_chat(self, chat_id: str, model: str | None = None) -> Session:
-        """The chat's session, opened empty (of `model`) if the page has not sent its record (a new chat); it
-        must be idle."""
+    def _idle_chat(self, chat_id: str, model: str | None = None) -> Chat:
+        """The chat, opened empty (of `model`) if the page has not sent its record (a new chat); it must be
+        idle."""
         chat = self.open_session(str(chat_id), None if model is None or str(chat_id) in self.sessions
                                  else {"model": model})
         if chat.request_id is not None:
             raise ValueError("this chat is still answering; stop it or wait")
         return chat
 
-    def _start_reply(self, chat: Session, settings: dict, change_history, *, regenerate: bool) -> str:
-        params = sampling_from(settings, self._stop_ids(chat))
+    def request_body(self, chat: Chat, settings: dict, messages: list[dict], fields: dict, *,
+                     regenerate: bool) -> dict:
+        """The Chat Completions body of a turn: the chat's messages and settings, its session continued on its
+        exact ids, the reply's token ids streamed (the page saves a reply in progress as ids), max_tokens a
+        bound (a long chat gets the room its context has left) and the chat in view first. fields: the
+        sampling fields (sampling_from)."""
+        extension = {"session": chat.session_id, "token_ids": True, "up_to_context": True,
+                     "priority": int(settings.get("priority", 0))}
+        if regenerate:
+            extension["regenerate"] = True
+        return {"model": self.api.service_of(chat.model).model_id, "messages": messages, "stream": True,
+                **fields, "pagedkv": extension}
+
+    def _request(self, chat: Chat, body: dict) -> str:
+        """Start a turn's request on the completions API and read its chunks in a task; returns its id.
+        ApiError when the API refuses it (the session is as it was)."""
+        service = self.api.service_of(chat.model)
+        chunks = run_sync(service.stream(body))  # checks and queues it before its first await
+        chat.request_id, chat.request = chat.session.request_id, chat.session.request
+        chat.partial_ids, chat.partial_text, chat.end_reason = [], [], None
+        chat.reader = asyncio.ensure_future(self._read(chat, chat.request_id, chunks))
+        return chat.request_id
+
+    def _start_reply(self, chat: Chat, settings: dict, messages: list[dict], *, regenerate: bool) -> str:
+        fields = sampling_from(settings)
         fallback = FallbackSettings.from_settings(settings)
         self.remote.check(fallback)
-        conv = chat.conversation
-        before = conv.checkpoint()
-        prompt: list[int] = []
-        try:
-            change_history(conv)
-            prompt = conv.prompt_ids()
-            remote_reason = self.remote.reason_for(fallback)
-            if remote_reason is None:
-                rid = self.engine.add_request(prompt, params, priority=int(settings.get("priority", 0)),
-                                              session=chat.session_id, model=chat.model)
-        except ValueError as exc:
-            if fallback is not None and self.remote.cannot_fit(exc, prompt):
-                return self.remote.start(chat, fallback, params, str(exc), regenerate)
-            conv.rollback(before)  # a refused turn leaves the history exactly as it was
-            if self.remote.cannot_fit(exc, prompt):
-                raise ValueError(f"{exc}. Or set a fallback server in the generation settings to answer "
-                                 f"requests this tab cannot hold") from None
-            raise
-        if remote_reason is not None:
-            return self.remote.start(chat, fallback, params, remote_reason, regenerate)
-        chat.request_id = rid
-        chat.request = self.engine.request(rid)
+        body = self.request_body(chat, settings, messages, fields, regenerate=regenerate)
+        remote_reason = self.remote.reason_for(fallback)
+        if remote_reason is None:
+            try:
+                rid = self._request(chat, body)
+            except ApiError as exc:
+                if not self.remote.cannot_fit(exc):
+                    raise ValueError(exc.message) from None
+                if fallback is None:
+                    raise ValueError(f"{exc.message}. Or set a fallback server in the generation settings to "
+                                     f"answer requests this tab cannot hold") from None
+                remote_reason = exc.message
+            else:
+                self._turn_started(chat, regenerate)
+                return rid
+        return self._remote_reply(chat, messages, fields, fallback, remote_reason, regenerate)
+
+    def _turn_started(self, chat: Chat, regenerate: bool) -> None:
         chat.alternatives = None  # a new reply supersedes alternatives not kept
-        chat.before_reply = conv.checkpoint()
-        chat.partial_ids, chat.partial_text = [], []
-        cached = self.engine.cached_prefix_tokens(prompt[:-1], chat.model)
-        self.post("turn-start", chat=chat.session_id, request=rid, prompt_tokens=len(prompt), cached_tokens=cached,
-                  regenerate=regenerate, engine={"kind": "local", "backend": self.engine.backend.name})
+        num_prompt = chat.request.num_prompt_tokens
+        cached = self.engine.cached_prefix_tokens(chat.request.seq.token_ids[:num_prompt - 1], chat.model)
+        self.post("turn-start", chat=chat.session_id, request=chat.request_id, prompt_tokens=num_prompt,
+                  cached_tokens=cached, regenerate=regenerate,
+                  engine={"kind": "local", "backend": self.engine.backend.name})
         self.post_saved(chat)  # with the user's message, so a reload mid-reply keeps both
-        self._ensure_loop()
-        return rid
+
+    def _remote_reply(self, chat: Chat, messages: list[dict], fields: dict, fallback: FallbackSettings,
+                      reason: str, regenerate: bool) -> str:
+        """The fallback server answers the turn: the history takes the user's message as the engine's turn
+        would (Sessions.turn_elsewhere), and the server's text when it ends (remote_replies.py)."""
+        self.store.turn_elsewhere(chat.session_id, messages, regenerate=regenerate)
+        chat.alternatives = None
+        return self.remote.start(chat, fallback, fields, reason, regenerate)
 
     def stop(self, chat_id: str) -> None:
-        """Abort the chat's reply; what was generated is kept as the assistant's message."""
+        """Abort the chat's reply; what was generated is kept as the assistant's message (its turn-end comes
+        when its stream has ended)."""
         chat = self.sessions.get(chat_id)
-        if chat is None:
-            return
-        if chat.request_id is None:
+        if chat is None or chat.request_id is None:
             return
         if chat.remote is not None:
             self.remote.stop(chat)
             return
         if not self.engine.is_unfinished(chat.request_id):
             return  # finished in a step that has not returned yet (it awaits the disk): its output ends the turn
-        self.engine.abort(chat.request_id)
-        if chat.alternatives is not None:
-            self.alts.end(chat, "abort")
-        else:
-            self._finish(chat, "abort")
+        self.api.abort(chat.request_id)
 
     def unload(self, request_id: str, model: str) -> None:
         """pagedkv.js unloads a model (api-unload): its API streams end, and so do the replies its chats were
         generating (kept as far as they got, as Stop keeps them); a later message to such a chat is refused."""
-        if not self.api.unload(request_id, model):
-            return
-        for chat in self.sessions.values():
-            if chat.model == model and chat.request_id is not None and chat.remote is None:
-                if chat.alternatives is not None:
-                    self.alts.end(chat, "abort")
-                else:
-                    self._finish(chat, "abort")
-        self.post_stats(force=True)
+        if self.api.unload(request_id, model):
+            self.post_stats(force=True)
 
-    def forget_session(self, chat_id: str) -> None:
-        """The page deleted a chat: its session goes, its reply stops and its cached history (with that reply)
-        leaves the prefix cache, except the leading blocks another chat's history starts with (a shared system
-        prompt stays cached)."""
+    def forget_session(self, chat_id: str) -> bool:
+        """The page deleted a chat, or pagedkv.js forgot a session: its reply stops and its cached history (with
+        that reply) leaves the prefix cache, except the leading blocks another session's history starts with (a
+        shared system prompt stays cached); its block files go too, but for those another session holds.
+        Whether the engine held it."""
         chat = self.sessions.pop(chat_id, None)
-        if chat is None:  # never used in this worker (or forgotten already): only its files on disk may remain
-            if self.engine.disk_enabled:
-                self._disk_task = asyncio.ensure_future(self._forget_on_disk(chat_id))
-            return
         try:
-            if chat.remote is not None:
+            if chat is not None and chat.remote is not None:
                 self.remote.cancel(chat)
-            elif chat.request_id is not None and self.engine.is_unfinished(chat.request_id):
-                self.engine.abort(chat.request_id)  # else it finished in a step not returned yet: nothing runs
-            histories = [chat.conversation.ids]
-            if chat.request is not None:  # the reply it was answering (each sample's), cached as it went
-                histories += [list(r.seq.token_ids) for r in chat.request.samples or [chat.request]]
-            # Longest first: eviction finds blocks along their prefix chain, which a shorter history would cut.
-            for ids in sorted(histories, key=len, reverse=True):
-                shared = max((_common_prefix(ids, c.conversation.ids) for c in self.sessions.values()
-                              if c.model == chat.model), default=0)
-                self.engine.forget_history(ids, keep_tokens=shared, model=chat.model)
-            if self.engine.disk_enabled:  # its block files go too, but for those another chat's history holds
+            elif chat is not None and chat.request_id is not None:
+                self.api.abort(chat.request_id)  # its stream ends; its reader posts nothing for a chat gone
+            held = self.store.forget(chat_id) is not None
+            if self.engine.disk_enabled:  # also for a chat never opened here: only its files may remain
                 self._disk_task = asyncio.ensure_future(self._forget_on_disk(chat_id))
+            return held
         finally:  # the session is gone whatever failed
             self.post_stats(force=True)
 
     def flush_disk(self) -> asyncio.Future | None:
-        """The page is hidden or left (`flush-disk`): every full block of the chats' histories and of the
+        """The page is hidden or left (`flush-disk`): every full block of the sessions' histories and of the
         replies in progress that the disk tier lacks is written now (LLMEngine.flush_disk, after a step in
         flight); answers `disk-flushed` with the blocks written and the time it took. None without a disk
         tier."""
@@ -348,14 +377,16 @@ class ChatService:
         self.lost = None
         for chat in list(self.sessions.values()):
             if chat.request is not None and chat.request_id not in requeued:
-                self._finish(chat, chat.request.finish_reason or "error")  # too long for the new pool
+                chat.end_reason = chat.request.finish_reason or "error"  # too long for the new pool
+                self.api.abort(chat.request_id)
         self.api.keep_only(requeued)
         self._ensure_loop()
         self.post_stats(force=True)
         return requeued
 
     async def run(self) -> None:
-        """Step the engine while anything is unfinished, streaming tokens; yields to the UI between steps."""
+        """Step the engine while anything is unfinished, each step's outputs to their requests' streams; yields
+        to the UI (and to the streams' readers) between steps."""
         try:
             while self.engine.has_unfinished and self.lost is None:
                 outputs = await self.engine.step()
@@ -376,32 +407,54 @@ class ChatService:
         self.post_stats(force=True)
 
     def on_outputs(self, outputs) -> None:
-        outputs = self.api.deliver(outputs)  # pagedkv.js's requests' outputs go to their streams
-        by_request = {c.request_id: c for c in self.sessions.values() if c.request_id is not None}
-        now = time.perf_counter()
-        for out in outputs:
-            chat = by_request.get(out.request_id)
-            if chat is not None and chat.alternatives is not None:
-                self._rate.add(now, len(out.token_ids))
-                self.alts.on_output(chat, out)
-                continue
-            if chat is None or not out.token_ids:
-                continue
-            self._rate.add(now, len(out.token_ids))
-            chat.partial_ids.extend(out.token_ids)
-            if out.text or out.token_ids:
-                chat.partial_text.append(out.text)
-                self.post("token", chat=chat.session_id, text=out.text, ids=out.token_ids)
-            if out.finished:
-                self._finish(chat, out.finish_reason)
+        """One step's outputs: every request is the completions API's (the chats' turns too)."""
+        # What no stream takes is a request that ended while its last step awaited the disk (stopped or
+        # deleted): its stream has ended already.
+        self.api.deliver(outputs)
         self.post_stats()
 
-    def _finish(self, chat: Session, reason: str | None) -> None:
-        content = chat.conversation.add_generated(chat.partial_ids)
-        self._end_turn(chat, reason=reason, content=content, tokens=len(chat.partial_ids),
+    async def settled(self) -> None:
+        """Wait until every chat's reply stream has been read to its end (its turn-end posted)."""
+        while True:
+            readers = [c.reader for c in self.sessions.values() if c.reader is not None and not c.reader.done()]
+            if not readers:
+                return
+            await asyncio.wait(readers)
+
+    async def _read(self, chat: Chat, rid: str, chunks) -> None:
+        """Post a turn's chunks as the page's events: its tokens (`token`, or `alt-token` for alternatives),
+        then its end, with what the session's history now holds."""
+        finished: dict[int, str] = {}
+        async for piece in chunks:  # a step that fails leaves it waiting (ApiRequests.fail): it resumes on
+            for choice in piece["choices"]:  # a rebuilt device (resume_on)
+                ids = (choice.get("pagedkv") or {}).get("token_ids", [])
+                text = choice["delta"].get("content") or ""
+                if ids or text:
+                    self._on_piece(chat, rid, choice["index"], text, ids)
+                if choice["finish_reason"] is not None:
+                    finished[choice["index"]] = choice["finish_reason"]
+        if self.sessions.get(chat.session_id) is not chat or chat.request_id != rid:
+            return  # deleted meanwhile: nothing more of it goes to the page
+        if chat.alternatives is not None:
+            chat.request_id = chat.request = None
+            self.alts.end(chat, "done" if len(finished) == len(chat.alternatives.ids) else "abort")
+            return
+        self._end_turn(chat, reason=finished.get(0) or chat.end_reason or "abort",
+                       content=chat.conversation.messages[-1]["content"], tokens=len(chat.partial_ids),
                        cached_tokens=chat.request.num_cached_prompt_tokens)
 
-    def _end_turn(self, chat: Session, **turn) -> None:
+    def _on_piece(self, chat: Chat, rid: str, index: int, text: str, ids: list[int]) -> None:
+        if self.sessions.get(chat.session_id) is not chat or chat.request_id != rid:
+            return
+        self._rate.add(time.perf_counter(), len(ids))
+        if chat.alternatives is not None:
+            self.alts.on_piece(chat, index, text, ids)
+            return
+        chat.partial_ids.extend(ids)
+        chat.partial_text.append(text)
+        self.post("token", chat=chat.session_id, text=text, ids=ids)
+
+    def _end_turn(self, chat: Chat, **turn) -> None:
         """Tell the page the reply is over (its content is in the history now) and make the chat idle."""
         self.post("turn-end", chat=chat.session_id, history_tokens=chat.conversation.num_tokens, **turn)
         chat.request_id = chat.request = chat.remote = None
@@ -410,18 +463,14 @@ class ChatService:
 
     # ---------------------------------------------------------------- dashboard
 
-    def post_saved(self, chat: Session, **extra) -> None:
-        """The session's exact token history as it stands now, for the page to store in the chat's record
-        (`reply`: the text of a cut-off reply the session was opened with)."""
-        messages, ids, text = chat.conversation.checkpoint()
-        self.engine.refer_history(chat.session_id, chat.conversation.ids, chat.model)
-        before = chat.before_reply
-        self.post("session-saved", chat=chat.session_id, checkpoint=[list(messages), list(ids), text],
-                  before_reply=None if before is None else [list(before[0]), list(before[1]), before[2]], **extra)
+    def post_saved(self, chat: Chat, **extra) -> None:
+        """The session's exact token history as it stands now (Session.record), for the page to store in the
+        chat's record (`reply`: the text of a cut-off reply the session was opened with)."""
+        self.post("session-saved", chat=chat.session_id, **chat.session.record(), **extra)
 
     async def _forget_on_disk(self, chat_id: str) -> None:
         try:
-            await self.engine.forget_owner(chat_id)
+            await self.store.forget_on_disk(chat_id)
         except Exception as exc:
             self.post("chat-error", chat=chat_id, message=f"deleting the chat's KV on disk failed: "
                                                             f"{type(exc).__name__}: {exc}")
@@ -439,12 +488,3 @@ class ChatService:
             return
         self._last_stats = now
         self.post("memory", **self.memory_snapshot())
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

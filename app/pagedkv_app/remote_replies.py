@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pagedkv.engine import NeverFits
+from pagedkv.api import ApiError, PromptTooLong
 from pagedkv.sampling import SamplingParams
 
 from .remote import FallbackSettings, RemoteError, RemoteReply
@@ -18,14 +18,14 @@ from .remote import FallbackSettings, RemoteError, RemoteReply
 class RemoteReplies:
     """The fallback server's replies in the service's chats (a chat's `remote` is set while one streams)."""
 
-    def __init__(self, open_stream, post, *, webgpu: bool, context_length: int, saved, ended) -> None:
+    def __init__(self, open_stream, post, sessions, *, webgpu: bool, saved, ended) -> None:
         """`open_stream` is the HTTP transport (bridge.open_stream in the tab, None: no fallback possible);
-        `webgpu` False means the engine runs on the slow CPU fallback, so "auto" fallback answers remotely;
-        `context_length` is the engine's."""
+        `sessions`: the chats' histories' owner (pagedkv.sessions.Sessions), which records the server's replies;
+        `webgpu` False means the engine runs on the slow CPU fallback, so "auto" fallback answers remotely."""
         self.open_stream = open_stream
         self.post = post
+        self.sessions = sessions
         self.webgpu = webgpu
-        self.context_length = context_length
         self.saved = saved
         self.ended = ended
 
@@ -44,17 +44,20 @@ class RemoteReplies:
             return "this browser has no WebGPU"
         return None
 
-    def cannot_fit(self, exc: ValueError, prompt: list[int]) -> bool:
-        """The engine refused for lack of room (pool or context), not for a bad request."""
-        return isinstance(exc, NeverFits) or len(prompt) >= self.context_length
+    def cannot_fit(self, exc: ApiError) -> bool:
+        """The completions API refused for lack of room (413: the pool; the prompt passes the context), not for
+        a bad request."""
+        return exc.status == 413 or isinstance(exc, PromptTooLong)
 
-    def start(self, chat, fallback: FallbackSettings, params: SamplingParams, reason: str, regenerate: bool) -> str:
-        """Stream the reply to the chat's history (its last message is the user's) from the server; returns
-        the request id the page sees."""
+    def start(self, chat, fallback: FallbackSettings, fields: dict, reason: str, regenerate: bool) -> str:
+        """Stream the reply to the chat's history (Sessions.turn_elsewhere: its last message is the user's) from
+        the server; `fields`: the turn's sampling fields (chat_service.sampling_from). Returns the request id
+        the page sees."""
         conv = chat.conversation
+        params = SamplingParams(temperature=fields["temperature"], top_p=fields["top_p"],
+                                max_tokens=fields["max_tokens"], seed=fields.get("seed"))
         reply = RemoteReply(fallback, conv.messages, params, self.open_stream, conv.tokenizer)
         chat.remote, chat.request_id, chat.request = reply, f"remote-{chat.session_id}-{len(conv.messages)}", None
-        chat.before_reply = conv.checkpoint()
         chat.partial_ids, chat.partial_text = [], []
         self.post("turn-start", chat=chat.session_id, request=chat.request_id, prompt_tokens=len(conv.prompt_ids()),
                   cached_tokens=0, regenerate=regenerate,
@@ -97,7 +100,7 @@ class RemoteReplies:
 
         `tokens` counts the streamed deltas: one per token with llama.cpp's server."""
         content = "".join(chat.partial_text)
-        chat.conversation.add_message("assistant", content)
+        self.sessions.reply_from_elsewhere(chat.session_id, content)
         server = chat.remote.settings
         self.ended(chat, reason=reason, content=content, tokens=len(chat.partial_text), cached_tokens=0,
                    engine={"kind": "remote", "model": server.model, "origin": server.origin})

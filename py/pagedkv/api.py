@@ -41,13 +41,19 @@ from .engine import EngineConfig, LLMEngine, NeverFits
 from .logprobs import chat_logprobs, join_logprobs, legacy_logprobs
 from .model.weights import ModelWeights
 from .sampling import MIN_TEMPERATURE, SamplingParams
+from .sessions import Session, Sessions
 from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
 from .tokenizer import Tokenizer
 
-__all__ = ["ApiError", "ChatCompletions", "CompletionService", "CompletionServices", "Completions", "Engine"]
+__all__ = ["ApiError", "ChatCompletions", "CompletionService", "CompletionServices", "Completions", "Engine",
+           "PromptTooLong"]
 
 MIB = 1 << 20
 MODELS_DIR = Path(__file__).resolve().parents[2] / "dist" / "models"
+
+
+class PromptTooLong(ApiError):
+    """400: the prompt leaves no room in the model's context (a fallback server with a longer one may answer)."""
 
 
 class _Creates:
@@ -88,13 +94,14 @@ class CompletionService(_Creates):
     (None: its first); ids: request numbers shared with the other models' services."""
 
     def __init__(self, llm: LLMEngine, template: ChatTemplate, model_id: str, context_length: int, kick, *,
-                 model: str | None = None, ids=None) -> None:
+                 model: str | None = None, ids=None, sessions: Sessions | None = None) -> None:
+        """sessions: the engine's sessions (sessions.Sessions), shared by its models' services; None: its own."""
         self.llm, self.template, self.model_id, self.model = llm, template, model_id, model
         self.tokenizer = llm.lane(model).tokenizer
         self.context_length = int(context_length)
         self.kick = kick
         self._routes: dict[str, asyncio.Queue] = {}
-        self._sessions: dict[str, Conversation] = {}  # pagedkv.session -> its exact token history
+        self.sessions = sessions if sessions is not None else Sessions(llm)
         self._ids = ids if ids is not None else itertools.count(1)
         self.closed = False
 
@@ -113,10 +120,11 @@ class CompletionService(_Creates):
                 route.put_nowait(out)
         return rest
 
-    def fail(self, exc: Exception) -> None:
-        """The step loop died: every waiting request hears of it."""
-        for route in self._routes.values():
-            route.put_nowait(exc)
+    def fail(self, exc: Exception, request_ids=None) -> None:
+        """The step loop died: every waiting request hears of it (request_ids: those only)."""
+        for rid, route in self._routes.items():
+            if request_ids is None or rid in request_ids:
+                route.put_nowait(exc)
 
     def abort(self, request_id: str) -> None:
         """Stop a request now (its stream ends at once; its blocks are freed)."""
@@ -127,12 +135,22 @@ class CompletionService(_Creates):
             self.llm.abort(request_id)
 
     def forget(self, session: str) -> bool:
-        """Drop a session (`pagedkv: {session}`): its token history, and its blocks from the prefix cache.
-        False when there was none."""
-        conv = self._sessions.pop(session, None)
-        if conv is not None:
-            self.llm.forget_history(conv.ids)
-        return conv is not None
+        """Drop a session (`pagedkv: {session}`) of this model: its request stops, its token history goes and
+        its blocks leave the prefix cache, but for those another session's history begins with
+        (Sessions.forget; its block files on disk: Sessions.forget_on_disk). False when there was none."""
+        held = self.sessions.get(session)
+        if held is None or held.model != self.model:
+            return False
+        self.sessions.forget(session)
+        return True
+
+    def keep(self, session: str, index: int) -> str:
+        """Alternative `index` (of a request with `pagedkv: {session, regenerate: true}` and n >= 2) becomes the
+        session's last reply, its exact ids; returns its text. ApiError 400 when there is none such."""
+        try:
+            return self.sessions.keep(session, index)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
 
     def close(self) -> None:
         """Stop every request; later requests get 503."""
@@ -142,17 +160,49 @@ class CompletionService(_Creates):
 
     # ---------------------------------------------------------------- one request
 
-    def _conversation(self, req: CompletionRequest) -> Conversation:
-        """The request's conversation: with a session whose messages the request's start with, that session's
-        exact token ids plus the new messages (a copy: the session changes only when the reply ends); else
-        the messages rendered afresh."""
-        session = self._sessions.get(req.options.get("session", ""))
-        if session is None or req.messages[:len(session.messages)] != session.messages \
-                or len(req.messages) == len(session.messages):
+    def _session(self, req: CompletionRequest) -> Session | None:
+        """The request's session (`pagedkv.session`), idle: opened empty or from `pagedkv.restore` when the
+        engine holds none (a reload), replaced by `restore` when it holds an idle one. ApiError 400 when it is
+        another model's or answers another request now."""
+        name = req.options.get("session")
+        if name is None:
+            return None
+        session = self.sessions.get(name)
+        if session is not None and session.request_id is not None:
+            raise ApiError(400, f"pagedkv.session {name!r} is answering another request; wait for it or abort it",
+                           "pagedkv.session")
+        if session is not None and session.model != self.model:
+            raise ApiError(400, f"pagedkv.session {name!r} is a conversation with another model", "pagedkv.session")
+        if req.n != 1 and not req.options.get("regenerate"):
+            raise ApiError(400, f"a pagedkv.session continues one conversation: n must be 1 (or, with "
+                                f"pagedkv.regenerate, n alternatives to its last reply), got {req.n}", "n")
+        if session is None or "restore" in req.options:
+            try:
+                session = self.sessions.open(name, self.model, self.template, req.options.get("restore"))
+            except ValueError as exc:  # token ids outside the vocabulary
+                raise ApiError(400, f"pagedkv.restore: {exc}", "pagedkv.restore") from None
+        return session
+
+    def _conversation(self, req: CompletionRequest, session: Session | None = None) -> Conversation:
+        """The request's conversation: with `regenerate`, the session's history before its last reply (the
+        request's messages must be that history's); with a session whose messages the request's start with,
+        that session's exact token ids plus the new messages (a copy: the session takes it when the engine
+        accepts the request); else the messages rendered afresh."""
+        held = session.conversation.messages if session is not None else None
+        if req.options.get("regenerate"):
+            if session.before_reply is None:
+                raise ApiError(400, "there is no reply to regenerate in this session", "pagedkv.regenerate")
+            if req.messages != [dict(m) for m in session.before_reply[0]]:
+                raise ApiError(400, "with pagedkv.regenerate the messages must be the session's history up to its "
+                                    "last reply", "messages")
+            conv = Conversation(self.tokenizer, self.template)
+            conv.rollback(session.before_reply)
+            return conv
+        if held is None or req.messages[:len(held)] != held or len(req.messages) == len(held):
             return Conversation(self.tokenizer, self.template, req.messages)
         conv = Conversation(self.tokenizer, self.template)
-        conv.rollback(session.checkpoint())
-        for message in req.messages[len(session.messages):]:
+        conv.rollback(session.conversation.checkpoint())
+        for message in req.messages[len(held):]:
             conv.add_message(message["role"], message["content"])
         return conv
 
@@ -173,20 +223,19 @@ class CompletionService(_Creates):
                                 "token to continue", "prompt")
         return ids
 
-    def _start(self, req: CompletionRequest, request_id: str | None) -> tuple[str, int, Conversation | None]:
-        if "session" in req.options and req.n != 1:
-            raise ApiError(400, f"a pagedkv.session continues one conversation: n must be 1, got {req.n}", "n")
-        conv = None if req.legacy else self._conversation(req)
+    def _start(self, req: CompletionRequest, request_id: str | None) -> tuple[str, int]:
+        session = self._session(req)
+        conv = None if req.legacy else self._conversation(req, session)
         prompt = self.prompt_ids(req) if conv is None else conv.prompt_ids()
         room = self.context_length - len(prompt)
         if room < 1:
-            raise ApiError(400, f"the prompt has {len(prompt)} tokens; {self.model_id}'s context is "
-                                f"{self.context_length}", req.input_field)
-        if req.max_tokens is not None and req.max_tokens > room:
+            raise PromptTooLong(400, f"the prompt has {len(prompt)} tokens; {self.model_id}'s context is "
+                                     f"{self.context_length}", req.input_field)
+        if req.max_tokens is not None and req.max_tokens > room and not req.options.get("up_to_context"):
             raise ApiError(400, f"max_tokens {req.max_tokens} + the prompt's {len(prompt)} tokens pass "
                                 f"{self.model_id}'s context of {self.context_length}", "max_tokens")
         greedy = req.temperature < MIN_TEMPERATURE or req.top_p == 0.0  # the nucleus of p=0: the top token
-        limit = req.max_tokens or (min(LEGACY_MAX_TOKENS, room) if req.legacy else room)
+        limit = min(req.max_tokens, room) if req.max_tokens else min(LEGACY_MAX_TOKENS, room) if req.legacy else room
         vocab = self.tokenizer.vocab_size
         if req.logit_bias and req.logit_bias[-1][0] >= vocab:
             raise ApiError(400, f"logit_bias names token id {req.logit_bias[-1][0]}; {self.model_id}'s ids are "
@@ -199,12 +248,16 @@ class CompletionService(_Creates):
         if rid in self._routes:
             raise ApiError(400, f"a request with id {rid!r} is running")
         try:
-            self.llm.add_request(prompt, params, request_id=rid, model=self.model)
+            # The session names the request's blocks in the memory panel (kv_snapshot's owners).
+            self.llm.add_request(prompt, params, request_id=rid, model=self.model,
+                                 priority=req.options.get("priority", 0), session=req.options.get("session", "default"))
         except NeverFits as exc:
             raise ApiError(413, str(exc), req.input_field) from None
+        if session is not None:
+            self.sessions.started(session, conv, rid, alternatives=req.n > 1)
         self._routes[rid] = asyncio.Queue()
         self.kick()
-        return rid, len(prompt), conv
+        return rid, len(prompt)
 
     async def stream(self, body: dict, signal: asyncio.Event | None = None, request_id: str | None = None, *,
                      legacy: bool = False) -> AsyncIterator[dict]:
@@ -213,13 +266,13 @@ class CompletionService(_Creates):
         if self.closed:
             raise ApiError(503, "the engine is closed")
         req = parse_request(body, [self.model_id], legacy=legacy)
-        rid, prompt_tokens, conv = self._start(req, request_id)
+        rid, prompt_tokens = self._start(req, request_id)
         # Taken now: the step loop may finish the request before the caller reads its first chunk (its outputs
         # wait in its route); num_cached_prompt_tokens is set when the scheduler first admits it.
         root = self.llm.request(rid)
-        return self._chunks(req, rid, root, prompt_tokens, conv, signal)
+        return self._chunks(req, rid, root, prompt_tokens, signal)
 
-    async def _chunks(self, req: CompletionRequest, rid: str, root, prompt_tokens: int, conv: Conversation | None,
+    async def _chunks(self, req: CompletionRequest, rid: str, root, prompt_tokens: int,
                       signal) -> AsyncIterator[dict]:
         created, route, legacy = now(), self._routes[rid], req.legacy
         stops = [StopStrings(req.stop) for _ in range(req.n)]
@@ -254,32 +307,47 @@ class CompletionService(_Creates):
                         offsets[i] += sum(map(len, logprobs["tokens"]))
                     else:
                         logprobs = chat_logprobs(out.logprobs, self.tokenizer)
-                if text or logprobs is not None:  # a token held back (a stop string may begin) still has its logprob
-                    yield chunk(rid, req.model, created, i, text=text, legacy=legacy, logprobs=logprobs)
+                wants_ids = bool(out.token_ids and req.options.get("token_ids"))
+                # a token held back (a stop string may begin) still has its logprob, and its ids when asked
+                if text or logprobs is not None or wants_ids:
+                    yield _with_ids(chunk(rid, req.model, created, i, text=text, legacy=legacy, logprobs=logprobs),
+                                    out.token_ids, req.options.get("token_ids"))
                 if reason is not None:
                     done[i] = True
                     yield chunk(rid, req.model, created, i, finish_reason=reason, legacy=legacy)
                 if all(done[j] or stops[j].stopped for j in range(req.n)) and self.llm.is_unfinished(rid):
                     self.llm.abort(rid)  # a stop string ended the last sample still running: its blocks go now
-            session = req.options.get("session")
-            if session is not None and all(done):  # the reply ended (not aborted): the session moves on
-                if stops[0].stopped:  # cut at a stop string: the history holds the text the caller saw
-                    conv.add_message("assistant", "".join(texts[0]))
-                else:
-                    conv.add_generated(ids[0])
-                self._sessions[session] = conv
+            session = self._end_session(req, rid, ids, texts, stops)
             if all(done) and (req.include_usage or not req.stream):  # a completion object always carries usage
                 yield chunk(rid, req.model, created,
                             use=usage(prompt_tokens, sum(tokens), root.num_cached_prompt_tokens), legacy=legacy)
+            if session is not None and req.options.get("save"):  # what the app stores to restore it
+                yield {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model,
+                       "choices": [], "pagedkv": {"session": session.session_id, **session.record()}}
         finally:  # ended, closed early by the caller, or aborted: nothing of it stays in the pool
             if self.llm.is_unfinished(rid):
                 self.llm.abort(rid)
             self._routes.pop(rid, None)
+            self._end_session(req, rid, ids, texts, stops)  # a stream closed early: its reply as far as it got
+
+    def _end_session(self, req: CompletionRequest, rid: str, ids, texts, stops) -> Session | None:
+        """The session's reply ended, finished or not (an aborted one as far as it got, as the chat page's
+        Stop keeps it): it joins the history (Sessions.ended); None without a session or once recorded."""
+        name = req.options.get("session")
+        if name is None:
+            return None
+        stopped = "".join(texts[0]) if req.n == 1 and stops[0].stopped else None  # the text the caller saw
+        return self.sessions.ended(name, rid, ids, stopped, alternatives=req.n > 1)
 
 
 class CompletionServices(dict):
     """The completion services of an engine's models, by model id (api.Engine's; the page worker's
-    ApiRequests'): a request body to its model's service, each step's outputs to their requests."""
+    ApiRequests'): a request body to its model's service, each step's outputs to their requests. `sessions`:
+    the engine's sessions, which every service here shares."""
+
+    def __init__(self, sessions: Sessions) -> None:
+        super().__init__()
+        self.sessions = sessions
 
     def route(self, body, legacy: bool = False) -> CompletionService:
         """The service of the model `body` names; ApiError as OpenAI's (404 unknown, 400 malformed). legacy: a
@@ -354,7 +422,7 @@ class Engine:
         except BudgetTooSmall as exc:
             raise ApiError(413, str(exc), "budget_mib") from None
         self._ids = itertools.count(1)
-        self.services = CompletionServices()
+        self.services = CompletionServices(Sessions(self.llm))
         for model_id, weights in found:
             self._serve(model_id, weights)
         self._driver: asyncio.Task | None = None
@@ -380,7 +448,8 @@ class Engine:
         tokenizer = self.llm.lane(model_id).tokenizer
         self.services[model_id] = CompletionService(
             self.llm, ChatTemplate.from_manifest(weights.manifest, tokenizer), model_id,
-            weights.manifest["config"]["context_length"], self._kick, model=model_id, ids=self._ids)
+            weights.manifest["config"]["context_length"], self._kick, model=model_id, ids=self._ids,
+            sessions=self.services.sessions)
 
     def load(self, model: str | Path) -> str:
         """Load another model at run time into the same pages; returns its id. ApiError 413 with the numbers
@@ -467,6 +536,14 @@ class Engine:
             raise
 
 
+def _with_ids(piece: dict, token_ids, wanted: bool) -> dict:
+    """`pagedkv.token_ids`: the chunk's choice carries the ids it streams (the chat page saves a reply in
+    progress as exact ids)."""
+    if wanted:
+        piece["choices"][0]["pagedkv"] = {"token_ids": list(token_ids)}
+    return piece
+
+
 def _private_loop():
     """A new event loop and a function running a coroutine on it to completion. Where this thread runs a loop
     already, the new one runs in one helper thread (always the same one, so its tasks stay on it)."""
@@ -495,9 +572,10 @@ async def _collect(chunks: AsyncIterator[dict], legacy: bool) -> dict:
     texts: dict[int, list[str]] = {}
     logprobs: dict[int, list[dict]] = {}  # each choice's chunks' logprobs
     reasons: dict[int, str] = {}
-    cid = model = created = use = None  # no usage: the request was aborted
+    cid = model = created = use = saved = None  # no usage: the request was aborted
     async for piece in chunks:
         cid, model, created = piece["id"], piece["model"], piece["created"]
+        saved = piece.get("pagedkv", saved)
         for choice in piece["choices"]:
             texts.setdefault(choice["index"], []).append(choice["text"] if legacy else
                                                          choice["delta"].get("content") or "")
@@ -509,4 +587,7 @@ async def _collect(chunks: AsyncIterator[dict], legacy: bool) -> dict:
             use = piece["usage"]
     choices = [{"index": i, "text": "".join(texts[i]), "finish_reason": reasons.get(i),
                 "logprobs": join_logprobs(logprobs[i], legacy) if i in logprobs else None} for i in sorted(texts)]
-    return completion(cid, model, created, choices, use, legacy=legacy)
+    out = completion(cid, model, created, choices, use, legacy=legacy)
+    if saved is not None:  # pagedkv.save: the session's record
+        out["pagedkv"] = saved
+    return out

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from .chat import validate_messages
+from .extension import parse_extension
 from .grammar import Grammar, SchemaError, compile_response_format
 from .sampling import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_RANGE
 
@@ -243,11 +244,7 @@ def parse_request(body: object, models: list[str], *, legacy: bool = False) -> C
         raise ApiError(400, f"stop must be a non-empty string or a list of them, got {stop!r}", "stop")
     if len(stops) > MAX_STOP_STRINGS:
         raise ApiError(400, f"stop holds at most {MAX_STOP_STRINGS} strings, got {len(stops)}", "stop")
-    extension = body.get("pagedkv") or {}
-    if not isinstance(extension, dict) or set(extension) - {"session"}:
-        raise ApiError(400, f"pagedkv may hold only session, got {extension!r}", "pagedkv")
-    if "session" in extension and not (isinstance(extension["session"], str) and extension["session"]):
-        raise ApiError(400, "pagedkv.session must be a non-empty string", "pagedkv.session")
+    extension = parse_extension(body.get("pagedkv"))
     grammar = None
     if body.get("response_format") is not None:
         try:
@@ -260,7 +257,7 @@ def parse_request(body: object, models: list[str], *, legacy: bool = False) -> C
                              temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
                              top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
                              seed=_integer(body, "seed", 0), stop=tuple(stops), n=_integer(body, "n", 1, MAX_N) or 1,
-                             options=dict(extension),
+                             options=extension,
                              presence_penalty=_number(body, "presence_penalty", 0.0, *PENALTY_RANGE),
                              frequency_penalty=_number(body, "frequency_penalty", 0.0, *PENALTY_RANGE),
                              logit_bias=_logit_bias(body), top_k=_top_k(body),
