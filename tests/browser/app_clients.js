@@ -115,25 +115,34 @@ export function sdkOutputObject(app) {
   });
 }
 
-// A tool the model must call (no execute: the call is the answer), then a round trip: the tool runs and the
-// second step answers in text.
-export function sdkTools(app) {
+// A tool the model must call, without execute: generateText hands the call to the app.
+export function sdkToolCall(app) {
   return kept(app, async () => {
-    const called = await generateText({ model: app.model, tools: { weather: tool(WEATHER) }, toolChoice: "required",
-                                        temperature: 0, maxOutputTokens: 40, prompt: ASK_WEATHER });
+    const r = await generateText({ model: app.model, tools: { weather: tool(WEATHER) }, toolChoice: "required",
+                                   temperature: 0, maxOutputTokens: 40, prompt: ASK_WEATHER });
+    return { calls: r.toolCalls.map(callOf), finish: r.finishReason };
+  });
+}
+
+// A round trip, streamed: step 1 must call the tool, which runs; step 2 (no tools offered) answers in text.
+export function sdkToolRoundTrip(app) {
+  return kept(app, async () => {
     const ran = [];
     const execute = async ({ city }) => { ran.push(city); return { city, celsius: 21 }; };
-    const weather = tool({ ...WEATHER, execute });
-    const trip = await generateText({
-      model: app.model, tools: { weather }, temperature: 0, maxOutputTokens: 40, prompt: ASK_WEATHER,
-      stopWhen: isStepCount(2),
+    const trip = streamText({
+      model: app.model, tools: { weather: tool({ ...WEATHER, execute }) }, temperature: 0, maxOutputTokens: 40,
+      prompt: ASK_WEATHER, stopWhen: isStepCount(2),
       prepareStep: ({ stepNumber }) => ({ toolChoice: stepNumber === 0 ? "required" : "none" }),
     });
-    return {
-      calls: called.toolCalls.map((c) => ({ name: c.toolName, input: c.input, invalid: c.invalid ?? false })),
-      finish: called.finishReason, ran, steps: trip.steps.map((s) => s.finishReason), text: trip.text,
-    };
+    let text = "";
+    for await (const piece of trip.textStream) text += piece;
+    const steps = await trip.steps;
+    return { calls: steps[0].toolCalls.map(callOf), ran, steps: steps.map((s) => s.finishReason), text };
   });
+}
+
+function callOf(call) {  // invalid: the SDK could not parse the arguments or they failed the tool's schema
+  return { name: call.toolName, input: call.input, invalid: call.invalid ?? false };
 }
 
 // The openai client's tools: one call non-streamed and the same request streamed, its deltas assembled as the
@@ -189,7 +198,8 @@ export function openaiLogprobs(app) {
       model: app.id, temperature: 0, max_tokens: 8, logprobs: true, top_logprobs: 3,
       messages: [{ role: "user", content: "What is the capital of France?" }],
     });
-    return { text: r.choices[0].message.content, logprobs: r.choices[0].logprobs };
+    return { text: r.choices[0].message.content, logprobs: r.choices[0].logprobs, finish: r.choices[0].finish_reason,
+             usage: r.usage };
   });
 }
 
