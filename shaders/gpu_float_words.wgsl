@@ -2,6 +2,7 @@
 // shader_variants.py): 8 f16 / bf16 weights (2 activation vec4s) or 4 f32.
 
 override WORKGROUP_SIZE : u32 = 64u;
+const X_IN_F16 : bool = false;  // f32 activations (matvec_gpu_main.wgsl's NORM scales after the sums)
 const WORDS_PER_BLOCK : u32 = CODE_WORDS_PER_BLOCK;
 
 // Word c of block i (row * cols/32 + b) against its activations u0 and u1 (u1 unused for f32).

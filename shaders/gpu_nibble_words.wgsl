@@ -3,6 +3,7 @@
 // 2 activation vec4s.
 
 override WORKGROUP_SIZE : u32 = 64u;
+const X_IN_F16 : bool = false;  // f32 activations (matvec_gpu_main.wgsl's NORM scales after the sums)
 const WORDS_PER_BLOCK : u32 = 4u;
 const X_PER_WORD : u32 = 2u;
 

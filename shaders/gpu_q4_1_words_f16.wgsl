@@ -1,9 +1,12 @@
 // gpu_q4_1_words.wgsl's word_dot in f16 arithmetic, for devices with `shader-f16` (composed after
 // q4_1_weights.wgsl by shader_variants.py, which starts the kernel with `enable f16;`).
 // The nibbles enter as q / 16 (exact in f16) so a word's dot products stay below 4 |x|: no f16 overflow
-// until an activation passes 16,000. The scales and the sum over words stay f32.
+// until an activation (normalised, under NORM) passes 16,000. The scales and the sum over words stay f32.
 
 override WORKGROUP_SIZE : u32 = 64u;
+// The activations enter the dot products as f16: matvec_gpu_main.wgsl's NORM scales them by 1 / rms before
+// the cast (the raw residual x gain passes 65,504 with outliers of a few thousand).
+const X_IN_F16 : bool = true;
 const WORDS_PER_BLOCK : u32 = 4u;
 const X_PER_WORD : u32 = 2u;
 

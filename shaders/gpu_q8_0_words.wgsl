@@ -3,6 +3,7 @@
 // matmul word_weights.
 
 override WORKGROUP_SIZE : u32 = 64u;
+const X_IN_F16 : bool = false;  // f32 activations (matvec_gpu_main.wgsl's NORM scales after the sums)
 const WORDS_PER_BLOCK : u32 = 8u;
 const X_PER_WORD : u32 = 1u;
 

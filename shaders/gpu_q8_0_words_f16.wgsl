@@ -3,6 +3,9 @@
 // The codes enter as q / 127 (|.| <= 1, rounded to f16), so a word's dot product stays below 4 |x|.
 
 override WORKGROUP_SIZE : u32 = 64u;
+// The activations enter the dot products as f16: matvec_gpu_main.wgsl's NORM scales them by 1 / rms before
+// the cast (the raw residual x gain passes 65,504 with outliers of a few thousand).
+const X_IN_F16 : bool = true;
 const WORDS_PER_BLOCK : u32 = 8u;
 const X_PER_WORD : u32 = 1u;
 

@@ -12,7 +12,8 @@ struct Params {
 
 // NORM: y = W @ (rms_norm(x) * g), the RMSNorm fused into the projection it feeds. x is then the raw
 // residual stream; each thread sums the squares of the activations it loads anyway and scales its sums
-// by 1 / sqrt(mean + eps) at the end (W @ (x * g) * s = W @ (x * s * g)). The norm weight g (cols f32)
+// by 1 / sqrt(mean + eps) at the end (W @ (x * g) * s = W @ (x * s * g)), except in the gpu family's f16
+// matvecs, which scale x before the f16 cast (matvec_gpu_main.wgsl). The norm weight g (cols f32)
 // is stored in qs right after the codes (backends/webgpu/fused.py), so it needs no binding of its own.
 override NORM : bool = false;
 

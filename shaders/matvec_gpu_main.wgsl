@@ -20,6 +20,12 @@
 // and its 16 or 32 bytes of codes and 128 bytes of activations are adjacent (wide loads), where striding by
 // words has every lane decode its block's scales for each word. Decided from the uniform params: every lane
 // takes the same way. (lavapipe runs it 1.8x slower at K = 2,048: the tuner keeps it only where it wins.)
+// NORM (the RMSNorm fused in front, matvec_gain.wgsl): with f32 activations each lane sums the squares of the
+// activations it loads anyway and the 8 rows' sums are scaled by 1 / rms at the end (W @ (x * g) * s =
+// W @ (x * s * g)). An f16 decoder (X_IN_F16) cannot wait: the raw residual times the gain overflows f16 above
+// 65,504 / |g| (outlier activations of a few thousand; Gemma 3's post norms feed larger ones), so there 1 / rms
+// comes first, in f32, from a pass of its own over the token's row (cols floats, against rows x cols weights),
+// and the f16 operand is the normalised x * g.
 
 const ROWS : u32 = 8u;
 override ROW_GROUPS : u32 = 1u;  // 1, 2, 4 or 8, dividing WORKGROUP_SIZE into groups of at least 8 lanes
@@ -58,8 +64,9 @@ struct Acc {
   ss : f32,  // sum of x^2 (NORM)
 }
 
-// Word j of the 8 rows (ri, rj: their first blocks) against token t's activations, into acc.
-fn add_word(acc : ptr<function, Acc>, t : u32, j : u32, ri : vec4<u32>, rj : vec4<u32>) {
+// Word j of the 8 rows (ri, rj: their first blocks) against token t's activations, into acc. s: 1 / rms where
+// NORM && X_IN_F16 (known before the sums), else 1.
+fn add_word(acc : ptr<function, Acc>, t : u32, j : u32, ri : vec4<u32>, rj : vec4<u32>, s : f32) {
   let v = j * X_PER_WORD;  // the word's first activation vec4 within the row
   var u0 = load_x(t, v);
   var u1 = vec4<f32>(0.0);
@@ -67,10 +74,12 @@ fn add_word(acc : ptr<function, Acc>, t : u32, j : u32, ri : vec4<u32>, rj : vec
     u1 = load_x(t, v + 1u);
   }
   if (NORM) {
-    (*acc).ss += dot(u0, u0) + dot(u1, u1);
-    u0 *= gain(v);
+    if (!X_IN_F16) {
+      (*acc).ss += dot(u0, u0) + dot(u1, u1);
+    }
+    u0 *= gain(v) * s;
     if (X_PER_WORD == 2u) {
-      u1 *= gain(v + 1u);
+      u1 *= gain(v + 1u) * s;
     }
   }
   let b = j / WORDS_PER_BLOCK;
@@ -95,20 +104,29 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   let rj = vec4<u32>(min(r0 + 4u, last), min(r0 + 5u, last), min(r0 + 6u, last), min(r0 + 7u, last)) * nb;
   var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0), 0.0);
   let words = nb * WORDS_PER_BLOCK;
+  var s = 1.0;
+  if (NORM && X_IN_F16) {  // 1 / rms before any activation is cast to f16
+    var ss = 0.0;
+    for (var v = lane; v < params.cols / 4u; v += LANES) {
+      let u = load_x(t, v);
+      ss += dot(u, u);
+    }
+    s = 1.0 / sqrt(row_sum(vec4<f32>(ss, 0.0, 0.0, 0.0), lid).x / f32(params.cols) + params.eps);
+  }
   if (WHOLE_BLOCKS && (nb + LANES - 1u) / LANES * WORDS_PER_BLOCK <= (words + LANES - 1u) / LANES) {
     for (var b = lane; b < nb; b += LANES) {
       for (var c = 0u; c < WORDS_PER_BLOCK; c++) {
-        add_word(&acc, t, b * WORDS_PER_BLOCK + c, ri, rj);
+        add_word(&acc, t, b * WORDS_PER_BLOCK + c, ri, rj, s);
       }
     }
   } else {
     for (var j = lane; j < words; j += LANES) {
-      add_word(&acc, t, j, ri, rj);
+      add_word(&acc, t, j, ri, rj, s);
     }
   }
   var lo = row_sum(acc.lo, lid);
   var hi = row_sum(acc.hi, lid);
-  if (NORM) {
+  if (NORM && !X_IN_F16) {
     let inv_rms = 1.0 / sqrt(row_sum(vec4<f32>(acc.ss, 0.0, 0.0, 0.0), lid).x / f32(params.cols) + params.eps);
     lo *= inv_rms;
     hi *= inv_rms;

@@ -61,3 +61,31 @@ def test_the_tabs_cpu_path_in_an_engine_with_window_groups_gives_the_references_
         run_sync(engine.step())
     model = NumpyModel(reference)
     assert [r.output_ids for r in requests] == [greedy_reference(model, p, 8) for p in prompts]
+
+
+def test_a_lone_sequence_with_window_groups_decodes_through_the_fused_kernel(gguf_path):  # noqa: F811
+    """tiny-gemma3 on the tab's backend with KV groups (7 groups of one layer, window 32), one sequence: every
+    decode step runs each layer's attention in one attn_decode call (its group's table from the window's first
+    block, the keys before the window in that block masked; q / k normed before the call; the global layer's
+    own rotary), the ids the numpy reference's greedy ids past the window (a 45-token prompt, 24 new)."""
+    from test_cpu_attention import CountingTwin
+
+    from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
+    from pagedkv.engine import EngineConfig, LLMEngine, run_sync
+    from pagedkv.sampling import SamplingParams
+    from pagedkv.tokenizer import Tokenizer
+
+    converted = convert_cached(tiny_gguf("tiny-gemma3", gguf_path), MODELS)
+    reference = ModelWeights.load(converted)
+    shards = {s["file"]: (converted / s["file"]).read_bytes() for s in reference.manifest["shards"]}
+    quantized = ModelWeights.from_shards(reference.manifest, shards, tensor_loader(HeapStore(pointer_twin)))
+    twin = CountingTwin()
+    tab = CpuBackend(quantized, 64, 16, linear="wasm", attention=twin)
+    assert tab.kv_groups.num_groups == 7
+    engine = LLMEngine(tab, Tokenizer.from_manifest(reference.manifest), EngineConfig(max_num_batched_tokens=24))
+    prompt = [int(t) for t in np.random.default_rng(9).integers(100, reference.config.vocab, 45)]
+    request = engine.request(engine.add_request(prompt, SamplingParams(max_tokens=24, stop_token_ids=(49_999,))))
+    while engine.has_unfinished:
+        run_sync(engine.step())
+    assert twin.calls["attn_decode"] == 7 * 23  # every layer of every decode step (the first id is prefill's)
+    assert request.output_ids == greedy_reference(NumpyModel(reference), prompt, 24)

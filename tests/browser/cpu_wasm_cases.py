@@ -134,10 +134,11 @@ def case_step_glue(kernels, n: int) -> dict:
             "silu_ulps": rel_silu}
 
 
-def case_attn_decode(kernels, ctx: int, nkv: int, group: int, hd: int) -> dict:
+def case_attn_decode(kernels, ctx: int, nkv: int, group: int, hd: int, lo: int = 0) -> dict:
     """attn_decode on one new token (the last of ctx) over a scattered 16-token-block f32 pool: its q and k
     rotated and its k, v written into the pool row exactly as numpy's rotate_adjacent gives them (bit for bit),
-    and the output against f64 softmax(q . k * scale) @ v. `rel`: each output's error over its bound: the f32
+    and the output against f64 softmax(q . k * scale) @ v over the keys from lo on (a window's; the first lo
+    keys' probabilities exactly 0, their keys NaN here). `rel`: each output's error over its bound: the f32
     scores' rounding (hd terms, scaled) moving the probabilities, the exp's (Cephes expf, a few ulp), the sums
     over ctx keys, times sum_j p_j |v_j|."""
     rng = np.random.default_rng(ctx * 17 + hd + group)
@@ -145,6 +146,8 @@ def case_attn_decode(kernels, ctx: int, nkv: int, group: int, hd: int) -> dict:
     num_blocks = used + 3
     k, v = (rng.standard_normal((num_blocks, bs, nkv, hd)).astype(np.float32) for _ in range(2))
     table = rng.permutation(num_blocks)[:used].astype(np.int32)
+    masked = table[np.arange(lo) // bs].astype(np.int64) * bs + np.arange(lo) % bs  # pool rows of the first lo keys
+    k.reshape(-1, nkv, hd)[masked] = np.nan  # a masked key's score must not reach the softmax
     qkv = rng.standard_normal((1, (nh + 2 * nkv) * hd)).astype(np.float32)
     angles = np.float32(ctx - 1) * rope_inv_freq(hd, 10000.0)  # (hd / 2,)
     cos, sin = np.cos(angles), np.sin(angles)
@@ -155,11 +158,11 @@ def case_attn_decode(kernels, ctx: int, nkv: int, group: int, hd: int) -> dict:
     s, out = np.full(nh * ld, np.nan, np.float32), np.full((nh, hd), np.nan, np.float32)
     scale = np.float32(1.0 / np.sqrt(hd))
     kernels.attn_decode(address_of(qkv), address_of(cos), address_of(sin), address_of(k), address_of(v),
-                        address_of(table), ctx, bs, nkv, group, hd, slot, float(scale), address_of(s), ld,
+                        address_of(table), ctx, lo, bs, nkv, group, hd, slot, float(scale), address_of(s), ld,
                         address_of(out))
     written = np.array_equal(k.reshape(-1, nkv, hd)[slot], rotated[nh:]) and np.array_equal(
         v.reshape(-1, nkv, hd)[slot], heads[nh + nkv:]) and np.array_equal(heads[: nh + nkv], rotated)
-    pos = np.arange(ctx)
+    pos = np.arange(lo, ctx)
     slots = table[pos // bs].astype(np.int64) * bs + pos % bs
     keys = k.reshape(-1, nkv, hd)[slots].astype(np.float64)  # (ctx, nkv, hd), the new key included
     vals = np.abs(v.reshape(-1, nkv, hd)[slots].astype(np.float64))
@@ -171,9 +174,10 @@ def case_attn_decode(kernels, ctx: int, nkv: int, group: int, hd: int) -> dict:
     unit = np.einsum("hgc,chd->hgd", p64, vals).reshape(nh, hd)
     s_err = hd * 2.0**-24 * float(scale) * np.einsum("hgd,chd->hgc", np.abs(q64), np.abs(keys)).max()
     tol = 2 * s_err + (2 * ctx + 16) * 2.0**-24
-    return {"case": [ctx, nkv, group, hd], "written": bool(written), "finite": bool(np.isfinite(out).all()),
-            "rel": float((np.abs(out - want) / (unit * tol)).max()),
-            "probs_sum": float(np.abs(s.reshape(nh, ld)[:, :ctx].astype(np.float64).sum(axis=1) - 1).max())}
+    probs = s.reshape(nh, ld)[:, :ctx].astype(np.float64)
+    return {"case": [ctx, nkv, group, hd, lo], "written": bool(written), "finite": bool(np.isfinite(out).all()),
+            "rel": float((np.abs(out - want) / (unit * tol)).max()), "masked_zero": bool((probs[:, :lo] == 0).all()),
+            "probs_sum": float(np.abs(probs.sum(axis=1) - 1).max())}
 
 
 def greedy(model: NumpyModel, prompt: list[int], new: int) -> dict:

@@ -68,6 +68,7 @@ async def run_linear(ctx, x: np.ndarray, dtype: str, shape: tuple[int, int], par
     reduces with subgroups when the device has them), "gpu_tree" (the gpu family's workgroup-tree matvec) or
     "gpu_f16" (the gpu family's f16 matvec, subgroups when the device has them; it needs `shader-f16`),
     "gpu_groups" (the gpu family's matvec in 4 row groups of 16 lanes, each summed by a tree of its own),
+    "gpu_f16_groups" (the f16 matvec in those 4 row groups),
     "gpu_whole" (the gpu family's matvec whose lanes take whole blocks, WHOLE_BLOCKS, where that adds no trip);
     matmul_shape: the gpu family matmul's workgroup shape (model_kernels.GPU_MATMUL_SHAPE)."""
     rows, cols = shape
@@ -79,17 +80,18 @@ async def run_linear(ctx, x: np.ndarray, dtype: str, shape: tuple[int, int], par
         raise ValueError(f"y0 must be ({x.shape[0]}, {rows}), got {y0.shape}")
     if norm is not None and (kernel != "matvec" or norm[0].shape != (cols,)):
         raise ValueError(f"norm=(weight ({cols},), eps) fuses an RMSNorm into matvec only")
-    if family not in ("cpu", "gpu", "gpu_tree", "gpu_f16", "gpu_groups", "gpu_whole") or (
+    if family not in ("cpu", "gpu", "gpu_tree", "gpu_f16", "gpu_groups", "gpu_f16_groups", "gpu_whole") or (
             family[4:] and kernel != "matvec"):
-        raise ValueError(f"family must be 'cpu', 'gpu', or 'gpu_tree' / 'gpu_f16' / 'gpu_groups' / 'gpu_whole' with "
-                         f"matvec, got {family!r} with {kernel}")
+        raise ValueError(f"family must be 'cpu', 'gpu', or 'gpu_tree' / 'gpu_f16' / 'gpu_groups' / 'gpu_f16_groups' / "
+                         f"'gpu_whole' with matvec, got {family!r} with {kernel}")
     eps = None if norm is None else norm[1]
     if family == "gpu" and kernel == "matmul":
         call = matmul_gpu_call(dtype, rows, cols, x.shape[0], matmul_shape, accumulate=y0 is not None, swiglu=swiglu)
     elif family != "cpu":
         subgroups = family != "gpu_tree" and "subgroups" in ctx.info.features
         call = matvec_gpu_call(dtype, rows, cols, x.shape[0], subgroups, accumulate=y0 is not None, norm_eps=eps,
-                               swiglu=swiglu, f16=family == "gpu_f16", row_groups=4 if family == "gpu_groups" else 1,
+                               swiglu=swiglu, f16=family.startswith("gpu_f16"),
+                               row_groups=4 if family.endswith("_groups") else 1,
                                whole_blocks=family == "gpu_whole")
     elif kernel == "matvec":
         call = matvec_call(dtype, rows, cols, x.shape[0], accumulate=y0 is not None, norm_eps=eps,

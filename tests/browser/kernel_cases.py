@@ -30,8 +30,7 @@ def _weights(dtype, rows, cols, seed):
     """Parts of quantized random (rows, cols) weights, cached per key (the LM head is large)."""
     key = (dtype, rows, cols, seed)
     if key not in _tables:
-        rng = np.random.default_rng(seed)
-        w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.1  # (rows, cols)
+        w = _dense(seed, rows, cols)
         if dtype in ops.FLOATS:
             parts = _float_parts(dtype, w)
         elif dtype == "q4_1":
@@ -43,6 +42,11 @@ def _weights(dtype, rows, cols, seed):
             parts = pack_gguf(dtype, random_gguf(dtype, rows, cols, seed, scale=scale), (rows, cols))
         _tables[key] = parts
     return _tables[key]
+
+
+def _dense(seed, rows, cols):
+    """The (rows, cols) f32 weights that _weights quantizes."""
+    return np.random.default_rng(seed).standard_normal((rows, cols), dtype=np.float32) * 0.1
 
 
 def _float_parts(dtype, w):
@@ -71,16 +75,23 @@ def _errors(got, want, scale=None):
 
 
 async def case_linear(kernel, dtype, rows, cols, tokens, seed, accumulate=False, norm=False, family="cpu",
-                      matmul_shape=ops.GPU_MATMUL_SHAPE):
+                      matmul_shape=ops.GPU_MATMUL_SHAPE, outliers=()):
     """accumulate: the ACCUMULATE variant adds into a random y0 (the fused residual add);
     norm: the NORM variant multiplies rms_norm(x, g) (the fused RMSNorm); family, matmul_shape:
-    kernel_calls.run_linear's."""
+    kernel_calls.run_linear's; outliers (with norm): activations set in every token's row, evenly spaced, under
+    a gain of 1.5 (a residual stream's outliers: raw x * g past f16's 65,504, which an f16 matvec must scale by
+    1 / rms before its cast). "raw_max" is the largest |x * g|."""
     ctx = await _context()
     parts = _weights(dtype, rows, cols, seed)
     rng = np.random.default_rng(seed + 1)
     x = rng.standard_normal((tokens, cols), dtype=np.float32) * (3 if norm else 1)  # (T, cols)
     y0 = rng.standard_normal((tokens, rows), dtype=np.float32) * 4 if accumulate else None  # (T, rows)
     gain = (rng.standard_normal(cols, dtype=np.float32), 1e-5) if norm else None  # ((cols,), eps)
+    at = np.arange(len(outliers)) * (cols // max(len(outliers), 1)) + 5  # columns of the outliers
+    x[:, at] = np.asarray(outliers, np.float32)
+    if norm:
+        gain[0][at] = 1.5
+    raw_max = float(np.abs(x * gain[0]).max()) if norm else None
     got = await calls.run_linear(ctx, x, dtype, (rows, cols), parts, kernel, y0=y0, norm=gain, family=family,
                                  matmul_shape=tuple(matmul_shape))
     if norm:
@@ -91,8 +102,15 @@ async def case_linear(kernel, dtype, rows, cols, tokens, seed, accumulate=False,
     if accumulate:
         want = y0 + want
         scale = scale + np.abs(y0)
-    return {"kernel": f"{kernel}_{dtype}", "family": family, "tokens": tokens, "accumulate": accumulate, "norm": norm,
-            **_errors(got, want, scale)}
+    out = {"kernel": f"{kernel}_{dtype}", "family": family, "tokens": tokens, "accumulate": accumulate, "norm": norm,
+           "raw_max": raw_max, "finite": bool(np.isfinite(got).all()), **_errors(got, want, scale)}
+    if dtype == "q4_1" and outliers:  # its decoders sum d * (q . x) + m * sum(x): rounding scales with |d q| + |m|
+        codes, d, m = quantize_q4_1(_dense(seed, rows, cols))
+        terms = np.abs(codes.reshape(rows, -1, 32) * d.astype(np.float32)[:, :, None]) + np.abs(
+            m.astype(np.float32))[:, :, None]  # (rows, cols/32, 32)
+        term_scale = np.abs(x) @ terms.reshape(rows, cols).T + (np.abs(y0) if accumulate else 0)
+        out["max_term_scaled"] = _errors(got, want, term_scale)["max_scaled"]
+    return out
 
 
 async def case_features():

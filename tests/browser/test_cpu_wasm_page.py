@@ -125,8 +125,10 @@ def test_the_attention_kernels_match_numpy_in_the_worker(ready_page):
         assert r["scores_rel"] <= hd * 2.0**-24 and r["values_rel"] <= ctx * 2.0**-24, r
 
 
-# (ctx, nkv, group, hd): a first token, block edges, SmolLM2's heads at a long context, other head shapes
-DECODE = [(1, 3, 3, 64), (16, 3, 3, 64), (17, 3, 3, 64), (37, 3, 3, 64), (1000, 3, 3, 64), (5, 2, 2, 16), (33, 1, 4, 32)]
+# (ctx, nkv, group, hd, lo): a first token, block edges, SmolLM2's heads at a long context, other head shapes; a
+# window's first keys masked (lo: within the first block, at its edge, Gemma 3's one kv head of 256 and 4 q heads)
+DECODE = [(1, 3, 3, 64, 0), (16, 3, 3, 64, 0), (17, 3, 3, 64, 0), (37, 3, 3, 64, 0), (1000, 3, 3, 64, 0),
+          (5, 2, 2, 16, 0), (33, 1, 4, 32, 0), (40, 3, 3, 64, 7), (40, 3, 3, 64, 15), (520, 1, 4, 256, 9)]
 
 
 def test_attn_decode_rotates_writes_and_attends_in_one_call(ready_page):
@@ -134,12 +136,12 @@ def test_attn_decode_rotates_writes_and_attends_in_one_call(ready_page):
     numpy's, the output within its bound against f64 (cpu_wasm_cases.case_attn_decode), each softmax row
     summing to 1 within f32 rounding."""
     worker = install_modules(ready_page, "cpu_wasm_cases")
-    calls = ", ".join(f"c.case_attn_decode(k, {c}, {n}, {g}, {d})" for c, n, g, d in DECODE)
+    calls = ", ".join(f"c.case_attn_decode(k, {c}, {n}, {g}, {d}, {lo})" for c, n, g, d, lo in DECODE)
     results = worker.py("import json, cpu_wasm_cases as c\nfrom pagedkv.browser.interop import wasm_attention\n"
                         f"k = wasm_attention()\njson.dumps([{calls}])")
     assert [r["case"] for r in results] == [list(a) for a in DECODE]
     for r in results:
-        assert r["written"] and r["finite"] and r["rel"] <= 1.0, r
+        assert r["written"] and r["finite"] and r["rel"] <= 1.0 and r["masked_zero"], r
         assert r["probs_sum"] <= (r["case"][0] + 8) * 2.0**-24, r
 
 

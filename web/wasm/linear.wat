@@ -961,10 +961,11 @@
   ;; (hd / 2 f32 each: x0 cos - x1 sin, x0 sin + x1 cos, as ref_ops.rotate_adjacent), its k and v copied into
   ;; the pools at row `slot` (a token's index into them), then attn_scores, the softmax of each head's row
   ;; (times scale, minus its max, $exp4, over its sum) in s (nkv * group rows ld f32 apart, ld >= ctx a multiple
-  ;; of 4), then attn_values into out (nkv * group * hd f32).
+  ;; of 4), then attn_values into out (nkv * group * hd f32). The row's first lo keys (lo < ctx) get probability
+  ;; 0: a sliding window's keys before it in the first block of the table (which starts at that block).
   (func $attn_decode (export "attn_decode") (param $qkv i32) (param $cos i32) (param $sin i32) (param $k i32)
-    (param $v i32) (param $table i32) (param $ctx i32) (param $bs i32) (param $nkv i32) (param $group i32)
-    (param $hd i32) (param $slot i32) (param $scale f32) (param $s i32) (param $ld i32) (param $out i32)
+    (param $v i32) (param $table i32) (param $ctx i32) (param $lo i32) (param $bs i32) (param $nkv i32)
+    (param $group i32) (param $hd i32) (param $slot i32) (param $scale f32) (param $s i32) (param $ld i32) (param $out i32)
     (local $p i32) (local $end i32) (local $i i32) (local $x0 f32) (local $x1 f32) (local $tok i32) (local $kn i32)
     (local $row i32) (local $n i32) (local $mx v128) (local $sum v128) (local $e v128) (local $m f32) (local $t f32)
     local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok
@@ -1003,6 +1004,15 @@
           local.get $end f32.const -inf f32.store
           local.get $end i32.const 4 i32.add local.set $end
           br $pad
+        end
+      end
+      local.get $p local.set $i
+      loop $masked  ;; the keys before the window: -inf too
+        local.get $i local.get $p local.get $lo i32.const 2 i32.shl i32.add i32.lt_u
+        if
+          local.get $i f32.const -inf f32.store
+          local.get $i i32.const 4 i32.add local.set $i
+          br $masked
         end
       end
       f32.const -inf f32x4.splat local.set $mx

@@ -3,7 +3,9 @@
 A lone sequence's decode step runs its whole layer loop through the kernels on fixed buffers
 (WasmAttentionModel.forward): per layer four products, attn_decode and three calls for the glue (rms_norm,
 add_rms_norm: the residual and the next norm, silu_mul), no numpy between them; the reference's order of
-operations, the sums of squares and e^x aside.
+operations, the sums of squares and e^x aside. Other families' layers (q / k norms, post norms, windows, another
+activation) keep the reference's layer loop, with attn_decode for each rotary layer's one-token attention, through
+its KV group's table and slot where the batch has groups (a window layer's table from the window's first block).
 
 NumpyModel (the oracle) gathers every cached key and value of a sequence through fancy indexing and runs
 small batched matmuls, without BLAS in Pyodide, per layer and step. Here a sequence's one new token reads
@@ -42,18 +44,17 @@ class WasmAttentionModel(NumpyModel):
         self._q = np.empty((cfg.n_heads, cfg.head_dim), np.float32)  # (n_heads, head_dim)
         self._out = np.empty((cfg.n_heads, cfg.head_dim), np.float32)  # (n_heads, head_dim)
         self._qkv = np.empty((1, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim), np.float32)  # attn_decode's
-        self._scale = np.float32(1.0 / np.sqrt(cfg.head_dim))  # the reference's softmax scale
         # the one-token step's buffers: the residual x, the normed h, a product's output y, gate | up, silu * up
         self._x, self._h, self._y = (np.empty((1, cfg.hidden), np.float32) for _ in range(3))
         self._gu = np.empty((1, 2 * cfg.ffn), np.float32)
         self._act = np.empty((1, cfg.ffn), np.float32)
         self._addrs = {name: address_of(getattr(self, name)) for name in (
             "_scores", "_probs", "_q", "_out", "_qkv", "_x", "_h", "_y", "_gu", "_act")}
-        # Layers whose attention the one-token kernel (attn_decode: the file's rotary, 1/sqrt(head_dim), every key
-        # seen, no q / k norm) computes as the reference does; the others take the reference's own steps there.
-        self._decodes = tuple(
-            not spec.qk_norm and spec.attention.window is None and inv is not None and np.array_equal(inv, self.inv_freq)
-            and np.float32(spec.attention.scale) == self._scale for spec, inv in zip(self.layers, self.inv_freqs))
+        # Layers whose one-token attention the fused kernel (attn_decode) computes as the reference does: every
+        # layer with rotary (the layer's own frequencies and scale; a q / k norm applied before the call, a window
+        # by starting the table at its first block and masking the keys before it). A layer without rotary
+        # (smollm3's) takes the reference's own steps there.
+        self._decodes = tuple(inv is not None for inv in self.inv_freqs)
         self._layers = self._step_weights()
         self._pools: dict[int, tuple[np.ndarray, int]] = {}  # id(pool) -> (pool, address): pools live on
         self._batch, self._tables = None, {}  # the step whose tables these are, and their entries (_step)
@@ -79,7 +80,7 @@ class WasmAttentionModel(NumpyModel):
         """NumpyModel.forward; one token of one sequence on f32 pools without the mass runs its layers through
         the kernels on the fixed buffers (the module docstring)."""
         if (self._layers is None or batch.token_ids.shape[0] != 1 or attention_mass is not None
-                or kv.kv_dtype != "f32" or batch.group_block_tables is not None):  # KV groups: the reference's
+                or kv.kv_dtype != "f32"):
             return super().forward(batch, kv, all_logits, attention_mass)
         cfg, k, a = self.config, self.kernels, self._addrs
         batch.check_fits(vocab=cfg.vocab, context_length=cfg.context_length, num_blocks=kv.num_blocks,
@@ -100,41 +101,56 @@ class WasmAttentionModel(NumpyModel):
 
     def _step(self, batch) -> dict:
         """What every layer of one step shares, made at its first layer (in Pyodide each numpy call costs
-        microseconds, 30 layers over): the rotations' cos and sin (the file's frequencies; others on first use,
-        _rope), the new tokens' slots, each sequence's block-table rows for the kernels."""
+        microseconds, 30 layers over): the rotations' cos and sin of each layer kind's frequencies (_rope_tables),
+        the new tokens' slots, each sequence's block-table rows for the kernels, attn_decode's arguments."""
         if self._batch is not batch:
-            cos, sin = rope_tables(batch.positions, self.inv_freq)  # (T, 1, head_dim/2) each
-            self._batch, self._tables = batch, {"cos": cos, "sin": sin, ("rope", id(self.inv_freq)): (cos, sin)}
+            self._batch, self._tables = batch, {}
         return self._tables
 
     def _attention(self, layer: int, h: np.ndarray, batch, kv, mass) -> np.ndarray:
-        """A one-token step on f32 pools without the attention mass: q | k | v into one buffer, then the kernel's
-        attn_decode (rope, the KV write, q . k, softmax, p @ v in one call); else the reference's steps."""
-        if (h.shape[0] != 1 or mass is not None or kv.kv_dtype != "f32" or not self._decodes[layer]
-                or batch.group_block_tables is not None):
+        """A one-token step on f32 pools without the attention mass: q | k | v into one buffer (q and k normed per
+        head there where the layer says so, as the reference does before rotary), then the kernel's attn_decode
+        (rope, the KV write, q . k, softmax, p @ v in one call); else the reference's steps."""
+        if h.shape[0] != 1 or mass is not None or kv.kv_dtype != "f32" or not self._decodes[layer]:
             return super()._attention(layer, h, batch, kv, mass)
-        cfg = self.config
-        ys = self._projections(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), h, cfg.attention_bias)
+        cfg, spec = self.config, self.layers[layer]
+        ys = self._projections(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), h, spec.attention_bias)
         np.concatenate(ys, axis=1, out=self._qkv)
+        if spec.qk_norm:
+            q_end, k_end = cfg.n_heads * cfg.head_dim, (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim
+            q, k = (self._qkv[0, a:b].reshape(-1, cfg.head_dim) for a, b in ((0, q_end), (q_end, k_end)))
+            q[...] = self._norm(layer, "attn_q_norm", q)
+            k[...] = self._norm(layer, "attn_k_norm", k)
         self._decode_attention(layer, batch, kv)
         return self._out.reshape(1, -1) @ self.w[f"blk.{layer}.attn_output.weight"].T  # (1, hidden)
 
     def _decode_attention(self, layer: int, batch, kv) -> None:
-        """attn_decode of the one new token whose q | k | v are in self._qkv, into self._out. The arguments every
-        layer of the step shares are made at its first (the table's rows, the new token's pool row, the
-        rotations' addresses; ~10 us a layer in Pyodide otherwise), each layer's pools' addresses looked up."""
-        t = self._step(batch)
-        k_blocks, v_blocks = kv.k[layer], kv.v[layer]
-        shared = t.get("decode")
+        """attn_decode of the one new token whose q | k | v are in self._qkv, into self._out. The arguments the
+        layers of a step share are made at the first of them (the table's rows, the new token's pool row, the
+        rotations' addresses; ~10 us a layer in Pyodide otherwise), each layer's pools' addresses looked up: per
+        KV group (a batch with group_block_tables: the layer's slot pools through its group's table and slot),
+        window, rotary and scale. A window layer's table starts at the block of the window's first key, the keys
+        before it in that block masked (lo): the window group's entries before it hold the null block."""
+        t, spec = self._step(batch), self.layers[layer]
+        group, pool = (0, layer) if batch.group_block_tables is None else self.kv_groups.where(layer)
+        k_blocks, v_blocks = kv.k[pool], kv.v[pool]
+        inv, window, scale = self.inv_freqs[layer], spec.attention.window, float(np.float32(spec.attention.scale))
+        key = ("decode", group, window, id(inv), scale)  # what the shared arguments depend on
+        shared = t.get(key)
         if shared is None or shared[0] != k_blocks.shape or shared[1] != k_blocks.strides:
             cfg, ctx, bs = self.config, int(batch.context_lens[0]), kv.block_size
-            _, _, step, geometry = self._geometry(batch.block_tables[0], ctx, 1, k_blocks, v_blocks)
-            slot = int(batch.slot_mapping[0])  # its pool row: a page's blocks `step` apart
+            tables, slots = batch.tables_of(group)
+            lo = first_seen(ctx, 1, window)
+            first = lo // bs
+            seen = ctx - first * bs  # keys from the table's first block on
+            _, _, step, geometry = self._geometry(tables[0][first:], seen, 1, k_blocks, v_blocks)
+            slot = int(slots[0])  # its pool row: a page's blocks `step` apart
+            cos, sin = self._rope_tables(batch, inv)
             a = self._addrs
-            shared = t["decode"] = (k_blocks.shape, k_blocks.strides, (
-                geometry[0], ctx, bs, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim, (slot // bs) * step * bs + slot % bs,
-                float(self._scale), a["_scores"], (ctx + 3) & ~3, a["_out"]), (a["_qkv"], address_of(t["cos"]),
-                                                                             address_of(t["sin"])))
+            shared = t[key] = (k_blocks.shape, k_blocks.strides, (
+                geometry[0], seen, lo - first * bs, bs, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim,
+                (slot // bs) * step * bs + slot % bs, scale, a["_scores"], (seen + 3) & ~3, a["_out"]),
+                (a["_qkv"], address_of(cos), address_of(sin)))
         k_addr, k_step = self._pool_addr(k_blocks)
         v_addr, v_step = self._pool_addr(v_blocks)
         if k_step != v_step:
@@ -143,9 +159,13 @@ class WasmAttentionModel(NumpyModel):
 
     def _rope(self, layer: int, q: np.ndarray, k: np.ndarray, batch) -> tuple[np.ndarray, np.ndarray]:
         """The reference's rope_adjacent (the same arithmetic) on the step's cos and sin of the layer's frequencies."""
-        t, inv = self._step(batch), self.inv_freqs[layer]
-        cos, sin = t.get(("rope", id(inv))) or t.setdefault(("rope", id(inv)), rope_tables(batch.positions, inv))
+        cos, sin = self._rope_tables(batch, self.inv_freqs[layer])
         return rotate_adjacent(q, cos, sin), rotate_adjacent(k, cos, sin)
+
+    def _rope_tables(self, batch, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The step's cos and sin (T, 1, head_dim/2) of frequencies inv, made at their first use in the step."""
+        t = self._step(batch)
+        return t.get(("rope", id(inv))) or t.setdefault(("rope", id(inv)), rope_tables(batch.positions, inv))
 
     def _slots(self, batch, block_size: int) -> tuple[np.ndarray, np.ndarray]:
         t = self._step(batch)
@@ -190,6 +210,9 @@ class WasmAttentionModel(NumpyModel):
                             table: np.ndarray, ctx: int, mass: np.ndarray | None) -> np.ndarray:
         cfg, att = self.config, self.layers[layer].attention
         nq, nh, hd, bs = q.shape[0], cfg.n_heads, cfg.head_dim, k_blocks.shape[1]
+        if mass is None:  # from the block of the first key any new query sees (a window group's entries before
+            first = first_seen(ctx, nq, att.window) // bs  # it: the null block); the masks below are relative
+            table, ctx = table[first:], ctx - first * bs
         k_addr, v_addr, _, geometry = self._geometry(table, ctx, nq, k_blocks, v_blocks)
         scale = np.float32(att.scale)
         if nq == 1:  # decode: fixed buffers (an address lookup costs as much as a small product in Pyodide)
@@ -222,6 +245,12 @@ class WasmAttentionModel(NumpyModel):
         out = np.empty((nq, nh, hd), np.float32)
         self.kernels.attn_values(address_of(probs), v_addr, *geometry, address_of(out))
         return out
+
+
+def first_seen(ctx: int, nq: int, window: int | None) -> int:
+    """The first cache index any of a sequence's last nq of ctx tokens attends to: its first query's window start
+    (query i sees the keys j with i - window < j <= i), 0 without a window."""
+    return 0 if window is None else max(0, ctx - nq + 1 - window)
 
 
 class PointerTwin:
@@ -279,8 +308,8 @@ class PointerTwin:
         f32 = ctypes.c_float
         array_at(out, f32, n)[...] = silu(array_at(g, f32, n)) * array_at(u, f32, n)
 
-    def attn_decode(self, qkv: int, cos: int, sin: int, k: int, v: int, table: int, ctx: int, bs: int, nkv: int,
-                    group: int, hd: int, slot: int, scale: float, s: int, ld: int, out: int) -> None:
+    def attn_decode(self, qkv: int, cos: int, sin: int, k: int, v: int, table: int, ctx: int, lo: int, bs: int,
+                    nkv: int, group: int, hd: int, slot: int, scale: float, s: int, ld: int, out: int) -> None:
         import ctypes  # here: the tab never calls the twin
 
         nh, tok, f32 = nkv * group, nkv * hd, ctypes.c_float
@@ -292,6 +321,7 @@ class PointerTwin:
         scores = np.empty((nh, ctx), np.float32)
         self.attn_scores(qkv, k, table, ctx, 1, bs, nkv, group, hd, address_of(scores))
         scaled = scores * np.float32(scale)
+        scaled[:, :lo] = -np.inf  # the keys before the window
         e = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
         probs = np.ascontiguousarray(e / e.sum(axis=-1, keepdims=True), np.float32)  # (n_heads, ctx)
         array_at(s, f32, nh * ld).reshape(nh, ld)[:, :ctx] = probs

@@ -210,11 +210,9 @@ class WebGpuBackend:
     @property
     def shader_f16(self) -> bool:
         """Whether the gpu family's matvecs run their dot products in f16 (the device requests `shader-f16`
-        where the adapter has it). Not for a model with post norms (Gemma 3): its residual stream, which a
-        NORM matvec reads raw and scales only after the dot products, outgrows f16 (Gemma 3 270M's went to
-        inf within 10 tokens of a 6-token prompt on lavapipe, and the NaN stayed in the KV cache)."""
-        sandwich = any(layer.post_attention_norm or layer.post_ffn_norm for layer in self.config.layers)
-        return "shader-f16" in self.ctx.info.features and not sandwich
+        where the adapter has it). Post-norm models too (Gemma 3, whose residual stream outgrows f16): a NORM
+        matvec scales the residual by 1 / rms, in f32, before the f16 cast (matvec_gpu_main.wgsl)."""
+        return "shader-f16" in self.ctx.info.features
 
     @property
     def kv_spec(self) -> KVSpec:

@@ -88,7 +88,8 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: 
                         kv_pool=SimpleNamespace(caches=caches, cache_of=caches.__getitem__),
                         group_binding=lambda name, layer: name,
                         kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(),
-                        shader_f16=False, gpu_matmul=kernels == "gpu")  # SmolLM2: Q4_1 and Q8_0 only
+                        shader_f16=False, gpu_matmul=kernels == "gpu",  # SmolLM2: Q4_1 and Q8_0 only
+                        max_num_seqs=1)  # one sequence: the sampling kernels sized for it
     used = math.ceil(context / BLOCK_SIZE)
     part_blocks = kv.partition_blocks  # the fixed split; the gpu family's decode sizes it as WebGpuBackend does
     if kernels == "gpu" and new_tokens == 1:
