@@ -299,6 +299,7 @@ async function* prepend(first, rest) {
 
 async function collect(first, rest, signal, legacy) {
   const texts = new Map();
+  const calls = new Map();  // choice index -> its tool calls, assembled from their deltas (as api._collect)
   const reasons = new Map();
   const logprobs = new Map();  // each choice's chunks' logprobs (pagedkv.logprobs.join_logprobs joins them)
   let head = null;
@@ -308,6 +309,12 @@ async function collect(first, rest, signal, legacy) {
     for (const choice of chunk.choices) {
       const piece = legacy ? choice.text : choice.delta.content;
       texts.set(choice.index, (texts.get(choice.index) || "") + (piece || ""));
+      for (const delta of (legacy ? null : choice.delta.tool_calls) ?? []) {
+        if (!calls.has(choice.index)) calls.set(choice.index, []);
+        const made = calls.get(choice.index);
+        if (delta.id) made.push({ id: delta.id, type: delta.type, function: { ...delta.function } });
+        else made[delta.index].function.arguments += delta.function.arguments;
+      }
       if (choice.finish_reason) reasons.set(choice.index, choice.finish_reason);
       if (choice.logprobs) logprobs.set(choice.index, [...(logprobs.get(choice.index) || []), choice.logprobs]);
     }
@@ -322,9 +329,11 @@ async function collect(first, rest, signal, legacy) {
     return { id: head.id, object: "text_completion", created: head.created, model: head.model, choices, usage,
              system_fingerprint: null };
   }
+  const message = (index) => (calls.has(index)  // as pagedkv.completions.completion builds it
+    ? { role: "assistant", content: texts.get(index) || null, tool_calls: calls.get(index) }
+    : { role: "assistant", content: texts.get(index) });
   const choices = indices.map((index) => ({
-    index, message: { role: "assistant", content: texts.get(index) },
-    logprobs: joinLogprobs(logprobs.get(index), legacy),
+    index, message: message(index), logprobs: joinLogprobs(logprobs.get(index), legacy),
     finish_reason: reasons.get(index) ?? null,
   }));
   return { id: head.id, object: "chat.completion", created: head.created, model: head.model, choices, usage,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,14 +37,17 @@ from typing import AsyncIterator, Iterator, Sequence
 
 from .chat import ChatTemplate, Conversation
 from .completions import (LEGACY_MAX_TOKENS, ApiError, CompletionRequest, StopStrings, chunk, completion, now,
-                          parse_request, usage)
+                          parse_request, tool_call_deltas, usage)
 from .engine import EngineConfig, LLMEngine, NeverFits
+from .grammar import Grammar, SchemaError
 from .logprobs import chat_logprobs, join_logprobs, legacy_logprobs
 from .model.weights import ModelWeights
 from .sampling import MIN_TEMPERATURE, SamplingParams
 from .sessions import Session, Sessions
 from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
 from .tokenizer import Tokenizer
+from .tool_calls import ToolCallParser
+from .tools import ToolChoice, call_grammar
 
 __all__ = ["ApiError", "ChatCompletions", "CompletionService", "CompletionServices", "Completions", "Engine",
            "PromptTooLong"]
@@ -195,15 +199,18 @@ class CompletionService(_Creates):
             if req.messages != [dict(m) for m in session.before_reply[0]]:
                 raise ApiError(400, "with pagedkv.regenerate the messages must be the session's history up to its "
                                     "last reply", "messages")
-            conv = Conversation(self.tokenizer, self.template)
+            conv = Conversation(self.tokenizer, self.template, tools=req.shown_tools)
             conv.rollback(session.before_reply)
             return conv
-        if held is None or req.messages[:len(held)] != held or len(req.messages) == len(held):
-            return Conversation(self.tokenizer, self.template, req.messages)
-        conv = Conversation(self.tokenizer, self.template)
+        if held is None or req.messages[:len(held)] != held or len(req.messages) == len(held) \
+                or (held and session.conversation.tools != req.shown_tools):
+            return Conversation(self.tokenizer, self.template, req.messages, tools=req.shown_tools)
+        conv = Conversation(self.tokenizer, self.template, tools=req.shown_tools)
         conv.rollback(session.conversation.checkpoint())
-        for message in req.messages[len(held):]:
-            conv.add_message(message["role"], message["content"])
+        try:
+            conv.add_messages(req.messages[len(held):])
+        except ValueError:  # the template writes the session's last turn otherwise now (a run of tool results)
+            return Conversation(self.tokenizer, self.template, req.messages, tools=req.shown_tools)
         return conv
 
     def prompt_ids(self, req: CompletionRequest) -> list[int]:
@@ -243,7 +250,7 @@ class CompletionService(_Creates):
         params = SamplingParams(temperature=0.0 if greedy else req.temperature, top_p=1.0 if greedy else req.top_p,
                                 seed=req.seed, max_tokens=limit, n=req.n, top_k=req.top_k, min_p=req.min_p,
                                 presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                                logit_bias=req.logit_bias, logprobs=req.logprobs, grammar=req.grammar)
+                                logit_bias=req.logit_bias, logprobs=req.logprobs, grammar=self._grammar(req))
         rid = request_id or f"{'cmpl' if req.legacy else 'chatcmpl'}-{next(self._ids)}"
         if rid in self._routes:
             raise ApiError(400, f"a request with id {rid!r} is running")
@@ -258,6 +265,19 @@ class CompletionService(_Creates):
         self._routes[rid] = asyncio.Queue()
         self.kick()
         return rid, len(prompt)
+
+    def _grammar(self, req: CompletionRequest) -> Grammar | None:
+        """The grammar the reply is decoded under: a forced tool call's (tools.call_grammar); under "auto" with a
+        response_format, a reply in that format or a call of any tool; response_format's alone; or None where
+        the model answers freely."""
+        if not req.shown_tools or (req.grammar is None and not req.tool_choice.forced):
+            return req.grammar
+        try:
+            calls = call_grammar(self.template.tool_format, req.tools,
+                                 req.tool_choice if req.tool_choice.forced else ToolChoice("required"))
+        except SchemaError as exc:
+            raise ApiError(400, f"{exc.param}: {exc.message}", exc.param) from None
+        return calls if req.tool_choice.forced else Grammar.any_of([req.grammar, calls])
 
     async def stream(self, body: dict, signal: asyncio.Event | None = None, request_id: str | None = None, *,
                      legacy: bool = False) -> AsyncIterator[dict]:
@@ -276,8 +296,10 @@ class CompletionService(_Creates):
                       signal) -> AsyncIterator[dict]:
         created, route, legacy = now(), self._routes[rid], req.legacy
         stops = [StopStrings(req.stop) for _ in range(req.n)]
+        names = frozenset(t["function"]["name"] for t in req.shown_tools)
+        parsers = [ToolCallParser(self.template.tool_format, names) if names else None for _ in range(req.n)]
         done, tokens = [False] * req.n, [0] * req.n
-        ids, texts = [[] for _ in range(req.n)], [[] for _ in range(req.n)]
+        ids, texts, calls = [[] for _ in range(req.n)], [[] for _ in range(req.n)], [[] for _ in range(req.n)]
         offsets = [0] * req.n  # a legacy choice's characters of token text so far (its text_offset)
         try:
             for i in range(req.n if not legacy else 0):  # a legacy stream has no role chunk
@@ -299,7 +321,6 @@ class CompletionService(_Creates):
                 if out.finished and not stopped:
                     text += stops[i].flush()
                 reason = "stop" if stopped else out.finish_reason if out.finished else None
-                texts[i].append(text)
                 logprobs = None
                 if out.logprobs:
                     if legacy:
@@ -307,17 +328,35 @@ class CompletionService(_Creates):
                         offsets[i] += sum(map(len, logprobs["tokens"]))
                     else:
                         logprobs = chat_logprobs(out.logprobs, self.tokenizer)
+                events = [text] if parsers[i] is None else parsers[i].push(text) + (
+                    parsers[i].finish() if reason is not None else [])
                 wants_ids = bool(out.token_ids and req.options.get("token_ids"))
-                # a token held back (a stop string may begin) still has its logprob, and its ids when asked
-                if text or logprobs is not None or wants_ids:
-                    yield _with_ids(chunk(rid, req.model, created, i, text=text, legacy=legacy, logprobs=logprobs),
+                for event in events:
+                    if isinstance(event, str):
+                        texts[i].append(event)
+                        if event:
+                            yield _with_ids(chunk(rid, req.model, created, i, text=event, legacy=legacy,
+                                                  logprobs=logprobs), out.token_ids if wants_ids else (),
+                                            req.options.get("token_ids"))
+                            logprobs, wants_ids = None, False
+                    elif req.parallel_tool_calls or not calls[i]:  # parallel_tool_calls false: the first call
+                        call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                "function": {"name": event.name, "arguments": event.arguments}}
+                        for delta in tool_call_deltas(len(calls[i]), call["id"], event.name, event.arguments):
+                            yield chunk(rid, req.model, created, i, tool_call=delta)
+                        calls[i].append(call)
+                # a token held back (a stop string or a call may begin) still has its logprob, and its ids when asked
+                if logprobs is not None or wants_ids:
+                    yield _with_ids(chunk(rid, req.model, created, i, legacy=legacy, logprobs=logprobs),
                                     out.token_ids, req.options.get("token_ids"))
+                if reason is not None and calls[i]:  # OpenAI: "stop" when the call was asked for by name
+                    reason = "stop" if req.tool_choice.mode == "function" else "tool_calls"
                 if reason is not None:
                     done[i] = True
                     yield chunk(rid, req.model, created, i, finish_reason=reason, legacy=legacy)
                 if all(done[j] or stops[j].stopped for j in range(req.n)) and self.llm.is_unfinished(rid):
                     self.llm.abort(rid)  # a stop string ended the last sample still running: its blocks go now
-            session = self._end_session(req, rid, ids, texts, stops)
+            session = self._end_session(req, rid, ids, texts, stops, calls)
             if all(done) and (req.include_usage or not req.stream):  # a completion object always carries usage
                 yield chunk(rid, req.model, created,
                             use=usage(prompt_tokens, sum(tokens), root.num_cached_prompt_tokens), legacy=legacy)
@@ -328,16 +367,18 @@ class CompletionService(_Creates):
             if self.llm.is_unfinished(rid):
                 self.llm.abort(rid)
             self._routes.pop(rid, None)
-            self._end_session(req, rid, ids, texts, stops)  # a stream closed early: its reply as far as it got
+            self._end_session(req, rid, ids, texts, stops, calls)  # a stream closed early: its reply so far
 
-    def _end_session(self, req: CompletionRequest, rid: str, ids, texts, stops) -> Session | None:
+    def _end_session(self, req: CompletionRequest, rid: str, ids, texts, stops, calls) -> Session | None:
         """The session's reply ended, finished or not (an aborted one as far as it got, as the chat page's
         Stop keeps it): it joins the history (Sessions.ended); None without a session or once recorded."""
         name = req.options.get("session")
         if name is None:
             return None
         stopped = "".join(texts[0]) if req.n == 1 and stops[0].stopped else None  # the text the caller saw
-        return self.sessions.ended(name, rid, ids, stopped, alternatives=req.n > 1)
+        called = {"role": "assistant", "content": "".join(texts[0]) or None, "tool_calls": calls[0]} \
+            if req.n == 1 and calls[0] else None  # a call joins as the message returned, as the caller sends it back
+        return self.sessions.ended(name, rid, ids, stopped, alternatives=req.n > 1, message=called)
 
 
 class CompletionServices(dict):
@@ -570,6 +611,7 @@ def _drain(loop: asyncio.AbstractEventLoop, run, chunks: AsyncIterator[dict]) ->
 
 async def _collect(chunks: AsyncIterator[dict], legacy: bool) -> dict:
     texts: dict[int, list[str]] = {}
+    calls: dict[int, list[dict]] = {}
     logprobs: dict[int, list[dict]] = {}  # each choice's chunks' logprobs
     reasons: dict[int, str] = {}
     cid = model = created = use = saved = None  # no usage: the request was aborted
@@ -579,13 +621,19 @@ async def _collect(chunks: AsyncIterator[dict], legacy: bool) -> dict:
         for choice in piece["choices"]:
             texts.setdefault(choice["index"], []).append(choice["text"] if legacy else
                                                          choice["delta"].get("content") or "")
+            for delta in [] if legacy else choice["delta"].get("tool_calls", ()):
+                made = calls.setdefault(choice["index"], [])
+                if "id" in delta:  # a call's first delta: id, type, name
+                    made.append({"id": delta["id"], "type": delta["type"], "function": dict(delta["function"])})
+                else:
+                    made[delta["index"]]["function"]["arguments"] += delta["function"]["arguments"]
             if choice["logprobs"] is not None:
                 logprobs.setdefault(choice["index"], []).append(choice["logprobs"])
             if choice["finish_reason"]:
                 reasons[choice["index"]] = choice["finish_reason"]
         if "usage" in piece:
             use = piece["usage"]
-    choices = [{"index": i, "text": "".join(texts[i]), "finish_reason": reasons.get(i),
+    choices = [{"index": i, "text": "".join(texts[i]), "finish_reason": reasons.get(i), "tool_calls": calls.get(i),
                 "logprobs": join_logprobs(logprobs[i], legacy) if i in logprobs else None} for i in sorted(texts)]
     out = completion(cid, model, created, choices, use, legacy=legacy)
     if saved is not None:  # pagedkv.save: the session's record

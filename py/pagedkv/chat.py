@@ -26,8 +26,20 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
 from pagedkv.tokenizer import Tokenizer
+from pagedkv.tool_calls import ToolFormat, generic_messages
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# What a message of each role may hold besides its role (OpenAI's fields). `name` is OpenAI's participant name: it
+# reaches the template as the message's `name`, which a template may read (SmolLM2's, Qwen2.5's and Llama 3's don't).
+MESSAGE_FIELDS = {
+    "system": ("content", "name"),
+    "developer": ("content", "name"),
+    "user": ("content", "name"),
+    "assistant": ("content", "name", "tool_calls"),
+    "tool": ("content", "tool_call_id"),
+}
+# Content parts that are not text: each refused with what it would need.
+NON_TEXT_PARTS = {"image_url": "an image", "input_audio": "audio", "file": "a file", "refusal": "a refusal"}
 RENDER_SECONDS = 2.0  # a template renders a conversation in milliseconds; one still busy after this runs away
 MAX_RANGE_ITEMS = 100_000  # items range() may yield in one render, every range and every pass over it together
 MAX_RENDER_CHARS = 1 << 20  # output (and any value built) beyond 4 x the messages' own text: markers, not megabytes
@@ -39,38 +51,141 @@ SAMPLE_CONVERSATION = (
 )
 
 
-def validate_messages(messages: object) -> list[dict[str, str]]:
-    """Check a message list and return fresh ``{"role", "content"}`` dicts.
+class MessageError(ValueError):
+    """A message the engine refuses; `param` names where it is wrong (``messages[1].content[0]``), for the 400."""
 
-    Raises ValueError naming the first offending message.
+    def __init__(self, message: str, param: str = "messages") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def validate_messages(messages: object) -> list[dict]:
+    """Check a message list and return fresh checked messages (validate_message); a tool result must answer a
+    call of an earlier assistant message.
+
+    Raises MessageError naming the first offending message.
     """
     if not isinstance(messages, (list, tuple)):
-        raise ValueError(f"messages must be a list of {{'role', 'content'}} objects, got {type(messages).__name__}")
+        raise MessageError(f"messages must be a list of {{'role', 'content'}} objects, got {type(messages).__name__}")
     if not messages:
-        raise ValueError("messages is empty; give at least one {'role': 'user', 'content': ...} message")
-    return [validate_message(m, index=i) for i, m in enumerate(messages)]
+        raise MessageError("messages is empty; give at least one {'role': 'user', 'content': ...} message")
+    checked = [validate_message(m, index=i) for i, m in enumerate(messages)]
+    called: set[str] = set()
+    for index, message in enumerate(checked):
+        called.update(call["id"] for call in message.get("tool_calls", ()))
+        if message["role"] == "tool" and message["tool_call_id"] not in called:
+            raise MessageError(f"message {index} (tool) answers tool_call_id {message['tool_call_id']!r}, which no "
+                               "earlier assistant message's tool_calls holds", f"messages[{index}].tool_call_id")
+    return checked
 
 
-def validate_message(message: object, *, index: int = 0) -> dict[str, str]:
-    """Check one message and return a fresh ``{"role", "content"}`` dict."""
+def validate_message(message: object, *, index: int = 0) -> dict:
+    """Check one message and return a fresh ``{"role", "content"}`` dict, with ``name``, ``tool_calls`` (each
+    ``{"id", "type": "function", "function": {"name", "arguments": JSON text of an object}}``) or
+    ``tool_call_id`` where the message has them. Content given as text parts is joined by newlines; an
+    assistant's null content (a tool-call turn) is ""; the developer role is the system role (OpenAI's newer
+    name for it)."""
+    where = f"messages[{index}]"
     if not isinstance(message, dict):
-        raise ValueError(f"message {index} must be an object with 'role' and 'content', got {type(message).__name__}")
-    missing = [k for k in ("role", "content") if k not in message]
-    if missing:
-        raise ValueError(f"message {index} lacks {missing}")
-    role, content = message["role"], message["content"]
+        raise MessageError(f"message {index} must be an object with 'role' and 'content', got "
+                           f"{type(message).__name__}", where)
+    role = message.get("role")
+    if "role" not in message:
+        raise MessageError(f"message {index} lacks ['role']", f"{where}.role")
     if role not in ROLES:
-        raise ValueError(f"message {index} has unknown role {role!r}; expected one of {list(ROLES)}")
+        raise MessageError(f"message {index} has unknown role {role!r}; expected one of {list(ROLES)}", f"{where}.role")
+    unknown = [k for k in message if k != "role" and k not in MESSAGE_FIELDS[role]]
+    if unknown:
+        raise MessageError(f"message {index} ({role}) has unknown field {unknown[0]!r}; a {role} message holds "
+                           f"{['role', *MESSAGE_FIELDS[role]]}", f"{where}.{unknown[0]}")
+    checked = {"role": "system" if role == "developer" else role}
+    tool_calls = message.get("tool_calls")
+    if "content" not in message and not tool_calls:
+        raise MessageError(f"message {index} lacks ['content']", f"{where}.content")
+    content = message.get("content")
+    if content is None and tool_calls:
+        content = ""  # a tool-call turn (the AI SDK sends null): the calls are the message
+    checked["content"] = _content(content, role, index)
+    if message.get("name") is not None:
+        if not isinstance(message["name"], str) or not message["name"]:
+            raise MessageError(f"message {index} ({role}) name must be a non-empty string, got {message['name']!r}",
+                               f"{where}.name")
+        checked["name"] = message["name"]
+    if tool_calls is not None:
+        checked["tool_calls"] = _tool_calls(tool_calls, index)
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise MessageError(f"message {index} (tool) needs tool_call_id, the id of the call it answers, got "
+                               f"{call_id!r}", f"{where}.tool_call_id")
+        checked["tool_call_id"] = call_id
+    return checked
+
+
+def _content(content: object, role: str, index: int) -> str:
+    """A message's text: a string, or the text parts of a list (OpenAI's `[{type: "text", text}]`) joined by
+    newlines, as vLLM joins them for a template that takes text."""
+    where = f"messages[{index}].content"
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in NON_TEXT_PARTS:
+                raise MessageError(f"message {index} ({role}) content[{j}] is {NON_TEXT_PARTS[kind]} ({kind!r} part); "
+                                   "this engine serves text models only (none reads images, audio or files): send "
+                                   "text parts", f"{where}[{j}]")
+            if kind != "text" or not isinstance(part.get("text"), str) or set(part) != {"type", "text"}:
+                raise MessageError(f"message {index} ({role}) content[{j}] must be a text part "
+                                   f"{{'type': 'text', 'text': str}}, got {part!r:.80}", f"{where}[{j}]")
+            texts.append(part["text"])
+        content = "\n".join(texts)
     if not isinstance(content, str):
-        raise ValueError(f"message {index} ({role}) content must be a string, got {type(content).__name__}")
+        raise MessageError(f"message {index} ({role}) content must be a string or a list of text parts, got "
+                           f"{type(content).__name__}", where)
     try:
         content.encode("utf-8")
     except UnicodeEncodeError as exc:  # a browser's text can hold half of a UTF-16 pair (a cut emoji)
-        where = f"after {content[max(0, exc.start - 12):exc.start]!r}" if exc.start else "at its start"
-        raise ValueError(f"message {index} ({role}) is not valid text: it holds a lone surrogate "
-                         f"U+{ord(content[exc.start]):04X} (half of an emoji or other character) {where}; "
-                         "delete that character and send it again") from None
-    return {"role": role, "content": content}
+        at = f"after {content[max(0, exc.start - 12):exc.start]!r}" if exc.start else "at its start"
+        raise MessageError(f"message {index} ({role}) is not valid text: it holds a lone surrogate "
+                           f"U+{ord(content[exc.start]):04X} (half of an emoji or other character) {at}; "
+                           "delete that character and send it again", where) from None
+    return content
+
+
+def _tool_calls(calls: object, index: int) -> list[dict]:
+    """An assistant message's tool_calls, checked (their arguments the JSON text of an object: a template reads
+    them as one)."""
+    where = f"messages[{index}].tool_calls"
+    if not isinstance(calls, list) or not calls:
+        raise MessageError(f"message {index} (assistant) tool_calls must be a non-empty list, got {calls!r:.80}", where)
+    checked = []
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(call, dict) or set(call) - {"id", "type", "function"} or call.get("type") != "function" \
+                or not isinstance(call.get("id"), str) or not call["id"] or not isinstance(function, dict) \
+                or set(function) != {"name", "arguments"} or not isinstance(function["name"], str) \
+                or not isinstance(function["arguments"], str):
+            raise MessageError(f"message {index} (assistant) tool_calls[{j}] must be {{'id': str, 'type': "
+                               f"'function', 'function': {{'name': str, 'arguments': str}}}}, got {call!r:.120}", at)
+        try:
+            arguments = json.loads(function["arguments"])
+        except (json.JSONDecodeError, RecursionError):
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise MessageError(f"message {index} (assistant) tool_calls[{j}].function.arguments must be the JSON "
+                               f"text of an object, got {function['arguments']!r:.80}", f"{at}.function.arguments")
+        checked.append({"id": call["id"], "type": "function", "function": dict(function)})
+    return checked
+
+
+def _template_message(message: dict) -> dict:
+    """A checked message as a template reads it: a call's arguments an object (templates write them with tojson)."""
+    if "tool_calls" not in message:
+        return message
+    calls = [dict(c, function=dict(c["function"], arguments=json.loads(c["function"]["arguments"])))
+             for c in message["tool_calls"]]
+    return dict(message, tool_calls=calls)
 
 
 def _raise_exception(message: str) -> None:
@@ -203,6 +318,7 @@ class ChatTemplate:
         self.eos_token = eos_token
         self.strip_bos = strip_bos
         self.strip_eos = strip_eos
+        self.tool_format = ToolFormat.of(source)
 
     @classmethod
     def from_manifest(cls, manifest: dict, tokenizer: Tokenizer | None = None) -> ChatTemplate:
@@ -225,14 +341,25 @@ class ChatTemplate:
         for add_generation_prompt in (True, False):
             self.render(SAMPLE_CONVERSATION, add_generation_prompt=add_generation_prompt)
 
-    def render(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str:
-        """Render ``messages`` (validated); with ``add_generation_prompt`` end with the assistant opener."""
+    def render(self, messages: Sequence[dict], *, add_generation_prompt: bool,
+               tools: Sequence[dict] | None = None) -> str:
+        """Render ``messages`` (validated); with ``add_generation_prompt`` end with the assistant opener.
+
+        ``tools`` (OpenAI's function tools, checked): a template that reads them (``tool_format.native``) gets them
+        as ``tools``, and the messages' tool calls and results as they are, each call's arguments an object, as
+        HF transformers' apply_chat_template passes them; for any other template the tools, calls and results
+        become text in our format (tool_calls.generic_messages)."""
         checked = validate_messages(messages)
-        budget = _RenderBudget(MAX_RENDER_CHARS + 4 * sum(len(m["content"]) for m in checked))
+        if self.tool_format.native:
+            inputs = {"messages": [_template_message(m) for m in checked]} | ({"tools": list(tools)} if tools else {})
+        else:
+            inputs = {"messages": generic_messages(checked, list(tools) if tools else None)}
+        text_size = sum(len(m["content"]) for m in inputs["messages"]) + (len(json.dumps(tools)) if tools else 0)
+        budget = _RenderBudget(MAX_RENDER_CHARS + 4 * text_size)
         chunks, size = [], 0
         try:
             for chunk in self._template.generate(
-                messages=checked,
+                **inputs,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
@@ -261,18 +388,21 @@ class Conversation:
     """A multi-turn chat whose token ids only ever grow by appending."""
 
     def __init__(
-        self, tokenizer: Tokenizer, template: ChatTemplate, messages: Iterable[dict] = ()
+        self, tokenizer: Tokenizer, template: ChatTemplate, messages: Iterable[dict] = (), *,
+        tools: Sequence[dict] = ()
     ) -> None:
-        """Start a conversation, optionally replaying earlier ``messages`` (as text)."""
+        """Start a conversation, optionally replaying earlier ``messages`` (as text). ``tools``: the function
+        tools every rendering states (ChatTemplate.render)."""
         self.tokenizer = tokenizer
         self.template = template
-        self._messages: list[dict[str, str]] = []
+        self.tools = tuple(tools)
+        self._messages: list[dict] = []
         # The tokenizer's own BOS (llama.cpp adds it to every prompt when the file says so).
         self._ids: list[int] = [tokenizer.bos_token_id] if tokenizer.add_bos else []
         self._text = ""  # what self._ids decode to, as the template rendered it
-        for index, message in enumerate(messages):
-            checked = validate_message(message, index=index)
-            self.add_message(checked["role"], checked["content"])
+        messages = list(messages)
+        if messages:
+            self.add_messages(messages)
 
     @property
     def messages(self) -> list[dict[str, str]]:
@@ -300,9 +430,14 @@ class Conversation:
 
     def add_message(self, role: str, content: str) -> None:
         """Append a message given as text (system, user, or a known assistant reply)."""
-        message = validate_message({"role": role, "content": content}, index=len(self._messages))
-        messages = self._messages + [message]
-        rendered = self.template.render(messages, add_generation_prompt=False)
+        self.add_messages([{"role": role, "content": content}])
+
+    def add_messages(self, messages: Sequence[dict]) -> None:
+        """Append messages (validate_message's forms: tool calls and results too) in one rendering: a template
+        may write a run of them as one turn (Qwen2.5's tool results), or need the next to render the first
+        (Llama 3's tools go into the first user message)."""
+        messages = validate_messages(self._messages + list(messages))
+        rendered = self._render(messages, add_generation_prompt=False)
         suffix = self._suffix_after(self._text, rendered)
         self._ids.extend(self._encode_after(suffix, self._ids))
         self._text += suffix
@@ -335,7 +470,7 @@ class Conversation:
         content = self.tokenizer.decode(generated)
         message = {"role": "assistant", "content": content}
         messages = self._messages + [message]
-        rendered = self.template.render(messages, add_generation_prompt=False)
+        rendered = self._render(messages, add_generation_prompt=False)
         closing = self._suffix_after(self._text + opener + content, rendered)
         opener_ids = self._encode_after(opener, self._ids)
         self._ids += opener_ids + generated + self._encode_after(closing, self._ids + opener_ids + generated)
@@ -349,8 +484,11 @@ class Conversation:
     def _generation_prompt(self) -> str:
         if not self._messages:
             raise ValueError("conversation has no messages; add a user message before asking for a reply")
-        rendered = self.template.render(self._messages, add_generation_prompt=True)
+        rendered = self._render(self._messages, add_generation_prompt=True)
         return self._suffix_after(self._text, rendered)
+
+    def _render(self, messages: list[dict], *, add_generation_prompt: bool) -> str:
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt, tools=self.tools)
 
     @staticmethod
     def _suffix_after(prefix: str, rendered: str) -> str:

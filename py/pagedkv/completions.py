@@ -13,24 +13,34 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .chat import validate_messages
+from .chat import MessageError, validate_messages
 from .extension import parse_extension
 from .grammar import Grammar, SchemaError, compile_response_format
 from .sampling import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_RANGE
+from .tools import ToolChoice, ToolError, check_tool_choice, check_tools
 
-__all__ = ["ApiError", "CompletionRequest", "StopStrings", "parse_request", "completion", "chunk", "usage"]
+__all__ = ["ApiError", "CompletionRequest", "StopStrings", "parse_request", "completion", "chunk", "tool_call_deltas",
+           "usage"]
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_N = 16
 # Known OpenAI fields this engine does not implement: refused by name (400), never ignored.
-UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call",
-               "audio", "modalities", "prediction",
-               "parallel_tool_calls", "reasoning_effort", "web_search_options", "store", "metadata", "service_tier")
+UNSUPPORTED = ("functions", "function_call", "audio", "prediction", "reasoning_effort", "web_search_options")
+# Why, where the name alone does not say it.
+UNSUPPORTED_WHY = {
+    "functions": "OpenAI's deprecated form of tools; send tools",
+    "function_call": "OpenAI's deprecated form of tool_choice; send tool_choice",
+    "reasoning_effort": "it budgets a reasoning model's thinking, and no model here thinks under a budget",
+    "audio": "the models here read and write text only",
+}
 IGNORED = ("user",)  # an end-user id for the provider's abuse tracking: nothing to do in a tab
 # Sampling controls both endpoints take (top_k and min_p are vLLM's extensions); logprobs differs between them.
 SAMPLING = ("presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p", "logprobs")
 SUPPORTED = ("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
-             "top_p", "seed", "stop", "n", "pagedkv", "top_logprobs", "response_format") + SAMPLING
+             "top_p", "seed", "stop", "n", "pagedkv", "top_logprobs", "response_format", "tools", "tool_choice",
+             "parallel_tool_calls", "metadata", "store", "service_tier", "modalities") + SAMPLING
+MAX_METADATA = 16  # OpenAI's limits: pairs, key and value characters
+MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
 # The legacy endpoint's own: echo, suffix and best_of pass only with their do-nothing values (_legacy_fields).
 LEGACY_SUPPORTED = ("model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "seed",
                     "stop", "n", "echo", "suffix", "best_of") + SAMPLING
@@ -46,6 +56,9 @@ OTHER_ENDPOINT = {
     "pagedkv": "pagedkv (sessions) continues a chat; a legacy completion has no session",
     "response_format": "response_format (structured output) is a Chat Completions field (/v1/chat/completions); "
                        "OpenAI's legacy completions take none",
+    "tools": "tools is a Chat Completions field (/v1/chat/completions); a legacy completion calls no tools",
+    "tool_choice": "tool_choice is a Chat Completions field (/v1/chat/completions); a legacy completion calls no "
+                   "tools",
 }
 
 
@@ -87,6 +100,14 @@ class CompletionRequest:
     min_p: float = 0.0
     logprobs: int | None = None  # None: no log-probs; N: each token's and its N best alternatives'
     grammar: Grammar | None = None  # response_format's (json_object, json_schema); None: free text
+    tools: tuple[dict, ...] = ()  # OpenAI's function tools, checked (tools.check_tools)
+    tool_choice: ToolChoice = ToolChoice()
+    parallel_tool_calls: bool = True  # False: a reply's first call only
+
+    @property
+    def shown_tools(self) -> tuple[dict, ...]:
+        """The tools the model is told of: none under tool_choice "none" (it answers in text)."""
+        return self.tools if self.tool_choice.mode != "none" else ()
 
     @property
     def legacy(self) -> bool:
@@ -199,6 +220,32 @@ def _legacy_fields(body: dict) -> None:
                             f"{best_of!r}", "best_of")
 
 
+def _neutral_fields(body: dict) -> None:
+    """Fields that mean something at OpenAI and nothing in a tab: accepted at the values that ask for nothing
+    (metadata tags a stored completion: checked as OpenAI does, then dropped), refused otherwise with why."""
+    metadata = body.get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict) or len(metadata) > MAX_METADATA or not all(
+                isinstance(k, str) and len(k) <= MAX_METADATA_KEY and isinstance(v, str)
+                and len(v) <= MAX_METADATA_VALUE for k, v in metadata.items()):
+            raise ApiError(400, f"metadata must be an object of at most {MAX_METADATA} string values (keys up to "
+                                f"{MAX_METADATA_KEY} characters, values up to {MAX_METADATA_VALUE}), got "
+                                f"{metadata!r:.80}", "metadata")
+    store = body.get("store")
+    if store is not None and store is not False:
+        raise ApiError(400, f"store must be false here, got {store!r}: it keeps completions on OpenAI's servers for "
+                            "evals and distillation, and the engine keeps nothing past a request (pagedkv.session "
+                            "continues a chat)", "store")
+    tier = body.get("service_tier")
+    if tier is not None and tier not in ("auto", "default"):
+        raise ApiError(400, f"service_tier must be 'auto' or 'default' here, got {tier!r}: a tab has one tier, "
+                            "its own", "service_tier")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise ApiError(400, f"modalities must be ['text'] here, got {modalities!r:.80}: the models here write text "
+                            "only", "modalities")
+
+
 def parse_request(body: object, models: list[str], *, legacy: bool = False) -> CompletionRequest:
     """Check an OpenAI Chat Completions body, or with `legacy` a legacy Completions one; ApiError names the first
     offending field. `models`: the ids served (an unknown one is a 404)."""
@@ -207,7 +254,8 @@ def parse_request(body: object, models: list[str], *, legacy: bool = False) -> C
     supported = LEGACY_SUPPORTED if legacy else SUPPORTED
     for name in body:
         if name in UNSUPPORTED:
-            raise ApiError(400, f"{name} is not supported by this engine", name)
+            why = f": {UNSUPPORTED_WHY[name]}" if name in UNSUPPORTED_WHY else ""
+            raise ApiError(400, f"{name} is not supported by this engine{why}", name)
         if name in OTHER_ENDPOINT and name not in supported:
             raise ApiError(400, OTHER_ENDPOINT[name], name)
         if name not in supported and name not in IGNORED:
@@ -217,15 +265,21 @@ def parse_request(body: object, models: list[str], *, legacy: bool = False) -> C
         raise ApiError(400, "model is required: the id of a loaded model", "model")
     if model not in models:
         raise ApiError(404, f"the model {model!r} does not exist here; loaded: {', '.join(models) or 'none'}", "model")
-    prompt, messages = None, []
+    prompt, messages, tools, choice = None, [], (), ToolChoice()
     if legacy:
         prompt = _prompt(body)
         _legacy_fields(body)
     else:
         try:
             messages = validate_messages(body.get("messages"))
-        except ValueError as exc:
-            raise ApiError(400, str(exc), "messages") from None
+            tools = check_tools(body["tools"]) if body.get("tools") is not None else ()
+            choice = check_tool_choice(body.get("tool_choice"), tools)
+        except (MessageError, ToolError) as exc:
+            raise ApiError(400, str(exc), exc.param) from None
+        _neutral_fields(body)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ApiError(400, f"parallel_tool_calls must be true or false, got {parallel!r}", "parallel_tool_calls")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise ApiError(400, f"stream must be true or false, got {stream!r}", "stream")
@@ -261,7 +315,8 @@ def parse_request(body: object, models: list[str], *, legacy: bool = False) -> C
                              presence_penalty=_number(body, "presence_penalty", 0.0, *PENALTY_RANGE),
                              frequency_penalty=_number(body, "frequency_penalty", 0.0, *PENALTY_RANGE),
                              logit_bias=_logit_bias(body), top_k=_top_k(body),
-                             min_p=_number(body, "min_p", 0.0, 0.0, 1.0), logprobs=_logprobs(body, legacy))
+                             min_p=_number(body, "min_p", 0.0, 0.0, 1.0), logprobs=_logprobs(body, legacy),
+                             tools=tools, tool_choice=choice, parallel_tool_calls=parallel)
 
 
 class StopStrings:
@@ -308,29 +363,44 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 def completion(cid: str, model: str, created: int, choices: list[dict], use: dict, *, legacy: bool = False) -> dict:
     """A `chat.completion` object, or with `legacy` a `text_completion`; `choices`: {"index", "text",
-    "finish_reason", "logprobs" (optional: logprobs.py's shape, or None)} each."""
+    "finish_reason", "logprobs" (optional: logprobs.py's shape, or None)} each, and a chat's "tool_calls" where
+    the reply called (its content then null when the reply is only calls)."""
     if legacy:
         shaped = [{"text": c["text"], "index": c["index"], "logprobs": c.get("logprobs"),
                    "finish_reason": c["finish_reason"]} for c in choices]
     else:
-        shaped = [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]},
-                   "logprobs": c.get("logprobs"), "finish_reason": c["finish_reason"]} for c in choices]
+        shaped = [{"index": c["index"], "message": _message(c), "logprobs": c.get("logprobs"),
+                   "finish_reason": c["finish_reason"]} for c in choices]
     return {"id": cid, "object": "text_completion" if legacy else "chat.completion", "created": created,
             "model": model, "choices": shaped, "usage": use, "system_fingerprint": None}
 
 
+def _message(choice: dict) -> dict:
+    if not choice.get("tool_calls"):
+        return {"role": "assistant", "content": choice["text"]}
+    return {"role": "assistant", "content": choice["text"] or None, "tool_calls": choice["tool_calls"]}
+
+
+def tool_call_deltas(index: int, call_id: str, name: str, arguments: str) -> list[dict]:
+    """A call's `delta.tool_calls` entries as OpenAI streams them: the first names it (id, type, name, empty
+    arguments), the next carries the arguments' text."""
+    return [{"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}},
+            {"index": index, "function": {"arguments": arguments}}]
+
+
 def chunk(cid: str, model: str, created: int, index: int | None = None, *, role: bool = False, text: str | None = None,
-          finish_reason: str | None = None, use: dict | None = None, legacy: bool = False,
-          logprobs: dict | None = None) -> dict:
-    """A `chat.completion.chunk`: one choice's delta (its role first, then text, then its finish_reason), or
-    with `use` and no index the usage chunk that ends a stream whose stream_options ask for it. With `legacy` a
-    streamed `text_completion`: the choice's `text` is the new piece (a legacy stream has no role chunk).
-    `logprobs`: those of the tokens of this piece (logprobs.py's shape)."""
+          tool_call: dict | None = None, finish_reason: str | None = None, use: dict | None = None,
+          legacy: bool = False, logprobs: dict | None = None) -> dict:
+    """A `chat.completion.chunk`: one choice's delta (its role first, then text or a `tool_call` delta entry,
+    then its finish_reason), or with `use` and no index the usage chunk that ends a stream whose stream_options
+    ask for it. With `legacy` a streamed `text_completion`: the choice's `text` is the new piece (a legacy stream
+    has no role chunk). `logprobs`: those of the tokens of this piece (logprobs.py's shape)."""
     choices = []
     if index is not None and legacy:
         choices = [{"text": text or "", "index": index, "logprobs": logprobs, "finish_reason": finish_reason}]
     elif index is not None:
-        delta = ({"role": "assistant", "content": ""} if role else {}) | ({"content": text} if text else {})
+        delta = ({"role": "assistant", "content": ""} if role else {}) | ({"content": text} if text else {}) \
+            | ({"tool_calls": [tool_call]} if tool_call else {})
         choices = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
     out = {"id": cid, "object": "text_completion" if legacy else "chat.completion.chunk", "created": created,
            "model": model, "choices": choices, "system_fingerprint": None}

@@ -106,16 +106,19 @@ class Sessions:
         self.refer(session)
 
     def ended(self, session_id: str, request_id: str, ids: list[list[int]], stop_text: str | None = None,
-              *, alternatives: bool) -> Session | None:
+              *, alternatives: bool, message: dict | None = None) -> Session | None:
         """The request `request_id` of the session ended (finished, stopped, or its stream closed): the reply
         joins the history as the ids generated (`stop_text`: cut at a stop string, as the text the caller saw),
-        or the alternatives' ids are kept for `keep`. Nothing when the session was forgotten or answers another
+        or the alternatives' ids are kept for `keep`; `message`: a reply with tool calls, joining as that message.
+        Nothing when the session was forgotten or answers another
         request meanwhile."""
         session = self._by_id.get(session_id)
         if session is None or session.request_id != request_id:
             return None
         if alternatives:
             session.alternatives = [list(x) for x in ids]
+        elif message is not None:
+            session.conversation.add_messages([message])
         elif stop_text is not None:
             session.conversation.add_message("assistant", stop_text)
         else:
