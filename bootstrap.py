@@ -107,8 +107,10 @@ def node_modules_current() -> bool:
     installed = ROOT / "node_modules" / ".package-lock.json"
     if not installed.is_file():
         return False
+    have = json.loads(installed.read_text())["packages"]
     wanted = json.loads((ROOT / "package-lock.json").read_text())["packages"]
-    return json.loads(installed.read_text())["packages"] == {k: v for k, v in wanted.items() if k}
+    # npm installs an optional package only for the platform it names (esbuild's one binary of @esbuild/*)
+    return have == {k: v for k, v in wanted.items() if k and (k in have or not v.get("optional"))}
 
 
 def ensure_node_modules() -> None:

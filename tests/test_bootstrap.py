@@ -60,6 +60,20 @@ def test_node_modules_are_current_when_they_hold_what_the_lock_pins(tree):
     assert bootstrap.node_modules_current()
 
 
+def test_optional_packages_of_other_platforms_are_not_missing(tree):
+    root, _ = tree
+    linux = {"node_modules/@esbuild/linux-x64": {"version": "0.28.2", "optional": True, "os": ["linux"]}}
+    pins = {"node_modules/esbuild": {"version": "0.28.2"}, **linux}
+    darwin = {"node_modules/@esbuild/darwin-arm64": {"version": "0.28.2", "optional": True, "os": ["darwin"]}}
+    (root / "package-lock.json").write_text(json.dumps({"packages": {"": {}, **pins, **darwin}}))
+    (root / "node_modules").mkdir()
+    installed = root / "node_modules" / ".package-lock.json"
+    installed.write_text(json.dumps({"packages": pins}))
+    assert bootstrap.node_modules_current()  # npm skipped darwin's binary
+    installed.write_text(json.dumps({"packages": linux}))
+    assert not bootstrap.node_modules_current()  # esbuild itself is missing
+
+
 def test_missing_apt_packages_without_root_give_the_exact_command(tree, monkeypatch):
     _, commands = tree
     monkeypatch.setattr(bootstrap.os, "geteuid", lambda: 1000)
