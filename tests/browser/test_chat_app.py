@@ -271,7 +271,8 @@ def test_settings_belong_to_their_chat_and_a_stopped_reply_survives_a_reload(app
     page.wait_for_selector("#messages .msg.assistant.interrupted", state="attached")
     partial = last_turn(page)
     assert partial["reason"] == "abort" and 0 < partial["tokens"] < 220, partial
-    page.wait_for_timeout(300)  # the IndexedDB write of the finished turn
+    from test_chat_records import wait_turn_saved  # (test_chat_records imports this module: here, not at the top)
+    wait_turn_saved(page, partial["chat"], partial["history_tokens"])
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
     page.wait_for_selector("#chat-list li", state="attached")  # drawn when the worker's chat list is back

@@ -2,11 +2,9 @@
 send at once neither turn is lost: the record holds both, in order, with a token history that renders them."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from browser_pages import open_app
+from browser_pages import open_app, wait_until
 from test_chat_records import records, reload_app
 
 QUERY = "?model=tiny-random&backend=cpu"
@@ -31,17 +29,6 @@ json.dumps({"messages": [[m["role"], m["content"]] for m in _c.messages],
 def shown(page) -> list[list[str]]:
     return page.eval_on_selector_all("#messages .msg", "els => els.map(e => [e.classList.contains('user') ? "
                                      "'user' : 'assistant', e.dataset.text])")
-
-
-def wait_until(what: str, check, state=lambda: None, timeout_s: float = 60.0):
-    """Poll `check()` until it returns something true (the page's CSP forbids wait_for_function's eval)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"never: {what}: {state()}")
 
 
 def settled(page, chat: str, n: int):
