@@ -48,6 +48,13 @@ PYODIDE_CORE = {
     "python_stdlib.zip": "16611534726e5d8ac2bd8f926410b2dcb8d6f49aa24913463533b457a2115c16",
     "pyodide-lock.json": "9c45b916001a750f4102fc287494f3eab215909c7535c626a20db80fd6333e2c",
 }
+# Page scripts copied from npm packages (package-lock.json pins the version, npm checks the tarball), each
+# pinned here too: dist name -> (its file in node_modules, sha256). markdown-it's browser build is one
+# self-contained ES module (its dependencies bundled in).
+NPM_PAGE_FILES = {
+    "vendor/markdown-it.mjs": ("markdown-it/dist/browser/markdown-it.esm.min.mjs",
+                               "d5432491790141da046b1197353705db03264f40b5727f3b4b591f5aba193e30"),
+}
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,17 @@ def copy_pyodide_core(node_modules: Path, dist: Path) -> None:
         verify_file(src, expected, f"npm file pyodide/{name}",
                     "node_modules is corrupted or tampered: delete node_modules and run `npm ci`.")
         copy_if_changed(src, dist / "pyodide" / name)
+
+
+def copy_npm_page_files(node_modules: Path, dist: Path) -> None:
+    """The page's own third-party scripts (NPM_PAGE_FILES), verified, into dist/."""
+    for name, (rel, expected) in NPM_PAGE_FILES.items():
+        src = node_modules / rel
+        if not src.exists():
+            raise BuildError(f"{src} is missing: run `npm ci` (package.json pins {rel.split('/')[0]}).")
+        verify_file(src, expected, f"npm file {rel}",
+                    "node_modules is corrupted, tampered or of another version: delete node_modules and run `npm ci`.")
+        copy_if_changed(src, dist / name)
 
 
 def extract_pyodide_wheels(cache: Path, node_modules: Path, dist: Path) -> dict[str, str]:
@@ -382,6 +400,7 @@ def build(dist: Path = DIST, cache: Path = CACHE, node_modules: Path = NODE_MODU
     print(f"Building {dist} ...", flush=True)
     dist.mkdir(parents=True, exist_ok=True)
     copy_pyodide_core(node_modules, dist)
+    copy_npm_page_files(node_modules, dist)
     pyodide_wheels = extract_pyodide_wheels(cache, node_modules, dist)
     wheels = build_own_wheels(dist)
     wheels["jinja2"] = copy_jinja2_wheel(cache, dist)

@@ -52,6 +52,20 @@ def test_tampered_npm_file_stops_the_build(tmp_path):
     assert "pyodide.asm.wasm" in str(err.value) and "npm ci" in str(err.value)
 
 
+def test_tampered_markdown_renderer_stops_the_build(tmp_path):
+    rel = build.NPM_PAGE_FILES["vendor/markdown-it.mjs"][0]
+    fake = tmp_path / "node_modules" / rel
+    fake.parent.mkdir(parents=True)
+    fake.write_text("export default () => ({ render: (t) => t });\n")
+    with pytest.raises(build.BuildError) as err:
+        build.copy_npm_page_files(tmp_path / "node_modules", tmp_path / "dist")
+    assert rel in str(err.value) and "npm ci" in str(err.value)
+    assert not (tmp_path / "dist" / "vendor" / "markdown-it.mjs").exists()
+    build.copy_npm_page_files(build.NODE_MODULES, tmp_path / "dist")
+    assert build.sha256_file(tmp_path / "dist" / "vendor" / "markdown-it.mjs") == build.NPM_PAGE_FILES[
+        "vendor/markdown-it.mjs"][1]
+
+
 def test_corrupted_download_is_refused(tmp_path):
     (tmp_path / "downloads").mkdir()
     (tmp_path / "downloads" / build.JINJA2.filename).write_bytes(b"junk")

@@ -18,7 +18,7 @@ export function renderAlternatives() {
     section.dataset.index = String(i);
     section.dataset.text = text;
     const body = document.createElement("div");
-    body.innerHTML = renderMarkdown(text);  // escaped first: see renderMarkdown
+    body.innerHTML = renderMarkdown(text);  // no raw HTML: see markdown.js
     const keep = document.createElement("button");
     keep.type = "button";
     keep.className = "keep-alternative";

@@ -99,7 +99,7 @@ export function renderMemory(mem, modelInfo) {
   root.dataset.memory = JSON.stringify({ used: mem.used_blocks, cached: mem.cached_blocks, free: mem.free_blocks,
     total: mem.total_blocks, per_chat: mem.per_chat_blocks, owners: mem.owners, owner_models: mem.owner_models ?? null,
     cpu_blocks: e.cpu_blocks, cpu_used: e.cpu_used_blocks, cpu_cached: e.cpu_cached_blocks,
-    disk_blocks: e.disk_blocks ?? null, restored: e.last_disk_restored_tokens ?? null,
+    disk_blocks: e.disk_blocks ?? null, disk_note: e.disk_notes?.at(-1) ?? null, restored: e.last_disk_restored_tokens ?? null,
     prefill_tokens: e.prefill_tokens, disk_corrupt: e.disk_corrupt_blocks ?? null,
     groups: mem.groups ?? null, group_used: mem.group_used_blocks ?? null });
 }

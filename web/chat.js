@@ -5,7 +5,7 @@ import { fillMessage, messageElement, queuedElement, renderForeignNote } from ".
 import { $, root } from "./page.js";
 import { readSettingsForm, requestSettings, showChatSettings, wireFallbackSettings, wireGenerationSettings,
          wireMemorySettings } from "./settings.js";
-import { listSavedChats, persist, restoreChats, saveStreamingSoon } from "./saved_chats.js";
+import { followOtherTabs, listSavedChats, persist, restoreChats, saveStreamingSoon } from "./saved_chats.js";
 import { listed, ui } from "./state.js";
 import * as store from "./store.js";
 
@@ -218,6 +218,7 @@ function newChat() {
 
 export function onTurnStart(msg) {
   const list = (ui.messages[msg.chat] ||= []);
+  store.beginTurn(msg.chat, list.length, !!msg.regenerate);  // what came before it can take another tab's turns
   if (!msg.regenerate) list.push({ role: "user", text: ui.pending[msg.chat]?.text ?? "" });
   list.push({ role: "assistant", text: "", engine: msg.engine });
   delete ui.pending[msg.chat];
@@ -306,6 +307,7 @@ function flushDiskOnHide(engine) {
 
 export function wireChatUI(engine) {
   ui.engine = engine;
+  followOtherTabs(refresh);
   flushDiskOnHide(engine);
   wireMemorySettings();
   wireAlternatives();

@@ -5,7 +5,7 @@ import { $ } from "./page.js";
 
 export function fillMessage(li, m) {
   li.dataset.text = m.text;  // the raw text, for tools and tests
-  if (m.role === "assistant") li.innerHTML = renderMarkdown(m.text);  // escaped first: see renderMarkdown
+  if (m.role === "assistant") li.innerHTML = renderMarkdown(m.text);  // no raw HTML: see markdown.js
   else li.textContent = m.text;
   if (m.engine) li.dataset.engine = m.engine.kind;
   if (m.engine && m.engine.kind === "remote") {

@@ -1,10 +1,12 @@
-// The chats' persistence: what the page writes to IndexedDB while chats change, and how saved chats come
-// back after a reload.
+// The chats' persistence: what the page writes to IndexedDB while chats change, how saved chats come
+// back after a reload, and how a chat open in two tabs stays one (store.js merges; this shows the result).
 import { $, root } from "./page.js";
 import { ui } from "./state.js";
 import * as store from "./store.js";
 
 let saveTimer = null;  // the next save of the replies streaming now
+let writes = 0;  // records written by this tab: tests wait on data-chats-written
+let refresh = () => {};  // chat.js's re-render of a chat (set by followOtherTabs)
 
 export function persist(id) {
   store.saveChat(id, { messages: ui.messages[id] || [], partialIds: ui.partialIds[id] || [],
@@ -34,6 +36,7 @@ const listEntry = (rec) => ({ id: rec.id, title: rec.title, of: rec.model });
 
 // Said at once, before any chat is made: a person must know their chats will not survive a reload.
 function showSaveNotice(problem) {
+  if (store.memoryOnlyReason()) return;  // the quota note stands (showQuotaFull)
   $("save-notice").hidden = !problem;
   $("save-notice").textContent = problem ? "Chats cannot be saved in this browser, so they will be lost when " +
     `this page reloads or closes (IndexedDB: ${problem.replace(/\.$/, "")}).` : "";
@@ -79,4 +82,62 @@ export async function restoreChats() {
   $("store-note").hidden = !n;
   $("store-note").textContent = n ? `${n} saved chat${n > 1 ? "s" : ""} could not be read (left as stored)` : "";
   root.dataset.restored = String(mine.length);
+}
+
+// Whether chat `id` has nothing on its way: no reply streaming, nothing sent or queued that has not started.
+const idle = (id) => !ui.busy[id] && ui.pending[id] === undefined && ui.queued?.chat !== id;
+
+// Take a record another tab added turns to: shown here, and the worker's session reopened from its exact token
+// history, so this tab's next message follows both tabs' turns. Only a record no reply streams in, and only
+// while this tab's chat is idle with nothing unwritten: otherwise this tab's next write merges, and the
+// merge is taken then.
+function takeRecord(id, rec) {
+  if (!idle(id) || rec.streaming || !store.unchangedSinceWrite(id, ui.messages[id] || [])) return;
+  const mine = { ...rec, partial_ids: [], streaming: false };
+  delete mine.turn_at;
+  delete mine.turn_base;
+  delete mine.turn_tab;
+  store.adopt(mine);
+  ui.messages[id] = mine.messages.map((m) => ({ ...m }));
+  if (mine.settings) ui.settings[id] = mine.settings;
+  ui.list = ui.list.map((c) => (c.id === id ? { ...c, title: mine.title } : c));
+  ui.engine.chats.open([{ id, checkpoint: mine.checkpoint, before_reply: mine.before_reply, partial_ids: [],
+                          streaming: false, model: mine.model }]);
+  root.dataset.fromOtherTab = JSON.stringify({ chat: id, version: rec.version, messages: mine.messages.length });
+  refresh(id);
+}
+
+// This tab's version of a chat that could not be merged with another tab's: a chat of its own, said so.
+function keepCopy(id, copied) {
+  ui.messages[copied.id] = copied.messages.map((m) => ({ ...m }));
+  ui.list.push(listEntry(copied));
+  ui.engine.chats.open([{ id: copied.id, checkpoint: copied.checkpoint, before_reply: copied.before_reply,
+                          partial_ids: [], streaming: false, model: copied.model }]);
+  $("store-note").hidden = false;
+  $("store-note").textContent = `"${store.record(id)?.title ?? id}" was changed in another tab in a way that ` +
+    `cannot be joined with this tab's turns; this tab's version is kept as "${copied.title}".`;
+  refresh(copied.id);
+}
+
+// Chats stay in this tab when the storage quota is full: said at once, with what to free.
+function showQuotaFull(reason) {
+  $("save-notice").hidden = false;
+  $("save-notice").textContent = "Chats are kept in this tab only, not saved: the browser's storage quota for " +
+    `this site is full (IndexedDB: ${reason.replace(/\.$/, "")}). Remove saved models (Models) or chats, or ` +
+    "give the site more space, then reload to save again.";
+  root.dataset.store = "full";
+}
+
+/** Follow what other tabs write to the chats open here, and say when records cannot be written
+ *  (`rerender(id)`: chat.js's re-render of a chat). */
+export function followOtherTabs(rerender) {
+  refresh = rerender;
+  store.listen({
+    merged: (id, rec, copied) => {
+      if (copied) keepCopy(id, copied);
+      takeRecord(id, rec);
+    },
+    written: (id) => { root.dataset.chatsWritten = JSON.stringify({ chat: id, writes: ++writes }); },
+    full: showQuotaFull,
+  });
 }

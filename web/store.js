@@ -1,15 +1,29 @@
 // Chats persist in IndexedDB, one record per chat: {id, title, model, messages, checkpoint, before_reply,
-// partial_ids, settings}. The record is the chat's one owner: the page makes, names and deletes chats here; the
+// partial_ids, settings, version}. The record is the chat's one owner: the page makes, names and deletes chats here; the
 // worker keeps only a session per chat (the engine's state) and sends the exact token history (checkpoint,
 // null until the first turn) as it changes (`session-saved`); token ids mean something only to the model that
 // made them. The reply streaming now is saved while it streams (its token ids as partial_ids), so a reload
 // keeps it.
+//
+// Two tabs may hold the same chat, each with its own engine. Every write reads the stored record in the same
+// IndexedDB transaction (transactions on one store run one at a time, across tabs) and, when another tab wrote
+// since, writes a merge instead (merge.js): what this tab added since its last write goes after what is stored.
+// Each write bumps `version` and is announced on a BroadcastChannel, so the other tab shows the turn.
+import { mergeRecords } from "./merge.js";
 
 let db = null;
 let opening = null;  // openStore's one promise: the page opens the database once
 const saved = new Map();  // chat id -> its record as last written
 const deleted = new Set();  // chat ids deleted on this page (main.js drops what the worker still posts about them)
 let highest = 0;  // the highest N of a "chat-N" id seen in the database or made here: a new chat takes N + 1
+// chat id -> {version, base, plain}: the stored version this tab last wrote or took, this tab's own record at
+// that moment (a merge appends what the tab added since `base`), and whether that stored version is `base`
+// itself (false after a merge this tab has not taken: the stored one holds another tab's turns too).
+const synced = new Map();
+let memoryOnly = null;  // why records are no longer written (a full quota), or null
+const channel = typeof BroadcastChannel === "function" ? new BroadcastChannel("pagedkv-chats") : null;
+const copy = (rec) => JSON.parse(JSON.stringify(rec));
+const TAB = Math.random().toString(36).slice(2);  // this tab, as the record's streaming turn names it
 
 /** Open the database (once; later calls get the same answer): resolves to null, or to why chats cannot be
  *  saved in this browser (no IndexedDB, storage blocked, a private window that refuses it). */
@@ -39,6 +53,9 @@ function readable(rec) {
       && typeof m.text === "string") &&
     isArrayOf(rec.partial_ids ?? [], isInt) && (rec.model === undefined || typeof rec.model === "string") &&
     (rec.streaming === undefined || typeof rec.streaming === "boolean") &&
+    (rec.version === undefined || isInt(rec.version)) && (rec.turn_at === undefined || isInt(rec.turn_at)) &&
+    (rec.turn_base == null || isCheckpoint(rec.turn_base)) &&
+    (rec.turn_tab === undefined || typeof rec.turn_tab === "string") &&
     (rec.settings === undefined || (rec.settings !== null && typeof rec.settings === "object"));
 }
 
@@ -66,7 +83,7 @@ export async function loadRecords(models, defaultModel) {
   const sorted = await readRecords();
   for (const rec of sorted.readable) {
     rec.model ??= defaultModel;
-    if (models.includes(rec.model)) saved.set(rec.id, rec);
+    if (models.includes(rec.model)) take(rec);
   }
   return sorted;
 }
@@ -82,8 +99,14 @@ export function newChat(model) {
   const rec = { id: `chat-${highest}`, title: `Chat ${highest}`, model, messages: [], checkpoint: null,
                 before_reply: null };
   saved.set(rec.id, rec);
-  if (db) chats("readwrite").put(JSON.parse(JSON.stringify(rec)));
+  write(rec.id);
   return rec;
+}
+
+// This tab's copy of the chat is now the stored record `rec`.
+function take(rec) {
+  saved.set(rec.id, rec);
+  synced.set(rec.id, { version: rec.version ?? 0, base: copy(rec), plain: true });
 }
 
 /** The chat's record as last written (undefined if it is not one of this model's, or was deleted). */
@@ -96,7 +119,7 @@ export function renameChat(id, title) {
   const rec = saved.get(id);
   if (!rec) return false;
   rec.title = String(title).slice(0, 80);
-  if (db) chats("readwrite").put(JSON.parse(JSON.stringify(rec)));
+  write(id);
   return true;
 }
 
@@ -106,7 +129,19 @@ export function rememberSession(msg) {
   if (!rec) return false;
   rec.checkpoint = msg.checkpoint;
   rec.before_reply = msg.before_reply;
+  if (rec.turn_at !== undefined && rec.turn_base === null) rec.turn_base = msg.checkpoint;  // a Regenerate's
   return true;
+}
+
+/** A reply starts in chat `id` after its first `at` messages: what the record holds before them is the part a
+ *  merge may put another tab's turns after (the reply, and a new user message, stay last). A Regenerate
+ *  starts from the history its session-saved is about to send. */
+export function beginTurn(id, at, regenerate) {
+  const rec = saved.get(id);
+  if (!rec) return;
+  rec.turn_at = at;
+  rec.turn_base = regenerate ? null : rec.checkpoint;
+  rec.turn_tab = TAB;
 }
 
 /** Write a chat's record: its saved history with the page's messages, partial reply and settings. */
@@ -117,7 +152,125 @@ export function saveChat(id, { messages, partialIds, streaming, settings }) {
   rec.partial_ids = partialIds;
   rec.streaming = streaming;  // a reply was streaming: after a reload it shows as interrupted
   if (settings) rec.settings = settings;
-  if (db) chats("readwrite").put(JSON.parse(JSON.stringify(rec)));
+  if (!streaming) { delete rec.turn_at; delete rec.turn_base; delete rec.turn_tab; }
+  return write(id);
+}
+
+let onMerged = () => {};
+let onWritten = () => {};
+let onFull = () => {};
+
+/** What the page does when another tab's turns came into a chat's record (`merged(id, record, copied)`: the
+ *  record now, to show and to reopen the worker's session from; `copied`: this tab's version of the chat,
+ *  saved as a new chat, when the two could not be merged), after every write (`written`: the chat id), and when a write
+ *  finds the quota full (`full`: the reason; from then on chats are kept in memory only). */
+export function listen({ merged, written, full }) {
+  onMerged = merged;
+  onWritten = written;
+  onFull = full;
+  channel?.addEventListener("message", (e) => {
+    const id = e.data?.chat;
+    if (saved.has(id) && (e.data.version ?? 0) > (synced.get(id)?.version ?? -1)) refreshFromStore(id);
+  });
+}
+
+function isQuotaError(err) {
+  return err?.name === "QuotaExceededError" || /quota/i.test(String(err?.message ?? ""));
+}
+
+/** Why chat records are kept in memory only (a full quota), or null. */
+export function memoryOnlyReason() {
+  return memoryOnly;
+}
+
+// One write of chat `id`: the stored record is read and the new one put in one transaction; a version another
+// tab wrote is merged with what this tab added since it last wrote (merge.js). Resolves once it is stored.
+function write(id) {
+  if (!db || memoryOnly) return Promise.resolve();
+  return new Promise((resolve) => {
+    let tx;
+    try { tx = db.transaction("chats", "readwrite"); } catch (err) { resolve(); return; }
+    const store = tx.objectStore("chats");
+    let put = null;   // the record written
+    let ours = null;  // this tab's record as it was when read for this write: the base of its next merge
+    let merged = false;
+    let copied = null;  // this tab's chat, kept as a chat of its own when it could not be merged
+    const get = store.get(id);
+    get.onsuccess = () => {
+      const rec = saved.get(id);
+      if (!rec) return;  // deleted meanwhile
+      const stored = get.result;
+      const mine = synced.get(id);
+      ours = copy(rec);
+      // Ours as it is, when the stored record is this tab's own last write (or the one it took); else a merge
+      // (another tab wrote, or this tab's last write was a merge it has not taken yet: it lacks those turns).
+      const own = !stored || !readable(stored) || (mine?.plain && (stored.version ?? 0) === mine.version);
+      put = own ? ours : mergeRecords(mine?.base ?? null, stored, ours, TAB);
+      if (put === null) {  // both tabs changed the chat in ways that do not add up: the stored one stands
+        highest += 1;
+        copied = { ...ours, id: `chat-${highest}`, title: `${ours.title} (from another tab)`.slice(0, 80), version: 1 };
+        store.put(copied);
+        put = stored;
+      } else {
+        put.version = Math.max(stored?.version ?? 0, mine?.version ?? 0) + 1;
+        store.put(put);
+      }
+      merged = put !== ours;
+    };
+    tx.oncomplete = () => {
+      if (put) {
+        synced.set(id, { version: put.version, base: copied ? copy(put) : ours, plain: !merged || !!copied });
+        channel?.postMessage({ chat: id, version: put.version });
+        if (copied) {
+          take(copied);
+          channel?.postMessage({ chat: copied.id, version: 1 });
+        }
+        if (merged && saved.has(id)) onMerged(id, copy(put), copied);
+        onWritten(id);
+      }
+      resolve();
+    };
+    tx.onabort = () => {
+      if (isQuotaError(tx.error) && !memoryOnly) {
+        memoryOnly = String(tx.error?.message || tx.error);
+        onFull(memoryOnly);
+      }
+      resolve();
+    };
+  });
+}
+
+/** Take the stored record into this tab (its engine's session follows, via onMerged): after another tab's
+ *  write, or once this chat is idle again. Resolves to whether it changed. */
+export function refreshFromStore(id) {
+  if (!db) return Promise.resolve(false);
+  return new Promise((resolve) => {
+    const get = chats("readonly").get(id);
+    get.onsuccess = () => {
+      const stored = get.result;
+      const mine = synced.get(id);
+      if (!stored || !readable(stored) || !saved.has(id) || (stored.version ?? 0) <= (mine?.version ?? -1)) {
+        resolve(false);
+        return;
+      }
+      onMerged(id, stored);
+      resolve(true);
+    };
+    get.onerror = () => resolve(false);
+  });
+}
+
+/** The page took `rec`, another tab's turns with this tab's: this tab's copy of the chat now. */
+export function adopt(rec) {
+  take(rec);
+}
+
+/** Whether `messages` (the page's, of chat `id`) are what this tab last wrote or took: nothing of its own is
+ *  waiting to be written. */
+export function unchangedSinceWrite(id, messages) {
+  const base = synced.get(id)?.base;
+  return !!base && !base.streaming && base.messages.length === messages.length &&
+    base.messages.every((m, i) => m.role === messages[i].role && m.text === messages[i].text);
 }
 
 /** Whether chat `id` was deleted on this page (newChat never gives a new chat a used id). */
@@ -128,5 +281,6 @@ export function isDeleted(id) {
 export function deleteChat(id) {
   deleted.add(id);
   saved.delete(id);
-  if (db) chats("readwrite").delete(id);
+  synced.delete(id);
+  if (db && !memoryOnly) chats("readwrite").delete(id);
 }

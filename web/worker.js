@@ -32,6 +32,13 @@ del _wheel_urls
   await pyodide.runPythonAsync("from pagedkv_app.main import boot\nawait boot()");
 }
 
+// A storage promise, for Python to await (py/pagedkv/browser/opfs.py _settle): settled as {ok, value} or
+// {ok: false, name, message}, never rejected. Chromium rejects a file write past the quota with a
+// QuotaExceededError that has no `stack`, which Pyodide cannot raise ("invalid exception object"), and the
+// await would never end.
+self.pagedkvSettle = (promise) => Promise.resolve(promise).then((value) => ({ ok: true, value }),
+  (err) => ({ ok: false, name: String(err?.name ?? "Error"), message: String(err?.message ?? err) }));
+
 // The model list's messages (web/models.js), answered while Python is still starting.
 const MODEL_MESSAGES = new Set(["open-gguf", "remove-model", "list-models"]);
 

@@ -3,6 +3,8 @@ conftest.py, so tests never import from it): booting the page, waiting for the m
 modules in the worker, opening the chat app."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import build
@@ -39,6 +41,18 @@ def open_app(browser, url: str, timeout_ms: int) -> tuple[BootedPage, dict]:
     booted.page.set_default_timeout(timeout_ms)
     show_settings(booted.page)
     return booted, info
+
+
+def wait_until(what: str, check, state=lambda: None, timeout_s: float = 60.0):
+    """Poll `check()` (every 50 ms) until it returns something true, and return that; the page's CSP forbids
+    wait_for_function's eval. A test waits on what the page does, never for a fixed time: a bound, not a pace."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"never: {what}: {state()}")
 
 
 def show_settings(page) -> None:

@@ -22,7 +22,7 @@ CREATE = """async ([name, bytes, max_tokens, prompt]) => {
   let e;
   try {
     e = await createEngine({ models: [new File([new Uint8Array(bytes)], name), "tiny-random"], backend: "cpu",
-                             budgetMiB: 16, params: { activations: "f32" }, onProgress: (p) => stages.add(p.stage) });
+                             budgetMiB: 32, params: { activations: "f32" }, onProgress: (p) => stages.add(p.stage) });
   } catch (err) {
     return { error: String(err.message || err) };
   }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from browser_pages import BOOT_TIMEOUT_MS, open_app, show_settings
+from browser_pages import BOOT_TIMEOUT_MS, open_app, show_settings, wait_until
 from test_chat_app import raw_last_turn, send_and_wait, wait_next_turn
 
 QUERY = "?model=tiny-random&backend=cpu"
@@ -48,6 +48,16 @@ def wait_for_record(page, chat: str) -> None:
             return
         page.wait_for_timeout(100)
     raise AssertionError(f"{chat} was never saved")
+
+
+def wait_turn_saved(page, chat: str, history_tokens: int) -> dict:
+    """The record of `chat` once it holds the finished turn (its IndexedDB write follows the turn's end): no
+    reply streaming, and the token history the turn-end reported."""
+    def saved():
+        rec = records(page).get(chat)
+        return rec if rec and not rec.get("streaming") and rec["checkpoint"] and \
+            len(rec["checkpoint"][1]) == history_tokens else None
+    return wait_until(f"{chat}'s finished turn saved", saved, lambda: records(page).get(chat))
 
 
 def titles(page) -> list[str]:
@@ -101,8 +111,7 @@ def test_unreadable_records_are_skipped_with_a_note_and_never_written_over(brows
     page = booted.page
     try:
         turn = send_and_wait(page, "Remember me.", 4)
-        page.wait_for_timeout(300)  # the IndexedDB write of the finished turn
-        good = records(page)["chat-1"]
+        good = wait_turn_saved(page, "chat-1", turn["history_tokens"])
         assert len(good["checkpoint"][1]) == turn["history_tokens"] > 0
         page.evaluate(PUT_RECORDS, BROKEN)
         reload_app(page)
@@ -117,7 +126,7 @@ def test_unreadable_records_are_skipped_with_a_note_and_never_written_over(brows
         page.locator("#chat-list li:nth-child(1) button").click()
         again = send_and_wait(page, "Again.", 4)
         assert again["tokens"] == 4 and again["history_tokens"] > turn["history_tokens"]
-        page.wait_for_timeout(300)
+        wait_turn_saved(page, "chat-1", again["history_tokens"])
         saved = records(page)
         assert {k: saved[k] for k in ("chat-zz", "chat-7")} == {rec["id"]: rec for rec in BROKEN}
         assert saved["chat-1"]["checkpoint"][1][:len(good["checkpoint"][1])] == good["checkpoint"][1]

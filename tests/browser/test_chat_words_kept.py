@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from browser_pages import open_app, show_settings
+from browser_pages import open_app, show_settings, wait_until
 from test_chat_app import memory_when_idle, raw_last_turn, wait_next_turn
 from test_chat_records import records, reload_app
 
@@ -20,7 +20,10 @@ TWO_QUICK_SENDS = """([first, second]) => {
     box.value = text;
     box.dispatchEvent(new KeyboardEvent("keydown", { key: "Enter", bubbles: true }));
   }
-  return [...document.querySelectorAll("#messages .msg")].map((e) => [e.className, e.dataset.text]);
+  // Read in the same task as the two presses: no reply can have started or ended yet (the tiny model's reply
+  // may be over before the test's next call reads the page).
+  return { shown: [...document.querySelectorAll("#messages .msg")].map((e) => [e.className, e.dataset.text]),
+           box: box.value, sendDisabled: document.getElementById("send").disabled };
 }"""
 
 # A Send the worker refuses, then more typed before its refusal arrives.
@@ -79,11 +82,9 @@ def delete_current(page) -> str:
 
 
 def settled_record(page, chat: str, messages: list) -> None:
-    for _ in range(100):  # the IndexedDB write follows the worker's session-saved
-        if chat in records(page) and saved_messages(page, chat) == messages:
-            return
-        page.wait_for_timeout(50)
-    raise AssertionError(f"{chat}'s record never matched {messages}: {records(page).get(chat)}")
+    # The IndexedDB write follows the worker's session-saved.
+    wait_until(f"{chat}'s record holds {messages}", lambda: chat in records(page) and saved_messages(page, chat) == messages,
+               lambda: records(page).get(chat))
 
 
 def test_a_second_send_before_the_first_starts_is_handed_back_and_every_copy_agrees(app):
@@ -95,8 +96,7 @@ def test_a_second_send_before_the_first_starts_is_handed_back_and_every_copy_agr
     previous = raw_last_turn(page)
     right_after = page.evaluate(TWO_QUICK_SENDS, ["first words", "second words"])
     # The first is shown as pending at once; the second was not taken: it is still in the box.
-    assert right_after == [["msg user pending", "first words"]]
-    assert page.input_value("#prompt") == "second words" and page.locator("#send").is_disabled()
+    assert right_after == {"shown": [["msg user pending", "first words"]], "box": "second words", "sendDisabled": True}
     turn = wait_next_turn(page, previous)
     assert turn["chat"] == chat and turn["tokens"] == 4
     first = [["user", "first words"], ["assistant", turn["content"]]]
@@ -113,10 +113,7 @@ def test_a_second_send_before_the_first_starts_is_handed_back_and_every_copy_agr
     # A Send the worker refuses (far past the context) comes back in the box, before what was typed since.
     long = "word " * 400
     assert page.evaluate(SEND_THEN_TYPE, [long, "typed since"]) is True
-    for _ in range(200):
-        if page.input_value("#prompt") != "typed since":
-            break
-        page.wait_for_timeout(50)
+    wait_until("the refused Send back in the box", lambda: page.input_value("#prompt") != "typed since")
     assert page.input_value("#prompt") == long + "\ntyped since"
     assert page.evaluate("document.documentElement.dataset.chatError")
     assert shown(page) == both and booted.py(WORKER_CHATS)["chats"][chat] == both
@@ -209,18 +206,13 @@ def delete_while_streaming_as_another_chat_finishes(booted, page):
     page.once("dialog", lambda d: d.accept())
     page.fill("#prompt", "a short one")
     page.press("#prompt", "Enter")
-    for _ in range(200):
-        seen = page.evaluate("window.deleteSeen || null")
-        if seen:
-            break
-        page.wait_for_timeout(50)
+    seen = wait_until("the delete as the other chat ends", lambda: page.evaluate("window.deleteSeen || null"))
     # It was streaming when Delete was clicked, and was gone from the list, busy or not, right after the click.
     assert seen == {"busy": True, "listed": False, "anyBusy": False}, seen
-    for _ in range(20):  # the worker within a second: the reply stopped, its chat gone
-        worker = booted.py(WORKER_CHATS)
-        if streaming not in worker["chats"] and not worker["unfinished"]:
-            break
-        page.wait_for_timeout(50)
+    def worker_done():  # the worker: the reply stopped, its chat gone
+        state = booted.py(WORKER_CHATS)
+        return state if streaming not in state["chats"] and not state["unfinished"] else None
+    worker = wait_until("the worker forgets the deleted chat", worker_done, lambda: booted.py(WORKER_CHATS))
     assert streaming not in worker["chats"] and not worker["unfinished"] and worker["leaked"] == 0, worker
     assert memory_when_idle(page)["used"] == 0
     page.wait_for_timeout(300)

@@ -10,7 +10,7 @@ import pytest
 
 from browser_pages import BOOT_TIMEOUT_MS, open_app, show_settings
 from test_chat_app import raw_last_turn, send_and_wait, wait_next_turn
-from test_chat_records import PUT_RECORDS, records, reload_app, titles
+from test_chat_records import PUT_RECORDS, records, reload_app, titles, wait_turn_saved
 
 QUERY = "?model=tiny-random&backend=cpu"
 
@@ -41,7 +41,7 @@ def test_saved_chats_are_listed_and_readable_before_python_starts(browser, base_
     page = booted.page
     try:
         first = send_and_wait(page, "Remember me.", 4)
-        page.wait_for_timeout(300)  # the IndexedDB write of the finished turn
+        wait_turn_saved(page, "chat-1", first["history_tokens"])
         held = hold(page, "**/pyodide/pyodide.js")  # the worker cannot start Python until it is released
         page.reload(wait_until="commit")
         page.wait_for_selector("#chat-list li", state="attached", timeout=30_000)
@@ -68,8 +68,7 @@ def test_saved_chats_are_listed_and_readable_before_python_starts(browser, base_
         assert turn["reason"] == "length" and turn["tokens"] == 4 and turn["chat"] == "chat-1"
         assert turn["history_tokens"] > first["history_tokens"]
         assert page.locator("#messages .msg.user").all_inner_texts() == ["Remember me.", "Still here?"]
-        page.wait_for_timeout(300)
-        saved = records(page)["chat-1"]
+        saved = wait_turn_saved(page, "chat-1", turn["history_tokens"])
         assert [m["text"] for m in saved["messages"]] == ["Remember me.", first["content"], "Still here?",
                                                           turn["content"]]
         assert len(saved["checkpoint"][1]) == turn["history_tokens"]

@@ -23,9 +23,42 @@ def _js_obj(value: dict):
     return to_js(value, dict_converter=js.Object.fromEntries)
 
 
+# How long a storage call may take before the store is taken for unusable. With the origin's quota full,
+# Chromium (156) never settles a worker's getFileHandle / getDirectoryHandle that would create an entry, and
+# rejects a write with a QuotaExceededError that has no `stack` (Pyodide cannot raise it: "invalid exception
+# object", and the await never ends). A busy machine answers in well under a second.
+STORAGE_TIMEOUT_S = 10.0
+
+
+class StorageError(OSError):
+    """A storage call the browser refused, as its DOMException: `name` (NotFoundError, QuotaExceededError, ...)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}")
+        self.name = name
+
+
+class StorageStalled(StoreFull):
+    """The browser's storage did not answer: in Chromium, what a full quota does to the calls that create."""
+
+
+async def _settle(promise, what: str):
+    """Await a storage promise: its rejection raises StorageError (the worker's `pagedkvSettle`, web/worker.js,
+    hands it over as a value, so Pyodide never has to raise the browser's error), no answer in
+    STORAGE_TIMEOUT_S StorageStalled."""
+    try:
+        result = await asyncio.wait_for(js.pagedkvSettle(promise), STORAGE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise StorageStalled(f"the browser's storage did not answer ({what}) in {STORAGE_TIMEOUT_S:g} s: its "
+                             "quota for this site is likely full (remove saved models or chats to free it)") from None
+    if not result.ok:
+        raise StorageError(str(result.name), str(result.message))
+    return result.value
+
+
 def _js_error(err: Exception, name: str) -> bool:
     """Whether a JS exception is the DOMException `name` (QuotaExceededError, NotFoundError)."""
-    return isinstance(err, JsException) and (getattr(err, "name", "") == name or name in str(err))
+    return isinstance(err, (JsException, StorageError)) and (getattr(err, "name", "") == name or name in str(err))
 
 
 async def _opfs_directory(path: tuple[str, ...], create: bool = True):
@@ -34,11 +67,12 @@ async def _opfs_directory(path: tuple[str, ...], create: bool = True):
     storage = getattr(js.navigator, "storage", None)
     if storage is None or not hasattr(storage, "getDirectory"):
         raise OSError("this browser has no origin private file system (navigator.storage.getDirectory)")
-    handle = await storage.getDirectory()
+    handle = await _settle(storage.getDirectory(), "opening its root")
     for i, part in enumerate(path):
         try:
-            handle = await handle.getDirectoryHandle(part, _js_obj({"create": create}))
-        except JsException as err:
+            handle = await _settle(handle.getDirectoryHandle(part, _js_obj({"create": create})),
+                                   f"opening {'/'.join(path[:i + 1])}")
+        except StorageError as err:
             if _js_error(err, "NotFoundError"):
                 raise FileNotFoundError(f"{'/'.join(path[:i + 1])} is not in this browser's storage") from None
             raise
@@ -75,12 +109,13 @@ class OpfsStore:
 
     async def read(self, name: str) -> bytes | None:
         try:
-            handle = await self.directory.getFileHandle(name)
-        except JsException as err:
+            handle = await _settle(self.directory.getFileHandle(name), f"opening {name}")
+        except StorageError as err:
             if _js_error(err, "NotFoundError"):
                 return None
             raise
-        return (await (await handle.getFile()).arrayBuffer()).to_bytes()
+        file = await _settle(handle.getFile(), f"reading {name}")
+        return (await _settle(file.arrayBuffer(), f"reading {name}")).to_bytes()
 
     async def write(self, name: str, data: bytes) -> None:
         """Write `name` whole. A file (or directory) removed while it is written, or locked by a removal in
@@ -89,7 +124,7 @@ class OpfsStore:
         for attempt in range(WRITE_ATTEMPTS):
             try:
                 return await self._write_once(name, data)
-            except JsException as err:
+            except StorageError as err:
                 if not (_js_error(err, "NotFoundError") or _js_error(err, "NoModificationAllowedError")):
                     raise
                 if attempt == WRITE_ATTEMPTS - 1:
@@ -98,21 +133,25 @@ class OpfsStore:
                 await asyncio.sleep(0.02 * (attempt + 1))
 
     async def _write_once(self, name: str, data: bytes) -> None:
+        create = _js_obj({"create": True})
         try:
-            handle = await self.directory.getFileHandle(name, _js_obj({"create": True}))
-        except JsException as err:  # the directory itself is gone (removed, or its handle stale)
+            handle = await _settle(self.directory.getFileHandle(name, create), f"creating {name}")
+        except StorageError as err:  # the directory itself is gone (removed, or its handle stale)
             if not _js_error(err, "NotFoundError") or not await self._reopen():
                 raise
-            handle = await self.directory.getFileHandle(name, _js_obj({"create": True}))
-        writable = await handle.createWritable()  # a swap file: nothing lands in `name` before close()
-        try:
-            await writable.write(to_js(memoryview(data)))
-        except JsException as err:
-            await writable.abort()
+            handle = await _settle(self.directory.getFileHandle(name, create), f"creating {name}")
+        try:  # a swap file: nothing lands in `name` before close()
+            writable = await _settle(handle.createWritable(), f"opening {name}")
+        except StorageError as err:
             await self._refused(name, len(data), err)
         try:
-            await writable.close()
-        except JsException as err:
+            await _settle(writable.write(to_js(memoryview(data))), f"writing {name}")
+        except StorageError as err:
+            await _settle(writable.abort(), f"abandoning {name}")
+            await self._refused(name, len(data), err)
+        try:
+            await _settle(writable.close(), f"closing {name}")
+        except StorageError as err:
             await self._refused(name, len(data), err)
 
     async def _refused(self, name: str, nbytes: int, err: Exception) -> None:
@@ -120,7 +159,8 @@ class OpfsStore:
             raise err  # removed (or being removed) while written: write() tries again
         await self.delete(name)  # the empty file getFileHandle created
         if _js_error(err, "QuotaExceededError"):
-            raise StoreFull(f"the browser's storage quota refused {name} ({nbytes:,} bytes): {err}") from err
+            raise StoreFull(f"the browser's storage quota refused {name} ({nbytes:,} bytes; remove saved models "
+                            f"or chats to free it): {err}") from err
         raise err
 
     async def delete(self, name: str) -> None:
@@ -129,8 +169,8 @@ class OpfsStore:
         (a disk tier lists it again at its next open and evicts it by LRU)."""
         for attempt in range(DELETE_ATTEMPTS):
             try:
-                return await self.directory.removeEntry(name)
-            except JsException as err:
+                return await _settle(self.directory.removeEntry(name), f"removing {name}")
+            except StorageError as err:
                 if _js_error(err, "NotFoundError"):
                     return
                 if not _js_error(err, "NoModificationAllowedError"):
@@ -148,22 +188,31 @@ class OpfsStore:
         for attempt in range(LIST_ATTEMPTS):
             try:
                 return await self._list()
-            except JsException as err:  # the iterator itself: an entry went while Chromium read the directory
+            except StorageError as err:  # the iterator itself: an entry went while Chromium read the directory
                 if not _js_error(err, "NotFoundError") or attempt == LIST_ATTEMPTS - 1:
                     raise
                 await asyncio.sleep(0.05 * (attempt + 1))
                 if attempt >= 1:  # the same handle failed twice: not an entry going, the handle itself
                     await self._reopen()
 
+    async def _entries(self):
+        """The directory's entries, each step of its iterator awaited through _settle."""
+        entries = self.directory.values()
+        while True:
+            step = await _settle(entries.next(), "listing its files")
+            if step.done:
+                return
+            yield step.value
+
     async def _list(self) -> dict[str, int]:
         out = {}
-        async for handle in self.directory.values():
+        async for handle in self._entries():
             name = str(handle.name)
             if handle.kind != "file" or name.endswith(SWAP_SUFFIX):
                 continue
             try:
-                size = int((await handle.getFile()).size)
-            except JsException as err:
+                size = int((await _settle(handle.getFile(), f"sizing {name}")).size)
+            except StorageError as err:
                 if not _js_error(err, "NotFoundError"):
                     raise
                 continue
@@ -175,11 +224,11 @@ class OpfsStore:
 
     async def directories(self) -> list[str]:
         """Names of the directories in this one, sorted."""
-        return sorted([str(handle.name) async for handle in self.directory.values() if handle.kind == "directory"])
+        return sorted([str(handle.name) async for handle in self._entries() if handle.kind == "directory"])
 
     async def remove_directory(self, name: str) -> None:
         """Delete the directory `name` in this one with everything in it."""
-        await self.directory.removeEntry(name, _js_obj({"recursive": True}))
+        await _settle(self.directory.removeEntry(name, _js_obj({"recursive": True})), f"removing {name}")
 
 
 async def open_or_memory(*path: str) -> FileStore:
