@@ -160,9 +160,7 @@ async def cpu_run(args, rounds: int, max_tokens: int, seeds: int) -> dict:
                   "finished_stop": sum(r["finish_reasons"] == ["stop"] for r in replies),
                   "parsed": sum(_parses(t) for t in texts),
                   "completion_tokens": [r["completion_tokens"] for r in replies]},
-        **replay(engine.services[engine.model_id].tokenizer, SCHEMA, texts),
-        "tab": None if args.no_tab else {"where": "Pyodide in Chromium's worker (bench.harness page)",
-                                         **in_the_tab(texts)},
+        **replay(engine.services[engine.model_id].tokenizer, SCHEMA, texts), "replies": texts,
     }
 
 
@@ -234,6 +232,10 @@ def main() -> None:
         measured = asyncio.run(wgpu_run(args, rounds, max_tokens))
     else:
         measured = asyncio.run(cpu_run(args, rounds, max_tokens, 2 if args.quick else 5))
+        texts = measured.pop("replies")
+        # outside the event loop: the browser session's sync Playwright refuses to run inside one
+        measured["tab"] = None if args.no_tab else {"where": "Pyodide in Chromium's worker (bench.harness page)",
+                                                    **in_the_tab(texts)}
     load_after = os.getloadavg()
     print(json.dumps({
         "benchmark": "structured" if args.backend == "cpu" else "structured_wgpu", "quick": args.quick,
