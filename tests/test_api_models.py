@@ -60,15 +60,27 @@ def test_unload_stops_its_streams_and_load_takes_the_pages_again(tiny_dir, mixed
     async def unload_mid_stream():
         chunks = await engine.chat.completions.acreate(model="mixed-random", messages=HI, max_tokens=40,
                                                        temperature=0, stream=True)
-        seen = []
-        async for piece in chunks:
-            seen.append(piece)
-            if len(seen) == 3:
-                engine.unload("mixed-random")
-        return seen
+        whole = asyncio.ensure_future(engine.chat.completions.acreate(model="mixed-random", messages=HI,
+                                                                      max_tokens=40, temperature=0))
+        seen, streamed = [], None
+        try:
+            async for piece in chunks:
+                seen.append(piece)
+                if len(seen) == 3:
+                    engine.unload("mixed-random")
+        except ApiError as exc:
+            streamed = exc
+        try:
+            await whole
+        except ApiError as exc:
+            return seen, streamed, exc
+        return seen, streamed, None
 
-    seen = in_fresh_loop(unload_mid_stream)
+    seen, streamed, whole = in_fresh_loop(unload_mid_stream)
     assert len(seen) == 3 and all(c["choices"][0]["finish_reason"] is None for c in seen)  # ended, unfinished
+    for err in (streamed, whole):  # the stream and the non-streamed request alike end with the unload's error
+        assert (err.status, err.message, err.param) == (
+            503, "the model mixed-random was unloaded while this request ran", "model")
     pool = engine.stats()["pool"]
     assert list(pool["models"]) == ["tiny-random"] and pool["reserved_pages"] < reserved
     # the weights' pages were never memory (the buffer holds the KV pages only): spare for the next model's weights

@@ -70,6 +70,7 @@ def test_delete_removes_only_the_chats_own_block_files_and_a_reload_restores(tin
     stats = svc2.engine.stats()
     assert stats["disk_restored_tokens"] == stats["last_disk_restored_tokens"] == restored > 0
     assert of(posts2, "turn-end")[-1]["cached_tokens"] == restored
+    assert of(posts2, "turn-start")[-1]["cached_tokens"] == restored  # said at the start too (it said 0)
     assert svc2.memory_snapshot()["engine"]["disk_blocks"] == tier2.num_blocks
 
 

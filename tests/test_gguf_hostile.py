@@ -14,7 +14,7 @@ from gguf.quants import quantize as gguf_quantize
 from gguf_files import write_small_gguf
 
 from pagedkv.model.convert import convert_gguf
-from pagedkv.model.gguf_reader import GGUFError
+from pagedkv.model.gguf_reader import GGUFError, GGUFFile
 
 
 def refusal(path, out_dir) -> tuple[str, float, int]:
@@ -65,6 +65,27 @@ def test_counts_beyond_the_file_are_refused_before_anything_is_allocated(tmp_pat
     assert seconds < 1.0 and peak < 4 << 20
     with pytest.raises(GGUFError):  # the reader's own error type, a ValueError
         convert_gguf(tmp_path / "bad.gguf", tmp_path / "out")
+
+
+def test_a_ten_million_token_vocabulary_is_refused_before_its_array_is_read(tmp_path):
+    """A file may hold the bytes for ten million tokens (90 MB of one-letter strings): the count alone refuses
+    it. The source here claims 200 MB and serves the small file's bytes; the reader reads its first MiB only."""
+    write_small_gguf(tmp_path / "good.gguf")
+    raw = bytearray((tmp_path / "good.gguf").read_bytes())
+    at = raw.index(b"tokenizer.ggml.tokens") + len("tokenizer.ggml.tokens") + 8
+    raw[at:at + 8] = struct.pack("<Q", 10_000_000)
+    reads = []
+
+    def read(offset: int, nbytes: int) -> bytes:
+        reads.append((offset, nbytes))
+        return bytes(raw[offset:offset + nbytes]).ljust(nbytes, b"\0")
+
+    with pytest.raises(GGUFError) as info:
+        GGUFFile(read, 200 << 20, "huge.gguf")
+    assert str(info.value) == (f"huge.gguf: the length of 'tokenizer.ggml.tokens' at offset {at:,} is 10,000,000; "
+                               "this reader takes at most 2,097,152 items in one array, far more than any real "
+                               "model has")
+    assert reads == [(0, 1 << 20)]  # the header's first MiB; not the 80 MB at least that the array would take
 
 
 @pytest.mark.parametrize("metadata,message", [

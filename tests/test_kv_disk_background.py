@@ -1,5 +1,6 @@
 """The disk tier's write-behind through a writer task once the engine is idle (DiskCache(background=True), what
-the page uses; CPU backend, tiny model): no step of a reply writes a file, the writer then writes the in-step
+the page uses; CPU backend, tiny model): no step of a reply writes a file (until a reply ends while another
+streams: then a batch a step), the writer then writes the in-step
 mode's files byte for byte, several at once; a flush and the queue's bound write the queue first, a forget drops
 what only the forgotten chat held; an error of the writer comes out of the next step."""
 from __future__ import annotations
@@ -84,6 +85,41 @@ def test_the_steps_go_on_while_the_writer_writes_and_a_turn_ends_with_the_same_f
         {n: in_step.files[n] for n in block_files(engine, in_step)}  # byte for byte the in-step mode's files
     assert store.most_open == disk_cache.WRITE_BATCH  # 7 blocks: 4 files at once, then 3
     assert store.writes[-1] == engine.disk.tier.index_name  # then the LRU order
+
+
+def test_a_reply_that_ends_while_another_streams_is_on_disk_a_few_steps_later(tiny_weights, tokenizer):
+    """A short reply ends while a long one streams: its blocks are not left queued until the engine is idle
+    (a reload then found none) but written one batch (4 files) in each following step, the ended reply's
+    blocks first, then the queue oldest first; until a reply ends, no step writes."""
+    store = SlowStore(0.0)
+    engine = engine_on(tiny_weights, tokenizer, store, True)
+    long = SamplingParams(max_tokens=150, stop_token_ids=(10_000,))
+
+    async def chat():
+        streaming = engine.add_request(list(range(100, 120)), long)
+        short = engine.request(engine.add_request(PROMPT, SamplingParams(max_tokens=20, stop_token_ids=(10_000,))))
+        while engine.is_unfinished(short.request_id):
+            await engine.step()
+        before = len(block_files(engine, store))
+        await engine.step()
+        first = set(block_files(engine, store))  # the ended reply's blocks come first
+        steps = 1
+        while len(block_files(engine, store)) < 6 and engine.is_unfinished(streaming):
+            await engine.step()
+            steps += 1
+        unfinished = engine.is_unfinished(streaming)
+        if unfinished:
+            engine.abort(streaming)
+        return short.output_ids, before, first, steps, unfinished
+
+    out, before, first, steps, still_streaming = in_fresh_loop(chat)
+    assert before == 0  # nothing written while no reply had ended
+    files = set(block_files(engine, store))
+    assert set(chain_files(engine, PROMPT + out, 6)) <= files  # its 99 computed tokens: 6 full blocks
+    assert first <= set(chain_files(engine, PROMPT + out, 6)) and len(first) == 4  # a batch, its blocks first
+    # the long reply's first 2 blocks (40 tokens computed by then) and the short one's 6: two batches
+    assert still_streaming and steps == 2
+    assert engine.stats()["disk_written_blocks"] == 8 and not engine.disk.writing
 
 
 def test_forget_and_flush_wait_for_the_writer(tiny_weights, tokenizer):

@@ -14,11 +14,14 @@
 export class ApiError extends Error {
   constructor(status, body) {
     super(body?.error?.message || `error ${status}`);
+    this.name = "ApiError";
     this.status = status;
     this.body = body;
     this.param = body?.error?.param ?? null;
   }
 }
+
+const MAX_BODY_BYTES = 8 << 20;  // a JSON body engine.fetch takes, as pagedkv/request_limits.py's MAX_BODY_BYTES
 
 const QUERY_OPTIONS = { model: "model", backend: "backend", budgetMiB: "budget_mib", kvDtype: "kv_dtype" };
 
@@ -29,9 +32,17 @@ const QUERY_OPTIONS = { model: "model", backend: "backend", budgetMiB: "budget_m
 // "gguf:<file name>" (a Blob without a name is "model.gguf").
 export async function createEngine(options = {}) {
   const engine = openEngine(options);
-  await engine.ready;
+  try {
+    await engine.ready;
+  } catch (err) {  // the caller gets no handle to close it: its worker goes now
+    engine.close();
+    throw err;
+  }
   return engine;
 }
+
+const closedError = () => new ApiError(503, { error: { message: "the engine is closed", type: "service_unavailable",
+                                                       param: null, code: null } });
 
 // The engine at once, before its models are in (createEngine waits for them): its worker boots now,
 // `engine.ready` resolves when the models are loaded (rejects with the load's error) and `engine.on(type, fn)`
@@ -69,6 +80,7 @@ class Engine {
     this.nextId = 1;
     this.closed = false;
     this.ready = new Promise((resolve, reject) => {
+      this.failReady = reject;
       worker.onmessage = ({ data: msg }) => {
         if (msg.type === "progress" || msg.type === "model-progress" || msg.type === "gguf-progress") {
           const fraction = msg.total ? msg.loaded / msg.total : null;
@@ -99,10 +111,16 @@ class Engine {
     this.chat = { completions: { create: (body, opts) => this.create(body, opts) } };
     // OpenAI's legacy Completions: the prompt continued as it is (base models have no chat template).
     this.completions = { create: (body, opts) => this.create(body, opts, true) };
-    this.models = { list: async () => ({ object: "list", data: (this.info.models || [this.model]).map((id) => ({
-      id, object: "model", created: 0, owned_by: "pagedkv" })) }) };
+    this.models = { list: async () => {
+      this.open();
+      return { object: "list", data: (this.info.models || [this.model]).map((id) => ({
+        id, object: "model", created: 0, owned_by: "pagedkv" })) };
+    } };
     this.fetch = (input, init) => this.handleFetch(input, init);
-    const post = (msg) => this.worker.postMessage(msg);
+    const post = (msg) => {
+      this.open();
+      this.worker.postMessage(msg);
+    };
     // Chats with a memory (the chat page's): each keeps its exact token history, KV blocks and disk-tier
     // checkpoints in the worker and streams its turns as events (turn-start, token, turn-end, alt-*, ...).
     this.chats = {
@@ -148,13 +166,24 @@ class Engine {
     return this.ask({ type: "api-forget", session }).then((msg) => msg.forgotten);
   }
 
-  // Post `msg` with a fresh id; resolves with the one answer that carries the id.
+  // Post `msg` with a fresh id; resolves with the one answer that carries the id, rejects with an ApiError for
+  // an api-error (a closed engine's at once).
   ask(msg) {
     const id = `${msg.type}-${this.nextId++}`;
-    return new Promise((resolve) => {
-      this.requests.set(id, { push: (answer) => { this.requests.delete(id); resolve(answer); } });
+    return new Promise((resolve, reject) => {
+      this.open();
+      this.requests.set(id, { push: (answer) => {
+        this.requests.delete(id);
+        if (answer.type === "api-error") reject(new ApiError(answer.status, answer.error));
+        else resolve(answer);
+      } });
       this.worker.postMessage({ ...msg, id });
     });
+  }
+
+  // Throws the closed engine's ApiError (503) once close() was called.
+  open() {
+    if (this.closed) throw closedError();
   }
 
   // {model: LLMEngine.stats()} per model: its KV pool (num_blocks, used_blocks, free_blocks, cached_blocks),
@@ -179,18 +208,13 @@ class Engine {
   }
 
   modelChange(type, model, models) {
-    return this.ask({ type, model }).then((msg) => {
-      if (msg.type === "api-error") throw new ApiError(msg.status, msg.error);
-      this.info.models = models();
-    });
+    return this.ask({ type, model }).then(() => { this.info.models = models(); });
   }
 
   // One request: its chunks as an async iterator (stream: true) or joined into a chat.completion (legacy: a
   // legacy Completions body, its text_completion pieces or the text_completion).
   async create(body, { signal } = {}, legacy = false) {
-    if (this.closed) {
-      throw new ApiError(503, { error: { message: "the engine is closed", type: "service_unavailable" } });
-    }
+    this.open();
     const chunks = this.start(body, signal, legacy);
     const first = await chunks.next();  // a refused request throws here, before anything streams
     if (body?.stream) return prepend(first, chunks);
@@ -244,8 +268,17 @@ class Engine {
       }
       let body;
       try {
-        body = await request.json();
+        // Bounded before it is parsed (pagedkv/request_limits.py: the worker bounds messages and text too).
+        const declared = Number(request.headers.get("content-length") ?? 0);
+        const bytes = declared > MAX_BODY_BYTES ? null : await request.arrayBuffer();
+        if (bytes === null || bytes.byteLength > MAX_BODY_BYTES) {
+          throw new ApiError(413, { error: { message: `the body is ${(bytes?.byteLength ?? declared).toLocaleString("en-US")} `
+            + `bytes; one request takes at most ${MAX_BODY_BYTES.toLocaleString("en-US")}`,
+                                             type: "invalid_request_error", param: null, code: null } });
+        }
+        body = JSON.parse(new TextDecoder().decode(bytes));
       } catch (err) {
+        if (err instanceof ApiError) throw err;
         throw new ApiError(400, { error: { message: `the body is not JSON: ${err.message}`,
                                            type: "invalid_request_error" } });
       }
@@ -263,7 +296,15 @@ class Engine {
                                   { once: true });
         },
         async pull(controller) {
-          const { value, done } = await result.next();
+          let value, done;
+          try {
+            ({ value, done } = await result.next());
+          } catch (err) {  // ended by the engine mid-stream (its model unloaded, the engine closed): as OpenAI's
+            if (!(err instanceof ApiError)) throw err;  // streams say it, an `error` event and no [DONE]
+            controller.enqueue(encoder.encode(`data: ${JSON.stringify(err.body)}\n\n`));
+            controller.close();
+            return;
+          }
           if (signal?.aborted) return;  // errored already
           if (done) {
             controller.enqueue(encoder.encode("data: [DONE]\n\n"));
@@ -279,12 +320,15 @@ class Engine {
     }
   }
 
+  // Terminate the worker: requests running and calls waiting reject with ApiError 503 (as does `ready` when
+  // it had not resolved), and so does every later call.
   close() {
+    if (this.closed) return;
     this.closed = true;
     this.worker.terminate();
-    for (const request of this.requests.values()) {
-      request.push({ type: "api-error", status: 503, error: { error: { message: "the engine is closed" } } });
-    }
+    const { status, body } = closedError();
+    for (const request of [...this.requests.values()]) request.push({ type: "api-error", status, error: body });
+    this.failReady(closedError());
   }
 }
 

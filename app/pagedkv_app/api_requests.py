@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from pagedkv.api import ApiError, CompletionService, CompletionServices
+from pagedkv.api import ApiError, CompletionService, CompletionServices, unloaded_error
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import LLMEngine, NeverFits
 from pagedkv.sessions import Sessions
@@ -81,15 +81,16 @@ class ApiRequests:
             service.abort(request_id)
 
     def unload(self, request_id: str, model: str) -> bool:
-        """Stop `model`'s requests (their streams end) and give its pages back (api-unloaded), or api-error;
-        whether it was unloaded."""
+        """Stop `model`'s requests and give its pages back (api-unloaded), or api-error; whether it was
+        unloaded. pagedkv.js's requests of it end with an api-error naming the unload; a chat's reply ends
+        as Stop ends it (kept as far as it got)."""
         try:
             if model not in self.services:
                 raise ApiError(404, f"the model {model!r} is not loaded; loaded: {', '.join(self.services)}",
                                "model")
             if len(self.services) == 1 or model == next(iter(self.services)):
                 raise ApiError(400, f"{model} is the model the chat page runs on; it stays loaded", "model")
-            self.services.pop(model).close()
+            self.services.pop(model).close(unloaded_error(model), set(self._tasks))
             self.engine.remove_model(model)
             self.post("api-unloaded", id=request_id, model=model)
             return True

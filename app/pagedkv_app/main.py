@@ -18,6 +18,7 @@ from pagedkv.backends.webgpu.tuning import JsonInStore, tune_device
 from pagedkv.browser.opfs import OpfsStore, open_or_memory
 from pagedkv.chat import ChatTemplate
 from pagedkv.engine import EngineConfig, LLMEngine, TierBudgets
+from pagedkv.kv.dtypes import kv_dtype as kv_dtype_named
 from pagedkv.model.family import UnsupportedModel
 from pagedkv.shared_gpu import SharedGpu
 from pagedkv.tokenizer import Tokenizer
@@ -266,20 +267,31 @@ async def _attach_disk(engine: LLMEngine, manifests: dict[str, dict]) -> str:
 
 
 async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, CpuBackend, dict]:
-    """The numpy fallback (?backend=cpu) for one model: a KV pool of ?kv_mib= (default 128 MiB)."""
+    """The numpy fallback (?backend=cpu) for one model: a KV pool of ?kv_mib= (default 128 MiB) within what
+    ?budget_mib= leaves after the weights; ?kv_dtype= (default f32 here) any name of pagedkv.kv.dtypes."""
+    kv_dtype = bridge.query_param("kv_dtype", "f32")
+    kv_dtype_named(kv_dtype)  # an unknown name is refused before the weights are fetched
     manifest, weights, linear, attention, why = await cpu_weights(name, on_progress)
     cfg = weights.config
     kv_budget = int(float(bridge.query_param("kv_mib", "128")) * MIB)  # fractions make tiny pools for tests
+    budget = tier_budgets().gpu_bytes
+    weight_bytes = sum(shard["nbytes"] for shard in manifest["shards"])
     # A block is a page of one KV group's layers (kv/groups.py): every layer for a model without window layers,
     # a group's (Gemma 3 270M: 3 of its 18) where window groups hold only their window.
     bytes_per_token = CpuBackend.page_bytes_per_token(cfg)
-    num_blocks = kv_budget // (bytes_per_token * block_size)
+    block_bytes = bytes_per_token * block_size
+    if budget - weight_bytes < block_bytes:
+        raise ValueError(f"a budget of {budget / MIB:g} MiB does not hold {name}: its weights take "
+                         f"{weight_bytes / MIB:.2f} MiB and a KV block of {block_size} tokens {block_bytes:,} B "
+                         f"more; raise budget_mib")
+    num_blocks = min(kv_budget, budget - weight_bytes) // block_bytes
     if num_blocks < 1:
         raise ValueError(f"a {kv_budget / MIB:g} MiB KV budget holds no block of {block_size} tokens "
                          f"({bytes_per_token:,} B/token); raise kv_mib")
-    num_cpu_blocks = tier_budgets().cpu_bytes // (bytes_per_token * block_size)
+    num_cpu_blocks = tier_budgets().cpu_bytes // block_bytes
+    # Pyodide's numpy has no BLAS: backends/cpu_linear.py
     backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
-                         linear=linear, attention=attention)  # Pyodide's numpy has no BLAS: backends/cpu_linear.py
+                         kv_dtype=kv_dtype, linear=linear, attention=attention)
     return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype, "cpu_linear": why}
 
 

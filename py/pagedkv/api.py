@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,6 +43,7 @@ from .engine import EngineConfig, LLMEngine, NeverFits
 from .grammar import Grammar, SchemaError
 from .logprobs import chat_logprobs, join_logprobs, legacy_logprobs
 from .model.weights import ModelWeights
+from .request_limits import check_body_size
 from .sampling import MIN_TEMPERATURE, SamplingParams
 from .sessions import Session, Sessions
 from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
@@ -156,10 +158,14 @@ class CompletionService(_Creates):
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
 
-    def close(self) -> None:
-        """Stop every request; later requests get 503."""
+    def close(self, error: ApiError | None = None, request_ids=None) -> None:
+        """Stop every request; later requests get 503. error: what each running request's caller gets (its
+        stream raises it where it stands; None: the streams just end); request_ids: the requests that get it
+        (None: all; the others just end, as a chat's turn keeps its reply as far as it got)."""
         self.closed = True
-        for rid in list(self._routes):
+        for rid, route in list(self._routes.items()):
+            if error is not None and (request_ids is None or rid in request_ids):
+                route.put_nowait(error)
             self.abort(rid)
 
     # ---------------------------------------------------------------- one request
@@ -232,8 +238,11 @@ class CompletionService(_Creates):
 
     def _start(self, req: CompletionRequest, request_id: str | None) -> tuple[str, int]:
         session = self._session(req)
-        conv = None if req.legacy else self._conversation(req, session)
-        prompt = self.prompt_ids(req) if conv is None else conv.prompt_ids()
+        try:
+            conv = None if req.legacy else self._conversation(req, session)
+            prompt = self.prompt_ids(req) if conv is None else conv.prompt_ids()
+        except ValueError as exc:  # the chat template failed on these messages (raise_exception, a bound): its
+            raise ApiError(400, str(exc), getattr(exc, "param", "messages")) from None  # the caller's to act on
         room = self.context_length - len(prompt)
         if room < 1:
             raise PromptTooLong(400, f"the prompt has {len(prompt)} tokens; {self.model_id}'s context is "
@@ -285,6 +294,7 @@ class CompletionService(_Creates):
         `text_completion`s); ApiError before the first one for a request refused."""
         if self.closed:
             raise ApiError(503, "the engine is closed")
+        check_body_size(body)  # before anything costs more than a pass over it
         req = parse_request(body, [self.model_id], legacy=legacy)
         rid, prompt_tokens = self._start(req, request_id)
         # Taken now: the step loop may finish the request before the caller reads its first chunk (its outputs
@@ -310,6 +320,8 @@ class CompletionService(_Creates):
                 out = await route.get()
                 if out is None:  # aborted (abort(), close())
                     break
+                if isinstance(out, ApiError):  # close(error): the model was unloaded under it
+                    raise out
                 if isinstance(out, Exception):
                     raise ApiError(500, f"the engine failed: {type(out).__name__}: {out}") from out
                 i = out.index
@@ -393,6 +405,7 @@ class CompletionServices(dict):
     def route(self, body, legacy: bool = False) -> CompletionService:
         """The service of the model `body` names; ApiError as OpenAI's (404 unknown, 400 malformed). legacy: a
         legacy Completions body."""
+        check_body_size(body)
         model = body.get("model") if isinstance(body, dict) else None
         if isinstance(model, str) and model in self:
             return self[model]
@@ -410,10 +423,11 @@ class CompletionServices(dict):
         for service in self.values():
             service.fail(exc)
 
-    def close(self) -> None:
-        """Stop every request; later requests get 503."""
+    def close(self, error: ApiError | None = None) -> None:
+        """Stop every request (each raises `error` where it stands; None: they just end); later requests get
+        503."""
         for service in self.values():
-            service.close()
+            service.close(error)
 
     def forget(self, session: str) -> bool:
         """Drop a session (`pagedkv: {session}`) of whichever model holds it; False when none did."""
@@ -457,7 +471,7 @@ class Engine:
         ids = [model_id for model_id, _ in found]
         if len(set(ids)) != len(ids):
             raise ValueError(f"a model is named twice: {ids}")
-        self.budget_bytes = budget_mib * MIB
+        self.budget_bytes = _budget_bytes(budget_mib)
         try:
             self.llm, self.shared = shared_engine([self._model(i, w) for i, w in found], self.budget_bytes, block_size)
         except BudgetTooSmall as exc:
@@ -507,18 +521,20 @@ class Engine:
         return model_id
 
     def unload(self, model: str) -> None:
-        """Stop `model`'s requests (their streams end) and give its weights' and KV pages back."""
+        """Stop `model`'s requests (each raises unloaded_error where it stands) and give its weights' and KV
+        pages back."""
         self._open()
         service = self.services.get(model)
         if service is None:
             raise ApiError(404, f"the model {model!r} is not loaded; loaded: {', '.join(self.services)}", "model")
         if len(self.services) == 1:
             raise ApiError(400, f"{model} is the engine's only model; close the engine instead", "model")
-        service.close()
+        service.close(unloaded_error(model))
         self.llm.remove_model(model)
         del self.services[model]
 
     def list_models(self) -> dict:
+        self._open()
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "pagedkv"}
                                            for m in self.services]}
 
@@ -545,16 +561,18 @@ class Engine:
 
     def forget(self, session: str) -> bool:
         """Drop a session (`pagedkv: {session}`) of whichever model holds it; False when none did."""
+        self._open()
         return self.services.forget(session)
 
     def close(self) -> None:
-        """Stop every request; later requests get 503."""
+        """Stop every request; later calls of any method raise ApiError 503."""
         self.closed = True
-        self.services.close()
+        self.services.close(ApiError(503, "the engine was closed while this request ran"))
 
     def stats(self) -> dict:
         """Each model's counters and KV (LLMEngine.stats) and, under "pool", the shared pages: total, free,
         cached, held by each model's weights and requests, and their bytes."""
+        self._open()
         out = {m: self.llm.stats(m) for m in self.services}
         out["pool"] = dict(self.llm.pool_stats(), page_bytes=self.shared.page_bytes, budget_bytes=self.budget_bytes)
         return out
@@ -575,6 +593,33 @@ class Engine:
         except Exception as exc:
             self.services.fail(exc)
             raise
+
+
+def _budget_bytes(budget_mib) -> int:
+    """budget_mib in bytes; ApiError 400 naming it for anything but a whole number of MiB this machine's memory
+    holds (checked before the pool is allocated: 10**9 MiB would ask numpy for 954 TiB). One too small for the
+    models is shared_engine's 413, with the numbers."""
+    if isinstance(budget_mib, bool) or not isinstance(budget_mib, int) or budget_mib < 0:
+        raise ApiError(400, f"budget_mib must be a whole number of MiB, got {budget_mib!r:.40}", "budget_mib")
+    memory = _machine_memory()
+    if memory is not None and budget_mib * MIB > memory:
+        raise ApiError(400, f"budget_mib is {budget_mib:,} MiB, more than this machine's memory "
+                            f"({memory // MIB:,} MiB)", "budget_mib")
+    return budget_mib * MIB
+
+
+def _machine_memory() -> int | None:
+    """The machine's physical memory in bytes; None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def unloaded_error(model: str) -> ApiError:
+    """What a request of `model` raises when the model is unloaded under it (503: the model is gone; a
+    request sent again after loading it is answered)."""
+    return ApiError(503, f"the model {model} was unloaded while this request ran", "model")
 
 
 def _with_ids(piece: dict, token_ids, wanted: bool) -> dict:

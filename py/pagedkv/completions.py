@@ -124,10 +124,12 @@ def _number(body: dict, name: str, default: float, low: float, high: float) -> f
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ApiError(400, f"{name} must be a number, got {value!r}", name)
+    # an int is finite however large (10**400: float() of it overflows, so it is compared as it is)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float)
+                                                                          and not math.isfinite(value)):
+        raise ApiError(400, f"{name} must be a number, got {value!r:.40}", name)
     if not low <= value <= high:
-        raise ApiError(400, f"{name} must be between {low:g} and {high:g}, got {value!r}", name)
+        raise ApiError(400, f"{name} must be between {low:g} and {high:g}, got {value!r:.40}", name)
     return float(value)
 
 

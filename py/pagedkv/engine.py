@@ -354,10 +354,19 @@ class LLMEngine:
         return any(lane.disk is not None for lane in self.lanes.values())
 
     def cached_prefix_tokens(self, token_ids, model: str | None = None) -> int:
-        """Leading tokens of `token_ids` the GPU prefix cache holds now for `model` (None: the first; whole
-        blocks); changes nothing."""
-        cached, _ = self.lane(model).kv.lookup_prefix(token_ids)
-        return cached
+        """Leading tokens of `token_ids` that `model` (None: the first) need not compute (whole blocks): the GPU
+        prefix cache's, extended by what the CPU tier and the disk tier hold now (as the scheduler will restore
+        them); changes nothing."""
+        lane = self.lane(model)
+        kv = lane.kv
+        prefix = list(token_ids[:len(token_ids) // kv.block_size * kv.block_size])
+        cpu = kv.cpu.cached_blocks(prefix, len(prefix) // kv.block_size) if kv.cpu is not None else None
+        on_disk = lane.disk.holder(prefix) if lane.disk is not None else None
+        if cpu is None and on_disk is None:
+            return kv.lookup_prefix(prefix)[0]
+        hit = kv.tier_hit(prefix, lambda g, i: (cpu is not None and i in cpu[g])
+                          or (on_disk is not None and on_disk(g, i)))
+        return hit.num_blocks * kv.block_size
 
     def refer_history(self, owner: str, token_ids, model: str | None = None) -> None:
         """`owner` (a chat) now holds the history `token_ids` of `model`: the disk tier keeps its block files

@@ -377,9 +377,14 @@ class ModelLane:
         return {"draws": draws} if shaping is None else {"draws": draws, "shaping": shaping}
 
     async def _flush_when_idle(self) -> None:
-        """With no request left (a turn ended), the disk's LRU order is written now, not an interval later (by
-        the background writer after what it has queued, kv/disk_cache.py)."""
-        if self.disk is not None and not self.has_unfinished and not self.disk.write_when_idle():
+        """With no request left (a turn ended), what the background writer has queued is written now and the
+        disk's LRU order after it (kv/disk_cache.py); while requests run, once a reply has ended, one batch of the
+        queue in each step (DiskCache.write_slice)."""
+        if self.disk is None:
+            return
+        if self.has_unfinished:
+            self.counters["disk_written_blocks"] += await self.disk.write_slice(self.kv.live)
+        elif not self.disk.write_when_idle():
             await self.disk.tier.flush(force=True)
 
     def _disk_written(self, n: int) -> None:

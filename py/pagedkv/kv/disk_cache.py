@@ -11,7 +11,10 @@ Write-behind: after a forward, blocks that became full and computed are planned 
 BlockRead, which the engine's mover runs) and stored unless the disk holds them already; a step reads back
 only when a block fills, and never for a block that is on disk (a restored or shared prefix). In the step by
 default; with `background=True` (the page) the read-back payloads queue instead and a writer task stores
-them, WRITE_BATCH files at once, once the engine is idle (its last request ended: `write_when_idle`). In the
+them, WRITE_BATCH files at once: all of them once the engine is idle (its last request ended:
+`write_when_idle`), and once a reply has ended while others run, one batch in each step (`write_slice`: that
+reply is on disk a few steps later, where it waited for the engine to be idle before, and a reload a moment
+after its end found nothing). In the
 tab, OPFS writes ~80-150 MB/s on this machine (a 737 KB f32 block of SmolLM2 ~5-12 ms, most of it the browser
 copying and writing the bytes on another core the kernel threads use too), so the steps of a reply pay none of
 it; the reply's blocks are on disk a moment after its turn ends (the page's flush when it is hidden or left
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
@@ -59,6 +62,8 @@ class DiskCache:
         self._queued_bytes = 0
         self._writer: asyncio.Task | None = None
         self._saved: dict[int, int] = {}  # seq id -> full blocks already handled by write-behind
+        self._ended = False  # a sequence with queued blocks left the engine: write_slice writes the queue
+        self._planned_by: dict[str, int] = {}  # chain hash of a block planned or queued -> its sequence's id
         self._histories: dict[str, tuple[int, ...]] = {}  # owner (a chat) -> its token history, for flushes
         self.restored_tokens = 0
         self.last_restored_tokens = 0
@@ -110,6 +115,13 @@ class DiskCache:
                 yield tokens, moves
         await self.tier.flush()  # a GPU hit or a load moved blocks in the disk's LRU
 
+    def holder(self, prefix) -> Callable[[int, int], bool]:
+        """held(group, table index) for KVCacheManager.tier_hit: whether the tier has that block of `prefix`
+        (its full blocks) on disk now. Reads nothing."""
+        n = len(prefix) // self.key.spec.block_size
+        hashes = [block_chain(self.key, prefix, n, group=g) for g in range(self.key.num_groups)]
+        return lambda g, i: self.tier.has(hashes[g][i])
+
     def plan_store(self, kv, seqs) -> BlockRead | None:
         """The newly full, computed blocks of `seqs` that the disk lacks, to read back (None: nothing new)."""
         bs = self.key.spec.block_size
@@ -131,7 +143,10 @@ class DiskCache:
                         queued.add(hashes[i])
                         block_ids.append(table[i])
                         keys.append((hashes[i], seq.token_ids[i * bs:(i + 1) * bs]))
+                        self._planned_by[hashes[i]] = seq.seq_id
             self._saved[seq.seq_id] = full
+        if any(sid not in kv.live for sid in self._saved):
+            self._ended = True  # a reply ended (or was aborted) while others run: its blocks go out now
         self._saved = {sid: n for sid, n in self._saved.items() if sid in kv.live}
         return BlockRead(block_ids, keys) if block_ids else None
 
@@ -218,6 +233,35 @@ class DiskCache:
             self._raise_writer_error()
             self._writer = asyncio.ensure_future(self._write_queue())
         return self.writing
+
+    async def write_slice(self, live) -> int:
+        """A step ended and requests still run (`live`: their sequences by id): once a reply has ended, this step
+        stores one batch of what is queued (WRITE_BATCH files at once: the ended replies' blocks first, then the
+        oldest), until the queue is empty; returns the files written.
+        So a reply that ended while another chat streams is on disk a few steps later, not when the engine is
+        next idle, and a step pays at most one batch's writes; while no reply has ended the steps pay for none
+        (the replies' blocks wait for their ends). Nothing while the idle writer runs."""
+        if not self._queue:
+            self._ended = False
+            self._planned_by.clear()
+        if not self._ended or not self._queue or (self._writer is not None and not self._writer.done()):
+            return 0
+        self._raise_writer_error()
+        ended = [b for b in self._queue if self._planned_by.get(b[0]) not in live][:WRITE_BATCH]
+        first = {b[0] for b in ended}
+        batch = ended + [b for b in self._queue if b[0] not in first][:WRITE_BATCH - len(ended)]
+        chosen = {b[0] for b in batch}
+        kept = [b for b in self._queue if b[0] not in chosen]
+        self._queue.clear()
+        self._queue.extend(kept)
+        for h in chosen:
+            self._planned_by.pop(h, None)
+        try:
+            landed = await self.tier.save_many(batch)
+        finally:
+            self._queued_bytes -= sum(len(b[2]) for b in batch)
+        await self.tier.flush()  # the LRU order when it is due (a reload lists the files themselves)
+        return landed
 
     async def drain(self) -> None:
         """Write everything queued now and wait for it; raises what the writer raised."""

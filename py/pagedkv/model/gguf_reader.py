@@ -24,6 +24,14 @@ SUPPORTED_VERSIONS = (2, 3)  # version 1 used 32-bit counts and lengths; llama.c
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 FIRST_READ_BYTES = 1 << 20  # the header is read in a prefix that doubles until it fits
+# Bounds far above any real model's, checked when a count is read, before its items are: a file may hold the
+# bytes for ten million tokens, but parsing them costs seconds and a gigabyte of Python strings before the
+# converter could say the vocabulary does not match the embedding (the largest vocabularies have ~262k tokens;
+# the largest headers ~50k tensors, with each MoE expert a tensor of its own).
+MAX_ARRAY_ITEMS = 1 << 21
+MAX_TENSORS = 1 << 20
+MAX_FIELDS = 1 << 16
+MAX_STRING_BYTES = 1 << 24  # a chat template, the longest string real files hold, is a few tens of KiB
 
 
 class GGUFError(ValueError):
@@ -120,18 +128,22 @@ class _Cursor:
         self.pos += size
         return value
 
-    def count(self, what: str, min_item_bytes: int) -> int:
-        """A uint64 count of items that must each take at least min_item_bytes of what is left of the file."""
+    def count(self, what: str, min_item_bytes: int, most: int, unit: str) -> int:
+        """A uint64 count of items that must each take at least min_item_bytes of what is left of the file, and
+        be at most `most` (`unit`: what the bound counts, for the message)."""
         at = self.pos
         n = self.unpack("<Q", what)
         room = (self.file_size - self.pos) // max(min_item_bytes, 1)
         if n > room:
             raise GGUFError(f"{self.name}: {what} at offset {at:,} is {n:,}, but the {self.file_size - self.pos:,} "
                             f"bytes left in the file hold at most {room:,}")
+        if n > most:
+            raise GGUFError(f"{self.name}: {what} at offset {at:,} is {n:,}; this reader takes at most {most:,} "
+                            f"{unit}, far more than any real model has")
         return n
 
     def string(self, what: str) -> str:
-        n = self.count(f"length of {what}", 1)
+        n = self.count(f"length of {what}", 1, MAX_STRING_BYTES, "bytes in one string")
         self.need(n, what)
         raw = self.buf[self.pos:self.pos + n]
         try:
@@ -259,8 +271,9 @@ class GGUFFile:
         if self.version not in SUPPORTED_VERSIONS:
             raise GGUFError(f"{self.name} is GGUF version {self.version}; supported versions are "
                             f"{', '.join(map(str, SUPPORTED_VERSIONS))}")
-        n_tensors = c.count("the tensor count", 8 + 4 + 8 + 4 + 8)  # name, n_dims, one dim, type, offset
-        n_fields = c.count("the metadata count", 8 + 4)  # key length, value type
+        # a tensor info: name, n_dims, one dim, type, offset; a metadata entry: key length, value type
+        n_tensors = c.count("the tensor count", 8 + 4 + 8 + 4 + 8, MAX_TENSORS, "tensors")
+        n_fields = c.count("the metadata count", 8 + 4, MAX_FIELDS, "metadata keys")
         # gguf's reader lists the header's counts as fields too
         self.fields: dict[str, GGUFField] = {
             "GGUF.version": GGUFField("GGUF.version", ("UINT32",), self.version),
@@ -305,7 +318,7 @@ class GGUFFile:
         item_type = c.unpack("<I", f"the item type of {key!r}")
         if item_type not in VALUE_TYPES:
             raise GGUFError(f"{self.name}: metadata {key!r} is an array of unknown value type {item_type}")
-        n = c.count(f"the length of {key!r}", _MIN_VALUE_BYTES[item_type])
+        n = c.count(f"the length of {key!r}", _MIN_VALUE_BYTES[item_type], MAX_ARRAY_ITEMS, "items in one array")
         item_name, item_fmt = VALUE_TYPES[item_type]
         if item_fmt is not None:
             return (type_name, item_name), c.array(item_fmt, n, f"the items of {key!r}")

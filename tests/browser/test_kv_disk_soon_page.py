@@ -1,0 +1,89 @@
+"""The disk tier durable soon enough, with the CPU busy (a busy loop in a second process beside the tab): a chat's
+reply that ends while another chat streams is on disk while that stream still runs, not once the engine is idle
+(tiny model, WebGPU on SwiftShader, OPFS `kv/`); a reload a moment later restores its blocks, so the next turn's prompt comes
+from disk."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from browser_pages import open_app
+from test_kv_disk_page import REMOVE_KV, reload
+
+QUERY = "?model=tiny-random&backend=webgpu"  # SwiftShader: steps slow enough that the other chat streams on
+# The block files in `kv/` (none before the tier's first write makes the directory).
+BLOCK_FILES = """async () => {
+  let dir;
+  try { dir = await (await navigator.storage.getDirectory()).getDirectoryHandle("kv"); }
+  catch (err) { if (err.name === "NotFoundError") return []; throw err; }
+  const names = [];
+  for await (const [name, handle] of dir.entries()) {
+    if (/^[0-9a-f]{16}-[0-9a-f]{32}$/.test(name) && (await handle.getFile()).size) names.push(name);
+  }
+  return names;
+}"""
+LONG = "tell me everything about the sea, the ships, the ports, the fish and the storms of the winter"
+
+
+def send(page, text: str, max_tokens: int) -> None:
+    page.fill("#set-max-tokens", str(max_tokens))
+    page.fill("#set-temperature", "0")
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+
+
+def turn_end(page, previous: str) -> dict:
+    """The next turn-end the page shows (its dataset.lastTurn; the page's CSP forbids wait_for_function's eval,
+    so this polls the page's own event)."""
+    for _ in range(4800):
+        ended = page.evaluate("document.documentElement.dataset.lastTurn || ''")
+        if ended != previous:
+            return json.loads(ended)
+        page.wait_for_timeout(25)
+    raise AssertionError("no turn ended")
+
+
+def new_chat(page) -> None:
+    n = page.locator("#chat-list li").count()
+    page.locator("#new-chat").click()
+    page.wait_for_selector(f"#chat-list li:nth-child({n + 1}) button[aria-current=true]", state="attached")
+
+
+def test_a_reply_that_ends_while_another_streams_is_on_disk_and_a_reload_restores_it(browser, base_url):
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # the CPU busy beside the tab
+    context = browser.new_context()  # its own OPFS
+    try:
+        booted, _ = open_app(context, base_url + QUERY, 120_000)
+        page = booted.page
+        page.evaluate(REMOVE_KV)
+        new_chat(page)
+        send(page, "count the waves", 220)  # the other chat: streams on (the tiny model's context is 256)
+        page.wait_for_selector("#chat-list button.busy", state="attached")
+        new_chat(page)
+        previous = page.evaluate("document.documentElement.dataset.lastTurn || ''")
+        send(page, LONG, 2)
+        turn = turn_end(page, previous)
+        full = (turn["history_tokens"] - 1) // 16  # the reply's full blocks: the engine computed all but its end
+        assert full >= 3
+        files = []
+        while page.locator("#chat-list button.busy").count():  # ... while the other chat still streams
+            files = page.evaluate(BLOCK_FILES)
+            if len(files) >= full:
+                break
+            page.wait_for_timeout(25)
+        # the ended reply's blocks are written first (DiskCache.write_slice): these are its `full` files
+        assert len(files) >= full and page.locator("#chat-list button.busy").count() == 1
+        chat = turn["chat"]
+        reload(page)  # at once: the worker dies with the stream (its pagehide flush need not finish)
+        page.locator(f"#chat-list button[data-chat='{chat}']").click()
+        page.wait_for_selector(f"html[data-chat='{chat}']", state="attached")
+        previous = page.evaluate("document.documentElement.dataset.lastTurn || ''")
+        send(page, "and the gulls?", 2)
+        after = turn_end(page, previous)
+        assert after["chat"] == chat and after["cached_tokens"] == full * 16  # every full block, from disk
+        page.evaluate(REMOVE_KV)
+    finally:
+        hog.kill()
+        hog.wait()
+        context.close()
