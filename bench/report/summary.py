@@ -191,14 +191,16 @@ def structured_table(st: dict, wgpu: dict | None = None) -> list[str]:
            f"`python3 -m bench.structured{_quick(st)}` — {st['model']}, one greedy request at a time, the same "
            f"question, as many new tokens in every mode (every reply runs past them), the modes interleaved round by "
            "round; ms per decode token from the engine's steps (first to last new token), median over the rounds; "
-           "x plain: the median of each round's ratio to that round's plain request. json_schema: a response_format; "
+           "x plain: the median of each round's ratio to that round's plain request (and the rounds' range: where it "
+           "spans 1, the machine's noise outweighs the grammar's cost). json_schema: a response_format; "
            "tools: one tool, tool_choice required (its instruction makes the prompt longer).", "",
            "| backend | rounds x tokens | load average (start, end) | plain ms/token | json_schema ms/token (x plain) "
            "| tools ms/token (x plain) |", "|---|---|---|---|---|---|"]
     for run, label, _ in runs:
         dec, load = run["decode"], run["load_average"]
         modes = dec["modes"]
-        cells = [f"{modes[m]['ms_per_token_median']:.0f} ({modes[m]['ratio_to_plain']:.2f}x)"
+        cells = [f"{modes[m]['ms_per_token_median']:.0f} ({modes[m]['ratio_to_plain']:.2f}x; rounds "
+                 f"{min(modes[m]['rounds_ratio_to_plain']):.2f}-{max(modes[m]['rounds_ratio_to_plain']):.2f})"
                  for m in ("json_schema", "tools")]
         out.append(f"| {label}{' (quick)' if run.get('quick') else ''} | {dec['rounds']} x {dec['tokens_per_request']} "
                    f"| {load['start'][0]:.1f}, {load['end'][0]:.1f} | {modes['plain']['ms_per_token_median']:.0f} "
