@@ -69,8 +69,12 @@ BENCHMARKS = {
     "hybrid_kv": ["bench.hybrid_kv"],
     # the same on the WebGPU backend (wgpu-py's adapter): its ledger's pages, and the engine's after a 1k prompt
     "hybrid_kv_wgpu": ["bench.hybrid_kv", "--backend", "wgpu"],
-    # SmolLM2 on the CPU backend: decode tok/s free text vs json_schema, and the token mask's cost (cold, cached)
+    # SmolLM2 on the CPU backend: decode ms/token free text vs json_schema vs a forced tool call (interleaved
+    # rounds), and the token mask's cost (cold, cached)
     "structured": ["bench.structured"],
+    # the same decode comparison on the WebGPU backend (wgpu-py's adapter, the gpu kernel family): a plain greedy
+    # token is picked on the device, a grammar's needs a logits row on the host
+    "structured_wgpu": ["bench.structured", "--backend", "wgpu"],
 }
 # Run in their quick form unless --only names them.
 LONG = ("kv_quality_window", "long_chat")

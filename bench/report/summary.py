@@ -182,6 +182,40 @@ def ttft_table(tt: dict) -> list[str]:
     return out + [""]
 
 
+def structured_table(st: dict, wgpu: dict | None = None) -> list[str]:
+    """Decode ms/token free text vs json_schema vs a forced tool call (bench/structured.py), on the CPU backend and,
+    where structured_wgpu.json is there, on the WebGPU one; then the grammar mask's own cost per token."""
+    runs = [(st, "CPU backend (numpy)", "")] + ([(wgpu, f"WebGPU, gpu kernels, {wgpu['adapter']}", " --backend wgpu")]
+                                               if wgpu else [])
+    out = ["## Structured output: what the grammar costs per token", "",
+           f"`python3 -m bench.structured{_quick(st)}` — {st['model']}, one greedy request at a time, the same "
+           f"question, as many new tokens in every mode (every reply runs past them), the modes interleaved round by "
+           "round; ms per decode token from the engine's steps (first to last new token), median over the rounds; "
+           "x plain: the median of each round's ratio to that round's plain request (and the rounds' range: where it "
+           "spans 1, the machine's noise outweighs the grammar's cost). json_schema: a response_format; "
+           "tools: one tool, tool_choice required (its instruction makes the prompt longer).", "",
+           "| backend | rounds x tokens | load average (start, end) | plain ms/token | json_schema ms/token (x plain) "
+           "| tools ms/token (x plain) |", "|---|---|---|---|---|---|"]
+    for run, label, _ in runs:
+        dec, load = run["decode"], run["load_average"]
+        modes = dec["modes"]
+        cells = [f"{modes[m]['ms_per_token_median']:.0f} ({modes[m]['ratio_to_plain']:.2f}x; rounds "
+                 f"{min(modes[m]['rounds_ratio_to_plain']):.2f}-{max(modes[m]['rounds_ratio_to_plain']):.2f})"
+                 for m in ("json_schema", "tools")]
+        out.append(f"| {label}{' (quick)' if run.get('quick') else ''} | {dec['rounds']} x {dec['tokens_per_request']} "
+                   f"| {load['start'][0]:.1f}, {load['end'][0]:.1f} | {modes['plain']['ms_per_token_median']:.0f} "
+                   f"| {' | '.join(cells)} |")
+    mask = st["mask_ms"]
+    out += ["", f"The mask alone (GrammarMatcher over the {st['trie_nodes']:,}-node vocabulary trie, "
+            f"{mask['cold']['n']} tokens of {st['seeds']['count']} seeded replies): cold median "
+            f"{mask['cold']['median']:.2f} ms, p95 {mask['cold']['p95']:.1f} ms; cached median "
+            f"{mask['cached']['median']:.3f} ms" + (f"; in the tab's Pyodide worker cold median "
+                                                    f"{st['tab']['mask_ms']['cold']['median']:.2f} ms, cached "
+                                                    f"{st['tab']['mask_ms']['cached']['median']:.3f} ms"
+                                                    if st.get("tab") else "") + ".", ""]
+    return out
+
+
 def hybrid_kv_table(hk: dict, wgpu: dict | None = None) -> list[str]:
     """Gemma 3 270M's KV with window groups (kv/groups.py) beside every layer holding the whole context; wgpu: the
     same on the WebGPU backend (`--backend wgpu`, hybrid_kv_wgpu.json), where there is one."""
@@ -350,6 +384,8 @@ def build_summary(results: Path) -> str:
                              (kq, kv_quality_window_table, "kv_quality_window"),
                              (_load(results, "hybrid_kv.json"),
                               lambda h: hybrid_kv_table(h, _load(results, "hybrid_kv_wgpu.json")), "hybrid_kv"),
+                             (_load(results, "structured.json"),
+                              lambda s: structured_table(s, _load(results, "structured_wgpu.json")), "structured"),
                              (kd, kv_quality_dtypes_table, "kv_quality_dtypes")):
         lines += make(data) if data else [f"_{name}.json missing: run `python3 -m bench --only {name}`._", ""]
     plots = [p.name for p in sorted(results.glob("*.png"))]
