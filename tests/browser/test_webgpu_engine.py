@@ -52,14 +52,16 @@ def test_tiny_greedy_with_the_gpu_kernel_family_equals_numpy(worker, block_size)
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
 def test_gpu_family_decode_past_one_attention_partition_equals_numpy(worker, kv_dtype):
-    """Contexts of 122-144 tokens, several flash-decoding partitions (the gpu family sizes them to its workgroup
+    """Contexts of 124-144 tokens, several flash-decoding partitions (the gpu family sizes them to its workgroup
     aim: 64-token ones here, their count changing as the contexts grow): the gpu family's decode layer
     (5 dispatches: q | k | v with RoPE and the KV write in its epilogue, attention, the output projection
     merging the partitions in its prologue, gate | up, down) against numpy, for f16 KV (written by the
     projection) and int8 (its rows handed to kv_write_quant)."""
-    prompts = [list(range(5, 5 + n)) for n in (122, 135)]
+    # Not 122 tokens: the reference's second token there is a near tie (ids 84 and 434, 0.011 apart), which the
+    # f16 matvecs' rounding of the normalised activations flips on lavapipe with int8 KV.
+    prompts = [list(range(5, 5 + n)) for n in (124, 135)]
     r = run(worker, f"tiny_greedy(16, {kv_dtype!r}, max_tokens=9, kernels='gpu', prompts={prompts})")
-    assert r["gpu"] == r["ref"]
+    assert r["gpu"] == r["ref"], r
     assert [len(o) for o in r["gpu"]] == [9, 9]
 
 
