@@ -6,6 +6,7 @@ non-streamed message."""
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 import json
 
 import pytest
@@ -19,6 +20,13 @@ from pagedkv.grammar import SchemaError
 from pagedkv.grammar.automaton import Automaton
 from pagedkv.tools import ToolChoice, call_grammar
 from tool_templates import LLAMA31_TOOLS_TEMPLATE, QWEN25_TOOLS_TEMPLATE
+
+
+def run_alone(coro):
+    """asyncio.run in a thread of its own: when the browser tests ran first, Playwright's sync API keeps a loop
+    running in this thread, where asyncio.run refuses to start."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather now",
@@ -298,7 +306,7 @@ def test_streamed_deltas_assemble_to_the_message():
 
     calls = [{"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
              {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]
-    out = asyncio.run(collect())
+    out = run_alone(collect())
     assert out == completion("c", "m", 1, [{"index": 0, "text": "Checking.", "finish_reason": "tool_calls",
                                             "tool_calls": calls}], {"total_tokens": 3})
     assert out["choices"][0]["message"] == {"role": "assistant", "content": "Checking.", "tool_calls": calls}

@@ -1,12 +1,20 @@
 """bench/structured.py's decode comparison: the modes interleaved round by round, ms/token from the steps' clock
 (first to last new token), the per-round ratios to plain; and its table in the summary."""
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
 
 from bench import structured
 from bench.report.summary import structured_table
+
+
+def run_alone(coro):
+    """asyncio.run in a thread of its own: when the browser tests ran first, Playwright's sync API keeps a loop
+    running in this thread, where asyncio.run refuses to start."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 # ms per step of each mode, round by round: round 2 runs on a machine twice as busy
 STEP_MS = {"plain": [100, 200], "json_schema": [150, 300], "tools": [200, 400]}
@@ -45,7 +53,7 @@ def fake_run(monkeypatch, end_early: str | None = None):
 
 def test_modes_take_turns_and_each_round_is_compared_with_its_own_plain_request(monkeypatch):
     create, clock, calls = fake_run(monkeypatch)
-    out = asyncio.run(structured.decode_rounds(create, clock, rounds=2, max_tokens=5))
+    out = run_alone(structured.decode_rounds(create, clock, rounds=2, max_tokens=5))
     assert calls == [("plain", 2)] + [(m, 5) for m in ("plain", "json_schema", "tools")] * 2
     modes = out["modes"]
     assert modes["plain"]["rounds_ms_per_token"] == [100.0, 200.0]
@@ -60,12 +68,12 @@ def test_modes_take_turns_and_each_round_is_compared_with_its_own_plain_request(
 def test_a_reply_that_ends_before_the_token_count_is_an_error(monkeypatch):
     create, clock, _ = fake_run(monkeypatch, end_early="json_schema")
     with pytest.raises(RuntimeError, match=r"json_schema: 4 tokens \(4 timed\), not 5: its reply ended early \(stop\)"):
-        asyncio.run(structured.decode_rounds(create, clock, rounds=1, max_tokens=5))
+        run_alone(structured.decode_rounds(create, clock, rounds=1, max_tokens=5))
 
 
 def test_the_summary_table_has_a_row_per_backend(monkeypatch):
     create, clock, _ = fake_run(monkeypatch)
-    decode = asyncio.run(structured.decode_rounds(create, clock, rounds=2, max_tokens=5))
+    decode = run_alone(structured.decode_rounds(create, clock, rounds=2, max_tokens=5))
     cold = {"median": 0.24, "p95": 11.3, "max": 70.0, "n": 218}
     st = {"model": "smollm2", "decode": decode, "load_average": {"start": [5.0, 6, 7], "end": [8.25, 6, 7]},
           "trie_nodes": 100298, "seeds": {"count": 5}, "tab": None,
