@@ -32,12 +32,21 @@ del _wheel_urls
   await pyodide.runPythonAsync("from pagedkv_app.main import boot\nawait boot()");
 }
 
-// A storage promise, for Python to await (py/pagedkv/browser/opfs.py _settle): settled as {ok, value} or
-// {ok: false, name, message}, never rejected. Chromium rejects a file write past the quota with a
-// QuotaExceededError that has no `stack`, which Pyodide cannot raise ("invalid exception object"), and the
-// await would never end.
-self.pagedkvSettle = (promise) => Promise.resolve(promise).then((value) => ({ ok: true, value }),
-  (err) => ({ ok: false, name: String(err?.name ?? "Error"), message: String(err?.message ?? err) }));
+// A storage call for Python to await (py/pagedkv/browser/opfs.py _settle): `target[method](...args)` made here,
+// its promise settled as {ok, value} or {ok: false, name, message}, never rejected, and never handed to Python.
+// Chromium rejects a call past the quota with a QuotaExceededError that has no `stack`; a promise Python holds
+// becomes a Pyodide future, which cannot take that rejection ("TypeError: invalid exception object", an uncaught
+// error in the page). A call that throws at once is settled the same way.
+self.pagedkvSettleCall = (target, method, ...args) => {
+  let promise;
+  try {
+    promise = Promise.resolve(target[method](...args));
+  } catch (err) {
+    promise = Promise.reject(err);
+  }
+  return promise.then((value) => ({ ok: true, value }),
+    (err) => ({ ok: false, name: String(err?.name ?? "Error"), message: String(err?.message ?? err) }));
+};
 
 // The model list's messages (web/models.js), answered while Python is still starting.
 const MODEL_MESSAGES = new Set(["open-gguf", "remove-model", "list-models"]);

@@ -24,9 +24,8 @@ def _js_obj(value: dict):
 
 
 # How long a storage call may take before the store is taken for unusable. With the origin's quota full,
-# Chromium (156) never settles a worker's getFileHandle / getDirectoryHandle that would create an entry, and
-# rejects a write with a QuotaExceededError that has no `stack` (Pyodide cannot raise it: "invalid exception
-# object", and the await never ends). A busy machine answers in well under a second.
+# Chromium (156) never settles a worker's getFileHandle / getDirectoryHandle that would create an entry, or
+# rejects it with a QuotaExceededError that has no `stack`. A busy machine answers in well under a second.
 STORAGE_TIMEOUT_S = 10.0
 
 
@@ -42,16 +41,26 @@ class StorageStalled(StoreFull):
     """The browser's storage did not answer: in Chromium, what a full quota does to the calls that create."""
 
 
-async def _settle(promise, what: str):
-    """Await a storage promise: its rejection raises StorageError (the worker's `pagedkvSettle`, web/worker.js,
-    hands it over as a value, so Pyodide never has to raise the browser's error), no answer in
-    STORAGE_TIMEOUT_S StorageStalled."""
+class StorageQuotaFull(StorageError, StoreFull):
+    """A storage call the browser refused with QuotaExceededError: a StoreFull whose message says what to do."""
+
+
+async def _settle(what: str, target, method: str, *args):
+    """`target.method(*args)`, a storage call, awaited: its rejection raises StorageError, no answer in
+    STORAGE_TIMEOUT_S StorageStalled. The call is made in JavaScript (the worker's `pagedkvSettleCall`,
+    web/worker.js), which hands a rejection over as a value: its promise never reaches Python. Pyodide turns a
+    promise it is handed into a future at once, and a rejection with a QuotaExceededError that has no `stack`
+    (what Chromium gives under a full quota) then fails in that future ("TypeError: invalid exception object"),
+    an uncaught error in the page even when the same promise was settled through JavaScript too."""
     try:
-        result = await asyncio.wait_for(js.pagedkvSettle(promise), STORAGE_TIMEOUT_S)
+        result = await asyncio.wait_for(js.pagedkvSettleCall(target, method, *args), STORAGE_TIMEOUT_S)
     except asyncio.TimeoutError:
         raise StorageStalled(f"the browser's storage did not answer ({what}) in {STORAGE_TIMEOUT_S:g} s: its "
                              "quota for this site is likely full (remove saved models or chats to free it)") from None
     if not result.ok:
+        if str(result.name) == "QuotaExceededError":
+            raise StorageQuotaFull("QuotaExceededError", f"the browser's storage quota for this site is full ({what}): "
+                                   "remove saved models or chats to free it")
         raise StorageError(str(result.name), str(result.message))
     return result.value
 
@@ -67,11 +76,11 @@ async def _opfs_directory(path: tuple[str, ...], create: bool = True):
     storage = getattr(js.navigator, "storage", None)
     if storage is None or not hasattr(storage, "getDirectory"):
         raise OSError("this browser has no origin private file system (navigator.storage.getDirectory)")
-    handle = await _settle(storage.getDirectory(), "opening its root")
+    handle = await _settle("opening its root", storage, "getDirectory")
     for i, part in enumerate(path):
         try:
-            handle = await _settle(handle.getDirectoryHandle(part, _js_obj({"create": create})),
-                                   f"opening {'/'.join(path[:i + 1])}")
+            handle = await _settle(f"opening {'/'.join(path[:i + 1])}", handle, "getDirectoryHandle", part,
+                                   _js_obj({"create": create}))
         except StorageError as err:
             if _js_error(err, "NotFoundError"):
                 raise FileNotFoundError(f"{'/'.join(path[:i + 1])} is not in this browser's storage") from None
@@ -109,13 +118,13 @@ class OpfsStore:
 
     async def read(self, name: str) -> bytes | None:
         try:
-            handle = await _settle(self.directory.getFileHandle(name), f"opening {name}")
+            handle = await _settle(f"opening {name}", self.directory, "getFileHandle", name)
         except StorageError as err:
             if _js_error(err, "NotFoundError"):
                 return None
             raise
-        file = await _settle(handle.getFile(), f"reading {name}")
-        return (await _settle(file.arrayBuffer(), f"reading {name}")).to_bytes()
+        file = await _settle(f"reading {name}", handle, "getFile")
+        return (await _settle(f"reading {name}", file, "arrayBuffer")).to_bytes()
 
     async def write(self, name: str, data: bytes) -> None:
         """Write `name` whole. A file (or directory) removed while it is written, or locked by a removal in
@@ -135,22 +144,22 @@ class OpfsStore:
     async def _write_once(self, name: str, data: bytes) -> None:
         create = _js_obj({"create": True})
         try:
-            handle = await _settle(self.directory.getFileHandle(name, create), f"creating {name}")
+            handle = await _settle(f"creating {name}", self.directory, "getFileHandle", name, create)
         except StorageError as err:  # the directory itself is gone (removed, or its handle stale)
             if not _js_error(err, "NotFoundError") or not await self._reopen():
                 raise
-            handle = await _settle(self.directory.getFileHandle(name, create), f"creating {name}")
+            handle = await _settle(f"creating {name}", self.directory, "getFileHandle", name, create)
         try:  # a swap file: nothing lands in `name` before close()
-            writable = await _settle(handle.createWritable(), f"opening {name}")
+            writable = await _settle(f"opening {name}", handle, "createWritable")
         except StorageError as err:
             await self._refused(name, len(data), err)
         try:
-            await _settle(writable.write(to_js(memoryview(data))), f"writing {name}")
+            await _settle(f"writing {name}", writable, "write", to_js(memoryview(data)))
         except StorageError as err:
-            await _settle(writable.abort(), f"abandoning {name}")
+            await _settle(f"abandoning {name}", writable, "abort")
             await self._refused(name, len(data), err)
         try:
-            await _settle(writable.close(), f"closing {name}")
+            await _settle(f"closing {name}", writable, "close")
         except StorageError as err:
             await self._refused(name, len(data), err)
 
@@ -169,7 +178,7 @@ class OpfsStore:
         (a disk tier lists it again at its next open and evicts it by LRU)."""
         for attempt in range(DELETE_ATTEMPTS):
             try:
-                return await _settle(self.directory.removeEntry(name), f"removing {name}")
+                return await _settle(f"removing {name}", self.directory, "removeEntry", name)
             except StorageError as err:
                 if _js_error(err, "NotFoundError"):
                     return
@@ -199,7 +208,7 @@ class OpfsStore:
         """The directory's entries, each step of its iterator awaited through _settle."""
         entries = self.directory.values()
         while True:
-            step = await _settle(entries.next(), "listing its files")
+            step = await _settle("listing its files", entries, "next")
             if step.done:
                 return
             yield step.value
@@ -211,7 +220,7 @@ class OpfsStore:
             if handle.kind != "file" or name.endswith(SWAP_SUFFIX):
                 continue
             try:
-                size = int((await _settle(handle.getFile(), f"sizing {name}")).size)
+                size = int((await _settle(f"sizing {name}", handle, "getFile")).size)
             except StorageError as err:
                 if not _js_error(err, "NotFoundError"):
                     raise
@@ -228,7 +237,7 @@ class OpfsStore:
 
     async def remove_directory(self, name: str) -> None:
         """Delete the directory `name` in this one with everything in it."""
-        await _settle(self.directory.removeEntry(name, _js_obj({"recursive": True})), f"removing {name}")
+        await _settle(f"removing {name}", self.directory, "removeEntry", name, _js_obj({"recursive": True}))
 
 
 async def open_or_memory(*path: str) -> FileStore:
