@@ -110,7 +110,8 @@ class BootedPage:
 
 
 def open_and_boot(browser, url: str, timeout_ms: int, py_timeout_ms: int | None = None) -> BootedPage:
-    """A new page at url, once it has left the booting state (ready or error)."""
+    """A new page at url (of a browser or a browser context), once it has left the booting state (ready or
+    error)."""
     page = browser.new_page()
     page.set_default_timeout(timeout_ms)
     responses, console = [], []
@@ -152,7 +153,10 @@ class BrowserSession(BootedPage):
         self.url = f"{self.origin}/{self.query}"
         self._pw = sync_playwright().start()
         self.browser = launch(self._pw, find_chromium())
-        booted = open_and_boot(self.browser, self.url, self.TIMEOUT_MS)
+        # A context of its own, not browser.new_page()'s: a page-owned context takes no second page (the soak's
+        # second tab on the same storage).
+        self.context = self.browser.new_context()
+        booted = open_and_boot(self.context, self.url, self.TIMEOUT_MS)
         super().__init__(booted.page, booted.responses, booted.console, None)
         if self.state == "error":
             raise RuntimeError(f"page failed to boot: {self.dataset().get('error')}")

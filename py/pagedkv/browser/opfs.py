@@ -167,6 +167,8 @@ class OpfsStore:
         if _js_error(err, "NotFoundError") or _js_error(err, "NoModificationAllowedError"):
             raise err  # removed (or being removed) while written: write() tries again
         await self.delete(name)  # the empty file getFileHandle created
+        if isinstance(err, StorageQuotaFull):  # says the quota and what to free already
+            raise err
         if _js_error(err, "QuotaExceededError"):
             raise StoreFull(f"the browser's storage quota refused {name} ({nbytes:,} bytes; remove saved models "
                             f"or chats to free it): {err}") from err
