@@ -118,15 +118,69 @@ def test_a_session_holds_a_call_as_returned_and_continues_with_its_result(tiny):
     assert tiny.forget("t2")
 
 
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {}, "additionalProperties": False}}}
+
+
 def test_required_calls_one_of_the_tools_in_every_sample(tiny):
-    clock = {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {}, "additionalProperties": False}}}
-    out = tiny.chat.completions.create(model=tiny.model_id, messages=ASK, tools=[clock, TRIP], max_tokens=80,
-                                       tool_choice="required", n=4, temperature=1.0, seed=7)
+    """parallel_tool_calls false: each sample's first call ends it (with parallel calls allowed a sample may go
+    on to a second call, which max_tokens 80 would cut)."""
+    body = {"model": tiny.model_id, "messages": ASK, "tools": [CLOCK, TRIP], "max_tokens": 80,
+            "tool_choice": "required", "n": 4, "temperature": 1.0, "seed": 7}
+    out = tiny.chat.completions.create(body, parallel_tool_calls=False)
     calls = [calls_of({"choices": [c]}) for c in out["choices"]]  # seed 7: samples that pick each tool
     assert calls == [[("get_time", {})], [("plan_trip", {"days": 5, "mode": "train"})], [("get_time", {})],
                      [("get_time", {})]]
     assert [c["finish_reason"] for c in out["choices"]] == ["tool_calls"] * 4
+
+
+def streamed_calls(chunks: list[dict]) -> list[tuple[int, str, str]]:
+    """(index, name, arguments) of each call in a stream's tool_call deltas, assembled as a client does."""
+    calls: dict[int, list] = {}
+    for delta in (d for c in chunks if c["choices"] for d in c["choices"][0]["delta"].get("tool_calls", ())):
+        entry = calls.setdefault(delta["index"], [delta["index"], "", ""])
+        entry[1] += delta["function"].get("name", "")
+        entry[2] += delta["function"]["arguments"]
+    return [tuple(c) for c in calls.values()]
+
+
+def test_two_calls_in_one_reply_and_parallel_false_stops_at_the_first(tiny_long_dir):
+    """required with parallel calls allowed: the grammar takes one call or more (tools.call_grammar), and seed 28
+    has the tiny model write two, get_time then plan_trip, returned in that order, streamed and not. The same
+    request with parallel_tool_calls false: the reply ends once its first call closes (decoding stops, the
+    request is aborted), so it holds get_time alone, from fewer tokens. An engine of its own: what other tests
+    left in the prefix cache changes the tiny model's logits by rounding, enough to flip a seeded draw."""
+    tiny = Engine([tiny_long_dir], budget_mib=64)
+    body = {"model": tiny.model_id, "messages": ASK, "tools": [CLOCK, TRIP], "max_tokens": 200,
+            "tool_choice": "required", "temperature": 1.0, "seed": 28}
+    out = tiny.chat.completions.create(body)
+    two = [("get_time", {}), ("plan_trip", {"days": 3, "mode": "train"})]
+    assert calls_of(out) == two
+    choice = out["choices"][0]
+    assert (choice["finish_reason"], choice["message"]["content"]) == ("tool_calls", None)
+    ids = [c["id"] for c in choice["message"]["tool_calls"]]
+    assert len(set(ids)) == 2 and all(i.startswith("call_") for i in ids)
+    assert out["usage"]["completion_tokens"] == 132
+    streamed = list(tiny.chat.completions.create(body, stream=True, pagedkv={"token_ids": True}))
+    assert streamed_calls(streamed) == [(0, "get_time", "{}"), (1, "plan_trip", '{"days":3,"mode":"train"}')]
+    assert [c["choices"][0]["finish_reason"] for c in streamed if c["choices"]][-1] == "tool_calls"
+
+    one = tiny.chat.completions.create(body, parallel_tool_calls=False)
+    assert calls_of(one) == two[:1] and one["choices"][0]["finish_reason"] == "tool_calls"
+    alone = list(tiny.chat.completions.create(body, parallel_tool_calls=False, stream=True,
+                                              pagedkv={"token_ids": True}))
+    assert streamed_calls(alone) == [(0, "get_time", "{}")]
+    assert [c["choices"][0]["finish_reason"] for c in alone if c["choices"]][-1] == "tool_calls"
+    # decoding stopped at the token that closed the first call: the same ids as the two-call reply's up to there
+    ids_two, ids_one = streamed_ids(streamed), streamed_ids(alone)
+    text = service(tiny).tokenizer.decode(ids_one)
+    assert ids_one == ids_two[:54] and len(ids_one) == one["usage"]["completion_tokens"] == 54
+    assert text == '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    tiny.close()
+
+
+def streamed_ids(chunks: list[dict]) -> list[int]:
+    return [t for c in chunks if c["choices"] for t in c["choices"][0].get("pagedkv", {}).get("token_ids", ())]
 
 
 def test_auto_with_a_response_format_gives_the_format_or_a_call(tiny):
