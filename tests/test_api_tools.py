@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 
@@ -12,6 +13,7 @@ from pagedkv.api import ApiError, Engine
 from pagedkv.chat import Conversation
 from pagedkv.model.tiny import tiny_config, write_tiny_model
 from test_cli import run_cli
+from tool_templates import MISTRAL_NEMO_TOOLS_TEMPLATE
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -38,6 +40,17 @@ def tiny(tiny_long_dir):
 
 def service(engine):
     return engine.services[engine.model_id]
+
+
+@pytest.fixture(scope="module")
+def tiny_mistral_dir(tiny_long_dir, tmp_path_factory):
+    """The same tiny model under Mistral Nemo's chat template: its calls are a [TOOL_CALLS] array (spelled in
+    plain tokens: the tiny vocabulary has no [TOOL_CALLS] token)."""
+    path = tmp_path_factory.mktemp("models") / "tiny-mistral"
+    shutil.copytree(tiny_long_dir, path)
+    manifest = json.loads((path / "model.json").read_text())
+    (path / "model.json").write_text(json.dumps(manifest | {"chat_template": MISTRAL_NEMO_TOOLS_TEMPLATE}))
+    return path
 
 
 def test_a_session_continues_through_a_tool_call_turn(tiny):
@@ -236,4 +249,36 @@ def test_smollm2_calls_the_forced_tool_then_answers_its_result(real_weights):  #
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in pieces if c["choices"]) == \
         text["message"]["content"]
     assert pieces[-1]["choices"][0]["finish_reason"] == "stop"
+    engine.close()
+
+
+def test_a_mistral_template_calls_in_its_array_with_ids_it_takes_back(tiny_mistral_dir):
+    """Mistral Nemo's format end to end: "required" decodes a [TOOL_CALLS] array (seed 2: two calls), parsed back
+    in order, streamed and not, each with a 9-character id; sent back with their results, the template renders
+    them (it refuses any other id) and the model answers. parallel_tool_calls false: an array of one call."""
+    engine = Engine([tiny_mistral_dir], budget_mib=64)
+    assert service(engine).template.tool_format.kind == "mistral"
+    body = {"model": engine.model_id, "messages": ASK, "tools": [CLOCK, TRIP], "max_tokens": 200,
+            "tool_choice": "required", "temperature": 1.0, "seed": 2}
+    out = engine.chat.completions.create(body)
+    assert calls_of(out) == [("plan_trip", {"days": 8, "mode": "plane"}), ("get_time", {})]
+    message = out["choices"][0]["message"]
+    assert out["choices"][0]["finish_reason"] == "tool_calls" and message["content"] is None
+    ids = [c["id"] for c in message["tool_calls"]]
+    assert all(len(i) == 9 and i.isascii() and i.isalnum() for i in ids) and ids[0] != ids[1]
+    streamed = list(engine.chat.completions.create(body, stream=True))
+    assert streamed_calls(streamed) == [(0, "plan_trip", '{"days":8,"mode":"plane"}'), (1, "get_time", "{}")]
+    results = [{"role": "tool", "tool_call_id": i, "content": "done"} for i in ids]
+    answer = engine.chat.completions.create(body, messages=ASK + [message] + results, tool_choice="auto",
+                                            max_tokens=3, temperature=0)
+    assert answer["usage"]["completion_tokens"] >= 1
+    prompt = service(engine).template.render(ASK + [message] + results, add_generation_prompt=True,
+                                             tools=[CLOCK, TRIP])
+    assert prompt.endswith("".join(f'[TOOL_RESULTS]{{"content": done, "call_id": "{i}"}}[/TOOL_RESULTS]'
+                                   for i in ids))
+    assert answer["usage"]["prompt_tokens"] == len(Conversation(service(engine).tokenizer, service(engine).template,
+                                                                ASK + [message] + results,
+                                                                tools=[CLOCK, TRIP]).prompt_ids())
+    one = engine.chat.completions.create(body, parallel_tool_calls=False)
+    assert calls_of(one) == [("plan_trip", {"days": 8, "mode": "plane"})]
     engine.close()
