@@ -11,7 +11,9 @@ import pytest
 from model_fixtures import REAL_MODEL_DIR, real_weights  # noqa: F401  (fixture)
 from pagedkv.api import ApiError, Engine
 from pagedkv.chat import Conversation
+from pagedkv.grammar import Grammar
 from pagedkv.model.tiny import tiny_config, write_tiny_model
+from pagedkv.tools import ToolChoice, call_grammar
 from test_cli import run_cli
 from tool_templates import MISTRAL_NEMO_TOOLS_TEMPLATE
 
@@ -136,11 +138,8 @@ CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
 
 
 def test_required_calls_one_of_the_tools_in_every_sample(tiny):
-    """parallel_tool_calls false: each sample's first call ends it (with parallel calls allowed a sample may go
-    on to a second call, which max_tokens 80 would cut)."""
-    body = {"model": tiny.model_id, "messages": ASK, "tools": [CLOCK, TRIP], "max_tokens": 80,
-            "tool_choice": "required", "n": 4, "temperature": 1.0, "seed": 7}
-    out = tiny.chat.completions.create(body, parallel_tool_calls=False)
+    out = tiny.chat.completions.create(model=tiny.model_id, messages=ASK, tools=[CLOCK, TRIP], max_tokens=80,
+                                       tool_choice="required", n=4, temperature=1.0, seed=7)
     calls = [calls_of({"choices": [c]}) for c in out["choices"]]  # seed 7: samples that pick each tool
     assert calls == [[("get_time", {})], [("plan_trip", {"days": 5, "mode": "train"})], [("get_time", {})],
                      [("get_time", {})]]
@@ -157,25 +156,39 @@ def streamed_calls(chunks: list[dict]) -> list[tuple[int, str, str]]:
     return [tuple(c) for c in calls.values()]
 
 
-def test_two_calls_in_one_reply_and_parallel_false_stops_at_the_first(tiny_long_dir):
-    """required with parallel calls allowed: the grammar takes one call or more (tools.call_grammar), and seed 28
-    has the tiny model write two, get_time then plan_trip, returned in that order, streamed and not. The same
-    request with parallel_tool_calls false: the reply ends once its first call closes (decoding stops, the
-    request is aborted), so it holds get_time alone, from fewer tokens. An engine of its own: what other tests
-    left in the prefix cache changes the tiny model's logits by rounding, enough to flip a seeded draw."""
+def two_calls_grammar(fmt) -> Grammar:
+    """A reply of exactly two calls, get_time then plan_trip, in `fmt` (tagged: two blocks on their own lines;
+    mistral: one array of two): the tiny random model writes no call of its own accord, and a forced call is one
+    call (tools.call_grammar)."""
+    get_time, plan_trip = (Grammar.literal(f'{{"name": "{t["function"]["name"]}", "{fmt.arguments_key}": ')
+                           + Grammar.json_schema(t["function"]["parameters"]) + Grammar.literal("}")
+                           for t in (CLOCK, TRIP))
+    if fmt.kind == "mistral":
+        return Grammar.literal("[TOOL_CALLS][") + get_time + Grammar.literal(", ") + plan_trip + Grammar.literal("]")
+    return (Grammar.literal("<tool_call>\n") + get_time + Grammar.literal("\n</tool_call>\n<tool_call>\n")
+            + plan_trip + Grammar.literal("\n</tool_call>"))
+
+
+def test_two_calls_in_one_reply_and_parallel_false_stops_at_the_first(tiny_long_dir, monkeypatch):
+    """The completion loop under a grammar of two calls (the service's _grammar made to return it): with
+    parallel_tool_calls true (the default) both come back in the order written, streamed and not, each with its
+    own id; with false the reply ends once its first call closes (decoding stops, the request is aborted), so it
+    holds get_time alone, from the two-call reply's ids up to there. An engine of its own: what other tests left
+    in the prefix cache changes the tiny model's logits by rounding, enough to flip a seeded draw."""
     tiny = Engine([tiny_long_dir], budget_mib=64)
+    svc = service(tiny)
+    monkeypatch.setattr(svc, "_grammar", lambda req: two_calls_grammar(svc.template.tool_format))
     body = {"model": tiny.model_id, "messages": ASK, "tools": [CLOCK, TRIP], "max_tokens": 200,
-            "tool_choice": "required", "temperature": 1.0, "seed": 28}
+            "temperature": 1.0, "seed": 3}
     out = tiny.chat.completions.create(body)
-    two = [("get_time", {}), ("plan_trip", {"days": 3, "mode": "train"})]
+    two = [("get_time", {}), ("plan_trip", {"days": 4, "mode": "train"})]
     assert calls_of(out) == two
     choice = out["choices"][0]
     assert (choice["finish_reason"], choice["message"]["content"]) == ("tool_calls", None)
     ids = [c["id"] for c in choice["message"]["tool_calls"]]
     assert len(set(ids)) == 2 and all(i.startswith("call_") for i in ids)
-    assert out["usage"]["completion_tokens"] == 132
     streamed = list(tiny.chat.completions.create(body, stream=True, pagedkv={"token_ids": True}))
-    assert streamed_calls(streamed) == [(0, "get_time", "{}"), (1, "plan_trip", '{"days":3,"mode":"train"}')]
+    assert streamed_calls(streamed) == [(0, "get_time", "{}"), (1, "plan_trip", '{"days":4,"mode":"train"}')]
     assert [c["choices"][0]["finish_reason"] for c in streamed if c["choices"]][-1] == "tool_calls"
 
     one = tiny.chat.completions.create(body, parallel_tool_calls=False)
@@ -186,9 +199,8 @@ def test_two_calls_in_one_reply_and_parallel_false_stops_at_the_first(tiny_long_
     assert [c["choices"][0]["finish_reason"] for c in alone if c["choices"]][-1] == "tool_calls"
     # decoding stopped at the token that closed the first call: the same ids as the two-call reply's up to there
     ids_two, ids_one = streamed_ids(streamed), streamed_ids(alone)
-    text = service(tiny).tokenizer.decode(ids_one)
-    assert ids_one == ids_two[:54] and len(ids_one) == one["usage"]["completion_tokens"] == 54
-    assert text == '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    assert ids_one == ids_two[:len(ids_one)] and len(ids_one) == one["usage"]["completion_tokens"] < len(ids_two)
+    assert svc.tokenizer.decode(ids_one) == '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
     tiny.close()
 
 
@@ -252,33 +264,40 @@ def test_smollm2_calls_the_forced_tool_then_answers_its_result(real_weights):  #
     engine.close()
 
 
-def test_a_mistral_template_calls_in_its_array_with_ids_it_takes_back(tiny_mistral_dir):
-    """Mistral Nemo's format end to end: "required" decodes a [TOOL_CALLS] array (seed 2: two calls), parsed back
-    in order, streamed and not, each with a 9-character id; sent back with their results, the template renders
-    them (it refuses any other id) and the model answers. parallel_tool_calls false: an array of one call."""
+def test_a_mistral_template_calls_in_its_array_with_ids_it_takes_back(tiny_mistral_dir, monkeypatch):
+    """Mistral Nemo's format end to end: "required" decodes one call as a [TOOL_CALLS] array, with a 9-character
+    id; under a grammar of two calls in one array (as two_calls_grammar) both come back in order, streamed and
+    not; sent back with their results, the template renders them (it refuses any other id) and the model
+    answers. parallel_tool_calls false: the array is decided at its end, and its first call is the reply's."""
     engine = Engine([tiny_mistral_dir], budget_mib=64)
-    assert service(engine).template.tool_format.kind == "mistral"
+    svc = service(engine)
+    assert svc.template.tool_format.kind == "mistral"
     body = {"model": engine.model_id, "messages": ASK, "tools": [CLOCK, TRIP], "max_tokens": 200,
             "tool_choice": "required", "temperature": 1.0, "seed": 2}
-    out = engine.chat.completions.create(body)
-    assert calls_of(out) == [("plan_trip", {"days": 8, "mode": "plane"}), ("get_time", {})]
+    forced = engine.chat.completions.create(body)["choices"][0]
+    assert calls_of({"choices": [forced]}) == [("plan_trip", {"days": 8, "mode": "plane"})]
+    assert forced["finish_reason"] == "tool_calls"
+
+    with monkeypatch.context() as patched:
+        patched.setattr(svc, "_grammar", lambda req: two_calls_grammar(svc.template.tool_format))
+        out = engine.chat.completions.create(body)
+        streamed = list(engine.chat.completions.create(body, stream=True))
+        one = engine.chat.completions.create(body, parallel_tool_calls=False)
+    two = [("get_time", {}), ("plan_trip", {"days": 7, "mode": "train"})]
+    assert calls_of(out) == two and out["choices"][0]["finish_reason"] == "tool_calls"
     message = out["choices"][0]["message"]
-    assert out["choices"][0]["finish_reason"] == "tool_calls" and message["content"] is None
     ids = [c["id"] for c in message["tool_calls"]]
     assert all(len(i) == 9 and i.isascii() and i.isalnum() for i in ids) and ids[0] != ids[1]
-    streamed = list(engine.chat.completions.create(body, stream=True))
-    assert streamed_calls(streamed) == [(0, "plan_trip", '{"days":8,"mode":"plane"}'), (1, "get_time", "{}")]
+    assert streamed_calls(streamed) == [(0, "get_time", "{}"), (1, "plan_trip", '{"days":7,"mode":"train"}')]
+    # decoding stopped at the array's closing "]": all the two-call reply's tokens but its end token
+    assert calls_of(one) == two[:1] and one["usage"]["completion_tokens"] == out["usage"]["completion_tokens"] - 1
+
     results = [{"role": "tool", "tool_call_id": i, "content": "done"} for i in ids]
-    answer = engine.chat.completions.create(body, messages=ASK + [message] + results, tool_choice="auto",
-                                            max_tokens=3, temperature=0)
-    assert answer["usage"]["completion_tokens"] >= 1
-    prompt = service(engine).template.render(ASK + [message] + results, add_generation_prompt=True,
-                                             tools=[CLOCK, TRIP])
+    history = ASK + [message] + results
+    answer = engine.chat.completions.create(body, messages=history, tool_choice="auto", max_tokens=3, temperature=0)
+    prompt = svc.template.render(history, add_generation_prompt=True, tools=[CLOCK, TRIP])
     assert prompt.endswith("".join(f'[TOOL_RESULTS]{{"content": done, "call_id": "{i}"}}[/TOOL_RESULTS]'
                                    for i in ids))
-    assert answer["usage"]["prompt_tokens"] == len(Conversation(service(engine).tokenizer, service(engine).template,
-                                                                ASK + [message] + results,
+    assert answer["usage"]["prompt_tokens"] == len(Conversation(svc.tokenizer, svc.template, history,
                                                                 tools=[CLOCK, TRIP]).prompt_ids())
-    one = engine.chat.completions.create(body, parallel_tool_calls=False)
-    assert calls_of(one) == [("plan_trip", {"days": 8, "mode": "plane"})]
     engine.close()

@@ -413,31 +413,19 @@ WEATHER_CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 TIME_CALL = '{"name": "get_time", "arguments": {}}'
 
 
-def test_required_takes_several_calls_where_parallel_calls_are_allowed():
-    """"required" with parallel_tool_calls: one call or more in a format that holds several (tagged blocks one
-    per line, one Mistral array); with parallel_tool_calls false, a named function, or Llama's JSON: exactly
-    one."""
+def test_a_forced_call_is_one_call_in_each_format():
+    """"required" takes one call of any tool, in the template's format, with or without parallel_tool_calls (a
+    second call cannot follow); what it lets a Mistral model write, the Mistral parser reads back."""
     tools, required = (WEATHER, TIME), ToolChoice("required")
-    blocks = [f"<tool_call>\n{c}\n</tool_call>" for c in (WEATHER_CALL, TIME_CALL, WEATHER_CALL)]
-    several = Automaton(call_grammar(TAGGED, tools, required).term)
-    assert [several.matches("\n".join(blocks[:k])) for k in (1, 2, 3)] == [True, True, True]
-    assert not several.matches("") and not several.matches(blocks[0] + blocks[1])  # a newline between blocks
-    one = Automaton(call_grammar(TAGGED, tools, required, parallel=False).term)
-    assert (one.matches(blocks[0]), one.matches("\n".join(blocks[:2]))) == (True, False)
-    named = Automaton(call_grammar(TAGGED, tools, ToolChoice("function", "get_time")).term)
-    assert (named.matches(blocks[1]), named.matches("\n".join(blocks[1:2] * 2))) == (True, False)
-    llama = Automaton(call_grammar(JSON_CALLS, tools, required).term)
-    assert llama.matches('{"name": "get_time", "parameters": {}}')
-    assert not llama.matches('{"name": "get_time", "parameters": {}}\n{"name": "get_time", "parameters": {}}')
-
+    blocks = [f"<tool_call>\n{c}\n</tool_call>" for c in (WEATHER_CALL, TIME_CALL)]
+    tagged = Automaton(call_grammar(TAGGED, tools, required).term)
+    assert (tagged.matches(blocks[0]), tagged.matches(blocks[1]), tagged.matches("\n".join(blocks))) == \
+        (True, True, False)
     mistral = Automaton(call_grammar(MISTRAL, tools, required).term)
-    assert mistral.matches(f"[TOOL_CALLS][{WEATHER_CALL}]")
-    assert mistral.matches(f"[TOOL_CALLS][{WEATHER_CALL}, {TIME_CALL}, {WEATHER_CALL}]")
+    assert mistral.matches(f"[TOOL_CALLS][{WEATHER_CALL}]") and mistral.matches(f"[TOOL_CALLS][{TIME_CALL}]")
+    assert not mistral.matches(f"[TOOL_CALLS][{WEATHER_CALL}, {TIME_CALL}]")
     assert not mistral.matches("[TOOL_CALLS][]") and not mistral.matches(f"[{WEATHER_CALL}]")
-    mistral_one = Automaton(call_grammar(MISTRAL, tools, required, parallel=False).term)
-    assert mistral_one.matches(f"[TOOL_CALLS][{TIME_CALL}]")
-    assert not mistral_one.matches(f"[TOOL_CALLS][{WEATHER_CALL}, {TIME_CALL}]")
-    # what the grammar lets a Mistral model write, its parser reads back
+    named = Automaton(call_grammar(MISTRAL, tools, ToolChoice("function", "get_time")).term)
+    assert named.matches(f"[TOOL_CALLS][{TIME_CALL}]") and not named.matches(f"[TOOL_CALLS][{WEATHER_CALL}]")
     parser = ToolCallParser(MISTRAL, NAMES)
-    assert parser.push(f"[TOOL_CALLS][{WEATHER_CALL}, {TIME_CALL}]") + parser.finish() == \
-        [PARIS, ToolCall("get_time", "{}")]
+    assert parser.push(f"[TOOL_CALLS][{WEATHER_CALL}]") + parser.finish() == [PARIS]

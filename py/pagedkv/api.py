@@ -282,8 +282,7 @@ class CompletionService(_Creates):
             return req.grammar
         try:
             calls = call_grammar(self.template.tool_format, req.tools,
-                                 req.tool_choice if req.tool_choice.forced else ToolChoice("required"),
-                                 req.parallel_tool_calls)
+                                 req.tool_choice if req.tool_choice.forced else ToolChoice("required"))
         except SchemaError as exc:
             raise ApiError(400, f"{exc.param}: {exc.message}", exc.param) from None
         return calls if req.tool_choice.forced else Grammar.any_of([req.grammar, calls])

@@ -75,11 +75,6 @@ class ToolFormat:
         """The key a call's arguments sit under in the text the model writes."""
         return "parameters" if self.kind == "json" else "arguments"
 
-    @property
-    def several_calls(self) -> bool:
-        """A reply may hold more than one call (Llama's JSON is the whole reply: one)."""
-        return self.kind != "json"
-
     def call_text(self, name: str, arguments: dict) -> str:
         """One call written as the model writes it in this format."""
         body = json.dumps({"name": name, self.arguments_key: arguments}, ensure_ascii=False)

@@ -118,19 +118,15 @@ def check_tool_choice(value: object, tools: tuple[dict, ...]) -> ToolChoice:
     return choice
 
 
-def call_grammar(fmt: ToolFormat, tools: tuple[dict, ...], choice: ToolChoice, parallel: bool = True) -> Grammar:
-    """The grammar a forced call is decoded under: calls written as `fmt` writes them, each with the chosen
-    function's name ("required": any of the tools') and arguments valid under that function's parameters schema.
-    The name and keys are literal text: the model chooses only the arguments (and, where several calls are
-    allowed, which functions and how many).
-
-    How many: one, except under "required" with `parallel` (parallel_tool_calls true) in a format that holds
-    several (tagged: `<tool_call>` blocks one per line; mistral: one `[TOOL_CALLS]` array), where it is one or
-    more, as OpenAI's "required" lets a model call several tools at once. A named function is called once (as
-    vLLM does); Llama's JSON is one call a reply. Shapes: tagged `<tool_call>\n{"name": "f", "arguments":
-    ...}\n</tool_call>`, json `{"name": "f", "parameters": ...}`, mistral `[TOOL_CALLS][{"name": "f",
-    "arguments": ...}]`. SchemaError (param `tools[i].function.parameters...`) for a schema keyword the grammar
-    cannot hold to."""
+def call_grammar(fmt: ToolFormat, tools: tuple[dict, ...], choice: ToolChoice) -> Grammar:
+    """The grammar a forced call is decoded under: one call written as `fmt` writes it (tagged:
+    `<tool_call>\n{"name": "f", "arguments": ...}\n</tool_call>`; json: `{"name": "f", "parameters": ...}`;
+    mistral: `[TOOL_CALLS][{"name": "f", "arguments": ...}]`) with the chosen function's name ("required": any of
+    the tools') and arguments valid under that function's parameters schema. The name and keys are literal text:
+    the model chooses only the arguments. One call, whatever parallel_tool_calls says: under a grammar that lets
+    a second call follow, SmolLM2-135M (greedy) wrote the same call again and again until max_tokens (docs/api.md,
+    "Tools"). SchemaError (param `tools[i].function.parameters...`) for a schema keyword the grammar cannot hold
+    to."""
     calls = []
     for i, tool in enumerate(tools):
         function = tool["function"]
@@ -141,11 +137,8 @@ def call_grammar(fmt: ToolFormat, tools: tuple[dict, ...], choice: ToolChoice, p
                                         f"tools[{i}].function.parameters")
         calls.append(Grammar.literal(head) + arguments + Grammar.literal("}"))
     call = calls[0] if len(calls) == 1 else Grammar.any_of(calls)
-    more = parallel and choice.mode == "required" and fmt.several_calls  # a second call, and more, may follow
     if fmt.kind == "tagged":
-        block = Grammar.literal(f"{CALL_OPEN}\n") + call + Grammar.literal(f"\n{CALL_CLOSE}")
-        return block + (Grammar.literal("\n") + block).repeat(0) if more else block
-    if fmt.kind == "mistral":  # the separators are those Mistral's template writes in the history's calls
-        listed = call + (Grammar.literal(", ") + call).repeat(0) if more else call
-        return Grammar.literal(f"{MISTRAL_CALLS}[") + listed + Grammar.literal("]")
+        return Grammar.literal(f"{CALL_OPEN}\n") + call + Grammar.literal(f"\n{CALL_CLOSE}")
+    if fmt.kind == "mistral":
+        return Grammar.literal(f"{MISTRAL_CALLS}[") + call + Grammar.literal("]")
     return call

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .json_terms import ANY_OBJECT
 from .schema import SchemaError, compile_schema
-from .terms import Term, alt, literal, rep, seq
+from .terms import Term, alt, literal, seq
 
 __all__ = ["Grammar", "compile_response_format"]
 
@@ -20,7 +20,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for json_schema.na
 
 @dataclass(frozen=True)
 class Grammar:
-    """The byte strings a reply may be: build with json_object, json_schema, literal, any_of, repeat and +."""
+    """The byte strings a reply may be: build with json_object, json_schema, literal, any_of and +."""
 
     term: Term
 
@@ -46,10 +46,6 @@ class Grammar:
         if not terms:
             raise ValueError("any_of needs at least one grammar")
         return cls(alt(*terms))
-
-    def repeat(self, lo: int, hi: int | None = None) -> Grammar:
-        """This grammar `lo` to `hi` times in a row (hi None: no upper bound)."""
-        return Grammar(rep(self.term, lo, hi))
 
     def __add__(self, other: Grammar) -> Grammar:
         """This grammar, then `other`."""
