@@ -427,5 +427,6 @@ def test_a_forced_call_is_one_call_in_each_format():
     assert not mistral.matches("[TOOL_CALLS][]") and not mistral.matches(f"[{WEATHER_CALL}]")
     named = Automaton(call_grammar(MISTRAL, tools, ToolChoice("function", "get_time")).term)
     assert named.matches(f"[TOOL_CALLS][{TIME_CALL}]") and not named.matches(f"[TOOL_CALLS][{WEATHER_CALL}]")
+    assert mistral.matches(MISTRAL.call_text("get_time", {})) and tagged.matches(TAGGED.call_text("get_time", {}))
     parser = ToolCallParser(MISTRAL, NAMES)
     assert parser.push(f"[TOOL_CALLS][{WEATHER_CALL}]") + parser.finish() == [PARIS]

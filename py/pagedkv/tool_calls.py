@@ -176,9 +176,8 @@ class ToolCallParser:
                 end = self._call_end()
                 if end is None:
                     return events
-                body, close = self._held[:end], self._held[end:end + len(CALL_CLOSE)] if self.fmt.kind == "tagged" \
-                    else ""
-                self._held, self._in_call = self._held[end + len(close):], False
+                close = CALL_CLOSE if self.fmt.kind == "tagged" else ""  # a Mistral array's own "]" ends it
+                body, self._held, self._in_call = self._held[:end], self._held[end + len(close):], False
                 events += self._call(body, f"{self._open}{body}{close}")
                 continue
             start = self._held.find(self._open)
