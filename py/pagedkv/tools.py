@@ -123,8 +123,8 @@ def call_grammar(fmt: ToolFormat, tools: tuple[dict, ...], choice: ToolChoice) -
     `<tool_call>\n{"name": "f", "arguments": ...}\n</tool_call>`; json: `{"name": "f", "parameters": ...}`;
     mistral: `[TOOL_CALLS][{"name": "f", "arguments": ...}]`) with the chosen function's name ("required": any of
     the tools') and arguments valid under that function's parameters schema. The name and keys are literal text:
-    the model chooses only the arguments. One call, whatever parallel_tool_calls says: under a grammar that lets
-    a second call follow, SmolLM2-135M (greedy) wrote the same call again and again until max_tokens (docs/api.md,
+    the model chooses only the arguments. One call, whatever parallel_tool_calls says: under a grammar that let
+    more follow, SmolLM2-135M (greedy) began a second call after its first and ran into max_tokens (docs/api.md,
     "Tools"). SchemaError (param `tools[i].function.parameters...`) for a schema keyword the grammar cannot hold
     to."""
     calls = []
