@@ -258,10 +258,37 @@ async def small_rows(b: Bench, names: list[str], rng) -> None:
                     top_n=5, top_k=50, min_p=0.05)
 
 
+CHAIN_LENGTHS = (1, 16, 128)  # dependent empty dispatches a pass
+
+
+async def dispatch_chain_rows(b: Bench) -> float:
+    """Rows "dispatch_chain" (shaders/dispatch_chain.wgsl): chains of CHAIN_LENGTHS dispatches in one pass, each
+    reading the counter the one before wrote, as a decode step's kernels each wait for the one before. Returns
+    the dependent-dispatch floor: ms a dispatch, the slope between the shortest and the longest chain (the
+    pass's own start and end cancel)."""
+    counter = b.ctx.upload(np.zeros(4, np.uint32), "chain.counter")
+    call = ops.KernelCall("dispatch_chain", (("WORKGROUP_SIZE", 1),), (1, 1, 1), ops.uniform_words(1).tobytes())
+    one, _ = await b.call(call, [counter])
+    totals = {}
+    for n in CHAIN_LENGTHS:
+        b.ctx.write(counter, np.zeros(4, np.uint32))
+        row = await b.row("dispatch_chain", "roofline", one * n, 0, n, per=n, chain=n)
+        totals[n] = row["ms_min"] * n
+        # the timing ran the pass once to warm up, then runs x repeats times: each dispatch added 1
+        got = int((await b.ctx.read_array(counter, np.uint32, (1,)))[0])
+        if got != n * (1 + b.runs * b.repeats):
+            raise RuntimeError(f"dispatch_chain: a chain of {n} counted {got}, not {n * (1 + b.runs * b.repeats)}: "
+                               "the device did not run the chain's dispatches one after another")
+    counter.destroy()
+    lo, hi = CHAIN_LENGTHS[0], CHAIN_LENGTHS[-1]
+    return (totals[hi] - totals[lo]) / (hi - lo)
+
+
 async def decode_step(ctx, context: int, reps: int, kernels: str = "cpu") -> dict:
     """WebGpuBackend.forward of one sequence's decode token at `context` (random SmolLM2-shaped weights), with
     the `kernels` family (the gpu family in its default workgroup shapes, untuned)."""
     from pagedkv.backends.webgpu.backend import WebGpuBackend
+    from pagedkv.backends.webgpu.plan import PlanKey, layer_program
 
     with tempfile.TemporaryDirectory() as tmp:
         manifest = write_model(tmp, SMOLLM2, random_tensors(SMOLLM2), {}, "", {"file": "random", "sha256": None})
@@ -279,17 +306,31 @@ async def decode_step(ctx, context: int, reps: int, kernels: str = "cpu") -> dic
                          np.array([table[0, pos // bs] * bs + pos % bs], np.int32), np.array([0, 1], np.int32),
                          table, np.array([context], np.int32))
     await backend.forward(batch, greedy=True)  # records and validates the plan
+    # GPU timestamps around each step's passes where the device can (a NativeDevice with timestamp-query);
+    # the page's replayer (web/replayer.js) has no step timer: wall time only, said so in the row
+    stamped = hasattr(ctx, "time_steps") and "timestamp-query" in ctx.info.features
+    if stamped:
+        ctx.time_steps(reps)
     walls = []
     for _ in range(reps):
         t0 = time.perf_counter()
         await backend.forward(batch, greedy=True)
         walls.append((time.perf_counter() - t0) * 1e3)
+    gpu = await ctx.step_times_ms() if stamped else None
     weights = backend.ledger.by_kind()["weights"]
     nbytes = weights + context * backend.bytes_per_token
+    dispatches = sum(map(len, layer_program(backend, PlanKey.of(1, 1, sampled=False, greedy=True))))
     backend.destroy()
     return {"context": context, "kernels": kernels, "timer": "wall (forward: write inputs, replay, read ids)",
             "ms_median": float(np.median(walls)), "ms_min": min(walls), "bytes": nbytes, "weights_bytes": weights,
-            "gb_s": nbytes / min(walls) / 1e6, "tok_s": 1000 / min(walls)}
+            "gb_s": nbytes / min(walls) / 1e6, "tok_s": 1000 / min(walls),
+            "plan_dispatches": dispatches,  # recorded in the step's plan (a shape may skip some)
+            "gpu_timer": "gpu timestamps (first pass start to last pass end)" if stamped else None,
+            "gpu_timer_missing": None if stamped else (
+                "the adapter lacks timestamp-query" if "timestamp-query" not in ctx.info.features
+                else "this device has no step timer (the page's replayer)") + ": wall time only",
+            "gpu_ms_median": float(np.median(gpu)) if gpu else None, "gpu_ms_min": min(gpu) if gpu else None,
+            "gpu_tok_s": 1000 / min(gpu) if gpu else None}
 
 
 async def measure(ctx, kernels: list[str], quick: bool, rotate_mib: int | None = None,
@@ -315,6 +356,7 @@ async def measure(ctx, kernels: list[str], quick: bool, rotate_mib: int | None =
     data.destroy()
     floor, _ = await b.call(ops.empty_call(), [ctx.buffer(16, "empty.out")])
     await b.row("dispatch_floor", "roofline", floor * 256, 0, 256, per=256)
+    chain = await dispatch_chain_rows(b)
     await linear_rows(b, [k for k in kernels if k in LINEAR], prefill, rng)
     for decode, name in ((True, "decode_attention"), (False, "prefill_attention")):
         if name in kernels:
@@ -325,11 +367,14 @@ async def measure(ctx, kernels: list[str], quick: bool, rotate_mib: int | None =
                        "limits": info.limits},
            "quick": quick, "repeats": repeats, "runs": runs, "stream_read_gb_s": b.stream_gb_s,
            "rotate_bytes": rotate, "dispatch_floor_ms": next(r["ms_min"] for r in b.rows if r["kernel"] == "dispatch_floor"),
+           "dependent_dispatch_ms": chain, "timestamp_query": "timestamp-query" in info.features,
            "kernels": b.rows}
     if "decode_step" in kernels:  # "decode_step": the cpu family's, "decode_step_gpu": the gpu family's
         for family in ops.FAMILIES:
             step = await decode_step(ctx, contexts[-1], repeats, family)
             step["fraction_of_stream_read"] = step["gb_s"] / b.stream_gb_s
+            if step.get("gpu_ms_min") is not None:  # what of the step the dependent dispatches' floor explains
+                step["dispatch_chain_ms"] = step["plan_dispatches"] * chain
             out["decode_step" if family == "cpu" else f"decode_step_{family}"] = step
     return out
 
