@@ -149,12 +149,12 @@ def family_linear(ctx, family: str, kind: str, dtype: str, rows: int, cols: int,
                                f16="shader-f16" in features, whole_blocks=whole_blocks)
 
 
-async def linear_rows(b: Bench, names: list[str], tokens: int, rng) -> None:
+async def linear_rows(b: Bench, names: list[str], prefills: list[int], rng) -> None:
     for name in names:
         dtype, rows, cols, variant = LINEAR[name]
         parts = quantized(dtype, rows, cols, rng)
         weight_bytes = sum(len(p) for p in parts.values())
-        for phase, t in (("decode", 1), ("prefill", tokens)):
+        for phase, t in [("decode", 1)] + [("prefill", p) for p in prefills]:
             kind = "matvec" if t == 1 else "matmul"
             norm = variant == "norm" and kind == "matvec"
             qs = parts["qs"] + (np.ones(cols, "<f4").tobytes() if norm else b"")
@@ -186,14 +186,14 @@ async def linear_rows(b: Bench, names: list[str], tokens: int, rng) -> None:
 DECODE_CONTEXTS = (512, 4096)  # decode attention of both kernel families is timed here too
 
 
-async def attention_rows(b: Bench, contexts: list[int], prefill: int, decode: bool, rng) -> None:
-    """Decode attention at `contexts` and DECODE_CONTEXTS, or prefill attention over `prefill` tokens, in each
+async def attention_rows(b: Bench, contexts: list[int], prefills: list[int], decode: bool, rng) -> None:
+    """Decode attention at `contexts` and DECODE_CONTEXTS, or prefill attention over each of `prefills` tokens, in each
     kernel family (cpu; gpu with its workgroup tree and, where the device has them, with subgroups), each with
     the cache's blocks head-major (the kernels' layout) and token-major (rows ":token", the layout before)."""
     cfg, bs = SMOLLM2, 16
     contexts = sorted(set(contexts) | set(DECODE_CONTEXTS)) if decode else contexts
     spec = KVSpec.of(cfg, block_size=bs, dtype="f16")
-    cache = KVCacheBuffers(b.ctx, GpuKVLayout(spec, -(-max(contexts + [prefill]) // bs) + 1))
+    cache = KVCacheBuffers(b.ctx, GpuKVLayout(spec, -(-max(contexts + prefills) // bs) + 1))
     kv_token = 2 * cache.layout.token_bytes  # K and V of one token
     q_bytes = cfg.n_heads * cfg.head_dim * 4
     families = [("cpu", False), ("gpu", False)] + [("gpu", True)] * ("subgroups" in b.ctx.info.features)
@@ -209,7 +209,7 @@ async def attention_rows(b: Bench, contexts: list[int], prefill: int, decode: bo
                 await b.row(kk.decode.attention + tag, "decode", p.dispatches, context * kv_token + 2 * q_bytes,
                             invocations(kk, p.dispatches), context=context, passes=len(p.dispatches), family=family)
                 p.destroy()
-            if not decode:
+            for prefill in () if decode else prefills:
                 table = rng.permutation(layout.num_blocks)[None, : -(-prefill // bs)]
                 p = kk.prepare_prefill_attention(cache, np.zeros((prefill, cfg.n_heads, cfg.head_dim), np.float32),
                                                  np.array([0, prefill]), table, np.array([prefill]))
@@ -334,13 +334,13 @@ async def decode_step(ctx, context: int, reps: int, kernels: str = "cpu") -> dic
 
 
 async def measure(ctx, kernels: list[str], quick: bool, rotate_mib: int | None = None,
-                  prefill_tokens: int | None = None) -> dict:
+                  prefill_tokens: list[int] | None = None) -> dict:
     """Every figure of this benchmark on the device `ctx` (any device.GpuDevice). rotate_mib: the bytes the
     streaming read and each projection's weight copies span (default 256 MiB, 16 with quick); prefill_tokens:
-    the prefill rows' tokens (default 128, 32 with quick)."""
+    the prefill rows' token counts, each a row of its own (default [128], [32] with quick)."""
     repeats, runs = (3, 3) if quick else (10, 5)
     contexts, prefill = ([256, 1024], 32) if quick else ([256, 1024, 4096], 128)
-    prefill = prefill_tokens or prefill
+    prefills = list(prefill_tokens or [prefill])
     rotate = (rotate_mib if rotate_mib is not None else 16 if quick else 256) << 20
     b = Bench(ctx, repeats, runs, rotate)
     rng = np.random.default_rng(0)
@@ -357,10 +357,10 @@ async def measure(ctx, kernels: list[str], quick: bool, rotate_mib: int | None =
     floor, _ = await b.call(ops.empty_call(), [ctx.buffer(16, "empty.out")])
     await b.row("dispatch_floor", "roofline", floor * 256, 0, 256, per=256)
     chain = await dispatch_chain_rows(b)
-    await linear_rows(b, [k for k in kernels if k in LINEAR], prefill, rng)
+    await linear_rows(b, [k for k in kernels if k in LINEAR], prefills, rng)
     for decode, name in ((True, "decode_attention"), (False, "prefill_attention")):
         if name in kernels:
-            await attention_rows(b, contexts, prefill, decode, rng)
+            await attention_rows(b, contexts, prefills, decode, rng)
     await small_rows(b, kernels, rng)
     info = ctx.info
     out = {"adapter": {"name": info.name, "backend": info.backend, "features": list(info.features),
@@ -397,11 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rotate-mib", type=int, default=None,
                         help="bytes the streaming read and each projection's weight copies span (default 256 MiB, "
                              "16 with --quick): more than twice the GPU's L2")
-    parser.add_argument("--prefill", type=int, default=None, metavar="TOKENS",
-                        help="tokens of the prefill rows (matmuls, prefill attention; default 128, 32 with --quick)")
+    parser.add_argument("--prefill", type=int, nargs="+", default=None, metavar="TOKENS",
+                        help="tokens of the prefill rows (matmuls, prefill attention), a row for each count given "
+                             "(default 128, 32 with --quick)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     args = parser.parse_args(argv)
-    if args.prefill is not None and args.prefill < 1:
+    if args.prefill is not None and min(args.prefill) < 1:
         parser.error("--prefill must be at least 1")
     t0 = time.perf_counter()
     if args.backend == "wgpu":
@@ -433,7 +434,8 @@ def table(result: dict) -> str:
              f"stream read {result['stream_read_gb_s']:.2f} GB/s"]
     steps = [dict(result[k], kernel=k, phase="step") for k in ("decode_step", "decode_step_gpu") if k in result]
     for r in result["kernels"] + steps:
-        lines.append(f"{r['kernel']:<32} {r['phase']:<8} {r['ms_min']:9.3f} ms {r['gb_s']:8.2f} GB/s "
+        name = r["kernel"] + (f" x{r['chain']}" if "chain" in r else f" @{r['tokens']}" if r["phase"] == "prefill" else "")
+        lines.append(f"{name:<38} {r['phase']:<8} {r['ms_min']:9.3f} ms {r['gb_s']:8.2f} GB/s "
                      f"{r['fraction_of_stream_read']:6.1%}  {r['timer']}")
     return "\n".join(lines)
 
