@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import tempfile
 import time
 
@@ -90,8 +91,9 @@ def random_tensors(config: ModelConfig, seed: int = 0) -> list[PackedTensor]:
 class Bench:
     """Times dispatch lists on one device and turns them into rows."""
 
-    def __init__(self, ctx, repeats: int, runs: int, rotate_bytes: int = 0) -> None:
+    def __init__(self, ctx, repeats: int, runs: int, rotate_bytes: int = 0, progress: bool = False) -> None:
         self.ctx, self.repeats, self.runs = ctx, repeats, runs
+        self.progress = progress  # each row to stderr as it is measured: a run stopped at a deadline keeps them
         self.rotate_bytes = rotate_bytes  # the weight copies a projection's timing rotates through
         self.stream_gb_s = None
         self.rows = []
@@ -108,6 +110,8 @@ class Bench:
                "invocations": invocations, "dispatches_per_pass": per,
                "fraction_of_stream_read": gb_s / self.stream_gb_s if self.stream_gb_s else None}
         self.rows.append(row)
+        if self.progress:
+            print(json.dumps(row), file=sys.stderr, flush=True)
         return row
 
     def upload(self, data, label: str, uniform: bool = False):
@@ -334,15 +338,16 @@ async def decode_step(ctx, context: int, reps: int, kernels: str = "cpu") -> dic
 
 
 async def measure(ctx, kernels: list[str], quick: bool, rotate_mib: int | None = None,
-                  prefill_tokens: list[int] | None = None) -> dict:
+                  prefill_tokens: list[int] | None = None, progress: bool = False) -> dict:
     """Every figure of this benchmark on the device `ctx` (any device.GpuDevice). rotate_mib: the bytes the
     streaming read and each projection's weight copies span (default 256 MiB, 16 with quick); prefill_tokens:
-    the prefill rows' token counts, each a row of its own (default [128], [32] with quick)."""
+    the prefill rows' token counts, each a row of its own (default [128], [32] with quick); progress: each row
+    to stderr, one JSON line, as it is measured."""
     repeats, runs = (3, 3) if quick else (10, 5)
     contexts, prefill = ([256, 1024], 32) if quick else ([256, 1024, 4096], 128)
     prefills = list(prefill_tokens or [prefill])
     rotate = (rotate_mib if rotate_mib is not None else 16 if quick else 256) << 20
-    b = Bench(ctx, repeats, runs, rotate)
+    b = Bench(ctx, repeats, runs, rotate, progress)
     rng = np.random.default_rng(0)
     nbytes = max(rotate, 16 << 20)  # a multiple of both streams' units (1 MiB, 16 MiB)
     data = b.upload(rng.integers(0, 2**32, nbytes // 4, dtype=np.uint32), "stream")
@@ -401,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tokens of the prefill rows (matmuls, prefill attention), a row for each count given "
                              "(default 128, 32 with --quick)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    parser.add_argument("--progress", action="store_true",
+                        help="--backend wgpu: each row to stderr as a JSON line as soon as it is measured")
     args = parser.parse_args(argv)
     if args.prefill is not None and min(args.prefill) < 1:
         parser.error("--prefill must be at least 1")
@@ -411,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
         from pagedkv.backends.webgpu.native import NativeDevice
 
         async def run() -> dict:
-            return await measure(await NativeDevice.create(), args.kernels, args.quick, args.rotate_mib, args.prefill)
+            return await measure(await NativeDevice.create(), args.kernels, args.quick, args.rotate_mib, args.prefill,
+                                 args.progress)
 
         result = asyncio.run(run())
     else:
