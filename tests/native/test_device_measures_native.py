@@ -1,6 +1,7 @@
-"""The measurements bench.kernels adds for issue 50 on wgpu-py (lavapipe here): chains of dependent empty
-dispatches (shaders/dispatch_chain.wgsl, their counter checked) and GPU timestamps around whole replayed steps
-(NativeDevice.time_steps). Figures are never checked; what ran and what came back are."""
+"""The measurements and the check issue 50 adds to bench.kernels and the device script, on wgpu-py (lavapipe
+here): chains of dependent empty dispatches (shaders/dispatch_chain.wgsl, their counter checked), GPU timestamps
+around whole replayed steps (NativeDevice.time_steps), and the LM head's top ids against numpy
+(bench/device/lm_head_check.py). Figures are never checked; what ran and what came back are."""
 from __future__ import annotations
 
 import numpy as np
@@ -51,3 +52,15 @@ def test_replayed_steps_are_timed_first_pass_to_last(native_loop, native_device)
     times, count = native_loop.run(run())
     assert len(times) == 2 and all(t > 0 for t in times)
     assert count == 3 * 5  # every replay ran its five dispatches
+
+
+def test_lm_head_check_finds_the_reference_top_ids_in_every_variant(native_loop, native_device):
+    from bench.device.lm_head_check import check, top_ids
+
+    assert top_ids(np.array([1.0, 3.0, 3.0, 2.0]), 3) == [1, 2, 3]  # value descending, lower id first on ties
+    # SmolLM2's hidden size; seed 0's top 6 lie 0.049 apart or more, 20x the f16 matvec's largest error (0.0022)
+    r = native_loop.run(check(2048, 576, seed=0, top=6))
+    assert r["ok"] and len(r["want_top_ids"]) == 6 and min(r["want_gaps"]) > 0.049
+    assert [(v["variant"], v["equal"], v["faults"]) for v in r["variants"]] == [
+        (name, True, []) for name in ("cpu", "gpu_tree", "gpu_sg", "gpu_f16")]  # lavapipe has subgroups and f16
+    assert all(v["top_ids"] == r["want_top_ids"] and v["argmax"] == r["want_top_ids"][0] for v in r["variants"])
