@@ -3,10 +3,11 @@
 # SmolLM2-135M's shapes and the synthetic 1.5B model's) on a lent GPU (the `device` tool lends an H100 or an
 # H200), as ONE call whose step deadlines add up to at most 300 s (printed first), so a start and a rerun fit
 # the 15 minutes of device time. Each step is recorded into $OUT the moment it ends
-# (bench/device/record_step.py): a killed run still returns every step that finished. Three files come back:
-# $OUT/steps.jsonl (a line a step: its JSON, the card that measured it, exit status, seconds, deadline),
-# $OUT/summary.json (the same without the results) and $OUT/logs.tar.gz (each step's stderr: bench.kernels
-# writes every row there as it is measured, so a kernel step stopped at its deadline keeps the rows it finished).
+# (bench/device/record_step.py): a killed run still returns every step that finished, and the stderr of the
+# one under way ($OUT/running.log: bench.kernels writes every row there as it is measured). Three more files
+# come back: $OUT/steps.jsonl (a line a step: its JSON, the card that measured it, exit status, seconds,
+# deadline), $OUT/summary.json (the same without the results) and $OUT/logs.tar.gz (each finished step's
+# stderr, so a kernel step stopped at its deadline keeps the rows it measured).
 #
 # 1. Here, once, in the repo root (the device tool's README: the machine reaches no registry; its python3 is
 #    3.12 with numpy and jinja2, without wgpu, cffi, rendercanvas, pycparser):
@@ -49,8 +50,8 @@ if [ -z "$QUICK" ]; then
         generate_1.5b_gpu:25 generate_1.5b_gpu_plain:15"
 else
   # lavapipe on this machine's 2 shared cores: the SmolLM2-shaped decode steps and the first boot's tuning
-  PLAN="adapter:10 lm_head:15 kernels:75 kernels_prefill:30 kernels_1.5b:35 wait_small:5 generate_small_gpu:45
-        generate_small_cpu:30 generate_small_gpu_plain:50"
+  PLAN="adapter:10 lm_head:20 kernels:75 kernels_prefill:30 kernels_1.5b:35 wait_small:5 generate_small_gpu:45
+        generate_small_cpu:30 generate_small_gpu_plain:45"
 fi
 declare -A LIMIT
 total=0
@@ -64,8 +65,10 @@ record() {  # record NAME EXIT SECONDS: into $OUT now
 step() {  # step NAME CMD...: CMD under its deadline, stdout to $W/NAME.json, stderr to $W/NAME.log, then recorded
   local name=$1 t0=$SECONDS rc
   shift
-  timeout -k 5 "${LIMIT[$name]}" "$@" >"$W/$name.json" 2>"$W/$name.log"
+  # stderr straight into $OUT while the step runs: a run killed mid-step still returns what it wrote so far
+  timeout -k 5 "${LIMIT[$name]}" "$@" >"$W/$name.json" 2>"$OUT/running.log"
   rc=$?
+  mv "$OUT/running.log" "$W/$name.log"
   echo "$name: exit $rc in $((SECONDS - t0)) s (deadline ${LIMIT[$name]})"
   record "$name" "$rc" $((SECONDS - t0))
 }

@@ -7,7 +7,8 @@ WORK/NAME.log its stderr, WORK/card the card's name once the script knows it. Ap
 OUT/steps.jsonl ({"step", "card", "exit", "seconds", "limit_s", "result": the document or null, "stdout_tail"
 where it was not one, "log_tail"}) and rewrites OUT/summary.json (every step so far without its result) and
 OUT/logs.tar.gz (every log so far), each through a temporary file renamed over the old, under a lock (steps may
-end together: the models are built in the background). Three files of the eight the device tool brings back.
+end together: the models are built in the background). Three of the eight files the device tool brings back
+(gpu.sh's $OUT/running.log, the stderr of the step under way, is the fourth).
 """
 from __future__ import annotations
 
