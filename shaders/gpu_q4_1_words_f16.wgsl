@@ -1,11 +1,8 @@
 // gpu_q4_1_words.wgsl's word_dot in f16 arithmetic, for devices with `shader-f16` (composed after
 // q4_1_weights.wgsl by shader_variants.py, which starts the kernel with `enable f16;`).
-// The nibbles enter as q / 16 (exact in f16) and a word's activations as x / 2^e, e the exponent of their
-// largest |x| (frexp: that one in [0.5, 1)), so every f16 operand lies within 1 and the word's dot products
-// within 8, whatever the activations' size; the f32 result is scaled back by 2^e. (Cast raw, 8 activations
-// of 8,200 overflowed 65,504 in the sum term: a down projection's outliers reach that.) An activation 2^24
-// below the word's largest rounds to 0, where it could not move the sum. The scales and the sum over words
-// stay f32.
+// The nibbles enter as q / 16 (exact in f16), so a word's dot products stay below 8 |x|; a word whose largest
+// |x| reaches 4,096 enters scaled (f16_word_scale.wgsl: cast raw, 8 activations past 8,190 overflowed 65,504 in
+// the m * sum(x) term, where a down projection's outliers reach). The scales and the sum over words stay f32.
 
 override WORKGROUP_SIZE : u32 = 64u;
 // The activations enter the dot products as f16: matvec_gpu_main.wgsl's NORM scales them by 1 / rms before
@@ -14,13 +11,15 @@ const X_IN_F16 : bool = true;
 const WORDS_PER_BLOCK : u32 = 4u;
 const X_PER_WORD : u32 = 2u;
 
+//#include f16_word_scale.wgsl
+
 // Word c of block i (row * cols/32 + b) against its activations u0, u1: d * dot(q, u) + m * sum(u).
 fn word_dot(i : u32, c : u32, u0 : vec4<f32>, u1 : vec4<f32>) -> f32 {
   let q = vec4<u32>(qs[i][c]);
   let lo = vec4<f16>((q >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(0xFu)) * 0.0625h;
   let hi = vec4<f16>((q >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(0xFu)) * 0.0625h;
   let a = max(abs(u0), abs(u1));
-  let e = frexp(max(max(a.x, a.y), max(a.z, a.w))).exp;
+  let e = big_word_exponent(max(max(a.x, a.y), max(a.z, a.w)));
   let x0 = vec4<f16>(u0 * ldexp(1.0, -e));
   let x1 = vec4<f16>(u1 * ldexp(1.0, -e));
   let s = unpack2x16float(dm[i]);  // (d, m)

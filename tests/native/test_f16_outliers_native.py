@@ -5,8 +5,8 @@ old casts overflowed f16's 65,504 (shown here in numpy, as the kernels did it):
 - NORM (the q | k | v and gate | up projections): the raw residual x gain cast to f16 before normalising
   (3e4 x a gain of 2.5 is 75,000): 1 / rms is taken in f32 first (matvec_gpu_main.wgsl), as before this test;
 - ACCUMULATE (o and down, whose inputs are not normalised): a word's activations cast raw, the q4_1 decoder's
-  m * sum(x) term summing 8 of them (240,000) and q8_0's dot product 4 (up to 120,000): each word's
-  activations now enter as x / 2^e, their largest within 1 (gpu_q4_1_words_f16.wgsl, gpu_q8_0_words_f16.wgsl).
+  m * sum(x) term summing 8 of them (240,000) and q8_0's dot product 4 (up to 120,000): a word whose largest
+  |x| reaches 4,096 now enters as x / 2^e, that largest within 1 (shaders/f16_word_scale.wgsl).
 """
 from __future__ import annotations
 
