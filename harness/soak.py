@@ -9,11 +9,12 @@ The three:
   tabs press Enter at once. Both turns must reach the chat's record, and both tabs must show the record's messages;
   a turn missing from the record counts in `turns_lost`. The second tab is closed after.
 - full_quota: the origin's quota is set to what it uses now (CDP Storage.overrideQuotaForOrigin with
-  navigator.storage.estimate()'s usage), so every write that adds a byte is refused, and a long turn is sent: it must end, and where its reply filled a new KV block (which the disk tier then writes) the page must say
-  which store the quota refused: the chats (kept in this tab only, data-store=full) or the disk tier (its note). The quota is then given back and the page reloaded, as its note
-  asks; the chat's record must be exactly what it was before the quota filled where the page said the chats were
-  not saved (that turn counts in `turns_unsaved_under_full_quota`, not as lost: the page said so), else what it was
-  after the turn.
+  navigator.storage.estimate()'s usage), so a write that adds bytes may be refused, and a long turn is sent: it
+  must end, with no error. Where a store was refused the page says which (the chats kept in this tab only,
+  data-store=full, or the disk tier's note): counted in `full_quota_notes_shown`. The quota is then given back
+  and the page reloaded, as its note asks; the chat's record must be exactly what it was before the quota filled
+  where the page said the chats were not saved (that turn counts in `turns_unsaved_under_full_quota`, not as
+  lost: the page said so), else what it was after the turn.
 - reload_under_load: with a busy loop in a second process, a turn is sent and the page reloaded the moment it
   ends; the chat's next turn must take every full block of its history from the disk tier (`cached_tokens`), and
   each full block it does not counts in `disk_blocks_missed`.
@@ -48,8 +49,8 @@ WORDS = ("hello", "tell", "me", "about", "the", "sea", "why", "café", "naïve",
          "then", "blocks", "cache", "über", "日本", "x")
 FULL_TOKENS = 190  # no send to a chat this long: the tiny model's context is 256 tokens
 TWO_TURNS_TOKENS = 160  # no action of two short turns (two tabs, a reload between two) to a chat longer than this
-# A full quota: the origin's quota set to what it uses now, so every write that adds a byte is refused. (Issue
-# 49's fixed 30,000 bytes is more than a fresh context of the soak uses early on: its writes then still fit.)
+# A full quota: the origin's quota set to what it uses now, so a write that adds bytes is refused (not always: see
+# full_quota). Issue 49's fixed 30,000 bytes is more than a fresh context of the soak uses early on.
 USAGE = "navigator.storage.estimate().then((e) => e.usage)"
 BLOCK_SIZE = 16  # MODEL_QUERY's (the page's default ?block_size=)
 # WebGPU, the tiny model, a 16 MiB GPU budget: ~3,900 KV blocks, room for every chat many times over. With the
@@ -371,8 +372,8 @@ class Soak:
         self.reloaded_at = self.turns  # a page booted: the slow actions wait as after a reload
 
     def full_quota(self) -> None:
-        """A turn under a full quota ends, and the page says which store the quota refused: the chats (kept in
-        this tab only, data-store=full) or the disk tier (its disk_note). With the quota back and a reload (as
+        """A turn under a full quota ends (a note of the page saying which store the quota refused, the chats'
+        data-store=full or the disk tier's disk_note, is counted). With the quota back and a reload (as
         the page's note asks), the chat's record is what it was before the quota filled when the page said the
         chats were not saved, else what it was after the turn."""
         target = self.dataset()["chat"]
