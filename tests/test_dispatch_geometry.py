@@ -88,3 +88,17 @@ def test_cli_prints_json(capsys):
     assert geo.main(["--json", "--kernels", "gpu", "--prefill", "64"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["kernels"], out["prefill"], out["dispatches"][2]["kernel"]) == ("gpu", 64, "matmul_gpu_q4_1")
+
+
+def test_synthetic_1_5b_preset_decode_step_counts_its_24_layers_in_q4_K():
+    """--model synthetic-1.5b: the device runs' larger model (hidden 2,048, 24 layers, 32 query / 8 KV heads, Q4_K
+    everywhere) through the same plan: embedding, 5 a layer, the final norm, the LM head and argmax."""
+    rows = geo.decode_step("gpu", 1024, model="synthetic-1.5b")
+    assert geo.totals(rows) == {"count": 1 + 24 * 5 + 3, "min_hot_invocations": 88 * 128}  # the attention
+    assert _linear(rows)[:4] == [("matvec_gpu_sg_q4_K_rope_kv", "lin_qkv", 384 * 64),
+                                 ("matvec_gpu_sg_q4_K_merge", "lin_h", 256 * 64),
+                                 ("matvec_gpu_sg_q4_K", "lin_ffn", 2048 * 64),
+                                 ("matvec_gpu_sg_q4_K", "lin_down", 256 * 64)]
+    assert rows[0]["kernel"] == "embedding_q4_K"
+    with pytest.raises(ValueError, match="model must be one of"):
+        geo.decode_step("gpu", 1024, model="smollm2-1.7b")
