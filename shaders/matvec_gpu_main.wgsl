@@ -7,7 +7,8 @@
 // wg_sum() (subgroups or a workgroup tree). The including kernel defines WORDS_PER_BLOCK (u32 words of
 // codes per 32-weight block), X_PER_WORD (vec4 activations a word meets) and word_dot(block index,
 // word within the block, its activations); its io part (matvec_io*.wgsl) load_x(token, vec4 index), the
-// activations, and store8(token, r0, lo, hi), what becomes of the 8 rows' results.
+// activations, x_gain(vec4 index), NORM's gain (the one stored after the codes, matvec_gain.wgsl, or one of
+// its own), and store8(token, r0, lo, hi), what becomes of the 8 rows' results.
 // Every branch around a barrier or subgroup operation depends only on workgroup_id, override
 // constants or the uniform params (no early return before the reductions).
 // ROW_GROUPS > 1 (a matrix whose rows are short, tuned per projection: tuning.py): the workgroup's lanes
@@ -77,9 +78,9 @@ fn add_word(acc : ptr<function, Acc>, t : u32, j : u32, ri : vec4<u32>, rj : vec
     if (!X_IN_F16) {
       (*acc).ss += dot(u0, u0) + dot(u1, u1);
     }
-    u0 *= gain(v) * s;
+    u0 *= x_gain(v) * s;
     if (X_PER_WORD == 2u) {
-      u1 *= gain(v + 1u) * s;
+      u1 *= x_gain(v + 1u) * s;
     }
   }
   let b = j / WORDS_PER_BLOCK;

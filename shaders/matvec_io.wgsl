@@ -2,6 +2,10 @@
 // the body): the activations are x's row of token t, the 8 rows' results go through the weight type's
 // epilogue (put8, quant_epilogue.wgsl: plain, ACCUMULATE or SWIGLU).
 
+fn x_gain(v : u32) -> vec4<f32> {  // NORM: the gain stored after the codes
+  return gain(v);
+}
+
 fn load_x(t : u32, v : u32) -> vec4<f32> {
   return x[t * (params.cols / 4u) + v];
 }

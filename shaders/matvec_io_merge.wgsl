@@ -18,6 +18,10 @@ override HEAD_DIM : u32 = 64u;
 
 //#include partition_merge.wgsl
 
+fn x_gain(v : u32) -> vec4<f32> {  // NORM: the gain stored after the codes
+  return gain(v);
+}
+
 fn load_x(t : u32, v : u32) -> vec4<f32> {
   let n_parts = partitions_of(context_lens[t], merge);
   if (n_parts <= 1u) {

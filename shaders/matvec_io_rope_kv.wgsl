@@ -27,6 +27,10 @@ override HEAD_MAJOR : bool = true;  // a block keeps each kv head's rows togethe
 override ROTATE : bool = true;      // false: a layer without rotary (q and k stored unrotated)
 override ROW_U32 : u32 = select(HEAD_DIM, HEAD_DIM / 2u, KV_OUT == 1u);  // u32s of one head's f32 / f16 row
 
+fn x_gain(v : u32) -> vec4<f32> {  // NORM: the gain stored after the codes
+  return gain(v);
+}
+
 fn load_x(t : u32, v : u32) -> vec4<f32> {
   return x[t * (params.cols / 4u) + v];
 }
