@@ -8,7 +8,9 @@
 // codes per 32-weight block), X_PER_WORD (vec4 activations a word meets) and word_dot(block index,
 // word within the block, its activations); its io part (matvec_io*.wgsl) load_x(token, vec4 index), the
 // activations, x_gain(vec4 index), NORM's gain (the one stored after the codes, matvec_gain.wgsl, or one of
-// its own), and store8(token, r0, lo, hi), what becomes of the 8 rows' results.
+// its own), prefetch(token, r0), which lane 0 calls before the loop along K to load what its epilogue needs
+// (so no load waits after the last barrier; r0 may be past the rows), and store8(token, r0, lo, hi), what
+// becomes of the 8 rows' results.
 // Every branch around a barrier or subgroup operation depends only on workgroup_id, override
 // constants or the uniform params (no early return before the reductions).
 // ROW_GROUPS > 1 (a matrix whose rows are short, tuned per projection: tuning.py): the workgroup's lanes
@@ -110,6 +112,9 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   let ri = vec4<u32>(min(r0, last), min(r0 + 1u, last), min(r0 + 2u, last), min(r0 + 3u, last)) * nb;
   let rj = vec4<u32>(min(r0 + 4u, last), min(r0 + 5u, last), min(r0 + 6u, last), min(r0 + 7u, last)) * nb;
   var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0), 0.0);
+  if (lane == 0u) {  // the lane that stores: its epilogue's loads run beside the dot products
+    prefetch(t, r0);
+  }
   let words = nb * WORDS_PER_BLOCK;
   var s = 1.0;
   if (NORM && X_IN_F16) {  // 1 / rms before any activation is cast to f16
