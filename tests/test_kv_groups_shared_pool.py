@@ -54,11 +54,13 @@ def references(gemma_weights, tiny_weights):  # noqa: F811
             "long_llama": reference_greedy(llama, LONG_LLAMA_PROMPT, 24), "model": gemma}
 
 
-def shared(gemma, llama, num_pages: int) -> LLMEngine:
+def shared(gemma, llama, num_pages: int, attention=None) -> LLMEngine:
+    """attention: the Gemma backend's (None: the reference's; PointerTwin: the tab's wasm kernels' twin)."""
     page, (bs_gemma, bs_llama) = plan_pages([gemma.config, llama.config])
     assert (page, bs_gemma, bs_llama) == (8192, 16, 16)
     pages = allocate_pages(num_pages, page)
-    engine = LLMEngine(CpuBackend(gemma, num_pages, bs_gemma, pages=pages), Tokenizer.from_manifest(gemma.manifest),
+    engine = LLMEngine(CpuBackend(gemma, num_pages, bs_gemma, pages=pages, attention=attention),
+                       Tokenizer.from_manifest(gemma.manifest),
                        EngineConfig(max_num_batched_tokens=32), model="gemma", pool=BlockPool(num_pages))
     engine.add_model("llama", CpuBackend(llama, num_pages, bs_llama, pages=pages),
                      Tokenizer.from_manifest(llama.manifest))
@@ -96,6 +98,17 @@ def test_a_gemma_shaped_and_a_smollm2_shaped_model_share_one_pool_with_window_gr
     assert engine.pool_stats()["models"]["gemma"] == {"kv_pages": 0, "weights_pages": 0, "null_pages": 1,
                                                       "block_size": 16}
     assert engine.pool_stats()["reserved_pages"] == 1
+
+
+def test_the_tabs_attention_kernels_read_window_groups_in_shared_pages(gemma_weights, tiny_weights,  # noqa: F811
+                                                                        references):
+    """The tab's wasm attention (its CPython twin) steps through a page view whose blocks lie a page apart, one
+    group slot's block in each: Gemma's one-token steps run it while the llama shares the pages."""
+    from pagedkv.backends.cpu_attention import PointerTwin
+
+    engine = shared(gemma_weights, tiny_weights, 64, attention=PointerTwin())
+    (g_ids, l_ids), _ = run(engine, [("gemma", GEMMA_PROMPT), ("llama", LLAMA_PROMPT)])
+    assert (g_ids, l_ids) == (references["gemma"], references["llama"])
 
 
 def test_a_pool_too_small_for_both_preempts_across_models_and_both_keep_their_ids(gemma_weights, tiny_weights,  # noqa: F811
