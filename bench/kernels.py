@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import tempfile
 import time
 
@@ -90,8 +91,9 @@ def random_tensors(config: ModelConfig, seed: int = 0) -> list[PackedTensor]:
 class Bench:
     """Times dispatch lists on one device and turns them into rows."""
 
-    def __init__(self, ctx, repeats: int, runs: int, rotate_bytes: int = 0) -> None:
+    def __init__(self, ctx, repeats: int, runs: int, rotate_bytes: int = 0, progress: bool = False) -> None:
         self.ctx, self.repeats, self.runs = ctx, repeats, runs
+        self.progress = progress  # each row to stderr as it is measured: a run stopped at a deadline keeps them
         self.rotate_bytes = rotate_bytes  # the weight copies a projection's timing rotates through
         self.stream_gb_s = None
         self.rows = []
@@ -108,6 +110,8 @@ class Bench:
                "invocations": invocations, "dispatches_per_pass": per,
                "fraction_of_stream_read": gb_s / self.stream_gb_s if self.stream_gb_s else None}
         self.rows.append(row)
+        if self.progress:
+            print(json.dumps(row), file=sys.stderr, flush=True)
         return row
 
     def upload(self, data, label: str, uniform: bool = False):
@@ -149,12 +153,12 @@ def family_linear(ctx, family: str, kind: str, dtype: str, rows: int, cols: int,
                                f16="shader-f16" in features, whole_blocks=whole_blocks)
 
 
-async def linear_rows(b: Bench, names: list[str], tokens: int, rng) -> None:
+async def linear_rows(b: Bench, names: list[str], prefills: list[int], rng) -> None:
     for name in names:
         dtype, rows, cols, variant = LINEAR[name]
         parts = quantized(dtype, rows, cols, rng)
         weight_bytes = sum(len(p) for p in parts.values())
-        for phase, t in (("decode", 1), ("prefill", tokens)):
+        for phase, t in [("decode", 1)] + [("prefill", p) for p in prefills]:
             kind = "matvec" if t == 1 else "matmul"
             norm = variant == "norm" and kind == "matvec"
             qs = parts["qs"] + (np.ones(cols, "<f4").tobytes() if norm else b"")
@@ -186,14 +190,14 @@ async def linear_rows(b: Bench, names: list[str], tokens: int, rng) -> None:
 DECODE_CONTEXTS = (512, 4096)  # decode attention of both kernel families is timed here too
 
 
-async def attention_rows(b: Bench, contexts: list[int], prefill: int, decode: bool, rng) -> None:
-    """Decode attention at `contexts` and DECODE_CONTEXTS, or prefill attention over `prefill` tokens, in each
+async def attention_rows(b: Bench, contexts: list[int], prefills: list[int], decode: bool, rng) -> None:
+    """Decode attention at `contexts` and DECODE_CONTEXTS, or prefill attention over each of `prefills` tokens, in each
     kernel family (cpu; gpu with its workgroup tree and, where the device has them, with subgroups), each with
     the cache's blocks head-major (the kernels' layout) and token-major (rows ":token", the layout before)."""
     cfg, bs = SMOLLM2, 16
     contexts = sorted(set(contexts) | set(DECODE_CONTEXTS)) if decode else contexts
     spec = KVSpec.of(cfg, block_size=bs, dtype="f16")
-    cache = KVCacheBuffers(b.ctx, GpuKVLayout(spec, -(-max(contexts + [prefill]) // bs) + 1))
+    cache = KVCacheBuffers(b.ctx, GpuKVLayout(spec, -(-max(contexts + prefills) // bs) + 1))
     kv_token = 2 * cache.layout.token_bytes  # K and V of one token
     q_bytes = cfg.n_heads * cfg.head_dim * 4
     families = [("cpu", False), ("gpu", False)] + [("gpu", True)] * ("subgroups" in b.ctx.info.features)
@@ -209,7 +213,7 @@ async def attention_rows(b: Bench, contexts: list[int], prefill: int, decode: bo
                 await b.row(kk.decode.attention + tag, "decode", p.dispatches, context * kv_token + 2 * q_bytes,
                             invocations(kk, p.dispatches), context=context, passes=len(p.dispatches), family=family)
                 p.destroy()
-            if not decode:
+            for prefill in () if decode else prefills:
                 table = rng.permutation(layout.num_blocks)[None, : -(-prefill // bs)]
                 p = kk.prepare_prefill_attention(cache, np.zeros((prefill, cfg.n_heads, cfg.head_dim), np.float32),
                                                  np.array([0, prefill]), table, np.array([prefill]))
@@ -258,10 +262,37 @@ async def small_rows(b: Bench, names: list[str], rng) -> None:
                     top_n=5, top_k=50, min_p=0.05)
 
 
+CHAIN_LENGTHS = (1, 16, 128)  # dependent empty dispatches a pass
+
+
+async def dispatch_chain_rows(b: Bench) -> float:
+    """Rows "dispatch_chain" (shaders/dispatch_chain.wgsl): chains of CHAIN_LENGTHS dispatches in one pass, each
+    reading the counter the one before wrote, as a decode step's kernels each wait for the one before. Returns
+    the dependent-dispatch floor: ms a dispatch, the slope between the shortest and the longest chain (the
+    pass's own start and end cancel)."""
+    counter = b.ctx.upload(np.zeros(4, np.uint32), "chain.counter")
+    call = ops.KernelCall("dispatch_chain", (("WORKGROUP_SIZE", 1),), (1, 1, 1), ops.uniform_words(1).tobytes())
+    one, _ = await b.call(call, [counter])
+    totals = {}
+    for n in CHAIN_LENGTHS:
+        b.ctx.write(counter, np.zeros(4, np.uint32))
+        row = await b.row("dispatch_chain", "roofline", one * n, 0, n, per=n, chain=n)
+        totals[n] = row["ms_min"] * n
+        # the timing ran the pass once to warm up, then runs x repeats times: each dispatch added 1
+        got = int((await b.ctx.read_array(counter, np.uint32, (1,)))[0])
+        if got != n * (1 + b.runs * b.repeats):
+            raise RuntimeError(f"dispatch_chain: a chain of {n} counted {got}, not {n * (1 + b.runs * b.repeats)}: "
+                               "the device did not run the chain's dispatches one after another")
+    counter.destroy()
+    lo, hi = CHAIN_LENGTHS[0], CHAIN_LENGTHS[-1]
+    return (totals[hi] - totals[lo]) / (hi - lo)
+
+
 async def decode_step(ctx, context: int, reps: int, kernels: str = "cpu") -> dict:
     """WebGpuBackend.forward of one sequence's decode token at `context` (random SmolLM2-shaped weights), with
     the `kernels` family (the gpu family in its default workgroup shapes, untuned)."""
     from pagedkv.backends.webgpu.backend import WebGpuBackend
+    from pagedkv.backends.webgpu.plan import PlanKey, layer_program
 
     with tempfile.TemporaryDirectory() as tmp:
         manifest = write_model(tmp, SMOLLM2, random_tensors(SMOLLM2), {}, "", {"file": "random", "sha256": None})
@@ -279,29 +310,44 @@ async def decode_step(ctx, context: int, reps: int, kernels: str = "cpu") -> dic
                          np.array([table[0, pos // bs] * bs + pos % bs], np.int32), np.array([0, 1], np.int32),
                          table, np.array([context], np.int32))
     await backend.forward(batch, greedy=True)  # records and validates the plan
+    # GPU timestamps around each step's passes where the device can (a NativeDevice with timestamp-query);
+    # the page's replayer (web/replayer.js) has no step timer: wall time only, said so in the row
+    stamped = hasattr(ctx, "time_steps") and "timestamp-query" in ctx.info.features
+    if stamped:
+        ctx.time_steps(reps)
     walls = []
     for _ in range(reps):
         t0 = time.perf_counter()
         await backend.forward(batch, greedy=True)
         walls.append((time.perf_counter() - t0) * 1e3)
+    gpu = await ctx.step_times_ms() if stamped else None
     weights = backend.ledger.by_kind()["weights"]
     nbytes = weights + context * backend.bytes_per_token
+    dispatches = sum(map(len, layer_program(backend, PlanKey.of(1, 1, sampled=False, greedy=True))))
     backend.destroy()
     return {"context": context, "kernels": kernels, "timer": "wall (forward: write inputs, replay, read ids)",
             "ms_median": float(np.median(walls)), "ms_min": min(walls), "bytes": nbytes, "weights_bytes": weights,
-            "gb_s": nbytes / min(walls) / 1e6, "tok_s": 1000 / min(walls)}
+            "gb_s": nbytes / min(walls) / 1e6, "tok_s": 1000 / min(walls),
+            "plan_dispatches": dispatches,  # recorded in the step's plan (a shape may skip some)
+            "gpu_timer": "gpu timestamps (first pass start to last pass end)" if stamped else None,
+            "gpu_timer_missing": None if stamped else (
+                "the adapter lacks timestamp-query" if "timestamp-query" not in ctx.info.features
+                else "this device has no step timer (the page's replayer)") + ": wall time only",
+            "gpu_ms_median": float(np.median(gpu)) if gpu else None, "gpu_ms_min": min(gpu) if gpu else None,
+            "gpu_tok_s": 1000 / min(gpu) if gpu else None}
 
 
 async def measure(ctx, kernels: list[str], quick: bool, rotate_mib: int | None = None,
-                  prefill_tokens: int | None = None) -> dict:
+                  prefill_tokens: list[int] | None = None, progress: bool = False) -> dict:
     """Every figure of this benchmark on the device `ctx` (any device.GpuDevice). rotate_mib: the bytes the
     streaming read and each projection's weight copies span (default 256 MiB, 16 with quick); prefill_tokens:
-    the prefill rows' tokens (default 128, 32 with quick)."""
+    the prefill rows' token counts, each a row of its own (default [128], [32] with quick); progress: each row
+    to stderr, one JSON line, as it is measured."""
     repeats, runs = (3, 3) if quick else (10, 5)
     contexts, prefill = ([256, 1024], 32) if quick else ([256, 1024, 4096], 128)
-    prefill = prefill_tokens or prefill
+    prefills = list(prefill_tokens or [prefill])
     rotate = (rotate_mib if rotate_mib is not None else 16 if quick else 256) << 20
-    b = Bench(ctx, repeats, runs, rotate)
+    b = Bench(ctx, repeats, runs, rotate, progress)
     rng = np.random.default_rng(0)
     nbytes = max(rotate, 16 << 20)  # a multiple of both streams' units (1 MiB, 16 MiB)
     data = b.upload(rng.integers(0, 2**32, nbytes // 4, dtype=np.uint32), "stream")
@@ -315,21 +361,25 @@ async def measure(ctx, kernels: list[str], quick: bool, rotate_mib: int | None =
     data.destroy()
     floor, _ = await b.call(ops.empty_call(), [ctx.buffer(16, "empty.out")])
     await b.row("dispatch_floor", "roofline", floor * 256, 0, 256, per=256)
-    await linear_rows(b, [k for k in kernels if k in LINEAR], prefill, rng)
+    chain = await dispatch_chain_rows(b)
+    await linear_rows(b, [k for k in kernels if k in LINEAR], prefills, rng)
     for decode, name in ((True, "decode_attention"), (False, "prefill_attention")):
         if name in kernels:
-            await attention_rows(b, contexts, prefill, decode, rng)
+            await attention_rows(b, contexts, prefills, decode, rng)
     await small_rows(b, kernels, rng)
     info = ctx.info
     out = {"adapter": {"name": info.name, "backend": info.backend, "features": list(info.features),
                        "limits": info.limits},
            "quick": quick, "repeats": repeats, "runs": runs, "stream_read_gb_s": b.stream_gb_s,
            "rotate_bytes": rotate, "dispatch_floor_ms": next(r["ms_min"] for r in b.rows if r["kernel"] == "dispatch_floor"),
+           "dependent_dispatch_ms": chain, "timestamp_query": "timestamp-query" in info.features,
            "kernels": b.rows}
     if "decode_step" in kernels:  # "decode_step": the cpu family's, "decode_step_gpu": the gpu family's
         for family in ops.FAMILIES:
             step = await decode_step(ctx, contexts[-1], repeats, family)
             step["fraction_of_stream_read"] = step["gb_s"] / b.stream_gb_s
+            if step.get("gpu_ms_min") is not None:  # what of the step the dependent dispatches' floor explains
+                step["dispatch_chain_ms"] = step["plan_dispatches"] * chain
             out["decode_step" if family == "cpu" else f"decode_step_{family}"] = step
     return out
 
@@ -352,11 +402,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rotate-mib", type=int, default=None,
                         help="bytes the streaming read and each projection's weight copies span (default 256 MiB, "
                              "16 with --quick): more than twice the GPU's L2")
-    parser.add_argument("--prefill", type=int, default=None, metavar="TOKENS",
-                        help="tokens of the prefill rows (matmuls, prefill attention; default 128, 32 with --quick)")
+    parser.add_argument("--prefill", type=int, nargs="+", default=None, metavar="TOKENS",
+                        help="tokens of the prefill rows (matmuls, prefill attention), a row for each count given "
+                             "(default 128, 32 with --quick)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    parser.add_argument("--progress", action="store_true",
+                        help="--backend wgpu: each row to stderr as a JSON line as soon as it is measured")
     args = parser.parse_args(argv)
-    if args.prefill is not None and args.prefill < 1:
+    if args.prefill is not None and min(args.prefill) < 1:
         parser.error("--prefill must be at least 1")
     t0 = time.perf_counter()
     if args.backend == "wgpu":
@@ -365,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
         from pagedkv.backends.webgpu.native import NativeDevice
 
         async def run() -> dict:
-            return await measure(await NativeDevice.create(), args.kernels, args.quick, args.rotate_mib, args.prefill)
+            return await measure(await NativeDevice.create(), args.kernels, args.quick, args.rotate_mib, args.prefill,
+                                 args.progress)
 
         result = asyncio.run(run())
     else:
@@ -388,7 +442,8 @@ def table(result: dict) -> str:
              f"stream read {result['stream_read_gb_s']:.2f} GB/s"]
     steps = [dict(result[k], kernel=k, phase="step") for k in ("decode_step", "decode_step_gpu") if k in result]
     for r in result["kernels"] + steps:
-        lines.append(f"{r['kernel']:<32} {r['phase']:<8} {r['ms_min']:9.3f} ms {r['gb_s']:8.2f} GB/s "
+        name = r["kernel"] + (f" x{r['chain']}" if "chain" in r else f" @{r['tokens']}" if r["phase"] == "prefill" else "")
+        lines.append(f"{name:<38} {r['phase']:<8} {r['ms_min']:9.3f} ms {r['gb_s']:8.2f} GB/s "
                      f"{r['fraction_of_stream_read']:6.1%}  {r['timer']}")
     return "\n".join(lines)
 

@@ -133,33 +133,22 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
     logits[base + i] = w;
     z4.x += w;
   }
+  // Lanes read other lanes' w below (the id-order chunks): storage needs its own barrier, workgroupBarrier()
+  // orders workgroup memory only (NVIDIA happens to order both; WebGPU promises neither).
+  storageBarrier();
   let total = sum_f((z4.x + z4.y) + (z4.z + z4.w), lid);
   // kappa and how many of the tokens at kappa are kept (all: no top-p)
   var kappa = 0u;
   var keep_ties = NONE;
   if (st.y < 1.0) {
     let goal = st.y * total;
-    var prefix = 0u;  // kappa's digits found so far, in place
-    var high = 0u;  // their mask
-    var above = 0.0;  // the mass of tokens whose bits exceed every value under prefix: S(prefix | ~high + 1)
+    var cut = RadixCut(0u, 0u, 0.0);  // above: S(prefix | ~high + 1), the mass over every value under prefix
     for (var level = 0u; level < 8u; level++) {  // uniform: every lane holds the same sums
       let shift = 28u - 4u * level;
-      let m = digit_masses(base, prefix, high, shift, lid);
-      var d = 15u;
-      var run = 0.0;  // mass of digits above d
-      loop {  // the largest digit whose S reaches the goal; 0 when rounding left even S(0) short
-        let here = digit_mass(m, d);
-        if (above + run + here >= goal || d == 0u) {
-          break;
-        }
-        run += here;
-        d -= 1u;
-      }
-      above += run;
-      prefix |= d << shift;
-      high |= 15u << shift;
+      cut_digit(&cut, digit_masses(base, cut.prefix, cut.high, shift, lid), goal, shift);
     }
-    kappa = prefix;
+    let above = cut.above;
+    kappa = cut.prefix;
     let w_kappa = bitcast<f32>(kappa);
     if (w_kappa > 0.0) {
       keep_ties = u32(clamp(ceil((goal - above) / w_kappa), 1.0, 4.0e9));

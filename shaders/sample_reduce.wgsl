@@ -1,7 +1,8 @@
 // Workgroup reductions of the sampling kernels (sample.wgsl, sample_shape.wgsl): max, min / max, sums and
 // exclusive prefix sums over the WORKGROUP_SIZE lanes (a power of two), each result uniform where it steers
 // control flow (workgroupUniformLoad), called from uniform control flow only (every one holds barriers); and
-// the 16 digit sums of a radix search (a value summed under the 4 bits of its key at `shift`).
+// the radix search both kernels' cuts make (sample.wgsl's top-p, sample_shape.wgsl's top-k): the 16 digit sums
+// of a value under the 4 bits of its key at `shift`, and the digit those sums select.
 
 var<workgroup> red_f : array<f32, WORKGROUP_SIZE>;
 var<workgroup> red_u : array<u32, WORKGROUP_SIZE>;
@@ -112,4 +113,32 @@ fn add_key_digit(acc : ptr<function, Digits>, v : f32, key : u32, prefix : u32, 
 fn digit_mass(m : Digits, d : u32) -> f32 {
   let q = select(select(m.d0, m.d1, d >= 4u), select(m.d2, m.d3, d >= 12u), d >= 8u);
   return q[d & 3u];
+}
+
+// A radix search's state: the cut's digits found so far (in place), their mask, and the sum over the keys that
+// exceed every key under `prefix`.
+struct RadixCut {
+  prefix : u32,
+  high : u32,
+  above : f32,
+}
+
+// One level of the search from the top: of the digit sums `m` at `shift` (over the keys under cut.prefix), the
+// largest digit d whose sum of every key at or above it reaches `goal` (0 when rounding left even digit 0
+// short) goes into the prefix, and the digits above d into `above`. The sums at or above a key never grow as
+// the key does, so the digit found is the cut's. Uniform when `m` and `goal` are.
+fn cut_digit(cut : ptr<function, RadixCut>, m : Digits, goal : f32, shift : u32) {
+  var d = 15u;
+  var run = 0.0;  // the sum of the digits above d
+  loop {
+    let here = digit_mass(m, d);
+    if ((*cut).above + run + here >= goal || d == 0u) {
+      break;
+    }
+    run += here;
+    d -= 1u;
+  }
+  (*cut).above += run;
+  (*cut).prefix |= d << shift;
+  (*cut).high |= 15u << shift;
 }

@@ -129,44 +129,29 @@ fn digit_counts(base : u32, prefix : u32, high : u32, shift : u32, lid : u32) ->
 // Drop every id outside the top_k best of the shaped row (lower ids first among equal values).
 fn top_k(base : u32, k : u32, lid : u32) {
   // the k-th best's key, `cut`: the largest key with at least k ids at or above it, a digit a pass from the top
-  // (8 passes, as sample.wgsl finds the top-p cut); `above` counts the ids whose keys exceed it
-  var cut = 0u;
-  var high = 0u;
-  var above = 0.0;
+  // (8 passes: cut_digit, as sample.wgsl finds the top-p cut); cut.above counts the ids whose keys exceed it
+  var cut = RadixCut(0u, 0u, 0.0);
   let goal = f32(k);
   for (var level = 0u; level < 8u; level++) {  // uniform: every lane holds the same counts
     let shift = 28u - 4u * level;
-    let c = digit_counts(base, cut, high, shift, lid);
-    var d = 15u;
-    var run = 0.0;  // ids at digits above d
-    loop {
-      let here = digit_mass(c, d);
-      if (above + run + here >= goal || d == 0u) {
-        break;
-      }
-      run += here;
-      d -= 1u;
-    }
-    above += run;
-    cut |= d << shift;
-    high |= 15u << shift;
+    cut_digit(&cut, digit_counts(base, cut.prefix, cut.high, shift, lid), goal, shift);
   }
-  let keep_ties = k - u32(above);
+  let keep_ties = k - u32(cut.above);
   let n = params.vocab;
   let chunk = (n + WORKGROUP_SIZE - 1u) / WORKGROUP_SIZE;
   let start = min(lid * chunk, n);
   let end = min(start + chunk, n);
   var ties = 0u;
   for (var i = start; i < end; i++) {
-    ties += select(0u, 1u, order_key(shaped[base + i]) == cut);
+    ties += select(0u, 1u, order_key(shaped[base + i]) == cut.prefix);
   }
   var rank = exclusive_u(ties, lid);
   for (var i = start; i < end; i++) {
     let key = order_key(shaped[base + i]);
-    if (key < cut || (key == cut && rank >= keep_ties)) {
+    if (key < cut.prefix || (key == cut.prefix && rank >= keep_ties)) {
       shaped[base + i] = DROPPED;
     }
-    rank += select(0u, 1u, key == cut);
+    rank += select(0u, 1u, key == cut.prefix);
   }
 }
 

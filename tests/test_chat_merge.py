@@ -107,3 +107,16 @@ def test_histories_that_do_not_add_up_are_not_merged(merge):
 def test_a_rename_here_wins_else_the_stored_title_stands(merge):
     assert merge(record(T1), record(T1, A, title="Theirs", version=2), record(T1, title="Mine"))["title"] == "Mine"
     assert merge(record(T1), record(T1, A, title="Theirs", version=2), record(T1))["title"] == "Theirs"
+
+
+def test_settings_merge_one_by_one_so_an_edit_in_each_tab_is_kept(merge):
+    # Both tabs started from the defaults; this tab changed the temperature, the other the max tokens.
+    defaults = {"temperature": "0.7", "max_tokens": "256"}
+    base, stored, ours = record(T1), record(T1, A, version=2), record(T1)
+    base["settings"] = defaults
+    stored["settings"] = {**defaults, "max_tokens": "4"}
+    ours["settings"] = {**defaults, "temperature": "0"}
+    assert merge(base, stored, ours)["settings"] == {"temperature": "0", "max_tokens": "4"}
+    # An unchanged setting here never overrides the stored one, even where this tab's old value differs from it.
+    ours["settings"] = dict(defaults)
+    assert merge(base, stored, ours)["settings"] == {"temperature": "0.7", "max_tokens": "4"}

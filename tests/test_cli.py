@@ -123,7 +123,7 @@ def test_generate_ignore_eos_gives_exactly_max_tokens(tiny_dir, tmp_path):  # no
     args = ("generate", "--model", str(tiny_dir), "--messages-json", write_messages(tmp_path, CHAT), "--max-tokens", "40",
             "--greedy", "--json")
     plain, ignoring = (json.loads(run_cli(*args, *extra).stdout) for extra in ((), ("--ignore-eos",)))
-    assert len(ignoring["output_ids"]) == 40  # bench/device/h200.sh's decode figures count on it
+    assert len(ignoring["output_ids"]) == 40  # bench/device/gpu.sh's decode figures count on it
     assert ignoring["output_ids"][:len(plain["output_ids"])] == plain["output_ids"]  # greedy: the same start
 
 

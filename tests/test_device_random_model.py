@@ -1,4 +1,4 @@
-"""bench/device/random_model.py (the weights bench/device/h200.sh generates with): every row drawn on its own,
+"""bench/device/random_model.py (the weights bench/device/gpu.sh generates with): every row drawn on its own,
 so a tied LM head's logits do not repeat every 64 ids (the old tiled 64-row block made greedy decoding reach
 <|im_end|> within a few tokens)."""
 from __future__ import annotations

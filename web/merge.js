@@ -44,6 +44,14 @@ function withTail(merged, rec) {
            before_reply: before, partial_ids: rec.partial_ids, streaming: true, turn_tab: rec.turn_tab };
 }
 
+// Each setting: this tab's value when it changed it since base, else the stored one (no base: the stored ones).
+function mergeSettings(base, stored, ours) {
+  if (!base || !ours) return stored;
+  const merged = { ...(stored || {}) };
+  for (const [key, value] of Object.entries(ours)) if (value !== base[key]) merged[key] = value;
+  return merged;
+}
+
 /** The merged record, or null (see above). `tab`: this tab's id; a streaming turn in `stored` that this tab
  *  started (its turn_tab) is this tab's own, older than `ours`, and is dropped. */
 export function mergeRecords(base, stored, ours, tab) {
@@ -55,10 +63,11 @@ export function mergeRecords(base, stored, ours, tab) {
       !extendsCheckpoint(mine.checkpoint, from.checkpoint)) return null;
   const nothingAdded = added === 0 && !mine.tail;
   if (!nothingAdded && (from.checkpoint === null || theirs.checkpoint === null)) return null;
-  // A rename or a settings change is this tab's when it made one since base, else the stored one stands.
+  // A rename is this tab's when it made one since base, else the stored title stands; so is each setting, one
+  // by one (a temperature changed here and a max_tokens changed in the other tab are both kept).
   const changed = (key) => base && JSON.stringify(ours[key]) !== JSON.stringify(base[key]);
   let merged = { ...stored, title: changed("title") ? ours.title : stored.title,
-                 settings: changed("settings") ? ours.settings : stored.settings,
+                 settings: mergeSettings(base?.settings, stored.settings, ours.settings),
                  messages: [...theirs.messages, ...mine.messages.slice(from.messages.length)],
                  checkpoint: nothingAdded ? theirs.checkpoint : splice(theirs.checkpoint, mine.checkpoint, from.checkpoint),
                  partial_ids: [], streaming: false };

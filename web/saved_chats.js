@@ -1,6 +1,7 @@
 // The chats' persistence: what the page writes to IndexedDB while chats change, how saved chats come
 // back after a reload, and how a chat open in two tabs stays one (store.js merges; this shows the result).
 import { $, root } from "./page.js";
+import { showChatSettings } from "./settings.js";
 import { ui } from "./state.js";
 import * as store from "./store.js";
 
@@ -99,7 +100,10 @@ function takeRecord(id, rec) {
   delete mine.turn_tab;
   store.adopt(mine);
   ui.messages[id] = mine.messages.map((m) => ({ ...m }));
-  if (mine.settings) ui.settings[id] = mine.settings;
+  if (mine.settings) {
+    ui.settings[id] = mine.settings;
+    if (id === ui.current) showChatSettings(id);  // the form is what the next send reads: never a stale copy
+  }
   ui.list = ui.list.map((c) => (c.id === id ? { ...c, title: mine.title } : c));
   ui.engine.chats.open([{ id, checkpoint: mine.checkpoint, before_reply: mine.before_reply, partial_ids: [],
                           streaming: false, model: mine.model }]);

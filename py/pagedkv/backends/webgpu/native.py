@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+from dataclasses import dataclass
 import time
 from pathlib import Path
 
@@ -64,6 +65,16 @@ class _LoggedErrors(logging.Handler):
         return messages
 
 
+@dataclass
+class _StepTimer:
+    """NativeDevice.time_steps' state: a timestamp pair a replay, `stamped` of `steps` taken so far."""
+
+    queries: object  # GPUQuerySet, 2 * steps timestamps
+    resolved: object  # GPUBuffer, 8 bytes a timestamp
+    steps: int
+    stamped: int = 0
+
+
 class NativeDevice(GpuDevice):
     """wgpu-py's adapter + device. Create with `await NativeDevice.create()`."""
 
@@ -73,6 +84,7 @@ class NativeDevice(GpuDevice):
         self.adapter = adapter
         self.device = device
         self._fence = None  # a 16-byte buffer that done() reads back
+        self._step_timer: _StepTimer | None = None  # while time_steps() runs
         self._errors = _LoggedErrors()
         logging.getLogger("wgpu").addHandler(self._errors)
 
@@ -203,12 +215,14 @@ class NativeDevice(GpuDevice):
         encoder = self.device.create_command_encoder()
         if feed is not None:
             encoder.copy_buffer_to_buffer(feed[0], 0, feed[1], 0, feed[2])
+        stamps = self._next_step_stamps(len(plan))  # (n passes,) timestamp writes or None
         d = 0
         for p, dispatches in enumerate(plan):
             if p > 0:
                 for src, dst, nbytes in np.asarray(copies, dtype=np.int64).tolist():  # (m, 3)
                     encoder.copy_buffer_to_buffer(copy_src, src, copy_dst, dst, nbytes)
-            self._encode(encoder, [(pipe, group, grids[d + i]) for i, (pipe, group) in enumerate(dispatches)])
+            self._encode(encoder, [(pipe, group, grids[d + i]) for i, (pipe, group) in enumerate(dispatches)],
+                         stamps[p])
             d += len(dispatches)
         if read is not None:
             encoder.copy_buffer_to_buffer(read[0], 0, read[1], 0, read[2])
@@ -227,6 +241,51 @@ class NativeDevice(GpuDevice):
             dst.unmap()
 
     # ---------------------------------------------------------------- timing
+
+    def time_steps(self, steps: int) -> None:
+        """GPU-time the next `steps` replays, each from its first pass's start to its last pass's end (the
+        copies between its passes included; the writes before it and its read after not): step_times_ms()
+        returns them. Needs timestamp-query (AdapterInfo.features)."""
+        if "timestamp-query" not in self.device.features:
+            raise GPUError("timing steps on the GPU needs the adapter's timestamp-query feature; this one lacks it")
+        usage = self.wgpu.BufferUsage.QUERY_RESOLVE | self.wgpu.BufferUsage.COPY_SRC
+        self._step_timer = _StepTimer(self.device.create_query_set(type=self.wgpu.QueryType.timestamp,
+                                                                   count=2 * steps),
+                                      self.device.create_buffer(size=16 * steps, usage=usage), steps)
+
+    def _next_step_stamps(self, passes: int) -> list:
+        """Each pass's timestamp_writes for this replay: the first pass's start and the last's end while
+        time_steps() has steps left, else None for every pass."""
+        stamps = [None] * passes
+        timer = self._step_timer
+        if timer is None or timer.stamped == timer.steps:
+            return stamps
+        queries, i = timer.queries, timer.stamped
+        timer.stamped += 1
+        if passes == 1:
+            stamps[0] = {"query_set": queries, "beginning_of_pass_write_index": 2 * i,
+                         "end_of_pass_write_index": 2 * i + 1}
+        else:
+            stamps[0] = {"query_set": queries, "beginning_of_pass_write_index": 2 * i}
+            stamps[-1] = {"query_set": queries, "end_of_pass_write_index": 2 * i + 1}
+        return stamps
+
+    async def step_times_ms(self) -> list[float]:
+        """The steps time_steps() asked for, in milliseconds (GPU timestamps); ends the timing."""
+        if self._step_timer is None:
+            raise GPUError("step_times_ms() without time_steps() first")
+        timer, self._step_timer = self._step_timer, None
+        try:
+            if timer.stamped != timer.steps:
+                raise GPUError(f"time_steps({timer.steps}) saw {timer.stamped} replays")
+            encoder = self.device.create_command_encoder()
+            encoder.resolve_query_set(timer.queries, 0, 2 * timer.steps, timer.resolved, 0)
+            self._finish(encoder, "resolving step timestamps")
+            ticks = np.frombuffer(self.device.queue.read_buffer(timer.resolved), np.uint64).reshape(timer.steps, 2)
+        finally:
+            timer.queries.destroy()
+            timer.resolved.destroy()
+        return ((ticks[:, 1] - ticks[:, 0]).astype(np.float64) / 1e6).tolist()  # WebGPU resolves nanoseconds
 
     async def time_dispatches(self, dispatches: list[tuple], repeats: int, runs: int) -> dict:
         """GPU timestamps at the start and end of each pass (one pass per submit) where the adapter has
