@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 
 import numpy as np
 import wasmtime
@@ -23,9 +22,9 @@ import build
 from pagedkv.backends.cpu_wasm import XQ_BYTES, array_at, scratch_floats
 from pagedkv.model.quants import QK
 
-LINEAR_WAT = Path(build.ROOT) / "web" / "wasm" / "linear.wat"
+LINEAR_WAT = build.ROOT / "web" / "wasm" / "linear.wat"
 PAGE = 65536
-ALIGN = 16  # every region at a 16-byte offset: v128 loads are unaligned-safe, but the tab's numpy arrays are
+ALIGN = 16  # every region at a 16-byte offset, as numpy's arrays are in the tab (v128 loads take any address)
 
 
 @functools.cache
