@@ -351,6 +351,7 @@ WASM_SHARED_PAGES = 65536  # 4 GiB: wasm32's whole address space (a reservation;
 WAT2WASM = ("wabt/bin/wat2wasm", "03a9d82d25f372d735eb8c8a27373012d3e7a072a4258f3f5a3a4bd004e4a703")
 # Every relaxed-SIMD instruction's name has this in it (i32x4.relaxed_dot_i8x16_i7x16_add_s, f32x4.relaxed_madd, ...)
 RELAXED_MARK = "relaxed_"
+COMMENT = re.compile(r";;[^\n]*|\(;.*?;\)", re.S)  # WAT's line and block comments
 MEMORY_IMPORT = re.compile(r'\(import "env" "memory" \(memory (\d+)\)\)')
 
 
@@ -377,13 +378,13 @@ def wat2wasm(text: str, name: str, features: tuple[str, ...] = (), node_modules:
 
 
 def top_level_forms(text: str) -> list[tuple[int, int]]:
-    """[start, end) of each form directly inside the text's (module ...), skipping ;; comments and strings."""
+    """[start, end) of each form directly inside the text's (module ...), skipping comments and strings."""
     forms, depth, start, i = [], 0, 0, 0
     while i < len(text):
         c = text[i]
-        if text.startswith(";;", i):
-            line_end = text.find("\n", i)
-            i = len(text) if line_end < 0 else line_end
+        comment = COMMENT.match(text, i)
+        if comment:
+            i = comment.end()
             continue
         if c == '"':
             i = text.index('"', i + 1)
@@ -405,7 +406,7 @@ def without_relaxed(text: str) -> str:
     (web/linear_wasm.js says which module loaded)."""
     out, last = [], 0
     for start, end in top_level_forms(text):
-        form = re.sub(r";;[^\n]*", "", text[start:end])
+        form = COMMENT.sub("", text[start:end])
         if form.startswith("(func") and RELAXED_MARK in form:
             head = re.match(r"\(func\s+\$\S+(\s*\((export|param|result)\b[^()]*\))*", form)
             out += [text[last:start], head.group(0) + " unreachable)"]
@@ -430,7 +431,7 @@ def wasm_modules(src: Path, node_modules: Path = NODE_MODULES) -> dict[str, byte
     refuses a relaxed instruction left in a plain module."""
     text = src.read_text(encoding="utf-8")
     variants = [(src.stem, without_relaxed(text), ())]
-    if RELAXED_MARK in re.sub(r";;[^\n]*", "", text):
+    if RELAXED_MARK in COMMENT.sub("", text):
         variants.append((f"{src.stem}_relaxed", text, ("relaxed-simd",)))
     out = {}
     for stem, body, features in variants:

@@ -10,6 +10,7 @@ import build
 RELAXED = """(module
   (import "env" "memory" (memory 1))
   ;; a comment with ( parentheses and i32x4.relaxed_dot_i8x16_i7x16_add_s in it
+  (; a block comment ( too ;)
   (func $dot (export "dot") (param $p i32) (result i32) (local $z v128)
     local.get $p local.get $p v128.load local.get $p v128.load offset=16 local.get $z
     i32x4.relaxed_dot_i8x16_i7x16_add_s v128.store offset=32 i32.const 7)
@@ -31,7 +32,7 @@ def test_relaxed_functions_keep_their_signature_and_become_unreachable():
 
 
 def test_a_relaxed_instruction_in_a_plain_module_is_refused_by_wat2wasm():
-    with pytest.raises(build.BuildError, match=r"wat2wasm refused r\.wat:\n.*r\.wat:6:5: .*relaxed"):
+    with pytest.raises(build.BuildError, match=r"wat2wasm refused r\.wat:\n.*r\.wat:7:5: .*relaxed"):
         build.wat2wasm(RELAXED, "r.wat")
 
 
