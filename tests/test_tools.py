@@ -1,8 +1,8 @@
 """What OpenAI clients send, and tool calls: every new request form parse_request takes and every 400 it gives
-(exact message and param); tools rendered through Qwen2.5's and Llama 3.1's own templates and, for SmolLM2's,
-which does not read tools, stated in our tagged format; calls parsed from replies in each format, a reply cut
-into pieces at every position parsing to the same events as whole; the streamed deltas assembling to the
-non-streamed message."""
+(exact message and param); tools rendered through Qwen2.5's, Llama 3.1's and Mistral Nemo's own templates and, for
+SmolLM2's, which does not read tools, or one that reads them in an unknown format, stated in our tagged format;
+calls parsed from replies in each format, a reply cut into pieces at every position parsing to the same events as
+whole; the streamed deltas assembling to the non-streamed message; the forced calls' grammars."""
 from __future__ import annotations
 
 import asyncio
@@ -15,11 +15,11 @@ from gguf_tokenizer import gguf_manifest_sections
 from pagedkv.api import _collect
 from pagedkv.chat import ChatTemplate
 from pagedkv.completions import ApiError, chunk, completion, parse_request, tool_call_deltas
-from pagedkv.tool_calls import ToolCall, ToolCallParser, ToolFormat
+from pagedkv.tool_calls import ToolCall, ToolCallParser, ToolFormat, generic_messages
 from pagedkv.grammar import SchemaError
 from pagedkv.grammar.automaton import Automaton
 from pagedkv.tools import ToolChoice, call_grammar
-from tool_templates import LLAMA31_TOOLS_TEMPLATE, QWEN25_TOOLS_TEMPLATE
+from tool_templates import LLAMA31_TOOLS_TEMPLATE, MISTRAL_NEMO_TOOLS_TEMPLATE, QWEN25_TOOLS_TEMPLATE
 
 
 def run_alone(coro):
@@ -230,9 +230,71 @@ def test_smollm2s_template_gets_the_tools_in_our_format():
         f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n")
 
 
+MISTRAL_CALL = dict(CALL, id="Xy7Pq2Rs9")  # Mistral's templates take 9 letters and digits, nothing else
+MISTRAL_HISTORY = [*HISTORY[:2], dict(HISTORY[2], tool_calls=[MISTRAL_CALL]), dict(HISTORY[3], tool_call_id="Xy7Pq2Rs9")]
+MISTRAL_TOOLS = ('[AVAILABLE_TOOLS][{"type": "function", "function": {"name": "get_weather", "description": "Weather '
+                 'now", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": '
+                 '["city"]}}}][/AVAILABLE_TOOLS]')
+
+
+def test_mistral_nemos_template_reads_tools_and_takes_mistral_call_ids():
+    template = ChatTemplate(MISTRAL_NEMO_TOOLS_TEMPLATE, bos_token="<s>", eos_token="</s>")
+    assert template.tool_format == ToolFormat("mistral", native=True)
+    # its own rendering: the tools before the last user message (the system message only joins that one), the
+    # call as a [TOOL_CALLS] array with its id, the result as [TOOL_RESULTS]
+    assert template.render(MISTRAL_HISTORY, add_generation_prompt=True, tools=[WEATHER]) == (
+        f'<s>{MISTRAL_TOOLS}[INST]Weather in Paris?[/INST][TOOL_CALLS][{{"name": "get_weather", "arguments": '
+        '{"city": "Paris"}, "id": "Xy7Pq2Rs9"}]</s>[TOOL_RESULTS]{"content": 22 C, sunny, "call_id": '
+        '"Xy7Pq2Rs9"}[/TOOL_RESULTS]')
+    assert template.render(HISTORY[:2], add_generation_prompt=True, tools=[WEATHER]) == \
+        f"<s>{MISTRAL_TOOLS}[INST]Be brief.\n\nWeather in Paris?[/INST]"
+    # OpenAI's call_... ids are refused by the template: the ids the engine gives a Mistral model's calls are
+    # ones it takes back
+    with pytest.raises(ValueError) as err:
+        template.render(HISTORY, add_generation_prompt=True, tools=[WEATHER])
+    assert str(err.value) == "chat template failed to render: Tool call IDs should be alphanumeric strings with " \
+                             "length 9!"
+    ids = {template.tool_format.call_id() for _ in range(20)}
+    assert len(ids) == 20 and all(len(i) == 9 and i.isascii() and i.isalnum() for i in ids)
+    fresh = [*HISTORY[:2], dict(HISTORY[2], tool_calls=[dict(CALL, id=min(ids))]),
+             dict(HISTORY[3], tool_call_id=min(ids))]
+    assert f'"id": "{min(ids)}"}}]</s>' in template.render(fresh, add_generation_prompt=True, tools=[WEATHER])
+    assert ToolFormat("tagged", native=True).call_id().startswith("call_")
+
+
+# A template that reads `tools` in a format of its own (here: a <function=...> tag, no marker NATIVE_FORMATS lists).
+UNKNOWN_TOOLS_TEMPLATE = (
+    "{% if tools %}<tools>{{ tools | tojson }}</tools>Call as <function=name>{args}</function>\n{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    (QWEN25_TOOLS_TEMPLATE, ToolFormat("tagged", native=True)),
+    (LLAMA31_TOOLS_TEMPLATE, ToolFormat("json", native=True)),
+    (MISTRAL_NEMO_TOOLS_TEMPLATE, ToolFormat("mistral", native=True)),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}", ToolFormat("tagged", native=False)),  # no tools: ours
+    (UNKNOWN_TOOLS_TEMPLATE, ToolFormat("tagged", native=False)),  # tools in an unknown format: ours
+], ids=["qwen", "llama", "mistral", "no-tools", "unknown"])
+def test_each_template_format_is_read_off_its_source(source, expected):
+    assert ToolFormat.of(source) == expected
+
+
+def test_a_template_with_an_unknown_tool_format_gets_the_tools_in_ours():
+    """Its own format could not be parsed back, so it is not given `tools`: they come as text in the system
+    message, in the tagged format the parser reads, as for a template that reads none."""
+    template = ChatTemplate(UNKNOWN_TOOLS_TEMPLATE)
+    stated = generic_messages(HISTORY, [WEATHER])
+    assert "<tools>" not in template.render(HISTORY, add_generation_prompt=True, tools=[WEATHER])
+    assert template.render(HISTORY, add_generation_prompt=True, tools=[WEATHER]) == "".join(
+        f"<{m['role']}>{m['content']}</{m['role']}>\n" for m in stated) + "<assistant>"
+    assert stated[0]["content"].startswith("Be brief.\n\n# Tools\n") and "<tool_call>" in stated[2]["content"]
+
+
 # ---------------------------------------------------------------- parsing
 
 TAGGED, JSON_CALLS = ToolFormat("tagged", native=True), ToolFormat("json", native=True)
+MISTRAL = ToolFormat("mistral", native=True)
 NAMES = frozenset({"get_weather", "get_time"})
 PARIS = ToolCall("get_weather", '{"city":"Paris"}')
 PARSED = [
@@ -255,6 +317,17 @@ PARSED = [
     (JSON_CALLS, 'It is {"a": 1}', ['It is {"a": 1}']),
     (JSON_CALLS, '\n {"name": "get_time", "parameters": {}, "x": 1}', ['\n {"name": "get_time", "parameters": {}, '
                                                                        '"x": 1}']),
+    (MISTRAL, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', [PARIS]),
+    (MISTRAL, 'Let me look. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "Xy7Pq2Rs9"}, '
+              '{"name": "get_time", "arguments": {}}] Done.', ["Let me look.", PARIS, ToolCall("get_time", "{}"),
+                                                               "Done."]),  # two calls in one array, ids echoed
+    (MISTRAL, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "nope", "arguments": {}}]',
+     ['[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "nope", "arguments": {}}]']),
+    (MISTRAL, '[TOOL_CALLS] sure [x]', ["[TOOL_CALLS] sure [x]"]),  # no array after the marker: text
+    (MISTRAL, '[TOOL_CALLS][] [TOOL_CALLS][{"name": "get_time", "arguments": {}}]', ["[TOOL_CALLS][]",
+                                                                                    ToolCall("get_time", "{}")]),
+    (MISTRAL, 'A [TOOL_CALLS][{"name": "get_time"', ['A [TOOL_CALLS][{"name": "get_time"']),  # cut off: text
+    (MISTRAL, 'Plain [TOOL_ text', ["Plain [TOOL_ text"]),
 ]
 
 
@@ -334,3 +407,26 @@ def test_a_forced_calls_grammar_is_the_format_around_the_parameters_schema():
     with pytest.raises(SchemaError) as err:
         call_grammar(TAGGED, (TIME, odd), ToolChoice("required"))
     assert err.value.param == "tools[1].function.parameters.properties.x.not"
+
+
+WEATHER_CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+TIME_CALL = '{"name": "get_time", "arguments": {}}'
+
+
+def test_a_forced_call_is_one_call_in_each_format():
+    """"required" takes one call of any tool, in the template's format, with or without parallel_tool_calls (a
+    second call cannot follow); what it lets a Mistral model write, the Mistral parser reads back."""
+    tools, required = (WEATHER, TIME), ToolChoice("required")
+    blocks = [f"<tool_call>\n{c}\n</tool_call>" for c in (WEATHER_CALL, TIME_CALL)]
+    tagged = Automaton(call_grammar(TAGGED, tools, required).term)
+    assert (tagged.matches(blocks[0]), tagged.matches(blocks[1]), tagged.matches("\n".join(blocks))) == \
+        (True, True, False)
+    mistral = Automaton(call_grammar(MISTRAL, tools, required).term)
+    assert mistral.matches(f"[TOOL_CALLS][{WEATHER_CALL}]") and mistral.matches(f"[TOOL_CALLS][{TIME_CALL}]")
+    assert not mistral.matches(f"[TOOL_CALLS][{WEATHER_CALL}, {TIME_CALL}]")
+    assert not mistral.matches("[TOOL_CALLS][]") and not mistral.matches(f"[{WEATHER_CALL}]")
+    named = Automaton(call_grammar(MISTRAL, tools, ToolChoice("function", "get_time")).term)
+    assert named.matches(f"[TOOL_CALLS][{TIME_CALL}]") and not named.matches(f"[TOOL_CALLS][{WEATHER_CALL}]")
+    assert mistral.matches(MISTRAL.call_text("get_time", {})) and tagged.matches(TAGGED.call_text("get_time", {}))
+    parser = ToolCallParser(MISTRAL, NAMES)
+    assert parser.push(f"[TOOL_CALLS][{WEATHER_CALL}]") + parser.finish() == [PARIS]

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -351,23 +350,26 @@ class CompletionService(_Creates):
                                                   logprobs=logprobs), out.token_ids if wants_ids else (),
                                             req.options.get("token_ids"))
                             logprobs, wants_ids = None, False
-                    elif req.parallel_tool_calls or not calls[i]:  # parallel_tool_calls false: the first call
-                        call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                    else:
+                        call = {"id": self.template.tool_format.call_id(), "type": "function",
                                 "function": {"name": event.name, "arguments": event.arguments}}
                         for delta in tool_call_deltas(len(calls[i]), call["id"], event.name, event.arguments):
                             yield chunk(rid, req.model, created, i, tool_call=delta)
                         calls[i].append(call)
+                        if not req.parallel_tool_calls:  # the reply ends at its first call: decoding stops
+                            reason = reason or "tool_calls"  # (its finish_reason is the call's, below)
+                            break
                 # a token held back (a stop string or a call may begin) still has its logprob, and its ids when asked
                 if logprobs is not None or wants_ids:
                     yield _with_ids(chunk(rid, req.model, created, i, legacy=legacy, logprobs=logprobs),
                                     out.token_ids, req.options.get("token_ids"))
-                if reason is not None and calls[i]:  # OpenAI: "stop" when the call was asked for by name
-                    reason = "stop" if req.tool_choice.mode == "function" else "tool_calls"
+                if reason in ("stop", "tool_calls") and calls[i]:  # OpenAI: "stop" when the call was asked for by
+                    reason = "stop" if req.tool_choice.mode == "function" else "tool_calls"  # name; "length" stays
                 if reason is not None:
                     done[i] = True
                     yield chunk(rid, req.model, created, i, finish_reason=reason, legacy=legacy)
                 if all(done[j] or stops[j].stopped for j in range(req.n)) and self.llm.is_unfinished(rid):
-                    self.llm.abort(rid)  # a stop string ended the last sample still running: its blocks go now
+                    self.llm.abort(rid)  # a stop string or a first call ended the last sample still running
             session = self._end_session(req, rid, ids, texts, stops, calls)
             if all(done) and (req.include_usage or not req.stream):  # a completion object always carries usage
                 yield chunk(rid, req.model, created,

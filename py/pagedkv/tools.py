@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from .grammar import Grammar
-from .tool_calls import CALL_CLOSE, CALL_OPEN, ToolFormat
+from .tool_calls import CALL_CLOSE, CALL_OPEN, MISTRAL_CALLS, ToolFormat
 
 __all__ = ["MAX_TOOLS", "ToolChoice", "ToolError", "call_grammar", "check_tool_choice", "check_tools"]
 
@@ -120,10 +120,13 @@ def check_tool_choice(value: object, tools: tuple[dict, ...]) -> ToolChoice:
 
 def call_grammar(fmt: ToolFormat, tools: tuple[dict, ...], choice: ToolChoice) -> Grammar:
     """The grammar a forced call is decoded under: one call written as `fmt` writes it (tagged:
-    `<tool_call>\n{"name": "f", "arguments": ...}\n</tool_call>`; json: `{"name": "f", "parameters": ...}`) with
-    the chosen function's name ("required": any of the tools') and arguments valid under that function's
-    parameters schema. The name and keys are literal text: the model chooses only the arguments. SchemaError
-    (param `tools[i].function.parameters...`) for a schema keyword the grammar cannot hold to."""
+    `<tool_call>\n{"name": "f", "arguments": ...}\n</tool_call>`; json: `{"name": "f", "parameters": ...}`;
+    mistral: `[TOOL_CALLS][{"name": "f", "arguments": ...}]`) with the chosen function's name ("required": any of
+    the tools') and arguments valid under that function's parameters schema. The name and keys are literal text:
+    the model chooses only the arguments. One call, whatever parallel_tool_calls says: under a grammar that let
+    more follow, SmolLM2-135M (greedy) began a second call after its first and ran into max_tokens (docs/api.md,
+    "Tools"). SchemaError (param `tools[i].function.parameters...`) for a schema keyword the grammar cannot hold
+    to."""
     calls = []
     for i, tool in enumerate(tools):
         function = tool["function"]
@@ -132,7 +135,10 @@ def call_grammar(fmt: ToolFormat, tools: tuple[dict, ...], choice: ToolChoice) -
         head = f'{{"name": {json.dumps(function["name"])}, "{fmt.arguments_key}": '
         arguments = Grammar.json_schema(function.get("parameters", {"type": "object"}),
                                         f"tools[{i}].function.parameters")
-        call = Grammar.literal(head) + arguments + Grammar.literal("}")
-        calls.append(Grammar.literal(f"{CALL_OPEN}\n") + call + Grammar.literal(f"\n{CALL_CLOSE}")
-                     if fmt.kind == "tagged" else call)
-    return calls[0] if len(calls) == 1 else Grammar.any_of(calls)
+        calls.append(Grammar.literal(head) + arguments + Grammar.literal("}"))
+    call = calls[0] if len(calls) == 1 else Grammar.any_of(calls)
+    if fmt.kind == "tagged":
+        return Grammar.literal(f"{CALL_OPEN}\n") + call + Grammar.literal(f"\n{CALL_CLOSE}")
+    if fmt.kind == "mistral":
+        return Grammar.literal(f"{MISTRAL_CALLS}[") + call + Grammar.literal("]")
+    return call

@@ -202,11 +202,14 @@ def test_logprobs_are_sorted_and_greedy_takes_the_top(cpu_page):
     check_logprobs(cpu_page)
 
 
-# -- on WebGPU (SwiftShader): one of each, the GPU path is slower here -------------------------------------------
+# -- on WebGPU (SwiftShader): the GPU path is slower here, so one of each but the json_schema seeds ---------------
 
 def test_the_clients_on_webgpu(webgpu_page):
+    """The ten json_schema seeds batch in one step loop: measured in one page, 13.1 s for one seed, then 26.7 s for
+    the ten (SwiftShader, 2 cores at a load of about 2; 57 s at a load of 15), so all ten run; generateObject one
+    seed."""
     assert webgpu_page.evaluate("window.engine.info.backend") == "webgpu"
     check_sdk_text(webgpu_page)
-    check_json_schema(webgpu_page, [0], [0])
+    check_json_schema(webgpu_page, list(range(10)), [0])
     check_round_trip(webgpu_page)
     check_logprobs(webgpu_page)
