@@ -19,10 +19,12 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import zipfile
 from dataclasses import dataclass
@@ -344,24 +346,106 @@ def build_shaders(dist: Path) -> dict[str, dict]:
 
 
 WASM_SHARED_PAGES = 65536  # 4 GiB: wasm32's whole address space (a reservation; pages are committed as used)
+# wabt's wat2wasm assembles web/wasm/*.wat (and bench/page/cpu_limits.wat): a JS build of wabt run by node,
+# package-lock.json pins wabt@1.0.39 (npm checks the tarball) and this its sha256.
+WAT2WASM = ("wabt/bin/wat2wasm", "03a9d82d25f372d735eb8c8a27373012d3e7a072a4258f3f5a3a4bd004e4a703")
+# Every relaxed-SIMD instruction's name has this in it (i32x4.relaxed_dot_i8x16_i7x16_add_s, f32x4.relaxed_madd, ...)
+RELAXED_MARK = "relaxed_"
+COMMENT = re.compile(r";;[^\n]*|\(;.*?;\)", re.S)  # WAT's line and block comments
+MEMORY_IMPORT = re.compile(r'\(import "env" "memory" \(memory (\d+)\)\)')
 
 
-def build_wasm(dist: Path) -> dict[str, dict]:
-    """web/wasm/*.wat -> dist/wasm/*.wasm (py/pagedkv/backends/wat.py), listed with their sha256; each also as
-    *_shared.wasm, importing a shared memory of at most WASM_SHARED_PAGES (the kernel's threads,
-    web/linear_threads.js). A text with relaxed-SIMD instructions gives those two without its relaxed functions
-    (wat.py) and *_relaxed.wasm / *_relaxed_shared.wasm with them (web/linear_wasm.js loads those where they
-    validate)."""
-    sys.path.insert(0, str(ROOT / "py"))
-    from pagedkv.backends.wat import RELAXED, assemble  # noqa: E402
+def wat2wasm(text: str, name: str, features: tuple[str, ...] = (), node_modules: Path = NODE_MODULES) -> bytes:
+    """The binary module of a WAT text, by wabt's wat2wasm (WAT2WASM) with those proposals enabled beyond its
+    defaults (wabt's names: "threads", "relaxed-simd"); it validates the module too. name: the text's file,
+    for wat2wasm's messages."""
+    rel, expected = WAT2WASM
+    tool = node_modules / rel
+    if not tool.exists():
+        raise BuildError(f"{tool} is missing: run `npm ci` (package.json pins wabt).")
+    verify_file(tool, expected, f"npm file {rel}",
+                "node_modules is corrupted, tampered or of another version: delete node_modules and run `npm ci`.")
+    if shutil.which("node") is None:
+        raise BuildError("node is missing (wabt's wat2wasm runs on it): install Node.js 20+.")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / name, Path(tmp) / "out.wasm"
+        src.write_text(text, encoding="utf-8")
+        proc = subprocess.run(["node", str(tool), *(f"--enable-{f}" for f in features), str(src), "-o", str(out)],
+                              capture_output=True, text=True, cwd=tmp)
+        if proc.returncode != 0:
+            raise BuildError(f"wat2wasm refused {name}:\n{proc.stderr.strip()}")
+        return out.read_bytes()
 
+
+def top_level_forms(text: str) -> list[tuple[int, int]]:
+    """[start, end) of each form directly inside the text's (module ...), skipping comments and strings."""
+    forms, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        c = text[i]
+        comment = COMMENT.match(text, i)
+        if comment:
+            i = comment.end()
+            continue
+        if c == '"':
+            i = text.index('"', i + 1)
+        elif c == "(":
+            depth += 1
+            if depth == 2:
+                start = i
+        elif c == ")":
+            if depth == 2:
+                forms.append((start, i + 1))
+            depth -= 1
+        i += 1
+    return forms
+
+
+def without_relaxed(text: str) -> str:
+    """The text with each function that uses a relaxed-SIMD instruction reduced to its signature and
+    `unreachable`: a module every SIMD128 browser validates, whose callers must not reach those functions there
+    (web/linear_wasm.js says which module loaded)."""
+    out, last = [], 0
+    for start, end in top_level_forms(text):
+        form = COMMENT.sub("", text[start:end])
+        if form.startswith("(func") and RELAXED_MARK in form:
+            head = re.match(r"\(func\s+\$\S+(\s*\((export|param|result)\b[^()]*\))*", form)
+            out += [text[last:start], head.group(0) + " unreachable)"]
+            last = end
+    return "".join(out) + text[last:]
+
+
+def with_shared_memory(text: str, pages: int = WASM_SHARED_PAGES) -> str:
+    """The text importing its memory as a shared one of at most `pages` (the threads proposal's limits) instead
+    of the plain `(memory N)` it imports: the same kernels on the memory web/linear_threads.js's workers share."""
+    new, count = MEMORY_IMPORT.subn(lambda m: f'(import "env" "memory" (memory {m.group(1)} {pages} shared))', text)
+    if count != 1:
+        raise BuildError(f"a wasm text must import exactly one plain memory, as (import \"env\" \"memory\" "
+                         f"(memory N)), to be built shared too; found {count}")
+    return new
+
+
+def wasm_modules(src: Path, node_modules: Path = NODE_MODULES) -> dict[str, bytes]:
+    """A web/wasm text's modules by name: <stem> and <stem>_shared (its memory shared: with_shared_memory) and,
+    if it uses relaxed SIMD, those two without its relaxed functions (without_relaxed) and <stem>_relaxed /
+    <stem>_relaxed_shared with them. Each is assembled with only the proposals it needs enabled, so wat2wasm
+    refuses a relaxed instruction left in a plain module."""
+    text = src.read_text(encoding="utf-8")
+    variants = [(src.stem, without_relaxed(text), ())]
+    if RELAXED_MARK in COMMENT.sub("", text):
+        variants.append((f"{src.stem}_relaxed", text, ("relaxed-simd",)))
+    out = {}
+    for stem, body, features in variants:
+        out[stem] = wat2wasm(body, src.name, features, node_modules)
+        out[f"{stem}_shared"] = wat2wasm(with_shared_memory(body), src.name, (*features, "threads"), node_modules)
+    return out
+
+
+def build_wasm(dist: Path, node_modules: Path = NODE_MODULES) -> dict[str, dict]:
+    """web/wasm/*.wat -> dist/wasm/*.wasm (wasm_modules: wabt's wat2wasm), listed with their sha256;
+    web/linear_wasm.js loads the relaxed ones where they validate, linear_threads.js the shared ones."""
     out = {}
     for src in sorted((ROOT / "web" / "wasm").glob("*.wat")):
-        text = src.read_text(encoding="utf-8")
-        variants = [(src.stem, False), (f"{src.stem}_relaxed", True)] if any(
-            op in text for op in RELAXED) else [(src.stem, False)]
-        for name, data in ((n, assemble(text, pages, relaxed)) for stem, relaxed in variants
-                           for n, pages in ((stem, None), (f"{stem}_shared", WASM_SHARED_PAGES))):
+        for name, data in wasm_modules(src, node_modules).items():
             write_if_changed(dist / "wasm" / f"{name}.wasm", data)
             out[name] = {"file": f"{name}.wasm", "sha256": sha256_bytes(data), "bytes": len(data)}
     return out
@@ -415,7 +499,7 @@ def build(dist: Path = DIST, cache: Path = CACHE, node_modules: Path = NODE_MODU
                    for k, v in [("markupsafe", wheels["markupsafe"]), ("jinja2", wheels["jinja2"]),
                                 ("pagedkv", wheels["pagedkv"]), ("pagedkv_app", wheels["pagedkv_app"])]},
         "shaders": shaders,
-        "wasm": build_wasm(dist),
+        "wasm": build_wasm(dist, node_modules),
         "models": models,
     }
     write_build_manifest(dist, assets)

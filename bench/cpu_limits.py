@@ -30,12 +30,12 @@ TAB_ROW = "auto → cpu in the tab"
 
 def core_limits(threads: list[int]) -> dict:
     """cpu_limits.wat under Node on each thread count: {threads: {stream_gb_s, muladd_gflop_s}}."""
-    from pagedkv.backends.wat import assemble
+    import build  # wabt's wat2wasm, as the page's kernels are built
 
     text = (ROOT / "bench" / "page" / "cpu_limits.wat").read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory() as tmp:
         wasm = Path(tmp) / "cpu_limits.wasm"
-        wasm.write_bytes(assemble(text, shared_pages=65536))
+        wasm.write_bytes(build.wat2wasm(build.with_shared_memory(text), "cpu_limits.wat", ("threads",)))
         out = subprocess.run(["node", str(ROOT / "bench" / "page" / "cpu_limits.mjs"), str(wasm),
                               *map(str, threads)], check=True, capture_output=True, text=True, timeout=600)
     return json.loads(out.stdout)

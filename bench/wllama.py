@@ -10,8 +10,11 @@ SharedArrayBuffer) and one browser. The same prompt (a plain text; its ids under
 - our engine in the app page itself, at ?backend=webgpu (SwiftShader here: a CPU emulation of a GPU),
   ?backend=cpu (numpy inside Pyodide, the wasm kernel on every core) and at ?backend=cpu&threads=1 (one
   thread: the before), and the default ?backend=auto (tab_row);
-- our engine's numpy CPU backend in CPython.
-Then wllama's greedy text, re-encoded, against our first 8 greedy ids. Prints JSON (`python3 -m bench` files it).
+- our engine's numpy CPU backend in CPython;
+- llama.cpp itself, native (bench.native_llama: xllamacpp's server), on the same file, prompt ids and thread count
+  as the tab's default (one a core), after the browser has closed (`--no-native` leaves it out).
+Then wllama's greedy text, re-encoded, and native llama.cpp's ids against our first 8 greedy ids; the tab's default
+and wllama's best over native llama.cpp. Prints JSON (`python3 -m bench` files it).
 --gguf q4_k_m runs the same on llama.cpp's Q4_K_M mix of SmolLM2 (the tests' requantized file: q5_0 / q8_0
 attention and gate|up, q4_K / q6_K down projections), with one more row: the Q4_1 model at ?backend=auto in the
 same browser, for the time per token side by side. Every row carries ttft_s, the prompt's time to first token
@@ -222,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"--prompt 64 --new {COMPARE_IDS}, wllama at 2 threads only")
     parser.add_argument("--gguf", choices=GGUFS, default="q4_1",
                         help="the file: the pinned Q4_1 SmolLM2, or the tests' Q4_K_M mix of it")
+    parser.add_argument("--native", action=argparse.BooleanOptionalAction, default=True,
+                        help="a row of native llama.cpp (xllamacpp's server) on the same file and thread count")
     args = parser.parse_args(argv)
     if args.quick:
         args.prompt, args.new = 64, COMPARE_IDS
@@ -263,8 +268,14 @@ def main(argv: list[str] | None = None) -> int:
                                          "prompt_tokens_wllama": t.get("prompt_n"), "text": r["text"],
                                          "load_ms": r["load_ms"]})
                 print(json.dumps(report["wllama"][-1])[:600], file=sys.stderr)
+    if args.native:  # the tab's default thread count: one a core (the page's ?threads= default)
+        from bench.native_llama import native_row
+
+        report["native"] = native_row(gguf_path(args.gguf), prompt, args.new, os.cpu_count() or 1)
+        print(json.dumps({k: v for k, v in report["native"].items() if k != "output_ids"}), file=sys.stderr)
     report["ours"].append(cpu_numpy(prompt, args.new, model_dir))
-    for r in report["ours"] + report["wllama"]:  # time to first token: the prompt at the row's prefill rate
+    for r in report["ours"] + report["wllama"] + ([report["native"]] if args.native else []):
+        # time to first token: the prompt at the row's prefill rate
         r["ttft_s"] = args.prompt / r["prefill_tok_s"] if r["prefill_tok_s"] else None
     compare(report)
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -284,6 +295,12 @@ def compare(report: dict) -> None:
         r["ids_match_ours"] = r["first_ids_reencoded"] == ours
         r["text_starts_with_ours"] = r["text"].startswith(report["ours_first_text"])
     report["ratio"] = ratio_line(report)
+    native = report.get("native")
+    if native:
+        native["ids_match_ours"] = native["output_ids"][:COMPARE_IDS] == ours
+        native["rows_match_native"] = {r["backend"]: r["output_ids"][:COMPARE_IDS] == native["output_ids"][:COMPARE_IDS]
+                                       for r in report["ours"]}
+        report["native_ratio"] = native_ratio_line(report)
 
 
 def ratio_line(report: dict) -> str:
@@ -300,6 +317,21 @@ def ratio_line(report: dict) -> str:
     return (f"Decode / prefill tok/s against wllama's best, decode {best_dec['decode_tok_s']:.2f} ({cfg(best_dec)}) "
             f"and prefill {best_pre['prefill_tok_s']:.2f} ({cfg(best_pre)}): {rows}. The CPython row (native BLAS) "
             "ran after the browser side finished.")
+
+
+def native_ratio_line(report: dict) -> str:
+    """The tab's default row and wllama's best (decode, prefill) over native llama.cpp."""
+    native = report["native"]
+    tab = next(r for r in report["ours"] if r.get("asked") == "auto")  # the file's own model: the first auto row
+    best_dec = max(report["wllama"], key=lambda r: r["decode_tok_s"] or 0)
+    best_pre = max(report["wllama"], key=lambda r: r["prefill_tok_s"] or 0)
+    return (f"Against native llama.cpp ({native['backend']}, xllamacpp {native['xllamacpp_version']}: decode "
+            f"{native['decode_tok_s']:.2f} / prefill {native['prefill_tok_s']:.2f} tok/s): the tab's default "
+            f"({tab['backend']}) {tab['decode_tok_s'] / native['decode_tok_s']:.2f}x / "
+            f"{tab['prefill_tok_s'] / native['prefill_tok_s']:.2f}x, wllama's best "
+            f"{best_dec['decode_tok_s'] / native['decode_tok_s']:.2f}x / "
+            f"{best_pre['prefill_tok_s'] / native['prefill_tok_s']:.2f}x. First {COMPARE_IDS} greedy ids equal to "
+            f"native llama.cpp's: {', '.join(f'{k}: {v}' for k, v in native['rows_match_native'].items())}.")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,19 @@
 // wg_sum() (subgroups or a workgroup tree). The including kernel defines WORDS_PER_BLOCK (u32 words of
 // codes per 32-weight block), X_PER_WORD (vec4 activations a word meets) and word_dot(block index,
 // word within the block, its activations); its io part (matvec_io*.wgsl) load_x(token, vec4 index), the
-// activations, and store8(token, r0, lo, hi), what becomes of the 8 rows' results.
+// activations, x_gain(vec4 index), NORM's gain (the one stored after the codes, matvec_gain.wgsl, or one of
+// its own), prefetch(token, r0), which lane 0 calls before the loop along K to load what its epilogue needs
+// (so no load waits after the last barrier; r0 may be past the rows), and store8(token, r0, lo, hi), what
+// becomes of the 8 rows' results.
 // Every branch around a barrier or subgroup operation depends only on workgroup_id, override
 // constants or the uniform params (no early return before the reductions).
 // ROW_GROUPS > 1 (a matrix whose rows are short, tuned per projection: tuning.py): the workgroup's lanes
 // split into ROW_GROUPS groups of LANES, each group owning 8 rows and striding along K by LANES, so a row
 // of 72 words does not leave most of 64 lanes idle on its last trip; the groups' sums meet in a
-// workgroup-memory tree of their own (group_sum), which assumes nothing about subgroups.
+// workgroup-memory tree of their own (group_sum3, in the reduction part's red / red3), which assumes nothing
+// about subgroups.
+// The 8 rows' sums (two vec4s) and NORM's sum of squares meet in one reduction (wg_sum3 / group_sum3: the
+// barriers of one), not three; each is added in the order a reduction of its own would add it.
 // WHOLE_BLOCKS (tuned per projection): where it adds no trip along K (ceil(blocks / LANES) * WORDS_PER_BLOCK <=
 // ceil(words / LANES), e.g. K = 2,048 on 64 lanes), a lane takes whole 32-weight blocks, their words back to
 // back: the block's scales are the same for its words (read and decoded once where the compiler keeps them)
@@ -32,30 +38,33 @@ override ROW_GROUPS : u32 = 1u;  // 1, 2, 4 or 8, dividing WORKGROUP_SIZE into g
 override LANES : u32 = WORKGROUP_SIZE / ROW_GROUPS;
 override WHOLE_BLOCKS : bool = false;
 
-override GROUP_RED : u32 = select(1u, WORKGROUP_SIZE, ROW_GROUPS > 1u);  // no workgroup memory with one group
-var<workgroup> group_red : array<vec4<f32>, GROUP_RED>;
-
-// The sum of v over lid's group of LANES lanes, returned to each of them. Uniform control flow only.
-fn group_sum(v : vec4<f32>, lid : u32) -> vec4<f32> {
-  group_red[lid] = v;
+// The sums of a, b and c over lid's group of LANES lanes, returned to each of them, in the reduction part's
+// workgroup memory (red: WORKGROUP_SIZE vec4s, red3: twice that). Uniform control flow only.
+fn group_sum3(a : vec4<f32>, b : vec4<f32>, c : vec4<f32>, lid : u32) -> array<vec4<f32>, 3> {
+  red[lid] = a;
+  red3[2u * lid] = b;
+  red3[2u * lid + 1u] = c;
   workgroupBarrier();
   let lane = lid % LANES;
   for (var s = LANES / 2u; s > 0u; s >>= 1u) {
     if (lane < s) {
-      group_red[lid] += group_red[lid + s];
+      red[lid] += red[lid + s];
+      red3[2u * lid] += red3[2u * (lid + s)];
+      red3[2u * lid + 1u] += red3[2u * (lid + s) + 1u];
     }
     workgroupBarrier();
   }
-  let total = group_red[lid - lane];
-  workgroupBarrier();  // the next call overwrites group_red
+  let first = lid - lane;
+  let total = array<vec4<f32>, 3>(red[first], red3[2u * first], red3[2u * first + 1u]);
+  workgroupBarrier();  // the next call overwrites red, red3
   return total;
 }
 
-fn row_sum(v : vec4<f32>, lid : u32) -> vec4<f32> {
+fn row_sum3(a : vec4<f32>, b : vec4<f32>, c : vec4<f32>, lid : u32) -> array<vec4<f32>, 3> {
   if (ROW_GROUPS == 1u) {
-    return wg_sum(v, lid);
+    return wg_sum3(a, b, c, lid);
   }
-  return group_sum(v, lid);
+  return group_sum3(a, b, c, lid);
 }
 
 struct Acc {
@@ -77,9 +86,9 @@ fn add_word(acc : ptr<function, Acc>, t : u32, j : u32, ri : vec4<u32>, rj : vec
     if (!X_IN_F16) {
       (*acc).ss += dot(u0, u0) + dot(u1, u1);
     }
-    u0 *= gain(v) * s;
+    u0 *= x_gain(v) * s;
     if (X_PER_WORD == 2u) {
-      u1 *= gain(v + 1u) * s;
+      u1 *= x_gain(v + 1u) * s;
     }
   }
   let b = j / WORDS_PER_BLOCK;
@@ -103,6 +112,9 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   let ri = vec4<u32>(min(r0, last), min(r0 + 1u, last), min(r0 + 2u, last), min(r0 + 3u, last)) * nb;
   let rj = vec4<u32>(min(r0 + 4u, last), min(r0 + 5u, last), min(r0 + 6u, last), min(r0 + 7u, last)) * nb;
   var acc = Acc(vec4<f32>(0.0), vec4<f32>(0.0), 0.0);
+  if (lane == 0u) {  // the lane that stores: its epilogue's loads run beside the dot products
+    prefetch(t, r0);
+  }
   let words = nb * WORDS_PER_BLOCK;
   var s = 1.0;
   if (NORM && X_IN_F16) {  // 1 / rms before any activation is cast to f16
@@ -111,7 +123,8 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
       let u = load_x(t, v);
       ss += dot(u, u);
     }
-    s = 1.0 / sqrt(row_sum(vec4<f32>(ss, 0.0, 0.0, 0.0), lid).x / f32(params.cols) + params.eps);
+    let zero = vec4<f32>(0.0);
+    s = 1.0 / sqrt(row_sum3(vec4<f32>(ss, 0.0, 0.0, 0.0), zero, zero, lid)[0].x / f32(params.cols) + params.eps);
   }
   if (WHOLE_BLOCKS && (nb + LANES - 1u) / LANES * WORDS_PER_BLOCK <= (words + LANES - 1u) / LANES) {
     for (var b = lane; b < nb; b += LANES) {
@@ -124,10 +137,11 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
       add_word(&acc, t, j, ri, rj, s);
     }
   }
-  var lo = row_sum(acc.lo, lid);
-  var hi = row_sum(acc.hi, lid);
+  let sums = row_sum3(acc.lo, acc.hi, vec4<f32>(acc.ss, 0.0, 0.0, 0.0), lid);
+  var lo = sums[0];
+  var hi = sums[1];
   if (NORM && !X_IN_F16) {
-    let inv_rms = 1.0 / sqrt(row_sum(vec4<f32>(acc.ss, 0.0, 0.0, 0.0), lid).x / f32(params.cols) + params.eps);
+    let inv_rms = 1.0 / sqrt(sums[2].x / f32(params.cols) + params.eps);
     lo *= inv_rms;
     hi *= inv_rms;
   }

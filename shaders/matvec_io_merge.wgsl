@@ -17,6 +17,15 @@
 override HEAD_DIM : u32 = 64u;
 
 //#include partition_merge.wgsl
+//#include matvec_io_accumulate.wgsl
+
+fn prefetch(t : u32, r0 : u32) {  // x's old rows (ACCUMULATE), loaded while the dot products run
+  prefetch_y(t, r0);
+}
+
+fn x_gain(v : u32) -> vec4<f32> {  // NORM: the gain stored after the codes
+  return gain(v);
+}
 
 fn load_x(t : u32, v : u32) -> vec4<f32> {
   let n_parts = partitions_of(context_lens[t], merge);
@@ -29,5 +38,5 @@ fn load_x(t : u32, v : u32) -> vec4<f32> {
 }
 
 fn store8(t : u32, r0 : u32, lo : vec4<f32>, hi : vec4<f32>) {
-  put8(t, r0, lo, hi);
+  store8_accumulated(t, r0, lo, hi);
 }

@@ -27,15 +27,16 @@ override HEAD_MAJOR : bool = true;  // a block keeps each kv head's rows togethe
 override ROTATE : bool = true;      // false: a layer without rotary (q and k stored unrotated)
 override ROW_U32 : u32 = select(HEAD_DIM, HEAD_DIM / 2u, KV_OUT == 1u);  // u32s of one head's f32 / f16 row
 
+fn x_gain(v : u32) -> vec4<f32> {  // NORM: the gain stored after the codes
+  return gain(v);
+}
+
 fn load_x(t : u32, v : u32) -> vec4<f32> {
   return x[t * (params.cols / 4u) + v];
 }
 
-// Rows r..r+3 (two adjacent pairs of one head) of token t rotated to its position.
-fn rope4(t : u32, r : u32, a : vec4<f32>) -> vec4<f32> {
-  let i = u32(positions[t]) * (HEAD_DIM / 2u) + (r % HEAD_DIM) / 2u;
-  let c0 = cos_sin[i];
-  let c1 = cos_sin[i + 1u];
+// Rows r..r+3 (two adjacent pairs of one head) rotated by their pairs' cos / sin c0, c1.
+fn rope4(c0 : vec2<f32>, c1 : vec2<f32>, a : vec4<f32>) -> vec4<f32> {
   return vec4<f32>(a.x * c0.x - a.y * c0.y, a.x * c0.y + a.y * c0.x,
                    a.z * c1.x - a.w * c1.y, a.z * c1.y + a.w * c1.x);
 }
@@ -48,6 +49,31 @@ fn kv_heads() -> u32 {
 
 //#include kv_slots.wgsl
 
+// What the epilogue reads besides the sums, loaded by lane 0 before the dot products (prefetch) so that after
+// the last barrier it only computes and stores: the 8 rows' bias, their 4 pairs' cos / sin at token t's
+// position, and the K / V row's first cache u32.
+var<private> pre_bias : array<vec4<f32>, 2>;
+var<private> pre_cs : array<vec2<f32>, 4>;
+var<private> pre_base : u32;
+
+fn prefetch(t : u32, r0 : u32) {
+  if (r0 >= Q_ROWS + 2u * KV_ROWS) {
+    return;
+  }
+  pre_bias[0] = bias[r0 / 4u];
+  pre_bias[1] = bias[r0 / 4u + 1u];
+  if (ROTATE && r0 < Q_ROWS + KV_ROWS) {
+    let i = u32(positions[t]) * (HEAD_DIM / 2u) + (r0 % HEAD_DIM) / 2u;  // r0's pair; the 4 pairs follow
+    for (var j = 0u; j < 4u; j++) {
+      pre_cs[j] = cos_sin[i + j];
+    }
+  }
+  if (r0 >= Q_ROWS && KV_OUT != 2u) {
+    let e = r0 - Q_ROWS - select(0u, KV_ROWS, r0 >= Q_ROWS + KV_ROWS);
+    pre_base = slot_row(slot_mapping[t], e / HEAD_DIM).x;
+  }
+}
+
 fn put_kv(is_v : bool, i : u32, word : vec4<u32>) {
   if (is_v) {
     v_out[i] = word;
@@ -57,11 +83,11 @@ fn put_kv(is_v : bool, i : u32, word : vec4<u32>) {
 }
 
 fn store8(t : u32, r0 : u32, lo : vec4<f32>, hi : vec4<f32>) {
-  var a = lo + bias[r0 / 4u];
-  var b = hi + bias[r0 / 4u + 1u];
+  var a = lo + pre_bias[0];
+  var b = hi + pre_bias[1];
   if (ROTATE && r0 < Q_ROWS + KV_ROWS) {
-    a = rope4(t, r0, a);
-    b = rope4(t, r0 + 4u, b);
+    a = rope4(pre_cs[0], pre_cs[1], a);
+    b = rope4(pre_cs[2], pre_cs[3], b);
   }
   if (r0 < Q_ROWS) {
     let o = t * Q_ROWS + r0;
@@ -83,7 +109,7 @@ fn store8(t : u32, r0 : u32, lo : vec4<f32>, hi : vec4<f32>) {
     put_kv(is_v, i + 1u, bitcast<vec4<u32>>(b));
     return;
   }
-  let base = slot_row(slot_mapping[t], e / HEAD_DIM).x;
+  let base = pre_base;
   let d = e % HEAD_DIM;  // the first of the 8 values within the head's row
   if (KV_OUT == 1u) {
     put_kv(is_v, (base + d / 2u) / 4u, vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy),

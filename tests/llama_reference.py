@@ -87,6 +87,20 @@ def near_tie(margin: float | None) -> bool:
     return margin is not None and margin < NEAR_TIE
 
 
+def forced_differences(rows: list, ref: dict, max_excused: int = 4) -> list[dict]:
+    """The positions where our teacher-forced argmax (forced_rows.py's (argmax, margin) rows, after llama.cpp's
+    own previous ids) is not llama.cpp's id; AssertionError unless each is a near tie on one side or the other
+    (its margin, or ours between the two ids) and there are at most `max_excused` (more would be a bug hiding
+    under the rule)."""
+    assert len(rows) == len(ref["output_ids"]), (len(rows), ref)
+    differ = [{"position": i, "ours": ours, "llama_cpp": theirs, "llama_cpp_margin": ref["margins"][i],
+               "our_margin": round(margin, 4)}
+              for i, ((ours, margin), theirs) in enumerate(zip(rows, ref["output_ids"])) if ours != theirs]
+    assert all(near_tie(d["llama_cpp_margin"]) or near_tie(d["our_margin"]) for d in differ), differ
+    assert len(differ) <= max_excused, differ
+    return differ
+
+
 def teacher_forced_logits(model: NumpyModel, prompt_ids: list[int], forced: list[int]) -> np.ndarray:
     """Our logits (len(forced), vocab) at each position of prompt + forced[:-1], prefilled in one batch: what we
     would pick from after llama.cpp's own previous tokens (each position is compared, not just the first

@@ -21,9 +21,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def llama_server(gguf: Path, n_ctx: int = 1024):
-    """Start llama.cpp's HTTP server on `gguf` with an `n_ctx`-token context; yields its origin
-    (http://127.0.0.1:PORT); stopped on exit."""
+def llama_server(gguf: Path, n_ctx: int = 1024, threads: int = 2):
+    """Start llama.cpp's HTTP server on `gguf` with an `n_ctx`-token context on `threads` threads (prompt and
+    generation alike); yields its origin (http://127.0.0.1:PORT); stopped on exit."""
     try:
         import xllamacpp
     except ImportError:
@@ -34,8 +34,8 @@ def llama_server(gguf: Path, n_ctx: int = 1024):
     params.model_alias = {MODEL_NAME}
     params.n_ctx = n_ctx
     params.n_parallel = 1
-    params.cpuparams.n_threads = 2
-    params.cpuparams_batch.n_threads = 2
+    params.cpuparams.n_threads = threads
+    params.cpuparams_batch.n_threads = threads
     params.warmup = False
     params.port = free_port()
     server = xllamacpp.Server(params)  # loads the model, then listens; CORS allows any origin by default

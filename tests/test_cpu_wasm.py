@@ -1,6 +1,6 @@
-"""The wasm CPU path's Python side in CPython: the WAT assembler (byte for byte what wat2wasm 1.0.39 writes),
-the kernel layout (rows dequantize bit-identically), and CpuBackend(linear="wasm") over pointer_twin (the
-kernel's numpy twin over the same addresses). The wasm kernel itself runs in tests/browser/test_cpu_wasm_page.py.
+"""The wasm CPU path's Python side in CPython: the kernel layout (rows dequantize bit-identically), and
+CpuBackend(linear="wasm") over pointer_twin (the kernel's numpy twin over the same addresses). The built wasm
+kernel itself runs in tests/test_cpu_wasm_wasmtime.py (wasmtime) and tests/browser/test_cpu_wasm_page.py (Chromium).
 
 Bounds: a product through the twin is x @ W.T in f32 with W exactly numpy's dequantized weights, so against
 f64 its error is within f32 dot-product rounding: |y - y64| <= cols * 2^-24 * (|x| @ |W|^T) per output.
@@ -18,71 +18,11 @@ from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.cpu_wasm import (ACT8, ACT16, XQ_MAX, HeapStore, QuantWeight, Region, SharedStore, ThreadsTwin,
                                       act_bits, chunks, integer_products, kind_code, pointer_twin,
                                       quantize_activations, stack_projections, tensor_loader)
-from pagedkv.backends.wat import WatError, assemble
 from pagedkv.model.convert import convert_cached
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 from pagedkv.model.quants import pack_gguf
 from pagedkv.model.quantize import quantize
 from pagedkv.model.weights import ModelWeights
-
-SNIPPET = """(module
-  (import "env" "memory" (memory 1))
-  (func $two (param $a f32) (result f32) local.get $a f32.const 2.5 f32.mul)
-  (func $f (export "f") (param $p i32) (param $n i32) (local $i i32) (local $j i32) (local $v v128) (local $s f32)
-    block $out
-      loop $l
-        local.get $n i32.eqz br_if $out
-        local.get $p v128.load offset=300 local.get $v f32x4.add local.set $v
-        local.get $n i32.const -129 i32.add local.get $j local.get $i i32.const 200000 i32.gt_u select local.set $n
-        local.get $i if local.get $p i32.const 1 i32.store offset=4 else local.get $p local.get $s f32.store end
-        br $l
-      end
-    end
-    local.get $p local.get $v f32x4.extract_lane 3 call $two f32.store)
-)"""
-# wat2wasm 1.0.39's output for SNIPPET
-SNIPPET_WASM = bytes.fromhex(
-    "0061736d01000000010b0260017d017d60027f7f00020f0103656e76066d656d6f72790200010303020001070501016600010a62020a"
-    "0020004300002040940b5503027f017b017d024003402001450d012000fd0004ac022004fde4012104200141ff7e6a2003200241c09a"
-    "0c4b1b2101200204402000410136020405200020053802000b0c000b0b20002004fd1f0310003802000b")
-
-
-def test_the_assembler_writes_what_wat2wasm_writes():
-    assert assemble(SNIPPET) == SNIPPET_WASM
-
-
-RELAXED_SNIPPET = """(module
-  (import "env" "memory" (memory 1))
-  (func $dot (export "dot") (param $p i32) (local $z v128)
-    local.get $p local.get $p v128.load local.get $p v128.load offset=16 local.get $z
-    i32x4.relaxed_dot_i8x16_i7x16_add_s v128.store offset=32)
-  (func $two (export "two") (param $a f32) (result f32) local.get $a f32.const 2.5 f32.mul)
-)"""
-
-
-def test_relaxed_simd_functions_become_unreachable_without_relaxed():
-    """wat.py's relaxed=False: a function using a relaxed-SIMD instruction is `unreachable` (0x00) with no locals,
-    every other function as written; with relaxed (the default) the instruction is 0xfd 0x113 (LEB128 93 02)."""
-    full, plain = assemble(RELAXED_SNIPPET), assemble(RELAXED_SNIPPET, relaxed=False)
-    assert bytes.fromhex("fd9302") in full and bytes.fromhex("fd9302") not in plain
-    assert bytes.fromhex("0300000b") in plain  # the body: size 3, no local groups, unreachable, end
-    two = bytes.fromhex("0a0020004300002040940b")  # $two's body, the same in both
-    assert two in full and two in plain
-
-
-@pytest.mark.parametrize("text,message", [
-    ("(module (func $f i32.const 1 i64.const 2))", r"\$f: instruction 'i64.const' is outside the assembler's subset"),
-    ("(module (func $f block $a br $b end))", r"\$f: br to unknown label \$b"),
-    ("(module (func $f loop $a))", r"\$f: 1 block\(s\) not closed with 'end'"),
-    ("(module (func $f local.get $x))", r"\$f: unknown local \$x"),
-    ("(module (table 1 funcref))", r"unsupported module form \(table ...\)"),
-    ("(module (func $f (i32.const 1)))", r"\$f: unsupported form \(i32.const ...\); bodies are flat instructions"),
-    ("(module (func $f i8x16.shuffle 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 32))", r"\$f: i8x16.shuffle lanes must be 0..31"),
-])
-def test_text_outside_the_subset_is_refused_by_name(text, message):
-    with pytest.raises(WatError, match=message):
-        assemble(text)
-
 
 def random_weight(dtype: str, rows: int, cols: int, seed: int) -> tuple[dict, np.ndarray]:
     """Web parts of a random (rows, cols) weight of `dtype` and numpy's dequantization of them."""
@@ -173,17 +113,6 @@ def test_types_without_a_kernel_keep_einsum_and_bad_layouts_are_refused(tiny_dir
     assert type(backend.model.w["blk.0.ffn_up.weight"]).__name__ == "EinsumWeight"
     with pytest.raises(ValueError, match=r"q4_1 weight: qs \(2, 31\) and dm \(2, 2, 2\) are not the kernel's layout"):
         QuantWeight("q4_1", np.zeros((2, 31), np.uint8), np.zeros((2, 2, 2), np.float32), HeapStore(pointer_twin))
-
-
-def test_memory_limits_assemble_plain_with_a_maximum_or_shared():
-    plain = assemble('(module (import "env" "memory" (memory 1)))')
-    assert b"\x03env\x06memory\x02\x00\x01\x03" in plain  # kind 2 (memory), flags 0, min 1; then section 3
-    assert b"memory\x02\x01\x01\x08\x03" in assemble('(module (import "env" "memory" (memory 1 8)))')
-    shared = assemble('(module (import "env" "memory" (memory 1)))', shared_pages=65536)
-    assert b"memory\x02\x03\x01\x80\x80\x04\x03" in shared  # flags 3 (a maximum, shared), min 1, max 65536
-    assert shared == assemble('(module (import "env" "memory" (memory 1 65536 shared)))')
-    with pytest.raises(WatError, match=r"unsupported memory limits '1 2 3'"):
-        assemble('(module (import "env" "memory" (memory 1 2 3)))')
 
 
 @pytest.mark.parametrize("rows,threads,want", [

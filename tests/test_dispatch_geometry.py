@@ -21,8 +21,10 @@ def test_gpu_family_fills_every_matvec_with_at_least_1024_invocations_at_context
         shader = "matvec_gpu_sg_q4_1" if subgroups else "matvec_gpu_q4_1"
         assert linear[:4] == [(shader + "_rope_kv", "lin_qkv", 120 * 64), (shader + "_merge", "lin_h", 72 * 64),
                               (shader, "lin_ffn", 384 * 64), (shader, "lin_down", 72 * 64)]
-        # a greedy step: the LM head leaves each workgroup's best row (matvec_io_argmax.wgsl)
+        # a greedy step: the LM head leaves each workgroup's best row (matvec_io_argmax.wgsl), the final norm
+        # fused (no rms_s dispatch)
         assert linear[-1] == (shader.replace("q4_1", "q8_0") + "_argmax", "lm_head", 6144 * 64)
+        assert "rms_s" not in {r["slot"] for r in rows}
         assert rows[-1] == {"kernel": "argmax_gpu", "slot": "argmax", "workgroup_size": 256,
                             "workgroups": [1, 1, 1], "invocations": 256}
 
@@ -69,9 +71,9 @@ def test_gpu_family_fills_every_decode_attention_dispatch_at_context_512():
 def test_gpu_family_decode_step_is_at_most_160_dispatches_at_context_1024():
     """Issue 30: <= 160 dispatches for SmolLM2 at context 1,024 with f16 KV and no hot dispatch under 1,024
     invocations: embedding, 5 a layer (q | k | v + RoPE + KV write, attention, o + merge, gate | up, down),
-    the final norm, the LM head and argmax. Quantized KV keeps kv_write_quant (6 a layer); the cpu family, whose
-    kernels are shaped for the emulators, keeps its 8."""
-    for kv_dtype, count in (("f16", 1 + 30 * 5 + 3), ("f32", 154), ("int8", 1 + 30 * 6 + 3), ("int4-asym", 184)):
+    the LM head with the final norm fused (issue 50) and argmax. Quantized KV keeps kv_write_quant (6 a layer);
+    the cpu family, whose kernels are shaped for the emulators, keeps its 8 and the final norm's dispatch."""
+    for kv_dtype, count in (("f16", 1 + 30 * 5 + 2), ("f32", 153), ("int8", 1 + 30 * 6 + 2), ("int4-asym", 183)):
         for subgroups in (True, False):
             t = geo.totals(geo.decode_step("gpu", 1024, subgroups, kv_dtype=kv_dtype))
             assert t == {"count": count, "min_hot_invocations": 4608}, (kv_dtype, subgroups)  # o, down
@@ -88,3 +90,17 @@ def test_cli_prints_json(capsys):
     assert geo.main(["--json", "--kernels", "gpu", "--prefill", "64"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["kernels"], out["prefill"], out["dispatches"][2]["kernel"]) == ("gpu", 64, "matmul_gpu_q4_1")
+
+
+def test_synthetic_1_5b_preset_decode_step_counts_its_24_layers_in_q4_K():
+    """--model synthetic-1.5b: the device runs' larger model (hidden 2,048, 24 layers, 32 query / 8 KV heads, Q4_K
+    everywhere) through the same plan: embedding, 5 a layer, the LM head (the final norm fused) and argmax."""
+    rows = geo.decode_step("gpu", 1024, model="synthetic-1.5b")
+    assert geo.totals(rows) == {"count": 1 + 24 * 5 + 2, "min_hot_invocations": 88 * 128}  # the attention
+    assert _linear(rows)[:4] == [("matvec_gpu_sg_q4_K_rope_kv", "lin_qkv", 384 * 64),
+                                 ("matvec_gpu_sg_q4_K_merge", "lin_h", 256 * 64),
+                                 ("matvec_gpu_sg_q4_K", "lin_ffn", 2048 * 64),
+                                 ("matvec_gpu_sg_q4_K", "lin_down", 256 * 64)]
+    assert rows[0]["kernel"] == "embedding_q4_K"
+    with pytest.raises(ValueError, match="model must be one of"):
+        geo.decode_step("gpu", 1024, model="smollm2-1.7b")

@@ -142,8 +142,10 @@ def test_the_memory_panel_colours_every_models_chats_and_the_weights(tiny_weight
     assert sorted(snap["cells"]) == sorted("www" + chr(0x100) * 2 + chr(0x101) * 3 + "f" * 4)
     assert (snap["owners"], snap["owner_models"], snap["per_chat_blocks"]) == (["t", "m"], ["tiny", "mixed"],
                                                                              {"t": 2, "m": 3})
-    assert snap["models"]["mixed"] == {"kv_pages": 3, "weights_pages": 2, "block_size": 16}
-    assert snap["models"]["tiny"] == {"kv_pages": 2, "weights_pages": 1, "block_size": 64}
+    assert snap["models"]["mixed"] == {"kv_pages": 3, "weights_pages": 2, "null_pages": 0,
+                                       "block_size": 16}
+    assert snap["models"]["tiny"] == {"kv_pages": 2, "weights_pages": 1, "null_pages": 0,
+                                      "block_size": 64}
 
 
 def test_pages_past_the_buffer_hold_weights_only(tiny_weights, mixed_weights):  # noqa: F811

@@ -236,10 +236,19 @@ def test_random_workload_keeps_every_invariant_with_window_groups(seed):
 
 # ---------------------------------------------------------------- what refuses hybrid models
 
+def test_a_shared_pools_null_page_is_reserved_in_the_cpu_pool_too_or_refused():
+    pool = BlockPool(8)
+    pool.reserve(3)  # another model's weights: the null page is page 3
+    with pytest.raises(ValueError, match=r"page 3 of the shared pool, past the CPU pool's 2 blocks"):
+        KVCacheManager(CacheConfig(num_blocks=8, block_size=16, num_cpu_blocks=2, demote_to_cpu=False),
+                       namespace="m", pool=pool, groups=FULL_AND_WINDOW)
+    assert pool.num_reserved == 3  # nothing kept of the refused manager
+    mgr = KVCacheManager(CacheConfig(num_blocks=8, block_size=16, num_cpu_blocks=6, demote_to_cpu=False),
+                         namespace="m", pool=pool, groups=FULL_AND_WINDOW)
+    assert mgr.null_block == 3 and mgr.cpu_pool.is_reserved(3) and mgr.cpu_pool.num_reserved == 1
+
+
 def test_code_that_is_not_group_aware_refuses_hybrid_models():
-    with pytest.raises(ValueError, match="cannot share a KV pool"):
-        KVCacheManager(CacheConfig(num_blocks=8, block_size=16), namespace="m", pool=BlockPool(8),
-                       groups=FULL_AND_WINDOW)
     mgr = make()
     seq = computed(mgr, list(range(40)))
     with pytest.raises(ValueError, match="KV eviction"):
@@ -328,11 +337,12 @@ def test_kv_groups_false_keeps_every_layer_full(gemma_weights, expected):
     assert run(engine, PROMPTS[:2]) == expected[:2]
 
 
-def test_pages_shared_by_several_models_keep_every_layer_full(gemma_weights):
+def test_pages_shared_by_several_models_hold_one_groups_layers(gemma_weights):
     from pagedkv.backends.cpu import allocate_pages, plan_pages
-    page, sizes = plan_pages([gemma_weights.config])
+    page, sizes = plan_pages([gemma_weights.config])  # 16 tokens of 2 layers x 2 KV heads x 16 f32
+    assert (page, sizes) == (8192, [16])
     backend = CpuBackend(gemma_weights, 8, sizes[0], pages=allocate_pages(8, page))
-    assert not backend.kv_groups.is_hybrid and len(backend.kv.k) == 12
+    assert backend.kv_groups.group_size == 2 and len(backend.kv.k) == 2  # tests/test_kv_groups_shared_pool.py
 
 
 def test_cli_sizes_its_pool_for_the_window_groups(gemma_weights, gemma_reference):

@@ -126,7 +126,17 @@ def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
     assert o.bindings[2:] == ("attn", "x") and o.extra == (
         (8, "context_lens"), (9, "part_acc"), (10, "part_stats"),
         (11, ("params", SLOT_INDEX["reduce"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)))  # the reduce slot's words
-    assert [d.shader for d in decode[1]] == ["rmsnorm", "matvec_gpu_sg_q8_0", "argmax_gpu"]
+    assert [d.shader for d in decode[1]] == ["rmsnorm", "matvec_gpu_sg_q8_0", "argmax_gpu"]  # logits come back
+    # a greedy step: the LM head runs the final norm (its gain bound at 8, eps in its uniform) and leaves each
+    # workgroup's best row for argmax_gpu; no rms_s dispatch
+    head, pick = layer_program(b, PlanKey.of(1, 1, greedy=True))[1]
+    assert (head.shader, head.constants, head.bindings[2:], head.extra, head.slot) == (
+        "matvec_gpu_sg_q8_0_argmax", (("WORKGROUP_SIZE", 64), ("NORM", 1)), ("last", "logits"),
+        ((8, "output_norm.weight"),), "lm_head")
+    assert pick.shader == "argmax_gpu"
+    lm_words = step_slots(b, StepShape(1, 1, 1, 1, 1, True))[1][SLOT_INDEX["lm_head"] * PARAM_SLOT_BYTES:][:16]
+    assert lm_words[:12].view(np.uint32).tolist() == [512, 64, 1]  # rows, cols, tokens
+    assert lm_words[12:].view(np.float32)[0] == np.float32(1e-5)  # the norm's eps
     int8 = fake_backend("gpu", subgroups=True, kv_dtype="int8")  # quantized KV: rows to kv_write_quant
     qkv, write = layer_program(int8, PlanKey.of(1, 1))[0][1:3]
     assert dict(qkv.constants)["KV_OUT"] == 2 and qkv.extra[4:] == ((12, "k"), (13, "v"))

@@ -63,7 +63,8 @@ export function renderMemory(mem, modelInfo) {
   }
   if (mem.models) {  // several models in one pool of pages: what each holds
     facts.push(["Models", Object.entries(mem.models).map(([m, v]) =>
-      `${m}: ${v.kv_pages} KV + ${v.weights_pages} weights pages (× ${v.block_size} tokens)`).join(" · ")]);
+      `${m}: ${v.kv_pages} KV + ${v.weights_pages} weights${v.null_pages ? ` + ${v.null_pages} null` : ""} pages ` +
+      `(× ${v.block_size} tokens)`).join(" · ")]);
   }
   if (modelInfo && modelInfo.bytes_per_token) {
     facts.push(["KV bytes / token", `${modelInfo.bytes_per_token.toLocaleString()} B (${modelInfo.kv_dtype || "f32"}) · ` +

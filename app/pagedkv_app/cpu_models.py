@@ -78,7 +78,7 @@ async def shared_cpu_engine(names: list[str], block_size: int, config: EngineCon
         engine, shared = shared_engine(models, budget_bytes, block_size, config)
     except BudgetTooSmall as exc:
         raise BudgetTooSmall(f"{exc}: raise budget_mib") from None
-    info = {"bytes_per_token": CpuBackend.pool_bytes_per_token(models[0].weights.config), "kv_dtype": "f32",
+    info = {"bytes_per_token": CpuBackend.page_bytes_per_token(models[0].weights.config), "kv_dtype": "f32",
             "cpu_linear": loaded[0][5], "page_bytes": shared.page_bytes, "models": names}
     return [manifest for _, manifest, *_ in loaded], engine, shared, info
 

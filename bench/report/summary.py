@@ -277,8 +277,15 @@ def wllama_table(wl: dict, title: str = WLLAMA_TITLE) -> list[str]:
     for r in wl["ours"]:
         out.append(f"| PagedKV {r['backend']} | | | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} |"
                    f"{first_token(r)} |")
+    native = wl.get("native")
+    if native:
+        out.append(f"| llama.cpp native (xllamacpp {native['xllamacpp_version']}) | {native['threads']} | "
+                   f"| {native['prefill_tok_s']:.1f} | {native['decode_tok_s']:.1f} |{first_token(native)} "
+                   f"{native['ids_match_ours']} |")
     if wl.get("ratio"):
         out += ["", wl["ratio"]]
+    if wl.get("native_ratio"):
+        out += ["", wl["native_ratio"]]
     out += ["", "wllama runs on the CPU here: its WebGPU backend needs shader-f16, which SwiftShader lacks, and our "
             "WebGPU runs on SwiftShader, itself a CPU emulation. Both ran in one session on the same 2 cores; "
             "measured while planning issue 9 (same GGUF), wllama gave 9.6 / 4.1 (1 thread, flash attention on), "

@@ -137,7 +137,7 @@ class LLMEngine:
         left = pool.capacity - max(0, n - len(self._spare))  # the spare pages hold no KV: they cost none
         for lane in self.lanes.values():
             for req in lane.scheduler.waiting + lane.scheduler.running + lane.scheduler.swapped:
-                need = -(-req.max_total_tokens // lane.kv.block_size)
+                need = lane.kv.blocks_needed(req.max_total_tokens, self.config.max_num_batched_tokens)
                 if need > left:
                     raise NeverFits(f"{name} needs {n:,} pages of the budget; then {lane.name}'s request "
                                     f"{req.request_id} ({need:,} pages) would no longer fit the {left:,} left")
@@ -178,9 +178,11 @@ class LLMEngine:
         aborted = list(lane.groups.roots)
         for rid in aborted:
             lane.abort(rid)
-        self.pool.evict_salted(lane.namespace)
+        lane.kv.evict_all_cached()
         self._spare += [b for b in lane.reserved_blocks if b >= self.backed_pages]  # no memory: weights' only
         self.pool.release([b for b in lane.reserved_blocks if b < self.backed_pages])
+        if lane.kv.null_block is not None:  # its window groups' placeholder page
+            self.pool.release([lane.kv.null_block])
         del self.lanes[name]
         if hasattr(lane.backend, "destroy"):
             lane.backend.destroy()
@@ -317,16 +319,18 @@ class LLMEngine:
         return self.lane(model).stats()
 
     def pool_stats(self) -> dict | None:
-        """The shared pool's pages (None with one model's own pool): total, free, cached, held by weights
-        (reserved), past the memory and held by none (spare), and each model's KV and weights pages."""
+        """The shared pool's pages (None with one model's own pool): total, free, cached, held by weights and
+        null pages (reserved), past the memory and held by none (spare), and each model's KV, weights and null
+        pages (the placeholder page of a model with window KV groups: kv/manager.py)."""
         pool = self.pool
         if pool is None:
             return None
         return {"pages": pool.num_blocks, "free_pages": pool.num_free, "cached_pages": pool.num_cached,
-                # weights' pages, and those past the memory (backed_pages) no model holds now
+                # weights' and null pages, and those past the memory (backed_pages) no model holds now
                 "reserved_pages": pool.num_reserved - len(self._spare), "spare_pages": len(self._spare),
                 "backed_pages": self.backed_pages,
                 "models": {name: {"kv_pages": lane.held_blocks, "weights_pages": len(lane.reserved_blocks),
+                                  "null_pages": int(lane.kv.null_block is not None),
                                   "block_size": lane.kv.block_size}
                            for name, lane in self.lanes.items()}}
 

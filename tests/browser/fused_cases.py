@@ -169,27 +169,32 @@ async def case_merge(lengths, seed, block_size=16, partition_blocks=2, n_heads=9
 
 
 async def case_argmax(rows, t, seed, ties=(), hidden=64, tree=False):
-    """A greedy step's LM head: the matvec writing each workgroup's best row (matvec_io_argmax.wgsl), then
-    argmax_gpu over those winners (WINNERS_OF = 8), against today's pair (the matvec's logits, argmax_gpu
-    over them) and numpy's argmax of those logits. ties: rows made copies of the best row of token 0 (equal
-    codes give equal sums), so the lowest of them must win."""
+    """A greedy step's LM head: the matvec with the final RMSNorm fused (NORM, its gain bound at 8) writing
+    each workgroup's best row (matvec_io_argmax.wgsl), then argmax_gpu over those winners (WINNERS_OF = 8),
+    against the logits of the plain NORM matvec (its gain stored after the codes, as a stacked projection's),
+    argmax_gpu over them, and numpy's argmax of those logits; "near" is numpy's argmax of the float
+    rms_norm(x) @ W.T of the dequantized rows. ties: rows made copies of the best row of token 0 (equal codes
+    give equal sums), so the lowest of them must win."""
     ctx = await _context()
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((rows, hidden), dtype=np.float32) * 0.1
-    x = rng.standard_normal((t, hidden), dtype=np.float32)  # (T, hidden)
+    x = rng.standard_normal((t, hidden), dtype=np.float32) * 40  # (T, hidden): the raw residual stream
+    gain = rng.uniform(0.5, 1.5, hidden).astype(np.float32)  # (hidden,): output_norm.weight
+    h = ref.rms_norm(x, gain, 1e-5)  # (T, hidden)
     if ties:
-        best = int(np.argmax(x[0] @ w.T))
+        best = int(np.argmax(h[0] @ w.T))
         w[list(ties)] = w[best] * 1.5  # larger than the old best: the copies share the max
     parts = pack_q4_1(*quantize_q4_1(w))
     subgroups = "subgroups" in ctx.info.features and not tree
-    call = ops.matvec_gpu_call("q4_1", rows, hidden, t, subgroups)
-    codes = {0: np.frombuffer(parts["qs"], np.uint8), 1: np.frombuffer(parts["dm"], np.uint8), 2: x,
-             4: ("uniform", np.frombuffer(call.params, np.uint8))}
+    call = ops.matvec_gpu_call("q4_1", rows, hidden, t, subgroups, norm_eps=1e-5)
+    codes = {1: np.frombuffer(parts["dm"], np.uint8), 2: x, 4: ("uniform", np.frombuffer(call.params, np.uint8))}
+    qs = np.frombuffer(parts["qs"], np.uint8)
     arg = ops.argmax_call(rows, t, family="gpu")
-    out = {}
+    out = {"near": np.argmax(h @ dequantize("q4_1", (rows, hidden), parts).T, axis=1).tolist()}
     for io, winners in (("", 0), ("_argmax", 8)):
+        own = {0: qs, 8: gain} if io else {0: np.concatenate([qs, gain.view(np.uint8)])}  # the gain's two homes
         y = await _dispatch(ctx, ops.gpu_matvec_shader("q4_1", subgroups, False, io), dict(call.constants),
-                            {**codes, 3: np.zeros((t, rows), np.float32)}, call.workgroups, (3,))
+                            {**codes, **own, 3: np.zeros((t, rows), np.float32)}, call.workgroups, (3,))
         y = np.frombuffer(y[3], np.float32)
         ids = await _dispatch(ctx, arg.shader, dict(arg.constants, WINNERS_OF=winners),
                               {0: y, 1: np.zeros(t, np.uint32), 2: ("uniform", np.frombuffer(arg.params, np.uint8))},

@@ -267,7 +267,7 @@ def test_a_kernel_that_does_not_load_says_why_and_the_path_keeps_einsum(ready_pa
 def test_without_relaxed_simd_the_plain_kernel_loads_and_its_8_bit_functions_trap(ready_page):
     """loadLinearWasm without the relaxed entries (a browser whose WebAssembly lacks relaxed SIMD takes this path
     after the relaxed module fails to validate): relaxedSimd false, 16-bit products as the relaxed module's
-    (the same text), the 8-bit kernel assembled as `unreachable` (wat.py), so it can never run there."""
+    (the same text), the 8-bit kernel assembled as `unreachable` (build.without_relaxed), so it can never run there."""
     got = ready_page.py(
         "import json, js\nimport numpy as np\nimport pyodide_js\n"
         "from pagedkv.backends.cpu_wasm import ACT8, ACT16, address_of\n"

@@ -1,6 +1,8 @@
 """Gemma 3 270M, the built-in base model (`?model=gemma-3-270m`), in the tab: on SwiftShader `auto` runs it on the
-tab's CPU path, which gives llama.cpp's greedy ids (tests/golden/gemma3_golden.json) up to a near tie; the page
-says the file has no chat template and chats in Gemma's turns; ?backend=webgpu gives those ids too."""
+tab's CPU path, which gives llama.cpp's greedy ids (tests/golden/gemma3_golden.json) up to a near tie free running
+(`npm run generate`, the capital prompt x 24) and teacher forced in the page (golden cases 3 and 5 x 8); the page
+says the file has no chat template and chats in Gemma's turns; ?backend=webgpu gives those ids too (teacher forced:
+the capital prompt x 12, case 5 x 8)."""
 from __future__ import annotations
 
 import json
@@ -11,10 +13,11 @@ from pathlib import Path
 
 import build
 from browser_pages import open_app
-from llama_reference import near_tie
+from llama_reference import forced_differences, near_tie
 from test_real_chat import run_turn
 
 GOLDEN = json.loads((Path(__file__).parent.parent / "golden" / "gemma3_golden.json").read_text())
+FORCED_CASES = (3, 5)  # golden prompts of 16 and 6 tokens, teacher forced in the tab (forced_in_the_tab)
 
 
 def generate(*args: str) -> subprocess.CompletedProcess:
@@ -55,21 +58,38 @@ def test_the_tabs_cpu_path_continues_a_prompt_with_llama_cpps_ids(base_url):
     assert_llama_cpps_ids(got, golden)
 
 
-def test_webgpu_continues_a_prompt_with_llama_cpps_ids(base_url):
-    """?backend=webgpu (SwiftShader, the cpu kernel family there): the same prompt, the same rule; every op of
-    Gemma's layer compiled into the plan, its 262,144-row head in parts."""
-    golden = GOLDEN["cases"][0]
-    proc = generate("--prompt", golden["text"], "--max-tokens", "12", "--greedy", "--json", "--backend", "webgpu")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout)
-    assert got["backend"] == "webgpu" and got["prompt_ids"] == golden["prompt_ids"]
-    assert_llama_cpps_ids(got, golden)
+def test_webgpu_gives_llama_cpps_ids_on_two_prompts(browser, base_url):
+    """?backend=webgpu (SwiftShader, the cpu kernel family there), teacher forced in the tab's engine: the capital
+    prompt's first 12 ids and golden case 5's first 8 (a 6-token prompt: SwiftShader prefills ~3 tokens a
+    second, so case 3's 16 tokens stay with the CPU path); every op of Gemma's layer compiled into the plan, its
+    262,144-row head in parts, its window layers in KV groups."""
+    booted, info = open_app(browser, base_url + "?model=gemma-3-270m&backend=webgpu&kv_disk=0", 300_000)
+    try:
+        assert (info["model"], info["backend"]) == ("gemma-3-270m", "webgpu")
+        forced_in_the_tab(booted, [(0, 12), (5, 8)])
+    finally:
+        booted.page.close()
+
+
+def forced_in_the_tab(booted, cases: list[tuple[int, int]]) -> None:
+    """llama.cpp's first n ids of each (golden case, n), teacher forced through the tab's own engine
+    (tests/forced_rows.py, installed into the worker), under tests/test_gemma3.py's near-tie rule."""
+    refs = [{"prompt_ids": GOLDEN["cases"][c]["prompt_ids"], "output_ids": GOLDEN["cases"][c]["output_ids"][:n],
+             "margins": GOLDEN["cases"][c]["margins"][:n]} for c, n in cases]
+    booted.install({"forced_rows.py": (build.ROOT / "tests" / "forced_rows.py").read_text()})
+    forced = [(r["prompt_ids"], r["output_ids"]) for r in refs]
+    rows = booted.py("import json\nfrom forced_rows import forced_rows\nfrom pagedkv_app.main import state\n"
+                     f"json.dumps(await forced_rows(state['engine'], {forced!r}))")
+    for got, ref in zip(rows, refs):
+        print(got, ref["output_ids"])  # pytest -s
+        forced_differences([tuple(row) for row in got], ref)
 
 
 def test_it_chats_in_gemmas_turns_and_the_page_says_why(browser, base_url):
     booted, info = open_app(browser, base_url + "?model=gemma-3-270m", 300_000)
     try:
         assert (info["model"], info["backend"], info["layers"]) == ("gemma-3-270m", "cpu", 18)
+        forced_in_the_tab(booted, [(c, 8) for c in FORCED_CASES])  # the CPU path: llama.cpp's ids, two prompts
         assert info["chat_template"] == "none in the file: Gemma's <start_of_turn> turns"
         status = booted.page.locator("#chat-status").inner_text()
         assert "chat template: none in the file: Gemma's <start_of_turn> turns" in status

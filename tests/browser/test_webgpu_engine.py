@@ -46,8 +46,9 @@ def test_tiny_greedy_with_the_gpu_kernel_family_equals_numpy(worker, block_size)
     assert r["gpu"] == r["ref"]
     f16 = r["runtime"] != "emscripten"
     assert r["shader_f16"] == f16
-    # a greedy step's LM head leaves each workgroup's best row, which argmax_gpu scans (matvec_io_argmax.wgsl)
-    assert r["head"] == ["rmsnorm", f"matvec_gpu_sg_{'f16_' if f16 else ''}q8_0_argmax", "argmax_gpu"]
+    # a greedy step's LM head (the final norm fused) leaves each workgroup's best row, which argmax_gpu scans
+    # (matvec_io_argmax.wgsl)
+    assert r["head"] == [f"matvec_gpu_sg_{'f16_' if f16 else ''}q8_0_argmax", "argmax_gpu"]
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "int8"])

@@ -9,7 +9,11 @@ allows them): every step's logits within a bound of the reference's and the gree
 step's attention mass (the last layer's: a window layer in tiny-gemma3) the reference's. Before the last
 chunk and again before decoding, the blocks that lie wholly before the window of every window layer are filled
 with NaN on the GPU: a kernel that read one would poison the logits (window layers may release those blocks).
-Then the engine's own route: LLMEngine's chunked prefill and decode give the reference's greedy ids.
+Then the engine's own route: LLMEngine's chunked prefill and decode give the reference's greedy ids. And in the
+cpu family, on the same backend, llama.cpp's own greedy ids for tiny-qwen3 / -smollm3 / -gemma3 (16 ids after
+tests/test_gguf_families.py's prompts), teacher forced through LLMEngine (tests/forced_rows.py) under the near-tie
+rule of either side's margin: tiny-qwen3's fifth id (llama.cpp 0.74, ours 0.48) and tiny-gemma3's last (llama.cpp
+0.12) are the near ties excused on lavapipe.
 """
 from __future__ import annotations
 
@@ -19,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf_models import tiny_gguf
+from llama_reference import forced_differences, llama_cpp_greedy
 from model_fixtures import cached_gguf
+from test_gguf_families import NUM_TOKENS, prompt
 
 from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache, greedy_reference
 from pagedkv.backends.webgpu.backend import WebGpuBackend
@@ -41,6 +47,9 @@ PROMPT, CHUNK, DECODE, BLOCK = 100, 40, 16, 16
 BOUND = {"cpu": 2e-3, "gpu": 0.5}
 KV_DTYPE = {"cpu": "f32", "gpu": "f16"}  # the f32 cache in one family, the f16 one (packed pairs) in the other
 MODELS = ("tiny-qwen3", "tiny-smollm3", "tiny-gemma3", "tiny-gemma3-hd256")  # the last: head_dim 256
+# llama.cpp's greedy ids (test_gguf_families.py's prompts and length), teacher forced through LLMEngine on the cpu
+# family's backend: 40 random ids, tiny-gemma3's 100 over three of its windows
+LLAMA_CPP_PROMPTS = {"tiny-qwen3": 40, "tiny-smollm3": 40, "tiny-gemma3": 100}
 
 
 def model_files(name: str) -> tuple[dict, dict]:
@@ -76,7 +85,9 @@ async def poison_before_windows(b: WebGpuBackend, table: np.ndarray, first_key: 
     return count
 
 
-async def chunked_then_decode(name: str, kernels: str) -> dict:
+async def chunked_then_decode(name: str, kernels: str, llama_cpp: tuple[list[int], dict] | None = None) -> dict:
+    """llama_cpp: (a prompt, llama.cpp's greedy ids after it): also teacher force those through LLMEngine on the
+    same backend (tests/forced_rows.py)."""
     manifest, shards = model_files(name)
     model = NumpyModel(ModelWeights.from_shards(manifest, shards))
     cfg = model.config
@@ -116,16 +127,29 @@ async def chunked_then_decode(name: str, kernels: str) -> dict:
         ref_ids.append(int(np.argmax(ref[0])))
         token = ref_ids[-1]
     decode = [d.shader for d in layer_program(b, PlanKey.of(1, 1))[0]]
+    forced = None
+    if llama_cpp is not None:
+        from forced_rows import forced_rows
+
+        engine = LLMEngine(b, Tokenizer.from_manifest(manifest), EngineConfig(max_num_batched_tokens=CHUNK))
+        (forced,) = await forced_rows(engine, [(llama_cpp[0], llama_cpp[1]["output_ids"])])
     b.destroy()
     return {"errors": errors, "gpu": gpu_ids, "ref": ref_ids, "poisoned": poisoned, "decode": decode,
             "mass": (mass_gpu[0].tolist(), mass_ref[0].tolist()),
-            "ops": sorted(cfg.family.ops(cfg)), "layers": cfg.layers, "head_dim": cfg.head_dim}
+            "ops": sorted(cfg.family.ops(cfg)), "layers": cfg.layers, "head_dim": cfg.head_dim, "forced": forced}
 
 
 @pytest.mark.parametrize("kernels", ["cpu", "gpu"])
 @pytest.mark.parametrize("name", MODELS)
 def test_chunked_prefill_and_decode_match_numpy(native_loop, native_device, name, kernels):
-    r = native_loop.run(chunked_then_decode(name, kernels))
+    llama_cpp = None
+    if kernels == "cpu" and name in LLAMA_CPP_PROMPTS:  # and llama.cpp's own ids, in one family (below)
+        ids = prompt(LLAMA_CPP_PROMPTS[name])
+        llama_cpp = ids, llama_cpp_greedy(tiny_gguf(name, cached_gguf()), ids, NUM_TOKENS)
+    r = native_loop.run(chunked_then_decode(name, kernels, llama_cpp))
+    if llama_cpp is not None:
+        print(name, r["forced"], llama_cpp[1])  # pytest -s
+        forced_differences(r["forced"], llama_cpp[1], max_excused=2)
     print(name, kernels, r["ops"], [round(e, 5) for e in r["errors"]])  # pytest -s
     assert len(r["errors"]) == 3 + DECODE
     assert max(r["errors"]) < BOUND[kernels], r["errors"]
@@ -205,3 +229,4 @@ def test_shift_keys_rerotates_each_layer_with_its_own_rotary(native_loop, native
     assert max(r["errors"]) < 1e-6, r  # the same numpy rotation; a layer without rotary keeps its keys bit-exact
     assert all(e == 0.0 for e, rotates in zip(r["errors"], r["rotates"]) if not rotates), r
     assert all(r["rotates"]) == (name != "tiny-smollm3")  # smollm3's layer 3 has no rotary
+

@@ -3,7 +3,8 @@
 ;;
 ;; It imports Pyodide's own memory, so every pointer is a numpy array's address: no copies. Python's side is
 ;; py/pagedkv/backends/cpu_wasm.py (the layouts below, its numpy twin and the calls). build.py assembles this
-;; text with py/pagedkv/backends/wat.py (a flat-instruction subset of WAT; no folded expressions).
+;; text with wabt's wat2wasm into four modules (build.wasm_modules: with and without relaxed SIMD, on a plain or
+;; a shared memory); tests/test_cpu_wasm_wasmtime.py runs them in CPython.
 ;;
 ;; Weight layouts, by `kind` (bits 1 | 8 | 16; bit 2 asks for 16-bit activations (quant_x), bit 32 for 8-bit ones
 ;; (quant_x8, kind 0 only), bit 4 says x is quantized already): rows of
@@ -411,7 +412,7 @@
   ;; i32x4.dot_i16x8_s takes eight and the codes widened first, so a one-token product runs 1.5x faster from cache
   ;; (Chromium, 3072x576). Exact integer sums (|codes . q| <= 32 * 15 * 127), so the result does not depend on how
   ;; the browser lowers the instruction. scratch: xsum (nb f32), xd (nb f32), xq (nb * 32 i8): nb * 40 bytes a
-  ;; token. Browsers without relaxed SIMD load the module assembled without these functions (wat.py: relaxed).
+  ;; token. Browsers without relaxed SIMD load the module assembled without these functions (build.without_relaxed).
   (func $quant_x8 (export "quant_x8") (param $x i32) (param $nb i32) (param $t i32) (param $s i32)
     loop $tokens  ;; token i of x (nb * 32 f32 apart) into its blocks at s + i * nb * 40
       local.get $x local.get $nb local.get $s call $quant_x8_1

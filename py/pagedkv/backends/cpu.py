@@ -38,11 +38,13 @@ class CpuBackend:
     attention: the wasm attention kernels (backends/cpu_attention.py) for every one-token step, or None: the
     reference's attention throughout.
     pages: (num_pages, page_floats) f32 that several models' backends share (one budget, one pool: the
-    engine's add_model); the pools are views of it (PagedKVCache.in_pages). num_blocks is the pool's page count,
-    which may pass the buffer's: those pages only hold weights (LLMEngine's backed_pages).
+    engine's add_model); the pools are views of it (PagedKVCache.in_pages): a page holds one block of every
+    pool. num_blocks is the pool's page count, which may pass the buffer's: those pages only hold weights
+    (LLMEngine's backed_pages).
     kv_groups: True (default): a model with sliding-window layers keeps its KV in groups (kv/groups.py), one pool
-    per slot of a group, and the engine gives each group its own block tables; False: every layer holds the whole
-    context (one group of all layers, the layout of a model without windows), as it does in shared `pages`.
+    per slot of a group (a page holds one group's layers, in its own pool or in shared `pages` alike), and the
+    engine gives each group its own block tables; False: every layer holds the whole context (one group of all
+    layers, the layout of a model without windows).
     """
 
     name = "cpu"
@@ -54,9 +56,7 @@ class CpuBackend:
             raise ValueError(f"linear must be matmul, einsum or wasm, got {linear!r}")
         self.config = weights.config
         self.kv_groups = KVGroups.of(self.config)
-        # One group when asked, or in pages several models share: their pools and shared pool are not
-        # group-aware yet, so there every layer holds the whole context, as before groups existed.
-        if not (kv_groups and self.kv_groups.is_hybrid and pages is None):
+        if not kv_groups:  # every layer holds the whole context, as before groups existed
             self.kv_groups = KVGroups.flat(self.config.n_layers)
         pools = self.kv_groups.group_size  # per-slot pools: every layer's with one group
         self.model = NumpyModel(weights) if attention is None else WasmAttentionModel(weights, attention)
@@ -67,7 +67,7 @@ class CpuBackend:
         if pages is not None:  # the pool's pages past the buffer hold weights only (LLMEngine's backed_pages)
             if pages.shape[0] > num_blocks:
                 raise ValueError(f"{pages.shape[0]} shared pages but the pool has {num_blocks} blocks")
-            self.kv = PagedKVCache.in_pages(self.config, pages, block_size, kv_dtype)
+            self.kv = PagedKVCache.in_pages(self.config, pages, block_size, kv_dtype, num_pools=pools)
         else:
             self.kv = PagedKVCache.allocate(self.config, num_blocks, block_size, kv_dtype, num_pools=pools)
         self.kv_dtype = kv_dtype
@@ -158,10 +158,11 @@ class CpuBackend:
 
 
 def plan_pages(configs, block_size: int = 16) -> tuple[int, list[int]]:
-    """Pages several models' f32 pools share (CpuBackend(pages=...)): the page's bytes, sized so the widest
-    model gets `block_size` tokens a block and a whole number of every model's per-layer blocks (the wasm
+    """Pages several models' f32 pools share (CpuBackend(pages=...), KV groups on): the page's bytes, sized so
+    the widest page (most bytes a token: every layer's K/V, or one KV group's layers for a model with window
+    layers) gets `block_size` tokens a block and a whole number of every model's per-layer blocks (the wasm
     attention steps through a page view by whole blocks), and each model's block size in it."""
-    bpts = [CpuBackend.pool_bytes_per_token(c) for c in configs]
+    bpts = [CpuBackend.page_bytes_per_token(c) for c in configs]
     align = math.lcm(*(64 * c.n_kv_heads * c.head_dim * 4 for c in configs))  # any allowed block divides 64
     page = SharedKVBudget.page_bytes_for(bpts, block_size, align)
     return page, [SharedKVBudget.block_size_in(page, bpt, f"{c.n_layers}-layer") for bpt, c in zip(bpts, configs)]
@@ -176,7 +177,7 @@ def block_size_in_page(page_bytes: int, config, name: str = "a model") -> int:
     """A model's block size in plan_pages' pages (loaded after they were planned): the largest allowed block
     whose f32 tokens fit a page and whose per-layer block a page holds a whole number of; ValueError naming
     the sizes when none does."""
-    size = SharedKVBudget.block_size_in(page_bytes, CpuBackend.pool_bytes_per_token(config), name)
+    size = SharedKVBudget.block_size_in(page_bytes, CpuBackend.page_bytes_per_token(config), name)
     layer_block = size * config.n_kv_heads * config.head_dim * 4
     if page_bytes % layer_block:
         raise ValueError(f"{name}'s per-layer blocks ({layer_block:,} B) do not tile this engine's pages of "

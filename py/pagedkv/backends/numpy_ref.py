@@ -62,18 +62,20 @@ class PagedKVCache:
 
     @classmethod
     def in_pages(cls, config: ModelConfig, pages: np.ndarray, block_size: int,
-                 kv_dtype: str = "f32") -> "PagedKVCache":
+                 kv_dtype: str = "f32", num_pools: int | None = None) -> "PagedKVCache":
         """Pools that are views of `pages`, (num_pages, page_floats) f32 that other models' pools view too: page
-        p holds block p of every layer, (layers, 2, block_size, n_kv_heads, head_dim) from its start. Each
-        layer's pool is a strided view; one block of it is contiguous."""
+        p holds block p of every pool, (pools, 2, block_size, n_kv_heads, head_dim) from its start, with one
+        pool per layer, or `num_pools` of them (a KV group's slots: a page then holds one group's layers). Each
+        pool is a strided view; one block of it is contiguous."""
         check_kv_dtype(kv_dtype)
-        shape = (config.n_layers, 2, block_size, config.n_kv_heads, config.head_dim)
+        n = config.n_layers if num_pools is None else num_pools
+        shape = (n, 2, block_size, config.n_kv_heads, config.head_dim)
         need = int(np.prod(shape))
         if pages.ndim != 2 or pages.dtype != np.float32 or pages.shape[1] < need:
             raise ValueError(f"pages {pages.dtype} {pages.shape} cannot hold blocks of {shape} f32 ({need} floats)")
-        view = pages[:, :need].reshape((pages.shape[0], *shape))  # (P, layers, 2, bs, kv, hd)
-        return cls(k=tuple(view[:, layer, 0] for layer in range(config.n_layers)),
-                   v=tuple(view[:, layer, 1] for layer in range(config.n_layers)), kv_dtype=kv_dtype)
+        view = pages[:, :need].reshape((pages.shape[0], *shape))  # (P, pools, 2, bs, kv, hd)
+        return cls(k=tuple(view[:, pool, 0] for pool in range(n)),
+                   v=tuple(view[:, pool, 1] for pool in range(n)), kv_dtype=kv_dtype)
 
     @property
     def num_blocks(self) -> int:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ..config import ALLOWED_BLOCK_SIZES, CacheConfig
 from ..sequence import SequenceStatus
 from .block_pool import BlockPool
+from .groups import KVGroups
 from .manager import KVCacheManager
 from .spec import KVSpec
 
@@ -111,20 +112,27 @@ class SharedKVBudget:
                              f"{ALLOWED_BLOCK_SIZES[0]} (e.g. {16 * bytes_per_token:,} B)")
         return max(fitting)
 
-    def add_model(self, name: str, spec: KVSpec, bytes_per_token: int | None = None) -> KVCacheManager:
+    def add_model(self, name: str, spec: KVSpec, bytes_per_token: int | None = None,
+                  groups: KVGroups | None = None) -> KVCacheManager:
         """A cache manager for model `name` (KV as `spec`, whose block size the page decides) that allocates
-        from the shared pages. bytes_per_token: what a token takes where the pages live (default the spec's;
-        a CPU backend keeps f32 whatever the dtype)."""
+        from the shared pages. bytes_per_token: what a token takes where the pages live, in every layer
+        (default the spec's; a CPU backend keeps f32 whatever the dtype). groups: the model's KV groups when it
+        has window layers (groups.py): a page then holds one group's layers, so its blocks hold more tokens,
+        and the model reserves one null page of the pool (KVCacheManager)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a model sharing the budget needs a non-empty name (it namespaces prefix hashes), "
                              f"got {name!r}")
         key = f"{name}/{spec.dtype}"
         if key in self.managers:
             raise ValueError(f"{key} already has a manager")
-        bpt = bytes_per_token or spec.bytes_per_token
+        hybrid = groups is not None and groups.is_hybrid
+        if hybrid and groups.num_layers != spec.num_layers:
+            raise ValueError(f"{key}: its KV groups hold {groups.num_layers} layers, its spec {spec.num_layers}")
+        bpt = (bytes_per_token or spec.bytes_per_token) // spec.num_layers * (
+            groups.group_size if hybrid else spec.num_layers)  # a token's bytes in one page
         block_size = self.block_size_in(self.page_bytes, bpt, key)
         cfg = CacheConfig(num_blocks=self.pool.num_blocks, block_size=block_size)
-        self.managers[key] = KVCacheManager(cfg, namespace=key, pool=self.pool)
+        self.managers[key] = KVCacheManager(cfg, namespace=key, pool=self.pool, groups=groups if hybrid else None)
         self._bpt[key] = bpt
         return self.managers[key]
 

@@ -25,8 +25,10 @@ prompt read again); it costs nothing until a fresh block is needed, and is then 
 blocks of the same age (the oldest released first). A prefix hit takes the longest length every group can
 serve: the full groups' common prefix, and in each window group only the blocks the hit's next query sees
 (prefix.WindowPrefixIndex). The CPU and disk tiers extend a hit by the same rule (tier_hit, then adopt_hit:
-fresh blocks registered in every group where the hit needs them). Not group-aware yet, and so refused for a
-model with several groups: a pool shared by several models, importance eviction and per-request retention
+fresh blocks registered in every group where the hit needs them). A pool shared by several models (SharedKVBudget,
+the engine's add_model) works alike: each hybrid model reserves a null page of its own there, its groups' pages
+are pages of the one pool, and its released blocks are cached pages any model's allocation may evict. Not
+group-aware yet, and so refused for a model with several groups: importance eviction and per-request retention
 (evict_blocks).
 """
 
@@ -93,9 +95,6 @@ class KVCacheManager:
                              f"is {config.num_blocks}")
         self.groups = groups
         self.windows: tuple[int | None, ...] = groups.windows if groups is not None else (None,)
-        if pool is not None and groups is not None and groups.has_windows:
-            raise ValueError("a model with sliding-window KV groups cannot share a KV pool with other models yet; "
-                             "load it alone")
         demotes = config.demote_to_cpu and config.num_cpu_blocks > 0 and config.enable_prefix_caching
         if pool is not None and demotes:
             raise ValueError("a shared GPU pool cannot demote into one model's CPU tier; set demote_to_cpu=False")
@@ -114,13 +113,19 @@ class KVCacheManager:
         self.cpu = (CpuTier(config.num_cpu_blocks, config.block_size, namespace, self.pool, caching=caching,
                             demotes=demotes, groups=tuple((p.namespace, w) for p, w in zip(self.prefixes, self.windows)))
                     if config.num_cpu_blocks > 0 else None)
-        # The placeholder of a window group's released entries; the CPU pool reserves the same id, so a swapped
-        # table keeps its placeholders (both pools are fresh here: block 0 of each).
+        # The placeholder of a window group's released entries: a page of the pool reserved for this model (in
+        # a pool several models share, one of its pages until the model leaves: LLMEngine.remove_model). The CPU
+        # pool reserves the same id, so a swapped table keeps its placeholders.
         self.null_block: int | None = None
         if any(w is not None for w in self.windows):
             self.null_block = self.pool.reserve(1)[0]
-            if self.cpu is not None and self.cpu.pool.reserve(1)[0] != self.null_block:
-                raise ValueError("the CPU pool's null block differs from the GPU pool's")
+            if self.cpu is not None:
+                if self.null_block >= self.cpu.pool.num_blocks:
+                    self.pool.release([self.null_block])
+                    raise ValueError(f"the null block of the window groups is page {self.null_block} of the shared "
+                                     f"pool, past the CPU pool's {self.cpu.pool.num_blocks} blocks; give the CPU "
+                                     f"pool more than {self.null_block} blocks or none")
+                self.cpu.pool.reserve_ids([self.null_block])
         self.live: dict[int, Sequence] = {}
         self.num_lookup_tokens = 0
         self.num_hit_tokens = 0
@@ -194,6 +199,11 @@ class KVCacheManager:
         keep = keep_tokens // self.block_size
         hits = self._match(token_ids, len(token_ids) // self.block_size)
         return sum(self.pool.evict_cached([b for b in m.ids[keep:] if b != self.null_block]) for m in hits)
+
+    def evict_all_cached(self) -> int:
+        """Forget every cached block of this model, in every KV group (it leaves a pool it shared: each group
+        hashes under a namespace of its own). Blocks a live sequence holds are untouched; returns how many."""
+        return sum(self.pool.evict_salted(p.namespace) for p in self.prefixes)
 
     def tier_hit(self, token_ids, held: Callable[[int, int], bool]) -> TierHit:
         """The longest prefix hit of the full blocks of `token_ids` that another tier extends, by the rule of a

@@ -1,8 +1,10 @@
-"""Every dispatch of one SmolLM2-135M decode step (one sequence), or of one prefill chunk of N tokens
-(--prefill N: a new sequence's first N tokens), from the plan's own call builders.
+"""Every dispatch of one decode step (one sequence), or of one prefill chunk of N tokens (--prefill N: a new
+sequence's first N tokens), of SmolLM2-135M or the synthetic 1.5B preset (--model), from the plan's own call
+builders.
 
     PYTHONPATH=py python3 -m pagedkv.backends.webgpu.dispatch_geometry [--json] [--kernels cpu|gpu]
-        [--context N | --prefill N] [--no-subgroups] [--kv-dtype f16|int8|...]
+        [--model smollm2-135m-instruct|synthetic-1.5b] [--context N | --prefill N] [--no-subgroups]
+        [--kv-dtype f16|int8|...]
 
 Pure CPython, no GPU: records the step the way WebGpuBackend does (plan.layer_program with the family's
 kernels, plan.step_slots for the grids) over placeholder buffers, and lists per dispatch the kernel, its
@@ -27,6 +29,7 @@ from pagedkv.backends.webgpu.model_kernels import FAMILIES, MAX_WORKGROUPS_PER_D
 from pagedkv.backends.webgpu.plan import SLOT_INDEX, PlanKey, StepShape, layer_program, step_slots
 from pagedkv.kv.spec import KV_DTYPES, KVSpec
 from pagedkv.model.config import ModelConfig
+from pagedkv.model.synthetic import PRESETS
 
 # SmolLM2-135M-Instruct as convert.py reads it from its GGUF file
 SMOLLM2 = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 100000.0, "adjacent_pairs", 1e-5, 8192, True)
@@ -41,23 +44,33 @@ class _Named(dict):
 
 
 class _Weights(dict):
-    """SmolLM2's uploaded tensors as (dtype, part placeholders): Q8_0 embedding / LM head, Q4_1 layers."""
+    """A model's uploaded tensors as (dtype, part placeholders): f32 norms, `embedding` the embedding table / tied
+    LM head's type, `layers` the layers' matrices' type."""
+
+    def __init__(self, embedding: str, layers: str):
+        super().__init__()
+        self.embedding, self.layers = embedding, layers
 
     def __missing__(self, name: str) -> tuple:
-        dtype = "f32" if "norm" in name else "q8_0" if name == "token_embd.weight" else "q4_1"
+        dtype = "f32" if "norm" in name else self.embedding if name == "token_embd.weight" else self.layers
         return dtype, (f"{name}.qs", f"{name}.scales")
 
 
-def decode_step(kernels: str, context: int, subgroups: bool = True, config: ModelConfig = SMOLLM2,
+# --model: name -> (config, embedding type, layer matrices' type). SmolLM2's GGUF: a Q8_0 tied embedding, Q4_1
+# layers; the synthetic 1.5B preset (model/synthetic.py, the device runs' larger model): Q4_K everywhere.
+MODELS = {"smollm2-135m-instruct": (SMOLLM2, "q8_0", "q4_1"), "synthetic-1.5b": (PRESETS["1.5b"], "q4_K", "q4_K")}
+
+
+def decode_step(kernels: str, context: int, subgroups: bool = True, model: str = "smollm2-135m-instruct",
                 kv_dtype: str = "f16") -> list[dict]:
     """The dispatches of one decode step of one sequence at `context` tokens, in submission order."""
-    return _step(kernels, context, 1, subgroups, config, kv_dtype)
+    return _step(kernels, context, 1, subgroups, model, kv_dtype)
 
 
-def prefill_step(kernels: str, tokens: int, subgroups: bool = True, config: ModelConfig = SMOLLM2,
+def prefill_step(kernels: str, tokens: int, subgroups: bool = True, model: str = "smollm2-135m-instruct",
                  kv_dtype: str = "f16") -> list[dict]:
     """The dispatches of one prefill chunk: a new sequence's first `tokens` tokens, in submission order."""
-    return _step(kernels, tokens, tokens, subgroups, config, kv_dtype)
+    return _step(kernels, tokens, tokens, subgroups, model, kv_dtype)
 
 
 HOT = ("matvec", "matmul", "paged_attention", "paged_prefill_attention")  # kernel name prefixes
@@ -69,10 +82,12 @@ def totals(rows: list[dict]) -> dict:
             "min_hot_invocations": min(r["invocations"] for r in rows if r["kernel"].startswith(HOT))}
 
 
-def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: ModelConfig,
-          kv_dtype: str) -> list[dict]:
+def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, model: str, kv_dtype: str) -> list[dict]:
     if kernels not in FAMILIES:
         raise ValueError(f"kernels must be one of {FAMILIES}, got {kernels!r}")
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {sorted(MODELS)}, got {model!r}")
+    config, embedding_type, layer_type = MODELS[model]
     if not 1 <= context <= config.context_length:
         raise ValueError(f"context must be 1..{config.context_length}, got {context}")
     blocks = math.ceil(config.context_length / BLOCK_SIZE)
@@ -83,12 +98,14 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: 
     kv_sizes[kv.prefill.name] = kv.prefill.workgroup
     kv_sizes["kv_write"] = layout.kv_write_workgroup or kv.workgroup_size
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(config.n_layers)]
-    # SmolLM2 has one KV group: every layer its own buffers, the whole block tables / slot mapping
-    b = SimpleNamespace(config=config, scratch=_Named(), weights=_Weights(), weight_rows={}, kv_kernels=kv,
+    # one KV group (neither model has window layers): every layer its own buffers, the whole block tables / slot
+    # mapping
+    b = SimpleNamespace(config=config, scratch=_Named(), weights=_Weights(embedding_type, layer_type), weight_rows={},
+                        kv_kernels=kv,
                         kv_pool=SimpleNamespace(caches=caches, cache_of=caches.__getitem__),
                         group_binding=lambda name, layer: name,
                         kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(),
-                        shader_f16=False, gpu_matmul=kernels == "gpu",  # SmolLM2: Q4_1 and Q8_0 only
+                        shader_f16=False, gpu_matmul=kernels == "gpu",  # both models: quantized matrices only
                         max_num_seqs=1)  # one sequence: the sampling kernels sized for it
     used = math.ceil(context / BLOCK_SIZE)
     part_blocks = kv.partition_blocks  # the fixed split; the gpu family's decode sizes it as WebGpuBackend does
@@ -115,6 +132,8 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, config: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernels", choices=FAMILIES, default="gpu")
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2-135m-instruct",
+                        help="SmolLM2-135M's shapes or the synthetic 1.5B preset's (model/synthetic.py)")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--prefill", type=int, metavar="N", help="list a prefill chunk of N tokens instead")
     parser.add_argument("--no-subgroups", action="store_true", help="the gpu family's workgroup-tree kernels")
@@ -122,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object (else a table)")
     args = parser.parse_args(argv)
     if args.prefill is None:
-        rows = decode_step(args.kernels, args.context, not args.no_subgroups, kv_dtype=args.kv_dtype)
+        rows = decode_step(args.kernels, args.context, not args.no_subgroups, args.model, args.kv_dtype)
         step = {"context": args.context}
     else:
-        rows = prefill_step(args.kernels, args.prefill, not args.no_subgroups, kv_dtype=args.kv_dtype)
+        rows = prefill_step(args.kernels, args.prefill, not args.no_subgroups, args.model, args.kv_dtype)
         step = {"prefill": args.prefill}
     if args.json:
-        print(json.dumps({"model": "smollm2-135m-instruct", "kernels": args.kernels, "kv_dtype": args.kv_dtype,
+        print(json.dumps({"model": args.model, "kernels": args.kernels, "kv_dtype": args.kv_dtype,
                           **step, **totals(rows), "dispatches": rows}, indent=1))
         return 0
     print(f"{'kernel':<26} {'slot':<10} {'wg size':>7} {'workgroups':>16} {'invocations':>11}")

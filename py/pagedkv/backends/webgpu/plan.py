@@ -254,10 +254,14 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                      (s["last"], w["output_norm.weight"][1][0], s["last_norm"]), "rms_s")
     # A greedy step of the gpu family's LM head matvec writes no logits: its workgroups leave their best rows in
     # the logits buffer (matvec_io_argmax.wgsl), which argmax_gpu scans (WINNERS_OF = its 8 rows a workgroup).
+    # That matvec also runs the final RMSNorm (NORM, the gain bound at 8): no rms_s dispatch.
     head_parts = row_parts(b, head)
     winners = key.greedy and b.kernels == "gpu" and key.seq_kernel == "matvec" and len(head_parts) == 1
-    if len(head_parts) == 1:
-        lm_head = [linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel, io="_argmax" if winners else "")]
+    if winners:
+        rms_s, lm_head = None, [linear(head, s["last"], s["logits"], "lm_head", key.seq_kernel, norm=True,
+                                       io="_argmax", extra=((8, w["output_norm.weight"][1][0]),))]
+    elif len(head_parts) == 1:
+        lm_head = [linear(head, s["last_norm"], s["logits"], "lm_head", key.seq_kernel)]
     else:  # each row part into its columns of the logits (Y_STRIDE / Y_OFFSET, quant_epilogue.wgsl)
         lm_head = [linear(head, s["last_norm"], s["logits"], "lm_head" if rows == head_parts[0][1] else "lm_head_last",
                           key.seq_kernel, layout=(("Y_STRIDE", cfg.vocab), ("Y_OFFSET", first)), weight=weight)
@@ -278,7 +282,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     else:
         pick = Dispatch(ops.argmax_call(cfg.vocab, 1, family=b.kernels).shader, (("WORKGROUP_SIZE", 256),),
                         (s["logits"], s["ids"]), "argmax")
-    passes.append([rms_s, *lm_head, pick, *pick_more])
+    passes.append([*([rms_s] if rms_s else []), *lm_head, pick, *pick_more])
     return passes
 
 
@@ -323,7 +327,7 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
         "rope": ops.rope_call(t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
         "rope_qk": ops.rope_qk_norm_call(t, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rms_eps),
         "rms_s": ops.rmsnorm_call(cfg.hidden, n, cfg.rms_eps),
-        "lm_head": linear(head_rows[0], cfg.hidden, n, "lm_head"),
+        "lm_head": _with_eps(linear(head_rows[0], cfg.hidden, n, "lm_head"), cfg.rms_eps),  # NORM: greedy winners
         "lm_head_last": linear(head_rows[-1], cfg.hidden, n, "lm_head_last"),
         "argmax": ops.argmax_call(cfg.vocab, n, family=b.kernels),
         "sample": ops.sample_call(cfg.vocab, n),

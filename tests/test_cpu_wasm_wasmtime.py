@@ -1,0 +1,229 @@
+"""The built wasm kernels themselves (dist/wasm's bytes: build.wasm_modules) run in CPython by wasmtime
+(tests/wasm_kernels.py: how each call's buffers are placed in wasmtime's memory), against the numpy twins and
+f64: the cases the browser tests run in Chromium's worker (tests/browser/cpu_wasm_cases.py), with the same bounds
+(tests/browser/test_cpu_wasm_page.py's docstring), the module without relaxed SIMD, the shared-memory module
+on two threads at once, and the tiny model's greedy ids through every kernel.
+
+Not covered here: web/linear_threads.js itself (its workers, Atomics and chunk counter: the browser tests run
+it), and wasmtime's code generation is not V8's (the same module, another compiler: rounding is the module's,
+so the bounds hold on both).
+"""
+import ctypes
+import json
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import wasmtime
+from llama_reference import near_tie
+from model_fixtures import REAL_MODEL_DIR, real_weights, tiny_dir  # noqa: F401  (fixtures)
+from test_cpu_linear import prefill_then_decode
+from wasm_kernels import SharedMemory, WasmKernels, engine, modules, spans
+
+from pagedkv.backends.cpu import CpuBackend
+from pagedkv.backends.cpu_attention import PointerTwin
+from pagedkv.backends.cpu_wasm import (ACT8, ACT16, HeapStore, address_of, array_at, chunks, pointer_twin,
+                                      quant_x_twin, stack_projections, tensor_loader)
+from pagedkv.model.weights import ModelWeights
+
+sys.path.insert(0, str(Path(__file__).parent / "browser"))
+import cpu_wasm_cases as cases  # noqa: E402  (the browser tests' cases, run here on wasmtime)
+
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "llama_golden.json").read_text(encoding="utf-8"))
+SCALED_BOUND = 2e-6  # as the browser tests: only the f32 summation order differs from f64's product
+CASES = [(d, r, c) for d in ("q4_1", "q8_0") for r, c in ((37, 96), (1, 32), (192, 576))] + [
+    (d, 37, 256) for d in ("q4_K", "q5_K", "q6_K")]
+TOKENS = (1, 5, 37)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return WasmKernels("linear_relaxed")
+
+
+def test_the_four_modules_validate_with_only_the_proposals_they_name():
+    """linear and linear_shared need neither relaxed SIMD nor, for linear, threads; the relaxed ones need it;
+    the shared ones import a shared memory of at most 65536 pages (4 GiB), the others a plain one."""
+    plain, full = engine(relaxed=False), engine()
+    for name, data in modules().items():
+        assert wasmtime.Module.validate(full, data) is None, name
+        if "relaxed" in name:
+            with pytest.raises(wasmtime.WasmtimeError, match="relaxed"):
+                wasmtime.Module.validate(plain, data)
+        else:
+            assert wasmtime.Module.validate(plain, data) is None, name
+        (memory,) = wasmtime.Module(full, data).imports
+        limits = memory.type.limits
+        assert (memory.module, memory.name, memory.type.is_shared) == ("env", "memory", name.endswith("_shared"))
+        assert (limits.min, limits.max) == ((1, 65536) if name.endswith("_shared") else (1, None))
+    assert sorted(modules()) == ["linear", "linear_relaxed", "linear_relaxed_shared", "linear_shared"]
+
+
+def test_spans_merge_overlapping_and_touching_regions():
+    assert spans([(100, 8), (104, 8), (112, 4), (200, 0), (300, 16), (50, 4)]) == [(50, 54), (100, 116), (300, 316)]
+
+
+@pytest.mark.parametrize("dtype,rows,cols", CASES)
+def test_the_kernel_matches_numpy(kernels, dtype, rows, cols):
+    r = cases.case_linear(HeapStore(kernels.matmul), dtype, rows, cols, TOKENS)
+    assert r["rows_exact"] and r["shapes"] == [[t, rows, "float32"] for t in TOKENS], r
+    assert r["max_scaled"] <= SCALED_BOUND, r
+
+
+@pytest.mark.parametrize("activations", ["int16", "int8"])
+def test_integer_activations_match_the_integer_twin_and_each_token_alone(kernels, activations):
+    """As the browser test: the twin's integer block sums times f32 scales, within 2^-20 of the unit sum; each
+    token's row bit-identical to its product alone; int8 takes 4-bit codes at 8 bits (relaxed SIMD)."""
+    got = [cases.case_linear_integer(HeapStore(kernels.matmul, activations), d, r, c) for d, r, c in CASES]
+    assert [r["bits"] for r in got] == [8 if activations == "int8" and d in ("q4_1", "q4_K") else 16
+                                        for d, _, _ in CASES], got
+    assert max(r["max_scaled"] for r in got) <= 2.0**-20 and all(r["as_alone"] for r in got), got
+
+
+def test_quant_x_exports_write_the_twins_blocks_bit_for_bit(kernels):
+    """quant_x / quant_x8 (one scale a 32-value block, codes nearest, ties to even) as cpu_wasm.quant_x_twin."""
+    x = (np.random.default_rng(4).standard_normal((3, 96)) * 3).astype(np.float32)
+    x[0, :32] = 0.0  # a block of zeros: d 0, codes 0
+    x[1, 5] = np.float32(2.5) * (np.abs(x[1, :32]).max() / np.float32(32767))  # scaled, a tie to even
+    for bits, export, size in ((16, kernels.quant_x, 3 * 3 * 72), (8, kernels.quant_x8, 3 * 3 * 40)):
+        got, want = np.zeros(size, np.uint8), np.zeros(size, np.uint8)
+        export(address_of(x), 3, 3, address_of(got))
+        quant_x_twin(address_of(x), 3, 3, address_of(want), bits)
+        assert np.array_equal(got, want), bits
+
+
+# (ctx, nkv, group, hd, new tokens) and (ctx, nkv, group, hd, lo): the browser tests' shapes, trimmed
+ATTENTION = [(1, 3, 3, 64, 1), (37, 3, 3, 64, 1), (300, 3, 3, 64, 1), (5, 2, 2, 16, 1), (33, 1, 4, 32, 1),
+             (37, 3, 3, 64, 37), (300, 3, 3, 64, 21), (33, 1, 4, 32, 2)]
+DECODE = [(1, 3, 3, 64, 0), (17, 3, 3, 64, 0), (300, 3, 3, 64, 0), (5, 2, 2, 16, 0), (33, 1, 4, 32, 0),
+          (40, 3, 3, 64, 7), (40, 3, 3, 64, 15), (520, 1, 4, 256, 9)]
+
+
+def test_the_attention_kernels_match_f64(kernels):
+    for case in ATTENTION:
+        r = cases.case_attention(kernels, *case)
+        ctx, _, _, hd, _ = case
+        assert r["finite"] and r["unseen_untouched"], r
+        assert r["scores_rel"] <= hd * 2.0**-24 and r["values_rel"] <= ctx * 2.0**-24, r
+
+
+def test_attn_decode_rotates_writes_and_attends_in_one_call(kernels):
+    for case in DECODE:
+        r = cases.case_attn_decode(kernels, *case)
+        assert r["written"] and r["finite"] and r["rel"] <= 1.0 and r["masked_zero"], r
+        assert r["probs_sum"] <= (case[0] + 8) * 2.0**-24, r
+
+
+def test_the_one_token_steps_glue_matches_f64(kernels):
+    for n in (64, 576, 1536):
+        r = cases.case_step_glue(kernels, n)
+        bound = n / 8 + 4
+        assert r["add_exact"] and r["norm_ulps"] <= bound and r["add_ulps"] <= bound and r["silu_ulps"] <= 8, r
+
+
+def test_without_relaxed_simd_the_plain_module_gives_the_same_16_bit_products_and_its_8_bit_ones_trap(kernels):
+    """An engine without relaxed SIMD (a browser without it) runs `linear` (build.without_relaxed): 16-bit
+    products bit-identical to linear_relaxed's, the 8-bit kernel `unreachable`."""
+    plain = WasmKernels("linear", relaxed=False)
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    qs = np.arange(64, dtype=np.uint8).reshape(2, 32)
+    dm = np.tile(np.array([0.5, -0.25], np.float32), (2, 2, 1))
+    outs, scratch = [np.zeros(2, np.float32) for _ in range(2)], np.zeros(64, np.float32)
+    for out, k in zip(outs, (plain, kernels)):
+        k.matmul(ACT16, address_of(qs), address_of(dm), 2, 64, address_of(x), 1, address_of(out), 2,
+                 address_of(scratch))
+    assert np.array_equal(outs[0], outs[1]) and np.all(outs[0] != 0), outs
+    with pytest.raises(wasmtime.Trap, match="unreachable"):
+        plain.matmul(ACT8, address_of(qs), address_of(dm), 2, 64, address_of(x), 1, address_of(outs[0]), 2,
+                     address_of(scratch))
+
+
+def test_the_shared_module_on_two_threads_at_once_gives_one_instances_products():
+    """linear_relaxed_shared on one wasmtime SharedMemory, an instance (and store) per Python thread, each taking
+    chunks of a weight's rows as web/linear_threads.js's workers do (cpu_wasm.chunks; out's rows the whole
+    weight's apart): the rows bit-identical to one instance's product over all of them."""
+    rows, cols, t = 192, 576, 5
+    rng = np.random.default_rng(8)
+    qs = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+    dm = rng.standard_normal((rows, cols // 32, 2)).astype(np.float32)
+    x = rng.standard_normal((t, cols)).astype(np.float32)
+    want, scratch = np.zeros((t, rows), np.float32), np.zeros(cols, np.float32)
+    WasmKernels("linear_relaxed").matmul(0, address_of(qs), address_of(dm), rows, cols, address_of(x), t,
+                                         address_of(want), rows, address_of(scratch))
+
+    full = engine()
+    memory = SharedMemory(full, wasmtime.MemoryType(wasmtime.Limits(16, 65536), shared=True))
+    module = wasmtime.Module(full, modules()["linear_relaxed_shared"])
+    heap = array_at(ctypes.addressof(memory.data_ptr().contents), ctypes.c_uint8, memory.data_len())
+    at, top = {}, 64  # each array's offset in the shared memory, 16-byte aligned
+    for name, a in (("qs", qs), ("dm", dm), ("x", x), ("out", np.zeros((t, rows), np.float32))):
+        at[name] = top
+        heap[top:top + a.nbytes] = a.view(np.uint8).reshape(-1)
+        top = -(-(top + a.nbytes) // 16) * 16
+    work, errors = iter(chunks(rows, 2)), []
+    lock = threading.Lock()
+
+    def worker(scratch_at: int) -> None:
+        store = wasmtime.Store(full)
+        matmul = wasmtime.Instance(store, module, [memory]).exports(store)["matmul"]
+        try:
+            while True:
+                with lock:
+                    r0, r1 = next(work, (None, None))
+                if r0 is None:
+                    return
+                matmul(store, 0, at["qs"] + r0 * cols // 2, at["dm"] + r0 * cols // 4, r1 - r0, cols, at["x"], t,
+                       at["out"] + 4 * r0, rows, scratch_at)
+        except Exception as exc:  # noqa: BLE001  (reported below, on the test's thread)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(top + i * cols * 4,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    got = heap[at["out"]:at["out"] + want.nbytes].view(np.float32).reshape(t, rows)
+    assert np.array_equal(got, want)
+
+
+# f32: only summation orders differ. int8: both quantize each layer's input, which differs in its last bits between
+# the two, so a code now and then lands one step apart (measured 1.1e-5; int8's own rounding is 2.7% of f32's).
+@pytest.mark.parametrize("activations,most", [("f32", 2e-6), ("int8", 1e-4)])
+def test_the_tiny_model_through_every_kernel_gives_the_twins_ids(tiny_dir, activations, most):  # noqa: F811
+    """CpuBackend on the tiny model with every projection (stacked, as the tab holds them) through the wasm
+    matmul and every attention call through the wasm kernels: prefill and six greedy steps, the one-token
+    steps fused (attn_decode, the glue), logits within `most` of the numpy twins' (pointer_twin, PointerTwin)
+    largest, the same ids."""
+    weights = ModelWeights.load(tiny_dir)
+    shards = {s["file"]: (tiny_dir / s["file"]).read_bytes() for s in weights.manifest["shards"]}
+    prompt = [int(t) for t in np.random.default_rng(1).integers(3, weights.config.vocab, 40)]
+    wasm = WasmKernels("linear_relaxed")
+    runs = []
+    for matmul, attention in ((pointer_twin, PointerTwin()), (wasm.matmul, wasm)):
+        w = ModelWeights.from_shards(weights.manifest, shards, tensor_loader(HeapStore(matmul, activations)))
+        stack_projections(w.tensors, w.config.n_layers)
+        runs.append(prefill_then_decode(CpuBackend(w, 4, 16, linear="wasm", attention=attention), prompt, 6))
+    (want_pre, want_dec), (got_pre, got_dec) = runs
+    assert 0 < float(np.abs(got_pre - want_pre).max() / np.abs(want_pre).max()) <= most
+    assert np.array_equal(got_pre.argmax(axis=1), want_pre.argmax(axis=1))
+    assert [int(g.argmax()) for g in got_dec] == [int(w.argmax()) for w in want_dec]
+    assert wasm.calls["attn_decode"] == 6 * weights.config.n_layers and wasm.calls["add_rms_norm"] > 0, wasm.calls
+
+
+def test_smollm2_on_the_tabs_default_kernels_gives_llama_cpps_greedy_ids(real_weights):  # noqa: F811
+    """SmolLM2-135M as the tab's default CPU path holds it (8-bit activations into the 4-bit layers, 16-bit into
+    the 8-bit head; q|k|v and gate|up stacked; the fused one-token step), every kernel call in wasmtime: a golden
+    prompt's 8 greedy ids equal to llama.cpp's (tests/golden/llama_golden.json) up to a position where llama.cpp's
+    own top-1 / top-2 margin is a near tie."""
+    shards = {s["file"]: (REAL_MODEL_DIR / s["file"]).read_bytes() for s in real_weights.manifest["shards"]}
+    wasm = WasmKernels("linear_relaxed")
+    w = ModelWeights.from_shards(real_weights.manifest, shards, tensor_loader(HeapStore(wasm.matmul, "int8")))
+    stack_projections(w.tensors, w.config.n_layers)
+    case = GOLDEN["cases"][0]
+    got = cases.greedy(CpuBackend(w, 4, 16, linear="wasm", attention=wasm).model, case["prompt_ids"], 7)["ids"]
+    pos = next((i for i, (a, b) in enumerate(zip(got, case["output_ids"])) if a != b), None)
+    assert len(got) == 8 and (pos is None or near_tie(case["top1_top2_margins"][pos])), (got, case["output_ids"][:8])
+    assert wasm.calls["attn_decode"] == 7 * w.config.n_layers, wasm.calls

@@ -1,0 +1,163 @@
+"""The built wasm kernels (web/wasm/linear.wat through build.wasm_modules: wabt's wat2wasm, the bytes dist/wasm
+ships) run in CPython by wasmtime, behind the interface the tab's Python calls: exports taking addresses in the
+memory numpy's arrays live in (cpu_wasm.HeapStore's kernel, cpu_attention's kernels object).
+
+In the tab those addresses are offsets into Pyodide's own wasm memory. In CPython numpy's arrays live in the
+process's heap, outside any wasm memory, so WasmKernels places each call's buffers in the instance's memory, as
+web/linear_threads.js does for its shared memory: every pointer argument's region (its size from the call's
+other arguments: FOOTPRINTS, the exports' documented layouts in linear.wat) is copied in, overlapping regions as
+one span (an output written in place, a slice of a pool), the export runs on their offsets, and every span is
+copied back. The bytes around them are 0xFF (NaN as f32) before each call, so a region sized too small
+shows up as NaN or garbage in the results, not as plausible numbers.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+import wasmtime
+
+import build
+from pagedkv.backends.cpu_wasm import XQ_BYTES, array_at, scratch_floats
+from pagedkv.model.quants import QK
+
+LINEAR_WAT = build.ROOT / "web" / "wasm" / "linear.wat"
+PAGE = 65536
+ALIGN = 16  # every region at a 16-byte offset, as numpy's arrays are in the tab (v128 loads take any address)
+
+
+@functools.cache
+def modules() -> dict[str, bytes]:
+    """linear.wat's four modules as the build writes them (linear, linear_shared, linear_relaxed, ...)."""
+    return build.wasm_modules(LINEAR_WAT)
+
+
+def engine(relaxed: bool = True) -> wasmtime.Engine:
+    """An engine with SIMD and threads (shared memories); relaxed SIMD only where asked (a browser without it
+    validates only the plain modules)."""
+    config = wasmtime.Config()
+    config.wasm_simd, config.wasm_relaxed_simd = True, relaxed
+    config.wasm_threads, config.shared_memory = True, True
+    return wasmtime.Engine(config)
+
+
+class SharedMemory(wasmtime.SharedMemory):
+    """wasmtime.SharedMemory that can be an instance's import: wasmtime-py 50.0.1's _as_extern wraps its pointer
+    in a second one, which ctypes refuses ("incompatible types, LP_LP_wasmtime_sharedmemory"); the C API's
+    extern takes the pointer itself."""
+
+    def _as_extern(self):
+        from wasmtime import _ffi as ffi
+
+        union = ffi.wasmtime_extern_union(sharedmemory=self.ptr())
+        return ffi.wasmtime_extern_t(ffi.WASMTIME_EXTERN_SHAREDMEMORY, union)
+
+
+def _table_blocks(table: int, ctx: int, bs: int) -> int:
+    """The pool blocks a table's first ceil(ctx / bs) entries reach: the largest id + 1."""
+    used = -(-ctx // bs)
+    return int(array_at(table, ctypes.c_int32, used).max()) + 1 if used else 0
+
+
+def _matmul(kind, qs, dm, rows, cols, x, t, out, ldo, scratch):
+    nb = cols // QK
+    row_q = nb * (32 if kind & 1 else 16)  # 8-bit codes (kinds 1, 9, 17) or 4-bit (0)
+    return [(qs, rows * row_q), (dm, rows * nb * 8), (x, t * cols * 4), (out, ((t - 1) * ldo + rows) * 4 if t else 0),
+            (scratch, scratch_floats(cols, t, kind) * 4)]
+
+
+def _quant(bits):
+    return lambda x, nb, t, s: [(x, t * nb * QK * 4), (s, t * nb * XQ_BYTES[bits])]
+
+
+def _attn(a, pool, table, ctx, nq, bs, nkv, group, hd, out, scores):
+    """attn_scores (a = q, out the scores) or attn_values (a = the probabilities, out (nq, heads, hd))."""
+    nh, pool_bytes = nkv * group, _table_blocks(table, ctx, bs) * bs * nkv * hd * 4
+    a_floats, out_floats = (nq * nh * hd, nq * nh * ctx) if scores else (nq * nh * ctx, nq * nh * hd)
+    return [(a, a_floats * 4), (pool, pool_bytes), (table, -(-ctx // bs) * 4), (out, out_floats * 4)]
+
+
+def _attn_decode(qkv, cos, sin, k, v, table, ctx, lo, bs, nkv, group, hd, slot, scale, s, ld, out):
+    nh = nkv * group
+    pool = max(_table_blocks(table, ctx, bs), slot // bs + 1) * bs * nkv * hd * 4
+    return [(qkv, (nh + 2 * nkv) * hd * 4), (cos, hd // 2 * 4), (sin, hd // 2 * 4), (k, pool), (v, pool),
+            (table, -(-ctx // bs) * 4), (s, nh * ld * 4), (out, nh * hd * 4)]
+
+
+# export -> (argument indices that are pointers, their regions [(address, bytes)] from the call's arguments)
+FOOTPRINTS = {
+    "matmul": ((1, 2, 5, 7, 9), _matmul),
+    "quant_x": ((0, 3), _quant(16)),
+    "quant_x8": ((0, 3), _quant(8)),
+    "attn_scores": ((0, 1, 2, 9), lambda *a: _attn(*a, scores=True)),
+    "attn_values": ((0, 1, 2, 9), lambda *a: _attn(*a, scores=False)),
+    "attn_decode": ((0, 1, 2, 3, 4, 5, 14, 16), _attn_decode),
+    "rms_norm": ((0, 1, 4), lambda x, w, n, eps, out: [(x, n * 4), (w, n * 4), (out, n * 4)]),
+    "add_rms_norm": ((0, 1, 2, 5), lambda x, y, w, n, eps, out: [(x, n * 4), (y, n * 4), (w, n * 4), (out, n * 4)]),
+    "silu_mul": ((0, 1, 3), lambda g, u, n, out: [(g, n * 4), (u, n * 4), (out, n * 4)]),
+}
+
+
+def spans(regions: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping or touching [address, address + bytes) regions merged: [(start, end)] in address order."""
+    merged: list[list[int]] = []
+    for start, end in sorted((a, a + n) for a, n in regions if n > 0):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+class WasmKernels:
+    """One instance of a built module (`name`: linear_relaxed, the tab's where relaxed SIMD validates, or linear)
+    on a memory of its own, its exports as attributes taking host addresses (see the module docstring).
+    `calls` counts the calls per export."""
+
+    def __init__(self, name: str = "linear_relaxed", relaxed: bool = True, pages: int = 64) -> None:
+        self.store = wasmtime.Store(engine(relaxed))
+        self.memory = wasmtime.Memory(self.store, wasmtime.MemoryType(wasmtime.Limits(pages, None)))
+        self.instance = wasmtime.Instance(self.store, wasmtime.Module(self.store.engine, modules()[name]),
+                                          [self.memory])
+        self.exports = self.instance.exports(self.store)
+        self.calls: dict[str, int] = {}
+
+    def heap(self) -> np.ndarray:
+        """The whole memory as bytes (its base moves if it grows: take it again after a call)."""
+        base = ctypes.addressof(self.memory.data_ptr(self.store).contents)
+        return array_at(base, ctypes.c_uint8, self.memory.data_len(self.store))
+
+    def __getattr__(self, name: str):
+        if name not in FOOTPRINTS:
+            raise AttributeError(name)
+        pointers, footprint = FOOTPRINTS[name]
+        func = self.exports[name]
+
+        def call(*args):
+            regions = footprint(*args)  # [(address, bytes)], one for each of `pointers`, in order
+            placed, top = [], ALIGN  # offset 0 left unused: no region at a null pointer
+            for start, end in spans(regions):
+                top = -(-top // ALIGN) * ALIGN
+                placed.append((start, end, top))
+                top += end - start
+            if top + PAGE > self.memory.data_len(self.store):
+                self.memory.grow(self.store, -(-(top + PAGE - self.memory.data_len(self.store)) // PAGE))
+            heap = self.heap()
+            heap[:top + PAGE] = 0xFF  # past the regions too: a read past the last one sees NaN
+            for start, end, at in placed:
+                heap[at:at + end - start] = array_at(start, ctypes.c_uint8, end - start)
+            offsets = list(args)
+            for i, (address, n) in zip(pointers, regions):
+                if n:  # a pointer to nothing the export reads (t = 0) stays unused
+                    start, _, at = next(p for p in placed if p[0] <= address < p[1])
+                    offsets[i] = at + address - start
+                else:
+                    offsets[i] = 0
+            self.calls[name] = self.calls.get(name, 0) + 1
+            func(self.store, *offsets)
+            heap = self.heap()
+            for start, end, at in placed:
+                array_at(start, ctypes.c_uint8, end - start)[...] = heap[at:at + end - start]
+
+        return call
