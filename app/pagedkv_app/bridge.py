@@ -5,12 +5,22 @@ objects posted from here and renders them.
 """
 from __future__ import annotations
 
+import json
+
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import create_proxy, to_js  # type: ignore[import-not-found]
 
 from pagedkv.browser.interop import fetch_bytes  # noqa: F401  (the app fetches site files with it)
 
 _router_proxy = None
+
+
+def plain(msg) -> dict:
+    """A page message as Python data, through its JSON text rather than JsProxy.to_py: Pyodide 0.27's to_py
+    miscounts the references of a JS object met twice in one conversion (pyodide#5598, fixed upstream in
+    pyodide#6245), and the freed object then corrupts Python's heap ("Pyodide has suffered a fatal error"). A chat
+    record merged from two tabs carries such shared arrays; its JSON text has none."""
+    return json.loads(js.JSON.stringify(msg))
 
 
 def post(msg_type: str, **payload) -> None:

@@ -139,7 +139,7 @@ def route(msg) -> None:
     elif kind in model_library.ACTIONS:
         model_library.handle(msg, open_settings)
     elif "service" in state:
-        state["service"].handle(msg.to_py())
+        state["service"].handle(bridge.plain(msg))
     else:
         bridge.post("chat-error", chat=getattr(msg, "chat", None), message="the model is still loading")
 
