@@ -26,6 +26,9 @@ json.dumps({"messages": [[m["role"], m["content"]] for m in _c.messages],
             "tokens": len(_c.ids)})"""
 
 
+LAST_START = "document.documentElement.dataset.lastStart"
+
+
 def shown(page) -> list[list[str]]:
     return page.eval_on_selector_all("#messages .msg", "els => els.map(e => [e.classList.contains('user') ? "
                                      "'user' : 'assistant', e.dataset.text])")
@@ -79,7 +82,10 @@ def test_two_tabs_on_one_chat_keep_both_turns_and_show_each_others(tabs):
     assert shown(a.page) == got
     session = a.py(SESSION % chat)
     assert session["messages"] == [[r, t] for r, t in got] and session["renders"] is True
+    # The settings both tabs set are the chat's, after the merges and the reload.
+    assert [a.page.input_value(f) for f in ("#set-temperature", "#set-max-tokens")] == ["0", "4"]
     # And the next turn follows all three.
     a.page.evaluate(SEND, "third")
-    rec = wait_until("the next turn saved", lambda: settled(a.page, chat, 8))
+    rec = wait_until("the next turn saved", lambda: settled(a.page, chat, 8),
+                     lambda: (records(a.page).get(chat), shown(a.page), a.page.evaluate(LAST_START)))
     assert [[m["role"], m["text"]] for m in rec["messages"]][:6] == got
