@@ -7,6 +7,8 @@ not verifying, it is converted here from the pinned GGUF, cached under .cache/.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import shutil
 from pathlib import Path
@@ -22,7 +24,7 @@ from pagedkv.model.convert import (
     fetch_smollm2_gguf,
     sha256_file,
 )
-from pagedkv.model.tiny import write_tiny_model
+from pagedkv.model.tiny import TINY_VOCAB, tiny_config, write_tiny_model
 from pagedkv.model.weights import ModelWeights, WeightsError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,3 +103,13 @@ def tiny_model(tiny_weights) -> NumpyModel:
 
 
 reference_greedy = greedy_reference  # the oracle lives with the reference forward (also used in the browser)
+
+
+@pytest.fixture(scope="module")
+def gemma_weights(tmp_path_factory) -> ModelWeights:
+    """A tiny random Gemma 3: 12 layers (5 and 11 global, the rest a 32-token window) -> groups of 2 layers."""
+    cfg = replace(tiny_config(), architecture="gemma3", n_layers=12, sliding_window=32, context_length=512,
+                  vocab=TINY_VOCAB)
+    path = tmp_path_factory.mktemp("models") / "tiny-gemma3"
+    write_tiny_model(path, seed=1, config=cfg)
+    return ModelWeights.load(path)

@@ -7,11 +7,9 @@ Exact block ids on the manager (block size 16, a full group and a 32-token windo
 block in both pools); exact token counts and the reference's greedy ids in the engine."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
-from model_fixtures import reference_greedy
+from model_fixtures import gemma_weights, reference_greedy  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.numpy_ref import NumpyModel
 from pagedkv.config import CacheConfig
@@ -21,8 +19,6 @@ from pagedkv.kv.disk_tier import DiskKey, DiskTier, MemoryStore, block_chain, mo
 from pagedkv.kv.groups import KVGroup, KVGroups
 from pagedkv.kv.manager import CopyOp, KVCacheManager
 from pagedkv.kv.spec import KVSpec
-from pagedkv.model.tiny import TINY_VOCAB, tiny_config, write_tiny_model
-from pagedkv.model.weights import ModelWeights
 from pagedkv.sampling import SamplingParams
 from pagedkv.sequence import Sequence
 from pagedkv.tokenizer import Tokenizer
@@ -31,16 +27,6 @@ GREEDY = SamplingParams(max_tokens=12, stop_token_ids=(10_000,))
 TURN1 = [3 + (7 * i) % 200 for i in range(100)]  # 100 tokens
 MORE = list(range(40, 78))  # the next message: 38 tokens, so turn 2 is 100 + 12 + 38 = 150 tokens
 FULL_AND_WINDOW = KVGroups((KVGroup(None, (0,)), KVGroup(32, (1,))))
-
-
-@pytest.fixture(scope="module")
-def gemma_weights(tmp_path_factory):
-    """A tiny random Gemma 3: 12 layers (5 and 11 global, the rest a 32-token window) -> groups of 2 layers."""
-    cfg = replace(tiny_config(), architecture="gemma3", n_layers=12, sliding_window=32, context_length=512,
-                  vocab=TINY_VOCAB)
-    path = tmp_path_factory.mktemp("models") / "tiny-gemma3"
-    write_tiny_model(path, seed=1, config=cfg)
-    return ModelWeights.load(path)
 
 
 @pytest.fixture(scope="module")

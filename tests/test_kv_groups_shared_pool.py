@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from model_fixtures import reference_greedy, tiny_dir, tiny_weights  # noqa: F401  (fixtures)
+from model_fixtures import gemma_weights, reference_greedy, tiny_dir, tiny_weights  # noqa: F401  (fixtures)
 
 from pagedkv.backends.cpu import CpuBackend, allocate_pages, plan_pages
 from pagedkv.backends.numpy_ref import NumpyModel
@@ -27,8 +27,7 @@ from pagedkv.kv.accounting import SharedKVBudget, kv_stats
 from pagedkv.kv.block_pool import BlockPool
 from pagedkv.kv.groups import KVGroups
 from pagedkv.kv.spec import SMOLLM2_135M, KVSpec
-from pagedkv.model.tiny import TINY_VOCAB, tiny_config, write_tiny_model
-from pagedkv.model.weights import ModelWeights
+from pagedkv.model.tiny import tiny_config
 from pagedkv.sampling import SamplingParams
 from pagedkv.tokenizer import Tokenizer
 
@@ -36,15 +35,6 @@ GREEDY = SamplingParams(max_tokens=24, stop_token_ids=(10_000,))  # no token sto
 GEMMA_PROMPT = list(range(24, 124))  # 100 tokens: past three 32-token windows
 LLAMA_PROMPT = list(range(50, 120))  # 70 tokens
 LONG_LLAMA_PROMPT = list(range(30, 230))  # 200 tokens: 14 pages with its 24 new ones
-
-
-@pytest.fixture(scope="module")
-def gemma_weights(tmp_path_factory):
-    cfg = replace(tiny_config(), architecture="gemma3", n_layers=12, sliding_window=32, context_length=512,
-                  vocab=TINY_VOCAB)
-    path = tmp_path_factory.mktemp("models") / "tiny-gemma3"
-    write_tiny_model(path, seed=1, config=cfg)
-    return ModelWeights.load(path)
 
 
 @pytest.fixture(scope="module")
