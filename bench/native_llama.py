@@ -2,7 +2,7 @@
 bench.wllama gives wllama and the tab: the row the tab's CPU path is measured against (issue 51). The same
 prompt ids as our engine, greedy, on the same thread count; llama.cpp's own prompt and generation timings.
 
-    python3 -m bench.native_llama [--prompt 512] [--new 128] [--threads N] [--gguf q4_1|q4_k_m]
+    python3 -m bench.native_llama [--prompt 512] [--new 128] [--threads N] [--gguf q4_1|q4_k_m|gemma3]
 
 bench.wllama runs it as its `native` row (the same run as the tab's and wllama's rows); alone, it prints JSON.
 """
@@ -52,7 +52,7 @@ def native_row(gguf: Path, prompt: list[int], new_tokens: int, threads: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.wllama import GGUFS, gguf_path, prompt_text
+    from bench.wllama import GEMMA3_MODEL, GGUFS, gguf_path, prompt_text
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", type=int, default=512)
@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--gguf", choices=GGUFS, default="q4_1")
     args = parser.parse_args(argv)
-    _, prompt = prompt_text(args.prompt)
+    model_dir = ROOT / "dist" / "models" / (GEMMA3_MODEL if args.gguf == "gemma3" else "smollm2-135m-instruct")
+    _, prompt = prompt_text(args.prompt, model_dir)
     emit({"benchmark": "native_llama", "gguf": gguf_path(args.gguf).name, "prompt_tokens": args.prompt,
           "new_tokens": args.new, **native_row(gguf_path(args.gguf), prompt, args.new, args.threads)})
     return 0

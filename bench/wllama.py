@@ -1,6 +1,7 @@
 """Side by side with wllama (llama.cpp in WebAssembly) in the same headless Chromium, on the same GGUF.
 
-    python3 -m bench.wllama [--prompt 512] [--new 128] [--quick] [--gguf q4_1|q4_k_m]
+    python3 -m bench.wllama [--prompt 512] [--new 128] [--quick] [--gguf q4_1|q4_k_m|gemma3] [--no-webgpu]
+                            [--wllama-threads 1 2]
 
 One server (dist/ plus a bench page under /bench/, all with COOP/COEP so wllama's multi-thread build gets
 SharedArrayBuffer) and one browser. The same prompt (a plain text; its ids under our tokenizer for our engine) goes to:
@@ -17,7 +18,10 @@ Then wllama's greedy text, re-encoded, and native llama.cpp's ids against our fi
 and wllama's best over native llama.cpp. Prints JSON (`python3 -m bench` files it).
 --gguf q4_k_m runs the same on llama.cpp's Q4_K_M mix of SmolLM2 (the tests' requantized file: q5_0 / q8_0
 attention and gate|up, q4_K / q6_K down projections), with one more row: the Q4_1 model at ?backend=auto in the
-same browser, for the time per token side by side. Every row carries ttft_s, the prompt's time to first token
+same browser, for the time per token side by side. --gguf gemma3 runs the pinned Gemma 3 270M file (Q4_K_M, its
+262,144-row tied head Q8_0) as the built-in ?model=gemma-3-270m, its prompt ids with Gemma's BOS as llama.cpp
+tokenizes the text; --no-webgpu leaves out the SwiftShader row (Gemma's takes ~7 minutes there) and
+--wllama-threads the thread counts wllama runs at. Every row carries ttft_s, the prompt's time to first token
 (`--prompt 2000 --new 8` gives a pasted document's).
 """
 from __future__ import annotations
@@ -46,15 +50,19 @@ MODEL_DIR = ROOT / "dist" / "models" / "smollm2-135m-instruct"
 COMPARE_IDS = 8
 
 
-GGUFS = ("q4_1", "q4_k_m")
+GGUFS = ("q4_1", "q4_k_m", "gemma3")
 Q4_K_M_MODEL = "smollm2-135m-q4_k_m"
+GEMMA3_MODEL = "gemma-3-270m"  # build.py's built-in Gemma 3 270M
 
 
 def gguf_path(kind: str = "q4_1") -> Path:
-    """The pinned GGUF that build.py converts (fetched into .cache/models when missing), or for "q4_k_m" the tests'
-    requantized Q4_K_M mix of it (tests/gguf_models.py, written into .cache once)."""
-    from pagedkv.model.convert import fetch_smollm2_gguf
+    """The pinned GGUF that build.py converts (fetched into .cache/models when missing), for "q4_k_m" the tests'
+    requantized Q4_K_M mix of it (tests/gguf_models.py, written into .cache once), for "gemma3" the pinned
+    Gemma 3 270M file."""
+    from pagedkv.model.convert import fetch_gemma3_gguf, fetch_smollm2_gguf
 
+    if kind == "gemma3":
+        return fetch_gemma3_gguf(build.CACHE / "models")
     pinned = fetch_smollm2_gguf(build.CACHE / "models")
     if kind == "q4_1":
         return pinned
@@ -113,23 +121,24 @@ PARAGRAPH = ("The lighthouse keeper climbed the spiral stairs every evening at d
              "notebook in which he recorded the wind, the colour of the sea and the ships that passed the point. ")
 
 
-def tokenizer():
+def tokenizer(model_dir: Path = MODEL_DIR):
     from pagedkv.model.weights import read_manifest
     from pagedkv.tokenizer import Tokenizer
 
-    return Tokenizer.from_manifest(read_manifest(MODEL_DIR))
+    return Tokenizer.from_manifest(read_manifest(model_dir))
 
 
-def prompt_text(n: int) -> tuple[str, list[int]]:
-    """A plain-text prompt of about `n` tokens and its ids under our tokenizer. wllama gets the text (its
-    completion call crashes on a token-id prompt: 'Invalid typed array length'), we get the ids."""
-    tok = tokenizer()
+def prompt_text(n: int, model_dir: Path = MODEL_DIR) -> tuple[str, list[int]]:
+    """A plain-text prompt of `n` tokens and its ids under the model's tokenizer, with the special tokens llama.cpp
+    adds to a text (Gemma's BOS; none for SmolLM2). wllama gets the text (its completion call crashes on a
+    token-id prompt: 'Invalid typed array length'), we and native llama.cpp get the ids."""
+    tok = tokenizer(model_dir)
     text, i = "", 0
     while len(tok.encode(text)) < n:
         i += 1
         text += f"Day {i}. {PARAGRAPH}"
-    text = tok.decode(tok.encode(text)[:n])
-    return text, tok.encode(text)
+    text = tok.decode(tok.encode(text)[:n - tok.add_bos])  # the BOS is one of the n
+    return text, tok.encode(text, add_special=True)
 
 
 def cpu_numpy(prompt: list[int], new_tokens: int, model_dir: Path = MODEL_DIR) -> dict:
@@ -140,7 +149,7 @@ def cpu_numpy(prompt: list[int], new_tokens: int, model_dir: Path = MODEL_DIR) -
     from pagedkv.sampling import SamplingParams
     from pagedkv.tokenizer import Tokenizer
 
-    tok = Tokenizer.from_manifest(read_manifest(MODEL_DIR))
+    tok = Tokenizer.from_manifest(read_manifest(model_dir))
     backend = CpuBackend(ModelWeights.load(model_dir), num_blocks=-(-(len(prompt) + new_tokens) // 16) + 1,
                          block_size=16)
     engine = LLMEngine(backend, tok, EngineConfig(enable_prefix_caching=False))
@@ -224,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help=f"--prompt 64 --new {COMPARE_IDS}, wllama at 2 threads only")
     parser.add_argument("--gguf", choices=GGUFS, default="q4_1",
-                        help="the file: the pinned Q4_1 SmolLM2, or the tests' Q4_K_M mix of it")
+                        help="the file: the pinned Q4_1 SmolLM2, the tests' Q4_K_M mix of it, or Gemma 3 270M")
+    parser.add_argument("--webgpu", action=argparse.BooleanOptionalAction, default=True,
+                        help="a row of the tab at ?backend=webgpu (SwiftShader here)")
+    parser.add_argument("--wllama-threads", type=int, nargs="+", default=[1, 2],
+                        help="the thread counts wllama runs at (each with flash attention on and off)")
     parser.add_argument("--native", action=argparse.BooleanOptionalAction, default=True,
                         help="a row of native llama.cpp (xllamacpp's server) on the same file and thread count")
     args = parser.parse_args(argv)
@@ -234,16 +247,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--prompt must be >= 1 and --new >= {COMPARE_IDS}")
     if not (WLLAMA / "esm" / "index.js").exists():
         raise SystemExit("node_modules/@wllama/wllama is missing: run `npm ci` (it is a devDependency)")
-    text, prompt = prompt_text(args.prompt)
-    version = json.loads((WLLAMA / "package.json").read_text())["version"]
-    report = {"benchmark": "wllama", "wllama_version": version, "gguf": gguf_path(args.gguf).name,
-              "prompt_tokens": args.prompt, "new_tokens": args.new, "wllama": [], "ours": []}
     model, model_dir = TAB_MODEL, MODEL_DIR
     if args.gguf == "q4_k_m":
         model, model_dir = Q4_K_M_MODEL, install_q4_k_m()
+    elif args.gguf == "gemma3":
+        model, model_dir = GEMMA3_MODEL, ROOT / "dist" / "models" / GEMMA3_MODEL
+    text, prompt = prompt_text(args.prompt, model_dir)
+    version = json.loads((WLLAMA / "package.json").read_text())["version"]
+    report = {"benchmark": "wllama", "wllama_version": version, "gguf": gguf_path(args.gguf).name, "model": model,
+              "prompt_tokens": args.prompt, "new_tokens": args.new, "wllama": [], "ours": []}
     # cpu at threads=1: the tab's CPU path on one thread ("before" the kernel's threads), in the same run; for the
     # Q4_K_M file, the Q4_1 model's default path last
-    rows = [("webgpu", None, model), ("cpu", 1, model), ("cpu", None, model), ("auto", None, model)]
+    rows = ([("webgpu", None, model)] if args.webgpu else []) + [
+        ("cpu", 1, model), ("cpu", None, model), ("auto", None, model)]
     if model != TAB_MODEL:
         rows.append(("auto", None, TAB_MODEL))
     with session(make_server=functools.partial(make_server, gguf_kind=args.gguf)) as s:
@@ -255,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         page.set_default_timeout(1_800_000)
         page.goto(f"{s.origin}/bench/index.html")
         page.wait_for_selector("html[data-ready]", state="attached")
-        for threads in ((2,) if args.quick else (1, 2)):
+        for threads in ((2,) if args.quick else args.wllama_threads):
             for flash in (True, False):
                 config = {"threads": threads, "flashAttn": flash, "prompt": text, "newTokens": args.new,
                           "nCtx": 1024 if args.prompt + args.new <= 1024 else 2048}
@@ -277,18 +293,19 @@ def main(argv: list[str] | None = None) -> int:
     for r in report["ours"] + report["wllama"] + ([report["native"]] if args.native else []):
         # time to first token: the prompt at the row's prefill rate
         r["ttft_s"] = args.prompt / r["prefill_tok_s"] if r["prefill_tok_s"] else None
-    compare(report)
+    compare(report, model_dir)
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     emit(report)
     return 0
 
 
-def compare(report: dict) -> None:
+def compare(report: dict, model_dir: Path = MODEL_DIR) -> None:
     """wllama's greedy text (re-encoded with our tokenizer: it returns no ids) vs our first ids, and the ratio."""
-    tok = tokenizer()
+    tok = tokenizer(model_dir)
     ours = report["ours"][0]["output_ids"][:COMPARE_IDS]
     report["ours_first_ids"] = ours
     report["ours_first_text"] = tok.decode(ours)
+    report["ours_first_row"] = report["ours"][0]["backend"]  # the row the others' ids are held to (webgpu if run)
     report["ours_rows_match_webgpu"] = {r["backend"]: r["output_ids"][:COMPARE_IDS] == ours for r in report["ours"]}
     for r in report["wllama"]:
         r["first_ids_reencoded"] = tok.encode(r["text"])[:COMPARE_IDS]

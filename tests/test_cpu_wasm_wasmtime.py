@@ -4,6 +4,9 @@ f64: the cases the browser tests run in Chromium's worker (tests/browser/cpu_was
 (tests/browser/test_cpu_wasm_page.py's docstring), the module without relaxed SIMD, the shared-memory module
 on two threads at once, and the tiny model's greedy ids through every kernel.
 
+Gemma 3 270M runs as the tab holds it on two threads (wasm_kernels.WasmThreads: linear_threads.js's split of
+every product, its 262,144-row head included, on one SharedMemory) to llama.cpp's greedy ids.
+
 Not covered here: web/linear_threads.js itself (its workers, Atomics and chunk counter: the browser tests run
 it), and wasmtime's code generation is not V8's (the same module, another compiler: rounding is the module's,
 so the bounds hold on both).
@@ -18,20 +21,22 @@ import numpy as np
 import pytest
 import wasmtime
 from llama_reference import near_tie
-from model_fixtures import REAL_MODEL_DIR, real_weights, tiny_dir  # noqa: F401  (fixtures)
+from model_fixtures import REAL_MODEL_DIR, gemma3_gguf, real_weights, tiny_dir  # noqa: F401  (fixtures)
 from test_cpu_linear import prefill_then_decode
-from wasm_kernels import SharedMemory, WasmKernels, engine, modules, spans
+from wasm_kernels import SharedMemory, WasmKernels, WasmThreads, engine, modules, spans
 
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.cpu_attention import PointerTwin
-from pagedkv.backends.cpu_wasm import (ACT8, ACT16, HeapStore, address_of, array_at, chunks, pointer_twin,
-                                      quant_x_twin, stack_projections, tensor_loader)
-from pagedkv.model.weights import ModelWeights
+from pagedkv.backends.cpu_wasm import (ACT8, ACT16, KINDS, HeapStore, SharedStore, address_of, array_at, chunks,
+                                      pointer_twin, quant_x_twin, stack_projections, tensor_loader)
+from pagedkv.model.convert import convert_cached
+from pagedkv.model.weights import ModelWeights, read_manifest
 
 sys.path.insert(0, str(Path(__file__).parent / "browser"))
 import cpu_wasm_cases as cases  # noqa: E402  (the browser tests' cases, run here on wasmtime)
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "llama_golden.json").read_text(encoding="utf-8"))
+GEMMA3_GOLDEN = json.loads((Path(__file__).parent / "golden" / "gemma3_golden.json").read_text(encoding="utf-8"))
 SCALED_BOUND = 2e-6  # as the browser tests: only the f32 summation order differs from f64's product
 CASES = [(d, r, c) for d in ("q4_1", "q8_0") for r, c in ((37, 96), (1, 32), (192, 576))] + [
     (d, 37, 256) for d in ("q4_K", "q5_K", "q6_K")]
@@ -227,3 +232,43 @@ def test_smollm2_on_the_tabs_default_kernels_gives_llama_cpps_greedy_ids(real_we
     pos = next((i for i, (a, b) in enumerate(zip(got, case["output_ids"])) if a != b), None)
     assert len(got) == 8 and (pos is None or near_tie(case["top1_top2_margins"][pos])), (got, case["output_ids"][:8])
     assert wasm.calls["attn_decode"] == 7 * w.config.n_layers, wasm.calls
+
+
+def test_8_bit_code_rows_take_the_general_loops_arithmetic_bit_for_bit(kernels):
+    """kind 1 (q8_0) one-token rows with 16-bit activations run linear.wat's $dot_q8_x16, a loop without the
+    general $dot_x16's branches and mins: the same weights as kind 17 (q8_m) with mins 0, which take $dot_x16,
+    give the same bits, on both sides of a 4-token tile."""
+    rows, cols = 64, 640
+    rng = np.random.default_rng(11)
+    qs = rng.integers(-128, 128, (rows, cols), dtype=np.int8)
+    dm = np.stack([rng.random((rows, cols // 32)).astype(np.float32) * 0.02,
+                   np.zeros((rows, cols // 32), np.float32)], axis=2)
+    scratch = np.zeros(4 * cols, np.float32)
+    for t in (1, 5):
+        x = (rng.standard_normal((t, cols)) * 3).astype(np.float32)
+        got, want = (np.zeros((t, rows), np.float32) for _ in range(2))
+        for kind, out in ((KINDS["q8_0"], got), (KINDS["q8_m"], want)):
+            kernels.matmul(kind | ACT16, address_of(qs), address_of(dm), rows, cols, address_of(x), t,
+                           address_of(out), rows, address_of(scratch))
+        assert np.array_equal(got.view(np.int32), want.view(np.int32)) and np.abs(want).min() > 0, t
+
+
+def test_gemma3_on_two_kernel_threads_gives_llama_cpps_greedy_ids(gemma3_gguf):  # noqa: F811
+    """Gemma 3 270M as the tab's default CPU path holds it on two threads: every projection and the tied
+    262,144-row head placed once in one SharedMemory (cpu_wasm.SharedStore on WasmThreads), each product's rows
+    split between two threads, 8-bit activations into 4-bit codes and 16-bit into 8-bit ones, attention
+    through the kernels. A golden prompt's 8 greedy ids equal llama.cpp's (tests/golden/gemma3_golden.json) up
+    to a near tie of llama.cpp's own; every head product (prefill's last token, 7 decode steps) ran on both
+    threads."""
+    converted = convert_cached(gemma3_gguf, Path(__file__).resolve().parent.parent / ".cache" / "models")
+    manifest = read_manifest(converted)
+    shards = {s["file"]: (converted / s["file"]).read_bytes() for s in manifest["shards"]}
+    threads, wasm = WasmThreads(2), WasmKernels("linear_relaxed")
+    w = ModelWeights.from_shards(manifest, shards, tensor_loader(SharedStore(threads, "int8")))
+    stack_projections(w.tensors, w.config.n_layers)
+    case = GEMMA3_GOLDEN["cases"][0]
+    got = cases.greedy(CpuBackend(w, 4, 16, linear="wasm", attention=wasm).model, case["prompt_ids"], 7)["ids"]
+    pos = next((i for i, (a, b) in enumerate(zip(got, case["output_ids"])) if a != b), None)
+    assert len(got) == 8 and (pos is None or near_tie(case["margins"][pos])), (got, case["output_ids"][:8])
+    heads = [p for p in threads.products if p[0] == w.config.vocab]
+    assert [(p[2], p[3]) for p in heads] == [(1, 2)] * 8 and all(min(p[4]) > 0 for p in heads), heads

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 
 import numpy as np
 import wasmtime
 
 import build
-from pagedkv.backends.cpu_wasm import XQ_BYTES, array_at, scratch_floats
+from pagedkv.backends.cpu_wasm import QUANTIZED_X, XQ_BYTES, act_bits, array_at, chunks, scratch_floats
 from pagedkv.model.quants import QK
 
 LINEAR_WAT = build.ROOT / "web" / "wasm" / "linear.wat"
@@ -161,3 +162,94 @@ class WasmKernels:
                 array_at(start, ctypes.c_uint8, end - start)[...] = heap[at:at + end - start]
 
         return call
+
+
+class WasmThreads:
+    """web/linear_threads.js's object (cpu_wasm.SharedStore's `js`) on wasmtime: the weights placed once in one
+    SharedMemory (linear_relaxed_shared, as the tab's threads share theirs), and each product run as the JS runs
+    it: x copied in, integer activations quantized once for every thread (kind | QUANTIZED_X), the weight's rows
+    cut into cpu_wasm.chunks that `threads` threads (this one and helpers, an instance and store each) claim one
+    at a time, out copied back. wasmtime's calls release the GIL, so the threads run at once. `products` logs
+    (rows, cols, t, threads used, chunks each thread ran) per product."""
+
+    def __init__(self, threads: int = 2, min_work: int = 1 << 16) -> None:
+        self.threads, self.min_work = threads, min_work
+        full = engine()
+        self.memory = SharedMemory(full, wasmtime.MemoryType(wasmtime.Limits(16, 65536), shared=True))
+        module = wasmtime.Module(full, modules()["linear_relaxed_shared"])
+        self.instances = []
+        for _ in range(threads):
+            store = wasmtime.Store(full)
+            self.instances.append((store, wasmtime.Instance(store, module, [self.memory]).exports(store)))
+        self.top, self.sizes, self.io = PAGE, {}, (0, 0)
+        self.products: list[tuple[int, int, int, int, list[int]]] = []
+
+    def heap(self) -> np.ndarray:
+        """The shared memory as bytes (a shared memory never moves when it grows)."""
+        return array_at(ctypes.addressof(self.memory.data_ptr().contents), ctypes.c_uint8, self.memory.data_len())
+
+    def alloc(self, nbytes: int) -> int:
+        """A bump allocation, 64-byte aligned (freed blocks are not reused: a test's weights are placed once)."""
+        at, self.top = self.top, self.top + -(-max(nbytes, 1) // 64) * 64
+        if self.top > self.memory.data_len():
+            self.memory.grow(-(-(self.top - self.memory.data_len()) // PAGE))
+        self.sizes[at] = nbytes
+        return at
+
+    def place(self, address: int, nbytes: int) -> int:
+        at = self.alloc(nbytes)
+        self.heap()[at:at + nbytes] = array_at(address, ctypes.c_uint8, nbytes)
+        return at
+
+    def free(self, at: int) -> None:
+        del self.sizes[at]
+
+    def read(self, at: int, nbytes: int, dest: int) -> None:
+        array_at(dest, ctypes.c_uint8, nbytes)[...] = self.heap()[at:at + nbytes]
+
+    def matmul(self, kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: int, out: int) -> None:
+        n = self.threads if rows >= self.threads and rows * cols * t >= self.min_work else 1
+        bits, nb = act_bits(kind), cols // QK
+        scratch = 4 * scratch_floats(cols, t, kind)
+        need = 4 * t * cols + 4 * t * rows + n * scratch
+        if need > self.io[1]:
+            self.io = (self.alloc(2 * need), 2 * need)
+        x_at = self.io[0]
+        out_at = x_at + 4 * t * cols
+        scratch_at = out_at + 4 * t * rows
+        self.heap()[x_at:x_at + 4 * t * cols] = array_at(x, ctypes.c_uint8, 4 * t * cols)
+        stride = scratch
+        if bits is not None:  # one quantized x that every thread reads
+            if n > 1:
+                store, ex = self.instances[0]
+                ex["quant_x8" if bits == 8 else "quant_x"](store, x_at, nb, t, scratch_at)
+                kind |= QUANTIZED_X
+            stride = 0
+        row_q, lock = nb * (32 if kind & 1 else 16), threading.Lock()
+        work = iter(chunks(rows, n) if n > 1 else [(0, rows)])  # one thread: the whole weight in one call
+        ran, errors = [0] * n, []
+
+        def run(i: int) -> None:
+            store, ex = self.instances[i]
+            try:
+                while True:
+                    with lock:
+                        r0, r1 = next(work, (None, None))
+                    if r0 is None:
+                        return
+                    ex["matmul"](store, kind, qs + r0 * row_q, dm + r0 * nb * 8, r1 - r0, cols, x_at, t,
+                                 out_at + 4 * r0, rows, scratch_at + i * stride)
+                    ran[i] += 1
+            except Exception as exc:  # noqa: BLE001  (raised below, on the caller's thread)
+                errors.append(exc)
+
+        helpers = [threading.Thread(target=run, args=(i,)) for i in range(1, n)]
+        for h in helpers:
+            h.start()
+        run(0)
+        for h in helpers:
+            h.join()
+        if errors:
+            raise errors[0]
+        self.products.append((rows, cols, t, n, ran))
+        array_at(out, ctypes.c_uint8, 4 * t * rows)[...] = self.heap()[out_at:out_at + 4 * t * rows]
