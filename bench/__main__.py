@@ -57,8 +57,13 @@ BENCHMARKS = {
     "concurrency": ["bench.webgpu_engine", "--concurrency"],
     "wllama": ["bench.wllama"],
     "wllama_q4_k_m": ["bench.wllama", "--gguf", "q4_k_m"],  # llama.cpp's Q4_K_M mix, beside the Q4_1 model's row
+    # Gemma 3 270M (its 262,144-row head): the tab, wllama at 2 threads (its best on every file so far) and native
+    # llama.cpp; no SwiftShader row (~7 minutes for Gemma there)
+    "wllama_gemma3": ["bench.wllama", "--gguf", "gemma3", "--no-webgpu", "--wllama-threads", "2"],
     "wllama_2k": ["bench.wllama", "--prompt", "2000", "--new", "8"],  # a pasted document's time to first token
-    "cpu_limits": ["bench.cpu_limits"],  # the tab's CPU path (bench.wllama's default row) against the cores' limits
+    "cpu_limits": ["bench.cpu_limits"],
+    # how many of Gemma 3's 262,144 head rows a provable candidate screen keeps (why the head has no such path)
+    "cpu_limits_head": ["bench.cpu_limits_head"],  # the tab's CPU path (bench.wllama's default row) against the cores' limits
     "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
     "long_chat": ["bench.long_chat"],  # full form ~1 h on SwiftShader; then `-- --cpu-reference` merges its part
     "soak": ["bench.soak"],  # the chat page under random Send / Stop / Regenerate / Delete / New chat / reload

@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     # Q4_K_M file, the Q4_1 model's default path last
     rows = ([("webgpu", None, model)] if args.webgpu else []) + [
         ("cpu", 1, model), ("cpu", None, model), ("auto", None, model)]
-    if model != TAB_MODEL:
+    if args.gguf == "q4_k_m":
         rows.append(("auto", None, TAB_MODEL))
     with session(make_server=functools.partial(make_server, gguf_kind=args.gguf)) as s:
         for backend, threads, name in rows:

@@ -254,7 +254,9 @@ WLLAMA_TITLE = "Side by side with wllama (same GGUF, same prompt, greedy)"
 
 def _wllama_args(wl: dict) -> str:
     """The command-line arguments that gave a bench.wllama result (its file and prompt)."""
-    args = " --gguf q4_k_m" if "q4_k_m" in wl.get("gguf", "") else ""
+    gguf = wl.get("gguf", "")
+    args = (" --gguf gemma3 --no-webgpu --wllama-threads 2" if gguf.startswith("gemma-3")
+            else " --gguf q4_k_m" if "q4_k_m" in gguf else "")
     if wl["prompt_tokens"] != 512 or wl["new_tokens"] != 128:
         args += f" --prompt {wl['prompt_tokens']} --new {wl['new_tokens']}"
     return args + _quick(wl)
@@ -385,6 +387,9 @@ def build_summary(results: Path) -> str:
                              (_load(results, "wllama_q4_k_m.json"),
                               lambda w: wllama_table(w, "Side by side with wllama on llama.cpp's Q4_K_M mix"),
                               "wllama_q4_k_m"),
+                             (_load(results, "wllama_gemma3.json"),
+                              lambda w: wllama_table(w, "Side by side with wllama and native llama.cpp on Gemma 3 270M"),
+                              "wllama_gemma3"),
                              (_load(results, "wllama_2k.json"),
                               lambda w: wllama_table(w, "A 2,000-token prompt's time to first token, beside wllama"),
                               "wllama_2k"),

@@ -3,12 +3,14 @@ GGUF, and how bench.wllama's report sets it beside the tab's default and wllama'
 import json
 
 from llama_reference import near_tie
-from model_fixtures import cached_gguf
+from model_fixtures import cached_gguf, gemma3_gguf  # noqa: F401  (fixture)
 
 from bench import ROOT
 from bench.native_llama import native_row
 from bench.report.summary import wllama_table
-from bench.wllama import native_ratio_line
+from bench.wllama import native_ratio_line, prompt_text
+from pagedkv.model.weights import read_manifest
+from pagedkv.tokenizer import Tokenizer
 
 GOLDEN = json.loads((ROOT / "tests" / "golden" / "llama_golden.json").read_text(encoding="utf-8"))
 
@@ -52,3 +54,16 @@ def test_the_summary_table_has_the_native_row_and_its_ratios():
     lines = wllama_table(r)
     assert "| llama.cpp native (xllamacpp 2026.10.11549) | 2 | | 320.0 | 80.0 | 1.6 s | True |" in lines
     assert r["native_ratio"] in lines
+
+
+def test_gemmas_prompt_starts_with_its_bos_as_llama_cpp_tokenizes_the_text(gemma3_gguf):  # noqa: F811
+    """bench.wllama --gguf gemma3: wllama gets the text and adds Gemma's BOS itself, so our and native llama.cpp's
+    ids carry it too, the prompt `n` ids long with it; the summary names the run's command line."""
+    from pagedkv.model.convert import convert_cached
+
+    converted = convert_cached(gemma3_gguf, ROOT / ".cache" / "models")
+    text, ids = prompt_text(64, converted)
+    assert (ids[0], len(ids), text.startswith("Day 1. The lighthouse keeper")) == (2, 64, True)
+    assert ids[1:] == Tokenizer.from_manifest(read_manifest(converted)).encode(text)
+    lines = wllama_table({**report(), "gguf": "gemma-3-270m-q4_k_m.gguf"}, "Gemma")
+    assert lines[2].startswith("`python3 -m bench.wllama --gguf gemma3 --no-webgpu --wllama-threads 2`")
