@@ -150,8 +150,9 @@ def cpu_numpy(prompt: list[int], new_tokens: int, model_dir: Path = MODEL_DIR) -
     from pagedkv.tokenizer import Tokenizer
 
     tok = Tokenizer.from_manifest(read_manifest(model_dir))
+    # one block table for every layer (kv_groups=False): a pool sized for one sequence whatever the model's groups
     backend = CpuBackend(ModelWeights.load(model_dir), num_blocks=-(-(len(prompt) + new_tokens) // 16) + 1,
-                         block_size=16)
+                         block_size=16, kv_groups=False)
     engine = LLMEngine(backend, tok, EngineConfig(enable_prefix_caching=False))
     rid = engine.add_request(prompt, SamplingParams(max_tokens=new_tokens, stop_token_ids=(1_000_000,)))
     times, output = [], []
