@@ -20,7 +20,7 @@ from .fused import bias_member, fused_member, stacked_nbytes, stacks
 from .kv_kernels import PARTITION_TOKENS
 from .kv_layout import GpuKVLayout
 from .kv_pool import SWAP_CHUNK_BLOCKS
-from .plan import PARAM_SLOT_BYTES, SLOTS, rope_table_label, rope_tables
+from .plan import PARAM_SLOT_BYTES, SLOTS, ffn_split, rope_table_label, rope_tables
 from .weight_upload import ROW_SPLIT, row_chunks
 
 TEMP_SLACK_BYTES = 4096  # ids / params uniforms of one swap or copy call
@@ -111,6 +111,7 @@ def scratch_buffers(cfg: ModelConfig, *, block_size: int, max_num_batched_tokens
         ("q", t * q * f32, "scratch"), ("attn", t * q * f32, "scratch"),  # (T, n_heads*hd)
         ("k", t * cfg.kv_dim * f32, "scratch"), ("v", t * cfg.kv_dim * f32, "scratch"),  # (T, kv_dim)
         ("act", t * cfg.ffn * f32, "scratch"),  # (T, ffn) act(gate) * up
+        ("ffn_parts", s * ffn_split(cfg.ffn)[1] * cfg.hidden * f32, "scratch"),  # (parts, S, hidden) a decode FFN's down
         ("part_acc", s * max_parts * q * f32, "scratch"),  # (S, parts, n_heads, head_dim)
         ("part_stats", s * max_parts * cfg.n_heads * 2 * f32, "scratch"),  # (S, parts, n_heads, 2)
         ("last", s * cfg.hidden * f32, "scratch"), ("last_norm", s * cfg.hidden * f32, "scratch"),  # (S, hid)
