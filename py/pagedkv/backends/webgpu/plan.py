@@ -48,6 +48,9 @@ MAX_FFN_PARTS = 32
 # time (ROW_GROUPS), then 256 lanes over down's rows. Fixed rather than tuned: the matvec tuner times lin_ffn's
 # 8-row workgroups, whose best shape says little about a workgroup that owns a whole slice.
 FFN_WORKGROUP, FFN_ROW_GROUPS = 256, 4
+# Its slice's activations stay in workgroup memory beside the reduction's 12 KiB (256 lanes): at most 2 KiB, so the
+# kernel fits WebGPU's default 16 KiB (an FFN wider than 16,384 keeps two dispatches: 32 partials of 16 blocks)
+MAX_SLICE_VEC4 = 128
 
 
 def ffn_split(ffn: int) -> tuple[int, int]:
@@ -203,13 +206,13 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
 
     def ffn_shader(i: int) -> str | None:
         """The fused FFN kernel of decode layer i (ffn_gpu_main.wgsl), or None where the layer keeps gate | up and
-        down apart: its gate / up unstacked, a post-FFN norm, the last layer (the LM head reads a whole x), or a
+        down apart: its gate / up unstacked, a post-FFN norm, the last layer (the LM head reads a whole x), a
         next layer whose q | k | v or output projection cannot take the partials (not fused, or a post-attention
-        norm: rmsnorm's ADD writes x)."""
+        norm: rmsnorm's ADD writes x), or a slice too wide for workgroup memory."""
         p = f"blk.{i}."
         if not (fuse and key.decode and i + 1 < cfg.n_layers and member_names(p + "ffn_gate_up.weight")[0] not in w
                 and not cfg.layers[i].post_ffn_norm and qkv_fused(i + 1)
-                and not cfg.layers[i + 1].post_attention_norm):
+                and not cfg.layers[i + 1].post_attention_norm and ffn_split(cfg.ffn)[0] <= MAX_SLICE_VEC4):
             return None
         shader = ffn_gpu_shader(w[p + "ffn_gate_up.weight"][0], w[p + "ffn_down.weight"][0], b.subgroups,
                                 b.shader_f16)
