@@ -3,11 +3,13 @@
 // K. Workgroup (p, t) owns FFN activations p * 4 SLICE_VEC4 .. of token t (the last workgroup's slice may run
 // past ffn: those activations are 0): it computes them exactly as matvec_gpu_main.wgsl would (same rows8,
 // same SwiGLU: the same bits), keeps them in workgroup memory, and multiplies them by the matching COLUMNS of
-// down, writing a split-K partial of the hidden vector: y = ffn_parts (parts, tokens, hidden). Nothing is
-// added into the residual stream here: the next layer's q | k | v matvec sums the partials into x on load
+// down, writing a split-K partial of the hidden vector after x's rows in x's buffer, which is bound as y (read
+// and written: (tokens, hidden) x, then (parts, tokens, hidden) partials; binding x as well would alias a
+// writable binding, and the consumers read the partials through the binding they read x by, within WebGPU's 10
+// storage buffers a stage). Nothing is added into the residual stream here: the next layer's q | k | v matvec sums the partials into x on load
 // (matvec_io_rope_kv.wgsl, SPLIT_PARTS) and its output projection adds them into x with its residual
 // (matvec_io_merge.wgsl), as that projection merges the attention partitions. No workgroup waits on another.
-// Parts: the gate | up weight type's parts (qs, scales, x at binding 2, y, params), a reduce_*.wgsl part, and
+// Parts: the gate | up weight type's parts (qs, scales, y, params; x unused), a reduce_*.wgsl part, and
 // down's parts as a `down_` instance (wgsl_instance.py: down_qs, its scales at bindings 16, 17; down_word_dot).
 // What it costs against two dispatches: each workgroup reads the token's x (hidden floats, from cache) once
 // for its slice, as every gate | up matvec workgroup does, and its down columns are a strided read (one lane a
@@ -22,8 +24,9 @@ fn x_gain(v : u32) -> vec4<f32> {  // NORM: the gain stored after the gate | up 
   return gain(v);
 }
 
-fn load_x(t : u32, v : u32) -> vec4<f32> {
-  return x[t * (params.cols / 4u) + v];
+fn load_x(t : u32, v : u32) -> vec4<f32> {  // x's rows lead y (see above)
+  let i = t * params.cols + 4u * v;
+  return vec4<f32>(y[i], y[i + 1u], y[i + 2u], y[i + 3u]);
 }
 
 //#include matvec_gpu_rows.wgsl
@@ -36,8 +39,9 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   let t = wid.y;
   let s = f16_norm_scale(t, lane, lid);
   // 8 gate | up rows (4 gate, their 4 up: fused.INTERLEAVE) give one activation vec4; SLICE_VEC4 is a multiple of
-  // ROW_GROUPS (plan.py), so every group takes the same number of trips (the barriers in rows8 are uniform)
-  for (var k = group; k < SLICE_VEC4; k += ROW_GROUPS) {
+  // ROW_GROUPS (plan.py): every group takes the same trips, counted by a uniform j (rows8 holds barriers)
+  for (var j = 0u; j < SLICE_VEC4 / ROW_GROUPS; j++) {
+    let k = j * ROW_GROUPS + group;
     let r0 = (p * SLICE_VEC4 + k) * ROWS;
     let rows = rows8(t, r0, lane, lid, s);
     if (lane == 0u) {
@@ -63,6 +67,6 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
         sum += down_word_dot(r * nb + first + b, c, act[v], u1);
       }
     }
-    y[(p * params.tokens + t) * hidden + r] = sum;
+    y[((p + 1u) * params.tokens + t) * hidden + r] = sum;
   }
 }

@@ -7,18 +7,18 @@
 // Every workgroup merges the vec4s its lanes read (the whole row: each needs all of it); that costs
 // partitions x hidden values read per workgroup, from cache, and saves the merge dispatch.
 // Bindings after the matvec's own: context_lens, the partition states and the merge's uniform (the step's
-// "reduce" slot, the same words paged_attention_reduce reads), and the previous layer's FFN partials
-// (ffn_gpu_main.wgsl): with SPLIT_PARTS > 0 its down projection is added into x here, with the residual
-// (ACCUMULATE: each row of x has one reader and writer), in the order this layer's q | k | v read them.
+// "reduce" slot, the same words paged_attention_reduce reads). SPLIT_PARTS > 0: the previous layer's fused FFN
+// (ffn_gpu_main.wgsl) left its down projection as partials after x's rows in x's buffer (y here: (tokens, rows)
+// x, then (SPLIT_PARTS, tokens, rows)), added into x here with the residual (ACCUMULATE: each row of x has one
+// reader and writer), in the order this layer's q | k | v read them.
 
 @group(0) @binding(8) var<storage, read> context_lens : array<u32>;    // (num_seqs,)
 @group(0) @binding(9) var<storage, read> part_acc : array<vec4<f32>>;  // (num_seqs, max_partitions, n_heads, HEAD_DIM / 4)
 @group(0) @binding(10) var<storage, read> part_stats : array<vec2<f32>>;  // (num_seqs, max_partitions, n_heads): (max, sum)
 @group(0) @binding(11) var<uniform> merge : MergeParams;  // partition_merge.wgsl
-@group(0) @binding(12) var<storage, read> ffn_parts : array<f32>;  // (SPLIT_PARTS, tokens, rows)
 
 override HEAD_DIM : u32 = 64u;
-override SPLIT_PARTS : u32 = 0u;  // the previous layer's FFN partials pending in ffn_parts (ACCUMULATE only)
+override SPLIT_PARTS : u32 = 0u;  // the previous layer's FFN partials pending after y's rows (ACCUMULATE only)
 
 //#include partition_merge.wgsl
 //#include matvec_io_accumulate.wgsl
@@ -31,7 +31,7 @@ fn prefetch(t : u32, r0 : u32) {  // x's old rows (ACCUMULATE), loaded while the
   for (var i = 0u; i < 8u; i++) {
     let r = min(r0 + i, params.rows - 1u);
     for (var p = 0u; p < SPLIT_PARTS; p++) {
-      y_old[i] += ffn_parts[(p * params.tokens + t) * params.rows + r];
+      y_old[i] += y[((p + 1u) * params.tokens + t) * params.rows + r];
     }
   }
 }

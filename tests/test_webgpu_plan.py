@@ -28,7 +28,7 @@ def fake_backend(kernels: str = "cpu", subgroups: bool = False, shader_f16: bool
     scratch = {k: k for k in ("token_ids", "positions", "slot_mapping", "block_tables", "context_lens", "starts",
                               "cos_sin", "zero_bias", "x", "h", "qkv", "q", "k", "v", "attn", "act", "part_acc",
                               "part_stats", "last", "last_norm", "logits", "ids", "params", "sampling",
-                              "sample_rows", "sample_bias", "token_counts", "shaped_logits", "ffn_parts")}
+                              "sample_rows", "sample_bias", "token_counts", "shaped_logits")}
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(2)]
     return SimpleNamespace(config=CFG, scratch=scratch, weights=weights, weight_rows={},
                            kv_pool=SimpleNamespace(caches=caches, cache_of=caches.__getitem__),
@@ -131,15 +131,14 @@ def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
         ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1)))]
     qkv, _, o, ffn = decode[0][1:5]
     assert qkv.bindings[2:] == ("x", "q") and qkv.extra == (
-        (8, "positions"), (9, "cos_sin"), (10, "zero_bias"), (11, "slot_mapping"), (12, "k0"), (13, "v0"),
-        (14, "ffn_parts"))
+        (8, "positions"), (9, "cos_sin"), (10, "zero_bias"), (11, "slot_mapping"), (12, "k0"), (13, "v0"))
     assert o.bindings[2:] == ("attn", "x") and o.extra == (
         (8, "context_lens"), (9, "part_acc"), (10, "part_stats"),
-        (11, ("params", SLOT_INDEX["reduce"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)),  # the reduce slot's words
-        (12, "ffn_parts"))
-    # gate | up's parts, x, the partials as its y; down's parts at 16, 17 (the down_ decoder instance)
-    assert (ffn.bindings, ffn.extra, ffn.slot) == (
-        ("blk.0.ffn_gate_up.weight.qs", "blk.0.ffn_gate_up.weight.d", "x", "ffn_parts"),
+        (11, ("params", SLOT_INDEX["reduce"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)))  # the reduce slot's words
+    # gate | up's parts, x's buffer as its y (x's rows, then the partials; binding 2 unused), the uniform at 4;
+    # down's parts at 16, 17 (the down_ decoder instance)
+    assert (ffn.bindings, ffn.uniform_at, ffn.extra, ffn.slot) == (
+        {0: "blk.0.ffn_gate_up.weight.qs", 1: "blk.0.ffn_gate_up.weight.d", 3: "x"}, 4,
         ((16, "blk.0.ffn_down.weight.qs"), (17, "blk.0.ffn_down.weight.d")), "ffn")
     ffn_grids, ffn_params = step_slots(b, StepShape(2, 2, 1, 1, 1, True))
     assert ffn_grids[SLOT_INDEX["ffn"]].tolist() == [4, 2, 1]  # (partials, tokens)
@@ -159,7 +158,7 @@ def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
     assert lm_words[12:].view(np.float32)[0] == np.float32(1e-5)  # the norm's eps
     int8 = fake_backend("gpu", subgroups=True, kv_dtype="int8")  # quantized KV: rows to kv_write_quant
     qkv, write = layer_program(int8, PlanKey.of(1, 1))[0][1:3]
-    assert dict(qkv.constants)["KV_OUT"] == 2 and qkv.extra[4:] == ((12, "k"), (13, "v"), (14, "ffn_parts"))
+    assert dict(qkv.constants)["KV_OUT"] == 2 and qkv.extra[4:] == ((12, "k"), (13, "v"))
     assert (write.shader, write.bindings) == ("kv_write", ("k", "v", "slot_mapping", "k0", "v0"))
     assert len(layer_program(int8, PlanKey.of(1, 1))[0]) == 1 + 5 + 6  # layer 0's FFN in one dispatch
     prefill = layer_program(fake_backend("gpu"), PlanKey.of(24, 3))

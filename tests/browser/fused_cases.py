@@ -84,10 +84,11 @@ async def case_rope_kv(kv_out, positions, slots, seed, n_heads=9, n_kv=3, head_d
     rows, t = hidden + 2 * kv_dim, len(positions)
     parts, w = _linear(rng, rows, hidden)  # w: (rows, hidden)
     x_stored = rng.standard_normal((t, hidden), dtype=np.float32) * 3  # (T, hidden)
-    ffn_parts = rng.standard_normal((max(split_parts, 1), t, hidden), dtype=np.float32)  # (parts, T, hidden)
+    ffn_parts = rng.standard_normal((split_parts, t, hidden), dtype=np.float32)  # (parts, T, hidden)
     x = x_stored.copy()
     for p in range(split_parts):  # in the kernel's order: x + part 0 + part 1 ...
         x += ffn_parts[p]
+    x_stored = np.concatenate([x_stored[None], ffn_parts])  # x's buffer: its rows, then the partials
     gain = rng.standard_normal(hidden, dtype=np.float32)  # (hidden,)
     b = rng.standard_normal(rows, dtype=np.float32) * 0.5 if bias else np.zeros(rows, np.float32)  # (rows,)
     pos = np.asarray(positions, np.int32)  # (T,)
@@ -113,8 +114,7 @@ async def case_rope_kv(kv_out, positions, slots, seed, n_heads=9, n_kv=3, head_d
     qs = bytes(parts["qs"]) + gain.tobytes()  # the norm weight follows the codes (fused.stack_rows)
     bindings = {0: np.frombuffer(qs, np.uint8), 1: np.frombuffer(parts["dm"], np.uint8), 2: x_stored,
                 3: np.zeros((t, hidden), np.float32), 4: ("uniform", np.frombuffer(call.params, np.uint8)),
-                8: pos, 9: table, 10: b, 11: np.asarray(slots, np.uint32), 12: caches[0], 13: caches[1],
-                14: ffn_parts}
+                8: pos, 9: table, 10: b, 11: np.asarray(slots, np.uint32), 12: caches[0], 13: caches[1]}
     out = await _dispatch(ctx, ops.gpu_matvec_shader("q4_1", subgroups, False, "_rope_kv"), constants, bindings,
                           call.workgroups, (3, 12, 13))
     got_q = np.frombuffer(out[3], np.float32).reshape(t, hidden)
@@ -162,7 +162,7 @@ async def case_merge(lengths, seed, block_size=16, partition_blocks=2, n_heads=9
         stats[i, n:, :, 0] = 1e30  # past the count: a max that would swamp every weight
     x = rng.standard_normal((t, hidden), dtype=np.float32)  # (T, hidden): single-partition rows
     y0 = rng.standard_normal((t, hidden), dtype=np.float32) * 4  # (T, hidden): the residual stream
-    ffn_parts = rng.standard_normal((max(split_parts, 1), t, hidden), dtype=np.float32)  # (parts, T, hidden)
+    ffn_parts = rng.standard_normal((split_parts, t, hidden), dtype=np.float32)  # (parts, T, hidden)
     residual = y0.copy()
     for p in range(split_parts):
         residual += ffn_parts[p]
@@ -177,13 +177,14 @@ async def case_merge(lengths, seed, block_size=16, partition_blocks=2, n_heads=9
     subgroups = "subgroups" in ctx.info.features and not tree
     call = ops.matvec_gpu_call("q4_1", hidden, hidden, t, subgroups, accumulate=True)
     merge_words = ops.uniform_words(t, n_heads, block_size, partition_blocks, max_parts)
-    bindings = {0: np.frombuffer(parts["qs"], np.uint8), 1: np.frombuffer(parts["dm"], np.uint8), 2: x, 3: y0,
+    y_buffer = np.concatenate([y0[None], ffn_parts])  # x's buffer: its rows, then the partials
+    bindings = {0: np.frombuffer(parts["qs"], np.uint8), 1: np.frombuffer(parts["dm"], np.uint8), 2: x, 3: y_buffer,
                 4: ("uniform", np.frombuffer(call.params, np.uint8)), 8: np.asarray(lengths, np.uint32),
-                9: acc, 10: stats, 11: ("uniform", merge_words), 12: ffn_parts}
+                9: acc, 10: stats, 11: ("uniform", merge_words)}
     split = {"SPLIT_PARTS": split_parts} if split_parts else {}
     out = await _dispatch(ctx, ops.gpu_matvec_shader("q4_1", subgroups, False, "_merge"),
                           dict(call.constants, HEAD_DIM=head_dim, **split), bindings, call.workgroups, (3,))
-    got = np.frombuffer(out[3], np.float32).reshape(t, hidden)
+    got = np.frombuffer(out[3], np.float32)[: t * hidden].reshape(t, hidden)
     return {"shader": call.shader + "_merge", "parts": n_parts, **_errors(got, want, scale)}
 
 
@@ -243,7 +244,8 @@ async def case_ffn(gate_up, down, tokens, seed, hidden=256, ffn=512, tree=False,
     """A decode layer's FFN in one dispatch (ffn_gpu_main.wgsl): gate | up (stacked as uploaded, the norm weight
     after the codes) with its RMSNorm and SwiGLU, then down split along K into (parts, T, hidden) partials.
     Against the two dispatches it replaces: the activations of the SWIGLU matvec over the same bytes, times
-    down's dequantized rows in float64; returns the partials' sum's errors on the matvec bounds' scale
+    down's dequantized rows in float64 (the partials follow x's rows in x's buffer, which is the kernel's y;
+    they must leave x's rows as they were); returns the partials' sum's errors on the matvec bounds' scale
     (|act| @ |down|^T) and the reference's argmax rows (a check that the partials add up to the right vector)."""
     ctx = await _context()
     rng = np.random.default_rng(seed)
@@ -268,11 +270,13 @@ async def case_ffn(gate_up, down, tokens, seed, hidden=256, ffn=512, tree=False,
                      **act)
     down_bindings = {FFN_DOWN_BINDINGS + i: np.frombuffer(down_parts[name], np.uint8)
                      for i, name in enumerate(DTYPE_PARTS[down])}
+    y = np.concatenate([x[None], np.full((n_parts, tokens, hidden), np.nan, np.float32)])  # partials: all written
     out = await _dispatch(ctx, ffn_gpu_shader(gate_up, down, subgroups, False), constants,
-                          {**weights, 2: x, 3: np.zeros((n_parts, tokens, hidden), np.float32), 4: uniform,
-                           **down_bindings}, (n_parts, tokens, 1), (3,))
-    got = np.frombuffer(out[3], np.float32).reshape(n_parts, tokens, hidden).astype(np.float64).sum(axis=0)
+                          {**weights, 3: y, 4: uniform, **down_bindings}, (n_parts, tokens, 1), (3,))
+    y = np.frombuffer(out[3], np.float32).reshape(1 + n_parts, tokens, hidden)
+    got = y[1:].astype(np.float64).sum(axis=0)
     want = a @ down_w.T.astype(np.float64)  # (T, hidden)
     scale = np.abs(a) @ np.abs(down_w).T.astype(np.float64)
     return {"shader": ffn_gpu_shader(gate_up, down, subgroups, False), "parts": n_parts,
+            "x_kept": bool((y[0] == x).all()),
             "argmax": [np.argmax(got, axis=1).tolist(), np.argmax(want, axis=1).tolist()], **_errors(got, want, scale)}

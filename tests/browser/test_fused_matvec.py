@@ -91,7 +91,7 @@ def test_one_dispatch_ffn_partials_add_up_to_down_of_the_swiglu_activations(work
         (("sg_" if not tree else "") + "q4_K_q6_K", 16)]
     for r in results:
         assert_close(r)
-        assert r["argmax"][0] == r["argmax"][1], r
+        assert r["argmax"][0] == r["argmax"][1] and r["x_kept"], r
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["subgroups", "tree"])

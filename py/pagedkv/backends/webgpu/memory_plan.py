@@ -105,13 +105,14 @@ def scratch_buffers(cfg: ModelConfig, *, block_size: int, max_num_batched_tokens
         # (context, head_dim / 2, 2) each: one cos / sin table per distinct rotary of the layers (rope_tables)
         *((rope_table_label(i), cfg.context_length * cfg.head_dim * f32, "scratch")
           for i in range(len(rope_tables(cfg)[0]))),
-        ("x", t * cfg.hidden * f32, "scratch"), ("h", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
+        # (T, hidden), then a decode step's fused-FFN partials (parts, S, hidden): ffn_gpu_main.wgsl
+        ("x", (t + s * ffn_split(cfg.ffn)[1]) * cfg.hidden * f32, "scratch"),
+        ("h", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
         ("qkv", t * (q + 2 * cfg.kv_dim) * f32, "scratch"),  # (T, n_heads*hd + 2 kv_dim)
         *([] if cfg.attention_bias else [("zero_bias", (q + 2 * cfg.kv_dim) * f32, "scratch")]),
         ("q", t * q * f32, "scratch"), ("attn", t * q * f32, "scratch"),  # (T, n_heads*hd)
         ("k", t * cfg.kv_dim * f32, "scratch"), ("v", t * cfg.kv_dim * f32, "scratch"),  # (T, kv_dim)
         ("act", t * cfg.ffn * f32, "scratch"),  # (T, ffn) act(gate) * up
-        ("ffn_parts", s * ffn_split(cfg.ffn)[1] * cfg.hidden * f32, "scratch"),  # (parts, S, hidden) a decode FFN's down
         ("part_acc", s * max_parts * q * f32, "scratch"),  # (S, parts, n_heads, head_dim)
         ("part_stats", s * max_parts * cfg.n_heads * 2 * f32, "scratch"),  # (S, parts, n_heads, 2)
         ("last", s * cfg.hidden * f32, "scratch"), ("last_norm", s * cfg.hidden * f32, "scratch"),  # (S, hid)

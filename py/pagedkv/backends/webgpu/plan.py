@@ -93,6 +93,7 @@ class Dispatch:
     slot: str
     extra: tuple = ()  # (binding, buffer) pairs past the uniform: a matvec io variant's own (matvec_io_*.wgsl)
     entry: str = "main"  # the shader's entry point (rope.wgsl's main_qk_norm)
+    uniform_at: int | None = None  # the uniform slot's binding where it is not after the bindings (a skipped one)
 
 
 def rope_tables(cfg: ModelConfig) -> tuple[tuple[np.ndarray, ...], tuple[int | None, ...]]:
@@ -181,7 +182,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         bias = w[p + "attn_qkv.bias"][1][0] if cfg.attention_bias else s["zero_bias"]
         k, v = (s["k"], s["v"]) if quantized else (cache.k, cache.v)
         extra = ((8, s["positions"]), (9, cos_sin(i)), (10, bias), (11, b.group_binding("slot_mapping", i)), (12, k),
-                 (13, v), (14, s["ffn_parts"]))
+                 (13, v))
         fused = [linear(p + "attn_qkv.weight", s["x"], s["q"], "lin_qkv", tk, norm=True, layout=constants,
                         io="_rope_kv", extra=extra)]
         if quantized:  # the scales need a whole group of a row: kv_write_quant's workgroups
@@ -194,8 +195,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         prologue (matvec_io_merge.wgsl, reading the step's "reduce" uniform slot), and the previous layer's
         fused-FFN partials added with the residual (SPLIT_PARTS)."""
         merge_words = (s["params"], SLOT_INDEX["reduce"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
-        extra = ((8, s["context_lens"]), (9, s["part_acc"]), (10, s["part_stats"]), (11, merge_words),
-                 (12, s["ffn_parts"]))
+        extra = ((8, s["context_lens"]), (9, s["part_acc"]), (10, s["part_stats"]), (11, merge_words))
         return linear(f"blk.{i}.attn_output.weight", s["attn"], y, "lin_h", tk, accumulate=accumulate,
                       layout=(("HEAD_DIM", cfg.head_dim), *split_parts(i)), io="_merge", extra=extra)
 
@@ -223,15 +223,16 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         return (("SPLIT_PARTS", ffn_split(cfg.ffn)[1]),) if i and ffn_shader(i - 1) else ()
 
     def ffn(i: int, shader: str, act: tuple) -> Dispatch:
-        """gate | up with its RMSNorm and SwiGLU, then down split along K into ffn_parts (ffn_gpu_main.wgsl)."""
+        """gate | up with its RMSNorm and SwiGLU, then down split along K into partials after x's rows
+        (ffn_gpu_main.wgsl): x's buffer bound as the kernel's y only (its x binding unused), the uniform after it."""
         shapes = b.gpu_shapes.for_slot("lin_ffn")
         constants = ops.linear_constants(FFN_WORKGROUP, norm=True, row_groups=FFN_ROW_GROUPS,
                                          whole_blocks=shapes.matvec_whole_blocks)
         dtype, parts = w[f"blk.{i}.ffn_gate_up.weight"]
         down = w[f"blk.{i}.ffn_down.weight"][1]
         return Dispatch(shader, (*constants, ("SLICE_VEC4", ffn_split(cfg.ffn)[0]), *act),
-                        (*parts, s["x"], s["ffn_parts"]), "ffn",
-                        tuple((FFN_DOWN_BINDINGS + j, buffer) for j, buffer in enumerate(down)))
+                        {**dict(enumerate(parts)), len(parts) + 1: s["x"]}, "ffn",
+                        tuple((FFN_DOWN_BINDINGS + j, buffer) for j, buffer in enumerate(down)), uniform_at=len(parts) + 2)
 
     def rope(i: int, spec) -> Dispatch:
         """Bias, the per-head q / k norm where the layer has one, rotary where it has one; q / k / v split."""
@@ -264,7 +265,8 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     body = passes[0]
     tk = key.token_kernel
     # The gpu family's matvec steps fuse what runs around the projections (matvec_io_*.wgsl): 5 dispatches a
-    # decode layer with f32 / f16 KV (6 quantized), where the unfused program has 8.
+    # decode layer with f32 / f16 KV (6 quantized), where the unfused program has 8; 4 (5) where the FFN is one
+    # dispatch (ffn_shader).
     fuse = b.kernels == "gpu" and tk == "matvec" and cfg.head_dim % 8 == 0
     for i, spec in enumerate(cfg.layers):
         p = f"blk.{i}."
