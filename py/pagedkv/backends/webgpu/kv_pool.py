@@ -131,23 +131,22 @@ class GpuKVPool:
                                            self.cpu_v[slot][pairs[:, 0]])
 
     async def shift_keys(self, ops_list: Iterable[ShiftOp]) -> None:
-        """Re-rotate the cached keys of each block by -delta positions, every layer with its own rotary
-        frequencies, none in a layer without rotary (sliding window, shifted positions): the blocks' K go
-        through the swap kernels to numpy and back, V is untouched."""
+        """Re-rotate the cached keys of each block by -delta positions, every layer of its KV group (op.group) with
+        its own rotary frequencies, none in a layer without rotary (sliding window, shifted positions): the
+        blocks' K go through the swap kernels to numpy and back, V is untouched."""
         ops_list = list(ops_list)
-        if ops_list and self.groups.is_hybrid:  # a slot's buffers hold several layers, rotated differently
-            raise ValueError("re-rotating keys does not support sliding-window KV groups")
-        # (head_dim / 2,) per layer, None where a layer does not rotate
-        inv_freqs = [layer_inv_freq(self.config, layer) for layer in self.config.layers]
-        for i in range(0, len(ops_list), SWAP_CHUNK_BLOCKS):
-            chunk = ops_list[i : i + SWAP_CHUNK_BLOCKS]
-            ids = np.array([op.block for op in chunk], dtype=np.int32)  # (n,)
-            deltas = np.array([op.delta for op in chunk], dtype=np.int64)  # (n,)
-            for cache, inv_freq in zip(self.caches, inv_freqs):
-                if inv_freq is None:
-                    continue
-                k, v = await self.kernels.swap_out(cache, ids)  # (n, block_size, n_kv_heads, head_dim) each
-                await self.kernels.swap_in(cache, ids, shift_keys(k, deltas, inv_freq), v)
+        for g, group in enumerate(self.groups.groups):  # slot j of a group-g page holds layer group.layers[j]
+            mine = [op for op in ops_list if op.group == g]
+            for i in range(0, len(mine), SWAP_CHUNK_BLOCKS):
+                chunk = mine[i : i + SWAP_CHUNK_BLOCKS]
+                ids = np.array([op.block for op in chunk], dtype=np.int32)  # (n,)
+                deltas = np.array([op.delta for op in chunk], dtype=np.int64)  # (n,)
+                for cache, layer in zip(self.caches, group.layers):
+                    inv_freq = layer_inv_freq(self.config, self.config.layers[layer])
+                    if inv_freq is None:
+                        continue
+                    k, v = await self.kernels.swap_out(cache, ids)  # (n, block_size, n_kv_heads, head_dim) each
+                    await self.kernels.swap_in(cache, ids, shift_keys(k, deltas, inv_freq), v)
 
     async def read_blocks(self, block_ids: list[int]) -> np.ndarray:
         """Whole pages as (n, slots, 2, block_size, token_u32s) u32 words (the disk tier's payload; slots: every
