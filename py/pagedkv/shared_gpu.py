@@ -104,8 +104,8 @@ def _fixed_bytes(ctx, model: GpuModel, block_size: int, opts: GpuOptions, budget
     """Bytes of a model's weights, scratch and staging (memory_plan, no device)."""
     return plan_kv_pool(model.manifest, budget_bytes=budget_bytes, block_size=block_size, kv_dtype=opts.kv_dtype,
                         max_num_batched_tokens=opts.max_num_batched_tokens, max_num_seqs=opts.max_num_seqs,
-                        max_binding=ctx.info.limits["maxStorageBufferBindingSize"],
-                        kv_groups=False)["fixed_bytes"]  # shared pages hold every layer: one group's scratch
+                        max_binding=ctx.info.limits["maxStorageBufferBindingSize"]
+                        )["fixed_bytes"]  # with its KV groups' scratch: a page holds one group's layers
 
 
 async def add_gpu_model(ctx, engine: LLMEngine, shared: SharedGpu, model: GpuModel, on_progress=None) -> None:

@@ -37,8 +37,9 @@ class GpuKVPool:
 
     def __init__(self, ctx, kernels: KVKernels, config: ModelConfig, ledger: GpuLedger, pages=None,
                  groups: KVGroups | None = None) -> None:
-        """pages: the SharedGpuPages (shared_pages.py) several models' pools view (their layout has one group);
-        None: buffers of its own. groups: the KV groups its pages hold (default: one group of every layer)."""
+        """pages: the SharedGpuPages (shared_pages.py) several models' pools view (a page holds one block of one
+        group's layers, a slot each); None: buffers of its own. groups: the KV groups its pages hold (default: one
+        group of every layer)."""
         self.ctx = ctx
         self.pages = pages
         self.kernels = kernels  # compiled for this pool's layout: the moves run its gather / scatter / copy kernels
@@ -46,8 +47,6 @@ class GpuKVPool:
         self.config = config
         self.ledger = ledger
         self.groups = groups or KVGroups.flat(config.n_layers)
-        if pages is not None and self.groups.is_hybrid:
-            raise ValueError("pages several models share hold every layer of a block: one KV group")
         self.caches: list[KVCacheBuffers] = []  # one per slot (every layer's with one group), once allocate() ran
         self.cpu_k: list[np.ndarray] = []  # one per slot, once allocate_cpu() ran
         self.cpu_v: list[np.ndarray] = []
@@ -69,10 +68,10 @@ class GpuKVPool:
 
     def allocate(self) -> None:
         """Every slot's K and V buffers, each reserved in the ledger first (raises BudgetExceeded); with shared
-        pages, every layer's views into them (reserved once, by their owner)."""
+        pages, every slot's views into them (reserved once, by their owner)."""
         if self.pages is not None:
             self.caches = [KVCacheBuffers(self.ctx, self.layout, kv)
-                           for kv in self.pages.views(self.layout, self.config.n_layers)]
+                           for kv in self.pages.views(self.layout, self.num_slots)]
             return
         for slot in range(self.num_slots):
             self.ledger.reserve(f"kv.{slot}.k", self.layout.nbytes, "kv")
