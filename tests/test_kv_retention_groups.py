@@ -125,8 +125,9 @@ def expected_held(cache_before: int, cache_after: int, num_window_groups: int, p
     return [blocks] + [blocks - released] * num_window_groups
 
 
-def run(engine: LLMEngine, n: int, retention: KVRetention) -> tuple[list[int], list[list[int]]]:
-    """PROMPT greedily to n ids under `retention`; returns them and each step's blocks per group, checking the
+def run(engine: LLMEngine, n: int, retention: KVRetention) -> tuple[list[int], list[list[int]], int]:
+    """PROMPT greedily to n ids under `retention`; returns them, each step's blocks per group and the blocks whose
+    keys were re-rotated, checking the
     pool's used blocks against them (plus the null block) and the cache length against the window bound."""
     rid = engine.add_request(PROMPT, SamplingParams(max_tokens=n, stop_token_ids=NO_STOP), retention=retention)
     req = engine.request(rid)
@@ -147,15 +148,15 @@ def run(engine: LLMEngine, n: int, retention: KVRetention) -> tuple[list[int], l
         assert engine.kv.pool.num_used == sum(held) + (groups > 1)
         trace.append(held)
     assert engine.kv.pool.num_used == (groups > 1)
-    return req.output_ids, trace
+    return req.output_ids, trace, engine.stats()["shifted_blocks"]
 
 
 def test_window_retention_on_window_groups_equals_the_oracle_with_original_positions(gemma_weights):  # noqa: F811
     # 64-token request window + a 16-token sink block: wider than the model's 32-token window, so the window
     # groups keep only their own window, and the full group the sinks and the request's window.
     r = KVRetention(window_tokens=64, sink_tokens=4, positions="original")
-    out, trace = run(engine_of(gemma_weights, 40), 100, r)
-    assert out == window_oracle(NumpyModel(gemma_weights), PROMPT, 100, 1, 4)
+    out, trace, shifted = run(engine_of(gemma_weights, 40), 100, r)
+    assert out == window_oracle(NumpyModel(gemma_weights), PROMPT, 100, 1, 4) and shifted == 0
     assert max(t[0] for t in trace) == 6 and max(t[1] for t in trace) == 3
     assert trace[-1] == [6] + [3] * 5
 
@@ -164,8 +165,7 @@ def test_window_retention_on_window_groups_equals_the_oracle_with_original_posit
 def test_shifted_window_retention_with_groups_equals_every_layer_full(gemma_weights, window):  # noqa: F811
     # 16: the request's window is narrower than the model's and binds the window layers too; 64: wider.
     r = KVRetention(window_tokens=window, sink_tokens=4)
-    out, trace = run(engine_of(gemma_weights, 40), 100, r)
-    flat, _ = run(engine_of(gemma_weights, 40, kv_groups=False), 100, r)
-    assert out == flat
-    assert engine_of(gemma_weights, 40).stats()["shifted_blocks"] == 0
+    out, trace, shifted = run(engine_of(gemma_weights, 40), 100, r)
+    flat, _, _ = run(engine_of(gemma_weights, 40, kv_groups=False), 100, r)
+    assert out == flat and shifted > 0
     assert max(t[0] for t in trace) == window // BS + 2
