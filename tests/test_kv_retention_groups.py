@@ -171,3 +171,23 @@ def test_shifted_window_retention_with_groups_equals_every_layer_full(gemma_weig
     flat, _, _ = run(engine_of(gemma_weights, 40, kv_groups=False), 100, r)
     assert out == flat and shifted > 0
     assert max(t[0] for t in trace) == window // BS + 2
+
+
+def test_importance_eviction_on_window_groups_equals_every_layer_full(gemma_weights):  # noqa: F811
+    # Under eviction every window group keeps all its entries (pinned_blocks None), so each table entry is 6
+    # pages: a pool of 6 x 12 pages (+ the null page) is under the pressure of 12 pages with every layer full,
+    # the same entries are evicted (the last layer, 11, is a full-group layer: the same attention mass), and the
+    # ids are equal.
+    r = KVRetention(evict=True, sink_tokens=4, recent_tokens=32)
+    params = SamplingParams(max_tokens=60, stop_token_ids=NO_STOP)
+    engines = [engine_of(gemma_weights, 6 * 12 + 1), engine_of(gemma_weights, 12, kv_groups=False)]
+    reqs = [[e.request(e.add_request(list(range(1 + 50 * i, 41 + 50 * i)), params, retention=r)) for i in range(2)]
+            for e in engines]
+    while engines[0].has_unfinished:
+        for e in engines:
+            run_sync(e.step())
+        assert engines[0].kv.pool.num_used == 6 * engines[1].kv.pool.num_used + 1
+    assert [q.output_ids for q in reqs[0]] == [q.output_ids for q in reqs[1]]
+    stats = [e.stats() for e in engines]
+    assert stats[0]["evicted_blocks"] == stats[1]["evicted_blocks"] > 0
+    assert stats[0]["preemptions"] == {"swap": 0, "recompute": 0}
