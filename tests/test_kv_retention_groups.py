@@ -10,7 +10,8 @@ Checked on the manager with exact block ids (a full and a 32-token window group,
 on the engine with a tiny random Gemma 3 (12 layers, 5 and 11 global, the rest a 32-token window: one full and
 five window groups of 2 layers): greedy ids equal to the oracle that never pages (original positions) and to
 the same engine with every layer full (shifted positions, where the kept keys are re-rotated per group with
-each layer's own rotary base), and the blocks each group holds, at every step, equal to what the rule gives.
+each layer's own rotary base), and the blocks each group holds, at every step, equal to what the rule gives;
+under importance eviction (window groups keep every entry) the same entries as with every layer full are evicted.
 The prompt (token ids 3..42) is the one test_kv_retention.py holds to its oracle; on this model its greedy
 continuation has no near tie (the checks below would flip on one).
 """
