@@ -145,7 +145,7 @@ class KVCacheManager:
     @property
     def is_hybrid(self) -> bool:
         """Whether the layout is other than one full-attention table per sequence (several groups, or a window
-        group): what the code that is not group-aware refuses."""
+        group): a swap-in then copies every page back instead of sharing the GPU cache's (swap_in)."""
         return self.windows != (None,)
 
     def _match(self, token_ids, max_blocks: int) -> list[PrefixMatch]:
