@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from ...config import ALLOWED_BLOCK_SIZES
 from ...gpu_budget import GpuLedger
-from ...kv.groups import KVGroups
 from ...kv.spec import KVSpec
 from ...model.config import ModelConfig
 from .kv_layout import MAX_BLOCK_SIZE, WORD_BYTES, GpuKVLayout
+from .memory_plan import kv_groups_of
 
 OFFSET_ALIGN = 256  # every layer's binding starts on it: the largest minStorageBufferOffsetAlignment allowed
 
@@ -35,33 +35,36 @@ def layer_slot_bytes(spec: KVSpec) -> int:
     return -(-block // OFFSET_ALIGN) * OFFSET_ALIGN
 
 
-def page_use(config: ModelConfig, kv_dtype: str, block_size: int) -> int:
+def page_use(config: ModelConfig, kv_dtype: str, block_size: int, kv_groups: bool = True) -> int:
     """Bytes of a page one block of a model takes: K and V slots of one KV group's layers (every layer's for a
-    model without window layers)."""
-    slots = KVGroups.of(config).group_size
+    model without window layers, or with kv_groups False)."""
+    slots = kv_groups_of(config, kv_groups).group_size
     return 2 * slots * layer_slot_bytes(KVSpec.of(config, block_size=block_size, dtype=kv_dtype))
 
 
-def block_size_in(page_bytes: int, config: ModelConfig, kv_dtype: str, name: str = "a model") -> int:
+def block_size_in(page_bytes: int, config: ModelConfig, kv_dtype: str, name: str = "a model",
+                  kv_groups: bool = True) -> int:
     """The largest block (ALLOWED_BLOCK_SIZES, at most MAX_BLOCK_SIZE) of a model a page holds; ValueError with
     the sizes when even the smallest does not fit."""
     sizes = [bs for bs in ALLOWED_BLOCK_SIZES if bs <= MAX_BLOCK_SIZE]
-    fitting = [bs for bs in sizes if page_use(config, kv_dtype, bs) <= page_bytes]
+    fitting = [bs for bs in sizes if page_use(config, kv_dtype, bs, kv_groups) <= page_bytes]
     if not fitting:
         raise ValueError(f"a page of {page_bytes:,} B holds no {sizes[0]}-token block of {name} "
-                         f"({page_use(config, kv_dtype, sizes[0]):,} B in {kv_dtype})")
+                         f"({page_use(config, kv_dtype, sizes[0], kv_groups):,} B in {kv_dtype})")
     return max(fitting)
 
 
-def plan_gpu_pages(configs: list[ModelConfig], kv_dtype: str, block_size: int = 16) -> tuple[int, list[int]]:
-    """(page bytes, each model's block size): the widest model (most KV bytes per token) gets `block_size`."""
+def plan_gpu_pages(configs: list[ModelConfig], kv_dtype: str, block_size: int = 16,
+                   kv_groups: bool = True) -> tuple[int, list[int]]:
+    """(page bytes, each model's block size): the widest model (most KV bytes per token in a page) gets
+    `block_size`. kv_groups False: a model with window layers keeps every layer of a block in a page."""
     if not configs:
         raise ValueError("no model to size a page for")
     if block_size not in ALLOWED_BLOCK_SIZES or block_size > MAX_BLOCK_SIZE:
         raise ValueError(f"block_size must be one of {[b for b in ALLOWED_BLOCK_SIZES if b <= MAX_BLOCK_SIZE]}, "
                          f"got {block_size}")
-    page = max(page_use(c, kv_dtype, block_size) for c in configs)
-    return page, [block_size_in(page, c, kv_dtype, f"model {i}") for i, c in enumerate(configs)]
+    page = max(page_use(c, kv_dtype, block_size, kv_groups) for c in configs)
+    return page, [block_size_in(page, c, kv_dtype, f"model {i}", kv_groups) for i, c in enumerate(configs)]
 
 
 class SharedGpuPages:
