@@ -3,12 +3,12 @@ on lavapipe: tiny-gemma3 (7 layers: layer 5 global, the others a 32-token window
 tiny-llama (2 layers) in one buffer of equal pages.
 
 A page holds one block of one Gemma group's layer (f16 K and V of one 128-wide KV head: 512 B a token) or of both
-llama layers (2 x 2 heads x 64: 1 KiB a token), so the llama's 8-token blocks size the page (8 KiB) and Gemma
-gets 16-token blocks where the llama gets 8 (block_size=8); with every Gemma layer in a page (the layout before
-groups) a 16-token Gemma block alone took 56 KiB. Checked at every step: Gemma's pages per group are what the window rule gives (the full group
-every block, a window group the blocks its step's first query still sees and the step's own), the llama's its
-blocks, and the pool's used pages exactly their sum plus Gemma's null page; as Gemma decodes past its prompt its
-window groups give their pages back while the full group grows; both models' greedy ids are the numpy
+llama layers (2 x 2 heads x 64: 1 KiB a token), so the llama's 8-token blocks (block_size=8) size the page (8 KiB)
+and Gemma gets 16-token blocks in it; with every Gemma layer in a page (the layout before groups) a 16-token Gemma
+block alone took 56 KiB. Checked at every step: Gemma's pages per group are what the window rule gives (the full
+group every block, a window group the blocks its step's first query still sees and the step's own), the llama's
+its blocks, and the pool's used pages exactly their sum plus Gemma's null page; as Gemma decodes past its prompt
+its window groups give their pages back while the full group grows; both models' greedy ids are the numpy
 reference's; unloading Gemma gives its null page back. The prompts are test_kv_groups_wgpu_native's 100-token
 Gemma prompt and 40 random llama ids, both without near ties against the reference here.
 """
