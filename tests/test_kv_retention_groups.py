@@ -192,3 +192,9 @@ def test_importance_eviction_on_window_groups_equals_every_layer_full(gemma_weig
     stats = [e.stats() for e in engines]
     assert stats[0]["evicted_blocks"] == stats[1]["evicted_blocks"] > 0
     assert stats[0]["preemptions"] == {"swap": 0, "recompute": 0}
+
+
+def test_a_backend_refuses_a_shift_of_a_group_it_does_not_hold(gemma_weights):  # noqa: F811
+    backend = CpuBackend(gemma_weights, num_blocks=4, block_size=BS, kv_groups=False)
+    with pytest.raises(ValueError, match=r"names KV group 3; this backend's pool holds 1 group"):
+        run_sync(backend.shift_keys([ShiftOp(1, 16, 0), ShiftOp(2, 16, 3)]))

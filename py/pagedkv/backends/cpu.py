@@ -17,7 +17,7 @@ from ..kv.block_pool import CopyOp
 from ..kv.groups import KVGroups
 from ..kv.spec import KVSpec
 from ..kv.dtypes import pack_tokens, unpack_tokens
-from ..kv.retention import ShiftOp
+from ..kv.retention import ShiftOp, check_shift_groups
 from ..model.weights import ModelWeights
 from ..model_runner import ForwardBatch
 from . import check_attention_mass
@@ -115,6 +115,7 @@ class CpuBackend:
 
     async def shift_keys(self, ops: Iterable[ShiftOp]) -> None:
         ops = list(ops)
+        check_shift_groups(ops, self.kv_groups.num_groups)
         for g, group in enumerate(self.kv_groups.groups):  # a page of group g holds its layers, one per slot
             mine = [op for op in ops if op.group == g]
             if not mine:

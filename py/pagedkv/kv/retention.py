@@ -55,6 +55,14 @@ class ShiftOp(NamedTuple):
     group: int = 0
 
 
+def check_shift_groups(ops: list[ShiftOp], num_groups: int) -> None:
+    """ValueError unless every op names one of a backend's `num_groups` KV groups (a backend shifts by group)."""
+    bad = [op for op in ops if not 0 <= op.group < num_groups]
+    if bad:
+        raise ValueError(f"{bad[0]} names KV group {bad[0].group}; this backend's pool holds {num_groups} "
+                         "group(s): the engine builds shifts from its manager's groups")
+
+
 def _check_int(name: str, value: object, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")

@@ -23,7 +23,7 @@ from ...kernels.ref_ops import layer_inv_freq, shift_keys
 from ...kv.block_pool import CopyOp
 from ...kv.dtypes import pack_tokens, unpack_tokens
 from ...kv.groups import KVGroups
-from ...kv.retention import ShiftOp
+from ...kv.retention import ShiftOp, check_shift_groups
 from ...model.config import ModelConfig
 from .kv_kernels import KVKernels
 from .kv_layout import KVCacheBuffers
@@ -134,6 +134,7 @@ class GpuKVPool:
         its own rotary frequencies, none in a layer without rotary (sliding window, shifted positions): the
         blocks' K go through the swap kernels to numpy and back, V is untouched."""
         ops_list = list(ops_list)
+        check_shift_groups(ops_list, self.groups.num_groups)
         for g, group in enumerate(self.groups.groups):  # slot j of a group-g page holds layer group.layers[j]
             mine = [op for op in ops_list if op.group == g]
             for i in range(0, len(mine), SWAP_CHUNK_BLOCKS):
