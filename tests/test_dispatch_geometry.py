@@ -85,7 +85,7 @@ def test_gpu_family_decode_step_is_at_most_160_dispatches_at_context_1024():
     assert geo.totals(geo.decode_step("cpu", 1024))["count"] == 1 + 30 * 8 + 3
 
 
-def test_issue_50_dispatch_counts_at_context_1024():
+def test_issue_50_dispatch_counts_at_context_1024(capsys):
     """Issue 50's goal: at most 100 dispatches a SmolLM2 decode step at context 1,024 and at most 80 for the 1.5B
     preset (154 / 124 before it). The exact counts, so a change that adds a dispatch fails here: 1 embedding,
     per layer q|k|v + RoPE + KV write, attention, o + merge + the previous FFN's partials, then the FFN in one
@@ -94,8 +94,9 @@ def test_issue_50_dispatch_counts_at_context_1024():
         for subgroups in (True, False):
             rows = geo.decode_step("gpu", 1024, subgroups, model=model)
             assert geo.totals(rows)["count"] == count == 1 + (layers - 1) * 4 + 5 + 2, (model, subgroups)
-    out = geo.main(["--json", "--kernels", "gpu", "--context", "1024", "--model", "synthetic-1.5b"])
-    assert out == 0
+    assert geo.main(["--json", "--kernels", "gpu", "--context", "1024", "--model", "synthetic-1.5b"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["count"], sum(r["slot"] == "ffn" for r in out["dispatches"])) == (100, 23)
 
 
 def test_cli_prints_json(capsys):
