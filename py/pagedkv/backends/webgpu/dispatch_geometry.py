@@ -151,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"model": args.model, "kernels": args.kernels, "kv_dtype": args.kv_dtype,
                           **step, **totals(rows), "dispatches": rows}, indent=1))
         return 0
-    print(f"{'kernel':<26} {'slot':<10} {'wg size':>7} {'workgroups':>16} {'invocations':>11}")
+    print(f"{'kernel':<35} {'slot':<10} {'wg size':>7} {'workgroups':>16} {'invocations':>11}")
     for r in rows:
-        print(f"{r['kernel']:<26} {r['slot']:<10} {r['workgroup_size']:>7} {str(tuple(r['workgroups'])):>16} "
+        print(f"{r['kernel']:<35} {r['slot']:<10} {r['workgroup_size']:>7} {str(tuple(r['workgroups'])):>16} "
               f"{r['invocations']:>11,}")
     t = totals(rows)
     print(f"{t['count']} dispatches; the smallest hot one (matvec, matmul, attention) launches "
