@@ -23,7 +23,9 @@
 //#include paged_prefill_tiles.wgsl
 
 @group(0) @binding(7) var<storage, read_write> out : array<vec4<f32>>;    // (num_tokens, n_heads, HEAD_DIM / 4)
-@group(0) @binding(8) var<storage, read_write> state : array<vec4<f32>>;  // (num_tokens, n_heads): (m, l, next block bits, 0)
+// (num_tokens, n_heads): the bits of (m, l), then the next block; as u32, since a GPU may flush a small integer
+// carried as f32 bits (a denormal) to zero
+@group(0) @binding(8) var<storage, read_write> state : array<vec4<u32>>;
 
 override PASS_BLOCKS : u32 = 32u;  // blocks of keys one dispatch walks for a tile at most
 override RESUME : bool = false;    // a pass after the first: go on from the state the one before left
@@ -45,7 +47,7 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
   let row = qt.first * params.n_heads + head;  // slot j's (query row, head) is row + j * n_heads
   var begin = window_first(qt.keys0) / params.block_size;  // slot 0's first key: the walk's start
   if (RESUME) {
-    begin = bitcast<u32>(state[row].z);
+    begin = state[row].z;
     if (begin >= end) {
       return;  // done by an earlier pass
     }
@@ -59,7 +61,7 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
     save_acc(row, params.n_heads);
   }
   for (var j = 0u; j < live_slots; j++) {
-    state[row + j * params.n_heads] = vec4<f32>(m[j], l[j], bitcast<f32>(stop), 0.0);
+    state[row + j * params.n_heads] = vec4<u32>(bitcast<u32>(m[j]), bitcast<u32>(l[j]), stop, 0u);
   }
 }
 
@@ -76,8 +78,8 @@ fn save_acc(out_row : u32, row_step : u32) {
 fn load_state(out_row : u32, row_step : u32) {
   for (var j = 0u; j < live_slots; j++) {
     let s = state[out_row + j * row_step];
-    m[j] = s.x;
-    l[j] = s.y;
+    m[j] = bitcast<f32>(s.x);
+    l[j] = bitcast<f32>(s.y);
     for (var i = 0u; i < VEC_PER_HEAD; i++) {
       acc[j * VEC_PER_HEAD + i] = out[(out_row + j * row_step) * VEC_PER_HEAD + i];
     }
