@@ -319,7 +319,7 @@ class WebGpuBackend:
                     pipeline = await self.ctx.kernel(d.shader, dict(d.constants), d.entry)
                 bindings = dict(d.bindings) if isinstance(d.bindings, dict) else dict(enumerate(d.bindings))
                 # The attention kernels keep their uniform at binding 5 (paged_kv_read.wgsl).
-                uniform_at = 5 if d.shader in UNIFORM_AT_5 else len(bindings)
+                uniform_at = d.uniform_at or (5 if d.shader in UNIFORM_AT_5 else len(bindings))
                 bindings[uniform_at] = (params, SLOT_INDEX[d.slot] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
                 bindings.update(d.extra)
                 recorded.append((pipeline, self.ctx.bind(pipeline, bindings)))

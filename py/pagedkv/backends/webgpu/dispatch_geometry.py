@@ -9,9 +9,9 @@ builders.
 Pure CPython, no GPU: records the step the way WebGpuBackend does (plan.layer_program with the family's
 kernels, plan.step_slots for the grids) over placeholder buffers, and lists per dispatch the kernel, its
 workgroup size, workgroup grid and invocations (grid x workgroup size), then the totals: dispatches, and
-the fewest invocations of a hot dispatch (matvec, matmul, attention). What a real GPU is given to fill; the gpu
+the fewest invocations of a hot dispatch (matvec, matmul, fused FFN, attention). What a real GPU is given to fill; the gpu
 family exists to raise the matvec / matmul and decode attention rows (issue 18) and to launch few dispatches
-(issue 30: 5 a decode layer with f32 / f16 KV).
+(issue 30: 5 a decode layer with f32 / f16 KV; issue 50: 4 where the FFN is one dispatch, ffn_gpu_main.wgsl).
 """
 from __future__ import annotations
 
@@ -73,11 +73,11 @@ def prefill_step(kernels: str, tokens: int, subgroups: bool = True, model: str =
     return _step(kernels, tokens, tokens, subgroups, model, kv_dtype)
 
 
-HOT = ("matvec", "matmul", "paged_attention", "paged_prefill_attention")  # kernel name prefixes
+HOT = ("matvec", "matmul", "ffn_gpu", "paged_attention", "paged_prefill_attention")  # kernel name prefixes
 
 
 def totals(rows: list[dict]) -> dict:
-    """Dispatches of a step and the fewest invocations of its hot ones (matvec, matmul, attention)."""
+    """Dispatches of a step and the fewest invocations of its hot ones (matvec, matmul, fused FFN, attention)."""
     return {"count": len(rows),
             "min_hot_invocations": min(r["invocations"] for r in rows if r["kernel"].startswith(HOT))}
 
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['kernel']:<35} {r['slot']:<10} {r['workgroup_size']:>7} {str(tuple(r['workgroups'])):>16} "
               f"{r['invocations']:>11,}")
     t = totals(rows)
-    print(f"{t['count']} dispatches; the smallest hot one (matvec, matmul, attention) launches "
+    print(f"{t['count']} dispatches; the smallest hot one (matvec, matmul, FFN, attention) launches "
           f"{t['min_hot_invocations']:,} invocations")
     return 0
 
