@@ -72,6 +72,24 @@ def test_program_has_one_pass_per_phase_and_8_or_9_dispatches_per_layer():
     assert attn[1].bindings[1] == "k1" and attn[1].constants is None
 
 
+def test_a_long_prefill_walks_its_keys_in_passes_of_512():
+    """The cpu family's prefill attention takes one dispatch per 512 keys of the longest context (32 blocks of
+    16), the passes after the first resuming from the states they keep in act; decode and the gpu family take one."""
+    b = fake_backend()
+    kv = b.kv_kernels
+    assert kv.prefill.pass_blocks == 32 and dict(kv.prefill.constants)["PASS_BLOCKS"] == 32
+    assert [kv.prefill_passes(np.array([5, n])) for n in (512, 513, 1024, 1783)] == [1, 2, 2, 4]
+    assert PlanKey.of(2, 2, prefill_passes=4) == PlanKey.of(2, 2)  # decode: no prefill passes
+    attn = [d for d in layer_program(b, PlanKey.of(24, 3, prefill_passes=3))[0] if d.slot == "attn"]
+    assert [d.shader for d in attn] == ["paged_prefill_attention"] + ["paged_prefill_attention_resume"] * 2 + [
+        "paged_prefill_attention"] + ["paged_prefill_attention_resume"] * 2  # two layers
+    assert {d.bindings[8] for d in attn} == {"act"} and {d.bindings[7] for d in attn} == {"attn"}
+    gpu = fake_backend("gpu")
+    assert gpu.kv_kernels.prefill.pass_blocks == 0 and gpu.kv_kernels.prefill_passes(np.array([4096])) == 1
+    attn = [d for d in layer_program(gpu, PlanKey.of(24, 3))[0] if d.slot == "attn"]
+    assert [d.shader for d in attn] == ["paged_prefill_attention_gpu"] * 2 and 8 not in attn[0].bindings
+
+
 def test_a_shaped_draw_shapes_the_logits_then_draws_then_counts():
     b = fake_backend("gpu", subgroups=True)
     plain = layer_program(b, PlanKey.of(2, 2, sampled=True))[-1]

@@ -52,7 +52,8 @@ def refuse_unsupported(config: ModelConfig) -> None:
 
 
 UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_wide", "paged_attention_gpu", "paged_attention_gpu_sg",
-                "paged_prefill_attention", "paged_prefill_attention_wide", "paged_prefill_attention_gpu")
+                "paged_prefill_attention", "paged_prefill_attention_wide", "paged_prefill_attention_gpu",
+                "paged_prefill_attention_resume", "paged_prefill_attention_wide_resume")
 
 
 class WebGpuBackend:
@@ -369,7 +370,8 @@ class WebGpuBackend:
                                     or len(shaping.bias) > self.max_num_seqs * MAX_LOGIT_BIAS):
             raise ValueError(f"shaping needs draws and ({n}, 8) rows with at most {MAX_LOGIT_BIAS} bias pairs a "
                              f"row, got rows {shaping.rows.shape}, {len(shaping.bias)} pairs")
-        key = PlanKey.of(t, n, sampled=draws is not None, greedy=greedy, shaped=shaping is not None)
+        key = PlanKey.of(t, n, sampled=draws is not None, greedy=greedy, shaped=shaping is not None,
+                         prefill_passes=self.kv_kernels.prefill_passes(batch.context_lens))
         greedy = greedy or draws is not None  # ids come back either way
         plan = await self._plan(key)
         qsl = batch.query_start_loc  # (S + 1,)
