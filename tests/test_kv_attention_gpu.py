@@ -47,7 +47,11 @@ def test_gpu_family_refuses_partitions_past_its_staged_block_table():
 
 
 def test_prefill_kernels_tile_new_tokens_by_family():
-    assert prefill_kernel("cpu", 3, 64, 4, 16) == prefill_kernel("cpu", 1, 16, 4, 16)  # cpu: query_tile tokens
+    # cpu: query_tile tokens, whatever the heads; a pass walks PREFILL_PASS_TOKENS (512) keys, so its blocks
+    # follow the block size
+    assert prefill_kernel("cpu", 3, 64, 4, 16, 16) == prefill_kernel("cpu", 1, 16, 4, 16, 16)
+    assert prefill_kernel("cpu", 3, 64, 4, 16, 16).pass_blocks == 32
+    assert dict(prefill_kernel("cpu", 3, 64, 4, 16, 8).constants) == {"SLOTS": 4, "PASS_BLOCKS": 64}
     layout = GpuKVLayout(KVSpec(1, 3, 64, 16, "f32"), 600)
     cpu = KVKernels(CTX, layout, 9, query_tile=3)
     assert (cpu.prefill.name, cpu.query_tile, cpu.prefill_grid(10)) == ("paged_prefill_attention", 3, (6, 1, 1))
