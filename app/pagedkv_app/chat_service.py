@@ -253,7 +253,7 @@ class ChatService:
         """Start a turn's request on the completions API and read its chunks in a task; returns its id.
         ApiError when the API refuses it (the session is as it was)."""
         service = self.api.service_of(chat.model)
-        chunks = run_sync(service.stream(body))  # checks and queues it before its first await
+        chunks = run_sync(service.stream(body, at_once=True))  # checks and queues it before its first await
         chat.request_id, chat.request = chat.session.request_id, chat.session.request
         chat.partial_ids, chat.partial_text, chat.end_reason = [], [], None
         chat.reader = asyncio.ensure_future(self._read(chat, chat.request_id, chunks))
