@@ -19,7 +19,6 @@ from pagedkv.kv.accounting import kv_stats
 from pagedkv.kv.block_pool import BlockPool
 from pagedkv.kv.groups import KVGroup, KVGroups
 from pagedkv.kv.manager import CopyOp, KVCacheManager
-from pagedkv.kv.retention import KVRetention
 from pagedkv.kv.spec import KVSpec
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.tiny import TINY_VOCAB, tiny_config, write_tiny_model
@@ -234,7 +233,7 @@ def test_random_workload_keeps_every_invariant_with_window_groups(seed):
     assert counts["checks"] == 301 and counts["new"] > 0
 
 
-# ---------------------------------------------------------------- what refuses hybrid models
+# ---------------------------------------------------------------- the null page in a shared pool
 
 def test_a_shared_pools_null_page_is_reserved_in_the_cpu_pool_too_or_refused():
     pool = BlockPool(8)
@@ -246,14 +245,6 @@ def test_a_shared_pools_null_page_is_reserved_in_the_cpu_pool_too_or_refused():
     mgr = KVCacheManager(CacheConfig(num_blocks=8, block_size=16, num_cpu_blocks=6, demote_to_cpu=False),
                          namespace="m", pool=pool, groups=FULL_AND_WINDOW)
     assert mgr.null_block == 3 and mgr.cpu_pool.is_reserved(3) and mgr.cpu_pool.num_reserved == 1
-
-
-def test_code_that_is_not_group_aware_refuses_hybrid_models():
-    mgr = make()
-    seq = computed(mgr, list(range(40)))
-    with pytest.raises(ValueError, match="KV eviction"):
-        mgr.evict_blocks(seq, [0])
-    assert mgr.cpu is not None and mgr.cpu.caching  # the CPU tier caches by group (test_kv_cpu_tier)
 
 
 # ---------------------------------------------------------------- the engine on a tiny Gemma 3
@@ -322,12 +313,6 @@ def test_prefix_hits_with_window_groups_keep_the_reference_ids(gemma_weights, ge
     (second,) = run(engine, [follow_up])
     assert engine.stats()["prefill_tokens"] - before == len(follow_up) - 112  # 7 blocks from the cache
     assert second == reference_greedy(gemma_reference, follow_up, 24)
-
-
-def test_lane_refuses_what_is_not_group_aware(gemma_weights):
-    engine = engine_of(gemma_weights, 64)
-    with pytest.raises(ValueError, match="retention"):
-        engine.add_request([1, 2, 3], GREEDY, retention=KVRetention(window_tokens=64))
 
 
 def test_kv_groups_false_keeps_every_layer_full(gemma_weights, expected):

@@ -16,6 +16,7 @@ from pagedkv.backends.webgpu.kv_layout import GpuKVLayout
 from pagedkv.backends.webgpu.kv_pool import GpuKVPool
 from pagedkv.backends.webgpu.memory_plan import plan_kv_pool
 from pagedkv.backends.webgpu.plan import PlanKey, layer_program
+from pagedkv.backends.webgpu.shared_pages import page_use, plan_gpu_pages
 from pagedkv.backends.webgpu.weight_upload import upload_weights
 from pagedkv.engine import run_sync
 from pagedkv.gpu_budget import GpuLedger
@@ -55,6 +56,23 @@ def test_the_memory_plan_sizes_a_block_as_one_groups_page(model):
     assert grouped["scratch_bytes"] - flat["scratch_bytes"] == 6 * 256 + 6 * 512 - 96 - 384
     for plan in (grouped, flat):
         assert plan["num_blocks"] == ((8 << 20) - plan["fixed_bytes"]) // plan["block_bytes"]
+
+
+def test_shared_pages_hold_one_groups_layers_and_size_blocks_by_them():
+    # Gemma 3 270M (18 layers, 1 KV head of 256; groups of 3) beside SmolLM2-135M (30 layers, 3 KV heads of 64)
+    # in f16 pages: a Gemma page holds 3 layers (3,072 B a token) instead of 18 (18,432 B).
+    gemma = gemma3_config(n_heads=4, n_kv_heads=1, head_dim=256, hidden=640)
+    smollm2 = replace(gemma3_config(), architecture="llama", n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64,
+                      hidden=576, sliding_window=None)
+    assert page_use(gemma, "f16", 16) == 2 * 3 * 16 * 256 * 2 == 49_152
+    assert page_use(gemma, "f16", 16, kv_groups=False) == 2 * 18 * 16 * 256 * 2 == 294_912
+    assert plan_gpu_pages([gemma], "f16") == (49_152, [16])
+    # SmolLM2's 16-token block (368,640 B) sizes the page; Gemma's largest block the kernels take (32 tokens)
+    # fills 98,304 B of it (27 %). Decoding at n tokens Gemma then holds ceil(n / 32) full-group pages and at most
+    # 5 x 17 window pages, against ceil(n / 16) with every layer in a page: more pages below about 2,700 tokens,
+    # fewer past them (597 against 1,024 at 16k).
+    assert plan_gpu_pages([smollm2, gemma], "f16") == (368_640, [16, 32])
+    assert plan_gpu_pages([smollm2, gemma], "f16", kv_groups=False) == (368_640, [16, 16])
 
 
 def grouped_backend(model) -> WebGpuBackend:

@@ -117,7 +117,8 @@ def run_lanes(weights: ModelWeights, lanes: list[Lane], block_size: int, max_row
     """Step every lane to the end of its text; a step stacks lanes (in order) while their chunks fit
     in max_rows (bounds the (rows, vocab) logits held at once), at least one."""
     offsets = list(np.cumsum([0] + [lane.pool_blocks for lane in lanes[:-1]]))
-    # Every layer full: the lanes' managers keep one table (retention policies are not group-aware).
+    # Every layer full: the lanes' batches stack into one table per sequence (stack_batches); a model with window
+    # layers computes the same there (tests/test_kv_retention_groups.py holds the grouped engine to it).
     backend = CpuBackend(weights, num_blocks=sum(lane.pool_blocks for lane in lanes), block_size=block_size,
                          kv_groups=False)
     mover = BlockMover(backend)

@@ -174,9 +174,6 @@ class ModelLane:
             return False
         if not isinstance(retention, KVRetention):
             raise ValueError(f"retention must be a KVRetention or None, got {retention!r}")
-        if self.kv.is_hybrid:
-            raise ValueError(f"{self.name} keeps its sliding-window layers' KV in groups of their own; a request's "
-                             "KV retention (window or eviction) does not support such models yet")
         if retention.window_tokens is None:
             return False
         bs = self.kv.block_size

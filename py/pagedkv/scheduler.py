@@ -18,7 +18,7 @@ from .config import SchedulerConfig
 from .kv.block_pool import CopyOp, OutOfBlocks
 from .kv.manager import KVCacheManager, NeverFits
 from .kv.moves import BlockMoves
-from .kv.retention import ShiftOp, evictable, min_blocks, window_chunk, window_drops
+from .kv.retention import ShiftOp, evictable, window_chunk, window_drops
 from .request import Request
 from .sequence import Sequence, SequenceStatus
 
@@ -77,12 +77,12 @@ class Scheduler:
     def check_fits(self, request: Request) -> None:
         """Raise NeverFits if the request could not run even alone in an empty pool."""
         bs = self.kv.block_size
-        # Every KV group's blocks: a window group holds at most its window and a chunk (kv/groups.py).
-        needed = self.kv.blocks_needed(request.max_total_tokens, self.config.max_num_batched_tokens)
         if request.retention is not None:
             request.retention.check_block_size(bs)
-            # A window bounds the blocks held; eviction needs room for its protected blocks and one chunk.
-            needed = min(needed, min_blocks(request.retention, bs, self.config.max_num_batched_tokens))
+        # Every KV group's blocks: a window group holds at most its window and a chunk (kv/groups.py); a request's
+        # window bounds every table, and eviction needs room for its protected blocks and one chunk.
+        needed = self.kv.blocks_needed(request.max_total_tokens, self.config.max_num_batched_tokens,
+                                       request.retention)
         capacity = self.kv.pool.capacity  # a shared pool's pages less those models' weights hold
         if needed > capacity:
             raise NeverFits(
@@ -165,6 +165,7 @@ class Scheduler:
     def _slide(self, req: Request, n: int, out: SchedulerOutput) -> int:
         """Drop the blocks that left req's sliding window; returns n capped so the window bound holds."""
         r = req.retention
+        req.seq.retention = r  # the manager's window groups keep what the policy may show again (pinned_blocks)
         if r is None or r.window_tokens is None:
             return n
         bs = self.kv.block_size
@@ -182,15 +183,16 @@ class Scheduler:
             r = victim.retention
             if r is None or not r.evict:
                 continue
-            candidates = evictable(victim.seq, r, bs)
+            # an entry holds a block in each KV group that still has it: take only as many as free `short`
+            candidates = self.kv.entries_freeing(victim.seq, evictable(victim.seq, r, bs), short)
             if candidates:
                 try:
-                    copies, shifts = self.kv.evict_blocks(victim.seq, candidates[:short], r.shifts_positions)
+                    copies, shifts = self.kv.evict_blocks(victim.seq, candidates, r.shifts_positions)
                 except OutOfBlocks:  # re-rotating blocks it shares would need copies the pool lacks
                     continue
                 out.copies.extend(copies)
                 out.shifts.extend(shifts)
-                self.num_evicted_blocks += min(short, len(candidates))
+                self.num_evicted_blocks += len(candidates)
                 return True
         return False
 

@@ -53,6 +53,8 @@ class Sequence:
         the cache holds num_kv_tokens - num_evicted_tokens of them, and a new token's cache index is
         its position in token_ids minus this.
     block_scores: accumulated attention mass per physical block id (importance eviction).
+    retention: the KVRetention its request runs under (None: keeps all KV), set by the scheduler before it
+        allocates: which leading entries a window group keeps (KVRetention.pinned_blocks).
     """
 
     def __init__(self, token_ids: list[int] | tuple[int, ...], session: str = "default",
@@ -68,6 +70,7 @@ class Sequence:
         self.group_links: list[list[tuple[int, int] | None]] = [[]]
         self.num_evicted_tokens = 0
         self.block_scores: dict[int, float] = {}
+        self.retention = None  # KVRetention | None (kv.retention imports this module)
         self.status = SequenceStatus.WAITING
 
     @property

@@ -44,6 +44,7 @@ class GpuOptions:
     max_num_batched_tokens: int = 256
     max_num_seqs: int = 16
     cpu_budget_bytes: int | None = None
+    kv_groups: bool = True  # a model with window layers keeps its KV groups in the pages (False: every layer full)
 
     @classmethod
     def of(cls, config: EngineConfig, **kw) -> "GpuOptions":
@@ -64,19 +65,22 @@ async def _backend(ctx, model: GpuModel, block_size: int, pages: SharedGpuPages,
         ctx, model.manifest, model.shard_source, budget_bytes=pages.ledger.budget_bytes, block_size=block_size,
         kv_dtype=opts.kv_dtype, kernels=opts.kernels, max_num_batched_tokens=opts.max_num_batched_tokens,
         max_num_seqs=opts.max_num_seqs, cpu_budget_bytes=opts.cpu_budget_bytes, pages=pages, name=model.name,
-        num_blocks=num_blocks,
+        num_blocks=num_blocks, kv_groups=opts.kv_groups,
         on_progress=None if on_progress is None else lambda done, total: on_progress(model.name, done, total))
 
 
 async def shared_gpu_engine(ctx, models: list[GpuModel], budget_bytes: int, *, block_size: int = 16,
                             kv_dtype: str = "f16", kernels: str = "cpu", cpu_budget_bytes: int | None = None,
                             config: EngineConfig = EngineConfig(),
-                            on_progress: Callable[[str, int, int], None] | None = None
+                            on_progress: Callable[[str, int, int], None] | None = None, kv_groups: bool = True
                             ) -> tuple[LLMEngine, SharedGpu]:
     """One engine of `models` on `ctx` under `budget_bytes`; BudgetExceeded with each model's fixed bytes and
-    the page size when less than two pages of KV are left (nothing stays allocated)."""
-    opts = GpuOptions.of(config, kv_dtype=kv_dtype, kernels=kernels, cpu_budget_bytes=cpu_budget_bytes)
-    page, sizes = plan_gpu_pages([check_manifest(m.manifest) for m in models], kv_dtype, block_size)
+    the page size when less than two pages of KV are left (nothing stays allocated). kv_groups: a model with
+    sliding-window layers keeps its KV groups in the pages (a page: one block of one group's layers; its window
+    groups free their pages as the window slides), or with False every layer of a block in a page."""
+    opts = GpuOptions.of(config, kv_dtype=kv_dtype, kernels=kernels, cpu_budget_bytes=cpu_budget_bytes,
+                         kv_groups=kv_groups)
+    page, sizes = plan_gpu_pages([check_manifest(m.manifest) for m in models], kv_dtype, block_size, kv_groups)
     limits = ctx.info.limits
     fixed = [_fixed_bytes(ctx, m, bs, opts, budget_bytes) for m, bs in zip(models, sizes)]
     num_pages = SharedGpuPages.pages_that_fit(budget_bytes - sum(fixed), page, limits)
@@ -105,7 +109,7 @@ def _fixed_bytes(ctx, model: GpuModel, block_size: int, opts: GpuOptions, budget
     return plan_kv_pool(model.manifest, budget_bytes=budget_bytes, block_size=block_size, kv_dtype=opts.kv_dtype,
                         max_num_batched_tokens=opts.max_num_batched_tokens, max_num_seqs=opts.max_num_seqs,
                         max_binding=ctx.info.limits["maxStorageBufferBindingSize"],
-                        kv_groups=False)["fixed_bytes"]  # shared pages hold every layer: one group's scratch
+                        kv_groups=opts.kv_groups)["fixed_bytes"]  # with its KV groups' tables in scratch
 
 
 async def add_gpu_model(ctx, engine: LLMEngine, shared: SharedGpu, model: GpuModel, on_progress=None) -> None:
@@ -117,7 +121,8 @@ async def add_gpu_model(ctx, engine: LLMEngine, shared: SharedGpu, model: GpuMod
     cannot be had."""
     pages, opts = shared.pages, shared.options
     try:
-        size = block_size_in(pages.page_bytes, check_manifest(model.manifest), opts.kv_dtype, model.name)
+        size = block_size_in(pages.page_bytes, check_manifest(model.manifest), opts.kv_dtype, model.name,
+                             opts.kv_groups)
     except ValueError as exc:
         raise ValueError(f"{model.name} does not fit this engine's pages ({exc}); name it when the engine is "
                          "created") from None

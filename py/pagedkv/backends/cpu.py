@@ -17,7 +17,7 @@ from ..kv.block_pool import CopyOp
 from ..kv.groups import KVGroups
 from ..kv.spec import KVSpec
 from ..kv.dtypes import pack_tokens, unpack_tokens
-from ..kv.retention import ShiftOp
+from ..kv.retention import ShiftOp, check_shift_groups
 from ..model.weights import ModelWeights
 from ..model_runner import ForwardBatch
 from . import check_attention_mass
@@ -115,15 +115,17 @@ class CpuBackend:
 
     async def shift_keys(self, ops: Iterable[ShiftOp]) -> None:
         ops = list(ops)
-        if not ops:
-            return
-        if self.kv_groups.is_hybrid:  # a slot's pool holds several layers, rotated differently
-            raise ValueError("re-rotating keys does not support sliding-window KV groups")
-        blocks = np.array([op.block for op in ops], dtype=np.int64)  # (n,)
-        deltas = np.array([op.delta for op in ops], dtype=np.int64)  # (n,)
-        for pool, inv in zip(self.kv.k, self.model.inv_freqs):
-            if inv is not None:  # a layer without rotary holds its keys unrotated
-                pool[blocks] = shift_keys(pool[blocks], deltas, inv)
+        check_shift_groups(ops, self.kv_groups.num_groups)
+        for g, group in enumerate(self.kv_groups.groups):  # a page of group g holds its layers, one per slot
+            mine = [op for op in ops if op.group == g]
+            if not mine:
+                continue
+            blocks = np.array([op.block for op in mine], dtype=np.int64)  # (n,)
+            deltas = np.array([op.delta for op in mine], dtype=np.int64)  # (n,)
+            for pool, layer in zip(self.kv.k, group.layers):
+                inv = self.model.inv_freqs[layer]
+                if inv is not None:  # a layer without rotary holds its keys unrotated
+                    pool[blocks] = shift_keys(pool[blocks], deltas, inv)
 
     async def swap_out(self, ops: Iterable[CopyOp]) -> None:
         for gpu, cpu in ops:  # the whole page: every pool

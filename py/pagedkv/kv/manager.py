@@ -27,9 +27,10 @@ serve: the full groups' common prefix, and in each window group only the blocks 
 (prefix.WindowPrefixIndex). The CPU and disk tiers extend a hit by the same rule (tier_hit, then adopt_hit:
 fresh blocks registered in every group where the hit needs them). A pool shared by several models (SharedKVBudget,
 the engine's add_model) works alike: each hybrid model reserves a null page of its own there, its groups' pages
-are pages of the one pool, and its released blocks are cached pages any model's allocation may evict. Not
-group-aware yet, and so refused for a model with several groups: importance eviction and per-request retention
-(evict_blocks).
+are pages of the one pool, and its released blocks are cached pages any model's allocation may evict. A
+request's retention (a sliding window with sinks, importance eviction: retention.py) drops table indices from
+every group at once (evict_blocks), and the window groups count distances in cache indices, so they keep the
+leading entries a drop could bring back into their view (KVRetention.pinned_blocks).
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ from ..config import CacheConfig
 from ..sequence import Sequence, SequenceStatus, append_then_allocate, check_token_ids
 from .block_pool import BlockPool, BlockState, CopyOp, OutOfBlocks
 from .cpu_tier import CpuTier
-from .groups import KVGroups, first_needed_block
+from .groups import KVGroup, KVGroups, first_needed_block
 from .prefix import HashFn, PrefixIndex, PrefixMatch, WindowPrefixIndex, default_block_hash
-from .retention import ShiftOp
+from .retention import KVRetention, ShiftOp, min_blocks
 
 __all__ = ["KVCacheManager", "CopyOp", "OutOfBlocks", "NeverFits", "SequenceFreed", "DoubleFree", "TierHit"]
 
@@ -144,13 +145,8 @@ class KVCacheManager:
     @property
     def is_hybrid(self) -> bool:
         """Whether the layout is other than one full-attention table per sequence (several groups, or a window
-        group): what the code that is not group-aware refuses."""
+        group): a swap-in then copies every page back instead of sharing the GPU cache's (swap_in)."""
         return self.windows != (None,)
-
-    def _refuse_hybrid(self, what: str) -> None:
-        if self.is_hybrid:
-            raise ValueError(f"{what} does not support models with sliding-window KV groups yet "
-                             f"({self.num_groups} block tables per sequence)")
 
     def _match(self, token_ids, max_blocks: int) -> list[PrefixMatch]:
         """Per group, the blocks of the longest prefix of at most `max_blocks` blocks that every group serves
@@ -331,12 +327,25 @@ class KVCacheManager:
         """How many blocks `seq` holds, every group's (what swapping it out copies)."""
         return len(self.held_blocks(seq))
 
-    def blocks_needed(self, num_tokens: int, chunk: int) -> int:
+    def blocks_needed(self, num_tokens: int, chunk: int, retention: KVRetention | None = None) -> int:
         """The most blocks a sequence of `num_tokens` tokens, computed in chunks of at most `chunk`, holds at
-        once: ceil(num_tokens / B) per full group, a window group no more than its window and a chunk."""
-        if self.groups is None:
-            return -(-num_tokens // self.block_size)
-        return self.groups.blocks_needed(num_tokens, chunk, self.block_size)
+        once: ceil(num_tokens / B) per full group, a window group no more than its window and a chunk.
+        retention: the request's policy; its table bound (retention.min_blocks) binds every group, and a window
+        group holds the entries it pins (KVRetention.pinned_blocks) on top of its window."""
+        bs = self.block_size
+        groups = self.groups.groups if self.groups is not None else (KVGroup(None, ()),)
+        if retention is None:
+            return sum(g.blocks_needed(num_tokens, chunk, bs) for g in groups)
+        cap = min_blocks(retention, bs, chunk)
+        total = 0
+        for g in groups:
+            held = -(-num_tokens // bs)
+            if g.window is not None:
+                pinned = retention.pinned_blocks(g.window, bs)
+                if pinned is not None:
+                    held = min(held, g.blocks_needed(num_tokens, chunk, bs) + pinned)
+            total += held if cap is None else min(held, cap)
+        return total
 
     def _ensure_groups(self, seq: Sequence) -> None:
         """Give a sequence without blocks one (empty) table per group."""
@@ -369,7 +378,9 @@ class KVCacheManager:
             # Leave at least one token to compute: the model needs its logits.
             hits = self._match(seq.token_ids, (end - 1) // bs)
         null = self.null_block
-        next_query = max(seq.num_computed_tokens, len(hits[0].ids) * bs if hits else 0)
+        # The cache index of the next query: the tables (and a window layer's mask) count cached tokens, so
+        # tokens a request's retention evicted are not in the distance.
+        next_query = max(seq.num_computed_tokens, len(hits[0].ids) * bs if hits else 0) - seq.num_evicted_tokens
         releases: list[list[int]] = []
         new: list[int] = []
         cows: list[bool] = []
@@ -377,14 +388,16 @@ class KVCacheManager:
         for g, window in enumerate(self.windows):
             table = hits[g].ids if hits else (seq.block_tables[g] if g < len(seq.block_tables) else [])
             first = first_needed_block(window, next_query, bs)
-            releases.append([i for i in range(min(first, len(table))) if table[i] != null])
+            pinned = 0 if window is None or seq.retention is None else seq.retention.pinned_blocks(window, bs)
+            releases.append([] if pinned is None else
+                            [i for i in range(pinned, min(first, len(table))) if table[i] != null])
             cow = False
             if seq.num_kv_tokens % bs and num_new_tokens > 0:
                 last = self.pool.block(table[-1])
                 cow = last.ref_count > 1 or last.block_hash is not None
             cows.append(cow)
             new.append(positional - len(table))
-            released = max(first, sum(1 for b in table if b == null)) if window is not None else 0
+            released = sum(1 for b in table if b == null) + len(releases[-1]) if window is not None else 0
             total += positional - released  # what the table holds after this allocation
         if check_fits and total > self.pool.capacity:
             raise NeverFits(f"sequence {seq.seq_id} needs {total} blocks of {bs} tokens "
@@ -501,6 +514,7 @@ class KVCacheManager:
         child.group_links = [list(links) for links in seq.group_links]
         child.num_evicted_tokens = seq.num_evicted_tokens
         child.block_scores = dict(seq.block_scores)
+        child.retention = seq.retention
         child.status = seq.status
         if child.block_table:
             self.live[child.seq_id] = child
@@ -554,16 +568,17 @@ class KVCacheManager:
     # -- eviction -------------------------------------------------------------
     def evict_blocks(self, seq: Sequence, table_indices: list[int],
                      shift_positions: bool = False) -> tuple[list[CopyOp], list[ShiftOp]]:
-        """Give the listed full, computed blocks of `seq` (block-table indices) back to the pool now.
+        """Give the listed full, computed blocks of `seq` (block-table indices) back to the pool now, in every
+        KV group: the tables are positional in the one cache index space, so index i leaves each of them (a
+        window group's entry there may be the null block already: nothing to free).
 
-        The block table shrinks and seq.num_evicted_tokens grows. With shift_positions, the blocks after
-        an evicted one move down in the cache: returns their key re-rotations (ShiftOp) plus the
+        The block tables shrink and seq.num_evicted_tokens grows. With shift_positions, the blocks after
+        an evicted one move down in the cache: returns their key re-rotations (ShiftOp, per group) plus the
         copies to run first for a block shared with another sequence (its copy is rotated, the other
         sequence keeps the original). Raises ValueError / OutOfBlocks with the state unchanged.
         """
         self._check_active(seq, "evict blocks of")
-        self._refuse_hybrid("KV eviction (retention, sliding windows of a request)")
-        bs = self.block_size
+        bs, null = self.block_size, self.null_block
         idx = sorted(set(table_indices))
         computed = (seq.num_computed_tokens - seq.num_evicted_tokens) // bs
         if idx and (idx[0] < 0 or idx[-1] >= computed):
@@ -574,31 +589,47 @@ class KVCacheManager:
         gone = set(idx)
         shifted = [(k, bs * sum(1 for i in idx if i < k)) for k in range(idx[0] + 1, len(seq.block_table))
                    if k not in gone] if shift_positions else []
-        shared = [k for k, _ in shifted if self.pool.ref_count(seq.block_table[k]) > 1]
-        freed = sum(1 for i in idx if self.pool.ref_count(seq.block_table[i]) == 1)
+        # (group, table index) of every block that moves down: a released window entry holds no keys
+        moved = [(g, k, delta) for g, table in enumerate(seq.block_tables) for k, delta in shifted if table[k] != null]
+        shared = {(g, k) for g, k, _ in moved if self.pool.ref_count(seq.block_tables[g][k]) > 1}
+        evicted = [[t[i] for i in idx if t[i] != null] for t in seq.block_tables]  # per group
+        freed = sum(1 for blocks in evicted for b in blocks if self.pool.ref_count(b) == 1)
         if len(shared) > self.pool.num_available + freed:
             raise OutOfBlocks(f"re-rotating sequence {seq.seq_id} needs {len(shared)} copies of shared "
                               f"blocks, {self.pool.num_available + freed} free")
-        evicted = [seq.block_table[i] for i in idx]
-        self.pool.free_blocks(reversed(evicted))
+        for blocks in evicted:
+            self.pool.free_blocks(reversed(blocks))
         copies: list[CopyOp] = []
         shifts: list[ShiftOp] = []
-        for k, delta in shifted:
-            block = seq.block_table[k]
-            if k in shared:
+        for g, k, delta in moved:
+            table = seq.block_tables[g]
+            block = table[k]
+            if (g, k) in shared:
                 new = self.pool.get_new_blocks(1)[0]
                 self.pool.free_blocks([block])
                 copies.append(CopyOp(block, new))
-                seq.block_scores[new] = seq.block_scores.pop(block, 0.0)
-                seq.block_table[k] = block = new
+                if g == 0:  # importance scores are kept by group 0's block ids (add_attention_mass)
+                    seq.block_scores[new] = seq.block_scores.pop(block, 0.0)
+                table[k] = block = new
             else:
                 self.pool.unregister(block)  # its keys change: no longer that prefix's K/V
-            shifts.append(ShiftOp(block, delta))
-        for block in evicted:
+            shifts.append(ShiftOp(block, delta, g))
+        for block in evicted[0]:
             seq.block_scores.pop(block, None)
-        seq.block_table = [b for i, b in enumerate(seq.block_table) if i not in gone]
+        seq.block_tables = [[b for i, b in enumerate(t) if i not in gone] for t in seq.block_tables]
         seq.num_evicted_tokens += bs * len(idx)
         return copies, shifts
+
+    def entries_freeing(self, seq: Sequence, table_indices: list[int], num_blocks: int) -> list[int]:
+        """The shortest head of `table_indices` whose entries hold `num_blocks` blocks in all of `seq`'s KV groups
+        together (a window group's released entry holds none; all of them when they hold fewer): what evicting
+        must take to free that many."""
+        held = 0
+        for n, i in enumerate(table_indices):
+            if held >= num_blocks:
+                return list(table_indices[:n])
+            held += sum(1 for t in seq.block_tables if t[i] != self.null_block)
+        return list(table_indices)
 
     # -- preemption -----------------------------------------------------------
     def swap_out(self, seq: Sequence) -> list[CopyOp]:

@@ -26,6 +26,16 @@ endless chat. "original" keeps every token's position in the text: no key is
 ever touched, but the query sees sinks at distances the model never trained on
 once the chat passes its context, and positions grow past the RoPE table of the
 WebGPU backend (which refuses them). bench/kv_quality_window.py measures both.
+
+KV groups (kv/groups.py: a model with sliding-window layers, Gemma 3): the policy binds the full-attention
+group, and every group's table loses the same indices (the tables are positional in one cache index space). A
+window layer's mask counts cache indices too (in "shifted" mode they are its positions), so it sees the W most
+recent cached keys: a request window narrower than the model's window applies to the window layers as well
+(they then see the sinks and the request's window), a wider one leaves them their own window. A window group
+keeps the leading entries a drop could bring back into its view (pinned_blocks): the sinks under a request
+window at most W - 2, every entry under importance eviction (which drops blocks from anywhere in the middle).
+Shifted keys are re-rotated per group, each layer with its own rotary base (ShiftOp.group). Eviction's scores
+come from the last layer and are kept by the full group's block ids.
 """
 from __future__ import annotations
 
@@ -38,9 +48,19 @@ POSITION_MODES = ("shifted", "original")
 
 
 class ShiftOp(NamedTuple):
-    """Re-rotate every cached key of block `block` by -`delta` positions (all layers)."""
+    """Re-rotate every cached key of block `block` by -`delta` positions: every layer of KV group `group` (each
+    with its own rotary frequencies; group 0 of a model without window layers is every layer)."""
     block: int
     delta: int
+    group: int = 0
+
+
+def check_shift_groups(ops: list[ShiftOp], num_groups: int) -> None:
+    """ValueError unless every op names one of a backend's `num_groups` KV groups (a backend shifts by group)."""
+    bad = [op for op in ops if not 0 <= op.group < num_groups]
+    if bad:
+        raise ValueError(f"{bad[0]} names KV group {bad[0].group}; this backend's pool holds {num_groups} "
+                         "group(s): the engine builds shifts from its manager's groups")
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -97,6 +117,17 @@ class KVRetention:
         if self.window_tokens is None:
             return None
         return self.sink_blocks(block_size) + self.window_tokens // block_size + 1
+
+    def pinned_blocks(self, window: int, block_size: int) -> int | None:
+        """Leading table entries a KV group of sliding window `window` (the model's) never releases for a
+        sequence under this policy (None: none released). Dropping blocks moves the entries before them closer
+        to the next query in the cache: with a request window at most `window` - 2 the sinks come back into the
+        window layers' view after a drop (the first query after one is cache index S + W, and sees keys past
+        S + W - window), so they stay; a wider request window never shows them again. Importance eviction
+        takes blocks from anywhere in the middle, so any released entry could come back: nothing is released."""
+        if self.evict:
+            return None
+        return self.sink_blocks(block_size) if self.window_tokens <= window - 2 else 0  # type: ignore[operator]
 
     @property
     def shifts_positions(self) -> bool:

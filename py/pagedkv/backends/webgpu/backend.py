@@ -124,15 +124,15 @@ class WebGpuBackend:
         addresses num_blocks page ids (default every page); `name` prefixes its ledger labels ("<name>/w:...").
         kv_groups: True (default): a model with sliding-window layers keeps its KV in groups (kv/groups.py), a
         block being a page of one group's layers, and the engine gives each group its own block tables, so a
-        window group holds only its window; False (and always in shared `pages`): every layer holds the whole
-        context (one group of all layers), the layout of a model without windows."""
+        window group holds only its window (in shared `pages` too: a page then holds one group's layers); False:
+        every layer holds the whole context (one group of all layers), the layout of a model without windows."""
         config = check_manifest(manifest)
         refuse_unsupported(config)  # before anything is sized for it
-        groups = kv_groups_of(config, kv_groups and pages is None)
+        groups = kv_groups_of(config, kv_groups)
         if pages is not None:
             ledger = ledger or pages.ledger
             num_blocks = num_blocks or pages.num_pages
-            block_bytes = 2 * config.n_layers * GpuKVLayout(
+            block_bytes = 2 * groups.group_size * GpuKVLayout(  # a page's layers: the CPU swap pool's block
                 KVSpec.of(config, block_size=block_size, dtype=kv_dtype), 1).nbytes
         else:
             max_binding = ctx.info.limits["maxStorageBufferBindingSize"]

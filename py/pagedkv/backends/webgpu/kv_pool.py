@@ -23,7 +23,7 @@ from ...kernels.ref_ops import layer_inv_freq, shift_keys
 from ...kv.block_pool import CopyOp
 from ...kv.dtypes import pack_tokens, unpack_tokens
 from ...kv.groups import KVGroups
-from ...kv.retention import ShiftOp
+from ...kv.retention import ShiftOp, check_shift_groups
 from ...model.config import ModelConfig
 from .kv_kernels import KVKernels
 from .kv_layout import KVCacheBuffers
@@ -37,8 +37,9 @@ class GpuKVPool:
 
     def __init__(self, ctx, kernels: KVKernels, config: ModelConfig, ledger: GpuLedger, pages=None,
                  groups: KVGroups | None = None) -> None:
-        """pages: the SharedGpuPages (shared_pages.py) several models' pools view (their layout has one group);
-        None: buffers of its own. groups: the KV groups its pages hold (default: one group of every layer)."""
+        """pages: the SharedGpuPages (shared_pages.py) several models' pools view (a page holds one block of one
+        group's layers, a slot each); None: buffers of its own. groups: the KV groups its pages hold (default: one
+        group of every layer)."""
         self.ctx = ctx
         self.pages = pages
         self.kernels = kernels  # compiled for this pool's layout: the moves run its gather / scatter / copy kernels
@@ -46,8 +47,6 @@ class GpuKVPool:
         self.config = config
         self.ledger = ledger
         self.groups = groups or KVGroups.flat(config.n_layers)
-        if pages is not None and self.groups.is_hybrid:
-            raise ValueError("pages several models share hold every layer of a block: one KV group")
         self.caches: list[KVCacheBuffers] = []  # one per slot (every layer's with one group), once allocate() ran
         self.cpu_k: list[np.ndarray] = []  # one per slot, once allocate_cpu() ran
         self.cpu_v: list[np.ndarray] = []
@@ -69,10 +68,10 @@ class GpuKVPool:
 
     def allocate(self) -> None:
         """Every slot's K and V buffers, each reserved in the ledger first (raises BudgetExceeded); with shared
-        pages, every layer's views into them (reserved once, by their owner)."""
+        pages, every slot's views into them (reserved once, by their owner)."""
         if self.pages is not None:
             self.caches = [KVCacheBuffers(self.ctx, self.layout, kv)
-                           for kv in self.pages.views(self.layout, self.config.n_layers)]
+                           for kv in self.pages.views(self.layout, self.num_slots)]
             return
         for slot in range(self.num_slots):
             self.ledger.reserve(f"kv.{slot}.k", self.layout.nbytes, "kv")
@@ -131,23 +130,23 @@ class GpuKVPool:
                                            self.cpu_v[slot][pairs[:, 0]])
 
     async def shift_keys(self, ops_list: Iterable[ShiftOp]) -> None:
-        """Re-rotate the cached keys of each block by -delta positions, every layer with its own rotary
-        frequencies, none in a layer without rotary (sliding window, shifted positions): the blocks' K go
-        through the swap kernels to numpy and back, V is untouched."""
+        """Re-rotate the cached keys of each block by -delta positions, every layer of its KV group (op.group) with
+        its own rotary frequencies, none in a layer without rotary (sliding window, shifted positions): the
+        blocks' K go through the swap kernels to numpy and back, V is untouched."""
         ops_list = list(ops_list)
-        if ops_list and self.groups.is_hybrid:  # a slot's buffers hold several layers, rotated differently
-            raise ValueError("re-rotating keys does not support sliding-window KV groups")
-        # (head_dim / 2,) per layer, None where a layer does not rotate
-        inv_freqs = [layer_inv_freq(self.config, layer) for layer in self.config.layers]
-        for i in range(0, len(ops_list), SWAP_CHUNK_BLOCKS):
-            chunk = ops_list[i : i + SWAP_CHUNK_BLOCKS]
-            ids = np.array([op.block for op in chunk], dtype=np.int32)  # (n,)
-            deltas = np.array([op.delta for op in chunk], dtype=np.int64)  # (n,)
-            for cache, inv_freq in zip(self.caches, inv_freqs):
-                if inv_freq is None:
-                    continue
-                k, v = await self.kernels.swap_out(cache, ids)  # (n, block_size, n_kv_heads, head_dim) each
-                await self.kernels.swap_in(cache, ids, shift_keys(k, deltas, inv_freq), v)
+        check_shift_groups(ops_list, self.groups.num_groups)
+        for g, group in enumerate(self.groups.groups):  # slot j of a group-g page holds layer group.layers[j]
+            mine = [op for op in ops_list if op.group == g]
+            for i in range(0, len(mine), SWAP_CHUNK_BLOCKS):
+                chunk = mine[i : i + SWAP_CHUNK_BLOCKS]
+                ids = np.array([op.block for op in chunk], dtype=np.int32)  # (n,)
+                deltas = np.array([op.delta for op in chunk], dtype=np.int64)  # (n,)
+                for cache, layer in zip(self.caches, group.layers):
+                    inv_freq = layer_inv_freq(self.config, self.config.layers[layer])
+                    if inv_freq is None:
+                        continue
+                    k, v = await self.kernels.swap_out(cache, ids)  # (n, block_size, n_kv_heads, head_dim) each
+                    await self.kernels.swap_in(cache, ids, shift_keys(k, deltas, inv_freq), v)
 
     async def read_blocks(self, block_ids: list[int]) -> np.ndarray:
         """Whole pages as (n, slots, 2, block_size, token_u32s) u32 words (the disk tier's payload; slots: every
