@@ -45,8 +45,8 @@ from .model.weights import ModelWeights
 from .request_limits import check_body_size
 from .sampling import MIN_TEMPERATURE, SamplingParams
 from .sessions import Session, Sessions
-from .slices import Slices, await_slices, run_slices
 from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
+from .slices import Slices, await_slices, run_slices
 from .tokenizer import Tokenizer
 from .tool_calls import ToolCallParser
 from .tools import ToolChoice, call_grammar
