@@ -151,3 +151,28 @@ def test_a_big_body_is_prepared_in_slices_between_a_streams_steps(tiny_dir, monk
     longest = max(map(len, words))
     assert max(between) <= SLICE_CHARS + longest + 1, max(between)
     assert len([b for b in between if b]) >= merged // (SLICE_CHARS + longest + 1)  # a step between every two slices
+
+
+def test_a_session_that_starts_another_request_while_a_body_is_prepared_refuses_it(tiny_dir):  # noqa: F811
+    """The engine steps between a body's slices, and so do other requests: one on the same session that runs
+    meanwhile (a small body, prepared at once, answered while the big one is prepared) wins, and the big one,
+    prepared on the history before it, is refused when its preparation ends, not queued over that turn."""
+    engine = Engine([tiny_dir], budget_mib=16)
+    big = [{"role": "user", "content": "".join(distinct_words(50_000))}]  # ~240k characters: ~16 slices
+    small = [{"role": "user", "content": "hi"}]
+
+    async def run():
+        prepared = asyncio.ensure_future(engine.chat.completions.acreate(
+            model="tiny-random", max_tokens=2, messages=big, pagedkv={"session": "s"}))
+        await asyncio.sleep(0)  # its first slice
+        reply = await engine.chat.completions.acreate(model="tiny-random", max_tokens=2, temperature=0,
+                                                      messages=small, pagedkv={"session": "s"})
+        with pytest.raises(ApiError) as err:
+            await prepared
+        return reply, err.value
+
+    reply, refused = run_alone(run())
+    assert reply["usage"]["completion_tokens"] == 2
+    assert (refused.status, refused.param, refused.message) == (
+        400, "pagedkv.session", "pagedkv.session 's' took another request while this one was prepared; send it "
+                                "again on the history the session has now")

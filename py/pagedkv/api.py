@@ -245,6 +245,7 @@ class CompletionService(_Creates):
     def _start(self, req: CompletionRequest, request_id: str | None) -> Slices[tuple[str, int]]:
         """Render and tokenize the request (in slices: slices.py), then queue it; its id and prompt length."""
         session = self._session(req)
+        mark = _turn_mark(session)
         try:
             conv = None if req.legacy else (yield from self._conversation(req, session))
             prompt = (yield from self._prompt_ids(req)) if conv is None else (yield from conv.prompt_ids_slices())
@@ -254,9 +255,9 @@ class CompletionService(_Creates):
         if self.closed:
             raise ApiError(503, "the engine is closed")
         if session is not None and (self.sessions.get(session.session_id) is not session
-                                    or session.request_id is not None):
-            raise ApiError(400, f"pagedkv.session {session.session_id!r} began answering another request while "
-                                "this one was prepared; wait for it or abort it", "pagedkv.session")
+                                    or _turn_mark(session) != mark):
+            raise ApiError(400, f"pagedkv.session {session.session_id!r} took another request while this one was "
+                                "prepared; send it again on the history the session has now", "pagedkv.session")
         room = self.context_length - len(prompt)
         if room < 1:
             raise PromptTooLong(400, f"the prompt has {len(prompt)} tokens; {self.model_id}'s context is "
@@ -635,6 +636,15 @@ def _machine_memory() -> int | None:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
         return None
+
+
+def _turn_mark(session: Session | None) -> tuple | None:
+    """What a request on `session` changes (its history, its reply's rollback point, its alternatives, whether it
+    answers): a request prepared in slices is refused when another one changed it meanwhile."""
+    if session is None:
+        return None
+    conv = session.conversation
+    return (conv, conv.num_tokens, session.before_reply, session.alternatives, session.request_id)
 
 
 def unloaded_error(model: str) -> ApiError:
