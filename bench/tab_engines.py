@@ -89,7 +89,8 @@ def two_tabs(session: BrowserSession, turns: int) -> dict:
         a.press("#prompt", "Enter")
         ended = wait(a, f"window.benchTurnEnds.length > {k} && window.benchTurnEnds[{k}]")
         content = json.loads(ended[1])["content"]
-        shown = wait(b, f"window.benchShown.find(([t, n, text]) => n >= {2 * (k + 1)} && text === {json.dumps(content)})")
+        shown = wait(b, f"window.benchShown.find(([t, n, text]) => n >= {2 * (k + 1)} && "
+                        f"text === {json.dumps(content)})")
         delivered.append(shown[0] - ended[0])
     return {"ledger_bytes": [ledger["used_bytes"] for ledger in ledgers],
             "ledger_by_kind": [ledger["by_kind"] for ledger in ledgers],
