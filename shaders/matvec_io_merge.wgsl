@@ -7,7 +7,10 @@
 // Every workgroup merges the vec4s its lanes read (the whole row: each needs all of it); that costs
 // partitions x hidden values read per workgroup, from cache, and saves the merge dispatch.
 // Bindings after the matvec's own: context_lens, the partition states and the merge's uniform (the step's
-// "reduce" slot, the same words paged_attention_reduce reads).
+// "reduce" slot, the same words paged_attention_reduce reads). SPLIT_PARTS > 0: the previous layer's fused FFN
+// (ffn_gpu_main.wgsl) left its down projection as partials after x's rows in x's buffer (y here: (tokens, rows)
+// x, then (SPLIT_PARTS, tokens, rows)), added into x here with the residual (ACCUMULATE: each row of x has one
+// reader and writer), in the order this layer's q | k | v read them.
 
 @group(0) @binding(8) var<storage, read> context_lens : array<u32>;    // (num_seqs,)
 @group(0) @binding(9) var<storage, read> part_acc : array<vec4<f32>>;  // (num_seqs, max_partitions, n_heads, HEAD_DIM / 4)
@@ -15,12 +18,22 @@
 @group(0) @binding(11) var<uniform> merge : MergeParams;  // partition_merge.wgsl
 
 override HEAD_DIM : u32 = 64u;
+override SPLIT_PARTS : u32 = 0u;  // the previous layer's FFN partials pending after y's rows (ACCUMULATE only)
 
 //#include partition_merge.wgsl
 //#include matvec_io_accumulate.wgsl
 
 fn prefetch(t : u32, r0 : u32) {  // x's old rows (ACCUMULATE), loaded while the dot products run
   prefetch_y(t, r0);
+  if (!ACCUMULATE || r0 >= params.rows) {
+    return;
+  }
+  for (var i = 0u; i < 8u; i++) {
+    let r = min(r0 + i, params.rows - 1u);
+    for (var p = 0u; p < SPLIT_PARTS; p++) {
+      y_old[i] += y[((p + 1u) * params.tokens + t) * params.rows + r];
+    }
+  }
 }
 
 fn x_gain(v : u32) -> vec4<f32> {  // NORM: the gain stored after the codes

@@ -9,6 +9,10 @@
 //   or, KV_OUT 2 (quantized caches), into (tokens, KV_ROWS) f32 rows for kv_write_quant.wgsl.
 // Bindings after the matvec's own: positions, the cos / sin table, the stacked bias (zeros where the model has
 // none), slot_mapping, and K's and V's destination (the layer's cache buffers, or the f32 rows).
+// SPLIT_PARTS > 0: the previous layer's fused FFN (ffn_gpu_main.wgsl) has not added its down projection into x;
+// its partials follow x's rows in x's buffer ((tokens, cols) x, then (SPLIT_PARTS, tokens, cols): no binding of
+// their own, which would pass WebGPU's 10 storage buffers a stage), and x's row is read as x + the partials (each
+// workgroup sums the row it reads; the output projection, matvec_io_merge.wgsl, adds them into x).
 
 @group(0) @binding(8) var<storage, read> positions : array<i32>;         // (tokens,)
 @group(0) @binding(9) var<storage, read> cos_sin : array<vec2<f32>>;     // (max_positions, HEAD_DIM / 2)
@@ -25,6 +29,7 @@ override BLOCK_U32 : u32 = 0u;      // u32s from one block's start to the next; 
 override BLOCK_TOKENS : u32 = 16u;  // tokens per block (the cache's block_size)
 override HEAD_MAJOR : bool = true;  // a block keeps each kv head's rows together (paged_kv_read.wgsl)
 override ROTATE : bool = true;      // false: a layer without rotary (q and k stored unrotated)
+override SPLIT_PARTS : u32 = 0u;    // the previous layer's FFN partials pending after x's rows (0: x is whole)
 override ROW_U32 : u32 = select(HEAD_DIM, HEAD_DIM / 2u, KV_OUT == 1u);  // u32s of one head's f32 / f16 row
 
 fn x_gain(v : u32) -> vec4<f32> {  // NORM: the gain stored after the codes
@@ -32,7 +37,12 @@ fn x_gain(v : u32) -> vec4<f32> {  // NORM: the gain stored after the codes
 }
 
 fn load_x(t : u32, v : u32) -> vec4<f32> {
-  return x[t * (params.cols / 4u) + v];
+  let row = params.cols / 4u;
+  var u = x[t * row + v];
+  for (var p = 0u; p < SPLIT_PARTS; p++) {  // in the partials' order, as the output projection adds them
+    u += x[((p + 1u) * params.tokens + t) * row + v];
+  }
+  return u;
 }
 
 // Rows r..r+3 (two adjacent pairs of one head) rotated by their pairs' cos / sin c0, c1.

@@ -80,3 +80,5 @@ fn wg_sum3(a : vec4<f32>, b : vec4<f32>, c : vec4<f32>, lid : u32) -> array<vec4
   workgroupBarrier();  // the next call clears heads and overwrites red, red3
   return total;
 }
+
+//#include tree_sum3.wgsl

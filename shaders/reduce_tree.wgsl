@@ -24,19 +24,7 @@ fn wg_sum(v : vec4<f32>, lid : u32) -> vec4<f32> {
 
 // The sums of a, b and c over the workgroup, returned to every thread. Uniform control flow only.
 fn wg_sum3(a : vec4<f32>, b : vec4<f32>, c : vec4<f32>, lid : u32) -> array<vec4<f32>, 3> {
-  red[lid] = a;
-  red3[2u * lid] = b;
-  red3[2u * lid + 1u] = c;
-  workgroupBarrier();
-  for (var s = WORKGROUP_SIZE / 2u; s > 0u; s >>= 1u) {
-    if (lid < s) {
-      red[lid] += red[lid + s];
-      red3[2u * lid] += red3[2u * (lid + s)];
-      red3[2u * lid + 1u] += red3[2u * (lid + s) + 1u];
-    }
-    workgroupBarrier();
-  }
-  let total = array<vec4<f32>, 3>(red[0], red3[0], red3[1]);
-  workgroupBarrier();  // the next call overwrites red, red3
-  return total;
+  return tree_sum3(a, b, c, lid, WORKGROUP_SIZE);
 }
+
+//#include tree_sum3.wgsl

@@ -16,11 +16,15 @@ def test_gpu_family_fills_every_matvec_with_at_least_1024_invocations_at_context
     for subgroups in (True, False):
         rows = geo.decode_step("gpu", 512, subgroups)
         linear = _linear(rows)
-        assert len(linear) == 30 * 4 + 1  # q|k|v, o, gate|up, down per layer + the LM head
+        # q|k|v, o per layer; gate|up, down of the last layer (the others' FFN is one dispatch); the LM head
+        assert len(linear) == 30 * 2 + 2 + 1
         assert min(n for _, _, n in linear) >= 1024
         shader = "matvec_gpu_sg_q4_1" if subgroups else "matvec_gpu_q4_1"
-        assert linear[:4] == [(shader + "_rope_kv", "lin_qkv", 120 * 64), (shader + "_merge", "lin_h", 72 * 64),
-                              (shader, "lin_ffn", 384 * 64), (shader, "lin_down", 72 * 64)]
+        assert linear[:2] == [(shader + "_rope_kv", "lin_qkv", 120 * 64), (shader + "_merge", "lin_h", 72 * 64)]
+        assert linear[-3:-1] == [(shader, "lin_ffn", 384 * 64), (shader, "lin_down", 72 * 64)]
+        ffn = [r for r in rows if r["slot"] == "ffn"]  # 48 blocks of down's rows, 2 a workgroup: 24 partials
+        assert len(ffn) == 29 and ffn[0] == {"kernel": shader.replace("matvec", "ffn") + "_q4_1", "slot": "ffn",
+                                             "workgroup_size": 256, "workgroups": [24, 1, 1], "invocations": 6144}
         # a greedy step: the LM head leaves each workgroup's best row (matvec_io_argmax.wgsl), the final norm
         # fused (no rms_s dispatch)
         assert linear[-1] == (shader.replace("q4_1", "q8_0") + "_argmax", "lm_head", 6144 * 64)
@@ -73,11 +77,26 @@ def test_gpu_family_decode_step_is_at_most_160_dispatches_at_context_1024():
     invocations: embedding, 5 a layer (q | k | v + RoPE + KV write, attention, o + merge, gate | up, down),
     the LM head with the final norm fused (issue 50) and argmax. Quantized KV keeps kv_write_quant (6 a layer);
     the cpu family, whose kernels are shaped for the emulators, keeps its 8 and the final norm's dispatch."""
-    for kv_dtype, count in (("f16", 1 + 30 * 5 + 2), ("f32", 153), ("int8", 1 + 30 * 6 + 2), ("int4-asym", 183)):
+    for kv_dtype, count in (("f16", 1 + 30 * 5 + 2 - 29), ("f32", 124), ("int8", 1 + 30 * 6 + 2 - 29),
+                            ("int4-asym", 154)):
         for subgroups in (True, False):
             t = geo.totals(geo.decode_step("gpu", 1024, subgroups, kv_dtype=kv_dtype))
             assert t == {"count": count, "min_hot_invocations": 4608}, (kv_dtype, subgroups)  # o, down
     assert geo.totals(geo.decode_step("cpu", 1024))["count"] == 1 + 30 * 8 + 3
+
+
+def test_issue_50_dispatch_counts_at_context_1024(capsys):
+    """Issue 50's goal: at most 100 dispatches a SmolLM2 decode step at context 1,024 and at most 80 for the 1.5B
+    preset (154 / 124 before it). The exact counts, so a change that adds a dispatch fails here: 1 embedding,
+    per layer q|k|v + RoPE + KV write, attention, o + merge + the previous FFN's partials, then the FFN in one
+    dispatch (the last layer: gate|up and down, since the LM head reads a whole x), the LM head, argmax."""
+    for model, layers, count in (("smollm2-135m-instruct", 30, 124), ("synthetic-1.5b", 24, 100)):
+        for subgroups in (True, False):
+            rows = geo.decode_step("gpu", 1024, subgroups, model=model)
+            assert geo.totals(rows)["count"] == count == 1 + (layers - 1) * 4 + 5 + 2, (model, subgroups)
+    assert geo.main(["--json", "--kernels", "gpu", "--context", "1024", "--model", "synthetic-1.5b"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["count"], sum(r["slot"] == "ffn" for r in out["dispatches"])) == (100, 23)
 
 
 def test_cli_prints_json(capsys):
@@ -96,11 +115,12 @@ def test_synthetic_1_5b_preset_decode_step_counts_its_24_layers_in_q4_K():
     """--model synthetic-1.5b: the device runs' larger model (hidden 2,048, 24 layers, 32 query / 8 KV heads, Q4_K
     everywhere) through the same plan: embedding, 5 a layer, the LM head (the final norm fused) and argmax."""
     rows = geo.decode_step("gpu", 1024, model="synthetic-1.5b")
-    assert geo.totals(rows) == {"count": 1 + 24 * 5 + 2, "min_hot_invocations": 88 * 128}  # the attention
-    assert _linear(rows)[:4] == [("matvec_gpu_sg_q4_K_rope_kv", "lin_qkv", 384 * 64),
-                                 ("matvec_gpu_sg_q4_K_merge", "lin_h", 256 * 64),
-                                 ("matvec_gpu_sg_q4_K", "lin_ffn", 2048 * 64),
-                                 ("matvec_gpu_sg_q4_K", "lin_down", 256 * 64)]
+    # 5 a layer but 4 where the FFN is one dispatch (all layers but the last)
+    assert geo.totals(rows) == {"count": 1 + 24 * 5 + 2 - 23, "min_hot_invocations": 32 * 256}  # the FFN
+    assert _linear(rows)[:2] == [("matvec_gpu_sg_q4_K_rope_kv", "lin_qkv", 384 * 64),
+                                 ("matvec_gpu_sg_q4_K_merge", "lin_h", 256 * 64)]
+    assert rows[4] == {"kernel": "ffn_gpu_sg_q4_K_q4_K", "slot": "ffn", "workgroup_size": 256,
+                       "workgroups": [32, 1, 1], "invocations": 32 * 256}  # 256 blocks, 8 a workgroup
     assert rows[0]["kernel"] == "embedding_q4_K"
     with pytest.raises(ValueError, match="model must be one of"):
         geo.decode_step("gpu", 1024, model="smollm2-1.7b")

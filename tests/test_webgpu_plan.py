@@ -72,6 +72,24 @@ def test_program_has_one_pass_per_phase_and_8_or_9_dispatches_per_layer():
     assert attn[1].bindings[1] == "k1" and attn[1].constants is None
 
 
+def test_a_long_prefill_walks_its_keys_in_passes_of_512():
+    """The cpu family's prefill attention takes one dispatch per 512 keys of the longest context (32 blocks of
+    16), the passes after the first resuming from the states they keep in act; decode and the gpu family take one."""
+    b = fake_backend()
+    kv = b.kv_kernels
+    assert kv.prefill.pass_blocks == 32 and dict(kv.prefill.constants)["PASS_BLOCKS"] == 32
+    assert [kv.prefill_passes(np.array([5, n])) for n in (512, 513, 1024, 1783)] == [1, 2, 2, 4]
+    assert PlanKey.of(2, 2, prefill_passes=4) == PlanKey.of(2, 2)  # decode: no prefill passes
+    attn = [d for d in layer_program(b, PlanKey.of(24, 3, prefill_passes=3))[0] if d.slot == "attn"]
+    assert [d.shader for d in attn] == ["paged_prefill_attention"] + ["paged_prefill_attention_resume"] * 2 + [
+        "paged_prefill_attention"] + ["paged_prefill_attention_resume"] * 2  # two layers
+    assert {d.bindings[8] for d in attn} == {"act"} and {d.bindings[7] for d in attn} == {"attn"}
+    gpu = fake_backend("gpu")
+    assert gpu.kv_kernels.prefill.pass_blocks == 0 and gpu.kv_kernels.prefill_passes(np.array([4096])) == 1
+    attn = [d for d in layer_program(gpu, PlanKey.of(24, 3))[0] if d.slot == "attn"]
+    assert [d.shader for d in attn] == ["paged_prefill_attention_gpu"] * 2 and 8 not in attn[0].bindings
+
+
 def test_a_shaped_draw_shapes_the_logits_then_draws_then_counts():
     b = fake_backend("gpu", subgroups=True)
     plain = layer_program(b, PlanKey.of(2, 2, sampled=True))[-1]
@@ -110,22 +128,41 @@ def test_step_slots_grids_and_uniforms():
 def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
     b = fake_backend("gpu", subgroups=True)
     decode = layer_program(b, PlanKey.of(1, 1))
-    assert len(decode[0]) == 1 + 2 * 5  # the gpu family's fused decode layer
-    layer = [(d.shader, d.constants) for d in decode[0][1:6]]
+    # the gpu family's fused decode layers: 4 dispatches for layer 0 (its FFN one: ffn_gpu_main.wgsl), 5 for the
+    # last, whose down adds into x itself (the LM head reads a whole x)
+    assert len(decode[0]) == 1 + 4 + 5
+    layer = [(d.shader, d.constants) for d in decode[0][1:10]]
     rope_kv = (("HEAD_DIM", 16), ("Q_ROWS", 64), ("KV_ROWS", 32), ("KV_OUT", 1),
                ("BLOCK_TOKENS", 16), ("HEAD_MAJOR", 1))
     assert layer == [
         ("matvec_gpu_sg_q4_1_rope_kv", (("WORKGROUP_SIZE", 64), ("NORM", 1), *rope_kv)),  # bias, RoPE, KV write
         ("paged_attention_gpu_sg", None),
         ("matvec_gpu_sg_q4_1_merge", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1), ("HEAD_DIM", 16))),  # the merge
+        # ffn 128: 4 blocks of down's rows, one a workgroup (SLICE_VEC4 8), 4 partials
+        ("ffn_gpu_sg_q4_1_q4_1", (("WORKGROUP_SIZE", 256), ("NORM", 1), ("ROW_GROUPS", 4), ("SLICE_VEC4", 8))),
+        # layer 1 reads x + layer 0's 4 partials, and its output projection adds them into x
+        ("matvec_gpu_sg_q4_1_rope_kv", (("WORKGROUP_SIZE", 64), ("NORM", 1), *rope_kv, ("SPLIT_PARTS", 4))),
+        ("paged_attention_gpu_sg", None),
+        ("matvec_gpu_sg_q4_1_merge", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1), ("HEAD_DIM", 16),
+                                      ("SPLIT_PARTS", 4))),
         ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("NORM", 1), ("SWIGLU", 1))),
         ("matvec_gpu_sg_q4_1", (("WORKGROUP_SIZE", 64), ("ACCUMULATE", 1)))]
-    qkv, _, o = decode[0][1:4]
+    qkv, _, o, ffn = decode[0][1:5]
     assert qkv.bindings[2:] == ("x", "q") and qkv.extra == (
         (8, "positions"), (9, "cos_sin"), (10, "zero_bias"), (11, "slot_mapping"), (12, "k0"), (13, "v0"))
     assert o.bindings[2:] == ("attn", "x") and o.extra == (
         (8, "context_lens"), (9, "part_acc"), (10, "part_stats"),
         (11, ("params", SLOT_INDEX["reduce"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)))  # the reduce slot's words
+    # gate | up's parts, x's buffer as its y (x's rows, then the partials; binding 2 unused), the uniform at 4;
+    # down's parts at 16, 17 (the down_ decoder instance)
+    assert (ffn.bindings, ffn.uniform_at, ffn.extra, ffn.slot) == (
+        {0: "blk.0.ffn_gate_up.weight.qs", 1: "blk.0.ffn_gate_up.weight.d", 3: "x"}, 4,
+        ((16, "blk.0.ffn_down.weight.qs"), (17, "blk.0.ffn_down.weight.d")), "ffn")
+    ffn_grids, ffn_params = step_slots(b, StepShape(2, 2, 1, 1, 1, True))
+    assert ffn_grids[SLOT_INDEX["ffn"]].tolist() == [4, 2, 1]  # (partials, tokens)
+    ffn_words = ffn_params[SLOT_INDEX["ffn"] * PARAM_SLOT_BYTES:][:16]  # lin_ffn's: gate | up's rows, cols, tokens
+    assert ffn_words[:12].view(np.uint32).tolist() == [256, 64, 2] and ffn_words[12:].view(np.float32)[0] == 1e-5
+    assert not any(d.shader.startswith("ffn") for d in layer_program(b, PlanKey.of(2, 1))[0])  # decode only
     assert [d.shader for d in decode[1]] == ["rmsnorm", "matvec_gpu_sg_q8_0", "argmax_gpu"]  # logits come back
     # a greedy step: the LM head runs the final norm (its gain bound at 8, eps in its uniform) and leaves each
     # workgroup's best row for argmax_gpu; no rms_s dispatch
@@ -141,7 +178,7 @@ def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
     qkv, write = layer_program(int8, PlanKey.of(1, 1))[0][1:3]
     assert dict(qkv.constants)["KV_OUT"] == 2 and qkv.extra[4:] == ((12, "k"), (13, "v"))
     assert (write.shader, write.bindings) == ("kv_write", ("k", "v", "slot_mapping", "k0", "v0"))
-    assert len(layer_program(int8, PlanKey.of(1, 1))[0]) == 1 + 2 * 6
+    assert len(layer_program(int8, PlanKey.of(1, 1))[0]) == 1 + 5 + 6  # layer 0's FFN in one dispatch
     prefill = layer_program(fake_backend("gpu"), PlanKey.of(24, 3))
     assert [(d.shader, d.constants) for d in prefill[0][1:10]] == [
         ("rmsnorm", (("WORKGROUP_SIZE", 64),)), ("matmul_gpu_q4_1", (("WORKGROUP_SIZE", 64), ("ROW_GROUPS", 8))),
@@ -154,8 +191,9 @@ def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
     wide = step_slots(b, StepShape(40, 3, 1, 1, 1, False))[0]  # tiles of 64 rows x 32 tokens
     assert wide[SLOT_INDEX["lin_qkv"]].tolist() == [2, 2, 1] and wide[SLOT_INDEX["lin_ffn"]].tolist() == [4, 2, 1]
     f16 = layer_program(fake_backend("gpu", subgroups=False, shader_f16=True), PlanKey.of(1, 1))
-    assert [d.shader for d in f16[0][1:6:2]] + [f16[1][1].shader] == [  # where the device has shader-f16
-        "matvec_gpu_f16_q4_1_rope_kv", "matvec_gpu_f16_q4_1_merge", "matvec_gpu_f16_q4_1", "matvec_gpu_f16_q8_0"]
+    assert [d.shader for d in f16[0][1:5:2]] + [f16[0][4].shader, f16[0][8].shader, f16[1][1].shader] == [
+        "matvec_gpu_f16_q4_1_rope_kv", "matvec_gpu_f16_q4_1_merge",  # where the device has shader-f16
+        "ffn_gpu_f16_q4_1_q4_1", "matvec_gpu_f16_q4_1", "matvec_gpu_f16_q8_0"]
     grids, _ = step_slots(b, StepShape(1, 1, 1, 1, 1, True))
     assert grids[SLOT_INDEX["lin_qkv"]].tolist() == [16, 1, 1]  # one workgroup per 8 of the 128 rows
     # decode attention: a workgroup per (sequence, partition, kv head's 2 query heads); 3 partitions: merged
@@ -218,7 +256,7 @@ def test_a_projection_with_its_own_tuned_matvec_threads_gets_them():
     b.gpu_shapes = replace(b.gpu_shapes, matvec_whole=("lin_ffn",))
     decode = layer_program(b, PlanKey.of(1, 1))
     whole = {d.slot for p in decode for d in p if dict(d.constants or ()).get("WHOLE_BLOCKS")}
-    assert whole == {"lin_ffn"}
+    assert whole == {"lin_ffn", "ffn"}  # the fused FFN's gate | up: lin_ffn's rows, K and 64 lanes a group
 
 
 def test_whole_blocks_apply_where_they_add_no_trip_along_k():

@@ -138,7 +138,7 @@ async def prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim,
     k_ref, v_ref = ref.kv_write_ref(k_cache, v_cache, k_new, v_new, slots)
     want = ref.paged_prefill_attention_ref(query, k_ref, v_ref, tables, starts, np.array(lengths),
                                            1 / math.sqrt(head_dim), window or None)
-    return errors(got, want)
+    return {**errors(got, want), "passes": kk.prefill_passes(np.array(lengths))}
 
 
 async def kv_write_case(seed, lengths, block_size, dtype, n_kv, head_dim):

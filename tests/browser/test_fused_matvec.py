@@ -49,6 +49,8 @@ def test_rope_kv_epilogue_writes_q_and_the_cache_slots(worker, tree):
         f"case_rope_kv('f32', [12], [31], seed=7, n_heads=4, n_kv=2, head_dim=16, block_tokens=8, tree={tree})",
         # the blocks token-major (the layout before head-major blocks; the kernels' benchmark row ":token")
         f"case_rope_kv('f16', [5, 40], [17, 90], seed=8, head_major=False, tree={tree})",
+        # x read with the previous layer's 3 fused-FFN partials (SPLIT_PARTS)
+        f"case_rope_kv('f16', [9, 300], [120, 17], seed=9, split_parts=3, tree={tree})",
     ])
     for r in results:
         assert_close(r["q"])
@@ -66,10 +68,30 @@ def test_merge_prologue_merges_the_partitions(worker, tree):
         f"case_merge([1000], seed=1, block_size=16, partition_blocks=8, tree={tree})",  # 8 partitions, SmolLM2
         f"case_merge([30, 200], seed=2, tree={tree})",  # one partition (x read as is), then 7
         f"case_merge([65, 16, 333], seed=3, block_size=8, partition_blocks=3, n_heads=4, head_dim=16, tree={tree})",
+        f"case_merge([30, 200], seed=4, split_parts=5, tree={tree})",  # the residual with 5 FFN partials
     ])
-    assert [r["parts"] for r in results] == [[8], [1, 7], [3, 1, 14]]
+    assert [r["parts"] for r in results] == [[8], [1, 7], [3, 1, 14], [1, 7]]
     for r in results:
         assert_close(r)
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["subgroups", "tree"])
+def test_one_dispatch_ffn_partials_add_up_to_down_of_the_swiglu_activations(worker, tree):
+    """ffn_gpu_main.wgsl: the activations the SWIGLU matvec computes (same rows8, same bits), times the
+    matching columns of down, one partial per workgroup: their sum is down @ act on the matvec bounds; a
+    second decoder of another type (q6_K down beside q4_K gate | up: the `down_` instance), a last slice
+    past ffn (ffn 544 = 17 blocks in slices of 1), GeGLU."""
+    results = run(worker, [
+        f"case_ffn('q4_1', 'q4_1', 1, seed=1, hidden=576, ffn=1536, tree={tree})",  # SmolLM2: 48 blocks, 2 a slice
+        f"case_ffn('q8_0', 'q8_0', 2, seed=2, hidden=64, ffn=544, gelu=True, tree={tree})",
+        f"case_ffn('q4_K', 'q6_K', 2, seed=3, tree={tree})",
+    ])
+    assert [(r["shader"].split("_", 2)[-1], r["parts"]) for r in results] == [
+        (("sg_" if not tree else "") + "q4_1_q4_1", 24), (("sg_" if not tree else "") + "q8_0_q8_0", 17),
+        (("sg_" if not tree else "") + "q4_K_q6_K", 16)]
+    for r in results:
+        assert_close(r)
+        assert r["argmax"][0] == r["argmax"][1] and r["x_kept"], r
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["subgroups", "tree"])

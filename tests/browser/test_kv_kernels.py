@@ -153,6 +153,19 @@ def test_paged_prefill_attention_with_cached_prefixes_matches_reference(page, he
         assert r["shape"] == [sum(n for _, n in want_chunks), n_heads, d], call
 
 
+def test_cpu_prefill_walks_long_prefixes_in_passes_of_512_keys(page):
+    # Contexts of 1,109 (3 passes of 32 blocks), 513 (2) and 30 keys in one batch, Gemma 3's heads (4 x 256 over
+    # one kv head, the _wide variant) and SmolLM2's, the 512-key window too: each pass resumes the state the one
+    # before left, and tiles that finish early wait out the rest (paged_prefill_attention_main.wgsl).
+    chunks = [(1100, 9), (500, 13), (0, 30)]
+    calls = [f"prefill_case({50 + i}, {chunks}, 16, {dtype!r}, {h}, {kv}, {d}, window={window})"
+             for i, (h, kv, d, dtype, window) in enumerate([(4, 1, 256, "f16", 0), (4, 1, 256, "f32", 512),
+                                                             (*SMOLLM2, "f32", 0)])]
+    for call, r in zip(calls, run(page, calls)):
+        assert r["max_abs"] <= PREFILL_MAX_ABS and r["rel"] <= PREFILL_REL, (call, r)
+        assert r["passes"] == 3 and r["shape"][0] == 52, call
+
+
 def test_bad_block_table_is_refused_before_the_gpu_runs(page):
     with pytest.raises(Exception, match=r"block ids must lie in \[0, 8\)"):
         page.py("await decode_bad_table()")

@@ -52,7 +52,8 @@ def refuse_unsupported(config: ModelConfig) -> None:
 
 
 UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_wide", "paged_attention_gpu", "paged_attention_gpu_sg",
-                "paged_prefill_attention", "paged_prefill_attention_wide", "paged_prefill_attention_gpu")
+                "paged_prefill_attention", "paged_prefill_attention_wide", "paged_prefill_attention_gpu",
+                "paged_prefill_attention_resume", "paged_prefill_attention_wide_resume")
 
 
 class WebGpuBackend:
@@ -318,7 +319,7 @@ class WebGpuBackend:
                     pipeline = await self.ctx.kernel(d.shader, dict(d.constants), d.entry)
                 bindings = dict(d.bindings) if isinstance(d.bindings, dict) else dict(enumerate(d.bindings))
                 # The attention kernels keep their uniform at binding 5 (paged_kv_read.wgsl).
-                uniform_at = 5 if d.shader in UNIFORM_AT_5 else len(bindings)
+                uniform_at = d.uniform_at or (5 if d.shader in UNIFORM_AT_5 else len(bindings))
                 bindings[uniform_at] = (params, SLOT_INDEX[d.slot] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
                 bindings.update(d.extra)
                 recorded.append((pipeline, self.ctx.bind(pipeline, bindings)))
@@ -369,7 +370,8 @@ class WebGpuBackend:
                                     or len(shaping.bias) > self.max_num_seqs * MAX_LOGIT_BIAS):
             raise ValueError(f"shaping needs draws and ({n}, 8) rows with at most {MAX_LOGIT_BIAS} bias pairs a "
                              f"row, got rows {shaping.rows.shape}, {len(shaping.bias)} pairs")
-        key = PlanKey.of(t, n, sampled=draws is not None, greedy=greedy, shaped=shaping is not None)
+        key = PlanKey.of(t, n, sampled=draws is not None, greedy=greedy, shaped=shaping is not None,
+                         prefill_passes=self.kv_kernels.prefill_passes(batch.context_lens))
         greedy = greedy or draws is not None  # ids come back either way
         plan = await self._plan(key)
         qsl = batch.query_start_loc  # (S + 1,)

@@ -93,7 +93,7 @@ class ShaderLibrary:
             if variant is None:
                 self._sources[name] = await self._file(name)
             else:
-                self._sources[name] = variant.compose(name, [await self.source(part) for part in variant.parts])
+                self._sources[name] = variant.compose(name, [await self.source(part) for part in variant.all_parts])
         return self._sources[name]
 
     async def _file(self, name: str) -> str:

@@ -9,9 +9,9 @@ builders.
 Pure CPython, no GPU: records the step the way WebGpuBackend does (plan.layer_program with the family's
 kernels, plan.step_slots for the grids) over placeholder buffers, and lists per dispatch the kernel, its
 workgroup size, workgroup grid and invocations (grid x workgroup size), then the totals: dispatches, and
-the fewest invocations of a hot dispatch (matvec, matmul, attention). What a real GPU is given to fill; the gpu
+the fewest invocations of a hot dispatch (matvec, matmul, fused FFN, attention). What a real GPU is given to fill; the gpu
 family exists to raise the matvec / matmul and decode attention rows (issue 18) and to launch few dispatches
-(issue 30: 5 a decode layer with f32 / f16 KV).
+(issue 30: 5 a decode layer with f32 / f16 KV; issue 50: 4 where the FFN is one dispatch, ffn_gpu_main.wgsl).
 """
 from __future__ import annotations
 
@@ -73,11 +73,11 @@ def prefill_step(kernels: str, tokens: int, subgroups: bool = True, model: str =
     return _step(kernels, tokens, tokens, subgroups, model, kv_dtype)
 
 
-HOT = ("matvec", "matmul", "paged_attention", "paged_prefill_attention")  # kernel name prefixes
+HOT = ("matvec", "matmul", "ffn_gpu", "paged_attention", "paged_prefill_attention")  # kernel name prefixes
 
 
 def totals(rows: list[dict]) -> dict:
-    """Dispatches of a step and the fewest invocations of its hot ones (matvec, matmul, attention)."""
+    """Dispatches of a step and the fewest invocations of its hot ones (matvec, matmul, fused FFN, attention)."""
     return {"count": len(rows),
             "min_hot_invocations": min(r["invocations"] for r in rows if r["kernel"].startswith(HOT))}
 
@@ -95,7 +95,7 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, model: s
     ctx = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": MAX_WORKGROUPS_PER_DIM}))
     kv = KVKernels(ctx, layout, config.n_heads, family=kernels, subgroups=subgroups)
     kv_sizes = {name: size for name, _, _, size in kv.decode.specs}  # the KV kernels' workgroup sizes
-    kv_sizes[kv.prefill.name] = kv.prefill.workgroup
+    kv_sizes[kv.prefill.name] = kv_sizes[kv.prefill_resume] = kv.prefill.workgroup
     kv_sizes["kv_write"] = layout.kv_write_workgroup or kv.workgroup_size
     caches = [SimpleNamespace(k=f"k{i}", v=f"v{i}") for i in range(config.n_layers)]
     # one KV group (neither model has window layers): every layer its own buffers, the whole block tables / slot
@@ -117,7 +117,8 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, model: s
                       partition_blocks=part_blocks)
     grids, _ = step_slots(b, shape)  # (slots, 3)
     rows = []
-    for dispatches in layer_program(b, PlanKey.of(new_tokens, 1, greedy=True)):  # a greedy step: ids come back
+    key = PlanKey.of(new_tokens, 1, greedy=True, prefill_passes=kv.prefill.passes(used))  # greedy: ids come back
+    for dispatches in layer_program(b, key):
         for d in dispatches:
             grid = tuple(int(g) for g in grids[SLOT_INDEX[d.slot]])
             if grid[0] == 0:  # skipped this step (the reduce of a single partition)
@@ -150,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"model": args.model, "kernels": args.kernels, "kv_dtype": args.kv_dtype,
                           **step, **totals(rows), "dispatches": rows}, indent=1))
         return 0
-    print(f"{'kernel':<26} {'slot':<10} {'wg size':>7} {'workgroups':>16} {'invocations':>11}")
+    print(f"{'kernel':<35} {'slot':<10} {'wg size':>7} {'workgroups':>16} {'invocations':>11}")
     for r in rows:
-        print(f"{r['kernel']:<26} {r['slot']:<10} {r['workgroup_size']:>7} {str(tuple(r['workgroups'])):>16} "
+        print(f"{r['kernel']:<35} {r['slot']:<10} {r['workgroup_size']:>7} {str(tuple(r['workgroups'])):>16} "
               f"{r['invocations']:>11,}")
     t = totals(rows)
-    print(f"{t['count']} dispatches; the smallest hot one (matvec, matmul, attention) launches "
+    print(f"{t['count']} dispatches; the smallest hot one (matvec, matmul, FFN, attention) launches "
           f"{t['min_hot_invocations']:,} invocations")
     return 0
 

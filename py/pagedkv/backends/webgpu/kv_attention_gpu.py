@@ -25,6 +25,12 @@ PREFILL_TILE_VALUES, PREFILL_MAX_KEYS = 1024, 32  # its staged K/V tile: KEYS * 
 # partition at least MIN_PARTITION_TOKENS (half a 128-key tile) and at most MAX_PART_BLOCKS blocks.
 SPLIT_WORKGROUPS = 96
 MIN_PARTITION_TOKENS = 64
+# The cpu family's prefill attention walks at most this many keys of a tile per dispatch (then resumes in the next:
+# paged_prefill_attention_main.wgsl's passes), so one invocation's work is bounded whatever the context. Bounded
+# work keeps a long prefix from tripping a GPU's watchdog, and is what lavapipe needs to be right at all: llvmpipe
+# ends every loop once an invocation has taken 65,535 loop back-edges in all, and at head_dim 256 a key costs about
+# 39 of them (107 at block size 1), so 512 keys stay under the cap for every block size and head width here.
+PREFILL_PASS_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,11 @@ class PrefillKernel:
     workgroup: int
     query_tile: int
     constants: tuple
+    pass_blocks: int = 0  # blocks a tile's walk covers per dispatch (cpu family); 0: the whole walk in one
+
+    def passes(self, max_blocks: int) -> int:
+        """Dispatches of prefill attention for a step whose longest context spans max_blocks blocks."""
+        return max(1, -(-max_blocks // self.pass_blocks)) if self.pass_blocks else 1
 
     def invocations(self, num_tiles: int, n_heads: int, head_tile: int) -> int:
         """Invocations for num_tiles query tiles (over all sequences) of every head."""
@@ -111,12 +122,15 @@ class PrefillKernel:
         return num_tiles * (n_heads // head_tile) * self.workgroup  # a workgroup per (tile, head tile)
 
 
-def prefill_kernel(family: str, head_tile: int, head_dim: int, query_tile: int, cpu_workgroup: int) -> PrefillKernel:
-    """Prefill attention of kernel `family`: the cpu family's takes query_tile new tokens per invocation; the
-    gpu family's as many as fill PREFILL_ROWS rows with head_tile heads each."""
+def prefill_kernel(family: str, head_tile: int, head_dim: int, query_tile: int, cpu_workgroup: int,
+                   block_size: int) -> PrefillKernel:
+    """Prefill attention of kernel `family`: the cpu family's takes query_tile new tokens per invocation and walks
+    PREFILL_PASS_TOKENS keys per dispatch; the gpu family's as many as fill PREFILL_ROWS rows with head_tile heads
+    each."""
     if family == "cpu":
+        pass_blocks = max(1, PREFILL_PASS_TOKENS // block_size)
         return PrefillKernel("cpu", "paged_prefill_attention" + cpu_heads(head_dim), cpu_workgroup, query_tile,
-                             (("SLOTS", query_tile),))
+                             (("SLOTS", query_tile), ("PASS_BLOCKS", pass_blocks)), pass_blocks)
     # A lane adds four vec4 columns of one row: 16 rows cover head_dim 128, wider heads take fewer rows (and their
     # staged queries stay within WebGPU's 16 KiB of workgroup memory).
     rows = PREFILL_ROWS * 128 // max(head_dim, 128)

@@ -110,7 +110,8 @@ class KVKernels:
         if query_tile not in (1, 2, 3, 4):
             raise ValueError(f"query_tile must be 1..4 (new tokens per prefill invocation), got {query_tile}")
         # the gpu family's prefill sets its own new tokens per tile (query_tile is the cpu family's)
-        self.prefill = prefill_kernel(self.decode.family, head_tile, layout.head_dim, query_tile, workgroup_size)
+        self.prefill = prefill_kernel(self.decode.family, head_tile, layout.head_dim, query_tile, workgroup_size,
+                                      layout.block_size)
         self.query_tile = self.prefill.query_tile
         self.pipelines: dict[str, object] = {}
 
@@ -128,6 +129,10 @@ class KVKernels:
                                 (self.prefill.name, dict(consts, **dict(self.prefill.constants),
                                                          WORKGROUP_SIZE=self.prefill.workgroup))):
             self.pipelines[name] = await self.ctx.kernel(name, constants)
+        if self.prefill.pass_blocks:  # the passes after a long walk's first (paged_prefill_attention_main.wgsl)
+            self.pipelines[self.prefill_resume] = await self.ctx.kernel(
+                self.prefill.name, dict(consts, **dict(self.prefill.constants), WORKGROUP_SIZE=self.prefill.workgroup,
+                                        RESUME=True))
         (attn, shader, entry, size), (reduce, reduce_shader, reduce_entry, reduce_size) = self.decode.specs
         self.pipelines[attn] = await self.ctx.kernel(
             shader, dict(consts, SLOTS=self.head_tile, WORKGROUP_SIZE=size), entry_point=entry)
@@ -156,6 +161,16 @@ class KVKernels:
         d = self.decode
         work, merge = d.invocations(num_seqs, max_parts, self.n_heads, self.head_tile, self.layout.head_dim)
         return self.workgroups(work, d.attention_workgroup), self.workgroups(merge, d.reduce_workgroup)
+
+    @property
+    def prefill_resume(self) -> str:
+        """The pipelines key of the cpu family's prefill passes after the first."""
+        return self.prefill.name + "_resume"
+
+    def prefill_passes(self, context_lens: np.ndarray) -> int:
+        """Dispatches of prefill attention for contexts of context_lens tokens: 1 unless a walk is longer than a
+        pass (PrefillKernel.pass_blocks)."""
+        return self.prefill.passes(-(-int(np.max(context_lens)) // self.layout.block_size))
 
     def prefill_grid(self, num_tiles: int) -> tuple[int, int, int]:
         """Workgroup grid of prefill attention over num_tiles query tiles (the family's kernel)."""
@@ -294,10 +309,13 @@ class KVKernels:
         with Temporaries(self.ctx) as tmp:
             buffers = self._attention_inputs(cache, query, tables, lens, max_parts, scale, tmp, window)
             out = tmp.scratch(query.shape[0] * self.n_heads * self.layout.head_dim * 4, "out")
-            pipeline = self.pipelines[self.prefill.name]
             starts = tmp.u32(np.stack([starts, tile_starts]), "starts")  # (2, num_seqs + 1)
-            group = self.ctx.bind(pipeline, buffers + [starts, out])
-            return Prepared([(pipeline, group, groups)], out, query.shape, tmp)
+            buffers += [starts, out]
+            if self.prefill.pass_blocks:  # (num_tokens, n_heads) vec4 states between passes
+                buffers.append(tmp.scratch(query.shape[0] * self.n_heads * 16, "prefill_state"))
+            names = [self.prefill.name] + [self.prefill_resume] * (self.prefill_passes(lens) - 1)
+            dispatches = [(self.pipelines[n], self.ctx.bind(self.pipelines[n], buffers), groups) for n in names]
+            return Prepared(dispatches, out, query.shape, tmp)
 
     # ------------------------------------------------------------------ one-shot calls
 

@@ -20,7 +20,7 @@ from .fused import bias_member, fused_member, stacked_nbytes, stacks
 from .kv_kernels import PARTITION_TOKENS
 from .kv_layout import GpuKVLayout
 from .kv_pool import SWAP_CHUNK_BLOCKS
-from .plan import PARAM_SLOT_BYTES, SLOTS, rope_table_label, rope_tables
+from .plan import PARAM_SLOT_BYTES, SLOTS, ffn_split, rope_table_label, rope_tables
 from .weight_upload import ROW_SPLIT, row_chunks
 
 TEMP_SLACK_BYTES = 4096  # ids / params uniforms of one swap or copy call
@@ -105,7 +105,9 @@ def scratch_buffers(cfg: ModelConfig, *, block_size: int, max_num_batched_tokens
         # (context, head_dim / 2, 2) each: one cos / sin table per distinct rotary of the layers (rope_tables)
         *((rope_table_label(i), cfg.context_length * cfg.head_dim * f32, "scratch")
           for i in range(len(rope_tables(cfg)[0]))),
-        ("x", t * cfg.hidden * f32, "scratch"), ("h", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
+        # (T, hidden), then a decode step's fused-FFN partials (parts, S, hidden): ffn_gpu_main.wgsl
+        ("x", (t + s * ffn_split(cfg.ffn)[1]) * cfg.hidden * f32, "scratch"),
+        ("h", t * cfg.hidden * f32, "scratch"),  # (T, hidden)
         ("qkv", t * (q + 2 * cfg.kv_dim) * f32, "scratch"),  # (T, n_heads*hd + 2 kv_dim)
         *([] if cfg.attention_bias else [("zero_bias", (q + 2 * cfg.kv_dim) * f32, "scratch")]),
         ("q", t * q * f32, "scratch"), ("attn", t * q * f32, "scratch"),  # (T, n_heads*hd)

@@ -31,14 +31,34 @@ from ...kernels.ref_ops import layer_inv_freq, model_inv_freq
 from ...model.config import ModelConfig
 from . import model_kernels as ops
 from .fused import member_names
+from .shader_variants import FFN_DOWN_BINDINGS, VARIANTS, ffn_gpu_shader
 
 PARAM_SLOT_BYTES = 256  # minUniformBufferOffsetAlignment
 SLOTS = ("embedding", "rms_t", "lin_h", "lin_qkv", "lin_ffn", "lin_down", "rope", "kv_write", "attn", "reduce",
          "rms_s", "lm_head", "argmax", "lin_q", "lin_kv", "lin_gate",  # lin_q..lin_gate: members not stacked (fused.py)
          "sample", "sample_shape", "sample_post",
          "rope_qk", "attn_window",  # rope with the per-head q / k norm; the window layers' attention
-         "lm_head_last")  # the last row part of an LM head split across bindings (weight_upload.row_chunks)
+         "lm_head_last",  # the last row part of an LM head split across bindings (weight_upload.row_chunks)
+         "ffn")  # a decode layer's gate | up and down in one dispatch (ffn_gpu_main.wgsl): lin_ffn's uniform
 SLOT_INDEX = {name: i for i, name in enumerate(SLOTS)}
+# At most this many split-K partials of a fused FFN's down projection (ffn_split): every workgroup of the next
+# q | k | v matvec reads them all for its row of x (SmolLM2: 24 x 576 floats, the 1.5B preset: 32 x 2,048).
+MAX_FFN_PARTS = 32
+# The fused FFN's workgroup: 4 groups of 64 lanes, each computing the 8 gate | up rows of one activation vec4 at a
+# time (ROW_GROUPS), then 256 lanes over down's rows. Fixed rather than tuned: the matvec tuner times lin_ffn's
+# 8-row workgroups, whose best shape says little about a workgroup that owns a whole slice.
+FFN_WORKGROUP, FFN_ROW_GROUPS = 256, 4
+# Its slice's activations stay in workgroup memory beside the reduction's 12 KiB (256 lanes): at most 2 KiB, so the
+# kernel fits WebGPU's default 16 KiB (an FFN wider than 16,384 keeps two dispatches: 32 partials of 16 blocks)
+MAX_SLICE_VEC4 = 128
+
+
+def ffn_split(ffn: int) -> tuple[int, int]:
+    """(activation vec4s a fused-FFN workgroup computes, workgroups = partials) for an FFN of `ffn` activations:
+    whole 32-blocks of down's row each, as few blocks as keep the partials at most MAX_FFN_PARTS."""
+    blocks = ffn // ops.QK
+    per = -(-blocks // MAX_FFN_PARTS)  # 8 activation vec4s a block: a multiple of FFN_ROW_GROUPS
+    return 8 * per, -(-blocks // per)
 
 
 @dataclass(frozen=True)
@@ -51,12 +71,14 @@ class PlanKey:
     sampled: bool = False  # the next tokens are drawn on the GPU (sample.wgsl), not argmax'd
     greedy: bool = False  # only the argmax ids come back: the gpu family's LM head matvec writes no logits
     shaped: bool = False  # sampled, from logits sample_shape.wgsl shaped first (device_draws.py)
+    prefill_passes: int = 1  # dispatches of the cpu family's prefill attention a layer (KVKernels.prefill_passes)
 
     @classmethod
     def of(cls, num_tokens: int, num_seqs: int, sampled: bool = False, greedy: bool = False,
-           shaped: bool = False) -> "PlanKey":
-        return cls(_linear_kind(num_tokens), num_tokens == num_seqs, _linear_kind(num_seqs), sampled,
-                   greedy and not sampled, sampled and shaped)
+           shaped: bool = False, prefill_passes: int = 1) -> "PlanKey":
+        decode = num_tokens == num_seqs
+        return cls(_linear_kind(num_tokens), decode, _linear_kind(num_seqs), sampled,
+                   greedy and not sampled, sampled and shaped, 1 if decode else prefill_passes)
 
 
 def _linear_kind(tokens: int) -> str:
@@ -73,6 +95,7 @@ class Dispatch:
     slot: str
     extra: tuple = ()  # (binding, buffer) pairs past the uniform: a matvec io variant's own (matvec_io_*.wgsl)
     entry: str = "main"  # the shader's entry point (rope.wgsl's main_qk_norm)
+    uniform_at: int | None = None  # the uniform slot's binding where it is not after the bindings (a skipped one)
 
 
 def rope_tables(cfg: ModelConfig) -> tuple[tuple[np.ndarray, ...], tuple[int | None, ...]]:
@@ -157,7 +180,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                      ("BLOCK_TOKENS", lay.block_size),
                      ("HEAD_MAJOR", lay.constants["HEAD_MAJOR"]),
                      *((("BLOCK_U32", lay.constants["BLOCK_U32"]),) if "BLOCK_U32" in lay.constants else ()),
-                     *((("ROTATE", 0),) if tables[i] is None else ()))
+                     *((("ROTATE", 0),) if tables[i] is None else ()), *split_parts(i))
         bias = w[p + "attn_qkv.bias"][1][0] if cfg.attention_bias else s["zero_bias"]
         k, v = (s["k"], s["v"]) if quantized else (cache.k, cache.v)
         extra = ((8, s["positions"]), (9, cos_sin(i)), (10, bias), (11, b.group_binding("slot_mapping", i)), (12, k),
@@ -171,11 +194,47 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
 
     def merge_linear(i: int, y, accumulate: bool) -> Dispatch:
         """The output projection adding into x (or writing y), the decode attention's partition merge in its
-        prologue (matvec_io_merge.wgsl, reading the step's "reduce" uniform slot)."""
+        prologue (matvec_io_merge.wgsl, reading the step's "reduce" uniform slot), and the previous layer's
+        fused-FFN partials added with the residual (SPLIT_PARTS)."""
         merge_words = (s["params"], SLOT_INDEX["reduce"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
         extra = ((8, s["context_lens"]), (9, s["part_acc"]), (10, s["part_stats"]), (11, merge_words))
         return linear(f"blk.{i}.attn_output.weight", s["attn"], y, "lin_h", tk, accumulate=accumulate,
-                      layout=(("HEAD_DIM", cfg.head_dim),), io="_merge", extra=extra)
+                      layout=(("HEAD_DIM", cfg.head_dim), *split_parts(i)), io="_merge", extra=extra)
+
+    def qkv_fused(i: int) -> bool:
+        """Layer i's q | k | v runs as one matvec with RoPE and the KV write in its epilogue: stacked, and no
+        q / k norm (the fused epilogue has none: those layers take the rope pass)."""
+        return fuse and member_names(f"blk.{i}.attn_qkv.weight")[0] not in w and not cfg.layers[i].qk_norm
+
+    def ffn_shader(i: int) -> str | None:
+        """The fused FFN kernel of decode layer i (ffn_gpu_main.wgsl), or None where the layer keeps gate | up and
+        down apart: its gate / up unstacked, a post-FFN norm, the last layer (the LM head reads a whole x), a
+        next layer whose q | k | v or output projection cannot take the partials (not fused, or a post-attention
+        norm: rmsnorm's ADD writes x), or a slice too wide for workgroup memory."""
+        p = f"blk.{i}."
+        if not (fuse and key.decode and i + 1 < cfg.n_layers and member_names(p + "ffn_gate_up.weight")[0] not in w
+                and not cfg.layers[i].post_ffn_norm and qkv_fused(i + 1)
+                and not cfg.layers[i + 1].post_attention_norm and ffn_split(cfg.ffn)[0] <= MAX_SLICE_VEC4):
+            return None
+        shader = ffn_gpu_shader(w[p + "ffn_gate_up.weight"][0], w[p + "ffn_down.weight"][0], b.subgroups,
+                                b.shader_f16)
+        return shader if shader in VARIANTS else None
+
+    def split_parts(i: int) -> tuple:
+        """SPLIT_PARTS of layer i's q | k | v and output projection: the partials layer i - 1's fused FFN left."""
+        return (("SPLIT_PARTS", ffn_split(cfg.ffn)[1]),) if i and ffn_shader(i - 1) else ()
+
+    def ffn(i: int, shader: str, act: tuple) -> Dispatch:
+        """gate | up with its RMSNorm and SwiGLU, then down split along K into partials after x's rows
+        (ffn_gpu_main.wgsl): x's buffer bound as the kernel's y only (its x binding unused), the uniform after it."""
+        shapes = b.gpu_shapes.for_slot("lin_ffn")
+        constants = ops.linear_constants(FFN_WORKGROUP, norm=True, row_groups=FFN_ROW_GROUPS,
+                                         whole_blocks=shapes.matvec_whole_blocks)
+        dtype, parts = w[f"blk.{i}.ffn_gate_up.weight"]
+        down = w[f"blk.{i}.ffn_down.weight"][1]
+        return Dispatch(shader, (*constants, ("SLICE_VEC4", ffn_split(cfg.ffn)[0]), *act),
+                        {**dict(enumerate(parts)), len(parts) + 1: s["x"]}, "ffn",
+                        tuple((FFN_DOWN_BINDINGS + j, buffer) for j, buffer in enumerate(down)), uniform_at=len(parts) + 2)
 
     def rope(i: int, spec) -> Dispatch:
         """Bias, the per-head q / k norm where the layer has one, rotary where it has one; q / k / v split."""
@@ -208,14 +267,14 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
     body = passes[0]
     tk = key.token_kernel
     # The gpu family's matvec steps fuse what runs around the projections (matvec_io_*.wgsl): 5 dispatches a
-    # decode layer with f32 / f16 KV (6 quantized), where the unfused program has 8.
+    # decode layer with f32 / f16 KV (6 quantized), where the unfused program has 8; 4 (5) where the FFN is one
+    # dispatch (ffn_shader).
     fuse = b.kernels == "gpu" and tk == "matvec" and cfg.head_dim % 8 == 0
     for i, spec in enumerate(cfg.layers):
         p = f"blk.{i}."
         # this layer's K and V buffers (its slot's in its KV group) and its group's block tables
         cache, tables_i = b.kv_pool.cache_of(i), b.group_binding("block_tables", i)
-        # q | k | v stacked, and no q / k norm (the fused epilogue has none: those layers take the rope pass)
-        if fuse and member_names(p + "attn_qkv.weight")[0] not in w and not spec.qk_norm:
+        if qkv_fused(i):
             body += qkv_rope_kv(i, cache)
         else:
             body += normed_linear(p + "attn_norm.weight", p + "attn_qkv.weight", s["qkv"], "lin_qkv")  # q | k | v
@@ -234,8 +293,16 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                 body.append(Dispatch(*kv_kernel(b.kv_kernels.decode.reduce),
                                      (s["context_lens"], s["part_acc"], s["part_stats"], s["attn"]), "reduce"))
         else:
-            body.append(Dispatch(*kv_kernel(b.kv_kernels.prefill.name),
-                                 {**dict(enumerate(common)), 6: s["starts"], 7: s["attn"]}, attn_slot))
+            kv = b.kv_kernels
+            # The cpu family's passes keep their (T, n_heads, 4) f32 states (paged_prefill_attention_main.wgsl) in
+            # act, (T, ffn): the last layer's activation is spent and this one's not yet made.
+            if kv.prefill.pass_blocks and cfg.ffn < 4 * cfg.n_heads:
+                raise ValueError(f"prefill passes keep 4 floats a head in the ffn-wide activation: ffn {cfg.ffn} < 4 x "
+                                 f"{cfg.n_heads} heads")
+            state = {8: s["act"]} if kv.prefill.pass_blocks else {}
+            for name in [kv.prefill.name] + [kv.prefill_resume] * (key.prefill_passes - 1):
+                body.append(Dispatch(*kv_kernel(name), {**dict(enumerate(common)), 6: s["starts"], 7: s["attn"],
+                                                        **state}, attn_slot))
         post_attention = "post_attention_norm" if spec.post_attention_norm else None
         if fuse and key.decode:  # x += o, the partitions merged on the way in
             body += residual(i, lambda y, acc: merge_linear(i, y, acc), post_attention)
@@ -244,6 +311,10 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                                                       accumulate=acc), post_attention)
         # act = silu(gate) * up (or gelu_tanh(gate) * up) straight from the gate / up rows (interleaved by fours)
         act = (("GELU", 1),) if spec.activation == "gelu_tanh" else ()
+        fused_ffn = ffn_shader(i)
+        if fused_ffn:  # x += down, added by the next layer's q | k | v and output projection
+            body.append(ffn(i, fused_ffn, act))
+            continue
         body += normed_linear(p + "ffn_norm.weight", p + "ffn_gate_up.weight", s["act"], "lin_ffn", swiglu=True,
                               act=act)
         body += residual(i, lambda y, acc: linear(p + "ffn_down.weight", s["act"], y, "lin_down", tk,
@@ -320,6 +391,8 @@ def step_slots(b, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
         "lin_h": linear(cfg.hidden, cfg.q_dim, t, "lin_h"),
         "lin_qkv": _with_eps(linear(cfg.q_dim + 2 * cfg.kv_dim, cfg.hidden, t, "lin_qkv"), cfg.rms_eps),
         "lin_ffn": _with_eps(linear(2 * cfg.ffn, cfg.hidden, t, "lin_ffn"), cfg.rms_eps),
+        "ffn": replace(_with_eps(linear(2 * cfg.ffn, cfg.hidden, t, "lin_ffn"), cfg.rms_eps),
+                       workgroups=(ffn_split(cfg.ffn)[1], t, 1)),  # a workgroup an FFN slice (ffn_gpu_main.wgsl)
         "lin_down": linear(cfg.hidden, cfg.ffn, t, "lin_down"),
         "lin_q": linear(cfg.q_dim, cfg.hidden, t, "lin_q"),
         "lin_kv": linear(cfg.kv_dim, cfg.hidden, t, "lin_kv"),

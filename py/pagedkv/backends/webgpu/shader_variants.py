@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .wgsl_instance import instance
+
 SUBGROUPS = "enable subgroups;"
 F16 = "enable f16;"
 
@@ -20,14 +22,31 @@ class Variant:
 
     parts: tuple[str, ...]
     enables: tuple[str, ...] = ()
+    # (prefix, parts, binding offset): a second decoder composed under a name prefix (wgsl_instance.py), before
+    # the body; its sources follow the parts' in compose()
+    instances: tuple[tuple[str, tuple[str, ...], int], ...] = ()
+
+    @property
+    def all_parts(self) -> tuple[str, ...]:
+        """The part files whose sources compose() takes, in its order: the parts, then each instance's."""
+        return (*self.parts, *(p for _, parts, _ in self.instances for p in parts))
 
     def compose(self, name: str, sources: list[str]) -> str:
-        """The WGSL of kernel `name`: the enable lines, a header naming the parts, then each part's
-        (include-expanded) source, one blank line apart."""
+        """The WGSL of kernel `name` from the (include-expanded) sources of all_parts: the enable lines, a
+        header naming the parts, then each part's source, one blank line apart, the instances renamed
+        (wgsl_instance.instance) in front of the body."""
         head = "".join(line + "\n" for line in self.enables) + ("\n" if self.enables else "")
         listed = " + ".join(f"{p}.wgsl" for p in self.parts)
+        for prefix, parts, offset in self.instances:
+            listed += f"\n// {prefix}* instance (bindings + {offset}): " + " + ".join(f"{p}.wgsl" for p in parts)
         header = f"// {name}, composed by ShaderLibrary (backends/webgpu/shader_variants.py):\n// {listed}\n"
-        return head + header + "\n" + "".join(source + "\n" for source in sources)
+        own, rest = sources[: len(self.parts)], sources[len(self.parts):]
+        renamed = []
+        for prefix, parts, offset in self.instances:
+            renamed.append(instance("\n".join(rest[: len(parts)]), prefix, offset))
+            rest = rest[len(parts):]
+        body = [*own[:-1], *renamed, own[-1]]
+        return head + header + "\n" + "".join(source + "\n" for source in body)
 
 
 # ---------------------------------------------------------------- the axes
@@ -77,6 +96,22 @@ MATVEC_IO: dict[str, str] = {"": "matvec_io", "_merge": "matvec_io_merge", "_rop
                              "_argmax": "matvec_io_argmax"}
 
 
+# ffn_gpu[_sg][_f16]_<gate|up>_<down>: a decode layer's gate | up and down in one dispatch (ffn_gpu_main.wgsl),
+# down's decoder a `down_` instance at bindings 16.. (wgsl_instance.py). The (gate | up, down) type pairs: each
+# type with itself, and llama.cpp's K-quant mixes whose down is wider (Q4_K_M, Q5_K_M: q6_K down); with the
+# f16-arithmetic decoders (`enable f16;`) where both types have one. Any other pair keeps two dispatches
+# (plan.py): every pair of 11 types would compile 242 kernels for mixes no model file has.
+FFN_DOWN_PREFIX, FFN_DOWN_BINDINGS = "down_", 16
+FFN_PAIRS = (*((t, t) for t in GPU_WEIGHTS), ("q4_K", "q6_K"), ("q5_K", "q6_K"))
+FFN_F16_TYPES = tuple(GPU_WEIGHTS_F16)
+
+
+def ffn_gpu_shader(gate_up: str, down: str, subgroups: bool, f16: bool) -> str:
+    """ffn_gpu[_sg][_f16]_<gate|up type>_<down type>: the f16 decoders only where both types have one."""
+    f16 = f16 and gate_up in FFN_F16_TYPES and down in FFN_F16_TYPES
+    return f"ffn_gpu_{'sg_' if subgroups else ''}{'f16_' if f16 else ''}{gate_up}_{down}"
+
+
 # The cpu family's attention by head width: name suffix -> the part sizing its private accumulator (a private
 # array cannot take an override's size).
 CPU_ATTENTION_HEADS: dict[str, str] = {"": "attention_heads_128", "_wide": "attention_heads_256"}
@@ -95,6 +130,12 @@ def _variants() -> dict[str, Variant]:
             for dtype, weights in GPU_WEIGHTS_F16.items():
                 table[f"matvec_gpu{sg}_f16_{dtype}{io}"] = Variant((*weights, reduce, io_part, "matvec_gpu_main"),
                                                                    (*enables, F16))
+        for f16, weights in ((False, GPU_WEIGHTS), (True, GPU_WEIGHTS_F16)):
+            for gate_up, down in FFN_PAIRS:
+                if gate_up in weights and down in weights:
+                    table[ffn_gpu_shader(gate_up, down, bool(sg), f16)] = Variant(
+                        (*weights[gate_up], reduce, "ffn_gpu_main"), (*enables, *((F16,) if f16 else ())),
+                        ((FFN_DOWN_PREFIX, weights[down], FFN_DOWN_BINDINGS),))
         table[f"paged_attention_gpu{sg}"] = Variant(("paged_kv_read", reduce, "paged_attention_gpu_main"), enables)
     for dtype in GPU_MATMUL_TYPES:
         table[f"matmul_gpu_{dtype}"] = Variant((*GPU_WEIGHTS[dtype], "matmul_gpu_main"))
