@@ -109,7 +109,10 @@ def test_a_reload_the_moment_a_reply_ends_under_load_restores_every_block_it_com
         # 74 prompt tokens and 6 generated: the engine computed 79 (all but the last sampled one), 4 full blocks;
         # the history adds the closing's 2 tokens after the 6: 82, whose first 81 tokens would be 5 blocks.
         assert (start["prompt_tokens"], turn["tokens"], turn["history_tokens"], turn["reason"]) == (74, 6, 82, "length")
-        reload(page)  # at once: the page's pagehide flush need not finish before the worker dies
+        # At once: the pagehide flush need not finish before the worker dies. The turn-end came once the disk
+        # writer had stored the reply's blocks (chat_service.DISK_SETTLE_S); before, a reload here under the hog
+        # restored none of them.
+        reload(page)
         previous = page.evaluate("document.documentElement.dataset.lastTurn || ''")
         send(page, "and the gulls?", 2)
         after = turn_end(page, previous)
