@@ -550,8 +550,9 @@ def computed_blocks(start: dict, end: dict) -> int:
     """Full blocks of KV the engine computed in a turn (its turn-start and turn-end messages): the prompt and every
     token generated but the last, which no step fed back. Not the history's (`history_tokens`): it ends with the
     template's closing of the reply (`<|im_end|>` and a newline for ChatML), which no step has computed yet (the
-    next turn's prefill does); counting them took a block those tokens complete for one the disk missed (2 of 8
-    in bench/results/soak_issue49_quick.json were such blocks)."""
+    next turn's prefill does); counting them took a block those tokens complete for one the disk missed (in a probe
+    of 16 turns under a CPU hog, the history's count showed 2 such misses where every computed block was on disk;
+    the 2 of 8 in bench/results/soak_issue49_quick.json were counted that way, and were not told apart)."""
     return (start["prompt_tokens"] + end["tokens"] - 1) // BLOCK_SIZE
 
 
