@@ -67,6 +67,8 @@ BENCHMARKS = {
     "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
     "long_chat": ["bench.long_chat"],  # full form ~1 h on SwiftShader; then `-- --cpu-reference` merges its part
     "soak": ["bench.soak"],  # the chat page under random Send / Stop / Regenerate / Delete / New chat / reload
+    # two tabs' GPU ledgers and a turn's delivery to the other tab; what a SharedWorker can use (per-tab engines' why)
+    "tab_engines": ["bench.tab_engines"],
     "kv_disk": ["bench.kv_disk"],  # TTFT after a reload, disk tier on / off
     # a 1,000-token chat: its blocks on disk at the reply's end, the flush, write MB/s, TTFT 1 s after the reply
     "kv_disk_flush": ["bench.kv_disk", "--sizes", "1000"],

@@ -15,6 +15,7 @@ from pagedkv.completions import parse_request
 from pagedkv.engine import run_sync
 from pagedkv.model_runner import ForwardBatch
 from pagedkv.sampling import SamplingParams
+from pagedkv.slices import run_slices
 
 PROMPT_IDS = [119, 260, 272, 316]  # "the cat" in the tiny vocabulary (test_api_legacy.py)
 
@@ -114,7 +115,7 @@ def test_chat_logprobs_are_log_softmax_of_the_reference_logits(engine, tiny_mode
     logprobs = out["choices"][0]["logprobs"]
     assert logprobs["refusal"] is None and set(out["choices"][0]) == {"index", "message", "logprobs", "finish_reason"}
     prompt = parse_request(body, [engine.model_id])
-    ids, rows = oracle(tiny_model, service._conversation(prompt).prompt_ids(), 8)
+    ids, rows = oracle(tiny_model, run_slices(service._conversation(prompt)).prompt_ids(), 8)
     ids = until_stop(engine, ids)
     assert len(logprobs["content"]) == len(ids) == out["usage"]["completion_tokens"]
     for entry, token, row in zip(logprobs["content"], ids, rows):

@@ -3,12 +3,10 @@ stored version is not this tab's own last write). Checkpoints are [messages, ids
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 
 import pytest
 
-import build
+from node_run import node_runner
 
 RUNNER = """
 import { mergeRecords } from "./merge.js";
@@ -45,20 +43,8 @@ def record(*turns, streaming=None, version=1, title="Chat 1", tab=None) -> dict:
 
 @pytest.fixture(scope="module")
 def merge(tmp_path_factory):
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not on PATH (npm test needs it anyway)", pytrace=False)
-    page = tmp_path_factory.mktemp("merge")
-    shutil.copy(build.ROOT / "web" / "merge.js", page / "merge.js")
-    (page / "package.json").write_text('{"type": "module"}\n')
-    (page / "run.mjs").write_text(RUNNER)
-
-    def run(base, stored, ours, tab="me"):
-        out = subprocess.run([node, "run.mjs", json.dumps([base, stored, ours, tab])], cwd=page, capture_output=True,
-                             text=True, timeout=30, check=True)
-        return json.loads(out.stdout)
-
-    return run
+    run = node_runner(tmp_path_factory, ["merge.js"], RUNNER, timeout_s=30)
+    return lambda base, stored, ours, tab="me": run(json.dumps([base, stored, ours, tab]))
 
 
 T1 = turn("hi", "hello", [10, 11])

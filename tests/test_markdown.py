@@ -4,13 +4,11 @@ the `commonmark-spec` npm package (a devDependency)."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
 import build
+from node_run import node_runner
 
 # A handful of spec examples per section, by number (spec 0.31.2). Examples the page renders differently on
 # purpose are not here: raw HTML (escaped as text), images (not made), link titles and a fence's info string
@@ -44,21 +42,8 @@ console.log(JSON.stringify({
 @pytest.fixture(scope="module")
 def render(tmp_path_factory):
     """render(numbers, texts) -> {"spec": [...], "texts": [html]}: web/markdown.js run under Node."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not on PATH (npm test needs it anyway)", pytrace=False)
-    page = tmp_path_factory.mktemp("page")
-    shutil.copy(build.ROOT / "web" / "markdown.js", page / "markdown.js")
-    build.copy_npm_page_files(build.NODE_MODULES, page)
-    (page / "package.json").write_text('{"type": "module"}\n')
-    (page / "run.mjs").write_text(RUNNER)
-
-    def run(numbers: list[int], texts: list[str]) -> dict:
-        out = subprocess.run([node, "run.mjs", str(build.NODE_MODULES), json.dumps({"numbers": numbers, "texts": texts})],
-                             cwd=page, capture_output=True, text=True, timeout=60, check=True)
-        return json.loads(out.stdout)
-
-    return run
+    run = node_runner(tmp_path_factory, ["markdown.js"], RUNNER, npm_page_files=True)
+    return lambda numbers, texts: run(str(build.NODE_MODULES), json.dumps({"numbers": numbers, "texts": texts}))
 
 
 LINK_ATTRS = ' rel="noopener noreferrer nofollow" target="_blank"'  # ours, on every link: it opens a new tab

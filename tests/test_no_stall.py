@@ -10,9 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from model_fixtures import reference_greedy, tiny_dir, tiny_model, tiny_weights  # noqa: F401  (fixtures)
+from pagedkv.api import ApiError, Engine
 from pagedkv.backends.cpu import CpuBackend
+from pagedkv.chat import Conversation
 from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.sampling import SamplingParams
+from pagedkv.slices import SLICE_CHARS, run_slices
 from pagedkv.tokenizer import Tokenizer
 
 BUDGET = 32  # tokens one step computes at most (max_num_batched_tokens)
@@ -68,3 +71,108 @@ def test_a_long_prefill_never_costs_a_decoding_stream_a_step(tiny_weights, tiny_
     assert backend.batches == [5] + [32] * 6 + [1 + 200 - 6 * 31, 2]
     assert max(backend.batches) <= BUDGET
     assert engine.request(a).output_ids[:9] == reference_greedy(tiny_model, SHORT, 12)[:9]
+
+
+def distinct_words(n: int) -> list[str]:
+    """n different lower-case words, each after a space (" abb", " bbb", ...): no word hits the tokenizer's cache,
+    so each is merged (BpeModel._bpe) once, when it is tokenized."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = []
+    for i in range(n):
+        word = ""
+        i += 26 * 27  # three letters and up
+        while i:
+            i, r = divmod(i, 26)
+            word += letters[r]
+        words.append(" " + word)
+    return words
+
+
+def test_a_big_body_is_prepared_in_slices_between_a_streams_steps(tiny_dir, monkeypatch):  # noqa: F811
+    """A valid body of ~0.5 MB (5 messages) arrives while a stream decodes: it is rendered and tokenized in slices
+    of SLICE_CHARS characters with the engine's steps between them (slices.py), so the stream gets its token at
+    every step meanwhile and never waits for more than one slice; then the body is refused for the tiny model's
+    context (256 tokens). Its text goes through the tokenizer's merges (BpeModel._bpe) word by word: the
+    characters merged between two steps are counted."""
+    engine = Engine([tiny_dir], budget_mib=16)
+    service = engine.services["tiny-random"]
+    events: list = []  # "step" per engine step, and the characters of each word merged
+    model = service.tokenizer._model
+    bpe = model._bpe
+    monkeypatch.setattr(model, "_bpe", lambda word: events.append(len(word)) or bpe(word))
+    step = engine.llm.step
+
+    async def counted_step():
+        outputs = await step()
+        events.append("step")
+        return outputs
+    monkeypatch.setattr(engine.llm, "step", counted_step)
+    words = distinct_words(100_000)
+    big = [{"role": "user", "content": "".join(words[i * 20_000:(i + 1) * 20_000])} for i in range(5)]
+    text = "".join(words)
+    expected_tokens = len(run_slices(Conversation(service.tokenizer, service.template, big).prompt_ids_slices()))
+    model._cache.clear()  # every word merged again by the request
+    events.clear()
+
+    async def run() -> tuple[list[int], ApiError]:
+        never_ends = {str(i): -100 for i in service.tokenizer.eog_ids}  # 200 tokens: it streams all along
+        stream = await engine.chat.completions.acreate(model="tiny-random", stream=True, max_tokens=200,
+                                                       temperature=0, logit_bias=never_ends,
+                                                       messages=[{"role": "user", "content": "hi"}])
+        got: list[int] = []  # the stream's tokens, one entry per chunk of text
+        started = asyncio.Event()
+
+        async def read() -> None:
+            async for piece in stream:
+                got.append(len(piece["choices"][0]["delta"].get("content") or "") if piece["choices"] else 0)
+                if len(got) == 3:
+                    started.set()
+        reader = asyncio.ensure_future(read())
+        await started.wait()
+        try:
+            await engine.chat.completions.acreate(model="tiny-random", max_tokens=2, messages=big)
+        except ApiError as err:
+            refused = err
+        reader.cancel()
+        return got, refused
+
+    _, refused = run_alone(run())
+    assert (refused.status, refused.message) == (
+        400, f"the prompt has {expected_tokens} tokens; tiny-random's context is 256")
+    # the characters merged between two steps of the stream (and before the first, after the last)
+    between, merged = [0], 0
+    for event in events:
+        if event == "step":
+            between.append(0)
+        else:
+            between[-1] += event
+            merged += event
+    assert merged >= len(text)  # every word went through the merges (and the templates' few)
+    longest = max(map(len, words))
+    assert max(between) <= SLICE_CHARS + longest + 1, max(between)
+    assert len([b for b in between if b]) >= merged // (SLICE_CHARS + longest + 1)  # a step between every two slices
+
+
+def test_a_session_that_starts_another_request_while_a_body_is_prepared_refuses_it(tiny_dir):  # noqa: F811
+    """The engine steps between a body's slices, and so do other requests: one on the same session that runs
+    meanwhile (a small body, prepared at once, answered while the big one is prepared) wins, and the big one,
+    prepared on the history before it, is refused when its preparation ends, not queued over that turn."""
+    engine = Engine([tiny_dir], budget_mib=16)
+    big = [{"role": "user", "content": "".join(distinct_words(50_000))}]  # ~240k characters: ~16 slices
+    small = [{"role": "user", "content": "hi"}]
+
+    async def run():
+        prepared = asyncio.ensure_future(engine.chat.completions.acreate(
+            model="tiny-random", max_tokens=2, messages=big, pagedkv={"session": "s"}))
+        await asyncio.sleep(0)  # its first slice
+        reply = await engine.chat.completions.acreate(model="tiny-random", max_tokens=2, temperature=0,
+                                                      messages=small, pagedkv={"session": "s"})
+        with pytest.raises(ApiError) as err:
+            await prepared
+        return reply, err.value
+
+    reply, refused = run_alone(run())
+    assert reply["usage"]["completion_tokens"] == 2
+    assert (refused.status, refused.param, refused.message) == (
+        400, "pagedkv.session", "pagedkv.session 's' took another request while this one was prepared; send it "
+                                "again on the history the session has now")

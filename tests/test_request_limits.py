@@ -22,7 +22,7 @@ def refusal(engine, **body) -> tuple[int, str, str]:
 
 def test_too_many_messages_is_413_before_the_template_renders_them(engine, monkeypatch):
     rendered = []
-    monkeypatch.setattr(type(engine.services["tiny-random"].template), "render",
+    monkeypatch.setattr(type(engine.services["tiny-random"].template), "render_slices",
                         lambda *a, **k: rendered.append(1) or "")  # never called
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}] * 50_000
     assert refusal(engine, messages=messages) == (
@@ -54,13 +54,13 @@ def test_a_long_conversation_renders_once_not_once_per_message(engine, monkeypat
     assistant's opener), where the template was rendered once per message (2,000 messages took 7.9 s)."""
     template = engine.services["tiny-random"].template
     calls = []
-    render = type(template).render
+    render = type(template).render_slices  # what render() and the API's sliced preparation both run
 
     def counted(self, messages, **kw):
         calls.append(len(messages))
         return render(self, messages, **kw)
 
-    monkeypatch.setattr(type(template), "render", counted)
+    monkeypatch.setattr(type(template), "render_slices", counted)
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}] * 1000
     status, param, message = refusal(engine, messages=messages)  # the tiny model's context refuses them
     assert (status, param) == (400, "messages") and message.endswith("tiny-random's context is 256")

@@ -10,7 +10,8 @@ import pytest
 
 from gguf_tokenizer import find_gguf, gguf_manifest_sections, smollm2_tokenizer, tokenizer_from_gguf
 import pagedkv.bpe as tokenizer_module
-from pagedkv.pretokenize import split_words, stand_in
+from pagedkv.pretokenize import iter_words, split_words, stand_in
+from pagedkv.slices import SLICE_CHARS
 from pagedkv.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, Tokenizer, bytes_to_unicode
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "tokenizer_golden.json").read_text(encoding="utf-8"))
@@ -295,3 +296,33 @@ def test_bad_ids_and_text_are_rejected(tok):
         tok.token_to_id("<|nope|>")
     with pytest.raises(ValueError):  # a lone surrogate has no UTF-8 form
         tok.encode("a\ud800")
+
+
+@pytest.mark.parametrize("pre", ["default", "gpt2", "smollm", "llama3", "qwen2"])
+def test_iter_words_are_split_words(pre):
+    """iter_words (word by word, for a tokenizing that pauses: slices.py) cuts where split_words does."""
+    for text in ("Hello world, it's 2024!\n\n  x", "naïve café 日本語 🙂 12345 über\t\tend", ""):
+        assert list(iter_words(text * 3, pre)) == split_words(text * 3, pre)
+
+
+def test_a_text_longer_than_a_slice_encodes_as_in_one_piece(tok):
+    """A piece of text past SLICE_CHARS is tokenized word by word with pauses (encode_words); its ids are those of
+    the whole text split at once, also across special tokens."""
+    text = "The sea, naïve café 日本 🙂 42 times.\n" * (SLICE_CHARS // 10)
+    assert len(text) > 2 * SLICE_CHARS
+    whole: list[int] = []
+    tok._model.encode(text, whole, True)
+    assert tok.encode(text) == whole
+    pauses = 0
+    work = tok.encode_after_slices(text + "<|im_end|>" + text, None)
+    while True:
+        try:
+            next(work)
+            pauses += 1
+        except StopIteration as done:
+            ids = done.value
+            break
+    assert ids == whole + [tok.encode("<|im_end|>")[0]] + whole
+    longest = max(map(len, split_words(text, tok.pre)))
+    # a pause once SLICE_CHARS characters are done, the word that passes them the last of its slice
+    assert 2 * len(text) // (SLICE_CHARS + longest) <= pauses <= 2 * len(text) // SLICE_CHARS

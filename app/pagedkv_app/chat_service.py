@@ -31,6 +31,11 @@ from .remote import FallbackSettings, RemoteReply
 from .remote_replies import RemoteReplies
 
 STATS_INTERVAL_S = 0.5
+# How long a reply's end waits for its blocks to reach the disk tier when the engine is idle after it (the writer
+# starts as its last step ends): a reload the moment the page shows the end then restores them. A busy machine (a
+# CPU hog beside the browser) made the OPFS writes outlast an immediate reload; the wait is bounded so that a
+# stalled store never holds a turn's end.
+DISK_SETTLE_S = 1.0
 
 
 @dataclass
@@ -253,7 +258,7 @@ class ChatService:
         """Start a turn's request on the completions API and read its chunks in a task; returns its id.
         ApiError when the API refuses it (the session is as it was)."""
         service = self.api.service_of(chat.model)
-        chunks = run_sync(service.stream(body))  # checks and queues it before its first await
+        chunks = run_sync(service.stream(body, at_once=True))  # checks and queues it before its first await
         chat.request_id, chat.request = chat.session.request_id, chat.session.request
         chat.partial_ids, chat.partial_text, chat.end_reason = [], [], None
         chat.reader = asyncio.ensure_future(self._read(chat, chat.request_id, chunks))
@@ -433,6 +438,11 @@ class ChatService:
                     self._on_piece(chat, rid, choice["index"], text, ids)
                 if choice["finish_reason"] is not None:
                     finished[choice["index"]] = choice["finish_reason"]
+        if self.engine.disk_writing and not self.engine.has_unfinished:
+            try:
+                await asyncio.wait_for(asyncio.shield(self.engine.settle_disk()), DISK_SETTLE_S)
+            except asyncio.TimeoutError:
+                pass  # still writing: the end is told now, the blocks land a moment later
         if self.sessions.get(chat.session_id) is not chat or chat.request_id != rid:
             return  # deleted meanwhile: nothing more of it goes to the page
         if chat.alternatives is not None:

@@ -46,6 +46,7 @@ from .request_limits import check_body_size
 from .sampling import MIN_TEMPERATURE, SamplingParams
 from .sessions import Session, Sessions
 from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
+from .slices import Slices, await_slices, run_slices
 from .tokenizer import Tokenizer
 from .tool_calls import ToolCallParser
 from .tools import ToolChoice, call_grammar
@@ -192,11 +193,11 @@ class CompletionService(_Creates):
                 raise ApiError(400, f"pagedkv.restore: {exc}", "pagedkv.restore") from None
         return session
 
-    def _conversation(self, req: CompletionRequest, session: Session | None = None) -> Conversation:
+    def _conversation(self, req: CompletionRequest, session: Session | None = None) -> Slices[Conversation]:
         """The request's conversation: with `regenerate`, the session's history before its last reply (the
         request's messages must be that history's); with a session whose messages the request's start with,
         that session's exact token ids plus the new messages (a copy: the session takes it when the engine
-        accepts the request); else the messages rendered afresh."""
+        accepts the request); else the messages rendered afresh. In slices (slices.py)."""
         held = session.conversation.messages if session is not None else None
         if req.options.get("regenerate"):
             if session.before_reply is None:
@@ -207,22 +208,28 @@ class CompletionService(_Creates):
             conv = Conversation(self.tokenizer, self.template, tools=req.shown_tools)
             conv.rollback(session.before_reply)
             return conv
+        conv = Conversation(self.tokenizer, self.template, tools=req.shown_tools)
         if held is None or req.messages[:len(held)] != held or len(req.messages) == len(held) \
                 or (held and session.conversation.tools != req.shown_tools):
-            return Conversation(self.tokenizer, self.template, req.messages, tools=req.shown_tools)
-        conv = Conversation(self.tokenizer, self.template, tools=req.shown_tools)
+            yield from conv.add_messages_slices(req.messages)
+            return conv
         conv.rollback(session.conversation.checkpoint())
         try:
-            conv.add_messages(req.messages[len(held):])
+            yield from conv.add_messages_slices(req.messages[len(held):])
         except ValueError:  # the template writes the session's last turn otherwise now (a run of tool results)
-            return Conversation(self.tokenizer, self.template, req.messages, tools=req.shown_tools)
+            conv = Conversation(self.tokenizer, self.template, tools=req.shown_tools)
+            yield from conv.add_messages_slices(req.messages)
         return conv
 
     def prompt_ids(self, req: CompletionRequest) -> list[int]:
         """A legacy request's prompt ids: its text tokenized as it is, with BOS (and EOS) where the model's file
         says to add them (llama.cpp's add_special) and no chat template; or its token ids as given."""
+        return run_slices(self._prompt_ids(req))
+
+    def _prompt_ids(self, req: CompletionRequest) -> Slices[list[int]]:
+        """prompt_ids in slices (slices.py)."""
         if isinstance(req.prompt, str):
-            ids = self.tokenizer.encode(req.prompt, add_special=True)
+            ids = yield from self.tokenizer.encode_slices(req.prompt, add_special=True)
         else:
             vocab = self.tokenizer.vocab_size
             bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
@@ -235,13 +242,22 @@ class CompletionService(_Creates):
                                 "token to continue", "prompt")
         return ids
 
-    def _start(self, req: CompletionRequest, request_id: str | None) -> tuple[str, int]:
+    def _start(self, req: CompletionRequest, request_id: str | None) -> Slices[tuple[str, int]]:
+        """Render and tokenize the request (in slices: slices.py), then queue it; its id and prompt length."""
         session = self._session(req)
+        mark = _turn_mark(session)
         try:
-            conv = None if req.legacy else self._conversation(req, session)
-            prompt = self.prompt_ids(req) if conv is None else conv.prompt_ids()
+            conv = None if req.legacy else (yield from self._conversation(req, session))
+            prompt = (yield from self._prompt_ids(req)) if conv is None else (yield from conv.prompt_ids_slices())
         except ValueError as exc:  # the chat template failed on these messages (raise_exception, a bound): its
             raise ApiError(400, str(exc), getattr(exc, "param", "messages")) from None  # the caller's to act on
+        # What may have changed while other tasks ran between the slices:
+        if self.closed:
+            raise ApiError(503, "the engine is closed")
+        if session is not None and (self.sessions.get(session.session_id) is not session
+                                    or _turn_mark(session) != mark):
+            raise ApiError(400, f"pagedkv.session {session.session_id!r} took another request while this one was "
+                                "prepared; send it again on the history the session has now", "pagedkv.session")
         room = self.context_length - len(prompt)
         if room < 1:
             raise PromptTooLong(400, f"the prompt has {len(prompt)} tokens; {self.model_id}'s context is "
@@ -288,14 +304,18 @@ class CompletionService(_Creates):
         return calls if req.tool_choice.forced else Grammar.any_of([req.grammar, calls])
 
     async def stream(self, body: dict, signal: asyncio.Event | None = None, request_id: str | None = None, *,
-                     legacy: bool = False) -> AsyncIterator[dict]:
+                     legacy: bool = False, at_once: bool = False) -> AsyncIterator[dict]:
         """The `chat.completion.chunk`s of one request (legacy: a legacy Completions body, its streamed
-        `text_completion`s); ApiError before the first one for a request refused."""
+        `text_completion`s); ApiError before the first one for a request refused. Its messages are rendered and
+        tokenized in slices with the event loop running between them (the engine's steps: slices.py), unless
+        `at_once` (then it never awaits before it returns: a chat turn of the page, checked before the page
+        hears of it, whose body its model's context bounds)."""
         if self.closed:
             raise ApiError(503, "the engine is closed")
         check_body_size(body)  # before anything costs more than a pass over it
         req = parse_request(body, [self.model_id], legacy=legacy)
-        rid, prompt_tokens = self._start(req, request_id)
+        start = self._start(req, request_id)
+        rid, prompt_tokens = run_slices(start) if at_once else await await_slices(start)
         # Taken now: the step loop may finish the request before the caller reads its first chunk (its outputs
         # wait in its route); num_cached_prompt_tokens is set when the scheduler first admits it.
         root = self.llm.request(rid)
@@ -616,6 +636,15 @@ def _machine_memory() -> int | None:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
         return None
+
+
+def _turn_mark(session: Session | None) -> tuple | None:
+    """What a request on `session` changes (its history, its reply's rollback point, its alternatives, whether it
+    answers): a request prepared in slices is refused when another one changed it meanwhile."""
+    if session is None:
+        return None
+    conv = session.conversation
+    return (conv, conv.num_tokens, session.before_reply, session.alternatives, session.request_id)
 
 
 def unloaded_error(model: str) -> ApiError:

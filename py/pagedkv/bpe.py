@@ -9,9 +9,9 @@ Results are cached per word.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from pagedkv.pretokenize import IGNORE_MERGES, resolve, split_words
+from pagedkv.pretokenize import IGNORE_MERGES, iter_words, resolve, split_words
 
 _CACHE_LIMIT = 65536  # words; a cleared cache only costs time, never correctness
 # Words at least this long (in bytes) merge through a heap. The scan is
@@ -140,14 +140,25 @@ class BpeModel:
     def encode(self, text: str, out: list[int], after_special: bool) -> None:
         """Append the ids of ``text`` (no special tokens in it) to ``out``."""
         del after_special  # only SentencePiece's dummy prefix depends on it
-        cache = self._cache
         for word in split_words(text, self._pattern):
-            cached = cache.get(word)
-            if cached is None:
-                if len(cache) >= _CACHE_LIMIT:
-                    cache.clear()
-                cached = cache[word] = self._bpe(word)
-            out.extend(cached)
+            out.extend(self._word_ids(word))
+
+    def encode_words(self, text: str, out: list[int], after_special: bool) -> Iterator[int]:
+        """encode(), word by word: yields each word's characters once its ids are in ``out`` (a caller may pause
+        between two words: words are merged independently)."""
+        del after_special
+        for word in iter_words(text, self._pattern):
+            out.extend(self._word_ids(word))
+            yield len(word)
+
+    def _word_ids(self, word: str) -> tuple[int, ...]:
+        cache = self._cache
+        cached = cache.get(word)
+        if cached is None:
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            cached = cache[word] = self._bpe(word)
+        return cached
 
     def _bpe(self, word: str) -> tuple[int, ...]:
         symbols = list(word.encode("utf-8").decode("latin-1").translate(_BYTE_TRANSLATION))

@@ -25,6 +25,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
+from pagedkv.slices import SLICE_CHARS, Slices, run_slices
 from pagedkv.tokenizer import Tokenizer
 from pagedkv.tool_calls import ToolFormat, generic_messages
 
@@ -343,7 +344,14 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[dict], *, add_generation_prompt: bool,
                tools: Sequence[dict] | None = None) -> str:
-        """Render ``messages`` (validated); with ``add_generation_prompt`` end with the assistant opener.
+        """Render ``messages`` (validated); with ``add_generation_prompt`` end with the assistant opener:
+        render_slices done at once."""
+        return run_slices(self.render_slices(messages, add_generation_prompt=add_generation_prompt, tools=tools))
+
+    def render_slices(self, messages: Sequence[dict], *, add_generation_prompt: bool,
+                      tools: Sequence[dict] | None = None) -> Slices[str]:
+        """render(), pausing after every SLICE_CHARS characters of output (slices.py): jinja writes a template's
+        output piece by piece.
 
         ``tools`` (OpenAI's function tools, checked): a template that reads them (``tool_format.native``) gets them
         as ``tools``, and the messages' tool calls and results as they are, each call's arguments an object, as
@@ -356,7 +364,7 @@ class ChatTemplate:
             inputs = {"messages": generic_messages(checked, list(tools) if tools else None)}
         text_size = sum(len(m["content"]) for m in inputs["messages"]) + (len(json.dumps(tools)) if tools else 0)
         budget = _RenderBudget(MAX_RENDER_CHARS + 4 * text_size)
-        chunks, size = [], 0
+        chunks, size, since_pause = [], 0, 0
         try:
             for chunk in self._template.generate(
                 **inputs,
@@ -372,6 +380,11 @@ class ChatTemplate:
                     raise jinja2.TemplateError(f"its output passed {budget._max_chars:,} characters")
                 budget._tick()
                 chunks.append(chunk)
+                since_pause += len(chunk)
+                if since_pause >= SLICE_CHARS:
+                    since_pause, paused = 0, time.monotonic()
+                    yield
+                    budget._deadline += time.monotonic() - paused  # RENDER_SECONDS is the render's own time
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template failed to render: {exc}") from exc
         except Exception as exc:  # the template is a file's code: its errors are the file's, said as such
@@ -436,16 +449,27 @@ class Conversation:
         """Append messages (validate_message's forms: tool calls and results too) in one rendering: a template
         may write a run of them as one turn (Qwen2.5's tool results), or need the next to render the first
         (Llama 3's tools go into the first user message)."""
+        run_slices(self.add_messages_slices(messages))
+
+    def add_messages_slices(self, messages: Sequence[dict]) -> Slices[None]:
+        """add_messages in slices (slices.py): the rendering and the tokenizing pause every SLICE_CHARS
+        characters. The conversation changes only at the end."""
         messages = validate_messages(self._messages + list(messages))
-        rendered = self._render(messages, add_generation_prompt=False)
+        rendered = yield from self.template.render_slices(messages, add_generation_prompt=False, tools=self.tools)
         suffix = self._suffix_after(self._text, rendered)
-        self._ids.extend(self._encode_after(suffix, self._ids))
+        ids = yield from self.tokenizer.encode_after_slices(suffix, self._ids[-1] if self._ids else None)
+        self._ids.extend(ids)
         self._text += suffix
         self._messages = messages
 
     def prompt_ids(self) -> list[int]:
         """Ids to feed the model for the next assistant reply: history + the assistant opener."""
-        return self._ids + self._encode_after(self._generation_prompt(), self._ids)
+        return run_slices(self.prompt_ids_slices())
+
+    def prompt_ids_slices(self) -> Slices[list[int]]:
+        """prompt_ids in slices (slices.py)."""
+        opener = yield from self._generation_prompt_slices()
+        return self._ids + (yield from self.tokenizer.encode_after_slices(opener, self._ids[-1] if self._ids else None))
 
     def add_user(self, content: str) -> list[int]:
         """Append a user message and return the prompt ids for the reply."""
@@ -482,9 +506,12 @@ class Conversation:
         return self.tokenizer.encode_after(text, previous[-1] if previous else None)
 
     def _generation_prompt(self) -> str:
+        return run_slices(self._generation_prompt_slices())
+
+    def _generation_prompt_slices(self) -> Slices[str]:
         if not self._messages:
             raise ValueError("conversation has no messages; add a user message before asking for a reply")
-        rendered = self._render(self._messages, add_generation_prompt=True)
+        rendered = yield from self.template.render_slices(self._messages, add_generation_prompt=True, tools=self.tools)
         return self._suffix_after(self._text, rendered)
 
     def _render(self, messages: list[dict], *, add_generation_prompt: bool) -> str:

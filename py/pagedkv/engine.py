@@ -394,6 +394,11 @@ class LLMEngine:
         async with self._lock:  # not while flush_disk lists the store: it would count the file as another tab's
             return sum([await lane.disk.forget(owner) for lane in self.lanes.values() if lane.disk is not None])
 
+    @property
+    def disk_writing(self) -> bool:
+        """Whether a background disk writer (any model's) has blocks queued or is writing them."""
+        return any(lane.disk is not None and lane.disk.writing for lane in self.lanes.values())
+
     async def settle_disk(self) -> None:
         """Wait until every model's background disk writer (open_disk_tier(background=True)) has stored what
         it had queued; an error it raised comes out of the next step, not here."""

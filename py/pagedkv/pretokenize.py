@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Iterator
 
 # Unicode White_Space (what Oniguruma's and llama.cpp's ``\s`` match). Not
 # str.isspace(): that also accepts U+001C..U+001F, which the reference
@@ -134,6 +135,22 @@ def split_words(text: str, pre: str) -> list[str]:
     if text.isascii():
         return pattern.findall(text)
     return [text[m.start() : m.end()] for m in pattern.finditer(text.translate(_CLASS_TABLE))]
+
+
+def iter_words(text: str, pre: str) -> Iterator[str]:
+    """split_words(text, pre), word by word as the pattern finds them (a caller may pause between two words:
+    slices.py). The "default" pre-tokenizer's passes each run over the whole text first."""
+    name = resolve(pre)
+    if name == "default":
+        yield from _split_default(text)
+        return
+    pattern = PATTERNS[name]
+    if text.isascii():
+        for m in pattern.finditer(text):
+            yield m.group()
+        return
+    for m in pattern.finditer(text.translate(_CLASS_TABLE)):
+        yield text[m.start() : m.end()]
 
 
 def _split_with_gaps(pattern: re.Pattern, subject: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

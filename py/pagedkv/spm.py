@@ -13,7 +13,7 @@ character left without an entry is written as its UTF-8 bytes, one
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 SPACE = "\u2581"  # ▁, SentencePiece's visible space
 
@@ -33,6 +33,12 @@ class SpmModel:
         self._byte_ids: list[int | None] = [
             token_to_id.get(f"<0x{b:02X}>", token_to_id.get(chr(b)) if b < 0x80 else None) for b in range(256)
         ]
+
+    def encode_words(self, text: str, out: list[int], after_special: bool) -> Iterator[int]:
+        """encode(), as one piece (yields its characters once): SentencePiece merges over the whole text, so no
+        cut keeps its ids, and a caller cannot pause within it."""
+        self.encode(text, out, after_special)
+        yield len(text)
 
     def encode(self, text: str, out: list[int], after_special: bool) -> None:
         """Append the ids of ``text`` (no special tokens in it) to ``out``.

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 
 from pagedkv.bpe import BpeModel, bytes_to_unicode  # noqa: F401  (bytes_to_unicode: public helper)
 from pagedkv.pretokenize import IGNORE_MERGES, resolve
+from pagedkv.slices import SLICE_CHARS, Slices, run_slices
 from pagedkv.spm import SpmModel
 
 # GGUF tokenizer.ggml.token_type values.
@@ -266,12 +267,16 @@ class Tokenizer:
         Bytes listed in ``unencodable_bytes`` are dropped (BPE); SentencePiece
         raises ValueError for text that needs one.
         """
+        return run_slices(self.encode_slices(text, add_special=add_special, allow_special=allow_special))
+
+    def encode_slices(self, text: str, *, add_special: bool = False, allow_special: bool = True) -> Slices[list[int]]:
+        """encode, in slices (slices.py: as encode_after_slices)."""
         if not isinstance(text, str):
             raise ValueError(f"encode expects str, got {type(text).__name__}")
         ids: list[int] = []
         if add_special and self.add_bos:
             ids.append(self.bos_token_id)
-        self.encode_fragments(self.partition(text, allow_special=allow_special), ids)
+        yield from self._fragments_slices(self.partition(text, allow_special=allow_special), ids, True)
         if add_special and self.add_eos:
             ids.append(self.eos_token_id)
         return ids
@@ -301,9 +306,14 @@ class Tokenizer:
         boundary; SentencePiece's dummy space goes in only at the start or
         after a special token, as when llama.cpp tokenizes the whole prompt.
         """
+        return run_slices(self.encode_after_slices(text, previous_id))
+
+    def encode_after_slices(self, text: str, previous_id: int | None) -> Slices[list[int]]:
+        """encode_after, in slices (slices.py): a pause after every SLICE_CHARS characters of the pieces between
+        special tokens, and within a longer piece where the model allows (BPE: between two words)."""
         after_special = previous_id is None or self.check_id(previous_id) in self._special_ids
         ids: list[int] = []
-        self.encode_fragments(self.partition(text), ids, after_special=after_special)
+        yield from self._fragments_slices(self.partition(text), ids, after_special)
         return ids
 
     def encode_fragments(self, fragments: Iterable[str | int], out: list[int], *, after_special: bool = True) -> None:
@@ -312,13 +322,28 @@ class Tokenizer:
         ``after_special`` says whether the first piece starts the text or
         follows a special token (SentencePiece puts its dummy space there).
         """
+        run_slices(self._fragments_slices(fragments, out, after_special))
+
+    def _fragments_slices(self, fragments: Iterable[str | int], out: list[int], after_special: bool) -> Slices[None]:
+        done = 0  # characters tokenized since the last pause
         for fragment in fragments:
             if isinstance(fragment, int):
                 out.append(fragment)
                 after_special = True
-            else:
+                continue
+            if len(fragment) <= SLICE_CHARS:  # at once (BPE: the words split in one call of the regex engine)
+                if done + len(fragment) > SLICE_CHARS:
+                    done = 0
+                    yield
                 self._model.encode(fragment, out, after_special)
-                after_special = False
+                done += len(fragment)
+            else:  # pausing within it where the model allows (BPE: between two words)
+                for chars in self._model.encode_words(fragment, out, after_special):
+                    done += chars
+                    if done >= SLICE_CHARS:
+                        done = 0
+                        yield
+            after_special = False
 
     @property
     def unencodable_bytes(self) -> bytes:

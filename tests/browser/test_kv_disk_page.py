@@ -28,9 +28,18 @@ CORRUPT_ALL = """async () => {
 
 
 # The origin's OPFS outlives a page (and a failed test): every run starts and ends without block files.
+# A file the page's disk tier is writing (a writable open: its write-behind, its LRU index) refuses removal until
+# the write closes: tried again then, for at most 5 s (the CPU busy beside the browser once made a test's last
+# cleanup meet the index write of its last turn).
 REMOVE_KV = """async () => {
-  try { await (await navigator.storage.getDirectory()).removeEntry("kv", {recursive: true}); }
-  catch (err) { if (err.name !== "NotFoundError") throw err; }
+  for (let tries = 1; ; tries++) {
+    try { await (await navigator.storage.getDirectory()).removeEntry("kv", {recursive: true}); return; }
+    catch (err) {
+      if (err.name === "NotFoundError") return;
+      if (err.name !== "NoModificationAllowedError" || tries === 100) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+  }
 }"""
 
 

@@ -1,7 +1,8 @@
 """The disk tier durable soon enough, with the CPU busy (a busy loop in a second process beside the tab): a chat's
 reply that ends while another chat streams is on disk while that stream still runs, not once the engine is idle
 (tiny model, WebGPU on SwiftShader, OPFS `kv/`); a reload a moment later restores its blocks, so the next turn's prompt comes
-from disk."""
+from disk. A reply that leaves the engine idle is on disk soon enough that a reload the moment it ends restores
+every block the engine computed."""
 from __future__ import annotations
 
 import json
@@ -24,6 +25,7 @@ BLOCK_FILES = """async () => {
   return names;
 }"""
 LONG = "tell me everything about the sea, the ships, the ports, the fish and the storms of the winter"
+MAX_TOKENS = 6  # the reply of the reload test (see there)
 
 
 def send(page, text: str, max_tokens: int) -> None:
@@ -82,6 +84,39 @@ def test_a_reply_that_ends_while_another_streams_is_on_disk_and_a_reload_restore
         send(page, "and the gulls?", 2)
         after = turn_end(page, previous)
         assert after["chat"] == chat and after["cached_tokens"] == full * 16  # every full block, from disk
+        page.evaluate(REMOVE_KV)
+    finally:
+        hog.kill()
+        hog.wait()
+        context.close()
+
+
+def test_a_reload_the_moment_a_reply_ends_under_load_restores_every_block_it_computed(browser, base_url):
+    """The engine idle at the reply's end (no other chat streams), the CPU busy, a reload the moment the page shows
+    the turn-end: the next turn takes every full block the engine computed from disk. The reply's history ends with
+    the template's closing (`<|im_end|>`, a newline), which no step computed: here it completes a block, so the
+    history's full blocks are one more than the engine's, and that block is computed by the next turn's prefill."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    context = browser.new_context()
+    try:
+        booted, _ = open_app(context, base_url + QUERY, 120_000)
+        page = booted.page
+        page.evaluate(REMOVE_KV)
+        previous = page.evaluate("document.documentElement.dataset.lastTurn || ''")
+        send(page, LONG, MAX_TOKENS)
+        turn = turn_end(page, previous)
+        start = json.loads(page.evaluate("document.documentElement.dataset.lastStart"))
+        # 74 prompt tokens and 6 generated: the engine computed 79 (all but the last sampled one), 4 full blocks;
+        # the history adds the closing's 2 tokens after the 6: 82, whose first 81 tokens would be 5 blocks.
+        assert (start["prompt_tokens"], turn["tokens"], turn["history_tokens"], turn["reason"]) == (74, 6, 82, "length")
+        # At once: the pagehide flush need not finish before the worker dies. The turn-end came once the disk
+        # writer had stored the reply's blocks (chat_service.DISK_SETTLE_S); before, a reload here under the hog
+        # restored none of them.
+        reload(page)
+        previous = page.evaluate("document.documentElement.dataset.lastTurn || ''")
+        send(page, "and the gulls?", 2)
+        after = turn_end(page, previous)
+        assert after["cached_tokens"] == 4 * 16  # every block the engine computed, from disk
         page.evaluate(REMOVE_KV)
     finally:
         hog.kill()

@@ -1,0 +1,3 @@
+import { workerFacts } from "./facts.js";
+
+workerFacts().then((facts) => self.postMessage(facts));
