@@ -48,7 +48,7 @@ def test_every_kernel_name_the_host_asks_for_resolves():
               for subgroups in (False, True) for f16 in (False, True)}
     names |= {decode_kernels("gpu", subgroups, 64).attention for subgroups in (False, True)}
     names |= {k for head_dim in (64, 256) for k in (decode_kernels("cpu", False, 16, head_dim).attention,
-                                                   prefill_kernel("cpu", 1, head_dim, 4, 16).name)}
+                                                   prefill_kernel("cpu", 1, head_dim, 4, 16, 16).name)}
     assert len(names) == 181
     missing = names - FILES - set(VARIANTS)
     assert not missing

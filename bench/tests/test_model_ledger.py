@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.harness.model_ledger import model_ledger
+from pagedkv.backends.webgpu.plan import SLOTS
 from pagedkv.gpu_budget import MIB
 from pagedkv.model.synthetic import write_synthetic_gguf
 
@@ -22,13 +23,16 @@ def test_ledger_weights_are_the_file_bytes_plus_the_stacked_norms(tiny_gguf, tmp
     # uploaded after the stacked q|k|v and gate|up codes (their matvec fuses the norm)
     assert ledger["gguf_tensor_bytes"] == 742_400
     assert ledger["weights_bytes"] == 742_400 + 2 * 2 * 256 * 4 == 746_496
-    # scratch: 20 uniform slots of 256 bytes among it (plan.SLOTS: rope_qk, attn_window, lm_head_last the last),
-    # and the device sampling's per-row counts and shaped logits (device_draws.py; their log-probs read back too)
-    assert (ledger["scratch_bytes"], ledger["staging_bytes"]) == (2_743_952, 563_904)
+    # scratch: the uniform slots of 256 bytes among it (plan.SLOTS, "ffn" the last), the device sampling's per-row
+    # counts and shaped logits (device_draws.py; their log-probs read back too), and after x's rows a decode step's
+    # fused-FFN partials: 16 sequences x 16 partials (ffn 512 = 16 blocks of 32, plan.ffn_split) x hidden 256 f32
+    assert ledger["scratch_bytes"] == 2_738_320 + len(SLOTS) * 256 + 16 * 16 * 256 * 4 == 3_006_352
+    assert ledger["staging_bytes"] == 563_904
     assert ledger["bytes_per_token"] == 2 * 2 * 2 * 64 * 2  # K and V, 2 layers, 2 KV heads of 64, f16
-    assert (ledger["num_blocks"], ledger["kv_bytes"]) == (776, 776 * 16 * 1024)
+    # the rest of 16 MiB: 760 blocks of 16 tokens (the partials and the slot took 16 blocks: 776 before them)
+    assert (ledger["num_blocks"], ledger["kv_bytes"]) == (760, 760 * 16 * 1024)
     assert ledger["fixed_bytes"] + ledger["kv_bytes"] + ledger["unused_bytes"] == 16 * MIB
     assert 0 <= ledger["unused_bytes"] < ledger["block_bytes"]
     assert ledger["refusals"] == {"4 MiB": (
-        "tiny.gguf does not fit the GPU budget: needs 5 MiB, budget 4 MiB (weights, scratch and staging 3.9 MiB "
+        "tiny.gguf does not fit the GPU budget: needs 5 MiB, budget 4 MiB (weights, scratch and staging 4.1 MiB "
         "+ a KV pool of 256 tokens in f16 0.2 MiB); raise the budget in Memory settings or pick a smaller model")}
