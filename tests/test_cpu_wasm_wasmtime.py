@@ -11,10 +11,8 @@ Not covered here: web/linear_threads.js itself (its workers, Atomics and chunk c
 it), and wasmtime's code generation is not V8's (the same module, another compiler: rounding is the module's,
 so the bounds hold on both).
 """
-import ctypes
 import json
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +21,11 @@ import wasmtime
 from llama_reference import near_tie
 from model_fixtures import REAL_MODEL_DIR, gemma3_gguf, real_weights, tiny_dir  # noqa: F401  (fixtures)
 from test_cpu_linear import prefill_then_decode
-from wasm_kernels import SharedMemory, WasmKernels, WasmThreads, engine, modules, spans
+from wasm_kernels import WasmKernels, WasmThreads, engine, modules, spans
 
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.cpu_attention import PointerTwin
-from pagedkv.backends.cpu_wasm import (ACT8, ACT16, KINDS, HeapStore, SharedStore, address_of, array_at, chunks,
+from pagedkv.backends.cpu_wasm import (ACT8, ACT16, KINDS, HeapStore, SharedStore, address_of,
                                       pointer_twin, quant_x_twin, stack_projections, tensor_loader)
 from pagedkv.model.convert import convert_cached
 from pagedkv.model.weights import ModelWeights, read_manifest
@@ -158,39 +156,11 @@ def test_the_shared_module_on_two_threads_at_once_gives_one_instances_products()
     WasmKernels("linear_relaxed").matmul(0, address_of(qs), address_of(dm), rows, cols, address_of(x), t,
                                          address_of(want), rows, address_of(scratch))
 
-    full = engine()
-    memory = SharedMemory(full, wasmtime.MemoryType(wasmtime.Limits(16, 65536), shared=True))
-    module = wasmtime.Module(full, modules()["linear_relaxed_shared"])
-    heap = array_at(ctypes.addressof(memory.data_ptr().contents), ctypes.c_uint8, memory.data_len())
-    at, top = {}, 64  # each array's offset in the shared memory, 16-byte aligned
-    for name, a in (("qs", qs), ("dm", dm), ("x", x), ("out", np.zeros((t, rows), np.float32))):
-        at[name] = top
-        heap[top:top + a.nbytes] = a.view(np.uint8).reshape(-1)
-        top = -(-(top + a.nbytes) // 16) * 16
-    work, errors = iter(chunks(rows, 2)), []
-    lock = threading.Lock()
-
-    def worker(scratch_at: int) -> None:
-        store = wasmtime.Store(full)
-        matmul = wasmtime.Instance(store, module, [memory]).exports(store)["matmul"]
-        try:
-            while True:
-                with lock:
-                    r0, r1 = next(work, (None, None))
-                if r0 is None:
-                    return
-                matmul(store, 0, at["qs"] + r0 * cols // 2, at["dm"] + r0 * cols // 4, r1 - r0, cols, at["x"], t,
-                       at["out"] + 4 * r0, rows, scratch_at)
-        except Exception as exc:  # noqa: BLE001  (reported below, on the test's thread)
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(top + i * cols * 4,)) for i in range(2)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert errors == []
-    got = heap[at["out"]:at["out"] + want.nbytes].view(np.float32).reshape(t, rows)
+    threads = WasmThreads(threads=2, min_work=1)  # its two threads claim cpu_wasm.chunks as linear_threads.js's
+    got = np.zeros((t, rows), np.float32)
+    threads.matmul(0, threads.place(address_of(qs), qs.nbytes), threads.place(address_of(dm), dm.nbytes), rows, cols,
+                   address_of(x), t, address_of(got))
+    assert threads.products[-1][3] == 2 and all(threads.products[-1][4])  # both threads ran chunks
     assert np.array_equal(got, want)
 
 
