@@ -105,6 +105,9 @@ class WebGpuBackend:
         # The engine may submit decode step n + 1 (its token ids fed on the GPU) before it reads step n's ids
         # (submit(feed=True), decode_chain.py; EngineConfig.pipeline_decode turns that off).
         self.pipelines = True
+        # A decode layer's q | k | v inside its attention (plan.layer_program's folded: one dispatch a layer fewer);
+        # False before the first step keeps the q | k | v matvec a dispatch of its own (to time a step both ways).
+        self.fold_qkv = True
         self._mass_kernel: AttentionMassKernel | None = None  # compiled on first use
 
     # ------------------------------------------------------------------ construction
@@ -193,6 +196,11 @@ class WebGpuBackend:
     def max_binding(self) -> int:
         """The adapter's maxStorageBufferBindingSize: a weight part larger than this is split by rows."""
         return int(self.ctx.info.limits["maxStorageBufferBindingSize"])
+
+    @property
+    def workgroup_storage(self) -> int:
+        """The adapter's maxComputeWorkgroupStorageSize (bytes of workgroup memory a kernel may declare)."""
+        return int(self.ctx.info.limits.get("maxComputeWorkgroupStorageSize", 16384))
 
     @property
     def subgroups(self) -> bool:
@@ -394,7 +402,9 @@ class WebGpuBackend:
         else:
             write(s["slot_mapping"], batch.slot_mapping)
             write(s["block_tables"], batch.block_tables)
-        write(s["context_lens"], batch.context_lens)
+        # a decode step's rotary positions follow the context lengths (paged_attention_gpu_fold.wgsl reads them there)
+        write(s["context_lens"], np.concatenate([batch.context_lens, batch.positions]).astype(batch.context_lens.dtype)
+              if key.decode else batch.context_lens)
         if not key.decode:
             write(s["starts"], np.concatenate([qsl, [0], np.cumsum(q_tiles)]).astype(np.uint32))
         write(s["params"], params)

@@ -99,6 +99,15 @@ def decode_partition_blocks(split_workgroups: int, num_seqs: int, head_tiles: in
     return max(1, min(blocks, MAX_PART_BLOCKS))
 
 
+def fold_workgroup_bytes(hidden: int, head_dim: int, head_tile: int) -> int:
+    """Workgroup memory of the decode attention that computes its own q | k | v (paged_attention_gpu_fold.wgsl):
+    the attention's (staged queries, block-table slice, a tile's scores and weights, run maxima, the reductions'
+    red / red3 and subgroup-head mask) plus the staged residual row (hidden f32) and the new K and V rows."""
+    w = ATTENTION_WORKGROUP
+    attention = head_tile * head_dim * 4 + MAX_PART_BLOCKS * 4 + 2 * w * 16 + 16 * 16 + 3 * w * 16 + 32 * 4
+    return attention + hidden * 4 + 2 * head_dim * 4
+
+
 @dataclass(frozen=True)
 class PrefillKernel:
     """The prefill-attention pipeline of one kernel family: its name (shader and KVKernels.pipelines key),
