@@ -221,7 +221,7 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         bindings = {1: cache.k, 2: cache.v, 3: tables_i, 4: s["context_lens"], 7: s["part_acc"], 8: s["part_stats"],
                     9: cos_sin(i), **{FOLD_BINDINGS + j: part for j, part in enumerate(parts)}, at: s["x"]}
         qkv_uniform = (s["params"], SLOT_INDEX["lin_qkv"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
-        return Dispatch(fold_shader(dtype, b.subgroups), constants, bindings, slot, ((at + 2, qkv_uniform),),
+        return Dispatch(fold_shader(dtype, b.subgroups, b.shader_f16), constants, bindings, slot, ((at + 2, qkv_uniform),),
                         "main_fold", uniform_at=5)
 
     def merge_linear(i: int, y, accumulate: bool) -> Dispatch:
