@@ -105,9 +105,7 @@ class WebGpuBackend:
         # The engine may submit decode step n + 1 (its token ids fed on the GPU) before it reads step n's ids
         # (submit(feed=True), decode_chain.py; EngineConfig.pipeline_decode turns that off).
         self.pipelines = True
-        # A decode layer's q | k | v inside its attention (plan.layer_program's folded: one dispatch a layer fewer);
-        # False before the first step keeps the q | k | v matvec a dispatch of its own (to time a step both ways).
-        self.fold_qkv = True
+        self._fold_qkv = True  # fold_qkv
         self._mass_kernel: AttentionMassKernel | None = None  # compiled on first use
 
     # ------------------------------------------------------------------ construction
@@ -196,6 +194,21 @@ class WebGpuBackend:
     def max_binding(self) -> int:
         """The adapter's maxStorageBufferBindingSize: a weight part larger than this is split by rows."""
         return int(self.ctx.info.limits["maxStorageBufferBindingSize"])
+
+    @property
+    def fold_qkv(self) -> bool:
+        """Whether a decode layer's q | k | v runs inside its attention (plan.layer_program's folded: one dispatch
+        a layer fewer, paged_attention_gpu_fold.wgsl) where it can. Setting it drops the recorded plans: the next
+        step records its plan the new way (bench.kernels times a step both ways)."""
+        return self._fold_qkv
+
+    @fold_qkv.setter
+    def fold_qkv(self, on: bool) -> None:
+        if on != self._fold_qkv:
+            self._fold_qkv = on
+            self._plans.clear()
+            self._validated.clear()
+            self._dispatch_slots.clear()
 
     @property
     def workgroup_storage(self) -> int:
