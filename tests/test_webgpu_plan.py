@@ -214,6 +214,12 @@ def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
                                      "WORKGROUP_SIZE": 128, "FOLD": 1, "NEW_KV_VEC4": 8, "X_VEC4": 16,
                                      "qkv_WORKGROUP_SIZE": 128, "qkv_ROW_GROUPS": 4, "qkv_NORM": 1}
     assert dict(fold1.constants)["SPLIT_PARTS"] == 4 and dict(merge0.constants)["STATES_ONLY"] == 1
+    # a step whose attention mass is scored from the last layer's queries: that layer writes them to scratch q
+    mass = layer_program(fake_backend("gpu", subgroups=True, fold=True), PlanKey.of(1, 1, mass=True))[0]
+    assert [d.shader for d in mass[1:7]] == [
+        "paged_attention_gpu_sg_fold_q4_1", "matvec_gpu_sg_q4_1_merge", "ffn_gpu_sg_q4_1_q4_1",
+        "matvec_gpu_sg_q4_1_rope_kv", "paged_attention_gpu_sg", "matvec_gpu_sg_q4_1_merge"]
+    assert "STATES_ONLY" not in dict(mass[6].constants)
     # quantized KV keeps the q | k | v matvec (kv_write_quant needs whole rows' scales); so does a step that is no
     # decode, and a device whose workgroup memory is too small for the fold's
     int8 = fake_backend("gpu", subgroups=True, kv_dtype="int8", fold=True)

@@ -368,17 +368,19 @@ class WebGpuBackend:
         first) a DrawnTokens; attention_mass as in backends.Backend.forward."""
         if attention_mass is not None:
             check_attention_mass(attention_mass, batch)
-        out = await (await self.submit(batch, greedy=greedy, draws=draws, shaping=shaping))
+        out = await (await self.submit(batch, greedy=greedy, draws=draws, shaping=shaping,
+                                       mass=attention_mass is not None))
         if attention_mass is not None:
             attention_mass[...] = await self._attention_mass(batch)
         return out
 
     async def submit(self, batch: ForwardBatch, *, greedy: bool = False, draws: np.ndarray | None = None,
-                     shaping: Shaping | None = None, feed: bool = False) -> Awaitable[np.ndarray]:
+                     shaping: Shaping | None = None, feed: bool = False, mass: bool = False) -> Awaitable[np.ndarray]:
         """Submit the step now and return an awaitable of forward()'s result: the engine may submit the next
         decode step before it awaits this one's ids (decode_chain.py). feed: this step's token ids are the
         ids the previous step drew, row for row (its rows were the same sequences in the same order): copied
-        on the GPU before the step runs, whatever batch.token_ids holds."""
+        on the GPU before the step runs, whatever batch.token_ids holds. mass: the last layer's queries are
+        scored after the step (forward's attention_mass), so they must reach scratch q (PlanKey.mass)."""
         t0 = time.perf_counter()
         self._check(batch)
         cfg, s = self.config, self.scratch
@@ -392,7 +394,7 @@ class WebGpuBackend:
             raise ValueError(f"shaping needs draws and ({n}, 8) rows with at most {MAX_LOGIT_BIAS} bias pairs a "
                              f"row, got rows {shaping.rows.shape}, {len(shaping.bias)} pairs")
         key = PlanKey.of(t, n, sampled=draws is not None, greedy=greedy, shaped=shaping is not None,
-                         prefill_passes=self.kv_kernels.prefill_passes(batch.context_lens))
+                         prefill_passes=self.kv_kernels.prefill_passes(batch.context_lens), mass=mass)
         greedy = greedy or draws is not None  # ids come back either way
         plan = await self._plan(key)
         qsl = batch.query_start_loc  # (S + 1,)

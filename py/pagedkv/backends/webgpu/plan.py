@@ -76,13 +76,16 @@ class PlanKey:
     greedy: bool = False  # only the argmax ids come back: the gpu family's LM head matvec writes no logits
     shaped: bool = False  # sampled, from logits sample_shape.wgsl shaped first (device_draws.py)
     prefill_passes: int = 1  # dispatches of the cpu family's prefill attention a layer (KVKernels.prefill_passes)
+    # the step's last-layer queries are scored after it (attention mass, WebGpuBackend._attention_mass): that
+    # layer's q | k | v writes scratch q (not folded into its attention, which keeps q in workgroup memory)
+    mass: bool = False
 
     @classmethod
     def of(cls, num_tokens: int, num_seqs: int, sampled: bool = False, greedy: bool = False,
-           shaped: bool = False, prefill_passes: int = 1) -> "PlanKey":
+           shaped: bool = False, prefill_passes: int = 1, mass: bool = False) -> "PlanKey":
         decode = num_tokens == num_seqs
         return cls(_linear_kind(num_tokens), decode, _linear_kind(num_seqs), sampled,
-                   greedy and not sampled, sampled and shaped, 1 if decode else prefill_passes)
+                   greedy and not sampled, sampled and shaped, 1 if decode else prefill_passes, mass)
 
 
 def _linear_kind(tokens: int) -> str:
@@ -200,10 +203,11 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         """Decode layer i's q | k | v runs inside its attention (paged_attention_gpu_fold.wgsl): a fused q | k | v
         (qkv_fused), an f32 / f16 cache (a quantized row's scales need kv_write_quant), no attention bias (the
         kernel has no binding left for it: WebGPU's 10 storage buffers a stage), its workgroup memory within the
-        device's, and the backend's fold_qkv switch on."""
+        device's, and the backend's fold_qkv switch on; not the last layer of a step whose attention mass is
+        scored from its queries (PlanKey.mass)."""
         lay = b.kv_kernels.layout
         return (b.fold_qkv and fuse and key.decode and qkv_fused(i) and lay.dtype in ("f32", "f16")
-                and not cfg.attention_bias
+                and not cfg.attention_bias and not (key.mass and i == cfg.n_layers - 1)
                 and fold_workgroup_bytes(cfg.hidden, cfg.head_dim, b.kv_kernels.head_tile) <= b.workgroup_storage)
 
     def fold_attention(i: int, cache, tables_i, slot: str) -> Dispatch:
