@@ -212,7 +212,7 @@ def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
         ((20, ("params", SLOT_INDEX["lin_qkv"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)),), "main_fold")
     assert dict(fold0.constants) == {"HEAD_DIM": 16, "KV_FORMAT": 1, "HEAD_MAJOR": 1, "KV_GROUP": 16, "SLOTS": 2,
                                      "WORKGROUP_SIZE": 128, "FOLD": 1, "NEW_KV_VEC4": 8, "X_VEC4": 16,
-                                     "qkv_WORKGROUP_SIZE": 128, "qkv_ROW_GROUPS": 4, "qkv_NORM": 1}
+                                     "qkv_WORKGROUP_SIZE": 128, "qkv_ROW_GROUPS": 8, "qkv_NORM": 1}
     assert dict(fold1.constants)["SPLIT_PARTS"] == 4 and dict(merge0.constants)["STATES_ONLY"] == 1
     # a step whose attention mass is scored from the last layer's queries: that layer writes them to scratch q
     mass = layer_program(fake_backend("gpu", subgroups=True, fold=True), PlanKey.of(1, 1, mass=True))[0]

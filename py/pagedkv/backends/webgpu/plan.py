@@ -52,9 +52,11 @@ FFN_WORKGROUP, FFN_ROW_GROUPS = 256, 4
 # Its slice's activations stay in workgroup memory beside the reduction's 12 KiB (256 lanes): at most 2 KiB, so the
 # kernel fits WebGPU's default 16 KiB (an FFN wider than 16,384 keeps two dispatches: 32 partials of 16 blocks)
 MAX_SLICE_VEC4 = 128
-# The attention that computes its own q | k | v (paged_attention_gpu_fold.wgsl) runs the matvec's rows8 in 4 groups
-# of 32 of its 128 lanes: 8 rows each a call, so SmolLM2's 3 heads' q rows take 6 calls and a kv head's k and v 4.
-FOLD_ROW_GROUPS = 4
+# The attention that computes its own q | k | v (paged_attention_gpu_fold.wgsl) runs the matvec's rows8 in 8 groups
+# of 16 of its 128 lanes: 8 rows each a call, so SmolLM2's 3 heads' q rows take 3 calls (the 1.5B's 4 heads 4) and
+# a kv head's k and v 2, each call 6 barriers (a 16-lane tree): fewer groups would take as many multiply-adds a lane
+# and more barriers.
+FOLD_ROW_GROUPS = 8
 
 
 def ffn_split(ffn: int) -> tuple[int, int]:
