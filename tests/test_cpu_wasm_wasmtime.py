@@ -124,6 +124,7 @@ def test_the_one_token_steps_glue_matches_f64(kernels):
         r = cases.case_step_glue(kernels, n)
         bound = n / 8 + 4
         assert r["add_exact"] and r["norm_ulps"] <= bound and r["add_ulps"] <= bound and r["silu_ulps"] <= 8, r
+        assert r["gelu_ulps"] <= 8 and r["rows_as_alone"], r
 
 
 def test_without_relaxed_simd_the_plain_module_gives_the_same_16_bit_products_and_its_8_bit_ones_trap(kernels):
@@ -227,7 +228,7 @@ def test_gemma3_on_two_kernel_threads_gives_llama_cpps_greedy_ids(gemma3_gguf): 
     """Gemma 3 270M as the tab's default CPU path holds it on two threads: every projection and the tied
     262,144-row head placed once in one SharedMemory (cpu_wasm.SharedStore on WasmThreads), each product's rows
     split between two threads, 8-bit activations into 4-bit codes and 16-bit into 8-bit ones, attention
-    through the kernels. A golden prompt's 8 greedy ids equal llama.cpp's (tests/golden/gemma3_golden.json) up
+    through the kernels, each decode step's layers through the one-token step as Gemma's declaration says. A golden prompt's 8 greedy ids equal llama.cpp's (tests/golden/gemma3_golden.json) up
     to a near tie of llama.cpp's own; every head product (prefill's last token, 7 decode steps) ran on both
     threads."""
     converted = convert_cached(gemma3_gguf, Path(__file__).resolve().parent.parent / ".cache" / "models")
@@ -240,5 +241,9 @@ def test_gemma3_on_two_kernel_threads_gives_llama_cpps_greedy_ids(gemma3_gguf): 
     got = cases.greedy(CpuBackend(w, 4, 16, linear="wasm", attention=wasm).model, case["prompt_ids"], 7)["ids"]
     pos = next((i for i, (a, b) in enumerate(zip(got, case["output_ids"])) if a != b), None)
     assert len(got) == 8 and (pos is None or near_tie(case["margins"][pos])), (got, case["output_ids"][:8])
+    # each decode step's every layer through the one-token step: q / k norms, GeGLU, post norms in the kernels
+    n = w.config.n_layers
+    assert [wasm.calls[e] for e in ("attn_decode", "rms_norm_rows", "gelu_tanh_mul", "rms_norm")] == [
+        7 * n, 7 * 2 * n, 7 * n, 7 * (2 * n + 1)], wasm.calls
     heads = [p for p in threads.products if p[0] == w.config.vocab]
     assert [(p[2], p[3]) for p in heads] == [(1, 2)] * 8 and all(min(p[4]) > 0 for p in heads), heads

@@ -97,6 +97,9 @@ FOOTPRINTS = {
     "rms_norm": ((0, 1, 4), lambda x, w, n, eps, out: [(x, n * 4), (w, n * 4), (out, n * 4)]),
     "add_rms_norm": ((0, 1, 2, 5), lambda x, y, w, n, eps, out: [(x, n * 4), (y, n * 4), (w, n * 4), (out, n * 4)]),
     "silu_mul": ((0, 1, 3), lambda g, u, n, out: [(g, n * 4), (u, n * 4), (out, n * 4)]),
+    "gelu_tanh_mul": ((0, 1, 3), lambda g, u, n, out: [(g, n * 4), (u, n * 4), (out, n * 4)]),
+    "rms_norm_rows": ((0, 1, 5), lambda x, w, n, rows, eps, out: [(x, n * rows * 4), (w, n * 4),
+                                                                 (out, n * rows * 4)]),
 }
 
 

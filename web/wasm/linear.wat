@@ -1121,6 +1121,35 @@
       local.get $i i32.const 16 i32.add local.tee $i local.get $n i32.const 2 i32.shl i32.lt_u br_if $lanes
     end)
 
+  ;; rms_norm of `rows` rows of n f32 each (a row every n f32, at x and out alike; in place when out = x), one gain w
+  ;; for all: the per-head q / k norms of a family with them (model/family.py qk_norm), before rotary.
+  (func $rms_norm_rows (export "rms_norm_rows") (param $x i32) (param $w i32) (param $n i32) (param $rows i32)
+    (param $eps f32) (param $out i32)
+    loop $each
+      local.get $x local.get $w local.get $n local.get $eps local.get $out call $rms_norm
+      local.get $x local.get $n i32.const 2 i32.shl i32.add local.set $x
+      local.get $out local.get $n i32.const 2 i32.shl i32.add local.set $out
+      local.get $rows i32.const 1 i32.sub local.tee $rows br_if $each
+    end)
+
+  ;; out = gelu_tanh(g) * u (GeGLU, ref_ops.gelu_tanh: 0.5 g (1 + tanh(z)), z = sqrt(2 / pi) (g + 0.044715 g^3)),
+  ;; as g * sigmoid(2 z), the same value: $silu_mul's steps with t = e^-|2z| (z has g's sign, as 1 + 0.044715 g^2
+  ;; > 0): g / (1 + t) where g >= 0, g * t / (1 + t) where g < 0.
+  (func $gelu_tanh_mul (export "gelu_tanh_mul") (param $g i32) (param $u i32) (param $n i32) (param $out i32)
+    (local $i i32) (local $v v128) (local $t v128) (local $neg v128)
+    loop $lanes
+      local.get $g local.get $i i32.add v128.load local.tee $v
+      f32.const 0 f32x4.splat f32x4.lt local.set $neg
+      local.get $v f32x4.abs f32.const 1.5957691216057308 f32x4.splat f32x4.mul
+      f32.const 1 f32x4.splat local.get $v local.get $v f32x4.mul f32.const 0.044715 f32x4.splat f32x4.mul f32x4.add
+      f32x4.mul f32x4.neg call $exp4 local.set $t
+      local.get $out local.get $i i32.add
+      local.get $v local.get $t f32x4.mul local.get $v local.get $neg v128.bitselect
+      f32.const 1 f32x4.splat local.get $t f32x4.add f32x4.div
+      local.get $u local.get $i i32.add v128.load f32x4.mul v128.store
+      local.get $i i32.const 16 i32.add local.tee $i local.get $n i32.const 2 i32.shl i32.lt_u br_if $lanes
+    end)
+
   ;; e^x lane by lane for x <= 0 (a softmax's shifted scores): Cephes' expf, x = n ln 2 + r with |r| <= ln 2 / 2,
   ;; a degree-5 polynomial in r, times 2^n built in the exponent bits; x below -87 (-inf too) gives 0 (e^-87 is
   ;; ~1.6e-38, where f32's normal numbers end).
