@@ -1,0 +1,112 @@
+"""A decode step of the tab's CPU path taken apart, side by side in one page (issue 51): the layers through the
+one-token step (WasmAttentionModel.forward, as the family declares them) against the reference's layer loop on
+the same weights, and the output head's product alone on every kernel thread and on one.
+
+    python3 -m bench.cpu_limits_step [--model gemma-3-270m] [--prompt 64] [--new 32] [--rounds 2] [--head-reps 10]
+
+Boots the app page at ?model=MODEL&backend=cpu (the kernel threads: one a core), then in its worker, on the page's
+own engine: `rounds` times each path in turn (layer loop, then one-token step: the machine's load moves both
+alike), greedy decode of `new` tokens after the same `prompt` ids (a plain text, tokenized by the model's own
+tokenizer), decode tok/s and the ids of each; then the head, (1, hidden) @ W.T, `head_reps` times on the threads
+and with web/linear_threads.js's minWork raised so one thread runs it: milliseconds and the GB/s its bytes (the
+kernel layout's codes and scales) stream at. Prints JSON; the load average before and after goes with it (other
+work on this 2-core machine moves every figure). Never asserts on a time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from bench import emit
+from harness.page import BrowserSession
+
+TEXT = ("The history of the printing press begins in the fifteenth century, when movable type made books cheaper "
+        "and faster to produce than ever before. Within decades, presses spread across Europe, and the number of "
+        "books in circulation grew from thousands to millions. Scholars, merchants and ordinary readers")
+
+WORKER = """
+import json, statistics, time
+import numpy as np
+from pagedkv_app.main import state
+from pagedkv.sampling import SamplingParams
+_engine = state["engine"]
+_model = _engine.backend.model
+_fused = _model._layers
+_prompt = _engine.lane().tokenizer.encode({text!r})[:{prompt}]
+await _engine.settle_disk()
+
+async def _decode(fused):
+    _model._layers = _fused if fused else None
+    times, out = [], []
+    rid = _engine.add_request(_prompt, SamplingParams(max_tokens={new}, stop_token_ids=(1_000_000,)))
+    while _engine.has_unfinished:
+        t0 = time.perf_counter()
+        outs = await _engine.step()
+        times.append(time.perf_counter() - t0)
+        out += [t for o in outs if o.request_id == rid for t in o.token_ids]
+    steps = times[len(times) - len(out) + 1:]
+    return {{"decode_tok_s": round(len(steps) / sum(steps), 2), "ms_a_step": round(1e3 * statistics.median(steps), 1),
+             "output_ids": out}}
+
+_rows = {{"layer_loop": [], "one_token_step": []}}
+for _ in range({rounds}):
+    for _fused_on, _name in ((False, "layer_loop"), (True, "one_token_step")):
+        _rows[_name].append(await _decode(_fused_on))
+_model._layers = _fused
+
+_cfg = _model.config
+_head = _model.w["token_embd.weight" if _cfg.tied_embeddings else "output.weight"]
+_js = getattr(getattr(_head, "store", None), "js", None)
+_x = np.random.default_rng(0).standard_normal((1, _cfg.hidden)).astype(np.float32)
+
+def _time_head():
+    times = []
+    for _ in range({head_reps}):
+        t0 = time.perf_counter()
+        _x @ _head.T
+        times.append(time.perf_counter() - t0)
+    ms = 1e3 * statistics.median(times)
+    return {{"median_ms": round(ms, 2), "fastest_ms": round(1e3 * min(times), 2),
+             "gb_s": round(_head.nbytes / (min(times) * 1e9), 2)}}
+
+_heads = {{"threads": int(_js.threads) if _js else 1, "bytes": int(_head.nbytes), "all_threads": _time_head()}}
+if _js:
+    _min = _js.minWork
+    _js.minWork = 2 ** 52
+    _heads["one_thread"] = _time_head()
+    _js.minWork = _min
+json.dumps({{"prompt_tokens": len(_prompt), "fused_layers": _fused is not None, "rows": _rows, "head": _heads}})
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="gemma-3-270m")
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--head-reps", type=int, default=10)
+    parser.add_argument("--json", action="store_true", help="accepted for `python3 -m bench`")
+    args = parser.parse_args(argv)
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    with BrowserSession(f"?model={args.model}&backend=cpu") as s:
+        result = s.py(WORKER.format(text=TEXT, prompt=args.prompt, new=args.new, rounds=args.rounds,
+                                    head_reps=args.head_reps))
+        info = s.model_info
+    rows = result["rows"]
+    result.update({
+        "model": args.model, "cpu_linear": info.get("cpu_linear"), "new_tokens": args.new,
+        "same_ids": all(r["output_ids"] == rows["layer_loop"][0]["output_ids"] for rs in rows.values() for r in rs),
+        "speedup": round(sum(r["decode_tok_s"] for r in rows["one_token_step"])
+                         / sum(r["decode_tok_s"] for r in rows["layer_loop"]), 3),
+        "load_before": [round(v, 2) for v in load_before], "load_after": [round(v, 2) for v in os.getloadavg()],
+        "wall_s": round(time.perf_counter() - t0, 1)})
+    emit(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
