@@ -1,15 +1,16 @@
 """A decode step of the tab's CPU path taken apart, side by side in one page (issue 51): the layers through the
 one-token step (WasmAttentionModel.forward, as the family declares them) against the reference's layer loop on
-the same weights, and the output head's product alone on every kernel thread and on one.
+the same weights, a q8_0 head held with f16 scales (cpu_wasm.head_blocks) against the same head with (d, 0) f32
+pairs (the layout before), and the head's product alone on every kernel thread and on one.
 
     python3 -m bench.cpu_limits_step [--model gemma-3-270m] [--prompt 64] [--new 32] [--rounds 2] [--head-reps 10]
 
 Boots the app page at ?model=MODEL&backend=cpu (the kernel threads: one a core), then in its worker, on the page's
-own engine: `rounds` times each path in turn (layer loop, then one-token step: the machine's load moves both
-alike), greedy decode of `new` tokens after the same `prompt` ids (a plain text, tokenized by the model's own
-tokenizer), decode tok/s and the ids of each; then the head, (1, hidden) @ W.T, `head_reps` times on the threads
-and with web/linear_threads.js's minWork raised so one thread runs it: milliseconds and the GB/s its bytes (the
-kernel layout's codes and scales) stream at. Prints JSON; the load average before and after goes with it (other
+own engine: `rounds` times each variant in turn (layer loop with the f32-pair head, the one-token step with it,
+the one-token step with the f16 head: the machine's load moves them alike), greedy decode of `new` tokens after the same `prompt` ids (a plain text, tokenized by the model's own
+tokenizer), decode tok/s and the ids of each; then each head layout, (1, hidden) @ W.T, `head_reps` times on the
+threads and with web/linear_threads.js's minWork raised so one thread runs it, twice in turn: milliseconds and
+the GB/s its bytes (codes and scales) stream at. Prints JSON; the load average before and after goes with it (other
 work on this 2-core machine moves every figure). Never asserts on a time.
 """
 from __future__ import annotations
@@ -37,8 +38,24 @@ _fused = _model._layers
 _prompt = _engine.lane().tokenizer.encode({text!r})[:{prompt}]
 await _engine.settle_disk()
 
-async def _decode(fused):
+_cfg = _model.config
+_name = "token_embd.weight" if _cfg.tied_embeddings else "output.weight"
+_head = _model.w[_name]
+_js = getattr(getattr(_head, "store", None), "js", None)
+_heads = {{_head.kind: _head}}
+if _head.kind == "q8_h":  # the head as before head_blocks: the same codes, (d, 0) f32 pairs, beside it
+    from pagedkv.backends.cpu_wasm import QuantWeight
+    _d = _head.store.fetch(_head.dm).astype(np.float32)
+    _heads["q8_0"] = QuantWeight("q8_0", _head.store.fetch(_head.qs), np.stack([_d, np.zeros_like(_d)], axis=2),
+                                 _head.store)
+    del _d
+_embed = _model.w["token_embd.weight"]
+
+async def _decode(fused, head):
     _model._layers = _fused if fused else None
+    _model.w[_name] = _heads[head]
+    if _cfg.tied_embeddings:
+        _model.w["token_embd.weight"] = _heads[head]
     times, out = [], []
     rid = _engine.add_request(_prompt, SamplingParams(max_tokens={new}, stop_token_ids=(1_000_000,)))
     while _engine.has_unfinished:
@@ -50,34 +67,38 @@ async def _decode(fused):
     return {{"decode_tok_s": round(len(steps) / sum(steps), 2), "ms_a_step": round(1e3 * statistics.median(steps), 1),
              "output_ids": out}}
 
-_rows = {{"layer_loop": [], "one_token_step": []}}
+_old = "q8_0" if "q8_0" in _heads else _head.kind
+_variants = {{"layer_loop, " + _old + " head": (False, _old), "one_token_step, " + _old + " head": (True, _old),
+              "one_token_step, " + _head.kind + " head": (True, _head.kind)}}
+_rows = {{name: [] for name in _variants}}
 for _ in range({rounds}):
-    for _fused_on, _name in ((False, "layer_loop"), (True, "one_token_step")):
-        _rows[_name].append(await _decode(_fused_on))
-_model._layers = _fused
-
-_cfg = _model.config
-_head = _model.w["token_embd.weight" if _cfg.tied_embeddings else "output.weight"]
-_js = getattr(getattr(_head, "store", None), "js", None)
+    for _v, (_fused_on, _which) in _variants.items():
+        _rows[_v].append(await _decode(_fused_on, _which))
+_model._layers, _model.w[_name] = _fused, _head
+_model.w["token_embd.weight"] = _embed
 _x = np.random.default_rng(0).standard_normal((1, _cfg.hidden)).astype(np.float32)
 
-def _time_head():
+def _time_head(w):
     times = []
     for _ in range({head_reps}):
         t0 = time.perf_counter()
-        _x @ _head.T
+        _x @ w.T
         times.append(time.perf_counter() - t0)
-    ms = 1e3 * statistics.median(times)
-    return {{"median_ms": round(ms, 2), "fastest_ms": round(1e3 * min(times), 2),
-             "gb_s": round(_head.nbytes / (min(times) * 1e9), 2)}}
+    return {{"median_ms": round(1e3 * statistics.median(times), 2), "fastest_ms": round(1e3 * min(times), 2),
+             "gb_s": round(w.nbytes / (min(times) * 1e9), 2)}}
 
-_heads = {{"threads": int(_js.threads) if _js else 1, "bytes": int(_head.nbytes), "all_threads": _time_head()}}
-if _js:
-    _min = _js.minWork
-    _js.minWork = 2 ** 52
-    _heads["one_thread"] = _time_head()
-    _js.minWork = _min
-json.dumps({{"prompt_tokens": len(_prompt), "fused_layers": _fused is not None, "rows": _rows, "head": _heads}})
+_timed = {{"threads": int(_js.threads) if _js else 1}}
+for _ in range(2):  # the layouts in turn, twice: the load moves them alike
+    for _kind, _w in _heads.items():
+        _t = _timed.setdefault(_kind, {{"bytes": int(_w.nbytes)}})
+        _t.setdefault("all_threads", []).append(_time_head(_w))
+        if _js:
+            _min = _js.minWork
+            _js.minWork = 2 ** 52
+            _t.setdefault("one_thread", []).append(_time_head(_w))
+            _js.minWork = _min
+_heads.pop("q8_0", None)
+json.dumps({{"prompt_tokens": len(_prompt), "fused_layers": _fused is not None, "rows": _rows, "head": _timed}})
 """
 
 
@@ -97,11 +118,13 @@ def main(argv: list[str] | None = None) -> int:
                                     head_reps=args.head_reps))
         info = s.model_info
     rows = result["rows"]
+    first = next(iter(rows.values()))[0]["output_ids"]
+    mean = {name: round(sum(r["decode_tok_s"] for r in rs) / len(rs), 2) for name, rs in rows.items()}
     result.update({
         "model": args.model, "cpu_linear": info.get("cpu_linear"), "new_tokens": args.new,
-        "same_ids": all(r["output_ids"] == rows["layer_loop"][0]["output_ids"] for rs in rows.values() for r in rs),
-        "speedup": round(sum(r["decode_tok_s"] for r in rows["one_token_step"])
-                         / sum(r["decode_tok_s"] for r in rows["layer_loop"]), 3),
+        "same_ids": all(r["output_ids"] == first for rs in rows.values() for r in rs),
+        "mean_decode_tok_s": mean, "over_the_first": {name: round(v / next(iter(mean.values())), 3)
+                                                      for name, v in mean.items()},
         "load_before": [round(v, 2) for v in load_before], "load_after": [round(v, 2) for v in os.getloadavg()],
         "wall_s": round(time.perf_counter() - t0, 1)})
     emit(result)

@@ -224,6 +224,32 @@ def test_8_bit_code_rows_take_the_general_loops_arithmetic_bit_for_bit(kernels):
         assert np.array_equal(got.view(np.int32), want.view(np.int32)) and np.abs(want).min() > 0, t
 
 
+def test_f16_scale_rows_give_the_f32_scale_rows_bits(kernels):
+    """kind 65 (q8_h, cpu_wasm.head_blocks: q8_0 codes with one f16 d a block, the output head's layout) against
+    kind 1 with the same d as (d, 0) f32 pairs: the same bits for one token and for five (q8_h takes them one at
+    a time, kind 1 four in a tile), with d's f16 subnormal, negative and zero widened exactly; the twin
+    (pointer_twin) gives kind 1's twin's bits; with f32 activations the kernel traps."""
+    rows, cols = 40, 640
+    nb, rng = cols // 32, np.random.default_rng(12)
+    qs = rng.integers(-127, 128, (rows, cols), dtype=np.int8)
+    d16 = (rng.random((rows, nb)) * 0.02).astype(np.float16)
+    d16[0, :4] = [np.float16(3e-6), np.float16(-2e-5), np.float16(-0.01), np.float16(0.0)]  # subnormals, a zero
+    dm = np.stack([d16.astype(np.float32), np.zeros((rows, nb), np.float32)], axis=2)
+    scratch = np.zeros(4 * cols, np.float32)
+    for t in (1, 5):
+        x = (rng.standard_normal((t, cols)) * 3).astype(np.float32)
+        outs = [np.zeros((t, rows), np.float32) for _ in range(4)]
+        for (kind, scales, run), out in zip(((65, d16, kernels.matmul), (1, dm, kernels.matmul),
+                                             (65, d16, pointer_twin), (1, dm, pointer_twin)), outs):
+            run(kind | ACT16, address_of(qs), address_of(scales), rows, cols, address_of(x), t, address_of(out), rows,
+                address_of(scratch))
+        assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32)) and np.abs(outs[1]).min() > 0, t
+        assert np.array_equal(outs[2].view(np.int32), outs[3].view(np.int32)), t
+    with pytest.raises(wasmtime.Trap, match="unreachable"):
+        kernels.matmul(65, address_of(qs), address_of(d16), rows, cols, address_of(x), 1, address_of(outs[0]), rows,
+                       address_of(scratch))
+
+
 def test_gemma3_on_two_kernel_threads_gives_llama_cpps_greedy_ids(gemma3_gguf):  # noqa: F811
     """Gemma 3 270M as the tab's default CPU path holds it on two threads: every projection and the tied
     262,144-row head placed once in one SharedMemory (cpu_wasm.SharedStore on WasmThreads), each product's rows
@@ -245,5 +271,6 @@ def test_gemma3_on_two_kernel_threads_gives_llama_cpps_greedy_ids(gemma3_gguf): 
     n = w.config.n_layers
     assert [wasm.calls[e] for e in ("attn_decode", "rms_norm_rows", "gelu_tanh_mul", "rms_norm")] == [
         7 * n, 7 * 2 * n, 7 * n, 7 * (2 * n + 1)], wasm.calls
+    assert w.tensors["token_embd.weight"].kind == "q8_h"  # the head with f16 scales (cpu_wasm.head_blocks)
     heads = [p for p in threads.products if p[0] == w.config.vocab]
     assert [(p[2], p[3]) for p in heads] == [(1, 2)] * 8 and all(min(p[4]) > 0 for p in heads), heads
