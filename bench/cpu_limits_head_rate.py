@@ -1,28 +1,33 @@
 """Why Gemma 3's output head streams slower than memory (issue 51): its product alone against a plain read of the
-same bytes, on 1 and 2 threads, in the built kernels run by wasmtime in CPython.
+same bytes, on 1 and 2 threads, in V8 (Node: the engine the tab runs its kernels on) and in wasmtime (CPython).
 
-    python3 -m bench.cpu_limits_head_rate [--rows 262144] [--cols 640] [--reps 7]
+    python3 -m bench.cpu_limits_head_rate [--rows 262144] [--cols 640] [--reps 5] [--no-wasmtime]
 
-One wasmtime SharedMemory holds a head of Gemma 3 270M's shape in the kernel's q8_0 layout (random codes, the
-layout's (d, m) f32 scales: what cpu_wasm.SharedStore places) and one token's 16-bit activations quantized once
-(quant_x), as web/linear_threads.js runs a product. Per thread count, each thread an instance of
-linear_relaxed_shared (tests/wasm_kernels.py builds it as the page's) claims cpu_wasm.chunks of the rows from a
-shared counter, as linear_threads.js's runChunks does, and runs `matmul` on them; the sweep runs
-bench/page/cpu_limits.wat's `stream` over the same chunks' codes and scales. In cache: the same products over the
-first `--cache-rows` rows again and again (their 1.35 MB stay in the caches), the kernel's arithmetic rate without
-memory (one call a pass, so each call's ~10 us from Python weighs little). Best and median of `reps`, interleaved (the machine's load moves them alike); the load average goes
-with the figures. wasmtime's compiler (Cranelift) is not V8's: `node bench/cpu_limits_q8.cjs` times V8 on one
-thread. Prints JSON. Never asserts on a time.
+V8: bench/page/cpu_limits_head_rate.mjs on the built linear_shared module: a head of Gemma 3 270M's shape (random
+q8_0 codes) in both layouts, (d, 0) f32 pairs (kind 3, before) and one f16 d a block (kind 67:
+cpu_wasm.head_blocks), each product against bench/page/cpu_limits.wat's `stream` over the same bytes, with one
+thread and with two claiming linear_threads.js's chunks. wasmtime: one SharedMemory with the (d, 0) layout and one
+token's 16-bit activations quantized once (quant_x), as web/linear_threads.js runs a product; each thread an
+instance of linear_relaxed_shared (tests/wasm_kernels.py builds it as the page's) claims cpu_wasm.chunks of the
+rows, runs `matmul` on them, and the sweep `stream`s the same chunks' codes and scales; in cache: the same
+products over the first `--cache-rows` rows again and again (their 1.35 MB stay in the caches, one call a pass
+so each call's ~10 us from Python weighs little), the kernel's arithmetic rate without memory. wasmtime's
+compiler (Cranelift) is not V8's. Best and median of `reps`, every case in turn within a rep (the machine's load
+moves them alike); the load average goes with the figures. Prints JSON. Never asserts on a time.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -109,30 +114,52 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=262_144)
     parser.add_argument("--cols", type=int, default=640)
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--cache-rows", type=int, default=2048)
+    parser.add_argument("--wasmtime", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--json", action="store_true", help="accepted for `python3 -m bench`")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
-    heads = Heads(args.rows, args.cols, 2)
-    nbytes = args.rows * (args.cols + args.cols // 32 * 8)  # codes and (d, m) scales
-    cache_bytes = args.cache_rows * (args.cols + args.cols // 32 * 8)
-    repeat = max(1, args.rows // args.cache_rows)  # as many bytes through the kernel as the whole head
+    report = {"rows": args.rows, "cols": args.cols, "reps": args.reps,
+              "v8": v8_rates(args.rows, args.cols, args.reps)}
+    if args.wasmtime:
+        report["wasmtime"] = wasmtime_rates(args.rows, args.cols, args.reps, args.cache_rows)
+    emit({**report, "load_before": [round(v, 2) for v in load_before],
+          "load_after": [round(v, 2) for v in os.getloadavg()]})
+    return 0
+
+
+def v8_rates(rows: int, cols: int, reps: int) -> dict:
+    """bench/page/cpu_limits_head_rate.mjs under Node on the built linear_shared and a shared cpu_limits.wat."""
+    sweep_text = (ROOT / "bench" / "page" / "cpu_limits.wat").read_text(encoding="utf-8")
+    with tempfile.TemporaryDirectory() as tmp:
+        linear, sweep = Path(tmp) / "linear_shared.wasm", Path(tmp) / "cpu_limits.wasm"
+        linear.write_bytes(wasm_kernels.modules()["linear_shared"])
+        sweep.write_bytes(build.wat2wasm(build.with_shared_memory(sweep_text), "cpu_limits.wat", ("threads",)))
+        out = subprocess.run(["node", str(ROOT / "bench" / "page" / "cpu_limits_head_rate.mjs"), str(linear),
+                              str(sweep), str(rows), str(cols), str(reps)], check=True, capture_output=True,
+                             text=True, timeout=600)
+    return json.loads(out.stdout)
+
+
+def wasmtime_rates(rows: int, cols: int, reps: int, cache_rows: int) -> dict:
+    """The (d, 0) layout's product, its sweep and its in-cache rate in wasmtime, on 1 and 2 threads."""
+    heads = Heads(rows, cols, 2)
+    nbytes = rows * (cols + cols // 32 * 8)  # codes and (d, m) scales
+    cache_bytes = cache_rows * (cols + cols // 32 * 8)
+    repeat = max(1, rows // cache_rows)  # as many bytes through the kernel as the whole head
     times: dict[str, list[float]] = {}
-    for _ in range(args.reps):
+    for _ in range(reps):
         for threads in (1, 2):
             for what in ("head", "sweep"):
                 times.setdefault(f"{what}_{threads}", []).append(heads.run(threads, what))
-            times.setdefault(f"in_cache_{threads}", []).append(heads.run(threads, "head", args.cache_rows, repeat))
-    rows = {}
+            times.setdefault(f"in_cache_{threads}", []).append(heads.run(threads, "head", cache_rows, repeat))
+    cases = {}
     for name, ts in times.items():
         moved = cache_bytes * repeat if name.startswith("in_cache") else nbytes
-        rows[name] = {"fastest_ms": round(1e3 * min(ts), 2), "median_ms": round(1e3 * statistics.median(ts), 2),
-                      "gb_s": round(moved / min(ts) / 1e9, 2)}
-    emit({"rows": args.rows, "cols": args.cols, "bytes": nbytes, "reps": args.reps, "engine": "wasmtime "
-          + wasmtime.__version__ if hasattr(wasmtime, "__version__") else "wasmtime", "times": rows,
-          "load_before": [round(v, 2) for v in load_before], "load_after": [round(v, 2) for v in os.getloadavg()]})
-    return 0
+        cases[name] = {"fastest_ms": round(1e3 * min(ts), 2), "median_ms": round(1e3 * statistics.median(ts), 2),
+                       "gb_s": round(moved / min(ts) / 1e9, 2)}
+    return {"bytes": nbytes, "cases": cases}
 
 
 if __name__ == "__main__":
