@@ -1,7 +1,7 @@
 """Why Gemma 3's output head streams slower than memory (issue 51): its product alone against a plain read of the
 same bytes, on 1 and 2 threads, in V8 (Node: the engine the tab runs its kernels on) and in wasmtime (CPython).
 
-    python3 -m bench.cpu_limits_head_rate [--rows 262144] [--cols 640] [--reps 5] [--no-wasmtime]
+    python3 -m bench.cpu_limits_head_rate [--rows 262144] [--cols 640] [--reps 5] [--no-wasmtime] [--quick]
 
 V8: bench/page/cpu_limits_head_rate.mjs on the built linear_shared module: a head of Gemma 3 270M's shape (random
 q8_0 codes) in both layouts, (d, 0) f32 pairs (kind 3, before) and one f16 d a block (kind 67:
@@ -117,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--cache-rows", type=int, default=2048)
     parser.add_argument("--wasmtime", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--quick", action="store_true", help="65,536 rows, 2 reps")
     parser.add_argument("--json", action="store_true", help="accepted for `python3 -m bench`")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.rows, args.reps = 65_536, 2
     load_before = os.getloadavg()
     report = {"rows": args.rows, "cols": args.cols, "reps": args.reps,
               "v8": v8_rates(args.rows, args.cols, args.reps)}

@@ -28,4 +28,5 @@ for (let r = 0; r < reps; r++) { const t0 = performance.now(); ex.matmul(kind, Q
 times.sort((a, b) => a - b);
 let h = 0; for (let i = 0; i < rows; i++) h = (h * 31 + new Int32Array(memory.buffer)[i]) | 0;
 const bytes = rows * cols + rows * nb * (kind & 64 ? 2 : 8);  // codes and scales
-console.log(file, 'kind', kind, 'median ms', times[reps >> 1].toFixed(2), 'min', times[0].toFixed(2), 'GB/s', (bytes / times[0] / 1e6).toFixed(2), 'hash', h);
+console.log(file, 'kind', kind, 'median ms', times[reps >> 1].toFixed(2), 'min', times[0].toFixed(2),
+  'GB/s', (bytes / times[0] / 1e6).toFixed(2), 'hash', h);

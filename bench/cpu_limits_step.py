@@ -3,14 +3,16 @@ one-token step (WasmAttentionModel.forward, as the family declares them) against
 the same weights, a q8_0 head held with f16 scales (cpu_wasm.head_blocks) against the same head with (d, 0) f32
 pairs (the layout before), and the head's product alone on every kernel thread and on one.
 
-    python3 -m bench.cpu_limits_step [--model gemma-3-270m] [--prompt 64] [--new 32] [--rounds 2] [--head-reps 10]
+    python3 -m bench.cpu_limits_step [--model gemma-3-270m] [--prompt 64] [--new 32] [--rounds 2]
+                                     [--head-reps 10] [--quick]
 
 Boots the app page at ?model=MODEL&backend=cpu (the kernel threads: one a core), then in its worker, on the page's
 own engine: `rounds` times each variant in turn (layer loop with the f32-pair head, the one-token step with it,
-the one-token step with the f16 head: the machine's load moves them alike), greedy decode of `new` tokens after the same `prompt` ids (a plain text, tokenized by the model's own
-tokenizer), decode tok/s and the ids of each; then each head layout, (1, hidden) @ W.T, `head_reps` times on the
-threads and with web/linear_threads.js's minWork raised so one thread runs it, twice in turn: milliseconds and
-the GB/s its bytes (codes and scales) stream at. Prints JSON; the load average before and after goes with it (other
+the one-token step with the f16 head: the machine's load moves them alike), greedy decode of `new` tokens after
+the same `prompt` ids (a plain text, tokenized by the model's own tokenizer), decode tok/s and the ids of each;
+then each head layout, (1, hidden) @ W.T, `head_reps` times on the threads and with web/linear_threads.js's
+minWork raised so one thread runs it, twice in turn: milliseconds and the GB/s its bytes (codes and scales)
+stream at. Prints JSON; the load average before and after goes with it (other
 work on this 2-core machine moves every figure). Never asserts on a time.
 """
 from __future__ import annotations
@@ -109,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--head-reps", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="1 round of 8 new tokens, the head 3 times")
     parser.add_argument("--json", action="store_true", help="accepted for `python3 -m bench`")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.new, args.head_reps = 1, 8, 3
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     with BrowserSession(f"?model={args.model}&backend=cpu") as s:

@@ -129,7 +129,8 @@ def test_types_without_a_kernel_keep_einsum_and_bad_layouts_are_refused(tiny_dir
     weights = ModelWeights.load(tiny_dir)
     backend = CpuBackend(weights, 4, 16, linear="wasm")  # f32 tensors: every projection through einsum
     assert type(backend.model.w["blk.0.ffn_up.weight"]).__name__ == "EinsumWeight"
-    with pytest.raises(ValueError, match=r"q4_1 weight: qs \(2, 31\) and dm \(2, 2, 2\) float32 are not the kernel's layout"):
+    with pytest.raises(ValueError,
+                       match=r"q4_1 weight: qs \(2, 31\) and dm \(2, 2, 2\) float32 are not the kernel's layout"):
         QuantWeight("q4_1", np.zeros((2, 31), np.uint8), np.zeros((2, 2, 2), np.float32), HeapStore(pointer_twin))
 
 

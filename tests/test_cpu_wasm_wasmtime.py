@@ -254,7 +254,9 @@ def test_gemma3_on_two_kernel_threads_gives_llama_cpps_greedy_ids(gemma3_gguf): 
     """Gemma 3 270M as the tab's default CPU path holds it on two threads: every projection and the tied
     262,144-row head placed once in one SharedMemory (cpu_wasm.SharedStore on WasmThreads), each product's rows
     split between two threads, 8-bit activations into 4-bit codes and 16-bit into 8-bit ones, attention
-    through the kernels, each decode step's layers through the one-token step as Gemma's declaration says. A golden prompt's 8 greedy ids equal llama.cpp's (tests/golden/gemma3_golden.json) up
+    through the kernels, each decode step's layers through the one-token step as Gemma's declaration says, the
+    head held with f16 scales (cpu_wasm.head_blocks). A golden prompt's 8 greedy ids equal llama.cpp's
+    (tests/golden/gemma3_golden.json) up
     to a near tie of llama.cpp's own; every head product (prefill's last token, 7 decode steps) ran on both
     threads."""
     converted = convert_cached(gemma3_gguf, Path(__file__).resolve().parent.parent / ".cache" / "models")

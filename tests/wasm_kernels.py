@@ -65,7 +65,8 @@ def _table_blocks(table: int, ctx: int, bs: int) -> int:
 def _matmul(kind, qs, dm, rows, cols, x, t, out, ldo, scratch):
     nb = cols // QK
     row_q = nb * (32 if kind & 1 else 16)  # 8-bit codes (kinds 1, 9, 17) or 4-bit (0)
-    return [(qs, rows * row_q), (dm, rows * scale_bytes(kind, nb)), (x, t * cols * 4), (out, ((t - 1) * ldo + rows) * 4 if t else 0),
+    return [(qs, rows * row_q), (dm, rows * scale_bytes(kind, nb)), (x, t * cols * 4),
+            (out, ((t - 1) * ldo + rows) * 4 if t else 0),
             (scratch, scratch_floats(cols, t, kind) * 4)]
 
 

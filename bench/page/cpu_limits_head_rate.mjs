@@ -22,14 +22,18 @@ function take(kernels, sweep, counter, job) {
   const half = (kind & 64) !== 0, rowD = L.nb * (half ? 2 : 8), dm = half ? L.DH : L.DM;
   for (let r0 = Atomics.add(counter, 0, 1) * chunk; r0 < rows; r0 = Atomics.add(counter, 0, 1) * chunk) {
     const n = Math.min(chunk, rows - r0);
-    if (what === "head") kernels.matmul(kind | 4, L.QS + r0 * cols, dm + r0 * rowD, n, cols, L.X, 1, L.OUT + 4 * r0, rows, L.S);
+    if (what === "head") {
+      kernels.matmul(kind | 4, L.QS + r0 * cols, dm + r0 * rowD, n, cols, L.X, 1, L.OUT + 4 * r0, rows, L.S);
+    }
     else { sweep.stream(L.QS + r0 * cols, n * cols); sweep.stream(dm + r0 * rowD, Math.floor(n * rowD / 64) * 64); }
   }
 }
 
 if (isMainThread) {
-  const [linearPath, sweepPath, rows, cols, reps] = [process.argv[2], process.argv[3], ...process.argv.slice(4).map(Number)];
-  const [linear, sweepModule] = await Promise.all([linearPath, sweepPath].map((p) => WebAssembly.compile(readFileSync(p))));
+  const [linearPath, sweepPath] = process.argv.slice(2, 4);
+  const [rows, cols, reps] = process.argv.slice(4).map(Number);
+  const [linear, sweepModule] = await Promise.all(
+    [linearPath, sweepPath].map((p) => WebAssembly.compile(readFileSync(p))));
   const L = layout(rows, cols);
   const memory = new WebAssembly.Memory({ initial: Math.ceil(L.top / 65536) + 1, maximum: 65536, shared: true });
   const env = { env: { memory } };
