@@ -224,16 +224,17 @@ def test_8_bit_code_rows_take_the_general_loops_arithmetic_bit_for_bit(kernels):
         assert np.array_equal(got.view(np.int32), want.view(np.int32)) and np.abs(want).min() > 0, t
 
 
-def test_f16_scale_rows_give_the_f32_scale_rows_bits(kernels):
+@pytest.mark.parametrize("cols", [640, 576])  # Gemma 3's head rows and SmolLM2's
+def test_f16_scale_rows_give_the_f32_scale_rows_bits(kernels, cols):
     """kind 65 (q8_h, cpu_wasm.head_blocks: q8_0 codes with one f16 d a block, the output head's layout) against
     kind 1 with the same d as (d, 0) f32 pairs: the same bits for one token and for five (q8_h takes them one at
-    a time, kind 1 four in a tile), with d's f16 subnormal, negative and zero widened exactly; the twin
-    (pointer_twin) gives kind 1's twin's bits; with f32 activations the kernel traps."""
-    rows, cols = 40, 640
-    nb, rng = cols // 32, np.random.default_rng(12)
+    a time, kind 1 four in a tile), with d's f16 subnormal, negative and zero widened
+    exactly; the twin (pointer_twin) gives kind 1's twin's bits; with f32 activations the kernel traps."""
+    rows, nb, rng = 40, cols // 32, np.random.default_rng(cols)
     qs = rng.integers(-127, 128, (rows, cols), dtype=np.int8)
     d16 = (rng.random((rows, nb)) * 0.02).astype(np.float16)
-    d16[0, :4] = [np.float16(3e-6), np.float16(-2e-5), np.float16(-0.01), np.float16(0.0)]  # subnormals, a zero
+    d16[0, :3] = [np.float16(3e-6), np.float16(-2e-5), np.float16(-0.01)]  # subnormals and a negative
+    d16[1, nb - 1] = 0.0
     dm = np.stack([d16.astype(np.float32), np.zeros((rows, nb), np.float32)], axis=2)
     scratch = np.zeros(4 * cols, np.float32)
     for t in (1, 5):
