@@ -64,7 +64,7 @@ BENCHMARKS = {
     "cpu_limits": ["bench.cpu_limits"],
     # how many of Gemma 3's 262,144 head rows a provable candidate screen keeps (why the head has no such path)
     "cpu_limits_head": ["bench.cpu_limits_head"],  # the tab's CPU path (bench.wllama's default row) against the cores' limits
-    # Gemma 3's decode step in the page: the one-token step vs the layer loop, the head with f16 vs f32-pair scales
+    # Gemma 3's decode step in the page: the one-token step vs the layer loop, the head with d alone vs (d, 0) pairs
     "cpu_limits_step": ["bench.cpu_limits_step"],
     # Gemma 3's head alone vs a plain read of its bytes, 1 and 2 threads, V8 (Node) and wasmtime
     "cpu_limits_head_rate": ["bench.cpu_limits_head_rate"],

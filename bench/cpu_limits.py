@@ -24,9 +24,9 @@ from bench import RESULTS, ROOT, emit
 MODEL = ROOT / "dist" / "models" / "smollm2-135m-instruct" / "model.json"
 # bytes a 32-weight block takes in the kernel's layout (backends/cpu_wasm.py): codes plus f32 (d, m)
 BLOCK_BYTES = {"q4_1": 16 + 8, "q8_0": 32 + 8, "q4_0": 32 + 8, "q5_0": 32 + 8}
-# the output head (and tied embedding) of a q8_0 file with the tab's default integer activations: one f16 a block
-# (cpu_wasm.head_blocks)
-HEAD_BLOCK_BYTES = {**BLOCK_BYTES, "q8_0": 32 + 2}
+# the output head (and tied embedding) of a q8_0 file with the tab's default integer activations: d without the
+# zero m (cpu_wasm.head_blocks)
+HEAD_BLOCK_BYTES = {**BLOCK_BYTES, "q8_0": 32 + 4}
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 TAB_ROW = "auto → cpu in the tab"
 

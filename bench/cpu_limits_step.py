@@ -1,14 +1,14 @@
 """A decode step of the tab's CPU path taken apart, side by side in one page (issue 51): the layers through the
 one-token step (WasmAttentionModel.forward, as the family declares them) against the reference's layer loop on
-the same weights, a q8_0 head held with f16 scales (cpu_wasm.head_blocks) against the same head with (d, 0) f32
+the same weights, a q8_0 head held as its codes and d (cpu_wasm.head_blocks) against the same head with (d, 0)
 pairs (the layout before), and the head's product alone on every kernel thread and on one.
 
     python3 -m bench.cpu_limits_step [--model gemma-3-270m] [--prompt 64] [--new 32] [--rounds 2]
-                                     [--head-reps 10] [--quick]
+                                     [--head-reps 10] [--threads N] [--quick]
 
 Boots the app page at ?model=MODEL&backend=cpu (the kernel threads: one a core), then in its worker, on the page's
-own engine: `rounds` times each variant in turn (layer loop with the f32-pair head, the one-token step with it,
-the one-token step with the f16 head: the machine's load moves them alike), greedy decode of `new` tokens after
+own engine: `rounds` times each variant in turn (layer loop with the (d, 0) head, the one-token step with it,
+the one-token step with the d-only head: the machine's load moves them alike), greedy decode of `new` tokens after
 the same `prompt` ids (a plain text, tokenized by the model's own tokenizer), decode tok/s and the ids of each;
 then each head layout, (1, hidden) @ W.T, `head_reps` times on the threads and with web/linear_threads.js's
 minWork raised so one thread runs it, twice in turn: milliseconds and the GB/s its bytes (codes and scales)
@@ -45,7 +45,7 @@ _name = "token_embd.weight" if _cfg.tied_embeddings else "output.weight"
 _head = _model.w[_name]
 _js = getattr(getattr(_head, "store", None), "js", None)
 _heads = {{_head.kind: _head}}
-if _head.kind == "q8_h":  # the head as before head_blocks: the same codes, (d, 0) f32 pairs, beside it
+if _head.kind == "q8_d":  # the head as before head_blocks: the same codes, (d, 0) f32 pairs, beside it
     from pagedkv.backends.cpu_wasm import QuantWeight
     _d = _head.store.fetch(_head.dm).astype(np.float32)
     _heads["q8_0"] = QuantWeight("q8_0", _head.store.fetch(_head.qs), np.stack([_d, np.zeros_like(_d)], axis=2),
@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--head-reps", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="the page's ?threads= (default: its own, one a core); 1: no handoffs between threads")
     parser.add_argument("--quick", action="store_true", help="1 round of 8 new tokens, the head 3 times")
     parser.add_argument("--json", action="store_true", help="accepted for `python3 -m bench`")
     args = parser.parse_args(argv)
@@ -118,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds, args.new, args.head_reps = 1, 8, 3
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    with BrowserSession(f"?model={args.model}&backend=cpu") as s:
+    query = f"?model={args.model}&backend=cpu" + ("" if args.threads is None else f"&threads={args.threads}")
+    with BrowserSession(query) as s:
         result = s.py(WORKER.format(text=TEXT, prompt=args.prompt, new=args.new, rounds=args.rounds,
                                     head_reps=args.head_reps))
         info = s.model_info
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     first = next(iter(rows.values()))[0]["output_ids"]
     mean = {name: round(sum(r["decode_tok_s"] for r in rs) / len(rs), 2) for name, rs in rows.items()}
     result.update({
-        "model": args.model, "cpu_linear": info.get("cpu_linear"), "new_tokens": args.new,
+        "model": args.model, "query": query, "cpu_linear": info.get("cpu_linear"), "new_tokens": args.new,
         "same_ids": all(r["output_ids"] == first for rs in rows.values() for r in rs),
         "mean_decode_tok_s": mean, "over_the_first": {name: round(v / next(iter(mean.values())), 3)
                                                       for name, v in mean.items()},

@@ -225,29 +225,28 @@ def test_8_bit_code_rows_take_the_general_loops_arithmetic_bit_for_bit(kernels):
 
 
 @pytest.mark.parametrize("cols", [640, 576])  # Gemma 3's head rows and SmolLM2's
-def test_f16_scale_rows_give_the_f32_scale_rows_bits(kernels, cols):
-    """kind 65 (q8_h, cpu_wasm.head_blocks: q8_0 codes with one f16 d a block, the output head's layout) against
-    kind 1 with the same d as (d, 0) f32 pairs: the same bits for one token and for five (q8_h takes them one at
-    a time, kind 1 four in a tile), with d's f16 subnormal, negative and zero widened
-    exactly; the twin (pointer_twin) gives kind 1's twin's bits; with f32 activations the kernel traps."""
+def test_d_only_rows_give_the_d_m_rows_bits(kernels, cols):
+    """kind 65 (q8_d, cpu_wasm.head_blocks: q8_0 codes with one f32 d a block, the output head's layout) against
+    kind 1 with the same d as (d, 0) pairs: the same bits for one token and for five (q8_d takes them one at a
+    time, kind 1 four in a tile), negative and zero d among them; the twin (pointer_twin) gives kind 1's twin's
+    bits; with f32 activations the kernel traps."""
     rows, nb, rng = 40, cols // 32, np.random.default_rng(cols)
     qs = rng.integers(-127, 128, (rows, cols), dtype=np.int8)
-    d16 = (rng.random((rows, nb)) * 0.02).astype(np.float16)
-    d16[0, :3] = [np.float16(3e-6), np.float16(-2e-5), np.float16(-0.01)]  # subnormals and a negative
-    d16[1, nb - 1] = 0.0
-    dm = np.stack([d16.astype(np.float32), np.zeros((rows, nb), np.float32)], axis=2)
+    d = (rng.random((rows, nb)) * 0.02).astype(np.float16).astype(np.float32)  # q8_0's d: f16 values
+    d[0, :2], d[1, nb - 1] = [-0.01, 3e-6], 0.0
+    dm = np.stack([d, np.zeros((rows, nb), np.float32)], axis=2)
     scratch = np.zeros(4 * cols, np.float32)
     for t in (1, 5):
         x = (rng.standard_normal((t, cols)) * 3).astype(np.float32)
         outs = [np.zeros((t, rows), np.float32) for _ in range(4)]
-        for (kind, scales, run), out in zip(((65, d16, kernels.matmul), (1, dm, kernels.matmul),
-                                             (65, d16, pointer_twin), (1, dm, pointer_twin)), outs):
+        for (kind, scales, run), out in zip(((65, d, kernels.matmul), (1, dm, kernels.matmul),
+                                             (65, d, pointer_twin), (1, dm, pointer_twin)), outs):
             run(kind | ACT16, address_of(qs), address_of(scales), rows, cols, address_of(x), t, address_of(out), rows,
                 address_of(scratch))
         assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32)) and np.abs(outs[1]).min() > 0, t
         assert np.array_equal(outs[2].view(np.int32), outs[3].view(np.int32)), t
     with pytest.raises(wasmtime.Trap, match="unreachable"):
-        kernels.matmul(65, address_of(qs), address_of(d16), rows, cols, address_of(x), 1, address_of(outs[0]), rows,
+        kernels.matmul(65, address_of(qs), address_of(d), rows, cols, address_of(x), 1, address_of(outs[0]), rows,
                        address_of(scratch))
 
 
@@ -256,7 +255,7 @@ def test_gemma3_on_two_kernel_threads_gives_llama_cpps_greedy_ids(gemma3_gguf): 
     262,144-row head placed once in one SharedMemory (cpu_wasm.SharedStore on WasmThreads), each product's rows
     split between two threads, 8-bit activations into 4-bit codes and 16-bit into 8-bit ones, attention
     through the kernels, each decode step's layers through the one-token step as Gemma's declaration says, the
-    head held with f16 scales (cpu_wasm.head_blocks). A golden prompt's 8 greedy ids equal llama.cpp's
+    head held without its zero mins (cpu_wasm.head_blocks). A golden prompt's 8 greedy ids equal llama.cpp's
     (tests/golden/gemma3_golden.json) up
     to a near tie of llama.cpp's own; every head product (prefill's last token, 7 decode steps) ran on both
     threads."""
@@ -274,6 +273,6 @@ def test_gemma3_on_two_kernel_threads_gives_llama_cpps_greedy_ids(gemma3_gguf): 
     n = w.config.n_layers
     assert [wasm.calls[e] for e in ("attn_decode", "rms_norm_rows", "gelu_tanh_mul", "rms_norm")] == [
         7 * n, 7 * 2 * n, 7 * n, 7 * (2 * n + 1)], wasm.calls
-    assert w.tensors["token_embd.weight"].kind == "q8_h"  # the head with f16 scales (cpu_wasm.head_blocks)
+    assert w.tensors["token_embd.weight"].kind == "q8_d"  # the head without its zero mins (cpu_wasm.head_blocks)
     heads = [p for p in threads.products if p[0] == w.config.vocab]
     assert [(p[2], p[3]) for p in heads] == [(1, 2)] * 8 and all(min(p[4]) > 0 for p in heads), heads

@@ -2,7 +2,7 @@
 // head's one-token product in V8 (the engine the tab's kernels run on) against a plain read of the same bytes, on
 // 1 and 2 threads at once, the rows cut into chunks that the threads claim from a shared counter as
 // web/linear_threads.js's runChunks does, x quantized once (quant_x, kind | 4). Two layouts of the same codes:
-// (d, 0) f32 pairs a block (kind 3) and one f16 d (kind 67, cpu_wasm.head_blocks); each against `stream`
+// (d, 0) f32 pairs a block (kind 3) and d alone (kind 67, cpu_wasm.head_blocks); each against `stream`
 // (bench/page/cpu_limits.wat) over its own bytes. Best and median of REPS, every case in turn within a rep (the
 // machine's load moves them alike). Prints JSON; bench/cpu_limits_head_rate.py runs it.
 import { Worker, isMainThread, parentPort, workerData } from "node:worker_threads";
@@ -11,7 +11,7 @@ import { readFileSync } from "node:fs";
 const CHUNKS_PER_THREAD = 8;  // web/linear_threads.js's
 
 function layout(rows, cols) {
-  const nb = cols >> 5, QS = 1 << 16, DM = QS + rows * cols, DH = DM + rows * nb * 8, X = DH + rows * nb * 2;
+  const nb = cols >> 5, QS = 1 << 16, DM = QS + rows * cols, DH = DM + rows * nb * 8, X = DH + rows * nb * 4;
   const S = X + cols * 4, OUT = S + nb * 72 + 64, COUNTER = 0;
   return { nb, QS, DM, DH, X, S, OUT, COUNTER, top: OUT + rows * 4 };
 }
@@ -19,7 +19,7 @@ function layout(rows, cols) {
 // Claims chunks until none is left: the product's rows (kind 3 or 67) or a sweep of their codes and scales.
 function take(kernels, sweep, counter, job) {
   const { what, kind, rows, cols, chunk } = job, L = layout(rows, cols);
-  const half = (kind & 64) !== 0, rowD = L.nb * (half ? 2 : 8), dm = half ? L.DH : L.DM;
+  const alone = (kind & 64) !== 0, rowD = L.nb * (alone ? 4 : 8), dm = alone ? L.DH : L.DM;
   for (let r0 = Atomics.add(counter, 0, 1) * chunk; r0 < rows; r0 = Atomics.add(counter, 0, 1) * chunk) {
     const n = Math.min(chunk, rows - r0);
     if (what === "head") {
@@ -39,14 +39,13 @@ if (isMainThread) {
   const env = { env: { memory } };
   const kernels = (await WebAssembly.instantiate(linear, env)).exports;
   const sweep = (await WebAssembly.instantiate(sweepModule, env)).exports;
-  const i8 = new Int8Array(memory.buffer), f32 = new Float32Array(memory.buffer), u16 = new Uint16Array(memory.buffer);
+  const i8 = new Int8Array(memory.buffer), f32 = new Float32Array(memory.buffer);
   let seed = 1;
   const rnd = () => (seed = (seed * 1103515245 + 12345) >>> 0) / 4294967296;
   for (let i = 0; i < rows * cols; i++) i8[L.QS + i] = Math.floor(rnd() * 255) - 127;
-  for (let i = 0; i < rows * L.nb; i++) {  // d an f16 (exponent 2^-10 .. 2^-8), the same value in both layouts
-    const h = ((5 + Math.floor(rnd() * 3)) << 10) | Math.floor(rnd() * 1024);
-    u16[(L.DH >> 1) + i] = h;
-    f32[(L.DM >> 2) + 2 * i] = 2 ** ((h >> 10) - 15) * (1 + (h & 1023) / 1024);
+  for (let i = 0; i < rows * L.nb; i++) {  // the same d in both layouts
+    const d = rnd() * 0.01;
+    f32[(L.DH >> 2) + i] = f32[(L.DM >> 2) + 2 * i] = d;
     f32[(L.DM >> 2) + 2 * i + 1] = 0;
   }
   for (let i = 0; i < cols; i++) f32[(L.X >> 2) + i] = rnd() - 0.5;
@@ -84,7 +83,7 @@ if (isMainThread) {
   const result = { rows, cols, reps, same_output_bits: hashes.kind3 === hashes.kind67, cases: {} };
   for (const [name, ts] of Object.entries(times)) {
     ts.sort((a, b) => a - b);
-    const bytes = rows * cols + rows * L.nb * (name.includes("kind67") ? 2 : 8);
+    const bytes = rows * cols + rows * L.nb * (name.includes("kind67") ? 4 : 8);
     result.cases[name] = { bytes, fastest_ms: +ts[0].toFixed(2), median_ms: +ts[ts.length >> 1].toFixed(2),
                            gb_s: +(bytes / ts[0] / 1e6).toFixed(2) };
   }

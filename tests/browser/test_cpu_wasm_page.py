@@ -178,7 +178,7 @@ def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page)
         "kinds = sorted({type(w).__name__ + ':' + getattr(w, 'kind', '') for n, w in model.w.items()\n"
         "                if n.startswith('blk.') and n.endswith('_qkv.weight') or n == 'token_embd.weight'})\n"
         f"json.dumps({{'kinds': kinds, **c.greedy(model, {PROMPT}, {NEW_TOKENS})}})")
-    assert got["kinds"] == ["QuantWeight:q4_1", "QuantWeight:q8_h"]  # the q8_0 head with f16 scales
+    assert got["kinds"] == ["QuantWeight:q4_1", "QuantWeight:q8_d"]  # the q8_0 head without its zero mins
     # the tiny model's products are under the threads' minWork: split every one of them, the same ids come out
     split = worker.py(
         "import json, cpu_wasm_cases as c\nfrom pagedkv_app.main import state\n"

@@ -13,8 +13,8 @@
 ;;       kind 1 (q8_0, q4_0, q5_0), 17 (q5_1, q5_K), 9 (q6_K): 32 bytes a block, signed codes in weight order
 ;;   dm  two f32 a block, (d, m): weight = d * code + m, the reference's dequantization (m = 0 for kind 1; kind 17
 ;;       has mins, which one-token rows add after their codes' sum); kind 9 (d0, d1): weights 0..15 = d0 * code,
-;;       16..31 = d1 * code (q6_K's scales of 16 weights); kind 65 (bit 64: q8_0's codes, the output head): one f16
-;;       d a block, 2 bytes, 16-bit activations only (a token at a time)
+;;       16..31 = d1 * code (q6_K's scales of 16 weights); kind 65 (bit 64: q8_0's codes, the output head): one f32
+;;       d a block, no m, 16-bit activations only (a token at a time)
 ;; Activations x (t, cols) f32 row-major; out (t, ldo) f32, of which the kernel writes rows columns; scratch the
 ;; kernel overwrites: cols f32 (a decoded row, or for one token each block's sum of x), with 16-bit activations
 ;; t * cols * 2.25 bytes (each token's quant_x blocks), with 8-bit ones t * cols * 1.25 (quant_x8's).
@@ -317,11 +317,10 @@
     end
     local.get $sum call $hsum f32.const 0 f32.add)
 
-  ;; $dot_q8_x16 of a row whose scales are one f16 d a block (kind 65: the output head, 34 bytes a block as
-  ;; llama.cpp's q8_0, not 40), d widened to f32 exactly (f16's bits moved into f32's, times 2^112: subnormals
-  ;; included), then $dot_q8_x16's arithmetic: the same bits as that row with (d, 0) f32 scales.
-  (func $dot_q8h_x16 (param $qs i32) (param $dh i32) (param $nb i32) (param $s i32) (result f32)
-    (local $v v128) (local $h v128) (local $sum v128) (local $xd i32) (local $xq i32) (local $b i32)
+  ;; $dot_q8_x16 of a row whose scales are one f32 d a block, without q8_0's zero m (kind 65: the output head, 36
+  ;; bytes a block, not 40), the arithmetic $dot_q8_x16's, so the same bits as that row with (d, 0) pairs.
+  (func $dot_q8d_x16 (param $qs i32) (param $d i32) (param $nb i32) (param $s i32) (result f32)
+    (local $v v128) (local $h v128) (local $sum v128) (local $xd i32) (local $xq i32)
     local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
     local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
     loop $block
@@ -332,13 +331,10 @@
       local.get $v i16x8.extend_high_i8x16_s local.get $xq v128.load offset=16 i32x4.dot_i16x8_s i32x4.add
       local.get $h i16x8.extend_low_i8x16_s local.get $xq v128.load offset=32 i32x4.dot_i16x8_s
       local.get $h i16x8.extend_high_i8x16_s local.get $xq v128.load offset=48 i32x4.dot_i16x8_s i32x4.add
-      i32x4.add f32x4.convert_i32x4_s
-      local.get $dh i32.load16_u local.tee $b i32.const 0x7fff i32.and i32.const 13 i32.shl
-      local.get $b i32.const 0x8000 i32.and i32.const 16 i32.shl i32.or f32.reinterpret_i32 f32.const 0x1p112 f32.mul
-      local.get $xd f32.load f32.mul f32x4.splat f32x4.mul
+      i32x4.add f32x4.convert_i32x4_s local.get $d f32.load local.get $xd f32.load f32.mul f32x4.splat f32x4.mul
       f32x4.add local.set $sum
       local.get $qs i32.const 32 i32.add local.set $qs
-      local.get $dh i32.const 2 i32.add local.set $dh
+      local.get $d i32.const 4 i32.add local.set $d
       local.get $xd i32.const 4 i32.add local.set $xd
       local.get $xq i32.const 64 i32.add local.set $xq
       local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
@@ -664,14 +660,14 @@
     (local $nb i32) (local $t0 i32) (local $n i32) (local $r i32) (local $q i32) (local $s i32) (local $xp i32) (local $o i32)
     (local $mode i32) (local $q8 i32) (local $dstep i32)
     local.get $kind i32.const 38 i32.and local.set $mode  ;; 2: 16-bit activations; 32: 8-bit; 4: x quantized already
-    local.get $kind i32.const 89 i32.and local.set $kind  ;; 1: 8-bit codes; 8: split scales; 16: mins; 64: f16 d
+    local.get $kind i32.const 89 i32.and local.set $kind  ;; 1: 8-bit codes; 8: split scales; 16: mins; 64: d only
     local.get $kind i32.const 64 i32.and
-    if  ;; kind 65 (f16 scales) runs with 16-bit activations only
+    if  ;; kind 65 (d only) runs with 16-bit activations only
       local.get $mode i32.const 2 i32.and i32.eqz
       if unreachable end
     end
-    local.get $cols i32.const 5 i32.shr_u i32.const 1 i32.const 3 local.get $kind i32.const 64 i32.and select i32.shl
-    local.set $dstep  ;; a row's scales: nb (d, m) f32 pairs, or nb f16
+    local.get $cols i32.const 5 i32.shr_u i32.const 2 i32.const 3 local.get $kind i32.const 64 i32.and select i32.shl
+    local.set $dstep  ;; a row's scales: nb (d, m) f32 pairs, or nb d
     local.get $kind i32.const 1 i32.and local.set $q8  ;; a row's qs: nb << (4 + q8) bytes
     local.get $cols i32.const 5 i32.shr_u local.set $nb
     local.get $mode i32.const 32 i32.and
@@ -738,7 +734,7 @@
           block $tiled8
             loop $tiles8
               local.get $n i32.const 4 i32.lt_u br_if $tiled8
-              local.get $kind i32.const 64 i32.and br_if $tiled8  ;; f16 scales: one token at a time
+              local.get $kind i32.const 64 i32.and br_if $tiled8  ;; d only: one token at a time
               local.get $kind local.get $xp local.get $s local.get $nb local.get $mode local.get $q local.get $o local.get $ldo
               call $dot_x16_t4
               local.get $mode local.get $q i32.const 2 i32.shl i32.add local.set $mode
@@ -757,7 +753,7 @@
               else
                 local.get $kind i32.const 65 i32.eq
                 if (param i32) (result i32 f32)
-                  local.get $xp local.get $s local.get $nb local.get $mode call $dot_q8h_x16
+                  local.get $xp local.get $s local.get $nb local.get $mode call $dot_q8d_x16
                 else
                   local.get $kind local.get $xp local.get $s local.get $nb local.get $mode call $dot_x16
                 end
