@@ -91,7 +91,7 @@ class WasmAttentionModel(NumpyModel):
         self._pools: dict[int, tuple[np.ndarray, int]] = {}  # id(pool) -> (pool, address): pools live on
         self._batch, self._tables = None, {}  # the step whose tables these are, and their entries (_step)
 
-    def _step_layers(self) -> list["StepLayer"] | None:
+    def _step_layers(self) -> list[StepLayer] | None:
         """Each layer's part of the one-token step (StepLayer), read from the family's declaration (its Layer per
         decoder layer); None when the model needs an op beyond STEP_OPS, a width is not a multiple of 4 or the
         kernels lack an export the layers name (their glue)."""
@@ -103,12 +103,9 @@ class WasmAttentionModel(NumpyModel):
                 or not all(hasattr(self.kernels, name) for name in glue)):
             return None
 
-        def gain(name: str) -> np.ndarray:  # held f32 and contiguous, so its address stays
+        def at(name: str) -> int:  # a norm's gain, held f32 and contiguous so that its address stays
             w[name] = np.ascontiguousarray(w[name], np.float32)
-            return w[name]
-
-        def at(name: str) -> int:
-            return address_of(gain(name))
+            return address_of(w[name])
 
         def stacked(name: str) -> QuantWeight | None:  # None: the parts through the reference's _projections
             both = w.get(name)
