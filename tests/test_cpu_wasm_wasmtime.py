@@ -25,7 +25,7 @@ from wasm_kernels import WasmKernels, WasmThreads, engine, modules, spans
 
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.cpu_attention import PointerTwin
-from pagedkv.backends.cpu_wasm import (ACT8, ACT16, KINDS, HeapStore, SharedStore, address_of,
+from pagedkv.backends.cpu_wasm import (ACT8, ACT16, KINDS, HeapStore, SharedStore, address_of, chunks,
                                       pointer_twin, quant_x_twin, stack_projections, tensor_loader)
 from pagedkv.model.convert import convert_cached
 from pagedkv.model.weights import ModelWeights, read_manifest
@@ -161,7 +161,9 @@ def test_the_shared_module_on_two_threads_at_once_gives_one_instances_products()
     got = np.zeros((t, rows), np.float32)
     threads.matmul(0, threads.place(address_of(qs), qs.nbytes), threads.place(address_of(dm), dm.nbytes), rows, cols,
                    address_of(x), t, address_of(got))
-    assert threads.products[-1][3] == 2 and all(threads.products[-1][4])  # both threads ran chunks
+    # Two threads shared the work and every chunk ran once. Which thread ran how many is the scheduler's choice: on
+    # a loaded machine one thread can claim every chunk before the other starts.
+    assert threads.products[-1][3] == 2 and sum(threads.products[-1][4]) == len(chunks(rows, 2)) > 1
     assert np.array_equal(got, want)
 
 
