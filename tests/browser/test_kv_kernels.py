@@ -166,6 +166,20 @@ def test_cpu_prefill_walks_long_prefixes_in_passes_of_512_keys(page):
         assert r["passes"] == 3 and r["shape"][0] == 52, call
 
 
+def test_gpu_prefill_walks_long_prefixes_in_passes_of_1024_keys(page):
+    # The gpu family's walk (a workgroup per tile) in passes of 1,024 keys: contexts of 3,609 (4 passes), 1,033 (2)
+    # and 30 keys in one batch, Gemma 3's heads (4 x 256 over one kv head) in f16 and with its 512-key window in
+    # f32 (its walks end in the first pass; the later ones return at once), and SmolLM2's. In one walk, past 3,588
+    # keys at head_dim 256, llvmpipe's loop cap cut the keys short on lavapipe (rel error 1.0 at 4,000 keys).
+    chunks = [(3600, 9), (1020, 13), (0, 30)]
+    calls = [f"prefill_case({60 + i}, {chunks}, 16, {dtype!r}, {h}, {kv}, {d}, window={window}, family='gpu')"
+             for i, (h, kv, d, dtype, window) in enumerate([(4, 1, 256, "f16", 0), (4, 1, 256, "f32", 512),
+                                                             (*SMOLLM2, "f32", 0)])]
+    for call, r in zip(calls, run(page, calls)):
+        assert r["max_abs"] <= PREFILL_MAX_ABS and r["rel"] <= PREFILL_REL, (call, r)
+        assert r["passes"] == 4 and r["shape"][0] == 52, call
+
+
 def test_bad_block_table_is_refused_before_the_gpu_runs(page):
     with pytest.raises(Exception, match=r"block ids must lie in \[0, 8\)"):
         page.py("await decode_bad_table()")
