@@ -75,8 +75,9 @@ async def teacher_forced(manifest: dict, shards: dict, kernels: str, cases: tupl
     out["rows"] = await forced_rows(engine, [(c["prompt_ids"], c["output_ids"]) for c in cases], model=gemma.name)
     out["golden"] = cases
     if shared:
-        out["shared"] = {"page_bytes": pool.pages.page_bytes, "group_page": page_use(check_manifest(manifest), "f16", 16),
-                         "slots": len(b.kv_pool.caches), "used_at_end": engine.pool.num_used}
+        out["shared"] = {"page_bytes": pool.pages.page_bytes, "slots": len(b.kv_pool.caches),
+                         "group_page": page_use(check_manifest(manifest), "f16", 16),
+                         "used_at_end": engine.pool.num_used}
         for lane in engine.lanes.values():
             lane.backend.destroy()
         pool.pages.destroy()
