@@ -192,7 +192,7 @@ def test_the_tiny_model_through_every_kernel_gives_the_twins_ids(tiny_dir, activ
     assert wasm.calls["attn_decode"] == 6 * weights.config.n_layers and wasm.calls["add_rms_norm"] > 0, wasm.calls
 
 
-def test_shifted_window_retention_on_a_hybrid_model_through_the_wasm_kernels_gives_the_twins_ids(gemma_dir):  # noqa: F811
+def test_hybrid_models_shifted_window_through_the_wasm_kernels_gives_the_twins_ids(gemma_dir):  # noqa: F811
     """KVRetention on the tab's CPU path: a tiny random Gemma 3 (1 full and 5 window KV groups of 2 layers) with
     every projection and attention call through the wasm kernels, under a shifted 16-token request window (it binds
     the 32-token window layers too): a 40-token prompt's 40 greedy ids equal those of the numpy twins and of the
