@@ -5,7 +5,7 @@ line and the global layers must?
     python3 -m bench.gemma3_long [--paths wgpu_gpu tab_webgpu] [--ids 4]      (python3 -m bench --only gemma3_long)
 
 Under `python3 -m bench`, a run of some paths (`-- --paths wgpu_gpu`) keeps the other paths' rows of the result it
-replaces; each row carries the commit it ran at and its date.
+replaces; each row carries the commit it ran at and when it started.
 
 - `wgpu_gpu`: the WebGPU backend on wgpu-py (lavapipe here), the gpu kernel family, 256-token prefill chunks,
   teacher forced through LLMEngine (tests/forced_rows.py) as tests/native/test_gemma3_wgpu_native.py runs the cpu
@@ -117,13 +117,14 @@ def code_version() -> str:
 def run_path(name: str, n: int) -> dict:
     before = os.getloadavg()
     version = code_version()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"== {name}", file=sys.stderr, flush=True)
     try:
         out = asyncio.run(wgpu_gpu(n)) if name == "wgpu_gpu" else tab_webgpu(n)
     except Exception as exc:  # one path's failure is that path's figure; the other still runs
         out = {"error": f"{type(exc).__name__}: {exc}"}
     out["code"] = version
-    out["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    out["started"] = started
     out["load_avg_before"] = [round(x, 2) for x in before]
     out["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out), file=sys.stderr, flush=True)
@@ -140,7 +141,7 @@ def main() -> None:
     if args.quick:
         args.paths, args.ids = ["wgpu_gpu"], 1
     prompt, _, _ = forced_case(args.ids)
-    # A run of some paths keeps the other paths' rows of the result it replaces (each row says its code and date).
+    # A run of some paths keeps the other paths' rows of the result it replaces (each row says its code and when it started).
     previous = previous_result() or {}
     paths = {k: v for k, v in previous.get("paths", {}).items() if previous.get("ids") == args.ids}
     paths.update({name: run_path(name, args.ids) for name in args.paths})
