@@ -64,6 +64,11 @@ BENCHMARKS = {
     "cpu_limits": ["bench.cpu_limits"],
     # how many of Gemma 3's 262,144 head rows a provable candidate screen keeps (why the head has no such path)
     "cpu_limits_head": ["bench.cpu_limits_head"],  # the tab's CPU path (bench.wllama's default row) against the cores' limits
+    # Gemma 3's decode step in the page: the one-token step vs the layer loop, the head with d alone vs (d, 0) pairs
+    "cpu_limits_step": ["bench.cpu_limits_step"],
+    "cpu_limits_step_1thread": ["bench.cpu_limits_step", "--threads", "1"],  # the same without thread handoffs
+    # Gemma 3's head alone vs a plain read of its bytes, 1 and 2 threads, V8 (Node) and wasmtime
+    "cpu_limits_head_rate": ["bench.cpu_limits_head_rate"],
     "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
     "long_chat": ["bench.long_chat"],  # full form ~1 h on SwiftShader; then `-- --cpu-reference` merges its part
     "soak": ["bench.soak"],  # the chat page under random Send / Stop / Regenerate / Delete / New chat / reload
