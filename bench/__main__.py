@@ -81,6 +81,9 @@ BENCHMARKS = {
     "hybrid_kv": ["bench.hybrid_kv"],
     # the same on the WebGPU backend (wgpu-py's adapter): its ledger's pages, and the engine's after a 1k prompt
     "hybrid_kv_wgpu": ["bench.hybrid_kv", "--backend", "wgpu"],
+    # Gemma 3's 1,783-token golden (case 7) where the suite cannot afford it: lavapipe's gpu kernel family and the
+    # tab on WebGPU (SwiftShader); llama.cpp's ids beside ours, wall times and the machine's load (~25 min here)
+    "gemma3_long": ["bench.gemma3_long"],
     # SmolLM2 on the CPU backend: decode ms/token free text vs json_schema vs a forced tool call (interleaved
     # rounds), and the token mask's cost (cold, cached)
     "structured": ["bench.structured"],
@@ -89,7 +92,7 @@ BENCHMARKS = {
     "structured_wgpu": ["bench.structured", "--backend", "wgpu"],
 }
 # Run in their quick form unless --only names them.
-LONG = ("kv_quality_window", "long_chat")
+LONG = ("kv_quality_window", "long_chat", "gemma3_long")
 # Browser benchmarks that take their page from bench.harness.session(): run in one page.
 ONE_PAGE = ("kv_browser", "kv_kernels", "kernels_browser", "model_kernels", "roofline", "ttft", "webgpu_engine",
             "concurrency", "wllama", "long_chat")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import wasmtime
 from llama_reference import near_tie
-from model_fixtures import REAL_MODEL_DIR, gemma3_gguf, real_weights, tiny_dir  # noqa: F401  (fixtures)
+from model_fixtures import REAL_MODEL_DIR, gemma3_gguf, gemma_dir, real_weights, tiny_dir  # noqa: F401  (fixtures)
 from test_cpu_linear import prefill_then_decode
 from wasm_kernels import WasmKernels, WasmThreads, engine, modules, spans
 
@@ -27,8 +27,12 @@ from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.cpu_attention import PointerTwin
 from pagedkv.backends.cpu_wasm import (ACT8, ACT16, KINDS, HeapStore, SharedStore, address_of, chunks,
                                       pointer_twin, quant_x_twin, stack_projections, tensor_loader)
+from pagedkv.engine import EngineConfig, LLMEngine, run_sync
+from pagedkv.kv.retention import KVRetention
 from pagedkv.model.convert import convert_cached
 from pagedkv.model.weights import ModelWeights, read_manifest
+from pagedkv.sampling import SamplingParams
+from pagedkv.tokenizer import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).parent / "browser"))
 import cpu_wasm_cases as cases  # noqa: E402  (the browser tests' cases, run here on wasmtime)
@@ -189,6 +193,36 @@ def test_the_tiny_model_through_every_kernel_gives_the_twins_ids(tiny_dir, activ
     assert np.array_equal(got_pre.argmax(axis=1), want_pre.argmax(axis=1))
     assert [int(g.argmax()) for g in got_dec] == [int(w.argmax()) for w in want_dec]
     assert wasm.calls["attn_decode"] == 6 * weights.config.n_layers and wasm.calls["add_rms_norm"] > 0, wasm.calls
+
+
+def test_hybrid_models_shifted_window_through_the_wasm_kernels_gives_the_twins_ids(gemma_dir):  # noqa: F811
+    """KVRetention on the tab's CPU path: a tiny random Gemma 3 (1 full and 5 window KV groups of 2 layers) with
+    every projection and attention call through the wasm kernels, under a shifted 16-token request window (it binds
+    the 32-token window layers too): a 40-token prompt's 40 greedy ids equal those of the numpy twins and of the
+    plain numpy engine under the same window (tests/test_kv_retention_groups.py holds that one to the oracle; this
+    prompt has no near tie there), so the pools the wasm attention reads are the ones the window's shifts rotate."""
+    weights = ModelWeights.load(gemma_dir)
+    shards = {s["file"]: (gemma_dir / s["file"]).read_bytes() for s in weights.manifest["shards"]}
+    retention = KVRetention(window_tokens=16, sink_tokens=4)
+    wasm = WasmKernels("linear_relaxed")
+
+    def greedy(backend) -> tuple[list[int], int]:
+        engine = LLMEngine(backend, Tokenizer.from_manifest(weights.manifest),
+                           EngineConfig(max_num_batched_tokens=32))
+        req = engine.request(engine.add_request(list(range(3, 43)), SamplingParams(max_tokens=40,
+                                                stop_token_ids=(10_000,)), retention=retention))
+        while engine.has_unfinished:
+            run_sync(engine.step())
+        return req.output_ids, engine.stats()["shifted_blocks"]
+
+    runs = [greedy(CpuBackend(weights, 40, 16))]
+    for matmul, attention in ((pointer_twin, PointerTwin()), (wasm.matmul, wasm)):
+        w = ModelWeights.from_shards(weights.manifest, shards, tensor_loader(HeapStore(matmul, "f32")))
+        stack_projections(w.tensors, w.config.n_layers)
+        runs.append(greedy(CpuBackend(w, 40, 16, linear="wasm", attention=attention)))
+    print(runs)  # pytest -s
+    assert runs[0] == runs[1] == runs[2] and runs[0][1] > 0
+    assert wasm.calls["attn_decode"] >= 39 * weights.config.n_layers, wasm.calls
 
 
 def test_smollm2_on_the_tabs_default_kernels_gives_llama_cpps_greedy_ids(real_weights):  # noqa: F811

@@ -75,10 +75,11 @@ def test_program_has_one_pass_per_phase_and_8_or_9_dispatches_per_layer():
 
 def test_a_long_prefill_walks_its_keys_in_passes_of_512():
     """The cpu family's prefill attention takes one dispatch per 512 keys of the longest context (32 blocks of
-    16), the passes after the first resuming from the states they keep in act; decode and the gpu family take one."""
+    16), the gpu family's one per 1,024 (32 tiles of 32 keys at head_dim 32), the passes after the first resuming
+    from the states they keep in act; decode takes one."""
     b = fake_backend()
     kv = b.kv_kernels
-    assert kv.prefill.pass_blocks == 32 and dict(kv.prefill.constants)["PASS_BLOCKS"] == 32
+    assert kv.prefill.pass_keys == 512 and dict(kv.prefill.constants)["PASS_BLOCKS"] == 32
     assert [kv.prefill_passes(np.array([5, n])) for n in (512, 513, 1024, 1783)] == [1, 2, 2, 4]
     assert PlanKey.of(2, 2, prefill_passes=4) == PlanKey.of(2, 2)  # decode: no prefill passes
     attn = [d for d in layer_program(b, PlanKey.of(24, 3, prefill_passes=3))[0] if d.slot == "attn"]
@@ -86,9 +87,11 @@ def test_a_long_prefill_walks_its_keys_in_passes_of_512():
         "paged_prefill_attention"] + ["paged_prefill_attention_resume"] * 2  # two layers
     assert {d.bindings[8] for d in attn} == {"act"} and {d.bindings[7] for d in attn} == {"attn"}
     gpu = fake_backend("gpu")
-    assert gpu.kv_kernels.prefill.pass_blocks == 0 and gpu.kv_kernels.prefill_passes(np.array([4096])) == 1
-    attn = [d for d in layer_program(gpu, PlanKey.of(24, 3))[0] if d.slot == "attn"]
-    assert [d.shader for d in attn] == ["paged_prefill_attention_gpu"] * 2 and 8 not in attn[0].bindings
+    assert gpu.kv_kernels.prefill.pass_keys == 1024 and dict(gpu.kv_kernels.prefill.constants)["PASS_TILES"] == 32
+    assert [gpu.kv_kernels.prefill_passes(np.array([5, n])) for n in (1024, 1025, 1783, 4096)] == [1, 2, 2, 4]
+    attn = [d for d in layer_program(gpu, PlanKey.of(24, 3, prefill_passes=2))[0] if d.slot == "attn"]
+    assert [d.shader for d in attn] == ["paged_prefill_attention_gpu", "paged_prefill_attention_gpu_resume"] * 2
+    assert {d.bindings[8] for d in attn} == {"act"}
 
 
 def test_a_shaped_draw_shapes_the_logits_then_draws_then_counts():

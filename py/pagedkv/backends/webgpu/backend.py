@@ -52,8 +52,7 @@ def refuse_unsupported(config: ModelConfig) -> None:
 
 
 UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_wide", "paged_attention_gpu", "paged_attention_gpu_sg",
-                "paged_prefill_attention", "paged_prefill_attention_wide", "paged_prefill_attention_gpu",
-                "paged_prefill_attention_resume", "paged_prefill_attention_wide_resume")
+                "paged_prefill_attention", "paged_prefill_attention_wide", "paged_prefill_attention_gpu")
 
 
 class WebGpuBackend:
@@ -340,7 +339,8 @@ class WebGpuBackend:
                     pipeline = await self.ctx.kernel(d.shader, dict(d.constants), d.entry)
                 bindings = dict(d.bindings) if isinstance(d.bindings, dict) else dict(enumerate(d.bindings))
                 # The attention kernels keep their uniform at binding 5 (paged_kv_read.wgsl).
-                uniform_at = d.uniform_at or (5 if d.shader in UNIFORM_AT_5 else len(bindings))
+                # So do their prefill passes after the first (KVKernels.prefill_resume: the same shader).
+                uniform_at = d.uniform_at or (5 if d.shader.removesuffix("_resume") in UNIFORM_AT_5 else len(bindings))
                 bindings[uniform_at] = (params, SLOT_INDEX[d.slot] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
                 bindings.update(d.extra)
                 recorded.append((pipeline, self.ctx.bind(pipeline, bindings)))

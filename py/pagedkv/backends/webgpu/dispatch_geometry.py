@@ -123,7 +123,7 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, model: s
                       partition_blocks=part_blocks)
     grids, _ = step_slots(b, shape)  # (slots, 3)
     rows = []
-    key = PlanKey.of(new_tokens, 1, greedy=True, prefill_passes=kv.prefill.passes(used))  # greedy: ids come back
+    key = PlanKey.of(new_tokens, 1, greedy=True, prefill_passes=kv.prefill.passes(context))  # greedy: ids come back
     for dispatches in layer_program(b, key):
         for d in dispatches:
             grid = tuple(int(g) for g in grids[SLOT_INDEX[d.slot]])

@@ -77,7 +77,7 @@ class PlanKey:
     sampled: bool = False  # the next tokens are drawn on the GPU (sample.wgsl), not argmax'd
     greedy: bool = False  # only the argmax ids come back: the gpu family's LM head matvec writes no logits
     shaped: bool = False  # sampled, from logits sample_shape.wgsl shaped first (device_draws.py)
-    prefill_passes: int = 1  # dispatches of the cpu family's prefill attention a layer (KVKernels.prefill_passes)
+    prefill_passes: int = 1  # dispatches of prefill attention a layer (KVKernels.prefill_passes)
     # the step's last-layer queries are scored after it (attention mass, WebGpuBackend._attention_mass): that
     # layer's q | k | v writes scratch q (not folded into its attention, which keeps q in workgroup memory)
     mass: bool = False
@@ -337,15 +337,14 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                                      (s["context_lens"], s["part_acc"], s["part_stats"], s["attn"]), "reduce"))
         else:
             kv = b.kv_kernels
-            # The cpu family's passes keep their (T, n_heads, 4) f32 states (paged_prefill_attention_main.wgsl) in
-            # act, (T, ffn): the last layer's activation is spent and this one's not yet made.
-            if kv.prefill.pass_blocks and cfg.ffn < 4 * cfg.n_heads:
+            # The passes keep their (T, n_heads, 4) f32 states (paged_prefill_attention_{main,gpu}.wgsl) in act,
+            # (T, ffn): the last layer's activation is spent and this one's not yet made.
+            if cfg.ffn < 4 * cfg.n_heads:
                 raise ValueError(f"prefill passes keep 4 floats a head in the ffn-wide activation: ffn {cfg.ffn} < 4 x "
                                  f"{cfg.n_heads} heads")
-            state = {8: s["act"]} if kv.prefill.pass_blocks else {}
             for name in [kv.prefill.name] + [kv.prefill_resume] * (key.prefill_passes - 1):
                 body.append(Dispatch(*kv_kernel(name), {**dict(enumerate(common)), 6: s["starts"], 7: s["attn"],
-                                                        **state}, attn_slot))
+                                                        8: s["act"]}, attn_slot))
         post_attention = "post_attention_norm" if spec.post_attention_norm else None
         if fuse and key.decode:  # x += o, the partitions merged on the way in
             body += residual(i, lambda y, acc: merge_linear(i, y, acc), post_attention)
