@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from model_fixtures import gemma_weights, reference_greedy  # noqa: F401  (fixtures)
+from model_fixtures import gemma_dir, gemma_weights, reference_greedy  # noqa: F401  (fixtures)
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.numpy_ref import NumpyModel
 from pagedkv.config import CacheConfig

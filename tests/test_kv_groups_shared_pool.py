@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from model_fixtures import gemma_weights, reference_greedy, tiny_dir, tiny_weights  # noqa: F401  (fixtures)
+from model_fixtures import gemma_dir, gemma_weights, reference_greedy, tiny_dir, tiny_weights  # noqa: F401  (fixtures)
 
 from pagedkv.backends.cpu import CpuBackend, allocate_pages, plan_pages
 from pagedkv.backends.numpy_ref import NumpyModel

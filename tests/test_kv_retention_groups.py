@@ -18,7 +18,7 @@ continuation has no near tie (the checks below would flip on one).
 from __future__ import annotations
 
 import pytest
-from model_fixtures import gemma_weights  # noqa: F401  (fixture)
+from model_fixtures import gemma_dir, gemma_weights  # noqa: F401  (fixtures)
 from test_kv_groups import FULL_AND_WINDOW, computed, decode, make
 from test_kv_retention import window_oracle
 
