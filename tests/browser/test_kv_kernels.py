@@ -2,7 +2,7 @@
 
 Every case runs in the page's worker (tests/browser/kv_cases.py): random caches, scattered non-monotonic
 block tables, several sequences of different lengths (not multiples of the block size) in one batch,
-block sizes 8/16/32, f32 and packed-f16 KV, SmolLM2's GQA (9 query heads / 3 kv heads, head_dim 64) and
+block sizes 8/16/32 (64 and 128 in one test), f32 and packed-f16 KV, SmolLM2's GQA (9 query heads / 3 kv heads, head_dim 64) and
 small configs (4 / 2 and 8 / 2 heads, head_dim 16; 4 / 4 heads, head_dim 32), so every head tile 1..4 runs.
 Decode attention runs in each kernel family (FAMILY): the cpu family's, the gpu family's with its
 workgroup-tree reduction and with subgroups (SwiftShader's subgroups have 4 lanes, lavapipe's 8).
@@ -164,6 +164,29 @@ def test_cpu_prefill_walks_long_prefixes_in_passes_of_512_keys(page):
     for call, r in zip(calls, run(page, calls)):
         assert r["max_abs"] <= PREFILL_MAX_ABS and r["rel"] <= PREFILL_REL, (call, r)
         assert r["passes"] == 3 and r["shape"][0] == 52, call
+
+
+@FAMILY
+def test_blocks_of_64_and_128_keys_are_walked_in_chunks(page, family):
+    # Blocks longer than the cpu family's 32-key score chunk (paged_attention_common.wgsl walks them 32 keys at a
+    # time; the gpu family walks keys in tiles whatever the block). Decode: lengths at chunk and block edges over
+    # two 128-token partitions, and Gemma 3's heads in a 100-key window whose earlier blocks are poisoned (the walk
+    # starts at the window's chunk). Prefill: a cached prefix and a chunk crossing blocks; at 128-token blocks a
+    # 609-key walk over two passes of 4 blocks (cpu family) and the same window.
+    calls = [f"decode_case(60, [1, 33, 64, 65, 200], 64, 'f16', 9, 3, 64, family={family!r})",
+             f"decode_case(61, [127, 129, 300], 128, 'f32', 4, 1, 256, window=100, family={family!r})"]
+    if family != "gpu-sg":  # the gpu family's prefill has no subgroup variant
+        calls += [f"prefill_case(62, [(37, 11), (0, 70)], 64, 'f16', 9, 3, 64, family={family!r})",
+                  f"prefill_case(63, [(600, 9), (0, 30)], 128, 'f32', 4, 1, 256, window=100, family={family!r})"]
+    results = run(page, calls)
+    for call, r in zip(calls, results):
+        bound = (DECODE_MAX_ABS, DECODE_REL) if "decode" in call else (PREFILL_MAX_ABS, PREFILL_REL)
+        assert r["max_abs"] <= bound[0] and r["rel"] <= bound[1], (call, r)
+    assert [(r["shape"], r["partitions"], r["dispatches"]) for r in results[:2]] == [([5, 9, 64], 2, 2),
+                                                                                   ([3, 4, 256], 3, 2)]
+    if family != "gpu-sg":
+        assert [r["shape"] for r in results[2:]] == [[81, 9, 64], [39, 4, 256]]
+        assert [r["passes"] for r in results[2:]] == ([1, 2] if family == "cpu" else [1, 1])
 
 
 def test_bad_block_table_is_refused_before_the_gpu_runs(page):
