@@ -2,8 +2,9 @@
 
 Every case runs in the page's worker (tests/browser/kv_cases.py): random caches, scattered non-monotonic
 block tables, several sequences of different lengths (not multiples of the block size) in one batch,
-block sizes 8/16/32 (64 and 128 in one test), f32 and packed-f16 KV, SmolLM2's GQA (9 query heads / 3 kv heads, head_dim 64) and
-small configs (4 / 2 and 8 / 2 heads, head_dim 16; 4 / 4 heads, head_dim 32), so every head tile 1..4 runs.
+block sizes 8/16/32 (64 and 128 in one test), f32 and packed-f16 KV, SmolLM2's GQA (9 query heads / 3 kv heads,
+head_dim 64) and small configs (4 / 2 and 8 / 2 heads, head_dim 16; 4 / 4 heads, head_dim 32), so every head tile
+1..4 runs.
 Decode attention runs in each kernel family (FAMILY): the cpu family's, the gpu family's with its
 workgroup-tree reduction and with subgroups (SwiftShader's subgroups have 4 lanes, lavapipe's 8).
 The references run in float64 on the very cache values the GPU holds, so the bounds below measure only
