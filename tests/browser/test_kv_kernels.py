@@ -168,26 +168,26 @@ def test_cpu_prefill_walks_long_prefixes_in_passes_of_512_keys(page):
 
 
 @FAMILY
-def test_blocks_of_64_and_128_keys_are_walked_in_chunks(page, family):
-    # Blocks longer than the cpu family's 32-key score chunk (paged_attention_common.wgsl walks them 32 keys at a
-    # time; the gpu family walks keys in tiles whatever the block). Decode: lengths at chunk and block edges over
-    # two 128-token partitions, and Gemma 3's heads in a 100-key window whose earlier blocks are poisoned (the walk
-    # starts at the window's chunk). Prefill: a cached prefix and a chunk crossing blocks; at 128-token blocks a
-    # 609-key walk over two passes of 4 blocks (cpu family) and the same window.
+def test_blocks_of_64_and_128_keys_give_the_bits_of_32_key_blocks(page, family):
+    # Blocks longer than the cpu family's 32-key score chunk: paged_attention_common.wgsl walks them 32 keys at a
+    # time, so the same keys in blocks of 32, 64 or 128 (scattered tables) must give the same output bits, and the
+    # gpu family walks keys in tiles whatever the block. Decode: lengths at chunk and block edges over two 128-token
+    # partitions (against numpy). Decode and prefill at the three sizes: SmolLM2's heads with a cached prefix, a
+    # fresh 70-token chunk and a one-token chunk after 300; Gemma 3's heads in a 100-key window, a 609-key walk in
+    # two prefill passes of 512 keys (cpu family: 16 / 8 / 4 blocks a pass).
     calls = [f"decode_case(60, [1, 33, 64, 65, 200], 64, 'f16', 9, 3, 64, family={family!r})",
-             f"decode_case(61, [127, 129, 300], 128, 'f32', 4, 1, 256, window=100, family={family!r})"]
-    if family != "gpu-sg":  # the gpu family's prefill has no subgroup variant
-        calls += [f"prefill_case(62, [(37, 11), (0, 70)], 64, 'f16', 9, 3, 64, family={family!r})",
-                  f"prefill_case(63, [(600, 9), (0, 30)], 128, 'f32', 4, 1, 256, window=100, family={family!r})"]
-    results = run(page, calls)
-    for call, r in zip(calls, results):
-        bound = (DECODE_MAX_ABS, DECODE_REL) if "decode" in call else (PREFILL_MAX_ABS, PREFILL_REL)
-        assert r["max_abs"] <= bound[0] and r["rel"] <= bound[1], (call, r)
-    assert [(r["shape"], r["partitions"], r["dispatches"]) for r in results[:2]] == [([5, 9, 64], 2, 2),
-                                                                                   ([3, 4, 256], 3, 2)]
-    if family != "gpu-sg":
-        assert [r["shape"] for r in results[2:]] == [[81, 9, 64], [39, 4, 256]]
-        assert [r["passes"] for r in results[2:]] == ([1, 2] if family == "cpu" else [1, 1])
+             f"same_bits_case(64, [(37, 11), (0, 70), (300, 1)], [32, 64, 128], 9, 3, 64, family={family!r})",
+             f"same_bits_case(65, [(600, 9), (0, 30)], [32, 64, 128], 4, 1, 256, window=100, family={family!r})"]
+    decode, *same = run(page, calls)
+    assert decode["max_abs"] <= DECODE_MAX_ABS and decode["rel"] <= DECODE_REL, decode
+    assert (decode["shape"], decode["partitions"], decode["dispatches"]) == ([5, 9, 64], 2, 2)
+    for call, r in zip(calls[1:], same):
+        assert r["decode"]["max_abs"] <= DECODE_MAX_ABS and r["decode"]["rel"] <= DECODE_REL, (call, r)
+        assert r["prefill"]["max_abs"] <= PREFILL_MAX_ABS and r["prefill"]["rel"] <= PREFILL_REL, (call, r)
+        assert r["decode_same_bits"] and r["prefill_same_bits"], (call, r)
+    assert [(r["decode"]["shape"], r["prefill"]["shape"]) for r in same] == [([3, 9, 64], [82, 9, 64]),
+                                                                             ([2, 4, 256], [39, 4, 256])]
+    assert same[1]["passes"] == ([2, 2, 2] if family == "cpu" else [1, 1, 1])
 
 
 def test_bad_block_table_is_refused_before_the_gpu_runs(page):
