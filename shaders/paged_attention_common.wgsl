@@ -14,7 +14,9 @@
 //#include paged_kv_read.wgsl
 
 // MAX_VEC (head_dim / 4 at most) comes from the variant's attention_heads_<128|256>.wgsl part.
-const MAX_BLOCK_SIZE : u32 = 32u;
+// Keys scored and rescaled together: a block of at most MAX_CHUNK keys is one chunk, a longer one (a multiple of
+// MAX_CHUNK, GpuKVLayout checks) is walked MAX_CHUNK keys at a time, so `scores` stays this small whatever the block.
+const MAX_CHUNK : u32 = 32u;
 
 // The running online-softmax state of the invocation's slots; vec4 component j belongs to slot j
 // (components past SLOTS are unused).
@@ -25,7 +27,7 @@ var<private> slot_keys : vec4<u32>;                       // keys each slot may 
 var<private> acc : array<vec4<f32>, 4u * MAX_VEC>;        // (SLOTS, VEC_PER_HEAD) sum of exp(score - m) * v
 var<private> m : vec4<f32>;                               // running max score
 var<private> l : vec4<f32>;                               // running sum of exp(score - m)
-var<private> scores : array<vec4<f32>, MAX_BLOCK_SIZE>;  // one block's scores / weights, never the whole context
+var<private> scores : array<vec4<f32>, MAX_CHUNK>;  // one chunk's scores / weights, never the whole context
 
 // Starts the state: slot j is query row q_row + j * row_step and sees keys [0, keys[j]); slots from
 // `live` on repeat slot 0 and are never written out.
@@ -63,17 +65,22 @@ fn set_acc_slice(j : u32, s : u32, a : mat4x4<f32>) {
 }
 
 // Folds keys [block_begin * block_size, n_keys) of blocks [block_begin, block_end) of sequence `seq`
-// into the state: a block's scores first, then one rescale per block rather than one per token.
+// into the state, a chunk of keys at a time (MAX_CHUNK; a block of at most MAX_CHUNK keys is one chunk): the
+// chunk's scores first, then one rescale per chunk rather than one per token. Chunks never straddle a block.
 // The `SLOTS > j` tests are on a pipeline constant: the compiler drops the unused slots' code.
 // Keys before a slot's window (window_first) are masked like those past its position, and the walk starts at
-// the block of slot 0's first key, the earliest of the slots' (decode: one position; prefill: slot 0 first).
+// the chunk of slot 0's first key, the earliest of the slots' (decode: one position; prefill: slot 0 first).
 fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n_keys : u32) {
   let bs = params.block_size;
+  let size = min(bs, MAX_CHUNK);
+  let per_block = bs / size;  // chunks of a block
   let lo = vec4<u32>(window_first(slot_keys.x), window_first(slot_keys.y), window_first(slot_keys.z),
                      window_first(slot_keys.w));
-  for (var b = max(block_begin, lo.x / bs); b < block_end; b++) {
+  for (var c = max(block_begin * per_block, lo.x / size); c < block_end * per_block && c * size < n_keys; c++) {
+    let b = c / per_block;
+    let first = c * size;  // the chunk's first key; its offset in block b is first - b * bs
     let physical = block_tables[seq * params.max_blocks_per_seq + b];
-    let n = min(bs, n_keys - b * bs);
+    let n = min(size, n_keys - first);
     for (var t = 0u; t < n; t++) {
       scores[t] = vec4<f32>(0.0);
     }
@@ -83,7 +90,7 @@ fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n
       let q2 = q_slice(2u, s);
       let q3 = q_slice(3u, s);
       for (var t = 0u; t < n; t++) {
-        let k = k_slice(kv_row(physical, t, kv_head), s);
+        let k = k_slice(kv_row(physical, first - b * bs + t, kv_head), s);
         var sc = vec4<f32>(dot16(q0, k), 0.0, 0.0, 0.0);
         if (SLOTS > 1u) { sc.y = dot16(q1, k); }
         if (SLOTS > 2u) { sc.z = dot16(q2, k); }
@@ -91,13 +98,13 @@ fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n
         scores[t] += sc;
       }
     }
-    var block_max = vec4<f32>(NEG_BIG);
+    var chunk_max = vec4<f32>(NEG_BIG);
     for (var t = 0u; t < n; t++) {
-      let pos = vec4<u32>(b * bs + t);
+      let pos = vec4<u32>(first + t);
       scores[t] = select(scores[t], vec4<f32>(NEG_BIG), (pos >= slot_keys) | (pos < lo));  // causal mask, window
-      block_max = max(block_max, scores[t]);
+      chunk_max = max(chunk_max, scores[t]);
     }
-    let m_new = max(m, block_max);
+    let m_new = max(m, chunk_max);
     let alpha = exp(m - m_new);
     l *= alpha;
     for (var t = 0u; t < n; t++) {
@@ -113,7 +120,7 @@ fn attend_blocks(seq : u32, kv_head : u32, block_begin : u32, block_end : u32, n
       if (SLOTS > 2u) { a2 = acc_slice(2u, s) * alpha.z; }
       if (SLOTS > 3u) { a3 = acc_slice(3u, s) * alpha.w; }
       for (var t = 0u; t < n; t++) {
-        let v = v_slice(kv_row(physical, t, kv_head), s);
+        let v = v_slice(kv_row(physical, first - b * bs + t, kv_head), s);
         let w = scores[t];
         a0 += v * w.x;
         if (SLOTS > 1u) { a1 += v * w.y; }

@@ -28,7 +28,7 @@ struct Params {
   num_seqs : u32,
   n_heads : u32,
   n_kv_heads : u32,
-  block_size : u32,          // tokens per block, <= MAX_BLOCK_SIZE
+  block_size : u32,          // tokens per block: at most 32, or a multiple of 32 (GpuKVLayout)
   max_blocks_per_seq : u32,  // row stride of block_tables
   partition_blocks : u32,    // flash-decoding: blocks per partition (decode only)
   max_partitions : u32,      // partition stride of the decode scratch buffers (decode only)

@@ -66,7 +66,8 @@ def test_blocks_cross_between_the_hosts_token_order_and_the_kernels_head_major_o
 
 @pytest.mark.parametrize("spec_changes, num_blocks, message", [
     ({"dtype": "bf16"}, 4, "unknown KV cache dtype 'bf16'; valid dtypes are f32, f16, int8, fp8-e4m3, int4, int4-asym"),
-    ({"block_size": 64}, 4, r"block_size must be in 1\.\.32"),
+    ({"block_size": 48}, 4, r"block_size must be in 1\.\.32 or a multiple of 32 up to 128 .* got 48"),
+    ({"block_size": 256}, 4, r"block_size must be in 1\.\.32 or a multiple of 32 up to 128 .* got 256"),
     ({"head_dim": 56}, 4, "head_dim must be a multiple of 16"),
     ({"head_dim": 512}, 4, r"head_dim must be a multiple of 16 in 16\.\.256"),
     ({}, 0, "num_blocks must be >= 1, got 0"),

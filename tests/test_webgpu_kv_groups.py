@@ -67,12 +67,16 @@ def test_shared_pages_hold_one_groups_layers_and_size_blocks_by_them():
     assert page_use(gemma, "f16", 16) == 2 * 3 * 16 * 256 * 2 == 49_152
     assert page_use(gemma, "f16", 16, kv_groups=False) == 2 * 18 * 16 * 256 * 2 == 294_912
     assert plan_gpu_pages([gemma], "f16") == (49_152, [16])
-    # SmolLM2's 16-token block (368,640 B) sizes the page; Gemma's largest block the kernels take (32 tokens)
-    # fills 98,304 B of it (27 %). Decoding at n tokens Gemma then holds ceil(n / 32) full-group pages and at most
-    # 5 x 17 window pages, against ceil(n / 16) with every layer in a page: more pages below about 2,700 tokens,
-    # fewer past them (597 against 1,024 at 16k).
-    assert plan_gpu_pages([smollm2, gemma], "f16") == (368_640, [16, 32])
+    # SmolLM2's 16-token block (368,640 B) sizes the page; Gemma's largest block that fits (64 tokens; 128 would
+    # take 393,216 B) fills 196,608 B of it (53 %). Decoding at n tokens Gemma then holds ceil(n / 64) full-group
+    # pages and at most 5 x 9 window pages, against ceil(n / 16) with every layer in a page: fewer pages from about
+    # 1,000 tokens on (61 against 64 at 1k, 301 against 1,024 at 16k).
+    assert plan_gpu_pages([smollm2, gemma], "f16") == (368_640, [16, 64])
+    assert page_use(gemma, "f16", 64) == 196_608 and page_use(gemma, "f16", 128) == 393_216
     assert plan_gpu_pages([smollm2, gemma], "f16", kv_groups=False) == (368_640, [16, 16])
+    # SmolLM2 at 64-token blocks sizes a page 4x as large: Gemma's 128 tokens would fit it, but the pool's block
+    # sizes stop at 64 (config.ALLOWED_BLOCK_SIZES), so Gemma's block is 64 tokens there too.
+    assert plan_gpu_pages([smollm2, gemma], "f16", block_size=64) == (1_474_560, [64, 64])
 
 
 def grouped_backend(model) -> WebGpuBackend:

@@ -133,7 +133,7 @@ def roofline_table(rf: dict) -> list[str]:
     out += ["", "| block size | attention at 4k: paged / contiguous | paged ms | slot efficiency (kv_sim, 1 GiB) "
             "| failed allocations | prefix hit rate |", "|---|---|---|---|---|---|"]
     for att, eff in zip(rf["attention_by_block_size"], rf["slot_efficiency_by_block_size"]):
-        kernel = ("not supported by the kernels (one block of scores lives in registers)", "")
+        kernel = (f"not run: {att.get('unsupported')}", "")  # the reason recorded then (before blocks of 64)
         if "unsupported" not in att:
             kernel = (f"{att['paged_over_contiguous']:.3f}", f"{att['paged_ms']:.2f}")
         out.append(f"| {eff['block_size']} | {kernel[0]} | {kernel[1]} "

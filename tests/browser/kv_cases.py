@@ -141,6 +141,44 @@ async def prefill_case(seed, chunks, block_size, dtype, n_heads, n_kv, head_dim,
     return {**errors(got, want), "passes": kk.prefill_passes(np.array(lengths))}
 
 
+async def same_bits_case(seed, chunks, block_sizes, n_heads, n_kv, head_dim, window=0, family="cpu"):
+    """The same sequences' f16 K/V laid out in blocks of each of block_sizes (scattered tables): whether decode (one
+    query after each sequence) and prefill (chunks: (cached, new) tokens, every token already in the cache) give
+    the same output bits at every block size, the errors of the first against the reference, and the prefill
+    passes at each block size."""
+    rng = np.random.default_rng(seed)
+    lengths = [c + n for c, n in chunks]
+    keys = [rng.standard_normal((2, n, n_kv, head_dim)).astype(np.float16) for n in lengths]  # (K | V, token, ...)
+    decode_q = rng.standard_normal((len(lengths), n_heads, head_dim)).astype(np.float32)
+    prefill_q = rng.standard_normal((sum(n for _, n in chunks), n_heads, head_dim)).astype(np.float32)
+    starts = np.concatenate([[0], np.cumsum([n for _, n in chunks])])
+    outs, first, passes = [], None, []
+    for bs in block_sizes:
+        layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, bs, "f16"), sum(-(-n // bs) for n in lengths) + 2)
+        k_cache, v_cache = np.zeros(layout.shape, np.float16), np.zeros(layout.shape, np.float16)
+        tables = block_tables(rng, lengths, bs, layout.num_blocks)
+        for s, kv in enumerate(keys):
+            t = np.arange(lengths[s])
+            k_cache[tables[s, t // bs], t % bs], v_cache[tables[s, t // bs], t % bs] = kv[0], kv[1]
+        kk = await kernels(layout, n_heads, family)
+        cache = KVCacheBuffers(kk.ctx, layout)
+        cache.upload(k_cache, v_cache)
+        got = (await kk.paged_attention(cache, decode_q, tables, np.array(lengths), window=window),
+               await kk.prefill_attention(cache, prefill_q, starts, tables, np.array(lengths), window=window))
+        cache.destroy()
+        outs.append(got)
+        passes.append(kk.prefill_passes(np.array(lengths)))
+        if first is None:
+            scale = 1 / math.sqrt(head_dim)
+            want = (ref.paged_attention_ref(decode_q, k_cache, v_cache, tables, np.array(lengths), scale,
+                                            window or None),
+                    ref.paged_prefill_attention_ref(prefill_q, k_cache, v_cache, tables, starts, np.array(lengths),
+                                                    scale, window or None))
+            first = {"decode": errors(got[0], want[0]), "prefill": errors(got[1], want[1])}
+    same = [all(np.array_equal(o[i].view(np.uint32), outs[0][i].view(np.uint32)) for o in outs) for i in (0, 1)]
+    return {**first, "decode_same_bits": same[0], "prefill_same_bits": same[1], "passes": passes}
+
+
 async def kv_write_case(seed, lengths, block_size, dtype, n_kv, head_dim):
     """Writes every token of several sequences into scattered slots; returns mismatch counts."""
     rng = np.random.default_rng(seed)

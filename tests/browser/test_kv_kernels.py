@@ -2,8 +2,9 @@
 
 Every case runs in the page's worker (tests/browser/kv_cases.py): random caches, scattered non-monotonic
 block tables, several sequences of different lengths (not multiples of the block size) in one batch,
-block sizes 8/16/32, f32 and packed-f16 KV, SmolLM2's GQA (9 query heads / 3 kv heads, head_dim 64) and
-small configs (4 / 2 and 8 / 2 heads, head_dim 16; 4 / 4 heads, head_dim 32), so every head tile 1..4 runs.
+block sizes 8/16/32 (64 and 128 in one test), f32 and packed-f16 KV, SmolLM2's GQA (9 query heads / 3 kv heads,
+head_dim 64) and small configs (4 / 2 and 8 / 2 heads, head_dim 16; 4 / 4 heads, head_dim 32), so every head tile
+1..4 runs.
 Decode attention runs in each kernel family (FAMILY): the cpu family's, the gpu family's with its
 workgroup-tree reduction and with subgroups (SwiftShader's subgroups have 4 lanes, lavapipe's 8).
 The references run in float64 on the very cache values the GPU holds, so the bounds below measure only
@@ -179,6 +180,29 @@ def test_gpu_prefill_walks_long_prefixes_in_passes_of_1024_keys(page):
     for call, case, r in zip(calls, cases, run(page, calls)):
         assert r["max_abs"] <= PREFILL_MAX_ABS and r["rel"] <= PREFILL_REL, (call, r)
         assert r["passes"] == case[-1] and r["shape"][0] == sum(n for _, n in case[0]), call
+
+
+@FAMILY
+def test_blocks_of_64_and_128_keys_give_the_bits_of_32_key_blocks(page, family):
+    # Blocks longer than the cpu family's 32-key score chunk: paged_attention_common.wgsl walks them 32 keys at a
+    # time, so the same keys in blocks of 32, 64 or 128 (scattered tables) must give the same output bits, and the
+    # gpu family walks keys in tiles whatever the block. Decode: lengths at chunk and block edges over two 128-token
+    # partitions (against numpy). Decode and prefill at the three sizes: SmolLM2's heads with a cached prefix, a
+    # fresh 70-token chunk and a one-token chunk after 300; Gemma 3's heads in a 100-key window, a 609-key walk in
+    # two prefill passes of 512 keys (cpu family: 16 / 8 / 4 blocks a pass).
+    calls = [f"decode_case(60, [1, 33, 64, 65, 200], 64, 'f16', 9, 3, 64, family={family!r})",
+             f"same_bits_case(64, [(37, 11), (0, 70), (300, 1)], [32, 64, 128], 9, 3, 64, family={family!r})",
+             f"same_bits_case(65, [(600, 9), (0, 30)], [32, 64, 128], 4, 1, 256, window=100, family={family!r})"]
+    decode, *same = run(page, calls)
+    assert decode["max_abs"] <= DECODE_MAX_ABS and decode["rel"] <= DECODE_REL, decode
+    assert (decode["shape"], decode["partitions"], decode["dispatches"]) == ([5, 9, 64], 2, 2)
+    for call, r in zip(calls[1:], same):
+        assert r["decode"]["max_abs"] <= DECODE_MAX_ABS and r["decode"]["rel"] <= DECODE_REL, (call, r)
+        assert r["prefill"]["max_abs"] <= PREFILL_MAX_ABS and r["prefill"]["rel"] <= PREFILL_REL, (call, r)
+        assert r["decode_same_bits"] and r["prefill_same_bits"], (call, r)
+    assert [(r["decode"]["shape"], r["prefill"]["shape"]) for r in same] == [([3, 9, 64], [82, 9, 64]),
+                                                                             ([2, 4, 256], [39, 4, 256])]
+    assert same[1]["passes"] == ([2, 2, 2] if family == "cpu" else [1, 1, 1])
 
 
 def test_bad_block_table_is_refused_before_the_gpu_runs(page):

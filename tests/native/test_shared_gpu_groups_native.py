@@ -3,14 +3,16 @@ on lavapipe: tiny-gemma3 (7 layers: layer 5 global, the others a 32-token window
 tiny-llama (2 layers) in one buffer of equal pages.
 
 A page holds one block of one Gemma group's layer (f16 K and V of one 128-wide KV head: 512 B a token) or of both
-llama layers (2 x 2 heads x 64: 1 KiB a token), so the llama's 8-token blocks (block_size=8) size the page (8 KiB)
-and Gemma gets 16-token blocks in it; with every Gemma layer in a page (the layout before groups) a 16-token Gemma
-block alone took 56 KiB. Checked at every step: Gemma's pages per group are what the window rule gives (the full
-group every block, a window group the blocks its step's first query still sees and the step's own), the llama's
-its blocks, and the pool's used pages exactly their sum plus Gemma's null page; as Gemma decodes past its prompt
-its window groups give their pages back while the full group grows; both models' greedy ids are the numpy
-reference's; unloading Gemma gives its null page back. The prompts are test_kv_groups_wgpu_native's 100-token
-Gemma prompt and 40 random llama ids, both without near ties against the reference here.
+llama layers (2 x 2 heads x 64: 1 KiB a token), so the llama's 32-token blocks (block_size=32) size the page
+(32 KiB) and Gemma gets 64-token blocks in it, longer than the 32 keys the kernels score at a time
+(paged_attention_common.wgsl walks them in chunks) and than Gemma's window; with every Gemma layer in a page (the
+layout before groups) a 16-token Gemma block alone took 56 KiB. Checked at every step: Gemma's pages per group are
+what the window rule gives (the full group every block, a window group the blocks its step's first query still
+sees and the step's own), the llama's its blocks, and the pool's used pages exactly their sum plus Gemma's null
+page; as Gemma decodes past its prompt its window groups give their first page back while the full group grows;
+both models' greedy ids are the numpy reference's; unloading Gemma gives its null page back. The prompts are
+test_kv_groups_wgpu_native's 100-token Gemma prompt and 40 random llama ids, both without near ties against the
+reference here.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def gpu_model(name: str) -> tuple[GpuModel, ModelWeights]:
 
 async def two_models() -> dict:
     (gemma, gemma_w), (llama, llama_w) = gpu_model("tiny-gemma3"), gpu_model("tiny-llama")
-    engine, shared = await shared_gpu_engine(await open_device(), [gemma, llama], 44 * MIB, block_size=8,
+    engine, shared = await shared_gpu_engine(await open_device(), [gemma, llama], 44 * MIB, block_size=32,
                                              kv_dtype="f16",
                                              config=EngineConfig(max_num_batched_tokens=32, max_num_seqs=2,
                                                                  pipeline_decode=False))
@@ -81,12 +83,12 @@ async def two_models() -> dict:
 
 def test_a_hybrid_model_in_shared_webgpu_pages_frees_its_window_pages(native_loop, native_device):
     r = native_loop.run(two_models())
-    assert r["page_bytes"] == 8_192 and r["flat_page"] == 57_344
-    assert r["block_sizes"] == {"tiny-gemma3": 16, "tiny-llama": 8}
+    assert r["page_bytes"] == 32_768 and r["flat_page"] == 57_344
+    assert r["block_sizes"] == {"tiny-gemma3": 64, "tiny-llama": 32}
     assert r["slots"] == {"tiny-gemma3": 1, "tiny-llama": 2}  # K / V bindings: a group's layer, both llama layers
-    assert (r["groups"], r["null"]) == (7, 0) and r["ledger_kv"] == r["pages"] * 8_192
+    assert (r["groups"], r["null"]) == (7, 0) and r["ledger_kv"] == r["pages"] * 32_768
     assert r["ids"] == r["ref"]
-    bs = 16
+    bs = 64
     for before, after, groups, llama, used in r["trace"]:
         if after:  # Gemma holds pages (it is not finished yet)
             blocks = -(-after // bs)
@@ -94,11 +96,10 @@ def test_a_hybrid_model_in_shared_webgpu_pages_frees_its_window_pages(native_loo
             assert groups == (blocks,) + (blocks - released,) * 6, (before, after, groups)
         assert used == sum(groups) + llama + 1  # + Gemma's null page
     window = {t[1]: t[2][1] for t in r["trace"] if t[1]}  # a window group's pages after computing t tokens
-    # Decoding: query 111 (sees keys 80..111) releases the page of tokens 64..79 (2 left), token 112 opens a new
-    # page (3), and so on; the full group keeps every page.
-    assert [window[n] for n in (101, 111, 112, 113, 122)] == [3, 3, 2, 3, 3]
-    # At most 4 in a 32-token prefill chunk (2 pages its first query sees and 2 of its own), 3 decoding, where the
-    # full group (every layer full, before groups) ends at 8.
-    assert max(window.values()) == 4 and max(v for n, v in window.items() if n > 100) == 3
-    assert r["trace"][-2][2][0] == 8
+    # A window group holds at most the 2 pages of the chunk that brings query 95, the first whose window (keys
+    # 64..95) leaves the page of tokens 0..63; decoding (queries 100..122) it holds 1, while the full group ends at 2.
+    assert max(window.values()) == 2 and {v for n, v in window.items() if n > 100} == {1}
+    # At 122 tokens Gemma holds 8 pages, where 32-token blocks (the kernels' limit before chunks) held 4 + 6 x 2 = 16
+    # and every layer in a page (8-token blocks of its 7 layers) 16.
+    assert r["trace"][-2][1:3] == (122, (2, 1, 1, 1, 1, 1, 1))
     assert r["used_at_end"] == 1 and r["used_after_unload"] == 0

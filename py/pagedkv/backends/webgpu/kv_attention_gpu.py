@@ -29,7 +29,8 @@ MIN_PARTITION_TOKENS = 64
 # paged_prefill_attention_main.wgsl's passes), so one invocation's work is bounded whatever the context. Bounded
 # work keeps a long prefix from tripping a GPU's watchdog, and is what lavapipe needs to be right at all: llvmpipe
 # ends every loop once an invocation has taken 65,535 loop back-edges in all, and at head_dim 256 a key costs about
-# 39 of them (107 at block size 1), so 512 keys stay under the cap for every block size and head width here.
+# 39 of them (107 at block size 1), so 512 keys stay under the cap for every block size and head width here (a
+# block over 32 keys is walked in 32-key chunks, each costing what a 32-key block does).
 PREFILL_PASS_TOKENS = 512
 # The gpu family's prefill walks at most this many keys of a tile per dispatch (paged_prefill_attention_gpu.wgsl's
 # passes), for the same cap: measured on lavapipe, a 4-key tile at head_dim 256 costs a lane 73 back-edges (its

@@ -10,7 +10,11 @@ import numpy as np
 
 from ...kv.spec import KVSpec
 
-MAX_BLOCK_SIZE = 32  # MAX_BLOCK_SIZE in paged_attention_common.wgsl
+# The cpu family scores a block MAX_CHUNK keys at a time (paged_attention_common.wgsl), so a block is either at
+# most one chunk or a whole number of them; MAX_BLOCK_SIZE is the largest the kernel tests run (both families,
+# decode and prefill), and a prefill pass (PREFILL_PASS_TOKENS keys) still holds at least one such block.
+MAX_CHUNK = 32  # MAX_CHUNK in paged_attention_common.wgsl
+MAX_BLOCK_SIZE = 128
 MAX_HEAD_DIM = 256  # 4 * MAX_VEC of attention_heads_256.wgsl (Gemma 3 270M: 256)
 HOST_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}  # else u32 words on the host
 WORD_BYTES = 16  # the kernels address the cache in vec4<u32> words
@@ -37,9 +41,10 @@ class GpuKVLayout:
 
     def __post_init__(self) -> None:
         self.spec.element  # noqa: B018  the registry entry: ValueError for bf16, which KVSpec only sizes
-        if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
-            raise ValueError(f"block_size must be in 1..{MAX_BLOCK_SIZE} (the kernels keep one block of "
-                             f"scores in registers), got {self.block_size}")
+        bs = self.block_size
+        if not 1 <= bs <= MAX_BLOCK_SIZE or (bs > MAX_CHUNK and bs % MAX_CHUNK):
+            raise ValueError(f"block_size must be in 1..{MAX_CHUNK} or a multiple of {MAX_CHUNK} up to "
+                             f"{MAX_BLOCK_SIZE} (the kernels score a block {MAX_CHUNK} keys at a time), got {bs}")
         if self.head_dim % 16 or not 16 <= self.head_dim <= MAX_HEAD_DIM:
             raise ValueError(f"head_dim must be a multiple of 16 in 16..{MAX_HEAD_DIM}, got {self.head_dim}")
         if not isinstance(self.num_blocks, int) or self.num_blocks < 1:
