@@ -37,7 +37,7 @@ from typing import AsyncIterator, Iterator, Sequence
 
 from .chat import ChatTemplate, Conversation
 from .completions import (LEGACY_MAX_TOKENS, ApiError, CompletionRequest, StopStrings, chunk, completion, now,
-                          parse_request, tool_call_deltas, usage)
+                          parse_request, parse_request_slices, tool_call_deltas, usage)
 from .engine import EngineConfig, LLMEngine, NeverFits
 from .grammar import Grammar, SchemaError
 from .logprobs import chat_logprobs, join_logprobs, legacy_logprobs
@@ -242,6 +242,12 @@ class CompletionService(_Creates):
                                 "token to continue", "prompt")
         return ids
 
+    def _prepare(self, body: dict, request_id: str | None, legacy: bool) -> Slices[tuple[CompletionRequest, str, int]]:
+        """Check `body` (parse_request), then _start it, in slices (slices.py)."""
+        req = yield from parse_request_slices(body, [self.model_id], legacy=legacy)
+        rid, prompt_tokens = yield from self._start(req, request_id)
+        return req, rid, prompt_tokens
+
     def _start(self, req: CompletionRequest, request_id: str | None) -> Slices[tuple[str, int]]:
         """Render and tokenize the request (in slices: slices.py), then queue it; its id and prompt length."""
         session = self._session(req)
@@ -306,16 +312,16 @@ class CompletionService(_Creates):
     async def stream(self, body: dict, signal: asyncio.Event | None = None, request_id: str | None = None, *,
                      legacy: bool = False, at_once: bool = False) -> AsyncIterator[dict]:
         """The `chat.completion.chunk`s of one request (legacy: a legacy Completions body, its streamed
-        `text_completion`s); ApiError before the first one for a request refused. Its messages are rendered and
-        tokenized in slices with the event loop running between them (the engine's steps: slices.py), unless
+        `text_completion`s); ApiError before the first one for a request refused. Its body is checked, its messages
+        rendered and tokenized in slices with the event loop running between them (the engine's steps: slices.py),
+        unless
         `at_once` (then it never awaits before it returns: a chat turn of the page, checked before the page
         hears of it, whose body its model's context bounds)."""
         if self.closed:
             raise ApiError(503, "the engine is closed")
         check_body_size(body)  # before anything costs more than a pass over it
-        req = parse_request(body, [self.model_id], legacy=legacy)
-        start = self._start(req, request_id)
-        rid, prompt_tokens = run_slices(start) if at_once else await await_slices(start)
+        prepare = self._prepare(body, request_id, legacy)
+        req, rid, prompt_tokens = run_slices(prepare) if at_once else await await_slices(prepare)
         # Taken now: the step loop may finish the request before the caller reads its first chunk (its outputs
         # wait in its route); num_cached_prompt_tokens is set when the scheduler first admits it.
         root = self.llm.request(rid)
