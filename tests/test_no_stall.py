@@ -21,6 +21,8 @@ from pagedkv.grammar.schema import compile_schema
 from pagedkv.request_limits import MAX_MESSAGES
 from pagedkv.sampling import SamplingParams
 from pagedkv.slices import SLICE_CHARS, SLICE_MESSAGES, SLICE_SCHEMA_NODES, run_slices
+from pagedkv.tool_calls import ToolFormat
+from pagedkv.tools import ToolChoice, call_grammar_slices
 from pagedkv.tokenizer import Tokenizer
 
 BUDGET = 32  # tokens one step computes at most (max_num_batched_tokens)
@@ -227,6 +229,10 @@ def test_a_4096_message_body_is_checked_in_slices_with_the_result_of_one_pass():
     assert req.grammar == Grammar(compile_schema(schema, "response_format.json_schema.schema"))
     assert req == parse_request(body, ["m"])
     assert (req.temperature, req.tools[0]["function"]["name"]) == (0.5, "get")
+    # a forced call's grammar (the service's _grammar) compiles a tool's parameters in slices too
+    forced = call_grammar_slices(ToolFormat("tagged", False), ({"type": "function", "function": {
+        "name": "rows", "parameters": schema}},), ToolChoice("required"))
+    assert sum(1 for _ in forced) == 321 // SLICE_SCHEMA_NODES
 
 
 def test_a_4096_message_body_is_checked_and_rendered_between_a_streams_steps(tiny_dir, monkeypatch):  # noqa: F811

@@ -49,7 +49,7 @@ from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
 from .slices import Slices, await_slices, run_slices
 from .tokenizer import Tokenizer
 from .tool_calls import ToolCallParser
-from .tools import ToolChoice, call_grammar
+from .tools import ToolChoice, call_grammar_slices
 
 __all__ = ["ApiError", "ChatCompletions", "CompletionService", "CompletionServices", "Completions", "Engine",
            "PromptTooLong"]
@@ -257,6 +257,7 @@ class CompletionService(_Creates):
             prompt = (yield from self._prompt_ids(req)) if conv is None else (yield from conv.prompt_ids_slices())
         except ValueError as exc:  # the chat template failed on these messages (raise_exception, a bound): its
             raise ApiError(400, str(exc), getattr(exc, "param", "messages")) from None  # the caller's to act on
+        grammar = yield from self._grammar(req)
         # What may have changed while other tasks ran between the slices:
         if self.closed:
             raise ApiError(503, "the engine is closed")
@@ -280,7 +281,7 @@ class CompletionService(_Creates):
         params = SamplingParams(temperature=0.0 if greedy else req.temperature, top_p=1.0 if greedy else req.top_p,
                                 seed=req.seed, max_tokens=limit, n=req.n, top_k=req.top_k, min_p=req.min_p,
                                 presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                                logit_bias=req.logit_bias, logprobs=req.logprobs, grammar=self._grammar(req))
+                                logit_bias=req.logit_bias, logprobs=req.logprobs, grammar=grammar)
         rid = request_id or f"{'cmpl' if req.legacy else 'chatcmpl'}-{next(self._ids)}"
         if rid in self._routes:
             raise ApiError(400, f"a request with id {rid!r} is running")
@@ -296,15 +297,15 @@ class CompletionService(_Creates):
         self.kick()
         return rid, len(prompt)
 
-    def _grammar(self, req: CompletionRequest) -> Grammar | None:
+    def _grammar(self, req: CompletionRequest) -> Slices[Grammar | None]:
         """The grammar the reply is decoded under: a forced tool call's (tools.call_grammar); under "auto" with a
         response_format, a reply in that format or a call of any tool; response_format's alone; or None where
-        the model answers freely."""
+        the model answers freely. In slices (slices.py): the tools' schemas compile in slices."""
         if not req.shown_tools or (req.grammar is None and not req.tool_choice.forced):
             return req.grammar
         try:
-            calls = call_grammar(self.template.tool_format, req.tools,
-                                 req.tool_choice if req.tool_choice.forced else ToolChoice("required"))
+            choice = req.tool_choice if req.tool_choice.forced else ToolChoice("required")
+            calls = yield from call_grammar_slices(self.template.tool_format, req.tools, choice)
         except SchemaError as exc:
             raise ApiError(400, f"{exc.param}: {exc.message}", exc.param) from None
         return calls if req.tool_choice.forced else Grammar.any_of([req.grammar, calls])

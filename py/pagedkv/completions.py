@@ -20,8 +20,8 @@ from .sampling import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_RA
 from .slices import Slices, run_slices
 from .tools import ToolChoice, ToolError, check_tool_choice, check_tools
 
-__all__ = ["ApiError", "CompletionRequest", "StopStrings", "parse_request", "parse_request_slices", "completion", "chunk",
-           "tool_call_deltas", "usage"]
+__all__ = ["ApiError", "CompletionRequest", "StopStrings", "parse_request", "parse_request_slices", "completion",
+           "chunk", "tool_call_deltas", "usage"]
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_N = 16
