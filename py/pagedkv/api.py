@@ -315,9 +315,8 @@ class CompletionService(_Creates):
         """The `chat.completion.chunk`s of one request (legacy: a legacy Completions body, its streamed
         `text_completion`s); ApiError before the first one for a request refused. Its body is checked, its messages
         rendered and tokenized in slices with the event loop running between them (the engine's steps: slices.py),
-        unless
-        `at_once` (then it never awaits before it returns: a chat turn of the page, checked before the page
-        hears of it, whose body its model's context bounds)."""
+        unless `at_once` (then it never awaits before it returns: a chat turn of the page, which answers the page's
+        message synchronously; docs/architecture.md says what that costs)."""
         if self.closed:
             raise ApiError(503, "the engine is closed")
         check_body_size(body)  # before anything costs more than a pass over it
