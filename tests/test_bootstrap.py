@@ -109,8 +109,9 @@ def test_a_venv_without_ensurepip_installs_debians_venv_package_and_retries(tree
 
 
 @pytest.mark.parametrize("args, expected", [
-    ([], ["tests", "bench/tests"]),
-    (["-k", "serve"], ["tests", "bench/tests", "-k", "serve"]),
+    ([], ["tests", "bench/tests", "--durations=30"]),
+    (["-k", "serve"], ["tests", "bench/tests", "--durations=30", "-k", "serve"]),
+    (["--durations=5"], ["tests", "bench/tests", "--durations=5"]),
     (["tests/test_build.py", "-x"], ["tests/test_build.py", "-x"]),
     (["tests/test_serve.py::test_csp_allows_wasm_but_not_eval", "-q"],
      ["tests/test_serve.py::test_csp_allows_wasm_but_not_eval", "-q"]),
