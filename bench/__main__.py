@@ -64,6 +64,11 @@ BENCHMARKS = {
     "cpu_limits": ["bench.cpu_limits"],
     # how many of Gemma 3's 262,144 head rows a provable candidate screen keeps (why the head has no such path)
     "cpu_limits_head": ["bench.cpu_limits_head"],  # the tab's CPU path (bench.wllama's default row) against the cores' limits
+    # Gemma 3's decode step in the page: the one-token step vs the layer loop, the head with d alone vs (d, 0) pairs
+    "cpu_limits_step": ["bench.cpu_limits_step"],
+    "cpu_limits_step_1thread": ["bench.cpu_limits_step", "--threads", "1"],  # the same without thread handoffs
+    # Gemma 3's head alone vs a plain read of its bytes, 1 and 2 threads, V8 (Node) and wasmtime
+    "cpu_limits_head_rate": ["bench.cpu_limits_head_rate"],
     "kv_quality_dtypes": ["bench.kv_quality_dtypes"],
     "long_chat": ["bench.long_chat"],  # full form ~1 h on SwiftShader; then `-- --cpu-reference` merges its part
     "soak": ["bench.soak"],  # the chat page under random Send / Stop / Regenerate / Delete / New chat / reload
@@ -76,6 +81,9 @@ BENCHMARKS = {
     "hybrid_kv": ["bench.hybrid_kv"],
     # the same on the WebGPU backend (wgpu-py's adapter): its ledger's pages, and the engine's after a 1k prompt
     "hybrid_kv_wgpu": ["bench.hybrid_kv", "--backend", "wgpu"],
+    # Gemma 3's 1,783-token golden (case 7) where the suite cannot afford it: lavapipe's gpu kernel family and the
+    # tab on WebGPU (SwiftShader); llama.cpp's ids beside ours, wall times and the machine's load (~25 min here)
+    "gemma3_long": ["bench.gemma3_long"],
     # SmolLM2 on the CPU backend: decode ms/token free text vs json_schema vs a forced tool call (interleaved
     # rounds), and the token mask's cost (cold, cached)
     "structured": ["bench.structured"],
@@ -84,7 +92,7 @@ BENCHMARKS = {
     "structured_wgpu": ["bench.structured", "--backend", "wgpu"],
 }
 # Run in their quick form unless --only names them.
-LONG = ("kv_quality_window", "long_chat")
+LONG = ("kv_quality_window", "long_chat", "gemma3_long")
 # Browser benchmarks that take their page from bench.harness.session(): run in one page.
 ONE_PAGE = ("kv_browser", "kv_kernels", "kernels_browser", "model_kernels", "roofline", "ttft", "webgpu_engine",
             "concurrency", "wllama", "long_chat")

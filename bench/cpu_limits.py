@@ -24,6 +24,9 @@ from bench import RESULTS, ROOT, emit
 MODEL = ROOT / "dist" / "models" / "smollm2-135m-instruct" / "model.json"
 # bytes a 32-weight block takes in the kernel's layout (backends/cpu_wasm.py): codes plus f32 (d, m)
 BLOCK_BYTES = {"q4_1": 16 + 8, "q8_0": 32 + 8, "q4_0": 32 + 8, "q5_0": 32 + 8}
+# the output head (and tied embedding) of a q8_0 file with the tab's default integer activations: d without the
+# zero m (cpu_wasm.head_blocks)
+HEAD_BLOCK_BYTES = {**BLOCK_BYTES, "q8_0": 32 + 4}
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 TAB_ROW = "auto → cpu in the tab"
 
@@ -47,8 +50,9 @@ def model_costs(manifest: dict, prompt: int, new: int) -> dict:
     held = ["token_embd.weight"] + [f"blk.{i}.{p}.weight" for i in range(cfg["n_layers"]) for p in PROJECTIONS]
     if not cfg["tied_embeddings"]:
         held.append("output.weight")
-    weight_bytes = sum(tensors[n]["shape"][0] * tensors[n]["shape"][1] // 32 * BLOCK_BYTES[tensors[n]["dtype"]]
-                       for n in held)
+    weight_bytes = sum(tensors[n]["shape"][0] * tensors[n]["shape"][1] // 32
+                       * (HEAD_BLOCK_BYTES if n in ("token_embd.weight", "output.weight") else BLOCK_BYTES)[
+                           tensors[n]["dtype"]] for n in held)
     layer_macs = sum(tensors[f"blk.0.{p}.weight"]["shape"][0] * tensors[f"blk.0.{p}.weight"]["shape"][1]
                      for p in PROJECTIONS)
     head_macs = cfg["vocab"] * cfg["hidden"]

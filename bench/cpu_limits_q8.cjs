@@ -3,7 +3,7 @@
 //   node bench/cpu_limits_q8.cjs <module.wasm> <rows> <cols> <kind> [reps]
 // Prints the median and fastest of `reps` calls and a hash of the outputs (two modules' products compared bit for
 // bit). build.wasm_modules(path) writes a module of any linear.wat, e.g. main's, for a side-by-side run (issue 51:
-// $dot_q8_x16 against the general $dot_x16 at kind 3, q8_0 with 16-bit activations).
+// $dot_q8_x16 against the general $dot_x16 at kind 3, q8_0 with 16-bit activations; kind 67: the head's d alone).
 "use strict";
 const fs = require('fs');
 const [file, rows, cols, kind, reps] = [process.argv[2], +process.argv[3], +process.argv[4], +process.argv[5], +(process.argv[6] || 20)];
@@ -13,11 +13,16 @@ const nb = cols >> 5, QS = 1 << 20, DM = QS + rows * cols, X = DM + rows * nb * 
 const u8 = new Int8Array(memory.buffer), f32 = new Float32Array(memory.buffer);
 let seed = 1; const rnd = () => (seed = (seed * 1103515245 + 12345) >>> 0) / 4294967296;
 for (let i = 0; i < rows * cols; i++) u8[QS + i] = Math.floor(rnd() * 255) - 127;
-for (let i = 0; i < rows * nb; i++) { f32[(DM >> 2) + 2 * i] = rnd() * 0.01; f32[(DM >> 2) + 2 * i + 1] = 0; }
+for (let i = 0; i < rows * nb; i++) {
+  if (kind & 64) f32[(DM >> 2) + i] = rnd() * 0.01;  // kind 67: d alone a block (q8_d, the head's)
+  else { f32[(DM >> 2) + 2 * i] = rnd() * 0.01; f32[(DM >> 2) + 2 * i + 1] = 0; }
+}
 for (let i = 0; i < cols; i++) f32[(X >> 2) + i] = rnd() - 0.5;
 ex.matmul(kind, QS, DM, rows, cols, X, 1, OUT, rows, SCR);
 const times = [];
 for (let r = 0; r < reps; r++) { const t0 = performance.now(); ex.matmul(kind, QS, DM, rows, cols, X, 1, OUT, rows, SCR); times.push(performance.now() - t0); }
 times.sort((a, b) => a - b);
 let h = 0; for (let i = 0; i < rows; i++) h = (h * 31 + new Int32Array(memory.buffer)[i]) | 0;
-console.log(file, 'kind', kind, 'median ms', times[reps >> 1].toFixed(2), 'min', times[0].toFixed(2), 'GB/s', (rows * cols / times[0] / 1e6).toFixed(2), 'hash', h);
+const bytes = rows * cols + rows * nb * (kind & 64 ? 4 : 8);  // codes and scales
+console.log(file, 'kind', kind, 'median ms', times[reps >> 1].toFixed(2), 'min', times[0].toFixed(2),
+  'GB/s', (bytes / times[0] / 1e6).toFixed(2), 'hash', h);

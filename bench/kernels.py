@@ -309,21 +309,33 @@ async def decode_step(ctx, context: int, reps: int, kernels: str = "cpu") -> dic
     batch = ForwardBatch(np.array([17], np.int32), np.array([pos], np.int32),
                          np.array([table[0, pos // bs] * bs + pos % bs], np.int32), np.array([0, 1], np.int32),
                          table, np.array([context], np.int32))
-    await backend.forward(batch, greedy=True)  # records and validates the plan
     # GPU timestamps around each step's passes where the device can (a NativeDevice with timestamp-query);
     # the page's replayer (web/replayer.js) has no step timer: wall time only, said so in the row
     stamped = hasattr(ctx, "time_steps") and "timestamp-query" in ctx.info.features
-    if stamped:
-        ctx.time_steps(reps)
-    walls = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        await backend.forward(batch, greedy=True)
-        walls.append((time.perf_counter() - t0) * 1e3)
-    gpu = await ctx.step_times_ms() if stamped else None
+
+    async def timed() -> tuple[list[float], list[float] | None, int]:
+        await backend.forward(batch, greedy=True)  # records and validates the plan
+        if stamped:
+            ctx.time_steps(reps)
+        walls = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            await backend.forward(batch, greedy=True)
+            walls.append((time.perf_counter() - t0) * 1e3)
+        gpu = await ctx.step_times_ms() if stamped else None
+        return walls, gpu, sum(map(len, layer_program(backend, PlanKey.of(1, 1, sampled=False, greedy=True))))
+
+    walls, gpu, dispatches = await timed()
+    # the same step with q | k | v a matvec of its own (WebGpuBackend.fold_qkv): what the fold saves, same weights
+    unfolded = None
+    if kernels == "gpu" and backend.fold_qkv:
+        backend.fold_qkv = False
+        u_walls, u_gpu, u_dispatches = await timed()
+        unfolded = {"plan_dispatches": u_dispatches, "ms_median": float(np.median(u_walls)), "ms_min": min(u_walls),
+                    "gpu_ms_median": float(np.median(u_gpu)) if u_gpu else None,
+                    "gpu_ms_min": min(u_gpu) if u_gpu else None}
     weights = backend.ledger.by_kind()["weights"]
     nbytes = weights + context * backend.bytes_per_token
-    dispatches = sum(map(len, layer_program(backend, PlanKey.of(1, 1, sampled=False, greedy=True))))
     backend.destroy()
     return {"context": context, "kernels": kernels, "timer": "wall (forward: write inputs, replay, read ids)",
             "ms_median": float(np.median(walls)), "ms_min": min(walls), "bytes": nbytes, "weights_bytes": weights,
@@ -334,7 +346,8 @@ async def decode_step(ctx, context: int, reps: int, kernels: str = "cpu") -> dic
                 "the adapter lacks timestamp-query" if "timestamp-query" not in ctx.info.features
                 else "this device has no step timer (the page's replayer)") + ": wall time only",
             "gpu_ms_median": float(np.median(gpu)) if gpu else None, "gpu_ms_min": min(gpu) if gpu else None,
-            "gpu_tok_s": 1000 / min(gpu) if gpu else None}
+            "gpu_tok_s": 1000 / min(gpu) if gpu else None,
+            "unfolded": unfolded}  # the gpu family with WebGpuBackend.fold_qkv off (None: the cpu family's)
 
 
 async def measure(ctx, kernels: list[str], quick: bool, rotate_mib: int | None = None,

@@ -19,6 +19,9 @@
 
 override HEAD_DIM : u32 = 64u;
 override SPLIT_PARTS : u32 = 0u;  // the previous layer's FFN partials pending after y's rows (ACCUMULATE only)
+// The attention left a state for a single partition too (paged_attention_gpu_fold.wgsl, which has no binding for
+// a whole row): merged as one partition, acc * exp(0) / (exp(0) * l), the bits of the row it would have written.
+override STATES_ONLY : bool = false;
 
 //#include partition_merge.wgsl
 //#include matvec_io_accumulate.wgsl
@@ -42,7 +45,7 @@ fn x_gain(v : u32) -> vec4<f32> {  // NORM: the gain stored after the codes
 
 fn load_x(t : u32, v : u32) -> vec4<f32> {
   let n_parts = partitions_of(context_lens[t], merge);
-  if (n_parts <= 1u) {
+  if (n_parts <= 1u && !STATES_ONLY) {
     return x[t * (params.cols / 4u) + v];
   }
   let vec_per_head = HEAD_DIM / 4u;

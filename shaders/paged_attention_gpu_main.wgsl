@@ -17,6 +17,9 @@
 // and read-only buffers (the tile loop's bounds), so ragged lengths never make a barrier divergent.
 //
 // Dispatch: num_seqs * max_partitions * (n_heads / SLOTS) workgroups along x.
+// FOLD (paged_attention_gpu_fold.wgsl's main_fold, composed after this file): the queries and the new token's
+// K / V are computed in the workgroup, the new key (cache index context_len - 1) is read from new_kv, not from
+// the cache; `main` and walk() are the same code in both.
 
 @group(0) @binding(6) var<storage, read_write> out : array<vec4<f32>>;         // (num_seqs, n_heads, HEAD_DIM / 4)
 @group(0) @binding(7) var<storage, read_write> part_acc : array<vec4<f32>>;    // (num_seqs, max_partitions, n_heads, HEAD_DIM / 4)
@@ -28,12 +31,15 @@ const MAX_RUNS : u32 = 16u;          // runs of the tile's scores whose maxima m
 override KEY_LANES : u32 = WORKGROUP_SIZE / VEC_PER_HEAD;  // lanes sharing a column of the values
 
 override Q_TILE_VECS : u32 = SLOTS * VEC_PER_HEAD;                // the staged queries' vec4s
+override FOLD : bool = false;       // the new key and value come from new_kv (paged_attention_gpu_fold.wgsl)
+override NEW_KV_VEC4 : u32 = 1u;    // FOLD: 2 * VEC_PER_HEAD (an override of its own: naga sizes no array by an expression)
 
 var<workgroup> q_tile : array<vec4<f32>, Q_TILE_VECS>;             // (SLOTS, VEC_PER_HEAD) queries, pre-scaled
 var<workgroup> part_table : array<u32, MAX_PART_BLOCKS>;           // the partition's physical blocks
 var<workgroup> tile_scores : array<vec4<f32>, WORKGROUP_SIZE>;     // (keys,) component j: head j
 var<workgroup> tile_weights : array<vec4<f32>, WORKGROUP_SIZE>;    // (keys,) exp(score - m); then partial outputs
 var<workgroup> run_max : array<vec4<f32>, MAX_RUNS>;               // max score of each run of the tile
+var<workgroup> new_kv : array<vec4<f32>, NEW_KV_VEC4>;             // FOLD: the new token's K row, then its V row
 
 // One u32 of the V cache: values are read word by word, since 4-bit rows are not vec4-aligned.
 fn v_word(at : u32) -> u32 {
@@ -69,11 +75,17 @@ fn q_staged(j : u32, s : u32) -> mat4x4<f32> {
   return mat4x4<f32>(q_tile[i], q_tile[i + 1u], q_tile[i + 2u], q_tile[i + 3u]);
 }
 
-// The scores of the K row `at` (kv_row) for the SLOTS heads (components past SLOTS are 0).
-fn key_scores(at : KVRow) -> vec4<f32> {
+// The scores of the K row `at` (kv_row), or of the new key in new_kv where `fresh`, for the SLOTS heads
+// (components past SLOTS are 0).
+fn key_scores(at : KVRow, fresh : bool) -> vec4<f32> {
   var sc = vec4<f32>(0.0);
   for (var s = 0u; s < HEAD_DIM / 16u; s++) {
-    let k = k_slice(at, s);
+    var k : mat4x4<f32>;
+    if (fresh) {
+      k = mat4x4<f32>(new_kv[4u * s], new_kv[4u * s + 1u], new_kv[4u * s + 2u], new_kv[4u * s + 3u]);
+    } else {
+      k = k_slice(at, s);
+    }
     sc.x += dot16(q_staged(0u, s), k);
     if (SLOTS > 1u) { sc.y += dot16(q_staged(1u, s), k); }
     if (SLOTS > 2u) { sc.z += dot16(q_staged(2u, s), k); }
@@ -123,14 +135,33 @@ fn put_head(row : u32, state : u32, n_parts : u32, c : u32, j : u32, acc : vec4<
     out[(row + j) * VEC_PER_HEAD + c] = acc / l;
     return;
   }
+  put_state(state, c, j, acc, m, l);
+}
+
+// Column c of head j's unnormalised partition state (matvec_io_merge.wgsl / paged_attention_reduce.wgsl merge it).
+fn put_state(state : u32, c : u32, j : u32, acc : vec4<f32>, m : f32, l : f32) {
   part_acc[(state + j) * VEC_PER_HEAD + c] = acc;
   if (c == 0u) {
     part_stats[state + j] = vec2<f32>(m, l);
   }
 }
 
-@compute @workgroup_size(WORKGROUP_SIZE)
-fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index) lid : u32) {
+// What a workgroup works on: sequence seq's query heads head .. head + SLOTS - 1 against partition part of
+// its context (blocks first .. first + n_part_blocks - 1 of n_blocks, n_parts partitions); live false: past
+// the batch or the sequence's partitions (the whole workgroup returns: its inputs are all uniform).
+struct Item {
+  seq : u32,
+  head : u32,
+  kv_head : u32,
+  part : u32,
+  n_parts : u32,
+  first : u32,
+  n_part_blocks : u32,
+  ctx_len : u32,
+  live : bool,
+}
+
+fn item_of(wid : vec3<u32>) -> Item {
   let n_tiles = params.n_heads / SLOTS;
   let head = (wid.x % n_tiles) * SLOTS;  // the tile's first query head
   let part = (wid.x / n_tiles) % params.max_partitions;
@@ -139,21 +170,37 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   let ctx_len = context_lens[min(seq, params.num_seqs - 1u)];
   let n_blocks = (ctx_len + bs - 1u) / bs;
   let n_parts = (n_blocks + params.partition_blocks - 1u) / params.partition_blocks;
-  if (seq >= params.num_seqs || part >= n_parts) {
-    return;  // the whole workgroup: its inputs are all uniform
-  }
-  let kv_head = head / (params.n_heads / params.n_kv_heads);
   let first = part * params.partition_blocks;
-  let n_part_blocks = min(params.partition_blocks, n_blocks - first);
-  for (var i = lid; i < n_part_blocks; i += WORKGROUP_SIZE) {
-    part_table[i] = block_tables[seq * params.max_blocks_per_seq + first + i];
-  }
-  for (var i = lid; i < SLOTS * VEC_PER_HEAD; i += WORKGROUP_SIZE) {
-    q_tile[i] = query[(seq * params.n_heads + head) * VEC_PER_HEAD + i] * params.scale;
-  }
-  workgroupBarrier();
+  let live = seq < params.num_seqs && part < n_parts;
+  return Item(seq, head, head / (params.n_heads / params.n_kv_heads), part, n_parts, first,
+              select(0u, min(params.partition_blocks, n_blocks - first), live), ctx_len, live);
+}
 
-  let key_end = min((first + n_part_blocks) * bs, ctx_len);
+// The partition's block-table slice into part_table (read after the caller's barrier).
+fn stage_table(it : Item, lid : u32) {
+  for (var i = lid; i < it.n_part_blocks; i += WORKGROUP_SIZE) {
+    part_table[i] = block_tables[it.seq * params.max_blocks_per_seq + it.first + i];
+  }
+}
+
+// The partition's unnormalised outputs (lanes r == 0 hold the column sums) and their (max, sum) states.
+struct Walked {
+  a0 : vec4<f32>,
+  a1 : vec4<f32>,
+  a2 : vec4<f32>,
+  a3 : vec4<f32>,
+  m : vec4<f32>,
+  l : vec4<f32>,
+}
+
+// The walk of the partition's keys in tiles (see above), the queries staged in q_tile and the table in
+// part_table. Uniform control flow only.
+fn walk(it : Item, lid : u32) -> Walked {
+  let bs = params.block_size;
+  let first = it.first;
+  let ctx_len = it.ctx_len;
+  let kv_head = it.kv_head;
+  let key_end = min((first + it.n_part_blocks) * bs, ctx_len);
   let key_begin = max(first * bs, window_first(ctx_len));  // a window layer reads no key before its window
   let c = lid % VEC_PER_HEAD;  // the lane's four values of the head dimension
   let r = lid / VEC_PER_HEAD;  // its key lane (lanes past KEY_LANES * VEC_PER_HEAD add no values)
@@ -168,7 +215,7 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
     var sc = vec4<f32>(NEG_BIG);
     if (key < key_end) {
       let b = key / bs - first;
-      sc = key_scores(kv_row(part_table[b], key % bs, kv_head));
+      sc = key_scores(kv_row(part_table[b], key % bs, kv_head), FOLD && key + 1u == ctx_len);
     }
     tile_scores[lid] = sc;
     workgroupBarrier();
@@ -186,7 +233,12 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
     let n = min(WORKGROUP_SIZE, key_end - t0);
     for (var i = r; i < n && r < KEY_LANES; i += KEY_LANES) {
       let key_i = t0 + i;
-      let v = v_vec4(kv_row(part_table[key_i / bs - first], key_i % bs, kv_head), c);
+      var v : vec4<f32>;
+      if (FOLD && key_i + 1u == ctx_len) {
+        v = new_kv[VEC_PER_HEAD + c];
+      } else {
+        v = v_vec4(kv_row(part_table[key_i / bs - first], key_i % bs, kv_head), c);
+      }
       let p = tile_weights[i];
       a0 += v * p.x;
       if (SLOTS > 1u) { a1 += v * p.y; }
@@ -200,13 +252,29 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index)
   if (SLOTS > 1u) { a1 = column_sum(a1, lid); }
   if (SLOTS > 2u) { a2 = column_sum(a2, lid); }
   if (SLOTS > 3u) { a3 = column_sum(a3, lid); }
+  return Walked(a0, a1, a2, a3, m, l);
+}
+
+@compute @workgroup_size(WORKGROUP_SIZE)
+fn main(@builtin(workgroup_id) wid : vec3<u32>, @builtin(local_invocation_index) lid : u32) {
+  let it = item_of(wid);
+  if (!it.live) {
+    return;  // the whole workgroup: its inputs are all uniform
+  }
+  stage_table(it, lid);
+  for (var i = lid; i < SLOTS * VEC_PER_HEAD; i += WORKGROUP_SIZE) {
+    q_tile[i] = query[(it.seq * params.n_heads + it.head) * VEC_PER_HEAD + i] * params.scale;
+  }
+  workgroupBarrier();
+  let w = walk(it, lid);
   if (lid >= VEC_PER_HEAD) {
     return;
   }
-  let row = seq * params.n_heads + head;  // the tile's first output row
-  let state = (seq * params.max_partitions + part) * params.n_heads + head;
-  put_head(row, state, n_parts, c, 0u, a0, m.x, l.x);
-  if (SLOTS > 1u) { put_head(row, state, n_parts, c, 1u, a1, m.y, l.y); }
-  if (SLOTS > 2u) { put_head(row, state, n_parts, c, 2u, a2, m.z, l.z); }
-  if (SLOTS > 3u) { put_head(row, state, n_parts, c, 3u, a3, m.w, l.w); }
+  let c = lid;
+  let row = it.seq * params.n_heads + it.head;  // the tile's first output row
+  let state = (it.seq * params.max_partitions + it.part) * params.n_heads + it.head;
+  put_head(row, state, it.n_parts, c, 0u, w.a0, w.m.x, w.l.x);
+  if (SLOTS > 1u) { put_head(row, state, it.n_parts, c, 1u, w.a1, w.m.y, w.l.y); }
+  if (SLOTS > 2u) { put_head(row, state, it.n_parts, c, 2u, w.a2, w.m.z, w.l.z); }
+  if (SLOTS > 3u) { put_head(row, state, it.n_parts, c, 3u, w.a3, w.m.w, w.l.w); }
 }

@@ -106,10 +106,16 @@ reference_greedy = greedy_reference  # the oracle lives with the reference forwa
 
 
 @pytest.fixture(scope="module")
-def gemma_weights(tmp_path_factory) -> ModelWeights:
+def gemma_dir(tmp_path_factory) -> Path:
     """A tiny random Gemma 3: 12 layers (5 and 11 global, the rest a 32-token window) -> groups of 2 layers."""
     cfg = replace(tiny_config(), architecture="gemma3", n_layers=12, sliding_window=32, context_length=512,
                   vocab=TINY_VOCAB)
     path = tmp_path_factory.mktemp("models") / "tiny-gemma3"
     write_tiny_model(path, seed=1, config=cfg)
-    return ModelWeights.load(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gemma_weights(gemma_dir) -> ModelWeights:
+    """gemma_dir's model, loaded."""
+    return ModelWeights.load(gemma_dir)

@@ -5,6 +5,8 @@ Bounds: decode and prefill differ from NumpyModel only in the f32 summation orde
 agree within |got - want| <= 2e-6 * max |want| and the attention mass within 1e-6 per block (1e-5 summed over a
 chunk's tokens).
 """
+from collections import Counter
+
 import numpy as np
 import pytest
 from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
@@ -72,24 +74,30 @@ def test_prefill_and_decode_give_the_references_logits_and_ids(tiny_weights):  #
 
 
 class CountingTwin(PointerTwin):
-    """PointerTwin counting the fused one-token calls (attn_decode) and the separate ones (attn_scores)."""
+    """PointerTwin counting its calls by export name (attn_decode: the fused one-token attention, whose own
+    q . k counts as an attn_scores call too; attn_scores: the separate one; the one-token step's glue)."""
 
     def __init__(self) -> None:
-        self.calls = {"attn_decode": 0, "attn_scores": 0}
+        self.calls = Counter()
 
-    def attn_decode(self, *args) -> None:
-        self.calls["attn_decode"] += 1
-        super().attn_decode(*args)
+    def __getattribute__(self, name: str):
+        attr = super().__getattribute__(name)
+        if name.startswith("_") or name == "calls" or not callable(attr):
+            return attr
+        calls = super().__getattribute__("calls")
 
-    def attn_scores(self, *args) -> None:
-        self.calls["attn_scores"] += 1
-        super().attn_scores(*args)
+        def counted(*args):
+            calls[name] += 1
+            return attr(*args)
+
+        return counted
 
 
 def test_one_sequences_decode_step_runs_attention_in_one_fused_call_per_layer(tiny_weights):  # noqa: F811
     """A lone sequence's one-token step on f32 pools takes attn_decode (rope, KV write, softmax inside; the twin
-    runs attn_scores once within it), a layer at a time; its new K/V are the reference's bit for bit; two
-    sequences' step (and prefill) keep the separate kernels."""
+    runs attn_scores and attn_values once within it), a layer at a time, its f32 projections through numpy
+    between the glue's calls; its new K/V are the reference's bit for bit; two sequences' step (and prefill) keep
+    the separate kernels."""
     cfg = tiny_weights.config
     kv, nexts = _prefilled(tiny_weights)
     table, n = TABLES[0], PROMPTS[0]
@@ -99,12 +107,13 @@ def test_one_sequences_decode_step_runs_attention_in_one_fused_call_per_layer(ti
     want = NumpyModel(tiny_weights).forward(batch, kv_ref)
     twin = CountingTwin()
     got = WasmAttentionModel(tiny_weights, twin).forward(batch, kv_got)
-    assert twin.calls == {"attn_decode": cfg.n_layers, "attn_scores": cfg.n_layers}
+    assert twin.calls == {"attn_decode": cfg.n_layers, "attn_scores": cfg.n_layers, "attn_values": cfg.n_layers,
+                          "rms_norm": 1, "add_rms_norm": 2 * cfg.n_layers, "silu_mul": cfg.n_layers}
     assert float(np.abs(got - want).max()) <= 2e-6 * float(np.abs(want).max())
     assert np.array_equal(kv_got.k[0], kv_ref.k[0]) and np.array_equal(kv_got.v[0], kv_ref.v[0])
     two = CountingTwin()
     WasmAttentionModel(tiny_weights, two).forward(_decode_batch(nexts), _copy(kv))
-    assert two.calls == {"attn_decode": 0, "attn_scores": 2 * cfg.n_layers}
+    assert two.calls == {"attn_scores": 2 * cfg.n_layers, "attn_values": 2 * cfg.n_layers}  # no attn_decode
 
 
 def test_a_chunk_of_a_prompt_after_cached_tokens_sees_only_the_keys_up_to_its_own(tiny_weights):  # noqa: F811
@@ -159,26 +168,6 @@ def test_pools_viewing_shared_pages_give_what_contiguous_pools_give(tiny_weights
     assert np.isnan(pages[:, 2 * cfg.n_layers * block:]).all()  # the padding was never written
 
 
-class GlueTwin(CountingTwin):
-    """CountingTwin counting the one-token step's glue calls too."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls.update(rms_norm=0, add_rms_norm=0, silu_mul=0)
-
-    def rms_norm(self, *args) -> None:
-        self.calls["rms_norm"] += 1
-        super().rms_norm(*args)
-
-    def add_rms_norm(self, *args) -> None:
-        self.calls["add_rms_norm"] += 1
-        super().add_rms_norm(*args)
-
-    def silu_mul(self, *args) -> None:
-        self.calls["silu_mul"] += 1
-        super().silu_mul(*args)
-
-
 def test_a_lone_decode_step_on_quantized_weights_runs_its_layers_through_the_kernels(tiny_dir):  # noqa: F811
     """Stacked QuantWeights (the tab's layout): a one-token step takes, per layer, attn_decode, add_rms_norm twice
     and silu_mul once (rms_norm once before the first layer), no numpy between; over the twins (the reference's
@@ -196,11 +185,12 @@ def test_a_lone_decode_step_on_quantized_weights_runs_its_layers_through_the_ker
     table, n = TABLES[0], PROMPTS[0]
     batch = ForwardBatch(i32([nexts[0]]), i32([n]), i32([table[n // 16] * 16 + n % 16]), i32([0, 1]), i32([table]),
                          i32([n + 1]))
-    twin = GlueTwin()
+    twin = CountingTwin()
     fast = WasmAttentionModel(quantized, twin)
     kv_fast, kv_slow, kv_ref = _copy(kv), _copy(kv), _copy(kv)
     got = fast.forward(batch, kv_fast)
-    assert twin.calls == {"attn_decode": cfg.n_layers, "attn_scores": cfg.n_layers, "rms_norm": 1,
+    assert twin.calls == {"attn_decode": cfg.n_layers, "attn_scores": cfg.n_layers, "attn_values": cfg.n_layers,
+                          "rms_norm": 1,
                           "add_rms_norm": 2 * cfg.n_layers, "silu_mul": cfg.n_layers}
     slow = WasmAttentionModel(quantized, PointerTwin())
     slow._layers = None  # the layer-by-layer path: NumpyModel.forward with the fused attention
@@ -210,6 +200,6 @@ def test_a_lone_decode_step_on_quantized_weights_runs_its_layers_through_the_ker
     ref = NumpyModel(plain).forward(batch, kv_ref)  # the same weights, dequantized by ModelWeights.load
     assert float(np.abs(got - ref).max()) <= 2e-6 * float(np.abs(ref).max())
     # two sequences, or the attention mass: the layer-by-layer path
-    again = GlueTwin()
+    again = CountingTwin()
     WasmAttentionModel(quantized, again).forward(_decode_batch(nexts), _copy(kv))
     assert again.calls["add_rms_norm"] == again.calls["attn_decode"] == 0

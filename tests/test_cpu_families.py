@@ -4,16 +4,19 @@ in CPython: weights held quantized as in the tab (tensor_loader on pointer_twin,
 projections through the kernel layout, attention through the kernels' twin (PointerTwin). The layers the
 one-token kernel cannot compute (a window, a q / k norm, another rotary) take the reference's steps with the
 kernels' q . k and p @ v. Against the numpy reference: logits within the twin's summation order, the same ids."""
+from collections import Counter
+
 import numpy as np
 import pytest
 from gguf_models import TINY_FAMILIES, tiny_gguf
 from model_fixtures import gguf_path  # noqa: F401  (pytest fixture)
+from test_cpu_attention import CountingTwin
 from test_cpu_linear import prefill_then_decode
 from test_gguf_architectures import MODELS
 
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.backends.cpu_attention import PointerTwin
-from pagedkv.backends.cpu_wasm import HeapStore, pointer_twin, tensor_loader
+from pagedkv.backends.cpu_attention import ACTIVATION_EXPORTS, PointerTwin
+from pagedkv.backends.cpu_wasm import HeapStore, pointer_twin, stack_projections, tensor_loader
 from pagedkv.model.convert import convert_cached
 from pagedkv.model.weights import ModelWeights
 
@@ -24,12 +27,21 @@ def test_the_tabs_cpu_path_gives_the_references_logits_and_ids(gguf_path, name):
     reference = ModelWeights.load(converted)
     shards = {s["file"]: (converted / s["file"]).read_bytes() for s in reference.manifest["shards"]}
     quantized = ModelWeights.from_shards(reference.manifest, shards, tensor_loader(HeapStore(pointer_twin)))
+    stack_projections(quantized.tensors, quantized.config.n_layers)  # as the tab holds them
     prompt = [int(t) for t in np.random.default_rng(5).integers(100, reference.config.vocab, 80)]
     # One block table for every layer (kv_groups=False): the batches here are made by hand, and the KV groups'
     # own tables are tests/test_kv_groups.py's
     want_pre, want_dec = prefill_then_decode(CpuBackend(reference, 6, 16, kv_groups=False), prompt, 6)
-    tab = CpuBackend(quantized, 6, 16, linear="wasm", attention=PointerTwin(), kv_groups=False)
+    twin = CountingTwin()
+    tab = CpuBackend(quantized, 6, 16, linear="wasm", attention=twin, kv_groups=False)
     got_pre, got_dec = prefill_then_decode(tab, prompt, 6)
+    # every decode step's every layer through the one-token step, as the family's declaration says
+    layers, steps = reference.config.layers, 6
+    activations = Counter(ACTIVATION_EXPORTS[spec.activation] for spec in layers)
+    want_calls = {"attn_decode": len(layers), "add_rms_norm": 2 * len(layers), **activations,
+                  "rms_norm_rows": 2 * sum(spec.qk_norm for spec in layers),
+                  "rms_norm": 1 + sum(spec.post_attention_norm + spec.post_ffn_norm for spec in layers)}
+    assert {name: twin.calls[name] for name in want_calls} == {name: n * steps for name, n in want_calls.items()}
     assert float(np.abs(got_pre - want_pre).max() / np.abs(want_pre).max()) <= 1e-5
     assert np.array_equal(got_pre.argmax(axis=1), want_pre.argmax(axis=1))
     assert [int(g.argmax()) for g in got_dec] == [int(w.argmax()) for w in want_dec]
@@ -68,8 +80,6 @@ def test_a_lone_sequence_with_window_groups_decodes_through_the_fused_kernel(ggu
     decode step runs each layer's attention in one attn_decode call (its group's table from the window's first
     block, the keys before the window in that block masked; q / k normed before the call; the global layer's
     own rotary), the ids the numpy reference's greedy ids past the window (a 45-token prompt, 24 new)."""
-    from test_cpu_attention import CountingTwin
-
     from pagedkv.backends.numpy_ref import NumpyModel, greedy_reference
     from pagedkv.engine import EngineConfig, LLMEngine, run_sync
     from pagedkv.sampling import SamplingParams

@@ -90,6 +90,23 @@ def test_the_wasm_path_holds_quantized_blocks_and_gives_the_reference_ids(tiny_d
     assert [int(g.argmax()) for g in got_dec] == [int(w.argmax()) for w in want_dec]
 
 
+def test_a_q8_0_head_with_integer_activations_is_held_without_its_zero_mins(tiny_dir):  # noqa: F811
+    """The tiny model's q8_0 tied embedding through a store with integer activations: held as q8_d (head_blocks:
+    its codes and one f32 d a block, 36 bytes a block, not 40), its rows' lookups the reference's f32 exactly; with
+    f32 activations it keeps the (d, m) layout; q8_d with f32 activations is refused by name."""
+    plain = ModelWeights.load(tiny_dir)
+    shards = {s["file"]: (tiny_dir / s["file"]).read_bytes() for s in plain.manifest["shards"]}
+    vocab, hidden = plain.config.vocab, plain.config.hidden
+    for activations, kind, nbytes in (("int16", "q8_d", vocab * hidden // 32 * 36),
+                                      ("f32", "q8_0", vocab * hidden // 32 * 40)):
+        w = ModelWeights.from_shards(plain.manifest, shards, tensor_loader(HeapStore(pointer_twin, activations)))
+        head = w.tensors["token_embd.weight"]
+        assert (head.kind, head.nbytes) == (kind, nbytes)
+        assert np.array_equal(head[[5, 0, vocab - 1]], plain.tensors["token_embd.weight"][[5, 0, vocab - 1]])
+    with pytest.raises(ValueError, match="q8_d weights \\(d without m\\) run with integer activations only"):
+        QuantWeight("q8_d", np.zeros((2, 32), np.int8), np.zeros((2, 1), np.float32), HeapStore(pointer_twin))
+
+
 @pytest.mark.parametrize("name", sorted(TINY_K))
 def test_k_quant_files_hold_every_projection_in_the_kernel_and_give_the_reference_ids(gguf_path, name):  # noqa: F811
     """The K-quant GGUFs made at test time (q4_K, q5_K, q6_K, both Q4_K_M mixes): every projection and the head
@@ -111,7 +128,8 @@ def test_types_without_a_kernel_keep_einsum_and_bad_layouts_are_refused(tiny_dir
     weights = ModelWeights.load(tiny_dir)
     backend = CpuBackend(weights, 4, 16, linear="wasm")  # f32 tensors: every projection through einsum
     assert type(backend.model.w["blk.0.ffn_up.weight"]).__name__ == "EinsumWeight"
-    with pytest.raises(ValueError, match=r"q4_1 weight: qs \(2, 31\) and dm \(2, 2, 2\) are not the kernel's layout"):
+    with pytest.raises(ValueError,
+                       match=r"q4_1 weight: qs \(2, 31\) and dm \(2, 2, 2\) float32 are not the kernel's layout"):
         QuantWeight("q4_1", np.zeros((2, 31), np.uint8), np.zeros((2, 2, 2), np.float32), HeapStore(pointer_twin))
 
 

@@ -14,7 +14,7 @@ def _linear(rows: list[dict]) -> list[tuple]:
 
 def test_gpu_family_fills_every_matvec_with_at_least_1024_invocations_at_context_512():
     for subgroups in (True, False):
-        rows = geo.decode_step("gpu", 512, subgroups)
+        rows = geo.decode_step("gpu", 512, subgroups, fold=False)  # q | k | v its own matvec (the fold: below)
         linear = _linear(rows)
         # q|k|v, o per layer; gate|up, down of the last layer (the others' FFN is one dispatch); the LM head
         assert len(linear) == 30 * 2 + 2 + 1
@@ -57,7 +57,7 @@ def test_cpu_family_rows_are_the_issues_counts():
 
 
 def test_gpu_family_fills_every_decode_attention_dispatch_at_context_512():
-    for subgroups, shader in ((True, "paged_attention_gpu_sg"), (False, "paged_attention_gpu")):
+    for subgroups, shader in ((True, "paged_attention_gpu_sg_fold_q4_1"), (False, "paged_attention_gpu_fold_q4_1")):
         rows = [r for r in geo.decode_step("gpu", 512, subgroups) if r["slot"] in ("attn", "reduce")]
         assert len(rows) == 30  # pass 1 only: the output projection merges the partitions in its prologue
         # aiming at 96 workgroups (GpuShapes.split): 8 partitions of the 64-token minimum x 3 kv heads (3 query
@@ -77,7 +77,8 @@ def test_gpu_family_decode_step_is_at_most_160_dispatches_at_context_1024():
     invocations: embedding, 5 a layer (q | k | v + RoPE + KV write, attention, o + merge, gate | up, down),
     the LM head with the final norm fused (issue 50) and argmax. Quantized KV keeps kv_write_quant (6 a layer);
     the cpu family, whose kernels are shaped for the emulators, keeps its 8 and the final norm's dispatch."""
-    for kv_dtype, count in (("f16", 1 + 30 * 5 + 2 - 29), ("f32", 124), ("int8", 1 + 30 * 6 + 2 - 29),
+    # f16 / f32: q | k | v inside the attention (30 fewer); quantized KV keeps its q | k | v matvec and kv_write_quant
+    for kv_dtype, count in (("f16", 1 + 30 * 5 + 2 - 29 - 30), ("f32", 94), ("int8", 1 + 30 * 6 + 2 - 29),
                             ("int4-asym", 154)):
         for subgroups in (True, False):
             t = geo.totals(geo.decode_step("gpu", 1024, subgroups, kv_dtype=kv_dtype))
@@ -88,15 +89,23 @@ def test_gpu_family_decode_step_is_at_most_160_dispatches_at_context_1024():
 def test_issue_50_dispatch_counts_at_context_1024(capsys):
     """Issue 50's goal: at most 100 dispatches a SmolLM2 decode step at context 1,024 and at most 80 for the 1.5B
     preset (154 / 124 before it). The exact counts, so a change that adds a dispatch fails here: 1 embedding,
-    per layer q|k|v + RoPE + KV write, attention, o + merge + the previous FFN's partials, then the FFN in one
-    dispatch (the last layer: gate|up and down, since the LM head reads a whole x), the LM head, argmax."""
-    for model, layers, count in (("smollm2-135m-instruct", 30, 124), ("synthetic-1.5b", 24, 100)):
+    per layer the attention with q|k|v + RoPE + KV write inside (paged_attention_gpu_fold.wgsl), o + merge + the
+    previous FFN's partials, then the FFN in one dispatch (the last layer: gate|up and down, since the LM head
+    reads a whole x), the LM head, argmax. --no-fold (WebGpuBackend.fold_qkv = False): q|k|v its own matvec,
+    124 / 100."""
+    for model, layers, count in (("smollm2-135m-instruct", 30, 94), ("synthetic-1.5b", 24, 76)):
         for subgroups in (True, False):
             rows = geo.decode_step("gpu", 1024, subgroups, model=model)
-            assert geo.totals(rows)["count"] == count == 1 + (layers - 1) * 4 + 5 + 2, (model, subgroups)
+            assert geo.totals(rows)["count"] == count == 1 + (layers - 1) * 3 + 4 + 2, (model, subgroups)
+            attn = [r["kernel"] for r in rows if r["slot"] == "attn"]
+            dtype = "q4_1" if layers == 30 else "q4_K"
+            assert attn == [f"paged_attention_gpu{'_sg' if subgroups else ''}_fold_{dtype}"] * layers
+            assert geo.totals(geo.decode_step("gpu", 1024, subgroups, model=model, fold=False))["count"] == count + layers
     assert geo.main(["--json", "--kernels", "gpu", "--context", "1024", "--model", "synthetic-1.5b"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert (out["count"], sum(r["slot"] == "ffn" for r in out["dispatches"])) == (100, 23)
+    assert (out["count"], sum(r["slot"] == "ffn" for r in out["dispatches"])) == (76, 23)
+    assert geo.main(["--json", "--kernels", "gpu", "--context", "1024", "--no-fold"]) == 0
+    assert json.loads(capsys.readouterr().out)["count"] == 124
 
 
 def test_cli_prints_json(capsys):
@@ -114,7 +123,7 @@ def test_cli_prints_json(capsys):
 def test_synthetic_1_5b_preset_decode_step_counts_its_24_layers_in_q4_K():
     """--model synthetic-1.5b: the device runs' larger model (hidden 2,048, 24 layers, 32 query / 8 KV heads, Q4_K
     everywhere) through the same plan: embedding, 5 a layer, the LM head (the final norm fused) and argmax."""
-    rows = geo.decode_step("gpu", 1024, model="synthetic-1.5b")
+    rows = geo.decode_step("gpu", 1024, model="synthetic-1.5b", fold=False)
     # 5 a layer but 4 where the FFN is one dispatch (all layers but the last)
     assert geo.totals(rows) == {"count": 1 + 24 * 5 + 2 - 23, "min_hot_invocations": 32 * 256}  # the FFN
     assert _linear(rows)[:2] == [("matvec_gpu_sg_q4_K_rope_kv", "lin_qkv", 384 * 64),

@@ -18,19 +18,30 @@ import pytest
 from llama_reference import near_tie
 from model_fixtures import ROOT, gemma3_gguf  # noqa: F401  (pytest fixture)
 
+from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache
+from pagedkv.engine import EngineConfig, LLMEngine, run_sync
+from pagedkv.kv.accounting import kv_stats
+from pagedkv.kv.retention import KVRetention
 from pagedkv.model.convert import convert_cached
 from pagedkv.model.family import UnsupportedModel, require
 from pagedkv.model.weights import ModelWeights
 from pagedkv.model_runner import ForwardBatch
+from pagedkv.sampling import SamplingParams
+from pagedkv.tokenizer import Tokenizer
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "gemma3_golden.json").read_text())
 MODELS = ROOT / ".cache" / "models"
 
 
 @pytest.fixture(scope="module")
-def gemma3(gemma3_gguf) -> NumpyModel:  # noqa: F811
-    return NumpyModel(ModelWeights.load(convert_cached(gemma3_gguf, MODELS)))
+def gemma3_weights(gemma3_gguf) -> ModelWeights:  # noqa: F811
+    return ModelWeights.load(convert_cached(gemma3_gguf, MODELS))
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_weights) -> NumpyModel:
+    return NumpyModel(gemma3_weights)
 
 
 def test_the_file_resolves_into_the_declared_layers(gemma3):
@@ -104,3 +115,35 @@ def test_the_long_prompt_needs_the_global_layers(gemma3):
         for layer in gemma3.layers)
     ours = teacher_forced(windowed, golden["prompt_ids"], golden["output_ids"][:4]).argmax(axis=1)
     assert int(ours[0]) != golden["output_ids"][0]
+
+
+def test_shifted_window_retention_on_its_kv_groups_equals_every_layer_full(gemma3_weights):
+    """KVRetention on the real model (tests/test_kv_retention_groups.py holds a tiny one to the same rules): a
+    64-token request window with 4 sinks, narrower than Gemma's 512, so it binds the window layers too. The first
+    100 ids of the long golden prompt, past the 96 tokens (6 blocks: the sink block, the window's and the step's)
+    that the window holds, so its chunks drop blocks and re-rotate what they keep, and 8 greedy ids, in 32-token
+    chunks: with KV groups the ids equal those with
+    every layer in one group (kept keys re-rotated group by group: base 10,000 on the window layers, 1e6 on the
+    global ones), every group holds the sink block and the window's at most (64 / 16 + 2 blocks), and the pool
+    holds exactly the groups' blocks plus the null block."""
+    r = KVRetention(window_tokens=64, sink_tokens=4)
+    prompt = GOLDEN["cases"][-1]["prompt_ids"][:100]
+    runs = []
+    for grouped in (True, False):
+        backend = CpuBackend(gemma3_weights, num_blocks=6 * 8 + 1, block_size=16, kv_groups=grouped)
+        engine = LLMEngine(backend, Tokenizer.from_manifest(gemma3_weights.manifest),
+                           EngineConfig(max_num_batched_tokens=32))
+        req = engine.request(engine.add_request(prompt, SamplingParams(max_tokens=8, stop_token_ids=(10**6,)),
+                                                retention=r))
+        held = []
+        while engine.has_unfinished:
+            run_sync(engine.step())
+            used = list(kv_stats(engine.kv).group_used_blocks)
+            assert engine.kv.pool.num_used == sum(used) + grouped or not engine.has_unfinished
+            held.append(used)
+        runs.append((req.output_ids, held, engine.stats()["shifted_blocks"]))
+    (grouped_ids, grouped_held, shifted), (flat_ids, flat_held, _) = runs
+    print(grouped_ids, grouped_held)  # pytest -s
+    assert grouped_ids == flat_ids and shifted > 0
+    assert max(max(h) for h in grouped_held) == 64 // 16 + 2 and len(grouped_held[0]) == 6
+    assert [h[0] for h in grouped_held] == [h[0] for h in flat_held]  # the full group: the flat pool's blocks

@@ -50,7 +50,7 @@ def test_prefill_kernels_tile_new_tokens_by_family():
     # cpu: query_tile tokens, whatever the heads; a pass walks PREFILL_PASS_TOKENS (512) keys, so its blocks
     # follow the block size
     assert prefill_kernel("cpu", 3, 64, 4, 16, 16) == prefill_kernel("cpu", 1, 16, 4, 16, 16)
-    assert prefill_kernel("cpu", 3, 64, 4, 16, 16).pass_blocks == 32
+    assert prefill_kernel("cpu", 3, 64, 4, 16, 16).pass_keys == 512
     assert dict(prefill_kernel("cpu", 3, 64, 4, 16, 8).constants) == {"SLOTS": 4, "PASS_BLOCKS": 64}
     layout = GpuKVLayout(KVSpec(1, 3, 64, 16, "f32"), 600)
     cpu = KVKernels(CTX, layout, 9, query_tile=3)
@@ -58,11 +58,16 @@ def test_prefill_kernels_tile_new_tokens_by_family():
     # gpu: 16 (token, head) rows per workgroup: 5 tokens x 3 heads; 16 keys of 64 values per K/V tile
     gpu = KVKernels(CTX, layout, 9, family="gpu", query_tile=3)
     assert (gpu.prefill.name, gpu.query_tile, gpu.prefill.workgroup) == ("paged_prefill_attention_gpu", 5, 128)
-    assert dict(gpu.prefill.constants) == {"SLOTS": 3, "QUERY_TILE": 5, "KEYS": 16}
+    # and a pass walks PREFILL_GPU_PASS_TOKENS (1,024) keys: 64 tiles of 16
+    assert dict(gpu.prefill.constants) == {"SLOTS": 3, "QUERY_TILE": 5, "KEYS": 16, "PASS_TILES": 64}
+    assert gpu.prefill.pass_keys == 1024
     assert gpu.prefill_grid(10) == (30, 1, 1)  # 10 tiles x 3 kv heads
     # 2 heads per tile: 8 tokens, 32 keys
     small = KVKernels(CTX, GpuKVLayout(KVSpec(1, 2, 16, 8, "f32"), 64), 4, family="gpu")
-    assert dict(small.prefill.constants) == {"SLOTS": 2, "QUERY_TILE": 8, "KEYS": 32}
+    assert dict(small.prefill.constants) == {"SLOTS": 2, "QUERY_TILE": 8, "KEYS": 32, "PASS_TILES": 32}
+    # head_dim 96: 10 keys a tile, so a pass is 102 whole tiles, 1,020 keys
+    wide = prefill_kernel("gpu", 1, 96, 4, 16, 16)
+    assert (dict(wide.constants)["PASS_TILES"], wide.pass_keys) == (102, 1020)
 
 
 def test_gpu_decode_partitions_aim_at_the_split_within_their_bounds():

@@ -17,7 +17,8 @@ from pagedkv.model.config import ModelConfig
 CFG = ModelConfig("llama", 2, 64, 4, 2, 16, 128, 512, 1e5, "adjacent_pairs", 1e-5, 256, True)
 
 
-def fake_backend(kernels: str = "cpu", subgroups: bool = False, shader_f16: bool = False, kv_dtype: str = "f16"):
+def fake_backend(kernels: str = "cpu", subgroups: bool = False, shader_f16: bool = False, kv_dtype: str = "f16",
+                 fold: bool = False):
     ctx = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimension": 65535}))
     layout = GpuKVLayout(KVSpec(1, 2, 16, 16, kv_dtype), 10)
     names = ["token_embd.weight", "output_norm.weight"] + [
@@ -35,7 +36,7 @@ def fake_backend(kernels: str = "cpu", subgroups: bool = False, shader_f16: bool
                            group_binding=lambda name, layer: scratch[name],  # one KV group: the whole buffers
                            kv_kernels=KVKernels(ctx, layout, CFG.n_heads, family=kernels, subgroups=subgroups),
                            kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(), shader_f16=shader_f16,
-                           gpu_matmul=kernels == "gpu", max_num_seqs=4)
+                           gpu_matmul=kernels == "gpu", max_num_seqs=4, fold_qkv=fold, workgroup_storage=16384)
 
 
 def test_plan_keys_bucket_batches_by_kernel_choice():
@@ -74,10 +75,11 @@ def test_program_has_one_pass_per_phase_and_8_or_9_dispatches_per_layer():
 
 def test_a_long_prefill_walks_its_keys_in_passes_of_512():
     """The cpu family's prefill attention takes one dispatch per 512 keys of the longest context (32 blocks of
-    16), the passes after the first resuming from the states they keep in act; decode and the gpu family take one."""
+    16), the gpu family's one per 1,024 (32 tiles of 32 keys at head_dim 32), the passes after the first resuming
+    from the states they keep in act; decode takes one."""
     b = fake_backend()
     kv = b.kv_kernels
-    assert kv.prefill.pass_blocks == 32 and dict(kv.prefill.constants)["PASS_BLOCKS"] == 32
+    assert kv.prefill.pass_keys == 512 and dict(kv.prefill.constants)["PASS_BLOCKS"] == 32
     assert [kv.prefill_passes(np.array([5, n])) for n in (512, 513, 1024, 1783)] == [1, 2, 2, 4]
     assert PlanKey.of(2, 2, prefill_passes=4) == PlanKey.of(2, 2)  # decode: no prefill passes
     attn = [d for d in layer_program(b, PlanKey.of(24, 3, prefill_passes=3))[0] if d.slot == "attn"]
@@ -85,9 +87,11 @@ def test_a_long_prefill_walks_its_keys_in_passes_of_512():
         "paged_prefill_attention"] + ["paged_prefill_attention_resume"] * 2  # two layers
     assert {d.bindings[8] for d in attn} == {"act"} and {d.bindings[7] for d in attn} == {"attn"}
     gpu = fake_backend("gpu")
-    assert gpu.kv_kernels.prefill.pass_blocks == 0 and gpu.kv_kernels.prefill_passes(np.array([4096])) == 1
-    attn = [d for d in layer_program(gpu, PlanKey.of(24, 3))[0] if d.slot == "attn"]
-    assert [d.shader for d in attn] == ["paged_prefill_attention_gpu"] * 2 and 8 not in attn[0].bindings
+    assert gpu.kv_kernels.prefill.pass_keys == 1024 and dict(gpu.kv_kernels.prefill.constants)["PASS_TILES"] == 32
+    assert [gpu.kv_kernels.prefill_passes(np.array([5, n])) for n in (1024, 1025, 1783, 4096)] == [1, 2, 2, 4]
+    attn = [d for d in layer_program(gpu, PlanKey.of(24, 3, prefill_passes=2))[0] if d.slot == "attn"]
+    assert [d.shader for d in attn] == ["paged_prefill_attention_gpu", "paged_prefill_attention_gpu_resume"] * 2
+    assert {d.bindings[8] for d in attn} == {"act"}
 
 
 def test_a_shaped_draw_shapes_the_logits_then_draws_then_counts():
@@ -196,6 +200,36 @@ def test_gpu_family_plan_swaps_the_linears_argmax_and_attention():
         "ffn_gpu_f16_q4_1_q4_1", "matvec_gpu_f16_q4_1", "matvec_gpu_f16_q8_0"]
     grids, _ = step_slots(b, StepShape(1, 1, 1, 1, 1, True))
     assert grids[SLOT_INDEX["lin_qkv"]].tolist() == [16, 1, 1]  # one workgroup per 8 of the 128 rows
+    # q | k | v inside the attention (paged_attention_gpu_fold.wgsl): 3 dispatches for layer 0, 4 for the last
+    folded = layer_program(fake_backend("gpu", subgroups=True, fold=True), PlanKey.of(1, 1))[0]
+    assert [(d.shader, d.slot) for d in folded] == [
+        ("embedding", "embedding"), ("paged_attention_gpu_sg_fold_q4_1", "attn"), ("matvec_gpu_sg_q4_1_merge", "lin_h"),
+        ("ffn_gpu_sg_q4_1_q4_1", "ffn"), ("paged_attention_gpu_sg_fold_q4_1", "attn"),
+        ("matvec_gpu_sg_q4_1_merge", "lin_h"), ("matvec_gpu_sg_q4_1", "lin_ffn"), ("matvec_gpu_sg_q4_1", "lin_down")]
+    fold0, merge0, _, fold1 = folded[1:5]
+    # the cache (read_write in this kernel), tables, context lengths (then the positions), the partition states,
+    # the rotary table; q | k | v's parts at 16, 17 and x at 18 (the qkv_ instance), its uniform the lin_qkv slot
+    assert (fold0.bindings, fold0.uniform_at, fold0.extra, fold0.entry) == (
+        {1: "k0", 2: "v0", 3: "block_tables", 4: "context_lens", 7: "part_acc", 8: "part_stats", 9: "cos_sin",
+         16: "blk.0.attn_qkv.weight.qs", 17: "blk.0.attn_qkv.weight.d", 18: "x"}, 5,
+        ((20, ("params", SLOT_INDEX["lin_qkv"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)),), "main_fold")
+    assert dict(fold0.constants) == {"HEAD_DIM": 16, "KV_FORMAT": 1, "HEAD_MAJOR": 1, "KV_GROUP": 16, "SLOTS": 2,
+                                     "WORKGROUP_SIZE": 128, "FOLD": 1, "NEW_KV_VEC4": 8, "X_VEC4": 16,
+                                     "qkv_WORKGROUP_SIZE": 128, "qkv_ROW_GROUPS": 8, "qkv_NORM": 1}
+    assert dict(fold1.constants)["SPLIT_PARTS"] == 4 and dict(merge0.constants)["STATES_ONLY"] == 1
+    # a step whose attention mass is scored from the last layer's queries: that layer writes them to scratch q
+    mass = layer_program(fake_backend("gpu", subgroups=True, fold=True), PlanKey.of(1, 1, mass=True))[0]
+    assert [d.shader for d in mass[1:7]] == [
+        "paged_attention_gpu_sg_fold_q4_1", "matvec_gpu_sg_q4_1_merge", "ffn_gpu_sg_q4_1_q4_1",
+        "matvec_gpu_sg_q4_1_rope_kv", "paged_attention_gpu_sg", "matvec_gpu_sg_q4_1_merge"]
+    assert "STATES_ONLY" not in dict(mass[6].constants)
+    # quantized KV keeps the q | k | v matvec (kv_write_quant needs whole rows' scales); so does a step that is no
+    # decode, and a device whose workgroup memory is too small for the fold's
+    int8 = fake_backend("gpu", subgroups=True, kv_dtype="int8", fold=True)
+    assert layer_program(int8, PlanKey.of(1, 1))[0][1].shader == "matvec_gpu_sg_q4_1_rope_kv"
+    small = fake_backend("gpu", subgroups=True, fold=True)
+    small.workgroup_storage = 8192
+    assert layer_program(small, PlanKey.of(1, 1))[0][1].shader == "matvec_gpu_sg_q4_1_rope_kv"
     # decode attention: a workgroup per (sequence, partition, kv head's 2 query heads); 3 partitions: merged
     # by a workgroup per (sequence, head)
     pair, _ = step_slots(b, StepShape(2, 2, 3, 3, 2, True))

@@ -20,7 +20,8 @@ import numpy as np
 import wasmtime
 
 import build
-from pagedkv.backends.cpu_wasm import QUANTIZED_X, XQ_BYTES, act_bits, array_at, chunks, scratch_floats
+from pagedkv.backends.cpu_wasm import (QUANTIZED_X, XQ_BYTES, act_bits, array_at, chunks, scale_bytes,
+                                      scratch_floats)
 from pagedkv.model.quants import QK
 
 LINEAR_WAT = build.ROOT / "web" / "wasm" / "linear.wat"
@@ -64,7 +65,8 @@ def _table_blocks(table: int, ctx: int, bs: int) -> int:
 def _matmul(kind, qs, dm, rows, cols, x, t, out, ldo, scratch):
     nb = cols // QK
     row_q = nb * (32 if kind & 1 else 16)  # 8-bit codes (kinds 1, 9, 17) or 4-bit (0)
-    return [(qs, rows * row_q), (dm, rows * nb * 8), (x, t * cols * 4), (out, ((t - 1) * ldo + rows) * 4 if t else 0),
+    return [(qs, rows * row_q), (dm, rows * scale_bytes(kind, nb)), (x, t * cols * 4),
+            (out, ((t - 1) * ldo + rows) * 4 if t else 0),
             (scratch, scratch_floats(cols, t, kind) * 4)]
 
 
@@ -97,6 +99,9 @@ FOOTPRINTS = {
     "rms_norm": ((0, 1, 4), lambda x, w, n, eps, out: [(x, n * 4), (w, n * 4), (out, n * 4)]),
     "add_rms_norm": ((0, 1, 2, 5), lambda x, y, w, n, eps, out: [(x, n * 4), (y, n * 4), (w, n * 4), (out, n * 4)]),
     "silu_mul": ((0, 1, 3), lambda g, u, n, out: [(g, n * 4), (u, n * 4), (out, n * 4)]),
+    "gelu_tanh_mul": ((0, 1, 3), lambda g, u, n, out: [(g, n * 4), (u, n * 4), (out, n * 4)]),
+    "rms_norm_rows": ((0, 1, 5), lambda x, w, n, rows, eps, out: [(x, n * rows * 4), (w, n * 4),
+                                                                 (out, n * rows * 4)]),
 }
 
 
@@ -237,7 +242,7 @@ class WasmThreads:
                         r0, r1 = next(work, (None, None))
                     if r0 is None:
                         return
-                    ex["matmul"](store, kind, qs + r0 * row_q, dm + r0 * nb * 8, r1 - r0, cols, x_at, t,
+                    ex["matmul"](store, kind, qs + r0 * row_q, dm + r0 * scale_bytes(kind, nb), r1 - r0, cols, x_at, t,
                                  out_at + 4 * r0, rows, scratch_at + i * stride)
                     ran[i] += 1
             except Exception as exc:  # noqa: BLE001  (raised below, on the caller's thread)

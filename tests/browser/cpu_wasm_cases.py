@@ -107,7 +107,8 @@ def case_attention(kernels, ctx: int, nkv: int, group: int, hd: int, nq: int = 1
 def case_step_glue(kernels, n: int) -> dict:
     """The one-token step's glue exports against f64: rms_norm and add_rms_norm (the residual bit-identical to
     numpy's f32 add) over their output's magnitude, silu_mul over |silu(g) u| plus 2^-100 (e^x is 0 below -87),
-    each in units of f32 rounding (2^-24)."""
+    gelu_tanh_mul over that times 1 + |2z| (its e^-|2z|'s argument is rounded to f32), each in units of f32
+    rounding (2^-24); rms_norm_rows' rows bit-identical to rms_norm's of each row alone."""
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(n) * np.where(np.arange(n) % 7 == 0, 30, 1)).astype(np.float32)
     y, w, u = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
@@ -130,8 +131,19 @@ def case_step_glue(kernels, n: int) -> dict:
     g64 = g.astype(np.float64)
     want = g64 / (1.0 + np.exp(-g64)) * u.astype(np.float64)
     rel_silu = float((np.abs(out - want) / (np.abs(want) + 2.0**-100)).max() / 2.0**-24)
+    kernels.gelu_tanh_mul(address_of(g), address_of(u), n, address_of(out))
+    z = np.sqrt(2.0 / np.pi) * (g64 + 0.044715 * g64**3)
+    # 0.5 (1 + tanh z) = sigmoid(2z), here without 1 + tanh's cancellation (f64 itself gives 0 for g below -7)
+    want = g64 * np.exp(np.minimum(2 * z, 0)) / (1.0 + np.exp(-np.abs(2 * z))) * u.astype(np.float64)
+    # e^-|2z| is taken of 2z rounded to f32: its relative error, a few ulp of |2z|, moves e^-|2z| by |2z| times it
+    rel_gelu = float((np.abs(out - want) / ((np.abs(want) + 2.0**-100) * (1.0 + np.abs(2 * z)))).max() / 2.0**-24)
+    rows = np.empty(n, np.float32)  # four rows of n / 4 with one gain: each row as rms_norm gives it alone
+    kernels.rms_norm_rows(address_of(x), address_of(w), n // 4, 4, eps, address_of(rows))
+    alone = np.empty(n, np.float32)
+    for r in range(4):
+        kernels.rms_norm(address_of(x) + r * n, address_of(w), n // 4, eps, address_of(alone) + r * n)
     return {"n": n, "norm_ulps": rel_norm, "add_exact": bool(np.array_equal(x2, summed)), "add_ulps": rel_add,
-            "silu_ulps": rel_silu}
+            "silu_ulps": rel_silu, "gelu_ulps": rel_gelu, "rows_as_alone": bool(np.array_equal(rows, alone))}
 
 
 def case_attn_decode(kernels, ctx: int, nkv: int, group: int, hd: int, lo: int = 0) -> dict:

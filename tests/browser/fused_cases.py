@@ -9,9 +9,13 @@ import numpy as np
 
 from pagedkv.backends.webgpu import model_kernels as ops
 from pagedkv.backends.webgpu.fused import stack_rows
-from pagedkv.backends.webgpu.plan import FFN_ROW_GROUPS, FFN_WORKGROUP, ffn_split
+from pagedkv.backends.webgpu.kv_attention_gpu import ATTENTION_WORKGROUP
+from pagedkv.backends.webgpu.kv_layout import GpuKVLayout
+from pagedkv.backends.webgpu.plan import FFN_ROW_GROUPS, FFN_WORKGROUP, FOLD_ROW_GROUPS, ffn_split
 from pagedkv.backends.webgpu.runtime import open_device
-from pagedkv.backends.webgpu.shader_variants import FFN_DOWN_BINDINGS, ffn_gpu_shader
+from pagedkv.backends.webgpu.shader_variants import FFN_DOWN_BINDINGS, FOLD_BINDINGS, ffn_gpu_shader, fold_shader
+from pagedkv.kernels.ref_attention import paged_attention_ref
+from pagedkv.kv.spec import KVSpec
 from pagedkv.kernels import ref_ops as ref
 from pagedkv.model.layout import DTYPE_PARTS, dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 from pagedkv.model.quants import dequantize_parts, pack_gguf
@@ -34,10 +38,10 @@ def _buffer(ctx, array, label):
     return buf
 
 
-async def _dispatch(ctx, shader, constants, bindings, grid, reads):
-    """One dispatch of `shader` with {binding: numpy array} (uniforms as ("uniform", array)); returns the
-    bytes of each binding in `reads`."""
-    pipeline = await ctx.kernel(shader, constants)
+async def _dispatch(ctx, shader, constants, bindings, grid, reads, entry="main"):
+    """One dispatch of `shader` (its entry point `entry`) with {binding: numpy array} (uniforms as ("uniform",
+    array)); returns the bytes of each binding in `reads`."""
+    pipeline = await ctx.kernel(shader, constants, entry)
     buffers = {}
     for at, value in bindings.items():
         if isinstance(value, tuple):
@@ -280,3 +284,88 @@ async def case_ffn(gate_up, down, tokens, seed, hidden=256, ffn=512, tree=False,
     return {"shader": ffn_gpu_shader(gate_up, down, subgroups, False), "parts": n_parts,
             "x_kept": bool((y[0] == x).all()),
             "argmax": [np.argmax(got, axis=1).tolist(), np.argmax(want, axis=1).tolist()], **_errors(got, want, scale)}
+
+
+async def case_fold(kv_dtype, lengths, positions, seed, n_heads=9, n_kv=3, head_dim=64, head_tile=3, block_size=16,
+                    partition_blocks=2, split_parts=0, tree=False):
+    """The decode attention that computes its own q | k | v (paged_attention_gpu_fold.wgsl, main_fold) for one new
+    token per sequence: sequence i's context of lengths[i] tokens (the new one last, at rotary position
+    positions[i]) in scattered blocks of a random f32 / f16 cache whose new slots hold NaN (a read of them would
+    show). Against numpy: q, k, v = rms_norm(x + the FFN partials) @ W.T (W the dequantized Q4_1 rows), rotated;
+    k, v rounded as the cache stores them; attention over the cache with the new row in its slot. Returns the
+    errors of the merged output (the partitions' states merged as the output projection merges them, float64),
+    the partition counts, the new rows' errors in the cache (f16: ulps) and whether every other word was kept."""
+    ctx = await _context()
+    rng = np.random.default_rng(seed)
+    hidden, q_dim, kv_dim = n_heads * head_dim, n_heads * head_dim, n_kv * head_dim
+    rows, t = q_dim + 2 * kv_dim, len(lengths)
+    parts, w = _linear(rng, rows, hidden)  # w: (rows, hidden)
+    x_stored = rng.standard_normal((t, hidden), dtype=np.float32) * 3  # (S, hidden)
+    ffn_parts = rng.standard_normal((split_parts, t, hidden), dtype=np.float32)  # (parts, S, hidden)
+    x = x_stored.copy()
+    for p in range(split_parts):
+        x += ffn_parts[p]
+    gain = rng.standard_normal(hidden, dtype=np.float32)
+    pos = np.asarray(positions, np.int32)  # (S,)
+    h = ref.rms_norm(x, gain, 1e-5)
+    q, k, v = np.split(h @ w.T, [q_dim, q_dim + kv_dim], axis=1)
+    q, k = ref.rope(q, k, pos, head_dim, BASE)
+    store = np.float16 if kv_dtype == "f16" else np.float32
+    k, v = k.astype(store), v.astype(store)  # (S, kv_dim): what the cache keeps
+    width = max(-(-n // block_size) for n in lengths)
+    num_blocks = t * width + 3  # 3 blocks no sequence uses
+    layout = GpuKVLayout(KVSpec(1, n_kv, head_dim, block_size, kv_dtype), num_blocks)
+    cache = [rng.standard_normal((num_blocks, block_size, n_kv, head_dim)).astype(store) for _ in range(2)]
+    tables = rng.permutation(num_blocks)[: t * width].reshape(t, width).astype(np.uint32)  # scattered, disjoint
+    slots = [(tables[i, (n - 1) // block_size], (n - 1) % block_size) for i, n in enumerate(lengths)]
+    for blk, off in slots:  # the new rows' slots: NaN, which would poison any score or value that read them
+        cache[0][blk, off] = cache[1][blk, off] = np.nan
+    device = [layout.device_order(c).view(np.uint32).reshape(-1) for c in cache]  # (cache words,)
+    want_k, want_v = (c.astype(np.float32) for c in cache)
+    for i, (blk, off) in enumerate(slots):
+        want_k[blk, off], want_v[blk, off] = k[i].reshape(n_kv, head_dim), v[i].reshape(n_kv, head_dim)
+    scale = 1.0 / np.sqrt(head_dim)
+    want = paged_attention_ref(q.reshape(t, n_heads, head_dim), want_k, want_v, tables, np.asarray(lengths), scale)
+    n_parts = [-(-(-(-n // block_size)) // partition_blocks) for n in lengths]
+    max_parts = max(n_parts)
+
+    subgroups = "subgroups" in ctx.info.features and not tree
+    call = ops.matvec_gpu_call("q4_1", rows, hidden, t, subgroups, norm_eps=1e-5)  # the lin_qkv slot's uniform
+    attn = ops.uniform_words(t, n_heads, n_kv, block_size, width, partition_blocks, max_parts, float(scale), 0)
+    constants = dict(layout.constants, SLOTS=head_tile, WORKGROUP_SIZE=ATTENTION_WORKGROUP, FOLD=1,
+                     NEW_KV_VEC4=head_dim // 2, X_VEC4=hidden // 4, qkv_WORKGROUP_SIZE=ATTENTION_WORKGROUP,
+                     qkv_ROW_GROUPS=FOLD_ROW_GROUPS, qkv_NORM=1, **({"SPLIT_PARTS": split_parts} if split_parts else {}))
+    qs = np.frombuffer(bytes(parts["qs"]) + gain.tobytes(), np.uint8)  # the norm weight follows the codes
+    acc = np.full((t, max_parts, n_heads, head_dim), np.nan, np.float32)  # every state the kernel owns: written
+    bindings = {1: device[0], 2: device[1], 3: tables, 4: np.concatenate([lengths, positions]).astype(np.uint32),
+                5: ("uniform", attn), 7: acc, 8: np.full((t, max_parts, n_heads, 2), np.nan, np.float32),
+                9: ref.rope_cos_sin(head_dim, BASE, int(pos.max()) + 1), FOLD_BINDINGS: qs,
+                FOLD_BINDINGS + 1: np.frombuffer(parts["dm"], np.uint8),
+                FOLD_BINDINGS + 2: np.concatenate([x_stored[None], ffn_parts]),
+                FOLD_BINDINGS + 4: ("uniform", np.frombuffer(call.params, np.uint8))}
+    shader = fold_shader("q4_1", subgroups)
+    out = await _dispatch(ctx, shader, constants, bindings, (t * max_parts * (n_heads // head_tile), 1, 1),
+                          (1, 2, 7, 8), entry="main_fold")
+    acc = np.frombuffer(out[7], np.float32).reshape(acc.shape).astype(np.float64)
+    stats = np.frombuffer(out[8], np.float32).reshape(t, max_parts, n_heads, 2).astype(np.float64)
+    got = np.empty_like(want)
+    for i, n in enumerate(n_parts):  # as partition_merge.wgsl merges them (one partition too: acc / l)
+        wts = np.exp(stats[i, :n, :, 0] - stats[i, :n, :, 0].max(axis=0))  # (n, n_heads)
+        got[i] = (wts[..., None] * acc[i, :n]).sum(0) / (wts * stats[i, :n, :, 1]).sum(0)[:, None]
+    err = np.abs(got - want)
+    result = {"shader": shader, "parts": n_parts, "max_rel": float(err.max() / np.abs(want).max())}
+    for name, at, before, new in (("k", 1, device[0], k), ("v", 2, device[1], v)):
+        words = np.frombuffer(out[at], np.uint32)
+        host = layout.host_order(words.view(store).reshape(num_blocks, block_size, n_kv, head_dim))
+        got_rows = np.stack([host[blk, off].reshape(-1) for blk, off in slots]).astype(np.float64)  # (S, kv_dim)
+        if kv_dtype == "f16":  # the f32 row rounded to f16: at most one f16 ulp from numpy's rounded row
+            ulps = np.abs(got_rows - new) / np.spacing(np.abs(new)).astype(np.float64)
+            result[name] = {"max_ulps": float(ulps.max())}
+        else:
+            result[name] = {"max_rel": float(np.abs(got_rows - new).max() / np.abs(new).max())}
+        kept = host.copy()
+        for blk, off in slots:
+            kept[blk, off] = cache[0 if name == "k" else 1][blk, off]
+        old = layout.host_order(before.view(store).reshape(num_blocks, block_size, n_kv, head_dim))
+        result[name]["others_kept"] = bool(np.array_equal(kept, old, equal_nan=True))
+    return result

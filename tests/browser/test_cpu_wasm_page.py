@@ -146,15 +146,17 @@ def test_attn_decode_rotates_writes_and_attends_in_one_call(ready_page):
 
 
 def test_the_one_token_steps_glue_matches_f64(ready_page):
-    """rms_norm / add_rms_norm / silu_mul (web/wasm/linear.wat, WasmAttentionModel's one-token step) against f64,
-    in f32 roundings: the norm's sum of n / 4 positive squares a lane rounds at most n / 4 + 2 times (halved by
-    the square root), then a division and a product; silu within 8 (Cephes' e^x, the sum, the division)."""
+    """rms_norm / add_rms_norm / silu_mul / gelu_tanh_mul (web/wasm/linear.wat, WasmAttentionModel's one-token
+    step) against f64, in f32 roundings: the norm's sum of n / 4 positive squares a lane rounds at most n / 4 + 2
+    times (halved by the square root), then a division and a product; silu within 8 (Cephes' e^x, the sum, the
+    division), gelu too beyond its argument's rounding; rms_norm_rows as rms_norm row by row, bit for bit."""
     worker = install_modules(ready_page, "cpu_wasm_cases")
     results = worker.py("import json, cpu_wasm_cases as c\nfrom pagedkv.browser.interop import wasm_attention\n"
                         "k = wasm_attention()\njson.dumps([c.case_step_glue(k, n) for n in (64, 576, 1536)])")
     for r in results:
         bound = r["n"] / 8 + 4
         assert r["add_exact"] and r["norm_ulps"] <= bound and r["add_ulps"] <= bound and r["silu_ulps"] <= 8, r
+        assert r["gelu_ulps"] <= 8 and r["rows_as_alone"], r
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +178,7 @@ def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page)
         "kinds = sorted({type(w).__name__ + ':' + getattr(w, 'kind', '') for n, w in model.w.items()\n"
         "                if n.startswith('blk.') and n.endswith('_qkv.weight') or n == 'token_embd.weight'})\n"
         f"json.dumps({{'kinds': kinds, **c.greedy(model, {PROMPT}, {NEW_TOKENS})}})")
-    assert got["kinds"] == ["QuantWeight:q4_1", "QuantWeight:q8_0"]
+    assert got["kinds"] == ["QuantWeight:q4_1", "QuantWeight:q8_d"]  # the q8_0 head without its zero mins
     # the tiny model's products are under the threads' minWork: split every one of them, the same ids come out
     split = worker.py(
         "import json, cpu_wasm_cases as c\nfrom pagedkv_app.main import state\n"

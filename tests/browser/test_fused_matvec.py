@@ -1,7 +1,8 @@
 """The gpu-family matvec's fused io variants vs numpy, in headless Chromium (SwiftShader) and natively
 (tests/native: lavapipe). A decode step of the gpu family runs 5 dispatches a layer (plan.layer_program): the
 q | k | v projection writes rotated q and the new K / V straight into the cache (matvec_io_rope_kv.wgsl), and
-the output projection merges the attention partitions on the way in (matvec_io_merge.wgsl); a greedy step's LM
+the output projection merges the attention partitions on the way in (matvec_io_merge.wgsl), and where the cache
+is f32 / f16 the q | k | v projection runs inside the attention (paged_attention_gpu_fold.wgsl); a greedy step's LM
 head writes each workgroup's best row instead of logits (matvec_io_argmax.wgsl), which argmax_gpu then scans.
 
 Bounds (asserted below):
@@ -10,6 +11,8 @@ Bounds (asserted below):
   f16 cache: at most one f16 ulp from numpy's f32 result rounded to f16
   every cache word outside the written slots keeps its contents
   merge: the matvec bounds, the scale taken over the merged activations
+  attention with its own q | k | v: the merged output within 1e-5 * max|ref|; its new cache rows as the rope_kv
+      epilogue's (f16 one ulp, f32 1e-5 * max|ref|)
   argmax from the winners: the very ids of the logits' argmax (GPU and numpy), ties to the lowest row
 """
 from __future__ import annotations
@@ -73,6 +76,27 @@ def test_merge_prologue_merges_the_partitions(worker, tree):
     assert [r["parts"] for r in results] == [[8], [1, 7], [3, 1, 14], [1, 7]]
     for r in results:
         assert_close(r)
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["subgroups", "tree"])
+def test_attention_with_its_own_qkv_matches_numpy_and_writes_the_new_rows(worker, tree):
+    """paged_attention_gpu_fold.wgsl: q | k | v computed in each attention workgroup (the matvec's rows8, RoPE),
+    the new K / V used from workgroup memory (their cache slots hold NaN until the kernel writes them: a read
+    would poison the output) and written once per kv head. f16 and f32 caches; a context of 5 partitions with
+    the new token in the last (SmolLM2's heads); two sequences, one of a single partition; GQA groups of 4 in tiles of 2 (two
+    workgroups compute a kv head's k / v, one writes them) with 3 pending FFN partials and blocks of 8."""
+    results = run(worker, [
+        f"case_fold('f16', [520], [700], seed=1, partition_blocks=8, tree={tree})",
+        f"case_fold('f32', [40, 150], [3, 250], seed=2, tree={tree})",
+        f"case_fold('f16', [90, 251], [89, 300], seed=4, n_heads=8, n_kv=2, head_dim=16, head_tile=2, block_size=8, "
+        f"partition_blocks=3, split_parts=3, tree={tree})",
+    ])
+    assert [r["parts"] for r in results] == [[5], [2, 5], [4, 11]]
+    for r in results:
+        assert r["max_rel"] <= REL_BOUND, r
+        for name in ("k", "v"):
+            assert r[name].get("max_ulps", 0.0) <= 1.0 and r[name].get("max_rel", 0.0) <= REL_BOUND, r
+            assert r[name]["others_kept"], r
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["subgroups", "tree"])

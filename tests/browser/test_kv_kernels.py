@@ -166,6 +166,21 @@ def test_cpu_prefill_walks_long_prefixes_in_passes_of_512_keys(page):
         assert r["passes"] == 3 and r["shape"][0] == 52, call
 
 
+def test_gpu_prefill_walks_long_prefixes_in_passes_of_1024_keys(page):
+    # The gpu family's walk (a workgroup per tile) in passes of 1,024 keys, several sequences in one batch: Gemma 3's
+    # heads (4 x 256 over one kv head) in f16 over contexts of 3,602 (4 passes), 1,025 (2) and 30 keys; with its
+    # 512-key window in f32 (its walks end in the first pass, the second returns at once) and SmolLM2's heads over
+    # 1,109 and 30. In one walk, past 3,588 keys at head_dim 256, llvmpipe's loop cap cut the keys short on
+    # lavapipe (rel error 1.0 at 4,000 keys; this case's 3,602 failed).
+    long, short = [(3600, 2), (1020, 5), (0, 30)], [(1100, 9), (0, 30)]
+    cases = [(long, 4, 1, 256, "f16", 0, 4), (short, 4, 1, 256, "f32", 512, 2), (short, *SMOLLM2, "f32", 0, 2)]
+    calls = [f"prefill_case({60 + i}, {chunks}, 16, {dtype!r}, {h}, {kv}, {d}, window={window}, family='gpu')"
+             for i, (chunks, h, kv, d, dtype, window, _) in enumerate(cases)]
+    for call, case, r in zip(calls, cases, run(page, calls)):
+        assert r["max_abs"] <= PREFILL_MAX_ABS and r["rel"] <= PREFILL_REL, (call, r)
+        assert r["passes"] == case[-1] and r["shape"][0] == sum(n for _, n in case[0]), call
+
+
 def test_bad_block_table_is_refused_before_the_gpu_runs(page):
     with pytest.raises(Exception, match=r"block ids must lie in \[0, 8\)"):
         page.py("await decode_bad_table()")

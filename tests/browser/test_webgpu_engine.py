@@ -166,60 +166,67 @@ json.dumps((await JsonInStore(await OpfsStore.open("tuning")).get({key!r}))["cho
 """
 
 
-# The default (?backend=auto) takes the numpy path on SwiftShader; ?backend=webgpu overrides it.
+# The default (?backend=auto) takes the numpy path on SwiftShader; ?backend=webgpu overrides it. The gpu kernel
+# family's boot (`kernels=gpu`) is checked by the tuning test below, whose first boot tunes.
 @pytest.mark.parametrize("query,backend", [("backend=webgpu&budget_mib=16", "webgpu"), ("backend=cpu", "cpu"),
-                                           ("budget_mib=16", "cpu"),
-                                           ("backend=webgpu&budget_mib=16&kernels=gpu", "webgpu")])
+                                           ("budget_mib=16", "cpu")])
 def test_app_loads_the_model_on_the_chosen_backend(browser, base_url, query, backend):
     booted = open_and_boot(browser, f"{base_url}?model=tiny-random&{query}")
     try:
         booted.page.wait_for_selector("html[data-model=ready], html[data-model=error]", state="attached")
-        data = booted.dataset()
-        assert data["model"] == "ready", data
-        info = json.loads(data["modelInfo"])
-        assert info["backend"] == backend and info["model"] == "tiny-random"
-        family = "gpu" if "kernels=gpu" in query else "cpu"  # auto on SwiftShader: cpu
-        assert json.loads(data["adapter"])["kernels"] == family
-        tuned = info.get("kernels_tuning")  # the gpu family is tuned at boot, the choice kept in OPFS tuning/
-        if family == "gpu":
-            assert tuned["source"] in ("tuned", "cache"), tuned
-            assert sorted(tuned["timings"]) == ["matmul", "matvec", "matvec_slots", "split"], tuned
-            assert booted.page.locator("#adapter-kernels").inner_text().startswith(
-                f"gpu (kernels=gpu was asked for); tuned ({tuned['source']}): matvec {tuned['choice']['matvec']} ")
-            assert booted.py(STORED_CHOICE.format(key=tuned["key"])) == tuned["choice"]
-            assert booted.py("import json\nfrom pagedkv_app.main import state\n"
-                             "json.dumps(state['engine'].backend.gpu_shapes.matvec)") == tuned["choice"]["matvec"]
-            assert booted.py("import json\nfrom pagedkv_app.main import state\n"
-                             "json.dumps(state['engine'].backend.gpu_shapes.split)") == tuned["choice"]["split"]
-            assert f"decode attention split for {tuned['choice']['split']} workgroups" in booted.page.locator(
-                "#adapter-kernels").inner_text()
-            threads, groups, *per = tuned["choice"]["matmul"]  # tokens a thread: 4 unless a third number says
-            assert (f"matmul {threads} threads x {groups} along rows x {per[0] if per else 4} tokens a thread"
-                    in booted.page.locator("#adapter-kernels").inner_text())
-            assert booted.py("import json\nfrom pagedkv_app.main import state\n"
-                             "json.dumps(state['engine'].backend.gpu_shapes.matmul)") == tuned["choice"]["matmul"]
-            threads, groups = tuned["choice"]["matvec_slots"]["lm_head"]
-            assert f"lm_head {threads}x{groups}" in booted.page.locator("#adapter-kernels").inner_text()
-        else:
-            assert tuned is None
-        assert booted.py("import json\nfrom pagedkv_app.main import state\n"
-                         "json.dumps(getattr(state['engine'].backend, 'kernels', None))") == (
-            family if backend == "webgpu" else None)  # the numpy backend has no kernels
-        if backend == "webgpu":
-            ledger = info["ledger"]
-            assert ledger["budget_bytes"] == 16 << 20 and ledger["used_bytes"] <= ledger["budget_bytes"]
-            assert ledger["by_kind"]["weights"] == 83200  # norm weights also in the stacked tensors
-            kv_block = 2 * 2 * 16 * 2 * 16 * 2  # layers x (K, V) x 16 tokens x kv heads x head_dim x f16
-            assert ledger["by_kind"]["kv"] == info["num_blocks"] * kv_block
-            assert ledger["free_bytes"] < kv_block  # the pool took what the budget left
-        booted.py("from pagedkv_app.main import state\n"
-                  "state['service'].handle({'type': 'send', 'chat': 'chat-1', 'text': 'Hello there',"
-                  " 'settings': {'temperature': 0, 'max_tokens': 6}})\nNone")
-        booted.page.wait_for_selector("html[data-last-turn]", state="attached")
-        turn = json.loads(booted.dataset()["lastTurn"])
-        assert turn["chat"] == "chat-1" and turn["reason"] in ("length", "stop") and 1 <= turn["tokens"] <= 6, turn
+        loaded_on(booted, query, backend)
     finally:
         booted.page.close()
+
+
+def loaded_on(booted, query: str, backend: str) -> dict:
+    """The booted app's model on `backend` with the kernel family the query asks for (its tuning shown and kept
+    where that is the gpu family), its ledger, and a 6-token turn; the kernels' tuning record."""
+    data = booted.dataset()
+    assert data["model"] == "ready", data
+    info = json.loads(data["modelInfo"])
+    assert info["backend"] == backend and info["model"] == "tiny-random"
+    family = "gpu" if "kernels=gpu" in query else "cpu"  # auto on SwiftShader: cpu
+    assert json.loads(data["adapter"])["kernels"] == family
+    tuned = info.get("kernels_tuning")  # the gpu family is tuned at boot, the choice kept in OPFS tuning/
+    if family == "gpu":
+        assert tuned["source"] in ("tuned", "cache"), tuned
+        assert sorted(tuned["timings"]) == ["matmul", "matvec", "matvec_slots", "split"], tuned
+        assert booted.page.locator("#adapter-kernels").inner_text().startswith(
+            f"gpu (kernels=gpu was asked for); tuned ({tuned['source']}): matvec {tuned['choice']['matvec']} ")
+        assert booted.py(STORED_CHOICE.format(key=tuned["key"])) == tuned["choice"]
+        assert booted.py("import json\nfrom pagedkv_app.main import state\n"
+                         "json.dumps(state['engine'].backend.gpu_shapes.matvec)") == tuned["choice"]["matvec"]
+        assert booted.py("import json\nfrom pagedkv_app.main import state\n"
+                         "json.dumps(state['engine'].backend.gpu_shapes.split)") == tuned["choice"]["split"]
+        assert f"decode attention split for {tuned['choice']['split']} workgroups" in booted.page.locator(
+            "#adapter-kernels").inner_text()
+        threads, groups, *per = tuned["choice"]["matmul"]  # tokens a thread: 4 unless a third number says
+        assert (f"matmul {threads} threads x {groups} along rows x {per[0] if per else 4} tokens a thread"
+                in booted.page.locator("#adapter-kernels").inner_text())
+        assert booted.py("import json\nfrom pagedkv_app.main import state\n"
+                         "json.dumps(state['engine'].backend.gpu_shapes.matmul)") == tuned["choice"]["matmul"]
+        threads, groups = tuned["choice"]["matvec_slots"]["lm_head"]
+        assert f"lm_head {threads}x{groups}" in booted.page.locator("#adapter-kernels").inner_text()
+    else:
+        assert tuned is None
+    assert booted.py("import json\nfrom pagedkv_app.main import state\n"
+                     "json.dumps(getattr(state['engine'].backend, 'kernels', None))") == (
+        family if backend == "webgpu" else None)  # the numpy backend has no kernels
+    if backend == "webgpu":
+        ledger = info["ledger"]
+        assert ledger["budget_bytes"] == 16 << 20 and ledger["used_bytes"] <= ledger["budget_bytes"]
+        assert ledger["by_kind"]["weights"] == 83200  # norm weights also in the stacked tensors
+        kv_block = 2 * 2 * 16 * 2 * 16 * 2  # layers x (K, V) x 16 tokens x kv heads x head_dim x f16
+        assert ledger["by_kind"]["kv"] == info["num_blocks"] * kv_block
+        assert ledger["free_bytes"] < kv_block  # the pool took what the budget left
+    booted.py("from pagedkv_app.main import state\n"
+              "state['service'].handle({'type': 'send', 'chat': 'chat-1', 'text': 'Hello there',"
+              " 'settings': {'temperature': 0, 'max_tokens': 6}})\nNone")
+    booted.page.wait_for_selector("html[data-last-turn]", state="attached")
+    turn = json.loads(booted.dataset()["lastTurn"])
+    assert turn["chat"] == "chat-1" and turn["reason"] in ("length", "stop") and 1 <= turn["tokens"] <= 6, turn
+    return tuned
 
 
 REMOVE_TUNING = """async () => {
@@ -229,17 +236,22 @@ REMOVE_TUNING = """async () => {
 
 
 def test_the_gpu_family_is_tuned_at_first_boot_and_the_next_boot_reuses_the_choice(browser, base_url):
-    url = f"{base_url}?model=tiny-random&backend=webgpu&budget_mib=16&kernels=gpu"
-    booted = open_and_boot(browser, url)
+    """The app on ?kernels=gpu: its first boot on an origin without a stored choice tunes (and loads, shows and
+    keeps the choice: loaded_on), the reload takes the stored one."""
+    query = "backend=webgpu&budget_mib=16&kernels=gpu"
+    blank = browser.new_page()  # this origin's OPFS outlives a page: start without a choice
+    try:
+        blank.goto(base_url + "app.css")
+        blank.evaluate(REMOVE_TUNING)
+    finally:
+        blank.close()
+    booted = open_and_boot(browser, f"{base_url}?model=tiny-random&{query}")
     try:
         booted.page.wait_for_selector("html[data-model=ready], html[data-model=error]", state="attached")
-        booted.page.evaluate(REMOVE_TUNING)  # this origin's OPFS outlives a page: start without a choice
-        infos = []
-        for _ in range(2):
-            booted.page.reload()
-            booted.page.wait_for_selector("html[data-model=ready], html[data-model=error]", state="attached")
-            infos.append(json.loads(booted.dataset()["modelInfo"])["kernels_tuning"])
-        first, second = infos
+        first = loaded_on(booted, query, "webgpu")
+        booted.page.reload()
+        booted.page.wait_for_selector("html[data-model=ready], html[data-model=error]", state="attached")
+        second = json.loads(booted.dataset()["modelInfo"])["kernels_tuning"]
         assert (first["source"], second["source"]) == ("tuned", "cache")
         assert second["choice"] == first["choice"] and second["key"] == first["key"]
         # every candidate has its time, or why it has none ("rejected", "over budget")

@@ -2,13 +2,15 @@
 greedy ids (tests/golden/gemma3_golden.json) teacher forced through LLMEngine (tests/forced_rows.py: its scheduler,
 KV groups and decode path; the window layers hold only their window) under tests/test_gemma3.py's near-tie rule
 (an id may differ where either side's margin between the two ids is a near tie): cases 0 and 1 (6 and 19 prompt
-tokens) x 24 ids in both families, and cases 3 and 5 (16 and 6 tokens) x 8 ids in the cpu family.
+tokens) x 24 ids in both families, and cases 3 and 5 (16 and 6 tokens) x 8 ids in the cpu family, which runs in
+shared WebGPU pages beside tiny-llama (a page: one block of one of Gemma's KV groups).
 
 What it takes that the tiny models do not: head_dim 256, a 262,144-row tied head whose 160 MiB of Q8_0 codes
 exceed lavapipe's 128 MiB binding (split by rows: weight_upload.row_chunks; the embedding and the LM head run
 one dispatch per part), q5_0 / q8_0 / K-quant projections, and a residual stream past f16's range, which the gpu
 family's f16 matvecs (on: lavapipe has shader-f16) normalise before their f16 cast. Its 1,783-token case x 4 ids
-runs in the cpu family only (its own test below): lavapipe prefills it in ~100 s of CPU."""
+runs in the cpu family only here (its own test below): lavapipe prefills it in ~100 s of CPU; bench gemma3_long
+runs it in the gpu family."""
 from __future__ import annotations
 
 import json
@@ -18,12 +20,17 @@ from forced_rows import forced_rows
 from llama_reference import forced_differences
 from model_fixtures import ROOT, gemma3_gguf  # noqa: F401  (pytest fixture)
 from test_gemma3 import GOLDEN
+from test_model_families_native import model_files
 
 from pagedkv.backends.webgpu.backend import WebGpuBackend
 from pagedkv.backends.webgpu.memory_plan import weights_bytes
 from pagedkv.backends.webgpu.runtime import open_device
+from pagedkv.backends.webgpu.shared_pages import page_use
 from pagedkv.engine import EngineConfig, LLMEngine
+from pagedkv.gpu_budget import MIB
 from pagedkv.model.convert import convert_cached
+from pagedkv.model.weights import check_manifest
+from pagedkv.shared_gpu import GpuModel, shared_gpu_engine
 from pagedkv.tokenizer import Tokenizer
 
 # (golden case, ids forced) per kernel family: the gpu family is 4-16x slower on lavapipe, so it runs fewer
@@ -37,40 +44,69 @@ def golden(case: int, n: int) -> dict:
 
 
 async def teacher_forced(manifest: dict, shards: dict, kernels: str, cases: tuple | None = None,
-                         chunk: int = 32) -> dict:
+                         chunk: int = 32, shared: bool = False) -> dict:
     """Our (argmax, margin) rows after each prompt and each of llama.cpp's ids but the last, per case
     ((golden case, ids) pairs; CASES[kernels] by default), and the head's split; prompts prefilled in chunks of
-    `chunk` tokens."""
-    async def source(file: str) -> bytes:
-        return shards[file]
+    `chunk` tokens. shared: Gemma beside tiny-llama in one pool of shared WebGPU pages (shared_gpu_engine, KV
+    groups: a page holds one block of one of Gemma's groups) instead of a backend of its own."""
+    def model(name: str, m: dict, sh: dict) -> GpuModel:
+        async def source(file: str) -> bytes:
+            return sh[file]
 
-    b = await WebGpuBackend.create(await open_device(), manifest, source, budget_bytes=600 << 20, block_size=16,
-                                   kv_dtype="f16", max_num_batched_tokens=chunk, max_num_seqs=1, kernels=kernels)
+        return GpuModel(name, m, source, Tokenizer.from_manifest(m))
+
+    models = [model("gemma-3-270m", manifest, shards)] + ([model("tiny-llama", *model_files("tiny-llama"))]
+                                                           if shared else [])
+    gemma = models[0]
+    config = EngineConfig(max_num_batched_tokens=chunk, max_num_seqs=1)
+    if shared:
+        engine, pool = await shared_gpu_engine(await open_device(), models, 700 * MIB, block_size=16,
+                                               kv_dtype="f16", kernels=kernels, config=config)
+        b = engine.lane(gemma.name).backend
+    else:
+        b = await WebGpuBackend.create(await open_device(), manifest, gemma.shard_source, budget_bytes=600 << 20,
+                                       block_size=16, kv_dtype="f16", max_num_batched_tokens=chunk, max_num_seqs=1,
+                                       kernels=kernels)
+        engine = LLMEngine(b, gemma.tokenizer, config, model=gemma.name)
     out = {"head_parts": [rows for _, rows, _ in b.weight_rows.get("token_embd.weight", [])],
            "max_binding": b.max_binding, "shader_f16": b.shader_f16, "groups": b.kv_groups.num_groups,
-           "weights": (b.ledger.by_kind()["weights"], weights_bytes(manifest, b.max_binding))}
-    engine = LLMEngine(b, Tokenizer.from_manifest(manifest), EngineConfig(max_num_batched_tokens=chunk,
-                                                                          max_num_seqs=1))
+           "weights": (b.ledger.by_kind()["weights"], sum(weights_bytes(m.manifest, b.max_binding) for m in models))}
     cases = [golden(case, n) for case, n in (cases or CASES[kernels])]
     out["passes"] = b.kv_kernels.prefill_passes([len(c["prompt_ids"]) for c in cases])
-    out["rows"] = await forced_rows(engine, [(c["prompt_ids"], c["output_ids"]) for c in cases])
+    out["rows"] = await forced_rows(engine, [(c["prompt_ids"], c["output_ids"]) for c in cases], model=gemma.name)
     out["golden"] = cases
-    b.destroy()
+    if shared:
+        out["shared"] = {"page_bytes": pool.pages.page_bytes, "slots": len(b.kv_pool.caches),
+                         "group_page": page_use(check_manifest(manifest), "f16", 16),
+                         "used_at_end": engine.pool.num_used}
+        for lane in engine.lanes.values():
+            lane.backend.destroy()
+        pool.pages.destroy()
+    else:
+        b.destroy()
     return out
 
 
 @pytest.mark.parametrize("kernels", ["cpu", "gpu"])
 def test_gemma3_on_wgpu_gives_llama_cpps_ids(native_loop, native_device, gemma3_gguf, kernels):  # noqa: F811
+    """The cpu family runs in shared pages (backends/webgpu/shared_pages.py) beside tiny-llama: Gemma's 16-token
+    block of one KV group (3 layers x f16 K and V of one 256-wide kv head: 48 KiB) sizes the page and each group's
+    layers read their slots of it (tests/native/test_shared_gpu_groups_native.py follows a tiny Gemma's window
+    pages step by step); the gpu family in a backend of its own."""
     model_dir = convert_cached(gemma3_gguf, ROOT / ".cache" / "models")
     manifest = json.loads((model_dir / "model.json").read_text())
     shards = {s["file"]: (model_dir / s["file"]).read_bytes() for s in manifest["shards"]}
-    r = native_loop.run(teacher_forced(manifest, shards, kernels))
-    print(kernels, r["rows"], r["weights"])  # pytest -s
+    r = native_loop.run(teacher_forced(manifest, shards, kernels, shared=kernels == "cpu"))
+    print(kernels, r["rows"], r["weights"], r.get("shared"))  # pytest -s
     assert r["shader_f16"] and r["groups"] == 6  # f16 matvecs in the gpu family; 1 full + 5 window groups
+    if kernels == "cpu":
+        shared = r["shared"]
+        assert shared["page_bytes"] == shared["group_page"] == 3 * 16 * 256 * 2 * 2
+        assert (shared["slots"], shared["used_at_end"]) == (3, 1)  # a group's 3 layers; Gemma's null page
     if r["max_binding"] < 160 << 20:
         assert r["head_parts"] == [131072, 131072]  # two parts of 80 MiB of codes
     reserved, planned = r["weights"]
-    assert reserved == planned  # the ledger holds what memory_plan planned for the parts
+    assert reserved == planned  # the ledger holds what memory_plan planned for the parts (and tiny-llama's)
     for rows, ref in zip(r["rows"], r["golden"]):
         forced_differences(rows, ref)
 
@@ -80,7 +116,8 @@ def test_gemma3s_1783_token_prompt_on_wgpu_gives_llama_cpps_ids(native_loop, nat
     cpu family, 256-token chunks: its last chunk's prefill attention walks 1,783 keys in 4 passes of 512. Before
     the passes, llvmpipe's loop cap cut that walk at ~1,646 keys and the first id was 506 (llama.cpp: 84545, by a
     margin of 4.2; the four ids' margins are 4.2 to 8.0). The prefill takes ~100 s of CPU here, so one family and
-    four ids (the gpu family's prefill attention, which spreads a tile's keys over a workgroup, had them right)."""
+    four ids. The gpu family gives them too, in 2 passes of 1,024 keys, and so does the tab on WebGPU
+    (SwiftShader), in ~7 minutes each here: `python3 -m bench --only gemma3_long` (bench/results/gemma3_long.json)."""
     model_dir = convert_cached(gemma3_gguf, ROOT / ".cache" / "models")
     manifest = json.loads((model_dir / "model.json").read_text())
     shards = {s["file"]: (model_dir / s["file"]).read_bytes() for s in manifest["shards"]}

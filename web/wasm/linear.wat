@@ -6,14 +6,15 @@
 ;; text with wabt's wat2wasm into four modules (build.wasm_modules: with and without relaxed SIMD, on a plain or
 ;; a shared memory); tests/test_cpu_wasm_wasmtime.py runs them in CPython.
 ;;
-;; Weight layouts, by `kind` (bits 1 | 8 | 16; bit 2 asks for 16-bit activations (quant_x), bit 32 for 8-bit ones
+;; Weight layouts, by `kind` (bits 1 | 8 | 16 | 64; bit 2 asks for 16-bit activations (quant_x), bit 32 for 8-bit ones
 ;; (quant_x8, kind 0 only), bit 4 says x is quantized already): rows of
 ;; nb = cols / 32 blocks, blocks of 32 weights (cpu_wasm.KINDS names them):
 ;;   qs  kind 0 (q4_1, q4_K): 16 bytes a block, byte j = code j | code (j + 16) << 4 (codes 0..15)
 ;;       kind 1 (q8_0, q4_0, q5_0), 17 (q5_1, q5_K), 9 (q6_K): 32 bytes a block, signed codes in weight order
 ;;   dm  two f32 a block, (d, m): weight = d * code + m, the reference's dequantization (m = 0 for kind 1; kind 17
 ;;       has mins, which one-token rows add after their codes' sum); kind 9 (d0, d1): weights 0..15 = d0 * code,
-;;       16..31 = d1 * code (q6_K's scales of 16 weights)
+;;       16..31 = d1 * code (q6_K's scales of 16 weights); kind 65 (bit 64: q8_0's codes, the output head): one f32
+;;       d a block, no m, 16-bit activations only (a token at a time)
 ;; Activations x (t, cols) f32 row-major; out (t, ldo) f32, of which the kernel writes rows columns; scratch the
 ;; kernel overwrites: cols f32 (a decoded row, or for one token each block's sum of x), with 16-bit activations
 ;; t * cols * 2.25 bytes (each token's quant_x blocks), with 8-bit ones t * cols * 1.25 (quant_x8's).
@@ -310,6 +311,30 @@
       f32x4.add local.set $sum
       local.get $qs i32.const 32 i32.add local.set $qs
       local.get $dm i32.const 8 i32.add local.set $dm
+      local.get $xd i32.const 4 i32.add local.set $xd
+      local.get $xq i32.const 64 i32.add local.set $xq
+      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+    end
+    local.get $sum call $hsum f32.const 0 f32.add)
+
+  ;; $dot_q8_x16 of a row whose scales are one f32 d a block, without q8_0's zero m (kind 65: the output head, 36
+  ;; bytes a block, not 40), the arithmetic $dot_q8_x16's, so the same bits as that row with (d, 0) pairs.
+  (func $dot_q8d_x16 (param $qs i32) (param $d i32) (param $nb i32) (param $s i32) (result f32)
+    (local $v v128) (local $h v128) (local $sum v128) (local $xd i32) (local $xq i32)
+    local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
+    local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
+    loop $block
+      local.get $qs v128.load local.set $v
+      local.get $qs v128.load offset=16 local.set $h
+      local.get $sum
+      local.get $v i16x8.extend_low_i8x16_s local.get $xq v128.load i32x4.dot_i16x8_s
+      local.get $v i16x8.extend_high_i8x16_s local.get $xq v128.load offset=16 i32x4.dot_i16x8_s i32x4.add
+      local.get $h i16x8.extend_low_i8x16_s local.get $xq v128.load offset=32 i32x4.dot_i16x8_s
+      local.get $h i16x8.extend_high_i8x16_s local.get $xq v128.load offset=48 i32x4.dot_i16x8_s i32x4.add
+      i32x4.add f32x4.convert_i32x4_s local.get $d f32.load local.get $xd f32.load f32.mul f32x4.splat f32x4.mul
+      f32x4.add local.set $sum
+      local.get $qs i32.const 32 i32.add local.set $qs
+      local.get $d i32.const 4 i32.add local.set $d
       local.get $xd i32.const 4 i32.add local.set $xd
       local.get $xq i32.const 64 i32.add local.set $xq
       local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
@@ -633,9 +658,16 @@
   (func $matmul (export "matmul") (param $kind i32) (param $qs i32) (param $dm i32) (param $rows i32)
     (param $cols i32) (param $x i32) (param $t i32) (param $out i32) (param $ldo i32) (param $scratch i32)
     (local $nb i32) (local $t0 i32) (local $n i32) (local $r i32) (local $q i32) (local $s i32) (local $xp i32) (local $o i32)
-    (local $mode i32) (local $q8 i32)
+    (local $mode i32) (local $q8 i32) (local $dstep i32)
     local.get $kind i32.const 38 i32.and local.set $mode  ;; 2: 16-bit activations; 32: 8-bit; 4: x quantized already
-    local.get $kind i32.const 25 i32.and local.set $kind  ;; 1: 8-bit codes; 8: split scales; 16: mins
+    local.get $kind i32.const 89 i32.and local.set $kind  ;; 1: 8-bit codes; 8: split scales; 16: mins; 64: d only
+    local.get $kind i32.const 64 i32.and
+    if  ;; kind 65 (d only) runs with 16-bit activations only
+      local.get $mode i32.const 2 i32.and i32.eqz
+      if unreachable end
+    end
+    local.get $cols i32.const 5 i32.shr_u i32.const 2 i32.const 3 local.get $kind i32.const 64 i32.and select i32.shl
+    local.set $dstep  ;; a row's scales: nb (d, m) f32 pairs, or nb d
     local.get $kind i32.const 1 i32.and local.set $q8  ;; a row's qs: nb << (4 + q8) bytes
     local.get $cols i32.const 5 i32.shr_u local.set $nb
     local.get $mode i32.const 32 i32.and
@@ -702,6 +734,7 @@
           block $tiled8
             loop $tiles8
               local.get $n i32.const 4 i32.lt_u br_if $tiled8
+              local.get $kind i32.const 64 i32.and br_if $tiled8  ;; d only: one token at a time
               local.get $kind local.get $xp local.get $s local.get $nb local.get $mode local.get $q local.get $o local.get $ldo
               call $dot_x16_t4
               local.get $mode local.get $q i32.const 2 i32.shl i32.add local.set $mode
@@ -718,7 +751,12 @@
               if (param i32) (result i32 f32)  ;; kind 1: the same products without the branches
                 local.get $xp local.get $s local.get $nb local.get $mode call $dot_q8_x16
               else
-                local.get $kind local.get $xp local.get $s local.get $nb local.get $mode call $dot_x16
+                local.get $kind i32.const 65 i32.eq
+                if (param i32) (result i32 f32)
+                  local.get $xp local.get $s local.get $nb local.get $mode call $dot_q8d_x16
+                else
+                  local.get $kind local.get $xp local.get $s local.get $nb local.get $mode call $dot_x16
+                end
               end
               f32.store
               local.get $mode local.get $q i32.add local.set $mode
@@ -728,7 +766,7 @@
             end
           end
           local.get $xp local.get $nb i32.const 4 local.get $q8 i32.add i32.shl i32.add local.set $xp
-          local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $s
+          local.get $s local.get $dstep i32.add local.set $s
           local.get $r i32.const 1 i32.add local.tee $r local.get $rows i32.lt_u br_if $rows8
         end
         local.get $t0 i32.const 16 i32.add local.tee $t0 local.get $t i32.lt_u br_if $chunks8
@@ -1114,6 +1152,35 @@
       local.get $g local.get $i i32.add v128.load local.tee $v
       f32.const 0 f32x4.splat f32x4.lt local.set $neg
       local.get $v f32x4.abs f32x4.neg call $exp4 local.set $t
+      local.get $out local.get $i i32.add
+      local.get $v local.get $t f32x4.mul local.get $v local.get $neg v128.bitselect
+      f32.const 1 f32x4.splat local.get $t f32x4.add f32x4.div
+      local.get $u local.get $i i32.add v128.load f32x4.mul v128.store
+      local.get $i i32.const 16 i32.add local.tee $i local.get $n i32.const 2 i32.shl i32.lt_u br_if $lanes
+    end)
+
+  ;; rms_norm of `rows` rows of n f32 each (a row every n f32, at x and out alike; in place when out = x), one gain w
+  ;; for all: the per-head q / k norms of a family with them (model/family.py qk_norm), before rotary.
+  (func $rms_norm_rows (export "rms_norm_rows") (param $x i32) (param $w i32) (param $n i32) (param $rows i32)
+    (param $eps f32) (param $out i32)
+    loop $each
+      local.get $x local.get $w local.get $n local.get $eps local.get $out call $rms_norm
+      local.get $x local.get $n i32.const 2 i32.shl i32.add local.set $x
+      local.get $out local.get $n i32.const 2 i32.shl i32.add local.set $out
+      local.get $rows i32.const 1 i32.sub local.tee $rows br_if $each
+    end)
+
+  ;; out = gelu_tanh(g) * u (GeGLU, ref_ops.gelu_tanh: 0.5 g (1 + tanh(z)), z = sqrt(2 / pi) (g + 0.044715 g^3)),
+  ;; as g * sigmoid(2 z), the same value: $silu_mul's steps with t = e^-|2z| (z has g's sign, as 1 + 0.044715 g^2
+  ;; > 0): g / (1 + t) where g >= 0, g * t / (1 + t) where g < 0.
+  (func $gelu_tanh_mul (export "gelu_tanh_mul") (param $g i32) (param $u i32) (param $n i32) (param $out i32)
+    (local $i i32) (local $v v128) (local $t v128) (local $neg v128)
+    loop $lanes
+      local.get $g local.get $i i32.add v128.load local.tee $v
+      f32.const 0 f32x4.splat f32x4.lt local.set $neg
+      local.get $v f32x4.abs f32.const 1.5957691216057308 f32x4.splat f32x4.mul
+      f32.const 1 f32x4.splat local.get $v local.get $v f32x4.mul f32.const 0.044715 f32x4.splat f32x4.mul f32x4.add
+      f32x4.mul f32x4.neg call $exp4 local.set $t
       local.get $out local.get $i i32.add
       local.get $v local.get $t f32x4.mul local.get $v local.get $neg v128.bitselect
       f32.const 1 f32x4.splat local.get $t f32x4.add f32x4.div

@@ -1,11 +1,14 @@
 """Attention through the wasm kernel (web/wasm/linear.wat: attn_scores, attn_values): the tab's CPU path.
 
 A lone sequence's decode step runs its whole layer loop through the kernels on fixed buffers
-(WasmAttentionModel.forward): per layer four products, attn_decode and three calls for the glue (rms_norm,
-add_rms_norm: the residual and the next norm, silu_mul), no numpy between them; the reference's order of
-operations, the sums of squares and e^x aside. Other families' layers (q / k norms, post norms, windows, another
-activation) keep the reference's layer loop, with attn_decode for each rotary layer's one-token attention, through
-its KV group's table and slot where the batch has groups (a window layer's table from the window's first block).
+(WasmAttentionModel.forward), each layer as its family declares it (model/family.py: the Layer the step reads,
+STEP_OPS the ops it computes): per layer its products (q | k | v and gate | up stacked where the weights are),
+attn_decode (rope, a layer without rotary through cos 1 / sin 0, a window through its group's table from the
+window's first block) and the glue (rms_norm_rows for per-head q / k norms, rms_norm for post norms,
+add_rms_norm: the residual and the next norm, silu_mul or gelu_tanh_mul), no numpy between them; the reference's
+order of operations, the sums of squares, e^x and tanh (as a sigmoid) aside. A batch of several tokens or
+sequences, a quantized KV pool or the attention mass keep the reference's layer loop, with attn_decode for each
+one-token attention, through its KV group's table and slot where the batch has groups.
 
 NumpyModel (the oracle) gathers every cached key and value of a sequence through fancy indexing and runs
 small batched matmuls, without BLAS in Pyodide, per layer and step. Here a sequence's one new token reads
@@ -21,12 +24,43 @@ Pyodide's memory (browser/interop.py: wasm_attention); in CPython, PointerTwin (
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..model.weights import ModelWeights
 from .cpu_wasm import QuantWeight, address_of, array_at
-from ..kernels.ref_ops import rms_norm, rope_tables, rotate_adjacent, silu
+from ..kernels.ref_ops import gelu_tanh, rms_norm, rope_tables, rotate_adjacent, silu
 from .numpy_ref import NumpyModel, block_mass
+
+
+# The ops of a family's declaration (model/family.py OPS) the one-token step computes through the kernels
+# (WasmAttentionModel.forward); a model that needs another keeps the reference's layer loop.
+STEP_OPS = frozenset({"attention_bias", "qk_norm", "post_attention_norm", "post_ffn_norm", "silu", "gelu_tanh",
+                      "embedding_scale", "sliding_window", "no_rope", "rope_per_layer", "q_width"})
+ACTIVATION_EXPORTS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul"}  # a Layer's activation -> its glue export
+
+
+@dataclass(frozen=True)
+class StepLayer:
+    """One decoder layer of the one-token step, as its family.Layer declares it: its products (a stacked
+    QuantWeight, or None where q | k | v or gate | up go through the reference's _projections; o and down as the
+    weights hold them), the addresses of its norms' gains (0: a norm the layer lacks), the next norm being the
+    next layer's attn_norm or output_norm, its activation's export and q | k | v's biases (1, q + 2 kv) or None."""
+
+    qkv: QuantWeight | None
+    gate_up: QuantWeight | None
+    o: object
+    down: object
+    attn_norm: int
+    ffn_norm: int
+    next_norm: int
+    q_norm: int
+    k_norm: int
+    post_attention_norm: int
+    post_ffn_norm: int
+    activation: str
+    bias: np.ndarray | None
 
 
 class WasmAttentionModel(NumpyModel):
@@ -50,54 +84,100 @@ class WasmAttentionModel(NumpyModel):
         self._act = np.empty((1, cfg.ffn), np.float32)
         self._addrs = {name: address_of(getattr(self, name)) for name in (
             "_scores", "_probs", "_q", "_out", "_qkv", "_x", "_h", "_y", "_gu", "_act")}
-        # Layers whose one-token attention the fused kernel (attn_decode) computes as the reference does: every
-        # layer with rotary (the layer's own frequencies and scale; a q / k norm applied before the call, a window
-        # by starting the table at its first block and masking the keys before it). A layer without rotary
-        # (smollm3's) takes the reference's own steps there.
-        self._decodes = tuple(inv is not None for inv in self.inv_freqs)
-        self._layers = self._step_weights()
+        # (head_dim/2,) cos 1 and sin 0: attn_decode's rotation of a layer without rotary leaves q and k as they are
+        # (x0 * 1 - x1 * 0 = x0, x0 * 0 + x1 * 1 = x1 exactly), so every layer's one-token attention is one call
+        self._no_rotation = (np.ones(cfg.head_dim // 2, np.float32), np.zeros(cfg.head_dim // 2, np.float32))
+        self._layers = self._step_layers()
         self._pools: dict[int, tuple[np.ndarray, int]] = {}  # id(pool) -> (pool, address): pools live on
         self._batch, self._tables = None, {}  # the step whose tables these are, and their entries (_step)
 
-    def _step_weights(self) -> list[tuple] | None:
-        """Per layer (q|k|v, o, gate|up, down, attn_norm's address, the next norm's address: the next layer's
-        attn_norm, output_norm after the last) when the one-token step can run through the kernels: every
-        projection a stacked QuantWeight, no attention bias, widths a multiple of 4; else None."""
+    def _step_layers(self) -> list[StepLayer] | None:
+        """Each layer's part of the one-token step (StepLayer), read from the family's declaration (its Layer per
+        decoder layer); None when the model needs an op beyond STEP_OPS, a width is not a multiple of 4 or the
+        kernels lack an export the layers name (their glue)."""
         cfg, w = self.config, self.w
-        if cfg.family.ops(cfg) or cfg.hidden % 4 or cfg.ffn % 4 or not hasattr(self.kernels, "add_rms_norm"):
-            return None  # a plain llama layer only: its family needs no op beyond (family.py)
-        names = [[f"blk.{i}.{n}.weight" for n in ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down")]
-                 for i in range(cfg.n_layers)]
-        if not all(isinstance(w.get(n), QuantWeight) for row in names for n in row):
+        glue = {"rms_norm", "add_rms_norm", *(ACTIVATION_EXPORTS[spec.activation] for spec in self.layers)}
+        if any(spec.qk_norm for spec in self.layers):
+            glue.add("rms_norm_rows")
+        if (not cfg.family.ops(cfg) <= STEP_OPS or cfg.hidden % 4 or cfg.ffn % 4
+                or not all(hasattr(self.kernels, name) for name in glue)):
             return None
-        norms = [f"blk.{i}.{n}.weight" for i in range(cfg.n_layers) for n in ("attn_norm", "ffn_norm")]
-        for n in norms + ["output_norm.weight"]:  # held f32 and contiguous, so their addresses stay
-            w[n] = np.ascontiguousarray(w[n], np.float32)
-        at = [address_of(w[n]) for n in norms] + [address_of(w["output_norm.weight"])]  # attn, ffn, attn, ..., out
-        return [(*(w[n] for n in row), at[2 * i], at[2 * i + 1], at[2 * i + 2]) for i, row in enumerate(names)]
+
+        def at(name: str) -> int:  # a norm's gain, held f32 and contiguous so that its address stays
+            w[name] = np.ascontiguousarray(w[name], np.float32)
+            return address_of(w[name])
+
+        def stacked(name: str) -> QuantWeight | None:  # None: the parts through the reference's _projections
+            both = w.get(name)
+            return both if isinstance(both, QuantWeight) else None
+
+        layers = []
+        for i, spec in enumerate(self.layers):
+            nxt = f"blk.{i + 1}.attn_norm.weight" if i + 1 < cfg.n_layers else "output_norm.weight"
+            bias = None
+            if spec.attention_bias:  # q | k | v's biases in one row, added as the reference adds each
+                bias = np.concatenate([w[f"blk.{i}.{n}.bias"] for n in ("attn_q", "attn_k", "attn_v")])[None]
+            layers.append(StepLayer(
+                qkv=stacked(f"blk.{i}.attn_qkv.weight"), gate_up=stacked(f"blk.{i}.ffn_gate_up.weight"),
+                o=w[f"blk.{i}.attn_output.weight"], down=w[f"blk.{i}.ffn_down.weight"],
+                attn_norm=at(f"blk.{i}.attn_norm.weight"), ffn_norm=at(f"blk.{i}.ffn_norm.weight"), next_norm=at(nxt),
+                q_norm=at(f"blk.{i}.attn_q_norm.weight") if spec.qk_norm else 0,
+                k_norm=at(f"blk.{i}.attn_k_norm.weight") if spec.qk_norm else 0,
+                post_attention_norm=at(f"blk.{i}.post_attention_norm.weight") if spec.post_attention_norm else 0,
+                post_ffn_norm=at(f"blk.{i}.post_ffw_norm.weight") if spec.post_ffn_norm else 0,
+                activation=ACTIVATION_EXPORTS[spec.activation], bias=bias))
+        return layers
 
     def forward(self, batch, kv, all_logits: bool = False, attention_mass: np.ndarray | None = None) -> np.ndarray:
         """NumpyModel.forward; one token of one sequence on f32 pools without the mass runs its layers through
-        the kernels on the fixed buffers (the module docstring)."""
+        the kernels on the fixed buffers (the module docstring), each layer as its family declares it."""
         if (self._layers is None or batch.token_ids.shape[0] != 1 or attention_mass is not None
                 or kv.kv_dtype != "f32"):
             return super().forward(batch, kv, all_logits, attention_mass)
         cfg, k, a = self.config, self.kernels, self._addrs
         batch.check_fits(vocab=cfg.vocab, context_length=cfg.context_length, num_blocks=kv.num_blocks,
                          block_size=kv.block_size)
-        hidden, ffn, eps = cfg.hidden, cfg.ffn, float(cfg.rms_eps)
+        hidden, ffn, hd, eps = cfg.hidden, cfg.ffn, cfg.head_dim, float(cfg.rms_eps)
+        q_bytes = 4 * cfg.q_dim  # k's heads follow q's in _qkv
         self._x[...] = self.w["token_embd.weight"][batch.token_ids]
-        k.rms_norm(a["_x"], self._layers[0][4], hidden, eps, a["_h"])
-        for layer, (qkv, o, gate_up, down, _, ffn_norm, next_norm) in enumerate(self._layers):
-            qkv.run1(a["_h"], a["_qkv"])
+        if cfg.embedding_scale != 1.0:
+            self._x *= np.float32(cfg.embedding_scale)  # the reference's f32 product
+        k.rms_norm(a["_x"], self._layers[0].attn_norm, hidden, eps, a["_h"])
+        for layer, s in enumerate(self._layers):
+            if s.qkv is not None:
+                s.qkv.run1(a["_h"], a["_qkv"])
+            else:
+                np.concatenate(self._projections(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), self._h, False),
+                               axis=1, out=self._qkv)
+            if s.bias is not None:
+                self._qkv += s.bias
+            if s.q_norm:  # per head, before rotary (attn_decode rotates)
+                k.rms_norm_rows(a["_qkv"], s.q_norm, hd, cfg.n_heads, eps, a["_qkv"])
+                k.rms_norm_rows(a["_qkv"] + q_bytes, s.k_norm, hd, cfg.n_kv_heads, eps, a["_qkv"] + q_bytes)
             self._decode_attention(layer, batch, kv)
-            o.run1(a["_out"], a["_y"])
-            k.add_rms_norm(a["_x"], a["_y"], ffn_norm, hidden, eps, a["_h"])  # x += attention; h = norm(x)
-            gate_up.run1(a["_h"], a["_gu"])
-            k.silu_mul(a["_gu"], a["_gu"] + 4 * ffn, ffn, a["_act"])
-            down.run1(a["_act"], a["_y"])
-            k.add_rms_norm(a["_x"], a["_y"], next_norm, hidden, eps, a["_h"])  # x += mlp; the next norm
+            self._run1(s.o, "_out", "_y")
+            if s.post_attention_norm:
+                k.rms_norm(a["_y"], s.post_attention_norm, hidden, eps, a["_y"])
+            k.add_rms_norm(a["_x"], a["_y"], s.ffn_norm, hidden, eps, a["_h"])  # x += attention; h = norm(x)
+            if s.gate_up is not None:
+                s.gate_up.run1(a["_h"], a["_gu"])
+            else:
+                np.concatenate(self._projections(layer, "ffn_gate_up", ("ffn_gate", "ffn_up"), self._h, False),
+                               axis=1, out=self._gu)
+            getattr(k, s.activation)(a["_gu"], a["_gu"] + 4 * ffn, ffn, a["_act"])
+            self._run1(s.down, "_act", "_y")
+            if s.post_ffn_norm:
+                k.rms_norm(a["_y"], s.post_ffn_norm, hidden, eps, a["_y"])
+            k.add_rms_norm(a["_x"], a["_y"], s.next_norm, hidden, eps, a["_h"])  # x += mlp; the next norm
         return self._h @ self.w["token_embd.weight" if cfg.tied_embeddings else "output.weight"].T  # (1, vocab)
+
+    def _run1(self, w, x: str, out: str) -> None:
+        """One token's product of weight w from fixed buffer x into out: the kernel at their addresses for a
+        QuantWeight, numpy's for a weight held f32 (an f16 file's)."""
+        if isinstance(w, QuantWeight):
+            w.run1(self._addrs[x], self._addrs[out])
+        else:
+            getattr(self, out)[...] = getattr(self, x).reshape(1, -1) @ w.T
 
     def _step(self, batch) -> dict:
         """What every layer of one step shares, made at its first layer (in Pyodide each numpy call costs
@@ -111,7 +191,7 @@ class WasmAttentionModel(NumpyModel):
         """A one-token step on f32 pools without the attention mass: q | k | v into one buffer (q and k normed per
         head there where the layer says so, as the reference does before rotary), then the kernel's attn_decode
         (rope, the KV write, q . k, softmax, p @ v in one call); else the reference's steps."""
-        if h.shape[0] != 1 or mass is not None or kv.kv_dtype != "f32" or not self._decodes[layer]:
+        if h.shape[0] != 1 or mass is not None or kv.kv_dtype != "f32":
             return super()._attention(layer, h, batch, kv, mass)
         cfg, spec = self.config, self.layers[layer]
         ys = self._projections(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), h, spec.attention_bias)
@@ -145,7 +225,7 @@ class WasmAttentionModel(NumpyModel):
             seen = ctx - first * bs  # keys from the table's first block on
             _, _, step, geometry = self._geometry(tables[0][first:], seen, 1, k_blocks, v_blocks)
             slot = int(slots[0])  # its pool row: a page's blocks `step` apart
-            cos, sin = self._rope_tables(batch, inv)
+            cos, sin = self._no_rotation if inv is None else self._rope_tables(batch, inv)
             a = self._addrs
             shared = t[key] = (k_blocks.shape, k_blocks.strides, (
                 geometry[0], seen, lo - first * bs, bs, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim,
@@ -255,7 +335,8 @@ def first_seen(ctx: int, nq: int, window: int | None) -> int:
 
 class PointerTwin:
     """The kernels' numpy twins over the same addresses (CPython): what attn_scores / attn_values, attn_decode
-    and the one-token step's glue (rms_norm, add_rms_norm, silu_mul: the reference's own operations) compute."""
+    and the one-token step's glue (rms_norm, rms_norm_rows, add_rms_norm, silu_mul, gelu_tanh_mul: the
+    reference's own operations) compute."""
 
     @staticmethod
     def _views(table: int, pool: int, ctx: int, bs: int, nkv: int, hd: int):
@@ -300,6 +381,21 @@ class PointerTwin:
         xs = array_at(x, ctypes.c_float, n)
         xs[...] = xs + array_at(y, ctypes.c_float, n)
         PointerTwin.rms_norm(x, w, n, eps, out)
+
+    @staticmethod
+    def rms_norm_rows(x: int, w: int, n: int, rows: int, eps: float, out: int) -> None:
+        import ctypes  # here: the tab never calls the twin
+
+        f32 = ctypes.c_float
+        array_at(out, f32, n * rows)[...] = rms_norm(array_at(x, f32, n * rows).reshape(rows, n),
+                                                     array_at(w, f32, n), eps).reshape(-1)
+
+    @staticmethod
+    def gelu_tanh_mul(g: int, u: int, n: int, out: int) -> None:
+        import ctypes  # here: the tab never calls the twin
+
+        f32 = ctypes.c_float
+        array_at(out, f32, n)[...] = gelu_tanh(array_at(g, f32, n)) * array_at(u, f32, n)
 
     @staticmethod
     def silu_mul(g: int, u: int, n: int, out: int) -> None:

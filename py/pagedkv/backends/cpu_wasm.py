@@ -1,8 +1,9 @@
 """Projections on QUANTIZED weights through the WebAssembly SIMD kernel (web/wasm/linear.wat): the tab's CPU path.
 
 The einsum path (cpu_linear.py) holds every weight as f32 and decode reads 4 bytes a weight; here the
-projections and the output head stay quantized, in one of the kernel's four layouts (KINDS: 4- or 8-bit codes
-and two f32 a 32-weight block, 0.75 / 1.25 bytes a weight), and the kernel decodes each block in registers.
+projections and the output head stay quantized, in one of the kernel's layouts (KINDS: 4- or 8-bit codes and
+two f32 a 32-weight block, 0.75 / 1.25 bytes a weight; a q8_0 head with integer activations without q8_0's zero
+m, 1.125 bytes a weight: head_blocks), and the kernel decodes each block in registers.
 Every GGUF type the converter keeps is held exactly (HELD_AS, kernel_blocks): q4_0 / q5_0 as q8_0 codes
 (quants.promote), q5_1 / q5_K as 8-bit codes with mins, q4_K as q4_1 (its 6-bit sub-block scale and min times
 the super-block's d and dmin, f32 products that are exact), q6_K as 8-bit codes with a scale per 16 weights.
@@ -28,8 +29,9 @@ from ..model.quants import QK, k_scale_min, promote, unpack
 from .cpu_linear import PROJECTIONS, EinsumWeight
 
 # The kernel's `kind` argument (| ACT16, | QUANTIZED_X below) of each layout: 4-bit codes with (d, m) a block, 8-bit
-# codes with d, with (d, m), with (d0, d1) for weights 0..15 and 16..31.
-KINDS = {"q4_1": 0, "q8_0": 1, "q8_m": 17, "q8_16": 9}
+# codes with d, with (d, m), with (d0, d1) for weights 0..15 and 16..31, with d alone (q8_d: the output head).
+KINDS = {"q4_1": 0, "q8_0": 1, "q8_m": 17, "q8_16": 9, "q8_d": 65}
+D_ONLY = 64  # kind bit: dm holds one f32 d a block (rows, nb), not (rows, nb, 2) (d, m) pairs
 HELD_AS = {"q4_1": "q4_1", "q4_K": "q4_1", "q8_0": "q8_0", "q4_0": "q8_0", "q5_0": "q8_0", "q5_1": "q8_m",
            "q5_K": "q8_m", "q6_K": "q8_16"}  # manifest dtype -> kernel layout
 Kernel = Callable[[int, int, int, int, int, int, int, int, int, int], object]
@@ -49,10 +51,12 @@ def array_at(address: int, ctype, count: int) -> np.ndarray:
 
 
 def dequantize_rows(kind: str, qs: np.ndarray, dm: np.ndarray) -> np.ndarray:
-    """(n, nb * 32) f32 weights of n rows in the kernel's layout (qs codes, dm (n, nb, 2)): numpy's dequantize,
-    d * code, then + m (q8_16: d0 * code for weights 0..15 of a block, d1 * code for 16..31)."""
-    n, nb, _ = dm.shape
+    """(n, nb * 32) f32 weights of n rows in the kernel's layout (qs codes, dm (n, nb, 2), q8_d's d (n, nb)):
+    numpy's dequantize, d * code, then + m (q8_16: d0 * code for weights 0..15 of a block, d1 * code for 16..31)."""
+    n, nb = dm.shape[:2]
     q = qs.reshape(n, nb, -1)
+    if kind == "q8_d":
+        return (q.astype(np.float32) * dm[:, :, None]).reshape(n, nb * QK)
     if kind == "q4_1":
         q = np.concatenate([q & 0x0F, q >> 4], axis=2)
     if kind == "q8_16":
@@ -84,6 +88,22 @@ def kernel_blocks(dtype: str, shape: tuple[int, int], parts: dict) -> tuple[str,
         q = fields["q"].reshape(rows, nb, 2, 16)
         return kind, (q[:, :, 0] | (q[:, :, 1] << 4)).astype(np.uint8).reshape(rows, nb * 16), dm
     return kind, np.ascontiguousarray(fields["q"].astype(np.int8)), dm
+
+
+def head_blocks(dtype: str, shape: tuple[int, int], parts: dict) -> tuple[str, np.ndarray, np.ndarray]:
+    """An output head's web parts -> (q8_d, its codes, d (rows, nb) f32) for a q8_0 file's head: 36 bytes a
+    block, not kernel_blocks' 40 (its m is 0; the head is most of a small model's step: Gemma 3 270M's 262,144 rows
+    210 -> 189 MB), the same weights; kernel_blocks' layout for other types. Not f16 d (llama.cpp's 34 bytes):
+    widening it costs the one-token loop more than the bytes save in V8 (docs/performance.md, issue 51)."""
+    if dtype != "q8_0":
+        return kernel_blocks(dtype, shape, parts)
+    fields = unpack(dtype, shape, parts)
+    return "q8_d", np.ascontiguousarray(fields["q"]), fields["d"].astype(np.float32)
+
+
+def scale_bytes(code: int, nb: int) -> int:
+    """Bytes of one row's scales (dm) in the layout of kind code `code` with nb blocks a row."""
+    return nb * (4 if code & D_ONLY else 8)
 
 
 class HeapStore:
@@ -175,14 +195,18 @@ class QuantWeight:
     activations: kind_code); `w[rows]` dequantizes those rows (the tied embedding)."""
 
     def __init__(self, kind: str, qs: np.ndarray, dm: np.ndarray, store: Store) -> None:
-        rows, nb, two = dm.shape
+        rows, nb = dm.shape[:2]
         per_block = 16 if kind == "q4_1" else 32
-        if kind not in KINDS or two != 2 or qs.shape != (rows, nb * per_block):
-            raise ValueError(f"{kind} weight: qs {qs.shape} and dm {dm.shape} are not the kernel's layout")
+        scales = ((rows, nb), np.float32) if kind == "q8_d" else ((rows, nb, 2), np.float32)
+        if kind not in KINDS or (dm.shape, dm.dtype) != scales or qs.shape != (rows, nb * per_block):
+            raise ValueError(f"{kind} weight: qs {qs.shape} and dm {dm.shape} {dm.dtype} are not the kernel's layout")
+        if kind == "q8_d" and store.activations == "f32":
+            raise ValueError("q8_d weights (d without m) run with integer activations only, not f32")
         self.kind, self.store = kind, store
         self.shape = (rows, nb * QK)
         self.parts = (rows,)  # the rows of each weight stacked here (stack)
         self.nbytes = qs.nbytes + dm.nbytes
+        self.dm_shape = dm.shape
         self.qs, self.dm = store.place(qs), store.place(dm)
         self._run = store.bind(kind, self.qs, self.dm, rows, self.shape[1])
         # One token (decode) goes through fixed buffers: an address lookup costs as much as a small product in
@@ -206,7 +230,7 @@ class QuantWeight:
         return stacked
 
     def __getitem__(self, rows) -> np.ndarray:
-        dm = self.store.rows(self.dm, rows).reshape(-1, self.shape[1] // QK, 2)
+        dm = self.store.rows(self.dm, rows).reshape(-1, *self.dm_shape[1:])
         return dequantize_rows(self.kind, self.store.rows(self.qs, rows).reshape(dm.shape[0], -1), dm)
 
     @property
@@ -245,13 +269,16 @@ class _QuantTransposed:
 
 def tensor_loader(store: Store) -> Callable:
     """ModelWeights.from_shards' `convert`: projections, the output head and the embedding (the tied head;
-    lookups dequantize their rows) of a kernel type as QuantWeight in `store`, every other tensor dequantized
-    to f32."""
+    lookups dequantize their rows) of a kernel type as QuantWeight in `store` (the head and embedding of a q8_0
+    file without q8_0's zero m where the store's activations are integer: head_blocks), every other tensor
+    dequantized to f32."""
     names = {f".{p}.weight" for p in PROJECTIONS}
 
     def convert(name: str, dtype: str, shape: tuple[int, ...], parts: dict):
-        wanted = name in ("token_embd.weight", "output.weight") or (
-            name.startswith("blk.") and name[name.index(".", 4):] in names)
+        head = name in ("token_embd.weight", "output.weight")
+        wanted = head or (name.startswith("blk.") and name[name.index(".", 4):] in names)
+        if head and dtype in HELD_AS and store.activations != "f32":
+            return QuantWeight(*head_blocks(dtype, tuple(shape), parts), store)
         if wanted and dtype in HELD_AS:
             return QuantWeight.from_parts(dtype, tuple(shape), parts, store)
         return dequantize(dtype, tuple(shape), parts)
@@ -302,6 +329,8 @@ def kind_code(kind: str, activations: str) -> int:
     16-bit ones for 8-bit codes (signed, so not an i7 operand); int16 16-bit for every layout; f32 none."""
     if activations == "int8" and kind == "q4_1":
         return KINDS[kind] | ACT8
+    if kind == "q8_d" and activations == "f32":
+        raise ValueError("q8_d weights (d without m) run with integer activations only, not f32")
     return KINDS[kind] | (ACT16 if activations != "f32" else 0)
 
 
@@ -355,11 +384,17 @@ def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: i
     import ctypes  # here: the tab never calls the twin
 
     nb = cols // QK
-    kind_name = [k for k, v in KINDS.items() if v == kind & 25][0]
+    kind_name = [k for k, v in KINDS.items() if v == kind & 89][0]
     ctype = ctypes.c_uint8 if kind_name == "q4_1" else ctypes.c_int8
     per_block = 16 if kind_name == "q4_1" else 32
     qs_a = array_at(qs, ctype, rows * nb * per_block).reshape(rows, -1)
-    dm_a = array_at(dm, ctypes.c_float, rows * nb * 2).reshape(rows, nb, 2)
+    if kind & D_ONLY:  # q8_d: q8_0's (d, 0) pairs, as the kernel's products see them
+        if act_bits(kind) != 16:
+            raise ValueError("q8_d weights (d without m) take 16-bit activations only (the kernel traps)")
+        d = array_at(dm, ctypes.c_float, rows * nb).reshape(rows, nb)
+        kind_name, dm_a = "q8_0", np.stack([d, np.zeros_like(d)], axis=2)
+    else:
+        dm_a = array_at(dm, ctypes.c_float, rows * nb * 2).reshape(rows, nb, 2)
     xs = array_at(x, ctypes.c_float, t * cols).reshape(t, cols)
     bits = act_bits(kind)
     if bits is not None:
@@ -436,5 +471,5 @@ class ThreadsTwin:
             quant_x_twin(x, nb, t, address_of(scratch), bits)
             kind |= QUANTIZED_X
         for r0, r1 in chunks(rows, n) if n > 1 else [(0, rows)]:
-            pointer_twin(kind, qs + r0 * row_q, dm + r0 * nb * 8, r1 - r0, cols, x, t, out + 4 * r0, rows,
-                         address_of(scratch))
+            pointer_twin(kind, qs + r0 * row_q, dm + r0 * scale_bytes(kind, nb), r1 - r0, cols, x, t, out + 4 * r0,
+                         rows, address_of(scratch))

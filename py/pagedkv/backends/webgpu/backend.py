@@ -52,8 +52,7 @@ def refuse_unsupported(config: ModelConfig) -> None:
 
 
 UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_wide", "paged_attention_gpu", "paged_attention_gpu_sg",
-                "paged_prefill_attention", "paged_prefill_attention_wide", "paged_prefill_attention_gpu",
-                "paged_prefill_attention_resume", "paged_prefill_attention_wide_resume")
+                "paged_prefill_attention", "paged_prefill_attention_wide", "paged_prefill_attention_gpu")
 
 
 class WebGpuBackend:
@@ -105,6 +104,7 @@ class WebGpuBackend:
         # The engine may submit decode step n + 1 (its token ids fed on the GPU) before it reads step n's ids
         # (submit(feed=True), decode_chain.py; EngineConfig.pipeline_decode turns that off).
         self.pipelines = True
+        self._fold_qkv = True  # fold_qkv
         self._mass_kernel: AttentionMassKernel | None = None  # compiled on first use
 
     # ------------------------------------------------------------------ construction
@@ -193,6 +193,26 @@ class WebGpuBackend:
     def max_binding(self) -> int:
         """The adapter's maxStorageBufferBindingSize: a weight part larger than this is split by rows."""
         return int(self.ctx.info.limits["maxStorageBufferBindingSize"])
+
+    @property
+    def fold_qkv(self) -> bool:
+        """Whether a decode layer's q | k | v runs inside its attention (plan.layer_program's folded: one dispatch
+        a layer fewer, paged_attention_gpu_fold.wgsl) where it can. Setting it drops the recorded plans: the next
+        step records its plan the new way (bench.kernels times a step both ways)."""
+        return self._fold_qkv
+
+    @fold_qkv.setter
+    def fold_qkv(self, on: bool) -> None:
+        if on != self._fold_qkv:
+            self._fold_qkv = on
+            self._plans.clear()
+            self._validated.clear()
+            self._dispatch_slots.clear()
+
+    @property
+    def workgroup_storage(self) -> int:
+        """The adapter's maxComputeWorkgroupStorageSize (bytes of workgroup memory a kernel may declare)."""
+        return int(self.ctx.info.limits.get("maxComputeWorkgroupStorageSize", 16384))
 
     @property
     def subgroups(self) -> bool:
@@ -319,7 +339,8 @@ class WebGpuBackend:
                     pipeline = await self.ctx.kernel(d.shader, dict(d.constants), d.entry)
                 bindings = dict(d.bindings) if isinstance(d.bindings, dict) else dict(enumerate(d.bindings))
                 # The attention kernels keep their uniform at binding 5 (paged_kv_read.wgsl).
-                uniform_at = d.uniform_at or (5 if d.shader in UNIFORM_AT_5 else len(bindings))
+                # So do their prefill passes after the first (KVKernels.prefill_resume: the same shader).
+                uniform_at = d.uniform_at or (5 if d.shader.removesuffix("_resume") in UNIFORM_AT_5 else len(bindings))
                 bindings[uniform_at] = (params, SLOT_INDEX[d.slot] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
                 bindings.update(d.extra)
                 recorded.append((pipeline, self.ctx.bind(pipeline, bindings)))
@@ -347,17 +368,19 @@ class WebGpuBackend:
         first) a DrawnTokens; attention_mass as in backends.Backend.forward."""
         if attention_mass is not None:
             check_attention_mass(attention_mass, batch)
-        out = await (await self.submit(batch, greedy=greedy, draws=draws, shaping=shaping))
+        out = await (await self.submit(batch, greedy=greedy, draws=draws, shaping=shaping,
+                                       mass=attention_mass is not None))
         if attention_mass is not None:
             attention_mass[...] = await self._attention_mass(batch)
         return out
 
     async def submit(self, batch: ForwardBatch, *, greedy: bool = False, draws: np.ndarray | None = None,
-                     shaping: Shaping | None = None, feed: bool = False) -> Awaitable[np.ndarray]:
+                     shaping: Shaping | None = None, feed: bool = False, mass: bool = False) -> Awaitable[np.ndarray]:
         """Submit the step now and return an awaitable of forward()'s result: the engine may submit the next
         decode step before it awaits this one's ids (decode_chain.py). feed: this step's token ids are the
         ids the previous step drew, row for row (its rows were the same sequences in the same order): copied
-        on the GPU before the step runs, whatever batch.token_ids holds."""
+        on the GPU before the step runs, whatever batch.token_ids holds. mass: the last layer's queries are
+        scored after the step (forward's attention_mass), so they must reach scratch q (PlanKey.mass)."""
         t0 = time.perf_counter()
         self._check(batch)
         cfg, s = self.config, self.scratch
@@ -371,7 +394,7 @@ class WebGpuBackend:
             raise ValueError(f"shaping needs draws and ({n}, 8) rows with at most {MAX_LOGIT_BIAS} bias pairs a "
                              f"row, got rows {shaping.rows.shape}, {len(shaping.bias)} pairs")
         key = PlanKey.of(t, n, sampled=draws is not None, greedy=greedy, shaped=shaping is not None,
-                         prefill_passes=self.kv_kernels.prefill_passes(batch.context_lens))
+                         prefill_passes=self.kv_kernels.prefill_passes(batch.context_lens), mass=mass)
         greedy = greedy or draws is not None  # ids come back either way
         plan = await self._plan(key)
         qsl = batch.query_start_loc  # (S + 1,)
@@ -394,7 +417,9 @@ class WebGpuBackend:
         else:
             write(s["slot_mapping"], batch.slot_mapping)
             write(s["block_tables"], batch.block_tables)
-        write(s["context_lens"], batch.context_lens)
+        # a decode step's rotary positions follow the context lengths (paged_attention_gpu_fold.wgsl reads them there)
+        write(s["context_lens"], np.concatenate([batch.context_lens, batch.positions]).astype(batch.context_lens.dtype)
+              if key.decode else batch.context_lens)
         if not key.decode:
             write(s["starts"], np.concatenate([qsl, [0], np.cumsum(q_tiles)]).astype(np.uint32))
         write(s["params"], params)

@@ -4,14 +4,15 @@ builders.
 
     PYTHONPATH=py python3 -m pagedkv.backends.webgpu.dispatch_geometry [--json] [--kernels cpu|gpu]
         [--model smollm2-135m-instruct|synthetic-1.5b] [--context N | --prefill N] [--no-subgroups]
-        [--kv-dtype f16|int8|...]
+        [--kv-dtype f16|int8|...] [--no-fold]
 
 Pure CPython, no GPU: records the step the way WebGpuBackend does (plan.layer_program with the family's
 kernels, plan.step_slots for the grids) over placeholder buffers, and lists per dispatch the kernel, its
 workgroup size, workgroup grid and invocations (grid x workgroup size), then the totals: dispatches, and
 the fewest invocations of a hot dispatch (matvec, matmul, fused FFN, attention). What a real GPU is given to fill; the gpu
 family exists to raise the matvec / matmul and decode attention rows (issue 18) and to launch few dispatches
-(issue 30: 5 a decode layer with f32 / f16 KV; issue 50: 4 where the FFN is one dispatch, ffn_gpu_main.wgsl).
+(issue 30: 5 a decode layer with f32 / f16 KV; issue 50: 4 where the FFN is one dispatch, ffn_gpu_main.wgsl, 3
+where q | k | v runs inside the attention, paged_attention_gpu_fold.wgsl).
 """
 from __future__ import annotations
 
@@ -62,9 +63,10 @@ MODELS = {"smollm2-135m-instruct": (SMOLLM2, "q8_0", "q4_1"), "synthetic-1.5b": 
 
 
 def decode_step(kernels: str, context: int, subgroups: bool = True, model: str = "smollm2-135m-instruct",
-                kv_dtype: str = "f16") -> list[dict]:
-    """The dispatches of one decode step of one sequence at `context` tokens, in submission order."""
-    return _step(kernels, context, 1, subgroups, model, kv_dtype)
+                kv_dtype: str = "f16", fold: bool = True) -> list[dict]:
+    """The dispatches of one decode step of one sequence at `context` tokens, in submission order (fold: q | k | v
+    inside the attention where it can be, WebGpuBackend.fold_qkv)."""
+    return _step(kernels, context, 1, subgroups, model, kv_dtype, fold)
 
 
 def prefill_step(kernels: str, tokens: int, subgroups: bool = True, model: str = "smollm2-135m-instruct",
@@ -82,7 +84,8 @@ def totals(rows: list[dict]) -> dict:
             "min_hot_invocations": min(r["invocations"] for r in rows if r["kernel"].startswith(HOT))}
 
 
-def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, model: str, kv_dtype: str) -> list[dict]:
+def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, model: str, kv_dtype: str,
+          fold: bool = True) -> list[dict]:
     if kernels not in FAMILIES:
         raise ValueError(f"kernels must be one of {FAMILIES}, got {kernels!r}")
     if model not in MODELS:
@@ -106,7 +109,10 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, model: s
                         group_binding=lambda name, layer: name,
                         kernels=kernels, subgroups=subgroups, gpu_shapes=GpuShapes(),
                         shader_f16=False, gpu_matmul=kernels == "gpu",  # both models: quantized matrices only
-                        max_num_seqs=1)  # one sequence: the sampling kernels sized for it
+                        max_num_seqs=1,  # one sequence: the sampling kernels sized for it
+                        # the q | k | v fold on, with a real GPU's 32 KiB of workgroup memory (the 1.5B's fold needs
+                        # 20.4 KiB; a 16 KiB device keeps its q | k | v matvec)
+                        fold_qkv=fold, workgroup_storage=32768)
     used = math.ceil(context / BLOCK_SIZE)
     part_blocks = kv.partition_blocks  # the fixed split; the gpu family's decode sizes it as WebGpuBackend does
     if kernels == "gpu" and new_tokens == 1:
@@ -117,7 +123,7 @@ def _step(kernels: str, context: int, new_tokens: int, subgroups: bool, model: s
                       partition_blocks=part_blocks)
     grids, _ = step_slots(b, shape)  # (slots, 3)
     rows = []
-    key = PlanKey.of(new_tokens, 1, greedy=True, prefill_passes=kv.prefill.passes(used))  # greedy: ids come back
+    key = PlanKey.of(new_tokens, 1, greedy=True, prefill_passes=kv.prefill.passes(context))  # greedy: ids come back
     for dispatches in layer_program(b, key):
         for d in dispatches:
             grid = tuple(int(g) for g in grids[SLOT_INDEX[d.slot]])
@@ -139,10 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill", type=int, metavar="N", help="list a prefill chunk of N tokens instead")
     parser.add_argument("--no-subgroups", action="store_true", help="the gpu family's workgroup-tree kernels")
     parser.add_argument("--kv-dtype", default="f16", choices=sorted(KV_DTYPES), help="the KV cache's element type")
+    parser.add_argument("--no-fold", action="store_true", help="q | k | v a dispatch of its own, not in the attention")
     parser.add_argument("--json", action="store_true", help="one JSON object (else a table)")
     args = parser.parse_args(argv)
     if args.prefill is None:
-        rows = decode_step(args.kernels, args.context, not args.no_subgroups, args.model, args.kv_dtype)
+        rows = decode_step(args.kernels, args.context, not args.no_subgroups, args.model, args.kv_dtype,
+                           not args.no_fold)
         step = {"context": args.context}
     else:
         rows = prefill_step(args.kernels, args.prefill, not args.no_subgroups, args.model, args.kv_dtype)

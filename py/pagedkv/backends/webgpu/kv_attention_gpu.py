@@ -31,6 +31,13 @@ MIN_PARTITION_TOKENS = 64
 # ends every loop once an invocation has taken 65,535 loop back-edges in all, and at head_dim 256 a key costs about
 # 39 of them (107 at block size 1), so 512 keys stay under the cap for every block size and head width here.
 PREFILL_PASS_TOKENS = 512
+# The gpu family's prefill walks at most this many keys of a tile per dispatch (paged_prefill_attention_gpu.wgsl's
+# passes), for the same cap: measured on lavapipe, a 4-key tile at head_dim 256 costs a lane 73 back-edges (its
+# 64-step score loop is not unrolled), so a single walk went wrong past 3,588 keys. 1,024 keys take ~18,700 of them;
+# unrolling nothing, every loop of a tile counted (k + 1 for k trips), ~26,000 at head_dim 256, the widest head.
+# Narrower heads took 32,000 keys in one walk on lavapipe. Twice the cpu family's: each pass is a dispatch, and
+# this family is for real GPUs.
+PREFILL_GPU_PASS_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,15 @@ def decode_partition_blocks(split_workgroups: int, num_seqs: int, head_tiles: in
     return max(1, min(blocks, MAX_PART_BLOCKS))
 
 
+def fold_workgroup_bytes(hidden: int, head_dim: int, head_tile: int) -> int:
+    """Workgroup memory of the decode attention that computes its own q | k | v (paged_attention_gpu_fold.wgsl):
+    the attention's (staged queries, block-table slice, a tile's scores and weights, run maxima, the reductions'
+    red / red3 and subgroup-head mask) plus the staged residual row (hidden f32) and the new K and V rows."""
+    w = ATTENTION_WORKGROUP
+    attention = head_tile * head_dim * 4 + MAX_PART_BLOCKS * 4 + 2 * w * 16 + 16 * 16 + 3 * w * 16 + 32 * 4
+    return attention + hidden * 4 + 2 * head_dim * 4
+
+
 @dataclass(frozen=True)
 class PrefillKernel:
     """The prefill-attention pipeline of one kernel family: its name (shader and KVKernels.pipelines key),
@@ -109,11 +125,13 @@ class PrefillKernel:
     workgroup: int
     query_tile: int
     constants: tuple
-    pass_blocks: int = 0  # blocks a tile's walk covers per dispatch (cpu family); 0: the whole walk in one
+    pass_keys: int  # keys of a tile's walk one dispatch covers at most (whole blocks, or whole key tiles)
 
-    def passes(self, max_blocks: int) -> int:
-        """Dispatches of prefill attention for a step whose longest context spans max_blocks blocks."""
-        return max(1, -(-max_blocks // self.pass_blocks)) if self.pass_blocks else 1
+    def passes(self, max_keys: int) -> int:
+        """Dispatches of prefill attention for a step whose longest context is max_keys keys: a walk of n keys
+        from any start spans at most ceil(n / pass_keys) passes, since a pass covers whole blocks (cpu family)
+        or whole key tiles (gpu family) from the walk's start."""
+        return max(1, -(-max_keys // self.pass_keys))
 
     def invocations(self, num_tiles: int, n_heads: int, head_tile: int) -> int:
         """Invocations for num_tiles query tiles (over all sequences) of every head."""
@@ -126,16 +144,17 @@ def prefill_kernel(family: str, head_tile: int, head_dim: int, query_tile: int, 
                    block_size: int) -> PrefillKernel:
     """Prefill attention of kernel `family`: the cpu family's takes query_tile new tokens per invocation and walks
     PREFILL_PASS_TOKENS keys per dispatch; the gpu family's as many as fill PREFILL_ROWS rows with head_tile heads
-    each."""
+    each and walks PREFILL_GPU_PASS_TOKENS keys per dispatch."""
     if family == "cpu":
         pass_blocks = max(1, PREFILL_PASS_TOKENS // block_size)
         return PrefillKernel("cpu", "paged_prefill_attention" + cpu_heads(head_dim), cpu_workgroup, query_tile,
-                             (("SLOTS", query_tile), ("PASS_BLOCKS", pass_blocks)), pass_blocks)
+                             (("SLOTS", query_tile), ("PASS_BLOCKS", pass_blocks)), pass_blocks * block_size)
     # A lane adds four vec4 columns of one row: 16 rows cover head_dim 128, wider heads take fewer rows (and their
     # staged queries stay within WebGPU's 16 KiB of workgroup memory).
     rows = PREFILL_ROWS * 128 // max(head_dim, 128)
     tokens = max(1, rows // head_tile)
     keys = min(PREFILL_TILE_VALUES // head_dim, PREFILL_MAX_KEYS)
+    pass_tiles = max(1, PREFILL_GPU_PASS_TOKENS // keys)
     return PrefillKernel("gpu", "paged_prefill_attention_gpu", PREFILL_WORKGROUP, tokens,
-                         (("SLOTS", head_tile), ("QUERY_TILE", tokens), ("KEYS", keys),
-                          *((("ROWS", rows),) if rows != PREFILL_ROWS else ())))
+                         (("SLOTS", head_tile), ("QUERY_TILE", tokens), ("KEYS", keys), ("PASS_TILES", pass_tiles),
+                          *((("ROWS", rows),) if rows != PREFILL_ROWS else ())), pass_tiles * keys)

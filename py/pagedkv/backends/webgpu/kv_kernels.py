@@ -129,10 +129,10 @@ class KVKernels:
                                 (self.prefill.name, dict(consts, **dict(self.prefill.constants),
                                                          WORKGROUP_SIZE=self.prefill.workgroup))):
             self.pipelines[name] = await self.ctx.kernel(name, constants)
-        if self.prefill.pass_blocks:  # the passes after a long walk's first (paged_prefill_attention_main.wgsl)
-            self.pipelines[self.prefill_resume] = await self.ctx.kernel(
-                self.prefill.name, dict(consts, **dict(self.prefill.constants), WORKGROUP_SIZE=self.prefill.workgroup,
-                                        RESUME=True))
+        # the passes after a long walk's first (paged_prefill_attention_main.wgsl, paged_prefill_attention_gpu.wgsl)
+        self.pipelines[self.prefill_resume] = await self.ctx.kernel(
+            self.prefill.name, dict(consts, **dict(self.prefill.constants), WORKGROUP_SIZE=self.prefill.workgroup,
+                                    RESUME=True))
         (attn, shader, entry, size), (reduce, reduce_shader, reduce_entry, reduce_size) = self.decode.specs
         self.pipelines[attn] = await self.ctx.kernel(
             shader, dict(consts, SLOTS=self.head_tile, WORKGROUP_SIZE=size), entry_point=entry)
@@ -164,13 +164,13 @@ class KVKernels:
 
     @property
     def prefill_resume(self) -> str:
-        """The pipelines key of the cpu family's prefill passes after the first."""
+        """The pipelines key of the prefill passes after the first."""
         return self.prefill.name + "_resume"
 
     def prefill_passes(self, context_lens: np.ndarray) -> int:
         """Dispatches of prefill attention for contexts of context_lens tokens: 1 unless a walk is longer than a
-        pass (PrefillKernel.pass_blocks)."""
-        return self.prefill.passes(-(-int(np.max(context_lens)) // self.layout.block_size))
+        pass (PrefillKernel.pass_keys)."""
+        return self.prefill.passes(int(np.max(context_lens)))
 
     def prefill_grid(self, num_tiles: int) -> tuple[int, int, int]:
         """Workgroup grid of prefill attention over num_tiles query tiles (the family's kernel)."""
@@ -311,8 +311,7 @@ class KVKernels:
             out = tmp.scratch(query.shape[0] * self.n_heads * self.layout.head_dim * 4, "out")
             starts = tmp.u32(np.stack([starts, tile_starts]), "starts")  # (2, num_seqs + 1)
             buffers += [starts, out]
-            if self.prefill.pass_blocks:  # (num_tokens, n_heads) vec4 states between passes
-                buffers.append(tmp.scratch(query.shape[0] * self.n_heads * 16, "prefill_state"))
+            buffers.append(tmp.scratch(query.shape[0] * self.n_heads * 16, "prefill_state"))  # (T, n_heads) vec4
             names = [self.prefill.name] + [self.prefill_resume] * (self.prefill_passes(lens) - 1)
             dispatches = [(self.pipelines[n], self.ctx.bind(self.pipelines[n], buffers), groups) for n in names]
             return Prepared(dispatches, out, query.shape, tmp)

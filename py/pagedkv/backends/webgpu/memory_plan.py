@@ -100,7 +100,8 @@ def scratch_buffers(cfg: ModelConfig, *, block_size: int, max_num_batched_tokens
         ("token_ids", t * 4, "scratch"), ("positions", t * 4, "scratch"),  # (T,) int32
         ("slot_mapping", num_groups * strides["slot_mapping"], "scratch"),  # (G, T) at group_strides
         ("block_tables", num_groups * strides["block_tables"], "scratch"),  # (G, S, max_blocks_per_seq) likewise
-        ("context_lens", s * 4, "scratch"), ("starts", 2 * (s + 1) * 4, "scratch"),  # (S,), (2, S + 1)
+        # (S,) context lengths, then a decode step's (S,) rotary positions (paged_attention_gpu_fold.wgsl); (2, S + 1)
+        ("context_lens", 2 * s * 4, "scratch"), ("starts", 2 * (s + 1) * 4, "scratch"),
         ("params", len(SLOTS) * PARAM_SLOT_BYTES, "scratch"),  # (slots, 256) uniforms
         # (context, head_dim / 2, 2) each: one cos / sin table per distinct rotary of the layers (rope_tables)
         *((rope_table_label(i), cfg.context_length * cfg.head_dim * f32, "scratch")

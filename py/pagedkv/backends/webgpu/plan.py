@@ -31,7 +31,8 @@ from ...kernels.ref_ops import layer_inv_freq, model_inv_freq
 from ...model.config import ModelConfig
 from . import model_kernels as ops
 from .fused import member_names
-from .shader_variants import FFN_DOWN_BINDINGS, VARIANTS, ffn_gpu_shader
+from .kv_attention_gpu import ATTENTION_WORKGROUP, fold_workgroup_bytes
+from .shader_variants import FFN_DOWN_BINDINGS, FOLD_BINDINGS, FOLD_PREFIX, VARIANTS, ffn_gpu_shader, fold_shader
 
 PARAM_SLOT_BYTES = 256  # minUniformBufferOffsetAlignment
 SLOTS = ("embedding", "rms_t", "lin_h", "lin_qkv", "lin_ffn", "lin_down", "rope", "kv_write", "attn", "reduce",
@@ -51,6 +52,11 @@ FFN_WORKGROUP, FFN_ROW_GROUPS = 256, 4
 # Its slice's activations stay in workgroup memory beside the reduction's 12 KiB (256 lanes): at most 2 KiB, so the
 # kernel fits WebGPU's default 16 KiB (an FFN wider than 16,384 keeps two dispatches: 32 partials of 16 blocks)
 MAX_SLICE_VEC4 = 128
+# The attention that computes its own q | k | v (paged_attention_gpu_fold.wgsl) runs the matvec's rows8 in 8 groups
+# of 16 of its 128 lanes: 8 rows each a call, so SmolLM2's 3 heads' q rows take 3 calls (the 1.5B's 4 heads 4) and
+# a kv head's k and v 2, each call 6 barriers (a 16-lane tree): fewer groups would take as many multiply-adds a lane
+# and more barriers.
+FOLD_ROW_GROUPS = 8
 
 
 def ffn_split(ffn: int) -> tuple[int, int]:
@@ -71,14 +77,17 @@ class PlanKey:
     sampled: bool = False  # the next tokens are drawn on the GPU (sample.wgsl), not argmax'd
     greedy: bool = False  # only the argmax ids come back: the gpu family's LM head matvec writes no logits
     shaped: bool = False  # sampled, from logits sample_shape.wgsl shaped first (device_draws.py)
-    prefill_passes: int = 1  # dispatches of the cpu family's prefill attention a layer (KVKernels.prefill_passes)
+    prefill_passes: int = 1  # dispatches of prefill attention a layer (KVKernels.prefill_passes)
+    # the step's last-layer queries are scored after it (attention mass, WebGpuBackend._attention_mass): that
+    # layer's q | k | v writes scratch q (not folded into its attention, which keeps q in workgroup memory)
+    mass: bool = False
 
     @classmethod
     def of(cls, num_tokens: int, num_seqs: int, sampled: bool = False, greedy: bool = False,
-           shaped: bool = False, prefill_passes: int = 1) -> "PlanKey":
+           shaped: bool = False, prefill_passes: int = 1, mass: bool = False) -> "PlanKey":
         decode = num_tokens == num_seqs
         return cls(_linear_kind(num_tokens), decode, _linear_kind(num_seqs), sampled,
-                   greedy and not sampled, sampled and shaped, 1 if decode else prefill_passes)
+                   greedy and not sampled, sampled and shaped, 1 if decode else prefill_passes, mass)
 
 
 def _linear_kind(tokens: int) -> str:
@@ -192,14 +201,44 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                                   (s["k"], s["v"], b.group_binding("slot_mapping", i), cache.k, cache.v), "kv_write"))
         return fused
 
+    def folded(i: int) -> bool:
+        """Decode layer i's q | k | v runs inside its attention (paged_attention_gpu_fold.wgsl): a fused q | k | v
+        (qkv_fused), an f32 / f16 cache (a quantized row's scales need kv_write_quant), no attention bias (the
+        kernel has no binding left for it: WebGPU's 10 storage buffers a stage), its workgroup memory within the
+        device's, and the backend's fold_qkv switch on; not the last layer of a step whose attention mass is
+        scored from its queries (PlanKey.mass)."""
+        lay = b.kv_kernels.layout
+        return (b.fold_qkv and fuse and key.decode and qkv_fused(i) and lay.dtype in ("f32", "f16")
+                and not cfg.attention_bias and not (key.mass and i == cfg.n_layers - 1)
+                and fold_workgroup_bytes(cfg.hidden, cfg.head_dim, b.kv_kernels.head_tile) <= b.workgroup_storage)
+
+    def fold_attention(i: int, cache, tables_i, slot: str) -> Dispatch:
+        """Layer i's decode attention computing its own q | k | v (main_fold): the q | k | v weight as the `qkv_`
+        instance's parts at FOLD_BINDINGS.., x after them, their uniform the step's lin_qkv slot; the new token's
+        rotary position after the context lengths (forward writes them there on a decode step)."""
+        lay = b.kv_kernels.layout
+        dtype, parts = w[f"blk.{i}.attn_qkv.weight"]
+        at = FOLD_BINDINGS + len(parts)  # the instance's x (its y, unused, follows; then its uniform)
+        constants = (*lay.constants.items(), ("SLOTS", b.kv_kernels.head_tile),
+                     ("WORKGROUP_SIZE", ATTENTION_WORKGROUP), ("FOLD", 1), ("NEW_KV_VEC4", cfg.head_dim // 2),
+                     ("X_VEC4", cfg.hidden // 4), *((("ROTATE", 0),) if tables[i] is None else ()),
+                     *split_parts(i), (FOLD_PREFIX + "WORKGROUP_SIZE", ATTENTION_WORKGROUP),
+                     (FOLD_PREFIX + "ROW_GROUPS", FOLD_ROW_GROUPS), (FOLD_PREFIX + "NORM", 1))
+        bindings = {1: cache.k, 2: cache.v, 3: tables_i, 4: s["context_lens"], 7: s["part_acc"], 8: s["part_stats"],
+                    9: cos_sin(i), **{FOLD_BINDINGS + j: part for j, part in enumerate(parts)}, at: s["x"]}
+        qkv_uniform = (s["params"], SLOT_INDEX["lin_qkv"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
+        return Dispatch(fold_shader(dtype, b.subgroups, b.shader_f16), constants, bindings, slot, ((at + 2, qkv_uniform),),
+                        "main_fold", uniform_at=5)
+
     def merge_linear(i: int, y, accumulate: bool) -> Dispatch:
         """The output projection adding into x (or writing y), the decode attention's partition merge in its
         prologue (matvec_io_merge.wgsl, reading the step's "reduce" uniform slot), and the previous layer's
         fused-FFN partials added with the residual (SPLIT_PARTS)."""
         merge_words = (s["params"], SLOT_INDEX["reduce"] * PARAM_SLOT_BYTES, PARAM_SLOT_BYTES)
         extra = ((8, s["context_lens"]), (9, s["part_acc"]), (10, s["part_stats"]), (11, merge_words))
+        states = (("STATES_ONLY", 1),) if folded(i) else ()  # the fold writes a single partition's state too
         return linear(f"blk.{i}.attn_output.weight", s["attn"], y, "lin_h", tk, accumulate=accumulate,
-                      layout=(("HEAD_DIM", cfg.head_dim), *split_parts(i)), io="_merge", extra=extra)
+                      layout=(("HEAD_DIM", cfg.head_dim), *split_parts(i), *states), io="_merge", extra=extra)
 
     def qkv_fused(i: int) -> bool:
         """Layer i's q | k | v runs as one matvec with RoPE and the KV write in its epilogue: stacked, and no
@@ -274,7 +313,9 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
         p = f"blk.{i}."
         # this layer's K and V buffers (its slot's in its KV group) and its group's block tables
         cache, tables_i = b.kv_pool.cache_of(i), b.group_binding("block_tables", i)
-        if qkv_fused(i):
+        if folded(i):
+            pass  # q | k | v in the attention below
+        elif qkv_fused(i):
             body += qkv_rope_kv(i, cache)
         else:
             body += normed_linear(p + "attn_norm.weight", p + "attn_qkv.weight", s["qkv"], "lin_qkv")  # q | k | v
@@ -285,7 +326,9 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
             ]
         common = (s["q"], cache.k, cache.v, tables_i, s["context_lens"])
         attn_slot = "attn" if spec.attention.window is None else "attn_window"
-        if key.decode:
+        if folded(i):
+            body.append(fold_attention(i, cache, tables_i, attn_slot))
+        elif key.decode:
             body.append(Dispatch(*kv_kernel(b.kv_kernels.decode.attention),
                                  {**dict(enumerate(common)), 6: s["attn"], 7: s["part_acc"], 8: s["part_stats"]},
                                  attn_slot))
@@ -294,15 +337,14 @@ def layer_program(b, key: PlanKey) -> list[list[Dispatch]]:
                                      (s["context_lens"], s["part_acc"], s["part_stats"], s["attn"]), "reduce"))
         else:
             kv = b.kv_kernels
-            # The cpu family's passes keep their (T, n_heads, 4) f32 states (paged_prefill_attention_main.wgsl) in
-            # act, (T, ffn): the last layer's activation is spent and this one's not yet made.
-            if kv.prefill.pass_blocks and cfg.ffn < 4 * cfg.n_heads:
+            # The passes keep their (T, n_heads, 4) f32 states (paged_prefill_attention_{main,gpu}.wgsl) in act,
+            # (T, ffn): the last layer's activation is spent and this one's not yet made.
+            if cfg.ffn < 4 * cfg.n_heads:
                 raise ValueError(f"prefill passes keep 4 floats a head in the ffn-wide activation: ffn {cfg.ffn} < 4 x "
                                  f"{cfg.n_heads} heads")
-            state = {8: s["act"]} if kv.prefill.pass_blocks else {}
             for name in [kv.prefill.name] + [kv.prefill_resume] * (key.prefill_passes - 1):
                 body.append(Dispatch(*kv_kernel(name), {**dict(enumerate(common)), 6: s["starts"], 7: s["attn"],
-                                                        **state}, attn_slot))
+                                                        8: s["act"]}, attn_slot))
         post_attention = "post_attention_norm" if spec.post_attention_norm else None
         if fuse and key.decode:  # x += o, the partitions merged on the way in
             body += residual(i, lambda y, acc: merge_linear(i, y, acc), post_attention)

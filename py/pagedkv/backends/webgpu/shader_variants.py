@@ -8,6 +8,7 @@ A later axis (a fused epilogue, say) is one more table and one more loop.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .wgsl_instance import instance
@@ -25,6 +26,8 @@ class Variant:
     # (prefix, parts, binding offset): a second decoder composed under a name prefix (wgsl_instance.py), before
     # the body; its sources follow the parts' in compose()
     instances: tuple[tuple[str, tuple[str, ...], int], ...] = ()
+    # storage bindings the parts declare `read` that this kernel writes (the fold's KV cache: its new row)
+    writable: tuple[str, ...] = ()
 
     @property
     def all_parts(self) -> tuple[str, ...]:
@@ -46,7 +49,13 @@ class Variant:
             renamed.append(instance("\n".join(rest[: len(parts)]), prefix, offset))
             rest = rest[len(parts):]
         body = [*own[:-1], *renamed, own[-1]]
-        return head + header + "\n" + "".join(source + "\n" for source in body)
+        text = head + header + "\n" + "".join(source + "\n" for source in body)
+        for name in self.writable:
+            text, n = re.subn(rf"var<storage, read> {name} :", f"var<storage, read_write> {name} :", text)
+            if n != 1:
+                raise ValueError(f"{name}: {n} `var<storage, read> {name}` declarations in the parts of {name!r}, "
+                                 "expected 1")
+        return text
 
 
 # ---------------------------------------------------------------- the axes
@@ -112,6 +121,20 @@ def ffn_gpu_shader(gate_up: str, down: str, subgroups: bool, f16: bool) -> str:
     return f"ffn_gpu_{'sg_' if subgroups else ''}{'f16_' if f16 else ''}{gate_up}_{down}"
 
 
+# paged_attention_gpu[_sg]_fold[_f16]_<q|k|v type>: the decode attention that computes its own q | k | v
+# (paged_attention_gpu_fold.wgsl, entry point main_fold): the weight type's decoder with attention_qkv_io.wgsl and
+# matvec_gpu_rows.wgsl as a `qkv_` instance at bindings 16.. (its x at 16 + the type's parts, its uniform 2 later),
+# the KV cache bindings writable (the new token's row); the f16-arithmetic decoder where the q | k | v matvec it
+# replaces would run one (the same dot products).
+FOLD_PREFIX, FOLD_BINDINGS = "qkv_", 16
+
+
+def fold_shader(dtype: str, subgroups: bool, f16: bool = False) -> str:
+    """paged_attention_gpu[_sg]_fold[_f16]_<dtype>: the f16 decoder only where the type has one."""
+    f16 = f16 and dtype in GPU_WEIGHTS_F16
+    return f"paged_attention_gpu{'_sg' if subgroups else ''}_fold{'_f16' if f16 else ''}_{dtype}"
+
+
 # The cpu family's attention by head width: name suffix -> the part sizing its private accumulator (a private
 # array cannot take an override's size).
 CPU_ATTENTION_HEADS: dict[str, str] = {"": "attention_heads_128", "_wide": "attention_heads_256"}
@@ -137,6 +160,12 @@ def _variants() -> dict[str, Variant]:
                         (*weights[gate_up], reduce, "ffn_gpu_main"), (*enables, *((F16,) if f16 else ())),
                         ((FFN_DOWN_PREFIX, weights[down], FFN_DOWN_BINDINGS),))
         table[f"paged_attention_gpu{sg}"] = Variant(("paged_kv_read", reduce, "paged_attention_gpu_main"), enables)
+        for f16, by_type in ((False, GPU_WEIGHTS), (True, GPU_WEIGHTS_F16)):
+            for dtype, weights in by_type.items():
+                table[fold_shader(dtype, bool(sg), f16)] = Variant(
+                    ("paged_kv_read", reduce, "paged_attention_gpu_main", "paged_attention_gpu_fold"),
+                    (*enables, *((F16,) if f16 else ())),
+                    ((FOLD_PREFIX, (*weights, "attention_qkv_io"), FOLD_BINDINGS),), ("k_cache", "v_cache"))
     for dtype in GPU_MATMUL_TYPES:
         table[f"matmul_gpu_{dtype}"] = Variant((*GPU_WEIGHTS[dtype], "matmul_gpu_main"))
     for suffix, heads in CPU_ATTENTION_HEADS.items():
