@@ -156,6 +156,12 @@ def streamed_calls(chunks: list[dict]) -> list[tuple[int, str, str]]:
     return [tuple(c) for c in calls.values()]
 
 
+def returns(value):
+    """A sliced piece of work (slices.py) with nothing to pause for: the service's _grammar's form."""
+    yield from ()
+    return value
+
+
 def two_calls_grammar(fmt) -> Grammar:
     """A reply of exactly two calls, get_time then plan_trip, in `fmt` (tagged: two blocks on their own lines;
     mistral: one array of two): the tiny random model writes no call of its own accord, and a forced call is one
@@ -177,7 +183,7 @@ def test_two_calls_in_one_reply_and_parallel_false_stops_at_the_first(tiny_long_
     in the prefix cache changes the tiny model's logits by rounding, enough to flip a seeded draw."""
     tiny = Engine([tiny_long_dir], budget_mib=64)
     svc = service(tiny)
-    monkeypatch.setattr(svc, "_grammar", lambda req: two_calls_grammar(svc.template.tool_format))
+    monkeypatch.setattr(svc, "_grammar", lambda req: returns(two_calls_grammar(svc.template.tool_format)))
     body = {"model": tiny.model_id, "messages": ASK, "tools": [CLOCK, TRIP], "max_tokens": 200,
             "temperature": 1.0, "seed": 3}
     out = tiny.chat.completions.create(body)
@@ -279,7 +285,7 @@ def test_a_mistral_template_calls_in_its_array_with_ids_it_takes_back(tiny_mistr
     assert forced["finish_reason"] == "tool_calls"
 
     with monkeypatch.context() as patched:
-        patched.setattr(svc, "_grammar", lambda req: two_calls_grammar(svc.template.tool_format))
+        patched.setattr(svc, "_grammar", lambda req: returns(two_calls_grammar(svc.template.tool_format)))
         out = engine.chat.completions.create(body)
         streamed = list(engine.chat.completions.create(body, stream=True))
         one = engine.chat.completions.create(body, parallel_tool_calls=False)

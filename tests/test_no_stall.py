@@ -10,12 +10,19 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from model_fixtures import reference_greedy, tiny_dir, tiny_model, tiny_weights  # noqa: F401  (fixtures)
+import pagedkv.chat as chat
 from pagedkv.api import ApiError, Engine
 from pagedkv.backends.cpu import CpuBackend
-from pagedkv.chat import Conversation
+from pagedkv.chat import Conversation, validate_message
+from pagedkv.completions import parse_request, parse_request_slices
 from pagedkv.engine import EngineConfig, LLMEngine
+from pagedkv.grammar import Grammar
+from pagedkv.grammar.schema import compile_schema
+from pagedkv.request_limits import MAX_MESSAGES
 from pagedkv.sampling import SamplingParams
-from pagedkv.slices import SLICE_CHARS, run_slices
+from pagedkv.slices import SLICE_CHARS, SLICE_MESSAGES, SLICE_SCHEMA_NODES, run_slices
+from pagedkv.tool_calls import ToolFormat
+from pagedkv.tools import ToolChoice, call_grammar_slices
 from pagedkv.tokenizer import Tokenizer
 
 BUDGET = 32  # tokens one step computes at most (max_num_batched_tokens)
@@ -176,3 +183,111 @@ def test_a_session_that_starts_another_request_while_a_body_is_prepared_refuses_
     assert (refused.status, refused.param, refused.message) == (
         400, "pagedkv.session", "pagedkv.session 's' took another request while this one was prepared; send it "
                                 "again on the history the session has now")
+
+
+def many_messages(n: int) -> list[dict]:
+    """n messages of every form parse_request checks: text, text parts, tool calls and their results."""
+    messages = []
+    for i in range(n):
+        if i % 4 == 2:
+            messages.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{i}", "type": "function", "function": {"name": "get", "arguments": f'{{"n": {i}}}'}}]})
+        elif i % 4 == 3:
+            messages.append({"role": "tool", "tool_call_id": f"c{i - 1}", "content": f"result {i}"})
+        else:
+            messages.append({"role": "user", "content": [{"type": "text", "text": f"word {i}"},
+                                                         {"type": "text", "text": "more"}]} if i % 8 == 4
+                            else {"role": "user" if i % 4 == 0 else "assistant", "content": f"word {i}"})
+    return messages
+
+
+def test_a_4096_message_body_is_checked_in_slices_with_the_result_of_one_pass():
+    """parse_request pauses after every SLICE_MESSAGES messages checked and every SLICE_SCHEMA_NODES schemas of
+    response_format compiled (slices.py), and gives what one pass gives: each message checked alone, the schema's
+    grammar compiled at once."""
+    schema = {"type": "object", "properties": {
+        f"p{j}": {"type": "array", "items": {"type": "object", "properties": {f"q{k}": {"type": "integer"}
+                                                                             for k in range(6)}}}
+        for j in range(40)}}  # 1 + 40 * (1 + 1 + 6) = 321 schemas
+    tools = [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}]
+    body = {"model": "m", "messages": many_messages(MAX_MESSAGES), "tools": tools, "temperature": 0.5,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "rows", "schema": schema}}}
+    work = parse_request_slices(body, ["m"])
+    pauses = 0
+    while True:
+        try:
+            next(work)
+            pauses += 1
+        except StopIteration as done:
+            req = done.value
+            break
+    assert pauses == MAX_MESSAGES // SLICE_MESSAGES + 321 // SLICE_SCHEMA_NODES == 16 + 10
+    assert req.messages == [validate_message(m, index=i) for i, m in enumerate(body["messages"])]
+    assert req.messages[2] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c2", "type": "function", "function": {"name": "get", "arguments": '{"n": 2}'}}]}
+    assert req.messages[4] == {"role": "user", "content": "word 4\nmore"}
+    assert req.grammar == Grammar(compile_schema(schema, "response_format.json_schema.schema"))
+    assert req == parse_request(body, ["m"])
+    assert (req.temperature, req.tools[0]["function"]["name"]) == (0.5, "get")
+    # a forced call's grammar (the service's _grammar) compiles a tool's parameters in slices too
+    forced = call_grammar_slices(ToolFormat("tagged", False), ({"type": "function", "function": {
+        "name": "rows", "parameters": schema}},), ToolChoice("required"))
+    assert sum(1 for _ in forced) == 321 // SLICE_SCHEMA_NODES
+
+
+def test_a_4096_message_body_is_checked_and_rendered_between_a_streams_steps(tiny_dir, monkeypatch):  # noqa: F811
+    """The same body arriving while a stream decodes: its messages are checked (parse_request, then again where
+    the conversation renders them) at most SLICE_MESSAGES between two of the stream's steps, and the stream gets
+    a token at every step meanwhile; then the body is refused for the tiny model's context."""
+    engine = Engine([tiny_dir], budget_mib=16)
+    service = engine.services["tiny-random"]
+    events: list = []  # "step" per engine step, 1 per message checked
+    check = chat.validate_message
+    monkeypatch.setattr(chat, "validate_message", lambda m, index=0: events.append(1) or check(m, index=index))
+    step = engine.llm.step
+
+    async def counted_step():
+        outputs = await step()
+        events.append("step")
+        return outputs
+    monkeypatch.setattr(engine.llm, "step", counted_step)
+    messages = many_messages(MAX_MESSAGES)
+    tools = [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}]
+    expected_tokens = len(run_slices(Conversation(service.tokenizer, service.template, messages,
+                                                  tools=tools).prompt_ids_slices()))
+    events.clear()
+
+    async def run() -> tuple[list[int], ApiError]:
+        never_ends = {str(i): -100 for i in service.tokenizer.eog_ids}
+        stream = await engine.chat.completions.acreate(model="tiny-random", stream=True, max_tokens=200,
+                                                       temperature=0, logit_bias=never_ends,
+                                                       messages=[{"role": "user", "content": "hi"}])
+        got: list[int] = []
+        started = asyncio.Event()
+
+        async def read() -> None:
+            async for piece in stream:
+                got.append(1)
+                if len(got) == 3:
+                    started.set()
+        reader = asyncio.ensure_future(read())
+        await started.wait()
+        events.clear()  # from here on: the big body's checks, and the stream's steps meanwhile
+        try:
+            await engine.chat.completions.acreate(model="tiny-random", max_tokens=2, messages=messages, tools=tools)
+        except ApiError as err:
+            refused = err
+        reader.cancel()
+        return got, refused
+
+    _, refused = run_alone(run())
+    assert (refused.status, refused.message) == (
+        400, f"the prompt has {expected_tokens} tokens; tiny-random's context is 256")
+    between = [0]  # messages checked between two steps
+    for event in events:
+        if event == "step":
+            between.append(0)
+        else:
+            between[-1] += event
+    assert sum(between) >= 3 * MAX_MESSAGES  # parse_request's check, then the conversation's, then its render's
+    assert max(between) == SLICE_MESSAGES, between

@@ -22,7 +22,9 @@ from llama_server import llama_server
 from model_fixtures import gemma3_gguf  # noqa: F401  (session fixture)
 from tokenizer_vocabs import CORPUS
 
+import pagedkv.spm as spm
 from pagedkv.model.convert import open_gguf, tokenizer_from_gguf
+from pagedkv.slices import SLICE_CHARS
 from pagedkv.tokenizer import Tokenizer
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "tokenizer_golden.json").read_text(encoding="utf-8"))
@@ -189,3 +191,38 @@ def test_special_tokens_cost_what_their_occurrences_cost(spec, tok):
     ids = tok.encode(" ".join(specials))
     assert time.perf_counter() - start < 0.5
     assert ids[::2] == [tok.token_to_id(t) for t in specials]
+
+
+def test_a_long_text_merged_in_pieces_has_the_ids_of_the_whole(tok, monkeypatch):
+    """Every text here, joined into one long one (whitespace runs, scripts, byte fallback, control tokens' text),
+    merged in pieces cut at safe points (spm.SpmModel.safe_cut) about every 64 characters: the pieces' ids joined
+    are those of the text merged at once, and so are the sliced tokenizer's (slices.py: it pauses between
+    slices). Gemma's vocabulary puts "▁" only before a word or in a run of spaces, so most spaces are safe points."""
+    model = tok._model
+    text = "\n".join(TEXTS)
+    whole: list[int] = []
+    model.encode(text, whole, True)
+    list(model._pairs_slices())
+    assert sorted(p for p in model._pairs if p[1] == "\u2581" and p[0] != "\u2581") == [">\u2581"]
+    monkeypatch.setattr(spm, "PIECE_CHARS", 64)
+    ids: list[int] = []
+    pieces = list(model.encode_words(text, ids, True))
+    assert ids == whole
+    assert len(pieces) >= len(text) // 80, (len(text), len(pieces))
+    # Through the tokenizer: a text with no user-defined token in it (Gemma's newline and space runs are) is one
+    # piece past SLICE_CHARS, tokenized in slices with the ids of the whole.
+    plain = " ".join(t for t in TEXTS if t == t.strip() and tok.partition(t, allow_special=False) == [t])
+    long = " ".join([plain] * (2 * SLICE_CHARS // len(plain) + 1))
+    assert tok.partition(long, allow_special=False) == [long] and len(long) > 2 * SLICE_CHARS
+    whole = [tok.bos_token_id]
+    model.encode(long, whole, True)
+    work = tok.encode_slices(long, add_special=True, allow_special=False)
+    pauses = 0
+    while True:
+        try:
+            next(work)
+            pauses += 1
+        except StopIteration as done:
+            assert done.value == whole
+            break
+    assert pauses == len(long) // SLICE_CHARS, (len(long), pauses)

@@ -37,7 +37,7 @@ from typing import AsyncIterator, Iterator, Sequence
 
 from .chat import ChatTemplate, Conversation
 from .completions import (LEGACY_MAX_TOKENS, ApiError, CompletionRequest, StopStrings, chunk, completion, now,
-                          parse_request, tool_call_deltas, usage)
+                          parse_request, parse_request_slices, tool_call_deltas, usage)
 from .engine import EngineConfig, LLMEngine, NeverFits
 from .grammar import Grammar, SchemaError
 from .logprobs import chat_logprobs, join_logprobs, legacy_logprobs
@@ -49,7 +49,7 @@ from .shared_cpu import BudgetTooSmall, CpuModel, add_model, shared_engine
 from .slices import Slices, await_slices, run_slices
 from .tokenizer import Tokenizer
 from .tool_calls import ToolCallParser
-from .tools import ToolChoice, call_grammar
+from .tools import ToolChoice, call_grammar_slices
 
 __all__ = ["ApiError", "ChatCompletions", "CompletionService", "CompletionServices", "Completions", "Engine",
            "PromptTooLong"]
@@ -242,6 +242,12 @@ class CompletionService(_Creates):
                                 "token to continue", "prompt")
         return ids
 
+    def _prepare(self, body: dict, request_id: str | None, legacy: bool) -> Slices[tuple[CompletionRequest, str, int]]:
+        """Check `body` (parse_request), then _start it, in slices (slices.py)."""
+        req = yield from parse_request_slices(body, [self.model_id], legacy=legacy)
+        rid, prompt_tokens = yield from self._start(req, request_id)
+        return req, rid, prompt_tokens
+
     def _start(self, req: CompletionRequest, request_id: str | None) -> Slices[tuple[str, int]]:
         """Render and tokenize the request (in slices: slices.py), then queue it; its id and prompt length."""
         session = self._session(req)
@@ -251,6 +257,7 @@ class CompletionService(_Creates):
             prompt = (yield from self._prompt_ids(req)) if conv is None else (yield from conv.prompt_ids_slices())
         except ValueError as exc:  # the chat template failed on these messages (raise_exception, a bound): its
             raise ApiError(400, str(exc), getattr(exc, "param", "messages")) from None  # the caller's to act on
+        grammar = yield from self._grammar(req)
         # What may have changed while other tasks ran between the slices:
         if self.closed:
             raise ApiError(503, "the engine is closed")
@@ -274,7 +281,7 @@ class CompletionService(_Creates):
         params = SamplingParams(temperature=0.0 if greedy else req.temperature, top_p=1.0 if greedy else req.top_p,
                                 seed=req.seed, max_tokens=limit, n=req.n, top_k=req.top_k, min_p=req.min_p,
                                 presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                                logit_bias=req.logit_bias, logprobs=req.logprobs, grammar=self._grammar(req))
+                                logit_bias=req.logit_bias, logprobs=req.logprobs, grammar=grammar)
         rid = request_id or f"{'cmpl' if req.legacy else 'chatcmpl'}-{next(self._ids)}"
         if rid in self._routes:
             raise ApiError(400, f"a request with id {rid!r} is running")
@@ -290,15 +297,15 @@ class CompletionService(_Creates):
         self.kick()
         return rid, len(prompt)
 
-    def _grammar(self, req: CompletionRequest) -> Grammar | None:
+    def _grammar(self, req: CompletionRequest) -> Slices[Grammar | None]:
         """The grammar the reply is decoded under: a forced tool call's (tools.call_grammar); under "auto" with a
         response_format, a reply in that format or a call of any tool; response_format's alone; or None where
-        the model answers freely."""
+        the model answers freely. In slices (slices.py): the tools' schemas compile in slices."""
         if not req.shown_tools or (req.grammar is None and not req.tool_choice.forced):
             return req.grammar
         try:
-            calls = call_grammar(self.template.tool_format, req.tools,
-                                 req.tool_choice if req.tool_choice.forced else ToolChoice("required"))
+            choice = req.tool_choice if req.tool_choice.forced else ToolChoice("required")
+            calls = yield from call_grammar_slices(self.template.tool_format, req.tools, choice)
         except SchemaError as exc:
             raise ApiError(400, f"{exc.param}: {exc.message}", exc.param) from None
         return calls if req.tool_choice.forced else Grammar.any_of([req.grammar, calls])
@@ -306,16 +313,15 @@ class CompletionService(_Creates):
     async def stream(self, body: dict, signal: asyncio.Event | None = None, request_id: str | None = None, *,
                      legacy: bool = False, at_once: bool = False) -> AsyncIterator[dict]:
         """The `chat.completion.chunk`s of one request (legacy: a legacy Completions body, its streamed
-        `text_completion`s); ApiError before the first one for a request refused. Its messages are rendered and
-        tokenized in slices with the event loop running between them (the engine's steps: slices.py), unless
-        `at_once` (then it never awaits before it returns: a chat turn of the page, checked before the page
-        hears of it, whose body its model's context bounds)."""
+        `text_completion`s); ApiError before the first one for a request refused. Its body is checked, its messages
+        rendered and tokenized in slices with the event loop running between them (the engine's steps: slices.py),
+        unless `at_once` (then it never awaits before it returns: a chat turn of the page, which answers the page's
+        message synchronously; docs/architecture.md says what that costs)."""
         if self.closed:
             raise ApiError(503, "the engine is closed")
         check_body_size(body)  # before anything costs more than a pass over it
-        req = parse_request(body, [self.model_id], legacy=legacy)
-        start = self._start(req, request_id)
-        rid, prompt_tokens = run_slices(start) if at_once else await await_slices(start)
+        prepare = self._prepare(body, request_id, legacy)
+        req, rid, prompt_tokens = run_slices(prepare) if at_once else await await_slices(prepare)
         # Taken now: the step loop may finish the request before the caller reads its first chunk (its outputs
         # wait in its route); num_cached_prompt_tokens is set when the scheduler first admits it.
         root = self.llm.request(rid)

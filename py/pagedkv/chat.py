@@ -25,7 +25,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
-from pagedkv.slices import SLICE_CHARS, Slices, run_slices
+from pagedkv.slices import SLICE_CHARS, SLICE_MESSAGES, Slices, run_slices
 from pagedkv.tokenizer import Tokenizer
 from pagedkv.tool_calls import ToolFormat, generic_messages
 
@@ -66,11 +66,20 @@ def validate_messages(messages: object) -> list[dict]:
 
     Raises MessageError naming the first offending message.
     """
+    return run_slices(validate_messages_slices(messages))
+
+
+def validate_messages_slices(messages: object) -> Slices[list[dict]]:
+    """validate_messages in slices (slices.py): a pause after every SLICE_MESSAGES messages."""
     if not isinstance(messages, (list, tuple)):
         raise MessageError(f"messages must be a list of {{'role', 'content'}} objects, got {type(messages).__name__}")
     if not messages:
         raise MessageError("messages is empty; give at least one {'role': 'user', 'content': ...} message")
-    checked = [validate_message(m, index=i) for i, m in enumerate(messages)]
+    checked = []
+    for i, message in enumerate(messages):
+        checked.append(validate_message(message, index=i))
+        if (i + 1) % SLICE_MESSAGES == 0:
+            yield
     called: set[str] = set()
     for index, message in enumerate(checked):
         called.update(call["id"] for call in message.get("tool_calls", ()))
@@ -357,7 +366,7 @@ class ChatTemplate:
         as ``tools``, and the messages' tool calls and results as they are, each call's arguments an object, as
         HF transformers' apply_chat_template passes them; for any other template the tools, calls and results
         become text in our format (tool_calls.generic_messages)."""
-        checked = validate_messages(messages)
+        checked = yield from validate_messages_slices(messages)
         if self.tool_format.native:
             inputs = {"messages": [_template_message(m) for m in checked]} | ({"tools": list(tools)} if tools else {})
         else:
@@ -454,7 +463,7 @@ class Conversation:
     def add_messages_slices(self, messages: Sequence[dict]) -> Slices[None]:
         """add_messages in slices (slices.py): the rendering and the tokenizing pause every SLICE_CHARS
         characters. The conversation changes only at the end."""
-        messages = validate_messages(self._messages + list(messages))
+        messages = yield from validate_messages_slices(self._messages + list(messages))
         rendered = yield from self.template.render_slices(messages, add_generation_prompt=False, tools=self.tools)
         suffix = self._suffix_after(self._text, rendered)
         ids = yield from self.tokenizer.encode_after_slices(suffix, self._ids[-1] if self._ids else None)

@@ -13,14 +13,15 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .chat import MessageError, validate_messages
+from .chat import MessageError, validate_messages_slices
 from .extension import parse_extension
-from .grammar import Grammar, SchemaError, compile_response_format
+from .grammar import Grammar, SchemaError, compile_response_format_slices
 from .sampling import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_RANGE
+from .slices import Slices, run_slices
 from .tools import ToolChoice, ToolError, check_tool_choice, check_tools
 
-__all__ = ["ApiError", "CompletionRequest", "StopStrings", "parse_request", "completion", "chunk", "tool_call_deltas",
-           "usage"]
+__all__ = ["ApiError", "CompletionRequest", "StopStrings", "parse_request", "parse_request_slices", "completion",
+           "chunk", "tool_call_deltas", "usage"]
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_N = 16
@@ -251,6 +252,11 @@ def _neutral_fields(body: dict) -> None:
 def parse_request(body: object, models: list[str], *, legacy: bool = False) -> CompletionRequest:
     """Check an OpenAI Chat Completions body, or with `legacy` a legacy Completions one; ApiError names the first
     offending field. `models`: the ids served (an unknown one is a 404)."""
+    return run_slices(parse_request_slices(body, models, legacy=legacy))
+
+
+def parse_request_slices(body: object, models: list[str], *, legacy: bool = False) -> Slices[CompletionRequest]:
+    """parse_request in slices (slices.py): checking the messages and compiling response_format's schema pause."""
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     supported = LEGACY_SUPPORTED if legacy else SUPPORTED
@@ -273,7 +279,7 @@ def parse_request(body: object, models: list[str], *, legacy: bool = False) -> C
         _legacy_fields(body)
     else:
         try:
-            messages = validate_messages(body.get("messages"))
+            messages = yield from validate_messages_slices(body.get("messages"))
             tools = check_tools(body["tools"]) if body.get("tools") is not None else ()
             choice = check_tool_choice(body.get("tool_choice"), tools)
         except (MessageError, ToolError) as exc:
@@ -304,7 +310,7 @@ def parse_request(body: object, models: list[str], *, legacy: bool = False) -> C
     grammar = None
     if body.get("response_format") is not None:
         try:
-            grammar = compile_response_format(body["response_format"])
+            grammar = yield from compile_response_format_slices(body["response_format"])
         except SchemaError as exc:
             raise ApiError(400, f"{exc.param}: {exc.message}", "response_format") from None
     return CompletionRequest(model=model, messages=messages, prompt=prompt, stream=stream, grammar=grammar,

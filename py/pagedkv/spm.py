@@ -13,9 +13,15 @@ character left without an entry is written as its UTF-8 bytes, one
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Iterator, Sequence
 
+from pagedkv.slices import Slices, run_slices
+
 SPACE = "\u2581"  # ▁, SentencePiece's visible space
+# Characters of a long text merged as one piece: pieces end at the first safe cut past this (SpmModel.safe_cut), so
+# that a caller pauses soon after SLICE_CHARS (slices.py); a heap of 1,024 symbols merges in ~3 ms of CPython.
+PIECE_CHARS = 1024
 
 
 class SpmModel:
@@ -29,16 +35,57 @@ class SpmModel:
         self._token_to_id = token_to_id
         self._scores = [float(s) for s in scores]
         self.add_space_prefix = bool(add_space_prefix)
+        self._pairs: set[str] | None = None  # learnt on the first long text (_pairs_slices)
         # llama.cpp's byte_to_token: <0xXX>, else the byte itself as a one-character token.
         self._byte_ids: list[int | None] = [
             token_to_id.get(f"<0x{b:02X}>", token_to_id.get(chr(b)) if b < 0x80 else None) for b in range(256)
         ]
 
     def encode_words(self, text: str, out: list[int], after_special: bool) -> Iterator[int]:
-        """encode(), as one piece (yields its characters once): SentencePiece merges over the whole text, so no
-        cut keeps its ids, and a caller cannot pause within it."""
-        self.encode(text, out, after_special)
-        yield len(text)
+        """encode(), in pieces cut at safe points (``safe_cut``) about every PIECE_CHARS characters: yields the
+        characters handled since its last yield, of the text once a piece's ids are in ``out``, or of the
+        vocabulary while it first learns its pairs (``_pairs_slices``), so that a caller may pause there."""
+        if self._pairs is None:
+            yield from self._pairs_slices()
+        text = self._spaced(text, after_special)
+        start = 0
+        while start < len(text):
+            end = self.safe_cut(text, start + PIECE_CHARS)
+            self._merge(text[start:end], out)
+            yield end - start
+            start = end
+
+    def safe_cut(self, text: str, at: int) -> int:
+        """The first place at or after ``at`` (``len(text)`` if none) where ``text`` (spaces already ``▁``) may
+        be cut: the two characters around it appear side by side in no vocabulary entry.
+
+        Why the ids of the two parts, joined, are the ids of the whole: every symbol a merge makes is a
+        vocabulary entry spelled by consecutive characters of the text, so none can span the cut (it would
+        hold those two characters side by side), and no pair across it ever enters the heap. Each side's merges
+        then only read and write that side's symbols, and the heap pops them in the same relative order
+        (score, then position) as a heap holding that side alone. A character with no entry (byte fallback)
+        stays a symbol of its own, as in the whole. The pairs come from every entry of the vocabulary, the
+        special and byte tokens too, as ``_merge`` looks every pair up among all of them."""
+        pairs = self._pairs
+        if pairs is None:
+            pairs = run_slices(self._pairs_slices())
+        for cut in range(max(at, 1), len(text)):
+            if text[cut - 1:cut + 1] not in pairs:
+                return cut
+        return len(text)
+
+    def _pairs_slices(self) -> Slices[set[str]]:
+        """Learn ``_pairs``, every two characters side by side in a vocabulary entry (Gemma 3: 34,012 pairs from
+        262,144 entries, ~0.2 s of CPython), yielding the characters scanned every 4,096 entries."""
+        pairs: set[str] = set()
+        tokens = list(self._token_to_id)
+        for first in range(0, len(tokens), 4096):
+            batch = tokens[first:first + 4096]
+            for token in batch:
+                pairs.update(map(operator.add, token, token[1:]))
+            yield sum(map(len, batch))
+        self._pairs = pairs
+        return pairs
 
     def encode(self, text: str, out: list[int], after_special: bool) -> None:
         """Append the ids of ``text`` (no special tokens in it) to ``out``.
@@ -46,9 +93,17 @@ class SpmModel:
         ``after_special``: the text starts the input or follows a special
         token, which is where llama.cpp puts the dummy-prefix space.
         """
+        self._merge(self._spaced(text, after_special), out)
+
+    def _spaced(self, text: str, after_special: bool) -> str:
+        """``text`` as SentencePiece merges it: its dummy-prefix space, every space a ``▁``."""
         if self.add_space_prefix and after_special:
             text = " " + text
-        symbols: list[str | None] = list(text.replace(" ", SPACE))
+        return text.replace(" ", SPACE)
+
+    def _merge(self, text: str, out: list[int]) -> None:
+        """Append the ids of ``text`` (spaces already ``▁``): its characters merged by score, then byte fallback."""
+        symbols: list[str | None] = list(text)
         if not symbols:
             return
         n = len(symbols)

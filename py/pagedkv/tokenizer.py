@@ -310,7 +310,8 @@ class Tokenizer:
 
     def encode_after_slices(self, text: str, previous_id: int | None) -> Slices[list[int]]:
         """encode_after, in slices (slices.py): a pause after every SLICE_CHARS characters of the pieces between
-        special tokens, and within a longer piece where the model allows (BPE: between two words)."""
+        special tokens, and within a longer piece where the model allows (BPE: between two words; SentencePiece: at
+        safe cuts, SpmModel.safe_cut)."""
         after_special = previous_id is None or self.check_id(previous_id) in self._special_ids
         ids: list[int] = []
         yield from self._fragments_slices(self.partition(text), ids, after_special)
@@ -337,7 +338,7 @@ class Tokenizer:
                     yield
                 self._model.encode(fragment, out, after_special)
                 done += len(fragment)
-            else:  # pausing within it where the model allows (BPE: between two words)
+            else:  # pausing within it where the model allows (BPE: between two words; SentencePiece: safe cuts)
                 for chars in self._model.encode_words(fragment, out, after_special):
                     done += chars
                     if done >= SLICE_CHARS:

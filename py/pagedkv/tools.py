@@ -12,9 +12,11 @@ import re
 from dataclasses import dataclass
 
 from .grammar import Grammar
+from .slices import Slices, run_slices
 from .tool_calls import CALL_CLOSE, CALL_OPEN, MISTRAL_CALLS, ToolFormat
 
-__all__ = ["MAX_TOOLS", "ToolChoice", "ToolError", "call_grammar", "check_tool_choice", "check_tools"]
+__all__ = ["MAX_TOOLS", "ToolChoice", "ToolError", "call_grammar", "call_grammar_slices", "check_tool_choice",
+           "check_tools"]
 
 MAX_TOOLS = 128  # OpenAI's limit
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
@@ -127,14 +129,19 @@ def call_grammar(fmt: ToolFormat, tools: tuple[dict, ...], choice: ToolChoice) -
     more follow, SmolLM2-135M (greedy) began a second call after its first and ran into max_tokens (docs/api.md,
     "Tools"). SchemaError (param `tools[i].function.parameters...`) for a schema keyword the grammar cannot hold
     to."""
+    return run_slices(call_grammar_slices(fmt, tools, choice))
+
+
+def call_grammar_slices(fmt: ToolFormat, tools: tuple[dict, ...], choice: ToolChoice) -> Slices[Grammar]:
+    """call_grammar in slices (slices.py): each parameters schema compiles in slices."""
     calls = []
     for i, tool in enumerate(tools):
         function = tool["function"]
         if choice.mode != "required" and function["name"] != choice.name:
             continue
         head = f'{{"name": {json.dumps(function["name"])}, "{fmt.arguments_key}": '
-        arguments = Grammar.json_schema(function.get("parameters", {"type": "object"}),
-                                        f"tools[{i}].function.parameters")
+        arguments = yield from Grammar.json_schema_slices(function.get("parameters", {"type": "object"}),
+                                                          f"tools[{i}].function.parameters")
         calls.append(Grammar.literal(head) + arguments + Grammar.literal("}"))
     call = calls[0] if len(calls) == 1 else Grammar.any_of(calls)
     if fmt.kind == "tagged":

@@ -6,8 +6,9 @@ lazily built DFA, numbers.py and json_terms.py JSON's pieces, schema.py the sche
 Grammar value and OpenAI's response_format, vocabulary.py a tokenizer's token bytes as a trie, masks.py the
 per-state token masks and matcher.py one sample's position in its grammar.
 """
-from .grammar import Grammar, compile_response_format
+from .grammar import Grammar, compile_response_format, compile_response_format_slices
 from .matcher import GrammarMatcher, grammar_matcher
 from .schema import SchemaError
 
-__all__ = ["Grammar", "SchemaError", "compile_response_format", "GrammarMatcher", "grammar_matcher"]
+__all__ = ["Grammar", "SchemaError", "compile_response_format", "compile_response_format_slices", "GrammarMatcher",
+           "grammar_matcher"]

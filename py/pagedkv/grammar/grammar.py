@@ -9,11 +9,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..slices import Slices, run_slices
 from .json_terms import ANY_OBJECT
-from .schema import SchemaError, compile_schema
+from .schema import SchemaError, compile_schema_slices
 from .terms import Term, alt, literal, seq
 
-__all__ = ["Grammar", "compile_response_format"]
+__all__ = ["Grammar", "compile_response_format", "compile_response_format_slices"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for json_schema.name
 
@@ -32,7 +33,12 @@ class Grammar:
     @classmethod
     def json_schema(cls, schema: object, path: str = "schema") -> Grammar:
         """The JSON texts valid under `schema`; SchemaError (param: the keyword's path) for what it cannot honour."""
-        return cls(compile_schema(schema, path))
+        return run_slices(cls.json_schema_slices(schema, path))
+
+    @classmethod
+    def json_schema_slices(cls, schema: object, path: str = "schema") -> Slices[Grammar]:
+        """json_schema in slices (slices.py)."""
+        return cls((yield from compile_schema_slices(schema, path)))
 
     @classmethod
     def literal(cls, text: str | bytes) -> Grammar:
@@ -57,6 +63,11 @@ class Grammar:
 def compile_response_format(response_format: object) -> Grammar | None:
     """The grammar of an OpenAI response_format: None for {type: "text"}, any object for json_object, the
     schema's for json_schema. SchemaError names the offending field (param starts with "response_format")."""
+    return run_slices(compile_response_format_slices(response_format))
+
+
+def compile_response_format_slices(response_format: object) -> Slices[Grammar | None]:
+    """compile_response_format in slices (slices.py): its schema's compiling pauses."""
     where = "response_format"
     if not isinstance(response_format, dict):
         raise SchemaError(where, f"must be an object with a type, got {response_format!r}")
@@ -87,4 +98,4 @@ def compile_response_format(response_format: object) -> Grammar | None:
         raise SchemaError(f"{where}.strict", f"must be true or false, got {strict!r}")
     if "schema" not in spec:
         raise SchemaError(f"{where}.schema", "required: the JSON Schema the reply must follow")
-    return Grammar.json_schema(spec["schema"], f"{where}.schema")
+    return (yield from Grammar.json_schema_slices(spec["schema"], f"{where}.schema"))
