@@ -2,19 +2,20 @@
 for the test suite: does each give llama.cpp's greedy ids where the window layers cannot see the prompt's first
 line and the global layers must?
 
-    python3 -m bench.gemma3_long [--paths wgpu_gpu tab_webgpu] [--ids 4]      (python3 -m bench --only gemma3_long)
+    python3 -m bench.gemma3_long [--paths wgpu_cpu wgpu_gpu tab_webgpu] [--ids 4]   (python3 -m bench --only gemma3_long)
 
 Under `python3 -m bench`, a run of some paths (`-- --paths wgpu_gpu`) keeps the other paths' rows of the result it
 replaces; each row carries the commit it ran at and when it started.
 
-- `wgpu_gpu`: the WebGPU backend on wgpu-py (lavapipe here), the gpu kernel family, 256-token prefill chunks,
-  teacher forced through LLMEngine (tests/forced_rows.py) as tests/native/test_gemma3_wgpu_native.py runs the cpu
-  family on this case. The gpu family is 4-16x slower than the cpu family's ~60 s on lavapipe.
+- `wgpu_cpu`, `wgpu_gpu`: the WebGPU backend on wgpu-py (lavapipe here), the cpu or the gpu kernel family,
+  256-token prefill chunks, teacher forced through LLMEngine (tests/forced_rows.py). The cpu family takes ~60 s of
+  a quiet machine here, the gpu family 4-16x that.
 - `tab_webgpu`: the page on ?backend=webgpu (SwiftShader in headless Chromium: the cpu kernel family there), the
   same forcing run on the tab's own engine in its worker. SwiftShader prefills a few tokens a second.
 
-The suite runs this case on the numpy reference (tests/test_gemma3.py), the cpu family on lavapipe and the tab's
-CPU path (tests/browser/test_gemma3_page.py). Per path: our argmax and margin over llama.cpp's id at each forced
+The suite runs this case on the numpy reference (tests/test_gemma3.py) and the tab's CPU path
+(tests/browser/test_gemma3_page.py); the prefill passes these paths take are tested at kernel level on both
+emulators and in the engine on a tiny head-256 Gemma (tests/native/test_prefill_passes_native.py). Per path: our argmax and margin over llama.cpp's id at each forced
 position, whether the ids equal llama.cpp's, the wall time of the forced run (prefill and the decode steps) and of
 the model load, and the machine's load average around it (this 2-core machine is shared: its times are its own).
 Figures only; nothing passes or fails here.
@@ -36,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 GOLDEN = json.loads((ROOT / "tests" / "golden" / "gemma3_golden.json").read_text())
 CASE = 7
 CHUNK = 256  # the prefill chunk of the native test's run of this case
-PATHS = ("wgpu_gpu", "tab_webgpu")
+PATHS = ("wgpu_cpu", "wgpu_gpu", "tab_webgpu")
 
 
 def forced_case(n: int) -> tuple[list[int], list[int], list[float]]:
@@ -51,8 +52,8 @@ def judged(rows: list, ids: list[int], margins: list[float]) -> dict:
             "llama_cpp": ids, "llama_cpp_margins": margins, "equal": [a for a, _ in rows] == ids}
 
 
-async def wgpu_gpu(n: int) -> dict:
-    """The gpu kernel family on the wgpu-py adapter (lavapipe)."""
+async def wgpu(n: int, kernels: str) -> dict:
+    """A kernel family on the wgpu-py adapter (lavapipe)."""
     from forced_rows import forced_rows
 
     from pagedkv.backends.webgpu.backend import WebGpuBackend
@@ -72,7 +73,7 @@ async def wgpu_gpu(n: int) -> dict:
     t0 = time.perf_counter()
     ctx = await open_device()
     b = await WebGpuBackend.create(ctx, manifest, source, budget_bytes=600 << 20, block_size=16, kv_dtype="f16",
-                                   max_num_batched_tokens=CHUNK, max_num_seqs=1, kernels="gpu")
+                                   max_num_batched_tokens=CHUNK, max_num_seqs=1, kernels=kernels)
     engine = LLMEngine(b, Tokenizer.from_manifest(manifest), EngineConfig(max_num_batched_tokens=CHUNK,
                                                                           max_num_seqs=1))
     load_s = time.perf_counter() - t0
@@ -120,7 +121,7 @@ def run_path(name: str, n: int) -> dict:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"== {name}", file=sys.stderr, flush=True)
     try:
-        out = asyncio.run(wgpu_gpu(n)) if name == "wgpu_gpu" else tab_webgpu(n)
+        out = asyncio.run(wgpu(n, name.removeprefix("wgpu_"))) if name.startswith("wgpu_") else tab_webgpu(n)
     except Exception as exc:  # one path's failure is that path's figure; the other still runs
         out = {"error": f"{type(exc).__name__}: {exc}"}
     out["code"] = version
