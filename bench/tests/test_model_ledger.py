@@ -25,8 +25,9 @@ def test_ledger_weights_are_the_file_bytes_plus_the_stacked_norms(tiny_gguf, tmp
     assert ledger["weights_bytes"] == 742_400 + 2 * 2 * 256 * 4 == 746_496
     # scratch: the uniform slots of 256 bytes among it (plan.SLOTS, "ffn" the last), the device sampling's per-row
     # counts and shaped logits (device_draws.py; their log-probs read back too), and after x's rows a decode step's
-    # fused-FFN partials: 16 sequences x 16 partials (ffn 512 = 16 blocks of 32, plan.ffn_split) x hidden 256 f32
-    assert ledger["scratch_bytes"] == 2_738_320 + len(SLOTS) * 256 + 16 * 16 * 256 * 4 == 3_006_352
+    # fused-FFN partials: 16 sequences x 16 partials (ffn 512 = 16 blocks of 32, plan.ffn_split) x hidden 256 f32,
+    # and each sequence's new-token rope position (a u32 after the context lengths, for the folded q|k|v attention)
+    assert ledger["scratch_bytes"] == 2_738_320 + len(SLOTS) * 256 + 16 * 16 * 256 * 4 + 16 * 4 == 3_006_416
     assert ledger["staging_bytes"] == 563_904
     assert ledger["bytes_per_token"] == 2 * 2 * 2 * 64 * 2  # K and V, 2 layers, 2 KV heads of 64, f16
     # the rest of 16 MiB: 760 blocks of 16 tokens (the partials and the slot took 16 blocks: 776 before them)
