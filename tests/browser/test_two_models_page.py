@@ -113,7 +113,7 @@ WEBGPU_AFTER = """async () => {
 
 def test_two_models_on_webgpu_share_one_page_buffer(browser, base_url):
     """The same example on the WebGPU backend (SwiftShader): one ledger, one buffer of pages both models' KV
-    views (the wide model 16 tokens a page, the narrow one 32); the writer's greedy draft is its text alone;
+    views (the wide model 16 tokens a page, the narrow one 64); the writer's greedy draft is its text alone;
     unloading the reviewer frees its GPU buffers, and loading it again at run time takes them back."""
     page = opened(browser, base_url + PAGE.replace("backend=cpu", "backend=webgpu"))
     try:
@@ -123,7 +123,7 @@ def test_two_models_on_webgpu_share_one_page_buffer(browser, base_url):
         assert got["info"]["backend"] == "webgpu" and got["info"]["page_bytes"] > 0
         assert got["draft"] and got["review"] and got["draft"] == got["alone"]
         pool = got["stats"]["pool"]
-        assert (pool["models"]["tiny-random"]["block_size"], pool["models"]["tiny-random-wide"]["block_size"]) == (32, 16)
+        assert (pool["models"]["tiny-random"]["block_size"], pool["models"]["tiny-random-wide"]["block_size"]) == (64, 16)
         assert pool["reserved_pages"] == 0 and pool["pages"] == got["info"]["num_blocks"] >= 2
         assert got["stats"]["tiny-random-wide"]["steps"] > 0
         assert list(got["after"]["pool"]["models"]) == ["tiny-random"]
