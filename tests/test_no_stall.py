@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from model_fixtures import reference_greedy, tiny_dir, tiny_model, tiny_weights  # noqa: F401  (fixtures)
+from slice_pauses import pauses_and_result
 import pagedkv.chat as chat
 from pagedkv.api import ApiError, Engine
 from pagedkv.backends.cpu import CpuBackend
@@ -212,15 +213,7 @@ def test_a_4096_message_body_is_checked_in_slices_with_the_result_of_one_pass():
     tools = [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}]
     body = {"model": "m", "messages": many_messages(MAX_MESSAGES), "tools": tools, "temperature": 0.5,
             "response_format": {"type": "json_schema", "json_schema": {"name": "rows", "schema": schema}}}
-    work = parse_request_slices(body, ["m"])
-    pauses = 0
-    while True:
-        try:
-            next(work)
-            pauses += 1
-        except StopIteration as done:
-            req = done.value
-            break
+    pauses, req = pauses_and_result(parse_request_slices(body, ["m"]))
     assert pauses == MAX_MESSAGES // SLICE_MESSAGES + 321 // SLICE_SCHEMA_NODES == 16 + 10
     assert req.messages == [validate_message(m, index=i) for i, m in enumerate(body["messages"])]
     assert req.messages[2] == {"role": "assistant", "content": "", "tool_calls": [

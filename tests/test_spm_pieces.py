@@ -8,6 +8,7 @@ import random
 
 import pytest
 from tokenizer_vocabs import CORPUS_TEXT, spm_vocab
+from slice_pauses import pauses_and_result
 
 import pagedkv.spm as spm
 from pagedkv.slices import SLICE_CHARS
@@ -100,15 +101,8 @@ def test_a_long_text_is_tokenized_in_slices_with_the_ids_of_the_whole(spec):
         else:
             expected += whole_ids(tok, fragment, after_special)
             after_special = False
-    work = tok.encode_slices(text, add_special=True)
-    pauses = 0
-    while True:
-        try:
-            next(work)
-            pauses += 1
-        except StopIteration as done:
-            assert done.value == expected
-            break
+    pauses, ids = pauses_and_result(tok.encode_slices(text, add_special=True))
+    assert ids == expected
     vocab_chars = sum(map(len, spec["tokens"]))  # learnt on the first long piece, in the same slices
     assert len(text) // (SLICE_CHARS + spm.PIECE_CHARS) <= pauses - vocab_chars // SLICE_CHARS \
         <= (len(text) + vocab_chars) // SLICE_CHARS

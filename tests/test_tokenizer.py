@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gguf_tokenizer import find_gguf, gguf_manifest_sections, smollm2_tokenizer, tokenizer_from_gguf
+from slice_pauses import pauses_and_result
 import pagedkv.bpe as tokenizer_module
 from pagedkv.pretokenize import iter_words, split_words, stand_in
 from pagedkv.slices import SLICE_CHARS
@@ -313,15 +314,7 @@ def test_a_text_longer_than_a_slice_encodes_as_in_one_piece(tok):
     whole: list[int] = []
     tok._model.encode(text, whole, True)
     assert tok.encode(text) == whole
-    pauses = 0
-    work = tok.encode_after_slices(text + "<|im_end|>" + text, None)
-    while True:
-        try:
-            next(work)
-            pauses += 1
-        except StopIteration as done:
-            ids = done.value
-            break
+    pauses, ids = pauses_and_result(tok.encode_after_slices(text + "<|im_end|>" + text, None))
     assert ids == whole + [tok.encode("<|im_end|>")[0]] + whole
     longest = max(map(len, split_words(text, tok.pre)))
     # a pause once SLICE_CHARS characters are done, the word that passes them the last of its slice

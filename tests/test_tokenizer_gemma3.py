@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from llama_server import llama_server
 from model_fixtures import gemma3_gguf  # noqa: F401  (session fixture)
+from slice_pauses import pauses_and_result
 from tokenizer_vocabs import CORPUS
 
 import pagedkv.spm as spm
@@ -216,13 +217,6 @@ def test_a_long_text_merged_in_pieces_has_the_ids_of_the_whole(tok, monkeypatch)
     assert tok.partition(long, allow_special=False) == [long] and len(long) > 2 * SLICE_CHARS
     whole = [tok.bos_token_id]
     model.encode(long, whole, True)
-    work = tok.encode_slices(long, add_special=True, allow_special=False)
-    pauses = 0
-    while True:
-        try:
-            next(work)
-            pauses += 1
-        except StopIteration as done:
-            assert done.value == whole
-            break
+    pauses, ids = pauses_and_result(tok.encode_slices(long, add_special=True, allow_special=False))
+    assert ids == whole
     assert pauses == len(long) // SLICE_CHARS, (len(long), pauses)
