@@ -66,7 +66,9 @@ def gguf_manifest_sections(path: str | None = None) -> dict:
             return data["sections"]
     sections = _read_sections(gguf_path)
     try:
-        cached.write_text(json.dumps({"key": key, "sections": sections}), encoding="utf-8")
+        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")  # whole or absent for the suite's other lane
+        tmp.write_text(json.dumps({"key": key, "sections": sections}), encoding="utf-8")
+        tmp.replace(cached)
     except OSError:
         pass  # read-only location: only costs the re-parse next time
     return sections

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import urllib.request
 from importlib.metadata import version
 from pathlib import Path
@@ -38,7 +39,9 @@ def llama_cpp_greedy(gguf: Path, prompt_ids: list[int], n: int) -> dict:
     # that token alone): its margin stays unknown (None), and the near-tie rule never excuses a difference there.
     ref = {"output_ids": ids, "margins": [margins.get(i) for i in range(n)]}
     CACHE.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(ref))
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # whole or absent for the suite's other lane
+    tmp.write_text(json.dumps(ref))
+    tmp.replace(path)
     return ref
 
 

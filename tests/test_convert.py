@@ -88,6 +88,25 @@ def test_conversion_is_incremental_and_repairs_tampering(tmp_path):
     assert manifest["source"]["sha256"] == sha256_file(tmp_path / "m.gguf")
 
 
+def test_two_processes_converting_one_file_at_once_both_get_the_whole_model(tmp_path):
+    """The test suite's two lanes (and two CLIs) may convert the same GGUF into the same directory at once: one
+    converts while the other waits on its lock, then finds it current; neither reads a half-written directory."""
+    import subprocess
+    import sys
+
+    write_llama_gguf(tmp_path / "m.gguf")
+    code = ("import sys; sys.path.insert(0, 'py'); from pagedkv.model.convert import convert_gguf; "
+            "from pagedkv.model.weights import ModelWeights; "
+            f"convert_gguf({str(tmp_path / 'm.gguf')!r}, {str(tmp_path / 'out')!r}); "
+            f"ModelWeights.load({str(tmp_path / 'out')!r})")
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=convert.__file__.rsplit("/py/", 1)[0],
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["m.gguf", "out", "out.lock"]  # no temporary left
+    ModelWeights.load(tmp_path / "out")
+
+
 def test_unsupported_quant_type_is_named(tmp_path):
     write_llama_gguf(tmp_path / "m.gguf", types={"blk.0.attn_q.weight": Q.MXFP4})
     with pytest.raises(ValueError, match="tensor blk.0.attn_q.weight has quant type MXFP4, which is not supported"):

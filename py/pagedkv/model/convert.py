@@ -6,6 +6,7 @@ the `gguf` package (from llama.cpp) is a test dependency only.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -330,8 +331,27 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, sourc
     source_sha = source_sha or sha256_file(gguf_path)
     if _is_current(out_dir, source_sha):
         return read_manifest(out_dir)
-    source = {"file": gguf_path.name, "sha256": source_sha, "converter_version": CONVERTER_VERSION}
-    return convert_reader(open_gguf(gguf_path), out_dir, source)
+    with _converting(out_dir):
+        if _is_current(out_dir, source_sha):  # another process converted it while this one waited
+            return read_manifest(out_dir)
+        source = {"file": gguf_path.name, "sha256": source_sha, "converter_version": CONVERTER_VERSION}
+        return convert_reader(open_gguf(gguf_path), out_dir, source)
+
+
+@contextlib.contextmanager
+def _converting(out_dir: Path):
+    """One conversion into out_dir at a time across processes (two CLIs, the test suite's two lanes): the one that
+    waited then finds it current. An exclusive flock on out_dir's sibling `.lock` file; no lock where there is no
+    fcntl (Pyodide: one process)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.with_name(out_dir.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def convert_reader(reader, out_dir: str | os.PathLike, source: dict, on_tensor=None) -> dict:

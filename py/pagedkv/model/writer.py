@@ -77,7 +77,7 @@ def write_model(
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MANIFEST_NAME).is_file():
         raise ValueError(f"refusing to replace {out_dir}: it is not empty and holds no {MANIFEST_NAME}")
-    tmp_dir = out_dir.with_name(out_dir.name + ".tmp")
+    tmp_dir = out_dir.with_name(f"{out_dir.name}.{os.getpid()}.tmp")  # this process's own
     if tmp_dir.exists():
         shutil.rmtree(tmp_dir)
     tmp_dir.mkdir(parents=True)
