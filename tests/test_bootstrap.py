@@ -118,3 +118,50 @@ def test_a_venv_without_ensurepip_installs_debians_venv_package_and_retries(tree
 ])
 def test_pytest_runs_every_test_unless_told_which(args, expected):
     assert bootstrap.pytest_args(args) == ["-m", "pytest", *expected]
+
+
+@pytest.mark.parametrize("args, env, expected", [
+    ([], None, True), (["-k", "serve"], None, True), (["tests/test_build.py", "-x"], None, False),
+    (["tests/test_serve.py::test_csp_allows_wasm_but_not_eval"], None, False), ([], "1", False)])
+def test_the_whole_suite_runs_in_two_lanes_unless_a_path_is_named_or_one_lane_asked(args, env, expected,
+                                                                                    monkeypatch):
+    if env is None:
+        monkeypatch.delenv("PAGEDKV_TEST_LANES", raising=False)
+    else:
+        monkeypatch.setenv("PAGEDKV_TEST_LANES", env)
+    assert bootstrap.lanes_wanted(args) is expected
+
+
+@pytest.fixture()
+def lanes(tmp_path, monkeypatch):
+    """Two lanes of real pytest runs over test files written here; returns a function that writes a lane's file."""
+    monkeypatch.setattr(bootstrap, "ROOT", tmp_path)
+    monkeypatch.setattr(bootstrap, "VENV_PYTHON", sys.executable)
+    monkeypatch.setattr(bootstrap, "LANES_DIR", tmp_path / ".cache" / "test-lanes")
+    monkeypatch.setattr(bootstrap, "LANES", (("one", ["one"]), ("two", ["two"])))
+    monkeypatch.setattr(bootstrap, "venv_env", lambda: dict(__import__("os").environ))
+
+    def write(lane: str, body: str) -> None:
+        (tmp_path / lane).mkdir(exist_ok=True)
+        (tmp_path / lane / f"test_{lane}.py").write_text(body)
+    return write
+
+
+def test_two_lanes_add_up_their_counts_and_fail_when_either_fails(lanes, capsys):
+    lanes("one", "def test_a():\n    pass\n\ndef test_b():\n    pass\n")
+    lanes("two", "def test_c():\n    pass\n")
+    assert bootstrap.run_lanes(["-q", "-p", "no:cacheprovider"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1] == "total: 3 passed, 0 failed"
+    assert "== the two lane's output ==" in out
+    lanes("two", "def test_c():\n    assert False\n\ndef test_d():\n    pass\n")
+    assert bootstrap.run_lanes(["-q", "-p", "no:cacheprovider"]) == 1
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == "total: 3 passed, 1 failed"
+
+
+def test_a_lane_that_selects_nothing_is_not_a_failure_unless_both_do(lanes, capsys):
+    lanes("one", "def test_serve():\n    pass\n")
+    lanes("two", "def test_other():\n    pass\n")
+    assert bootstrap.run_lanes(["-q", "-p", "no:cacheprovider", "-k", "serve"]) == 0
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == "total: 1 passed, 0 failed"
+    assert bootstrap.run_lanes(["-q", "-p", "no:cacheprovider", "-k", "nothing_at_all"]) == 5
