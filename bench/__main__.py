@@ -84,6 +84,9 @@ BENCHMARKS = {
     # Gemma 3's 1,783-token golden (case 7) where the suite cannot afford it: lavapipe's gpu kernel family and the
     # tab on WebGPU (SwiftShader); llama.cpp's ids beside ours, wall times and the machine's load (~25 min here)
     "gemma3_long": ["bench.gemma3_long"],
+    # Gemma 3's short goldens (cases 0-6 x 24 ids) on the paths where the suite runs a subset: lavapipe's two kernel
+    # families, the tab on WebGPU (SwiftShader) and the tab's CPU path; near ties judged as the tests judge them
+    "gemma3_goldens": ["bench.gemma3_goldens"],
     # SmolLM2 on the CPU backend: decode ms/token free text vs json_schema vs a forced tool call (interleaved
     # rounds), and the token mask's cost (cold, cached)
     "structured": ["bench.structured"],
@@ -92,7 +95,7 @@ BENCHMARKS = {
     "structured_wgpu": ["bench.structured", "--backend", "wgpu"],
 }
 # Run in their quick form unless --only names them.
-LONG = ("kv_quality_window", "long_chat", "gemma3_long")
+LONG = ("kv_quality_window", "long_chat", "gemma3_long", "gemma3_goldens")
 # Browser benchmarks that take their page from bench.harness.session(): run in one page.
 ONE_PAGE = ("kv_browser", "kv_kernels", "kernels_browser", "model_kernels", "roofline", "ttft", "webgpu_engine",
             "concurrency", "wllama", "long_chat")
