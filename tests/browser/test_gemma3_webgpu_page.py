@@ -1,6 +1,7 @@
 """tiny-gemma3 (tests/gguf_models.py: q / k norms, post norms, GeGLU, the embedding scale, two rotary bases and
 32-token windows) in the page on WebGPU (SwiftShader; each kernel family, so Tint compiles every variant), and
-tiny-qwen3 (q / k norms, heads wider than hidden) and tiny-smollm3 (a layer without rotary) in one family each,
+tiny-qwen3 (q / k norms, heads wider than hidden) and tiny-smollm3 (a layer without rotary) in the cpu family, the
+page's own on SwiftShader (both in the gpu family too on lavapipe, tests/native/test_model_families_native.py),
 and tiny-gemma3 on the tab's CPU path too (?backend=cpu: the wasm kernels, int8 activations by default):
 `npm run generate -- --gguf FILE` converts it into dist/, the page's engine prefills a prompt longer than two
 windows and decodes greedily, and its ids equal llama.cpp's own up to llama.cpp's first near tie, and on WebGPU
@@ -37,7 +38,7 @@ PROMPT = ("The lighthouse keeper climbed the spiral stairs every evening, counti
 
 
 @pytest.mark.parametrize(("name", "backend", "kernels"), [
-    ("tiny-gemma3", "webgpu", "cpu"), ("tiny-gemma3", "webgpu", "gpu"), ("tiny-qwen3", "webgpu", "gpu"),
+    ("tiny-gemma3", "webgpu", "cpu"), ("tiny-gemma3", "webgpu", "gpu"), ("tiny-qwen3", "webgpu", "cpu"),
     ("tiny-smollm3", "webgpu", "cpu"), ("tiny-gemma3", "cpu", "auto")])
 def test_the_new_families_in_the_page_give_the_references_greedy_ids(base_url, name, backend, kernels):
     path = tiny_gguf(name, cached_gguf())
