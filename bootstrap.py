@@ -191,10 +191,15 @@ def exec_python(args: list[str]) -> None:
     os.execve(str(VENV_PYTHON), [str(VENV_PYTHON), *args], venv_env())
 
 
+def names_a_test_path(args: list[str]) -> bool:
+    """Whether the pytest arguments name a test file, folder or `file::test` of their own."""
+    return any(not a.startswith("-") and (ROOT / a.split("::")[0]).exists() for a in args)
+
+
 def pytest_args(args: list[str]) -> list[str]:
     """`tests` and bench's own tests (bench/tests) unless the arguments name a test path themselves
     (`npm test -- tests/test_build.py -x`), with the slowest tests listed when the whole suite runs."""
-    names_a_path = any(not a.startswith("-") and (ROOT / a.split("::")[0]).exists() for a in args)
+    names_a_path = names_a_test_path(args)
     # The whole suite lists its 30 slowest tests: the 35-minute budget is kept by reading that list.
     durations = [] if names_a_path or any(a.startswith("--durations") for a in args) else ["--durations=30"]
     return ["-m", "pytest", *([] if names_a_path else ["tests", "bench/tests"]), *durations, *args]
@@ -217,8 +222,7 @@ LANES_DIR = ROOT / ".cache" / "test-lanes"
 
 
 def lanes_wanted(args: list[str]) -> bool:
-    names_a_path = any(not a.startswith("-") and (ROOT / a.split("::")[0]).exists() for a in args)
-    return not names_a_path and os.environ.get("PAGEDKV_TEST_LANES", "2") != "1"
+    return not names_a_test_path(args) and os.environ.get("PAGEDKV_TEST_LANES", "2") != "1"
 
 
 def lane_argv(name: str, paths: list[str], args: list[str]) -> list[str]:
