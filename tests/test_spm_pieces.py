@@ -104,6 +104,27 @@ def test_a_long_text_is_tokenized_in_slices_with_the_ids_of_the_whole(spec):
     pauses, ids = pauses_and_result(tok.encode_slices(text, add_special=True))
     assert ids == expected
     vocab_chars = sum(map(len, spec["tokens"]))  # learnt on the first long piece, in the same slices
-    assert len(text) // (SLICE_CHARS + spm.PIECE_CHARS) <= pauses - vocab_chars // SLICE_CHARS \
-        <= (len(text) + vocab_chars) // SLICE_CHARS
+    cutting, fragments = pauses_and_result(tok.partition_slices(text))  # the special tokens' scan pauses too
+    merged = pauses - cutting  # SentencePiece's slices are SLICE_CHARS_SPM characters, a piece between two
+    # special tokens (fragments) at once where it fits in one, so a slice may end early at each
+    plain = sum(isinstance(f, str) for f in fragments)
+    assert len(text) // (spm.SLICE_CHARS_SPM + spm.PIECE_CHARS) <= merged - vocab_chars // spm.SLICE_CHARS_SPM \
+        <= (len(text) + vocab_chars) // spm.SLICE_CHARS_SPM + plain
     assert tok.encode(text, add_special=True) == expected
+
+
+def test_a_run_with_no_safe_cut_pauses_while_it_is_scanned_and_merged(spec):
+    """A run of spaces that all merge (RUNS) has no safe cut, so it is one piece however long: the scan for its
+    end and its merge pause every MERGE_STEP characters or heap pops (before, 4 MiB of such a run merged in
+    one go, seconds of CPython), with the ids of the run merged at once."""
+    tok = Tokenizer.from_manifest({"tokenizer": spec})
+    model = tok._model
+    list(model._pairs_slices())
+    text = " " * (4 * spm.MERGE_STEP)
+    ids: list[int] = []
+    work = list(model.encode_words(text, ids, True))
+    assert ids == whole_ids(tok, text) and len(ids) < len(text) // 3  # merged into runs of four
+    # one piece: scanned past PIECE_CHARS in windows (3 pauses), its pairs pushed (4) and popped (at least 4)
+    assert len(work) >= 3 + 4 + 4 and work[-1] == len(text) + 1, work
+    pauses, got = pauses_and_result(tok.encode_slices(text))
+    assert got == ids and pauses >= len(text) // spm.MERGE_STEP, pauses

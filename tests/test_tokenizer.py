@@ -317,5 +317,7 @@ def test_a_text_longer_than_a_slice_encodes_as_in_one_piece(tok):
     pauses, ids = pauses_and_result(tok.encode_after_slices(text + "<|im_end|>" + text, None))
     assert ids == whole + [tok.encode("<|im_end|>")[0]] + whole
     longest = max(map(len, split_words(text, tok.pre)))
-    # a pause once SLICE_CHARS characters are done, the word that passes them the last of its slice
-    assert 2 * len(text) // (SLICE_CHARS + longest) <= pauses <= 2 * len(text) // SLICE_CHARS
+    # a pause once SLICE_CHARS characters are done, the word that passes them the last of its slice, beside the
+    # pauses of the scan for special tokens (Tokenizer.partition_slices)
+    merged = pauses - pauses_and_result(tok.partition_slices(text + "<|im_end|>" + text))[0]
+    assert 2 * len(text) // (SLICE_CHARS + longest) <= merged <= 2 * len(text) // SLICE_CHARS

@@ -24,6 +24,7 @@ from slice_pauses import pauses_and_result
 from tokenizer_vocabs import CORPUS
 
 import pagedkv.spm as spm
+import pagedkv.tokenizer as tokenizer
 from pagedkv.model.convert import open_gguf, tokenizer_from_gguf
 from pagedkv.slices import SLICE_CHARS
 from pagedkv.tokenizer import Tokenizer
@@ -219,4 +220,23 @@ def test_a_long_text_merged_in_pieces_has_the_ids_of_the_whole(tok, monkeypatch)
     model.encode(long, whole, True)
     pauses, ids = pauses_and_result(tok.encode_slices(long, add_special=True, allow_special=False))
     assert ids == whole
-    assert pauses == len(long) // SLICE_CHARS, (len(long), pauses)
+    merged = pauses - pauses_and_result(tok.partition_slices(long, allow_special=False))[0]  # less the cutting's
+    assert len(long) // (spm.SLICE_CHARS_SPM + spm.PIECE_CHARS) <= merged <= len(long) // spm.SLICE_CHARS_SPM, \
+        (len(long), pauses)
+
+
+def test_a_text_of_whitespace_runs_is_cut_in_slices(tok, monkeypatch):
+    """Gemma's runs of spaces and newlines are user-defined tokens, cut out before SentencePiece merges: a text of
+    them is ~1 special token a 31 characters, found and taken in slices (SpecialCutter.cuts_slices: a pause each
+    CUT_WINDOW positions scanned and each CUT_STEP candidates). The scan's windows see past their end, so the
+    cuts are those of one scan of the whole text, here with windows of 7 positions across every text."""
+    text = " " * 100_000 + "\n" * 50_000 + "x"
+    pauses, fragments = pauses_and_result(tok.partition_slices(text))
+    assert pauses >= len(text) // tokenizer.CUT_WINDOW + len(text) // 31 // tokenizer.CUT_STEP, pauses
+    assert fragments[-1] == "x" and all(isinstance(f, int) for f in fragments[:-1])
+    assert len(fragments) < len(text) // 15
+    mixed = "\n".join(TEXTS) + text[:200] + "<start_of_turn>user\n<end_of_turn>"
+    whole = {m: tok.partition(m) for m in (mixed, text)}
+    monkeypatch.setattr(tokenizer, "CUT_WINDOW", 7)
+    assert {m: tok.partition(m) for m in whole} == whole
+    assert "".join(tok.decode([f]) if isinstance(f, int) else f for f in whole[mixed]) == mixed

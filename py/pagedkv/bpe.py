@@ -12,6 +12,7 @@ import heapq
 from collections.abc import Iterator, Sequence
 
 from pagedkv.pretokenize import IGNORE_MERGES, iter_words, resolve, split_words
+from pagedkv.slices import SLICE_CHARS
 
 _CACHE_LIMIT = 65536  # words; a cleared cache only costs time, never correctness
 # Words at least this long (in bytes) merge through a heap. The scan is
@@ -111,6 +112,8 @@ def merge_by_heap(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list
 
 class BpeModel:
     """Merges and pre-tokenizer of one byte-level BPE vocabulary; turns plain text into ids."""
+
+    slice_chars = SLICE_CHARS  # characters a slice of its merges takes (Tokenizer._fragments_slices)
 
     def __init__(self, token_to_id: dict[str, int], merges: Sequence[str], pre: str) -> None:
         self.pre = pre

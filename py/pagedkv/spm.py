@@ -14,18 +14,29 @@ from __future__ import annotations
 
 import heapq
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 
-from pagedkv.slices import Slices, run_slices
+from pagedkv.slices import SLICE_CHARS, Slices, run_slices
 
 SPACE = "\u2581"  # ▁, SentencePiece's visible space
 # Characters of a long text merged as one piece: pieces end at the first safe cut past this (SpmModel.safe_cut), so
-# that a caller pauses soon after SLICE_CHARS (slices.py); a heap of 1,024 symbols merges in ~3 ms of CPython.
+# that a caller pauses soon after SLICE_CHARS_SPM (slices.py); a heap of 1,024 symbols merges in ~3 ms of CPython.
 PIECE_CHARS = 1024
+# Heap pops of one piece's merge between two pauses (~15-30 ms of CPython), and characters scanned for a safe cut
+# between two. A text with no safe cut for a long way (a run of characters that all merge: "▁▁▁…", "===…") is one
+# piece however long; its merge and the scan for its end pause too. A piece of PIECE_CHARS takes a few thousand
+# pops, so it merges without a pause of its own.
+MERGE_STEP = 16384
+# Characters of a slice (slices.py's SLICE_CHARS is BPE's): a SentencePiece character costs ~3-8x a BPE one
+# (Gemma 3's vocabulary in CPython here, 2026-12-07: 3.9 us a character of English, 3.6-8.2 in runs that merge,
+# against 1.2 us of SmolLM2's BPE), so its slices are an eighth as long.
+SLICE_CHARS_SPM = SLICE_CHARS // 8
 
 
 class SpmModel:
     """Scores and byte tokens of one SentencePiece vocabulary; turns plain text into ids."""
+
+    slice_chars = SLICE_CHARS_SPM  # characters a slice of its merges takes (Tokenizer._fragments_slices)
 
     def __init__(
         self, tokens: Sequence[str], token_to_id: dict[str, int], scores: Sequence[float], *, add_space_prefix: bool
@@ -43,15 +54,17 @@ class SpmModel:
 
     def encode_words(self, text: str, out: list[int], after_special: bool) -> Iterator[int]:
         """encode(), in pieces cut at safe points (``safe_cut``) about every PIECE_CHARS characters: yields the
-        characters handled since its last yield, of the text once a piece's ids are in ``out``, or of the
-        vocabulary while it first learns its pairs (``_pairs_slices``), so that a caller may pause there."""
+        work done since its last yield, in characters, so that a caller may pause there: a piece's characters
+        once its ids are in ``out``, the vocabulary's while it first learns its pairs (``_pairs_slices``), and,
+        where no safe cut comes for a long way, every MERGE_STEP characters scanned for one and every
+        MERGE_STEP heap pops of the long piece's merge (then the yields add up to more than the text)."""
         if self._pairs is None:
             yield from self._pairs_slices()
         text = self._spaced(text, after_special)
         start = 0
         while start < len(text):
-            end = self.safe_cut(text, start + PIECE_CHARS)
-            self._merge(text[start:end], out)
+            end = yield from self._cut_slices(text, start + PIECE_CHARS)
+            yield from self._merge_slices(text[start:end], out)
             yield end - start
             start = end
 
@@ -66,12 +79,23 @@ class SpmModel:
         (score, then position) as a heap holding that side alone. A character with no entry (byte fallback)
         stays a symbol of its own, as in the whole. The pairs come from every entry of the vocabulary, the
         special and byte tokens too, as ``_merge`` looks every pair up among all of them."""
+        return run_slices(self._cut_slices(text, at))
+
+    def _cut_slices(self, text: str, at: int) -> Generator[int, None, int]:
+        """``safe_cut``, yielding MERGE_STEP after each MERGE_STEP characters scanned without a cut."""
         pairs = self._pairs
         if pairs is None:
-            pairs = run_slices(self._pairs_slices())
-        for cut in range(max(at, 1), len(text)):
-            if text[cut - 1:cut + 1] not in pairs:
-                return cut
+            pairs = yield from self._pairs_slices()
+        cut = max(at, 1)
+        while cut < len(text):
+            window = min(len(text), cut + MERGE_STEP)
+            for cut in range(cut, window):
+                if text[cut - 1:cut + 1] not in pairs:
+                    return cut
+            if window == len(text):
+                break
+            cut = window
+            yield MERGE_STEP
         return len(text)
 
     def _pairs_slices(self) -> Slices[set[str]]:
@@ -103,6 +127,11 @@ class SpmModel:
 
     def _merge(self, text: str, out: list[int]) -> None:
         """Append the ids of ``text`` (spaces already ``▁``): its characters merged by score, then byte fallback."""
+        run_slices(self._merge_slices(text, out))
+
+    def _merge_slices(self, text: str, out: list[int]) -> Iterator[int]:
+        """``_merge``, yielding MERGE_STEP after each MERGE_STEP heap pops (a piece past a few thousand
+        characters: one without a safe cut)."""
         symbols: list[str | None] = list(text)
         if not symbols:
             return
@@ -121,7 +150,14 @@ class SpmModel:
 
         for i in range(n - 1):
             push(i, i + 1)
+            if i % MERGE_STEP == MERGE_STEP - 1:
+                yield MERGE_STEP
+        pops = 0
         while heap:
+            pops += 1
+            if pops == MERGE_STEP:
+                pops = 0
+                yield MERGE_STEP
             _, left, right, size = heapq.heappop(heap)
             a, b = symbols[left], symbols[right]
             # Stale once either side was merged away or has grown since the push.

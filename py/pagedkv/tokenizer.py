@@ -30,6 +30,11 @@ TOKEN_USER_DEFINED = 4
 TOKEN_UNUSED = 5
 TOKEN_BYTE = 6
 _VALID_TOKEN_TYPES = frozenset(range(1, 7))
+# Special-token candidates found, taken or turned into pieces between two pauses of a sliced partition
+# (SpecialCutter.cuts_slices, Tokenizer.partition_slices), and the text's positions scanned for them: each ~5-10 ms
+# of CPython here (a run of Gemma 3's whitespace tokens, where every position is a candidate, 2026-12-07).
+CUT_STEP = 2048
+CUT_WINDOW = 8192
 # Matched in text (llama.cpp's special-token cache); without allow_special only user-defined ones.
 _SPECIAL_TYPES = (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN)
 MODELS = ("gpt2", "llama")
@@ -276,7 +281,8 @@ class Tokenizer:
         ids: list[int] = []
         if add_special and self.add_bos:
             ids.append(self.bos_token_id)
-        yield from self._fragments_slices(self.partition(text, allow_special=allow_special), ids, True)
+        fragments = yield from self.partition_slices(text, allow_special=allow_special)
+        yield from self._fragments_slices(fragments, ids, True)
         if add_special and self.add_eos:
             ids.append(self.eos_token_id)
         return ids
@@ -288,13 +294,21 @@ class Tokenizer:
         still plain, as llama.cpp does (``SpecialCutter``). Without
         ``allow_special`` only user-defined tokens are cut out.
         """
+        return run_slices(self.partition_slices(text, allow_special=allow_special))
+
+    def partition_slices(self, text: str, *, allow_special: bool = True) -> Slices[list[str | int]]:
+        """partition, in slices (SpecialCutter.cuts_slices; a pause every CUT_STEP pieces): a text that is mostly
+        special tokens (Gemma 3's user-defined whitespace runs: 4 MiB of spaces are ~135,000 of them) pauses too."""
+        cuts = yield from self._cutters[allow_special].cuts_slices(text)
         fragments: list[str | int] = []
         pos = 0
-        for start, token, token_id in self._cutters[allow_special].cuts(text):
+        for k, (start, token, token_id) in enumerate(cuts):
             if start > pos:
                 fragments.append(text[pos:start])
             fragments.append(token_id)
             pos = start + len(token)
+            if k % CUT_STEP == CUT_STEP - 1:
+                yield
         if pos < len(text):
             fragments.append(text[pos:])
         return fragments
@@ -314,7 +328,8 @@ class Tokenizer:
         safe cuts, SpmModel.safe_cut)."""
         after_special = previous_id is None or self.check_id(previous_id) in self._special_ids
         ids: list[int] = []
-        yield from self._fragments_slices(self.partition(text), ids, after_special)
+        fragments = yield from self.partition_slices(text)
+        yield from self._fragments_slices(fragments, ids, after_special)
         return ids
 
     def encode_fragments(self, fragments: Iterable[str | int], out: list[int], *, after_special: bool = True) -> None:
@@ -326,14 +341,19 @@ class Tokenizer:
         run_slices(self._fragments_slices(fragments, out, after_special))
 
     def _fragments_slices(self, fragments: Iterable[str | int], out: list[int], after_special: bool) -> Slices[None]:
-        done = 0  # characters tokenized since the last pause
+        done = 0  # characters tokenized since the last pause (a special token's id counts as one)
+        slice_chars = self._model.slice_chars  # what one slice of this model's merges takes (slices.py)
         for fragment in fragments:
             if isinstance(fragment, int):
                 out.append(fragment)
                 after_special = True
+                done += 1
+                if done >= slice_chars:
+                    done = 0
+                    yield
                 continue
-            if len(fragment) <= SLICE_CHARS:  # at once (BPE: the words split in one call of the regex engine)
-                if done + len(fragment) > SLICE_CHARS:
+            if len(fragment) <= slice_chars:  # at once (BPE: the words split in one call of the regex engine)
+                if done + len(fragment) > slice_chars:
                     done = 0
                     yield
                 self._model.encode(fragment, out, after_special)
@@ -341,7 +361,7 @@ class Tokenizer:
             else:  # pausing within it where the model allows (BPE: between two words; SentencePiece: safe cuts)
                 for chars in self._model.encode_words(fragment, out, after_special):
                     done += chars
-                    if done >= SLICE_CHARS:
+                    if done >= slice_chars:
                         done = 0
                         yield
             after_special = False
@@ -394,20 +414,42 @@ class SpecialCutter:
         # Every special token that begins at a position is a prefix of the longest one there, so one
         # lookahead per position (the trie tries longer continuations first) finds them all.
         self._longest_at = re.compile(f"(?=({_trie_pattern(tokens)}))") if tokens else None
+        self._longest = max(map(len, tokens), default=1)
         self._shorter = {text: [text[:k] for k in range(len(text) - 1, 0, -1) if text[:k] in tokens] for text in tokens}
 
     def cuts(self, text: str) -> list[tuple[int, str, int]]:
         """``(start, token text, id)`` of each special token llama.cpp cuts out of ``text``, by position."""
+        return run_slices(self.cuts_slices(text))
+
+    def cuts_slices(self, text: str) -> Slices[list[tuple[int, str, int]]]:
+        """cuts, in slices: a pause after each CUT_WINDOW positions scanned and each CUT_STEP candidates found
+        or taken, the same cuts as at once."""
         if self._longest_at is None or not text:
             return []
-        rank = self._rank
+        rank, longest = self._rank, self._longest
         # Candidates in llama.cpp's order: by token rank, then left to right. A candidate is cut unless
         # an earlier cut overlaps it, which is what cutting each token from the plain pieces amounts to.
-        heap = [(rank[m.group(1)], m.start(), m.group(1)) for m in self._longest_at.finditer(text)]
+        # Scanned CUT_WINDOW starts at a time, each window seeing the longest token's length past its end.
+        heap = []
+        for first in range(0, len(text), CUT_WINDOW):
+            end = min(len(text), first + CUT_WINDOW)
+            for m in self._longest_at.finditer(text, first, min(len(text), end + longest - 1)):
+                if m.start() >= end:
+                    break
+                heap.append((rank[m.group(1)], m.start(), m.group(1)))
+                if len(heap) % CUT_STEP == 0:
+                    yield
+            if end < len(text):  # a text within one window never pauses here
+                yield
         heapq.heapify(heap)
         taken = bytearray(len(text))  # 1 where a cut token covers the character
         found = []
+        pops = 0
         while heap:
+            pops += 1
+            if pops == CUT_STEP:
+                pops = 0
+                yield
             _, start, token = heapq.heappop(heap)
             if taken[start]:
                 continue  # so would every shorter token starting here
