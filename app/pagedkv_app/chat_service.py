@@ -53,6 +53,14 @@ class Chat:
     remote: RemoteReply | None = None  # set while the fallback server is answering instead of the engine
     reader: asyncio.Future | None = None  # the task reading the reply's chunks
     end_reason: str | None = None  # why the reply ends when the service's stream is cut (no finish_reason)
+    # the task checking, rendering and tokenizing a turn too long to prepare at once (ChatService.send), in slices
+    # with the engine's steps between them; the chat is busy meanwhile
+    preparing: asyncio.Future | None = None
+
+    @property
+    def busy(self) -> bool:
+        """A reply streams, or a turn is being prepared."""
+        return self.request_id is not None or self.preparing is not None
 
     @property
     def session_id(self) -> str:
@@ -156,7 +164,7 @@ class ChatService:
         chat is reopened from the record given; a busy one is not. A cut-off reply is kept as the assistant's
         message (the page marks it interrupted) and posted back."""
         chat = self.sessions.get(session_id)
-        if chat is not None and (record is None or chat.request_id is not None):
+        if chat is not None and (record is None or chat.busy):
             return chat
         held = self.store.get(session_id)
         if held is not None and not record:  # a session pagedkv.js opened (`pagedkv.session`): go on with it
@@ -187,9 +195,16 @@ class ChatService:
             raise ValueError(f"the chat's model {model} is not loaded here (loaded: {', '.join(self.engine.models)})")
         return model
 
-    def send(self, chat_id: str, text: str, settings: dict, model: str | None = None) -> str:
+    def send(self, chat_id: str, text: str, settings: dict, model: str | None = None) -> str | None:
         """Add the user's message and queue the reply; the conversation in view gets priority. model: a new
-        chat's model (when the engine holds several; default the page's)."""
+        chat's model (when the engine holds several; default the page's).
+
+        A message longer than one slice of its tokenizer (Tokenizer.slice_chars: 32k characters, 4k for
+        SentencePiece) is checked, rendered and tokenized in slices with the engine's steps between them, so
+        that a long paste never holds the other chats' streams (issue 49): the chat is busy meanwhile
+        (`Chat.preparing`; a second Send is refused, Stop cancels it), and `turn-start` or `chat-error` follows
+        once it is done; returns None then. A shorter one costs at most a slice and is prepared at once: its
+        request id, or ValueError for a refusal, before the page's next message."""
         chat = self._idle_chat(chat_id, model)
         if not text.strip():
             raise ValueError("the message is empty")
@@ -198,7 +213,8 @@ class ChatService:
         if system and not messages:
             messages.append({"role": "system", "content": system})
         messages.append({"role": "user", "content": text})
-        return self._start_reply(chat, settings, messages, regenerate=False)
+        sliced = len(text) + len(system) > self.api.service_of(chat.model).tokenizer.slice_chars
+        return self._start_reply(chat, settings, messages, regenerate=False, sliced=sliced)
 
     def regenerate(self, chat_id: str, settings: dict) -> str:
         """Answer the last user message again: the reply is dropped and sampled anew from the same prompt,
@@ -237,7 +253,7 @@ class ChatService:
         idle."""
         chat = self.open_session(str(chat_id), None if model is None or str(chat_id) in self.sessions
                                  else {"model": model})
-        if chat.request_id is not None:
+        if chat.busy:
             raise ValueError("this chat is still answering; stop it or wait")
         return chat
 
@@ -259,31 +275,69 @@ class ChatService:
         ApiError when the API refuses it (the session is as it was)."""
         service = self.api.service_of(chat.model)
         chunks = run_sync(service.stream(body, at_once=True))  # checks and queues it before its first await
+        return self._reading(chat, chunks)
+
+    def _reading(self, chat: Chat, chunks) -> str:
+        """The chat's request is queued: read its chunks in a task; its id."""
         chat.request_id, chat.request = chat.session.request_id, chat.session.request
         chat.partial_ids, chat.partial_text, chat.end_reason = [], [], None
         chat.reader = asyncio.ensure_future(self._read(chat, chat.request_id, chunks))
         return chat.request_id
 
-    def _start_reply(self, chat: Chat, settings: dict, messages: list[dict], *, regenerate: bool) -> str:
+    def _start_reply(self, chat: Chat, settings: dict, messages: list[dict], *, regenerate: bool,
+                     sliced: bool = False) -> str | None:
+        """Queue the turn's reply (or hand it to the fallback server); its request id. With `sliced`, its
+        request is prepared in a task (`_prepare_reply`) and None is returned."""
         fields = sampling_from(settings)
         fallback = FallbackSettings.from_settings(settings)
         self.remote.check(fallback)
         body = self.request_body(chat, settings, messages, fields, regenerate=regenerate)
         remote_reason = self.remote.reason_for(fallback)
+        if remote_reason is None and sliced:
+            chat.preparing = asyncio.ensure_future(
+                self._prepare_reply(chat, body, messages, fields, fallback, regenerate))
+            return None
         if remote_reason is None:
             try:
                 rid = self._request(chat, body)
             except ApiError as exc:
-                if not self.remote.cannot_fit(exc):
-                    raise ValueError(exc.message) from None
-                if fallback is None:
-                    raise ValueError(f"{exc.message}. Or set a fallback server in the generation settings to "
-                                     f"answer requests this tab cannot hold") from None
-                remote_reason = exc.message
+                remote_reason = self._refused(exc, fallback)
             else:
                 self._turn_started(chat, regenerate)
                 return rid
         return self._remote_reply(chat, messages, fields, fallback, remote_reason, regenerate)
+
+    def _refused(self, exc: ApiError, fallback: FallbackSettings | None) -> str:
+        """The API refused a turn: why the fallback server answers it instead, or ValueError with the reason
+        (the session is as it was)."""
+        if not self.remote.cannot_fit(exc):
+            raise ValueError(exc.message) from None
+        if fallback is None:
+            raise ValueError(f"{exc.message}. Or set a fallback server in the generation settings to "
+                             f"answer requests this tab cannot hold") from None
+        return exc.message
+
+    async def _prepare_reply(self, chat: Chat, body: dict, messages: list[dict], fields: dict,
+                             fallback: FallbackSettings | None, regenerate: bool) -> None:
+        """A long turn's request, checked, rendered and tokenized in slices (CompletionService.stream without
+        at_once) while the engine steps the other chats; then `turn-start`, or `chat-error` with the reason of
+        a refusal (the page puts the text back in the box). Cancelled by Stop or Delete: nothing was queued."""
+        try:
+            try:
+                chunks = await self.api.service_of(chat.model).stream(body)
+            except ApiError as exc:
+                remote_reason = self._refused(exc, fallback)
+            else:
+                chat.preparing = None
+                self._reading(chat, chunks)
+                self._turn_started(chat, regenerate)
+                return
+            chat.preparing = None
+            self._remote_reply(chat, messages, fields, fallback, remote_reason, regenerate)
+        except (KeyError, ValueError) as exc:  # as handle reports a refusal at once
+            self.post("chat-error", chat=chat.session_id, message=f"{type(exc).__name__}: {exc}")
+        finally:
+            chat.preparing = None
 
     def _turn_started(self, chat: Chat, regenerate: bool) -> None:
         chat.alternatives = None  # a new reply supersedes alternatives not kept
@@ -306,6 +360,10 @@ class ChatService:
         """Abort the chat's reply; what was generated is kept as the assistant's message (its turn-end comes
         when its stream has ended)."""
         chat = self.sessions.get(chat_id)
+        if chat is not None and chat.preparing is not None:  # its request is not queued yet: nothing to keep
+            self._cancel_preparing(chat)
+            self.post("chat-error", chat=chat_id, message="stopped before its reply began")
+            return
         if chat is None or chat.request_id is None:
             return
         if chat.remote is not None:
@@ -314,6 +372,13 @@ class ChatService:
         if not self.engine.is_unfinished(chat.request_id):
             return  # finished in a step that has not returned yet (it awaits the disk): its output ends the turn
         self.api.abort(chat.request_id)
+
+    @staticmethod
+    def _cancel_preparing(chat: Chat) -> None:
+        """Cancel a turn still being prepared (`_prepare_reply`): its request was never queued, so the session
+        is as it was."""
+        chat.preparing.cancel()
+        chat.preparing = None
 
     def unload(self, request_id: str, model: str) -> None:
         """pagedkv.js unloads a model (api-unload): its API streams end, and so do the replies its chats were
@@ -328,6 +393,8 @@ class ChatService:
         Whether the engine held it."""
         chat = self.sessions.pop(chat_id, None)
         try:
+            if chat is not None and chat.preparing is not None:
+                self._cancel_preparing(chat)
             if chat is not None and chat.remote is not None:
                 self.remote.cancel(chat)
             elif chat is not None and chat.request_id is not None:

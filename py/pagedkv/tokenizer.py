@@ -342,7 +342,7 @@ class Tokenizer:
 
     def _fragments_slices(self, fragments: Iterable[str | int], out: list[int], after_special: bool) -> Slices[None]:
         done = 0  # characters tokenized since the last pause (a special token's id counts as one)
-        slice_chars = self._model.slice_chars  # what one slice of this model's merges takes (slices.py)
+        slice_chars = self.slice_chars  # what one slice of this model's merges takes (slices.py)
         for fragment in fragments:
             if isinstance(fragment, int):
                 out.append(fragment)
@@ -365,6 +365,12 @@ class Tokenizer:
                         done = 0
                         yield
             after_special = False
+
+    @property
+    def slice_chars(self) -> int:
+        """Characters one slice of its merges takes (slices.py): SLICE_CHARS for BPE, SLICE_CHARS_SPM for
+        SentencePiece, whose characters cost more."""
+        return self._model.slice_chars
 
     @property
     def unencodable_bytes(self) -> bytes:

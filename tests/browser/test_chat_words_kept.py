@@ -219,3 +219,55 @@ def delete_while_streaming_as_another_chat_finishes(booted, page):
     assert streaming not in records(page) and streaming not in listed(page)
     assert page.locator("#chat-list button.busy").count() == 0
     assert json.loads(raw_last_turn(page))["chat"] == finishing  # no turn-end of the deleted chat was shown
+
+
+# A text pasted into the box and sent, in one task of the page.
+PASTE_AND_SEND = """(text) => {
+  const box = document.getElementById("prompt");
+  box.value = text;
+  box.dispatchEvent(new KeyboardEvent("keydown", { key: "Enter", bubbles: true }));
+  return box.value === "";
+}"""
+
+# Whether the worker is preparing chat's turn (ChatService's sliced send), and the engine's steps so far: answered
+# by the worker between two slices of that preparation, or after it.
+PREPARING = """import json
+from pagedkv_app.main import state
+_chat = state["service"].sessions.get({chat!r})
+json.dumps({{"preparing": getattr(_chat, "preparing", None) is not None, "steps": state["engine"].stats()["steps"]}})"""
+
+
+def test_a_long_paste_is_prepared_while_another_chat_streams(app):
+    """A 300k-character paste (far past the tiny model's 256-token context) sent while another chat streams: the
+    worker prepares it in slices, answering other messages and stepping the streaming chat between two, then
+    refuses it; the text comes back in the box and the histories are as they were. Before, the send was
+    prepared at once: nothing else ran in the worker until its refusal."""
+    booted, page = app, app.page
+    booted.py(SLOW_STEPS)  # the streaming chat's reply lasts seconds
+    try:
+        show_settings(page)
+        streaming = new_chat(page)
+        page.fill("#set-temperature", "1.1")  # seed 4 at 1.1: a long reply, to the end of the 256-token context
+        page.fill("#set-seed", "4")
+        page.fill("#set-max-tokens", "2000")
+        page.fill("#prompt", "a long one")
+        page.press("#prompt", "Enter")
+        page.wait_for_selector("html[data-generating=true]", state="attached")
+        pasted = new_chat(page)
+        paste = " ".join(f"w{i:06d}x" for i in range(33_000))  # distinct words: none comes from the BPE cache
+        assert page.evaluate(PASTE_AND_SEND, paste) is True
+        probes = [booted.py(PREPARING.format(chat=pasted))]
+        while probes[-1]["preparing"] and len(probes) < 2000:
+            probes.append(booted.py(PREPARING.format(chat=pasted)))
+        wait_until("the refused paste back in the box", lambda: page.input_value("#prompt") == paste,
+                   lambda: page.input_value("#prompt")[:80])
+        assert "context is 256" in page.evaluate("document.documentElement.dataset.chatError")
+        preparing = [p for p in probes if p["preparing"]]
+        assert len(preparing) >= 2 and preparing[-1]["steps"] > preparing[0]["steps"], probes
+        assert booted.py(WORKER_CHATS)["chats"].get(pasted, []) == [] and shown(page) == []
+        page.fill("#prompt", "")
+        page.locator(f'#chat-list button[data-chat="{streaming}"]').click()
+        page.locator("#stop").click()
+        wait_until("the streaming chat stopped", lambda: not booted.py(WORKER_CHATS)["unfinished"])
+    finally:
+        booted.py("from pagedkv_app.main import state\ndel state['engine'].step\n'1'")
