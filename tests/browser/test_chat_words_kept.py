@@ -191,14 +191,20 @@ def test_delete_while_streaming_as_another_chat_finishes_is_at_once_and_frees_ev
         booted.py("from pagedkv_app.main import state\ndel state['engine'].step\n'1'")
 
 
-def delete_while_streaming_as_another_chat_finishes(booted, page):
+def start_a_long_reply(page) -> str:
+    """A new chat asked for a reply that runs to the end of the tiny model's 256-token context; its id."""
     show_settings(page)
-    streaming = new_chat(page)
-    page.fill("#set-temperature", "1.1")  # seed 4 at 1.1: a long reply, to the end of the 256-token context
+    chat = new_chat(page)
+    page.fill("#set-temperature", "1.1")  # seed 4 at 1.1: a long reply
     page.fill("#set-seed", "4")
     page.fill("#set-max-tokens", "2000")
     page.fill("#prompt", "a long one")
     page.press("#prompt", "Enter")
+    return chat
+
+
+def delete_while_streaming_as_another_chat_finishes(booted, page):
+    streaming = start_a_long_reply(page)
     finishing = new_chat(page)
     page.fill("#set-temperature", "0")
     page.fill("#set-max-tokens", "8")
@@ -245,13 +251,7 @@ def test_a_long_paste_is_prepared_while_another_chat_streams(app):
     booted, page = app, app.page
     booted.py(SLOW_STEPS)  # the streaming chat's reply lasts seconds
     try:
-        show_settings(page)
-        streaming = new_chat(page)
-        page.fill("#set-temperature", "1.1")  # seed 4 at 1.1: a long reply, to the end of the 256-token context
-        page.fill("#set-seed", "4")
-        page.fill("#set-max-tokens", "2000")
-        page.fill("#prompt", "a long one")
-        page.press("#prompt", "Enter")
+        streaming = start_a_long_reply(page)
         page.wait_for_selector("html[data-generating=true]", state="attached")
         pasted = new_chat(page)
         paste = " ".join(f"w{i:06d}x" for i in range(33_000))  # distinct words: none comes from the BPE cache
