@@ -22,11 +22,11 @@ SPACE = "\u2581"  # ▁, SentencePiece's visible space
 # Characters of a long text merged as one piece: pieces end at the first safe cut past this (SpmModel.safe_cut), so
 # that a caller pauses soon after SLICE_CHARS_SPM (slices.py); a heap of 1,024 symbols merges in ~3 ms of CPython.
 PIECE_CHARS = 1024
-# Heap pops of one piece's merge between two pauses (~15-30 ms of CPython), and characters scanned for a safe cut
-# between two. A text with no safe cut for a long way (a run of characters that all merge: "▁▁▁…", "===…") is one
-# piece however long; its merge and the scan for its end pause too. A piece of PIECE_CHARS takes a few thousand
-# pops, so it merges without a pause of its own.
-MERGE_STEP = 16384
+# Heap pops of one piece's merge between two pauses, and characters scanned for a safe cut between two. A text
+# with no safe cut for a long way (a run of characters that all merge: "▁▁▁…", "===…") is one piece however long;
+# its merge and the scan for its end pause too. A pop of such a run costs 3-15 us of CPython here (2026-12-07,
+# beside a CPU hog; "=" and "a" runs, whose merges leave many stale pairs in the heap), so a step is ~10-60 ms.
+MERGE_STEP = 4096
 # Characters of a slice (slices.py's SLICE_CHARS is BPE's): a SentencePiece character costs ~3-8x a BPE one
 # (Gemma 3's vocabulary in CPython here, 2026-12-07: 3.9 us a character of English, 3.6-8.2 in runs that merge,
 # against 1.2 us of SmolLM2's BPE), so its slices are an eighth as long.
