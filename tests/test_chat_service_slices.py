@@ -5,6 +5,7 @@ engine's own events (its steps, each word merged), not on a clock."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
@@ -49,12 +50,14 @@ async def streaming(svc, posts, chat_id: str) -> None:
 
 
 async def answered(posts, chat_id: str, kinds=("turn-start", "chat-error")) -> tuple[str, dict]:
-    """The first of `kinds` posted for the chat, once it is."""
-    while True:
+    """The first of `kinds` posted for the chat, once it is (a bound, not a pace: 60 s)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         for kind, p in posts:
             if kind in kinds and p.get("chat") == chat_id:
                 return kind, p
         await asyncio.sleep(0)
+    raise AssertionError(f"nothing of {kinds} was posted for {chat_id}: {posts[-3:]}")
 
 
 def merged_between_steps(events) -> list[int]:
@@ -162,3 +165,25 @@ def test_stop_or_delete_while_a_turn_is_prepared_queues_nothing(service, monkeyp
     assert (kind, answer["message"]) == ("chat-error", "stopped before its reply began")
     assert not c.busy and "chat-c" not in svc.sessions and not svc.engine.has_unfinished
     assert not [p for p in of(posts, "turn-start") if p["chat"] == "chat-c"]
+
+
+def test_a_preparation_that_fails_unexpectedly_still_answers_the_page(service, monkeypatch):
+    """Whatever fails while a long turn is prepared reaches the page as the chat's chat-error (the page waits for
+    turn-start or chat-error), and the chat takes a message again."""
+    svc, posts, _ = service
+    monkeypatch.setattr(type(svc.api.service_of(None).tokenizer._model), "slice_chars", 32)
+    api = svc.api.service_of(None)
+
+    async def broken(body, *args, **kw):
+        raise RuntimeError("the disk is on fire")
+
+    async def scenario():
+        b = svc.open_session("chat-b")
+        monkeypatch.setattr(api, "stream", broken)
+        svc.send("chat-b", "".join(distinct_words(40)), STREAM)
+        kind, answer = await answered(posts, "chat-b")
+        monkeypatch.undo()
+        return b, kind, answer
+
+    b, kind, answer = in_fresh_loop(scenario)
+    assert (kind, answer["message"]) == ("chat-error", "RuntimeError: the disk is on fire") and not b.busy

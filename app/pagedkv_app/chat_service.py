@@ -334,7 +334,7 @@ class ChatService:
                 return
             chat.preparing = None
             self._remote_reply(chat, messages, fields, fallback, remote_reason, regenerate)
-        except (KeyError, ValueError) as exc:  # as handle reports a refusal at once
+        except Exception as exc:  # as handle reports a refusal at once; anything else too, so the page never waits
             self.post("chat-error", chat=chat.session_id, message=f"{type(exc).__name__}: {exc}")
         finally:
             chat.preparing = None
