@@ -33,15 +33,19 @@ def wait_next_turn(page, previous: str) -> dict:
     raise AssertionError("no turn ended")
 
 
-STREAMED_TEXT = """(stop) => new Promise((resolve, reject) => {
+STREAMED_TEXT = """([stop, send]) => new Promise((resolve, reject) => {
   const button = document.getElementById("stop");
-  const check = () => {
-    const replies = document.querySelectorAll("#messages .msg.assistant");
-    if (!replies.length || !replies[replies.length - 1].dataset.text) return false;
+  const check = () => {  // the last message shown is a reply with text
+    const shown = document.querySelectorAll("#messages .msg");
+    const last = shown[shown.length - 1];
+    if (!last || !last.classList.contains("assistant") || !last.dataset.text) return false;
     if (button.disabled) reject(new Error("the reply ended before the test could act on it"));
     else { if (stop) button.click(); resolve(); }
     return true;
   };
+  if (send) {  // Enter in the same task: no message of the worker lands before the observer below watches
+    document.getElementById("prompt").dispatchEvent(new KeyboardEvent("keydown", { key: "Enter", bubbles: true }));
+  }
   if (check()) return;
   const seen = new MutationObserver(() => { if (check()) { seen.disconnect(); clearTimeout(late); } });
   const late = setTimeout(() => { seen.disconnect(); reject(new Error("no text streamed in 60 s")); }, 60000);
@@ -49,13 +53,15 @@ STREAMED_TEXT = """(stop) => new Promise((resolve, reject) => {
 })"""
 
 
-def wait_for_streamed_text(page, stop: bool = False) -> None:
-    """Wait, inside the page, until the reply being generated shows text; with `stop`, click Stop right then.
+def wait_for_streamed_text(page, stop: bool = False, send: bool = False) -> None:
+    """Wait, inside the page, until the reply being generated shows text; with `stop`, click Stop right then;
+    with `send`, press Enter in the box first, in the same task of the page.
 
     Polling from the test costs Playwright round trips, and on a busy machine the tiny model can finish its
-    whole reply between a poll and the next action (CI saw Stop already disabled). Fails if the reply has
-    already ended when its text is seen."""
-    page.evaluate(STREAMED_TEXT, stop)
+    whole reply between a poll and the next action (CI saw Stop already disabled, and once a whole reply begin
+    and end between a press of Enter and the wait for it to start). Fails if the reply has already ended when its
+    text is seen."""
+    page.evaluate(STREAMED_TEXT, [stop, send])
 
 
 def send_and_wait(page, text: str, max_tokens: int) -> dict:
@@ -163,9 +169,7 @@ def test_stop_keeps_the_partial_reply(app):
     page.wait_for_selector(f"#chat-list li:nth-child({n + 1}) button[aria-current=true]", state="attached")
     page.fill("#set-max-tokens", "2000")
     page.fill("#prompt", "Tell me everything.")
-    page.press("#prompt", "Enter")
-    page.wait_for_selector("html[data-generating=true]", state="attached")
-    page.locator("#stop").click()
+    wait_for_streamed_text(page, stop=True, send=True)
     page.wait_for_selector("html[data-generating=false]", state="attached")
     page.wait_for_selector("#messages .msg.assistant.interrupted", state="attached")
     turn = last_turn(page)
@@ -233,9 +237,7 @@ def test_reload_keeps_chats_and_the_interrupted_reply(app):
     show_settings(page)
     page.fill("#set-max-tokens", "2000")
     page.fill("#prompt", "A long answer, please.")
-    page.press("#prompt", "Enter")
-    page.wait_for_selector("html[data-generating=true]", state="attached")
-    wait_for_streamed_text(page)  # the first streamed token is saved at once (later ones every 300 ms)
+    wait_for_streamed_text(page, send=True)  # the first streamed token is saved at once (later ones every 300 ms)
     page.wait_for_timeout(50)
     page.reload()
     page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=240_000)
@@ -277,9 +279,7 @@ def test_settings_belong_to_their_chat_and_a_stopped_reply_survives_a_reload(app
 
     # Stop mid-stream, then reload: the chat, its partial answer and its settings are still there.
     page.fill("#prompt", "Tell me everything.")
-    page.press("#prompt", "Enter")
-    page.wait_for_selector("html[data-generating=true]", state="attached")
-    wait_for_streamed_text(page, stop=True)
+    wait_for_streamed_text(page, stop=True, send=True)
     page.wait_for_selector("#messages .msg.assistant.interrupted", state="attached")
     partial = last_turn(page)
     assert partial["reason"] == "abort" and 0 < partial["tokens"] < 220, partial
