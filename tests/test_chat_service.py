@@ -48,6 +48,12 @@ def of(posts, kind):
     return [p for k, p in posts if k == kind]
 
 
+def saves(posts):
+    """The posts that carry a session's record for the page to store: session-saved, and turn-end (the ended
+    reply's history comes with its end)."""
+    return [p for k, p in posts if k == "session-saved" or (k == "turn-end" and "checkpoint" in p)]
+
+
 def test_two_turns_stream_and_reuse_the_prefix(service):
     svc, posts = service
 
@@ -146,7 +152,7 @@ def test_open_sessions_bring_back_exact_history_and_interrupted_replies(service,
         return chat
 
     chat = in_fresh_loop(scenario)
-    saved = of(posts, "session-saved")[-1]
+    saved = saves(posts)[-1]
     # A fresh service (a reloaded tab) opens sessions from what the page stored, plus a reply cut off mid-stream.
     tok = Tokenizer.from_manifest(tiny_weights.manifest)
     engine = LLMEngine(CpuBackend(tiny_weights, num_blocks=32, block_size=16), tok, EngineConfig())

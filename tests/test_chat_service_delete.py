@@ -3,7 +3,7 @@ has not returned yet (the step awaits the disk tier's flush, and the page still 
 from __future__ import annotations
 
 from model_fixtures import tiny_dir, tiny_weights  # noqa: F401  (fixtures)
-from test_chat_service import _common_prefix_len, in_fresh_loop, of, service  # noqa: F401  (fixture)
+from test_chat_service import _common_prefix_len, in_fresh_loop, of, saves, service  # noqa: F401  (fixture)
 
 SHORT = {"temperature": 0, "max_tokens": 12}
 
@@ -40,7 +40,7 @@ def test_delete_of_a_reply_the_engine_just_finished_forgets_the_session_and_free
     assert of(posts, "chat-error") == []
     assert list(svc.sessions) == ["chat-1"]
     assert [e["chat"] for e in of(posts, "turn-end")] == ["chat-1"]
-    assert "chat-2" not in {p["chat"] for p in of(posts, "session-saved")[-1:]}
+    assert "chat-2" not in {p["chat"] for p in saves(posts)[-1:]}
     assert svc.engine.stats()["used_blocks"] == 0 and not svc.engine.has_unfinished
 
 

@@ -10,7 +10,7 @@ from pagedkv.engine import EngineConfig, LLMEngine
 from pagedkv.kv.disk_tier import DiskKey, DiskTier, MemoryStore, block_chain, model_hash
 from pagedkv.tokenizer import Tokenizer
 from pagedkv_app.chat_service import ChatService
-from test_chat_service import SETTINGS, in_fresh_loop, of
+from test_chat_service import SETTINGS, in_fresh_loop, of, saves
 
 
 def disk_service(weights, store):
@@ -45,7 +45,7 @@ def test_delete_removes_only_the_chats_own_block_files_and_a_reload_restores(tin
     shared = a_files & b_files
     assert len(shared) >= 1 and b_files - shared  # the system prompt's blocks, then each chat's own
     assert a_files | b_files <= set(store.files)
-    saved = of(posts, "session-saved")
+    saved = saves(posts)
 
     async def delete_b():
         svc.forget_session(b.session_id)

@@ -39,10 +39,12 @@ def test_a_new_chats_first_message_opens_its_session_and_nothing_else_is_made(se
     in_fresh_loop(scenario)
     assert of(posts, "chat-error") == [] and list(svc.sessions) == ["chat-2", "chat-9"]
     saved = of(posts, "session-saved")
-    # Saved at the turn's start (the user's message) and at its end (the reply): the token history, no title.
-    assert [p["chat"] for p in saved] == ["chat-9", "chat-9"] and set(saved[-1]) == {"chat", "checkpoint",
-                                                                                   "before_reply"}
-    assert saved[-1]["checkpoint"][1] == svc.sessions["chat-9"].conversation.ids
+    # Saved at the turn's start (the user's message): the token history, no title; the reply's end (turn-end)
+    # carries the history with the reply, in the one message that ends it (no session-saved follows it).
+    assert [p["chat"] for p in saved] == ["chat-9"] and set(saved[-1]) == {"chat", "checkpoint", "before_reply"}
+    end = of(posts, "turn-end")[-1]
+    assert end["checkpoint"][1] == svc.sessions["chat-9"].conversation.ids
+    assert end["before_reply"] == saved[-1]["checkpoint"]
     for gone in ("new-chat", "rename-chat", "restore"):  # the page makes, names and restores its chats itself
         svc.handle({"type": gone, "chat": "chat-2"})
     assert [e["message"] for e in of(posts, "chat-error")] == [

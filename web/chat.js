@@ -5,7 +5,7 @@ import { fillMessage, messageElement, queuedElement, renderForeignNote } from ".
 import { $, root } from "./page.js";
 import { readSettingsForm, requestSettings, showChatSettings, wireFallbackSettings, wireGenerationSettings,
          wireMemorySettings } from "./settings.js";
-import { followOtherTabs, listSavedChats, persist, restoreChats, saveStreamingSoon } from "./saved_chats.js";
+import { followOtherTabs, keepOnLeave, listSavedChats, persist, restoreChats, saveStreamingSoon } from "./saved_chats.js";
 import { listed, ui } from "./state.js";
 import * as store from "./store.js";
 
@@ -249,6 +249,13 @@ export function onTurnEnd(msg) {
     interrupted: msg.reason === "abort" || msg.reason === "error" });
   ui.busy[msg.chat] = false;
   delete ui.partialIds[msg.chat];
+  // The end carries the history with the reply (the worker's session record): the reply and its token
+  // history are written in one write, begun before anything else can happen (a reload right after the end
+  // keeps the whole reply; store.js keeps a write the page leaves before it lands).
+  if (msg.checkpoint !== undefined) {
+    store.rememberSession(msg);
+    persist(msg.chat);
+  }
   root.dataset.lastTurn = JSON.stringify(msg);
   refresh(msg.chat);
   sendQueued();
@@ -308,6 +315,7 @@ function flushDiskOnHide(engine) {
 export function wireChatUI(engine) {
   ui.engine = engine;
   followOtherTabs(refresh);
+  keepOnLeave();
   flushDiskOnHide(engine);
   wireMemorySettings();
   wireAlternatives();

@@ -35,6 +35,15 @@ function showRecord(rec) {
 
 const listEntry = (rec) => ({ id: rec.id, title: rec.title, of: rec.model });
 
+/** A page that goes (a reload, a close) keeps what it has not written: the replies streaming now as they
+ *  stand, and every write still on its way (store.keepUnwritten; the next page writes them first). */
+export function keepOnLeave() {
+  window.addEventListener("pagehide", () => {
+    for (const id of Object.keys(ui.partialIds)) if (ui.busy[id]) persist(id);
+    store.keepUnwritten();
+  });
+}
+
 // Said at once, before any chat is made: a person must know their chats will not survive a reload.
 function showSaveNotice(problem) {
   if (store.memoryOnlyReason()) return;  // the quota note stands (showQuotaFull)

@@ -9,6 +9,12 @@
 // IndexedDB transaction (transactions on one store run one at a time, across tabs) and, when another tab wrote
 // since, writes a merge instead (merge.js): what this tab added since its last write goes after what is stored.
 // Each write bumps `version` and is announced on a BroadcastChannel, so the other tab shows the turn.
+//
+// A page that goes (a reload, a close) while a write is on its way loses it: IndexedDB drops the transaction of
+// a page that is gone (a write reads the stored record and puts in its callback, which never runs then; a
+// deletion is one request, which lands). On pagehide every write that has not landed is kept in localStorage,
+// which stores at once (keepUnwritten: the chat's newest record), and the next page to open the database
+// writes it before it reads any record (recoverUnwritten), merged as any write is.
 import { mergeRecords } from "./merge.js";
 
 let db = null;
@@ -24,6 +30,9 @@ let memoryOnly = null;  // why records are no longer written (a full quota), or 
 const channel = typeof BroadcastChannel === "function" ? new BroadcastChannel("pagedkv-chats") : null;
 const copy = (rec) => JSON.parse(JSON.stringify(rec));
 const TAB = Math.random().toString(36).slice(2);  // this tab, as the record's streaming turn names it
+const UNWRITTEN = "pagedkv-unwritten:";  // localStorage key of a chat's write kept at pagehide (+ the chat id)
+const writing = new Map();  // chat id -> its writes begun and not yet stored or failed
+const kept = new Set();  // chat ids keepUnwritten put in localStorage (a page kept by the back/forward cache)
 
 /** Open the database (once; later calls get the same answer): resolves to null, or to why chats cannot be
  *  saved in this browser (no IndexedDB, storage blocked, a private window that refuses it). */
@@ -32,13 +41,60 @@ export function openStore() {
     let req;
     try { req = indexedDB.open("pagedkv", 1); } catch (err) { resolve(String(err.message || err)); return; }
     req.onupgradeneeded = () => req.result.createObjectStore("chats", { keyPath: "id" });
-    req.onsuccess = () => { db = req.result; resolve(null); };
+    req.onsuccess = () => { db = req.result; recoverUnwritten().then(() => resolve(null)); };
     req.onerror = () => resolve(String(req.error?.message || req.error || "the database did not open"));
   });
   return opening;
 }
 
 function chats(mode) { return db.transaction("chats", mode).objectStore("chats"); }
+
+function begun(id) {
+  writing.set(id, (writing.get(id) ?? 0) + 1);
+}
+
+function landed(id) {  // a write of chat `id` is over: stored or failed
+  const left = (writing.get(id) ?? 1) - 1;
+  if (left > 0) { writing.set(id, left); return; }
+  writing.delete(id);
+  if (kept.delete(id)) {  // kept at a pagehide, and the page came back (the back/forward cache): it landed
+    try { localStorage.removeItem(UNWRITTEN + id); } catch (err) { /* storage refused: recovery merges it */ }
+  }
+}
+
+/** pagehide: every write of a chat that has not landed, kept in localStorage as the chat's newest record with
+ *  this tab's base for a merge; the next page that opens the store writes it. */
+export function keepUnwritten() {
+  for (const id of writing.keys()) {
+    const rec = saved.get(id);
+    if (!rec) continue;  // deleted since
+    try {
+      localStorage.setItem(UNWRITTEN + id, JSON.stringify({ rec, synced: synced.get(id) ?? null }));
+      kept.add(id);
+    } catch (err) { /* no localStorage, or it is full: this write may still land */ }
+  }
+}
+
+// What a page that went kept (keepUnwritten), written before the records are read: a record as that tab's
+// write of it, merged with what another tab stored since (a chat stored once and gone since was deleted:
+// it stays deleted).
+async function recoverUnwritten() {
+  let keys;
+  try { keys = Object.keys(localStorage).filter((k) => k.startsWith(UNWRITTEN)); } catch (err) { return; }
+  for (const key of keys) {
+    const id = key.slice(UNWRITTEN.length);
+    let entry = null;
+    try { entry = JSON.parse(localStorage.getItem(key)); } catch (err) { /* damaged: dropped */ }
+    if (entry?.rec && readable(entry.rec) && entry.rec.id === id) {
+      saved.set(id, entry.rec);
+      if (entry.synced) synced.set(id, entry.synced);
+      await write(id, { revive: !entry.synced });
+      saved.delete(id);
+      synced.delete(id);
+    }
+    try { localStorage.removeItem(key); } catch (err) { /* left: written again (merged) next time */ }
+  }
+}
 
 const isInt = (x) => Number.isInteger(x) && x >= 0;
 const isArrayOf = (xs, ok) => Array.isArray(xs) && xs.every(ok);
@@ -185,11 +241,13 @@ export function memoryOnlyReason() {
 
 // One write of chat `id`: the stored record is read and the new one put in one transaction; a version another
 // tab wrote is merged with what this tab added since it last wrote (merge.js). Resolves once it is stored.
-function write(id) {
+// `revive: false`: a record that is not stored (deleted since) is not written again.
+function write(id, { revive = true } = {}) {
   if (!db || memoryOnly) return Promise.resolve();
   return new Promise((resolve) => {
     let tx;
     try { tx = db.transaction("chats", "readwrite"); } catch (err) { resolve(); return; }
+    begun(id);
     const store = tx.objectStore("chats");
     let put = null;   // the record written
     let ours = null;  // this tab's record as it was when read for this write: the base of its next merge
@@ -200,6 +258,7 @@ function write(id) {
       const rec = saved.get(id);
       if (!rec) return;  // deleted meanwhile
       const stored = get.result;
+      if (!stored && !revive) return;
       const mine = synced.get(id);
       ours = copy(rec);
       // Ours as it is, when the stored record is this tab's own last write (or the one it took); else a merge
@@ -228,9 +287,11 @@ function write(id) {
         if (merged && saved.has(id)) onMerged(id, copy(put), copied);
         onWritten(id);
       }
+      landed(id);
       resolve();
     };
     tx.onabort = () => {
+      landed(id);
       if (isQuotaError(tx.error) && !memoryOnly) {
         memoryOnly = String(tx.error?.message || tx.error);
         onFull(memoryOnly);

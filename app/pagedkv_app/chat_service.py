@@ -532,11 +532,15 @@ class ChatService:
         self.post("token", chat=chat.session_id, text=text, ids=ids)
 
     def _end_turn(self, chat: Chat, **turn) -> None:
-        """Tell the page the reply is over (its content is in the history now) and make the chat idle."""
-        self.post("turn-end", chat=chat.session_id, history_tokens=chat.conversation.num_tokens, **turn)
+        """Tell the page the reply is over (its content is in the history now) and make the chat idle. The
+        turn-end carries the session's record (checkpoint, before_reply: what session-saved carries), so the
+        page writes the ended reply and its token history in one write as the end lands: a reload or a close
+        right after it keeps the whole reply (a session-saved a message later could come after the page was
+        gone)."""
+        self.post("turn-end", chat=chat.session_id, history_tokens=chat.conversation.num_tokens, **turn,
+                  **chat.session.record())
         chat.request_id = chat.request = chat.remote = None
         chat.partial_ids, chat.partial_text = [], []
-        self.post_saved(chat)
 
     # ---------------------------------------------------------------- dashboard
 

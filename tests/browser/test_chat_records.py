@@ -220,3 +220,45 @@ def test_the_page_makes_names_and_keeps_a_chat_the_worker_only_has_a_session_of(
         assert records(page)["chat-2"]["title"] == "Renamed here"
     finally:
         page.close()
+
+
+# The page reloads in the very task that shows the reply's end (data-last-turn): no worker message and no
+# IndexedDB callback can land in between. The end it showed is kept in sessionStorage for the test.
+RELOAD_AT_TURN_END = """() => new MutationObserver((_, seen) => {
+  seen.disconnect();
+  sessionStorage.setItem("end", document.documentElement.dataset.lastTurn);
+  location.reload();
+}).observe(document.documentElement, { attributes: true, attributeFilter: ["data-last-turn"] })"""
+
+
+def shown_messages(page) -> list[list[str]]:
+    return page.eval_on_selector_all("#messages .msg", "els => els.map(e => [e.className, e.dataset.text])")
+
+
+def test_a_reload_in_the_task_a_reply_ends_keeps_the_whole_reply(browser, base_url):
+    """A reload (or a close) the moment a reply ends keeps the whole reply and its token history, not the
+    interrupted start that the record held while the write of the end was on its way (store.js keeps at
+    pagehide in localStorage the writes that had not landed; the next page writes them first)."""
+    booted, _ = open_app(browser, base_url + QUERY, 60_000)
+    page = booted.page
+    try:
+        page.wait_for_selector("#chat-list li", state="attached")
+        page.fill("#set-temperature", "0")
+        page.fill("#set-max-tokens", "6")
+        page.evaluate(RELOAD_AT_TURN_END)
+        page.fill("#prompt", "Hello there.")
+        with page.expect_navigation(timeout=120_000):
+            page.press("#prompt", "Enter")
+        page.wait_for_selector("html[data-model=ready][data-restored]", state="attached", timeout=BOOT_TIMEOUT_MS)
+        end = json.loads(page.evaluate("sessionStorage.getItem('end')"))
+        assert end["tokens"] == 6 and end["reason"] == "length"
+        page.wait_for_selector("#messages .msg.assistant", state="attached")
+        assert shown_messages(page) == [["msg user", "Hello there."], ["msg assistant", end["content"]]]
+        rec = records(page)["chat-1"]
+        ids = booted.py(WORKER_SESSIONS)["chat-1"]
+        assert (rec["streaming"], rec["partial_ids"], rec["checkpoint"][1]) == (False, [], ids)
+        assert len(ids) == end["history_tokens"]
+        assert rec["checkpoint"][0][-1] == {"role": "assistant", "content": end["content"]}
+        assert page.evaluate("Object.keys(localStorage).filter((k) => k.startsWith('pagedkv-unwritten:'))") == []
+    finally:
+        page.close()
