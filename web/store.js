@@ -62,14 +62,15 @@ function landed(id) {  // a write of chat `id` is over: stored or failed
   }
 }
 
-/** pagehide: every write of a chat that has not landed, kept in localStorage as the chat's newest record with
- *  this tab's base for a merge; the next page that opens the store writes it. */
+/** pagehide: every write of a chat that has not landed (it may land still), kept in localStorage as the chat's
+ *  newest record with this tab's base for a merge and the tab's name; the next page that opens the store
+ *  writes it. */
 export function keepUnwritten() {
   for (const id of writing.keys()) {
     const rec = saved.get(id);
     if (!rec) continue;  // deleted since
     try {
-      localStorage.setItem(UNWRITTEN + id, JSON.stringify({ rec, synced: synced.get(id) ?? null }));
+      localStorage.setItem(UNWRITTEN + id, JSON.stringify({ rec, synced: synced.get(id) ?? null, tab: TAB }));
       kept.add(id);
     } catch (err) { /* no localStorage, or it is full: this write may still land */ }
   }
@@ -88,7 +89,7 @@ async function recoverUnwritten() {
     if (entry?.rec && readable(entry.rec) && entry.rec.id === id) {
       saved.set(id, entry.rec);
       if (entry.synced) synced.set(id, entry.synced);
-      await write(id, { revive: !entry.synced });
+      await write(id, { revive: !entry.synced, tab: entry.tab });
       saved.delete(id);
       synced.delete(id);
     }
@@ -241,8 +242,10 @@ export function memoryOnlyReason() {
 
 // One write of chat `id`: the stored record is read and the new one put in one transaction; a version another
 // tab wrote is merged with what this tab added since it last wrote (merge.js). Resolves once it is stored.
-// `revive: false`: a record that is not stored (deleted since) is not written again.
-function write(id, { revive = true } = {}) {
+// Each record put names the tab that wrote it (`writer`). A page's kept write (recoverUnwritten: `revive`
+// false, a record that is not stored, deleted since, is not written again; `tab`, the page that went) replaces
+// a record that page wrote last as its own write would, whether or not that write landed before it went.
+function write(id, { revive = true, tab } = {}) {
   if (!db || memoryOnly) return Promise.resolve();
   return new Promise((resolve) => {
     let tx;
@@ -259,7 +262,8 @@ function write(id, { revive = true } = {}) {
       if (!rec) return;  // deleted meanwhile
       const stored = get.result;
       if (!stored && !revive) return;
-      const mine = synced.get(id);
+      const mine = tab !== undefined && stored?.writer === tab ? { version: stored.version ?? 0, plain: true }
+        : synced.get(id);
       ours = copy(rec);
       // Ours as it is, when the stored record is this tab's own last write (or the one it took); else a merge
       // (another tab wrote, or this tab's last write was a merge it has not taken yet: it lacks those turns).
@@ -267,11 +271,13 @@ function write(id, { revive = true } = {}) {
       put = own ? ours : mergeRecords(mine?.base ?? null, stored, ours, TAB);
       if (put === null) {  // both tabs changed the chat in ways that do not add up: the stored one stands
         highest += 1;
-        copied = { ...ours, id: `chat-${highest}`, title: `${ours.title} (from another tab)`.slice(0, 80), version: 1 };
+        copied = { ...ours, id: `chat-${highest}`, title: `${ours.title} (from another tab)`.slice(0, 80), version: 1,
+                   writer: TAB };
         store.put(copied);
         put = stored;
       } else {
         put.version = Math.max(stored?.version ?? 0, mine?.version ?? 0) + 1;
+        put.writer = TAB;
         store.put(put);
       }
       merged = put !== ours;

@@ -231,6 +231,26 @@ RELOAD_AT_TURN_END = """() => new MutationObserver((_, seen) => {
 }).observe(document.documentElement, { attributes: true, attributeFilter: ["data-last-turn"] })"""
 
 
+# What a page that goes while its write is on its way leaves when that write lands all the same (its commit had
+# begun): a pagehide in the task of the reply's end keeps the write in localStorage (copied to sessionStorage
+# here, as the page's own landing of the write takes it out again), put back before a reload.
+KEEP_AT_TURN_END = """() => new MutationObserver((_, seen) => {
+  seen.disconnect();
+  window.dispatchEvent(new PageTransitionEvent("pagehide"));
+  const kept = Object.keys(localStorage).filter((k) => k.startsWith("pagedkv-unwritten:"));
+  sessionStorage.setItem("kept", JSON.stringify(kept.map((k) => [k, localStorage.getItem(k)])));
+  sessionStorage.setItem("end", document.documentElement.dataset.lastTurn);
+}).observe(document.documentElement, { attributes: true, attributeFilter: ["data-last-turn"] })"""
+
+PUT_BACK_KEPT = """() => {
+  const kept = JSON.parse(sessionStorage.getItem("kept"));
+  for (const [k, v] of kept) localStorage.setItem(k, v);
+  return kept.length;
+}"""
+
+UNWRITTEN_KEYS = "Object.keys(localStorage).filter((k) => k.startsWith('pagedkv-unwritten:'))"
+
+
 def shown_messages(page) -> list[list[str]]:
     return page.eval_on_selector_all("#messages .msg", "els => els.map(e => [e.className, e.dataset.text])")
 
@@ -238,7 +258,8 @@ def shown_messages(page) -> list[list[str]]:
 def test_a_reload_in_the_task_a_reply_ends_keeps_the_whole_reply(browser, base_url):
     """A reload (or a close) the moment a reply ends keeps the whole reply and its token history, not the
     interrupted start that the record held while the write of the end was on its way (store.js keeps at
-    pagehide in localStorage the writes that had not landed; the next page writes them first)."""
+    pagehide in localStorage the writes that had not landed; the next page writes them first), and a kept write
+    that landed all the same is not written twice."""
     booted, _ = open_app(browser, base_url + QUERY, 60_000)
     page = booted.page
     try:
@@ -259,6 +280,27 @@ def test_a_reload_in_the_task_a_reply_ends_keeps_the_whole_reply(browser, base_u
         assert (rec["streaming"], rec["partial_ids"], rec["checkpoint"][1]) == (False, [], ids)
         assert len(ids) == end["history_tokens"]
         assert rec["checkpoint"][0][-1] == {"role": "assistant", "content": end["content"]}
-        assert page.evaluate("Object.keys(localStorage).filter((k) => k.startsWith('pagedkv-unwritten:'))") == []
+        assert page.evaluate(UNWRITTEN_KEYS) == []
+        # A second turn whose write is kept at a pagehide and lands too: the next page writes the kept record
+        # over the one that landed (its own), not merged with it as another tab's: no turn twice.
+        first = shown_messages(page)
+        page.evaluate(KEEP_AT_TURN_END)
+        previous = raw_last_turn(page)
+        page.fill("#prompt", "And then?")
+        page.press("#prompt", "Enter")
+        end = wait_next_turn(page, previous)
+        two_turns = first + [["msg user", "And then?"], ["msg assistant", end["content"]]]
+        wait_until("the second turn's record", lambda: (len(records(page)["chat-1"]["messages"]),
+                                                        records(page)["chat-1"]["streaming"]) == (4, False))
+        assert page.evaluate(UNWRITTEN_KEYS) == []  # landed: the page took its kept copy out
+        assert page.evaluate(PUT_BACK_KEPT) == 1
+        reload_app(page)
+        page.wait_for_selector("#messages .msg.assistant", state="attached")
+        assert shown_messages(page) == two_turns
+        rec = records(page)["chat-1"]
+        assert [[m["role"], m["text"]] for m in rec["messages"]] == [[c.split()[-1], t] for c, t in two_turns]
+        assert rec["checkpoint"][1] == booted.py(WORKER_SESSIONS)["chat-1"] and len(rec["checkpoint"][1]) == \
+            end["history_tokens"]
+        assert page.evaluate(UNWRITTEN_KEYS) == []
     finally:
         page.close()
