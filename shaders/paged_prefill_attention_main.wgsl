@@ -10,10 +10,10 @@
 // Dispatch: ceil(num_tiles * n_heads / WORKGROUP_SIZE) workgroups along x, where sequence s has
 // ceil(q_len / SLOTS) tiles and num_tiles = starts[1, num_seqs].
 //
-// Passes: one dispatch walks at most PASS_BLOCKS blocks of a tile's keys, so the work of one invocation is
+// Passes: one dispatch walks at most PASS_KEYS / block_size blocks of a tile's keys, so the work of one invocation is
 // bounded whatever the context (docs/architecture.md, "Prefill attention in passes"). A tile whose walk is longer
 // leaves its online-softmax state (unnormalised acc in `out`, max / sum / next block in `state`) and the next
-// dispatch of the same kernel with RESUME set goes on from there: ceil(walked blocks / PASS_BLOCKS) dispatches
+// dispatch of the same kernel with RESUME set goes on from there: ceil(walked blocks / pass blocks) dispatches
 // in all (KVKernels.prefill_passes), the same arithmetic in the same order as one walk, so the result is the
 // same bits however many passes it takes. A tile that is done records next block = its end, so later passes
 // return at once.
@@ -27,7 +27,9 @@
 // carried as f32 bits (a denormal) to zero
 @group(0) @binding(8) var<storage, read_write> state : array<vec4<u32>>;
 
-override PASS_BLOCKS : u32 = 32u;  // blocks of keys one dispatch walks for a tile at most
+// Keys one dispatch walks for a tile at most, in whole blocks: PASS_KEYS / block_size of them, from the uniform, so
+// that one pipeline serves every block size (each pipeline is a compile: ~20 s of llvmpipe's JIT for a 256-wide one).
+override PASS_KEYS : u32 = 512u;
 override RESUME : bool = false;    // a pass after the first: go on from the state the one before left
 
 @compute @workgroup_size(WORKGROUP_SIZE)
@@ -53,7 +55,7 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>) {
     }
     load_state(row, params.n_heads);
   }
-  let stop = min(end, begin + PASS_BLOCKS);
+  let stop = min(end, begin + max(1u, PASS_KEYS / params.block_size));
   attend_blocks(qt.seq, kv_head, begin, stop, n_keys);
   if (stop == end) {
     write_normalised(row, params.n_heads);

@@ -16,6 +16,10 @@ CTX = SimpleNamespace(info=SimpleNamespace(limits={"maxComputeWorkgroupsPerDimen
 def test_each_family_names_its_pipelines_shaders_and_entry_points():
     assert decode_kernels("cpu", True, 16).specs == [("paged_attention", "paged_attention", "main", 16),
                                                      ("paged_attention_reduce", "paged_attention_reduce", "main", 16)]
+    # the cpu family's private accumulator sized by head width: the narrowest tier that holds the heads
+    assert [decode_kernels("cpu", False, 16, d).attention for d in (16, 64, 80, 128, 144, 256)] == [
+        "paged_attention_narrow", "paged_attention_narrow", "paged_attention", "paged_attention",
+        "paged_attention_wide", "paged_attention_wide"]
     assert decode_kernels("gpu", True, 16).specs == [
         ("paged_attention_gpu_sg", "paged_attention_gpu_sg", "main", 128),
         ("paged_attention_reduce_gpu", "paged_attention_reduce", "main_gpu", 128)]
@@ -51,10 +55,13 @@ def test_prefill_kernels_tile_new_tokens_by_family():
     # follow the block size
     assert prefill_kernel("cpu", 3, 64, 4, 16, 16) == prefill_kernel("cpu", 1, 16, 4, 16, 16)
     assert prefill_kernel("cpu", 3, 64, 4, 16, 16).pass_keys == 512
-    assert dict(prefill_kernel("cpu", 3, 64, 4, 16, 8).constants) == {"SLOTS": 4, "PASS_BLOCKS": 64}
+    assert dict(prefill_kernel("cpu", 3, 64, 4, 16, 8).constants) == {"SLOTS": 4, "PASS_KEYS": 512}
+    # one pipeline for every block size (the shader divides PASS_KEYS by the uniform's block_size), the same walk
+    assert prefill_kernel("cpu", 3, 64, 4, 16, 128).constants == prefill_kernel("cpu", 3, 64, 4, 16, 8).constants
+    assert [prefill_kernel("cpu", 3, 64, 4, 16, bs).pass_keys for bs in (8, 24, 128)] == [512, 504, 512]
     layout = GpuKVLayout(KVSpec(1, 3, 64, 16, "f32"), 600)
     cpu = KVKernels(CTX, layout, 9, query_tile=3)
-    assert (cpu.prefill.name, cpu.query_tile, cpu.prefill_grid(10)) == ("paged_prefill_attention", 3, (6, 1, 1))
+    assert (cpu.prefill.name, cpu.query_tile, cpu.prefill_grid(10)) == ("paged_prefill_attention_narrow", 3, (6, 1, 1))
     # gpu: 16 (token, head) rows per workgroup: 5 tokens x 3 heads; 16 keys of 64 values per K/V tile
     gpu = KVKernels(CTX, layout, 9, family="gpu", query_tile=3)
     assert (gpu.prefill.name, gpu.query_tile, gpu.prefill.workgroup) == ("paged_prefill_attention_gpu", 5, 128)

@@ -32,7 +32,7 @@ def test_every_part_is_a_file_and_no_variant_is_one():
     # 58, the gpu matvecs' _merge, _rope_kv and _argmax, 6 more gpu matmuls; the cpu family's attention by head width;
     # 30 fused FFNs: 13 type pairs and 2 with f16 decoders, with and without subgroups; 26 decode attentions with
     # q | k | v inside: one a weight type and 2 with f16 decoders, with and without subgroups
-    assert len(VARIANTS) == 202
+    assert len(VARIANTS) == 204
     assert sum(name.startswith("ffn_gpu") for name in VARIANTS) == 30
     assert sum("_fold" in name for name in VARIANTS) == 26
     assert {part for v in VARIANTS.values() for part in v.all_parts} <= FILES
@@ -51,9 +51,9 @@ def test_every_kernel_name_the_host_asks_for_resolves():
     names |= {decode_kernels("gpu", subgroups, 64).attention for subgroups in (False, True)}
     names |= {fold_shader(dtype, subgroups, f16) for dtype in GPU_WEIGHTS for subgroups in (False, True)
               for f16 in (False, True)}
-    names |= {k for head_dim in (64, 256) for k in (decode_kernels("cpu", False, 16, head_dim).attention,
+    names |= {k for head_dim in (64, 128, 256) for k in (decode_kernels("cpu", False, 16, head_dim).attention,
                                                    prefill_kernel("cpu", 1, head_dim, 4, 16, 16).name)}
-    assert len(names) == 207
+    assert len(names) == 209
     missing = names - FILES - set(VARIANTS)
     assert not missing
     # every variant is asked for by some host code (none is dead)

@@ -55,7 +55,8 @@ def test_program_has_one_pass_per_phase_and_8_or_9_dispatches_per_layer():
     assert layer == [
         ("matvec_q4_1", (("WORKGROUP_SIZE", 32), ("NORM", 1)), "lin_qkv"),  # attn_norm fused, q|k|v stacked
         ("rope", (("WORKGROUP_SIZE", 64),), "rope"),
-        ("kv_write", None, "kv_write"), ("paged_attention", None, "attn"), ("paged_attention_reduce", None, "reduce"),
+        ("kv_write", None, "kv_write"), ("paged_attention_narrow", None, "attn"),  # heads of 32
+        ("paged_attention_reduce", None, "reduce"),
         ("matvec_q4_1", (("WORKGROUP_SIZE", 32), ("ACCUMULATE", 1)), "lin_h"),  # x += o
         ("matvec_q4_1", (("WORKGROUP_SIZE", 32), ("NORM", 1), ("SWIGLU", 1)), "lin_ffn"),  # ffn_norm, gate|up, SwiGLU
         ("matvec_q4_1", (("WORKGROUP_SIZE", 32), ("ACCUMULATE", 1)), "lin_down")]  # x += down
@@ -63,13 +64,13 @@ def test_program_has_one_pass_per_phase_and_8_or_9_dispatches_per_layer():
     assert decode[0][2].bindings == ("qkv", "q", "k", "v", "positions", "cos_sin", "zero_bias")
     assert decode[0][7].bindings[2:] == ("x", "act") and decode[0][8].bindings[2:] == ("act", "x")
     assert [d.shader for d in prefill[0][1:10]] == [
-        "rmsnorm", "matmul_q4_1", "rope", "kv_write", "paged_prefill_attention", "matmul_q4_1", "rmsnorm",
+        "rmsnorm", "matmul_q4_1", "rope", "kv_write", "paged_prefill_attention_narrow", "matmul_q4_1", "rmsnorm",
         "matmul_q4_1", "matmul_q4_1"]
     assert prefill[0][1].bindings == ("x", "blk.0.attn_norm.weight", "h") and prefill[0][2].bindings[2:] == ("h", "qkv")
     assert prefill[0][8].constants == (("WORKGROUP_SIZE", 32), ("SWIGLU", 1))
     assert decode[1][1].shader == "matvec_q8_0" and decode[1][1].bindings[:2] == ("token_embd.weight.qs",
                                                                                  "token_embd.weight.d")
-    attn = [d for d in prefill[0] if d.shader == "paged_prefill_attention"]
+    attn = [d for d in prefill[0] if d.shader == "paged_prefill_attention_narrow"]
     assert attn[1].bindings[1] == "k1" and attn[1].constants is None
 
 
@@ -79,12 +80,12 @@ def test_a_long_prefill_walks_its_keys_in_passes_of_512():
     from the states they keep in act; decode takes one."""
     b = fake_backend()
     kv = b.kv_kernels
-    assert kv.prefill.pass_keys == 512 and dict(kv.prefill.constants)["PASS_BLOCKS"] == 32
+    assert kv.prefill.pass_keys == 512 and dict(kv.prefill.constants)["PASS_KEYS"] == 512
     assert [kv.prefill_passes(np.array([5, n])) for n in (512, 513, 1024, 1783)] == [1, 2, 2, 4]
     assert PlanKey.of(2, 2, prefill_passes=4) == PlanKey.of(2, 2)  # decode: no prefill passes
     attn = [d for d in layer_program(b, PlanKey.of(24, 3, prefill_passes=3))[0] if d.slot == "attn"]
-    assert [d.shader for d in attn] == ["paged_prefill_attention"] + ["paged_prefill_attention_resume"] * 2 + [
-        "paged_prefill_attention"] + ["paged_prefill_attention_resume"] * 2  # two layers
+    first, resume = "paged_prefill_attention_narrow", "paged_prefill_attention_narrow_resume"  # heads of 32
+    assert [d.shader for d in attn] == ([first] + [resume] * 2) * 2  # two layers
     assert {d.bindings[8] for d in attn} == {"act"} and {d.bindings[7] for d in attn} == {"attn"}
     gpu = fake_backend("gpu")
     assert gpu.kv_kernels.prefill.pass_keys == 1024 and dict(gpu.kv_kernels.prefill.constants)["PASS_TILES"] == 32
@@ -264,7 +265,7 @@ def test_members_without_a_common_type_run_one_by_one_into_the_stacked_layouts()
         lin("ffn_gate", "act", "lin_gate"), lin("ffn_up", "act", "lin_gate", ("SILU_MUL", 1)),
         ("matvec_q4_1", (("WORKGROUP_SIZE", 32), ("ACCUMULATE", 1)), ("blk.0.ffn_down.weight.qs",
                                                                      "blk.0.ffn_down.weight.d", "act", "x"), "lin_down")]
-    assert [d.shader for d in decode[5:10]] == ["rope", "kv_write", "paged_attention", "paged_attention_reduce",
+    assert [d.shader for d in decode[5:10]] == ["rope", "kv_write", "paged_attention_narrow", "paged_attention_reduce",
                                                 "matvec_q4_1"]
     assert decode[14].slot == "lin_qkv" and decode[20].slot == "lin_ffn"  # layer 1: stacked, norms fused
     _, params = step_slots(b, StepShape(1, 1, 1, 1, 1, True))

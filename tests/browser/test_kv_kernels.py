@@ -32,7 +32,7 @@ GROUP4 = (8, 2, 16)  # 4 heads per decode invocation
 CONFIGS = pytest.mark.parametrize("heads", [SMOLLM2, SMALL, MHA, GROUP4],
                                   ids=["gqa9-3-d64", "gqa4-2-d16", "mha4-d32", "gqa8-2-d16"])
 FAMILY = pytest.mark.parametrize("family", ["cpu", "gpu", "gpu-sg"])  # kv_cases.FAMILIES
-DECODE_KERNELS = {"cpu": ["paged_attention", "paged_attention_reduce"],
+DECODE_KERNELS = {"cpu": ["paged_attention_narrow", "paged_attention_reduce"],  # CONFIGS: heads up to 64
                   "gpu": ["paged_attention_gpu", "paged_attention_reduce_gpu"],
                   "gpu-sg": ["paged_attention_gpu_sg", "paged_attention_reduce_gpu"]}
 

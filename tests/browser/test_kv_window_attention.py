@@ -1,6 +1,7 @@
 """Window layers' attention kernels on WebGPU (SwiftShader here; tests/native/test_window_attention_native.py on
 lavapipe) against ref_attention's window references: both kernel families, decode and prefill, f32 and packed-f16
-caches, heads 64 and 256 wide (the cpu family's paged_attention[_wide] variants, the gpu family's 8-row prefill).
+caches, heads 64 and 256 wide (the cpu family's paged_attention_narrow and _wide variants, the gpu family's 8-row
+prefill).
 Keys with p_q - p_k >= window are masked, and every block wholly before a sequence's window is a NaN block in the
 GPU's table (kv_cases.poisoned: a released block's placeholder), which no kernel may read. Decode contexts span
 several 32-token partitions, some wholly before the window; prefill chunks start within and past their windows.

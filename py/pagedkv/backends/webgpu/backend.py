@@ -51,8 +51,9 @@ def refuse_unsupported(config: ModelConfig) -> None:
     require(config, OPS, "the WebGPU backend", "the tab's CPU path (?backend=cpu) and the numpy reference run it")
 
 
-UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_wide", "paged_attention_gpu", "paged_attention_gpu_sg",
-                "paged_prefill_attention", "paged_prefill_attention_wide", "paged_prefill_attention_gpu")
+UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_narrow", "paged_attention_wide", "paged_attention_gpu",
+                "paged_attention_gpu_sg", "paged_prefill_attention", "paged_prefill_attention_narrow",
+                "paged_prefill_attention_wide", "paged_prefill_attention_gpu")
 
 
 class WebGpuBackend:

@@ -1,6 +1,7 @@
 """Which kernels run paged attention (decode and prefill) in each kernel family, and their grids (pure, no GPU).
 
-cpu family: shaders/paged_attention_main.wgsl (paged_attention[_wide]: shader_variants.CPU_ATTENTION_HEADS) (one invocation per (sequence, partition, head tile)) and
+cpu family: shaders/paged_attention_main.wgsl (paged_attention[_narrow|_wide]: shader_variants.CPU_ATTENTION_HEADS)
+(one invocation per (sequence, partition, head tile)) and
 paged_attention_reduce.wgsl's `main` (one per output vec4). gpu family: paged_attention_gpu[_sg] (composed, one
 workgroup of ATTENTION_WORKGROUP lanes per (sequence, partition, head tile), lanes along the keys of a tile,
 then along head_dim; `_sg` reduces with subgroups) and the reduce's `main_gpu` (one workgroup per (sequence,
@@ -70,9 +71,9 @@ class DecodeKernels:
 
 
 def cpu_heads(head_dim: int) -> str:
-    """The name suffix of the cpu family's attention for heads head_dim wide: "_wide" past 128
-    (shader_variants.CPU_ATTENTION_HEADS)."""
-    return "_wide" if head_dim > 128 else ""
+    """The name suffix of the cpu family's attention for heads head_dim wide (shader_variants.CPU_ATTENTION_HEADS):
+    "_narrow" up to 64, "" up to 128, "_wide" past 128."""
+    return "_narrow" if head_dim <= 64 else "_wide" if head_dim > 128 else ""
 
 
 def decode_kernels(family: str, subgroups: bool, cpu_workgroup: int, head_dim: int = 128) -> DecodeKernels:
@@ -149,7 +150,7 @@ def prefill_kernel(family: str, head_tile: int, head_dim: int, query_tile: int, 
     if family == "cpu":
         pass_blocks = max(1, PREFILL_PASS_TOKENS // block_size)
         return PrefillKernel("cpu", "paged_prefill_attention" + cpu_heads(head_dim), cpu_workgroup, query_tile,
-                             (("SLOTS", query_tile), ("PASS_BLOCKS", pass_blocks)), pass_blocks * block_size)
+                             (("SLOTS", query_tile), ("PASS_KEYS", PREFILL_PASS_TOKENS)), pass_blocks * block_size)
     # A lane adds four vec4 columns of one row: 16 rows cover head_dim 128, wider heads take fewer rows (and their
     # staged queries stay within WebGPU's 16 KiB of workgroup memory).
     rows = PREFILL_ROWS * 128 // max(head_dim, 128)

@@ -136,8 +136,9 @@ def fold_shader(dtype: str, subgroups: bool, f16: bool = False) -> str:
 
 
 # The cpu family's attention by head width: name suffix -> the part sizing its private accumulator (a private
-# array cannot take an override's size).
-CPU_ATTENTION_HEADS: dict[str, str] = {"": "attention_heads_128", "_wide": "attention_heads_256"}
+# array cannot take an override's size), the narrowest that holds the heads (kv_attention_gpu.cpu_heads).
+CPU_ATTENTION_HEADS: dict[str, str] = {"_narrow": "attention_heads_64", "": "attention_heads_128",
+                                       "_wide": "attention_heads_256"}
 
 
 def _variants() -> dict[str, Variant]:
