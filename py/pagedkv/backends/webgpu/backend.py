@@ -38,6 +38,7 @@ from .memory_plan import partition_blocks as scratch_partition_blocks
 from .memory_plan import group_strides, kv_groups_of, plan_kv_pool, scratch_buffers, staging_buffers
 from .plan import (PARAM_SLOT_BYTES, SLOT_INDEX, PlanKey, StepShape, layer_program, rope_table_label, rope_tables,
                    step_slots)
+from .shader_variants import CPU_ATTENTION, CPU_ATTENTION_HEADS
 from .weight_upload import upload_weights
 
 CPU_POOL_CAP_BYTES = 64 * MIB  # default CPU swap pool (wasm memory)
@@ -51,9 +52,8 @@ def refuse_unsupported(config: ModelConfig) -> None:
     require(config, OPS, "the WebGPU backend", "the tab's CPU path (?backend=cpu) and the numpy reference run it")
 
 
-UNIFORM_AT_5 = ("kv_write", "paged_attention", "paged_attention_narrow", "paged_attention_wide", "paged_attention_gpu",
-                "paged_attention_gpu_sg", "paged_prefill_attention", "paged_prefill_attention_narrow",
-                "paged_prefill_attention_wide", "paged_prefill_attention_gpu")
+UNIFORM_AT_5 = ("kv_write", "paged_attention_gpu", "paged_attention_gpu_sg", "paged_prefill_attention_gpu",
+                *(kernel + suffix for kernel in CPU_ATTENTION for _, suffix, _ in CPU_ATTENTION_HEADS))
 
 
 class WebGpuBackend:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .shader_variants import CPU_ATTENTION_HEADS
+
 ATTENTION_WORKGROUP = 128  # lanes of a gpu-family decode workgroup = keys per tile
 REDUCE_WORKGROUP = 128  # lanes of a gpu-family merge workgroup
 MAX_PART_BLOCKS = 128  # MAX_PART_BLOCKS in paged_attention_gpu_main.wgsl (the staged block-table slice)
@@ -71,9 +73,9 @@ class DecodeKernels:
 
 
 def cpu_heads(head_dim: int) -> str:
-    """The name suffix of the cpu family's attention for heads head_dim wide (shader_variants.CPU_ATTENTION_HEADS):
-    "_narrow" up to 64, "" up to 128, "_wide" past 128."""
-    return "_narrow" if head_dim <= 64 else "_wide" if head_dim > 128 else ""
+    """The name suffix of the cpu family's attention for heads head_dim wide: the narrowest variant of
+    shader_variants.CPU_ATTENTION_HEADS that holds them ("_narrow" up to 64, "" up to 128, "_wide" past 128)."""
+    return next((suffix for widest, suffix, _ in CPU_ATTENTION_HEADS if head_dim <= widest), CPU_ATTENTION_HEADS[-1][1])
 
 
 def decode_kernels(family: str, subgroups: bool, cpu_workgroup: int, head_dim: int = 128) -> DecodeKernels:

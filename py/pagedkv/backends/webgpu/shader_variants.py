@@ -135,10 +135,12 @@ def fold_shader(dtype: str, subgroups: bool, f16: bool = False) -> str:
     return f"paged_attention_gpu{'_sg' if subgroups else ''}_fold{'_f16' if f16 else ''}_{dtype}"
 
 
-# The cpu family's attention by head width: name suffix -> the part sizing its private accumulator (a private
-# array cannot take an override's size), the narrowest that holds the heads (kv_attention_gpu.cpu_heads).
-CPU_ATTENTION_HEADS: dict[str, str] = {"_narrow": "attention_heads_64", "": "attention_heads_128",
-                                       "_wide": "attention_heads_256"}
+# The cpu family's attention kernels, each in a variant by head width: (widest heads, name suffix, the part sizing
+# its private accumulator: a private array cannot take an override's size), narrowest first; the first that holds
+# the heads runs them (kv_attention_gpu.cpu_heads).
+CPU_ATTENTION = ("paged_attention", "paged_prefill_attention")
+CPU_ATTENTION_HEADS: tuple[tuple[int, str, str], ...] = (
+    (64, "_narrow", "attention_heads_64"), (128, "", "attention_heads_128"), (256, "_wide", "attention_heads_256"))
 
 
 def _variants() -> dict[str, Variant]:
@@ -169,8 +171,8 @@ def _variants() -> dict[str, Variant]:
                     ((FOLD_PREFIX, (*weights, "attention_qkv_io"), FOLD_BINDINGS),), ("k_cache", "v_cache"))
     for dtype in GPU_MATMUL_TYPES:
         table[f"matmul_gpu_{dtype}"] = Variant((*GPU_WEIGHTS[dtype], "matmul_gpu_main"))
-    for suffix, heads in CPU_ATTENTION_HEADS.items():
-        for kernel in ("paged_attention", "paged_prefill_attention"):
+    for _, suffix, heads in CPU_ATTENTION_HEADS:
+        for kernel in CPU_ATTENTION:
             table[f"{kernel}{suffix}"] = Variant((heads, f"{kernel}_main"))
     return table
 
