@@ -18,6 +18,20 @@ def real_app(browser, base_url):
     booted.page.close()
 
 
+# Every memory-panel update from here until the turn ends, in the page's own order (a MutationObserver, not a poll:
+# a short turn on a fast path ended before a 50 ms poll saw one, once in a fresh-clone run).
+RECORD_MEMORY = """() => {
+  window.__turnMemory = [];
+  let done = false;
+  new MutationObserver((records, observer) => {
+    for (const r of records) {
+      if (r.attributeName === "data-last-turn") { done = true; observer.disconnect(); return; }
+      if (!done) window.__turnMemory.push(document.documentElement.dataset.memory);
+    }
+  }).observe(document.documentElement, { attributes: true, attributeFilter: ["data-memory", "data-last-turn"] });
+}"""
+
+
 def run_turn(booted, text: str, max_tokens: int) -> tuple[dict, dict, list[str], list[dict]]:
     """Send `text`; return the turn-end and turn-start messages, the assistant texts seen while streaming,
     and the memory panel's numbers polled meanwhile."""
@@ -26,17 +40,18 @@ def run_turn(booted, text: str, max_tokens: int) -> tuple[dict, dict, list[str],
     page.fill("#set-temperature", "0")
     page.fill("#set-max-tokens", str(max_tokens))
     page.fill("#prompt", text)
+    page.evaluate(RECORD_MEMORY)
     page.press("#prompt", "Enter")
-    seen, memory = [], []
+    seen = []
     for _ in range(6000):
         if page.evaluate("document.documentElement.dataset.lastTurn || ''") != previous:
             start = json.loads(page.evaluate("document.documentElement.dataset.lastStart"))
+            memory = [json.loads(m or "null") for m in page.evaluate("window.__turnMemory")]
             return json.loads(page.evaluate("document.documentElement.dataset.lastTurn")), start, seen, memory
         current = page.locator("#messages .msg.assistant").last.get_attribute("data-text") if \
             page.locator("#messages .msg.assistant").count() else None
         if current and (not seen or seen[-1] != current):
             seen.append(current)
-        memory.append(json.loads(page.evaluate("document.documentElement.dataset.memory || 'null'") or "null"))
         page.wait_for_timeout(50)
     raise AssertionError("the turn did not end")
 
