@@ -203,3 +203,66 @@ def test_a_lone_decode_step_on_quantized_weights_runs_its_layers_through_the_ker
     again = CountingTwin()
     WasmAttentionModel(quantized, again).forward(_decode_batch(nexts), _copy(kv))
     assert again.calls["add_rms_norm"] == again.calls["attn_decode"] == 0
+
+
+class WalkingTwin(CountingTwin):
+    """The kernels with a tape runner, as the tab's are (web/linear_tape.js): run_tape reads the tape's words
+    at its address and walks them there, a product with no threads through the matmul export itself (the
+    kernel's signature: t = 1, ldo = rows), each kernel by its name on this twin (counted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.walks = []
+
+    def run_tape(self, at: int, words: int, threads) -> None:
+        import ctypes
+
+        from pagedkv.backends.cpu_tape import StepTape, interpret
+        from pagedkv.backends.cpu_wasm import array_at, pointer_twin
+
+        self.walks.append((words, threads))
+        tape = StepTape()
+        tape.words = array_at(at, ctypes.c_double, words).copy()
+        interpret(tape, self, lambda code, qs, dm, rows, cols, x, out, scratch: pointer_twin(
+            code, qs, dm, rows, cols, x, 1, out, rows, scratch))
+
+
+def test_a_lone_decode_step_is_one_tape_walk_where_the_kernels_have_a_runner(tiny_dir):  # noqa: F811
+    """With a tape runner (the tab's kernels), a one-token step crosses into the kernels once: one run_tape of
+    the whole step, its words read at their address (per layer q|k|v, attn_decode, o, add_rms_norm, gate|up,
+    silu_mul, down, add_rms_norm: 8 ops; the first norm before them), giving Python's own walk of the same tape
+    bit for bit, logits and new K/V alike, step after step (the attention's moving arguments rewritten in place)."""
+    from pagedkv.backends.cpu_tape import OPS
+    from pagedkv.backends.cpu_wasm import HeapStore, pointer_twin, stack_projections, tensor_loader
+    from pagedkv.model.weights import ModelWeights
+
+    plain = ModelWeights.load(tiny_dir)
+    shards = {s["file"]: (tiny_dir / s["file"]).read_bytes() for s in plain.manifest["shards"]}
+    quantized = ModelWeights.from_shards(plain.manifest, shards, tensor_loader(HeapStore(pointer_twin)))
+    stack_projections(quantized.tensors, quantized.config.n_layers)
+    cfg = quantized.config
+    kv, nexts = _prefilled(plain)
+    table, n = TABLES[0], PROMPTS[0]
+    walking, walked = WasmAttentionModel(quantized, WalkingTwin()), WasmAttentionModel(quantized, CountingTwin())
+    kv_js, kv_py = _copy(kv), _copy(kv)
+    token = nexts[0]
+    for pos in range(n, n + 3):  # three steps, the third in the table's next block
+        batch = ForwardBatch(i32([token]), i32([pos]), i32([table[pos // 16] * 16 + pos % 16]), i32([0, 1]),
+                             i32([table]), i32([pos + 1]))
+        got, want = walking.forward(batch, kv_js), walked.forward(batch, kv_py)
+        assert np.array_equal(got, want)
+        assert all(np.array_equal(a, b) for a, b in zip(kv_js.k + kv_js.v, kv_py.k + kv_py.v))
+        token = int(got[0].argmax())
+    ops = 1 + 8 * cfg.n_layers
+    tape = walking._tape
+    assert len(walking.kernels.walks) == 3 and {w for w, _ in walking.kernels.walks} == {tape.words.size}
+    assert {t for _, t in walking.kernels.walks} == {None}  # HeapStore: the export on one thread
+    codes, i = [], 0
+    while i < tape.words.size:
+        codes.append(OPS[int(tape.words[i])][0])
+        i += 1 + OPS[int(tape.words[i])][1]
+    assert len(codes) == ops and Counter(codes) == {"rms_norm": 1, "matmul": 4 * cfg.n_layers,
+                                                    "attn_decode": cfg.n_layers, "add_rms_norm": 2 * cfg.n_layers,
+                                                    "silu_mul": cfg.n_layers}
+    assert walking.kernels.calls.pop("run_tape") == 3
+    assert walking.kernels.calls == walked.kernels.calls  # the same kernels, the same number of times

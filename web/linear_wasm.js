@@ -1,8 +1,9 @@
 // The CPU path's projection kernel (wasm/linear.wasm, assembled from web/wasm/linear.wat by build.py),
 // instantiated on Pyodide's own WebAssembly.Memory so that numpy arrays' addresses are its pointers (no
 // copies; py/pagedkv/backends/cpu_wasm.py, cpu_attention.py). Resolves to {matmul, attention, error, startThreads,
-// relaxedSimd}: either the error is null, or it says why and the others are. attention: the exports object
-// (attn_scores, attn_values, ...); startThreads: the same kernel on every core (linear_threads.js).
+// relaxedSimd}: either the error is null, or it says why and the others are. attention: the exports
+// (attn_scores, attn_values, ...) and run_tape, the one-token step's walker (linear_tape.js); startThreads: the
+// same kernel on every core (linear_threads.js).
 // Python reads it as self.pagedkvLinear (pagedkv/browser/interop.py) and keeps the einsum path, saying why,
 // on an error.
 "use strict";
@@ -61,7 +62,9 @@ async function loadLinearWasm(base, entry, pyodide, sharedEntry, relaxed) {
       }
       return started.get(count);
     };
-    return { matmul: instance.exports.matmul, attention: instance.exports, error: null, startThreads, relaxedSimd };
+    // attention: the exports and run_tape, the one-token step's tape walker (linear_tape.js)
+    const attention = Object.assign({}, instance.exports, { run_tape: makeTapeRunner(instance.exports, memory) });
+    return { matmul: instance.exports.matmul, attention, error: null, startThreads, relaxedSimd };
   } catch (err) {
     return { matmul: null, attention: null, error: String(err.message || err), startThreads: null, relaxedSimd: false };
   }

@@ -12,7 +12,8 @@ function progress(stage, detail) {
 async function boot() {
   progress("download", "downloading the Python runtime (Pyodide)");
   const assets = await (await fetch(base + "assets.json")).json();
-  importScripts(base + "pyodide/pyodide.js", base + "replayer.js", base + "linear_wasm.js", base + "linear_threads.js");
+  importScripts(base + "pyodide/pyodide.js", base + "replayer.js", base + "linear_wasm.js", base + "linear_tape.js",
+    base + "linear_threads.js");
   progress("python", `starting Python (Pyodide ${assets.pyodide_version})`);
   const pyodide = await loadPyodide({ indexURL: base + "pyodide/" });
   const wasm = assets.wasm || {};

@@ -196,6 +196,69 @@ def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page)
     assert len(got["ids"]) == NEW_TOKENS + 1
 
 
+# Runs in the worker: the page's model decoding with its kernels' tape runner (web/linear_tape.js) and with
+# Python's walk of the same tapes (the kernels without run_tape): each decode step's logits hashed, the runner's
+# walks and every other kernel call made from Python counted during the decode steps.
+TAPE_WALKS = """
+import hashlib, json
+import numpy as np
+from pagedkv_app.main import state
+from pagedkv.backends.numpy_ref import PagedKVCache
+from pagedkv.model_runner import ForwardBatch
+model = state['engine'].backend.model
+kernels = model.kernels
+i32 = lambda v: np.asarray(v, dtype=np.int32)
+
+class Counted:
+    def __init__(self, runner):
+        self.walks, self.calls, self.runner = 0, 0, runner
+    def __getattr__(self, name):
+        if name == 'run_tape' and not self.runner:
+            raise AttributeError(name)
+        f = getattr(kernels, name)
+        def call(*args):
+            if name == 'run_tape':
+                self.walks += 1
+            else:
+                self.calls += 1
+            return f(*args)
+        return call
+
+def decode(runner):
+    ctx = len(PROMPT) + NEW
+    kv = PagedKVCache.allocate(model.config, -(-ctx // 16), 16)
+    table = i32([list(range(-(-ctx // 16)))[::-1]])  # scattered: the blocks in reverse
+    slots = lambda ps: i32([table[0][p // 16] * 16 + p % 16 for p in ps])
+    n = len(PROMPT)
+    logits = model.forward(ForwardBatch(i32(PROMPT), i32(range(n)), slots(range(n)), i32([0, n]), table,
+                                        i32([n])), kv)
+    counted = model.kernels = Counted(runner)
+    digest, ids = hashlib.sha256(), []
+    try:
+        for pos in range(n, ctx):
+            ids.append(int(logits[0].argmax()))
+            logits = model.forward(ForwardBatch(i32([ids[-1]]), i32([pos]), slots([pos]), i32([0, 1]), table,
+                                                i32([pos + 1])), kv)
+            digest.update(logits.tobytes())
+    finally:
+        model.kernels = kernels
+    return {'ids': ids, 'digest': digest.hexdigest(), 'walks': counted.walks, 'calls': counted.calls}
+
+json.dumps({'js': decode(True), 'py': decode(False)})
+"""
+
+
+def test_the_one_token_step_is_one_tape_walk_giving_pythons_walk_bit_for_bit(cpu_page):
+    """The tab's one-token step crosses from Python into the kernels once (run_tape, web/linear_tape.js), and
+    its logits are those of Python walking the same tape call by call, bit for bit, on a scattered table."""
+    worker, _ = cpu_page
+    got = worker.py(TAPE_WALKS.replace("PROMPT", str(PROMPT)).replace("NEW", str(NEW_TOKENS)))
+    assert (got["js"]["walks"], got["js"]["calls"]) == (NEW_TOKENS, 0), got
+    # Python's walk: per step the first norm, then per layer of two attn_decode, add_rms_norm twice and silu_mul
+    assert (got["py"]["walks"], got["py"]["calls"]) == (0, NEW_TOKENS * (1 + 2 * 4)), got
+    assert got["js"]["digest"] == got["py"]["digest"] and got["js"]["ids"] == got["py"]["ids"], got
+
+
 # Runs in the worker: each K-quant file's weights as the tab's CPU path holds them (cpu_models.cpu_weights: the
 # kernel's layouts in the threads' shared memory, q|k|v and gate|up stacked where their layouts agree), every
 # product split across two threads, and its greedy ids.

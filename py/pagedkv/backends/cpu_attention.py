@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.weights import ModelWeights
-from .cpu_wasm import QuantWeight, address_of, array_at
+from .cpu_tape import StepTape
+from .cpu_wasm import HeapStore, QuantWeight, address_of, array_at, scratch_floats
 from ..kernels.ref_ops import gelu_tanh, rms_norm, rope_tables, rotate_adjacent, silu
 from .numpy_ref import NumpyModel, block_mass
 
@@ -90,6 +91,9 @@ class WasmAttentionModel(NumpyModel):
         self._layers = self._step_layers()
         self._pools: dict[int, tuple[np.ndarray, int]] = {}  # id(pool) -> (pool, address): pools live on
         self._batch, self._tables = None, {}  # the step whose tables these are, and their entries (_step)
+        # the one-token step's tape (cpu_tape.py), the KV cache and grouping it was made for, a layer of each of
+        # its attention kinds, the store its products run in
+        self._tape, self._tape_for, self._tape_keys, self._store = None, (None, False), {}, None
 
     def _step_layers(self) -> list[StepLayer] | None:
         """Each layer's part of the one-token step (StepLayer), read from the family's declaration (its Layer per
@@ -134,42 +138,76 @@ class WasmAttentionModel(NumpyModel):
         if (self._layers is None or batch.token_ids.shape[0] != 1 or attention_mass is not None
                 or kv.kv_dtype != "f32"):
             return super().forward(batch, kv, all_logits, attention_mass)
-        cfg, k, a = self.config, self.kernels, self._addrs
+        cfg = self.config
         batch.check_fits(vocab=cfg.vocab, context_length=cfg.context_length, num_blocks=kv.num_blocks,
                          block_size=kv.block_size)
-        hidden, ffn, hd, eps = cfg.hidden, cfg.ffn, cfg.head_dim, float(cfg.rms_eps)
-        q_bytes = 4 * cfg.q_dim  # k's heads follow q's in _qkv
         self._x[...] = self.w["token_embd.weight"][batch.token_ids]
         if cfg.embedding_scale != 1.0:
             self._x *= np.float32(cfg.embedding_scale)  # the reference's f32 product
-        k.rms_norm(a["_x"], self._layers[0].attn_norm, hidden, eps, a["_h"])
+        tape = self._step_tape(batch, kv)
+        for key, layer in self._tape_keys.items():  # the attention's arguments that move with the step
+            tape.set(key, self._attention_moving(layer, batch, kv)[2])
+        tape.run(self.kernels, self._store)
+        return self._h @ self.w["token_embd.weight" if cfg.tied_embeddings else "output.weight"].T  # (1, vocab)
+
+    def _step_tape(self, batch, kv) -> StepTape:
+        """The one-token step's kernel calls (cpu_tape.py), made once per KV cache (its pools' addresses are the
+        tape's): embedding in _x, per layer its products (q | k | v and gate | up stacked), q / k norms per head,
+        attn_decode, post norms, the residual sums with the next norm (add_rms_norm), the activation; _h then
+        holds the output norm's. Python between two calls (a bias, a product of a weight held f32) is a CALL."""
+        grouped = batch.group_block_tables is not None
+        if self._tape is not None and self._tape_for[0] is kv and self._tape_for[1] == grouped:
+            return self._tape
+        cfg, a = self.config, self._addrs
+        hidden, ffn, hd, eps = cfg.hidden, cfg.ffn, cfg.head_dim, float(cfg.rms_eps)
+        q_bytes = 4 * cfg.q_dim  # k's heads follow q's in _qkv
+        quant = [w for s in self._layers for w in (s.qkv, s.gate_up, s.o, s.down) if isinstance(w, QuantWeight)]
+        self._store = quant[0].store if quant else HeapStore(None)
+        scratch = max((scratch_floats(w.shape[1], 1, w.kernel_args[0]) for w in quant), default=1)
+        self._tape_scratch = np.empty(scratch, np.float32)  # (scratch,) the products' on one thread
+        tape, keys = StepTape(), {}
+
+        def product(w, x: str, out: str) -> None:
+            if isinstance(w, QuantWeight) and w.store is self._store:
+                tape.op("matmul", *w.kernel_args, a[x], a[out], address_of(self._tape_scratch))
+            else:
+                tape.call(lambda: self._run1(w, x, out))
+
+        def stacked(layer: int, both: str, names: tuple[str, ...], out: np.ndarray) -> None:
+            tape.call(lambda: np.concatenate(self._projections(layer, both, names, self._h, False), axis=1, out=out))
+
+        tape.op("rms_norm", a["_x"], self._layers[0].attn_norm, hidden, eps, a["_h"])
         for layer, s in enumerate(self._layers):
             if s.qkv is not None:
-                s.qkv.run1(a["_h"], a["_qkv"])
+                product(s.qkv, "_h", "_qkv")
             else:
-                np.concatenate(self._projections(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), self._h, False),
-                               axis=1, out=self._qkv)
+                stacked(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), self._qkv)
             if s.bias is not None:
-                self._qkv += s.bias
+                tape.call(lambda bias=s.bias: np.add(self._qkv, bias, out=self._qkv))
             if s.q_norm:  # per head, before rotary (attn_decode rotates)
-                k.rms_norm_rows(a["_qkv"], s.q_norm, hd, cfg.n_heads, eps, a["_qkv"])
-                k.rms_norm_rows(a["_qkv"] + q_bytes, s.k_norm, hd, cfg.n_kv_heads, eps, a["_qkv"] + q_bytes)
-            self._decode_attention(layer, batch, kv)
-            self._run1(s.o, "_out", "_y")
+                tape.op("rms_norm_rows", a["_qkv"], s.q_norm, hd, cfg.n_heads, eps, a["_qkv"])
+                tape.op("rms_norm_rows", a["_qkv"] + q_bytes, s.k_norm, hd, cfg.n_kv_heads, eps, a["_qkv"] + q_bytes)
+            key, pool, _ = self._attention_moving(layer, batch, kv)
+            keys.setdefault(key, layer)
+            k_addr, v_addr = self._pool_addrs(kv, pool)
+            scale = float(np.float32(self.layers[layer].attention.scale))
+            tape.op("attn_decode", a["_qkv"], 0, 0, k_addr, v_addr, 0, 0, 0, kv.block_size, cfg.n_kv_heads,
+                    cfg.q_per_kv, hd, 0, scale, a["_scores"], 0, a["_out"], key=key)
+            product(s.o, "_out", "_y")
             if s.post_attention_norm:
-                k.rms_norm(a["_y"], s.post_attention_norm, hidden, eps, a["_y"])
-            k.add_rms_norm(a["_x"], a["_y"], s.ffn_norm, hidden, eps, a["_h"])  # x += attention; h = norm(x)
+                tape.op("rms_norm", a["_y"], s.post_attention_norm, hidden, eps, a["_y"])
+            tape.op("add_rms_norm", a["_x"], a["_y"], s.ffn_norm, hidden, eps, a["_h"])  # x += attention; h = norm(x)
             if s.gate_up is not None:
-                s.gate_up.run1(a["_h"], a["_gu"])
+                product(s.gate_up, "_h", "_gu")
             else:
-                np.concatenate(self._projections(layer, "ffn_gate_up", ("ffn_gate", "ffn_up"), self._h, False),
-                               axis=1, out=self._gu)
-            getattr(k, s.activation)(a["_gu"], a["_gu"] + 4 * ffn, ffn, a["_act"])
-            self._run1(s.down, "_act", "_y")
+                stacked(layer, "ffn_gate_up", ("ffn_gate", "ffn_up"), self._gu)
+            tape.op(s.activation, a["_gu"], a["_gu"] + 4 * ffn, ffn, a["_act"])
+            product(s.down, "_act", "_y")
             if s.post_ffn_norm:
-                k.rms_norm(a["_y"], s.post_ffn_norm, hidden, eps, a["_y"])
-            k.add_rms_norm(a["_x"], a["_y"], s.next_norm, hidden, eps, a["_h"])  # x += mlp; the next norm
-        return self._h @ self.w["token_embd.weight" if cfg.tied_embeddings else "output.weight"].T  # (1, vocab)
+                tape.op("rms_norm", a["_y"], s.post_ffn_norm, hidden, eps, a["_y"])
+            tape.op("add_rms_norm", a["_x"], a["_y"], s.next_norm, hidden, eps, a["_h"])  # x += mlp; the next norm
+        self._tape, self._tape_for, self._tape_keys = tape.finish(), (kv, grouped), keys
+        return tape
 
     def _run1(self, w, x: str, out: str) -> None:
         """One token's product of weight w from fixed buffer x into out: the kernel at their addresses for a
@@ -205,20 +243,30 @@ class WasmAttentionModel(NumpyModel):
         return self._out.reshape(1, -1) @ self.w[f"blk.{layer}.attn_output.weight"].T  # (1, hidden)
 
     def _decode_attention(self, layer: int, batch, kv) -> None:
-        """attn_decode of the one new token whose q | k | v are in self._qkv, into self._out. The arguments the
-        layers of a step share are made at the first of them (the table's rows, the new token's pool row, the
-        rotations' addresses; ~10 us a layer in Pyodide otherwise), each layer's pools' addresses looked up: per
-        KV group (a batch with group_block_tables: the layer's slot pools through its group's table and slot),
-        window, rotary and scale. A window layer's table starts at the block of the window's first key, the keys
-        before it in that block masked (lo): the window group's entries before it hold the null block."""
+        """attn_decode of the one new token whose q | k | v are in self._qkv, into self._out (the layer loop's
+        one-token attention; the one-token step's tape makes the same call)."""
+        key, pool, moving = self._attention_moving(layer, batch, kv)
+        cfg, a = self.config, self._addrs
+        k_addr, v_addr = self._pool_addrs(kv, pool)
+        cos, sin, table, seen, lo, slot, ld = moving
+        self.kernels.attn_decode(a["_qkv"], cos, sin, k_addr, v_addr, table, seen, lo, kv.block_size, cfg.n_kv_heads,
+                                 cfg.q_per_kv, cfg.head_dim, slot, key[3], a["_scores"], ld, a["_out"])
+
+    def _attention_moving(self, layer: int, batch, kv) -> tuple[tuple, int, tuple]:
+        """(the layer's attention kind, its pool, attn_decode's arguments that move with the step: cos, sin,
+        table, ctx, lo, slot, ld (cpu_tape.ATTN_STEP_ARGS)) for the one new token. The kind (KV group, window,
+        rotary, scale) decides the moving arguments, made at its first layer of a step (the table's rows, the new
+        token's pool row, the rotations' addresses; ~10 us a layer in Pyodide otherwise). A window layer's table
+        starts at the block of the window's first key, the keys before it in that block masked (lo): the window
+        group's entries before it hold the null block."""
         t, spec = self._step(batch), self.layers[layer]
         group, pool = (0, layer) if batch.group_block_tables is None else self.kv_groups.where(layer)
         k_blocks, v_blocks = kv.k[pool], kv.v[pool]
         inv, window, scale = self.inv_freqs[layer], spec.attention.window, float(np.float32(spec.attention.scale))
-        key = ("decode", group, window, id(inv), scale)  # what the shared arguments depend on
-        shared = t.get(key)
-        if shared is None or shared[0] != k_blocks.shape or shared[1] != k_blocks.strides:
-            cfg, ctx, bs = self.config, int(batch.context_lens[0]), kv.block_size
+        key = (group, window, id(inv), scale)  # what the moving arguments depend on
+        moving = t.get(("decode", key))
+        if moving is None or moving[0] != k_blocks.shape or moving[1] != k_blocks.strides:
+            ctx, bs = int(batch.context_lens[0]), kv.block_size
             tables, slots = batch.tables_of(group)
             lo = first_seen(ctx, 1, window)
             first = lo // bs
@@ -226,16 +274,18 @@ class WasmAttentionModel(NumpyModel):
             _, _, step, geometry = self._geometry(tables[0][first:], seen, 1, k_blocks, v_blocks)
             slot = int(slots[0])  # its pool row: a page's blocks `step` apart
             cos, sin = self._no_rotation if inv is None else self._rope_tables(batch, inv)
-            a = self._addrs
-            shared = t[key] = (k_blocks.shape, k_blocks.strides, (
-                geometry[0], seen, lo - first * bs, bs, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim,
-                (slot // bs) * step * bs + slot % bs, scale, a["_scores"], (seen + 3) & ~3, a["_out"]),
-                (a["_qkv"], address_of(cos), address_of(sin)))
-        k_addr, k_step = self._pool_addr(k_blocks)
-        v_addr, v_step = self._pool_addr(v_blocks)
+            moving = t[("decode", key)] = (k_blocks.shape, k_blocks.strides, (
+                address_of(cos), address_of(sin), geometry[0], seen, lo - first * bs,
+                (slot // bs) * step * bs + slot % bs, (seen + 3) & ~3))
+        return key, pool, moving[2]
+
+    def _pool_addrs(self, kv, pool: int) -> tuple[int, int]:
+        """The K and V pools' addresses of slot `pool` (they step over blocks alike)."""
+        k_addr, k_step = self._pool_addr(kv.k[pool])
+        v_addr, v_step = self._pool_addr(kv.v[pool])
         if k_step != v_step:
             raise ValueError(f"K and V pools step over blocks differently ({k_step} vs {v_step})")
-        self.kernels.attn_decode(*shared[3], k_addr, v_addr, *shared[2])
+        return k_addr, v_addr
 
     def _rope(self, layer: int, q: np.ndarray, k: np.ndarray, batch) -> tuple[np.ndarray, np.ndarray]:
         """The reference's rope_adjacent (the same arithmetic) on the step's cos and sin of the layer's frequencies."""

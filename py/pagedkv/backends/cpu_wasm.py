@@ -111,12 +111,22 @@ class HeapStore:
     export on Pyodide's memory (browser/interop.py: linear_wasm_matmul) or, in CPython, pointer_twin."""
 
     threads = 1
+    tape_threads = None  # web/linear_tape.js's walker calls the export itself (cpu_tape.StepTape.run)
 
     def __init__(self, kernel: Kernel, activations: str = "f32") -> None:
         self.kernel, self.activations = kernel, check_activations(activations)
 
     def place(self, a: np.ndarray) -> np.ndarray:
         return a
+
+    @staticmethod
+    def address(placed: np.ndarray) -> int:
+        return address_of(placed)
+
+    def matmul1(self, code: int, qs: int, dm: int, rows: int, cols: int, x: int, out: int, scratch: int) -> None:
+        """One token's product at those addresses (a step tape's MATMUL: cpu_tape.py); scratch its own, at least
+        scratch_floats(cols, 1, code) f32."""
+        self.kernel(code, qs, dm, rows, cols, x, 1, out, rows, scratch)
 
     def rows(self, placed: np.ndarray, rows) -> np.ndarray:
         return placed[rows]
@@ -154,6 +164,16 @@ class SharedStore:
     def __init__(self, threads, activations: str = "f32") -> None:
         self.js, self.activations = threads, check_activations(activations)
         self.threads = int(threads.threads)
+        self.tape_threads = threads  # web/linear_tape.js's walker runs a step tape's products on them
+
+    @staticmethod
+    def address(placed: Region) -> int:
+        return placed.offset
+
+    def matmul1(self, code: int, qs: int, dm: int, rows: int, cols: int, x: int, out: int, scratch: int) -> None:
+        """One token's product, x and out in Pyodide's memory, on the threads (a step tape's MATMUL: cpu_tape.py;
+        the threads keep their own scratch)."""
+        self.js.matmul(code, qs, dm, rows, cols, x, 1, out)
 
     def place(self, a: np.ndarray) -> Region:
         a = np.ascontiguousarray(a)
@@ -209,6 +229,9 @@ class QuantWeight:
         self.dm_shape = dm.shape
         self.qs, self.dm = store.place(qs), store.place(dm)
         self._run = store.bind(kind, self.qs, self.dm, rows, self.shape[1])
+        # (code, qs, dm, rows, cols): a step tape's MATMUL arguments before x, out and scratch (cpu_tape.py)
+        self.kernel_args = (kind_code(kind, store.activations), store.address(self.qs), store.address(self.dm),
+                            rows, self.shape[1])
         # One token (decode) goes through fixed buffers: an address lookup costs as much as a small product in
         # Pyodide (measured: 8.6 us each; `h @ w.T` for a 32x576 weight 91 -> 57 us).
         self._x1 = np.empty((1, self.shape[1]), np.float32)  # (1, cols)
