@@ -123,12 +123,24 @@ def test_attn_decode_rotates_writes_and_attends_in_one_call(kernels):
         assert r["probs_sum"] <= (case[0] + 8) * 2.0**-24, r
 
 
+# (ctx, nkv, group, hd, nq, window): a whole prompt, a chunk after cached tokens, GQA, windows inside and across
+# blocks, Gemma 3's 256-wide heads
+PREFILL = [(37, 3, 3, 64, 37, 0), (300, 3, 3, 64, 21, 0), (33, 1, 4, 32, 2, 0), (5, 2, 2, 16, 5, 0),
+           (90, 1, 4, 64, 40, 7), (120, 3, 3, 64, 50, 33), (70, 1, 4, 256, 30, 16)]
+
+
+def test_attn_prefill_attends_every_query_in_one_call(kernels):
+    for case in PREFILL:
+        r = cases.case_attn_prefill(kernels, *case)
+        assert r["finite"] and r["rel"] <= 1.0, r
+
+
 def test_the_one_token_steps_glue_matches_f64(kernels):
     for n in (64, 576, 1536):
         r = cases.case_step_glue(kernels, n)
         bound = n / 8 + 4
         assert r["add_exact"] and r["norm_ulps"] <= bound and r["add_ulps"] <= bound and r["silu_ulps"] <= 8, r
-        assert r["gelu_ulps"] <= 8 and r["rows_as_alone"], r
+        assert r["gelu_ulps"] <= 8 and r["rows_as_alone"] and r["acts_as_alone"], r
 
 
 def test_without_relaxed_simd_the_plain_module_gives_the_same_16_bit_products_and_its_8_bit_ones_trap(kernels):
@@ -305,10 +317,11 @@ def test_gemma3_on_two_kernel_threads_gives_llama_cpps_greedy_ids(gemma3_gguf): 
     got = cases.greedy(CpuBackend(w, 4, 16, linear="wasm", attention=wasm).model, case["prompt_ids"], 7)["ids"]
     pos = next((i for i, (a, b) in enumerate(zip(got, case["output_ids"])) if a != b), None)
     assert len(got) == 8 and (pos is None or near_tie(case["margins"][pos])), (got, case["output_ids"][:8])
-    # each decode step's every layer through the one-token step: q / k norms, GeGLU, post norms in the kernels
+    # each decode step's every layer through the one-token step: q / k norms, GeGLU, post norms in the kernels;
+    # the prompt's attention and GeGLU in one call a layer each (attn_prefill, gelu_tanh_mul_rows)
     n = w.config.n_layers
-    assert [wasm.calls[e] for e in ("attn_decode", "rms_norm_rows", "gelu_tanh_mul", "rms_norm")] == [
-        7 * n, 7 * 2 * n, 7 * n, 7 * (2 * n + 1)], wasm.calls
+    assert [wasm.calls[e] for e in ("attn_decode", "rms_norm_rows", "gelu_tanh_mul", "rms_norm", "attn_prefill",
+                                    "gelu_tanh_mul_rows")] == [7 * n, 7 * 2 * n, 7 * n, 7 * (2 * n + 1), n, n], wasm.calls
     assert w.tensors["token_embd.weight"].kind == "q8_d"  # the head without its zero mins (cpu_wasm.head_blocks)
     heads = [p for p in threads.products if p[0] == w.config.vocab]
     assert [(p[2], p[3]) for p in heads] == [(1, 2)] * 8 and all(min(p[4]) > 0 for p in heads), heads

@@ -88,6 +88,12 @@ def _attn_decode(qkv, cos, sin, k, v, table, ctx, lo, bs, nkv, group, hd, slot, 
             (table, -(-ctx // bs) * 4), (s, nh * ld * 4), (out, nh * hd * 4)]
 
 
+def _attn_prefill(q, k, v, table, ctx, nq, bs, nkv, group, hd, window, scale, s, out):
+    nh, pool = nkv * group, _table_blocks(table, ctx, bs) * bs * nkv * hd * 4
+    return [(q, nq * nh * hd * 4), (k, pool), (v, pool), (table, -(-ctx // bs) * 4), (s, nh * ((ctx + 3) & ~3) * 4),
+            (out, nq * nh * hd * 4)]
+
+
 # export -> (argument indices that are pointers, their regions [(address, bytes)] from the call's arguments)
 FOOTPRINTS = {
     "matmul": ((1, 2, 5, 7, 9), _matmul),
@@ -96,10 +102,13 @@ FOOTPRINTS = {
     "attn_scores": ((0, 1, 2, 9), lambda *a: _attn(*a, scores=True)),
     "attn_values": ((0, 1, 2, 9), lambda *a: _attn(*a, scores=False)),
     "attn_decode": ((0, 1, 2, 3, 4, 5, 14, 16), _attn_decode),
+    "attn_prefill": ((0, 1, 2, 3, 12, 13), _attn_prefill),
     "rms_norm": ((0, 1, 4), lambda x, w, n, eps, out: [(x, n * 4), (w, n * 4), (out, n * 4)]),
     "add_rms_norm": ((0, 1, 2, 5), lambda x, y, w, n, eps, out: [(x, n * 4), (y, n * 4), (w, n * 4), (out, n * 4)]),
     "silu_mul": ((0, 1, 3), lambda g, u, n, out: [(g, n * 4), (u, n * 4), (out, n * 4)]),
     "gelu_tanh_mul": ((0, 1, 3), lambda g, u, n, out: [(g, n * 4), (u, n * 4), (out, n * 4)]),
+    "silu_mul_rows": ((0, 3), lambda gu, n, rows, out: [(gu, 2 * n * rows * 4), (out, n * rows * 4)]),
+    "gelu_tanh_mul_rows": ((0, 3), lambda gu, n, rows, out: [(gu, 2 * n * rows * 4), (out, n * rows * 4)]),
     "rms_norm_rows": ((0, 1, 5), lambda x, w, n, rows, eps, out: [(x, n * rows * 4), (w, n * 4),
                                                                  (out, n * rows * 4)]),
 }

@@ -142,8 +142,18 @@ def case_step_glue(kernels, n: int) -> dict:
     alone = np.empty(n, np.float32)
     for r in range(4):
         kernels.rms_norm(address_of(x) + r * n, address_of(w), n // 4, eps, address_of(alone) + r * n)
+    gu = np.concatenate([g.reshape(4, n // 4), u.reshape(4, n // 4)], axis=1)  # (4, n / 2): gate | up a row
+    acts_as_alone = True
+    for name in ("silu_mul", "gelu_tanh_mul"):  # four rows of gate | up in one call: each row's own call's bits
+        rows_out, alone_out = np.empty(n, np.float32), np.empty(n, np.float32)
+        getattr(kernels, name + "_rows")(address_of(gu), n // 4, 4, address_of(rows_out))
+        for r in range(4):
+            at = address_of(gu) + r * 2 * n
+            getattr(kernels, name)(at, at + n, n // 4, address_of(alone_out) + r * n)
+        acts_as_alone &= bool(np.array_equal(rows_out, alone_out))
     return {"n": n, "norm_ulps": rel_norm, "add_exact": bool(np.array_equal(x2, summed)), "add_ulps": rel_add,
-            "silu_ulps": rel_silu, "gelu_ulps": rel_gelu, "rows_as_alone": bool(np.array_equal(rows, alone))}
+            "silu_ulps": rel_silu, "gelu_ulps": rel_gelu, "rows_as_alone": bool(np.array_equal(rows, alone)),
+            "acts_as_alone": acts_as_alone}
 
 
 def case_attn_decode(kernels, ctx: int, nkv: int, group: int, hd: int, lo: int = 0) -> dict:
@@ -190,6 +200,42 @@ def case_attn_decode(kernels, ctx: int, nkv: int, group: int, hd: int, lo: int =
     return {"case": [ctx, nkv, group, hd, lo], "written": bool(written), "finite": bool(np.isfinite(out).all()),
             "rel": float((np.abs(out - want) / (unit * tol)).max()), "masked_zero": bool((probs[:, :lo] == 0).all()),
             "probs_sum": float(np.abs(probs.sum(axis=1) - 1).max())}
+
+
+def case_attn_prefill(kernels, ctx: int, nkv: int, group: int, hd: int, nq: int, window: int = 0) -> dict:
+    """attn_prefill on the last nq of ctx cached tokens over a scattered 16-token-block f32 pool: query i against
+    f64 softmax(q . k * scale) @ v over its keys lo_i .. seen_i - 1 (causal; lo_i = seen_i - window past a window),
+    `rel` as case_attn_decode's (each output's error over its bound). The keys no query sees are NaN (a window's
+    before the first query's), so one reaching a softmax shows."""
+    rng = np.random.default_rng(ctx * 31 + nq + hd + window)
+    bs, used, nh = 16, -(-ctx // 16), nkv * group
+    num_blocks = used + 3
+    k, v = (rng.standard_normal((num_blocks, bs, nkv, hd)).astype(np.float32) for _ in range(2))
+    table = rng.permutation(num_blocks)[:used].astype(np.int32)
+    seen = ctx - nq + 1 + np.arange(nq)  # (nq,) keys each query sees the first of
+    lo = np.maximum(seen - window, 0) if window else np.zeros(nq, np.int64)
+    slots_all = table[np.arange(ctx) // bs].astype(np.int64) * bs + np.arange(ctx) % bs
+    k.reshape(-1, nkv, hd)[slots_all[: lo[0]]] = np.nan
+    q = rng.standard_normal((nq, nh, hd)).astype(np.float32)
+    s, out = np.full(nh * ((ctx + 3) & ~3), np.nan, np.float32), np.full((nq, nh, hd), np.nan, np.float32)
+    scale = np.float32(1.0 / np.sqrt(hd))
+    kernels.attn_prefill(address_of(q), address_of(k), address_of(v), address_of(table), ctx, nq, bs, nkv, group,
+                         hd, window, float(scale), address_of(s), address_of(out))
+    worst = 0.0
+    for i in range(nq):
+        slots = slots_all[lo[i]: seen[i]]
+        keys = k.reshape(-1, nkv, hd)[slots].astype(np.float64)  # (seen, nkv, hd)
+        vals = v.reshape(-1, nkv, hd)[slots].astype(np.float64)
+        q64 = q[i].astype(np.float64).reshape(nkv, group, hd)
+        logits = np.einsum("hgd,chd->hgc", q64, keys) * float(scale)
+        p64 = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        p64 /= p64.sum(axis=-1, keepdims=True)
+        want = np.einsum("hgc,chd->hgd", p64, vals).reshape(nh, hd)
+        unit = np.einsum("hgc,chd->hgd", p64, np.abs(vals)).reshape(nh, hd)
+        s_err = hd * 2.0**-24 * float(scale) * np.einsum("hgd,chd->hgc", np.abs(q64), np.abs(keys)).max()
+        tol = 2 * s_err + (2 * int(seen[i]) + 16) * 2.0**-24
+        worst = max(worst, float((np.abs(out[i] - want) / (unit * tol)).max()))
+    return {"case": [ctx, nkv, group, hd, nq, window], "finite": bool(np.isfinite(out).all()), "rel": worst}
 
 
 def greedy(model: NumpyModel, prompt: list[int], new: int) -> dict:

@@ -129,6 +129,9 @@ def test_the_attention_kernels_match_numpy_in_the_worker(ready_page):
 # window's first keys masked (lo: within the first block, at its edge, Gemma 3's one kv head of 256 and 4 q heads)
 DECODE = [(1, 3, 3, 64, 0), (16, 3, 3, 64, 0), (17, 3, 3, 64, 0), (37, 3, 3, 64, 0), (1000, 3, 3, 64, 0),
           (5, 2, 2, 16, 0), (33, 1, 4, 32, 0), (40, 3, 3, 64, 7), (40, 3, 3, 64, 15), (520, 1, 4, 256, 9)]
+# (ctx, nkv, group, hd, nq, window): a whole prompt, a chunk after cached tokens, GQA, windows, 256-wide heads
+PREFILL = [(37, 3, 3, 64, 37, 0), (300, 3, 3, 64, 21, 0), (600, 3, 3, 64, 512, 0), (33, 1, 4, 32, 2, 0),
+           (90, 1, 4, 64, 40, 7), (120, 3, 3, 64, 50, 33), (70, 1, 4, 256, 30, 16)]
 
 
 def test_attn_decode_rotates_writes_and_attends_in_one_call(ready_page):
@@ -145,6 +148,18 @@ def test_attn_decode_rotates_writes_and_attends_in_one_call(ready_page):
         assert r["probs_sum"] <= (r["case"][0] + 8) * 2.0**-24, r
 
 
+def test_attn_prefill_attends_every_query_in_one_call(ready_page):
+    """A prompt chunk's attention in one call (web/wasm/linear.wat attn_prefill): every query's output within its
+    bound against f64 over its causal keys, windows included (cpu_wasm_cases.case_attn_prefill)."""
+    worker = install_modules(ready_page, "cpu_wasm_cases")
+    calls = ", ".join(f"c.case_attn_prefill(k, {', '.join(map(str, case))})" for case in PREFILL)
+    results = worker.py("import json, cpu_wasm_cases as c\nfrom pagedkv.browser.interop import wasm_attention\n"
+                        f"k = wasm_attention()\njson.dumps([{calls}])")
+    assert [r["case"] for r in results] == [list(a) for a in PREFILL]
+    for r in results:
+        assert r["finite"] and r["rel"] <= 1.0, r
+
+
 def test_the_one_token_steps_glue_matches_f64(ready_page):
     """rms_norm / add_rms_norm / silu_mul / gelu_tanh_mul (web/wasm/linear.wat, WasmAttentionModel's one-token
     step) against f64, in f32 roundings: the norm's sum of n / 4 positive squares a lane rounds at most n / 4 + 2
@@ -156,7 +171,7 @@ def test_the_one_token_steps_glue_matches_f64(ready_page):
     for r in results:
         bound = r["n"] / 8 + 4
         assert r["add_exact"] and r["norm_ulps"] <= bound and r["add_ulps"] <= bound and r["silu_ulps"] <= 8, r
-        assert r["gelu_ulps"] <= 8 and r["rows_as_alone"], r
+        assert r["gelu_ulps"] <= 8 and r["rows_as_alone"] and r["acts_as_alone"], r
 
 
 @pytest.fixture(scope="module")

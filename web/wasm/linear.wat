@@ -1028,45 +1028,13 @@
       local.get $j local.get $m i32.add local.tee $j local.get $ctx i32.lt_u br_if $blocks
     end)
 
-  ;; A decode step's attention for one sequence in one call (the tab's path, f32 pools): the new token's q | k | v
-  ;; (nq = 1; qkv holds nkv * group + 2 * nkv heads of hd f32) rotated in place at its position's cos / sin
-  ;; (hd / 2 f32 each: x0 cos - x1 sin, x0 sin + x1 cos, as ref_ops.rotate_adjacent), its k and v copied into
-  ;; the pools at row `slot` (a token's index into them), then attn_scores, the softmax of each head's row
-  ;; (times scale, minus its max, $exp4, over its sum) in s (nkv * group rows ld f32 apart, ld >= ctx a multiple
-  ;; of 4), then attn_values into out (nkv * group * hd f32). The row's first lo keys (lo < ctx) get probability
-  ;; 0: a sliding window's keys before it in the first block of the table (which starts at that block).
-  (func $attn_decode (export "attn_decode") (param $qkv i32) (param $cos i32) (param $sin i32) (param $k i32)
-    (param $v i32) (param $table i32) (param $ctx i32) (param $lo i32) (param $bs i32) (param $nkv i32)
-    (param $group i32) (param $hd i32) (param $slot i32) (param $scale f32) (param $s i32) (param $ld i32) (param $out i32)
-    (local $p i32) (local $end i32) (local $i i32) (local $x0 f32) (local $x1 f32) (local $tok i32) (local $kn i32)
-    (local $row i32) (local $n i32) (local $mx v128) (local $sum v128) (local $e v128) (local $m f32) (local $t f32)
-    local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok
-    local.get $qkv local.get $nkv local.get $group i32.mul local.get $hd i32.mul i32.const 2 i32.shl i32.add local.set $kn
-    local.get $qkv local.set $p  ;; rope over the q and k heads: (nkv * group + nkv) * hd / 2 pairs
-    local.get $kn local.get $tok i32.add local.set $end
-    loop $pairs
-      local.get $p f32.load local.set $x0
-      local.get $p f32.load offset=4 local.set $x1
-      local.get $cos local.get $i i32.const 2 i32.shl i32.add f32.load local.set $m
-      local.get $sin local.get $i i32.const 2 i32.shl i32.add f32.load local.set $t
-      local.get $p local.get $x0 local.get $m f32.mul local.get $x1 local.get $t f32.mul f32.sub f32.store
-      local.get $p local.get $x0 local.get $t f32.mul local.get $x1 local.get $m f32.mul f32.add f32.store offset=4
-      local.get $i i32.const 1 i32.add local.tee $i local.get $hd i32.const 1 i32.shr_u i32.eq
-      if i32.const 0 local.set $i end
-      local.get $p i32.const 8 i32.add local.tee $p local.get $end i32.lt_u br_if $pairs
-    end
-    i32.const 0 local.set $i  ;; the new k and v into their pool rows, 16 bytes at a time
-    local.get $slot local.get $tok i32.mul local.set $p
-    loop $copy
-      local.get $k local.get $p i32.add local.get $kn local.get $i i32.add v128.load v128.store
-      local.get $v local.get $p i32.add local.get $kn local.get $tok i32.add local.get $i i32.add v128.load v128.store
-      local.get $p i32.const 16 i32.add local.set $p
-      local.get $i i32.const 16 i32.add local.tee $i local.get $tok i32.lt_u br_if $copy
-    end
-    local.get $qkv local.get $k local.get $table local.get $ctx local.get $bs local.get $nkv local.get $group
-    local.get $hd local.get $s local.get $ld call $scores1
-    i32.const 0 local.set $row
-    loop $rows  ;; one head's softmax
+  ;; The softmax of `rows` rows of scores at s (ld f32 apart, ld >= ctx a multiple of 4), each over its first ctx
+  ;; keys: times scale, minus the row's max, $exp4, over its sum; the row's first lo keys (lo < ctx) and its tail
+  ;; past ctx get probability 0 (-inf before the exp): a sliding window's keys before it.
+  (func $softmax_rows (param $s i32) (param $rows i32) (param $ctx i32) (param $lo i32) (param $ld i32) (param $scale f32)
+    (local $p i32) (local $end i32) (local $i i32) (local $row i32) (local $n i32) (local $mx v128) (local $sum v128)
+    (local $e v128)
+    loop $each  ;; one row's softmax
       local.get $s local.get $row local.get $ld i32.mul i32.const 2 i32.shl i32.add local.set $p
       local.get $p local.get $ctx i32.const 2 i32.shl i32.add local.set $end
       local.get $p local.get $ld i32.const 2 i32.shl i32.add local.set $n
@@ -1109,10 +1077,80 @@
         local.get $i local.get $i v128.load local.get $sum f32x4.div v128.store
         local.get $i i32.const 16 i32.add local.tee $i local.get $n i32.lt_u br_if $normed
       end
-      local.get $row i32.const 1 i32.add local.tee $row local.get $nkv local.get $group i32.mul i32.lt_u br_if $rows
+      local.get $row i32.const 1 i32.add local.tee $row local.get $rows i32.lt_u br_if $each
     end
+  )
+
+  ;; A decode step's attention for one sequence in one call (the tab's path, f32 pools): the new token's q | k | v
+  ;; (nq = 1; qkv holds nkv * group + 2 * nkv heads of hd f32) rotated in place at its position's cos / sin
+  ;; (hd / 2 f32 each: x0 cos - x1 sin, x0 sin + x1 cos, as ref_ops.rotate_adjacent), its k and v copied into
+  ;; the pools at row `slot` (a token's index into them), then attn_scores, the softmax of each head's row
+  ;; (times scale, minus its max, $exp4, over its sum) in s (nkv * group rows ld f32 apart, ld >= ctx a multiple
+  ;; of 4), then attn_values into out (nkv * group * hd f32). The row's first lo keys (lo < ctx) get probability
+  ;; 0: a sliding window's keys before it in the first block of the table (which starts at that block).
+  (func $attn_decode (export "attn_decode") (param $qkv i32) (param $cos i32) (param $sin i32) (param $k i32)
+    (param $v i32) (param $table i32) (param $ctx i32) (param $lo i32) (param $bs i32) (param $nkv i32)
+    (param $group i32) (param $hd i32) (param $slot i32) (param $scale f32) (param $s i32) (param $ld i32) (param $out i32)
+    (local $p i32) (local $end i32) (local $i i32) (local $x0 f32) (local $x1 f32) (local $tok i32) (local $kn i32)
+    (local $m f32) (local $t f32)
+    local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok
+    local.get $qkv local.get $nkv local.get $group i32.mul local.get $hd i32.mul i32.const 2 i32.shl i32.add local.set $kn
+    local.get $qkv local.set $p  ;; rope over the q and k heads: (nkv * group + nkv) * hd / 2 pairs
+    local.get $kn local.get $tok i32.add local.set $end
+    loop $pairs
+      local.get $p f32.load local.set $x0
+      local.get $p f32.load offset=4 local.set $x1
+      local.get $cos local.get $i i32.const 2 i32.shl i32.add f32.load local.set $m
+      local.get $sin local.get $i i32.const 2 i32.shl i32.add f32.load local.set $t
+      local.get $p local.get $x0 local.get $m f32.mul local.get $x1 local.get $t f32.mul f32.sub f32.store
+      local.get $p local.get $x0 local.get $t f32.mul local.get $x1 local.get $m f32.mul f32.add f32.store offset=4
+      local.get $i i32.const 1 i32.add local.tee $i local.get $hd i32.const 1 i32.shr_u i32.eq
+      if i32.const 0 local.set $i end
+      local.get $p i32.const 8 i32.add local.tee $p local.get $end i32.lt_u br_if $pairs
+    end
+    i32.const 0 local.set $i  ;; the new k and v into their pool rows, 16 bytes at a time
+    local.get $slot local.get $tok i32.mul local.set $p
+    loop $copy
+      local.get $k local.get $p i32.add local.get $kn local.get $i i32.add v128.load v128.store
+      local.get $v local.get $p i32.add local.get $kn local.get $tok i32.add local.get $i i32.add v128.load v128.store
+      local.get $p i32.const 16 i32.add local.set $p
+      local.get $i i32.const 16 i32.add local.tee $i local.get $tok i32.lt_u br_if $copy
+    end
+    local.get $qkv local.get $k local.get $table local.get $ctx local.get $bs local.get $nkv local.get $group
+    local.get $hd local.get $s local.get $ld call $scores1
+    local.get $s local.get $nkv local.get $group i32.mul local.get $ctx local.get $lo local.get $ld local.get $scale
+    call $softmax_rows
     local.get $s local.get $v local.get $table local.get $ctx local.get $bs local.get $nkv local.get $group
     local.get $hd local.get $out local.get $ld call $values1)
+
+  ;; A prompt chunk's attention in one call (the tab's prefill, f32 pools, its new keys and values written
+  ;; already): nq new tokens, the last nq of ctx, q (nq, nkv * group, hd); query i sees keys lo_i .. seen_i - 1,
+  ;; seen_i = ctx - nq + i + 1 (causal) and lo_i = max(0, seen_i - window) (window 0: none, lo_i = 0; the table
+  ;; starts at the block of the first key any query sees). Per query: $scores1 into s (nkv * group rows ld_i f32
+  ;; apart, ld_i = seen_i rounded up to 4), $softmax_rows, $values1 into out (nq, nkv * group, hd): attn_decode's
+  ;; arithmetic for each query, without a (nq, heads, ctx) array of scores.
+  (func $attn_prefill (export "attn_prefill") (param $q i32) (param $k i32) (param $v i32) (param $table i32)
+    (param $ctx i32) (param $nq i32) (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32)
+    (param $window i32) (param $scale f32) (param $s i32) (param $out i32)
+    (local $i i32) (local $nh i32) (local $seen i32) (local $lo i32) (local $ld i32) (local $row i32)
+    local.get $nkv local.get $group i32.mul local.set $nh
+    local.get $nh local.get $hd i32.mul i32.const 2 i32.shl local.set $row  ;; bytes a query's heads
+    loop $queries
+      local.get $ctx local.get $nq i32.sub local.get $i i32.add i32.const 1 i32.add local.set $seen
+      i32.const 0 local.set $lo
+      local.get $window
+      if
+        local.get $seen local.get $window i32.gt_s
+        if local.get $seen local.get $window i32.sub local.set $lo end
+      end
+      local.get $seen i32.const 3 i32.add i32.const -4 i32.and local.set $ld
+      local.get $q local.get $i local.get $row i32.mul i32.add local.get $k local.get $table local.get $seen
+      local.get $bs local.get $nkv local.get $group local.get $hd local.get $s local.get $ld call $scores1
+      local.get $s local.get $nh local.get $seen local.get $lo local.get $ld local.get $scale call $softmax_rows
+      local.get $s local.get $v local.get $table local.get $seen local.get $bs local.get $nkv local.get $group
+      local.get $hd local.get $out local.get $i local.get $row i32.mul i32.add local.get $ld call $values1
+      local.get $i i32.const 1 i32.add local.tee $i local.get $nq i32.lt_u br_if $queries
+    end)
 
   ;; A decode step's glue in one call each (backends/cpu_attention.py: WasmAttentionModel's one-token step), n f32
   ;; a multiple of 4. rms_norm: out = x / sqrt(sum(x * x) / n + eps) * w (ref_ops.rms_norm's operations; the sum
@@ -1186,6 +1224,26 @@
       f32.const 1 f32x4.splat local.get $t f32x4.add f32x4.div
       local.get $u local.get $i i32.add v128.load f32x4.mul v128.store
       local.get $i i32.const 16 i32.add local.tee $i local.get $n i32.const 2 i32.shl i32.lt_u br_if $lanes
+    end)
+
+  ;; A prompt's activations in one call: `rows` rows of gate | up (2n f32 a row, as the stacked gate | up product
+  ;; writes them) into out (rows, n): each row silu_mul's / gelu_tanh_mul's of its own halves.
+  (func $silu_mul_rows (export "silu_mul_rows") (param $gu i32) (param $n i32) (param $rows i32) (param $out i32)
+    loop $each
+      local.get $gu local.get $gu local.get $n i32.const 2 i32.shl i32.add local.get $n local.get $out call $silu_mul
+      local.get $gu local.get $n i32.const 3 i32.shl i32.add local.set $gu
+      local.get $out local.get $n i32.const 2 i32.shl i32.add local.set $out
+      local.get $rows i32.const 1 i32.sub local.tee $rows br_if $each
+    end)
+
+  (func $gelu_tanh_mul_rows (export "gelu_tanh_mul_rows") (param $gu i32) (param $n i32) (param $rows i32)
+    (param $out i32)
+    loop $each
+      local.get $gu local.get $gu local.get $n i32.const 2 i32.shl i32.add local.get $n local.get $out
+      call $gelu_tanh_mul
+      local.get $gu local.get $n i32.const 3 i32.shl i32.add local.set $gu
+      local.get $out local.get $n i32.const 2 i32.shl i32.add local.set $out
+      local.get $rows i32.const 1 i32.sub local.tee $rows br_if $each
     end)
 
   ;; e^x lane by lane for x <= 0 (a softmax's shifted scores): Cephes' expf, x = n ln 2 + r with |r| <= ln 2 / 2,

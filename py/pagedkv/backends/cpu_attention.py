@@ -209,6 +209,20 @@ class WasmAttentionModel(NumpyModel):
         self._tape, self._tape_for, self._tape_keys = tape.finish(), (kv, grouped), keys
         return tape
 
+    def _mlp(self, layer: int, h: np.ndarray) -> np.ndarray:
+        """The reference's MLP with its activation through the one-token step's glue on every row of the stacked
+        gate | up product in one call (silu_mul_rows, gelu_tanh_mul_rows: numpy's e^x on a prompt's (T, ffn) gates
+        cost SmolLM2's 512-token prefill ~0.17 s of 2.6 in Pyodide); the reference's own where the weights are not
+        stacked."""
+        w, ffn = self.w.get(f"blk.{layer}.ffn_gate_up.weight"), self.config.ffn
+        glue = getattr(self.kernels, ACTIVATION_EXPORTS.get(self.layers[layer].activation, "") + "_rows", None)
+        if glue is None or getattr(w, "parts", None) != (ffn, ffn) or h.shape[0] == 1:
+            return super()._mlp(layer, h)
+        gu = np.ascontiguousarray(h @ w.T, np.float32)  # (T, 2 * ffn): gate | up a row
+        act = np.empty((gu.shape[0], ffn), np.float32)  # (T, ffn)
+        glue(address_of(gu), ffn, gu.shape[0], address_of(act))
+        return act @ self.w[f"blk.{layer}.ffn_down.weight"].T  # (T, hidden)
+
     def _run1(self, w, x: str, out: str) -> None:
         """One token's product of weight w from fixed buffer x into out: the kernel at their addresses for a
         QuantWeight, numpy's for a weight held f32 (an f16 file's)."""
@@ -360,21 +374,32 @@ class WasmAttentionModel(NumpyModel):
                 mass += block_mass(probs.sum(axis=0), bs, mass.shape[0])
             self.kernels.attn_values(a["_probs"], v_addr, *geometry, a["_out"])
             return self._out[None].copy()  # (1, n_heads, head_dim)
-        # prefill: the reference's softmax over the kernel's scores, its causal mask on the keys a query cannot see
         qc = np.ascontiguousarray(q, np.float32)  # (nq, n_heads, head_dim)
+        out = np.empty((nq, nh, hd), np.float32)
+        if mass is None:  # prefill in one call, query by query: attn_decode's softmax on each query's row
+            self.kernels.attn_prefill(address_of(qc), k_addr, v_addr, geometry[0], ctx, nq, bs, cfg.n_kv_heads,
+                                      cfg.q_per_kv, hd, att.window or 0, float(scale), self._addrs["_scores"],
+                                      address_of(out))
+            return out
+        # the attention mass: the reference's softmax over the kernel's scores (prefill_probs), summed per block
         scores = np.empty((nq, nh, ctx), np.float32)  # the kernel leaves each query's unseen keys as they are
         self.kernels.attn_scores(address_of(qc), k_addr, *geometry, address_of(scores))
-        causal = np.arange(ctx)[None, :] > np.arange(ctx - nq, ctx)[:, None]  # (nq, ctx)
-        if att.window is not None:
-            causal |= np.arange(ctx)[None, :] <= np.arange(ctx - nq, ctx)[:, None] - att.window
-        s = np.where(causal[:, None, :], -np.inf, scores * scale)
-        s = np.exp(s - s.max(axis=-1, keepdims=True))
-        probs = s / s.sum(axis=-1, keepdims=True)  # (nq, n_heads, ctx), zero on unseen keys
-        if mass is not None:
-            mass += block_mass(probs.sum(axis=(0, 1)), bs, mass.shape[0])
-        out = np.empty((nq, nh, hd), np.float32)
+        probs = prefill_probs(scores, att.window, scale)  # (nq, n_heads, ctx), zero on unseen keys
+        mass += block_mass(probs.sum(axis=(0, 1)), bs, mass.shape[0])
         self.kernels.attn_values(address_of(probs), v_addr, *geometry, address_of(out))
         return out
+
+
+def prefill_probs(scores: np.ndarray, window: int | None, scale: float) -> np.ndarray:
+    """The reference's prefill softmax of scores (nq, heads, ctx), the last nq queries of ctx keys: each query's
+    causal mask (and the keys before its window), exp(s - max) / sum over the whole row; zero on unseen keys."""
+    nq, _, ctx = scores.shape
+    causal = np.arange(ctx)[None, :] > np.arange(ctx - nq, ctx)[:, None]  # (nq, ctx)
+    if window:
+        causal |= np.arange(ctx)[None, :] <= np.arange(ctx - nq, ctx)[:, None] - window
+    s = np.where(causal[:, None, :], -np.inf, scores * np.float32(scale))
+    s = np.exp(s - s.max(axis=-1, keepdims=True))
+    return s / s.sum(axis=-1, keepdims=True)
 
 
 def first_seen(ctx: int, nq: int, window: int | None) -> int:
@@ -407,6 +432,15 @@ class PointerTwin:
         for i in range(nq):  # query i sees keys 0 .. ctx - nq + i; the rest of its row stays as it was
             seen = ctx - nq + i + 1
             o[i, :, :, :seen] = np.einsum("hgd,chd->hgc", qs[i], keys[:seen])
+
+    def attn_prefill(self, q: int, k: int, v: int, table: int, ctx: int, nq: int, bs: int, nkv: int, group: int,
+                     hd: int, window: int, scale: float, s: int, out: int) -> None:
+        """The reference's prefill softmax between the two products (prefill_probs: every query's scores at once,
+        over whole rows)."""
+        scores = np.empty((nq, nkv * group, ctx), np.float32)  # the unseen keys left as they are, masked there
+        self.attn_scores(q, k, table, ctx, nq, bs, nkv, group, hd, address_of(scores))
+        probs = np.ascontiguousarray(prefill_probs(scores, window, scale), np.float32)  # (nq, n_heads, ctx)
+        self.attn_values(address_of(probs), v, table, ctx, nq, bs, nkv, group, hd, out)
 
     def attn_values(self, p: int, v: int, table: int, ctx: int, nq: int, bs: int, nkv: int, group: int, hd: int,
                     out: int) -> None:
@@ -446,6 +480,14 @@ class PointerTwin:
 
         f32 = ctypes.c_float
         array_at(out, f32, n)[...] = gelu_tanh(array_at(g, f32, n)) * array_at(u, f32, n)
+
+    def silu_mul_rows(self, gu: int, n: int, rows: int, out: int) -> None:
+        for r in range(rows):
+            self.silu_mul(gu + 8 * n * r, gu + 8 * n * r + 4 * n, n, out + 4 * n * r)
+
+    def gelu_tanh_mul_rows(self, gu: int, n: int, rows: int, out: int) -> None:
+        for r in range(rows):
+            self.gelu_tanh_mul(gu + 8 * n * r, gu + 8 * n * r + 4 * n, n, out + 4 * n * r)
 
     @staticmethod
     def silu_mul(g: int, u: int, n: int, out: int) -> None:
