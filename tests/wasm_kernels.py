@@ -20,8 +20,8 @@ import numpy as np
 import wasmtime
 
 import build
-from pagedkv.backends.cpu_wasm import (QUANTIZED_X, XQ_BYTES, act_bits, array_at, chunks, scale_bytes,
-                                      scratch_floats)
+from pagedkv.backends.cpu_wasm import (ACC8_FLOATS, ACT8, QUANTIZED_X, XQ_BYTES, act_bits, array_at, chunks,
+                                      scale_bytes, scratch_floats)
 from pagedkv.model.quants import QK
 
 LINEAR_WAT = build.ROOT / "web" / "wasm" / "linear.wat"
@@ -65,7 +65,8 @@ def _table_blocks(table: int, ctx: int, bs: int) -> int:
 def _matmul(kind, qs, dm, rows, cols, x, t, out, ldo, scratch):
     nb = cols // QK
     row_q = nb * (32 if kind & 1 else 16)  # 8-bit codes (kinds 1, 9, 17) or 4-bit (0)
-    return [(qs, rows * row_q), (dm, rows * scale_bytes(kind, nb)), (x, t * cols * 4),
+    x_bytes = t * nb * XQ_BYTES[8] if kind & ACT8 and kind & QUANTIZED_X else t * cols * 4  # x: the blocks
+    return [(qs, rows * row_q), (dm, rows * scale_bytes(kind, nb)), (x, x_bytes),
             (out, ((t - 1) * ldo + rows) * 4 if t else 0),
             (scratch, scratch_floats(cols, t, kind) * 4)]
 
@@ -238,7 +239,10 @@ class WasmThreads:
                 store, ex = self.instances[0]
                 ex["quant_x8" if bits == 8 else "quant_x"](store, x_at, nb, t, scratch_at)
                 kind |= QUANTIZED_X
-            stride = 0
+                if bits == 8:  # x: the blocks; each thread's scratch: its accumulators, past them
+                    x_at, scratch_at, stride = scratch_at, scratch_at + t * nb * XQ_BYTES[8], 4 * ACC8_FLOATS
+            if bits == 16 or n == 1:
+                stride = 0
         row_q, lock = nb * (32 if kind & 1 else 16), threading.Lock()
         work = iter(chunks(rows, n) if n > 1 else [(0, rows)])  # one thread: the whole weight in one call
         ran, errors = [0] * n, []

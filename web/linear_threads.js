@@ -137,31 +137,32 @@ class LinearThreads {
   matmul(kind, qs, dm, rows, cols, x, t, out) {
     const t0 = performance.now();
     const act8 = (kind & 32) !== 0, act = act8 || (kind & 2) !== 0, xBytes = t * cols * 4, outBytes = t * rows * 4;
-    const scratchBytes = act ? t * (cols >> 5) * (act8 ? 40 : 72) : cols * 4;  // the tokens' quantized blocks, or a row
+    const blockBytes = act ? t * (cols >> 5) * (act8 ? 40 : 72) : 0;  // the tokens' quantized blocks
+    // a thread's own scratch: a decoded row (f32), 8-bit activations' accumulators (16 tokens x 32 bytes: cpu_wasm's
+    // ACC8_FLOATS), none for 16-bit ones (their one quantized x is every thread's scratch)
+    const ownBytes = act8 ? 512 : act ? 0 : cols * 4;
     const n = rows >= this.threads && rows * cols * t >= this.minWork ? this.threads : 1;
-    const xAt = this.ioArea(xBytes + outBytes + (act ? 1 : n) * scratchBytes);
-    const outAt = xAt + xBytes, scratchAt = outAt + outBytes;
+    const xAt = this.ioArea(xBytes + outBytes + blockBytes + n * ownBytes);
+    const outAt = xAt + xBytes, blocksAt = outAt + outBytes;
     const heap = this.heap();
     heap.set(this.py().subarray(x, x + xBytes), xAt);
     const chunk = Math.ceil(rows / (n * CHUNKS_PER_THREAD));
-    let stride = scratchBytes;  // each thread's scratch; integer activations: one quantized x they all read
-    if (act) {
-      if (n > 1) {
-        (act8 ? this.exports.quant_x8 : this.exports.quant_x)(xAt, cols >> 5, t, scratchAt);
-        kind |= 4;
-      }
-      stride = 0;
+    let xIn = xAt, scratchAt = blocksAt, stride = ownBytes;  // what the threads read x from, their scratch
+    if (act && n > 1) {  // x quantized once for every thread (kind | 4)
+      (act8 ? this.exports.quant_x8 : this.exports.quant_x)(xAt, cols >> 5, t, blocksAt);
+      kind |= 4;
+      if (act8) [xIn, scratchAt] = [blocksAt, blocksAt + blockBytes];  // x: the blocks; scratch: accumulators
     }
     Atomics.store(this.counter, 0, n > 1 ? 0 : 1);  // one thread: its one chunk is the whole weight
     for (let i = 1; i < n; i++) {
       const c = this.helpers[i - 1].ctrl;
-      c[3] = kind; c[4] = qs; c[5] = dm; c[6] = rows; c[7] = cols; c[8] = xAt; c[9] = t; c[10] = outAt;
+      c[3] = kind; c[4] = qs; c[5] = dm; c[6] = rows; c[7] = cols; c[8] = xIn; c[9] = t; c[10] = outAt;
       c[11] = scratchAt + i * stride; c[12] = chunk; c[14] = this.spinUs;
       Atomics.store(c, 0, ++this.helpers[i - 1].seq);
       Atomics.notify(c, 0);
     }
     const t1 = performance.now();
-    if (n > 1) runChunks(this.exports, this.counter, kind, qs, dm, rows, cols, xAt, t, outAt, scratchAt, chunk);
+    if (n > 1) runChunks(this.exports, this.counter, kind, qs, dm, rows, cols, xIn, t, outAt, scratchAt, chunk);
     else this.exports.matmul(kind, qs, dm, rows, cols, xAt, t, outAt, rows, scratchAt);
     const t2 = performance.now();
     const st = this.stats;

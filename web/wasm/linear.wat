@@ -515,89 +515,171 @@
       local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
     end)
 
-  ;; One 4-bit-code row's dot product with quant_x8's blocks at s: per block d_w * d_x * (codes . q) + m * xsum,
-  ;; the codes' sum in i32 lanes (q's values 0..15 against the low nibbles, 16..31 the high ones).
-  (func $dot_x8 (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (result f32)
-    (local $v v128) (local $z v128) (local $sum v128) (local $accm f32) (local $xd i32) (local $xq i32)
-    local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
-    local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
-    loop $block
-      local.get $qs v128.load local.set $v
-      local.get $sum
-      local.get $xq v128.load offset=16 local.get $v i32.const 4 i8x16.shr_u
-      local.get $xq v128.load local.get $v i32.const 15 i8x16.splat v128.and local.get $z
-      i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s
-      f32x4.convert_i32x4_s local.get $dm f32.load local.get $xd f32.load f32.mul f32x4.splat f32x4.mul f32x4.add
-      local.set $sum
-      local.get $accm local.get $dm f32.load offset=4 local.get $s f32.load f32.mul f32.add local.set $accm
-      local.get $qs i32.const 16 i32.add local.set $qs
-      local.get $dm i32.const 8 i32.add local.set $dm
-      local.get $s i32.const 4 i32.add local.set $s
-      local.get $xd i32.const 4 i32.add local.set $xd
-      local.get $xq i32.const 32 i32.add local.set $xq
-      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
-    end
-    local.get $sum call $hsum local.get $accm f32.add)
-
-  ;; $dot_x8 for four tokens (quant_x8's blocks at s, s + stride, ...: out at out, out + ldo f32, ...): each
-  ;; weight block's codes split once for the four, every token's arithmetic $dot_x8's (bit-identical).
-  (func $dot_x8_t4 (param $qs i32) (param $dm i32) (param $nb i32) (param $s i32) (param $stride i32) (param $out i32)
-    (param $ldo i32)
-    (local $v v128) (local $lo v128) (local $hi v128) (local $z v128) (local $low v128)
-    (local $sum0 v128) (local $sum1 v128) (local $sum2 v128) (local $sum3 v128)
-    (local $accm0 f32) (local $accm1 f32) (local $accm2 f32) (local $accm3 f32) (local $d f32) (local $m f32)
-    (local $xd i32) (local $xq i32) (local $st1 i32) (local $st2 i32) (local $st3 i32)
+;; Four 4-bit-code rows against n tokens' quant_x8 blocks (token i's at xq + i * q; the rows at qs / dm, nb * 16 /
+  ;; nb * 8 bytes apart): per block, each row's codes (0..15, the i7 operand) meet each token's q in two
+  ;; relaxed dots, the four rows' lanes of one token summed into one i32 lane each (exact integers), converted
+  ;; once, times d_w * d_x and added to that token's accumulator; m * xsum summed in a second one (acc: n x
+  ;; (d part, m part), f32x4 over the four rows). out[i * ldo + 0..3] = d part + m part. Per row and token that
+  ;; is $dot_x8_r1's arithmetic, in its order, so a row gives the same bits in either and every token its own
+  ;; (the decoded codes and the scales shared by the chunk's tokens: 2.2 -> ~3.7 multiply-adds an instruction).
+  (func $dot_x8_r4 (param $qs i32) (param $dm i32) (param $nb i32) (param $xq i32) (param $q i32) (param $n i32)
+    (param $acc i32) (param $out i32) (param $ldo i32)
+    (local $lo0 v128) (local $hi0 v128) (local $lo1 v128) (local $hi1 v128) (local $lo2 v128) (local $hi2 v128)
+    (local $lo3 v128) (local $hi3 v128) (local $dv v128) (local $mv v128) (local $xl v128) (local $xh v128)
+    (local $i0 v128) (local $i1 v128) (local $i2 v128) (local $i3 v128) (local $low v128) (local $z v128)
+    (local $rq i32) (local $rd i32) (local $b i32) (local $xp i32) (local $ap i32) (local $end i32)
     i32.const 15 i8x16.splat local.set $low
-    local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
-    local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $xq
-    local.get $stride local.set $st1
-    local.get $stride i32.const 1 i32.shl local.set $st2
-    local.get $st1 local.get $st2 i32.add local.set $st3
+    local.get $nb i32.const 4 i32.shl local.set $rq  ;; bytes a row's codes
+    local.get $nb i32.const 3 i32.shl local.set $rd  ;; bytes a row's scales
+    local.get $acc local.get $n i32.const 5 i32.shl i32.add local.set $end
+    local.get $acc local.set $ap
+    loop $zero
+      local.get $ap local.get $z v128.store
+      local.get $ap i32.const 16 i32.add local.tee $ap local.get $end i32.lt_u br_if $zero
+    end
     loop $block
-      local.get $qs v128.load local.tee $v i32.const 4 i8x16.shr_u local.set $hi
-      local.get $v local.get $low v128.and local.set $lo
-      local.get $dm f32.load local.set $d
-      local.get $dm f32.load offset=4 local.set $m
-      local.get $sum0  ;; token 0
-      local.get $xq v128.load offset=16 local.get $hi local.get $xq v128.load local.get $lo local.get $z
-      i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s
-      f32x4.convert_i32x4_s local.get $d local.get $xd f32.load f32.mul f32x4.splat f32x4.mul f32x4.add local.set $sum0
-      local.get $accm0 local.get $m local.get $s f32.load f32.mul f32.add local.set $accm0
-      local.get $sum1  ;; token 1
-      local.get $xq local.get $st1 i32.add v128.load offset=16 local.get $hi
-      local.get $xq local.get $st1 i32.add v128.load local.get $lo local.get $z
-      i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s
-      f32x4.convert_i32x4_s local.get $d local.get $xd local.get $st1 i32.add f32.load f32.mul f32x4.splat f32x4.mul
-      f32x4.add local.set $sum1
-      local.get $accm1 local.get $m local.get $s local.get $st1 i32.add f32.load f32.mul f32.add local.set $accm1
-      local.get $sum2  ;; token 2
-      local.get $xq local.get $st2 i32.add v128.load offset=16 local.get $hi
-      local.get $xq local.get $st2 i32.add v128.load local.get $lo local.get $z
-      i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s
-      f32x4.convert_i32x4_s local.get $d local.get $xd local.get $st2 i32.add f32.load f32.mul f32x4.splat f32x4.mul
-      f32x4.add local.set $sum2
-      local.get $accm2 local.get $m local.get $s local.get $st2 i32.add f32.load f32.mul f32.add local.set $accm2
-      local.get $sum3  ;; token 3
-      local.get $xq local.get $st3 i32.add v128.load offset=16 local.get $hi
-      local.get $xq local.get $st3 i32.add v128.load local.get $lo local.get $z
-      i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s
-      f32x4.convert_i32x4_s local.get $d local.get $xd local.get $st3 i32.add f32.load f32.mul f32x4.splat f32x4.mul
-      f32x4.add local.set $sum3
-      local.get $accm3 local.get $m local.get $s local.get $st3 i32.add f32.load f32.mul f32.add local.set $accm3
+      local.get $qs v128.load local.tee $i0 local.get $low v128.and local.set $lo0
+      local.get $i0 i32.const 4 i8x16.shr_u local.set $hi0
+      local.get $qs local.get $rq i32.add v128.load local.tee $i0 local.get $low v128.and local.set $lo1
+      local.get $i0 i32.const 4 i8x16.shr_u local.set $hi1
+      local.get $qs local.get $rq i32.const 1 i32.shl i32.add v128.load local.tee $i0 local.get $low v128.and local.set $lo2
+      local.get $i0 i32.const 4 i8x16.shr_u local.set $hi2
+      local.get $qs local.get $rq i32.const 3 i32.mul i32.add v128.load local.tee $i0 local.get $low v128.and local.set $lo3
+      local.get $i0 i32.const 4 i8x16.shr_u local.set $hi3
+      local.get $dm f32.load f32x4.splat  ;; the four rows' d, then m
+      local.get $dm local.get $rd i32.add f32.load f32x4.replace_lane 1
+      local.get $dm local.get $rd i32.const 1 i32.shl i32.add f32.load f32x4.replace_lane 2
+      local.get $dm local.get $rd i32.const 3 i32.mul i32.add f32.load f32x4.replace_lane 3 local.set $dv
+      local.get $dm f32.load offset=4 f32x4.splat
+      local.get $dm local.get $rd i32.add f32.load offset=4 f32x4.replace_lane 1
+      local.get $dm local.get $rd i32.const 1 i32.shl i32.add f32.load offset=4 f32x4.replace_lane 2
+      local.get $dm local.get $rd i32.const 3 i32.mul i32.add f32.load offset=4 f32x4.replace_lane 3 local.set $mv
+      local.get $xq local.set $xp
+      local.get $acc local.set $ap
+      loop $tokens  ;; token i of the chunk: its block b's q, d and xsum
+        local.get $xp local.get $nb i32.const 3 i32.shl i32.add local.get $b i32.const 5 i32.shl i32.add local.tee $end
+        v128.load local.set $xl
+        local.get $end v128.load offset=16 local.set $xh
+        local.get $xh local.get $hi0 local.get $xl local.get $lo0 local.get $z
+        i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.set $i0
+        local.get $xh local.get $hi1 local.get $xl local.get $lo1 local.get $z
+        i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.set $i1
+        local.get $xh local.get $hi2 local.get $xl local.get $lo2 local.get $z
+        i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.set $i2
+        local.get $xh local.get $hi3 local.get $xl local.get $lo3 local.get $z
+        i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.set $i3
+        ;; [sum i0, sum i1, sum i2, sum i3]: lanes paired, then halves
+        local.get $i0 local.get $i1 i8x16.shuffle 0 1 2 3 16 17 18 19 8 9 10 11 24 25 26 27
+        local.get $i0 local.get $i1 i8x16.shuffle 4 5 6 7 20 21 22 23 12 13 14 15 28 29 30 31 i32x4.add local.set $i0
+        local.get $i2 local.get $i3 i8x16.shuffle 0 1 2 3 16 17 18 19 8 9 10 11 24 25 26 27
+        local.get $i2 local.get $i3 i8x16.shuffle 4 5 6 7 20 21 22 23 12 13 14 15 28 29 30 31 i32x4.add local.set $i2
+        local.get $i0 local.get $i2 i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23
+        local.get $i0 local.get $i2 i8x16.shuffle 8 9 10 11 12 13 14 15 24 25 26 27 28 29 30 31 i32x4.add
+        f32x4.convert_i32x4_s
+        local.get $dv local.get $xp local.get $nb i32.const 2 i32.shl i32.add local.get $b i32.const 2 i32.shl i32.add
+        f32.load f32x4.splat f32x4.mul f32x4.mul
+        local.get $ap v128.load f32x4.add local.set $i1
+        local.get $ap local.get $i1 v128.store
+        local.get $ap local.get $ap v128.load offset=16
+        local.get $mv local.get $xp local.get $b i32.const 2 i32.shl i32.add f32.load f32x4.splat f32x4.mul f32x4.add
+        v128.store offset=16
+        local.get $ap i32.const 32 i32.add local.set $ap
+        local.get $xp local.get $q i32.add local.tee $xp
+        local.get $xq local.get $n local.get $q i32.mul i32.add i32.lt_u br_if $tokens
+      end
       local.get $qs i32.const 16 i32.add local.set $qs
       local.get $dm i32.const 8 i32.add local.set $dm
-      local.get $s i32.const 4 i32.add local.set $s
-      local.get $xd i32.const 4 i32.add local.set $xd
-      local.get $xq i32.const 32 i32.add local.set $xq
-      local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
+      local.get $b i32.const 1 i32.add local.tee $b local.get $nb i32.lt_u br_if $block
     end
-    local.get $out local.get $sum0 call $hsum local.get $accm0 f32.add f32.store
-    local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.tee $out local.get $sum1 call $hsum local.get $accm1 f32.add
-    f32.store
-    local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.tee $out local.get $sum2 call $hsum local.get $accm2 f32.add
-    f32.store
-    local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.tee $out local.get $sum3 call $hsum local.get $accm3 f32.add
-    f32.store)
+    local.get $acc local.set $ap
+    loop $stores  ;; out's row i: the four rows' d part + m part
+      local.get $out local.get $ap v128.load local.get $ap v128.load offset=16 f32x4.add v128.store
+      local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.set $out
+      local.get $ap i32.const 32 i32.add local.tee $ap local.get $acc local.get $n i32.const 5 i32.shl i32.add i32.lt_u
+      br_if $stores
+    end)
+
+  ;; One 4-bit-code row against n tokens' quant_x8 blocks: $dot_x8_r4's arithmetic for one row (its lane), token
+  ;; by token: per block the codes' two relaxed dots, the i32 lanes summed, converted, times d_w * d_x, added in
+  ;; block order; m * xsum summed apart; out[i * ldo] = d part + m part. Four blocks at a time (a decode step's
+  ;; rows): their sums gathered into one i32x4, converted and scaled as one vector, added lane by lane in order.
+  (func $dot_x8_r1 (param $qs i32) (param $dm i32) (param $nb i32) (param $xq i32) (param $q i32) (param $n i32)
+    (param $out i32) (param $ldo i32)
+    (local $lo v128) (local $v v128) (local $z v128) (local $i0 v128) (local $i1 v128) (local $i2 v128)
+    (local $i3 v128) (local $p v128) (local $pm v128) (local $low v128) (local $accd f32) (local $accm f32)
+    (local $b i32) (local $at i32) (local $xp i32) (local $w i32) (local $e i32)
+    i32.const 15 i8x16.splat local.set $low
+    local.get $xq local.set $xp
+    loop $tokens
+      f32.const 0 local.set $accd
+      f32.const 0 local.set $accm
+      i32.const 0 local.set $b
+      local.get $xp local.get $nb i32.const 3 i32.shl i32.add local.set $at  ;; the token's q
+      local.get $qs local.set $w
+      block $fours
+        loop $quads  ;; blocks b .. b + 3
+          local.get $b i32.const 4 i32.add local.get $nb i32.gt_u br_if $fours
+          local.get $at v128.load offset=16 local.get $w v128.load local.tee $v i32.const 4 i8x16.shr_u
+          local.get $at v128.load local.get $v local.get $low v128.and local.get $z
+          i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.set $i0
+          local.get $at v128.load offset=48 local.get $w v128.load offset=16 local.tee $v i32.const 4 i8x16.shr_u
+          local.get $at v128.load offset=32 local.get $v local.get $low v128.and local.get $z
+          i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.set $i1
+          local.get $at v128.load offset=80 local.get $w v128.load offset=32 local.tee $v i32.const 4 i8x16.shr_u
+          local.get $at v128.load offset=64 local.get $v local.get $low v128.and local.get $z
+          i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.set $i2
+          local.get $at v128.load offset=112 local.get $w v128.load offset=48 local.tee $v i32.const 4 i8x16.shr_u
+          local.get $at v128.load offset=96 local.get $v local.get $low v128.and local.get $z
+          i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.set $i3
+          local.get $i0 local.get $i1 i8x16.shuffle 0 1 2 3 16 17 18 19 8 9 10 11 24 25 26 27
+          local.get $i0 local.get $i1 i8x16.shuffle 4 5 6 7 20 21 22 23 12 13 14 15 28 29 30 31 i32x4.add local.set $i0
+          local.get $i2 local.get $i3 i8x16.shuffle 0 1 2 3 16 17 18 19 8 9 10 11 24 25 26 27
+          local.get $i2 local.get $i3 i8x16.shuffle 4 5 6 7 20 21 22 23 12 13 14 15 28 29 30 31 i32x4.add local.set $i2
+          local.get $i0 local.get $i2 i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23
+          local.get $i0 local.get $i2 i8x16.shuffle 8 9 10 11 12 13 14 15 24 25 26 27 28 29 30 31 i32x4.add
+          f32x4.convert_i32x4_s  ;; the four blocks' sums
+          local.get $dm local.get $b i32.const 3 i32.shl i32.add local.tee $e v128.load local.tee $v
+          local.get $e v128.load offset=16 local.tee $lo i8x16.shuffle 0 1 2 3 8 9 10 11 16 17 18 19 24 25 26 27  ;; d
+          local.get $xp local.get $nb i32.const 2 i32.shl i32.add local.get $b i32.const 2 i32.shl i32.add v128.load
+          f32x4.mul f32x4.mul local.set $p
+          local.get $v local.get $lo i8x16.shuffle 4 5 6 7 12 13 14 15 20 21 22 23 28 29 30 31  ;; m
+          local.get $xp local.get $b i32.const 2 i32.shl i32.add v128.load f32x4.mul local.set $pm
+          local.get $accd local.get $p f32x4.extract_lane 0 f32.add local.get $p f32x4.extract_lane 1 f32.add
+          local.get $p f32x4.extract_lane 2 f32.add local.get $p f32x4.extract_lane 3 f32.add local.set $accd
+          local.get $accm local.get $pm f32x4.extract_lane 0 f32.add local.get $pm f32x4.extract_lane 1 f32.add
+          local.get $pm f32x4.extract_lane 2 f32.add local.get $pm f32x4.extract_lane 3 f32.add local.set $accm
+          local.get $at i32.const 128 i32.add local.set $at
+          local.get $w i32.const 64 i32.add local.set $w
+          local.get $b i32.const 4 i32.add local.set $b
+          br $quads
+        end
+      end
+      block $done
+        loop $block  ;; the last nb % 4 blocks
+          local.get $b local.get $nb i32.ge_u br_if $done
+          local.get $at v128.load offset=16 local.get $w v128.load local.tee $v i32.const 4 i8x16.shr_u
+          local.get $at v128.load local.get $v local.get $low v128.and local.get $z
+          i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.tee $v
+          local.get $v local.get $v i8x16.shuffle 4 5 6 7 0 1 2 3 12 13 14 15 8 9 10 11 i32x4.add local.tee $v
+          local.get $v local.get $v i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 i32x4.add i32x4.extract_lane 0
+          f32.convert_i32_s
+          local.get $dm local.get $b i32.const 3 i32.shl i32.add f32.load
+          local.get $xp local.get $nb i32.const 2 i32.shl i32.add local.get $b i32.const 2 i32.shl i32.add f32.load
+          f32.mul f32.mul local.get $accd f32.add local.set $accd
+          local.get $accm
+          local.get $dm local.get $b i32.const 3 i32.shl i32.add f32.load offset=4
+          local.get $xp local.get $b i32.const 2 i32.shl i32.add f32.load f32.mul f32.add local.set $accm
+          local.get $at i32.const 32 i32.add local.set $at
+          local.get $w i32.const 16 i32.add local.set $w
+          local.get $b i32.const 1 i32.add local.set $b
+          br $block
+        end
+      end
+      local.get $out local.get $accd local.get $accm f32.add f32.store
+      local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.set $out
+      local.get $xp local.get $q i32.add local.tee $xp
+      local.get $xq local.get $n local.get $q i32.mul i32.add i32.lt_u br_if $tokens
+    end)
 
   ;; xsum[b] = the sum of x's block b (nb blocks of 32 f32)
   (func $block_sums (param $x i32) (param $nb i32) (param $xsum i32)
@@ -649,10 +731,11 @@
 
   ;; out (t, rows) = x (t, cols) @ W.T for W (rows, cols) of `kind`, out's rows ldo f32 apart (ldo = rows, or
   ;; the whole weight's rows when a thread takes a slice of them: web/linear_threads.js). Integer activations (8-
-  ;; or 16-bit): every token's quantized blocks against each row's codes, four tokens at a time ($dot_x8_t4 /
-  ;; $dot_x16_t4), the rest one at a time; one token (decode) therefore reads the rows one after another, which
-  ;; streams from memory faster than two rows side by side (Chromium, 30 SmolLM2-shaped layers, 80 MB: 8-bit
-  ;; 8.8 -> 7.5 ms, 16-bit 10.2 -> 9.2). f32, one token: each row straight from its blocks ($row's dot). More:
+  ;; or 16-bit): every token's quantized blocks against each row's codes: 16-bit four tokens at a time
+  ;; ($dot_x16_t4), the rest one at a time; 8-bit four rows at a time against a chunk's tokens ($dot_x8_r4), the
+  ;; last rows one at a time ($dot_x8_r1). One token (decode) reads the rows one after another ($dot_x8_r1 for
+  ;; every row), which streams from memory faster than rows side by side (Chromium, 30 SmolLM2-shaped layers,
+  ;; 80 MB: 8-bit 8.8 -> 7.5 ms, 16-bit 10.2 -> 9.2; four rows took a SmolLM2 decode step 8.5 -> 9.9 ms). f32, one token: each row straight from its blocks ($row's dot). More:
   ;; tokens go in chunks of 16 (the chunk of x stays in cache while every row passes); each row is decoded once
   ;; per chunk, then used by tiles of four tokens and single ones.
   (func $matmul (export "matmul") (param $kind i32) (param $qs i32) (param $dm i32) (param $rows i32)
@@ -671,45 +754,50 @@
     local.get $kind i32.const 1 i32.and local.set $q8  ;; a row's qs: nb << (4 + q8) bytes
     local.get $cols i32.const 5 i32.shr_u local.set $nb
     local.get $mode i32.const 32 i32.and
-    if  ;; 8-bit activations (kind 0): quant_x8 every token into scratch (unless bit 4), then as the 16-bit path
-      local.get $mode i32.const 4 i32.and i32.eqz
-      if
-        local.get $x local.get $nb local.get $t local.get $scratch call $quant_x8
-      end
+    if  ;; 8-bit activations (kind 0): quant_x8 every token into scratch unless bit 4 (then x holds them and scratch
+        ;; is this thread's own), then four rows at a time ($dot_x8_r4) on tokens in chunks of 16, the accumulators
+        ;; after the tokens' blocks (scratch + t * nb * 40: 16 tokens x 32 bytes)
       local.get $nb i32.const 40 i32.mul local.set $q  ;; bytes a quantized token
+      local.get $mode i32.const 4 i32.and
+      if
+        local.get $x local.set $xp  ;; the tokens' blocks; scratch: the accumulators
+      else
+        local.get $x local.get $nb local.get $t local.get $scratch call $quant_x8
+        local.get $scratch local.set $xp
+        local.get $scratch local.get $t local.get $q i32.mul i32.add local.set $scratch
+      end
       loop $chunks_x8  ;; tokens in chunks of 16 (their blocks stay in cache while every row passes)
-        local.get $qs local.set $xp
-        local.get $dm local.set $s
+        local.get $t local.get $t0 i32.sub local.set $n
+        i32.const 16 local.get $n local.get $n i32.const 16 i32.gt_u select local.set $n
+        local.get $xp local.get $t0 local.get $q i32.mul i32.add local.set $mode  ;; the chunk's first token
+        local.get $out local.get $t0 local.get $ldo i32.mul i32.const 2 i32.shl i32.add local.set $o
+        local.get $qs local.set $s
+        local.get $dm local.set $dstep
         i32.const 0 local.set $r
-        loop $rows_x8
-          local.get $t local.get $t0 i32.sub local.set $n
-          i32.const 16 local.get $n local.get $n i32.const 16 i32.gt_u select local.set $n
-          local.get $scratch local.get $t0 local.get $q i32.mul i32.add local.set $mode
-          local.get $out local.get $t0 local.get $ldo i32.mul local.get $r i32.add i32.const 2 i32.shl i32.add local.set $o
-          block $tiled_x8
-            loop $tiles_x8
-              local.get $n i32.const 4 i32.lt_u br_if $tiled_x8
-              local.get $xp local.get $s local.get $nb local.get $mode local.get $q local.get $o local.get $ldo
-              call $dot_x8_t4
-              local.get $mode local.get $q i32.const 2 i32.shl i32.add local.set $mode
-              local.get $o local.get $ldo i32.const 4 i32.shl i32.add local.set $o
-              local.get $n i32.const 4 i32.sub local.set $n
-              br $tiles_x8
-            end
+        block $fours
+          loop $rows4
+            local.get $r i32.const 4 i32.add local.get $rows i32.gt_u br_if $fours
+            local.get $t i32.const 1 i32.eq br_if $fours  ;; one token (decode): row after row streams faster
+            local.get $s local.get $dstep local.get $nb local.get $mode local.get $q local.get $n local.get $scratch
+            local.get $o local.get $ldo call $dot_x8_r4
+            local.get $s local.get $nb i32.const 6 i32.shl i32.add local.set $s  ;; 4 rows of nb * 16 bytes
+            local.get $dstep local.get $nb i32.const 5 i32.shl i32.add local.set $dstep  ;; 4 rows of nb * 8
+            local.get $o i32.const 16 i32.add local.set $o
+            local.get $r i32.const 4 i32.add local.set $r
+            br $rows4
           end
-          block $single_x8
-            loop $ones_x8
-              local.get $n i32.eqz br_if $single_x8
-              local.get $o local.get $xp local.get $s local.get $nb local.get $mode call $dot_x8 f32.store
-              local.get $mode local.get $q i32.add local.set $mode
-              local.get $o local.get $ldo i32.const 2 i32.shl i32.add local.set $o
-              local.get $n i32.const 1 i32.sub local.set $n
-              br $ones_x8
-            end
+        end
+        block $ones
+          loop $rows1
+            local.get $r local.get $rows i32.ge_u br_if $ones
+            local.get $s local.get $dstep local.get $nb local.get $mode local.get $q local.get $n local.get $o
+            local.get $ldo call $dot_x8_r1
+            local.get $s local.get $nb i32.const 4 i32.shl i32.add local.set $s
+            local.get $dstep local.get $nb i32.const 3 i32.shl i32.add local.set $dstep
+            local.get $o i32.const 4 i32.add local.set $o
+            local.get $r i32.const 1 i32.add local.set $r
+            br $rows1
           end
-          local.get $xp local.get $nb i32.const 4 i32.shl i32.add local.set $xp
-          local.get $s local.get $nb i32.const 3 i32.shl i32.add local.set $s
-          local.get $r i32.const 1 i32.add local.tee $r local.get $rows i32.lt_u br_if $rows_x8
         end
         local.get $t0 i32.const 16 i32.add local.tee $t0 local.get $t i32.lt_u br_if $chunks_x8
       end

@@ -334,7 +334,9 @@ def wasm_weights(tensors: dict, n_layers: int, head: str) -> dict:
     return out
 
 
-ACT16, QUANTIZED_X, ACT8 = 2, 4, 32  # kind bits: 16-bit activations; x quantized into scratch already; 8-bit ones
+# kind bits: 16-bit activations; x quantized already (16-bit: into scratch; 8-bit: x points at the blocks, scratch
+# at the thread's accumulators); 8-bit activations
+ACT16, QUANTIZED_X, ACT8 = 2, 4, 32
 ACTIVATIONS = ("f32", "int16", "int8")  # what a store's products take x as (the page's ?activations=)
 XQ_BYTES = {16: 72, 8: 40}  # a 32-value block of one token in scratch: its xsum and d (f32 each), 32 i16 / i8 codes
 XQ_MAX = {16: 32767, 8: 127}  # the codes' largest magnitude: d = max |x| / XQ_MAX
@@ -362,11 +364,19 @@ def act_bits(code: int) -> int | None:
     return 8 if code & ACT8 else 16 if code & ACT16 else None
 
 
+ACC8_FLOATS = 128  # 8-bit activations: a thread's accumulators, 16 tokens x (d part, m part) f32x4 ($dot_x8_r4)
+
+
 def scratch_floats(cols: int, t: int, code: int) -> int:
     """The f32 a product's scratch needs: a decoded row (cols), or with integer activations every token's
-    quantized blocks (linear.wat's quant_x / quant_x8: t * cols / 32 * XQ_BYTES bytes)."""
+    quantized blocks (linear.wat's quant_x / quant_x8: t * cols / 32 * XQ_BYTES bytes), with 8-bit ones then
+    the accumulators (ACC8_FLOATS; x | QUANTIZED_X: x holds the blocks and scratch only these)."""
     bits = act_bits(code)
-    return cols if bits is None else max(cols, -(-t * (cols // QK) * XQ_BYTES[bits] // 4))
+    if bits is None:
+        return cols
+    if bits == 8:
+        return ACC8_FLOATS + (0 if code & QUANTIZED_X else -(-t * (cols // QK) * XQ_BYTES[8] // 4))
+    return max(cols, -(-t * (cols // QK) * XQ_BYTES[bits] // 4))
 
 
 def quantize_activations(x: np.ndarray, bits: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -385,7 +395,7 @@ def integer_products(kind_name: str, qs: np.ndarray, dm: np.ndarray, xsum: np.nd
                      q: np.ndarray) -> np.ndarray:
     """(rows,) one token's products through integer activations (quantize_activations): per block
     d_w * d_x * (codes . q) in exact integers (q8_16: per half block, d0 and d1), plus m * xsum where the layout
-    has mins (the sum order of the blocks aside, what linear.wat's $dot_x16 / $dot_x8 compute)."""
+    has mins (the sum order of the blocks aside, what linear.wat's $dot_x16 / $dot_x8_r1 compute)."""
     rows, nb, _ = dm.shape
     codes = qs.reshape(rows, nb, -1)
     if kind_name == "q4_1":
@@ -423,10 +433,11 @@ def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: i
     if bits is not None:
         if bits == 8 and kind_name != "q4_1":
             raise ValueError(f"8-bit activations take 4-bit codes (kind 0), not {kind_name}")
+        blocks = x if bits == 8 and kind & QUANTIZED_X else scratch  # 8-bit, quantized already: x holds them
         if not kind & QUANTIZED_X:
             quant_x_twin(x, nb, t, scratch, bits)
         for i in range(t):
-            at = scratch + i * nb * XQ_BYTES[bits]
+            at = blocks + i * nb * XQ_BYTES[bits]
             xsum, d = (array_at(at + 4 * nb * j, ctypes.c_float, nb) for j in (0, 1))
             q = array_at(at + 8 * nb, ctypes.c_int16 if bits == 16 else ctypes.c_int8, nb * QK).reshape(nb, QK)
             array_at(out + 4 * i * ldo, ctypes.c_float, rows)[...] = integer_products(kind_name, qs_a, dm_a, xsum, d, q)
@@ -493,6 +504,9 @@ class ThreadsTwin:
         if bits is not None and n > 1:  # the tokens quantized once, every chunk reading them
             quant_x_twin(x, nb, t, address_of(scratch), bits)
             kind |= QUANTIZED_X
+            if bits == 8:  # x: the blocks (held in `blocks`); scratch: the accumulators
+                blocks, scratch = scratch, np.empty(ACC8_FLOATS, np.float32)
+                x = address_of(blocks)
         for r0, r1 in chunks(rows, n) if n > 1 else [(0, rows)]:
             pointer_twin(kind, qs + r0 * row_q, dm + r0 * scale_bytes(kind, nb), r1 - r0, cols, x, t, out + 4 * r0,
                          rows, address_of(scratch))
