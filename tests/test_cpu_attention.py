@@ -168,11 +168,9 @@ def test_pools_viewing_shared_pages_give_what_contiguous_pools_give(tiny_weights
     assert np.isnan(pages[:, 2 * cfg.n_layers * block:]).all()  # the padding was never written
 
 
-def test_a_lone_decode_step_on_quantized_weights_runs_its_layers_through_the_kernels(tiny_dir):  # noqa: F811
-    """Stacked QuantWeights (the tab's layout): a one-token step takes, per layer, attn_decode, add_rms_norm twice
-    and silu_mul once (rms_norm once before the first layer), no numpy between; over the twins (the reference's
-    operations) its logits and new K/V are the layer-by-layer path's bit for bit, and NumpyModel's on the same
-    weights within the summation-order bound."""
+def _tiny_as_the_tab_holds_it(tiny_dir):  # noqa: F811
+    """The tiny model's reference weights, and the same file as the tab holds it: stacked QuantWeights on the
+    kernel's numpy twin (HeapStore(pointer_twin))."""
     from pagedkv.backends.cpu_wasm import HeapStore, pointer_twin, stack_projections, tensor_loader
     from pagedkv.model.weights import ModelWeights
 
@@ -180,6 +178,15 @@ def test_a_lone_decode_step_on_quantized_weights_runs_its_layers_through_the_ker
     shards = {s["file"]: (tiny_dir / s["file"]).read_bytes() for s in plain.manifest["shards"]}
     quantized = ModelWeights.from_shards(plain.manifest, shards, tensor_loader(HeapStore(pointer_twin)))
     stack_projections(quantized.tensors, quantized.config.n_layers)
+    return plain, quantized
+
+
+def test_a_lone_decode_step_on_quantized_weights_runs_its_layers_through_the_kernels(tiny_dir):  # noqa: F811
+    """Stacked QuantWeights (the tab's layout): a one-token step takes, per layer, attn_decode, add_rms_norm twice
+    and silu_mul once (rms_norm once before the first layer), no numpy between; over the twins (the reference's
+    operations) its logits and new K/V are the layer-by-layer path's bit for bit, and NumpyModel's on the same
+    weights within the summation-order bound."""
+    plain, quantized = _tiny_as_the_tab_holds_it(tiny_dir)
     cfg = quantized.config
     kv, nexts = _prefilled(plain)
     table, n = TABLES[0], PROMPTS[0]
@@ -233,13 +240,7 @@ def test_a_lone_decode_step_is_one_tape_walk_where_the_kernels_have_a_runner(tin
     silu_mul, down, add_rms_norm: 8 ops; the first norm before them), giving Python's own walk of the same tape
     bit for bit, logits and new K/V alike, step after step (the attention's moving arguments rewritten in place)."""
     from pagedkv.backends.cpu_tape import OPS
-    from pagedkv.backends.cpu_wasm import HeapStore, pointer_twin, stack_projections, tensor_loader
-    from pagedkv.model.weights import ModelWeights
-
-    plain = ModelWeights.load(tiny_dir)
-    shards = {s["file"]: (tiny_dir / s["file"]).read_bytes() for s in plain.manifest["shards"]}
-    quantized = ModelWeights.from_shards(plain.manifest, shards, tensor_loader(HeapStore(pointer_twin)))
-    stack_projections(quantized.tensors, quantized.config.n_layers)
+    plain, quantized = _tiny_as_the_tab_holds_it(tiny_dir)
     cfg = quantized.config
     kv, nexts = _prefilled(plain)
     table, n = TABLES[0], PROMPTS[0]
