@@ -67,6 +67,9 @@ BENCHMARKS = {
     # Gemma 3's decode step in the page: the one-token step vs the layer loop, the head with d alone vs (d, 0) pairs
     "cpu_limits_step": ["bench.cpu_limits_step"],
     "cpu_limits_step_1thread": ["bench.cpu_limits_step", "--threads", "1"],  # the same without thread handoffs
+    # SmolLM2's decode step (8- and 560-token contexts) and 512-token prefill in the page taken apart: the step's
+    # tape walked in one crossing vs by Python, the products' share, each prefill part
+    "cpu_step_parts": ["bench.cpu_step_parts"],
     # Gemma 3's head alone vs a plain read of its bytes, 1 and 2 threads, V8 (Node) and wasmtime
     "cpu_limits_head_rate": ["bench.cpu_limits_head_rate"],
     "kv_quality_dtypes": ["bench.kv_quality_dtypes"],

@@ -224,14 +224,12 @@ class WalkingTwin(CountingTwin):
     def run_tape(self, at: int, words: int, threads) -> None:
         import ctypes
 
-        from pagedkv.backends.cpu_tape import StepTape, interpret
+        from pagedkv.backends.cpu_tape import ops_of, walk
         from pagedkv.backends.cpu_wasm import array_at, pointer_twin
 
         self.walks.append((words, threads))
-        tape = StepTape()
-        tape.words = array_at(at, ctypes.c_double, words).copy()
-        interpret(tape, self, lambda code, qs, dm, rows, cols, x, out, scratch: pointer_twin(
-            code, qs, dm, rows, cols, x, 1, out, rows, scratch))
+        walk(ops_of(array_at(at, ctypes.c_double, words).copy()), [], self, lambda code, qs, dm, rows, cols, x, out,
+             scratch: pointer_twin(code, qs, dm, rows, cols, x, 1, out, rows, scratch))
 
 
 def test_a_lone_decode_step_is_one_tape_walk_where_the_kernels_have_a_runner(tiny_dir):  # noqa: F811

@@ -50,6 +50,8 @@ class StepTape:
         self._attention: dict[object, list[int]] = {}  # key -> the word offsets of its attn_decode ops
         self.words = np.empty(0, np.float64)
         self._at: dict[object, np.ndarray] = {}
+        self.ops: list[tuple[int, list]] = []  # the words decoded (ops_of), for `interpret`
+        self._op_at: dict[object, list[list]] = {}  # key -> the argument lists of its attn_decode ops in self.ops
 
     def op(self, name: str, *args, key: object = None) -> None:
         code = BY_NAME[name]
@@ -68,6 +70,9 @@ class StepTape:
         self.words = np.array(self._words, np.float64)  # (n,)
         self._at = {key: (np.array(offsets)[:, None] + 1 + np.array(ATTN_STEP_ARGS)[None, :])  # (layers, 7)
                     for key, offsets in self._attention.items()}
+        self.ops = ops_of(self.words)
+        at = {offset: args for offset, (_, args) in zip(op_offsets(self.words), self.ops)}
+        self._op_at = {key: [at[offset] for offset in offsets] for key, offsets in self._attention.items()}
         return self
 
     @property
@@ -76,8 +81,11 @@ class StepTape:
 
     def set(self, key: object, values: tuple) -> None:
         """The moving arguments (cos, sin, table, ctx, lo, slot, ld: ATTN_STEP_ARGS) of every attn_decode of kind
-        `key`, in one write."""
+        `key`, in one write (and in `ops`' argument lists, which `interpret` reads)."""
         self.words[self._at[key]] = values
+        for args in self._op_at[key]:
+            for j, v in zip(ATTN_STEP_ARGS, values):
+                args[j] = int(v)
 
     @property
     def address(self) -> int:
@@ -93,19 +101,38 @@ class StepTape:
             interpret(self, kernels, store.matmul1)
 
 
+def op_offsets(words: np.ndarray) -> list[int]:
+    """The word offset of each op of a tape's words."""
+    offsets, i = [], 0
+    while i < words.size:
+        offsets.append(i)
+        i += 1 + OPS[int(words[i])][1]
+    return offsets
+
+
+def ops_of(words: np.ndarray) -> list[tuple[int, list]]:
+    """A tape's words as (opcode, its arguments: ints but the f32 ones) a call."""
+    values = words.tolist()
+    ops = []
+    for i in op_offsets(words):
+        code = int(values[i])
+        _, n, floats = OPS[code]
+        ops.append((code, [v if j in floats else int(v) for j, v in enumerate(values[i + 1:i + 1 + n])]))
+    return ops
+
+
 def interpret(tape: StepTape, kernels, matmul1: Callable) -> None:
-    """web/linear_tape.js's walk, here: each op's kernel by its name on `kernels` with the tape's arguments (ints
-    but the f32 ones), MATMUL through matmul1(code, qs, dm, rows, cols, x, out, scratch)."""
-    words = tape.words.tolist()
-    i = 0
-    while i < len(words):
-        code = int(words[i])
-        name, n, floats = OPS[code]
-        args = [v if j in floats else int(v) for j, v in enumerate(words[i + 1:i + 1 + n])]
+    """web/linear_tape.js's walk, here: each op's kernel by its name on `kernels` with the tape's arguments (decoded
+    once, the attention's moving ones kept current by set), MATMUL through matmul1(code, qs, dm, rows, cols, x,
+    out, scratch), CALL through tape.calls."""
+    walk(tape.ops, tape.calls, kernels, matmul1)
+
+
+def walk(ops: list[tuple[int, list]], calls: list, kernels, matmul1: Callable) -> None:
+    for code, args in ops:
         if code == MATMUL:
             matmul1(*args)
         elif code == CALL:
-            tape.calls[args[0]]()
+            calls[args[0]]()
         else:
-            getattr(kernels, name)(*args)
-        i += 1 + n
+            getattr(kernels, OPS[code][0])(*args)
