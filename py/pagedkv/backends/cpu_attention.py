@@ -187,12 +187,9 @@ class WasmAttentionModel(NumpyModel):
             if s.q_norm:  # per head, before rotary (attn_decode rotates)
                 tape.op("rms_norm_rows", a["_qkv"], s.q_norm, hd, cfg.n_heads, eps, a["_qkv"])
                 tape.op("rms_norm_rows", a["_qkv"] + q_bytes, s.k_norm, hd, cfg.n_kv_heads, eps, a["_qkv"] + q_bytes)
-            key, pool, _ = self._attention_moving(layer, batch, kv)
+            key, args = self._decode_args(layer, batch, kv)  # its moving ones rewritten each step (forward)
             keys.setdefault(key, layer)
-            k_addr, v_addr = self._pool_addrs(kv, pool)
-            scale = float(np.float32(self.layers[layer].attention.scale))
-            tape.op("attn_decode", a["_qkv"], 0, 0, k_addr, v_addr, 0, 0, 0, kv.block_size, cfg.n_kv_heads,
-                    cfg.q_per_kv, hd, 0, scale, a["_scores"], 0, a["_out"], key=key)
+            tape.op("attn_decode", *args, key=key)
             product(s.o, "_out", "_y")
             if s.post_attention_norm:
                 tape.op("rms_norm", a["_y"], s.post_attention_norm, hidden, eps, a["_y"])
@@ -259,12 +256,17 @@ class WasmAttentionModel(NumpyModel):
     def _decode_attention(self, layer: int, batch, kv) -> None:
         """attn_decode of the one new token whose q | k | v are in self._qkv, into self._out (the layer loop's
         one-token attention; the one-token step's tape makes the same call)."""
+        self.kernels.attn_decode(*self._decode_args(layer, batch, kv)[1])
+
+    def _decode_args(self, layer: int, batch, kv) -> tuple[tuple, tuple]:
+        """(the layer's attention kind, attn_decode's 17 arguments for the one new token whose q | k | v are in
+        self._qkv, into self._out): the layer's pools, scale and buffers around the step's moving arguments."""
         key, pool, moving = self._attention_moving(layer, batch, kv)
         cfg, a = self.config, self._addrs
         k_addr, v_addr = self._pool_addrs(kv, pool)
         cos, sin, table, seen, lo, slot, ld = moving
-        self.kernels.attn_decode(a["_qkv"], cos, sin, k_addr, v_addr, table, seen, lo, kv.block_size, cfg.n_kv_heads,
-                                 cfg.q_per_kv, cfg.head_dim, slot, key[3], a["_scores"], ld, a["_out"])
+        return key, (a["_qkv"], cos, sin, k_addr, v_addr, table, seen, lo, kv.block_size, cfg.n_kv_heads,
+                     cfg.q_per_kv, cfg.head_dim, slot, key[3], a["_scores"], ld, a["_out"])
 
     def _attention_moving(self, layer: int, batch, kv) -> tuple[tuple, int, tuple]:
         """(the layer's attention kind, its pool, attn_decode's arguments that move with the step: cos, sin,

@@ -75,10 +75,6 @@ class StepTape:
         self._op_at = {key: [at[offset] for offset in offsets] for key, offsets in self._attention.items()}
         return self
 
-    @property
-    def keys(self) -> list:
-        return list(self._at)
-
     def set(self, key: object, values: tuple) -> None:
         """The moving arguments (cos, sin, table, ctx, lo, slot, ld: ATTN_STEP_ARGS) of every attn_decode of kind
         `key`, in one write (and in `ops`' argument lists, which `interpret` reads)."""
