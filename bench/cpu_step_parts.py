@@ -9,9 +9,11 @@ own engine, `rounds` times each in turn (the machine's load moves them alike):
 - decode: `new` greedy steps after a prompt of each `contexts` length, through the kernels' tape runner and through
   Python's walk of the same tape (the kernels without run_tape): the step's milliseconds (median, mean, the first
   decode step left out) and, per step, web/linear_threads.js's stats: the products' calls, this thread's chunks,
-  waiting for the helpers, copying activations in and out, the helpers' chunks;
-- prefill: one `prefill`-token prompt of ids no earlier prompt began with, its forward's parts timed around the model's methods (the projections, the
-  attention, the MLP, norms, rope: a part's time includes the products it runs) and the same stats.
+  waiting for the helpers, copying activations in and out, the helpers' chunks; the prompt attentions the threads
+  ran (attn_prefill) and their time, copies included;
+- prefill: one `prefill`-token prompt of ids no earlier prompt began with, its forward's parts timed around the
+  model's methods (the projections, the attention, the MLP, norms, rope: a part's time includes the products it
+  runs) and the same stats.
 Prints JSON; the load average before and after goes with it. Never asserts on a time.
 """
 from __future__ import annotations
@@ -31,7 +33,7 @@ _engine = state["engine"]
 _model = _engine.backend.model
 _js = _model.w["token_embd.weight"].store.js
 _kernels = _model.kernels
-_STATS = ("calls", "ownUs", "waitUs", "copyUs", "helperUs")
+_STATS = ("calls", "ownUs", "waitUs", "copyUs", "helperUs", "attnCalls", "attnUs")
 await _engine.settle_disk()
 
 class _PythonWalk:  # the kernels without their tape runner: cpu_tape.interpret walks the tape call by call
@@ -44,7 +46,7 @@ def _stats():
     return {{k: float(getattr(_js.stats, k)) for k in _STATS}}
 
 def _per(s0, s1, n):
-    return {{k: round((s1[k] - s0[k]) / n / (1 if k == "calls" else 1e3), 3) for k in _STATS}}
+    return {{k: round((s1[k] - s0[k]) / n / (1 if k in ("calls", "attnCalls") else 1e3), 3) for k in _STATS}}
 
 async def _decode(context, walk):
     _model.kernels = _kernels if walk == "tape" else _PythonWalk()

@@ -135,6 +135,22 @@ def test_attn_prefill_attends_every_query_in_one_call(kernels):
         assert r["finite"] and r["rel"] <= 1.0, r
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_attn_prefill_on_the_kernel_threads_gives_the_one_calls_bits(kernels, n):
+    """A prompt chunk's attention split by queries across threads sharing one memory (WasmThreads, as
+    web/linear_threads.js splits it: the table's K and V blocks copied in, the last queries first, each chunk the
+    last queries of a shorter context) gives every output the bits of the export's one call; each thread ran
+    chunks of the 512-query case."""
+    threads = WasmThreads(n)
+    for case in PREFILL + [(600, 3, 3, 64, 512, 0)]:
+        r = cases.case_attn_prefill_threads(kernels, threads, *case)
+        assert r["finite"] and r["same_bits"] and r["inputs_kept"], r
+    assert [nq for nq, _ in threads.attention] == [c[4] for c in PREFILL] + [512]
+    assert [sum(ran) for _, ran in threads.attention] == [-(-c[4] // -(-c[4] // (8 * n))) for c in PREFILL] + [
+        -(-512 // -(-512 // (8 * n)))]
+    assert min(threads.attention[-1][1]) > 0, threads.attention
+
+
 def test_the_one_token_steps_glue_matches_f64(kernels):
     for n in (64, 576, 1536):
         r = cases.case_step_glue(kernels, n)
@@ -318,10 +334,12 @@ def test_gemma3_on_two_kernel_threads_gives_llama_cpps_greedy_ids(gemma3_gguf): 
     pos = next((i for i, (a, b) in enumerate(zip(got, case["output_ids"])) if a != b), None)
     assert len(got) == 8 and (pos is None or near_tie(case["margins"][pos])), (got, case["output_ids"][:8])
     # each decode step's every layer through the one-token step: q / k norms, GeGLU, post norms in the kernels;
-    # the prompt's attention and GeGLU in one call a layer each (attn_prefill, gelu_tanh_mul_rows)
+    # the prompt's GeGLU in one call a layer (gelu_tanh_mul_rows)
     n = w.config.n_layers
-    assert [wasm.calls[e] for e in ("attn_decode", "rms_norm_rows", "gelu_tanh_mul", "rms_norm", "attn_prefill",
-                                    "gelu_tanh_mul_rows")] == [7 * n, 7 * 2 * n, 7 * n, 7 * (2 * n + 1), n, n], wasm.calls
+    assert [wasm.calls.get(e, 0) for e in ("attn_decode", "rms_norm_rows", "gelu_tanh_mul", "rms_norm", "attn_prefill",
+                                           "gelu_tanh_mul_rows")] == [7 * n, 7 * 2 * n, 7 * n, 7 * (2 * n + 1), 0, n]
+    # the prompt's attention on both threads (its 6 queries a chunk each), none through the one-thread export
+    assert [(nq, sum(ran)) for nq, ran in threads.attention] == [(6, 6)] * n, threads.attention
     assert w.tensors["token_embd.weight"].kind == "q8_d"  # the head without its zero mins (cpu_wasm.head_blocks)
     heads = [p for p in threads.products if p[0] == w.config.vocab]
     assert [(p[2], p[3]) for p in heads] == [(1, 2)] * 8 and all(min(p[4]) > 0 for p in heads), heads

@@ -20,8 +20,8 @@ import numpy as np
 import wasmtime
 
 import build
-from pagedkv.backends.cpu_wasm import (ACC8_FLOATS, ACT8, QUANTIZED_X, XQ_BYTES, act_bits, array_at, chunks,
-                                      scale_bytes, scratch_floats)
+from pagedkv.backends.cpu_wasm import (ACC8_FLOATS, ACT8, CHUNKS_PER_THREAD, QUANTIZED_X, XQ_BYTES, act_bits,
+                                      array_at, chunks, scale_bytes, scratch_floats)
 from pagedkv.model.quants import QK
 
 LINEAR_WAT = build.ROOT / "web" / "wasm" / "linear.wat"
@@ -196,8 +196,9 @@ class WasmThreads:
         for _ in range(threads):
             store = wasmtime.Store(full)
             self.instances.append((store, wasmtime.Instance(store, module, [self.memory]).exports(store)))
-        self.top, self.sizes, self.io = PAGE, {}, (0, 0)
+        self.top, self.sizes, self.io, self.attn_area = PAGE, {}, (0, 0), (0, 0)
         self.products: list[tuple[int, int, int, int, list[int]]] = []
+        self.attention: list[tuple[int, list[int]]] = []
 
     def heap(self) -> np.ndarray:
         """The shared memory as bytes (a shared memory never moves when it grows)."""
@@ -243,31 +244,75 @@ class WasmThreads:
                     x_at, scratch_at, stride = scratch_at, scratch_at + t * nb * XQ_BYTES[8], 4 * ACC8_FLOATS
             if bits == 16 or n == 1:
                 stride = 0
-        row_q, lock = nb * (32 if kind & 1 else 16), threading.Lock()
-        work = iter(chunks(rows, n) if n > 1 else [(0, rows)])  # one thread: the whole weight in one call
-        ran, errors = [0] * n, []
+        row_q = nb * (32 if kind & 1 else 16)
+        work = chunks(rows, n) if n > 1 else [(0, rows)]  # one thread: the whole weight in one call
 
-        def run(i: int) -> None:
+        def product(i: int, store, ex, r0: int, r1: int) -> None:
+            ex["matmul"](store, kind, qs + r0 * row_q, dm + r0 * scale_bytes(kind, nb), r1 - r0, cols, x_at, t,
+                         out_at + 4 * r0, rows, scratch_at + i * stride)
+
+        ran = self.on_threads(n, work, product)
+        self.products.append((rows, cols, t, n, ran))
+        array_at(out, ctypes.c_uint8, 4 * t * rows)[...] = self.heap()[out_at:out_at + 4 * t * rows]
+
+    def on_threads(self, n: int, work: list, run) -> list[int]:
+        """run(i, store, exports, *item) for every item of `work`, claimed one at a time by threads 0 .. n - 1 (this
+        one and helpers) in order; how many each ran."""
+        items, lock, ran, errors = iter(work), threading.Lock(), [0] * n, []
+
+        def claim(i: int) -> None:
             store, ex = self.instances[i]
             try:
                 while True:
                     with lock:
-                        r0, r1 = next(work, (None, None))
-                    if r0 is None:
+                        item = next(items, None)
+                    if item is None:
                         return
-                    ex["matmul"](store, kind, qs + r0 * row_q, dm + r0 * scale_bytes(kind, nb), r1 - r0, cols, x_at, t,
-                                 out_at + 4 * r0, rows, scratch_at + i * stride)
+                    run(i, store, ex, *item)
                     ran[i] += 1
             except Exception as exc:  # noqa: BLE001  (raised below, on the caller's thread)
                 errors.append(exc)
 
-        helpers = [threading.Thread(target=run, args=(i,)) for i in range(1, n)]
+        helpers = [threading.Thread(target=claim, args=(i,)) for i in range(1, n)]
         for h in helpers:
             h.start()
-        run(0)
+        claim(0)
         for h in helpers:
             h.join()
         if errors:
             raise errors[0]
-        self.products.append((rows, cols, t, n, ran))
-        array_at(out, ctypes.c_uint8, 4 * t * rows)[...] = self.heap()[out_at:out_at + 4 * t * rows]
+        return ran
+
+    def attn_prefill(self, q: int, k: int, v: int, table: int, ctx: int, nq: int, bs: int, nkv: int, group: int,
+                     hd: int, window: int, scale: float, out: int) -> None:
+        """linear_threads.js's attn_prefill: q and the table's K and V blocks copied in (the table then 0, 1, ...),
+        chunks of queries from the last (cpu_wasm.CHUNKS_PER_THREAD per thread), each the last queries of a shorter
+        context through the export, a score row area per thread, out copied back. `attention` logs (nq, chunks
+        each thread ran)."""
+        n, row, block = self.threads, nkv * group * hd * 4, bs * nkv * hd * 4
+        used = -(-ctx // bs)
+        s_bytes = -(-nkv * group * ((ctx + 3) & ~3) // 16) * 64
+        need = 2 * nq * row + 2 * used * block + 4 * used + 64 + n * s_bytes
+        if need > self.attn_area[1]:  # reused, as the JS reuses its attnArea
+            self.attn_area = (self.alloc(need), need)
+        at = self.attn_area[0]
+        q_at, out_at = at, at + nq * row
+        k_at, v_at = out_at + nq * row, out_at + nq * row + used * block
+        table_at = v_at + used * block
+        s_at = -(-(table_at + 4 * used) // 64) * 64
+        heap = self.heap()
+        heap[q_at:q_at + nq * row] = array_at(q, ctypes.c_uint8, nq * row)
+        ids = array_at(table, ctypes.c_int32, used)
+        for b, block_id in enumerate(ids.tolist()):
+            for pool, to in ((k, k_at), (v, v_at)):
+                heap[to + b * block:to + (b + 1) * block] = array_at(pool + block_id * block, ctypes.c_uint8, block)
+        heap[table_at:table_at + 4 * used] = np.arange(used, dtype=np.int32).view(np.uint8)
+        chunk = -(-nq // (n * CHUNKS_PER_THREAD))
+        work = [(max(0, i1 - chunk), i1) for i1 in range(nq, 0, -chunk)]
+
+        def queries(i: int, store, ex, i0: int, i1: int) -> None:
+            ex["attn_prefill"](store, q_at + i0 * row, k_at, v_at, table_at, ctx - nq + i1, i1 - i0, bs, nkv, group,
+                               hd, window, scale, s_at + i * s_bytes, out_at + i0 * row)
+
+        self.attention.append((nq, self.on_threads(n, work, queries)))
+        array_at(out, ctypes.c_uint8, nq * row)[...] = self.heap()[out_at:out_at + nq * row]

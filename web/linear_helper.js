@@ -1,11 +1,11 @@
-// One helper thread of the CPU path's projections (linear_threads.js starts one per extra core): the kernel on
-// the shared memory, claiming chunks of the rows of the product its control block names (runChunks), job after
-// job, until the tab closes.
+// One helper thread of the CPU path's kernels (linear_threads.js starts one per extra core): the kernel on the
+// shared memory, claiming chunks of the job its control block names (runJob: a product's rows, a prompt chunk's
+// attention queries), job after job, until the tab closes.
 // Between jobs it polls for ctrl[14] microseconds (a decode step's products come every 50-300 us with the
 // engine's Python between them; a wake from Atomics.wait costs ~100 us in Chromium), then sleeps.
 "use strict";
 
-importScripts("linear_threads.js");  // runChunks
+importScripts("linear_threads.js");  // runJob, CTRL_INTS, JOB_AT, JOB_WORDS
 
 self.onmessage = async (event) => {
   const { module, memory, ctrlAt, counterAt } = event.data;
@@ -16,7 +16,8 @@ self.onmessage = async (event) => {
     self.postMessage(String(err.message || err));
     return;
   }
-  const ctrl = new Int32Array(memory.buffer, ctrlAt, 16);
+  const ctrl = new Int32Array(memory.buffer, ctrlAt, CTRL_INTS);
+  const job = new Float64Array(memory.buffer, ctrlAt + JOB_AT, JOB_WORDS);
   const counter = new Int32Array(memory.buffer, counterAt, 1);
   self.postMessage("ready");
   for (let seen = 0; ;) {
@@ -26,8 +27,7 @@ self.onmessage = async (event) => {
     seen = Atomics.load(ctrl, 0);
     try {
       const t0 = performance.now();  // ctrl[13]: this job's microseconds (stats)
-      ctrl[15] = runChunks(exports, counter, ctrl[3], ctrl[4], ctrl[5], ctrl[6], ctrl[7], ctrl[8], ctrl[9], ctrl[10],
-        ctrl[11], ctrl[12]);
+      ctrl[15] = runJob(exports, counter, job);
       ctrl[13] = Math.round((performance.now() - t0) * 1000);
     } catch (err) {
       console.error("kernel thread:", err);

@@ -3,17 +3,24 @@
 // WebAssembly.Memory that holds the quantized weights. A product copies x in from Pyodide's memory, cuts the
 // weight's rows into chunks (CHUNKS_PER_THREAD per thread) that every thread claims one at a time from a shared
 // counter until none is left, so a slower or busier thread takes fewer (runChunks), and copies out back.
+// attn_prefill runs a prompt chunk's attention the same way, its queries in chunks (runQueries), over copies of
+// the K and V blocks it reads.
 // py/pagedkv/backends/cpu_wasm.py's ThreadsTwin is the numpy twin of matmul; cpu_wasm.SharedStore is Python's
 // side, reached through pagedkv/browser/interop.py's linear_threads.
 //
-// A helper's control block (CTRL_INTS i32 at 64 * i): [0] job number, [1] last job done, [2] 1 once a job threw,
-// [3..12] the job (kind, qs, dm, rows, cols, x, t, out, its scratch, chunk rows), [13] microseconds the job
-// took, [14] how long to poll after it, [15] chunks it claimed. Plain writes (the job, x) happen before the
-// Atomics.store of the job number and the helper's (out) before its Atomics.store of [1]: seq-cst atomics order
-// them.
+// A helper's control block (CTRL_BYTES at CTRL_BYTES * i): CTRL_INTS i32, [0] job number, [1] last job done, [2] 1
+// once a job threw, [13] microseconds the job took, [14] how long to poll after it, [15] chunks it claimed; then
+// at JOB_AT its job, JOB_WORDS f64: [0] what (MATMUL: kind, qs, dm, rows, cols, x, t, out, its scratch, chunk
+// rows; ATTN_PREFILL: attn_prefill's arguments, s its own, then chunk queries). Plain writes (the job, x) happen
+// before the Atomics.store of the job number and the helper's (out) before its Atomics.store of [1]: seq-cst
+// atomics order them.
 "use strict";
 
 const CTRL_INTS = 16;
+const CTRL_BYTES = 256;
+const JOB_AT = 64;  // bytes into a control block
+const JOB_WORDS = 24;
+const MATMUL = 0, ATTN_PREFILL = 1;  // a job's [0]
 const COUNTER_AT = 65536 - 64;  // the chunk counter of the product under way
 const ARENA_START = 65536;  // the first page holds the control blocks and the counter
 const CHUNKS_PER_THREAD = 8;
@@ -32,6 +39,31 @@ function runChunks(exports, counter, kind, qs, dm, rows, cols, x, t, out, scratc
     claimed++;
   }
   return claimed;
+}
+
+// Claims chunks of `chunk` queries of a prompt's attention from counter[0], the last queries (which see the most
+// keys) first, and runs each through attn_prefill as the last queries of a shorter context: query i of the
+// chunk sees the keys it sees in the whole call, so every output has the bits of one call over every query.
+function runQueries(exports, counter, q, k, v, table, ctx, nq, bs, nkv, group, hd, window, scale, s, out, chunk) {
+  const row = nkv * group * hd * 4;  // bytes of a query's heads
+  let claimed = 0;
+  for (let c = Atomics.add(counter, 0, 1); c * chunk < nq; c = Atomics.add(counter, 0, 1)) {
+    const i1 = nq - c * chunk, i0 = Math.max(0, i1 - chunk);
+    exports.attn_prefill(q + i0 * row, k, v, table, ctx - nq + i1, i1 - i0, bs, nkv, group, hd, window, scale, s,
+      out + i0 * row);
+    claimed++;
+  }
+  return claimed;
+}
+
+// A helper's job (its control block's f64 words) run to the end of its chunks.
+function runJob(exports, counter, j) {
+  if (j[0] === MATMUL) return runChunks(exports, counter, j[1], j[2], j[3], j[4], j[5], j[6], j[7], j[8], j[9], j[10]);
+  if (j[0] === ATTN_PREFILL) {
+    return runQueries(exports, counter, j[1], j[2], j[3], j[4], j[5], j[6], j[7], j[8], j[9], j[10], j[11], j[12],
+      j[13], j[14], j[15]);
+  }
+  throw new Error(`kernel thread: job ${j[0]} is not one it runs`);
 }
 
 // First-fit over the shared memory past the control page, 64-byte blocks, growing the memory when nothing fits.
@@ -90,11 +122,13 @@ class LinearThreads {
     this.pyMemory = pyMemory;
     this.threads = helpers.length + 1;
     this.minWork = 1 << 16;  // rows * cols * tokens below which one thread runs the product (no handoff)
-    this.stats = { calls: 0, split: 0, chunks: 0, helperChunks: 0, ownUs: 0, waitUs: 0, copyUs: 0, helperUs: 0 };
+    this.stats = { calls: 0, split: 0, chunks: 0, helperChunks: 0, ownUs: 0, waitUs: 0, copyUs: 0, helperUs: 0,
+      attnCalls: 0, attnUs: 0 };
     this.counter = new Int32Array(memory.buffer, COUNTER_AT, 1);
     this.spinUs = 2000;  // how long a helper polls for its next job before it sleeps (each job says)
     this.arena = new Arena(memory);
     this.io = { at: 0, bytes: 0 };  // x then out, reused; then one cols-sized scratch per thread
+    this.attn = { at: 0, bytes: 0 };  // attn_prefill's copies (attnArea)
   }
 
   heap() {
@@ -155,27 +189,82 @@ class LinearThreads {
     }
     Atomics.store(this.counter, 0, n > 1 ? 0 : 1);  // one thread: its one chunk is the whole weight
     for (let i = 1; i < n; i++) {
-      const c = this.helpers[i - 1].ctrl;
-      c[3] = kind; c[4] = qs; c[5] = dm; c[6] = rows; c[7] = cols; c[8] = xIn; c[9] = t; c[10] = outAt;
-      c[11] = scratchAt + i * stride; c[12] = chunk; c[14] = this.spinUs;
-      Atomics.store(c, 0, ++this.helpers[i - 1].seq);
-      Atomics.notify(c, 0);
+      this.start(this.helpers[i - 1], [MATMUL, kind, qs, dm, rows, cols, xIn, t, outAt, scratchAt + i * stride, chunk]);
     }
     const t1 = performance.now();
     if (n > 1) runChunks(this.exports, this.counter, kind, qs, dm, rows, cols, xIn, t, outAt, scratchAt, chunk);
     else this.exports.matmul(kind, qs, dm, rows, cols, xAt, t, outAt, rows, scratchAt);
     const t2 = performance.now();
     const st = this.stats;
-    for (let i = 1; i < n; i++) {
-      const c = this.helpers[i - 1].ctrl;
-      this.join(this.helpers[i - 1]);
-      st.helperUs += c[13];
-      st.helperChunks += c[15];
-    }
+    this.joinAll(n);
     const t3 = performance.now();
     this.py().set(heap.subarray(outAt, outAt + outBytes), out);
     st.calls++; st.split += n > 1; st.chunks += n > 1 ? Math.ceil(rows / chunk) : 0;
     st.ownUs += (t2 - t1) * 1000; st.waitUs += (t3 - t2) * 1000; st.copyUs += (t1 - t0 + performance.now() - t3) * 1000;
+  }
+
+  // A prompt chunk's attention (linear.wat's attn_prefill, the same arguments: q, the K and V pools, the table and
+  // out in Pyodide's memory) on every thread: q and the K and V blocks the table names copied in (the table then
+  // 0, 1, ..., its blocks in order), chunks of queries claimed from the counter (runQueries), each thread on its
+  // own score rows, out copied back; each output the bits of the one-thread call. stats.attnCalls counts them,
+  // attnUs their time (the products' stats leave them out).
+  attn_prefill(q, k, v, table, ctx, nq, bs, nkv, group, hd, window, scale, out) {
+    const t0 = performance.now();  // stats.attnUs: the whole call's microseconds, copies included
+    const n = this.threads, row = nkv * group * hd * 4, blockBytes = bs * nkv * hd * 4, used = Math.ceil(ctx / bs);
+    const qBytes = nq * row, poolBytes = used * blockBytes, tableBytes = Math.ceil(used / 16) * 64;
+    const sBytes = Math.ceil(nkv * group * ((ctx + 3) & ~3) / 16) * 64;  // a thread's score rows
+    const at = this.attnArea(2 * qBytes + 2 * poolBytes + tableBytes + n * sBytes);
+    const qAt = at, outAt = qAt + qBytes, kAt = outAt + qBytes, vAt = kAt + poolBytes, tableAt = vAt + poolBytes;
+    const sAt = tableAt + tableBytes;
+    const heap = this.heap(), py = this.py();
+    heap.set(py.subarray(q, q + qBytes), qAt);
+    const ids = new Int32Array(this.pyMemory.buffer, table, used);
+    new Int32Array(this.memory.buffer, tableAt, used).set(Array.from({ length: used }, (_, b) => b));
+    for (let b = 0; b < used;) {  // runs of consecutive blocks in one copy each
+      let e = b + 1;
+      while (e < used && ids[e] === ids[e - 1] + 1) e++;
+      const from = ids[b] * blockBytes, bytes = (e - b) * blockBytes;
+      heap.set(py.subarray(k + from, k + from + bytes), kAt + b * blockBytes);
+      heap.set(py.subarray(v + from, v + from + bytes), vAt + b * blockBytes);
+      b = e;
+    }
+    const chunk = Math.ceil(nq / (n * CHUNKS_PER_THREAD));
+    const args = [qAt, kAt, vAt, tableAt, ctx, nq, bs, nkv, group, hd, window, scale];
+    Atomics.store(this.counter, 0, 0);
+    for (let i = 1; i < n; i++) this.start(this.helpers[i - 1], [ATTN_PREFILL, ...args, sAt + i * sBytes, outAt, chunk]);
+    runQueries(this.exports, this.counter, ...args, sAt, outAt, chunk);
+    this.joinAll(n, false);
+    py.set(heap.subarray(outAt, outAt + qBytes), out);
+    this.stats.attnCalls++;
+    this.stats.attnUs += (performance.now() - t0) * 1000;
+  }
+
+  attnArea(bytes) {  // the attention's copies, reused, grown to the next MiB
+    if (bytes > this.attn.bytes) {
+      if (this.attn.bytes) this.arena.release(this.attn.at);
+      const size = Math.ceil(bytes / 1048576) * 1048576;
+      this.attn = { at: this.arena.alloc(size), bytes: size };
+    }
+    return this.attn.at;
+  }
+
+  start(h, job) {  // the helper's next job
+    h.job.set(job);
+    h.ctrl[14] = this.spinUs;
+    Atomics.store(h.ctrl, 0, ++h.seq);
+    Atomics.notify(h.ctrl, 0);
+  }
+
+  joinAll(n, counted = true) {  // helpers 1 .. n - 1; counted: their chunks and time into the products' stats
+    const st = this.stats;
+    for (let i = 1; i < n; i++) {
+      const h = this.helpers[i - 1];
+      this.join(h);
+      if (counted) {
+        st.helperUs += h.ctrl[13];
+        st.helperChunks += h.ctrl[15];
+      }
+    }
   }
 
   join(h) {  // polls (the engine worker has nothing else to do), then sleeps once a slice runs long
@@ -211,13 +300,16 @@ async function startLinearThreads(base, module, pyMemory, count) {
 function startHelper(base, module, memory, i) {
   return new Promise((resolve, reject) => {
     const worker = new Worker(base + "linear_helper.js");
-    const ctrlAt = i * 64;
+    const ctrlAt = i * CTRL_BYTES;
     const timer = setTimeout(() => reject(new Error(`kernel thread ${i + 1} did not start in 20 s`)), 20000);
     worker.onerror = (e) => { clearTimeout(timer); reject(new Error(`kernel thread ${i + 1}: ${e.message}`)); };
     worker.onmessage = (e) => {
       clearTimeout(timer);
       if (e.data !== "ready") reject(new Error(`kernel thread ${i + 1}: ${e.data}`));
-      else resolve({ worker, ctrl: new Int32Array(memory.buffer, ctrlAt, CTRL_INTS), seq: 0 });
+      else {
+        resolve({ worker, ctrl: new Int32Array(memory.buffer, ctrlAt, CTRL_INTS),
+          job: new Float64Array(memory.buffer, ctrlAt + JOB_AT, JOB_WORDS), seq: 0 });
+      }
     };
     worker.postMessage({ module, memory, ctrlAt, counterAt: COUNTER_AT });
   });

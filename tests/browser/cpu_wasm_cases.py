@@ -202,11 +202,9 @@ def case_attn_decode(kernels, ctx: int, nkv: int, group: int, hd: int, lo: int =
             "probs_sum": float(np.abs(probs.sum(axis=1) - 1).max())}
 
 
-def case_attn_prefill(kernels, ctx: int, nkv: int, group: int, hd: int, nq: int, window: int = 0) -> dict:
-    """attn_prefill on the last nq of ctx cached tokens over a scattered 16-token-block f32 pool: query i against
-    f64 softmax(q . k * scale) @ v over its keys lo_i .. seen_i - 1 (causal; lo_i = seen_i - window past a window),
-    `rel` as case_attn_decode's (each output's error over its bound). The keys no query sees are NaN (a window's
-    before the first query's), so one reaching a softmax shows."""
+def _prefill_inputs(ctx: int, nkv: int, group: int, hd: int, nq: int, window: int) -> tuple:
+    """q (nq, nkv * group, hd), K and V pools of 16-token blocks (three more than the context's), a scattered
+    table, each query's seen and lo, every context token's pool row; the keys no query sees are NaN."""
     rng = np.random.default_rng(ctx * 31 + nq + hd + window)
     bs, used, nh = 16, -(-ctx // 16), nkv * group
     num_blocks = used + 3
@@ -217,6 +215,34 @@ def case_attn_prefill(kernels, ctx: int, nkv: int, group: int, hd: int, nq: int,
     slots_all = table[np.arange(ctx) // bs].astype(np.int64) * bs + np.arange(ctx) % bs
     k.reshape(-1, nkv, hd)[slots_all[: lo[0]]] = np.nan
     q = rng.standard_normal((nq, nh, hd)).astype(np.float32)
+    return q, k, v, table, seen, lo, slots_all
+
+
+def case_attn_prefill_threads(kernels, threads, ctx: int, nkv: int, group: int, hd: int, nq: int,
+                              window: int = 0) -> dict:
+    """attn_prefill on the kernel threads (web/linear_threads.js, or the wasmtime twin: each thread a chunk of the
+    queries over copies of the table's K and V blocks) against the export's one call on the same inputs: every
+    output's bits; the inputs untouched."""
+    q, k, v, table, _, _, _ = _prefill_inputs(ctx, nkv, group, hd, nq, window)
+    before = [a.copy() for a in (q, k, v, table)]
+    nh, scale = nkv * group, float(np.float32(1.0 / np.sqrt(hd)))
+    one, split = (np.full((nq, nh, hd), np.nan, np.float32) for _ in range(2))
+    s = np.full(nh * ((ctx + 3) & ~3), np.nan, np.float32)
+    args = (address_of(q), address_of(k), address_of(v), address_of(table), ctx, nq, 16, nkv, group, hd, window, scale)
+    kernels.attn_prefill(*args, address_of(s), address_of(one))
+    threads.attn_prefill(*args, address_of(split))
+    return {"case": [ctx, nkv, group, hd, nq, window], "finite": bool(np.isfinite(split).all()),
+            "same_bits": bool(np.array_equal(one.view(np.int32), split.view(np.int32))),
+            "inputs_kept": all(np.array_equal(a, b, equal_nan=True) for a, b in zip(before, (q, k, v, table)))}
+
+
+def case_attn_prefill(kernels, ctx: int, nkv: int, group: int, hd: int, nq: int, window: int = 0) -> dict:
+    """attn_prefill on the last nq of ctx cached tokens over a scattered 16-token-block f32 pool: query i against
+    f64 softmax(q . k * scale) @ v over its keys lo_i .. seen_i - 1 (causal; lo_i = seen_i - window past a window),
+    `rel` as case_attn_decode's (each output's error over its bound). The keys no query sees are NaN (a window's
+    before the first query's), so one reaching a softmax shows."""
+    q, k, v, table, seen, lo, slots_all = _prefill_inputs(ctx, nkv, group, hd, nq, window)
+    bs, nh = 16, nkv * group
     s, out = np.full(nh * ((ctx + 3) & ~3), np.nan, np.float32), np.full((nq, nh, hd), np.nan, np.float32)
     scale = np.float32(1.0 / np.sqrt(hd))
     kernels.attn_prefill(address_of(q), address_of(k), address_of(v), address_of(table), ctx, nq, bs, nkv, group,

@@ -160,6 +160,21 @@ def test_attn_prefill_attends_every_query_in_one_call(ready_page):
         assert r["finite"] and r["rel"] <= 1.0, r
 
 
+def test_attn_prefill_on_three_kernel_threads_gives_the_one_calls_bits(ready_page):
+    """A prompt chunk's attention on the kernel threads (web/linear_threads.js attn_prefill: the table's K and V
+    blocks copied into their shared memory, chunks of queries, the last first, on every thread) gives every
+    output the bits of the export's one call on Pyodide's memory, the inputs untouched."""
+    worker = install_modules(ready_page, "cpu_wasm_cases")
+    calls = ", ".join(f"c.case_attn_prefill_threads(k, api, {', '.join(map(str, case))})" for case in PREFILL)
+    got = worker.py("import json, cpu_wasm_cases as c\nfrom pagedkv.browser.interop import wasm_attention\n"
+                    f"{THREE_THREADS}k = wasm_attention()\nbefore = api.stats.attnCalls\nresults = [{calls}]\n"
+                    "json.dumps({'results': results, 'calls': api.stats.attnCalls - before,\n"
+                    "            'helper_chunks': api.stats.helperChunks})")
+    assert [r["case"] for r in got["results"]] == [list(case) for case in PREFILL]
+    assert all(r["finite"] and r["same_bits"] and r["inputs_kept"] for r in got["results"]), got
+    assert got["calls"] == len(PREFILL) and got["helper_chunks"] > 0, got
+
+
 def test_the_one_token_steps_glue_matches_f64(ready_page):
     """rms_norm / add_rms_norm / silu_mul / gelu_tanh_mul (web/wasm/linear.wat, WasmAttentionModel's one-token
     step) against f64, in f32 roundings: the norm's sum of n / 4 positive squares a lane rounds at most n / 4 + 2

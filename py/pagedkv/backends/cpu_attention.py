@@ -40,6 +40,9 @@ from .numpy_ref import NumpyModel, block_mass
 STEP_OPS = frozenset({"attention_bias", "qk_norm", "post_attention_norm", "post_ffn_norm", "silu", "gelu_tanh",
                       "embedding_scale", "sliding_window", "no_rope", "rope_per_layer", "q_width"})
 ACTIVATION_EXPORTS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul"}  # a Layer's activation -> its glue export
+# A prompt chunk of this many queries or more takes its attention on the kernel threads (_prefill_threads): below
+# it, copying the context's K and V into their memory costs about what the second thread saves.
+THREADED_QUERIES = 4
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,15 @@ class WasmAttentionModel(NumpyModel):
         # the one-token step's tape (cpu_tape.py), the KV cache and grouping it was made for, a layer of each of
         # its attention kinds, the store its products run in
         self._tape, self._tape_for, self._tape_keys, self._store = None, (None, False), {}, None
+        self._threads = self._prefill_threads()
+
+    def _prefill_threads(self):
+        """The kernel threads a prompt chunk's attention runs on (web/linear_threads.js attn_prefill: those of the
+        SharedStore holding the projections), or None: the export on one thread (a HeapStore, one thread, a twin
+        without attn_prefill)."""
+        store = next((w.store for w in self.w.values() if isinstance(w, QuantWeight)), None)
+        js = getattr(store, "tape_threads", None)
+        return js if js is not None and int(js.threads) > 1 and hasattr(js, "attn_prefill") else None
 
     def _step_layers(self) -> list[StepLayer] | None:
         """Each layer's part of the one-token step (StepLayer), read from the family's declaration (its Layer per
@@ -379,9 +391,12 @@ class WasmAttentionModel(NumpyModel):
         qc = np.ascontiguousarray(q, np.float32)  # (nq, n_heads, head_dim)
         out = np.empty((nq, nh, hd), np.float32)
         if mass is None:  # prefill in one call, query by query: attn_decode's softmax on each query's row
-            self.kernels.attn_prefill(address_of(qc), k_addr, v_addr, geometry[0], ctx, nq, bs, cfg.n_kv_heads,
-                                      cfg.q_per_kv, hd, att.window or 0, float(scale), self._addrs["_scores"],
-                                      address_of(out))
+            args = (address_of(qc), k_addr, v_addr, geometry[0], ctx, nq, bs, cfg.n_kv_heads, cfg.q_per_kv, hd,
+                    att.window or 0, float(scale))
+            if self._threads is not None and nq >= THREADED_QUERIES:  # every thread a chunk of the queries
+                self._threads.attn_prefill(*args, address_of(out))
+            else:
+                self.kernels.attn_prefill(*args, self._addrs["_scores"], address_of(out))
             return out
         # the attention mass: the reference's softmax over the kernel's scores (prefill_probs), summed per block
         scores = np.empty((nq, nh, ctx), np.float32)  # the kernel leaves each query's unseen keys as they are
