@@ -234,17 +234,19 @@ def test_integer_activations_are_within_the_quantization_of_x_and_each_token_as_
     assert float(np.abs(xs @ quant.T - xs @ f32.T).max()) > 0
 
 
-def test_8_bit_activations_round_to_127_steps_and_take_only_4_bit_codes():
+def test_8_bit_activations_round_to_127_steps_and_take_only_unsigned_codes():
+    """8-bit activations meet codes the relaxed dot takes as its 0..127 operand: q4_1's, q8_m's (q5_1, q5_K, and
+    q5_0 + 16 under int8); signed 8-bit codes take 16-bit activations."""
     x = np.array([0.5, -1.0, 0.25, 1e-3] * 8, np.float32)
     xsum, d, q = quantize_activations(x, 8)
     assert q.dtype == np.int8 and d[0] == np.float32(1.0) / np.float32(127)
     assert q[0, :4].tolist() == [64, -127, 32, 0]  # 63.5 rounds to even: 64
     assert xsum[0] == d[0] * np.float32(q.sum(dtype=np.int32))
-    assert [kind_code(k, "int8") for k in ("q4_1", "q8_0", "q8_m", "q8_16")] == [ACT8, 1 | ACT16, 17 | ACT16, 9 | ACT16]
+    assert [kind_code(k, "int8") for k in ("q4_1", "q8_0", "q8_m", "q8_16")] == [ACT8, 1 | ACT16, 17 | ACT8, 9 | ACT16]
     assert [kind_code("q4_1", a) for a in ("f32", "int16")] == [0, ACT16]
     with pytest.raises(ValueError, match="activations must be one of f32, int16, int8, got 'int4'"):
         HeapStore(pointer_twin, "int4")
-    with pytest.raises(ValueError, match="8-bit activations take 4-bit codes"):
+    with pytest.raises(ValueError, match="8-bit activations take 4-bit codes or 0..127 ones"):
         pointer_twin(1 | ACT8, 0, 0, 1, 32, 0, 1, 0, 1, 0)
 
 
@@ -275,3 +277,29 @@ def test_integer_activations_stay_near_the_f32_logits(tiny_dir, activations, mos
         err = float(np.abs(b - a).max() / np.abs(a).max())
         assert 0 < err <= most, err
     assert np.array_equal(pre_b.argmax(axis=1), pre_a.argmax(axis=1)) and int(dec_b.argmax()) == int(dec_a.argmax())
+
+
+def test_q5_0_takes_8_bit_activations_and_goes_back_to_q8_0_to_stack_beside_a_q8_0_part():
+    """Under int8, q5_0 is held as q8_m (its 0..31 codes, m = -16 d: the relaxed dot's operand) with the same
+    weights; llama.cpp's Q4_K_M q | k (q5_0) beside a q8_0 v go back to q8_0 to stack as one product, while gate |
+    up, both q5_0, stack as q8_m through 8-bit activations, giving the twin's integer products."""
+    store, cols = HeapStore(pointer_twin, "int8"), 64
+    tensors, want = {}, {}
+    for name, dtype, rows in (("attn_q", "q5_0", 8), ("attn_k", "q5_0", 4), ("attn_v", "q8_0", 4),
+                              ("ffn_gate", "q5_0", 12), ("ffn_up", "q5_0", 12)):
+        parts, f32 = random_weight(dtype, rows, cols, seed=rows + len(name))
+        tensors[f"blk.0.{name}.weight"] = QuantWeight.from_parts(dtype, (rows, cols), parts, store)
+        want[name] = f32
+    assert [tensors[f"blk.0.{n}.weight"].kind for n in ("attn_q", "attn_v", "ffn_up")] == ["q8_m", "q8_0", "q8_m"]
+    assert np.array_equal(tensors["blk.0.attn_q.weight"][np.arange(8)], want["attn_q"])  # the same weights
+    stack_projections(tensors, 1)
+    qkv, gate_up = tensors["blk.0.attn_qkv.weight"], tensors["blk.0.ffn_gate_up.weight"]
+    assert (qkv.kind, qkv.parts, gate_up.kind, gate_up.parts) == ("q8_0", (8, 4, 4), "q8_m", (12, 12))
+    assert np.array_equal(qkv[np.arange(16)], np.concatenate([want[n] for n in ("attn_q", "attn_k", "attn_v")]))
+    assert kind_code(gate_up.kind, "int8") == 17 | ACT8
+    x = np.random.default_rng(3).standard_normal((3, cols)).astype(np.float32)
+    y = x @ gate_up.T
+    for i in range(3):
+        xsum, d, q = quantize_activations(x[i], 8)
+        twin = integer_products("q8_m", gate_up.qs, gate_up.dm, xsum, d, q)
+        assert np.allclose(y[i], twin, rtol=0, atol=1e-5 * float(np.abs(twin).max()))

@@ -10,16 +10,24 @@ from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache
 from pagedkv.kernels.ref_ops import rope_inv_freq, rotate_adjacent
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
 from pagedkv.model.quantize import quantize
-from pagedkv.model.quants import pack_gguf
+from pagedkv.model.quants import pack_gguf, to_gguf
 from pagedkv.model_runner import ForwardBatch
 
 
 def packed(dtype: str, w: np.ndarray) -> dict:
-    """Web parts of w quantized to dtype: q4_1 / q8_0 by layout.py, the K-quants by quantize.py's numpy port."""
+    """Web parts of w quantized to dtype: q4_1 / q8_0 by layout.py, q5_0 here, the K-quants by quantize.py's numpy
+    port."""
     if dtype == "q4_1":
         return pack_q4_1(*quantize_q4_1(w))
     if dtype == "q8_0":
         return pack_q8_0(*quantize_q8_0(w))
+    if dtype == "q5_0":  # llama.cpp's q5_0 in numpy (gguf's quantizers are CPython only): d = the signed max / -16
+        blocks = w.reshape(w.shape[0], -1, 32)
+        mx = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=2)[..., None], 2)[..., 0]
+        d = (mx / np.float32(-16)).astype(np.float16)
+        inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1).astype(np.float32), 0).astype(np.float32)
+        q = np.clip(np.floor(blocks * inv[..., None] + np.float32(16.5)), 0, 31).astype(np.uint8)
+        return pack_gguf("q5_0", to_gguf("q5_0", {"q": q.reshape(w.shape), "d": d}), w.shape)
     return pack_gguf(dtype, quantize(w, dtype), w.shape)
 
 

@@ -37,7 +37,7 @@ SCALED_BOUND = 2e-6
 # on a small shape and the ffn_down of llama.cpp's Q4_K_M SmolLM2.
 SHAPES = [(37, 96), (1, 32), (576, 576), (192, 576), (1536, 576), (576, 1536)]
 CASES = [(d, r, c) for d in ("q4_1", "q8_0") for r, c in SHAPES] + [
-    (d, r, c) for d in ("q4_K", "q5_K", "q6_K") for r, c in ((37, 256), (576, 1536))]
+    (d, r, c) for d in ("q4_K", "q5_K", "q6_K", "q5_0") for r, c in ((37, 256), (576, 1536))]
 SPLIT = sum(r > 1 for _, r, _ in CASES)  # the cases a three-thread product splits (all but the one-row one)
 TOKENS = (1, 5, 37)  # 37: two 16-token chunks and a partial one, four-token tiles and single tokens
 PROMPT = [5, 77, 300, 12, 9, 41, 250, 3, 180, 64, 99, 7, 401, 20, 33, 128, 256, 17, 88]
@@ -101,7 +101,7 @@ def test_integer_activations_match_the_integer_twin_and_each_token_alone_on_one_
     assert got["relaxed"] is True and got["split"] == SPLIT * (1 + cpu_wasm_cases.INTEGER_TOKENS)
     for results in got["results"]:
         assert [r["case"] for r in results] == [list(case) for case in CASES]
-        assert [r["bits"] for r in results] == [8 if activations == "int8" and d in ("q4_1", "q4_K") else 16
+        assert [r["bits"] for r in results] == [8 if activations == "int8" and d in ("q4_1", "q4_K", "q5_K", "q5_0") else 16
                                                 for d, _, _ in CASES], results
         assert max(r["max_scaled"] for r in results) <= 2.0**-20, results
         assert all(r["as_alone"] for r in results), results

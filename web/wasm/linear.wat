@@ -7,10 +7,11 @@
 ;; a shared memory); tests/test_cpu_wasm_wasmtime.py runs them in CPython.
 ;;
 ;; Weight layouts, by `kind` (bits 1 | 8 | 16 | 64; bit 2 asks for 16-bit activations (quant_x), bit 32 for 8-bit ones
-;; (quant_x8, kind 0 only), bit 4 says x is quantized already): rows of
+;; (quant_x8, kinds 0 and 17 only), bit 4 says x is quantized already): rows of
 ;; nb = cols / 32 blocks, blocks of 32 weights (cpu_wasm.KINDS names them):
 ;;   qs  kind 0 (q4_1, q4_K): 16 bytes a block, byte j = code j | code (j + 16) << 4 (codes 0..15)
-;;       kind 1 (q8_0, q4_0, q5_0), 17 (q5_1, q5_K), 9 (q6_K): 32 bytes a block, signed codes in weight order
+;;       kind 1 (q8_0, q4_0, q5_0), 17 (q5_1, q5_K; q5_0 with 8-bit activations, m = -16 d), 9
+;;       (q6_K): 32 bytes a block, signed codes in weight order (kind 17's 0..31)
 ;;   dm  two f32 a block, (d, m): weight = d * code + m, the reference's dequantization (m = 0 for kind 1; kind 17
 ;;       has mins, which one-token rows add after their codes' sum); kind 9 (d0, d1): weights 0..15 = d0 * code,
 ;;       16..31 = d1 * code (q6_K's scales of 16 weights); kind 65 (bit 64: q8_0's codes, the output head): one f32
@@ -457,11 +458,12 @@
     local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.tee $out local.get $sum3 call $hsum local.get $accm3 f32.add
     f32.store)
 
-  ;; 8-bit activations (kind | 32, 4-bit codes only: kind 0; relaxed SIMD): llama.cpp's q8_1 blocks, d = max |x| /
-  ;; 127, q = nearest(x / d) (ties to even) as i8, xsum = d * sum(q), each weight block's codes (0..15, the i7 operand)
+  ;; 8-bit activations (kind | 32: 4-bit codes, kind 0, or 8-bit ones 0..127 with mins, kind 17; relaxed SIMD):
+  ;; llama.cpp's q8_1 blocks, d = max |x| / 127, q = nearest(x / d) (ties to even) as i8, xsum = d * sum(q), each
+  ;; weight block's codes (0..15, or 0..31 for kind 17's 5-bit types: the i7 operand)
   ;; meeting q in i32x4.relaxed_dot_i8x16_i7x16_add_s: sixteen products a lane group in one instruction where
   ;; i32x4.dot_i16x8_s takes eight and the codes widened first, so a one-token product runs 1.5x faster from cache
-  ;; (Chromium, 3072x576). Exact integer sums (|codes . q| <= 32 * 15 * 127), so the result does not depend on how
+  ;; (Chromium, 3072x576). Exact integer sums (|codes . q| <= 32 * 127 * 127), so the result does not depend on how
   ;; the browser lowers the instruction. scratch: xsum (nb f32), xd (nb f32), xq (nb * 32 i8): nb * 40 bytes a
   ;; token. Browsers without relaxed SIMD load the module assembled without these functions (build.without_relaxed).
   (func $quant_x8 (export "quant_x8") (param $x i32) (param $nb i32) (param $t i32) (param $s i32)
@@ -515,21 +517,22 @@
       local.get $nb i32.const 1 i32.sub local.tee $nb br_if $block
     end)
 
-;; Four 4-bit-code rows against n tokens' quant_x8 blocks (token i's at xq + i * q; the rows at qs / dm, nb * 16 /
-  ;; nb * 8 bytes apart): per block, each row's codes (0..15, the i7 operand) meet each token's q in two
+;; Four 4-bit-code rows (wide: 8-bit codes, kind 17) against n tokens' quant_x8 blocks (token i's at xq + i * q; the
+  ;; rows at qs / dm, nb * 16 (32) / nb * 8 bytes apart): per block, each row's codes (the i7 operand) meet each
+  ;; token's q in two
   ;; relaxed dots, the four rows' lanes of one token summed into one i32 lane each (exact integers), converted
   ;; once, times d_w * d_x and added to that token's accumulator; m * xsum summed in a second one (acc: n x
   ;; (d part, m part), f32x4 over the four rows). out[i * ldo + 0..3] = d part + m part. Per row and token that
   ;; is $dot_x8_r1's arithmetic, in its order, so a row gives the same bits in either and every token its own
   ;; (the decoded codes and the scales shared by the chunk's tokens: 2.2 -> ~3.7 multiply-adds an instruction).
   (func $dot_x8_r4 (param $qs i32) (param $dm i32) (param $nb i32) (param $xq i32) (param $q i32) (param $n i32)
-    (param $acc i32) (param $out i32) (param $ldo i32)
+    (param $acc i32) (param $out i32) (param $ldo i32) (param $wide i32)
     (local $lo0 v128) (local $hi0 v128) (local $lo1 v128) (local $hi1 v128) (local $lo2 v128) (local $hi2 v128)
     (local $lo3 v128) (local $hi3 v128) (local $dv v128) (local $mv v128) (local $xl v128) (local $xh v128)
     (local $i0 v128) (local $i1 v128) (local $i2 v128) (local $i3 v128) (local $low v128) (local $z v128)
     (local $rq i32) (local $rd i32) (local $b i32) (local $xp i32) (local $ap i32) (local $end i32)
     i32.const 15 i8x16.splat local.set $low
-    local.get $nb i32.const 4 i32.shl local.set $rq  ;; bytes a row's codes
+    local.get $nb i32.const 4 local.get $wide i32.add i32.shl local.set $rq  ;; bytes a row's codes
     local.get $nb i32.const 3 i32.shl local.set $rd  ;; bytes a row's scales
     local.get $acc local.get $n i32.const 5 i32.shl i32.add local.set $end
     local.get $acc local.set $ap
@@ -538,14 +541,26 @@
       local.get $ap i32.const 16 i32.add local.tee $ap local.get $end i32.lt_u br_if $zero
     end
     loop $block
-      local.get $qs v128.load local.tee $i0 local.get $low v128.and local.set $lo0
-      local.get $i0 i32.const 4 i8x16.shr_u local.set $hi0
-      local.get $qs local.get $rq i32.add v128.load local.tee $i0 local.get $low v128.and local.set $lo1
-      local.get $i0 i32.const 4 i8x16.shr_u local.set $hi1
-      local.get $qs local.get $rq i32.const 1 i32.shl i32.add v128.load local.tee $i0 local.get $low v128.and local.set $lo2
-      local.get $i0 i32.const 4 i8x16.shr_u local.set $hi2
-      local.get $qs local.get $rq i32.const 3 i32.mul i32.add v128.load local.tee $i0 local.get $low v128.and local.set $lo3
-      local.get $i0 i32.const 4 i8x16.shr_u local.set $hi3
+      local.get $wide
+      if  ;; 8-bit codes: weights 0..15 and 16..31 of each row's block as they are
+        local.get $qs v128.load local.set $lo0
+        local.get $qs v128.load offset=16 local.set $hi0
+        local.get $qs local.get $rq i32.add local.tee $ap v128.load local.set $lo1
+        local.get $ap v128.load offset=16 local.set $hi1
+        local.get $ap local.get $rq i32.add local.tee $ap v128.load local.set $lo2
+        local.get $ap v128.load offset=16 local.set $hi2
+        local.get $ap local.get $rq i32.add local.tee $ap v128.load local.set $lo3
+        local.get $ap v128.load offset=16 local.set $hi3
+      else  ;; 4-bit codes: weight j in byte j's low nibble, weight 16 + j in its high one
+        local.get $qs v128.load local.tee $i0 local.get $low v128.and local.set $lo0
+        local.get $i0 i32.const 4 i8x16.shr_u local.set $hi0
+        local.get $qs local.get $rq i32.add v128.load local.tee $i0 local.get $low v128.and local.set $lo1
+        local.get $i0 i32.const 4 i8x16.shr_u local.set $hi1
+        local.get $qs local.get $rq i32.const 1 i32.shl i32.add v128.load local.tee $i0 local.get $low v128.and local.set $lo2
+        local.get $i0 i32.const 4 i8x16.shr_u local.set $hi2
+        local.get $qs local.get $rq i32.const 3 i32.mul i32.add v128.load local.tee $i0 local.get $low v128.and local.set $lo3
+        local.get $i0 i32.const 4 i8x16.shr_u local.set $hi3
+      end
       local.get $dm f32.load f32x4.splat  ;; the four rows' d, then m
       local.get $dm local.get $rd i32.add f32.load f32x4.replace_lane 1
       local.get $dm local.get $rd i32.const 1 i32.shl i32.add f32.load f32x4.replace_lane 2
@@ -587,7 +602,7 @@
         local.get $xp local.get $q i32.add local.tee $xp
         local.get $xq local.get $n local.get $q i32.mul i32.add i32.lt_u br_if $tokens
       end
-      local.get $qs i32.const 16 i32.add local.set $qs
+      local.get $qs i32.const 16 local.get $wide i32.shl i32.add local.set $qs
       local.get $dm i32.const 8 i32.add local.set $dm
       local.get $b i32.const 1 i32.add local.tee $b local.get $nb i32.lt_u br_if $block
     end
@@ -681,6 +696,85 @@
       local.get $xq local.get $n local.get $q i32.mul i32.add i32.lt_u br_if $tokens
     end)
 
+  ;; $dot_x8_r1 for a row of 8-bit codes (0..31: q5_0's, q5_1's, q5_K's; 32 bytes a block), weights 0..15
+  ;; and 16..31 of a block loaded as they are: the same arithmetic, in the same order.
+  (func $dot_u8_r1 (param $qs i32) (param $dm i32) (param $nb i32) (param $xq i32) (param $q i32) (param $n i32)
+    (param $out i32) (param $ldo i32)
+    (local $lo v128) (local $v v128) (local $z v128) (local $i0 v128) (local $i1 v128) (local $i2 v128)
+    (local $i3 v128) (local $p v128) (local $pm v128) (local $accd f32) (local $accm f32)
+    (local $b i32) (local $at i32) (local $xp i32) (local $w i32) (local $e i32)
+    local.get $xq local.set $xp
+    loop $tokens
+      f32.const 0 local.set $accd
+      f32.const 0 local.set $accm
+      i32.const 0 local.set $b
+      local.get $xp local.get $nb i32.const 3 i32.shl i32.add local.set $at  ;; the token's q
+      local.get $qs local.set $w
+      block $fours
+        loop $quads  ;; blocks b .. b + 3
+          local.get $b i32.const 4 i32.add local.get $nb i32.gt_u br_if $fours
+          local.get $at v128.load offset=16 local.get $w v128.load offset=16
+          local.get $at v128.load local.get $w v128.load local.get $z
+          i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.set $i0
+          local.get $at v128.load offset=48 local.get $w v128.load offset=48
+          local.get $at v128.load offset=32 local.get $w v128.load offset=32 local.get $z
+          i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.set $i1
+          local.get $at v128.load offset=80 local.get $w v128.load offset=80
+          local.get $at v128.load offset=64 local.get $w v128.load offset=64 local.get $z
+          i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.set $i2
+          local.get $at v128.load offset=112 local.get $w v128.load offset=112
+          local.get $at v128.load offset=96 local.get $w v128.load offset=96 local.get $z
+          i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.set $i3
+          local.get $i0 local.get $i1 i8x16.shuffle 0 1 2 3 16 17 18 19 8 9 10 11 24 25 26 27
+          local.get $i0 local.get $i1 i8x16.shuffle 4 5 6 7 20 21 22 23 12 13 14 15 28 29 30 31 i32x4.add local.set $i0
+          local.get $i2 local.get $i3 i8x16.shuffle 0 1 2 3 16 17 18 19 8 9 10 11 24 25 26 27
+          local.get $i2 local.get $i3 i8x16.shuffle 4 5 6 7 20 21 22 23 12 13 14 15 28 29 30 31 i32x4.add local.set $i2
+          local.get $i0 local.get $i2 i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23
+          local.get $i0 local.get $i2 i8x16.shuffle 8 9 10 11 12 13 14 15 24 25 26 27 28 29 30 31 i32x4.add
+          f32x4.convert_i32x4_s  ;; the four blocks' sums
+          local.get $dm local.get $b i32.const 3 i32.shl i32.add local.tee $e v128.load local.tee $v
+          local.get $e v128.load offset=16 local.tee $lo i8x16.shuffle 0 1 2 3 8 9 10 11 16 17 18 19 24 25 26 27  ;; d
+          local.get $xp local.get $nb i32.const 2 i32.shl i32.add local.get $b i32.const 2 i32.shl i32.add v128.load
+          f32x4.mul f32x4.mul local.set $p
+          local.get $v local.get $lo i8x16.shuffle 4 5 6 7 12 13 14 15 20 21 22 23 28 29 30 31  ;; m
+          local.get $xp local.get $b i32.const 2 i32.shl i32.add v128.load f32x4.mul local.set $pm
+          local.get $accd local.get $p f32x4.extract_lane 0 f32.add local.get $p f32x4.extract_lane 1 f32.add
+          local.get $p f32x4.extract_lane 2 f32.add local.get $p f32x4.extract_lane 3 f32.add local.set $accd
+          local.get $accm local.get $pm f32x4.extract_lane 0 f32.add local.get $pm f32x4.extract_lane 1 f32.add
+          local.get $pm f32x4.extract_lane 2 f32.add local.get $pm f32x4.extract_lane 3 f32.add local.set $accm
+          local.get $at i32.const 128 i32.add local.set $at
+          local.get $w i32.const 128 i32.add local.set $w
+          local.get $b i32.const 4 i32.add local.set $b
+          br $quads
+        end
+      end
+      block $done
+        loop $block  ;; the last nb % 4 blocks
+          local.get $b local.get $nb i32.ge_u br_if $done
+          local.get $at v128.load offset=16 local.get $w v128.load offset=16
+          local.get $at v128.load local.get $w v128.load local.get $z
+          i32x4.relaxed_dot_i8x16_i7x16_add_s i32x4.relaxed_dot_i8x16_i7x16_add_s local.tee $v
+          local.get $v local.get $v i8x16.shuffle 4 5 6 7 0 1 2 3 12 13 14 15 8 9 10 11 i32x4.add local.tee $v
+          local.get $v local.get $v i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 i32x4.add i32x4.extract_lane 0
+          f32.convert_i32_s
+          local.get $dm local.get $b i32.const 3 i32.shl i32.add f32.load
+          local.get $xp local.get $nb i32.const 2 i32.shl i32.add local.get $b i32.const 2 i32.shl i32.add f32.load
+          f32.mul f32.mul local.get $accd f32.add local.set $accd
+          local.get $accm
+          local.get $dm local.get $b i32.const 3 i32.shl i32.add f32.load offset=4
+          local.get $xp local.get $b i32.const 2 i32.shl i32.add f32.load f32.mul f32.add local.set $accm
+          local.get $at i32.const 32 i32.add local.set $at
+          local.get $w i32.const 32 i32.add local.set $w
+          local.get $b i32.const 1 i32.add local.set $b
+          br $block
+        end
+      end
+      local.get $out local.get $accd local.get $accm f32.add f32.store
+      local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.set $out
+      local.get $xp local.get $q i32.add local.tee $xp
+      local.get $xq local.get $n local.get $q i32.mul i32.add i32.lt_u br_if $tokens
+    end)
+
   ;; xsum[b] = the sum of x's block b (nb blocks of 32 f32)
   (func $block_sums (param $x i32) (param $nb i32) (param $xsum i32)
     loop $block
@@ -754,9 +848,12 @@
     local.get $kind i32.const 1 i32.and local.set $q8  ;; a row's qs: nb << (4 + q8) bytes
     local.get $cols i32.const 5 i32.shr_u local.set $nb
     local.get $mode i32.const 32 i32.and
-    if  ;; 8-bit activations (kind 0): quant_x8 every token into scratch unless bit 4 (then x holds them and scratch
-        ;; is this thread's own), then four rows at a time ($dot_x8_r4) on tokens in chunks of 16, the accumulators
-        ;; after the tokens' blocks (scratch + t * nb * 40: 16 tokens x 32 bytes)
+    if  ;; 8-bit activations (kind 0, or 17: 8-bit codes 0..127 with mins): quant_x8 every token into scratch unless
+        ;; bit 4 (then x holds them and scratch is this thread's own), then four rows at a time ($dot_x8_r4) on
+        ;; tokens in chunks of 16, the accumulators after the tokens' blocks (scratch + t * nb * 40: 16 tokens x 32
+        ;; bytes); the codes are the relaxed dot's 0..127 operand, so other kinds trap
+      local.get $kind i32.eqz local.get $kind i32.const 17 i32.eq i32.or i32.eqz
+      if unreachable end
       local.get $nb i32.const 40 i32.mul local.set $q  ;; bytes a quantized token
       local.get $mode i32.const 4 i32.and
       if
@@ -779,8 +876,8 @@
             local.get $r i32.const 4 i32.add local.get $rows i32.gt_u br_if $fours
             local.get $t i32.const 1 i32.eq br_if $fours  ;; one token (decode): row after row streams faster
             local.get $s local.get $dstep local.get $nb local.get $mode local.get $q local.get $n local.get $scratch
-            local.get $o local.get $ldo call $dot_x8_r4
-            local.get $s local.get $nb i32.const 6 i32.shl i32.add local.set $s  ;; 4 rows of nb * 16 bytes
+            local.get $o local.get $ldo local.get $q8 call $dot_x8_r4
+            local.get $s local.get $nb i32.const 6 local.get $q8 i32.add i32.shl i32.add local.set $s  ;; 4 rows' codes
             local.get $dstep local.get $nb i32.const 5 i32.shl i32.add local.set $dstep  ;; 4 rows of nb * 8
             local.get $o i32.const 16 i32.add local.set $o
             local.get $r i32.const 4 i32.add local.set $r
@@ -791,8 +888,14 @@
           loop $rows1
             local.get $r local.get $rows i32.ge_u br_if $ones
             local.get $s local.get $dstep local.get $nb local.get $mode local.get $q local.get $n local.get $o
-            local.get $ldo call $dot_x8_r1
-            local.get $s local.get $nb i32.const 4 i32.shl i32.add local.set $s
+            local.get $ldo
+            local.get $q8
+            if (param i32 i32 i32 i32 i32 i32 i32 i32)
+              call $dot_u8_r1
+            else
+              call $dot_x8_r1
+            end
+            local.get $s local.get $nb i32.const 4 local.get $q8 i32.add i32.shl i32.add local.set $s
             local.get $dstep local.get $nb i32.const 3 i32.shl i32.add local.set $dstep
             local.get $o i32.const 4 i32.add local.set $o
             local.get $r i32.const 1 i32.add local.set $r

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..model.weights import ModelWeights
 from .cpu_tape import StepTape
-from .cpu_wasm import HeapStore, QuantWeight, address_of, array_at, scratch_floats
+from .cpu_wasm import STACKS, HeapStore, QuantWeight, address_of, array_at, scratch_floats
 from ..kernels.ref_ops import gelu_tanh, rms_norm, rope_tables, rotate_adjacent, silu
 from .numpy_ref import NumpyModel, block_mass
 
@@ -47,13 +47,14 @@ THREADED_QUERIES = 4
 
 @dataclass(frozen=True)
 class StepLayer:
-    """One decoder layer of the one-token step, as its family.Layer declares it: its products (a stacked
-    QuantWeight, or None where q | k | v or gate | up go through the reference's _projections; o and down as the
-    weights hold them), the addresses of its norms' gains (0: a norm the layer lacks), the next norm being the
+    """One decoder layer of the one-token step, as its family.Layer declares it: its products (q | k | v and
+    gate | up as QuantWeights whose rows fill the buffer in turn: the stacked one, or each part where their layouts
+    differ (Q4_K_M's q8_0 v beside q5_0 q and k with 8-bit activations); None where they go through the
+    reference's _projections; o and down as the weights hold them), the addresses of its norms' gains (0: a norm the layer lacks), the next norm being the
     next layer's attn_norm or output_norm, its activation's export and q | k | v's biases (1, q + 2 kv) or None."""
 
-    qkv: QuantWeight | None
-    gate_up: QuantWeight | None
+    qkv: tuple[QuantWeight, ...] | None
+    gate_up: tuple[QuantWeight, ...] | None
     o: object
     down: object
     attn_norm: int
@@ -123,9 +124,14 @@ class WasmAttentionModel(NumpyModel):
             w[name] = np.ascontiguousarray(w[name], np.float32)
             return address_of(w[name])
 
-        def stacked(name: str) -> QuantWeight | None:  # None: the parts through the reference's _projections
-            both = w.get(name)
-            return both if isinstance(both, QuantWeight) else None
+        def stacked(layer: int, name: str) -> tuple[QuantWeight, ...] | None:  # None: the reference's _projections
+            both = w.get(f"blk.{layer}.{name}.weight")
+            if isinstance(both, QuantWeight):
+                return (both,)
+            parts = tuple(w.get(f"blk.{layer}.{n}.weight") for n in STACKS[name])
+            if all(isinstance(p, QuantWeight) for p in parts) and len({id(p.store) for p in parts}) == 1:
+                return parts
+            return None
 
         layers = []
         for i, spec in enumerate(self.layers):
@@ -134,7 +140,7 @@ class WasmAttentionModel(NumpyModel):
             if spec.attention_bias:  # q | k | v's biases in one row, added as the reference adds each
                 bias = np.concatenate([w[f"blk.{i}.{n}.bias"] for n in ("attn_q", "attn_k", "attn_v")])[None]
             layers.append(StepLayer(
-                qkv=stacked(f"blk.{i}.attn_qkv.weight"), gate_up=stacked(f"blk.{i}.ffn_gate_up.weight"),
+                qkv=stacked(i, "attn_qkv"), gate_up=stacked(i, "ffn_gate_up"),
                 o=w[f"blk.{i}.attn_output.weight"], down=w[f"blk.{i}.ffn_down.weight"],
                 attn_norm=at(f"blk.{i}.attn_norm.weight"), ffn_norm=at(f"blk.{i}.ffn_norm.weight"), next_norm=at(nxt),
                 q_norm=at(f"blk.{i}.attn_q_norm.weight") if spec.qk_norm else 0,
@@ -173,7 +179,8 @@ class WasmAttentionModel(NumpyModel):
         cfg, a = self.config, self._addrs
         hidden, ffn, hd, eps = cfg.hidden, cfg.ffn, cfg.head_dim, float(cfg.rms_eps)
         q_bytes = 4 * cfg.q_dim  # k's heads follow q's in _qkv
-        quant = [w for s in self._layers for w in (s.qkv, s.gate_up, s.o, s.down) if isinstance(w, QuantWeight)]
+        quant = [w for s in self._layers for w in (*(s.qkv or ()), *(s.gate_up or ()), s.o, s.down)
+                 if isinstance(w, QuantWeight)]
         self._store = quant[0].store if quant else HeapStore(None)
         scratch = max((scratch_floats(w.shape[1], 1, w.kernel_args[0]) for w in quant), default=1)
         self._tape_scratch = np.empty(scratch, np.float32)  # (scratch,) the products' on one thread
@@ -185,13 +192,22 @@ class WasmAttentionModel(NumpyModel):
             else:
                 tape.call(lambda: self._run1(w, x, out))
 
+        def parts(ws: tuple[QuantWeight, ...], x: str, out: str) -> None:  # their rows one after another in out
+            at = 0
+            for w in ws:
+                if w.store is self._store:
+                    tape.op("matmul", *w.kernel_args, a[x], a[out] + 4 * at, address_of(self._tape_scratch))
+                else:
+                    tape.call(lambda w=w, at=at: w.run1(a[x], a[out] + 4 * at))
+                at += w.shape[0]
+
         def stacked(layer: int, both: str, names: tuple[str, ...], out: np.ndarray) -> None:
             tape.call(lambda: np.concatenate(self._projections(layer, both, names, self._h, False), axis=1, out=out))
 
         tape.op("rms_norm", a["_x"], self._layers[0].attn_norm, hidden, eps, a["_h"])
         for layer, s in enumerate(self._layers):
             if s.qkv is not None:
-                product(s.qkv, "_h", "_qkv")
+                parts(s.qkv, "_h", "_qkv")
             else:
                 stacked(layer, "attn_qkv", ("attn_q", "attn_k", "attn_v"), self._qkv)
             if s.bias is not None:
@@ -207,7 +223,7 @@ class WasmAttentionModel(NumpyModel):
                 tape.op("rms_norm", a["_y"], s.post_attention_norm, hidden, eps, a["_y"])
             tape.op("add_rms_norm", a["_x"], a["_y"], s.ffn_norm, hidden, eps, a["_h"])  # x += attention; h = norm(x)
             if s.gate_up is not None:
-                product(s.gate_up, "_h", "_gu")
+                parts(s.gate_up, "_h", "_gu")
             else:
                 stacked(layer, "ffn_gate_up", ("ffn_gate", "ffn_up"), self._gu)
             tape.op(s.activation, a["_gu"], a["_gu"] + 4 * ffn, ffn, a["_act"])

@@ -64,13 +64,20 @@ def dequantize_rows(kind: str, qs: np.ndarray, dm: np.ndarray) -> np.ndarray:
     return (q.astype(np.float32) * dm[:, :, 0:1] + dm[:, :, 1:2]).reshape(n, nb * QK)
 
 
-def kernel_blocks(dtype: str, shape: tuple[int, int], parts: dict) -> tuple[str, np.ndarray, np.ndarray]:
+def kernel_blocks(dtype: str, shape: tuple[int, int], parts: dict,
+                  activations: str = "f32") -> tuple[str, np.ndarray, np.ndarray]:
     """A manifest tensor's web parts (model/layout.py) -> (kernel layout, qs codes, dm (rows, nb, 2) f32) holding
-    exactly its weights, without an f32 copy of them."""
+    exactly its weights, without an f32 copy of them. With 8-bit activations q5_0 goes as q8_m: its stored codes
+    (0..31, the relaxed dot's i7 operand: kind_code) and m = -16 d, d * code - 16 d being d * (code - 16) exactly
+    (both products exact in f32, their difference representable)."""
     kind, f32 = HELD_AS[dtype], np.float32
     rows, cols = shape
     nb = cols // QK
     fields = unpack(dtype, shape, parts)
+    if dtype == "q5_0" and activations == "int8":
+        d = fields["d"].astype(f32)
+        q = fields["q"].astype(np.int8)  # 0..31 (unpack leaves q5_0's offset of 16 to the dequantization)
+        return "q8_m", np.ascontiguousarray(q), np.stack([d, d * f32(-16)], axis=2)
     if kind == "q8_0":
         fields = promote(dtype, "q8_0", fields)
     if dtype in ("q4_K", "q5_K"):  # sub-block j of a super-block: d * sc_j * q - dmin * m_j
@@ -241,7 +248,7 @@ class QuantWeight:
     @classmethod
     def from_parts(cls, dtype: str, shape: tuple[int, int], parts: dict, store: Store) -> "QuantWeight":
         """A manifest tensor's web parts (model/layout.py) -> the kernel's layout (kernel_blocks)."""
-        return cls(*kernel_blocks(dtype, tuple(shape), parts), store)
+        return cls(*kernel_blocks(dtype, tuple(shape), parts, store.activations), store)
 
     @classmethod
     def stack(cls, weights: list["QuantWeight"]) -> "QuantWeight":
@@ -312,13 +319,30 @@ def tensor_loader(store: Store) -> Callable:
 STACKS = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
 
 
+def as_q8_0(w: QuantWeight) -> QuantWeight | None:
+    """A q8_m weight whose every m is -16 d (q5_0's, held so for 8-bit activations: kernel_blocks) as q8_0, its
+    codes - 16 and m 0: the same weights (d * (code - 16) exactly); None for any other."""
+    if w.kind != "q8_m":
+        return None
+    dm = w.store.fetch(w.dm)
+    if not np.array_equal(dm[:, :, 1], dm[:, :, 0] * np.float32(-16)):
+        return None
+    codes = (w.store.fetch(w.qs).astype(np.int16) - 16).astype(np.int8)
+    return QuantWeight("q8_0", codes, np.stack([dm[:, :, 0], np.zeros_like(dm[:, :, 0])], axis=2), w.store)
+
+
 def stack_projections(tensors: dict, n_layers: int) -> None:
     """In place: each layer's q, k, v (and gate, up) QuantWeights of one kind, store and width become one
     stacked weight under the name the shaders give the same stack (attn_qkv, ffn_gate_up): one product where
-    there were three (two), split across the kernel's threads as one. NumpyModel splits its rows back."""
+    there were three (two), split across the kernel's threads as one. NumpyModel splits its rows back. Where
+    q5_0 parts held for 8-bit activations (q8_m) meet a q8_0 one (llama.cpp's Q4_K_M: attn_v), they go back to
+    q8_0 to stack (as_q8_0): one product through 16-bit activations costs a decode step less than three."""
     for i in range(n_layers):
         for stacked, names in STACKS.items():
             ws = [tensors.get(f"blk.{i}.{n}.weight") for n in names]
+            if all(isinstance(w, QuantWeight) for w in ws) and {w.kind for w in ws} == {"q8_0", "q8_m"}:
+                back = [w if w.kind == "q8_0" else as_q8_0(w) for w in ws]
+                ws = back if all(w is not None for w in back) else ws
             if all(isinstance(w, QuantWeight) for w in ws) and len({(w.kind, id(w.store), w.shape[1]) for w in ws}) == 1:
                 tensors[f"blk.{i}.{stacked}.weight"] = QuantWeight.stack(ws)
                 for n in names:
@@ -350,9 +374,10 @@ def check_activations(activations: str) -> str:
 
 def kind_code(kind: str, activations: str) -> int:
     """The kernel's `kind` argument for a weight of layout `kind` through `activations`: int8 takes 8-bit
-    activations for 4-bit codes (the relaxed-SIMD dot product takes the codes as its 0..127 operand) and
-    16-bit ones for 8-bit codes (signed, so not an i7 operand); int16 16-bit for every layout; f32 none."""
-    if activations == "int8" and kind == "q4_1":
+    activations for 4-bit codes and q8_m's 0..31 (the relaxed-SIMD dot product takes the codes as its 0..127
+    operand) and 16-bit ones for the other 8-bit codes (signed, so not an i7 operand); int16 16-bit for every
+    layout; f32 none."""
+    if activations == "int8" and kind in ("q4_1", "q8_m"):
         return KINDS[kind] | ACT8
     if kind == "q8_d" and activations == "f32":
         raise ValueError("q8_d weights (d without m) run with integer activations only, not f32")
@@ -431,8 +456,8 @@ def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: i
     xs = array_at(x, ctypes.c_float, t * cols).reshape(t, cols)
     bits = act_bits(kind)
     if bits is not None:
-        if bits == 8 and kind_name != "q4_1":
-            raise ValueError(f"8-bit activations take 4-bit codes (kind 0), not {kind_name}")
+        if bits == 8 and kind_name not in ("q4_1", "q8_m"):
+            raise ValueError(f"8-bit activations take 4-bit codes or 0..127 ones (kinds 0, 17), not {kind_name}")
         blocks = x if bits == 8 and kind & QUANTIZED_X else scratch  # 8-bit, quantized already: x holds them
         if not kind & QUANTIZED_X:
             quant_x_twin(x, nb, t, scratch, bits)
