@@ -172,9 +172,9 @@ class LinearThreads {
     const t0 = performance.now();
     const act8 = (kind & 32) !== 0, act = act8 || (kind & 2) !== 0, xBytes = t * cols * 4, outBytes = t * rows * 4;
     const blockBytes = act ? t * (cols >> 5) * (act8 ? 40 : 72) : 0;  // the tokens' quantized blocks
-    // a thread's own scratch: a decoded row (f32), 8-bit activations' accumulators (16 tokens x 32 bytes: cpu_wasm's
+    // a thread's own scratch: a decoded row (f32), 8-bit activations' accumulators (16 tokens x 160 bytes: cpu_wasm's
     // ACC8_FLOATS), none for 16-bit ones (their one quantized x is every thread's scratch)
-    const ownBytes = act8 ? 512 : act ? 0 : cols * 4;
+    const ownBytes = act8 ? 2560 : act ? 0 : cols * 4;
     const n = rows >= this.threads && rows * cols * t >= this.minWork ? this.threads : 1;
     const xAt = this.ioArea(xBytes + outBytes + blockBytes + n * ownBytes);
     const outAt = xAt + xBytes, blocksAt = outAt + outBytes;

@@ -519,22 +519,25 @@
 
 ;; Four 4-bit-code rows (wide: 8-bit codes, kind 17) against n tokens' quant_x8 blocks (token i's at xq + i * q; the
   ;; rows at qs / dm, nb * 16 (32) / nb * 8 bytes apart): per block, each row's codes (the i7 operand) meet each
-  ;; token's q in two
-  ;; relaxed dots, the four rows' lanes of one token summed into one i32 lane each (exact integers), converted
-  ;; once, times d_w * d_x and added to that token's accumulator; m * xsum summed in a second one (acc: n x
-  ;; (d part, m part), f32x4 over the four rows). out[i * ldo + 0..3] = d part + m part. Per row and token that
-  ;; is $dot_x8_r1's arithmetic, in its order, so a row gives the same bits in either and every token its own
-  ;; (the decoded codes and the scales shared by the chunk's tokens: 2.2 -> ~3.7 multiply-adds an instruction).
+  ;; token's q in two relaxed dots, the four rows' lanes of one token summed into one i32 lane each (exact
+  ;; integers), converted once, times d_w * d_x and added to that token's accumulator of the block's slot; m * xsum
+  ;; summed in a second one. acc: five slots of n tokens' (d part, m part), f32x4 over the four rows (n * 32 bytes
+  ;; a slot): slot b % 4 for the blocks in fours, slot 4 for the last nb % 4, each summed in block order; out[i * ldo +
+  ;; 0..3] = (((s0 + s1) + (s2 + s3)) + s4) d part + the same of the m parts. Per row and token that is
+  ;; $dot_x8_r1's arithmetic, in its order (its four lanes are the slots), so a row gives the same bits in either
+  ;; and every token its own (the decoded codes and the scales shared by the chunk's tokens: 2.2 -> ~3.7
+  ;; multiply-adds an instruction).
   (func $dot_x8_r4 (param $qs i32) (param $dm i32) (param $nb i32) (param $xq i32) (param $q i32) (param $n i32)
     (param $acc i32) (param $out i32) (param $ldo i32) (param $wide i32)
     (local $lo0 v128) (local $hi0 v128) (local $lo1 v128) (local $hi1 v128) (local $lo2 v128) (local $hi2 v128)
     (local $lo3 v128) (local $hi3 v128) (local $dv v128) (local $mv v128) (local $xl v128) (local $xh v128)
     (local $i0 v128) (local $i1 v128) (local $i2 v128) (local $i3 v128) (local $low v128) (local $z v128)
-    (local $rq i32) (local $rd i32) (local $b i32) (local $xp i32) (local $ap i32) (local $end i32)
+    (local $rq i32) (local $rd i32) (local $b i32) (local $xp i32) (local $ap i32) (local $end i32) (local $so i32) (local $sl i32)
     i32.const 15 i8x16.splat local.set $low
     local.get $nb i32.const 4 local.get $wide i32.add i32.shl local.set $rq  ;; bytes a row's codes
     local.get $nb i32.const 3 i32.shl local.set $rd  ;; bytes a row's scales
-    local.get $acc local.get $n i32.const 5 i32.shl i32.add local.set $end
+    local.get $n i32.const 5 i32.shl local.set $sl  ;; bytes a slot: n tokens x (d part, m part)
+    local.get $acc local.get $sl i32.const 5 i32.mul i32.add local.set $end
     local.get $acc local.set $ap
     loop $zero
       local.get $ap local.get $z v128.store
@@ -569,8 +572,11 @@
       local.get $dm local.get $rd i32.add f32.load offset=4 f32x4.replace_lane 1
       local.get $dm local.get $rd i32.const 1 i32.shl i32.add f32.load offset=4 f32x4.replace_lane 2
       local.get $dm local.get $rd i32.const 3 i32.mul i32.add f32.load offset=4 f32x4.replace_lane 3 local.set $mv
+      i32.const 4  ;; the block's slot: b % 4 for the blocks in fours, 4 for the last nb % 4 ($dot_x8_r1's lanes)
+      local.get $b i32.const 3 i32.and
+      local.get $b local.get $nb i32.const -4 i32.and i32.ge_u select local.get $sl i32.mul local.set $so
       local.get $xq local.set $xp
-      local.get $acc local.set $ap
+      local.get $acc local.get $so i32.add local.set $ap
       loop $tokens  ;; token i of the chunk: its block b's q, d and xsum
         local.get $xp local.get $nb i32.const 3 i32.shl i32.add local.get $b i32.const 5 i32.shl i32.add local.tee $end
         v128.load local.set $xl
@@ -607,27 +613,38 @@
       local.get $b i32.const 1 i32.add local.tee $b local.get $nb i32.lt_u br_if $block
     end
     local.get $acc local.set $ap
-    loop $stores  ;; out's row i: the four rows' d part + m part
-      local.get $out local.get $ap v128.load local.get $ap v128.load offset=16 f32x4.add v128.store
+    loop $stores  ;; out's row i, the four rows': ((slot 0 + 1) + (2 + 3)) + slot 4, d part + m part
+      local.get $out
+      local.get $ap v128.load local.get $ap local.get $sl i32.add local.tee $so v128.load f32x4.add
+      local.get $so local.get $sl i32.add local.tee $so v128.load
+      local.get $so local.get $sl i32.add local.tee $so v128.load f32x4.add f32x4.add
+      local.get $so local.get $sl i32.add local.tee $so v128.load f32x4.add
+      local.get $ap v128.load offset=16 local.get $ap local.get $sl i32.add local.tee $so v128.load offset=16 f32x4.add
+      local.get $so local.get $sl i32.add local.tee $so v128.load offset=16
+      local.get $so local.get $sl i32.add local.tee $so v128.load offset=16 f32x4.add f32x4.add
+      local.get $so local.get $sl i32.add local.tee $so v128.load offset=16 f32x4.add
+      f32x4.add v128.store
       local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.set $out
-      local.get $ap i32.const 32 i32.add local.tee $ap local.get $acc local.get $n i32.const 5 i32.shl i32.add i32.lt_u
+      local.get $ap i32.const 32 i32.add local.tee $ap local.get $acc local.get $sl i32.add i32.lt_u
       br_if $stores
     end)
 
   ;; One 4-bit-code row against n tokens' quant_x8 blocks: $dot_x8_r4's arithmetic for one row (its lane), token
-  ;; by token: per block the codes' two relaxed dots, the i32 lanes summed, converted, times d_w * d_x, added in
-  ;; block order; m * xsum summed apart; out[i * ldo] = d part + m part. Four blocks at a time (a decode step's
-  ;; rows): their sums gathered into one i32x4, converted and scaled as one vector, added lane by lane in order.
+  ;; by token: per block the codes' two relaxed dots, the i32 lanes summed, converted, times d_w * d_x; m * xsum
+  ;; apart. Four blocks at a time (a decode step's rows): their sums gathered into one i32x4, converted and scaled
+  ;; as one vector added to a vector accumulator (lane j: blocks j, j + 4, ...), the last nb % 4 blocks in order
+  ;; into a scalar; out[i * ldo] = ($hsum of the lanes + the scalar) d part + the same m part: $dot_x8_r4's slots.
   (func $dot_x8_r1 (param $qs i32) (param $dm i32) (param $nb i32) (param $xq i32) (param $q i32) (param $n i32)
     (param $out i32) (param $ldo i32)
     (local $lo v128) (local $v v128) (local $z v128) (local $i0 v128) (local $i1 v128) (local $i2 v128)
-    (local $i3 v128) (local $p v128) (local $pm v128) (local $low v128) (local $accd f32) (local $accm f32)
+    (local $i3 v128) (local $p v128) (local $pm v128) (local $accdv v128) (local $accmv v128) (local $low v128) (local $accd f32) (local $accm f32)
     (local $b i32) (local $at i32) (local $xp i32) (local $w i32) (local $e i32)
     i32.const 15 i8x16.splat local.set $low
     local.get $xq local.set $xp
     loop $tokens
       f32.const 0 local.set $accd
       f32.const 0 local.set $accm
+      local.get $z local.tee $accdv local.set $accmv
       i32.const 0 local.set $b
       local.get $xp local.get $nb i32.const 3 i32.shl i32.add local.set $at  ;; the token's q
       local.get $qs local.set $w
@@ -659,10 +676,8 @@
           f32x4.mul f32x4.mul local.set $p
           local.get $v local.get $lo i8x16.shuffle 4 5 6 7 12 13 14 15 20 21 22 23 28 29 30 31  ;; m
           local.get $xp local.get $b i32.const 2 i32.shl i32.add v128.load f32x4.mul local.set $pm
-          local.get $accd local.get $p f32x4.extract_lane 0 f32.add local.get $p f32x4.extract_lane 1 f32.add
-          local.get $p f32x4.extract_lane 2 f32.add local.get $p f32x4.extract_lane 3 f32.add local.set $accd
-          local.get $accm local.get $pm f32x4.extract_lane 0 f32.add local.get $pm f32x4.extract_lane 1 f32.add
-          local.get $pm f32x4.extract_lane 2 f32.add local.get $pm f32x4.extract_lane 3 f32.add local.set $accm
+          local.get $accdv local.get $p f32x4.add local.set $accdv  ;; lane j: blocks j, j + 4, ... in order
+          local.get $accmv local.get $pm f32x4.add local.set $accmv
           local.get $at i32.const 128 i32.add local.set $at
           local.get $w i32.const 64 i32.add local.set $w
           local.get $b i32.const 4 i32.add local.set $b
@@ -690,7 +705,9 @@
           br $block
         end
       end
-      local.get $out local.get $accd local.get $accm f32.add f32.store
+      local.get $out  ;; (the lanes' sum, $hsum's order) + the last blocks, d part + m part: $dot_x8_r4's order
+      local.get $accdv call $hsum local.get $accd f32.add local.get $accmv call $hsum local.get $accm f32.add f32.add
+      f32.store
       local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.set $out
       local.get $xp local.get $q i32.add local.tee $xp
       local.get $xq local.get $n local.get $q i32.mul i32.add i32.lt_u br_if $tokens
@@ -701,12 +718,13 @@
   (func $dot_u8_r1 (param $qs i32) (param $dm i32) (param $nb i32) (param $xq i32) (param $q i32) (param $n i32)
     (param $out i32) (param $ldo i32)
     (local $lo v128) (local $v v128) (local $z v128) (local $i0 v128) (local $i1 v128) (local $i2 v128)
-    (local $i3 v128) (local $p v128) (local $pm v128) (local $accd f32) (local $accm f32)
+    (local $i3 v128) (local $p v128) (local $pm v128) (local $accdv v128) (local $accmv v128) (local $accd f32) (local $accm f32)
     (local $b i32) (local $at i32) (local $xp i32) (local $w i32) (local $e i32)
     local.get $xq local.set $xp
     loop $tokens
       f32.const 0 local.set $accd
       f32.const 0 local.set $accm
+      local.get $z local.tee $accdv local.set $accmv
       i32.const 0 local.set $b
       local.get $xp local.get $nb i32.const 3 i32.shl i32.add local.set $at  ;; the token's q
       local.get $qs local.set $w
@@ -738,10 +756,8 @@
           f32x4.mul f32x4.mul local.set $p
           local.get $v local.get $lo i8x16.shuffle 4 5 6 7 12 13 14 15 20 21 22 23 28 29 30 31  ;; m
           local.get $xp local.get $b i32.const 2 i32.shl i32.add v128.load f32x4.mul local.set $pm
-          local.get $accd local.get $p f32x4.extract_lane 0 f32.add local.get $p f32x4.extract_lane 1 f32.add
-          local.get $p f32x4.extract_lane 2 f32.add local.get $p f32x4.extract_lane 3 f32.add local.set $accd
-          local.get $accm local.get $pm f32x4.extract_lane 0 f32.add local.get $pm f32x4.extract_lane 1 f32.add
-          local.get $pm f32x4.extract_lane 2 f32.add local.get $pm f32x4.extract_lane 3 f32.add local.set $accm
+          local.get $accdv local.get $p f32x4.add local.set $accdv  ;; lane j: blocks j, j + 4, ... in order
+          local.get $accmv local.get $pm f32x4.add local.set $accmv
           local.get $at i32.const 128 i32.add local.set $at
           local.get $w i32.const 128 i32.add local.set $w
           local.get $b i32.const 4 i32.add local.set $b
@@ -769,7 +785,9 @@
           br $block
         end
       end
-      local.get $out local.get $accd local.get $accm f32.add f32.store
+      local.get $out  ;; (the lanes' sum, $hsum's order) + the last blocks, d part + m part: $dot_x8_r4's order
+      local.get $accdv call $hsum local.get $accd f32.add local.get $accmv call $hsum local.get $accm f32.add f32.add
+      f32.store
       local.get $out local.get $ldo i32.const 2 i32.shl i32.add local.set $out
       local.get $xp local.get $q i32.add local.tee $xp
       local.get $xq local.get $n local.get $q i32.mul i32.add i32.lt_u br_if $tokens
@@ -850,7 +868,7 @@
     local.get $mode i32.const 32 i32.and
     if  ;; 8-bit activations (kind 0, or 17: 8-bit codes 0..127 with mins): quant_x8 every token into scratch unless
         ;; bit 4 (then x holds them and scratch is this thread's own), then four rows at a time ($dot_x8_r4) on
-        ;; tokens in chunks of 16, the accumulators after the tokens' blocks (scratch + t * nb * 40: 16 tokens x 32
+        ;; tokens in chunks of 16, the accumulators after the tokens' blocks (scratch + t * nb * 40: 16 tokens x 160
         ;; bytes); the codes are the relaxed dot's 0..127 operand, so other kinds trap
       local.get $kind i32.eqz local.get $kind i32.const 17 i32.eq i32.or i32.eqz
       if unreachable end

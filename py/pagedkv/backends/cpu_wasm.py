@@ -389,7 +389,7 @@ def act_bits(code: int) -> int | None:
     return 8 if code & ACT8 else 16 if code & ACT16 else None
 
 
-ACC8_FLOATS = 128  # 8-bit activations: a thread's accumulators, 16 tokens x (d part, m part) f32x4 ($dot_x8_r4)
+ACC8_FLOATS = 640  # 8-bit activations: a thread's accumulators, 16 tokens x 5 slots x (d, m part) f32x4 ($dot_x8_r4)
 
 
 def scratch_floats(cols: int, t: int, code: int) -> int:
