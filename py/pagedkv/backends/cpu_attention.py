@@ -50,8 +50,9 @@ class StepLayer:
     """One decoder layer of the one-token step, as its family.Layer declares it: its products (q | k | v and
     gate | up as QuantWeights whose rows fill the buffer in turn: the stacked one, or each part where their layouts
     differ (Q4_K_M's q8_0 v beside q5_0 q and k with 8-bit activations); None where they go through the
-    reference's _projections; o and down as the weights hold them), the addresses of its norms' gains (0: a norm the layer lacks), the next norm being the
-    next layer's attn_norm or output_norm, its activation's export and q | k | v's biases (1, q + 2 kv) or None."""
+    reference's _projections; o and down as the weights hold them), the addresses of its norms' gains (0: a norm
+    the layer lacks), the next norm being the next layer's attn_norm or output_norm, its activation's export and
+    q | k | v's biases (1, q + 2 kv) or None."""
 
     qkv: tuple[QuantWeight, ...] | None
     gate_up: tuple[QuantWeight, ...] | None
@@ -186,19 +187,18 @@ class WasmAttentionModel(NumpyModel):
         self._tape_scratch = np.empty(scratch, np.float32)  # (scratch,) the products' on one thread
         tape, keys = StepTape(), {}
 
-        def product(w, x: str, out: str) -> None:
+        def product(w, x: str, out: str, at: int = 0) -> None:  # w's rows from row `at` of out
             if isinstance(w, QuantWeight) and w.store is self._store:
-                tape.op("matmul", *w.kernel_args, a[x], a[out], address_of(self._tape_scratch))
+                tape.op("matmul", *w.kernel_args, a[x], a[out] + 4 * at, address_of(self._tape_scratch))
+            elif isinstance(w, QuantWeight):
+                tape.call(lambda: w.run1(a[x], a[out] + 4 * at))
             else:
                 tape.call(lambda: self._run1(w, x, out))
 
         def parts(ws: tuple[QuantWeight, ...], x: str, out: str) -> None:  # their rows one after another in out
             at = 0
             for w in ws:
-                if w.store is self._store:
-                    tape.op("matmul", *w.kernel_args, a[x], a[out] + 4 * at, address_of(self._tape_scratch))
-                else:
-                    tape.call(lambda w=w, at=at: w.run1(a[x], a[out] + 4 * at))
+                product(w, x, out, at)
                 at += w.shape[0]
 
         def stacked(layer: int, both: str, names: tuple[str, ...], out: np.ndarray) -> None:
