@@ -33,7 +33,7 @@ _engine = state["engine"]
 _model = _engine.backend.model
 _js = _model.w["token_embd.weight"].store.js
 _kernels = _model.kernels
-_STATS = ("calls", "ownUs", "waitUs", "copyUs", "helperUs", "attnCalls", "attnUs")
+_STATS = ("calls", "ownUs", "waitUs", "copyUs", "helperUs", "attnCalls", "attnUs", "decodeCalls", "decodeUs")
 await _engine.settle_disk()
 
 class _PythonWalk:  # the kernels without their tape runner: cpu_tape.interpret walks the tape call by call

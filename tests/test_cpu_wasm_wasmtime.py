@@ -21,14 +21,14 @@ import wasmtime
 from llama_reference import near_tie
 from model_fixtures import REAL_MODEL_DIR, gemma3_gguf, gemma_dir, real_weights, tiny_dir  # noqa: F401  (fixtures)
 from test_cpu_linear import prefill_then_decode
-from wasm_kernels import WasmKernels, WasmThreads, engine, modules, spans
+from wasm_kernels import MIN_KEYS, WasmKernels, WasmThreads, engine, modules, spans
 
-from pagedkv.backends.cpu import CpuBackend
+from pagedkv.backends.cpu import CpuBackend, allocate_pages, plan_pages
 from pagedkv.backends.cpu_attention import PointerTwin
 from pagedkv.backends.cpu_wasm import (ACT8, ACT16, KINDS, HeapStore, SharedStore, address_of, chunks,
                                       pointer_twin, quant_x_twin, stack_projections, tensor_loader)
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
-from pagedkv.kv.retention import KVRetention
+from pagedkv.kv.retention import KVRetention, ShiftOp
 from pagedkv.model.convert import convert_cached
 from pagedkv.model.weights import ModelWeights, read_manifest
 from pagedkv.sampling import SamplingParams
@@ -151,6 +151,39 @@ def test_attn_prefill_on_the_kernel_threads_gives_the_one_calls_bits(kernels, n)
     assert min(threads.attention[-1][1]) > 0, threads.attention
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_attn_prefill_over_the_kv_mirror_gives_the_one_calls_bits(kernels, n):
+    """The same split, the threads reading the table's blocks in the pools' mirror (no copies)."""
+    threads = WasmThreads(n)
+    for case in PREFILL + [(600, 3, 3, 64, 512, 0)]:
+        r = cases.case_attn_prefill_threads(kernels, threads, *case, mirrored=True)
+        assert r["finite"] and r["same_bits"] and r["inputs_kept"], r
+
+
+# (ctx, nkv, group, hd, lo): SmolLM2's heads, Gemma 3's one kv head of four, groups of one and two, a window's lo
+DECODE_THREADS = [(1, 3, 3, 64, 0), (37, 3, 3, 64, 0), (560, 3, 3, 64, 0), (300, 1, 4, 256, 0), (45, 2, 1, 32, 0),
+                  (70, 2, 2, 16, 21), (5, 8, 2, 64, 0)]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_attn_decode_on_the_kernel_threads_gives_the_one_calls_bits(kernels, n):
+    """A decode step's attention shared by threads over the KV mirror (WasmThreads, as web/linear_threads.js:
+    rope_kv into the mirrors, the new row copied into the pools, the scores of chunks of the keys' blocks on every
+    thread, the softmax, the values of chunks of each head's dims on every thread) gives the output, the pools
+    and the mirrors the bits of the export's one call; below MIN_KEYS keys one thread runs it all."""
+    threads = WasmThreads(n)
+    for case in DECODE_THREADS:
+        r = cases.case_attn_decode_threads(kernels, threads, *case)
+        assert r["finite"] and r["same_bits"] and r["pools_same"] and r["mirrors_same"], r
+    for (ctx, keys, dims), (_, _, _, hd, _) in zip(threads.decodes, DECODE_THREADS):
+        blocks, lines = -(-ctx // 16), hd // 16  # the keys' blocks, the 64-byte lines of a head's row
+        if ctx < MIN_KEYS:
+            assert (keys, dims) == ([1], [1]), (ctx, keys, dims)
+        else:  # CHUNKS_PER_THREAD chunks of blocks a thread, one chunk of lines
+            assert (len(keys), sum(keys)) == (n, -(-blocks // -(-blocks // (8 * n)))), (ctx, keys)
+            assert (len(dims), sum(dims)) == (n, -(-lines // -(-lines // n))), (ctx, dims)
+
+
 def test_the_one_token_steps_glue_matches_f64(kernels):
     for n in (64, 576, 1536):
         r = cases.case_step_glue(kernels, n)
@@ -221,6 +254,84 @@ def test_the_tiny_model_through_every_kernel_gives_the_twins_ids(tiny_dir, activ
     assert np.array_equal(got_pre.argmax(axis=1), want_pre.argmax(axis=1))
     assert [int(g.argmax()) for g in got_dec] == [int(w.argmax()) for w in want_dec]
     assert wasm.calls["attn_decode"] == 6 * weights.config.n_layers and wasm.calls["add_rms_norm"] > 0, wasm.calls
+
+
+@pytest.mark.parametrize("pages", [False, True])
+def test_the_kv_mirror_takes_every_write_and_threads_decode_as_one_thread_does(gemma_dir, pages):  # noqa: F811
+    """A tiny random Gemma 3 (KV groups, window layers) on two kernel threads with the KV mirror (SharedStore on
+    WasmThreads: each decode step's attention on both threads over it, prompts read in place) against one thread
+    on Pyodide-like memory (HeapStore), its own pools or shared pages: two requests at once (prompts in chunks,
+    steps of two sequences through the reference's loop, one step of one through the tape) under a shifted
+    window give the same ids; after them and after each of the backend's other writes (copy_blocks, swap_in,
+    write_blocks, shift_keys) the mirror holds the pools' bits; a write past the backend (numpy's alone) shows."""
+    weights = ModelWeights.load(gemma_dir)
+    shards = {s["file"]: (gemma_dir / s["file"]).read_bytes() for s in weights.manifest["shards"]}
+    retention = KVRetention(window_tokens=16, sink_tokens=4)
+    wasm = WasmKernels("linear_relaxed")
+
+    def run(store) -> tuple[list[list[int]], CpuBackend]:
+        w = ModelWeights.from_shards(weights.manifest, shards, tensor_loader(store))
+        stack_projections(w.tensors, w.config.n_layers)
+        shared = None
+        if pages:
+            page, (size,) = plan_pages([w.config], 16)
+            shared = allocate_pages(40, page)
+            assert size == 16
+        backend = CpuBackend(w, 40, 16, num_cpu_blocks=4, linear="wasm", attention=wasm, pages=shared)
+        engine = LLMEngine(backend, Tokenizer.from_manifest(weights.manifest), EngineConfig(max_num_batched_tokens=32))
+        reqs = [engine.request(engine.add_request(list(range(3, 3 + n)), SamplingParams(
+            max_tokens=m, stop_token_ids=(10_000,)), retention=retention)) for n, m in ((40, 30), (21, 12))]
+        while engine.has_unfinished:
+            run_sync(engine.step())
+        return [r.output_ids for r in reqs], backend
+
+    threads = WasmThreads(2)
+    want, _ = run(HeapStore(wasm.matmul, "f32"))
+    got, backend = run(SharedStore(threads, "f32"))
+    assert got == want and len(got[0]) == 30, (got, want)
+    assert len(threads.decodes) > 0 and len(threads.attention) > 0  # both paths took the mirror
+    kv = backend.kv
+    pools = [*kv.k, *kv.v]
+    assert threads.mirror_differs(pools) == []
+    writes = [lambda: backend.copy_blocks([(1, 5)]), lambda: backend.swap_out([(2, 0)]),
+              lambda: backend.swap_in([(0, 6)]), lambda: backend.write_blocks([7], run_sync(backend.read_blocks([3]))),
+              lambda: backend.shift_keys([ShiftOp(1, 3, 0)])]
+    for write in writes:
+        before = [p.copy() for p in pools]
+        run_sync(write())
+        assert threads.mirror_differs(pools) == [], write
+    assert any(not np.array_equal(a, b) for a, b in zip(before, pools))  # the last write moved something
+    kv.k[0][9] += 1.0  # numpy alone, past the backend
+    assert threads.mirror_differs(pools) == [0]
+
+
+def test_threads_whose_memory_cannot_take_the_kv_mirror_keep_the_one_thread_attention(tiny_dir):  # noqa: F811
+    """Where the threads' memory cannot grow by the pools' bytes (the third mirror throws, as linear_threads.js's
+    does at the shared memory's maximum), the backend still builds: the mirrors made are dropped, mirror_error
+    says why, and each decode step's attention runs the export on one thread, giving the same ids."""
+    weights = ModelWeights.load(tiny_dir)
+    shards = {s["file"]: (tiny_dir / s["file"]).read_bytes() for s in weights.manifest["shards"]}
+    wasm = WasmKernels("linear_relaxed")
+
+    class Full(WasmThreads):
+        def mirror(self, address: int, nbytes: int) -> int:
+            if len(self.mirrors) == 2:
+                raise RuntimeError("the kernel threads' shared memory cannot grow by 64 KiB past 4096 MiB")
+            return super().mirror(address, nbytes)
+
+    runs = []
+    for threads in (WasmThreads(2), Full(2)):
+        w = ModelWeights.from_shards(weights.manifest, shards, tensor_loader(SharedStore(threads, "f32")))
+        stack_projections(w.tensors, w.config.n_layers)
+        backend = CpuBackend(w, 4, 16, linear="wasm", attention=wasm)
+        calls = wasm.calls.get("attn_decode", 0)
+        _, steps = prefill_then_decode(backend, list(range(1, 12)), 4)
+        runs.append(([int(s.argmax()) for s in steps], backend.model.mirror_error, len(threads.mirrors),
+                     len(threads.decodes), wasm.calls.get("attn_decode", 0) - calls))
+    n = weights.config.n_layers
+    assert runs[0][1:] == (None, 2 * n, 4 * n, 0), runs[0]
+    assert runs[1][0] == runs[0][0] and runs[1][2:] == (0, 0, 4 * n), runs[1]
+    assert "no KV mirror" in runs[1][1] and "cannot grow" in runs[1][1], runs[1]
 
 
 def test_hybrid_models_shifted_window_through_the_wasm_kernels_gives_the_twins_ids(gemma_dir):  # noqa: F811
@@ -337,9 +448,11 @@ def test_gemma3_on_two_kernel_threads_gives_llama_cpps_greedy_ids(gemma3_gguf): 
     # the prompt's GeGLU in one call a layer (gelu_tanh_mul_rows)
     n = w.config.n_layers
     assert [wasm.calls.get(e, 0) for e in ("attn_decode", "rms_norm_rows", "gelu_tanh_mul", "rms_norm", "attn_prefill",
-                                           "gelu_tanh_mul_rows")] == [7 * n, 7 * 2 * n, 7 * n, 7 * (2 * n + 1), 0, n]
-    # the prompt's attention on both threads (its 6 queries a chunk each), none through the one-thread export
+                                           "gelu_tanh_mul_rows")] == [0, 7 * 2 * n, 7 * n, 7 * (2 * n + 1), 0, n]
+    # the prompt's attention on both threads (its 6 queries a chunk each), none through the one-thread export; each
+    # decode step's through the threads' attn_decode over the KV mirror (under MIN_KEYS keys: on one of them)
     assert [(nq, sum(ran)) for nq, ran in threads.attention] == [(6, 6)] * n, threads.attention
+    assert [ctx for ctx, _, _ in threads.decodes] == [ctx for ctx in range(7, 14) for _ in range(n)]
     assert w.tensors["token_embd.weight"].kind == "q8_d"  # the head without its zero mins (cpu_wasm.head_blocks)
     heads = [p for p in threads.products if p[0] == w.config.vocab]
     assert [(p[2], p[3]) for p in heads] == [(1, 2)] * 8 and all(min(p[4]) > 0 for p in heads), heads

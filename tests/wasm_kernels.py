@@ -26,6 +26,7 @@ from pagedkv.model.quants import QK
 
 LINEAR_WAT = build.ROOT / "web" / "wasm" / "linear.wat"
 PAGE = 65536
+MIN_KEYS = 64  # linear_threads.js's minKeys: a decode step's keys below which its attention stays on one thread
 ALIGN = 16  # every region at a 16-byte offset, as numpy's arrays are in the tab (v128 loads take any address)
 
 
@@ -196,9 +197,11 @@ class WasmThreads:
         for _ in range(threads):
             store = wasmtime.Store(full)
             self.instances.append((store, wasmtime.Instance(store, module, [self.memory]).exports(store)))
-        self.top, self.sizes, self.io, self.attn_area = PAGE, {}, (0, 0), (0, 0)
+        self.top, self.sizes, self.io, self.attn_area, self.decode_area = PAGE, {}, (0, 0), (0, 0), (0, 0)
         self.products: list[tuple[int, int, int, int, list[int]]] = []
         self.attention: list[tuple[int, list[int]]] = []
+        self.mirrors: list[tuple[int, int, int]] = []  # (host address, bytes, offset here): mirror
+        self.decodes: list[tuple[int, list[int]]] = []  # attn_decode: (ctx, chunks each thread ran)
 
     def heap(self) -> np.ndarray:
         """The shared memory as bytes (a shared memory never moves when it grows)."""
@@ -222,6 +225,89 @@ class WasmThreads:
 
     def read(self, at: int, nbytes: int, dest: int) -> None:
         array_at(dest, ctypes.c_uint8, nbytes)[...] = self.heap()[at:at + nbytes]
+
+    def mirror(self, address: int, nbytes: int) -> int:
+        """linear_threads.js's mirror: zeros here for the host's [address, address + nbytes), made once."""
+        for host, n, at in self.mirrors:
+            if (host, n) == (address, nbytes):
+                return at
+            if address < host + n and host < address + nbytes:
+                raise ValueError(f"a KV mirror of {nbytes} bytes at {address} overlaps one made before")
+        at = self.alloc(nbytes)  # past everything placed before: memory grown now, zeros
+        self.mirrors.append((address, nbytes, at))
+        return at
+
+    def unmirror(self, address: int) -> None:
+        self.mirrors = [m for m in self.mirrors if m[0] != address]
+
+    def mirror_of(self, address: int) -> int:
+        return next((at + address - host for host, n, at in self.mirrors if host <= address < host + n), -1)
+
+    def sync(self, runs: int, n: int) -> None:
+        """linear_threads.js's sync: n (address, bytes) f64 pairs at host address `runs` copied into their mirror."""
+        heap = self.heap()
+        for address, nbytes in array_at(runs, ctypes.c_double, 2 * n).reshape(n, 2).astype(np.int64).tolist():
+            at = self.mirror_of(address)
+            if at < 0 or self.mirror_of(address + nbytes - 1) != at + nbytes - 1:
+                raise ValueError(f"KV sync: bytes {address} .. {address + nbytes} are not in one mirror")
+            heap[at:at + nbytes] = array_at(address, ctypes.c_uint8, nbytes)
+
+    def mirror_differs(self, arrays) -> list[int]:
+        """The indices of `arrays` (pools) whose bytes differ from their mirror's (a test's check that every write
+        reached it)."""
+        heap, bad = self.heap(), []
+        for i, a in enumerate(arrays):
+            at = self.mirror_of(a.__array_interface__["data"][0])
+            blocks = [heap[at + b * a.strides[0]:at + b * a.strides[0] + a[0].nbytes] for b in range(a.shape[0])]
+            if at < 0 or not np.array_equal(np.concatenate(blocks), np.ascontiguousarray(a).view(np.uint8).reshape(-1)):
+                bad.append(i)
+        return bad
+
+    def attn_decode(self, qkv: int, cos: int, sin: int, k: int, v: int, table: int, ctx: int, lo: int, bs: int,
+                    nkv: int, group: int, hd: int, slot: int, scale: float, s: int, ld: int, out: int) -> None:
+        """linear_threads.js's attn_decode: q | k | v, cos, sin and the table copied in, rope_kv on the mirrors
+        (the new row then copied into the host's pools), the scores of chunks of the keys' blocks on the threads
+        (attn_keys), the softmax of chunks of the heads on them (attn_softmax), the values of chunks of each head's
+        dims on them (attn_dims), out copied back; below MIN_KEYS keys all on this thread. `decodes` logs (ctx, blocks' chunks each thread
+        ran, dims' chunks each thread ran)."""
+        k_at, v_at = self.mirror_of(k), self.mirror_of(v)
+        if k_at < 0 or v_at < 0:
+            raise ValueError("attn_decode on the kernel threads needs K and V pools with a mirror")
+        heads, hb, used = nkv * group, hd * 4, -(-ctx // bs)
+        tok = nkv * hb
+        sizes = [-(-n // 64) * 64 for n in ((heads + 2 * nkv) * hb, hb // 2, hb // 2, used * 4, heads * ld * 4,
+                                             heads * hb)]
+        if sum(sizes) > self.decode_area[1]:  # reused, as the JS reuses its decodeArea
+            self.decode_area = (self.alloc(sum(sizes)), sum(sizes))
+        qkv_at, cos_at, sin_at, table_at, s_at, out_at = (self.decode_area[0] + sum(sizes[:i]) for i in range(6))
+        heap = self.heap()
+        for host, to, n in ((qkv, qkv_at, sizes[0]), (cos, cos_at, hb // 2), (sin, sin_at, hb // 2),
+                            (table, table_at, used * 4)):
+            heap[to:to + n] = array_at(host, ctypes.c_uint8, n)
+        store, ex = self.instances[0]
+        ex["rope_kv"](store, qkv_at, cos_at, sin_at, k_at, v_at, nkv, group, hd, slot)
+        for host, mirror in ((k, k_at), (v, v_at)):
+            array_at(host + slot * tok, ctypes.c_uint8, tok)[...] = heap[mirror + slot * tok:mirror + (slot + 1) * tok]
+        n = self.threads if ctx >= MIN_KEYS else 1
+        block_chunk, dim_chunk = -(-used // (n * CHUNKS_PER_THREAD)), -(-hb // 64 // n) * 64
+
+        def keys(i: int, store, ex, b0: int, b1: int) -> None:
+            ex["attn_keys"](store, qkv_at, k_at, table_at, ctx, bs, nkv, group, hd, s_at, ld, b0, b1)
+
+        def dims(i: int, store, ex, d0: int, d1: int) -> None:
+            ex["attn_dims"](store, s_at, v_at, table_at, ctx, bs, nkv, group, hd, out_at, ld, d0, d1)
+
+        blocks = [(b0, min(used, b0 + block_chunk)) for b0 in range(0, used, block_chunk)] if n > 1 else [(0, used)]
+        ran_keys = self.on_threads(n, blocks, keys)
+        per = -(-heads // n)
+
+        def softmax(i: int, store, ex, r0: int, r1: int) -> None:
+            ex["attn_softmax"](store, s_at + r0 * ld * 4, r1 - r0, ctx, lo, ld, scale)
+
+        self.on_threads(n, [(r0, min(heads, r0 + per)) for r0 in range(0, heads, per)], softmax)
+        slices = [(d0, min(hb, d0 + dim_chunk)) for d0 in range(0, hb, dim_chunk)] if n > 1 else [(0, hb)]
+        self.decodes.append((ctx, ran_keys, self.on_threads(n, slices, dims)))
+        array_at(out, ctypes.c_uint8, heads * hb)[...] = self.heap()[out_at:out_at + heads * hb]
 
     def matmul(self, kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: int, out: int) -> None:
         n = self.threads if rows >= self.threads and rows * cols * t >= self.min_work else 1
@@ -303,10 +389,15 @@ class WasmThreads:
         heap = self.heap()
         heap[q_at:q_at + nq * row] = array_at(q, ctypes.c_uint8, nq * row)
         ids = array_at(table, ctypes.c_int32, used)
-        for b, block_id in enumerate(ids.tolist()):
-            for pool, to in ((k, k_at), (v, v_at)):
-                heap[to + b * block:to + (b + 1) * block] = array_at(pool + block_id * block, ctypes.c_uint8, block)
-        heap[table_at:table_at + 4 * used] = np.arange(used, dtype=np.int32).view(np.uint8)
+        if self.mirror_of(k) >= 0 and self.mirror_of(v) >= 0:  # the blocks read where they are: the mirrors
+            k_at, v_at = self.mirror_of(k), self.mirror_of(v)
+            heap[table_at:table_at + 4 * used] = ids.view(np.uint8)
+        else:  # copies of the blocks, the table then 0, 1, ...
+            for b, block_id in enumerate(ids.tolist()):
+                for pool, to in ((k, k_at), (v, v_at)):
+                    heap[to + b * block:to + (b + 1) * block] = array_at(pool + block_id * block, ctypes.c_uint8,
+                                                                         block)
+            heap[table_at:table_at + 4 * used] = np.arange(used, dtype=np.int32).view(np.uint8)
         chunk = -(-nq // (n * CHUNKS_PER_THREAD))
         work = [(max(0, i1 - chunk), i1) for i1 in range(nq, 0, -chunk)]
 

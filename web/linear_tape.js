@@ -44,6 +44,11 @@ function makeTapeRunner(exports, memory) {
             t[i + 10], t[i + 11], t[i + 12], t[i + 13], t[i + 14], t[i + 15], t[i + 16], t[i + 17]);
           i += 18;
           break;
+        case 8:  // ATTN_THREADS: ATTN_DECODE's arguments, on the kernel threads over the KV mirror
+          threads.attn_decode(t[i + 1], t[i + 2], t[i + 3], t[i + 4], t[i + 5], t[i + 6], t[i + 7], t[i + 8], t[i + 9],
+            t[i + 10], t[i + 11], t[i + 12], t[i + 13], t[i + 14], t[i + 15], t[i + 16], t[i + 17]);
+          i += 18;
+          break;
         default:
           throw new Error(`step tape: opcode ${t[i]} at word ${i} is not one this walker runs`);
       }

@@ -3,24 +3,29 @@
 // WebAssembly.Memory that holds the quantized weights. A product copies x in from Pyodide's memory, cuts the
 // weight's rows into chunks (CHUNKS_PER_THREAD per thread) that every thread claims one at a time from a shared
 // counter until none is left, so a slower or busier thread takes fewer (runChunks), and copies out back.
-// attn_prefill runs a prompt chunk's attention the same way, its queries in chunks (runQueries), over copies of
-// the K and V blocks it reads.
+// attn_prefill runs a prompt chunk's attention the same way, its queries in chunks (runQueries), and attn_decode
+// a decode step's, its keys' blocks in chunks for the scores (runKeys), its heads for the softmax (runSoftmax),
+// then each head's dims in chunks for the values (runDims), over the KV mirror: a copy of the K and V pools here (mirror), which Python keeps current
+// (sync after every write numpy makes; attn_decode writes its new row to both). A pool without one has
+// attn_prefill copy the blocks it reads each call.
 // py/pagedkv/backends/cpu_wasm.py's ThreadsTwin is the numpy twin of matmul; cpu_wasm.SharedStore is Python's
 // side, reached through pagedkv/browser/interop.py's linear_threads.
 //
 // A helper's control block (CTRL_BYTES at CTRL_BYTES * i): CTRL_INTS i32, [0] job number, [1] last job done, [2] 1
 // once a job threw, [13] microseconds the job took, [14] how long to poll after it, [15] chunks it claimed; then
 // at JOB_AT its job, JOB_WORDS f64: [0] what (MATMUL: kind, qs, dm, rows, cols, x, t, out, its scratch, chunk
-// rows; ATTN_PREFILL: attn_prefill's arguments, s its own, then chunk queries). Plain writes (the job, x) happen
-// before the Atomics.store of the job number and the helper's (out) before its Atomics.store of [1]: seq-cst
-// atomics order them.
+// rows; ATTN_PREFILL: attn_prefill's arguments, s its own, then chunk queries; ATTN_KEYS: attn_keys' arguments
+// but b0 and b1, then chunk blocks and the blocks in all; ATTN_SOFTMAX: s, ctx, lo, ld, scale, then chunk heads
+// and the heads in all; ATTN_DIMS: attn_dims' but d0 and d1, then chunk bytes).
+// Plain writes (the job, x) happen before the Atomics.store of the job number and the helper's (out) before its
+// Atomics.store of [1]: seq-cst atomics order them.
 "use strict";
 
 const CTRL_INTS = 16;
 const CTRL_BYTES = 256;
 const JOB_AT = 64;  // bytes into a control block
 const JOB_WORDS = 24;
-const MATMUL = 0, ATTN_PREFILL = 1;  // a job's [0]
+const MATMUL = 0, ATTN_PREFILL = 1, ATTN_KEYS = 2, ATTN_DIMS = 3, ATTN_SOFTMAX = 4;  // a job's [0]
 const COUNTER_AT = 65536 - 64;  // the chunk counter of the product under way
 const ARENA_START = 65536;  // the first page holds the control blocks and the counter
 const CHUNKS_PER_THREAD = 8;
@@ -56,12 +61,52 @@ function runQueries(exports, counter, q, k, v, table, ctx, nq, bs, nkv, group, h
   return claimed;
 }
 
+// Claims chunks of `chunk` blocks of a decode step's keys from counter[0] and runs attn_keys on each: their scores,
+// every head's (each the dot product of the one attn_decode call).
+function runKeys(exports, counter, q, k, table, ctx, bs, nkv, group, hd, s, ld, chunk, blocks) {
+  let claimed = 0;
+  for (let b0 = Atomics.add(counter, 0, 1) * chunk; b0 < blocks; b0 = Atomics.add(counter, 0, 1) * chunk) {
+    exports.attn_keys(q, k, table, ctx, bs, nkv, group, hd, s, ld, b0, Math.min(blocks, b0 + chunk));
+    claimed++;
+  }
+  return claimed;
+}
+
+// Claims chunks of `chunk` heads' score rows from counter[0] and runs attn_softmax on each (a row's own softmax).
+function runSoftmax(exports, counter, s, ctx, lo, ld, scale, chunk, heads) {
+  let claimed = 0;
+  for (let r0 = Atomics.add(counter, 0, 1) * chunk; r0 < heads; r0 = Atomics.add(counter, 0, 1) * chunk) {
+    exports.attn_softmax(s + r0 * ld * 4, Math.min(chunk, heads - r0), ctx, lo, ld, scale);
+    claimed++;
+  }
+  return claimed;
+}
+
+// Claims chunks of `chunk` bytes of each head's hd * 4 from counter[0] and runs attn_dims on each: their values'
+// sums over every key (each the sum of the one attn_decode call); a thread reads its cache lines of V only.
+function runDims(exports, counter, p, v, table, ctx, bs, nkv, group, hd, out, ld, chunk) {
+  let claimed = 0;
+  const end = hd * 4;
+  for (let d0 = Atomics.add(counter, 0, 1) * chunk; d0 < end; d0 = Atomics.add(counter, 0, 1) * chunk) {
+    exports.attn_dims(p, v, table, ctx, bs, nkv, group, hd, out, ld, d0, Math.min(end, d0 + chunk));
+    claimed++;
+  }
+  return claimed;
+}
+
 // A helper's job (its control block's f64 words) run to the end of its chunks.
 function runJob(exports, counter, j) {
   if (j[0] === MATMUL) return runChunks(exports, counter, j[1], j[2], j[3], j[4], j[5], j[6], j[7], j[8], j[9], j[10]);
   if (j[0] === ATTN_PREFILL) {
     return runQueries(exports, counter, j[1], j[2], j[3], j[4], j[5], j[6], j[7], j[8], j[9], j[10], j[11], j[12],
       j[13], j[14], j[15]);
+  }
+  if (j[0] === ATTN_KEYS) {
+    return runKeys(exports, counter, j[1], j[2], j[3], j[4], j[5], j[6], j[7], j[8], j[9], j[10], j[11], j[12]);
+  }
+  if (j[0] === ATTN_SOFTMAX) return runSoftmax(exports, counter, j[1], j[2], j[3], j[4], j[5], j[6], j[7]);
+  if (j[0] === ATTN_DIMS) {
+    return runDims(exports, counter, j[1], j[2], j[3], j[4], j[5], j[6], j[7], j[8], j[9], j[10], j[11]);
   }
   throw new Error(`kernel thread: job ${j[0]} is not one it runs`);
 }
@@ -99,6 +144,18 @@ class Arena {
     return at;
   }
 
+  fresh(bytes) {  // zeros: pages the memory grows by now, past everything else (the OS maps them as they are written)
+    const end = this.memory.buffer.byteLength, pages = Math.ceil(bytes / 65536);
+    try {
+      this.memory.grow(pages);
+    } catch (err) {
+      throw new Error(`the kernel threads' shared memory cannot grow by ${pages * 64} KiB past ` +
+        `${Math.round(end / 1048576)} MiB: ${err.message || err}`);
+    }
+    this.sizes.set(end, pages * 65536);
+    return end;
+  }
+
   release(at) {
     const n = this.sizes.get(at);
     if (n === undefined) throw new Error(`no block of the kernel threads' memory starts at ${at}`);
@@ -123,12 +180,53 @@ class LinearThreads {
     this.threads = helpers.length + 1;
     this.minWork = 1 << 16;  // rows * cols * tokens below which one thread runs the product (no handoff)
     this.stats = { calls: 0, split: 0, chunks: 0, helperChunks: 0, ownUs: 0, waitUs: 0, copyUs: 0, helperUs: 0,
-      attnCalls: 0, attnUs: 0 };
+      attnCalls: 0, attnUs: 0, decodeCalls: 0, decodeUs: 0 };
     this.counter = new Int32Array(memory.buffer, COUNTER_AT, 1);
     this.spinUs = 2000;  // how long a helper polls for its next job before it sleeps (each job says)
     this.arena = new Arena(memory);
     this.io = { at: 0, bytes: 0 };  // x then out, reused; then one cols-sized scratch per thread
     this.attn = { at: 0, bytes: 0 };  // attn_prefill's copies (attnArea)
+    this.mirrors = [];  // [{py, bytes, at}]: Pyodide's [py, py + bytes) mirrored at offset `at` here
+    this.decodeArea = { at: 0, bytes: 0 };  // attn_decode's copies
+    this.minKeys = 64;  // a decode step's keys below which its attention stays on this thread
+  }
+
+  // A mirror of Pyodide's [address, address + bytes) (a KV pool, or the pages several models' pools view), zeros
+  // like the pools it mirrors when they are made; the one already made for the same range. Returns its offset.
+  mirror(address, bytes) {
+    const known = this.mirrors.find((m) => m.py === address && m.bytes === bytes);
+    if (known) return known.at;
+    if (this.mirrors.some((m) => address < m.py + m.bytes && m.py < address + bytes)) {
+      throw new Error(`a KV mirror of ${bytes} bytes at ${address} overlaps one made before`);
+    }
+    const at = this.arena.fresh(bytes);
+    this.mirrors.push({ py: address, bytes, at });
+    return at;
+  }
+
+  unmirror(address) {  // the mirror of Pyodide's range from `address` dropped (its arrays are gone); none: nothing
+    const i = this.mirrors.findIndex((m) => m.py === address);
+    if (i < 0) return;
+    this.arena.release(this.mirrors[i].at);
+    this.mirrors.splice(i, 1);
+  }
+
+  mirrorOf(address) {  // the offset here of Pyodide's byte `address`, or -1 where no mirror holds it
+    for (const m of this.mirrors) if (address >= m.py && address < m.py + m.bytes) return m.at + address - m.py;
+    return -1;
+  }
+
+  // Pyodide's bytes copied into their mirrors: n runs of (address, bytes) as f64 pairs at Pyodide address `runs`
+  // (what numpy just wrote: a prompt's keys and values, copied or shifted blocks, blocks swapped or read in).
+  sync(runs, n) {
+    const r = new Float64Array(this.pyMemory.buffer, runs, 2 * n), heap = this.heap(), py = this.py();
+    for (let i = 0; i < 2 * n; i += 2) {
+      const at = this.mirrorOf(r[i]);
+      if (at < 0 || this.mirrorOf(r[i] + r[i + 1] - 1) !== at + r[i + 1] - 1) {
+        throw new Error(`KV sync: bytes ${r[i]} .. ${r[i] + r[i + 1]} are not in one mirror`);
+      }
+      heap.set(py.subarray(r[i], r[i] + r[i + 1]), at);
+    }
   }
 
   heap() {
@@ -213,14 +311,18 @@ class LinearThreads {
     const n = this.threads, row = nkv * group * hd * 4, blockBytes = bs * nkv * hd * 4, used = Math.ceil(ctx / bs);
     const qBytes = nq * row, poolBytes = used * blockBytes, tableBytes = Math.ceil(used / 16) * 64;
     const sBytes = Math.ceil(nkv * group * ((ctx + 3) & ~3) / 16) * 64;  // a thread's score rows
-    const at = this.attnArea(2 * qBytes + 2 * poolBytes + tableBytes + n * sBytes);
-    const qAt = at, outAt = qAt + qBytes, kAt = outAt + qBytes, vAt = kAt + poolBytes, tableAt = vAt + poolBytes;
+    const kMirror = this.mirrorOf(k), vMirror = this.mirrorOf(v), mirrored = kMirror >= 0 && vMirror >= 0;
+    const copied = mirrored ? 0 : poolBytes;  // the blocks read in the mirrors, or copies of them
+    const at = this.attnArea(2 * qBytes + 2 * copied + tableBytes + n * sBytes);
+    const qAt = at, outAt = qAt + qBytes, tableAt = outAt + qBytes + 2 * copied;
+    const [kAt, vAt] = mirrored ? [kMirror, vMirror] : [outAt + qBytes, outAt + qBytes + copied];
     const sAt = tableAt + tableBytes;
     const heap = this.heap(), py = this.py();
     heap.set(py.subarray(q, q + qBytes), qAt);
     const ids = new Int32Array(this.pyMemory.buffer, table, used);
-    new Int32Array(this.memory.buffer, tableAt, used).set(Array.from({ length: used }, (_, b) => b));
-    for (let b = 0; b < used;) {  // runs of consecutive blocks in one copy each
+    if (mirrored) new Int32Array(this.memory.buffer, tableAt, used).set(ids);
+    else new Int32Array(this.memory.buffer, tableAt, used).set(Array.from({ length: used }, (_, b) => b));
+    for (let b = 0; b < used && !mirrored;) {  // runs of consecutive blocks in one copy each
       let e = b + 1;
       while (e < used && ids[e] === ids[e - 1] + 1) e++;
       const from = ids[b] * blockBytes, bytes = (e - b) * blockBytes;
@@ -237,6 +339,65 @@ class LinearThreads {
     py.set(heap.subarray(outAt, outAt + qBytes), out);
     this.stats.attnCalls++;
     this.stats.attnUs += (performance.now() - t0) * 1000;
+  }
+
+  // A decode step's attention (linear.wat's attn_decode, the same arguments, all in Pyodide's memory, k and v in
+  // pools with a mirror) on every thread: q | k | v, cos, sin and the table copied in, rope_kv here (the new k and
+  // v into the mirrors, then copied into Pyodide's pools), the scores of chunks of the keys' blocks on every thread
+  // (runKeys), the softmax of chunks of the heads (runSoftmax), the values' sums of chunks of each head's dims
+  // (runDims), out copied back: each thread reads its part of K and of V only, every output the bits of the
+  // one-thread call (qkv's rotation and s's probabilities stay here). Below minKeys keys, all on this thread.
+  attn_decode(qkv, cos, sin, k, v, table, ctx, lo, bs, nkv, group, hd, slot, scale, s, ld, out) {
+    const t0 = performance.now();
+    const kAt = this.mirrorOf(k), vAt = this.mirrorOf(v);
+    if (kAt < 0 || vAt < 0) throw new Error("attn_decode on the kernel threads needs K and V pools with a mirror");
+    const heads = nkv * group, hb = hd * 4, tok = nkv * hb, used = Math.ceil(ctx / bs);
+    const qkvBytes = (heads + 2 * nkv) * hb, sBytes = heads * ld * 4;
+    const bytes = [qkvBytes, hb / 2, hb / 2, used * 4, sBytes, heads * hb].map((b) => Math.ceil(b / 64) * 64);
+    const total = bytes.reduce((a, b) => a + b);
+    let next = this.decodeArea.bytes >= total ? this.decodeArea.at : this.growDecode(total);
+    const [qkvAt, cosAt, sinAt, tableAt, sAt, outAt] = bytes.map((b) => (next += b) - b);
+    const heap = this.heap(), py = this.py(), ex = this.exports;
+    heap.set(py.subarray(qkv, qkv + qkvBytes), qkvAt);
+    heap.set(py.subarray(cos, cos + hb / 2), cosAt);
+    heap.set(py.subarray(sin, sin + hb / 2), sinAt);
+    heap.set(py.subarray(table, table + used * 4), tableAt);
+    ex.rope_kv(qkvAt, cosAt, sinAt, kAt, vAt, nkv, group, hd, slot);
+    py.set(heap.subarray(kAt + slot * tok, kAt + (slot + 1) * tok), k + slot * tok);
+    py.set(heap.subarray(vAt + slot * tok, vAt + (slot + 1) * tok), v + slot * tok);
+    const n = ctx >= this.minKeys ? this.threads : 1;
+    const keys = [qkvAt, kAt, tableAt, ctx, bs, nkv, group, hd, sAt, ld];
+    const dims = [sAt, vAt, tableAt, ctx, bs, nkv, group, hd, outAt, ld];
+    if (n === 1) {
+      ex.attn_keys(...keys, 0, used);
+      ex.attn_softmax(sAt, heads, ctx, lo, ld, scale);
+      ex.attn_dims(...dims, 0, hb);
+    } else {
+      const blockChunk = Math.ceil(used / (n * CHUNKS_PER_THREAD)), dimChunk = Math.ceil(hb / 64 / n) * 64;
+      Atomics.store(this.counter, 0, 0);
+      for (let i = 1; i < n; i++) this.start(this.helpers[i - 1], [ATTN_KEYS, ...keys, blockChunk, used]);
+      runKeys(ex, this.counter, ...keys, blockChunk, used);
+      this.joinAll(n, false);
+      const softmax = [sAt, ctx, lo, ld, scale, Math.ceil(heads / n), heads];
+      Atomics.store(this.counter, 0, 0);
+      for (let i = 1; i < n; i++) this.start(this.helpers[i - 1], [ATTN_SOFTMAX, ...softmax]);
+      runSoftmax(ex, this.counter, ...softmax);
+      this.joinAll(n, false);
+      Atomics.store(this.counter, 0, 0);
+      for (let i = 1; i < n; i++) this.start(this.helpers[i - 1], [ATTN_DIMS, ...dims, dimChunk]);
+      runDims(ex, this.counter, ...dims, dimChunk);
+      this.joinAll(n, false);
+    }
+    py.set(heap.subarray(outAt, outAt + heads * hb), out);
+    this.stats.decodeCalls++;
+    this.stats.decodeUs += (performance.now() - t0) * 1000;
+  }
+
+  growDecode(bytes) {  // attn_decode's copies, reused, grown to the next 64 KiB
+    const size = Math.ceil(bytes / 65536) * 65536;
+    if (this.decodeArea.bytes) this.arena.release(this.decodeArea.at);
+    this.decodeArea = { at: this.arena.alloc(size), bytes: size };
+    return this.decodeArea.at;
   }
 
   attnArea(bytes) {  // the attention's copies, reused, grown to the next MiB

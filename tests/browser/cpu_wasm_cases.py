@@ -6,6 +6,7 @@ import numpy as np
 
 from pagedkv.backends.cpu_wasm import (QuantWeight, act_bits, address_of, integer_products, kind_code,
                                       quantize_activations)
+from pagedkv.backends.cpu_attention import mirror
 from pagedkv.backends.numpy_ref import NumpyModel, PagedKVCache
 from pagedkv.kernels.ref_ops import rope_inv_freq, rotate_adjacent
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
@@ -171,19 +172,10 @@ def case_attn_decode(kernels, ctx: int, nkv: int, group: int, hd: int, lo: int =
     keys' probabilities exactly 0, their keys NaN here). `rel`: each output's error over its bound: the f32
     scores' rounding (hd terms, scaled) moving the probabilities, the exp's (Cephes expf, a few ulp), the sums
     over ctx keys, times sum_j p_j |v_j|."""
-    rng = np.random.default_rng(ctx * 17 + hd + group)
-    bs, used, nh = 16, -(-ctx // 16), nkv * group
-    num_blocks = used + 3
-    k, v = (rng.standard_normal((num_blocks, bs, nkv, hd)).astype(np.float32) for _ in range(2))
-    table = rng.permutation(num_blocks)[:used].astype(np.int32)
-    masked = table[np.arange(lo) // bs].astype(np.int64) * bs + np.arange(lo) % bs  # pool rows of the first lo keys
-    k.reshape(-1, nkv, hd)[masked] = np.nan  # a masked key's score must not reach the softmax
-    qkv = rng.standard_normal((1, (nh + 2 * nkv) * hd)).astype(np.float32)
-    angles = np.float32(ctx - 1) * rope_inv_freq(hd, 10000.0)  # (hd / 2,)
-    cos, sin = np.cos(angles), np.sin(angles)
+    k, v, table, qkv, cos, sin, slot = _decode_inputs(ctx, nkv, group, hd, lo)
+    bs, nh = 16, nkv * group
     heads = qkv.reshape(nh + 2 * nkv, hd)
     rotated = rotate_adjacent(heads[None, : nh + nkv], cos[None, None], sin[None, None])[0]  # numpy's, in f32
-    slot = int(table[(ctx - 1) // bs]) * bs + (ctx - 1) % bs
     ld = (ctx + 3) & ~3
     s, out = np.full(nh * ld, np.nan, np.float32), np.full((nh, hd), np.nan, np.float32)
     scale = np.float32(1.0 / np.sqrt(hd))
@@ -210,6 +202,60 @@ def case_attn_decode(kernels, ctx: int, nkv: int, group: int, hd: int, lo: int =
             "probs_sum": float(np.abs(probs.sum(axis=1) - 1).max())}
 
 
+def _decode_inputs(ctx: int, nkv: int, group: int, hd: int, lo: int) -> tuple:
+    """K and V pools of 16-token blocks (three more than the context's), a scattered table, the new token's
+    q | k | v (1, (nkv * group + 2 * nkv) * hd), its position's cos and sin, its pool row; the first lo keys
+    NaN (a window's keys before it)."""
+    rng = np.random.default_rng(ctx * 17 + hd + group)
+    bs, used, nh = 16, -(-ctx // 16), nkv * group
+    num_blocks = used + 3
+    k, v = (rng.standard_normal((num_blocks, bs, nkv, hd)).astype(np.float32) for _ in range(2))
+    table = rng.permutation(num_blocks)[:used].astype(np.int32)
+    masked = table[np.arange(lo) // bs].astype(np.int64) * bs + np.arange(lo) % bs  # pool rows of the first lo keys
+    k.reshape(-1, nkv, hd)[masked] = np.nan  # a masked key's score must not reach the softmax
+    qkv = rng.standard_normal((1, (nh + 2 * nkv) * hd)).astype(np.float32)
+    angles = np.float32(ctx - 1) * rope_inv_freq(hd, 10000.0)  # (hd / 2,)
+    slot = int(table[(ctx - 1) // bs]) * bs + (ctx - 1) % bs
+    return k, v, table, qkv, np.cos(angles), np.sin(angles), slot
+
+
+def _mirrored(threads, *pools: np.ndarray) -> None:
+    """Each pool given a mirror in the kernel threads' memory (cpu_attention.mirror) and copied there whole (a
+    CpuBackend's pools start as zeros, like their mirrors; these do not)."""
+    for pool in pools:
+        mirror(threads, pool)
+    runs = np.array([[address_of(p), p.nbytes] for p in pools], np.float64)
+    threads.sync(address_of(runs), len(pools))
+
+
+def _mirror_matches(threads, pool: np.ndarray) -> bool:
+    """Whether the kernel threads' mirror of `pool` holds its bits."""
+    back = np.empty_like(pool)
+    threads.read(int(threads.mirror(address_of(pool), pool.nbytes)), pool.nbytes, address_of(back))
+    return bool(np.array_equal(back.view(np.int32), pool.view(np.int32)))
+
+
+def case_attn_decode_threads(kernels, threads, ctx: int, nkv: int, group: int, hd: int, lo: int = 0) -> dict:
+    """attn_decode on the kernel threads over a mirror of the pools (web/linear_threads.js, or the wasmtime twin:
+    rope_kv into the mirrors and the new row copied into the pools, then chunks of heads through attn_rows on every
+    thread) against the export's one call on copies of the same inputs: the output's bits, the pools' (the new row
+    written) and the mirrors' (the same bits as the pools)."""
+    k, v, table, qkv, cos, sin, slot = _decode_inputs(ctx, nkv, group, hd, lo)
+    nh, ld, scale = nkv * group, (ctx + 3) & ~3, float(np.float32(1.0 / np.sqrt(hd)))
+    mine = [a.copy() for a in (k, v, qkv)]
+    _mirrored(threads, mine[0], mine[1])
+    outs = []
+    for (kk, vv, q), run in (((k, v, qkv), kernels.attn_decode), (mine, threads.attn_decode)):
+        s, out = np.full(nh * ld, np.nan, np.float32), np.full((nh, hd), np.nan, np.float32)
+        run(address_of(q), address_of(cos), address_of(sin), address_of(kk), address_of(vv), address_of(table), ctx,
+            lo, 16, nkv, group, hd, slot, scale, address_of(s), ld, address_of(out))
+        outs.append(out)
+    return {"case": [ctx, nkv, group, hd, lo], "finite": bool(np.isfinite(outs[1]).all()),
+            "same_bits": bool(np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))),
+            "pools_same": all(np.array_equal(a.view(np.int32), b.view(np.int32)) for a, b in zip((k, v), mine)),
+            "mirrors_same": _mirror_matches(threads, mine[0]) and _mirror_matches(threads, mine[1])}
+
+
 def _prefill_inputs(ctx: int, nkv: int, group: int, hd: int, nq: int, window: int) -> tuple:
     """q (nq, nkv * group, hd), K and V pools of 16-token blocks (three more than the context's), a scattered
     table, each query's seen and lo, every context token's pool row; the keys no query sees are NaN."""
@@ -227,11 +273,13 @@ def _prefill_inputs(ctx: int, nkv: int, group: int, hd: int, nq: int, window: in
 
 
 def case_attn_prefill_threads(kernels, threads, ctx: int, nkv: int, group: int, hd: int, nq: int,
-                              window: int = 0) -> dict:
+                              window: int = 0, mirrored: bool = False) -> dict:
     """attn_prefill on the kernel threads (web/linear_threads.js, or the wasmtime twin: each thread a chunk of the
-    queries over copies of the table's K and V blocks) against the export's one call on the same inputs: every
-    output's bits; the inputs untouched."""
+    queries over copies of the table's K and V blocks, or over their mirror where the pools have one) against the
+    export's one call on the same inputs: every output's bits; the inputs untouched."""
     q, k, v, table, _, _, _ = _prefill_inputs(ctx, nkv, group, hd, nq, window)
+    if mirrored:
+        _mirrored(threads, k, v)
     before = [a.copy() for a in (q, k, v, table)]
     nh, scale = nkv * group, float(np.float32(1.0 / np.sqrt(hd)))
     one, split = (np.full((nq, nh, hd), np.nan, np.float32) for _ in range(2))
@@ -277,6 +325,8 @@ def greedy(model: NumpyModel, prompt: list[int], new: int) -> dict:
     top-1 minus top-2 logit margin."""
     ctx = len(prompt) + new
     kv = PagedKVCache.allocate(model.config, -(-ctx // 16), 16)
+    if hasattr(model, "mirror_kv"):  # as CpuBackend does: the kernel threads' mirror of the new pools, if any
+        model.mirror_kv(kv)
     i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
     table = i32([range(-(-ctx // 16))])
     logits = model.forward(ForwardBatch(i32(prompt), i32(range(len(prompt))), i32(range(len(prompt))),

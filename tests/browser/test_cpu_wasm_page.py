@@ -175,6 +175,32 @@ def test_attn_prefill_on_three_kernel_threads_gives_the_one_calls_bits(ready_pag
     assert got["calls"] == len(PREFILL) and got["helper_chunks"] > 0, got
 
 
+# (ctx, nkv, group, hd, lo): SmolLM2's heads, Gemma 3's one kv head of four, groups of one and two, a window's lo
+DECODE_THREADS = [(1, 3, 3, 64, 0), (37, 3, 3, 64, 0), (560, 3, 3, 64, 0), (300, 1, 4, 256, 0), (45, 2, 1, 32, 0),
+                  (70, 2, 2, 16, 21), (5, 8, 2, 64, 0)]
+
+
+def test_attention_over_the_kv_mirror_on_three_kernel_threads_gives_the_one_calls_bits(ready_page):
+    """A decode step's attention on the kernel threads over a mirror of the pools in their memory
+    (web/linear_threads.js attn_decode: rope_kv into the mirrors and the new row copied into Pyodide's pools,
+    chunks of heads through attn_rows on every thread) gives the output, the pools and the mirrors the bits of the
+    export's one call on Pyodide's memory; a prompt chunk's reads the blocks in the mirror, with the same bits."""
+    worker = install_modules(ready_page, "cpu_wasm_cases")
+    decode = ", ".join(f"c.case_attn_decode_threads(k, api, {', '.join(map(str, case))})" for case in DECODE_THREADS)
+    prefill = ", ".join(f"c.case_attn_prefill_threads(k, api, {', '.join(map(str, case))}, mirrored=True)"
+                        for case in PREFILL)
+    got = worker.py("import json, cpu_wasm_cases as c\nfrom pagedkv.browser.interop import wasm_attention\n"
+                    f"{THREE_THREADS}k = wasm_attention()\nbefore = api.stats.decodeCalls\n"
+                    f"decode = [{decode}]\nprefill = [{prefill}]\n"
+                    "json.dumps({'decode': decode, 'prefill': prefill, 'calls': api.stats.decodeCalls - before,\n"
+                    "            'mirrors': len(api.mirrors)})")
+    assert [r["case"] for r in got["decode"]] == [list(case) for case in DECODE_THREADS]
+    assert all(r["finite"] and r["same_bits"] and r["pools_same"] and r["mirrors_same"] for r in got["decode"]), got
+    assert all(r["finite"] and r["same_bits"] and r["inputs_kept"] for r in got["prefill"]), got
+    assert got["calls"] == len(DECODE_THREADS), got
+    assert got["mirrors"] == 0, got  # each dropped with its arrays (cpu_attention.mirror)
+
+
 def test_the_one_token_steps_glue_matches_f64(ready_page):
     """rms_norm / add_rms_norm / silu_mul / gelu_tanh_mul (web/wasm/linear.wat, WasmAttentionModel's one-token
     step) against f64, in f32 roundings: the norm's sum of n / 4 positive squares a lane rounds at most n / 4 + 2
@@ -213,10 +239,13 @@ def test_the_tabs_cpu_path_runs_the_kernel_and_gives_the_reference_ids(cpu_page)
     split = worker.py(
         "import json, cpu_wasm_cases as c\nfrom pagedkv_app.main import state\n"
         "model = state['engine'].backend.model\napi = model.w['token_embd.weight'].store.js\n"
-        "api.minWork, before = 0, api.stats.split\n"
+        "api.minWork, before, decodes = 0, api.stats.split, api.stats.decodeCalls\n"
         f"got = c.greedy(model, {PROMPT}, {NEW_TOKENS})\napi.minWork = 1 << 16\n"
-        "json.dumps({**got, 'threads': api.threads, 'split': api.stats.split - before})")
+        "json.dumps({**got, 'threads': api.threads, 'split': api.stats.split - before,\n"
+        "            'decodes': api.stats.decodeCalls - decodes})")
     assert split["ids"] == got["ids"], split
+    # each decode step's attention on the threads over the KV mirror (greedy mirrors its pools, as CpuBackend does)
+    assert split["decodes"] == 2 * NEW_TOKENS, split
     # per step: two layers of q|k|v, o, gate|up and down (the stacks: one product each), and the head
     assert (split["threads"], split["split"]) == (2, (2 * 4 + 1) * (NEW_TOKENS + 1)), split
     ref = cpu_wasm_cases.greedy(NumpyModel(ModelWeights.load(build.DIST / "models" / "tiny-random")), PROMPT,

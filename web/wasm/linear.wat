@@ -1167,43 +1167,62 @@
       local.get $ctx local.get $nq i32.sub local.get $i i32.add i32.const 1 i32.add
       local.get $bs local.get $nkv local.get $group local.get $hd
       local.get $out local.get $i local.get $nh i32.mul local.get $hd i32.mul i32.const 2 i32.shl i32.add
-      local.get $ctx call $values1
+      local.get $ctx i32.const 0 local.get $hd i32.const 2 i32.shl call $values1
       local.get $i i32.const 1 i32.add local.tee $i local.get $nq i32.lt_u br_if $queries
     end)
 
   ;; One query's probability-weighted sum of its first ctx values: p's rows (one a head) ldp f32 apart. Block by
   ;; block (read from memory once, in order); per head, 16 of its hd at a time in four accumulators carried on
-  ;; from out over the block's keys: each output is p_0 v_0 + p_1 v_1 + ... summed left to right.
+  ;; from out over the block's keys: each output is p_0 v_0 + p_1 v_1 + ... summed left to right. Only each head's
+  ;; bytes d0 .. d1 - 1 of its hd * 4 (multiples of 64; 0 .. hd * 4: all), read and written: threads splitting
+  ;; them read apart (web/linear_threads.js attn_decode), every output the same sum.
   (func $values1 (param $p i32) (param $v i32) (param $table i32) (param $ctx i32)
     (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32) (param $ldp i32)
+    (param $d0 i32) (param $d1 i32)
     (local $h i32) (local $j i32) (local $n i32) (local $g i32) (local $tp i32) (local $vp i32) (local $tok i32)
     (local $row i32) (local $d i32) (local $pp i32) (local $end i32) (local $vb i32) (local $m i32) (local $o i32)
     (local $pv v128) (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128)
     local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok
     local.get $hd i32.const 2 i32.shl local.set $end
-    local.get $out local.set $o  ;; zero out: nkv * group * hd f32
+    local.get $out local.set $o  ;; zero out's bytes d0 .. d1 - 1 of every head
     local.get $out local.get $nkv local.get $group i32.mul local.get $end i32.mul i32.add local.set $vb
     loop $zero
-      local.get $o f32.const 0 f32x4.splat v128.store
-      local.get $o i32.const 16 i32.add local.tee $o local.get $vb i32.lt_u br_if $zero
+      local.get $d0 local.set $d
+      loop $zero_row
+        local.get $o local.get $d i32.add f32.const 0 f32x4.splat v128.store
+        local.get $d i32.const 16 i32.add local.tee $d local.get $d1 i32.lt_u br_if $zero_row
+      end
+      local.get $o local.get $end i32.add local.tee $o local.get $vb i32.lt_u br_if $zero
     end
     local.get $table local.set $tp
     loop $blocks
       local.get $v local.get $tp i32.load local.get $bs i32.mul local.get $tok i32.mul i32.add local.set $vb
       local.get $ctx local.get $j i32.sub local.set $m
       local.get $bs local.get $m local.get $bs local.get $m i32.lt_u select local.set $m
-      local.get $vb local.set $d  ;; the block's rows read once in order (the passes below then hit cache)
-      local.get $vb local.get $m local.get $tok i32.mul i32.add local.set $n
-      loop $touch
-        local.get $d v128.load drop
-        local.get $d i32.const 64 i32.add local.tee $d local.get $n i32.lt_u br_if $touch
+      local.get $vb local.set $d  ;; the block's rows read once in order (the passes below then hit cache): all of
+      local.get $vb local.get $m local.get $tok i32.mul i32.add local.set $n  ;; them, or each head's d0 .. d1 - 1
+      local.get $d0 local.get $d1 local.get $end i32.sub i32.or i32.eqz
+      if
+        loop $touch
+          local.get $d v128.load drop
+          local.get $d i32.const 64 i32.add local.tee $d local.get $n i32.lt_u br_if $touch
+        end
+      else
+        loop $touch_heads  ;; d: a head's row in the block
+          local.get $d0 local.set $pp
+          loop $touch_lines
+            local.get $d local.get $pp i32.add v128.load drop
+            local.get $pp i32.const 64 i32.add local.tee $pp local.get $d1 i32.lt_u br_if $touch_lines
+          end
+          local.get $d local.get $end i32.add local.tee $d local.get $n i32.lt_u br_if $touch_heads
+        end
       end
       i32.const 0 local.set $h
       loop $heads
         i32.const 0 local.set $g
         loop $groups
           local.get $h local.get $group i32.mul local.get $g i32.add local.set $row
-          i32.const 0 local.set $d
+          local.get $d0 local.set $d
           loop $slices  ;; out[row, d .. d + 16] += sum over the block's keys of p[row, j] * v_j[d .. d + 16]
             local.get $out local.get $row local.get $end i32.mul i32.add local.get $d i32.add local.tee $o v128.load
             local.set $a0
@@ -1227,7 +1246,7 @@
             local.get $o local.get $a1 v128.store offset=16
             local.get $o local.get $a2 v128.store offset=32
             local.get $o local.get $a3 v128.store offset=48
-            local.get $d i32.const 64 i32.add local.tee $d local.get $end i32.lt_u br_if $slices
+            local.get $d i32.const 64 i32.add local.tee $d local.get $d1 i32.lt_u br_if $slices
           end
           local.get $g i32.const 1 i32.add local.tee $g local.get $group i32.lt_u br_if $groups
         end
@@ -1300,10 +1319,27 @@
   (func $attn_decode (export "attn_decode") (param $qkv i32) (param $cos i32) (param $sin i32) (param $k i32)
     (param $v i32) (param $table i32) (param $ctx i32) (param $lo i32) (param $bs i32) (param $nkv i32)
     (param $group i32) (param $hd i32) (param $slot i32) (param $scale f32) (param $s i32) (param $ld i32) (param $out i32)
+    local.get $qkv local.get $cos local.get $sin local.get $k local.get $v local.get $nkv local.get $group local.get $hd
+    local.get $slot call $rope_kv
+    local.get $qkv local.get $k local.get $table local.get $ctx local.get $bs local.get $nkv local.get $group
+    local.get $hd local.get $s local.get $ld call $scores1
+    local.get $s local.get $nkv local.get $group i32.mul local.get $ctx local.get $lo local.get $ld local.get $scale
+    call $softmax_rows
+    local.get $s local.get $v local.get $table local.get $ctx local.get $bs local.get $nkv local.get $group
+    local.get $hd local.get $out local.get $ld i32.const 0 local.get $hd i32.const 2 i32.shl call $values1)
+
+  ;; attn_decode in parts, for threads to share a step's attention (web/linear_threads.js attn_decode), each
+  ;; output with the bits of the one call. rope_kv: q | k | v rotated in place, the new k and v into the pools' row
+  ;; `slot`. attn_keys: the scores of the keys in the table's blocks b0 .. b1 - 1 (every head's, each the same dot
+  ;; product). attn_softmax: softmax_rows. attn_dims: the values' sums of each head's bytes d0 .. d1 - 1 of hd * 4
+  ;; (multiples of 64), each the same sum over every key.
+  (func $rope_kv (export "rope_kv") (param $qkv i32) (param $cos i32) (param $sin i32) (param $k i32) (param $v i32)
+    (param $nkv i32) (param $group i32) (param $hd i32) (param $slot i32)
     (local $p i32) (local $end i32) (local $i i32) (local $x0 f32) (local $x1 f32) (local $tok i32) (local $kn i32)
     (local $m f32) (local $t f32)
     local.get $nkv local.get $hd i32.mul i32.const 2 i32.shl local.set $tok
-    local.get $qkv local.get $nkv local.get $group i32.mul local.get $hd i32.mul i32.const 2 i32.shl i32.add local.set $kn
+    local.get $qkv local.get $nkv local.get $group i32.mul local.get $hd i32.mul i32.const 2 i32.shl i32.add
+    local.set $kn
     local.get $qkv local.set $p  ;; rope over the q and k heads: (nkv * group + nkv) * hd / 2 pairs
     local.get $kn local.get $tok i32.add local.set $end
     loop $pairs
@@ -1324,13 +1360,28 @@
       local.get $v local.get $p i32.add local.get $kn local.get $tok i32.add local.get $i i32.add v128.load v128.store
       local.get $p i32.const 16 i32.add local.set $p
       local.get $i i32.const 16 i32.add local.tee $i local.get $tok i32.lt_u br_if $copy
-    end
-    local.get $qkv local.get $k local.get $table local.get $ctx local.get $bs local.get $nkv local.get $group
-    local.get $hd local.get $s local.get $ld call $scores1
-    local.get $s local.get $nkv local.get $group i32.mul local.get $ctx local.get $lo local.get $ld local.get $scale
-    call $softmax_rows
-    local.get $s local.get $v local.get $table local.get $ctx local.get $bs local.get $nkv local.get $group
-    local.get $hd local.get $out local.get $ld call $values1)
+    end)
+
+  (func $attn_keys (export "attn_keys") (param $q i32) (param $k i32) (param $table i32) (param $ctx i32)
+    (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $s i32) (param $ld i32)
+    (param $b0 i32) (param $b1 i32)
+    (local $end i32)
+    local.get $b1 local.get $bs i32.mul local.set $end  ;; the blocks' keys: to min(ctx, b1 * bs)
+    local.get $q local.get $k local.get $table local.get $b0 i32.const 2 i32.shl i32.add
+    local.get $ctx local.get $end local.get $ctx local.get $end i32.lt_u select
+    local.get $b0 local.get $bs i32.mul i32.sub
+    local.get $bs local.get $nkv local.get $group local.get $hd
+    local.get $s local.get $b0 local.get $bs i32.mul i32.const 2 i32.shl i32.add local.get $ld call $scores1)
+
+  (func $attn_softmax (export "attn_softmax") (param $s i32) (param $rows i32) (param $ctx i32) (param $lo i32)
+    (param $ld i32) (param $scale f32)
+    local.get $s local.get $rows local.get $ctx local.get $lo local.get $ld local.get $scale call $softmax_rows)
+
+  (func $attn_dims (export "attn_dims") (param $p i32) (param $v i32) (param $table i32) (param $ctx i32)
+    (param $bs i32) (param $nkv i32) (param $group i32) (param $hd i32) (param $out i32) (param $ld i32)
+    (param $d0 i32) (param $d1 i32)
+    local.get $p local.get $v local.get $table local.get $ctx local.get $bs local.get $nkv local.get $group
+    local.get $hd local.get $out local.get $ld local.get $d0 local.get $d1 call $values1)
 
   ;; A prompt chunk's attention in one call (the tab's prefill, f32 pools, its new keys and values written
   ;; already): nq new tokens, the last nq of ctx, q (nq, nkv * group, hd); query i sees keys lo_i .. seen_i - 1,
@@ -1357,7 +1408,8 @@
       local.get $bs local.get $nkv local.get $group local.get $hd local.get $s local.get $ld call $scores1
       local.get $s local.get $nh local.get $seen local.get $lo local.get $ld local.get $scale call $softmax_rows
       local.get $s local.get $v local.get $table local.get $seen local.get $bs local.get $nkv local.get $group
-      local.get $hd local.get $out local.get $i local.get $row i32.mul i32.add local.get $ld call $values1
+      local.get $hd local.get $out local.get $i local.get $row i32.mul i32.add local.get $ld
+      i32.const 0 local.get $hd i32.const 2 i32.shl call $values1
       local.get $i i32.const 1 i32.add local.tee $i local.get $nq i32.lt_u br_if $queries
     end)
 

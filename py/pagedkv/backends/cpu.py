@@ -70,6 +70,8 @@ class CpuBackend:
             self.kv = PagedKVCache.in_pages(self.config, pages, block_size, kv_dtype, num_pools=pools)
         else:
             self.kv = PagedKVCache.allocate(self.config, num_blocks, block_size, kv_dtype, num_pools=pools)
+        if isinstance(self.model, WasmAttentionModel):  # before anything is written: the mirror starts as zeros
+            self.model.mirror_kv(self.kv)
         self.kv_dtype = kv_dtype
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -109,9 +111,11 @@ class CpuBackend:
         return np.argmax(logits, axis=1).astype(np.int32) if greedy else logits
 
     async def copy_blocks(self, ops: Iterable[CopyOp]) -> None:
+        ops = list(ops)
         for src, dst in ops:
             for pool in (*self.kv.k, *self.kv.v):
                 pool[dst] = pool[src]
+        self.model.kv_blocks_written(self.kv, [dst for _, dst in ops])
 
     async def shift_keys(self, ops: Iterable[ShiftOp]) -> None:
         ops = list(ops)
@@ -126,6 +130,7 @@ class CpuBackend:
                 inv = self.model.inv_freqs[layer]
                 if inv is not None:  # a layer without rotary holds its keys unrotated
                     pool[blocks] = shift_keys(pool[blocks], deltas, inv)
+        self.model.kv_blocks_written(self.kv, [op.block for op in ops])
 
     async def swap_out(self, ops: Iterable[CopyOp]) -> None:
         for gpu, cpu in ops:  # the whole page: every pool
@@ -134,10 +139,12 @@ class CpuBackend:
                 self.cpu_v[pool][cpu] = self.kv.v[pool][gpu]
 
     async def swap_in(self, ops: Iterable[CopyOp]) -> None:
+        ops = list(ops)
         for cpu, gpu in ops:
             for pool in range(len(self.kv.k)):
                 self.kv.k[pool][gpu] = self.cpu_k[pool][cpu]
                 self.kv.v[pool][gpu] = self.cpu_v[pool][cpu]
+        self.model.kv_blocks_written(self.kv, [gpu for _, gpu in ops])
 
     async def read_blocks(self, block_ids: list[int]) -> np.ndarray:
         ids = check_block_ids(block_ids, self.num_blocks)  # (n,) distinct, as on WebGPU
@@ -157,6 +164,7 @@ class CpuBackend:
             for i, block in enumerate(block_ids):
                 self.kv.k[pool][block] = values[i, pool, 0]
                 self.kv.v[pool][block] = values[i, pool, 1]
+        self.model.kv_blocks_written(self.kv, block_ids)
 
 
 def plan_pages(configs, block_size: int = 16) -> tuple[int, list[int]]:

@@ -18,12 +18,16 @@ probability-weighted sum of the values. Prefill runs the same kernels over every
 reads the keys up to its own). Numerics: the two products sum in a different f32 order than numpy's matmul;
 everything else is the reference's arithmetic.
 
+With kernel threads (a SharedStore's) the pools get a mirror in the threads' memory when they are made
+(mirror_kv), kept by every write, and a decode step's attention and a prompt's run on every thread over it.
+
 The kernels are any object with the wasm exports' attributes attn_scores / attn_values (integers all,
 pointers being addresses in the memory numpy's arrays live in): in the tab, the wasm instance's exports on
 Pyodide's memory (browser/interop.py: wasm_attention); in CPython, PointerTwin (tests).
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +44,7 @@ from .numpy_ref import NumpyModel, block_mass
 STEP_OPS = frozenset({"attention_bias", "qk_norm", "post_attention_norm", "post_ffn_norm", "silu", "gelu_tanh",
                       "embedding_scale", "sliding_window", "no_rope", "rope_per_layer", "q_width"})
 ACTIVATION_EXPORTS = {"silu": "silu_mul", "gelu_tanh": "gelu_tanh_mul"}  # a Layer's activation -> its glue export
-# A prompt chunk of this many queries or more takes its attention on the kernel threads (_prefill_threads): below
+# A prompt chunk of this many queries or more takes its attention on the kernel threads (_kernel_threads): below
 # it, copying the context's K and V into their memory costs about what the second thread saves.
 THREADED_QUERIES = 4
 
@@ -99,15 +103,75 @@ class WasmAttentionModel(NumpyModel):
         # the one-token step's tape (cpu_tape.py), the KV cache and grouping it was made for, a layer of each of
         # its attention kinds, the store its products run in
         self._tape, self._tape_for, self._tape_keys, self._store = None, (None, False), {}, None
-        self._threads = self._prefill_threads()
+        self._threads = self._kernel_threads()
+        self._mirrored = None  # the KV cache whose pools the kernel threads mirror (mirror_kv)
+        self.mirror_error: str | None = None  # why mirror_kv made none, where it tried
 
-    def _prefill_threads(self):
-        """The kernel threads a prompt chunk's attention runs on (web/linear_threads.js attn_prefill: those of the
-        SharedStore holding the projections), or None: the export on one thread (a HeapStore, one thread, a twin
-        without attn_prefill)."""
+    def _kernel_threads(self):
+        """The kernel threads a prompt chunk's attention and, over the KV mirror, a decode step's run on
+        (web/linear_threads.js attn_prefill, attn_decode: those of the SharedStore holding the projections), or
+        None: the exports on one thread (a HeapStore, one thread, a twin without attn_prefill)."""
         store = next((w.store for w in self.w.values() if isinstance(w, QuantWeight)), None)
         js = getattr(store, "tape_threads", None)
         return js if js is not None and int(js.threads) > 1 and hasattr(js, "attn_prefill") else None
+
+    def mirror_kv(self, kv) -> None:
+        """Gives the kernel threads a mirror of kv's f32 pools in their memory (linear_threads.js mirror: the
+        arrays the pools are, or the pages they view, each once however many models view them), so that a decode
+        step's attention runs on every thread (attn_decode_threads) and a prompt's reads the blocks in place. Called
+        when kv is made, zeros like a new mirror (CpuBackend): from then on every write to its pools is copied
+        into the mirror (kv_rows_written, kv_blocks_written; the threads' attn_decode writes both). No mirror
+        without threads, or for pools of another dtype; none either where the threads' memory cannot grow by the
+        pools' bytes (mirror_error says why; the attention stays on one thread, as without threads)."""
+        js = self._threads
+        if js is None or not hasattr(js, "mirror") or kv.kv_dtype != "f32":
+            return
+        owners = {}
+        for pool in (*kv.k, *kv.v):
+            self._pool_addr(pool)  # f32, contiguous blocks a whole number apart: ValueError otherwise
+            while isinstance(pool.base, np.ndarray):
+                pool = pool.base
+            owners[address_of(pool)] = pool
+        made = []
+        try:
+            for address, owner in owners.items():
+                mirror(js, owner)
+                made.append(address)
+        except Exception as exc:  # noqa: BLE001  (a JS RangeError in the tab: the shared memory at its maximum)
+            for address in made:
+                js.unmirror(address)
+            total = sum(o.nbytes for o in owners.values())
+            self.mirror_error = f"no KV mirror for the kernel threads ({total:,} B): {exc}"
+            return
+        self._mirrored = kv
+
+    def kv_rows_written(self, kv, pool: int, where: tuple[np.ndarray, np.ndarray]) -> None:
+        """The rows the forward wrote into pool `pool`, K and V, copied into the threads' mirror: runs of
+        consecutive rows in one copy each."""
+        if kv is not self._mirrored:
+            return
+        blocks, offsets = (np.asarray(a, np.int64).reshape(-1) for a in where)
+        runs = []
+        for arr in (kv.k[pool], kv.v[pool]):
+            row = arr[0, 0].nbytes
+            at = address_of(arr) + blocks * arr.strides[0] + offsets * row  # (T,) each row's address
+            start = np.flatnonzero(np.r_[True, at[1:] != at[:-1] + row])  # where a run of rows begins
+            lens = np.diff(np.r_[start, at.size]) * row
+            runs.append(np.stack([at[start], lens], axis=1))
+        self._sync(np.concatenate(runs))
+
+    def kv_blocks_written(self, kv, blocks) -> None:
+        """Whole blocks of every pool, copied into the threads' mirror."""
+        if kv is not self._mirrored:
+            return
+        ids = np.asarray(list(blocks), np.int64)
+        if ids.size:  # (pools * n, 2): each pool's blocks
+            self._sync(np.concatenate([np.stack([address_of(a) + ids * a.strides[0],
+                                                 np.full(ids.size, a[0].nbytes)], axis=1) for a in (*kv.k, *kv.v)]))
+
+    def _sync(self, runs: np.ndarray) -> None:
+        runs = np.ascontiguousarray(runs, np.float64)  # (n, 2) address, bytes
+        self._threads.sync(address_of(runs), runs.shape[0])
 
     def _step_layers(self) -> list[StepLayer] | None:
         """Each layer's part of the one-token step (StepLayer), read from the family's declaration (its Layer per
@@ -217,7 +281,7 @@ class WasmAttentionModel(NumpyModel):
                 tape.op("rms_norm_rows", a["_qkv"] + q_bytes, s.k_norm, hd, cfg.n_kv_heads, eps, a["_qkv"] + q_bytes)
             key, args = self._decode_args(layer, batch, kv)  # its moving ones rewritten each step (forward)
             keys.setdefault(key, layer)
-            tape.op("attn_decode", *args, key=key)
+            tape.op("attn_decode_threads" if kv is self._mirrored else "attn_decode", *args, key=key)
             product(s.o, "_out", "_y")
             if s.post_attention_norm:
                 tape.op("rms_norm", a["_y"], s.post_attention_norm, hidden, eps, a["_y"])
@@ -284,7 +348,8 @@ class WasmAttentionModel(NumpyModel):
     def _decode_attention(self, layer: int, batch, kv) -> None:
         """attn_decode of the one new token whose q | k | v are in self._qkv, into self._out (the layer loop's
         one-token attention; the one-token step's tape makes the same call)."""
-        self.kernels.attn_decode(*self._decode_args(layer, batch, kv)[1])
+        args = self._decode_args(layer, batch, kv)[1]
+        (self._threads if kv is self._mirrored else self.kernels).attn_decode(*args)
 
     def _decode_args(self, layer: int, batch, kv) -> tuple[tuple, tuple]:
         """(the layer's attention kind, attn_decode's 17 arguments for the one new token whose q | k | v are in
@@ -421,6 +486,15 @@ class WasmAttentionModel(NumpyModel):
         mass += block_mass(probs.sum(axis=(0, 1)), bs, mass.shape[0])
         self.kernels.attn_values(address_of(probs), v_addr, *geometry, address_of(out))
         return out
+
+
+def mirror(threads, a: np.ndarray) -> int:
+    """The kernel threads' mirror of array a's bytes (linear_threads.js mirror), made once and dropped when a is
+    (so that no later array at its address reads as mirrored); its offset in their memory."""
+    address = address_of(a)
+    at = int(threads.mirror(address, a.nbytes))
+    weakref.finalize(a, threads.unmirror, address)
+    return at
 
 
 def prefill_probs(scores: np.ndarray, window: int | None, scale: float) -> np.ndarray:

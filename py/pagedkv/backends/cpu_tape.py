@@ -22,7 +22,7 @@ from .cpu_wasm import address_of
 # opcode -> (the kernel export it calls, its argument count, the positions of its f32 arguments). MATMUL is one
 # token's product (code, qs, dm, rows, cols, x, out, scratch): the store's matmul1 (its threads, or the export on
 # Pyodide's memory); CALL (index) calls StepTape.calls[index]() here, which the JS walker cannot.
-MATMUL, RMS_NORM, ADD_RMS_NORM, RMS_NORM_ROWS, SILU_MUL, GELU_TANH_MUL, ATTN_DECODE, CALL = range(8)
+MATMUL, RMS_NORM, ADD_RMS_NORM, RMS_NORM_ROWS, SILU_MUL, GELU_TANH_MUL, ATTN_DECODE, CALL, ATTN_THREADS = range(9)
 OPS = {
     MATMUL: ("matmul", 8, ()),
     RMS_NORM: ("rms_norm", 5, (3,)),  # x, w, n, eps, out
@@ -33,7 +33,11 @@ OPS = {
     # qkv, cos, sin, k, v, table, ctx, lo, bs, nkv, group, hd, slot, scale, s, ld, out
     ATTN_DECODE: ("attn_decode", 17, (13,)),
     CALL: ("call", 1, ()),
+    # attn_decode's arguments, run by the kernel threads over their mirror of the KV pools (linear_threads.js
+    # attn_decode: the same bits), which the step's store holds (its tape_threads)
+    ATTN_THREADS: ("attn_decode_threads", 17, (13,)),
 }
+ATTENTION = (ATTN_DECODE, ATTN_THREADS)  # the ops whose moving arguments set() rewrites
 BY_NAME = {name: code for code, (name, _, _) in OPS.items()}
 # attn_decode's arguments that move with the step (the rest are the layer's): cos, sin, table, ctx, lo, slot, ld
 ATTN_STEP_ARGS = (1, 2, 5, 6, 7, 12, 15)
@@ -57,7 +61,7 @@ class StepTape:
         code = BY_NAME[name]
         if len(args) != OPS[code][1]:
             raise ValueError(f"{name} takes {OPS[code][1]} arguments, got {len(args)}")
-        if code == ATTN_DECODE:
+        if code in ATTENTION:
             self._attention.setdefault(key, []).append(len(self._words))
         self._words += [code, *map(float, args)]
 
@@ -94,7 +98,7 @@ class StepTape:
         if runner is not None and not self.calls:
             runner(self.address, self.words.size, store.tape_threads)
         else:
-            interpret(self, kernels, store.matmul1)
+            interpret(self, kernels, store.matmul1, store.tape_threads)
 
 
 def op_offsets(words: np.ndarray) -> list[int]:
@@ -117,18 +121,20 @@ def ops_of(words: np.ndarray) -> list[tuple[int, list]]:
     return ops
 
 
-def interpret(tape: StepTape, kernels, matmul1: Callable) -> None:
+def interpret(tape: StepTape, kernels, matmul1: Callable, threads=None) -> None:
     """web/linear_tape.js's walk, here: each op's kernel by its name on `kernels` with the tape's arguments (decoded
     once, the attention's moving ones kept current by set), MATMUL through matmul1(code, qs, dm, rows, cols, x,
-    out, scratch), CALL through tape.calls."""
-    walk(tape.ops, tape.calls, kernels, matmul1)
+    out, scratch), ATTN_THREADS through threads.attn_decode, CALL through tape.calls."""
+    walk(tape.ops, tape.calls, kernels, matmul1, threads)
 
 
-def walk(ops: list[tuple[int, list]], calls: list, kernels, matmul1: Callable) -> None:
+def walk(ops: list[tuple[int, list]], calls: list, kernels, matmul1: Callable, threads=None) -> None:
     for code, args in ops:
         if code == MATMUL:
             matmul1(*args)
         elif code == CALL:
             calls[args[0]]()
+        elif code == ATTN_THREADS:
+            threads.attn_decode(*args)
         else:
             getattr(kernels, OPS[code][0])(*args)

@@ -174,6 +174,7 @@ class NumpyModel:
             where = (slot_mapping // bs, slot_mapping % bs)
         kv.k[pool][where] = round_trip(k, kv.kv_dtype)
         kv.v[pool][where] = round_trip(v, kv.kv_dtype)
+        self.kv_rows_written(kv, pool, where)
 
         out = np.empty((t, nh, hd), np.float32)  # (T, n_heads, head_dim)
         for s in range(batch.num_seqs):
@@ -187,6 +188,13 @@ class NumpyModel:
         layer's frequencies."""
         inv = self.inv_freqs[layer]
         return rope_adjacent(q, batch.positions, inv), rope_adjacent(k, batch.positions, inv)
+
+    def kv_rows_written(self, kv: PagedKVCache, pool: int, where: tuple[np.ndarray, np.ndarray]) -> None:
+        """The rows (block, offset) of pool `pool` (K and V) the forward just wrote; here nothing else holds them
+        (WasmAttentionModel copies them into the kernel threads' mirror)."""
+
+    def kv_blocks_written(self, kv: PagedKVCache, blocks) -> None:
+        """Blocks of every pool the backend just wrote (copied, shifted, swapped or read in); as kv_rows_written."""
 
     def _slots(self, batch: ForwardBatch, block_size: int) -> tuple[np.ndarray, np.ndarray]:
         """(block, offset) of each new token's slot in the pools."""
