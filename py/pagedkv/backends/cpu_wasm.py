@@ -141,17 +141,16 @@ class HeapStore:
     def fetch(self, placed: np.ndarray) -> np.ndarray:
         return placed
 
-    def bind(self, kind: str, qs: np.ndarray, dm: np.ndarray, rows: int, cols: int) -> Callable[[int, int, int], object]:
-        """run(x, t, out): out (t, rows) = x (t, cols) @ W.T at those addresses, through the store's activations
-        (kind_code); W's scratch (a decoded row, block sums, the tokens' quantized blocks) is its own."""
-        code = kind_code(kind, self.activations)
-        args, kernel = (address_of(qs), address_of(dm), rows, cols), self.kernel
+    def bind(self, kernel_args: tuple[int, int, int, int, int]) -> Callable[[int, int, int], object]:
+        """run(x, t, out): out (t, rows) = x (t, cols) @ W.T for a weight's kernel_args (code, qs, dm, rows, cols:
+        QuantWeight's); W's scratch (a decoded row, block sums, the tokens' quantized blocks) is its own."""
+        code, rows, cols, kernel = kernel_args[0], kernel_args[3], kernel_args[4], self.kernel
         held = [np.empty(scratch_floats(cols, 1, code), np.float32)]
 
         def run(x: int, t: int, out: int) -> None:
             if held[0].size < scratch_floats(cols, t, code):
                 held[0] = np.empty(scratch_floats(cols, t, code), np.float32)
-            kernel(code, *args, x, t, out, rows, address_of(held[0]))
+            kernel(*kernel_args, x, t, out, rows, address_of(held[0]))
 
         return run
 
@@ -204,11 +203,12 @@ class SharedStore:
         self.js.read(placed.offset, out.nbytes, address_of(out))
         return out
 
-    def bind(self, kind: str, qs: Region, dm: Region, rows: int, cols: int) -> Callable[[int, int, int], object]:
-        args, matmul, code = (qs.offset, dm.offset, rows, cols), self.js.matmul, kind_code(kind, self.activations)
+    def bind(self, kernel_args: tuple[int, int, int, int, int]) -> Callable[[int, int, int], object]:
+        """run(x, t, out) on the threads, x and out in Pyodide's memory, for a weight's kernel_args (HeapStore.bind)."""
+        matmul = self.js.matmul
 
         def run(x: int, t: int, out: int) -> None:
-            matmul(code, *args, x, t, out)
+            matmul(*kernel_args, x, t, out)
 
         return run
 
@@ -235,10 +235,10 @@ class QuantWeight:
         self.nbytes = qs.nbytes + dm.nbytes
         self.dm_shape = dm.shape
         self.qs, self.dm = store.place(qs), store.place(dm)
-        self._run = store.bind(kind, self.qs, self.dm, rows, self.shape[1])
         # (code, qs, dm, rows, cols): a step tape's MATMUL arguments before x, out and scratch (cpu_tape.py)
         self.kernel_args = (kind_code(kind, store.activations), store.address(self.qs), store.address(self.dm),
                             rows, self.shape[1])
+        self._run = store.bind(self.kernel_args)
         # One token (decode) goes through fixed buffers: an address lookup costs as much as a small product in
         # Pyodide (measured: 8.6 us each; `h @ w.T` for a 32x576 weight 91 -> 57 us).
         self._x1 = np.empty((1, self.shape[1]), np.float32)  # (1, cols)
