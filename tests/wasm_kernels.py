@@ -201,7 +201,8 @@ class WasmThreads:
         self.products: list[tuple[int, int, int, int, list[int]]] = []
         self.attention: list[tuple[int, list[int]]] = []
         self.mirrors: list[tuple[int, int, int]] = []  # (host address, bytes, offset here): mirror
-        self.decodes: list[tuple[int, list[int]]] = []  # attn_decode: (ctx, chunks each thread ran)
+        # attn_decode: (ctx, chunks of blocks each thread ran, chunks of dims each thread ran)
+        self.decodes: list[tuple[int, list[int], list[int]]] = []
 
     def heap(self) -> np.ndarray:
         """The shared memory as bytes (a shared memory never moves when it grows)."""
@@ -259,7 +260,8 @@ class WasmThreads:
         for i, a in enumerate(arrays):
             at = self.mirror_of(a.__array_interface__["data"][0])
             blocks = [heap[at + b * a.strides[0]:at + b * a.strides[0] + a[0].nbytes] for b in range(a.shape[0])]
-            if at < 0 or not np.array_equal(np.concatenate(blocks), np.ascontiguousarray(a).view(np.uint8).reshape(-1)):
+            held = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+            if at < 0 or not np.array_equal(np.concatenate(blocks), held):
                 bad.append(i)
         return bad
 
@@ -268,8 +270,8 @@ class WasmThreads:
         """linear_threads.js's attn_decode: q | k | v, cos, sin and the table copied in, rope_kv on the mirrors
         (the new row then copied into the host's pools), the scores of chunks of the keys' blocks on the threads
         (attn_keys), the softmax of chunks of the heads on them (attn_softmax), the values of chunks of each head's
-        dims on them (attn_dims), out copied back; below MIN_KEYS keys all on this thread. `decodes` logs (ctx, blocks' chunks each thread
-        ran, dims' chunks each thread ran)."""
+        dims on them (attn_dims), out copied back; below MIN_KEYS keys all on this thread. `decodes` logs (ctx,
+        blocks' chunks each thread ran, dims' chunks each thread ran)."""
         k_at, v_at = self.mirror_of(k), self.mirror_of(v)
         if k_at < 0 or v_at < 0:
             raise ValueError("attn_decode on the kernel threads needs K and V pools with a mirror")

@@ -5,9 +5,9 @@
 // counter until none is left, so a slower or busier thread takes fewer (runChunks), and copies out back.
 // attn_prefill runs a prompt chunk's attention the same way, its queries in chunks (runQueries), and attn_decode
 // a decode step's, its keys' blocks in chunks for the scores (runKeys), its heads for the softmax (runSoftmax),
-// then each head's dims in chunks for the values (runDims), over the KV mirror: a copy of the K and V pools here (mirror), which Python keeps current
-// (sync after every write numpy makes; attn_decode writes its new row to both). A pool without one has
-// attn_prefill copy the blocks it reads each call.
+// then each head's dims in chunks for the values (runDims), over the KV mirror: a copy of the K and V pools here
+// (mirror), which Python keeps current (sync after every write numpy makes; attn_decode writes its new row to
+// both). A pool without one has attn_prefill copy the blocks it reads each call.
 // py/pagedkv/backends/cpu_wasm.py's ThreadsTwin is the numpy twin of matmul; cpu_wasm.SharedStore is Python's
 // side, reached through pagedkv/browser/interop.py's linear_threads.
 //
@@ -126,13 +126,7 @@ class Arena {
       const end = this.memory.buffer.byteLength;
       const last = this.free[this.free.length - 1];
       const tail = last && last[0] + last[1] === end ? last[1] : 0;
-      const pages = Math.ceil((n - tail) / 65536);
-      try {
-        this.memory.grow(pages);
-      } catch (err) {
-        throw new Error(`the kernel threads' shared memory cannot grow by ${pages * 64} KiB past ` +
-          `${Math.round(end / 1048576)} MiB: ${err.message || err}`);
-      }
+      const pages = this.grow(n - tail);
       if (tail) last[1] += pages * 65536;
       else this.free.push([end, pages * 65536]);
       i = this.free.length - 1;
@@ -145,6 +139,12 @@ class Arena {
   }
 
   fresh(bytes) {  // zeros: pages the memory grows by now, past everything else (the OS maps them as they are written)
+    const end = this.memory.buffer.byteLength;
+    this.sizes.set(end, this.grow(bytes) * 65536);
+    return end;
+  }
+
+  grow(bytes) {  // the memory grown by the pages `bytes` take; how many
     const end = this.memory.buffer.byteLength, pages = Math.ceil(bytes / 65536);
     try {
       this.memory.grow(pages);
@@ -152,8 +152,7 @@ class Arena {
       throw new Error(`the kernel threads' shared memory cannot grow by ${pages * 64} KiB past ` +
         `${Math.round(end / 1048576)} MiB: ${err.message || err}`);
     }
-    this.sizes.set(end, pages * 65536);
-    return end;
+    return pages;
   }
 
   release(at) {
@@ -374,23 +373,22 @@ class LinearThreads {
       ex.attn_dims(...dims, 0, hb);
     } else {
       const blockChunk = Math.ceil(used / (n * CHUNKS_PER_THREAD)), dimChunk = Math.ceil(hb / 64 / n) * 64;
-      Atomics.store(this.counter, 0, 0);
-      for (let i = 1; i < n; i++) this.start(this.helpers[i - 1], [ATTN_KEYS, ...keys, blockChunk, used]);
-      runKeys(ex, this.counter, ...keys, blockChunk, used);
-      this.joinAll(n, false);
-      const softmax = [sAt, ctx, lo, ld, scale, Math.ceil(heads / n), heads];
-      Atomics.store(this.counter, 0, 0);
-      for (let i = 1; i < n; i++) this.start(this.helpers[i - 1], [ATTN_SOFTMAX, ...softmax]);
-      runSoftmax(ex, this.counter, ...softmax);
-      this.joinAll(n, false);
-      Atomics.store(this.counter, 0, 0);
-      for (let i = 1; i < n; i++) this.start(this.helpers[i - 1], [ATTN_DIMS, ...dims, dimChunk]);
-      runDims(ex, this.counter, ...dims, dimChunk);
-      this.joinAll(n, false);
+      this.everyThread(n, ATTN_KEYS, [...keys, blockChunk, used], runKeys);
+      this.everyThread(n, ATTN_SOFTMAX, [sAt, ctx, lo, ld, scale, Math.ceil(heads / n), heads], runSoftmax);
+      this.everyThread(n, ATTN_DIMS, [...dims, dimChunk], runDims);
     }
     py.set(heap.subarray(outAt, outAt + heads * hb), out);
     this.stats.decodeCalls++;
     this.stats.decodeUs += (performance.now() - t0) * 1000;
+  }
+
+  // One job on threads 0 .. n - 1, the same arguments for each: the counter reset, the helpers started, run's
+  // chunks claimed here too, the helpers joined (their time not counted in the products' stats).
+  everyThread(n, what, args, run) {
+    Atomics.store(this.counter, 0, 0);
+    for (let i = 1; i < n; i++) this.start(this.helpers[i - 1], [what, ...args]);
+    run(this.exports, this.counter, ...args);
+    this.joinAll(n, false);
   }
 
   growDecode(bytes) {  // attn_decode's copies, reused, grown to the next 64 KiB
