@@ -24,9 +24,6 @@ from bench import RESULTS, ROOT, emit
 MODEL = ROOT / "dist" / "models" / "smollm2-135m-instruct" / "model.json"
 # bytes a 32-weight block takes in the kernel's layout (backends/cpu_wasm.py): codes plus f32 (d, m)
 BLOCK_BYTES = {"q4_1": 16 + 8, "q8_0": 32 + 8, "q4_0": 32 + 8, "q5_0": 32 + 8}
-# the output head (and tied embedding) of a q8_0 file with the tab's default integer activations: d without the
-# zero m (cpu_wasm.head_blocks)
-HEAD_BLOCK_BYTES = {**BLOCK_BYTES, "q8_0": 32 + 4}
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 TAB_ROW = "auto → cpu in the tab"
 
@@ -44,15 +41,25 @@ def core_limits(threads: list[int]) -> dict:
     return json.loads(out.stdout)
 
 
+def head_bytes(tensor: dict) -> int:
+    """An output head's (and tied embedding's) bytes in the kernel's layout with the tab's default integer
+    activations: a q8_0 one as q8_d (cpu_wasm.head_blocks), d without the zero m, each row its nb f32 d padded to
+    16 bytes then its codes (cpu_wasm.d_rows); any other type as BLOCK_BYTES."""
+    rows, cols = tensor["shape"]
+    if tensor["dtype"] == "q8_0":
+        return rows * (-(-cols // 32 * 4 // 16) * 16 + cols)
+    return rows * cols // 32 * BLOCK_BYTES[tensor["dtype"]]
+
+
 def model_costs(manifest: dict, prompt: int, new: int) -> dict:
     """Bytes a decode step reads and flops a prefill token costs on the tab's CPU path (see the docstring)."""
     cfg, tensors = manifest["config"], manifest["tensors"]
     held = ["token_embd.weight"] + [f"blk.{i}.{p}.weight" for i in range(cfg["n_layers"]) for p in PROJECTIONS]
     if not cfg["tied_embeddings"]:
         held.append("output.weight")
-    weight_bytes = sum(tensors[n]["shape"][0] * tensors[n]["shape"][1] // 32
-                       * (HEAD_BLOCK_BYTES if n in ("token_embd.weight", "output.weight") else BLOCK_BYTES)[
-                           tensors[n]["dtype"]] for n in held)
+    weight_bytes = sum(head_bytes(tensors[n]) if n in ("token_embd.weight", "output.weight")
+                       else tensors[n]["shape"][0] * tensors[n]["shape"][1] // 32 * BLOCK_BYTES[tensors[n]["dtype"]]
+                       for n in held)
     layer_macs = sum(tensors[f"blk.0.{p}.weight"]["shape"][0] * tensors[f"blk.0.{p}.weight"]["shape"][1]
                      for p in PROJECTIONS)
     head_macs = cfg["vocab"] * cfg["hidden"]

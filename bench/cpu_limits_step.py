@@ -46,11 +46,10 @@ _head = _model.w[_name]
 _js = getattr(getattr(_head, "store", None), "js", None)
 _heads = {{_head.kind: _head}}
 if _head.kind == "q8_d":  # the head as before head_blocks: the same codes, (d, 0) f32 pairs, beside it
-    from pagedkv.backends.cpu_wasm import QuantWeight
-    _d = _head.store.fetch(_head.dm).astype(np.float32)
-    _heads["q8_0"] = QuantWeight("q8_0", _head.store.fetch(_head.qs), np.stack([_d, np.zeros_like(_d)], axis=2),
-                                 _head.store)
-    del _d
+    from pagedkv.backends.cpu_wasm import QuantWeight, split_d_rows
+    _q, _d = split_d_rows(_head.store.fetch(_head.qs), _head.dm_shape[1])
+    _heads["q8_0"] = QuantWeight("q8_0", _q, np.stack([_d, np.zeros_like(_d)], axis=2), _head.store)
+    del _q, _d
 _embed = _model.w["token_embd.weight"]
 
 async def _decode(fused, head):

@@ -16,7 +16,7 @@ from test_cpu_linear import prefill_then_decode
 
 from pagedkv.backends.cpu import CpuBackend
 from pagedkv.backends.cpu_wasm import (ACT8, ACT16, XQ_MAX, HeapStore, QuantWeight, Region, SharedStore, ThreadsTwin,
-                                      act_bits, chunks, integer_products, kind_code, pointer_twin,
+                                      act_bits, chunks, d_pad, integer_products, kind_code, pointer_twin,
                                       quantize_activations, stack_projections, tensor_loader)
 from pagedkv.model.convert import convert_cached
 from pagedkv.model.layout import dequantize, pack_q4_1, pack_q8_0, quantize_q4_1, quantize_q8_0
@@ -92,12 +92,13 @@ def test_the_wasm_path_holds_quantized_blocks_and_gives_the_reference_ids(tiny_d
 
 def test_a_q8_0_head_with_integer_activations_is_held_without_its_zero_mins(tiny_dir):  # noqa: F811
     """The tiny model's q8_0 tied embedding through a store with integer activations: held as q8_d (head_blocks:
-    its codes and one f32 d a block, 36 bytes a block, not 40), its rows' lookups the reference's f32 exactly; with
+    its codes and one f32 d a block, 36 bytes a block and a row's padding to 16 bytes, not 40), its rows' lookups the
+    reference's f32 exactly; with
     f32 activations it keeps the (d, m) layout; q8_d with f32 activations is refused by name."""
     plain = ModelWeights.load(tiny_dir)
     shards = {s["file"]: (tiny_dir / s["file"]).read_bytes() for s in plain.manifest["shards"]}
     vocab, hidden = plain.config.vocab, plain.config.hidden
-    for activations, kind, nbytes in (("int16", "q8_d", vocab * hidden // 32 * 36),
+    for activations, kind, nbytes in (("int16", "q8_d", vocab * (d_pad(hidden // 32) + hidden)),
                                       ("f32", "q8_0", vocab * hidden // 32 * 40)):
         w = ModelWeights.from_shards(plain.manifest, shards, tensor_loader(HeapStore(pointer_twin, activations)))
         head = w.tensors["token_embd.weight"]

@@ -25,8 +25,9 @@ from wasm_kernels import MIN_KEYS, WasmKernels, WasmThreads, engine, modules, sp
 
 from pagedkv.backends.cpu import CpuBackend, allocate_pages, plan_pages
 from pagedkv.backends.cpu_attention import PointerTwin
-from pagedkv.backends.cpu_wasm import (ACT8, ACT16, KINDS, HeapStore, SharedStore, address_of, chunks,
-                                      pointer_twin, quant_x_twin, stack_projections, tensor_loader)
+from pagedkv.backends.cpu_wasm import (ACT8, ACT16, KINDS, HeapStore, SharedStore, address_of, chunks, d_pad, d_rows,
+                                      pointer_twin, quant_x_twin, row_steps, split_d_rows, stack_projections,
+                                      tensor_loader)
 from pagedkv.engine import EngineConfig, LLMEngine, run_sync
 from pagedkv.kv.retention import KVRetention, ShiftOp
 from pagedkv.model.convert import convert_cached
@@ -401,28 +402,40 @@ def test_8_bit_code_rows_take_the_general_loops_arithmetic_bit_for_bit(kernels):
 
 @pytest.mark.parametrize("cols", [640, 576])  # Gemma 3's head rows and SmolLM2's
 def test_d_only_rows_give_the_d_m_rows_bits(kernels, cols):
-    """kind 65 (q8_d, cpu_wasm.head_blocks: q8_0 codes with one f32 d a block, the output head's layout) against
-    kind 1 with the same d as (d, 0) pairs: the same bits for one token and for five (q8_d takes them one at a
-    time, kind 1 four in a tile), negative and zero d among them; the twin (pointer_twin) gives kind 1's twin's
+    """kind 65 (q8_d, cpu_wasm.head_blocks: q8_0 codes with one f32 d a block, each row's d then its codes in one
+    array, cpu_wasm.d_rows: the output head's layout) against kind 1 with the same d as (d, 0) pairs apart: the
+    same bits for one token and for five (q8_d takes them one at a time, kind 1 four in a tile), negative and zero
+    d among them, and for a chunk of rows from its own row on; the twin (pointer_twin) gives kind 1's twin's
     bits; with f32 activations the kernel traps."""
     rows, nb, rng = 40, cols // 32, np.random.default_rng(cols)
     qs = rng.integers(-127, 128, (rows, cols), dtype=np.int8)
     d = (rng.random((rows, nb)) * 0.02).astype(np.float16).astype(np.float32)  # q8_0's d: f16 values
     d[0, :2], d[1, nb - 1] = [-0.01, 3e-6], 0.0
     dm = np.stack([d, np.zeros((rows, nb), np.float32)], axis=2)
+    packed = d_rows(qs, d)  # q8_d's one array: each row's d, padding to 16 bytes, its codes
+    # Gemma's 20 d fill 80 bytes; SmolLM2's 18 (72 bytes) are padded to 80
+    assert packed.shape == (rows, d_pad(nb) + cols) and d_pad(nb) == 80
+    assert all(np.array_equal(a, b) for a, b in zip(split_d_rows(packed, nb), (qs, d)))
+    d_only = (address_of(packed) + d_pad(nb), address_of(packed))  # qs at row 0's codes, dm at its d
     scratch = np.zeros(4 * cols, np.float32)
     for t in (1, 5):
         x = (rng.standard_normal((t, cols)) * 3).astype(np.float32)
         outs = [np.zeros((t, rows), np.float32) for _ in range(4)]
-        for (kind, scales, run), out in zip(((65, d, kernels.matmul), (1, dm, kernels.matmul),
-                                             (65, d, pointer_twin), (1, dm, pointer_twin)), outs):
-            run(kind | ACT16, address_of(qs), address_of(scales), rows, cols, address_of(x), t, address_of(out), rows,
-                address_of(scratch))
+        pairs = (address_of(qs), address_of(dm))
+        for (kind, at, run), out in zip(((65, d_only, kernels.matmul), (1, pairs, kernels.matmul),
+                                         (65, d_only, pointer_twin), (1, pairs, pointer_twin)), outs):
+            run(kind | ACT16, *at, rows, cols, address_of(x), t, address_of(out), rows, address_of(scratch))
         assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32)) and np.abs(outs[1]).min() > 0, t
         assert np.array_equal(outs[2].view(np.int32), outs[3].view(np.int32)), t
+    # rows 7..40 alone (a thread's chunk: both pointers a whole row on, cpu_wasm.row_steps) give the same rows
+    step = row_steps(65, nb)
+    assert step == (d_pad(nb) + cols,) * 2
+    part = np.zeros((1, rows - 7), np.float32)
+    kernels.matmul(65 | ACT16, d_only[0] + 7 * step[0], d_only[1] + 7 * step[1], rows - 7, cols, address_of(x[:1]), 1,
+                   address_of(part), rows - 7, address_of(scratch))
+    assert np.array_equal(part.view(np.int32), outs[0][:1, 7:].view(np.int32))
     with pytest.raises(wasmtime.Trap, match="unreachable"):
-        kernels.matmul(65, address_of(qs), address_of(d), rows, cols, address_of(x), 1, address_of(outs[0]), rows,
-                       address_of(scratch))
+        kernels.matmul(65, *d_only, rows, cols, address_of(x), 1, address_of(outs[0]), rows, address_of(scratch))
 
 
 def test_gemma3_on_two_kernel_threads_gives_llama_cpps_greedy_ids(gemma3_gguf):  # noqa: F811

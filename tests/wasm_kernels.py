@@ -21,7 +21,7 @@ import wasmtime
 
 import build
 from pagedkv.backends.cpu_wasm import (ACC8_FLOATS, ACT8, CHUNKS_PER_THREAD, QUANTIZED_X, XQ_BYTES, act_bits,
-                                      array_at, chunks, scale_bytes, scratch_floats)
+                                      array_at, chunks, row_steps, scratch_floats)
 from pagedkv.model.quants import QK
 
 LINEAR_WAT = build.ROOT / "web" / "wasm" / "linear.wat"
@@ -65,9 +65,11 @@ def _table_blocks(table: int, ctx: int, bs: int) -> int:
 
 def _matmul(kind, qs, dm, rows, cols, x, t, out, ldo, scratch):
     nb = cols // QK
-    row_q = nb * (32 if kind & 1 else 16)  # 8-bit codes (kinds 1, 9, 17) or 4-bit (0)
+    row_q, row_d = row_steps(kind, nb)  # 8-bit codes (kinds 1, 9, 17) or 4-bit (0); q8_d: both steps a whole row
+    q_bytes, d_bytes = (nb * 32, nb * 4) if kind & 64 else (row_q, row_d)  # the last row's
     x_bytes = t * nb * XQ_BYTES[8] if kind & ACT8 and kind & QUANTIZED_X else t * cols * 4  # x: the blocks
-    return [(qs, rows * row_q), (dm, rows * scale_bytes(kind, nb)), (x, x_bytes),
+    return [(qs, (rows - 1) * row_q + q_bytes if rows else 0), (dm, (rows - 1) * row_d + d_bytes if rows else 0),
+            (x, x_bytes),
             (out, ((t - 1) * ldo + rows) * 4 if t else 0),
             (scratch, scratch_floats(cols, t, kind) * 4)]
 
@@ -332,11 +334,11 @@ class WasmThreads:
                     x_at, scratch_at, stride = scratch_at, scratch_at + t * nb * XQ_BYTES[8], 4 * ACC8_FLOATS
             if bits == 16 or n == 1:
                 stride = 0
-        row_q = nb * (32 if kind & 1 else 16)
+        row_q, row_d = row_steps(kind, nb)
         work = chunks(rows, n) if n > 1 else [(0, rows)]  # one thread: the whole weight in one call
 
         def product(i: int, store, ex, r0: int, r1: int) -> None:
-            ex["matmul"](store, kind, qs + r0 * row_q, dm + r0 * scale_bytes(kind, nb), r1 - r0, cols, x_at, t,
+            ex["matmul"](store, kind, qs + r0 * row_q, dm + r0 * row_d, r1 - r0, cols, x_at, t,
                          out_at + 4 * r0, rows, scratch_at + i * stride)
 
         ran = self.on_threads(n, work, product)

@@ -36,7 +36,10 @@ const MAX_THREADS = 16;
 // Claims chunks of `chunk` rows from counter[0] until none is left and runs each: out's columns r0..r1 of
 // x @ W.T (the engine worker and every helper run this on the same job).
 function runChunks(exports, counter, kind, qs, dm, rows, cols, x, t, out, scratch, chunk) {
-  const nb = cols >> 5, rowQ = nb * (kind & 1 ? 32 : 16), rowD = nb * (kind & 64 ? 4 : 8);  // kind 65: d alone
+  // a row's codes and scales apart (cpu_wasm.row_steps); kind 65 (d alone): a row's d (padded to 16 bytes) and its
+  // codes together, so both step over the whole row
+  const nb = cols >> 5, dRow = ((nb * 4 + 15) & ~15) + nb * 32;
+  const rowQ = kind & 64 ? dRow : nb * (kind & 1 ? 32 : 16), rowD = kind & 64 ? dRow : nb * 8;
   let claimed = 0;
   for (let r0 = Atomics.add(counter, 0, 1) * chunk; r0 < rows; r0 = Atomics.add(counter, 0, 1) * chunk) {
     exports.matmul(kind, qs + r0 * rowQ, dm + r0 * rowD, Math.min(chunk, rows - r0), cols, x, t, out + 4 * r0,

@@ -14,8 +14,10 @@
 ;;       (q6_K): 32 bytes a block, signed codes in weight order (kind 17's 0..31)
 ;;   dm  two f32 a block, (d, m): weight = d * code + m, the reference's dequantization (m = 0 for kind 1; kind 17
 ;;       has mins, which one-token rows add after their codes' sum); kind 9 (d0, d1): weights 0..15 = d0 * code,
-;;       16..31 = d1 * code (q6_K's scales of 16 weights); kind 65 (bit 64: q8_0's codes, the output head): one f32
-;;       d a block, no m, 16-bit activations only (a token at a time)
+;;       16..31 = d1 * code (q6_K's scales of 16 weights)
+;;   kind 65 (bit 64: q8_0's codes, the output head): one f32 d a block, no m, 16-bit activations only (a token at
+;;       a time); a row's nb d, padded to 16 bytes, then its codes, the next row after them (dm points at row 0's d,
+;;       qs at its codes): a row is one stream of memory, not two (the head streams ~10 % faster: docs/performance.md)
 ;; Activations x (t, cols) f32 row-major; out (t, ldo) f32, of which the kernel writes rows columns; scratch the
 ;; kernel overwrites: cols f32 (a decoded row, or for one token each block's sum of x), with 16-bit activations
 ;; t * cols * 2.25 bytes (each token's quant_x blocks), with 8-bit ones t * cols * 1.25 (quant_x8's).
@@ -319,7 +321,7 @@
     local.get $sum call $hsum f32.const 0 f32.add)
 
   ;; $dot_q8_x16 of a row whose scales are one f32 d a block, without q8_0's zero m (kind 65: the output head, 36
-  ;; bytes a block, not 40), the arithmetic $dot_q8_x16's, so the same bits as that row with (d, 0) pairs.
+  ;; bytes a block and the row's padding, not 40), the arithmetic $dot_q8_x16's, so the same bits as that row with (d, 0) pairs.
   (func $dot_q8d_x16 (param $qs i32) (param $d i32) (param $nb i32) (param $s i32) (result f32)
     (local $v v128) (local $h v128) (local $sum v128) (local $xd i32) (local $xq i32)
     local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd
@@ -853,7 +855,7 @@
   (func $matmul (export "matmul") (param $kind i32) (param $qs i32) (param $dm i32) (param $rows i32)
     (param $cols i32) (param $x i32) (param $t i32) (param $out i32) (param $ldo i32) (param $scratch i32)
     (local $nb i32) (local $t0 i32) (local $n i32) (local $r i32) (local $q i32) (local $s i32) (local $xp i32) (local $o i32)
-    (local $mode i32) (local $q8 i32) (local $dstep i32)
+    (local $mode i32) (local $q8 i32) (local $dstep i32) (local $qstep i32)
     local.get $kind i32.const 38 i32.and local.set $mode  ;; 2: 16-bit activations; 32: 8-bit; 4: x quantized already
     local.get $kind i32.const 89 i32.and local.set $kind  ;; 1: 8-bit codes; 8: split scales; 16: mins; 64: d only
     local.get $kind i32.const 64 i32.and
@@ -861,10 +863,15 @@
       local.get $mode i32.const 2 i32.and i32.eqz
       if unreachable end
     end
-    local.get $cols i32.const 5 i32.shr_u i32.const 2 i32.const 3 local.get $kind i32.const 64 i32.and select i32.shl
-    local.set $dstep  ;; a row's scales: nb (d, m) f32 pairs, or nb d
     local.get $kind i32.const 1 i32.and local.set $q8  ;; a row's qs: nb << (4 + q8) bytes
     local.get $cols i32.const 5 i32.shr_u local.set $nb
+    local.get $nb i32.const 3 i32.shl local.set $dstep  ;; a row's scales: nb (d, m) f32 pairs
+    local.get $nb i32.const 4 local.get $q8 i32.add i32.shl local.set $qstep
+    local.get $kind i32.const 64 i32.and
+    if  ;; d only: one row's d and codes together, a row apart (the header's kind 65)
+      local.get $nb i32.const 2 i32.shl i32.const 15 i32.add i32.const -16 i32.and local.get $qstep i32.add
+      local.tee $dstep local.set $qstep
+    end
     local.get $mode i32.const 32 i32.and
     if  ;; 8-bit activations (kind 0, or 17: 8-bit codes 0..127 with mins): quant_x8 every token into scratch unless
         ;; bit 4 (then x holds them and scratch is this thread's own), then four rows at a time ($dot_x8_r4) on
@@ -974,7 +981,7 @@
               br $ones8
             end
           end
-          local.get $xp local.get $nb i32.const 4 local.get $q8 i32.add i32.shl i32.add local.set $xp
+          local.get $xp local.get $qstep i32.add local.set $xp
           local.get $s local.get $dstep i32.add local.set $s
           local.get $r i32.const 1 i32.add local.tee $r local.get $rows i32.lt_u br_if $rows8
         end

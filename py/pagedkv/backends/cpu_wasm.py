@@ -31,7 +31,7 @@ from .cpu_linear import PROJECTIONS, EinsumWeight
 # The kernel's `kind` argument (| ACT16, | QUANTIZED_X below) of each layout: 4-bit codes with (d, m) a block, 8-bit
 # codes with d, with (d, m), with (d0, d1) for weights 0..15 and 16..31, with d alone (q8_d: the output head).
 KINDS = {"q4_1": 0, "q8_0": 1, "q8_m": 17, "q8_16": 9, "q8_d": 65}
-D_ONLY = 64  # kind bit: dm holds one f32 d a block (rows, nb), not (rows, nb, 2) (d, m) pairs
+D_ONLY = 64  # kind bit: one f32 d a block, no m, each row's d and codes together (d_rows), not (d, m) pairs apart
 HELD_AS = {"q4_1": "q4_1", "q4_K": "q4_1", "q8_0": "q8_0", "q4_0": "q8_0", "q5_0": "q8_0", "q5_1": "q8_m",
            "q5_K": "q8_m", "q6_K": "q8_16"}  # manifest dtype -> kernel layout
 Kernel = Callable[[int, int, int, int, int, int, int, int, int, int], object]
@@ -99,18 +99,43 @@ def kernel_blocks(dtype: str, shape: tuple[int, int], parts: dict,
 
 def head_blocks(dtype: str, shape: tuple[int, int], parts: dict) -> tuple[str, np.ndarray, np.ndarray]:
     """An output head's web parts -> (q8_d, its codes, d (rows, nb) f32) for a q8_0 file's head: 36 bytes a
-    block, not kernel_blocks' 40 (its m is 0; the head is most of a small model's step: Gemma 3 270M's 262,144 rows
+    block (and a row's padding: d_rows), not kernel_blocks' 40 (its m is 0; the head is most of a small model's step: Gemma 3 270M's 262,144 rows
     210 -> 189 MB), the same weights; kernel_blocks' layout for other types. Not f16 d (llama.cpp's 34 bytes):
     widening it costs the one-token loop more than the bytes save in V8 (docs/performance.md, issue 51)."""
     if dtype != "q8_0":
         return kernel_blocks(dtype, shape, parts)
     fields = unpack(dtype, shape, parts)
-    return "q8_d", np.ascontiguousarray(fields["q"]), fields["d"].astype(np.float32)
+    return "q8_d", fields["q"], fields["d"].astype(np.float32)  # QuantWeight packs them into d_rows' one array
 
 
-def scale_bytes(code: int, nb: int) -> int:
-    """Bytes of one row's scales (dm) in the layout of kind code `code` with nb blocks a row."""
-    return nb * (4 if code & D_ONLY else 8)
+def d_pad(nb: int) -> int:
+    """Where a q8_d row's codes begin: after its nb f32 d, padded to 16 bytes (the codes' v128 loads aligned)."""
+    return -(-nb * 4 // 16) * 16
+
+
+def d_rows(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """q8_d's layout (linear.wat's kind 65): (rows, d_pad(nb) + nb * 32) bytes, row r its nb f32 d, zeros to
+    d_pad, then its codes, so the head's product reads one stream of memory, not two (codes and scales apart,
+    measured ~10 % slower: docs/performance.md). qs (rows, nb * 32) i8, d (rows, nb) f32; either may be a view."""
+    rows, nb = d.shape
+    out = np.zeros((rows, d_pad(nb) + nb * QK), np.uint8)
+    out[:, :nb * 4] = np.ascontiguousarray(d, np.float32).view(np.uint8)
+    out[:, d_pad(nb):] = qs.view(np.uint8) if qs.dtype == np.int8 else qs
+    return out
+
+
+def split_d_rows(rows: np.ndarray, nb: int) -> tuple[np.ndarray, np.ndarray]:
+    """d_rows' rows (n, d_pad(nb) + nb * 32) bytes -> (codes (n, nb * 32) i8, d (n, nb) f32)."""
+    return (np.ascontiguousarray(rows[:, d_pad(nb):]).view(np.int8),
+            np.ascontiguousarray(rows[:, :nb * 4]).view(np.float32))
+
+
+def row_steps(code: int, nb: int) -> tuple[int, int]:
+    """The bytes from one row's codes (qs) to the next row's, and from its scales (dm) to the next's, in the layout
+    of kind code `code` with nb blocks a row: a q8_d row holds both (d_rows), so both step over it."""
+    if code & D_ONLY:
+        return (d_pad(nb) + nb * QK,) * 2
+    return nb * (32 if code & 1 else 16), nb * 8
 
 
 class HeapStore:
@@ -232,12 +257,18 @@ class QuantWeight:
         self.kind, self.store = kind, store
         self.shape = (rows, nb * QK)
         self.parts = (rows,)  # the rows of each weight stacked here (stack)
-        self.nbytes = qs.nbytes + dm.nbytes
         self.dm_shape = dm.shape
-        self.qs, self.dm = store.place(qs), store.place(dm)
+        if kind == "q8_d":  # one array: each row's d, then its codes (d_rows)
+            packed = d_rows(qs, dm)
+            self.nbytes = packed.nbytes
+            self.qs = self.dm = store.place(packed)
+            addresses = (store.address(self.qs) + d_pad(nb), store.address(self.qs))
+        else:
+            self.nbytes = qs.nbytes + dm.nbytes
+            self.qs, self.dm = store.place(qs), store.place(dm)
+            addresses = (store.address(self.qs), store.address(self.dm))
         # (code, qs, dm, rows, cols): a step tape's MATMUL arguments before x, out and scratch (cpu_tape.py)
-        self.kernel_args = (kind_code(kind, store.activations), store.address(self.qs), store.address(self.dm),
-                            rows, self.shape[1])
+        self.kernel_args = (kind_code(kind, store.activations), *addresses, rows, self.shape[1])
         self._run = store.bind(self.kernel_args)
         # One token (decode) goes through fixed buffers: an address lookup costs as much as a small product in
         # Pyodide (measured: 8.6 us each; `h @ w.T` for a 32x576 weight 91 -> 57 us).
@@ -254,12 +285,18 @@ class QuantWeight:
     def stack(cls, weights: list["QuantWeight"]) -> "QuantWeight":
         """One weight of the rows of `weights` (one kind, one store, one width) in order; `parts` their rows."""
         store = weights[0].store
+        if weights[0].kind == "q8_d":
+            raise ValueError("q8_d weights (an output head) are not stacked")
         stacked = cls(weights[0].kind, np.concatenate([store.fetch(w.qs) for w in weights]),
                       np.concatenate([store.fetch(w.dm) for w in weights]), store)
         stacked.parts = tuple(r for w in weights for r in w.parts)
         return stacked
 
     def __getitem__(self, rows) -> np.ndarray:
+        if self.kind == "q8_d":
+            qs, d = split_d_rows(self.store.rows(self.qs, rows).reshape(-1, d_pad(self.dm_shape[1]) + self.shape[1]),
+                                 self.dm_shape[1])
+            return dequantize_rows(self.kind, qs, d)
         dm = self.store.rows(self.dm, rows).reshape(-1, *self.dm_shape[1:])
         return dequantize_rows(self.kind, self.store.rows(self.qs, rows).reshape(dm.shape[0], -1), dm)
 
@@ -445,13 +482,15 @@ def pointer_twin(kind: int, qs: int, dm: int, rows: int, cols: int, x: int, t: i
     kind_name = [k for k, v in KINDS.items() if v == kind & 89][0]
     ctype = ctypes.c_uint8 if kind_name == "q4_1" else ctypes.c_int8
     per_block = 16 if kind_name == "q4_1" else 32
-    qs_a = array_at(qs, ctype, rows * nb * per_block).reshape(rows, -1)
     if kind & D_ONLY:  # q8_d: q8_0's (d, 0) pairs, as the kernel's products see them
         if act_bits(kind) != 16:
             raise ValueError("q8_d weights (d without m) take 16-bit activations only (the kernel traps)")
-        d = array_at(dm, ctypes.c_float, rows * nb).reshape(rows, nb)
+        if qs != dm + d_pad(nb):
+            raise ValueError("q8_d: qs must point at row 0's codes, d_pad(nb) bytes after its d at dm (d_rows)")
+        qs_a, d = split_d_rows(array_at(dm, ctypes.c_uint8, rows * row_steps(kind, nb)[0]).reshape(rows, -1), nb)
         kind_name, dm_a = "q8_0", np.stack([d, np.zeros_like(d)], axis=2)
     else:
+        qs_a = array_at(qs, ctype, rows * nb * per_block).reshape(rows, -1)
         dm_a = array_at(dm, ctypes.c_float, rows * nb * 2).reshape(rows, nb, 2)
     xs = array_at(x, ctypes.c_float, t * cols).reshape(t, cols)
     bits = act_bits(kind)
@@ -525,7 +564,7 @@ class ThreadsTwin:
         n = self.threads if rows >= self.threads and rows * cols * t >= self.min_work else 1
         self.split_calls += n > 1
         nb, scratch, bits = cols // QK, np.empty(scratch_floats(cols, t, kind), np.float32), act_bits(kind)
-        row_q = nb * (32 if kind & 1 else 16)
+        row_q, row_d = row_steps(kind, nb)
         if bits is not None and n > 1:  # the tokens quantized once, every chunk reading them
             quant_x_twin(x, nb, t, address_of(scratch), bits)
             kind |= QUANTIZED_X
@@ -533,5 +572,5 @@ class ThreadsTwin:
                 blocks, scratch = scratch, np.empty(ACC8_FLOATS, np.float32)
                 x = address_of(blocks)
         for r0, r1 in chunks(rows, n) if n > 1 else [(0, rows)]:
-            pointer_twin(kind, qs + r0 * row_q, dm + r0 * scale_bytes(kind, nb), r1 - r0, cols, x, t, out + 4 * r0,
+            pointer_twin(kind, qs + r0 * row_q, dm + r0 * row_d, r1 - r0, cols, x, t, out + 4 * r0,
                          rows, address_of(scratch))
