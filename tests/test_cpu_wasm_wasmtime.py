@@ -309,7 +309,8 @@ def test_the_kv_mirror_takes_every_write_and_threads_decode_as_one_thread_does(g
 def test_threads_whose_memory_cannot_take_the_kv_mirror_keep_the_one_thread_attention(tiny_dir):  # noqa: F811
     """Where the threads' memory cannot grow by the pools' bytes (the third mirror throws, as linear_threads.js's
     does at the shared memory's maximum), the backend still builds: the mirrors made are dropped, mirror_error
-    says why, and each decode step's attention runs the export on one thread, giving the same ids."""
+    says why (and kernel_note, for the device panel), and each decode step's attention runs the export on one
+    thread, giving the same ids."""
     weights = ModelWeights.load(tiny_dir)
     shards = {s["file"]: (tiny_dir / s["file"]).read_bytes() for s in weights.manifest["shards"]}
     wasm = WasmKernels("linear_relaxed")
@@ -328,11 +329,13 @@ def test_threads_whose_memory_cannot_take_the_kv_mirror_keep_the_one_thread_atte
         calls = wasm.calls.get("attn_decode", 0)
         _, steps = prefill_then_decode(backend, list(range(1, 12)), 4)
         runs.append(([int(s.argmax()) for s in steps], backend.model.mirror_error, len(threads.mirrors),
-                     len(threads.decodes), wasm.calls.get("attn_decode", 0) - calls))
+                     len(threads.decodes), wasm.calls.get("attn_decode", 0) - calls, backend.kernel_note))
     n = weights.config.n_layers
-    assert runs[0][1:] == (None, 2 * n, 4 * n, 0), runs[0]
-    assert runs[1][0] == runs[0][0] and runs[1][2:] == (0, 0, 4 * n), runs[1]
+    assert runs[0][1:] == (None, 2 * n, 4 * n, 0, None), runs[0]
+    assert runs[1][0] == runs[0][0] and runs[1][2:5] == (0, 0, 4 * n), runs[1]
     assert "no KV mirror" in runs[1][1] and "cannot grow" in runs[1][1], runs[1]
+    # the device panel's words (app/pagedkv_app/cpu_models.kernel_words puts them after the kernels')
+    assert runs[1][5] == runs[1][1] + ", so decode attention runs on one thread", runs[1]
 
 
 def test_hybrid_models_shifted_window_through_the_wasm_kernels_gives_the_twins_ids(gemma_dir):  # noqa: F811

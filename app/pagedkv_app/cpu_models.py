@@ -39,6 +39,13 @@ async def cpu_weights(name: str, on_progress) -> tuple[dict, ModelWeights, str, 
     return manifest, weights, linear, attention, why
 
 
+def kernel_words(why: str, backends: dict[str, CpuBackend]) -> str:
+    """cpu_weights' words for the device panel, with each backend's kernel_note (a KV mirror the kernel threads
+    could not get), named by model where there are several."""
+    notes = [(name, b.kernel_note) for name, b in backends.items()]
+    return "; ".join([why, *(f"{name}: {note}" if len(backends) > 1 else note for name, note in notes if note)])
+
+
 async def kernel_store() -> tuple[HeapStore | SharedStore, str]:
     """Where the wasm kernel's weights live and how many threads run it, with the words the device panel shows:
     every core (?threads=N sets the count, threads=1 keeps one) on a memory they share, or one thread on
@@ -79,7 +86,8 @@ async def shared_cpu_engine(names: list[str], block_size: int, config: EngineCon
     except BudgetTooSmall as exc:
         raise BudgetTooSmall(f"{exc}: raise budget_mib") from None
     info = {"bytes_per_token": CpuBackend.page_bytes_per_token(models[0].weights.config), "kv_dtype": "f32",
-            "cpu_linear": loaded[0][5], "page_bytes": shared.page_bytes, "models": names}
+            "cpu_linear": kernel_words(loaded[0][5], {n: lane.backend for n, lane in engine.lanes.items()}),
+            "page_bytes": shared.page_bytes, "models": names}
     return [manifest for _, manifest, *_ in loaded], engine, shared, info
 
 

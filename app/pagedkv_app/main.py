@@ -25,7 +25,7 @@ from pagedkv.tokenizer import Tokenizer
 
 from . import bridge, model_library
 from .chat_service import ChatService
-from .cpu_models import cpu_weights, load_into, shared_cpu_engine
+from .cpu_models import cpu_weights, kernel_words, load_into, shared_cpu_engine
 from .gpu_models import load_gpu_model, shard_reader, shared_gpu_models
 from .user_models import model_id
 
@@ -292,7 +292,8 @@ async def _cpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, C
     # Pyodide's numpy has no BLAS: backends/cpu_linear.py
     backend = CpuBackend(weights, num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                          kv_dtype=kv_dtype, linear=linear, attention=attention)
-    return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype, "cpu_linear": why}
+    return manifest, backend, {"bytes_per_token": bytes_per_token, "kv_dtype": backend.kv_dtype,
+                               "cpu_linear": kernel_words(why, {name: backend})}
 
 
 async def _webgpu_backend(name: str, block_size: int, on_progress) -> tuple[dict, WebGpuBackend, dict]:

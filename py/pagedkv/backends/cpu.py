@@ -93,6 +93,13 @@ class CpuBackend:
         return CpuBackend.pool_bytes_per_token(config) // config.n_layers * KVGroups.of(config).group_size
 
     @property
+    def kernel_note(self) -> str | None:
+        """Why a decode step's attention runs on one thread where the kernel threads run the products (the KV
+        mirror they could not get: WasmAttentionModel.mirror_error), in the device panel's words; else None."""
+        error = getattr(self.model, "mirror_error", None)
+        return f"{error}, so decode attention runs on one thread" if error else None
+
+    @property
     def kv_spec(self) -> KVSpec:
         """The KV cache's geometry and element type."""
         return KVSpec.of(self.config, block_size=self.block_size, dtype=self.kv_dtype, groups=self.kv_groups)
