@@ -22,7 +22,9 @@ same browser, for the time per token side by side. --gguf gemma3 runs the pinned
 262,144-row tied head Q8_0) as the built-in ?model=gemma-3-270m, its prompt ids with Gemma's BOS as llama.cpp
 tokenizes the text; --no-webgpu leaves out the SwiftShader row (Gemma's takes ~7 minutes there) and
 --wllama-threads the thread counts wllama runs at. Every row carries ttft_s, the prompt's time to first token
-(`--prompt 2000 --new 8` gives a pasted document's).
+(`--prompt 2000 --new 8` gives a pasted document's). --pairs N (N > 1) then runs the tab's default row and native
+llama.cpp N - 1 more times, one after the other, each in a fresh browser: the ratio against native is then the
+ratio of the N medians (`pairs` holds every one: this machine's speed moves by ~10 % from one run to the next).
 """
 from __future__ import annotations
 
@@ -241,11 +243,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the thread counts wllama runs at (each with flash attention on and off)")
     parser.add_argument("--native", action=argparse.BooleanOptionalAction, default=True,
                         help="a row of native llama.cpp (xllamacpp's server) on the same file and thread count")
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="the tab's default and native llama.cpp this many times in turn (the ratio of medians)")
     args = parser.parse_args(argv)
     if args.quick:
         args.prompt, args.new = 64, COMPARE_IDS
     if args.prompt < 1 or args.new < COMPARE_IDS:
         parser.error(f"--prompt must be >= 1 and --new >= {COMPARE_IDS}")
+    if args.pairs < 1 or (args.pairs > 1 and not args.native):
+        parser.error("--pairs must be >= 1, and above 1 only with the native row")
     if not (WLLAMA / "esm" / "index.js").exists():
         raise SystemExit("node_modules/@wllama/wllama is missing: run `npm ci` (it is a devDependency)")
     model, model_dir = TAB_MODEL, MODEL_DIR
@@ -290,6 +296,13 @@ def main(argv: list[str] | None = None) -> int:
 
         report["native"] = native_row(gguf_path(args.gguf), prompt, args.new, os.cpu_count() or 1)
         print(json.dumps({k: v for k, v in report["native"].items() if k != "output_ids"}), file=sys.stderr)
+        first = next(r for r in report["ours"] if r["asked"] == "auto")  # the file's own model
+        report["pairs"] = [pair(first, report["native"])]
+        for _ in range(args.pairs - 1):  # a fresh browser each time, native right after it closed
+            with session(make_server=functools.partial(make_server, gguf_kind=args.gguf)) as s:
+                tab = tab_row(s, "auto", prompt, args.new, None, model)
+            report["pairs"].append(pair(tab, native_row(gguf_path(args.gguf), prompt, args.new, os.cpu_count() or 1)))
+            print(json.dumps(report["pairs"][-1]), file=sys.stderr)
     report["ours"].append(cpu_numpy(prompt, args.new, model_dir))
     for r in report["ours"] + report["wllama"] + ([report["native"]] if args.native else []):
         # time to first token: the prompt at the row's prefill rate
@@ -337,19 +350,45 @@ def ratio_line(report: dict) -> str:
             "ran after the browser side finished.")
 
 
+def pair(tab: dict, native: dict) -> dict:
+    """One run of the tab's default row and one of native llama.cpp: their rates and whether their first ids agree."""
+    return {"tab": {k: tab[k] for k in ("prefill_tok_s", "decode_tok_s")},
+            "native": {k: native[k] for k in ("prefill_tok_s", "decode_tok_s")},
+            "ids_match": tab["output_ids"][:COMPARE_IDS] == native["output_ids"][:COMPARE_IDS]}
+
+
+def pair_medians(pairs: list[dict]) -> dict:
+    """The median of each side's prefill and decode tok/s over the pairs, and their ratios (tab / native)."""
+    import statistics
+
+    med = {side: {k: statistics.median(p[side][k] for p in pairs) for k in ("prefill_tok_s", "decode_tok_s")}
+           for side in ("tab", "native")}
+    return {**med, "ratio": {k: med["tab"][k] / med["native"][k] for k in ("prefill_tok_s", "decode_tok_s")}}
+
+
 def native_ratio_line(report: dict) -> str:
-    """The tab's default row and wllama's best (decode, prefill) over native llama.cpp."""
+    """The tab's default row and wllama's best (decode, prefill) over native llama.cpp; with several pairs, the
+    ratio of their medians too."""
     native = report["native"]
     tab = next(r for r in report["ours"] if r.get("asked") == "auto")  # the file's own model: the first auto row
     best_dec = max(report["wllama"], key=lambda r: r["decode_tok_s"] or 0)
     best_pre = max(report["wllama"], key=lambda r: r["prefill_tok_s"] or 0)
-    return (f"Against native llama.cpp ({native['backend']}, xllamacpp {native['xllamacpp_version']}: decode "
+    line = (f"Against native llama.cpp ({native['backend']}, xllamacpp {native['xllamacpp_version']}: decode "
             f"{native['decode_tok_s']:.2f} / prefill {native['prefill_tok_s']:.2f} tok/s): the tab's default "
             f"({tab['backend']}) {tab['decode_tok_s'] / native['decode_tok_s']:.2f}x / "
             f"{tab['prefill_tok_s'] / native['prefill_tok_s']:.2f}x, wllama's best "
             f"{best_dec['decode_tok_s'] / native['decode_tok_s']:.2f}x / "
             f"{best_pre['prefill_tok_s'] / native['prefill_tok_s']:.2f}x. First {COMPARE_IDS} greedy ids equal to "
             f"native llama.cpp's: {', '.join(f'{k}: {v}' for k, v in native['rows_match_native'].items())}.")
+    pairs = report.get("pairs", [])
+    if len(pairs) > 1:
+        m = pair_medians(pairs)
+        line += (f" Over {len(pairs)} pairs of the tab's default and native run in turn, medians: tab "
+                 f"{m['tab']['decode_tok_s']:.2f} / {m['tab']['prefill_tok_s']:.2f}, native "
+                 f"{m['native']['decode_tok_s']:.2f} / {m['native']['prefill_tok_s']:.2f} tok/s (decode / "
+                 f"prefill): {m['ratio']['decode_tok_s']:.2f}x / {m['ratio']['prefill_tok_s']:.2f}x; first ids "
+                 f"equal in every pair: {all(p['ids_match'] for p in pairs)}.")
+    return line
 
 
 if __name__ == "__main__":

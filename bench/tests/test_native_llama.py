@@ -8,7 +8,7 @@ from model_fixtures import cached_gguf, gemma3_gguf  # noqa: F401  (fixture)
 from bench import ROOT
 from bench.native_llama import native_row
 from bench.report.summary import wllama_table
-from bench.wllama import native_ratio_line, prompt_text
+from bench.wllama import native_ratio_line, pair, pair_medians, prompt_text
 from pagedkv.model.weights import read_manifest
 from pagedkv.tokenizer import Tokenizer
 
@@ -46,6 +46,25 @@ def test_the_tab_and_wllamas_best_over_native_llama_cpp():
         "Against native llama.cpp (llama.cpp native, 2 threads, xllamacpp 2026.10.11549: decode 80.00 / prefill "
         "320.00 tok/s): the tab's default (auto → cpu in the tab) 0.90x / 0.50x, wllama's best 0.20x / 0.08x. "
         "First 8 greedy ids equal to native llama.cpp's: webgpu in the tab: True, auto → cpu in the tab: True.")
+
+
+def test_several_pairs_give_the_ratio_of_their_medians():
+    """--pairs 3: the tab's default and native run in turn three times; the line adds each side's medians (one slow
+    run of either side moves neither), their ratio, and whether every pair's first ids agree."""
+    r = report()
+    r["pairs"] = [pair({**r["ours"][0], "output_ids": list(range(9))},
+                       {**r["native"], "output_ids": list(range(8)) + [99]})]
+    for tab, native, ids in (((150.0, 60.0), (330.0, 79.0), 7), ((170.0, 75.0), (250.0, 50.0), 3)):
+        r["pairs"].append(pair({"prefill_tok_s": tab[0], "decode_tok_s": tab[1], "output_ids": [ids] * 8},
+                               {"prefill_tok_s": native[0], "decode_tok_s": native[1], "output_ids": [ids] * 8}))
+    m = pair_medians(r["pairs"])
+    assert (m["tab"], m["native"]) == ({"prefill_tok_s": 160.0, "decode_tok_s": 72.0},
+                                       {"prefill_tok_s": 320.0, "decode_tok_s": 79.0})
+    assert native_ratio_line(r).endswith(
+        " Over 3 pairs of the tab's default and native run in turn, medians: tab 72.00 / 160.00, native 79.00 / "
+        "320.00 tok/s (decode / prefill): 0.91x / 0.50x; first ids equal in every pair: True.")
+    r["pairs"][1]["ids_match"] = False
+    assert native_ratio_line(r).endswith("every pair: False.")
 
 
 def test_the_summary_table_has_the_native_row_and_its_ratios():
