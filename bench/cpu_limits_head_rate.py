@@ -4,9 +4,9 @@ same bytes, on 1 and 2 threads, in V8 (Node: the engine the tab runs its kernels
     python3 -m bench.cpu_limits_head_rate [--rows 262144] [--cols 640] [--reps 5] [--no-wasmtime] [--quick]
 
 V8: bench/page/cpu_limits_head_rate.mjs on the built linear_shared module: a head of Gemma 3 270M's shape (random
-q8_0 codes) in both layouts, (d, 0) f32 pairs (kind 3, before) and d alone, a row's d then its
-codes (kind 67: cpu_wasm.d_rows), each product against bench/page/cpu_limits.wat's `stream` over the same bytes, with one
-thread and with two claiming linear_threads.js's chunks. wasmtime: one SharedMemory with the (d, 0) layout and one
+q8_0 codes) in both layouts, (d, 0) f32 pairs (kind 3, before) and d alone, a row's d then its codes (kind 67:
+cpu_wasm.d_rows), each product against bench/page/cpu_limits.wat's `stream` over the same bytes, with one thread
+and with two claiming linear_threads.js's chunks. wasmtime: one SharedMemory with the (d, 0) layout and one
 token's 16-bit activations quantized once (quant_x), as web/linear_threads.js runs a product; each thread an
 instance of linear_relaxed_shared (tests/wasm_kernels.py builds it as the page's) claims cpu_wasm.chunks of the
 rows, runs `matmul` on them, and the sweep `stream`s the same chunks' codes and scales; in cache: the same

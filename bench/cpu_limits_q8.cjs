@@ -24,7 +24,11 @@ if (kind & 64) {
 for (let i = 0; i < cols; i++) f32[(X >> 2) + i] = rnd() - 0.5;
 ex.matmul(kind, qs, dm, rows, cols, X, 1, OUT, rows, SCR);
 const times = [];
-for (let r = 0; r < reps; r++) { const t0 = performance.now(); ex.matmul(kind, qs, dm, rows, cols, X, 1, OUT, rows, SCR); times.push(performance.now() - t0); }
+for (let r = 0; r < reps; r++) {
+  const t0 = performance.now();
+  ex.matmul(kind, qs, dm, rows, cols, X, 1, OUT, rows, SCR);
+  times.push(performance.now() - t0);
+}
 times.sort((a, b) => a - b);
 let h = 0; for (let i = 0; i < rows; i++) h = (h * 31 + new Int32Array(memory.buffer)[i]) | 0;
 const bytes = kind & 64 ? rows * (pad + cols) : rows * cols + rows * nb * 8;  // codes and scales

@@ -2,9 +2,10 @@
 // head's one-token product in V8 (the engine the tab's kernels run on) against a plain read of the same bytes, on
 // 1 and 2 threads at once, the rows cut into chunks that the threads claim from a shared counter as
 // web/linear_threads.js's runChunks does, x quantized once (quant_x, kind | 4). Two layouts of the same codes:
-// (d, 0) f32 pairs a block apart from the codes (kind 3) and d alone, each row's d (padded to 16 bytes) then its
-// codes (kind 67, cpu_wasm.d_rows); each against `stream` (bench/page/cpu_limits.wat) over its own bytes. Best and median of REPS, every case in turn within a rep (the
-// machine's load moves them alike). Prints JSON; bench/cpu_limits_head_rate.py runs it.
+// (d, 0) f32 pairs a block apart from the codes (kind 3) and d alone, each row's d (padded to 16 bytes) then
+// its codes (kind 67, cpu_wasm.d_rows); each against `stream` (bench/page/cpu_limits.wat) over its own bytes.
+// Best and median of REPS, every case in turn within a rep (the machine's load moves them alike). Prints JSON;
+// bench/cpu_limits_head_rate.py runs it.
 import { Worker, isMainThread, parentPort, workerData } from "node:worker_threads";
 import { readFileSync } from "node:fs";
 
@@ -29,7 +30,10 @@ function take(kernels, sweep, counter, job) {
     } else if (what === "head") {
       kernels.matmul(kind | 4, L.QS + r0 * cols, L.DM + r0 * L.nb * 8, n, cols, L.X, 1, L.OUT + 4 * r0, rows, L.S);
     } else if (alone) sweep.stream(L.DH + r0 * L.row, Math.floor(n * L.row / 64) * 64);
-    else { sweep.stream(L.QS + r0 * cols, n * cols); sweep.stream(L.DM + r0 * L.nb * 8, Math.floor(n * L.nb * 8 / 64) * 64); }
+    else {
+      sweep.stream(L.QS + r0 * cols, n * cols);
+      sweep.stream(L.DM + r0 * L.nb * 8, Math.floor(n * L.nb * 8 / 64) * 64);
+    }
   }
 }
 

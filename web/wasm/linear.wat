@@ -321,7 +321,8 @@
     local.get $sum call $hsum f32.const 0 f32.add)
 
   ;; $dot_q8_x16 of a row whose scales are one f32 d a block, without q8_0's zero m (kind 65: the output head, 36
-  ;; bytes a block and the row's padding, not 40), the arithmetic $dot_q8_x16's, so the same bits as that row with (d, 0) pairs.
+  ;; bytes a block and the row's padding, not 40), the arithmetic $dot_q8_x16's, so the same bits as that row with
+  ;; (d, 0) pairs.
   (func $dot_q8d_x16 (param $qs i32) (param $d i32) (param $nb i32) (param $s i32) (result f32)
     (local $v v128) (local $h v128) (local $sum v128) (local $xd i32) (local $xq i32)
     local.get $s local.get $nb i32.const 2 i32.shl i32.add local.set $xd

@@ -99,9 +99,10 @@ def kernel_blocks(dtype: str, shape: tuple[int, int], parts: dict,
 
 def head_blocks(dtype: str, shape: tuple[int, int], parts: dict) -> tuple[str, np.ndarray, np.ndarray]:
     """An output head's web parts -> (q8_d, its codes, d (rows, nb) f32) for a q8_0 file's head: 36 bytes a
-    block (and a row's padding: d_rows), not kernel_blocks' 40 (its m is 0; the head is most of a small model's step: Gemma 3 270M's 262,144 rows
-    210 -> 189 MB), the same weights; kernel_blocks' layout for other types. Not f16 d (llama.cpp's 34 bytes):
-    widening it costs the one-token loop more than the bytes save in V8 (docs/performance.md, issue 51)."""
+    block (and a row's padding: d_rows), not kernel_blocks' 40 (its m is 0; the head is most of a small model's
+    step: Gemma 3 270M's 262,144 rows 210 -> 189 MB), the same weights; kernel_blocks' layout for other types.
+    Not f16 d (llama.cpp's 34 bytes): widening it costs the one-token loop more than the bytes save in V8
+    (docs/performance.md, issue 51)."""
     if dtype != "q8_0":
         return kernel_blocks(dtype, shape, parts)
     fields = unpack(dtype, shape, parts)
