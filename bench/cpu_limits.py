@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from bench import RESULTS, ROOT, emit
-from pagedkv.backends.cpu_wasm import HELD_AS
+from pagedkv.backends.cpu_wasm import HELD_AS, d_pad
 from pagedkv.model.config import ModelConfig
 
 MODEL = ROOT / "dist" / "models" / "smollm2-135m-instruct" / "model.json"
@@ -30,7 +30,6 @@ GEMMA3 = ROOT / "dist" / "models" / "gemma-3-270m" / "model.json"
 # codes (q4_1's layout) or 8-bit ones, plus f32 (d, m) or (d0, d1)
 BLOCK_BYTES = {dtype: (16 if layout == "q4_1" else 32) + 8 for dtype, layout in HELD_AS.items()}
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-TAB_ROW = "auto → cpu in the tab"
 
 
 def core_limits(threads: list[int]) -> dict:
@@ -52,7 +51,7 @@ def head_bytes(tensor: dict) -> int:
     16 bytes then its codes (cpu_wasm.d_rows); any other type as BLOCK_BYTES."""
     rows, cols = tensor["shape"]
     if tensor["dtype"] == "q8_0":
-        return rows * (-(-cols // 32 * 4 // 16) * 16 + cols)
+        return rows * (d_pad(cols // 32) + cols)
     return rows * cols // 32 * BLOCK_BYTES[tensor["dtype"]]
 
 
@@ -101,7 +100,7 @@ def fractions(run: dict, manifest: dict, best: dict) -> dict:
     """A bench.wllama run's default row (its file's own model: the first ?backend=auto row) against the cores'
     limits on every core: costs, the row, decode's GB/s over the stream rate, prefill's GFLOP/s over the
     multiply-add rate."""
-    row = next(r for r in run["ours"] if r.get("asked", "auto" if r["backend"] == TAB_ROW else None) == "auto")
+    row = next(r for r in run["ours"] if r.get("asked") == "auto")
     costs = model_costs(manifest, run["prompt_tokens"], run["new_tokens"])
     decode_gb_s = costs["decode_bytes_per_step"] * row["decode_tok_s"] / 1e9
     prefill_gflop_s = costs["prefill_flop_per_token"] * row["prefill_tok_s"] / 1e9

@@ -269,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         ("cpu", 1, model), ("cpu", None, model), ("auto", None, model)]
     if args.gguf == "q4_k_m":
         rows.append(("auto", None, TAB_MODEL))
-    with session(make_server=functools.partial(make_server, gguf_kind=args.gguf)) as s:
+    server = functools.partial(make_server, gguf_kind=args.gguf)  # dist/, the bench page and the GGUF
+    with session(make_server=server) as s:
         for backend, threads, name in rows:
             report["ours"].append(tab_row(s, backend, prompt, args.new, threads, name))
             print(json.dumps({k: v for k, v in report["ours"][-1].items() if k != "output_ids"}), file=sys.stderr)
@@ -294,14 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.native:  # the tab's default thread count: one a core (the page's ?threads= default)
         from bench.native_llama import native_row
 
-        report["native"] = native_row(gguf_path(args.gguf), prompt, args.new, os.cpu_count() or 1)
+        run_native = functools.partial(native_row, gguf_path(args.gguf), prompt, args.new, os.cpu_count() or 1)
+        report["native"] = run_native()
         print(json.dumps({k: v for k, v in report["native"].items() if k != "output_ids"}), file=sys.stderr)
         first = next(r for r in report["ours"] if r["asked"] == "auto")  # the file's own model
         report["pairs"] = [pair(first, report["native"])]
         for _ in range(args.pairs - 1):  # a fresh browser each time, native right after it closed
-            with session(make_server=functools.partial(make_server, gguf_kind=args.gguf)) as s:
+            with session(make_server=server) as s:
                 tab = tab_row(s, "auto", prompt, args.new, None, model)
-            report["pairs"].append(pair(tab, native_row(gguf_path(args.gguf), prompt, args.new, os.cpu_count() or 1)))
+            report["pairs"].append(pair(tab, run_native()))
             print(json.dumps(report["pairs"][-1]), file=sys.stderr)
     report["ours"].append(cpu_numpy(prompt, args.new, model_dir))
     for r in report["ours"] + report["wllama"] + ([report["native"]] if args.native else []):

@@ -20,7 +20,7 @@ import numpy as np
 import wasmtime
 
 import build
-from pagedkv.backends.cpu_wasm import (ACC8_FLOATS, ACT8, CHUNKS_PER_THREAD, QUANTIZED_X, XQ_BYTES, act_bits,
+from pagedkv.backends.cpu_wasm import (ACC8_FLOATS, ACT8, CHUNKS_PER_THREAD, D_ONLY, QUANTIZED_X, XQ_BYTES, act_bits,
                                       array_at, chunks, row_steps, scratch_floats)
 from pagedkv.model.quants import QK
 
@@ -66,7 +66,7 @@ def _table_blocks(table: int, ctx: int, bs: int) -> int:
 def _matmul(kind, qs, dm, rows, cols, x, t, out, ldo, scratch):
     nb = cols // QK
     row_q, row_d = row_steps(kind, nb)  # 8-bit codes (kinds 1, 9, 17) or 4-bit (0); q8_d: both steps a whole row
-    q_bytes, d_bytes = (nb * 32, nb * 4) if kind & 64 else (row_q, row_d)  # the last row's
+    q_bytes, d_bytes = (nb * 32, nb * 4) if kind & D_ONLY else (row_q, row_d)  # the last row's
     x_bytes = t * nb * XQ_BYTES[8] if kind & ACT8 and kind & QUANTIZED_X else t * cols * 4  # x: the blocks
     return [(qs, (rows - 1) * row_q + q_bytes if rows else 0), (dm, (rows - 1) * row_d + d_bytes if rows else 0),
             (x, x_bytes),

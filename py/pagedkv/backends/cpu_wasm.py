@@ -121,7 +121,7 @@ def d_rows(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
     rows, nb = d.shape
     out = np.zeros((rows, d_pad(nb) + nb * QK), np.uint8)
     out[:, :nb * 4] = np.ascontiguousarray(d, np.float32).view(np.uint8)
-    out[:, d_pad(nb):] = qs.view(np.uint8) if qs.dtype == np.int8 else qs
+    out[:, d_pad(nb):] = qs.view(np.uint8)
     return out
 
 
@@ -295,8 +295,8 @@ class QuantWeight:
 
     def __getitem__(self, rows) -> np.ndarray:
         if self.kind == "q8_d":
-            qs, d = split_d_rows(self.store.rows(self.qs, rows).reshape(-1, d_pad(self.dm_shape[1]) + self.shape[1]),
-                                 self.dm_shape[1])
+            nb = self.dm_shape[1]
+            qs, d = split_d_rows(self.store.rows(self.qs, rows).reshape(-1, row_steps(D_ONLY, nb)[0]), nb)
             return dequantize_rows(self.kind, qs, d)
         dm = self.store.rows(self.dm, rows).reshape(-1, *self.dm_shape[1:])
         return dequantize_rows(self.kind, self.store.rows(self.qs, rows).reshape(dm.shape[0], -1), dm)
