@@ -161,9 +161,8 @@ export function onModelReady(msg) {
     `threads, matmul ${tuned.choice.matmul[0]} threads x ${tuned.choice.matmul[1]} along rows x ` +
     `${tuned.choice.matmul[2] ?? 4} tokens a thread, decode attention ` +
     `split for ${tuned.choice.split} workgroups; per projection (threads x row groups): ${slots.join(", ")}` : "");
-  const backend = $("adapter-backend");  // the CPU path: its kernels, threads and activations (cpu_models.py)
-  backend.dataset.boot ??= backend.textContent;  // boot.js's "backend (why)", once per page
-  backend.textContent = backend.dataset.boot + (msg.cpu_linear ? `; CPU kernels: ${msg.cpu_linear}` : "");
+  // the CPU path: its kernels, threads and activations (cpu_models.py); the Backend row keeps boot.js's words
+  $("adapter-cpu-kernels").textContent = msg.cpu_linear || "(none: not the CPU path)";
   $("mem-kv-dtype").disabled = msg.backend === "cpu";  // the numpy fallback keeps f32 K/V
   $("mem-kv-dtype").title = msg.backend === "cpu" ? "the CPU fallback keeps f32 KV" : "";
   if (msg.kv_dtype && msg.backend !== "cpu") $("mem-kv-dtype").value = msg.kv_dtype;
